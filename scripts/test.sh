@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds, and runs every test.
+#
+#   ./scripts/test.sh               default preset (RelWithDebInfo): the command CI runs
+#   ./scripts/test.sh --sanitize    the same suite under AddressSanitizer + UndefinedBehaviorSanitizer
+#   ./scripts/test.sh --tsan        the same suite under ThreadSanitizer
+#   extra arguments after -- go to ctest, e.g.  ./scripts/test.sh -- -R Topology
+#
+# Build output goes to $TRAINGUARD_BUILD_DIR (default: build/) in a folder per preset.
+# Tests labelled `gpu` run only when nvidia-smi sees a GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+preset=default
+ctest_args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --sanitize|--asan) preset=asan-ubsan ;;
+    --tsan) preset=tsan ;;
+    --) shift; ctest_args=("$@"); break ;;
+    *) echo "usage: $0 [--sanitize|--tsan] [-- ctest args]" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+./scripts/setup.sh
+
+build_root="${TRAINGUARD_BUILD_DIR:-build}"
+build_dir="$build_root/$preset"
+jobs="$(nproc)"
+
+mkdir -p "$build_dir"
+cmake --preset "$preset" -B "$build_dir" >"$build_dir/configure.log" 2>&1 \
+  || { cat "$build_dir/configure.log"; exit 1; }
+cmake --build "$build_dir" -j "$jobs"
+
+label_filter=(-LE gpu)
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  label_filter=()
+  echo "test: GPU found, running gpu-labelled tests too"
+fi
+
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}"
+ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" --timeout 300 \
+  "${label_filter[@]}" "${ctest_args[@]}"
