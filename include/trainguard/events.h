@@ -1,0 +1,103 @@
+// Events: the structured, per-rank record of what trainguard saw and decided.
+//
+// Each rank appends Events to its own file, <run_dir>/events/rank-<RRRRR>.tgev, so a crash of one rank
+// never interleaves with another's records and the file survives the process. The on-disk format is
+// documented in docs/FORMATS.md: an 8-byte header "TGEVLOG1", then records of
+//     [u32 little-endian payload length][u32 little-endian XXH32 of the payload][payload]
+// where the payload is a serialized trainguard.proto.Event (sdk/proto/event.proto). A process killed in
+// the middle of a write leaves a torn final record: the reader reports it instead of misreading it, and
+// EventLog::Open() moves it to a side file before appending, so one crash never hides later records and
+// no byte is ever destroyed.
+//
+// Thread safety: EventLog::Append may be called from any thread; ReadEventLog is a free function.
+#ifndef TRAINGUARD_EVENTS_H_
+#define TRAINGUARD_EVENTS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace trainguard {
+
+class Env;
+class WritableFile;
+
+enum class EventType {
+  kRuntimeStarted = 1,
+  kRuntimeStopped = 2,
+  kStepFault = 3,         // a guarded step failed; attributes carry the classification and evidence
+  kRecoveryDecision = 4,  // what recover() decided for a failed step
+  kCustom = 5,            // emitted by the user through Runtime::EmitEvent
+};
+
+// "runtime_started", "step_fault", ...
+std::string_view EventTypeName(EventType type);
+
+struct Event {
+  absl::Time time = absl::InfinitePast();  // InfinitePast: filled in by Runtime::EmitEvent
+  int rank = -1;
+  int64_t step = -1;  // -1 when not tied to a step
+  int64_t generation = 0;
+  EventType type = EventType::kCustom;
+  std::string message;
+  std::vector<std::pair<std::string, std::string>> attributes;
+
+  // The value of attribute `key`, or "" when absent.
+  std::string_view Attribute(std::string_view key) const;
+};
+
+// Append-only writer of one rank's event file. Not copyable.
+class EventLog {
+ public:
+  // Opens (creating it and its directory if needed) the event file at `path` for appending. An existing
+  // file is validated first. A torn final record is moved to "<path>.torn" and cut off; a corrupt file
+  // (bad header, or a bad record before the end) is copied whole to "<path>.corrupt" and a new log is
+  // started, because a damaged log must not stop training. set_aside_path() says where the bytes went.
+  static absl::StatusOr<std::unique_ptr<EventLog>> Open(Env* env, const std::string& path);
+
+  EventLog(const EventLog&) = delete;
+  EventLog& operator=(const EventLog&) = delete;
+  ~EventLog();
+
+  // Serializes and writes one record; the bytes reach the OS before it returns (they survive a kill of
+  // the process, not a power loss). Errors name the path.
+  absl::Status Append(const Event& event);
+
+  const std::string& path() const { return path_; }
+  // Where Open() saved a torn tail or a corrupt file; empty when the file was clean.
+  const std::string& set_aside_path() const { return set_aside_path_; }
+
+ private:
+  EventLog(std::string path, std::unique_ptr<WritableFile> file, std::string set_aside_path);
+
+  const std::string path_;
+  const std::string set_aside_path_;
+  absl::Mutex mu_;
+  std::unique_ptr<WritableFile> file_ ABSL_GUARDED_BY(mu_);
+};
+
+struct EventLogContents {
+  std::vector<Event> events;  // every complete, verified record, in file order
+  // OK, or DataLoss "…: torn final record at offset N (M bytes)" when the file ends inside a record.
+  absl::Status tail;
+};
+
+// Reads every record. A corrupt header or a corrupt record followed by more data fails with DataLoss
+// naming the path and byte offset; a torn final record is reported in `tail`.
+absl::StatusOr<EventLogContents> ReadEventLog(Env* env, const std::string& path);
+
+// <run_dir>/events/rank-<rank, 5 digits>.tgev
+std::string EventLogPath(std::string_view run_dir, int rank);
+
+}  // namespace trainguard
+
+#endif  // TRAINGUARD_EVENTS_H_

@@ -1,0 +1,169 @@
+// sdk::guard: runs one train step and turns whatever goes wrong in it into a classified StepResult.
+//
+//     sdk::StepResult r = sdk::guard(*rt, step, [&](sdk::Step& s) { ...train step... });
+//     if (!r.ok()) { absl::StatusOr<int64_t> next = rt->recover(r); ... }
+//
+// The guard times the step, beats the Runtime's heartbeat on entry and exit (the seam a watchdog reads),
+// notifies StepObservers, catches everything the body throws, classifies it (see errors.h), writes a
+// kStepFault Event with the evidence, and returns. It never swallows a fault (a failure is always in the
+// result and in the event file), never terminates the process and never longjmps: what to do next is the
+// trainer's decision, helped by Runtime::recover().
+//
+// Guards do not nest: a guard entered on a Runtime while another step is active on it (on any thread)
+// does not run its body and returns a kUsageError result. After a fatal device error (a sticky CUDA
+// error), every later guard on the Runtime is rejected the same way: such a process cannot train on.
+//
+// StepScope is the same thing as an RAII object for trainers that cannot pass a lambda.
+//
+// Cost: on the happy path the guard allocates nothing, performs no system call other than reading the
+// monotonic clock (vDSO), and does no device synchronisation (bench/bench_guard measures it).
+//
+// Thread safety: a guard runs on the calling thread. Step and StepScope belong to that thread.
+#ifndef TRAINGUARD_GUARD_H_
+#define TRAINGUARD_GUARD_H_
+
+#include <cstdint>
+#include <exception>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace trainguard {
+
+class Runtime;
+class StepScope;
+
+enum class FaultKind {
+  kNone = 0,
+  kStepFailure = 1,           // RecoverableError, Step::ReportFault, a non-sticky device error
+  kCommunicationFailure = 2,  // CommunicationError, NcclError (other than an unhandled CUDA error)
+  kFatalDeviceError = 3,      // a sticky CUDA error: the process's device context is lost
+  kUnclassified = 4,          // any other exception: its safety is unknown, so it is treated as fatal
+  kUsageError = 5,            // the guard itself was misused (nested guards, a guard after a fatal fault)
+};
+
+// What the trainer should do about a step. recover() carries it out as far as the SDK can.
+enum class StepAction {
+  kContinue = 0,      // the step succeeded
+  kSkip = 1,          // drop this step's update and go on with the next step
+  kRollback = 2,      // restore the last committed checkpoint (needs checkpointing)
+  kReRendezvous = 3,  // rebuild the job's communicators with the surviving and replacement ranks
+  kFatal = 4,         // this process cannot continue; exit and let the launcher replace it
+};
+
+std::string_view FaultKindName(FaultKind kind);    // "none", "step_failure", ...
+std::string_view StepActionName(StepAction action);  // "continue", "skip", ...
+// The action the guard attaches to each kind of fault.
+StepAction DefaultActionFor(FaultKind kind);
+
+struct StepResult {
+  int64_t step = -1;
+  StepAction action = StepAction::kContinue;
+  FaultKind fault = FaultKind::kNone;
+  // OK on success; otherwise a message naming the rank, the step and what failed.
+  absl::Status status;
+  // Evidence as ordered key/value pairs, e.g. {"exception_type", "trainguard::DeviceError"},
+  // {"what", "..."}, {"cuda_error", "700"}, {"sticky", "true"}. Empty on success.
+  std::vector<std::pair<std::string, std::string>> evidence;
+  absl::Duration duration;  // wall time the step took, measured on the monotonic clock
+
+  bool ok() const { return action == StepAction::kContinue; }
+  // The value of evidence `key`, or "" when absent.
+  std::string_view Evidence(std::string_view key) const;
+};
+
+// The handle a step body receives.
+class Step {
+ public:
+  Step(const Step&) = delete;
+  Step& operator=(const Step&) = delete;
+
+  int64_t number() const;
+  Runtime& runtime() const;
+
+  // Marks the step failed without throwing (e.g. a non-finite loss seen on the host). The body goes on
+  // running; the guard reports the most severe fault of the step. REQUIRES: kind != kNone.
+  void ReportFault(FaultKind kind, std::string_view message);
+
+ private:
+  friend class StepScope;
+  explicit Step(StepScope* scope) : scope_(scope) {}
+  StepScope* const scope_;
+};
+
+// RAII form of the guard:
+//
+//     sdk::StepScope scope(*rt, step);
+//     if (scope.active()) {
+//       try { train_step(scope.step()); } catch (...) { scope.RecordException(std::current_exception()); }
+//     }
+//     sdk::StepResult r = scope.Finish();
+//
+// If the owner never calls Finish(), the destructor does, and a step left by an exception that the owner
+// did not record is reported as a kUnclassified fault in the event file.
+class StepScope {
+ public:
+  StepScope(Runtime& runtime, int64_t step);
+  ~StepScope();
+  StepScope(const StepScope&) = delete;
+  StepScope& operator=(const StepScope&) = delete;
+
+  // False when the guard was rejected (see the header comment): the step body must not run.
+  bool active() const { return active_; }
+  Step& step() { return handle_; }
+
+  // Records an exception thrown by the body; classified by Finish().
+  void RecordException(std::exception_ptr exception);
+  // Same as Step::ReportFault.
+  void ReportFault(FaultKind kind, std::string_view message);
+
+  // Ends the step and returns its result. A second call returns a kUsageError result.
+  StepResult Finish();
+
+ private:
+  friend class Step;
+
+  // Turns the recorded exception and reported fault into the result's fault, action and evidence.
+  void Classify(StepResult& result) const;
+
+  Runtime& runtime_;
+  const int64_t step_;
+  const int uncaught_at_entry_;
+  int64_t start_ns_ = 0;
+  bool active_ = false;
+  bool finished_ = false;
+  Step handle_{this};
+  std::exception_ptr exception_;
+  FaultKind reported_kind_ = FaultKind::kNone;
+  std::string reported_message_;
+  std::string rejection_;  // why the scope is inactive
+};
+
+// Runs `body` as step `step` of `runtime`. `body` is invocable as body(Step&) or body().
+template <typename Body>
+StepResult guard(Runtime& runtime, int64_t step, Body&& body) {
+  static_assert(std::is_invocable_v<Body&, Step&> || std::is_invocable_v<Body&>,
+                "the guarded body must be callable as body(sdk::Step&) or body()");
+  StepScope scope(runtime, step);
+  if (scope.active()) {
+    try {
+      if constexpr (std::is_invocable_v<Body&, Step&>) {
+        body(scope.step());
+      } else {
+        body();
+      }
+    } catch (...) {
+      scope.RecordException(std::current_exception());
+    }
+  }
+  return scope.Finish();
+}
+
+}  // namespace trainguard
+
+#endif  // TRAINGUARD_GUARD_H_

@@ -1,0 +1,72 @@
+// Options: everything a trainguard Runtime is configured with.
+//
+// Options come from three places, later ones overriding earlier ones:
+//   1. the defaults below;
+//   2. a text-format protobuf file (schema: sdk/proto/options.proto), named by TRAINGUARD_CONFIG or passed
+//      to FromTextprotoFile(), e.g.   job_id: "llama-7b"  world_size: 16  tp: 2  pp: 2
+//   3. environment variables TRAINGUARD_<FIELD>, the field name in upper case, e.g. TRAINGUARD_WORLD_SIZE.
+//      torchrun's RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE are read when the TRAINGUARD_ variable
+//      is absent; when both are set and disagree, that is an error.
+// An unknown TRAINGUARD_* variable, an unknown field in the file and a malformed value are errors that
+// name the key and where it came from; nothing is silently ignored. docs/GUIDE.md lists every key.
+//
+// Thread safety: a plain value type.
+#ifndef TRAINGUARD_OPTIONS_H_
+#define TRAINGUARD_OPTIONS_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace trainguard {
+
+class Clock;
+class Env;
+
+struct Options {
+  // Names the job: namespaces its files, shared-memory segments and store keys.
+  std::string job_id = "default";
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  // Ranks per host. 0 means world_size (a single-host job).
+  int local_world_size = 0;
+  // Parallel degrees; the data-parallel degree is world_size / (tp * cp * pp). See topology.h.
+  int tp = 1;
+  int cp = 1;
+  int pp = 1;
+  // Directory for this job's per-rank files (events, later checkpoints). Empty means
+  // "$TMPDIR/trainguard/<job_id>" ("/tmp" when TMPDIR is unset).
+  std::string run_dir;
+  // recover() gives up (returns an error) after this many consecutive failed-and-skipped steps.
+  int max_consecutive_step_failures = 3;
+
+  // Seams for tests; not configurable from files or the environment. nullptr means the real ones.
+  // REQUIRES: when set, they outlive every Runtime created from these Options.
+  Env* env = nullptr;
+  Clock* clock = nullptr;
+
+  // Defaults, then the file named by TRAINGUARD_CONFIG (if set), then the process environment.
+  static absl::StatusOr<Options> FromEnv();
+  // The same from an explicit variable map (for tests and embedders); `env` reads the config file.
+  static absl::StatusOr<Options> FromEnvironment(const std::map<std::string, std::string>& variables,
+                                                 Env* env = nullptr);
+  // Defaults overridden by a text-format OptionsProto. `origin` names the source in error messages.
+  static absl::StatusOr<Options> FromTextproto(absl::string_view text, absl::string_view origin);
+  static absl::StatusOr<Options> FromTextprotoFile(const std::string& path, Env* env = nullptr);
+
+  // Checks ranges and consistency (rank < world_size, degrees >= 1, ...). Errors name the field.
+  absl::Status Validate() const;
+
+  // run_dir, or its default when empty.
+  std::string ResolvedRunDir() const;
+};
+
+}  // namespace trainguard
+
+#endif  // TRAINGUARD_OPTIONS_H_

@@ -1,0 +1,143 @@
+// Runtime: the per-process object a trainer creates once; it owns every trainguard subsystem of the rank.
+//
+//     absl::StatusOr<sdk::Options> options = sdk::Options::FromEnv();
+//     absl::StatusOr<std::unique_ptr<sdk::Runtime>> rt = sdk::Runtime::Create(*options);
+//
+// It holds the rank's Options and Topology, its event file, its Heartbeat (the lock-free progress record
+// that guards write and a watchdog reads) and its recovery policy (recover()).
+//
+// Thread safety: the accessors, EmitEvent() and heartbeat() may be used from any thread. Guards,
+// AddObserver() and recover() belong to the training thread.
+#ifndef TRAINGUARD_RUNTIME_H_
+#define TRAINGUARD_RUNTIME_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "trainguard/events.h"
+#include "trainguard/guard.h"
+#include "trainguard/options.h"
+#include "trainguard/topology.h"
+
+namespace trainguard {
+
+class Clock;
+class Env;
+
+// What the last heartbeat said. Read by monitors (a watchdog thread, a launcher) without locking.
+struct HeartbeatSnapshot {
+  int64_t beats = 0;              // heartbeats so far; changes on every step entry and exit
+  int64_t step = -1;              // the step entered last
+  bool in_step = false;           // a guarded step is running
+  int64_t last_beat_ns = 0;       // Clock::MonotonicNanos() of the last beat
+  int64_t last_step_duration_ns = 0;
+  int64_t steps_completed = 0;    // guarded steps finished, failed or not
+};
+
+// Written by the training thread on every guard entry and exit; readable from any thread. Each field is
+// an independent atomic: a reader may see a beat half-applied (a new step with the old timestamp), which
+// a watchdog tolerates because it compares across several reads.
+class Heartbeat {
+ public:
+  void Enter(int64_t step, int64_t now_ns);
+  void Exit(int64_t duration_ns, int64_t now_ns);
+  HeartbeatSnapshot Read() const;
+
+ private:
+  std::atomic<int64_t> beats_{0};
+  std::atomic<int64_t> step_{-1};
+  std::atomic<bool> in_step_{false};
+  std::atomic<int64_t> last_beat_ns_{0};
+  std::atomic<int64_t> last_step_duration_ns_{0};
+  std::atomic<int64_t> steps_completed_{0};
+};
+
+// Receives step boundaries on the training thread (the seam for the watchdog and checkpoint policy).
+// Callbacks must be quick and must not throw or start a guard.
+class StepObserver {
+ public:
+  virtual ~StepObserver() = default;
+  virtual void OnStepBegin(int64_t step) = 0;
+  virtual void OnStepEnd(const StepResult& result) = 0;
+};
+
+class Runtime {
+ public:
+  // Validates the options, builds the topology and opens the rank's event file (kRuntimeStarted).
+  // Errors name the option or the file at fault.
+  static absl::StatusOr<std::unique_ptr<Runtime>> Create(const Options& options);
+
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+  // Writes kRuntimeStopped. REQUIRES: no guard is active.
+  ~Runtime();
+
+  const Options& options() const { return options_; }
+  const Topology& topology() const { return topology_; }
+  int rank() const { return options_.rank; }
+  int world_size() const { return options_.world_size; }
+  // The membership generation of the job: 0 until rendezvous replaces ranks.
+  int64_t generation() const { return generation_; }
+  // The step to start or resume training at: 0 until checkpointing lands (docs/GUIDE.md).
+  int64_t resume_step() const { return 0; }
+  const std::string& run_dir() const { return run_dir_; }
+  Env& env() const { return *env_; }
+  Clock& clock() const { return *clock_; }
+  const Heartbeat& heartbeat() const { return heartbeat_; }
+
+  // Appends an event to the rank's event file, filling in time (if unset), rank and generation.
+  absl::Status EmitEvent(Event event);
+
+  // Adds an observer of step boundaries. REQUIRES: no guard is active; `observer` outlives the Runtime.
+  void AddObserver(StepObserver* observer);
+
+  // Carries out the recovery for a step result and returns the step to run next, or an error when this
+  // process cannot go on (the trainer should then exit non-zero). The policy, per action:
+  //   kContinue      -> result.step + 1
+  //   kSkip          -> result.step + 1, unless more than max_consecutive_step_failures steps in a row
+  //                     failed: then FailedPrecondition
+  //   kRollback      -> Unimplemented: checkpointing is not available yet
+  //   kReRendezvous  -> Unavailable: rendezvous is not available yet; restart the job
+  //   kFatal         -> the fault's status (after a fatal device error the Runtime also rejects every
+  //                     later guard: see fatal())
+  // Each decision is written as a kRecoveryDecision event.
+  absl::StatusOr<int64_t> recover(const StepResult& result);
+
+  // True after a guarded step failed with FaultKind::kFatalDeviceError: guards are rejected from then on.
+  bool fatal() const { return fatal_.load(std::memory_order_acquire); }
+
+ private:
+  friend class StepScope;
+
+  Runtime(Options options, Topology topology, std::string run_dir, std::unique_ptr<EventLog> events);
+
+  // Guard internals, called by StepScope.
+  bool TryBeginStep();
+  void EndStep();
+  // Writes the kStepFault event of a failed step; marks the runtime fatal after a fatal device error.
+  void RecordStepFault(const StepResult& result);
+  const std::string& fatal_reason() const { return fatal_reason_; }
+
+  const Options options_;
+  const Topology topology_;
+  const std::string run_dir_;
+  Env* const env_;
+  Clock* const clock_;
+  const std::unique_ptr<EventLog> events_;
+  int64_t generation_ = 0;
+  Heartbeat heartbeat_;
+  std::vector<StepObserver*> observers_;
+  std::atomic<bool> step_active_{false};
+  std::atomic<bool> fatal_{false};
+  std::string fatal_reason_;  // written once before fatal_ is set
+  int consecutive_failures_ = 0;
+};
+
+}  // namespace trainguard
+
+#endif  // TRAINGUARD_RUNTIME_H_

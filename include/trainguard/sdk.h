@@ -1,0 +1,20 @@
+// The umbrella header of trainguard: include this one header to use the SDK.
+//
+// It also defines the short namespace alias `sdk` for `trainguard`, as used in the documentation:
+//     sdk::StepResult r = sdk::guard(*rt, step, [&](sdk::Step& s) { ... });
+#ifndef TRAINGUARD_SDK_H_
+#define TRAINGUARD_SDK_H_
+
+#include "trainguard/clock.h"
+#include "trainguard/env.h"
+#include "trainguard/errors.h"
+#include "trainguard/events.h"
+#include "trainguard/guard.h"
+#include "trainguard/options.h"
+#include "trainguard/runtime.h"
+#include "trainguard/topology.h"
+#include "trainguard/version.h"
+
+namespace sdk = ::trainguard;
+
+#endif  // TRAINGUARD_SDK_H_

@@ -1,0 +1,422 @@
+#include "trainguard/options.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+#include "sdk/proto/options.pb.h"
+#include "trainguard/env.h"
+
+extern char** environ;
+
+namespace trainguard {
+namespace {
+
+using ::google::protobuf::Descriptor;
+using ::google::protobuf::FieldDescriptor;
+using ::trainguard::proto::OptionsProto;
+
+constexpr absl::string_view kEnvPrefix = "TRAINGUARD_";
+constexpr absl::string_view kConfigVariable = "TRAINGUARD_CONFIG";
+
+// torchrun (and torch.distributed.launch) export these; a job launched by torchrun needs no
+// TRAINGUARD_ variables for them.
+struct TorchrunVariable {
+  const char* variable;
+  const char* field;
+};
+constexpr TorchrunVariable kTorchrunVariables[] = {{"RANK", "rank"},
+                                                   {"WORLD_SIZE", "world_size"},
+                                                   {"LOCAL_RANK", "local_rank"},
+                                                   {"LOCAL_WORLD_SIZE", "local_world_size"}};
+
+// Collects the text-format parser's errors as "origin:line:column: message", one-based like
+// compilers. The offending line is quoted because protobuf's message for a bad value does not name
+// the field ("Expected integer, got: \"four\"").
+class TextprotoErrorCollector : public google::protobuf::io::ErrorCollector {
+ public:
+  TextprotoErrorCollector(absl::string_view text, absl::string_view origin)
+      : lines_(absl::StrSplit(text, '\n')), origin_(origin) {}
+
+  void AddError(int line, google::protobuf::io::ColumnNumber column,
+                const std::string& message) override {
+    std::string error = absl::StrCat(origin_, ":", line + 1, ":", column + 1, ": ", message);
+    if (line >= 0 && line < static_cast<int>(lines_.size())) {
+      constexpr size_t kMaxQuoted = 120;
+      absl::StrAppend(&error, " (line ", line + 1, ": ",
+                      absl::StripAsciiWhitespace(lines_[line]).substr(0, kMaxQuoted), ")");
+    }
+    errors_.push_back(std::move(error));
+  }
+
+  std::string Joined() const { return absl::StrJoin(errors_, "; "); }
+
+ private:
+  std::vector<absl::string_view> lines_;
+  std::string origin_;
+  std::vector<std::string> errors_;
+};
+
+absl::StatusOr<OptionsProto> ParseTextproto(absl::string_view text, absl::string_view origin) {
+  TextprotoErrorCollector errors(text, origin);
+  google::protobuf::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  OptionsProto proto;
+  if (!parser.ParseFromString(std::string(text), &proto)) {
+    return absl::InvalidArgumentError(errors.Joined());
+  }
+  return proto;
+}
+
+// `named_by` says where the path came from, for the error message; empty when the caller passed it.
+absl::StatusOr<OptionsProto> ReadTextprotoFile(const std::string& path, absl::string_view named_by,
+                                               Env* env) {
+  if (env == nullptr) {
+    env = Env::Default();
+  }
+  absl::StatusOr<std::string> text = env->ReadFileToString(path);
+  if (!text.ok()) {
+    return absl::Status(
+        text.status().code(),
+        absl::StrCat("cannot read options file ", path,
+                     named_by.empty() ? "" : absl::StrCat(" (named by ", named_by, ")"), ": ",
+                     text.status().message()));
+  }
+  return ParseTextproto(*text, path);
+}
+
+void ApplySetFields(const OptionsProto& proto, Options& options) {
+  if (proto.has_job_id()) {
+    options.job_id = proto.job_id();
+  }
+  if (proto.has_rank()) {
+    options.rank = proto.rank();
+  }
+  if (proto.has_world_size()) {
+    options.world_size = proto.world_size();
+  }
+  if (proto.has_local_rank()) {
+    options.local_rank = proto.local_rank();
+  }
+  if (proto.has_local_world_size()) {
+    options.local_world_size = proto.local_world_size();
+  }
+  if (proto.has_tp()) {
+    options.tp = proto.tp();
+  }
+  if (proto.has_cp()) {
+    options.cp = proto.cp();
+  }
+  if (proto.has_pp()) {
+    options.pp = proto.pp();
+  }
+  if (proto.has_run_dir()) {
+    options.run_dir = proto.run_dir();
+  }
+  if (proto.has_max_consecutive_step_failures()) {
+    options.max_consecutive_step_failures = proto.max_consecutive_step_failures();
+  }
+}
+
+absl::StatusOr<Options> OptionsFromProto(const OptionsProto& proto) {
+  Options options;
+  ApplySetFields(proto, options);
+  if (absl::Status status = options.Validate(); !status.ok()) {
+    return status;
+  }
+  return options;
+}
+
+std::string EnvironmentName(const FieldDescriptor& field) {
+  return absl::StrCat(kEnvPrefix, absl::AsciiStrToUpper(field.name()));
+}
+
+std::string KnownEnvironmentKeys() {
+  std::vector<std::string> keys = {std::string(kConfigVariable)};
+  const Descriptor* descriptor = OptionsProto::descriptor();
+  for (int i = 0; i < descriptor->field_count(); ++i) {
+    keys.push_back(EnvironmentName(*descriptor->field(i)));
+  }
+  return absl::StrJoin(keys, ", ");
+}
+
+bool LooksLikeAnInteger(absl::string_view value) {
+  absl::string_view digits = absl::StripAsciiWhitespace(value);
+  if (!absl::ConsumePrefix(&digits, "-")) {
+    absl::ConsumePrefix(&digits, "+");
+  }
+  return !digits.empty() && std::all_of(digits.begin(), digits.end(), absl::ascii_isdigit);
+}
+
+absl::StatusOr<int32_t> ParseInt32(absl::string_view variable, absl::string_view value) {
+  int32_t parsed;
+  if (absl::SimpleAtoi(value, &parsed)) {
+    return parsed;
+  }
+  // SimpleAtoi fails both on junk and on overflow; the two deserve different messages.
+  if (!LooksLikeAnInteger(value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(variable, "='", value, "' (environment): not an integer"));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      variable, "='", value, "' (environment): out of range for a 32-bit integer [",
+      std::numeric_limits<int32_t>::min(), ", ", std::numeric_limits<int32_t>::max(), "]"));
+}
+
+absl::Status SetFieldFromString(const FieldDescriptor& field, absl::string_view variable,
+                                absl::string_view value, OptionsProto& proto) {
+  const google::protobuf::Reflection& reflection = *proto.GetReflection();
+  switch (field.cpp_type()) {
+    case FieldDescriptor::CPPTYPE_STRING:
+      reflection.SetString(&proto, &field, std::string(value));
+      return absl::OkStatus();
+    case FieldDescriptor::CPPTYPE_INT32: {
+      absl::StatusOr<int32_t> parsed = ParseInt32(variable, value);
+      if (!parsed.ok()) {
+        return parsed.status();
+      }
+      reflection.SetInt32(&proto, &field, *parsed);
+      return absl::OkStatus();
+    }
+    default:
+      // Reached only when options.proto gains a field of a new type: extend the switch with it.
+      return absl::UnimplementedError(
+          absl::StrCat(variable, " (environment): option field ", field.name(), " has type ",
+                       field.cpp_type_name(), ", which cannot be set from the environment"));
+  }
+}
+
+// Every TRAINGUARD_<FIELD> variable, into the fields of `proto`.
+absl::Status ApplyTrainguardVariables(const std::map<std::string, std::string>& variables,
+                                      OptionsProto& proto) {
+  for (const auto& [variable, value] : variables) {
+    if (!absl::StartsWith(variable, kEnvPrefix) || variable == kConfigVariable) {
+      continue;
+    }
+    const std::string field_name =
+        absl::AsciiStrToLower(absl::string_view(variable).substr(kEnvPrefix.size()));
+    const FieldDescriptor* field = OptionsProto::descriptor()->FindFieldByName(field_name);
+    if (field == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown option ", variable, " (environment); known keys: ", KnownEnvironmentKeys()));
+    }
+    if (absl::Status status = SetFieldFromString(*field, variable, value, proto); !status.ok()) {
+      return status;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// torchrun's variables fill the fields that no TRAINGUARD_ variable set. When both are set they
+// must agree: silently preferring one would hide a launcher misconfiguration that desynchronises
+// ranks.
+absl::Status ApplyTorchrunVariables(const std::map<std::string, std::string>& variables,
+                                    OptionsProto& proto) {
+  for (const TorchrunVariable& torchrun : kTorchrunVariables) {
+    const auto it = variables.find(torchrun.variable);
+    if (it == variables.end()) {
+      continue;
+    }
+    absl::StatusOr<int32_t> value = ParseInt32(torchrun.variable, it->second);
+    if (!value.ok()) {
+      return value.status();
+    }
+    const FieldDescriptor& field = *OptionsProto::descriptor()->FindFieldByName(torchrun.field);
+    const std::string own_variable = EnvironmentName(field);
+    const auto own = variables.find(own_variable);
+    if (own == variables.end()) {
+      proto.GetReflection()->SetInt32(&proto, &field, *value);
+    } else if (proto.GetReflection()->GetInt32(proto, &field) != *value) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(own_variable, "='", own->second, "' and ", torchrun.variable, "='",
+                       it->second, "' (environment) disagree; unset one or make them equal"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckInRange(absl::string_view field, int value, int limit,
+                          absl::string_view limit_name) {
+  if (value < 0 || value >= limit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " ", value, " is out of range [0, ", limit_name, "=", limit, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckAtLeast(absl::string_view field, int value, int minimum) {
+  if (value < minimum) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " must be >= ", minimum, ", got ", value));
+  }
+  return absl::OkStatus();
+}
+
+// The job id becomes a path component and a shared-memory segment name.
+absl::Status CheckJobId(const std::string& job_id) {
+  if (job_id.empty()) {
+    return absl::InvalidArgumentError(
+        "job_id must not be empty (it names the job's files and shared-memory segments)");
+  }
+  if (job_id == "." || job_id == "..") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job_id \"", job_id, "\" is not allowed (it would name a directory)"));
+  }
+  for (size_t i = 0; i < job_id.size(); ++i) {
+    const char c = job_id[i];
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') {
+      return absl::InvalidArgumentError(absl::StrCat("job_id \"", job_id, "\" has character '",
+                                                     absl::string_view(&c, 1), "' at position ", i,
+                                                     "; allowed are A-Z a-z 0-9 . _ -"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRanks(const Options& options) {
+  if (absl::Status s = CheckAtLeast("world_size", options.world_size, 1); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckInRange("rank", options.rank, options.world_size, "world_size");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckAtLeast("local_world_size", options.local_world_size, 0); !s.ok()) {
+    return s;
+  }
+  if (options.local_world_size == 0) {
+    return CheckInRange("local_rank", options.local_rank, options.world_size,
+                        "world_size (local_world_size is 0)");
+  }
+  if (options.world_size % options.local_world_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("local_world_size ", options.local_world_size,
+                                                   " does not divide world_size ",
+                                                   options.world_size));
+  }
+  return CheckInRange("local_rank", options.local_rank, options.local_world_size,
+                      "local_world_size");
+}
+
+absl::Status CheckParallelDegrees(const Options& options) {
+  if (absl::Status s = CheckAtLeast("tp", options.tp, 1); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckAtLeast("cp", options.cp, 1); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckAtLeast("pp", options.pp, 1); !s.ok()) {
+    return s;
+  }
+  // In 64 bits: the product of three int degrees can overflow int.
+  const int64_t model_parallel = int64_t{options.tp} * options.cp * options.pp;
+  if (options.world_size % model_parallel != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "world_size ", options.world_size, " is not divisible by tp*cp*pp = ", model_parallel,
+        " (tp=", options.tp, ", cp=", options.cp, ", pp=", options.pp, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Options> Options::FromEnv() {
+  std::map<std::string, std::string> variables;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    const absl::string_view assignment(*entry);
+    const size_t equals = assignment.find('=');
+    if (equals != absl::string_view::npos) {
+      variables.emplace(assignment.substr(0, equals), assignment.substr(equals + 1));
+    }
+  }
+  return FromEnvironment(variables);
+}
+
+absl::StatusOr<Options> Options::FromEnvironment(
+    const std::map<std::string, std::string>& variables, Env* env) {
+  OptionsProto proto;
+  // An empty TRAINGUARD_CONFIG counts as unset, so that `TRAINGUARD_CONFIG= cmd` turns the file
+  // off.
+  const auto config = variables.find(std::string(kConfigVariable));
+  if (config != variables.end() && !config->second.empty()) {
+    absl::StatusOr<OptionsProto> file = ReadTextprotoFile(config->second, kConfigVariable, env);
+    if (!file.ok()) {
+      return file.status();
+    }
+    proto = *std::move(file);
+  }
+  if (absl::Status status = ApplyTrainguardVariables(variables, proto); !status.ok()) {
+    return status;
+  }
+  if (absl::Status status = ApplyTorchrunVariables(variables, proto); !status.ok()) {
+    return status;
+  }
+  return OptionsFromProto(proto);
+}
+
+absl::StatusOr<Options> Options::FromTextproto(absl::string_view text, absl::string_view origin) {
+  absl::StatusOr<OptionsProto> proto = ParseTextproto(text, origin);
+  if (!proto.ok()) {
+    return proto.status();
+  }
+  absl::StatusOr<Options> options = OptionsFromProto(*proto);
+  if (!options.ok()) {
+    return absl::Status(options.status().code(),
+                        absl::StrCat(origin, ": ", options.status().message()));
+  }
+  return options;
+}
+
+absl::StatusOr<Options> Options::FromTextprotoFile(const std::string& path, Env* env) {
+  absl::StatusOr<OptionsProto> proto = ReadTextprotoFile(path, /*named_by=*/"", env);
+  if (!proto.ok()) {
+    return proto.status();
+  }
+  absl::StatusOr<Options> options = OptionsFromProto(*proto);
+  if (!options.ok()) {
+    return absl::Status(options.status().code(),
+                        absl::StrCat(path, ": ", options.status().message()));
+  }
+  return options;
+}
+
+absl::Status Options::Validate() const {
+  if (absl::Status status = CheckRanks(*this); !status.ok()) {
+    return status;
+  }
+  if (absl::Status status = CheckParallelDegrees(*this); !status.ok()) {
+    return status;
+  }
+  if (absl::Status status = CheckJobId(job_id); !status.ok()) {
+    return status;
+  }
+  return CheckAtLeast("max_consecutive_step_failures", max_consecutive_step_failures, 0);
+}
+
+std::string Options::ResolvedRunDir() const {
+  if (!run_dir.empty()) {
+    return run_dir;
+  }
+  const char* tmpdir = std::getenv("TMPDIR");
+  const absl::string_view base = tmpdir == nullptr || *tmpdir == '\0' ? "/tmp" : tmpdir;
+  return absl::StrCat(base, "/trainguard/", job_id);
+}
+
+}  // namespace trainguard

@@ -1,0 +1,241 @@
+// The guard: StepScope's entry, exit and fault classification. The happy path (an active scope whose
+// body neither throws nor reports a fault) must stay allocation-free: bench/bench_guard and
+// tests/unit/guard_allocation_test.cc hold it to that.
+#include <cxxabi.h>
+
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <string>
+#include <typeinfo>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "trainguard/clock.h"
+#include "trainguard/errors.h"
+#include "trainguard/guard.h"
+#include "trainguard/runtime.h"
+
+namespace trainguard {
+namespace {
+
+std::string Demangle(const char* mangled) {
+  int status = 0;
+  std::unique_ptr<char, void (*)(void*)> name(abi::__cxa_demangle(mangled, nullptr, nullptr, &status),
+                                              std::free);
+  return status == 0 && name != nullptr ? std::string(name.get()) : std::string(mangled);
+}
+
+// What one exception says about the step.
+struct Classification {
+  FaultKind kind = FaultKind::kUnclassified;
+  std::string what;
+  std::vector<std::pair<std::string, std::string>> evidence;
+};
+
+Classification ClassifyException(const std::exception_ptr& exception) {
+  Classification c;
+  auto describe = [&c](const std::exception& e) {
+    c.what = e.what();
+    c.evidence.emplace_back("exception_type", Demangle(typeid(e).name()));
+    c.evidence.emplace_back("what", c.what);
+  };
+  try {
+    std::rethrow_exception(exception);
+  } catch (const DeviceError& e) {
+    describe(e);
+    c.kind = e.sticky() ? FaultKind::kFatalDeviceError : FaultKind::kStepFailure;
+    c.evidence.emplace_back("cuda_error", absl::StrCat(e.code()));
+    c.evidence.emplace_back("sticky", e.sticky() ? "true" : "false");
+  } catch (const NcclError& e) {
+    describe(e);
+    c.kind = e.is_device_fault() ? FaultKind::kFatalDeviceError : FaultKind::kCommunicationFailure;
+    c.evidence.emplace_back("nccl_error", absl::StrCat(e.code()));
+  } catch (const CommunicationError& e) {
+    describe(e);
+    c.kind = FaultKind::kCommunicationFailure;
+    if (e.peer() >= 0) c.evidence.emplace_back("peer", absl::StrCat(e.peer()));
+  } catch (const RecoverableError& e) {
+    describe(e);
+    c.kind = FaultKind::kStepFailure;
+  } catch (const std::exception& e) {
+    describe(e);
+    c.kind = FaultKind::kUnclassified;
+  } catch (...) {
+    c.what = "an exception not derived from std::exception";
+    c.evidence.emplace_back("exception_type", "unknown (not a std::exception)");
+    c.kind = FaultKind::kUnclassified;
+  }
+  return c;
+}
+
+absl::StatusCode CodeFor(FaultKind kind) {
+  switch (kind) {
+    case FaultKind::kNone:
+      return absl::StatusCode::kOk;
+    case FaultKind::kStepFailure:
+      return absl::StatusCode::kAborted;
+    case FaultKind::kCommunicationFailure:
+      return absl::StatusCode::kUnavailable;
+    case FaultKind::kFatalDeviceError:
+      return absl::StatusCode::kInternal;
+    case FaultKind::kUnclassified:
+      return absl::StatusCode::kUnknown;
+    case FaultKind::kUsageError:
+      return absl::StatusCode::kFailedPrecondition;
+  }
+  return absl::StatusCode::kUnknown;
+}
+
+// Fills the result for a step that failed with `kind` because of `what`.
+void Fail(StepResult& result, int rank, FaultKind kind, absl::string_view what) {
+  result.fault = kind;
+  result.action = DefaultActionFor(kind);
+  result.status = absl::Status(CodeFor(kind), absl::StrCat("rank ", rank, " step ", result.step, ": ",
+                                                           std::string(FaultKindName(kind)), ": ", what));
+}
+
+}  // namespace
+
+std::string_view FaultKindName(FaultKind kind) {
+  switch (kind) {
+    case FaultKind::kNone:
+      return "none";
+    case FaultKind::kStepFailure:
+      return "step_failure";
+    case FaultKind::kCommunicationFailure:
+      return "communication_failure";
+    case FaultKind::kFatalDeviceError:
+      return "fatal_device_error";
+    case FaultKind::kUnclassified:
+      return "unclassified";
+    case FaultKind::kUsageError:
+      return "usage_error";
+  }
+  return "unknown";
+}
+
+std::string_view StepActionName(StepAction action) {
+  switch (action) {
+    case StepAction::kContinue:
+      return "continue";
+    case StepAction::kSkip:
+      return "skip";
+    case StepAction::kRollback:
+      return "rollback";
+    case StepAction::kReRendezvous:
+      return "re_rendezvous";
+    case StepAction::kFatal:
+      return "fatal";
+  }
+  return "unknown";
+}
+
+StepAction DefaultActionFor(FaultKind kind) {
+  switch (kind) {
+    case FaultKind::kNone:
+      return StepAction::kContinue;
+    case FaultKind::kStepFailure:
+      return StepAction::kSkip;
+    case FaultKind::kCommunicationFailure:
+      return StepAction::kReRendezvous;
+    case FaultKind::kFatalDeviceError:
+    case FaultKind::kUnclassified:
+    case FaultKind::kUsageError:
+      return StepAction::kFatal;
+  }
+  return StepAction::kFatal;
+}
+
+std::string_view StepResult::Evidence(std::string_view key) const {
+  for (const auto& [k, v] : evidence) {
+    if (k == key) return v;
+  }
+  return {};
+}
+
+int64_t Step::number() const { return scope_->step_; }
+Runtime& Step::runtime() const { return scope_->runtime_; }
+void Step::ReportFault(FaultKind kind, std::string_view message) { scope_->ReportFault(kind, message); }
+
+StepScope::StepScope(Runtime& runtime, int64_t step)
+    : runtime_(runtime), step_(step), uncaught_at_entry_(std::uncaught_exceptions()) {
+  if (runtime.fatal()) {
+    rejection_ = absl::StrCat("guard rejected: the runtime is fatal since ", runtime.fatal_reason());
+    return;
+  }
+  if (!runtime.TryBeginStep()) {
+    rejection_ = "guard rejected: another guarded step is active on this runtime (guards do not nest)";
+    return;
+  }
+  active_ = true;
+  start_ns_ = runtime.clock().MonotonicNanos();
+  runtime.heartbeat_.Enter(step, start_ns_);
+  for (StepObserver* observer : runtime.observers_) observer->OnStepBegin(step);
+}
+
+StepScope::~StepScope() {
+  if (finished_) return;
+  if (active_ && !exception_ && std::uncaught_exceptions() > uncaught_at_entry_) {
+    ReportFault(FaultKind::kUnclassified,
+                "an exception left the StepScope without RecordException() (the step was abandoned)");
+  }
+  (void)Finish();  // the result is in the event file
+}
+
+void StepScope::RecordException(std::exception_ptr exception) {
+  if (!exception_) exception_ = std::move(exception);
+}
+
+void StepScope::ReportFault(FaultKind kind, std::string_view message) {  // NOLINT: failure path
+  if (kind == FaultKind::kNone) return;
+  // Keep the fault that asks for the most drastic action; the first one among equals.
+  if (reported_kind_ == FaultKind::kNone || DefaultActionFor(kind) > DefaultActionFor(reported_kind_)) {
+    reported_kind_ = kind;
+    reported_message_ = std::string(message);
+  }
+}
+
+StepResult StepScope::Finish() {
+  StepResult result;
+  result.step = step_;
+  if (finished_) {
+    Fail(result, runtime_.rank(), FaultKind::kUsageError, "StepScope::Finish() called twice");
+    return result;
+  }
+  finished_ = true;
+  if (!active_) {
+    Fail(result, runtime_.rank(), FaultKind::kUsageError, rejection_);
+    result.evidence.emplace_back("reason", rejection_);
+    runtime_.RecordStepFault(result);
+    return result;
+  }
+  const int64_t end_ns = runtime_.clock().MonotonicNanos();
+  result.duration = absl::Nanoseconds(end_ns - start_ns_);
+  if (exception_ || reported_kind_ != FaultKind::kNone) Classify(result);
+  runtime_.heartbeat_.Exit(end_ns - start_ns_, end_ns);
+  runtime_.EndStep();
+  if (!result.ok()) runtime_.RecordStepFault(result);
+  for (StepObserver* observer : runtime_.observers_) observer->OnStepEnd(result);
+  return result;
+}
+
+void StepScope::Classify(StepResult& result) const {
+  FaultKind kind = reported_kind_;
+  std::string what = reported_message_;
+  if (exception_) {
+    Classification c = ClassifyException(exception_);
+    result.evidence = std::move(c.evidence);
+    if (kind == FaultKind::kNone || DefaultActionFor(c.kind) > DefaultActionFor(kind)) {
+      kind = c.kind;
+      what = std::move(c.what);
+    }
+  }
+  if (reported_kind_ != FaultKind::kNone) {
+    result.evidence.emplace_back("reported_fault", std::string(FaultKindName(reported_kind_)));
+    result.evidence.emplace_back("reported_message", reported_message_);
+  }
+  Fail(result, runtime_.rank(), kind, what);
+}
+
+}  // namespace trainguard
