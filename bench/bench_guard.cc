@@ -1,0 +1,138 @@
+// The cost of sdk::guard on the happy path, next to a bare call of the same lambda in the same binary.
+//
+//   build/default/bench/bench_guard [--benchmark_repetitions=5 ...]
+//
+// Prints Google Benchmark's table (with an allocs_per_step counter: this binary counts every global
+// operator new), then one summary line per variant:
+//   guard_overhead: <variant> <ns per step> - bare <ns per step> = <difference> ns/step (CPU time)
+#include <stdlib.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "benchmark/benchmark.h"
+#include "tests/support/allocation_counter.h"
+#include "trainguard/sdk.h"
+
+namespace {
+
+sdk::Runtime& SharedRuntime() {
+  static std::unique_ptr<sdk::Runtime> runtime = [] {
+    char dir[] = "/tmp/trainguard-bench-XXXXXX";
+    if (mkdtemp(dir) == nullptr) std::abort();
+    sdk::Options options;
+    options.job_id = "bench";
+    options.run_dir = dir;
+    absl::StatusOr<std::unique_ptr<sdk::Runtime>> rt = sdk::Runtime::Create(options);
+    if (!rt.ok()) {
+      std::fprintf(stderr, "bench_guard: %s\n", rt.status().ToString().c_str());
+      std::abort();
+    }
+    return *std::move(rt);
+  }();
+  return *runtime;
+}
+
+// The "train step": small enough that the guard's cost dominates, opaque to the optimiser.
+struct Body {
+  int64_t* counter;
+  void operator()() const { benchmark::DoNotOptimize(++*counter); }
+};
+
+void ReportAllocations(benchmark::State& state, int64_t allocations_before) {
+  state.counters["allocs_per_step"] = benchmark::Counter(
+      static_cast<double>(trainguard::testing::AllocationCount() - allocations_before), benchmark::Counter::kAvgIterations);
+}
+
+void BM_BareCall(benchmark::State& state) {
+  int64_t counter = 0;
+  Body body{&counter};
+  const int64_t before = trainguard::testing::AllocationCount();
+  for (auto _ : state) body();
+  ReportAllocations(state, before);
+}
+BENCHMARK(BM_BareCall);
+
+void BM_Guard(benchmark::State& state) {
+  sdk::Runtime& rt = SharedRuntime();
+  int64_t counter = 0;
+  Body body{&counter};
+  int64_t step = 0;
+  const int64_t before = trainguard::testing::AllocationCount();
+  for (auto _ : state) {
+    sdk::StepResult r = sdk::guard(rt, step++, body);
+    benchmark::DoNotOptimize(r);
+  }
+  ReportAllocations(state, before);
+  if (counter != step) state.SkipWithError("the guarded body did not run once per step");
+}
+BENCHMARK(BM_Guard);
+
+void BM_GuardWithStepHandle(benchmark::State& state) {
+  sdk::Runtime& rt = SharedRuntime();
+  int64_t counter = 0;
+  int64_t step = 0;
+  const int64_t before = trainguard::testing::AllocationCount();
+  for (auto _ : state) {
+    sdk::StepResult r = sdk::guard(rt, step++, [&](sdk::Step& s) { benchmark::DoNotOptimize(counter += s.number()); });
+    benchmark::DoNotOptimize(r);
+  }
+  ReportAllocations(state, before);
+}
+BENCHMARK(BM_GuardWithStepHandle);
+
+void BM_StepScope(benchmark::State& state) {
+  sdk::Runtime& rt = SharedRuntime();
+  int64_t counter = 0;
+  Body body{&counter};
+  int64_t step = 0;
+  const int64_t before = trainguard::testing::AllocationCount();
+  for (auto _ : state) {
+    sdk::StepScope scope(rt, step++);
+    if (scope.active()) body();
+    sdk::StepResult r = scope.Finish();
+    benchmark::DoNotOptimize(r);
+  }
+  ReportAllocations(state, before);
+}
+BENCHMARK(BM_StepScope);
+
+// Keeps the CPU time per iteration of each run (the last repetition, or the mean when aggregated) so
+// main() can print guard - bare.
+class DifferenceReporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const Run& run : runs) {
+      if (run.error_occurred) continue;
+      if (run.run_type == Run::RT_Aggregate && run.aggregate_name != "mean") continue;
+      ns_per_step_[run.run_name.function_name] = run.GetAdjustedCPUTime();
+    }
+    ConsoleReporter::ReportRuns(runs);
+  }
+  const std::map<std::string, double>& ns_per_step() const { return ns_per_step_; }
+
+ private:
+  std::map<std::string, double> ns_per_step_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  DifferenceReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  benchmark::Shutdown();
+  const auto& ns = reporter.ns_per_step();
+  auto bare = ns.find("BM_BareCall");
+  if (bare == ns.end()) return 0;
+  for (const auto& [name, value] : ns) {
+    if (name == "BM_BareCall") continue;
+    std::printf("guard_overhead: %s %.1f - bare %.1f = %.1f ns/step (CPU time)\n", name.c_str(), value,
+                bare->second, value - bare->second);
+  }
+  return 0;
+}
