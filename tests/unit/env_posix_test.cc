@@ -1,0 +1,112 @@
+#include <algorithm>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/support/temp_dir.h"
+#include "trainguard/env.h"
+
+namespace trainguard {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::TempDir;
+using ::testing::UnorderedElementsAre;
+
+TEST(PosixEnv, WrittenAndAppendedDataReadsBack) {
+  TempDir dir;
+  Env* env = Env::Default();
+  const std::string path = dir.File("data");
+  {
+    auto file = env->NewWritableFile(path);
+    ASSERT_TRUE(file.ok()) << file.status();
+    ASSERT_TRUE((*file)->Append("hello ").ok());
+    ASSERT_TRUE((*file)->Sync().ok());
+    ASSERT_TRUE((*file)->Close().ok());
+  }
+  {
+    auto file = env->NewAppendableFile(path);
+    ASSERT_TRUE(file.ok()) << file.status();
+    ASSERT_TRUE((*file)->Append("world").ok());
+  }
+  EXPECT_EQ(*env->ReadFileToString(path), "hello world");
+  EXPECT_EQ(*env->GetFileSize(path), 11u);
+}
+
+TEST(PosixEnv, NewWritableFileTruncatesAnExistingFile) {
+  TempDir dir;
+  Env* env = Env::Default();
+  const std::string path = dir.File("data");
+  ASSERT_TRUE((*env->NewWritableFile(path))->Append("long old contents").ok());
+  ASSERT_TRUE((*env->NewWritableFile(path))->Append("new").ok());
+  EXPECT_EQ(*env->ReadFileToString(path), "new");
+}
+
+TEST(PosixEnv, CreateDirsMakesParentsAndIsIdempotent) {
+  TempDir dir;
+  Env* env = Env::Default();
+  const std::string nested = dir.File("a/b/c");
+  ASSERT_TRUE(env->CreateDirs(nested).ok());
+  ASSERT_TRUE(env->CreateDirs(nested).ok());
+  EXPECT_TRUE(env->FileExists(nested));
+  ASSERT_TRUE(env->SyncDir(nested).ok());
+}
+
+TEST(PosixEnv, CreateDirsOverARegularFileFailsNamingThePath) {
+  TempDir dir;
+  Env* env = Env::Default();
+  ASSERT_TRUE((*env->NewWritableFile(dir.File("file")))->Close().ok());
+  absl::Status s = env->CreateDirs(dir.File("file/sub"));
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr(dir.File("file")));
+}
+
+TEST(PosixEnv, ErrorsNameTheOperationAndThePath) {
+  TempDir dir;
+  Env* env = Env::Default();
+  auto missing = env->ReadFileToString(dir.File("missing"));
+  EXPECT_TRUE(absl::IsNotFound(missing.status()));
+  EXPECT_THAT(missing.status().message(), HasSubstr("open " + dir.File("missing")));
+  EXPECT_TRUE(absl::IsNotFound(env->GetFileSize(dir.File("missing")).status()));
+  EXPECT_TRUE(absl::IsNotFound(env->RemoveFile(dir.File("missing"))));
+  EXPECT_FALSE(env->FileExists(dir.File("missing")));
+}
+
+TEST(PosixEnv, AFullDeviceIsResourceExhaustedNamingThePath) {
+  Env* env = Env::Default();
+  if (!env->FileExists("/dev/full")) GTEST_SKIP() << "no /dev/full on this system";
+  auto file = env->NewWritableFile("/dev/full");
+  ASSERT_TRUE(file.ok()) << file.status();
+  absl::Status s = (*file)->Append(std::string(4096, 'x'));
+  EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("/dev/full"));
+}
+
+TEST(PosixEnv, RenameReplacesTheTargetAndChildrenAreListed) {
+  TempDir dir;
+  Env* env = Env::Default();
+  ASSERT_TRUE((*env->NewWritableFile(dir.File("new")))->Append("new").ok());
+  ASSERT_TRUE((*env->NewWritableFile(dir.File("old")))->Append("old").ok());
+  ASSERT_TRUE(env->RenameFile(dir.File("new"), dir.File("old")).ok());
+  EXPECT_EQ(*env->ReadFileToString(dir.File("old")), "new");
+  EXPECT_THAT(*env->GetChildren(dir.path()), UnorderedElementsAre("old"));
+}
+
+TEST(PosixEnv, TruncateShortensAFile) {
+  TempDir dir;
+  Env* env = Env::Default();
+  ASSERT_TRUE((*env->NewWritableFile(dir.File("f")))->Append("0123456789").ok());
+  ASSERT_TRUE(env->TruncateFile(dir.File("f"), 4).ok());
+  EXPECT_EQ(*env->ReadFileToString(dir.File("f")), "0123");
+}
+
+TEST(PosixEnv, WritingAClosedFileIsAnErrorNotACrash) {
+  TempDir dir;
+  auto file = Env::Default()->NewWritableFile(dir.File("f"));
+  ASSERT_TRUE((*file)->Close().ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition((*file)->Append("x")));
+  EXPECT_TRUE(absl::IsFailedPrecondition((*file)->Sync()));
+}
+
+}  // namespace
+}  // namespace trainguard
