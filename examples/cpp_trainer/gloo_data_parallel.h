@@ -1,0 +1,74 @@
+// GlooDataParallel: the example trainer's data-parallel communicator, gloo's TCP transport on 127.0.0.1.
+//
+// Every rank of the job calls Connect() with the same store directory and rendezvous id; gloo's ranks
+// publish their listening addresses as files in that directory (a gloo FileStore under a PrefixStore
+// named by the id) and connect to each other in a full mesh. AllreduceSum() then sums a flat float
+// buffer across the ranks with gloo's ring algorithm, which gives every rank bit-identical results.
+//
+// Failures are reported the way trainguard's guard expects: Connect() (called before training, outside
+// any guard) returns a Status; AllreduceSum() (called inside a guarded step) throws
+// trainguard::CommunicationError, whatever gloo threw, so the guard classifies a dead or hung peer as a
+// communication failure rather than an unknown exception.
+//
+// Stale rendezvous files: gloo reads whatever address files it finds, so a rerun in the same directory
+// with the same id would connect to the previous run's (dead) addresses. Callers use a rendezvous id
+// that is unique per launch (see trainer.cc).
+//
+// Thread safety: none; one communicator belongs to the training thread.
+#ifndef TRAINGUARD_EXAMPLES_CPP_TRAINER_GLOO_DATA_PARALLEL_H_
+#define TRAINGUARD_EXAMPLES_CPP_TRAINER_GLOO_DATA_PARALLEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace gloo {
+class Context;
+}  // namespace gloo
+
+namespace cpp_trainer {
+
+class GlooDataParallel {
+ public:
+  struct Config {
+    int rank = 0;
+    int world_size = 1;
+    std::string store_dir;      // created if missing; shared by every rank of the job
+    std::string rendezvous_id;  // the same on every rank, unique per launch
+    // Bounds the rendezvous and every collective: a peer that is gone or stuck for this long is an error
+    // instead of a hang.
+    absl::Duration timeout = absl::Seconds(60);
+  };
+
+  // Rendezvous with every other rank and connect to all of them. Blocks until all `world_size` ranks
+  // have called Connect(), or fails after `timeout`. Errors name the rank, the directory and the id.
+  static absl::StatusOr<std::unique_ptr<GlooDataParallel>> Connect(const Config& config);
+
+  GlooDataParallel(const GlooDataParallel&) = delete;
+  GlooDataParallel& operator=(const GlooDataParallel&) = delete;
+  ~GlooDataParallel();
+
+  // Replaces `data` on every rank by its element-wise sum over all ranks. Every rank must call it with
+  // the same size, in the same order. Throws trainguard::CommunicationError (naming this rank and the
+  // collective's sequence number) when gloo fails or times out; the communicator is unusable after that.
+  void AllreduceSum(std::span<float> data);
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+
+ private:
+  GlooDataParallel(int rank, int world_size, std::shared_ptr<gloo::Context> context);
+
+  const int rank_;
+  const int world_size_;
+  const std::shared_ptr<gloo::Context> context_;
+  uint64_t collectives_ = 0;  // sequence number of the next collective
+};
+
+}  // namespace cpp_trainer
+
+#endif  // TRAINGUARD_EXAMPLES_CPP_TRAINER_GLOO_DATA_PARALLEL_H_

@@ -1,0 +1,247 @@
+// cpp_trainer: a Megatron-style data-parallel trainer in plain C++, and the reference integration of
+// trainguard in a C++ training loop.
+//
+// Each process is one rank. Every rank holds a full replica of a small MLP (mlp.h) initialised from
+// the same seed, trains on its own shard of a synthetic regression task (synthetic_regression.h),
+// averages the gradients over all ranks with one gloo allreduce per step (gloo_data_parallel.h) and
+// applies SGD, so the replicas stay bit-identical. Each step runs inside sdk::guard; a failed step goes
+// to Runtime::recover(), which says where to resume or that this process must stop.
+//
+// A rank whose loss is not finite says so (Step::ReportFault) before the gradient reduction, so the
+// rank where the NaN was born is the one named; it contributes zero gradients and a flag, and every
+// rank then skips that step's update, reporting the skip as a step failure too. All ranks thus take
+// the same decision and stay in step.
+//
+// Output: the interface for tests (tests/integration/cpp_trainer_test.cc) and scripts/demo.sh; keep it
+// stable. Every rank prints its own lines to stdout, line-buffered, each starting with "rank R ":
+//
+//   rank R start world W job JOB run_dir DIR resume_step S steps N
+//   rank R step S loss L                     at every --print-every'th step and the last step; L (%.6f)
+//                                            is the mean over ranks of the step's loss before its
+//                                            update, so every rank prints the same value
+//   rank R step S fault KIND action ACTION: MESSAGE
+//                                            a guarded step failed (KIND, ACTION: trainguard's names,
+//                                            e.g. step_failure skip, communication_failure re_rendezvous)
+//   rank R recover step S next N             Runtime::recover() resumes at step N
+//   rank R final_loss L params_checksum H    the last line of a successful run: L is the loss of the
+//                                            last successful step ("nan" if none ran), H the XXH64 of
+//                                            the parameter bytes in 16 hex digits (equal on all ranks)
+//
+// Errors go to stderr as "rank R error: ..." (or "cpp_trainer: ..." before the rank is known).
+// Exit status: 0 trained every step; 1 training stopped (rendezvous failed, or recover() gave up);
+// 2 bad flags or invalid trainguard options.
+//
+// Launch (until `trainguard run` exists), e.g. 4 ranks on this machine:
+//   export TRAINGUARD_WORLD_SIZE=4 TRAINGUARD_JOB_ID=j TRAINGUARD_RUN_DIR=/tmp/j
+//   for r in 0 1 2 3; do TRAINGUARD_RANK=$r ./cpp_trainer --rendezvous-id j-1 & done; wait
+#include <cmath>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <xxhash.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "gloo_data_parallel.h"
+#include "mlp.h"
+#include "synthetic_regression.h"
+#include "trainer_flags.h"
+#include "trainguard/sdk.h"
+
+namespace cpp_trainer {
+namespace {
+
+constexpr int kInputs = 16;
+constexpr int kHidden = 64;
+
+// The gloo rendezvous id: the flag, else the environment, else one derived from the job.
+std::string RendezvousId(const TrainerFlags& flags, const sdk::Runtime& rt) {
+  if (!flags.rendezvous_id.empty()) return flags.rendezvous_id;
+  if (const char* id = std::getenv("CPP_TRAINER_RENDEZVOUS_ID"); id != nullptr && *id != '\0') {
+    return id;
+  }
+  return absl::StrCat(rt.options().job_id, "-gen", rt.generation());
+}
+
+std::string ParamsChecksum(std::span<const float> params) {
+  const XXH64_hash_t hash = XXH64(params.data(), params.size_bytes(), /*seed=*/0);
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(hash));
+  return hex;
+}
+
+// One data-parallel training run of this rank: owns the model, the data and the communicator.
+class DataParallelTrainer {
+ public:
+  DataParallelTrainer(const TrainerFlags& flags, sdk::Runtime& rt, int dp_rank,
+                      std::unique_ptr<GlooDataParallel> comm)
+      : flags_(flags),
+        rt_(rt),
+        dp_rank_(dp_rank),
+        comm_(std::move(comm)),
+        task_(kInputs, flags.data_seed),
+        model_(kInputs, kHidden, flags.model_seed),
+        reduce_buffer_(model_.parameters().size() + kTailFloats) {}
+
+  // The training loop. Returns the process's exit status.
+  int Run() {
+    const int rank = rt_.rank();
+    for (int64_t step = rt_.resume_step(); step < flags_.steps;) {
+      sdk::StepResult r = sdk::guard(rt_, step, [&](sdk::Step& s) { TrainStep(s); });
+      if (r.ok()) {
+        ++step;
+        continue;
+      }
+      std::printf("rank %d step %lld fault %s action %s: %s\n", rank, static_cast<long long>(step),
+                  std::string(sdk::FaultKindName(r.fault)).c_str(),
+                  std::string(sdk::StepActionName(r.action)).c_str(), r.status.ToString().c_str());
+      absl::StatusOr<int64_t> next = rt_.recover(r);
+      if (!next.ok()) {
+        std::fprintf(stderr, "rank %d error: cannot recover from step %lld: %s\n", rank,
+                     static_cast<long long>(step), next.status().ToString().c_str());
+        return 1;
+      }
+      std::printf("rank %d recover step %lld next %lld\n", rank, static_cast<long long>(step),
+                  static_cast<long long>(*next));
+      step = *next;
+    }
+    std::printf("rank %d final_loss %.6f params_checksum %s\n", rank, last_loss_,
+                ParamsChecksum(model_.parameters()).c_str());
+    return 0;
+  }
+
+ private:
+  // The reduction buffer is the flat gradient followed by the sum of the ranks' finite losses and the
+  // number of ranks whose loss was not finite: one collective per step carries all three.
+  static constexpr size_t kTailFloats = 2;
+
+  void TrainStep(sdk::Step& s) {
+    const int64_t step = s.number();
+    Batch batch = task_.Sample(dp_rank_, step, flags_.batch_size);
+    if (rt_.rank() == flags_.inject_nan_rank && step == flags_.inject_nan_step) {
+      batch.x[0] = std::numeric_limits<float>::quiet_NaN();  // a corrupt example
+    }
+    const float local_loss = model_.ForwardBackward(batch);
+    const bool finite = std::isfinite(local_loss);
+    if (!finite) {
+      s.ReportFault(sdk::FaultKind::kStepFailure,
+                    absl::StrCat("loss is not finite (", local_loss, ") on rank ", rt_.rank()));
+    }
+
+    const size_t n = model_.gradients().size();
+    std::span<const float> grads = model_.gradients();
+    for (size_t i = 0; i < n; ++i) reduce_buffer_[i] = finite ? grads[i] : 0.0f;
+    reduce_buffer_[n] = finite ? local_loss : 0.0f;
+    reduce_buffer_[n + 1] = finite ? 0.0f : 1.0f;
+    comm_->AllreduceSum(reduce_buffer_);  // throws sdk::CommunicationError
+
+    const int bad_ranks = static_cast<int>(reduce_buffer_[n + 1]);
+    if (bad_ranks > 0) {
+      // Applying a partial average would make this step differ from a clean rerun; skip it everywhere.
+      if (finite) {
+        s.ReportFault(sdk::FaultKind::kStepFailure,
+                      absl::StrCat(bad_ranks, " other rank(s) had a non-finite loss; the update is "
+                                              "skipped on every rank"));
+      }
+      return;
+    }
+    const float inverse_world = 1.0f / static_cast<float>(comm_->world_size());
+    for (size_t i = 0; i < n; ++i) reduce_buffer_[i] *= inverse_world;
+    const float loss = reduce_buffer_[n] * inverse_world;
+    model_.ApplySgd(std::span<const float>(reduce_buffer_).first(n), flags_.learning_rate);
+    last_loss_ = loss;
+    if (step % flags_.print_every == 0 || step == flags_.steps - 1) {
+      std::printf("rank %d step %lld loss %.6f\n", rt_.rank(), static_cast<long long>(step), loss);
+    }
+  }
+
+  const TrainerFlags& flags_;
+  sdk::Runtime& rt_;
+  const int dp_rank_;
+  const std::unique_ptr<GlooDataParallel> comm_;
+  const SyntheticRegression task_;
+  Mlp model_;
+  std::vector<float> reduce_buffer_;
+  float last_loss_ = std::numeric_limits<float>::quiet_NaN();
+};
+
+int Main(int argc, char** argv) {
+  // Lines reach a file or pipe as they are printed: launchers and tests read them while we run.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  // A peer that dies mid-send must surface as a gloo I/O error (a communication failure the guard
+  // classifies), not kill this process with SIGPIPE.
+  std::signal(SIGPIPE, SIG_IGN);
+
+  absl::StatusOr<TrainerFlags> flags = ParseTrainerFlags(argc, argv);
+  if (!flags.ok()) {
+    std::fprintf(stderr, "cpp_trainer: %s\n%s", std::string(flags.status().message()).c_str(),
+                 TrainerUsage().c_str());
+    return 2;
+  }
+  if (flags->help) {
+    std::printf("%s", TrainerUsage().c_str());
+    return 0;
+  }
+
+  absl::StatusOr<sdk::Options> options = sdk::Options::FromEnv();
+  if (options.ok()) {
+    if (absl::Status valid = options->Validate(); !valid.ok()) options = valid;
+  }
+  if (!options.ok()) {
+    std::fprintf(stderr, "cpp_trainer: invalid options: %s\n", options.status().ToString().c_str());
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<sdk::Runtime>> rt = sdk::Runtime::Create(*options);
+  if (!rt.ok()) {
+    std::fprintf(stderr, "cpp_trainer: cannot start the trainguard runtime: %s\n",
+                 rt.status().ToString().c_str());
+    return 1;
+  }
+  sdk::Runtime& runtime = **rt;
+  const int rank = runtime.rank();
+  const sdk::Topology& topology = runtime.topology();
+  if (topology.dp() != topology.world_size()) {
+    std::fprintf(stderr,
+                 "rank %d error: cpp_trainer is data parallel only (tp, cp and pp must be 1), got %s\n",
+                 rank, topology.ToString().c_str());
+    return 2;
+  }
+  absl::StatusOr<sdk::RankCoordinates> coordinates = topology.CoordinatesOf(rank);
+  if (!coordinates.ok()) {
+    std::fprintf(stderr, "rank %d error: %s\n", rank, coordinates.status().ToString().c_str());
+    return 1;
+  }
+
+  std::printf("rank %d start world %d job %s run_dir %s resume_step %lld steps %lld\n", rank,
+              runtime.world_size(), runtime.options().job_id.c_str(), runtime.run_dir().c_str(),
+              static_cast<long long>(runtime.resume_step()), static_cast<long long>(flags->steps));
+
+  GlooDataParallel::Config config;
+  config.rank = rank;
+  config.world_size = runtime.world_size();
+  config.store_dir = runtime.run_dir() + "/gloo";
+  config.rendezvous_id = RendezvousId(*flags, runtime);
+  config.timeout = flags->comm_timeout;
+  absl::StatusOr<std::unique_ptr<GlooDataParallel>> comm = GlooDataParallel::Connect(config);
+  if (!comm.ok()) {
+    std::fprintf(stderr, "rank %d error: %s\n", rank, comm.status().ToString().c_str());
+    return 1;
+  }
+
+  DataParallelTrainer trainer(*flags, runtime, coordinates->dp, *std::move(comm));
+  return trainer.Run();
+}
+
+}  // namespace
+}  // namespace cpp_trainer
+
+int main(int argc, char** argv) { return cpp_trainer::Main(argc, argv); }

@@ -1,0 +1,98 @@
+#include "trainer_flags.h"
+
+#include <type_traits>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+
+namespace cpp_trainer {
+namespace {
+
+template <typename T>
+absl::Status ParseNumber(absl::string_view flag, absl::string_view text, T min, T* out) {
+  bool parsed;
+  if constexpr (std::is_same_v<T, double>) {
+    parsed = absl::SimpleAtod(text, out);
+  } else if constexpr (std::is_same_v<T, float>) {
+    parsed = absl::SimpleAtof(text, out);
+  } else {
+    parsed = absl::SimpleAtoi(text, out);
+  }
+  if (!parsed || !(*out >= min)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": expected a number >= ", min, ", got '", text, "'"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string TrainerUsage() {
+  return R"(usage: cpp_trainer [flags]
+Trains a small MLP on a synthetic regression task, data parallel over gloo, guarded by trainguard.
+Rank, world size, job id and run directory come from TRAINGUARD_RANK, TRAINGUARD_WORLD_SIZE,
+TRAINGUARD_JOB_ID and TRAINGUARD_RUN_DIR (see trainguard's Options).
+
+  --steps N               steps to train (default 200)
+  --lr X                  SGD learning rate (default 0.1)
+  --batch-size N          examples per rank per step (default 32)
+  --print-every N         print the loss every N steps and at the last step (default 10)
+  --model-seed N          parameter initialisation seed, the same on every rank (default 1234)
+  --data-seed N           data seed; each rank's shard also depends on its rank and the step (default 42)
+  --rendezvous-id ID      gloo rendezvous id, the same on every rank and unique per launch
+                          (default: $CPP_TRAINER_RENDEZVOUS_ID, else <job_id>-gen<generation>)
+  --comm-timeout-s X      gloo rendezvous and collective timeout in seconds (default 60)
+  --inject-nan RANK:STEP  make RANK's loss NaN at STEP (fault injection)
+  --help                  print this text
+)";
+}
+
+absl::StatusOr<TrainerFlags> ParseTrainerFlags(int argc, char** argv) {
+  TrainerFlags flags;
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      flags.help = true;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": unknown flag or missing value"));
+    }
+    const absl::string_view value = argv[++i];
+    absl::Status status;
+    if (flag == "--steps") {
+      status = ParseNumber<int64_t>(flag, value, 0, &flags.steps);
+    } else if (flag == "--lr") {
+      status = ParseNumber<float>(flag, value, 0.0f, &flags.learning_rate);
+    } else if (flag == "--batch-size") {
+      status = ParseNumber<int>(flag, value, 1, &flags.batch_size);
+    } else if (flag == "--print-every") {
+      status = ParseNumber<int>(flag, value, 1, &flags.print_every);
+    } else if (flag == "--model-seed") {
+      status = ParseNumber<uint64_t>(flag, value, 0, &flags.model_seed);
+    } else if (flag == "--data-seed") {
+      status = ParseNumber<uint64_t>(flag, value, 0, &flags.data_seed);
+    } else if (flag == "--rendezvous-id") {
+      if (value.empty()) return absl::InvalidArgumentError("--rendezvous-id: must not be empty");
+      flags.rendezvous_id = std::string(value);
+    } else if (flag == "--comm-timeout-s") {
+      double seconds = 0;
+      status = ParseNumber<double>(flag, value, 0.001, &seconds);
+      flags.comm_timeout = absl::Seconds(seconds);
+    } else if (flag == "--inject-nan") {
+      std::pair<absl::string_view, absl::string_view> parts = absl::StrSplit(value, ':');
+      status = ParseNumber<int>(flag, parts.first, 0, &flags.inject_nan_rank);
+      if (status.ok()) status = ParseNumber<int64_t>(flag, parts.second, 0, &flags.inject_nan_step);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": unknown flag"));
+    }
+    if (!status.ok()) return status;
+  }
+  return flags;
+}
+
+}  // namespace cpp_trainer

@@ -1,0 +1,45 @@
+// TrainerFlags: the command line of the example trainer (cpp_trainer --help prints it).
+//
+// Rank, world size, job id and run directory are not flags: they come from trainguard's Options
+// (TRAINGUARD_* environment variables), like in any trainguard trainer.
+//
+// Thread safety: plain value types and a pure function.
+#ifndef TRAINGUARD_EXAMPLES_CPP_TRAINER_TRAINER_FLAGS_H_
+#define TRAINGUARD_EXAMPLES_CPP_TRAINER_TRAINER_FLAGS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace cpp_trainer {
+
+struct TrainerFlags {
+  int64_t steps = 200;
+  float learning_rate = 0.1f;
+  int batch_size = 32;  // examples per rank per step; the global batch is batch_size * world_size
+  int print_every = 10;
+  uint64_t model_seed = 1234;  // the same on every rank: replicas start identical
+  uint64_t data_seed = 42;     // with the rank and step, picks each rank's shard
+  // Names this launch's gloo rendezvous; every rank must pass the same value. Empty means
+  // $CPP_TRAINER_RENDEZVOUS_ID, or "<job_id>-gen<generation>" when that is unset too.
+  std::string rendezvous_id;
+  absl::Duration comm_timeout = absl::Seconds(60);
+  // Fault injection for demos and tests: the rank corrupts one input of its batch at that step, so its
+  // loss is NaN. -1: off.
+  int inject_nan_rank = -1;
+  int64_t inject_nan_step = -1;
+  bool help = false;
+};
+
+// The usage text.
+std::string TrainerUsage();
+
+// Parses argv[1..argc). InvalidArgument naming the flag for an unknown flag, a missing value or a
+// malformed or out-of-range value.
+absl::StatusOr<TrainerFlags> ParseTrainerFlags(int argc, char** argv);
+
+}  // namespace cpp_trainer
+
+#endif  // TRAINGUARD_EXAMPLES_CPP_TRAINER_TRAINER_FLAGS_H_
