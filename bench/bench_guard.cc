@@ -1,4 +1,5 @@
-// The cost of sdk::guard on the happy path, next to a bare call of the same lambda in the same binary.
+// The cost of sdk::guard on the happy path, next to a bare call of the same lambda in the same
+// binary.
 //
 //   build/default/bench/bench_guard [--benchmark_repetitions=5 ...]
 //
@@ -44,7 +45,8 @@ struct Body {
 
 void ReportAllocations(benchmark::State& state, int64_t allocations_before) {
   state.counters["allocs_per_step"] = benchmark::Counter(
-      static_cast<double>(trainguard::testing::AllocationCount() - allocations_before), benchmark::Counter::kAvgIterations);
+      static_cast<double>(trainguard::testing::AllocationCount() - allocations_before),
+      benchmark::Counter::kAvgIterations);
 }
 
 void BM_BareCall(benchmark::State& state) {
@@ -77,7 +79,8 @@ void BM_GuardWithStepHandle(benchmark::State& state) {
   int64_t step = 0;
   const int64_t before = trainguard::testing::AllocationCount();
   for (auto _ : state) {
-    sdk::StepResult r = sdk::guard(rt, step++, [&](sdk::Step& s) { benchmark::DoNotOptimize(counter += s.number()); });
+    sdk::StepResult r = sdk::guard(
+        rt, step++, [&](sdk::Step& s) { benchmark::DoNotOptimize(counter += s.number()); });
     benchmark::DoNotOptimize(r);
   }
   ReportAllocations(state, before);
@@ -100,8 +103,8 @@ void BM_StepScope(benchmark::State& state) {
 }
 BENCHMARK(BM_StepScope);
 
-// Keeps the CPU time per iteration of each run (the last repetition, or the mean when aggregated) so
-// main() can print guard - bare.
+// Keeps the CPU time per iteration of each run (the last repetition, or the mean when aggregated)
+// so main() can print guard - bare.
 class DifferenceReporter : public benchmark::ConsoleReporter {
  public:
   void ReportRuns(const std::vector<Run>& runs) override {
@@ -131,8 +134,8 @@ int main(int argc, char** argv) {
   if (bare == ns.end()) return 0;
   for (const auto& [name, value] : ns) {
     if (name == "BM_BareCall") continue;
-    std::printf("guard_overhead: %s %.1f - bare %.1f = %.1f ns/step (CPU time)\n", name.c_str(), value,
-                bare->second, value - bare->second);
+    std::printf("guard_overhead: %s %.1f - bare %.1f = %.1f ns/step (CPU time)\n", name.c_str(),
+                value, bare->second, value - bare->second);
   }
   return 0;
 }

@@ -6,7 +6,7 @@
 #   ./scripts/test.sh --tsan        the same suite under ThreadSanitizer
 #   extra arguments after -- go to ctest, e.g.  ./scripts/test.sh -- -R Topology
 #
-# Build output goes to $TRAINGUARD_BUILD_DIR (default: build/) in a folder per preset.
+# Build output goes to $TG_BUILD_DIR (default: build/) in a folder per preset.
 # Tests labelled `gpu` run only when nvidia-smi sees a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +25,7 @@ done
 
 ./scripts/setup.sh
 
-build_root="${TRAINGUARD_BUILD_DIR:-build}"
+build_root="${TG_BUILD_DIR:-build}"
 build_dir="$build_root/$preset"
 jobs="$(nproc)"
 

@@ -1,7 +1,8 @@
 // The `trainguard` command line.
 //
 //   trainguard version
-//   trainguard events [--json] FILE|RUN_DIR...    print event files (a run dir means all its ranks')
+//   trainguard events [--json] FILE|RUN_DIR...    print event files (a run dir means all its
+//   ranks')
 //
 // Exit codes: 0 success; 1 a file could not be read or is corrupt (the message names it and the
 // offset); 2 bad usage.
@@ -86,7 +87,8 @@ std::vector<std::string> ExpandPaths(const std::vector<std::string>& args) {
     }
     std::sort(children->begin(), children->end());
     for (const std::string& name : *children) {
-      if (name.size() > 5 && name.substr(name.size() - 5) == ".tgev") paths.push_back(arg + "/events/" + name);
+      if (name.size() > 5 && name.substr(name.size() - 5) == ".tgev")
+        paths.push_back(arg + "/events/" + name);
     }
   }
   return paths;

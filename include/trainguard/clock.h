@@ -1,8 +1,9 @@
 // Clock: the time seam of trainguard.
 //
-// Everything in the SDK that reads time goes through a Clock, so tests can substitute a ManualClock and
-// make timing-dependent behaviour deterministic. Two time bases are exposed: wall time (absl::Time), used
-// for event timestamps only, and a monotonic nanosecond counter, used for every duration and deadline.
+// Everything in the SDK that reads time goes through a Clock, so tests can substitute a ManualClock
+// and make timing-dependent behaviour deterministic. Two time bases are exposed: wall time
+// (absl::Time), used for event timestamps only, and a monotonic nanosecond counter, used for every
+// duration and deadline.
 //
 // Thread safety: every method of every Clock in this header may be called concurrently.
 #ifndef TRAINGUARD_CLOCK_H_
@@ -32,8 +33,8 @@ class Clock {
   static Clock* Real();
 };
 
-// A clock that moves only when told to. SleepFor(d) advances it by d and returns at once, so code under
-// test that sleeps runs instantly and deterministically.
+// A clock that moves only when told to. SleepFor(d) advances it by d and returns at once, so code
+// under test that sleeps runs instantly and deterministically.
 class ManualClock final : public Clock {
  public:
   explicit ManualClock(absl::Time start = absl::UnixEpoch()) : start_(start) {}

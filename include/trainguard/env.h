@@ -1,11 +1,12 @@
 // Env: the file-system seam of trainguard.
 //
-// The SDK never calls the OS file API directly: it goes through an Env, in the manner of LevelDB. Tests
-// wrap the default Env in an EnvWrapper subclass and inject faults (a full disk, a failing fsync, a short
-// write) without touching production code. Every error names the path and the operation.
+// The SDK never calls the OS file API directly: it goes through an Env, in the manner of LevelDB.
+// Tests wrap the default Env in an EnvWrapper subclass and inject faults (a full disk, a failing
+// fsync, a short write) without touching production code. Every error names the path and the
+// operation.
 //
-// Thread safety: Env::Default() and every method of an Env may be called concurrently. A WritableFile is
-// not thread-safe: one owner uses it at a time.
+// Thread safety: Env::Default() and every method of an Env may be called concurrently. A
+// WritableFile is not thread-safe: one owner uses it at a time.
 #ifndef TRAINGUARD_ENV_H_
 #define TRAINGUARD_ENV_H_
 
@@ -20,8 +21,8 @@
 
 namespace trainguard {
 
-// A file opened for sequential writing. Close() is called by the destructor if the owner did not call it;
-// call it explicitly to see its error.
+// A file opened for sequential writing. Close() is called by the destructor if the owner did not
+// call it; call it explicitly to see its error.
 class WritableFile {
  public:
   WritableFile() = default;
@@ -42,9 +43,11 @@ class Env {
   virtual ~Env() = default;
 
   // Creates `path`, truncating an existing file.
-  virtual absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) = 0;
+  virtual absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
+      const std::string& path) = 0;
   // Opens `path` for appending, creating it if it does not exist.
-  virtual absl::StatusOr<std::unique_ptr<WritableFile>> NewAppendableFile(const std::string& path) = 0;
+  virtual absl::StatusOr<std::unique_ptr<WritableFile>> NewAppendableFile(
+      const std::string& path) = 0;
   virtual absl::StatusOr<std::string> ReadFileToString(const std::string& path) = 0;
   // NotFound when the path does not exist.
   virtual absl::StatusOr<uint64_t> GetFileSize(const std::string& path) = 0;
@@ -74,7 +77,8 @@ class EnvWrapper : public Env {
   absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
     return target_->NewWritableFile(path);
   }
-  absl::StatusOr<std::unique_ptr<WritableFile>> NewAppendableFile(const std::string& path) override {
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewAppendableFile(
+      const std::string& path) override {
     return target_->NewAppendableFile(path);
   }
   absl::StatusOr<std::string> ReadFileToString(const std::string& path) override {

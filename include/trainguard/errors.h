@@ -1,17 +1,19 @@
 // The exception types a train-step body may throw to tell sdk::guard what kind of failure happened.
 //
-// The public C++ API of trainguard reports its own errors as absl::Status and never throws. These types
-// exist for the user's body: the guard catches them (and anything else) and classifies them:
+// The public C++ API of trainguard reports its own errors as absl::Status and never throws. These
+// types exist for the user's body: the guard catches them (and anything else) and classifies them:
 //
-//   RecoverableError      -> FaultKind::kStepFailure            (the step can be skipped or retried)
-//   CommunicationError    -> FaultKind::kCommunicationFailure   (peers must re-rendezvous)
+//   RecoverableError      -> FaultKind::kStepFailure            (the step can be skipped or
+//   retried) CommunicationError    -> FaultKind::kCommunicationFailure   (peers must re-rendezvous)
 //   DeviceError, sticky   -> FaultKind::kFatalDeviceError       (the device context is unusable)
 //   DeviceError, other    -> FaultKind::kStepFailure            (e.g. an out-of-memory on one step)
-//   anything else         -> FaultKind::kUnclassified           (treated as fatal: unknown is not safe)
+//   anything else         -> FaultKind::kUnclassified           (treated as fatal: unknown is not
+//   safe)
 //
-// TRAINGUARD_CUDA_CHECK and TRAINGUARD_NCCL_CHECK turn CUDA and NCCL return codes into DeviceError and
-// CommunicationError. They expand to calls of the CUDA/NCCL API in the caller's translation unit, so the
-// caller includes <cuda_runtime_api.h> or <nccl.h> itself; this header does not depend on either.
+// TRAINGUARD_CUDA_CHECK and TRAINGUARD_NCCL_CHECK turn CUDA and NCCL return codes into DeviceError
+// and CommunicationError. They expand to calls of the CUDA/NCCL API in the caller's translation
+// unit, so the caller includes <cuda_runtime_api.h> or <nccl.h> itself; this header does not depend
+// on either.
 //
 // Thread safety: these are plain value types.
 #ifndef TRAINGUARD_ERRORS_H_
@@ -29,7 +31,8 @@ class RecoverableError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// A collective or point-to-point operation failed or timed out. `peer` is the rank blamed, -1 if unknown.
+// A collective or point-to-point operation failed or timed out. `peer` is the rank blamed, -1 if
+// unknown.
 class CommunicationError : public std::runtime_error {
  public:
   explicit CommunicationError(const std::string& what, int peer = -1)
@@ -47,9 +50,9 @@ class DeviceError : public std::runtime_error {
       : std::runtime_error(what), code_(code), sticky_(sticky) {}
   // The cudaError_t value.
   int code() const { return code_; }
-  // True when the error corrupts the CUDA context: every later CUDA call in this process fails too, and
-  // only a new process recovers (cudaErrorIllegalAddress, cudaErrorLaunchFailure, an uncorrectable ECC
-  // error, a device-side assert, ...).
+  // True when the error corrupts the CUDA context: every later CUDA call in this process fails too,
+  // and only a new process recovers (cudaErrorIllegalAddress, cudaErrorLaunchFailure, an
+  // uncorrectable ECC error, a device-side assert, ...).
   bool sticky() const { return sticky_; }
 
  private:
@@ -57,8 +60,8 @@ class DeviceError : public std::runtime_error {
   bool sticky_;
 };
 
-// An error returned by NCCL. ncclUnhandledCudaError is a device fault and is classified as fatal; the
-// others (system, internal, remote errors) are communication failures.
+// An error returned by NCCL. ncclUnhandledCudaError is a device fault and is classified as fatal;
+// the others (system, internal, remote errors) are communication failures.
 class NcclError : public CommunicationError {
  public:
   NcclError(const std::string& what, int code) : CommunicationError(what), code_(code) {}
@@ -70,8 +73,8 @@ class NcclError : public CommunicationError {
   int code_;
 };
 
-// True for the cudaError_t codes that leave the CUDA context unusable. The table is checked against the
-// CUDA headers at build time when CUDA is found.
+// True for the cudaError_t codes that leave the CUDA context unusable. The table is checked against
+// the CUDA headers at build time when CUDA is found.
 bool IsStickyCudaError(int code);
 
 // Used by the macros below. Always throw.
@@ -82,16 +85,16 @@ bool IsStickyCudaError(int code);
 
 }  // namespace trainguard
 
-// Evaluates a CUDA runtime call; on failure throws trainguard::DeviceError naming the call and location.
-#define TRAINGUARD_CUDA_CHECK(expr)                                                          \
-  do {                                                                                       \
-    const cudaError_t trainguard_cuda_status_ = (expr);                                      \
-    if (trainguard_cuda_status_ != cudaSuccess) {                                            \
-      ::trainguard::ThrowCudaError(static_cast<int>(trainguard_cuda_status_),                \
-                                   cudaGetErrorName(trainguard_cuda_status_),                \
-                                   cudaGetErrorString(trainguard_cuda_status_), #expr,       \
-                                   __FILE__, __LINE__);                                      \
-    }                                                                                        \
+// Evaluates a CUDA runtime call; on failure throws trainguard::DeviceError naming the call and
+// location.
+#define TRAINGUARD_CUDA_CHECK(expr)                                                             \
+  do {                                                                                          \
+    const cudaError_t trainguard_cuda_status_ = (expr);                                         \
+    if (trainguard_cuda_status_ != cudaSuccess) {                                               \
+      ::trainguard::ThrowCudaError(                                                             \
+          static_cast<int>(trainguard_cuda_status_), cudaGetErrorName(trainguard_cuda_status_), \
+          cudaGetErrorString(trainguard_cuda_status_), #expr, __FILE__, __LINE__);              \
+    }                                                                                           \
   } while (0)
 
 // Evaluates an NCCL call; on failure throws trainguard::NcclError naming the call and location.

@@ -1,13 +1,13 @@
 // Events: the structured, per-rank record of what trainguard saw and decided.
 //
-// Each rank appends Events to its own file, <run_dir>/events/rank-<RRRRR>.tgev, so a crash of one rank
-// never interleaves with another's records and the file survives the process. The on-disk format is
-// documented in docs/FORMATS.md: an 8-byte header "TGEVLOG1", then records of
+// Each rank appends Events to its own file, <run_dir>/events/rank-<RRRRR>.tgev, so a crash of one
+// rank never interleaves with another's records and the file survives the process. The on-disk
+// format is documented in docs/FORMATS.md: an 8-byte header "TGEVLOG1", then records of
 //     [u32 little-endian payload length][u32 little-endian XXH32 of the payload][payload]
-// where the payload is a serialized trainguard.proto.Event (sdk/proto/event.proto). A process killed in
-// the middle of a write leaves a torn final record: the reader reports it instead of misreading it, and
-// EventLog::Open() moves it to a side file before appending, so one crash never hides later records and
-// no byte is ever destroyed.
+// where the payload is a serialized trainguard.proto.Event (sdk/proto/event.proto). A process
+// killed in the middle of a write leaves a torn final record: the reader reports it instead of
+// misreading it, and EventLog::Open() moves it to a side file before appending, so one crash never
+// hides later records and no byte is ever destroyed.
 //
 // Thread safety: EventLog::Append may be called from any thread; ReadEventLog is a free function.
 #ifndef TRAINGUARD_EVENTS_H_
@@ -58,18 +58,19 @@ struct Event {
 // Append-only writer of one rank's event file. Not copyable.
 class EventLog {
  public:
-  // Opens (creating it and its directory if needed) the event file at `path` for appending. An existing
-  // file is validated first. A torn final record is moved to "<path>.torn" and cut off; a corrupt file
-  // (bad header, or a bad record before the end) is copied whole to "<path>.corrupt" and a new log is
-  // started, because a damaged log must not stop training. set_aside_path() says where the bytes went.
+  // Opens (creating it and its directory if needed) the event file at `path` for appending. An
+  // existing file is validated first. A torn final record is moved to "<path>.torn" and cut off; a
+  // corrupt file (bad header, or a bad record before the end) is copied whole to "<path>.corrupt"
+  // and a new log is started, because a damaged log must not stop training. set_aside_path() says
+  // where the bytes went.
   static absl::StatusOr<std::unique_ptr<EventLog>> Open(Env* env, const std::string& path);
 
   EventLog(const EventLog&) = delete;
   EventLog& operator=(const EventLog&) = delete;
   ~EventLog();
 
-  // Serializes and writes one record; the bytes reach the OS before it returns (they survive a kill of
-  // the process, not a power loss). Errors name the path.
+  // Serializes and writes one record; the bytes reach the OS before it returns (they survive a kill
+  // of the process, not a power loss). Errors name the path.
   absl::Status Append(const Event& event);
 
   const std::string& path() const { return path_; }
@@ -87,12 +88,13 @@ class EventLog {
 
 struct EventLogContents {
   std::vector<Event> events;  // every complete, verified record, in file order
-  // OK, or DataLoss "…: torn final record at offset N (M bytes)" when the file ends inside a record.
+  // OK, or DataLoss "…: torn final record at offset N (M bytes)" when the file ends inside a
+  // record.
   absl::Status tail;
 };
 
-// Reads every record. A corrupt header or a corrupt record followed by more data fails with DataLoss
-// naming the path and byte offset; a torn final record is reported in `tail`.
+// Reads every record. A corrupt header or a corrupt record followed by more data fails with
+// DataLoss naming the path and byte offset; a torn final record is reported in `tail`.
 absl::StatusOr<EventLogContents> ReadEventLog(Env* env, const std::string& path);
 
 // <run_dir>/events/rank-<rank, 5 digits>.tgev

@@ -3,20 +3,21 @@
 //     sdk::StepResult r = sdk::guard(*rt, step, [&](sdk::Step& s) { ...train step... });
 //     if (!r.ok()) { absl::StatusOr<int64_t> next = rt->recover(r); ... }
 //
-// The guard times the step, beats the Runtime's heartbeat on entry and exit (the seam a watchdog reads),
-// notifies StepObservers, catches everything the body throws, classifies it (see errors.h), writes a
-// kStepFault Event with the evidence, and returns. It never swallows a fault (a failure is always in the
-// result and in the event file), never terminates the process and never longjmps: what to do next is the
-// trainer's decision, helped by Runtime::recover().
+// The guard times the step, beats the Runtime's heartbeat on entry and exit (the seam a watchdog
+// reads), notifies StepObservers, catches everything the body throws, classifies it (see errors.h),
+// writes a kStepFault Event with the evidence, and returns. It never swallows a fault (a failure is
+// always in the result and in the event file), never terminates the process and never longjmps:
+// what to do next is the trainer's decision, helped by Runtime::recover().
 //
-// Guards do not nest: a guard entered on a Runtime while another step is active on it (on any thread)
-// does not run its body and returns a kUsageError result. After a fatal device error (a sticky CUDA
-// error), every later guard on the Runtime is rejected the same way: such a process cannot train on.
+// Guards do not nest: a guard entered on a Runtime while another step is active on it (on any
+// thread) does not run its body and returns a kUsageError result. After a fatal device error (a
+// sticky CUDA error), every later guard on the Runtime is rejected the same way: such a process
+// cannot train on.
 //
 // StepScope is the same thing as an RAII object for trainers that cannot pass a lambda.
 //
-// Cost: on the happy path the guard allocates nothing, performs no system call other than reading the
-// monotonic clock (vDSO), and does no device synchronisation (bench/bench_guard measures it).
+// Cost: on the happy path the guard allocates nothing, performs no system call other than reading
+// the monotonic clock (vDSO), and does no device synchronisation (bench/bench_guard measures it).
 //
 // Thread safety: a guard runs on the calling thread. Step and StepScope belong to that thread.
 #ifndef TRAINGUARD_GUARD_H_
@@ -43,8 +44,8 @@ enum class FaultKind {
   kStepFailure = 1,           // RecoverableError, Step::ReportFault, a non-sticky device error
   kCommunicationFailure = 2,  // CommunicationError, NcclError (other than an unhandled CUDA error)
   kFatalDeviceError = 3,      // a sticky CUDA error: the process's device context is lost
-  kUnclassified = 4,          // any other exception: its safety is unknown, so it is treated as fatal
-  kUsageError = 5,            // the guard itself was misused (nested guards, a guard after a fatal fault)
+  kUnclassified = 4,  // any other exception: its safety is unknown, so it is treated as fatal
+  kUsageError = 5,    // the guard itself was misused (nested guards, a guard after a fatal fault)
 };
 
 // What the trainer should do about a step. recover() carries it out as far as the SDK can.
@@ -56,7 +57,7 @@ enum class StepAction {
   kFatal = 4,         // this process cannot continue; exit and let the launcher replace it
 };
 
-std::string_view FaultKindName(FaultKind kind);    // "none", "step_failure", ...
+std::string_view FaultKindName(FaultKind kind);      // "none", "step_failure", ...
 std::string_view StepActionName(StepAction action);  // "continue", "skip", ...
 // The action the guard attaches to each kind of fault.
 StepAction DefaultActionFor(FaultKind kind);
@@ -86,8 +87,8 @@ class Step {
   int64_t number() const;
   Runtime& runtime() const;
 
-  // Marks the step failed without throwing (e.g. a non-finite loss seen on the host). The body goes on
-  // running; the guard reports the most severe fault of the step. REQUIRES: kind != kNone.
+  // Marks the step failed without throwing (e.g. a non-finite loss seen on the host). The body goes
+  // on running; the guard reports the most severe fault of the step. REQUIRES: kind != kNone.
   void ReportFault(FaultKind kind, std::string_view message);
 
  private:
@@ -100,12 +101,13 @@ class Step {
 //
 //     sdk::StepScope scope(*rt, step);
 //     if (scope.active()) {
-//       try { train_step(scope.step()); } catch (...) { scope.RecordException(std::current_exception()); }
+//       try { train_step(scope.step()); } catch (...) {
+//       scope.RecordException(std::current_exception()); }
 //     }
 //     sdk::StepResult r = scope.Finish();
 //
-// If the owner never calls Finish(), the destructor does, and a step left by an exception that the owner
-// did not record is reported as a kUnclassified fault in the event file.
+// If the owner never calls Finish(), the destructor does, and a step left by an exception that the
+// owner did not record is reported as a kUnclassified fault in the event file.
 class StepScope {
  public:
   StepScope(Runtime& runtime, int64_t step);

@@ -2,13 +2,16 @@
 //
 // Options come from three places, later ones overriding earlier ones:
 //   1. the defaults below;
-//   2. a text-format protobuf file (schema: sdk/proto/options.proto), named by TRAINGUARD_CONFIG or passed
+//   2. a text-format protobuf file (schema: sdk/proto/options.proto), named by TRAINGUARD_CONFIG or
+//   passed
 //      to FromTextprotoFile(), e.g.   job_id: "llama-7b"  world_size: 16  tp: 2  pp: 2
-//   3. environment variables TRAINGUARD_<FIELD>, the field name in upper case, e.g. TRAINGUARD_WORLD_SIZE.
-//      torchrun's RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE are read when the TRAINGUARD_ variable
-//      is absent; when both are set and disagree, that is an error.
-// An unknown TRAINGUARD_* variable, an unknown field in the file and a malformed value are errors that
-// name the key and where it came from; nothing is silently ignored. docs/GUIDE.md lists every key.
+//   3. environment variables TRAINGUARD_<FIELD>, the field name in upper case, e.g.
+//   TRAINGUARD_WORLD_SIZE.
+//      torchrun's RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE are read when the TRAINGUARD_
+//      variable is absent; when both are set and disagree, that is an error.
+// An unknown TRAINGUARD_* variable, an unknown field in the file and a malformed value are errors
+// that name the key and where it came from; nothing is silently ignored. docs/GUIDE.md lists every
+// key.
 //
 // Thread safety: a plain value type.
 #ifndef TRAINGUARD_OPTIONS_H_
@@ -42,7 +45,7 @@ struct Options {
   int pp = 1;
   // Directory for this job's per-rank files (events, later checkpoints). Empty means
   // "$TMPDIR/trainguard/<job_id>" ("/tmp" when TMPDIR is unset).
-  std::string run_dir;
+  std::string run_dir = {};
   // recover() gives up (returns an error) after this many consecutive failed-and-skipped steps.
   int max_consecutive_step_failures = 3;
 
@@ -54,8 +57,8 @@ struct Options {
   // Defaults, then the file named by TRAINGUARD_CONFIG (if set), then the process environment.
   static absl::StatusOr<Options> FromEnv();
   // The same from an explicit variable map (for tests and embedders); `env` reads the config file.
-  static absl::StatusOr<Options> FromEnvironment(const std::map<std::string, std::string>& variables,
-                                                 Env* env = nullptr);
+  static absl::StatusOr<Options> FromEnvironment(
+      const std::map<std::string, std::string>& variables, Env* env = nullptr);
   // Defaults overridden by a text-format OptionsProto. `origin` names the source in error messages.
   static absl::StatusOr<Options> FromTextproto(absl::string_view text, absl::string_view origin);
   static absl::StatusOr<Options> FromTextprotoFile(const std::string& path, Env* env = nullptr);

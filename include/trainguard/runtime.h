@@ -1,10 +1,11 @@
-// Runtime: the per-process object a trainer creates once; it owns every trainguard subsystem of the rank.
+// Runtime: the per-process object a trainer creates once; it owns every trainguard subsystem of the
+// rank.
 //
 //     absl::StatusOr<sdk::Options> options = sdk::Options::FromEnv();
 //     absl::StatusOr<std::unique_ptr<sdk::Runtime>> rt = sdk::Runtime::Create(*options);
 //
-// It holds the rank's Options and Topology, its event file, its Heartbeat (the lock-free progress record
-// that guards write and a watchdog reads) and its recovery policy (recover()).
+// It holds the rank's Options and Topology, its event file, its Heartbeat (the lock-free progress
+// record that guards write and a watchdog reads) and its recovery policy (recover()).
 //
 // Thread safety: the accessors, EmitEvent() and heartbeat() may be used from any thread. Guards,
 // AddObserver() and recover() belong to the training thread.
@@ -31,17 +32,17 @@ class Env;
 
 // What the last heartbeat said. Read by monitors (a watchdog thread, a launcher) without locking.
 struct HeartbeatSnapshot {
-  int64_t beats = 0;              // heartbeats so far; changes on every step entry and exit
-  int64_t step = -1;              // the step entered last
-  bool in_step = false;           // a guarded step is running
-  int64_t last_beat_ns = 0;       // Clock::MonotonicNanos() of the last beat
+  int64_t beats = 0;         // heartbeats so far; changes on every step entry and exit
+  int64_t step = -1;         // the step entered last
+  bool in_step = false;      // a guarded step is running
+  int64_t last_beat_ns = 0;  // Clock::MonotonicNanos() of the last beat
   int64_t last_step_duration_ns = 0;
-  int64_t steps_completed = 0;    // guarded steps finished, failed or not
+  int64_t steps_completed = 0;  // guarded steps finished, failed or not
 };
 
-// Written by the training thread on every guard entry and exit; readable from any thread. Each field is
-// an independent atomic: a reader may see a beat half-applied (a new step with the old timestamp), which
-// a watchdog tolerates because it compares across several reads.
+// Written by the training thread on every guard entry and exit; readable from any thread. Each
+// field is an independent atomic: a reader may see a beat half-applied (a new step with the old
+// timestamp), which a watchdog tolerates because it compares across several reads.
 class Heartbeat {
  public:
   void Enter(int64_t step, int64_t now_ns);
@@ -57,8 +58,8 @@ class Heartbeat {
   std::atomic<int64_t> steps_completed_{0};
 };
 
-// Receives step boundaries on the training thread (the seam for the watchdog and checkpoint policy).
-// Callbacks must be quick and must not throw or start a guard.
+// Receives step boundaries on the training thread (the seam for the watchdog and checkpoint
+// policy). Callbacks must be quick and must not throw or start a guard.
 class StepObserver {
  public:
   virtual ~StepObserver() = default;
@@ -93,33 +94,39 @@ class Runtime {
   // Appends an event to the rank's event file, filling in time (if unset), rank and generation.
   absl::Status EmitEvent(Event event);
 
-  // Adds an observer of step boundaries. REQUIRES: no guard is active; `observer` outlives the Runtime.
+  // Adds an observer of step boundaries. REQUIRES: no guard is active; `observer` outlives the
+  // Runtime.
   void AddObserver(StepObserver* observer);
 
-  // Carries out the recovery for a step result and returns the step to run next, or an error when this
-  // process cannot go on (the trainer should then exit non-zero). The policy, per action:
+  // Carries out the recovery for a step result and returns the step to run next, or an error when
+  // this process cannot go on (the trainer should then exit non-zero). The policy, per action:
   //   kContinue      -> result.step + 1
-  //   kSkip          -> result.step + 1, unless more than max_consecutive_step_failures steps in a row
+  //   kSkip          -> result.step + 1, unless more than max_consecutive_step_failures steps in a
+  //   row
   //                     failed: then FailedPrecondition
   //   kRollback      -> Unimplemented: checkpointing is not available yet
   //   kReRendezvous  -> Unavailable: rendezvous is not available yet; restart the job
-  //   kFatal         -> the fault's status (after a fatal device error the Runtime also rejects every
+  //   kFatal         -> the fault's status (after a fatal device error the Runtime also rejects
+  //   every
   //                     later guard: see fatal())
   // Each decision is written as a kRecoveryDecision event.
   absl::StatusOr<int64_t> recover(const StepResult& result);
 
-  // True after a guarded step failed with FaultKind::kFatalDeviceError: guards are rejected from then on.
+  // True after a guarded step failed with FaultKind::kFatalDeviceError: guards are rejected from
+  // then on.
   bool fatal() const { return fatal_.load(std::memory_order_acquire); }
 
  private:
   friend class StepScope;
 
-  Runtime(Options options, Topology topology, std::string run_dir, std::unique_ptr<EventLog> events);
+  Runtime(Options options, Topology topology, std::string run_dir,
+          std::unique_ptr<EventLog> events);
 
   // Guard internals, called by StepScope.
   bool TryBeginStep();
   void EndStep();
-  // Writes the kStepFault event of a failed step; marks the runtime fatal after a fatal device error.
+  // Writes the kStepFault event of a failed step; marks the runtime fatal after a fatal device
+  // error.
   void RecordStepFault(const StepResult& result);
   const std::string& fatal_reason() const { return fatal_reason_; }
 

@@ -1,17 +1,17 @@
 // Topology: how the ranks of a job are arranged in parallel dimensions and on hosts.
 //
 // A job of `world_size` ranks is split into tensor (TP), context (CP), data (DP) and pipeline (PP)
-// parallel groups. The rank order is Megatron-LM's default "tp-cp-ep-dp-pp" (without expert parallelism):
-// the tensor coordinate varies fastest, the pipeline coordinate slowest:
+// parallel groups. The rank order is Megatron-LM's default "tp-cp-ep-dp-pp" (without expert
+// parallelism): the tensor coordinate varies fastest, the pipeline coordinate slowest:
 //
 //     rank = tp + TP * (cp + CP * (dp + DP * pp)),     DP = world_size / (TP * CP * PP)
 //
-// so a TP group is a block of TP consecutive ranks (usually on one host) and consecutive pipeline stages
-// are world_size / PP ranks apart. Expert parallelism is not modelled yet.
+// so a TP group is a block of TP consecutive ranks (usually on one host) and consecutive pipeline
+// stages are world_size / PP ranks apart. Expert parallelism is not modelled yet.
 //
-// Ranks are placed on hosts in blocks of `ranks_per_host` consecutive ranks (host = rank / ranks_per_host),
-// which is how torchrun, Slurm and Kubernetes jobs number them. A host is the failure domain that
-// placement of checkpoint backups avoids.
+// Ranks are placed on hosts in blocks of `ranks_per_host` consecutive ranks (host = rank /
+// ranks_per_host), which is how torchrun, Slurm and Kubernetes jobs number them. A host is the
+// failure domain that placement of checkpoint backups avoids.
 //
 // Thread safety: a Topology is immutable after Create(); all methods are const and thread-safe.
 #ifndef TRAINGUARD_TOPOLOGY_H_
@@ -48,8 +48,9 @@ struct TopologySpec {
   int pp = 1;  // pipeline-parallel degree
   // 0 means every rank on one host. Must divide world_size.
   int ranks_per_host = 0;
-  // Optional: one name per host (world_size / ranks_per_host of them). Defaults to "host0", "host1", ...
-  std::vector<std::string> host_names;
+  // Optional: one name per host (world_size / ranks_per_host of them). Defaults to "host0",
+  // "host1", ...
+  std::vector<std::string> host_names = {};
 };
 
 class Topology {
@@ -72,12 +73,14 @@ class Topology {
   // OutOfRange naming the coordinate that is outside its degree.
   absl::StatusOr<int> RankAt(const RankCoordinates& coordinates) const;
 
-  // The ranks that share every coordinate with `rank` except `dim`, ordered by their `dim` coordinate
-  // (so element i is the rank with coordinate i). E.g. GroupOf(r, kData) is r's data-parallel group.
+  // The ranks that share every coordinate with `rank` except `dim`, ordered by their `dim`
+  // coordinate (so element i is the rank with coordinate i). E.g. GroupOf(r, kData) is r's
+  // data-parallel group.
   absl::StatusOr<std::vector<int>> GroupOf(int rank, ParallelDim dim) const;
   // Which group of kind `dim` the rank is in: an index in [0, world_size / degree(dim)).
   absl::StatusOr<int> GroupIndexOf(int rank, ParallelDim dim) const;
-  // The ranks that share `rank`'s data-parallel coordinate: one full replica of the model (TP x CP x PP).
+  // The ranks that share `rank`'s data-parallel coordinate: one full replica of the model (TP x CP
+  // x PP).
   absl::StatusOr<std::vector<int>> ModelParallelGroupOf(int rank) const;
 
   absl::StatusOr<int> HostOf(int rank) const;

@@ -41,7 +41,8 @@ class PosixWritableFile final : public WritableFile {
   ~PosixWritableFile() override { (void)Close(); }
 
   absl::Status Append(absl::string_view data) override {
-    if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat("append to closed file ", path_));
+    if (fd_ < 0)
+      return absl::FailedPreconditionError(absl::StrCat("append to closed file ", path_));
     const char* p = data.data();
     size_t left = data.size();
     while (left > 0) {
@@ -84,7 +85,8 @@ class PosixEnv final : public Env {
     return Open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC);
   }
 
-  absl::StatusOr<std::unique_ptr<WritableFile>> NewAppendableFile(const std::string& path) override {
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewAppendableFile(
+      const std::string& path) override {
     return Open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC);
   }
 
@@ -129,7 +131,8 @@ class PosixEnv final : public Env {
     struct stat st;
     if (::stat(path.c_str(), &st) != 0) return PosixError("stat", path, errno);
     if (!S_ISDIR(st.st_mode)) {
-      return absl::FailedPreconditionError(absl::StrCat("mkdir ", path, ": exists and is not a directory"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("mkdir ", path, ": exists and is not a directory"));
     }
     return absl::OkStatus();
   }

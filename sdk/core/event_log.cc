@@ -19,7 +19,8 @@ namespace {
 
 constexpr absl::string_view kMagic = "TGEVLOG1";
 constexpr size_t kRecordHeaderBytes = 8;
-// A length field above this is corruption, not an event: it must not make the reader allocate gigabytes.
+// A length field above this is corruption, not an event: it must not make the reader allocate
+// gigabytes.
 constexpr uint32_t kMaxPayloadBytes = 1 << 20;
 
 uint32_t LoadLittleEndian32(const char* p) {
@@ -57,7 +58,8 @@ Event FromProto(const proto::Event& p) {
   event.generation = p.generation();
   event.type = static_cast<EventType>(p.type());
   event.message = p.message();
-  for (const proto::Attribute& a : p.attributes()) event.attributes.emplace_back(a.key(), a.value());
+  for (const proto::Attribute& a : p.attributes())
+    event.attributes.emplace_back(a.key(), a.value());
   return event;
 }
 
@@ -72,13 +74,14 @@ absl::Status Corrupt(absl::string_view path, uint64_t offset, absl::string_view 
   return absl::DataLossError(absl::StrFormat("event file %s: %s at offset %d", path, what, offset));
 }
 
-// Parses `data`. A defect in the final record is a torn tail (a write cut short); a defect followed by
-// more data is corruption of the file and fails the scan.
+// Parses `data`. A defect in the final record is a torn tail (a write cut short); a defect followed
+// by more data is corruption of the file and fails the scan.
 absl::StatusOr<Scan> ScanEventFile(absl::string_view path, absl::string_view data) {
   Scan scan;
   if (data.size() < kMagic.size()) {
     if (kMagic.substr(0, data.size()) != data) return Corrupt(path, 0, "bad header");
-    if (!data.empty()) scan.tail = Corrupt(path, 0, absl::StrCat("torn header (", data.size(), " bytes)"));
+    if (!data.empty())
+      scan.tail = Corrupt(path, 0, absl::StrCat("torn header (", data.size(), " bytes)"));
     return scan;
   }
   if (data.substr(0, kMagic.size()) != kMagic) return Corrupt(path, 0, "bad header");
@@ -97,8 +100,9 @@ absl::StatusOr<Scan> ScanEventFile(absl::string_view path, absl::string_view dat
       return Corrupt(path, offset, absl::StrCat("record length ", length, " over the limit"));
     }
     if (kRecordHeaderBytes + uint64_t{length} > left) {
-      scan.tail = Corrupt(path, offset, absl::StrCat("torn final record (", left, " bytes of ",
-                                                     kRecordHeaderBytes + length, ")"));
+      scan.tail = Corrupt(path, offset,
+                          absl::StrCat("torn final record (", left, " bytes of ",
+                                       kRecordHeaderBytes + length, ")"));
       break;
     }
     absl::string_view payload = data.substr(offset + kRecordHeaderBytes, length);
@@ -216,8 +220,9 @@ EventLog::~EventLog() {
 absl::Status EventLog::Append(const Event& event) {
   std::string payload = ToProto(event).SerializeAsString();
   if (payload.size() > kMaxPayloadBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("event of ", payload.size(), " bytes for ", path_,
-                                                   " is over the limit of ", kMaxPayloadBytes));
+    return absl::InvalidArgumentError(absl::StrCat("event of ", payload.size(), " bytes for ",
+                                                   path_, " is over the limit of ",
+                                                   kMaxPayloadBytes));
   }
   std::string record(kRecordHeaderBytes, '\0');
   StoreLittleEndian32(record.data(), static_cast<uint32_t>(payload.size()));

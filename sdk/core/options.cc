@@ -303,8 +303,8 @@ absl::Status CheckRanks(const Options& options) {
     return s;
   }
   if (options.local_world_size == 0) {
-    return CheckInRange("local_rank", options.local_rank, options.world_size,
-                        "world_size (local_world_size is 0)");
+    // local_world_size 0 means a single host: local ranks are then global ranks.
+    return CheckInRange("local_rank", options.local_rank, options.world_size, "world_size");
   }
   if (options.world_size % options.local_world_size != 0) {
     return absl::InvalidArgumentError(absl::StrCat("local_world_size ", options.local_world_size,
@@ -414,7 +414,8 @@ std::string Options::ResolvedRunDir() const {
   if (!run_dir.empty()) {
     return run_dir;
   }
-  const char* tmpdir = std::getenv("TMPDIR");
+  // Read-only use; trainguard never modifies the process environment.
+  const char* tmpdir = std::getenv("TMPDIR");  // NOLINT(concurrency-mt-unsafe)
   const absl::string_view base = tmpdir == nullptr || *tmpdir == '\0' ? "/tmp" : tmpdir;
   return absl::StrCat(base, "/trainguard/", job_id);
 }

@@ -25,10 +25,11 @@ absl::Status CheckAtLeastOne(absl::string_view name, int value) {
 }
 
 absl::Status CheckShape(const TopologySpec& spec) {
-  for (const auto& [name, value] : {std::pair<absl::string_view, int>{"world_size", spec.world_size},
-                                    {"tp", spec.tp},
-                                    {"cp", spec.cp},
-                                    {"pp", spec.pp}}) {
+  for (const auto& [name, value] :
+       {std::pair<absl::string_view, int>{"world_size", spec.world_size},
+        {"tp", spec.tp},
+        {"cp", spec.cp},
+        {"pp", spec.pp}}) {
     if (absl::Status status = CheckAtLeastOne(name, value); !status.ok()) {
       return status;
     }
@@ -225,7 +226,7 @@ absl::StatusOr<std::vector<int>> Topology::ModelParallelGroupOf(int rank) const 
     return coordinates.status();
   }
   std::vector<int> group;
-  group.reserve(tp_ * cp_ * pp_);
+  group.reserve(static_cast<size_t>(tp_) * cp_ * pp_);
   for (int pp = 0; pp < pp_; ++pp) {
     for (int cp = 0; cp < cp_; ++cp) {
       for (int tp = 0; tp < tp_; ++tp) {

@@ -1,6 +1,6 @@
-// Classification of CUDA and NCCL return codes. The numeric codes are part of CUDA's and NCCL's ABI;
-// when their headers are available the table is checked against them at compile time, so a renumbering
-// in a new toolkit breaks the build instead of misclassifying a fault.
+// Classification of CUDA and NCCL return codes. The numeric codes are part of CUDA's and NCCL's
+// ABI; when their headers are available the table is checked against them at compile time, so a
+// renumbering in a new toolkit breaks the build instead of misclassifying a fault.
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -16,8 +16,8 @@
 namespace trainguard {
 namespace {
 
-// cudaError_t values after which the CUDA context is corrupt ("sticky" errors: every later call in the
-// process returns the same error, see the CUDA runtime API documentation of each).
+// cudaError_t values after which the CUDA context is corrupt ("sticky" errors: every later call in
+// the process returns the same error, see the CUDA runtime API documentation of each).
 constexpr int kEccUncorrectable = 214;
 constexpr int kHardwareStackError = 714;
 constexpr int kIllegalInstruction = 715;
@@ -96,9 +96,9 @@ void ThrowCudaError(int code, const char* name, const char* description, const c
 
 void ThrowNcclError(int code, const char* description, const char* expression, const char* file,
                     int line) {
-  throw NcclError(
-      absl::StrCat(expression, " failed at ", file, ":", line, ": NCCL error ", code, ": ", description),
-      code);
+  throw NcclError(absl::StrCat(expression, " failed at ", file, ":", line, ": NCCL error ", code,
+                               ": ", description),
+                  code);
 }
 
 }  // namespace trainguard

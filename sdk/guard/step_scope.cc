@@ -1,5 +1,5 @@
-// The guard: StepScope's entry, exit and fault classification. The happy path (an active scope whose
-// body neither throws nor reports a fault) must stay allocation-free: bench/bench_guard and
+// The guard: StepScope's entry, exit and fault classification. The happy path (an active scope
+// whose body neither throws nor reports a fault) must stay allocation-free: bench/bench_guard and
 // tests/unit/guard_allocation_test.cc hold it to that.
 #include <cxxabi.h>
 
@@ -21,8 +21,8 @@ namespace {
 
 std::string Demangle(const char* mangled) {
   int status = 0;
-  std::unique_ptr<char, void (*)(void*)> name(abi::__cxa_demangle(mangled, nullptr, nullptr, &status),
-                                              std::free);
+  std::unique_ptr<char, void (*)(void*)> name(
+      abi::__cxa_demangle(mangled, nullptr, nullptr, &status), std::free);
   return status == 0 && name != nullptr ? std::string(name.get()) : std::string(mangled);
 }
 
@@ -91,8 +91,9 @@ absl::StatusCode CodeFor(FaultKind kind) {
 void Fail(StepResult& result, int rank, FaultKind kind, absl::string_view what) {
   result.fault = kind;
   result.action = DefaultActionFor(kind);
-  result.status = absl::Status(CodeFor(kind), absl::StrCat("rank ", rank, " step ", result.step, ": ",
-                                                           std::string(FaultKindName(kind)), ": ", what));
+  result.status =
+      absl::Status(CodeFor(kind), absl::StrCat("rank ", rank, " step ", result.step, ": ",
+                                               std::string(FaultKindName(kind)), ": ", what));
 }
 
 }  // namespace
@@ -156,16 +157,20 @@ std::string_view StepResult::Evidence(std::string_view key) const {
 
 int64_t Step::number() const { return scope_->step_; }
 Runtime& Step::runtime() const { return scope_->runtime_; }
-void Step::ReportFault(FaultKind kind, std::string_view message) { scope_->ReportFault(kind, message); }
+void Step::ReportFault(FaultKind kind, std::string_view message) {
+  scope_->ReportFault(kind, message);
+}
 
 StepScope::StepScope(Runtime& runtime, int64_t step)
     : runtime_(runtime), step_(step), uncaught_at_entry_(std::uncaught_exceptions()) {
   if (runtime.fatal()) {
-    rejection_ = absl::StrCat("guard rejected: the runtime is fatal since ", runtime.fatal_reason());
+    rejection_ =
+        absl::StrCat("guard rejected: the runtime is fatal since ", runtime.fatal_reason());
     return;
   }
   if (!runtime.TryBeginStep()) {
-    rejection_ = "guard rejected: another guarded step is active on this runtime (guards do not nest)";
+    rejection_ =
+        "guard rejected: another guarded step is active on this runtime (guards do not nest)";
     return;
   }
   active_ = true;
@@ -177,8 +182,9 @@ StepScope::StepScope(Runtime& runtime, int64_t step)
 StepScope::~StepScope() {
   if (finished_) return;
   if (active_ && !exception_ && std::uncaught_exceptions() > uncaught_at_entry_) {
-    ReportFault(FaultKind::kUnclassified,
-                "an exception left the StepScope without RecordException() (the step was abandoned)");
+    ReportFault(
+        FaultKind::kUnclassified,
+        "an exception left the StepScope without RecordException() (the step was abandoned)");
   }
   (void)Finish();  // the result is in the event file
 }
@@ -190,7 +196,8 @@ void StepScope::RecordException(std::exception_ptr exception) {
 void StepScope::ReportFault(FaultKind kind, std::string_view message) {  // NOLINT: failure path
   if (kind == FaultKind::kNone) return;
   // Keep the fault that asks for the most drastic action; the first one among equals.
-  if (reported_kind_ == FaultKind::kNone || DefaultActionFor(kind) > DefaultActionFor(reported_kind_)) {
+  if (reported_kind_ == FaultKind::kNone ||
+      DefaultActionFor(kind) > DefaultActionFor(reported_kind_)) {
     reported_kind_ = kind;
     reported_message_ = std::string(message);
   }

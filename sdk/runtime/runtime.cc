@@ -69,7 +69,8 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const Options& options)
   absl::StatusOr<std::unique_ptr<EventLog>> events =
       EventLog::Open(env, EventLogPath(run_dir, options.rank));
   if (!events.ok()) {
-    return WithContext(events.status(), absl::StrCat("rank ", options.rank, ": opening the event file"));
+    return WithContext(events.status(),
+                       absl::StrCat("rank ", options.rank, ": opening the event file"));
   }
   std::unique_ptr<Runtime> runtime(
       new Runtime(options, *std::move(topology), std::move(run_dir), *std::move(events)));
@@ -83,7 +84,8 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const Options& options)
                         {"host", HostName()},
                         {"pid", absl::StrCat(getpid())}};
   if (!runtime->events_->set_aside_path().empty()) {
-    started.attributes.emplace_back("damaged_event_log_saved_to", runtime->events_->set_aside_path());
+    started.attributes.emplace_back("damaged_event_log_saved_to",
+                                    runtime->events_->set_aside_path());
   }
   if (absl::Status s = runtime->EmitEvent(std::move(started)); !s.ok()) return s;
   return runtime;
@@ -167,17 +169,18 @@ absl::StatusOr<int64_t> Runtime::recover(const StepResult& result) {
       break;
     case StepAction::kReRendezvous:
       decision = "give_up";
-      next = absl::UnavailableError(absl::StrCat(
-          "rank ", rank(), " step ", result.step,
-          ": a communication failure needs a re-rendezvous, which is not available yet; restart the "
-          "job; last: ",
-          result.status.message()));
+      next = absl::UnavailableError(absl::StrCat("rank ", rank(), " step ", result.step,
+                                                 ": a communication failure needs a re-rendezvous, "
+                                                 "which is not available yet; restart the "
+                                                 "job; last: ",
+                                                 result.status.message()));
       break;
     case StepAction::kFatal:
       decision = "give_up";
-      next = result.status.ok() ? absl::InternalError(absl::StrCat("rank ", rank(), " step ",
-                                                                   result.step, ": fatal step result"))
-                                : result.status;
+      next = result.status.ok()
+                 ? absl::InternalError(
+                       absl::StrCat("rank ", rank(), " step ", result.step, ": fatal step result"))
+                 : result.status;
       break;
   }
   Event event;
@@ -194,4 +197,3 @@ absl::StatusOr<int64_t> Runtime::recover(const StepResult& result) {
 }
 
 }  // namespace trainguard
-

@@ -1,6 +1,7 @@
 // The guard against real CUDA faults: a kernel that writes through a wild pointer leaves a sticky
-// cudaErrorIllegalAddress; TRAINGUARD_CUDA_CHECK turns it into a DeviceError and the guard classifies
-// it as a fatal device error and rejects further steps. Runs only on a machine with a GPU.
+// cudaErrorIllegalAddress; TRAINGUARD_CUDA_CHECK turns it into a DeviceError and the guard
+// classifies it as a fatal device error and rejects further steps. Runs only on a machine with a
+// GPU.
 #include <cuda_runtime_api.h>
 #include <stdlib.h>
 

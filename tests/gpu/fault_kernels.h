@@ -6,8 +6,8 @@
 
 namespace trainguard::testing {
 
-// Launches a kernel that writes through `wild` (an address no allocation covers) and returns the launch
-// status; the fault itself surfaces at the next synchronisation as cudaErrorIllegalAddress.
+// Launches a kernel that writes through `wild` (an address no allocation covers) and returns the
+// launch status; the fault itself surfaces at the next synchronisation as cudaErrorIllegalAddress.
 cudaError_t LaunchWildWrite(float* wild);
 
 }  // namespace trainguard::testing

@@ -1,8 +1,9 @@
-// Replaces the global operator new/delete with versions that count allocations, so a test or benchmark
-// can assert that a code path does not allocate. Include in exactly one translation unit per binary.
+// Replaces the global operator new/delete with versions that count allocations, so a test or
+// benchmark can assert that a code path does not allocate. Include in exactly one translation unit
+// per binary.
 //
-// GCC's -Wmismatched-new-delete misfires on a replaced operator new that uses malloc: targets including
-// this header compile with -Wno-mismatched-new-delete.
+// GCC's -Wmismatched-new-delete misfires on a replaced operator new that uses malloc: targets
+// including this header compile with -Wno-mismatched-new-delete.
 #ifndef TRAINGUARD_TESTS_SUPPORT_ALLOCATION_COUNTER_H_
 #define TRAINGUARD_TESTS_SUPPORT_ALLOCATION_COUNTER_H_
 

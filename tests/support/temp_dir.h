@@ -1,4 +1,5 @@
-// A fresh directory under $TMPDIR (or /tmp) for one test, removed with everything in it on destruction.
+// A fresh directory under $TMPDIR (or /tmp) for one test, removed with everything in it on
+// destruction.
 #ifndef TRAINGUARD_TESTS_SUPPORT_TEMP_DIR_H_
 #define TRAINGUARD_TESTS_SUPPORT_TEMP_DIR_H_
 
@@ -15,8 +16,10 @@ class TempDir {
  public:
   TempDir() {
     const char* tmp = std::getenv("TMPDIR");
-    std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/tg-test-XXXXXX";
-    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + pattern);
+    std::string pattern =
+        std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/tg-test-XXXXXX";
+    if (mkdtemp(pattern.data()) == nullptr)
+      throw std::runtime_error("mkdtemp failed for " + pattern);
     path_ = pattern;
   }
   ~TempDir() {

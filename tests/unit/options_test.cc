@@ -29,11 +29,13 @@ using ::testing::StartsWith;
 using Variables = std::map<std::string, std::string>;
 
 // Sets (or unsets) a process environment variable for the life of the object, then restores it.
+// The tests are single-threaded, so touching the environment is safe here.
 class ScopedEnvironmentVariable {
  public:
-  ScopedEnvironmentVariable(std::string name, std::optional<std::string> value)
+  ScopedEnvironmentVariable(std::string name, const std::optional<std::string>& value)
       : name_(std::move(name)) {
-    if (const char* old = std::getenv(name_.c_str()); old != nullptr) {
+    const char* old = std::getenv(name_.c_str());  // NOLINT(concurrency-mt-unsafe)
+    if (old != nullptr) {
       old_ = old;
     }
     Set(value);
@@ -45,9 +47,9 @@ class ScopedEnvironmentVariable {
  private:
   void Set(const std::optional<std::string>& value) {
     if (value.has_value()) {
-      setenv(name_.c_str(), value->c_str(), /*overwrite=*/1);
+      setenv(name_.c_str(), value->c_str(), /*overwrite=*/1);  // NOLINT(concurrency-mt-unsafe)
     } else {
-      unsetenv(name_.c_str());
+      unsetenv(name_.c_str());  // NOLINT(concurrency-mt-unsafe)
     }
   }
 
@@ -66,8 +68,10 @@ class OptionsTest : public ::testing::Test {
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
   std::string WriteFile(const std::string& name, const std::string& contents) {
-    const std::string path = dir_ + "/" + name;
-    std::ofstream(path) << contents;
+    std::string path = dir_ + "/" + name;
+    std::ofstream file(path);
+    file << contents;
+    EXPECT_TRUE(file.good()) << "writing " << path;
     return path;
   }
 
@@ -423,7 +427,7 @@ TEST_F(OptionsTest, ValidateRejectsEachInvalidFieldNamingItAndItsValue) {
          o.local_world_size = 0;
          o.local_rank = 8;
        },
-       "local_rank 8 is out of range [0, world_size (local_world_size is 0)=8)"},
+       "local_rank 8 is out of range [0, world_size=8)"},
       {"local_world_size not dividing world_size", [](Options& o) { o.local_world_size = 3; },
        "local_world_size 3 does not divide world_size 8"},
       {"tp zero", [](Options& o) { o.tp = 0; }, "tp must be >= 1, got 0"},

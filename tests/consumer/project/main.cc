@@ -1,8 +1,8 @@
-// Uses the installed SDK end to end: options, runtime, a good step and a failing one, the event file.
-// Usage: consumer RUN_DIR. Prints "consumer ok" and exits 0 on success.
-#include <cstdio>
-
+// Uses the installed SDK end to end: options, runtime, a good step and a failing one, the event
+// file. Usage: consumer RUN_DIR. Prints "consumer ok" and exits 0 on success.
 #include <trainguard/sdk.h>
+
+#include <cstdio>
 
 int main(int argc, char** argv) {
   if (argc != 2) return 2;
@@ -16,7 +16,8 @@ int main(int argc, char** argv) {
   }
   int ran = 0;
   sdk::StepResult good = sdk::guard(**rt, 0, [&] { ++ran; });
-  sdk::StepResult bad = sdk::guard(**rt, 1, [](sdk::Step&) { throw sdk::RecoverableError("bad batch"); });
+  sdk::StepResult bad =
+      sdk::guard(**rt, 1, [](sdk::Step&) { throw sdk::RecoverableError("bad batch"); });
   if (!good.ok() || ran != 1 || bad.fault != sdk::FaultKind::kStepFailure) {
     std::fprintf(stderr, "unexpected step results\n");
     return 1;
