@@ -12,6 +12,7 @@
 #include "trainguard/guard.h"
 #include "trainguard/options.h"
 #include "trainguard/runtime.h"
+#include "trainguard/store.h"
 #include "trainguard/topology.h"
 #include "trainguard/version.h"
 

@@ -1,0 +1,143 @@
+// Store: the small key-value service through which the ranks of a job coordinate (rendezvous,
+// failure notices, checkpoint commits), in the manner of gloo's rendezvous::Store.
+//
+// Keys are byte strings (by convention '/'-separated paths); values are byte strings. Every call
+// takes a timeout: it returns DeadlineExceeded (naming the key and the timeout) rather than block
+// longer, and Unavailable when the service cannot be reached. Implementations: TcpStore
+// (tcp_store.h, embedded default), EtcdStore (etcd_store.h), InMemoryStore (below, one process).
+// Decorators such as PrefixStore wrap any Store.
+//
+// Fencing. Every write carries the writer's generation (SetWriterGeneration). RaiseFence(g) makes
+// the service reject, from then on, every write that carries a generation below g, with
+// FailedPrecondition "stale generation ...". A rank of a superseded membership generation (a
+// "zombie" that was declared dead but still runs) therefore cannot overwrite the state of the new
+// generation. Writes carrying kUnfenced (the default) are never rejected: they are for launchers
+// and tools, not for ranks. The fence never goes down.
+//
+// Thread safety: every Store in trainguard may be used from several threads at once.
+#ifndef TRAINGUARD_STORE_H_
+#define TRAINGUARD_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace trainguard {
+
+struct CompareAndSetResult {
+  bool swapped = false;
+  // The value after the call: `desired` when swapped, else what the key held (nullopt: absent).
+  std::optional<std::string> current;
+};
+
+class Store {
+ public:
+  static constexpr int64_t kUnfenced = -1;
+
+  virtual ~Store() = default;
+
+  virtual absl::Status Set(std::string_view key, std::string_view value,
+                           absl::Duration timeout) = 0;
+  // NotFound (naming the key) when the key is absent; does not wait for it (see Wait).
+  virtual absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) = 0;
+  // Adds `delta` to the decimal integer stored at `key` (absent counts as 0) and returns the new
+  // value. FailedPrecondition when the key holds something other than a decimal int64.
+  virtual absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta,
+                                      absl::Duration timeout) = 0;
+  // Sets `key` to `desired` if it currently holds `expected` (nullopt: if it is absent).
+  virtual absl::StatusOr<CompareAndSetResult> CompareAndSet(
+      std::string_view key, const std::optional<std::string>& expected, std::string_view desired,
+      absl::Duration timeout) = 0;
+  // Returns whether the key existed.
+  virtual absl::StatusOr<bool> Delete(std::string_view key, absl::Duration timeout) = 0;
+  // The values of `keys` in order; nullopt for an absent key.
+  virtual absl::StatusOr<std::vector<std::optional<std::string>>> MultiGet(
+      const std::vector<std::string>& keys, absl::Duration timeout) = 0;
+  // Every key that starts with `prefix`, sorted.
+  virtual absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
+                                                            absl::Duration timeout) = 0;
+  // Blocks until every key in `keys` exists. DeadlineExceeded names the keys still missing.
+  virtual absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) = 0;
+
+  // Raises the fence to `generation` (no-op if it is already at least that).
+  virtual absl::Status RaiseFence(int64_t generation, absl::Duration timeout) = 0;
+  // The generation this client's writes carry from now on.
+  virtual void SetWriterGeneration(int64_t generation) = 0;
+};
+
+// A Store in this process's memory: for tests and single-process jobs. NewClient() gives further
+// clients of the same data, each with its own writer generation, as separate connections would be.
+class InMemoryStore final : public Store {
+ public:
+  InMemoryStore();
+  ~InMemoryStore() override;
+
+  absl::Status Set(std::string_view key, std::string_view value, absl::Duration timeout) override;
+  absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override;
+  absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta, absl::Duration timeout) override;
+  absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
+                                                    const std::optional<std::string>& expected,
+                                                    std::string_view desired,
+                                                    absl::Duration timeout) override;
+  absl::StatusOr<bool> Delete(std::string_view key, absl::Duration timeout) override;
+  absl::StatusOr<std::vector<std::optional<std::string>>> MultiGet(
+      const std::vector<std::string>& keys, absl::Duration timeout) override;
+  absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
+                                                    absl::Duration timeout) override;
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
+  absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override;
+  void SetWriterGeneration(int64_t generation) override;
+
+  // Another client of the same data with its own writer generation (as a second process's
+  // connection to a server would be). The view must not outlive this store.
+  std::unique_ptr<Store> NewClient();
+
+ private:
+  class State;
+  class Client;
+  std::shared_ptr<State> state_;
+  std::unique_ptr<Store> self_;  // this object's own client
+};
+
+// Prepends `prefix` + "/" to every key (and strips it from ListKeys results). Does not own `base`.
+class PrefixStore final : public Store {
+ public:
+  // REQUIRES: `base` outlives this store.
+  PrefixStore(std::string prefix, Store* base);
+
+  absl::Status Set(std::string_view key, std::string_view value, absl::Duration timeout) override;
+  absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override;
+  absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta, absl::Duration timeout) override;
+  absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
+                                                    const std::optional<std::string>& expected,
+                                                    std::string_view desired,
+                                                    absl::Duration timeout) override;
+  absl::StatusOr<bool> Delete(std::string_view key, absl::Duration timeout) override;
+  absl::StatusOr<std::vector<std::optional<std::string>>> MultiGet(
+      const std::vector<std::string>& keys, absl::Duration timeout) override;
+  absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
+                                                    absl::Duration timeout) override;
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
+  absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override;
+  void SetWriterGeneration(int64_t generation) override;
+
+  const std::string& prefix() const { return prefix_; }
+
+ private:
+  std::string Full(std::string_view key) const;
+
+  const std::string prefix_;
+  Store* const base_;
+};
+
+}  // namespace trainguard
+
+#endif  // TRAINGUARD_STORE_H_

@@ -1,0 +1,199 @@
+// InMemoryStore: the reference Store semantics, in one process. Shared state behind one mutex; Wait
+// blocks on a condition with a deadline.
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "trainguard/store.h"
+
+namespace trainguard {
+
+class InMemoryStore::State {
+ public:
+  absl::Mutex mu;
+  std::map<std::string, std::string, std::less<>> data ABSL_GUARDED_BY(mu);
+  int64_t fence ABSL_GUARDED_BY(mu) = Store::kUnfenced;
+
+  absl::Status CheckFence(int64_t writer) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (writer == Store::kUnfenced || writer >= fence) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat("stale generation ", writer, " < fence ", fence, ": write rejected"));
+  }
+};
+
+namespace {
+
+absl::Status CheckKey(std::string_view key) {
+  if (key.empty()) return absl::InvalidArgumentError("store key must not be empty");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+class InMemoryStore::Client final : public Store {
+ public:
+  explicit Client(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+  absl::Status Set(std::string_view key, std::string_view value, absl::Duration) override {
+    if (absl::Status s = CheckKey(key); !s.ok()) return s;
+    absl::MutexLock lock(&state_->mu);
+    if (absl::Status s = state_->CheckFence(generation_.load()); !s.ok()) return s;
+    state_->data[std::string(key)] = std::string(value);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::string> Get(std::string_view key, absl::Duration) override {
+    absl::MutexLock lock(&state_->mu);
+    auto it = state_->data.find(key);
+    if (it == state_->data.end())
+      return absl::NotFoundError(absl::StrFormat("store key %s not found", key));
+    return it->second;
+  }
+
+  absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta, absl::Duration) override {
+    if (absl::Status s = CheckKey(key); !s.ok()) return s;
+    absl::MutexLock lock(&state_->mu);
+    if (absl::Status s = state_->CheckFence(generation_.load()); !s.ok()) return s;
+    std::string& value = state_->data[std::string(key)];
+    int64_t current = 0;
+    if (!value.empty() && !absl::SimpleAtoi(value, &current)) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "store key %s holds a non-integer value; Add needs a decimal int64", key));
+    }
+    current += delta;
+    value = absl::StrCat(current);
+    return current;
+  }
+
+  absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
+                                                    const std::optional<std::string>& expected,
+                                                    std::string_view desired,
+                                                    absl::Duration) override {
+    if (absl::Status s = CheckKey(key); !s.ok()) return s;
+    absl::MutexLock lock(&state_->mu);
+    if (absl::Status s = state_->CheckFence(generation_.load()); !s.ok()) return s;
+    auto it = state_->data.find(key);
+    std::optional<std::string> current;
+    if (it != state_->data.end()) current = it->second;
+    if (current != expected) return CompareAndSetResult{false, std::move(current)};
+    state_->data[std::string(key)] = std::string(desired);
+    return CompareAndSetResult{true, std::string(desired)};
+  }
+
+  absl::StatusOr<bool> Delete(std::string_view key, absl::Duration) override {
+    absl::MutexLock lock(&state_->mu);
+    if (absl::Status s = state_->CheckFence(generation_.load()); !s.ok()) return s;
+    auto it = state_->data.find(key);
+    if (it == state_->data.end()) return false;
+    state_->data.erase(it);
+    return true;
+  }
+
+  absl::StatusOr<std::vector<std::optional<std::string>>> MultiGet(
+      const std::vector<std::string>& keys, absl::Duration) override {
+    absl::MutexLock lock(&state_->mu);
+    std::vector<std::optional<std::string>> values;
+    values.reserve(keys.size());
+    for (const std::string& key : keys) {
+      auto it = state_->data.find(key);
+      values.push_back(it == state_->data.end() ? std::nullopt
+                                                : std::optional<std::string>(it->second));
+    }
+    return values;
+  }
+
+  absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
+                                                    absl::Duration) override {
+    absl::MutexLock lock(&state_->mu);
+    std::vector<std::string> keys;
+    for (auto it = state_->data.lower_bound(prefix);
+         it != state_->data.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
+      keys.push_back(it->first);
+    }
+    return keys;
+  }
+
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
+    absl::MutexLock lock(&state_->mu);
+    auto all_present = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+      for (const std::string& key : keys) {
+        if (state_->data.find(key) == state_->data.end()) return false;
+      }
+      return true;
+    };
+    if (state_->mu.AwaitWithTimeout(absl::Condition(&all_present), timeout))
+      return absl::OkStatus();
+    std::vector<std::string> missing;
+    for (const std::string& key : keys) {
+      if (state_->data.find(key) == state_->data.end()) missing.push_back(key);
+    }
+    return absl::DeadlineExceededError(
+        absl::StrCat("waited ", absl::FormatDuration(timeout),
+                     " for store keys; still missing: ", absl::StrJoin(missing, ", ")));
+  }
+
+  absl::Status RaiseFence(int64_t generation, absl::Duration) override {
+    absl::MutexLock lock(&state_->mu);
+    state_->fence = std::max(state_->fence, generation);
+    return absl::OkStatus();
+  }
+
+  void SetWriterGeneration(int64_t generation) override { generation_.store(generation); }
+
+ private:
+  const std::shared_ptr<State> state_;
+  std::atomic<int64_t> generation_{Store::kUnfenced};
+};
+
+InMemoryStore::InMemoryStore() : state_(std::make_shared<State>()), self_(NewClient()) {}
+InMemoryStore::~InMemoryStore() = default;
+
+std::unique_ptr<Store> InMemoryStore::NewClient() { return std::make_unique<Client>(state_); }
+
+absl::Status InMemoryStore::Set(std::string_view key, std::string_view value,
+                                absl::Duration timeout) {
+  return self_->Set(key, value, timeout);
+}
+absl::StatusOr<std::string> InMemoryStore::Get(std::string_view key, absl::Duration timeout) {
+  return self_->Get(key, timeout);
+}
+absl::StatusOr<int64_t> InMemoryStore::Add(std::string_view key, int64_t delta,
+                                           absl::Duration timeout) {
+  return self_->Add(key, delta, timeout);
+}
+absl::StatusOr<CompareAndSetResult> InMemoryStore::CompareAndSet(
+    std::string_view key, const std::optional<std::string>& expected, std::string_view desired,
+    absl::Duration timeout) {
+  return self_->CompareAndSet(key, expected, desired, timeout);
+}
+absl::StatusOr<bool> InMemoryStore::Delete(std::string_view key, absl::Duration timeout) {
+  return self_->Delete(key, timeout);
+}
+absl::StatusOr<std::vector<std::optional<std::string>>> InMemoryStore::MultiGet(
+    const std::vector<std::string>& keys, absl::Duration timeout) {
+  return self_->MultiGet(keys, timeout);
+}
+absl::StatusOr<std::vector<std::string>> InMemoryStore::ListKeys(std::string_view prefix,
+                                                                 absl::Duration timeout) {
+  return self_->ListKeys(prefix, timeout);
+}
+absl::Status InMemoryStore::Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
+  return self_->Wait(keys, timeout);
+}
+absl::Status InMemoryStore::RaiseFence(int64_t generation, absl::Duration timeout) {
+  return self_->RaiseFence(generation, timeout);
+}
+void InMemoryStore::SetWriterGeneration(int64_t generation) {
+  self_->SetWriterGeneration(generation);
+}
+
+}  // namespace trainguard

@@ -1,0 +1,247 @@
+// The behaviour every Store implementation must have, as a typed test suite. An implementation's
+// test binary defines a harness and instantiates the suite once:
+//
+//   class MyStoreHarness {
+//    public:
+//     MyStoreHarness();                        // start the service (a server, a real etcd, ...)
+//     std::unique_ptr<Store> NewClient();      // a new, independent client connection
+//   };
+//   INSTANTIATE_TYPED_TEST_SUITE_P(MyStore, StoreConformance, MyStoreHarness);
+//
+// Include this header in exactly one translation unit per binary.
+#ifndef TRAINGUARD_TESTS_SUPPORT_STORE_CONFORMANCE_H_
+#define TRAINGUARD_TESTS_SUPPORT_STORE_CONFORMANCE_H_
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "trainguard/store.h"
+
+namespace trainguard::testing {
+
+inline constexpr absl::Duration kStoreTimeout = absl::Seconds(10);
+
+template <typename Harness>
+class StoreConformance : public ::testing::Test {
+ protected:
+  Harness harness_;
+};
+
+TYPED_TEST_SUITE_P(StoreConformance);
+
+TYPED_TEST_P(StoreConformance, SetThenGetReturnsTheExactBytes) {
+  auto store = this->harness_.NewClient();
+  const std::string value("binary\0value\xff", 13);
+  ASSERT_TRUE(store->Set("a/key", value, kStoreTimeout).ok());
+  auto got = store->Get("a/key", kStoreTimeout);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, value);
+  ASSERT_TRUE(store->Set("a/key", "overwritten", kStoreTimeout).ok());
+  EXPECT_EQ(*store->Get("a/key", kStoreTimeout), "overwritten");
+}
+
+TYPED_TEST_P(StoreConformance, AnotherClientSeesTheWrite) {
+  auto writer = this->harness_.NewClient();
+  auto reader = this->harness_.NewClient();
+  ASSERT_TRUE(writer->Set("shared", "v", kStoreTimeout).ok());
+  EXPECT_EQ(*reader->Get("shared", kStoreTimeout), "v");
+}
+
+TYPED_TEST_P(StoreConformance, GetOfAnAbsentKeyIsNotFoundNamingTheKey) {
+  auto store = this->harness_.NewClient();
+  auto got = store->Get("no/such/key", kStoreTimeout);
+  EXPECT_TRUE(absl::IsNotFound(got.status())) << got.status();
+  EXPECT_THAT(std::string(got.status().message()), ::testing::HasSubstr("no/such/key"));
+}
+
+TYPED_TEST_P(StoreConformance, AnEmptyKeyIsRejected) {
+  auto store = this->harness_.NewClient();
+  EXPECT_TRUE(absl::IsInvalidArgument(store->Set("", "v", kStoreTimeout)));
+}
+
+TYPED_TEST_P(StoreConformance, AddStartsFromZeroAndAccumulates) {
+  auto store = this->harness_.NewClient();
+  EXPECT_EQ(*store->Add("counter", 5, kStoreTimeout), 5);
+  EXPECT_EQ(*store->Add("counter", -2, kStoreTimeout), 3);
+  EXPECT_EQ(*store->Get("counter", kStoreTimeout), "3");
+}
+
+TYPED_TEST_P(StoreConformance, AddOnANonIntegerIsFailedPrecondition) {
+  auto store = this->harness_.NewClient();
+  ASSERT_TRUE(store->Set("text", "hello", kStoreTimeout).ok());
+  auto added = store->Add("text", 1, kStoreTimeout);
+  EXPECT_TRUE(absl::IsFailedPrecondition(added.status())) << added.status();
+  EXPECT_EQ(*store->Get("text", kStoreTimeout), "hello");
+}
+
+TYPED_TEST_P(StoreConformance, ConcurrentAddsFromManyClientsSumExactly) {
+  constexpr int kClients = 8;
+  constexpr int kAddsEach = 50;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&] {
+      auto store = this->harness_.NewClient();
+      for (int i = 0; i < kAddsEach; ++i) {
+        if (!store->Add("sum", 1, kStoreTimeout).ok()) ++failures;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(*this->harness_.NewClient()->Add("sum", 0, kStoreTimeout), kClients * kAddsEach);
+}
+
+TYPED_TEST_P(StoreConformance, CompareAndSetSwapsOnlyOnAMatch) {
+  auto store = this->harness_.NewClient();
+  auto created = store->CompareAndSet("cas", std::nullopt, "one", kStoreTimeout);
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_TRUE(created->swapped);
+  auto mismatch = store->CompareAndSet("cas", std::string("zero"), "two", kStoreTimeout);
+  ASSERT_TRUE(mismatch.ok());
+  EXPECT_FALSE(mismatch->swapped);
+  EXPECT_EQ(mismatch->current, "one");
+  auto absent_expected = store->CompareAndSet("cas", std::nullopt, "two", kStoreTimeout);
+  EXPECT_FALSE(absent_expected->swapped);
+  auto match = store->CompareAndSet("cas", std::string("one"), "two", kStoreTimeout);
+  EXPECT_TRUE(match->swapped);
+  EXPECT_EQ(match->current, "two");
+  EXPECT_EQ(*store->Get("cas", kStoreTimeout), "two");
+  auto on_absent = store->CompareAndSet("cas-absent", std::string("x"), "y", kStoreTimeout);
+  EXPECT_FALSE(on_absent->swapped);
+  EXPECT_EQ(on_absent->current, std::nullopt);
+}
+
+TYPED_TEST_P(StoreConformance, ARaceOfCompareAndSetsHasExactlyOneWinner) {
+  constexpr int kClients = 8;
+  std::atomic<int> winners{0};
+  std::vector<std::thread> threads;
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      auto store = this->harness_.NewClient();
+      auto r = store->CompareAndSet("leader", std::nullopt, absl::StrCat("rank", c), kStoreTimeout);
+      if (r.ok() && r->swapped) ++winners;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(winners.load(), 1);
+}
+
+TYPED_TEST_P(StoreConformance, DeleteSaysWhetherTheKeyExisted) {
+  auto store = this->harness_.NewClient();
+  ASSERT_TRUE(store->Set("doomed", "v", kStoreTimeout).ok());
+  EXPECT_TRUE(*store->Delete("doomed", kStoreTimeout));
+  EXPECT_FALSE(*store->Delete("doomed", kStoreTimeout));
+  EXPECT_TRUE(absl::IsNotFound(store->Get("doomed", kStoreTimeout).status()));
+}
+
+TYPED_TEST_P(StoreConformance, MultiGetReturnsValuesInOrderWithGaps) {
+  auto store = this->harness_.NewClient();
+  ASSERT_TRUE(store->Set("m/a", "1", kStoreTimeout).ok());
+  ASSERT_TRUE(store->Set("m/c", "3", kStoreTimeout).ok());
+  auto values = store->MultiGet({"m/c", "m/b", "m/a"}, kStoreTimeout);
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_THAT(*values, ::testing::ElementsAre(std::optional<std::string>("3"), std::nullopt,
+                                              std::optional<std::string>("1")));
+}
+
+TYPED_TEST_P(StoreConformance, ListKeysReturnsTheSortedKeysWithThePrefix) {
+  auto store = this->harness_.NewClient();
+  for (const char* key : {"list/b", "list/a", "list/c/d", "listing", "other/a"}) {
+    ASSERT_TRUE(store->Set(key, "v", kStoreTimeout).ok());
+  }
+  auto keys = store->ListKeys("list/", kStoreTimeout);
+  ASSERT_TRUE(keys.ok()) << keys.status();
+  EXPECT_THAT(*keys, ::testing::ElementsAre("list/a", "list/b", "list/c/d"));
+}
+
+TYPED_TEST_P(StoreConformance, WaitReturnsOnceEveryKeyExists) {
+  auto waiter = this->harness_.NewClient();
+  auto writer = this->harness_.NewClient();
+  ASSERT_TRUE(writer->Set("w/first", "1", kStoreTimeout).ok());
+  std::thread later([&] {
+    absl::SleepFor(absl::Milliseconds(50));  // the waiter is (very likely) blocked by now
+    ASSERT_TRUE(writer->Set("w/second", "2", kStoreTimeout).ok());
+  });
+  absl::Status s = waiter->Wait({"w/first", "w/second"}, kStoreTimeout);
+  later.join();
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+TYPED_TEST_P(StoreConformance, WaitTimesOutNamingTheMissingKeys) {
+  auto store = this->harness_.NewClient();
+  ASSERT_TRUE(store->Set("t/present", "1", kStoreTimeout).ok());
+  absl::Status s = store->Wait({"t/present", "t/missing"}, absl::Milliseconds(200));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("t/missing"));
+  EXPECT_THAT(std::string(s.message()), ::testing::Not(::testing::HasSubstr("t/present")));
+}
+
+TYPED_TEST_P(StoreConformance, AFenceRejectsEveryWriteOfAStaleGeneration) {
+  auto zombie = this->harness_.NewClient();
+  auto current = this->harness_.NewClient();
+  auto launcher = this->harness_.NewClient();  // unfenced
+  zombie->SetWriterGeneration(1);
+  current->SetWriterGeneration(2);
+  ASSERT_TRUE(zombie->Set("state", "gen1", kStoreTimeout).ok());
+  ASSERT_TRUE(current->RaiseFence(2, kStoreTimeout).ok());
+
+  absl::Status set = zombie->Set("state", "zombie", kStoreTimeout);
+  EXPECT_TRUE(absl::IsFailedPrecondition(set)) << set;
+  EXPECT_THAT(std::string(set.message()), ::testing::HasSubstr("stale generation 1"));
+  EXPECT_TRUE(absl::IsFailedPrecondition(zombie->Add("n", 1, kStoreTimeout).status()));
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      zombie->CompareAndSet("state", std::string("gen1"), "z", kStoreTimeout).status()));
+  EXPECT_TRUE(absl::IsFailedPrecondition(zombie->Delete("state", kStoreTimeout).status()));
+  EXPECT_EQ(*zombie->Get("state", kStoreTimeout), "gen1") << "reads stay allowed";
+
+  EXPECT_TRUE(current->Set("state", "gen2", kStoreTimeout).ok());
+  EXPECT_TRUE(launcher->Set("launcher/key", "ok", kStoreTimeout).ok());
+  ASSERT_TRUE(current->RaiseFence(1, kStoreTimeout).ok());  // never lowers
+  EXPECT_TRUE(absl::IsFailedPrecondition(zombie->Set("state", "again", kStoreTimeout)));
+  EXPECT_EQ(*launcher->Get("state", kStoreTimeout), "gen2");
+}
+
+TYPED_TEST_P(StoreConformance, PrefixStoresAreIsolatedNamespaces) {
+  auto base = this->harness_.NewClient();
+  PrefixStore job_a("jobA", base.get());
+  PrefixStore job_b("jobB", base.get());
+  ASSERT_TRUE(job_a.Set("rank/0", "a", kStoreTimeout).ok());
+  ASSERT_TRUE(job_b.Set("rank/0", "b", kStoreTimeout).ok());
+  EXPECT_EQ(*job_a.Get("rank/0", kStoreTimeout), "a");
+  EXPECT_EQ(*base->Get("jobB/rank/0", kStoreTimeout), "b");
+  EXPECT_THAT(*job_a.ListKeys("rank/", kStoreTimeout), ::testing::ElementsAre("rank/0"));
+  EXPECT_TRUE(job_b.Wait({"rank/0"}, kStoreTimeout).ok());
+}
+
+TYPED_TEST_P(StoreConformance, AOneMebibyteValueRoundTrips) {
+  auto store = this->harness_.NewClient();
+  std::string big(1 << 20, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 131 + 7);
+  ASSERT_TRUE(store->Set("big", big, kStoreTimeout).ok());
+  EXPECT_EQ(*store->Get("big", kStoreTimeout), big);
+}
+
+REGISTER_TYPED_TEST_SUITE_P(StoreConformance, SetThenGetReturnsTheExactBytes,
+                            AnotherClientSeesTheWrite, GetOfAnAbsentKeyIsNotFoundNamingTheKey,
+                            AnEmptyKeyIsRejected, AddStartsFromZeroAndAccumulates,
+                            AddOnANonIntegerIsFailedPrecondition,
+                            ConcurrentAddsFromManyClientsSumExactly, CompareAndSetSwapsOnlyOnAMatch,
+                            ARaceOfCompareAndSetsHasExactlyOneWinner,
+                            DeleteSaysWhetherTheKeyExisted, MultiGetReturnsValuesInOrderWithGaps,
+                            ListKeysReturnsTheSortedKeysWithThePrefix,
+                            WaitReturnsOnceEveryKeyExists, WaitTimesOutNamingTheMissingKeys,
+                            AFenceRejectsEveryWriteOfAStaleGeneration,
+                            PrefixStoresAreIsolatedNamespaces, AOneMebibyteValueRoundTrips);
+
+}  // namespace trainguard::testing
+
+#endif  // TRAINGUARD_TESTS_SUPPORT_STORE_CONFORMANCE_H_
