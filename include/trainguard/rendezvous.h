@@ -1,0 +1,131 @@
+// Rendezvous: who is rank r of the job, in which generation, and how a warm standby takes over a
+// dead rank without the survivors restarting.
+//
+// A job's membership is a sequence of generations. Generation 0 is formed by the N initial ranks.
+// When a rank dies, the RendezvousCoordinator (run by the launcher, which sees its children die)
+// publishes generation g+1 in which a parked standby holds the dead rank's id, raises the store's
+// fence to g+1 so that nothing of generation g can write any more, and the survivors and the
+// standby meet again:
+//
+//   survivor:  guard fails (peer gone) -> member.AwaitGeneration(g + 1) -> rebuild communicators
+//   standby:   member.ParkAsStandby() returns generation g+1 with its new rank -> build
+//   communicators both:      member.Barrier(...) before the first step of the new generation
+//
+// Store keys (under the job's PrefixStore). A member's writes carry the generation it adopted last,
+// so a member of a superseded generation finds every write rejected, its heartbeat included, and
+// superseded() turns true; a replaced member (declared dead while still running) stays shut out:
+//   rdzv/join/<rank>               member id of the initial rank (generation 0)
+//   rdzv/standby/<member>          a parked standby
+//   rdzv/assign/<member>           "<generation> <rank>": a standby's assignment
+//   rdzv/gen/<g>/table             the rank table of generation g: text lines "<g>", "<world
+//   size>",
+//                                  then one member id per rank
+//   rdzv/current                   the newest published generation
+//   rdzv/gen/<g>/barrier/<name>/<rank>  barrier arrivals
+//   rdzv/hb/<member>               heartbeat counter, advanced by each member's heartbeat thread
+//
+// Thread safety: RendezvousMember and RendezvousCoordinator may be called from any thread; each
+// owns at most one background thread (the heartbeat), stopped and joined by its destructor.
+#ifndef TRAINGUARD_RENDEZVOUS_H_
+#define TRAINGUARD_RENDEZVOUS_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "trainguard/store.h"
+
+namespace trainguard {
+
+// One generation's assignment of rank ids to member processes.
+struct Membership {
+  int64_t generation = -1;
+  int world_size = 0;
+  int rank = -1;  // this member's rank in the generation; -1 in the coordinator's view
+  std::vector<std::string> members;  // member id of each rank
+};
+
+class RendezvousMember {
+ public:
+  // `member_id` names this process uniquely in the job (e.g. "host:pid:nonce"); `store` is the
+  // job's store (already scoped to the job). REQUIRES: `store` outlives the member.
+  RendezvousMember(Store* store, std::string member_id, absl::Duration heartbeat_interval);
+  ~RendezvousMember();
+  RendezvousMember(const RendezvousMember&) = delete;
+  RendezvousMember& operator=(const RendezvousMember&) = delete;
+
+  // Initial rank `rank` of `world_size`: registers and waits until the coordinator publishes
+  // generation 0.
+  absl::StatusOr<Membership> JoinInitial(int rank, int world_size, absl::Duration timeout);
+  // Registers as a warm standby and waits (up to `timeout`) for an assignment to a rank.
+  absl::StatusOr<Membership> ParkAsStandby(absl::Duration timeout);
+  // Waits until a generation newer than `after` is published and returns this member's place in it.
+  // FailedPrecondition when the new generation does not include this member (it was replaced).
+  absl::StatusOr<Membership> AwaitGeneration(int64_t after, absl::Duration timeout);
+  // Every rank of `membership` calls it with the same `name`; returns when all have arrived.
+  absl::Status Barrier(const Membership& membership, std::string_view name, absl::Duration timeout);
+
+  const std::string& member_id() const { return member_id_; }
+  // True once the store rejected this member's heartbeat as stale: a newer generation exists. Call
+  // AwaitGeneration(): it returns this member's place in it, or FailedPrecondition when this member
+  // was replaced (then the process must exit). Adopting a generation clears it.
+  bool superseded() const { return superseded_.load(); }
+  // The generation this member's writes carry (-1 before it joined one).
+  int64_t generation() const;
+
+ private:
+  absl::StatusOr<Membership> ReadMembership(int64_t generation, absl::Duration timeout);
+  void AdoptGeneration(int64_t generation);
+  void HeartbeatLoop();
+
+  Store* const store_;
+  const std::string member_id_;
+  const absl::Duration heartbeat_interval_;
+  mutable absl::Mutex mu_;
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = -1;
+  std::atomic<bool> superseded_{false};
+  absl::Notification stop_;
+  std::thread heartbeat_;
+};
+
+// Decides membership: forms generation 0 and replaces dead ranks with standbys. One per job (the
+// launcher). Not a background thread: the owner calls it when it learns of a death.
+class RendezvousCoordinator {
+ public:
+  // REQUIRES: `store` outlives the coordinator.
+  explicit RendezvousCoordinator(Store* store);
+
+  // Waits for the `world_size` initial ranks to register, then publishes generation 0.
+  absl::StatusOr<Membership> FormInitialGeneration(int world_size, absl::Duration timeout);
+  // Publishes generation current+1 in which a parked standby (the first in member-id order) takes
+  // `dead_rank`. FailedPrecondition when no standby is parked (the caller then stops the job).
+  absl::StatusOr<Membership> ReplaceRank(int dead_rank, absl::Duration timeout);
+  // Forgets a parked standby that died (the launcher saw it exit), so it is never picked.
+  absl::Status ForgetStandby(const std::string& member_id, absl::Duration timeout);
+  // Standbys parked now, in member-id order.
+  absl::StatusOr<std::vector<std::string>> ParkedStandbys(absl::Duration timeout);
+  // The newest published generation (-1 before generation 0).
+  int64_t generation() const;
+
+ private:
+  // Publishes `next`; when `standby` is set, assigns it to `standby_rank` in the same step.
+  absl::StatusOr<Membership> Publish(Membership next, const std::string* standby, int standby_rank,
+                                     absl::Duration timeout);
+
+  Store* const store_;
+  mutable absl::Mutex mu_;
+  Membership current_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace trainguard
+
+#endif  // TRAINGUARD_RENDEZVOUS_H_

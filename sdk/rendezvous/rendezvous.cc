@@ -1,0 +1,294 @@
+// The rendezvous protocol over a Store: see include/trainguard/rendezvous.h for the key layout.
+#include "trainguard/rendezvous.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+
+namespace trainguard {
+namespace {
+
+constexpr char kCurrentKey[] = "rdzv/current";
+
+std::string TableKey(int64_t generation) { return absl::StrCat("rdzv/gen/", generation, "/table"); }
+std::string JoinKey(int rank) { return absl::StrCat("rdzv/join/", rank); }
+std::string StandbyKey(std::string_view member) {
+  return absl::StrFormat("rdzv/standby/%s", member);
+}
+std::string AssignKey(std::string_view member) { return absl::StrFormat("rdzv/assign/%s", member); }
+std::string HeartbeatKey(std::string_view member) { return absl::StrFormat("rdzv/hb/%s", member); }
+
+std::string EncodeTable(const Membership& m) {
+  return absl::StrCat(m.generation, "\n", m.world_size, "\n", absl::StrJoin(m.members, "\n"));
+}
+
+absl::StatusOr<Membership> DecodeTable(std::string_view text, std::string_view key) {
+  std::vector<std::string> lines =
+      absl::StrSplit(absl::string_view(text.data(), text.size()), '\n');
+  Membership m;
+  if (lines.size() < 2 || !absl::SimpleAtoi(lines[0], &m.generation) ||
+      !absl::SimpleAtoi(lines[1], &m.world_size) || m.world_size < 1 ||
+      lines.size() != static_cast<size_t>(m.world_size) + 2) {
+    return absl::DataLossError(absl::StrFormat("malformed rank table at store key %s", key));
+  }
+  m.members.assign(lines.begin() + 2, lines.end());
+  return m;
+}
+
+// Where `member` sits in `table`; -1 when absent.
+int RankOf(const Membership& table, std::string_view member) {
+  for (size_t r = 0; r < table.members.size(); ++r) {
+    if (table.members[r] == member) return static_cast<int>(r);
+  }
+  return -1;
+}
+
+absl::Status ValidMemberId(std::string_view id) {
+  if (id.empty() || id.find_first_of("\n/") != std::string_view::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("rendezvous member id '%s' must be non-empty, without '/' or newline", id));
+  }
+  return absl::OkStatus();
+}
+
+// Time left until `deadline`, never negative.
+absl::Duration Left(absl::Time deadline) {
+  return std::max(deadline - absl::Now(), absl::ZeroDuration());
+}
+
+}  // namespace
+
+RendezvousMember::RendezvousMember(Store* store, std::string member_id,
+                                   absl::Duration heartbeat_interval)
+    : store_(store), member_id_(std::move(member_id)), heartbeat_interval_(heartbeat_interval) {
+  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+}
+
+RendezvousMember::~RendezvousMember() {
+  stop_.Notify();
+  heartbeat_.join();
+}
+
+int64_t RendezvousMember::generation() const {
+  absl::MutexLock lock(&mu_);
+  return generation_;
+}
+
+void RendezvousMember::AdoptGeneration(int64_t generation) {
+  absl::MutexLock lock(&mu_);
+  generation_ = generation;
+  store_->SetWriterGeneration(generation);
+  superseded_.store(false);
+}
+
+void RendezvousMember::HeartbeatLoop() {
+  while (!stop_.WaitForNotificationWithTimeout(heartbeat_interval_)) {
+    const int64_t beat_generation = generation();
+    absl::Status s = store_->Add(HeartbeatKey(member_id_), 1, heartbeat_interval_).status();
+    // A rejection of a beat sent before this member adopted a newer generation says nothing.
+    if (absl::IsFailedPrecondition(s) && beat_generation == generation()) superseded_.store(true);
+    // Other errors (the store briefly unreachable) are retried at the next beat.
+  }
+}
+
+absl::StatusOr<Membership> RendezvousMember::ReadMembership(int64_t generation,
+                                                            absl::Duration timeout) {
+  const std::string key = TableKey(generation);
+  absl::StatusOr<std::string> text = store_->Get(key, timeout);
+  if (!text.ok()) return text.status();
+  absl::StatusOr<Membership> table = DecodeTable(*text, key);
+  if (!table.ok()) return table.status();
+  table->rank = RankOf(*table, member_id_);
+  if (table->rank < 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "member %s is not part of generation %d: it was replaced", member_id_, generation));
+  }
+  return table;
+}
+
+absl::StatusOr<Membership> RendezvousMember::JoinInitial(int rank, int world_size,
+                                                         absl::Duration timeout) {
+  if (absl::Status s = ValidMemberId(member_id_); !s.ok()) return s;
+  if (rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("rank %d is outside world size %d", rank, world_size));
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::StatusOr<CompareAndSetResult> claimed =
+      store_->CompareAndSet(JoinKey(rank), std::nullopt, member_id_, timeout);
+  if (!claimed.ok()) return claimed.status();
+  if (!claimed->swapped && claimed->current != member_id_) {
+    return absl::AlreadyExistsError(absl::StrFormat("rank %d is already registered by member %s",
+                                                    rank, claimed->current.value_or("?")));
+  }
+  if (absl::Status s = store_->Wait({TableKey(0)}, Left(deadline)); !s.ok()) {
+    return absl::Status(s.code(),
+                        absl::StrCat("rank ", rank, " waiting for generation 0: ", s.message()));
+  }
+  absl::StatusOr<Membership> m = ReadMembership(0, Left(deadline));
+  if (!m.ok()) return m.status();
+  if (m->world_size != world_size || m->rank != rank) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "generation 0 has world size %d and puts member %s at rank %d; it asked for rank %d of %d",
+        m->world_size, member_id_, m->rank, rank, world_size));
+  }
+  AdoptGeneration(0);
+  return m;
+}
+
+absl::StatusOr<Membership> RendezvousMember::ParkAsStandby(absl::Duration timeout) {
+  if (absl::Status s = ValidMemberId(member_id_); !s.ok()) return s;
+  const absl::Time deadline = absl::Now() + timeout;
+  if (absl::Status s = store_->Set(StandbyKey(member_id_), "parked", timeout); !s.ok()) return s;
+  const std::string assign_key = AssignKey(member_id_);
+  if (absl::Status s = store_->Wait({assign_key}, Left(deadline)); !s.ok()) {
+    return absl::Status(s.code(), absl::StrFormat("standby %s parked without an assignment: %s",
+                                                  member_id_, std::string(s.message())));
+  }
+  absl::StatusOr<std::string> assignment = store_->Get(assign_key, Left(deadline));
+  if (!assignment.ok()) return assignment.status();
+  std::vector<std::string> parts = absl::StrSplit(*assignment, ' ');
+  int64_t generation = -1;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &generation)) {
+    return absl::DataLossError(
+        absl::StrFormat("malformed assignment '%s' at %s", *assignment, assign_key));
+  }
+  absl::StatusOr<Membership> m = ReadMembership(generation, Left(deadline));
+  if (!m.ok()) return m.status();
+  AdoptGeneration(generation);
+  return m;
+}
+
+absl::StatusOr<Membership> RendezvousMember::AwaitGeneration(int64_t after,
+                                                             absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  if (absl::Status s = store_->Wait({TableKey(after + 1)}, timeout); !s.ok()) {
+    return absl::Status(s.code(), absl::StrFormat("member %s waiting for a generation after %d: %s",
+                                                  member_id_, after, std::string(s.message())));
+  }
+  // Several generations may have been published meanwhile: join the newest.
+  absl::StatusOr<std::string> current = store_->Get(kCurrentKey, Left(deadline));
+  int64_t newest = after + 1;
+  if (current.ok() && !absl::SimpleAtoi(*current, &newest)) {
+    return absl::DataLossError(absl::StrFormat("malformed %s: '%s'", kCurrentKey, *current));
+  }
+  absl::StatusOr<Membership> m = ReadMembership(std::max(newest, after + 1), Left(deadline));
+  if (!m.ok()) return m.status();
+  AdoptGeneration(m->generation);
+  return m;
+}
+
+absl::Status RendezvousMember::Barrier(const Membership& membership, std::string_view name,
+                                       absl::Duration timeout) {
+  const std::string prefix =
+      absl::StrFormat("rdzv/gen/%d/barrier/%s/", membership.generation, name);
+  if (absl::Status s = store_->Set(absl::StrCat(prefix, membership.rank), member_id_, timeout);
+      !s.ok()) {
+    return s;
+  }
+  std::vector<std::string> keys;
+  for (int r = 0; r < membership.world_size; ++r) keys.push_back(absl::StrCat(prefix, r));
+  return store_->Wait(keys, timeout);
+}
+
+RendezvousCoordinator::RendezvousCoordinator(Store* store) : store_(store) {}
+
+int64_t RendezvousCoordinator::generation() const {
+  absl::MutexLock lock(&mu_);
+  return current_.generation;
+}
+
+absl::StatusOr<Membership> RendezvousCoordinator::FormInitialGeneration(int world_size,
+                                                                        absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  std::vector<std::string> keys;
+  for (int r = 0; r < world_size; ++r) keys.push_back(JoinKey(r));
+  if (absl::Status s = store_->Wait(keys, timeout); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("forming generation 0: ", s.message()));
+  }
+  absl::StatusOr<std::vector<std::optional<std::string>>> members =
+      store_->MultiGet(keys, Left(deadline));
+  if (!members.ok()) return members.status();
+  Membership m;
+  m.generation = 0;
+  m.world_size = world_size;
+  for (const std::optional<std::string>& member : *members)
+    m.members.push_back(member.value_or(""));
+  return Publish(std::move(m), /*standby=*/nullptr, /*standby_rank=*/-1, Left(deadline));
+}
+
+absl::StatusOr<std::vector<std::string>> RendezvousCoordinator::ParkedStandbys(
+    absl::Duration timeout) {
+  absl::StatusOr<std::vector<std::string>> keys = store_->ListKeys("rdzv/standby/", timeout);
+  if (!keys.ok()) return keys;
+  for (std::string& key : *keys) key.erase(0, std::string_view("rdzv/standby/").size());
+  return keys;
+}
+
+absl::Status RendezvousCoordinator::ForgetStandby(const std::string& member_id,
+                                                  absl::Duration timeout) {
+  return store_->Delete(StandbyKey(member_id), timeout).status();
+}
+
+absl::StatusOr<Membership> RendezvousCoordinator::ReplaceRank(int dead_rank,
+                                                              absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  Membership next;
+  {
+    absl::MutexLock lock(&mu_);
+    if (current_.generation < 0) {
+      return absl::FailedPreconditionError("cannot replace a rank before generation 0 is formed");
+    }
+    if (dead_rank < 0 || dead_rank >= current_.world_size) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("rank %d is outside world size %d", dead_rank, current_.world_size));
+    }
+    next = current_;
+  }
+  absl::StatusOr<std::vector<std::string>> standbys = ParkedStandbys(Left(deadline));
+  if (!standbys.ok()) return standbys.status();
+  if (standbys->empty()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "no standby is parked to replace rank %d of generation %d", dead_rank, next.generation));
+  }
+  const std::string standby = standbys->front();
+  next.generation += 1;
+  next.members[dead_rank] = standby;
+  if (absl::Status s = store_->Delete(StandbyKey(standby), Left(deadline)).status(); !s.ok())
+    return s;
+  return Publish(std::move(next), &standby, dead_rank, Left(deadline));
+}
+
+absl::StatusOr<Membership> RendezvousCoordinator::Publish(Membership next,
+                                                          const std::string* standby,
+                                                          int standby_rank,
+                                                          absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  // The table first (an assignment refers to it), then the standby's assignment, then the fence and
+  // the announcement: by the time anyone acts in the new generation, the old one can no longer
+  // write.
+  if (absl::Status s = store_->Set(TableKey(next.generation), EncodeTable(next), timeout); !s.ok())
+    return s;
+  if (standby != nullptr) {
+    absl::Status s = store_->Set(AssignKey(*standby),
+                                 absl::StrCat(next.generation, " ", standby_rank), Left(deadline));
+    if (!s.ok()) return s;
+  }
+  if (absl::Status s = store_->RaiseFence(next.generation, Left(deadline)); !s.ok()) return s;
+  if (absl::Status s = store_->Set(kCurrentKey, absl::StrCat(next.generation), Left(deadline));
+      !s.ok()) {
+    return s;
+  }
+  absl::MutexLock lock(&mu_);
+  current_ = next;
+  return next;
+}
+
+}  // namespace trainguard

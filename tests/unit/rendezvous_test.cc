@@ -1,0 +1,206 @@
+#include "trainguard/rendezvous.h"
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "trainguard/store.h"
+
+namespace trainguard {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kTimeout = absl::Seconds(20);
+constexpr absl::Duration kHeartbeat = absl::Milliseconds(20);
+
+// One process of the job: its own store connection and rendezvous member.
+struct Process {
+  Process(InMemoryStore& shared, std::string id)
+      : store(shared.NewClient()), member(store.get(), std::move(id), kHeartbeat) {}
+  std::unique_ptr<Store> store;
+  RendezvousMember member;
+};
+
+class Rendezvous : public ::testing::Test {
+ protected:
+  // Forms generation 0 of `world` ranks, one thread per rank.
+  void FormGenerationZero(int world) {
+    for (int r = 0; r < world; ++r) {
+      ranks_.push_back(std::make_unique<Process>(shared_, absl::StrCat("host:rank", r)));
+    }
+    std::vector<std::thread> joins;
+    std::vector<absl::StatusOr<Membership>> joined(world);
+    for (int r = 0; r < world; ++r) {
+      joins.emplace_back([&, r] { joined[r] = ranks_[r]->member.JoinInitial(r, world, kTimeout); });
+    }
+    absl::StatusOr<Membership> formed = coordinator_.FormInitialGeneration(world, kTimeout);
+    for (std::thread& t : joins) t.join();
+    ASSERT_TRUE(formed.ok()) << formed.status();
+    for (int r = 0; r < world; ++r) {
+      ASSERT_TRUE(joined[r].ok()) << joined[r].status();
+      EXPECT_EQ(joined[r]->rank, r);
+      EXPECT_EQ(joined[r]->generation, 0);
+    }
+  }
+
+  InMemoryStore shared_;
+  std::unique_ptr<Store> coordinator_store_ = shared_.NewClient();
+  RendezvousCoordinator coordinator_{coordinator_store_.get()};
+  std::vector<std::unique_ptr<Process>> ranks_;
+};
+
+TEST_F(Rendezvous, TheInitialRanksFormGenerationZeroInRankOrder) {
+  FormGenerationZero(4);
+  EXPECT_EQ(coordinator_.generation(), 0);
+  for (const auto& p : ranks_) EXPECT_EQ(p->member.generation(), 0);
+}
+
+TEST_F(Rendezvous, AParkedStandbyTakesTheDeadRanksIdInTheNextGeneration) {
+  FormGenerationZero(4);
+  Process standby(shared_, "host:standby0");
+  absl::StatusOr<Membership> assigned;
+  std::thread parked([&] { assigned = standby.member.ParkAsStandby(kTimeout); });
+  // The launcher learns of the standby by its key; bounded polling until it is parked.
+  for (absl::Time end = absl::Now() + kTimeout; absl::Now() < end;) {
+    if (!coordinator_.ParkedStandbys(kTimeout)->empty()) break;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  absl::StatusOr<Membership> next = coordinator_.ReplaceRank(2, kTimeout);
+  parked.join();
+  ASSERT_TRUE(next.ok()) << next.status();
+  ASSERT_TRUE(assigned.ok()) << assigned.status();
+  EXPECT_EQ(assigned->generation, 1);
+  EXPECT_EQ(assigned->rank, 2);
+  EXPECT_THAT(next->members,
+              ElementsAre("host:rank0", "host:rank1", "host:standby0", "host:rank3"));
+
+  // Survivors meet the standby in generation 1 with their old ranks, and pass a barrier together.
+  std::vector<std::thread> survivors;
+  std::vector<absl::Status> barrier(4);
+  for (int r : {0, 1, 3}) {
+    survivors.emplace_back([&, r] {
+      absl::StatusOr<Membership> m = ranks_[r]->member.AwaitGeneration(0, kTimeout);
+      if (!m.ok()) {
+        barrier[r] = m.status();
+        return;
+      }
+      EXPECT_EQ(m->rank, r);
+      barrier[r] = ranks_[r]->member.Barrier(*m, "rebuilt", kTimeout);
+    });
+  }
+  barrier[2] = standby.member.Barrier(*assigned, "rebuilt", kTimeout);
+  for (std::thread& t : survivors) t.join();
+  for (const absl::Status& s : barrier) EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST_F(Rendezvous, TheReplacedMemberIsFencedOutOfTheStore) {
+  FormGenerationZero(3);
+  Process standby(shared_, "host:standby0");
+  std::thread parked([&] { ASSERT_TRUE(standby.member.ParkAsStandby(kTimeout).ok()); });
+  for (absl::Time end = absl::Now() + kTimeout; absl::Now() < end;) {
+    if (!coordinator_.ParkedStandbys(kTimeout)->empty()) break;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_TRUE(coordinator_.ReplaceRank(1, kTimeout).ok());
+  parked.join();
+
+  // Rank 1 was declared dead but is still running (a zombie): its writes are rejected...
+  Process& zombie = *ranks_[1];
+  absl::Status write = zombie.store->Set("ckpt/commit/7", "rank1", kTimeout);
+  EXPECT_TRUE(absl::IsFailedPrecondition(write)) << write;
+  EXPECT_THAT(std::string(write.message()), HasSubstr("stale generation 0"));
+  // ...it learns that it was replaced when it tries to rejoin...
+  absl::StatusOr<Membership> rejoin = zombie.member.AwaitGeneration(0, kTimeout);
+  EXPECT_TRUE(absl::IsFailedPrecondition(rejoin.status())) << rejoin.status();
+  EXPECT_THAT(std::string(rejoin.status().message()), HasSubstr("was replaced"));
+  // ...and its heartbeat tells it a newer generation exists, as it tells a survivor that has not
+  // rejoined yet; the survivor's flag clears when it adopts the new generation.
+  for (absl::Time end = absl::Now() + kTimeout;
+       absl::Now() < end && !(zombie.member.superseded() && ranks_[0]->member.superseded());) {
+    absl::SleepFor(kHeartbeat);
+  }
+  EXPECT_TRUE(zombie.member.superseded());
+  EXPECT_TRUE(ranks_[0]->member.superseded());
+  ASSERT_TRUE(ranks_[0]->member.AwaitGeneration(0, kTimeout).ok());
+  EXPECT_FALSE(ranks_[0]->member.superseded());
+}
+
+TEST_F(Rendezvous, TwoFailuresInARowLandASlowSurvivorInTheNewestGeneration) {
+  FormGenerationZero(4);
+  Process standby_a(shared_, "host:standbyA");
+  Process standby_b(shared_, "host:standbyB");
+  absl::StatusOr<Membership> a, b;
+  std::thread park_a([&] { a = standby_a.member.ParkAsStandby(kTimeout); });
+  std::thread park_b([&] { b = standby_b.member.ParkAsStandby(kTimeout); });
+  for (absl::Time end = absl::Now() + kTimeout; absl::Now() < end;) {
+    if (coordinator_.ParkedStandbys(kTimeout)->size() == 2) break;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_TRUE(coordinator_.ReplaceRank(1, kTimeout).ok());
+  absl::StatusOr<Membership> second = coordinator_.ReplaceRank(3, kTimeout);
+  park_a.join();
+  park_b.join();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->generation, 2);
+  EXPECT_EQ(a->rank, 1);
+  EXPECT_EQ(b->rank, 3);
+  absl::StatusOr<Membership> slow = ranks_[0]->member.AwaitGeneration(0, kTimeout);
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  EXPECT_EQ(slow->generation, 2);
+  EXPECT_THAT(slow->members,
+              ElementsAre("host:rank0", "host:standbyA", "host:rank2", "host:standbyB"));
+}
+
+TEST_F(Rendezvous, ReplacingWithoutAParkedStandbyFailsNamingTheRank) {
+  FormGenerationZero(2);
+  absl::StatusOr<Membership> next = coordinator_.ReplaceRank(1, kTimeout);
+  EXPECT_TRUE(absl::IsFailedPrecondition(next.status()));
+  EXPECT_THAT(std::string(next.status().message()),
+              HasSubstr("no standby is parked to replace rank 1"));
+  EXPECT_EQ(coordinator_.generation(), 0);
+}
+
+TEST_F(Rendezvous, AStandbyThatDiedWhileParkedIsNeverPicked) {
+  FormGenerationZero(2);
+  // "host:a" parks and dies (its process is gone; only its key remains), "host:b" parks and waits.
+  ASSERT_TRUE(coordinator_store_->Set("rdzv/standby/host:a", "parked", kTimeout).ok());
+  Process b(shared_, "host:b");
+  absl::StatusOr<Membership> assigned;
+  std::thread parked([&] { assigned = b.member.ParkAsStandby(kTimeout); });
+  for (absl::Time end = absl::Now() + kTimeout; absl::Now() < end;) {
+    if (coordinator_.ParkedStandbys(kTimeout)->size() == 2) break;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_TRUE(coordinator_.ForgetStandby("host:a", kTimeout).ok());
+  absl::StatusOr<Membership> next = coordinator_.ReplaceRank(0, kTimeout);
+  parked.join();
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->members[0], "host:b");
+  ASSERT_TRUE(assigned.ok()) << assigned.status();
+  EXPECT_EQ(assigned->rank, 0);
+}
+
+TEST_F(Rendezvous, ARankClaimedByAnotherMemberIsRejected) {
+  ASSERT_TRUE(coordinator_store_->Set("rdzv/join/0", "host:first", kTimeout).ok());
+  Process second(shared_, "host:second");
+  absl::StatusOr<Membership> dup = second.member.JoinInitial(0, 1, absl::Milliseconds(300));
+  EXPECT_TRUE(absl::IsAlreadyExists(dup.status())) << dup.status();
+  EXPECT_THAT(std::string(dup.status().message()), HasSubstr("host:first"));
+}
+
+TEST_F(Rendezvous, JoiningWithoutACoordinatorTimesOutNamingTheRank) {
+  Process p(shared_, "host:p");
+  absl::StatusOr<Membership> m = p.member.JoinInitial(0, 2, absl::Milliseconds(200));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(m.status())) << m.status();
+  EXPECT_THAT(std::string(m.status().message()), HasSubstr("rank 0 waiting for generation 0"));
+}
+
+}  // namespace
+}  // namespace trainguard
