@@ -9,6 +9,9 @@ PACKAGES=(
   libabsl-dev                      # Status, Time, Mutex, containers
   libprotobuf-dev protobuf-compiler
   libxxhash-dev                    # record checksums
+  libssl-dev                       # TcpStore's handshake (HMAC-SHA256 from libcrypto)
+  libcurl4-openssl-dev             # EtcdStore (etcd's JSON gateway over HTTP)
+  etcd-server                      # /usr/bin/etcd for EtcdStore's tests
   liburing-dev                     # checkpoint persistence (io_uring)
   libgtest-dev libgmock-dev        # tests
   libbenchmark-dev                 # bench/

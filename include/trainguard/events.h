@@ -23,8 +23,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "trainguard/mutex.h"
 
 namespace trainguard {
 
@@ -82,7 +82,7 @@ class EventLog {
 
   const std::string path_;
   const std::string set_aside_path_;
-  absl::Mutex mu_;
+  Mutex mu_;
   std::unique_ptr<WritableFile> file_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -30,6 +30,7 @@ namespace trainguard {
 
 class Clock;
 class Env;
+class Store;
 
 struct Options {
   // Names the job: namespaces its files, shared-memory segments and store keys.
@@ -49,10 +50,29 @@ struct Options {
   // recover() gives up (returns an error) after this many consecutive failed-and-skipped steps.
   int max_consecutive_step_failures = 3;
 
+  // Rendezvous. Empty `store`: a static job (no rank replacement). Otherwise the job's coordination
+  // service: "tcp://HOST:PORT" (a TcpStore server, e.g. hosted by `trainguard run`) or
+  // "etcd://HOST:PORT[,HOST:PORT...]".
+  std::string store = {};
+  // A file holding the job's shared token (TcpStore authentication). Required with a tcp:// store.
+  std::string store_token_file = {};
+  // "rank": an initial rank (`rank` says which). "standby": a warm spare that parks until it is
+  // assigned a dead rank's id (`rank` is then ignored).
+  std::string role = "rank";
+  // Names this process in the rendezvous; empty means "<hostname>:<pid>". No '/' or newline.
+  std::string member_id = {};
+  // Bounds each rendezvous wait (joining, re-rendezvous after a failure, one period of a standby's
+  // parking, which repeats until it is assigned or stopped).
+  int rendezvous_timeout_ms = 300'000;
+  int heartbeat_interval_ms = 1'000;
+
   // Seams for tests; not configurable from files or the environment. nullptr means the real ones.
   // REQUIRES: when set, they outlive every Runtime created from these Options.
   Env* env = nullptr;
   Clock* clock = nullptr;
+  // A Store to rendezvous through instead of connecting to `store` (tests, embedders that own the
+  // connection). Not owned.
+  Store* store_client = nullptr;
 
   // Defaults, then the file named by TRAINGUARD_CONFIG (if set), then the process environment.
   static absl::StatusOr<Options> FromEnv();

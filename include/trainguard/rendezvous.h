@@ -22,6 +22,8 @@
 //                                  then one member id per rank
 //   rdzv/current                   the newest published generation
 //   rdzv/gen/<g>/barrier/<name>/<rank>  barrier arrivals
+//   rdzv/gen/<g>/progress/<rank>   the step a rank's state is ready to run next (-1: no state)
+//   rdzv/gen/<g>/resumed/<rank>    the first step a rank completed in generation g (Runtime)
 //   rdzv/hb/<member>               heartbeat counter, advanced by each member's heartbeat thread
 //
 // Thread safety: RendezvousMember and RendezvousCoordinator may be called from any thread; each
@@ -39,9 +41,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "trainguard/mutex.h"
 #include "trainguard/store.h"
 
 namespace trainguard {
@@ -52,6 +53,18 @@ struct Membership {
   int world_size = 0;
   int rank = -1;  // this member's rank in the generation; -1 in the coordinator's view
   std::vector<std::string> members;  // member id of each rank
+};
+
+// What every rank of a new generation agreed on before training resumes.
+struct RecoveryPlan {
+  int64_t generation = -1;
+  // The step every rank runs next.
+  int64_t resume_step = 0;
+  // The rank whose model state every other rank adopts (broadcast) before resuming: the survivor
+  // that got furthest, the lowest rank among equals. -1 when no rank has state (every rank is new).
+  int state_source_rank = -1;
+  // Ranks that joined without state in this generation (replacements), in rank order.
+  std::vector<int> new_ranks;
 };
 
 class RendezvousMember {
@@ -71,6 +84,12 @@ class RendezvousMember {
   // Waits until a generation newer than `after` is published and returns this member's place in it.
   // FailedPrecondition when the new generation does not include this member (it was replaced).
   absl::StatusOr<Membership> AwaitGeneration(int64_t after, absl::Duration timeout);
+  // Every rank of `membership` calls it after joining the generation, with the step its state is
+  // ready to run next (-1 for a replacement without state); returns the plan all ranks computed
+  // alike. Aborted when a newer generation is published meanwhile (a rank died during the
+  // rendezvous): call AwaitGeneration(membership.generation) and agree again in the newer one.
+  absl::StatusOr<RecoveryPlan> AgreeOnResume(const Membership& membership, int64_t next_step,
+                                             absl::Duration timeout);
   // Every rank of `membership` calls it with the same `name`; returns when all have arrived.
   absl::Status Barrier(const Membership& membership, std::string_view name, absl::Duration timeout);
 
@@ -90,10 +109,10 @@ class RendezvousMember {
   Store* const store_;
   const std::string member_id_;
   const absl::Duration heartbeat_interval_;
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   int64_t generation_ ABSL_GUARDED_BY(mu_) = -1;
   std::atomic<bool> superseded_{false};
-  absl::Notification stop_;
+  Notification stop_;
   std::thread heartbeat_;
 };
 
@@ -122,7 +141,7 @@ class RendezvousCoordinator {
                                      absl::Duration timeout);
 
   Store* const store_;
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   Membership current_ ABSL_GUARDED_BY(mu_);
 };
 

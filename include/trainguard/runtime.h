@@ -7,6 +7,12 @@
 // It holds the rank's Options and Topology, its event file, its Heartbeat (the lock-free progress
 // record that guards write and a watchdog reads) and its recovery policy (recover()).
 //
+// With a store configured (Options::store), the Runtime is also the process's rendezvous member:
+// Create() joins generation 0 as rank `options.rank`, or, for role "standby", parks until the
+// launcher assigns it a dead rank's id (rank() is then that id, and resume_step() and
+// recovery_plan() say where to start and whose model state to take). After a communication failure,
+// recover() meets the survivors and the replacement in the next generation.
+//
 // Thread safety: the accessors, EmitEvent() and heartbeat() may be used from any thread. Guards,
 // AddObserver() and recover() belong to the training thread.
 #ifndef TRAINGUARD_RUNTIME_H_
@@ -15,6 +21,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +30,8 @@
 #include "trainguard/events.h"
 #include "trainguard/guard.h"
 #include "trainguard/options.h"
+#include "trainguard/rendezvous.h"
+#include "trainguard/store.h"
 #include "trainguard/topology.h"
 
 namespace trainguard {
@@ -69,8 +78,9 @@ class StepObserver {
 
 class Runtime {
  public:
-  // Validates the options, builds the topology and opens the rank's event file (kRuntimeStarted).
-  // Errors name the option or the file at fault.
+  // Validates the options, builds the topology, joins the rendezvous when a store is configured and
+  // opens the rank's event file (kRuntimeStarted). Errors name the option, the file or the
+  // rendezvous step at fault.
   static absl::StatusOr<std::unique_ptr<Runtime>> Create(const Options& options);
 
   Runtime(const Runtime&) = delete;
@@ -78,14 +88,25 @@ class Runtime {
   // Writes kRuntimeStopped. REQUIRES: no guard is active.
   ~Runtime();
 
+  // As given to Create(). For a standby, options().rank is meaningless: use rank().
   const Options& options() const { return options_; }
   const Topology& topology() const { return topology_; }
-  int rank() const { return options_.rank; }
+  int rank() const { return rank_; }
   int world_size() const { return options_.world_size; }
-  // The membership generation of the job: 0 until rendezvous replaces ranks.
-  int64_t generation() const { return generation_; }
-  // The step to start or resume training at: 0 until checkpointing lands (docs/GUIDE.md).
-  int64_t resume_step() const { return 0; }
+  // The membership generation of the job: 0 until a rank is replaced.
+  int64_t generation() const { return generation_.load(); }
+  // The step to start training at: 0 for an initial rank (until checkpointing lands); for a standby
+  // that replaced a rank, the step the job resumes at.
+  int64_t resume_step() const { return resume_step_; }
+  // The plan of the last re-rendezvous this process took part in (as a survivor in recover(), or as
+  // a replacement in Create()); nullopt before any. Trainers broadcast the model state from
+  // state_source_rank to the other ranks before resuming.
+  const std::optional<RecoveryPlan>& recovery_plan() const { return recovery_plan_; }
+  // The current generation's rank table; generation -1 for a static job (no store).
+  const Membership& membership() const { return membership_; }
+  // The job's store; nullptr for a static job. Use it to rendezvous the job's communicators, e.g. a
+  // GlooStore over PrefixStore("gloo/gen<generation>", store()).
+  Store* store() const { return store_; }
   const std::string& run_dir() const { return run_dir_; }
   Env& env() const { return *env_; }
   Clock& clock() const { return *clock_; }
@@ -100,31 +121,50 @@ class Runtime {
 
   // Carries out the recovery for a step result and returns the step to run next, or an error when
   // this process cannot go on (the trainer should then exit non-zero). The policy, per action:
-  //   kContinue      -> result.step + 1
-  //   kSkip          -> result.step + 1, unless more than max_consecutive_step_failures steps in a
-  //   row
-  //                     failed: then FailedPrecondition
-  //   kRollback      -> Unimplemented: checkpointing is not available yet
-  //   kReRendezvous  -> Unavailable: rendezvous is not available yet; restart the job
-  //   kFatal         -> the fault's status (after a fatal device error the Runtime also rejects
-  //   every
-  //                     later guard: see fatal())
+  //
+  //   kContinue: result.step + 1.
+  //   kSkip: result.step + 1, unless more than max_consecutive_step_failures steps in a row failed:
+  //     then FailedPrecondition.
+  //   kRollback: Unimplemented (checkpointing is not available yet).
+  //   kReRendezvous, with a store: waits for the next generation (published by the launcher once it
+  //     has replaced the dead rank), agrees with every rank on the resume step and returns it;
+  //     recovery_plan() then names the rank to take the model state from, and the trainer rebuilds
+  //     its communicators for generation(). FailedPrecondition when this process was itself
+  //     replaced (it must exit). The failed step must not have modified the model state (apply
+  //     updates after the step's last collective): its state is offered as "ready to run that
+  //     step".
+  //   kReRendezvous, static job (no store): Unavailable; restart the job.
+  //   kFatal: the fault's status. After a fatal device error the Runtime also rejects every later
+  //     guard (see fatal()).
+  //
   // Each decision is written as a kRecoveryDecision event.
   absl::StatusOr<int64_t> recover(const StepResult& result);
 
-  // True after a guarded step failed with FaultKind::kFatalDeviceError: guards are rejected from
-  // then on.
+  // True after a guarded step failed with FaultKind::kFatalDeviceError, or after this process
+  // learnt that it was replaced: guards are rejected from then on.
   bool fatal() const { return fatal_.load(std::memory_order_acquire); }
 
  private:
   friend class StepScope;
 
-  Runtime(Options options, Topology topology, std::string run_dir,
-          std::unique_ptr<EventLog> events);
+  Runtime(Options options, Topology topology, std::string run_dir);
+
+  // The parts of Create() after construction.
+  absl::Status ConnectStore();
+  absl::Status JoinRendezvous();
+  absl::Status OpenEvents();
+  absl::StatusOr<int64_t> ReRendezvous(const StepResult& result);
+  void MarkFatal(std::string reason);
 
   // Guard internals, called by StepScope.
   bool TryBeginStep();
   void EndStep();
+  // After a successful step: the first one of each generation is announced in the store
+  // (rdzv/gen/<g>/resumed/<rank>), which is how a launcher times a recovery. One compare otherwise.
+  void NoteStepSucceeded(int64_t step) {
+    if (announced_generation_ != generation_.load(std::memory_order_relaxed)) AnnounceResumed(step);
+  }
+  void AnnounceResumed(int64_t step);
   // Writes the kStepFault event of a failed step; marks the runtime fatal after a fatal device
   // error.
   void RecordStepFault(const StepResult& result);
@@ -135,8 +175,16 @@ class Runtime {
   const std::string run_dir_;
   Env* const env_;
   Clock* const clock_;
-  const std::unique_ptr<EventLog> events_;
-  int64_t generation_ = 0;
+  std::unique_ptr<EventLog> events_;
+  std::unique_ptr<Store> owned_store_;
+  Store* store_ = nullptr;
+  std::unique_ptr<RendezvousMember> member_;
+  Membership membership_;
+  std::optional<RecoveryPlan> recovery_plan_;
+  int rank_ = 0;
+  int64_t resume_step_ = 0;
+  std::atomic<int64_t> generation_{0};
+  int64_t announced_generation_ = -1;  // training thread only
   Heartbeat heartbeat_;
   std::vector<StepObserver*> observers_;
   std::atomic<bool> step_active_{false};

@@ -138,6 +138,13 @@ class PrefixStore final : public Store {
   Store* const base_;
 };
 
+// Connects to the store named by `url`: "tcp://HOST:PORT" (a TcpStore server; `token` is the job's
+// shared token) or "etcd://HOST:PORT[,HOST:PORT...]" (an etcd v3 cluster; `token` unused). Keys are
+// namespaced by `job_id`. InvalidArgument for a malformed URL; Unavailable when nothing answers
+// within `timeout`.
+absl::StatusOr<std::unique_ptr<Store>> OpenStore(std::string_view url, std::string_view job_id,
+                                                 std::string_view token, absl::Duration timeout);
+
 }  // namespace trainguard
 
 #endif  // TRAINGUARD_STORE_H_

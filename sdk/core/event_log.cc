@@ -213,7 +213,7 @@ EventLog::EventLog(std::string path, std::unique_ptr<WritableFile> file, std::st
     : path_(std::move(path)), set_aside_path_(std::move(set_aside_path)), file_(std::move(file)) {}
 
 EventLog::~EventLog() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   (void)file_->Close();
 }
 
@@ -229,7 +229,7 @@ absl::Status EventLog::Append(const Event& event) {
   StoreLittleEndian32(record.data() + 4, Checksum(payload));
   record += payload;
   // One write per record: a kill can tear only the record being written, never an earlier one.
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return file_->Append(record);
 }
 

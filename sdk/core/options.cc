@@ -134,6 +134,24 @@ void ApplySetFields(const OptionsProto& proto, Options& options) {
   if (proto.has_max_consecutive_step_failures()) {
     options.max_consecutive_step_failures = proto.max_consecutive_step_failures();
   }
+  if (proto.has_store()) {
+    options.store = proto.store();
+  }
+  if (proto.has_store_token_file()) {
+    options.store_token_file = proto.store_token_file();
+  }
+  if (proto.has_role()) {
+    options.role = proto.role();
+  }
+  if (proto.has_member_id()) {
+    options.member_id = proto.member_id();
+  }
+  if (proto.has_rendezvous_timeout_ms()) {
+    options.rendezvous_timeout_ms = proto.rendezvous_timeout_ms();
+  }
+  if (proto.has_heartbeat_interval_ms()) {
+    options.heartbeat_interval_ms = proto.heartbeat_interval_ms();
+  }
 }
 
 absl::StatusOr<Options> OptionsFromProto(const OptionsProto& proto) {
@@ -335,6 +353,44 @@ absl::Status CheckParallelDegrees(const Options& options) {
   return absl::OkStatus();
 }
 
+absl::Status CheckRendezvous(const Options& options) {
+  if (options.role != "rank" && options.role != "standby") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("role \"", options.role, "\" is neither \"rank\" nor \"standby\""));
+  }
+  if (options.member_id.find_first_of("/\n") != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("member_id \"", options.member_id, "\" must not contain '/' or a newline"));
+  }
+  if (absl::Status s = CheckAtLeast("rendezvous_timeout_ms", options.rendezvous_timeout_ms, 1);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckAtLeast("heartbeat_interval_ms", options.heartbeat_interval_ms, 1);
+      !s.ok()) {
+    return s;
+  }
+  if (options.store.empty()) {
+    if (options.role == "standby" && options.store_client == nullptr) {
+      return absl::InvalidArgumentError(
+          "role \"standby\" needs a store to park in (store is empty)");
+    }
+    return absl::OkStatus();
+  }
+  if (absl::StartsWith(options.store, "tcp://")) {
+    if (options.store_token_file.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "store ", options.store, " needs store_token_file (the job's shared token)"));
+    }
+    return absl::OkStatus();
+  }
+  if (absl::StartsWith(options.store, "etcd://")) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("store \"", options.store, "\" must start with tcp:// or etcd://"));
+}
+
 }  // namespace
 
 absl::StatusOr<Options> Options::FromEnv() {
@@ -407,7 +463,12 @@ absl::Status Options::Validate() const {
   if (absl::Status status = CheckJobId(job_id); !status.ok()) {
     return status;
   }
-  return CheckAtLeast("max_consecutive_step_failures", max_consecutive_step_failures, 0);
+  if (absl::Status status =
+          CheckAtLeast("max_consecutive_step_failures", max_consecutive_step_failures, 0);
+      !status.ok()) {
+    return status;
+  }
+  return CheckRendezvous(*this);
 }
 
 std::string Options::ResolvedRunDir() const {

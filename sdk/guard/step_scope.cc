@@ -222,7 +222,11 @@ StepResult StepScope::Finish() {
   if (exception_ || reported_kind_ != FaultKind::kNone) Classify(result);
   runtime_.heartbeat_.Exit(end_ns - start_ns_, end_ns);
   runtime_.EndStep();
-  if (!result.ok()) runtime_.RecordStepFault(result);
+  if (result.ok()) {
+    runtime_.NoteStepSucceeded(step_);
+  } else {
+    runtime_.RecordStepFault(result);
+  }
   for (StepObserver* observer : runtime_.observers_) observer->OnStepEnd(result);
   return result;
 }

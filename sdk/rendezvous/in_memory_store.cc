@@ -11,15 +11,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "trainguard/mutex.h"
 #include "trainguard/store.h"
 
 namespace trainguard {
 
 class InMemoryStore::State {
  public:
-  absl::Mutex mu;
+  Mutex mu;
   std::map<std::string, std::string, std::less<>> data ABSL_GUARDED_BY(mu);
   int64_t fence ABSL_GUARDED_BY(mu) = Store::kUnfenced;
 
@@ -45,14 +45,14 @@ class InMemoryStore::Client final : public Store {
 
   absl::Status Set(std::string_view key, std::string_view value, absl::Duration) override {
     if (absl::Status s = CheckKey(key); !s.ok()) return s;
-    absl::MutexLock lock(&state_->mu);
+    MutexLock lock(&state_->mu);
     if (absl::Status s = state_->CheckFence(generation_.load()); !s.ok()) return s;
     state_->data[std::string(key)] = std::string(value);
     return absl::OkStatus();
   }
 
   absl::StatusOr<std::string> Get(std::string_view key, absl::Duration) override {
-    absl::MutexLock lock(&state_->mu);
+    MutexLock lock(&state_->mu);
     auto it = state_->data.find(key);
     if (it == state_->data.end())
       return absl::NotFoundError(absl::StrFormat("store key %s not found", key));
@@ -61,7 +61,7 @@ class InMemoryStore::Client final : public Store {
 
   absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta, absl::Duration) override {
     if (absl::Status s = CheckKey(key); !s.ok()) return s;
-    absl::MutexLock lock(&state_->mu);
+    MutexLock lock(&state_->mu);
     if (absl::Status s = state_->CheckFence(generation_.load()); !s.ok()) return s;
     std::string& value = state_->data[std::string(key)];
     int64_t current = 0;
@@ -79,7 +79,7 @@ class InMemoryStore::Client final : public Store {
                                                     std::string_view desired,
                                                     absl::Duration) override {
     if (absl::Status s = CheckKey(key); !s.ok()) return s;
-    absl::MutexLock lock(&state_->mu);
+    MutexLock lock(&state_->mu);
     if (absl::Status s = state_->CheckFence(generation_.load()); !s.ok()) return s;
     auto it = state_->data.find(key);
     std::optional<std::string> current;
@@ -90,7 +90,7 @@ class InMemoryStore::Client final : public Store {
   }
 
   absl::StatusOr<bool> Delete(std::string_view key, absl::Duration) override {
-    absl::MutexLock lock(&state_->mu);
+    MutexLock lock(&state_->mu);
     if (absl::Status s = state_->CheckFence(generation_.load()); !s.ok()) return s;
     auto it = state_->data.find(key);
     if (it == state_->data.end()) return false;
@@ -100,7 +100,7 @@ class InMemoryStore::Client final : public Store {
 
   absl::StatusOr<std::vector<std::optional<std::string>>> MultiGet(
       const std::vector<std::string>& keys, absl::Duration) override {
-    absl::MutexLock lock(&state_->mu);
+    MutexLock lock(&state_->mu);
     std::vector<std::optional<std::string>> values;
     values.reserve(keys.size());
     for (const std::string& key : keys) {
@@ -113,7 +113,7 @@ class InMemoryStore::Client final : public Store {
 
   absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
                                                     absl::Duration) override {
-    absl::MutexLock lock(&state_->mu);
+    MutexLock lock(&state_->mu);
     std::vector<std::string> keys;
     for (auto it = state_->data.lower_bound(prefix);
          it != state_->data.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
@@ -123,15 +123,14 @@ class InMemoryStore::Client final : public Store {
   }
 
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
-    absl::MutexLock lock(&state_->mu);
+    MutexLock lock(&state_->mu);
     auto all_present = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
       for (const std::string& key : keys) {
         if (state_->data.find(key) == state_->data.end()) return false;
       }
       return true;
     };
-    if (state_->mu.AwaitWithTimeout(absl::Condition(&all_present), timeout))
-      return absl::OkStatus();
+    if (state_->mu.AwaitWithTimeout(all_present, timeout)) return absl::OkStatus();
     std::vector<std::string> missing;
     for (const std::string& key : keys) {
       if (state_->data.find(key) == state_->data.end()) missing.push_back(key);
@@ -142,7 +141,7 @@ class InMemoryStore::Client final : public Store {
   }
 
   absl::Status RaiseFence(int64_t generation, absl::Duration) override {
-    absl::MutexLock lock(&state_->mu);
+    MutexLock lock(&state_->mu);
     state_->fence = std::max(state_->fence, generation);
     return absl::OkStatus();
   }

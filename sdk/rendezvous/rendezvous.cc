@@ -16,6 +16,8 @@ namespace trainguard {
 namespace {
 
 constexpr char kCurrentKey[] = "rdzv/current";
+// How often a rank waiting for the others' progress checks whether its generation was superseded.
+constexpr absl::Duration kAgreementSlice = absl::Milliseconds(100);
 
 std::string TableKey(int64_t generation) { return absl::StrCat("rdzv/gen/", generation, "/table"); }
 std::string JoinKey(int rank) { return absl::StrCat("rdzv/join/", rank); }
@@ -77,12 +79,12 @@ RendezvousMember::~RendezvousMember() {
 }
 
 int64_t RendezvousMember::generation() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return generation_;
 }
 
 void RendezvousMember::AdoptGeneration(int64_t generation) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   generation_ = generation;
   store_->SetWriterGeneration(generation);
   superseded_.store(false);
@@ -198,10 +200,64 @@ absl::Status RendezvousMember::Barrier(const Membership& membership, std::string
   return store_->Wait(keys, timeout);
 }
 
+absl::StatusOr<RecoveryPlan> RendezvousMember::AgreeOnResume(const Membership& membership,
+                                                             int64_t next_step,
+                                                             absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  const std::string prefix = absl::StrFormat("rdzv/gen/%d/progress/", membership.generation);
+  const absl::Status superseded = absl::AbortedError(
+      absl::StrFormat("generation %d was superseded while rank %d was agreeing on its resume step",
+                      membership.generation, membership.rank));
+  absl::Status published =
+      store_->Set(absl::StrCat(prefix, membership.rank), absl::StrCat(next_step), timeout);
+  if (absl::IsFailedPrecondition(published)) return superseded;  // the fence is already past it
+  if (!published.ok()) return published;
+  std::vector<std::string> keys;
+  for (int r = 0; r < membership.world_size; ++r) keys.push_back(absl::StrCat(prefix, r));
+  // A rank that dies now never publishes its progress; the launcher then publishes the next
+  // generation, and waiting on for this one would only run out the timeout. Wait in slices and
+  // look for a newer generation between them.
+  const std::string next_table = TableKey(membership.generation + 1);
+  while (true) {
+    absl::Status s = store_->Wait(keys, std::min(Left(deadline), kAgreementSlice));
+    if (s.ok()) break;
+    if (!absl::IsDeadlineExceeded(s) || absl::Now() >= deadline) {
+      return absl::Status(
+          s.code(),
+          absl::StrFormat("rank %d agreeing on the resume step of generation %d: %s",
+                          membership.rank, membership.generation, std::string(s.message())));
+    }
+    absl::StatusOr<std::vector<std::optional<std::string>>> newer =
+        store_->MultiGet({next_table}, Left(deadline));
+    if (newer.ok() && (*newer)[0].has_value()) return superseded;
+  }
+  absl::StatusOr<std::vector<std::optional<std::string>>> values =
+      store_->MultiGet(keys, Left(deadline));
+  if (!values.ok()) return values.status();
+  RecoveryPlan plan;
+  plan.generation = membership.generation;
+  int64_t furthest = -1;
+  for (int r = 0; r < membership.world_size; ++r) {
+    int64_t step = -1;
+    if (!(*values)[r].has_value() || !absl::SimpleAtoi(*(*values)[r], &step)) {
+      return absl::DataLossError(
+          absl::StrFormat("malformed progress of rank %d at %s%d", r, prefix, r));
+    }
+    if (step < 0) {
+      plan.new_ranks.push_back(r);
+    } else if (step > furthest) {
+      furthest = step;
+      plan.state_source_rank = r;
+    }
+  }
+  plan.resume_step = std::max<int64_t>(furthest, 0);
+  return plan;
+}
+
 RendezvousCoordinator::RendezvousCoordinator(Store* store) : store_(store) {}
 
 int64_t RendezvousCoordinator::generation() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return current_.generation;
 }
 
@@ -242,7 +298,7 @@ absl::StatusOr<Membership> RendezvousCoordinator::ReplaceRank(int dead_rank,
   const absl::Time deadline = absl::Now() + timeout;
   Membership next;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (current_.generation < 0) {
       return absl::FailedPreconditionError("cannot replace a rank before generation 0 is formed");
     }
@@ -286,7 +342,7 @@ absl::StatusOr<Membership> RendezvousCoordinator::Publish(Membership next,
       !s.ok()) {
     return s;
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   current_ = next;
   return next;
 }

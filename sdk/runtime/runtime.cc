@@ -8,6 +8,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "trainguard/clock.h"
 #include "trainguard/env.h"
 #include "trainguard/version.h"
@@ -64,41 +66,109 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const Options& options)
   absl::StatusOr<Topology> topology = Topology::Create(spec);
   if (!topology.ok()) return WithContext(topology.status(), "invalid topology");
 
-  Env* env = options.env != nullptr ? options.env : Env::Default();
-  std::string run_dir = options.ResolvedRunDir();
-  absl::StatusOr<std::unique_ptr<EventLog>> events =
-      EventLog::Open(env, EventLogPath(run_dir, options.rank));
-  if (!events.ok()) {
-    return WithContext(events.status(),
-                       absl::StrCat("rank ", options.rank, ": opening the event file"));
-  }
   std::unique_ptr<Runtime> runtime(
-      new Runtime(options, *std::move(topology), std::move(run_dir), *std::move(events)));
-
-  Event started;
-  started.type = EventType::kRuntimeStarted;
-  started.message = absl::StrCat("trainguard ", VersionString(), " started");
-  started.attributes = {{"version", VersionString()},
-                        {"job_id", options.job_id},
-                        {"topology", runtime->topology().ToString()},
-                        {"host", HostName()},
-                        {"pid", absl::StrCat(getpid())}};
-  if (!runtime->events_->set_aside_path().empty()) {
-    started.attributes.emplace_back("damaged_event_log_saved_to",
-                                    runtime->events_->set_aside_path());
-  }
-  if (absl::Status s = runtime->EmitEvent(std::move(started)); !s.ok()) return s;
+      new Runtime(options, *std::move(topology), options.ResolvedRunDir()));
+  if (absl::Status s = runtime->ConnectStore(); !s.ok()) return s;
+  if (absl::Status s = runtime->JoinRendezvous(); !s.ok()) return s;
+  if (absl::Status s = runtime->OpenEvents(); !s.ok()) return s;
   return runtime;
 }
 
-Runtime::Runtime(Options options, Topology topology, std::string run_dir,
-                 std::unique_ptr<EventLog> events)
+Runtime::Runtime(Options options, Topology topology, std::string run_dir)
     : options_(std::move(options)),
       topology_(std::move(topology)),
       run_dir_(std::move(run_dir)),
       env_(options_.env != nullptr ? options_.env : Env::Default()),
       clock_(options_.clock != nullptr ? options_.clock : Clock::Real()),
-      events_(std::move(events)) {}
+      rank_(options_.rank) {}
+
+absl::Status Runtime::ConnectStore() {
+  if (options_.store_client != nullptr) {
+    store_ = options_.store_client;
+    return absl::OkStatus();
+  }
+  if (options_.store.empty()) return absl::OkStatus();
+  std::string token;
+  if (!options_.store_token_file.empty()) {
+    absl::StatusOr<std::string> contents = env_->ReadFileToString(options_.store_token_file);
+    if (!contents.ok()) {
+      return WithContext(contents.status(),
+                         absl::StrCat("rank ", options_.rank, ": reading store_token_file"));
+    }
+    token = std::string(absl::StripTrailingAsciiWhitespace(*contents));
+  }
+  absl::StatusOr<std::unique_ptr<Store>> store = OpenStore(
+      options_.store, options_.job_id, token, absl::Milliseconds(options_.rendezvous_timeout_ms));
+  if (!store.ok()) {
+    return WithContext(store.status(), absl::StrCat("rank ", options_.rank,
+                                                    ": connecting to store ", options_.store));
+  }
+  owned_store_ = *std::move(store);
+  store_ = owned_store_.get();
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::JoinRendezvous() {
+  if (store_ == nullptr) return absl::OkStatus();  // a static job
+  const std::string member_id =
+      options_.member_id.empty() ? absl::StrCat(HostName(), ":", getpid()) : options_.member_id;
+  const absl::Duration timeout = absl::Milliseconds(options_.rendezvous_timeout_ms);
+  member_ = std::make_unique<RendezvousMember>(store_, member_id,
+                                               absl::Milliseconds(options_.heartbeat_interval_ms));
+  if (options_.role == "rank") {
+    absl::StatusOr<Membership> m =
+        member_->JoinInitial(options_.rank, options_.world_size, timeout);
+    if (!m.ok()) return m.status();
+    membership_ = *std::move(m);
+    return absl::OkStatus();
+  }
+  // A standby parks, one bounded wait after another, until the launcher assigns it or stops it.
+  absl::StatusOr<Membership> m = member_->ParkAsStandby(timeout);
+  while (absl::IsDeadlineExceeded(m.status())) m = member_->ParkAsStandby(timeout);
+  if (!m.ok()) return m.status();
+  absl::StatusOr<RecoveryPlan> plan = member_->AgreeOnResume(*m, /*next_step=*/-1, timeout);
+  while (absl::IsAborted(
+      plan.status())) {  // another rank died meanwhile: meet in the newer generation
+    m = member_->AwaitGeneration(m->generation, timeout);
+    if (!m.ok()) return m.status();
+    plan = member_->AgreeOnResume(*m, /*next_step=*/-1, timeout);
+  }
+  if (!plan.ok()) return plan.status();
+  rank_ = m->rank;
+  generation_.store(m->generation);
+  membership_ = *std::move(m);
+  resume_step_ = plan->resume_step;
+  recovery_plan_ = *std::move(plan);
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::OpenEvents() {
+  absl::StatusOr<std::unique_ptr<EventLog>> events =
+      EventLog::Open(env_, EventLogPath(run_dir_, rank_));
+  if (!events.ok()) {
+    return WithContext(events.status(), absl::StrCat("rank ", rank_, ": opening the event file"));
+  }
+  events_ = *std::move(events);
+  Event started;
+  started.type = EventType::kRuntimeStarted;
+  started.message = absl::StrCat("trainguard ", VersionString(), " started");
+  started.attributes = {{"version", VersionString()},       {"job_id", options_.job_id},
+                        {"topology", topology_.ToString()}, {"host", HostName()},
+                        {"pid", absl::StrCat(getpid())},    {"role", options_.role}};
+  if (member_ != nullptr) started.attributes.emplace_back("member_id", member_->member_id());
+  if (recovery_plan_.has_value()) {
+    started.message =
+        absl::StrCat("standby ", member_->member_id(), " replaced rank ", rank_, " in generation ",
+                     generation(), "; resuming at step ", resume_step_);
+    started.attributes.emplace_back("replaced_rank", absl::StrCat(rank_));
+    started.attributes.emplace_back("state_source_rank",
+                                    absl::StrCat(recovery_plan_->state_source_rank));
+  }
+  if (!events_->set_aside_path().empty()) {
+    started.attributes.emplace_back("damaged_event_log_saved_to", events_->set_aside_path());
+  }
+  return EmitEvent(std::move(started));
+}
 
 Runtime::~Runtime() {
   Event stopped;
@@ -109,9 +179,12 @@ Runtime::~Runtime() {
 }
 
 absl::Status Runtime::EmitEvent(Event event) {
+  if (events_ == nullptr) {  // Create() failed before the event file was opened
+    return absl::FailedPreconditionError("the runtime has no event file");
+  }
   if (event.time == absl::InfinitePast()) event.time = clock_->Now();
   event.rank = rank();
-  event.generation = generation_;
+  event.generation = generation();
   return events_->Append(event);
 }
 
@@ -124,10 +197,18 @@ bool Runtime::TryBeginStep() {
 
 void Runtime::EndStep() { step_active_.store(false, std::memory_order_release); }
 
+void Runtime::AnnounceResumed(int64_t step) {
+  const int64_t generation = generation_.load();
+  announced_generation_ = generation;
+  if (store_ == nullptr) return;
+  // Best effort: a launcher that misses it reports no recovery time, nothing else depends on it.
+  (void)store_->Set(absl::StrCat("rdzv/gen/", generation, "/resumed/", rank_), absl::StrCat(step),
+                    absl::Milliseconds(options_.rendezvous_timeout_ms));
+}
+
 void Runtime::RecordStepFault(const StepResult& result) {
-  if (result.fault == FaultKind::kFatalDeviceError && !fatal()) {
-    fatal_reason_ = absl::StrCat("step ", result.step, ": ", result.status.message());
-    fatal_.store(true, std::memory_order_release);
+  if (result.fault == FaultKind::kFatalDeviceError) {
+    MarkFatal(absl::StrCat("step ", result.step, ": ", result.status.message()));
   }
   Event event;
   event.type = EventType::kStepFault;
@@ -139,6 +220,45 @@ void Runtime::RecordStepFault(const StepResult& result) {
   event.attributes.insert(event.attributes.end(), result.evidence.begin(), result.evidence.end());
   // A fault whose event cannot be written is still returned to the trainer in the StepResult.
   (void)EmitEvent(std::move(event));
+}
+
+absl::StatusOr<int64_t> Runtime::ReRendezvous(const StepResult& result) {
+  if (member_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat(
+        "rank ", rank(), " step ", result.step,
+        ": a communication failure needs a re-rendezvous, and this job has no store (a static "
+        "job); restart the job; last: ",
+        result.status.message()));
+  }
+  const absl::Duration timeout = absl::Milliseconds(options_.rendezvous_timeout_ms);
+  int64_t after = generation();
+  while (true) {
+    absl::StatusOr<Membership> m = member_->AwaitGeneration(after, timeout);
+    if (absl::IsFailedPrecondition(m.status())) {
+      MarkFatal(std::string(m.status().message()));
+      return m.status();
+    }
+    if (!m.ok())
+      return WithContext(m.status(), absl::StrCat("rank ", rank(), " step ", result.step));
+    absl::StatusOr<RecoveryPlan> plan = member_->AgreeOnResume(*m, result.step, timeout);
+    if (absl::IsAborted(
+            plan.status())) {  // another rank died meanwhile: meet in the newer generation
+      after = m->generation;
+      continue;
+    }
+    if (!plan.ok()) return plan.status();
+    membership_ = *std::move(m);
+    generation_.store(membership_.generation);
+    recovery_plan_ = *plan;
+    consecutive_failures_ = 0;
+    return plan->resume_step;
+  }
+}
+
+void Runtime::MarkFatal(std::string reason) {
+  if (fatal()) return;
+  fatal_reason_ = std::move(reason);
+  fatal_.store(true, std::memory_order_release);
 }
 
 absl::StatusOr<int64_t> Runtime::recover(const StepResult& result) {
@@ -168,12 +288,8 @@ absl::StatusOr<int64_t> Runtime::recover(const StepResult& result) {
           result.status.message()));
       break;
     case StepAction::kReRendezvous:
-      decision = "give_up";
-      next = absl::UnavailableError(absl::StrCat("rank ", rank(), " step ", result.step,
-                                                 ": a communication failure needs a re-rendezvous, "
-                                                 "which is not available yet; restart the "
-                                                 "job; last: ",
-                                                 result.status.message()));
+      next = ReRendezvous(result);
+      decision = next.ok() ? "re_rendezvous" : "give_up";
       break;
     case StepAction::kFatal:
       decision = "give_up";
@@ -192,6 +308,12 @@ absl::StatusOr<int64_t> Runtime::recover(const StepResult& result) {
                       {"fault", std::string(FaultKindName(result.fault))},
                       {"action", std::string(StepActionName(result.action))}};
   if (next.ok()) event.attributes.emplace_back("next_step", absl::StrCat(*next));
+  if (decision == "re_rendezvous") {
+    event.attributes.emplace_back("generation", absl::StrCat(generation()));
+    event.attributes.emplace_back("state_source_rank",
+                                  absl::StrCat(recovery_plan_->state_source_rank));
+    event.attributes.emplace_back("new_ranks", absl::StrJoin(recovery_plan_->new_ranks, ","));
+  }
   (void)EmitEvent(std::move(event));
   return next;
 }

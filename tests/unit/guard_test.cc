@@ -2,7 +2,6 @@
 #include <string>
 #include <thread>
 
-#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/runtime_fixture.h"
@@ -147,8 +146,8 @@ TEST_F(Guard, ANestedGuardIsRejectedWithoutRunningItsBody) {
 }
 
 TEST_F(Guard, AGuardOnAnotherThreadDuringAStepIsRejected) {
-  absl::Notification inside;
-  absl::Notification release;
+  Notification inside;
+  Notification release;
   std::thread trainer([&] {
     guard(*rt_, 1, [&] {
       inside.Notify();

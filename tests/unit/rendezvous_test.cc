@@ -158,6 +158,53 @@ TEST_F(Rendezvous, TwoFailuresInARowLandASlowSurvivorInTheNewestGeneration) {
               ElementsAre("host:rank0", "host:standbyA", "host:rank2", "host:standbyB"));
 }
 
+TEST_F(Rendezvous, RanksAgreeToResumeFromTheFurthestSurvivor) {
+  FormGenerationZero(4);
+  Membership g0;
+  g0.generation = 0;
+  g0.world_size = 4;
+  // Rank 2 is a replacement without state; rank 3 finished one more step than ranks 0 and 1.
+  const int64_t next_steps[] = {17, 17, -1, 18};
+  std::vector<absl::StatusOr<RecoveryPlan>> plans(4);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 4; ++r) {
+    ranks.emplace_back([&, r] {
+      Membership m = g0;
+      m.rank = r;
+      plans[r] = ranks_[r]->member.AgreeOnResume(m, next_steps[r], kTimeout);
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(plans[r].ok()) << plans[r].status();
+    EXPECT_EQ(plans[r]->resume_step, 18);
+    EXPECT_EQ(plans[r]->state_source_rank, 3);
+    EXPECT_THAT(plans[r]->new_ranks, ElementsAre(2));
+  }
+}
+
+TEST_F(Rendezvous, AnAgreementIsAbandonedWhenANewerGenerationIsPublished) {
+  FormGenerationZero(3);
+  Process standby(shared_, "host:standby0");
+  std::thread parked([&] { ASSERT_TRUE(standby.member.ParkAsStandby(kTimeout).ok()); });
+  for (absl::Time end = absl::Now() + kTimeout; absl::Now() < end;) {
+    if (!coordinator_.ParkedStandbys(kTimeout)->empty()) break;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  // Rank 0 starts agreeing in generation 0; rank 2 dies instead of taking part, and is replaced.
+  Membership g0;
+  g0.generation = 0;
+  g0.world_size = 3;
+  g0.rank = 0;
+  absl::StatusOr<RecoveryPlan> plan;
+  std::thread agreeing([&] { plan = ranks_[0]->member.AgreeOnResume(g0, 5, kTimeout); });
+  ASSERT_TRUE(coordinator_.ReplaceRank(2, kTimeout).ok());
+  agreeing.join();
+  parked.join();
+  EXPECT_TRUE(absl::IsAborted(plan.status())) << plan.status();
+  EXPECT_THAT(std::string(plan.status().message()), HasSubstr("generation 0 was superseded"));
+}
+
 TEST_F(Rendezvous, ReplacingWithoutAParkedStandbyFailsNamingTheRank) {
   FormGenerationZero(2);
   absl::StatusOr<Membership> next = coordinator_.ReplaceRank(1, kTimeout);

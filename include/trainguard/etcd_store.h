@@ -1,0 +1,122 @@
+// EtcdStore: the Store interface (store.h) on an etcd v3 cluster, for jobs that already run etcd or
+// that want the store to outlive any one host. It speaks etcd's v3 JSON gateway (HTTP/1.1, part of
+// every etcd v3 server) with libcurl; docs/ETCD.md says why and how each operation maps onto etcd.
+//
+// Every key of a job lives under "/trainguard/<job_id>/kv/", and the job's fence under
+// "/trainguard/<job_id>/fence", so several jobs can share one etcd without seeing each other's keys
+// or fences. Compare-and-set and fencing are etcd transactions; Wait is an etcd watch; leases
+// (GrantLease, SetWithLease) give keys that disappear when their owner stops renewing them.
+//
+// Errors: Unavailable names the endpoint(s) when etcd cannot be reached; an error etcd reports
+// carries etcd's own code and message, with the endpoint and the HTTP path; every error names the
+// operation, its store key (or lease) and the job.
+//
+// Thread safety: thread-safe. One EtcdStore may be used from several threads at once; each call
+// uses its own HTTP connection from a small pool. No background threads: a lease is kept alive
+// only by calls to KeepAliveOnce.
+#ifndef TRAINGUARD_ETCD_STORE_H_
+#define TRAINGUARD_ETCD_STORE_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "trainguard/store.h"
+
+namespace trainguard {
+
+namespace etcd_internal {
+class EtcdGatewayClient;
+}  // namespace etcd_internal
+
+struct EtcdStoreOptions {
+  // Client URLs of the etcd members, e.g. "http://127.0.0.1:2379". A call goes to the endpoint
+  // that last worked and moves on to the next only when one refuses the connection.
+  std::vector<std::string> endpoints;
+  // Names the job's namespace in etcd: non-empty, no '/'.
+  std::string job_id;
+  // Bounds Connect's round trip to etcd.
+  absl::Duration connect_timeout = absl::Seconds(10);
+  // The largest reply (or watch frame) accepted from etcd. Replies are base64 JSON, about 4/3 of
+  // the values they carry.
+  size_t max_response_bytes = size_t{64} << 20;
+};
+
+// A granted etcd lease.
+struct EtcdLease {
+  int64_t id = 0;
+  absl::Duration ttl;  // as etcd granted it (whole seconds, at least etcd's minimum)
+};
+
+class EtcdStore final : public Store {
+ public:
+  // Checks the options and that an endpoint answers (Unavailable naming each endpoint if none
+  // does; InvalidArgument for a bad job id or endpoint).
+  static absl::StatusOr<std::unique_ptr<EtcdStore>> Connect(const EtcdStoreOptions& options);
+  ~EtcdStore() override;
+
+  EtcdStore(const EtcdStore&) = delete;
+  EtcdStore& operator=(const EtcdStore&) = delete;
+
+  absl::Status Set(std::string_view key, std::string_view value, absl::Duration timeout) override;
+  absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override;
+  absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta, absl::Duration timeout) override;
+  absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
+                                                    const std::optional<std::string>& expected,
+                                                    std::string_view desired,
+                                                    absl::Duration timeout) override;
+  absl::StatusOr<bool> Delete(std::string_view key, absl::Duration timeout) override;
+  absl::StatusOr<std::vector<std::optional<std::string>>> MultiGet(
+      const std::vector<std::string>& keys, absl::Duration timeout) override;
+  absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
+                                                    absl::Duration timeout) override;
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
+  absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override;
+  // REQUIRES: generation >= 0 or kUnfenced. A write carrying another negative generation fails
+  // with InvalidArgument.
+  void SetWriterGeneration(int64_t generation) override;
+
+  // Leases: liveness for keys such as "rank 3 is alive". A lease expires `ttl` (rounded up to whole
+  // seconds) after it was granted or last kept alive, and etcd then deletes every key set with it.
+  absl::StatusOr<EtcdLease> GrantLease(absl::Duration ttl, absl::Duration timeout);
+  // Renews the lease once and returns its new TTL. NotFound when it has expired or was revoked.
+  absl::StatusOr<absl::Duration> KeepAliveOnce(int64_t lease_id, absl::Duration timeout);
+  // Ends the lease now, deleting its keys. NotFound when it has already expired or been revoked.
+  absl::Status RevokeLease(int64_t lease_id, absl::Duration timeout);
+  // Set, with the key attached to the lease (and fenced like every write). NotFound when the lease
+  // has expired or was revoked.
+  absl::Status SetWithLease(std::string_view key, std::string_view value, int64_t lease_id,
+                            absl::Duration timeout);
+
+  const std::string& job_id() const { return job_id_; }
+
+ private:
+  EtcdStore(std::unique_ptr<etcd_internal::EtcdGatewayClient> client, std::string job_id);
+
+  std::string EtcdKey(std::string_view key) const;
+  // Set (lease_id 0) or SetWithLease.
+  absl::Status Put(std::string_view key, std::string_view value, int64_t lease_id,
+                   absl::Duration timeout);
+  // `status` of `what` (e.g. "Set of store key a/b"), with the job and, for a deadline, the
+  // timeout added.
+  absl::Status Annotate(const absl::Status& status, std::string_view what,
+                        absl::Duration timeout) const;
+
+  const std::unique_ptr<etcd_internal::EtcdGatewayClient> client_;
+  const std::string job_id_;
+  const std::string key_prefix_;  // "/trainguard/<job_id>/kv/"
+  const std::string fence_key_;   // "/trainguard/<job_id>/fence"
+  std::atomic<int64_t> generation_{kUnfenced};
+};
+
+}  // namespace trainguard
+
+#endif  // TRAINGUARD_ETCD_STORE_H_

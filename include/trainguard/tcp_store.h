@@ -1,0 +1,174 @@
+// TcpStore: trainguard's embedded default Store. A TcpStoreServer holds the keys of one or more
+// jobs in memory and serves them on one event-loop thread (epoll, non-blocking sockets); a
+// TcpStore is a client of it over TCP.
+//
+// A client proves that it knows its job's token by a challenge-response (HMAC-SHA256 over random
+// nonces of both sides and the job id), and the server proves the same to the client, so the token
+// never crosses the network. Values are NOT encrypted: run the server on a trusted network (see
+// docs/STORE.md for the wire protocol and the security model). Every key a client uses lives in
+// its job's namespace: clients of job A never see the keys, nor the fence, of job B.
+//
+// The server never blocks on one client: a frame that is malformed, larger than the limit,
+// unauthenticated or not understood gets an error response (where one can be sent) and the
+// connection is closed; a client that does not read its responses is disconnected once its
+// pending output exceeds a bound; a client that does not authenticate within auth_timeout is
+// dropped. Wait parks the request on the server, which answers when every key exists or when the
+// wait's deadline passes.
+//
+// The client reconnects by itself: when the connection breaks, a call reconnects with bounded
+// exponential backoff within its own timeout and retries the operation if it is idempotent (every
+// operation except Add and CompareAndSet) or if the request had not been sent yet. An Add or
+// CompareAndSet that was sent and then lost its connection fails with Unavailable "... outcome
+// unknown": the caller decides (e.g. by reading the key). A Delete retried that way may report
+// false for a key its first attempt deleted.
+//
+// Thread safety: TcpStore is thread-safe (calls on one client are serialized: one request is in
+// flight per connection; use several clients for parallelism). TcpStoreServer's methods may be
+// called from any thread.
+#ifndef TRAINGUARD_TCP_STORE_H_
+#define TRAINGUARD_TCP_STORE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "trainguard/store.h"
+
+namespace trainguard {
+
+struct TcpStoreServerOptions {
+  // The address to listen on: a numeric IPv4 or IPv6 address ("0.0.0.0" for every interface).
+  std::string host = "127.0.0.1";
+  // 0 picks a free ephemeral port; TcpStoreServer::port() says which.
+  int port = 0;
+  // The token clients of any job not listed in `job_tokens` must prove. Empty: only the jobs in
+  // `job_tokens` are served. At least one token must be given.
+  std::string job_token;
+  // Per-job tokens (job id -> token), to keep the jobs sharing one server apart.
+  std::map<std::string, std::string> job_tokens;
+  // The largest frame (length prefix excluded) accepted or sent. A larger frame closes the
+  // connection with an error before any of it is buffered.
+  uint32_t max_frame_bytes = 64u << 20;
+  // A connection that has not authenticated after this long is closed.
+  absl::Duration auth_timeout = absl::Seconds(10);
+  // A client whose unsent responses exceed this many bytes is disconnected. Must be at least
+  // max_frame_bytes + 4, so that any one response fits.
+  size_t max_pending_write_bytes = size_t{128} << 20;
+  // Connections beyond this many are closed as soon as they are accepted.
+  int max_connections = 16384;
+  // The listen(2) backlog (the kernel caps it at net.core.somaxconn).
+  int listen_backlog = 4096;
+};
+
+// Counters of a running server, for tests and operations. A snapshot; the fields are not
+// updated together.
+struct TcpStoreServerStats {
+  int64_t connections_accepted = 0;
+  int64_t connections_open = 0;
+  int64_t authentication_failures = 0;
+  // Connections closed for a malformed, oversized, unauthenticated or unknown message, for not
+  // reading their responses, or for not authenticating in time.
+  int64_t protocol_errors = 0;
+  // Connections closed at once because max_connections were open or file descriptors ran out.
+  int64_t connections_refused = 0;
+  int64_t requests_served = 0;
+  // Waits parked now, waiting for their keys.
+  int64_t waits_parked = 0;
+  // The latest of the errors counted above, naming the peer (and its job once known).
+  std::string last_error;
+};
+
+// The server: owns a listening socket and the event-loop thread. Not copyable or movable.
+class TcpStoreServer {
+ public:
+  // Binds, listens and starts the event-loop thread. InvalidArgument for bad options (naming the
+  // option), Unavailable when the address cannot be bound (naming it).
+  static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(
+      const TcpStoreServerOptions& options);
+
+  // Stops the event loop, joins its thread and closes every connection. Parked waits are not
+  // answered; their clients see the connection close.
+  ~TcpStoreServer();
+
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+
+  // The port the server listens on (the chosen one when options.port was 0).
+  int port() const;
+  // "host:port".
+  std::string address() const;
+  TcpStoreServerStats stats() const;
+
+ private:
+  class EventLoop;
+  explicit TcpStoreServer(std::unique_ptr<EventLoop> loop);
+
+  std::unique_ptr<EventLoop> loop_;
+};
+
+struct TcpStoreOptions {
+  // The server's address: a host name or a numeric address.
+  std::string host = "127.0.0.1";
+  int port = 0;
+  // The job whose namespace this client reads and writes. Printable ASCII, 1 to 256 characters.
+  std::string job_id;
+  std::string job_token;
+  // How long Connect may take to connect and authenticate.
+  absl::Duration connect_timeout = absl::Seconds(30);
+  // Reconnection backoff: starts at the first, doubles, never exceeds the second; always bounded
+  // by the calling operation's timeout.
+  absl::Duration reconnect_backoff_initial = absl::Milliseconds(10);
+  absl::Duration reconnect_backoff_max = absl::Seconds(1);
+  // The largest response frame this client accepts.
+  uint32_t max_frame_bytes = 64u << 20;
+};
+
+class TcpStore final : public Store {
+ public:
+  // Connects and authenticates within options.connect_timeout. Unavailable (naming host:port)
+  // when the server cannot be reached; Unauthenticated or PermissionDenied (naming the job) when
+  // the tokens disagree or the server does not serve the job; InvalidArgument for bad options.
+  static absl::StatusOr<std::unique_ptr<TcpStore>> Connect(const TcpStoreOptions& options);
+
+  ~TcpStore() override;
+
+  TcpStore(const TcpStore&) = delete;
+  TcpStore& operator=(const TcpStore&) = delete;
+
+  absl::Status Set(std::string_view key, std::string_view value, absl::Duration timeout) override;
+  absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override;
+  absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta, absl::Duration timeout) override;
+  absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
+                                                    const std::optional<std::string>& expected,
+                                                    std::string_view desired,
+                                                    absl::Duration timeout) override;
+  absl::StatusOr<bool> Delete(std::string_view key, absl::Duration timeout) override;
+  absl::StatusOr<std::vector<std::optional<std::string>>> MultiGet(
+      const std::vector<std::string>& keys, absl::Duration timeout) override;
+  absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
+                                                    absl::Duration timeout) override;
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
+  absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override;
+  void SetWriterGeneration(int64_t generation) override;
+
+  // "host:port" of the server.
+  std::string address() const;
+
+ private:
+  class Connection;
+  explicit TcpStore(std::unique_ptr<Connection> connection);
+
+  std::unique_ptr<Connection> connection_;
+};
+
+}  // namespace trainguard
+
+#endif  // TRAINGUARD_TCP_STORE_H_

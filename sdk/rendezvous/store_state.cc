@@ -1,0 +1,323 @@
+#include "sdk/rendezvous/store_state.h"
+
+#include <algorithm>
+#include <string_view>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "sdk/rendezvous/store_frame.h"
+
+namespace trainguard {
+namespace {
+
+absl::Status CheckKey(const std::string& key, std::string_view op) {
+  if (key.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("store key must not be empty (in a %s request)", op));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckKeys(const google::protobuf::RepeatedPtrField<std::string>& keys,
+                       std::string_view op) {
+  for (const std::string& key : keys) {
+    if (absl::Status s = CheckKey(key, op); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateStoreRequest(const proto::StoreRequest& request) {
+  if (request.request_id() == 0) {
+    return absl::InvalidArgumentError("store request has request id 0 (reserved)");
+  }
+  switch (request.op_case()) {
+    case proto::StoreRequest::kSet:
+      return CheckKey(request.set().key(), "Set");
+    case proto::StoreRequest::kGet:
+      return CheckKey(request.get().key(), "Get");
+    case proto::StoreRequest::kAdd:
+      return CheckKey(request.add().key(), "Add");
+    case proto::StoreRequest::kCompareAndSet:
+      return CheckKey(request.compare_and_set().key(), "CompareAndSet");
+    case proto::StoreRequest::kDeleteKey:
+      return CheckKey(request.delete_key().key(), "Delete");
+    case proto::StoreRequest::kMultiGet:
+      return CheckKeys(request.multi_get().keys(), "MultiGet");
+    case proto::StoreRequest::kWait:
+      return CheckKeys(request.wait().keys(), "Wait");
+    case proto::StoreRequest::kListKeys:
+    case proto::StoreRequest::kRaiseFence:
+      return absl::OkStatus();
+    case proto::StoreRequest::OP_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrFormat("store request %d has no operation this server knows (protocol version %d)",
+                      request.request_id(), store_wire::kProtocolVersion));
+}
+
+proto::StoreResponse StatusResponse(uint64_t request_id, const absl::Status& status) {
+  proto::StoreResponse response;
+  response.set_request_id(request_id);
+  response.set_code(static_cast<int32_t>(status.code()));
+  response.set_message(std::string(status.message()));
+  return response;
+}
+
+absl::Status StoreState::CheckFence(const Job& job, int64_t writer) const {
+  if (writer == -1 || writer >= job.fence) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("stale generation ", writer, " < fence ", job.fence, ": write rejected"));
+}
+
+std::optional<proto::StoreResponse> StoreState::Execute(uint64_t session_id, const std::string& job,
+                                                        const proto::StoreRequest& request,
+                                                        absl::Time now) {
+  Job& state = jobs_[job];
+  bool parked = false;
+  proto::StoreResponse response = Apply(session_id, state, request, now, &parked);
+  if (parked) return std::nullopt;
+  response.set_request_id(request.request_id());
+  if (response.ByteSizeLong() > max_response_bytes_) {
+    return StatusResponse(
+        request.request_id(),
+        absl::ResourceExhaustedError(absl::StrFormat(
+            "the response of %d bytes to store request %d exceeds the frame limit of %d bytes",
+            response.ByteSizeLong(), request.request_id(), max_response_bytes_)));
+  }
+  return response;
+}
+
+proto::StoreResponse StoreState::Apply(uint64_t session_id, Job& job,
+                                       const proto::StoreRequest& request, absl::Time now,
+                                       bool* parked) {
+  const uint64_t id = request.request_id();
+  const int64_t writer = request.writer_generation();
+  switch (request.op_case()) {
+    case proto::StoreRequest::kSet: {
+      if (absl::Status s = CheckFence(job, writer); !s.ok()) return StatusResponse(id, s);
+      job.data.insert_or_assign(request.set().key(), request.set().value());
+      KeyWritten(job, request.set().key());
+      return StatusResponse(id, absl::OkStatus());
+    }
+    case proto::StoreRequest::kGet: {
+      auto it = job.data.find(request.get().key());
+      if (it == job.data.end()) {
+        return StatusResponse(id, absl::NotFoundError(absl::StrFormat("store key %s not found",
+                                                                      request.get().key())));
+      }
+      proto::StoreResponse response = StatusResponse(id, absl::OkStatus());
+      response.set_value(it->second);
+      return response;
+    }
+    case proto::StoreRequest::kAdd: {
+      if (absl::Status s = CheckFence(job, writer); !s.ok()) return StatusResponse(id, s);
+      const std::string& key = request.add().key();
+      auto it = job.data.find(key);
+      int64_t current = 0;
+      if (it != job.data.end() && !it->second.empty() && !absl::SimpleAtoi(it->second, &current)) {
+        return StatusResponse(
+            id, absl::FailedPreconditionError(absl::StrFormat(
+                    "store key %s holds a non-integer value; Add needs a decimal int64", key)));
+      }
+      int64_t sum = 0;
+      if (__builtin_add_overflow(current, request.add().delta(), &sum)) {
+        return StatusResponse(id, absl::OutOfRangeError(absl::StrFormat(
+                                      "Add(%s, %d) overflows int64 (the key holds %d)", key,
+                                      request.add().delta(), current)));
+      }
+      job.data.insert_or_assign(key, absl::StrCat(sum));
+      KeyWritten(job, key);
+      proto::StoreResponse response = StatusResponse(id, absl::OkStatus());
+      response.set_number(sum);
+      return response;
+    }
+    case proto::StoreRequest::kCompareAndSet: {
+      if (absl::Status s = CheckFence(job, writer); !s.ok()) return StatusResponse(id, s);
+      const proto::CompareAndSetOp& op = request.compare_and_set();
+      auto it = job.data.find(op.key());
+      const bool matches = op.expected_present()
+                               ? (it != job.data.end() && it->second == op.expected())
+                               : it == job.data.end();
+      proto::StoreResponse response = StatusResponse(id, absl::OkStatus());
+      response.set_flag(matches);
+      proto::OptionalValue* current = response.add_values();
+      if (matches) {
+        job.data.insert_or_assign(op.key(), op.desired());
+        KeyWritten(job, op.key());
+        current->set_present(true);
+        current->set_value(op.desired());
+      } else if (it != job.data.end()) {
+        current->set_present(true);
+        current->set_value(it->second);
+      }
+      return response;
+    }
+    case proto::StoreRequest::kDeleteKey: {
+      if (absl::Status s = CheckFence(job, writer); !s.ok()) return StatusResponse(id, s);
+      proto::StoreResponse response = StatusResponse(id, absl::OkStatus());
+      response.set_flag(job.data.erase(request.delete_key().key()) > 0);
+      return response;
+    }
+    case proto::StoreRequest::kMultiGet: {
+      proto::StoreResponse response = StatusResponse(id, absl::OkStatus());
+      for (const std::string& key : request.multi_get().keys()) {
+        proto::OptionalValue* value = response.add_values();
+        auto it = job.data.find(key);
+        if (it != job.data.end()) {
+          value->set_present(true);
+          value->set_value(it->second);
+        }
+      }
+      return response;
+    }
+    case proto::StoreRequest::kListKeys: {
+      const std::string& prefix = request.list_keys().prefix();
+      proto::StoreResponse response = StatusResponse(id, absl::OkStatus());
+      for (auto it = job.data.lower_bound(prefix);
+           it != job.data.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
+        response.add_keys(it->first);
+      }
+      return response;
+    }
+    case proto::StoreRequest::kWait: {
+      const proto::WaitOp& op = request.wait();
+      std::vector<std::string> keys(op.keys().begin(), op.keys().end());
+      const std::string* missing = FirstMissing(job, keys);
+      if (missing == nullptr) return StatusResponse(id, absl::OkStatus());
+      if (op.timeout_ms() <= 0) {
+        std::vector<std::string> absent;
+        for (const std::string& key : keys) {
+          if (!job.data.contains(key)) absent.push_back(key);
+        }
+        return StatusResponse(
+            id, absl::DeadlineExceededError(absl::StrCat("waited 0 for store keys; still missing: ",
+                                                         absl::StrJoin(absent, ", "))));
+      }
+      auto of_session = waiters_of_session_.find(session_id);
+      if (of_session != waiters_of_session_.end() &&
+          of_session->second.size() >= kMaxParkedWaitsPerSession) {
+        return StatusResponse(
+            id, absl::ResourceExhaustedError(absl::StrFormat(
+                    "this connection already has %d Waits parked on the store server (the limit)",
+                    of_session->second.size())));
+      }
+      Park(session_id, job, request, *missing, now);
+      *parked = true;
+      return proto::StoreResponse();
+    }
+    case proto::StoreRequest::kRaiseFence:
+      job.fence = std::max(job.fence, request.raise_fence().generation());
+      return StatusResponse(id, absl::OkStatus());
+    case proto::StoreRequest::OP_NOT_SET:
+      break;
+  }
+  return StatusResponse(id, ValidateStoreRequest(request));
+}
+
+const std::string* StoreState::FirstMissing(const Job& job, const std::vector<std::string>& keys) {
+  for (const std::string& key : keys) {
+    if (!job.data.contains(key)) return &key;
+  }
+  return nullptr;
+}
+
+void StoreState::Park(uint64_t session_id, Job& job, const proto::StoreRequest& request,
+                      const std::string& missing, absl::Time now) {
+  const uint64_t waiter_id = next_waiter_id_++;
+  // Clamped so that the deadline arithmetic cannot overflow (about 292 years).
+  const absl::Duration timeout =
+      absl::Milliseconds(std::min<int64_t>(request.wait().timeout_ms(), int64_t{1} << 53));
+  Waiter waiter{
+      .session_id = session_id,
+      .request_id = request.request_id(),
+      .job = &job,
+      .keys = std::vector<std::string>(request.wait().keys().begin(), request.wait().keys().end()),
+      .timeout = timeout,
+      .deadline = now + timeout,
+      .index = job.waiting_on.emplace(missing, waiter_id),
+  };
+  deadlines_.emplace(waiter.deadline, waiter_id);
+  waiters_of_session_[session_id].push_back(waiter_id);
+  waiters_.emplace(waiter_id, std::move(waiter));
+}
+
+void StoreState::KeyWritten(Job& job, const std::string& key) {
+  auto [begin, end] = job.waiting_on.equal_range(key);
+  if (begin == end) return;
+  std::vector<uint64_t> ids;
+  for (auto it = begin; it != end; ++it) ids.push_back(it->second);
+  job.waiting_on.erase(begin, end);
+  for (uint64_t waiter_id : ids) {
+    Waiter& waiter = waiters_.at(waiter_id);
+    if (const std::string* missing = FirstMissing(job, waiter.keys); missing != nullptr) {
+      waiter.index = job.waiting_on.emplace(*missing, waiter_id);
+    } else {
+      waiter.index = job.waiting_on.end();
+      Finish(waiter_id, StatusResponse(waiter.request_id, absl::OkStatus()));
+    }
+  }
+}
+
+void StoreState::Finish(uint64_t waiter_id, proto::StoreResponse response) {
+  auto it = waiters_.find(waiter_id);
+  if (it == waiters_.end()) return;
+  Waiter& waiter = it->second;
+  if (waiter.index != waiter.job->waiting_on.end()) waiter.job->waiting_on.erase(waiter.index);
+  deadlines_.erase({waiter.deadline, waiter_id});
+  auto of_session = waiters_of_session_.find(waiter.session_id);
+  if (of_session != waiters_of_session_.end()) {
+    std::erase(of_session->second, waiter_id);
+    if (of_session->second.empty()) waiters_of_session_.erase(of_session);
+  }
+  completions_.push_back(Completion{waiter.session_id, std::move(response)});
+  waiters_.erase(it);
+}
+
+void StoreState::ExpireWaits(absl::Time now) {
+  while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
+    const uint64_t waiter_id = deadlines_.begin()->second;
+    const Waiter& waiter = waiters_.at(waiter_id);
+    std::vector<std::string> absent;
+    for (const std::string& key : waiter.keys) {
+      if (!waiter.job->data.contains(key)) absent.push_back(key);
+    }
+    Finish(waiter_id,
+           StatusResponse(waiter.request_id,
+                          absl::DeadlineExceededError(absl::StrCat(
+                              "waited ", absl::FormatDuration(waiter.timeout),
+                              " for store keys; still missing: ", absl::StrJoin(absent, ", ")))));
+  }
+}
+
+std::vector<StoreState::Completion> StoreState::TakeCompletions() {
+  std::vector<Completion> taken;
+  taken.swap(completions_);
+  return taken;
+}
+
+std::optional<absl::Time> StoreState::NextWaitDeadline() const {
+  if (deadlines_.empty()) return std::nullopt;
+  return deadlines_.begin()->first;
+}
+
+void StoreState::CancelWaits(uint64_t session_id) {
+  auto of_session = waiters_of_session_.find(session_id);
+  if (of_session == waiters_of_session_.end()) return;
+  const std::vector<uint64_t> ids = std::move(of_session->second);
+  waiters_of_session_.erase(of_session);
+  for (uint64_t waiter_id : ids) {
+    auto it = waiters_.find(waiter_id);
+    if (it == waiters_.end()) continue;
+    Waiter& waiter = it->second;
+    if (waiter.index != waiter.job->waiting_on.end()) waiter.job->waiting_on.erase(waiter.index);
+    deadlines_.erase({waiter.deadline, waiter_id});
+    waiters_.erase(it);
+  }
+}
+
+}  // namespace trainguard

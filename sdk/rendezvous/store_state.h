@@ -1,0 +1,113 @@
+// StoreState: what a TcpStoreServer serves: the keys and the fence of every job, and the Waits
+// parked on them. It executes requests that passed ValidateStoreRequest and answers parked Waits
+// when their keys appear or their deadlines pass. It knows nothing of sockets, so the fuzzer and
+// the event loop drive it alike.
+//
+// Times are monotonic (any fixed origin), given by the caller.
+//
+// Thread safety: none; one thread (the server's event loop) owns it.
+#ifndef TRAINGUARD_SDK_RENDEZVOUS_STORE_STATE_H_
+#define TRAINGUARD_SDK_RENDEZVOUS_STORE_STATE_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "sdk/proto/store.pb.h"
+
+namespace trainguard {
+
+// InvalidArgument naming the problem when `request` is malformed: no known operation, a zero
+// request id, or an empty key. The server answers it and closes the connection.
+absl::Status ValidateStoreRequest(const proto::StoreRequest& request);
+
+// The response frame for a status (no payload).
+proto::StoreResponse StatusResponse(uint64_t request_id, const absl::Status& status);
+
+class StoreState {
+ public:
+  // A parked Wait that has been answered (its keys exist, or its deadline passed).
+  struct Completion {
+    uint64_t session_id;
+    proto::StoreResponse response;
+  };
+
+  // At most this many Waits of one session are parked at once; more get ResourceExhausted.
+  static constexpr size_t kMaxParkedWaitsPerSession = 16;
+
+  // `max_response_bytes`: a response larger than this (e.g. a MultiGet of many large values)
+  // becomes a ResourceExhausted error instead.
+  explicit StoreState(uint32_t max_response_bytes) : max_response_bytes_(max_response_bytes) {}
+
+  StoreState(const StoreState&) = delete;
+  StoreState& operator=(const StoreState&) = delete;
+
+  // Executes `request` of `session_id`, authenticated as `job`. Returns the response, or nullopt
+  // when the request is a Wait that is now parked (its answer comes from TakeCompletions).
+  // REQUIRES: ValidateStoreRequest(request).ok().
+  std::optional<proto::StoreResponse> Execute(uint64_t session_id, const std::string& job,
+                                              const proto::StoreRequest& request, absl::Time now);
+
+  // Answers, with DeadlineExceeded, every parked Wait whose deadline is at or before `now`.
+  void ExpireWaits(absl::Time now);
+
+  // The answers produced since the last call, in order.
+  std::vector<Completion> TakeCompletions();
+
+  // The earliest deadline of a parked Wait.
+  std::optional<absl::Time> NextWaitDeadline() const;
+
+  // Forgets every Wait of a session whose connection closed.
+  void CancelWaits(uint64_t session_id);
+
+  size_t parked_waits() const { return waiters_.size(); }
+
+ private:
+  struct Job {
+    std::map<std::string, std::string, std::less<>> data;
+    int64_t fence = -1;  // Store::kUnfenced
+    // A parked Wait is indexed under one key it still misses; when that key is written the Wait is
+    // checked again and re-indexed under the next missing key, if any.
+    std::multimap<std::string, uint64_t, std::less<>> waiting_on;
+  };
+  struct Waiter {
+    uint64_t session_id;
+    uint64_t request_id;
+    Job* job;
+    std::vector<std::string> keys;
+    absl::Duration timeout;
+    absl::Time deadline;
+    std::multimap<std::string, uint64_t, std::less<>>::iterator index;
+  };
+
+  absl::Status CheckFence(const Job& job, int64_t writer) const;
+  proto::StoreResponse Apply(uint64_t session_id, Job& job, const proto::StoreRequest& request,
+                             absl::Time now, bool* parked);
+  // Re-checks the Waits indexed under `key` after it was written.
+  void KeyWritten(Job& job, const std::string& key);
+  // The first key of `keys` that `job` lacks.
+  static const std::string* FirstMissing(const Job& job, const std::vector<std::string>& keys);
+  void Park(uint64_t session_id, Job& job, const proto::StoreRequest& request,
+            const std::string& missing, absl::Time now);
+  void Finish(uint64_t waiter_id, proto::StoreResponse response);
+
+  const uint32_t max_response_bytes_;
+  // std::map: a Job's address is stable (waiters point at it).
+  std::map<std::string, Job, std::less<>> jobs_;
+  std::map<uint64_t, Waiter> waiters_;
+  std::set<std::pair<absl::Time, uint64_t>> deadlines_;
+  absl::flat_hash_map<uint64_t, std::vector<uint64_t>> waiters_of_session_;
+  std::vector<Completion> completions_;
+  uint64_t next_waiter_id_ = 1;
+};
+
+}  // namespace trainguard
+
+#endif  // TRAINGUARD_SDK_RENDEZVOUS_STORE_STATE_H_

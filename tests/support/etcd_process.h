@@ -1,0 +1,219 @@
+// EtcdProcess: a real etcd server (/usr/bin/etcd, Debian package etcd-server) for tests and
+// benchmarks, listening on free loopback ports with its data in a fresh temporary directory.
+//
+// Start() forks and execs etcd and waits (bounded) until it serves; the destructor stops it
+// (SIGTERM, then SIGKILL), reaps it and removes the directory. The faults a test injects: Kill()
+// (SIGKILL, as a crash would be), then Restart() on the same data and ports; Pause() (SIGSTOP, a
+// hung server), then Resume(). etcd also gets SIGKILL if the process that started it dies, so a
+// crashed test leaves no server.
+//
+// Not thread-safe: one thread drives an EtcdProcess (others may talk to the server).
+#ifndef TRAINGUARD_TESTS_SUPPORT_ETCD_PROCESS_H_
+#define TRAINGUARD_TESTS_SUPPORT_ETCD_PROCESS_H_
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "tests/support/temp_dir.h"
+#include "trainguard/etcd_store.h"
+
+namespace trainguard::testing {
+
+inline constexpr char kEtcdBinary[] = "/usr/bin/etcd";
+
+class EtcdProcess {
+ public:
+  // How long Start() and Restart() wait for etcd to serve.
+  static constexpr absl::Duration kStartTimeout = absl::Seconds(20);
+
+  static absl::StatusOr<std::unique_ptr<EtcdProcess>> Start() {
+    if (access(kEtcdBinary, X_OK) != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(kEtcdBinary, " is missing (", std::strerror(errno),
+                       "); EtcdStore's tests need a real etcd: run scripts/setup.sh, which "
+                       "installs the Debian package etcd-server"));
+    }
+    std::unique_ptr<EtcdProcess> etcd(new EtcdProcess());
+    absl::StatusOr<int> client_port = FreeLoopbackPort();
+    if (!client_port.ok()) return client_port.status();
+    absl::StatusOr<int> peer_port = FreeLoopbackPort();
+    if (!peer_port.ok()) return peer_port.status();
+    etcd->client_port_ = *client_port;
+    etcd->peer_port_ = *peer_port;
+    if (absl::Status s = etcd->Launch(); !s.ok()) return s;
+    return etcd;
+  }
+
+  ~EtcdProcess() { Stop(); }
+  EtcdProcess(const EtcdProcess&) = delete;
+  EtcdProcess& operator=(const EtcdProcess&) = delete;
+
+  // "http://127.0.0.1:<port>"
+  std::string endpoint() const { return absl::StrCat("http://127.0.0.1:", client_port_); }
+
+  // The crash: SIGKILL, reaped; the data directory stays.
+  void Kill() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+  // The hang: SIGSTOP. etcd keeps its sockets open and answers nothing until Resume().
+  void Pause() {
+    if (pid_ > 0) kill(pid_, SIGSTOP);
+  }
+  void Resume() {
+    if (pid_ > 0) kill(pid_, SIGCONT);
+  }
+
+  // Starts etcd again on the same data directory and ports, and waits until it serves.
+  absl::Status Restart() {
+    Kill();
+    return Launch();
+  }
+
+  // The end of etcd's log, for failure messages.
+  std::string LogTail() const {
+    std::ifstream in(dir_.File("etcd.log"));
+    std::stringstream text;
+    text << in.rdbuf();
+    const std::string all = text.str();
+    return all.size() <= 4000 ? all : all.substr(all.size() - 4000);
+  }
+
+  // A loopback TCP port that is free now (the kernel's choice for a bind to port 0).
+  static absl::StatusOr<int> FreeLoopbackPort() {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof(address);
+    if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+      const std::string error = std::strerror(errno);
+      close(fd);
+      return absl::InternalError(absl::StrCat("binding a free loopback port: ", error));
+    }
+    close(fd);
+    return ntohs(address.sin_port);
+  }
+
+ private:
+  EtcdProcess() = default;
+
+  absl::Status Launch() {
+    const std::string name = absl::StrCat("tg-test-", getpid(), "-", client_port_);
+    const std::string client_url = endpoint();
+    const std::string peer_url = absl::StrCat("http://127.0.0.1:", peer_port_);
+    // clang-format off
+    std::vector<std::string> args = {
+        kEtcdBinary,
+        "--name", name,
+        "--data-dir", dir_.File("data"),
+        "--listen-client-urls", client_url,
+        "--advertise-client-urls", client_url,
+        "--listen-peer-urls", peer_url,
+        "--initial-advertise-peer-urls", peer_url,
+        "--initial-cluster", absl::StrCat(name, "=", peer_url),
+        "--initial-cluster-token", name,
+        "--logger", "zap",
+        "--log-level", "warn",
+        "--log-outputs", "stderr",
+    };
+    // clang-format on
+    std::vector<char*> argv;
+    for (std::string& arg : args) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+    const int log =
+        open(dir_.File("etcd.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (log < 0) return absl::InternalError(absl::StrCat("open etcd.log: ", std::strerror(errno)));
+    const pid_t parent = getpid();
+
+    const pid_t pid = fork();
+    if (pid < 0) {
+      close(log);
+      return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+    }
+    if (pid == 0) {  // only async-signal-safe calls from here to exec
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(127);
+      dup2(log, STDOUT_FILENO);
+      dup2(log, STDERR_FILENO);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    close(log);
+    pid_ = pid;
+    return WaitUntilServing();
+  }
+
+  // Polls with a real client until etcd answers, etcd exits, or kStartTimeout passes.
+  absl::Status WaitUntilServing() {
+    const absl::Time deadline = absl::Now() + kStartTimeout;
+    EtcdStoreOptions options;
+    options.endpoints = {endpoint()};
+    options.job_id = "etcd-process-probe";
+    options.connect_timeout = absl::Milliseconds(500);
+    absl::Status last;
+    while (absl::Now() < deadline) {
+      int wait_status = 0;
+      if (waitpid(pid_, &wait_status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return absl::InternalError(absl::StrCat("etcd exited before serving (status ", wait_status,
+                                                "); its log:\n", LogTail()));
+      }
+      absl::StatusOr<std::unique_ptr<EtcdStore>> probe = EtcdStore::Connect(options);
+      if (probe.ok()) return absl::OkStatus();
+      last = probe.status();
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        "etcd did not serve at ", endpoint(), " within ", absl::FormatDuration(kStartTimeout), ": ",
+        last.ToString(), "; its log:\n", LogTail()));
+  }
+
+  void Stop() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGCONT);
+    kill(pid_, SIGTERM);
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    while (absl::Now() < deadline) {
+      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
+        pid_ = -1;
+        return;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    Kill();
+  }
+
+  TempDir dir_;
+  int client_port_ = 0;
+  int peer_port_ = 0;
+  pid_t pid_ = -1;
+};
+
+}  // namespace trainguard::testing
+
+#endif  // TRAINGUARD_TESTS_SUPPORT_ETCD_PROCESS_H_
