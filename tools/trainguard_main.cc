@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "tools/launcher.h"
 #include "trainguard/sdk.h"
 
 namespace {
@@ -25,7 +26,8 @@ constexpr int kExitUsage = 2;
 int Usage() {
   std::fprintf(stderr,
                "usage: trainguard version\n"
-               "       trainguard events [--json] FILE|RUN_DIR...\n");
+               "       trainguard events [--json] FILE|RUN_DIR...\n"
+               "       trainguard run --nproc N [--standby K] ... -- COMMAND...\n");
   return kExitUsage;
 }
 
@@ -137,5 +139,15 @@ int main(int argc, char** argv) {
     return kExitOk;
   }
   if (verb == "events") return Events(args);
+  if (verb == "run") {
+    absl::StatusOr<trainguard::tools::LaunchConfig> config =
+        trainguard::tools::ParseRunArguments(args);
+    if (!config.ok()) {
+      std::fprintf(stderr, "trainguard run: %s\n%s", std::string(config.status().message()).c_str(),
+                   trainguard::tools::RunUsage().c_str());
+      return trainguard::tools::kExitUsage;
+    }
+    return trainguard::tools::RunJob(*config);
+  }
   return Usage();
 }

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -17,13 +18,17 @@
 #include "gloo/rendezvous/file_store.h"
 #include "gloo/rendezvous/prefix_store.h"
 #include "gloo/transport/tcp/device.h"
+#include "gloo/broadcast.h"
 #include "trainguard/errors.h"
+#include "trainguard/gloo_store.h"
+#include "trainguard/store.h"
 
 namespace cpp_trainer {
 namespace {
 
-// gloo throws gloo::Exception subclasses for I/O errors and timeouts, and gloo::EnforceNotMet (not a
-// std::runtime_error) for failed internal checks; this gives both, and anything else, one message.
+// gloo throws gloo::Exception subclasses for I/O errors and timeouts, and gloo::EnforceNotMet (not
+// a std::runtime_error) for failed internal checks; this gives both, and anything else, one
+// message.
 std::string DescribeCurrentException() {
   try {
     throw;
@@ -47,60 +52,117 @@ std::chrono::milliseconds ToChrono(absl::Duration d) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GlooDataParallel>> GlooDataParallel::Connect(const Config& config) {
-  const std::string where = absl::StrCat("rank ", config.rank, ": gloo rendezvous in ", config.store_dir,
-                                         " with id '", config.rendezvous_id, "'");
+  const std::string where = absl::StrCat("rank ", config.rank, ": gloo rendezvous in ",
+                                         config.store_dir, " with id '", config.rendezvous_id, "'");
   std::error_code ec;
-  std::filesystem::create_directories(config.store_dir, ec);
+  if (config.store == nullptr) std::filesystem::create_directories(config.store_dir, ec);
   if (ec) {
-    return absl::UnavailableError(absl::StrCat(where, ": cannot create the directory: ", ec.message()));
+    return absl::UnavailableError(
+        absl::StrCat(where, ": cannot create the directory: ", ec.message()));
   }
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = "127.0.0.1";  // every rank of this example runs on this machine
     std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
-    gloo::rendezvous::FileStore file_store(config.store_dir);
-    gloo::rendezvous::PrefixStore store(config.rendezvous_id, file_store);
     auto context = std::make_shared<gloo::rendezvous::Context>(config.rank, config.world_size);
-    // The context's timeout bounds connectFullMesh's wait for the peers' addresses and, as the default
-    // of every collective's options, each collective.
+    // The context's timeout bounds connectFullMesh's wait for the peers' addresses and, as the
+    // default of every collective's options, each collective.
     context->setTimeout(ToChrono(config.timeout));
-    context->connectFullMesh(store, device);
+    if (config.store != nullptr) {
+      trainguard::PrefixStore scoped(config.rendezvous_id, config.store);
+      trainguard::GlooStore store(&scoped, config.timeout);
+      context->connectFullMesh(store, device);
+    } else {
+      gloo::rendezvous::FileStore file_store(config.store_dir);
+      gloo::rendezvous::PrefixStore store(config.rendezvous_id, file_store);
+      context->connectFullMesh(store, device);
+    }
     return std::unique_ptr<GlooDataParallel>(
         new GlooDataParallel(config.rank, config.world_size, std::move(context)));
   } catch (...) {
     const std::string what = DescribeCurrentException();
-    // gloo's FileStore refuses to overwrite a key: that is a previous launch's leftover, not a peer.
+    // gloo's FileStore refuses to overwrite a key: that is a previous launch's leftover, not a
+    // peer.
     const char* hint = absl::StrContains(what, "already exists")
                            ? " (files of an earlier launch: use a new rendezvous id or run dir)"
                            : "";
-    return absl::UnavailableError(absl::StrCat(where, " failed (timeout ",
-                                               absl::FormatDuration(config.timeout), "): ", what,
-                                               hint));
+    return absl::UnavailableError(absl::StrCat(
+        where, " failed (timeout ", absl::FormatDuration(config.timeout), "): ", what, hint));
   }
 }
 
 GlooDataParallel::GlooDataParallel(int rank, int world_size, std::shared_ptr<gloo::Context> context)
     : rank_(rank), world_size_(world_size), context_(std::move(context)) {}
 
-GlooDataParallel::~GlooDataParallel() = default;
+GlooDataParallel::~GlooDataParallel() {
+  if (failed_collectives_.empty()) {
+    return;
+  }
+  // The failed collectives hold the context too (gloo's options keep a shared_ptr to it), so it
+  // would outlive their buffers. Closing every pair unregisters it from gloo's I/O thread, which
+  // waits for that thread to let go of it: after this, nothing touches the buffers.
+  try {
+    context_->closeConnections();
+  } catch (...) {
+    // Already broken; the buffers are freed below either way.
+  }
+}
 
 void GlooDataParallel::AllreduceSum(std::span<float> data) {
   const uint64_t sequence = collectives_++;
+  auto options = std::make_unique<gloo::AllreduceOptions>(context_);
   try {
-    gloo::AllreduceOptions options(context_);
-    options.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
-    options.setOutput(data.data(), data.size());
-    options.setReduceFunction(
+    options->setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+    options->setOutput(data.data(), data.size());
+    options->setReduceFunction(
         static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
-    // Operations in flight at the same time need distinct tags; this communicator runs one at a time,
-    // so the sequence number is only a help when reading gloo's messages.
-    options.setTag(static_cast<uint32_t>(sequence));
-    gloo::allreduce(options);
+    // Operations in flight at the same time need distinct tags; this communicator runs one at a
+    // time, so the sequence number is only a help when reading gloo's messages.
+    options->setTag(static_cast<uint32_t>(sequence));
+    gloo::allreduce(*options);
   } catch (...) {
-    throw trainguard::CommunicationError(
-        absl::StrCat("rank ", rank_, ": gloo allreduce #", sequence, " of ", data.size(),
-                     " floats across ", world_size_, " ranks failed: ", DescribeCurrentException()));
+    failed_collectives_.push_back(std::move(options));
+    throw trainguard::CommunicationError(absl::StrCat(
+        "rank ", rank_, ": gloo allreduce #", sequence, " of ", data.size(), " floats across ",
+        world_size_, " ranks failed: ", DescribeCurrentException()));
+  }
+}
+
+void GlooDataParallel::Broadcast(std::span<float> data, int root) {
+  const uint64_t sequence = collectives_++;
+  auto options = std::make_unique<gloo::BroadcastOptions>(context_);
+  try {
+    options->setOutput(data.data(), data.size());
+    options->setRoot(root);
+    options->setTag(static_cast<uint32_t>(sequence));
+    gloo::broadcast(*options);
+  } catch (...) {
+    failed_collectives_.push_back(std::move(options));
+    throw trainguard::CommunicationError(absl::StrCat("rank ", rank_, ": gloo broadcast #", sequence,
+                                                      " of ", data.size(), " floats from rank ", root,
+                                                      " failed: ", DescribeCurrentException()));
   }
 }
 
 }  // namespace cpp_trainer
+
+// ThreadSanitizer: when gloo::allreduce fails, it frees its own scratch memory and temporary
+// transport buffer while gloo's I/O thread may still be completing a transfer into them: a race in
+// gloo's error path, inside gloo::allreduce, that no caller can prevent (the buffers this file owns
+// are handled by the destructor above). The trainer exits after a communication failure. The
+// suppressions cover reports with the I/O thread's receive (Pair::read) or a gloo UnboundBuffer
+// member on either stack, so TSan builds of the fault tests stay meaningful for everything else.
+#if defined(__SANITIZE_THREAD__)
+#define CPP_TRAINER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define CPP_TRAINER_TSAN 1
+#endif
+#endif
+#ifdef CPP_TRAINER_TSAN
+extern "C" const char* __tsan_default_suppressions() {
+  return "race:gloo::transport::tcp::UnboundBuffer::\n"
+         "race:gloo::transport::tcp::Pair::read\n";
+}
+#endif
+

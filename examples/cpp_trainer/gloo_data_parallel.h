@@ -1,18 +1,22 @@
-// GlooDataParallel: the example trainer's data-parallel communicator, gloo's TCP transport on 127.0.0.1.
+// GlooDataParallel: the example trainer's data-parallel communicator, gloo's TCP transport on
+// 127.0.0.1.
 //
-// Every rank of the job calls Connect() with the same store directory and rendezvous id; gloo's ranks
-// publish their listening addresses as files in that directory (a gloo FileStore under a PrefixStore
-// named by the id) and connect to each other in a full mesh. AllreduceSum() then sums a flat float
-// buffer across the ranks with gloo's ring algorithm, which gives every rank bit-identical results.
+// Every rank of the job calls Connect() with the same store directory and rendezvous id; gloo's
+// ranks publish their listening addresses as files in that directory (a gloo FileStore under a
+// PrefixStore named by the id) and connect to each other in a full mesh. AllreduceSum() then sums a
+// flat float buffer across the ranks with gloo's ring allreduce (reduce-scatter, then all-gather:
+// each element is summed once, on one rank, and copied to the others), so every rank gets
+// bit-identical results.
 //
-// Failures are reported the way trainguard's guard expects: Connect() (called before training, outside
-// any guard) returns a Status; AllreduceSum() (called inside a guarded step) throws
-// trainguard::CommunicationError, whatever gloo threw, so the guard classifies a dead or hung peer as a
-// communication failure rather than an unknown exception.
+// Failures are reported the way trainguard's guard expects: Connect() (called before training,
+// outside any guard) returns a Status; AllreduceSum() (called inside a guarded step) throws
+// trainguard::CommunicationError, whatever gloo threw, so the guard classifies a dead or hung peer
+// as a communication failure rather than an unknown exception.
 //
-// Stale rendezvous files: gloo reads whatever address files it finds, so a rerun in the same directory
-// with the same id would connect to the previous run's (dead) addresses. Callers use a rendezvous id
-// that is unique per launch (see trainer.cc).
+// Rendezvous files outlive the job: gloo's FileStore refuses to overwrite a key, so a second launch
+// in the same directory with the same id fails at once ("File already exists") instead of reading
+// the first launch's dead addresses. Callers use a rendezvous id unique per launch (see
+// trainer.cc).
 //
 // Thread safety: none; one communicator belongs to the training thread.
 #ifndef TRAINGUARD_EXAMPLES_CPP_TRAINER_GLOO_DATA_PARALLEL_H_
@@ -22,11 +26,17 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
+namespace trainguard {
+class Store;
+}  // namespace trainguard
+
 namespace gloo {
+class AllreduceOptions;
 class Context;
 }  // namespace gloo
 
@@ -37,25 +47,33 @@ class GlooDataParallel {
   struct Config {
     int rank = 0;
     int world_size = 1;
+    // Where the ranks meet: the job's trainguard store when there is one (then store_dir is unused),
+    // else gloo FileStore files in store_dir.
+    trainguard::Store* store = nullptr;
     std::string store_dir;      // created if missing; shared by every rank of the job
-    std::string rendezvous_id;  // the same on every rank, unique per launch
-    // Bounds the rendezvous and every collective: a peer that is gone or stuck for this long is an error
-    // instead of a hang.
+    std::string rendezvous_id;  // the same on every rank, unique per launch (and per generation)
+    // Bounds the rendezvous and every collective: a peer that is gone or stuck for this long is an
+    // error instead of a hang.
     absl::Duration timeout = absl::Seconds(60);
   };
 
-  // Rendezvous with every other rank and connect to all of them. Blocks until all `world_size` ranks
-  // have called Connect(), or fails after `timeout`. Errors name the rank, the directory and the id.
+  // Rendezvous with every other rank and connect to all of them. Blocks until all `world_size`
+  // ranks have called Connect(), or fails after `timeout`. Errors name the rank, the directory and
+  // the id.
   static absl::StatusOr<std::unique_ptr<GlooDataParallel>> Connect(const Config& config);
 
   GlooDataParallel(const GlooDataParallel&) = delete;
   GlooDataParallel& operator=(const GlooDataParallel&) = delete;
   ~GlooDataParallel();
 
-  // Replaces `data` on every rank by its element-wise sum over all ranks. Every rank must call it with
-  // the same size, in the same order. Throws trainguard::CommunicationError (naming this rank and the
-  // collective's sequence number) when gloo fails or times out; the communicator is unusable after that.
+  // Replaces `data` on every rank by its element-wise sum over all ranks. Every rank must call it
+  // with the same size, in the same order. Throws trainguard::CommunicationError (naming this rank
+  // and the collective's sequence number) when gloo fails or times out. The communicator is broken
+  // after that, and gloo may still write to `data` until the communicator is destroyed.
   void AllreduceSum(std::span<float> data);
+
+  // Replaces `data` on every rank by `root`'s. Same contract and errors as AllreduceSum.
+  void Broadcast(std::span<float> data, int root);
 
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
@@ -66,6 +84,10 @@ class GlooDataParallel {
   const int rank_;
   const int world_size_;
   const std::shared_ptr<gloo::Context> context_;
+  // A failed gloo collective is not cancelled: transfers it left in flight may still complete on
+  // gloo's I/O thread and touch its buffers. They are kept until the destructor has closed every
+  // connection.
+  std::vector<std::shared_ptr<void>> failed_collectives_;  // gloo::*Options of any collective
   uint64_t collectives_ = 0;  // sequence number of the next collective
 };
 

@@ -15,9 +15,13 @@ Mlp::Mlp(int inputs, int hidden, uint64_t seed)
       activations_(hidden) {
   SplitMix64 rng(seed);
   const float limit1 = std::sqrt(6.0f / static_cast<float>(inputs + hidden));
-  for (size_t i = w1(); i < b1(); ++i) parameters_[i] = rng.Symmetric(limit1);
+  for (size_t i = w1(); i < b1(); ++i) {
+    parameters_[i] = rng.Symmetric(limit1);
+  }
   const float limit2 = std::sqrt(6.0f / static_cast<float>(hidden + 1));
-  for (size_t i = w2(); i < b2(); ++i) parameters_[i] = rng.Symmetric(limit2);
+  for (size_t i = w2(); i < b2(); ++i) {
+    parameters_[i] = rng.Symmetric(limit2);
+  }
 }
 
 float Mlp::ForwardBackward(const Batch& batch) {
@@ -41,7 +45,9 @@ float Mlp::ForwardBackward(const Batch& batch) {
     for (int j = 0; j < hidden_; ++j) {
       const float* row = w1_p + static_cast<size_t>(j) * inputs_;
       float z = b1_p[j];
-      for (int i = 0; i < inputs_; ++i) z += row[i] * x[i];
+      for (int i = 0; i < inputs_; ++i) {
+        z += row[i] * x[i];
+      }
       h[j] = std::tanh(z);
       prediction += w2_p[j] * h[j];
     }
@@ -55,14 +61,18 @@ float Mlp::ForwardBackward(const Batch& batch) {
       const float d_z = d_prediction * w2_p[j] * (1.0f - h[j] * h[j]);  // tanh' = 1 - tanh^2
       g_b1[j] += d_z;
       float* g_row = g_w1 + static_cast<size_t>(j) * inputs_;
-      for (int i = 0; i < inputs_; ++i) g_row[i] += d_z * x[i];
+      for (int i = 0; i < inputs_; ++i) {
+        g_row[i] += d_z * x[i];
+      }
     }
   }
   return static_cast<float>(squared_error / batch.size);
 }
 
 void Mlp::ApplySgd(std::span<const float> gradients, float learning_rate) {
-  for (size_t i = 0; i < parameters_.size(); ++i) parameters_[i] -= learning_rate * gradients[i];
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    parameters_[i] -= learning_rate * gradients[i];
+  }
 }
 
 }  // namespace cpp_trainer

@@ -1,8 +1,9 @@
 // SplitMix64: the example trainer's deterministic random numbers.
 //
-// The trainer's parameters and data must be reproducible bit for bit from a seed, on every rank and on
-// every platform, so that replicas stay identical and a rerun sees the same shard. The standard
-// <random> distributions are implementation-defined; this generator and its two transforms are not.
+// The trainer's parameters and data must be reproducible bit for bit from a seed on every rank, so
+// that replicas start identical and a replayed step sees the same shard. The standard <random>
+// distributions are implementation-defined; this generator and its transforms are not (Normal()
+// depends only on libm's log, sqrt and cos in double precision).
 //
 // Thread safety: a plain value type; one instance per thread.
 #ifndef TRAINGUARD_EXAMPLES_CPP_TRAINER_SPLIT_MIX64_H_
@@ -33,12 +34,13 @@ class SplitMix64 {
   // Uniform in [-limit, limit).
   float Symmetric(float limit) { return (2.0f * Uniform() - 1.0f) * limit; }
 
-  // Standard normal by Box-Muller, computed in double so libm rounding differences stay far below float
-  // precision.
+  // Standard normal by Box-Muller, computed in double so libm rounding differences stay far below
+  // float precision.
   float Normal() {
     const double u1 = (static_cast<double>(Next() >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
     const double u2 = static_cast<double>(Next() >> 11) * 0x1.0p-53;          // [0, 1)
-    return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2));
+    return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) *
+                              std::cos(2.0 * std::numbers::pi * u2));
   }
 
  private:

@@ -1,10 +1,10 @@
 // SyntheticRegression: the example trainer's data set, a regression task with a known answer.
 //
-// Targets come from a fixed random "teacher" network y = sum_k a_k * tanh(u_k . x + c_k), drawn once
-// from the task seed, so a student MLP can fit it and its loss has somewhere to go. Inputs are standard
-// normal, drawn from a seed derived from (task seed, rank, step): every data-parallel rank sees its own
-// shard of every step, and a rank that replays a step (after a recovery, on another machine) sees
-// exactly the same batch.
+// Targets come from a fixed random "teacher" network y = sum_k a_k * tanh(u_k . x + c_k), drawn
+// once from the task seed, so a student MLP can fit it and its loss has somewhere to go. Inputs are
+// standard normal, drawn from a seed derived from (task seed, rank, step): every data-parallel rank
+// sees its own shard of every step, and a rank that replays a step (after a recovery, on another
+// machine) sees exactly the same batch.
 //
 // Thread safety: Sample() is const and may be called from any thread.
 #ifndef TRAINGUARD_EXAMPLES_CPP_TRAINER_SYNTHETIC_REGRESSION_H_

@@ -1,31 +1,38 @@
-// cpp_trainer: a Megatron-style data-parallel trainer in plain C++, and the reference integration of
-// trainguard in a C++ training loop.
+// cpp_trainer: a Megatron-style data-parallel trainer in plain C++, and the reference
+// integration of trainguard in a C++ training loop.
 //
 // Each process is one rank. Every rank holds a full replica of a small MLP (mlp.h) initialised from
 // the same seed, trains on its own shard of a synthetic regression task (synthetic_regression.h),
 // averages the gradients over all ranks with one gloo allreduce per step (gloo_data_parallel.h) and
-// applies SGD, so the replicas stay bit-identical. Each step runs inside sdk::guard; a failed step goes
-// to Runtime::recover(), which says where to resume or that this process must stop.
+// applies SGD, so the replicas stay bit-identical. Each step runs inside sdk::guard; a failed step
+// goes to Runtime::recover(), which says where to resume or that this process must stop.
 //
 // A rank whose loss is not finite says so (Step::ReportFault) before the gradient reduction, so the
 // rank where the NaN was born is the one named; it contributes zero gradients and a flag, and every
 // rank then skips that step's update, reporting the skip as a step failure too. All ranks thus take
 // the same decision and stay in step.
 //
-// Output: the interface for tests (tests/integration/cpp_trainer_test.cc) and scripts/demo.sh; keep it
-// stable. Every rank prints its own lines to stdout, line-buffered, each starting with "rank R ":
+// Output: the interface for tests (tests/integration/cpp_trainer_test.cc) and scripts/demo.sh;
+// keep it stable. Every rank prints its own lines to stdout, line-buffered, each starting with
+// "rank R":
 //
 //   rank R start world W job JOB run_dir DIR resume_step S steps N
-//   rank R step S loss L                     at every --print-every'th step and the last step; L (%.6f)
-//                                            is the mean over ranks of the step's loss before its
-//                                            update, so every rank prints the same value
+//   rank R step S loss L
+//       At every --print-every'th step and at the last step. L (printf %.6f) is the mean over the
+//       ranks of the step's loss before its update, so every rank prints the same value.
 //   rank R step S fault KIND action ACTION: MESSAGE
-//                                            a guarded step failed (KIND, ACTION: trainguard's names,
-//                                            e.g. step_failure skip, communication_failure re_rendezvous)
-//   rank R recover step S next N             Runtime::recover() resumes at step N
-//   rank R final_loss L params_checksum H    the last line of a successful run: L is the loss of the
-//                                            last successful step ("nan" if none ran), H the XXH64 of
-//                                            the parameter bytes in 16 hex digits (equal on all ranks)
+//       A guarded step failed. KIND and ACTION are trainguard's names (FaultKindName,
+//       StepActionName), e.g. "step_failure" "skip", "communication_failure" "re_rendezvous".
+//   rank R recover step S next N
+//       Runtime::recover() resumes at step N.
+//   rank R generation G resume_step S state_from SRC
+//       Joined membership generation G after a rank replacement (as a survivor or as the
+//       replacement), with the model state of rank SRC, resuming at step S.
+//   rank R rejoin of generation G failed: STATUS
+//       Another rank died while this one was rejoining; it recovers again.
+//   rank R final_loss L params_checksum H
+//       The last line of a successful run. L is the loss of the last successful step ("nan" if
+//       none ran), H the XXH64 of the parameter bytes as 16 hex digits: equal on all ranks.
 //
 // Errors go to stderr as "rank R error: ..." (or "cpp_trainer: ..." before the rank is known).
 // Exit status: 0 trained every step; 1 training stopped (rendezvous failed, or recover() gave up);
@@ -34,6 +41,9 @@
 // Launch (until `trainguard run` exists), e.g. 4 ranks on this machine:
 //   export TRAINGUARD_WORLD_SIZE=4 TRAINGUARD_JOB_ID=j TRAINGUARD_RUN_DIR=/tmp/j
 //   for r in 0 1 2 3; do TRAINGUARD_RANK=$r ./cpp_trainer --rendezvous-id j-1 & done; wait
+#include <xxhash.h>
+
+#include <cinttypes>
 #include <cmath>
 #include <csignal>
 #include <cstdint>
@@ -41,12 +51,11 @@
 #include <cstdlib>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <xxhash.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -63,10 +72,18 @@ namespace {
 constexpr int kInputs = 16;
 constexpr int kHidden = 64;
 
-// The gloo rendezvous id: the flag, else the environment, else one derived from the job.
+// The gloo rendezvous id. With a trainguard store (under `trainguard run`), one per generation of the
+// job's membership; otherwise the flag, else the environment, else one derived from the job.
 std::string RendezvousId(const TrainerFlags& flags, const sdk::Runtime& rt) {
-  if (!flags.rendezvous_id.empty()) return flags.rendezvous_id;
-  if (const char* id = std::getenv("CPP_TRAINER_RENDEZVOUS_ID"); id != nullptr && *id != '\0') {
+  if (rt.store() != nullptr) {
+    return absl::StrCat("gloo/gen", rt.generation());
+  }
+  if (!flags.rendezvous_id.empty()) {
+    return flags.rendezvous_id;
+  }
+  // Read before any thread of ours starts; nothing in this process sets variables.
+  const char* id = std::getenv("CPP_TRAINER_RENDEZVOUS_ID");  // NOLINT(concurrency-mt-unsafe)
+  if (id != nullptr && *id != '\0') {
     return id;
   }
   return absl::StrCat(rt.options().job_id, "-gen", rt.generation());
@@ -75,19 +92,17 @@ std::string RendezvousId(const TrainerFlags& flags, const sdk::Runtime& rt) {
 std::string ParamsChecksum(std::span<const float> params) {
   const XXH64_hash_t hash = XXH64(params.data(), params.size_bytes(), /*seed=*/0);
   char hex[17];
-  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(hash));
+  std::snprintf(hex, sizeof(hex), "%016" PRIx64, static_cast<uint64_t>(hash));
   return hex;
 }
 
 // One data-parallel training run of this rank: owns the model, the data and the communicator.
 class DataParallelTrainer {
  public:
-  DataParallelTrainer(const TrainerFlags& flags, sdk::Runtime& rt, int dp_rank,
-                      std::unique_ptr<GlooDataParallel> comm)
+  DataParallelTrainer(const TrainerFlags& flags, sdk::Runtime& rt, int dp_rank)
       : flags_(flags),
         rt_(rt),
         dp_rank_(dp_rank),
-        comm_(std::move(comm)),
         task_(kInputs, flags.data_seed),
         model_(kInputs, kHidden, flags.model_seed),
         reduce_buffer_(model_.parameters().size() + kTailFloats) {}
@@ -95,23 +110,39 @@ class DataParallelTrainer {
   // The training loop. Returns the process's exit status.
   int Run() {
     const int rank = rt_.rank();
-    for (int64_t step = rt_.resume_step(); step < flags_.steps;) {
+    int64_t start = rt_.resume_step();
+    if (rt_.recovery_plan().has_value()) {  // a standby that took over a dead rank
+      absl::StatusOr<int64_t> joined = Rejoin(start);
+      if (!joined.ok()) return 1;
+      start = *joined;
+    } else if (absl::Status s = ConnectAndSync(); !s.ok()) {
+      std::fprintf(stderr, "rank %d error: %s\n", rank, s.ToString().c_str());
+      return 1;
+    }
+    for (int64_t step = start; step < flags_.steps;) {
       sdk::StepResult r = sdk::guard(rt_, step, [&](sdk::Step& s) { TrainStep(s); });
       if (r.ok()) {
         ++step;
         continue;
       }
-      std::printf("rank %d step %lld fault %s action %s: %s\n", rank, static_cast<long long>(step),
+      std::printf("rank %d step %" PRId64 " fault %s action %s: %s\n", rank, step,
                   std::string(sdk::FaultKindName(r.fault)).c_str(),
                   std::string(sdk::StepActionName(r.action)).c_str(), r.status.ToString().c_str());
+      if (r.action == sdk::StepAction::kReRendezvous) {
+        // Close every connection now, so peers still blocked in this collective fail at once.
+        comm_.reset();
+      }
       absl::StatusOr<int64_t> next = rt_.recover(r);
       if (!next.ok()) {
-        std::fprintf(stderr, "rank %d error: cannot recover from step %lld: %s\n", rank,
-                     static_cast<long long>(step), next.status().ToString().c_str());
+        std::fprintf(stderr, "rank %d error: cannot recover from step %" PRId64 ": %s\n", rank,
+                     step, next.status().ToString().c_str());
         return 1;
       }
-      std::printf("rank %d recover step %lld next %lld\n", rank, static_cast<long long>(step),
-                  static_cast<long long>(*next));
+      std::printf("rank %d recover step %" PRId64 " next %" PRId64 "\n", rank, step, *next);
+      if (r.action == sdk::StepAction::kReRendezvous) {
+        next = Rejoin(*next);
+        if (!next.ok()) return 1;
+      }
       step = *next;
     }
     std::printf("rank %d final_loss %.6f params_checksum %s\n", rank, last_loss_,
@@ -120,9 +151,60 @@ class DataParallelTrainer {
   }
 
  private:
-  // The reduction buffer is the flat gradient followed by the sum of the ranks' finite losses and the
-  // number of ranks whose loss was not finite: one collective per step carries all three.
+  // The reduction buffer is the flat gradient followed by the sum of the ranks' finite losses and
+  // the number of ranks whose loss was not finite: one collective per step carries all three.
   static constexpr size_t kTailFloats = 2;
+
+  // Builds the communicator for the runtime's current generation and, after a re-rendezvous, takes
+  // the model state from the rank the recovery plan names, so every replica is identical again.
+  absl::Status ConnectAndSync() {
+    GlooDataParallel::Config config;
+    config.rank = rt_.rank();
+    config.world_size = rt_.world_size();
+    config.store = rt_.store();
+    config.store_dir = rt_.run_dir() + "/gloo";
+    config.rendezvous_id = RendezvousId(flags_, rt_);
+    config.timeout = flags_.comm_timeout;
+    absl::StatusOr<std::unique_ptr<GlooDataParallel>> comm = GlooDataParallel::Connect(config);
+    if (!comm.ok()) return comm.status();
+    comm_ = *std::move(comm);
+    const std::optional<sdk::RecoveryPlan>& plan = rt_.recovery_plan();
+    if (!plan.has_value() || plan->state_source_rank < 0) return absl::OkStatus();
+    try {
+      comm_->Broadcast(model_.mutable_parameters(), plan->state_source_rank);
+    } catch (const sdk::CommunicationError& e) {
+      return absl::UnavailableError(e.what());
+    }
+    return absl::OkStatus();
+  }
+
+  // ConnectAndSync() in the generation recover() joined; when another rank dies meanwhile, recovers
+  // again. Returns the step to resume at, or an error (printed) when this process must stop.
+  absl::StatusOr<int64_t> Rejoin(int64_t step) {
+    while (true) {
+      absl::Status s = ConnectAndSync();
+      if (s.ok()) {
+        std::printf("rank %d generation %" PRId64 " resume_step %" PRId64 " state_from %d\n",
+                    rt_.rank(), rt_.generation(), step, rt_.recovery_plan()->state_source_rank);
+        return step;
+      }
+      std::printf("rank %d rejoin of generation %" PRId64 " failed: %s\n", rt_.rank(),
+                  rt_.generation(), s.ToString().c_str());
+      comm_.reset();
+      sdk::StepResult failed;
+      failed.step = step;
+      failed.fault = sdk::FaultKind::kCommunicationFailure;
+      failed.action = sdk::StepAction::kReRendezvous;
+      failed.status = s;
+      absl::StatusOr<int64_t> next = rt_.recover(failed);
+      if (!next.ok()) {
+        std::fprintf(stderr, "rank %d error: cannot rejoin: %s\n", rt_.rank(),
+                     next.status().ToString().c_str());
+        return next.status();
+      }
+      step = *next;
+    }
+  }
 
   void TrainStep(sdk::Step& s) {
     const int64_t step = s.number();
@@ -139,39 +221,46 @@ class DataParallelTrainer {
 
     const size_t n = model_.gradients().size();
     std::span<const float> grads = model_.gradients();
-    for (size_t i = 0; i < n; ++i) reduce_buffer_[i] = finite ? grads[i] : 0.0f;
+    for (size_t i = 0; i < n; ++i) {
+      reduce_buffer_[i] = finite ? grads[i] : 0.0f;
+    }
     reduce_buffer_[n] = finite ? local_loss : 0.0f;
     reduce_buffer_[n + 1] = finite ? 0.0f : 1.0f;
     comm_->AllreduceSum(reduce_buffer_);  // throws sdk::CommunicationError
 
     const int bad_ranks = static_cast<int>(reduce_buffer_[n + 1]);
     if (bad_ranks > 0) {
-      // Applying a partial average would make this step differ from a clean rerun; skip it everywhere.
+      // A partial average would make this update differ from a clean replay: skip it everywhere.
       if (finite) {
         s.ReportFault(sdk::FaultKind::kStepFailure,
-                      absl::StrCat(bad_ranks, " other rank(s) had a non-finite loss; the update is "
-                                              "skipped on every rank"));
+                      absl::StrCat(bad_ranks,
+                                   " other rank(s) had a non-finite loss; the update is "
+                                   "skipped on every rank"));
       }
       return;
     }
     const float inverse_world = 1.0f / static_cast<float>(comm_->world_size());
-    for (size_t i = 0; i < n; ++i) reduce_buffer_[i] *= inverse_world;
+    for (size_t i = 0; i < n; ++i) {
+      reduce_buffer_[i] *= inverse_world;
+    }
     const float loss = reduce_buffer_[n] * inverse_world;
     model_.ApplySgd(std::span<const float>(reduce_buffer_).first(n), flags_.learning_rate);
     last_loss_ = loss;
     if (step % flags_.print_every == 0 || step == flags_.steps - 1) {
-      std::printf("rank %d step %lld loss %.6f\n", rt_.rank(), static_cast<long long>(step), loss);
+      std::printf("rank %d step %" PRId64 " loss %.6f\n", rt_.rank(), step, loss);
     }
   }
 
   const TrainerFlags& flags_;
   sdk::Runtime& rt_;
   const int dp_rank_;
-  const std::unique_ptr<GlooDataParallel> comm_;
   const SyntheticRegression task_;
   Mlp model_;
   std::vector<float> reduce_buffer_;
   float last_loss_ = std::numeric_limits<float>::quiet_NaN();
+  // Declared after reduce_buffer_, so destroyed before it: after a failed collective, gloo's I/O
+  // thread may write to the buffer until the communicator is gone.
+  std::unique_ptr<GlooDataParallel> comm_;
 };
 
 int Main(int argc, char** argv) {
@@ -194,7 +283,9 @@ int Main(int argc, char** argv) {
 
   absl::StatusOr<sdk::Options> options = sdk::Options::FromEnv();
   if (options.ok()) {
-    if (absl::Status valid = options->Validate(); !valid.ok()) options = valid;
+    if (absl::Status valid = options->Validate(); !valid.ok()) {
+      options = valid;
+    }
   }
   if (!options.ok()) {
     std::fprintf(stderr, "cpp_trainer: invalid options: %s\n", options.status().ToString().c_str());
@@ -210,9 +301,10 @@ int Main(int argc, char** argv) {
   const int rank = runtime.rank();
   const sdk::Topology& topology = runtime.topology();
   if (topology.dp() != topology.world_size()) {
-    std::fprintf(stderr,
-                 "rank %d error: cpp_trainer is data parallel only (tp, cp and pp must be 1), got %s\n",
-                 rank, topology.ToString().c_str());
+    std::fprintf(
+        stderr,
+        "rank %d error: cpp_trainer is data parallel only (tp, cp and pp must be 1), got %s\n",
+        rank, topology.ToString().c_str());
     return 2;
   }
   absl::StatusOr<sdk::RankCoordinates> coordinates = topology.CoordinatesOf(rank);
@@ -221,23 +313,12 @@ int Main(int argc, char** argv) {
     return 1;
   }
 
-  std::printf("rank %d start world %d job %s run_dir %s resume_step %lld steps %lld\n", rank,
-              runtime.world_size(), runtime.options().job_id.c_str(), runtime.run_dir().c_str(),
-              static_cast<long long>(runtime.resume_step()), static_cast<long long>(flags->steps));
+  std::printf("rank %d start world %d job %s run_dir %s resume_step %" PRId64 " steps %" PRId64
+              "\n",
+              rank, runtime.world_size(), runtime.options().job_id.c_str(),
+              runtime.run_dir().c_str(), runtime.resume_step(), flags->steps);
 
-  GlooDataParallel::Config config;
-  config.rank = rank;
-  config.world_size = runtime.world_size();
-  config.store_dir = runtime.run_dir() + "/gloo";
-  config.rendezvous_id = RendezvousId(*flags, runtime);
-  config.timeout = flags->comm_timeout;
-  absl::StatusOr<std::unique_ptr<GlooDataParallel>> comm = GlooDataParallel::Connect(config);
-  if (!comm.ok()) {
-    std::fprintf(stderr, "rank %d error: %s\n", rank, comm.status().ToString().c_str());
-    return 1;
-  }
-
-  DataParallelTrainer trainer(*flags, runtime, coordinates->dp, *std::move(comm));
+  DataParallelTrainer trainer(*flags, runtime, coordinates->dp);
   return trainer.Run();
 }
 

@@ -77,7 +77,9 @@ absl::StatusOr<TrainerFlags> ParseTrainerFlags(int argc, char** argv) {
     } else if (flag == "--data-seed") {
       status = ParseNumber<uint64_t>(flag, value, 0, &flags.data_seed);
     } else if (flag == "--rendezvous-id") {
-      if (value.empty()) return absl::InvalidArgumentError("--rendezvous-id: must not be empty");
+      if (value.empty()) {
+        return absl::InvalidArgumentError("--rendezvous-id: must not be empty");
+      }
       flags.rendezvous_id = std::string(value);
     } else if (flag == "--comm-timeout-s") {
       double seconds = 0;
@@ -86,11 +88,15 @@ absl::StatusOr<TrainerFlags> ParseTrainerFlags(int argc, char** argv) {
     } else if (flag == "--inject-nan") {
       std::pair<absl::string_view, absl::string_view> parts = absl::StrSplit(value, ':');
       status = ParseNumber<int>(flag, parts.first, 0, &flags.inject_nan_rank);
-      if (status.ok()) status = ParseNumber<int64_t>(flag, parts.second, 0, &flags.inject_nan_step);
+      if (status.ok()) {
+        status = ParseNumber<int64_t>(flag, parts.second, 0, &flags.inject_nan_step);
+      }
     } else {
       return absl::InvalidArgumentError(absl::StrCat(flag, ": unknown flag"));
     }
-    if (!status.ok()) return status;
+    if (!status.ok()) {
+      return status;
+    }
   }
   return flags;
 }

@@ -26,8 +26,8 @@ struct TrainerFlags {
   // $CPP_TRAINER_RENDEZVOUS_ID, or "<job_id>-gen<generation>" when that is unset too.
   std::string rendezvous_id;
   absl::Duration comm_timeout = absl::Seconds(60);
-  // Fault injection for demos and tests: the rank corrupts one input of its batch at that step, so its
-  // loss is NaN. -1: off.
+  // Fault injection for demos and tests: the rank corrupts one input of its batch at that step, so
+  // its loss is NaN. -1: off.
   int inject_nan_rank = -1;
   int64_t inject_nan_step = -1;
   bool help = false;

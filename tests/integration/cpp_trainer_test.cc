@@ -118,7 +118,8 @@ class TrainerJob {
   const std::string& run_dir() const { return run_dir_; }
   // The processes in the order they were started.
   std::vector<RankProcess>& ranks() { return ranks_; }
-  RankProcess& rank(int r) { return ranks_.at(r); }  // REQUIRES: ranks started as 0, 1, 2, ...
+  // The process started `r`-th: rank r when the ranks were started in order (StartAll).
+  RankProcess& rank(int r) { return ranks_.at(r); }
 
   // Starts rank `rank` of `world_size` with the trainer flags `args`. Returns false (with a test
   // failure) if the spawn fails.
@@ -171,11 +172,21 @@ class TrainerJob {
 
   // Waits until every rank has exited. On the deadline, kills them all and returns false.
   bool WaitAll(std::chrono::seconds timeout) {
+    std::vector<int> all;
+    for (int i = 0; i < static_cast<int>(ranks_.size()); ++i) {
+      all.push_back(i);
+    }
+    return WaitForExit(all, timeout);
+  }
+
+  // Waits until the ranks `which` have exited. On the deadline, kills every rank of the job and
+  // returns false.
+  bool WaitForExit(const std::vector<int>& which, std::chrono::seconds timeout) {
     const Clock::time_point deadline = Clock::now() + timeout;
     while (true) {
       bool all_done = true;
-      for (RankProcess& p : ranks_) {
-        all_done &= p.Poll();
+      for (int r : which) {
+        all_done &= rank(r).Poll();
       }
       if (all_done) {
         return true;
@@ -385,6 +396,32 @@ TEST(CppTrainerTest, KilledRankMakesEverySurvivorReportACommunicationFailureAndE
     EXPECT_THAT(output, HasSubstr("fault communication_failure action re_rendezvous")) << output;
     EXPECT_THAT(output, HasSubstr("cannot recover")) << output;
   }
+}
+
+TEST(CppTrainerTest, StoppedRankMakesEverySurvivorReportACommunicationTimeoutAndExit1) {
+  TrainerJob job("stop");
+  ASSERT_FALSE(job.run_dir().empty()) << "mkdtemp failed";
+  // A stopped process keeps its connections open: only the collective timeout can end the wait.
+  ASSERT_TRUE(job.StartAll(
+      kWorldSize, {"--steps", "100000000", "--print-every", "50", "--comm-timeout-s", "3"}));
+  ASSERT_TRUE(job.WaitForOutput(2, "rank 2 step 100 loss", kJobDeadline)) << job.AllOutput();
+  ASSERT_EQ(kill(job.rank(2).pid, SIGSTOP), 0);
+
+  ASSERT_TRUE(job.WaitForExit({0, 1, 3}, kJobDeadline))
+      << "survivors still running after the deadline; killed\n"
+      << job.AllOutput();
+  int timed_out = 0;
+  for (int r : {0, 1, 3}) {
+    RankProcess& p = job.rank(r);
+    const std::string output = p.Output();
+    EXPECT_EQ(p.exit_code(), 1) << "rank " << r << " wait status " << p.wait_status << "\n"
+                                << output;
+    EXPECT_THAT(output, HasSubstr("fault communication_failure action re_rendezvous")) << output;
+    // The first survivors to give up time out; their exit can reach the others as a closed
+    // connection before their own timeout.
+    timed_out += absl::StrContains(output, "Timed out") ? 1 : 0;
+  }
+  EXPECT_GE(timed_out, 1) << job.AllOutput();
 }
 
 }  // namespace

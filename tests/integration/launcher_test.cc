@@ -1,0 +1,240 @@
+// `trainguard run` with the example trainer: real rank processes, real SIGKILLs, real replacement.
+// Each test starts the launcher as a child process, watches its output, kills what the scenario
+// says, and checks the outcome: the exit status, the launcher's report, bit-identical replicas, the
+// events.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/support/temp_dir.h"
+#include "trainguard/env.h"
+#include "trainguard/events.h"
+
+namespace trainguard {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kDeadline = absl::Seconds(120);
+
+class LauncherJob {
+ public:
+  LauncherJob(const testing::TempDir& dir, const std::vector<std::string>& launcher_flags,
+              int steps)
+      : run_dir_(dir.File("run")), output_path_(dir.File("launcher.out")) {
+    std::vector<std::string> args = {TRAINGUARD_CLI_PATH, "run",
+                                     "--run-dir",         run_dir_,
+                                     "--job-id",          absl::StrCat("launcher-test-", getpid())};
+    args.insert(args.end(), launcher_flags.begin(), launcher_flags.end());
+    for (const std::string& a :
+         {std::string("--"), std::string(TRAINGUARD_TRAINER_PATH), std::string("--steps"),
+          absl::StrCat(steps), std::string("--print-every"), std::string("50")}) {
+      args.push_back(a);
+    }
+    pid_ = fork();
+    if (pid_ == 0) {
+      int fd = open(output_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+  }
+
+  ~LauncherJob() {
+    if (pid_ > 0 && !exited_) {
+      kill(pid_, SIGKILL);  // its children die with it (PR_SET_PDEATHSIG)
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  std::string Output() const {
+    std::ifstream in(output_path_);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+  // Bounded polling of the launcher's output for `needle` (appearing `count` times).
+  bool AwaitOutput(const std::string& needle, int count = 1) const {
+    for (absl::Time end = absl::Now() + kDeadline; absl::Now() < end;) {
+      const std::string out = Output();
+      int seen = 0;
+      for (size_t at = out.find(needle); at != std::string::npos; at = out.find(needle, at + 1))
+        ++seen;
+      if (seen >= count) return true;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return false;
+  }
+
+  pid_t RankPid(int rank) const {
+    auto contents = Env::Default()->ReadFileToString(absl::StrCat(run_dir_, "/pids/rank-", rank));
+    int pid = -1;
+    if (!contents.ok() || !absl::SimpleAtoi(absl::StripTrailingAsciiWhitespace(*contents), &pid))
+      return -1;
+    return pid;
+  }
+
+  // The pid the launcher printed for "started standby I (pid P".
+  pid_t StandbyPid(int index) const {
+    std::smatch m;
+    const std::string out = Output();
+    std::regex re(absl::StrCat("started standby ", index, " \\(pid ([0-9]+)"));
+    return std::regex_search(out, m, re) ? std::stoi(m[1]) : -1;
+  }
+
+  // The launcher's exit status, or -1 if it did not exit in time.
+  int Wait() {
+    for (absl::Time end = absl::Now() + kDeadline; absl::Now() < end;) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_ = true;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return -1;
+  }
+
+  // rank -> params_checksum from the "final_loss" lines.
+  std::map<int, std::string> FinalChecksums() const {
+    std::map<int, std::string> sums;
+    const std::string out = Output();
+    std::regex re("rank ([0-9]+) final_loss [^ ]+ params_checksum ([0-9a-f]+)");
+    for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
+         ++it) {
+      sums[std::stoi((*it)[1])] = (*it)[2];
+    }
+    return sums;
+  }
+
+  std::vector<Event> Events(int rank) const {
+    auto contents = ReadEventLog(Env::Default(), EventLogPath(run_dir_, rank));
+    return contents.ok() ? contents->events : std::vector<Event>{};
+  }
+
+ private:
+  const std::string run_dir_;
+  const std::string output_path_;
+  pid_t pid_ = -1;
+  bool exited_ = false;
+};
+
+void ExpectIdenticalReplicas(const LauncherJob& job, int world) {
+  std::map<int, std::string> sums = job.FinalChecksums();
+  ASSERT_EQ(sums.size(), static_cast<size_t>(world)) << job.Output();
+  std::set<std::string> distinct;
+  for (const auto& [rank, sum] : sums) distinct.insert(sum);
+  EXPECT_EQ(distinct.size(), 1u) << "replicas diverged:\n" << job.Output();
+}
+
+TEST(Launcher, AKilledRankIsReplacedByAStandbyAndTheReplicasEndIdentical) {
+  testing::TempDir dir;
+  LauncherJob job(dir, {"--nproc", "4", "--standby", "1"}, 1500);
+  ASSERT_TRUE(job.AwaitOutput("step 300 loss")) << job.Output();
+  ASSERT_EQ(kill(job.RankPid(2), SIGKILL), 0);
+  EXPECT_EQ(job.Wait(), 0) << job.Output();
+  const std::string out = job.Output();
+  EXPECT_THAT(out, HasSubstr("rank 2 (pid"));
+  EXPECT_THAT(out, HasSubstr("killed by SIGKILL"));
+  EXPECT_THAT(out, HasSubstr("takes rank 2 in generation 1"));
+  EXPECT_THAT(out, HasSubstr("recovered from the loss of rank 2 in"));
+  EXPECT_THAT(out, HasSubstr("1 replacement(s)"));
+  ExpectIdenticalReplicas(job, 4);
+
+  // The replacement is in the events: rank 2's file records the standby's start in generation 1,
+  // the survivors' files their re-rendezvous decision.
+  bool replaced = false;
+  for (const Event& e : job.Events(2)) {
+    replaced |= e.type == EventType::kRuntimeStarted && e.Attribute("replaced_rank") == "2" &&
+                e.generation == 1;
+  }
+  EXPECT_TRUE(replaced);
+  bool decided = false;
+  for (const Event& e : job.Events(0)) {
+    decided |= e.type == EventType::kRecoveryDecision && e.Attribute("decision") == "re_rendezvous";
+  }
+  EXPECT_TRUE(decided);
+}
+
+TEST(Launcher, TwoFailuresOneAfterTheOtherAreBothReplaced) {
+  testing::TempDir dir;
+  LauncherJob job(dir, {"--nproc", "4", "--standby", "1"}, 2000);
+  ASSERT_TRUE(job.AwaitOutput("step 300 loss")) << job.Output();
+  ASSERT_EQ(kill(job.RankPid(1), SIGKILL), 0);
+  ASSERT_TRUE(job.AwaitOutput("recovered from the loss of rank 1")) << job.Output();
+  ASSERT_TRUE(job.AwaitOutput("started standby 1")) << job.Output();  // the pool was refilled
+  ASSERT_EQ(kill(job.RankPid(3), SIGKILL), 0);
+  EXPECT_EQ(job.Wait(), 0) << job.Output();
+  EXPECT_THAT(job.Output(), HasSubstr("takes rank 3 in generation 2"));
+  EXPECT_THAT(job.Output(), HasSubstr("2 replacement(s)"));
+  ExpectIdenticalReplicas(job, 4);
+}
+
+TEST(Launcher, ARankKilledDuringTheReRendezvousIsReplacedToo) {
+  testing::TempDir dir;
+  LauncherJob job(dir, {"--nproc", "4", "--standby", "2"}, 1500);
+  ASSERT_TRUE(job.AwaitOutput("step 300 loss")) << job.Output();
+  const pid_t second = job.RankPid(2);
+  ASSERT_EQ(kill(job.RankPid(1), SIGKILL), 0);
+  // As soon as generation 1 is published, while the ranks meet in it, rank 2 dies too.
+  ASSERT_TRUE(job.AwaitOutput("takes rank 1 in generation 1")) << job.Output();
+  ASSERT_EQ(kill(second, SIGKILL), 0);
+  EXPECT_EQ(job.Wait(), 0) << job.Output();
+  EXPECT_THAT(job.Output(), HasSubstr("takes rank 2 in generation 2"));
+  ExpectIdenticalReplicas(job, 4);
+}
+
+TEST(Launcher, AStandbyKilledWhileParkedIsForgottenAndThePoolRefilled) {
+  testing::TempDir dir;
+  LauncherJob job(dir, {"--nproc", "2", "--standby", "1"}, 1500);
+  ASSERT_TRUE(job.AwaitOutput("step 100 loss")) << job.Output();
+  ASSERT_EQ(kill(job.StandbyPid(0), SIGKILL), 0);
+  ASSERT_TRUE(job.AwaitOutput("standby 0 (pid")) << job.Output();
+  ASSERT_TRUE(job.AwaitOutput("started standby 1")) << job.Output();
+  ASSERT_TRUE(job.AwaitOutput("step 600 loss")) << job.Output();
+  ASSERT_EQ(kill(job.RankPid(0), SIGKILL), 0);
+  EXPECT_EQ(job.Wait(), 0) << job.Output();
+  EXPECT_THAT(job.Output(), HasSubstr("while parked"));
+  EXPECT_THAT(job.Output(), HasSubstr("standby 1 (pid"));
+  EXPECT_THAT(job.Output(), HasSubstr("takes rank 0 in generation 1"));
+  ExpectIdenticalReplicas(job, 2);
+}
+
+TEST(Launcher, WithoutAStandbyALostRankFailsTheJobWithStatus1) {
+  testing::TempDir dir;
+  LauncherJob job(dir, {"--nproc", "2"}, 100000);
+  ASSERT_TRUE(job.AwaitOutput("step 100 loss")) << job.Output();
+  ASSERT_EQ(kill(job.RankPid(1), SIGKILL), 0);
+  EXPECT_EQ(job.Wait(), 1) << job.Output();
+  EXPECT_THAT(job.Output(), HasSubstr("job failed: rank 1 died and the job has no standbys"));
+}
+
+TEST(Launcher, BadUsageExitsWithStatus2) {
+  testing::TempDir dir;
+  LauncherJob job(dir, {"--nproc", "zero"}, 10);
+  EXPECT_EQ(job.Wait(), 2);
+  EXPECT_THAT(job.Output(), HasSubstr("--nproc 'zero'"));
+}
+
+}  // namespace
+}  // namespace trainguard
