@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Time to recovery after a SIGKILL, at N ranks: runs the example trainer under `trainguard run` with
+# one warm standby, kills one rank once training is under way, and reads the launcher's report
+# ("recovered from the loss of rank R in X s": death seen by the launcher -> every rank completed its
+# first step of the new generation). Repeats TRIALS times; prints each figure, then p50 and max.
+#
+#   bench/recovery_time.sh [NPROC=8] [TRIALS=5]
+# (after ./scripts/test.sh has built ${TG_BUILD_DIR:-build}/${TG_PRESET:-default})
+set -euo pipefail
+cd "$(dirname "$0")/.."
+nproc="${1:-8}"
+trials="${2:-5}"
+build="${TG_BUILD_DIR:-build}/${TG_PRESET:-default}"
+trainguard="$build/tools/trainguard"
+trainer="$build/examples/cpp_trainer/cpp_trainer"
+victim_rank=$((nproc / 2))
+figures=()
+for t in $(seq "$trials"); do
+  run_dir="$(mktemp -d "${TMPDIR:-/tmp}/tg-recovery.XXXXXX")"
+  out="$run_dir/out"
+  "$trainguard" run --nproc "$nproc" --standby 1 --job-id "recovery$t" --run-dir "$run_dir" -- \
+    "$trainer" --steps 600 --print-every 100 >"$out" 2>&1 &
+  launcher=$!
+  for _ in $(seq 600); do grep -qs 'step 200 loss' "$out" && break; sleep 0.1; done
+  kill -9 "$(cat "$run_dir/pids/rank-$victim_rank")"
+  wait "$launcher" || { echo "trial $t: launcher failed"; tail -20 "$out"; exit 1; }
+  s="$(grep -oE 'recovered from the loss of rank [0-9]+ in [0-9.]+ s' "$out" | awk '{print $(NF-1)}')"
+  echo "trial $t: ${s:-none} s"
+  figures+=("$s")
+  rm -rf "$run_dir"
+done
+printf '%s\n' "${figures[@]}" | sort -n | awk -v n="$nproc" '{a[NR]=$1} END {
+  printf "time to recovery at %d ranks over %d trials: p50 %.3f s, max %.3f s\n", n, NR, a[int((NR+1)/2)], a[NR]}'
