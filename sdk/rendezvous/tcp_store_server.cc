@@ -154,6 +154,9 @@ absl::StatusOr<int> Listen(const TcpStoreServerOptions& options) {
 
 }  // namespace
 
+// Owns the listening socket, the epoll set, the connections, the StoreState and the thread that
+// drives them. Everything but the constructor, the destructor and the accessors runs on that
+// thread; stats() reads atomics and a mutex-guarded string.
 class TcpStoreServer::EventLoop {
  public:
   static absl::StatusOr<std::unique_ptr<EventLoop>> Create(const TcpStoreServerOptions& options);

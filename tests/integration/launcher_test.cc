@@ -115,6 +115,8 @@ class LauncherJob {
     return -1;
   }
 
+  void Signal(int sig) const { kill(pid_, sig); }
+
   // rank -> params_checksum from the "final_loss" lines.
   std::map<int, std::string> FinalChecksums() const {
     std::map<int, std::string> sums;
@@ -227,6 +229,20 @@ TEST(Launcher, WithoutAStandbyALostRankFailsTheJobWithStatus1) {
   ASSERT_EQ(kill(job.RankPid(1), SIGKILL), 0);
   EXPECT_EQ(job.Wait(), 1) << job.Output();
   EXPECT_THAT(job.Output(), HasSubstr("job failed: rank 1 died and the job has no standbys"));
+}
+
+TEST(Launcher, SigtermStopsEveryRankAndStandbyAndExitsWith143) {
+  testing::TempDir dir;
+  LauncherJob job(dir, {"--nproc", "2", "--standby", "1"}, 100000);
+  ASSERT_TRUE(job.AwaitOutput("step 100 loss")) << job.Output();
+  const pid_t rank0 = job.RankPid(0);
+  const pid_t standby = job.StandbyPid(0);
+  job.Signal(SIGTERM);
+  EXPECT_EQ(job.Wait(), 128 + SIGTERM) << job.Output();
+  EXPECT_THAT(job.Output(), HasSubstr("interrupted by SIGTERM"));
+  // The launcher reaped them: they no longer exist.
+  EXPECT_EQ(kill(rank0, 0), -1);
+  EXPECT_EQ(kill(standby, 0), -1);
 }
 
 TEST(Launcher, BadUsageExitsWithStatus2) {
