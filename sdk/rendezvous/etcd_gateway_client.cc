@@ -168,14 +168,14 @@ EtcdGatewayClient::EtcdGatewayClient(std::vector<std::string> endpoints, size_t 
       headers_(JsonHeaders()) {}
 
 EtcdGatewayClient::~EtcdGatewayClient() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   for (CURL* curl : idle_handles_) curl_easy_cleanup(curl);
   curl_slist_free_all(headers_);
 }
 
 CURL* EtcdGatewayClient::TakeHandle() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (!idle_handles_.empty()) {
       CURL* curl = idle_handles_.back();
       idle_handles_.pop_back();
@@ -187,7 +187,7 @@ CURL* EtcdGatewayClient::TakeHandle() {
 
 void EtcdGatewayClient::ReturnHandle(CURL* curl) {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (idle_handles_.size() < kMaxIdleHandles) {
       idle_handles_.push_back(curl);
       return;

@@ -30,7 +30,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "trainguard/mutex.h"
 #include "absl/time/time.h"
 #include "google/protobuf/message.h"
 
@@ -88,7 +88,7 @@ class EtcdGatewayClient {
   curl_slist* const headers_;  // shared, read-only, by every handle
   std::atomic<size_t> preferred_{0};
 
-  absl::Mutex mu_;
+  Mutex mu_;
   std::vector<CURL*> idle_handles_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -184,6 +184,71 @@ absl::StatusOr<int64_t> CounterValue(std::string_view key, const pb::RangeRespon
   return value;
 }
 
+// What Wait knows of each awaited key (by etcd key): whether it exists, as of the revision seen.
+using KeyPresence = std::map<std::string, bool>;
+
+bool AllPresent(const KeyPresence& present) {
+  return std::all_of(present.begin(), present.end(), [](const auto& kv) { return kv.second; });
+}
+
+// Reads whether each key exists; returns the revision to watch from, minus one. Over kMaxTxnOps
+// keys the reads are several transactions with different revisions: the earliest is returned, and
+// the watch's replay of every change after it brings every key up to date.
+absl::StatusOr<int64_t> CheckPresence(EtcdGatewayClient& client, KeyPresence& present,
+                                      absl::Time deadline) {
+  int64_t revision = std::numeric_limits<int64_t>::max();
+  for (auto chunk = present.begin(); chunk != present.end();) {
+    pb::TxnRequest txn;
+    for (auto it = chunk; it != present.end() && txn.success_size() < kMaxTxnOps; ++it) {
+      *txn.add_success() = RangeOp(it->first);
+      txn.mutable_success()->rbegin()->mutable_request_range()->set_count_only(true);
+    }
+    absl::StatusOr<pb::TxnResponse> response = RunTxn(client, txn, deadline);
+    if (!response.ok()) return response.status();
+    revision = std::min(revision, response->header().revision());
+    for (const pb::ResponseOp& op : response->responses()) {
+      chunk->second = op.response_range().count() > 0;
+      ++chunk;
+    }
+  }
+  return revision;
+}
+
+// Watches every change to the keys of `present` from `start_revision` (inclusive) until all exist.
+// Aborted when etcd has compacted `start_revision` away (check again, then watch again).
+absl::Status WatchUntilAllPresent(EtcdGatewayClient& client, KeyPresence& present,
+                                  int64_t start_revision, absl::Time deadline) {
+  pb::WatchRequest watch;
+  pb::WatchCreateRequest* create = watch.mutable_create_request();
+  create->set_key(present.begin()->first);
+  create->set_range_end(present.rbegin()->first + std::string(1, '\0'));  // through the last key
+  create->set_start_revision(start_revision);
+  return client.Stream(
+      "/v3/watch", watch, deadline,
+      [&](std::string_view frame) -> absl::StatusOr<EtcdGatewayClient::StreamControl> {
+        pb::WatchStreamFrame parsed;
+        if (absl::Status s = EtcdGatewayClient::ParseJson(frame, &parsed); !s.ok()) return s;
+        if (parsed.has_error()) {
+          return EtcdGatewayClient::StatusFromGrpc(parsed.error().grpc_code(),
+                                                   parsed.error().message());
+        }
+        const pb::WatchResponse& result = parsed.result();
+        if (result.canceled()) {
+          if (result.compact_revision() > 0) {
+            return absl::AbortedError("the watch's start revision was compacted");
+          }
+          return absl::UnavailableError(
+              absl::StrCat("etcd canceled the watch: ", result.cancel_reason()));
+        }
+        for (const pb::Event& event : result.events()) {
+          auto it = present.find(event.kv().key());
+          if (it != present.end()) it->second = event.type() == pb::Event::PUT;
+        }
+        return AllPresent(present) ? EtcdGatewayClient::StreamControl::kStop
+                                   : EtcdGatewayClient::StreamControl::kContinue;
+      });
+}
+
 // After the n-th lost compare-and-swap of one Add: sleep a random time below 0.5 ms * 2^min(n, 7)
 // (1 ms after the first loss, 64 ms at most), never past the deadline. etcd commits one of the
 // contenders' swaps per round, and every losing swap is a raft proposal it must still process;
@@ -409,83 +474,31 @@ absl::StatusOr<std::vector<std::string>> EtcdStore::ListKeys(std::string_view pr
 
 absl::Status EtcdStore::Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  std::map<std::string, bool> present;  // by etcd key, as of the last revision seen
+  KeyPresence present;
   for (const std::string& key : keys) {
     if (absl::Status s = CheckKey(key); !s.ok()) return s;
     present.emplace(EtcdKey(key), false);
   }
   if (present.empty()) return absl::OkStatus();
-  auto all_present = [&present] {
-    return std::all_of(present.begin(), present.end(), [](const auto& kv) { return kv.second; });
-  };
-  auto missing = [&] {
-    std::vector<std::string> names;
-    for (const auto& [etcd_key, here] : present) {
-      if (!here) names.push_back(etcd_key.substr(key_prefix_.size()));
-    }
-    return absl::StrJoin(names, ", ");
-  };
   auto failed = [&](const absl::Status& status) {
+    std::vector<std::string> missing;
+    for (const auto& [etcd_key, here] : present) {
+      if (!here) missing.push_back(etcd_key.substr(key_prefix_.size()));
+    }
     if (absl::IsDeadlineExceeded(status)) {
       return absl::DeadlineExceededError(
           absl::StrFormat("waited %s for store keys (etcd job %s); still missing: %s",
-                          absl::FormatDuration(timeout), job_id_, missing()));
+                          absl::FormatDuration(timeout), job_id_, absl::StrJoin(missing, ", ")));
     }
-    return Annotate(status, absl::StrFormat("Wait for store keys %s", missing()), timeout);
+    return Annotate(status, absl::StrCat("Wait for store keys ", absl::StrJoin(missing, ", ")),
+                    timeout);
   };
 
   for (;;) {
-    // Check. Reads of several transactions (over kMaxTxnOps keys) have different revisions; the
-    // watch below replays every change after the earliest, which brings all keys up to date.
-    int64_t revision = std::numeric_limits<int64_t>::max();
-    for (auto chunk = present.begin(); chunk != present.end();) {
-      pb::TxnRequest txn;
-      auto it = chunk;
-      for (; it != present.end() && txn.success_size() < kMaxTxnOps; ++it) {
-        pb::RequestOp op = RangeOp(it->first);
-        op.mutable_request_range()->set_count_only(true);
-        *txn.add_success() = std::move(op);
-      }
-      absl::StatusOr<pb::TxnResponse> response = RunTxn(*client_, txn, deadline);
-      if (!response.ok()) return failed(response.status());
-      revision = std::min(revision, response->header().revision());
-      for (const pb::ResponseOp& op : response->responses()) {
-        chunk->second = op.response_range().count() > 0;
-        ++chunk;
-      }
-    }
-    if (all_present()) return absl::OkStatus();
-
-    // Watch every change to the awaited keys after the check, until all exist.
-    pb::WatchRequest watch;
-    pb::WatchCreateRequest* create = watch.mutable_create_request();
-    create->set_key(present.begin()->first);
-    create->set_range_end(present.rbegin()->first + std::string(1, '\0'));  // through the last key
-    create->set_start_revision(revision + 1);
-    absl::Status watched = client_->Stream(
-        "/v3/watch", watch, deadline,
-        [&](std::string_view frame) -> absl::StatusOr<EtcdGatewayClient::StreamControl> {
-          pb::WatchStreamFrame parsed;
-          if (absl::Status s = EtcdGatewayClient::ParseJson(frame, &parsed); !s.ok()) return s;
-          if (parsed.has_error()) {
-            return EtcdGatewayClient::StatusFromGrpc(parsed.error().grpc_code(),
-                                                     parsed.error().message());
-          }
-          const pb::WatchResponse& result = parsed.result();
-          if (result.canceled()) {
-            if (result.compact_revision() > 0) {
-              return absl::AbortedError("the watch's start revision was compacted");
-            }
-            return absl::UnavailableError(
-                absl::StrCat("etcd canceled the watch: ", result.cancel_reason()));
-          }
-          for (const pb::Event& event : result.events()) {
-            auto it = present.find(event.kv().key());
-            if (it != present.end()) it->second = event.type() == pb::Event::PUT;
-          }
-          return all_present() ? EtcdGatewayClient::StreamControl::kStop
-                               : EtcdGatewayClient::StreamControl::kContinue;
-        });
+    absl::StatusOr<int64_t> revision = CheckPresence(*client_, present, deadline);
+    if (!revision.ok()) return failed(revision.status());
+    if (AllPresent(present)) return absl::OkStatus();
+    absl::Status watched = WatchUntilAllPresent(*client_, present, *revision + 1, deadline);
     if (watched.ok()) return absl::OkStatus();
     if (!absl::IsAborted(watched)) return failed(watched);
     // Compacted between the check and the watch: check again.

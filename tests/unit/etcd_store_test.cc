@@ -195,6 +195,28 @@ TEST_F(EtcdStoreTest, MultiGetOfMoreKeysThanOneTransactionHoldsKeepsTheOrder) {
   EXPECT_EQ(*values, expected);
 }
 
+TEST_F(EtcdStoreTest, WaitOnMoreKeysThanOneTransactionHoldsSeesTheLastOneArrive) {
+  const std::string job = UniqueJobId();
+  auto waiter = Connect(job);
+  auto writer = Connect(job);
+  std::vector<std::string> keys;
+  for (int i = 0; i < 200; ++i) {
+    keys.push_back(absl::StrCat("rank/", i));
+    if (i == 150) continue;
+    ASSERT_TRUE(writer->Set(keys.back(), "here", kStoreTimeout).ok());
+  }
+  absl::Status timed_out = waiter->Wait(keys, absl::Milliseconds(200));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(timed_out)) << timed_out;
+  EXPECT_THAT(std::string(timed_out.message()), ::testing::EndsWith("still missing: rank/150"));
+  std::thread late([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    ASSERT_TRUE(writer->Set("rank/150", "here", kStoreTimeout).ok());
+  });
+  absl::Status s = waiter->Wait(keys, kStoreTimeout);
+  late.join();
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 TEST_F(EtcdStoreTest, AValueOverEtcdsRequestLimitIsRejectedWithEtcdsReason) {
   auto store = Connect(UniqueJobId());
   // Over etcd's default --max-request-bytes (1.5 MiB), under its gRPC message limit (2 MiB).
@@ -302,7 +324,7 @@ TEST(EtcdStoreFaultTest, AHungEtcdGivesDeadlineExceededNamingTheKeyWithinTheTime
     EXPECT_TRUE(absl::IsDeadlineExceeded(got.status())) << got.status();
     EXPECT_THAT(std::string(got.status().message()), HasSubstr(key));
     EXPECT_THAT(std::string(got.status().message()), HasSubstr("300ms"));
-    EXPECT_GE(took, kShort);
+    EXPECT_GE(took, kShort * 0.9) << "libcurl's timer may fire a little early, not much";
     EXPECT_LT(took, kShort + absl::Seconds(1));
   }
   const absl::Time start = absl::Now();
