@@ -21,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/etcd_process.h"
 #include "tests/support/temp_dir.h"
 #include "trainguard/env.h"
 #include "trainguard/events.h"
@@ -229,6 +230,22 @@ TEST(Launcher, WithoutAStandbyALostRankFailsTheJobWithStatus1) {
   ASSERT_EQ(kill(job.RankPid(1), SIGKILL), 0);
   EXPECT_EQ(job.Wait(), 1) << job.Output();
   EXPECT_THAT(job.Output(), HasSubstr("job failed: rank 1 died and the job has no standbys"));
+}
+
+TEST(Launcher, AKilledRankIsReplacedWithTheEtcdBackendToo) {
+  auto etcd = testing::EtcdProcess::Start();
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  std::string address = (*etcd)->endpoint();
+  address.erase(0, std::string("http://").size());
+  testing::TempDir dir;
+  LauncherJob job(dir, {"--nproc", "4", "--standby", "1", "--store", "etcd://" + address}, 1500);
+  ASSERT_TRUE(job.AwaitOutput("step 300 loss")) << job.Output();
+  ASSERT_EQ(kill(job.RankPid(2), SIGKILL), 0);
+  EXPECT_EQ(job.Wait(), 0) << job.Output();
+  EXPECT_THAT(job.Output(), HasSubstr("store etcd://"));
+  EXPECT_THAT(job.Output(), HasSubstr("takes rank 2 in generation 1"));
+  EXPECT_THAT(job.Output(), HasSubstr("recovered from the loss of rank 2 in"));
+  ExpectIdenticalReplicas(job, 4);
 }
 
 TEST(Launcher, SigtermStopsEveryRankAndStandbyAndExitsWith143) {
