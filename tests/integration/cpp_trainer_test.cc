@@ -173,6 +173,7 @@ class TrainerJob {
   // Waits until every rank has exited. On the deadline, kills them all and returns false.
   bool WaitAll(std::chrono::seconds timeout) {
     std::vector<int> all;
+    all.reserve(ranks_.size());
     for (int i = 0; i < static_cast<int>(ranks_.size()); ++i) {
       all.push_back(i);
     }
@@ -304,6 +305,9 @@ constexpr int kWorldSize = 4;
 constexpr std::chrono::seconds kJobDeadline(120);
 // Passed to the ranks so that a lost peer fails their collectives well before kJobDeadline.
 const std::string kCommTimeoutSeconds = "30";
+// For the tests that kill or stop a rank: a survivor notices a dead peer at once when it reads from
+// it, but gloo may leave a send to an exited peer pending until the timeout.
+const std::string kFaultCommTimeoutSeconds = "5";
 
 TEST(CppTrainerTest, FourRanksLowerTheLossAndEndWithBitIdenticalParameters) {
   TrainerJob job("train");
@@ -379,7 +383,7 @@ TEST(CppTrainerTest, KilledRankMakesEverySurvivorReportACommunicationFailureAndE
   ASSERT_FALSE(job.run_dir().empty()) << "mkdtemp failed";
   // Far more steps than the test lets it run: rank 2 is killed mid-training.
   ASSERT_TRUE(job.StartAll(kWorldSize, {"--steps", "100000000", "--print-every", "50",
-                                        "--comm-timeout-s", kCommTimeoutSeconds}));
+                                        "--comm-timeout-s", kFaultCommTimeoutSeconds}));
   ASSERT_TRUE(job.WaitForOutput(2, "rank 2 step 100 loss", kJobDeadline)) << job.AllOutput();
   ASSERT_EQ(kill(job.rank(2).pid, SIGKILL), 0);
 
@@ -402,8 +406,8 @@ TEST(CppTrainerTest, StoppedRankMakesEverySurvivorReportACommunicationTimeoutAnd
   TrainerJob job("stop");
   ASSERT_FALSE(job.run_dir().empty()) << "mkdtemp failed";
   // A stopped process keeps its connections open: only the collective timeout can end the wait.
-  ASSERT_TRUE(job.StartAll(
-      kWorldSize, {"--steps", "100000000", "--print-every", "50", "--comm-timeout-s", "3"}));
+  ASSERT_TRUE(job.StartAll(kWorldSize, {"--steps", "100000000", "--print-every", "50",
+                                        "--comm-timeout-s", kFaultCommTimeoutSeconds}));
   ASSERT_TRUE(job.WaitForOutput(2, "rank 2 step 100 loss", kJobDeadline)) << job.AllOutput();
   ASSERT_EQ(kill(job.rank(2).pid, SIGSTOP), 0);
 
