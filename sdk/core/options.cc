@@ -391,6 +391,34 @@ absl::Status CheckRendezvous(const Options& options) {
       absl::StrCat("store \"", options.store, "\" must start with tcp:// or etcd://"));
 }
 
+// Validate() messages start with the field at fault ("rank 7 is out of range ..."). Says where that
+// field's value came from, as " [from TRAINGUARD_RANK='7' in the environment]", or "" if unknown.
+std::string SourceOfInvalidField(absl::string_view message,
+                                 const std::map<std::string, std::string>& variables,
+                                 const std::string& config_path, const OptionsProto& from_file) {
+  const std::string field(message.substr(0, message.find(' ')));
+  const FieldDescriptor* descriptor = OptionsProto::descriptor()->FindFieldByName(field);
+  if (descriptor == nullptr) {
+    return "";
+  }
+  std::vector<std::string> names = {EnvironmentName(*descriptor)};
+  for (const TorchrunVariable& torchrun : kTorchrunVariables) {
+    if (field == torchrun.field) {
+      names.push_back(torchrun.variable);
+    }
+  }
+  for (const std::string& name : names) {
+    const auto it = variables.find(name);
+    if (it != variables.end()) {
+      return absl::StrCat(" [from ", name, "='", it->second, "' in the environment]");
+    }
+  }
+  if (from_file.GetReflection()->HasField(from_file, descriptor)) {
+    return absl::StrCat(" [from ", config_path, ", named by ", kConfigVariable, "]");
+  }
+  return "";
+}
+
 }  // namespace
 
 absl::StatusOr<Options> Options::FromEnv() {
@@ -418,13 +446,21 @@ absl::StatusOr<Options> Options::FromEnvironment(
     }
     proto = *std::move(file);
   }
+  const OptionsProto from_file = proto;
   if (absl::Status status = ApplyTrainguardVariables(variables, proto); !status.ok()) {
     return status;
   }
   if (absl::Status status = ApplyTorchrunVariables(variables, proto); !status.ok()) {
     return status;
   }
-  return OptionsFromProto(proto);
+  absl::StatusOr<Options> options = OptionsFromProto(proto);
+  if (options.ok()) {
+    return options;
+  }
+  const std::string source =
+      SourceOfInvalidField(options.status().message(), variables,
+                           config == variables.end() ? "" : config->second, from_file);
+  return absl::Status(options.status().code(), absl::StrCat(options.status().message(), source));
 }
 
 absl::StatusOr<Options> Options::FromTextproto(absl::string_view text, absl::string_view origin) {

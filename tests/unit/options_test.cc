@@ -501,3 +501,25 @@ TEST_F(OptionsTest, ResolvedRunDirFallsBackToSlashTmpWhenTmpdirIsUnsetOrEmpty) {
 
 }  // namespace
 }  // namespace trainguard
+
+namespace trainguard {
+namespace {
+
+TEST(OptionsSources, AnInvalidValueFromTheEnvironmentNamesTheVariable) {
+  absl::StatusOr<Options> options =
+      Options::FromEnvironment({{"TRAINGUARD_RANK", "7"}, {"TRAINGUARD_WORLD_SIZE", "4"}});
+  ASSERT_FALSE(options.ok());
+  EXPECT_EQ(
+      options.status().message(),
+      "rank 7 is out of range [0, world_size=4) [from TRAINGUARD_RANK='7' in the environment]");
+}
+
+TEST(OptionsSources, AnInvalidValueFromTorchrunsVariableNamesIt) {
+  absl::StatusOr<Options> options = Options::FromEnvironment({{"RANK", "9"}, {"WORLD_SIZE", "2"}});
+  ASSERT_FALSE(options.ok());
+  EXPECT_THAT(std::string(options.status().message()),
+              ::testing::HasSubstr("[from RANK='9' in the environment]"));
+}
+
+}  // namespace
+}  // namespace trainguard
