@@ -107,6 +107,7 @@ struct Child {
   int log_fd = -1;
   std::string pending;  // output after the last newline
   bool running = true;
+  bool killed_for_liveness = false;
 
   std::string Label() const {
     return rank >= 0 ? absl::StrCat("rank ", rank) : absl::StrCat("standby ", standby_index);
@@ -139,6 +140,7 @@ class Job {
   void OnExit(Child& child, int status);
   void TryReplacements();
   void CheckRecoveries();
+  void KillRanksWithStaleHeartbeats();
   void StopAll(absl::Duration grace);
   void Fail(const std::string& why);
   void Say(const std::string& line) { std::printf("trainguard run: %s\n", line.c_str()); }
@@ -171,6 +173,7 @@ class Job {
     absl::Time died;
   };
   std::vector<Recovery> recoveries_;
+  absl::Time next_liveness_check_ = absl::InfinitePast();
 
   // Generation 0 is formed on a helper thread while the loop keeps draining the ranks' output.
   std::thread former_;
@@ -477,6 +480,24 @@ void Job::CheckRecoveries() {
   }
 }
 
+void Job::KillRanksWithStaleHeartbeats() {
+  const absl::Time now = absl::Now();
+  if (now < next_liveness_check_) return;
+  next_liveness_check_ = now + absl::Milliseconds(500);
+  absl::StatusOr<std::vector<int>> stale =
+      coordinator_->RanksWithStaleHeartbeats(config_.heartbeat_timeout, kStoreTimeout);
+  if (!stale.ok()) return;  // the store is briefly unreachable: look again next time
+  for (int rank : *stale) {
+    for (auto& c : children_) {
+      if (c->rank != rank || !c->running || c->killed_for_liveness) continue;
+      Say(absl::StrFormat("%s (pid %d) has not sent a heartbeat for %s: killing it", c->Label(),
+                          c->pid, absl::FormatDuration(config_.heartbeat_timeout)));
+      c->killed_for_liveness = true;
+      kill(c->pid, SIGKILL);  // reaped and replaced like any dead rank
+    }
+  }
+}
+
 void Job::Fail(const std::string& why) {
   Say(absl::StrCat("job failed: ", why));
   exit_code_ = kExitJobFailed;
@@ -586,6 +607,7 @@ int Job::Run() {
     }
     TryReplacements();
     CheckRecoveries();
+    if (formed_reported && exit_code_ < 0 && dead_.empty()) KillRanksWithStaleHeartbeats();
     if (exit_code_ < 0 && ranks_finished_ == config_.nproc) exit_code_ = 0;
   }
   StopAll(config_.stop_grace);
@@ -614,6 +636,7 @@ std::string RunUsage() {
          "                      [--store tcp://HOST:PORT --token-file F | --store "
          "etcd://HOST:PORT]\n"
          "                      [--job-id ID] [--run-dir DIR] [--rendezvous-timeout SECONDS]\n"
+         "                      [--heartbeat-timeout SECONDS]\n"
          "                      -- COMMAND [ARGS...]\n";
 }
 
@@ -636,6 +659,9 @@ absl::StatusOr<LaunchConfig> ParseRunArguments(const std::vector<std::string>& a
     } else if (flag == "--max-replacements") {
       n = ParseCount(flag, value, 0);
       config.max_replacements = n.value_or(0);
+    } else if (flag == "--heartbeat-timeout") {
+      n = ParseCount(flag, value, 1);
+      config.heartbeat_timeout = absl::Seconds(n.value_or(1));
     } else if (flag == "--rendezvous-timeout") {
       n = ParseCount(flag, value, 1);
       config.rendezvous_timeout = absl::Seconds(n.value_or(1));

@@ -31,6 +31,9 @@ struct LaunchConfig {
   std::string job_id;      // default: "job-<launcher pid>"
   std::string run_dir;     // default: $TMPDIR/trainguard/<job_id>
   absl::Duration rendezvous_timeout = absl::Seconds(300);
+  // A rank whose rendezvous heartbeat has not advanced for this long (its process is stopped or
+  // hung) is killed with SIGKILL and replaced like a rank that died.
+  absl::Duration heartbeat_timeout = absl::Seconds(30);
   // How long ranks get between SIGTERM and SIGKILL when the job is stopped.
   absl::Duration stop_grace = absl::Seconds(10);
   std::vector<std::string> command;

@@ -24,7 +24,10 @@
 //   rdzv/gen/<g>/barrier/<name>/<rank>  barrier arrivals
 //   rdzv/gen/<g>/progress/<rank>   the step a rank's state is ready to run next (-1: no state)
 //   rdzv/gen/<g>/resumed/<rank>    the first step a rank completed in generation g (Runtime)
-//   rdzv/hb/<member>               heartbeat counter, advanced by each member's heartbeat thread
+//   rdzv/hb/<member>               heartbeat counter, advanced by each member's heartbeat thread;
+//   the
+//                                  coordinator reports ranks whose counter stopped (liveness on any
+//                                  store, TcpStore or etcd alike)
 //
 // Thread safety: RendezvousMember and RendezvousCoordinator may be called from any thread; each
 // owns at most one background thread (the heartbeat), stopped and joined by its destructor.
@@ -33,6 +36,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -132,6 +136,12 @@ class RendezvousCoordinator {
   absl::Status ForgetStandby(const std::string& member_id, absl::Duration timeout);
   // Standbys parked now, in member-id order.
   absl::StatusOr<std::vector<std::string>> ParkedStandbys(absl::Duration timeout);
+  // The ranks of the current generation whose heartbeat counter has not advanced for `timeout` of
+  // this coordinator's time (measured from when it first saw the counter, or its last change). A
+  // stopped or hung process stops beating: its heartbeat thread stops with it. Call it
+  // periodically.
+  absl::StatusOr<std::vector<int>> RanksWithStaleHeartbeats(absl::Duration timeout,
+                                                            absl::Duration store_timeout);
   // The newest published generation (-1 before generation 0).
   int64_t generation() const;
 
@@ -143,6 +153,12 @@ class RendezvousCoordinator {
   Store* const store_;
   mutable Mutex mu_;
   Membership current_ ABSL_GUARDED_BY(mu_);
+  // Per member: the last heartbeat value seen and when it was first seen.
+  struct Beat {
+    std::string value;
+    absl::Time since;
+  };
+  std::map<std::string, Beat> beats_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace trainguard

@@ -280,6 +280,30 @@ absl::StatusOr<Membership> RendezvousCoordinator::FormInitialGeneration(int worl
   return Publish(std::move(m), /*standby=*/nullptr, /*standby_rank=*/-1, Left(deadline));
 }
 
+absl::StatusOr<std::vector<int>> RendezvousCoordinator::RanksWithStaleHeartbeats(
+    absl::Duration timeout, absl::Duration store_timeout) {
+  Membership current;
+  {
+    MutexLock lock(&mu_);
+    current = current_;
+  }
+  std::vector<std::string> keys;
+  for (const std::string& member : current.members) keys.push_back(HeartbeatKey(member));
+  absl::StatusOr<std::vector<std::optional<std::string>>> values =
+      store_->MultiGet(keys, store_timeout);
+  if (!values.ok()) return values.status();
+  const absl::Time now = absl::Now();
+  std::vector<int> stale;
+  MutexLock lock(&mu_);
+  for (size_t r = 0; r < current.members.size(); ++r) {
+    const std::string value = (*values)[r].value_or("");
+    auto [it, inserted] = beats_.try_emplace(current.members[r], Beat{value, now});
+    if (!inserted && it->second.value != value) it->second = Beat{value, now};
+    if (now - it->second.since >= timeout) stale.push_back(static_cast<int>(r));
+  }
+  return stale;
+}
+
 absl::StatusOr<std::vector<std::string>> RendezvousCoordinator::ParkedStandbys(
     absl::Duration timeout) {
   absl::StatusOr<std::vector<std::string>> keys = store_->ListKeys("rdzv/standby/", timeout);

@@ -4,6 +4,7 @@
 // events.
 #include <fcntl.h>
 #include <signal.h>
+#include <stdio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -221,6 +222,23 @@ TEST(Launcher, AStandbyKilledWhileParkedIsForgottenAndThePoolRefilled) {
   EXPECT_THAT(job.Output(), HasSubstr("standby 1 (pid"));
   EXPECT_THAT(job.Output(), HasSubstr("takes rank 0 in generation 1"));
   ExpectIdenticalReplicas(job, 2);
+}
+
+TEST(Launcher, AStoppedRankIsDetectedByItsHeartbeatKilledAndReplaced) {
+  testing::TempDir dir;
+  LauncherJob job(dir, {"--nproc", "3", "--standby", "1", "--heartbeat-timeout", "3"}, 1500);
+  ASSERT_TRUE(job.AwaitOutput("step 300 loss")) << job.Output();
+  const absl::Time stopped = absl::Now();
+  ASSERT_EQ(kill(job.RankPid(1), SIGSTOP), 0);  // hung: no exit for waitpid to see
+  ASSERT_TRUE(job.AwaitOutput("has not sent a heartbeat")) << job.Output();
+  const absl::Duration detection = absl::Now() - stopped;
+  EXPECT_EQ(job.Wait(), 0) << job.Output();
+  EXPECT_THAT(job.Output(), HasSubstr("rank 1 (pid"));
+  EXPECT_THAT(job.Output(), HasSubstr("takes rank 1 in generation 1"));
+  ExpectIdenticalReplicas(job, 3);
+  // Reported, not asserted (no timing thresholds in tests): the heartbeat timeout plus the
+  // launcher's 0.5 s check period bound it.
+  std::printf("hung rank detected after %s\n", absl::FormatDuration(detection).c_str());
 }
 
 TEST(Launcher, WithoutAStandbyALostRankFailsTheJobWithStatus1) {

@@ -205,6 +205,20 @@ TEST_F(Rendezvous, AnAgreementIsAbandonedWhenANewerGenerationIsPublished) {
   EXPECT_THAT(std::string(plan.status().message()), HasSubstr("generation 0 was superseded"));
 }
 
+TEST_F(Rendezvous, ARankWhoseHeartbeatStopsIsReportedStale) {
+  FormGenerationZero(3);
+  // The first look records every member's counter; nobody is stale yet.
+  EXPECT_TRUE(coordinator_.RanksWithStaleHeartbeats(absl::Seconds(1), kTimeout)->empty());
+  // Rank 1 stops (its process is gone: the member and its heartbeat thread are destroyed).
+  ranks_[1].reset();
+  std::vector<int> stale;
+  for (absl::Time end = absl::Now() + kTimeout; absl::Now() < end && stale.empty();) {
+    stale = *coordinator_.RanksWithStaleHeartbeats(absl::Milliseconds(300), kTimeout);
+    absl::SleepFor(kHeartbeat);
+  }
+  EXPECT_THAT(stale, ElementsAre(1));
+}
+
 TEST_F(Rendezvous, ReplacingWithoutAParkedStandbyFailsNamingTheRank) {
   FormGenerationZero(2);
   absl::StatusOr<Membership> next = coordinator_.ReplaceRank(1, kTimeout);
