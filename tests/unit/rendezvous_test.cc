@@ -50,6 +50,15 @@ class Rendezvous : public ::testing::Test {
     }
   }
 
+  // Bounded polling until `n` standbys are parked (the launcher learns of them the same way).
+  void AwaitParkedStandbys(size_t n) {
+    for (absl::Time end = absl::Now() + kTimeout; absl::Now() < end;) {
+      if (coordinator_.ParkedStandbys(kTimeout)->size() >= n) return;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    FAIL() << "fewer than " << n << " standbys parked in time";
+  }
+
   InMemoryStore shared_;
   std::unique_ptr<Store> coordinator_store_ = shared_.NewClient();
   RendezvousCoordinator coordinator_{coordinator_store_.get()};
@@ -67,11 +76,7 @@ TEST_F(Rendezvous, AParkedStandbyTakesTheDeadRanksIdInTheNextGeneration) {
   Process standby(shared_, "host:standby0");
   absl::StatusOr<Membership> assigned;
   std::thread parked([&] { assigned = standby.member.ParkAsStandby(kTimeout); });
-  // The launcher learns of the standby by its key; bounded polling until it is parked.
-  for (absl::Time end = absl::Now() + kTimeout; absl::Now() < end;) {
-    if (!coordinator_.ParkedStandbys(kTimeout)->empty()) break;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  AwaitParkedStandbys(1);
   absl::StatusOr<Membership> next = coordinator_.ReplaceRank(2, kTimeout);
   parked.join();
   ASSERT_TRUE(next.ok()) << next.status();
@@ -104,10 +109,7 @@ TEST_F(Rendezvous, TheReplacedMemberIsFencedOutOfTheStore) {
   FormGenerationZero(3);
   Process standby(shared_, "host:standby0");
   std::thread parked([&] { ASSERT_TRUE(standby.member.ParkAsStandby(kTimeout).ok()); });
-  for (absl::Time end = absl::Now() + kTimeout; absl::Now() < end;) {
-    if (!coordinator_.ParkedStandbys(kTimeout)->empty()) break;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  AwaitParkedStandbys(1);
   ASSERT_TRUE(coordinator_.ReplaceRank(1, kTimeout).ok());
   parked.join();
 
@@ -139,10 +141,7 @@ TEST_F(Rendezvous, TwoFailuresInARowLandASlowSurvivorInTheNewestGeneration) {
   absl::StatusOr<Membership> a, b;
   std::thread park_a([&] { a = standby_a.member.ParkAsStandby(kTimeout); });
   std::thread park_b([&] { b = standby_b.member.ParkAsStandby(kTimeout); });
-  for (absl::Time end = absl::Now() + kTimeout; absl::Now() < end;) {
-    if (coordinator_.ParkedStandbys(kTimeout)->size() == 2) break;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  AwaitParkedStandbys(2);
   ASSERT_TRUE(coordinator_.ReplaceRank(1, kTimeout).ok());
   absl::StatusOr<Membership> second = coordinator_.ReplaceRank(3, kTimeout);
   park_a.join();
@@ -187,10 +186,7 @@ TEST_F(Rendezvous, AnAgreementIsAbandonedWhenANewerGenerationIsPublished) {
   FormGenerationZero(3);
   Process standby(shared_, "host:standby0");
   std::thread parked([&] { ASSERT_TRUE(standby.member.ParkAsStandby(kTimeout).ok()); });
-  for (absl::Time end = absl::Now() + kTimeout; absl::Now() < end;) {
-    if (!coordinator_.ParkedStandbys(kTimeout)->empty()) break;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  AwaitParkedStandbys(1);
   // Rank 0 starts agreeing in generation 0; rank 2 dies instead of taking part, and is replaced.
   Membership g0;
   g0.generation = 0;
@@ -235,10 +231,7 @@ TEST_F(Rendezvous, AStandbyThatDiedWhileParkedIsNeverPicked) {
   Process b(shared_, "host:b");
   absl::StatusOr<Membership> assigned;
   std::thread parked([&] { assigned = b.member.ParkAsStandby(kTimeout); });
-  for (absl::Time end = absl::Now() + kTimeout; absl::Now() < end;) {
-    if (coordinator_.ParkedStandbys(kTimeout)->size() == 2) break;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  AwaitParkedStandbys(2);
   ASSERT_TRUE(coordinator_.ForgetStandby("host:a", kTimeout).ok());
   absl::StatusOr<Membership> next = coordinator_.ReplaceRank(0, kTimeout);
   parked.join();
