@@ -19,7 +19,7 @@ for t in $(seq "$trials"); do
   run_dir="$(mktemp -d "${TMPDIR:-/tmp}/tg-recovery.XXXXXX")"
   out="$run_dir/out"
   "$trainguard" run --nproc "$nproc" --standby 1 --job-id "recovery$t" --run-dir "$run_dir" -- \
-    "$trainer" --steps 600 --print-every 100 >"$out" 2>&1 &
+    "$trainer" --steps 600 --print-every 100 --comm-timeout-s 10 >"$out" 2>&1 &
   launcher=$!
   for _ in $(seq 600); do grep -qs 'step 200 loss' "$out" && break; sleep 0.1; done
   kill -9 "$(cat "$run_dir/pids/rank-$victim_rank")"

@@ -47,7 +47,7 @@ inject=()
 [ "$faults" = 1 ] && inject=(--inject-nan 1:100)
 
 "$trainguard" run --nproc 4 --standby 1 --job-id demo --run-dir "$run_dir" -- \
-  "$trainer" --steps "$steps" --print-every 100 "${inject[@]}" "${trainer_args[@]}" >"$out" 2>&1 &
+  "$trainer" --steps "$steps" --print-every 100 --comm-timeout-s 10 "${inject[@]}" "${trainer_args[@]}" >"$out" 2>&1 &
 launcher=$!
 trap 'kill -TERM $launcher 2>/dev/null || true' EXIT
 tail -n +1 -f "$out" --pid "$launcher" &

@@ -15,7 +15,7 @@
 // so a member of a superseded generation finds every write rejected, its heartbeat included, and
 // superseded() turns true; a replaced member (declared dead while still running) stays shut out:
 //   rdzv/join/<rank>               member id of the initial rank (generation 0)
-//   rdzv/standby/<member>          a parked standby
+//   rdzv/standby/<member>          "parked", or "taken" once the coordinator claimed it (by CAS)
 //   rdzv/assign/<member>           "<generation> <rank>": a standby's assignment
 //   rdzv/gen/<g>/table             the rank table of generation g: text lines "<g>", "<world
 //   size>",
@@ -137,9 +137,9 @@ class RendezvousCoordinator {
   // Standbys parked now, in member-id order.
   absl::StatusOr<std::vector<std::string>> ParkedStandbys(absl::Duration timeout);
   // The ranks of the current generation whose heartbeat counter has not advanced for `timeout` of
-  // this coordinator's time (measured from when it first saw the counter, or its last change). A
-  // stopped or hung process stops beating: its heartbeat thread stops with it. Call it
-  // periodically.
+  // this coordinator's time, measured from its last change or from the publication of the current
+  // generation (until a member adopts a new generation its beats are fenced out). A stopped or hung
+  // process stops beating: its heartbeat thread stops with it. Call it periodically.
   absl::StatusOr<std::vector<int>> RanksWithStaleHeartbeats(absl::Duration timeout,
                                                             absl::Duration store_timeout);
   // The newest published generation (-1 before generation 0).
@@ -159,6 +159,7 @@ class RendezvousCoordinator {
     absl::Time since;
   };
   std::map<std::string, Beat> beats_ ABSL_GUARDED_BY(mu_);
+  int64_t beats_generation_ ABSL_GUARDED_BY(mu_) = -1;
 };
 
 }  // namespace trainguard

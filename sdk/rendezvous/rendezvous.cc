@@ -16,6 +16,9 @@ namespace trainguard {
 namespace {
 
 constexpr char kCurrentKey[] = "rdzv/current";
+// Values of rdzv/standby/<member>: waiting for an assignment, or claimed by the coordinator.
+constexpr char kParked[] = "parked";
+constexpr char kTaken[] = "taken";
 // How often a rank waiting for the others' progress checks whether its generation was superseded.
 constexpr absl::Duration kAgreementSlice = absl::Milliseconds(100);
 
@@ -148,7 +151,11 @@ absl::StatusOr<Membership> RendezvousMember::JoinInitial(int rank, int world_siz
 absl::StatusOr<Membership> RendezvousMember::ParkAsStandby(absl::Duration timeout) {
   if (absl::Status s = ValidMemberId(member_id_); !s.ok()) return s;
   const absl::Time deadline = absl::Now() + timeout;
-  if (absl::Status s = store_->Set(StandbyKey(member_id_), "parked", timeout); !s.ok()) return s;
+  // Parks unless a coordinator already claimed this standby ("taken"): a standby whose previous
+  // bounded wait ended just as it was being assigned must not park itself a second time.
+  absl::StatusOr<CompareAndSetResult> parked =
+      store_->CompareAndSet(StandbyKey(member_id_), std::nullopt, kParked, timeout);
+  if (!parked.ok()) return parked.status();
   const std::string assign_key = AssignKey(member_id_);
   if (absl::Status s = store_->Wait({assign_key}, Left(deadline)); !s.ok()) {
     return absl::Status(s.code(), absl::StrFormat("standby %s parked without an assignment: %s",
@@ -295,6 +302,12 @@ absl::StatusOr<std::vector<int>> RendezvousCoordinator::RanksWithStaleHeartbeats
   const absl::Time now = absl::Now();
   std::vector<int> stale;
   MutexLock lock(&mu_);
+  // A new generation raised the fence: members still in the old one cannot beat until they adopt
+  // it. Everyone gets a full timeout from the publication on.
+  if (beats_generation_ != current.generation) {
+    beats_.clear();
+    beats_generation_ = current.generation;
+  }
   for (size_t r = 0; r < current.members.size(); ++r) {
     const std::string value = (*values)[r].value_or("");
     auto [it, inserted] = beats_.try_emplace(current.members[r], Beat{value, now});
@@ -306,10 +319,19 @@ absl::StatusOr<std::vector<int>> RendezvousCoordinator::RanksWithStaleHeartbeats
 
 absl::StatusOr<std::vector<std::string>> RendezvousCoordinator::ParkedStandbys(
     absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
   absl::StatusOr<std::vector<std::string>> keys = store_->ListKeys("rdzv/standby/", timeout);
   if (!keys.ok()) return keys;
-  for (std::string& key : *keys) key.erase(0, std::string_view("rdzv/standby/").size());
-  return keys;
+  absl::StatusOr<std::vector<std::optional<std::string>>> states =
+      store_->MultiGet(*keys, Left(deadline));
+  if (!states.ok()) return states.status();
+  std::vector<std::string> parked;
+  for (size_t i = 0; i < keys->size(); ++i) {
+    if ((*states)[i] == kParked) {
+      parked.push_back((*keys)[i].substr(std::string_view("rdzv/standby/").size()));
+    }
+  }
+  return parked;
 }
 
 absl::Status RendezvousCoordinator::ForgetStandby(const std::string& member_id,
@@ -334,16 +356,19 @@ absl::StatusOr<Membership> RendezvousCoordinator::ReplaceRank(int dead_rank,
   }
   absl::StatusOr<std::vector<std::string>> standbys = ParkedStandbys(Left(deadline));
   if (!standbys.ok()) return standbys.status();
-  if (standbys->empty()) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "no standby is parked to replace rank %d of generation %d", dead_rank, next.generation));
+  // Claim the first standby still parked: compare-and-set, so one that was forgotten meanwhile (it
+  // died) or already claimed is skipped.
+  for (const std::string& standby : *standbys) {
+    absl::StatusOr<CompareAndSetResult> claimed =
+        store_->CompareAndSet(StandbyKey(standby), std::string(kParked), kTaken, Left(deadline));
+    if (!claimed.ok()) return claimed.status();
+    if (!claimed->swapped) continue;
+    next.generation += 1;
+    next.members[dead_rank] = standby;
+    return Publish(std::move(next), &standby, dead_rank, Left(deadline));
   }
-  const std::string standby = standbys->front();
-  next.generation += 1;
-  next.members[dead_rank] = standby;
-  if (absl::Status s = store_->Delete(StandbyKey(standby), Left(deadline)).status(); !s.ok())
-    return s;
-  return Publish(std::move(next), &standby, dead_rank, Left(deadline));
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "no standby is parked to replace rank %d of generation %d", dead_rank, next.generation));
 }
 
 absl::StatusOr<Membership> RendezvousCoordinator::Publish(Membership next,

@@ -45,7 +45,8 @@ class LauncherJob {
     args.insert(args.end(), launcher_flags.begin(), launcher_flags.end());
     for (const std::string& a :
          {std::string("--"), std::string(TRAINGUARD_TRAINER_PATH), std::string("--steps"),
-          absl::StrCat(steps), std::string("--print-every"), std::string("50")}) {
+          absl::StrCat(steps), std::string("--print-every"), std::string("50"),
+          std::string("--comm-timeout-s"), std::string("10")}) {
       args.push_back(a);
     }
     pid_ = fork();

@@ -79,8 +79,20 @@ class EtcdProcess {
   }
 
   // The hang: SIGSTOP. etcd keeps its sockets open and answers nothing until Resume().
+  // Returns once the kernel reports the process stopped: SIGSTOP is delivered asynchronously, and
+  // on a loaded machine etcd could otherwise still answer a request sent right after the kill.
   void Pause() {
-    if (pid_ > 0) kill(pid_, SIGSTOP);
+    if (pid_ <= 0) return;
+    kill(pid_, SIGSTOP);
+    const std::string stat_path = absl::StrCat("/proc/", pid_, "/stat");
+    for (absl::Time end = absl::Now() + absl::Seconds(10); absl::Now() < end;) {
+      std::ifstream stat(stat_path);
+      std::string line;
+      std::getline(stat, line);
+      const size_t paren = line.rfind(')');  // "pid (comm) STATE ..."
+      if (paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'T') return;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
   }
   void Resume() {
     if (pid_ > 0) kill(pid_, SIGCONT);

@@ -215,6 +215,35 @@ TEST_F(Rendezvous, ARankWhoseHeartbeatStopsIsReportedStale) {
   EXPECT_THAT(stale, ElementsAre(1));
 }
 
+TEST_F(Rendezvous, SurvivorsFencedOutUntilTheyRejoinAreNotReportedStale) {
+  FormGenerationZero(3);
+  Process standby(shared_, "host:standby0");
+  std::thread parked([&] { ASSERT_TRUE(standby.member.ParkAsStandby(kTimeout).ok()); });
+  AwaitParkedStandbys(1);
+  ASSERT_TRUE(coordinator_.RanksWithStaleHeartbeats(absl::Milliseconds(200), kTimeout).ok());
+  ASSERT_TRUE(coordinator_.ReplaceRank(1, kTimeout).ok());
+  parked.join();
+  // Ranks 0 and 2 have not adopted generation 1 yet: their beats are rejected by the fence. The
+  // clock restarted at the new generation, so a look right away finds nobody stale.
+  EXPECT_TRUE(coordinator_.RanksWithStaleHeartbeats(absl::Milliseconds(200), kTimeout)->empty());
+}
+
+TEST_F(Rendezvous, AClaimedStandbyNeverParksAgainNorIsPickedTwice) {
+  FormGenerationZero(3);
+  Process standby(shared_, "host:standby0");
+  std::thread parked([&] { ASSERT_TRUE(standby.member.ParkAsStandby(kTimeout).ok()); });
+  AwaitParkedStandbys(1);
+  ASSERT_TRUE(coordinator_.ReplaceRank(1, kTimeout).ok());
+  parked.join();
+  // Parking again (as after a timed-out wait) returns the same assignment and leaves the standby
+  // unavailable to a second replacement.
+  absl::StatusOr<Membership> again = standby.member.ParkAsStandby(kTimeout);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->rank, 1);
+  EXPECT_TRUE(coordinator_.ParkedStandbys(kTimeout)->empty());
+  EXPECT_TRUE(absl::IsFailedPrecondition(coordinator_.ReplaceRank(2, kTimeout).status()));
+}
+
 TEST_F(Rendezvous, ReplacingWithoutAParkedStandbyFailsNamingTheRank) {
   FormGenerationZero(2);
   absl::StatusOr<Membership> next = coordinator_.ReplaceRank(1, kTimeout);
