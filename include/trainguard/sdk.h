@@ -5,6 +5,7 @@
 #ifndef TRAINGUARD_SDK_H_
 #define TRAINGUARD_SDK_H_
 
+#include "trainguard/checkpoint.h"
 #include "trainguard/clock.h"
 #include "trainguard/env.h"
 #include "trainguard/errors.h"

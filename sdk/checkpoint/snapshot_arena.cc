@@ -1,0 +1,175 @@
+#include "sdk/checkpoint/snapshot_arena.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+
+namespace trainguard {
+namespace checkpoint_internal {
+namespace {
+
+// Populated up front: the page-table entries of the whole arena are set up once, here, and not by
+// page faults in the middle of the first snapshots (about 1 s per 4 GiB of 4 KiB pages).
+constexpr int kMapFlags = MAP_SHARED | MAP_POPULATE;
+
+absl::Status ErrnoError(int error, const std::string& name, const char* operation) {
+  const std::string message =
+      absl::StrFormat("snapshot arena %s: %s: %s", name, operation, std::strerror(error));
+  if (error == ENOSPC || error == ENOMEM) return absl::ResourceExhaustedError(message);
+  if (error == ENOENT) return absl::NotFoundError(message);
+  return absl::InternalError(message);
+}
+
+// Why an existing segment of `size` bytes whose header is `header` cannot serve `geometry`; empty
+// when it can.
+std::string Mismatch(const ArenaHeader& header, uint64_t size, const ArenaGeometry& geometry) {
+  if (size < sizeof(ArenaHeader)) return absl::StrFormat("it is only %d bytes", size);
+  if (header.magic != kArenaMagicValue) {
+    return "it has no arena header (its creator died while creating it, or it is not an arena)";
+  }
+  if (header.format_version != kArenaFormatVersion) {
+    return absl::StrFormat("it has format version %d, this library writes %d",
+                           header.format_version, kArenaFormatVersion);
+  }
+  if (header.layout_hash != geometry.layout_hash) {
+    return absl::StrFormat(
+        "it holds state of layout hash %016x, the registry has layout hash %016x (other buffers, "
+        "sizes, dtypes, shapes or devices)",
+        header.layout_hash, geometry.layout_hash);
+  }
+  const ArenaGeometry found{header.layout_hash, header.chunk_bytes, header.payload_capacity,
+                            header.max_chunks, header.slot_header_bytes};
+  if (!(found == geometry) || header.segment_bytes != size || size != geometry.segment_bytes()) {
+    return absl::StrFormat(
+        "its geometry (chunk %d bytes, slot capacity %d bytes, %d bytes) differs from this one "
+        "(chunk %d bytes, slot capacity %d bytes, %d bytes)",
+        header.chunk_bytes, header.payload_capacity, size, geometry.chunk_bytes,
+        geometry.payload_capacity, geometry.segment_bytes());
+  }
+  return "";
+}
+
+// Takes the segment's exclusive lock, so that two live processes never write one arena.
+absl::Status LockSegment(int fd, const std::string& name) {
+  if (flock(fd, LOCK_EX | LOCK_NB) == 0) return absl::OkStatus();
+  if (errno == EWOULDBLOCK) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("snapshot arena %s: in use by another live Snapshotter (a process of this "
+                        "rank that has not "
+                        "exited, or a second Snapshotter in this one)",
+                        name));
+  }
+  return ErrnoError(errno, name, "flock");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SnapshotArena>> SnapshotArena::OpenOrCreate(
+    const std::string& name, const ArenaGeometry& geometry, std::string* replaced_reason) {
+  replaced_reason->clear();
+  const uint64_t size = geometry.segment_bytes();
+  int fd = shm_open(name.c_str(), O_RDWR, 0600);
+  if (fd >= 0) {
+    if (absl::Status locked = LockSegment(fd, name); !locked.ok()) {
+      close(fd);
+      return locked;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+      const int error = errno;
+      close(fd);
+      return ErrnoError(error, name, "fstat");
+    }
+    ArenaHeader header{};
+    if (static_cast<uint64_t>(st.st_size) >= sizeof(header) &&
+        pread(fd, &header, sizeof(header), 0) != static_cast<ssize_t>(sizeof(header))) {
+      std::memset(&header, 0, sizeof(header));
+    }
+    *replaced_reason = Mismatch(header, static_cast<uint64_t>(st.st_size), geometry);
+    if (replaced_reason->empty()) {
+      void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, kMapFlags, fd, 0);
+      if (base == MAP_FAILED) {
+        const int error = errno;
+        close(fd);
+        return ErrnoError(error, name, "mmap");
+      }
+      return std::unique_ptr<SnapshotArena>(
+          new SnapshotArena(name, geometry, fd, static_cast<char*>(base), /*reopened=*/true));
+    }
+    // Another layout: the old snapshot can never be restored into this registry, so it is replaced.
+    shm_unlink(name.c_str());
+    close(fd);
+  } else if (errno != ENOENT) {
+    return ErrnoError(errno, name, "shm_open (existing)");
+  }
+
+  fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (fd < 0) return ErrnoError(errno, name, "shm_open (create)");
+  auto fail = [&](int error, const char* operation) {
+    shm_unlink(name.c_str());
+    close(fd);
+    return ErrnoError(error, name, operation);
+  };
+  if (absl::Status locked = LockSegment(fd, name); !locked.ok()) {
+    close(fd);
+    return locked;
+  }
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0) return fail(errno, "ftruncate");
+  // Reserve the memory now: a full /dev/shm then fails here, not with SIGBUS in the middle of a
+  // copy.
+  if (int error = posix_fallocate(fd, 0, static_cast<off_t>(size)); error != 0) {
+    return fail(error, absl::StrFormat("posix_fallocate of %d bytes", size).c_str());
+  }
+  void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, kMapFlags, fd, 0);
+  if (base == MAP_FAILED) return fail(errno, "mmap");
+  auto* header = static_cast<ArenaHeader*>(base);
+  header->format_version = kArenaFormatVersion;
+  header->layout_hash = geometry.layout_hash;
+  header->chunk_bytes = geometry.chunk_bytes;
+  header->payload_capacity = geometry.payload_capacity;
+  header->max_chunks = geometry.max_chunks;
+  header->slot_header_bytes = geometry.slot_header_bytes;
+  header->segment_bytes = size;
+  auto arena = std::unique_ptr<SnapshotArena>(
+      new SnapshotArena(name, geometry, fd, static_cast<char*>(base), /*reopened=*/false));
+  for (int i = 0; i < 2; ++i) {
+    SlotHeader* slot = arena->slot(i);
+    std::memcpy(slot->magic, kSlotMagic, sizeof(kSlotMagic));
+    slot->format_version = kArenaFormatVersion;
+    StoreState(slot, kSlotEmpty);
+  }
+  // The magic last: a segment whose creator died before this line is recognised as unusable.
+  std::atomic_ref<uint64_t>(header->magic).store(kArenaMagicValue, std::memory_order_release);
+  return arena;
+}
+
+SnapshotArena::~SnapshotArena() {
+  munmap(base_, geometry_.segment_bytes());
+  close(fd_);  // releases the flock
+}
+
+SlotHeader* SnapshotArena::slot(int i) const {
+  return reinterpret_cast<SlotHeader*>(base_ + kArenaAlignment + i * geometry_.slot_header_bytes);
+}
+
+char* SnapshotArena::payload(int i) const {
+  return base_ + kArenaAlignment + 2 * geometry_.slot_header_bytes + i * geometry_.payload_capacity;
+}
+
+absl::Status SnapshotArena::Remove(const std::string& name) {
+  if (shm_unlink(name.c_str()) != 0) return ErrnoError(errno, name, "shm_unlink");
+  return absl::OkStatus();
+}
+
+}  // namespace checkpoint_internal
+}  // namespace trainguard

@@ -1,0 +1,607 @@
+// Snapshotter: copies the registered state into the free slot of the shared-memory arena on worker
+// threads, checksumming each chunk as it lands; restores from the newest complete slot after
+// verifying every chunk. Arena layout: sdk/checkpoint/snapshot_arena.h and docs/FORMATS.md.
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
+#include "sdk/checkpoint/snapshot_arena.h"
+#include "trainguard/checkpoint.h"
+#include "trainguard/mutex.h"
+
+#if defined(TRAINGUARD_HAVE_CUDA)
+#include "sdk/checkpoint/snapshotter_cuda.h"
+#endif
+
+namespace trainguard {
+
+using checkpoint_internal::AlignUp;
+using checkpoint_internal::ArenaGeometry;
+using checkpoint_internal::ChunkChecksums;
+using checkpoint_internal::kArenaAlignment;
+using checkpoint_internal::kArenaFormatVersion;
+using checkpoint_internal::kSlotComplete;
+using checkpoint_internal::kSlotEmpty;
+using checkpoint_internal::kSlotMagic;
+using checkpoint_internal::kSlotWriting;
+using checkpoint_internal::LoadState;
+using checkpoint_internal::SlotHeader;
+using checkpoint_internal::SnapshotArena;
+using checkpoint_internal::StoreState;
+
+namespace {
+
+// A device copy (one chunk) that takes longer than this is a hung GPU or bus, not a slow one.
+constexpr absl::Duration kDeviceCopyTimeout = absl::Seconds(60);
+// How often an idle worker re-checks for shutdown.
+constexpr absl::Duration kWorkerIdlePoll = absl::Milliseconds(200);
+
+// The part of one chunk that comes from one buffer.
+struct Piece {
+  int buffer = 0;
+  size_t buffer_offset = 0;
+  size_t payload_offset = 0;
+  size_t bytes = 0;
+};
+
+// Where everything goes in a slot's payload: each buffer at a 4096-aligned offset, in registry
+// order, then the blob area.
+struct PayloadPlan {
+  ArenaGeometry geometry;
+  std::vector<size_t> buffer_offsets;
+  std::vector<int64_t> buffer_chunks;      // chunks that hold part of each buffer
+  std::vector<std::vector<Piece>> chunks;  // pieces of each chunk of the buffer region
+  size_t blob_offset = 0;
+  size_t blob_capacity = 0;
+};
+
+PayloadPlan PlanPayload(const StateRegistry& registry, const SnapshotterOptions& options) {
+  PayloadPlan plan;
+  const size_t chunk = options.chunk_bytes;
+  size_t offset = 0;
+  for (size_t i = 0; i < registry.buffers().size(); ++i) {
+    const size_t bytes = registry.buffers()[i].bytes;
+    plan.buffer_offsets.push_back(offset);
+    int64_t chunks = 0;
+    for (size_t at = 0; at < bytes; ++chunks) {
+      const size_t k = (offset + at) / chunk;
+      const size_t piece = std::min(bytes - at, (k + 1) * chunk - (offset + at));
+      if (plan.chunks.size() <= k) plan.chunks.resize(k + 1);
+      plan.chunks[k].push_back(Piece{static_cast<int>(i), at, offset + at, piece});
+      at += piece;
+    }
+    plan.buffer_chunks.push_back(chunks);
+    offset += AlignUp(bytes, kArenaAlignment);
+  }
+  plan.blob_offset = offset;
+  plan.blob_capacity = AlignUp(options.max_blob_bytes + sizeof(uint32_t), kArenaAlignment);
+  plan.geometry.layout_hash = registry.LayoutHash();
+  plan.geometry.chunk_bytes = chunk;
+  plan.geometry.payload_capacity = plan.blob_offset + plan.blob_capacity;
+  plan.geometry.max_chunks = (plan.geometry.payload_capacity + chunk - 1) / chunk;
+  plan.geometry.slot_header_bytes =
+      AlignUp(sizeof(SlotHeader) + 8 * plan.geometry.max_chunks, kArenaAlignment);
+  return plan;
+}
+
+// Blob area: u32 count, then per blob u32 name length, u64 value length, name, value.
+void Put(std::string* out, const void* p, size_t n) { out->append(static_cast<const char*>(p), n); }
+
+std::string SerializeBlobs(const StateRegistry& registry) {
+  std::string out;
+  const uint32_t count = static_cast<uint32_t>(registry.blobs().size());
+  Put(&out, &count, sizeof(count));
+  for (const auto& [name, value] : registry.blobs()) {
+    const uint32_t name_bytes = static_cast<uint32_t>(name.size());
+    const uint64_t value_bytes = value.size();
+    Put(&out, &name_bytes, sizeof(name_bytes));
+    Put(&out, &value_bytes, sizeof(value_bytes));
+    out += name;
+    out += value;
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ParseBlobs(std::string_view area) {
+  std::vector<std::pair<std::string, std::string>> blobs;
+  auto take = [&area](void* p, size_t n) {
+    if (area.size() < n) return false;
+    std::memcpy(p, area.data(), n);
+    area.remove_prefix(n);
+    return true;
+  };
+  uint32_t count = 0;
+  if (!take(&count, sizeof(count))) return absl::DataLossError("blob area shorter than its count");
+  for (uint32_t i = 0; i < count; ++i) {
+    uint32_t name_bytes = 0;
+    uint64_t value_bytes = 0;
+    if (!take(&name_bytes, sizeof(name_bytes)) || !take(&value_bytes, sizeof(value_bytes)) ||
+        area.size() < name_bytes || area.size() - name_bytes < value_bytes) {
+      return absl::DataLossError(
+          absl::StrFormat("blob %d of %d runs past the blob area", i, count));
+    }
+    std::string name(area.substr(0, name_bytes));
+    std::string value(area.substr(name_bytes, value_bytes));
+    area.remove_prefix(name_bytes + value_bytes);
+    blobs.emplace_back(std::move(name), std::move(value));
+  }
+  return blobs;
+}
+
+SnapshotInfo InfoOf(const SlotHeader* slot) {
+  return SnapshotInfo{slot->step, slot->generation, slot->layout_hash,
+                      static_cast<size_t>(slot->payload_bytes)};
+}
+
+}  // namespace
+
+class Snapshotter::Impl {
+ public:
+  Impl(const StateRegistry* registry, const SnapshotterOptions& options, PayloadPlan plan,
+       std::unique_ptr<SnapshotArena> arena, std::string replaced_reason)
+      : registry_(registry),
+        options_(options),
+        plan_(std::move(plan)),
+        arena_(std::move(arena)),
+        replaced_reason_(std::move(replaced_reason)),
+        buffer_remaining_(registry->buffers().size(), 0) {}
+
+  ~Impl() {
+    {
+      MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    for (std::thread& worker : workers_) worker.join();
+    // A snapshot cut short here stays kWriting: never restored, as after a crash.
+  }
+
+  // Finds the newest complete slot a previous process left, then starts the copy workers.
+  absl::Status Start() {
+#if defined(TRAINGUARD_HAVE_CUDA)
+    std::vector<int> ordinals;
+    for (const StateBuffer& buffer : registry_->buffers()) {
+      if (buffer.device.kind == Device::Kind::kCuda &&
+          std::find(ordinals.begin(), ordinals.end(), buffer.device.index) == ordinals.end()) {
+        ordinals.push_back(buffer.device.index);
+      }
+    }
+    if (!ordinals.empty()) {
+      absl::StatusOr<std::unique_ptr<checkpoint_internal::DeviceCopier>> copier =
+          checkpoint_internal::DeviceCopier::Create(arena_->payloads_begin(),
+                                                    arena_->payloads_bytes(), ordinals);
+      if (!copier.ok()) {
+        return absl::Status(copier.status().code(),
+                            absl::StrFormat("%s: %s", Where(), copier.status().message()));
+      }
+      device_copier_ = *std::move(copier);
+    }
+#endif
+    MutexLock lock(&mu_);
+    uint64_t newest = 0;
+    for (int i = 0; i < 2; ++i) {
+      SlotHeader* slot = arena_->slot(i);
+      next_sequence_ = std::max(next_sequence_, slot->sequence + 1);
+      if (LoadState(slot) == kSlotWriting) StoreState(slot, kSlotEmpty);  // a crash mid-copy
+      if (LoadState(slot) != kSlotComplete || !SlotUsable(slot)) continue;
+      if (latest_slot_ < 0 || slot->sequence > newest) {
+        latest_slot_ = i;
+        newest = slot->sequence;
+      }
+    }
+    for (int i = 0; i < options_.copy_threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+    return absl::OkStatus();
+  }
+
+  absl::Status Begin(int64_t step) {
+    MutexLock lock(&mu_);
+    if (in_flight_) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%s: Begin(%d): the snapshot of step %d is still in flight (%d of %d chunks copied)",
+          Where(), step, step_, chunks_done_, num_chunks_));
+    }
+    const int w = latest_slot_ == 0 ? 1 : 0;
+    SlotHeader* slot = arena_->slot(w);
+    // Mark the slot unfinished before touching a byte of it: a crash from here on leaves it
+    // kWriting, and the other slot (the latest complete one) is never written.
+    StoreState(slot, kSlotWriting);
+    const std::string blobs = SerializeBlobs(*registry_);
+    if (blobs.size() > plan_.blob_capacity) {
+      StoreState(slot, kSlotEmpty);
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "%s: Begin(%d): the blobs need %d bytes, the arena reserves %d (max_blob_bytes)", Where(),
+          step, blobs.size(), plan_.blob_capacity));
+    }
+    std::memcpy(arena_->payload(w) + plan_.blob_offset, blobs.data(), blobs.size());
+    const uint64_t payload_bytes = plan_.blob_offset + blobs.size();
+    std::memcpy(slot->magic, kSlotMagic, sizeof(kSlotMagic));
+    slot->format_version = kArenaFormatVersion;
+    slot->step = step;
+    slot->generation = options_.generation;
+    slot->layout_hash = plan_.geometry.layout_hash;
+    slot->payload_bytes = payload_bytes;
+    slot->chunk_bytes = options_.chunk_bytes;
+    slot->num_chunks = (payload_bytes + options_.chunk_bytes - 1) / options_.chunk_bytes;
+    slot->sequence = next_sequence_++;
+
+    writing_slot_ = w;
+    step_ = step;
+    in_flight_ = true;
+    snapshot_status_ = absl::OkStatus();
+    num_chunks_ = static_cast<int64_t>(slot->num_chunks);
+    next_chunk_ = 0;
+    chunks_done_ = 0;
+    for (size_t i = 0; i < buffer_remaining_.size(); ++i) {
+      buffer_remaining_[i] = plan_.buffer_chunks[i];
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status FenceBuffer(const std::string& name, absl::Duration timeout) {
+    int index = -1;
+    for (size_t i = 0; i < registry_->buffers().size(); ++i) {
+      if (registry_->buffers()[i].name == name) index = static_cast<int>(i);
+    }
+    if (index < 0) {
+      return absl::NotFoundError(
+          absl::StrFormat("%s: FenceBuffer: no buffer \"%s\" is registered", Where(), name));
+    }
+    MutexLock lock(&mu_);
+    const bool done = mu_.AwaitWithTimeout(
+        [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          return !in_flight_ || buffer_remaining_[index] == 0 || !snapshot_status_.ok();
+        },
+        timeout);
+    if (!done) {
+      return absl::DeadlineExceededError(
+          absl::StrFormat("%s: the copy of buffer \"%s\" for step %d is not done after %s", Where(),
+                          name, step_, absl::FormatDuration(timeout)));
+    }
+    return snapshot_status_;
+  }
+
+  absl::Status Fence(absl::Duration timeout) {
+    MutexLock lock(&mu_);
+    const bool done =
+        mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !in_flight_; }, timeout);
+    if (!done) {
+      return absl::DeadlineExceededError(absl::StrFormat(
+          "%s: the snapshot of step %d is not done after %s (%d of %d chunks copied)", Where(),
+          step_, absl::FormatDuration(timeout), chunks_done_, num_chunks_));
+    }
+    return snapshot_status_;
+  }
+
+  std::optional<SnapshotInfo> LatestComplete() {
+    MutexLock lock(&mu_);
+    if (latest_slot_ < 0) return std::nullopt;
+    return InfoOf(arena_->slot(latest_slot_));
+  }
+
+  absl::StatusOr<SnapshotInfo> RestoreLatest(StateRegistry* registry) {
+    MutexLock lock(&mu_);
+    if (in_flight_) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%s: cannot restore while the snapshot of step %d is being copied; Fence() first",
+          Where(), step_));
+    }
+    if (latest_slot_ < 0) return NoSnapshotError("RestoreLatest");
+    SlotHeader* slot = arena_->slot(latest_slot_);
+    const SnapshotInfo info = InfoOf(slot);
+    if (registry->LayoutHash() != slot->layout_hash) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%s: the snapshot of step %d has layout hash %016x, the registry to restore into has "
+          "%016x (other buffers, sizes, dtypes, shapes or devices): refusing to restore",
+          Where(), info.step, slot->layout_hash, registry->LayoutHash()));
+    }
+    const char* payload = arena_->payload(latest_slot_);
+    // Everything is verified before the first byte is copied back: on corruption the trainer's
+    // buffers are left exactly as they were.
+    if (absl::Status verified = VerifySlot(slot, payload); !verified.ok()) return verified;
+    absl::StatusOr<std::vector<std::pair<std::string, std::string>>> blobs = ParseBlobs(
+        std::string_view(payload + plan_.blob_offset, slot->payload_bytes - plan_.blob_offset));
+    if (!blobs.ok()) {
+      return absl::DataLossError(absl::StrFormat("%s: snapshot of step %d: %s", Where(), info.step,
+                                                 blobs.status().message()));
+    }
+    for (size_t i = 0; i < registry->buffers().size(); ++i) {
+      const StateBuffer& buffer = registry->buffers()[i];
+      const char* src = payload + plan_.buffer_offsets[i];
+      if (buffer.device.kind == Device::Kind::kCuda) {
+        if (absl::Status copied = CopyToDevice(buffer, src); !copied.ok()) return copied;
+      } else if (buffer.bytes > 0) {
+        std::memcpy(buffer.data, src, buffer.bytes);
+      }
+    }
+    for (auto& [name, value] : *blobs) {
+      if (absl::Status set = registry->SetBlob(name, std::move(value)); !set.ok()) return set;
+    }
+    return info;
+  }
+
+  absl::StatusOr<View> LatestView() {
+    MutexLock lock(&mu_);
+    if (latest_slot_ < 0) return NoSnapshotError("LatestView");
+    SlotHeader* slot = arena_->slot(latest_slot_);
+    View view;
+    view.info = InfoOf(slot);
+    view.payload = std::string_view(arena_->payload(latest_slot_), slot->payload_bytes);
+    view.chunk_checksums.assign(ChunkChecksums(slot), ChunkChecksums(slot) + slot->num_chunks);
+    return view;
+  }
+
+ private:
+  std::string Where() const {
+    return absl::StrFormat("snapshotter (rank %d, arena %s)", options_.rank, arena_->name());
+  }
+
+  absl::Status NoSnapshotError(const char* operation) const {
+    std::string why = "no complete snapshot in the arena";
+    if (!replaced_reason_.empty()) {
+      why += absl::StrFormat(" (the arena a previous process left was replaced: %s)",
+                             replaced_reason_);
+    }
+    return absl::NotFoundError(absl::StrFormat("%s: %s: %s", Where(), operation, why));
+  }
+
+  // A complete slot left by a previous process is trusted only when its header is consistent.
+  bool SlotUsable(const SlotHeader* slot) const {
+    const ArenaGeometry& g = plan_.geometry;
+    return std::memcmp(slot->magic, kSlotMagic, sizeof(kSlotMagic)) == 0 &&
+           slot->format_version == kArenaFormatVersion && slot->layout_hash == g.layout_hash &&
+           slot->chunk_bytes == g.chunk_bytes && slot->payload_bytes >= plan_.blob_offset &&
+           slot->payload_bytes <= g.payload_capacity &&
+           slot->num_chunks == (slot->payload_bytes + g.chunk_bytes - 1) / g.chunk_bytes;
+  }
+
+  absl::Status VerifySlot(SlotHeader* slot, const char* payload) const {
+    const uint64_t chunk = slot->chunk_bytes;
+    const uint64_t* expected = ChunkChecksums(slot);
+    for (uint64_t k = 0; k < slot->num_chunks; ++k) {
+      const uint64_t begin = k * chunk;
+      const uint64_t bytes = std::min(chunk, slot->payload_bytes - begin);
+      const uint64_t actual = XXH3_64bits(payload + begin, bytes);
+      if (actual == expected[k]) continue;
+      return absl::DataLossError(absl::StrFormat(
+          "%s: the snapshot of step %d (rank %d, generation %d) is corrupt: chunk %d (payload "
+          "offset %d, %d bytes) has checksum %016x, expected %016x; it holds %s",
+          Where(), slot->step, options_.rank, slot->generation, k, begin, bytes, actual,
+          expected[k], DescribeChunk(k)));
+    }
+    return absl::OkStatus();
+  }
+
+  // Which buffers (and which bytes of them) chunk `k` holds, for error messages.
+  std::string DescribeChunk(uint64_t k) const {
+    std::string out;
+    if (k < plan_.chunks.size()) {
+      for (const Piece& piece : plan_.chunks[k]) {
+        if (!out.empty()) out += ", ";
+        out += absl::StrFormat("buffer \"%s\" offset %d (%d bytes)",
+                               registry_->buffers()[piece.buffer].name, piece.buffer_offset,
+                               piece.bytes);
+      }
+    }
+    const uint64_t chunk = options_.chunk_bytes;
+    if ((k + 1) * chunk > plan_.blob_offset) {
+      if (!out.empty()) out += ", ";
+      out += "the blob area";
+    }
+    return out.empty() ? "padding only" : out;
+  }
+
+  absl::Status CopyToDevice(const StateBuffer& buffer, const char* src) {
+#if defined(TRAINGUARD_HAVE_CUDA)
+    for (size_t at = 0; at < buffer.bytes; at += options_.chunk_bytes) {
+      const size_t n = std::min(options_.chunk_bytes, buffer.bytes - at);
+      absl::Status copied =
+          device_copier_->CopyToDevice(buffer.device.index, static_cast<char*>(buffer.data) + at,
+                                       src + at, n, kDeviceCopyTimeout);
+      if (!copied.ok()) {
+        return absl::Status(copied.code(),
+                            absl::StrFormat("%s: restoring buffer \"%s\" at offset %d: %s", Where(),
+                                            buffer.name, at, copied.message()));
+      }
+    }
+    return absl::OkStatus();
+#else
+    (void)src;
+    return absl::UnimplementedError(absl::StrFormat(
+        "%s: buffer \"%s\" is on a CUDA device; built without CUDA", Where(), buffer.name));
+#endif
+  }
+
+  absl::Status CopyPiece(const Piece& piece, char* payload, int64_t step) {
+    const StateBuffer& buffer = registry_->buffers()[piece.buffer];
+    char* dst = payload + piece.payload_offset;
+    const char* src = static_cast<const char*>(buffer.data) + piece.buffer_offset;
+    if (buffer.device.kind == Device::Kind::kHost) {
+      std::memcpy(dst, src, piece.bytes);
+      return absl::OkStatus();
+    }
+#if defined(TRAINGUARD_HAVE_CUDA)
+    absl::Status copied =
+        device_copier_->CopyToHost(buffer.device.index, dst, src, piece.bytes, kDeviceCopyTimeout);
+    if (copied.ok()) return copied;
+    return absl::Status(
+        copied.code(),
+        absl::StrFormat("%s: copying buffer \"%s\" at offset %d for step %d: %s", Where(),
+                        buffer.name, piece.buffer_offset, step, copied.message()));
+#else
+    (void)step;
+    return absl::UnimplementedError(absl::StrFormat(
+        "%s: buffer \"%s\" is on a CUDA device; built without CUDA", Where(), buffer.name));
+#endif
+  }
+
+  void WorkerLoop() {
+    while (true) {
+      int64_t k = 0;
+      int slot_index = 0;
+      int64_t step = 0;
+      bool skip = false;
+      {
+        MutexLock lock(&mu_);
+        while (!stop_ && next_chunk_ >= num_chunks_) {
+          mu_.AwaitWithTimeout(
+              [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_ || next_chunk_ < num_chunks_; },
+              kWorkerIdlePoll);
+        }
+        if (stop_) return;
+        k = next_chunk_++;
+        slot_index = writing_slot_;
+        step = step_;
+        skip = !snapshot_status_.ok();  // a failed snapshot: drain its chunks without copying
+      }
+      absl::Status status;
+      if (!skip) status = CopyChunk(k, slot_index, step);
+      ChunkDone(k, slot_index, std::move(status));
+    }
+  }
+
+  // Copies the buffer pieces of chunk `k` into slot `slot_index` and checksums the whole chunk.
+  absl::Status CopyChunk(int64_t k, int slot_index, int64_t step) {
+    // The slot's header fields and the blob area were written by Begin() under mu_, before this
+    // chunk was handed out; nothing writes them again until the snapshot is done.
+    char* payload = arena_->payload(slot_index);
+    SlotHeader* slot = arena_->slot(slot_index);
+    if (static_cast<size_t>(k) < plan_.chunks.size()) {
+      for (const Piece& piece : plan_.chunks[k]) {
+        if (absl::Status copied = CopyPiece(piece, payload, step); !copied.ok()) return copied;
+      }
+    }
+    const uint64_t begin = static_cast<uint64_t>(k) * options_.chunk_bytes;
+    const uint64_t bytes = std::min<uint64_t>(options_.chunk_bytes, slot->payload_bytes - begin);
+    ChunkChecksums(slot)[k] = XXH3_64bits(payload + begin, bytes);
+    return absl::OkStatus();
+  }
+
+  void ChunkDone(int64_t k, int slot_index, absl::Status status) {
+    MutexLock lock(&mu_);
+    if (!status.ok() && snapshot_status_.ok()) snapshot_status_ = std::move(status);
+    if (static_cast<size_t>(k) < plan_.chunks.size()) {
+      int last = -1;
+      for (const Piece& piece : plan_.chunks[k]) {
+        if (piece.buffer != last) --buffer_remaining_[piece.buffer];
+        last = piece.buffer;
+      }
+    }
+    if (++chunks_done_ < num_chunks_) return;
+    SlotHeader* slot = arena_->slot(slot_index);
+    if (snapshot_status_.ok()) {
+      // Release: every payload byte and checksum of the slot is visible before "complete" is.
+      StoreState(slot, kSlotComplete);
+      latest_slot_ = slot_index;
+    } else {
+      StoreState(slot, kSlotEmpty);
+    }
+    in_flight_ = false;
+  }
+
+  const StateRegistry* const registry_;
+  const SnapshotterOptions options_;
+  const PayloadPlan plan_;
+  const std::unique_ptr<SnapshotArena> arena_;
+  const std::string replaced_reason_;
+#if defined(TRAINGUARD_HAVE_CUDA)
+  // Declared after arena_: destroyed first, so the stream is drained before the arena is unmapped.
+  std::unique_ptr<checkpoint_internal::DeviceCopier> device_copier_;
+#endif
+
+  Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  int latest_slot_ ABSL_GUARDED_BY(mu_) = -1;  // the newest complete slot, -1 if none
+  int writing_slot_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t step_ ABSL_GUARDED_BY(mu_) = -1;  // of the snapshot in flight (or the last one)
+  absl::Status snapshot_status_ ABSL_GUARDED_BY(mu_);
+  int64_t num_chunks_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t next_chunk_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t chunks_done_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<int64_t> buffer_remaining_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> workers_;
+};
+
+absl::StatusOr<std::unique_ptr<Snapshotter>> Snapshotter::Create(
+    const StateRegistry* registry, const SnapshotterOptions& options) {
+  const std::string where =
+      absl::StrFormat("snapshotter (job %s, rank %d)", options.job_id, options.rank);
+  if (options.job_id.empty() || options.job_id.find('/') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: job_id must be non-empty and contain no '/' (it names a shared-memory segment)",
+        where));
+  }
+  if (options.rank < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: negative rank", where));
+  }
+  if (options.chunk_bytes == 0 || options.chunk_bytes % kArenaAlignment != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: chunk_bytes %d is not a positive multiple of %d", where,
+                        options.chunk_bytes, kArenaAlignment));
+  }
+  if (options.copy_threads < 1 || options.copy_threads > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: copy_threads %d is not in [1, 256]", where, options.copy_threads));
+  }
+#if !defined(TRAINGUARD_HAVE_CUDA)
+  for (const StateBuffer& buffer : registry->buffers()) {
+    if (buffer.device.kind == Device::Kind::kCuda) {
+      return absl::UnimplementedError(absl::StrFormat(
+          "%s: buffer \"%s\" is on CUDA device %d, but this trainguard was built without CUDA",
+          where, buffer.name, buffer.device.index));
+    }
+  }
+#endif
+  PayloadPlan plan = PlanPayload(*registry, options);
+  std::string replaced_reason;
+  absl::StatusOr<std::unique_ptr<SnapshotArena>> arena = SnapshotArena::OpenOrCreate(
+      ArenaName(options.job_id, options.rank), plan.geometry, &replaced_reason);
+  if (!arena.ok()) return arena.status();
+  if (!replaced_reason.empty()) {
+    // Said once, loudly: the previous process's snapshot is gone and will not be restored.
+    std::fprintf(stderr, "trainguard: %s: replaced the snapshot arena %s: %s\n", where.c_str(),
+                 (*arena)->name().c_str(), replaced_reason.c_str());
+  }
+  auto impl = std::make_unique<Impl>(registry, options, std::move(plan), *std::move(arena),
+                                     std::move(replaced_reason));
+  if (absl::Status started = impl->Start(); !started.ok()) return started;
+  return std::unique_ptr<Snapshotter>(new Snapshotter(std::move(impl)));
+}
+
+Snapshotter::Snapshotter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Snapshotter::~Snapshotter() = default;
+
+absl::Status Snapshotter::Begin(int64_t step) { return impl_->Begin(step); }
+absl::Status Snapshotter::FenceBuffer(const std::string& name, absl::Duration timeout) {
+  return impl_->FenceBuffer(name, timeout);
+}
+absl::Status Snapshotter::Fence(absl::Duration timeout) { return impl_->Fence(timeout); }
+std::optional<SnapshotInfo> Snapshotter::LatestComplete() const { return impl_->LatestComplete(); }
+absl::StatusOr<SnapshotInfo> Snapshotter::RestoreLatest(StateRegistry* registry) {
+  return impl_->RestoreLatest(registry);
+}
+absl::StatusOr<Snapshotter::View> Snapshotter::LatestView() const { return impl_->LatestView(); }
+
+std::string Snapshotter::ArenaName(std::string_view job_id, int rank) {
+  return absl::StrFormat("/trainguard.%s.rank%d", job_id, rank);
+}
+
+absl::Status Snapshotter::RemoveArena(std::string_view job_id, int rank) {
+  return SnapshotArena::Remove(ArenaName(job_id, rank));
+}
+
+}  // namespace trainguard

@@ -1,0 +1,510 @@
+// Snapshotter: snapshots into a shared-memory arena while the trainer goes on, survives the death
+// of its process, and never restores bytes it cannot vouch for.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "sdk/checkpoint/snapshot_arena.h"
+#include "trainguard/checkpoint.h"
+
+namespace trainguard {
+namespace {
+
+using checkpoint_internal::ArenaHeader;
+using checkpoint_internal::kArenaAlignment;
+using checkpoint_internal::kSlotComplete;
+using checkpoint_internal::kSlotWriting;
+using checkpoint_internal::SlotHeader;
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kFenceTimeout = absl::Seconds(30);
+constexpr size_t kChunk = 1 << 20;
+
+// The deterministic content of buffer `b` at training step `step`.
+char Pattern(int b, int64_t step, size_t i) {
+  return static_cast<char>((i * 31 + static_cast<size_t>(b) * 7 + static_cast<size_t>(step) * 13) ^
+                           (i >> 9));
+}
+
+// A toy trainer's state: three buffers of awkward sizes (one not a multiple of the page or chunk
+// size) in memory the test controls, plus blobs.
+class TrainerState {
+ public:
+  static constexpr size_t kSizes[3] = {3 * kChunk, 5 * kChunk + 12, 8};
+  static constexpr const char* kNames[3] = {"layer0.weight", "layer1.weight", "optimizer.step"};
+
+  TrainerState() {
+    for (int b = 0; b < 3; ++b) {
+      // Page-aligned mmap'ed memory, so a test can mprotect part of a buffer.
+      const size_t mapped = checkpoint_internal::AlignUp(kSizes[b], 4096);
+      void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      data_[b] = static_cast<char*>(p);
+      mapped_[b] = mapped;
+    }
+  }
+  ~TrainerState() {
+    for (int b = 0; b < 3; ++b) munmap(data_[b], mapped_[b]);
+  }
+  TrainerState(const TrainerState&) = delete;
+  TrainerState& operator=(const TrainerState&) = delete;
+
+  StateRegistry MakeRegistry() const {
+    StateRegistry registry;
+    for (int b = 0; b < 3; ++b) {
+      StateBuffer buffer;
+      buffer.name = kNames[b];
+      buffer.group = b < 2 ? "model" : "optimizer";
+      buffer.data = data_[b];
+      buffer.bytes = kSizes[b];
+      buffer.dtype = b < 2 ? DType::kF32 : DType::kI64;
+      buffer.shape = {static_cast<int64_t>(kSizes[b] / DTypeSize(buffer.dtype))};
+      EXPECT_TRUE(registry.Register(std::move(buffer)).ok());
+    }
+    return registry;
+  }
+
+  void Fill(int b, int64_t step) {
+    for (size_t i = 0; i < kSizes[b]; ++i) data_[b][i] = Pattern(b, step, i);
+  }
+  void FillAll(int64_t step) {
+    for (int b = 0; b < 3; ++b) Fill(b, step);
+  }
+  // The first byte of buffer `b` that differs from step `step`'s content, or -1.
+  int64_t FirstDifference(int b, int64_t step) const {
+    for (size_t i = 0; i < kSizes[b]; ++i) {
+      if (data_[b][i] != Pattern(b, step, i)) return static_cast<int64_t>(i);
+    }
+    return -1;
+  }
+  bool Holds(int64_t step) const {
+    for (int b = 0; b < 3; ++b) {
+      if (FirstDifference(b, step) != -1) return false;
+    }
+    return true;
+  }
+  char* data(int b) { return data_[b]; }
+
+ private:
+  char* data_[3];
+  size_t mapped_[3];
+};
+
+// A second, independent mapping of a rank's arena: what another process would see.
+class ArenaMapping {
+ public:
+  explicit ArenaMapping(const std::string& name) {
+    const int fd = shm_open(name.c_str(), O_RDWR, 0);
+    EXPECT_GE(fd, 0) << name << ": " << std::strerror(errno);
+    struct stat st;
+    fstat(fd, &st);
+    size_ = static_cast<size_t>(st.st_size);
+    base_ = static_cast<char*>(mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    close(fd);
+  }
+  ~ArenaMapping() { munmap(base_, size_); }
+  const ArenaHeader& header() const { return *reinterpret_cast<const ArenaHeader*>(base_); }
+  SlotHeader* slot(int i) const {
+    return reinterpret_cast<SlotHeader*>(base_ + kArenaAlignment + i * header().slot_header_bytes);
+  }
+  char* payload(int i) const {
+    return base_ + kArenaAlignment + 2 * header().slot_header_bytes + i * header().payload_capacity;
+  }
+  // The slot holding the newest complete snapshot, or -1.
+  int LatestCompleteSlot() const {
+    int latest = -1;
+    for (int i = 0; i < 2; ++i) {
+      if (slot(i)->state != kSlotComplete) continue;
+      if (latest < 0 || slot(i)->sequence > slot(latest)->sequence) latest = i;
+    }
+    return latest;
+  }
+
+ private:
+  char* base_ = nullptr;
+  size_t size_ = 0;
+};
+
+class SnapshotterTest : public ::testing::Test {
+ protected:
+  SnapshotterTest() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    options_.job_id = absl::StrFormat("test-%d-%s", getpid(), info->name());
+    options_.rank = 2;
+    options_.generation = 3;
+    options_.copy_threads = 3;
+    options_.chunk_bytes = kChunk;
+    options_.max_blob_bytes = 4096;
+  }
+  ~SnapshotterTest() override {
+    absl::Status removed = Snapshotter::RemoveArena(options_.job_id, options_.rank);
+    EXPECT_TRUE(removed.ok() || absl::IsNotFound(removed)) << removed;
+  }
+  std::string arena_name() const { return Snapshotter::ArenaName(options_.job_id, options_.rank); }
+
+  std::unique_ptr<Snapshotter> MustCreate(const StateRegistry* registry) {
+    absl::StatusOr<std::unique_ptr<Snapshotter>> s = Snapshotter::Create(registry, options_);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *std::move(s) : nullptr;
+  }
+
+  SnapshotterOptions options_;
+};
+
+TEST_F(SnapshotterTest, ArenaIsNamedAfterJobAndRank) {
+  EXPECT_EQ(Snapshotter::ArenaName("llama-70b", 12), "/trainguard.llama-70b.rank12");
+}
+
+TEST_F(SnapshotterTest, RejectsOptionsThatCannotNameOrChunkAnArena) {
+  TrainerState state;
+  StateRegistry registry = state.MakeRegistry();
+  SnapshotterOptions bad = options_;
+  bad.job_id = "a/b";
+  EXPECT_EQ(Snapshotter::Create(&registry, bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  bad = options_;
+  bad.chunk_bytes = 1000;
+  EXPECT_EQ(Snapshotter::Create(&registry, bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  bad = options_;
+  bad.copy_threads = 0;
+  EXPECT_EQ(Snapshotter::Create(&registry, bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(SnapshotterTest, RestoreGivesTheStateOfTheSnapshotStepWhileTheTrainerMutatedFencedBuffers) {
+  TrainerState state;
+  state.FillAll(5);
+  StateRegistry registry = state.MakeRegistry();
+  std::unique_ptr<Snapshotter> snapshotter = MustCreate(&registry);
+  ASSERT_NE(snapshotter, nullptr);
+  EXPECT_FALSE(snapshotter->LatestComplete().has_value());
+
+  ASSERT_TRUE(snapshotter->Begin(5).ok());
+  // The trainer goes on: each buffer is overwritten as soon as its own copy is fenced, while the
+  // copies of the others may still run.
+  for (int b : {2, 0, 1}) {
+    ASSERT_TRUE(snapshotter->FenceBuffer(TrainerState::kNames[b], kFenceTimeout).ok());
+    state.Fill(b, 6);
+  }
+  ASSERT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
+  ASSERT_TRUE(state.Holds(6));
+
+  absl::StatusOr<SnapshotInfo> restored = snapshotter->RestoreLatest(&registry);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(restored->step, 5);
+  EXPECT_EQ(restored->generation, 3);
+  EXPECT_EQ(restored->layout_hash, registry.LayoutHash());
+  EXPECT_TRUE(state.Holds(5));
+}
+
+TEST_F(SnapshotterTest, LatestViewExposesThePayloadAndTheChecksumOfEachChunk) {
+  TrainerState state;
+  state.FillAll(9);
+  StateRegistry registry = state.MakeRegistry();
+  ASSERT_TRUE(registry.SetBlob("rng", "seed=1").ok());
+  std::unique_ptr<Snapshotter> snapshotter = MustCreate(&registry);
+  ASSERT_NE(snapshotter, nullptr);
+  EXPECT_EQ(snapshotter->LatestView().status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(snapshotter->Begin(9).ok());
+  ASSERT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
+
+  absl::StatusOr<Snapshotter::View> view = snapshotter->LatestView();
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->info.step, 9);
+  EXPECT_EQ(view->payload.size(), view->info.bytes);
+  // Buffers at 4096-aligned offsets in registry order: layer1.weight right after layer0.weight.
+  EXPECT_EQ(std::memcmp(view->payload.data() + 3 * kChunk, state.data(1), 5 * kChunk + 12), 0);
+  ASSERT_EQ(view->chunk_checksums.size(), (view->payload.size() + kChunk - 1) / kChunk);
+  EXPECT_NE(view->payload.find("seed=1"), std::string_view::npos);
+}
+
+TEST_F(SnapshotterTest, BlobsRoundTripAndAnOversizedBlobIsRefused) {
+  TrainerState state;
+  state.FillAll(1);
+  StateRegistry registry = state.MakeRegistry();
+  const std::string rng("\x00\x01\xff rng state", 14);
+  ASSERT_TRUE(registry.SetBlob("rng", rng).ok());
+  ASSERT_TRUE(registry.SetBlob("loader", "shard=3 offset=1200").ok());
+  std::unique_ptr<Snapshotter> snapshotter = MustCreate(&registry);
+  ASSERT_NE(snapshotter, nullptr);
+  ASSERT_TRUE(snapshotter->Begin(1).ok());
+  ASSERT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
+
+  ASSERT_TRUE(registry.SetBlob("rng", "later").ok());
+  ASSERT_TRUE(registry.SetBlob("loader", "shard=4 offset=0").ok());
+  ASSERT_TRUE(snapshotter->RestoreLatest(&registry).ok());
+  EXPECT_EQ(*registry.GetBlob("rng"), rng);
+  EXPECT_EQ(*registry.GetBlob("loader"), "shard=3 offset=1200");
+
+  ASSERT_TRUE(registry.SetBlob("huge", std::string(64 << 10, 'x')).ok());
+  absl::Status refused = snapshotter->Begin(2);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.message(), HasSubstr("max_blob_bytes"));
+  EXPECT_EQ(snapshotter->LatestComplete()->step, 1);  // the refused one damaged nothing
+}
+
+TEST_F(SnapshotterTest, SnapshotsAlternateSlotsAndTheNewestCompleteOneIsRestored) {
+  TrainerState state;
+  StateRegistry registry = state.MakeRegistry();
+  std::unique_ptr<Snapshotter> snapshotter = MustCreate(&registry);
+  ASSERT_NE(snapshotter, nullptr);
+  for (int64_t step : {10, 20, 30}) {
+    state.FillAll(step);
+    ASSERT_TRUE(snapshotter->Begin(step).ok());
+    ASSERT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
+    EXPECT_EQ(snapshotter->LatestComplete()->step, step);
+  }
+  ArenaMapping arena(arena_name());
+  const int latest = arena.LatestCompleteSlot();
+  ASSERT_GE(latest, 0);
+  EXPECT_EQ(arena.slot(latest)->step, 30);
+  EXPECT_EQ(arena.slot(1 - latest)->step, 20);  // the previous snapshot, still complete
+  EXPECT_EQ(arena.slot(1 - latest)->state, kSlotComplete);
+
+  state.FillAll(31);
+  ASSERT_TRUE(snapshotter->RestoreLatest(&registry).ok());
+  EXPECT_TRUE(state.Holds(30));
+}
+
+TEST_F(SnapshotterTest, AFlippedByteInTheArenaFailsRestoreWithDataLossAndLeavesBuffersAlone) {
+  TrainerState state;
+  state.FillAll(3);
+  StateRegistry registry = state.MakeRegistry();
+  std::unique_ptr<Snapshotter> snapshotter = MustCreate(&registry);
+  ASSERT_NE(snapshotter, nullptr);
+  ASSERT_TRUE(snapshotter->Begin(3).ok());
+  ASSERT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
+  state.FillAll(4);
+
+  {
+    // Bit rot (or a stray write from another process) in layer1.weight, 1.5 MiB into it.
+    ArenaMapping arena(arena_name());
+    const int latest = arena.LatestCompleteSlot();
+    ASSERT_GE(latest, 0);
+    arena.payload(latest)[3 * kChunk + kChunk + kChunk / 2] ^= 0x20;
+  }
+  absl::StatusOr<SnapshotInfo> restored = snapshotter->RestoreLatest(&registry);
+  EXPECT_EQ(restored.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(restored.status().message(), HasSubstr("buffer \"layer1.weight\" offset 1048576"));
+  EXPECT_THAT(restored.status().message(), HasSubstr("step 3"));
+  EXPECT_THAT(restored.status().message(), HasSubstr("rank 2"));
+  EXPECT_TRUE(state.Holds(4)) << "a failed restore must not touch the buffers";
+}
+
+TEST_F(SnapshotterTest, RestoringIntoARegistryOfAnotherLayoutIsRefused) {
+  TrainerState state;
+  state.FillAll(3);
+  StateRegistry registry = state.MakeRegistry();
+  std::unique_ptr<Snapshotter> snapshotter = MustCreate(&registry);
+  ASSERT_NE(snapshotter, nullptr);
+  ASSERT_TRUE(snapshotter->Begin(3).ok());
+  ASSERT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
+
+  std::vector<float> other(16, 1.0f);
+  StateRegistry other_registry;
+  ASSERT_TRUE(
+      other_registry
+          .Register(StateBuffer{
+              "layer0.weight", "model", other.data(), 64, DType::kF32, {4, 4}, Device::Host()})
+          .ok());
+  absl::StatusOr<SnapshotInfo> restored = snapshotter->RestoreLatest(&other_registry);
+  EXPECT_EQ(restored.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(restored.status().message(), HasSubstr("layout hash"));
+  EXPECT_EQ(other, std::vector<float>(16, 1.0f));
+}
+
+TEST_F(SnapshotterTest, AnArenaOfAnotherLayoutIsReplacedNotRestored) {
+  TrainerState state;
+  state.FillAll(3);
+  StateRegistry registry = state.MakeRegistry();
+  {
+    std::unique_ptr<Snapshotter> snapshotter = MustCreate(&registry);
+    ASSERT_NE(snapshotter, nullptr);
+    ASSERT_TRUE(snapshotter->Begin(3).ok());
+    ASSERT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
+  }
+  std::vector<float> other(16, 1.0f);
+  StateRegistry other_registry;
+  ASSERT_TRUE(
+      other_registry
+          .Register(StateBuffer{
+              "layer0.weight", "model", other.data(), 64, DType::kF32, {16}, Device::Host()})
+          .ok());
+  std::unique_ptr<Snapshotter> replaced = MustCreate(&other_registry);
+  ASSERT_NE(replaced, nullptr);
+  EXPECT_FALSE(replaced->LatestComplete().has_value());
+  absl::StatusOr<SnapshotInfo> restored = replaced->RestoreLatest(&other_registry);
+  EXPECT_EQ(restored.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(restored.status().message(), HasSubstr("replaced"));
+  EXPECT_THAT(restored.status().message(), HasSubstr("layout hash"));
+}
+
+TEST_F(SnapshotterTest, ASecondLiveSnapshotterForTheSameRankIsRefused) {
+  TrainerState state;
+  StateRegistry registry = state.MakeRegistry();
+  std::unique_ptr<Snapshotter> first = MustCreate(&registry);
+  ASSERT_NE(first, nullptr);
+  absl::StatusOr<std::unique_ptr<Snapshotter>> second = Snapshotter::Create(&registry, options_);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(second.status().message(), HasSubstr("in use"));
+}
+
+TEST_F(SnapshotterTest, FencingAnUnknownBufferIsNotFound) {
+  TrainerState state;
+  StateRegistry registry = state.MakeRegistry();
+  std::unique_ptr<Snapshotter> snapshotter = MustCreate(&registry);
+  ASSERT_NE(snapshotter, nullptr);
+  EXPECT_EQ(snapshotter->FenceBuffer("layer9.weight", kFenceTimeout).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_TRUE(snapshotter->Fence(kFenceTimeout).ok());  // nothing in flight
+}
+
+// --- Real restarts: a trainer process is forked, snapshots, and is killed with SIGKILL.
+
+// The child's report channel: one byte, 'R' (ready to be killed) or 'E' followed by a message.
+int g_report_fd = -1;
+
+void Report(char what, const std::string& message = "") {
+  std::string out(1, what);
+  out += message;
+  [[maybe_unused]] ssize_t n = write(g_report_fd, out.data(), out.size());
+}
+
+void ChildCheck(const absl::Status& status, const char* what) {
+  if (status.ok()) return;
+  Report('E', absl::StrFormat("%s: %s", what, status.ToString()));
+  _exit(2);
+}
+
+// A worker that touches a protected page stops there, says so, and waits to be killed: a process
+// that dies in the middle of a copy, deterministically.
+void StuckMidCopy(int) {
+  Report('M');
+  for (;;) pause();
+}
+
+// Forks a trainer running `body` (which reports, then sleeps), waits (bounded) for its report,
+// SIGKILLs it and reaps it.
+// Returns the report.
+std::string RunAndKillTrainer(const std::function<void()>& body) {
+  int fds[2];
+  EXPECT_EQ(pipe(fds), 0);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    g_report_fd = fds[1];
+    body();  // reports, then waits to be killed
+    _exit(3);
+  }
+  close(fds[1]);
+  std::string report;
+  pollfd p{fds[0], POLLIN, 0};
+  if (poll(&p, 1, 60'000) == 1) {
+    char buffer[512];
+    const ssize_t n = read(fds[0], buffer, sizeof(buffer));
+    if (n > 0) report.assign(buffer, static_cast<size_t>(n));
+  }
+  kill(pid, SIGKILL);
+  int wstatus = 0;
+  EXPECT_EQ(waitpid(pid, &wstatus, 0), pid);
+  EXPECT_TRUE(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL) << "report: " << report;
+  close(fds[0]);
+  return report;
+}
+
+TEST_F(SnapshotterTest, ARestartedRankRestoresTheKilledProcesssSnapshotWithoutDisk) {
+  const std::string report = RunAndKillTrainer([this] {
+    TrainerState state;
+    state.FillAll(7);
+    StateRegistry registry = state.MakeRegistry();
+    ChildCheck(registry.SetBlob("rng", "rng@7"), "SetBlob");
+    absl::StatusOr<std::unique_ptr<Snapshotter>> s = Snapshotter::Create(&registry, options_);
+    ChildCheck(s.status(), "Create");
+    ChildCheck((*s)->Begin(7), "Begin");
+    ChildCheck((*s)->Fence(kFenceTimeout), "Fence");
+    state.FillAll(8);  // training went on after the snapshot
+    Report('R');
+    sleep(60);  // killed long before, with the Snapshotter alive
+  });
+  ASSERT_EQ(report, "R");
+
+  // The restarted rank: same job and rank, fresh memory.
+  TrainerState state;
+  StateRegistry registry = state.MakeRegistry();
+  options_.generation = 4;
+  std::unique_ptr<Snapshotter> snapshotter = MustCreate(&registry);
+  ASSERT_NE(snapshotter, nullptr);
+  ASSERT_TRUE(snapshotter->LatestComplete().has_value());
+  EXPECT_EQ(snapshotter->LatestComplete()->step, 7);
+  absl::StatusOr<SnapshotInfo> restored = snapshotter->RestoreLatest(&registry);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(restored->step, 7);
+  EXPECT_EQ(restored->generation, 3);  // written by the previous incarnation
+  for (int b = 0; b < 3; ++b) EXPECT_EQ(state.FirstDifference(b, 7), -1) << TrainerState::kNames[b];
+  EXPECT_EQ(*registry.GetBlob("rng"), "rng@7");
+
+  // And it goes on snapshotting into the same arena.
+  state.FillAll(8);
+  ASSERT_TRUE(snapshotter->Begin(8).ok());
+  ASSERT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
+  EXPECT_EQ(snapshotter->LatestComplete()->step, 8);
+}
+
+TEST_F(SnapshotterTest, AProcessKilledMidSnapshotLeavesThePreviousSnapshotRestorable) {
+  const std::string report = RunAndKillTrainer([this] {
+    TrainerState state;
+    state.FillAll(1);
+    StateRegistry registry = state.MakeRegistry();
+    absl::StatusOr<std::unique_ptr<Snapshotter>> s = Snapshotter::Create(&registry, options_);
+    ChildCheck(s.status(), "Create");
+    ChildCheck((*s)->Begin(1), "Begin(1)");
+    ChildCheck((*s)->Fence(kFenceTimeout), "Fence(1)");
+    // Step 2: new values everywhere, and a page in the middle of layer1.weight the copy cannot
+    // read, so the process is in the middle of copying step 2 when it is killed.
+    state.FillAll(2);
+    struct sigaction action = {};
+    action.sa_handler = StuckMidCopy;
+    sigaction(SIGSEGV, &action, nullptr);
+    mprotect(state.data(1) + 2 * kChunk, 4096, PROT_NONE);
+    ChildCheck((*s)->Begin(2), "Begin(2)");
+    sleep(60);  // the worker reports 'M' from the signal handler
+  });
+  ASSERT_EQ(report, "M");
+
+  {
+    ArenaMapping arena(arena_name());
+    const int latest = arena.LatestCompleteSlot();
+    ASSERT_GE(latest, 0);
+    EXPECT_EQ(arena.slot(latest)->step, 1);
+    EXPECT_EQ(arena.slot(1 - latest)->state, kSlotWriting);  // step 2, never completed
+    EXPECT_EQ(arena.slot(1 - latest)->step, 2);
+  }
+  TrainerState state;
+  StateRegistry registry = state.MakeRegistry();
+  std::unique_ptr<Snapshotter> snapshotter = MustCreate(&registry);
+  ASSERT_NE(snapshotter, nullptr);
+  EXPECT_EQ(snapshotter->LatestComplete()->step, 1);
+  absl::StatusOr<SnapshotInfo> restored = snapshotter->RestoreLatest(&registry);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(restored->step, 1);
+  EXPECT_TRUE(state.Holds(1));
+}
+
+}  // namespace
+}  // namespace trainguard
