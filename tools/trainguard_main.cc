@@ -1,6 +1,7 @@
 // The `trainguard` command line.
 //
 //   trainguard version
+//   trainguard ckpt list|inspect|verify DIR [--json]   checkpoint shards (tools/ckpt_command.h)
 //   trainguard events [--json] FILE|RUN_DIR...    print event files (a run dir means all its
 //   ranks')
 //
@@ -14,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "tools/ckpt_command.h"
 #include "tools/launcher.h"
 #include "trainguard/sdk.h"
 
@@ -27,7 +29,8 @@ int Usage() {
   std::fprintf(stderr,
                "usage: trainguard version\n"
                "       trainguard events [--json] FILE|RUN_DIR...\n"
-               "       trainguard run --nproc N [--standby K] ... -- COMMAND...\n");
+               "       trainguard run --nproc N [--standby K] ... -- COMMAND...\n"
+               "       trainguard ckpt list|inspect|verify DIR [--step S] [--json]\n");
   return kExitUsage;
 }
 
@@ -139,6 +142,7 @@ int main(int argc, char** argv) {
     return kExitOk;
   }
   if (verb == "events") return Events(args);
+  if (verb == "ckpt") return trainguard::tools::RunCkptCommand(args);
   if (verb == "run") {
     absl::StatusOr<trainguard::tools::LaunchConfig> config =
         trainguard::tools::ParseRunArguments(args);
