@@ -66,6 +66,31 @@ struct Options {
   int rendezvous_timeout_ms = 300'000;
   int heartbeat_interval_ms = 1'000;
 
+  // Checkpointing (checkpoint.h, persister.h). The guard snapshots the registered state every
+  // `checkpoint_every_steps` steps and/or every `checkpoint_every_seconds` seconds (0 turns a trigger
+  // off; both 0: only explicit Runtime::Checkpoint() calls). Every `checkpoint_persist_every`-th
+  // snapshot is also written to `checkpoint_dir` (0: arena only). Empty checkpoint_dir means
+  // "<run_dir>/checkpoints". Disk keeps the last `checkpoint_keep_last` committed steps.
+  std::string checkpoint_dir = {};
+  int checkpoint_every_steps = 0;
+  int checkpoint_every_seconds = 0;
+  int checkpoint_keep_last = 3;
+  int checkpoint_persist_every = 1;
+
+  // Hang detection (watchdog.h). A phase is hung when it has run longer than its learned bound,
+  // max(watchdog_floor_ms, watchdog_bound_factor_pct/100 x a high quantile of its recent
+  // durations, over the last watchdog_history samples), and has stopped ticking. Until a phase has
+  // watchdog_warmup_samples samples, its bound is watchdog_warmup_bound_ms. watchdog_poll_ms is the
+  // monitor thread's period; 0 turns the watchdog off.
+  int watchdog_poll_ms = 100;
+  int watchdog_warmup_samples = 5;
+  int watchdog_warmup_bound_ms = 600'000;
+  int watchdog_bound_factor_pct = 300;
+  int watchdog_floor_ms = 2'000;
+  int watchdog_history = 200;
+  // Records in the rank's shared-memory flight recorder ring (flight_recorder.h).
+  int flight_recorder_records = 4'096;
+
   // Seams for tests; not configurable from files or the environment. nullptr means the real ones.
   // REQUIRES: when set, they outlive every Runtime created from these Options.
   Env* env = nullptr;

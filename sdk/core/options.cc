@@ -152,6 +152,42 @@ void ApplySetFields(const OptionsProto& proto, Options& options) {
   if (proto.has_heartbeat_interval_ms()) {
     options.heartbeat_interval_ms = proto.heartbeat_interval_ms();
   }
+  if (proto.has_checkpoint_dir()) {
+    options.checkpoint_dir = proto.checkpoint_dir();
+  }
+  if (proto.has_checkpoint_every_steps()) {
+    options.checkpoint_every_steps = proto.checkpoint_every_steps();
+  }
+  if (proto.has_checkpoint_every_seconds()) {
+    options.checkpoint_every_seconds = proto.checkpoint_every_seconds();
+  }
+  if (proto.has_checkpoint_keep_last()) {
+    options.checkpoint_keep_last = proto.checkpoint_keep_last();
+  }
+  if (proto.has_checkpoint_persist_every()) {
+    options.checkpoint_persist_every = proto.checkpoint_persist_every();
+  }
+  if (proto.has_watchdog_poll_ms()) {
+    options.watchdog_poll_ms = proto.watchdog_poll_ms();
+  }
+  if (proto.has_watchdog_warmup_samples()) {
+    options.watchdog_warmup_samples = proto.watchdog_warmup_samples();
+  }
+  if (proto.has_watchdog_warmup_bound_ms()) {
+    options.watchdog_warmup_bound_ms = proto.watchdog_warmup_bound_ms();
+  }
+  if (proto.has_watchdog_bound_factor_pct()) {
+    options.watchdog_bound_factor_pct = proto.watchdog_bound_factor_pct();
+  }
+  if (proto.has_watchdog_floor_ms()) {
+    options.watchdog_floor_ms = proto.watchdog_floor_ms();
+  }
+  if (proto.has_watchdog_history()) {
+    options.watchdog_history = proto.watchdog_history();
+  }
+  if (proto.has_flight_recorder_records()) {
+    options.flight_recorder_records = proto.flight_recorder_records();
+  }
 }
 
 absl::StatusOr<Options> OptionsFromProto(const OptionsProto& proto) {
@@ -353,6 +389,48 @@ absl::Status CheckParallelDegrees(const Options& options) {
   return absl::OkStatus();
 }
 
+absl::Status CheckCheckpointAndWatchdog(const Options& options) {
+  if (absl::Status s = CheckAtLeast("checkpoint_every_steps", options.checkpoint_every_steps, 0); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckAtLeast("checkpoint_every_seconds", options.checkpoint_every_seconds, 0); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckAtLeast("checkpoint_keep_last", options.checkpoint_keep_last, 1); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckAtLeast("checkpoint_persist_every", options.checkpoint_persist_every, 0); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckAtLeast("watchdog_poll_ms", options.watchdog_poll_ms, 0); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckAtLeast("watchdog_warmup_samples", options.watchdog_warmup_samples, 1); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckAtLeast("watchdog_warmup_bound_ms", options.watchdog_warmup_bound_ms, 1); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckAtLeast("watchdog_bound_factor_pct", options.watchdog_bound_factor_pct, 100); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckAtLeast("watchdog_floor_ms", options.watchdog_floor_ms, 1); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckAtLeast("watchdog_history", options.watchdog_history, 1); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckAtLeast("flight_recorder_records", options.flight_recorder_records, 16); !s.ok()) {
+    return s;
+  }
+  if (options.watchdog_warmup_bound_ms < options.watchdog_floor_ms) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "watchdog_warmup_bound_ms ", options.watchdog_warmup_bound_ms,
+        " is below watchdog_floor_ms ", options.watchdog_floor_ms));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckRendezvous(const Options& options) {
   if (options.role != "rank" && options.role != "standby") {
     return absl::InvalidArgumentError(
@@ -502,6 +580,9 @@ absl::Status Options::Validate() const {
   if (absl::Status status =
           CheckAtLeast("max_consecutive_step_failures", max_consecutive_step_failures, 0);
       !status.ok()) {
+    return status;
+  }
+  if (absl::Status status = CheckCheckpointAndWatchdog(*this); !status.ok()) {
     return status;
   }
   return CheckRendezvous(*this);

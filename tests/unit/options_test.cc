@@ -141,6 +141,9 @@ TEST_F(OptionsTest, TextprotoFileSetsEveryField) {
     pp: 2
     run_dir: "/scratch/gpt"
     max_consecutive_step_failures: 0
+    checkpoint_dir: "/scratch/ckpt"
+    checkpoint_every_steps: 50
+    watchdog_floor_ms: 500
   )pb");
   absl::StatusOr<Options> options = Options::FromTextprotoFile(path);
   ASSERT_TRUE(options.ok()) << options.status();
@@ -154,6 +157,9 @@ TEST_F(OptionsTest, TextprotoFileSetsEveryField) {
   EXPECT_EQ(options->pp, 2);
   EXPECT_EQ(options->run_dir, "/scratch/gpt");
   EXPECT_EQ(options->max_consecutive_step_failures, 0);
+  EXPECT_EQ(options->checkpoint_dir, "/scratch/ckpt");
+  EXPECT_EQ(options->checkpoint_every_steps, 50);
+  EXPECT_EQ(options->watchdog_floor_ms, 500);
 }
 
 TEST_F(OptionsTest, UnknownTextprotoFieldIsAnErrorNamingOriginLineAndKey) {
@@ -448,6 +454,20 @@ TEST_F(OptionsTest, ValidateRejectsEachInvalidFieldNamingItAndItsValue) {
       {"max_consecutive_step_failures negative",
        [](Options& o) { o.max_consecutive_step_failures = -1; },
        "max_consecutive_step_failures must be >= 0, got -1"},
+      {"checkpoint_every_steps negative", [](Options& o) { o.checkpoint_every_steps = -5; },
+       "checkpoint_every_steps must be >= 0, got -5"},
+      {"checkpoint_keep_last zero", [](Options& o) { o.checkpoint_keep_last = 0; },
+       "checkpoint_keep_last must be >= 1, got 0"},
+      {"watchdog factor below one", [](Options& o) { o.watchdog_bound_factor_pct = 50; },
+       "watchdog_bound_factor_pct must be >= 100, got 50"},
+      {"watchdog warm-up bound below the floor",
+       [](Options& o) {
+         o.watchdog_floor_ms = 5'000;
+         o.watchdog_warmup_bound_ms = 1'000;
+       },
+       "watchdog_warmup_bound_ms 1000 is below watchdog_floor_ms 5000"},
+      {"flight recorder too small", [](Options& o) { o.flight_recorder_records = 3; },
+       "flight_recorder_records must be >= 16, got 3"},
   };
   for (const InvalidCase& c : cases) {
     SCOPED_TRACE(c.what);
