@@ -25,6 +25,8 @@
 //       StepActionName), e.g. "step_failure" "skip", "communication_failure" "re_rendezvous".
 //   rank R recover step S next N
 //       Runtime::recover() resumes at step N.
+//   rank R restored step S from SOURCE            (checkpointing on: state restored from the
+//                                                 arena or disk; S is the step resumed at)
 //   rank R generation G resume_step S state_from SRC
 //       Joined membership generation G after a rank replacement (as a survivor or as the
 //       replacement), with the model state of rank SRC, resuming at step S.
@@ -72,8 +74,8 @@ namespace {
 constexpr int kInputs = 16;
 constexpr int kHidden = 64;
 
-// The gloo rendezvous id. With a trainguard store (under `trainguard run`), one per generation of the
-// job's membership; otherwise the flag, else the environment, else one derived from the job.
+// The gloo rendezvous id. With a trainguard store (under `trainguard run`), one per generation of
+// the job's membership; otherwise the flag, else the environment, else one derived from the job.
 std::string RendezvousId(const TrainerFlags& flags, const sdk::Runtime& rt) {
   if (rt.store() != nullptr) {
     return absl::StrCat("gloo/gen", rt.generation());
@@ -111,6 +113,33 @@ class DataParallelTrainer {
   int Run() {
     const int rank = rt_.rank();
     int64_t start = rt_.resume_step();
+    if (rt_.checkpointing()) {
+      // The model is the whole state (the data order is a function of the step). Restoring is
+      // collective: a replacement meets the survivors (who restore inside recover()), a restarted
+      // job's ranks meet each other. NotFound: nothing committed yet, so start from the plan.
+      std::span<float> params = model_.mutable_parameters();
+      if (absl::Status s = rt_.state().Register({"mlp.parameters",
+                                                 "model",
+                                                 params.data(),
+                                                 params.size_bytes(),
+                                                 sdk::DType::kF32,
+                                                 {static_cast<int64_t>(params.size())},
+                                                 sdk::Device::Host()});
+          !s.ok()) {
+        std::fprintf(stderr, "rank %d error: %s\n", rank, s.ToString().c_str());
+        return 1;
+      }
+      absl::StatusOr<int64_t> restored = rt_.RestoreCheckpoint();
+      if (restored.ok()) {
+        std::printf("rank %d restored step %" PRId64 " from %s\n", rank, *restored,
+                    CheckpointSource().c_str());
+        start = *restored;
+      } else if (!absl::IsNotFound(restored.status())) {
+        std::fprintf(stderr, "rank %d error: restoring the checkpoint: %s\n", rank,
+                     restored.status().ToString().c_str());
+        return 1;
+      }
+    }
     if (rt_.recovery_plan().has_value()) {  // a standby that took over a dead rank
       absl::StatusOr<int64_t> joined = Rejoin(start);
       if (!joined.ok()) return 1;
@@ -139,6 +168,10 @@ class DataParallelTrainer {
         return 1;
       }
       std::printf("rank %d recover step %" PRId64 " next %" PRId64 "\n", rank, step, *next);
+      if (rt_.checkpointing() && *next <= step) {
+        std::printf("rank %d restored step %" PRId64 " from %s\n", rank, *next,
+                    CheckpointSource().c_str());
+      }
       if (r.action == sdk::StepAction::kReRendezvous) {
         next = Rejoin(*next);
         if (!next.ok()) return 1;
@@ -151,6 +184,9 @@ class DataParallelTrainer {
   }
 
  private:
+  // Where the last restore came from ("arena" or "disk"), from the runtime's event file.
+  std::string CheckpointSource() const { return rt_.last_restore_source(); }
+
   // The reduction buffer is the flat gradient followed by the sum of the ranks' finite losses and
   // the number of ranks whose loss was not finite: one collective per step carries all three.
   static constexpr size_t kTailFloats = 2;

@@ -96,7 +96,14 @@ struct SnapshotInfo {
   int64_t generation = 0;
   uint64_t layout_hash = 0;
   size_t bytes = 0;
+  // Identifies the contents: SnapshotFingerprint() of the step, layout, size and chunk checksums.
+  // Equal on the arena copy and the disk copy of the same snapshot; a global commit records it.
+  uint64_t fingerprint = 0;
 };
+
+// XXH3-64 of (step, layout_hash, payload_bytes, every chunk checksum).
+uint64_t SnapshotFingerprint(int64_t step, uint64_t layout_hash, uint64_t payload_bytes,
+                             const std::vector<uint64_t>& chunk_checksums);
 
 class Snapshotter {
  public:
@@ -118,6 +125,17 @@ class Snapshotter {
   // buffers (and blobs). DataLoss naming buffer, offset, rank and step on a checksum mismatch; the
   // buffers are then left as they were.
   absl::StatusOr<SnapshotInfo> RestoreLatest(StateRegistry* registry);
+  // The complete snapshots in the arena (at most two), newest first.
+  std::vector<SnapshotInfo> CompleteSnapshots() const;
+  // As RestoreLatest, from the complete snapshot of `step` (either slot). NotFound when the arena
+  // holds no complete snapshot of that step.
+  absl::StatusOr<SnapshotInfo> RestoreStep(StateRegistry* registry, int64_t step);
+  // Installs a snapshot read from elsewhere (a persisted shard) as the newest complete one, after
+  // checking every chunk against `chunk_checksums`; then RestoreStep(step) restores it. DataLoss on
+  // a mismatch (the arena keeps its previous snapshots); FailedPrecondition while a snapshot is in
+  // flight or when the payload does not fit this registry's layout.
+  absl::StatusOr<SnapshotInfo> Install(int64_t step, int64_t generation, std::string_view payload,
+                                       const std::vector<uint64_t>& chunk_checksums);
   // The bytes and per-chunk checksums of the latest complete snapshot, for persistence and peers.
   // Valid until the next Begin().
   struct View {

@@ -37,6 +37,8 @@ enum class EventType {
   kStepFault = 3,         // a guarded step failed; attributes carry the classification and evidence
   kRecoveryDecision = 4,  // what recover() decided for a failed step
   kCustom = 5,            // emitted by the user through Runtime::EmitEvent
+  kCheckpoint = 6,        // a checkpoint was saved (or failed to be), or state was restored
+  kHang = 7,              // the watchdog declared a hang; attributes carry the evidence
 };
 
 // "runtime_started", "step_fault", ...

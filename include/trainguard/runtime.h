@@ -27,6 +27,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "trainguard/checkpoint.h"
+#include "trainguard/checkpointer.h"
 #include "trainguard/events.h"
 #include "trainguard/guard.h"
 #include "trainguard/options.h"
@@ -112,6 +114,30 @@ class Runtime {
   Clock& clock() const { return *clock_; }
   const Heartbeat& heartbeat() const { return heartbeat_; }
 
+  // The state a checkpoint holds (checkpoint.h). Register every buffer and blob before the first
+  // checkpoint or restore: the registry is read-only from then on.
+  StateRegistry& state() { return state_; }
+
+  // Checkpointing (checkpointer.h). With checkpoint_every_steps / checkpoint_every_seconds set, the
+  // guard saves after a successful step S (tagged S+1, the step to resume at) and, at the next
+  // guard entry, fences the copy, so the step body may modify every registered buffer. Without a
+  // policy, Checkpoint() saves on demand.
+  //
+  // RestoreCheckpoint(): restores the newest committed checkpoint that every rank can restore and
+  // returns the step to resume at; NotFound when there is none. Collective in a job with a store:
+  // every rank of the generation calls it (a fresh or restarted rank after registering its state;
+  // survivors do it inside recover()).
+  absl::StatusOr<int64_t> RestoreCheckpoint();
+  // Starts a checkpoint of the registered state now, tagged `resume_step`. FailedPrecondition
+  // while the previous one is still being saved.
+  absl::Status Checkpoint(int64_t resume_step);
+  // True when a checkpoint policy is configured or Checkpoint()/RestoreCheckpoint() was called.
+  bool checkpointing() const { return checkpointing_; }
+  // "arena" or "disk" after a successful RestoreCheckpoint(); "" before.
+  const std::string& last_restore_source() const { return last_restore_source_; }
+  // nullptr until the first checkpoint or restore.
+  Checkpointer* checkpointer() const { return checkpointer_.get(); }
+
   // Appends an event to the rank's event file, filling in time (if unset), rank and generation.
   absl::Status EmitEvent(Event event);
 
@@ -125,12 +151,16 @@ class Runtime {
   //   kContinue: result.step + 1.
   //   kSkip: result.step + 1, unless more than max_consecutive_step_failures steps in a row failed:
   //     then FailedPrecondition.
-  //   kRollback: Unimplemented (checkpointing is not available yet).
+  //   kRollback, or kSkip past the limit when checkpointing: restores the newest committed
+  //     checkpoint (RestoreCheckpoint) and returns its step; without checkpointing, Unimplemented.
   //   kReRendezvous, with a store: waits for the next generation (published by the launcher once it
   //     has replaced the dead rank), agrees with every rank on the resume step and returns it;
   //     recovery_plan() then names the rank to take the model state from, and the trainer rebuilds
   //     its communicators for generation(). FailedPrecondition when this process was itself
-  //     replaced (it must exit). The failed step must not have modified the model state (apply
+  //     replaced (it must exit). When checkpointing, every rank of the new generation (the
+  //     replacement through RestoreCheckpoint()) then restores the newest committed checkpoint
+  //     and resumes at its step, and recovery_plan()->state_source_rank is -1 (nothing to
+  //     broadcast). Otherwise the failed step must not have modified the model state (apply
   //     updates after the step's last collective): its state is offered as "ready to run that
   //     step".
   //   kReRendezvous, static job (no store): Unavailable; restart the job.
@@ -165,6 +195,20 @@ class Runtime {
     if (announced_generation_ != generation_.load(std::memory_order_relaxed)) AnnounceResumed(step);
   }
   void AnnounceResumed(int64_t step);
+  // Checkpoint policy, on the training thread: after a successful step, and at a guard's entry
+  // (fences a snapshot still being copied).
+  void MaybeCheckpoint(int64_t step) {
+    if (options_.checkpoint_every_steps > 0 || options_.checkpoint_every_seconds > 0) {
+      MaybeCheckpointSlow(step);
+    }
+  }
+  void MaybeCheckpointSlow(int64_t step);
+  void FenceSnapshot() {
+    if (snapshot_unfenced_) FenceSnapshotSlow();
+  }
+  void FenceSnapshotSlow();
+  absl::Status EnsureCheckpointer();
+  absl::StatusOr<int64_t> Rollback(const StepResult& result);
   // Writes the kStepFault event of a failed step; marks the runtime fatal after a fatal device
   // error.
   void RecordStepFault(const StepResult& result);
@@ -191,6 +235,13 @@ class Runtime {
   std::atomic<bool> fatal_{false};
   std::string fatal_reason_;  // written once before fatal_ is set
   int consecutive_failures_ = 0;
+  StateRegistry state_;
+  bool checkpointing_ = false;
+  bool snapshot_unfenced_ = false;  // training thread only
+  int64_t last_checkpoint_ns_ = 0;
+  std::string last_restore_source_;
+  // Last: its worker thread uses the store and the event log, so it is destroyed first.
+  std::unique_ptr<Checkpointer> checkpointer_;
 };
 
 }  // namespace trainguard

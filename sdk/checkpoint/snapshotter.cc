@@ -142,9 +142,12 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ParseBlobs(std:
   return blobs;
 }
 
-SnapshotInfo InfoOf(const SlotHeader* slot) {
+SnapshotInfo InfoOf(SlotHeader* slot) {
+  const uint64_t* sums = ChunkChecksums(slot);
   return SnapshotInfo{slot->step, slot->generation, slot->layout_hash,
-                      static_cast<size_t>(slot->payload_bytes)};
+                      static_cast<size_t>(slot->payload_bytes),
+                      SnapshotFingerprint(slot->step, slot->layout_hash, slot->payload_bytes,
+                                          std::vector<uint64_t>(sums, sums + slot->num_chunks))};
 }
 
 }  // namespace
@@ -293,13 +296,106 @@ class Snapshotter::Impl {
 
   absl::StatusOr<SnapshotInfo> RestoreLatest(StateRegistry* registry) {
     MutexLock lock(&mu_);
-    if (in_flight_) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "%s: cannot restore while the snapshot of step %d is being copied; Fence() first",
-          Where(), step_));
-    }
+    if (in_flight_) return InFlightError("restore");
     if (latest_slot_ < 0) return NoSnapshotError("RestoreLatest");
+    return RestoreSlot(registry, latest_slot_);
+  }
+
+  std::vector<SnapshotInfo> CompleteSnapshots() {
+    MutexLock lock(&mu_);
+    std::vector<SnapshotInfo> out;
+    if (latest_slot_ < 0) return out;
+    out.push_back(InfoOf(arena_->slot(latest_slot_)));
+    SlotHeader* other = arena_->slot(1 - latest_slot_);
+    if (!(in_flight_ && writing_slot_ == 1 - latest_slot_) && LoadState(other) == kSlotComplete &&
+        SlotUsable(other)) {
+      out.push_back(InfoOf(other));
+    }
+    return out;
+  }
+
+  absl::StatusOr<SnapshotInfo> RestoreStep(StateRegistry* registry, int64_t step) {
+    MutexLock lock(&mu_);
+    if (in_flight_) return InFlightError("restore");
+    for (int i : {latest_slot_, 1 - latest_slot_}) {
+      if (latest_slot_ < 0) break;
+      SlotHeader* slot = arena_->slot(i);
+      if (LoadState(slot) == kSlotComplete && SlotUsable(slot) && slot->step == step) {
+        return RestoreSlot(registry, i);
+      }
+    }
+    return absl::NotFoundError(
+        absl::StrFormat("%s: no complete snapshot of step %d in the arena", Where(), step));
+  }
+
+  absl::StatusOr<SnapshotInfo> Install(int64_t step, int64_t generation, std::string_view payload,
+                                       const std::vector<uint64_t>& checksums) {
+    MutexLock lock(&mu_);
+    if (in_flight_) return InFlightError("install");
+    const uint64_t chunk = options_.chunk_bytes;
+    const uint64_t num_chunks = (payload.size() + chunk - 1) / chunk;
+    if (payload.size() < plan_.blob_offset || payload.size() > plan_.geometry.payload_capacity ||
+        checksums.size() != num_chunks) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%s: cannot install step %d: %d payload bytes in %d chunks do not fit this registry's "
+          "layout (buffers take %d bytes, capacity %d, chunk %d bytes)",
+          Where(), step, payload.size(), checksums.size(), plan_.blob_offset,
+          plan_.geometry.payload_capacity, chunk));
+    }
+    const int w = latest_slot_ == 0 ? 1 : 0;
+    SlotHeader* slot = arena_->slot(w);
+    StoreState(slot, kSlotWriting);
+    char* dst = arena_->payload(w);
+    for (uint64_t k = 0; k < num_chunks; ++k) {
+      const uint64_t begin = k * chunk;
+      const uint64_t bytes = std::min<uint64_t>(chunk, payload.size() - begin);
+      std::memcpy(dst + begin, payload.data() + begin, bytes);
+      const uint64_t actual = XXH3_64bits(dst + begin, bytes);
+      if (actual != checksums[k]) {
+        StoreState(slot, kSlotEmpty);
+        return absl::DataLossError(absl::StrFormat(
+            "%s: installing step %d: chunk %d (payload offset %d) has checksum %016x, expected "
+            "%016x",
+            Where(), step, k, begin, actual, checksums[k]));
+      }
+      ChunkChecksums(slot)[k] = actual;
+    }
+    std::memcpy(slot->magic, kSlotMagic, sizeof(kSlotMagic));
+    slot->format_version = kArenaFormatVersion;
+    slot->step = step;
+    slot->generation = generation;
+    slot->layout_hash = plan_.geometry.layout_hash;
+    slot->payload_bytes = payload.size();
+    slot->chunk_bytes = chunk;
+    slot->num_chunks = num_chunks;
+    slot->sequence = next_sequence_++;
+    StoreState(slot, kSlotComplete);
+    latest_slot_ = w;
+    return InfoOf(slot);
+  }
+
+  absl::StatusOr<View> LatestView() {
+    MutexLock lock(&mu_);
+    if (latest_slot_ < 0) return NoSnapshotError("LatestView");
     SlotHeader* slot = arena_->slot(latest_slot_);
+    View view;
+    view.info = InfoOf(slot);
+    view.payload = std::string_view(arena_->payload(latest_slot_), slot->payload_bytes);
+    view.chunk_checksums.assign(ChunkChecksums(slot), ChunkChecksums(slot) + slot->num_chunks);
+    return view;
+  }
+
+ private:
+  absl::Status InFlightError(const char* operation) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s: cannot %s while the snapshot of step %d is being copied; Fence() first", Where(),
+        operation, step_));
+  }
+
+  // Verifies slot `index` and copies it into `registry`'s buffers and blobs.
+  absl::StatusOr<SnapshotInfo> RestoreSlot(StateRegistry* registry, int index)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    SlotHeader* slot = arena_->slot(index);
     const SnapshotInfo info = InfoOf(slot);
     if (registry->LayoutHash() != slot->layout_hash) {
       return absl::FailedPreconditionError(absl::StrFormat(
@@ -307,7 +403,7 @@ class Snapshotter::Impl {
           "%016x (other buffers, sizes, dtypes, shapes or devices): refusing to restore",
           Where(), info.step, slot->layout_hash, registry->LayoutHash()));
     }
-    const char* payload = arena_->payload(latest_slot_);
+    const char* payload = arena_->payload(index);
     // Everything is verified before the first byte is copied back: on corruption the trainer's
     // buffers are left exactly as they were.
     if (absl::Status verified = VerifySlot(slot, payload); !verified.ok()) return verified;
@@ -332,18 +428,6 @@ class Snapshotter::Impl {
     return info;
   }
 
-  absl::StatusOr<View> LatestView() {
-    MutexLock lock(&mu_);
-    if (latest_slot_ < 0) return NoSnapshotError("LatestView");
-    SlotHeader* slot = arena_->slot(latest_slot_);
-    View view;
-    view.info = InfoOf(slot);
-    view.payload = std::string_view(arena_->payload(latest_slot_), slot->payload_bytes);
-    view.chunk_checksums.assign(ChunkChecksums(slot), ChunkChecksums(slot) + slot->num_chunks);
-    return view;
-  }
-
- private:
   std::string Where() const {
     return absl::StrFormat("snapshotter (rank %d, arena %s)", options_.rank, arena_->name());
   }
@@ -591,6 +675,29 @@ absl::Status Snapshotter::FenceBuffer(const std::string& name, absl::Duration ti
 }
 absl::Status Snapshotter::Fence(absl::Duration timeout) { return impl_->Fence(timeout); }
 std::optional<SnapshotInfo> Snapshotter::LatestComplete() const { return impl_->LatestComplete(); }
+std::vector<SnapshotInfo> Snapshotter::CompleteSnapshots() const {
+  return impl_->CompleteSnapshots();
+}
+absl::StatusOr<SnapshotInfo> Snapshotter::RestoreStep(StateRegistry* registry, int64_t step) {
+  return impl_->RestoreStep(registry, step);
+}
+absl::StatusOr<SnapshotInfo> Snapshotter::Install(int64_t step, int64_t generation,
+                                                  std::string_view payload,
+                                                  const std::vector<uint64_t>& chunk_checksums) {
+  return impl_->Install(step, generation, payload, chunk_checksums);
+}
+
+uint64_t SnapshotFingerprint(int64_t step, uint64_t layout_hash, uint64_t payload_bytes,
+                             const std::vector<uint64_t>& chunk_checksums) {
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
+  const uint64_t header[3] = {static_cast<uint64_t>(step), layout_hash, payload_bytes};
+  XXH3_64bits_update(state, header, sizeof(header));
+  XXH3_64bits_update(state, chunk_checksums.data(), chunk_checksums.size() * sizeof(uint64_t));
+  const uint64_t fingerprint = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return fingerprint;
+}
 absl::StatusOr<SnapshotInfo> Snapshotter::RestoreLatest(StateRegistry* registry) {
   return impl_->RestoreLatest(registry);
 }

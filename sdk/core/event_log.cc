@@ -146,6 +146,10 @@ std::string_view EventTypeName(EventType type) {
       return "recovery_decision";
     case EventType::kCustom:
       return "custom";
+    case EventType::kCheckpoint:
+      return "checkpoint";
+    case EventType::kHang:
+      return "hang";
   }
   return "unknown";
 }

@@ -174,6 +174,7 @@ StepScope::StepScope(Runtime& runtime, int64_t step)
     return;
   }
   active_ = true;
+  runtime.FenceSnapshot();
   start_ns_ = runtime.clock().MonotonicNanos();
   runtime.heartbeat_.Enter(step, start_ns_);
   for (StepObserver* observer : runtime.observers_) observer->OnStepBegin(step);
@@ -224,6 +225,7 @@ StepResult StepScope::Finish() {
   runtime_.EndStep();
   if (result.ok()) {
     runtime_.NoteStepSucceeded(step_);
+    runtime_.MaybeCheckpoint(step_);
   } else {
     runtime_.RecordStepFault(result);
   }

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "trainguard/clock.h"
@@ -80,7 +81,9 @@ Runtime::Runtime(Options options, Topology topology, std::string run_dir)
       run_dir_(std::move(run_dir)),
       env_(options_.env != nullptr ? options_.env : Env::Default()),
       clock_(options_.clock != nullptr ? options_.clock : Clock::Real()),
-      rank_(options_.rank) {}
+      rank_(options_.rank),
+      checkpointing_(options_.checkpoint_every_steps > 0 || options_.checkpoint_every_seconds > 0) {
+}
 
 absl::Status Runtime::ConnectStore() {
   if (options_.store_client != nullptr) {
@@ -255,6 +258,126 @@ absl::StatusOr<int64_t> Runtime::ReRendezvous(const StepResult& result) {
   }
 }
 
+absl::Status Runtime::EnsureCheckpointer() {
+  if (checkpointer_ != nullptr) return absl::OkStatus();
+  checkpointing_ = true;
+  CheckpointerOptions o;
+  o.job_id = options_.job_id;
+  o.rank = rank_;
+  o.world_size = options_.world_size;
+  o.generation = generation();
+  o.dir = options_.checkpoint_dir.empty() ? absl::StrCat(run_dir_, "/checkpoints")
+                                          : options_.checkpoint_dir;
+  o.keep_last = options_.checkpoint_keep_last;
+  o.persist_every = options_.checkpoint_persist_every;
+  o.store = store_;
+  o.env = options_.env;
+  o.timeout = absl::Milliseconds(options_.rendezvous_timeout_ms);
+  absl::StatusOr<std::unique_ptr<Checkpointer>> c = Checkpointer::Create(&state_, o);
+  if (!c.ok()) return WithContext(c.status(), absl::StrCat("rank ", rank_, ": checkpointing"));
+  checkpointer_ = *std::move(c);
+  checkpointer_->set_observer([this](const SaveOutcome& outcome) {
+    Event event;
+    event.type = EventType::kCheckpoint;
+    event.step = outcome.step;
+    event.message = outcome.status.ok()
+                        ? absl::StrCat("saved the state to resume at step ", outcome.step)
+                        : std::string(outcome.status.message());
+    event.attributes = {
+        {"what", outcome.status.ok() ? "saved" : "save_failed"},
+        {"committed", outcome.committed ? "true" : "false"},
+        {"persisted", outcome.persisted ? "true" : "false"},
+        {"durable_committed", outcome.durable_committed ? "true" : "false"},
+        {"copy_us", absl::StrCat(absl::ToInt64Microseconds(outcome.copy_time))},
+        {"persist_us", absl::StrCat(absl::ToInt64Microseconds(outcome.persist_time))}};
+    (void)EmitEvent(std::move(event));
+  });
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::Checkpoint(int64_t resume_step) {
+  if (absl::Status s = EnsureCheckpointer(); !s.ok()) return s;
+  if (absl::Status s = checkpointer_->Save(resume_step); !s.ok()) return s;
+  snapshot_unfenced_ = true;
+  last_checkpoint_ns_ = clock_->MonotonicNanos();
+  return absl::OkStatus();
+}
+
+void Runtime::MaybeCheckpointSlow(int64_t step) {
+  const int64_t resume = step + 1;
+  const int every = options_.checkpoint_every_steps;
+  const int64_t now = clock_->MonotonicNanos();
+  if (last_checkpoint_ns_ == 0) last_checkpoint_ns_ = now;  // the clock starts at the first step
+  const bool by_steps = every > 0 && resume % every == 0;
+  const bool by_time =
+      options_.checkpoint_every_seconds > 0 &&
+      now - last_checkpoint_ns_ >= int64_t{options_.checkpoint_every_seconds} * 1'000'000'000;
+  if (!by_steps && !by_time) return;
+  if (absl::Status s = Checkpoint(resume); !s.ok()) {
+    Event event;
+    event.type = EventType::kCheckpoint;
+    event.step = resume;
+    event.message = std::string(s.message());
+    event.attributes = {{"what", "skipped"}};
+    (void)EmitEvent(std::move(event));
+  }
+}
+
+void Runtime::FenceSnapshotSlow() {
+  snapshot_unfenced_ = false;
+  absl::Status s = checkpointer_->Fence(absl::Milliseconds(options_.rendezvous_timeout_ms));
+  if (s.ok()) return;
+  Event event;
+  event.type = EventType::kCheckpoint;
+  event.message = absl::StrCat("fencing the snapshot before the next step: ", s.message());
+  event.attributes = {{"what", "fence_failed"}};
+  (void)EmitEvent(std::move(event));
+}
+
+absl::StatusOr<int64_t> Runtime::RestoreCheckpoint() {
+  if (absl::Status s = EnsureCheckpointer(); !s.ok()) return s;
+  snapshot_unfenced_ = false;
+  checkpointer_->SetGeneration(generation());
+  absl::StatusOr<RestoreResult> r = checkpointer_->RestoreNewestCommitted();
+  Event event;
+  event.type = EventType::kCheckpoint;
+  if (r.ok()) {
+    event.step = r->step;
+    event.message = absl::StrCat("restored the state of step ", r->step, " from the ", r->source);
+    event.attributes = {{"what", "restored"},
+                        {"source", r->source},
+                        {"fingerprint", absl::StrFormat("%016x", r->fingerprint)},
+                        {"skipped", absl::StrJoin(r->skipped, " | ")}};
+  } else {
+    event.message = std::string(r.status().message());
+    event.attributes = {{"what", "restore_failed"}};
+  }
+  (void)EmitEvent(std::move(event));
+  if (!r.ok()) return r.status();
+  last_restore_source_ = r->source;
+  // Every rank holds the restored state: nothing to broadcast after a re-rendezvous.
+  if (recovery_plan_.has_value()) recovery_plan_->state_source_rank = -1;
+  return r->step;
+}
+
+absl::StatusOr<int64_t> Runtime::Rollback(const StepResult& result) {
+  if (!checkpointing_) {
+    return absl::UnimplementedError(
+        absl::StrCat("rank ", rank(), " step ", result.step,
+                     ": rollback needs a committed checkpoint, and checkpointing is off (set "
+                     "checkpoint_every_steps or call Checkpoint()); last: ",
+                     result.status.message()));
+  }
+  absl::StatusOr<int64_t> step = RestoreCheckpoint();
+  if (!step.ok()) {
+    return WithContext(step.status(),
+                       absl::StrCat("rank ", rank(), " step ", result.step,
+                                    ": rolling back after: ", result.status.message()));
+  }
+  consecutive_failures_ = 0;
+  return step;
+}
+
 void Runtime::MarkFatal(std::string reason) {
   if (fatal()) return;
   fatal_reason_ = std::move(reason);
@@ -270,7 +393,10 @@ absl::StatusOr<int64_t> Runtime::recover(const StepResult& result) {
       return result.step + 1;
     case StepAction::kSkip:
       ++consecutive_failures_;
-      if (consecutive_failures_ > options_.max_consecutive_step_failures) {
+      if (consecutive_failures_ > options_.max_consecutive_step_failures && checkpointing_) {
+        next = Rollback(result);
+        decision = next.ok() ? "rollback" : "give_up";
+      } else if (consecutive_failures_ > options_.max_consecutive_step_failures) {
         decision = "give_up";
         next = absl::FailedPreconditionError(absl::StrCat(
             "rank ", rank(), ": ", consecutive_failures_, " consecutive steps failed (limit ",
@@ -281,15 +407,24 @@ absl::StatusOr<int64_t> Runtime::recover(const StepResult& result) {
       }
       break;
     case StepAction::kRollback:
-      decision = "give_up";
-      next = absl::UnimplementedError(absl::StrCat(
-          "rank ", rank(), " step ", result.step,
-          ": rollback needs a committed checkpoint, and checkpointing is not available yet; last: ",
-          result.status.message()));
+      next = Rollback(result);
+      decision = next.ok() ? "rollback" : "give_up";
       break;
     case StepAction::kReRendezvous:
       next = ReRendezvous(result);
       decision = next.ok() ? "re_rendezvous" : "give_up";
+      if (next.ok() && checkpointing_) {
+        // Every rank of the new generation restores the same committed step: survivors from
+        // their own arenas, the replacement from the dead rank's (or from disk).
+        absl::StatusOr<int64_t> restored = RestoreCheckpoint();
+        if (restored.ok()) {
+          next = restored;
+          recovery_plan_->state_source_rank = -1;
+        } else if (!absl::IsNotFound(restored.status())) {
+          next = restored.status();
+          decision = "give_up";
+        }
+      }
       break;
     case StepAction::kFatal:
       decision = "give_up";

@@ -1,0 +1,126 @@
+// Checkpointing, part 3: the job-wide checkpoint of a rank. A Checkpointer ties one rank's
+// Snapshotter (shared-memory arena) and Persister (local disk) to the job's Store, so that a step
+// is committed for the whole job, and restores the newest state every rank can restore.
+//
+// Save(S): the training thread enqueues a snapshot of the registered state, tagged S (the step
+// training resumes at when this state is restored), and goes on. The Checkpointer's worker thread
+// then, in the background:
+//   1. waits for the copy into the arena, and records in the store that this rank holds snapshot S
+//      with its fingerprint (SnapshotFingerprint: the snapshot's identity);
+//   2. when every rank of the job has recorded S, records S as committed in memory ("snapshot");
+//   3. every `persist_every`-th save, writes the shard to disk (Persister) and records it durable;
+//      when every rank's shard of S is durable, S is committed on disk ("durable") — the issue's
+//      global commit: only then does `trainguard ckpt list` show S as a job-wide checkpoint.
+// Keys live under "ckpt/" in the job's store; see docs/FORMATS.md. Votes are namespaced by an epoch
+// (generation and restore count) so a vote from before a rollback never completes a commit after
+// it.
+//
+// RestoreNewestCommitted(): collective (every rank of the current generation calls it, survivors in
+// Runtime::recover() and a replacement after registering its state). Rank 0 publishes the candidate
+// steps, newest committed first; then, round by round, every rank tries the candidate — its own
+// arena first, then its shard on disk, accepting only a snapshot whose fingerprint equals the
+// committed one, with every chunk verified — and says whether it succeeded. The first candidate
+// every rank restored wins; a failure on any rank (corruption, a missing shard) moves every rank to
+// the next older candidate. Errors name file, offset, rank and step. Without a store (a static job)
+// the rank restores on its own: the newest step whose shards of every rank are committed on disk,
+// or, for a single-rank job, its newest arena snapshot.
+//
+// Thread safety: Save, Fence, WaitIdle and RestoreNewestCommitted belong to the training thread.
+// The worker thread is owned by the Checkpointer and joined by its destructor (which waits for a
+// save in progress, at most `timeout`).
+#ifndef TRAINGUARD_CHECKPOINTER_H_
+#define TRAINGUARD_CHECKPOINTER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "trainguard/checkpoint.h"
+
+namespace trainguard {
+
+class Env;
+class Store;
+
+struct CheckpointerOptions {
+  std::string job_id = "default";
+  int rank = 0;
+  int world_size = 1;
+  int64_t generation = 0;
+  std::string dir;        // the Persister's directory; empty: arena only
+  int keep_last = 3;      // committed steps kept on disk
+  int persist_every = 1;  // persist every k-th save; 0: never
+  size_t chunk_bytes = 4 << 20;
+  int copy_threads = 4;
+  bool use_io_uring = true;
+  Store* store = nullptr;  // the job's store; nullptr: a static job
+  Env* env = nullptr;
+  absl::Duration timeout = absl::Minutes(5);  // bounds every wait (copy, votes, persistence)
+};
+
+struct RestoreResult {
+  int64_t step = -1;
+  std::string source;  // "arena" or "disk"
+  uint64_t fingerprint = 0;
+  // Newer candidates that could not be restored and why (e.g. "step 120: rank 2: DataLoss ...").
+  std::vector<std::string> skipped;
+};
+
+// What the worker did with one save; passed to the observer (the Runtime writes it as an event).
+struct SaveOutcome {
+  int64_t step = -1;
+  absl::Status status;             // of the whole save; the first error if any
+  bool committed = false;          // this rank saw every rank's snapshot of the step
+  bool persisted = false;          // this rank's shard is durable
+  bool durable_committed = false;  // this rank saw every rank's shard durable
+  absl::Duration copy_time;        // from Save() to the snapshot being complete
+  absl::Duration persist_time;
+};
+
+class Checkpointer {
+ public:
+  // REQUIRES: `registry` is filled and outlives the Checkpointer; it is read-only from now on.
+  static absl::StatusOr<std::unique_ptr<Checkpointer>> Create(StateRegistry* registry,
+                                                              const CheckpointerOptions& options);
+  ~Checkpointer();
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  // Starts a checkpoint of the current state tagged `step`. FailedPrecondition (nothing started)
+  // while the previous save is still being copied or persisted: the caller skips this one.
+  absl::Status Save(int64_t step);
+  // Waits until the copy of the save in flight is in the arena (the fence of the snapshot contract:
+  // after it, every registered buffer may be modified).
+  absl::Status Fence(absl::Duration timeout);
+  // Waits until the worker is idle (the last save fully processed).
+  absl::Status WaitIdle(absl::Duration timeout);
+  // True while a save is being copied, persisted or committed.
+  bool busy() const;
+
+  // Called on the worker thread after each save. Set before the first Save().
+  void set_observer(std::function<void(const SaveOutcome&)> observer);
+  // After a re-rendezvous: later votes and restores belong to `generation`.
+  void SetGeneration(int64_t generation);
+
+  // See the header comment. NotFound when no committed step can be restored by every rank.
+  absl::StatusOr<RestoreResult> RestoreNewestCommitted();
+
+  // Committed steps known to the store (or, without a store, found on disk), newest first.
+  absl::StatusOr<std::vector<int64_t>> CommittedSteps();
+
+  Snapshotter& snapshotter();
+
+ private:
+  class Impl;
+  explicit Checkpointer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace trainguard
+
+#endif  // TRAINGUARD_CHECKPOINTER_H_

@@ -1,0 +1,634 @@
+#include "trainguard/checkpointer.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "trainguard/env.h"
+#include "trainguard/mutex.h"
+#include "trainguard/persister.h"
+#include "trainguard/store.h"
+
+namespace trainguard {
+namespace {
+
+constexpr absl::Duration kWorkerIdlePoll = absl::Milliseconds(200);
+
+std::string Hex(uint64_t v) { return absl::StrFormat("%016x", v); }
+
+std::optional<uint64_t> ParseHex(absl::string_view s) {
+  uint64_t v = 0;
+  if (s.size() != 16 || !absl::SimpleHexAtoi(s, &v)) return std::nullopt;
+  return v;
+}
+
+// One restore candidate: a step and the fingerprint every rank's snapshot of it must have.
+struct Candidate {
+  int64_t step = -1;
+  std::string origin;                  // "store:snapshot", "store:durable", "disk"
+  std::vector<uint64_t> fingerprints;  // per rank
+};
+
+std::string EncodeCandidates(const std::vector<Candidate>& candidates) {
+  std::vector<std::string> lines;
+  for (const Candidate& c : candidates) {
+    std::vector<std::string> fps;
+    for (uint64_t fp : c.fingerprints) fps.push_back(Hex(fp));
+    lines.push_back(absl::StrCat(c.step, " ", c.origin, " ", absl::StrJoin(fps, ",")));
+  }
+  return absl::StrJoin(lines, "\n");
+}
+
+absl::StatusOr<std::vector<Candidate>> DecodeCandidates(absl::string_view text, int world_size) {
+  std::vector<Candidate> out;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    std::vector<absl::string_view> parts = absl::StrSplit(line, ' ');
+    Candidate c;
+    if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &c.step)) {
+      return absl::DataLossError(absl::StrCat("malformed restore candidate \"", line, "\""));
+    }
+    c.origin = std::string(parts[1]);
+    for (absl::string_view fp : absl::StrSplit(parts[2], ',')) {
+      std::optional<uint64_t> v = ParseHex(fp);
+      if (!v) return absl::DataLossError(absl::StrCat("malformed fingerprint in \"", line, "\""));
+      c.fingerprints.push_back(*v);
+    }
+    if (static_cast<int>(c.fingerprints.size()) != world_size) {
+      return absl::DataLossError(absl::StrCat("restore candidate \"", line, "\" has ",
+                                              c.fingerprints.size(), " ranks, the job has ",
+                                              world_size));
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+uint64_t FingerprintOf(const ShardRecord& r) {
+  return SnapshotFingerprint(r.step, r.layout_hash, r.payload_bytes, r.chunk_checksums);
+}
+
+}  // namespace
+
+class Checkpointer::Impl {
+ public:
+  Impl(StateRegistry* registry, CheckpointerOptions options,
+       std::unique_ptr<Snapshotter> snapshotter, std::unique_ptr<Persister> persister)
+      : registry_(registry),
+        options_(std::move(options)),
+        env_(options_.env != nullptr ? options_.env : Env::Default()),
+        snapshotter_(std::move(snapshotter)),
+        persister_(std::move(persister)),
+        store_(options_.store != nullptr ? std::make_unique<PrefixStore>("ckpt", options_.store)
+                                         : nullptr),
+        generation_(options_.generation) {
+    worker_ = std::thread([this] { WorkerLoop(); });
+  }
+
+  ~Impl() {
+    (void)WaitIdle(options_.timeout);
+    {
+      MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    worker_.join();
+  }
+
+  absl::Status Save(int64_t step) {
+    MutexLock lock(&mu_);
+    if (job_.has_value()) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("%s: Save(%d): the checkpoint of step %d is still being saved", Where(),
+                          step, job_->step));
+    }
+    if (absl::Status begun = snapshotter_->Begin(step); !begun.ok()) return begun;
+    ++saves_;
+    job_ = Job{
+        step, absl::Now(),
+        options_.persist_every > 0 && !options_.dir.empty() && saves_ % options_.persist_every == 0,
+        Epoch()};
+    return absl::OkStatus();
+  }
+
+  absl::Status Fence(absl::Duration timeout) { return snapshotter_->Fence(timeout); }
+
+  absl::Status WaitIdle(absl::Duration timeout) {
+    MutexLock lock(&mu_);
+    if (mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !job_.has_value(); },
+                             timeout)) {
+      return absl::OkStatus();
+    }
+    return absl::DeadlineExceededError(
+        absl::StrFormat("%s: the checkpoint of step %d is still being saved after %s", Where(),
+                        job_->step, absl::FormatDuration(timeout)));
+  }
+
+  bool busy() {
+    MutexLock lock(&mu_);
+    return job_.has_value();
+  }
+
+  void set_observer(std::function<void(const SaveOutcome&)> observer) {
+    MutexLock lock(&mu_);
+    observer_ = std::move(observer);
+  }
+
+  void SetGeneration(int64_t generation) {
+    MutexLock lock(&mu_);
+    if (generation != generation_) restores_ = 0;
+    generation_ = generation;
+  }
+
+  absl::StatusOr<std::vector<int64_t>> CommittedSteps() {
+    absl::StatusOr<std::vector<Candidate>> candidates =
+        store_ != nullptr ? StoreCommits() : StaticCandidates();
+    if (!candidates.ok()) return candidates.status();
+    std::vector<int64_t> steps;
+    for (const Candidate& c : *candidates) {
+      if (steps.empty() || steps.back() != c.step) steps.push_back(c.step);
+    }
+    return steps;
+  }
+
+  absl::StatusOr<RestoreResult> RestoreNewestCommitted() {
+    if (absl::Status idle = WaitIdle(options_.timeout); !idle.ok()) return idle;
+    std::string epoch;
+    {
+      MutexLock lock(&mu_);
+      epoch = absl::StrCat("restore/", Epoch());
+      ++restores_;  // later votes belong to the timeline that starts at this restore
+    }
+    if (store_ == nullptr) return RestoreAlone();
+    return RestoreTogether(epoch);
+  }
+
+  Snapshotter& snapshotter() { return *snapshotter_; }
+
+ private:
+  struct Job {
+    int64_t step;
+    absl::Time started;
+    bool persist;
+    std::string epoch;
+  };
+
+  std::string Where() const {
+    return absl::StrFormat("checkpointer (job %s, rank %d)", options_.job_id, options_.rank);
+  }
+
+  // Votes and restores are namespaced by the generation and by the restores done in it: every rank
+  // of a generation restores the same number of times, so they agree on the epoch.
+  std::string Epoch() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return absl::StrCat("g", generation_, ".r", restores_);
+  }
+
+  // ---- the worker: copy, vote, persist, vote ----
+
+  void WorkerLoop() {
+    while (true) {
+      Job job;
+      {
+        MutexLock lock(&mu_);
+        mu_.AwaitWithTimeout(
+            [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_ || (job_ && !job_running_); },
+            kWorkerIdlePoll);
+        if (stop_) return;
+        if (!job_ || job_running_) continue;
+        job_running_ = true;
+        job = *job_;
+      }
+      SaveOutcome outcome = RunJob(job);
+      std::function<void(const SaveOutcome&)> observer;
+      {
+        MutexLock lock(&mu_);
+        observer = observer_;
+      }
+      if (observer) observer(outcome);
+      MutexLock lock(&mu_);
+      job_.reset();
+      job_running_ = false;
+    }
+  }
+
+  SaveOutcome RunJob(const Job& job) {
+    SaveOutcome outcome;
+    outcome.step = job.step;
+    outcome.status = snapshotter_->Fence(options_.timeout);
+    outcome.copy_time = absl::Now() - job.started;
+    if (!outcome.status.ok()) return outcome;
+    absl::StatusOr<Snapshotter::View> view = snapshotter_->LatestView();
+    if (!view.ok()) {
+      outcome.status = view.status();
+      return outcome;
+    }
+    const uint64_t fingerprint = SnapshotFingerprint(view->info.step, view->info.layout_hash,
+                                                     view->payload.size(), view->chunk_checksums);
+    absl::StatusOr<bool> committed = Vote(job, "snapshot", fingerprint);
+    if (!committed.ok()) {
+      outcome.status = committed.status();
+      return outcome;
+    }
+    outcome.committed = *committed;
+    if (!job.persist) return outcome;
+    const absl::Time persist_start = absl::Now();
+    int64_t generation;
+    {
+      MutexLock lock(&mu_);
+      generation = generation_;
+    }
+    absl::StatusOr<ShardRecord> record =
+        persister_->Persist(job.step, options_.rank, generation, view->info.layout_hash,
+                            view->payload, view->chunk_checksums);
+    outcome.persist_time = absl::Now() - persist_start;
+    if (!record.ok()) {
+      outcome.status = record.status();
+      return outcome;
+    }
+    outcome.persisted = true;
+    absl::StatusOr<bool> durable = Vote(job, "durable", fingerprint);
+    if (!durable.ok()) {
+      outcome.status = durable.status();
+      return outcome;
+    }
+    outcome.durable_committed = *durable;
+    return outcome;
+  }
+
+  // Records this rank's `kind` ("snapshot" or "durable") of the job's step; the rank that completes
+  // the set of votes commits the step. Returns whether the step is now committed. Without a store a
+  // single-rank job commits at once; a multi-rank static job has no job-wide record (restore reads
+  // the disk).
+  absl::StatusOr<bool> Vote(const Job& job, absl::string_view kind, uint64_t fingerprint) {
+    if (store_ == nullptr) return options_.world_size == 1;
+    const std::string base = absl::StrCat("e/", job.epoch, "/", job.step, "/", kind, "/");
+    if (absl::Status set =
+            store_->Set(absl::StrCat(base, options_.rank), Hex(fingerprint), options_.timeout);
+        !set.ok()) {
+      return absl::Status(set.code(), absl::StrFormat("%s: recording the %s of step %d: %s",
+                                                      Where(), kind, job.step, set.message()));
+    }
+    std::vector<std::string> keys;
+    for (int r = 0; r < options_.world_size; ++r) keys.push_back(absl::StrCat(base, r));
+    absl::StatusOr<std::vector<std::optional<std::string>>> votes =
+        store_->MultiGet(keys, options_.timeout);
+    if (!votes.ok()) return votes.status();
+    std::vector<std::string> fps;
+    for (const std::optional<std::string>& v : *votes) {
+      if (!v.has_value()) return false;  // a later voter commits
+      fps.push_back(*v);
+    }
+    const std::string record =
+        absl::StrCat(job.step, " store:", kind, " ", absl::StrJoin(fps, ","));
+    if (absl::Status set =
+            store_->Set(absl::StrCat("commit/", job.step, "/", kind), record, options_.timeout);
+        !set.ok()) {
+      return set;
+    }
+    for (const std::string& key : keys) (void)store_->Delete(key, options_.timeout);
+    PruneCommits(kind);
+    return true;
+  }
+
+  // The arena holds two snapshots, the disk keep_last steps: older commit records name state that
+  // no longer exists.
+  void PruneCommits(absl::string_view kind) {
+    absl::StatusOr<std::vector<std::string>> keys = store_->ListKeys("commit/", options_.timeout);
+    if (!keys.ok()) return;
+    std::vector<std::pair<int64_t, std::string>> mine;
+    for (const std::string& key : *keys) {
+      std::vector<absl::string_view> parts = absl::StrSplit(key, '/');
+      int64_t step;
+      if (parts.size() == 3 && parts[2] == kind && absl::SimpleAtoi(parts[1], &step)) {
+        mine.emplace_back(step, key);
+      }
+    }
+    std::sort(mine.rbegin(), mine.rend());
+    const size_t keep = kind == "snapshot" ? 2 : static_cast<size_t>(options_.keep_last);
+    for (size_t i = keep; i < mine.size(); ++i)
+      (void)store_->Delete(mine[i].second, options_.timeout);
+  }
+
+  // ---- restore ----
+
+  // Committed steps recorded in the store, newest first; "snapshot" before "durable" for a step.
+  absl::StatusOr<std::vector<Candidate>> StoreCommits() {
+    absl::StatusOr<std::vector<std::string>> keys = store_->ListKeys("commit/", options_.timeout);
+    if (!keys.ok()) return keys.status();
+    absl::StatusOr<std::vector<std::optional<std::string>>> values =
+        store_->MultiGet(*keys, options_.timeout);
+    if (!values.ok()) return values.status();
+    std::vector<Candidate> out;
+    for (const std::optional<std::string>& v : *values) {
+      if (!v.has_value()) continue;  // pruned meanwhile
+      absl::StatusOr<std::vector<Candidate>> c = DecodeCandidates(*v, options_.world_size);
+      if (!c.ok()) {
+        return absl::DataLossError(
+            absl::StrFormat("%s: the store's commit record: %s", Where(), c.status().message()));
+      }
+      out.insert(out.end(), c->begin(), c->end());
+    }
+    SortCandidates(out);
+    return out;
+  }
+
+  static void SortCandidates(std::vector<Candidate>& c) {
+    std::stable_sort(c.begin(), c.end(), [](const Candidate& a, const Candidate& b) {
+      if (a.step != b.step) return a.step > b.step;
+      return a.origin > b.origin;  // "store:snapshot" > "store:durable" > "disk"
+    });
+    c.erase(std::unique(c.begin(), c.end(),
+                        [](const Candidate& a, const Candidate& b) {
+                          return a.step == b.step && a.fingerprints == b.fingerprints;
+                        }),
+            c.end());
+  }
+
+  // This rank's committed shards on disk as "step:fingerprint" lines.
+  absl::StatusOr<std::vector<ShardRecord>> MyShards() {
+    if (options_.dir.empty()) return std::vector<ShardRecord>{};
+    absl::StatusOr<std::vector<ShardRecord>> all = ListCommittedShards(env_, options_.dir);
+    if (!all.ok()) return all.status();
+    std::vector<ShardRecord> mine;
+    for (ShardRecord& r : *all) {
+      if (r.rank == options_.rank) mine.push_back(std::move(r));
+    }
+    return mine;
+  }
+
+  // Without a store: every step whose shards of all ranks are committed on disk; a single-rank job
+  // also counts its arena snapshots.
+  absl::StatusOr<std::vector<Candidate>> StaticCandidates() {
+    std::map<int64_t, std::vector<std::optional<uint64_t>>> by_step;
+    if (!options_.dir.empty()) {
+      absl::StatusOr<std::vector<ShardRecord>> all = ListCommittedShards(env_, options_.dir);
+      if (!all.ok()) return all.status();
+      for (const ShardRecord& r : *all) {
+        if (r.rank < 0 || r.rank >= options_.world_size) continue;
+        auto& fps = by_step[r.step];
+        fps.resize(options_.world_size);
+        fps[r.rank] = FingerprintOf(r);
+      }
+    }
+    std::vector<Candidate> out;
+    for (const auto& [step, fps] : by_step) {
+      Candidate c{step, "disk", {}};
+      for (const std::optional<uint64_t>& fp : fps) {
+        if (fp) c.fingerprints.push_back(*fp);
+      }
+      if (static_cast<int>(c.fingerprints.size()) == options_.world_size) out.push_back(c);
+    }
+    if (options_.world_size == 1) {
+      for (const SnapshotInfo& info : snapshotter_->CompleteSnapshots()) {
+        out.push_back(Candidate{info.step, "store:snapshot", {info.fingerprint}});
+      }
+    }
+    SortCandidates(out);
+    return out;
+  }
+
+  absl::StatusOr<RestoreResult> RestoreAlone() {
+    absl::StatusOr<std::vector<Candidate>> candidates = StaticCandidates();
+    if (!candidates.ok()) return candidates.status();
+    RestoreResult result;
+    for (const Candidate& c : *candidates) {
+      absl::StatusOr<RestoreResult> r = TryCandidate(c);
+      if (r.ok()) {
+        r->skipped = std::move(result.skipped);
+        return r;
+      }
+      result.skipped.push_back(absl::StrCat("step ", c.step, ": ", r.status().ToString()));
+    }
+    return NothingToRestore(result.skipped);
+  }
+
+  absl::Status NothingToRestore(const std::vector<std::string>& skipped) const {
+    return absl::NotFoundError(
+        absl::StrFormat("%s: no committed checkpoint can be restored%s%s", Where(),
+                        skipped.empty() ? "" : "; tried: ", absl::StrJoin(skipped, "; ")));
+  }
+
+  // Restores candidate `c` for this rank: its arena snapshot when the fingerprint matches, else its
+  // verified shard on disk.
+  absl::StatusOr<RestoreResult> TryCandidate(const Candidate& c) {
+    const uint64_t want = c.fingerprints[options_.rank];
+    std::string why = "not in the arena";
+    for (const SnapshotInfo& info : snapshotter_->CompleteSnapshots()) {
+      if (info.step != c.step) continue;
+      if (info.fingerprint != want) {
+        why = absl::StrFormat("the arena's snapshot has fingerprint %016x, the commit %016x",
+                              info.fingerprint, want);
+        continue;
+      }
+      absl::StatusOr<SnapshotInfo> restored = snapshotter_->RestoreStep(registry_, c.step);
+      if (restored.ok()) return RestoreResult{c.step, "arena", want, {}};
+      why = restored.status().ToString();
+    }
+    absl::StatusOr<std::vector<ShardRecord>> shards = MyShards();
+    if (!shards.ok()) return shards.status();
+    for (const ShardRecord& r : *shards) {
+      if (r.step != c.step || FingerprintOf(r) != want) continue;
+      absl::StatusOr<std::string> payload = ReadShardPayload(env_, r);
+      if (!payload.ok()) return payload.status();  // names file, offset, rank and step
+      absl::StatusOr<SnapshotInfo> installed =
+          snapshotter_->Install(r.step, r.generation, *payload, r.chunk_checksums);
+      if (!installed.ok()) return installed.status();
+      absl::StatusOr<SnapshotInfo> restored = snapshotter_->RestoreStep(registry_, c.step);
+      if (!restored.ok()) return restored.status();
+      return RestoreResult{c.step, "disk", want, {}};
+    }
+    return absl::NotFoundError(absl::StrFormat(
+        "rank %d has no snapshot of step %d with fingerprint %016x (arena: %s; disk: no such "
+        "committed shard in %s)",
+        options_.rank, c.step, want, why, options_.dir.empty() ? "(none)" : options_.dir));
+  }
+
+  absl::StatusOr<RestoreResult> RestoreTogether(const std::string& epoch) {
+    const absl::Duration t = options_.timeout;
+    // Every rank says which shards it has on disk, so a job restarted with an empty store still
+    // finds the steps every rank persisted.
+    absl::StatusOr<std::vector<ShardRecord>> shards = MyShards();
+    if (!shards.ok()) return shards.status();
+    std::vector<std::string> have;
+    for (const ShardRecord& r : *shards)
+      have.push_back(absl::StrCat(r.step, ":", Hex(FingerprintOf(r))));
+    if (absl::Status s =
+            store_->Set(absl::StrCat(epoch, "/disk/", options_.rank), absl::StrJoin(have, ","), t);
+        !s.ok()) {
+      return s;
+    }
+    const std::string candidates_key = absl::StrCat(epoch, "/candidates");
+    if (options_.rank == 0) {
+      absl::StatusOr<std::vector<Candidate>> candidates = LeaderCandidates(epoch);
+      if (!candidates.ok()) return candidates.status();
+      if (absl::Status s = store_->Set(candidates_key, EncodeCandidates(*candidates), t); !s.ok()) {
+        return s;
+      }
+    }
+    if (absl::Status s = store_->Wait({candidates_key}, t); !s.ok()) {
+      return absl::Status(
+          s.code(),
+          absl::StrFormat("%s: waiting for rank 0's restore candidates: %s", Where(), s.message()));
+    }
+    absl::StatusOr<std::string> text = store_->Get(candidates_key, t);
+    if (!text.ok()) return text.status();
+    absl::StatusOr<std::vector<Candidate>> candidates =
+        DecodeCandidates(*text, options_.world_size);
+    if (!candidates.ok()) return candidates.status();
+
+    std::vector<std::string> skipped;
+    for (size_t round = 0; round < candidates->size(); ++round) {
+      const Candidate& c = (*candidates)[round];
+      absl::StatusOr<RestoreResult> mine = TryCandidate(c);
+      const std::string base = absl::StrCat(epoch, "/round", round, "/");
+      const std::string vote = mine.ok() ? "ok" : absl::StrCat("fail: ", mine.status().ToString());
+      if (absl::Status s = store_->Set(absl::StrCat(base, options_.rank), vote, t); !s.ok()) {
+        return s;
+      }
+      std::vector<std::string> keys;
+      for (int r = 0; r < options_.world_size; ++r) keys.push_back(absl::StrCat(base, r));
+      if (absl::Status s = store_->Wait(keys, t); !s.ok()) {
+        return absl::Status(s.code(), absl::StrFormat("%s: restore round for step %d: %s", Where(),
+                                                      c.step, s.message()));
+      }
+      absl::StatusOr<std::vector<std::optional<std::string>>> votes = store_->MultiGet(keys, t);
+      if (!votes.ok()) return votes.status();
+      std::vector<std::string> failures;
+      for (int r = 0; r < options_.world_size; ++r) {
+        const std::optional<std::string>& v = (*votes)[r];
+        if (!v.has_value() || *v != "ok") {
+          failures.push_back(absl::StrCat("rank ", r, ": ", v.value_or("no answer")));
+        }
+      }
+      if (failures.empty()) {
+        mine->skipped = std::move(skipped);
+        return mine;
+      }
+      skipped.push_back(absl::StrCat("step ", c.step, ": ", absl::StrJoin(failures, "; ")));
+    }
+    return NothingToRestore(skipped);
+  }
+
+  absl::StatusOr<std::vector<Candidate>> LeaderCandidates(const std::string& epoch) {
+    absl::StatusOr<std::vector<Candidate>> out = StoreCommits();
+    if (!out.ok()) return out.status();
+    std::vector<std::string> keys;
+    for (int r = 0; r < options_.world_size; ++r) keys.push_back(absl::StrCat(epoch, "/disk/", r));
+    if (absl::Status s = store_->Wait(keys, options_.timeout); !s.ok()) {
+      return absl::Status(s.code(), absl::StrFormat("%s: waiting for every rank's shard list: %s",
+                                                    Where(), s.message()));
+    }
+    absl::StatusOr<std::vector<std::optional<std::string>>> lists =
+        store_->MultiGet(keys, options_.timeout);
+    if (!lists.ok()) return lists.status();
+    std::map<int64_t, std::vector<std::optional<uint64_t>>> by_step;
+    for (int r = 0; r < options_.world_size; ++r) {
+      for (absl::string_view item :
+           absl::StrSplit((*lists)[r].value_or(""), ',', absl::SkipEmpty())) {
+        std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, ':');
+        int64_t step;
+        std::optional<uint64_t> fp = ParseHex(kv.second);
+        if (!absl::SimpleAtoi(kv.first, &step) || !fp) continue;
+        auto& fps = by_step[step];
+        fps.resize(options_.world_size);
+        fps[r] = *fp;
+      }
+    }
+    for (const auto& [step, fps] : by_step) {
+      Candidate c{step, "disk", {}};
+      for (const std::optional<uint64_t>& fp : fps) {
+        if (fp) c.fingerprints.push_back(*fp);
+      }
+      if (static_cast<int>(c.fingerprints.size()) == options_.world_size) out->push_back(c);
+    }
+    SortCandidates(*out);
+    return out;
+  }
+
+  StateRegistry* const registry_;
+  const CheckpointerOptions options_;
+  Env* const env_;
+  const std::unique_ptr<Snapshotter> snapshotter_;
+  const std::unique_ptr<Persister> persister_;  // nullptr without a directory
+  const std::unique_ptr<Store> store_;          // "ckpt/" in the job's store; nullptr if none
+
+  Mutex mu_;
+  std::optional<Job> job_ ABSL_GUARDED_BY(mu_);
+  bool job_running_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t saves_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t generation_ ABSL_GUARDED_BY(mu_);
+  int64_t restores_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<void(const SaveOutcome&)> observer_ ABSL_GUARDED_BY(mu_);
+  std::thread worker_;  // last: started after every other member is initialised
+};
+
+absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(
+    StateRegistry* registry, const CheckpointerOptions& options) {
+  if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("checkpointer: rank %d is out of range [0, world_size=%d)", options.rank,
+                        options.world_size));
+  }
+  if (options.persist_every < 0 || options.keep_last < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("checkpointer: persist_every %d must be >= 0 and keep_last %d >= 1",
+                        options.persist_every, options.keep_last));
+  }
+  SnapshotterOptions so;
+  so.job_id = options.job_id;
+  so.rank = options.rank;
+  so.generation = options.generation;
+  so.copy_threads = options.copy_threads;
+  so.chunk_bytes = options.chunk_bytes;
+  absl::StatusOr<std::unique_ptr<Snapshotter>> snapshotter = Snapshotter::Create(registry, so);
+  if (!snapshotter.ok()) return snapshotter.status();
+  std::unique_ptr<Persister> persister;
+  if (!options.dir.empty()) {
+    PersisterOptions po;
+    po.dir = options.dir;
+    po.chunk_bytes = options.chunk_bytes;
+    po.keep_last = options.keep_last;
+    po.use_io_uring = options.use_io_uring;
+    po.env = options.env;
+    absl::StatusOr<std::unique_ptr<Persister>> p = Persister::Create(po);
+    if (!p.ok()) return p.status();
+    persister = *std::move(p);
+  }
+  return std::unique_ptr<Checkpointer>(new Checkpointer(
+      std::make_unique<Impl>(registry, options, *std::move(snapshotter), std::move(persister))));
+}
+
+Checkpointer::Checkpointer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Checkpointer::~Checkpointer() = default;
+absl::Status Checkpointer::Save(int64_t step) { return impl_->Save(step); }
+absl::Status Checkpointer::Fence(absl::Duration timeout) { return impl_->Fence(timeout); }
+absl::Status Checkpointer::WaitIdle(absl::Duration timeout) { return impl_->WaitIdle(timeout); }
+bool Checkpointer::busy() const { return impl_->busy(); }
+void Checkpointer::set_observer(std::function<void(const SaveOutcome&)> observer) {
+  impl_->set_observer(std::move(observer));
+}
+void Checkpointer::SetGeneration(int64_t generation) { impl_->SetGeneration(generation); }
+absl::StatusOr<RestoreResult> Checkpointer::RestoreNewestCommitted() {
+  return impl_->RestoreNewestCommitted();
+}
+absl::StatusOr<std::vector<int64_t>> Checkpointer::CommittedSteps() {
+  return impl_->CommittedSteps();
+}
+Snapshotter& Checkpointer::snapshotter() { return impl_->snapshotter(); }
+
+}  // namespace trainguard

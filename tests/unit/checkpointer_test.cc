@@ -1,0 +1,343 @@
+// Checkpointer: global commit through the store, restore of the newest step every rank can restore,
+// arena before disk, fallback past corruption, generation fencing. Ranks are threads here, each
+// with its own registry, arena and store client; tests/integration/ kills real processes.
+#include "trainguard/checkpointer.h"
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/support/temp_dir.h"
+#include "trainguard/persister.h"
+#include "trainguard/store.h"
+
+namespace trainguard {
+namespace {
+
+using ::testing::HasSubstr;
+using ::trainguard::testing::TempDir;
+
+constexpr size_t kFloats = 3000;  // 12 KB: several 4 KiB chunks per rank
+constexpr absl::Duration kTimeout = absl::Seconds(30);
+
+// One rank: its model (two buffers and a blob), registry and checkpointer.
+struct Rank {
+  std::vector<float> weights = std::vector<float>(kFloats);
+  std::vector<float> moments = std::vector<float>(kFloats / 3);
+  StateRegistry registry;
+  std::unique_ptr<Store> client;
+  std::unique_ptr<Checkpointer> checkpointer;
+  std::vector<SaveOutcome> outcomes;
+
+  // The state of "step" s: every value is derived from the rank and the step.
+  void Fill(int rank, int64_t s) {
+    for (size_t i = 0; i < weights.size(); ++i) weights[i] = rank * 1000.0f + s + i * 1e-3f;
+    for (size_t i = 0; i < moments.size(); ++i) moments[i] = -(rank * 1000.0f + s) - i;
+    ASSERT_TRUE(registry.SetBlob("rng", absl::StrCat("rank", rank, "step", s)).ok());
+  }
+  bool Holds(int rank, int64_t s) const {
+    for (size_t i = 0; i < weights.size(); ++i) {
+      if (weights[i] != rank * 1000.0f + s + i * 1e-3f) return false;
+    }
+    for (size_t i = 0; i < moments.size(); ++i) {
+      if (moments[i] != -(rank * 1000.0f + s) - i) return false;
+    }
+    absl::StatusOr<std::string> rng = registry.GetBlob("rng");
+    return rng.ok() && *rng == absl::StrCat("rank", rank, "step", s);
+  }
+};
+
+class CheckpointerTest : public ::testing::Test {
+ protected:
+  static constexpr int kWorld = 3;
+
+  void SetUp() override {
+    job_ = absl::StrCat("ckpt-test-", getpid(), "-", ++counter_);
+    for (int r = 0; r < kWorld; ++r) {
+      ranks_.push_back(std::make_unique<Rank>());
+      Rank& rank = *ranks_.back();
+      ASSERT_TRUE(rank.registry
+                      .Register({"weights",
+                                 "model",
+                                 rank.weights.data(),
+                                 rank.weights.size() * sizeof(float),
+                                 DType::kF32,
+                                 {static_cast<int64_t>(rank.weights.size())},
+                                 Device::Host()})
+                      .ok());
+      ASSERT_TRUE(rank.registry
+                      .Register({"exp_avg",
+                                 "optimizer",
+                                 rank.moments.data(),
+                                 rank.moments.size() * sizeof(float),
+                                 DType::kF32,
+                                 {static_cast<int64_t>(rank.moments.size())},
+                                 Device::Host()})
+                      .ok());
+      ASSERT_TRUE(rank.registry.SetBlob("rng", "").ok());
+      rank.client = store_.NewClient();
+      ASSERT_NO_FATAL_FAILURE(Start(r, /*generation=*/0));
+    }
+  }
+
+  void TearDown() override {
+    for (auto& rank : ranks_) rank->checkpointer.reset();
+    for (int r = 0; r < kWorld; ++r) (void)Snapshotter::RemoveArena(job_, r);
+  }
+
+  CheckpointerOptions OptionsFor(int r, int64_t generation) {
+    CheckpointerOptions o;
+    o.job_id = job_;
+    o.rank = r;
+    o.world_size = kWorld;
+    o.generation = generation;
+    o.dir = dir_.path();
+    o.chunk_bytes = 4096;
+    o.copy_threads = 2;
+    o.keep_last = 3;
+    o.store = ranks_[r]->client.get();
+    o.timeout = kTimeout;
+    return o;
+  }
+
+  // (Re)creates rank r's checkpointer, as a (re)started process would.
+  void Start(int r, int64_t generation) {
+    Rank& rank = *ranks_[r];
+    rank.checkpointer.reset();
+    absl::StatusOr<std::unique_ptr<Checkpointer>> c =
+        Checkpointer::Create(&rank.registry, OptionsFor(r, generation));
+    ASSERT_TRUE(c.ok()) << c.status();
+    rank.checkpointer = *std::move(c);
+    rank.checkpointer->set_observer([&rank](const SaveOutcome& o) { rank.outcomes.push_back(o); });
+  }
+
+  // Every rank fills the state of step s and saves it; waits until every save is processed.
+  void SaveAll(int64_t s, const std::vector<int>& which = {0, 1, 2}) {
+    for (int r : which) {
+      ranks_[r]->Fill(r, s);
+      ASSERT_TRUE(ranks_[r]->checkpointer->Save(s).ok());
+    }
+    for (int r : which) {
+      ASSERT_TRUE(ranks_[r]->checkpointer->WaitIdle(kTimeout).ok());
+      ASSERT_FALSE(ranks_[r]->outcomes.empty());
+      ASSERT_TRUE(ranks_[r]->outcomes.back().status.ok()) << ranks_[r]->outcomes.back().status;
+    }
+  }
+
+  // Every rank restores concurrently (the call is collective).
+  std::vector<absl::StatusOr<RestoreResult>> RestoreAll() {
+    std::vector<absl::StatusOr<RestoreResult>> results(kWorld, absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kWorld; ++r) {
+      threads.emplace_back(
+          [&, r] { results[r] = ranks_[r]->checkpointer->RestoreNewestCommitted(); });
+    }
+    for (std::thread& t : threads) t.join();
+    return results;
+  }
+
+  static inline int counter_ = 0;
+  std::string job_;
+  TempDir dir_;
+  InMemoryStore store_;
+  std::vector<std::unique_ptr<Rank>> ranks_;
+};
+
+TEST_F(CheckpointerTest, AStepIsCommittedOnlyWhenEveryRanksSnapshotAndShardAreRecorded) {
+  ASSERT_NO_FATAL_FAILURE(SaveAll(10, {0, 1}));
+  absl::StatusOr<std::vector<int64_t>> steps = ranks_[0]->checkpointer->CommittedSteps();
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  EXPECT_TRUE(steps->empty()) << "two of three ranks must not commit step 10";
+
+  ASSERT_NO_FATAL_FAILURE(SaveAll(10, {2}));
+  EXPECT_TRUE(ranks_[2]->outcomes.back().committed);
+  EXPECT_TRUE(ranks_[2]->outcomes.back().persisted);
+  EXPECT_TRUE(ranks_[2]->outcomes.back().durable_committed);
+  steps = ranks_[1]->checkpointer->CommittedSteps();
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  EXPECT_EQ(*steps, std::vector<int64_t>{10});
+  // Every rank's shard is on disk and listed.
+  absl::StatusOr<std::vector<ShardRecord>> shards = ListCommittedShards(nullptr, dir_.path());
+  ASSERT_TRUE(shards.ok()) << shards.status();
+  EXPECT_EQ(shards->size(), 3u);
+}
+
+TEST_F(CheckpointerTest, RestoreGivesEveryRankTheNewestCommittedStepFromItsArena) {
+  ASSERT_NO_FATAL_FAILURE(SaveAll(10));
+  ASSERT_NO_FATAL_FAILURE(SaveAll(20));
+  ASSERT_NO_FATAL_FAILURE(SaveAll(30, {0, 2}));             // rank 1 "died" before saving 30
+  for (int r = 0; r < kWorld; ++r) ranks_[r]->Fill(r, 99);  // training went on
+
+  std::vector<absl::StatusOr<RestoreResult>> results = RestoreAll();
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
+    EXPECT_EQ(results[r]->step, 20);
+    EXPECT_EQ(results[r]->source, "arena");
+    EXPECT_TRUE(ranks_[r]->Holds(r, 20)) << "rank " << r;
+  }
+}
+
+TEST_F(CheckpointerTest, AReplacementRestoresTheDeadRanksArenaWithoutDisk) {
+  ASSERT_NO_FATAL_FAILURE(SaveAll(10));
+  // Rank 1's process dies (its arena stays in /dev/shm) and a new process takes its id in
+  // generation 1; the disk copy is gone, so only the arena can serve it.
+  ranks_[1]->checkpointer.reset();
+  std::filesystem::remove_all(dir_.path());
+  ranks_[1]->Fill(1, -1);  // the new process starts with garbage
+  ASSERT_NO_FATAL_FAILURE(Start(1, /*generation=*/1));
+  ranks_[0]->checkpointer->SetGeneration(1);
+  ranks_[2]->checkpointer->SetGeneration(1);
+
+  std::vector<absl::StatusOr<RestoreResult>> results = RestoreAll();
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
+    EXPECT_EQ(results[r]->step, 10);
+    EXPECT_EQ(results[r]->source, "arena");
+    EXPECT_TRUE(ranks_[r]->Holds(r, 10));
+  }
+}
+
+TEST_F(CheckpointerTest, RanksWithoutArenasRestoreFromDiskEvenWithAnEmptyStore) {
+  ASSERT_NO_FATAL_FAILURE(SaveAll(10));
+  ASSERT_NO_FATAL_FAILURE(SaveAll(20));
+  // The whole job restarts on fresh machines: no arenas, a new store; only the disk remains.
+  InMemoryStore fresh;
+  for (int r = 0; r < kWorld; ++r) {
+    ranks_[r]->checkpointer.reset();
+    ASSERT_TRUE(Snapshotter::RemoveArena(job_, r).ok());
+    ranks_[r]->client = fresh.NewClient();
+    ranks_[r]->Fill(r, -1);
+    ASSERT_NO_FATAL_FAILURE(Start(r, 0));
+  }
+  std::vector<absl::StatusOr<RestoreResult>> results = RestoreAll();
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
+    EXPECT_EQ(results[r]->step, 20);
+    EXPECT_EQ(results[r]->source, "disk");
+    EXPECT_TRUE(ranks_[r]->Holds(r, 20));
+  }
+}
+
+TEST_F(CheckpointerTest, ACorruptShardOnOneRankMovesEveryRankToTheNextOlderStep) {
+  ASSERT_NO_FATAL_FAILURE(SaveAll(10));
+  ASSERT_NO_FATAL_FAILURE(SaveAll(20));
+  for (int r = 0; r < kWorld; ++r) {
+    ranks_[r]->checkpointer.reset();
+    ASSERT_TRUE(Snapshotter::RemoveArena(job_, r).ok());
+  }
+  // Flip one payload byte of rank 1's shard of step 20.
+  absl::StatusOr<std::vector<ShardRecord>> shards = ListCommittedShards(nullptr, dir_.path());
+  ASSERT_TRUE(shards.ok());
+  std::string victim;
+  for (const ShardRecord& s : *shards) {
+    if (s.step == 20 && s.rank == 1) victim = s.shard_path;
+  }
+  ASSERT_FALSE(victim.empty());
+  {
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(4096 + 5000);
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 0x40;
+    f.seekp(4096 + 5000);
+    f.write(&c, 1);
+  }
+  for (int r = 0; r < kWorld; ++r) ASSERT_NO_FATAL_FAILURE(Start(r, 0));
+
+  std::vector<absl::StatusOr<RestoreResult>> results = RestoreAll();
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
+    EXPECT_EQ(results[r]->step, 10) << "rank " << r;
+    EXPECT_TRUE(ranks_[r]->Holds(r, 10)) << "rank " << r;
+    ASSERT_EQ(results[r]->skipped.size(), 1u);
+    // The reason names the step, the rank, the file and the offset.
+    EXPECT_THAT(results[r]->skipped[0], HasSubstr("step 20"));
+    EXPECT_THAT(results[r]->skipped[0], HasSubstr("rank 1"));
+    EXPECT_THAT(results[r]->skipped[0], HasSubstr(victim));
+    EXPECT_THAT(results[r]->skipped[0], HasSubstr("offset"));
+  }
+}
+
+TEST_F(CheckpointerTest, WithNothingCommittedRestoreIsNotFoundOnEveryRank) {
+  std::vector<absl::StatusOr<RestoreResult>> results = RestoreAll();
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(results[r].status().code(), absl::StatusCode::kNotFound) << results[r].status();
+  }
+}
+
+TEST_F(CheckpointerTest, AZombieRankOfAnOldGenerationCannotVote) {
+  ASSERT_TRUE(store_.RaiseFence(1, kTimeout).ok());
+  ranks_[0]->client->SetWriterGeneration(0);  // a rank that missed the re-rendezvous
+  ranks_[0]->Fill(0, 10);
+  ASSERT_TRUE(ranks_[0]->checkpointer->Save(10).ok());
+  ASSERT_TRUE(ranks_[0]->checkpointer->WaitIdle(kTimeout).ok());
+  ASSERT_FALSE(ranks_[0]->outcomes.empty());
+  const absl::Status& status = ranks_[0]->outcomes.back().status;
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("step 10"));
+}
+
+TEST_F(CheckpointerTest, ASecondSaveWhileTheFirstIsInFlightIsRefusedAndTheFirstCompletes) {
+  ranks_[0]->Fill(0, 10);
+  ASSERT_TRUE(ranks_[0]->checkpointer->Save(10).ok());
+  const absl::Status second = ranks_[0]->checkpointer->Save(11);
+  // Either refused (still in flight) or accepted after the first finished: never both in flight.
+  if (!second.ok()) {
+    EXPECT_EQ(second.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(std::string(second.message()), HasSubstr("step 10"));
+  }
+  ASSERT_TRUE(ranks_[0]->checkpointer->WaitIdle(kTimeout).ok());
+  for (const SaveOutcome& o : ranks_[0]->outcomes) EXPECT_TRUE(o.status.ok()) << o.status;
+}
+
+TEST(CheckpointerStatic, ASingleRankJobWithoutAStoreRestoresFromItsArenaThenFromDisk) {
+  TempDir dir;
+  const std::string job = absl::StrCat("ckpt-static-", getpid());
+  std::vector<float> w(2000);
+  StateRegistry registry;
+  ASSERT_TRUE(registry.Register({"w", "", w.data(), w.size() * 4, DType::kF32, {2000}, {}}).ok());
+  CheckpointerOptions o;
+  o.job_id = job;
+  o.dir = dir.path();
+  o.chunk_bytes = 4096;
+  {
+    absl::StatusOr<std::unique_ptr<Checkpointer>> c = Checkpointer::Create(&registry, o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    std::fill(w.begin(), w.end(), 7.0f);
+    ASSERT_TRUE((*c)->Save(5).ok());
+    ASSERT_TRUE((*c)->WaitIdle(kTimeout).ok());
+    std::fill(w.begin(), w.end(), 0.0f);
+    absl::StatusOr<RestoreResult> r = (*c)->RestoreNewestCommitted();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->step, 5);
+    EXPECT_EQ(r->source, "arena");
+    EXPECT_EQ(w[1999], 7.0f);
+  }
+  ASSERT_TRUE(Snapshotter::RemoveArena(job, 0).ok());  // a new machine
+  std::fill(w.begin(), w.end(), 0.0f);
+  absl::StatusOr<std::unique_ptr<Checkpointer>> c = Checkpointer::Create(&registry, o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::StatusOr<RestoreResult> r = (*c)->RestoreNewestCommitted();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->step, 5);
+  EXPECT_EQ(r->source, "disk");
+  EXPECT_EQ(w[0], 7.0f);
+  c->reset();
+  (void)Snapshotter::RemoveArena(job, 0);
+}
+
+}  // namespace
+}  // namespace trainguard
