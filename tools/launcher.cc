@@ -32,6 +32,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "trainguard/checkpoint.h"
 #include "trainguard/env.h"
 #include "trainguard/mutex.h"
 #include "trainguard/rendezvous.h"
@@ -614,6 +615,9 @@ int Job::Run() {
   stop_forming_.store(true);
   former_.join();
   if (exit_code_ == 0) {
+    // The ranks' snapshot arenas outlive them so that a replacement (or a restarted job) on this
+    // machine restores without disk; once the job is done they only hold memory.
+    for (int r = 0; r < config_.nproc; ++r) (void)Snapshotter::RemoveArena(config_.job_id, r);
     Say(absl::StrFormat("job %s succeeded: %d ranks finished, %d replacement(s)", config_.job_id,
                         config_.nproc, replacements_));
   }

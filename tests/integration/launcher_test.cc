@@ -36,8 +36,9 @@ constexpr absl::Duration kDeadline = absl::Seconds(120);
 
 class LauncherJob {
  public:
+  // `environment`: extra NAME=VALUE variables for the launcher (and so its ranks).
   LauncherJob(const testing::TempDir& dir, const std::vector<std::string>& launcher_flags,
-              int steps)
+              int steps, const std::vector<std::pair<std::string, std::string>>& environment = {})
       : run_dir_(dir.File("run")), output_path_(dir.File("launcher.out")) {
     std::vector<std::string> args = {TRAINGUARD_CLI_PATH, "run",
                                      "--run-dir",         run_dir_,
@@ -54,6 +55,7 @@ class LauncherJob {
       int fd = open(output_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       dup2(fd, STDOUT_FILENO);
       dup2(fd, STDERR_FILENO);
+      for (const auto& [name, value] : environment) setenv(name.c_str(), value.c_str(), 1);
       std::vector<char*> argv;
       for (std::string& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
@@ -179,6 +181,42 @@ TEST(Launcher, AKilledRankIsReplacedByAStandbyAndTheReplicasEndIdentical) {
     decided |= e.type == EventType::kRecoveryDecision && e.Attribute("decision") == "re_rendezvous";
   }
   EXPECT_TRUE(decided);
+}
+
+// With checkpointing, the replacement takes the dead rank's state from its shared-memory arena and
+// every survivor rolls back to the same committed step: nobody broadcasts, and because the example's
+// data is a function of the step, the job ends bit-identical to an uninterrupted run.
+TEST(Launcher, AReplacementRestoresTheDeadRanksArenaAndTheJobEndsAsIfUninterrupted) {
+  const std::vector<std::pair<std::string, std::string>> checkpointing = {
+      {"TRAINGUARD_CHECKPOINT_EVERY_STEPS", "25"}, {"TRAINGUARD_CHECKPOINT_PERSIST_EVERY", "4"}};
+  testing::TempDir clean_dir;
+  LauncherJob clean(clean_dir, {"--nproc", "4"}, 800, checkpointing);
+  ASSERT_EQ(clean.Wait(), 0) << clean.Output();
+  const std::map<int, std::string> expected = clean.FinalChecksums();
+  ASSERT_EQ(expected.size(), 4u) << clean.Output();
+
+  testing::TempDir dir;
+  LauncherJob job(dir, {"--nproc", "4", "--standby", "1"}, 800, checkpointing);
+  ASSERT_TRUE(job.AwaitOutput("step 300 loss")) << job.Output();
+  ASSERT_EQ(kill(job.RankPid(2), SIGKILL), 0);
+  EXPECT_EQ(job.Wait(), 0) << job.Output();
+  const std::string out = job.Output();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("rank 2 restored step ([0-9]+) from arena")))
+      << out;
+  const std::string step = m[1];
+  EXPECT_GE(std::stoi(step), 300);
+  for (int r : {0, 1, 3}) {
+    EXPECT_THAT(out, HasSubstr(absl::StrCat("rank ", r, " restored step ", step, " from arena")));
+  }
+  EXPECT_EQ(job.FinalChecksums(), expected) << out;
+  // Rank 2's event file records the restore by the replacement (generation 1).
+  bool restored = false;
+  for (const Event& e : job.Events(2)) {
+    restored |= e.type == EventType::kCheckpoint && e.Attribute("what") == "restored" &&
+                e.Attribute("source") == "arena" && e.generation == 1;
+  }
+  EXPECT_TRUE(restored);
 }
 
 TEST(Launcher, TwoFailuresOneAfterTheOtherAreBothReplaced) {
