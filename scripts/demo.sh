@@ -4,8 +4,10 @@
 #   - at step 100, rank 1's loss is made NaN (a corrupt example): the guard names rank 1 and every
 #     rank skips that update;
 #   - once step 300 is passed, this script kills rank 2 with SIGKILL: the standby takes rank 2 in the
-#     next generation, the survivors keep their processes, every rank adopts the furthest survivor's
-#     model state, and training goes on. The launcher prints the time to recovery (death seen to the
+#     next generation, the survivors keep their processes, and every rank restores the newest
+#     committed checkpoint (the guard snapshots every 50 steps into a shared-memory arena per rank,
+#     every 4th snapshot also to disk): the replacement from the dead rank's arena, without disk and
+#     without a peer broadcast. Training goes on from that step. The launcher prints the time to recovery (death seen to the
 #     first step of the new generation completed on every rank).
 # At the end: whether every rank finished, the loss before and after, whether the replicas are
 # bit-identical, and the replacement as recorded in the ranks' event files.
@@ -46,6 +48,7 @@ steps=1000
 inject=()
 [ "$faults" = 1 ] && inject=(--inject-nan 1:100)
 
+TRAINGUARD_CHECKPOINT_EVERY_STEPS=50 TRAINGUARD_CHECKPOINT_PERSIST_EVERY=4 \
 "$trainguard" run --nproc 4 --standby 1 --job-id demo --run-dir "$run_dir" -- \
   "$trainer" --steps "$steps" --print-every 100 --comm-timeout-s 10 "${inject[@]}" "${trainer_args[@]}" >"$out" 2>&1 &
 launcher=$!
@@ -74,7 +77,9 @@ sleep 0.2  # let tail print the last lines
 echo
 echo "================ demo summary ================"
 echo "launcher exit status: $status"
-grep -E 'takes rank|recovered from|fault step_failure' "$out" | sed 's/^/  /' || true
+grep -E 'takes rank|recovered from|fault step_failure|restored step' "$out" | sed 's/^/  /' || true
+echo "checkpoints on disk (trainguard ckpt list $run_dir/checkpoints):"
+"$trainguard" ckpt list "$run_dir/checkpoints" | sed 's/^/  /' | head -8 || true
 first="$(grep -m1 -oE 'step 0 loss [0-9.]+' "$out" | awk '{print $4}')"
 last="$(grep -oE 'final_loss [0-9.a-z]+' "$out" | tail -1 | awk '{print $2}')"
 echo "loss: step 0 $first -> final $last"
@@ -87,7 +92,7 @@ else
   status=1
 fi
 echo "events of the replacement (trainguard events $run_dir):"
-"$trainguard" events "$run_dir" | grep -E 'replaced rank|decision=re_rendezvous|loss is not finite' \
+"$trainguard" events "$run_dir" | grep -E 'replaced rank|decision=re_rendezvous|loss is not finite|restored the state' \
   | sed 's/^/  /' | head -8 || true
 echo "run dir: $run_dir"
 exit "$status"

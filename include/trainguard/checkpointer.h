@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -93,7 +94,10 @@ class Checkpointer {
 
   // Starts a checkpoint of the current state tagged `step`. FailedPrecondition (nothing started)
   // while the previous save is still being copied or persisted: the caller skips this one.
-  absl::Status Save(int64_t step);
+  // `persist`: whether this save also goes to disk; nullopt: every persist_every-th save of this
+  // process. Ranks must agree on it (a step is durable only when every rank persisted it), so
+  // policies derive it from the step (the Runtime does), not from a per-process count.
+  absl::Status Save(int64_t step, std::optional<bool> persist = std::nullopt);
   // Waits until the copy of the save in flight is in the arena (the fence of the snapshot contract:
   // after it, every registered buffer may be modified).
   absl::Status Fence(absl::Duration timeout);

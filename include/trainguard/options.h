@@ -67,9 +67,10 @@ struct Options {
   int heartbeat_interval_ms = 1'000;
 
   // Checkpointing (checkpoint.h, persister.h). The guard snapshots the registered state every
-  // `checkpoint_every_steps` steps and/or every `checkpoint_every_seconds` seconds (0 turns a trigger
-  // off; both 0: only explicit Runtime::Checkpoint() calls). Every `checkpoint_persist_every`-th
-  // snapshot is also written to `checkpoint_dir` (0: arena only). Empty checkpoint_dir means
+  // `checkpoint_every_steps` steps and/or every `checkpoint_every_seconds` seconds (0 turns a
+  // trigger off; both 0: only explicit Runtime::Checkpoint() calls). Every
+  // `checkpoint_persist_every`-th snapshot is also written to `checkpoint_dir` (0: arena only).
+  // Empty checkpoint_dir means
   // "<run_dir>/checkpoints". Disk keeps the last `checkpoint_keep_last` committed steps.
   std::string checkpoint_dir = {};
   int checkpoint_every_steps = 0;

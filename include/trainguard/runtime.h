@@ -129,7 +129,9 @@ class Runtime {
   // survivors do it inside recover()).
   absl::StatusOr<int64_t> RestoreCheckpoint();
   // Starts a checkpoint of the registered state now, tagged `resume_step`. FailedPrecondition
-  // while the previous one is still being saved.
+  // while the previous one is still being saved. With checkpoint_every_steps = N, the save of
+  // step S is persisted when (S / N) % checkpoint_persist_every == 0, the same on every rank;
+  // otherwise every checkpoint_persist_every-th save of this process is.
   absl::Status Checkpoint(int64_t resume_step);
   // True when a checkpoint policy is configured or Checkpoint()/RestoreCheckpoint() was called.
   bool checkpointing() const { return checkpointing_; }

@@ -109,7 +109,7 @@ class Checkpointer::Impl {
     worker_.join();
   }
 
-  absl::Status Save(int64_t step) {
+  absl::Status Save(int64_t step, std::optional<bool> persist) {
     MutexLock lock(&mu_);
     if (job_.has_value()) {
       return absl::FailedPreconditionError(
@@ -118,10 +118,8 @@ class Checkpointer::Impl {
     }
     if (absl::Status begun = snapshotter_->Begin(step); !begun.ok()) return begun;
     ++saves_;
-    job_ = Job{
-        step, absl::Now(),
-        options_.persist_every > 0 && !options_.dir.empty() && saves_ % options_.persist_every == 0,
-        Epoch()};
+    const bool by_count = options_.persist_every > 0 && saves_ % options_.persist_every == 0;
+    job_ = Job{step, absl::Now(), !options_.dir.empty() && persist.value_or(by_count), Epoch()};
     return absl::OkStatus();
   }
 
@@ -615,7 +613,9 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(
 
 Checkpointer::Checkpointer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Checkpointer::~Checkpointer() = default;
-absl::Status Checkpointer::Save(int64_t step) { return impl_->Save(step); }
+absl::Status Checkpointer::Save(int64_t step, std::optional<bool> persist) {
+  return impl_->Save(step, persist);
+}
 absl::Status Checkpointer::Fence(absl::Duration timeout) { return impl_->Fence(timeout); }
 absl::Status Checkpointer::WaitIdle(absl::Duration timeout) { return impl_->WaitIdle(timeout); }
 bool Checkpointer::busy() const { return impl_->busy(); }

@@ -297,7 +297,13 @@ absl::Status Runtime::EnsureCheckpointer() {
 
 absl::Status Runtime::Checkpoint(int64_t resume_step) {
   if (absl::Status s = EnsureCheckpointer(); !s.ok()) return s;
-  if (absl::Status s = checkpointer_->Save(resume_step); !s.ok()) return s;
+  std::optional<bool> persist;
+  const int every = options_.checkpoint_every_steps;
+  if (every > 0 && resume_step % every == 0) {
+    const int k = options_.checkpoint_persist_every;
+    persist = k > 0 && (resume_step / every) % k == 0;
+  }
+  if (absl::Status s = checkpointer_->Save(resume_step, persist); !s.ok()) return s;
   snapshot_unfenced_ = true;
   last_checkpoint_ns_ = clock_->MonotonicNanos();
   return absl::OkStatus();
