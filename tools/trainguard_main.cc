@@ -2,6 +2,8 @@
 //
 //   trainguard version
 //   trainguard ckpt list|inspect|verify DIR [--json]   checkpoint shards (tools/ckpt_command.h)
+//   trainguard flight-recorder show|dump|remove ...    a rank's flight recorder
+//                                                      (tools/flight_recorder_command.h)
 //   trainguard events [--json] FILE|RUN_DIR...    print event files (a run dir means all its
 //   ranks')
 //
@@ -16,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "tools/ckpt_command.h"
+#include "tools/flight_recorder_command.h"
 #include "tools/launcher.h"
 #include "trainguard/sdk.h"
 
@@ -30,7 +33,8 @@ int Usage() {
                "usage: trainguard version\n"
                "       trainguard events [--json] FILE|RUN_DIR...\n"
                "       trainguard run --nproc N [--standby K] ... -- COMMAND...\n"
-               "       trainguard ckpt list|inspect|verify DIR [--step S] [--json]\n");
+               "       trainguard ckpt list|inspect|verify DIR [--step S] [--json]\n"
+               "       trainguard flight-recorder show|dump|remove ... (flight-recorder --help)\n");
   return kExitUsage;
 }
 
@@ -143,6 +147,7 @@ int main(int argc, char** argv) {
   }
   if (verb == "events") return Events(args);
   if (verb == "ckpt") return trainguard::tools::RunCkptCommand(args);
+  if (verb == "flight-recorder") return trainguard::tools::RunFlightRecorderCommand(args);
   if (verb == "run") {
     absl::StatusOr<trainguard::tools::LaunchConfig> config =
         trainguard::tools::ParseRunArguments(args);

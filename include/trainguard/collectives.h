@@ -1,0 +1,269 @@
+// CollectiveTracker: which collectives this rank has entered and not yet left, per communicator,
+// with a sequence number each, so that a hang names the collective it is stuck in (op,
+// communicator, sequence number, bytes, peer, age) and so that ranks can be compared ("rank 5 never
+// entered all_reduce #812 of comm dp0").
+//
+//     tracker->RegisterCommunicator(kDp, "dp", [comm] { ncclCommAbort(comm); });
+//     {
+//       sdk::ScopedCollective c(tracker.get(), "all_reduce", kDp, bytes);   // CPU collective
+//       gloo::allreduce(options);
+//     }
+//     // GPU collectives: bracketed by CUDA events on the collective's stream (see nccl.h).
+//     sdk::CollectiveHandle h = tracker->BeginOnStream("all_reduce", kDp, bytes, -1, stream);
+//     ncclAllReduce(..., stream);
+//     tracker->EndOnStream(h, stream);
+//
+// A collective in flight longer than its learned bound is a hang. The bound is learned per op name
+// with the watchdog's rule (watchdog.h): max(floor, factor x the longest of the op's recent
+// completed collectives), or the warm-up bound until the op has enough history. The Watchdog polls
+// the tracker on its monitor thread (WatchdogOptions::tracker): it completes GPU collectives, finds
+// overdue ones, and on a hang calls each communicator's abort function (once per registration),
+// which is how a rank stuck inside NCCL or gloo gets unblocked with an error its guard classifies
+// as a communication failure.
+//
+// GPU path: EnableGpu() creates two CUDA timing events per in-flight slot, once. BeginOnStream /
+// EndOnStream record them on the caller's stream; only the poller (the watchdog thread) looks at
+// them, with cudaEventQuery, never a synchronising call. A GPU collective counts as in flight from
+// the poll that first sees its start event done (it may sit queued behind other work before that),
+// and completes at the poll that first sees its end event done; the duration it teaches the bound
+// is the device time between the two events. GPU collectives therefore need a running watchdog (or
+// calls to Poll) to complete and free their slots.
+//
+// Cost: Begin/End allocate nothing and take no lock other than the FlightRecorder append (when a
+// recorder is given): a clock read, a scan of the registered communicators and op names, a
+// compare-and-swap to claim a slot, relaxed stores (bench/bench_watchdog.cc measures it).
+//
+// Misuse (an unregistered communicator, a full slot table, a stale or doubly ended handle) never
+// crashes: the call does nothing, an invalid handle is returned, and usage_errors() counts it.
+//
+// Thread safety: Begin/End/BeginOnStream/EndOnStream, SetStep and the accessors from any thread,
+// with one thread at a time per communicator (NCCL and gloo require that order anyway; the
+// per-communicator counters are not read-modify-write).
+// RegisterCommunicator/UnregisterCommunicator/EnableGpu from any thread, outside the hot path. Poll
+// and AbortCommunicators from one polling thread at a time (the watchdog's).
+#ifndef TRAINGUARD_COLLECTIVES_H_
+#define TRAINGUARD_COLLECTIVES_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "trainguard/mutex.h"
+
+namespace trainguard {
+
+class Clock;
+class FlightRecorder;
+struct Options;
+
+namespace watchdog_internal {
+struct BoundRule;
+class GpuEvents;
+class NameTable;
+class SampleWindow;
+}  // namespace watchdog_internal
+
+struct CollectiveTrackerOptions {
+  // Communicators that can be registered at the same time.
+  int max_communicators = 64;
+  // Collectives in flight at the same time (GPU collectives stay in flight until a poll sees them
+  // finish). Begin on a full table is a usage error.
+  int max_in_flight = 256;
+  // Distinct op names ("all_reduce", "send", ...); further names share one "<other ops>" entry.
+  int max_ops = 64;
+
+  // The learned bound (see watchdog.h; Options keys watchdog_*).
+  int warmup_samples = 5;
+  absl::Duration warmup_bound = absl::Minutes(10);
+  int bound_factor_pct = 300;
+  absl::Duration floor = absl::Seconds(2);
+  int history = 200;
+
+  // nullptr: Clock::Real(). Not owned; must outlive the tracker.
+  Clock* clock = nullptr;
+  // Where kCollectiveBegin/kCollectiveEnd records go; nullptr: nowhere. Not owned.
+  FlightRecorder* recorder = nullptr;
+
+  // The watchdog_* keys of `options`, and options.clock.
+  static CollectiveTrackerOptions FromOptions(const Options& options);
+  // Errors name the field.
+  absl::Status Validate() const;
+};
+
+// Names one collective in flight. Cheap to copy; invalid when Begin refused.
+struct CollectiveHandle {
+  int32_t slot = -1;
+  uint32_t generation = 0;
+  int64_t comm_seq = -1;  // the collective's sequence number on its communicator (0, 1, 2, ...)
+
+  bool valid() const { return slot >= 0; }
+};
+
+// A collective in flight, as the poller saw it.
+struct InFlightCollective {
+  std::string op;
+  uint64_t comm_id = 0;
+  std::string comm_name;
+  int64_t comm_seq = -1;
+  uint64_t bytes = 0;
+  int peer = -1;
+  int64_t step = -1;
+  bool on_gpu = false;
+  absl::Duration age;     // in flight for this long (GPU: since a poll first saw it start)
+  absl::Duration bound;   // its op's learned bound
+  uint64_t instance = 0;  // unique per collective in this tracker
+};
+
+// What one Poll found.
+struct CollectivePoll {
+  // The collective in flight longest, if any.
+  std::optional<InFlightCollective> oldest;
+  // Collectives that passed their bound since the previous poll (each reported by one poll only).
+  std::vector<InFlightCollective> overdue;
+  // Collectives in flight now.
+  int in_flight = 0;
+  // GPU collectives this poll saw finish.
+  int gpu_completed = 0;
+};
+
+// Per-communicator counters: Mycroft-style "last enqueued / last completed" evidence.
+struct CommunicatorProgress {
+  uint64_t comm_id = 0;
+  std::string name;
+  int64_t begun = 0;      // collectives entered (the next sequence number)
+  int64_t completed = 0;  // collectives left
+};
+
+class CollectiveTracker {
+ public:
+  static absl::StatusOr<std::unique_ptr<CollectiveTracker>> Create(
+      const CollectiveTrackerOptions& options);
+  ~CollectiveTracker();
+  CollectiveTracker(const CollectiveTracker&) = delete;
+  CollectiveTracker& operator=(const CollectiveTracker&) = delete;
+
+  // Registers a communicator under a caller-chosen id; its sequence numbers start at 0. `abort`
+  // (may be empty) is what a hang calls to unblock a rank stuck in it, e.g. ncclCommAbort(comm) or
+  // closing a gloo context's connections; it runs on the watchdog thread, at most once per
+  // registration. AlreadyExists for a registered id, ResourceExhausted when max_communicators are
+  // registered.
+  absl::Status RegisterCommunicator(uint64_t comm_id, std::string name,
+                                    std::function<void()> abort);
+  // Forgets a communicator (before destroying it, so that no abort can reach it). NotFound when it
+  // is not registered. REQUIRES: none of its collectives is in flight.
+  absl::Status UnregisterCommunicator(uint64_t comm_id);
+
+  // Creates the CUDA events of the GPU path on device `device`. Unimplemented when trainguard was
+  // built without CUDA. Call once, before the first BeginOnStream.
+  absl::Status EnableGpu(int device);
+
+  // The step recorded with each collective.
+  void SetStep(int64_t step) { step_.store(step, std::memory_order_relaxed); }
+
+  // Enters a host-side collective of `bytes` bytes on `comm_id` (with `peer` for point-to-point).
+  CollectiveHandle Begin(std::string_view op, uint64_t comm_id, uint64_t bytes, int peer = -1);
+  // Leaves it. A stale or doubly ended handle is a usage error; an invalid one (Begin refused and
+  // already counted that) is ignored.
+  void End(CollectiveHandle handle);
+
+  // The GPU path: records the slot's start (end) event on `stream`, a cudaStream_t. REQUIRES:
+  // EnableGpu() succeeded (otherwise a usage error and an invalid handle).
+  CollectiveHandle BeginOnStream(std::string_view op, uint64_t comm_id, uint64_t bytes, int peer,
+                                 void* stream);
+  void EndOnStream(CollectiveHandle handle, void* stream);
+
+  // For the poller (the watchdog thread): completes GPU collectives whose end event fired, and
+  // reports what is in flight at `now_ns` (this tracker's clock) and what became overdue.
+  CollectivePoll Poll(int64_t now_ns);
+  // Calls the abort function of every registered communicator not yet aborted; returns how many.
+  int AbortCommunicators();
+
+  // The learned in-flight bound of op `op` (the warm-up bound for an op never seen).
+  absl::Duration BoundFor(std::string_view op) const;
+  std::vector<CommunicatorProgress> Progress() const;
+  int64_t usage_errors() const { return usage_errors_.load(std::memory_order_relaxed); }
+  // The first usage error, or OK.
+  absl::Status usage_status() const;
+  Clock& clock() const { return *clock_; }
+
+ private:
+  friend class CollectiveTrackerTestPeer;
+  struct Slot;
+  struct Communicator;
+
+  explicit CollectiveTracker(const CollectiveTrackerOptions& options);
+  // Installs the GPU events (EnableGpu, and unit tests with a fake).
+  absl::Status UseGpuEvents(std::unique_ptr<watchdog_internal::GpuEvents> events);
+
+  int FindCommunicator(uint64_t comm_id) const;
+  int OpIndex(std::string_view op);
+  // Claims a free slot and fills it; -1 (a usage error recorded) on failure.
+  int Claim(int op, int comm, uint64_t bytes, int peer, bool on_gpu, int64_t now_ns,
+            CollectiveHandle& handle);
+  // The slot of a live handle in state `expected`, or nullptr (a usage error recorded).
+  Slot* Resolve(CollectiveHandle handle, uint32_t expected, std::string_view what);
+  // Learns the duration, counts the completion, writes kCollectiveEnd, frees the slot.
+  void Complete(Slot& slot, int64_t now_ns, int64_t duration_ns, bool failed);
+  // Writes kCollectiveBegin (end false) or kCollectiveEnd with `duration_ns` as its value.
+  void Record(const Slot& slot, int op, int comm, bool end, int64_t now_ns, uint16_t flags,
+              int64_t duration_ns);
+  void UsageError(std::string message);
+  InFlightCollective Describe(const Slot& slot, int64_t now_ns, int64_t start_ns, int op, int comm,
+                              int64_t bound_ns) const;
+
+  const CollectiveTrackerOptions options_;
+  Clock* const clock_;
+  FlightRecorder* const recorder_;
+  const int slot_count_;
+  std::unique_ptr<Slot[]> slots_;
+  std::unique_ptr<Communicator[]> comms_;
+  std::atomic<int> comm_count_{0};  // comms_[0, comm_count_) have been used
+  std::unique_ptr<watchdog_internal::NameTable> ops_;
+  std::vector<std::unique_ptr<watchdog_internal::SampleWindow>> op_durations_;
+  std::atomic<int> next_slot_{0};  // where Begin looks for a free slot first
+  std::atomic<int64_t> step_{-1};
+  std::atomic<int64_t> usage_errors_{0};
+  std::unique_ptr<const watchdog_internal::BoundRule> rule_;
+  std::atomic<bool> gpu_enabled_{false};
+  std::unique_ptr<watchdog_internal::GpuEvents> gpu_;  // set once, before gpu_enabled_
+
+  mutable Mutex comms_mu_;  // registration and the abort functions
+  Mutex poll_mu_;           // one poller at a time
+  mutable Mutex usage_mu_;
+  absl::Status first_usage_error_ ABSL_GUARDED_BY(usage_mu_);
+};
+
+// Begin in the constructor, End in the destructor (also when the collective throws). A null tracker
+// makes it a no-op.
+class ScopedCollective {
+ public:
+  ScopedCollective(CollectiveTracker* tracker, std::string_view op, uint64_t comm_id,
+                   uint64_t bytes, int peer = -1)
+      : tracker_(tracker),
+        handle_(tracker != nullptr ? tracker->Begin(op, comm_id, bytes, peer)
+                                   : CollectiveHandle{}) {}
+  ~ScopedCollective() {
+    if (tracker_ != nullptr) tracker_->End(handle_);
+  }
+  ScopedCollective(const ScopedCollective&) = delete;
+  ScopedCollective& operator=(const ScopedCollective&) = delete;
+
+  const CollectiveHandle& handle() const { return handle_; }
+
+ private:
+  CollectiveTracker* const tracker_;
+  const CollectiveHandle handle_;
+};
+
+}  // namespace trainguard
+
+#endif  // TRAINGUARD_COLLECTIVES_H_

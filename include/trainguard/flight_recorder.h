@@ -1,0 +1,140 @@
+// FlightRecorder: the last few thousand things a rank did (steps, phases, progress ticks,
+// collectives entered and left), kept in a ring of fixed-size records in a named POSIX
+// shared-memory segment, so that another process (the launcher, `trainguard flight-recorder show`,
+// a diagnosis tool) can read it while the rank is running, hung, SIGSTOPped or dead.
+//
+// Segment name: "/trainguard.<job_id>.fr.rank<R>" (FlightRecorder::SegmentName), mode 0600. Layout
+// (docs/FORMATS.md): a header (magic, version, capacity, record size, the writer's pid, the next
+// sequence number) followed by `capacity` FlightRecord slots. Record i lives in slot i % capacity.
+//
+// Writing is lock-free and allocation-free: one writer thread appends at a time per recorder (the
+// training thread; other threads that append must serialise among themselves). Each slot carries
+// its sequence number written last with release order, so a reader in another process that races
+// the writer sees either the old or the new record, never a torn one (it drops slots whose sequence
+// number changed while it copied them).
+//
+// Thread safety: Append() from one thread at a time; Snapshot() and the readers from any thread or
+// process, concurrently with the writer.
+#ifndef TRAINGUARD_FLIGHT_RECORDER_H_
+#define TRAINGUARD_FLIGHT_RECORDER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace trainguard {
+
+enum class FlightRecordType : uint16_t {
+  kStepBegin = 1,
+  kStepEnd = 2,
+  kPhaseBegin = 3,
+  kPhaseEnd = 4,
+  kTick = 5,             // progress inside a phase; `value` is the amount
+  kCollectiveBegin = 6,  // the rank entered collective (comm_id, comm_seq)
+  kCollectiveEnd = 7,    // the rank left it (on GPU: its CUDA event completed)
+  kHang = 8,             // the watchdog declared a hang; `name` says what hung
+  kMark = 9,             // anything else the trainer wants on record
+};
+// "step_begin", "collective_begin", ...
+std::string_view FlightRecordTypeName(FlightRecordType type);
+
+// One record: 128 bytes, trivially copyable, the same layout in every process of a build.
+struct FlightRecord {
+  uint64_t seq = 0;     // 1-based position in the rank's history; 0: the slot was never written
+  int64_t time_ns = 0;  // CLOCK_MONOTONIC nanoseconds (comparable across processes of a host)
+  int64_t step = -1;
+  FlightRecordType type = FlightRecordType::kMark;
+  uint16_t flags = 0;
+  int32_t peer = -1;      // for point-to-point operations; -1 otherwise
+  uint64_t comm_id = 0;   // the communicator (a caller-chosen id)
+  int64_t comm_seq = -1;  // per-communicator sequence number of a collective
+  uint64_t bytes = 0;
+  int64_t value = 0;   // a tick's amount, a phase's duration at kPhaseEnd, ...
+  char name[64] = {};  // op or phase name, NUL-terminated (truncated to 63 bytes)
+
+  std::string_view Name() const;
+};
+static_assert(sizeof(FlightRecord) == 128);
+
+class FlightRecorder {
+ public:
+  // Creates (replacing any stale segment of the same name) the rank's ring with `capacity` records.
+  // REQUIRES: capacity >= 16. InvalidArgument for a capacity outside [16, 2^24], an empty job id,
+  // one with '/' or longer than 200 bytes, or a negative rank.
+  static absl::StatusOr<std::unique_ptr<FlightRecorder>> Create(std::string_view job_id, int rank,
+                                                                int capacity);
+  // Unmaps; removes the segment when `remove_on_destroy` (the default, for a normal exit).
+  ~FlightRecorder();
+  FlightRecorder(const FlightRecorder&) = delete;
+  FlightRecorder& operator=(const FlightRecorder&) = delete;
+
+  void set_remove_on_destroy(bool remove) { remove_on_destroy_ = remove; }
+
+  // Appends a record; the recorder fills seq and, when time_ns is 0, the time. No allocation, no
+  // system call other than reading the clock (vDSO).
+  void Append(const FlightRecord& record);
+
+  // The records still in the ring, oldest first.
+  std::vector<FlightRecord> Snapshot() const;
+
+  static std::string SegmentName(std::string_view job_id, int rank);
+  static absl::Status Remove(std::string_view job_id, int rank);
+
+ private:
+  struct Segment;
+  FlightRecorder(std::string name, Segment* segment, size_t mapped_bytes, int capacity);
+
+  const std::string name_;
+  Segment* const segment_;
+  const size_t mapped_bytes_;
+  const int capacity_;
+  uint64_t next_seq_ = 1;
+  bool remove_on_destroy_ = true;
+};
+
+// What a reader finds in another process's (or this process's) ring.
+struct FlightRecorderContents {
+  std::string segment;
+  int32_t writer_pid = 0;
+  int capacity = 0;
+  uint64_t next_seq = 0;
+  std::vector<FlightRecord> records;  // oldest first
+};
+
+// Opens a rank's segment read-only and copies its records. NotFound when it does not exist;
+// DataLoss when its header is not a flight recorder's.
+absl::StatusOr<FlightRecorderContents> ReadFlightRecorder(std::string_view job_id, int rank);
+
+// Serialises contents as a FlightRecorderDump protobuf (sdk/proto/flight_recorder.proto), with
+// extra key/value evidence (e.g. "reason", "stacks"), to `path` atomically (temp, fsync, rename).
+absl::Status WriteFlightRecorderDump(const FlightRecorderContents& contents, int rank,
+                                     const std::vector<std::pair<std::string, std::string>>& extra,
+                                     const std::string& path);
+
+// A dump file read back: what WriteFlightRecorderDump was given.
+struct FlightRecorderDump {
+  int rank = -1;
+  FlightRecorderContents contents;
+  std::vector<std::pair<std::string, std::string>> evidence;  // in the order written
+  absl::Time dumped_at = absl::InfinitePast();  // wall clock when the dump was written
+  int64_t dumped_monotonic_ns = 0;  // CLOCK_MONOTONIC then, to compare with the records' time_ns
+};
+
+// Reads a file written by WriteFlightRecorderDump. NotFound when it does not exist; DataLoss naming
+// the file when it is not a flight recorder dump.
+absl::StatusOr<FlightRecorderDump> ReadFlightRecorderDump(const std::string& path);
+
+// The ranks of `job_id` that have a flight recorder segment on this host (live or left behind by a
+// dead process), ascending: the names under /dev/shm that match SegmentName(job_id, rank).
+absl::StatusOr<std::vector<int>> ListFlightRecorderRanks(std::string_view job_id);
+
+}  // namespace trainguard
+
+#endif  // TRAINGUARD_FLIGHT_RECORDER_H_

@@ -1,0 +1,59 @@
+// Stack capture: the call stack of every thread of this process, taken while they run or block, for
+// hang reports (a watchdog thread asks; the training thread is stuck in a collective, a read, a
+// condition wait).
+//
+// Mechanism: the threads are listed from /proc/self/task; each is sent a dedicated real-time signal
+// (StackCaptureSignal()) with tgkill(2); its handler, which only does async-signal-safe work,
+// records backtrace(3) into a slot prepared for it in advance and publishes it with an atomic
+// store. The caller waits for every answer up to a deadline and symbolises the frames outside the
+// handler. A thread that blocks the signal, or a stopped process, does not answer: it is reported
+// as such.
+//
+// The handler is installed (SA_RESTART) on the first capture and stays installed. SA_RESTART makes
+// an interrupted read(2), write(2), wait or lock resume transparently; calls that the kernel never
+// restarts after a handler (poll, epoll_wait, nanosleep, ... : see signal(7)) return EINTR, as they
+// do for any signal, and the caller's retry loop handles it. The capture fails with
+// FailedPrecondition if another component already installed a handler for that signal.
+//
+// Thread safety: CaptureThreadStacks may be called from any thread (the caller's own stack is
+// captured too); concurrent calls are serialised.
+#ifndef TRAINGUARD_STACK_TRACE_H_
+#define TRAINGUARD_STACK_TRACE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace trainguard {
+
+struct ThreadStack {
+  int tid = 0;
+  std::string name;       // /proc/self/task/<tid>/comm
+  bool answered = false;  // false: no answer before the deadline (signal blocked, process stopped,
+                          // thread gone); `frames` is then empty and `note` says which
+  std::string note;
+  // Innermost first, starting at the instruction the signal interrupted: "function+0xoff (module)",
+  // or "0xaddress (module+0xoffset)" where no symbol is known.
+  std::vector<std::string> frames;
+};
+
+// The signal number used to ask threads for their stacks (a real-time signal above SIGRTMIN).
+int StackCaptureSignal();
+
+// Every thread of this process, in /proc/self/task order (ascending tid). Waits at most `timeout`
+// for the threads' answers. REQUIRES: timeout > 0.
+absl::StatusOr<std::vector<ThreadStack>> CaptureThreadStacks(absl::Duration timeout);
+
+// Text for a report: per thread a line `thread <tid> "<name>":` then one `  #<i> <frame>` line per
+// frame, or `thread <tid> "<name>": no answer (<note>)`.
+std::string FormatThreadStacks(const std::vector<ThreadStack>& stacks);
+
+// CaptureThreadStacks formatted by FormatThreadStacks.
+absl::StatusOr<std::string> CaptureAllThreadStacks(absl::Duration timeout);
+
+}  // namespace trainguard
+
+#endif  // TRAINGUARD_STACK_TRACE_H_

@@ -1,0 +1,268 @@
+// Watchdog: finds a rank that stopped making progress, without false alarms on phases that are
+// long but healthy (RL generation, checkpoint saves, the first step), and says where it stopped.
+//
+//     auto wd = sdk::Watchdog::Create(sdk::WatchdogOptions::FromOptions(options));
+//     (*wd)->SetStep(step);
+//     {
+//       sdk::ScopedPhase phase(wd->get(), "generate");
+//       for (...) { decode(); (*wd)->Tick(tokens); }   // progress inside a long phase
+//     }
+//     if (std::optional<sdk::HangReport> hang = (*wd)->TakeHang()) { ... }
+//
+// The training thread declares phases (BeginPhase/EndPhase or ScopedPhase; nested up to kMaxDepth)
+// and ticks inside long ones. A monitor thread owned by the Watchdog (pure C++: it keeps running
+// while a Python trainer holds the GIL) polls every poll_period. Each phase name learns two bounds
+// from its recent completed instances:
+//
+//   duration bound: how long an instance runs, begin to end;
+//   tick-gap bound: the longest silence of an instance while it was the innermost phase (begin to
+//                   first tick, tick to tick, last tick to end, and the stretches before, between
+//                   and after its nested phases).
+//
+// Both follow one rule (Options keys watchdog_*): until watchdog_warmup_samples instances have
+// completed, the bound is watchdog_warmup_bound_ms; then it is max(watchdog_floor_ms,
+// watchdog_bound_factor_pct/100 x the longest of the last watchdog_history instances). The
+// maximum of the window is the high quantile: with 200 samples an estimated p99 lies between the
+// two largest samples anyway, and the maximum never sits below a healthy instance in the window.
+// Instances reported hung are kept out of the history.
+//
+// The innermost open phase is hung when it has run longer than its duration bound AND its last
+// progress (its begin, its last tick, or the end of its last nested phase) is older than its
+// tick-gap bound. For a phase that neither ticks nor nests, the longest silence is its duration,
+// so its tick-gap bound is its duration bound. Ticks in a nested phase are progress of the
+// enclosing ones: an enclosing phase is not judged while a nested one is open (the nested phase,
+// with its own history, answers for that time) and the nested phase's end is progress. That is
+// why a "checkpoint" phase inside a step, or any phase of the first step, never raises an alarm.
+// A collective (collectives.h) in flight longer than its op's bound is a hang too, inside any
+// phase. Each hang is reported once per phase instance (or once per collective outside phases).
+//
+// On a hang, on the monitor thread, in this order: a kHang record to the FlightRecorder (if given);
+// the hang handlers; the abort hooks; the tracker's communicator abort functions (ncclCommAbort,
+// closing a gloo context), once per registration. The pending report waits for TakeHang(). The
+// watchdog never aborts, signals or exits the process: what happens after a hang is decided by the
+// handlers and hooks its owner registered, and by the training thread.
+//
+// Cost: BeginPhase/EndPhase/Tick allocate nothing and never wait for the monitor: the open phases
+// are a fixed array of atomics written by the training thread alone, read by the monitor under a
+// per-frame sequence number. The only lock on the path is the FlightRecorder append of
+// BeginPhase/EndPhase when a recorder is given, held for one 128-byte copy and otherwise taken only
+// by the monitor's rare appends. Ticks are not written to the recorder (they would flood the ring).
+//
+// Misuse (nesting deeper than kMaxDepth, EndPhase without a phase, more phase names than
+// max_phase_names) never crashes: the call is ignored or degraded, counted in usage_errors() and
+// the first one is kept in usage_status().
+//
+// Thread safety: SetStep, BeginPhase, Tick, EndPhase and ScopedPhase from one thread at a time (the
+// training thread). Everything else from any thread. Handlers and hooks run on the monitor thread
+// (or the thread calling PollOnce) and must be quick; they may call TakeHang() but not PollOnce().
+#ifndef TRAINGUARD_WATCHDOG_H_
+#define TRAINGUARD_WATCHDOG_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "trainguard/collectives.h"
+#include "trainguard/mutex.h"
+
+namespace trainguard {
+
+class Clock;
+class FlightRecorder;
+struct Options;
+
+namespace watchdog_internal {
+struct BoundRule;
+class NameTable;
+class SampleWindow;
+}  // namespace watchdog_internal
+
+struct WatchdogOptions {
+  // The monitor thread's period. Zero: no thread; the owner calls PollOnce() (tests).
+  absl::Duration poll_period = absl::Milliseconds(100);
+  // The learned-bound rule (see the header comment).
+  int warmup_samples = 5;
+  absl::Duration warmup_bound = absl::Minutes(10);
+  int bound_factor_pct = 300;
+  absl::Duration floor = absl::Seconds(2);
+  int history = 200;
+  // Distinct phase names; further names share one "<other phases>" history (a usage error).
+  int max_phase_names = 64;
+
+  // nullptr: Clock::Real(). Not owned; must outlive the Watchdog.
+  Clock* clock = nullptr;
+  // kPhaseBegin/kPhaseEnd/kHang records go here; nullptr: nowhere. Not owned.
+  FlightRecorder* recorder = nullptr;
+  // Polled by the monitor thread: overdue collectives are hangs, GPU collectives complete there.
+  // Not owned; must outlive the Watchdog. Use the same clock for both.
+  CollectiveTracker* tracker = nullptr;
+
+  // The watchdog_* keys of `options` (watchdog_poll_ms 0: no thread), and options.clock.
+  static WatchdogOptions FromOptions(const Options& options);
+  // Errors name the field.
+  absl::Status Validate() const;
+};
+
+// What the watchdog saw when it declared a hang.
+struct HangReport {
+  enum class Cause {
+    kPhase,       // the innermost phase ran past its bounds without ticking
+    kCollective,  // a collective was in flight past its op's bound
+  };
+  Cause cause = Cause::kPhase;
+  // The open phases, outermost first, e.g. "step/forward_backward"; "" when none was open.
+  std::string phase;
+  int64_t step = -1;  // as last set by SetStep
+  // The innermost phase: how long it has run and its duration bound; how long since its last
+  // progress and its tick-gap bound; the ticks in it. Zero when no phase was open.
+  absl::Duration elapsed;
+  absl::Duration bound;
+  absl::Duration since_last_tick;
+  absl::Duration tick_bound;
+  int64_t ticks = 0;
+  int64_t progress = 0;  // the sum of the tick amounts
+  // kCollective: the overdue collective; kPhase: the oldest collective in flight, if any.
+  std::optional<InFlightCollective> collective;
+  // Further evidence, ordered: "cause", "rule", "duration_samples", "tick_gap_samples",
+  // "in_flight_collectives", "comm/<name>" -> "begun=N completed=M", ...
+  std::vector<std::pair<std::string, std::string>> evidence;
+  absl::Time time;  // wall time of the declaration
+
+  // The value of evidence `key`, or "" when absent.
+  std::string_view Evidence(std::string_view key) const;
+  // One line for logs, naming the phase, step, times and the collective.
+  std::string ToString() const;
+};
+
+// A phase name's bounds as the monitor applies them now.
+struct PhaseBounds {
+  absl::Duration duration;
+  absl::Duration tick_gap;
+  int64_t duration_samples = 0;
+  int64_t tick_gap_samples = 0;
+};
+
+class Watchdog {
+ public:
+  // Open phases tracked; deeper ones are a usage error (ignored, still balanced by EndPhase).
+  static constexpr int kMaxDepth = 8;
+
+  // Validates the options and starts the monitor thread (unless poll_period is zero).
+  static absl::StatusOr<std::unique_ptr<Watchdog>> Create(const WatchdogOptions& options);
+  // Stops and joins the monitor thread (waiting for a poll in progress, including its handlers).
+  ~Watchdog();
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+  // The step named in records and reports (also passed on to the tracker).
+  void SetStep(int64_t step);
+
+  // Opens a phase nested in the open ones. `name` is copied (up to 63 bytes) on first sight.
+  void BeginPhase(std::string_view name);
+  // Progress in the innermost phase (and so in the enclosing ones, see above). `amount` (tokens,
+  // samples, bytes) is summed into HangReport::progress.
+  void Tick(int64_t amount = 1);
+  // Closes the innermost phase and teaches its name's bounds.
+  void EndPhase();
+
+  void AddHangHandler(std::function<void(const HangReport&)> handler);
+  // Called on each hang (once per hang), after the handlers. `name` identifies it in errors.
+  void AddAbortHook(std::string name, std::function<void()> hook);
+
+  // The oldest hang not yet taken, once; nullopt when none is pending. Lock-free when none is.
+  std::optional<HangReport> TakeHang();
+
+  // One monitor pass at the clock's current time: polls the tracker, checks the innermost phase
+  // and the collectives, declares at most one hang. Returns the number declared (0 or 1).
+  int PollOnce();
+
+  PhaseBounds BoundsFor(std::string_view phase) const;
+  int64_t hangs_declared() const { return hangs_declared_.load(std::memory_order_relaxed); }
+  int64_t usage_errors() const { return usage_errors_.load(std::memory_order_relaxed); }
+  // The first usage error, or OK.
+  absl::Status usage_status() const;
+
+ private:
+  struct Frame;
+  struct FrameView;
+
+  explicit Watchdog(const WatchdogOptions& options);
+  void MonitorLoop();
+  int PhaseIndex(std::string_view name);
+  void UsageError(std::string message);
+  // A consistent copy of the innermost open frame; nullopt when none or while it changes.
+  std::optional<FrameView> ReadInnermost() const;
+  std::string PhasePath(int depth) const;
+  int Declare(HangReport::Cause cause, const std::optional<FrameView>& frame, int64_t now_ns,
+              const CollectivePoll& collectives, const InFlightCollective* overdue)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(poll_mu_);
+  void RecordPhase(bool end, int name, int64_t now_ns, int64_t duration_ns);
+
+  const WatchdogOptions options_;
+  Clock* const clock_;
+  FlightRecorder* const recorder_;
+  CollectiveTracker* const tracker_;
+  std::unique_ptr<const watchdog_internal::BoundRule> rule_;
+  std::unique_ptr<watchdog_internal::NameTable> phases_;
+  std::vector<std::unique_ptr<watchdog_internal::SampleWindow>> durations_;
+  std::vector<std::unique_ptr<watchdog_internal::SampleWindow>> gaps_;
+
+  // Training thread.
+  std::unique_ptr<Frame[]> frames_;
+  int open_ = 0;  // open phases, including untracked ones past kMaxDepth
+  uint64_t next_instance_ = 1;
+  std::atomic<int> depth_{0};  // tracked open phases, published to the monitor
+  std::atomic<int64_t> step_{-1};
+
+  std::atomic<int64_t> hangs_declared_{0};
+  std::atomic<int64_t> usage_errors_{0};
+  mutable Mutex usage_mu_;
+  absl::Status first_usage_error_ ABSL_GUARDED_BY(usage_mu_);
+
+  Mutex poll_mu_;  // one monitor pass at a time
+
+  Mutex hooks_mu_;
+  std::vector<std::function<void(const HangReport&)>> handlers_ ABSL_GUARDED_BY(hooks_mu_);
+  std::vector<std::pair<std::string, std::function<void()>>> abort_hooks_
+      ABSL_GUARDED_BY(hooks_mu_);
+
+  Mutex pending_mu_;
+  std::optional<HangReport> pending_ ABSL_GUARDED_BY(pending_mu_);
+  std::atomic<bool> has_pending_{false};
+
+  Mutex thread_mu_;
+  bool stop_ ABSL_GUARDED_BY(thread_mu_) = false;
+  std::thread monitor_;
+};
+
+// BeginPhase in the constructor, EndPhase in the destructor (also when the body throws). A null
+// watchdog makes it a no-op, so trainers can run without one.
+class ScopedPhase {
+ public:
+  ScopedPhase(Watchdog* watchdog, std::string_view name) : watchdog_(watchdog) {
+    if (watchdog_ != nullptr) watchdog_->BeginPhase(name);
+  }
+  ~ScopedPhase() {
+    if (watchdog_ != nullptr) watchdog_->EndPhase();
+  }
+  ScopedPhase(const ScopedPhase&) = delete;
+  ScopedPhase& operator=(const ScopedPhase&) = delete;
+
+ private:
+  Watchdog* const watchdog_;
+};
+
+}  // namespace trainguard
+
+#endif  // TRAINGUARD_WATCHDOG_H_

@@ -1,0 +1,472 @@
+// FlightRecorder: the shared-memory ring (include/trainguard/flight_recorder.h; layout in
+// docs/FORMATS.md).
+//
+// Memory model. A slot is 16 64-bit words, every one of them accessed through std::atomic_ref by
+// the writer and by readers alike, so a reader racing the writer is never a data race. The writer
+// (one thread) publishes a record as a seqlock:
+//     word 0 := kSlotBeingWritten (relaxed)
+//     words 1..15 := the record (release)
+//     word 0 := seq (release)
+// and a reader copies a slot as
+//     s1 := word 0 (acquire); words 1..15 (acquire); s2 := word 0 (relaxed); keep iff s1 == s2.
+// If the reader's copy took any word of a later write, that word's release store carries the
+// earlier kSlotBeingWritten store of word 0 with it, so s2 cannot be s1 any more: the reader drops
+// the slot. If s1 is a seq and s2 is the same seq, every word read was written before that seq was
+// published and after the previous one. The release and acquire orders cost nothing on x86-64
+// (plain moves) and, unlike a stand-alone fence, ThreadSanitizer models them exactly.
+#include "trainguard/flight_recorder.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "sdk/proto/flight_recorder.pb.h"
+#include "trainguard/env.h"
+
+namespace trainguard {
+namespace {
+
+constexpr uint64_t kMagic = 0x3143455252464754;  // "TGFRREC1" read as a little-endian u64
+constexpr uint32_t kFormatVersion = 1;
+constexpr uint32_t kDumpFormatVersion = 1;
+constexpr size_t kHeaderBytes = 128;
+constexpr size_t kRecordWords = sizeof(FlightRecord) / sizeof(uint64_t);
+constexpr int kMinCapacity = 16;
+constexpr int kMaxCapacity = 1 << 24;  // 2 GiB of records
+// Word 0 of a slot while the writer changes the other words. Never a real seq.
+constexpr uint64_t kSlotBeingWritten = ~uint64_t{0};
+constexpr char kShmDir[] = "/dev/shm";
+
+static_assert(std::atomic_ref<uint64_t>::is_always_lock_free);
+static_assert(std::is_trivially_copyable_v<FlightRecord>);
+static_assert(offsetof(FlightRecord, seq) == 0);
+
+// The first kHeaderBytes of the segment. Every field but next_seq is written once, before magic.
+struct SegmentHeader {
+  uint64_t magic;  // kMagic, stored last (release) when the segment is created
+  uint32_t format_version;
+  uint32_t header_bytes;  // where slot 0 begins
+  uint32_t record_bytes;  // sizeof(FlightRecord)
+  uint32_t capacity;
+  int32_t writer_pid;
+  int32_t rank;
+  uint64_t next_seq;  // the seq the next Append takes; stored (release) after each record
+  uint64_t segment_bytes;
+  uint8_t reserved[kHeaderBytes - 48];
+};
+static_assert(sizeof(SegmentHeader) == kHeaderBytes);
+
+uint64_t LoadWord(const uint64_t& word, std::memory_order order) {
+  // atomic_ref needs a non-const object; loading from a read-only mapping only reads it.
+  return std::atomic_ref<uint64_t>(const_cast<uint64_t&>(word)).load(order);
+}
+uint32_t LoadWord32(const uint32_t& word) {
+  return std::atomic_ref<uint32_t>(const_cast<uint32_t&>(word)).load(std::memory_order_relaxed);
+}
+int32_t LoadWord32(const int32_t& word) {
+  return std::atomic_ref<int32_t>(const_cast<int32_t&>(word)).load(std::memory_order_relaxed);
+}
+
+int64_t MonotonicNanos() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+size_t SegmentBytes(uint64_t capacity) { return kHeaderBytes + capacity * sizeof(FlightRecord); }
+
+const uint64_t* SlotWords(const void* segment, uint64_t slot) {
+  return reinterpret_cast<const uint64_t*>(static_cast<const char*>(segment) + kHeaderBytes) +
+         slot * kRecordWords;
+}
+
+absl::Status ErrnoError(int error, std::string_view name, const char* operation) {
+  const std::string message =
+      absl::StrFormat("flight recorder segment %s: %s: %s", name, operation, std::strerror(error));
+  if (error == ENOENT) return absl::NotFoundError(message);
+  if (error == ENOSPC || error == ENOMEM) return absl::ResourceExhaustedError(message);
+  if (error == EACCES || error == EPERM) return absl::PermissionDeniedError(message);
+  return absl::InternalError(message);
+}
+
+absl::Status CheckJobId(std::string_view job_id, int rank) {
+  if (job_id.empty() || job_id.find('/') != std::string_view::npos || job_id.size() > 200) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "flight recorder: job id \"%s\" must be 1 to 200 characters without '/'", job_id));
+  }
+  if (rank < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("flight recorder: rank %d < 0", rank));
+  }
+  return absl::OkStatus();
+}
+
+// Copies the records out of `capacity` slots that a writer may be changing: untorn ones only,
+// the newest `capacity` of them, oldest first.
+std::vector<FlightRecord> CopyRecords(const void* segment, uint64_t capacity) {
+  std::vector<FlightRecord> records;
+  records.reserve(capacity);
+  for (uint64_t slot = 0; slot < capacity; ++slot) {
+    const uint64_t* words = SlotWords(segment, slot);
+    uint64_t copy[kRecordWords];
+    copy[0] = LoadWord(words[0], std::memory_order_acquire);
+    if (copy[0] == 0 || copy[0] == kSlotBeingWritten) continue;
+    for (size_t i = 1; i < kRecordWords; ++i) {
+      copy[i] = LoadWord(words[i], std::memory_order_acquire);
+    }
+    // Changed while copied: torn, or overwritten by a newer record.
+    if (LoadWord(words[0], std::memory_order_relaxed) != copy[0]) continue;
+    // Not where this writer puts that seq: the slot is damaged.
+    if ((copy[0] - 1) % capacity != slot) continue;
+    FlightRecord& record = records.emplace_back();
+    std::memcpy(&record, copy, sizeof(record));
+    record.name[sizeof(record.name) - 1] = '\0';
+  }
+  std::sort(records.begin(), records.end(),
+            [](const FlightRecord& a, const FlightRecord& b) { return a.seq < b.seq; });
+  // A reader racing the writer may hold a record that was overwritten after it was copied while a
+  // later slot was copied after the wrap: keep the window of the newest `capacity` seqs only.
+  if (!records.empty()) {
+    const uint64_t newest = records.back().seq;
+    std::erase_if(records, [&](const FlightRecord& r) { return r.seq + capacity <= newest; });
+  }
+  return records;
+}
+
+// Closes a descriptor on scope exit.
+class ScopedFd {
+ public:
+  explicit ScopedFd(int fd) : fd_(fd) {}
+  ~ScopedFd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  ScopedFd(const ScopedFd&) = delete;
+  ScopedFd& operator=(const ScopedFd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+std::string DirName(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+}  // namespace
+
+std::string_view FlightRecordTypeName(FlightRecordType type) {
+  switch (type) {
+    case FlightRecordType::kStepBegin:
+      return "step_begin";
+    case FlightRecordType::kStepEnd:
+      return "step_end";
+    case FlightRecordType::kPhaseBegin:
+      return "phase_begin";
+    case FlightRecordType::kPhaseEnd:
+      return "phase_end";
+    case FlightRecordType::kTick:
+      return "tick";
+    case FlightRecordType::kCollectiveBegin:
+      return "collective_begin";
+    case FlightRecordType::kCollectiveEnd:
+      return "collective_end";
+    case FlightRecordType::kHang:
+      return "hang";
+    case FlightRecordType::kMark:
+      return "mark";
+  }
+  return "unknown";
+}
+
+std::string_view FlightRecord::Name() const { return std::string_view(name, strnlen(name, 64)); }
+
+struct FlightRecorder::Segment {
+  SegmentHeader header;
+  // Followed by `capacity` slots of kRecordWords words.
+};
+
+absl::StatusOr<std::unique_ptr<FlightRecorder>> FlightRecorder::Create(std::string_view job_id,
+                                                                       int rank, int capacity) {
+  if (absl::Status s = CheckJobId(job_id, rank); !s.ok()) return s;
+  if (capacity < kMinCapacity || capacity > kMaxCapacity) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "flight recorder: capacity %d is outside [%d, %d]", capacity, kMinCapacity, kMaxCapacity));
+  }
+  const std::string name = SegmentName(job_id, rank);
+  // A segment left by a dead process of this rank is replaced, never reused: its writer may have
+  // had another capacity, and readers attached to it keep their own mapping.
+  if (shm_unlink(name.c_str()) != 0 && errno != ENOENT) {
+    return ErrnoError(errno, name, "shm_unlink (stale segment)");
+  }
+  ScopedFd fd(shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600));
+  if (fd.get() < 0) return ErrnoError(errno, name, "shm_open (create)");
+  auto fail = [&](int error, const char* operation) {
+    shm_unlink(name.c_str());
+    return ErrnoError(error, name, operation);
+  };
+  // shm_open applies the umask; the mode is part of the contract (records name ops and peers).
+  if (fchmod(fd.get(), 0600) != 0) return fail(errno, "fchmod");
+  const size_t bytes = SegmentBytes(static_cast<uint64_t>(capacity));
+  if (ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) return fail(errno, "ftruncate");
+  // Reserve the memory now: a full /dev/shm fails here, not with SIGBUS inside Append.
+  if (int error = posix_fallocate(fd.get(), 0, static_cast<off_t>(bytes)); error != 0) {
+    return fail(error, "posix_fallocate");
+  }
+  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
+  if (base == MAP_FAILED) return fail(errno, "mmap");
+  auto* segment = static_cast<Segment*>(base);
+  SegmentHeader& h = segment->header;
+  h.format_version = kFormatVersion;
+  h.header_bytes = kHeaderBytes;
+  h.record_bytes = sizeof(FlightRecord);
+  h.capacity = static_cast<uint32_t>(capacity);
+  h.writer_pid = static_cast<int32_t>(getpid());
+  h.rank = rank;
+  std::atomic_ref<uint64_t>(h.next_seq).store(1, std::memory_order_relaxed);
+  h.segment_bytes = bytes;
+  // The magic last: a segment whose creator died before this line is recognised as unusable.
+  std::atomic_ref<uint64_t>(h.magic).store(kMagic, std::memory_order_release);
+  return std::unique_ptr<FlightRecorder>(new FlightRecorder(name, segment, bytes, capacity));
+}
+
+FlightRecorder::FlightRecorder(std::string name, Segment* segment, size_t mapped_bytes,
+                               int capacity)
+    : name_(std::move(name)), segment_(segment), mapped_bytes_(mapped_bytes), capacity_(capacity) {}
+
+FlightRecorder::~FlightRecorder() {
+  munmap(segment_, mapped_bytes_);
+  if (remove_on_destroy_) shm_unlink(name_.c_str());
+}
+
+void FlightRecorder::Append(const FlightRecord& record) {
+  const uint64_t seq = next_seq_++;
+  uint64_t words[kRecordWords];
+  std::memcpy(words, &record, sizeof(words));
+  words[0] = seq;
+  if (record.time_ns == 0) words[1] = static_cast<uint64_t>(MonotonicNanos());
+  // The name is NUL-terminated in the ring even when the caller filled all 64 bytes.
+  reinterpret_cast<char*>(words)[offsetof(FlightRecord, name) + sizeof(record.name) - 1] = '\0';
+
+  uint64_t* slot = const_cast<uint64_t*>(SlotWords(segment_, (seq - 1) % capacity_));
+  std::atomic_ref<uint64_t>(slot[0]).store(kSlotBeingWritten, std::memory_order_relaxed);
+  for (size_t i = 1; i < kRecordWords; ++i) {
+    std::atomic_ref<uint64_t>(slot[i]).store(words[i], std::memory_order_release);
+  }
+  std::atomic_ref<uint64_t>(slot[0]).store(seq, std::memory_order_release);
+  std::atomic_ref<uint64_t>(segment_->header.next_seq).store(seq + 1, std::memory_order_release);
+}
+
+std::vector<FlightRecord> FlightRecorder::Snapshot() const {
+  return CopyRecords(segment_, static_cast<uint64_t>(capacity_));
+}
+
+std::string FlightRecorder::SegmentName(std::string_view job_id, int rank) {
+  return absl::StrFormat("/trainguard.%s.fr.rank%d", job_id, rank);
+}
+
+absl::Status FlightRecorder::Remove(std::string_view job_id, int rank) {
+  if (absl::Status s = CheckJobId(job_id, rank); !s.ok()) return s;
+  const std::string name = SegmentName(job_id, rank);
+  if (shm_unlink(name.c_str()) != 0) return ErrnoError(errno, name, "shm_unlink");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<FlightRecorderContents> ReadFlightRecorder(std::string_view job_id, int rank) {
+  if (absl::Status s = CheckJobId(job_id, rank); !s.ok()) return s;
+  const std::string name = FlightRecorder::SegmentName(job_id, rank);
+  ScopedFd fd(shm_open(name.c_str(), O_RDONLY, 0));
+  if (fd.get() < 0) return ErrnoError(errno, name, "shm_open (read)");
+  struct stat st;
+  if (fstat(fd.get(), &st) != 0) return ErrnoError(errno, name, "fstat");
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size < kHeaderBytes) {
+    return absl::DataLossError(absl::StrFormat(
+        "flight recorder segment %s: %d bytes, less than its %d-byte header (not a flight "
+        "recorder, or its creator died while creating it)",
+        name, size, kHeaderBytes));
+  }
+  void* base = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd.get(), 0);
+  if (base == MAP_FAILED) return ErrnoError(errno, name, "mmap");
+  struct Unmap {
+    void* base;
+    size_t size;
+    ~Unmap() { munmap(base, size); }
+  } unmap{base, size};
+  const SegmentHeader& h = static_cast<const SegmentHeader*>(base)[0];
+  const uint64_t magic = LoadWord(h.magic, std::memory_order_acquire);
+  if (magic != kMagic) {
+    return absl::DataLossError(absl::StrFormat(
+        "flight recorder segment %s: bad magic %016x (not a flight recorder, or its creator died "
+        "while creating it)",
+        name, magic));
+  }
+  const uint32_t version = LoadWord32(h.format_version);
+  if (version != kFormatVersion) {
+    return absl::DataLossError(
+        absl::StrFormat("flight recorder segment %s: format version %d, this build reads %d", name,
+                        version, kFormatVersion));
+  }
+  const uint32_t header_bytes = LoadWord32(h.header_bytes);
+  const uint32_t record_bytes = LoadWord32(h.record_bytes);
+  const uint32_t capacity = LoadWord32(h.capacity);
+  const uint64_t segment_bytes = LoadWord(h.segment_bytes, std::memory_order_relaxed);
+  if (header_bytes != kHeaderBytes || record_bytes != sizeof(FlightRecord) ||
+      capacity < static_cast<uint32_t>(kMinCapacity) ||
+      capacity > static_cast<uint32_t>(kMaxCapacity) || segment_bytes != SegmentBytes(capacity) ||
+      size != segment_bytes) {
+    return absl::DataLossError(absl::StrFormat(
+        "flight recorder segment %s: inconsistent header (header %d bytes, record %d bytes, "
+        "capacity %d, segment %d bytes) for a segment of %d bytes",
+        name, header_bytes, record_bytes, capacity, segment_bytes, size));
+  }
+  FlightRecorderContents contents;
+  contents.segment = name;
+  contents.writer_pid = LoadWord32(h.writer_pid);
+  contents.capacity = static_cast<int>(capacity);
+  contents.records = CopyRecords(base, capacity);
+  // Read after the records: at least one past the newest record copied.
+  contents.next_seq = LoadWord(h.next_seq, std::memory_order_acquire);
+  if (!contents.records.empty()) {
+    // A writer killed between publishing a record and advancing next_seq.
+    contents.next_seq = std::max(contents.next_seq, contents.records.back().seq + 1);
+  }
+  return contents;
+}
+
+absl::Status WriteFlightRecorderDump(const FlightRecorderContents& contents, int rank,
+                                     const std::vector<std::pair<std::string, std::string>>& extra,
+                                     const std::string& path) {
+  proto::FlightRecorderDump dump;
+  dump.set_format_version(kDumpFormatVersion);
+  dump.set_segment(contents.segment);
+  dump.set_rank(rank);
+  dump.set_writer_pid(contents.writer_pid);
+  dump.set_capacity(static_cast<uint32_t>(contents.capacity));
+  dump.set_next_seq(contents.next_seq);
+  for (const FlightRecord& r : contents.records) {
+    proto::FlightRecordProto* p = dump.add_records();
+    p->set_seq(r.seq);
+    p->set_time_ns(r.time_ns);
+    p->set_step(r.step);
+    p->set_type(static_cast<uint32_t>(r.type));
+    p->set_flags(r.flags);
+    p->set_peer(r.peer);
+    p->set_comm_id(r.comm_id);
+    p->set_comm_seq(r.comm_seq);
+    p->set_bytes(r.bytes);
+    p->set_value(r.value);
+    p->set_name(std::string(r.Name()));
+  }
+  for (const auto& [key, value] : extra) {
+    proto::DumpEvidence* e = dump.add_evidence();
+    e->set_key(key);
+    e->set_value(value);
+  }
+  dump.set_dumped_unix_micros(absl::ToUnixMicros(absl::Now()));
+  dump.set_dumped_monotonic_ns(MonotonicNanos());
+  std::string bytes;
+  if (!dump.SerializeToString(&bytes)) {
+    return absl::InternalError(absl::StrFormat("flight recorder dump %s: cannot serialize", path));
+  }
+
+  Env* env = Env::Default();
+  const std::string temp_path = absl::StrFormat("%s.tmp.%d", path, getpid());
+  absl::Status status = [&]() -> absl::Status {
+    absl::StatusOr<std::unique_ptr<WritableFile>> file = env->NewWritableFile(temp_path);
+    if (!file.ok()) return file.status();
+    if (absl::Status s = (*file)->Append(bytes); !s.ok()) return s;
+    if (absl::Status s = (*file)->Sync(); !s.ok()) return s;
+    if (absl::Status s = (*file)->Close(); !s.ok()) return s;
+    return env->RenameFile(temp_path, path);
+  }();
+  if (!status.ok()) {
+    env->RemoveFile(temp_path).IgnoreError();
+    return status;
+  }
+  return env->SyncDir(DirName(path));
+}
+
+absl::StatusOr<FlightRecorderDump> ReadFlightRecorderDump(const std::string& path) {
+  absl::StatusOr<std::string> bytes = Env::Default()->ReadFileToString(path);
+  if (!bytes.ok()) return bytes.status();
+  proto::FlightRecorderDump dump;
+  if (!dump.ParseFromString(*bytes) || dump.format_version() != kDumpFormatVersion ||
+      dump.segment().empty()) {
+    return absl::DataLossError(absl::StrFormat(
+        "flight recorder dump %s: not a flight recorder dump (%d bytes that do not parse as "
+        "format version %d of trainguard.proto.FlightRecorderDump)",
+        path, bytes->size(), kDumpFormatVersion));
+  }
+  FlightRecorderDump out;
+  out.rank = dump.rank();
+  out.contents.segment = dump.segment();
+  out.contents.writer_pid = dump.writer_pid();
+  out.contents.capacity = static_cast<int>(dump.capacity());
+  out.contents.next_seq = dump.next_seq();
+  out.contents.records.reserve(dump.records_size());
+  for (const proto::FlightRecordProto& p : dump.records()) {
+    FlightRecord& r = out.contents.records.emplace_back();
+    r.seq = p.seq();
+    r.time_ns = p.time_ns();
+    r.step = p.step();
+    r.type = static_cast<FlightRecordType>(p.type());
+    r.flags = static_cast<uint16_t>(p.flags());
+    r.peer = p.peer();
+    r.comm_id = p.comm_id();
+    r.comm_seq = p.comm_seq();
+    r.bytes = p.bytes();
+    r.value = p.value();
+    std::memcpy(r.name, p.name().data(), std::min(p.name().size(), sizeof(r.name) - 1));
+  }
+  for (const proto::DumpEvidence& e : dump.evidence()) {
+    out.evidence.emplace_back(e.key(), e.value());
+  }
+  out.dumped_at = absl::FromUnixMicros(dump.dumped_unix_micros());
+  out.dumped_monotonic_ns = dump.dumped_monotonic_ns();
+  return out;
+}
+
+absl::StatusOr<std::vector<int>> ListFlightRecorderRanks(std::string_view job_id) {
+  if (absl::Status s = CheckJobId(job_id, 0); !s.ok()) return s;
+  // SegmentName without its leading '/', up to the rank.
+  const std::string prefix = FlightRecorder::SegmentName(job_id, 0).substr(1);
+  const std::string_view stem = std::string_view(prefix).substr(0, prefix.size() - 1);
+  DIR* dir = opendir(kShmDir);
+  if (dir == nullptr) {
+    return absl::InternalError(
+        absl::StrFormat("flight recorder: cannot list %s: %s", kShmDir, std::strerror(errno)));
+  }
+  std::vector<int> ranks;
+  while (dirent* entry = readdir(dir)) {
+    std::string_view name = entry->d_name;
+    int rank;
+    if (!name.starts_with(stem)) continue;
+    name.remove_prefix(stem.size());
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string_view::npos ||
+        !absl::SimpleAtoi(absl::string_view(name.data(), name.size()), &rank) ||
+        FlightRecorder::SegmentName(job_id, rank) != absl::StrFormat("/%s", entry->d_name)) {
+      continue;  // another job's, another kind of segment, or a rank with leading zeros
+    }
+    ranks.push_back(rank);
+  }
+  closedir(dir);
+  std::sort(ranks.begin(), ranks.end());
+  return ranks;
+}
+
+}  // namespace trainguard

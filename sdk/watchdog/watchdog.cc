@@ -1,0 +1,491 @@
+#include "trainguard/watchdog.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
+#include "sdk/watchdog/learned_bound.h"
+#include "sdk/watchdog/name_table.h"
+#include "sdk/watchdog/recorder_append.h"
+#include "trainguard/clock.h"
+#include "trainguard/collectives.h"
+#include "trainguard/flight_recorder.h"
+#include "trainguard/options.h"
+
+namespace trainguard {
+
+using watchdog_internal::AppendToRecorder;
+using watchdog_internal::BoundRule;
+using watchdog_internal::NameTable;
+using watchdog_internal::SampleWindow;
+
+namespace {
+
+constexpr std::string_view kOtherPhases = "<other phases>";
+
+std::string Pretty(absl::Duration d) {
+  return absl::FormatDuration(absl::Trunc(d, absl::Milliseconds(1)));
+}
+
+}  // namespace
+
+// One open phase. Written by the training thread only; the monitor reads it concurrently, so every
+// field it reads is an atomic. `version` is a sequence lock around BeginPhase's rewrite (odd while
+// rewriting): the monitor drops what it read when the version moved. Ticks only move
+// last_progress_ns/ticks/progress forward, and either value is a valid reading.
+//
+// Silence is accounted only while a frame is the innermost: BeginPhase of a nested phase closes the
+// enclosing frame's current silence, and the nested phase's EndPhase is progress of the enclosing
+// frame. So ticks inside nested phases keep the enclosing ones alive (they are not judged while the
+// nested phase is open), and a "step" that only wraps other phases learns a small tick-gap bound
+// from its own short stretches of code. For a phase that neither ticks nor nests, the longest
+// silence is its duration, so its tick-gap bound is its duration bound.
+struct Watchdog::Frame {
+  std::atomic<uint64_t> version{0};
+  std::atomic<int32_t> name{-1};
+  std::atomic<uint64_t> instance{0};
+  std::atomic<int64_t> begin_ns{0};
+  // Its last progress: its begin, its last tick, or the end of its last nested phase.
+  std::atomic<int64_t> last_progress_ns{0};
+  std::atomic<int64_t> ticks{0};
+  std::atomic<int64_t> progress{0};
+  // The instance the monitor reported hung; instances are unique, so it never needs a reset.
+  std::atomic<uint64_t> hung_instance{0};
+  // Training thread only: its longest silence so far while it was the innermost phase.
+  int64_t max_gap_ns = 0;
+};
+
+struct Watchdog::FrameView {
+  int depth = 0;  // this frame is frames_[depth - 1]
+  int name = -1;
+  uint64_t instance = 0;
+  int64_t begin_ns = 0;
+  int64_t last_progress_ns = 0;
+  int64_t ticks = 0;
+  int64_t progress = 0;
+  bool reported = false;
+};
+
+WatchdogOptions WatchdogOptions::FromOptions(const Options& options) {
+  WatchdogOptions o;
+  o.poll_period = absl::Milliseconds(options.watchdog_poll_ms);
+  o.warmup_samples = options.watchdog_warmup_samples;
+  o.warmup_bound = absl::Milliseconds(options.watchdog_warmup_bound_ms);
+  o.bound_factor_pct = options.watchdog_bound_factor_pct;
+  o.floor = absl::Milliseconds(options.watchdog_floor_ms);
+  o.history = options.watchdog_history;
+  o.clock = options.clock;
+  return o;
+}
+
+absl::Status WatchdogOptions::Validate() const {
+  auto bad = [](std::string_view field, std::string_view why) {
+    return absl::InvalidArgumentError(absl::StrFormat("watchdog options: %s %s", field, why));
+  };
+  if (poll_period < absl::ZeroDuration()) return bad("poll_period", "must be >= 0");
+  if (warmup_samples < 0) return bad("warmup_samples", "must be >= 0");
+  if (warmup_bound <= absl::ZeroDuration()) return bad("warmup_bound", "must be > 0");
+  if (bound_factor_pct < 100) return bad("bound_factor_pct", "must be >= 100");
+  if (floor < absl::ZeroDuration()) return bad("floor", "must be >= 0");
+  if (history < 1) return bad("history", "must be >= 1");
+  if (max_phase_names < 1) return bad("max_phase_names", "must be >= 1");
+  return absl::OkStatus();
+}
+
+std::string_view HangReport::Evidence(std::string_view key) const {
+  for (const auto& [k, v] : evidence) {
+    if (k == key) return v;
+  }
+  return {};
+}
+
+std::string HangReport::ToString() const {
+  std::string out = absl::StrFormat(
+      "hang (%s) at step %d in phase \"%s\": running %s (bound %s), no progress for %s (tick "
+      "bound %s, %d ticks)",
+      cause == Cause::kPhase ? "phase" : "collective", step, phase, Pretty(elapsed), Pretty(bound),
+      Pretty(since_last_tick), Pretty(tick_bound), ticks);
+  if (collective.has_value()) {
+    const InFlightCollective& c = *collective;
+    out += absl::StrFormat(
+        "; %s %s on comm \"%s\" (id %d) seq %d, %d bytes%s, step %d, in flight %s (bound %s)%s",
+        cause == Cause::kCollective ? "overdue" : "oldest in flight", c.op, c.comm_name, c.comm_id,
+        c.comm_seq, c.bytes, c.peer >= 0 ? absl::StrFormat(", peer %d", c.peer) : "", c.step,
+        Pretty(c.age), Pretty(c.bound), c.on_gpu ? " on GPU" : "");
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Watchdog>> Watchdog::Create(const WatchdogOptions& options) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  std::unique_ptr<Watchdog> watchdog(new Watchdog(options));
+  if (options.poll_period > absl::ZeroDuration()) {
+    watchdog->monitor_ = std::thread([w = watchdog.get()] { w->MonitorLoop(); });
+  }
+  return watchdog;
+}
+
+Watchdog::Watchdog(const WatchdogOptions& options)
+    : options_(options),
+      clock_(options.clock != nullptr ? options.clock : Clock::Real()),
+      recorder_(options.recorder),
+      tracker_(options.tracker),
+      phases_(std::make_unique<NameTable>(options.max_phase_names + 1)),
+      frames_(new Frame[kMaxDepth]) {
+  auto rule = std::make_unique<BoundRule>();
+  rule->warmup_samples = options.warmup_samples;
+  rule->warmup_bound_ns = absl::ToInt64Nanoseconds(options.warmup_bound);
+  rule->factor_pct = options.bound_factor_pct;
+  rule->floor_ns = absl::ToInt64Nanoseconds(options.floor);
+  rule_ = std::move(rule);
+  // Index 0 collects the names that do not fit.
+  phases_->FindOrAdd(kOtherPhases);
+  durations_.reserve(options.max_phase_names + 1);
+  gaps_.reserve(options.max_phase_names + 1);
+  for (int i = 0; i <= options.max_phase_names; ++i) {
+    durations_.push_back(std::make_unique<SampleWindow>(options.history));
+    gaps_.push_back(std::make_unique<SampleWindow>(options.history));
+  }
+}
+
+Watchdog::~Watchdog() {
+  {
+    MutexLock lock(&thread_mu_);
+    stop_ = true;
+  }
+  if (monitor_.joinable()) monitor_.join();
+}
+
+void Watchdog::MonitorLoop() {
+  for (;;) {
+    {
+      MutexLock lock(&thread_mu_);
+      // The deadline is the poll period; stop_ ends the wait early.
+      if (thread_mu_.AwaitWithTimeout([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_; },
+                                      options_.poll_period)) {
+        return;
+      }
+    }
+    PollOnce();
+  }
+}
+
+void Watchdog::UsageError(std::string message) {
+  usage_errors_.fetch_add(1, std::memory_order_relaxed);
+  MutexLock lock(&usage_mu_);
+  if (first_usage_error_.ok()) {
+    std::fprintf(stderr, "trainguard: watchdog: %s\n", message.c_str());
+    first_usage_error_ = absl::FailedPreconditionError(message);
+  }
+}
+
+absl::Status Watchdog::usage_status() const {
+  MutexLock lock(&usage_mu_);
+  return first_usage_error_;
+}
+
+void Watchdog::SetStep(int64_t step) {
+  step_.store(step, std::memory_order_relaxed);
+  if (tracker_ != nullptr) tracker_->SetStep(step);
+}
+
+int Watchdog::PhaseIndex(std::string_view name) {
+  const int index = phases_->FindOrAdd(name);
+  if (index >= 0) return index;
+  UsageError(absl::StrFormat("phase \"%s\" does not fit (max_phase_names %d); it shares \"%s\"",
+                             name, options_.max_phase_names, kOtherPhases));
+  return 0;
+}
+
+void Watchdog::RecordPhase(bool end, int name, int64_t now_ns, int64_t duration_ns) {
+  if (recorder_ == nullptr) return;
+  FlightRecord r;
+  r.time_ns = now_ns;
+  r.step = step_.load(std::memory_order_relaxed);
+  r.type = end ? FlightRecordType::kPhaseEnd : FlightRecordType::kPhaseBegin;
+  r.value = duration_ns;
+  watchdog_internal::SetRecordName(r, phases_->Name(name));
+  AppendToRecorder(recorder_, r);
+}
+
+void Watchdog::BeginPhase(std::string_view name) {
+  if (open_ >= kMaxDepth) {
+    ++open_;
+    UsageError(absl::StrFormat("phase \"%s\" is nested %d deep (at most %d are tracked)", name,
+                               open_, kMaxDepth));
+    return;
+  }
+  const int index = PhaseIndex(name);
+  const int64_t now = clock_->MonotonicNanos();
+  if (open_ > 0) {
+    // The enclosing phase's own silence ends here; the nested phase answers for what follows.
+    Frame& parent = frames_[open_ - 1];
+    parent.max_gap_ns =
+        std::max(parent.max_gap_ns, now - parent.last_progress_ns.load(std::memory_order_relaxed));
+  }
+  Frame& f = frames_[open_];
+  // Sequence lock without fences (ThreadSanitizer does not model them): the odd version first, the
+  // fields with release stores (each carries the odd version with it, so a reader that sees any new
+  // field sees the version move), then the even version.
+  const uint64_t version = f.version.load(std::memory_order_relaxed);
+  f.version.store(version + 1, std::memory_order_relaxed);
+  f.name.store(index, std::memory_order_release);
+  f.instance.store(next_instance_++, std::memory_order_release);
+  f.begin_ns.store(now, std::memory_order_release);
+  f.last_progress_ns.store(now, std::memory_order_release);
+  f.ticks.store(0, std::memory_order_release);
+  f.progress.store(0, std::memory_order_release);
+  f.version.store(version + 2, std::memory_order_release);
+  f.max_gap_ns = 0;
+  ++open_;
+  depth_.store(open_, std::memory_order_release);
+  RecordPhase(/*end=*/false, index, now, 0);
+}
+
+void Watchdog::Tick(int64_t amount) {
+  if (open_ == 0) return;  // outside any phase: nothing to credit
+  // Past kMaxDepth, the deepest tracked phase is the one the monitor judges: credit it.
+  Frame& f = frames_[std::min(open_, kMaxDepth) - 1];
+  const int64_t now = clock_->MonotonicNanos();
+  f.max_gap_ns = std::max(f.max_gap_ns, now - f.last_progress_ns.load(std::memory_order_relaxed));
+  f.last_progress_ns.store(now, std::memory_order_relaxed);
+  f.ticks.store(f.ticks.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  f.progress.store(f.progress.load(std::memory_order_relaxed) + amount, std::memory_order_relaxed);
+}
+
+void Watchdog::EndPhase() {
+  if (open_ == 0) {
+    UsageError("EndPhase without an open phase");
+    return;
+  }
+  --open_;
+  if (open_ >= kMaxDepth) return;  // it was too deep to be tracked
+  Frame& f = frames_[open_];
+  const int64_t now = clock_->MonotonicNanos();
+  const int name = f.name.load(std::memory_order_relaxed);
+  const int64_t duration = now - f.begin_ns.load(std::memory_order_relaxed);
+  if (f.hung_instance.load(std::memory_order_acquire) !=
+      f.instance.load(std::memory_order_relaxed)) {
+    durations_[name]->Add(duration);
+    // The trailing silence counts: a phase that finishes with a long stretch without ticks
+    // (gathering results after its last tick) must not be declared hung there next time.
+    gaps_[name]->Add(
+        std::max(f.max_gap_ns, now - f.last_progress_ns.load(std::memory_order_relaxed)));
+  }
+  if (open_ > 0) {
+    // A nested phase that finished is progress of the enclosing one.
+    frames_[open_ - 1].last_progress_ns.store(now, std::memory_order_relaxed);
+  }
+  depth_.store(open_, std::memory_order_release);
+  RecordPhase(/*end=*/true, name, now, duration);
+}
+
+void Watchdog::AddHangHandler(std::function<void(const HangReport&)> handler) {
+  MutexLock lock(&hooks_mu_);
+  handlers_.push_back(std::move(handler));
+}
+
+void Watchdog::AddAbortHook(std::string name, std::function<void()> hook) {
+  MutexLock lock(&hooks_mu_);
+  abort_hooks_.emplace_back(std::move(name), std::move(hook));
+}
+
+std::optional<HangReport> Watchdog::TakeHang() {
+  if (!has_pending_.load(std::memory_order_acquire)) return std::nullopt;
+  MutexLock lock(&pending_mu_);
+  std::optional<HangReport> taken = std::move(pending_);
+  pending_.reset();
+  has_pending_.store(false, std::memory_order_release);
+  return taken;
+}
+
+std::optional<Watchdog::FrameView> Watchdog::ReadInnermost() const {
+  const int depth = depth_.load(std::memory_order_acquire);
+  if (depth == 0) return std::nullopt;
+  const Frame& f = frames_[depth - 1];
+  FrameView v;
+  v.depth = depth;
+  const uint64_t version = f.version.load(std::memory_order_acquire);
+  if (version % 2 != 0) return std::nullopt;  // being rewritten: the phase is moving
+  v.name = f.name.load(std::memory_order_acquire);
+  v.instance = f.instance.load(std::memory_order_acquire);
+  v.begin_ns = f.begin_ns.load(std::memory_order_acquire);
+  v.last_progress_ns = f.last_progress_ns.load(std::memory_order_acquire);
+  v.ticks = f.ticks.load(std::memory_order_acquire);
+  v.progress = f.progress.load(std::memory_order_acquire);
+  v.reported = f.hung_instance.load(std::memory_order_acquire) == v.instance;
+  if (f.version.load(std::memory_order_relaxed) != version) return std::nullopt;
+  // Closed (and maybe reopened elsewhere) while we read: not hung.
+  if (depth_.load(std::memory_order_acquire) != depth) return std::nullopt;
+  return v;
+}
+
+std::string Watchdog::PhasePath(int depth) const {
+  std::string path;
+  for (int i = 0; i < depth; ++i) {
+    const int name = frames_[i].name.load(std::memory_order_relaxed);
+    if (i > 0) path += '/';
+    path += phases_->Name(name);
+  }
+  return path;
+}
+
+PhaseBounds Watchdog::BoundsFor(std::string_view phase) const {
+  PhaseBounds b;
+  const int index = phases_->Find(phase);
+  if (index < 0) {
+    b.duration = b.tick_gap = absl::Nanoseconds(rule_->warmup_bound_ns);
+    return b;
+  }
+  const SampleWindow& durations = *durations_[index];
+  const SampleWindow& gaps = *gaps_[index];
+  b.duration_samples = durations.count();
+  b.tick_gap_samples = gaps.count();
+  b.duration = absl::Nanoseconds(durations.Bound(*rule_));
+  b.tick_gap = absl::Nanoseconds(gaps.Bound(*rule_));
+  return b;
+}
+
+int Watchdog::PollOnce() {
+  MutexLock lock(&poll_mu_);
+  const int64_t now = clock_->MonotonicNanos();
+  CollectivePoll collectives;
+  if (tracker_ != nullptr) collectives = tracker_->Poll(now);
+  const std::optional<FrameView> frame = ReadInnermost();
+
+  if (frame.has_value() && !frame->reported) {
+    const SampleWindow& durations = *durations_[frame->name];
+    const SampleWindow& gaps = *gaps_[frame->name];
+    const int64_t bound = durations.Bound(*rule_);
+    const int64_t tick_bound = gaps.Bound(*rule_);
+    if (now - frame->begin_ns > bound && now - frame->last_progress_ns > tick_bound) {
+      return Declare(HangReport::Cause::kPhase, frame, now, collectives, nullptr);
+    }
+  }
+  // One hang per phase instance: a stuck collective inside a phase already reported is part of
+  // that hang (its report names the oldest collective in flight).
+  if (!collectives.overdue.empty() && !(frame.has_value() && frame->reported)) {
+    return Declare(HangReport::Cause::kCollective, frame, now, collectives,
+                   &collectives.overdue.front());
+  }
+  return 0;
+}
+
+int Watchdog::Declare(HangReport::Cause cause, const std::optional<FrameView>& frame,
+                      int64_t now_ns, const CollectivePoll& collectives,
+                      const InFlightCollective* overdue) {
+  HangReport report;
+  report.cause = cause;
+  report.step = step_.load(std::memory_order_relaxed);
+  report.time = clock_->Now();
+  std::string_view rule = "collective in flight longer than its op's bound";
+  if (frame.has_value()) {
+    // Mark first: from here on its duration stays out of the history and it is not reported again.
+    frames_[frame->depth - 1].hung_instance.store(frame->instance, std::memory_order_release);
+    report.phase = PhasePath(frame->depth);
+    const SampleWindow& durations = *durations_[frame->name];
+    const SampleWindow& gaps = *gaps_[frame->name];
+    const int64_t bound = durations.Bound(*rule_);
+    report.elapsed = absl::Nanoseconds(now_ns - frame->begin_ns);
+    report.bound = absl::Nanoseconds(bound);
+    report.since_last_tick = absl::Nanoseconds(now_ns - frame->last_progress_ns);
+    report.tick_bound = absl::Nanoseconds(gaps.Bound(*rule_));
+    report.ticks = frame->ticks;
+    report.progress = frame->progress;
+    if (cause == HangReport::Cause::kPhase) {
+      rule = "elapsed > bound and since_last_tick > tick_bound";
+    }
+    report.evidence.emplace_back("hung_phase", std::string(phases_->Name(frame->name)));
+    report.evidence.emplace_back("duration_samples", absl::StrFormat("%d", durations.count()));
+    report.evidence.emplace_back("tick_gap_samples", absl::StrFormat("%d", gaps.count()));
+  }
+  report.evidence.insert(report.evidence.begin(),
+                         {{"cause", cause == HangReport::Cause::kPhase ? "phase" : "collective"},
+                          {"rule", std::string(rule)}});
+  if (overdue != nullptr) {
+    report.collective = *overdue;
+  } else {
+    report.collective = collectives.oldest;
+  }
+  if (tracker_ != nullptr) {
+    report.evidence.emplace_back("in_flight_collectives",
+                                 absl::StrFormat("%d", collectives.in_flight));
+    report.evidence.emplace_back("overdue_collectives",
+                                 absl::StrFormat("%d", collectives.overdue.size()));
+    for (const CommunicatorProgress& p : tracker_->Progress()) {
+      report.evidence.emplace_back(absl::StrFormat("comm/%s", p.name),
+                                   absl::StrFormat("begun=%d completed=%d", p.begun, p.completed));
+    }
+  }
+
+  if (recorder_ != nullptr) {
+    FlightRecord r;
+    r.time_ns = now_ns;
+    r.step = report.step;
+    r.type = FlightRecordType::kHang;
+    r.flags = cause == HangReport::Cause::kCollective ? 1 : 0;
+    if (report.collective.has_value()) {
+      r.comm_id = report.collective->comm_id;
+      r.comm_seq = report.collective->comm_seq;
+      r.bytes = report.collective->bytes;
+      r.peer = report.collective->peer;
+    }
+    if (cause == HangReport::Cause::kCollective) {
+      r.value = absl::ToInt64Nanoseconds(report.collective->age);
+      watchdog_internal::SetRecordName(r, report.collective->op);
+    } else {
+      r.value = absl::ToInt64Nanoseconds(report.elapsed);
+      watchdog_internal::SetRecordName(r, report.phase);
+    }
+    AppendToRecorder(recorder_, r);
+  }
+  hangs_declared_.fetch_add(1, std::memory_order_relaxed);
+  {
+    MutexLock lock(&pending_mu_);
+    if (!pending_.has_value()) pending_ = report;
+    has_pending_.store(true, std::memory_order_release);
+  }
+
+  // User code runs without any of our locks but poll_mu_ held (it serialises hangs), so it may call
+  // TakeHang, add hooks or read bounds.
+  std::vector<std::function<void(const HangReport&)>> handlers;
+  std::vector<std::pair<std::string, std::function<void()>>> hooks;
+  {
+    MutexLock lock(&hooks_mu_);
+    handlers = handlers_;
+    hooks = abort_hooks_;
+  }
+  auto guarded = [this](std::string_view what, const std::function<void()>& call) {
+    try {
+      call();
+    } catch (const std::exception& e) {
+      UsageError(absl::StrFormat("%s threw: %s", what, e.what()));
+    } catch (...) {
+      UsageError(absl::StrFormat("%s threw", what));
+    }
+  };
+  for (const auto& handler : handlers) {
+    guarded("a hang handler", [&] { handler(report); });
+  }
+  for (const auto& [name, hook] : hooks) {
+    guarded(absl::StrFormat("abort hook \"%s\"", name), hook);
+  }
+  if (tracker_ != nullptr) tracker_->AbortCommunicators();
+  return 1;
+}
+
+}  // namespace trainguard

@@ -1,0 +1,425 @@
+// Specification of the flight recorder (include/trainguard/flight_recorder.h): a ring of records in
+// POSIX shared memory that another process reads while the writer runs, is stopped, or is dead.
+#include "trainguard/flight_recorder.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/support/temp_dir.h"
+
+namespace trainguard {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using testing::TempDir;
+
+// A record whose every field is derived from `seq`, so that a reader can tell a torn one.
+FlightRecord RecordFor(uint64_t seq) {
+  FlightRecord r;
+  r.step = static_cast<int64_t>(seq / 10);
+  r.type = static_cast<FlightRecordType>(1 + seq % 9);
+  r.flags = static_cast<uint16_t>(seq & 0xFFFF);
+  r.peer = static_cast<int32_t>(seq % 7);
+  r.comm_id = seq * 3;
+  r.comm_seq = static_cast<int64_t>(seq);
+  r.bytes = seq * 8;
+  r.value = static_cast<int64_t>(seq);
+  std::snprintf(r.name, sizeof(r.name), "op-%llu", static_cast<unsigned long long>(seq));
+  return r;
+}
+
+// Empty when `r` is the record RecordFor(r.seq) appended; otherwise what differs.
+std::string Inconsistency(const FlightRecord& r) {
+  const FlightRecord want = RecordFor(r.seq);
+  if (r.seq == 0 || r.step != want.step || r.type != want.type || r.flags != want.flags ||
+      r.peer != want.peer || r.comm_id != want.comm_id || r.comm_seq != want.comm_seq ||
+      r.bytes != want.bytes || r.value != want.value || r.Name() != want.Name() || r.time_ns <= 0) {
+    return absl::StrFormat("torn record: seq %d step %d comm_seq %d bytes %d value %d name %s",
+                           r.seq, r.step, r.comm_seq, r.bytes, r.value, r.Name());
+  }
+  return "";
+}
+
+std::vector<uint64_t> Seqs(const std::vector<FlightRecord>& records) {
+  std::vector<uint64_t> seqs;
+  for (const FlightRecord& r : records) seqs.push_back(r.seq);
+  return seqs;
+}
+
+// Waits (at most a minute: a bound for a broken test, not a timing expectation) for one byte.
+bool WaitForByte(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  char c;
+  return poll(&p, 1, 60'000) == 1 && read(fd, &c, 1) == 1;
+}
+
+class FlightRecorderTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    for (int rank = 0; rank < 4; ++rank) FlightRecorder::Remove(job_, rank).IgnoreError();
+  }
+  // Unique per test and process: tests of several builds run at the same time on one host.
+  const std::string job_ = absl::StrFormat(
+      "frtest-%d-%s", getpid(), ::testing::UnitTest::GetInstance()->current_test_info()->name());
+};
+
+TEST_F(FlightRecorderTest, AppendedRecordsReadBackFieldForFieldOldestFirst) {
+  auto fr = FlightRecorder::Create(job_, 1, 64);
+  ASSERT_TRUE(fr.ok()) << fr.status();
+  for (uint64_t seq = 1; seq <= 5; ++seq) (*fr)->Append(RecordFor(seq));
+
+  std::vector<FlightRecord> records = (*fr)->Snapshot();
+  ASSERT_THAT(Seqs(records), ElementsAre(1, 2, 3, 4, 5));
+  for (const FlightRecord& r : records) EXPECT_EQ(Inconsistency(r), "");
+
+  absl::StatusOr<FlightRecorderContents> read = ReadFlightRecorder(job_, 1);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->segment, "/trainguard." + job_ + ".fr.rank1");
+  EXPECT_EQ(read->writer_pid, getpid());
+  EXPECT_EQ(read->capacity, 64);
+  EXPECT_EQ(read->next_seq, 6u);
+  ASSERT_EQ(read->records.size(), 5u);
+  EXPECT_EQ(std::memcmp(read->records.data(), records.data(), 5 * sizeof(FlightRecord)), 0);
+}
+
+TEST_F(FlightRecorderTest, TheSegmentIsNamedAfterJobAndRankAndOnlyItsOwnerMayOpenIt) {
+  auto fr = FlightRecorder::Create(job_, 3, 16);
+  ASSERT_TRUE(fr.ok()) << fr.status();
+  EXPECT_EQ(FlightRecorder::SegmentName(job_, 3), "/trainguard." + job_ + ".fr.rank3");
+  struct stat st;
+  ASSERT_EQ(stat(("/dev/shm/trainguard." + job_ + ".fr.rank3").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(static_cast<size_t>(st.st_size), 128 + 16 * sizeof(FlightRecord));
+}
+
+TEST_F(FlightRecorderTest, AppendStampsTheTimeOnlyWhenTheCallerLeftItZero) {
+  auto fr = FlightRecorder::Create(job_, 0, 16);
+  ASSERT_TRUE(fr.ok()) << fr.status();
+  FlightRecord stamped = RecordFor(1);
+  FlightRecord given = RecordFor(2);
+  given.time_ns = 42;
+  (*fr)->Append(stamped);
+  (*fr)->Append(given);
+  std::vector<FlightRecord> records = (*fr)->Snapshot();
+  ASSERT_EQ(records.size(), 2u);
+  EXPECT_GT(records[0].time_ns, 42);
+  EXPECT_EQ(records[1].time_ns, 42);
+}
+
+TEST_F(FlightRecorderTest, ANameOfSixtyFourBytesIsCutToSixtyThreeAndTerminated) {
+  auto fr = FlightRecorder::Create(job_, 0, 16);
+  ASSERT_TRUE(fr.ok()) << fr.status();
+  FlightRecord r;
+  std::memset(r.name, 'x', sizeof(r.name));  // no terminator at all
+  (*fr)->Append(r);
+  std::vector<FlightRecord> records = (*fr)->Snapshot();
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].Name(), std::string(63, 'x'));
+}
+
+TEST_F(FlightRecorderTest, WrapAroundKeepsTheNewestCapacityRecordsOldestFirst) {
+  auto fr = FlightRecorder::Create(job_, 0, 16);
+  ASSERT_TRUE(fr.ok()) << fr.status();
+  for (uint64_t seq = 1; seq <= 16 * 3 + 5; ++seq) (*fr)->Append(RecordFor(seq));
+  std::vector<uint64_t> want;
+  for (uint64_t seq = 38; seq <= 53; ++seq) want.push_back(seq);
+  EXPECT_EQ(Seqs((*fr)->Snapshot()), want);
+  absl::StatusOr<FlightRecorderContents> read = ReadFlightRecorder(job_, 0);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(Seqs(read->records), want);
+  EXPECT_EQ(read->next_seq, 54u);
+  for (const FlightRecord& r : read->records) EXPECT_EQ(Inconsistency(r), "");
+}
+
+TEST_F(FlightRecorderTest, CreateRefusesACapacityBelowSixteenAndAJobIdWithASlash) {
+  EXPECT_EQ(FlightRecorder::Create(job_, 0, 15).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(FlightRecorder::Create("a/b", 0, 16).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(FlightRecorder::Create("", 0, 16).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(FlightRecorderTest, CreateReplacesASegmentLeftBehindByAnEarlierProcess) {
+  {
+    auto old = FlightRecorder::Create(job_, 0, 32);
+    ASSERT_TRUE(old.ok()) << old.status();
+    (*old)->set_remove_on_destroy(false);
+    for (uint64_t seq = 1; seq <= 10; ++seq) (*old)->Append(RecordFor(seq));
+  }
+  auto fr = FlightRecorder::Create(job_, 0, 16);
+  ASSERT_TRUE(fr.ok()) << fr.status();
+  absl::StatusOr<FlightRecorderContents> read = ReadFlightRecorder(job_, 0);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->capacity, 16);
+  EXPECT_TRUE(read->records.empty());
+}
+
+TEST_F(FlightRecorderTest, TheDestructorRemovesTheSegmentUnlessToldToKeepIt) {
+  { ASSERT_TRUE(FlightRecorder::Create(job_, 0, 16).ok()); }
+  EXPECT_EQ(ReadFlightRecorder(job_, 0).status().code(), absl::StatusCode::kNotFound);
+  {
+    auto fr = FlightRecorder::Create(job_, 0, 16);
+    ASSERT_TRUE(fr.ok()) << fr.status();
+    (*fr)->set_remove_on_destroy(false);
+    (*fr)->Append(RecordFor(1));
+  }
+  absl::StatusOr<FlightRecorderContents> read = ReadFlightRecorder(job_, 0);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_THAT(Seqs(read->records), ElementsAre(1));
+}
+
+TEST_F(FlightRecorderTest, RemoveDeletesTheSegmentAndSaysNotFoundTheSecondTime) {
+  auto fr = FlightRecorder::Create(job_, 2, 16);
+  ASSERT_TRUE(fr.ok()) << fr.status();
+  (*fr)->set_remove_on_destroy(false);
+  EXPECT_TRUE(FlightRecorder::Remove(job_, 2).ok());
+  EXPECT_EQ(ReadFlightRecorder(job_, 2).status().code(), absl::StatusCode::kNotFound);
+  absl::Status again = FlightRecorder::Remove(job_, 2);
+  EXPECT_EQ(again.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(again.message(), HasSubstr(FlightRecorder::SegmentName(job_, 2)));
+}
+
+TEST_F(FlightRecorderTest, AMissingSegmentIsNotFoundNamingIt) {
+  absl::Status s = ReadFlightRecorder(job_, 0).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(s.message(), HasSubstr(FlightRecorder::SegmentName(job_, 0)));
+}
+
+TEST_F(FlightRecorderTest, ASegmentWithoutTheMagicIsDataLossNamingIt) {
+  const std::string name = FlightRecorder::SegmentName(job_, 0);
+  int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(fd, 0);
+  const std::string garbage(128 + 16 * 128, 'g');
+  ASSERT_EQ(write(fd, garbage.data(), garbage.size()), static_cast<ssize_t>(garbage.size()));
+  close(fd);
+  absl::Status s = ReadFlightRecorder(job_, 0).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr(name));
+  EXPECT_THAT(s.message(), HasSubstr("bad magic"));
+}
+
+TEST_F(FlightRecorderTest, ASegmentShorterThanItsHeaderOrItsCapacityIsDataLoss) {
+  const std::string name = FlightRecorder::SegmentName(job_, 0);
+  int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(write(fd, "TGFRREC1", 8), 8);
+  close(fd);
+  EXPECT_EQ(ReadFlightRecorder(job_, 0).status().code(), absl::StatusCode::kDataLoss);
+
+  auto fr = FlightRecorder::Create(job_, 1, 16);
+  ASSERT_TRUE(fr.ok()) << fr.status();
+  fd = shm_open(FlightRecorder::SegmentName(job_, 1).c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 128 + 15 * 128), 0);  // one slot cut off
+  close(fd);
+  absl::Status s = ReadFlightRecorder(job_, 1).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr(FlightRecorder::SegmentName(job_, 1)));
+}
+
+TEST_F(FlightRecorderTest, ARankKilledWithSigkillLeavesEveryRecordItWrote) {
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto fr = FlightRecorder::Create(job_, 0, 64);
+    if (!fr.ok()) _exit(3);
+    for (uint64_t seq = 1; seq <= 50; ++seq) (*fr)->Append(RecordFor(seq));
+    if (write(ready[1], "r", 1) != 1) _exit(4);
+    while (true) pause();
+  }
+  close(ready[1]);
+  ASSERT_TRUE(WaitForByte(ready[0]));
+  close(ready[0]);
+  ASSERT_EQ(kill(child, SIGKILL), 0);
+  int status;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status));
+
+  absl::StatusOr<FlightRecorderContents> read = ReadFlightRecorder(job_, 0);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->writer_pid, child);
+  EXPECT_EQ(read->next_seq, 51u);
+  ASSERT_EQ(read->records.size(), 50u);
+  for (size_t i = 0; i < read->records.size(); ++i) {
+    EXPECT_EQ(read->records[i].seq, i + 1);
+    EXPECT_EQ(Inconsistency(read->records[i]), "");
+  }
+}
+
+TEST_F(FlightRecorderTest, ARankStoppedMidLoopLeavesAConsistentRunOfItsNewestRecords) {
+  constexpr int kCapacity = 32;
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto fr = FlightRecorder::Create(job_, 0, kCapacity);
+    if (!fr.ok()) _exit(3);
+    for (uint64_t seq = 1;; ++seq) (*fr)->Append(RecordFor(seq));
+  }
+  // Bounded polling until the child has wrapped its ring many times.
+  bool wrapped = false;
+  for (int attempt = 0; attempt < 60'000 && !wrapped; ++attempt) {
+    absl::StatusOr<FlightRecorderContents> read = ReadFlightRecorder(job_, 0);
+    wrapped = read.ok() && read->next_seq > 10 * kCapacity;
+    if (!wrapped) usleep(1000);
+  }
+  ASSERT_EQ(kill(child, SIGSTOP), 0);
+  int status;
+  ASSERT_EQ(waitpid(child, &status, WUNTRACED), child);
+  ASSERT_TRUE(WIFSTOPPED(status));
+  ASSERT_TRUE(wrapped);
+
+  absl::StatusOr<FlightRecorderContents> first = ReadFlightRecorder(job_, 0);
+  absl::StatusOr<FlightRecorderContents> second = ReadFlightRecorder(job_, 0);
+  kill(child, SIGKILL);
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(Seqs(first->records), Seqs(second->records));  // a stopped writer changes nothing
+  // The slot it was writing, if any, is left out; every other slot holds a whole record.
+  ASSERT_GE(first->records.size(), static_cast<size_t>(kCapacity - 1));
+  for (size_t i = 0; i < first->records.size(); ++i) {
+    EXPECT_EQ(Inconsistency(first->records[i]), "");
+    if (i > 0) {
+      EXPECT_EQ(first->records[i].seq, first->records[i - 1].seq + 1);
+    }
+  }
+  EXPECT_GE(first->next_seq, first->records.back().seq + 1);
+}
+
+TEST_F(FlightRecorderTest, ReadersRacingTheWriterNeverSeeATornRecord) {
+  // The writer goes on until each reader has copied the ring this many times while it wrote (or,
+  // bounding a broken test, until kMaxRecords).
+  constexpr int64_t kSnapshotsPerReader = 200;
+  constexpr uint64_t kMinRecords = 20'000, kMaxRecords = 100'000'000;
+  auto fr = FlightRecorder::Create(job_, 0, 16);
+  ASSERT_TRUE(fr.ok()) << fr.status();
+  std::atomic<bool> done{false};
+  std::atomic<int64_t> torn{0}, out_of_order{0};
+  std::atomic<int64_t> same_snapshots{0}, own_snapshots{0};
+  auto check = [&](const std::vector<FlightRecord>& records, std::atomic<int64_t>& snapshots) {
+    for (size_t i = 0; i < records.size(); ++i) {
+      if (!Inconsistency(records[i]).empty()) torn.fetch_add(1);
+      if (i > 0 &&
+          (records[i].seq <= records[i - 1].seq || records[i].seq - records[0].seq >= 16)) {
+        out_of_order.fetch_add(1);
+      }
+    }
+    snapshots.fetch_add(1);
+  };
+  // One reader through the writer's own mapping (ThreadSanitizer sees both sides), one through a
+  // mapping of its own, as another process would.
+  std::thread same_mapping([&] {
+    while (!done.load()) check((*fr)->Snapshot(), same_snapshots);
+  });
+  std::thread own_mapping([&] {
+    while (!done.load()) {
+      absl::StatusOr<FlightRecorderContents> read = ReadFlightRecorder(job_, 0);
+      if (read.ok()) check(read->records, own_snapshots);
+    }
+  });
+  uint64_t seq = 1;
+  for (; seq <= kMaxRecords; ++seq) {
+    if (seq > kMinRecords &&
+        same_snapshots.load(std::memory_order_relaxed) >= kSnapshotsPerReader &&
+        own_snapshots.load(std::memory_order_relaxed) >= kSnapshotsPerReader) {
+      break;
+    }
+    (*fr)->Append(RecordFor(seq));
+  }
+  done.store(true);
+  same_mapping.join();
+  own_mapping.join();
+  EXPECT_EQ(torn.load(), 0);
+  EXPECT_EQ(out_of_order.load(), 0);
+  EXPECT_GE(same_snapshots.load(), kSnapshotsPerReader);
+  EXPECT_GE(own_snapshots.load(), kSnapshotsPerReader);
+  std::vector<FlightRecord> last = (*fr)->Snapshot();
+  ASSERT_EQ(last.size(), 16u);
+  EXPECT_EQ(last.back().seq, seq - 1);
+}
+
+TEST_F(FlightRecorderTest, ADumpReadsBackWithEveryRecordAndItsEvidence) {
+  TempDir dir;
+  auto fr = FlightRecorder::Create(job_, 2, 16);
+  ASSERT_TRUE(fr.ok()) << fr.status();
+  for (uint64_t seq = 1; seq <= 20; ++seq) (*fr)->Append(RecordFor(seq));
+  absl::StatusOr<FlightRecorderContents> contents = ReadFlightRecorder(job_, 2);
+  ASSERT_TRUE(contents.ok()) << contents.status();
+  const std::string path = dir.File("rank2.pb");
+  const std::string stacks = "thread 1 \"trainer\":\n  #0 read\n";
+  ASSERT_TRUE(WriteFlightRecorderDump(*contents, 2,
+                                      {{"reason", "hang in allreduce"}, {"stacks", stacks}}, path)
+                  .ok());
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp." + std::to_string(getpid())));
+
+  absl::StatusOr<FlightRecorderDump> dump = ReadFlightRecorderDump(path);
+  ASSERT_TRUE(dump.ok()) << dump.status();
+  EXPECT_EQ(dump->rank, 2);
+  EXPECT_EQ(dump->contents.segment, contents->segment);
+  EXPECT_EQ(dump->contents.writer_pid, getpid());
+  EXPECT_EQ(dump->contents.capacity, 16);
+  EXPECT_EQ(dump->contents.next_seq, 21u);
+  ASSERT_EQ(dump->contents.records.size(), 16u);
+  EXPECT_EQ(std::memcmp(dump->contents.records.data(), contents->records.data(),
+                        16 * sizeof(FlightRecord)),
+            0);
+  EXPECT_THAT(dump->evidence,
+              ElementsAre(std::pair<std::string, std::string>("reason", "hang in allreduce"),
+                          std::pair<std::string, std::string>("stacks", stacks)));
+  EXPECT_GT(dump->dumped_monotonic_ns, dump->contents.records.back().time_ns);
+  EXPECT_GT(dump->dumped_at, absl::UnixEpoch());
+}
+
+TEST_F(FlightRecorderTest, AFileThatIsNotADumpIsDataLossNamingIt) {
+  TempDir dir;
+  const std::string path = dir.File("not-a-dump.pb");
+  FILE* f = std::fopen(path.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs("this is not a protobuf \xff\xff\xff", f);
+  std::fclose(f);
+  absl::Status s = ReadFlightRecorderDump(path).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr(path));
+  EXPECT_EQ(ReadFlightRecorderDump(dir.File("missing.pb")).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(FlightRecorderTest, ListingFindsEveryRankOfTheJobAndNoOtherJobs) {
+  auto r0 = FlightRecorder::Create(job_, 0, 16);
+  auto r3 = FlightRecorder::Create(job_, 3, 16);
+  auto other = FlightRecorder::Create(job_ + ".x", 1, 16);  // a job whose id extends this one's
+  ASSERT_TRUE(r0.ok() && r3.ok() && other.ok());
+  absl::StatusOr<std::vector<int>> ranks = ListFlightRecorderRanks(job_);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  EXPECT_THAT(*ranks, ElementsAre(0, 3));
+}
+
+TEST(FlightRecordTypeTest, EveryTypeHasASnakeCaseName) {
+  EXPECT_EQ(FlightRecordTypeName(FlightRecordType::kStepBegin), "step_begin");
+  EXPECT_EQ(FlightRecordTypeName(FlightRecordType::kCollectiveBegin), "collective_begin");
+  EXPECT_EQ(FlightRecordTypeName(FlightRecordType::kCollectiveEnd), "collective_end");
+  EXPECT_EQ(FlightRecordTypeName(FlightRecordType::kHang), "hang");
+  EXPECT_EQ(FlightRecordTypeName(FlightRecordType::kMark), "mark");
+}
+
+}  // namespace
+}  // namespace trainguard

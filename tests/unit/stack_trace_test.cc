@@ -1,0 +1,254 @@
+// Specification of stack capture (include/trainguard/stack_trace.h): every thread of the process,
+// asked by signal, including threads blocked in system calls, from a thread that is not main.
+#include "trainguard/stack_trace.h"
+
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "trainguard/mutex.h"
+
+namespace trainguard {
+
+// Outside the anonymous namespace and never inlined, so the frame has this name. Blocks in read(2)
+// until a byte arrives; returns what read returned (1 unless the signal broke the read).
+__attribute__((noinline)) ssize_t BlockedInPipeReadForStackTest(int fd) {
+  char c;
+  ssize_t n = read(fd, &c, 1);
+  asm volatile("" ::: "memory");  // no tail call: this frame stays on the stack during the read
+  return n;
+}
+
+__attribute__((noinline)) void BlockedInConditionWaitForStackTest(Notification* release) {
+  while (!release->WaitForNotificationWithTimeout(absl::Seconds(60))) {
+  }
+  asm volatile("" ::: "memory");
+}
+
+namespace {
+
+using ::testing::HasSubstr;
+
+// ThreadSanitizer runs a signal handler only when the thread enters or leaves one of its
+// interceptors or waits in one it treats as blocking; GCC 12's does not treat read(2) as blocking,
+// so under it a thread blocked in read answers only once the read returns.
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kReadDefersSignals = true;
+#else
+constexpr bool kReadDefersSignals = false;
+#endif
+
+int Tid() { return static_cast<int>(syscall(SYS_gettid)); }
+
+const ThreadStack* Find(const std::vector<ThreadStack>& stacks, int tid) {
+  for (const ThreadStack& t : stacks) {
+    if (t.tid == tid) return &t;
+  }
+  return nullptr;
+}
+
+bool HasFrame(const ThreadStack& t, const std::string& function) {
+  for (const std::string& frame : t.frames) {
+    if (frame.find(function) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// A thread blocked in BlockedInPipeReadForStackTest until Release().
+class PipeReader {
+ public:
+  PipeReader() {
+    if (pipe(fds_) != 0) std::abort();
+    thread_ = std::thread([this] {
+      pthread_setname_np(pthread_self(), "tg-pipe-reader");
+      tid_.store(Tid());
+      result_.store(BlockedInPipeReadForStackTest(fds_[0]));
+    });
+    while (tid_.load() == 0) std::this_thread::yield();
+  }
+  ~PipeReader() {
+    Join();
+    close(fds_[0]);
+    close(fds_[1]);
+  }
+  int tid() const { return tid_.load(); }
+  // Lets the read complete; returns what it returned.
+  ssize_t Join() {
+    if (thread_.joinable()) {
+      if (write(fds_[1], "x", 1) != 1) std::abort();
+      thread_.join();
+    }
+    return result_.load();
+  }
+
+ private:
+  int fds_[2];
+  std::thread thread_;
+  std::atomic<int> tid_{0};
+  std::atomic<ssize_t> result_{-2};
+};
+
+// Captures until `tid`'s stack has `function` (the thread may not be inside it yet), at most 500
+// times: bounded polling.
+std::vector<ThreadStack> CaptureUntil(int tid, const std::string& function) {
+  std::vector<ThreadStack> stacks;
+  for (int attempt = 0; attempt < 500; ++attempt) {
+    absl::StatusOr<std::vector<ThreadStack>> captured = CaptureThreadStacks(absl::Seconds(10));
+    if (!captured.ok()) {
+      ADD_FAILURE() << captured.status();
+      return stacks;
+    }
+    stacks = *std::move(captured);
+    const ThreadStack* t = Find(stacks, tid);
+    if (t != nullptr && HasFrame(*t, function)) return stacks;
+    usleep(2000);
+  }
+  return stacks;
+}
+
+TEST(StackTraceTest, AThreadBlockedInAPipeReadShowsTheFunctionItIsBlockedIn) {
+  if (kReadDefersSignals) GTEST_SKIP() << "ThreadSanitizer defers signals during read(2)";
+  PipeReader reader;
+  std::vector<ThreadStack> stacks = CaptureUntil(reader.tid(), "BlockedInPipeReadForStackTest");
+  const ThreadStack* t = Find(stacks, reader.tid());
+  ASSERT_NE(t, nullptr);
+  EXPECT_TRUE(t->answered) << t->note;
+  EXPECT_EQ(t->name, "tg-pipe-reader");
+  EXPECT_TRUE(HasFrame(*t, "BlockedInPipeReadForStackTest")) << FormatThreadStacks(stacks);
+  // The read it interrupted resumed (SA_RESTART) and got its byte.
+  EXPECT_EQ(reader.Join(), 1);
+}
+
+TEST(StackTraceTest, ACaptureFromANonMainThreadSeesEveryThreadIncludingMainAndItself) {
+  std::optional<PipeReader> reader;
+  if (!kReadDefersSignals) reader.emplace();
+  Notification release;
+  std::atomic<int> waiter_tid{0};
+  std::thread waiter([&] {
+    waiter_tid.store(Tid());
+    BlockedInConditionWaitForStackTest(&release);
+  });
+  while (waiter_tid.load() == 0) std::this_thread::yield();
+  const int main_tid = Tid();
+  std::vector<ThreadStack> stacks;
+  int capturer_tid = 0;
+  std::thread watchdog([&] {
+    capturer_tid = Tid();
+    if (reader) CaptureUntil(reader->tid(), "BlockedInPipeReadForStackTest");
+    stacks = CaptureUntil(waiter_tid.load(), "BlockedInConditionWaitForStackTest");
+  });
+  watchdog.join();
+  release.Notify();
+  waiter.join();
+
+  std::vector<int> tids = {main_tid, capturer_tid, waiter_tid.load()};
+  if (reader) tids.push_back(reader->tid());
+  for (int tid : tids) {
+    const ThreadStack* t = Find(stacks, tid);
+    ASSERT_NE(t, nullptr) << "thread " << tid << " missing from\n" << FormatThreadStacks(stacks);
+    EXPECT_TRUE(t->answered) << t->note;
+    EXPECT_FALSE(t->frames.empty());
+  }
+  EXPECT_TRUE(HasFrame(*Find(stacks, waiter_tid.load()), "BlockedInConditionWaitForStackTest"));
+  if (reader) {
+    EXPECT_TRUE(HasFrame(*Find(stacks, reader->tid()), "BlockedInPipeReadForStackTest"));
+    EXPECT_EQ(reader->Join(), 1);
+  }
+}
+
+TEST(StackTraceTest, AThreadThatBlocksTheSignalIsReportedAsNoAnswerAndAnswersTheNextCapture) {
+  Notification blocked, unblock, unblocked, finish;
+  std::atomic<int> tid{0};
+  std::thread masked([&] {
+    tid.store(Tid());
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, StackCaptureSignal());
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    blocked.Notify();
+    unblock.WaitForNotificationWithTimeout(absl::Seconds(60));
+    // The signal still pending from the first capture is delivered here, after its deadline.
+    pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+    unblocked.Notify();
+    finish.WaitForNotificationWithTimeout(absl::Seconds(60));
+  });
+  ASSERT_TRUE(blocked.WaitForNotificationWithTimeout(absl::Seconds(60)));
+
+  absl::StatusOr<std::vector<ThreadStack>> first = CaptureThreadStacks(absl::Milliseconds(100));
+  ASSERT_TRUE(first.ok()) << first.status();
+  const ThreadStack* t = Find(*first, tid.load());
+  ASSERT_NE(t, nullptr);
+  EXPECT_FALSE(t->answered);
+  EXPECT_TRUE(t->frames.empty());
+  EXPECT_THAT(FormatThreadStacks(*first), HasSubstr(absl::StrFormat("thread %d \"", tid.load())));
+  EXPECT_EQ(t->note, "the thread blocks the signal");
+  EXPECT_THAT(FormatThreadStacks(*first), HasSubstr("no answer (the thread blocks the signal)"));
+  const ThreadStack* self = Find(*first, Tid());
+  ASSERT_NE(self, nullptr);
+  EXPECT_TRUE(self->answered);
+
+  unblock.Notify();
+  ASSERT_TRUE(unblocked.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  absl::StatusOr<std::vector<ThreadStack>> second = CaptureThreadStacks(absl::Seconds(10));
+  finish.Notify();
+  masked.join();
+  ASSERT_TRUE(second.ok()) << second.status();
+  t = Find(*second, tid.load());
+  ASSERT_NE(t, nullptr);
+  EXPECT_TRUE(t->answered) << t->note;
+}
+
+TEST(StackTraceTest, TheFormattedCaptureNamesEveryThreadAndListsItsFrames) {
+  Notification release;
+  std::atomic<int> tid{0};
+  std::thread waiter([&] {
+    pthread_setname_np(pthread_self(), "tg-waiter");
+    tid.store(Tid());
+    BlockedInConditionWaitForStackTest(&release);
+  });
+  while (tid.load() == 0) std::this_thread::yield();
+  CaptureUntil(tid.load(), "BlockedInConditionWaitForStackTest");
+  absl::StatusOr<std::string> text = CaptureAllThreadStacks(absl::Seconds(10));
+  release.Notify();
+  waiter.join();
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_THAT(*text, HasSubstr(absl::StrFormat("thread %d \"tg-waiter\":\n  #0 ", tid.load())));
+  EXPECT_THAT(*text, HasSubstr("BlockedInConditionWaitForStackTest"));
+}
+
+TEST(StackTraceTest, ANonPositiveTimeoutIsInvalid) {
+  EXPECT_EQ(CaptureThreadStacks(absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(StackTraceTest, ASignalHandlerInstalledBySomeoneElseIsNotReplaced) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Another library's handler for the same signal, installed before or after ours.
+    struct sigaction other {};
+    other.sa_handler = [](int) {};
+    sigaction(StackCaptureSignal(), &other, nullptr);
+    absl::StatusOr<std::vector<ThreadStack>> stacks = CaptureThreadStacks(absl::Seconds(1));
+    _exit(stacks.status().code() == absl::StatusCode::kFailedPrecondition ? 0 : 1);
+  }
+  int status;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+}  // namespace
+}  // namespace trainguard

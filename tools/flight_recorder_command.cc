@@ -1,0 +1,304 @@
+#include "tools/flight_recorder_command.h"
+
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "trainguard/flight_recorder.h"
+
+namespace trainguard::tools {
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitDataError = 1;
+constexpr int kExitUsageError = 2;
+
+struct FlightRecorderArgs {
+  std::string verb;
+  std::string file;  // show FILE
+  std::string job;
+  std::optional<int> rank;
+  std::string out;
+  std::optional<int> last;
+  bool json = false;
+};
+
+std::string Json(std::string_view s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c < 0x20) {
+      out += absl::StrFormat("\\u%04x", c);
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+std::optional<FlightRecorderArgs> Parse(const std::vector<std::string>& args) {
+  FlightRecorderArgs a;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    const bool has_value = i + 1 < args.size();
+    if (arg == "--json") {
+      a.json = true;
+    } else if (arg == "--job" && has_value) {
+      a.job = args[++i];
+    } else if (arg == "--out" && has_value) {
+      a.out = args[++i];
+    } else if ((arg == "--rank" || arg == "--last") && has_value) {
+      int n;
+      if (!absl::SimpleAtoi(args[++i], &n) || n < 0) return std::nullopt;
+      (arg == "--rank" ? a.rank : a.last) = n;
+    } else if (!arg.empty() && arg[0] == '-') {
+      return std::nullopt;
+    } else if (a.verb.empty()) {
+      a.verb = arg;
+    } else if (a.file.empty() && a.verb == "show") {
+      a.file = arg;
+    } else {
+      return std::nullopt;
+    }
+  }
+  const bool segment = !a.job.empty() && a.rank.has_value();
+  if (a.verb == "show") {
+    // Either a segment (--job and --rank) or a file, not both.
+    if (a.file.empty() ? !segment : (!a.job.empty() || a.rank)) return std::nullopt;
+    return a.out.empty() ? std::optional(a) : std::nullopt;
+  }
+  if (a.verb == "dump") {
+    if (!segment || a.out.empty() || a.json || a.last) return std::nullopt;
+    return a;
+  }
+  if (a.verb == "remove") {
+    if (a.job.empty() || !a.out.empty() || a.json || a.last) return std::nullopt;
+    return a;
+  }
+  return std::nullopt;
+}
+
+int64_t MonotonicNanos() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+// What became of the process that wrote a segment: "running", "stopped", "exited", ... (from
+// /proc; a recycled pid would read as running).
+std::string WriterState(int pid) {
+  std::ifstream stat(absl::StrFormat("/proc/%d/stat", pid));
+  std::string line;
+  if (pid <= 0 || !std::getline(stat, line)) return "exited";
+  const size_t paren = line.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= line.size()) return "unknown";
+  switch (line[paren + 2]) {
+    case 'T':
+    case 't':
+      return "stopped";
+    case 'Z':
+    case 'X':
+      return "exited";
+    case 'D':
+      return "running (uninterruptible wait)";
+    default:
+      return "running";
+  }
+}
+
+std::string RecordJson(const FlightRecord& r) {
+  return absl::StrFormat(
+      R"({"seq":%d,"time_ns":%d,"step":%d,"type":%s,"flags":%d,"peer":%d,"comm_id":%d,)"
+      R"("comm_seq":%d,"bytes":%d,"value":%d,"name":%s})",
+      r.seq, r.time_ns, r.step, Json(FlightRecordTypeName(r.type)), r.flags, r.peer, r.comm_id,
+      r.comm_seq, r.bytes, r.value, Json(r.Name()));
+}
+
+constexpr char kRecordHeading[] =
+    "     SEQ        T-LAST      STEP  TYPE              NAME                      COMM/SEQ"
+    "                 BYTES   PEER  VALUE\n";
+
+// One line; the time is relative to the newest record shown.
+std::string RecordLine(const FlightRecord& r, int64_t newest_ns) {
+  const std::string comm =
+      r.comm_id == 0 && r.comm_seq == -1 ? "-" : absl::StrFormat("0x%x/%d", r.comm_id, r.comm_seq);
+  const std::string peer = r.peer < 0 ? "-" : absl::StrFormat("%d", r.peer);
+  return absl::StrFormat("%8d %+12.6fs %9d  %-16s  %-24s  %-20s %8d %6s  %d\n", r.seq,
+                         static_cast<double>(r.time_ns - newest_ns) / 1e9, r.step,
+                         FlightRecordTypeName(r.type), r.Name(), comm, r.bytes, peer, r.value);
+}
+
+std::vector<FlightRecord> LastRecords(const FlightRecorderArgs& a,
+                                      const std::vector<FlightRecord>& records) {
+  if (!a.last || static_cast<size_t>(*a.last) >= records.size()) return records;
+  return std::vector<FlightRecord>(records.end() - *a.last, records.end());
+}
+
+std::string RecordsJson(const std::vector<FlightRecord>& records) {
+  std::vector<std::string> items;
+  for (const FlightRecord& r : records) items.push_back(RecordJson(r));
+  return absl::StrJoin(items, ",");
+}
+
+int ShowSegment(const FlightRecorderArgs& a) {
+  absl::StatusOr<FlightRecorderContents> c = ReadFlightRecorder(a.job, *a.rank);
+  const int64_t now = MonotonicNanos();
+  if (!c.ok()) {
+    absl::FPrintF(stderr, "trainguard flight-recorder show: %s\n", c.status().ToString());
+    return kExitDataError;
+  }
+  const std::vector<FlightRecord> records = LastRecords(a, c->records);
+  const std::string state = WriterState(c->writer_pid);
+  if (a.json) {
+    absl::PrintF(R"({"segment":%s,"rank":%d,"writer_pid":%d,"writer_state":%s,"capacity":%d,)"
+                 R"("next_seq":%d,"records":[%s]})"
+                 "\n",
+                 Json(c->segment), *a.rank, c->writer_pid, Json(state), c->capacity, c->next_seq,
+                 RecordsJson(records));
+    return kExitOk;
+  }
+  absl::PrintF("segment %s: rank %d, writer pid %d (%s), capacity %d, next seq %d, %d records\n",
+               c->segment, *a.rank, c->writer_pid, state, c->capacity, c->next_seq,
+               c->records.size());
+  if (!records.empty()) {
+    absl::PrintF("newest record %.3f s ago\n",
+                 static_cast<double>(now - records.back().time_ns) / 1e9);
+    absl::PrintF("%s", kRecordHeading);
+    for (const FlightRecord& r : records) absl::PrintF("%s", RecordLine(r, records.back().time_ns));
+  }
+  return kExitOk;
+}
+
+int ShowFile(const FlightRecorderArgs& a) {
+  absl::StatusOr<FlightRecorderDump> d = ReadFlightRecorderDump(a.file);
+  if (!d.ok()) {
+    absl::FPrintF(stderr, "trainguard flight-recorder show: %s\n", d.status().ToString());
+    return kExitDataError;
+  }
+  const FlightRecorderContents& c = d->contents;
+  const std::vector<FlightRecord> records = LastRecords(a, c.records);
+  const std::string dumped_at =
+      absl::FormatTime(absl::RFC3339_full, d->dumped_at, absl::UTCTimeZone());
+  if (a.json) {
+    std::vector<std::string> evidence;
+    for (const auto& [key, value] : d->evidence) {
+      evidence.push_back(absl::StrFormat(R"({"key":%s,"value":%s})", Json(key), Json(value)));
+    }
+    absl::PrintF(R"({"file":%s,"segment":%s,"rank":%d,"writer_pid":%d,"capacity":%d,"next_seq":%d,)"
+                 R"("dumped_at":%s,"dumped_monotonic_ns":%d,"records":[%s],"evidence":[%s]})"
+                 "\n",
+                 Json(a.file), Json(c.segment), d->rank, c.writer_pid, c.capacity, c.next_seq,
+                 Json(dumped_at), d->dumped_monotonic_ns, RecordsJson(records),
+                 absl::StrJoin(evidence, ","));
+    return kExitOk;
+  }
+  absl::PrintF(
+      "dump %s of segment %s: rank %d, writer pid %d, capacity %d, next seq %d, %d records, "
+      "dumped at %s\n",
+      a.file, c.segment, d->rank, c.writer_pid, c.capacity, c.next_seq, c.records.size(),
+      dumped_at);
+  if (!records.empty()) {
+    absl::PrintF("newest record %.3f s before the dump\n",
+                 static_cast<double>(d->dumped_monotonic_ns - records.back().time_ns) / 1e9);
+    absl::PrintF("%s", kRecordHeading);
+    for (const FlightRecord& r : records) absl::PrintF("%s", RecordLine(r, records.back().time_ns));
+  }
+  if (!d->evidence.empty()) absl::PrintF("evidence:\n");
+  for (const auto& [key, value] : d->evidence) {
+    if (value.find('\n') == std::string::npos) {
+      absl::PrintF("  %s: %s\n", key, value);
+      continue;
+    }
+    absl::PrintF("  %s:\n", key);
+    for (absl::string_view line : absl::StrSplit(value, '\n', absl::SkipEmpty())) {
+      absl::PrintF("    %s\n", line);
+    }
+  }
+  return kExitOk;
+}
+
+int Dump(const FlightRecorderArgs& a) {
+  absl::StatusOr<FlightRecorderContents> c = ReadFlightRecorder(a.job, *a.rank);
+  if (!c.ok()) {
+    absl::FPrintF(stderr, "trainguard flight-recorder dump: %s\n", c.status().ToString());
+    return kExitDataError;
+  }
+  const std::vector<std::pair<std::string, std::string>> evidence = {
+      {"reason", "trainguard flight-recorder dump"},
+      {"writer_state", WriterState(c->writer_pid)},
+  };
+  if (absl::Status s = WriteFlightRecorderDump(*c, *a.rank, evidence, a.out); !s.ok()) {
+    absl::FPrintF(stderr, "trainguard flight-recorder dump: %s\n", s.ToString());
+    return kExitDataError;
+  }
+  absl::PrintF("wrote %s: %d records of %s\n", a.out, c->records.size(), c->segment);
+  return kExitOk;
+}
+
+int Remove(const FlightRecorderArgs& a) {
+  std::vector<int> ranks;
+  if (a.rank) {
+    ranks.push_back(*a.rank);
+  } else {
+    absl::StatusOr<std::vector<int>> found = ListFlightRecorderRanks(a.job);
+    if (!found.ok()) {
+      absl::FPrintF(stderr, "trainguard flight-recorder remove: %s\n", found.status().ToString());
+      return kExitDataError;
+    }
+    if (found->empty()) {
+      absl::FPrintF(stderr,
+                    "trainguard flight-recorder remove: job %s has no flight recorder segment on "
+                    "this host (/dev/shm%s, any rank)\n",
+                    a.job, FlightRecorder::SegmentName(a.job, 0));
+      return kExitDataError;
+    }
+    ranks = *std::move(found);
+  }
+  int rc = kExitOk;
+  for (int rank : ranks) {
+    if (absl::Status s = FlightRecorder::Remove(a.job, rank); !s.ok()) {
+      absl::FPrintF(stderr, "trainguard flight-recorder remove: %s\n", s.ToString());
+      rc = kExitDataError;
+      continue;
+    }
+    absl::PrintF("removed %s\n", FlightRecorder::SegmentName(a.job, rank));
+  }
+  return rc;
+}
+
+}  // namespace
+
+std::string FlightRecorderUsage() {
+  return "usage: trainguard flight-recorder show --job J --rank R [--json] [--last N]\n"
+         "       trainguard flight-recorder show FILE [--json] [--last N]\n"
+         "       trainguard flight-recorder dump --job J --rank R --out FILE\n"
+         "       trainguard flight-recorder remove --job J [--rank R]\n";
+}
+
+int RunFlightRecorderCommand(const std::vector<std::string>& args) {
+  std::optional<FlightRecorderArgs> a = Parse(args);
+  if (!a) {
+    absl::FPrintF(stderr, "%s", FlightRecorderUsage());
+    return kExitUsageError;
+  }
+  if (a->verb == "show") return a->file.empty() ? ShowSegment(*a) : ShowFile(*a);
+  if (a->verb == "dump") return Dump(*a);
+  return Remove(*a);
+}
+
+}  // namespace trainguard::tools
