@@ -34,6 +34,7 @@
 #include "absl/time/clock.h"
 #include "trainguard/checkpoint.h"
 #include "trainguard/env.h"
+#include "trainguard/flight_recorder.h"
 #include "trainguard/mutex.h"
 #include "trainguard/rendezvous.h"
 #include "trainguard/store.h"
@@ -617,7 +618,11 @@ int Job::Run() {
   if (exit_code_ == 0) {
     // The ranks' snapshot arenas outlive them so that a replacement (or a restarted job) on this
     // machine restores without disk; once the job is done they only hold memory.
-    for (int r = 0; r < config_.nproc; ++r) (void)Snapshotter::RemoveArena(config_.job_id, r);
+    // The same for the flight-recorder rings, the evidence of a hung or dead rank.
+    for (int r = 0; r < config_.nproc; ++r) {
+      (void)Snapshotter::RemoveArena(config_.job_id, r);
+      (void)FlightRecorder::Remove(config_.job_id, r);
+    }
     Say(absl::StrFormat("job %s succeeded: %d ranks finished, %d replacement(s)", config_.job_id,
                         config_.nproc, replacements_));
   }

@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gloo/allreduce.h"
+#include "gloo/broadcast.h"
 #include "gloo/common/error.h"
 #include "gloo/common/logging.h"
 #include "gloo/math.h"
@@ -18,8 +19,9 @@
 #include "gloo/rendezvous/file_store.h"
 #include "gloo/rendezvous/prefix_store.h"
 #include "gloo/transport/tcp/device.h"
-#include "gloo/broadcast.h"
+#include "trainguard/collectives.h"
 #include "trainguard/errors.h"
+#include "trainguard/gloo_collectives.h"
 #include "trainguard/gloo_store.h"
 #include "trainguard/store.h"
 
@@ -77,8 +79,14 @@ absl::StatusOr<std::unique_ptr<GlooDataParallel>> GlooDataParallel::Connect(cons
       gloo::rendezvous::PrefixStore store(config.rendezvous_id, file_store);
       context->connectFullMesh(store, device);
     }
-    return std::unique_ptr<GlooDataParallel>(
-        new GlooDataParallel(config.rank, config.world_size, std::move(context)));
+    if (config.tracker != nullptr) {
+      // A hang detected by the watchdog closes this communicator's connections.
+      absl::Status registered = trainguard::RegisterGlooContext(*config.tracker, config.comm_id,
+                                                                config.rendezvous_id, context);
+      if (!registered.ok()) return registered;
+    }
+    return std::unique_ptr<GlooDataParallel>(new GlooDataParallel(
+        config.rank, config.world_size, std::move(context), config.tracker, config.comm_id));
   } catch (...) {
     const std::string what = DescribeCurrentException();
     // gloo's FileStore refuses to overwrite a key: that is a previous launch's leftover, not a
@@ -91,10 +99,16 @@ absl::StatusOr<std::unique_ptr<GlooDataParallel>> GlooDataParallel::Connect(cons
   }
 }
 
-GlooDataParallel::GlooDataParallel(int rank, int world_size, std::shared_ptr<gloo::Context> context)
-    : rank_(rank), world_size_(world_size), context_(std::move(context)) {}
+GlooDataParallel::GlooDataParallel(int rank, int world_size, std::shared_ptr<gloo::Context> context,
+                                   trainguard::CollectiveTracker* tracker, uint64_t comm_id)
+    : rank_(rank),
+      world_size_(world_size),
+      context_(std::move(context)),
+      tracker_(tracker),
+      comm_id_(comm_id) {}
 
 GlooDataParallel::~GlooDataParallel() {
+  if (tracker_ != nullptr) (void)tracker_->UnregisterCommunicator(comm_id_);
   if (failed_collectives_.empty()) {
     return;
   }
@@ -110,6 +124,7 @@ GlooDataParallel::~GlooDataParallel() {
 
 void GlooDataParallel::AllreduceSum(std::span<float> data) {
   const uint64_t sequence = collectives_++;
+  trainguard::ScopedCollective tracked(tracker_, "all_reduce", comm_id_, data.size_bytes());
   auto options = std::make_unique<gloo::AllreduceOptions>(context_);
   try {
     options->setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
@@ -130,6 +145,7 @@ void GlooDataParallel::AllreduceSum(std::span<float> data) {
 
 void GlooDataParallel::Broadcast(std::span<float> data, int root) {
   const uint64_t sequence = collectives_++;
+  trainguard::ScopedCollective tracked(tracker_, "broadcast", comm_id_, data.size_bytes(), root);
   auto options = std::make_unique<gloo::BroadcastOptions>(context_);
   try {
     options->setOutput(data.data(), data.size());
@@ -138,9 +154,9 @@ void GlooDataParallel::Broadcast(std::span<float> data, int root) {
     gloo::broadcast(*options);
   } catch (...) {
     failed_collectives_.push_back(std::move(options));
-    throw trainguard::CommunicationError(absl::StrCat("rank ", rank_, ": gloo broadcast #", sequence,
-                                                      " of ", data.size(), " floats from rank ", root,
-                                                      " failed: ", DescribeCurrentException()));
+    throw trainguard::CommunicationError(
+        absl::StrCat("rank ", rank_, ": gloo broadcast #", sequence, " of ", data.size(),
+                     " floats from rank ", root, " failed: ", DescribeCurrentException()));
   }
 }
 
@@ -165,4 +181,3 @@ extern "C" const char* __tsan_default_suppressions() {
          "race:gloo::transport::tcp::Pair::read\n";
 }
 #endif
-

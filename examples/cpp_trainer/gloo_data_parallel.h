@@ -32,6 +32,7 @@
 #include "absl/time/time.h"
 
 namespace trainguard {
+class CollectiveTracker;
 class Store;
 }  // namespace trainguard
 
@@ -47,14 +48,18 @@ class GlooDataParallel {
   struct Config {
     int rank = 0;
     int world_size = 1;
-    // Where the ranks meet: the job's trainguard store when there is one (then store_dir is unused),
-    // else gloo FileStore files in store_dir.
+    // Where the ranks meet: the job's trainguard store when there is one (then store_dir is
+    // unused), else gloo FileStore files in store_dir.
     trainguard::Store* store = nullptr;
     std::string store_dir;      // created if missing; shared by every rank of the job
     std::string rendezvous_id;  // the same on every rank, unique per launch (and per generation)
     // Bounds the rendezvous and every collective: a peer that is gone or stuck for this long is an
     // error instead of a hang.
     absl::Duration timeout = absl::Seconds(60);
+    // When set, every collective is recorded (Begin/End, with this communicator id) for the
+    // watchdog and the flight recorder, and a hang closes this communicator's connections.
+    trainguard::CollectiveTracker* tracker = nullptr;
+    uint64_t comm_id = 0;
   };
 
   // Rendezvous with every other rank and connect to all of them. Blocks until all `world_size`
@@ -79,16 +84,19 @@ class GlooDataParallel {
   int world_size() const { return world_size_; }
 
  private:
-  GlooDataParallel(int rank, int world_size, std::shared_ptr<gloo::Context> context);
+  GlooDataParallel(int rank, int world_size, std::shared_ptr<gloo::Context> context,
+                   trainguard::CollectiveTracker* tracker, uint64_t comm_id);
 
   const int rank_;
   const int world_size_;
   const std::shared_ptr<gloo::Context> context_;
+  trainguard::CollectiveTracker* const tracker_;  // nullptr: collectives are not recorded
+  const uint64_t comm_id_;
   // A failed gloo collective is not cancelled: transfers it left in flight may still complete on
   // gloo's I/O thread and touch its buffers. They are kept until the destructor has closed every
   // connection.
   std::vector<std::shared_ptr<void>> failed_collectives_;  // gloo::*Options of any collective
-  uint64_t collectives_ = 0;  // sequence number of the next collective
+  uint64_t collectives_ = 0;                               // sequence number of the next collective
 };
 
 }  // namespace cpp_trainer

@@ -45,6 +45,7 @@
 //   for r in 0 1 2 3; do TRAINGUARD_RANK=$r ./cpp_trainer --rendezvous-id j-1 & done; wait
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cmath>
 #include <csignal>
@@ -168,7 +169,7 @@ class DataParallelTrainer {
         return 1;
       }
       std::printf("rank %d recover step %" PRId64 " next %" PRId64 "\n", rank, step, *next);
-      if (rt_.checkpointing() && *next <= step) {
+      if (!rt_.last_restore_source().empty() && *next <= step) {
         std::printf("rank %d restored step %" PRId64 " from %s\n", rank, *next,
                     CheckpointSource().c_str());
       }
@@ -201,6 +202,9 @@ class DataParallelTrainer {
     config.store_dir = rt_.run_dir() + "/gloo";
     config.rendezvous_id = RendezvousId(flags_, rt_);
     config.timeout = flags_.comm_timeout;
+    config.tracker = rt_.collectives();
+    config.comm_id =
+        static_cast<uint64_t>(rt_.generation()) + 1;  // one communicator per generation
     absl::StatusOr<std::unique_ptr<GlooDataParallel>> comm = GlooDataParallel::Connect(config);
     if (!comm.ok()) return comm.status();
     comm_ = *std::move(comm);
@@ -257,17 +261,23 @@ class DataParallelTrainer {
 
     const size_t n = model_.gradients().size();
     std::span<const float> grads = model_.gradients();
-    for (size_t i = 0; i < n; ++i) {
-      reduce_buffer_[i] = finite ? grads[i] : 0.0f;
+    std::copy(grads.begin(), grads.end(), reduce_buffer_.begin());
+    if (rt_.rank() == flags_.inject_nan_grad_rank && step == flags_.inject_nan_grad_step) {
+      reduce_buffer_[n / 2] = std::numeric_limits<float>::quiet_NaN();  // a corrupted gradient
     }
-    reduce_buffer_[n] = finite ? local_loss : 0.0f;
-    reduce_buffer_[n + 1] = finite ? 0.0f : 1.0f;
+    // Before the reduction: a NaN born here is named here, not on every rank after the allreduce.
+    const bool clean =
+        s.CheckFinite("mlp.gradients", reduce_buffer_.data(), n, sdk::DType::kF32) && finite;
+    if (!clean) std::fill(reduce_buffer_.begin(), reduce_buffer_.begin() + n, 0.0f);
+    reduce_buffer_[n] = clean ? local_loss : 0.0f;
+    reduce_buffer_[n + 1] = clean ? 0.0f : 1.0f;
+    if (rt_.rank() == flags_.stop_rank && step == flags_.stop_step) raise(SIGSTOP);
     comm_->AllreduceSum(reduce_buffer_);  // throws sdk::CommunicationError
 
     const int bad_ranks = static_cast<int>(reduce_buffer_[n + 1]);
     if (bad_ranks > 0) {
       // A partial average would make this update differ from a clean replay: skip it everywhere.
-      if (finite) {
+      if (clean) {
         s.ReportFault(sdk::FaultKind::kStepFailure,
                       absl::StrCat(bad_ranks,
                                    " other rank(s) had a non-finite loss; the update is "

@@ -47,6 +47,10 @@ TRAINGUARD_JOB_ID and TRAINGUARD_RUN_DIR (see trainguard's Options).
                           (default: $CPP_TRAINER_RENDEZVOUS_ID, else <job_id>-gen<generation>)
   --comm-timeout-s X      gloo rendezvous and collective timeout in seconds (default 60)
   --inject-nan RANK:STEP  make RANK's loss NaN at STEP (fault injection)
+  --inject-nan-grad RANK:STEP
+                          write a NaN into RANK's gradient at STEP, before the reduction
+  --stop-before-collective RANK:STEP
+                          RANK sends itself SIGSTOP before STEP's allreduce (a hung rank)
   --help                  print this text
 )";
 }
@@ -90,6 +94,16 @@ absl::StatusOr<TrainerFlags> ParseTrainerFlags(int argc, char** argv) {
       status = ParseNumber<int>(flag, parts.first, 0, &flags.inject_nan_rank);
       if (status.ok()) {
         status = ParseNumber<int64_t>(flag, parts.second, 0, &flags.inject_nan_step);
+      }
+    } else if (flag == "--stop-before-collective") {
+      std::pair<absl::string_view, absl::string_view> parts = absl::StrSplit(value, ':');
+      status = ParseNumber<int>(flag, parts.first, 0, &flags.stop_rank);
+      if (status.ok()) status = ParseNumber<int64_t>(flag, parts.second, 0, &flags.stop_step);
+    } else if (flag == "--inject-nan-grad") {
+      std::pair<absl::string_view, absl::string_view> parts = absl::StrSplit(value, ':');
+      status = ParseNumber<int>(flag, parts.first, 0, &flags.inject_nan_grad_rank);
+      if (status.ok()) {
+        status = ParseNumber<int64_t>(flag, parts.second, 0, &flags.inject_nan_grad_step);
       }
     } else {
       return absl::InvalidArgumentError(absl::StrCat(flag, ": unknown flag"));

@@ -30,6 +30,12 @@ struct TrainerFlags {
   // its loss is NaN. -1: off.
   int inject_nan_rank = -1;
   int64_t inject_nan_step = -1;
+  // --inject-nan-grad RANK:STEP: a NaN written into RANK's gradient (its loss stays finite).
+  int inject_nan_grad_rank = -1;
+  // --stop-before-collective RANK:STEP: RANK stops itself (SIGSTOP) before STEP's allreduce.
+  int stop_rank = -1;
+  int64_t stop_step = -1;
+  int64_t inject_nan_grad_step = -1;
   bool help = false;
 };
 

@@ -33,6 +33,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "trainguard/checkpoint.h"
 
 namespace trainguard {
 
@@ -91,6 +92,16 @@ class Step {
   // on running; the guard reports the most severe fault of the step. REQUIRES: kind != kNone.
   void ReportFault(FaultKind kind, std::string_view message);
 
+  // Checks a buffer for NaN/Inf, meant for gradients before their reduction so that the rank where
+  // a non-finite value was born is the one named. A host buffer is checked now (vectorised); a CUDA
+  // buffer by a kernel on `cuda_stream` whose result is read when the step ends, without
+  // synchronising (a check still running then is reported at the end of a later step). A
+  // non-finite buffer fails the step (kStepFailure) with a message naming the buffer, the rank, the
+  // step, the count of bad elements and the first bad index. Returns false when a host buffer is
+  // not finite (true for a device buffer: its answer comes later).
+  bool CheckFinite(std::string_view buffer_name, const void* data, size_t count, DType dtype,
+                   Device device = Device::Host(), void* cuda_stream = nullptr);
+
  private:
   friend class StepScope;
   explicit Step(StepScope* scope) : scope_(scope) {}
@@ -130,6 +141,8 @@ class StepScope {
  private:
   friend class Step;
 
+  // Reads the device finite checks that finished; a non-finite one is reported as a fault.
+  void CollectDeviceChecks();
   // Turns the recorded exception and reported fault into the result's fault, action and evidence.
   void Classify(StepResult& result) const;
 

@@ -23,18 +23,24 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "trainguard/checkpoint.h"
 #include "trainguard/checkpointer.h"
+#include "trainguard/collectives.h"
 #include "trainguard/events.h"
+#include "trainguard/flight_recorder.h"
 #include "trainguard/guard.h"
+#include "trainguard/health.h"
+#include "trainguard/mutex.h"
 #include "trainguard/options.h"
 #include "trainguard/rendezvous.h"
 #include "trainguard/store.h"
 #include "trainguard/topology.h"
+#include "trainguard/watchdog.h"
 
 namespace trainguard {
 
@@ -140,6 +146,23 @@ class Runtime {
   // nullptr until the first checkpoint or restore.
   Checkpointer* checkpointer() const { return checkpointer_.get(); }
 
+  // Hang detection (watchdog.h, collectives.h, flight_recorder.h). The Runtime owns the rank's
+  // flight-recorder ring ("/trainguard.<job>.fr.rank<R>", kept after the process ends so that a
+  // launcher or `trainguard flight-recorder show` can read a dead rank's; `trainguard run` removes
+  // the rings of a job that succeeded), a CollectiveTracker writing to it, and, unless
+  // watchdog_poll_ms is 0, a Watchdog whose thread judges the phases (every guarded step is a
+  // "step" phase; nest your own with ScopedPhase(rt->watchdog(), "forward_backward")) and the
+  // collectives in flight. On a hang, on the watchdog thread: every thread's stack is captured, the
+  // ring and the stacks are dumped to <run_dir>/flight_recorder/rank-<R>.<n>.pb, a `hang` event is
+  // written, the hang is published in the store (hang/gen<G>) so that every other rank dumps its
+  // ring and stacks too, the communicators' abort hooks run, and the guard of the step returns a
+  // communication failure carrying the evidence. The process is never aborted.
+  FlightRecorder* flight_recorder() const { return flight_recorder_.get(); }
+  CollectiveTracker* collectives() const { return collectives_.get(); }
+  Watchdog* watchdog() const { return watchdog_.get(); }  // nullptr when watchdog_poll_ms is 0
+  // Hangs this process declared, and dumps written (its own hangs and those of peers).
+  int64_t hang_dumps() const { return hang_dumps_.load(); }
+
   // Appends an event to the rank's event file, filling in time (if unset), rank and generation.
   absl::Status EmitEvent(Event event);
 
@@ -177,6 +200,7 @@ class Runtime {
   bool fatal() const { return fatal_.load(std::memory_order_acquire); }
 
  private:
+  friend class Step;
   friend class StepScope;
 
   Runtime(Options options, Topology topology, std::string run_dir);
@@ -211,6 +235,13 @@ class Runtime {
   void FenceSnapshotSlow();
   absl::Status EnsureCheckpointer();
   absl::StatusOr<int64_t> Rollback(const StepResult& result);
+  // Detection internals.
+  absl::Status StartDetection();
+  void OnHang(const HangReport& report);
+  // Dumps the ring and every thread's stack; returns the dump's path ("" if it failed).
+  std::string DumpEvidence(const std::string& reason, std::string* stacks_out);
+  void WatchPeerHangs();
+  FiniteChecker* finite_checker();
   // Writes the kStepFault event of a failed step; marks the runtime fatal after a fatal device
   // error.
   void RecordStepFault(const StepResult& result);
@@ -242,6 +273,17 @@ class Runtime {
   bool snapshot_unfenced_ = false;  // training thread only
   int64_t last_checkpoint_ns_ = 0;
   std::string last_restore_source_;
+  std::unique_ptr<FlightRecorder> flight_recorder_;
+  std::unique_ptr<CollectiveTracker> collectives_;
+  std::unique_ptr<FiniteChecker> finite_checker_;  // created at the first device check
+  std::atomic<int64_t> hang_dumps_{0};
+  Mutex dump_mu_;                   // one dump at a time (the watchdog's, the peer watcher's)
+  int64_t dumped_generation_ = -1;  // guarded by dump_mu_: a generation's hang is dumped once
+  Mutex watcher_mu_;
+  bool stop_watcher_ = false;  // guarded by watcher_mu_
+  std::thread peer_hang_watcher_;
+  // Its thread calls OnHang, which uses everything above: destroyed before them.
+  std::unique_ptr<Watchdog> watchdog_;
   // Last: its worker thread uses the store and the event log, so it is destroyed first.
   std::unique_ptr<Checkpointer> checkpointer_;
 };

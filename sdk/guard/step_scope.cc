@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <typeinfo>
 
@@ -161,6 +162,34 @@ void Step::ReportFault(FaultKind kind, std::string_view message) {
   scope_->ReportFault(kind, message);
 }
 
+bool Step::CheckFinite(std::string_view buffer_name, const void* data, size_t count, DType dtype,
+                       Device device, void* cuda_stream) {
+  Runtime& rt = scope_->runtime_;
+  if (device.kind == Device::Kind::kHost) {
+    const FiniteCheckResult r = CheckFiniteHost(data, count, dtype);
+    if (r.all_finite()) return true;
+    scope_->ReportFault(
+        FaultKind::kStepFailure,
+        absl::StrCat("non-finite values in buffer \"",
+                     absl::string_view(buffer_name.data(), buffer_name.size()), "\" on rank ",
+                     rt.rank(), " at step ", scope_->step_, ": ", r.nonfinite_count, " of ", count,
+                     " elements (", r.has_nan ? "nan" : "", r.has_nan && r.has_inf ? "," : "",
+                     r.has_inf ? "inf" : "", "), first at index ", r.first_bad_index));
+    return false;
+  }
+  FiniteChecker* checker = rt.finite_checker();
+  absl::Status s = checker == nullptr
+                       ? absl::FailedPreconditionError("no finite checker")
+                       : checker->Check(buffer_name, data, count, dtype, device, cuda_stream);
+  if (!s.ok()) {
+    scope_->ReportFault(FaultKind::kStepFailure,
+                        absl::StrCat("cannot check buffer \"",
+                                     absl::string_view(buffer_name.data(), buffer_name.size()),
+                                     "\" on rank ", rt.rank(), ": ", s.message()));
+  }
+  return true;
+}
+
 StepScope::StepScope(Runtime& runtime, int64_t step)
     : runtime_(runtime), step_(step), uncaught_at_entry_(std::uncaught_exceptions()) {
   if (runtime.fatal()) {
@@ -175,6 +204,12 @@ StepScope::StepScope(Runtime& runtime, int64_t step)
   }
   active_ = true;
   runtime.FenceSnapshot();
+  if (Watchdog* watchdog = runtime.watchdog(); watchdog != nullptr) {
+    watchdog->SetStep(step);
+    watchdog->BeginPhase("step");
+  } else if (runtime.collectives() != nullptr) {
+    runtime.collectives()->SetStep(step);
+  }
   start_ns_ = runtime.clock().MonotonicNanos();
   runtime.heartbeat_.Enter(step, start_ns_);
   for (StepObserver* observer : runtime.observers_) observer->OnStepBegin(step);
@@ -220,7 +255,26 @@ StepResult StepScope::Finish() {
   }
   const int64_t end_ns = runtime_.clock().MonotonicNanos();
   result.duration = absl::Nanoseconds(end_ns - start_ns_);
+  if (runtime_.finite_checker_ != nullptr) CollectDeviceChecks();
+  std::optional<HangReport> hang;
+  if (Watchdog* watchdog = runtime_.watchdog(); watchdog != nullptr) {
+    watchdog->EndPhase();
+    hang = watchdog->TakeHang();
+    if (hang.has_value()) {
+      ReportFault(FaultKind::kCommunicationFailure,
+                  absl::StrCat("the watchdog declared a hang: ", hang->ToString()));
+    }
+  }
   if (exception_ || reported_kind_ != FaultKind::kNone) Classify(result);
+  if (hang.has_value()) {
+    result.evidence.emplace_back("hang_phase", hang->phase);
+    result.evidence.emplace_back("hang_step", absl::StrCat(hang->step));
+    if (hang->collective.has_value()) {
+      result.evidence.emplace_back("hang_collective", hang->collective->op);
+      result.evidence.emplace_back("hang_comm_seq", absl::StrCat(hang->collective->comm_seq));
+    }
+    result.evidence.insert(result.evidence.end(), hang->evidence.begin(), hang->evidence.end());
+  }
   runtime_.heartbeat_.Exit(end_ns - start_ns_, end_ns);
   runtime_.EndStep();
   if (result.ok()) {
@@ -231,6 +285,24 @@ StepResult StepScope::Finish() {
   }
   for (StepObserver* observer : runtime_.observers_) observer->OnStepEnd(result);
   return result;
+}
+
+void StepScope::CollectDeviceChecks() {
+  absl::StatusOr<std::vector<BufferCheck>> checks = runtime_.finite_checker_->Collect();
+  if (!checks.ok()) {
+    ReportFault(FaultKind::kStepFailure,
+                absl::StrCat("collecting finite checks on rank ", runtime_.rank(), ": ",
+                             checks.status().message()));
+    return;
+  }
+  for (const BufferCheck& c : *checks) {
+    if (c.pending || c.result.all_finite()) continue;
+    ReportFault(FaultKind::kStepFailure,
+                absl::StrCat("non-finite values in device buffer \"", c.buffer_name, "\" on rank ",
+                             runtime_.rank(), " (checked at or before step ", step_,
+                             "): ", c.result.nonfinite_count, " of ", c.count,
+                             " elements, first at index ", c.result.first_bad_index));
+  }
 }
 
 void StepScope::Classify(StepResult& result) const {

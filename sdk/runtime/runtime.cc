@@ -13,6 +13,7 @@
 #include "absl/strings/strip.h"
 #include "trainguard/clock.h"
 #include "trainguard/env.h"
+#include "trainguard/stack_trace.h"
 #include "trainguard/version.h"
 
 namespace trainguard {
@@ -72,6 +73,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const Options& options)
   if (absl::Status s = runtime->ConnectStore(); !s.ok()) return s;
   if (absl::Status s = runtime->JoinRendezvous(); !s.ok()) return s;
   if (absl::Status s = runtime->OpenEvents(); !s.ok()) return s;
+  if (absl::Status s = runtime->StartDetection(); !s.ok()) return s;
   return runtime;
 }
 
@@ -174,6 +176,14 @@ absl::Status Runtime::OpenEvents() {
 }
 
 Runtime::~Runtime() {
+  if (peer_hang_watcher_.joinable()) {
+    {
+      MutexLock lock(&watcher_mu_);
+      stop_watcher_ = true;
+    }
+    peer_hang_watcher_.join();
+  }
+  watchdog_.reset();  // its thread calls back into this object
   Event stopped;
   stopped.type = EventType::kRuntimeStopped;
   stopped.step = heartbeat_.Read().step;
@@ -255,6 +265,126 @@ absl::StatusOr<int64_t> Runtime::ReRendezvous(const StepResult& result) {
     recovery_plan_ = *plan;
     consecutive_failures_ = 0;
     return plan->resume_step;
+  }
+}
+
+absl::Status Runtime::StartDetection() {
+  const std::string where = absl::StrCat("rank ", rank_, ": starting hang detection");
+  absl::StatusOr<std::unique_ptr<FlightRecorder>> recorder =
+      FlightRecorder::Create(options_.job_id, rank_, options_.flight_recorder_records);
+  if (!recorder.ok()) return WithContext(recorder.status(), where);
+  flight_recorder_ = *std::move(recorder);
+  // The ring outlives the process: it is the evidence of a rank that died or hung.
+  flight_recorder_->set_remove_on_destroy(false);
+  CollectiveTrackerOptions to = CollectiveTrackerOptions::FromOptions(options_);
+  to.clock = clock_;
+  to.recorder = flight_recorder_.get();
+  absl::StatusOr<std::unique_ptr<CollectiveTracker>> tracker = CollectiveTracker::Create(to);
+  if (!tracker.ok()) return WithContext(tracker.status(), where);
+  collectives_ = *std::move(tracker);
+  if (options_.watchdog_poll_ms == 0) return absl::OkStatus();
+  WatchdogOptions wo = WatchdogOptions::FromOptions(options_);
+  wo.clock = clock_;
+  wo.recorder = flight_recorder_.get();
+  wo.tracker = collectives_.get();
+  absl::StatusOr<std::unique_ptr<Watchdog>> watchdog = Watchdog::Create(wo);
+  if (!watchdog.ok()) return WithContext(watchdog.status(), where);
+  watchdog_ = *std::move(watchdog);
+  watchdog_->AddHangHandler([this](const HangReport& report) { OnHang(report); });
+  if (store_ != nullptr) peer_hang_watcher_ = std::thread([this] { WatchPeerHangs(); });
+  return absl::OkStatus();
+}
+
+FiniteChecker* Runtime::finite_checker() {
+  if (finite_checker_ == nullptr) {
+    absl::StatusOr<std::unique_ptr<FiniteChecker>> c = FiniteChecker::Create(256);
+    if (!c.ok()) return nullptr;
+    finite_checker_ = *std::move(c);
+  }
+  return finite_checker_.get();
+}
+
+std::string Runtime::DumpEvidence(const std::string& reason, std::string* stacks_out) {
+  absl::StatusOr<std::string> stacks = CaptureAllThreadStacks(absl::Seconds(2));
+  const std::string stack_text =
+      stacks.ok() ? *stacks
+                  : absl::StrCat("(stack capture failed: ", stacks.status().ToString(), ")");
+  if (stacks_out != nullptr) *stacks_out = stack_text;
+  absl::StatusOr<FlightRecorderContents> contents = ReadFlightRecorder(options_.job_id, rank_);
+  if (!contents.ok()) return "";
+  const std::string dir = absl::StrCat(run_dir_, "/flight_recorder");
+  if (!env_->CreateDirs(dir).ok()) return "";
+  const int64_t n = hang_dumps_.fetch_add(1) + 1;
+  const std::string path = absl::StrFormat("%s/rank-%05d.%d.pb", dir, rank_, n);
+  if (!WriteFlightRecorderDump(
+           *contents, rank_,
+           {{"reason", reason}, {"generation", absl::StrCat(generation())}, {"stacks", stack_text}},
+           path)
+           .ok()) {
+    return "";
+  }
+  return path;
+}
+
+void Runtime::OnHang(const HangReport& report) {
+  MutexLock lock(&dump_mu_);
+  const int64_t generation = this->generation();
+  std::string stacks;
+  const std::string path = DumpEvidence(absl::StrCat("hang: ", report.ToString()), &stacks);
+  dumped_generation_ = generation;
+  Event event;
+  event.type = EventType::kHang;
+  event.step = report.step;
+  event.message = report.ToString();
+  event.attributes = {
+      {"phase", report.phase},
+      {"cause", report.cause == HangReport::Cause::kCollective ? "collective" : "phase"},
+      {"elapsed_ms", absl::StrCat(absl::ToInt64Milliseconds(report.elapsed))},
+      {"bound_ms", absl::StrCat(absl::ToInt64Milliseconds(report.bound))},
+      {"dump", path}};
+  if (report.collective.has_value()) {
+    event.attributes.emplace_back("collective", report.collective->op);
+    event.attributes.emplace_back("comm_seq", absl::StrCat(report.collective->comm_seq));
+  }
+  event.attributes.insert(event.attributes.end(), report.evidence.begin(), report.evidence.end());
+  event.attributes.emplace_back("stacks", stacks);
+  (void)EmitEvent(std::move(event));
+  if (store_ != nullptr) {
+    // Every other rank dumps its ring and stacks too, for a diagnosis across ranks.
+    (void)store_->Set(absl::StrCat("hang/gen", generation),
+                      absl::StrCat("rank ", rank_, ": ", report.ToString()), absl::Seconds(2));
+  }
+}
+
+void Runtime::WatchPeerHangs() {
+  // Polls (a Get every 500 ms) rather than blocking in the store's Wait: the store client is shared
+  // with the training thread, the heartbeats and the checkpoint votes, and must not be hogged.
+  while (true) {
+    {
+      MutexLock lock(&watcher_mu_);
+      watcher_mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_watcher_; },
+                                   absl::Milliseconds(500));
+      if (stop_watcher_) return;
+    }
+    const int64_t generation = this->generation();
+    {
+      MutexLock lock(&dump_mu_);
+      if (dumped_generation_ == generation) continue;  // this generation's hang is dumped already
+    }
+    absl::StatusOr<std::string> who =
+        store_->Get(absl::StrCat("hang/gen", generation), absl::Seconds(2));
+    if (!who.ok()) continue;  // NotFound: no hang; anything else: try again later
+    MutexLock lock(&dump_mu_);
+    if (dumped_generation_ == generation) continue;
+    dumped_generation_ = generation;
+    const std::string reason = absl::StrCat("a peer declared a hang: ", *who);
+    const std::string path = DumpEvidence(reason, nullptr);
+    Event event;
+    event.type = EventType::kHang;
+    event.step = heartbeat_.Read().step;
+    event.message = reason;
+    event.attributes = {{"remote", "true"}, {"dump", path}};
+    (void)EmitEvent(std::move(event));
   }
 }
 
@@ -343,6 +473,7 @@ void Runtime::FenceSnapshotSlow() {
 absl::StatusOr<int64_t> Runtime::RestoreCheckpoint() {
   if (absl::Status s = EnsureCheckpointer(); !s.ok()) return s;
   snapshot_unfenced_ = false;
+  last_restore_source_.clear();
   checkpointer_->SetGeneration(generation());
   absl::StatusOr<RestoreResult> r = checkpointer_->RestoreNewestCommitted();
   Event event;

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cstdint>
@@ -26,9 +27,12 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "trainguard/flight_recorder.h"
 
 extern char** environ;
 
@@ -37,6 +41,7 @@ namespace {
 
 using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using Clock = std::chrono::steady_clock;
 
 constexpr char kTrainerPath[] = TRAINGUARD_TRAINER_PATH;
@@ -116,6 +121,7 @@ class TrainerJob {
   }
 
   const std::string& run_dir() const { return run_dir_; }
+  const std::string& job_id() const { return job_id_; }
   // The processes in the order they were started.
   std::vector<RankProcess>& ranks() { return ranks_; }
   // The process started `r`-th: rank r when the ranks were started in order (StartAll).
@@ -402,30 +408,84 @@ TEST(CppTrainerTest, KilledRankMakesEverySurvivorReportACommunicationFailureAndE
   }
 }
 
-TEST(CppTrainerTest, StoppedRankMakesEverySurvivorReportACommunicationTimeoutAndExit1) {
+// The last all_reduce sequence number a rank's flight recorder shows it entering (-1: none).
+int64_t LastAllReduceEntered(const FlightRecorderContents& ring) {
+  int64_t last = -1;
+  for (const FlightRecord& r : ring.records) {
+    if (r.type == FlightRecordType::kCollectiveBegin && r.Name() == "all_reduce") {
+      last = std::max(last, r.comm_seq);
+    }
+  }
+  return last;
+}
+
+TEST(CppTrainerTest, StoppedRankIsCaughtByTheWatchdogsAndItsRingShowsItNeverEnteredTheCollective) {
   TrainerJob job("stop");
   ASSERT_FALSE(job.run_dir().empty()) << "mkdtemp failed";
-  // A stopped process keeps its connections open: only the collective timeout can end the wait.
-  ASSERT_TRUE(job.StartAll(kWorldSize, {"--steps", "100000000", "--print-every", "50",
-                                        "--comm-timeout-s", kFaultCommTimeoutSeconds}));
+  // A stopped process keeps its connections open: gloo alone would wait out its timeout. Each
+  // survivor's watchdog declares the hang once the step runs past its learned bound (floor 2 s).
+  ASSERT_TRUE(
+      job.StartAll(kWorldSize, {"--steps", "100000000", "--print-every", "50", "--comm-timeout-s",
+                                kFaultCommTimeoutSeconds, "--stop-before-collective", "2:120"}));
   ASSERT_TRUE(job.WaitForOutput(2, "rank 2 step 100 loss", kJobDeadline)) << job.AllOutput();
-  ASSERT_EQ(kill(job.rank(2).pid, SIGSTOP), 0);
+  const absl::Time stopped = absl::Now();  // within ~20 steps of the SIGSTOP
+  ASSERT_TRUE(job.WaitForOutput(0, "fault communication_failure", kJobDeadline)) << job.AllOutput();
+  const absl::Duration detected = absl::Now() - stopped;
+  ::testing::Test::RecordProperty("detection_ms",
+                                  absl::StrCat(absl::ToInt64Milliseconds(detected)));
+  std::printf("rank 0's guard returned a communication failure %s after the SIGSTOP\n",
+              absl::FormatDuration(detected).c_str());
+
+  // While rank 2 is stopped, its ring is read from outside: every survivor entered an all_reduce
+  // that rank 2 never entered.
+  absl::StatusOr<FlightRecorderContents> stopped_ring = ReadFlightRecorder(job.job_id(), 2);
+  ASSERT_TRUE(stopped_ring.ok()) << stopped_ring.status();
+  const int64_t laggard_seq = LastAllReduceEntered(*stopped_ring);
+  for (int r : {0, 1, 3}) {
+    absl::StatusOr<FlightRecorderContents> ring = ReadFlightRecorder(job.job_id(), r);
+    ASSERT_TRUE(ring.ok()) << ring.status();
+    EXPECT_EQ(LastAllReduceEntered(*ring), laggard_seq + 1) << "rank " << r;
+  }
 
   ASSERT_TRUE(job.WaitForExit({0, 1, 3}, kJobDeadline))
       << "survivors still running after the deadline; killed\n"
       << job.AllOutput();
-  int timed_out = 0;
+  int hung = 0;
   for (int r : {0, 1, 3}) {
     RankProcess& p = job.rank(r);
     const std::string output = p.Output();
     EXPECT_EQ(p.exit_code(), 1) << "rank " << r << " wait status " << p.wait_status << "\n"
                                 << output;
     EXPECT_THAT(output, HasSubstr("fault communication_failure action re_rendezvous")) << output;
-    // The first survivors to give up time out; their exit can reach the others as a closed
-    // connection before their own timeout.
-    timed_out += absl::StrContains(output, "Timed out") ? 1 : 0;
+    hung += absl::StrContains(output, "the watchdog declared a hang") ? 1 : 0;
+    // Each survivor dumped its ring and stacks (its own hang, or a peer's published in the store).
+    EXPECT_TRUE(std::filesystem::exists(
+        absl::StrFormat("%s/flight_recorder/rank-%05d.1.pb", job.run_dir(), r)))
+        << "rank " << r;
   }
-  EXPECT_GE(timed_out, 1) << job.AllOutput();
+  EXPECT_GE(hung, 1) << job.AllOutput();
+  for (int r = 0; r < kWorldSize; ++r) (void)FlightRecorder::Remove(job.job_id(), r);
+}
+
+TEST(CppTrainerTest, NanInOneRanksGradientIsNamedByThatRankBeforeTheReduction) {
+  TrainerJob job("nangrad");
+  ASSERT_FALSE(job.run_dir().empty()) << "mkdtemp failed";
+  ASSERT_TRUE(job.StartAll(kWorldSize, {"--steps", "40", "--inject-nan-grad", "1:30",
+                                        "--comm-timeout-s", kCommTimeoutSeconds}));
+  ASSERT_TRUE(job.WaitAll(kJobDeadline)) << job.AllOutput();
+  for (RankProcess& p : job.ranks()) {
+    const std::string output = p.Output();
+    ASSERT_EQ(p.exit_code(), 0) << output;
+    if (p.rank == 1) {
+      EXPECT_THAT(output, HasSubstr("non-finite values in buffer \"mlp.gradients\" on rank 1 at "
+                                    "step 30: 1 of"))
+          << output;
+    } else {
+      EXPECT_THAT(output, HasSubstr("step 30 fault step_failure action skip")) << output;
+      EXPECT_THAT(output, Not(HasSubstr("non-finite values in buffer"))) << output;
+    }
+  }
+  for (int r = 0; r < kWorldSize; ++r) (void)FlightRecorder::Remove(job.job_id(), r);
 }
 
 }  // namespace
