@@ -143,6 +143,7 @@ class Job {
   void TryReplacements();
   void CheckRecoveries();
   void KillRanksWithStaleHeartbeats();
+  void ReportLaggards();
   void StopAll(absl::Duration grace);
   void Fail(const std::string& why);
   void Say(const std::string& line) { std::printf("trainguard run: %s\n", line.c_str()); }
@@ -489,6 +490,7 @@ void Job::KillRanksWithStaleHeartbeats() {
   absl::StatusOr<std::vector<int>> stale =
       coordinator_->RanksWithStaleHeartbeats(config_.heartbeat_timeout, kStoreTimeout);
   if (!stale.ok()) return;  // the store is briefly unreachable: look again next time
+  if (!stale->empty()) ReportLaggards();
   for (int rank : *stale) {
     for (auto& c : children_) {
       if (c->rank != rank || !c->running || c->killed_for_liveness) continue;
@@ -497,6 +499,22 @@ void Job::KillRanksWithStaleHeartbeats() {
       c->killed_for_liveness = true;
       kill(c->pid, SIGKILL);  // reaped and replaced like any dead rank
     }
+  }
+}
+
+// Reads every rank's flight-recorder ring (readable while a rank is stopped or dead) and says which
+// rank the others are waiting for.
+void Job::ReportLaggards() {
+  std::vector<int> ranks;
+  std::vector<FlightRecorderContents> rings;
+  for (int r = 0; r < config_.nproc; ++r) {
+    absl::StatusOr<FlightRecorderContents> ring = ReadFlightRecorder(config_.job_id, r);
+    if (!ring.ok()) continue;
+    ranks.push_back(r);
+    rings.push_back(*std::move(ring));
+  }
+  for (const LaggardReport& report : FindLaggards(ranks, rings)) {
+    Say(absl::StrCat("laggard: ", report.ToString()));
   }
 }
 

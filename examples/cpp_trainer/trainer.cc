@@ -271,7 +271,10 @@ class DataParallelTrainer {
     if (!clean) std::fill(reduce_buffer_.begin(), reduce_buffer_.begin() + n, 0.0f);
     reduce_buffer_[n] = clean ? local_loss : 0.0f;
     reduce_buffer_[n + 1] = clean ? 0.0f : 1.0f;
-    if (rt_.rank() == flags_.stop_rank && step == flags_.stop_step) raise(SIGSTOP);
+    // Generation 0 only: the rank that replaces a stopped one must not stop again.
+    if (rt_.rank() == flags_.stop_rank && step == flags_.stop_step && rt_.generation() == 0) {
+      raise(SIGSTOP);
+    }
     comm_->AllreduceSum(reduce_buffer_);  // throws sdk::CommunicationError
 
     const int bad_ranks = static_cast<int>(reduce_buffer_[n + 1]);

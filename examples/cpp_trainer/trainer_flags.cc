@@ -50,7 +50,8 @@ TRAINGUARD_JOB_ID and TRAINGUARD_RUN_DIR (see trainguard's Options).
   --inject-nan-grad RANK:STEP
                           write a NaN into RANK's gradient at STEP, before the reduction
   --stop-before-collective RANK:STEP
-                          RANK sends itself SIGSTOP before STEP's allreduce (a hung rank)
+                          RANK sends itself SIGSTOP before STEP's allreduce (a hung rank;
+                          generation 0 only)
   --help                  print this text
 )";
 }

@@ -135,6 +135,23 @@ absl::StatusOr<FlightRecorderDump> ReadFlightRecorderDump(const std::string& pat
 // dead process), ascending: the names under /dev/shm that match SegmentName(job_id, rank).
 absl::StatusOr<std::vector<int>> ListFlightRecorderRanks(std::string_view job_id);
 
+// Cross-rank reading of the rings of a hung job (Mycroft's first question: who is everyone waiting
+// for?). For each communicator, the newest collective any rank entered is the one the job is stuck
+// in; a rank whose ring shows it never entered that collective is a laggard.
+struct LaggardReport {
+  uint64_t comm_id = 0;
+  int64_t comm_seq = -1;      // the collective the other ranks are waiting in
+  std::string op;             // its name
+  std::vector<int> laggards;  // ranks that never entered it
+  std::vector<int> waiting;   // ranks that entered it and have not left it
+  std::string ToString()
+      const;  // "rank 2 never entered all_reduce #120 (comm 1) that ranks 0,1,3 are waiting in"
+};
+// `rings[i]` is rank `ranks[i]`'s ring. One report per communicator whose newest collective some
+// rank never entered; empty when every rank entered the newest collective of every communicator.
+std::vector<LaggardReport> FindLaggards(const std::vector<int>& ranks,
+                                        const std::vector<FlightRecorderContents>& rings);
+
 }  // namespace trainguard
 
 #endif  // TRAINGUARD_FLIGHT_RECORDER_H_

@@ -27,12 +27,14 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "sdk/proto/flight_recorder.pb.h"
 #include "trainguard/env.h"
 
@@ -467,6 +469,53 @@ absl::StatusOr<std::vector<int>> ListFlightRecorderRanks(std::string_view job_id
   closedir(dir);
   std::sort(ranks.begin(), ranks.end());
   return ranks;
+}
+
+std::string LaggardReport::ToString() const {
+  return absl::StrFormat("rank%s %s never entered %s #%d (comm %d) that rank%s %s %s waiting in",
+                         laggards.size() == 1 ? "" : "s", absl::StrJoin(laggards, ","), op,
+                         comm_seq, comm_id, waiting.size() == 1 ? "" : "s",
+                         absl::StrJoin(waiting, ","), waiting.size() == 1 ? "is" : "are");
+}
+
+std::vector<LaggardReport> FindLaggards(const std::vector<int>& ranks,
+                                        const std::vector<FlightRecorderContents>& rings) {
+  struct Newest {
+    int64_t seq = -1;
+    std::string op;
+  };
+  // comm -> the newest collective entered by any rank; per rank: comm -> newest entered, and
+  // whether it was left.
+  std::map<uint64_t, Newest> newest;
+  std::vector<std::map<uint64_t, std::pair<int64_t, bool>>> per_rank(rings.size());
+  for (size_t i = 0; i < rings.size(); ++i) {
+    for (const FlightRecord& r : rings[i].records) {
+      if (r.type == FlightRecordType::kCollectiveBegin) {
+        auto& mine = per_rank[i][r.comm_id];
+        if (r.comm_seq >= mine.first) mine = {r.comm_seq, false};
+        Newest& n = newest[r.comm_id];
+        if (r.comm_seq > n.seq) n = {r.comm_seq, std::string(r.Name())};
+      } else if (r.type == FlightRecordType::kCollectiveEnd) {
+        auto& mine = per_rank[i][r.comm_id];
+        if (r.comm_seq == mine.first) mine.second = true;
+      }
+    }
+  }
+  std::vector<LaggardReport> out;
+  for (const auto& [comm, n] : newest) {
+    LaggardReport report{comm, n.seq, n.op, {}, {}};
+    for (size_t i = 0; i < rings.size(); ++i) {
+      auto it = per_rank[i].find(comm);
+      const int64_t entered = it == per_rank[i].end() ? -1 : it->second.first;
+      if (entered < n.seq) {
+        report.laggards.push_back(ranks[i]);
+      } else if (!it->second.second) {
+        report.waiting.push_back(ranks[i]);
+      }
+    }
+    if (!report.laggards.empty() && !report.waiting.empty()) out.push_back(std::move(report));
+  }
+  return out;
 }
 
 }  // namespace trainguard

@@ -30,6 +30,7 @@
 namespace trainguard {
 namespace {
 
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 
 constexpr absl::Duration kDeadline = absl::Seconds(120);
@@ -38,7 +39,8 @@ class LauncherJob {
  public:
   // `environment`: extra NAME=VALUE variables for the launcher (and so its ranks).
   LauncherJob(const testing::TempDir& dir, const std::vector<std::string>& launcher_flags,
-              int steps, const std::vector<std::pair<std::string, std::string>>& environment = {})
+              int steps, const std::vector<std::pair<std::string, std::string>>& environment = {},
+              const std::vector<std::string>& trainer_flags = {})
       : run_dir_(dir.File("run")), output_path_(dir.File("launcher.out")) {
     std::vector<std::string> args = {TRAINGUARD_CLI_PATH, "run",
                                      "--run-dir",         run_dir_,
@@ -50,6 +52,7 @@ class LauncherJob {
           std::string("--comm-timeout-s"), std::string("10")}) {
       args.push_back(a);
     }
+    args.insert(args.end(), trainer_flags.begin(), trainer_flags.end());
     pid_ = fork();
     if (pid_ == 0) {
       int fd = open(output_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -184,8 +187,8 @@ TEST(Launcher, AKilledRankIsReplacedByAStandbyAndTheReplicasEndIdentical) {
 }
 
 // With checkpointing, the replacement takes the dead rank's state from its shared-memory arena and
-// every survivor rolls back to the same committed step: nobody broadcasts, and because the example's
-// data is a function of the step, the job ends bit-identical to an uninterrupted run.
+// every survivor rolls back to the same committed step: nobody broadcasts, and because the
+// example's data is a function of the step, the job ends bit-identical to an uninterrupted run.
 TEST(Launcher, AReplacementRestoresTheDeadRanksArenaAndTheJobEndsAsIfUninterrupted) {
   const std::vector<std::pair<std::string, std::string>> checkpointing = {
       {"TRAINGUARD_CHECKPOINT_EVERY_STEPS", "25"}, {"TRAINGUARD_CHECKPOINT_PERSIST_EVERY", "4"}};
@@ -278,6 +281,19 @@ TEST(Launcher, AStoppedRankIsDetectedByItsHeartbeatKilledAndReplaced) {
   // Reported, not asserted (no timing thresholds in tests): the heartbeat timeout plus the
   // launcher's 0.5 s check period bound it.
   std::printf("hung rank detected after %s\n", absl::FormatDuration(detection).c_str());
+}
+
+// The hung rank stops itself before an allreduce: the launcher reads every rank's flight recorder
+// (the stopped one's too) and names it as the rank the others are waiting for, then replaces it.
+TEST(Launcher, AHungRankIsNamedAsTheLaggardFromTheRanksFlightRecorders) {
+  testing::TempDir dir;
+  LauncherJob job(dir, {"--nproc", "3", "--standby", "1", "--heartbeat-timeout", "3"}, 1000, {},
+                  {"--stop-before-collective", "1:320"});
+  EXPECT_EQ(job.Wait(), 0) << job.Output();
+  EXPECT_THAT(job.Output(), ContainsRegex("laggard: rank 1 never entered all_reduce #[0-9]+ "
+                                          "\\(comm 1\\) that ranks 0,2 are waiting in"));
+  EXPECT_THAT(job.Output(), HasSubstr("takes rank 1 in generation 1"));
+  ExpectIdenticalReplicas(job, 3);
 }
 
 TEST(Launcher, WithoutAStandbyALostRankFailsTheJobWithStatus1) {

@@ -423,3 +423,46 @@ TEST(FlightRecordTypeTest, EveryTypeHasASnakeCaseName) {
 
 }  // namespace
 }  // namespace trainguard
+
+namespace trainguard {
+namespace {
+
+FlightRecord Collective(FlightRecordType type, uint64_t comm, int64_t seq) {
+  FlightRecord r;
+  r.type = type;
+  r.comm_id = comm;
+  r.comm_seq = seq;
+  std::snprintf(r.name, sizeof(r.name), "all_reduce");
+  return r;
+}
+
+TEST(FindLaggardsTest, TheRankThatNeverEnteredTheNewestCollectiveIsNamed) {
+  using T = FlightRecordType;
+  FlightRecorderContents waiting, stuck;
+  for (int64_t seq = 0; seq < 5; ++seq) {
+    waiting.records.push_back(Collective(T::kCollectiveBegin, 7, seq));
+    if (seq < 4) waiting.records.push_back(Collective(T::kCollectiveEnd, 7, seq));
+    if (seq < 4) {
+      stuck.records.push_back(Collective(T::kCollectiveBegin, 7, seq));
+      stuck.records.push_back(Collective(T::kCollectiveEnd, 7, seq));
+    }
+  }
+  std::vector<LaggardReport> reports = FindLaggards({0, 1, 2}, {waiting, stuck, waiting});
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0].comm_id, 7u);
+  EXPECT_EQ(reports[0].comm_seq, 4);
+  EXPECT_EQ(reports[0].laggards, std::vector<int>{1});
+  EXPECT_EQ(reports[0].waiting, (std::vector<int>{0, 2}));
+  EXPECT_EQ(reports[0].ToString(),
+            "rank 1 never entered all_reduce #4 (comm 7) that ranks 0,2 are waiting in");
+}
+
+TEST(FindLaggardsTest, WhenEveryRankEnteredTheCollectiveNoRankIsBlamed) {
+  using T = FlightRecordType;
+  FlightRecorderContents a;
+  a.records.push_back(Collective(T::kCollectiveBegin, 1, 0));
+  EXPECT_TRUE(FindLaggards({0, 1}, {a, a}).empty());
+}
+
+}  // namespace
+}  // namespace trainguard
