@@ -147,16 +147,19 @@ class Runtime {
   Checkpointer* checkpointer() const { return checkpointer_.get(); }
 
   // Hang detection (watchdog.h, collectives.h, flight_recorder.h). The Runtime owns the rank's
-  // flight-recorder ring ("/trainguard.<job>.fr.rank<R>", kept after the process ends so that a
-  // launcher or `trainguard flight-recorder show` can read a dead rank's; `trainguard run` removes
-  // the rings of a job that succeeded), a CollectiveTracker writing to it, and, unless
+  // flight-recorder ring ("/trainguard.<job>.fr.rank<R>"; removed by the Runtime's destructor, so
+  // the ring of a rank that was killed or crashed stays for the launcher or `trainguard
+  // flight-recorder show` to read; `trainguard run` removes those when the job succeeds), a
+  // CollectiveTracker writing to it, and, unless
   // watchdog_poll_ms is 0, a Watchdog whose thread judges the phases (every guarded step is a
   // "step" phase; nest your own with ScopedPhase(rt->watchdog(), "forward_backward")) and the
   // collectives in flight. On a hang, on the watchdog thread: every thread's stack is captured, the
   // ring and the stacks are dumped to <run_dir>/flight_recorder/rank-<R>.<n>.pb, a `hang` event is
   // written, the hang is published in the store (hang/gen<G>) so that every other rank dumps its
   // ring and stacks too, the communicators' abort hooks run, and the guard of the step returns a
-  // communication failure carrying the evidence. The process is never aborted.
+  // communication failure carrying the evidence. The process is never aborted. `kill -USR2 <pid>`
+  // dumps the ring and the stacks the same way, on demand (within half a second), unless the
+  // application installed its own SIGUSR2 handler first.
   FlightRecorder* flight_recorder() const { return flight_recorder_.get(); }
   CollectiveTracker* collectives() const { return collectives_.get(); }
   Watchdog* watchdog() const { return watchdog_.get(); }  // nullptr when watchdog_poll_ms is 0
@@ -240,7 +243,7 @@ class Runtime {
   void OnHang(const HangReport& report);
   // Dumps the ring and every thread's stack; returns the dump's path ("" if it failed).
   std::string DumpEvidence(const std::string& reason, std::string* stacks_out);
-  void WatchPeerHangs();
+  void WatchPeerHangs();  // and SIGUSR2 dump requests
   FiniteChecker* finite_checker();
   // Writes the kStepFault event of a failed step; marks the runtime fatal after a fatal device
   // error.

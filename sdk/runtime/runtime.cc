@@ -1,7 +1,9 @@
 #include "trainguard/runtime.h"
 
+#include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <utility>
@@ -18,6 +20,22 @@
 
 namespace trainguard {
 namespace {
+
+// Set by the SIGUSR2 handler; the Runtime's watcher thread dumps the ring and stacks when it sees
+// it.
+std::atomic<bool> dump_requested{false};
+void RequestDump(int) { dump_requested.store(true, std::memory_order_relaxed); }
+
+// Installs the dump-on-signal handler unless the application handles SIGUSR2 itself.
+void InstallDumpSignal() {
+  struct sigaction current {};
+  if (sigaction(SIGUSR2, nullptr, &current) != 0 || current.sa_handler != SIG_DFL) return;
+  struct sigaction action {};
+  action.sa_handler = RequestDump;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  (void)sigaction(SIGUSR2, &action, nullptr);
+}
 
 absl::Status WithContext(const absl::Status& status, absl::string_view context) {
   return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
@@ -274,8 +292,8 @@ absl::Status Runtime::StartDetection() {
       FlightRecorder::Create(options_.job_id, rank_, options_.flight_recorder_records);
   if (!recorder.ok()) return WithContext(recorder.status(), where);
   flight_recorder_ = *std::move(recorder);
-  // The ring outlives the process: it is the evidence of a rank that died or hung.
-  flight_recorder_->set_remove_on_destroy(false);
+  // Removed when the Runtime is destroyed; a rank that is killed or crashes runs no destructor, so
+  // its ring stays behind as the evidence.
   CollectiveTrackerOptions to = CollectiveTrackerOptions::FromOptions(options_);
   to.clock = clock_;
   to.recorder = flight_recorder_.get();
@@ -291,7 +309,8 @@ absl::Status Runtime::StartDetection() {
   if (!watchdog.ok()) return WithContext(watchdog.status(), where);
   watchdog_ = *std::move(watchdog);
   watchdog_->AddHangHandler([this](const HangReport& report) { OnHang(report); });
-  if (store_ != nullptr) peer_hang_watcher_ = std::thread([this] { WatchPeerHangs(); });
+  InstallDumpSignal();
+  peer_hang_watcher_ = std::thread([this] { WatchPeerHangs(); });
   return absl::OkStatus();
 }
 
@@ -366,6 +385,17 @@ void Runtime::WatchPeerHangs() {
                                    absl::Milliseconds(500));
       if (stop_watcher_) return;
     }
+    if (dump_requested.exchange(false, std::memory_order_relaxed)) {
+      MutexLock lock(&dump_mu_);
+      const std::string path = DumpEvidence("SIGUSR2 (dump on demand)", nullptr);
+      Event event;
+      event.type = EventType::kCustom;
+      event.step = heartbeat_.Read().step;
+      event.message = absl::StrCat("flight recorder and stacks dumped on SIGUSR2 to ", path);
+      event.attributes = {{"dump", path}};
+      (void)EmitEvent(std::move(event));
+    }
+    if (store_ == nullptr) continue;
     const int64_t generation = this->generation();
     {
       MutexLock lock(&dump_mu_);

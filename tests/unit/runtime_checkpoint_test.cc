@@ -1,14 +1,18 @@
 // The guard's checkpoint policy and Runtime::recover()'s rollback, in a single-rank static job:
 // NaN written into the model, then a rollback that restores the last committed state.
+#include <signal.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/temp_dir.h"
@@ -133,6 +137,29 @@ TEST_F(RuntimeCheckpointTest, TheGuardFencesTheSnapshotSoTheNextStepCannotTearIt
   ASSERT_TRUE(step.ok()) << step.status();
   EXPECT_EQ(*step, 10);
   for (float w : weights_) ASSERT_EQ(w, 10.0f);
+}
+
+TEST_F(RuntimeCheckpointTest, Sigusr2DumpsTheFlightRecorderAndEveryThreadsStack) {
+  ASSERT_TRUE(Train(0).ok());
+  ASSERT_EQ(raise(SIGUSR2), 0);
+  const std::string dump = dir_.File("flight_recorder/rank-00000.1.pb");
+  for (int i = 0; i < 1000 && !std::filesystem::exists(dump); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));  // bounded polling: at most 10 s
+  }
+  ASSERT_TRUE(std::filesystem::exists(dump));
+  absl::StatusOr<FlightRecorderDump> read = ReadFlightRecorderDump(dump);
+  ASSERT_TRUE(read.ok()) << read.status();
+  bool has_stacks = false;
+  for (const auto& [key, value] : read->evidence) {
+    has_stacks |= key == "stacks" && !value.empty();
+  }
+  EXPECT_TRUE(has_stacks);
+  // The guarded step is in the ring (as the watchdog's "step" phase).
+  bool step_seen = false;
+  for (const FlightRecord& r : read->contents.records) {
+    step_seen |= r.type == FlightRecordType::kPhaseBegin && r.Name() == "step";
+  }
+  EXPECT_TRUE(step_seen);
 }
 
 }  // namespace
