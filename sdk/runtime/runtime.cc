@@ -290,8 +290,16 @@ absl::Status Runtime::StartDetection() {
   const std::string where = absl::StrCat("rank ", rank_, ": starting hang detection");
   absl::StatusOr<std::unique_ptr<FlightRecorder>> recorder =
       FlightRecorder::Create(options_.job_id, rank_, options_.flight_recorder_records);
-  if (!recorder.ok()) return WithContext(recorder.status(), where);
-  flight_recorder_ = *std::move(recorder);
+  if (recorder.ok()) {
+    flight_recorder_ = *std::move(recorder);
+  } else {
+    // Diagnostics must not stop training: the watchdog and the tracker work without a ring.
+    Event event;
+    event.type = EventType::kCustom;
+    event.message = absl::StrCat("flight recorder unavailable: ", recorder.status().message());
+    event.attributes = {{"what", "flight_recorder_unavailable"}};
+    (void)EmitEvent(std::move(event));
+  }
   // Removed when the Runtime is destroyed; a rank that is killed or crashes runs no destructor, so
   // its ring stays behind as the evidence.
   CollectiveTrackerOptions to = CollectiveTrackerOptions::FromOptions(options_);

@@ -212,10 +212,17 @@ absl::StatusOr<std::unique_ptr<FlightRecorder>> FlightRecorder::Create(std::stri
   const std::string name = SegmentName(job_id, rank);
   // A segment left by a dead process of this rank is replaced, never reused: its writer may have
   // had another capacity, and readers attached to it keep their own mapping.
-  if (shm_unlink(name.c_str()) != 0 && errno != ENOENT) {
-    return ErrnoError(errno, name, "shm_unlink (stale segment)");
+  // Another process creating the same name between the unlink and the create (a second process
+  // of the same job and rank) is retried a few times; the newest creator owns the name.
+  int raw_fd = -1;
+  for (int attempt = 0; attempt < 5 && raw_fd < 0; ++attempt) {
+    if (shm_unlink(name.c_str()) != 0 && errno != ENOENT) {
+      return ErrnoError(errno, name, "shm_unlink (stale segment)");
+    }
+    raw_fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (raw_fd < 0 && errno != EEXIST) break;
   }
-  ScopedFd fd(shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600));
+  ScopedFd fd(raw_fd);
   if (fd.get() < 0) return ErrnoError(errno, name, "shm_open (create)");
   auto fail = [&](int error, const char* operation) {
     shm_unlink(name.c_str());

@@ -3,9 +3,12 @@
 #ifndef TRAINGUARD_TESTS_SUPPORT_RUNTIME_FIXTURE_H_
 #define TRAINGUARD_TESTS_SUPPORT_RUNTIME_FIXTURE_H_
 
+#include <unistd.h>
+
 #include <memory>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/support/temp_dir.h"
 #include "trainguard/sdk.h"
@@ -15,7 +18,7 @@ namespace trainguard::testing {
 class RuntimeTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    options_.job_id = "unit";
+    options_.job_id = absl::StrCat("unit-", getpid());  // its shm segments are per process
     options_.rank = 1;
     options_.world_size = 4;
     options_.run_dir = dir_.path();

@@ -2,6 +2,8 @@
 // and survivors' recover() meeting it in the next generation. Each "process" is a thread with its
 // own store client (its own writer generation), as separate processes with their own connections
 // are.
+#include <unistd.h>
+
 #include <memory>
 #include <string>
 #include <thread>
@@ -27,7 +29,7 @@ class RuntimeRendezvous : public ::testing::Test {
   Options OptionsFor(const std::string& role, int rank, const std::string& member) {
     clients_.push_back(shared_.NewClient());
     Options o;
-    o.job_id = "rdzv";
+    o.job_id = absl::StrCat("rdzv-", getpid());  // shm segments are named by job
     o.world_size = kWorld;
     o.rank = rank;
     o.role = role;
