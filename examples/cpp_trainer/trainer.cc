@@ -110,6 +110,10 @@ class DataParallelTrainer {
         model_(kInputs, kHidden, flags.model_seed),
         reduce_buffer_(model_.parameters().size() + kTailFloats) {}
 
+  // The model is registered checkpoint state: a snapshot of it still being copied must finish
+  // before it is freed, however Run() ended.
+  ~DataParallelTrainer() { (void)rt_.WaitForCheckpoints(absl::Minutes(5)); }
+
   // The training loop. Returns the process's exit status.
   int Run() {
     const int rank = rt_.rank();

@@ -139,6 +139,9 @@ class Runtime {
   // step S is persisted when (S / N) % checkpoint_persist_every == 0, the same on every rank;
   // otherwise every checkpoint_persist_every-th save of this process is.
   absl::Status Checkpoint(int64_t resume_step);
+  // Waits until the checkpoint in progress (if any) is copied, persisted and committed. REQUIRED
+  // before a registered buffer is freed: a snapshot still copying reads it.
+  absl::Status WaitForCheckpoints(absl::Duration timeout);
   // True when a checkpoint policy is configured or Checkpoint()/RestoreCheckpoint() was called.
   bool checkpointing() const { return checkpointing_; }
   // "arena" or "disk" after a successful RestoreCheckpoint(); "" before.

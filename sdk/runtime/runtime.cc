@@ -477,6 +477,12 @@ absl::Status Runtime::Checkpoint(int64_t resume_step) {
   return absl::OkStatus();
 }
 
+absl::Status Runtime::WaitForCheckpoints(absl::Duration timeout) {
+  if (checkpointer_ == nullptr) return absl::OkStatus();
+  snapshot_unfenced_ = false;
+  return checkpointer_->WaitIdle(timeout);
+}
+
 void Runtime::MaybeCheckpointSlow(int64_t step) {
   const int64_t resume = step + 1;
   const int every = options_.checkpoint_every_steps;
