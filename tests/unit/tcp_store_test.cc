@@ -689,12 +689,15 @@ TEST(TcpStoreClientTest, AnIdempotentRequestIsRetriedUntilItsTimeout) {
   RequestSwallowingServer server;
   auto client = ConnectClient(server.port());
   const absl::Time start = absl::Now();
-  absl::StatusOr<std::string> got = client->Get("k", absl::Milliseconds(500));
-  EXPECT_TRUE(absl::IsUnavailable(got.status())) << got.status();
+  absl::StatusOr<std::string> got = client->Get("k", absl::Seconds(2));
+  // The last attempt ends either with the lost connection (Unavailable) or, on a loaded machine,
+  // with the deadline running out while it waits (DeadlineExceeded); both name the server.
+  EXPECT_TRUE(absl::IsUnavailable(got.status()) || absl::IsDeadlineExceeded(got.status()))
+      << got.status();
   EXPECT_THAT(std::string(got.status().message()),
               HasSubstr(absl::StrCat("127.0.0.1:", server.port())));
   EXPECT_GT(server.requests_swallowed(), 1) << "Get is retried on a new connection";
-  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(6)) << "the deadline bounds the retries";
 }
 
 TEST(TcpStoreClientTest, ConnectingToAPortWithNoServerIsUnavailableNamingTheAddress) {
