@@ -4,18 +4,22 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "trainguard/flight_recorder.h"
+#include "trainguard/hang_diagnosis.h"
 
 namespace trainguard::tools {
 namespace {
@@ -31,6 +35,8 @@ struct FlightRecorderArgs {
   std::optional<int> rank;
   std::string out;
   std::optional<int> last;
+  std::optional<int> world_size;
+  std::optional<int> generation;
   bool json = false;
 };
 
@@ -62,21 +68,31 @@ std::optional<FlightRecorderArgs> Parse(const std::vector<std::string>& args) {
       a.job = args[++i];
     } else if (arg == "--out" && has_value) {
       a.out = args[++i];
-    } else if ((arg == "--rank" || arg == "--last") && has_value) {
+    } else if ((arg == "--rank" || arg == "--last" || arg == "--world-size" ||
+                arg == "--generation") &&
+               has_value) {
       int n;
       if (!absl::SimpleAtoi(args[++i], &n) || n < 0) return std::nullopt;
-      (arg == "--rank" ? a.rank : a.last) = n;
+      (arg == "--rank"         ? a.rank
+       : arg == "--last"       ? a.last
+       : arg == "--world-size" ? a.world_size
+                               : a.generation) = n;
     } else if (!arg.empty() && arg[0] == '-') {
       return std::nullopt;
     } else if (a.verb.empty()) {
       a.verb = arg;
-    } else if (a.file.empty() && a.verb == "show") {
+    } else if (a.file.empty() && (a.verb == "show" || a.verb == "diagnose")) {
       a.file = arg;
     } else {
       return std::nullopt;
     }
   }
   const bool segment = !a.job.empty() && a.rank.has_value();
+  if (a.verb != "diagnose" && (a.world_size || a.generation)) return std::nullopt;
+  if (a.verb == "diagnose") {
+    if (a.file.empty() || a.rank || !a.out.empty() || a.last) return std::nullopt;
+    return a;
+  }
   if (a.verb == "show") {
     // Either a segment (--job and --rank) or a file, not both.
     if (a.file.empty() ? !segment : (!a.job.empty() || a.rank)) return std::nullopt;
@@ -281,13 +297,68 @@ int Remove(const FlightRecorderArgs& a) {
   return rc;
 }
 
+std::string IntsJson(const std::vector<int>& v) { return absl::StrCat("[", absl::StrJoin(v, ","), "]"); }
+
+// Reads the dumps in a run's flight_recorder directory (and, with --job, the live rings of ranks
+// that wrote none) and names the suspects (hang_diagnosis.h).
+int Diagnose(const FlightRecorderArgs& a) {
+  // The run directory or its flight_recorder folder.
+  std::string dir = a.file;
+  std::error_code error;
+  if (std::filesystem::is_directory(dir + "/flight_recorder", error)) dir += "/flight_recorder";
+  absl::StatusOr<std::vector<FlightRecorderDump>> dumps =
+      ReadHangDumps(dir, a.generation ? *a.generation : -1);
+  if (!dumps.ok()) {
+    absl::FPrintF(stderr, "trainguard flight-recorder diagnose: %s\n", dumps.status().ToString());
+    return kExitDataError;
+  }
+  HangEvidence evidence;
+  evidence.dumps = *std::move(dumps);
+  evidence.world_size = a.world_size.value_or(0);
+  if (!a.job.empty()) {
+    absl::StatusOr<std::vector<int>> live = ListFlightRecorderRanks(a.job);
+    for (int rank : live.ok() ? *live : std::vector<int>{}) {
+      absl::StatusOr<FlightRecorderContents> ring = ReadFlightRecorder(a.job, rank);
+      if (ring.ok()) evidence.live_rings[rank] = *std::move(ring);
+    }
+  }
+  const HangDiagnosis d = DiagnoseHang(evidence);
+  if (!a.json) {
+    absl::PrintF("%s\n", d.ToString());
+    return kExitOk;
+  }
+  std::vector<std::string> laggards, groups;
+  for (const LaggardReport& r : d.laggards) {
+    laggards.push_back(absl::StrFormat(
+        R"({"comm_id":%d,"comm_seq":%d,"op":%s,"laggards":%s,"waiting":%s,"text":%s})", r.comm_id,
+        r.comm_seq, Json(r.op), IntsJson(r.laggards), IntsJson(r.waiting), Json(r.ToString())));
+  }
+  for (const StackGroup& g : d.stack_groups) {
+    std::vector<std::string> modules, frames;
+    for (const std::string& m : g.modules) modules.push_back(Json(m));
+    for (const std::string& f : g.frames) frames.push_back(Json(f));
+    groups.push_back(absl::StrFormat(R"({"ranks":%s,"modules":[%s],"frames":[%s]})",
+                                     IntsJson(g.ranks), absl::StrJoin(modules, ","),
+                                     absl::StrJoin(frames, ",")));
+  }
+  absl::PrintF(R"({"dir":%s,"generation":%d,"suspects":%s,"dumped":%s,"missing":%s,)"
+               R"("laggards":[%s],"stack_outliers":%s,"stack_groups":[%s],"text":%s})"
+               "\n",
+               Json(dir), d.generation, IntsJson(d.suspects), IntsJson(d.dumped),
+               IntsJson(d.missing), absl::StrJoin(laggards, ","), IntsJson(d.stack_outliers),
+               absl::StrJoin(groups, ","), Json(d.ToString()));
+  return kExitOk;
+}
+
 }  // namespace
 
 std::string FlightRecorderUsage() {
   return "usage: trainguard flight-recorder show --job J --rank R [--json] [--last N]\n"
          "       trainguard flight-recorder show FILE [--json] [--last N]\n"
          "       trainguard flight-recorder dump --job J --rank R --out FILE\n"
-         "       trainguard flight-recorder remove --job J [--rank R]\n";
+         "       trainguard flight-recorder remove --job J [--rank R]\n"
+         "       trainguard flight-recorder diagnose RUN_DIR [--job J] [--world-size N]\n"
+         "                                           [--generation G] [--json]\n";
 }
 
 int RunFlightRecorderCommand(const std::vector<std::string>& args) {
@@ -298,6 +369,7 @@ int RunFlightRecorderCommand(const std::vector<std::string>& args) {
   }
   if (a->verb == "show") return a->file.empty() ? ShowSegment(*a) : ShowFile(*a);
   if (a->verb == "dump") return Dump(*a);
+  if (a->verb == "diagnose") return Diagnose(*a);
   return Remove(*a);
 }
 

@@ -20,21 +20,27 @@
 #include <cstdlib>
 #include <deque>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "trainguard/checkpoint.h"
 #include "trainguard/env.h"
 #include "trainguard/flight_recorder.h"
+#include "trainguard/hang_diagnosis.h"
 #include "trainguard/mutex.h"
 #include "trainguard/rendezvous.h"
 #include "trainguard/store.h"
@@ -144,6 +150,7 @@ class Job {
   void CheckRecoveries();
   void KillRanksWithStaleHeartbeats();
   void ReportLaggards();
+  void DiagnoseHangs();
   void StopAll(absl::Duration grace);
   void Fail(const std::string& why);
   void Say(const std::string& line) { std::printf("trainguard run: %s\n", line.c_str()); }
@@ -177,6 +184,16 @@ class Job {
   };
   std::vector<Recovery> recoveries_;
   absl::Time next_liveness_check_ = absl::InfinitePast();
+  // A hang a rank published (store key hang/gen<G>): diagnosed from the ranks' dumps once every
+  // rank has dumped or kHangDumpGrace has passed.
+  struct PendingHang {
+    int64_t generation;
+    absl::Time seen;
+    std::map<int, FlightRecorderContents> live_rings;  // read when the hang was seen
+  };
+  std::optional<PendingHang> pending_hang_;
+  int64_t hangs_checked_below_ = 0;  // generations below this one have no hang left to look for
+  absl::Time next_hang_check_ = absl::InfinitePast();
 
   // Generation 0 is formed on a helper thread while the loop keeps draining the ranks' output.
   std::thread former_;
@@ -518,6 +535,72 @@ void Job::ReportLaggards() {
   }
 }
 
+// Watches for a hang a rank published, then reads every rank's dump of it (and the live rings of
+// ranks that wrote none, as they were when the hang was seen) and names the suspects
+// (hang_diagnosis.h): the rank that never entered the collective, or that entered it and stalled
+// there while the others wait.
+void Job::DiagnoseHangs() {
+  // Ranks dump within hang_dump_wait_ms (1 s by default) of the declaration; one that is stopped or
+  // dead never does.
+  constexpr absl::Duration kHangDumpGrace = absl::Seconds(3);
+  const absl::Time now = absl::Now();
+  if (now < next_hang_check_) return;
+  next_hang_check_ = now + absl::Milliseconds(250);
+  const std::string dir = config_.run_dir + "/flight_recorder";
+  if (!pending_hang_.has_value()) {
+    const int64_t current = coordinator_->generation();
+    for (int64_t g = hangs_checked_below_; g <= current; ++g) {
+      absl::StatusOr<std::string> who =
+          store_->Get(absl::StrCat("hang/gen", g), absl::Milliseconds(200));
+      if (!who.ok()) {
+        if (absl::IsNotFound(who.status()) && g < current) hangs_checked_below_ = g + 1;
+        continue;
+      }
+      Say(absl::StrCat("hang in generation ", g, ": ", *who));
+      PendingHang hang{g, now, {}};
+      for (int r = 0; r < config_.nproc; ++r) {
+        absl::StatusOr<FlightRecorderContents> ring = ReadFlightRecorder(config_.job_id, r);
+        if (ring.ok()) hang.live_rings[r] = *std::move(ring);
+      }
+      pending_hang_ = std::move(hang);
+      break;
+    }
+    if (!pending_hang_.has_value()) return;
+  }
+  absl::StatusOr<std::vector<FlightRecorderDump>> dumps =
+      ReadHangDumps(dir, pending_hang_->generation);
+  const size_t dumped = dumps.ok() ? dumps->size() : 0;
+  if (dumped < static_cast<size_t>(config_.nproc) && now < pending_hang_->seen + kHangDumpGrace) {
+    return;  // some rank is still dumping
+  }
+  HangEvidence evidence;
+  if (dumps.ok()) evidence.dumps = *std::move(dumps);
+  evidence.live_rings = std::move(pending_hang_->live_rings);
+  evidence.world_size = config_.nproc;
+  const HangDiagnosis diagnosis = DiagnoseHang(evidence);
+  for (absl::string_view line : absl::StrSplit(diagnosis.ToString(), '\n')) {
+    Say(absl::StrCat("hang diagnosis: ", line));
+  }
+  const int64_t generation = pending_hang_->generation;
+  hangs_checked_below_ = generation + 1;
+  pending_hang_.reset();
+  // The suspects are replaced like dead ranks, as long as they are a minority and still hold their
+  // ranks in the generation that hung (a replacement may have taken over meanwhile).
+  if (diagnosis.suspects.empty() || coordinator_->generation() != generation) return;
+  if (2 * diagnosis.suspects.size() >= static_cast<size_t>(config_.nproc)) {
+    Say("hang diagnosis: too many suspects to replace; the ranks' own timeouts decide");
+    return;
+  }
+  for (int rank : diagnosis.suspects) {
+    for (auto& c : children_) {
+      if (c->rank != rank || !c->running || c->killed_for_liveness) continue;
+      Say(absl::StrFormat("%s (pid %d) is the hang's suspect: killing it", c->Label(), c->pid));
+      c->killed_for_liveness = true;
+      kill(c->pid, SIGKILL);  // reaped and replaced like any dead rank
+    }
+  }
+}
+
 void Job::Fail(const std::string& why) {
   Say(absl::StrCat("job failed: ", why));
   exit_code_ = kExitJobFailed;
@@ -628,6 +711,7 @@ int Job::Run() {
     TryReplacements();
     CheckRecoveries();
     if (formed_reported && exit_code_ < 0 && dead_.empty()) KillRanksWithStaleHeartbeats();
+    if (formed_reported && exit_code_ < 0) DiagnoseHangs();
     if (exit_code_ < 0 && ranks_finished_ == config_.nproc) exit_code_ = 0;
   }
   StopAll(config_.stop_grace);

@@ -2,7 +2,7 @@
 //
 //   trainguard version
 //   trainguard ckpt list|inspect|verify DIR [--json]   checkpoint shards (tools/ckpt_command.h)
-//   trainguard flight-recorder show|dump|remove ...    a rank's flight recorder
+//   trainguard flight-recorder show|dump|remove|diagnose ...  a rank's flight recorder, a hang
 //                                                      (tools/flight_recorder_command.h)
 //   trainguard events [--json] FILE|RUN_DIR...    print event files (a run dir means all its
 //   ranks')
@@ -34,7 +34,7 @@ int Usage() {
                "       trainguard events [--json] FILE|RUN_DIR...\n"
                "       trainguard run --nproc N [--standby K] ... -- COMMAND...\n"
                "       trainguard ckpt list|inspect|verify DIR [--step S] [--json]\n"
-               "       trainguard flight-recorder show|dump|remove ... (flight-recorder --help)\n");
+               "       trainguard flight-recorder show|dump|remove|diagnose ... (flight-recorder --help)\n");
   return kExitUsage;
 }
 

@@ -10,6 +10,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gloo/allreduce.h"
 #include "gloo/broadcast.h"
 #include "gloo/common/error.h"
@@ -80,7 +82,8 @@ absl::StatusOr<std::unique_ptr<GlooDataParallel>> GlooDataParallel::Connect(cons
       context->connectFullMesh(store, device);
     }
     if (config.tracker != nullptr) {
-      // A hang detected by the watchdog closes this communicator's connections.
+      // A hang detected by the watchdog aborts this communicator: a collective blocked in it
+      // wakes at once with an error.
       absl::Status registered = trainguard::RegisterGlooContext(*config.tracker, config.comm_id,
                                                                 config.rendezvous_id, context);
       if (!registered.ok()) return registered;
@@ -125,6 +128,7 @@ GlooDataParallel::~GlooDataParallel() {
 void GlooDataParallel::AllreduceSum(std::span<float> data) {
   const uint64_t sequence = collectives_++;
   trainguard::ScopedCollective tracked(tracker_, "all_reduce", comm_id_, data.size_bytes());
+  if (next_delay_ > absl::ZeroDuration()) absl::SleepFor(std::exchange(next_delay_, {}));
   auto options = std::make_unique<gloo::AllreduceOptions>(context_);
   try {
     options->setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);

@@ -80,6 +80,11 @@ class GlooDataParallel {
   // Replaces `data` on every rank by `root`'s. Same contract and errors as AllreduceSum.
   void Broadcast(std::span<float> data, int root);
 
+  // Fault injection (demos and tests): the next collective sleeps for `delay` once it is recorded
+  // as entered, before it exchanges any data, like a rank that is slow inside a collective while
+  // its peers wait in it.
+  void DelayNextCollective(absl::Duration delay) { next_delay_ = delay; }
+
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
 
@@ -97,6 +102,7 @@ class GlooDataParallel {
   // connection.
   std::vector<std::shared_ptr<void>> failed_collectives_;  // gloo::*Options of any collective
   uint64_t collectives_ = 0;                               // sequence number of the next collective
+  absl::Duration next_delay_ = absl::ZeroDuration();
 };
 
 }  // namespace cpp_trainer

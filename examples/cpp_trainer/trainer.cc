@@ -279,6 +279,9 @@ class DataParallelTrainer {
     if (rt_.rank() == flags_.stop_rank && step == flags_.stop_step && rt_.generation() == 0) {
       raise(SIGSTOP);
     }
+    if (rt_.rank() == flags_.sleep_rank && step == flags_.sleep_step && rt_.generation() == 0) {
+      comm_->DelayNextCollective(flags_.sleep_in_collective);
+    }
     comm_->AllreduceSum(reduce_buffer_);  // throws sdk::CommunicationError
 
     const int bad_ranks = static_cast<int>(reduce_buffer_[n + 1]);

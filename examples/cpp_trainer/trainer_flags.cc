@@ -2,6 +2,7 @@
 
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
@@ -52,6 +53,10 @@ TRAINGUARD_JOB_ID and TRAINGUARD_RUN_DIR (see trainguard's Options).
   --stop-before-collective RANK:STEP
                           RANK sends itself SIGSTOP before STEP's allreduce (a hung rank;
                           generation 0 only)
+  --sleep-in-collective RANK:STEP:SECONDS
+                          RANK sleeps SECONDS inside STEP's allreduce, after entering it and
+                          before exchanging data (a rank slow inside a collective; generation 0
+                          only)
   --help                  print this text
 )";
 }
@@ -100,6 +105,17 @@ absl::StatusOr<TrainerFlags> ParseTrainerFlags(int argc, char** argv) {
       std::pair<absl::string_view, absl::string_view> parts = absl::StrSplit(value, ':');
       status = ParseNumber<int>(flag, parts.first, 0, &flags.stop_rank);
       if (status.ok()) status = ParseNumber<int64_t>(flag, parts.second, 0, &flags.stop_step);
+    } else if (flag == "--sleep-in-collective") {
+      std::vector<absl::string_view> parts = absl::StrSplit(value, ':');
+      if (parts.size() != 3) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(flag, ": expected RANK:STEP:SECONDS, got '", value, "'"));
+      }
+      double seconds = 0;
+      status = ParseNumber<int>(flag, parts[0], 0, &flags.sleep_rank);
+      if (status.ok()) status = ParseNumber<int64_t>(flag, parts[1], 0, &flags.sleep_step);
+      if (status.ok()) status = ParseNumber<double>(flag, parts[2], 0.001, &seconds);
+      flags.sleep_in_collective = absl::Seconds(seconds);
     } else if (flag == "--inject-nan-grad") {
       std::pair<absl::string_view, absl::string_view> parts = absl::StrSplit(value, ':');
       status = ParseNumber<int>(flag, parts.first, 0, &flags.inject_nan_grad_rank);

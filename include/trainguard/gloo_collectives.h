@@ -32,42 +32,78 @@
 
 #if __has_include("gloo/common/memory.h")
 #include "gloo/transport/tcp/pair.h"
-#define TRAINGUARD_GLOO_ABORT_WAKES_WAITERS 1
+#define TRAINGUARD_GLOO_TCP_PAIR_HEADER 1
 #else
-#define TRAINGUARD_GLOO_ABORT_WAKES_WAITERS 0
+#include <dlfcn.h>
+
+#include <cstring>
+#include <exception>
+#include <typeinfo>
+#define TRAINGUARD_GLOO_TCP_PAIR_HEADER 0
 #endif
 
 namespace trainguard {
+namespace gloo_internal {
+
+// Fails one TCP pair through gloo's own error path (tcp::Pair::signalExceptionExternal): every
+// operation pending on it, and so every collective blocked on it, wakes at once with a
+// gloo::IoException, and the connection closes (the peer sees it fail too). False when `pair` is
+// not a TCP pair or the function cannot be reached; then nothing was done.
+//
+// Debian's libgloo-dev 0.0~git20220518 ships gloo/transport/tcp/pair.h without the
+// gloo/common/memory.h it includes, so there the class cannot be named. The member function is
+// exported by libgloo.so, though: it is looked up by its mangled name and called on the pair's
+// most-derived object, once the pair's dynamic type is known to be gloo::transport::tcp::Pair
+// (its RTTI name). A non-virtual member function takes `this` as its first argument in the
+// Itanium C++ ABI, which is what makes the call well defined for this compiler and library.
+inline bool FailTcpPair(gloo::transport::Pair* pair, const std::string& reason) {
+  if (pair == nullptr) return false;
+#if TRAINGUARD_GLOO_TCP_PAIR_HEADER
+  auto* tcp = dynamic_cast<gloo::transport::tcp::Pair*>(pair);
+  if (tcp == nullptr) return false;
+  (void)tcp->signalExceptionExternal(reason);
+  return true;
+#elif defined(_GLIBCXX_USE_CXX11_ABI) && _GLIBCXX_USE_CXX11_ABI
+  if (std::strcmp(typeid(*pair).name(), "N4gloo9transport3tcp4PairE") != 0) return false;
+  using SignalExceptionExternal = std::exception_ptr (*)(void* self, const std::string& msg);
+  static const auto signal_exception_external = reinterpret_cast<SignalExceptionExternal>(
+      dlsym(RTLD_DEFAULT,
+            "_ZN4gloo9transport3tcp4Pair23signalExceptionExternalERKNSt7__cxx1112basic_stringIcSt11"
+            "char_traitsIcESaIcEEE"));
+  if (signal_exception_external == nullptr) return false;
+  (void)signal_exception_external(dynamic_cast<void*>(pair), reason);
+  return true;
+#else
+  (void)reason;
+  return false;
+#endif
+}
+
+}  // namespace gloo_internal
 
 // Registers `context` under `comm_id`; a hang aborts the context (once) and it is unusable
 // afterwards (build a new one for the next generation). The tracker keeps `context` alive until the
 // communicator is unregistered.
 //
-// What the abort can do depends on the gloo headers installed. With gloo's TCP transport headers
-// (TRAINGUARD_GLOO_ABORT_WAKES_WAITERS is 1), every pair is failed through gloo's own error path
-// (tcp::Pair::signalExceptionExternal): a rank blocked in one of the context's collectives wakes at
-// once with a gloo::IoException. Debian's libgloo-dev 0.0~git20220518 ships tcp/pair.h without the
-// gloo/common/memory.h it includes, so there the abort can only close the connections
-// (Context::closeConnections): later collectives fail at once, but one already blocked waits for
-// its own gloo timeout. Keep that timeout finite (TrackedAllreduce's `timeout`).
+// The abort fails every TCP pair of the context through gloo's own error path
+// (gloo_internal::FailTcpPair): a rank blocked in one of the context's collectives wakes at once
+// with a gloo::IoException, and so do its peers blocked on their connections to it. It then closes
+// the connections (Context::closeConnections), so later collectives fail at once. Should a pair
+// not be failable (another transport), a collective already blocked on it waits for its own gloo
+// timeout: keep that finite (TrackedAllreduce's `timeout`).
 inline absl::Status RegisterGlooContext(CollectiveTracker& tracker, uint64_t comm_id,
                                         std::string name, std::shared_ptr<gloo::Context> context) {
   return tracker.RegisterCommunicator(comm_id, std::move(name), [context, comm_id] {
-#if TRAINGUARD_GLOO_ABORT_WAKES_WAITERS
     const std::string reason =
         "trainguard watchdog: communicator " + std::to_string(comm_id) + " aborted after a hang";
     for (int peer = 0; peer < context->size; ++peer) {
       if (peer == context->rank) continue;
       try {
-        auto* tcp = dynamic_cast<gloo::transport::tcp::Pair*>(context->getPair(peer).get());
-        if (tcp != nullptr) (void)tcp->signalExceptionExternal(reason);
+        (void)gloo_internal::FailTcpPair(context->getPair(peer).get(), reason);
       } catch (...) {
         // This pair has failed already: that is what we wanted.
       }
     }
-#else
-    (void)comm_id;
-#endif
     try {
       context->closeConnections();
     } catch (...) {

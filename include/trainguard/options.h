@@ -91,6 +91,11 @@ struct Options {
   int watchdog_history = 200;
   // Records in the rank's shared-memory flight recorder ring (flight_recorder.h).
   int flight_recorder_records = 4'096;
+  // On a hang, the rank that declared it waits up to this long (after publishing it through the
+  // store) for every rank to dump its ring and stacks before it aborts its communicators: the abort
+  // wakes the other ranks' blocked collectives, and their stacks must show where they were blocked.
+  // 0: abort at once. Without a store the abort is immediate.
+  int hang_dump_wait_ms = 1'000;
 
   // Seams for tests; not configurable from files or the environment. nullptr means the real ones.
   // REQUIRES: when set, they outlive every Runtime created from these Options.

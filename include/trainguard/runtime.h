@@ -247,6 +247,10 @@ class Runtime {
   // Dumps the ring and every thread's stack; returns the dump's path ("" if it failed).
   std::string DumpEvidence(const std::string& reason, std::string* stacks_out);
   void WatchPeerHangs();  // and SIGUSR2 dump requests
+  // Store key hang/gen<G>/dumped/<rank>: this rank has dumped generation G's hang.
+  void AcknowledgeHangDump(int64_t generation, const std::string& path);
+  // Bounded polling (hang_dump_wait_ms) until every rank acknowledged its dump of `generation`.
+  void AwaitHangDumps(int64_t generation);
   FiniteChecker* finite_checker();
   // Writes the kStepFault event of a failed step; marks the runtime fatal after a fatal device
   // error.

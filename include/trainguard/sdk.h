@@ -14,6 +14,7 @@
 #include "trainguard/events.h"
 #include "trainguard/flight_recorder.h"
 #include "trainguard/guard.h"
+#include "trainguard/hang_diagnosis.h"
 #include "trainguard/health.h"
 #include "trainguard/options.h"
 #include "trainguard/runtime.h"

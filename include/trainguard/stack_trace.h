@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -50,6 +51,10 @@ absl::StatusOr<std::vector<ThreadStack>> CaptureThreadStacks(absl::Duration time
 // Text for a report: per thread a line `thread <tid> "<name>":` then one `  #<i> <frame>` line per
 // frame, or `thread <tid> "<name>": no answer (<note>)`.
 std::string FormatThreadStacks(const std::vector<ThreadStack>& stacks);
+
+// Reads FormatThreadStacks's text back (e.g. from a flight recorder dump's "stacks" evidence). A
+// line that is neither a thread header nor a frame is an InvalidArgument naming its number.
+absl::StatusOr<std::vector<ThreadStack>> ParseThreadStacks(std::string_view text);
 
 // CaptureThreadStacks formatted by FormatThreadStacks.
 absl::StatusOr<std::string> CaptureAllThreadStacks(absl::Duration timeout);

@@ -188,6 +188,10 @@ class Watchdog {
   int PollOnce();
 
   PhaseBounds BoundsFor(std::string_view phase) const;
+  // The kernel thread id (gettid) of the thread that last opened an outermost phase: the training
+  // thread, whose stack is the one to compare across ranks in a hang (DiagnoseHang). 0 before the
+  // first BeginPhase.
+  int phase_thread_id() const { return phase_thread_.load(std::memory_order_relaxed); }
   int64_t hangs_declared() const { return hangs_declared_.load(std::memory_order_relaxed); }
   int64_t usage_errors() const { return usage_errors_.load(std::memory_order_relaxed); }
   // The first usage error, or OK.
@@ -224,6 +228,7 @@ class Watchdog {
   uint64_t next_instance_ = 1;
   std::atomic<int> depth_{0};  // tracked open phases, published to the monitor
   std::atomic<int64_t> step_{-1};
+  std::atomic<int> phase_thread_{0};
 
   std::atomic<int64_t> hangs_declared_{0};
   std::atomic<int64_t> usage_errors_{0};

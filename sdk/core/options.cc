@@ -188,6 +188,9 @@ void ApplySetFields(const OptionsProto& proto, Options& options) {
   if (proto.has_flight_recorder_records()) {
     options.flight_recorder_records = proto.flight_recorder_records();
   }
+  if (proto.has_hang_dump_wait_ms()) {
+    options.hang_dump_wait_ms = proto.hang_dump_wait_ms();
+  }
 }
 
 absl::StatusOr<Options> OptionsFromProto(const OptionsProto& proto) {
@@ -421,6 +424,9 @@ absl::Status CheckCheckpointAndWatchdog(const Options& options) {
     return s;
   }
   if (absl::Status s = CheckAtLeast("flight_recorder_records", options.flight_recorder_records, 16); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckAtLeast("hang_dump_wait_ms", options.hang_dump_wait_ms, 0); !s.ok()) {
     return s;
   }
   if (options.watchdog_warmup_bound_ms < options.watchdog_floor_ms) {

@@ -3,10 +3,13 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -345,7 +348,11 @@ std::string Runtime::DumpEvidence(const std::string& reason, std::string* stacks
   const std::string path = absl::StrFormat("%s/rank-%05d.%d.pb", dir, rank_, n);
   if (!WriteFlightRecorderDump(
            *contents, rank_,
-           {{"reason", reason}, {"generation", absl::StrCat(generation())}, {"stacks", stack_text}},
+           {{"reason", reason},
+            {"generation", absl::StrCat(generation())},
+            // The thread whose stack DiagnoseHang compares across ranks.
+            {"step_thread", absl::StrCat(watchdog_ != nullptr ? watchdog_->phase_thread_id() : 0)},
+            {"stacks", stack_text}},
            path)
            .ok()) {
     return "";
@@ -354,11 +361,14 @@ std::string Runtime::DumpEvidence(const std::string& reason, std::string* stacks
 }
 
 void Runtime::OnHang(const HangReport& report) {
-  MutexLock lock(&dump_mu_);
   const int64_t generation = this->generation();
   std::string stacks;
-  const std::string path = DumpEvidence(absl::StrCat("hang: ", report.ToString()), &stacks);
-  dumped_generation_ = generation;
+  std::string path;
+  {
+    MutexLock lock(&dump_mu_);
+    path = DumpEvidence(absl::StrCat("hang: ", report.ToString()), &stacks);
+    dumped_generation_ = generation;
+  }
   Event event;
   event.type = EventType::kHang;
   event.step = report.step;
@@ -376,21 +386,49 @@ void Runtime::OnHang(const HangReport& report) {
   event.attributes.insert(event.attributes.end(), report.evidence.begin(), report.evidence.end());
   event.attributes.emplace_back("stacks", stacks);
   (void)EmitEvent(std::move(event));
-  if (store_ != nullptr) {
-    // Every other rank dumps its ring and stacks too, for a diagnosis across ranks.
-    (void)store_->Set(absl::StrCat("hang/gen", generation),
-                      absl::StrCat("rank ", rank_, ": ", report.ToString()), absl::Seconds(2));
+  if (store_ == nullptr) return;
+  // Every other rank dumps its ring and stacks too, for a diagnosis across ranks. The watchdog
+  // aborts the communicators when this returns, which wakes the other ranks' blocked collectives:
+  // wait (bounded) for their dumps first, so that their stacks show where they were blocked.
+  (void)store_->Set(absl::StrCat("hang/gen", generation),
+                    absl::StrCat("rank ", rank_, ": ", report.ToString()), absl::Seconds(2));
+  AcknowledgeHangDump(generation, path);
+  AwaitHangDumps(generation);
+}
+
+void Runtime::AcknowledgeHangDump(int64_t generation, const std::string& path) {
+  (void)store_->Set(absl::StrCat("hang/gen", generation, "/dumped/", rank_), path,
+                    absl::Seconds(2));
+}
+
+void Runtime::AwaitHangDumps(int64_t generation) {
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(options_.hang_dump_wait_ms);
+  std::vector<std::string> keys;
+  for (int r = 0; r < options_.world_size; ++r) {
+    keys.push_back(absl::StrCat("hang/gen", generation, "/dumped/", r));
+  }
+  while (absl::Now() < deadline) {
+    absl::StatusOr<std::vector<std::optional<std::string>>> acks =
+        store_->MultiGet(keys, std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+    if (acks.ok() && std::all_of(acks->begin(), acks->end(),
+                                 [](const std::optional<std::string>& a) { return a.has_value(); })) {
+      return;
+    }
+    MutexLock lock(&watcher_mu_);
+    watcher_mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_watcher_; },
+                                 absl::Milliseconds(20));
+    if (stop_watcher_) return;
   }
 }
 
 void Runtime::WatchPeerHangs() {
-  // Polls (a Get every 500 ms) rather than blocking in the store's Wait: the store client is shared
+  // Polls (a Get every 250 ms) rather than blocking in the store's Wait: the store client is shared
   // with the training thread, the heartbeats and the checkpoint votes, and must not be hogged.
   while (true) {
     {
       MutexLock lock(&watcher_mu_);
       watcher_mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_watcher_; },
-                                   absl::Milliseconds(500));
+                                   absl::Milliseconds(250));
       if (stop_watcher_) return;
     }
     if (dump_requested.exchange(false, std::memory_order_relaxed)) {
@@ -417,6 +455,7 @@ void Runtime::WatchPeerHangs() {
     dumped_generation_ = generation;
     const std::string reason = absl::StrCat("a peer declared a hang: ", *who);
     const std::string path = DumpEvidence(reason, nullptr);
+    AcknowledgeHangDump(generation, path);
     Event event;
     event.type = EventType::kHang;
     event.step = heartbeat_.Read().step;

@@ -25,12 +25,18 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/debugging/symbolize.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "trainguard/mutex.h"
 
 namespace trainguard {
@@ -378,6 +384,43 @@ std::string FormatThreadStacks(const std::vector<ThreadStack>& stacks) {
     }
   }
   return out;
+}
+
+absl::StatusOr<std::vector<ThreadStack>> ParseThreadStacks(std::string_view text) {
+  std::vector<ThreadStack> stacks;
+  int line_number = 0;
+  for (absl::string_view line : absl::StrSplit(absl::string_view(text.data(), text.size()), '\n')) {
+    ++line_number;
+    if (line.empty()) continue;
+    if (absl::ConsumePrefix(&line, "  #")) {
+      const size_t space = line.find(' ');
+      if (stacks.empty() || space == absl::string_view::npos) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("thread stacks, line ", line_number, ": a frame outside a thread"));
+      }
+      stacks.back().frames.emplace_back(line.substr(space + 1));
+      continue;
+    }
+    // thread <tid> "<name>":  or  thread <tid> "<name>": no answer (<note>)
+    ThreadStack t;
+    const bool header = absl::ConsumePrefix(&line, "thread ");
+    const size_t open_quote = line.find(" \"");
+    const size_t close_quote = line.rfind("\":");
+    if (!header || open_quote == absl::string_view::npos || close_quote == absl::string_view::npos ||
+        close_quote <= open_quote || !absl::SimpleAtoi(line.substr(0, open_quote), &t.tid)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "thread stacks, line ", line_number, ": expected 'thread <tid> \"<name>\":' or a frame"));
+    }
+    t.name = std::string(line.substr(open_quote + 2, close_quote - open_quote - 2));
+    absl::string_view rest = line.substr(close_quote + 2);
+    t.answered = !absl::ConsumePrefix(&rest, " no answer (");
+    if (!t.answered) {
+      absl::ConsumeSuffix(&rest, ")");
+      t.note = std::string(rest);
+    }
+    stacks.push_back(std::move(t));
+  }
+  return stacks;
 }
 
 absl::StatusOr<std::string> CaptureAllThreadStacks(absl::Duration timeout) {

@@ -1,5 +1,7 @@
 #include "trainguard/watchdog.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -231,6 +233,10 @@ void Watchdog::BeginPhase(std::string_view name) {
   }
   const int index = PhaseIndex(name);
   const int64_t now = clock_->MonotonicNanos();
+  if (open_ == 0) {
+    static thread_local const int this_thread = static_cast<int>(gettid());
+    phase_thread_.store(this_thread, std::memory_order_relaxed);
+  }
   if (open_ > 0) {
     // The enclosing phase's own silence ends here; the nested phase answers for what follows.
     Frame& parent = frames_[open_ - 1];

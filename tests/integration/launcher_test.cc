@@ -16,8 +16,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -32,6 +35,7 @@ namespace {
 
 using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr absl::Duration kDeadline = absl::Seconds(120);
 
@@ -294,6 +298,32 @@ TEST(Launcher, AHungRankIsNamedAsTheLaggardFromTheRanksFlightRecorders) {
                                           "\\(comm 1\\) that ranks 0,2 are waiting in"));
   EXPECT_THAT(job.Output(), HasSubstr("takes rank 1 in generation 1"));
   ExpectIdenticalReplicas(job, 3);
+}
+
+// Rank 2 enters step 320's allreduce and then sleeps inside it: every rank entered the same
+// collective, so the rings alone cannot tell it from the ranks waiting for it. Its training
+// thread's stack, dumped by every rank on the hang, is the odd one out; the launcher names it,
+// replaces it, and the job ends as if nothing happened.
+TEST(Launcher, ARankStalledInsideACollectiveIsNamedFromTheRanksStacksAndReplaced) {
+  testing::TempDir dir;
+  LauncherJob job(dir, {"--nproc", "4", "--standby", "1"}, 1000, {},
+                  {"--sleep-in-collective", "2:320:120"});
+  EXPECT_EQ(job.Wait(), 0) << job.Output();
+  const std::string output = job.Output();
+  EXPECT_THAT(output, HasSubstr("hang diagnosis: suspects: rank 2\n")) << output;
+  EXPECT_THAT(output, HasSubstr("hang diagnosis: ranks 0,1,3 wait together in:")) << output;
+  EXPECT_THAT(output, ContainsRegex("hang diagnosis: rank 2's training thread is elsewhere: "
+                                    "[^\n]*SleepFor"))
+      << output;
+  EXPECT_THAT(output, Not(HasSubstr("laggard:"))) << "every rank entered the collective\n" << output;
+  EXPECT_THAT(output, HasSubstr("is the hang's suspect: killing it")) << output;
+  EXPECT_THAT(output, HasSubstr("takes rank 2 in generation 1")) << output;
+  ExpectIdenticalReplicas(job, 4);
+  for (absl::string_view line : absl::StrSplit(output, '\n')) {  // the evidence, for the log
+    if (absl::StrContains(line, "hang") || absl::StrContains(line, "takes rank")) {
+      std::printf("%s\n", std::string(line).c_str());
+    }
+  }
 }
 
 TEST(Launcher, WithoutAStandbyALostRankFailsTheJobWithStatus1) {

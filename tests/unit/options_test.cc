@@ -468,6 +468,8 @@ TEST_F(OptionsTest, ValidateRejectsEachInvalidFieldNamingItAndItsValue) {
        "watchdog_warmup_bound_ms 1000 is below watchdog_floor_ms 5000"},
       {"flight recorder too small", [](Options& o) { o.flight_recorder_records = 3; },
        "flight_recorder_records must be >= 16, got 3"},
+      {"negative hang dump wait", [](Options& o) { o.hang_dump_wait_ms = -1; },
+       "hang_dump_wait_ms must be >= 0, got -1"},
   };
   for (const InvalidCase& c : cases) {
     SCOPED_TRACE(c.what);

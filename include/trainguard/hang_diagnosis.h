@@ -1,0 +1,86 @@
+// Hang diagnosis across ranks: the evidence every rank of a job left for one hang, read together to
+// name the rank at fault.
+//
+// When a rank's watchdog declares a hang, the Runtime dumps its flight recorder and the stacks of
+// all its threads to <run_dir>/flight_recorder/rank-RRRRR.N.pb and publishes the hang, so every
+// other rank dumps too (docs/GUIDE.md, "Hang detection"). DiagnoseHang reads those dumps three ways:
+//
+//  1. Rings (Mycroft): FindLaggards on the ranks' rings names a rank that never entered the
+//     collective the others are waiting in.
+//  2. Stacks (ByteRobust's stack aggregation): each rank's training thread (the thread that opened
+//     the step's phases, recorded in the dump as "step_thread") is reduced to the sequence of
+//     modules (shared objects, the executable) its frames run in, innermost first, with repeats
+//     collapsed, and the ranks are grouped by that sequence. Modules rather than functions:
+//     ranks waiting in one collective wait at different points of the communication library (a
+//     ring allreduce has some ranks in a receive, others in a send), but all inside it. When one
+//     group is larger than every other, the ranks outside it are outliers: somewhere the others
+//     are not (sleeping or computing inside a collective they all entered, stuck in I/O or in the
+//     driver). This names a rank that entered the collective and then stalled, which the rings
+//     alone cannot tell from the ranks waiting with it. A program linked into one static binary
+//     has a single module: its ranks all group together and no outlier is named.
+//  3. Silence: a rank of the job that wrote no dump (stopped, dead, or unable to write) is named.
+//
+// The suspects are the union of the three. A rank stopped or dead writes no dump, so callers that
+// can read the live rings (same host: ReadFlightRecorder) pass them in for step 1.
+//
+// Thread safety: pure functions.
+#ifndef TRAINGUARD_HANG_DIAGNOSIS_H_
+#define TRAINGUARD_HANG_DIAGNOSIS_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "trainguard/flight_recorder.h"
+
+namespace trainguard {
+
+struct HangEvidence {
+  std::vector<FlightRecorderDump> dumps;  // at most one per rank (ReadHangDumps)
+  // Rings read live (shared memory) for ranks without a dump: used for the laggard analysis only.
+  std::map<int, FlightRecorderContents> live_rings;
+  int world_size = 0;  // 0: unknown, no rank is reported missing
+};
+
+// Ranks whose training threads run in the same sequence of modules.
+struct StackGroup {
+  std::vector<int> ranks;            // ascending
+  std::vector<std::string> modules;  // the grouping key: module names, innermost first
+  // The lowest rank's frames, each reduced by FrameSignature, innermost first: what to show.
+  std::vector<std::string> frames;
+};
+
+struct HangDiagnosis {
+  int64_t generation = -1;   // of the dumps; -1 when there are none
+  std::vector<int> dumped;   // ranks with a dump, ascending
+  std::vector<int> missing;  // ranks in [0, world_size) without a dump
+  std::vector<LaggardReport> laggards;
+  std::vector<StackGroup> stack_groups;  // largest first; equal sizes by lowest rank
+  std::vector<int> stack_outliers;       // ranks outside the single largest group, ascending
+  std::vector<int> suspects;             // laggards, stack outliers and missing ranks, ascending
+
+  // Several lines: the suspects first ("suspects: rank 2"), then why, e.g.
+  //   "rank 2's training thread is elsewhere: clock_nanosleep <- absl::SleepFor <- ..."
+  //   "ranks 0,1,3 wait together in: futex_wait <- ... <- gloo::allreduce <- ..."
+  std::string ToString() const;
+};
+
+// One stack frame as FormatThreadStacks writes it, reduced for display: "function+0xoff
+// (module+0xoff)" -> "function"; "0x7f0012 (/usr/lib/libfoo.so+0x1234)" -> "libfoo.so+0x1234".
+std::string FrameSignature(const std::string& frame);
+// The module of such a frame, without its directory or offset: "libfoo.so"; "?" when unknown.
+std::string FrameModule(const std::string& frame);
+
+// Reads the dumps (*.pb, as Runtime names them) in `dir` and keeps, per rank, the newest one (by
+// dump number) of `generation`; generation -1 picks the newest generation any dump names. NotFound
+// when `dir` holds no dump; DataLoss naming the file for one that is not a flight recorder dump.
+absl::StatusOr<std::vector<FlightRecorderDump>> ReadHangDumps(const std::string& dir,
+                                                              int64_t generation = -1);
+
+HangDiagnosis DiagnoseHang(const HangEvidence& evidence);
+
+}  // namespace trainguard
+
+#endif  // TRAINGUARD_HANG_DIAGNOSIS_H_

@@ -1,0 +1,271 @@
+#include "trainguard/hang_diagnosis.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "trainguard/flight_recorder.h"
+#include "trainguard/stack_trace.h"
+
+namespace trainguard {
+namespace {
+
+std::optional<std::string> Evidence(const FlightRecorderDump& dump, absl::string_view key) {
+  for (const auto& [k, v] : dump.evidence) {
+    if (k == key) return v;
+  }
+  return std::nullopt;
+}
+
+int64_t DumpGeneration(const FlightRecorderDump& dump) {
+  int64_t generation = -1;
+  if (std::optional<std::string> g = Evidence(dump, "generation"); g.has_value()) {
+    if (!absl::SimpleAtoi(*g, &generation)) generation = -1;
+  }
+  return generation;
+}
+
+// "rank-00002.3.pb" -> (2, 3); nullopt for any other name.
+std::optional<std::pair<int, int64_t>> ParseDumpName(absl::string_view name) {
+  int rank = -1;
+  int64_t number = -1;
+  if (!absl::ConsumePrefix(&name, "rank-") || !absl::ConsumeSuffix(&name, ".pb")) {
+    return std::nullopt;
+  }
+  const size_t dot = name.find('.');
+  if (dot == absl::string_view::npos || !absl::SimpleAtoi(name.substr(0, dot), &rank) ||
+      !absl::SimpleAtoi(name.substr(dot + 1), &number) || rank < 0) {
+    return std::nullopt;
+  }
+  return std::make_pair(rank, number);
+}
+
+// The rank's training thread (the dump's "step_thread", else the main thread, whose tid is the
+// process id): its frames, or one pseudo-frame saying why there are none.
+std::vector<std::string> TrainingThreadFrames(const FlightRecorderDump& dump) {
+  std::optional<std::string> text = Evidence(dump, "stacks");
+  if (!text.has_value()) return {"(no stacks in the dump)"};
+  absl::StatusOr<std::vector<ThreadStack>> stacks = ParseThreadStacks(*text);
+  if (!stacks.ok()) return {absl::StrCat("(unreadable stacks: ", stacks.status().message(), ")")};
+  int tid = dump.contents.writer_pid;
+  if (std::optional<std::string> step_thread = Evidence(dump, "step_thread");
+      step_thread.has_value()) {
+    int parsed = 0;
+    if (absl::SimpleAtoi(*step_thread, &parsed) && parsed > 0) tid = parsed;
+  }
+  for (const ThreadStack& t : *stacks) {
+    if (t.tid != tid) continue;
+    if (!t.answered) return {absl::StrCat("(no answer: ", t.note, ")")};
+    return t.frames;
+  }
+  return {"(training thread not among the stacks)"};
+}
+
+// Module names, innermost first, consecutive repeats collapsed. A pseudo-frame is its own module.
+std::vector<std::string> ModuleSequence(const std::vector<std::string>& frames) {
+  std::vector<std::string> modules;
+  for (const std::string& frame : frames) {
+    std::string module = absl::StartsWith(frame, "(") ? frame : FrameModule(frame);
+    if (modules.empty() || modules.back() != module) modules.push_back(std::move(module));
+  }
+  return modules;
+}
+
+std::string RankList(const std::vector<int>& ranks) {
+  return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ","));
+}
+
+// The first `n` frames of a signature, innermost first, joined with " <- ".
+std::string Abbreviate(const std::vector<std::string>& signature, size_t n) {
+  std::vector<std::string> head(signature.begin(),
+                                signature.begin() + std::min(n, signature.size()));
+  std::string out = absl::StrJoin(head, " <- ");
+  if (signature.size() > n) absl::StrAppend(&out, " <- ...");
+  return out;
+}
+
+}  // namespace
+
+std::string FrameModule(const std::string& frame) {
+  absl::string_view f = frame;
+  const size_t open = f.rfind(" (");
+  if (open == absl::string_view::npos || !absl::EndsWith(f, ")")) return "?";
+  absl::string_view module = f.substr(open + 2, f.size() - open - 3);
+  const size_t offset = module.rfind("+0x");
+  if (offset != absl::string_view::npos) module = module.substr(0, offset);
+  const size_t slash = module.rfind('/');
+  if (slash != absl::string_view::npos) module.remove_prefix(slash + 1);
+  return module.empty() ? "?" : std::string(module);
+}
+
+std::string FrameSignature(const std::string& frame) {
+  absl::string_view f = frame;
+  // The module part: the last " (" ... ")" (a demangled name has parentheses of its own).
+  absl::string_view module;
+  const size_t open = f.rfind(" (");
+  if (open != absl::string_view::npos && absl::EndsWith(f, ")")) {
+    module = f.substr(open + 2, f.size() - open - 3);
+    f = f.substr(0, open);
+  }
+  if (absl::StartsWith(f, "0x") || f.empty()) {
+    // No symbol: the module and the offset in it, without the module's directory.
+    const size_t slash = module.rfind('/');
+    if (slash != absl::string_view::npos) module.remove_prefix(slash + 1);
+    return module.empty() ? std::string(f) : std::string(module);
+  }
+  const size_t offset = f.rfind("+0x");
+  if (offset != absl::string_view::npos) f = f.substr(0, offset);
+  return std::string(f);
+}
+
+absl::StatusOr<std::vector<FlightRecorderDump>> ReadHangDumps(const std::string& dir,
+                                                              int64_t generation) {
+  std::vector<std::string> names;
+  std::error_code error;
+  for (std::filesystem::directory_iterator it(dir, error), end; !error && it != end;
+       it.increment(error)) {
+    names.push_back(it->path().filename().string());
+  }
+  if (error) {
+    const std::string message =
+        absl::StrCat("reading hang dumps: listing ", dir, ": ", error.message());
+    return error == std::errc::no_such_file_or_directory ? absl::NotFoundError(message)
+                                                         : absl::InternalError(message);
+  }
+  // Per (generation, rank): the dump with the highest number.
+  std::map<std::pair<int64_t, int>, std::pair<int64_t, FlightRecorderDump>> newest;
+  for (const std::string& name : names) {
+    std::optional<std::pair<int, int64_t>> parsed = ParseDumpName(name);
+    if (!parsed.has_value()) continue;
+    absl::StatusOr<FlightRecorderDump> dump = ReadFlightRecorderDump(absl::StrCat(dir, "/", name));
+    if (!dump.ok()) return dump.status();
+    const auto key = std::make_pair(DumpGeneration(*dump), parsed->first);
+    auto it = newest.find(key);
+    if (it == newest.end() || it->second.first < parsed->second) {
+      newest[key] = {parsed->second, *std::move(dump)};
+    }
+  }
+  if (newest.empty()) {
+    return absl::NotFoundError(absl::StrCat("no flight recorder dump (rank-*.pb) in ", dir));
+  }
+  if (generation < 0) generation = newest.rbegin()->first.first;
+  std::vector<FlightRecorderDump> dumps;
+  for (auto& [key, value] : newest) {
+    if (key.first == generation) dumps.push_back(std::move(value.second));
+  }
+  if (dumps.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("no flight recorder dump of generation ", generation, " in ", dir));
+  }
+  return dumps;
+}
+
+HangDiagnosis DiagnoseHang(const HangEvidence& evidence) {
+  HangDiagnosis d;
+  std::map<int, const FlightRecorderDump*> by_rank;
+  for (const FlightRecorderDump& dump : evidence.dumps) {
+    by_rank[dump.rank] = &dump;
+    d.generation = std::max(d.generation, DumpGeneration(dump));
+  }
+  for (const auto& [rank, dump] : by_rank) d.dumped.push_back(rank);
+  for (int r = 0; r < evidence.world_size; ++r) {
+    if (by_rank.count(r) == 0) d.missing.push_back(r);
+  }
+
+  // 1. Rings: the dumped ones, and the live ones of ranks without a dump.
+  std::vector<int> ranks;
+  std::vector<FlightRecorderContents> rings;
+  for (const auto& [rank, dump] : by_rank) {
+    ranks.push_back(rank);
+    rings.push_back(dump->contents);
+  }
+  for (const auto& [rank, ring] : evidence.live_rings) {
+    if (by_rank.count(rank) != 0) continue;
+    ranks.push_back(rank);
+    rings.push_back(ring);
+  }
+  d.laggards = FindLaggards(ranks, rings);
+
+  // 2. Stacks: group the training threads by the modules they run in.
+  std::map<std::vector<std::string>, StackGroup> groups;
+  for (const auto& [rank, dump] : by_rank) {
+    const std::vector<std::string> frames = TrainingThreadFrames(*dump);
+    StackGroup& group = groups[ModuleSequence(frames)];
+    if (group.ranks.empty()) {
+      for (const std::string& frame : frames) {
+        group.frames.push_back(absl::StartsWith(frame, "(") ? frame : FrameSignature(frame));
+      }
+    }
+    group.ranks.push_back(rank);  // ascending: by_rank is ordered
+  }
+  for (auto& [modules, group] : groups) {
+    group.modules = modules;
+    d.stack_groups.push_back(std::move(group));
+  }
+  std::sort(d.stack_groups.begin(), d.stack_groups.end(),
+            [](const StackGroup& a, const StackGroup& b) {
+              if (a.ranks.size() != b.ranks.size()) return a.ranks.size() > b.ranks.size();
+              return a.ranks.front() < b.ranks.front();
+            });
+  if (d.stack_groups.size() >= 2 &&
+      d.stack_groups[0].ranks.size() > d.stack_groups[1].ranks.size()) {
+    for (size_t i = 1; i < d.stack_groups.size(); ++i) {
+      d.stack_outliers.insert(d.stack_outliers.end(), d.stack_groups[i].ranks.begin(),
+                              d.stack_groups[i].ranks.end());
+    }
+    std::sort(d.stack_outliers.begin(), d.stack_outliers.end());
+  }
+
+  // 3. Suspects.
+  std::set<int> suspects(d.missing.begin(), d.missing.end());
+  suspects.insert(d.stack_outliers.begin(), d.stack_outliers.end());
+  for (const LaggardReport& report : d.laggards) {
+    suspects.insert(report.laggards.begin(), report.laggards.end());
+  }
+  d.suspects.assign(suspects.begin(), suspects.end());
+  return d;
+}
+
+std::string HangDiagnosis::ToString() const {
+  constexpr size_t kFramesShown = 8;
+  std::string out = suspects.empty() ? "suspects: none found"
+                                     : absl::StrCat("suspects: ", RankList(suspects));
+  absl::StrAppend(&out, "\n", "generation ", generation, ", dumps from ",
+                  dumped.empty() ? "no rank" : RankList(dumped));
+  for (const LaggardReport& report : laggards) absl::StrAppend(&out, "\n", report.ToString());
+  if (!missing.empty()) {
+    absl::StrAppend(&out, "\n", RankList(missing),
+                    missing.size() == 1 ? " wrote no dump" : " wrote no dumps",
+                    " (stopped, dead or unable to write)");
+  }
+  if (!stack_outliers.empty()) {
+    absl::StrAppend(&out, "\n", RankList(stack_groups[0].ranks), " wait together in: ",
+                    Abbreviate(stack_groups[0].frames, kFramesShown));
+    for (size_t i = 1; i < stack_groups.size(); ++i) {
+      absl::StrAppend(&out, "\n", RankList(stack_groups[i].ranks),
+                      stack_groups[i].ranks.size() == 1 ? "'s training thread is" : "' training threads are",
+                      " elsewhere: ", Abbreviate(stack_groups[i].frames, kFramesShown));
+    }
+  } else if (stack_groups.size() > 1) {
+    absl::StrAppend(&out, "\n", "no majority among the training threads' stacks (",
+                    stack_groups.size(), " groups)");
+  }
+  return out;
+}
+
+}  // namespace trainguard

@@ -1,0 +1,248 @@
+// Specification of the cross-rank hang diagnosis (include/trainguard/hang_diagnosis.h) and of the
+// stack text it reads (ParseThreadStacks in stack_trace.h), on dumps built here and written to
+// files. The end-to-end case, real ranks with one stalled inside a collective, is launcher_test's
+// ARankStalledInsideACollectiveIsNamedFromTheRanksStacksAndReplaced.
+#include "trainguard/hang_diagnosis.h"
+
+#include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/support/temp_dir.h"
+#include "trainguard/flight_recorder.h"
+#include "trainguard/stack_trace.h"
+
+namespace trainguard {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using testing::TempDir;
+
+constexpr int kPidBase = 1000;
+
+// Frames as CaptureThreadStacks writes them: a blocked gloo allreduce (in a receive or a send, as
+// the ranks of a ring are), and a sleep inside one.
+std::vector<std::string> WaitingFrames(int call_offset, const char* wait = "waitRecv") {
+  return {"__futex_abstimed_wait_common (/lib/x86_64-linux-gnu/libc.so.6+0x8a0d6)",
+          "pthread_cond_timedwait+0x2c (/lib/x86_64-linux-gnu/libc.so.6+0x8cc3c)",
+          absl::StrFormat("gloo::transport::tcp::UnboundBuffer::%s+0x%x "
+                          "(/usr/lib/libgloo.so.0+0x63d41)",
+                          wait, call_offset),
+          "0x7f3e0a1b2c3 (/usr/lib/libgloo.so.0+0x338f7)",
+          "gloo::allreduce(gloo::AllreduceOptions&) (/usr/lib/libgloo.so.0+0x2c4e1)",
+          "0x55d0c0a1b2c3 (/build/cpp_trainer+0x41b2c3)", "main (/build/cpp_trainer+0x1f00)"};
+}
+std::vector<std::string> SleepingFrames() {
+  return {"clock_nanosleep+0x57 (/lib/x86_64-linux-gnu/libc.so.6+0xd7bd7)",
+          "AbslInternalSleepFor (/usr/lib/libabsl_synchronization.so+0x4b21)",
+          "cpp_trainer::GlooDataParallel::AllreduceSum() (/build/cpp_trainer+0x41a000)",
+          "main (/build/cpp_trainer+0x1f00)"};
+}
+
+FlightRecord Collective(FlightRecordType type, int64_t seq) {
+  FlightRecord r;
+  r.type = type;
+  r.comm_id = 1;
+  r.comm_seq = seq;
+  std::snprintf(r.name, sizeof(r.name), "all_reduce");
+  return r;
+}
+
+// Rank `rank`'s dump of generation `generation`: its ring entered all_reduce #0..entered-1 and left
+// all but the last; its training thread (tid = pid + 1, named in "step_thread") has `frames`.
+FlightRecorderDump MakeDump(int rank, int64_t generation, int entered,
+                            const std::vector<std::string>& frames) {
+  FlightRecorderDump d;
+  d.rank = rank;
+  d.contents.segment = FlightRecorder::SegmentName("diagnosis-test", rank);
+  d.contents.writer_pid = kPidBase + rank;
+  for (int s = 0; s < entered; ++s) {
+    d.contents.records.push_back(Collective(FlightRecordType::kCollectiveBegin, s));
+    if (s + 1 < entered) {
+      d.contents.records.push_back(Collective(FlightRecordType::kCollectiveEnd, s));
+    }
+  }
+  ThreadStack main_thread;  // not the training thread here: it is ignored
+  main_thread.tid = d.contents.writer_pid;
+  main_thread.name = "cpp_trainer";
+  main_thread.answered = true;
+  main_thread.frames = {absl::StrCat("rank_specific_", rank, " (/build/cpp_trainer+0x10)")};
+  ThreadStack training;
+  training.tid = d.contents.writer_pid + 1;
+  training.name = "train";
+  training.answered = true;
+  training.frames = frames;
+  ThreadStack blocked;
+  blocked.tid = d.contents.writer_pid + 2;
+  blocked.name = "io";
+  blocked.note = "signal blocked";
+  d.evidence = {{"reason", "hang"},
+                {"generation", absl::StrCat(generation)},
+                {"step_thread", absl::StrCat(training.tid)},
+                {"stacks", FormatThreadStacks({main_thread, training, blocked})}};
+  return d;
+}
+
+TEST(ParseThreadStacks, ReadsBackWhatFormatThreadStacksWrote) {
+  ThreadStack a;
+  a.tid = 12;
+  a.name = "with \"quotes\": odd";
+  a.answered = true;
+  a.frames = {"f(int) (/x/lib.so+0x1)", "0x7f00 (?)"};
+  ThreadStack b;
+  b.tid = 13;
+  b.name = "tg-watchdog";
+  b.note = "no answer within 2s";
+  absl::StatusOr<std::vector<ThreadStack>> parsed = ParseThreadStacks(FormatThreadStacks({a, b}));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_EQ(parsed->size(), 2u);
+  EXPECT_EQ((*parsed)[0].tid, 12);
+  EXPECT_EQ((*parsed)[0].name, a.name);
+  EXPECT_TRUE((*parsed)[0].answered);
+  EXPECT_EQ((*parsed)[0].frames, a.frames);
+  EXPECT_EQ((*parsed)[1].tid, 13);
+  EXPECT_FALSE((*parsed)[1].answered);
+  EXPECT_EQ((*parsed)[1].note, b.note);
+  EXPECT_THAT((*parsed)[1].frames, IsEmpty());
+}
+
+TEST(ParseThreadStacks, NamesTheLineThatIsNeitherAThreadNorAFrame) {
+  absl::StatusOr<std::vector<ThreadStack>> parsed =
+      ParseThreadStacks("thread 1 \"a\":\n  #0 f (m+0x1)\ngarbage here\n");
+  EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(parsed.status().message(), HasSubstr("line 3"));
+  EXPECT_EQ(ParseThreadStacks("  #0 f (m)\n").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(FrameModule, IsTheModulesFileNameWithoutOffset) {
+  EXPECT_EQ(FrameModule("pthread_cond_timedwait+0x2c (/lib/libc.so.6+0x8cc3c)"), "libc.so.6");
+  EXPECT_EQ(FrameModule("f(int (*)(int)) (/build/cpp_trainer+0x41)"), "cpp_trainer");
+  EXPECT_EQ(FrameModule("0x55d0c0a1b2c3 (?)"), "?");
+  EXPECT_EQ(FrameModule("no module at all"), "?");
+}
+
+TEST(FrameSignature, KeepsFunctionNamesAndLoadAddressIndependentModuleOffsets) {
+  EXPECT_EQ(FrameSignature("pthread_cond_timedwait+0x2c (/lib/libc.so.6+0x8cc3c)"),
+            "pthread_cond_timedwait");
+  EXPECT_EQ(FrameSignature("gloo::allreduce(gloo::AllreduceOptions&) (/usr/lib/libgloo.so+0x2c)"),
+            "gloo::allreduce(gloo::AllreduceOptions&)");
+  EXPECT_EQ(FrameSignature("0x55d0c0a1b2c3 (/build/cpp_trainer+0x41b2c3)"), "cpp_trainer+0x41b2c3");
+  EXPECT_EQ(FrameSignature("0x55d0c0a1b2c3 (?)"), "?");
+}
+
+TEST(DiagnoseHang, NamesTheRankWhoseTrainingThreadIsNotWhereTheOthersWait) {
+  HangEvidence evidence;
+  evidence.world_size = 4;
+  // Every rank entered all_reduce #7; ranks 0, 1, 3 wait in it (at different points of gloo),
+  // rank 2 sleeps inside it.
+  evidence.dumps = {MakeDump(0, 3, 8, WaitingFrames(0x41)),
+                    MakeDump(1, 3, 8, WaitingFrames(0x99, "waitSend")),
+                    MakeDump(2, 3, 8, SleepingFrames()), MakeDump(3, 3, 8, WaitingFrames(0x41))};
+  const HangDiagnosis d = DiagnoseHang(evidence);
+  EXPECT_EQ(d.generation, 3);
+  EXPECT_THAT(d.dumped, ElementsAre(0, 1, 2, 3));
+  EXPECT_THAT(d.missing, IsEmpty());
+  EXPECT_THAT(d.laggards, IsEmpty()) << "every rank entered the collective";
+  ASSERT_EQ(d.stack_groups.size(), 2u);
+  EXPECT_THAT(d.stack_groups[0].ranks, ElementsAre(0, 1, 3));
+  EXPECT_THAT(d.stack_groups[1].ranks, ElementsAre(2));
+  EXPECT_THAT(d.stack_groups[0].modules,
+              ElementsAre("libc.so.6", "libgloo.so.0", "cpp_trainer"));
+  EXPECT_EQ(d.stack_groups[1].frames.front(), "clock_nanosleep");
+  EXPECT_THAT(d.stack_groups[1].modules,
+              ElementsAre("libc.so.6", "libabsl_synchronization.so", "cpp_trainer"));
+  EXPECT_THAT(d.stack_outliers, ElementsAre(2));
+  EXPECT_THAT(d.suspects, ElementsAre(2));
+  const std::string text = d.ToString();
+  EXPECT_THAT(text, HasSubstr("suspects: rank 2\n"));
+  EXPECT_THAT(text, HasSubstr("ranks 0,1,3 wait together in: __futex_abstimed_wait_common <- "));
+  EXPECT_THAT(text, HasSubstr("rank 2's training thread is elsewhere: clock_nanosleep <- "
+                              "AbslInternalSleepFor <- "));
+}
+
+TEST(DiagnoseHang, AStoppedRankIsNamedAsMissingAndAsTheLaggardFromItsLiveRing) {
+  HangEvidence evidence;
+  evidence.world_size = 3;
+  evidence.dumps = {MakeDump(0, 0, 5, WaitingFrames(0x41)), MakeDump(2, 0, 5, WaitingFrames(0x41))};
+  // Rank 1 is stopped: no dump, but its ring (read from shared memory) stops before #4.
+  evidence.live_rings[1] = MakeDump(1, 0, 4, {}).contents;
+  evidence.live_rings[1].records.push_back(Collective(FlightRecordType::kCollectiveEnd, 3));
+  const HangDiagnosis d = DiagnoseHang(evidence);
+  EXPECT_THAT(d.missing, ElementsAre(1));
+  ASSERT_EQ(d.laggards.size(), 1u);
+  EXPECT_THAT(d.laggards[0].laggards, ElementsAre(1));
+  EXPECT_THAT(d.laggards[0].waiting, ElementsAre(0, 2));
+  EXPECT_THAT(d.stack_outliers, IsEmpty()) << "the two dumped ranks wait together";
+  EXPECT_THAT(d.suspects, ElementsAre(1));
+  EXPECT_THAT(d.ToString(), HasSubstr("rank 1 wrote no dump"));
+  EXPECT_THAT(d.ToString(), HasSubstr("rank 1 never entered all_reduce #4"));
+}
+
+TEST(DiagnoseHang, WithoutALargestGroupNoRankIsAStackOutlier) {
+  HangEvidence evidence;
+  evidence.dumps = {MakeDump(0, 0, 2, WaitingFrames(0x41)), MakeDump(1, 0, 2, SleepingFrames())};
+  const HangDiagnosis d = DiagnoseHang(evidence);
+  EXPECT_EQ(d.stack_groups.size(), 2u);
+  EXPECT_THAT(d.stack_outliers, IsEmpty());
+  EXPECT_THAT(d.suspects, IsEmpty());
+  EXPECT_THAT(d.ToString(), HasSubstr("suspects: none found"));
+  EXPECT_THAT(d.ToString(), HasSubstr("no majority among the training threads' stacks"));
+}
+
+TEST(DiagnoseHang, ADumpWithoutStacksFormsItsOwnGroup) {
+  HangEvidence evidence;
+  FlightRecorderDump bare = MakeDump(2, 0, 2, {});
+  bare.evidence = {{"generation", "0"}};
+  evidence.dumps = {MakeDump(0, 0, 2, WaitingFrames(0x41)), MakeDump(1, 0, 2, WaitingFrames(0x41)),
+                    bare};
+  const HangDiagnosis d = DiagnoseHang(evidence);
+  EXPECT_THAT(d.stack_outliers, ElementsAre(2));
+  EXPECT_THAT(d.ToString(), HasSubstr("(no stacks in the dump)"));
+}
+
+TEST(ReadHangDumps, KeepsEachRanksNewestDumpOfTheNewestGeneration) {
+  TempDir dir;
+  auto write = [&](const FlightRecorderDump& d, int number) {
+    const std::string path = dir.File(absl::StrFormat("rank-%05d.%d.pb", d.rank, number));
+    ASSERT_TRUE(WriteFlightRecorderDump(d.contents, d.rank, d.evidence, path).ok());
+  };
+  write(MakeDump(0, 0, 3, WaitingFrames(1)), 1);
+  write(MakeDump(1, 0, 3, WaitingFrames(1)), 1);
+  write(MakeDump(0, 1, 4, WaitingFrames(1)), 2);
+  write(MakeDump(0, 1, 6, SleepingFrames()), 3);  // rank 0's newer dump of generation 1
+  std::ofstream(dir.File("notes.txt")) << "not a dump";
+
+  absl::StatusOr<std::vector<FlightRecorderDump>> newest = ReadHangDumps(dir.path());
+  ASSERT_TRUE(newest.ok()) << newest.status();
+  ASSERT_EQ(newest->size(), 1u);
+  EXPECT_EQ((*newest)[0].rank, 0);
+  EXPECT_EQ((*newest)[0].contents.records.size(), 11u) << "dump number 3, not 2";
+
+  absl::StatusOr<std::vector<FlightRecorderDump>> first = ReadHangDumps(dir.path(), 0);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->size(), 2u);
+  EXPECT_EQ(ReadHangDumps(dir.path(), 7).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(ReadHangDumps, NamesTheMissingDirectoryAndTheCorruptFile) {
+  TempDir dir;
+  absl::StatusOr<std::vector<FlightRecorderDump>> none = ReadHangDumps(dir.File("absent"));
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(none.status().message(), HasSubstr("absent"));
+  EXPECT_EQ(ReadHangDumps(dir.path()).status().code(), absl::StatusCode::kNotFound);
+  std::ofstream(dir.File("rank-00001.1.pb")) << "\xff\xff\xff not a protobuf";
+  absl::StatusOr<std::vector<FlightRecorderDump>> corrupt = ReadHangDumps(dir.path());
+  EXPECT_EQ(corrupt.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(corrupt.status().message(), HasSubstr("rank-00001.1.pb"));
+}
+
+}  // namespace
+}  // namespace trainguard
