@@ -102,6 +102,13 @@ class Step {
   bool CheckFinite(std::string_view buffer_name, const void* data, size_t count, DType dtype,
                    Device device = Device::Host(), void* cuda_stream = nullptr);
 
+  // Judges this step's loss against the recent ones (the Runtime's LossSpikeDetector, tuned by the
+  // loss_spike_* options). A NaN or Inf loss, or a spike (more than loss_spike_mads scaled MADs
+  // above the median of the window), fails the step (kStepFailure) with a message naming the rank,
+  // the step, the loss, the median and the score, and returns false; the loss is then kept out of
+  // the window. Call it once per step, with the loss this rank computed.
+  bool CheckLoss(double loss);
+
  private:
   friend class StepScope;
   explicit Step(StepScope* scope) : scope_(scope) {}

@@ -96,6 +96,12 @@ struct Options {
   // wakes the other ranks' blocked collectives, and their stacks must show where they were blocked.
   // 0: abort at once. Without a store the abort is immediate.
   int hang_dump_wait_ms = 1'000;
+  // Step::CheckLoss (LossSpikeDetector, health.h): a loss more than loss_spike_mads scaled MADs
+  // above the median of the last loss_spike_window accepted losses fails the step, once
+  // loss_spike_warmup losses are in; a NaN or Inf loss always does.
+  int loss_spike_window = 100;
+  int loss_spike_mads = 6;
+  int loss_spike_warmup = 20;
 
   // Seams for tests; not configurable from files or the environment. nullptr means the real ones.
   // REQUIRES: when set, they outlive every Runtime created from these Options.

@@ -252,6 +252,8 @@ class Runtime {
   // Bounded polling (hang_dump_wait_ms) until every rank acknowledged its dump of `generation`.
   void AwaitHangDumps(int64_t generation);
   FiniteChecker* finite_checker();
+  // The detector behind Step::CheckLoss (created at the first call, from the loss_spike_* options).
+  LossSpikeDetector& loss_spike_detector();
   // Writes the kStepFault event of a failed step; marks the runtime fatal after a fatal device
   // error.
   void RecordStepFault(const StepResult& result);
@@ -286,6 +288,7 @@ class Runtime {
   std::unique_ptr<FlightRecorder> flight_recorder_;
   std::unique_ptr<CollectiveTracker> collectives_;
   std::unique_ptr<FiniteChecker> finite_checker_;  // created at the first device check
+  std::optional<LossSpikeDetector> loss_spike_detector_;  // created at the first CheckLoss
   std::atomic<int64_t> hang_dumps_{0};
   Mutex dump_mu_;                   // one dump at a time (the watchdog's, the peer watcher's)
   int64_t dumped_generation_ = -1;  // guarded by dump_mu_: a generation's hang is dumped once

@@ -191,6 +191,15 @@ void ApplySetFields(const OptionsProto& proto, Options& options) {
   if (proto.has_hang_dump_wait_ms()) {
     options.hang_dump_wait_ms = proto.hang_dump_wait_ms();
   }
+  if (proto.has_loss_spike_window()) {
+    options.loss_spike_window = proto.loss_spike_window();
+  }
+  if (proto.has_loss_spike_mads()) {
+    options.loss_spike_mads = proto.loss_spike_mads();
+  }
+  if (proto.has_loss_spike_warmup()) {
+    options.loss_spike_warmup = proto.loss_spike_warmup();
+  }
 }
 
 absl::StatusOr<Options> OptionsFromProto(const OptionsProto& proto) {
@@ -427,6 +436,17 @@ absl::Status CheckCheckpointAndWatchdog(const Options& options) {
     return s;
   }
   if (absl::Status s = CheckAtLeast("hang_dump_wait_ms", options.hang_dump_wait_ms, 0); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckAtLeast("loss_spike_warmup", options.loss_spike_warmup, 20); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckAtLeast("loss_spike_window", options.loss_spike_window,
+                                    options.loss_spike_warmup);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckAtLeast("loss_spike_mads", options.loss_spike_mads, 1); !s.ok()) {
     return s;
   }
   if (options.watchdog_warmup_bound_ms < options.watchdog_floor_ms) {

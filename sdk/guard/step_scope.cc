@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "trainguard/clock.h"
 #include "trainguard/errors.h"
 #include "trainguard/guard.h"
@@ -188,6 +189,25 @@ bool Step::CheckFinite(std::string_view buffer_name, const void* data, size_t co
                                      "\" on rank ", rt.rank(), ": ", s.message()));
   }
   return true;
+}
+
+bool Step::CheckLoss(double loss) {
+  Runtime& rt = scope_->runtime_;
+  const std::optional<LossSpike> spike = rt.loss_spike_detector().Observe(scope_->step_, loss);
+  if (!spike.has_value()) return true;
+  if (spike->kind == LossSpike::Kind::kNonFinite) {
+    scope_->ReportFault(FaultKind::kStepFailure,
+                        absl::StrCat("loss is not finite (", loss, ") on rank ", rt.rank(),
+                                     " at step ", scope_->step_));
+  } else {
+    scope_->ReportFault(
+        FaultKind::kStepFailure,
+        absl::StrFormat("loss spike on rank %d at step %d: loss %g is %.1f scaled MADs above the "
+                        "median %g of the last %d losses (scaled MAD %g)",
+                        rt.rank(), scope_->step_, loss, spike->score, spike->median,
+                        rt.loss_spike_detector().window_size(), spike->mad));
+  }
+  return false;
 }
 
 StepScope::StepScope(Runtime& runtime, int64_t step)

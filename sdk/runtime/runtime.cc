@@ -334,6 +334,20 @@ FiniteChecker* Runtime::finite_checker() {
   return finite_checker_.get();
 }
 
+LossSpikeDetector& Runtime::loss_spike_detector() {
+  if (!loss_spike_detector_.has_value()) {
+    LossSpikeOptions o;
+    o.window = options_.loss_spike_window;
+    o.threshold = options_.loss_spike_mads;
+    o.warmup = options_.loss_spike_warmup;
+    // The options were validated with the detector's own rules (Options::Validate).
+    absl::StatusOr<LossSpikeDetector> detector = LossSpikeDetector::Create(o);
+    loss_spike_detector_.emplace(detector.ok() ? *std::move(detector)
+                                               : *LossSpikeDetector::Create(LossSpikeOptions{}));
+  }
+  return *loss_spike_detector_;
+}
+
 std::string Runtime::DumpEvidence(const std::string& reason, std::string* stacks_out) {
   absl::StatusOr<std::string> stacks = CaptureAllThreadStacks(absl::Seconds(2));
   const std::string stack_text =

@@ -7,10 +7,12 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -216,12 +218,50 @@ TEST_F(FlightRecorderCli, AMissingSegmentOrABadFileExitsOneNamingIt) {
   EXPECT_THAT(r.err, HasSubstr(absl::StrFormat("/trainguard.%s.fr.rank0", job_)));
 }
 
+// A run dir with the hang dumps of ranks 0 and 1, both waiting in allreduce #9; rank 2 was killed
+// before it: its ring (left in shared memory) ends at #8, and it wrote no dump.
+TEST_F(FlightRecorderCli, DiagnoseNamesTheRankThatNeverEnteredAndWroteNoDump) {
+  ASSERT_GT(RunAndKillRank(2, 8), 0);
+  ASSERT_TRUE(std::filesystem::create_directories(dir_.File("run/flight_recorder")));
+  for (int rank : {0, 1}) {
+    FlightRecorderContents ring;
+    ring.segment = FlightRecorder::SegmentName(job_, rank);
+    ring.writer_pid = 100 + rank;
+    for (int i = 1; i <= 9; ++i) ring.records.push_back(Collective(i / 4, i));
+    ASSERT_TRUE(WriteFlightRecorderDump(
+                    ring, rank,
+                    {{"reason", "hang"},
+                     {"generation", "0"},
+                     {"step_thread", absl::StrCat(ring.writer_pid)},
+                     {"stacks", absl::StrFormat("thread %d \"train\":\n  #0 wait (/lib/libc.so.6+0x1)\n",
+                                                ring.writer_pid)}},
+                    dir_.File(absl::StrFormat("run/flight_recorder/rank-%05d.1.pb", rank)))
+                    .ok());
+  }
+  Result r = RunCli(absl::StrFormat("flight-recorder diagnose %s --job %s --world-size 3",
+                                    dir_.File("run"), job_));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("suspects: rank 2\n"));
+  EXPECT_THAT(r.out, HasSubstr("rank 2 never entered allreduce #9 (comm 2748) that ranks 0,1 are "
+                               "waiting in"));
+  EXPECT_THAT(r.out, HasSubstr("rank 2 wrote no dump"));
+
+  r = RunCli(absl::StrFormat("flight-recorder diagnose --json %s --world-size 3", dir_.File("run")));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr(R"("suspects":[2],"dumped":[0,1],"missing":[2],)"));
+
+  r = RunCli("flight-recorder diagnose " + dir_.File("empty"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr(dir_.File("empty")));
+}
+
 TEST_F(FlightRecorderCli, BadUsageExitsTwo) {
   for (const char* args :
        {"flight-recorder", "flight-recorder show", "flight-recorder show --job j",
         "flight-recorder show --job j --rank 0 file.pb", "flight-recorder dump --job j --rank 0",
         "flight-recorder remove", "flight-recorder show --job j --rank x",
-        "flight-recorder frobnicate"}) {
+        "flight-recorder frobnicate", "flight-recorder diagnose",
+        "flight-recorder diagnose dir --rank 1", "flight-recorder show --job j --rank 0 --world-size 2"}) {
     Result r = RunCli(args);
     EXPECT_EQ(r.exit_code, 2) << args;
     EXPECT_THAT(r.err, HasSubstr("usage: trainguard flight-recorder")) << args;

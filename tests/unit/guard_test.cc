@@ -1,3 +1,4 @@
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -121,6 +122,39 @@ TEST_F(Guard, AReportedFaultFailsTheStepWithoutThrowing) {
   EXPECT_EQ(r.fault, FaultKind::kStepFailure);
   EXPECT_EQ(r.status.message(), "rank 1 step 8: step_failure: loss is NaN");
   EXPECT_EQ(r.Evidence("reported_message"), "loss is NaN");
+}
+
+// Losses that fall with noise, then one 20 times the level: that step fails naming rank, step and
+// loss, is kept out of the reference, and training goes on; a NaN loss fails its step at once.
+TEST_F(Guard, CheckLossFailsTheStepOfALossSpikeOrANonFiniteLossAndNamesIt) {
+  auto loss_at = [](int64_t step) { return 2.0 / (1.0 + 0.01 * step) + 0.01 * (step % 5); };
+  for (int64_t step = 0; step < 40; ++step) {
+    StepResult r = guard(*rt_, step, [&](Step& s) { EXPECT_TRUE(s.CheckLoss(loss_at(step))); });
+    ASSERT_TRUE(r.ok()) << r.status;
+  }
+  StepResult spike = guard(*rt_, 40, [&](Step& s) { EXPECT_FALSE(s.CheckLoss(20 * loss_at(40))); });
+  EXPECT_EQ(spike.fault, FaultKind::kStepFailure);
+  EXPECT_EQ(spike.action, StepAction::kSkip);
+  EXPECT_THAT(spike.status.message(), HasSubstr("loss spike on rank 1 at step 40: loss 28.5714 is "));
+  EXPECT_THAT(spike.status.message(), HasSubstr("scaled MADs above the median"));
+  StepResult next = guard(*rt_, 41, [&](Step& s) { EXPECT_TRUE(s.CheckLoss(loss_at(41))); });
+  EXPECT_TRUE(next.ok()) << "the spike did not become the reference: " << next.status;
+  StepResult nan = guard(*rt_, 42, [&](Step& s) {
+    EXPECT_FALSE(s.CheckLoss(std::numeric_limits<double>::quiet_NaN()));
+  });
+  EXPECT_EQ(nan.fault, FaultKind::kStepFailure);
+  EXPECT_THAT(nan.status.message(), HasSubstr("loss is not finite (nan) on rank 1 at step 42"));
+}
+
+TEST_F(Guard, BeforeItsWarmUpCheckLossJudgesOnlyFiniteness) {
+  for (int64_t step = 0; step < 5; ++step) {
+    StepResult r = guard(*rt_, step, [&](Step& s) { EXPECT_TRUE(s.CheckLoss(step == 3 ? 1e6 : 1)); });
+    EXPECT_TRUE(r.ok()) << r.status;
+  }
+  StepResult inf = guard(*rt_, 5, [&](Step& s) {
+    EXPECT_FALSE(s.CheckLoss(std::numeric_limits<double>::infinity()));
+  });
+  EXPECT_EQ(inf.fault, FaultKind::kStepFailure);
 }
 
 TEST_F(Guard, TheMostSevereFaultOfAStepWins) {

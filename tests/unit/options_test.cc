@@ -470,6 +470,12 @@ TEST_F(OptionsTest, ValidateRejectsEachInvalidFieldNamingItAndItsValue) {
        "flight_recorder_records must be >= 16, got 3"},
       {"negative hang dump wait", [](Options& o) { o.hang_dump_wait_ms = -1; },
        "hang_dump_wait_ms must be >= 0, got -1"},
+      {"loss spike warm-up too short", [](Options& o) { o.loss_spike_warmup = 5; },
+       "loss_spike_warmup must be >= 20, got 5"},
+      {"loss spike window below its warm-up", [](Options& o) { o.loss_spike_window = 30; o.loss_spike_warmup = 40; },
+       "loss_spike_window must be >= 40, got 30"},
+      {"loss spike threshold zero", [](Options& o) { o.loss_spike_mads = 0; },
+       "loss_spike_mads must be >= 1, got 0"},
   };
   for (const InvalidCase& c : cases) {
     SCOPED_TRACE(c.what);
