@@ -21,6 +21,12 @@
 
 namespace trainguard {
 
+// The Status for a failed system call: `message` (which names the operation and what it acted on)
+// followed by ": " and strerror(error). ENOENT is NotFound, EEXIST AlreadyExists, EACCES and EPERM
+// PermissionDenied, ENOSPC, EDQUOT and ENOMEM ResourceExhausted (a full disk or /dev/shm), anything
+// else Internal.
+absl::Status ErrnoToStatus(int error, absl::string_view message);
+
 // A file opened for sequential writing. Close() is called by the destructor if the owner did not
 // call it; call it explicitly to see its error.
 class WritableFile {

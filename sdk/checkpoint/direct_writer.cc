@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "trainguard/env.h"
 #include "trainguard/mutex.h"
 
 namespace trainguard::checkpoint {
@@ -34,7 +35,7 @@ class AlignedBuffers {
     for (int i = 0; i < count; ++i) {
       void* p = nullptr;
       if (int rc = posix_memalign(&p, kAlignment, bytes); rc != 0) {
-        return ErrnoStatus(
+        return ErrnoToStatus(
             rc, absl::StrFormat("posix_memalign of %d bytes for the shard writer", bytes));
       }
       buffers_.push_back(static_cast<char*>(p));
@@ -91,7 +92,7 @@ class PwritevWriter final : public DirectWriter {
                               : ::pwritev(fd, &iov, 1, static_cast<off_t>(segment.offset + done));
         if (n < 0 && errno == EINTR) continue;
         if (n < 0) {
-          return ErrnoStatus(errno, absl::StrFormat("pwritev %s at offset %d (%d bytes)", path,
+          return ErrnoToStatus(errno, absl::StrFormat("pwritev %s at offset %d (%d bytes)", path,
                                                     segment.offset + done, length - done));
         }
         if (n == 0) {
@@ -101,7 +102,7 @@ class PwritevWriter final : public DirectWriter {
         done += static_cast<size_t>(n);  // a short write: resubmit the rest
       }
     }
-    if (::fdatasync(fd) != 0) return ErrnoStatus(errno, absl::StrFormat("fdatasync %s", path));
+    if (::fdatasync(fd) != 0) return ErrnoToStatus(errno, absl::StrFormat("fdatasync %s", path));
     return absl::OkStatus();
   }
   bool using_io_uring() const override { return false; }
@@ -157,7 +158,7 @@ class IoUringWriter final : public DirectWriter {
     if (rc == -EPERM || rc == -ENOSYS) {
       return absl::UnavailableError(absl::StrFormat("io_uring_queue_init: %s", std::strerror(-rc)));
     }
-    if (rc < 0) return ErrnoStatus(-rc, "io_uring_queue_init");
+    if (rc < 0) return ErrnoToStatus(-rc, "io_uring_queue_init");
     ring_open_ = true;
     owner_ = ::gettid();
     std::vector<struct iovec> iovs(buffers_.count());
@@ -193,7 +194,7 @@ class IoUringWriter final : public DirectWriter {
       int rc = io_uring_submit(&ring_);
       if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
         CloseRing();
-        return ErrnoStatus(-rc, absl::StrFormat("io_uring_submit for %s", path));
+        return ErrnoToStatus(-rc, absl::StrFormat("io_uring_submit for %s", path));
       }
       struct __kernel_timespec ts = {kStallSeconds, 0};
       rc = io_uring_wait_cqe_timeout(&ring_, cqe, &ts);
@@ -204,7 +205,7 @@ class IoUringWriter final : public DirectWriter {
         return absl::DeadlineExceededError(
             absl::StrFormat("write %s: no io_uring completion for %d s", path, kStallSeconds));
       }
-      return ErrnoStatus(-rc, absl::StrFormat("io_uring_wait_cqe for %s", path));
+      return ErrnoToStatus(-rc, absl::StrFormat("io_uring_wait_cqe for %s", path));
     }
   }
 
@@ -236,7 +237,7 @@ class IoUringWriter final : public DirectWriter {
         bool finished = true;
         if (res < 0) {
           if (first_error.ok()) {
-            first_error = ErrnoStatus(
+            first_error = ErrnoToStatus(
                 -res, absl::StrFormat("write %s at offset %d (%d bytes)", path,
                                       slot.offset + slot.done, slot.length - slot.done));
           }
@@ -270,7 +271,7 @@ class IoUringWriter final : public DirectWriter {
     if (absl::Status s = SubmitAndWait(path, &cqe); !s.ok()) return s;
     const int res = cqe->res;
     io_uring_cqe_seen(&ring_, cqe);
-    if (res < 0) return ErrnoStatus(-res, absl::StrFormat("fdatasync %s", path));
+    if (res < 0) return ErrnoToStatus(-res, absl::StrFormat("fdatasync %s", path));
     return absl::OkStatus();
   }
 
@@ -315,22 +316,6 @@ ScopedDirectWriterFactoryForTesting::~ScopedDirectWriterFactoryForTesting() {
 DirectWriterFactory DirectWriterFactoryForTesting() {
   MutexLock lock(&factory_mu);
   return test_factory == nullptr ? nullptr : *test_factory;
-}
-
-absl::Status ErrnoStatus(int error, absl::string_view what) {
-  const std::string message = absl::StrFormat("%s: %s", what, std::strerror(error));
-  switch (error) {
-    case ENOENT:
-      return absl::NotFoundError(message);
-    case EACCES:
-    case EPERM:
-      return absl::PermissionDeniedError(message);
-    case ENOSPC:
-    case EDQUOT:
-      return absl::ResourceExhaustedError(message);
-    default:
-      return absl::InternalError(message);
-  }
 }
 
 }  // namespace trainguard::checkpoint

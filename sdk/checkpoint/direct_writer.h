@@ -76,10 +76,6 @@ class ScopedDirectWriterFactoryForTesting {
 // The factory installed by a live ScopedDirectWriterFactoryForTesting, or null.
 DirectWriterFactory DirectWriterFactoryForTesting();
 
-// The Status of a failed system call: ResourceExhausted for ENOSPC/EDQUOT, PermissionDenied for
-// EACCES/EPERM, NotFound for ENOENT, Internal otherwise; `what` names the operation and the file.
-absl::Status ErrnoStatus(int error, absl::string_view what);
-
 }  // namespace trainguard::checkpoint
 
 #endif  // TRAINGUARD_SDK_CHECKPOINT_DIRECT_WRITER_H_

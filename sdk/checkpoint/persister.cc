@@ -25,7 +25,6 @@ namespace trainguard {
 namespace {
 
 using checkpoint::DirectWriter;
-using checkpoint::ErrnoStatus;
 
 constexpr char kTempSuffix[] = ".tmp";
 constexpr uint64_t kReadBytes = 32 << 20;  // per read(2) when verifying or restoring
@@ -67,7 +66,7 @@ absl::StatusOr<int> OpenForDirectWrite(const std::string& path) {
     }
     fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   }
-  if (fd < 0) return ErrnoStatus(errno, absl::StrFormat("open %s", path));
+  if (fd < 0) return ErrnoToStatus(errno, absl::StrFormat("open %s", path));
   return fd;
 }
 
@@ -79,7 +78,7 @@ absl::StatusOr<size_t> ReadAt(int fd, const std::string& path, uint64_t offset, 
     const ssize_t n = ::pread(fd, into + done, length - done, static_cast<off_t>(offset + done));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      return ErrnoStatus(errno, absl::StrFormat("pread %s at offset %d", path, offset + done));
+      return ErrnoToStatus(errno, absl::StrFormat("pread %s at offset %d", path, offset + done));
     }
     if (n == 0) break;
     done += static_cast<size_t>(n);
@@ -119,7 +118,7 @@ class ShardScanner {
     file_bytes_ = *size;
     int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
     if (fd < 0 && errno == EINVAL) fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return ErrnoStatus(errno, absl::StrFormat("open %s", path_));
+    if (fd < 0) return ErrnoToStatus(errno, absl::StrFormat("open %s", path_));
     fd_ = std::make_unique<ScopedFd>(fd);
     chunk_count_ = record_.chunk_checksums.size();
     // Reads span several chunks: one large O_DIRECT read keeps the device busier than a chunk at
@@ -131,7 +130,7 @@ class ShardScanner {
     for (int i = 0; i < 2; ++i) {
       void* raw = nullptr;
       if (int rc = posix_memalign(&raw, checkpoint::kShardAlignment, buffer_bytes); rc != 0) {
-        return ErrnoStatus(rc, absl::StrFormat("posix_memalign for reading %s", path_));
+        return ErrnoToStatus(rc, absl::StrFormat("posix_memalign for reading %s", path_));
       }
       buffers_.emplace_back(static_cast<char*>(raw), &std::free);
     }
@@ -336,7 +335,7 @@ absl::Status Persister::Impl::WriteShard(const std::string& path,
   // Preallocated, so the O_DIRECT writes neither extend the file nor allocate blocks, and a full
   // disk shows here, before any write.
   if (::fallocate(*fd, 0, 0, static_cast<off_t>(file_bytes)) != 0 && errno != EOPNOTSUPP) {
-    return ErrnoStatus(errno, absl::StrFormat("fallocate %s (%d bytes)", path, file_bytes));
+    return ErrnoToStatus(errno, absl::StrFormat("fallocate %s (%d bytes)", path, file_bytes));
   }
   const std::string header_block = checkpoint::EncodeShardHeader(header);
   const std::string trailer = checkpoint::EncodeShardTrailer(chunk_checksums);
@@ -355,7 +354,7 @@ absl::Status Persister::Impl::WriteShard(const std::string& path,
                             at, std::min<uint64_t>(options_.chunk_bytes, trailer.size() - at))});
   }
   if (absl::Status s = writer_->WriteAndSync(*fd, path, segments); !s.ok()) return s;
-  if (::close(closer.release()) != 0) return ErrnoStatus(errno, absl::StrFormat("close %s", path));
+  if (::close(closer.release()) != 0) return ErrnoToStatus(errno, absl::StrFormat("close %s", path));
   return absl::OkStatus();
 }
 

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "trainguard/env.h"
 
 namespace trainguard {
 namespace checkpoint_internal {
@@ -23,11 +24,7 @@ namespace {
 constexpr int kMapFlags = MAP_SHARED | MAP_POPULATE;
 
 absl::Status ErrnoError(int error, const std::string& name, const char* operation) {
-  const std::string message =
-      absl::StrFormat("snapshot arena %s: %s: %s", name, operation, std::strerror(error));
-  if (error == ENOSPC || error == ENOMEM) return absl::ResourceExhaustedError(message);
-  if (error == ENOENT) return absl::NotFoundError(message);
-  return absl::InternalError(message);
+  return ErrnoToStatus(error, absl::StrFormat("snapshot arena %s: %s", name, operation));
 }
 
 // Why an existing segment of `size` bytes whose header is `header` cannot serve `geometry`; empty

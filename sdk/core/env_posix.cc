@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -18,21 +19,7 @@ namespace trainguard {
 namespace {
 
 absl::Status PosixError(absl::string_view operation, absl::string_view path, int error) {
-  std::string message = absl::StrCat(operation, " ", path, ": ", std::strerror(error));
-  switch (error) {
-    case ENOENT:
-      return absl::NotFoundError(message);
-    case EEXIST:
-      return absl::AlreadyExistsError(message);
-    case EACCES:
-    case EPERM:
-      return absl::PermissionDeniedError(message);
-    case ENOSPC:
-    case EDQUOT:
-      return absl::ResourceExhaustedError(message);
-    default:
-      return absl::InternalError(message);
-  }
+  return ErrnoToStatus(error, absl::StrCat(operation, " ", path));
 }
 
 class PosixWritableFile final : public WritableFile {
@@ -187,6 +174,25 @@ class PosixEnv final : public Env {
 };
 
 }  // namespace
+
+absl::Status ErrnoToStatus(int error, absl::string_view message) {
+  std::string text = absl::StrCat(message, ": ", std::strerror(error));
+  switch (error) {
+    case ENOENT:
+      return absl::NotFoundError(text);
+    case EEXIST:
+      return absl::AlreadyExistsError(text);
+    case EACCES:
+    case EPERM:
+      return absl::PermissionDeniedError(text);
+    case ENOSPC:
+    case EDQUOT:
+    case ENOMEM:
+      return absl::ResourceExhaustedError(text);
+    default:
+      return absl::InternalError(text);
+  }
+}
 
 Env* Env::Default() {
   static Env* const env = new PosixEnv();  // never destroyed: may be used until exit

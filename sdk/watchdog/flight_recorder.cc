@@ -96,12 +96,8 @@ const uint64_t* SlotWords(const void* segment, uint64_t slot) {
 }
 
 absl::Status ErrnoError(int error, std::string_view name, const char* operation) {
-  const std::string message =
-      absl::StrFormat("flight recorder segment %s: %s: %s", name, operation, std::strerror(error));
-  if (error == ENOENT) return absl::NotFoundError(message);
-  if (error == ENOSPC || error == ENOMEM) return absl::ResourceExhaustedError(message);
-  if (error == EACCES || error == EPERM) return absl::PermissionDeniedError(message);
-  return absl::InternalError(message);
+  return ErrnoToStatus(error,
+                       absl::StrFormat("flight recorder segment %s: %s", name, operation));
 }
 
 absl::Status CheckJobId(std::string_view job_id, int rank) {
