@@ -297,6 +297,9 @@ class Runtime {
   std::thread peer_hang_watcher_;
   // Its thread calls OnHang, which uses everything above: destroyed before them.
   std::unique_ptr<Watchdog> watchdog_;
+  // watchdog_.get(), set once before the hang callbacks are registered: they read it on the
+  // watchdog's own thread, also while ~Runtime is resetting watchdog_ (which joins that thread).
+  Watchdog* phase_watchdog_ = nullptr;
   // Last: its worker thread uses the store and the event log, so it is destroyed first.
   std::unique_ptr<Checkpointer> checkpointer_;
 };

@@ -319,6 +319,7 @@ absl::Status Runtime::StartDetection() {
   absl::StatusOr<std::unique_ptr<Watchdog>> watchdog = Watchdog::Create(wo);
   if (!watchdog.ok()) return WithContext(watchdog.status(), where);
   watchdog_ = *std::move(watchdog);
+  phase_watchdog_ = watchdog_.get();
   watchdog_->AddHangHandler([this](const HangReport& report) { OnHang(report); });
   InstallDumpSignal();
   peer_hang_watcher_ = std::thread([this] { WatchPeerHangs(); });
@@ -365,7 +366,8 @@ std::string Runtime::DumpEvidence(const std::string& reason, std::string* stacks
            {{"reason", reason},
             {"generation", absl::StrCat(generation())},
             // The thread whose stack DiagnoseHang compares across ranks.
-            {"step_thread", absl::StrCat(watchdog_ != nullptr ? watchdog_->phase_thread_id() : 0)},
+            {"step_thread",
+             absl::StrCat(phase_watchdog_ != nullptr ? phase_watchdog_->phase_thread_id() : 0)},
             {"stacks", stack_text}},
            path)
            .ok()) {
