@@ -32,6 +32,13 @@
 //       replacement), with the model state of rank SRC, resuming at step S.
 //   rank R rejoin of generation G failed: STATUS
 //       Another rank died while this one was rejoining; it recovers again.
+//   rank R generate phases N tokens T longest_ms L over_duration_bound K hangs_declared H
+//       hangs_postponed P
+//       With --generate, before the final line: this process's generate phases, the longest one,
+//       how many outran the watchdog's duration bound for "generate" in force when they began
+//       (kept alive by their ticks), and the watchdog's hangs declared and postponed.
+//   rank R stalling generation at step S
+//       --stall-generation: the decoding stops ticking now.
 //   rank R final_loss L params_checksum H
 //       The last line of a successful run. L is the loss of the last successful step ("nan" if
 //       none ran), H the XXH64 of the parameter bytes as 16 hex digits: equal on all ranks.
@@ -63,8 +70,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gloo_data_parallel.h"
 #include "mlp.h"
+#include "split_mix64.h"
 #include "synthetic_regression.h"
 #include "trainer_flags.h"
 #include "trainguard/sdk.h"
@@ -183,6 +193,16 @@ class DataParallelTrainer {
       }
       step = *next;
     }
+    if (flags_.generate_median_ms > 0) {
+      const sdk::Watchdog* wd = rt_.watchdog();
+      std::printf("rank %d generate phases %" PRId64 " tokens %" PRId64 " longest_ms %" PRId64
+                  " over_duration_bound %" PRId64 " hangs_declared %" PRId64
+                  " hangs_postponed %" PRId64 "\n",
+                  rank, generate_phases_, generate_tokens_,
+                  absl::ToInt64Milliseconds(longest_generation_), generations_over_bound_,
+                  wd != nullptr ? wd->hangs_declared() : int64_t{0},
+                  wd != nullptr ? wd->hangs_postponed() : int64_t{0});
+    }
     std::printf("rank %d final_loss %.6f params_checksum %s\n", rank, last_loss_,
                 ParamsChecksum(model_.parameters()).c_str());
     return 0;
@@ -250,8 +270,43 @@ class DataParallelTrainer {
     }
   }
 
+  // The RL-shaped part of a step (--generate): "decodes" 1 ms tokens for a lognormal time, one
+  // watchdog tick per token, inside a "generate" phase. Its length depends on the rank and the
+  // step only, so a replayed step generates as long again.
+  void Generate(int64_t step) {
+    SplitMix64 rng(SplitMix64::Mix(SplitMix64::Mix(flags_.data_seed ^ 0x67656eULL, rt_.rank()),
+                                   static_cast<uint64_t>(step)));
+    constexpr double kZ99 = 2.3263478740408408;  // the standard normal's 99th percentile
+    const double sigma = std::log(flags_.generate_p99_ratio) / kZ99;
+    const double ms = flags_.generate_median_ms * std::exp(sigma * rng.Normal());
+    const int64_t tokens = std::max<int64_t>(1, std::llround(ms));
+    sdk::Watchdog* wd = rt_.watchdog();
+    const sdk::PhaseBounds bounds =
+        wd != nullptr ? wd->BoundsFor("generate") : sdk::PhaseBounds{};
+    const bool stall = rt_.rank() == flags_.stall_rank && step == flags_.stall_step &&
+                       rt_.generation() == 0;
+    const absl::Time begin = absl::Now();
+    {
+      sdk::ScopedPhase phase(wd, "generate");
+      for (int64_t t = 0; t < tokens; ++t) {
+        if (stall && t == tokens / 2) {
+          std::printf("rank %d stalling generation at step %" PRId64 "\n", rt_.rank(), step);
+          absl::SleepFor(flags_.stall_generation);  // stuck: no tick
+        }
+        absl::SleepFor(absl::Milliseconds(1));
+        if (wd != nullptr) wd->Tick(1);
+      }
+    }
+    const absl::Duration took = absl::Now() - begin;
+    ++generate_phases_;
+    generate_tokens_ += tokens;
+    longest_generation_ = std::max(longest_generation_, took);
+    if (wd != nullptr && took > bounds.duration) ++generations_over_bound_;
+  }
+
   void TrainStep(sdk::Step& s) {
     const int64_t step = s.number();
+    if (flags_.generate_median_ms > 0) Generate(step);
     Batch batch = task_.Sample(dp_rank_, step, flags_.batch_size);
     if (rt_.rank() == flags_.inject_nan_rank && step == flags_.inject_nan_step) {
       batch.x[0] = std::numeric_limits<float>::quiet_NaN();  // a corrupt example
@@ -314,6 +369,11 @@ class DataParallelTrainer {
   Mlp model_;
   std::vector<float> reduce_buffer_;
   float last_loss_ = std::numeric_limits<float>::quiet_NaN();
+  // --generate statistics, printed at the end.
+  int64_t generate_phases_ = 0;
+  int64_t generate_tokens_ = 0;
+  absl::Duration longest_generation_ = absl::ZeroDuration();
+  int64_t generations_over_bound_ = 0;
   // Declared after reduce_buffer_, so destroyed before it: after a failed collective, gloo's I/O
   // thread may write to the buffer until the communicator is gone.
   std::unique_ptr<GlooDataParallel> comm_;

@@ -57,6 +57,13 @@ TRAINGUARD_JOB_ID and TRAINGUARD_RUN_DIR (see trainguard's Options).
                           RANK sleeps SECONDS inside STEP's allreduce, after entering it and
                           before exchanging data (a rank slow inside a collective; generation 0
                           only)
+  --generate MEDIAN_MS:P99_RATIO
+                          RL-shaped steps: a "generate" phase first, decoding 1 ms tokens (one
+                          watchdog tick each) for a lognormal time per rank and step with that
+                          median and p99/median; the other ranks wait in the allreduce
+  --stall-generation RANK:STEP:SECONDS
+                          RANK's decoding stops ticking for SECONDS halfway through STEP's
+                          generation (a stuck rollout; generation 0 only)
   --help                  print this text
 )";
 }
@@ -116,6 +123,21 @@ absl::StatusOr<TrainerFlags> ParseTrainerFlags(int argc, char** argv) {
       if (status.ok()) status = ParseNumber<int64_t>(flag, parts[1], 0, &flags.sleep_step);
       if (status.ok()) status = ParseNumber<double>(flag, parts[2], 0.001, &seconds);
       flags.sleep_in_collective = absl::Seconds(seconds);
+    } else if (flag == "--generate") {
+      std::pair<absl::string_view, absl::string_view> parts = absl::StrSplit(value, ':');
+      status = ParseNumber<double>(flag, parts.first, 0.001, &flags.generate_median_ms);
+      if (status.ok()) status = ParseNumber<double>(flag, parts.second, 1.0, &flags.generate_p99_ratio);
+    } else if (flag == "--stall-generation") {
+      std::vector<absl::string_view> parts = absl::StrSplit(value, ':');
+      if (parts.size() != 3) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(flag, ": expected RANK:STEP:SECONDS, got '", value, "'"));
+      }
+      double seconds = 0;
+      status = ParseNumber<int>(flag, parts[0], 0, &flags.stall_rank);
+      if (status.ok()) status = ParseNumber<int64_t>(flag, parts[1], 0, &flags.stall_step);
+      if (status.ok()) status = ParseNumber<double>(flag, parts[2], 0.001, &seconds);
+      flags.stall_generation = absl::Seconds(seconds);
     } else if (flag == "--inject-nan-grad") {
       std::pair<absl::string_view, absl::string_view> parts = absl::StrSplit(value, ':');
       status = ParseNumber<int>(flag, parts.first, 0, &flags.inject_nan_grad_rank);

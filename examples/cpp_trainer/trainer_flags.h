@@ -40,6 +40,17 @@ struct TrainerFlags {
   int sleep_rank = -1;
   int64_t sleep_step = -1;
   absl::Duration sleep_in_collective = absl::ZeroDuration();
+  // --generate MEDIAN_MS:P99_RATIO: an RL-shaped step. Each step first runs a "generate" phase that
+  // decodes tokens of 1 ms each, ticking the watchdog once per token, for a lognormal time per rank
+  // and step (median MEDIAN_MS, p99/median P99_RATIO); the fast ranks then wait in the allreduce
+  // for the slowest. 0: off.
+  double generate_median_ms = 0;
+  double generate_p99_ratio = 10;
+  // --stall-generation RANK:STEP:SECONDS: RANK's decoding stops ticking for SECONDS halfway
+  // through STEP's generation (a stuck rollout; generation 0 only).
+  int stall_rank = -1;
+  int64_t stall_step = -1;
+  absl::Duration stall_generation = absl::ZeroDuration();
   bool help = false;
 };
 

@@ -186,6 +186,11 @@ class CollectiveTracker {
   CollectivePoll Poll(int64_t now_ns);
   // Calls the abort function of every registered communicator not yet aborted; returns how many.
   int AbortCommunicators();
+  // Takes back the overdue report of collective `instance` (InFlightCollective::instance): it was
+  // found waiting for a peer that is still making progress (WatchdogOptions::peer_progress). The
+  // next Poll reports it overdue again while it is, and when it completes its duration teaches its
+  // op's bound like a healthy collective's. No-op when it is no longer in flight. Poller only.
+  void ExcuseOverdue(uint64_t instance);
 
   // The learned in-flight bound of op `op` (the warm-up bound for an op never seen).
   absl::Duration BoundFor(std::string_view op) const;

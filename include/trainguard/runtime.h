@@ -24,10 +24,12 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "trainguard/checkpoint.h"
 #include "trainguard/checkpointer.h"
 #include "trainguard/collectives.h"
@@ -103,8 +105,8 @@ class Runtime {
   int world_size() const { return options_.world_size; }
   // The membership generation of the job: 0 until a rank is replaced.
   int64_t generation() const { return generation_.load(); }
-  // The step to start training at: 0 for an initial rank (until checkpointing lands); for a standby
-  // that replaced a rank, the step the job resumes at.
+  // The step to start training at: 0 for an initial rank; for a standby that replaced a rank, the
+  // step the job resumes at (with checkpointing, RestoreCheckpoint() says where the state is).
   int64_t resume_step() const { return resume_step_; }
   // The plan of the last re-rendezvous this process took part in (as a survivor in recover(), or as
   // a replacement in Create()); nullopt before any. Trainers broadcast the model state from
@@ -246,7 +248,14 @@ class Runtime {
   void OnHang(const HangReport& report);
   // Dumps the ring and every thread's stack; returns the dump's path ("" if it failed).
   std::string DumpEvidence(const std::string& reason, std::string* stacks_out);
-  void WatchPeerHangs();  // and SIGUSR2 dump requests
+  void WatchPeerHangs();  // and SIGUSR2 dump requests, and publishes this rank's progress
+  // The watcher thread's period (shorter when watchdog_peer_progress_ms is).
+  static constexpr absl::Duration kWatcherPeriod = absl::Milliseconds(250);
+  // Watcher thread: writes this rank's progress record (sdk/runtime/peer_progress.h) when it
+  // changed and watchdog_peer_progress_ms has passed since the last one.
+  void PublishProgress();
+  // The watchdog's peer_progress question (watchdog.h), answered from the peers' records.
+  std::optional<std::string> ExplainPeerWait(const InFlightCollective& waiting_in);
   // Store key hang/gen<G>/dumped/<rank>: this rank has dumped generation G's hang.
   void AcknowledgeHangDump(int64_t generation, const std::string& path);
   // Bounded polling (hang_dump_wait_ms) until every rank acknowledged its dump of `generation`.
@@ -294,6 +303,13 @@ class Runtime {
   int64_t dumped_generation_ = -1;  // guarded by dump_mu_: a generation's hang is dumped once
   Mutex watcher_mu_;
   bool stop_watcher_ = false;  // guarded by watcher_mu_
+  // Watcher thread only: what PublishProgress wrote last, and when.
+  int64_t progress_published_ns_ = 0;
+  int64_t published_progress_ns_ = 0;
+  std::vector<std::pair<uint64_t, int64_t>> published_begun_;
+  int64_t published_generation_ = -1;
+  // Watchdog thread only: the collective whose postponement was last written as an event.
+  uint64_t excused_collective_ = 0;
   std::thread peer_hang_watcher_;
   // Its thread calls OnHang, which uses everything above: destroyed before them.
   std::unique_ptr<Watchdog> watchdog_;

@@ -36,6 +36,17 @@
 // A collective (collectives.h) in flight longer than its op's bound is a hang too, inside any
 // phase. Each hang is reported once per phase instance (or once per collective outside phases).
 //
+// Waiting is not hanging. A rank whose collective (or the phase around it) runs past its bound may
+// simply be waiting for a peer that is still busy: in RL post-training every rank generates for a
+// heavy-tailed time and the fast ones wait in the next collective for the slowest, so a bound
+// learned from this rank's own waits is exceeded now and then by a healthy job. Before declaring
+// such a hang the monitor asks WatchdogOptions::peer_progress whether a peer that has not entered
+// the collective is still making progress; if one is, the hang is postponed (hangs_postponed()),
+// the collective is excused so that its duration teaches the bound when it completes, and the
+// question is asked again every peer_recheck. The peer itself stays judged by its own watchdog,
+// and once it stops progressing the waiting ranks declare the hang too. A phase silent with no
+// collective in flight is this rank's own stall and is never postponed.
+//
 // On a hang, on the monitor thread, in this order: a kHang record to the FlightRecorder (if given);
 // the hang handlers; the abort hooks; the tracker's communicator abort functions (ncclCommAbort,
 // closing a gloo context), once per registration. The pending report waits for TakeHang(). The
@@ -107,6 +118,16 @@ struct WatchdogOptions {
   // Polled by the monitor thread: overdue collectives are hangs, GPU collectives complete there.
   // Not owned; must outlive the Watchdog. Use the same clock for both.
   CollectiveTracker* tracker = nullptr;
+
+  // Asked before a hang is declared while this rank waits in a collective (an overdue collective,
+  // or a phase silent past its bounds with a collective in flight): is the wait explained by a
+  // peer rank that has not entered that collective yet and is still making progress? It returns
+  // what that peer is doing, which postpones the hang, or nullopt, which lets it be declared. While
+  // the hang stays pending it is asked again at most every peer_recheck. It runs on the monitor
+  // thread and may block briefly (the Runtime reads its peers' progress records from the store
+  // with a short deadline); it must not call PollOnce. Empty: never asked (a job without a store).
+  std::function<std::optional<std::string>(const InFlightCollective&)> peer_progress;
+  absl::Duration peer_recheck = absl::Milliseconds(250);
 
   // The watchdog_* keys of `options` (watchdog_poll_ms 0: no thread), and options.clock.
   static WatchdogOptions FromOptions(const Options& options);
@@ -193,6 +214,12 @@ class Watchdog {
   // first BeginPhase.
   int phase_thread_id() const { return phase_thread_.load(std::memory_order_relaxed); }
   int64_t hangs_declared() const { return hangs_declared_.load(std::memory_order_relaxed); }
+  // Hangs postponed because peer_progress named a peer still working towards the collective this
+  // rank waits in; each collective is counted once however long it stays postponed.
+  int64_t hangs_postponed() const { return hangs_postponed_.load(std::memory_order_relaxed); }
+  // The clock's MonotonicNanos() at the training thread's last BeginPhase, Tick or EndPhase (its
+  // last sign of progress, published to peers by the Runtime); 0 before the first.
+  int64_t last_progress_ns() const { return last_progress_ns_.load(std::memory_order_relaxed); }
   int64_t usage_errors() const { return usage_errors_.load(std::memory_order_relaxed); }
   // The first usage error, or OK.
   absl::Status usage_status() const;
@@ -208,8 +235,20 @@ class Watchdog {
   // A consistent copy of the innermost open frame; nullopt when none or while it changes.
   std::optional<FrameView> ReadInnermost() const;
   std::string PhasePath(int depth) const;
+  // A wait the monitor excused because a peer was still making progress.
+  struct Postponement {
+    uint64_t collective = 0;  // InFlightCollective::instance of the collective waited in
+    int64_t since_ns = 0;     // when it was first excused
+    int64_t recheck_ns = 0;   // when to ask peer_progress again
+    std::string peer;         // what peer_progress answered last
+  };
+  // True when the hang about to be declared while waiting in `waiting_in` is postponed (see the
+  // header comment): a postponement still fresh, or peer_progress naming a peer.
+  bool Postpone(const InFlightCollective& waiting_in, int64_t now_ns)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(poll_mu_);
   int Declare(HangReport::Cause cause, const std::optional<FrameView>& frame, int64_t now_ns,
-              const CollectivePoll& collectives, const InFlightCollective* overdue)
+              const CollectivePoll& collectives, const InFlightCollective* overdue,
+              const std::optional<Postponement>& postponed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(poll_mu_);
   void RecordPhase(bool end, int name, int64_t now_ns, int64_t duration_ns);
 
@@ -230,12 +269,16 @@ class Watchdog {
   std::atomic<int64_t> step_{-1};
   std::atomic<int> phase_thread_{0};
 
+  std::atomic<int64_t> last_progress_ns_{0};
+
   std::atomic<int64_t> hangs_declared_{0};
+  std::atomic<int64_t> hangs_postponed_{0};
   std::atomic<int64_t> usage_errors_{0};
   mutable Mutex usage_mu_;
   absl::Status first_usage_error_ ABSL_GUARDED_BY(usage_mu_);
 
   Mutex poll_mu_;  // one monitor pass at a time
+  std::optional<Postponement> postponed_ ABSL_GUARDED_BY(poll_mu_);
 
   Mutex hooks_mu_;
   std::vector<std::function<void(const HangReport&)>> handlers_ ABSL_GUARDED_BY(hooks_mu_);

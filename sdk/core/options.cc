@@ -191,6 +191,9 @@ void ApplySetFields(const OptionsProto& proto, Options& options) {
   if (proto.has_hang_dump_wait_ms()) {
     options.hang_dump_wait_ms = proto.hang_dump_wait_ms();
   }
+  if (proto.has_watchdog_peer_progress_ms()) {
+    options.watchdog_peer_progress_ms = proto.watchdog_peer_progress_ms();
+  }
   if (proto.has_loss_spike_window()) {
     options.loss_spike_window = proto.loss_spike_window();
   }
@@ -433,6 +436,11 @@ absl::Status CheckCheckpointAndWatchdog(const Options& options) {
     return s;
   }
   if (absl::Status s = CheckAtLeast("flight_recorder_records", options.flight_recorder_records, 16); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          CheckAtLeast("watchdog_peer_progress_ms", options.watchdog_peer_progress_ms, 0);
+      !s.ok()) {
     return s;
   }
   if (absl::Status s = CheckAtLeast("hang_dump_wait_ms", options.hang_dump_wait_ms, 0); !s.ok()) {

@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "sdk/runtime/peer_progress.h"
 #include "trainguard/clock.h"
 #include "trainguard/env.h"
 #include "trainguard/stack_trace.h"
@@ -316,6 +317,9 @@ absl::Status Runtime::StartDetection() {
   wo.clock = clock_;
   wo.recorder = flight_recorder_.get();
   wo.tracker = collectives_.get();
+  if (store_ != nullptr && options_.watchdog_peer_progress_ms > 0) {
+    wo.peer_progress = [this](const InFlightCollective& c) { return ExplainPeerWait(c); };
+  }
   absl::StatusOr<std::unique_ptr<Watchdog>> watchdog = Watchdog::Create(wo);
   if (!watchdog.ok()) return WithContext(watchdog.status(), where);
   watchdog_ = *std::move(watchdog);
@@ -437,16 +441,89 @@ void Runtime::AwaitHangDumps(int64_t generation) {
   }
 }
 
+void Runtime::PublishProgress() {
+  if (store_ == nullptr || phase_watchdog_ == nullptr || options_.watchdog_peer_progress_ms == 0) {
+    return;
+  }
+  const int64_t now_ns = clock_->MonotonicNanos();
+  if (now_ns - progress_published_ns_ < int64_t{options_.watchdog_peer_progress_ms} * 1'000'000) {
+    return;
+  }
+  const int64_t last_progress = phase_watchdog_->last_progress_ns();
+  std::vector<std::pair<uint64_t, int64_t>> begun;
+  for (const CommunicatorProgress& p : collectives_->Progress()) begun.emplace_back(p.comm_id, p.begun);
+  const int64_t generation = this->generation();
+  // Unchanged since the last record: the peers already know, and its age grows by itself.
+  if (last_progress == 0 ||
+      (last_progress == published_progress_ns_ && begun == published_begun_ &&
+       generation == published_generation_)) {
+    return;
+  }
+  runtime_internal::ProgressRecord record;
+  record.published = clock_->Now();
+  record.progress_age = absl::Nanoseconds(std::max<int64_t>(0, now_ns - last_progress));
+  record.step = heartbeat_.Read().step;
+  record.begun = begun;
+  if (!store_
+           ->Set(runtime_internal::ProgressKey(generation, rank_),
+                 runtime_internal::EncodeProgressRecord(record), absl::Seconds(1))
+           .ok()) {
+    return;  // tried again at the next period
+  }
+  progress_published_ns_ = now_ns;
+  published_progress_ns_ = last_progress;
+  published_begun_ = std::move(begun);
+  published_generation_ = generation;
+}
+
+std::optional<std::string> Runtime::ExplainPeerWait(const InFlightCollective& waiting_in) {
+  const int64_t generation = this->generation();
+  std::vector<std::string> keys;
+  for (int r = 0; r < options_.world_size; ++r) {
+    keys.push_back(runtime_internal::ProgressKey(generation, r));
+  }
+  // A store that does not answer quickly gives no excuse: the hang is declared.
+  absl::StatusOr<std::vector<std::optional<std::string>>> records =
+      store_->MultiGet(keys, absl::Milliseconds(500));
+  if (!records.ok()) return std::nullopt;
+  // A record is at most one publication period old, plus the watcher's period, when it is read.
+  const absl::Duration window =
+      2 * absl::Milliseconds(options_.watchdog_peer_progress_ms) + kWatcherPeriod;
+  std::optional<std::string> peer =
+      runtime_internal::ExplainWait(*records, rank_, waiting_in.op, waiting_in.comm_id,
+                                    waiting_in.comm_seq, clock_->Now(), window);
+  if (peer.has_value() && waiting_in.instance != excused_collective_) {
+    excused_collective_ = waiting_in.instance;
+    Event event;
+    event.type = EventType::kCustom;
+    event.step = waiting_in.step;
+    event.message = absl::StrCat("hang postponed: waiting in ", waiting_in.op, " #",
+                                 waiting_in.comm_seq, " for ",
+                                 absl::FormatDuration(absl::Trunc(waiting_in.age, absl::Milliseconds(1))),
+                                 " (bound ",
+                                 absl::FormatDuration(absl::Trunc(waiting_in.bound, absl::Milliseconds(1))),
+                                 "), but ", *peer);
+    event.attributes = {{"what", "hang_postponed"}, {"peer", *peer}};
+    (void)EmitEvent(std::move(event));
+  }
+  return peer;
+}
+
 void Runtime::WatchPeerHangs() {
-  // Polls (a Get every 250 ms) rather than blocking in the store's Wait: the store client is shared
+  // Polls (a Get every period) rather than blocking in the store's Wait: the store client is shared
   // with the training thread, the heartbeats and the checkpoint votes, and must not be hogged.
+  absl::Duration period = kWatcherPeriod;
+  if (options_.watchdog_peer_progress_ms > 0) {
+    period = std::min(period, absl::Milliseconds(options_.watchdog_peer_progress_ms));
+  }
   while (true) {
     {
       MutexLock lock(&watcher_mu_);
       watcher_mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_watcher_; },
-                                   absl::Milliseconds(250));
+                                   period);
       if (stop_watcher_) return;
     }
+    PublishProgress();
     if (dump_requested.exchange(false, std::memory_order_relaxed)) {
       MutexLock lock(&dump_mu_);
       const std::string path = DumpEvidence("SIGUSR2 (dump on demand)", nullptr);

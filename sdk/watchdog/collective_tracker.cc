@@ -543,6 +543,15 @@ int CollectiveTracker::AbortCommunicators() {
   return static_cast<int>(aborts.size());
 }
 
+void CollectiveTracker::ExcuseOverdue(uint64_t instance) {
+  const uint64_t index = instance & ((uint64_t{1} << kSlotBits) - 1);
+  if (index >= static_cast<uint64_t>(slot_count_)) return;
+  uint32_t reported = static_cast<uint32_t>(instance >> kSlotBits);
+  // Only a report of this very collective is taken back; a reused slot keeps its own.
+  slots_[index].reported_generation.compare_exchange_strong(reported, 0,
+                                                            std::memory_order_relaxed);
+}
+
 absl::Duration CollectiveTracker::BoundFor(std::string_view op) const {
   const int index = ops_->Find(op);
   if (index < 0) return absl::Nanoseconds(rule_->warmup_bound_ns);

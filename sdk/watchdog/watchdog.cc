@@ -99,6 +99,7 @@ absl::Status WatchdogOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrFormat("watchdog options: %s %s", field, why));
   };
   if (poll_period < absl::ZeroDuration()) return bad("poll_period", "must be >= 0");
+  if (peer_recheck < absl::ZeroDuration()) return bad("peer_recheck", "must be >= 0");
   if (warmup_samples < 0) return bad("warmup_samples", "must be >= 0");
   if (warmup_bound <= absl::ZeroDuration()) return bad("warmup_bound", "must be > 0");
   if (bound_factor_pct < 100) return bad("bound_factor_pct", "must be >= 100");
@@ -259,6 +260,7 @@ void Watchdog::BeginPhase(std::string_view name) {
   f.max_gap_ns = 0;
   ++open_;
   depth_.store(open_, std::memory_order_release);
+  last_progress_ns_.store(now, std::memory_order_relaxed);
   RecordPhase(/*end=*/false, index, now, 0);
 }
 
@@ -269,6 +271,7 @@ void Watchdog::Tick(int64_t amount) {
   const int64_t now = clock_->MonotonicNanos();
   f.max_gap_ns = std::max(f.max_gap_ns, now - f.last_progress_ns.load(std::memory_order_relaxed));
   f.last_progress_ns.store(now, std::memory_order_relaxed);
+  last_progress_ns_.store(now, std::memory_order_relaxed);
   f.ticks.store(f.ticks.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   f.progress.store(f.progress.load(std::memory_order_relaxed) + amount, std::memory_order_relaxed);
 }
@@ -297,6 +300,7 @@ void Watchdog::EndPhase() {
     frames_[open_ - 1].last_progress_ns.store(now, std::memory_order_relaxed);
   }
   depth_.store(open_, std::memory_order_release);
+  last_progress_ns_.store(now, std::memory_order_relaxed);
   RecordPhase(/*end=*/true, name, now, duration);
 }
 
@@ -373,27 +377,69 @@ int Watchdog::PollOnce() {
   if (tracker_ != nullptr) collectives = tracker_->Poll(now);
   const std::optional<FrameView> frame = ReadInnermost();
 
+  std::optional<HangReport::Cause> cause;
+  const InFlightCollective* overdue = nullptr;
   if (frame.has_value() && !frame->reported) {
     const SampleWindow& durations = *durations_[frame->name];
     const SampleWindow& gaps = *gaps_[frame->name];
     const int64_t bound = durations.Bound(*rule_);
     const int64_t tick_bound = gaps.Bound(*rule_);
     if (now - frame->begin_ns > bound && now - frame->last_progress_ns > tick_bound) {
-      return Declare(HangReport::Cause::kPhase, frame, now, collectives, nullptr);
+      cause = HangReport::Cause::kPhase;
     }
   }
   // One hang per phase instance: a stuck collective inside a phase already reported is part of
   // that hang (its report names the oldest collective in flight).
-  if (!collectives.overdue.empty() && !(frame.has_value() && frame->reported)) {
-    return Declare(HangReport::Cause::kCollective, frame, now, collectives,
-                   &collectives.overdue.front());
+  if (!cause.has_value() && !collectives.overdue.empty() &&
+      !(frame.has_value() && frame->reported)) {
+    cause = HangReport::Cause::kCollective;
+    overdue = &collectives.overdue.front();
   }
-  return 0;
+  if (!cause.has_value()) {
+    postponed_.reset();
+    return 0;
+  }
+  const InFlightCollective* waiting_in =
+      overdue != nullptr ? overdue
+                         : (collectives.oldest.has_value() ? &*collectives.oldest : nullptr);
+  if (waiting_in != nullptr && options_.peer_progress && Postpone(*waiting_in, now)) {
+    // Reported again by the next poll, and learnt from if they complete: they were waits.
+    for (const InFlightCollective& c : collectives.overdue) tracker_->ExcuseOverdue(c.instance);
+    return 0;
+  }
+  std::optional<Postponement> postponed = std::move(postponed_);
+  postponed_.reset();
+  if (postponed.has_value() && (waiting_in == nullptr || postponed->collective != waiting_in->instance)) {
+    postponed.reset();
+  }
+  return Declare(*cause, frame, now, collectives, overdue, postponed);
+}
+
+bool Watchdog::Postpone(const InFlightCollective& waiting_in, int64_t now_ns) {
+  const bool same = postponed_.has_value() && postponed_->collective == waiting_in.instance;
+  if (same && now_ns < postponed_->recheck_ns) return true;
+  std::optional<std::string> peer;
+  try {
+    peer = options_.peer_progress(waiting_in);
+  } catch (const std::exception& e) {
+    UsageError(absl::StrFormat("peer_progress threw: %s", e.what()));
+  } catch (...) {
+    UsageError("peer_progress threw");
+  }
+  if (!peer.has_value()) return false;
+  if (!same) {
+    hangs_postponed_.fetch_add(1, std::memory_order_relaxed);
+    postponed_ = Postponement{waiting_in.instance, now_ns, 0, {}};
+  }
+  postponed_->recheck_ns = now_ns + absl::ToInt64Nanoseconds(options_.peer_recheck);
+  postponed_->peer = *std::move(peer);
+  return true;
 }
 
 int Watchdog::Declare(HangReport::Cause cause, const std::optional<FrameView>& frame,
                       int64_t now_ns, const CollectivePoll& collectives,
-                      const InFlightCollective* overdue) {
+                      const InFlightCollective* overdue,
+                      const std::optional<Postponement>& postponed) {
   HangReport report;
   report.cause = cause;
   report.step = step_.load(std::memory_order_relaxed);
@@ -422,6 +468,12 @@ int Watchdog::Declare(HangReport::Cause cause, const std::optional<FrameView>& f
   report.evidence.insert(report.evidence.begin(),
                          {{"cause", cause == HangReport::Cause::kPhase ? "phase" : "collective"},
                           {"rule", std::string(rule)}});
+  if (postponed.has_value()) {
+    // The wait was excused for a while because a peer was progressing; that peer has stopped.
+    report.evidence.emplace_back("postponed_ms",
+                                 absl::StrFormat("%d", (now_ns - postponed->since_ns) / 1'000'000));
+    report.evidence.emplace_back("postponed_for", postponed->peer);
+  }
   if (overdue != nullptr) {
     report.collective = *overdue;
   } else {

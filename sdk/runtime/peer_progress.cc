@@ -1,0 +1,99 @@
+#include "sdk/runtime/peer_progress.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+
+namespace trainguard {
+namespace runtime_internal {
+namespace {
+
+constexpr absl::string_view kVersion = "v1";
+
+absl::Status Bad(std::string_view field, std::string_view text) {
+  return absl::InvalidArgumentError(
+      absl::StrFormat("peer progress record \"%s\": bad %s", absl::CHexEscape(absl::string_view(text.data(), text.size())), field));
+}
+
+}  // namespace
+
+int64_t ProgressRecord::BegunOn(uint64_t comm_id) const {
+  for (const auto& [id, begun_count] : begun) {
+    if (id == comm_id) return begun_count;
+  }
+  return -1;
+}
+
+std::string EncodeProgressRecord(const ProgressRecord& record) {
+  std::string comms = absl::StrJoin(
+      record.begun, ",", [](std::string* out, const std::pair<uint64_t, int64_t>& comm) {
+        absl::StrAppend(out, comm.first, ":", comm.second);
+      });
+  return absl::StrCat(kVersion, " ", absl::ToUnixNanos(record.published), " ",
+                      absl::ToInt64Nanoseconds(record.progress_age), " ", record.step, " ",
+                      comms.empty() ? absl::string_view("-") : absl::string_view(comms));
+}
+
+absl::StatusOr<ProgressRecord> ParseProgressRecord(std::string_view text) {
+  const std::vector<absl::string_view> fields =
+      absl::StrSplit(absl::string_view(text.data(), text.size()), ' ');
+  if (fields.size() != 5 || fields[0] != kVersion) return Bad("version or field count", text);
+  ProgressRecord r;
+  int64_t wall_ns = 0;
+  int64_t age_ns = 0;
+  if (!absl::SimpleAtoi(fields[1], &wall_ns)) return Bad("wall time", text);
+  if (!absl::SimpleAtoi(fields[2], &age_ns) || age_ns < 0) return Bad("progress age", text);
+  if (!absl::SimpleAtoi(fields[3], &r.step)) return Bad("step", text);
+  r.published = absl::FromUnixNanos(wall_ns);
+  r.progress_age = absl::Nanoseconds(age_ns);
+  if (fields[4] != "-") {
+    for (absl::string_view comm : absl::StrSplit(fields[4], ',')) {
+      const std::pair<absl::string_view, absl::string_view> parts = absl::StrSplit(comm, ':');
+      uint64_t id = 0;
+      int64_t begun_count = 0;
+      if (!absl::SimpleAtoi(parts.first, &id) || !absl::SimpleAtoi(parts.second, &begun_count) ||
+          begun_count < 0) {
+        return Bad("communicator entry", text);
+      }
+      r.begun.emplace_back(id, begun_count);
+    }
+  }
+  return r;
+}
+
+std::string ProgressKey(int64_t generation, int rank) {
+  return absl::StrCat("hang/gen", generation, "/progress/", rank);
+}
+
+std::optional<std::string> ExplainWait(const std::vector<std::optional<std::string>>& records,
+                                       int self, std::string_view op, uint64_t comm_id,
+                                       int64_t comm_seq, absl::Time now, absl::Duration window) {
+  for (int rank = 0; rank < static_cast<int>(records.size()); ++rank) {
+    if (rank == self || !records[rank].has_value()) continue;
+    absl::StatusOr<ProgressRecord> r = ParseProgressRecord(*records[rank]);
+    if (!r.ok()) continue;
+    if (r->BegunOn(comm_id) > comm_seq) continue;  // it entered the collective: it waits too
+    const absl::Duration age = now - r->last_progress();
+    if (age > window) continue;
+    return absl::StrFormat(
+        "rank %d has not entered %s #%d (comm %d) and made progress %s ago (step %d)", rank, op,
+        comm_seq, comm_id, absl::FormatDuration(absl::Trunc(age, absl::Milliseconds(1))), r->step);
+  }
+  return std::nullopt;
+}
+
+}  // namespace runtime_internal
+}  // namespace trainguard
