@@ -182,15 +182,16 @@ int ShowSegment(const FlightRecorderArgs& a) {
   const std::string state = WriterState(c->writer_pid);
   if (a.json) {
     absl::PrintF(R"({"segment":%s,"rank":%d,"writer_pid":%d,"writer_state":%s,"capacity":%d,)"
-                 R"("next_seq":%d,"records":[%s]})"
+                 R"("next_seq":%d,"records":[%s],"dropped":%d})"
                  "\n",
                  Json(c->segment), *a.rank, c->writer_pid, Json(state), c->capacity, c->next_seq,
-                 RecordsJson(records));
+                 RecordsJson(records), c->dropped);
     return kExitOk;
   }
-  absl::PrintF("segment %s: rank %d, writer pid %d (%s), capacity %d, next seq %d, %d records\n",
-               c->segment, *a.rank, c->writer_pid, state, c->capacity, c->next_seq,
-               c->records.size());
+  absl::PrintF(
+      "segment %s: rank %d, writer pid %d (%s), capacity %d, next seq %d, %d records, %d dropped\n",
+      c->segment, *a.rank, c->writer_pid, state, c->capacity, c->next_seq, c->records.size(),
+      c->dropped);
   if (!records.empty()) {
     absl::PrintF("newest record %.3f s ago\n",
                  static_cast<double>(now - records.back().time_ns) / 1e9);
@@ -216,17 +217,18 @@ int ShowFile(const FlightRecorderArgs& a) {
       evidence.push_back(absl::StrFormat(R"({"key":%s,"value":%s})", Json(key), Json(value)));
     }
     absl::PrintF(R"({"file":%s,"segment":%s,"rank":%d,"writer_pid":%d,"capacity":%d,"next_seq":%d,)"
-                 R"("dumped_at":%s,"dumped_monotonic_ns":%d,"records":[%s],"evidence":[%s]})"
+                 R"("dropped":%d,"dumped_at":%s,"dumped_monotonic_ns":%d,"records":[%s],)"
+                 R"("evidence":[%s]})"
                  "\n",
                  Json(a.file), Json(c.segment), d->rank, c.writer_pid, c.capacity, c.next_seq,
-                 Json(dumped_at), d->dumped_monotonic_ns, RecordsJson(records),
+                 c.dropped, Json(dumped_at), d->dumped_monotonic_ns, RecordsJson(records),
                  absl::StrJoin(evidence, ","));
     return kExitOk;
   }
   absl::PrintF(
       "dump %s of segment %s: rank %d, writer pid %d, capacity %d, next seq %d, %d records, "
-      "dumped at %s\n",
-      a.file, c.segment, d->rank, c.writer_pid, c.capacity, c.next_seq, c.records.size(),
+      "%d dropped, dumped at %s\n",
+      a.file, c.segment, d->rank, c.writer_pid, c.capacity, c.next_seq, c.records.size(), c.dropped,
       dumped_at);
   if (!records.empty()) {
     absl::PrintF("newest record %.3f s before the dump\n",

@@ -29,9 +29,10 @@
 // is the device time between the two events. GPU collectives therefore need a running watchdog (or
 // calls to Poll) to complete and free their slots.
 //
-// Cost: Begin/End allocate nothing and take no lock other than the FlightRecorder append (when a
-// recorder is given): a clock read, a scan of the registered communicators and op names, a
-// compare-and-swap to claim a slot, relaxed stores (bench/bench_watchdog.cc measures it).
+// Cost: Begin/End allocate nothing and take no lock (the FlightRecorder append, when a recorder is
+// given, is lock-free, and the monitor thread's appends to it never make them wait): a clock read,
+// a scan of the registered communicators and op names, a compare-and-swap to claim a slot, relaxed
+// stores (bench/bench_watchdog.cc measures it).
 //
 // Misuse (an unregistered communicator, a full slot table, a stale or doubly ended handle) never
 // crashes: the call does nothing, an invalid handle is returned, and usage_errors() counts it.

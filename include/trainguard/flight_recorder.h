@@ -5,16 +5,22 @@
 //
 // Segment name: "/trainguard.<job_id>.fr.rank<R>" (FlightRecorder::SegmentName), mode 0600. Layout
 // (docs/FORMATS.md): a header (magic, version, capacity, record size, the writer's pid, the next
-// sequence number) followed by `capacity` FlightRecord slots. Record i lives in slot i % capacity.
+// sequence number, the count of dropped records) followed by `capacity` FlightRecord slots. Record
+// i lives in slot i % capacity.
 //
-// Writing is lock-free and allocation-free: one writer thread appends at a time per recorder (the
-// training thread; other threads that append must serialise among themselves). Each slot carries
-// its sequence number written last with release order, so a reader in another process that races
-// the writer sees either the old or the new record, never a torn one (it drops slots whose sequence
-// number changed while it copied them).
+// Writing is lock-free and allocation-free, from any number of threads at once (the training
+// thread, the watchdog's monitor thread): an append claims its sequence number with one atomic
+// fetch-add and its slot with one compare-and-swap, never waits for another writer, and publishes
+// the slot's sequence number last with release order. A reader in another process that races the
+// writers sees either the old or the new record of a slot, never a torn one (it drops slots whose
+// sequence number changed while it copied them). Racing writers may publish out of order: a reader
+// may find record n + 1 before record n is there. An append that finds its slot still being written
+// (by a writer preempted for a whole wrap of the ring) or already holding a newer record is dropped
+// and counted (FlightRecorderContents::dropped) instead of waiting.
 //
-// Thread safety: Append() from one thread at a time; Snapshot() and the readers from any thread or
-// process, concurrently with the writer.
+// Thread safety: Append() and Snapshot() from any number of threads at once;
+// set_remove_on_destroy() from the owner only. The readers below from any thread or process,
+// concurrently with the writers.
 #ifndef TRAINGUARD_FLIGHT_RECORDER_H_
 #define TRAINGUARD_FLIGHT_RECORDER_H_
 
@@ -78,7 +84,9 @@ class FlightRecorder {
   void set_remove_on_destroy(bool remove) { remove_on_destroy_ = remove; }
 
   // Appends a record; the recorder fills seq and, when time_ns is 0, the time. No allocation, no
-  // system call other than reading the clock (vDSO).
+  // lock, no system call other than reading the clock (vDSO). Safe to call from several threads at
+  // once. The record is dropped (and counted) when its slot is still being written a whole ring
+  // later, which takes a writer preempted in the middle of an append.
   void Append(const FlightRecord& record);
 
   // The records still in the ring, oldest first.
@@ -95,7 +103,6 @@ class FlightRecorder {
   Segment* const segment_;
   const size_t mapped_bytes_;
   const int capacity_;
-  uint64_t next_seq_ = 1;
   bool remove_on_destroy_ = true;
 };
 
@@ -105,6 +112,9 @@ struct FlightRecorderContents {
   int32_t writer_pid = 0;
   int capacity = 0;
   uint64_t next_seq = 0;
+  // Appends given up because their slot was still being written (or held a newer record) a whole
+  // ring later; always 0 for a single writer.
+  uint64_t dropped = 0;
   std::vector<FlightRecord> records;  // oldest first
 };
 

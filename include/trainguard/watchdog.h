@@ -55,9 +55,10 @@
 //
 // Cost: BeginPhase/EndPhase/Tick allocate nothing and never wait for the monitor: the open phases
 // are a fixed array of atomics written by the training thread alone, read by the monitor under a
-// per-frame sequence number. The only lock on the path is the FlightRecorder append of
-// BeginPhase/EndPhase when a recorder is given, held for one 128-byte copy and otherwise taken only
-// by the monitor's rare appends. Ticks are not written to the recorder (they would flood the ring).
+// per-frame sequence number. There is no lock on the path: the FlightRecorder append of
+// BeginPhase/EndPhase (when a recorder is given) is lock-free, and the monitor's rare appends to
+// the same recorder never make it wait. Ticks are not written to the recorder (they would flood the
+// ring).
 //
 // Misuse (nesting deeper than kMaxDepth, EndPhase without a phase, more phase names than
 // max_phase_names) never crashes: the call is ignored or degraded, counted in usage_errors() and

@@ -25,7 +25,6 @@
 
 namespace trainguard {
 
-using watchdog_internal::AppendToRecorder;
 using watchdog_internal::BoundRule;
 using watchdog_internal::GpuEvents;
 using watchdog_internal::GpuEventState;
@@ -429,7 +428,7 @@ void CollectiveTracker::Record(const Slot& slot, int op, int comm, bool end, int
   r.bytes = slot.bytes.load(std::memory_order_relaxed);
   r.value = duration_ns;
   watchdog_internal::SetRecordName(r, ops_->Name(op));
-  AppendToRecorder(recorder_, r);
+  recorder_->Append(r);
 }
 
 InFlightCollective CollectiveTracker::Describe(const Slot& slot, int64_t now_ns, int64_t start_ns,

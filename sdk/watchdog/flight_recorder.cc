@@ -2,18 +2,28 @@
 // docs/FORMATS.md).
 //
 // Memory model. A slot is 16 64-bit words, every one of them accessed through std::atomic_ref by
-// the writer and by readers alike, so a reader racing the writer is never a data race. The writer
-// (one thread) publishes a record as a seqlock:
-//     word 0 := kSlotBeingWritten (relaxed)
-//     words 1..15 := the record (release)
-//     word 0 := seq (release)
-// and a reader copies a slot as
+// writers and readers alike, so a reader racing a writer is never a data race. Any number of
+// threads append at once without a lock. A writer
+//     claims seq := header.next_seq++ (fetch_add, relaxed): seqs are unique, never reused;
+//     claims its slot (seq - 1) % capacity by a compare-and-swap of word 0 from the published seq
+//         it holds to kSlotBeingWritten (acquire), only when that seq is older than its own;
+//     stores words 1..15 := the record (release);
+//     publishes word 0 := seq (release).
+// The compare-and-swap makes a slot's writers take turns: a second writer can claim the slot only
+// from a published seq, and its acquire orders the previous writer's words before its own. A writer
+// that finds its slot being written or holding a newer record (possible only when it was preempted
+// between its fetch_add and its compare-and-swap for a whole wrap of the ring, or lost the
+// compare-and-swap to such a writer) drops its record and counts it in header.dropped: it never
+// waits. Seqs are published out of order when writers race (n + 1 may be visible before n).
+//
+// A reader copies a slot as
 //     s1 := word 0 (acquire); words 1..15 (acquire); s2 := word 0 (relaxed); keep iff s1 == s2.
 // If the reader's copy took any word of a later write, that word's release store carries the
-// earlier kSlotBeingWritten store of word 0 with it, so s2 cannot be s1 any more: the reader drops
-// the slot. If s1 is a seq and s2 is the same seq, every word read was written before that seq was
-// published and after the previous one. The release and acquire orders cost nothing on x86-64
-// (plain moves) and, unlike a stand-alone fence, ThreadSanitizer models them exactly.
+// earlier compare-and-swap of word 0 to kSlotBeingWritten with it, so s2 cannot be s1 any more (a
+// slot's seqs only grow): the reader drops the slot. If s1 is a seq and s2 is the same seq, every
+// word read was written before that seq was published and after the previous one. The release and
+// acquire orders cost nothing on x86-64 (plain moves) and, unlike a stand-alone fence,
+// ThreadSanitizer models them exactly.
 #include "trainguard/flight_recorder.h"
 
 #include <dirent.h>
@@ -25,6 +35,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -55,8 +66,10 @@ constexpr char kShmDir[] = "/dev/shm";
 static_assert(std::atomic_ref<uint64_t>::is_always_lock_free);
 static_assert(std::is_trivially_copyable_v<FlightRecord>);
 static_assert(offsetof(FlightRecord, seq) == 0);
+static_assert(offsetof(FlightRecord, name) + sizeof(FlightRecord::name) == sizeof(FlightRecord));
 
-// The first kHeaderBytes of the segment. Every field but next_seq is written once, before magic.
+// The first kHeaderBytes of the segment. Every field but next_seq and dropped is written once,
+// before magic.
 struct SegmentHeader {
   uint64_t magic;  // kMagic, stored last (release) when the segment is created
   uint32_t format_version;
@@ -65,9 +78,15 @@ struct SegmentHeader {
   uint32_t capacity;
   int32_t writer_pid;
   int32_t rank;
-  uint64_t next_seq;  // the seq the next Append takes; stored (release) after each record
+  // The seq the next Append claims (fetch_add), before it writes its record. Writers before the
+  // multi-writer ring stored it after each record; either way a reader takes the larger of it and
+  // the newest seq it copied, plus one.
+  uint64_t next_seq;
   uint64_t segment_bytes;
-  uint8_t reserved[kHeaderBytes - 48];
+  // Records Append gave up (fetch_add): their slot was being written or held a newer record. Zero
+  // in segments of writers before the multi-writer ring, which never dropped a record.
+  uint64_t dropped;
+  uint8_t reserved[kHeaderBytes - 56];
 };
 static_assert(sizeof(SegmentHeader) == kHeaderBytes);
 
@@ -93,6 +112,17 @@ size_t SegmentBytes(uint64_t capacity) { return kHeaderBytes + capacity * sizeof
 const uint64_t* SlotWords(const void* segment, uint64_t slot) {
   return reinterpret_cast<const uint64_t*>(static_cast<const char*>(segment) + kHeaderBytes) +
          slot * kRecordWords;
+}
+uint64_t* SlotWords(void* segment, uint64_t slot) {
+  return reinterpret_cast<uint64_t*>(static_cast<char*>(segment) + kHeaderBytes) +
+         slot * kRecordWords;
+}
+
+// Word `i` of `record`, as it is laid out in a slot.
+uint64_t RecordWord(const FlightRecord& record, size_t i) {
+  uint64_t word;
+  std::memcpy(&word, reinterpret_cast<const char*>(&record) + i * sizeof(word), sizeof(word));
+  return word;
 }
 
 absl::Status ErrnoError(int error, std::string_view name, const char* operation) {
@@ -244,6 +274,7 @@ absl::StatusOr<std::unique_ptr<FlightRecorder>> FlightRecorder::Create(std::stri
   h.rank = rank;
   std::atomic_ref<uint64_t>(h.next_seq).store(1, std::memory_order_relaxed);
   h.segment_bytes = bytes;
+  std::atomic_ref<uint64_t>(h.dropped).store(0, std::memory_order_relaxed);
   // The magic last: a segment whose creator died before this line is recognised as unusable.
   std::atomic_ref<uint64_t>(h.magic).store(kMagic, std::memory_order_release);
   return std::unique_ptr<FlightRecorder>(new FlightRecorder(name, segment, bytes, capacity));
@@ -259,21 +290,36 @@ FlightRecorder::~FlightRecorder() {
 }
 
 void FlightRecorder::Append(const FlightRecord& record) {
-  const uint64_t seq = next_seq_++;
-  uint64_t words[kRecordWords];
-  std::memcpy(words, &record, sizeof(words));
-  words[0] = seq;
-  if (record.time_ns == 0) words[1] = static_cast<uint64_t>(MonotonicNanos());
-  // The name is NUL-terminated in the ring even when the caller filled all 64 bytes.
-  reinterpret_cast<char*>(words)[offsetof(FlightRecord, name) + sizeof(record.name) - 1] = '\0';
-
-  uint64_t* slot = const_cast<uint64_t*>(SlotWords(segment_, (seq - 1) % capacity_));
-  std::atomic_ref<uint64_t>(slot[0]).store(kSlotBeingWritten, std::memory_order_relaxed);
-  for (size_t i = 1; i < kRecordWords; ++i) {
-    std::atomic_ref<uint64_t>(slot[i]).store(words[i], std::memory_order_release);
+  // The clock before the seq: the shorter the time between claiming a seq and publishing it, the
+  // rarer a later seq published first, or a record dropped.
+  const int64_t time_ns = record.time_ns != 0 ? record.time_ns : MonotonicNanos();
+  SegmentHeader& header = segment_->header;
+  const uint64_t seq =
+      std::atomic_ref<uint64_t>(header.next_seq).fetch_add(1, std::memory_order_relaxed);
+  uint64_t* slot = SlotWords(segment_, (seq - 1) % static_cast<uint64_t>(capacity_));
+  std::atomic_ref<uint64_t> slot_seq(slot[0]);
+  // kSlotBeingWritten is larger than every seq: `current < seq` is "older and not being written".
+  // Acquire on success: the previous writer's words are ordered before the ones stored below.
+  uint64_t current = slot_seq.load(std::memory_order_relaxed);
+  if (current >= seq ||
+      !slot_seq.compare_exchange_strong(current, kSlotBeingWritten, std::memory_order_acquire,
+                                        std::memory_order_relaxed)) {
+    std::atomic_ref<uint64_t>(header.dropped).fetch_add(1, std::memory_order_relaxed);
+    return;
   }
-  std::atomic_ref<uint64_t>(slot[0]).store(seq, std::memory_order_release);
-  std::atomic_ref<uint64_t>(segment_->header.next_seq).store(seq + 1, std::memory_order_release);
+  // Word by word from the caller's record, without a copy of it: a copy whose words are then
+  // patched with narrower stores would be read back through a stalled store-to-load forward.
+  std::atomic_ref<uint64_t>(slot[1]).store(static_cast<uint64_t>(time_ns),
+                                           std::memory_order_release);
+  for (size_t i = 2; i + 1 < kRecordWords; ++i) {
+    std::atomic_ref<uint64_t>(slot[i]).store(RecordWord(record, i), std::memory_order_release);
+  }
+  // The name is NUL-terminated in the ring even when the caller filled all 64 bytes: its last byte
+  // is the last byte of the last word.
+  uint64_t last = RecordWord(record, kRecordWords - 1);
+  last &= std::endian::native == std::endian::little ? ~(uint64_t{0xFF} << 56) : ~uint64_t{0xFF};
+  std::atomic_ref<uint64_t>(slot[kRecordWords - 1]).store(last, std::memory_order_release);
+  slot_seq.store(seq, std::memory_order_release);
 }
 
 std::vector<FlightRecord> FlightRecorder::Snapshot() const {
@@ -344,12 +390,15 @@ absl::StatusOr<FlightRecorderContents> ReadFlightRecorder(std::string_view job_i
   contents.writer_pid = LoadWord32(h.writer_pid);
   contents.capacity = static_cast<int>(capacity);
   contents.records = CopyRecords(base, capacity);
-  // Read after the records: at least one past the newest record copied.
+  // Read after the records: a writer claims its seq before it publishes the record, so this is at
+  // least one past the newest record copied.
   contents.next_seq = LoadWord(h.next_seq, std::memory_order_acquire);
   if (!contents.records.empty()) {
-    // A writer killed between publishing a record and advancing next_seq.
+    // A segment of a single-writer build, which advanced next_seq after each record: its writer
+    // may have been killed in between.
     contents.next_seq = std::max(contents.next_seq, contents.records.back().seq + 1);
   }
+  contents.dropped = LoadWord(h.dropped, std::memory_order_relaxed);
   return contents;
 }
 
@@ -363,6 +412,7 @@ absl::Status WriteFlightRecorderDump(const FlightRecorderContents& contents, int
   dump.set_writer_pid(contents.writer_pid);
   dump.set_capacity(static_cast<uint32_t>(contents.capacity));
   dump.set_next_seq(contents.next_seq);
+  dump.set_dropped(contents.dropped);
   for (const FlightRecord& r : contents.records) {
     proto::FlightRecordProto* p = dump.add_records();
     p->set_seq(r.seq);
@@ -423,6 +473,7 @@ absl::StatusOr<FlightRecorderDump> ReadFlightRecorderDump(const std::string& pat
   out.contents.writer_pid = dump.writer_pid();
   out.contents.capacity = static_cast<int>(dump.capacity());
   out.contents.next_seq = dump.next_seq();
+  out.contents.dropped = dump.dropped();
   out.contents.records.reserve(dump.records_size());
   for (const proto::FlightRecordProto& p : dump.records()) {
     FlightRecord& r = out.contents.records.emplace_back();

@@ -30,7 +30,6 @@
 
 namespace trainguard {
 
-using watchdog_internal::AppendToRecorder;
 using watchdog_internal::BoundRule;
 using watchdog_internal::NameTable;
 using watchdog_internal::SampleWindow;
@@ -222,7 +221,7 @@ void Watchdog::RecordPhase(bool end, int name, int64_t now_ns, int64_t duration_
   r.type = end ? FlightRecordType::kPhaseEnd : FlightRecordType::kPhaseBegin;
   r.value = duration_ns;
   watchdog_internal::SetRecordName(r, phases_->Name(name));
-  AppendToRecorder(recorder_, r);
+  recorder_->Append(r);
 }
 
 void Watchdog::BeginPhase(std::string_view name) {
@@ -509,7 +508,7 @@ int Watchdog::Declare(HangReport::Cause cause, const std::optional<FrameView>& f
       r.value = absl::ToInt64Nanoseconds(report.elapsed);
       watchdog_internal::SetRecordName(r, report.phase);
     }
-    AppendToRecorder(recorder_, r);
+    recorder_->Append(r);
   }
   hangs_declared_.fetch_add(1, std::memory_order_relaxed);
   {

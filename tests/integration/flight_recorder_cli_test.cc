@@ -110,7 +110,7 @@ TEST_F(FlightRecorderCli, ShowPrintsOneLinePerRecordOfALiveRing) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr(absl::StrFormat(
                          "segment /trainguard.%s.fr.rank1: rank 1, writer pid %d (running), "
-                         "capacity 16, next seq 5, 4 records",
+                         "capacity 16, next seq 5, 4 records, 0 dropped",
                          job_, getpid())));
   EXPECT_THAT(r.out, HasSubstr("collective_begin  allreduce"));
   EXPECT_THAT(r.out, HasSubstr("0xabc/3"));
@@ -134,6 +134,7 @@ TEST_F(FlightRecorderCli, ShowJsonWithLastPrintsOnlyTheNewestRecords) {
                                R"("name":"allreduce"})"));
   EXPECT_THAT(r.out, HasSubstr(R"({"seq":4,)"));
   EXPECT_THAT(r.out, Not(HasSubstr(R"({"seq":3,)")));
+  EXPECT_THAT(r.out, HasSubstr(R"(],"dropped":0})"));
 }
 
 TEST_F(FlightRecorderCli, ADeadRanksRingIsShownDumpedAndTheDumpShown) {
@@ -142,7 +143,7 @@ TEST_F(FlightRecorderCli, ADeadRanksRingIsShownDumpedAndTheDumpShown) {
   Result r = RunCli(absl::StrFormat("flight-recorder show --job %s --rank 2", job_));
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr(absl::StrFormat("writer pid %d (exited), capacity 64, next seq "
-                                               "101, 64 records",
+                                               "101, 64 records, 0 dropped",
                                                dead)));
   EXPECT_THAT(r.out, HasSubstr("0xabc/100"));
 
@@ -157,7 +158,7 @@ TEST_F(FlightRecorderCli, ADeadRanksRingIsShownDumpedAndTheDumpShown) {
   EXPECT_THAT(r.out,
               HasSubstr(absl::StrFormat("dump %s of segment /trainguard.%s.fr.rank2: rank 2, "
                                         "writer pid %d, capacity 64, next seq 101, 64 "
-                                        "records",
+                                        "records, 0 dropped",
                                         file, job_, dead)));
   EXPECT_THAT(r.out, HasSubstr("0xabc/37"));
   EXPECT_THAT(r.out, HasSubstr("evidence:\n  reason: trainguard flight-recorder dump\n"
