@@ -14,6 +14,9 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <latch>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -45,9 +48,10 @@ FlightRecord RecordFor(uint64_t seq) {
   return r;
 }
 
-// Empty when `r` is the record RecordFor(r.seq) appended; otherwise what differs.
-std::string Inconsistency(const FlightRecord& r) {
-  const FlightRecord want = RecordFor(r.seq);
+// Empty when `r` was appended as RecordFor(n) and is whole (any positive time); otherwise what
+// differs.
+std::string PayloadInconsistency(const FlightRecord& r, uint64_t n) {
+  const FlightRecord want = RecordFor(n);
   if (r.seq == 0 || r.step != want.step || r.type != want.type || r.flags != want.flags ||
       r.peer != want.peer || r.comm_id != want.comm_id || r.comm_seq != want.comm_seq ||
       r.bytes != want.bytes || r.value != want.value || r.Name() != want.Name() || r.time_ns <= 0) {
@@ -55,6 +59,15 @@ std::string Inconsistency(const FlightRecord& r) {
                            r.seq, r.step, r.comm_seq, r.bytes, r.value, r.Name());
   }
   return "";
+}
+
+// Empty when `r` is the record RecordFor(r.seq) appended; otherwise what differs.
+std::string Inconsistency(const FlightRecord& r) { return PayloadInconsistency(r, r.seq); }
+
+// Empty when `r` is whole, whatever seq the recorder gave it: writers racing each other cannot know
+// their seqs in advance, so they append RecordFor(n) for numbers n of their own (its comm_seq).
+std::string PayloadInconsistency(const FlightRecord& r) {
+  return PayloadInconsistency(r, static_cast<uint64_t>(r.comm_seq));
 }
 
 std::vector<uint64_t> Seqs(const std::vector<FlightRecord>& records) {
@@ -355,6 +368,200 @@ TEST_F(FlightRecorderTest, ReadersRacingTheWriterNeverSeeATornRecord) {
   std::vector<FlightRecord> last = (*fr)->Snapshot();
   ASSERT_EQ(last.size(), 16u);
   EXPECT_EQ(last.back().seq, seq - 1);
+}
+
+// Writers racing each other: writer w of `writers` appends RecordFor(w * per_writer + i) for i = 0,
+// 1, ..., per_writer - 1, all of them at once (they start together), while `check` runs on copies
+// of the ring taken meanwhile by another thread, and once more after the writers are done.
+void RaceWriters(FlightRecorder& fr, int writers, uint64_t per_writer,
+                 const std::function<void(const std::vector<FlightRecord>&)>& check) {
+  std::latch start(writers + 1);
+  std::atomic<bool> done{false};
+  std::thread reader([&] {
+    start.arrive_and_wait();
+    bool last = false;
+    do {
+      last = done.load();
+      check(fr.Snapshot());
+    } while (!last);
+  });
+  std::vector<std::thread> threads;
+  for (int w = 0; w < writers; ++w) {
+    threads.emplace_back([&, w] {
+      start.arrive_and_wait();
+      for (uint64_t i = 0; i < per_writer; ++i) fr.Append(RecordFor(w * per_writer + i));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  done.store(true);
+  reader.join();
+}
+
+// What is wrong with a copy of a ring of `capacity` that RaceWriters(.., per_writer, ..) writes: a
+// torn record, seqs not ascending or spanning more than the ring, a writer's records out of the
+// order it appended them. Empty when nothing.
+std::string RacedCopyProblem(const std::vector<FlightRecord>& records, uint64_t capacity,
+                             uint64_t per_writer) {
+  if (records.size() > capacity) return absl::StrFormat("%d records", records.size());
+  std::map<uint64_t, int64_t> newest_of_writer;
+  for (size_t i = 0; i < records.size(); ++i) {
+    const FlightRecord& r = records[i];
+    if (std::string torn = PayloadInconsistency(r); !torn.empty()) return torn;
+    if (i > 0 && r.seq <= records[i - 1].seq) {
+      return absl::StrFormat("seq %d after seq %d", r.seq, records[i - 1].seq);
+    }
+    if (r.seq - records.front().seq >= capacity) {
+      return absl::StrFormat("seqs %d to %d in a ring of %d", records.front().seq, r.seq, capacity);
+    }
+    auto [newest, first] = newest_of_writer.try_emplace(r.comm_seq / per_writer, r.comm_seq);
+    if (!first && newest->second >= r.comm_seq) {
+      return absl::StrFormat("writer %d: number %d at seq %d, after number %d",
+                             r.comm_seq / per_writer, r.comm_seq, r.seq, newest->second);
+    }
+    newest->second = r.comm_seq;
+  }
+  return "";
+}
+
+TEST_F(FlightRecorderTest, ConcurrentWritersLoseNoRecordAndTearNoneWhileTheRingDoesNotWrap) {
+  constexpr int kWriters = 4;
+  constexpr uint64_t kPerWriter = 2'000, kRecords = kWriters * kPerWriter;
+  auto fr = FlightRecorder::Create(job_, 0, static_cast<int>(kRecords));
+  ASSERT_TRUE(fr.ok()) << fr.status();
+  std::vector<std::string> problems;  // the reader's
+  int64_t copies = 0;
+  RaceWriters(**fr, kWriters, kPerWriter, [&](const std::vector<FlightRecord>& records) {
+    ++copies;
+    if (std::string p = RacedCopyProblem(records, kRecords, kPerWriter); !p.empty()) {
+      problems.push_back(p);
+    }
+  });
+  EXPECT_THAT(problems, ::testing::IsEmpty()) << "in " << copies << " copies";
+
+  absl::StatusOr<FlightRecorderContents> read = ReadFlightRecorder(job_, 0);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->dropped, 0u);
+  EXPECT_EQ(read->next_seq, kRecords + 1);
+  ASSERT_EQ(read->records.size(), kRecords);
+  // Seqs 1 to kRecords, each number once.
+  std::vector<int> times_seen(kRecords, 0);
+  for (size_t i = 0; i < read->records.size(); ++i) {
+    const FlightRecord& r = read->records[i];
+    ASSERT_EQ(r.seq, i + 1);
+    ASSERT_EQ(PayloadInconsistency(r), "");
+    ASSERT_LT(static_cast<uint64_t>(r.comm_seq), kRecords);
+    ++times_seen[r.comm_seq];
+  }
+  EXPECT_THAT(times_seen, ::testing::Each(1));
+}
+
+TEST_F(FlightRecorderTest, ConcurrentWritersWrappingTheRingLeaveOnlyWholeRecordsOfItsNewestSeqs) {
+  constexpr int kWriters = 4;
+  constexpr uint64_t kCapacity = 16, kPerWriter = 20'000, kRecords = kWriters * kPerWriter;
+  auto fr = FlightRecorder::Create(job_, 0, static_cast<int>(kCapacity));
+  ASSERT_TRUE(fr.ok()) << fr.status();
+  std::vector<std::string> problems;
+  int64_t copies = 0;
+  RaceWriters(**fr, kWriters, kPerWriter, [&](const std::vector<FlightRecord>& records) {
+    ++copies;
+    if (std::string p = RacedCopyProblem(records, kCapacity, kPerWriter); !p.empty()) {
+      problems.push_back(p);
+    }
+  });
+  EXPECT_THAT(problems, ::testing::IsEmpty()) << "in " << copies << " copies";
+
+  absl::StatusOr<FlightRecorderContents> read = ReadFlightRecorder(job_, 0);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->next_seq, kRecords + 1);
+  EXPECT_EQ(RacedCopyProblem(read->records, kCapacity, kPerWriter), "");
+  ASSERT_FALSE(read->records.empty());
+  EXPECT_GT(read->records.front().seq, kRecords - kCapacity);
+  // A record is dropped only when a writer was preempted inside Append while the others wrapped the
+  // ring; without one, the last kCapacity seqs are all there.
+  if (read->dropped == 0) {
+    std::vector<uint64_t> newest;
+    for (uint64_t seq = kRecords - kCapacity + 1; seq <= kRecords; ++seq) newest.push_back(seq);
+    EXPECT_EQ(Seqs(read->records), newest);
+  }
+}
+
+// Plays, through a mapping of its own, a writer of the segment that claimed a seq and stalls in the
+// middle of its record, as a thread preempted inside Append would (layout: docs/FORMATS.md).
+class StalledWriter {
+ public:
+  StalledWriter(const std::string& segment, int capacity)
+      : bytes_(128 + static_cast<size_t>(capacity) * sizeof(FlightRecord)), capacity_(capacity) {
+    const int fd = shm_open(segment.c_str(), O_RDWR, 0);
+    if (fd < 0) return;
+    void* base = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (base != MAP_FAILED) words_ = static_cast<uint64_t*>(base);
+  }
+  ~StalledWriter() {
+    if (words_ != nullptr) munmap(words_, bytes_);
+  }
+  bool ok() const { return words_ != nullptr; }
+
+  // Claims the next seq and marks its slot being written; returns the seq.
+  uint64_t Claim() {
+    seq_ = std::atomic_ref<uint64_t>(words_[4]).fetch_add(1);  // header.next_seq
+    Word(0).store(~uint64_t{0});
+    return seq_;
+  }
+  // Writes `record` into the claimed slot and publishes it.
+  void Finish(const FlightRecord& record) {
+    for (size_t i = 1; i < sizeof(FlightRecord) / 8; ++i) {
+      uint64_t word;
+      std::memcpy(&word, reinterpret_cast<const char*>(&record) + 8 * i, 8);
+      Word(i).store(word);
+    }
+    Word(0).store(seq_);
+  }
+
+ private:
+  std::atomic_ref<uint64_t> Word(size_t i) {
+    return std::atomic_ref<uint64_t>(words_[16 + ((seq_ - 1) % capacity_) * 16 + i]);
+  }
+  const size_t bytes_;
+  const uint64_t capacity_;
+  uint64_t* words_ = nullptr;
+  uint64_t seq_ = 0;
+};
+
+TEST_F(FlightRecorderTest, AnAppendWhoseSlotIsStillBeingWrittenAWrapLaterIsDroppedAndCounted) {
+  constexpr int kCapacity = 16;
+  auto fr = FlightRecorder::Create(job_, 0, kCapacity);
+  ASSERT_TRUE(fr.ok()) << fr.status();
+  for (uint64_t seq = 1; seq <= 3; ++seq) (*fr)->Append(RecordFor(seq));
+  StalledWriter stalled(FlightRecorder::SegmentName(job_, 0), kCapacity);
+  ASSERT_TRUE(stalled.ok());
+  ASSERT_EQ(stalled.Claim(), 4u);
+
+  // Seq 20 belongs in seq 4's slot, still being written: it is dropped, not waited for.
+  for (uint64_t seq = 5; seq <= 21; ++seq) (*fr)->Append(RecordFor(seq));
+  std::vector<uint64_t> want = {6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 21};
+  absl::StatusOr<FlightRecorderContents> read = ReadFlightRecorder(job_, 0);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->dropped, 1u);
+  EXPECT_EQ(read->next_seq, 22u);
+  EXPECT_EQ(Seqs(read->records), want);
+  for (const FlightRecord& r : read->records) EXPECT_EQ(Inconsistency(r), "");
+
+  // Seq 4, published a wrap late, is older than every record a reader keeps: it stays out of sight.
+  stalled.Finish(RecordFor(4));
+  read = ReadFlightRecorder(job_, 0);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(Seqs(read->records), want);
+  EXPECT_EQ(Seqs((*fr)->Snapshot()), want);
+
+  // The slot is free again: seq 36 takes it.
+  for (uint64_t seq = 22; seq <= 36; ++seq) (*fr)->Append(RecordFor(seq));
+  want.clear();
+  for (uint64_t seq = 21; seq <= 36; ++seq) want.push_back(seq);
+  read = ReadFlightRecorder(job_, 0);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->dropped, 1u);
+  EXPECT_EQ(Seqs(read->records), want);
 }
 
 TEST_F(FlightRecorderTest, ADumpReadsBackWithEveryRecordAndItsEvidence) {
