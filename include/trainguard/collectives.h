@@ -212,9 +212,8 @@ class CollectiveTracker {
 
   int FindCommunicator(uint64_t comm_id) const;
   int OpIndex(std::string_view op);
-  // Claims a free slot and fills it; -1 (a usage error recorded) on failure.
-  int Claim(int op, int comm, uint64_t bytes, int peer, bool on_gpu, int64_t now_ns,
-            CollectiveHandle& handle);
+  // Claims a free slot and fills it; the handle of it, or an invalid one (a usage error recorded).
+  CollectiveHandle Claim(int op, int comm, uint64_t bytes, int peer, bool on_gpu, int64_t now_ns);
   // The slot of a live handle in state `expected`, or nullptr (a usage error recorded).
   Slot* Resolve(CollectiveHandle handle, uint32_t expected, std::string_view what);
   // Learns the duration, counts the completion, writes kCollectiveEnd, frees the slot.

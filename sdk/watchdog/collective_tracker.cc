@@ -17,7 +17,6 @@
 #include "sdk/watchdog/gpu_events.h"
 #include "sdk/watchdog/learned_bound.h"
 #include "sdk/watchdog/name_table.h"
-#include "sdk/watchdog/recorder_append.h"
 #include "trainguard/clock.h"
 #include "trainguard/collectives.h"
 #include "trainguard/flight_recorder.h"
@@ -30,6 +29,9 @@ using watchdog_internal::GpuEvents;
 using watchdog_internal::GpuEventState;
 using watchdog_internal::NameTable;
 using watchdog_internal::SampleWindow;
+
+// NameTable::CopyPadded fills FlightRecord::name whole, NULs included.
+static_assert(sizeof(FlightRecord::name) == NameTable::kMaxNameBytes + 1);
 
 namespace {
 
@@ -256,8 +258,8 @@ absl::Status CollectiveTracker::usage_status() const {
   return first_usage_error_;
 }
 
-int CollectiveTracker::Claim(int op, int comm, uint64_t bytes, int peer, bool on_gpu,
-                             int64_t now_ns, CollectiveHandle& handle) {
+CollectiveHandle CollectiveTracker::Claim(int op, int comm, uint64_t bytes, int peer, bool on_gpu,
+                                          int64_t now_ns) {
   for (int tries = 0; tries < slot_count_; ++tries) {
     // The cursor is only a hint where to look first: racing updates of it are harmless.
     const int index = next_slot_.load(std::memory_order_relaxed);
@@ -288,16 +290,15 @@ int CollectiveTracker::Claim(int op, int comm, uint64_t bytes, int peer, bool on
     s.begin_ns.store(now_ns, std::memory_order_release);
     s.on_gpu.store(on_gpu, std::memory_order_release);
     s.gpu_started_ns.store(0, std::memory_order_release);
-    handle.slot = index;
-    handle.generation = generation;
-    handle.comm_seq = seq;
-    return index;
+    // Returned by value, built in registers: a handle filled field by field through a reference
+    // and then returned whole made the caller wait for a store-to-load forward that cannot work.
+    return CollectiveHandle{index, generation, seq};
   }
   UsageError(absl::StrFormat(
       "collective tracker: all %d in-flight slots are taken (max_in_flight; GPU collectives free "
       "their slot only when a poll sees them finish)",
       slot_count_));
-  return -1;
+  return CollectiveHandle{};
 }
 
 CollectiveHandle CollectiveTracker::Begin(std::string_view op, uint64_t comm_id, uint64_t bytes,
@@ -311,9 +312,9 @@ CollectiveHandle CollectiveTracker::Begin(std::string_view op, uint64_t comm_id,
   }
   const int op_index = OpIndex(op);
   const int64_t now = clock_->MonotonicNanos();
-  const int index = Claim(op_index, comm, bytes, peer, /*on_gpu=*/false, now, handle);
-  if (index < 0) return handle;
-  Slot& s = slots_[index];
+  handle = Claim(op_index, comm, bytes, peer, /*on_gpu=*/false, now);
+  if (!handle.valid()) return handle;
+  Slot& s = slots_[handle.slot];
   Record(s, op_index, comm, /*end=*/false, now, 0, 0);
   s.state.store(kInFlight, std::memory_order_release);
   return handle;
@@ -367,10 +368,10 @@ CollectiveHandle CollectiveTracker::BeginOnStream(std::string_view op, uint64_t 
   }
   const int op_index = OpIndex(op);
   const int64_t now = clock_->MonotonicNanos();
-  const int index = Claim(op_index, comm, bytes, peer, /*on_gpu=*/true, now, handle);
-  if (index < 0) return handle;
-  Slot& s = slots_[index];
-  if (!gpu_->RecordStart(index, stream)) {
+  handle = Claim(op_index, comm, bytes, peer, /*on_gpu=*/true, now);
+  if (!handle.valid()) return handle;
+  Slot& s = slots_[handle.slot];
+  if (!gpu_->RecordStart(handle.slot, stream)) {
     // The sequence number is spent: the communicator's numbering shows the gap.
     s.state.store(kFree, std::memory_order_release);
     UsageError(
@@ -427,7 +428,7 @@ void CollectiveTracker::Record(const Slot& slot, int op, int comm, bool end, int
   r.comm_seq = slot.comm_seq.load(std::memory_order_relaxed);
   r.bytes = slot.bytes.load(std::memory_order_relaxed);
   r.value = duration_ns;
-  watchdog_internal::SetRecordName(r, ops_->Name(op));
+  ops_->CopyPadded(op, r.name);
   recorder_->Append(r);
 }
 

@@ -34,6 +34,9 @@ using watchdog_internal::BoundRule;
 using watchdog_internal::NameTable;
 using watchdog_internal::SampleWindow;
 
+// NameTable::CopyPadded fills FlightRecord::name whole, NULs included.
+static_assert(sizeof(FlightRecord::name) == NameTable::kMaxNameBytes + 1);
+
 namespace {
 
 constexpr std::string_view kOtherPhases = "<other phases>";
@@ -220,7 +223,7 @@ void Watchdog::RecordPhase(bool end, int name, int64_t now_ns, int64_t duration_
   r.step = step_.load(std::memory_order_relaxed);
   r.type = end ? FlightRecordType::kPhaseEnd : FlightRecordType::kPhaseBegin;
   r.value = duration_ns;
-  watchdog_internal::SetRecordName(r, phases_->Name(name));
+  phases_->CopyPadded(name, r.name);
   recorder_->Append(r);
 }
 

@@ -247,6 +247,19 @@ TEST(CollectiveTracker, BeginAndEndAreWrittenToTheFlightRecorder) {
   EXPECT_EQ(records[1].value, 3'000'000) << "the time in flight";
 }
 
+TEST(CollectiveTracker, AnOpNameLongerThanARecordHoldsIsRecordedCutToSixtyThreeBytes) {
+  auto recorder = FlightRecorder::Create(absl::StrCat("ct-test-long-", getpid()), 0, 64);
+  ASSERT_TRUE(recorder.ok()) << recorder.status();
+  ManualClock clock;
+  auto tracker = MakeTracker(&clock, recorder->get());
+  ASSERT_TRUE(tracker->RegisterCommunicator(kDp, "dp", nullptr).ok());
+  const std::string op = "all_reduce." + std::string(70, 'g');
+  tracker->End(tracker->Begin(op, kDp, 8));
+  std::vector<FlightRecord> records = (*recorder)->Snapshot();
+  ASSERT_EQ(records.size(), 2u);
+  for (const FlightRecord& r : records) EXPECT_EQ(r.Name(), op.substr(0, 63));
+}
+
 // Fake CUDA events: the test decides when each slot's start and end "fire".
 class FakeGpuEvents : public watchdog_internal::GpuEvents {
  public:
