@@ -192,6 +192,8 @@ class CollectiveTracker {
   // next Poll reports it overdue again while it is, and when it completes its duration teaches its
   // op's bound like a healthy collective's. No-op when it is no longer in flight. Poller only.
   void ExcuseOverdue(uint64_t instance);
+  // True while collective `instance` (InFlightCollective::instance) has not completed.
+  bool InFlight(uint64_t instance) const;
 
   // The learned in-flight bound of op `op` (the warm-up bound for an op never seen).
   absl::Duration BoundFor(std::string_view op) const;

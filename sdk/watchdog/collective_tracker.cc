@@ -552,6 +552,15 @@ void CollectiveTracker::ExcuseOverdue(uint64_t instance) {
                                                             std::memory_order_relaxed);
 }
 
+bool CollectiveTracker::InFlight(uint64_t instance) const {
+  const uint64_t index = instance & ((uint64_t{1} << kSlotBits) - 1);
+  if (index >= static_cast<uint64_t>(slot_count_)) return false;
+  const Slot& s = slots_[index];
+  const uint32_t state = s.state.load(std::memory_order_acquire);
+  return s.generation.load(std::memory_order_acquire) == (instance >> kSlotBits) &&
+         (state == kInFlight || state == kGpuEnded);
+}
+
 absl::Duration CollectiveTracker::BoundFor(std::string_view op) const {
   const int index = ops_->Find(op);
   if (index < 0) return absl::Nanoseconds(rule_->warmup_bound_ns);

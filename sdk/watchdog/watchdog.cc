@@ -404,10 +404,23 @@ int Watchdog::PollOnce() {
   const InFlightCollective* waiting_in =
       overdue != nullptr ? overdue
                          : (collectives.oldest.has_value() ? &*collectives.oldest : nullptr);
-  if (waiting_in != nullptr && options_.peer_progress && Postpone(*waiting_in, now)) {
-    // Reported again by the next poll, and learnt from if they complete: they were waits.
-    for (const InFlightCollective& c : collectives.overdue) tracker_->ExcuseOverdue(c.instance);
-    return 0;
+  if (waiting_in != nullptr && options_.peer_progress) {
+    if (Postpone(*waiting_in, now)) {
+      // Reported again by the next poll, and learnt from if they complete: they were waits.
+      for (const InFlightCollective& c : collectives.overdue) tracker_->ExcuseOverdue(c.instance);
+      return 0;
+    }
+    // Asking the peers took time (a store round trip), and the wait may have ended meanwhile: the
+    // last peer entered, the collective completed, the step moved on. What was judged must still
+    // be there, or there is no hang to declare (the next poll judges what is there now).
+    const std::optional<FrameView> now_frame = ReadInnermost();
+    const bool same_frame = frame.has_value() == now_frame.has_value() &&
+                            (!frame.has_value() || frame->instance == now_frame->instance);
+    if (!tracker_->InFlight(waiting_in->instance) || !same_frame) {
+      for (const InFlightCollective& c : collectives.overdue) tracker_->ExcuseOverdue(c.instance);
+      postponed_.reset();
+      return 0;
+    }
   }
   std::optional<Postponement> postponed = std::move(postponed_);
   postponed_.reset();

@@ -5,6 +5,7 @@
 #include "sdk/runtime/peer_progress.h"
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -135,6 +136,7 @@ struct WaitingRank {
     w.peer_progress = [this](const InFlightCollective& c) -> std::optional<std::string> {
       ++asked;
       asked_about = c.comm_seq;
+      if (while_asked) while_asked();
       if (!peer_busy) return std::nullopt;
       return std::string("rank 2 is still generating");
     };
@@ -161,6 +163,7 @@ struct WaitingRank {
   std::unique_ptr<CollectiveTracker> tracker;
   std::unique_ptr<Watchdog> wd;
   bool peer_busy = true;
+  std::function<void()> while_asked;  // runs inside peer_progress, before it answers
   int asked = 0;
   int64_t asked_about = -1;
   int aborts = 0;
@@ -232,6 +235,27 @@ TEST(PeerProgress, ASilentPhaseWaitingInACollectiveIsPostponedToo) {
   EXPECT_EQ(hang->cause, HangReport::Cause::kPhase);
   EXPECT_EQ(hang->phase, "step");
   r.tracker->End(waiting);
+  r.wd->EndPhase();
+}
+
+// The race the RL test found under AddressSanitizer: the bound runs out at the very moment the last
+// peer enters; while the watchdog asks the peers (a store round trip) the collective completes and
+// the step ends. Nothing is hung any more, so nothing may be declared.
+TEST(PeerProgress, AWaitThatEndsWhileThePeersAreAskedIsNotDeclared) {
+  WaitingRank r;
+  r.peer_busy = false;  // every peer has entered: no excuse
+  r.wd->BeginPhase("step");
+  CollectiveHandle waiting = r.tracker->Begin("all_reduce", kDp, 1024);
+  r.while_asked = [&] {
+    r.tracker->End(waiting);
+    r.wd->EndPhase();
+    r.wd->BeginPhase("step");  // the next step has begun by the time the answer comes
+  };
+  EXPECT_FALSE(r.RunUntilHang(absl::Milliseconds(100), absl::Seconds(3)).has_value());
+  EXPECT_EQ(r.asked, 1) << "asked once, when the all_reduce passed its 2 s bound";
+  EXPECT_EQ(r.wd->hangs_declared(), 0);
+  EXPECT_EQ(r.aborts, 0);
+  r.while_asked = nullptr;
   r.wd->EndPhase();
 }
 
