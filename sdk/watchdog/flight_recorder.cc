@@ -307,8 +307,8 @@ void FlightRecorder::Append(const FlightRecord& record) {
     std::atomic_ref<uint64_t>(header.dropped).fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  // Word by word from the caller's record, without a copy of it: a copy whose words are then
-  // patched with narrower stores would be read back through a stalled store-to-load forward.
+  // Word by word from the caller's record into the slot, without a copy on the stack to patch and
+  // read back: that copy cost more than the two atomics above (docs/PERFORMANCE.md, Detection).
   std::atomic_ref<uint64_t>(slot[1]).store(static_cast<uint64_t>(time_ns),
                                            std::memory_order_release);
   for (size_t i = 2; i + 1 < kRecordWords; ++i) {
