@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace cpp_trainer {
 namespace {
@@ -28,6 +29,22 @@ absl::Status ParseNumber(absl::string_view flag, absl::string_view text, T min, 
         absl::StrCat(flag, ": expected a number >= ", min, ", got '", text, "'"));
   }
   return absl::OkStatus();
+}
+
+// RANK:STEP:SECONDS, the shape of the fault-injection flags that last a while.
+absl::Status ParseRankStepSeconds(absl::string_view flag, absl::string_view value, int* rank,
+                                  int64_t* step, absl::Duration* duration) {
+  std::vector<absl::string_view> parts = absl::StrSplit(value, ':');
+  if (parts.size() != 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": expected RANK:STEP:SECONDS, got '", value, "'"));
+  }
+  double seconds = 0;
+  absl::Status status = ParseNumber<int>(flag, parts[0], 0, rank);
+  if (status.ok()) status = ParseNumber<int64_t>(flag, parts[1], 0, step);
+  if (status.ok()) status = ParseNumber<double>(flag, parts[2], 0.001, &seconds);
+  *duration = absl::Seconds(seconds);
+  return status;
 }
 
 }  // namespace
@@ -113,31 +130,17 @@ absl::StatusOr<TrainerFlags> ParseTrainerFlags(int argc, char** argv) {
       status = ParseNumber<int>(flag, parts.first, 0, &flags.stop_rank);
       if (status.ok()) status = ParseNumber<int64_t>(flag, parts.second, 0, &flags.stop_step);
     } else if (flag == "--sleep-in-collective") {
-      std::vector<absl::string_view> parts = absl::StrSplit(value, ':');
-      if (parts.size() != 3) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(flag, ": expected RANK:STEP:SECONDS, got '", value, "'"));
-      }
-      double seconds = 0;
-      status = ParseNumber<int>(flag, parts[0], 0, &flags.sleep_rank);
-      if (status.ok()) status = ParseNumber<int64_t>(flag, parts[1], 0, &flags.sleep_step);
-      if (status.ok()) status = ParseNumber<double>(flag, parts[2], 0.001, &seconds);
-      flags.sleep_in_collective = absl::Seconds(seconds);
+      status = ParseRankStepSeconds(flag, value, &flags.sleep_rank, &flags.sleep_step,
+                                    &flags.sleep_in_collective);
     } else if (flag == "--generate") {
       std::pair<absl::string_view, absl::string_view> parts = absl::StrSplit(value, ':');
       status = ParseNumber<double>(flag, parts.first, 0.001, &flags.generate_median_ms);
-      if (status.ok()) status = ParseNumber<double>(flag, parts.second, 1.0, &flags.generate_p99_ratio);
-    } else if (flag == "--stall-generation") {
-      std::vector<absl::string_view> parts = absl::StrSplit(value, ':');
-      if (parts.size() != 3) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(flag, ": expected RANK:STEP:SECONDS, got '", value, "'"));
+      if (status.ok()) {
+        status = ParseNumber<double>(flag, parts.second, 1.0, &flags.generate_p99_ratio);
       }
-      double seconds = 0;
-      status = ParseNumber<int>(flag, parts[0], 0, &flags.stall_rank);
-      if (status.ok()) status = ParseNumber<int64_t>(flag, parts[1], 0, &flags.stall_step);
-      if (status.ok()) status = ParseNumber<double>(flag, parts[2], 0.001, &seconds);
-      flags.stall_generation = absl::Seconds(seconds);
+    } else if (flag == "--stall-generation") {
+      status = ParseRankStepSeconds(flag, value, &flags.stall_rank, &flags.stall_step,
+                                    &flags.stall_generation);
     } else if (flag == "--inject-nan-grad") {
       std::pair<absl::string_view, absl::string_view> parts = absl::StrSplit(value, ':');
       status = ParseNumber<int>(flag, parts.first, 0, &flags.inject_nan_grad_rank);

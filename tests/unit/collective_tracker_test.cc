@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/poll_until_hang.h"
 #include "sdk/watchdog/gpu_events.h"
 #include "trainguard/clock.h"
 #include "trainguard/collectives.h"
@@ -142,12 +143,7 @@ struct WatchedTracker {
     wd = *std::move(created);
   }
   std::optional<absl::Duration> RunUntilHang(absl::Duration step, absl::Duration limit) {
-    for (absl::Duration t; t < limit;) {
-      clock.Advance(step);
-      t += step;
-      if (wd->PollOnce() > 0) return t;
-    }
-    return std::nullopt;
+    return testing::PollUntilHang(clock, *wd, step, limit);
   }
   ManualClock clock;
   std::unique_ptr<CollectiveTracker> tracker;

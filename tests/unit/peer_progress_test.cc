@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/poll_until_hang.h"
 #include "trainguard/clock.h"
 #include "trainguard/collectives.h"
 #include "trainguard/watchdog.h"
@@ -149,14 +150,8 @@ struct WaitingRank {
       clock.Advance(absl::Milliseconds(100));
     }
   }
-  // Advances the clock in `step` increments, polling, until a hang or `limit`.
   std::optional<absl::Duration> RunUntilHang(absl::Duration step, absl::Duration limit) {
-    for (absl::Duration t; t < limit;) {
-      clock.Advance(step);
-      t += step;
-      if (wd->PollOnce() > 0) return t;
-    }
-    return std::nullopt;
+    return testing::PollUntilHang(clock, *wd, step, limit);
   }
 
   ManualClock clock;
