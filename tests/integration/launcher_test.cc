@@ -17,6 +17,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -292,12 +293,10 @@ TEST(Launcher, AStoppedRankIsDetectedByItsHeartbeatKilledAndReplaced) {
 
 // The hung rank stops itself before an allreduce: the launcher reads every rank's flight recorder
 // (the stopped one's too) and names it as the rank the others are waiting for, then replaces it.
-// The value of attribute `key` of `event`, or "".
-std::string Attribute(const Event& event, absl::string_view key) {
-  for (const auto& [k, v] : event.attributes) {
-    if (k == key) return v;
-  }
-  return "";
+// Event attribute `key` parsed as an integer (false when absent or not a number).
+bool IntAttribute(const Event& event, std::string_view key, int64_t* value) {
+  const std::string_view text = event.Attribute(key);
+  return absl::SimpleAtoi(absl::string_view(text.data(), text.size()), value);
 }
 
 // How long each survivor's guard of step `step` took to return its communication failure, against
@@ -312,14 +311,14 @@ void ExpectGuardsReturnedWithinTheBoundPlusTwoSeconds(const LauncherJob& job,
   for (int r : survivors) {
     for (const Event& e : job.Events(r)) {
       int64_t value = 0;
-      if (e.type == EventType::kHang && e.generation == 0 && Attribute(e, "remote").empty() &&
-          absl::SimpleAtoi(Attribute(e, "bound_ms"), &value)) {
+      if (e.type == EventType::kHang && e.generation == 0 && e.Attribute("remote").empty() &&
+          IntAttribute(e, "bound_ms", &value)) {
         bound_ms[r] = value;
         largest_bound = std::max(largest_bound, value);
       }
       if (e.type == EventType::kStepFault && e.step == step && e.generation == 0 &&
-          Attribute(e, "fault") == "communication_failure" &&
-          absl::SimpleAtoi(Attribute(e, "duration_us"), &value)) {
+          e.Attribute("fault") == "communication_failure" &&
+          IntAttribute(e, "duration_us", &value)) {
         returned_ms[r] = value / 1000;
       }
     }
@@ -461,12 +460,12 @@ TEST(Launcher, AGenerationThatStopsTickingIsDetectedNamedAndReplaced) {
   // Rank 2's own watchdog caught it: the phase, not a peer's timeout.
   std::optional<Event> hang;
   for (const Event& e : job.Events(2)) {
-    if (e.type == EventType::kHang && Attribute(e, "remote").empty()) hang = e;
+    if (e.type == EventType::kHang && e.Attribute("remote").empty()) hang = e;
   }
   ASSERT_TRUE(hang.has_value()) << output;
   EXPECT_EQ(hang->step, 300);
-  EXPECT_EQ(Attribute(*hang, "cause"), "phase");
-  EXPECT_EQ(Attribute(*hang, "phase"), "step/generate");
+  EXPECT_EQ(hang->Attribute("cause"), "phase");
+  EXPECT_EQ(hang->Attribute("phase"), "step/generate");
   std::smatch silence;
   ASSERT_TRUE(std::regex_search(hang->message, silence, std::regex("no progress for ([^ ]+) ")))
       << hang->message;
