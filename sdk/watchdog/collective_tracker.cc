@@ -58,6 +58,12 @@ constexpr std::string_view kOtherOps = "<other ops>";
 // counter.
 constexpr int kSlotBits = 24;
 
+uint64_t InstanceOf(int slot, uint32_t generation) {
+  return (static_cast<uint64_t>(generation) << kSlotBits) | static_cast<uint64_t>(slot);
+}
+uint64_t SlotOf(uint64_t instance) { return instance & ((uint64_t{1} << kSlotBits) - 1); }
+uint32_t GenerationOf(uint64_t instance) { return static_cast<uint32_t>(instance >> kSlotBits); }
+
 }  // namespace
 
 // Every field is an atomic: the poller reads slots while their owners rewrite them. `generation`
@@ -279,7 +285,7 @@ CollectiveHandle CollectiveTracker::Claim(int op, int comm, uint64_t bytes, int 
     const int64_t seq = next_seq.load(std::memory_order_relaxed);
     next_seq.store(seq + 1, std::memory_order_relaxed);
     s.instance.store(
-        (static_cast<uint64_t>(generation) << kSlotBits) | static_cast<uint64_t>(index),
+        InstanceOf(index, generation),
         std::memory_order_release);
     s.op.store(op, std::memory_order_release);
     s.comm.store(comm, std::memory_order_release);
@@ -544,20 +550,20 @@ int CollectiveTracker::AbortCommunicators() {
 }
 
 void CollectiveTracker::ExcuseOverdue(uint64_t instance) {
-  const uint64_t index = instance & ((uint64_t{1} << kSlotBits) - 1);
+  const uint64_t index = SlotOf(instance);
   if (index >= static_cast<uint64_t>(slot_count_)) return;
-  uint32_t reported = static_cast<uint32_t>(instance >> kSlotBits);
+  uint32_t reported = GenerationOf(instance);
   // Only a report of this very collective is taken back; a reused slot keeps its own.
   slots_[index].reported_generation.compare_exchange_strong(reported, 0,
                                                             std::memory_order_relaxed);
 }
 
 bool CollectiveTracker::InFlight(uint64_t instance) const {
-  const uint64_t index = instance & ((uint64_t{1} << kSlotBits) - 1);
+  const uint64_t index = SlotOf(instance);
   if (index >= static_cast<uint64_t>(slot_count_)) return false;
   const Slot& s = slots_[index];
   const uint32_t state = s.state.load(std::memory_order_acquire);
-  return s.generation.load(std::memory_order_acquire) == (instance >> kSlotBits) &&
+  return s.generation.load(std::memory_order_acquire) == GenerationOf(instance) &&
          (state == kInFlight || state == kGpuEnded);
 }
 
