@@ -303,11 +303,14 @@ class Runtime {
   int64_t dumped_generation_ = -1;  // guarded by dump_mu_: a generation's hang is dumped once
   Mutex watcher_mu_;
   bool stop_watcher_ = false;  // guarded by watcher_mu_
-  // Watcher thread only: what PublishProgress wrote last, and when.
-  int64_t progress_published_ns_ = 0;
-  int64_t published_progress_ns_ = 0;
-  std::vector<std::pair<uint64_t, int64_t>> published_begun_;
-  int64_t published_generation_ = -1;
+  // Watcher thread only: when PublishProgress last wrote a record, and what it said.
+  struct PublishedProgress {
+    int64_t written_ns = 0;        // clock_->MonotonicNanos() when written
+    int64_t last_progress_ns = 0;  // the watchdog's last_progress_ns() it reported
+    std::vector<std::pair<uint64_t, int64_t>> begun;
+    int64_t generation = -1;
+  };
+  PublishedProgress published_;
   // Watchdog thread only: the collective whose postponement was last written as an event.
   uint64_t excused_collective_ = 0;
   std::thread peer_hang_watcher_;

@@ -446,34 +446,35 @@ void Runtime::PublishProgress() {
     return;
   }
   const int64_t now_ns = clock_->MonotonicNanos();
-  if (now_ns - progress_published_ns_ < int64_t{options_.watchdog_peer_progress_ms} * 1'000'000) {
+  if (now_ns - published_.written_ns <
+      int64_t{options_.watchdog_peer_progress_ms} * 1'000'000) {
     return;
   }
-  const int64_t last_progress = phase_watchdog_->last_progress_ns();
-  std::vector<std::pair<uint64_t, int64_t>> begun;
-  for (const CommunicatorProgress& p : collectives_->Progress()) begun.emplace_back(p.comm_id, p.begun);
-  const int64_t generation = this->generation();
+  PublishedProgress now;
+  now.written_ns = now_ns;
+  now.last_progress_ns = phase_watchdog_->last_progress_ns();
+  for (const CommunicatorProgress& p : collectives_->Progress()) {
+    now.begun.emplace_back(p.comm_id, p.begun);
+  }
+  now.generation = generation();
   // Unchanged since the last record: the peers already know, and its age grows by itself.
-  if (last_progress == 0 ||
-      (last_progress == published_progress_ns_ && begun == published_begun_ &&
-       generation == published_generation_)) {
+  if (now.last_progress_ns == 0 ||
+      (now.last_progress_ns == published_.last_progress_ns && now.begun == published_.begun &&
+       now.generation == published_.generation)) {
     return;
   }
   runtime_internal::ProgressRecord record;
   record.published = clock_->Now();
-  record.progress_age = absl::Nanoseconds(std::max<int64_t>(0, now_ns - last_progress));
+  record.progress_age = absl::Nanoseconds(std::max<int64_t>(0, now_ns - now.last_progress_ns));
   record.step = heartbeat_.Read().step;
-  record.begun = begun;
+  record.begun = now.begun;
   if (!store_
-           ->Set(runtime_internal::ProgressKey(generation, rank_),
+           ->Set(runtime_internal::ProgressKey(now.generation, rank_),
                  runtime_internal::EncodeProgressRecord(record), absl::Seconds(1))
            .ok()) {
     return;  // tried again at the next period
   }
-  progress_published_ns_ = now_ns;
-  published_progress_ns_ = last_progress;
-  published_begun_ = std::move(begun);
-  published_generation_ = generation;
+  published_ = std::move(now);
 }
 
 std::optional<std::string> Runtime::ExplainPeerWait(const InFlightCollective& waiting_in) {
@@ -497,12 +498,12 @@ std::optional<std::string> Runtime::ExplainPeerWait(const InFlightCollective& wa
     Event event;
     event.type = EventType::kCustom;
     event.step = waiting_in.step;
+    auto ms = [](absl::Duration d) {
+      return absl::FormatDuration(absl::Trunc(d, absl::Milliseconds(1)));
+    };
     event.message = absl::StrCat("hang postponed: waiting in ", waiting_in.op, " #",
-                                 waiting_in.comm_seq, " for ",
-                                 absl::FormatDuration(absl::Trunc(waiting_in.age, absl::Milliseconds(1))),
-                                 " (bound ",
-                                 absl::FormatDuration(absl::Trunc(waiting_in.bound, absl::Milliseconds(1))),
-                                 "), but ", *peer);
+                                 waiting_in.comm_seq, " for ", ms(waiting_in.age), " (bound ",
+                                 ms(waiting_in.bound), "), but ", *peer);
     event.attributes = {{"what", "hang_postponed"}, {"peer", *peer}};
     (void)EmitEvent(std::move(event));
   }

@@ -405,28 +405,30 @@ int Watchdog::PollOnce() {
       overdue != nullptr ? overdue
                          : (collectives.oldest.has_value() ? &*collectives.oldest : nullptr);
   if (waiting_in != nullptr && options_.peer_progress) {
-    if (Postpone(*waiting_in, now)) {
+    bool waiting = Postpone(*waiting_in, now);
+    if (!waiting) {
+      // Asking the peers took time (a store round trip), and the wait may have ended meanwhile:
+      // the last peer entered, the collective completed, the step moved on. What was judged must
+      // still be there, or there is no hang to declare (the next poll judges what is there now).
+      const std::optional<FrameView> now_frame = ReadInnermost();
+      const bool same_frame = frame.has_value() == now_frame.has_value() &&
+                              (!frame.has_value() || frame->instance == now_frame->instance);
+      waiting = !tracker_->InFlight(waiting_in->instance) || !same_frame;
+      if (waiting) postponed_.reset();
+    }
+    if (waiting) {
       // Reported again by the next poll, and learnt from if they complete: they were waits.
       for (const InFlightCollective& c : collectives.overdue) tracker_->ExcuseOverdue(c.instance);
       return 0;
     }
-    // Asking the peers took time (a store round trip), and the wait may have ended meanwhile: the
-    // last peer entered, the collective completed, the step moved on. What was judged must still
-    // be there, or there is no hang to declare (the next poll judges what is there now).
-    const std::optional<FrameView> now_frame = ReadInnermost();
-    const bool same_frame = frame.has_value() == now_frame.has_value() &&
-                            (!frame.has_value() || frame->instance == now_frame->instance);
-    if (!tracker_->InFlight(waiting_in->instance) || !same_frame) {
-      for (const InFlightCollective& c : collectives.overdue) tracker_->ExcuseOverdue(c.instance);
-      postponed_.reset();
-      return 0;
-    }
   }
-  std::optional<Postponement> postponed = std::move(postponed_);
+  // The postponement of this very wait, if any, is evidence of the hang.
+  std::optional<Postponement> postponed;
+  if (postponed_.has_value() && waiting_in != nullptr &&
+      postponed_->collective == waiting_in->instance) {
+    postponed = std::move(postponed_);
+  }
   postponed_.reset();
-  if (postponed.has_value() && (waiting_in == nullptr || postponed->collective != waiting_in->instance)) {
-    postponed.reset();
-  }
   return Declare(*cause, frame, now, collectives, overdue, postponed);
 }
 
