@@ -281,10 +281,9 @@ class DataParallelTrainer {
     const double ms = flags_.generate_median_ms * std::exp(sigma * rng.Normal());
     const int64_t tokens = std::max<int64_t>(1, std::llround(ms));
     sdk::Watchdog* wd = rt_.watchdog();
-    const sdk::PhaseBounds bounds =
-        wd != nullptr ? wd->BoundsFor("generate") : sdk::PhaseBounds{};
-    const bool stall = rt_.rank() == flags_.stall_rank && step == flags_.stall_step &&
-                       rt_.generation() == 0;
+    const sdk::PhaseBounds bounds = wd != nullptr ? wd->BoundsFor("generate") : sdk::PhaseBounds{};
+    const bool stall =
+        rt_.rank() == flags_.stall_rank && step == flags_.stall_step && rt_.generation() == 0;
     const absl::Time begin = absl::Now();
     {
       sdk::ScopedPhase phase(wd, "generate");

@@ -249,8 +249,7 @@ class Watchdog {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(poll_mu_);
   int Declare(HangReport::Cause cause, const std::optional<FrameView>& frame, int64_t now_ns,
               const CollectivePoll& collectives, const InFlightCollective* overdue,
-              const std::optional<Postponement>& postponed)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(poll_mu_);
+              const std::optional<Postponement>& postponed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(poll_mu_);
   void RecordPhase(bool end, int name, int64_t now_ns, int64_t duration_ns);
 
   const WatchdogOptions options_;

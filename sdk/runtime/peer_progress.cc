@@ -25,7 +25,8 @@ constexpr absl::string_view kVersion = "v1";
 
 absl::Status Bad(std::string_view field, std::string_view text) {
   return absl::InvalidArgumentError(
-      absl::StrFormat("peer progress record \"%s\": bad %s", absl::CHexEscape(absl::string_view(text.data(), text.size())), field));
+      absl::StrFormat("peer progress record \"%s\": bad %s",
+                      absl::CHexEscape(absl::string_view(text.data(), text.size())), field));
 }
 
 }  // namespace
@@ -38,10 +39,10 @@ int64_t ProgressRecord::BegunOn(uint64_t comm_id) const {
 }
 
 std::string EncodeProgressRecord(const ProgressRecord& record) {
-  std::string comms = absl::StrJoin(
-      record.begun, ",", [](std::string* out, const std::pair<uint64_t, int64_t>& comm) {
-        absl::StrAppend(out, comm.first, ":", comm.second);
-      });
+  std::string comms = absl::StrJoin(record.begun, ",",
+                                    [](std::string* out, const std::pair<uint64_t, int64_t>& comm) {
+                                      absl::StrAppend(out, comm.first, ":", comm.second);
+                                    });
   return absl::StrCat(kVersion, " ", absl::ToUnixNanos(record.published), " ",
                       absl::ToInt64Nanoseconds(record.progress_age), " ", record.step, " ",
                       comms.empty() ? absl::string_view("-") : absl::string_view(comms));

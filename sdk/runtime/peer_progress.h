@@ -33,8 +33,8 @@ namespace trainguard {
 namespace runtime_internal {
 
 struct ProgressRecord {
-  absl::Time published;          // the publisher's wall clock
-  absl::Duration progress_age;   // since its last progress, as of `published`
+  absl::Time published;         // the publisher's wall clock
+  absl::Duration progress_age;  // since its last progress, as of `published`
   int64_t step = -1;
   // (communicator id, collectives entered), in the publisher's registration order.
   std::vector<std::pair<uint64_t, int64_t>> begun;

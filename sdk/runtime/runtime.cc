@@ -446,8 +446,7 @@ void Runtime::PublishProgress() {
     return;
   }
   const int64_t now_ns = clock_->MonotonicNanos();
-  if (now_ns - published_.written_ns <
-      int64_t{options_.watchdog_peer_progress_ms} * 1'000'000) {
+  if (now_ns - published_.written_ns < int64_t{options_.watchdog_peer_progress_ms} * 1'000'000) {
     return;
   }
   PublishedProgress now;

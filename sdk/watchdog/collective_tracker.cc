@@ -284,9 +284,7 @@ CollectiveHandle CollectiveTracker::Claim(int op, int comm, uint64_t bytes, int 
     std::atomic<int64_t>& next_seq = comms_[comm].next_seq;
     const int64_t seq = next_seq.load(std::memory_order_relaxed);
     next_seq.store(seq + 1, std::memory_order_relaxed);
-    s.instance.store(
-        InstanceOf(index, generation),
-        std::memory_order_release);
+    s.instance.store(InstanceOf(index, generation), std::memory_order_release);
     s.op.store(op, std::memory_order_release);
     s.comm.store(comm, std::memory_order_release);
     s.comm_seq.store(seq, std::memory_order_release);
@@ -554,8 +552,7 @@ void CollectiveTracker::ExcuseOverdue(uint64_t instance) {
   if (index >= static_cast<uint64_t>(slot_count_)) return;
   uint32_t reported = GenerationOf(instance);
   // Only a report of this very collective is taken back; a reused slot keeps its own.
-  slots_[index].reported_generation.compare_exchange_strong(reported, 0,
-                                                            std::memory_order_relaxed);
+  slots_[index].reported_generation.compare_exchange_strong(reported, 0, std::memory_order_relaxed);
 }
 
 bool CollectiveTracker::InFlight(uint64_t instance) const {

@@ -11,8 +11,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
-#include <optional>
 #include <map>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -469,8 +469,8 @@ TEST(Launcher, AGenerationThatStopsTickingIsDetectedNamedAndReplaced) {
   std::smatch silence;
   ASSERT_TRUE(std::regex_search(hang->message, silence, std::regex("no progress for ([^ ]+) ")))
       << hang->message;
-  std::printf("stalled generation detected after %s without a tick: %s\n",
-              silence[1].str().c_str(), hang->message.c_str());
+  std::printf("stalled generation detected after %s without a tick: %s\n", silence[1].str().c_str(),
+              hang->message.c_str());
 }
 
 TEST(Launcher, WithoutAStandbyALostRankFailsTheJobWithStatus1) {

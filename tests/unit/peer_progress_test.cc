@@ -22,11 +22,11 @@
 namespace trainguard {
 namespace {
 
-using ::testing::HasSubstr;
 using runtime_internal::EncodeProgressRecord;
 using runtime_internal::ExplainWait;
 using runtime_internal::ParseProgressRecord;
 using runtime_internal::ProgressRecord;
+using ::testing::HasSubstr;
 
 constexpr uint64_t kDp = 1;
 const absl::Time kNow = absl::FromUnixSeconds(1'800'000'000);
@@ -92,8 +92,9 @@ TEST(ExplainWait, APeerThatHasNotEnteredTheCollectiveAndProgressedRecentlyExplai
   std::optional<std::string> why =
       ExplainWait(records, /*self=*/0, "all_reduce", kDp, 812, kNow, absl::Seconds(1));
   ASSERT_TRUE(why.has_value());
-  EXPECT_EQ(*why, "rank 2 has not entered all_reduce #812 (comm 1) and made progress 40ms ago "
-                  "(step 811)");
+  EXPECT_EQ(*why,
+            "rank 2 has not entered all_reduce #812 (comm 1) and made progress 40ms ago "
+            "(step 811)");
 }
 
 TEST(ExplainWait, PeersWaitingInTheSameCollectiveOrSilentTooLongExplainNothing) {
