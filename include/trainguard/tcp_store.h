@@ -22,9 +22,11 @@
 // unknown": the caller decides (e.g. by reading the key). A Delete retried that way may report
 // false for a key its first attempt deleted.
 //
-// Thread safety: TcpStore is thread-safe (calls on one client are serialized: one request is in
-// flight per connection; use several clients for parallelism). TcpStoreServer's methods may be
-// called from any thread.
+// Thread safety: TcpStore is thread-safe. Its calls are serialized on one connection (one request
+// in flight), except Wait: each Wait runs on a connection of its own (opened when no idle one is
+// left, a few kept for the next), so a long Wait never holds up another thread's calls behind it
+// (a rank's heartbeats, its votes). Use several clients for more parallelism. TcpStoreServer's
+// methods may be called from any thread.
 #ifndef TRAINGUARD_TCP_STORE_H_
 #define TRAINGUARD_TCP_STORE_H_
 
@@ -37,9 +39,11 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "trainguard/mutex.h"
 #include "trainguard/store.h"
 
 namespace trainguard {
@@ -164,9 +168,17 @@ class TcpStore final : public Store {
 
  private:
   class Connection;
-  explicit TcpStore(std::unique_ptr<Connection> connection);
+  TcpStore(const TcpStoreOptions& options, std::unique_ptr<Connection> connection);
 
+  // Wait's connections: an idle one, or a new one (connected by its first call).
+  std::unique_ptr<Connection> TakeWaitConnection();
+  void ReturnWaitConnection(std::unique_ptr<Connection> connection);
+
+  const TcpStoreOptions options_;
+  // Every call but Wait.
   std::unique_ptr<Connection> connection_;
+  Mutex wait_mu_;
+  std::vector<std::unique_ptr<Connection>> idle_wait_connections_ ABSL_GUARDED_BY(wait_mu_);
 };
 
 }  // namespace trainguard

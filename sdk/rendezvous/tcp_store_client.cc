@@ -1,5 +1,6 @@
-// TcpStore, the client: one blocking-with-deadline connection (non-blocking socket + poll), one
-// request in flight, reconnection with bounded exponential backoff inside each call's timeout.
+// TcpStore, the client: blocking-with-deadline connections (non-blocking socket + poll), one
+// request in flight on each, reconnection with bounded exponential backoff inside each call's
+// timeout. Every call shares one connection, except Wait, which takes a connection of its own.
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -35,6 +36,8 @@ namespace trainguard {
 namespace {
 
 constexpr size_t kReadChunkBytes = 64 << 10;
+// Idle Wait connections kept open for the next Wait; more are closed when returned.
+constexpr size_t kIdleWaitConnections = 2;
 // A Wait's answer leaves the server at the wait's deadline; the client listens this much longer
 // for it, so that a timeout names the keys still missing.
 constexpr absl::Duration kWaitAnswerGrace = absl::Seconds(1);
@@ -106,6 +109,7 @@ class TcpStore::Connection {
 
   const std::string& address() const { return address_; }
   void set_generation(int64_t generation) { generation_.store(generation); }
+  int64_t generation() const { return generation_.load(); }
 
   // Connects and authenticates, retrying an unreachable server until `timeout` has passed.
   absl::Status Open(absl::Duration timeout) {
@@ -467,11 +471,34 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(const TcpStoreOption
   }
   auto connection = std::make_unique<Connection>(options);
   if (absl::Status s = connection->Open(options.connect_timeout); !s.ok()) return s;
-  return std::unique_ptr<TcpStore>(new TcpStore(std::move(connection)));
+  return std::unique_ptr<TcpStore>(new TcpStore(options, std::move(connection)));
 }
 
-TcpStore::TcpStore(std::unique_ptr<Connection> connection) : connection_(std::move(connection)) {}
+TcpStore::TcpStore(const TcpStoreOptions& options, std::unique_ptr<Connection> connection)
+    : options_(options), connection_(std::move(connection)) {}
 TcpStore::~TcpStore() = default;
+
+std::unique_ptr<TcpStore::Connection> TcpStore::TakeWaitConnection() {
+  {
+    MutexLock lock(&wait_mu_);
+    if (!idle_wait_connections_.empty()) {
+      std::unique_ptr<Connection> connection = std::move(idle_wait_connections_.back());
+      idle_wait_connections_.pop_back();
+      connection->set_generation(connection_->generation());
+      return connection;
+    }
+  }
+  auto connection = std::make_unique<Connection>(options_);
+  connection->set_generation(connection_->generation());
+  return connection;
+}
+
+void TcpStore::ReturnWaitConnection(std::unique_ptr<Connection> connection) {
+  MutexLock lock(&wait_mu_);
+  if (idle_wait_connections_.size() < kIdleWaitConnections) {
+    idle_wait_connections_.push_back(std::move(connection));
+  }
+}
 
 std::string TcpStore::address() const { return connection_->address(); }
 
@@ -593,8 +620,12 @@ absl::Status TcpStore::Wait(const std::vector<std::string>& keys, absl::Duration
   proto::ClientMessage message;
   proto::WaitOp* op = message.mutable_request()->mutable_wait();
   for (const std::string& key : keys) op->add_keys(key);
+  // Parked on the server until the keys exist: on a connection of its own, so that the calls of
+  // other threads (a rank's heartbeats while it waits for a generation) are not held up behind it.
+  std::unique_ptr<Connection> connection = TakeWaitConnection();
   absl::StatusOr<proto::StoreResponse> response =
-      connection_->Call(message, Connection::Retry::kIdempotent, timeout, Describe("Wait", keys));
+      connection->Call(message, Connection::Retry::kIdempotent, timeout, Describe("Wait", keys));
+  ReturnWaitConnection(std::move(connection));
   if (!response.ok()) return response.status();
   return ResponseStatus(*response);
 }

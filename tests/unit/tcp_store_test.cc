@@ -746,6 +746,32 @@ TEST(TcpStoreServerTest, AnAddThatWouldOverflowIsOutOfRangeAndChangesNothing) {
   EXPECT_EQ(*client->Get("n", kTimeout), "9223372036854775807");
 }
 
+// A rank's store client is shared by its threads: one parked in a Wait for minutes (a new
+// generation) must not hold up the others' calls (its heartbeats), which would get it killed as
+// dead.
+TEST(TcpStoreServerTest, CallsFromOtherThreadsAreAnsweredWhileOneThreadWaitsOnTheSameClient) {
+  auto server = StartServer();
+  auto shared = ConnectClient(server->port());
+  absl::Status waited = absl::UnknownError("not returned");
+  std::atomic<bool> wait_returned{false};
+  std::thread waiter([&] {
+    waited = shared->Wait({"released", "also_released"}, absl::Minutes(2));
+    wait_returned = true;
+  });
+  ASSERT_TRUE(Eventually([&] { return server->stats().waits_parked == 1; }));
+  // A heartbeat's worth of calls while the Wait is parked, and a second Wait of their own.
+  for (int beat = 0; beat < 20; ++beat) {
+    ASSERT_TRUE(shared->Add("heartbeat", 1, kTimeout).ok());
+  }
+  EXPECT_EQ(*shared->Get("heartbeat", kTimeout), "20");
+  ASSERT_TRUE(shared->Set("released", "1", kTimeout).ok());
+  EXPECT_TRUE(shared->Wait({"released"}, kTimeout).ok());
+  EXPECT_FALSE(wait_returned.load()) << "the long Wait ended early: " << waited;
+  ASSERT_TRUE(shared->Set("also_released", "1", kTimeout).ok());
+  waiter.join();
+  EXPECT_TRUE(waited.ok()) << waited;
+}
+
 TEST(TcpStoreServerTest, AWaitIsAnsweredWhenItsKeysExistTogether) {
   auto server = StartServer();
   auto waiter = ConnectClient(server->port());
