@@ -50,6 +50,9 @@ struct StackGroup {
   std::vector<std::string> modules;  // the grouping key: module names, innermost first
   // The lowest rank's frames, each reduced by FrameSignature, innermost first: what to show.
   std::vector<std::string> frames;
+  // The frames are in trainguard's recovery (Runtime::recover, a re-rendezvous): these ranks had
+  // already moved on when they dumped, so their stacks say nothing about where the hang was.
+  bool recovering = false;
 };
 
 struct HangDiagnosis {
@@ -58,7 +61,8 @@ struct HangDiagnosis {
   std::vector<int> missing;  // ranks in [0, world_size) without a dump
   std::vector<LaggardReport> laggards;
   std::vector<StackGroup> stack_groups;  // largest first; equal sizes by lowest rank
-  std::vector<int> stack_outliers;       // ranks outside the single largest group, ascending
+  // Ranks outside the single largest group of those not recovering, ascending.
+  std::vector<int> stack_outliers;
   std::vector<int> suspects;             // laggards, stack outliers and missing ranks, ascending
 
   // Several lines: the suspects first ("suspects: rank 2"), then why, e.g.

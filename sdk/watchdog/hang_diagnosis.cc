@@ -99,6 +99,16 @@ std::string Abbreviate(const std::vector<std::string>& signature, size_t n) {
   return out;
 }
 
+// A frame of trainguard's own recovery: a rank whose training thread runs it has left the step.
+bool IsRecoveryFrame(const std::string& frame) {
+  for (absl::string_view recovery :
+       {"trainguard::Runtime::recover(", "trainguard::Runtime::ReRendezvous(",
+        "trainguard::RendezvousMember::"}) {
+    if (absl::StrContains(frame, recovery)) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 std::string FrameModule(const std::string& frame) {
@@ -215,6 +225,7 @@ HangDiagnosis DiagnoseHang(const HangEvidence& evidence) {
   }
   for (auto& [modules, group] : groups) {
     group.modules = modules;
+    group.recovering = std::any_of(group.frames.begin(), group.frames.end(), IsRecoveryFrame);
     d.stack_groups.push_back(std::move(group));
   }
   std::sort(d.stack_groups.begin(), d.stack_groups.end(),
@@ -222,11 +233,16 @@ HangDiagnosis DiagnoseHang(const HangEvidence& evidence) {
               if (a.ranks.size() != b.ranks.size()) return a.ranks.size() > b.ranks.size();
               return a.ranks.front() < b.ranks.front();
             });
-  if (d.stack_groups.size() >= 2 &&
-      d.stack_groups[0].ranks.size() > d.stack_groups[1].ranks.size()) {
-    for (size_t i = 1; i < d.stack_groups.size(); ++i) {
-      d.stack_outliers.insert(d.stack_outliers.end(), d.stack_groups[i].ranks.begin(),
-                              d.stack_groups[i].ranks.end());
+  // Only the ranks still where the hang found them are compared: a rank that has moved on to
+  // recovery is neither the majority nor an outlier.
+  std::vector<const StackGroup*> stuck;
+  for (const StackGroup& group : d.stack_groups) {
+    if (!group.recovering) stuck.push_back(&group);
+  }
+  if (stuck.size() >= 2 && stuck[0]->ranks.size() > stuck[1]->ranks.size()) {
+    for (size_t i = 1; i < stuck.size(); ++i) {
+      d.stack_outliers.insert(d.stack_outliers.end(), stuck[i]->ranks.begin(),
+                              stuck[i]->ranks.end());
     }
     std::sort(d.stack_outliers.begin(), d.stack_outliers.end());
   }
@@ -253,17 +269,28 @@ std::string HangDiagnosis::ToString() const {
                     missing.size() == 1 ? " wrote no dump" : " wrote no dumps",
                     " (stopped, dead or unable to write)");
   }
-  if (!stack_outliers.empty()) {
-    absl::StrAppend(&out, "\n", RankList(stack_groups[0].ranks), " wait together in: ",
-                    Abbreviate(stack_groups[0].frames, kFramesShown));
-    for (size_t i = 1; i < stack_groups.size(); ++i) {
-      absl::StrAppend(&out, "\n", RankList(stack_groups[i].ranks),
-                      stack_groups[i].ranks.size() == 1 ? "'s training thread is" : "' training threads are",
-                      " elsewhere: ", Abbreviate(stack_groups[i].frames, kFramesShown));
+  std::vector<const StackGroup*> stuck;
+  for (const StackGroup& group : stack_groups) {
+    if (group.recovering) {
+      absl::StrAppend(
+          &out, "\n", RankList(group.ranks), group.ranks.size() == 1 ? " had" : " had all",
+          " moved on to recovery when dumping: ", Abbreviate(group.frames, kFramesShown));
+    } else {
+      stuck.push_back(&group);
     }
-  } else if (stack_groups.size() > 1) {
-    absl::StrAppend(&out, "\n", "no majority among the training threads' stacks (",
-                    stack_groups.size(), " groups)");
+  }
+  if (!stack_outliers.empty()) {
+    absl::StrAppend(&out, "\n", RankList(stuck[0]->ranks),
+                    " wait together in: ", Abbreviate(stuck[0]->frames, kFramesShown));
+    for (size_t i = 1; i < stuck.size(); ++i) {
+      absl::StrAppend(
+          &out, "\n", RankList(stuck[i]->ranks),
+          stuck[i]->ranks.size() == 1 ? "'s training thread is" : "' training threads are",
+          " elsewhere: ", Abbreviate(stuck[i]->frames, kFramesShown));
+    }
+  } else if (stuck.size() > 1) {
+    absl::StrAppend(&out, "\n", "no majority among the training threads' stacks (", stuck.size(),
+                    " groups)");
   }
   return out;
 }

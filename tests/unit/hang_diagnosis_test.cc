@@ -23,6 +23,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 using testing::TempDir;
 
 constexpr int kPidBase = 1000;
@@ -43,6 +44,16 @@ std::vector<std::string> SleepingFrames() {
   return {"clock_nanosleep+0x57 (/lib/x86_64-linux-gnu/libc.so.6+0xd7bd7)",
           "AbslInternalSleepFor (/usr/lib/libabsl_synchronization.so+0x4b21)",
           "cpp_trainer::GlooDataParallel::AllreduceSum() (/build/cpp_trainer+0x41a000)",
+          "main (/build/cpp_trainer+0x1f00)"};
+}
+
+// A training thread that had already left the step: its collective failed and it waits for the
+// next generation.
+std::vector<std::string> RecoveringFrames() {
+  return {"__poll+0x4f (/lib/x86_64-linux-gnu/libc.so.6+0xf7c2f)",
+          "trainguard::TcpStore::Wait() (/build/libtrainguard.so+0x9a010)",
+          "trainguard::RendezvousMember::AwaitGeneration() (/build/libtrainguard.so+0x8b200)",
+          "trainguard::Runtime::ReRendezvous() (/build/libtrainguard.so+0x7c300)",
           "main (/build/cpp_trainer+0x1f00)"};
 }
 
@@ -195,6 +206,37 @@ TEST(DiagnoseHang, WithoutALargestGroupNoRankIsAStackOutlier) {
   EXPECT_THAT(d.suspects, IsEmpty());
   EXPECT_THAT(d.ToString(), HasSubstr("suspects: none found"));
   EXPECT_THAT(d.ToString(), HasSubstr("no majority among the training threads' stacks"));
+}
+
+// The rank that declared the hang still sits in the collective it aborted (gloo cannot wake it);
+// the others failed at once and were waiting for the next generation when they dumped. They are
+// no majority to judge it by: nobody is a stack outlier.
+TEST(DiagnoseHang, RanksThatMovedOnToRecoveryAreNeitherTheMajorityNorOutliers) {
+  HangEvidence evidence;
+  evidence.world_size = 4;
+  evidence.dumps = {MakeDump(0, 0, 8, RecoveringFrames()), MakeDump(1, 0, 8, WaitingFrames(0x41)),
+                    MakeDump(2, 0, 8, RecoveringFrames()), MakeDump(3, 0, 8, RecoveringFrames())};
+  const HangDiagnosis d = DiagnoseHang(evidence);
+  ASSERT_EQ(d.stack_groups.size(), 2u);
+  EXPECT_THAT(d.stack_groups[0].ranks, ElementsAre(0, 2, 3));
+  EXPECT_TRUE(d.stack_groups[0].recovering);
+  EXPECT_FALSE(d.stack_groups[1].recovering);
+  EXPECT_THAT(d.stack_outliers, IsEmpty());
+  EXPECT_THAT(d.suspects, IsEmpty());
+  const std::string text = d.ToString();
+  EXPECT_THAT(text, HasSubstr("suspects: none found"));
+  EXPECT_THAT(text, HasSubstr("ranks 0,2,3 had all moved on to recovery when dumping: __poll <- "
+                              "trainguard::TcpStore::Wait() <- "));
+  EXPECT_THAT(text, Not(HasSubstr("elsewhere")));
+
+  // Among the ranks still in the step, the odd one out is still named.
+  evidence.dumps.push_back(MakeDump(4, 0, 8, WaitingFrames(0x41)));
+  evidence.dumps.push_back(MakeDump(5, 0, 8, SleepingFrames()));
+  evidence.world_size = 6;
+  const HangDiagnosis mixed = DiagnoseHang(evidence);
+  EXPECT_THAT(mixed.stack_outliers, ElementsAre(5));
+  EXPECT_THAT(mixed.suspects, ElementsAre(5));
+  EXPECT_THAT(mixed.ToString(), HasSubstr("ranks 1,4 wait together in: "));
 }
 
 TEST(DiagnoseHang, ADumpWithoutStacksFormsItsOwnGroup) {
