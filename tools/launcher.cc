@@ -151,6 +151,7 @@ class Job {
   void KillRanksWithStaleHeartbeats();
   void ReportLaggards();
   void DiagnoseHangs();
+  void RenewGenerationWhenAsked();
   void StopAll(absl::Duration grace);
   void Fail(const std::string& why);
   void Say(const std::string& line) { std::printf("trainguard run: %s\n", line.c_str()); }
@@ -178,9 +179,9 @@ class Job {
   };
   std::deque<DeadRank> dead_;
   struct Recovery {
-    int rank;
+    int rank;  // -1: a renewal (no rank died; the communicators broke)
     int64_t generation;
-    absl::Time died;
+    absl::Time died;  // or, for a renewal, when the first rank asked
   };
   std::vector<Recovery> recoveries_;
   absl::Time next_liveness_check_ = absl::InfinitePast();
@@ -194,6 +195,12 @@ class Job {
   std::optional<PendingHang> pending_hang_;
   int64_t hangs_checked_below_ = 0;  // generations below this one have no hang left to look for
   absl::Time next_hang_check_ = absl::InfinitePast();
+  // The first request for a new generation seen in the current one (RenewGenerationWhenAsked).
+  struct RenewalAsked {
+    int64_t generation;
+    absl::Time since;
+  };
+  std::optional<RenewalAsked> renewal_asked_;
 
   // Generation 0 is formed on a helper thread while the loop keeps draining the ranks' output.
   std::thread former_;
@@ -491,11 +498,18 @@ void Job::CheckRecoveries() {
       ++it;
       continue;
     }
-    Say(
-        absl::StrFormat("recovered from the loss of rank %d in %.3f s (death seen -> every rank "
-                        "completed its first "
-                        "step of generation %d)",
-                        it->rank, absl::ToDoubleSeconds(absl::Now() - it->died), it->generation));
+    const double took = absl::ToDoubleSeconds(absl::Now() - it->died);
+    if (it->rank < 0) {
+      Say(
+          absl::StrFormat("recovered with the same ranks in %.3f s (first request for a new "
+                          "generation -> every rank completed its first step of generation %d)",
+                          took, it->generation));
+    } else {
+      Say(
+          absl::StrFormat("recovered from the loss of rank %d in %.3f s (death seen -> every rank "
+                          "completed its first step of generation %d)",
+                          it->rank, took, it->generation));
+    }
     it = recoveries_.erase(it);
   }
 }
@@ -599,6 +613,44 @@ void Job::DiagnoseHangs() {
       kill(c->pid, SIGKILL);  // reaped and replaced like any dead rank
     }
   }
+}
+
+// Ranks whose communicators failed ask for a new generation (RendezvousMember::
+// RequestNewGeneration). When one died, its replacement's generation answers them; otherwise (a
+// dropped connection, a hang declared on a healthy job) nobody else would publish one, and the job
+// would wait until the heartbeats ran out. So the generation is renewed with the same members as
+// soon as every rank has asked, or kRenewalGrace after the first did: a rank that does not ask may
+// be dead or stopped, and its death, or the diagnosis of a hang, comes first.
+void Job::RenewGenerationWhenAsked() {
+  constexpr absl::Duration kRenewalGrace = absl::Seconds(1);
+  if (!dead_.empty() || pending_hang_.has_value()) return;
+  for (const auto& c : children_) {
+    if (c->killed_for_liveness && c->running) return;  // its death, about to be reaped, comes first
+  }
+  const int64_t generation = coordinator_->generation();
+  absl::StatusOr<std::map<int, std::string>> asked =
+      coordinator_->NewGenerationRequests(kStoreTimeout);
+  if (!asked.ok() || asked->empty()) return;  // the store briefly unreachable: look again next time
+  const absl::Time now = absl::Now();
+  if (!renewal_asked_.has_value() || renewal_asked_->generation != generation) {
+    renewal_asked_ = RenewalAsked{generation, now};
+    const auto& [rank, why] = *asked->begin();
+    Say(absl::StrFormat("rank %d asks for a new generation: %s", rank, why));
+  }
+  if (asked->size() < static_cast<size_t>(config_.nproc) &&
+      now < renewal_asked_->since + kRenewalGrace) {
+    return;
+  }
+  absl::StatusOr<Membership> next = coordinator_->RenewGeneration(kStoreTimeout);
+  if (!next.ok()) {
+    Say(absl::StrCat("renewing generation ", generation, ": ", next.status().ToString()));
+    return;  // tried again next time
+  }
+  std::vector<int> ranks;
+  for (const auto& [rank, why] : *asked) ranks.push_back(rank);
+  Say(absl::StrFormat("generation %d renewed with the same ranks (asked by %s)", next->generation,
+                      absl::StrJoin(ranks, ",")));
+  recoveries_.push_back({-1, next->generation, renewal_asked_->since});
 }
 
 void Job::Fail(const std::string& why) {
@@ -712,6 +764,7 @@ int Job::Run() {
     CheckRecoveries();
     if (formed_reported && exit_code_ < 0 && dead_.empty()) KillRanksWithStaleHeartbeats();
     if (formed_reported && exit_code_ < 0) DiagnoseHangs();
+    if (formed_reported && exit_code_ < 0) RenewGenerationWhenAsked();
     if (exit_code_ < 0 && ranks_finished_ == config_.nproc) exit_code_ = 0;
   }
   StopAll(config_.stop_grace);

@@ -138,6 +138,7 @@ void GlooDataParallel::AllreduceSum(std::span<float> data) {
     // Operations in flight at the same time need distinct tags; this communicator runs one at a
     // time, so the sequence number is only a help when reading gloo's messages.
     options->setTag(static_cast<uint32_t>(sequence));
+    if (std::exchange(drop_next_, false)) context_->closeConnections();
     gloo::allreduce(*options);
   } catch (...) {
     failed_collectives_.push_back(std::move(options));

@@ -84,6 +84,10 @@ class GlooDataParallel {
   // as entered, before it exchanges any data, like a rank that is slow inside a collective while
   // its peers wait in it.
   void DelayNextCollective(absl::Duration delay) { next_delay_ = delay; }
+  // Fault injection: the next collective first closes every connection of this rank, like a link
+  // that drops. It fails, and so do the peers' (their connection is closed by this peer), while
+  // every process stays alive.
+  void DropConnectionsBeforeNextCollective() { drop_next_ = true; }
 
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
@@ -103,6 +107,7 @@ class GlooDataParallel {
   std::vector<std::shared_ptr<void>> failed_collectives_;  // gloo::*Options of any collective
   uint64_t collectives_ = 0;                               // sequence number of the next collective
   absl::Duration next_delay_ = absl::ZeroDuration();
+  bool drop_next_ = false;
 };
 
 }  // namespace cpp_trainer

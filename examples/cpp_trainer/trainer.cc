@@ -333,6 +333,9 @@ class DataParallelTrainer {
     if (rt_.rank() == flags_.stop_rank && step == flags_.stop_step && rt_.generation() == 0) {
       raise(SIGSTOP);
     }
+    if (rt_.rank() == flags_.drop_rank && step == flags_.drop_step && rt_.generation() == 0) {
+      comm_->DropConnectionsBeforeNextCollective();
+    }
     if (rt_.rank() == flags_.sleep_rank && step == flags_.sleep_step && rt_.generation() == 0) {
       comm_->DelayNextCollective(flags_.sleep_in_collective);
     }

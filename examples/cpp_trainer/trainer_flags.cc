@@ -70,6 +70,9 @@ TRAINGUARD_JOB_ID and TRAINGUARD_RUN_DIR (see trainguard's Options).
   --stop-before-collective RANK:STEP
                           RANK sends itself SIGSTOP before STEP's allreduce (a hung rank;
                           generation 0 only)
+  --drop-connections RANK:STEP
+                          RANK closes its connections to every peer before STEP's allreduce (a
+                          dropped link, every process alive; generation 0 only)
   --sleep-in-collective RANK:STEP:SECONDS
                           RANK sleeps SECONDS inside STEP's allreduce, after entering it and
                           before exchanging data (a rank slow inside a collective; generation 0
@@ -129,6 +132,10 @@ absl::StatusOr<TrainerFlags> ParseTrainerFlags(int argc, char** argv) {
       std::pair<absl::string_view, absl::string_view> parts = absl::StrSplit(value, ':');
       status = ParseNumber<int>(flag, parts.first, 0, &flags.stop_rank);
       if (status.ok()) status = ParseNumber<int64_t>(flag, parts.second, 0, &flags.stop_step);
+    } else if (flag == "--drop-connections") {
+      std::pair<absl::string_view, absl::string_view> parts = absl::StrSplit(value, ':');
+      status = ParseNumber<int>(flag, parts.first, 0, &flags.drop_rank);
+      if (status.ok()) status = ParseNumber<int64_t>(flag, parts.second, 0, &flags.drop_step);
     } else if (flag == "--sleep-in-collective") {
       status = ParseRankStepSeconds(flag, value, &flags.sleep_rank, &flags.sleep_step,
                                     &flags.sleep_in_collective);

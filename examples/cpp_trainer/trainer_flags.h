@@ -36,6 +36,10 @@ struct TrainerFlags {
   int stop_rank = -1;
   int64_t stop_step = -1;
   int64_t inject_nan_grad_step = -1;
+  // --drop-connections RANK:STEP: RANK closes every connection of its communicator before STEP's
+  // allreduce (a dropped link: every process stays alive).
+  int drop_rank = -1;
+  int64_t drop_step = -1;
   // --sleep-in-collective RANK:STEP:SECONDS: RANK sleeps inside STEP's allreduce.
   int sleep_rank = -1;
   int64_t sleep_step = -1;

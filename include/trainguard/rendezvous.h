@@ -11,6 +11,10 @@
 //   standby:   member.ParkAsStandby() returns generation g+1 with its new rank -> build
 //   communicators both:      member.Barrier(...) before the first step of the new generation
 //
+// When the communicators fail and no rank died (a dropped connection, a hang declared on a healthy
+// job), the ranks ask for a new generation (RequestNewGeneration) and the coordinator renews the
+// current one: generation g+1 with the same members (RenewGeneration), and they meet again alike.
+//
 // Store keys (under the job's PrefixStore). A member's writes carry the generation it adopted last,
 // so a member of a superseded generation finds every write rejected, its heartbeat included, and
 // superseded() turns true; a replaced member (declared dead while still running) stays shut out:
@@ -24,6 +28,8 @@
 //   rdzv/gen/<g>/barrier/<name>/<rank>  barrier arrivals
 //   rdzv/gen/<g>/progress/<rank>   the step a rank's state is ready to run next (-1: no state)
 //   rdzv/gen/<g>/resumed/<rank>    the first step a rank completed in generation g (Runtime)
+//   rdzv/gen/<g>/renew/<rank>      a rank of generation g asks for g+1 with the same members; the
+//                                  value says why
 //   rdzv/hb/<member>               heartbeat counter, advanced by each member's heartbeat thread;
 //   the
 //                                  coordinator reports ranks whose counter stopped (liveness on any
@@ -94,6 +100,12 @@ class RendezvousMember {
   // rendezvous): call AwaitGeneration(membership.generation) and agree again in the newer one.
   absl::StatusOr<RecoveryPlan> AgreeOnResume(const Membership& membership, int64_t next_step,
                                              absl::Duration timeout);
+  // Asks the coordinator for a new generation with the same members: this rank's communicators
+  // failed and it knows of no dead rank. `why` (e.g. the failure) is kept for the coordinator's
+  // report. Ok as well when a newer generation than `membership`'s exists already (it answers the
+  // request). Then call AwaitGeneration(membership.generation).
+  absl::Status RequestNewGeneration(const Membership& membership, std::string_view why,
+                                    absl::Duration timeout);
   // Every rank of `membership` calls it with the same `name`; returns when all have arrived.
   absl::Status Barrier(const Membership& membership, std::string_view name, absl::Duration timeout);
 
@@ -132,6 +144,12 @@ class RendezvousCoordinator {
   // Publishes generation current+1 in which a parked standby (the first in member-id order) takes
   // `dead_rank`. FailedPrecondition when no standby is parked (the caller then stops the job).
   absl::StatusOr<Membership> ReplaceRank(int dead_rank, absl::Duration timeout);
+  // The ranks of the current generation that asked for a new one (RequestNewGeneration), in rank
+  // order, with the reason each gave.
+  absl::StatusOr<std::map<int, std::string>> NewGenerationRequests(absl::Duration timeout);
+  // Publishes generation current+1 with the same members, for ranks whose communicators failed
+  // while none died: they all meet again in it, agree on the resume step and go on.
+  absl::StatusOr<Membership> RenewGeneration(absl::Duration timeout);
   // Forgets a parked standby that died (the launcher saw it exit), so it is never picked.
   absl::Status ForgetStandby(const std::string& member_id, absl::Duration timeout);
   // Standbys parked now, in member-id order.

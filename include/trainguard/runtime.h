@@ -186,8 +186,10 @@ class Runtime {
   //     then FailedPrecondition.
   //   kRollback, or kSkip past the limit when checkpointing: restores the newest committed
   //     checkpoint (RestoreCheckpoint) and returns its step; without checkpointing, Unimplemented.
-  //   kReRendezvous, with a store: waits for the next generation (published by the launcher once it
-  //     has replaced the dead rank), agrees with every rank on the resume step and returns it;
+  //   kReRendezvous, with a store: asks for a new generation (RequestNewGeneration) and waits for
+  //     the next one, published by the launcher once it has replaced a dead rank, or with the same
+  //     members when every rank is alive (a dropped connection, a hang declared on a healthy job);
+  //     agrees with every rank on the resume step and returns it;
   //     recovery_plan() then names the rank to take the model state from, and the trainer rebuilds
   //     its communicators for generation(). FailedPrecondition when this process was itself
   //     replaced (it must exit). When checkpointing, every rank of the new generation (the

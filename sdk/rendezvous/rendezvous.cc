@@ -1,7 +1,10 @@
 // The rendezvous protocol over a Store: see include/trainguard/rendezvous.h for the key layout.
 #include "trainguard/rendezvous.h"
 
+#include <map>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -29,6 +32,9 @@ std::string StandbyKey(std::string_view member) {
 }
 std::string AssignKey(std::string_view member) { return absl::StrFormat("rdzv/assign/%s", member); }
 std::string HeartbeatKey(std::string_view member) { return absl::StrFormat("rdzv/hb/%s", member); }
+std::string RenewPrefix(int64_t generation) {
+  return absl::StrCat("rdzv/gen/", generation, "/renew/");
+}
 
 std::string EncodeTable(const Membership& m) {
   return absl::StrCat(m.generation, "\n", m.world_size, "\n", absl::StrJoin(m.members, "\n"));
@@ -207,6 +213,20 @@ absl::Status RendezvousMember::Barrier(const Membership& membership, std::string
   return store_->Wait(keys, timeout);
 }
 
+absl::Status RendezvousMember::RequestNewGeneration(const Membership& membership,
+                                                    std::string_view why, absl::Duration timeout) {
+  absl::Status s =
+      store_->Set(absl::StrCat(RenewPrefix(membership.generation), membership.rank), why, timeout);
+  // Fenced out: a newer generation is published already, which is what was asked for.
+  if (absl::IsFailedPrecondition(s)) return absl::OkStatus();
+  if (!s.ok()) {
+    return absl::Status(
+        s.code(), absl::StrFormat("rank %d asking for a generation after %d: %s", membership.rank,
+                                  membership.generation, std::string(s.message())));
+  }
+  return s;
+}
+
 absl::StatusOr<RecoveryPlan> RendezvousMember::AgreeOnResume(const Membership& membership,
                                                              int64_t next_step,
                                                              absl::Duration timeout) {
@@ -332,6 +352,49 @@ absl::StatusOr<std::vector<std::string>> RendezvousCoordinator::ParkedStandbys(
     }
   }
   return parked;
+}
+
+absl::StatusOr<std::map<int, std::string>> RendezvousCoordinator::NewGenerationRequests(
+    absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  Membership current;
+  {
+    MutexLock lock(&mu_);
+    current = current_;
+  }
+  std::map<int, std::string> requests;
+  if (current.generation < 0) return requests;
+  const std::string prefix = RenewPrefix(current.generation);
+  absl::StatusOr<std::vector<std::string>> keys = store_->ListKeys(prefix, timeout);
+  if (!keys.ok()) return keys.status();
+  if (keys->empty()) return requests;
+  absl::StatusOr<std::vector<std::optional<std::string>>> reasons =
+      store_->MultiGet(*keys, Left(deadline));
+  if (!reasons.ok()) return reasons.status();
+  for (size_t i = 0; i < keys->size(); ++i) {
+    int rank = -1;
+    // A key that is not a rank of this generation was not written by RequestNewGeneration.
+    if (!absl::SimpleAtoi(absl::string_view((*keys)[i]).substr(prefix.size()), &rank) || rank < 0 ||
+        rank >= current.world_size) {
+      continue;
+    }
+    requests[rank] = (*reasons)[i].value_or("");
+  }
+  return requests;
+}
+
+absl::StatusOr<Membership> RendezvousCoordinator::RenewGeneration(absl::Duration timeout) {
+  Membership next;
+  {
+    MutexLock lock(&mu_);
+    if (current_.generation < 0) {
+      return absl::FailedPreconditionError(
+          "cannot renew a generation before generation 0 is formed");
+    }
+    next = current_;
+  }
+  next.generation += 1;
+  return Publish(std::move(next), /*standby=*/nullptr, /*standby_rank=*/-1, timeout);
 }
 
 absl::Status RendezvousCoordinator::ForgetStandby(const std::string& member_id,

@@ -230,6 +230,33 @@ TEST(Launcher, AReplacementRestoresTheDeadRanksArenaAndTheJobEndsAsIfUninterrupt
   EXPECT_TRUE(restored);
 }
 
+// A rank's links drop (it closes every connection before step 50's allreduce): every process is
+// alive, so no death starts a new generation. The ranks ask for one, the launcher renews the
+// generation with the same members, and the job ends bit-identical to an uninterrupted run without
+// any replacement (the job has no standby).
+TEST(Launcher, ADroppedConnectionRenewsTheGenerationAndTheJobEndsAsIfUninterrupted) {
+  testing::TempDir clean_dir;
+  LauncherJob clean(clean_dir, {"--nproc", "4"}, 200);
+  ASSERT_EQ(clean.Wait(), 0) << clean.Output();
+  const std::map<int, std::string> expected = clean.FinalChecksums();
+  ASSERT_EQ(expected.size(), 4u) << clean.Output();
+
+  testing::TempDir dir;
+  LauncherJob job(dir, {"--nproc", "4"}, 200, {}, {"--drop-connections", "1:50"});
+  ASSERT_EQ(job.Wait(), 0) << job.Output();
+  const std::string out = job.Output();
+  EXPECT_THAT(out, HasSubstr("rank 1 step 50 fault communication_failure action re_rendezvous"));
+  EXPECT_THAT(out, HasSubstr("generation 1 renewed with the same ranks (asked by "));
+  EXPECT_THAT(out, HasSubstr("0 replacement(s)"));
+  EXPECT_THAT(out, Not(HasSubstr("killing it")));
+  EXPECT_EQ(job.FinalChecksums(), expected) << out;
+  std::smatch took;
+  ASSERT_TRUE(
+      std::regex_search(out, took, std::regex("recovered with the same ranks in ([0-9.]+ s)")))
+      << out;
+  std::printf("a dropped connection: recovered with the same ranks in %s\n", took[1].str().c_str());
+}
+
 TEST(Launcher, TwoFailuresOneAfterTheOtherAreBothReplaced) {
   testing::TempDir dir;
   LauncherJob job(dir, {"--nproc", "4", "--standby", "1"}, 2000);

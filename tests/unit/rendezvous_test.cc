@@ -1,5 +1,6 @@
 #include "trainguard/rendezvous.h"
 
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -199,6 +200,82 @@ TEST_F(Rendezvous, AnAgreementIsAbandonedWhenANewerGenerationIsPublished) {
   parked.join();
   EXPECT_TRUE(absl::IsAborted(plan.status())) << plan.status();
   EXPECT_THAT(std::string(plan.status().message()), HasSubstr("generation 0 was superseded"));
+}
+
+// Every rank alive, its communicators broken (a dropped connection): the ranks ask, the
+// coordinator renews the generation with the same members, and they agree to resume together.
+TEST_F(Rendezvous, RanksWhoseCommunicatorsBrokeMeetAgainInARenewedGenerationOfTheSameMembers) {
+  FormGenerationZero(3);
+  Membership g0;
+  g0.generation = 0;
+  g0.world_size = 3;
+  EXPECT_TRUE(coordinator_.NewGenerationRequests(kTimeout)->empty());
+  std::vector<absl::StatusOr<RecoveryPlan>> plans(3);
+  std::vector<std::thread> ranks;
+  const int64_t next_steps[] = {40, 41, 40};
+  for (int r = 0; r < 3; ++r) {
+    ranks.emplace_back([&, r] {
+      Membership mine = g0;
+      mine.rank = r;
+      absl::Status asked = ranks_[r]->member.RequestNewGeneration(
+          mine, absl::StrCat("rank ", r, " lost a peer"), kTimeout);
+      if (!asked.ok()) {
+        plans[r] = asked;
+        return;
+      }
+      absl::StatusOr<Membership> m = ranks_[r]->member.AwaitGeneration(0, kTimeout);
+      if (!m.ok()) {
+        plans[r] = m.status();
+        return;
+      }
+      plans[r] = ranks_[r]->member.AgreeOnResume(*m, next_steps[r], kTimeout);
+    });
+  }
+  // Bounded polling: the coordinator sees the requests as the launcher does.
+  absl::StatusOr<std::map<int, std::string>> requests;
+  for (absl::Time end = absl::Now() + kTimeout; absl::Now() < end;) {
+    requests = coordinator_.NewGenerationRequests(kTimeout);
+    if (requests.ok() && requests->size() == 3) break;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_TRUE(requests.ok()) << requests.status();
+  ASSERT_EQ(requests->size(), 3u);
+  EXPECT_EQ(requests->at(1), "rank 1 lost a peer");
+  absl::StatusOr<Membership> renewed = coordinator_.RenewGeneration(kTimeout);
+  for (std::thread& t : ranks) t.join();
+  ASSERT_TRUE(renewed.ok()) << renewed.status();
+  EXPECT_EQ(renewed->generation, 1);
+  EXPECT_THAT(renewed->members, ElementsAre("host:rank0", "host:rank1", "host:rank2"));
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(plans[r].ok()) << "rank " << r << ": " << plans[r].status();
+    EXPECT_EQ(plans[r]->generation, 1);
+    EXPECT_EQ(plans[r]->resume_step, 41);
+    EXPECT_EQ(plans[r]->state_source_rank, 1);
+    EXPECT_TRUE(plans[r]->new_ranks.empty());
+  }
+  // The requests were for generation 0: generation 1 starts with none.
+  EXPECT_TRUE(coordinator_.NewGenerationRequests(kTimeout)->empty());
+}
+
+// A rank that learns of the failure late asks in a generation already renewed: the newer
+// generation answers it.
+TEST_F(Rendezvous, AskingForANewGenerationWhenANewerOneExistsJoinsIt) {
+  FormGenerationZero(2);
+  ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
+  Membership g0;
+  g0.generation = 0;
+  g0.world_size = 2;
+  g0.rank = 1;
+  EXPECT_TRUE(ranks_[1]->member.RequestNewGeneration(g0, "late", kTimeout).ok());
+  absl::StatusOr<Membership> m = ranks_[1]->member.AwaitGeneration(0, kTimeout);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->generation, 1);
+  EXPECT_EQ(m->rank, 1);
+  EXPECT_TRUE(coordinator_.NewGenerationRequests(kTimeout)->empty());
+}
+
+TEST_F(Rendezvous, RenewingBeforeGenerationZeroIsRefused) {
+  EXPECT_TRUE(absl::IsFailedPrecondition(coordinator_.RenewGeneration(kTimeout).status()));
 }
 
 TEST_F(Rendezvous, ARankWhoseHeartbeatStopsIsReportedStale) {
