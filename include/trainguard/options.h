@@ -92,8 +92,8 @@ struct Options {
   // With a store: a rank publishes its progress (its last phase event or tick, and the collectives
   // it has entered) at most every watchdog_peer_progress_ms, when it changed. A rank waiting in a
   // collective past its bound asks the peers' records first, and postpones the hang while a peer
-  // that has not entered that collective yet made progress within 2 x watchdog_peer_progress_ms +
-  // 250 ms (an RL rank still generating is slow, not hung). 0: no records, no postponement.
+  // that has not entered that collective yet made progress within 3 x watchdog_peer_progress_ms +
+  // 500 ms (an RL rank still generating is slow, not hung). 0: no records, no postponement.
   int watchdog_peer_progress_ms = 500;
   // Records in the rank's shared-memory flight recorder ring (flight_recorder.h).
   int flight_recorder_records = 4'096;

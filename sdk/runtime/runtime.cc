@@ -25,6 +25,9 @@
 namespace trainguard {
 namespace {
 
+// How much of a failure a request for a new generation carries to the launcher's report.
+constexpr size_t kNewGenerationReasonBytes = 300;
+
 // Set by the SIGUSR2 handler; the Runtime's watcher thread dumps the ring and stacks when it sees
 // it.
 std::atomic<bool> dump_requested{false};
@@ -267,6 +270,13 @@ absl::StatusOr<int64_t> Runtime::ReRendezvous(const StepResult& result) {
   }
   const absl::Duration timeout = absl::Milliseconds(options_.rendezvous_timeout_ms);
   int64_t after = generation();
+  // If no rank died (a dropped connection, a hang declared on a healthy job), nobody else would
+  // start a new generation: ask for one with the same members. When a rank did die, the launcher
+  // replaces it and that generation answers the request.
+  const std::string why(result.status.message().substr(0, kNewGenerationReasonBytes));
+  if (absl::Status asked = member_->RequestNewGeneration(membership_, why, timeout); !asked.ok()) {
+    return WithContext(asked, absl::StrCat("rank ", rank(), " step ", result.step));
+  }
   while (true) {
     absl::StatusOr<Membership> m = member_->AwaitGeneration(after, timeout);
     if (absl::IsFailedPrecondition(m.status())) {
@@ -486,9 +496,12 @@ std::optional<std::string> Runtime::ExplainPeerWait(const InFlightCollective& wa
   absl::StatusOr<std::vector<std::optional<std::string>>> records =
       store_->MultiGet(keys, absl::Milliseconds(500));
   if (!records.ok()) return std::nullopt;
-  // A record is at most one publication period old, plus the watcher's period, when it is read.
+  // A record is written at most 1.5 periods after the previous one (the watcher wakes every half
+  // period). The window also allows a loaded machine to delay a publication by a period more, and
+  // the store round trips: a peer still generating must not look silent because its watcher
+  // thread was descheduled for a moment.
   const absl::Duration window =
-      2 * absl::Milliseconds(options_.watchdog_peer_progress_ms) + kWatcherPeriod;
+      3 * absl::Milliseconds(options_.watchdog_peer_progress_ms) + absl::Milliseconds(500);
   std::optional<std::string> peer =
       runtime_internal::ExplainWait(*records, rank_, waiting_in.op, waiting_in.comm_id,
                                     waiting_in.comm_seq, clock_->Now(), window);
@@ -510,12 +523,13 @@ std::optional<std::string> Runtime::ExplainPeerWait(const InFlightCollective& wa
 }
 
 void Runtime::WatchPeerHangs() {
-  // Polls (a Get every period) rather than blocking in the store's Wait: the store client is shared
-  // with the training thread, the heartbeats and the checkpoint votes, and must not be hogged.
+  // Polls (a Get every kWatcherPeriod) for a peer's hang. It wakes every half publication period
+  // (when shorter), so that a progress record goes out between one and 1.5 periods after the last.
   absl::Duration period = kWatcherPeriod;
   if (options_.watchdog_peer_progress_ms > 0) {
-    period = std::min(period, absl::Milliseconds(options_.watchdog_peer_progress_ms));
+    period = std::min(period, absl::Milliseconds(options_.watchdog_peer_progress_ms) / 2);
   }
+  absl::Time next_hang_check = absl::InfinitePast();
   while (true) {
     {
       MutexLock lock(&watcher_mu_);
@@ -534,7 +548,8 @@ void Runtime::WatchPeerHangs() {
       event.attributes = {{"dump", path}};
       (void)EmitEvent(std::move(event));
     }
-    if (store_ == nullptr) continue;
+    if (store_ == nullptr || absl::Now() < next_hang_check) continue;
+    next_hang_check = absl::Now() + kWatcherPeriod;
     const int64_t generation = this->generation();
     {
       MutexLock lock(&dump_mu_);
