@@ -256,6 +256,18 @@ void Runtime::RecordStepFault(const StepResult& result) {
                       {"action", std::string(StepActionName(result.action))},
                       {"duration_us", absl::StrCat(absl::ToInt64Microseconds(result.duration))}};
   event.attributes.insert(event.attributes.end(), result.evidence.begin(), result.evidence.end());
+  // Without a store, nobody tells this rank that a peer declared a hang: its collective just fails
+  // when the peer aborts. It dumps its own ring and stacks now (once per generation, like a hang),
+  // so that every rank of a static job leaves its evidence. With a store, the hang key does that.
+  if (store_ == nullptr && result.fault == FaultKind::kCommunicationFailure &&
+      flight_recorder_ != nullptr) {
+    MutexLock lock(&dump_mu_);
+    if (dumped_generation_ != generation()) {
+      dumped_generation_ = generation();
+      event.attributes.emplace_back(
+          "dump", DumpEvidence(absl::StrCat("communication failure: ", event.message), nullptr));
+    }
+  }
   // A fault whose event cannot be written is still returned to the trainer in the StepResult.
   (void)EmitEvent(std::move(event));
 }

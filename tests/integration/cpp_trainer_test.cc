@@ -42,6 +42,7 @@ namespace {
 using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 using ::testing::Not;
+using ::testing::StartsWith;
 using Clock = std::chrono::steady_clock;
 
 constexpr char kTrainerPath[] = TRAINGUARD_TRAINER_PATH;
@@ -131,7 +132,9 @@ class TrainerJob {
 
   // Starts rank `rank` of `world_size` with the trainer flags `args`. Returns false (with a test
   // failure) if the spawn fails.
-  bool Start(int rank, int world_size, const std::vector<std::string>& args) {
+  // `extra_env`: more NAME=VALUE variables for this rank only.
+  bool Start(int rank, int world_size, const std::vector<std::string>& args,
+             const std::map<std::string, std::string>& extra_env = {}) {
     RankProcess p;
     p.rank = rank;
     p.output_path = absl::StrCat(run_dir_, "/rank", rank, ".out");
@@ -141,6 +144,7 @@ class TrainerJob {
     env["TRAINGUARD_WORLD_SIZE"] = absl::StrCat(world_size);
     env["TRAINGUARD_JOB_ID"] = job_id_;
     env["TRAINGUARD_RUN_DIR"] = run_dir_;
+    for (const auto& [key, value] : extra_env) env[key] = value;
     std::vector<std::string> env_strings;
     env_strings.reserve(env.size());
     for (const auto& [key, value] : env) {
@@ -424,11 +428,20 @@ int64_t LastAllReduceEntered(const FlightRecorderContents& ring) {
 TEST(CppTrainerTest, StoppedRankIsCaughtByTheWatchdogsAndItsRingShowsItNeverEnteredTheCollective) {
   TrainerJob job("stop");
   ASSERT_FALSE(job.run_dir().empty()) << "mkdtemp failed";
-  // A stopped process keeps its connections open: gloo alone would wait out its timeout. Each
-  // survivor's watchdog declares the hang once the step runs past its learned bound (floor 2 s).
-  ASSERT_TRUE(
-      job.StartAll(kWorldSize, {"--steps", "100000000", "--print-every", "50", "--comm-timeout-s",
-                                kFaultCommTimeoutSeconds, "--stop-before-collective", "2:120"}));
+  // A stopped process keeps its connections open: gloo alone would wait out its timeout. Ranks 1
+  // and 3's watchdogs declare the hang once the step runs past its learned bound (floor 2 s). Rank
+  // 0 runs without a watchdog: its collective fails when a peer aborts, and it must still dump its
+  // ring (nobody tells it of the hang in a job without a store).
+  const std::vector<std::string> args = {"--steps",
+                                         "100000000",
+                                         "--print-every",
+                                         "50",
+                                         "--comm-timeout-s",
+                                         kFaultCommTimeoutSeconds,
+                                         "--stop-before-collective",
+                                         "2:120"};
+  ASSERT_TRUE(job.Start(0, kWorldSize, args, {{"TRAINGUARD_WATCHDOG_POLL_MS", "0"}}));
+  for (int r = 1; r < kWorldSize; ++r) ASSERT_TRUE(job.Start(r, kWorldSize, args));
   ASSERT_TRUE(job.WaitForOutput(2, "rank 2 step 100 loss", kJobDeadline)) << job.AllOutput();
   const absl::Time stopped = absl::Now();  // within ~20 steps of the SIGSTOP
   ASSERT_TRUE(job.WaitForOutput(0, "fault communication_failure", kJobDeadline)) << job.AllOutput();
@@ -453,6 +466,11 @@ TEST(CppTrainerTest, StoppedRankIsCaughtByTheWatchdogsAndItsRingShowsItNeverEnte
         absl::StrFormat("%s/flight_recorder/rank-%05d.1.pb", job.run_dir(), r));
     ASSERT_TRUE(dump.ok()) << "rank " << r << ": " << dump.status();
     EXPECT_EQ(LastAllReduceEntered(dump->contents), laggard_seq + 1) << "rank " << r;
+    std::string reason;
+    for (const auto& [key, value] : dump->evidence) {
+      if (key == "reason") reason = value;
+    }
+    EXPECT_THAT(reason, StartsWith(r == 0 ? "communication failure: " : "hang: ")) << "rank " << r;
   }
   int hung = 0;
   for (int r : {0, 1, 3}) {
@@ -464,6 +482,7 @@ TEST(CppTrainerTest, StoppedRankIsCaughtByTheWatchdogsAndItsRingShowsItNeverEnte
     hung += absl::StrContains(output, "the watchdog declared a hang") ? 1 : 0;
   }
   EXPECT_GE(hung, 1) << job.AllOutput();
+  EXPECT_THAT(job.rank(0).Output(), Not(HasSubstr("the watchdog declared a hang")));
 }
 
 TEST(CppTrainerTest, NanInOneRanksGradientIsNamedByThatRankBeforeTheReduction) {

@@ -144,11 +144,16 @@ TEST(StackTraceTest, ACaptureFromANonMainThreadSeesEveryThreadIncludingMainAndIt
   const int main_tid = Tid();
   std::vector<ThreadStack> stacks;
   int capturer_tid = 0;
+  // glibc's pthread_create blocks every signal in the creating thread until the new thread is set
+  // up: capturing before main returned from it would find main blocking the signal.
+  std::atomic<bool> created{false};
   std::thread watchdog([&] {
     capturer_tid = Tid();
+    while (!created.load()) std::this_thread::yield();
     if (reader) CaptureUntil(reader->tid(), "BlockedInPipeReadForStackTest");
     stacks = CaptureUntil(waiter_tid.load(), "BlockedInConditionWaitForStackTest");
   });
+  created.store(true);
   watchdog.join();
   release.Notify();
   waiter.join();
