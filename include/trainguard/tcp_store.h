@@ -22,14 +22,15 @@
 // unknown": the caller decides (e.g. by reading the key). A Delete retried that way may report
 // false for a key its first attempt deleted.
 //
-// Thread safety: TcpStore is thread-safe. Its calls are serialized on one connection (one request
-// in flight), except Wait: each Wait runs on a connection of its own (opened when no idle one is
-// left, a few kept for the next), so a long Wait never holds up another thread's calls behind it
-// (a rank's heartbeats, its votes). Use several clients for more parallelism. TcpStoreServer's
+// Thread safety: TcpStore is thread-safe. A connection carries one request at a time; a call takes
+// an idle connection, or opens one when every connection is busy (a few are kept for later calls).
+// One thread alone uses one connection; calls that overlap run side by side, so a long Wait never
+// holds up another thread's calls behind it (a rank's heartbeats, its votes). TcpStoreServer's
 // methods may be called from any thread.
 #ifndef TRAINGUARD_TCP_STORE_H_
 #define TRAINGUARD_TCP_STORE_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -168,17 +169,17 @@ class TcpStore final : public Store {
 
  private:
   class Connection;
-  TcpStore(const TcpStoreOptions& options, std::unique_ptr<Connection> connection);
+  class Lease;  // one call's connection, taken from the pool and given back (tcp_store_client.cc)
+  TcpStore(const TcpStoreOptions& options, std::unique_ptr<Connection> first);
 
-  // Wait's connections: an idle one, or a new one (connected by its first call).
-  std::unique_ptr<Connection> TakeWaitConnection();
-  void ReturnWaitConnection(std::unique_ptr<Connection> connection);
+  // An idle connection, or a new one (it connects on its first call).
+  std::unique_ptr<Connection> TakeConnection();
+  void ReturnConnection(std::unique_ptr<Connection> connection);
 
   const TcpStoreOptions options_;
-  // Every call but Wait.
-  std::unique_ptr<Connection> connection_;
-  Mutex wait_mu_;
-  std::vector<std::unique_ptr<Connection>> idle_wait_connections_ ABSL_GUARDED_BY(wait_mu_);
+  std::atomic<int64_t> generation_{kUnfenced};  // what SetWriterGeneration set
+  Mutex pool_mu_;
+  std::vector<std::unique_ptr<Connection>> idle_ ABSL_GUARDED_BY(pool_mu_);
 };
 
 }  // namespace trainguard

@@ -1,6 +1,6 @@
-// TcpStore, the client: blocking-with-deadline connections (non-blocking socket + poll), one
-// request in flight on each, reconnection with bounded exponential backoff inside each call's
-// timeout. Every call shares one connection, except Wait, which takes a connection of its own.
+// TcpStore, the client: a pool of blocking-with-deadline connections (non-blocking socket + poll),
+// one request in flight on each, reconnection with bounded exponential backoff inside each call's
+// timeout. A call takes an idle connection, or opens one when all are busy.
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -36,8 +36,8 @@ namespace trainguard {
 namespace {
 
 constexpr size_t kReadChunkBytes = 64 << 10;
-// Idle Wait connections kept open for the next Wait; more are closed when returned.
-constexpr size_t kIdleWaitConnections = 2;
+// Idle connections kept open for later calls; more are closed when given back.
+constexpr size_t kIdleConnections = 4;
 // A Wait's answer leaves the server at the wait's deadline; the client listens this much longer
 // for it, so that a timeout names the keys still missing.
 constexpr absl::Duration kWaitAnswerGrace = absl::Seconds(1);
@@ -109,7 +109,6 @@ class TcpStore::Connection {
 
   const std::string& address() const { return address_; }
   void set_generation(int64_t generation) { generation_.store(generation); }
-  int64_t generation() const { return generation_.load(); }
 
   // Connects and authenticates, retrying an unreachable server until `timeout` has passed.
   absl::Status Open(absl::Duration timeout) {
@@ -474,35 +473,48 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(const TcpStoreOption
   return std::unique_ptr<TcpStore>(new TcpStore(options, std::move(connection)));
 }
 
-TcpStore::TcpStore(const TcpStoreOptions& options, std::unique_ptr<Connection> connection)
-    : options_(options), connection_(std::move(connection)) {}
+TcpStore::TcpStore(const TcpStoreOptions& options, std::unique_ptr<Connection> first)
+    : options_(options) {
+  idle_.push_back(std::move(first));
+}
 TcpStore::~TcpStore() = default;
 
-std::unique_ptr<TcpStore::Connection> TcpStore::TakeWaitConnection() {
+std::unique_ptr<TcpStore::Connection> TcpStore::TakeConnection() {
+  std::unique_ptr<Connection> connection;
   {
-    MutexLock lock(&wait_mu_);
-    if (!idle_wait_connections_.empty()) {
-      std::unique_ptr<Connection> connection = std::move(idle_wait_connections_.back());
-      idle_wait_connections_.pop_back();
-      connection->set_generation(connection_->generation());
-      return connection;
+    MutexLock lock(&pool_mu_);
+    if (!idle_.empty()) {
+      connection = std::move(idle_.back());
+      idle_.pop_back();
     }
   }
-  auto connection = std::make_unique<Connection>(options_);
-  connection->set_generation(connection_->generation());
+  if (connection == nullptr) connection = std::make_unique<Connection>(options_);
+  connection->set_generation(generation_.load());
   return connection;
 }
 
-void TcpStore::ReturnWaitConnection(std::unique_ptr<Connection> connection) {
-  MutexLock lock(&wait_mu_);
-  if (idle_wait_connections_.size() < kIdleWaitConnections) {
-    idle_wait_connections_.push_back(std::move(connection));
-  }
+void TcpStore::ReturnConnection(std::unique_ptr<Connection> connection) {
+  MutexLock lock(&pool_mu_);
+  if (idle_.size() < kIdleConnections) idle_.push_back(std::move(connection));
 }
 
-std::string TcpStore::address() const { return connection_->address(); }
+// A connection of the pool for the duration of one call: `Lease(this)->Call(...)`.
+class TcpStore::Lease {
+ public:
+  explicit Lease(TcpStore* store) : store_(store), connection_(store->TakeConnection()) {}
+  ~Lease() { store_->ReturnConnection(std::move(connection_)); }
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+  Connection* operator->() const { return connection_.get(); }
 
-void TcpStore::SetWriterGeneration(int64_t generation) { connection_->set_generation(generation); }
+ private:
+  TcpStore* const store_;
+  std::unique_ptr<Connection> connection_;
+};
+
+std::string TcpStore::address() const { return absl::StrCat(options_.host, ":", options_.port); }
+
+void TcpStore::SetWriterGeneration(int64_t generation) { generation_.store(generation); }
 
 absl::Status TcpStore::Set(std::string_view key, std::string_view value, absl::Duration timeout) {
   if (absl::Status s = CheckKey(key); !s.ok()) return s;
@@ -510,7 +522,7 @@ absl::Status TcpStore::Set(std::string_view key, std::string_view value, absl::D
   proto::SetOp* op = message.mutable_request()->mutable_set();
   op->set_key(key.data(), key.size());
   op->set_value(value.data(), value.size());
-  absl::StatusOr<proto::StoreResponse> response = connection_->Call(
+  absl::StatusOr<proto::StoreResponse> response = Lease(this)->Call(
       message, Connection::Retry::kIdempotent, timeout, absl::StrFormat("Set(%s)", Absl(key)));
   if (!response.ok()) return response.status();
   return ResponseStatus(*response);
@@ -520,7 +532,7 @@ absl::StatusOr<std::string> TcpStore::Get(std::string_view key, absl::Duration t
   if (absl::Status s = CheckKey(key); !s.ok()) return s;
   proto::ClientMessage message;
   message.mutable_request()->mutable_get()->set_key(key.data(), key.size());
-  absl::StatusOr<proto::StoreResponse> response = connection_->Call(
+  absl::StatusOr<proto::StoreResponse> response = Lease(this)->Call(
       message, Connection::Retry::kIdempotent, timeout, absl::StrFormat("Get(%s)", Absl(key)));
   if (!response.ok()) return response.status();
   if (absl::Status s = ResponseStatus(*response); !s.ok()) return s;
@@ -533,7 +545,7 @@ absl::StatusOr<int64_t> TcpStore::Add(std::string_view key, int64_t delta, absl:
   proto::AddOp* op = message.mutable_request()->mutable_add();
   op->set_key(key.data(), key.size());
   op->set_delta(delta);
-  absl::StatusOr<proto::StoreResponse> response = connection_->Call(
+  absl::StatusOr<proto::StoreResponse> response = Lease(this)->Call(
       message, Connection::Retry::kOnlyIfUnsent, timeout, absl::StrFormat("Add(%s)", Absl(key)));
   if (!response.ok()) return response.status();
   if (absl::Status s = ResponseStatus(*response); !s.ok()) return s;
@@ -552,7 +564,7 @@ absl::StatusOr<CompareAndSetResult> TcpStore::CompareAndSet(
   op->set_desired(desired.data(), desired.size());
   const std::string what = absl::StrFormat("CompareAndSet(%s)", Absl(key));
   absl::StatusOr<proto::StoreResponse> response =
-      connection_->Call(message, Connection::Retry::kOnlyIfUnsent, timeout, what);
+      Lease(this)->Call(message, Connection::Retry::kOnlyIfUnsent, timeout, what);
   if (!response.ok()) return response.status();
   if (absl::Status s = ResponseStatus(*response); !s.ok()) return s;
   if (response->values_size() != 1) {
@@ -571,7 +583,7 @@ absl::StatusOr<bool> TcpStore::Delete(std::string_view key, absl::Duration timeo
   if (absl::Status s = CheckKey(key); !s.ok()) return s;
   proto::ClientMessage message;
   message.mutable_request()->mutable_delete_key()->set_key(key.data(), key.size());
-  absl::StatusOr<proto::StoreResponse> response = connection_->Call(
+  absl::StatusOr<proto::StoreResponse> response = Lease(this)->Call(
       message, Connection::Retry::kIdempotent, timeout, absl::StrFormat("Delete(%s)", Absl(key)));
   if (!response.ok()) return response.status();
   if (absl::Status s = ResponseStatus(*response); !s.ok()) return s;
@@ -586,7 +598,7 @@ absl::StatusOr<std::vector<std::optional<std::string>>> TcpStore::MultiGet(
   for (const std::string& key : keys) op->add_keys(key);
   const std::string what = Describe("MultiGet", keys);
   absl::StatusOr<proto::StoreResponse> response =
-      connection_->Call(message, Connection::Retry::kIdempotent, timeout, what);
+      Lease(this)->Call(message, Connection::Retry::kIdempotent, timeout, what);
   if (!response.ok()) return response.status();
   if (absl::Status s = ResponseStatus(*response); !s.ok()) return s;
   if (static_cast<size_t>(response->values_size()) != keys.size()) {
@@ -607,7 +619,7 @@ absl::StatusOr<std::vector<std::string>> TcpStore::ListKeys(std::string_view pre
   proto::ClientMessage message;
   message.mutable_request()->mutable_list_keys()->set_prefix(prefix.data(), prefix.size());
   absl::StatusOr<proto::StoreResponse> response =
-      connection_->Call(message, Connection::Retry::kIdempotent, timeout,
+      Lease(this)->Call(message, Connection::Retry::kIdempotent, timeout,
                         absl::StrFormat("ListKeys(%s)", Absl(prefix)));
   if (!response.ok()) return response.status();
   if (absl::Status s = ResponseStatus(*response); !s.ok()) return s;
@@ -620,12 +632,8 @@ absl::Status TcpStore::Wait(const std::vector<std::string>& keys, absl::Duration
   proto::ClientMessage message;
   proto::WaitOp* op = message.mutable_request()->mutable_wait();
   for (const std::string& key : keys) op->add_keys(key);
-  // Parked on the server until the keys exist: on a connection of its own, so that the calls of
-  // other threads (a rank's heartbeats while it waits for a generation) are not held up behind it.
-  std::unique_ptr<Connection> connection = TakeWaitConnection();
   absl::StatusOr<proto::StoreResponse> response =
-      connection->Call(message, Connection::Retry::kIdempotent, timeout, Describe("Wait", keys));
-  ReturnWaitConnection(std::move(connection));
+      Lease(this)->Call(message, Connection::Retry::kIdempotent, timeout, Describe("Wait", keys));
   if (!response.ok()) return response.status();
   return ResponseStatus(*response);
 }
@@ -634,7 +642,7 @@ absl::Status TcpStore::RaiseFence(int64_t generation, absl::Duration timeout) {
   proto::ClientMessage message;
   message.mutable_request()->mutable_raise_fence()->set_generation(generation);
   absl::StatusOr<proto::StoreResponse> response =
-      connection_->Call(message, Connection::Retry::kIdempotent, timeout,
+      Lease(this)->Call(message, Connection::Retry::kIdempotent, timeout,
                         absl::StrCat("RaiseFence(", generation, ")"));
   if (!response.ok()) return response.status();
   return ResponseStatus(*response);

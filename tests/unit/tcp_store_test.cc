@@ -748,7 +748,7 @@ TEST(TcpStoreServerTest, AnAddThatWouldOverflowIsOutOfRangeAndChangesNothing) {
 
 // A rank's store client is shared by its threads: one parked in a Wait for minutes (a new
 // generation) must not hold up the others' calls (its heartbeats), which would get it killed as
-// dead.
+// dead. (Before the connection pool, the Add below waited for the Wait's 2 minutes.)
 TEST(TcpStoreServerTest, CallsFromOtherThreadsAreAnsweredWhileOneThreadWaitsOnTheSameClient) {
   auto server = StartServer();
   auto shared = ConnectClient(server->port());
@@ -770,6 +770,28 @@ TEST(TcpStoreServerTest, CallsFromOtherThreadsAreAnsweredWhileOneThreadWaitsOnTh
   ASSERT_TRUE(shared->Set("also_released", "1", kTimeout).ok());
   waiter.join();
   EXPECT_TRUE(waited.ok()) << waited;
+}
+
+// The pool opens a connection only when calls overlap: one thread alone, Waits included, keeps to
+// the connection Connect opened (a rendezvous of 1,024 clients opens 1,024 connections, not 2,048).
+TEST(TcpStoreServerTest, OneThreadAloneUsesOneConnectionAndOverlappingCallsOpenMore) {
+  auto server = StartServer();
+  auto client = ConnectClient(server->port());
+  ASSERT_TRUE(client->Set("k", "v", kTimeout).ok());
+  ASSERT_TRUE(client->Wait({"k"}, kTimeout).ok());
+  ASSERT_TRUE(client->Add("n", 1, kTimeout).ok());
+  EXPECT_EQ(server->stats().connections_accepted, 1);
+  std::thread waiter([&] { EXPECT_TRUE(client->Wait({"later"}, kTimeout).ok()); });
+  ASSERT_TRUE(Eventually([&] { return server->stats().waits_parked == 1; }));
+  ASSERT_TRUE(client->Set("later", "1", kTimeout).ok());  // on a second connection
+  waiter.join();
+  EXPECT_EQ(server->stats().connections_accepted, 2);
+  // Both are kept: later overlapping calls reuse them.
+  std::thread again([&] { EXPECT_TRUE(client->Wait({"later2"}, kTimeout).ok()); });
+  ASSERT_TRUE(Eventually([&] { return server->stats().waits_parked == 1; }));
+  ASSERT_TRUE(client->Set("later2", "1", kTimeout).ok());
+  again.join();
+  EXPECT_EQ(server->stats().connections_accepted, 2);
 }
 
 TEST(TcpStoreServerTest, AWaitIsAnsweredWhenItsKeysExistTogether) {
