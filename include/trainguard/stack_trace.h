@@ -6,8 +6,9 @@
 // (StackCaptureSignal()) with tgkill(2); its handler, which only does async-signal-safe work,
 // records backtrace(3) into a slot prepared for it in advance and publishes it with an atomic
 // store. The caller waits for every answer up to a deadline and symbolises the frames outside the
-// handler. A thread that blocks the signal, or a stopped process, does not answer: it is reported
-// as such.
+// handler. A thread that still blocks the signal 50 ms after it was sent (one that blocks it only
+// for a moment, as glibc does around pthread_create, answers late but in the same capture), or a
+// stopped process, does not answer: it is reported as such.
 //
 // The handler is installed (SA_RESTART) on the first capture and stays installed. SA_RESTART makes
 // an interrupted read(2), write(2), wait or lock resume transparently; calls that the kernel never

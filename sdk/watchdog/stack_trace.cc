@@ -47,6 +47,8 @@ constexpr int kMaxFrames = 64;
 // After the deadline, how long to wait for a handler that has claimed its slot but not finished
 // (it is in backtrace(), which takes microseconds unless the thread is descheduled).
 constexpr absl::Duration kFinishGrace = absl::Milliseconds(200);
+// How long a thread may block the capture signal before the capture gives up on it.
+constexpr absl::Duration kBlockedGrace = absl::Milliseconds(50);
 
 // The low two bits of a slot's word; the rest is the generation of the capture.
 enum SlotState : uint64_t { kIdle = 0, kPending = 1, kWriting = 2, kDone = 3 };
@@ -321,11 +323,27 @@ absl::StatusOr<std::vector<ThreadStack>> CaptureThreadStacks(absl::Duration time
         r.slot = -1;
       }
     }
-    for (Request& r : requests) {
-      if (r.slot >= 0 && BlocksSignal(r.tid, StackCaptureSignal()) && Withdraw(r, gen)) {
-        r.note = "the thread blocks the signal";
-        r.slot = -1;
+    // A thread that blocks the signal leaves it pending. It may block it only for a moment (glibc
+    // blocks every signal around pthread_create; a handler blocks its own signal while it runs),
+    // so only a thread that still blocks it after kBlockedGrace, without having answered, is
+    // given up on; one that blocks it for good would otherwise cost the whole timeout.
+    const absl::Time blocked_deadline = absl::Now() + std::min(timeout, kBlockedGrace);
+    while (true) {
+      bool blocked = false;
+      for (Request& r : requests) {
+        if (r.slot < 0) continue;
+        const uint64_t word = g_slots[r.slot].word.load(std::memory_order_acquire);
+        if (word != r.word) continue;  // answered or answering
+        if (!BlocksSignal(r.tid, StackCaptureSignal())) continue;
+        if (absl::Now() < blocked_deadline) {
+          blocked = true;
+        } else if (Withdraw(r, gen)) {
+          r.note = "the thread blocks the signal";
+          r.slot = -1;
+        }
       }
+      if (!blocked) break;
+      absl::SleepFor(absl::Milliseconds(1));
     }
     PollAnswers(requests, absl::Now() + timeout);
     // Withdraw every unanswered request; a handler that already claimed its slot gets a grace.

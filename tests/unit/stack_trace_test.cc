@@ -215,6 +215,42 @@ TEST(StackTraceTest, AThreadThatBlocksTheSignalIsReportedAsNoAnswerAndAnswersThe
   EXPECT_TRUE(t->answered) << t->note;
 }
 
+// A thread may block the signal for a moment (glibc blocks every signal around pthread_create; a
+// handler blocks its own signal while it runs): once it unblocks it, the pending signal is handled
+// and the same capture gets its answer.
+TEST(StackTraceTest, AThreadThatBlocksTheSignalForAMomentAnswersTheSameCapture) {
+  Notification blocked, finish;
+  std::atomic<int> tid{0};
+  std::thread masked([&] {
+    tid.store(Tid());
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, StackCaptureSignal());
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    blocked.Notify();
+    // Bounded polling until the capture's signal is pending; then the "moment": 5 ms, well past
+    // the capture's first look at the thread's signal mask and well within its 50 ms grace.
+    for (absl::Time end = absl::Now() + absl::Seconds(60); absl::Now() < end;) {
+      sigset_t pending;
+      sigpending(&pending);
+      if (sigismember(&pending, StackCaptureSignal()) == 1) break;
+      std::this_thread::yield();
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+    pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+    finish.WaitForNotificationWithTimeout(absl::Seconds(60));
+  });
+  ASSERT_TRUE(blocked.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  absl::StatusOr<std::vector<ThreadStack>> stacks = CaptureThreadStacks(absl::Seconds(10));
+  finish.Notify();
+  masked.join();
+  ASSERT_TRUE(stacks.ok()) << stacks.status();
+  const ThreadStack* t = Find(*stacks, tid.load());
+  ASSERT_NE(t, nullptr);
+  EXPECT_TRUE(t->answered) << t->note;
+  EXPECT_FALSE(t->frames.empty());
+}
+
 TEST(StackTraceTest, TheFormattedCaptureNamesEveryThreadAndListsItsFrames) {
   Notification release;
   std::atomic<int> tid{0};
