@@ -173,19 +173,24 @@ TEST(StackTraceTest, ACaptureFromANonMainThreadSeesEveryThreadIncludingMainAndIt
   }
 }
 
+// Blocks (SIG_BLOCK) or unblocks (SIG_UNBLOCK) the capture signal in the calling thread.
+void MaskCaptureSignal(int how) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, StackCaptureSignal());
+  pthread_sigmask(how, &set, nullptr);
+}
+
 TEST(StackTraceTest, AThreadThatBlocksTheSignalIsReportedAsNoAnswerAndAnswersTheNextCapture) {
   Notification blocked, unblock, unblocked, finish;
   std::atomic<int> tid{0};
   std::thread masked([&] {
     tid.store(Tid());
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, StackCaptureSignal());
-    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    MaskCaptureSignal(SIG_BLOCK);
     blocked.Notify();
     unblock.WaitForNotificationWithTimeout(absl::Seconds(60));
     // The signal still pending from the first capture is delivered here, after its deadline.
-    pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+    MaskCaptureSignal(SIG_UNBLOCK);
     unblocked.Notify();
     finish.WaitForNotificationWithTimeout(absl::Seconds(60));
   });
@@ -223,10 +228,7 @@ TEST(StackTraceTest, AThreadThatBlocksTheSignalForAMomentAnswersTheSameCapture) 
   std::atomic<int> tid{0};
   std::thread masked([&] {
     tid.store(Tid());
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, StackCaptureSignal());
-    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    MaskCaptureSignal(SIG_BLOCK);
     blocked.Notify();
     // Bounded polling until the capture's signal is pending; then the "moment": 5 ms, well past
     // the capture's first look at the thread's signal mask and well within its 50 ms grace.
@@ -237,7 +239,7 @@ TEST(StackTraceTest, AThreadThatBlocksTheSignalForAMomentAnswersTheSameCapture) 
       std::this_thread::yield();
     }
     absl::SleepFor(absl::Milliseconds(5));
-    pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+    MaskCaptureSignal(SIG_UNBLOCK);
     finish.WaitForNotificationWithTimeout(absl::Seconds(60));
   });
   ASSERT_TRUE(blocked.WaitForNotificationWithTimeout(absl::Seconds(60)));
