@@ -31,6 +31,15 @@ absl::Status ParseNumber(absl::string_view flag, absl::string_view text, T min, 
   return absl::OkStatus();
 }
 
+// RANK:STEP, the shape of the one-shot fault-injection flags.
+absl::Status ParseRankStep(absl::string_view flag, absl::string_view value, int* rank,
+                           int64_t* step) {
+  std::pair<absl::string_view, absl::string_view> parts = absl::StrSplit(value, ':');
+  absl::Status status = ParseNumber<int>(flag, parts.first, 0, rank);
+  if (status.ok()) status = ParseNumber<int64_t>(flag, parts.second, 0, step);
+  return status;
+}
+
 // RANK:STEP:SECONDS, the shape of the fault-injection flags that last a while.
 absl::Status ParseRankStepSeconds(absl::string_view flag, absl::string_view value, int* rank,
                                   int64_t* step, absl::Duration* duration) {
@@ -123,19 +132,11 @@ absl::StatusOr<TrainerFlags> ParseTrainerFlags(int argc, char** argv) {
       status = ParseNumber<double>(flag, value, 0.001, &seconds);
       flags.comm_timeout = absl::Seconds(seconds);
     } else if (flag == "--inject-nan") {
-      std::pair<absl::string_view, absl::string_view> parts = absl::StrSplit(value, ':');
-      status = ParseNumber<int>(flag, parts.first, 0, &flags.inject_nan_rank);
-      if (status.ok()) {
-        status = ParseNumber<int64_t>(flag, parts.second, 0, &flags.inject_nan_step);
-      }
+      status = ParseRankStep(flag, value, &flags.inject_nan_rank, &flags.inject_nan_step);
     } else if (flag == "--stop-before-collective") {
-      std::pair<absl::string_view, absl::string_view> parts = absl::StrSplit(value, ':');
-      status = ParseNumber<int>(flag, parts.first, 0, &flags.stop_rank);
-      if (status.ok()) status = ParseNumber<int64_t>(flag, parts.second, 0, &flags.stop_step);
+      status = ParseRankStep(flag, value, &flags.stop_rank, &flags.stop_step);
     } else if (flag == "--drop-connections") {
-      std::pair<absl::string_view, absl::string_view> parts = absl::StrSplit(value, ':');
-      status = ParseNumber<int>(flag, parts.first, 0, &flags.drop_rank);
-      if (status.ok()) status = ParseNumber<int64_t>(flag, parts.second, 0, &flags.drop_step);
+      status = ParseRankStep(flag, value, &flags.drop_rank, &flags.drop_step);
     } else if (flag == "--sleep-in-collective") {
       status = ParseRankStepSeconds(flag, value, &flags.sleep_rank, &flags.sleep_step,
                                     &flags.sleep_in_collective);
@@ -149,11 +150,7 @@ absl::StatusOr<TrainerFlags> ParseTrainerFlags(int argc, char** argv) {
       status = ParseRankStepSeconds(flag, value, &flags.stall_rank, &flags.stall_step,
                                     &flags.stall_generation);
     } else if (flag == "--inject-nan-grad") {
-      std::pair<absl::string_view, absl::string_view> parts = absl::StrSplit(value, ':');
-      status = ParseNumber<int>(flag, parts.first, 0, &flags.inject_nan_grad_rank);
-      if (status.ok()) {
-        status = ParseNumber<int64_t>(flag, parts.second, 0, &flags.inject_nan_grad_step);
-      }
+      status = ParseRankStep(flag, value, &flags.inject_nan_grad_rank, &flags.inject_nan_grad_step);
     } else {
       return absl::InvalidArgumentError(absl::StrCat(flag, ": unknown flag"));
     }
