@@ -14,7 +14,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <functional>
 #include <latch>
 #include <map>
 #include <string>
@@ -370,33 +369,6 @@ TEST_F(FlightRecorderTest, ReadersRacingTheWriterNeverSeeATornRecord) {
   EXPECT_EQ(last.back().seq, seq - 1);
 }
 
-// Writers racing each other: writer w of `writers` appends RecordFor(w * per_writer + i) for i = 0,
-// 1, ..., per_writer - 1, all of them at once (they start together), while `check` runs on copies
-// of the ring taken meanwhile by another thread, and once more after the writers are done.
-void RaceWriters(FlightRecorder& fr, int writers, uint64_t per_writer,
-                 const std::function<void(const std::vector<FlightRecord>&)>& check) {
-  std::latch start(writers + 1);
-  std::atomic<bool> done{false};
-  std::thread reader([&] {
-    start.arrive_and_wait();
-    bool last = false;
-    do {
-      last = done.load();
-      check(fr.Snapshot());
-    } while (!last);
-  });
-  std::vector<std::thread> threads;
-  for (int w = 0; w < writers; ++w) {
-    threads.emplace_back([&, w] {
-      start.arrive_and_wait();
-      for (uint64_t i = 0; i < per_writer; ++i) fr.Append(RecordFor(w * per_writer + i));
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  done.store(true);
-  reader.join();
-}
-
 // What is wrong with a copy of a ring of `capacity` that RaceWriters(.., per_writer, ..) writes: a
 // torn record, seqs not ascending or spanning more than the ring, a writer's records out of the
 // order it appended them. Empty when nothing.
@@ -423,20 +395,50 @@ std::string RacedCopyProblem(const std::vector<FlightRecord>& records, uint64_t 
   return "";
 }
 
+// What the reader of RaceWriters saw: a problem per bad copy (RacedCopyProblem), out of `copies`.
+struct RaceOutcome {
+  std::vector<std::string> problems;
+  int64_t copies = 0;
+};
+
+// Writers racing each other: writer w of `writers` appends RecordFor(w * per_writer + i) for i = 0,
+// 1, ..., per_writer - 1, all of them at once (they start together), while another thread checks
+// copies of the ring (of `capacity`) taken meanwhile, and once more after the writers are done.
+RaceOutcome RaceWriters(FlightRecorder& fr, int writers, uint64_t per_writer, uint64_t capacity) {
+  RaceOutcome outcome;
+  std::latch start(writers + 1);
+  std::atomic<bool> done{false};
+  std::thread reader([&] {
+    start.arrive_and_wait();
+    bool last = false;
+    do {
+      last = done.load();
+      ++outcome.copies;
+      if (std::string p = RacedCopyProblem(fr.Snapshot(), capacity, per_writer); !p.empty()) {
+        outcome.problems.push_back(p);
+      }
+    } while (!last);
+  });
+  std::vector<std::thread> threads;
+  for (int w = 0; w < writers; ++w) {
+    threads.emplace_back([&, w] {
+      start.arrive_and_wait();
+      for (uint64_t i = 0; i < per_writer; ++i) fr.Append(RecordFor(w * per_writer + i));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  done.store(true);
+  reader.join();
+  return outcome;
+}
+
 TEST_F(FlightRecorderTest, ConcurrentWritersLoseNoRecordAndTearNoneWhileTheRingDoesNotWrap) {
   constexpr int kWriters = 4;
   constexpr uint64_t kPerWriter = 2'000, kRecords = kWriters * kPerWriter;
   auto fr = FlightRecorder::Create(job_, 0, static_cast<int>(kRecords));
   ASSERT_TRUE(fr.ok()) << fr.status();
-  std::vector<std::string> problems;  // the reader's
-  int64_t copies = 0;
-  RaceWriters(**fr, kWriters, kPerWriter, [&](const std::vector<FlightRecord>& records) {
-    ++copies;
-    if (std::string p = RacedCopyProblem(records, kRecords, kPerWriter); !p.empty()) {
-      problems.push_back(p);
-    }
-  });
-  EXPECT_THAT(problems, ::testing::IsEmpty()) << "in " << copies << " copies";
+  const RaceOutcome race = RaceWriters(**fr, kWriters, kPerWriter, kRecords);
+  EXPECT_THAT(race.problems, ::testing::IsEmpty()) << "in " << race.copies << " copies";
 
   absl::StatusOr<FlightRecorderContents> read = ReadFlightRecorder(job_, 0);
   ASSERT_TRUE(read.ok()) << read.status();
@@ -460,15 +462,8 @@ TEST_F(FlightRecorderTest, ConcurrentWritersWrappingTheRingLeaveOnlyWholeRecords
   constexpr uint64_t kCapacity = 16, kPerWriter = 20'000, kRecords = kWriters * kPerWriter;
   auto fr = FlightRecorder::Create(job_, 0, static_cast<int>(kCapacity));
   ASSERT_TRUE(fr.ok()) << fr.status();
-  std::vector<std::string> problems;
-  int64_t copies = 0;
-  RaceWriters(**fr, kWriters, kPerWriter, [&](const std::vector<FlightRecord>& records) {
-    ++copies;
-    if (std::string p = RacedCopyProblem(records, kCapacity, kPerWriter); !p.empty()) {
-      problems.push_back(p);
-    }
-  });
-  EXPECT_THAT(problems, ::testing::IsEmpty()) << "in " << copies << " copies";
+  const RaceOutcome race = RaceWriters(**fr, kWriters, kPerWriter, kCapacity);
+  EXPECT_THAT(race.problems, ::testing::IsEmpty()) << "in " << race.copies << " copies";
 
   absl::StatusOr<FlightRecorderContents> read = ReadFlightRecorder(job_, 0);
   ASSERT_TRUE(read.ok()) << read.status();
