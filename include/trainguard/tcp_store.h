@@ -170,14 +170,15 @@ class TcpStore final : public Store {
  private:
   class Connection;
   class Lease;  // one call's connection, taken from the pool and given back (tcp_store_client.cc)
-  TcpStore(const TcpStoreOptions& options, std::unique_ptr<Connection> first);
+  explicit TcpStore(const TcpStoreOptions& options);
 
   // An idle connection, or a new one (it connects on its first call).
   std::unique_ptr<Connection> TakeConnection();
   void ReturnConnection(std::unique_ptr<Connection> connection);
 
   const TcpStoreOptions options_;
-  std::atomic<int64_t> generation_{kUnfenced};  // what SetWriterGeneration set
+  std::atomic<int64_t> generation_{kUnfenced};  // what SetWriterGeneration set; every request
+                                                // carries it
   Mutex pool_mu_;
   std::vector<std::unique_ptr<Connection>> idle_ ABSL_GUARDED_BY(pool_mu_);
 };

@@ -96,8 +96,10 @@ class TcpStore::Connection {
   // Whether an operation may be sent again after its connection broke with the outcome unknown.
   enum class Retry { kIdempotent, kOnlyIfUnsent };
 
-  explicit Connection(TcpStoreOptions options)
-      : options_(std::move(options)),
+  // `options` and `generation` are its TcpStore's, which owns the connection.
+  Connection(const TcpStoreOptions& options, const std::atomic<int64_t>& generation)
+      : options_(options),
+        generation_(generation),
         address_(absl::StrCat(options_.host, ":", options_.port)),
         decoder_(options_.max_frame_bytes),
         read_buffer_(kReadChunkBytes) {}
@@ -108,7 +110,6 @@ class TcpStore::Connection {
   }
 
   const std::string& address() const { return address_; }
-  void set_generation(int64_t generation) { generation_.store(generation); }
 
   // Connects and authenticates, retrying an unreachable server until `timeout` has passed.
   absl::Status Open(absl::Duration timeout) {
@@ -435,9 +436,9 @@ class TcpStore::Connection {
                                                    options_.job_id, "': ", error.message()));
   }
 
-  const TcpStoreOptions options_;
+  const TcpStoreOptions& options_;
+  const std::atomic<int64_t>& generation_;  // the writer generation each request carries
   const std::string address_;
-  std::atomic<int64_t> generation_{Store::kUnfenced};
 
   // Serializes the calls on this connection: one request in flight.
   Mutex mu_;
@@ -468,15 +469,14 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(const TcpStoreOption
                      absl::FormatDuration(options.reconnect_backoff_initial), ") <= max (",
                      absl::FormatDuration(options.reconnect_backoff_max), ")"));
   }
-  auto connection = std::make_unique<Connection>(options);
+  std::unique_ptr<TcpStore> store(new TcpStore(options));
+  auto connection = std::make_unique<Connection>(store->options_, store->generation_);
   if (absl::Status s = connection->Open(options.connect_timeout); !s.ok()) return s;
-  return std::unique_ptr<TcpStore>(new TcpStore(options, std::move(connection)));
+  store->ReturnConnection(std::move(connection));
+  return store;
 }
 
-TcpStore::TcpStore(const TcpStoreOptions& options, std::unique_ptr<Connection> first)
-    : options_(options) {
-  idle_.push_back(std::move(first));
-}
+TcpStore::TcpStore(const TcpStoreOptions& options) : options_(options) {}
 TcpStore::~TcpStore() = default;
 
 std::unique_ptr<TcpStore::Connection> TcpStore::TakeConnection() {
@@ -488,8 +488,7 @@ std::unique_ptr<TcpStore::Connection> TcpStore::TakeConnection() {
       idle_.pop_back();
     }
   }
-  if (connection == nullptr) connection = std::make_unique<Connection>(options_);
-  connection->set_generation(generation_.load());
+  if (connection == nullptr) connection = std::make_unique<Connection>(options_, generation_);
   return connection;
 }
 
