@@ -109,6 +109,16 @@ bool IsRecoveryFrame(const std::string& frame) {
   return false;
 }
 
+// The groups still where the hang found them (not recovering), in their order: only these are
+// compared for outliers.
+std::vector<const StackGroup*> StuckGroups(const std::vector<StackGroup>& groups) {
+  std::vector<const StackGroup*> stuck;
+  for (const StackGroup& group : groups) {
+    if (!group.recovering) stuck.push_back(&group);
+  }
+  return stuck;
+}
+
 }  // namespace
 
 std::string FrameModule(const std::string& frame) {
@@ -233,12 +243,8 @@ HangDiagnosis DiagnoseHang(const HangEvidence& evidence) {
               if (a.ranks.size() != b.ranks.size()) return a.ranks.size() > b.ranks.size();
               return a.ranks.front() < b.ranks.front();
             });
-  // Only the ranks still where the hang found them are compared: a rank that has moved on to
-  // recovery is neither the majority nor an outlier.
-  std::vector<const StackGroup*> stuck;
-  for (const StackGroup& group : d.stack_groups) {
-    if (!group.recovering) stuck.push_back(&group);
-  }
+  // A rank that has moved on to recovery is neither the majority nor an outlier.
+  const std::vector<const StackGroup*> stuck = StuckGroups(d.stack_groups);
   if (stuck.size() >= 2 && stuck[0]->ranks.size() > stuck[1]->ranks.size()) {
     for (size_t i = 1; i < stuck.size(); ++i) {
       d.stack_outliers.insert(d.stack_outliers.end(), stuck[i]->ranks.begin(),
@@ -269,16 +275,13 @@ std::string HangDiagnosis::ToString() const {
                     missing.size() == 1 ? " wrote no dump" : " wrote no dumps",
                     " (stopped, dead or unable to write)");
   }
-  std::vector<const StackGroup*> stuck;
   for (const StackGroup& group : stack_groups) {
-    if (group.recovering) {
-      absl::StrAppend(
-          &out, "\n", RankList(group.ranks), group.ranks.size() == 1 ? " had" : " had all",
-          " moved on to recovery when dumping: ", Abbreviate(group.frames, kFramesShown));
-    } else {
-      stuck.push_back(&group);
-    }
+    if (!group.recovering) continue;
+    absl::StrAppend(&out, "\n", RankList(group.ranks),
+                    group.ranks.size() == 1 ? " had" : " had all",
+                    " moved on to recovery when dumping: ", Abbreviate(group.frames, kFramesShown));
   }
+  const std::vector<const StackGroup*> stuck = StuckGroups(stack_groups);
   if (!stack_outliers.empty()) {
     absl::StrAppend(&out, "\n", RankList(stuck[0]->ranks),
                     " wait together in: ", Abbreviate(stuck[0]->frames, kFramesShown));
