@@ -32,6 +32,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/own_process.h"
 #include "trainguard/flight_recorder.h"
 
 extern char** environ;
@@ -43,6 +44,7 @@ using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using ::testing::StartsWith;
+using ::trainguard::testing::SignalOwnProcess;
 using Clock = std::chrono::steady_clock;
 
 constexpr char kTrainerPath[] = TRAINGUARD_TRAINER_PATH;
@@ -87,9 +89,11 @@ struct RankProcess {
     if (!running) {
       return;
     }
-    kill(pid, SIGKILL);
+    // Reaped only once the kill went out: a blocking wait for a rank not signalled would hang.
+    const absl::Status killed = SignalOwnProcess(pid, SIGKILL);
+    EXPECT_EQ(killed, absl::OkStatus()) << "rank " << rank;
     int status = 0;
-    if (waitpid(pid, &status, 0) == pid) {
+    if (killed.ok() && waitpid(pid, &status, 0) == pid) {
       wait_status = status;
     }
     running = false;
@@ -397,7 +401,7 @@ TEST(CppTrainerTest, KilledRankMakesEverySurvivorReportACommunicationFailureAndE
   ASSERT_TRUE(job.StartAll(kWorldSize, {"--steps", "100000000", "--print-every", "50",
                                         "--comm-timeout-s", kFaultCommTimeoutSeconds}));
   ASSERT_TRUE(job.WaitForOutput(2, "rank 2 step 100 loss", kJobDeadline)) << job.AllOutput();
-  ASSERT_EQ(kill(job.rank(2).pid, SIGKILL), 0);
+  ASSERT_EQ(SignalOwnProcess(job.rank(2).pid, SIGKILL), absl::OkStatus());
 
   ASSERT_TRUE(job.WaitAll(kJobDeadline)) << "survivors still running after the deadline; killed\n"
                                          << job.AllOutput();

@@ -6,7 +6,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -16,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/own_process.h"
 #include "tests/support/temp_dir.h"
 #include "trainguard/flight_recorder.h"
 
@@ -24,6 +27,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
+using testing::SignalOwnProcess;
 using testing::TempDir;
 
 struct Result {
@@ -74,6 +78,12 @@ class FlightRecorderCli : public ::testing::Test {
     int ready[2];
     if (pipe(ready) != 0) return -1;
     const pid_t child = fork();
+    if (child < 0) {
+      ADD_FAILURE() << "fork: " << std::strerror(errno);
+      close(ready[0]);
+      close(ready[1]);
+      return -1;
+    }
     if (child == 0) {
       auto fr = FlightRecorder::Create(job_, rank, 64);
       if (!fr.ok()) _exit(3);
@@ -86,10 +96,11 @@ class FlightRecorderCli : public ::testing::Test {
     char c;
     const bool ok = poll(&p, 1, 60'000) == 1 && read(ready[0], &c, 1) == 1;
     close(ready[0]);
-    kill(child, SIGKILL);
+    const absl::Status killed = SignalOwnProcess(child, SIGKILL);
+    EXPECT_EQ(killed, absl::OkStatus());
     int status;
-    waitpid(child, &status, 0);
-    return ok ? child : -1;
+    if (killed.ok()) waitpid(child, &status, 0);
+    return ok && killed.ok() ? child : -1;
   }
 
   const std::string job_ = absl::StrFormat(

@@ -30,6 +30,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/etcd_process.h"
+#include "tests/support/own_process.h"
 #include "tests/support/temp_dir.h"
 #include "trainguard/env.h"
 #include "trainguard/events.h"
@@ -76,8 +77,9 @@ class LauncherJob {
   }
 
   ~LauncherJob() {
-    if (pid_ > 0 && !exited_) {
-      kill(pid_, SIGKILL);  // its children die with it (PR_SET_PDEATHSIG)
+    // Its children die with it (PR_SET_PDEATHSIG). Reaped only if the kill went out: a blocking
+    // wait for a launcher that was not signalled would hang the test.
+    if (pid_ > 0 && !exited_ && testing::SignalOwnProcess(pid_, SIGKILL).ok()) {
       waitpid(pid_, nullptr, 0);
     }
   }
@@ -102,6 +104,8 @@ class LauncherJob {
     return false;
   }
 
+  // The pid in the launcher's pid file of `rank` (-1 when there is none). Only ever signalled
+  // through Signal(), which refuses -1 and any pid that is not this job's.
   pid_t RankPid(int rank) const {
     auto contents = Env::Default()->ReadFileToString(absl::StrCat(run_dir_, "/pids/rank-", rank));
     int pid = -1;
@@ -110,13 +114,22 @@ class LauncherJob {
     return pid;
   }
 
-  // The pid the launcher printed for "started standby I (pid P".
+  // The pid the launcher printed for "started standby I (pid P" (-1 when it has not).
   pid_t StandbyPid(int index) const {
     std::smatch m;
     const std::string out = Output();
     std::regex re(absl::StrCat("started standby ", index, " \\(pid ([0-9]+)"));
     return std::regex_search(out, m, re) ? std::stoi(m[1]) : -1;
   }
+
+  // Sends `sig` to `pid` if it is a process of this job: a descendant of the test, or a process
+  // whose environment carries this job's run directory (a rank that outlived its launcher).
+  absl::Status Signal(pid_t pid, int sig) const {
+    return testing::SignalOwnProcess(pid, sig, RunDirEntry());
+  }
+
+  // Whether a process of this job still runs under `pid`.
+  bool IsRunning(pid_t pid) const { return testing::OwnProcessIsRunning(pid, RunDirEntry()); }
 
   // The launcher's exit status, or -1 if it did not exit in time.
   int Wait(absl::Duration deadline = kDeadline) {
@@ -131,7 +144,8 @@ class LauncherJob {
     return -1;
   }
 
-  void Signal(int sig) const { kill(pid_, sig); }
+  // Signals the launcher itself.
+  absl::Status SignalLauncher(int sig) const { return testing::SignalOwnProcess(pid_, sig); }
 
   // rank -> params_checksum from the "final_loss" lines.
   std::map<int, std::string> FinalChecksums() const {
@@ -151,6 +165,9 @@ class LauncherJob {
   }
 
  private:
+  // The launcher gives every rank and standby TRAINGUARD_RUN_DIR=<run dir>.
+  std::string RunDirEntry() const { return absl::StrCat("TRAINGUARD_RUN_DIR=", run_dir_); }
+
   const std::string run_dir_;
   const std::string output_path_;
   pid_t pid_ = -1;
@@ -169,7 +186,7 @@ TEST(Launcher, AKilledRankIsReplacedByAStandbyAndTheReplicasEndIdentical) {
   testing::TempDir dir;
   LauncherJob job(dir, {"--nproc", "4", "--standby", "1"}, 1500);
   ASSERT_TRUE(job.AwaitOutput("step 300 loss")) << job.Output();
-  ASSERT_EQ(kill(job.RankPid(2), SIGKILL), 0);
+  ASSERT_EQ(job.Signal(job.RankPid(2), SIGKILL), absl::OkStatus());
   EXPECT_EQ(job.Wait(), 0) << job.Output();
   const std::string out = job.Output();
   EXPECT_THAT(out, HasSubstr("rank 2 (pid"));
@@ -209,7 +226,7 @@ TEST(Launcher, AReplacementRestoresTheDeadRanksArenaAndTheJobEndsAsIfUninterrupt
   testing::TempDir dir;
   LauncherJob job(dir, {"--nproc", "4", "--standby", "1"}, 800, checkpointing);
   ASSERT_TRUE(job.AwaitOutput("step 300 loss")) << job.Output();
-  ASSERT_EQ(kill(job.RankPid(2), SIGKILL), 0);
+  ASSERT_EQ(job.Signal(job.RankPid(2), SIGKILL), absl::OkStatus());
   EXPECT_EQ(job.Wait(), 0) << job.Output();
   const std::string out = job.Output();
   std::smatch m;
@@ -261,10 +278,10 @@ TEST(Launcher, TwoFailuresOneAfterTheOtherAreBothReplaced) {
   testing::TempDir dir;
   LauncherJob job(dir, {"--nproc", "4", "--standby", "1"}, 2000);
   ASSERT_TRUE(job.AwaitOutput("step 300 loss")) << job.Output();
-  ASSERT_EQ(kill(job.RankPid(1), SIGKILL), 0);
+  ASSERT_EQ(job.Signal(job.RankPid(1), SIGKILL), absl::OkStatus());
   ASSERT_TRUE(job.AwaitOutput("recovered from the loss of rank 1")) << job.Output();
   ASSERT_TRUE(job.AwaitOutput("started standby 1")) << job.Output();  // the pool was refilled
-  ASSERT_EQ(kill(job.RankPid(3), SIGKILL), 0);
+  ASSERT_EQ(job.Signal(job.RankPid(3), SIGKILL), absl::OkStatus());
   EXPECT_EQ(job.Wait(), 0) << job.Output();
   EXPECT_THAT(job.Output(), HasSubstr("takes rank 3 in generation 2"));
   EXPECT_THAT(job.Output(), HasSubstr("2 replacement(s)"));
@@ -276,10 +293,10 @@ TEST(Launcher, ARankKilledDuringTheReRendezvousIsReplacedToo) {
   LauncherJob job(dir, {"--nproc", "4", "--standby", "2"}, 1500);
   ASSERT_TRUE(job.AwaitOutput("step 300 loss")) << job.Output();
   const pid_t second = job.RankPid(2);
-  ASSERT_EQ(kill(job.RankPid(1), SIGKILL), 0);
+  ASSERT_EQ(job.Signal(job.RankPid(1), SIGKILL), absl::OkStatus());
   // As soon as generation 1 is published, while the ranks meet in it, rank 2 dies too.
   ASSERT_TRUE(job.AwaitOutput("takes rank 1 in generation 1")) << job.Output();
-  ASSERT_EQ(kill(second, SIGKILL), 0);
+  ASSERT_EQ(job.Signal(second, SIGKILL), absl::OkStatus());
   EXPECT_EQ(job.Wait(), 0) << job.Output();
   EXPECT_THAT(job.Output(), HasSubstr("takes rank 2 in generation 2"));
   ExpectIdenticalReplicas(job, 4);
@@ -289,11 +306,11 @@ TEST(Launcher, AStandbyKilledWhileParkedIsForgottenAndThePoolRefilled) {
   testing::TempDir dir;
   LauncherJob job(dir, {"--nproc", "2", "--standby", "1"}, 1500);
   ASSERT_TRUE(job.AwaitOutput("step 100 loss")) << job.Output();
-  ASSERT_EQ(kill(job.StandbyPid(0), SIGKILL), 0);
+  ASSERT_EQ(job.Signal(job.StandbyPid(0), SIGKILL), absl::OkStatus());
   ASSERT_TRUE(job.AwaitOutput("standby 0 (pid")) << job.Output();
   ASSERT_TRUE(job.AwaitOutput("started standby 1")) << job.Output();
   ASSERT_TRUE(job.AwaitOutput("step 600 loss")) << job.Output();
-  ASSERT_EQ(kill(job.RankPid(0), SIGKILL), 0);
+  ASSERT_EQ(job.Signal(job.RankPid(0), SIGKILL), absl::OkStatus());
   EXPECT_EQ(job.Wait(), 0) << job.Output();
   EXPECT_THAT(job.Output(), HasSubstr("while parked"));
   EXPECT_THAT(job.Output(), HasSubstr("standby 1 (pid"));
@@ -306,7 +323,8 @@ TEST(Launcher, AStoppedRankIsDetectedByItsHeartbeatKilledAndReplaced) {
   LauncherJob job(dir, {"--nproc", "3", "--standby", "1", "--heartbeat-timeout", "3"}, 1500);
   ASSERT_TRUE(job.AwaitOutput("step 300 loss")) << job.Output();
   const absl::Time stopped = absl::Now();
-  ASSERT_EQ(kill(job.RankPid(1), SIGSTOP), 0);  // hung: no exit for waitpid to see
+  // Hung: no exit for waitpid to see.
+  ASSERT_EQ(job.Signal(job.RankPid(1), SIGSTOP), absl::OkStatus());
   ASSERT_TRUE(job.AwaitOutput("has not sent a heartbeat")) << job.Output();
   const absl::Duration detection = absl::Now() - stopped;
   EXPECT_EQ(job.Wait(), 0) << job.Output();
@@ -504,7 +522,7 @@ TEST(Launcher, WithoutAStandbyALostRankFailsTheJobWithStatus1) {
   testing::TempDir dir;
   LauncherJob job(dir, {"--nproc", "2"}, 100000);
   ASSERT_TRUE(job.AwaitOutput("step 100 loss")) << job.Output();
-  ASSERT_EQ(kill(job.RankPid(1), SIGKILL), 0);
+  ASSERT_EQ(job.Signal(job.RankPid(1), SIGKILL), absl::OkStatus());
   EXPECT_EQ(job.Wait(), 1) << job.Output();
   EXPECT_THAT(job.Output(), HasSubstr("job failed: rank 1 died and the job has no standbys"));
 }
@@ -517,7 +535,7 @@ TEST(Launcher, AKilledRankIsReplacedWithTheEtcdBackendToo) {
   testing::TempDir dir;
   LauncherJob job(dir, {"--nproc", "4", "--standby", "1", "--store", "etcd://" + address}, 1500);
   ASSERT_TRUE(job.AwaitOutput("step 300 loss")) << job.Output();
-  ASSERT_EQ(kill(job.RankPid(2), SIGKILL), 0);
+  ASSERT_EQ(job.Signal(job.RankPid(2), SIGKILL), absl::OkStatus());
   EXPECT_EQ(job.Wait(), 0) << job.Output();
   EXPECT_THAT(job.Output(), HasSubstr("store etcd://"));
   EXPECT_THAT(job.Output(), HasSubstr("takes rank 2 in generation 1"));
@@ -529,14 +547,17 @@ TEST(Launcher, SigtermStopsEveryRankAndStandbyAndExitsWith143) {
   testing::TempDir dir;
   LauncherJob job(dir, {"--nproc", "2", "--standby", "1"}, 100000);
   ASSERT_TRUE(job.AwaitOutput("step 100 loss")) << job.Output();
+  ASSERT_TRUE(job.AwaitOutput("started standby 0")) << job.Output();
   const pid_t rank0 = job.RankPid(0);
   const pid_t standby = job.StandbyPid(0);
-  job.Signal(SIGTERM);
+  ASSERT_TRUE(job.IsRunning(rank0)) << "rank 0's pid file names pid " << rank0;
+  ASSERT_TRUE(job.IsRunning(standby)) << "standby 0: pid " << standby << "\n" << job.Output();
+  ASSERT_EQ(job.SignalLauncher(SIGTERM), absl::OkStatus());
   EXPECT_EQ(job.Wait(), 128 + SIGTERM) << job.Output();
   EXPECT_THAT(job.Output(), HasSubstr("interrupted by SIGTERM"));
   // The launcher reaped them: they no longer exist.
-  EXPECT_EQ(kill(rank0, 0), -1);
-  EXPECT_EQ(kill(standby, 0), -1);
+  EXPECT_FALSE(job.IsRunning(rank0));
+  EXPECT_FALSE(job.IsRunning(standby));
 }
 
 TEST(Launcher, BadUsageExitsWithStatus2) {

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -33,6 +34,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "tests/support/own_process.h"
 #include "tests/support/temp_dir.h"
 #include "trainguard/etcd_store.h"
 
@@ -73,8 +75,8 @@ class EtcdProcess {
   // The crash: SIGKILL, reaped; the data directory stays.
   void Kill() {
     if (pid_ <= 0) return;
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
+    // Reaped only once the kill went out: a blocking wait for a server not signalled would hang.
+    if (Signal(SIGKILL)) waitpid(pid_, nullptr, 0);
     pid_ = -1;
   }
 
@@ -82,8 +84,7 @@ class EtcdProcess {
   // Returns once the kernel reports the process stopped: SIGSTOP is delivered asynchronously, and
   // on a loaded machine etcd could otherwise still answer a request sent right after the kill.
   void Pause() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGSTOP);
+    if (pid_ <= 0 || !Signal(SIGSTOP)) return;
     const std::string stat_path = absl::StrCat("/proc/", pid_, "/stat");
     for (absl::Time end = absl::Now() + absl::Seconds(10); absl::Now() < end;) {
       std::ifstream stat(stat_path);
@@ -95,7 +96,7 @@ class EtcdProcess {
     }
   }
   void Resume() {
-    if (pid_ > 0) kill(pid_, SIGCONT);
+    if (pid_ > 0) Signal(SIGCONT);
   }
 
   // Starts etcd again on the same data directory and ports, and waits until it serves.
@@ -207,8 +208,8 @@ class EtcdProcess {
 
   void Stop() {
     if (pid_ <= 0) return;
-    kill(pid_, SIGCONT);
-    kill(pid_, SIGTERM);
+    Signal(SIGCONT);
+    Signal(SIGTERM);
     const absl::Time deadline = absl::Now() + absl::Seconds(5);
     while (absl::Now() < deadline) {
       if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
@@ -218,6 +219,14 @@ class EtcdProcess {
       absl::SleepFor(absl::Milliseconds(10));
     }
     Kill();
+  }
+
+  // Every signal goes through SignalOwnProcess (the etcd this object forked); a refusal is
+  // reported on stderr, where the test's log shows it.
+  bool Signal(int signal) {
+    const absl::Status sent = SignalOwnProcess(pid_, signal);
+    if (!sent.ok()) std::fprintf(stderr, "EtcdProcess: %s\n", sent.ToString().c_str());
+    return sent.ok();
   }
 
   TempDir dir_;

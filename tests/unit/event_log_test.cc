@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/own_process.h"
 #include "tests/support/temp_dir.h"
 #include "trainguard/env.h"
 #include "trainguard/events.h"
@@ -18,6 +19,7 @@ namespace trainguard {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::SignalOwnProcess;
 using testing::TempDir;
 
 Event MakeEvent(int64_t step) {
@@ -235,7 +237,7 @@ TEST(EventLog, AWriterKilledWithSigkillLeavesEveryEarlierRecordReadable) {
       if (size.ok() && *size > target) break;
       absl::SleepFor(absl::Milliseconds(1));
     }
-    ASSERT_EQ(kill(child, SIGKILL), 0);
+    ASSERT_EQ(SignalOwnProcess(child, SIGKILL), absl::OkStatus());
     int status = 0;
     ASSERT_EQ(waitpid(child, &status, 0), child);
     ASSERT_TRUE(WIFSIGNALED(status)) << "the writer exited by itself: " << status;

@@ -23,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/own_process.h"
 #include "tests/support/temp_dir.h"
 
 namespace trainguard {
@@ -30,6 +31,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using testing::SignalOwnProcess;
 using testing::TempDir;
 
 // A record whose every field is derived from `seq`, so that a reader can tell a torn one.
@@ -261,7 +263,7 @@ TEST_F(FlightRecorderTest, ARankKilledWithSigkillLeavesEveryRecordItWrote) {
   close(ready[1]);
   ASSERT_TRUE(WaitForByte(ready[0]));
   close(ready[0]);
-  ASSERT_EQ(kill(child, SIGKILL), 0);
+  ASSERT_EQ(SignalOwnProcess(child, SIGKILL), absl::OkStatus());
   int status;
   ASSERT_EQ(waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFSIGNALED(status));
@@ -293,7 +295,7 @@ TEST_F(FlightRecorderTest, ARankStoppedMidLoopLeavesAConsistentRunOfItsNewestRec
     wrapped = read.ok() && read->next_seq > 10 * kCapacity;
     if (!wrapped) usleep(1000);
   }
-  ASSERT_EQ(kill(child, SIGSTOP), 0);
+  ASSERT_EQ(SignalOwnProcess(child, SIGSTOP), absl::OkStatus());
   int status;
   ASSERT_EQ(waitpid(child, &status, WUNTRACED), child);
   ASSERT_TRUE(WIFSTOPPED(status));
@@ -301,7 +303,7 @@ TEST_F(FlightRecorderTest, ARankStoppedMidLoopLeavesAConsistentRunOfItsNewestRec
 
   absl::StatusOr<FlightRecorderContents> first = ReadFlightRecorder(job_, 0);
   absl::StatusOr<FlightRecorderContents> second = ReadFlightRecorder(job_, 0);
-  kill(child, SIGKILL);
+  ASSERT_EQ(SignalOwnProcess(child, SIGKILL), absl::OkStatus());
   waitpid(child, &status, 0);
   ASSERT_TRUE(first.ok()) << first.status();
   ASSERT_TRUE(second.ok()) << second.status();

@@ -28,6 +28,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sdk/checkpoint/direct_writer.h"
+#include "tests/support/own_process.h"
 #include "tests/support/temp_dir.h"
 #include "trainguard/env.h"
 
@@ -35,6 +36,7 @@ namespace trainguard {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::SignalOwnProcess;
 using testing::TempDir;
 
 constexpr size_t kChunk = 64 << 10;
@@ -391,7 +393,7 @@ TEST(Persister, SigkillDuringPersistenceNeverExposesAPartialStep) {
     }
     std::this_thread::sleep_for(
         std::chrono::microseconds(std::uniform_int_distribution<int>(0, 40'000)(rng)));
-    ASSERT_EQ(kill(child, SIGKILL), 0);
+    ASSERT_EQ(SignalOwnProcess(child, SIGKILL), absl::OkStatus());
     int status = 0;
     ASSERT_EQ(waitpid(child, &status, 0), child);
     ASSERT_TRUE(WIFSIGNALED(status)) << "the writer exited on its own with " << status;

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -21,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sdk/checkpoint/snapshot_arena.h"
+#include "tests/support/own_process.h"
 #include "trainguard/checkpoint.h"
 
 namespace trainguard {
@@ -32,6 +34,7 @@ using checkpoint_internal::kSlotComplete;
 using checkpoint_internal::kSlotWriting;
 using checkpoint_internal::SlotHeader;
 using ::testing::HasSubstr;
+using ::trainguard::testing::SignalOwnProcess;
 
 constexpr absl::Duration kFenceTimeout = absl::Seconds(30);
 constexpr size_t kChunk = 1 << 20;
@@ -406,6 +409,12 @@ std::string RunAndKillTrainer(const std::function<void()>& body) {
   int fds[2];
   EXPECT_EQ(pipe(fds), 0);
   const pid_t pid = fork();
+  if (pid < 0) {
+    ADD_FAILURE() << "fork: " << std::strerror(errno);
+    close(fds[0]);
+    close(fds[1]);
+    return "";
+  }
   if (pid == 0) {
     close(fds[0]);
     g_report_fd = fds[1];
@@ -420,7 +429,7 @@ std::string RunAndKillTrainer(const std::function<void()>& body) {
     const ssize_t n = read(fds[0], buffer, sizeof(buffer));
     if (n > 0) report.assign(buffer, static_cast<size_t>(n));
   }
-  kill(pid, SIGKILL);
+  EXPECT_EQ(SignalOwnProcess(pid, SIGKILL), absl::OkStatus());
   int wstatus = 0;
   EXPECT_EQ(waitpid(pid, &wstatus, 0), pid);
   EXPECT_TRUE(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL) << "report: " << report;

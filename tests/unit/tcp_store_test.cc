@@ -32,6 +32,7 @@
 #include "sdk/rendezvous/store_frame.h"
 #include "sdk/rendezvous/store_session.h"
 #include "sdk/rendezvous/store_state.h"
+#include "tests/support/own_process.h"
 #include "tests/support/store_conformance.h"
 
 namespace trainguard::testing {
@@ -580,7 +581,7 @@ TEST(TcpStoreServerTest, AClientProcessKilledDuringAWaitLeavesTheServerServing) 
 
   ASSERT_TRUE(Eventually([&] { return server->stats().waits_parked == 1; }))
       << "the child never parked its Wait";
-  ASSERT_EQ(kill(child, SIGKILL), 0);
+  ASSERT_EQ(SignalOwnProcess(child, SIGKILL), absl::OkStatus());
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
