@@ -95,13 +95,26 @@ int FreePort() {
   return port;
 }
 
+// Written to a temporary file and renamed over `path`: a reader (a test, a script about to send a
+// signal) sees the old contents or the new, never an empty or half-written file, which for a pid
+// file would read as no pid or a wrong one.
 absl::Status WriteFile(const std::string& path, std::string_view contents, mode_t mode) {
-  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
-  if (fd < 0) return absl::InternalError(absl::StrCat("open ", path, ": ", strerror(errno)));
+  const std::string temp = absl::StrCat(path, ".tmp.", getpid());
+  int fd = open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+  if (fd < 0) return absl::InternalError(absl::StrCat("open ", temp, ": ", strerror(errno)));
   const bool ok =
       write(fd, contents.data(), contents.size()) == static_cast<ssize_t>(contents.size());
-  close(fd);
-  if (!ok) return absl::InternalError(absl::StrCat("write ", path, ": ", strerror(errno)));
+  const int write_errno = errno;
+  if (close(fd) != 0 || !ok) {
+    const int error = ok ? errno : write_errno;
+    unlink(temp.c_str());
+    return absl::InternalError(absl::StrCat("write ", temp, ": ", strerror(error)));
+  }
+  if (rename(temp.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    unlink(temp.c_str());
+    return absl::InternalError(absl::StrCat("rename ", temp, " to ", path, ": ", strerror(error)));
+  }
   return absl::OkStatus();
 }
 
