@@ -21,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/temp_dir.h"
+#include "trainguard/mutex.h"
 #include "trainguard/persister.h"
 #include "trainguard/store.h"
 
@@ -291,16 +292,25 @@ TEST_F(CheckpointerTest, AZombieRankOfAnOldGenerationCannotVote) {
 }
 
 TEST_F(CheckpointerTest, ASecondSaveWhileTheFirstIsInFlightIsRefusedAndTheFirstCompletes) {
-  ranks_[0]->Fill(0, 10);
-  ASSERT_TRUE(ranks_[0]->checkpointer->Save(10).ok());
-  const absl::Status second = ranks_[0]->checkpointer->Save(11);
-  // Either refused (still in flight) or accepted after the first finished: never both in flight.
-  if (!second.ok()) {
-    EXPECT_EQ(second.code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_THAT(std::string(second.message()), HasSubstr("step 10"));
-  }
-  ASSERT_TRUE(ranks_[0]->checkpointer->WaitIdle(kTimeout).ok());
-  for (const SaveOutcome& o : ranks_[0]->outcomes) EXPECT_TRUE(o.status.ok()) << o.status;
+  // The observer runs on the worker before the save counts as finished: holding it until the
+  // second Save has been tried keeps the first in flight, so the refusal is certain rather than a
+  // race with the worker (which a fast machine lost and the test then asserted nothing).
+  Rank& rank = *ranks_[0];
+  Notification second_tried;
+  rank.checkpointer->set_observer([&](const SaveOutcome& o) {
+    (void)second_tried.WaitForNotificationWithTimeout(kTimeout);
+    rank.outcomes.push_back(o);
+  });
+  rank.Fill(0, 10);
+  ASSERT_TRUE(rank.checkpointer->Save(10).ok());
+  const absl::Status second = rank.checkpointer->Save(11);
+  second_tried.Notify();
+  EXPECT_EQ(second.code(), absl::StatusCode::kFailedPrecondition) << second;
+  EXPECT_THAT(std::string(second.message()), HasSubstr("step 10"));
+  ASSERT_TRUE(rank.checkpointer->WaitIdle(kTimeout).ok());
+  ASSERT_EQ(rank.outcomes.size(), 1u) << "the refused save must not run";
+  EXPECT_EQ(rank.outcomes[0].step, 10);
+  EXPECT_TRUE(rank.outcomes[0].status.ok()) << rank.outcomes[0].status;
 }
 
 TEST(CheckpointerStatic, ASingleRankJobWithoutAStoreRestoresFromItsArenaThenFromDisk) {
