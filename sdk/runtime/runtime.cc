@@ -17,9 +17,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "sdk/runtime/peer_progress.h"
+#include "sdk/watchdog/stack_trace.h"
 #include "trainguard/clock.h"
 #include "trainguard/env.h"
-#include "trainguard/stack_trace.h"
 #include "trainguard/version.h"
 
 namespace trainguard {

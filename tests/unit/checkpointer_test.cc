@@ -20,8 +20,8 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sdk/checkpoint/persister.h"
 #include "tests/support/temp_dir.h"
-#include "trainguard/persister.h"
 #include "trainguard/store.h"
 
 namespace trainguard {
