@@ -6,7 +6,6 @@
 #define TRAINGUARD_SDK_H_
 
 #include "trainguard/checkpoint.h"
-#include "trainguard/checkpointer.h"
 #include "trainguard/clock.h"
 #include "trainguard/collectives.h"
 #include "trainguard/env.h"
@@ -15,6 +14,7 @@
 #include "trainguard/flight_recorder.h"
 #include "trainguard/guard.h"
 #include "trainguard/health.h"
+#include "trainguard/membership.h"
 #include "trainguard/options.h"
 #include "trainguard/runtime.h"
 #include "trainguard/store.h"

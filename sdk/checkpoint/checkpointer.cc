@@ -1,4 +1,4 @@
-#include "trainguard/checkpointer.h"
+#include "sdk/checkpoint/checkpointer.h"
 
 #include <algorithm>
 #include <cstdint>

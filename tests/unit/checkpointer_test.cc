@@ -1,7 +1,7 @@
 // Checkpointer: global commit through the store, restore of the newest step every rank can restore,
 // arena before disk, fallback past corruption, generation fencing. Ranks are threads here, each
 // with its own registry, arena and store client; tests/integration/ kills real processes.
-#include "trainguard/checkpointer.h"
+#include "sdk/checkpoint/checkpointer.h"
 
 #include <unistd.h>
 
