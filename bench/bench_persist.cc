@@ -1,4 +1,4 @@
-// Persist and restore throughput of checkpoint shards (include/trainguard/persister.h), against a
+// Persist and restore throughput of checkpoint shards (sdk/checkpoint/persister.h), against a
 // plain O_DIRECT pwrite loop of the same bytes, in the same chunks, into the same directory.
 //
 //   TG_BENCH_DIR=/mnt/nvme/tg build/bench/bench_checkpoint
@@ -22,8 +22,8 @@
 
 #include "absl/strings/str_format.h"
 #include "benchmark/benchmark.h"
+#include "sdk/checkpoint/persister.h"
 #include "trainguard/env.h"
-#include "trainguard/persister.h"
 
 namespace {
 

@@ -23,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "benchmark/benchmark.h"
+#include "sdk/checkpoint/snapshotter.h"
 #include "trainguard/checkpoint.h"
 
 namespace {

@@ -35,10 +35,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "sdk/rendezvous/etcd_store.h"
+#include "sdk/rendezvous/tcp_store.h"
 #include "tests/support/etcd_process.h"
-#include "trainguard/etcd_store.h"
 #include "trainguard/store.h"
-#include "trainguard/tcp_store.h"
 
 namespace trainguard {
 namespace {

@@ -10,8 +10,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "sdk/checkpoint/persister.h"
 #include "trainguard/env.h"
-#include "trainguard/persister.h"
 
 namespace trainguard::tools {
 namespace {

@@ -1,5 +1,5 @@
 // `trainguard ckpt`: inspects the checkpoint shards a Persister wrote
-// (include/trainguard/persister.h).
+// (sdk/checkpoint/persister.h).
 //
 //   trainguard ckpt list DIR [--json]                  committed steps: ranks and sizes
 //   trainguard ckpt inspect DIR [--step S] [--json]    one step's shards (default: the newest)

@@ -11,7 +11,7 @@
 //   trainguard flight-recorder diagnose RUN_DIR [--job J] [--world-size N] [--generation G]
 //                                       [--json]
 //       reads the hang dumps in RUN_DIR/flight_recorder (and, with --job, the live rings of ranks
-//       that wrote none) and names the suspects (include/trainguard/hang_diagnosis.h)
+//       that wrote none) and names the suspects (sdk/watchdog/hang_diagnosis.h)
 //
 // Exit codes: 0 success; 1 a segment or file is missing, unreadable or not a flight recorder's (the
 // message names it); 2 bad usage.

@@ -37,14 +37,15 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "sdk/checkpoint/snapshotter.h"
+#include "sdk/rendezvous/rendezvous.h"
+#include "sdk/rendezvous/tcp_store.h"
+#include "sdk/watchdog/hang_diagnosis.h"
 #include "trainguard/checkpoint.h"
 #include "trainguard/env.h"
 #include "trainguard/flight_recorder.h"
-#include "trainguard/hang_diagnosis.h"
 #include "trainguard/mutex.h"
-#include "trainguard/rendezvous.h"
 #include "trainguard/store.h"
-#include "trainguard/tcp_store.h"
 
 extern char** environ;
 

@@ -1,5 +1,6 @@
-// Checkpointing, part 1: what a checkpoint holds (StateRegistry) and the in-memory snapshot of it
-// (Snapshotter, backed by a shared-memory arena that outlives the process).
+// Checkpointing: what a checkpoint holds (StateRegistry). The Runtime copies it into an in-memory
+// snapshot (the Snapshotter, sdk/checkpoint/snapshotter.h, backed by a shared-memory arena that
+// outlives the process), persists and commits it.
 //
 // A trainer registers, once, every buffer a checkpoint must hold (weights, optimizer state, host or
 // CUDA device memory) and small blobs (RNG state, data-loader position). Every few steps it asks
@@ -80,80 +81,6 @@ class StateRegistry {
  private:
   std::vector<StateBuffer> buffers_;
   std::vector<std::pair<std::string, std::string>> blobs_;
-};
-
-struct SnapshotterOptions {
-  std::string job_id = "default";
-  int rank = 0;
-  int64_t generation = 0;
-  int copy_threads = 4;             // parallel memcpy for host buffers
-  size_t chunk_bytes = 4 << 20;     // checksum granularity (and CUDA copy size)
-  size_t max_blob_bytes = 1 << 20;  // arena space reserved for blobs
-};
-
-struct SnapshotInfo {
-  int64_t step = -1;
-  int64_t generation = 0;
-  uint64_t layout_hash = 0;
-  size_t bytes = 0;
-  // Identifies the contents: SnapshotFingerprint() of the step, layout, size and chunk checksums.
-  // Equal on the arena copy and the disk copy of the same snapshot; a global commit records it.
-  uint64_t fingerprint = 0;
-};
-
-// XXH3-64 of (step, layout_hash, payload_bytes, every chunk checksum).
-uint64_t SnapshotFingerprint(int64_t step, uint64_t layout_hash, uint64_t payload_bytes,
-                             const std::vector<uint64_t>& chunk_checksums);
-
-class Snapshotter {
- public:
-  // Creates (or re-opens, when a previous process of this rank left one with the same layout) the
-  // arena for `registry`. REQUIRES: `registry` outlives the Snapshotter and is not modified after.
-  static absl::StatusOr<std::unique_ptr<Snapshotter>> Create(const StateRegistry* registry,
-                                                             const SnapshotterOptions& options);
-  ~Snapshotter();
-
-  // Starts copying every registered buffer and blob into the free slot, tagged with `step`; returns
-  // as soon as the copy is enqueued. FailedPrecondition if a snapshot is still in flight.
-  absl::Status Begin(int64_t step);
-  // Blocks until the in-flight copy of `name` (or of everything) is done, at most `timeout`.
-  absl::Status FenceBuffer(const std::string& name, absl::Duration timeout);
-  absl::Status Fence(absl::Duration timeout);
-  // The newest complete snapshot in the arena (this process's or a previous one's), if any.
-  std::optional<SnapshotInfo> LatestComplete() const;
-  // Verifies every chunk of the latest complete snapshot and copies it back into the registry's
-  // buffers (and blobs). DataLoss naming buffer, offset, rank and step on a checksum mismatch; the
-  // buffers are then left as they were.
-  absl::StatusOr<SnapshotInfo> RestoreLatest(StateRegistry* registry);
-  // The complete snapshots in the arena (at most two), newest first.
-  std::vector<SnapshotInfo> CompleteSnapshots() const;
-  // As RestoreLatest, from the complete snapshot of `step` (either slot). NotFound when the arena
-  // holds no complete snapshot of that step.
-  absl::StatusOr<SnapshotInfo> RestoreStep(StateRegistry* registry, int64_t step);
-  // Installs a snapshot read from elsewhere (a persisted shard) as the newest complete one, after
-  // checking every chunk against `chunk_checksums`; then RestoreStep(step) restores it. DataLoss on
-  // a mismatch (the arena keeps its previous snapshots); FailedPrecondition while a snapshot is in
-  // flight or when the payload does not fit this registry's layout.
-  absl::StatusOr<SnapshotInfo> Install(int64_t step, int64_t generation, std::string_view payload,
-                                       const std::vector<uint64_t>& chunk_checksums);
-  // The bytes and per-chunk checksums of the latest complete snapshot, for persistence and peers.
-  // Valid until the next Begin().
-  struct View {
-    SnapshotInfo info;
-    std::string_view payload;               // all buffers, then blobs, in registry order
-    std::vector<uint64_t> chunk_checksums;  // XXH3-64 of each chunk_bytes piece of payload
-  };
-  absl::StatusOr<View> LatestView() const;
-
-  // The shared-memory segment name of a rank's arena.
-  static std::string ArenaName(std::string_view job_id, int rank);
-  // Removes a rank's arena (normal shutdown of a job, or `trainguard` on request).
-  static absl::Status RemoveArena(std::string_view job_id, int rank);
-
- private:
-  class Impl;
-  explicit Snapshotter(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace trainguard

@@ -6,10 +6,10 @@
 //     [u32 little-endian payload length][u32 little-endian XXH32 of the payload][payload]
 // where the payload is a serialized trainguard.proto.Event (sdk/proto/event.proto). A process
 // killed in the middle of a write leaves a torn final record: the reader reports it instead of
-// misreading it, and EventLog::Open() moves it to a side file before appending, so one crash never
-// hides later records and no byte is ever destroyed.
+// misreading it, and the writer (sdk/core/event_log.h) moves it to a side file before appending, so
+// one crash never hides later records and no byte is ever destroyed.
 //
-// Thread safety: EventLog::Append may be called from any thread; ReadEventLog is a free function.
+// Thread safety: ReadEventLog is a free function; Runtime::EmitEvent may be called from any thread.
 #ifndef TRAINGUARD_EVENTS_H_
 #define TRAINGUARD_EVENTS_H_
 
@@ -20,16 +20,13 @@
 #include <utility>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "trainguard/mutex.h"
 
 namespace trainguard {
 
 class Env;
-class WritableFile;
 
 enum class EventType {
   kRuntimeStarted = 1,
@@ -55,37 +52,6 @@ struct Event {
 
   // The value of attribute `key`, or "" when absent.
   std::string_view Attribute(std::string_view key) const;
-};
-
-// Append-only writer of one rank's event file. Not copyable.
-class EventLog {
- public:
-  // Opens (creating it and its directory if needed) the event file at `path` for appending. An
-  // existing file is validated first. A torn final record is moved to "<path>.torn" and cut off; a
-  // corrupt file (bad header, or a bad record before the end) is copied whole to "<path>.corrupt"
-  // and a new log is started, because a damaged log must not stop training. set_aside_path() says
-  // where the bytes went.
-  static absl::StatusOr<std::unique_ptr<EventLog>> Open(Env* env, const std::string& path);
-
-  EventLog(const EventLog&) = delete;
-  EventLog& operator=(const EventLog&) = delete;
-  ~EventLog();
-
-  // Serializes and writes one record; the bytes reach the OS before it returns (they survive a kill
-  // of the process, not a power loss). Errors name the path.
-  absl::Status Append(const Event& event);
-
-  const std::string& path() const { return path_; }
-  // Where Open() saved a torn tail or a corrupt file; empty when the file was clean.
-  const std::string& set_aside_path() const { return set_aside_path_; }
-
- private:
-  EventLog(std::string path, std::unique_ptr<WritableFile> file, std::string set_aside_path);
-
-  const std::string path_;
-  const std::string set_aside_path_;
-  Mutex mu_;
-  std::unique_ptr<WritableFile> file_ ABSL_GUARDED_BY(mu_);
 };
 
 struct EventLogContents {

@@ -31,23 +31,25 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "trainguard/checkpoint.h"
-#include "trainguard/checkpointer.h"
 #include "trainguard/collectives.h"
 #include "trainguard/events.h"
 #include "trainguard/flight_recorder.h"
 #include "trainguard/guard.h"
 #include "trainguard/health.h"
+#include "trainguard/membership.h"
 #include "trainguard/mutex.h"
 #include "trainguard/options.h"
-#include "trainguard/rendezvous.h"
 #include "trainguard/store.h"
 #include "trainguard/topology.h"
 #include "trainguard/watchdog.h"
 
 namespace trainguard {
 
+class Checkpointer;
 class Clock;
 class Env;
+class EventLog;
+class RendezvousMember;
 
 // What the last heartbeat said. Read by monitors (a watchdog thread, a launcher) without locking.
 struct HeartbeatSnapshot {

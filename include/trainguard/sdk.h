@@ -6,7 +6,6 @@
 #define TRAINGUARD_SDK_H_
 
 #include "trainguard/checkpoint.h"
-#include "trainguard/checkpointer.h"
 #include "trainguard/clock.h"
 #include "trainguard/collectives.h"
 #include "trainguard/env.h"
@@ -14,11 +13,10 @@
 #include "trainguard/events.h"
 #include "trainguard/flight_recorder.h"
 #include "trainguard/guard.h"
-#include "trainguard/hang_diagnosis.h"
 #include "trainguard/health.h"
+#include "trainguard/membership.h"
 #include "trainguard/options.h"
 #include "trainguard/runtime.h"
-#include "trainguard/stack_trace.h"
 #include "trainguard/store.h"
 #include "trainguard/topology.h"
 #include "trainguard/version.h"

@@ -1,4 +1,4 @@
-#include "trainguard/checkpointer.h"
+#include "sdk/checkpoint/checkpointer.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -20,9 +20,9 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "sdk/checkpoint/persister.h"
 #include "trainguard/env.h"
 #include "trainguard/mutex.h"
-#include "trainguard/persister.h"
 #include "trainguard/store.h"
 
 namespace trainguard {

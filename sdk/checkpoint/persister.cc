@@ -1,5 +1,5 @@
 // Persister: shards written through a DirectWriter, committed by a manifest through the Env.
-#include "trainguard/persister.h"
+#include "sdk/checkpoint/persister.h"
 
 #include <fcntl.h>
 #include <unistd.h>

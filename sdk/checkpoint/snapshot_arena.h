@@ -25,6 +25,7 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
+#include "sdk/checkpoint/snapshotter.h"
 
 namespace trainguard {
 namespace checkpoint_internal {

@@ -24,6 +24,7 @@
 #include "trainguard/mutex.h"
 
 #if defined(TRAINGUARD_HAVE_CUDA)
+#include "sdk/checkpoint/snapshotter.h"
 #include "sdk/checkpoint/snapshotter_cuda.h"
 #endif
 

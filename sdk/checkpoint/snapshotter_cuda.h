@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "sdk/checkpoint/snapshotter.h"
 
 namespace trainguard {
 namespace checkpoint_internal {

@@ -1,5 +1,7 @@
 // The per-rank event file: "TGEVLOG1", then [u32 length][u32 XXH32(payload)][payload] records
 // (little-endian), each payload a serialized trainguard.proto.Event. See docs/FORMATS.md.
+#include "sdk/core/event_log.h"
+
 #include <xxhash.h>
 
 #include <cstring>

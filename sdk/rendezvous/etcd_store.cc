@@ -1,7 +1,7 @@
 // EtcdStore: Store on etcd v3 through its JSON gateway. Reads are ranges; every write is a
 // transaction, guarded by the fence when the client is fenced; Wait is a watch that starts at the
 // revision right after its first check, so no write between the check and the watch is missed.
-#include "trainguard/etcd_store.h"
+#include "sdk/rendezvous/etcd_store.h"
 
 #include <algorithm>
 #include <limits>

@@ -8,9 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "trainguard/etcd_store.h"
+#include "sdk/rendezvous/etcd_store.h"
+#include "sdk/rendezvous/tcp_store.h"
 #include "trainguard/store.h"
-#include "trainguard/tcp_store.h"
 
 namespace trainguard {
 namespace {

@@ -1,5 +1,5 @@
-// The rendezvous protocol over a Store: see include/trainguard/rendezvous.h for the key layout.
-#include "trainguard/rendezvous.h"
+// The rendezvous protocol over a Store: see sdk/rendezvous/rendezvous.h for the key layout.
+#include "sdk/rendezvous/rendezvous.h"
 
 #include <map>
 #include <optional>

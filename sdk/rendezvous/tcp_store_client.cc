@@ -28,9 +28,9 @@
 #include "sdk/proto/store.pb.h"
 #include "sdk/rendezvous/store_auth.h"
 #include "sdk/rendezvous/store_frame.h"
+#include "sdk/rendezvous/tcp_store.h"
 #include "trainguard/clock.h"
 #include "trainguard/mutex.h"
-#include "trainguard/tcp_store.h"
 
 namespace trainguard {
 namespace {

@@ -30,9 +30,9 @@
 #include "sdk/rendezvous/store_frame.h"
 #include "sdk/rendezvous/store_session.h"
 #include "sdk/rendezvous/store_state.h"
+#include "sdk/rendezvous/tcp_store.h"
 #include "trainguard/clock.h"
 #include "trainguard/mutex.h"
-#include "trainguard/tcp_store.h"
 
 namespace trainguard {
 namespace {

@@ -16,10 +16,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "sdk/checkpoint/checkpointer.h"
+#include "sdk/core/event_log.h"
+#include "sdk/rendezvous/rendezvous.h"
 #include "sdk/runtime/peer_progress.h"
+#include "sdk/watchdog/stack_trace.h"
 #include "trainguard/clock.h"
 #include "trainguard/env.h"
-#include "trainguard/stack_trace.h"
 #include "trainguard/version.h"
 
 namespace trainguard {

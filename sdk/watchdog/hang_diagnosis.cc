@@ -1,4 +1,4 @@
-#include "trainguard/hang_diagnosis.h"
+#include "sdk/watchdog/hang_diagnosis.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -19,8 +19,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "sdk/watchdog/stack_trace.h"
 #include "trainguard/flight_recorder.h"
-#include "trainguard/stack_trace.h"
 
 namespace trainguard {
 namespace {

@@ -1,4 +1,4 @@
-// Stack capture by signal (include/trainguard/stack_trace.h).
+// Stack capture by signal (sdk/watchdog/stack_trace.h).
 //
 // The handler's slots live in static storage and are never freed, so a handler that runs late (a
 // thread that unblocks the signal after the deadline) writes into memory that still exists. Each
@@ -6,7 +6,7 @@
 // slot only with a compare-and-swap from "pending" of that exact word, so a late handler cannot
 // claim a slot that has since been handed to another capture by mistake; if it finds its own
 // thread's slot pending in a newer capture, it answers that one, with a stack that is current.
-#include "trainguard/stack_trace.h"
+#include "sdk/watchdog/stack_trace.h"
 
 #include <cxxabi.h>
 #include <dirent.h>

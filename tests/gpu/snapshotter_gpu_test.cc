@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "sdk/checkpoint/snapshotter.h"
 #include "trainguard/checkpoint.h"
 
 namespace trainguard {

@@ -12,8 +12,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sdk/checkpoint/persister.h"
 #include "tests/support/temp_dir.h"
-#include "trainguard/persister.h"
 
 namespace trainguard {
 namespace {

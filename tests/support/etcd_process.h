@@ -34,9 +34,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "sdk/rendezvous/etcd_store.h"
 #include "tests/support/own_process.h"
 #include "tests/support/temp_dir.h"
-#include "trainguard/etcd_store.h"
 
 namespace trainguard::testing {
 

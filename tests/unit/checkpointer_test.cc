@@ -1,7 +1,7 @@
 // Checkpointer: global commit through the store, restore of the newest step every rank can restore,
 // arena before disk, fallback past corruption, generation fencing. Ranks are threads here, each
 // with its own registry, arena and store client; tests/integration/ kills real processes.
-#include "trainguard/checkpointer.h"
+#include "sdk/checkpoint/checkpointer.h"
 
 #include <unistd.h>
 
@@ -20,9 +20,9 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sdk/checkpoint/persister.h"
 #include "tests/support/temp_dir.h"
 #include "trainguard/mutex.h"
-#include "trainguard/persister.h"
 #include "trainguard/store.h"
 
 namespace trainguard {

@@ -1,6 +1,6 @@
 // EtcdStore against a real etcd on loopback: the Store conformance suite, then what only etcd has
 // (leases, several jobs in one etcd, endpoints) and what happens when etcd dies and comes back.
-#include "trainguard/etcd_store.h"
+#include "sdk/rendezvous/etcd_store.h"
 
 #include <atomic>
 #include <cstdlib>

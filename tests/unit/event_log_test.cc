@@ -1,3 +1,5 @@
+#include "sdk/core/event_log.h"
+
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>

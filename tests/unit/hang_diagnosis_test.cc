@@ -1,8 +1,8 @@
-// Specification of the cross-rank hang diagnosis (include/trainguard/hang_diagnosis.h) and of the
+// Specification of the cross-rank hang diagnosis (sdk/watchdog/hang_diagnosis.h) and of the
 // stack text it reads (ParseThreadStacks in stack_trace.h), on dumps built here and written to
 // files. The end-to-end case, real ranks with one stalled inside a collective, is launcher_test's
 // ARankStalledInsideACollectiveIsNamedFromTheRanksStacksAndReplaced.
-#include "trainguard/hang_diagnosis.h"
+#include "sdk/watchdog/hang_diagnosis.h"
 
 #include <fstream>
 #include <string>
@@ -13,9 +13,9 @@
 #include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sdk/watchdog/stack_trace.h"
 #include "tests/support/temp_dir.h"
 #include "trainguard/flight_recorder.h"
-#include "trainguard/stack_trace.h"
 
 namespace trainguard {
 namespace {

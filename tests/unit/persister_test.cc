@@ -1,6 +1,6 @@
 // Specification of the Persister: committed shards survive crashes, full disks and I/O errors;
 // every corrupted byte is detected; retention keeps the newest steps.
-#include "trainguard/persister.h"
+#include "sdk/checkpoint/persister.h"
 
 #include <fcntl.h>
 #include <linux/audit.h>

@@ -1,4 +1,4 @@
-#include "trainguard/rendezvous.h"
+#include "sdk/rendezvous/rendezvous.h"
 
 #include <map>
 #include <memory>

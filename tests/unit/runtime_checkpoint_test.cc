@@ -15,6 +15,8 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sdk/checkpoint/checkpointer.h"
+#include "sdk/checkpoint/snapshotter.h"
 #include "tests/support/temp_dir.h"
 #include "trainguard/sdk.h"
 

@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sdk/rendezvous/rendezvous.h"
 #include "tests/support/temp_dir.h"
 #include "trainguard/sdk.h"
 

@@ -1,5 +1,7 @@
 // Snapshotter: snapshots into a shared-memory arena while the trainer goes on, survives the death
 // of its process, and never restores bytes it cannot vouch for.
+#include "sdk/checkpoint/snapshotter.h"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>

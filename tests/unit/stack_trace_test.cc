@@ -1,6 +1,6 @@
-// Specification of stack capture (include/trainguard/stack_trace.h): every thread of the process,
+// Specification of stack capture (sdk/watchdog/stack_trace.h): every thread of the process,
 // asked by signal, including threads blocked in system calls, from a thread that is not main.
-#include "trainguard/stack_trace.h"
+#include "sdk/watchdog/stack_trace.h"
 
 #include <poll.h>
 #include <pthread.h>

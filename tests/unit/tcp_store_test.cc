@@ -3,7 +3,7 @@
 // truncated frames, requests before authentication, silent and non-reading clients, a server
 // restart under a client, a client process killed in the middle of a Wait, and a connection lost
 // after an Add was sent.
-#include "trainguard/tcp_store.h"
+#include "sdk/rendezvous/tcp_store.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

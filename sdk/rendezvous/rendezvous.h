@@ -37,8 +37,8 @@
 //
 // Thread safety: RendezvousMember and RendezvousCoordinator may be called from any thread; each
 // owns at most one background thread (the heartbeat), stopped and joined by its destructor.
-#ifndef TRAINGUARD_RENDEZVOUS_H_
-#define TRAINGUARD_RENDEZVOUS_H_
+#ifndef TRAINGUARD_SDK_RENDEZVOUS_RENDEZVOUS_H_
+#define TRAINGUARD_SDK_RENDEZVOUS_RENDEZVOUS_H_
 
 #include <atomic>
 #include <cstdint>
@@ -52,30 +52,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "trainguard/membership.h"
 #include "trainguard/mutex.h"
 #include "trainguard/store.h"
 
 namespace trainguard {
-
-// One generation's assignment of rank ids to member processes.
-struct Membership {
-  int64_t generation = -1;
-  int world_size = 0;
-  int rank = -1;  // this member's rank in the generation; -1 in the coordinator's view
-  std::vector<std::string> members;  // member id of each rank
-};
-
-// What every rank of a new generation agreed on before training resumes.
-struct RecoveryPlan {
-  int64_t generation = -1;
-  // The step every rank runs next.
-  int64_t resume_step = 0;
-  // The rank whose model state every other rank adopts (broadcast) before resuming: the survivor
-  // that got furthest, the lowest rank among equals. -1 when no rank has state (every rank is new).
-  int state_source_rank = -1;
-  // Ranks that joined without state in this generation (replacements), in rank order.
-  std::vector<int> new_ranks;
-};
 
 class RendezvousMember {
  public:
@@ -182,4 +163,4 @@ class RendezvousCoordinator {
 
 }  // namespace trainguard
 
-#endif  // TRAINGUARD_RENDEZVOUS_H_
+#endif  // TRAINGUARD_SDK_RENDEZVOUS_RENDEZVOUS_H_

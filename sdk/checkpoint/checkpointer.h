@@ -28,8 +28,8 @@
 // Thread safety: Save, Fence, WaitIdle and RestoreNewestCommitted belong to the training thread.
 // The worker thread is owned by the Checkpointer and joined by its destructor (which waits for a
 // save in progress, at most `timeout`).
-#ifndef TRAINGUARD_CHECKPOINTER_H_
-#define TRAINGUARD_CHECKPOINTER_H_
+#ifndef TRAINGUARD_SDK_CHECKPOINT_CHECKPOINTER_H_
+#define TRAINGUARD_SDK_CHECKPOINT_CHECKPOINTER_H_
 
 #include <cstdint>
 #include <functional>
@@ -41,6 +41,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "sdk/checkpoint/snapshotter.h"
 #include "trainguard/checkpoint.h"
 
 namespace trainguard {
@@ -127,4 +128,4 @@ class Checkpointer {
 
 }  // namespace trainguard
 
-#endif  // TRAINGUARD_CHECKPOINTER_H_
+#endif  // TRAINGUARD_SDK_CHECKPOINT_CHECKPOINTER_H_

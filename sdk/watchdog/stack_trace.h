@@ -18,8 +18,8 @@
 //
 // Thread safety: CaptureThreadStacks may be called from any thread (the caller's own stack is
 // captured too); concurrent calls are serialised.
-#ifndef TRAINGUARD_STACK_TRACE_H_
-#define TRAINGUARD_STACK_TRACE_H_
+#ifndef TRAINGUARD_SDK_WATCHDOG_STACK_TRACE_H_
+#define TRAINGUARD_SDK_WATCHDOG_STACK_TRACE_H_
 
 #include <cstdint>
 #include <string>
@@ -62,4 +62,4 @@ absl::StatusOr<std::string> CaptureAllThreadStacks(absl::Duration timeout);
 
 }  // namespace trainguard
 
-#endif  // TRAINGUARD_STACK_TRACE_H_
+#endif  // TRAINGUARD_SDK_WATCHDOG_STACK_TRACE_H_

@@ -27,8 +27,8 @@
 // One thread alone uses one connection; calls that overlap run side by side, so a long Wait never
 // holds up another thread's calls behind it (a rank's heartbeats, its votes). TcpStoreServer's
 // methods may be called from any thread.
-#ifndef TRAINGUARD_TCP_STORE_H_
-#define TRAINGUARD_TCP_STORE_H_
+#ifndef TRAINGUARD_SDK_RENDEZVOUS_TCP_STORE_H_
+#define TRAINGUARD_SDK_RENDEZVOUS_TCP_STORE_H_
 
 #include <atomic>
 #include <cstddef>
@@ -185,4 +185,4 @@ class TcpStore final : public Store {
 
 }  // namespace trainguard
 
-#endif  // TRAINGUARD_TCP_STORE_H_
+#endif  // TRAINGUARD_SDK_RENDEZVOUS_TCP_STORE_H_

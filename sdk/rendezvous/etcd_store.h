@@ -14,8 +14,8 @@
 // Thread safety: thread-safe. One EtcdStore may be used from several threads at once; each call
 // uses its own HTTP connection from a small pool. No background threads: a lease is kept alive
 // only by calls to KeepAliveOnce.
-#ifndef TRAINGUARD_ETCD_STORE_H_
-#define TRAINGUARD_ETCD_STORE_H_
+#ifndef TRAINGUARD_SDK_RENDEZVOUS_ETCD_STORE_H_
+#define TRAINGUARD_SDK_RENDEZVOUS_ETCD_STORE_H_
 
 #include <atomic>
 #include <cstddef>
@@ -119,4 +119,4 @@ class EtcdStore final : public Store {
 
 }  // namespace trainguard
 
-#endif  // TRAINGUARD_ETCD_STORE_H_
+#endif  // TRAINGUARD_SDK_RENDEZVOUS_ETCD_STORE_H_

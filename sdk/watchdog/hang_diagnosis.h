@@ -3,7 +3,8 @@
 //
 // When a rank's watchdog declares a hang, the Runtime dumps its flight recorder and the stacks of
 // all its threads to <run_dir>/flight_recorder/rank-RRRRR.N.pb and publishes the hang, so every
-// other rank dumps too (docs/GUIDE.md, "Hang detection"). DiagnoseHang reads those dumps three ways:
+// other rank dumps too (docs/GUIDE.md, "Hang detection"). DiagnoseHang reads those dumps three
+// ways:
 //
 //  1. Rings (Mycroft): FindLaggards on the ranks' rings names a rank that never entered the
 //     collective the others are waiting in.
@@ -24,8 +25,8 @@
 // can read the live rings (same host: ReadFlightRecorder) pass them in for step 1.
 //
 // Thread safety: pure functions.
-#ifndef TRAINGUARD_HANG_DIAGNOSIS_H_
-#define TRAINGUARD_HANG_DIAGNOSIS_H_
+#ifndef TRAINGUARD_SDK_WATCHDOG_HANG_DIAGNOSIS_H_
+#define TRAINGUARD_SDK_WATCHDOG_HANG_DIAGNOSIS_H_
 
 #include <cstdint>
 #include <map>
@@ -63,7 +64,7 @@ struct HangDiagnosis {
   std::vector<StackGroup> stack_groups;  // largest first; equal sizes by lowest rank
   // Ranks outside the single largest group of those not recovering, ascending.
   std::vector<int> stack_outliers;
-  std::vector<int> suspects;             // laggards, stack outliers and missing ranks, ascending
+  std::vector<int> suspects;  // laggards, stack outliers and missing ranks, ascending
 
   // Several lines: the suspects first ("suspects: rank 2"), then why, e.g.
   //   "rank 2's training thread is elsewhere: clock_nanosleep <- absl::SleepFor <- ..."
@@ -87,4 +88,4 @@ HangDiagnosis DiagnoseHang(const HangEvidence& evidence);
 
 }  // namespace trainguard
 
-#endif  // TRAINGUARD_HANG_DIAGNOSIS_H_
+#endif  // TRAINGUARD_SDK_WATCHDOG_HANG_DIAGNOSIS_H_

@@ -18,8 +18,8 @@
 //
 // Thread safety: a Persister is used by one thread at a time. The free functions may be called from
 // any thread.
-#ifndef TRAINGUARD_PERSISTER_H_
-#define TRAINGUARD_PERSISTER_H_
+#ifndef TRAINGUARD_SDK_CHECKPOINT_PERSISTER_H_
+#define TRAINGUARD_SDK_CHECKPOINT_PERSISTER_H_
 
 #include <cstdint>
 #include <functional>
@@ -98,4 +98,4 @@ absl::StatusOr<std::string> ReadShardPayload(Env* env, const ShardRecord& record
 
 }  // namespace trainguard
 
-#endif  // TRAINGUARD_PERSISTER_H_
+#endif  // TRAINGUARD_SDK_CHECKPOINT_PERSISTER_H_
