@@ -17,8 +17,8 @@
 
 #include "absl/strings/str_format.h"
 #include "benchmark/benchmark.h"
+#include "sdk/watchdog/flight_recorder.h"
 #include "tests/support/allocation_counter.h"
-#include "trainguard/flight_recorder.h"
 
 namespace {
 

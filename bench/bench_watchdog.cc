@@ -14,8 +14,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "benchmark/benchmark.h"
+#include "sdk/watchdog/flight_recorder.h"
 #include "trainguard/collectives.h"
-#include "trainguard/flight_recorder.h"
 #include "trainguard/watchdog.h"
 
 namespace {

@@ -18,8 +18,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "sdk/watchdog/flight_recorder.h"
 #include "sdk/watchdog/hang_diagnosis.h"
-#include "trainguard/flight_recorder.h"
 
 namespace trainguard::tools {
 namespace {

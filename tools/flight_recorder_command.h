@@ -1,5 +1,5 @@
 // `trainguard flight-recorder`: reads a rank's flight recorder
-// (include/trainguard/flight_recorder.h) from shared memory while the rank runs, hangs, is stopped
+// (sdk/watchdog/flight_recorder.h) from shared memory while the rank runs, hangs, is stopped
 // or after it died, and reads dumps.
 //
 //   trainguard flight-recorder show --job J --rank R [--json] [--last N]   the live ring

@@ -40,10 +40,10 @@
 #include "sdk/checkpoint/snapshotter.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/rendezvous/tcp_store.h"
+#include "sdk/watchdog/flight_recorder.h"
 #include "sdk/watchdog/hang_diagnosis.h"
 #include "trainguard/checkpoint.h"
 #include "trainguard/env.h"
-#include "trainguard/flight_recorder.h"
 #include "trainguard/mutex.h"
 #include "trainguard/store.h"
 

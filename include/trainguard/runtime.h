@@ -33,7 +33,6 @@
 #include "trainguard/checkpoint.h"
 #include "trainguard/collectives.h"
 #include "trainguard/events.h"
-#include "trainguard/flight_recorder.h"
 #include "trainguard/guard.h"
 #include "trainguard/health.h"
 #include "trainguard/membership.h"
@@ -49,6 +48,7 @@ class Checkpointer;
 class Clock;
 class Env;
 class EventLog;
+class FlightRecorder;
 class RendezvousMember;
 
 // What the last heartbeat said. Read by monitors (a watchdog thread, a launcher) without locking.
@@ -153,20 +153,20 @@ class Runtime {
   // nullptr until the first checkpoint or restore.
   Checkpointer* checkpointer() const { return checkpointer_.get(); }
 
-  // Hang detection (watchdog.h, collectives.h, flight_recorder.h). The Runtime owns the rank's
-  // flight-recorder ring ("/trainguard.<job>.fr.rank<R>"; removed by the Runtime's destructor, so
-  // the ring of a rank that was killed or crashed stays for the launcher or `trainguard
-  // flight-recorder show` to read; `trainguard run` removes those when the job succeeds), a
-  // CollectiveTracker writing to it, and, unless
-  // watchdog_poll_ms is 0, a Watchdog whose thread judges the phases (every guarded step is a
-  // "step" phase; nest your own with ScopedPhase(rt->watchdog(), "forward_backward")) and the
-  // collectives in flight. On a hang, on the watchdog thread: every thread's stack is captured, the
-  // ring and the stacks are dumped to <run_dir>/flight_recorder/rank-<R>.<n>.pb, a `hang` event is
-  // written, the hang is published in the store (hang/gen<G>) so that every other rank dumps its
-  // ring and stacks too, the communicators' abort hooks run, and the guard of the step returns a
-  // communication failure carrying the evidence. The process is never aborted. `kill -USR2 <pid>`
-  // dumps the ring and the stacks the same way, on demand (within half a second), unless the
-  // application installed its own SIGUSR2 handler first.
+  // Hang detection (watchdog.h, collectives.h; the ring: sdk/watchdog/flight_recorder.h). The
+  // Runtime owns the rank's flight-recorder ring ("/trainguard.<job>.fr.rank<R>"; removed by the
+  // Runtime's destructor, so the ring of a rank that was killed or crashed stays for the launcher
+  // or `trainguard flight-recorder show` to read; `trainguard run` removes those when the job
+  // succeeds), a CollectiveTracker writing to it, and, unless watchdog_poll_ms is 0, a Watchdog
+  // whose thread judges the phases (every guarded step is a "step" phase; nest your own with
+  // ScopedPhase(rt->watchdog(), "forward_backward")) and the collectives in flight. On a hang, on
+  // the watchdog thread: every thread's stack is captured, the ring and the stacks are dumped to
+  // <run_dir>/flight_recorder/rank-<R>.<n>.pb, a `hang` event is written, the hang is published in
+  // the store (hang/gen<G>) so that every other rank dumps its ring and stacks too, the
+  // communicators' abort hooks run, and the guard of the step returns a communication failure
+  // carrying the evidence. The process is never aborted. `kill -USR2 <pid>` dumps the ring and the
+  // stacks the same way, on demand (within half a second), unless the application installed its own
+  // SIGUSR2 handler first.
   FlightRecorder* flight_recorder() const { return flight_recorder_.get(); }
   CollectiveTracker* collectives() const { return collectives_.get(); }
   Watchdog* watchdog() const { return watchdog_.get(); }  // nullptr when watchdog_poll_ms is 0

@@ -11,7 +11,6 @@
 #include "trainguard/env.h"
 #include "trainguard/errors.h"
 #include "trainguard/events.h"
-#include "trainguard/flight_recorder.h"
 #include "trainguard/guard.h"
 #include "trainguard/health.h"
 #include "trainguard/membership.h"

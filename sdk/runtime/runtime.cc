@@ -20,6 +20,7 @@
 #include "sdk/core/event_log.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/runtime/peer_progress.h"
+#include "sdk/watchdog/flight_recorder.h"
 #include "sdk/watchdog/stack_trace.h"
 #include "trainguard/clock.h"
 #include "trainguard/env.h"

@@ -1,4 +1,4 @@
-// FlightRecorder: the shared-memory ring (include/trainguard/flight_recorder.h; layout in
+// FlightRecorder: the shared-memory ring (sdk/watchdog/flight_recorder.h; layout in
 // docs/FORMATS.md).
 //
 // Memory model. A slot is 16 64-bit words, every one of them accessed through std::atomic_ref by
@@ -24,7 +24,7 @@
 // word read was written before that seq was published and after the previous one. The release and
 // acquire orders cost nothing on x86-64 (plain moves) and, unlike a stand-alone fence,
 // ThreadSanitizer models them exactly.
-#include "trainguard/flight_recorder.h"
+#include "sdk/watchdog/flight_recorder.h"
 
 #include <dirent.h>
 #include <fcntl.h>

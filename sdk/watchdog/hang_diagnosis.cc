@@ -19,8 +19,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "sdk/watchdog/flight_recorder.h"
 #include "sdk/watchdog/stack_trace.h"
-#include "trainguard/flight_recorder.h"
 
 namespace trainguard {
 namespace {

@@ -34,7 +34,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "trainguard/flight_recorder.h"
+#include "sdk/watchdog/flight_recorder.h"
 
 namespace trainguard {
 

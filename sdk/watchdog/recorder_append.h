@@ -14,7 +14,7 @@
 
 #include <string_view>
 
-#include "trainguard/flight_recorder.h"
+#include "sdk/watchdog/flight_recorder.h"
 
 namespace trainguard {
 namespace watchdog_internal {

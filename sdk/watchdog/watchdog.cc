@@ -20,12 +20,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
+#include "sdk/watchdog/flight_recorder.h"
 #include "sdk/watchdog/learned_bound.h"
 #include "sdk/watchdog/name_table.h"
 #include "sdk/watchdog/recorder_append.h"
 #include "trainguard/clock.h"
 #include "trainguard/collectives.h"
-#include "trainguard/flight_recorder.h"
 #include "trainguard/options.h"
 
 namespace trainguard {

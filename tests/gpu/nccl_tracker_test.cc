@@ -11,9 +11,9 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "sdk/watchdog/flight_recorder.h"
 #include "trainguard/clock.h"
 #include "trainguard/collectives.h"
-#include "trainguard/flight_recorder.h"
 #include "trainguard/nccl.h"
 
 namespace trainguard {

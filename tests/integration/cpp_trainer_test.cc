@@ -32,8 +32,8 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sdk/watchdog/flight_recorder.h"
 #include "tests/support/own_process.h"
-#include "trainguard/flight_recorder.h"
 
 extern char** environ;
 

@@ -18,9 +18,9 @@
 #include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sdk/watchdog/flight_recorder.h"
 #include "tests/support/own_process.h"
 #include "tests/support/temp_dir.h"
-#include "trainguard/flight_recorder.h"
 
 namespace trainguard {
 namespace {

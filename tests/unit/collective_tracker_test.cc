@@ -14,11 +14,11 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sdk/watchdog/flight_recorder.h"
 #include "sdk/watchdog/gpu_events.h"
 #include "tests/support/poll_until_hang.h"
 #include "trainguard/clock.h"
 #include "trainguard/collectives.h"
-#include "trainguard/flight_recorder.h"
 #include "trainguard/watchdog.h"
 
 namespace trainguard {

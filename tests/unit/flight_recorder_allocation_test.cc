@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
+#include "sdk/watchdog/flight_recorder.h"
 #include "tests/support/allocation_counter.h"
-#include "trainguard/flight_recorder.h"
 
 namespace trainguard {
 namespace {

@@ -1,6 +1,6 @@
-// Specification of the flight recorder (include/trainguard/flight_recorder.h): a ring of records in
+// Specification of the flight recorder (sdk/watchdog/flight_recorder.h): a ring of records in
 // POSIX shared memory that another process reads while the writer runs, is stopped, or is dead.
-#include "trainguard/flight_recorder.h"
+#include "sdk/watchdog/flight_recorder.h"
 
 #include <fcntl.h>
 #include <poll.h>

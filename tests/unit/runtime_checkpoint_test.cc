@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "sdk/checkpoint/checkpointer.h"
 #include "sdk/checkpoint/snapshotter.h"
+#include "sdk/watchdog/flight_recorder.h"
 #include "tests/support/temp_dir.h"
 #include "trainguard/sdk.h"
 

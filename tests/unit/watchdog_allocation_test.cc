@@ -9,10 +9,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "sdk/watchdog/flight_recorder.h"
 #include "tests/support/allocation_counter.h"
 #include "trainguard/clock.h"
 #include "trainguard/collectives.h"
-#include "trainguard/flight_recorder.h"
 #include "trainguard/watchdog.h"
 
 namespace trainguard {

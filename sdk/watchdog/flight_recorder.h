@@ -21,8 +21,8 @@
 // Thread safety: Append() and Snapshot() from any number of threads at once;
 // set_remove_on_destroy() from the owner only. The readers below from any thread or process,
 // concurrently with the writers.
-#ifndef TRAINGUARD_FLIGHT_RECORDER_H_
-#define TRAINGUARD_FLIGHT_RECORDER_H_
+#ifndef TRAINGUARD_SDK_WATCHDOG_FLIGHT_RECORDER_H_
+#define TRAINGUARD_SDK_WATCHDOG_FLIGHT_RECORDER_H_
 
 #include <cstdint>
 #include <memory>
@@ -164,4 +164,4 @@ std::vector<LaggardReport> FindLaggards(const std::vector<int>& ranks,
 
 }  // namespace trainguard
 
-#endif  // TRAINGUARD_FLIGHT_RECORDER_H_
+#endif  // TRAINGUARD_SDK_WATCHDOG_FLIGHT_RECORDER_H_
