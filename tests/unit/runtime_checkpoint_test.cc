@@ -122,7 +122,8 @@ TEST_F(RuntimeCheckpointTest, AnExplicitRollbackWithoutACommittedStepIsAnErrorNo
   r.fault = FaultKind::kStepFailure;
   r.status = absl::InternalError("loss spiked");
   absl::StatusOr<int64_t> next = rt_->recover(r);
-  EXPECT_EQ(next.status().code(), absl::StatusCode::kNotFound) << next.status();
+  // Nothing to go back to: the job cannot go on (a new generation would start from scratch).
+  EXPECT_EQ(next.status().code(), absl::StatusCode::kFailedPrecondition) << next.status();
   EXPECT_THAT(std::string(next.status().message()), HasSubstr("no committed checkpoint"));
 }
 

@@ -94,7 +94,9 @@ TEST_F(RuntimeRecovery, AFailedStepIsSkippedUntilTooManyFailInARow) {
   }
   auto give_up = rt_->recover(Failed(13, StepAction::kSkip, FaultKind::kStepFailure));
   EXPECT_TRUE(absl::IsFailedPrecondition(give_up.status()));
-  EXPECT_THAT(give_up.status().message(), HasSubstr("4 consecutive steps failed (limit 3)"));
+  EXPECT_THAT(give_up.status().message(),
+              HasSubstr("rank 1: 4 consecutive steps failed (limit 3: "
+                        "max_consecutive_step_failures), the last at step 13"));
   std::vector<Event> decisions = EventsOfType(EventType::kRecoveryDecision);
   ASSERT_EQ(decisions.size(), 4u);
   EXPECT_EQ(decisions[0].Attribute("decision"), "skip");
