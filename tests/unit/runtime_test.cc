@@ -115,6 +115,17 @@ TEST_F(RuntimeRecovery, ASuccessResetsTheConsecutiveFailureCount) {
   }
 }
 
+TEST_F(RuntimeRecovery, ASuccessfulGuardedStepResetsTheConsecutiveFailureCount) {
+  // README's loop calls recover() only for failed steps: the guard's success must reset the count.
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 3; ++i) {
+      auto next = rt_->recover(Failed(10 * round + i, StepAction::kSkip, FaultKind::kStepFailure));
+      ASSERT_TRUE(next.ok()) << "round " << round << ": " << next.status();
+    }
+    ASSERT_TRUE(guard(*rt_, 10 * round + 3, [] {}).ok());
+  }
+}
+
 TEST_F(RuntimeRecovery, RollbackIsUnavailableUntilCheckpointingExists) {
   auto next = rt_->recover(Failed(5, StepAction::kRollback, FaultKind::kStepFailure));
   EXPECT_TRUE(absl::IsUnimplemented(next.status()));
