@@ -70,7 +70,7 @@ struct CommunicatorSpec {
   int world_size = 1;
   // The membership generation (0 in a static job; a new one after every re-rendezvous).
   int64_t generation = 0;
-  // The job's store scoped to this generation (a PrefixStore "comm/gen<G>/" over Runtime::store()),
+  // The job's store scoped to this generation (PrefixStore("comm/gen<G>", Runtime::store())),
   // fresh for every generation so that no key of an earlier one is read: rendezvous the
   // communicator through it (gloo: a GlooStore over it; NCCL: publish the unique id in it).
   // nullptr in a static job (no store): meet some other way (a shared directory, MASTER_ADDR).

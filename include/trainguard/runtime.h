@@ -154,8 +154,9 @@ class Runtime {
   // step the job resumes at. After Start(), what Start() returned.
   int64_t resume_step() const { return resume_step_; }
   // The plan of the last re-rendezvous this process took part in (as a survivor in recover(), or as
-  // a replacement in Create()); nullopt before any. Trainers broadcast the model state from
-  // state_source_rank to the other ranks before resuming.
+  // a replacement in Create()); nullopt before any. With a communicator factory, Start() and
+  // recover() broadcast the registered state from state_source_rank; without one, the trainer
+  // does, before resuming.
   const std::optional<RecoveryPlan>& recovery_plan() const { return recovery_plan_; }
   // The current generation's rank table; generation -1 for a static job (no store).
   const Membership& membership() const { return membership_; }
