@@ -81,13 +81,6 @@ absl::StatusOr<std::unique_ptr<GlooDataParallel>> GlooDataParallel::Connect(cons
       gloo::rendezvous::PrefixStore store(config.rendezvous_id, file_store);
       context->connectFullMesh(store, device);
     }
-    if (config.tracker != nullptr) {
-      // A hang detected by the watchdog aborts this communicator: a collective blocked in it
-      // wakes at once with an error.
-      absl::Status registered = trainguard::RegisterGlooContext(*config.tracker, config.comm_id,
-                                                                config.rendezvous_id, context);
-      if (!registered.ok()) return registered;
-    }
     return std::unique_ptr<GlooDataParallel>(new GlooDataParallel(
         config.rank, config.world_size, std::move(context), config.tracker, config.comm_id));
   } catch (...) {
@@ -111,7 +104,6 @@ GlooDataParallel::GlooDataParallel(int rank, int world_size, std::shared_ptr<glo
       comm_id_(comm_id) {}
 
 GlooDataParallel::~GlooDataParallel() {
-  if (tracker_ != nullptr) (void)tracker_->UnregisterCommunicator(comm_id_);
   if (failed_collectives_.empty()) {
     return;
   }
@@ -148,21 +140,34 @@ void GlooDataParallel::AllreduceSum(std::span<float> data) {
   }
 }
 
-void GlooDataParallel::Broadcast(std::span<float> data, int root) {
+void GlooDataParallel::Abort() {
+  trainguard::MutexLock lock(&abort_mu_);
+  if (std::exchange(aborted_, true)) return;
+  trainguard::AbortGlooContext(*context_, absl::StrCat("rank ", rank_, ": communicator ", comm_id_,
+                                                       " aborted by trainguard"));
+}
+
+absl::Status GlooDataParallel::Broadcast(void* data, size_t bytes, trainguard::Device device,
+                                         int root) {
+  if (device.kind != trainguard::Device::Kind::kHost) {
+    return absl::UnimplementedError(absl::StrCat(
+        "rank ", rank_, ": the example's gloo communicator broadcasts host memory only"));
+  }
   const uint64_t sequence = collectives_++;
-  trainguard::ScopedCollective tracked(tracker_, "broadcast", comm_id_, data.size_bytes(), root);
+  trainguard::ScopedCollective tracked(tracker_, "broadcast", comm_id_, bytes, root);
   auto options = std::make_unique<gloo::BroadcastOptions>(context_);
   try {
-    options->setOutput(data.data(), data.size());
+    options->setOutput(static_cast<uint8_t*>(data), bytes);
     options->setRoot(root);
     options->setTag(static_cast<uint32_t>(sequence));
     gloo::broadcast(*options);
   } catch (...) {
     failed_collectives_.push_back(std::move(options));
-    throw trainguard::CommunicationError(
-        absl::StrCat("rank ", rank_, ": gloo broadcast #", sequence, " of ", data.size(),
-                     " floats from rank ", root, " failed: ", DescribeCurrentException()));
+    return absl::UnavailableError(absl::StrCat("rank ", rank_, ": gloo broadcast #", sequence,
+                                               " of ", bytes, " bytes from rank ", root,
+                                               " failed: ", DescribeCurrentException()));
   }
+  return absl::OkStatus();
 }
 
 }  // namespace cpp_trainer

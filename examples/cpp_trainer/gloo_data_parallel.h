@@ -1,5 +1,7 @@
 // GlooDataParallel: the example trainer's data-parallel communicator, gloo's TCP transport on
-// 127.0.0.1.
+// 127.0.0.1, and its trainguard::Communicator: the Runtime builds one per membership generation
+// (trainer.cc's factory), aborts it on a failure and broadcasts the model through it to a
+// replacement.
 //
 // Every rank of the job calls Connect() with the same store directory and rendezvous id; gloo's
 // ranks publish their listening addresses as files in that directory (a gloo FileStore under a
@@ -8,17 +10,17 @@
 // each element is summed once, on one rank, and copied to the others), so every rank gets
 // bit-identical results.
 //
-// Failures are reported the way trainguard's guard expects: Connect() (called before training,
-// outside any guard) returns a Status; AllreduceSum() (called inside a guarded step) throws
-// trainguard::CommunicationError, whatever gloo threw, so the guard classifies a dead or hung peer
-// as a communication failure rather than an unknown exception.
+// Failures are reported the way trainguard expects: Connect() and Broadcast() (called by the
+// Runtime, outside any guard) return a Status; AllreduceSum() (called inside a guarded step)
+// throws trainguard::CommunicationError, whatever gloo threw, so the guard classifies a dead or
+// hung peer as a communication failure rather than an unknown exception.
 //
 // Rendezvous files outlive the job: gloo's FileStore refuses to overwrite a key, so a second launch
 // in the same directory with the same id fails at once ("File already exists") instead of reading
 // the first launch's dead addresses. Callers use a rendezvous id unique per launch (see
 // trainer.cc).
 //
-// Thread safety: none; one communicator belongs to the training thread.
+// Thread safety: Abort() from any thread; everything else belongs to the training thread.
 #ifndef TRAINGUARD_EXAMPLES_CPP_TRAINER_GLOO_DATA_PARALLEL_H_
 #define TRAINGUARD_EXAMPLES_CPP_TRAINER_GLOO_DATA_PARALLEL_H_
 
@@ -28,8 +30,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "trainguard/communicator.h"
+#include "trainguard/mutex.h"
 
 namespace trainguard {
 class CollectiveTracker;
@@ -43,7 +49,7 @@ class Context;
 
 namespace cpp_trainer {
 
-class GlooDataParallel {
+class GlooDataParallel final : public trainguard::Communicator {
  public:
   struct Config {
     int rank = 0;
@@ -57,7 +63,8 @@ class GlooDataParallel {
     // error instead of a hang.
     absl::Duration timeout = absl::Seconds(60);
     // When set, every collective is recorded (Begin/End, with this communicator id) for the
-    // watchdog and the flight recorder, and a hang closes this communicator's connections.
+    // watchdog and the flight recorder. The Runtime registers the communicator under comm_id
+    // itself (CommunicatorSpec), so a hang reaches Abort().
     trainguard::CollectiveTracker* tracker = nullptr;
     uint64_t comm_id = 0;
   };
@@ -67,9 +74,11 @@ class GlooDataParallel {
   // the id.
   static absl::StatusOr<std::unique_ptr<GlooDataParallel>> Connect(const Config& config);
 
-  GlooDataParallel(const GlooDataParallel&) = delete;
-  GlooDataParallel& operator=(const GlooDataParallel&) = delete;
-  ~GlooDataParallel();
+  ~GlooDataParallel() override;
+
+  // Fails every connection (trainguard::AbortGlooContext): a collective blocked in this
+  // communicator, here or at a peer, fails at once. Idempotent.
+  void Abort() override;
 
   // Replaces `data` on every rank by its element-wise sum over all ranks. Every rank must call it
   // with the same size, in the same order. Throws trainguard::CommunicationError (naming this rank
@@ -77,8 +86,10 @@ class GlooDataParallel {
   // after that, and gloo may still write to `data` until the communicator is destroyed.
   void AllreduceSum(std::span<float> data);
 
-  // Replaces `data` on every rank by `root`'s. Same contract and errors as AllreduceSum.
-  void Broadcast(std::span<float> data, int root);
+  // Replaces the host bytes at `data` on every rank by `root`'s. Unimplemented for device memory
+  // (this example trains on the host); Unavailable, naming the rank, the root and the sequence
+  // number, when gloo fails.
+  absl::Status Broadcast(void* data, size_t bytes, trainguard::Device device, int root) override;
 
   // Fault injection (demos and tests): the next collective sleeps for `delay` once it is recorded
   // as entered, before it exchanges any data, like a rank that is slow inside a collective while
@@ -108,6 +119,8 @@ class GlooDataParallel {
   uint64_t collectives_ = 0;                               // sequence number of the next collective
   absl::Duration next_delay_ = absl::ZeroDuration();
   bool drop_next_ = false;
+  trainguard::Mutex abort_mu_;  // the watchdog's abort and the Runtime's may race
+  bool aborted_ ABSL_GUARDED_BY(abort_mu_) = false;
 };
 
 }  // namespace cpp_trainer

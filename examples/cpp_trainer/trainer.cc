@@ -5,7 +5,11 @@
 // the same seed, trains on its own shard of a synthetic regression task (synthetic_regression.h),
 // averages the gradients over all ranks with one gloo allreduce per step (gloo_data_parallel.h) and
 // applies SGD, so the replicas stay bit-identical. Each step runs inside sdk::guard; a failed step
-// goes to Runtime::recover(), which says where to resume or that this process must stop.
+// goes to Runtime::recover(), which says where to resume or that this process must stop. The
+// recovery itself is trainguard's: the trainer registers its model as the Runtime's state, gives it
+// a factory for its gloo communicator (gloo_data_parallel.h), calls Runtime::Start() once and runs
+// README's loop; restores, rebuilds per generation and state broadcasts happen inside Start() and
+// recover().
 //
 // A rank whose loss is not finite says so (Step::ReportFault) before the gradient reduction, so the
 // rank where the NaN was born is the one named; it contributes zero gradients and a flag, and every
@@ -29,9 +33,11 @@
 //                                                 arena or disk; S is the step resumed at)
 //   rank R generation G resume_step S state_from SRC
 //       Joined membership generation G after a rank replacement (as a survivor or as the
-//       replacement), with the model state of rank SRC, resuming at step S.
-//   rank R rejoin of generation G failed: STATUS
-//       Another rank died while this one was rejoining; it recovers again.
+//       replacement), resuming at step S; SRC is the rank whose model state was broadcast (-1:
+//       none, e.g. every rank restored a checkpoint).
+//   rank R generation G entered after N attempts
+//       Other ranks died while the communicator was being rebuilt; trainguard met them in newer
+//       generations until it could build one (N > 1 only).
 //   rank R generate phases N tokens T longest_ms L over_duration_bound K hangs_declared H
 //       hangs_postponed P
 //       With --generate, before the final line: this process's generate phases, the longest one,
@@ -44,6 +50,8 @@
 //       none ran), H the XXH64 of the parameter bytes as 16 hex digits: equal on all ranks.
 //
 // Errors go to stderr as "rank R error: ..." (or "cpp_trainer: ..." before the rank is known).
+// When trainguard stops the job (a fault that recurs after rollback), the error is its one-line
+// reason: "rank R error: cannot recover from step S: FAILED_PRECONDITION: rank R: ...".
 // Exit status: 0 trained every step; 1 training stopped (rendezvous failed, or recover() gave up);
 // 2 bad flags or invalid trainguard options.
 //
@@ -85,12 +93,9 @@ namespace {
 constexpr int kInputs = 16;
 constexpr int kHidden = 64;
 
-// The gloo rendezvous id. With a trainguard store (under `trainguard run`), one per generation of
-// the job's membership; otherwise the flag, else the environment, else one derived from the job.
-std::string RendezvousId(const TrainerFlags& flags, const sdk::Runtime& rt) {
-  if (rt.store() != nullptr) {
-    return absl::StrCat("gloo/gen", rt.generation());
-  }
+// The gloo rendezvous id of a static job (no trainguard store): the flag, else the environment,
+// else one derived from the job. With a store, the Runtime scopes the rendezvous per generation.
+std::string StaticRendezvousId(const TrainerFlags& flags, const sdk::Runtime& rt) {
   if (!flags.rendezvous_id.empty()) {
     return flags.rendezvous_id;
   }
@@ -109,7 +114,44 @@ std::string ParamsChecksum(std::span<const float> params) {
   return hex;
 }
 
-// One data-parallel training run of this rank: owns the model, the data and the communicator.
+// Prints the fault and recovery lines of the output interface (see the top of this file). Declared
+// before the Runtime in Main(), so it outlives it as AddObserver requires.
+class RecoveryPrinter : public sdk::StepObserver {
+ public:
+  void set_rank(int rank) { rank_ = rank; }
+  void OnStepBegin(int64_t) override {}
+  void OnStepEnd(const sdk::StepResult& r) override {
+    if (r.ok()) return;
+    std::printf("rank %d step %" PRId64 " fault %s action %s: %s\n", rank_, r.step,
+                std::string(sdk::FaultKindName(r.fault)).c_str(),
+                std::string(sdk::StepActionName(r.action)).c_str(), r.status.ToString().c_str());
+  }
+  void OnRecovery(const sdk::RecoveryReport& report) override {
+    if (!report.status.ok()) return;  // the caller prints the error
+    if (report.failed_step >= 0) {
+      std::printf("rank %d recover step %" PRId64 " next %" PRId64 "\n", rank_, report.failed_step,
+                  report.next_step);
+    }
+    if (!report.restored_from.empty()) {
+      std::printf("rank %d restored step %" PRId64 " from %s\n", rank_, report.next_step,
+                  report.restored_from.c_str());
+    }
+    if (report.generation_attempts > 1) {
+      std::printf("rank %d generation %" PRId64 " entered after %d attempts\n", rank_,
+                  report.generation, report.generation_attempts);
+    }
+    if (report.joined_generation) {
+      std::printf("rank %d generation %" PRId64 " resume_step %" PRId64 " state_from %d\n", rank_,
+                  report.generation, report.next_step, report.state_source_rank);
+    }
+  }
+
+ private:
+  int rank_ = -1;
+};
+
+// One data-parallel training run of this rank: owns the model and the data; the Runtime owns the
+// communicator it builds with Connect().
 class DataParallelTrainer {
  public:
   DataParallelTrainer(const TrainerFlags& flags, sdk::Runtime& rt, int dp_rank)
@@ -120,76 +162,53 @@ class DataParallelTrainer {
         model_(kInputs, kHidden, flags.model_seed),
         reduce_buffer_(model_.parameters().size() + kTailFloats) {}
 
-  // The model is registered checkpoint state: a snapshot of it still being copied must finish
-  // before it is freed, however Run() ended.
-  ~DataParallelTrainer() { (void)rt_.WaitForCheckpoints(absl::Minutes(5)); }
+  // The communicator goes first: after a failed collective, gloo's I/O thread may write into
+  // reduce_buffer_ until it is destroyed. The model is registered state: a snapshot of it still
+  // being copied must finish before it is freed, however Run() ended.
+  ~DataParallelTrainer() {
+    rt_.CloseCommunicator();
+    (void)rt_.WaitForCheckpoints(absl::Minutes(5));
+  }
 
-  // The training loop. Returns the process's exit status.
+  // Registers the model (the whole state: the data order is a function of the step) and the
+  // communicator factory. The Runtime restores it, broadcasts it to a replacement and rebuilds the
+  // communicator for every generation.
+  absl::Status Setup() {
+    std::span<float> params = model_.mutable_parameters();
+    if (absl::Status s = rt_.state().Register({"mlp.parameters",
+                                               "model",
+                                               params.data(),
+                                               params.size_bytes(),
+                                               sdk::DType::kF32,
+                                               {static_cast<int64_t>(params.size())},
+                                               sdk::Device::Host()});
+        !s.ok()) {
+      return s;
+    }
+    rt_.SetCommunicatorFactory([this](const sdk::CommunicatorSpec& spec) { return Connect(spec); });
+    return absl::OkStatus();
+  }
+
+  // The training loop: README's. Returns the process's exit status.
   int Run() {
     const int rank = rt_.rank();
-    int64_t start = rt_.resume_step();
-    if (rt_.checkpointing()) {
-      // The model is the whole state (the data order is a function of the step). Restoring is
-      // collective: a replacement meets the survivors (who restore inside recover()), a restarted
-      // job's ranks meet each other. NotFound: nothing committed yet, so start from the plan.
-      std::span<float> params = model_.mutable_parameters();
-      if (absl::Status s = rt_.state().Register({"mlp.parameters",
-                                                 "model",
-                                                 params.data(),
-                                                 params.size_bytes(),
-                                                 sdk::DType::kF32,
-                                                 {static_cast<int64_t>(params.size())},
-                                                 sdk::Device::Host()});
-          !s.ok()) {
-        std::fprintf(stderr, "rank %d error: %s\n", rank, s.ToString().c_str());
-        return 1;
-      }
-      absl::StatusOr<int64_t> restored = rt_.RestoreCheckpoint();
-      if (restored.ok()) {
-        std::printf("rank %d restored step %" PRId64 " from %s\n", rank, *restored,
-                    CheckpointSource().c_str());
-        start = *restored;
-      } else if (!absl::IsNotFound(restored.status())) {
-        std::fprintf(stderr, "rank %d error: restoring the checkpoint: %s\n", rank,
-                     restored.status().ToString().c_str());
-        return 1;
-      }
-    }
-    if (rt_.recovery_plan().has_value()) {  // a standby that took over a dead rank
-      absl::StatusOr<int64_t> joined = Rejoin(start);
-      if (!joined.ok()) return 1;
-      start = *joined;
-    } else if (absl::Status s = ConnectAndSync(); !s.ok()) {
-      std::fprintf(stderr, "rank %d error: %s\n", rank, s.ToString().c_str());
+    absl::StatusOr<int64_t> start = rt_.Start();
+    if (!start.ok()) {
+      std::fprintf(stderr, "rank %d error: cannot start: %s\n", rank,
+                   start.status().ToString().c_str());
       return 1;
     }
-    for (int64_t step = start; step < flags_.steps;) {
+    for (int64_t step = *start; step < flags_.steps;) {
       sdk::StepResult r = sdk::guard(rt_, step, [&](sdk::Step& s) { TrainStep(s); });
       if (r.ok()) {
         ++step;
         continue;
-      }
-      std::printf("rank %d step %" PRId64 " fault %s action %s: %s\n", rank, step,
-                  std::string(sdk::FaultKindName(r.fault)).c_str(),
-                  std::string(sdk::StepActionName(r.action)).c_str(), r.status.ToString().c_str());
-      if (r.action == sdk::StepAction::kReRendezvous) {
-        // Close every connection now, so peers still blocked in this collective fail at once.
-        comm_.reset();
       }
       absl::StatusOr<int64_t> next = rt_.recover(r);
       if (!next.ok()) {
         std::fprintf(stderr, "rank %d error: cannot recover from step %" PRId64 ": %s\n", rank,
                      step, next.status().ToString().c_str());
         return 1;
-      }
-      std::printf("rank %d recover step %" PRId64 " next %" PRId64 "\n", rank, step, *next);
-      if (!rt_.last_restore_source().empty() && *next <= step) {
-        std::printf("rank %d restored step %" PRId64 " from %s\n", rank, *next,
-                    CheckpointSource().c_str());
-      }
-      if (r.action == sdk::StepAction::kReRendezvous) {
-        next = Rejoin(*next);
-        if (!next.ok()) return 1;
       }
       step = *next;
     }
@@ -209,66 +228,29 @@ class DataParallelTrainer {
   }
 
  private:
-  // Where the last restore came from ("arena" or "disk"), from the runtime's event file.
-  std::string CheckpointSource() const { return rt_.last_restore_source(); }
-
   // The reduction buffer is the flat gradient followed by the sum of the ranks' finite losses and
   // the number of ranks whose loss was not finite: one collective per step carries all three.
   static constexpr size_t kTailFloats = 2;
 
-  // Builds the communicator for the runtime's current generation and, after a re-rendezvous, takes
-  // the model state from the rank the recovery plan names, so every replica is identical again.
-  absl::Status ConnectAndSync() {
+  // The communicator factory: a gloo full mesh for one generation, meeting through the
+  // generation's store, or, in a static job, through files in <run_dir>/gloo.
+  absl::StatusOr<std::unique_ptr<sdk::Communicator>> Connect(const sdk::CommunicatorSpec& spec) {
     GlooDataParallel::Config config;
-    config.rank = rt_.rank();
-    config.world_size = rt_.world_size();
-    config.store = rt_.store();
+    config.rank = spec.rank;
+    config.world_size = spec.world_size;
+    config.store = spec.store;
     config.store_dir = rt_.run_dir() + "/gloo";
-    config.rendezvous_id = RendezvousId(flags_, rt_);
+    config.rendezvous_id = spec.store != nullptr ? "gloo" : StaticRendezvousId(flags_, rt_);
     config.timeout = flags_.comm_timeout;
-    config.tracker = rt_.collectives();
-    config.comm_id =
-        static_cast<uint64_t>(rt_.generation()) + 1;  // one communicator per generation
+    config.tracker = spec.tracker;
+    config.comm_id = spec.comm_id;
     absl::StatusOr<std::unique_ptr<GlooDataParallel>> comm = GlooDataParallel::Connect(config);
     if (!comm.ok()) return comm.status();
-    comm_ = *std::move(comm);
-    const std::optional<sdk::RecoveryPlan>& plan = rt_.recovery_plan();
-    if (!plan.has_value() || plan->state_source_rank < 0) return absl::OkStatus();
-    try {
-      comm_->Broadcast(model_.mutable_parameters(), plan->state_source_rank);
-    } catch (const sdk::CommunicationError& e) {
-      return absl::UnavailableError(e.what());
-    }
-    return absl::OkStatus();
+    return std::unique_ptr<sdk::Communicator>(*std::move(comm));
   }
 
-  // ConnectAndSync() in the generation recover() joined; when another rank dies meanwhile, recovers
-  // again. Returns the step to resume at, or an error (printed) when this process must stop.
-  absl::StatusOr<int64_t> Rejoin(int64_t step) {
-    while (true) {
-      absl::Status s = ConnectAndSync();
-      if (s.ok()) {
-        std::printf("rank %d generation %" PRId64 " resume_step %" PRId64 " state_from %d\n",
-                    rt_.rank(), rt_.generation(), step, rt_.recovery_plan()->state_source_rank);
-        return step;
-      }
-      std::printf("rank %d rejoin of generation %" PRId64 " failed: %s\n", rt_.rank(),
-                  rt_.generation(), s.ToString().c_str());
-      comm_.reset();
-      sdk::StepResult failed;
-      failed.step = step;
-      failed.fault = sdk::FaultKind::kCommunicationFailure;
-      failed.action = sdk::StepAction::kReRendezvous;
-      failed.status = s;
-      absl::StatusOr<int64_t> next = rt_.recover(failed);
-      if (!next.ok()) {
-        std::fprintf(stderr, "rank %d error: cannot rejoin: %s\n", rt_.rank(),
-                     next.status().ToString().c_str());
-        return next.status();
-      }
-      step = *next;
-    }
-  }
+  // The communicator of the current generation (the Runtime built it with Connect()).
+  GlooDataParallel& comm() { return static_cast<GlooDataParallel&>(*rt_.communicator()); }
 
   // The RL-shaped part of a step (--generate): "decodes" 1 ms tokens for a lognormal time, one
   // watchdog tick per token, inside a "generate" phase. Its length depends on the rank and the
@@ -307,7 +289,8 @@ class DataParallelTrainer {
     const int64_t step = s.number();
     if (flags_.generate_median_ms > 0) Generate(step);
     Batch batch = task_.Sample(dp_rank_, step, flags_.batch_size);
-    if (rt_.rank() == flags_.inject_nan_rank && step == flags_.inject_nan_step) {
+    if ((rt_.rank() == flags_.inject_nan_rank && step == flags_.inject_nan_step) ||
+        (flags_.nan_from_step >= 0 && step >= flags_.nan_from_step)) {
       batch.x[0] = std::numeric_limits<float>::quiet_NaN();  // a corrupt example
     }
     const float local_loss = model_.ForwardBackward(batch);
@@ -334,12 +317,12 @@ class DataParallelTrainer {
       raise(SIGSTOP);
     }
     if (rt_.rank() == flags_.drop_rank && step == flags_.drop_step && rt_.generation() == 0) {
-      comm_->DropConnectionsBeforeNextCollective();
+      comm().DropConnectionsBeforeNextCollective();
     }
     if (rt_.rank() == flags_.sleep_rank && step == flags_.sleep_step && rt_.generation() == 0) {
-      comm_->DelayNextCollective(flags_.sleep_in_collective);
+      comm().DelayNextCollective(flags_.sleep_in_collective);
     }
-    comm_->AllreduceSum(reduce_buffer_);  // throws sdk::CommunicationError
+    comm().AllreduceSum(reduce_buffer_);  // throws sdk::CommunicationError
 
     const int bad_ranks = static_cast<int>(reduce_buffer_[n + 1]);
     if (bad_ranks > 0) {
@@ -352,7 +335,7 @@ class DataParallelTrainer {
       }
       return;
     }
-    const float inverse_world = 1.0f / static_cast<float>(comm_->world_size());
+    const float inverse_world = 1.0f / static_cast<float>(comm().world_size());
     for (size_t i = 0; i < n; ++i) {
       reduce_buffer_[i] *= inverse_world;
     }
@@ -376,9 +359,6 @@ class DataParallelTrainer {
   int64_t generate_tokens_ = 0;
   absl::Duration longest_generation_ = absl::ZeroDuration();
   int64_t generations_over_bound_ = 0;
-  // Declared after reduce_buffer_, so destroyed before it: after a failed collective, gloo's I/O
-  // thread may write to the buffer until the communicator is gone.
-  std::unique_ptr<GlooDataParallel> comm_;
 };
 
 int Main(int argc, char** argv) {
@@ -409,6 +389,7 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "cpp_trainer: invalid options: %s\n", options.status().ToString().c_str());
     return 2;
   }
+  RecoveryPrinter printer;  // outlives the Runtime
   absl::StatusOr<std::unique_ptr<sdk::Runtime>> rt = sdk::Runtime::Create(*options);
   if (!rt.ok()) {
     std::fprintf(stderr, "cpp_trainer: cannot start the trainguard runtime: %s\n",
@@ -436,7 +417,13 @@ int Main(int argc, char** argv) {
               rank, runtime.world_size(), runtime.options().job_id.c_str(),
               runtime.run_dir().c_str(), runtime.resume_step(), flags->steps);
 
+  printer.set_rank(rank);
+  runtime.AddObserver(&printer);
   DataParallelTrainer trainer(*flags, runtime, coordinates->dp);
+  if (absl::Status s = trainer.Setup(); !s.ok()) {
+    std::fprintf(stderr, "rank %d error: %s\n", rank, s.ToString().c_str());
+    return 1;
+  }
   return trainer.Run();
 }
 

@@ -74,6 +74,8 @@ TRAINGUARD_JOB_ID and TRAINGUARD_RUN_DIR (see trainguard's Options).
                           (default: $CPP_TRAINER_RENDEZVOUS_ID, else <job_id>-gen<generation>)
   --comm-timeout-s X      gloo rendezvous and collective timeout in seconds (default 60)
   --inject-nan RANK:STEP  make RANK's loss NaN at STEP (fault injection)
+  --nan-from-step STEP    make every rank's loss NaN at STEP and every later step (a fault that
+                          recurs after every rollback: trainguard stops the job)
   --inject-nan-grad RANK:STEP
                           write a NaN into RANK's gradient at STEP, before the reduction
   --stop-before-collective RANK:STEP
@@ -133,6 +135,8 @@ absl::StatusOr<TrainerFlags> ParseTrainerFlags(int argc, char** argv) {
       flags.comm_timeout = absl::Seconds(seconds);
     } else if (flag == "--inject-nan") {
       status = ParseRankStep(flag, value, &flags.inject_nan_rank, &flags.inject_nan_step);
+    } else if (flag == "--nan-from-step") {
+      status = ParseNumber<int64_t>(flag, value, 0, &flags.nan_from_step);
     } else if (flag == "--stop-before-collective") {
       status = ParseRankStep(flag, value, &flags.stop_rank, &flags.stop_step);
     } else if (flag == "--drop-connections") {

@@ -30,6 +30,9 @@ struct TrainerFlags {
   // its loss is NaN. -1: off.
   int inject_nan_rank = -1;
   int64_t inject_nan_step = -1;
+  // --nan-from-step STEP: every rank's loss is NaN from STEP on, in every generation (a fault that
+  // replaying from a checkpoint cannot cure). -1: off.
+  int64_t nan_from_step = -1;
   // --inject-nan-grad RANK:STEP: a NaN written into RANK's gradient (its loss stays finite).
   int inject_nan_grad_rank = -1;
   // --stop-before-collective RANK:STEP: RANK stops itself (SIGSTOP) before STEP's allreduce.

@@ -81,34 +81,36 @@ inline bool FailTcpPair(gloo::transport::Pair* pair, const std::string& reason) 
 
 }  // namespace gloo_internal
 
-// Registers `context` under `comm_id`; a hang aborts the context (once) and it is unusable
-// afterwards (build a new one for the next generation). The tracker keeps `context` alive until the
-// communicator is unregistered.
-//
-// The abort fails every TCP pair of the context through gloo's own error path
-// (gloo_internal::FailTcpPair): a rank blocked in one of the context's collectives wakes at once
-// with a gloo::IoException, and so do its peers blocked on their connections to it. It then closes
-// the connections (Context::closeConnections), so later collectives fail at once. Should a pair
-// not be failable (another transport), a collective already blocked on it waits for its own gloo
-// timeout: keep that finite (TrackedAllreduce's `timeout`).
+// Fails every TCP pair of `context` through gloo's own error path (gloo_internal::FailTcpPair): a
+// rank blocked in one of the context's collectives wakes at once with a gloo::IoException, and so
+// do its peers blocked on their connections to it. It then closes the connections
+// (Context::closeConnections), so later collectives fail at once. Should a pair not be failable
+// (another transport), a collective already blocked on it waits for its own gloo timeout: keep
+// that finite. Never throws; callable from any thread (a sdk::Communicator's Abort()).
+inline void AbortGlooContext(gloo::Context& context, const std::string& reason) {
+  for (int peer = 0; peer < context.size; ++peer) {
+    if (peer == context.rank) continue;
+    try {
+      (void)gloo_internal::FailTcpPair(context.getPair(peer).get(), reason);
+    } catch (...) {
+      // This pair has failed already: that is what we wanted.
+    }
+  }
+  try {
+    context.closeConnections();
+  } catch (...) {
+    // Already broken.
+  }
+}
+
+// Registers `context` under `comm_id`; a hang aborts the context (once, AbortGlooContext) and it
+// is unusable afterwards (build a new one for the next generation). The tracker keeps `context`
+// alive until the communicator is unregistered.
 inline absl::Status RegisterGlooContext(CollectiveTracker& tracker, uint64_t comm_id,
                                         std::string name, std::shared_ptr<gloo::Context> context) {
   return tracker.RegisterCommunicator(comm_id, std::move(name), [context, comm_id] {
-    const std::string reason =
-        "trainguard watchdog: communicator " + std::to_string(comm_id) + " aborted after a hang";
-    for (int peer = 0; peer < context->size; ++peer) {
-      if (peer == context->rank) continue;
-      try {
-        (void)gloo_internal::FailTcpPair(context->getPair(peer).get(), reason);
-      } catch (...) {
-        // This pair has failed already: that is what we wanted.
-      }
-    }
-    try {
-      context->closeConnections();
-    } catch (...) {
-      // Already broken.
-    }
+    AbortGlooContext(*context, "trainguard watchdog: communicator " + std::to_string(comm_id) +
+                                   " aborted after a hang");
   });
 }
 

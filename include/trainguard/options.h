@@ -49,6 +49,15 @@ struct Options {
   std::string run_dir = {};
   // recover() gives up (returns an error) after this many consecutive failed-and-skipped steps.
   int max_consecutive_step_failures = 3;
+  // A fault that replaying does not cure (a NaN on every rank, a diverging learning rate):
+  // recover() rolls back to the same committed step at most `max_rollbacks_per_step` times (>= 1).
+  // When the fault recurs after that, `repeated_fault_action` decides: "stop" ends the job with one
+  // message naming the step and the limit (published as the store key job/stop, so that the
+  // launcher stops the job instead of replacing ranks); "skip" rolls back once more and resumes
+  // after the step that failed first, skipping the batches from the committed step to it, and
+  // stops the job if the fault recurs even then.
+  int max_rollbacks_per_step = 1;
+  std::string repeated_fault_action = "stop";
 
   // Rendezvous. Empty `store`: a static job (no rank replacement). Otherwise the job's coordination
   // service: "tcp://HOST:PORT" (a TcpStore server, e.g. hosted by `trainguard run`) or

@@ -13,8 +13,25 @@
 // recovery_plan() say where to start and whose model state to take). After a communication failure,
 // recover() meets the survivors and the replacement in the next generation.
 //
+// The Runtime owns the recovery protocol. A trainer registers its state, gives the Runtime a
+// communicator factory (communicator.h), and calls Start() once; its loop is then
+//
+//     absl::StatusOr<int64_t> start = rt->Start();   // restored, synced, communicator built
+//     for (int64_t step = *start; step < steps;) {
+//       sdk::StepResult r = sdk::guard(*rt, step, [&](sdk::Step& s) { train_step(s); });
+//       if (r.ok()) { ++step; continue; }
+//       absl::StatusOr<int64_t> next = rt->recover(r);   // an error: exit non-zero
+//       if (!next.ok()) return 1;
+//       step = *next;
+//     }
+//
+// and recover() does the rest: skips, rollbacks, stopping the job on a fault that recurs, and after
+// a re-rendezvous aborting the old communicator, restoring or broadcasting the state and building
+// the next one.
+//
 // Thread safety: the accessors, EmitEvent() and heartbeat() may be used from any thread. Guards,
-// AddObserver() and recover() belong to the training thread.
+// AddObserver(), SetCommunicatorFactory(), Start(), recover(), communicator() and
+// CloseCommunicator() belong to the training thread.
 #ifndef TRAINGUARD_RUNTIME_H_
 #define TRAINGUARD_RUNTIME_H_
 
@@ -32,6 +49,7 @@
 #include "absl/time/time.h"
 #include "trainguard/checkpoint.h"
 #include "trainguard/collectives.h"
+#include "trainguard/communicator.h"
 #include "trainguard/events.h"
 #include "trainguard/guard.h"
 #include "trainguard/health.h"
@@ -79,6 +97,31 @@ class Heartbeat {
   std::atomic<int64_t> steps_completed_{0};
 };
 
+// What Runtime::Start() or Runtime::recover() did (StepObserver::OnRecovery; the same is written
+// to the event file).
+struct RecoveryReport {
+  // The failed step recover() was given; -1 for Start().
+  int64_t failed_step = -1;
+  // "start", "continue", "skip", "rollback", "skip_batches", "re_rendezvous" or "give_up".
+  std::string decision;
+  // What Start() or recover() returned: OK, or why this process cannot go on.
+  absl::Status status;
+  int64_t next_step = -1;  // the step to run next (status OK)
+  // "arena" or "disk" when a checkpoint was restored; "" otherwise.
+  std::string restored_from;
+  // The membership generation the rank is in now, and whether it joined it here (a re-rendezvous,
+  // or a standby's takeover in Start()).
+  int64_t generation = 0;
+  bool joined_generation = false;
+  // The rank whose state was broadcast to every rank here; -1 when none was.
+  int state_source_rank = -1;
+  // Generations tried until the communicator was built (more than 1: a rank died meanwhile).
+  int generation_attempts = 0;
+  // recover() gave up because the job cannot go on (not because this process failed): the reason
+  // was published as the store key job/stop.
+  bool job_stopped = false;
+};
+
 // Receives step boundaries on the training thread (the seam for the watchdog and checkpoint
 // policy). Callbacks must be quick and must not throw or start a guard.
 class StepObserver {
@@ -86,6 +129,8 @@ class StepObserver {
   virtual ~StepObserver() = default;
   virtual void OnStepBegin(int64_t step) = 0;
   virtual void OnStepEnd(const StepResult& result) = 0;
+  // After Start() and after every recover(), before they return.
+  virtual void OnRecovery(const RecoveryReport& report) { (void)report; }
 };
 
 class Runtime {
@@ -108,11 +153,12 @@ class Runtime {
   // The membership generation of the job: 0 until a rank is replaced.
   int64_t generation() const { return generation_.load(); }
   // The step to start training at: 0 for an initial rank; for a standby that replaced a rank, the
-  // step the job resumes at (with checkpointing, RestoreCheckpoint() says where the state is).
+  // step the job resumes at. After Start(), what Start() returned.
   int64_t resume_step() const { return resume_step_; }
   // The plan of the last re-rendezvous this process took part in (as a survivor in recover(), or as
-  // a replacement in Create()); nullopt before any. Trainers broadcast the model state from
-  // state_source_rank to the other ranks before resuming.
+  // a replacement in Create()); nullopt before any. With a communicator factory, Start() and
+  // recover() broadcast the registered state from state_source_rank; without one, the trainer
+  // does, before resuming.
   const std::optional<RecoveryPlan>& recovery_plan() const { return recovery_plan_; }
   // The current generation's rank table; generation -1 for a static job (no store).
   const Membership& membership() const { return membership_; }
@@ -134,7 +180,8 @@ class Runtime {
   // policy, Checkpoint() saves on demand.
   //
   // RestoreCheckpoint(): restores the newest committed checkpoint that every rank can restore and
-  // returns the step to resume at; NotFound when there is none. Collective in a job with a store:
+  // returns the step to resume at; NotFound when there is none. Start() and recover() call it;
+  // trainers that call Start() need not. Collective in a job with a store:
   // every rank of the generation calls it (a fresh or restarted rank after registering its state;
   // survivors do it inside recover()).
   absl::StatusOr<int64_t> RestoreCheckpoint();
@@ -173,6 +220,38 @@ class Runtime {
   // Hangs this process declared, and dumps written (its own hangs and those of peers).
   int64_t hang_dumps() const { return hang_dumps_.load(); }
 
+  // Communicators (communicator.h). With a factory set, the Runtime builds the communicator of
+  // every generation (Start(), recover()), aborts and destroys the previous one first, registers it
+  // with collectives() (a hang aborts it), and broadcasts the registered state from the recovery
+  // plan's source rank when no checkpoint was restored. Without one (the escape hatch), the trainer
+  // builds, aborts and syncs its own communicators around Start() and recover(), which then only
+  // restore checkpoints and agree on the step. REQUIRES: before Start().
+  void SetCommunicatorFactory(CommunicatorFactory factory);
+  // The current generation's communicator, as the factory built it (downcast it to your type);
+  // nullptr before Start(), without a factory, after CloseCommunicator(), and after a recover()
+  // that failed. Valid until the next recover() or CloseCommunicator().
+  Communicator* communicator() const { return communicator_.get(); }
+  // Aborts and destroys the communicator now. Call it before freeing buffers that a failed
+  // collective of it may still write into (the trainer's exit path). The next recover() builds a
+  // new one.
+  void CloseCommunicator();
+
+  // Makes this rank ready to run its first step and returns that step; resume_step() agrees. Call
+  // it once, after registering the state (state()) and setting the factory. Collective: every rank
+  // of the generation calls it (survivors of a replacement are inside recover() meanwhile).
+  //   - When checkpointing is configured, restores the newest committed checkpoint
+  //     (RestoreCheckpoint); "nothing committed" is not an error, any other restore failure is
+  //     (the job never silently starts over while committed state exists).
+  //   - Builds the communicator (with a factory); when that fails because a rank died meanwhile,
+  //     meets the ranks in the next generation and tries again (bounded).
+  //   - When no checkpoint was restored and the recovery plan names a state source (a standby that
+  //     took over), broadcasts every registered buffer and blob from it: a standby that takes over
+  //     before the first commit starts at the survivors' step with their state, never at 0.
+  // FailedPrecondition when called twice, or when every rank of the generation is new and nothing
+  // is committed (the job's state is lost: it is not restarted from step 0 behind the user's back;
+  // the reason is published as job/stop).
+  absl::StatusOr<int64_t> Start();
+
   // Appends an event to the rank's event file, filling in time (if unset), rank and generation.
   absl::Status EmitEvent(Event event);
 
@@ -185,9 +264,19 @@ class Runtime {
   //
   //   kContinue: result.step + 1.
   //   kSkip: result.step + 1, unless more than max_consecutive_step_failures steps in a row failed:
-  //     then FailedPrecondition.
+  //     then a rollback when checkpointing, else the job stops (see below).
   //   kRollback, or kSkip past the limit when checkpointing: restores the newest committed
   //     checkpoint (RestoreCheckpoint) and returns its step; without checkpointing, Unimplemented.
+  //     A fault that recurs after a rollback (the replay fails again before it gets past the step
+  //     that failed) and would roll back to the same committed step more than
+  //     max_rollbacks_per_step times is repeated: with repeated_fault_action "skip", the first time
+  //     it resumes after the step where the failures began (the batches from the committed step to
+  //     it are skipped, state as committed); otherwise the job stops. Nothing committed yet: the
+  //     job stops too.
+  //   Stopping the job: FailedPrecondition with one line "rank R: ..." naming the step and the
+  //     limit, also published (first writer wins) as the store key job/stop, which tells a launcher
+  //     to stop the job instead of replacing ranks. Only these give-ups write it: a dead rank or a
+  //     fatal device error is a machine's fault, and its replacement can go on.
   //   kReRendezvous, with a store: asks for a new generation (RequestNewGeneration) and waits for
   //     the next one, published by the launcher once it has replaced a dead rank, or with the same
   //     members when every rank is alive (a dropped connection, a hang declared on a healthy job);
@@ -199,7 +288,11 @@ class Runtime {
   //     and resumes at its step, and recovery_plan()->state_source_rank is -1 (nothing to
   //     broadcast). Otherwise the failed step must not have modified the model state (apply
   //     updates after the step's last collective): its state is offered as "ready to run that
-  //     step".
+  //     step". With a communicator factory, the old communicator is aborted and destroyed before
+  //     anything else (peers blocked in it fail at once), and after the agreement the next one is
+  //     built and the state broadcast from state_source_rank; when that fails (a rank died
+  //     meanwhile), recover() meets the ranks in the next generation and tries again, up to
+  //     kMaxGenerationAttempts generations, then fails naming each attempt's error.
   //   kReRendezvous, static job (no store): Unavailable; restart the job.
   //   kFatal: the fault's status. After a fatal device error the Runtime also rejects every later
   //     guard (see fatal()).
@@ -211,6 +304,11 @@ class Runtime {
   // learnt that it was replaced: guards are rejected from then on.
   bool fatal() const { return fatal_.load(std::memory_order_acquire); }
 
+  // Generations Start() and recover() try to build a communicator in before they give up.
+  static constexpr int kMaxGenerationAttempts = 4;
+  // The store key a rank that stops the job writes its reason under (see recover()).
+  static constexpr char kJobStopKey[] = "job/stop";
+
  private:
   friend class Step;
   friend class StepScope;
@@ -221,7 +319,32 @@ class Runtime {
   absl::Status ConnectStore();
   absl::Status JoinRendezvous();
   absl::Status OpenEvents();
-  absl::StatusOr<int64_t> ReRendezvous(const StepResult& result);
+  // Meets the ranks in the next generation; `offered_step` is the step this rank's state is ready
+  // to run (-1: no usable state).
+  absl::StatusOr<int64_t> ReRendezvous(const StepResult& result, int64_t offered_step);
+  // In the generation adopted last: restores (when checkpointing), builds the communicator and
+  // syncs the state; when building or syncing fails and the job has a store, re-rendezvous and
+  // tries again (bounded). `step` is where the generation's plan says to resume.
+  absl::StatusOr<int64_t> EnterGeneration(int64_t step, int64_t failed_step,
+                                          RecoveryReport& report);
+  // How one try of entering a generation failed.
+  enum class EntryFailure {
+    kFinal,              // an error to return (a restore failure)
+    kRetry,              // building or syncing failed: try in the next generation
+    kRetryWithoutState,  // the same, and a failed broadcast left this rank's state undefined
+    kStopJob,            // the job cannot go on (its state is lost)
+  };
+  // One try of the above, in the current generation. *ready_step: the step this rank's state is
+  // ready to run after the try (what it offers in the next generation).
+  absl::StatusOr<int64_t> TryEnterGeneration(int64_t step, RecoveryReport& report,
+                                             EntryFailure* failure, int64_t* ready_step);
+  absl::Status BuildCommunicator();
+  absl::Status BroadcastState(int root);
+  // Returns the FailedPrecondition of a give-up that stops the job, after publishing `reason` as
+  // job/stop (first writer wins; best effort).
+  absl::Status StopJob(const std::string& reason, RecoveryReport& report);
+  absl::StatusOr<int64_t> RecoverOnce(const StepResult& result, RecoveryReport& report);
+  void ReportRecovery(const StepResult* result, RecoveryReport& report);
   void MarkFatal(std::string reason);
 
   // Guard internals, called by StepScope.
@@ -230,8 +353,12 @@ class Runtime {
   // After a successful step: the first one of each generation is announced in the store
   // (rdzv/gen/<g>/resumed/<rank>), which is how a launcher times a recovery. One compare otherwise.
   void NoteStepSucceeded(int64_t step) {
+    consecutive_failures_ = 0;
+    // Past the step whose failure last caused a rollback: the fault did not recur.
+    if (step > rollback_failed_step_) ForgetRollbacks();
     if (announced_generation_ != generation_.load(std::memory_order_relaxed)) AnnounceResumed(step);
   }
+  void ForgetRollbacks();
   void AnnounceResumed(int64_t step);
   // Checkpoint policy, on the training thread: after a successful step, and at a guard's entry
   // (fences a snapshot still being copied).
@@ -246,7 +373,7 @@ class Runtime {
   }
   void FenceSnapshotSlow();
   absl::Status EnsureCheckpointer();
-  absl::StatusOr<int64_t> Rollback(const StepResult& result);
+  absl::StatusOr<int64_t> Rollback(const StepResult& result, RecoveryReport& report);
   // Detection internals.
   absl::Status StartDetection();
   void OnHang(const HangReport& report);
@@ -293,6 +420,21 @@ class Runtime {
   std::atomic<bool> fatal_{false};
   std::string fatal_reason_;  // written once before fatal_ is set
   int consecutive_failures_ = 0;
+  int64_t first_failed_step_ = -1;  // the first step of the current run of failures
+  // Rollbacks to the same committed step (training thread only): the step, how many, the failed
+  // step that caused the last one (kNoRollback when none), and whether batches were skipped.
+  static constexpr int64_t kNoRollback = INT64_MAX;
+  int64_t rollback_step_ = -1;
+  int rollbacks_to_step_ = 0;
+  int64_t rollback_failed_step_ = kNoRollback;
+  bool skipped_batches_ = false;
+  bool started_ = false;
+  CommunicatorFactory communicator_factory_;
+  // Shared with the abort hook registered in collectives_, which the watchdog thread may be
+  // running while the training thread lets go of it. Its deleter also owns the generation's
+  // PrefixStore (CommunicatorSpec::store), destroyed after the communicator.
+  std::shared_ptr<Communicator> communicator_;
+  uint64_t communicator_id_ = 0;  // registered in collectives_; 0: none
   StateRegistry state_;
   bool checkpointing_ = false;
   bool snapshot_unfenced_ = false;  // training thread only

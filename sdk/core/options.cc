@@ -134,6 +134,12 @@ void ApplySetFields(const OptionsProto& proto, Options& options) {
   if (proto.has_max_consecutive_step_failures()) {
     options.max_consecutive_step_failures = proto.max_consecutive_step_failures();
   }
+  if (proto.has_max_rollbacks_per_step()) {
+    options.max_rollbacks_per_step = proto.max_rollbacks_per_step();
+  }
+  if (proto.has_repeated_fault_action()) {
+    options.repeated_fault_action = proto.repeated_fault_action();
+  }
   if (proto.has_store()) {
     options.store = proto.store();
   }
@@ -615,6 +621,14 @@ absl::Status Options::Validate() const {
           CheckAtLeast("max_consecutive_step_failures", max_consecutive_step_failures, 0);
       !status.ok()) {
     return status;
+  }
+  if (absl::Status status = CheckAtLeast("max_rollbacks_per_step", max_rollbacks_per_step, 1);
+      !status.ok()) {
+    return status;
+  }
+  if (repeated_fault_action != "stop" && repeated_fault_action != "skip") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "repeated_fault_action \"", repeated_fault_action, "\" is neither \"stop\" nor \"skip\""));
   }
   if (absl::Status status = CheckCheckpointAndWatchdog(*this); !status.ok()) {
     return status;

@@ -205,6 +205,7 @@ absl::Status Runtime::OpenEvents() {
 }
 
 Runtime::~Runtime() {
+  CloseCommunicator();  // before the tracker its abort hook is registered in
   if (peer_hang_watcher_.joinable()) {
     {
       MutexLock lock(&watcher_mu_);
@@ -276,7 +277,7 @@ void Runtime::RecordStepFault(const StepResult& result) {
   (void)EmitEvent(std::move(event));
 }
 
-absl::StatusOr<int64_t> Runtime::ReRendezvous(const StepResult& result) {
+absl::StatusOr<int64_t> Runtime::ReRendezvous(const StepResult& result, int64_t offered_step) {
   if (member_ == nullptr) {
     return absl::UnavailableError(absl::StrCat(
         "rank ", rank(), " step ", result.step,
@@ -301,7 +302,7 @@ absl::StatusOr<int64_t> Runtime::ReRendezvous(const StepResult& result) {
     }
     if (!m.ok())
       return WithContext(m.status(), absl::StrCat("rank ", rank(), " step ", result.step));
-    absl::StatusOr<RecoveryPlan> plan = member_->AgreeOnResume(*m, result.step, timeout);
+    absl::StatusOr<RecoveryPlan> plan = member_->AgreeOnResume(*m, offered_step, timeout);
     if (absl::IsAborted(
             plan.status())) {  // another rank died meanwhile: meet in the newer generation
       after = m->generation;
@@ -314,6 +315,229 @@ absl::StatusOr<int64_t> Runtime::ReRendezvous(const StepResult& result) {
     consecutive_failures_ = 0;
     return plan->resume_step;
   }
+}
+
+void Runtime::SetCommunicatorFactory(CommunicatorFactory factory) {
+  communicator_factory_ = std::move(factory);
+}
+
+void Runtime::CloseCommunicator() {
+  if (communicator_ == nullptr) return;
+  // Abort first: a peer (or a thread of ours) blocked in one of its collectives fails at once
+  // instead of waiting out its timeout.
+  communicator_->Abort();
+  if (communicator_id_ != 0) (void)collectives_->UnregisterCommunicator(communicator_id_);
+  communicator_id_ = 0;
+  communicator_.reset();
+}
+
+absl::Status Runtime::BuildCommunicator() {
+  CloseCommunicator();
+  const int64_t generation = this->generation();
+  CommunicatorSpec spec;
+  spec.rank = rank_;
+  spec.world_size = options_.world_size;
+  spec.generation = generation;
+  spec.membership = &membership_;
+  spec.tracker = collectives_.get();
+  spec.comm_id = static_cast<uint64_t>(generation) + 1;
+  spec.name = absl::StrCat("comm/gen", generation);
+  std::shared_ptr<Store> scoped;
+  if (store_ != nullptr) {
+    scoped = std::make_shared<PrefixStore>(spec.name, store_);
+    spec.store = scoped.get();
+  }
+  const std::string where = absl::StrCat("rank ", rank_, ": building communicator ", spec.name);
+  absl::StatusOr<std::unique_ptr<Communicator>> built = communicator_factory_(spec);
+  if (!built.ok()) return WithContext(built.status(), where);
+  if (*built == nullptr) {
+    return absl::InternalError(absl::StrCat(where, ": the factory returned no communicator"));
+  }
+  // The deleter keeps the scoped store alive as long as the communicator, wherever the last
+  // reference goes (the watchdog thread may hold one while it aborts it).
+  communicator_ =
+      std::shared_ptr<Communicator>(built->release(), [scoped](Communicator* c) mutable {
+        delete c;
+        scoped.reset();
+      });
+  std::shared_ptr<Communicator> held = communicator_;
+  if (absl::Status s =
+          collectives_->RegisterCommunicator(spec.comm_id, spec.name, [held] { held->Abort(); });
+      !s.ok()) {
+    communicator_->Abort();
+    communicator_.reset();
+    return WithContext(s, absl::StrCat(where, ": registering it with the collective tracker"));
+  }
+  communicator_id_ = spec.comm_id;
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::BroadcastState(int root) {
+  for (const StateBuffer& b : state_.buffers()) {
+    if (absl::Status s = communicator_->Broadcast(b.data, b.bytes, b.device, root); !s.ok()) {
+      return WithContext(s, absl::StrCat("rank ", rank_, ": broadcasting state buffer \"", b.name,
+                                         "\" (", b.bytes, " bytes) from rank ", root));
+    }
+  }
+  if (state_.blobs().empty()) return absl::OkStatus();
+  // A blob's size may differ between ranks (a data-loader position): the root's sizes go first.
+  std::vector<std::pair<std::string, std::string>> blobs = state_.blobs();
+  std::vector<uint64_t> sizes;
+  for (const auto& [name, value] : blobs) sizes.push_back(value.size());
+  const std::string where =
+      absl::StrCat("rank ", rank_, ": broadcasting the state blobs from rank ", root);
+  if (absl::Status s = communicator_->Broadcast(sizes.data(), sizes.size() * sizeof(uint64_t),
+                                                Device::Host(), root);
+      !s.ok()) {
+    return WithContext(s, where);
+  }
+  for (size_t i = 0; i < blobs.size(); ++i) {
+    std::string& value = blobs[i].second;
+    value.resize(sizes[i]);
+    if (absl::Status s = communicator_->Broadcast(value.data(), value.size(), Device::Host(), root);
+        !s.ok()) {
+      return WithContext(s, absl::StrCat(where, " (", blobs[i].first, ")"));
+    }
+    if (absl::Status s = state_.SetBlob(blobs[i].first, std::move(value)); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Runtime::TryEnterGeneration(int64_t step, RecoveryReport& report,
+                                                    EntryFailure* failure, int64_t* ready_step) {
+  *failure = EntryFailure::kFinal;
+  int64_t next = step;
+  bool restored = false;
+  report.restored_from.clear();
+  report.state_source_rank = -1;
+  if (checkpointing_) {
+    absl::StatusOr<int64_t> r = RestoreCheckpoint();
+    if (r.ok()) {
+      next = *r;
+      restored = true;
+      report.restored_from = last_restore_source_;
+    } else if (!absl::IsNotFound(r.status())) {
+      // Committed state exists and cannot be restored: starting without it would silently lose
+      // the job's progress.
+      return WithContext(r.status(), absl::StrCat("rank ", rank_,
+                                                  ": restoring the newest "
+                                                  "committed checkpoint of generation ",
+                                                  generation()));
+    }
+  }
+  *ready_step = next;
+  const bool has_source = recovery_plan_.has_value() && recovery_plan_->state_source_rank >= 0;
+  if (!restored && recovery_plan_.has_value() && !has_source) {
+    *failure = EntryFailure::kStopJob;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank_, ": every rank of generation ", generation(),
+        " is new (no survivor holds the model state) and no checkpoint is committed: the job's "
+        "progress is lost; it is not restarted from step 0"));
+  }
+  if (!communicator_factory_) return next;
+  if (absl::Status s = BuildCommunicator(); !s.ok()) {
+    *failure = EntryFailure::kRetry;
+    return s;
+  }
+  if (!restored && has_source) {
+    const int root = recovery_plan_->state_source_rank;
+    if (absl::Status s = BroadcastState(root); !s.ok()) {
+      *failure = rank_ == root ? EntryFailure::kRetry : EntryFailure::kRetryWithoutState;
+      return s;
+    }
+    report.state_source_rank = root;
+  }
+  return next;
+}
+
+absl::StatusOr<int64_t> Runtime::EnterGeneration(int64_t step, int64_t failed_step,
+                                                 RecoveryReport& report) {
+  std::vector<std::string> errors;
+  while (true) {
+    ++report.generation_attempts;
+    EntryFailure failure = EntryFailure::kFinal;
+    int64_t ready_step = step;
+    absl::StatusOr<int64_t> next = TryEnterGeneration(step, report, &failure, &ready_step);
+    report.generation = generation();
+    if (next.ok()) return next;
+    if (failure == EntryFailure::kStopJob) {
+      return StopJob(std::string(next.status().message()), report);
+    }
+    if (failure == EntryFailure::kFinal || member_ == nullptr) return next.status();
+    errors.push_back(absl::StrCat("generation ", generation(), ": ", next.status().message()));
+    Event event;
+    event.type = EventType::kCustom;
+    event.step = step;
+    event.message = absl::StrCat("entering generation ", generation(), " failed (attempt ",
+                                 report.generation_attempts, " of ", kMaxGenerationAttempts,
+                                 "): ", next.status().message());
+    event.attributes = {{"what", "generation_entry_failed"}};
+    (void)EmitEvent(std::move(event));
+    if (report.generation_attempts >= kMaxGenerationAttempts) {
+      return absl::UnavailableError(absl::StrCat(
+          "rank ", rank_, ": no communicator could be built in ", report.generation_attempts,
+          " generations (limit kMaxGenerationAttempts ", kMaxGenerationAttempts,
+          "); ranks kept failing while they rebuilt: ", absl::StrJoin(errors, "; ")));
+    }
+    // A rank died (or its link dropped) while the communicator was being built: the launcher
+    // publishes a newer generation, or renews this one on request. A rank whose state a failed
+    // broadcast overwrote has none to offer.
+    CloseCommunicator();
+    StepResult failed;
+    failed.step = failed_step;
+    failed.fault = FaultKind::kCommunicationFailure;
+    failed.action = StepAction::kReRendezvous;
+    failed.status = next.status();
+    absl::StatusOr<int64_t> joined = ReRendezvous(
+        failed, failure == EntryFailure::kRetryWithoutState ? int64_t{-1} : ready_step);
+    if (!joined.ok()) return joined.status();
+    report.joined_generation = true;
+    step = *joined;
+  }
+}
+
+absl::StatusOr<int64_t> Runtime::Start() {
+  if (started_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank_, ": Runtime::Start() was called already"));
+  }
+  started_ = true;
+  RecoveryReport report;
+  report.decision = "start";
+  report.joined_generation = recovery_plan_.has_value();
+  absl::StatusOr<int64_t> next = EnterGeneration(resume_step_, resume_step_, report);
+  if (next.ok()) resume_step_ = *next;
+  if (!next.ok() && !report.job_stopped) report.decision = "give_up";
+  report.status = next.status();
+  report.next_step = next.ok() ? *next : -1;
+  ReportRecovery(nullptr, report);
+  return next;
+}
+
+absl::Status Runtime::StopJob(const std::string& reason, RecoveryReport& report) {
+  // One line, as the launcher prints it.
+  std::string line = reason;
+  std::replace(line.begin(), line.end(), '\n', ' ');
+  report.job_stopped = true;
+  report.decision = "give_up";
+  if (store_ != nullptr) {
+    const absl::Duration timeout =
+        std::min(absl::Milliseconds(options_.rendezvous_timeout_ms), absl::Seconds(10));
+    // First writer wins: every rank may reach the same verdict, the launcher needs one.
+    absl::StatusOr<CompareAndSetResult> published =
+        store_->CompareAndSet(kJobStopKey, std::nullopt, line, timeout);
+    if (!published.ok()) {
+      Event event;
+      event.type = EventType::kCustom;
+      event.message =
+          absl::StrCat("publishing ", kJobStopKey, " failed: ", published.status().message(),
+                       "; the launcher may take this "
+                       "rank's exit for a death");
+      event.attributes = {{"what", "job_stop_unpublished"}};
+      (void)EmitEvent(std::move(event));
+    }
+  }
+  return absl::FailedPreconditionError(line);
 }
 
 absl::Status Runtime::StartDetection() {
@@ -704,7 +928,15 @@ absl::StatusOr<int64_t> Runtime::RestoreCheckpoint() {
   return r->step;
 }
 
-absl::StatusOr<int64_t> Runtime::Rollback(const StepResult& result) {
+void Runtime::ForgetRollbacks() {
+  rollback_step_ = -1;
+  rollbacks_to_step_ = 0;
+  rollback_failed_step_ = kNoRollback;
+  skipped_batches_ = false;
+}
+
+absl::StatusOr<int64_t> Runtime::Rollback(const StepResult& result, RecoveryReport& report) {
+  report.decision = "give_up";
   if (!checkpointing_) {
     return absl::UnimplementedError(
         absl::StrCat("rank ", rank(), " step ", result.step,
@@ -712,14 +944,49 @@ absl::StatusOr<int64_t> Runtime::Rollback(const StepResult& result) {
                      "checkpoint_every_steps or call Checkpoint()); last: ",
                      result.status.message()));
   }
+  const int64_t first_failed = first_failed_step_ >= 0 ? first_failed_step_ : result.step;
+  consecutive_failures_ = 0;
+  first_failed_step_ = -1;
   absl::StatusOr<int64_t> step = RestoreCheckpoint();
+  if (absl::IsNotFound(step.status())) {
+    // A new generation could not do better: it would start from scratch.
+    return StopJob(absl::StrCat("rank ", rank(), ": step ", result.step,
+                                " failed and cannot be rolled back: ", step.status().message(),
+                                "; last fault: ", result.status.message()),
+                   report);
+  }
   if (!step.ok()) {
     return WithContext(step.status(),
                        absl::StrCat("rank ", rank(), " step ", result.step,
                                     ": rolling back after: ", result.status.message()));
   }
-  consecutive_failures_ = 0;
-  return step;
+  report.restored_from = last_restore_source_;
+  if (*step != rollback_step_) {
+    ForgetRollbacks();
+    rollback_step_ = *step;
+  }
+  ++rollbacks_to_step_;
+  rollback_failed_step_ = result.step;
+  const int limit = options_.max_rollbacks_per_step;
+  if (rollbacks_to_step_ <= limit) {
+    report.decision = "rollback";
+    return step;
+  }
+  if (options_.repeated_fault_action == "skip" && !skipped_batches_) {
+    // The replay reproduces the state that failed; going on without the batches that led to it
+    // (PaLM's remedy for loss spikes) is the trainer's choice, made by the option.
+    skipped_batches_ = true;
+    report.decision = "skip_batches";
+    return std::max(first_failed + 1, *step);
+  }
+  return StopJob(
+      absl::StrCat("rank ", rank(), ": step ", result.step, " failed again after ",
+                   rollbacks_to_step_ - 1, " rollback(s) to step ", *step, " (limit ", limit,
+                   ": max_rollbacks_per_step",
+                   skipped_batches_ ? "; the batches up to the first failed step were skipped" : "",
+                   "): the fault recurs after rollback, so the job stops; last fault: ",
+                   result.status.message()),
+      report);
 }
 
 void Runtime::MarkFatal(std::string reason) {
@@ -728,73 +995,94 @@ void Runtime::MarkFatal(std::string reason) {
   fatal_.store(true, std::memory_order_release);
 }
 
-absl::StatusOr<int64_t> Runtime::recover(const StepResult& result) {
-  absl::StatusOr<int64_t> next;
-  std::string decision;
+absl::StatusOr<int64_t> Runtime::RecoverOnce(const StepResult& result, RecoveryReport& report) {
+  const int max_failures = options_.max_consecutive_step_failures;
   switch (result.action) {
     case StepAction::kContinue:
-      consecutive_failures_ = 0;
+      report.decision = "continue";
       return result.step + 1;
     case StepAction::kSkip:
-      ++consecutive_failures_;
-      if (consecutive_failures_ > options_.max_consecutive_step_failures && checkpointing_) {
-        next = Rollback(result);
-        decision = next.ok() ? "rollback" : "give_up";
-      } else if (consecutive_failures_ > options_.max_consecutive_step_failures) {
-        decision = "give_up";
-        next = absl::FailedPreconditionError(absl::StrCat(
-            "rank ", rank(), ": ", consecutive_failures_, " consecutive steps failed (limit ",
-            options_.max_consecutive_step_failures, "); last: ", result.status.message()));
-      } else {
-        decision = "skip";
-        next = result.step + 1;
+      if (consecutive_failures_++ == 0) first_failed_step_ = result.step;
+      if (consecutive_failures_ <= max_failures) {
+        report.decision = "skip";
+        return result.step + 1;
       }
-      break;
+      if (checkpointing_) return Rollback(result, report);
+      return StopJob(
+          absl::StrCat("rank ", rank(), ": ", consecutive_failures_,
+                       " consecutive steps failed (limit ", max_failures,
+                       ": max_consecutive_step_failures), the last at step ", result.step,
+                       ", and checkpointing is off, so there is nothing to roll back to; last "
+                       "fault: ",
+                       result.status.message()),
+          report);
     case StepAction::kRollback:
-      next = Rollback(result);
-      decision = next.ok() ? "rollback" : "give_up";
-      break;
-    case StepAction::kReRendezvous:
-      next = ReRendezvous(result);
-      decision = next.ok() ? "re_rendezvous" : "give_up";
-      if (next.ok() && checkpointing_) {
-        // Every rank of the new generation restores the same committed step: survivors from
-        // their own arenas, the replacement from the dead rank's (or from disk).
-        absl::StatusOr<int64_t> restored = RestoreCheckpoint();
-        if (restored.ok()) {
-          next = restored;
-          recovery_plan_->state_source_rank = -1;
-        } else if (!absl::IsNotFound(restored.status())) {
-          next = restored.status();
-          decision = "give_up";
-        }
-      }
-      break;
+      if (consecutive_failures_++ == 0) first_failed_step_ = result.step;
+      return Rollback(result, report);
+    case StepAction::kReRendezvous: {
+      report.decision = "give_up";
+      // Peers still blocked in the old communicator's collectives fail at once.
+      CloseCommunicator();
+      absl::StatusOr<int64_t> joined = ReRendezvous(result, result.step);
+      if (!joined.ok()) return joined;
+      report.joined_generation = true;
+      absl::StatusOr<int64_t> next = EnterGeneration(*joined, result.step, report);
+      if (next.ok()) report.decision = "re_rendezvous";
+      return next;
+    }
     case StepAction::kFatal:
-      decision = "give_up";
-      next = result.status.ok()
+      report.decision = "give_up";
+      return result.status.ok()
                  ? absl::InternalError(
                        absl::StrCat("rank ", rank(), " step ", result.step, ": fatal step result"))
                  : result.status;
-      break;
   }
+  return absl::InternalError(absl::StrCat("rank ", rank(), " step ", result.step,
+                                          ": unknown step action ",
+                                          static_cast<int>(result.action)));
+}
+
+absl::StatusOr<int64_t> Runtime::recover(const StepResult& result) {
+  if (result.action == StepAction::kContinue) {
+    consecutive_failures_ = 0;
+    return result.step + 1;
+  }
+  RecoveryReport report;
+  report.failed_step = result.step;
+  absl::StatusOr<int64_t> next = RecoverOnce(result, report);
+  report.status = next.status();
+  report.next_step = next.ok() ? *next : -1;
+  report.generation = generation();
+  ReportRecovery(&result, report);
+  return next;
+}
+
+void Runtime::ReportRecovery(const StepResult* result, RecoveryReport& report) {
   Event event;
   event.type = EventType::kRecoveryDecision;
-  event.step = result.step;
-  event.message = next.ok() ? absl::StrCat(decision, ": resuming at step ", *next)
-                            : std::string(next.status().message());
-  event.attributes = {{"decision", decision},
-                      {"fault", std::string(FaultKindName(result.fault))},
-                      {"action", std::string(StepActionName(result.action))}};
-  if (next.ok()) event.attributes.emplace_back("next_step", absl::StrCat(*next));
-  if (decision == "re_rendezvous") {
+  event.step = result != nullptr ? result->step : report.next_step;
+  event.message = report.status.ok()
+                      ? absl::StrCat(report.decision, ": resuming at step ", report.next_step)
+                      : std::string(report.status.message());
+  event.attributes = {{"decision", report.decision}};
+  if (result != nullptr) {
+    event.attributes.emplace_back("fault", std::string(FaultKindName(result->fault)));
+    event.attributes.emplace_back("action", std::string(StepActionName(result->action)));
+  }
+  if (report.status.ok())
+    event.attributes.emplace_back("next_step", absl::StrCat(report.next_step));
+  if (!report.restored_from.empty())
+    event.attributes.emplace_back("restored_from", report.restored_from);
+  if (report.job_stopped) event.attributes.emplace_back("job_stop", "true");
+  if (report.joined_generation && recovery_plan_.has_value()) {
     event.attributes.emplace_back("generation", absl::StrCat(generation()));
     event.attributes.emplace_back("state_source_rank",
                                   absl::StrCat(recovery_plan_->state_source_rank));
     event.attributes.emplace_back("new_ranks", absl::StrJoin(recovery_plan_->new_ranks, ","));
+    event.attributes.emplace_back("generation_attempts", absl::StrCat(report.generation_attempts));
   }
   (void)EmitEvent(std::move(event));
-  return next;
+  for (StepObserver* observer : observers_) observer->OnRecovery(report);
 }
 
 }  // namespace trainguard

@@ -520,5 +520,61 @@ TEST(CppTrainerTest, NanInOneRanksGradientIsNamedByThatRankBeforeTheReduction) {
   }
 }
 
+// The lines of `output` that contain `needle`.
+int CountLines(const std::string& output, absl::string_view needle) {
+  int n = 0;
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);) n += absl::StrContains(line, needle) ? 1 : 0;
+  return n;
+}
+
+TEST(CppTrainerTest, ANanOnEveryRankWithoutCheckpointsStopsTheJobWithOneClearMessage) {
+  TrainerJob job("nanall");
+  ASSERT_FALSE(job.run_dir().empty()) << "mkdtemp failed";
+  ASSERT_TRUE(job.StartAll(kWorldSize, {"--steps", "100000000", "--nan-from-step", "20",
+                                        "--comm-timeout-s", kCommTimeoutSeconds}));
+  ASSERT_TRUE(job.WaitAll(kJobDeadline)) << job.AllOutput();
+  for (RankProcess& p : job.ranks()) {
+    const std::string output = p.Output();
+    EXPECT_EQ(p.exit_code(), 1) << "rank " << p.rank << "\n" << output;
+    // Skipped three times, then one message naming the step and the limit.
+    EXPECT_EQ(CountLines(output, "action skip"), 4) << output;
+    EXPECT_EQ(CountLines(output, "error:"), 1) << output;
+    EXPECT_THAT(output,
+                HasSubstr(absl::StrCat(
+                    "rank ", p.rank,
+                    " error: cannot recover from step 23: "
+                    "FAILED_PRECONDITION: rank ",
+                    p.rank,
+                    ": 4 consecutive steps failed (limit 3: max_consecutive_step_failures), "
+                    "the last at step 23, and checkpointing is off")))
+        << output;
+  }
+}
+
+TEST(CppTrainerTest, ANanThatRecursAfterRollbackStopsTheJobAfterABoundedNumberOfRestores) {
+  TrainerJob job("nanckpt");
+  ASSERT_FALSE(job.run_dir().empty()) << "mkdtemp failed";
+  // One rank: which committed step a rollback finds depends on how far the asynchronous saves got,
+  // and a single rank needs no agreement on it.
+  ASSERT_TRUE(job.Start(0, 1, {"--steps", "100000000", "--nan-from-step", "25"},
+                        {{"TRAINGUARD_CHECKPOINT_EVERY_STEPS", "10"}}));
+  ASSERT_TRUE(job.WaitAll(kJobDeadline)) << job.AllOutput();
+  RankProcess& p = job.rank(0);
+  const std::string output = p.Output();
+  EXPECT_EQ(p.exit_code(), 1) << output;
+  // A rollback that lands on a newer commit than the last one starts the count again, so there
+  // are one or two replays, never more.
+  const int replays = CountLines(output, "restored step");
+  EXPECT_GE(replays, 1) << output;
+  EXPECT_LE(replays, 2) << output;
+  EXPECT_EQ(CountLines(output, "error:"), 1) << output;
+  EXPECT_THAT(output, ContainsRegex("rank 0 error: cannot recover from step 28: "
+                                    "FAILED_PRECONDITION: rank 0: step 28 failed again after 1 "
+                                    "rollback\\(s\\) to step (10|20) \\(limit 1: "
+                                    "max_rollbacks_per_step\\): the fault recurs after rollback"))
+      << output;
+}
+
 }  // namespace
 }  // namespace trainguard

@@ -33,6 +33,12 @@ class RuntimeCheckpointTest : public ::testing::Test {
     options_.run_dir = dir_.path();
     options_.checkpoint_every_steps = 10;
     options_.max_consecutive_step_failures = 1;
+    ASSERT_NO_FATAL_FAILURE(CreateRuntime());
+  }
+
+  // (Re)creates the runtime from options_, its state registered (a restarted process).
+  void CreateRuntime() {
+    rt_.reset();
     absl::StatusOr<std::unique_ptr<Runtime>> rt = Runtime::Create(options_);
     ASSERT_TRUE(rt.ok()) << rt.status();
     rt_ = *std::move(rt);
@@ -45,6 +51,32 @@ class RuntimeCheckpointTest : public ::testing::Test {
                                {static_cast<int64_t>(weights_.size())},
                                {}})
                     .ok());
+  }
+
+  // README's loop from `start` to `end`, step `poison_at` writing NaN into the model every time it
+  // runs. Returns recover()'s error, or OK when `end` was reached; counts the restores.
+  absl::Status RunLoop(int64_t start, int64_t end, int64_t poison_at) {
+    for (int64_t step = start; step < end;) {
+      StepResult r = Train(step, step == poison_at);
+      // These steps take microseconds; a real one outlasts the save (see the first test).
+      if (rt_->checkpointer() != nullptr) {
+        EXPECT_TRUE(rt_->checkpointer()->WaitIdle(absl::Seconds(30)).ok());
+      }
+      if (r.ok()) {
+        ++step;
+        continue;
+      }
+      absl::StatusOr<int64_t> next = rt_->recover(r);
+      if (!next.ok()) return next.status();
+      step = *next;
+    }
+    return absl::OkStatus();
+  }
+
+  int Restores() {
+    int n = 0;
+    for (const Event& e : CheckpointEvents()) n += e.Attribute("what") == "restored" ? 1 : 0;
+    return n;
   }
   void TearDown() override {
     rt_.reset();
@@ -125,7 +157,8 @@ TEST_F(RuntimeCheckpointTest, AnExplicitRollbackWithoutACommittedStepIsAnErrorNo
   r.fault = FaultKind::kStepFailure;
   r.status = absl::InternalError("loss spiked");
   absl::StatusOr<int64_t> next = rt_->recover(r);
-  EXPECT_EQ(next.status().code(), absl::StatusCode::kNotFound) << next.status();
+  // Nothing to go back to: the job cannot go on (a new generation would start from scratch).
+  EXPECT_EQ(next.status().code(), absl::StatusCode::kFailedPrecondition) << next.status();
   EXPECT_THAT(std::string(next.status().message()), HasSubstr("no committed checkpoint"));
 }
 
@@ -163,6 +196,127 @@ TEST_F(RuntimeCheckpointTest, Sigusr2DumpsTheFlightRecorderAndEveryThreadsStack)
     step_seen |= r.type == FlightRecordType::kPhaseBegin && r.Name() == "step";
   }
   EXPECT_TRUE(step_seen);
+}
+
+TEST_F(RuntimeCheckpointTest, AFaultThatRecursAfterRollbackStopsTheJobNamingTheStepAndTheLimit) {
+  // Step 25 corrupts the model every time it runs (a bad batch, a diverging update): step 26 then
+  // fails too, the skip budget (1) runs out and the job rolls back to step 20; the replay reaches
+  // step 25 again and fails the same way.
+  absl::Status stopped = RunLoop(0, 100, /*poison_at=*/25);
+  EXPECT_TRUE(absl::IsFailedPrecondition(stopped)) << stopped;
+  EXPECT_EQ(std::string(stopped.message()),
+            "rank 0: step 26 failed again after 1 rollback(s) to step 20 (limit 1: "
+            "max_rollbacks_per_step): the fault recurs after rollback, so the job stops; last "
+            "fault: rank 0 step 26: step_failure: weight 7 is NaN");
+  // One rollback replayed; the second restore is the one after which the job stopped.
+  EXPECT_EQ(Restores(), 2);
+  absl::StatusOr<EventLogContents> log = ReadEventLog(Env::Default(), EventLogPath(dir_.path(), 0));
+  ASSERT_TRUE(log.ok());
+  const Event& last = log->events.back();
+  EXPECT_EQ(last.type, EventType::kRecoveryDecision);
+  EXPECT_EQ(last.Attribute("decision"), "give_up");
+  EXPECT_EQ(last.Attribute("job_stop"), "true");
+}
+
+TEST_F(RuntimeCheckpointTest, MoreRollbacksPerStepAreAllowedWhenConfigured) {
+  options_.max_rollbacks_per_step = 3;
+  ASSERT_NO_FATAL_FAILURE(CreateRuntime());
+  absl::Status stopped = RunLoop(0, 100, /*poison_at=*/25);
+  EXPECT_TRUE(absl::IsFailedPrecondition(stopped)) << stopped;
+  EXPECT_THAT(std::string(stopped.message()),
+              HasSubstr("failed again after 3 rollback(s) to step 20 (limit 3"));
+  EXPECT_EQ(Restores(), 4);
+}
+
+TEST_F(RuntimeCheckpointTest, AReplayThatGetsPastTheFailedStepForgetsTheRollback) {
+  ASSERT_TRUE(RunLoop(0, 25, /*poison_at=*/-1).ok());
+  // A transient fault: steps 25 and 26 fail once, the job rolls back to 20 and the replay passes.
+  ASSERT_TRUE(rt_->recover(Train(25, /*poison=*/true)).ok());
+  absl::StatusOr<int64_t> next = rt_->recover(Train(26));
+  ASSERT_TRUE(next.ok()) << next.status();
+  ASSERT_EQ(*next, 20);
+  ASSERT_TRUE(RunLoop(20, 28, /*poison_at=*/-1).ok());
+  // Another transient fault before the next commit rolls back to step 20 again: it is a new fault,
+  // not the old one recurring.
+  ASSERT_TRUE(rt_->recover(Train(28, /*poison=*/true)).ok());
+  next = rt_->recover(Train(29));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(*next, 20);
+}
+
+TEST_F(RuntimeCheckpointTest,
+       WithRepeatedFaultActionSkipTheBatchesUpToTheFailedStepAreSkippedOnce) {
+  options_.repeated_fault_action = "skip";
+  ASSERT_NO_FATAL_FAILURE(CreateRuntime());
+  // The rollback replays into the fault; the second time the job resumes after step 25, where the
+  // failures began, with the state committed at step 20: batches 20..25 are skipped.
+  struct Decisions : StepObserver {
+    void OnStepBegin(int64_t) override {}
+    void OnStepEnd(const StepResult&) override {}
+    void OnRecovery(const RecoveryReport& report) override { seen.push_back(report); }
+    std::vector<RecoveryReport> seen;
+  } decisions;
+  rt_->AddObserver(&decisions);
+  ASSERT_TRUE(RunLoop(0, 27, /*poison_at=*/25).ok());
+  ASSERT_FALSE(decisions.seen.empty());
+  const RecoveryReport& skip = decisions.seen.back();
+  EXPECT_EQ(skip.decision, "skip_batches");
+  EXPECT_EQ(skip.failed_step, 26);
+  EXPECT_EQ(skip.next_step, 26);
+  EXPECT_EQ(skip.restored_from, "arena");
+  // Step 26 ran once on the state committed at step 20, and training goes on.
+  for (float w : weights_) ASSERT_EQ(w, 21.0f);
+  ASSERT_TRUE(RunLoop(27, 40, /*poison_at=*/-1).ok());
+  for (float w : weights_) ASSERT_EQ(w, 34.0f);
+}
+
+TEST_F(RuntimeCheckpointTest, WithRepeatedFaultActionSkipAFaultThatRecursAfterTheSkipStopsTheJob) {
+  options_.repeated_fault_action = "skip";
+  ASSERT_NO_FATAL_FAILURE(CreateRuntime());
+  // The model is corrupted at 25 and, after the skip, at 27: skipping did not cure it.
+  ASSERT_TRUE(RunLoop(0, 27, /*poison_at=*/25).ok());
+  absl::Status stopped = RunLoop(27, 100, /*poison_at=*/27);
+  EXPECT_TRUE(absl::IsFailedPrecondition(stopped)) << stopped;
+  EXPECT_THAT(std::string(stopped.message()),
+              HasSubstr("rank 0: step 28 failed again after 2 rollback(s) to step 20 (limit 1: "
+                        "max_rollbacks_per_step; the batches up to the first failed step were "
+                        "skipped)"));
+  EXPECT_EQ(Restores(), 3);
+}
+
+TEST_F(RuntimeCheckpointTest, StartRestoresTheNewestCommittedStepOfARestartedRank) {
+  ASSERT_TRUE(RunLoop(0, 25, /*poison_at=*/-1).ok());
+  std::fill(weights_.begin(), weights_.end(), -1.0f);
+  ASSERT_NO_FATAL_FAILURE(CreateRuntime());  // the process restarts
+  absl::StatusOr<int64_t> start = rt_->Start();
+  ASSERT_TRUE(start.ok()) << start.status();
+  EXPECT_EQ(*start, 20);
+  EXPECT_EQ(rt_->resume_step(), 20);
+  for (float w : weights_) ASSERT_EQ(w, 20.0f);
+  EXPECT_TRUE(absl::IsFailedPrecondition(rt_->Start().status()));  // once
+}
+
+TEST_F(RuntimeCheckpointTest, StartWithNothingCommittedBeginsAtStepZero) {
+  absl::StatusOr<int64_t> start = rt_->Start();
+  ASSERT_TRUE(start.ok()) << start.status();
+  EXPECT_EQ(*start, 0);
+  EXPECT_EQ(rt_->communicator(), nullptr);  // no factory: the trainer's own communicators
+}
+
+TEST(RuntimeRecoveryOptions, TheRepeatedFaultOptionsAreValidated) {
+  Options o;
+  o.max_rollbacks_per_step = 0;
+  EXPECT_THAT(std::string(Runtime::Create(o).status().message()),
+              HasSubstr("max_rollbacks_per_step must be >= 1, got 0"));
+  o = Options();
+  o.repeated_fault_action = "retry";
+  EXPECT_THAT(std::string(Runtime::Create(o).status().message()),
+              HasSubstr("repeated_fault_action \"retry\" is neither \"stop\" nor \"skip\""));
+  absl::StatusOr<Options> env = Options::FromEnvironment(
+      {{"TRAINGUARD_MAX_ROLLBACKS_PER_STEP", "2"}, {"TRAINGUARD_REPEATED_FAULT_ACTION", "skip"}});
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->max_rollbacks_per_step, 2);
+  EXPECT_EQ(env->repeated_fault_action, "skip");
 }
 
 }  // namespace

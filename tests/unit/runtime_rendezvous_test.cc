@@ -4,9 +4,15 @@
 // are.
 #include <unistd.h>
 
+#include <array>
+#include <atomic>
+#include <cstring>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -24,6 +30,46 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 constexpr absl::Duration kTimeout = absl::Seconds(20);
+
+// A communicator whose broadcast goes through the generation's scoped store (CommunicatorSpec::
+// store): the root writes the bytes, the others wait for them. Enough to test what the Runtime
+// does with a communicator, in threads, without a network.
+class StoreCommunicator : public Communicator {
+ public:
+  StoreCommunicator(const CommunicatorSpec& spec, std::shared_ptr<std::atomic<bool>> aborted)
+      : store_(spec.store), rank_(spec.rank), aborted_(std::move(aborted)) {}
+
+  void Abort() override { aborted_->store(true); }
+
+  absl::Status Broadcast(void* data, size_t bytes, Device, int root) override {
+    if (aborted_->load()) return absl::CancelledError("aborted");
+    const std::string key = absl::StrCat("bcast/", sequence_++);
+    if (rank_ == root) {
+      return store_->Set(key, std::string_view(static_cast<const char*>(data), bytes), kTimeout);
+    }
+    if (absl::Status s = store_->Wait({key}, kTimeout); !s.ok()) return s;
+    absl::StatusOr<std::string> value = store_->Get(key, kTimeout);
+    if (!value.ok()) return value.status();
+    if (value->size() != bytes) return absl::DataLossError("broadcast of another size");
+    std::memcpy(data, value->data(), bytes);
+    return absl::OkStatus();
+  }
+
+ private:
+  Store* const store_;
+  const int rank_;
+  const std::shared_ptr<std::atomic<bool>> aborted_;
+  int sequence_ = 0;
+};
+
+// Keeps what Start() and recover() reported.
+class RecoveryLog : public StepObserver {
+ public:
+  void OnStepBegin(int64_t) override {}
+  void OnStepEnd(const StepResult&) override {}
+  void OnRecovery(const RecoveryReport& report) override { reports.push_back(report); }
+  std::vector<RecoveryReport> reports;
+};
 
 class RuntimeRendezvous : public ::testing::Test {
  protected:
@@ -76,7 +122,71 @@ class RuntimeRendezvous : public ::testing::Test {
     return r;
   }
 
+  // Gives `rt` (process `slot`: a rank, or kWorld for the standby) its state, 8 floats, and the
+  // StoreCommunicator factory, which fails in the generations listed in failing_generations_.
+  void Prepare(Runtime& rt, int slot) {
+    ASSERT_TRUE(rt.state()
+                    .Register({"w",
+                               "model",
+                               state_[slot].data(),
+                               state_[slot].size() * sizeof(float),
+                               DType::kF32,
+                               {static_cast<int64_t>(state_[slot].size())},
+                               {}})
+                    .ok());
+    rt.AddObserver(&logs_[slot]);
+    rt.SetCommunicatorFactory(
+        [this,
+         slot](const CommunicatorSpec& spec) -> absl::StatusOr<std::unique_ptr<Communicator>> {
+          EXPECT_NE(spec.store, nullptr);
+          EXPECT_EQ(spec.comm_id, static_cast<uint64_t>(spec.generation) + 1);
+          MutexLock lock(&comms_mu_);
+          if (failing_generations_.count(spec.generation) > 0) {
+            return absl::UnavailableError(absl::StrCat(
+                "rank ", spec.rank, ": a peer of generation ", spec.generation, " is gone"));
+          }
+          auto aborted = std::make_shared<std::atomic<bool>>(false);
+          aborted_[{slot, spec.generation}] = aborted;
+          return std::make_unique<StoreCommunicator>(spec, aborted);
+        });
+  }
+
+  bool Aborted(int slot, int64_t generation) {
+    MutexLock lock(&comms_mu_);
+    auto it = aborted_.find({slot, generation});
+    return it != aborted_.end() && it->second->load();
+  }
+
+  // Acts as the launcher for ranks whose communicators fail while none dies: renews the
+  // generation each time every rank asked, until `done` ranks have returned.
+  void RenewWhileAsked(const std::atomic<int>& done) {
+    const absl::Time deadline = absl::Now() + 3 * kTimeout;
+    while (done.load() < kWorld && absl::Now() < deadline) {
+      absl::StatusOr<std::map<int, std::string>> asked =
+          coordinator_.NewGenerationRequests(kTimeout);
+      if (asked.ok() && static_cast<int>(asked->size()) == kWorld) {
+        ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
+      }
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  }
+
+  std::optional<std::string> JobStop() {
+    absl::StatusOr<std::vector<std::optional<std::string>>> v =
+        coordinator_store_->MultiGet({Runtime::kJobStopKey}, kTimeout);
+    EXPECT_TRUE(v.ok()) << v.status();
+    return v.ok() ? (*v)[0] : std::nullopt;
+  }
+
   static constexpr int kWorld = 3;
+  std::array<std::vector<float>, kWorld + 1> state_ = {
+      std::vector<float>(8, 0.0f), std::vector<float>(8, 0.0f), std::vector<float>(8, 0.0f),
+      std::vector<float>(8, -1.0f)};
+  std::array<RecoveryLog, kWorld + 1> logs_;
+  Mutex comms_mu_;
+  std::set<int64_t> failing_generations_ ABSL_GUARDED_BY(comms_mu_);
+  std::map<std::pair<int, int64_t>, std::shared_ptr<std::atomic<bool>>> aborted_
+      ABSL_GUARDED_BY(comms_mu_);
   testing::TempDir dir_;
   InMemoryStore shared_;
   std::vector<std::unique_ptr<Store>> clients_;
@@ -176,6 +286,208 @@ TEST_F(RuntimeRendezvous, ARankThatWasReplacedLearnsItAndStopsTraining) {
   EXPECT_FALSE(guard(*ranks_[1], 9, [&] { ran = true; }).ok());
   EXPECT_FALSE(ran);
   EXPECT_TRUE(absl::IsFailedPrecondition(ranks_[1]->store()->Set("ckpt/commit", "x", kTimeout)));
+  // A replaced rank is a machine's fault, not the job's: it does not stop the job.
+  EXPECT_EQ(JobStop(), std::nullopt);
+}
+
+TEST_F(RuntimeRendezvous, AStandbyThatTakesOverBeforeTheFirstCommitStartsAtTheSurvivorsStep) {
+  StartJob();
+  {
+    std::vector<std::thread> starting;
+    std::vector<absl::StatusOr<int64_t>> start(kWorld);
+    for (int r = 0; r < kWorld; ++r) {
+      Prepare(*ranks_[r], r);
+      starting.emplace_back([&, r] { start[r] = ranks_[r]->Start(); });
+    }
+    for (std::thread& t : starting) t.join();
+    for (int r = 0; r < kWorld; ++r) {
+      ASSERT_TRUE(start[r].ok()) << start[r].status();
+      EXPECT_EQ(*start[r], 0);
+      EXPECT_NE(ranks_[r]->communicator(), nullptr);
+    }
+  }
+  // Training went on without a checkpoint: rank 2 finished step 41, rank 0 did not.
+  std::fill(state_[0].begin(), state_[0].end(), 41.0f);
+  std::fill(state_[2].begin(), state_[2].end(), 42.0f);
+
+  Options standby_options = OptionsFor("standby", 0, "spare0");
+  absl::StatusOr<int64_t> standby_start;
+  std::unique_ptr<Runtime> standby;
+  std::thread parked([&] {
+    auto rt = Runtime::Create(standby_options);
+    ASSERT_TRUE(rt.ok()) << rt.status();
+    standby = *std::move(rt);
+    Prepare(*standby, kWorld);
+    standby_start = standby->Start();
+  });
+  AwaitParkedStandbys(1);
+  ASSERT_TRUE(coordinator_.ReplaceRank(1, kTimeout).ok());
+  std::vector<absl::StatusOr<int64_t>> next(kWorld);
+  std::vector<std::thread> survivors;
+  for (int r : {0, 2}) {
+    survivors.emplace_back(
+        [&, r] { next[r] = ranks_[r]->recover(CommunicationFailure(41 + r / 2)); });
+  }
+  for (std::thread& t : survivors) t.join();
+  parked.join();
+
+  ASSERT_NE(standby, nullptr);
+  ASSERT_TRUE(standby_start.ok()) << standby_start.status();
+  EXPECT_EQ(*standby_start, 42);
+  EXPECT_EQ(standby->resume_step(), 42);
+  for (int r : {0, 2}) {
+    ASSERT_TRUE(next[r].ok()) << next[r].status();
+    EXPECT_EQ(*next[r], 42);
+    // The old communicator was aborted before the re-rendezvous; a new one serves generation 1.
+    EXPECT_TRUE(Aborted(r, 0)) << "rank " << r;
+    EXPECT_FALSE(Aborted(r, 1)) << "rank " << r;
+    EXPECT_NE(ranks_[r]->communicator(), nullptr);
+  }
+  // Every rank holds rank 2's state: the replacement and the survivor that was behind.
+  for (int slot : {0, 2, kWorld}) {
+    for (float w : state_[slot]) ASSERT_EQ(w, 42.0f) << "process " << slot;
+  }
+  ASSERT_FALSE(logs_[kWorld].reports.empty());
+  const RecoveryReport& started = logs_[kWorld].reports.back();
+  EXPECT_EQ(started.decision, "start");
+  EXPECT_TRUE(started.joined_generation);
+  EXPECT_EQ(started.generation, 1);
+  EXPECT_EQ(started.state_source_rank, 2);
+  const RecoveryReport& survived = logs_[0].reports.back();
+  EXPECT_EQ(survived.decision, "re_rendezvous");
+  EXPECT_EQ(survived.failed_step, 41);
+  EXPECT_EQ(survived.next_step, 42);
+  EXPECT_EQ(survived.state_source_rank, 2);
+  EXPECT_EQ(survived.generation_attempts, 1);
+}
+
+TEST_F(RuntimeRendezvous, WhenTheRebuildFailsRecoverMeetsTheRanksInTheNextGenerationItself) {
+  StartJob();
+  for (int r = 0; r < kWorld; ++r) Prepare(*ranks_[r], r);
+  {
+    MutexLock lock(&comms_mu_);
+    failing_generations_ = {1};  // a peer vanishes while generation 1's communicator is built
+  }
+  std::atomic<int> done{0};
+  std::vector<absl::StatusOr<int64_t>> next(kWorld);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kWorld; ++r) {
+    ranks.emplace_back([&, r] {
+      next[r] = ranks_[r]->recover(CommunicationFailure(10));
+      ++done;
+    });
+  }
+  RenewWhileAsked(done);
+  for (std::thread& t : ranks) t.join();
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(next[r].ok()) << next[r].status();
+    EXPECT_EQ(*next[r], 10);
+    EXPECT_EQ(ranks_[r]->generation(), 2);
+    EXPECT_NE(ranks_[r]->communicator(), nullptr);
+    const RecoveryReport& report = logs_[r].reports.back();
+    EXPECT_EQ(report.decision, "re_rendezvous");
+    EXPECT_EQ(report.generation, 2);
+    EXPECT_EQ(report.generation_attempts, 2);
+  }
+  EXPECT_EQ(JobStop(), std::nullopt);
+}
+
+TEST_F(RuntimeRendezvous, ARebuildThatKeepsFailingGivesUpAfterTheLimitNamingEveryAttempt) {
+  StartJob();
+  for (int r = 0; r < kWorld; ++r) Prepare(*ranks_[r], r);
+  {
+    MutexLock lock(&comms_mu_);
+    failing_generations_ = {1, 2, 3, 4, 5, 6};
+  }
+  std::atomic<int> done{0};
+  std::vector<absl::StatusOr<int64_t>> next(kWorld);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kWorld; ++r) {
+    ranks.emplace_back([&, r] {
+      next[r] = ranks_[r]->recover(CommunicationFailure(10));
+      ++done;
+    });
+  }
+  RenewWhileAsked(done);
+  for (std::thread& t : ranks) t.join();
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_TRUE(absl::IsUnavailable(next[r].status())) << next[r].status();
+    const std::string message(next[r].status().message());
+    EXPECT_THAT(message, HasSubstr(absl::StrCat("rank ", r, ": no communicator could be built in ",
+                                                Runtime::kMaxGenerationAttempts, " generations")));
+    EXPECT_THAT(message, HasSubstr("generation 1: "));
+    EXPECT_THAT(message,
+                HasSubstr(absl::StrCat("generation ", Runtime::kMaxGenerationAttempts, ": ")));
+    EXPECT_EQ(ranks_[r]->communicator(), nullptr);
+  }
+  EXPECT_EQ(JobStop(), std::nullopt);  // it may be the machines: the launcher decides
+}
+
+TEST_F(RuntimeRendezvous, AGiveUpBecauseTheJobCannotGoOnPublishesJobStopFirstWriterWins) {
+  StartJob();
+  auto failed = [](int64_t step) {
+    StepResult r;
+    r.step = step;
+    r.fault = FaultKind::kStepFailure;
+    r.action = StepAction::kSkip;
+    r.status = absl::InternalError("loss is not finite");
+    return r;
+  };
+  absl::StatusOr<int64_t> next;
+  for (int64_t step = 20; step < 24; ++step) next = ranks_[2]->recover(failed(step));
+  ASSERT_TRUE(absl::IsFailedPrecondition(next.status())) << next.status();
+  const std::string reason(next.status().message());
+  EXPECT_THAT(reason, ::testing::StartsWith("rank 2: 4 consecutive steps failed (limit 3: "
+                                            "max_consecutive_step_failures), the last at step 23"));
+  EXPECT_EQ(JobStop(), reason);
+
+  // Rank 0 reaches the same verdict later: the launcher keeps the first reason.
+  for (int64_t step = 20; step < 24; ++step) next = ranks_[0]->recover(failed(step));
+  ASSERT_TRUE(absl::IsFailedPrecondition(next.status())) << next.status();
+  EXPECT_THAT(std::string(next.status().message()), ::testing::StartsWith("rank 0: "));
+  EXPECT_EQ(JobStop(), reason);
+}
+
+TEST_F(RuntimeRendezvous, AFatalDeviceErrorDoesNotStopTheJob) {
+  StartJob();
+  StepResult r;
+  r.step = 5;
+  r.fault = FaultKind::kFatalDeviceError;
+  r.action = StepAction::kFatal;
+  r.status = absl::InternalError("rank 0 step 5: cudaErrorIllegalAddress");
+  EXPECT_EQ(ranks_[0]->recover(r).status(), r.status);
+  EXPECT_EQ(JobStop(), std::nullopt);  // the launcher replaces the machine
+}
+
+TEST_F(RuntimeRendezvous, WhenEveryRankIsNewAndNothingIsCommittedStartRefusesToBeginAtZero) {
+  StartJob();
+  // Every rank of generation 0 dies; three standbys take over one after the other.
+  std::vector<std::unique_ptr<Runtime>> standbys(kWorld);
+  std::vector<absl::StatusOr<int64_t>> start(kWorld);
+  std::vector<Options> options;
+  for (int s = 0; s < kWorld; ++s)
+    options.push_back(OptionsFor("standby", 0, absl::StrCat("spare", s)));
+  std::vector<std::thread> parked;
+  for (int s = 0; s < kWorld; ++s) {
+    parked.emplace_back([&, s] {
+      auto rt = Runtime::Create(options[s]);
+      ASSERT_TRUE(rt.ok()) << rt.status();
+      standbys[s] = *std::move(rt);
+      start[s] = standbys[s]->Start();
+    });
+  }
+  AwaitParkedStandbys(kWorld);
+  for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(coordinator_.ReplaceRank(r, kTimeout).ok());
+  for (std::thread& t : parked) t.join();
+  for (int s = 0; s < kWorld; ++s) {
+    EXPECT_TRUE(absl::IsFailedPrecondition(start[s].status())) << start[s].status();
+    EXPECT_THAT(std::string(start[s].status().message()),
+                HasSubstr("is new (no survivor holds the model state) and no checkpoint is "
+                          "committed"));
+  }
+  std::optional<std::string> stop = JobStop();
+  ASSERT_TRUE(stop.has_value());
+  EXPECT_THAT(*stop, HasSubstr("the job's progress is lost"));
 }
 
 TEST(RuntimeRendezvousOptions, AStandbyWithoutAStoreIsRejected) {

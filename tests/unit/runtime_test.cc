@@ -94,7 +94,9 @@ TEST_F(RuntimeRecovery, AFailedStepIsSkippedUntilTooManyFailInARow) {
   }
   auto give_up = rt_->recover(Failed(13, StepAction::kSkip, FaultKind::kStepFailure));
   EXPECT_TRUE(absl::IsFailedPrecondition(give_up.status()));
-  EXPECT_THAT(give_up.status().message(), HasSubstr("4 consecutive steps failed (limit 3)"));
+  EXPECT_THAT(give_up.status().message(),
+              HasSubstr("rank 1: 4 consecutive steps failed (limit 3: "
+                        "max_consecutive_step_failures), the last at step 13"));
   std::vector<Event> decisions = EventsOfType(EventType::kRecoveryDecision);
   ASSERT_EQ(decisions.size(), 4u);
   EXPECT_EQ(decisions[0].Attribute("decision"), "skip");
@@ -110,6 +112,17 @@ TEST_F(RuntimeRecovery, ASuccessResetsTheConsecutiveFailureCount) {
     StepResult ok;
     ok.step = 3;
     ASSERT_TRUE(rt_->recover(ok).ok());
+  }
+}
+
+TEST_F(RuntimeRecovery, ASuccessfulGuardedStepResetsTheConsecutiveFailureCount) {
+  // README's loop calls recover() only for failed steps: the guard's success must reset the count.
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 3; ++i) {
+      auto next = rt_->recover(Failed(10 * round + i, StepAction::kSkip, FaultKind::kStepFailure));
+      ASSERT_TRUE(next.ok()) << "round " << round << ": " << next.status();
+    }
+    ASSERT_TRUE(guard(*rt_, 10 * round + 3, [] {}).ok());
   }
 }
 

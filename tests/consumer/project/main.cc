@@ -1,8 +1,21 @@
-// Uses the installed SDK end to end: options, runtime, a good step and a failing one, the event
-// file. Usage: consumer RUN_DIR. Prints "consumer ok" and exits 0 on success.
+// Uses the installed SDK end to end: options, runtime, the communicator seam and Start(), a good
+// step and a failing one, the event file. Usage: consumer RUN_DIR. Prints "consumer ok" and exits
+// 0 on success.
 #include <trainguard/sdk.h>
 
 #include <cstdio>
+#include <memory>
+
+namespace {
+
+// A one-rank job's communicator: nothing to exchange.
+class LoopbackCommunicator : public sdk::Communicator {
+ public:
+  void Abort() override {}
+  absl::Status Broadcast(void*, size_t, sdk::Device, int) override { return absl::OkStatus(); }
+};
+
+}  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 2) return 2;
@@ -12,6 +25,18 @@ int main(int argc, char** argv) {
   auto rt = sdk::Runtime::Create(options);
   if (!rt.ok()) {
     std::fprintf(stderr, "%s\n", rt.status().ToString().c_str());
+    return 1;
+  }
+  int built = 0;
+  (*rt)->SetCommunicatorFactory(
+      [&](const sdk::CommunicatorSpec& spec) -> absl::StatusOr<std::unique_ptr<sdk::Communicator>> {
+        built += spec.world_size == 1 && spec.generation == 0 ? 1 : 100;
+        return std::make_unique<LoopbackCommunicator>();
+      });
+  absl::StatusOr<int64_t> start = (*rt)->Start();
+  if (!start.ok() || *start != 0 || built != 1 || (*rt)->communicator() == nullptr) {
+    std::fprintf(stderr, "Start() did not build the communicator: %s\n",
+                 start.status().ToString().c_str());
     return 1;
   }
   int ran = 0;
