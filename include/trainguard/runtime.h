@@ -40,7 +40,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -52,9 +51,7 @@
 #include "trainguard/communicator.h"
 #include "trainguard/events.h"
 #include "trainguard/guard.h"
-#include "trainguard/health.h"
 #include "trainguard/membership.h"
-#include "trainguard/mutex.h"
 #include "trainguard/options.h"
 #include "trainguard/store.h"
 #include "trainguard/topology.h"
@@ -143,36 +140,36 @@ class Runtime {
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
   // Writes kRuntimeStopped. REQUIRES: no guard is active.
-  ~Runtime();
+  virtual ~Runtime();
 
   // As given to Create(). For a standby, options().rank is meaningless: use rank().
-  const Options& options() const { return options_; }
-  const Topology& topology() const { return topology_; }
-  int rank() const { return rank_; }
-  int world_size() const { return options_.world_size; }
+  virtual const Options& options() const = 0;
+  virtual const Topology& topology() const = 0;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
   // The membership generation of the job: 0 until a rank is replaced.
-  int64_t generation() const { return generation_.load(); }
+  virtual int64_t generation() const = 0;
   // The step to start training at: 0 for an initial rank; for a standby that replaced a rank, the
   // step the job resumes at. After Start(), what Start() returned.
-  int64_t resume_step() const { return resume_step_; }
+  virtual int64_t resume_step() const = 0;
   // The plan of the last re-rendezvous this process took part in (as a survivor in recover(), or as
   // a replacement in Create()); nullopt before any. With a communicator factory, Start() and
   // recover() broadcast the registered state from state_source_rank; without one, the trainer
   // does, before resuming.
-  const std::optional<RecoveryPlan>& recovery_plan() const { return recovery_plan_; }
+  virtual const std::optional<RecoveryPlan>& recovery_plan() const = 0;
   // The current generation's rank table; generation -1 for a static job (no store).
-  const Membership& membership() const { return membership_; }
+  virtual const Membership& membership() const = 0;
   // The job's store; nullptr for a static job. Use it to rendezvous the job's communicators, e.g. a
   // GlooStore over PrefixStore("gloo/gen<generation>", store()).
-  Store* store() const { return store_; }
-  const std::string& run_dir() const { return run_dir_; }
-  Env& env() const { return *env_; }
-  Clock& clock() const { return *clock_; }
-  const Heartbeat& heartbeat() const { return heartbeat_; }
+  virtual Store* store() const = 0;
+  virtual const std::string& run_dir() const = 0;
+  virtual Env& env() const = 0;
+  virtual Clock& clock() const = 0;
+  virtual const Heartbeat& heartbeat() const = 0;
 
   // The state a checkpoint holds (checkpoint.h). Register every buffer and blob before the first
   // checkpoint or restore: the registry is read-only from then on.
-  StateRegistry& state() { return state_; }
+  virtual StateRegistry& state() = 0;
 
   // Checkpointing (checkpointer.h). With checkpoint_every_steps / checkpoint_every_seconds set, the
   // guard saves after a successful step S (tagged S+1, the step to resume at) and, at the next
@@ -184,23 +181,21 @@ class Runtime {
   // trainers that call Start() need not. Collective in a job with a store:
   // every rank of the generation calls it (a fresh or restarted rank after registering its state;
   // survivors do it inside recover()).
-  absl::StatusOr<int64_t> RestoreCheckpoint();
+  virtual absl::StatusOr<int64_t> RestoreCheckpoint() = 0;
   // Starts a checkpoint of the registered state now, tagged `resume_step`. FailedPrecondition
   // while the previous one is still being saved. With checkpoint_every_steps = N, the save of
   // step S is persisted when (S / N) % checkpoint_persist_every == 0, the same on every rank;
   // otherwise every checkpoint_persist_every-th save of this process is.
-  absl::Status Checkpoint(int64_t resume_step);
+  virtual absl::Status Checkpoint(int64_t resume_step) = 0;
   // Waits until the checkpoint in progress (if any) is copied, persisted and committed. REQUIRED
   // before a registered buffer is freed: a snapshot still copying reads it.
-  absl::Status WaitForCheckpoints(absl::Duration timeout);
+  virtual absl::Status WaitForCheckpoints(absl::Duration timeout) = 0;
   // True when a checkpoint policy is configured or Checkpoint()/RestoreCheckpoint() was called.
-  bool checkpointing() const { return checkpointing_; }
+  virtual bool checkpointing() const = 0;
   // "arena" or "disk" after a successful RestoreCheckpoint(); "" before.
-  const std::string& last_restore_source() const { return last_restore_source_; }
-  // nullptr until the first checkpoint or restore.
-  Checkpointer* checkpointer() const { return checkpointer_.get(); }
+  virtual const std::string& last_restore_source() const = 0;
 
-  // Hang detection (watchdog.h, collectives.h; the ring: sdk/watchdog/flight_recorder.h). The
+  // Hang detection (watchdog.h, collectives.h). The
   // Runtime owns the rank's flight-recorder ring ("/trainguard.<job>.fr.rank<R>"; removed by the
   // Runtime's destructor, so the ring of a rank that was killed or crashed stays for the launcher
   // or `trainguard flight-recorder show` to read; `trainguard run` removes those when the job
@@ -214,11 +209,10 @@ class Runtime {
   // carrying the evidence. The process is never aborted. `kill -USR2 <pid>` dumps the ring and the
   // stacks the same way, on demand (within half a second), unless the application installed its own
   // SIGUSR2 handler first.
-  FlightRecorder* flight_recorder() const { return flight_recorder_.get(); }
-  CollectiveTracker* collectives() const { return collectives_.get(); }
-  Watchdog* watchdog() const { return watchdog_.get(); }  // nullptr when watchdog_poll_ms is 0
+  virtual CollectiveTracker* collectives() const = 0;
+  virtual Watchdog* watchdog() const = 0;  // nullptr when watchdog_poll_ms is 0
   // Hangs this process declared, and dumps written (its own hangs and those of peers).
-  int64_t hang_dumps() const { return hang_dumps_.load(); }
+  virtual int64_t hang_dumps() const = 0;
 
   // Communicators (communicator.h). With a factory set, the Runtime builds the communicator of
   // every generation (Start(), recover()), aborts and destroys the previous one first, registers it
@@ -226,15 +220,15 @@ class Runtime {
   // plan's source rank when no checkpoint was restored. Without one (the escape hatch), the trainer
   // builds, aborts and syncs its own communicators around Start() and recover(), which then only
   // restore checkpoints and agree on the step. REQUIRES: before Start().
-  void SetCommunicatorFactory(CommunicatorFactory factory);
+  virtual void SetCommunicatorFactory(CommunicatorFactory factory) = 0;
   // The current generation's communicator, as the factory built it (downcast it to your type);
   // nullptr before Start(), without a factory, after CloseCommunicator(), and after a recover()
   // that failed. Valid until the next recover() or CloseCommunicator().
-  Communicator* communicator() const { return communicator_.get(); }
+  virtual Communicator* communicator() const = 0;
   // Aborts and destroys the communicator now. Call it before freeing buffers that a failed
   // collective of it may still write into (the trainer's exit path). The next recover() builds a
   // new one.
-  void CloseCommunicator();
+  virtual void CloseCommunicator() = 0;
 
   // Makes this rank ready to run its first step and returns that step; resume_step() agrees. Call
   // it once, after registering the state (state()) and setting the factory. Collective: every rank
@@ -250,14 +244,14 @@ class Runtime {
   // FailedPrecondition when called twice, or when every rank of the generation is new and nothing
   // is committed (the job's state is lost: it is not restarted from step 0 behind the user's back;
   // the reason is published as job/stop).
-  absl::StatusOr<int64_t> Start();
+  virtual absl::StatusOr<int64_t> Start() = 0;
 
   // Appends an event to the rank's event file, filling in time (if unset), rank and generation.
-  absl::Status EmitEvent(Event event);
+  virtual absl::Status EmitEvent(Event event) = 0;
 
   // Adds an observer of step boundaries. REQUIRES: no guard is active; `observer` outlives the
   // Runtime.
-  void AddObserver(StepObserver* observer);
+  virtual void AddObserver(StepObserver* observer) = 0;
 
   // Carries out the recovery for a step result and returns the step to run next, or an error when
   // this process cannot go on (the trainer should then exit non-zero). The policy, per action:
@@ -298,175 +292,21 @@ class Runtime {
   //     guard (see fatal()).
   //
   // Each decision is written as a kRecoveryDecision event.
-  absl::StatusOr<int64_t> recover(const StepResult& result);
+  virtual absl::StatusOr<int64_t> recover(const StepResult& result) = 0;
 
   // True after a guarded step failed with FaultKind::kFatalDeviceError, or after this process
   // learnt that it was replaced: guards are rejected from then on.
-  bool fatal() const { return fatal_.load(std::memory_order_acquire); }
+  virtual bool fatal() const = 0;
 
   // Generations Start() and recover() try to build a communicator in before they give up.
   static constexpr int kMaxGenerationAttempts = 4;
   // The store key a rank that stops the job writes its reason under (see recover()).
   static constexpr char kJobStopKey[] = "job/stop";
 
- private:
-  friend class Step;
-  friend class StepScope;
-
-  Runtime(Options options, Topology topology, std::string run_dir);
-
-  // The parts of Create() after construction.
-  absl::Status ConnectStore();
-  absl::Status JoinRendezvous();
-  absl::Status OpenEvents();
-  // Meets the ranks in the next generation; `offered_step` is the step this rank's state is ready
-  // to run (-1: no usable state).
-  absl::StatusOr<int64_t> ReRendezvous(const StepResult& result, int64_t offered_step);
-  // In the generation adopted last: restores (when checkpointing), builds the communicator and
-  // syncs the state; when building or syncing fails and the job has a store, re-rendezvous and
-  // tries again (bounded). `step` is where the generation's plan says to resume.
-  absl::StatusOr<int64_t> EnterGeneration(int64_t step, int64_t failed_step,
-                                          RecoveryReport& report);
-  // How one try of entering a generation failed.
-  enum class EntryFailure {
-    kFinal,              // an error to return (a restore failure)
-    kRetry,              // building or syncing failed: try in the next generation
-    kRetryWithoutState,  // the same, and a failed broadcast left this rank's state undefined
-    kStopJob,            // the job cannot go on (its state is lost)
-  };
-  // One try of the above, in the current generation. *ready_step: the step this rank's state is
-  // ready to run after the try (what it offers in the next generation).
-  absl::StatusOr<int64_t> TryEnterGeneration(int64_t step, RecoveryReport& report,
-                                             EntryFailure* failure, int64_t* ready_step);
-  absl::Status BuildCommunicator();
-  absl::Status BroadcastState(int root);
-  // Returns the FailedPrecondition of a give-up that stops the job, after publishing `reason` as
-  // job/stop (first writer wins; best effort).
-  absl::Status StopJob(const std::string& reason, RecoveryReport& report);
-  absl::StatusOr<int64_t> RecoverOnce(const StepResult& result, RecoveryReport& report);
-  void ReportRecovery(const StepResult* result, RecoveryReport& report);
-  void MarkFatal(std::string reason);
-
-  // Guard internals, called by StepScope.
-  bool TryBeginStep();
-  void EndStep();
-  // After a successful step: the first one of each generation is announced in the store
-  // (rdzv/gen/<g>/resumed/<rank>), which is how a launcher times a recovery. One compare otherwise.
-  void NoteStepSucceeded(int64_t step) {
-    consecutive_failures_ = 0;
-    // Past the step whose failure last caused a rollback: the fault did not recur.
-    if (step > rollback_failed_step_) ForgetRollbacks();
-    if (announced_generation_ != generation_.load(std::memory_order_relaxed)) AnnounceResumed(step);
-  }
-  void ForgetRollbacks();
-  void AnnounceResumed(int64_t step);
-  // Checkpoint policy, on the training thread: after a successful step, and at a guard's entry
-  // (fences a snapshot still being copied).
-  void MaybeCheckpoint(int64_t step) {
-    if (options_.checkpoint_every_steps > 0 || options_.checkpoint_every_seconds > 0) {
-      MaybeCheckpointSlow(step);
-    }
-  }
-  void MaybeCheckpointSlow(int64_t step);
-  void FenceSnapshot() {
-    if (snapshot_unfenced_) FenceSnapshotSlow();
-  }
-  void FenceSnapshotSlow();
-  absl::Status EnsureCheckpointer();
-  absl::StatusOr<int64_t> Rollback(const StepResult& result, RecoveryReport& report);
-  // Detection internals.
-  absl::Status StartDetection();
-  void OnHang(const HangReport& report);
-  // Dumps the ring and every thread's stack; returns the dump's path ("" if it failed).
-  std::string DumpEvidence(const std::string& reason, std::string* stacks_out);
-  void WatchPeerHangs();  // and SIGUSR2 dump requests, and publishes this rank's progress
-  // The watcher thread's period (shorter when watchdog_peer_progress_ms is).
-  static constexpr absl::Duration kWatcherPeriod = absl::Milliseconds(250);
-  // Watcher thread: writes this rank's progress record (sdk/runtime/peer_progress.h) when it
-  // changed and watchdog_peer_progress_ms has passed since the last one.
-  void PublishProgress();
-  // The watchdog's peer_progress question (watchdog.h), answered from the peers' records.
-  std::optional<std::string> ExplainPeerWait(const InFlightCollective& waiting_in);
-  // Store key hang/gen<G>/dumped/<rank>: this rank has dumped generation G's hang.
-  void AcknowledgeHangDump(int64_t generation, const std::string& path);
-  // Bounded polling (hang_dump_wait_ms) until every rank acknowledged its dump of `generation`.
-  void AwaitHangDumps(int64_t generation);
-  FiniteChecker* finite_checker();
-  // The detector behind Step::CheckLoss (created at the first call, from the loss_spike_* options).
-  LossSpikeDetector& loss_spike_detector();
-  // Writes the kStepFault event of a failed step; marks the runtime fatal after a fatal device
-  // error.
-  void RecordStepFault(const StepResult& result);
-  const std::string& fatal_reason() const { return fatal_reason_; }
-
-  const Options options_;
-  const Topology topology_;
-  const std::string run_dir_;
-  Env* const env_;
-  Clock* const clock_;
-  std::unique_ptr<EventLog> events_;
-  std::unique_ptr<Store> owned_store_;
-  Store* store_ = nullptr;
-  std::unique_ptr<RendezvousMember> member_;
-  Membership membership_;
-  std::optional<RecoveryPlan> recovery_plan_;
-  int rank_ = 0;
-  int64_t resume_step_ = 0;
-  std::atomic<int64_t> generation_{0};
-  int64_t announced_generation_ = -1;  // training thread only
-  Heartbeat heartbeat_;
-  std::vector<StepObserver*> observers_;
-  std::atomic<bool> step_active_{false};
-  std::atomic<bool> fatal_{false};
-  std::string fatal_reason_;  // written once before fatal_ is set
-  int consecutive_failures_ = 0;
-  int64_t first_failed_step_ = -1;  // the first step of the current run of failures
-  // Rollbacks to the same committed step (training thread only): the step, how many, the failed
-  // step that caused the last one (kNoRollback when none), and whether batches were skipped.
-  static constexpr int64_t kNoRollback = INT64_MAX;
-  int64_t rollback_step_ = -1;
-  int rollbacks_to_step_ = 0;
-  int64_t rollback_failed_step_ = kNoRollback;
-  bool skipped_batches_ = false;
-  bool started_ = false;
-  CommunicatorFactory communicator_factory_;
-  // Shared with the abort hook registered in collectives_, which the watchdog thread may be
-  // running while the training thread lets go of it. Its deleter also owns the generation's
-  // PrefixStore (CommunicatorSpec::store), destroyed after the communicator.
-  std::shared_ptr<Communicator> communicator_;
-  uint64_t communicator_id_ = 0;  // registered in collectives_; 0: none
-  StateRegistry state_;
-  bool checkpointing_ = false;
-  bool snapshot_unfenced_ = false;  // training thread only
-  int64_t last_checkpoint_ns_ = 0;
-  std::string last_restore_source_;
-  std::unique_ptr<FlightRecorder> flight_recorder_;
-  std::unique_ptr<CollectiveTracker> collectives_;
-  std::unique_ptr<FiniteChecker> finite_checker_;  // created at the first device check
-  std::optional<LossSpikeDetector> loss_spike_detector_;  // created at the first CheckLoss
-  std::atomic<int64_t> hang_dumps_{0};
-  Mutex dump_mu_;                   // one dump at a time (the watchdog's, the peer watcher's)
-  int64_t dumped_generation_ = -1;  // guarded by dump_mu_: a generation's hang is dumped once
-  Mutex watcher_mu_;
-  bool stop_watcher_ = false;  // guarded by watcher_mu_
-  // Watcher thread only: when PublishProgress last wrote a record, and what it said.
-  struct PublishedProgress {
-    int64_t written_ns = 0;        // clock_->MonotonicNanos() when written
-    int64_t last_progress_ns = 0;  // the watchdog's last_progress_ns() it reported
-    std::vector<std::pair<uint64_t, int64_t>> begun;
-    int64_t generation = -1;
-  };
-  PublishedProgress published_;
-  // Watchdog thread only: the collective whose postponement was last written as an event.
-  uint64_t excused_collective_ = 0;
-  std::thread peer_hang_watcher_;
-  // Its thread calls OnHang, which uses everything above: destroyed before them.
-  std::unique_ptr<Watchdog> watchdog_;
-  // watchdog_.get(), set once before the hang callbacks are registered: they read it on the
-  // watchdog's own thread, also while ~Runtime is resetting watchdog_ (which joins that thread).
-  Watchdog* phase_watchdog_ = nullptr;
-  // Last: its worker thread uses the store and the event log, so it is destroyed first.
-  std::unique_ptr<Checkpointer> checkpointer_;
+ protected:
+  // Only Create() makes a Runtime (sdk/runtime/runtime_impl.h implements it); the guard relies on
+  // that.
+  Runtime() = default;
 };
 
 }  // namespace trainguard

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "sdk/runtime/runtime_impl.h"
 #include "trainguard/clock.h"
 #include "trainguard/errors.h"
 #include "trainguard/guard.h"
@@ -108,7 +109,7 @@ void Step::ReportFault(FaultKind kind, std::string_view message) {
 
 bool Step::CheckFinite(std::string_view buffer_name, const void* data, size_t count, DType dtype,
                        Device device, void* cuda_stream) {
-  Runtime& rt = scope_->runtime_;
+  RuntimeImpl& rt = RuntimeImpl::Of(scope_->runtime_);
   if (device.kind == Device::Kind::kHost) {
     const FiniteCheckResult r = CheckFiniteHost(data, count, dtype);
     if (r.all_finite()) return true;
@@ -135,7 +136,7 @@ bool Step::CheckFinite(std::string_view buffer_name, const void* data, size_t co
 }
 
 bool Step::CheckLoss(double loss) {
-  Runtime& rt = scope_->runtime_;
+  RuntimeImpl& rt = RuntimeImpl::Of(scope_->runtime_);
   const std::optional<LossSpike> spike = rt.loss_spike_detector().Observe(scope_->step_, loss);
   if (!spike.has_value()) return true;
   if (spike->kind == LossSpike::Kind::kNonFinite) {
@@ -153,8 +154,9 @@ bool Step::CheckLoss(double loss) {
   return false;
 }
 
-StepScope::StepScope(Runtime& runtime, int64_t step)
-    : runtime_(runtime), step_(step), uncaught_at_entry_(std::uncaught_exceptions()) {
+StepScope::StepScope(Runtime& facade, int64_t step)
+    : runtime_(facade), step_(step), uncaught_at_entry_(std::uncaught_exceptions()) {
+  RuntimeImpl& runtime = RuntimeImpl::Of(facade);
   if (runtime.fatal()) {
     rejection_ =
         absl::StrCat("guard rejected: the runtime is fatal since ", runtime.fatal_reason());
@@ -174,8 +176,8 @@ StepScope::StepScope(Runtime& runtime, int64_t step)
     runtime.collectives()->SetStep(step);
   }
   start_ns_ = runtime.clock().MonotonicNanos();
-  runtime.heartbeat_.Enter(step, start_ns_);
-  for (StepObserver* observer : runtime.observers_) observer->OnStepBegin(step);
+  runtime.mutable_heartbeat().Enter(step, start_ns_);
+  for (StepObserver* observer : runtime.observers()) observer->OnStepBegin(step);
 }
 
 StepScope::~StepScope() {
@@ -213,12 +215,12 @@ StepResult StepScope::Finish() {
   if (!active_) {
     Fail(result, runtime_.rank(), FaultKind::kUsageError, rejection_);
     result.evidence.emplace_back("reason", rejection_);
-    runtime_.RecordStepFault(result);
+    RuntimeImpl::Of(runtime_).RecordStepFault(result);
     return result;
   }
   const int64_t end_ns = runtime_.clock().MonotonicNanos();
   result.duration = absl::Nanoseconds(end_ns - start_ns_);
-  if (runtime_.finite_checker_ != nullptr) CollectDeviceChecks();
+  if (RuntimeImpl::Of(runtime_).existing_finite_checker() != nullptr) CollectDeviceChecks();
   std::optional<HangReport> hang;
   if (Watchdog* watchdog = runtime_.watchdog(); watchdog != nullptr) {
     watchdog->EndPhase();
@@ -238,20 +240,21 @@ StepResult StepScope::Finish() {
     }
     result.evidence.insert(result.evidence.end(), hang->evidence.begin(), hang->evidence.end());
   }
-  runtime_.heartbeat_.Exit(end_ns - start_ns_, end_ns);
-  runtime_.EndStep();
+  RuntimeImpl::Of(runtime_).mutable_heartbeat().Exit(end_ns - start_ns_, end_ns);
+  RuntimeImpl::Of(runtime_).EndStep();
   if (result.ok()) {
-    runtime_.NoteStepSucceeded(step_);
-    runtime_.MaybeCheckpoint(step_);
+    RuntimeImpl::Of(runtime_).NoteStepSucceeded(step_);
+    RuntimeImpl::Of(runtime_).MaybeCheckpoint(step_);
   } else {
-    runtime_.RecordStepFault(result);
+    RuntimeImpl::Of(runtime_).RecordStepFault(result);
   }
-  for (StepObserver* observer : runtime_.observers_) observer->OnStepEnd(result);
+  for (StepObserver* observer : RuntimeImpl::Of(runtime_).observers()) observer->OnStepEnd(result);
   return result;
 }
 
 void StepScope::CollectDeviceChecks() {
-  absl::StatusOr<std::vector<BufferCheck>> checks = runtime_.finite_checker_->Collect();
+  absl::StatusOr<std::vector<BufferCheck>> checks =
+      RuntimeImpl::Of(runtime_).existing_finite_checker()->Collect();
   if (!checks.ok()) {
     ReportFault(FaultKind::kStepFailure,
                 absl::StrCat("collecting finite checks on rank ", runtime_.rank(), ": ",

@@ -20,6 +20,7 @@
 #include "sdk/core/event_log.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/runtime/peer_progress.h"
+#include "sdk/runtime/runtime_impl.h"
 #include "sdk/watchdog/flight_recorder.h"
 #include "sdk/watchdog/stack_trace.h"
 #include "trainguard/clock.h"
@@ -86,7 +87,13 @@ HeartbeatSnapshot Heartbeat::Read() const {
   return s;
 }
 
+Runtime::~Runtime() = default;
+
 absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const Options& options) {
+  return RuntimeImpl::Create(options);
+}
+
+absl::StatusOr<std::unique_ptr<Runtime>> RuntimeImpl::Create(const Options& options) {
   if (absl::Status s = options.Validate(); !s.ok()) return WithContext(s, "invalid options");
   TopologySpec spec;
   spec.world_size = options.world_size;
@@ -97,16 +104,16 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const Options& options)
   absl::StatusOr<Topology> topology = Topology::Create(spec);
   if (!topology.ok()) return WithContext(topology.status(), "invalid topology");
 
-  std::unique_ptr<Runtime> runtime(
-      new Runtime(options, *std::move(topology), options.ResolvedRunDir()));
+  std::unique_ptr<RuntimeImpl> runtime(
+      new RuntimeImpl(options, *std::move(topology), options.ResolvedRunDir()));
   if (absl::Status s = runtime->ConnectStore(); !s.ok()) return s;
   if (absl::Status s = runtime->JoinRendezvous(); !s.ok()) return s;
   if (absl::Status s = runtime->OpenEvents(); !s.ok()) return s;
   if (absl::Status s = runtime->StartDetection(); !s.ok()) return s;
-  return runtime;
+  return std::unique_ptr<Runtime>(std::move(runtime));
 }
 
-Runtime::Runtime(Options options, Topology topology, std::string run_dir)
+RuntimeImpl::RuntimeImpl(Options options, Topology topology, std::string run_dir)
     : options_(std::move(options)),
       topology_(std::move(topology)),
       run_dir_(std::move(run_dir)),
@@ -116,7 +123,7 @@ Runtime::Runtime(Options options, Topology topology, std::string run_dir)
       checkpointing_(options_.checkpoint_every_steps > 0 || options_.checkpoint_every_seconds > 0) {
 }
 
-absl::Status Runtime::ConnectStore() {
+absl::Status RuntimeImpl::ConnectStore() {
   if (options_.store_client != nullptr) {
     store_ = options_.store_client;
     return absl::OkStatus();
@@ -142,7 +149,7 @@ absl::Status Runtime::ConnectStore() {
   return absl::OkStatus();
 }
 
-absl::Status Runtime::JoinRendezvous() {
+absl::Status RuntimeImpl::JoinRendezvous() {
   if (store_ == nullptr) return absl::OkStatus();  // a static job
   const std::string member_id =
       options_.member_id.empty() ? absl::StrCat(HostName(), ":", getpid()) : options_.member_id;
@@ -176,7 +183,7 @@ absl::Status Runtime::JoinRendezvous() {
   return absl::OkStatus();
 }
 
-absl::Status Runtime::OpenEvents() {
+absl::Status RuntimeImpl::OpenEvents() {
   absl::StatusOr<std::unique_ptr<EventLog>> events =
       EventLog::Open(env_, EventLogPath(run_dir_, rank_));
   if (!events.ok()) {
@@ -204,7 +211,7 @@ absl::Status Runtime::OpenEvents() {
   return EmitEvent(std::move(started));
 }
 
-Runtime::~Runtime() {
+RuntimeImpl::~RuntimeImpl() {
   CloseCommunicator();  // before the tracker its abort hook is registered in
   if (peer_hang_watcher_.joinable()) {
     {
@@ -221,7 +228,7 @@ Runtime::~Runtime() {
   (void)EmitEvent(std::move(stopped));  // nothing to report to from a destructor
 }
 
-absl::Status Runtime::EmitEvent(Event event) {
+absl::Status RuntimeImpl::EmitEvent(Event event) {
   if (events_ == nullptr) {  // Create() failed before the event file was opened
     return absl::FailedPreconditionError("the runtime has no event file");
   }
@@ -231,16 +238,16 @@ absl::Status Runtime::EmitEvent(Event event) {
   return events_->Append(event);
 }
 
-void Runtime::AddObserver(StepObserver* observer) { observers_.push_back(observer); }
+void RuntimeImpl::AddObserver(StepObserver* observer) { observers_.push_back(observer); }
 
-bool Runtime::TryBeginStep() {
+bool RuntimeImpl::TryBeginStep() {
   bool expected = false;
   return step_active_.compare_exchange_strong(expected, true, std::memory_order_acq_rel);
 }
 
-void Runtime::EndStep() { step_active_.store(false, std::memory_order_release); }
+void RuntimeImpl::EndStep() { step_active_.store(false, std::memory_order_release); }
 
-void Runtime::AnnounceResumed(int64_t step) {
+void RuntimeImpl::AnnounceResumed(int64_t step) {
   const int64_t generation = generation_.load();
   announced_generation_ = generation;
   if (store_ == nullptr) return;
@@ -249,7 +256,7 @@ void Runtime::AnnounceResumed(int64_t step) {
                     absl::Milliseconds(options_.rendezvous_timeout_ms));
 }
 
-void Runtime::RecordStepFault(const StepResult& result) {
+void RuntimeImpl::RecordStepFault(const StepResult& result) {
   if (result.fault == FaultKind::kFatalDeviceError) {
     MarkFatal(absl::StrCat("step ", result.step, ": ", result.status.message()));
   }
@@ -277,7 +284,7 @@ void Runtime::RecordStepFault(const StepResult& result) {
   (void)EmitEvent(std::move(event));
 }
 
-absl::StatusOr<int64_t> Runtime::ReRendezvous(const StepResult& result, int64_t offered_step) {
+absl::StatusOr<int64_t> RuntimeImpl::ReRendezvous(const StepResult& result, int64_t offered_step) {
   if (member_ == nullptr) {
     return absl::UnavailableError(absl::StrCat(
         "rank ", rank(), " step ", result.step,
@@ -317,11 +324,11 @@ absl::StatusOr<int64_t> Runtime::ReRendezvous(const StepResult& result, int64_t 
   }
 }
 
-void Runtime::SetCommunicatorFactory(CommunicatorFactory factory) {
+void RuntimeImpl::SetCommunicatorFactory(CommunicatorFactory factory) {
   communicator_factory_ = std::move(factory);
 }
 
-void Runtime::CloseCommunicator() {
+void RuntimeImpl::CloseCommunicator() {
   if (communicator_ == nullptr) return;
   // Abort first: a peer (or a thread of ours) blocked in one of its collectives fails at once
   // instead of waiting out its timeout.
@@ -331,7 +338,7 @@ void Runtime::CloseCommunicator() {
   communicator_.reset();
 }
 
-absl::Status Runtime::BuildCommunicator() {
+absl::Status RuntimeImpl::BuildCommunicator() {
   CloseCommunicator();
   const int64_t generation = this->generation();
   CommunicatorSpec spec;
@@ -372,7 +379,7 @@ absl::Status Runtime::BuildCommunicator() {
   return absl::OkStatus();
 }
 
-absl::Status Runtime::BroadcastState(int root) {
+absl::Status RuntimeImpl::BroadcastState(int root) {
   for (const StateBuffer& b : state_.buffers()) {
     if (absl::Status s = communicator_->Broadcast(b.data, b.bytes, b.device, root); !s.ok()) {
       return WithContext(s, absl::StrCat("rank ", rank_, ": broadcasting state buffer \"", b.name,
@@ -403,8 +410,9 @@ absl::Status Runtime::BroadcastState(int root) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> Runtime::TryEnterGeneration(int64_t step, RecoveryReport& report,
-                                                    EntryFailure* failure, int64_t* ready_step) {
+absl::StatusOr<int64_t> RuntimeImpl::TryEnterGeneration(int64_t step, RecoveryReport& report,
+                                                        EntryFailure* failure,
+                                                        int64_t* ready_step) {
   *failure = EntryFailure::kFinal;
   int64_t next = step;
   bool restored = false;
@@ -450,8 +458,8 @@ absl::StatusOr<int64_t> Runtime::TryEnterGeneration(int64_t step, RecoveryReport
   return next;
 }
 
-absl::StatusOr<int64_t> Runtime::EnterGeneration(int64_t step, int64_t failed_step,
-                                                 RecoveryReport& report) {
+absl::StatusOr<int64_t> RuntimeImpl::EnterGeneration(int64_t step, int64_t failed_step,
+                                                     RecoveryReport& report) {
   std::vector<std::string> errors;
   while (true) {
     ++report.generation_attempts;
@@ -496,7 +504,7 @@ absl::StatusOr<int64_t> Runtime::EnterGeneration(int64_t step, int64_t failed_st
   }
 }
 
-absl::StatusOr<int64_t> Runtime::Start() {
+absl::StatusOr<int64_t> RuntimeImpl::Start() {
   if (started_) {
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", rank_, ": Runtime::Start() was called already"));
@@ -514,7 +522,7 @@ absl::StatusOr<int64_t> Runtime::Start() {
   return next;
 }
 
-absl::Status Runtime::StopJob(const std::string& reason, RecoveryReport& report) {
+absl::Status RuntimeImpl::StopJob(const std::string& reason, RecoveryReport& report) {
   // One line, as the launcher prints it.
   std::string line = reason;
   std::replace(line.begin(), line.end(), '\n', ' ');
@@ -540,7 +548,7 @@ absl::Status Runtime::StopJob(const std::string& reason, RecoveryReport& report)
   return absl::FailedPreconditionError(line);
 }
 
-absl::Status Runtime::StartDetection() {
+absl::Status RuntimeImpl::StartDetection() {
   const std::string where = absl::StrCat("rank ", rank_, ": starting hang detection");
   absl::StatusOr<std::unique_ptr<FlightRecorder>> recorder =
       FlightRecorder::Create(options_.job_id, rank_, options_.flight_recorder_records);
@@ -580,7 +588,7 @@ absl::Status Runtime::StartDetection() {
   return absl::OkStatus();
 }
 
-FiniteChecker* Runtime::finite_checker() {
+FiniteChecker* RuntimeImpl::finite_checker() {
   if (finite_checker_ == nullptr) {
     absl::StatusOr<std::unique_ptr<FiniteChecker>> c = FiniteChecker::Create(256);
     if (!c.ok()) return nullptr;
@@ -589,7 +597,7 @@ FiniteChecker* Runtime::finite_checker() {
   return finite_checker_.get();
 }
 
-LossSpikeDetector& Runtime::loss_spike_detector() {
+LossSpikeDetector& RuntimeImpl::loss_spike_detector() {
   if (!loss_spike_detector_.has_value()) {
     LossSpikeOptions o;
     o.window = options_.loss_spike_window;
@@ -603,7 +611,7 @@ LossSpikeDetector& Runtime::loss_spike_detector() {
   return *loss_spike_detector_;
 }
 
-std::string Runtime::DumpEvidence(const std::string& reason, std::string* stacks_out) {
+std::string RuntimeImpl::DumpEvidence(const std::string& reason, std::string* stacks_out) {
   absl::StatusOr<std::string> stacks = CaptureAllThreadStacks(absl::Seconds(2));
   const std::string stack_text =
       stacks.ok() ? *stacks
@@ -630,7 +638,7 @@ std::string Runtime::DumpEvidence(const std::string& reason, std::string* stacks
   return path;
 }
 
-void Runtime::OnHang(const HangReport& report) {
+void RuntimeImpl::OnHang(const HangReport& report) {
   const int64_t generation = this->generation();
   std::string stacks;
   std::string path;
@@ -666,12 +674,12 @@ void Runtime::OnHang(const HangReport& report) {
   AwaitHangDumps(generation);
 }
 
-void Runtime::AcknowledgeHangDump(int64_t generation, const std::string& path) {
+void RuntimeImpl::AcknowledgeHangDump(int64_t generation, const std::string& path) {
   (void)store_->Set(absl::StrCat("hang/gen", generation, "/dumped/", rank_), path,
                     absl::Seconds(2));
 }
 
-void Runtime::AwaitHangDumps(int64_t generation) {
+void RuntimeImpl::AwaitHangDumps(int64_t generation) {
   const absl::Time deadline = absl::Now() + absl::Milliseconds(options_.hang_dump_wait_ms);
   std::vector<std::string> keys;
   for (int r = 0; r < options_.world_size; ++r) {
@@ -691,7 +699,7 @@ void Runtime::AwaitHangDumps(int64_t generation) {
   }
 }
 
-void Runtime::PublishProgress() {
+void RuntimeImpl::PublishProgress() {
   if (store_ == nullptr || phase_watchdog_ == nullptr || options_.watchdog_peer_progress_ms == 0) {
     return;
   }
@@ -726,7 +734,7 @@ void Runtime::PublishProgress() {
   published_ = std::move(now);
 }
 
-std::optional<std::string> Runtime::ExplainPeerWait(const InFlightCollective& waiting_in) {
+std::optional<std::string> RuntimeImpl::ExplainPeerWait(const InFlightCollective& waiting_in) {
   const int64_t generation = this->generation();
   std::vector<std::string> keys;
   for (int r = 0; r < options_.world_size; ++r) {
@@ -762,7 +770,7 @@ std::optional<std::string> Runtime::ExplainPeerWait(const InFlightCollective& wa
   return peer;
 }
 
-void Runtime::WatchPeerHangs() {
+void RuntimeImpl::WatchPeerHangs() {
   // Polls (a Get every kWatcherPeriod) for a peer's hang. It wakes every half publication period
   // (when shorter), so that a progress record goes out between one and 1.5 periods after the last.
   absl::Duration period = kWatcherPeriod;
@@ -813,7 +821,7 @@ void Runtime::WatchPeerHangs() {
   }
 }
 
-absl::Status Runtime::EnsureCheckpointer() {
+absl::Status RuntimeImpl::EnsureCheckpointer() {
   if (checkpointer_ != nullptr) return absl::OkStatus();
   checkpointing_ = true;
   CheckpointerOptions o;
@@ -850,7 +858,7 @@ absl::Status Runtime::EnsureCheckpointer() {
   return absl::OkStatus();
 }
 
-absl::Status Runtime::Checkpoint(int64_t resume_step) {
+absl::Status RuntimeImpl::Checkpoint(int64_t resume_step) {
   if (absl::Status s = EnsureCheckpointer(); !s.ok()) return s;
   std::optional<bool> persist;
   const int every = options_.checkpoint_every_steps;
@@ -864,13 +872,13 @@ absl::Status Runtime::Checkpoint(int64_t resume_step) {
   return absl::OkStatus();
 }
 
-absl::Status Runtime::WaitForCheckpoints(absl::Duration timeout) {
+absl::Status RuntimeImpl::WaitForCheckpoints(absl::Duration timeout) {
   if (checkpointer_ == nullptr) return absl::OkStatus();
   snapshot_unfenced_ = false;
   return checkpointer_->WaitIdle(timeout);
 }
 
-void Runtime::MaybeCheckpointSlow(int64_t step) {
+void RuntimeImpl::MaybeCheckpointSlow(int64_t step) {
   const int64_t resume = step + 1;
   const int every = options_.checkpoint_every_steps;
   const int64_t now = clock_->MonotonicNanos();
@@ -890,7 +898,7 @@ void Runtime::MaybeCheckpointSlow(int64_t step) {
   }
 }
 
-void Runtime::FenceSnapshotSlow() {
+void RuntimeImpl::FenceSnapshotSlow() {
   snapshot_unfenced_ = false;
   absl::Status s = checkpointer_->Fence(absl::Milliseconds(options_.rendezvous_timeout_ms));
   if (s.ok()) return;
@@ -901,7 +909,7 @@ void Runtime::FenceSnapshotSlow() {
   (void)EmitEvent(std::move(event));
 }
 
-absl::StatusOr<int64_t> Runtime::RestoreCheckpoint() {
+absl::StatusOr<int64_t> RuntimeImpl::RestoreCheckpoint() {
   if (absl::Status s = EnsureCheckpointer(); !s.ok()) return s;
   snapshot_unfenced_ = false;
   last_restore_source_.clear();
@@ -928,14 +936,14 @@ absl::StatusOr<int64_t> Runtime::RestoreCheckpoint() {
   return r->step;
 }
 
-void Runtime::ForgetRollbacks() {
+void RuntimeImpl::ForgetRollbacks() {
   rollback_step_ = -1;
   rollbacks_to_step_ = 0;
   rollback_failed_step_ = kNoRollback;
   skipped_batches_ = false;
 }
 
-absl::StatusOr<int64_t> Runtime::Rollback(const StepResult& result, RecoveryReport& report) {
+absl::StatusOr<int64_t> RuntimeImpl::Rollback(const StepResult& result, RecoveryReport& report) {
   report.decision = "give_up";
   if (!checkpointing_) {
     return absl::UnimplementedError(
@@ -989,13 +997,13 @@ absl::StatusOr<int64_t> Runtime::Rollback(const StepResult& result, RecoveryRepo
       report);
 }
 
-void Runtime::MarkFatal(std::string reason) {
+void RuntimeImpl::MarkFatal(std::string reason) {
   if (fatal()) return;
   fatal_reason_ = std::move(reason);
   fatal_.store(true, std::memory_order_release);
 }
 
-absl::StatusOr<int64_t> Runtime::RecoverOnce(const StepResult& result, RecoveryReport& report) {
+absl::StatusOr<int64_t> RuntimeImpl::RecoverOnce(const StepResult& result, RecoveryReport& report) {
   const int max_failures = options_.max_consecutive_step_failures;
   switch (result.action) {
     case StepAction::kContinue:
@@ -1042,7 +1050,7 @@ absl::StatusOr<int64_t> Runtime::RecoverOnce(const StepResult& result, RecoveryR
                                           static_cast<int>(result.action)));
 }
 
-absl::StatusOr<int64_t> Runtime::recover(const StepResult& result) {
+absl::StatusOr<int64_t> RuntimeImpl::recover(const StepResult& result) {
   if (result.action == StepAction::kContinue) {
     consecutive_failures_ = 0;
     return result.step + 1;
@@ -1057,7 +1065,7 @@ absl::StatusOr<int64_t> Runtime::recover(const StepResult& result) {
   return next;
 }
 
-void Runtime::ReportRecovery(const StepResult* result, RecoveryReport& report) {
+void RuntimeImpl::ReportRecovery(const StepResult* result, RecoveryReport& report) {
   Event event;
   event.type = EventType::kRecoveryDecision;
   event.step = result != nullptr ? result->step : report.next_step;

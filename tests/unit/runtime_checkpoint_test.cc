@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "sdk/checkpoint/checkpointer.h"
 #include "sdk/checkpoint/snapshotter.h"
+#include "sdk/runtime/runtime_impl.h"
 #include "sdk/watchdog/flight_recorder.h"
 #include "tests/support/temp_dir.h"
 #include "trainguard/sdk.h"
@@ -59,8 +60,8 @@ class RuntimeCheckpointTest : public ::testing::Test {
     for (int64_t step = start; step < end;) {
       StepResult r = Train(step, step == poison_at);
       // These steps take microseconds; a real one outlasts the save (see the first test).
-      if (rt_->checkpointer() != nullptr) {
-        EXPECT_TRUE(rt_->checkpointer()->WaitIdle(absl::Seconds(30)).ok());
+      if (RuntimeImpl::Of(*rt_).checkpointer() != nullptr) {
+        EXPECT_TRUE(RuntimeImpl::Of(*rt_).checkpointer()->WaitIdle(absl::Seconds(30)).ok());
       }
       if (r.ok()) {
         ++step;
@@ -115,12 +116,13 @@ TEST_F(RuntimeCheckpointTest, AfterANanTheRollbackRestoresTheLastCommittedStepAn
     ASSERT_TRUE(Train(step).ok());
     // These steps take microseconds; a real one outlasts the save (a save still in flight when
     // the next is due is skipped, and the event file says so).
-    if (rt_->checkpointer() != nullptr) {
-      ASSERT_TRUE(rt_->checkpointer()->WaitIdle(absl::Seconds(30)).ok());
+    if (RuntimeImpl::Of(*rt_).checkpointer() != nullptr) {
+      ASSERT_TRUE(RuntimeImpl::Of(*rt_).checkpointer()->WaitIdle(absl::Seconds(30)).ok());
     }
   }
   // Snapshots were taken after steps 9 and 19 (tagged 10 and 20) and committed.
-  absl::StatusOr<std::vector<int64_t>> committed = rt_->checkpointer()->CommittedSteps();
+  absl::StatusOr<std::vector<int64_t>> committed =
+      RuntimeImpl::Of(*rt_).checkpointer()->CommittedSteps();
   ASSERT_TRUE(committed.ok()) << committed.status();
   EXPECT_THAT(*committed, ::testing::Contains(20));
 
@@ -167,7 +169,7 @@ TEST_F(RuntimeCheckpointTest, TheGuardFencesTheSnapshotSoTheNextStepCannotTearIt
   // Step 9 started a snapshot (tagged 10); step 10's body overwrites every weight at once. The
   // snapshot must still hold the values after step 9.
   ASSERT_TRUE(Train(10).ok());
-  ASSERT_TRUE(rt_->checkpointer()->WaitIdle(absl::Seconds(30)).ok());
+  ASSERT_TRUE(RuntimeImpl::Of(*rt_).checkpointer()->WaitIdle(absl::Seconds(30)).ok());
   std::fill(weights_.begin(), weights_.end(), -1.0f);
   absl::StatusOr<int64_t> step = rt_->RestoreCheckpoint();
   ASSERT_TRUE(step.ok()) << step.status();

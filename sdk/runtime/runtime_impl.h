@@ -1,0 +1,241 @@
+// RuntimeImpl: the Runtime (include/trainguard/runtime.h) itself. Private to trainguard: the guard
+// (sdk/guard) drives a step through the methods under "For the guard", and the tools and tests
+// reach the subsystems a trainer does not see (the checkpointer, the flight-recorder ring).
+//
+// Thread safety: as Runtime; the guard's methods belong to the training thread.
+#ifndef TRAINGUARD_SDK_RUNTIME_RUNTIME_IMPL_H_
+#define TRAINGUARD_SDK_RUNTIME_RUNTIME_IMPL_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "sdk/checkpoint/checkpointer.h"
+#include "sdk/core/event_log.h"
+#include "sdk/rendezvous/rendezvous.h"
+#include "sdk/watchdog/flight_recorder.h"
+#include "trainguard/health.h"
+#include "trainguard/mutex.h"
+#include "trainguard/runtime.h"
+#include "trainguard/watchdog.h"
+
+namespace trainguard {
+
+class RuntimeImpl final : public Runtime {
+ public:
+  // Runtime::Create().
+  static absl::StatusOr<std::unique_ptr<Runtime>> Create(const Options& options);
+  // Create() is the only caller.
+  RuntimeImpl(Options options, Topology topology, std::string run_dir);
+  ~RuntimeImpl() override;
+
+  // The Runtime's public face; documented in runtime.h.
+  const Options& options() const override { return options_; }
+  const Topology& topology() const override { return topology_; }
+  int rank() const override { return rank_; }
+  int world_size() const override { return options_.world_size; }
+  const std::optional<RecoveryPlan>& recovery_plan() const override { return recovery_plan_; }
+  const Membership& membership() const override { return membership_; }
+  Store* store() const override { return store_; }
+  const std::string& run_dir() const override { return run_dir_; }
+  Env& env() const override { return *env_; }
+  Clock& clock() const override { return *clock_; }
+  const Heartbeat& heartbeat() const override { return heartbeat_; }
+  StateRegistry& state() override { return state_; }
+  absl::Status Checkpoint(int64_t resume_step) override;
+  absl::Status WaitForCheckpoints(absl::Duration timeout) override;
+  bool checkpointing() const override { return checkpointing_; }
+  const std::string& last_restore_source() const override { return last_restore_source_; }
+  Checkpointer* checkpointer() const { return checkpointer_.get(); }
+  FlightRecorder* flight_recorder() const { return flight_recorder_.get(); }
+  CollectiveTracker* collectives() const override { return collectives_.get(); }
+  Watchdog* watchdog() const override { return watchdog_.get(); }
+  void SetCommunicatorFactory(CommunicatorFactory factory) override;
+  Communicator* communicator() const override { return communicator_.get(); }
+  void CloseCommunicator() override;
+  absl::Status EmitEvent(Event event) override;
+  void AddObserver(StepObserver* observer) override;
+  bool fatal() const override { return fatal_.load(std::memory_order_acquire); }
+  int64_t generation() const override { return generation_.load(); }
+  int64_t resume_step() const override { return resume_step_; }
+  absl::StatusOr<int64_t> RestoreCheckpoint() override;
+  int64_t hang_dumps() const override { return hang_dumps_.load(); }
+  absl::StatusOr<int64_t> Start() override;
+  absl::StatusOr<int64_t> recover(const StepResult& result) override;
+
+  // The rank's Runtime behind `runtime`. REQUIRES: `runtime` came from Runtime::Create(), the only
+  // maker of Runtimes.
+  static RuntimeImpl& Of(Runtime& runtime) { return static_cast<RuntimeImpl&>(runtime); }
+
+  // For the guard (sdk/guard), on the training thread.
+  // Guard internals, called by StepScope.
+  bool TryBeginStep();
+  void EndStep();
+  // After a successful step: the first one of each generation is announced in the store
+  // (rdzv/gen/<g>/resumed/<rank>), which is how a launcher times a recovery. One compare otherwise.
+  void NoteStepSucceeded(int64_t step) {
+    consecutive_failures_ = 0;
+    // Past the step whose failure last caused a rollback: the fault did not recur.
+    if (step > rollback_failed_step_) ForgetRollbacks();
+    if (announced_generation_ != generation_.load(std::memory_order_relaxed)) AnnounceResumed(step);
+  }
+  // Checkpoint policy, on the training thread: after a successful step, and at a guard's entry
+  // (fences a snapshot still being copied).
+  void MaybeCheckpoint(int64_t step) {
+    if (options_.checkpoint_every_steps > 0 || options_.checkpoint_every_seconds > 0) {
+      MaybeCheckpointSlow(step);
+    }
+  }
+  void MaybeCheckpointSlow(int64_t step);
+  void FenceSnapshot() {
+    if (snapshot_unfenced_) FenceSnapshotSlow();
+  }
+  void FenceSnapshotSlow();
+  FiniteChecker* finite_checker();
+  // The detector behind Step::CheckLoss (created at the first call, from the loss_spike_* options).
+  LossSpikeDetector& loss_spike_detector();
+  // Writes the kStepFault event of a failed step; marks the runtime fatal after a fatal device
+  // error.
+  void RecordStepFault(const StepResult& result);
+  const std::string& fatal_reason() const { return fatal_reason_; }
+
+  Heartbeat& mutable_heartbeat() { return heartbeat_; }
+  const std::vector<StepObserver*>& observers() const { return observers_; }
+  // The checker of Step::CheckFinite's device buffers, if one was created (nullptr otherwise).
+  FiniteChecker* existing_finite_checker() const { return finite_checker_.get(); }
+
+ private:
+  // The parts of Create() after construction.
+  absl::Status ConnectStore();
+  absl::Status JoinRendezvous();
+  absl::Status OpenEvents();
+  // Meets the ranks in the next generation; `offered_step` is the step this rank's state is ready
+  // to run (-1: no usable state).
+  absl::StatusOr<int64_t> ReRendezvous(const StepResult& result, int64_t offered_step);
+  // In the generation adopted last: restores (when checkpointing), builds the communicator and
+  // syncs the state; when building or syncing fails and the job has a store, re-rendezvous and
+  // tries again (bounded). `step` is where the generation's plan says to resume.
+  absl::StatusOr<int64_t> EnterGeneration(int64_t step, int64_t failed_step,
+                                          RecoveryReport& report);
+  // How one try of entering a generation failed.
+  enum class EntryFailure {
+    kFinal,              // an error to return (a restore failure)
+    kRetry,              // building or syncing failed: try in the next generation
+    kRetryWithoutState,  // the same, and a failed broadcast left this rank's state undefined
+    kStopJob,            // the job cannot go on (its state is lost)
+  };
+  // One try of the above, in the current generation. *ready_step: the step this rank's state is
+  // ready to run after the try (what it offers in the next generation).
+  absl::StatusOr<int64_t> TryEnterGeneration(int64_t step, RecoveryReport& report,
+                                             EntryFailure* failure, int64_t* ready_step);
+  absl::Status BuildCommunicator();
+  absl::Status BroadcastState(int root);
+  // Returns the FailedPrecondition of a give-up that stops the job, after publishing `reason` as
+  // job/stop (first writer wins; best effort).
+  absl::Status StopJob(const std::string& reason, RecoveryReport& report);
+  absl::StatusOr<int64_t> RecoverOnce(const StepResult& result, RecoveryReport& report);
+  void ReportRecovery(const StepResult* result, RecoveryReport& report);
+  void MarkFatal(std::string reason);
+
+  void ForgetRollbacks();
+  void AnnounceResumed(int64_t step);
+  absl::Status EnsureCheckpointer();
+  absl::StatusOr<int64_t> Rollback(const StepResult& result, RecoveryReport& report);
+  // Detection internals.
+  absl::Status StartDetection();
+  void OnHang(const HangReport& report);
+  // Dumps the ring and every thread's stack; returns the dump's path ("" if it failed).
+  std::string DumpEvidence(const std::string& reason, std::string* stacks_out);
+  void WatchPeerHangs();  // and SIGUSR2 dump requests, and publishes this rank's progress
+  // The watcher thread's period (shorter when watchdog_peer_progress_ms is).
+  static constexpr absl::Duration kWatcherPeriod = absl::Milliseconds(250);
+  // Watcher thread: writes this rank's progress record (sdk/runtime/peer_progress.h) when it
+  // changed and watchdog_peer_progress_ms has passed since the last one.
+  void PublishProgress();
+  // The watchdog's peer_progress question (watchdog.h), answered from the peers' records.
+  std::optional<std::string> ExplainPeerWait(const InFlightCollective& waiting_in);
+  // Store key hang/gen<G>/dumped/<rank>: this rank has dumped generation G's hang.
+  void AcknowledgeHangDump(int64_t generation, const std::string& path);
+  // Bounded polling (hang_dump_wait_ms) until every rank acknowledged its dump of `generation`.
+  void AwaitHangDumps(int64_t generation);
+  const Options options_;
+  const Topology topology_;
+  const std::string run_dir_;
+  Env* const env_;
+  Clock* const clock_;
+  std::unique_ptr<EventLog> events_;
+  std::unique_ptr<Store> owned_store_;
+  Store* store_ = nullptr;
+  std::unique_ptr<RendezvousMember> member_;
+  Membership membership_;
+  std::optional<RecoveryPlan> recovery_plan_;
+  int rank_ = 0;
+  int64_t resume_step_ = 0;
+  std::atomic<int64_t> generation_{0};
+  int64_t announced_generation_ = -1;  // training thread only
+  Heartbeat heartbeat_;
+  std::vector<StepObserver*> observers_;
+  std::atomic<bool> step_active_{false};
+  std::atomic<bool> fatal_{false};
+  std::string fatal_reason_;  // written once before fatal_ is set
+  int consecutive_failures_ = 0;
+  int64_t first_failed_step_ = -1;  // the first step of the current run of failures
+  // Rollbacks to the same committed step (training thread only): the step, how many, the failed
+  // step that caused the last one (kNoRollback when none), and whether batches were skipped.
+  static constexpr int64_t kNoRollback = INT64_MAX;
+  int64_t rollback_step_ = -1;
+  int rollbacks_to_step_ = 0;
+  int64_t rollback_failed_step_ = kNoRollback;
+  bool skipped_batches_ = false;
+  bool started_ = false;
+  CommunicatorFactory communicator_factory_;
+  // Shared with the abort hook registered in collectives_, which the watchdog thread may be
+  // running while the training thread lets go of it. Its deleter also owns the generation's
+  // PrefixStore (CommunicatorSpec::store), destroyed after the communicator.
+  std::shared_ptr<Communicator> communicator_;
+  uint64_t communicator_id_ = 0;  // registered in collectives_; 0: none
+  StateRegistry state_;
+  bool checkpointing_ = false;
+  bool snapshot_unfenced_ = false;  // training thread only
+  int64_t last_checkpoint_ns_ = 0;
+  std::string last_restore_source_;
+  std::unique_ptr<FlightRecorder> flight_recorder_;
+  std::unique_ptr<CollectiveTracker> collectives_;
+  std::unique_ptr<FiniteChecker> finite_checker_;         // created at the first device check
+  std::optional<LossSpikeDetector> loss_spike_detector_;  // created at the first CheckLoss
+  std::atomic<int64_t> hang_dumps_{0};
+  Mutex dump_mu_;                   // one dump at a time (the watchdog's, the peer watcher's)
+  int64_t dumped_generation_ = -1;  // guarded by dump_mu_: a generation's hang is dumped once
+  Mutex watcher_mu_;
+  bool stop_watcher_ = false;  // guarded by watcher_mu_
+  // Watcher thread only: when PublishProgress last wrote a record, and what it said.
+  struct PublishedProgress {
+    int64_t written_ns = 0;        // clock_->MonotonicNanos() when written
+    int64_t last_progress_ns = 0;  // the watchdog's last_progress_ns() it reported
+    std::vector<std::pair<uint64_t, int64_t>> begun;
+    int64_t generation = -1;
+  };
+  PublishedProgress published_;
+  // Watchdog thread only: the collective whose postponement was last written as an event.
+  uint64_t excused_collective_ = 0;
+  std::thread peer_hang_watcher_;
+  // Its thread calls OnHang, which uses everything above: destroyed before them.
+  std::unique_ptr<Watchdog> watchdog_;
+  // watchdog_.get(), set once before the hang callbacks are registered: they read it on the
+  // watchdog's own thread, also while ~Runtime is resetting watchdog_ (which joins that thread).
+  Watchdog* phase_watchdog_ = nullptr;
+  // Last: its worker thread uses the store and the event log, so it is destroyed first.
+  std::unique_ptr<Checkpointer> checkpointer_;
+};
+
+}  // namespace trainguard
+
+#endif  // TRAINGUARD_SDK_RUNTIME_RUNTIME_IMPL_H_
