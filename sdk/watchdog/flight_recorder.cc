@@ -46,6 +46,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "sdk/core/errno_error.h"
+#include "sdk/core/scoped_fd.h"
 #include "sdk/proto/flight_recorder.pb.h"
 #include "trainguard/env.h"
 
@@ -125,10 +127,7 @@ uint64_t RecordWord(const FlightRecord& record, size_t i) {
   return word;
 }
 
-absl::Status ErrnoError(int error, std::string_view name, const char* operation) {
-  return ErrnoToStatus(error,
-                       absl::StrFormat("flight recorder segment %s: %s", name, operation));
-}
+constexpr std::string_view kSegment = "flight recorder segment";
 
 absl::Status CheckJobId(std::string_view job_id, int rank) {
   if (job_id.empty() || job_id.find('/') != std::string_view::npos || job_id.size() > 200) {
@@ -172,21 +171,6 @@ std::vector<FlightRecord> CopyRecords(const void* segment, uint64_t capacity) {
   }
   return records;
 }
-
-// Closes a descriptor on scope exit.
-class ScopedFd {
- public:
-  explicit ScopedFd(int fd) : fd_(fd) {}
-  ~ScopedFd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  ScopedFd(const ScopedFd&) = delete;
-  ScopedFd& operator=(const ScopedFd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 std::string DirName(const std::string& path) {
   const size_t slash = path.rfind('/');
@@ -243,16 +227,16 @@ absl::StatusOr<std::unique_ptr<FlightRecorder>> FlightRecorder::Create(std::stri
   int raw_fd = -1;
   for (int attempt = 0; attempt < 5 && raw_fd < 0; ++attempt) {
     if (shm_unlink(name.c_str()) != 0 && errno != ENOENT) {
-      return ErrnoError(errno, name, "shm_unlink (stale segment)");
+      return ErrnoError(errno, kSegment, name, "shm_unlink (stale segment)");
     }
     raw_fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
     if (raw_fd < 0 && errno != EEXIST) break;
   }
   ScopedFd fd(raw_fd);
-  if (fd.get() < 0) return ErrnoError(errno, name, "shm_open (create)");
+  if (fd.get() < 0) return ErrnoError(errno, kSegment, name, "shm_open (create)");
   auto fail = [&](int error, const char* operation) {
     shm_unlink(name.c_str());
-    return ErrnoError(error, name, operation);
+    return ErrnoError(error, kSegment, name, operation);
   };
   // shm_open applies the umask; the mode is part of the contract (records name ops and peers).
   if (fchmod(fd.get(), 0600) != 0) return fail(errno, "fchmod");
@@ -333,7 +317,7 @@ std::string FlightRecorder::SegmentName(std::string_view job_id, int rank) {
 absl::Status FlightRecorder::Remove(std::string_view job_id, int rank) {
   if (absl::Status s = CheckJobId(job_id, rank); !s.ok()) return s;
   const std::string name = SegmentName(job_id, rank);
-  if (shm_unlink(name.c_str()) != 0) return ErrnoError(errno, name, "shm_unlink");
+  if (shm_unlink(name.c_str()) != 0) return ErrnoError(errno, kSegment, name, "shm_unlink");
   return absl::OkStatus();
 }
 
@@ -341,9 +325,9 @@ absl::StatusOr<FlightRecorderContents> ReadFlightRecorder(std::string_view job_i
   if (absl::Status s = CheckJobId(job_id, rank); !s.ok()) return s;
   const std::string name = FlightRecorder::SegmentName(job_id, rank);
   ScopedFd fd(shm_open(name.c_str(), O_RDONLY, 0));
-  if (fd.get() < 0) return ErrnoError(errno, name, "shm_open (read)");
+  if (fd.get() < 0) return ErrnoError(errno, kSegment, name, "shm_open (read)");
   struct stat st;
-  if (fstat(fd.get(), &st) != 0) return ErrnoError(errno, name, "fstat");
+  if (fstat(fd.get(), &st) != 0) return ErrnoError(errno, kSegment, name, "fstat");
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (size < kHeaderBytes) {
     return absl::DataLossError(absl::StrFormat(
@@ -352,7 +336,7 @@ absl::StatusOr<FlightRecorderContents> ReadFlightRecorder(std::string_view job_i
         name, size, kHeaderBytes));
   }
   void* base = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd.get(), 0);
-  if (base == MAP_FAILED) return ErrnoError(errno, name, "mmap");
+  if (base == MAP_FAILED) return ErrnoError(errno, kSegment, name, "mmap");
   struct Unmap {
     void* base;
     size_t size;
