@@ -22,6 +22,7 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
+#include "sdk/core/job_id.h"
 #include "sdk/proto/options.pb.h"
 #include "trainguard/env.h"
 
@@ -339,27 +340,6 @@ absl::Status CheckAtLeast(absl::string_view field, int value, int minimum) {
   return absl::OkStatus();
 }
 
-// The job id becomes a path component and a shared-memory segment name.
-absl::Status CheckJobId(const std::string& job_id) {
-  if (job_id.empty()) {
-    return absl::InvalidArgumentError(
-        "job_id must not be empty (it names the job's files and shared-memory segments)");
-  }
-  if (job_id == "." || job_id == "..") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("job_id \"", job_id, "\" is not allowed (it would name a directory)"));
-  }
-  for (size_t i = 0; i < job_id.size(); ++i) {
-    const char c = job_id[i];
-    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') {
-      return absl::InvalidArgumentError(absl::StrCat("job_id \"", job_id, "\" has character '",
-                                                     absl::string_view(&c, 1), "' at position ", i,
-                                                     "; allowed are A-Z a-z 0-9 . _ -"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CheckRanks(const Options& options) {
   if (absl::Status s = CheckAtLeast("world_size", options.world_size, 1); !s.ok()) {
     return s;
@@ -608,7 +588,7 @@ absl::Status Options::Validate() const {
   if (absl::Status status = CheckParallelDegrees(*this); !status.ok()) {
     return status;
   }
-  if (absl::Status status = CheckJobId(job_id); !status.ok()) {
+  if (absl::Status status = ValidateJobId(job_id); !status.ok()) {
     return status;
   }
   if (absl::Status status =

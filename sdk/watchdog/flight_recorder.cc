@@ -47,6 +47,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "sdk/core/errno_error.h"
+#include "sdk/core/job_id.h"
 #include "sdk/core/scoped_fd.h"
 #include "sdk/proto/flight_recorder.pb.h"
 #include "trainguard/env.h"
@@ -130,9 +131,8 @@ uint64_t RecordWord(const FlightRecord& record, size_t i) {
 constexpr std::string_view kSegment = "flight recorder segment";
 
 absl::Status CheckJobId(std::string_view job_id, int rank) {
-  if (job_id.empty() || job_id.find('/') != std::string_view::npos || job_id.size() > 200) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "flight recorder: job id \"%s\" must be 1 to 200 characters without '/'", job_id));
+  if (absl::Status s = ValidateJobId(job_id); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("flight recorder: ", s.message()));
   }
   if (rank < 0) {
     return absl::InvalidArgumentError(absl::StrFormat("flight recorder: rank %d < 0", rank));
