@@ -23,6 +23,7 @@
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "sdk/core/job_id.h"
+#include "sdk/core/parallel_shape.h"
 #include "sdk/proto/options.pb.h"
 #include "trainguard/env.h"
 
@@ -364,26 +365,6 @@ absl::Status CheckRanks(const Options& options) {
                       "local_world_size");
 }
 
-absl::Status CheckParallelDegrees(const Options& options) {
-  if (absl::Status s = CheckAtLeast("tp", options.tp, 1); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = CheckAtLeast("cp", options.cp, 1); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = CheckAtLeast("pp", options.pp, 1); !s.ok()) {
-    return s;
-  }
-  // In 64 bits: the product of three int degrees can overflow int.
-  const int64_t model_parallel = int64_t{options.tp} * options.cp * options.pp;
-  if (options.world_size % model_parallel != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "world_size ", options.world_size, " is not divisible by tp*cp*pp = ", model_parallel,
-        " (tp=", options.tp, ", cp=", options.cp, ", pp=", options.pp, ")"));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CheckCheckpointAndWatchdog(const Options& options) {
   if (absl::Status s = CheckAtLeast("checkpoint_every_steps", options.checkpoint_every_steps, 0); !s.ok()) {
     return s;
@@ -585,7 +566,7 @@ absl::Status Options::Validate() const {
   if (absl::Status status = CheckRanks(*this); !status.ok()) {
     return status;
   }
-  if (absl::Status status = CheckParallelDegrees(*this); !status.ok()) {
+  if (absl::Status status = CheckParallelShape(world_size, tp, cp, pp); !status.ok()) {
     return status;
   }
   if (absl::Status status = ValidateJobId(job_id); !status.ok()) {
