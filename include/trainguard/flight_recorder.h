@@ -137,6 +137,11 @@ struct FlightRecorderDump {
   int64_t dumped_monotonic_ns = 0;  // CLOCK_MONOTONIC then, to compare with the records' time_ns
 };
 
+// `dump` as one line of JSON: the trainguard.proto.FlightRecorderDump that WriteFlightRecorderDump
+// would write, in the proto3 JSON mapping (docs/FORMATS.md, "JSON output"), as
+// `trainguard flight-recorder show --json` prints it.
+absl::StatusOr<std::string> FlightRecorderDumpToJson(const FlightRecorderDump& dump);
+
 // Reads a file written by WriteFlightRecorderDump. NotFound when it does not exist; DataLoss naming
 // the file when it is not a flight recorder dump.
 absl::StatusOr<FlightRecorderDump> ReadFlightRecorderDump(const std::string& path);

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "sdk/core/proto_json.h"
 #include "sdk/proto/event.pb.h"
 #include "trainguard/env.h"
 #include "trainguard/events.h"
@@ -159,6 +160,10 @@ std::string_view Event::Attribute(std::string_view key) const {
     if (k == key) return v;
   }
   return {};
+}
+
+absl::StatusOr<std::string> EventToJson(const Event& event) {
+  return ProtoToJson(ToProto(event));
 }
 
 std::string EventLogPath(std::string_view run_dir, int rank) {

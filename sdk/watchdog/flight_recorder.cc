@@ -48,6 +48,7 @@
 #include "absl/strings/str_join.h"
 #include "sdk/core/errno_error.h"
 #include "sdk/core/job_id.h"
+#include "sdk/core/proto_json.h"
 #include "sdk/core/scoped_fd.h"
 #include "sdk/proto/flight_recorder.pb.h"
 #include "trainguard/env.h"
@@ -386,13 +387,14 @@ absl::StatusOr<FlightRecorderContents> ReadFlightRecorder(std::string_view job_i
   return contents;
 }
 
-absl::Status WriteFlightRecorderDump(const FlightRecorderContents& contents, int rank,
-                                     const std::vector<std::pair<std::string, std::string>>& extra,
-                                     const std::string& path) {
+namespace {
+
+proto::FlightRecorderDump ToProto(const FlightRecorderDump& in) {
+  const FlightRecorderContents& contents = in.contents;
   proto::FlightRecorderDump dump;
   dump.set_format_version(kDumpFormatVersion);
   dump.set_segment(contents.segment);
-  dump.set_rank(rank);
+  dump.set_rank(in.rank);
   dump.set_writer_pid(contents.writer_pid);
   dump.set_capacity(static_cast<uint32_t>(contents.capacity));
   dump.set_next_seq(contents.next_seq);
@@ -411,15 +413,33 @@ absl::Status WriteFlightRecorderDump(const FlightRecorderContents& contents, int
     p->set_value(r.value);
     p->set_name(std::string(r.Name()));
   }
-  for (const auto& [key, value] : extra) {
+  for (const auto& [key, value] : in.evidence) {
     proto::DumpEvidence* e = dump.add_evidence();
     e->set_key(key);
     e->set_value(value);
   }
-  dump.set_dumped_unix_micros(absl::ToUnixMicros(absl::Now()));
-  dump.set_dumped_monotonic_ns(MonotonicNanos());
+  dump.set_dumped_unix_micros(absl::ToUnixMicros(in.dumped_at));
+  dump.set_dumped_monotonic_ns(in.dumped_monotonic_ns);
+  return dump;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> FlightRecorderDumpToJson(const FlightRecorderDump& dump) {
+  return ProtoToJson(ToProto(dump));
+}
+
+absl::Status WriteFlightRecorderDump(const FlightRecorderContents& contents, int rank,
+                                     const std::vector<std::pair<std::string, std::string>>& extra,
+                                     const std::string& path) {
+  FlightRecorderDump in;
+  in.rank = rank;
+  in.contents = contents;
+  in.evidence = extra;
+  in.dumped_at = absl::Now();
+  in.dumped_monotonic_ns = MonotonicNanos();
   std::string bytes;
-  if (!dump.SerializeToString(&bytes)) {
+  if (!ToProto(in).SerializeToString(&bytes)) {
     return absl::InternalError(absl::StrFormat("flight recorder dump %s: cannot serialize", path));
   }
 
