@@ -159,7 +159,7 @@ int ShowSegment(const FlightRecorderArgs& a) {
     dump.dumped_at = absl::Now();
     dump.dumped_monotonic_ns = now;
     return PrintJson(FlightRecorderDumpToJson(dump), "flight-recorder show") ? kExitOk
-                                                                              : kExitDataError;
+                                                                             : kExitDataError;
   }
   absl::PrintF(
       "segment %s: rank %d, writer pid %d (%s), capacity %d, next seq %d, %d records, %d dropped\n",
@@ -188,7 +188,7 @@ int ShowFile(const FlightRecorderArgs& a) {
     FlightRecorderDump shown = *d;
     shown.contents.records = records;
     return PrintJson(FlightRecorderDumpToJson(shown), "flight-recorder show") ? kExitOk
-                                                                               : kExitDataError;
+                                                                              : kExitDataError;
   }
   absl::PrintF(
       "dump %s of segment %s: rank %d, writer pid %d, capacity %d, next seq %d, %d records, "

@@ -162,9 +162,7 @@ std::string_view Event::Attribute(std::string_view key) const {
   return {};
 }
 
-absl::StatusOr<std::string> EventToJson(const Event& event) {
-  return ProtoToJson(ToProto(event));
-}
+absl::StatusOr<std::string> EventToJson(const Event& event) { return ProtoToJson(ToProto(event)); }
 
 std::string EventLogPath(std::string_view run_dir, int rank) {
   return absl::StrFormat("%s/events/rank-%05d.tgev", run_dir, rank);

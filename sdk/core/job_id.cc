@@ -19,9 +19,8 @@ absl::Status ValidateJobId(std::string_view id) {
   }
   if (job_id.size() > kMaxJobIdBytes) {
     // Not quoted: it may be a megabyte from a hostile peer.
-    return absl::InvalidArgumentError(absl::StrCat("job_id has ", job_id.size(),
-                                                   " characters; at most ", kMaxJobIdBytes,
-                                                   " are allowed"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job_id has ", job_id.size(), " characters; at most ", kMaxJobIdBytes, " are allowed"));
   }
   if (job_id == "." || job_id == "..") {
     return absl::InvalidArgumentError(

@@ -123,10 +123,9 @@ absl::Status CheckParallelShape(int world_size, int tp, int cp, int pp) {
   // world_size.
   const int64_t model_parallel = int64_t{tp} * cp * pp;
   if (world_size % model_parallel != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("world_size ", world_size,
-                                                   " is not divisible by tp*cp*pp = ",
-                                                   model_parallel, " (tp=", tp, ", cp=", cp,
-                                                   ", pp=", pp, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size ", world_size, " is not divisible by tp*cp*pp = ", model_parallel,
+                     " (tp=", tp, ", cp=", cp, ", pp=", pp, ")"));
   }
   return absl::OkStatus();
 }

@@ -5,7 +5,6 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
-
 namespace trainguard::store_auth {
 
 absl::StatusOr<std::string> NewNonce() {

@@ -46,8 +46,8 @@ TEST(JobId, RefusalsNameTheReason) {
 
 TEST(JobId, EveryComponentRefusesTheSameIds) {
   StateRegistry registry;
-  for (const std::string& id :
-       std::vector<std::string>{"", "..", "a/b", "a:b", "a b", std::string(kMaxJobIdBytes + 1, 'x')}) {
+  for (const std::string& id : std::vector<std::string>{"", "..", "a/b", "a:b", "a b",
+                                                        std::string(kMaxJobIdBytes + 1, 'x')}) {
     SCOPED_TRACE(absl::StrCat("job id \"", id, "\""));
     Options options;
     options.job_id = id;
