@@ -11,6 +11,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "sdk/checkpoint/persister.h"
+#include "tools/cli_output.pb.h"
+#include "tools/print_json.h"
 #include "trainguard/env.h"
 
 namespace trainguard::tools {
@@ -29,21 +31,6 @@ struct CkptArgs {
   std::optional<int64_t> step;
   bool json = false;
 };
-
-std::string Json(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      out += absl::StrFormat("\\u%04x", c);
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
 
 std::string HumanBytes(uint64_t bytes) {
   if (bytes >= (1ull << 30)) return absl::StrFormat("%.2f GiB", bytes / double(1ull << 30));
@@ -87,14 +74,15 @@ int List(const CkptArgs& a, const std::vector<ShardRecord>& shards) {
     steps[r.step].bytes += r.payload_bytes;
   }
   if (a.json) {
-    std::vector<std::string> items;
+    cli::CkptList list;
+    list.set_dir(a.dir);
     for (const auto& [step, s] : steps) {
-      items.push_back(absl::StrFormat(R"({"step":%d,"ranks":[%s],"payload_bytes":%d})", step,
-                                      absl::StrJoin(s.ranks, ","), s.bytes));
+      cli::CkptList::Step* item = list.add_steps();
+      item->set_step(step);
+      item->mutable_ranks()->Add(s.ranks.begin(), s.ranks.end());
+      item->set_payload_bytes(s.bytes);
     }
-    absl::PrintF("{\"dir\":%s,\"steps\":[%s]}\n", Json(a.dir).c_str(),
-                 absl::StrJoin(items, ",").c_str());
-    return kExitOk;
+    return PrintJson(list, "ckpt list") ? kExitOk : kExitDataError;
   }
   if (steps.empty()) absl::PrintF("no committed checkpoint shards in %s\n", a.dir.c_str());
   for (const auto& [step, s] : steps) {
@@ -112,16 +100,21 @@ int Inspect(const CkptArgs& a, const std::vector<ShardRecord>& shards) {
     return kExitDataError;
   }
   const int64_t step = shards.back().step;
-  std::vector<std::string> items;
+  cli::CkptInspect inspect;
+  inspect.set_dir(a.dir);
+  inspect.set_step(step);
   if (!a.json) absl::PrintF("step %d\n", step);
   for (const ShardRecord& r : shards) {
     if (r.step != step) continue;
     if (a.json) {
-      items.push_back(
-          absl::StrFormat(R"({"rank":%d,"generation":%d,"layout_hash":"%016x","payload_bytes":%d,)"
-                          R"("chunk_bytes":%d,"chunk_count":%d,"file":%s})",
-                          r.rank, r.generation, r.layout_hash, r.payload_bytes, r.chunk_bytes,
-                          r.chunk_checksums.size(), Json(r.shard_path)));
+      cli::CkptInspect::Shard* shard = inspect.add_shards();
+      shard->set_rank(r.rank);
+      shard->set_generation(r.generation);
+      shard->set_layout_hash(absl::StrFormat("%016x", r.layout_hash));
+      shard->set_payload_bytes(r.payload_bytes);
+      shard->set_chunk_bytes(r.chunk_bytes);
+      shard->set_chunk_count(static_cast<uint32_t>(r.chunk_checksums.size()));
+      shard->set_file(r.shard_path);
     } else {
       absl::PrintF("  rank %d: generation %d, layout hash %016x, %s in %d chunks of %s, %s\n",
                    r.rank, r.generation, r.layout_hash, HumanBytes(r.payload_bytes).c_str(),
@@ -129,10 +122,7 @@ int Inspect(const CkptArgs& a, const std::vector<ShardRecord>& shards) {
                    r.shard_path.c_str());
     }
   }
-  if (a.json) {
-    absl::PrintF("{\"dir\":%s,\"step\":%d,\"shards\":[%s]}\n", Json(a.dir).c_str(), step,
-                 absl::StrJoin(items, ",").c_str());
-  }
+  if (a.json && !PrintJson(inspect, "ckpt inspect")) return kExitDataError;
   return kExitOk;
 }
 
@@ -155,14 +145,18 @@ int Verify(const CkptArgs& a, const std::vector<ShardRecord>& shards) {
       absl::FPrintF(stderr, "verify: %s of %s (%d%%)\n", done_text, total_text, percent);
     }
   };
-  std::vector<std::string> bad;  // JSON objects
+  cli::CkptVerify verify;
   int bad_count = 0;
   auto corrupt = [&](const ShardRecord& r, uint64_t offset, const std::string& what) {
     ++bad_count;
     if (a.json) {
-      bad.push_back(absl::StrFormat(
-          R"({"file":%s,"payload_offset":%d,"file_offset":%d,"rank":%d,"step":%d,"what":%s})",
-          Json(r.shard_path), offset, offset + kShardHeaderBytes, r.rank, r.step, Json(what)));
+      cli::CkptVerify::Corrupt* bad = verify.add_corrupt();
+      bad->set_file(r.shard_path);
+      bad->set_payload_offset(offset);
+      bad->set_file_offset(offset + kShardHeaderBytes);
+      bad->set_rank(r.rank);
+      bad->set_step(r.step);
+      bad->set_what(what);
     } else {
       absl::PrintF("CORRUPT %s payload offset %d (file offset %d) rank %d step %d: %s\n",
                    r.shard_path.c_str(), offset, offset + kShardHeaderBytes, r.rank, r.step,
@@ -180,10 +174,11 @@ int Verify(const CkptArgs& a, const std::vector<ShardRecord>& shards) {
   }
   if (tty && report) absl::FPrintF(stderr, "\n");
   if (a.json) {
-    absl::PrintF(
-        "{\"dir\":%s,\"shards_checked\":%d,\"bytes_checked\":%d,\"ok\":%s,\"corrupt\":[%s]}\n",
-        Json(a.dir).c_str(), shards.size(), total, bad_count == 0 ? "true" : "false",
-        absl::StrJoin(bad, ",").c_str());
+    verify.set_dir(a.dir);
+    verify.set_shards_checked(static_cast<uint32_t>(shards.size()));
+    verify.set_bytes_checked(total);
+    verify.set_ok(bad_count == 0);
+    if (!PrintJson(verify, "ckpt verify")) return kExitDataError;
   } else {
     absl::PrintF("%s: %d shard%s, %s checked, %d corrupt\n", bad_count == 0 ? "OK" : "FAILED",
                  shards.size(), shards.size() == 1 ? "" : "s", HumanBytes(total).c_str(),

@@ -13,13 +13,13 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "sdk/watchdog/flight_recorder.h"
 #include "sdk/watchdog/hang_diagnosis.h"
+#include "tools/cli_output.pb.h"
+#include "tools/print_json.h"
 
 namespace trainguard::tools {
 namespace {
@@ -39,23 +39,6 @@ struct FlightRecorderArgs {
   std::optional<int> generation;
   bool json = false;
 };
-
-std::string Json(std::string_view s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (c < 0x20) {
-      out += absl::StrFormat("\\u%04x", c);
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
 
 std::optional<FlightRecorderArgs> Parse(const std::vector<std::string>& args) {
   FlightRecorderArgs a;
@@ -137,14 +120,6 @@ std::string WriterState(int pid) {
   }
 }
 
-std::string RecordJson(const FlightRecord& r) {
-  return absl::StrFormat(
-      R"({"seq":%d,"time_ns":%d,"step":%d,"type":%s,"flags":%d,"peer":%d,"comm_id":%d,)"
-      R"("comm_seq":%d,"bytes":%d,"value":%d,"name":%s})",
-      r.seq, r.time_ns, r.step, Json(FlightRecordTypeName(r.type)), r.flags, r.peer, r.comm_id,
-      r.comm_seq, r.bytes, r.value, Json(r.Name()));
-}
-
 constexpr char kRecordHeading[] =
     "     SEQ        T-LAST      STEP  TYPE              NAME                      COMM/SEQ"
     "                 BYTES   PEER  VALUE\n";
@@ -165,12 +140,6 @@ std::vector<FlightRecord> LastRecords(const FlightRecorderArgs& a,
   return std::vector<FlightRecord>(records.end() - *a.last, records.end());
 }
 
-std::string RecordsJson(const std::vector<FlightRecord>& records) {
-  std::vector<std::string> items;
-  for (const FlightRecord& r : records) items.push_back(RecordJson(r));
-  return absl::StrJoin(items, ",");
-}
-
 int ShowSegment(const FlightRecorderArgs& a) {
   absl::StatusOr<FlightRecorderContents> c = ReadFlightRecorder(a.job, *a.rank);
   const int64_t now = MonotonicNanos();
@@ -181,12 +150,16 @@ int ShowSegment(const FlightRecorderArgs& a) {
   const std::vector<FlightRecord> records = LastRecords(a, c->records);
   const std::string state = WriterState(c->writer_pid);
   if (a.json) {
-    absl::PrintF(R"({"segment":%s,"rank":%d,"writer_pid":%d,"writer_state":%s,"capacity":%d,)"
-                 R"("next_seq":%d,"records":[%s],"dropped":%d})"
-                 "\n",
-                 Json(c->segment), *a.rank, c->writer_pid, Json(state), c->capacity, c->next_seq,
-                 RecordsJson(records), c->dropped);
-    return kExitOk;
+    // What `dump` would write now, read back.
+    FlightRecorderDump dump;
+    dump.rank = *a.rank;
+    dump.contents = *c;
+    dump.contents.records = records;
+    dump.evidence = {{"writer_state", state}};
+    dump.dumped_at = absl::Now();
+    dump.dumped_monotonic_ns = now;
+    return PrintJson(FlightRecorderDumpToJson(dump), "flight-recorder show") ? kExitOk
+                                                                             : kExitDataError;
   }
   absl::PrintF(
       "segment %s: rank %d, writer pid %d (%s), capacity %d, next seq %d, %d records, %d dropped\n",
@@ -212,18 +185,10 @@ int ShowFile(const FlightRecorderArgs& a) {
   const std::string dumped_at =
       absl::FormatTime(absl::RFC3339_full, d->dumped_at, absl::UTCTimeZone());
   if (a.json) {
-    std::vector<std::string> evidence;
-    for (const auto& [key, value] : d->evidence) {
-      evidence.push_back(absl::StrFormat(R"({"key":%s,"value":%s})", Json(key), Json(value)));
-    }
-    absl::PrintF(R"({"file":%s,"segment":%s,"rank":%d,"writer_pid":%d,"capacity":%d,"next_seq":%d,)"
-                 R"("dropped":%d,"dumped_at":%s,"dumped_monotonic_ns":%d,"records":[%s],)"
-                 R"("evidence":[%s]})"
-                 "\n",
-                 Json(a.file), Json(c.segment), d->rank, c.writer_pid, c.capacity, c.next_seq,
-                 c.dropped, Json(dumped_at), d->dumped_monotonic_ns, RecordsJson(records),
-                 absl::StrJoin(evidence, ","));
-    return kExitOk;
+    FlightRecorderDump shown = *d;
+    shown.contents.records = records;
+    return PrintJson(FlightRecorderDumpToJson(shown), "flight-recorder show") ? kExitOk
+                                                                              : kExitDataError;
   }
   absl::PrintF(
       "dump %s of segment %s: rank %d, writer pid %d, capacity %d, next seq %d, %d records, "
@@ -299,8 +264,6 @@ int Remove(const FlightRecorderArgs& a) {
   return rc;
 }
 
-std::string IntsJson(const std::vector<int>& v) { return absl::StrCat("[", absl::StrJoin(v, ","), "]"); }
-
 // Reads the dumps in a run's flight_recorder directory (and, with --job, the live rings of ranks
 // that wrote none) and names the suspects (hang_diagnosis.h).
 int Diagnose(const FlightRecorderArgs& a) {
@@ -329,27 +292,30 @@ int Diagnose(const FlightRecorderArgs& a) {
     absl::PrintF("%s\n", d.ToString());
     return kExitOk;
   }
-  std::vector<std::string> laggards, groups;
+  cli::HangDiagnosisReport report;
+  report.set_dir(dir);
+  report.set_generation(d.generation);
+  report.mutable_suspects()->Add(d.suspects.begin(), d.suspects.end());
+  report.mutable_dumped()->Add(d.dumped.begin(), d.dumped.end());
+  report.mutable_missing()->Add(d.missing.begin(), d.missing.end());
   for (const LaggardReport& r : d.laggards) {
-    laggards.push_back(absl::StrFormat(
-        R"({"comm_id":%d,"comm_seq":%d,"op":%s,"laggards":%s,"waiting":%s,"text":%s})", r.comm_id,
-        r.comm_seq, Json(r.op), IntsJson(r.laggards), IntsJson(r.waiting), Json(r.ToString())));
+    cli::HangDiagnosisReport::Laggard* laggard = report.add_laggards();
+    laggard->set_comm_id(r.comm_id);
+    laggard->set_comm_seq(r.comm_seq);
+    laggard->set_op(r.op);
+    laggard->mutable_laggards()->Add(r.laggards.begin(), r.laggards.end());
+    laggard->mutable_waiting()->Add(r.waiting.begin(), r.waiting.end());
+    laggard->set_text(r.ToString());
   }
+  report.mutable_stack_outliers()->Add(d.stack_outliers.begin(), d.stack_outliers.end());
   for (const StackGroup& g : d.stack_groups) {
-    std::vector<std::string> modules, frames;
-    for (const std::string& m : g.modules) modules.push_back(Json(m));
-    for (const std::string& f : g.frames) frames.push_back(Json(f));
-    groups.push_back(absl::StrFormat(R"({"ranks":%s,"modules":[%s],"frames":[%s]})",
-                                     IntsJson(g.ranks), absl::StrJoin(modules, ","),
-                                     absl::StrJoin(frames, ",")));
+    cli::HangDiagnosisReport::StackGroup* group = report.add_stack_groups();
+    group->mutable_ranks()->Add(g.ranks.begin(), g.ranks.end());
+    group->mutable_modules()->Add(g.modules.begin(), g.modules.end());
+    group->mutable_frames()->Add(g.frames.begin(), g.frames.end());
   }
-  absl::PrintF(R"({"dir":%s,"generation":%d,"suspects":%s,"dumped":%s,"missing":%s,)"
-               R"("laggards":[%s],"stack_outliers":%s,"stack_groups":[%s],"text":%s})"
-               "\n",
-               Json(dir), d.generation, IntsJson(d.suspects), IntsJson(d.dumped),
-               IntsJson(d.missing), absl::StrJoin(laggards, ","), IntsJson(d.stack_outliers),
-               absl::StrJoin(groups, ","), Json(d.ToString()));
-  return kExitOk;
+  report.set_text(d.ToString());
+  return PrintJson(report, "flight-recorder diagnose") ? kExitOk : kExitDataError;
 }
 
 }  // namespace

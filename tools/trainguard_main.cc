@@ -20,6 +20,7 @@
 #include "tools/ckpt_command.h"
 #include "tools/flight_recorder_command.h"
 #include "tools/launcher.h"
+#include "tools/print_json.h"
 #include "trainguard/sdk.h"
 
 namespace {
@@ -36,43 +37,6 @@ int Usage() {
                "       trainguard ckpt list|inspect|verify DIR [--step S] [--json]\n"
                "       trainguard flight-recorder show|dump|remove|diagnose ... (flight-recorder --help)\n");
   return kExitUsage;
-}
-
-std::string JsonString(std::string_view s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20) {
-          out += absl::StrFormat("\\u%04x", c);
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  return out + "\"";
-}
-
-std::string EventToJson(const sdk::Event& e) {
-  std::vector<std::string> attributes;
-  for (const auto& [k, v] : e.attributes) attributes.push_back(JsonString(k) + ":" + JsonString(v));
-  return absl::StrFormat(
-      R"({"time":%s,"rank":%d,"step":%d,"generation":%d,"type":%s,"message":%s,"attributes":{%s}})",
-      JsonString(absl::FormatTime(absl::RFC3339_full, e.time, absl::UTCTimeZone())), e.rank, e.step,
-      e.generation, JsonString(sdk::EventTypeName(e.type)), JsonString(e.message),
-      absl::StrJoin(attributes, ","));
 }
 
 std::string EventToText(const sdk::Event& e) {
@@ -125,7 +89,11 @@ int Events(const std::vector<std::string>& args) {
       continue;
     }
     for (const sdk::Event& e : contents->events) {
-      std::printf("%s\n", (json ? EventToJson(e) : EventToText(e)).c_str());
+      if (!json) {
+        std::printf("%s\n", EventToText(e).c_str());
+        continue;
+      }
+      if (!trainguard::tools::PrintJson(sdk::EventToJson(e), "events")) rc = kExitDataError;
     }
     if (!contents->tail.ok()) {
       std::fprintf(stderr, "trainguard events: %s\n", contents->tail.ToString().c_str());

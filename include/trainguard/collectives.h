@@ -73,6 +73,23 @@ class NameTable;
 class SampleWindow;
 }  // namespace watchdog_internal
 
+// The learned-bound rule (see watchdog.h; Options keys watchdog_*), shared by phases
+// (WatchdogOptions::bound) and collectives (CollectiveTrackerOptions::bound): until
+// warmup_samples instances have completed the bound is warmup_bound; then it is
+// max(floor, bound_factor_pct/100 x the longest of the last `history` instances).
+struct LearnedBoundOptions {
+  int warmup_samples = 5;
+  absl::Duration warmup_bound = absl::Minutes(10);
+  int bound_factor_pct = 300;
+  absl::Duration floor = absl::Seconds(2);
+  int history = 200;
+
+  // The watchdog_* keys of `options` that set the rule.
+  static LearnedBoundOptions FromOptions(const Options& options);
+  // Errors name the field as "<owner>: bound.<field>".
+  absl::Status Validate(std::string_view owner) const;
+};
+
 struct CollectiveTrackerOptions {
   // Communicators that can be registered at the same time.
   int max_communicators = 64;
@@ -82,12 +99,8 @@ struct CollectiveTrackerOptions {
   // Distinct op names ("all_reduce", "send", ...); further names share one "<other ops>" entry.
   int max_ops = 64;
 
-  // The learned bound (see watchdog.h; Options keys watchdog_*).
-  int warmup_samples = 5;
-  absl::Duration warmup_bound = absl::Minutes(10);
-  int bound_factor_pct = 300;
-  absl::Duration floor = absl::Seconds(2);
-  int history = 200;
+  // How long an op's collective may stay in flight.
+  LearnedBoundOptions bound;
 
   // nullptr: Clock::Real(). Not owned; must outlive the tracker.
   Clock* clock = nullptr;

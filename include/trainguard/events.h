@@ -65,6 +65,10 @@ struct EventLogContents {
 // DataLoss naming the path and byte offset; a torn final record is reported in `tail`.
 absl::StatusOr<EventLogContents> ReadEventLog(Env* env, const std::string& path);
 
+// `event` as one line of JSON: its trainguard.proto.Event record in the proto3 JSON mapping
+// (docs/FORMATS.md, "JSON output"), as `trainguard events --json` prints it.
+absl::StatusOr<std::string> EventToJson(const Event& event);
+
 // <run_dir>/events/rank-<rank, 5 digits>.tgev
 std::string EventLogPath(std::string_view run_dir, int rank);
 

@@ -33,7 +33,9 @@ class Env;
 class Store;
 
 struct Options {
-  // Names the job: namespaces its files, shared-memory segments and store keys.
+  // Names the job: namespaces its files, shared-memory segments and store keys. 1 to 200 of
+  // A-Z a-z 0-9 . _ -, and neither "." nor ".." (every component that takes a job id checks this
+  // one rule).
   std::string job_id = "default";
   int rank = 0;
   int world_size = 1;

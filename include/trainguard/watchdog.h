@@ -103,12 +103,8 @@ class SampleWindow;
 struct WatchdogOptions {
   // The monitor thread's period. Zero: no thread; the owner calls PollOnce() (tests).
   absl::Duration poll_period = absl::Milliseconds(100);
-  // The learned-bound rule (see the header comment).
-  int warmup_samples = 5;
-  absl::Duration warmup_bound = absl::Minutes(10);
-  int bound_factor_pct = 300;
-  absl::Duration floor = absl::Seconds(2);
-  int history = 200;
+  // The learned-bound rule of phase durations and tick gaps (see the header comment).
+  LearnedBoundOptions bound;
   // Distinct phase names; further names share one "<other phases>" history (a usage error).
   int max_phase_names = 64;
 

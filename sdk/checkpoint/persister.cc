@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "sdk/checkpoint/direct_writer.h"
 #include "sdk/checkpoint/shard_format.h"
+#include "sdk/core/scoped_fd.h"
 #include "sdk/proto/checkpoint.pb.h"
 #include "trainguard/env.h"
 
@@ -28,22 +29,6 @@ using checkpoint::DirectWriter;
 
 constexpr char kTempSuffix[] = ".tmp";
 constexpr uint64_t kReadBytes = 32 << 20;  // per read(2) when verifying or restoring
-
-// Closes a descriptor on scope exit unless released.
-class ScopedFd {
- public:
-  explicit ScopedFd(int fd) : fd_(fd) {}
-  ~ScopedFd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  ScopedFd(const ScopedFd&) = delete;
-  ScopedFd& operator=(const ScopedFd&) = delete;
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-
- private:
-  int fd_;
-};
 
 std::string JoinPath(const std::string& dir, const std::string& name) { return dir + "/" + name; }
 

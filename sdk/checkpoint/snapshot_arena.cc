@@ -10,9 +10,11 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "sdk/core/errno_error.h"
 #include "trainguard/env.h"
 
 namespace trainguard {
@@ -23,9 +25,7 @@ namespace {
 // page faults in the middle of the first snapshots (about 1 s per 4 GiB of 4 KiB pages).
 constexpr int kMapFlags = MAP_SHARED | MAP_POPULATE;
 
-absl::Status ErrnoError(int error, const std::string& name, const char* operation) {
-  return ErrnoToStatus(error, absl::StrFormat("snapshot arena %s: %s", name, operation));
-}
+constexpr std::string_view kArena = "snapshot arena";
 
 // Why an existing segment of `size` bytes whose header is `header` cannot serve `geometry`; empty
 // when it can.
@@ -66,7 +66,7 @@ absl::Status LockSegment(int fd, const std::string& name) {
                         "exited, or a second Snapshotter in this one)",
                         name));
   }
-  return ErrnoError(errno, name, "flock");
+  return ErrnoError(errno, kArena, name, "flock");
 }
 
 }  // namespace
@@ -85,7 +85,7 @@ absl::StatusOr<std::unique_ptr<SnapshotArena>> SnapshotArena::OpenOrCreate(
     if (fstat(fd, &st) != 0) {
       const int error = errno;
       close(fd);
-      return ErrnoError(error, name, "fstat");
+      return ErrnoError(error, kArena, name, "fstat");
     }
     ArenaHeader header{};
     if (static_cast<uint64_t>(st.st_size) >= sizeof(header) &&
@@ -98,7 +98,7 @@ absl::StatusOr<std::unique_ptr<SnapshotArena>> SnapshotArena::OpenOrCreate(
       if (base == MAP_FAILED) {
         const int error = errno;
         close(fd);
-        return ErrnoError(error, name, "mmap");
+        return ErrnoError(error, kArena, name, "mmap");
       }
       return std::unique_ptr<SnapshotArena>(
           new SnapshotArena(name, geometry, fd, static_cast<char*>(base), /*reopened=*/true));
@@ -107,15 +107,15 @@ absl::StatusOr<std::unique_ptr<SnapshotArena>> SnapshotArena::OpenOrCreate(
     shm_unlink(name.c_str());
     close(fd);
   } else if (errno != ENOENT) {
-    return ErrnoError(errno, name, "shm_open (existing)");
+    return ErrnoError(errno, kArena, name, "shm_open (existing)");
   }
 
   fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-  if (fd < 0) return ErrnoError(errno, name, "shm_open (create)");
+  if (fd < 0) return ErrnoError(errno, kArena, name, "shm_open (create)");
   auto fail = [&](int error, const char* operation) {
     shm_unlink(name.c_str());
     close(fd);
-    return ErrnoError(error, name, operation);
+    return ErrnoError(error, kArena, name, operation);
   };
   if (absl::Status locked = LockSegment(fd, name); !locked.ok()) {
     close(fd);
@@ -164,7 +164,7 @@ char* SnapshotArena::payload(int i) const {
 }
 
 absl::Status SnapshotArena::Remove(const std::string& name) {
-  if (shm_unlink(name.c_str()) != 0) return ErrnoError(errno, name, "shm_unlink");
+  if (shm_unlink(name.c_str()) != 0) return ErrnoError(errno, kArena, name, "shm_unlink");
   return absl::OkStatus();
 }
 

@@ -20,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "sdk/checkpoint/snapshot_arena.h"
+#include "sdk/core/job_id.h"
 #include "trainguard/checkpoint.h"
 #include "trainguard/mutex.h"
 
@@ -625,10 +626,8 @@ absl::StatusOr<std::unique_ptr<Snapshotter>> Snapshotter::Create(
     const StateRegistry* registry, const SnapshotterOptions& options) {
   const std::string where =
       absl::StrFormat("snapshotter (job %s, rank %d)", options.job_id, options.rank);
-  if (options.job_id.empty() || options.job_id.find('/') != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: job_id must be non-empty and contain no '/' (it names a shared-memory segment)",
-        where));
+  if (absl::Status s = ValidateJobId(options.job_id); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: %s", where, s.message()));
   }
   if (options.rank < 0) {
     return absl::InvalidArgumentError(absl::StrFormat("%s: negative rank", where));

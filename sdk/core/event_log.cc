@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "sdk/core/proto_json.h"
 #include "sdk/proto/event.pb.h"
 #include "trainguard/env.h"
 #include "trainguard/events.h"
@@ -162,6 +163,8 @@ std::string_view Event::Attribute(std::string_view key) const {
   }
   return {};
 }
+
+absl::StatusOr<std::string> EventToJson(const Event& event) { return ProtoToJson(ToProto(event)); }
 
 std::string EventLogPath(std::string_view run_dir, int rank) {
   return absl::StrFormat("%s/events/rank-%05d.tgev", run_dir, rank);

@@ -22,6 +22,8 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
+#include "sdk/core/job_id.h"
+#include "sdk/core/parallel_shape.h"
 #include "sdk/proto/options.pb.h"
 #include "trainguard/env.h"
 
@@ -345,27 +347,6 @@ absl::Status CheckAtLeast(absl::string_view field, int value, int minimum) {
   return absl::OkStatus();
 }
 
-// The job id becomes a path component and a shared-memory segment name.
-absl::Status CheckJobId(const std::string& job_id) {
-  if (job_id.empty()) {
-    return absl::InvalidArgumentError(
-        "job_id must not be empty (it names the job's files and shared-memory segments)");
-  }
-  if (job_id == "." || job_id == "..") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("job_id \"", job_id, "\" is not allowed (it would name a directory)"));
-  }
-  for (size_t i = 0; i < job_id.size(); ++i) {
-    const char c = job_id[i];
-    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') {
-      return absl::InvalidArgumentError(absl::StrCat("job_id \"", job_id, "\" has character '",
-                                                     absl::string_view(&c, 1), "' at position ", i,
-                                                     "; allowed are A-Z a-z 0-9 . _ -"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CheckRanks(const Options& options) {
   if (absl::Status s = CheckAtLeast("world_size", options.world_size, 1); !s.ok()) {
     return s;
@@ -388,26 +369,6 @@ absl::Status CheckRanks(const Options& options) {
   }
   return CheckInRange("local_rank", options.local_rank, options.local_world_size,
                       "local_world_size");
-}
-
-absl::Status CheckParallelDegrees(const Options& options) {
-  if (absl::Status s = CheckAtLeast("tp", options.tp, 1); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = CheckAtLeast("cp", options.cp, 1); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = CheckAtLeast("pp", options.pp, 1); !s.ok()) {
-    return s;
-  }
-  // In 64 bits: the product of three int degrees can overflow int.
-  const int64_t model_parallel = int64_t{options.tp} * options.cp * options.pp;
-  if (options.world_size % model_parallel != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "world_size ", options.world_size, " is not divisible by tp*cp*pp = ", model_parallel,
-        " (tp=", options.tp, ", cp=", options.cp, ", pp=", options.pp, ")"));
-  }
-  return absl::OkStatus();
 }
 
 absl::Status CheckCheckpointAndWatchdog(const Options& options) {
@@ -611,10 +572,10 @@ absl::Status Options::Validate() const {
   if (absl::Status status = CheckRanks(*this); !status.ok()) {
     return status;
   }
-  if (absl::Status status = CheckParallelDegrees(*this); !status.ok()) {
+  if (absl::Status status = CheckParallelShape(world_size, tp, cp, pp); !status.ok()) {
     return status;
   }
-  if (absl::Status status = CheckJobId(job_id); !status.ok()) {
+  if (absl::Status status = ValidateJobId(job_id); !status.ok()) {
     return status;
   }
   if (absl::Status status =

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "sdk/core/parallel_shape.h"
 
 namespace trainguard {
 namespace {
@@ -16,34 +17,6 @@ namespace {
 // Fastest-varying first: the order of the digits of a rank.
 constexpr ParallelDim kAllDims[] = {ParallelDim::kTensor, ParallelDim::kContext, ParallelDim::kData,
                                     ParallelDim::kPipeline};
-
-absl::Status CheckAtLeastOne(absl::string_view name, int value) {
-  if (value < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(name, " must be >= 1, got ", value));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckShape(const TopologySpec& spec) {
-  for (const auto& [name, value] :
-       {std::pair<absl::string_view, int>{"world_size", spec.world_size},
-        {"tp", spec.tp},
-        {"cp", spec.cp},
-        {"pp", spec.pp}}) {
-    if (absl::Status status = CheckAtLeastOne(name, value); !status.ok()) {
-      return status;
-    }
-  }
-  // In 64 bits: three int degrees can overflow int, and an overflowed product could divide
-  // world_size.
-  const int64_t model_parallel = int64_t{spec.tp} * spec.cp * spec.pp;
-  if (spec.world_size % model_parallel != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "world_size ", spec.world_size, " is not divisible by tp*cp*pp = ", model_parallel,
-        " (tp=", spec.tp, ", cp=", spec.cp, ", pp=", spec.pp, ")"));
-  }
-  return absl::OkStatus();
-}
 
 absl::Status CheckHosts(const TopologySpec& spec) {
   if (spec.ranks_per_host < 0) {
@@ -137,8 +110,29 @@ int RankCoordinates::Get(ParallelDim dim) const {
   return 0;
 }
 
+absl::Status CheckParallelShape(int world_size, int tp, int cp, int pp) {
+  for (const auto& [name, value] : {std::pair<absl::string_view, int>{"world_size", world_size},
+                                    {"tp", tp},
+                                    {"cp", cp},
+                                    {"pp", pp}}) {
+    if (value < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " must be >= 1, got ", value));
+    }
+  }
+  // In 64 bits: three int degrees can overflow int, and an overflowed product could divide
+  // world_size.
+  const int64_t model_parallel = int64_t{tp} * cp * pp;
+  if (world_size % model_parallel != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size ", world_size, " is not divisible by tp*cp*pp = ", model_parallel,
+                     " (tp=", tp, ", cp=", cp, ", pp=", pp, ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Topology> Topology::Create(const TopologySpec& spec) {
-  if (absl::Status status = CheckShape(spec); !status.ok()) {
+  if (absl::Status status = CheckParallelShape(spec.world_size, spec.tp, spec.cp, spec.pp);
+      !status.ok()) {
     return status;
   }
   if (absl::Status status = CheckHosts(spec); !status.ok()) {

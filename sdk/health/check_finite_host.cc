@@ -25,40 +25,17 @@
 #include <type_traits>
 #include <vector>
 
+#include "sdk/health/float_format.h"
 #include "trainguard/checkpoint.h"
 #include "trainguard/health.h"
 
 namespace trainguard {
 namespace {
 
-// Bits of an element of `Bits` width, repeated over a 64-bit word.
-template <typename Bits>
-constexpr uint64_t Repeat(Bits lane) {
-  uint64_t word = 0;
-  for (size_t i = 0; i < sizeof(uint64_t) / sizeof(Bits); ++i) {
-    word |= static_cast<uint64_t>(lane) << (8 * sizeof(Bits) * i);
-  }
-  return word;
-}
-
-// One floating-point format, described by its bit fields.
-template <typename BitsT, BitsT kExponentT, BitsT kMantissaT>
-struct Format {
-  using Bits = BitsT;
-  static constexpr Bits kExponent = kExponentT;
-  static constexpr Bits kMantissa = kMantissaT;
-  static constexpr Bits kExponentLsb = kExponent & (~kExponent + 1);  // lowest set bit
-  static constexpr Bits kSign = static_cast<Bits>(Bits{1} << (8 * sizeof(Bits) - 1));
-  static constexpr uint64_t kWordExponents = Repeat<Bits>(kExponent);
-  static constexpr uint64_t kWordExponentLsbs = Repeat<Bits>(kExponentLsb);
-  static constexpr uint64_t kWordSigns = Repeat<Bits>(kSign);
-  static_assert(kExponent + kExponentLsb == kSign, "the exponent field ends below the sign bit");
-};
-
-using F32 = Format<uint32_t, 0x7F800000u, 0x007FFFFFu>;
-using F16 = Format<uint16_t, 0x7C00u, 0x03FFu>;
-using BF16 = Format<uint16_t, 0x7F80u, 0x007Fu>;
-using F64 = Format<uint64_t, 0x7FF0000000000000u, 0x000FFFFFFFFFFFFFu>;
+using health_internal::BF16;
+using health_internal::F16;
+using health_internal::F32;
+using health_internal::F64;
 
 constexpr size_t kBlockBytes = 4096;  // small enough that a bad block is rescanned cheaply
 
@@ -227,25 +204,20 @@ typename F::Bits Load(const unsigned char* p, size_t index) {
   return bits;
 }
 
-template <typename F>
-bool IsNonFinite(typename F::Bits bits) {
-  return (bits & F::kExponent) == F::kExponent;
-}
-
 // Elements [begin, count): the first bad one is located, then every bad one counted. Slow only
 // for buffers that do hold a NaN or an Inf.
 template <typename F>
 FiniteCheckResult LocateAndCount(const unsigned char* p, size_t begin, size_t count) {
   FiniteCheckResult result;
   size_t i = begin;
-  while (i < count && !IsNonFinite<F>(Load<F>(p, i))) ++i;
+  while (i < count && !F::IsNonFinite(Load<F>(p, i))) ++i;
   if (i == count) return result;
   result.first_bad_index = static_cast<int64_t>(i);
   size_t nans = 0;
   size_t infs = 0;
   for (; i < count; ++i) {
     const typename F::Bits bits = Load<F>(p, i);
-    const bool nonfinite = IsNonFinite<F>(bits);
+    const bool nonfinite = F::IsNonFinite(bits);
     const bool mantissa = (bits & F::kMantissa) != 0;
     nans += nonfinite & mantissa;
     infs += nonfinite & !mantissa;
@@ -266,14 +238,14 @@ FiniteCheckResult Check(ScanFn scan, const void* data, size_t count) {
   const size_t misaligned = (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64;
   const size_t head = std::min(count, (misaligned + sizeof(Bits) - 1) / sizeof(Bits));
   for (size_t i = 0; i < head; ++i) {
-    if (IsNonFinite<F>(Load<F>(p, i))) return LocateAndCount<F>(p, i, count);
+    if (F::IsNonFinite(Load<F>(p, i))) return LocateAndCount<F>(p, i, count);
   }
   const size_t blocks = (count - head) / kPerBlock;
   const size_t clean_end = head + blocks * kPerBlock;
   size_t begin = head + scan(p + head * sizeof(Bits), blocks) / sizeof(Bits);
   if (begin == clean_end) {
     // The tail, shorter than a block: clean unless an element there is bad.
-    while (begin < count && !IsNonFinite<F>(Load<F>(p, begin))) ++begin;
+    while (begin < count && !F::IsNonFinite(Load<F>(p, begin))) ++begin;
     if (begin == count) return {};
   }
   return LocateAndCount<F>(p, begin, count);

@@ -1,14 +1,15 @@
 // Finite-check kernels: a grid-stride loop over 16-byte vectors, each tested for an all-ones
-// exponent with integer operations on two 64-bit words (the same carry trick as
-// check_finite_host.cc); only a vector that fails is split into elements. Each thread keeps its
-// own count, first bad index and kinds; a block merges them in shared memory and one thread writes
-// them into the host-mapped slot, so a clean buffer causes no write to host memory at all.
+// exponent with integer operations on two 64-bit words (the carry trick of float_format.h, which
+// check_finite_host.cc uses too); only a vector that fails is split into elements. Each thread
+// keeps its own count, first bad index and kinds; a block merges them in shared memory and one
+// thread writes them into the host-mapped slot, so a clean buffer causes no write to host memory.
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
 
 #include "sdk/health/finite_kernels.h"
+#include "sdk/health/float_format.h"
 
 namespace trainguard {
 namespace health_internal {
@@ -16,33 +17,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kUnroll = 4;  // vectors loaded before any is tested: more loads in flight per thread
-
-template <typename Bits>
-__host__ __device__ constexpr unsigned long long Repeat(Bits lane) {
-  unsigned long long word = 0;
-  for (size_t i = 0; i < sizeof(unsigned long long) / sizeof(Bits); ++i) {
-    word |= static_cast<unsigned long long>(lane) << (8 * sizeof(Bits) * i);
-  }
-  return word;
-}
-
-template <typename BitsT, BitsT kExponentT, BitsT kMantissaT>
-struct Format {
-  using Bits = BitsT;
-  static constexpr Bits kExponent = kExponentT;
-  static constexpr Bits kMantissa = kMantissaT;
-  static constexpr Bits kExponentLsb = kExponent & (~kExponent + 1);
-  static constexpr Bits kSign = static_cast<Bits>(Bits{1} << (8 * sizeof(Bits) - 1));
-  static constexpr unsigned long long kWordExponents = Repeat<Bits>(kExponent);
-  static constexpr unsigned long long kWordExponentLsbs = Repeat<Bits>(kExponentLsb);
-  static constexpr unsigned long long kWordSigns = Repeat<Bits>(kSign);
-  static constexpr int kPerVector = 16 / sizeof(Bits);
-};
-
-using F32 = Format<uint32_t, 0x7F800000u, 0x007FFFFFu>;
-using F16 = Format<uint16_t, 0x7C00u, 0x03FFu>;
-using BF16 = Format<uint16_t, 0x7F80u, 0x007Fu>;
-using F64 = Format<uint64_t, 0x7FF0000000000000ull, 0x000FFFFFFFFFFFFFull>;
 
 struct Findings {
   unsigned long long nonfinite = 0;
@@ -53,10 +27,10 @@ struct Findings {
 template <typename F>
 __device__ __forceinline__ void Classify(typename F::Bits bits, unsigned long long index,
                                          Findings* found) {
-  if ((bits & F::kExponent) != F::kExponent) return;
+  if (!F::IsNonFinite(bits)) return;
   ++found->nonfinite;
   found->first_bad = min(found->first_bad, index);
-  found->kinds |= (bits & F::kMantissa) != 0 ? kSlotNan : kSlotInf;
+  found->kinds |= F::IsNan(bits) ? kSlotNan : kSlotInf;
 }
 
 template <typename F>
@@ -69,10 +43,10 @@ __device__ __forceinline__ bool Dirty(const ulonglong2& v) {
 template <typename F>
 __device__ __noinline__ void ClassifyVector(const ulonglong2& v, unsigned long long first_index,
                                             Findings* found) {
-  typename F::Bits lanes[F::kPerVector];
+  typename F::Bits lanes[F::kPer16Bytes];
   memcpy(lanes, &v, sizeof(v));
 #pragma unroll
-  for (int i = 0; i < F::kPerVector; ++i) Classify<F>(lanes[i], first_index + i, found);
+  for (int i = 0; i < F::kPer16Bytes; ++i) Classify<F>(lanes[i], first_index + i, found);
 }
 
 // Merges every thread's findings into `slot`, one write per block that found something.
@@ -108,8 +82,8 @@ __global__ void __launch_bounds__(kThreads)
   Findings found;
   const size_t thread = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  const size_t vectors = (count - head) / F::kPerVector;
-  const size_t tail = head + vectors * F::kPerVector;
+  const size_t vectors = (count - head) / F::kPer16Bytes;
+  const size_t tail = head + vectors * F::kPer16Bytes;
   if (thread < head) Classify<F>(data[thread], thread, &found);
   if (tail + thread < count) Classify<F>(data[tail + thread], tail + thread, &found);
 
@@ -121,12 +95,12 @@ __global__ void __launch_bounds__(kThreads)
     for (int u = 0; u < kUnroll; ++u) r[u] = v[i + u * stride];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      if (Dirty<F>(r[u])) ClassifyVector<F>(r[u], head + (i + u * stride) * F::kPerVector, &found);
+      if (Dirty<F>(r[u])) ClassifyVector<F>(r[u], head + (i + u * stride) * F::kPer16Bytes, &found);
     }
   }
   for (; i < vectors; i += stride) {
     const ulonglong2 r = v[i];
-    if (Dirty<F>(r)) ClassifyVector<F>(r, head + i * F::kPerVector, &found);
+    if (Dirty<F>(r)) ClassifyVector<F>(r, head + i * F::kPer16Bytes, &found);
   }
   Publish(found, slot);
 }
@@ -155,7 +129,7 @@ cudaError_t Launch(const void* data, size_t count, FiniteSlot* slot, int max_blo
                    cudaStream_t stream) {
   using Bits = typename F::Bits;
   const auto address = reinterpret_cast<uintptr_t>(data);
-  const size_t per_thread = address % sizeof(Bits) == 0 ? F::kPerVector * kUnroll : 1;
+  const size_t per_thread = address % sizeof(Bits) == 0 ? F::kPer16Bytes * kUnroll : 1;
   const size_t wanted = (count + per_thread * kThreads - 1) / (per_thread * kThreads);
   const int blocks =
       static_cast<int>(wanted < static_cast<size_t>(max_blocks) ? wanted : max_blocks);

@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "sdk/core/job_id.h"
 #include "sdk/proto/etcd_gateway.pb.h"
 #include "sdk/rendezvous/etcd_gateway_client.h"
 
@@ -262,23 +263,12 @@ void BackOffAfterConflict(int conflicts, absl::Time deadline) {
   absl::SleepFor(std::min(pause, deadline - absl::Now()));
 }
 
-absl::Status CheckJobId(std::string_view job_id) {
-  if (job_id.empty()) return absl::InvalidArgumentError("EtcdStoreOptions::job_id is empty");
-  for (char c : job_id) {
-    if (c == '/' || static_cast<unsigned char>(c) < 0x20) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "EtcdStoreOptions::job_id '%s' holds '/' or a control character; job ids name one "
-          "level of etcd's key space",
-          absl::CHexEscape(absl::string_view(job_id.data(), job_id.size()))));
-    }
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::Connect(const EtcdStoreOptions& options) {
-  if (absl::Status s = CheckJobId(options.job_id); !s.ok()) return s;
+  if (absl::Status s = ValidateJobId(options.job_id); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("EtcdStoreOptions: ", s.message()));
+  }
   absl::StatusOr<std::unique_ptr<EtcdGatewayClient>> client =
       EtcdGatewayClient::Create(options.endpoints, options.max_response_bytes);
   if (!client.ok()) return client.status();

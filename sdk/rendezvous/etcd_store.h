@@ -41,7 +41,7 @@ struct EtcdStoreOptions {
   // Client URLs of the etcd members, e.g. "http://127.0.0.1:2379". A call goes to the endpoint
   // that last worked and moves on to the next only when one refuses the connection.
   std::vector<std::string> endpoints;
-  // Names the job's namespace in etcd: non-empty, no '/'.
+  // Names the job's namespace in etcd: a job id as Options::job_id (1 to 200 of A-Z a-z 0-9 . _ -).
   std::string job_id;
   // Bounds Connect's round trip to etcd.
   absl::Duration connect_timeout = absl::Seconds(10);

@@ -5,10 +5,6 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
-#include "absl/strings/escaping.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-
 namespace trainguard::store_auth {
 
 absl::StatusOr<std::string> NewNonce() {
@@ -40,21 +36,6 @@ std::string Proof(std::string_view token, Role role, std::string_view server_non
 bool ProofMatches(std::string_view expected, std::string_view got) {
   if (expected.size() != got.size() || expected.empty()) return false;
   return CRYPTO_memcmp(expected.data(), got.data(), expected.size()) == 0;
-}
-
-absl::Status ValidateJobId(std::string_view job_id) {
-  if (job_id.empty() || job_id.size() > kMaxJobIdBytes) {
-    return absl::InvalidArgumentError(absl::StrFormat("job id must have 1 to %d characters, not %d",
-                                                      kMaxJobIdBytes, job_id.size()));
-  }
-  for (char c : job_id) {
-    if (c < 0x21 || c > 0x7e) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "job id \"", absl::CHexEscape(absl::string_view(job_id.data(), job_id.size())),
-          "\" has a character other than printable ASCII (no spaces or control characters)"));
-    }
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace trainguard::store_auth

@@ -18,8 +18,6 @@ namespace trainguard::store_auth {
 
 inline constexpr size_t kNonceBytes = 32;
 inline constexpr size_t kProofBytes = 32;
-// The longest job id accepted.
-inline constexpr size_t kMaxJobIdBytes = 256;
 
 enum class Role { kServer, kClient };
 
@@ -32,9 +30,6 @@ std::string Proof(std::string_view token, Role role, std::string_view server_non
 
 // Whether `got` equals `expected`, in time independent of where they differ.
 bool ProofMatches(std::string_view expected, std::string_view got);
-
-// InvalidArgument unless `job_id` is 1 to kMaxJobIdBytes printable ASCII characters.
-absl::Status ValidateJobId(std::string_view job_id);
 
 }  // namespace trainguard::store_auth
 

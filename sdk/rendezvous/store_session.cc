@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "sdk/core/job_id.h"
 #include "sdk/rendezvous/store_auth.h"
 
 namespace trainguard {
@@ -137,7 +138,7 @@ StoreSession::Verdict StoreSession::HandleHello(const proto::ClientHello& hello,
                     hello.protocol_version(), store_wire::kProtocolVersion)),
                 Verdict::kCloseProtocolError, out);
   }
-  if (absl::Status s = store_auth::ValidateJobId(hello.job_id()); !s.ok()) {
+  if (absl::Status s = ValidateJobId(hello.job_id()); !s.ok()) {
     return Fail(
         0, absl::InvalidArgumentError(absl::StrCat("ClientHello from ", Who(), ": ", s.message())),
         Verdict::kCloseProtocolError, out);

@@ -123,7 +123,8 @@ struct TcpStoreOptions {
   // The server's address: a host name or a numeric address.
   std::string host = "127.0.0.1";
   int port = 0;
-  // The job whose namespace this client reads and writes. Printable ASCII, 1 to 256 characters.
+  // The job whose namespace this client reads and writes: a job id as Options::job_id (1 to 200
+  // of A-Z a-z 0-9 . _ -).
   std::string job_id;
   std::string job_token;
   // How long Connect may take to connect and authenticate.

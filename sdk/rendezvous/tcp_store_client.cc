@@ -25,6 +25,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "sdk/core/job_id.h"
 #include "sdk/proto/store.pb.h"
 #include "sdk/rendezvous/store_auth.h"
 #include "sdk/rendezvous/store_frame.h"
@@ -451,8 +452,8 @@ class TcpStore::Connection {
 };
 
 absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(const TcpStoreOptions& options) {
-  if (absl::Status s = store_auth::ValidateJobId(options.job_id); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("TcpStoreOptions.job_id: ", s.message()));
+  if (absl::Status s = ValidateJobId(options.job_id); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("TcpStoreOptions: ", s.message()));
   }
   if (options.job_token.empty()) {
     return absl::InvalidArgumentError(

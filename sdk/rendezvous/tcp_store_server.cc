@@ -26,7 +26,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "sdk/rendezvous/store_auth.h"
+#include "sdk/core/job_id.h"
 #include "sdk/rendezvous/store_frame.h"
 #include "sdk/rendezvous/store_session.h"
 #include "sdk/rendezvous/store_state.h"
@@ -81,7 +81,7 @@ absl::Status ValidateOptions(const TcpStoreServerOptions& options) {
         "store server does not serve unauthenticated clients");
   }
   for (const auto& [job, token] : options.job_tokens) {
-    if (absl::Status s = store_auth::ValidateJobId(job); !s.ok()) {
+    if (absl::Status s = ValidateJobId(job); !s.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("TcpStoreServerOptions.job_tokens: ", s.message()));
     }

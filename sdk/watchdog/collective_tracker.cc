@@ -106,11 +106,7 @@ struct CollectiveTracker::Communicator {
 
 CollectiveTrackerOptions CollectiveTrackerOptions::FromOptions(const Options& options) {
   CollectiveTrackerOptions o;
-  o.warmup_samples = options.watchdog_warmup_samples;
-  o.warmup_bound = absl::Milliseconds(options.watchdog_warmup_bound_ms);
-  o.bound_factor_pct = options.watchdog_bound_factor_pct;
-  o.floor = absl::Milliseconds(options.watchdog_floor_ms);
-  o.history = options.watchdog_history;
+  o.bound = LearnedBoundOptions::FromOptions(options);
   o.clock = options.clock;
   return o;
 }
@@ -125,12 +121,7 @@ absl::Status CollectiveTrackerOptions::Validate() const {
     return bad("max_in_flight", "must be in [1, 16777216]");
   }
   if (max_ops < 1) return bad("max_ops", "must be >= 1");
-  if (warmup_samples < 0) return bad("warmup_samples", "must be >= 0");
-  if (warmup_bound <= absl::ZeroDuration()) return bad("warmup_bound", "must be > 0");
-  if (bound_factor_pct < 100) return bad("bound_factor_pct", "must be >= 100");
-  if (floor < absl::ZeroDuration()) return bad("floor", "must be >= 0");
-  if (history < 1) return bad("history", "must be >= 1");
-  return absl::OkStatus();
+  return bound.Validate("collective tracker options");
 }
 
 absl::StatusOr<std::unique_ptr<CollectiveTracker>> CollectiveTracker::Create(
@@ -146,18 +137,13 @@ CollectiveTracker::CollectiveTracker(const CollectiveTrackerOptions& options)
       slot_count_(options.max_in_flight),
       slots_(new Slot[options.max_in_flight]),
       comms_(new Communicator[options.max_communicators]),
-      ops_(std::make_unique<NameTable>(options.max_ops + 1)) {
-  auto rule = std::make_unique<BoundRule>();
-  rule->warmup_samples = options.warmup_samples;
-  rule->warmup_bound_ns = absl::ToInt64Nanoseconds(options.warmup_bound);
-  rule->factor_pct = options.bound_factor_pct;
-  rule->floor_ns = absl::ToInt64Nanoseconds(options.floor);
-  rule_ = std::move(rule);
+      ops_(std::make_unique<NameTable>(options.max_ops + 1)),
+      rule_(std::make_unique<BoundRule>(options.bound)) {
   // Index 0 collects the ops that do not fit, so a full table degrades learning, not tracking.
   ops_->FindOrAdd(kOtherOps);
   op_durations_.reserve(options.max_ops + 1);
   for (int i = 0; i <= options.max_ops; ++i) {
-    op_durations_.push_back(std::make_unique<SampleWindow>(options.history));
+    op_durations_.push_back(std::make_unique<SampleWindow>(options.bound.history));
   }
 }
 

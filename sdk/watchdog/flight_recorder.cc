@@ -46,6 +46,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "sdk/core/errno_error.h"
+#include "sdk/core/job_id.h"
+#include "sdk/core/proto_json.h"
+#include "sdk/core/scoped_fd.h"
 #include "sdk/proto/flight_recorder.pb.h"
 #include "trainguard/env.h"
 
@@ -125,15 +129,11 @@ uint64_t RecordWord(const FlightRecord& record, size_t i) {
   return word;
 }
 
-absl::Status ErrnoError(int error, std::string_view name, const char* operation) {
-  return ErrnoToStatus(error,
-                       absl::StrFormat("flight recorder segment %s: %s", name, operation));
-}
+constexpr std::string_view kSegment = "flight recorder segment";
 
 absl::Status CheckJobId(std::string_view job_id, int rank) {
-  if (job_id.empty() || job_id.find('/') != std::string_view::npos || job_id.size() > 200) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "flight recorder: job id \"%s\" must be 1 to 200 characters without '/'", job_id));
+  if (absl::Status s = ValidateJobId(job_id); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("flight recorder: ", s.message()));
   }
   if (rank < 0) {
     return absl::InvalidArgumentError(absl::StrFormat("flight recorder: rank %d < 0", rank));
@@ -172,21 +172,6 @@ std::vector<FlightRecord> CopyRecords(const void* segment, uint64_t capacity) {
   }
   return records;
 }
-
-// Closes a descriptor on scope exit.
-class ScopedFd {
- public:
-  explicit ScopedFd(int fd) : fd_(fd) {}
-  ~ScopedFd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  ScopedFd(const ScopedFd&) = delete;
-  ScopedFd& operator=(const ScopedFd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 std::string DirName(const std::string& path) {
   const size_t slash = path.rfind('/');
@@ -243,16 +228,16 @@ absl::StatusOr<std::unique_ptr<FlightRecorder>> FlightRecorder::Create(std::stri
   int raw_fd = -1;
   for (int attempt = 0; attempt < 5 && raw_fd < 0; ++attempt) {
     if (shm_unlink(name.c_str()) != 0 && errno != ENOENT) {
-      return ErrnoError(errno, name, "shm_unlink (stale segment)");
+      return ErrnoError(errno, kSegment, name, "shm_unlink (stale segment)");
     }
     raw_fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
     if (raw_fd < 0 && errno != EEXIST) break;
   }
   ScopedFd fd(raw_fd);
-  if (fd.get() < 0) return ErrnoError(errno, name, "shm_open (create)");
+  if (fd.get() < 0) return ErrnoError(errno, kSegment, name, "shm_open (create)");
   auto fail = [&](int error, const char* operation) {
     shm_unlink(name.c_str());
-    return ErrnoError(error, name, operation);
+    return ErrnoError(error, kSegment, name, operation);
   };
   // shm_open applies the umask; the mode is part of the contract (records name ops and peers).
   if (fchmod(fd.get(), 0600) != 0) return fail(errno, "fchmod");
@@ -333,7 +318,7 @@ std::string FlightRecorder::SegmentName(std::string_view job_id, int rank) {
 absl::Status FlightRecorder::Remove(std::string_view job_id, int rank) {
   if (absl::Status s = CheckJobId(job_id, rank); !s.ok()) return s;
   const std::string name = SegmentName(job_id, rank);
-  if (shm_unlink(name.c_str()) != 0) return ErrnoError(errno, name, "shm_unlink");
+  if (shm_unlink(name.c_str()) != 0) return ErrnoError(errno, kSegment, name, "shm_unlink");
   return absl::OkStatus();
 }
 
@@ -341,9 +326,9 @@ absl::StatusOr<FlightRecorderContents> ReadFlightRecorder(std::string_view job_i
   if (absl::Status s = CheckJobId(job_id, rank); !s.ok()) return s;
   const std::string name = FlightRecorder::SegmentName(job_id, rank);
   ScopedFd fd(shm_open(name.c_str(), O_RDONLY, 0));
-  if (fd.get() < 0) return ErrnoError(errno, name, "shm_open (read)");
+  if (fd.get() < 0) return ErrnoError(errno, kSegment, name, "shm_open (read)");
   struct stat st;
-  if (fstat(fd.get(), &st) != 0) return ErrnoError(errno, name, "fstat");
+  if (fstat(fd.get(), &st) != 0) return ErrnoError(errno, kSegment, name, "fstat");
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (size < kHeaderBytes) {
     return absl::DataLossError(absl::StrFormat(
@@ -352,7 +337,7 @@ absl::StatusOr<FlightRecorderContents> ReadFlightRecorder(std::string_view job_i
         name, size, kHeaderBytes));
   }
   void* base = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd.get(), 0);
-  if (base == MAP_FAILED) return ErrnoError(errno, name, "mmap");
+  if (base == MAP_FAILED) return ErrnoError(errno, kSegment, name, "mmap");
   struct Unmap {
     void* base;
     size_t size;
@@ -402,13 +387,14 @@ absl::StatusOr<FlightRecorderContents> ReadFlightRecorder(std::string_view job_i
   return contents;
 }
 
-absl::Status WriteFlightRecorderDump(const FlightRecorderContents& contents, int rank,
-                                     const std::vector<std::pair<std::string, std::string>>& extra,
-                                     const std::string& path) {
+namespace {
+
+proto::FlightRecorderDump ToProto(const FlightRecorderDump& in) {
+  const FlightRecorderContents& contents = in.contents;
   proto::FlightRecorderDump dump;
   dump.set_format_version(kDumpFormatVersion);
   dump.set_segment(contents.segment);
-  dump.set_rank(rank);
+  dump.set_rank(in.rank);
   dump.set_writer_pid(contents.writer_pid);
   dump.set_capacity(static_cast<uint32_t>(contents.capacity));
   dump.set_next_seq(contents.next_seq);
@@ -427,15 +413,33 @@ absl::Status WriteFlightRecorderDump(const FlightRecorderContents& contents, int
     p->set_value(r.value);
     p->set_name(std::string(r.Name()));
   }
-  for (const auto& [key, value] : extra) {
+  for (const auto& [key, value] : in.evidence) {
     proto::DumpEvidence* e = dump.add_evidence();
     e->set_key(key);
     e->set_value(value);
   }
-  dump.set_dumped_unix_micros(absl::ToUnixMicros(absl::Now()));
-  dump.set_dumped_monotonic_ns(MonotonicNanos());
+  dump.set_dumped_unix_micros(absl::ToUnixMicros(in.dumped_at));
+  dump.set_dumped_monotonic_ns(in.dumped_monotonic_ns);
+  return dump;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> FlightRecorderDumpToJson(const FlightRecorderDump& dump) {
+  return ProtoToJson(ToProto(dump));
+}
+
+absl::Status WriteFlightRecorderDump(const FlightRecorderContents& contents, int rank,
+                                     const std::vector<std::pair<std::string, std::string>>& extra,
+                                     const std::string& path) {
+  FlightRecorderDump in;
+  in.rank = rank;
+  in.contents = contents;
+  in.evidence = extra;
+  in.dumped_at = absl::Now();
+  in.dumped_monotonic_ns = MonotonicNanos();
   std::string bytes;
-  if (!dump.SerializeToString(&bytes)) {
+  if (!ToProto(in).SerializeToString(&bytes)) {
     return absl::InternalError(absl::StrFormat("flight recorder dump %s: cannot serialize", path));
   }
 

@@ -72,8 +72,8 @@ static_assert(sizeof(FlightRecord) == 128);
 class FlightRecorder {
  public:
   // Creates (replacing any stale segment of the same name) the rank's ring with `capacity` records.
-  // REQUIRES: capacity >= 16. InvalidArgument for a capacity outside [16, 2^24], an empty job id,
-  // one with '/' or longer than 200 bytes, or a negative rank.
+  // REQUIRES: capacity >= 16. InvalidArgument for a capacity outside [16, 2^24], a job id that
+  // Options::job_id would refuse, or a negative rank.
   static absl::StatusOr<std::unique_ptr<FlightRecorder>> Create(std::string_view job_id, int rank,
                                                                 int capacity);
   // Unmaps; removes the segment when `remove_on_destroy` (the default, for a normal exit).
@@ -136,6 +136,11 @@ struct FlightRecorderDump {
   absl::Time dumped_at = absl::InfinitePast();  // wall clock when the dump was written
   int64_t dumped_monotonic_ns = 0;  // CLOCK_MONOTONIC then, to compare with the records' time_ns
 };
+
+// `dump` as one line of JSON: the trainguard.proto.FlightRecorderDump that WriteFlightRecorderDump
+// would write, in the proto3 JSON mapping (docs/FORMATS.md, "JSON output"), as
+// `trainguard flight-recorder show --json` prints it.
+absl::StatusOr<std::string> FlightRecorderDumpToJson(const FlightRecorderDump& dump);
 
 // Reads a file written by WriteFlightRecorderDump. NotFound when it does not exist; DataLoss naming
 // the file when it is not a flight recorder dump.

@@ -26,14 +26,19 @@
 #include <cstdint>
 #include <memory>
 
+#include "trainguard/collectives.h"
+
 namespace trainguard {
 namespace watchdog_internal {
 
+// LearnedBoundOptions in nanoseconds, the form the monitor compares against its clock readings.
 struct BoundRule {
-  int warmup_samples = 5;
-  int64_t warmup_bound_ns = int64_t{600} * 1'000'000'000;
-  int factor_pct = 300;
-  int64_t floor_ns = int64_t{2} * 1'000'000'000;
+  explicit BoundRule(const LearnedBoundOptions& options = {});
+
+  int warmup_samples;
+  int64_t warmup_bound_ns;
+  int factor_pct;
+  int64_t floor_ns;
 
   // The bound for a quantity of which `samples` were seen in all, the largest recent one being
   // `window_max_ns`. Saturates instead of overflowing.

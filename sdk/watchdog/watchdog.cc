@@ -87,11 +87,7 @@ struct Watchdog::FrameView {
 WatchdogOptions WatchdogOptions::FromOptions(const Options& options) {
   WatchdogOptions o;
   o.poll_period = absl::Milliseconds(options.watchdog_poll_ms);
-  o.warmup_samples = options.watchdog_warmup_samples;
-  o.warmup_bound = absl::Milliseconds(options.watchdog_warmup_bound_ms);
-  o.bound_factor_pct = options.watchdog_bound_factor_pct;
-  o.floor = absl::Milliseconds(options.watchdog_floor_ms);
-  o.history = options.watchdog_history;
+  o.bound = LearnedBoundOptions::FromOptions(options);
   o.clock = options.clock;
   return o;
 }
@@ -102,13 +98,8 @@ absl::Status WatchdogOptions::Validate() const {
   };
   if (poll_period < absl::ZeroDuration()) return bad("poll_period", "must be >= 0");
   if (peer_recheck < absl::ZeroDuration()) return bad("peer_recheck", "must be >= 0");
-  if (warmup_samples < 0) return bad("warmup_samples", "must be >= 0");
-  if (warmup_bound <= absl::ZeroDuration()) return bad("warmup_bound", "must be > 0");
-  if (bound_factor_pct < 100) return bad("bound_factor_pct", "must be >= 100");
-  if (floor < absl::ZeroDuration()) return bad("floor", "must be >= 0");
-  if (history < 1) return bad("history", "must be >= 1");
   if (max_phase_names < 1) return bad("max_phase_names", "must be >= 1");
-  return absl::OkStatus();
+  return bound.Validate("watchdog options");
 }
 
 std::string_view HangReport::Evidence(std::string_view key) const {
@@ -149,21 +140,16 @@ Watchdog::Watchdog(const WatchdogOptions& options)
       clock_(options.clock != nullptr ? options.clock : Clock::Real()),
       recorder_(options.recorder),
       tracker_(options.tracker),
+      rule_(std::make_unique<BoundRule>(options.bound)),
       phases_(std::make_unique<NameTable>(options.max_phase_names + 1)),
       frames_(new Frame[kMaxDepth]) {
-  auto rule = std::make_unique<BoundRule>();
-  rule->warmup_samples = options.warmup_samples;
-  rule->warmup_bound_ns = absl::ToInt64Nanoseconds(options.warmup_bound);
-  rule->factor_pct = options.bound_factor_pct;
-  rule->floor_ns = absl::ToInt64Nanoseconds(options.floor);
-  rule_ = std::move(rule);
   // Index 0 collects the names that do not fit.
   phases_->FindOrAdd(kOtherPhases);
   durations_.reserve(options.max_phase_names + 1);
   gaps_.reserve(options.max_phase_names + 1);
   for (int i = 0; i <= options.max_phase_names; ++i) {
-    durations_.push_back(std::make_unique<SampleWindow>(options.history));
-    gaps_.push_back(std::make_unique<SampleWindow>(options.history));
+    durations_.push_back(std::make_unique<SampleWindow>(options.bound.history));
+    gaps_.push_back(std::make_unique<SampleWindow>(options.bound.history));
   }
 }
 

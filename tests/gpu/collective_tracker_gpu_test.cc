@@ -30,7 +30,7 @@ bool HaveGpu() {
 
 std::unique_ptr<CollectiveTracker> MakeGpuTracker(absl::Duration warmup_bound) {
   CollectiveTrackerOptions options;
-  options.warmup_bound = warmup_bound;
+  options.bound.warmup_bound = warmup_bound;
   auto tracker = CollectiveTracker::Create(options);
   EXPECT_TRUE(tracker.ok()) << tracker.status();
   absl::Status enabled = (*tracker)->EnableGpu(0);

@@ -68,14 +68,15 @@ TEST_F(CkptCli, ListShowsEveryCommittedStepWithItsRanksAndSize) {
   EXPECT_THAT(r.out, HasSubstr("step 10: 2 shards, ranks 0,1"));
   EXPECT_THAT(r.out, HasSubstr("step 20: 2 shards, ranks 0,1"));
   r = RunCli("ckpt list --json " + dir_.path());
-  EXPECT_THAT(r.out, HasSubstr(R"({"step":20,"ranks":[0,1],"payload_bytes":49162})"));
+  // proto3 JSON (docs/FORMATS.md): 64-bit integers are strings.
+  EXPECT_THAT(r.out, HasSubstr(R"({"step":"20","ranks":[0,1],"payload_bytes":"49162"})"));
 }
 
 TEST_F(CkptCli, InspectShowsTheNewestStepsShards) {
   Result r = RunCli("ckpt inspect " + dir_.path() + " --json");
   EXPECT_EQ(r.exit_code, 0);
-  EXPECT_THAT(r.out, HasSubstr(R"("step":20)"));
-  EXPECT_THAT(r.out, HasSubstr(R"("rank":1,"generation":4,"layout_hash":"000000000000abcd")"));
+  EXPECT_THAT(r.out, HasSubstr(R"("step":"20")"));
+  EXPECT_THAT(r.out, HasSubstr(R"("rank":1,"generation":"4","layout_hash":"000000000000abcd")"));
   EXPECT_THAT(r.out, HasSubstr(R"("chunk_count":4)"));
   r = RunCli("ckpt inspect " + dir_.path() + " --step 10");
   EXPECT_THAT(r.out, HasSubstr("step 10"));
@@ -102,7 +103,8 @@ TEST_F(CkptCli, VerifyPassesAnIntactDirectoryAndNamesEachCorruptChunk) {
   r = RunCli("ckpt verify --json --step 20 " + dir_.path());
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.out, HasSubstr(R"("ok":false)"));
-  EXPECT_THAT(r.out, HasSubstr(R"("payload_offset":8192,"file_offset":12288,"rank":1,"step":20)"));
+  EXPECT_THAT(r.out,
+              HasSubstr(R"("payload_offset":"8192","file_offset":"12288","rank":1,"step":"20")"));
 }
 
 TEST(CkptCliUsage, BadArgumentsExitWithTwo) {

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <string>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
@@ -136,16 +137,21 @@ TEST_F(FlightRecorderCli, ShowJsonWithLastPrintsOnlyTheNewestRecords) {
   Result r =
       RunCli(absl::StrFormat("flight-recorder show --json --last 2 --job %s --rank 0", job_));
   EXPECT_EQ(r.exit_code, 0) << r.err;
+  // The FlightRecorderDump that `dump` would write, in proto3 JSON (docs/FORMATS.md): 64-bit
+  // integers are strings, bytes are base64, the type is its number (6: collective_begin).
   EXPECT_THAT(r.out, HasSubstr(absl::StrFormat(
-                         R"({"segment":"/trainguard.%s.fr.rank0","rank":0,"writer_pid":%d,)"
-                         R"("writer_state":"running","capacity":16,"next_seq":6,"records":[)",
+                         R"({"format_version":1,"segment":"/trainguard.%s.fr.rank0","rank":0,)"
+                         R"("writer_pid":%d,"capacity":16,"next_seq":"6","records":[)",
                          job_, getpid())));
-  EXPECT_THAT(r.out, HasSubstr(R"("step":2,"type":"collective_begin","flags":0,"peer":3,)"
-                               R"("comm_id":2748,"comm_seq":5,"bytes":4096,"value":7,)"
-                               R"("name":"allreduce"})"));
-  EXPECT_THAT(r.out, HasSubstr(R"({"seq":4,)"));
-  EXPECT_THAT(r.out, Not(HasSubstr(R"({"seq":3,)")));
-  EXPECT_THAT(r.out, HasSubstr(R"(],"dropped":0})"));
+  EXPECT_THAT(r.out, HasSubstr(absl::StrCat(R"("step":"2","type":6,"flags":0,"peer":3,)"
+                                            R"("comm_id":"2748","comm_seq":"5","bytes":"4096",)"
+                                            R"("value":"7","name":")",
+                                            absl::Base64Escape("allreduce"), R"("})")));
+  EXPECT_THAT(r.out, HasSubstr(R"({"seq":"4",)"));
+  EXPECT_THAT(r.out, Not(HasSubstr(R"({"seq":"3",)")));
+  EXPECT_THAT(r.out, HasSubstr(absl::StrCat(R"("evidence":[{"key":"writer_state","value":")",
+                                            absl::Base64Escape("running"), R"("}])")));
+  EXPECT_THAT(r.out, HasSubstr(R"("dropped":"0"})"));
 }
 
 TEST_F(FlightRecorderCli, ADeadRanksRingIsShownDumpedAndTheDumpShown) {
@@ -178,9 +184,10 @@ TEST_F(FlightRecorderCli, ADeadRanksRingIsShownDumpedAndTheDumpShown) {
   r = RunCli("flight-recorder show --json --last 1 " + file);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr(R"("rank":2,)"));
-  EXPECT_THAT(r.out, HasSubstr(R"("records":[{"seq":100,)"));
-  EXPECT_THAT(r.out, HasSubstr(R"("evidence":[{"key":"reason","value":)"
-                               R"("trainguard flight-recorder dump"},)"));
+  EXPECT_THAT(r.out, HasSubstr(R"("records":[{"seq":"100",)"));
+  EXPECT_THAT(r.out, HasSubstr(absl::StrCat(R"("evidence":[{"key":"reason","value":")",
+                                            absl::Base64Escape("trainguard flight-recorder dump"),
+                                            R"("},)")));
 }
 
 TEST_F(FlightRecorderCli, RemoveWithoutARankRemovesEveryRankOfTheJobOnly) {

@@ -54,6 +54,23 @@ TEST(EventLog, PathIsPerRankUnderTheRunDir) {
   EXPECT_EQ(EventLogPath("/runs/job", 42), "/runs/job/events/rank-00042.tgev");
 }
 
+TEST(EventLog, JsonIsTheEventRecordInProto3JsonWithEveryCharacterEscaped) {
+  Event e;
+  e.time = absl::FromUnixMicros(1'700'000'000'123'456);
+  e.rank = 3;
+  e.step = 12;
+  e.generation = 0;
+  e.type = EventType::kStepFault;
+  e.message = "say \"hi\"\n\tback\\slash \x01";
+  e.attributes = {{"fault", "nan"}, {"duration_us", "7"}};
+  absl::StatusOr<std::string> json = EventToJson(e);
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ(*json,
+            R"({"time_unix_micros":"1700000000123456","rank":3,"step":"12","generation":"0",)"
+            R"("type":3,"message":"say \"hi\"\n\tback\\slash \u0001",)"
+            R"("attributes":[{"key":"fault","value":"nan"},{"key":"duration_us","value":"7"}]})");
+}
+
 TEST(EventLog, AppendedEventsReadBackWithEveryField) {
   TempDir dir;
   const std::string path = WriteEvents(dir, 3);

@@ -92,7 +92,7 @@ TEST(GlooCollectives, AHungAllreduceIsReportedWhileBlockedAndTheContextIsAborted
   ASSERT_TRUE(peer_connected.WaitForNotificationWithTimeout(absl::Seconds(60)));
 
   CollectiveTrackerOptions tracker_options;
-  tracker_options.warmup_bound = absl::Milliseconds(200);
+  tracker_options.bound.warmup_bound = absl::Milliseconds(200);
   auto tracker = CollectiveTracker::Create(tracker_options);
   ASSERT_TRUE(tracker.ok());
   ASSERT_TRUE(RegisterGlooContext(**tracker, kDp, "dp", context).ok());

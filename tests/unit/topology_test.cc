@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "trainguard/options.h"
 
 namespace trainguard {
 namespace {
@@ -124,6 +125,27 @@ TEST(TopologyTest, RejectsDegreesWhoseProductOverflowsInt) {
       CreateStatus({.world_size = 1 << 30, .tp = 1 << 16, .cp = 1 << 16, .pp = 1});
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(status.message()), HasSubstr("tp*cp*pp = 4294967296"));
+}
+
+TEST(TopologyTest, OptionsRefuseExactlyTheShapesTopologyRefusesWithTheSameMessage) {
+  for (int world_size = 1; world_size <= 12; ++world_size) {
+    for (int tp = -1; tp <= 4; ++tp) {
+      for (int cp = 0; cp <= 3; ++cp) {
+        for (int pp = 0; pp <= 3; ++pp) {
+          SCOPED_TRACE(absl::StrCat("world_size=", world_size, " tp=", tp, " cp=", cp, " pp=", pp));
+          Options options;
+          options.world_size = world_size;
+          options.tp = tp;
+          options.cp = cp;
+          options.pp = pp;
+          const absl::Status from_options = options.Validate();
+          const absl::Status from_topology =
+              CreateStatus({.world_size = world_size, .tp = tp, .cp = cp, .pp = pp});
+          EXPECT_EQ(from_options, from_topology);
+        }
+      }
+    }
+  }
 }
 
 TEST(TopologyTest, RejectsRanksPerHostThatDoesNotDivideWorldSize) {

@@ -437,24 +437,24 @@ TEST(Watchdog, OptionsComeFromTheWatchdogKeys) {
   options.watchdog_history = 10;
   WatchdogOptions w = WatchdogOptions::FromOptions(options);
   EXPECT_EQ(w.poll_period, absl::ZeroDuration());
-  EXPECT_EQ(w.warmup_samples, 7);
-  EXPECT_EQ(w.warmup_bound, absl::Seconds(1));
-  EXPECT_EQ(w.bound_factor_pct, 250);
-  EXPECT_EQ(w.floor, absl::Milliseconds(50));
-  EXPECT_EQ(w.history, 10);
+  EXPECT_EQ(w.bound.warmup_samples, 7);
+  EXPECT_EQ(w.bound.warmup_bound, absl::Seconds(1));
+  EXPECT_EQ(w.bound.bound_factor_pct, 250);
+  EXPECT_EQ(w.bound.floor, absl::Milliseconds(50));
+  EXPECT_EQ(w.bound.history, 10);
   CollectiveTrackerOptions t = CollectiveTrackerOptions::FromOptions(options);
-  EXPECT_EQ(t.warmup_bound, absl::Seconds(1));
-  EXPECT_EQ(t.history, 10);
+  EXPECT_EQ(t.bound.warmup_bound, absl::Seconds(1));
+  EXPECT_EQ(t.bound.history, 10);
 }
 
 TEST(Watchdog, InvalidOptionsAreRejectedNamingTheField) {
   WatchdogOptions options;
-  options.bound_factor_pct = 50;
+  options.bound.bound_factor_pct = 50;
   auto wd = Watchdog::Create(options);
   ASSERT_FALSE(wd.ok());
   EXPECT_THAT(std::string(wd.status().message()), HasSubstr("bound_factor_pct"));
   options = WatchdogOptions{};
-  options.history = 0;
+  options.bound.history = 0;
   EXPECT_THAT(std::string(Watchdog::Create(options).status().message()), HasSubstr("history"));
 }
 
@@ -463,9 +463,9 @@ TEST(Watchdog, InvalidOptionsAreRejectedNamingTheField) {
 TEST(WatchdogThread, DetectsAPhaseThatStopsTickingOnItsOwnThread) {
   WatchdogOptions options;
   options.poll_period = absl::Milliseconds(5);
-  options.warmup_samples = 3;
-  options.warmup_bound = absl::Seconds(30);
-  options.floor = absl::Milliseconds(50);
+  options.bound.warmup_samples = 3;
+  options.bound.warmup_bound = absl::Seconds(30);
+  options.bound.floor = absl::Milliseconds(50);
   // Declared before the watchdog, so they outlive its monitor thread (joined by its destructor).
   Notification hung;
   std::atomic<int64_t> detected_ns{0};
