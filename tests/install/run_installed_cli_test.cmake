@@ -2,7 +2,7 @@
 # the installed `trainguard` with an empty environment (no LD_LIBRARY_PATH), from the prefix it
 # was installed to and again after the prefix was moved.
 function(run_installed_cli cli)
-  foreach(args "version")
+  foreach(args "version" "--help")
     separate_arguments(argv UNIX_COMMAND "${args}")
     execute_process(COMMAND env -i ${cli} ${argv} WORKING_DIRECTORY ${WORK_DIR}
                     RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
