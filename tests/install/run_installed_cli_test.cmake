@@ -18,7 +18,8 @@ set(prefix ${WORK_DIR}/prefix)
 execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix}
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "cmake --install ${BUILD_DIR} --prefix ${prefix} failed (${rc}):\n${out}\n${err}")
+  message(FATAL_ERROR
+          "cmake --install ${BUILD_DIR} --prefix ${prefix} failed (${rc}):\n${out}\n${err}")
 endif()
 run_installed_cli(${prefix}/${BINDIR}/trainguard)
 file(RENAME ${prefix} ${WORK_DIR}/moved)
