@@ -13,9 +13,11 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
@@ -24,21 +26,41 @@
 
 namespace {
 
-sdk::Runtime& SharedRuntime() {
-  static std::unique_ptr<sdk::Runtime> runtime = [] {
+// One Runtime for every benchmark, in a run dir of its own that goes with it at exit.
+class BenchRuntime {
+ public:
+  BenchRuntime() {
     char dir[] = "/tmp/trainguard-bench-XXXXXX";
     if (mkdtemp(dir) == nullptr) std::abort();
+    dir_ = dir;
     sdk::Options options;
     options.job_id = absl::StrCat("bench-guard-", getpid());  // two runs at once do not collide
-    options.run_dir = dir;
+    options.run_dir = dir_;
     absl::StatusOr<std::unique_ptr<sdk::Runtime>> rt = sdk::Runtime::Create(options);
     if (!rt.ok()) {
       std::fprintf(stderr, "bench_guard: %s\n", rt.status().ToString().c_str());
       std::abort();
     }
-    return *std::move(rt);
-  }();
-  return *runtime;
+    runtime_ = *std::move(rt);
+  }
+  ~BenchRuntime() {
+    runtime_.reset();  // it writes its last events into dir_
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+  BenchRuntime(const BenchRuntime&) = delete;
+  BenchRuntime& operator=(const BenchRuntime&) = delete;
+
+  sdk::Runtime& runtime() { return *runtime_; }
+
+ private:
+  std::string dir_;
+  std::unique_ptr<sdk::Runtime> runtime_;
+};
+
+sdk::Runtime& SharedRuntime() {
+  static BenchRuntime shared;
+  return shared.runtime();
 }
 
 // The "train step": small enough that the guard's cost dominates, opaque to the optimiser.
