@@ -8,11 +8,13 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "sdk/checkpoint/persister.h"
 #include "tools/cli_output.pb.h"
 #include "tools/print_json.h"
+#include "tools/usage.h"
 #include "trainguard/env.h"
 
 namespace trainguard::tools {
@@ -48,6 +50,8 @@ std::optional<CkptArgs> Parse(const std::vector<std::string>& args) {
       int64_t step;
       if (!absl::SimpleAtoi(args[++i], &step)) return std::nullopt;
       a.step = step;
+    } else if (!args[i].empty() && args[i][0] == '-') {
+      return std::nullopt;  // an unknown flag, not a DIR
     } else if (a.verb.empty()) {
       a.verb = args[i];
     } else if (a.dir.empty()) {
@@ -195,7 +199,55 @@ std::string CkptUsage() {
          "       trainguard ckpt verify DIR [--step S] [--json]\n";
 }
 
+namespace {
+
+constexpr char kCkptExitStatus[] =
+    "\nExit status: 0 success, 1 DIR cannot be read or a shard is corrupt, 2 bad usage.\n";
+
+// What --help prints: the usage of `verb`, or of the whole command when no verb was named.
+std::string CkptHelp(const std::string& verb) {
+  if (verb == "list") {
+    return absl::StrCat("usage: trainguard ckpt list DIR [--json]\n\n",
+                        "Lists the committed steps in DIR: each step's ranks and payload size.\n",
+                        kCkptExitStatus);
+  }
+  if (verb == "inspect") {
+    return absl::StrCat(
+        "usage: trainguard ckpt inspect DIR [--step S] [--json]\n\n",
+        "Shows the shards of step S (default: the newest committed step): generation, layout\n"
+        "hash, payload size, chunks and file of each rank's shard.\n",
+        kCkptExitStatus);
+  }
+  if (verb == "verify") {
+    return absl::StrCat(
+        "usage: trainguard ckpt verify DIR [--step S] [--json]\n\n",
+        "Reads every chunk of every committed shard (of step S only, with --step) and checks it;\n"
+        "prints one CORRUPT line per bad chunk (file, offset, rank, step) and exits 1 if any.\n",
+        kCkptExitStatus);
+  }
+  return absl::StrCat(CkptUsage(),
+                      "\n"
+                      "Reads the checkpoint shards a Persister wrote to DIR; no job needs to run.\n"
+                      "  list     the committed steps\n"
+                      "  inspect  one step's shards\n"
+                      "  verify   every chunk of every committed shard\n"
+                      "`trainguard ckpt VERB --help` describes one verb.\n",
+                      kCkptExitStatus);
+}
+
+}  // namespace
+
 int RunCkptCommand(const std::vector<std::string>& args) {
+  if (AsksForHelp(args)) {
+    // The verb, when one was named, is the first word; an unknown one is still bad usage.
+    const std::string verb = args.empty() || args[0].starts_with("-") ? "" : args[0];
+    if (!verb.empty() && verb != "list" && verb != "inspect" && verb != "verify") {
+      absl::FPrintF(stderr, "trainguard ckpt: unknown verb %s\n%s", verb, CkptUsage());
+      return kExitUsageError;
+    }
+    absl::PrintF("%s", CkptHelp(verb));
+    return kExitOk;
+  }
   std::optional<CkptArgs> a = Parse(args);
   if (!a) {
     absl::FPrintF(stderr, "%s", CkptUsage().c_str());

@@ -6,7 +6,8 @@
 //   trainguard ckpt verify DIR [--step S] [--json]     every chunk of every committed shard
 //
 // Exit codes: 0 success (verify: every shard intact); 1 a shard is corrupt or missing, or DIR
-// cannot be read (each corrupt chunk is named: file, payload offset, rank, step); 2 bad usage.
+// cannot be read (each corrupt chunk is named: file, payload offset, rank, step); 2 bad usage (the
+// usage on stderr). --help or -h prints the usage of the verb named, or of all, and exits 0.
 #ifndef TRAINGUARD_TOOLS_CKPT_COMMAND_H_
 #define TRAINGUARD_TOOLS_CKPT_COMMAND_H_
 

@@ -20,6 +20,7 @@
 #include "sdk/watchdog/hang_diagnosis.h"
 #include "tools/cli_output.pb.h"
 #include "tools/print_json.h"
+#include "tools/usage.h"
 
 namespace trainguard::tools {
 namespace {
@@ -329,7 +330,71 @@ std::string FlightRecorderUsage() {
          "                                           [--generation G] [--json]\n";
 }
 
+namespace {
+
+constexpr char kFlightRecorderExitStatus[] =
+    "\nExit status: 0 success, 1 a segment or file is missing, unreadable or not a flight\n"
+    "recorder's, 2 bad usage.\n";
+
+// What --help prints: the usage of `verb`, or of the whole command when no verb was named.
+std::string FlightRecorderHelp(const std::string& verb) {
+  if (verb == "show") {
+    return absl::StrCat(
+        "usage: trainguard flight-recorder show --job J --rank R [--json] [--last N]\n"
+        "       trainguard flight-recorder show FILE [--json] [--last N]\n\n"
+        "Prints the live ring of rank R of job J (read from shared memory while the rank runs,\n"
+        "hangs, is stopped or after it died), or a dump FILE and its evidence: one line per\n"
+        "record, the last N only with --last.\n",
+        kFlightRecorderExitStatus);
+  }
+  if (verb == "dump") {
+    return absl::StrCat(
+        "usage: trainguard flight-recorder dump --job J --rank R --out FILE\n\n"
+        "Saves the live ring of rank R of job J to FILE (protobuf, written atomically).\n",
+        kFlightRecorderExitStatus);
+  }
+  if (verb == "remove") {
+    return absl::StrCat(
+        "usage: trainguard flight-recorder remove --job J [--rank R]\n\n"
+        "Removes the shared-memory segment of rank R of job J, or every rank's without --rank.\n",
+        kFlightRecorderExitStatus);
+  }
+  if (verb == "diagnose") {
+    return absl::StrCat(
+        "usage: trainguard flight-recorder diagnose RUN_DIR [--job J] [--world-size N]\n"
+        "                                           [--generation G] [--json]\n\n"
+        "Reads the hang dumps in RUN_DIR/flight_recorder (of generation G; default: the newest\n"
+        "generation a dump names) and, with --job, the live rings of ranks that wrote none, and\n"
+        "names the suspects of the hang. With --world-size, ranks in [0, N) with no dump are\n"
+        "reported missing.\n",
+        kFlightRecorderExitStatus);
+  }
+  return absl::StrCat(FlightRecorderUsage(),
+                      "\n"
+                      "Reads the flight recorder of a rank and the dumps of a hang.\n"
+                      "  show      a rank's live ring, or a dump file\n"
+                      "  dump      save a rank's live ring to a file\n"
+                      "  remove    remove a job's shared-memory segments\n"
+                      "  diagnose  name the suspects of a hang from the ranks' dumps\n"
+                      "`trainguard flight-recorder VERB --help` describes one verb.\n",
+                      kFlightRecorderExitStatus);
+}
+
+}  // namespace
+
 int RunFlightRecorderCommand(const std::vector<std::string>& args) {
+  if (AsksForHelp(args)) {
+    // The verb, when one was named, is the first word; an unknown one is still bad usage.
+    const std::string verb = args.empty() || args[0].starts_with("-") ? "" : args[0];
+    if (!verb.empty() && verb != "show" && verb != "dump" && verb != "remove" &&
+        verb != "diagnose") {
+      absl::FPrintF(stderr, "trainguard flight-recorder: unknown verb %s\n%s", verb,
+                    FlightRecorderUsage());
+      return kExitUsageError;
+    }
+    absl::PrintF("%s", FlightRecorderHelp(verb));
+    return kExitOk;
+  }
   std::optional<FlightRecorderArgs> a = Parse(args);
   if (!a) {
     absl::FPrintF(stderr, "%s", FlightRecorderUsage());

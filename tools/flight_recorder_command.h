@@ -14,7 +14,8 @@
 //       that wrote none) and names the suspects (sdk/watchdog/hang_diagnosis.h)
 //
 // Exit codes: 0 success; 1 a segment or file is missing, unreadable or not a flight recorder's (the
-// message names it); 2 bad usage.
+// message names it); 2 bad usage (the usage on stderr). --help or -h prints the usage of the verb
+// named, or of all, and exits 0.
 #ifndef TRAINGUARD_TOOLS_FLIGHT_RECORDER_COMMAND_H_
 #define TRAINGUARD_TOOLS_FLIGHT_RECORDER_COMMAND_H_
 

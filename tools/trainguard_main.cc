@@ -6,14 +6,17 @@
 //                                                      (tools/flight_recorder_command.h)
 //   trainguard events [--json] FILE|RUN_DIR...    print event files (a run dir means all its
 //   ranks')
+//   trainguard run ... -- COMMAND...              a job's ranks and standbys (tools/launcher.h)
 //
+// Every command and verb prints its usage on stdout and exits 0 for --help or -h (tools/usage.h).
 // Exit codes: 0 success; 1 a file could not be read or is corrupt (the message names it and the
-// offset); 2 bad usage.
+// offset); 2 bad usage (the usage goes to stderr).
 #include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
@@ -21,6 +24,7 @@
 #include "tools/flight_recorder_command.h"
 #include "tools/launcher.h"
 #include "tools/print_json.h"
+#include "tools/usage.h"
 #include "trainguard/sdk.h"
 
 namespace {
@@ -29,14 +33,58 @@ constexpr int kExitOk = 0;
 constexpr int kExitDataError = 1;
 constexpr int kExitUsage = 2;
 
-int Usage() {
-  std::fprintf(stderr,
-               "usage: trainguard version\n"
-               "       trainguard events [--json] FILE|RUN_DIR...\n"
-               "       trainguard run --nproc N [--standby K] ... -- COMMAND...\n"
-               "       trainguard ckpt list|inspect|verify DIR [--step S] [--json]\n"
-               "       trainguard flight-recorder show|dump|remove|diagnose ... (flight-recorder --help)\n");
+using trainguard::tools::AsksForHelp;
+
+constexpr char kUsage[] =
+    "usage: trainguard version\n"
+    "       trainguard events [--json] FILE|RUN_DIR...\n"
+    "       trainguard run --nproc N [--standby K] ... -- COMMAND...\n"
+    "       trainguard ckpt list|inspect|verify DIR [--step S] [--json]\n"
+    "       trainguard flight-recorder show|dump|remove|diagnose ...\n";
+
+constexpr char kHelp[] =
+    "\n"
+    "  version          print the version of trainguard\n"
+    "  events           print the events ranks wrote (a run dir: every rank's)\n"
+    "  run              start a job's ranks and warm standbys; replace ranks that die\n"
+    "  ckpt             list, inspect and verify persisted checkpoint shards\n"
+    "  flight-recorder  read a rank's flight recorder; diagnose a hang\n"
+    "`trainguard COMMAND --help` describes one command.\n"
+    "\n"
+    "Exit status: 0 success, 1 a file could not be read or is corrupt, 2 bad usage\n"
+    "(`trainguard run` has its own; see `trainguard run --help`).\n";
+
+constexpr char kVersionUsage[] = "usage: trainguard version\n";
+constexpr char kVersionHelp[] = "\nPrints the version of trainguard (the library it runs with).\n";
+
+constexpr char kEventsUsage[] = "usage: trainguard events [--json] FILE|RUN_DIR...\n";
+constexpr char kEventsHelp[] =
+    "\n"
+    "Prints the events in event files (*.tgev); a run directory stands for all its ranks' files\n"
+    "(RUN_DIR/events), in rank order. --json prints one JSON object per event and line.\n"
+    "\n"
+    "Exit status: 0 success, 1 a file could not be read or is corrupt, 2 bad usage.\n";
+
+// After RunUsage() (tools/launcher.cc, which lists the flags).
+constexpr char kRunHelp[] =
+    "\n"
+    "Starts N ranks and K warm standbys of COMMAND on this machine, hosts the job's store (or\n"
+    "uses --store), and replaces a rank that dies or stops heartbeating with a standby while\n"
+    "the other ranks keep their processes. Output is echoed with a [rank N] prefix and kept in\n"
+    "the run dir (default: $TMPDIR/trainguard/JOB_ID).\n"
+    "\n"
+    "Exit status: 0 every rank finished with 0; 1 the job failed; 2 bad usage; 3 the job could\n"
+    "not be started (store, run dir, spawn); 128+N interrupted by signal N.\n";
+
+// A usage error: what was wrong, then the usage, on stderr.
+int UsageError(const std::string& what, const std::string& usage) {
+  std::fprintf(stderr, "trainguard: %s\n%s", what.c_str(), usage.c_str());
   return kExitUsage;
+}
+
+int Help(const std::string& text) {
+  std::printf("%s", text.c_str());
+  return kExitOk;
 }
 
 std::string EventToText(const sdk::Event& e) {
@@ -68,18 +116,19 @@ std::vector<std::string> ExpandPaths(const std::vector<std::string>& args) {
 }
 
 int Events(const std::vector<std::string>& args) {
+  if (AsksForHelp(args)) return Help(absl::StrCat(kEventsUsage, kEventsHelp));
   bool json = false;
   std::vector<std::string> inputs;
   for (const std::string& a : args) {
     if (a == "--json") {
       json = true;
     } else if (!a.empty() && a[0] == '-') {
-      return Usage();
+      return UsageError("events: unknown flag " + a, kEventsUsage);
     } else {
       inputs.push_back(a);
     }
   }
-  if (inputs.empty()) return Usage();
+  if (inputs.empty()) return UsageError("events: no FILE or RUN_DIR", kEventsUsage);
   int rc = kExitOk;
   for (const std::string& path : ExpandPaths(inputs)) {
     absl::StatusOr<sdk::EventLogContents> contents = sdk::ReadEventLog(sdk::Env::Default(), path);
@@ -103,28 +152,34 @@ int Events(const std::vector<std::string>& args) {
   return rc;
 }
 
+int Run(const std::vector<std::string>& args) {
+  namespace tools = trainguard::tools;
+  if (AsksForHelp(args)) return Help(tools::RunUsage() + kRunHelp);
+  absl::StatusOr<tools::LaunchConfig> config = tools::ParseRunArguments(args);
+  if (!config.ok()) {
+    std::fprintf(stderr, "trainguard run: %s\n%s", std::string(config.status().message()).c_str(),
+                 tools::RunUsage().c_str());
+    return tools::kExitUsage;
+  }
+  return tools::RunJob(*config);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) return Usage();
+  if (argc < 2) return UsageError("no command", kUsage);
   const std::string verb = argv[1];
   const std::vector<std::string> args(argv + 2, argv + argc);
+  if (verb == "--help" || verb == "-h") return Help(absl::StrCat(kUsage, kHelp));
   if (verb == "version") {
+    if (AsksForHelp(args)) return Help(absl::StrCat(kVersionUsage, kVersionHelp));
+    if (!args.empty()) return UsageError("version takes no arguments", kVersionUsage);
     std::printf("trainguard %s\n", sdk::VersionString());
     return kExitOk;
   }
   if (verb == "events") return Events(args);
   if (verb == "ckpt") return trainguard::tools::RunCkptCommand(args);
   if (verb == "flight-recorder") return trainguard::tools::RunFlightRecorderCommand(args);
-  if (verb == "run") {
-    absl::StatusOr<trainguard::tools::LaunchConfig> config =
-        trainguard::tools::ParseRunArguments(args);
-    if (!config.ok()) {
-      std::fprintf(stderr, "trainguard run: %s\n%s", std::string(config.status().message()).c_str(),
-                   trainguard::tools::RunUsage().c_str());
-      return trainguard::tools::kExitUsage;
-    }
-    return trainguard::tools::RunJob(*config);
-  }
-  return Usage();
+  if (verb == "run") return Run(args);
+  return UsageError("unknown command " + verb, kUsage);
 }
