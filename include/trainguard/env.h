@@ -44,6 +44,13 @@ class WritableFile {
   virtual const std::string& path() const = 0;
 };
 
+// A file descriptor an Env opened for positioned I/O that the caller issues itself (io_uring,
+// pwritev, pread): checkpoint shards. The caller owns `fd` and closes it.
+struct OpenedFile {
+  int fd = -1;
+  bool direct = false;  // opened O_DIRECT (false where the file system refuses it, e.g. tmpfs)
+};
+
 class Env {
  public:
   virtual ~Env() = default;
@@ -68,6 +75,14 @@ class Env {
   virtual absl::Status TruncateFile(const std::string& path, uint64_t size) = 0;
   // Makes a rename or file creation inside `dir` durable (fsync on the directory).
   virtual absl::Status SyncDir(const std::string& dir) = 0;
+
+  // Creates or truncates `path` for writing a checkpoint shard, O_DIRECT where the file system
+  // allows it, and reserves `bytes` for it (fallocate), so that a full disk fails here, before
+  // any write, with ResourceExhausted naming the path; the file is then removed again.
+  virtual absl::StatusOr<OpenedFile> OpenForPreallocatedWrite(const std::string& path,
+                                                              uint64_t bytes) = 0;
+  // Opens `path` read-only, O_DIRECT where the file system allows it.
+  virtual absl::StatusOr<OpenedFile> OpenForDirectRead(const std::string& path) = 0;
 
   // The POSIX file system. Never deleted.
   static Env* Default();
@@ -106,6 +121,13 @@ class EnvWrapper : public Env {
     return target_->TruncateFile(path, size);
   }
   absl::Status SyncDir(const std::string& dir) override { return target_->SyncDir(dir); }
+  absl::StatusOr<OpenedFile> OpenForPreallocatedWrite(const std::string& path,
+                                                      uint64_t bytes) override {
+    return target_->OpenForPreallocatedWrite(path, bytes);
+  }
+  absl::StatusOr<OpenedFile> OpenForDirectRead(const std::string& path) override {
+    return target_->OpenForDirectRead(path);
+  }
 
  private:
   Env* const target_;

@@ -36,25 +36,6 @@ std::string ShardContext(const ShardRecord& r) {
   return absl::StrFormat("shard %s (rank %d, step %d)", r.shard_path, r.rank, r.step);
 }
 
-// Opens `path` for O_DIRECT writing, or for buffered writing where the file system refuses
-// O_DIRECT (tmpfs: EINVAL), saying so once per process.
-absl::StatusOr<int> OpenForDirectWrite(const std::string& path) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644);
-  if (fd < 0 && errno == EINVAL) {
-    static bool warned = false;
-    if (!warned) {
-      warned = true;
-      std::fprintf(stderr,
-                   "trainguard: O_DIRECT refused for %s (EINVAL): checkpoint shards are written "
-                   "buffered + fdatasync\n",
-                   path.c_str());
-    }
-    fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  }
-  if (fd < 0) return ErrnoToStatus(errno, absl::StrFormat("open %s", path));
-  return fd;
-}
-
 // Reads `length` bytes at `offset` (fewer at the end of the file).
 absl::StatusOr<size_t> ReadAt(int fd, const std::string& path, uint64_t offset, char* into,
                               size_t length) {
@@ -101,10 +82,9 @@ class ShardScanner {
     absl::StatusOr<uint64_t> size = env->GetFileSize(path_);
     if (!size.ok()) return size.status();
     file_bytes_ = *size;
-    int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
-    if (fd < 0 && errno == EINVAL) fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return ErrnoToStatus(errno, absl::StrFormat("open %s", path_));
-    fd_ = std::make_unique<ScopedFd>(fd);
+    absl::StatusOr<OpenedFile> file = env->OpenForDirectRead(path_);
+    if (!file.ok()) return file.status();
+    fd_ = std::make_unique<ScopedFd>(file->fd);
     chunk_count_ = record_.chunk_checksums.size();
     // Reads span several chunks: one large O_DIRECT read keeps the device busier than a chunk at
     // a time. Two buffers: the next read runs on a prefetch thread while the current is checked.
@@ -313,15 +293,13 @@ absl::Status Persister::Impl::WriteShard(const std::string& path,
                                          std::string_view payload,
                                          const std::vector<uint64_t>& chunk_checksums) {
   using checkpoint::WriteSegment;
-  absl::StatusOr<int> fd = OpenForDirectWrite(path);
-  if (!fd.ok()) return fd.status();
-  ScopedFd closer(*fd);
+  // Through the Env (a test's Env fills the disk here); preallocated, so the writes neither extend
+  // the file nor allocate blocks, and a full disk shows before any write.
   const uint64_t file_bytes = checkpoint::ShardFileBytes(payload.size(), options_.chunk_bytes);
-  // Preallocated, so the O_DIRECT writes neither extend the file nor allocate blocks, and a full
-  // disk shows here, before any write.
-  if (::fallocate(*fd, 0, 0, static_cast<off_t>(file_bytes)) != 0 && errno != EOPNOTSUPP) {
-    return ErrnoToStatus(errno, absl::StrFormat("fallocate %s (%d bytes)", path, file_bytes));
-  }
+  absl::StatusOr<OpenedFile> file = env_->OpenForPreallocatedWrite(path, file_bytes);
+  if (!file.ok()) return file.status();
+  const int fd = file->fd;
+  ScopedFd closer(fd);
   const std::string header_block = checkpoint::EncodeShardHeader(header);
   const std::string trailer = checkpoint::EncodeShardTrailer(chunk_checksums);
   std::vector<WriteSegment> segments;
@@ -338,7 +316,7 @@ absl::Status Persister::Impl::WriteShard(const std::string& path,
                         absl::string_view(trailer).substr(
                             at, std::min<uint64_t>(options_.chunk_bytes, trailer.size() - at))});
   }
-  if (absl::Status s = writer_->WriteAndSync(*fd, path, segments); !s.ok()) return s;
+  if (absl::Status s = writer_->WriteAndSync(fd, path, segments); !s.ok()) return s;
   if (::close(closer.release()) != 0) return ErrnoToStatus(errno, absl::StrFormat("close %s", path));
   return absl::OkStatus();
 }

@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -165,7 +167,43 @@ class PosixEnv final : public Env {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<OpenedFile> OpenForPreallocatedWrite(const std::string& path,
+                                                      uint64_t bytes) override {
+    constexpr int kFlags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+    OpenedFile file{::open(path.c_str(), kFlags | O_DIRECT, 0644), true};
+    if (file.fd < 0 && errno == EINVAL) {
+      WarnBufferedOnce(path);
+      file = {::open(path.c_str(), kFlags, 0644), false};
+    }
+    if (file.fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", path));
+    // Preallocated, so the writes neither extend the file nor allocate blocks.
+    if (::fallocate(file.fd, 0, 0, static_cast<off_t>(bytes)) != 0 && errno != EOPNOTSUPP) {
+      const int error = errno;
+      ::close(file.fd);
+      ::unlink(path.c_str());
+      return ErrnoToStatus(error, absl::StrCat("fallocate ", path, " (", bytes, " bytes)"));
+    }
+    return file;
+  }
+
+  absl::StatusOr<OpenedFile> OpenForDirectRead(const std::string& path) override {
+    OpenedFile file{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT), true};
+    if (file.fd < 0 && errno == EINVAL) file = {::open(path.c_str(), O_RDONLY | O_CLOEXEC), false};
+    if (file.fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", path));
+    return file;
+  }
+
  private:
+  // Where O_DIRECT is refused (tmpfs: EINVAL), shards are written buffered + fdatasync; said once.
+  static void WarnBufferedOnce(const std::string& path) {
+    static std::atomic<bool> warned{false};
+    if (warned.exchange(true)) return;
+    std::fprintf(stderr,
+                 "trainguard: O_DIRECT refused for %s (EINVAL): checkpoint shards are written "
+                 "buffered + fdatasync\n",
+                 path.c_str());
+  }
+
   static absl::StatusOr<std::unique_ptr<WritableFile>> Open(const std::string& path, int flags) {
     int fd = ::open(path.c_str(), flags, 0644);
     if (fd < 0) return PosixError("open", path, errno);

@@ -572,6 +572,8 @@ class SmallTmpfs : public ::testing::Test {
   void SetUp() override {
     mount_point_ = dir_.File("tmpfs");
     std::filesystem::create_directories(mount_point_);
+    // The same fault as AFullDiskFromTheEnv... above, from a real file system. Needs root or
+    // CAP_SYS_ADMIN (CI runs as root); the Env test covers every other machine.
     if (::mount("tmpfs", mount_point_.c_str(), "tmpfs", 0, "size=2m") != 0) {
       GTEST_SKIP() << "cannot mount a 2 MiB tmpfs (" << std::strerror(errno)
                    << "): needs root or CAP_SYS_ADMIN";
@@ -600,6 +602,58 @@ TEST_F(SmallTmpfs, AFullDiskFailsWithResourceExhaustedAndKeepsThePreviousStep) {
   EXPECT_TRUE(*ReadShardPayload(Env::Default(), listed->back()) == previous);
   // The space is given back: the next, smaller step commits.
   EXPECT_TRUE(PersistStep(*p, 3, MakePayload(512 << 10, 3)).ok());
+}
+
+// --- A full disk through the Env seam: no root, no mount. The Env gives the checkpoint directory a
+// capacity; a shard whose preallocation would pass it fails as the POSIX Env reports ENOSPC.
+
+class FullDiskEnv : public EnvWrapper {
+ public:
+  explicit FullDiskEnv(uint64_t capacity) : EnvWrapper(Env::Default()), capacity_(capacity) {}
+
+  absl::StatusOr<OpenedFile> OpenForPreallocatedWrite(const std::string& path,
+                                                      uint64_t bytes) override {
+    if (used_ + bytes > capacity_) {
+      ++refusals_;
+      return ErrnoToStatus(ENOSPC, "fallocate " + path + " (" + std::to_string(bytes) + " bytes)");
+    }
+    used_ += bytes;
+    return target()->OpenForPreallocatedWrite(path, bytes);
+  }
+  absl::Status RemoveFile(const std::string& path) override {
+    absl::StatusOr<uint64_t> size = target()->GetFileSize(path);
+    absl::Status s = target()->RemoveFile(path);
+    if (s.ok() && size.ok()) used_ -= std::min(used_, *size);
+    return s;
+  }
+  int refusals() const { return refusals_; }
+
+ private:
+  const uint64_t capacity_;
+  uint64_t used_ = 0;
+  int refusals_ = 0;
+};
+
+TEST(Persister, AFullDiskFromTheEnvFailsWithResourceExhaustedAndKeepsThePreviousStep) {
+  TempDir dir;
+  FullDiskEnv env(/*capacity=*/2 << 20);
+  PersisterOptions options = Options(dir.path());
+  options.env = &env;
+  auto p = MustCreate(options);
+  ASSERT_TRUE(p);
+  const std::string previous = MakePayload(512 << 10, 1);
+  ASSERT_TRUE(PersistStep(*p, 1, previous).ok());
+  absl::StatusOr<ShardRecord> failed = PersistStep(*p, 2, MakePayload(3 << 20, 2));
+  ASSERT_EQ(failed.status().code(), absl::StatusCode::kResourceExhausted) << failed.status();
+  EXPECT_THAT(failed.status().message(), HasSubstr("step-000000000002/rank-00000.shard"));
+  EXPECT_EQ(env.refusals(), 1);
+  EXPECT_EQ(LatestStep(dir.path()), 1);
+  absl::StatusOr<std::vector<ShardRecord>> listed = ListCommittedShards(Env::Default(), dir.path());
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_TRUE(*ReadShardPayload(Env::Default(), listed->back()) == previous);
+  // Nothing of the failed step is left behind to be mistaken for a shard.
+  EXPECT_FALSE(std::filesystem::exists(dir.File("step-000000000002/rank-00000.shard")));
 }
 
 // --- A kernel or container profile that refuses io_uring (seccomp, as Docker's default does).
