@@ -84,6 +84,18 @@ class Env {
   // Opens `path` read-only, O_DIRECT where the file system allows it.
   virtual absl::StatusOr<OpenedFile> OpenForDirectRead(const std::string& path) = 0;
 
+  // Named POSIX shared-memory segments (shm_open): the snapshot arena and the flight-recorder
+  // ring. The caller owns the descriptor it gets, maps it and closes it.
+  // Opens an existing segment; NotFound when there is none.
+  virtual absl::StatusOr<int> OpenSharedMemory(const std::string& name, bool writable) = 0;
+  // Creates `name`, mode 0600 whatever the umask; AlreadyExists when it exists.
+  virtual absl::StatusOr<int> CreateSharedMemory(const std::string& name) = 0;
+  // Sizes the segment behind `fd` to `bytes` and reserves its memory, so that a full /dev/shm
+  // fails here (ResourceExhausted) rather than with SIGBUS at a later store into the mapping.
+  virtual absl::Status ReserveSharedMemory(int fd, const std::string& name, uint64_t bytes) = 0;
+  // NotFound when there is no such segment.
+  virtual absl::Status RemoveSharedMemory(const std::string& name) = 0;
+
   // The POSIX file system. Never deleted.
   static Env* Default();
 };
@@ -127,6 +139,18 @@ class EnvWrapper : public Env {
   }
   absl::StatusOr<OpenedFile> OpenForDirectRead(const std::string& path) override {
     return target_->OpenForDirectRead(path);
+  }
+  absl::StatusOr<int> OpenSharedMemory(const std::string& name, bool writable) override {
+    return target_->OpenSharedMemory(name, writable);
+  }
+  absl::StatusOr<int> CreateSharedMemory(const std::string& name) override {
+    return target_->CreateSharedMemory(name);
+  }
+  absl::Status ReserveSharedMemory(int fd, const std::string& name, uint64_t bytes) override {
+    return target_->ReserveSharedMemory(fd, name, bytes);
+  }
+  absl::Status RemoveSharedMemory(const std::string& name) override {
+    return target_->RemoveSharedMemory(name);
   }
 
  private:

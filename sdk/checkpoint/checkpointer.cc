@@ -593,6 +593,7 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(
   so.generation = options.generation;
   so.copy_threads = options.copy_threads;
   so.chunk_bytes = options.chunk_bytes;
+  so.env = options.env;
   absl::StatusOr<std::unique_ptr<Snapshotter>> snapshotter = Snapshotter::Create(registry, so);
   if (!snapshotter.ok()) return snapshotter.status();
   std::unique_ptr<Persister> persister;

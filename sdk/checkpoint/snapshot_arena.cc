@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "sdk/core/errno_error.h"
 #include "trainguard/env.h"
@@ -69,14 +70,23 @@ absl::Status LockSegment(int fd, const std::string& name) {
   return ErrnoError(errno, kArena, name, "flock");
 }
 
+// An Env error about the arena's segment, saying it is the snapshot arena.
+absl::Status InArena(absl::Status status) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(),
+                      absl::StrCat(std::string(kArena), ": ", std::string(status.message())));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SnapshotArena>> SnapshotArena::OpenOrCreate(
-    const std::string& name, const ArenaGeometry& geometry, std::string* replaced_reason) {
+    Env* env, const std::string& name, const ArenaGeometry& geometry,
+    std::string* replaced_reason) {
   replaced_reason->clear();
   const uint64_t size = geometry.segment_bytes();
-  int fd = shm_open(name.c_str(), O_RDWR, 0600);
-  if (fd >= 0) {
+  absl::StatusOr<int> existing = env->OpenSharedMemory(name, /*writable=*/true);
+  if (existing.ok()) {
+    const int fd = *existing;
     if (absl::Status locked = LockSegment(fd, name); !locked.ok()) {
       close(fd);
       return locked;
@@ -104,31 +114,29 @@ absl::StatusOr<std::unique_ptr<SnapshotArena>> SnapshotArena::OpenOrCreate(
           new SnapshotArena(name, geometry, fd, static_cast<char*>(base), /*reopened=*/true));
     }
     // Another layout: the old snapshot can never be restored into this registry, so it is replaced.
-    shm_unlink(name.c_str());
+    (void)env->RemoveSharedMemory(name);
     close(fd);
-  } else if (errno != ENOENT) {
-    return ErrnoError(errno, kArena, name, "shm_open (existing)");
+  } else if (!absl::IsNotFound(existing.status())) {
+    return InArena(existing.status());
   }
 
-  fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-  if (fd < 0) return ErrnoError(errno, kArena, name, "shm_open (create)");
-  auto fail = [&](int error, const char* operation) {
-    shm_unlink(name.c_str());
+  absl::StatusOr<int> created = env->CreateSharedMemory(name);
+  if (!created.ok()) return InArena(created.status());
+  const int fd = *created;
+  auto fail = [&](absl::Status status) {
+    (void)env->RemoveSharedMemory(name);
     close(fd);
-    return ErrnoError(error, kArena, name, operation);
+    return InArena(std::move(status));
   };
   if (absl::Status locked = LockSegment(fd, name); !locked.ok()) {
     close(fd);
     return locked;
   }
-  if (ftruncate(fd, static_cast<off_t>(size)) != 0) return fail(errno, "ftruncate");
   // Reserve the memory now: a full /dev/shm then fails here, not with SIGBUS in the middle of a
   // copy.
-  if (int error = posix_fallocate(fd, 0, static_cast<off_t>(size)); error != 0) {
-    return fail(error, absl::StrFormat("posix_fallocate of %d bytes", size).c_str());
-  }
+  if (absl::Status s = env->ReserveSharedMemory(fd, name, size); !s.ok()) return fail(s);
   void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, kMapFlags, fd, 0);
-  if (base == MAP_FAILED) return fail(errno, "mmap");
+  if (base == MAP_FAILED) return fail(ErrnoError(errno, kArena, name, "mmap"));
   auto* header = static_cast<ArenaHeader*>(base);
   header->format_version = kArenaFormatVersion;
   header->layout_hash = geometry.layout_hash;
@@ -163,9 +171,8 @@ char* SnapshotArena::payload(int i) const {
   return base_ + kArenaAlignment + 2 * geometry_.slot_header_bytes + i * geometry_.payload_capacity;
 }
 
-absl::Status SnapshotArena::Remove(const std::string& name) {
-  if (shm_unlink(name.c_str()) != 0) return ErrnoError(errno, kArena, name, "shm_unlink");
-  return absl::OkStatus();
+absl::Status SnapshotArena::Remove(Env* env, const std::string& name) {
+  return InArena(env->RemoveSharedMemory(name));
 }
 
 }  // namespace checkpoint_internal

@@ -28,6 +28,8 @@
 #include "sdk/checkpoint/snapshotter.h"
 
 namespace trainguard {
+class Env;
+
 namespace checkpoint_internal {
 
 inline constexpr size_t kArenaAlignment = 4096;
@@ -104,8 +106,10 @@ class SnapshotArena {
  public:
   // Opens the segment `name` when it exists with exactly `geometry`, else creates it (replacing one
   // with another geometry; `*replaced_reason` then says why). FailedPrecondition when a live
-  // process holds it; ResourceExhausted when /dev/shm cannot hold it.
-  static absl::StatusOr<std::unique_ptr<SnapshotArena>> OpenOrCreate(const std::string& name,
+  // process holds it; ResourceExhausted when /dev/shm cannot hold it. The segment is opened,
+  // created, sized and removed through `env` (mapped here).
+  static absl::StatusOr<std::unique_ptr<SnapshotArena>> OpenOrCreate(Env* env,
+                                                                     const std::string& name,
                                                                      const ArenaGeometry& geometry,
                                                                      std::string* replaced_reason);
   ~SnapshotArena();
@@ -121,7 +125,7 @@ class SnapshotArena {
   char* payloads_begin() const { return payload(0); }
   size_t payloads_bytes() const { return 2 * geometry_.payload_capacity; }
 
-  static absl::Status Remove(const std::string& name);
+  static absl::Status Remove(Env* env, const std::string& name);
 
  private:
   SnapshotArena(std::string name, ArenaGeometry geometry, int fd, char* base, bool reopened)

@@ -22,6 +22,7 @@
 #include "sdk/checkpoint/snapshot_arena.h"
 #include "sdk/core/job_id.h"
 #include "trainguard/checkpoint.h"
+#include "trainguard/env.h"
 #include "trainguard/mutex.h"
 
 #if defined(TRAINGUARD_HAVE_CUDA)
@@ -653,6 +654,7 @@ absl::StatusOr<std::unique_ptr<Snapshotter>> Snapshotter::Create(
   PayloadPlan plan = PlanPayload(*registry, options);
   std::string replaced_reason;
   absl::StatusOr<std::unique_ptr<SnapshotArena>> arena = SnapshotArena::OpenOrCreate(
+      options.env != nullptr ? options.env : Env::Default(),
       ArenaName(options.job_id, options.rank), plan.geometry, &replaced_reason);
   if (!arena.ok()) return arena.status();
   if (!replaced_reason.empty()) {
@@ -707,8 +709,8 @@ std::string Snapshotter::ArenaName(std::string_view job_id, int rank) {
   return absl::StrFormat("/trainguard.%s.rank%d", job_id, rank);
 }
 
-absl::Status Snapshotter::RemoveArena(std::string_view job_id, int rank) {
-  return SnapshotArena::Remove(ArenaName(job_id, rank));
+absl::Status Snapshotter::RemoveArena(std::string_view job_id, int rank, Env* env) {
+  return SnapshotArena::Remove(env != nullptr ? env : Env::Default(), ArenaName(job_id, rank));
 }
 
 }  // namespace trainguard

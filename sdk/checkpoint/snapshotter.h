@@ -22,6 +22,8 @@
 
 namespace trainguard {
 
+class Env;
+
 struct SnapshotterOptions {
   std::string job_id = "default";
   int rank = 0;
@@ -29,6 +31,7 @@ struct SnapshotterOptions {
   int copy_threads = 4;             // parallel memcpy for host buffers
   size_t chunk_bytes = 4 << 20;     // checksum granularity (and CUDA copy size)
   size_t max_blob_bytes = 1 << 20;  // arena space reserved for blobs
+  Env* env = nullptr;               // the arena's shared memory; nullptr: Env::Default()
 };
 
 struct SnapshotInfo {
@@ -88,7 +91,7 @@ class Snapshotter {
   // The shared-memory segment name of a rank's arena.
   static std::string ArenaName(std::string_view job_id, int rank);
   // Removes a rank's arena (normal shutdown of a job, or `trainguard` on request).
-  static absl::Status RemoveArena(std::string_view job_id, int rank);
+  static absl::Status RemoveArena(std::string_view job_id, int rank, Env* env = nullptr);
 
  private:
   class Impl;

@@ -2,6 +2,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -191,6 +192,42 @@ class PosixEnv final : public Env {
     if (file.fd < 0 && errno == EINVAL) file = {::open(path.c_str(), O_RDONLY | O_CLOEXEC), false};
     if (file.fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", path));
     return file;
+  }
+
+  absl::StatusOr<int> OpenSharedMemory(const std::string& name, bool writable) override {
+    const int fd = ::shm_open(name.c_str(), writable ? O_RDWR : O_RDONLY, 0);
+    if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("shm_open ", name));
+    return fd;
+  }
+
+  absl::StatusOr<int> CreateSharedMemory(const std::string& name) override {
+    const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("shm_open (create) ", name));
+    // shm_open applies the umask; the mode is part of the segments' contract.
+    if (::fchmod(fd, 0600) != 0) {
+      const int error = errno;
+      ::close(fd);
+      ::shm_unlink(name.c_str());
+      return ErrnoToStatus(error, absl::StrCat("fchmod ", name));
+    }
+    return fd;
+  }
+
+  absl::Status ReserveSharedMemory(int fd, const std::string& name, uint64_t bytes) override {
+    if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+      return ErrnoToStatus(errno, absl::StrCat("ftruncate ", name, " to ", bytes, " bytes"));
+    }
+    if (int error = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); error != 0) {
+      return ErrnoToStatus(error, absl::StrCat("posix_fallocate of ", bytes, " bytes for ", name));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status RemoveSharedMemory(const std::string& name) override {
+    if (::shm_unlink(name.c_str()) != 0) {
+      return ErrnoToStatus(errno, absl::StrCat("shm_unlink ", name));
+    }
+    return absl::OkStatus();
   }
 
  private:

@@ -551,7 +551,7 @@ absl::Status RuntimeImpl::StopJob(const std::string& reason, RecoveryReport& rep
 absl::Status RuntimeImpl::StartDetection() {
   const std::string where = absl::StrCat("rank ", rank_, ": starting hang detection");
   absl::StatusOr<std::unique_ptr<FlightRecorder>> recorder =
-      FlightRecorder::Create(options_.job_id, rank_, options_.flight_recorder_records);
+      FlightRecorder::Create(options_.job_id, rank_, options_.flight_recorder_records, env_);
   if (recorder.ok()) {
     flight_recorder_ = *std::move(recorder);
   } else {

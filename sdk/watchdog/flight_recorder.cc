@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "sdk/core/errno_error.h"
@@ -131,6 +132,14 @@ uint64_t RecordWord(const FlightRecord& record, size_t i) {
 
 constexpr std::string_view kSegment = "flight recorder segment";
 
+// An Env error about a ring's segment, saying it is the flight recorder's.
+absl::Status InSegment(const absl::Status& status, std::string_view what) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(),
+                      absl::StrCat("flight recorder ", std::string(what), what.empty() ? "" : " ",
+                                   std::string(status.message())));
+}
+
 absl::Status CheckJobId(std::string_view job_id, int rank) {
   if (absl::Status s = ValidateJobId(job_id); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("flight recorder: ", s.message()));
@@ -214,41 +223,37 @@ struct FlightRecorder::Segment {
 };
 
 absl::StatusOr<std::unique_ptr<FlightRecorder>> FlightRecorder::Create(std::string_view job_id,
-                                                                       int rank, int capacity) {
+                                                                       int rank, int capacity,
+                                                                       Env* env) {
   if (absl::Status s = CheckJobId(job_id, rank); !s.ok()) return s;
   if (capacity < kMinCapacity || capacity > kMaxCapacity) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "flight recorder: capacity %d is outside [%d, %d]", capacity, kMinCapacity, kMaxCapacity));
   }
   const std::string name = SegmentName(job_id, rank);
+  if (env == nullptr) env = Env::Default();
   // A segment left by a dead process of this rank is replaced, never reused: its writer may have
   // had another capacity, and readers attached to it keep their own mapping.
   // Another process creating the same name between the unlink and the create (a second process
   // of the same job and rank) is retried a few times; the newest creator owns the name.
-  int raw_fd = -1;
-  for (int attempt = 0; attempt < 5 && raw_fd < 0; ++attempt) {
-    if (shm_unlink(name.c_str()) != 0 && errno != ENOENT) {
-      return ErrnoError(errno, kSegment, name, "shm_unlink (stale segment)");
+  absl::StatusOr<int> created = absl::AlreadyExistsError(name);
+  for (int attempt = 0; attempt < 5 && absl::IsAlreadyExists(created.status()); ++attempt) {
+    if (absl::Status s = env->RemoveSharedMemory(name); !s.ok() && !absl::IsNotFound(s)) {
+      return InSegment(s, "(stale segment)");
     }
-    raw_fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (raw_fd < 0 && errno != EEXIST) break;
+    created = env->CreateSharedMemory(name);
   }
-  ScopedFd fd(raw_fd);
-  if (fd.get() < 0) return ErrnoError(errno, kSegment, name, "shm_open (create)");
-  auto fail = [&](int error, const char* operation) {
-    shm_unlink(name.c_str());
-    return ErrnoError(error, kSegment, name, operation);
+  if (!created.ok()) return InSegment(created.status(), "");
+  ScopedFd fd(*created);
+  auto fail = [&](absl::Status status) {
+    (void)env->RemoveSharedMemory(name);
+    return InSegment(status, "");
   };
-  // shm_open applies the umask; the mode is part of the contract (records name ops and peers).
-  if (fchmod(fd.get(), 0600) != 0) return fail(errno, "fchmod");
   const size_t bytes = SegmentBytes(static_cast<uint64_t>(capacity));
-  if (ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) return fail(errno, "ftruncate");
   // Reserve the memory now: a full /dev/shm fails here, not with SIGBUS inside Append.
-  if (int error = posix_fallocate(fd.get(), 0, static_cast<off_t>(bytes)); error != 0) {
-    return fail(error, "posix_fallocate");
-  }
+  if (absl::Status s = env->ReserveSharedMemory(fd.get(), name, bytes); !s.ok()) return fail(s);
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
-  if (base == MAP_FAILED) return fail(errno, "mmap");
+  if (base == MAP_FAILED) return fail(ErrnoError(errno, kSegment, name, "mmap"));
   auto* segment = static_cast<Segment*>(base);
   SegmentHeader& h = segment->header;
   h.format_version = kFormatVersion;
@@ -262,16 +267,20 @@ absl::StatusOr<std::unique_ptr<FlightRecorder>> FlightRecorder::Create(std::stri
   std::atomic_ref<uint64_t>(h.dropped).store(0, std::memory_order_relaxed);
   // The magic last: a segment whose creator died before this line is recognised as unusable.
   std::atomic_ref<uint64_t>(h.magic).store(kMagic, std::memory_order_release);
-  return std::unique_ptr<FlightRecorder>(new FlightRecorder(name, segment, bytes, capacity));
+  return std::unique_ptr<FlightRecorder>(new FlightRecorder(name, segment, bytes, capacity, env));
 }
 
 FlightRecorder::FlightRecorder(std::string name, Segment* segment, size_t mapped_bytes,
-                               int capacity)
-    : name_(std::move(name)), segment_(segment), mapped_bytes_(mapped_bytes), capacity_(capacity) {}
+                               int capacity, Env* env)
+    : name_(std::move(name)),
+      segment_(segment),
+      mapped_bytes_(mapped_bytes),
+      capacity_(capacity),
+      env_(env) {}
 
 FlightRecorder::~FlightRecorder() {
   munmap(segment_, mapped_bytes_);
-  if (remove_on_destroy_) shm_unlink(name_.c_str());
+  if (remove_on_destroy_) (void)env_->RemoveSharedMemory(name_);
 }
 
 void FlightRecorder::Append(const FlightRecord& record) {
@@ -315,18 +324,20 @@ std::string FlightRecorder::SegmentName(std::string_view job_id, int rank) {
   return absl::StrFormat("/trainguard.%s.fr.rank%d", job_id, rank);
 }
 
-absl::Status FlightRecorder::Remove(std::string_view job_id, int rank) {
+absl::Status FlightRecorder::Remove(std::string_view job_id, int rank, Env* env) {
   if (absl::Status s = CheckJobId(job_id, rank); !s.ok()) return s;
-  const std::string name = SegmentName(job_id, rank);
-  if (shm_unlink(name.c_str()) != 0) return ErrnoError(errno, kSegment, name, "shm_unlink");
-  return absl::OkStatus();
+  if (env == nullptr) env = Env::Default();
+  return InSegment(env->RemoveSharedMemory(SegmentName(job_id, rank)), "");
 }
 
-absl::StatusOr<FlightRecorderContents> ReadFlightRecorder(std::string_view job_id, int rank) {
+absl::StatusOr<FlightRecorderContents> ReadFlightRecorder(std::string_view job_id, int rank,
+                                                          Env* env) {
   if (absl::Status s = CheckJobId(job_id, rank); !s.ok()) return s;
+  if (env == nullptr) env = Env::Default();
   const std::string name = FlightRecorder::SegmentName(job_id, rank);
-  ScopedFd fd(shm_open(name.c_str(), O_RDONLY, 0));
-  if (fd.get() < 0) return ErrnoError(errno, kSegment, name, "shm_open (read)");
+  absl::StatusOr<int> opened = env->OpenSharedMemory(name, /*writable=*/false);
+  if (!opened.ok()) return InSegment(opened.status(), "(read)");
+  ScopedFd fd(*opened);
   struct stat st;
   if (fstat(fd.get(), &st) != 0) return ErrnoError(errno, kSegment, name, "fstat");
   const uint64_t size = static_cast<uint64_t>(st.st_size);

@@ -37,6 +37,8 @@
 
 namespace trainguard {
 
+class Env;
+
 enum class FlightRecordType : uint16_t {
   kStepBegin = 1,
   kStepEnd = 2,
@@ -73,9 +75,10 @@ class FlightRecorder {
  public:
   // Creates (replacing any stale segment of the same name) the rank's ring with `capacity` records.
   // REQUIRES: capacity >= 16. InvalidArgument for a capacity outside [16, 2^24], a job id that
-  // Options::job_id would refuse, or a negative rank.
+  // Options::job_id would refuse, or a negative rank. The segment is created, sized and removed
+  // through `env` (nullptr: Env::Default()), which must outlive the recorder.
   static absl::StatusOr<std::unique_ptr<FlightRecorder>> Create(std::string_view job_id, int rank,
-                                                                int capacity);
+                                                                int capacity, Env* env = nullptr);
   // Unmaps; removes the segment when `remove_on_destroy` (the default, for a normal exit).
   ~FlightRecorder();
   FlightRecorder(const FlightRecorder&) = delete;
@@ -93,16 +96,17 @@ class FlightRecorder {
   std::vector<FlightRecord> Snapshot() const;
 
   static std::string SegmentName(std::string_view job_id, int rank);
-  static absl::Status Remove(std::string_view job_id, int rank);
+  static absl::Status Remove(std::string_view job_id, int rank, Env* env = nullptr);
 
  private:
   struct Segment;
-  FlightRecorder(std::string name, Segment* segment, size_t mapped_bytes, int capacity);
+  FlightRecorder(std::string name, Segment* segment, size_t mapped_bytes, int capacity, Env* env);
 
   const std::string name_;
   Segment* const segment_;
   const size_t mapped_bytes_;
   const int capacity_;
+  Env* const env_;  // the segment's (removed through it)
   bool remove_on_destroy_ = true;
 };
 
@@ -120,7 +124,8 @@ struct FlightRecorderContents {
 
 // Opens a rank's segment read-only and copies its records. NotFound when it does not exist;
 // DataLoss when its header is not a flight recorder's.
-absl::StatusOr<FlightRecorderContents> ReadFlightRecorder(std::string_view job_id, int rank);
+absl::StatusOr<FlightRecorderContents> ReadFlightRecorder(std::string_view job_id, int rank,
+                                                          Env* env = nullptr);
 
 // Serialises contents as a FlightRecorderDump protobuf (sdk/proto/flight_recorder.proto), with
 // extra key/value evidence (e.g. "reason", "stacks"), to `path` atomically (temp, fsync, rename).

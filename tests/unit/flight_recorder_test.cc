@@ -23,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/full_shm_env.h"
 #include "tests/support/own_process.h"
 #include "tests/support/temp_dir.h"
 
@@ -121,6 +122,25 @@ TEST_F(FlightRecorderTest, TheSegmentIsNamedAfterJobAndRankAndOnlyItsOwnerMayOpe
   ASSERT_EQ(stat(("/dev/shm/trainguard." + job_ + ".fr.rank3").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   EXPECT_EQ(static_cast<size_t>(st.st_size), 128 + 16 * sizeof(FlightRecord));
+}
+
+TEST_F(FlightRecorderTest, AFullDevShmFailsCreateWithResourceExhaustedAndLeavesNoSegment) {
+  testing::FullShmEnv env(/*capacity=*/4096);
+  auto fr = FlightRecorder::Create(job_, 2, 1024, &env);
+  ASSERT_EQ(fr.status().code(), absl::StatusCode::kResourceExhausted) << fr.status();
+  EXPECT_THAT(fr.status().message(), HasSubstr(FlightRecorder::SegmentName(job_, 2)));
+  EXPECT_THAT(fr.status().message(), HasSubstr("flight recorder"));
+  EXPECT_EQ(env.refusals(), 1);
+  EXPECT_THAT(env.left_behind(), ::testing::IsEmpty());
+  EXPECT_TRUE(absl::IsNotFound(ReadFlightRecorder(job_, 2).status()));
+  // The same Env with room: the ring is created, and removed through it.
+  testing::FullShmEnv roomy(/*capacity=*/1 << 30);
+  {
+    auto ok = FlightRecorder::Create(job_, 2, 1024, &roomy);
+    ASSERT_TRUE(ok.ok()) << ok.status();
+    EXPECT_EQ(roomy.left_behind().size(), 1u);
+  }
+  EXPECT_THAT(roomy.left_behind(), ::testing::IsEmpty());
 }
 
 TEST_F(FlightRecorderTest, AppendStampsTheTimeOnlyWhenTheCallerLeftItZero) {

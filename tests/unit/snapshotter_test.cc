@@ -24,6 +24,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sdk/checkpoint/snapshot_arena.h"
+#include "tests/support/full_shm_env.h"
 #include "tests/support/own_process.h"
 #include "trainguard/checkpoint.h"
 
@@ -173,6 +174,21 @@ class SnapshotterTest : public ::testing::Test {
 
 TEST_F(SnapshotterTest, ArenaIsNamedAfterJobAndRank) {
   EXPECT_EQ(Snapshotter::ArenaName("llama-70b", 12), "/trainguard.llama-70b.rank12");
+}
+
+TEST_F(SnapshotterTest, AFullDevShmFailsCreateWithResourceExhaustedNamingTheArena) {
+  TrainerState state;
+  StateRegistry registry = state.MakeRegistry();
+  testing::FullShmEnv env(/*capacity=*/1 << 20);  // less than the two slots of ~8 MiB need
+  SnapshotterOptions options = options_;
+  options.env = &env;
+  absl::StatusOr<std::unique_ptr<Snapshotter>> s = Snapshotter::Create(&registry, options);
+  ASSERT_EQ(s.status().code(), absl::StatusCode::kResourceExhausted) << s.status();
+  EXPECT_THAT(s.status().message(), HasSubstr("snapshot arena"));
+  EXPECT_THAT(s.status().message(),
+              HasSubstr(Snapshotter::ArenaName(options.job_id, options.rank)));
+  EXPECT_EQ(env.refusals(), 1);
+  EXPECT_THAT(env.left_behind(), ::testing::IsEmpty());  // no half-made segment stays behind
 }
 
 TEST_F(SnapshotterTest, RejectsOptionsThatCannotNameOrChunkAnArena) {
