@@ -207,7 +207,12 @@ class Job {
   void Fail(const std::string& why);
   // Signals `child`'s whole process group (the rank's command and everything it started).
   static void SignalGroup(const Child& child, int sig);
-  void Say(const std::string& line) { std::printf("trainguard run: %s\n", line.c_str()); }
+  // Flushed at once: with stdout a file or a pipe, a line would otherwise wait for the next output
+  // of a rank, which may never come.
+  void Say(const std::string& line) {
+    std::printf("trainguard run: %s\n", line.c_str());
+    std::fflush(stdout);
+  }
   bool CanSpawnStandby() const;
   absl::Status WritePidFile(int rank, pid_t pid);
 
@@ -585,7 +590,11 @@ void Job::OnExit(Child& child, int status) {
                       history.deaths == 1 ? "" : "s", how);
   bool formed = false;
   {
+    // A rank that exits right after joining may be reaped before the helper thread has reported
+    // the generation it joined: give it a moment rather than call the death premature.
     MutexLock lock(&formed_mu_);
+    formed_mu_.AwaitWithTimeout(
+        [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return formed_.has_value(); }, absl::Seconds(5));
     formed = formed_.has_value() && formed_->ok();
   }
   if (!formed) {

@@ -48,6 +48,7 @@ namespace trainguard {
 
 class Clock;
 class Env;
+class LauncherWatch;
 
 // What the last heartbeat said. Read by monitors (a watchdog thread, a launcher) without locking.
 struct HeartbeatSnapshot {
@@ -323,6 +324,9 @@ class Runtime {
   Watchdog* phase_watchdog_ = nullptr;
   // Last: its worker thread uses the store and the event log, so it is destroyed first.
   std::unique_ptr<Checkpointer> checkpointer_;
+  // Under `trainguard run`: ends this process when the launcher is gone (sdk/runtime/
+  // launcher_watch.h). Reset first in ~Runtime: its observer writes an event.
+  std::unique_ptr<LauncherWatch> launcher_watch_;
 };
 
 }  // namespace trainguard

@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "sdk/runtime/launcher_watch.h"
 #include "sdk/runtime/peer_progress.h"
 #include "trainguard/clock.h"
 #include "trainguard/env.h"
@@ -95,9 +96,23 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const Options& options)
 
   std::unique_ptr<Runtime> runtime(
       new Runtime(options, *std::move(topology), options.ResolvedRunDir()));
+  // First: a standby parks in JoinRendezvous, and must leave with its launcher too.
+  absl::StatusOr<std::unique_ptr<LauncherWatch>> watch =
+      LauncherWatch::FromEnvironment(runtime->clock_);
+  if (!watch.ok()) return watch.status();
+  runtime->launcher_watch_ = *std::move(watch);
   if (absl::Status s = runtime->ConnectStore(); !s.ok()) return s;
   if (absl::Status s = runtime->JoinRendezvous(); !s.ok()) return s;
   if (absl::Status s = runtime->OpenEvents(); !s.ok()) return s;
+  if (runtime->launcher_watch_ != nullptr) {
+    runtime->launcher_watch_->SetObserver([rt = runtime.get()](absl::string_view why) {
+      Event event;
+      event.type = EventType::kCustom;
+      event.message = absl::StrCat(why, ": leaving the job");
+      event.attributes = {{"what", "launcher_lost"}};
+      (void)rt->EmitEvent(std::move(event));
+    });
+  }
   if (absl::Status s = runtime->StartDetection(); !s.ok()) return s;
   return runtime;
 }
@@ -201,6 +216,7 @@ absl::Status Runtime::OpenEvents() {
 }
 
 Runtime::~Runtime() {
+  launcher_watch_.reset();
   if (peer_hang_watcher_.joinable()) {
     {
       MutexLock lock(&watcher_mu_);
