@@ -613,6 +613,7 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(
     po.dir = options.dir;
     po.chunk_bytes = options.chunk_bytes;
     po.keep_last = options.keep_last;
+    po.world_size = options.world_size;
     po.use_io_uring = options.use_io_uring;
     po.env = options.env;
     absl::StatusOr<std::unique_ptr<Persister>> p = Persister::Create(po);
