@@ -272,8 +272,9 @@ class Checkpointer::Impl {
   // disk), so the failure would be seen only in its event file: it is also published under
   // job/persist_failed/<step, 12 digits>/<rank> for the launcher to print. Best effort, bounded.
   void PublishPersistFailure(int64_t step, const absl::Status& status) {
-    if (store_ == nullptr) return;
-    (void)store_->Set(
+    if (options_.store == nullptr) return;
+    // The job's store itself, not store_ ("ckpt/"): the key belongs to the launcher's namespace.
+    (void)options_.store->Set(
         absl::StrFormat("job/persist_failed/%012d/%d", step, options_.rank),
         absl::StrFormat("rank %d step %d: %s", options_.rank, step, status.message()),
         std::min(options_.timeout, absl::Seconds(10)));

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -349,6 +350,60 @@ TEST(LauncherFaults, StoppingTheLauncherEndsTheRanksAfterTheHeartbeatTimeout) {
   EXPECT_THAT(launcher.AwaitNoProcessesLeft(absl::Seconds(60)), IsEmpty());
   ExpectEveryRankLeftBecause(launcher, 2, "has been stopped for 3s");
   // The destructor continues and kills the launcher.
+}
+
+// A real full disk: the checkpoint directory is a 76 KiB tmpfs, mounted in a private mount
+// namespace (unshare -m: needs root, as in CI), so nothing outside the test sees it. Each 2-rank
+// checkpoint takes 2 x (20 KiB shard + 4 KiB manifest): step 10 fits, step 20 has room for one
+// rank's shard only (shards are preallocated with fallocate: all or nothing), and every later step
+// for neither. The job itself goes on; the launcher must say what was lost, and `trainguard ckpt`
+// must not pass the half-written step off as a checkpoint. The ckpt commands run inside the same
+// namespace, before the tmpfs goes with it.
+TEST(LauncherFaults, AFullCheckpointDiskIsReportedAndItsHalfWrittenStepIsNeverComplete) {
+  if (system("unshare -m true 2>/dev/null") != 0) {
+    GTEST_SKIP() << "unshare -m is refused here (not root): no private tmpfs to fill";
+  }
+  testing::TempDir dir;
+  const std::string ckpt = dir.File("ckpt");
+  ASSERT_TRUE(Env::Default()->CreateDirs(ckpt).ok());
+  Launcher launcher(dir);
+  const std::string cli = TRAINGUARD_CLI_PATH;
+  const std::string script = absl::StrCat(
+      "mount -t tmpfs -o size=76k tmpfs ", ckpt, " || exit 99; ", cli, " run --nproc 2 --run-dir ",
+      launcher.run_dir(), " -- ", TRAINGUARD_TRAINER_PATH,
+      // Steps of a few ms, so that no save is skipped for the previous one still running.
+      " --steps 60 --print-every 100 --generate 2:2; echo \"launcher exit $?\"; ", cli,
+      " ckpt list ", ckpt, "; ", cli, " ckpt verify ", ckpt, "; echo \"verify exit $?\"; ",
+      "echo files: $(find ", ckpt, " -type f | sort)");
+  launcher.Exec({"/usr/bin/unshare", "-m", "/bin/sh", "-c", script},
+                {{"TRAINGUARD_CHECKPOINT_DIR", ckpt},
+                 {"TRAINGUARD_CHECKPOINT_EVERY_STEPS", "10"},
+                 {"TRAINGUARD_CHECKPOINT_PERSIST_EVERY", "1"}});
+  EXPECT_EQ(launcher.Wait(), 0) << launcher.Output();
+  const std::string out = launcher.Output();
+  // The job trained to the end; what it could not persist is in its output and its summary.
+  EXPECT_THAT(out, HasSubstr("launcher exit 0")) << out;
+  EXPECT_THAT(out, ContainsRegex("trainguard run: checkpoint not persisted: rank [01] step 30: "
+                                 "[^\n]*No space left on device"))
+      << out;
+  EXPECT_THAT(out, ContainsRegex("succeeded: 2 ranks finished, 0 replacement\\(s\\); [0-9]+ "
+                                 "checkpoint\\(s\\) not persisted \\(last: rank [01] step 60: "))
+      << out;
+  // ckpt list marks the half-written step; verify fails on it and names the missing shard.
+  EXPECT_THAT(out, HasSubstr("step 10: 2 shards, ranks 0,1, 16.01 KiB\n")) << out;
+  EXPECT_THAT(out, ContainsRegex("step 20: 1 shard, ranks [01], 8.00 KiB, INCOMPLETE: no shard of "
+                                 "rank [01]\n"))
+      << out;
+  EXPECT_THAT(out, ContainsRegex("MISSING [^ ]*/step-000000000020/rank-0000[01]\\.shard rank [01] "
+                                 "step 20: no committed shard"))
+      << out;
+  EXPECT_THAT(out, HasSubstr("verify exit 1")) << out;
+  // The failed writes left nothing behind: every shard has its manifest, no temporary file.
+  std::smatch files;
+  ASSERT_TRUE(std::regex_search(out, files, std::regex("files: ([^\n]*)"))) << out;
+  EXPECT_EQ(Count(files[1], ".shard"), 3) << files[1];
+  EXPECT_EQ(Count(files[1], ".manifest"), 3) << files[1];
+  EXPECT_THAT(files[1].str(), Not(HasSubstr(".tmp")));
 }
 
 }  // namespace
