@@ -186,8 +186,8 @@ int Inspect(const CkptArgs& a, const std::vector<ShardRecord>& shards) {
     }
   }
   if (a.json) {
-    absl::PrintF("{\"dir\":%s,\"step\":%d,\"complete\":%s,\"shards\":[%s]}\n",
-                 Json(a.dir).c_str(), step, chosen->second.complete() ? "true" : "false",
+    absl::PrintF("{\"dir\":%s,\"step\":%d,\"complete\":%s,\"shards\":[%s]}\n", Json(a.dir).c_str(),
+                 step, chosen->second.complete() ? "true" : "false",
                  absl::StrJoin(items, ",").c_str());
   }
   return kExitOk;
@@ -235,8 +235,8 @@ int Verify(const CkptArgs& a, const std::vector<ShardRecord>& shards) {
       ++missing_count;
       const std::string file = MissingShardPath(s, rank);
       if (a.json) {
-        missing.push_back(absl::StrFormat(R"({"file":%s,"rank":%d,"step":%d})", Json(file), rank,
-                                          step));
+        missing.push_back(
+            absl::StrFormat(R"({"file":%s,"rank":%d,"step":%d})", Json(file), rank, step));
       } else {
         absl::PrintF("MISSING %s rank %d step %d: no committed shard (the step is incomplete)\n",
                      file.c_str(), rank, step);

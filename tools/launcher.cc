@@ -327,7 +327,8 @@ absl::Status Job::Prepare() {
     // An external store may remember a stop of an earlier run of this job id: this run starts
     // afresh. (The ranks' keys are the rendezvous' business; these two are the launcher's.)
     (void)store_->Delete(kJobStopKey, kStoreTimeout);
-    absl::StatusOr<std::vector<std::string>> old = store_->ListKeys(kPersistFailedPrefix, kStoreTimeout);
+    absl::StatusOr<std::vector<std::string>> old =
+        store_->ListKeys(kPersistFailedPrefix, kStoreTimeout);
     if (old.ok()) {
       for (const std::string& key : *old) (void)store_->Delete(key, kStoreTimeout);
     }
@@ -488,9 +489,9 @@ absl::Status Job::Spawn(int rank, int standby_index) {
     waitpid(pid, nullptr, 0);  // it _exits right after writing
     close(pipe_fds[0]);
     close(pipe_fds[1]);
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "cannot execute the command '%s' for %s: %s", config_.command[0], child->Label(),
-        DescribeErrno(exec_errno)));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("cannot execute the command '%s' for %s: %s", config_.command[0],
+                        child->Label(), DescribeErrno(exec_errno)));
   }
   close(pipe_fds[1]);
   child->pid = pid;
@@ -585,9 +586,8 @@ void Job::OnExit(Child& child, int status) {
   history.last = how;
   const absl::Time now = absl::Now();
   history.streak = now - history.took_rank < kHealthyRun ? history.streak + 1 : 1;
-  const std::string deaths =
-      absl::StrFormat("%s died %d time%s (last: %s)", child.Label(), history.deaths,
-                      history.deaths == 1 ? "" : "s", how);
+  const std::string deaths = absl::StrFormat("%s died %d time%s (last: %s)", child.Label(),
+                                             history.deaths, history.deaths == 1 ? "" : "s", how);
   bool formed = false;
   {
     // A rank that exits right after joining may be reaped before the helper thread has reported
@@ -604,13 +604,13 @@ void Job::OnExit(Child& child, int status) {
     return Fail(absl::StrCat(child.Label(), " died and the job has no standbys (", how, ")"));
   }
   if (replacements_ >= config_.max_replacements) {
-    return Fail(absl::StrFormat("%s; --max-replacements=%d reached", deaths,
-                                config_.max_replacements));
+    return Fail(
+        absl::StrFormat("%s; --max-replacements=%d reached", deaths, config_.max_replacements));
   }
   const absl::Duration delay = Backoff(history.streak, config_.restart_backoff);
   if (delay > absl::ZeroDuration()) {
-    Say(absl::StrFormat("%s, %d in a row within %s of taking its rank: replacing it in %s",
-                        deaths, history.streak, absl::FormatDuration(kHealthyRun),
+    Say(absl::StrFormat("%s, %d in a row within %s of taking its rank: replacing it in %s", deaths,
+                        history.streak, absl::FormatDuration(kHealthyRun),
                         absl::FormatDuration(delay)));
   }
   dead_.push_back({child.rank, how, now, now + delay + config_.rendezvous_timeout, now + delay});
@@ -634,9 +634,9 @@ void Job::OnStandbyExit(Child& child, const std::string& how) {
   }
   const absl::Duration delay = Backoff(standby_streak_, config_.restart_backoff);
   if (delay > absl::ZeroDuration()) {
-    Say(absl::StrFormat("standbys died %d times in a row within %s of starting: the next starts in %s",
-                        standby_streak_, absl::FormatDuration(kHealthyRun),
-                        absl::FormatDuration(delay)));
+    Say(absl::StrFormat(
+        "standbys died %d times in a row within %s of starting: the next starts in %s",
+        standby_streak_, absl::FormatDuration(kHealthyRun), absl::FormatDuration(delay)));
   }
   standby_respawns_.push_back(now + delay);
 }
@@ -1049,8 +1049,8 @@ std::string Job::Summary() const {
                           persist_failures_.size(), persist_failures_.rbegin()->second);
   }
   if (exit_code_ == 0) {
-    return absl::StrFormat("job %s succeeded: %d ranks finished, %s", config_.job_id,
-                           config_.nproc, counts);
+    return absl::StrFormat("job %s succeeded: %d ranks finished, %s", config_.job_id, config_.nproc,
+                           counts);
   }
   return absl::StrFormat("job %s ended (exit status %d): %s; %s", config_.job_id, exit_code_,
                          failure_, counts);

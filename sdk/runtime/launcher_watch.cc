@@ -94,8 +94,8 @@ absl::StatusOr<std::unique_ptr<LauncherWatch>> LauncherWatch::Start(
   } else if (pidfd < 0 && errno != ESRCH) {
     const int err = errno;
     close(stop_fd);
-    return absl::InternalError(absl::StrCat("launcher watch: pidfd_open(", options.launcher_pid,
-                                            "): ", strerror(err)));
+    return absl::InternalError(
+        absl::StrCat("launcher watch: pidfd_open(", options.launcher_pid, "): ", strerror(err)));
   }
   return std::unique_ptr<LauncherWatch>(new LauncherWatch(options, pidfd, stop_fd));
 }

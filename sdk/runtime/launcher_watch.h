@@ -8,8 +8,8 @@
 // run`, however deep below a wrapper script, watches the launcher itself: through a pidfd (its exit
 // is seen at once, and the pid cannot be confused with a later process) and its /proc state (a
 // stop). When the launcher has exited, or has been stopped for `stopped_timeout`, the watch tells
-// its observer, writes one line to stderr, sends this process SIGTERM (a trainer may handle it) and,
-// `term_grace` later, SIGKILL.
+// its observer, writes one line to stderr, sends this process SIGTERM (a trainer may handle it)
+// and, `term_grace` later, SIGKILL.
 //
 // The launcher names itself in the environment: TRAINGUARD_LAUNCHER_PID,
 // TRAINGUARD_LAUNCHER_START_TIME (field 22 of /proc/<pid>/stat) and TRAINGUARD_LAUNCHER_TIMEOUT_MS

@@ -120,7 +120,8 @@ TEST_F(CkptCli, AStepMissingARanksShardIsMarkedIncompleteAndFailsVerify) {
 
   Result r = RunCli("ckpt list " + dir_.path());
   EXPECT_EQ(r.exit_code, 0);
-  EXPECT_THAT(r.out, HasSubstr("step 30: 1 shard, ranks 0, 8.00 KiB, INCOMPLETE: no shard of rank 1"));
+  EXPECT_THAT(r.out,
+              HasSubstr("step 30: 1 shard, ranks 0, 8.00 KiB, INCOMPLETE: no shard of rank 1"));
   EXPECT_THAT(r.out, HasSubstr("step 20: 2 shards, ranks 0,1, 48.01 KiB\n"));
   r = RunCli("ckpt list --json " + dir_.path());
   EXPECT_THAT(r.out, HasSubstr(R"({"step":30,"ranks":[0],"payload_bytes":8192,"complete":false,)"
@@ -144,7 +145,8 @@ TEST_F(CkptCli, AStepMissingARanksShardIsMarkedIncompleteAndFailsVerify) {
 TEST_F(CkptCli, WithoutARecordedWorldSizeTheRanksOfTheDirectoryDecideCompleteness) {
   std::filesystem::remove(dir_.File("step-000000000020/rank-00001.manifest"));
   Result r = RunCli("ckpt list " + dir_.path());
-  EXPECT_THAT(r.out, HasSubstr("step 20: 1 shard, ranks 0, 24.00 KiB, INCOMPLETE: no shard of rank 1"));
+  EXPECT_THAT(r.out,
+              HasSubstr("step 20: 1 shard, ranks 0, 24.00 KiB, INCOMPLETE: no shard of rank 1"));
   EXPECT_THAT(r.out, HasSubstr("step 10: 2 shards, ranks 0,1, 48.01 KiB\n"));
   r = RunCli("ckpt verify " + dir_.path());
   EXPECT_EQ(r.exit_code, 1);

@@ -1,8 +1,8 @@
 // A rank command for launcher_faults_test: joins the job through the Runtime, from the TRAINGUARD_*
 // environment `trainguard run` gives it, as a trainer does; then does what its one argument says.
 //
-//   stop-job      rank 0 publishes the store key job/stop ("rank 0: ...", as a Runtime that gives up
-//                 does) and exits 1; the other ranks wait to be stopped.
+//   stop-job      rank 0 publishes the store key job/stop ("rank 0: ...", as a Runtime that
+//                 gives up does) and exits 1; the other ranks wait to be stopped.
 //   exit-1        exits 1 right after joining (a rank, or a standby once it took a rank): a rank
 //                 command that always dies once the job runs.
 //   standby-dies  a standby exits 1 before it joins; ranks wait to be stopped.

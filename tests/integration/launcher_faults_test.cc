@@ -219,8 +219,9 @@ TEST(LauncherFaults, ARankThatPublishesJobStopStopsEveryRankAndNobodyIsReplaced)
   launcher.Run({"--nproc", "3", "--standby", "1"}, {TRAINGUARD_FAULT_RANK_PATH, "stop-job"});
   EXPECT_EQ(launcher.Wait(), 1) << launcher.Output();
   const std::string out = launcher.Output();
-  EXPECT_EQ(Count(out, "trainguard run: job stopped: rank 0: step 7 failed again after 2 "
-                       "rollbacks (limit 2)\n"),
+  EXPECT_EQ(Count(out,
+                  "trainguard run: job stopped: rank 0: step 7 failed again after 2 "
+                  "rollbacks (limit 2)\n"),
             1)
       << out;
   EXPECT_THAT(out, Not(HasSubstr("takes rank"))) << out;
@@ -231,9 +232,9 @@ TEST(LauncherFaults, ARankThatPublishesJobStopStopsEveryRankAndNobodyIsReplaced)
 TEST(LauncherFaults, ARankCommandThatAlwaysDiesBacksOffAndEndsAtMaxReplacementsNamingTheDeaths) {
   testing::TempDir dir;
   Launcher launcher(dir);
-  launcher.Run({"--nproc", "1", "--standby", "1", "--max-replacements", "3", "--restart-backoff",
-                "1"},
-               {TRAINGUARD_FAULT_RANK_PATH, "exit-1"});
+  launcher.Run(
+      {"--nproc", "1", "--standby", "1", "--max-replacements", "3", "--restart-backoff", "1"},
+      {TRAINGUARD_FAULT_RANK_PATH, "exit-1"});
   EXPECT_EQ(launcher.Wait(), 1) << launcher.Output();
   const std::string out = launcher.Output();
   EXPECT_EQ(Count(out, "takes rank 0"), 3) << out;
@@ -269,9 +270,9 @@ TEST(LauncherFaults, ReplacementsAreBoundedByDefault) {
 TEST(LauncherFaults, AStandbyThatAlwaysDiesIsRestartedBoundedlyAndNamedWhenARankNeedsIt) {
   testing::TempDir dir;
   Launcher launcher(dir);
-  launcher.Run({"--nproc", "1", "--standby", "1", "--max-replacements", "2", "--restart-backoff",
-                "1"},
-               {TRAINGUARD_FAULT_RANK_PATH, "standby-dies"});
+  launcher.Run(
+      {"--nproc", "1", "--standby", "1", "--max-replacements", "2", "--restart-backoff", "1"},
+      {TRAINGUARD_FAULT_RANK_PATH, "standby-dies"});
   ASSERT_TRUE(launcher.AwaitOutput("no more standbys are started")) << launcher.Output();
   std::string out = launcher.Output();
   EXPECT_EQ(Count(out, "exited with status 1 while parked"), 3) << out;
@@ -324,8 +325,8 @@ void ExpectEveryRankLeftBecause(const Launcher& launcher, int world, const std::
     ranks.insert(e.rank);
     EXPECT_THAT(e.message, HasSubstr(why));
   }
-  EXPECT_EQ(ranks.size(), static_cast<size_t>(world)) << "ranks that saw the launcher go: "
-                                                      << absl::StrJoin(ranks, ",");
+  EXPECT_EQ(ranks.size(), static_cast<size_t>(world))
+      << "ranks that saw the launcher go: " << absl::StrJoin(ranks, ",");
 }
 
 TEST(LauncherFaults, KillingTheLauncherEndsTheRanksUnderAWrapperCommand) {
