@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <string>
@@ -32,7 +34,45 @@ struct CkptArgs {
   std::string dir;
   std::optional<int64_t> step;
   bool json = false;
+  // For manifests that do not record the world size: the highest rank in the directory plus one.
+  int inferred_world = 0;
 };
+
+// The committed shards of one step, and the ranks whose shards it lacks: a step is complete only
+// with a shard of every rank below the world size its manifests recorded.
+struct StepShards {
+  std::vector<const ShardRecord*> shards;
+  std::vector<int> missing;
+  uint64_t bytes = 0;
+  bool complete() const { return missing.empty(); }
+};
+
+std::map<int64_t, StepShards> ByStep(const CkptArgs& a, const std::vector<ShardRecord>& shards) {
+  std::map<int64_t, StepShards> steps;
+  for (const ShardRecord& r : shards) {
+    steps[r.step].shards.push_back(&r);
+    steps[r.step].bytes += r.payload_bytes;
+  }
+  for (auto& [step, s] : steps) {
+    int world = 0;
+    for (const ShardRecord* r : s.shards) world = std::max(world, r->world_size);
+    if (world == 0) world = a.inferred_world;
+    std::vector<bool> present(world, false);
+    for (const ShardRecord* r : s.shards) {
+      if (r->rank < world) present[r->rank] = true;
+    }
+    for (int r = 0; r < world; ++r) {
+      if (!present[r]) s.missing.push_back(r);
+    }
+  }
+  return steps;
+}
+
+// Where the missing shard of `rank` would be: next to the step's other shards.
+std::string MissingShardPath(const StepShards& s, int rank) {
+  const std::string& sibling = s.shards.front()->shard_path;
+  return absl::StrFormat("%s/rank-%05d.shard", sibling.substr(0, sibling.rfind('/')), rank);
+}
 
 std::string HumanBytes(uint64_t bytes) {
   if (bytes >= (1ull << 30)) return absl::StrFormat("%.2f GiB", bytes / double(1ull << 30));
@@ -68,31 +108,33 @@ std::optional<CkptArgs> Parse(const std::vector<std::string>& args) {
 }
 
 int List(const CkptArgs& a, const std::vector<ShardRecord>& shards) {
-  struct Step {
-    std::vector<int> ranks;
-    uint64_t bytes = 0;
+  const std::map<int64_t, StepShards> steps = ByStep(a, shards);
+  auto ranks = [](const StepShards& s) {
+    std::vector<int> out;
+    for (const ShardRecord* r : s.shards) out.push_back(r->rank);
+    return absl::StrJoin(out, ",");
   };
-  std::map<int64_t, Step> steps;
-  for (const ShardRecord& r : shards) {
-    steps[r.step].ranks.push_back(r.rank);
-    steps[r.step].bytes += r.payload_bytes;
-  }
   if (a.json) {
     cli::CkptList list;
     list.set_dir(a.dir);
     for (const auto& [step, s] : steps) {
       cli::CkptList::Step* item = list.add_steps();
       item->set_step(step);
-      item->mutable_ranks()->Add(s.ranks.begin(), s.ranks.end());
+      for (const ShardRecord* r : s.shards) item->add_ranks(r->rank);
       item->set_payload_bytes(s.bytes);
+      item->set_complete(s.complete());
+      item->mutable_missing_ranks()->Add(s.missing.begin(), s.missing.end());
     }
     return PrintJson(list, "ckpt list") ? kExitOk : kExitDataError;
   }
   if (steps.empty()) absl::PrintF("no committed checkpoint shards in %s\n", a.dir.c_str());
   for (const auto& [step, s] : steps) {
-    absl::PrintF("step %d: %d shard%s, ranks %s, %s\n", step, s.ranks.size(),
-                 s.ranks.size() == 1 ? "" : "s", absl::StrJoin(s.ranks, ",").c_str(),
-                 HumanBytes(s.bytes).c_str());
+    absl::PrintF("step %d: %d shard%s, ranks %s, %s%s\n", step, s.shards.size(),
+                 s.shards.size() == 1 ? "" : "s", ranks(s), HumanBytes(s.bytes).c_str(),
+                 s.complete() ? ""
+                              : absl::StrFormat(", INCOMPLETE: no shard of rank%s %s",
+                                                s.missing.size() == 1 ? "" : "s",
+                                                absl::StrJoin(s.missing, ",")));
   }
   return kExitOk;
 }
@@ -103,11 +145,27 @@ int Inspect(const CkptArgs& a, const std::vector<ShardRecord>& shards) {
                   a.step ? absl::StrFormat(" for step %d", *a.step) : std::string());
     return kExitDataError;
   }
-  const int64_t step = shards.back().step;
+  // Without --step: the newest complete step (the one a restore would take), else the newest.
+  const std::map<int64_t, StepShards> steps = ByStep(a, shards);
+  auto chosen = std::prev(steps.end());
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    if (it->second.complete()) {
+      chosen = std::prev(it.base());
+      break;
+    }
+  }
+  const int64_t step = chosen->first;
   cli::CkptInspect inspect;
   inspect.set_dir(a.dir);
   inspect.set_step(step);
-  if (!a.json) absl::PrintF("step %d\n", step);
+  inspect.set_complete(chosen->second.complete());
+  if (!a.json) {
+    absl::PrintF("step %d%s\n", step,
+                 chosen->second.complete()
+                     ? ""
+                     : absl::StrFormat(" (INCOMPLETE: no shard of rank %s)",
+                                       absl::StrJoin(chosen->second.missing, ",")));
+  }
   for (const ShardRecord& r : shards) {
     if (r.step != step) continue;
     if (a.json) {
@@ -167,6 +225,24 @@ int Verify(const CkptArgs& a, const std::vector<ShardRecord>& shards) {
                    what.c_str());
     }
   };
+  // A step without every rank's shard cannot be restored: it fails like a corrupt one.
+  int missing_count = 0;
+  for (const auto& [step, s] : ByStep(a, shards)) {
+    for (int rank : s.missing) {
+      ++bad_count;
+      ++missing_count;
+      const std::string file = MissingShardPath(s, rank);
+      if (a.json) {
+        cli::CkptVerify::Missing* gap = verify.add_missing();
+        gap->set_file(file);
+        gap->set_rank(rank);
+        gap->set_step(step);
+      } else {
+        absl::PrintF("MISSING %s rank %d step %d: no committed shard (the step is incomplete)\n",
+                     file.c_str(), rank, step);
+      }
+    }
+  }
   for (const ShardRecord& r : shards) {
     absl::StatusOr<std::vector<CorruptChunk>> result = VerifyShard(Env::Default(), r, progress);
     if (!result.ok()) {
@@ -184,9 +260,9 @@ int Verify(const CkptArgs& a, const std::vector<ShardRecord>& shards) {
     verify.set_ok(bad_count == 0);
     if (!PrintJson(verify, "ckpt verify")) return kExitDataError;
   } else {
-    absl::PrintF("%s: %d shard%s, %s checked, %d corrupt\n", bad_count == 0 ? "OK" : "FAILED",
-                 shards.size(), shards.size() == 1 ? "" : "s", HumanBytes(total).c_str(),
-                 bad_count);
+    absl::PrintF("%s: %d shard%s, %s checked, %d corrupt, %d missing\n",
+                 bad_count == 0 ? "OK" : "FAILED", shards.size(), shards.size() == 1 ? "" : "s",
+                 HumanBytes(total).c_str(), bad_count - missing_count, missing_count);
   }
   return bad_count == 0 ? kExitOk : kExitDataError;
 }
@@ -259,6 +335,7 @@ int RunCkptCommand(const std::vector<std::string>& args) {
                   std::string(shards.status().message()).c_str());
     return kExitDataError;
   }
+  for (const ShardRecord& r : *shards) a->inferred_world = std::max(a->inferred_world, r.rank + 1);
   if (a->step) {
     std::erase_if(*shards, [&](const ShardRecord& r) { return r.step != *a->step; });
   }

@@ -53,6 +53,46 @@ namespace trainguard::tools {
 namespace {
 
 constexpr absl::Duration kStoreTimeout = absl::Seconds(10);
+// A rank that lives this long after taking its rank (a standby: after starting) is not in a crash
+// loop: its next death is replaced at once again.
+constexpr absl::Duration kHealthyRun = absl::Seconds(60);
+constexpr absl::Duration kMaxRestartBackoff = absl::Seconds(30);
+// Store keys the ranks write for the launcher: a rank that gives up because the job cannot go on
+// (sdk/runtime: a fault that repeats after rollback), and a checkpoint a rank could not persist
+// (sdk/checkpoint: job/persist_failed/<step>/<rank>, the error as the value).
+constexpr char kJobStopKey[] = "job/stop";
+constexpr char kPersistFailedPrefix[] = "job/persist_failed/";
+
+// "ENOENT (No such file or directory)".
+std::string DescribeErrno(int err) {
+  const char* name = strerrorname_np(err);
+  const char* text = strerrordesc_np(err);
+  return absl::StrCat(name != nullptr ? name : absl::StrCat("errno ", err), " (",
+                      text != nullptr ? text : "unknown error", ")");
+}
+
+// How long the replacement of a process that died for the `streak`-th time in a row within
+// kHealthyRun waits: the first such death is replaced at once (a machine fault), then `initial`,
+// doubling, capped.
+absl::Duration Backoff(int streak, absl::Duration initial) {
+  if (streak < 2) return absl::ZeroDuration();
+  absl::Duration delay = initial;
+  for (int i = 2; i < streak && delay < kMaxRestartBackoff; ++i) delay *= 2;
+  return std::min(delay, kMaxRestartBackoff);
+}
+
+// Process start time in clock ticks since boot (/proc/<pid>/stat field 22): with the pid, it names
+// a process for good (a pid alone may be reused).
+std::string ProcessStartTime(pid_t pid) {
+  absl::StatusOr<std::string> stat =
+      Env::Default()->ReadFileToString(absl::StrCat("/proc/", pid, "/stat"));
+  if (!stat.ok()) return "";
+  // The command name (field 2) may hold spaces and parentheses: count from the last ')'.
+  const size_t close = stat->rfind(')');
+  if (close == std::string::npos) return "";
+  std::vector<std::string> fields = absl::StrSplit(stat->substr(close + 2), ' ');
+  return fields.size() > 19 ? fields[19] : "";  // field 3 is fields[0]
+}
 
 std::string DescribeExit(int status) {
   if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
@@ -130,6 +170,7 @@ struct Child {
   std::string pending;  // output after the last newline
   bool running = true;
   bool killed_for_liveness = false;
+  absl::Time started;
 
   std::string Label() const {
     return rank >= 0 ? absl::StrCat("rank ", rank) : absl::StrCat("standby ", standby_index);
@@ -160,7 +201,17 @@ class Job {
   void Pump(Child& child, bool flush);
   void Reap();
   void OnExit(Child& child, int status);
+  void OnStandbyExit(Child& child, const std::string& how);
+  void RespawnStandbys();
   void TryReplacements();
+  std::optional<std::string> ReadJobStop(absl::Duration timeout);
+  void WatchJobStop();
+  void StopJob(const std::string& reason);
+  void ReportPersistFailures();
+  std::string Summary() const;
+  // SIGKILLs what is left of `child`'s process group once `child` itself has been reaped: the
+  // processes a wrapper command started.
+  void KillLeftovers(const Child& child);
   void CheckRecoveries();
   void KillRanksWithStaleHeartbeats();
   void ReportLaggards();
@@ -168,13 +219,21 @@ class Job {
   void RenewGenerationWhenAsked();
   void StopAll(absl::Duration grace);
   void Fail(const std::string& why);
-  void Say(const std::string& line) { std::printf("trainguard run: %s\n", line.c_str()); }
+  // Signals `child`'s whole process group (the rank's command and everything it started).
+  static void SignalGroup(const Child& child, int sig);
+  // Flushed at once: with stdout a file or a pipe, a line would otherwise wait for the next output
+  // of a rank, which may never come.
+  void Say(const std::string& line) {
+    std::printf("trainguard run: %s\n", line.c_str());
+    std::fflush(stdout);
+  }
   bool CanSpawnStandby() const;
   absl::Status WritePidFile(int rank, pid_t pid);
 
   LaunchConfig config_;
   std::string store_url_;
   std::string token_file_;
+  std::string launcher_start_time_;  // TRAINGUARD_LAUNCHER_START_TIME
   int master_port_ = 0;
   std::unique_ptr<TcpStoreServer> server_;
   std::unique_ptr<Store> store_;
@@ -185,11 +244,33 @@ class Job {
   int replacements_ = 0;
   int ranks_finished_ = 0;
   int exit_code_ = -1;
+  std::string failure_;  // why the job failed or was stopped, for the summary
+
+  // What each rank's deaths were, for the crash-loop backoff and the message that ends the job.
+  struct RankHistory {
+    int deaths = 0;
+    std::string last;  // DescribeExit of the last death
+    int streak = 0;    // deaths in a row within kHealthyRun of taking the rank
+    absl::Time took_rank = absl::InfinitePast();
+  };
+  std::map<int, RankHistory> rank_history_;
+  // Standbys that died while parked; past max_replacements no more are started.
+  int standby_deaths_ = 0;
+  int standby_streak_ = 0;
+  std::string standby_last_death_;
+  bool standbys_exhausted_ = false;
+  std::deque<absl::Time> standby_respawns_;  // when each pending respawn is due
+
+  absl::Time next_stop_check_ = absl::InfinitePast();
+  absl::Time next_persist_check_ = absl::InfinitePast();
+  std::map<std::string, std::string> persist_failures_;  // store key -> the rank's error
 
   struct DeadRank {
     int rank;
+    std::string how;
     absl::Time died;
     absl::Time give_up;
+    absl::Time not_before;  // the crash-loop backoff
   };
   std::deque<DeadRank> dead_;
   struct Recovery {
@@ -256,6 +337,17 @@ absl::Status Job::Prepare() {
       OpenStore(store_url_, config_.job_id, token, kStoreTimeout);
   if (!store.ok()) return store.status();
   store_ = *std::move(store);
+  if (!config_.store.empty()) {
+    // An external store may remember a stop of an earlier run of this job id: this run starts
+    // afresh. (The ranks' keys are the rendezvous' business; these two are the launcher's.)
+    (void)store_->Delete(kJobStopKey, kStoreTimeout);
+    absl::StatusOr<std::vector<std::string>> old =
+        store_->ListKeys(kPersistFailedPrefix, kStoreTimeout);
+    if (old.ok()) {
+      for (const std::string& key : *old) (void)store_->Delete(key, kStoreTimeout);
+    }
+  }
+  launcher_start_time_ = ProcessStartTime(getpid());
   coordinator_ = std::make_unique<RendezvousCoordinator>(store_.get());
   master_port_ = FreePort();
 
@@ -278,6 +370,9 @@ std::vector<std::string> Job::ChildEnvironment(const Child& child) const {
                                       "TRAINGUARD_RUN_DIR",
                                       "TRAINGUARD_LOCAL_RANK",
                                       "TRAINGUARD_LOCAL_WORLD_SIZE",
+                                      "TRAINGUARD_LAUNCHER_PID",
+                                      "TRAINGUARD_LAUNCHER_START_TIME",
+                                      "TRAINGUARD_LAUNCHER_TIMEOUT_MS",
                                       "RANK",
                                       "WORLD_SIZE",
                                       "LOCAL_RANK",
@@ -303,6 +398,14 @@ std::vector<std::string> Job::ChildEnvironment(const Child& child) const {
   if (!token_file_.empty())
     vars.push_back(absl::StrCat("TRAINGUARD_STORE_TOKEN_FILE=", token_file_));
   vars.push_back(absl::StrCat("TRAINGUARD_RUN_DIR=", config_.run_dir));
+  // The Runtime's launcher watch (sdk/runtime/launcher_watch.h): a rank leaves when this process
+  // exits, or stays stopped as long as a rank's heartbeat may be stale before it is replaced.
+  vars.push_back(absl::StrCat("TRAINGUARD_LAUNCHER_PID=", getpid()));
+  if (!launcher_start_time_.empty()) {
+    vars.push_back(absl::StrCat("TRAINGUARD_LAUNCHER_START_TIME=", launcher_start_time_));
+  }
+  vars.push_back(absl::StrCat("TRAINGUARD_LAUNCHER_TIMEOUT_MS=",
+                              absl::ToInt64Milliseconds(config_.heartbeat_timeout)));
   vars.push_back(absl::StrCat("WORLD_SIZE=", n));
   vars.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", n));
   vars.push_back("MASTER_ADDR=127.0.0.1");
@@ -353,22 +456,60 @@ absl::Status Job::Spawn(int rank, int standby_index) {
   const pid_t parent = getpid();
   sigset_t none;
   sigemptyset(&none);
+  // The child reports a failed exec through this pipe (its errno); a successful exec closes it.
+  int exec_fds[2];
+  if (pipe2(exec_fds, O_CLOEXEC) != 0) {
+    close(pipe_fds[0]);
+    close(pipe_fds[1]);
+    return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+  }
+  // Ranks do not read the launcher's terminal: in their own process groups they would be stopped
+  // by SIGTTIN.
+  const int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 
   const pid_t pid = fork();
-  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
+  if (pid < 0) {
+    const int err = errno;
+    for (int fd : {pipe_fds[0], pipe_fds[1], exec_fds[0], exec_fds[1], null_fd}) {
+      if (fd >= 0) close(fd);
+    }
+    return absl::InternalError(absl::StrCat("fork: ", strerror(err)));
+  }
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);  // the job dies with its launcher
     if (getppid() != parent) _exit(127);
+    setpgid(0, 0);  // its own group, signalled as a whole (SignalGroup)
     sigprocmask(SIG_SETMASK, &none, nullptr);
+    if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
     dup2(pipe_fds[1], STDOUT_FILENO);
     dup2(pipe_fds[1], STDERR_FILENO);
     execvpe(argv[0], argv.data(), envp.data());
-    static const char kMessage[] = "trainguard run: cannot execute the command\n";
-    (void)!write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
+    const int err = errno;
+    (void)!write(exec_fds[1], &err, sizeof(err));
     _exit(127);
+  }
+  // Also here, so the group exists before the launcher may signal it, whichever runs first.
+  setpgid(pid, pid);
+  close(exec_fds[1]);
+  if (null_fd >= 0) close(null_fd);
+  int exec_errno = 0;
+  pollfd exec_poll = {exec_fds[0], POLLIN, 0};
+  // Bounded: exec either fails at once or closes the pipe; 10 s covers a slow file system.
+  const bool answered = poll(&exec_poll, 1, 10'000) == 1;
+  const bool exec_failed =
+      answered && read(exec_fds[0], &exec_errno, sizeof(exec_errno)) == sizeof(exec_errno);
+  close(exec_fds[0]);
+  if (exec_failed) {
+    waitpid(pid, nullptr, 0);  // it _exits right after writing
+    close(pipe_fds[0]);
+    close(pipe_fds[1]);
+    return absl::FailedPreconditionError(
+        absl::StrFormat("cannot execute the command '%s' for %s: %s", config_.command[0],
+                        child->Label(), DescribeErrno(exec_errno)));
   }
   close(pipe_fds[1]);
   child->pid = pid;
+  child->started = absl::Now();
   child->out_fd = pipe_fds[0];
   fcntl(child->out_fd, F_SETFL, O_NONBLOCK);
   if (rank >= 0) {
@@ -424,63 +565,127 @@ void Job::Reap() {
   }
 }
 
-bool Job::CanSpawnStandby() const {
-  if (config_.standby == 0) return false;
-  const int64_t allowed = config_.max_replacements < 0
-                              ? std::numeric_limits<int>::max()
-                              : int64_t{config_.standby} + config_.max_replacements;
-  return standbys_spawned_ < allowed;
+bool Job::CanSpawnStandby() const { return config_.standby > 0 && !standbys_exhausted_; }
+
+void Job::SignalGroup(const Child& child, int sig) {
+  // A group id of 0 or 1 would signal this process's own group or every process: never.
+  if (child.pid > 1) kill(-child.pid, sig);
+}
+
+void Job::KillLeftovers(const Child& child) {
+  // The group outlives its leader while a process the command started is still in it; once the
+  // leader is reaped and the group is empty, the id may belong to nobody (ESRCH), and it is not
+  // reused while the group exists.
+  SignalGroup(child, SIGKILL);
 }
 
 void Job::OnExit(Child& child, int status) {
+  KillLeftovers(child);
   const std::string how = DescribeExit(status);
   if (exit_code_ >= 0) return;  // stopping: exits are expected
-  if (child.rank < 0) {
-    Say(absl::StrFormat("%s (pid %d) %s while parked", child.Label(), child.pid, how));
-    (void)coordinator_->ForgetStandby(child.member_id, kStoreTimeout);
-    if (CanSpawnStandby()) {
-      if (absl::Status s = Spawn(-1, standbys_spawned_); !s.ok()) Say(s.ToString());
-    }
-    return;
-  }
+  if (child.rank < 0) return OnStandbyExit(child, how);
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
     ++ranks_finished_;
     Say(absl::StrFormat("%s (pid %d) finished", child.Label(), child.pid));
     return;
   }
   Say(absl::StrFormat("%s (pid %d, member %s) %s", child.Label(), child.pid, child.member_id, how));
+  // A rank that gives up because the job cannot go on publishes why before it exits: that is not a
+  // machine fault, and a replacement would only meet the same fault.
+  if (std::optional<std::string> reason = ReadJobStop(absl::Seconds(1)); reason.has_value()) {
+    return StopJob(*reason);
+  }
+  RankHistory& history = rank_history_[child.rank];
+  ++history.deaths;
+  history.last = how;
+  const absl::Time now = absl::Now();
+  history.streak = now - history.took_rank < kHealthyRun ? history.streak + 1 : 1;
+  const std::string deaths = absl::StrFormat("%s died %d time%s (last: %s)", child.Label(),
+                                             history.deaths, history.deaths == 1 ? "" : "s", how);
   bool formed = false;
   {
+    // A rank that exits right after joining may be reaped before the helper thread has reported
+    // the generation it joined: give it a moment rather than call the death premature.
     MutexLock lock(&formed_mu_);
+    formed_mu_.AwaitWithTimeout(
+        [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return formed_.has_value(); }, absl::Seconds(5));
     formed = formed_.has_value() && formed_->ok();
   }
-  if (!formed) return Fail(absl::StrCat(child.Label(), " died before generation 0 formed"));
-  if (config_.standby == 0)
-    return Fail(absl::StrCat(child.Label(), " died and the job has no standbys"));
-  if (config_.max_replacements >= 0 && replacements_ >= config_.max_replacements) {
-    return Fail(absl::StrFormat("%s died after %d replacements (--max-replacements %d)",
-                                child.Label(), replacements_, config_.max_replacements));
+  if (!formed) {
+    return Fail(absl::StrCat(child.Label(), " died before generation 0 formed (", how, ")"));
   }
+  if (config_.standby == 0) {
+    return Fail(absl::StrCat(child.Label(), " died and the job has no standbys (", how, ")"));
+  }
+  if (replacements_ >= config_.max_replacements) {
+    return Fail(
+        absl::StrFormat("%s; --max-replacements=%d reached", deaths, config_.max_replacements));
+  }
+  const absl::Duration delay = Backoff(history.streak, config_.restart_backoff);
+  if (delay > absl::ZeroDuration()) {
+    Say(absl::StrFormat("%s, %d in a row within %s of taking its rank: replacing it in %s", deaths,
+                        history.streak, absl::FormatDuration(kHealthyRun),
+                        absl::FormatDuration(delay)));
+  }
+  dead_.push_back({child.rank, how, now, now + delay + config_.rendezvous_timeout, now + delay});
+}
+
+void Job::OnStandbyExit(Child& child, const std::string& how) {
+  Say(absl::StrFormat("%s (pid %d) %s while parked", child.Label(), child.pid, how));
+  (void)coordinator_->ForgetStandby(child.member_id, kStoreTimeout);
+  ++standby_deaths_;
+  standby_last_death_ = how;
   const absl::Time now = absl::Now();
-  dead_.push_back({child.rank, now, now + config_.rendezvous_timeout});
+  standby_streak_ = now - child.started < kHealthyRun ? standby_streak_ + 1 : 1;
+  if (!CanSpawnStandby()) return;
+  if (standby_deaths_ > config_.max_replacements) {
+    standbys_exhausted_ = true;
+    Say(absl::StrFormat(
+        "standbys died %d times while parked (last: %s); --max-replacements=%d reached: no more "
+        "standbys are started",
+        standby_deaths_, how, config_.max_replacements));
+    return;
+  }
+  const absl::Duration delay = Backoff(standby_streak_, config_.restart_backoff);
+  if (delay > absl::ZeroDuration()) {
+    Say(absl::StrFormat(
+        "standbys died %d times in a row within %s of starting: the next starts in %s",
+        standby_streak_, absl::FormatDuration(kHealthyRun), absl::FormatDuration(delay)));
+  }
+  standby_respawns_.push_back(now + delay);
+}
+
+void Job::RespawnStandbys() {
+  while (!standby_respawns_.empty() && exit_code_ < 0 && absl::Now() >= standby_respawns_.front()) {
+    standby_respawns_.pop_front();
+    if (!CanSpawnStandby()) continue;
+    if (absl::Status s = Spawn(-1, standbys_spawned_); !s.ok()) Say(s.ToString());
+  }
 }
 
 void Job::TryReplacements() {
   while (!dead_.empty() && exit_code_ < 0) {
     const DeadRank dead = dead_.front();
+    if (absl::Now() < dead.not_before) return;  // backing off a crash loop
     absl::StatusOr<Membership> next = coordinator_->ReplaceRank(dead.rank, kStoreTimeout);
     if (absl::IsFailedPrecondition(next.status())) {
-      // No standby has parked yet. Wait for one if one is still starting up.
-      bool starting = false;
+      // No standby has parked yet. Wait for one if one is still starting up (or about to).
+      bool starting = !standby_respawns_.empty();
       for (auto& c : children_) starting |= c->running && c->rank < 0;
       if (starting && absl::Now() < dead.give_up) return;
-      return Fail(absl::StrFormat("rank %d died and no standby is available (%s)", dead.rank,
-                                  std::string(next.status().message())));
+      std::string why = std::string(next.status().message());
+      if (standby_deaths_ > 0) {
+        why = absl::StrFormat("standbys died %d times while parked (last: %s)", standby_deaths_,
+                              standby_last_death_);
+      }
+      return Fail(absl::StrFormat("rank %d died (%s) and no standby is available: %s", dead.rank,
+                                  dead.how, why));
     }
     if (!next.ok())
       return Fail(absl::StrCat("replacing rank ", dead.rank, ": ", next.status().ToString()));
     dead_.pop_front();
     ++replacements_;
+    rank_history_[dead.rank].took_rank = absl::Now();
     const std::string& member = next->members[dead.rank];
     for (auto& c : children_) {
       if (c->member_id != member || !c->running) continue;
@@ -493,6 +698,44 @@ void Job::TryReplacements() {
     if (CanSpawnStandby()) {
       if (absl::Status s = Spawn(-1, standbys_spawned_); !s.ok()) Say(s.ToString());
     }
+  }
+}
+
+// Checked on every non-zero exit too (OnExit), so a rank that published the stop and exited at once
+// is never replaced; this poll stops the ranks that are still running.
+std::optional<std::string> Job::ReadJobStop(absl::Duration timeout) {
+  absl::StatusOr<std::string> reason = store_->Get(kJobStopKey, timeout);
+  if (!reason.ok()) return std::nullopt;  // absent, or the store briefly unreachable
+  return std::string(absl::StripTrailingAsciiWhitespace(*reason));
+}
+
+void Job::WatchJobStop() {
+  const absl::Time now = absl::Now();
+  if (now < next_stop_check_) return;
+  next_stop_check_ = now + absl::Milliseconds(250);
+  if (std::optional<std::string> reason = ReadJobStop(absl::Milliseconds(200)); reason) {
+    StopJob(*reason);
+  }
+}
+
+void Job::StopJob(const std::string& reason) {
+  Say(absl::StrCat("job stopped: ", reason));
+  failure_ = absl::StrCat("stopped by a rank: ", reason);
+  exit_code_ = kExitJobFailed;
+}
+
+// A rank that could not write a checkpoint to disk keeps training (the step stays uncommitted on
+// disk), so the only trace would be its event file: say it here, once per rank and step.
+void Job::ReportPersistFailures() {
+  absl::StatusOr<std::vector<std::string>> keys =
+      store_->ListKeys(kPersistFailedPrefix, absl::Milliseconds(500));
+  if (!keys.ok()) return;
+  for (const std::string& key : *keys) {
+    if (persist_failures_.count(key) != 0) continue;
+    absl::StatusOr<std::string> what = store_->Get(key, absl::Milliseconds(500));
+    if (!what.ok()) continue;
+    Say(absl::StrCat("checkpoint not persisted: ", *what));
+    persist_failures_[key] = *what;
   }
 }
 
@@ -542,7 +785,7 @@ void Job::KillRanksWithStaleHeartbeats() {
       Say(absl::StrFormat("%s (pid %d) has not sent a heartbeat for %s: killing it", c->Label(),
                           c->pid, absl::FormatDuration(config_.heartbeat_timeout)));
       c->killed_for_liveness = true;
-      kill(c->pid, SIGKILL);  // reaped and replaced like any dead rank
+      SignalGroup(*c, SIGKILL);  // reaped and replaced like any dead rank
     }
   }
 }
@@ -624,7 +867,7 @@ void Job::DiagnoseHangs() {
       if (c->rank != rank || !c->running || c->killed_for_liveness) continue;
       Say(absl::StrFormat("%s (pid %d) is the hang's suspect: killing it", c->Label(), c->pid));
       c->killed_for_liveness = true;
-      kill(c->pid, SIGKILL);  // reaped and replaced like any dead rank
+      SignalGroup(*c, SIGKILL);  // reaped and replaced like any dead rank
     }
   }
 }
@@ -669,12 +912,13 @@ void Job::RenewGenerationWhenAsked() {
 
 void Job::Fail(const std::string& why) {
   Say(absl::StrCat("job failed: ", why));
+  failure_ = why;
   exit_code_ = kExitJobFailed;
 }
 
 void Job::StopAll(absl::Duration grace) {
   for (auto& c : children_) {
-    if (c->running) kill(c->pid, SIGTERM);
+    if (c->running) SignalGroup(*c, SIGTERM);
   }
   const absl::Time deadline = absl::Now() + grace;
   bool any = true;
@@ -685,12 +929,13 @@ void Job::StopAll(absl::Duration grace) {
       int status = 0;
       if (waitpid(c->pid, &status, WNOHANG) == c->pid) {
         c->running = false;
+        KillLeftovers(*c);
         Pump(*c, /*flush=*/true);
         continue;
       }
       Pump(*c, /*flush=*/false);
       any = true;
-      if (absl::Now() >= deadline) kill(c->pid, SIGKILL);
+      if (absl::Now() >= deadline) SignalGroup(*c, SIGKILL);
     }
     if (any) absl::SleepFor(absl::Milliseconds(10));  // bounded: SIGKILL after the grace period
   }
@@ -710,14 +955,14 @@ int Job::Run() {
                       config_.nproc, config_.standby, store_url_, config_.run_dir));
   for (int r = 0; r < config_.nproc; ++r) {
     if (absl::Status s = Spawn(r, -1); !s.ok()) {
-      Say(s.ToString());
+      Say(absl::StrCat("cannot start the job: ", s.message()));
       StopAll(config_.stop_grace);
       return kExitLaunchError;
     }
   }
   for (int i = 0; i < config_.standby; ++i) {
     if (absl::Status s = Spawn(-1, i); !s.ok()) {
-      Say(s.ToString());
+      Say(absl::StrCat("cannot start the job: ", s.message()));
       StopAll(config_.stop_grace);
       return kExitLaunchError;
     }
@@ -759,6 +1004,7 @@ int Job::Run() {
     Reap();
     if (interrupted != 0) {
       Say(absl::StrFormat("interrupted by SIG%s; stopping the job", sigabbrev_np(interrupted)));
+      failure_ = absl::StrCat("interrupted by SIG", sigabbrev_np(interrupted));
       exit_code_ = 128 + interrupted;
       break;
     }
@@ -779,11 +1025,18 @@ int Job::Run() {
     if (formed_reported && exit_code_ < 0 && dead_.empty()) KillRanksWithStaleHeartbeats();
     if (formed_reported && exit_code_ < 0) DiagnoseHangs();
     if (formed_reported && exit_code_ < 0) RenewGenerationWhenAsked();
+    if (exit_code_ < 0) WatchJobStop();
+    if (exit_code_ < 0) RespawnStandbys();
+    if (absl::Now() >= next_persist_check_) {
+      next_persist_check_ = absl::Now() + absl::Milliseconds(500);
+      ReportPersistFailures();
+    }
     if (exit_code_ < 0 && ranks_finished_ == config_.nproc) exit_code_ = 0;
   }
   StopAll(config_.stop_grace);
   stop_forming_.store(true);
   former_.join();
+  ReportPersistFailures();  // what the ranks reported just before they ended
   if (exit_code_ == 0) {
     // The ranks' snapshot arenas outlive them so that a replacement (or a restarted job) on this
     // machine restores without disk; once the job is done they only hold memory.
@@ -792,10 +1045,29 @@ int Job::Run() {
       (void)Snapshotter::RemoveArena(config_.job_id, r);
       (void)FlightRecorder::Remove(config_.job_id, r);
     }
-    Say(absl::StrFormat("job %s succeeded: %d ranks finished, %d replacement(s)", config_.job_id,
-                        config_.nproc, replacements_));
   }
+  Say(Summary());
   return exit_code_;
+}
+
+// The last line of every run: how it ended, and what it took.
+std::string Job::Summary() const {
+  std::string counts = absl::StrFormat("%d replacement(s)", replacements_);
+  if (standby_deaths_ > 0) {
+    absl::StrAppendFormat(&counts, ", %d standby death(s) (last: %s)", standby_deaths_,
+                          standby_last_death_);
+  }
+  if (!persist_failures_.empty()) {
+    // The newest checkpoint on disk is older than it should be: a job that "succeeded" must say so.
+    absl::StrAppendFormat(&counts, "; %d checkpoint(s) not persisted (last: %s)",
+                          persist_failures_.size(), persist_failures_.rbegin()->second);
+  }
+  if (exit_code_ == 0) {
+    return absl::StrFormat("job %s succeeded: %d ranks finished, %s", config_.job_id, config_.nproc,
+                           counts);
+  }
+  return absl::StrFormat("job %s ended (exit status %d): %s; %s", config_.job_id, exit_code_,
+                         failure_, counts);
 }
 
 absl::StatusOr<int> ParseCount(const std::string& flag, const std::string& value, int minimum) {
@@ -814,7 +1086,7 @@ std::string RunUsage() {
          "                      [--store tcp://HOST:PORT --token-file F | --store "
          "etcd://HOST:PORT]\n"
          "                      [--job-id ID] [--run-dir DIR] [--rendezvous-timeout SECONDS]\n"
-         "                      [--heartbeat-timeout SECONDS]\n"
+         "                      [--heartbeat-timeout SECONDS] [--restart-backoff SECONDS]\n"
          "                      -- COMMAND [ARGS...]\n";
 }
 
@@ -837,6 +1109,9 @@ absl::StatusOr<LaunchConfig> ParseRunArguments(const std::vector<std::string>& a
     } else if (flag == "--max-replacements") {
       n = ParseCount(flag, value, 0);
       config.max_replacements = n.value_or(0);
+    } else if (flag == "--restart-backoff") {
+      n = ParseCount(flag, value, 0);
+      config.restart_backoff = absl::Seconds(n.value_or(0));
     } else if (flag == "--heartbeat-timeout") {
       n = ParseCount(flag, value, 1);
       config.heartbeat_timeout = absl::Seconds(n.value_or(1));

@@ -6,9 +6,17 @@
 //                  args...
 //
 // Exit status: 0 every rank finished with status 0; 1 the job failed (a rank failed and could not
-// be replaced, a rank was replaced more than M times, or generation 0 did not form); 2 bad usage;
-// 3 the launcher could not start the job (store, run dir, spawn); 128+N interrupted by signal N
-// (the ranks got SIGTERM first).
+// be replaced, --max-replacements was reached, generation 0 did not form, or a rank stopped the job
+// because it cannot go on: store key job/stop); 2 bad usage; 3 the launcher could not start the job
+// (store, run dir, a command that cannot be executed); 128+N interrupted by signal N (the ranks got
+// SIGTERM first).
+//
+// Each rank (and standby) runs in its own process group, which the launcher signals as a whole, so
+// that the processes a wrapper command (`sh -c 'trainer; true'`, a run.sh) starts go with it. The
+// rank's direct child gets SIGKILL when the launcher dies (PR_SET_PDEATHSIG); deeper descendants
+// are reached by the Runtime's launcher watch (TRAINGUARD_LAUNCHER_PID, sdk/runtime/
+// launcher_watch.h), which also ends a rank whose launcher stays stopped (SIGSTOP) for
+// heartbeat_timeout.
 #ifndef TRAINGUARD_TOOLS_LAUNCHER_H_
 #define TRAINGUARD_TOOLS_LAUNCHER_H_
 
@@ -23,8 +31,13 @@ namespace trainguard::tools {
 struct LaunchConfig {
   int nproc = 0;
   int standby = 0;
-  // Replacements allowed over the job's life; -1: as many as standbys can be spawned.
-  int max_replacements = -1;
+  // Ranks replaced over the job's life; also how many times a standby that dies while parked is
+  // started again. Reaching it ends the job with the dead rank's history as the reason.
+  int max_replacements = 10;
+  // A rank (or standby) that dies again within kHealthyRun (60 s) of taking over is in a crash
+  // loop: from its second such death on, its replacement waits restart_backoff, doubling with each
+  // further one, up to 30 s.
+  absl::Duration restart_backoff = absl::Seconds(1);
   // Empty: host a TcpStore on 127.0.0.1 with a fresh token. Otherwise an existing store's URL.
   std::string store;
   std::string token_file;  // with an external tcp:// store

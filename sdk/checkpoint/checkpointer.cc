@@ -255,6 +255,7 @@ class Checkpointer::Impl {
     outcome.persist_time = absl::Now() - persist_start;
     if (!record.ok()) {
       outcome.status = record.status();
+      PublishPersistFailure(job.step, record.status());
       return outcome;
     }
     outcome.persisted = true;
@@ -265,6 +266,18 @@ class Checkpointer::Impl {
     }
     outcome.durable_committed = *durable;
     return outcome;
+  }
+
+  // A rank whose shard could not be written keeps training (the step is just never committed on
+  // disk), so the failure would be seen only in its event file: it is also published under
+  // job/persist_failed/<step, 12 digits>/<rank> for the launcher to print. Best effort, bounded.
+  void PublishPersistFailure(int64_t step, const absl::Status& status) {
+    if (options_.store == nullptr) return;
+    // The job's store itself, not store_ ("ckpt/"): the key belongs to the launcher's namespace.
+    (void)options_.store->Set(
+        absl::StrFormat("job/persist_failed/%012d/%d", step, options_.rank),
+        absl::StrFormat("rank %d step %d: %s", options_.rank, step, status.message()),
+        std::min(options_.timeout, absl::Seconds(10)));
   }
 
   // Records this rank's `kind` ("snapshot" or "durable") of the job's step; the rank that completes
@@ -602,6 +615,7 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(
     po.dir = options.dir;
     po.chunk_bytes = options.chunk_bytes;
     po.keep_last = options.keep_last;
+    po.world_size = options.world_size;
     po.use_io_uring = options.use_io_uring;
     po.env = options.env;
     absl::StatusOr<std::unique_ptr<Persister>> p = Persister::Create(po);

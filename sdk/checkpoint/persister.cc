@@ -391,6 +391,7 @@ absl::StatusOr<ShardRecord> Persister::Impl::Persist(int64_t step, int rank, int
   manifest.set_chunk_bytes(options_.chunk_bytes);
   for (uint64_t c : chunk_checksums) manifest.add_chunk_checksums(c);
   manifest.set_shard_file_bytes(checkpoint::ShardFileBytes(payload.size(), options_.chunk_bytes));
+  manifest.set_world_size(options_.world_size);
   manifest.set_shard_header_checksum(
       checkpoint::StoredHeaderChecksum(checkpoint::EncodeShardHeader(header)));
   if (absl::Status s = CommitManifest(step_dir, rank, manifest); !s.ok()) {
@@ -408,6 +409,7 @@ absl::StatusOr<ShardRecord> Persister::Impl::Persist(int64_t step, int rank, int
   record.payload_bytes = payload.size();
   record.chunk_bytes = options_.chunk_bytes;
   record.chunk_checksums = chunk_checksums;
+  record.world_size = options_.world_size;
   return record;
 }
 
@@ -525,6 +527,7 @@ absl::StatusOr<std::vector<ShardRecord>> ListCommittedShards(Env* env, const std
       r.payload_bytes = m->payload_bytes();
       r.chunk_bytes = m->chunk_bytes();
       r.chunk_checksums.assign(m->chunk_checksums().begin(), m->chunk_checksums().end());
+      r.world_size = m->world_size();
       records.push_back(std::move(r));
     }
   }

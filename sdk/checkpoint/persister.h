@@ -45,6 +45,7 @@ struct ShardRecord {
   uint64_t payload_bytes = 0;
   uint64_t chunk_bytes = 0;
   std::vector<uint64_t> chunk_checksums;  // XXH3-64 of each chunk of the payload
+  int world_size = 0;  // ranks whose shards make the step complete; 0: not recorded
 };
 
 struct PersisterOptions {
@@ -54,6 +55,9 @@ struct PersisterOptions {
   bool use_io_uring = true;      // false: pwritev only
   int keep_last = 3;             // committed steps kept per rank; older ones are deleted
   Env* env = nullptr;            // metadata operations (manifests, renames, directory syncs)
+  // Recorded in every manifest, so that readers (`trainguard ckpt`) can tell a step that lacks a
+  // rank's shard from a complete one. 0: not recorded.
+  int world_size = 0;
 };
 
 class Persister {

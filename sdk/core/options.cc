@@ -38,6 +38,9 @@ using ::trainguard::proto::OptionsProto;
 
 constexpr absl::string_view kEnvPrefix = "TRAINGUARD_";
 constexpr absl::string_view kConfigVariable = "TRAINGUARD_CONFIG";
+// `trainguard run` names itself to the Runtime's launcher watch (sdk/runtime/launcher_watch.h)
+// with TRAINGUARD_LAUNCHER_*: not options.
+constexpr absl::string_view kLauncherPrefix = "TRAINGUARD_LAUNCHER_";
 
 // torchrun (and torch.distributed.launch) export these; a job launched by torchrun needs no
 // TRAINGUARD_ variables for them.
@@ -285,7 +288,8 @@ absl::Status SetFieldFromString(const FieldDescriptor& field, absl::string_view 
 absl::Status ApplyTrainguardVariables(const std::map<std::string, std::string>& variables,
                                       OptionsProto& proto) {
   for (const auto& [variable, value] : variables) {
-    if (!absl::StartsWith(variable, kEnvPrefix) || variable == kConfigVariable) {
+    if (!absl::StartsWith(variable, kEnvPrefix) || variable == kConfigVariable ||
+        absl::StartsWith(variable, kLauncherPrefix)) {
       continue;
     }
     const std::string field_name =

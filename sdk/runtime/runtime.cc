@@ -106,9 +106,23 @@ absl::StatusOr<std::unique_ptr<Runtime>> RuntimeImpl::Create(const Options& opti
 
   std::unique_ptr<RuntimeImpl> runtime(
       new RuntimeImpl(options, *std::move(topology), options.ResolvedRunDir()));
+  // First: a standby parks in JoinRendezvous, and must leave with its launcher too.
+  absl::StatusOr<std::unique_ptr<LauncherWatch>> watch =
+      LauncherWatch::FromEnvironment(runtime->clock_);
+  if (!watch.ok()) return watch.status();
+  runtime->launcher_watch_ = *std::move(watch);
   if (absl::Status s = runtime->ConnectStore(); !s.ok()) return s;
   if (absl::Status s = runtime->JoinRendezvous(); !s.ok()) return s;
   if (absl::Status s = runtime->OpenEvents(); !s.ok()) return s;
+  if (runtime->launcher_watch_ != nullptr) {
+    runtime->launcher_watch_->SetObserver([rt = runtime.get()](absl::string_view why) {
+      Event event;
+      event.type = EventType::kCustom;
+      event.message = absl::StrCat(why, ": leaving the job");
+      event.attributes = {{"what", "launcher_lost"}};
+      (void)rt->EmitEvent(std::move(event));
+    });
+  }
   if (absl::Status s = runtime->StartDetection(); !s.ok()) return s;
   return std::unique_ptr<Runtime>(std::move(runtime));
 }
@@ -212,6 +226,7 @@ absl::Status RuntimeImpl::OpenEvents() {
 }
 
 RuntimeImpl::~RuntimeImpl() {
+  launcher_watch_.reset();
   CloseCommunicator();  // before the tracker its abort hook is registered in
   if (peer_hang_watcher_.joinable()) {
     {

@@ -21,6 +21,7 @@
 #include "sdk/checkpoint/checkpointer.h"
 #include "sdk/core/event_log.h"
 #include "sdk/rendezvous/rendezvous.h"
+#include "sdk/runtime/launcher_watch.h"
 #include "sdk/watchdog/flight_recorder.h"
 #include "trainguard/health.h"
 #include "trainguard/mutex.h"
@@ -234,6 +235,9 @@ class RuntimeImpl final : public Runtime {
   Watchdog* phase_watchdog_ = nullptr;
   // Last: its worker thread uses the store and the event log, so it is destroyed first.
   std::unique_ptr<Checkpointer> checkpointer_;
+  // Under `trainguard run`: ends this process when the launcher is gone (sdk/runtime/
+  // launcher_watch.h). Reset first in ~RuntimeImpl: its observer writes an event.
+  std::unique_ptr<LauncherWatch> launcher_watch_;
 };
 
 }  // namespace trainguard

@@ -68,8 +68,9 @@ TEST_F(CkptCli, ListShowsEveryCommittedStepWithItsRanksAndSize) {
   EXPECT_THAT(r.out, HasSubstr("step 10: 2 shards, ranks 0,1"));
   EXPECT_THAT(r.out, HasSubstr("step 20: 2 shards, ranks 0,1"));
   r = RunCli("ckpt list --json " + dir_.path());
-  // proto3 JSON (docs/FORMATS.md): 64-bit integers are strings.
-  EXPECT_THAT(r.out, HasSubstr(R"({"step":"20","ranks":[0,1],"payload_bytes":"49162"})"));
+  // proto3 JSON (docs/FORMATS.md): 64-bit integers are strings; every field is printed.
+  EXPECT_THAT(r.out, HasSubstr(R"({"step":"20","ranks":[0,1],"payload_bytes":"49162",)"
+                               R"("complete":true,"missing_ranks":[]})"));
 }
 
 TEST_F(CkptCli, InspectShowsTheNewestStepsShards) {
@@ -105,6 +106,53 @@ TEST_F(CkptCli, VerifyPassesAnIntactDirectoryAndNamesEachCorruptChunk) {
   EXPECT_THAT(r.out, HasSubstr(R"("ok":false)"));
   EXPECT_THAT(r.out,
               HasSubstr(R"("payload_offset":"8192","file_offset":"12288","rank":1,"step":"20")"));
+}
+
+// A rank's write failed (a full disk) or its save was skipped: the step has the other ranks'
+// committed shards only, and must never pass for a checkpoint that can be restored.
+TEST_F(CkptCli, AStepMissingARanksShardIsMarkedIncompleteAndFailsVerify) {
+  PersisterOptions o;
+  o.dir = dir_.path();
+  o.chunk_bytes = 8192;
+  o.world_size = 2;  // recorded in the manifest
+  auto p = Persister::Create(o);
+  ASSERT_TRUE(p.ok()) << p.status();
+  const std::string payload(8192, 'z');
+  ASSERT_TRUE((*p)->Persist(30, 0, 4, 0xABCD, payload, {XXH3_64bits(payload.data(), 8192)}).ok());
+
+  Result r = RunCli("ckpt list " + dir_.path());
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_THAT(r.out,
+              HasSubstr("step 30: 1 shard, ranks 0, 8.00 KiB, INCOMPLETE: no shard of rank 1"));
+  EXPECT_THAT(r.out, HasSubstr("step 20: 2 shards, ranks 0,1, 48.01 KiB\n"));
+  r = RunCli("ckpt list --json " + dir_.path());
+  EXPECT_THAT(r.out, HasSubstr(R"({"step":"30","ranks":[0],"payload_bytes":"8192",)"
+                               R"("complete":false,"missing_ranks":[1]})"));
+
+  r = RunCli("ckpt verify " + dir_.path());
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.out, HasSubstr("MISSING " + dir_.File("step-000000000030/rank-00001.shard") +
+                               " rank 1 step 30: no committed shard (the step is incomplete)"));
+  EXPECT_THAT(r.out, HasSubstr("FAILED: 5 shards, 104.02 KiB checked, 0 corrupt, 1 missing"));
+  EXPECT_EQ(RunCli("ckpt verify --step 20 " + dir_.path()).exit_code, 0);
+
+  // Without --step, inspect shows the newest step a restore could use.
+  r = RunCli("ckpt inspect " + dir_.path());
+  EXPECT_THAT(r.out, HasSubstr("step 20\n"));
+  r = RunCli("ckpt inspect --step 30 " + dir_.path());
+  EXPECT_THAT(r.out, HasSubstr("step 30 (INCOMPLETE: no shard of rank 1)"));
+}
+
+// Manifests written before the world size was recorded: the highest rank in the directory decides.
+TEST_F(CkptCli, WithoutARecordedWorldSizeTheRanksOfTheDirectoryDecideCompleteness) {
+  std::filesystem::remove(dir_.File("step-000000000020/rank-00001.manifest"));
+  Result r = RunCli("ckpt list " + dir_.path());
+  EXPECT_THAT(r.out,
+              HasSubstr("step 20: 1 shard, ranks 0, 24.00 KiB, INCOMPLETE: no shard of rank 1"));
+  EXPECT_THAT(r.out, HasSubstr("step 10: 2 shards, ranks 0,1, 48.01 KiB\n"));
+  r = RunCli("ckpt verify " + dir_.path());
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.out, HasSubstr("rank-00001.shard rank 1 step 20: no committed shard"));
 }
 
 TEST(CkptCliUsage, BadArgumentsExitWithTwo) {

@@ -1,0 +1,67 @@
+// A rank command for launcher_faults_test: joins the job through the Runtime, from the TRAINGUARD_*
+// environment `trainguard run` gives it, as a trainer does; then does what its one argument says.
+//
+//   stop-job      rank 0 publishes the store key job/stop ("rank 0: ...", as a Runtime that
+//                 gives up does) and exits 1; the other ranks wait to be stopped.
+//   exit-1        exits 1 right after joining (a rank, or a standby once it took a rank): a rank
+//                 command that always dies once the job runs.
+//   standby-dies  a standby exits 1 before it joins; ranks wait to be stopped.
+//   wait          waits to be stopped.
+// Waiting is bounded: after 120 s it exits 3, so that a stray never outlives a broken test long.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "trainguard/options.h"
+#include "trainguard/runtime.h"
+#include "trainguard/store.h"
+
+namespace {
+
+int WaitToBeStopped() {
+  absl::SleepFor(absl::Seconds(120));
+  return 3;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "wait";
+  const char* role = std::getenv("TRAINGUARD_ROLE");
+  if (mode == "standby-dies" && role != nullptr && std::string(role) == "standby") {
+    std::fprintf(stderr, "standby: dying before it parks\n");
+    return 1;
+  }
+  absl::StatusOr<trainguard::Options> options = trainguard::Options::FromEnv();
+  if (!options.ok()) {
+    std::fprintf(stderr, "options: %s\n", options.status().ToString().c_str());
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<trainguard::Runtime>> rt = trainguard::Runtime::Create(*options);
+  if (!rt.ok()) {
+    std::fprintf(stderr, "runtime: %s\n", rt.status().ToString().c_str());
+    return 2;
+  }
+  const int rank = (*rt)->rank();
+  std::printf("rank %d joined generation %lld\n", rank,
+              static_cast<long long>((*rt)->generation()));
+  std::fflush(stdout);
+  if (mode == "exit-1") return 1;
+  if (mode == "stop-job" && rank == 0) {
+    absl::StatusOr<trainguard::CompareAndSetResult> set = (*rt)->store()->CompareAndSet(
+        "job/stop", std::nullopt, "rank 0: step 7 failed again after 2 rollbacks (limit 2)",
+        absl::Seconds(10));
+    if (!set.ok()) {
+      std::fprintf(stderr, "job/stop: %s\n", set.status().ToString().c_str());
+      return 2;
+    }
+    return 1;
+  }
+  return WaitToBeStopped();
+}
