@@ -281,7 +281,8 @@ absl::StatusOr<RecoveryPlan> RendezvousMember::AgreeOnResume(const Membership& m
   return plan;
 }
 
-RendezvousCoordinator::RendezvousCoordinator(Store* store) : store_(store) {}
+RendezvousCoordinator::RendezvousCoordinator(Store* store, Clock* clock)
+    : store_(store), clock_(clock) {}
 
 int64_t RendezvousCoordinator::generation() const {
   MutexLock lock(&mu_);
@@ -319,7 +320,7 @@ absl::StatusOr<std::vector<int>> RendezvousCoordinator::RanksWithStaleHeartbeats
   absl::StatusOr<std::vector<std::optional<std::string>>> values =
       store_->MultiGet(keys, store_timeout);
   if (!values.ok()) return values.status();
-  const absl::Time now = absl::Now();
+  const int64_t now_ns = clock_->MonotonicNanos();
   std::vector<int> stale;
   MutexLock lock(&mu_);
   // A new generation raised the fence: members still in the old one cannot beat until they adopt
@@ -330,9 +331,11 @@ absl::StatusOr<std::vector<int>> RendezvousCoordinator::RanksWithStaleHeartbeats
   }
   for (size_t r = 0; r < current.members.size(); ++r) {
     const std::string value = (*values)[r].value_or("");
-    auto [it, inserted] = beats_.try_emplace(current.members[r], Beat{value, now});
-    if (!inserted && it->second.value != value) it->second = Beat{value, now};
-    if (now - it->second.since >= timeout) stale.push_back(static_cast<int>(r));
+    auto [it, inserted] = beats_.try_emplace(current.members[r], Beat{value, now_ns});
+    if (!inserted && it->second.value != value) it->second = Beat{value, now_ns};
+    if (absl::Nanoseconds(now_ns - it->second.since_ns) >= timeout) {
+      stale.push_back(static_cast<int>(r));
+    }
   }
   return stale;
 }

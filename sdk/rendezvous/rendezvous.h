@@ -52,6 +52,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "trainguard/clock.h"
 #include "trainguard/membership.h"
 #include "trainguard/mutex.h"
 #include "trainguard/store.h"
@@ -117,8 +118,10 @@ class RendezvousMember {
 // launcher). Not a background thread: the owner calls it when it learns of a death.
 class RendezvousCoordinator {
  public:
-  // REQUIRES: `store` outlives the coordinator.
-  explicit RendezvousCoordinator(Store* store);
+  // REQUIRES: `store` and `clock` outlive the coordinator. The clock times the heartbeats'
+  // staleness (its monotonic time: a wall-clock jump never makes a rank look dead); tests pass a
+  // ManualClock. The waits of the other calls are bounded in real time.
+  explicit RendezvousCoordinator(Store* store, Clock* clock = Clock::Real());
 
   // Waits for the `world_size` initial ranks to register, then publishes generation 0.
   absl::StatusOr<Membership> FormInitialGeneration(int world_size, absl::Duration timeout);
@@ -150,12 +153,13 @@ class RendezvousCoordinator {
                                      absl::Duration timeout);
 
   Store* const store_;
+  Clock* const clock_;
   mutable Mutex mu_;
   Membership current_ ABSL_GUARDED_BY(mu_);
-  // Per member: the last heartbeat value seen and when it was first seen.
+  // Per member: the last heartbeat value seen and when it was first seen (clock_'s monotonic ns).
   struct Beat {
     std::string value;
-    absl::Time since;
+    int64_t since_ns;
   };
   std::map<std::string, Beat> beats_ ABSL_GUARDED_BY(mu_);
   int64_t beats_generation_ ABSL_GUARDED_BY(mu_) = -1;

@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "trainguard/clock.h"
 #include "trainguard/store.h"
 
 namespace trainguard {
@@ -17,6 +18,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 
 constexpr absl::Duration kTimeout = absl::Seconds(20);
 constexpr absl::Duration kHeartbeat = absl::Milliseconds(20);
@@ -293,6 +295,46 @@ TEST_F(Rendezvous, ARankWhoseHeartbeatStopsIsReportedStale) {
     absl::SleepFor(kHeartbeat);
   }
   EXPECT_THAT(stale, ElementsAre(1));
+}
+
+// Liveness on the coordinator's clock, deterministically: a ManualClock, and members whose own
+// heartbeat threads are paced at an hour, so a counter moves only when the test beats for it.
+TEST(RendezvousLiveness,
+     ARankIsStaleExactlyWhenItsCounterStoodStillForTheTimeoutOnTheCoordinatorsClock) {
+  InMemoryStore shared;
+  ManualClock clock;
+  std::unique_ptr<Store> coordinator_store = shared.NewClient();
+  RendezvousCoordinator coordinator(coordinator_store.get(), &clock);
+  constexpr int kWorld = 3;
+  std::vector<std::unique_ptr<Store>> stores;
+  std::vector<std::unique_ptr<RendezvousMember>> members;
+  for (int r = 0; r < kWorld; ++r) {
+    stores.push_back(shared.NewClient());
+    members.push_back(std::make_unique<RendezvousMember>(
+        stores.back().get(), absl::StrCat("host:rank", r), absl::Hours(1)));
+  }
+  std::vector<std::thread> joins;
+  for (int r = 0; r < kWorld; ++r) {
+    joins.emplace_back([&, r] { ASSERT_TRUE(members[r]->JoinInitial(r, kWorld, kTimeout).ok()); });
+  }
+  ASSERT_TRUE(coordinator.FormInitialGeneration(kWorld, kTimeout).ok());
+  for (std::thread& t : joins) t.join();
+  auto beat = [&](int r) {
+    ASSERT_TRUE(shared.Add(absl::StrCat("rdzv/hb/host:rank", r), 1, kTimeout).ok());
+  };
+  auto stale = [&] { return *coordinator.RanksWithStaleHeartbeats(absl::Seconds(1), kTimeout); };
+
+  EXPECT_THAT(stale(), IsEmpty());  // the first look starts every member's clock
+  clock.Advance(absl::Milliseconds(999));
+  beat(0);
+  beat(2);
+  EXPECT_THAT(stale(), IsEmpty());  // rank 1 has stood still for 999 ms: not yet
+  clock.Advance(absl::Milliseconds(1));
+  EXPECT_THAT(stale(), ElementsAre(1));  // 1 s exactly
+  beat(1);
+  EXPECT_THAT(stale(), IsEmpty());  // a beat clears it
+  clock.Advance(absl::Seconds(1));
+  EXPECT_THAT(stale(), ElementsAre(0, 1, 2));
 }
 
 TEST_F(Rendezvous, SurvivorsFencedOutUntilTheyRejoinAreNotReportedStale) {
