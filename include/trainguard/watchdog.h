@@ -70,35 +70,25 @@
 #ifndef TRAINGUARD_WATCHDOG_H_
 #define TRAINGUARD_WATCHDOG_H_
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <utility>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "trainguard/collectives.h"
-#include "trainguard/mutex.h"
 
 namespace trainguard {
 
 class Clock;
 class FlightRecorder;
 struct Options;
-
-namespace watchdog_internal {
-struct BoundRule;
-class NameTable;
-class SampleWindow;
-}  // namespace watchdog_internal
 
 struct WatchdogOptions {
   // The monitor thread's period. Zero: no thread; the owner calls PollOnce() (tests).
@@ -209,85 +199,22 @@ class Watchdog {
   // The kernel thread id (gettid) of the thread that last opened an outermost phase: the training
   // thread, whose stack is the one to compare across ranks in a hang (DiagnoseHang). 0 before the
   // first BeginPhase.
-  int phase_thread_id() const { return phase_thread_.load(std::memory_order_relaxed); }
-  int64_t hangs_declared() const { return hangs_declared_.load(std::memory_order_relaxed); }
+  int phase_thread_id() const;
+  int64_t hangs_declared() const;
   // Hangs postponed because peer_progress named a peer still working towards the collective this
   // rank waits in; each collective is counted once however long it stays postponed.
-  int64_t hangs_postponed() const { return hangs_postponed_.load(std::memory_order_relaxed); }
+  int64_t hangs_postponed() const;
   // The clock's MonotonicNanos() at the training thread's last BeginPhase, Tick or EndPhase (its
   // last sign of progress, published to peers by the Runtime); 0 before the first.
-  int64_t last_progress_ns() const { return last_progress_ns_.load(std::memory_order_relaxed); }
-  int64_t usage_errors() const { return usage_errors_.load(std::memory_order_relaxed); }
+  int64_t last_progress_ns() const;
+  int64_t usage_errors() const;
   // The first usage error, or OK.
   absl::Status usage_status() const;
 
  private:
-  struct Frame;
-  struct FrameView;
-
-  explicit Watchdog(const WatchdogOptions& options);
-  void MonitorLoop();
-  int PhaseIndex(std::string_view name);
-  void UsageError(std::string message);
-  // A consistent copy of the innermost open frame; nullopt when none or while it changes.
-  std::optional<FrameView> ReadInnermost() const;
-  std::string PhasePath(int depth) const;
-  // A wait the monitor excused because a peer was still making progress.
-  struct Postponement {
-    uint64_t collective = 0;  // InFlightCollective::instance of the collective waited in
-    int64_t since_ns = 0;     // when it was first excused
-    int64_t recheck_ns = 0;   // when to ask peer_progress again
-    std::string peer;         // what peer_progress answered last
-  };
-  // True when the hang about to be declared while waiting in `waiting_in` is postponed (see the
-  // header comment): a postponement still fresh, or peer_progress naming a peer.
-  bool Postpone(const InFlightCollective& waiting_in, int64_t now_ns)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(poll_mu_);
-  int Declare(HangReport::Cause cause, const std::optional<FrameView>& frame, int64_t now_ns,
-              const CollectivePoll& collectives, const InFlightCollective* overdue,
-              const std::optional<Postponement>& postponed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(poll_mu_);
-  void RecordPhase(bool end, int name, int64_t now_ns, int64_t duration_ns);
-
-  const WatchdogOptions options_;
-  Clock* const clock_;
-  FlightRecorder* const recorder_;
-  CollectiveTracker* const tracker_;
-  std::unique_ptr<const watchdog_internal::BoundRule> rule_;
-  std::unique_ptr<watchdog_internal::NameTable> phases_;
-  std::vector<std::unique_ptr<watchdog_internal::SampleWindow>> durations_;
-  std::vector<std::unique_ptr<watchdog_internal::SampleWindow>> gaps_;
-
-  // Training thread.
-  std::unique_ptr<Frame[]> frames_;
-  int open_ = 0;  // open phases, including untracked ones past kMaxDepth
-  uint64_t next_instance_ = 1;
-  std::atomic<int> depth_{0};  // tracked open phases, published to the monitor
-  std::atomic<int64_t> step_{-1};
-  std::atomic<int> phase_thread_{0};
-
-  std::atomic<int64_t> last_progress_ns_{0};
-
-  std::atomic<int64_t> hangs_declared_{0};
-  std::atomic<int64_t> hangs_postponed_{0};
-  std::atomic<int64_t> usage_errors_{0};
-  mutable Mutex usage_mu_;
-  absl::Status first_usage_error_ ABSL_GUARDED_BY(usage_mu_);
-
-  Mutex poll_mu_;  // one monitor pass at a time
-  std::optional<Postponement> postponed_ ABSL_GUARDED_BY(poll_mu_);
-
-  Mutex hooks_mu_;
-  std::vector<std::function<void(const HangReport&)>> handlers_ ABSL_GUARDED_BY(hooks_mu_);
-  std::vector<std::pair<std::string, std::function<void()>>> abort_hooks_
-      ABSL_GUARDED_BY(hooks_mu_);
-
-  Mutex pending_mu_;
-  std::optional<HangReport> pending_ ABSL_GUARDED_BY(pending_mu_);
-  std::atomic<bool> has_pending_{false};
-
-  Mutex thread_mu_;
-  bool stop_ ABSL_GUARDED_BY(thread_mu_) = false;
-  std::thread monitor_;
+  class Impl;  // sdk/watchdog/watchdog_impl.h
+  explicit Watchdog(std::unique_ptr<Impl> impl);
+  const std::unique_ptr<Impl> impl_;
 };
 
 // BeginPhase in the constructor, EndPhase in the destructor (also when the body throws). A null

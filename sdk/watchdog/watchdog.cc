@@ -24,6 +24,7 @@
 #include "sdk/watchdog/learned_bound.h"
 #include "sdk/watchdog/name_table.h"
 #include "sdk/watchdog/recorder_append.h"
+#include "sdk/watchdog/watchdog_impl.h"
 #include "trainguard/clock.h"
 #include "trainguard/collectives.h"
 #include "trainguard/options.h"
@@ -58,7 +59,7 @@ std::string Pretty(absl::Duration d) {
 // nested phase is open), and a "step" that only wraps other phases learns a small tick-gap bound
 // from its own short stretches of code. For a phase that neither ticks nor nests, the longest
 // silence is its duration, so its tick-gap bound is its duration bound.
-struct Watchdog::Frame {
+struct Watchdog::Impl::Frame {
   std::atomic<uint64_t> version{0};
   std::atomic<int32_t> name{-1};
   std::atomic<uint64_t> instance{0};
@@ -73,7 +74,7 @@ struct Watchdog::Frame {
   int64_t max_gap_ns = 0;
 };
 
-struct Watchdog::FrameView {
+struct Watchdog::Impl::FrameView {
   int depth = 0;  // this frame is frames_[depth - 1]
   int name = -1;
   uint64_t instance = 0;
@@ -128,14 +129,40 @@ std::string HangReport::ToString() const {
 
 absl::StatusOr<std::unique_ptr<Watchdog>> Watchdog::Create(const WatchdogOptions& options) {
   if (absl::Status s = options.Validate(); !s.ok()) return s;
-  std::unique_ptr<Watchdog> watchdog(new Watchdog(options));
-  if (options.poll_period > absl::ZeroDuration()) {
-    watchdog->monitor_ = std::thread([w = watchdog.get()] { w->MonitorLoop(); });
-  }
-  return watchdog;
+  auto impl = std::make_unique<Impl>(options);
+  if (options.poll_period > absl::ZeroDuration()) impl->StartMonitor();
+  return std::unique_ptr<Watchdog>(new Watchdog(std::move(impl)));
 }
 
-Watchdog::Watchdog(const WatchdogOptions& options)
+Watchdog::Watchdog(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Watchdog::~Watchdog() = default;
+
+// The public face forwards to the Impl: one pointer hop, no virtual call, no allocation.
+void Watchdog::SetStep(int64_t step) { impl_->SetStep(step); }
+void Watchdog::BeginPhase(std::string_view name) { impl_->BeginPhase(name); }
+void Watchdog::Tick(int64_t amount) { impl_->Tick(amount); }
+void Watchdog::EndPhase() { impl_->EndPhase(); }
+void Watchdog::AddHangHandler(std::function<void(const HangReport&)> handler) {
+  impl_->AddHangHandler(std::move(handler));
+}
+void Watchdog::AddAbortHook(std::string name, std::function<void()> hook) {
+  impl_->AddAbortHook(std::move(name), std::move(hook));
+}
+std::optional<HangReport> Watchdog::TakeHang() { return impl_->TakeHang(); }
+int Watchdog::PollOnce() { return impl_->PollOnce(); }
+PhaseBounds Watchdog::BoundsFor(std::string_view phase) const { return impl_->BoundsFor(phase); }
+int Watchdog::phase_thread_id() const { return impl_->phase_thread_id(); }
+int64_t Watchdog::hangs_declared() const { return impl_->hangs_declared(); }
+int64_t Watchdog::hangs_postponed() const { return impl_->hangs_postponed(); }
+int64_t Watchdog::last_progress_ns() const { return impl_->last_progress_ns(); }
+int64_t Watchdog::usage_errors() const { return impl_->usage_errors(); }
+absl::Status Watchdog::usage_status() const { return impl_->usage_status(); }
+
+void Watchdog::Impl::StartMonitor() {
+  monitor_ = std::thread([this] { MonitorLoop(); });
+}
+
+Watchdog::Impl::Impl(const WatchdogOptions& options)
     : options_(options),
       clock_(options.clock != nullptr ? options.clock : Clock::Real()),
       recorder_(options.recorder),
@@ -153,7 +180,7 @@ Watchdog::Watchdog(const WatchdogOptions& options)
   }
 }
 
-Watchdog::~Watchdog() {
+Watchdog::Impl::~Impl() {
   {
     MutexLock lock(&thread_mu_);
     stop_ = true;
@@ -161,7 +188,7 @@ Watchdog::~Watchdog() {
   if (monitor_.joinable()) monitor_.join();
 }
 
-void Watchdog::MonitorLoop() {
+void Watchdog::Impl::MonitorLoop() {
   for (;;) {
     {
       MutexLock lock(&thread_mu_);
@@ -175,7 +202,7 @@ void Watchdog::MonitorLoop() {
   }
 }
 
-void Watchdog::UsageError(std::string message) {
+void Watchdog::Impl::UsageError(std::string message) {
   usage_errors_.fetch_add(1, std::memory_order_relaxed);
   MutexLock lock(&usage_mu_);
   if (first_usage_error_.ok()) {
@@ -184,17 +211,17 @@ void Watchdog::UsageError(std::string message) {
   }
 }
 
-absl::Status Watchdog::usage_status() const {
+absl::Status Watchdog::Impl::usage_status() const {
   MutexLock lock(&usage_mu_);
   return first_usage_error_;
 }
 
-void Watchdog::SetStep(int64_t step) {
+void Watchdog::Impl::SetStep(int64_t step) {
   step_.store(step, std::memory_order_relaxed);
   if (tracker_ != nullptr) tracker_->SetStep(step);
 }
 
-int Watchdog::PhaseIndex(std::string_view name) {
+int Watchdog::Impl::PhaseIndex(std::string_view name) {
   const int index = phases_->FindOrAdd(name);
   if (index >= 0) return index;
   UsageError(absl::StrFormat("phase \"%s\" does not fit (max_phase_names %d); it shares \"%s\"",
@@ -202,7 +229,7 @@ int Watchdog::PhaseIndex(std::string_view name) {
   return 0;
 }
 
-void Watchdog::RecordPhase(bool end, int name, int64_t now_ns, int64_t duration_ns) {
+void Watchdog::Impl::RecordPhase(bool end, int name, int64_t now_ns, int64_t duration_ns) {
   if (recorder_ == nullptr) return;
   FlightRecord r;
   r.time_ns = now_ns;
@@ -213,7 +240,7 @@ void Watchdog::RecordPhase(bool end, int name, int64_t now_ns, int64_t duration_
   recorder_->Append(r);
 }
 
-void Watchdog::BeginPhase(std::string_view name) {
+void Watchdog::Impl::BeginPhase(std::string_view name) {
   if (open_ >= kMaxDepth) {
     ++open_;
     UsageError(absl::StrFormat("phase \"%s\" is nested %d deep (at most %d are tracked)", name,
@@ -252,7 +279,7 @@ void Watchdog::BeginPhase(std::string_view name) {
   RecordPhase(/*end=*/false, index, now, 0);
 }
 
-void Watchdog::Tick(int64_t amount) {
+void Watchdog::Impl::Tick(int64_t amount) {
   if (open_ == 0) return;  // outside any phase: nothing to credit
   // Past kMaxDepth, the deepest tracked phase is the one the monitor judges: credit it.
   Frame& f = frames_[std::min(open_, kMaxDepth) - 1];
@@ -264,7 +291,7 @@ void Watchdog::Tick(int64_t amount) {
   f.progress.store(f.progress.load(std::memory_order_relaxed) + amount, std::memory_order_relaxed);
 }
 
-void Watchdog::EndPhase() {
+void Watchdog::Impl::EndPhase() {
   if (open_ == 0) {
     UsageError("EndPhase without an open phase");
     return;
@@ -292,17 +319,17 @@ void Watchdog::EndPhase() {
   RecordPhase(/*end=*/true, name, now, duration);
 }
 
-void Watchdog::AddHangHandler(std::function<void(const HangReport&)> handler) {
+void Watchdog::Impl::AddHangHandler(std::function<void(const HangReport&)> handler) {
   MutexLock lock(&hooks_mu_);
   handlers_.push_back(std::move(handler));
 }
 
-void Watchdog::AddAbortHook(std::string name, std::function<void()> hook) {
+void Watchdog::Impl::AddAbortHook(std::string name, std::function<void()> hook) {
   MutexLock lock(&hooks_mu_);
   abort_hooks_.emplace_back(std::move(name), std::move(hook));
 }
 
-std::optional<HangReport> Watchdog::TakeHang() {
+std::optional<HangReport> Watchdog::Impl::TakeHang() {
   if (!has_pending_.load(std::memory_order_acquire)) return std::nullopt;
   MutexLock lock(&pending_mu_);
   std::optional<HangReport> taken = std::move(pending_);
@@ -311,7 +338,7 @@ std::optional<HangReport> Watchdog::TakeHang() {
   return taken;
 }
 
-std::optional<Watchdog::FrameView> Watchdog::ReadInnermost() const {
+std::optional<Watchdog::Impl::FrameView> Watchdog::Impl::ReadInnermost() const {
   const int depth = depth_.load(std::memory_order_acquire);
   if (depth == 0) return std::nullopt;
   const Frame& f = frames_[depth - 1];
@@ -332,7 +359,7 @@ std::optional<Watchdog::FrameView> Watchdog::ReadInnermost() const {
   return v;
 }
 
-std::string Watchdog::PhasePath(int depth) const {
+std::string Watchdog::Impl::PhasePath(int depth) const {
   std::string path;
   for (int i = 0; i < depth; ++i) {
     const int name = frames_[i].name.load(std::memory_order_relaxed);
@@ -342,7 +369,7 @@ std::string Watchdog::PhasePath(int depth) const {
   return path;
 }
 
-PhaseBounds Watchdog::BoundsFor(std::string_view phase) const {
+PhaseBounds Watchdog::Impl::BoundsFor(std::string_view phase) const {
   PhaseBounds b;
   const int index = phases_->Find(phase);
   if (index < 0) {
@@ -358,7 +385,7 @@ PhaseBounds Watchdog::BoundsFor(std::string_view phase) const {
   return b;
 }
 
-int Watchdog::PollOnce() {
+int Watchdog::Impl::PollOnce() {
   MutexLock lock(&poll_mu_);
   const int64_t now = clock_->MonotonicNanos();
   CollectivePoll collectives;
@@ -418,7 +445,7 @@ int Watchdog::PollOnce() {
   return Declare(*cause, frame, now, collectives, overdue, postponed);
 }
 
-bool Watchdog::Postpone(const InFlightCollective& waiting_in, int64_t now_ns) {
+bool Watchdog::Impl::Postpone(const InFlightCollective& waiting_in, int64_t now_ns) {
   const bool same = postponed_.has_value() && postponed_->collective == waiting_in.instance;
   if (same && now_ns < postponed_->recheck_ns) return true;
   std::optional<std::string> peer;
@@ -439,10 +466,10 @@ bool Watchdog::Postpone(const InFlightCollective& waiting_in, int64_t now_ns) {
   return true;
 }
 
-int Watchdog::Declare(HangReport::Cause cause, const std::optional<FrameView>& frame,
-                      int64_t now_ns, const CollectivePoll& collectives,
-                      const InFlightCollective* overdue,
-                      const std::optional<Postponement>& postponed) {
+int Watchdog::Impl::Declare(HangReport::Cause cause, const std::optional<FrameView>& frame,
+                            int64_t now_ns, const CollectivePoll& collectives,
+                            const InFlightCollective* overdue,
+                            const std::optional<Postponement>& postponed) {
   HangReport report;
   report.cause = cause;
   report.step = step_.load(std::memory_order_relaxed);
