@@ -190,6 +190,11 @@ class Runtime {
   // Waits until the checkpoint in progress (if any) is copied, persisted and committed. REQUIRED
   // before a registered buffer is freed: a snapshot still copying reads it.
   virtual absl::Status WaitForCheckpoints(absl::Duration timeout) = 0;
+  // Waits until the snapshot in flight (if any) has copied the registered buffer `name`, so the
+  // trainer may modify it before the next guard fences the whole state: overlapping the copy
+  // with the next step's forward pass. OK when no snapshot is in flight; NotFound for a name that
+  // was never registered.
+  virtual absl::Status FenceStateBuffer(const std::string& name, absl::Duration timeout) = 0;
   // True when a checkpoint policy is configured or Checkpoint()/RestoreCheckpoint() was called.
   virtual bool checkpointing() const = 0;
   // "arena" or "disk" after a successful RestoreCheckpoint(); "" before.

@@ -887,6 +887,17 @@ absl::Status RuntimeImpl::Checkpoint(int64_t resume_step) {
   return absl::OkStatus();
 }
 
+absl::Status RuntimeImpl::FenceStateBuffer(const std::string& name, absl::Duration timeout) {
+  bool registered = false;
+  for (const StateBuffer& buffer : state_.buffers()) registered |= buffer.name == name;
+  if (!registered) {
+    return absl::NotFoundError(
+        absl::StrCat("rank ", rank_, ": no state buffer \"", name, "\" is registered"));
+  }
+  if (checkpointer_ == nullptr) return absl::OkStatus();
+  return checkpointer_->snapshotter().FenceBuffer(name, timeout);
+}
+
 absl::Status RuntimeImpl::WaitForCheckpoints(absl::Duration timeout) {
   if (checkpointer_ == nullptr) return absl::OkStatus();
   snapshot_unfenced_ = false;

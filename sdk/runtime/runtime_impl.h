@@ -53,6 +53,7 @@ class RuntimeImpl final : public Runtime {
   StateRegistry& state() override { return state_; }
   absl::Status Checkpoint(int64_t resume_step) override;
   absl::Status WaitForCheckpoints(absl::Duration timeout) override;
+  absl::Status FenceStateBuffer(const std::string& name, absl::Duration timeout) override;
   bool checkpointing() const override { return checkpointing_; }
   const std::string& last_restore_source() const override { return last_restore_source_; }
   Checkpointer* checkpointer() const { return checkpointer_.get(); }

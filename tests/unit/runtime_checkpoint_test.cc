@@ -177,6 +177,21 @@ TEST_F(RuntimeCheckpointTest, TheGuardFencesTheSnapshotSoTheNextStepCannotTearIt
   for (float w : weights_) ASSERT_EQ(w, 10.0f);
 }
 
+TEST_F(RuntimeCheckpointTest, FencingARegisteredBufferLetsTheTrainerWriteItBeforeTheNextGuard) {
+  EXPECT_TRUE(absl::IsNotFound(rt_->FenceStateBuffer("no-such-buffer", absl::Seconds(1))));
+  EXPECT_TRUE(rt_->FenceStateBuffer("w", absl::Seconds(1)).ok());  // nothing in flight yet
+  for (int64_t step = 0; step < 10; ++step) ASSERT_TRUE(Train(step).ok());
+  // Step 9 started a snapshot (tagged 10). Outside any guard, the trainer fences "w" and then
+  // overwrites it: the snapshot still holds the values after step 9.
+  ASSERT_TRUE(rt_->FenceStateBuffer("w", absl::Seconds(30)).ok());
+  std::fill(weights_.begin(), weights_.end(), -1.0f);
+  ASSERT_TRUE(RuntimeImpl::Of(*rt_).checkpointer()->WaitIdle(absl::Seconds(30)).ok());
+  absl::StatusOr<int64_t> step = rt_->RestoreCheckpoint();
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(*step, 10);
+  for (float w : weights_) ASSERT_EQ(w, 10.0f);
+}
+
 TEST_F(RuntimeCheckpointTest, Sigusr2DumpsTheFlightRecorderAndEveryThreadsStack) {
   ASSERT_TRUE(Train(0).ok());
   ASSERT_EQ(raise(SIGUSR2), 0);
