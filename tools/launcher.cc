@@ -38,13 +38,13 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "sdk/checkpoint/snapshotter.h"
+#include "sdk/core/mutex.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/rendezvous/tcp_store.h"
 #include "sdk/watchdog/flight_recorder.h"
 #include "sdk/watchdog/hang_diagnosis.h"
 #include "trainguard/checkpoint.h"
 #include "trainguard/env.h"
-#include "trainguard/mutex.h"
 #include "trainguard/store.h"
 
 extern char** environ;

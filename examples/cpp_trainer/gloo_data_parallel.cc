@@ -141,7 +141,7 @@ void GlooDataParallel::AllreduceSum(std::span<float> data) {
 }
 
 void GlooDataParallel::Abort() {
-  trainguard::MutexLock lock(&abort_mu_);
+  std::lock_guard<std::mutex> lock(abort_mu_);
   if (std::exchange(aborted_, true)) return;
   trainguard::AbortGlooContext(*context_, absl::StrCat("rank ", rank_, ": communicator ", comm_id_,
                                                        " aborted by trainguard"));

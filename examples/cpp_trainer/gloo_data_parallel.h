@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -35,7 +36,6 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "trainguard/communicator.h"
-#include "trainguard/mutex.h"
 
 namespace trainguard {
 class CollectiveTracker;
@@ -119,8 +119,10 @@ class GlooDataParallel final : public trainguard::Communicator {
   uint64_t collectives_ = 0;                               // sequence number of the next collective
   absl::Duration next_delay_ = absl::ZeroDuration();
   bool drop_next_ = false;
-  trainguard::Mutex abort_mu_;  // the watchdog's abort and the Runtime's may race
-  bool aborted_ ABSL_GUARDED_BY(abort_mu_) = false;
+  // The watchdog's abort and the Runtime's may race. A std::mutex: ThreadSanitizer sees it
+  // (Debian's Abseil is not built for TSan, so it cannot see absl::Mutex).
+  std::mutex abort_mu_;
+  bool aborted_ = false;  // guarded by abort_mu_
 };
 
 }  // namespace cpp_trainer

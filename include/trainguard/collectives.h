@@ -58,7 +58,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "trainguard/mutex.h"
 
 namespace trainguard {
 
@@ -67,10 +66,7 @@ class FlightRecorder;
 struct Options;
 
 namespace watchdog_internal {
-struct BoundRule;
 class GpuEvents;
-class NameTable;
-class SampleWindow;
 }  // namespace watchdog_internal
 
 // The learned-bound rule (see watchdog.h; Options keys watchdog_*), shared by phases
@@ -181,7 +177,7 @@ class CollectiveTracker {
   absl::Status EnableGpu(int device);
 
   // The step recorded with each collective.
-  void SetStep(int64_t step) { step_.store(step, std::memory_order_relaxed); }
+  void SetStep(int64_t step);
 
   // Enters a host-side collective of `bytes` bytes on `comm_id` (with `peer` for point-to-point).
   CollectiveHandle Begin(std::string_view op, uint64_t comm_id, uint64_t bytes, int peer = -1);
@@ -211,55 +207,16 @@ class CollectiveTracker {
   // The learned in-flight bound of op `op` (the warm-up bound for an op never seen).
   absl::Duration BoundFor(std::string_view op) const;
   std::vector<CommunicatorProgress> Progress() const;
-  int64_t usage_errors() const { return usage_errors_.load(std::memory_order_relaxed); }
+  int64_t usage_errors() const;
   // The first usage error, or OK.
   absl::Status usage_status() const;
-  Clock& clock() const { return *clock_; }
+  Clock& clock() const;
 
  private:
   friend class CollectiveTrackerTestPeer;
-  struct Slot;
-  struct Communicator;
-
-  explicit CollectiveTracker(const CollectiveTrackerOptions& options);
-  // Installs the GPU events (EnableGpu, and unit tests with a fake).
-  absl::Status UseGpuEvents(std::unique_ptr<watchdog_internal::GpuEvents> events);
-
-  int FindCommunicator(uint64_t comm_id) const;
-  int OpIndex(std::string_view op);
-  // Claims a free slot and fills it; the handle of it, or an invalid one (a usage error recorded).
-  CollectiveHandle Claim(int op, int comm, uint64_t bytes, int peer, bool on_gpu, int64_t now_ns);
-  // The slot of a live handle in state `expected`, or nullptr (a usage error recorded).
-  Slot* Resolve(CollectiveHandle handle, uint32_t expected, std::string_view what);
-  // Learns the duration, counts the completion, writes kCollectiveEnd, frees the slot.
-  void Complete(Slot& slot, int64_t now_ns, int64_t duration_ns, bool failed);
-  // Writes kCollectiveBegin (end false) or kCollectiveEnd with `duration_ns` as its value.
-  void Record(const Slot& slot, int op, int comm, bool end, int64_t now_ns, uint16_t flags,
-              int64_t duration_ns);
-  void UsageError(std::string message);
-  InFlightCollective Describe(const Slot& slot, int64_t now_ns, int64_t start_ns, int op, int comm,
-                              int64_t bound_ns) const;
-
-  const CollectiveTrackerOptions options_;
-  Clock* const clock_;
-  FlightRecorder* const recorder_;
-  const int slot_count_;
-  std::unique_ptr<Slot[]> slots_;
-  std::unique_ptr<Communicator[]> comms_;
-  std::atomic<int> comm_count_{0};  // comms_[0, comm_count_) have been used
-  std::unique_ptr<watchdog_internal::NameTable> ops_;
-  std::vector<std::unique_ptr<watchdog_internal::SampleWindow>> op_durations_;
-  std::atomic<int> next_slot_{0};  // where Begin looks for a free slot first
-  std::atomic<int64_t> step_{-1};
-  std::atomic<int64_t> usage_errors_{0};
-  std::unique_ptr<const watchdog_internal::BoundRule> rule_;
-  std::atomic<bool> gpu_enabled_{false};
-  std::unique_ptr<watchdog_internal::GpuEvents> gpu_;  // set once, before gpu_enabled_
-
-  mutable Mutex comms_mu_;  // registration and the abort functions
-  Mutex poll_mu_;           // one poller at a time
-  mutable Mutex usage_mu_;
-  absl::Status first_usage_error_ ABSL_GUARDED_BY(usage_mu_);
+  class Impl;  // sdk/watchdog/collective_tracker_impl.h
+  explicit CollectiveTracker(std::unique_ptr<Impl> impl);
+  const std::unique_ptr<Impl> impl_;
 };
 
 // Begin in the constructor, End in the destructor (also when the collective throws). A null tracker

@@ -21,8 +21,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "sdk/checkpoint/persister.h"
+#include "sdk/core/mutex.h"
 #include "trainguard/env.h"
-#include "trainguard/mutex.h"
 #include "trainguard/store.h"
 
 namespace trainguard {

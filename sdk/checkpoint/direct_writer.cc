@@ -9,8 +9,8 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "sdk/core/mutex.h"
 #include "trainguard/env.h"
-#include "trainguard/mutex.h"
 
 namespace trainguard::checkpoint {
 namespace {

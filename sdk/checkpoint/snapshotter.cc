@@ -21,9 +21,9 @@
 #include "absl/time/time.h"
 #include "sdk/checkpoint/snapshot_arena.h"
 #include "sdk/core/job_id.h"
+#include "sdk/core/mutex.h"
 #include "trainguard/checkpoint.h"
 #include "trainguard/env.h"
-#include "trainguard/mutex.h"
 
 #if defined(TRAINGUARD_HAVE_CUDA)
 #include "sdk/checkpoint/snapshotter.h"

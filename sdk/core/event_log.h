@@ -11,8 +11,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "sdk/core/mutex.h"
 #include "trainguard/events.h"
-#include "trainguard/mutex.h"
 
 namespace trainguard {
 

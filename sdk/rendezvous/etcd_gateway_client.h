@@ -30,9 +30,9 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "trainguard/mutex.h"
 #include "absl/time/time.h"
 #include "google/protobuf/message.h"
+#include "sdk/core/mutex.h"
 
 namespace trainguard::etcd_internal {
 

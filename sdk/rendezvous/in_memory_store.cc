@@ -12,7 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "trainguard/mutex.h"
+#include "sdk/core/mutex.h"
 #include "trainguard/store.h"
 
 namespace trainguard {

@@ -52,9 +52,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "sdk/core/mutex.h"
 #include "trainguard/clock.h"
 #include "trainguard/membership.h"
-#include "trainguard/mutex.h"
 #include "trainguard/store.h"
 
 namespace trainguard {

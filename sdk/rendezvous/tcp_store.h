@@ -44,7 +44,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "trainguard/mutex.h"
+#include "sdk/core/mutex.h"
 #include "trainguard/store.h"
 
 namespace trainguard {

@@ -26,12 +26,12 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "sdk/core/job_id.h"
+#include "sdk/core/mutex.h"
 #include "sdk/proto/store.pb.h"
 #include "sdk/rendezvous/store_auth.h"
 #include "sdk/rendezvous/store_frame.h"
 #include "sdk/rendezvous/tcp_store.h"
 #include "trainguard/clock.h"
-#include "trainguard/mutex.h"
 
 namespace trainguard {
 namespace {

@@ -27,12 +27,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "sdk/core/job_id.h"
+#include "sdk/core/mutex.h"
 #include "sdk/rendezvous/store_frame.h"
 #include "sdk/rendezvous/store_session.h"
 #include "sdk/rendezvous/store_state.h"
 #include "sdk/rendezvous/tcp_store.h"
 #include "trainguard/clock.h"
-#include "trainguard/mutex.h"
 
 namespace trainguard {
 namespace {

@@ -32,7 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "trainguard/mutex.h"
+#include "sdk/core/mutex.h"
 
 namespace trainguard {
 

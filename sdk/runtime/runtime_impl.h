@@ -20,11 +20,11 @@
 #include "absl/time/time.h"
 #include "sdk/checkpoint/checkpointer.h"
 #include "sdk/core/event_log.h"
+#include "sdk/core/mutex.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/runtime/launcher_watch.h"
 #include "sdk/watchdog/flight_recorder.h"
 #include "trainguard/health.h"
-#include "trainguard/mutex.h"
 #include "trainguard/runtime.h"
 #include "trainguard/watchdog.h"
 

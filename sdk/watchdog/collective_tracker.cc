@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
+#include "sdk/watchdog/collective_tracker_impl.h"
 #include "sdk/watchdog/flight_recorder.h"
 #include "sdk/watchdog/gpu_events.h"
 #include "sdk/watchdog/learned_bound.h"
@@ -69,7 +70,7 @@ uint32_t GenerationOf(uint64_t instance) { return static_cast<uint32_t>(instance
 // Every field is an atomic: the poller reads slots while their owners rewrite them. `generation`
 // works as a sequence lock: it changes before a claim rewrites the fields (with release stores),
 // and the poller discards what it read (with acquire loads) when the generation changed meanwhile.
-struct CollectiveTracker::Slot {
+struct CollectiveTracker::Impl::Slot {
   std::atomic<uint32_t> state{kFree};
   std::atomic<uint32_t> generation{0};
   std::atomic<uint64_t> instance{0};
@@ -93,7 +94,7 @@ struct CollectiveTracker::Slot {
 // The counters are written without read-modify-write: next_seq and completed_host by the thread
 // issuing the communicator's collectives (one at a time, as NCCL and gloo require anyway),
 // completed_gpu by the poller.
-struct CollectiveTracker::Communicator {
+struct CollectiveTracker::Impl::Communicator {
   std::atomic<bool> live{false};
   std::atomic<uint64_t> id{0};
   std::atomic<int64_t> next_seq{0};
@@ -127,10 +128,47 @@ absl::Status CollectiveTrackerOptions::Validate() const {
 absl::StatusOr<std::unique_ptr<CollectiveTracker>> CollectiveTracker::Create(
     const CollectiveTrackerOptions& options) {
   if (absl::Status s = options.Validate(); !s.ok()) return s;
-  return std::unique_ptr<CollectiveTracker>(new CollectiveTracker(options));
+  return std::unique_ptr<CollectiveTracker>(new CollectiveTracker(std::make_unique<Impl>(options)));
 }
 
-CollectiveTracker::CollectiveTracker(const CollectiveTrackerOptions& options)
+CollectiveTracker::CollectiveTracker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CollectiveTracker::~CollectiveTracker() = default;
+
+// The public face forwards to the Impl: one pointer hop, no virtual call, no allocation.
+absl::Status CollectiveTracker::RegisterCommunicator(uint64_t comm_id, std::string name,
+                                                     std::function<void()> abort) {
+  return impl_->RegisterCommunicator(comm_id, std::move(name), std::move(abort));
+}
+absl::Status CollectiveTracker::UnregisterCommunicator(uint64_t comm_id) {
+  return impl_->UnregisterCommunicator(comm_id);
+}
+absl::Status CollectiveTracker::EnableGpu(int device) { return impl_->EnableGpu(device); }
+void CollectiveTracker::SetStep(int64_t step) { impl_->SetStep(step); }
+CollectiveHandle CollectiveTracker::Begin(std::string_view op, uint64_t comm_id, uint64_t bytes,
+                                          int peer) {
+  return impl_->Begin(op, comm_id, bytes, peer);
+}
+void CollectiveTracker::End(CollectiveHandle handle) { impl_->End(handle); }
+CollectiveHandle CollectiveTracker::BeginOnStream(std::string_view op, uint64_t comm_id,
+                                                  uint64_t bytes, int peer, void* stream) {
+  return impl_->BeginOnStream(op, comm_id, bytes, peer, stream);
+}
+void CollectiveTracker::EndOnStream(CollectiveHandle handle, void* stream) {
+  impl_->EndOnStream(handle, stream);
+}
+CollectivePoll CollectiveTracker::Poll(int64_t now_ns) { return impl_->Poll(now_ns); }
+int CollectiveTracker::AbortCommunicators() { return impl_->AbortCommunicators(); }
+void CollectiveTracker::ExcuseOverdue(uint64_t instance) { impl_->ExcuseOverdue(instance); }
+bool CollectiveTracker::InFlight(uint64_t instance) const { return impl_->InFlight(instance); }
+absl::Duration CollectiveTracker::BoundFor(std::string_view op) const {
+  return impl_->BoundFor(op);
+}
+std::vector<CommunicatorProgress> CollectiveTracker::Progress() const { return impl_->Progress(); }
+int64_t CollectiveTracker::usage_errors() const { return impl_->usage_errors(); }
+absl::Status CollectiveTracker::usage_status() const { return impl_->usage_status(); }
+Clock& CollectiveTracker::clock() const { return impl_->clock(); }
+
+CollectiveTracker::Impl::Impl(const CollectiveTrackerOptions& options)
     : options_(options),
       clock_(options.clock != nullptr ? options.clock : Clock::Real()),
       recorder_(options.recorder),
@@ -147,10 +185,10 @@ CollectiveTracker::CollectiveTracker(const CollectiveTrackerOptions& options)
   }
 }
 
-CollectiveTracker::~CollectiveTracker() = default;
+CollectiveTracker::Impl::~Impl() = default;
 
-absl::Status CollectiveTracker::RegisterCommunicator(uint64_t comm_id, std::string name,
-                                                     std::function<void()> abort) {
+absl::Status CollectiveTracker::Impl::RegisterCommunicator(uint64_t comm_id, std::string name,
+                                                           std::function<void()> abort) {
   MutexLock lock(&comms_mu_);
   const int used = comm_count_.load(std::memory_order_relaxed);
   int free_index = -1;
@@ -186,7 +224,7 @@ absl::Status CollectiveTracker::RegisterCommunicator(uint64_t comm_id, std::stri
   return absl::OkStatus();
 }
 
-absl::Status CollectiveTracker::UnregisterCommunicator(uint64_t comm_id) {
+absl::Status CollectiveTracker::Impl::UnregisterCommunicator(uint64_t comm_id) {
   MutexLock lock(&comms_mu_);
   const int index = FindCommunicator(comm_id);
   if (index < 0) {
@@ -198,7 +236,7 @@ absl::Status CollectiveTracker::UnregisterCommunicator(uint64_t comm_id) {
   return absl::OkStatus();
 }
 
-absl::Status CollectiveTracker::EnableGpu(int device) {
+absl::Status CollectiveTracker::Impl::EnableGpu(int device) {
 #if defined(TRAINGUARD_HAVE_CUDA)
   absl::StatusOr<std::unique_ptr<GpuEvents>> events =
       watchdog_internal::CreateCudaEvents(device, slot_count_);
@@ -210,7 +248,7 @@ absl::Status CollectiveTracker::EnableGpu(int device) {
 #endif
 }
 
-absl::Status CollectiveTracker::UseGpuEvents(std::unique_ptr<GpuEvents> events) {
+absl::Status CollectiveTracker::Impl::UseGpuEvents(std::unique_ptr<GpuEvents> events) {
   if (gpu_enabled_.load(std::memory_order_acquire)) {
     return absl::FailedPreconditionError("collective tracker: GPU tracking is already enabled");
   }
@@ -219,7 +257,7 @@ absl::Status CollectiveTracker::UseGpuEvents(std::unique_ptr<GpuEvents> events) 
   return absl::OkStatus();
 }
 
-int CollectiveTracker::FindCommunicator(uint64_t comm_id) const {
+int CollectiveTracker::Impl::FindCommunicator(uint64_t comm_id) const {
   const int used = comm_count_.load(std::memory_order_acquire);
   for (int i = 0; i < used; ++i) {
     const Communicator& c = comms_[i];
@@ -230,7 +268,7 @@ int CollectiveTracker::FindCommunicator(uint64_t comm_id) const {
   return -1;
 }
 
-int CollectiveTracker::OpIndex(std::string_view op) {
+int CollectiveTracker::Impl::OpIndex(std::string_view op) {
   const int index = ops_->FindOrAdd(op);
   if (index >= 0) return index;
   UsageError(absl::StrFormat(
@@ -239,19 +277,19 @@ int CollectiveTracker::OpIndex(std::string_view op) {
   return 0;
 }
 
-void CollectiveTracker::UsageError(std::string message) {
+void CollectiveTracker::Impl::UsageError(std::string message) {
   usage_errors_.fetch_add(1, std::memory_order_relaxed);
   MutexLock lock(&usage_mu_);
   if (first_usage_error_.ok()) first_usage_error_ = absl::FailedPreconditionError(message);
 }
 
-absl::Status CollectiveTracker::usage_status() const {
+absl::Status CollectiveTracker::Impl::usage_status() const {
   MutexLock lock(&usage_mu_);
   return first_usage_error_;
 }
 
-CollectiveHandle CollectiveTracker::Claim(int op, int comm, uint64_t bytes, int peer, bool on_gpu,
-                                          int64_t now_ns) {
+CollectiveHandle CollectiveTracker::Impl::Claim(int op, int comm, uint64_t bytes, int peer,
+                                                bool on_gpu, int64_t now_ns) {
   for (int tries = 0; tries < slot_count_; ++tries) {
     // The cursor is only a hint where to look first: racing updates of it are harmless.
     const int index = next_slot_.load(std::memory_order_relaxed);
@@ -291,8 +329,8 @@ CollectiveHandle CollectiveTracker::Claim(int op, int comm, uint64_t bytes, int 
   return CollectiveHandle{};
 }
 
-CollectiveHandle CollectiveTracker::Begin(std::string_view op, uint64_t comm_id, uint64_t bytes,
-                                          int peer) {
+CollectiveHandle CollectiveTracker::Impl::Begin(std::string_view op, uint64_t comm_id,
+                                                uint64_t bytes, int peer) {
   CollectiveHandle handle;
   const int comm = FindCommunicator(comm_id);
   if (comm < 0) {
@@ -310,8 +348,9 @@ CollectiveHandle CollectiveTracker::Begin(std::string_view op, uint64_t comm_id,
   return handle;
 }
 
-CollectiveTracker::Slot* CollectiveTracker::Resolve(CollectiveHandle handle, uint32_t expected,
-                                                    std::string_view what) {
+CollectiveTracker::Impl::Slot* CollectiveTracker::Impl::Resolve(CollectiveHandle handle,
+                                                                uint32_t expected,
+                                                                std::string_view what) {
   if (handle.slot >= slot_count_) {
     UsageError(absl::StrFormat("collective tracker: %s with a handle of another tracker", what));
     return nullptr;
@@ -330,7 +369,7 @@ CollectiveTracker::Slot* CollectiveTracker::Resolve(CollectiveHandle handle, uin
   return &s;
 }
 
-void CollectiveTracker::End(CollectiveHandle handle) {
+void CollectiveTracker::Impl::End(CollectiveHandle handle) {
   if (!handle.valid()) return;
   Slot* s = Resolve(handle, kInFlight, "End");
   if (s == nullptr) return;
@@ -343,8 +382,8 @@ void CollectiveTracker::End(CollectiveHandle handle) {
   Complete(*s, now, now - s->begin_ns.load(std::memory_order_relaxed), /*failed=*/false);
 }
 
-CollectiveHandle CollectiveTracker::BeginOnStream(std::string_view op, uint64_t comm_id,
-                                                  uint64_t bytes, int peer, void* stream) {
+CollectiveHandle CollectiveTracker::Impl::BeginOnStream(std::string_view op, uint64_t comm_id,
+                                                        uint64_t bytes, int peer, void* stream) {
   CollectiveHandle handle;
   if (!gpu_enabled_.load(std::memory_order_acquire)) {
     UsageError(absl::StrFormat("collective tracker: BeginOnStream(%s) before EnableGpu", op));
@@ -373,7 +412,7 @@ CollectiveHandle CollectiveTracker::BeginOnStream(std::string_view op, uint64_t 
   return handle;
 }
 
-void CollectiveTracker::EndOnStream(CollectiveHandle handle, void* stream) {
+void CollectiveTracker::Impl::EndOnStream(CollectiveHandle handle, void* stream) {
   if (!handle.valid()) return;
   Slot* s = Resolve(handle, kInFlight, "EndOnStream");
   if (s == nullptr) return;
@@ -387,7 +426,8 @@ void CollectiveTracker::EndOnStream(CollectiveHandle handle, void* stream) {
   s->state.store(recorded ? kGpuEnded : kGpuFailed, std::memory_order_release);
 }
 
-void CollectiveTracker::Complete(Slot& slot, int64_t now_ns, int64_t duration_ns, bool failed) {
+void CollectiveTracker::Impl::Complete(Slot& slot, int64_t now_ns, int64_t duration_ns,
+                                       bool failed) {
   const int op = slot.op.load(std::memory_order_relaxed);
   const int comm = slot.comm.load(std::memory_order_relaxed);
   const uint32_t generation = slot.generation.load(std::memory_order_relaxed);
@@ -405,8 +445,8 @@ void CollectiveTracker::Complete(Slot& slot, int64_t now_ns, int64_t duration_ns
   slot.state.store(kFree, std::memory_order_release);
 }
 
-void CollectiveTracker::Record(const Slot& slot, int op, int comm, bool end, int64_t now_ns,
-                               uint16_t flags, int64_t duration_ns) {
+void CollectiveTracker::Impl::Record(const Slot& slot, int op, int comm, bool end, int64_t now_ns,
+                                     uint16_t flags, int64_t duration_ns) {
   if (recorder_ == nullptr) return;
   FlightRecord r;
   r.time_ns = now_ns;
@@ -422,8 +462,9 @@ void CollectiveTracker::Record(const Slot& slot, int op, int comm, bool end, int
   recorder_->Append(r);
 }
 
-InFlightCollective CollectiveTracker::Describe(const Slot& slot, int64_t now_ns, int64_t start_ns,
-                                               int op, int comm, int64_t bound_ns) const {
+InFlightCollective CollectiveTracker::Impl::Describe(const Slot& slot, int64_t now_ns,
+                                                     int64_t start_ns, int op, int comm,
+                                                     int64_t bound_ns) const {
   InFlightCollective c;
   c.op = std::string(ops_->Name(op));
   c.comm_id = comms_[comm].id.load(std::memory_order_relaxed);
@@ -442,7 +483,7 @@ InFlightCollective CollectiveTracker::Describe(const Slot& slot, int64_t now_ns,
   return c;
 }
 
-CollectivePoll CollectiveTracker::Poll(int64_t now_ns) {
+CollectivePoll CollectiveTracker::Impl::Poll(int64_t now_ns) {
   MutexLock lock(&poll_mu_);
   CollectivePoll result;
   const bool gpu = gpu_enabled_.load(std::memory_order_acquire);
@@ -508,7 +549,7 @@ CollectivePoll CollectiveTracker::Poll(int64_t now_ns) {
   return result;
 }
 
-int CollectiveTracker::AbortCommunicators() {
+int CollectiveTracker::Impl::AbortCommunicators() {
   std::vector<std::pair<std::string, std::function<void()>>> aborts;
   {
     MutexLock lock(&comms_mu_);
@@ -533,7 +574,7 @@ int CollectiveTracker::AbortCommunicators() {
   return static_cast<int>(aborts.size());
 }
 
-void CollectiveTracker::ExcuseOverdue(uint64_t instance) {
+void CollectiveTracker::Impl::ExcuseOverdue(uint64_t instance) {
   const uint64_t index = SlotOf(instance);
   if (index >= static_cast<uint64_t>(slot_count_)) return;
   uint32_t reported = GenerationOf(instance);
@@ -541,7 +582,7 @@ void CollectiveTracker::ExcuseOverdue(uint64_t instance) {
   slots_[index].reported_generation.compare_exchange_strong(reported, 0, std::memory_order_relaxed);
 }
 
-bool CollectiveTracker::InFlight(uint64_t instance) const {
+bool CollectiveTracker::Impl::InFlight(uint64_t instance) const {
   const uint64_t index = SlotOf(instance);
   if (index >= static_cast<uint64_t>(slot_count_)) return false;
   const Slot& s = slots_[index];
@@ -550,13 +591,13 @@ bool CollectiveTracker::InFlight(uint64_t instance) const {
          (state == kInFlight || state == kGpuEnded);
 }
 
-absl::Duration CollectiveTracker::BoundFor(std::string_view op) const {
+absl::Duration CollectiveTracker::Impl::BoundFor(std::string_view op) const {
   const int index = ops_->Find(op);
   if (index < 0) return absl::Nanoseconds(rule_->warmup_bound_ns);
   return absl::Nanoseconds(op_durations_[index]->Bound(*rule_));
 }
 
-std::vector<CommunicatorProgress> CollectiveTracker::Progress() const {
+std::vector<CommunicatorProgress> CollectiveTracker::Impl::Progress() const {
   std::vector<CommunicatorProgress> progress;
   MutexLock lock(&comms_mu_);
   const int used = comm_count_.load(std::memory_order_relaxed);

@@ -20,7 +20,7 @@
 #include <string_view>
 
 #include "absl/base/thread_annotations.h"
-#include "trainguard/mutex.h"
+#include "sdk/core/mutex.h"
 
 namespace trainguard {
 namespace watchdog_internal {

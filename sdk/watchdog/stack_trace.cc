@@ -37,7 +37,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
-#include "trainguard/mutex.h"
+#include "sdk/core/mutex.h"
 
 namespace trainguard {
 namespace {

@@ -16,10 +16,10 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "sdk/core/mutex.h"
 #include "sdk/watchdog/learned_bound.h"
 #include "sdk/watchdog/name_table.h"
 #include "trainguard/collectives.h"
-#include "trainguard/mutex.h"
 #include "trainguard/watchdog.h"
 
 namespace trainguard {

@@ -12,10 +12,10 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "sdk/core/mutex.h"
 #include "tests/gpu/spin_kernel.h"
 #include "trainguard/clock.h"
 #include "trainguard/collectives.h"
-#include "trainguard/mutex.h"
 #include "trainguard/watchdog.h"
 
 namespace trainguard {

@@ -21,8 +21,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sdk/checkpoint/persister.h"
+#include "sdk/core/mutex.h"
 #include "tests/support/temp_dir.h"
-#include "trainguard/mutex.h"
 #include "trainguard/store.h"
 
 namespace trainguard {

@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sdk/watchdog/collective_tracker_impl.h"
 #include "sdk/watchdog/flight_recorder.h"
 #include "sdk/watchdog/gpu_events.h"
 #include "tests/support/poll_until_hang.h"
@@ -28,7 +29,7 @@ class CollectiveTrackerTestPeer {
  public:
   static absl::Status UseGpuEvents(CollectiveTracker& tracker,
                                    std::unique_ptr<watchdog_internal::GpuEvents> events) {
-    return tracker.UseGpuEvents(std::move(events));
+    return tracker.impl_->UseGpuEvents(std::move(events));
   }
 };
 

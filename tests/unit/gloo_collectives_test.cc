@@ -16,10 +16,10 @@
 #include "gloo/transport/tcp/device.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sdk/core/mutex.h"
 #include "trainguard/clock.h"
 #include "trainguard/collectives.h"
 #include "trainguard/gloo_store.h"
-#include "trainguard/mutex.h"
 #include "trainguard/store.h"
 #include "trainguard/watchdog.h"
 

@@ -5,6 +5,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sdk/core/mutex.h"
 #include "tests/support/runtime_fixture.h"
 #include "trainguard/sdk.h"
 

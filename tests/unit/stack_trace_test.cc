@@ -18,7 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "trainguard/mutex.h"
+#include "sdk/core/mutex.h"
 
 namespace trainguard {
 

@@ -21,11 +21,11 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sdk/core/mutex.h"
 #include "sdk/watchdog/flight_recorder.h"
 #include "sdk/watchdog/learned_bound.h"
 #include "trainguard/clock.h"
 #include "trainguard/collectives.h"
-#include "trainguard/mutex.h"
 #include "trainguard/options.h"
 
 namespace trainguard {

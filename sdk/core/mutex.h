@@ -7,8 +7,8 @@
 // intercept pthread mutexes, so with these the TSan runs of the test suite mean something.
 //
 // Thread safety: that is their purpose. Not copyable or movable.
-#ifndef TRAINGUARD_MUTEX_H_
-#define TRAINGUARD_MUTEX_H_
+#ifndef TRAINGUARD_SDK_CORE_MUTEX_H_
+#define TRAINGUARD_SDK_CORE_MUTEX_H_
 
 #include <condition_variable>
 #include <mutex>
@@ -83,4 +83,4 @@ class Notification {
 
 }  // namespace trainguard
 
-#endif  // TRAINGUARD_MUTEX_H_
+#endif  // TRAINGUARD_SDK_CORE_MUTEX_H_
