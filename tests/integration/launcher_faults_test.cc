@@ -29,6 +29,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/spawn.h"
 #include "tests/support/temp_dir.h"
 #include "trainguard/env.h"
 #include "trainguard/events.h"
@@ -103,20 +104,8 @@ class Launcher {
 
   void Exec(std::vector<std::string> args,
             const std::vector<std::pair<std::string, std::string>>& environment = {}) {
-    const std::string output = output_path();
-    pid_ = fork();
-    ASSERT_GE(pid_, 0);
-    if (pid_ == 0) {
-      int fd = open(output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      dup2(fd, STDOUT_FILENO);
-      dup2(fd, STDERR_FILENO);
-      for (const auto& [name, value] : environment) setenv(name.c_str(), value.c_str(), 1);
-      std::vector<char*> argv;
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
+    pid_ = testing::SpawnWithOutput(std::move(args), output_path(), environment);
+    ASSERT_GT(pid_, 0);
   }
 
   ~Launcher() {

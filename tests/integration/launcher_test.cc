@@ -32,6 +32,7 @@
 #include "gtest/gtest.h"
 #include "tests/support/etcd_process.h"
 #include "tests/support/own_process.h"
+#include "tests/support/spawn.h"
 #include "tests/support/temp_dir.h"
 #include "trainguard/env.h"
 #include "trainguard/events.h"
@@ -63,18 +64,8 @@ class LauncherJob {
       args.push_back(a);
     }
     args.insert(args.end(), trainer_flags.begin(), trainer_flags.end());
-    pid_ = fork();
-    if (pid_ == 0) {
-      int fd = open(output_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      dup2(fd, STDOUT_FILENO);
-      dup2(fd, STDERR_FILENO);
-      for (const auto& [name, value] : environment) setenv(name.c_str(), value.c_str(), 1);
-      std::vector<char*> argv;
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
+    pid_ = testing::SpawnWithOutput(std::move(args), output_path_, environment);
+    EXPECT_GT(pid_, 0) << "fork failed";
   }
 
   ~LauncherJob() {
