@@ -307,15 +307,20 @@ std::vector<std::string> WrappedTrainer() {
                        " --steps 100000000 --print-every 100000000 --comm-timeout-s 30; true")};
 }
 
-void ExpectEveryRankLeftBecause(const Launcher& launcher, int world, const std::string& why) {
+// The outcome is that no process of the job is left (asserted by the caller). How each rank got
+// there races: the first rank whose watch sees the launcher gone leaves, and the other may fail
+// its collective with it (and exit through recover()) before its own watch fires. So at least one
+// rank must say it saw the launcher go, and every rank that says so gives the reason.
+void ExpectTheLauncherWatchEndedTheJob(const Launcher& launcher, int world,
+                                       const std::string& why) {
   std::vector<Event> lost = launcher.EventsWhat(world, "launcher_lost");
   std::set<int> ranks;
   for (const Event& e : lost) {
     ranks.insert(e.rank);
     EXPECT_THAT(e.message, HasSubstr(why));
   }
-  EXPECT_EQ(ranks.size(), static_cast<size_t>(world))
-      << "ranks that saw the launcher go: " << absl::StrJoin(ranks, ",");
+  EXPECT_FALSE(ranks.empty()) << "no rank saw the launcher go";
+  for (int rank : ranks) EXPECT_LT(rank, world);
 }
 
 TEST(LauncherFaults, KillingTheLauncherEndsTheRanksUnderAWrapperCommand) {
@@ -327,7 +332,7 @@ TEST(LauncherFaults, KillingTheLauncherEndsTheRanksUnderAWrapperCommand) {
   launcher.Signal(SIGKILL);
   EXPECT_EQ(launcher.Wait(), 128 + SIGKILL);
   EXPECT_THAT(launcher.AwaitNoProcessesLeft(absl::Seconds(60)), IsEmpty());
-  ExpectEveryRankLeftBecause(launcher, 2, "exited");
+  ExpectTheLauncherWatchEndedTheJob(launcher, 2, "exited");
 }
 
 TEST(LauncherFaults, StoppingTheLauncherEndsTheRanksAfterTheHeartbeatTimeout) {
@@ -338,7 +343,7 @@ TEST(LauncherFaults, StoppingTheLauncherEndsTheRanksAfterTheHeartbeatTimeout) {
   ASSERT_TRUE(launcher.AwaitProcesses(4)) << "2 shells and their 2 trainers";
   launcher.Signal(SIGSTOP);
   EXPECT_THAT(launcher.AwaitNoProcessesLeft(absl::Seconds(60)), IsEmpty());
-  ExpectEveryRankLeftBecause(launcher, 2, "has been stopped for 3s");
+  ExpectTheLauncherWatchEndedTheJob(launcher, 2, "has been stopped for 3s");
   // The destructor continues and kills the launcher.
 }
 
