@@ -23,12 +23,15 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -39,6 +42,7 @@
 #include "absl/time/clock.h"
 #include "sdk/checkpoint/snapshotter.h"
 #include "sdk/core/mutex.h"
+#include "sdk/rendezvous/coordinator_lease.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/rendezvous/tcp_store.h"
 #include "sdk/watchdog/flight_recorder.h"
@@ -62,6 +66,9 @@ constexpr absl::Duration kMaxRestartBackoff = absl::Seconds(30);
 // (sdk/checkpoint: job/persist_failed/<step>/<rank>, the error as the value).
 constexpr char kJobStopKey[] = "job/stop";
 constexpr char kPersistFailedPrefix[] = "job/persist_failed/";
+// Multi-host: what an agent fails the job with, and the coordinator's word that every rank finished.
+constexpr char kJobFailedKey[] = "job/failed";
+constexpr char kJobDoneKey[] = "job/done";
 
 // "ENOENT (No such file or directory)".
 std::string DescribeErrno(int err) {
@@ -219,6 +226,29 @@ class Job {
   void RenewGenerationWhenAsked();
   void StopAll(absl::Duration grace);
   void Fail(const std::string& why);
+  // Forms generation 0 on the helper thread former_.
+  void StartForming();
+
+  // Multi-host agent (config_.nnodes_min > 0); see launcher.h. Each runs on the loop's thread.
+  bool MultiHost() const { return config_.nnodes_min > 0; }
+  absl::Status JoinAsHost();
+  // Every agent, every tick: heartbeat, lease, plan, generation, kill requests, job end.
+  void AgentTick();
+  void UpdateLease();
+  void PublishPlan();
+  void FollowPlan();
+  void FollowGeneration();
+  void ExecuteKillRequests();
+  void WatchJobEnd();
+  // The coordinator's share: host liveness, the ranks' deaths the agents report, completion.
+  void CoordinateHosts();
+  void ReadDeathReports();
+  void DeclareHostDead(const std::string& host, const std::string& why);
+  // Kills `member` here when it is this agent's child, else asks its host's agent to.
+  void KillMember(const std::string& member, const std::string& why);
+  std::vector<std::string> PreferredStandbys(const std::string& dead_host, size_t needed);
+  std::string HostPrefix() const { return config_.host_id + ":"; }
+  bool coordinating() const { return !MultiHost() || (lease_ != nullptr && lease_->held()); }
   // Signals `child`'s whole process group (the rank's command and everything it started).
   static void SignalGroup(const Child& child, int sig);
   // Flushed at once: with stdout a file or a pipe, a line would otherwise wait for the next output
@@ -266,17 +296,20 @@ class Job {
   std::map<std::string, std::string> persist_failures_;  // store key -> the rank's error
 
   struct DeadRank {
-    int rank;
+    int rank;  // -1: a whole host (ranks)
     std::string how;
     absl::Time died;
     absl::Time give_up;
     absl::Time not_before;  // the crash-loop backoff
+    std::vector<int> ranks = {};  // a dead host's ranks, replaced in one generation
+    std::string host = {};
   };
   std::deque<DeadRank> dead_;
   struct Recovery {
-    int rank;  // -1: a renewal (no rank died; the communicators broke)
+    int rank;  // -1: a renewal (no rank died; the communicators broke) or a host
     int64_t generation;
     absl::Time died;  // or, for a renewal, when the first rank asked
+    std::string host = {};  // a dead host whose ranks were all replaced
   };
   std::vector<Recovery> recoveries_;
   absl::Time next_liveness_check_ = absl::InfinitePast();
@@ -296,6 +329,26 @@ class Job {
     absl::Time since;
   };
   std::optional<RenewalAsked> renewal_asked_;
+
+  // World size: nproc on one host; hosts x nproc-per-node once the plan is known.
+  int world_size_ = 0;
+  // Multi-host agent state.
+  std::unique_ptr<CoordinatorLease> lease_;
+  int group_rank_ = -1;  // this host's group rank; -1 for a standby host
+  bool spawned_ = false;  // this host's processes were started after the plan
+  int64_t agent_beat_ = 0;
+  int64_t followed_generation_ = -1;
+  int nproc_here_ = 0;  // rank processes started on this host
+  absl::Time next_agent_tick_ = absl::InfinitePast();
+  std::string master_addr_ = "127.0.0.1";
+  struct HostBeat {
+    std::string value;
+    absl::Time since;
+  };
+  std::map<std::string, HostBeat> host_beats_;  // coordinator: last beat seen per host
+  std::set<std::string> dead_hosts_;
+  std::set<std::string> handled_deaths_;  // member ids whose death report was taken
+  bool done_published_ = false;
 
   // Generation 0 is formed on a helper thread while the loop keeps draining the ranks' output.
   std::thread former_;
@@ -332,12 +385,30 @@ absl::Status Job::Prepare() {
       if (!contents.ok()) return contents.status();
       token = std::string(absl::StripTrailingAsciiWhitespace(*contents));
     }
+    // torchrun's c10d rule: the agent on the endpoint's host serves the store (and is the job's
+    // single point of failure).
+    std::vector<std::string> endpoint = absl::StrSplit(
+        absl::StripPrefix(store_url_, "tcp://"), absl::MaxSplits(':', 1));
+    int port = 0;
+    if (MultiHost() && absl::StartsWith(store_url_, "tcp://") && endpoint.size() == 2 &&
+        endpoint[0] == config_.local_addr && absl::SimpleAtoi(endpoint[1], &port)) {
+      TcpStoreServerOptions options;
+      options.host = config_.local_addr;
+      options.port = port;
+      options.job_token = token;
+      absl::StatusOr<std::unique_ptr<TcpStoreServer>> server = TcpStoreServer::Start(options);
+      if (!server.ok()) return server.status();
+      server_ = *std::move(server);
+      Say(absl::StrFormat("serving the job's store on %s (this host is the job's single point of "
+                          "failure: use an etcd cluster to have none)",
+                          store_url_));
+    }
   }
   absl::StatusOr<std::unique_ptr<Store>> store =
       OpenStore(store_url_, config_.job_id, token, kStoreTimeout);
   if (!store.ok()) return store.status();
   store_ = *std::move(store);
-  if (!config_.store.empty()) {
+  if (!config_.store.empty() && !MultiHost()) {
     // An external store may remember a stop of an earlier run of this job id: this run starts
     // afresh. (The ranks' keys are the rendezvous' business; these two are the launcher's.)
     (void)store_->Delete(kJobStopKey, kStoreTimeout);
@@ -348,7 +419,15 @@ absl::Status Job::Prepare() {
     }
   }
   launcher_start_time_ = ProcessStartTime(getpid());
-  coordinator_ = std::make_unique<RendezvousCoordinator>(store_.get());
+  world_size_ = config_.nproc;
+  if (MultiHost()) {
+    coordinator_ =
+        std::make_unique<RendezvousCoordinator>(store_.get(), Clock::Real(), config_.host_id);
+    lease_ = std::make_unique<CoordinatorLease>(store_.get(), config_.host_id,
+                                                config_.host_timeout);
+  } else {
+    coordinator_ = std::make_unique<RendezvousCoordinator>(store_.get());
+  }
   master_port_ = FreePort();
 
   sigset_t signals;
@@ -356,6 +435,13 @@ absl::Status Job::Prepare() {
   for (int sig : {SIGCHLD, SIGINT, SIGTERM}) sigaddset(&signals, sig);
   signal_fd_ = signalfd(-1, &signals, SFD_CLOEXEC | SFD_NONBLOCK);
   if (signal_fd_ < 0) return absl::InternalError(absl::StrCat("signalfd: ", strerror(errno)));
+  if (MultiHost()) {
+    for (const std::string& dir : {absl::StrCat(config_.run_dir, "/logs/", config_.host_id),
+                                   absl::StrCat(config_.run_dir, "/pids/", config_.host_id)}) {
+      if (absl::Status s = env->CreateDirs(dir); !s.ok()) return s;
+    }
+    return JoinAsHost();
+  }
   return absl::OkStatus();
 }
 
@@ -378,7 +464,13 @@ std::vector<std::string> Job::ChildEnvironment(const Child& child) const {
                                       "LOCAL_RANK",
                                       "LOCAL_WORLD_SIZE",
                                       "MASTER_ADDR",
-                                      "MASTER_PORT"};
+                                      "MASTER_PORT",
+                                      "GROUP_RANK",
+                                      "ROLE_RANK",
+                                      "ROLE_WORLD_SIZE",
+                                      "TORCHELASTIC_RUN_ID",
+                                      "TORCHELASTIC_RESTART_COUNT",
+                                      "TORCHELASTIC_MAX_RESTARTS"};
   std::vector<std::string> vars;
   for (char** e = environ; *e != nullptr; ++e) {
     std::string_view entry(*e);
@@ -389,10 +481,11 @@ std::vector<std::string> Job::ChildEnvironment(const Child& child) const {
     }
     if (!ours) vars.emplace_back(entry);
   }
-  const int n = config_.nproc;
+  const int n = world_size_;
+  const int local_n = config_.nproc;
   vars.push_back(absl::StrCat("TRAINGUARD_JOB_ID=", config_.job_id));
   vars.push_back(absl::StrCat("TRAINGUARD_WORLD_SIZE=", n));
-  vars.push_back(absl::StrCat("TRAINGUARD_LOCAL_WORLD_SIZE=", n));
+  vars.push_back(absl::StrCat("TRAINGUARD_LOCAL_WORLD_SIZE=", local_n));
   vars.push_back(absl::StrCat("TRAINGUARD_MEMBER_ID=", child.member_id));
   vars.push_back(absl::StrCat("TRAINGUARD_STORE=", store_url_));
   if (!token_file_.empty())
@@ -407,14 +500,24 @@ std::vector<std::string> Job::ChildEnvironment(const Child& child) const {
   vars.push_back(absl::StrCat("TRAINGUARD_LAUNCHER_TIMEOUT_MS=",
                               absl::ToInt64Milliseconds(config_.heartbeat_timeout)));
   vars.push_back(absl::StrCat("WORLD_SIZE=", n));
-  vars.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", n));
-  vars.push_back("MASTER_ADDR=127.0.0.1");
+  vars.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", local_n));
+  vars.push_back(absl::StrCat("ROLE_WORLD_SIZE=", n));
+  vars.push_back(absl::StrCat("MASTER_ADDR=", master_addr_));
   vars.push_back(absl::StrCat("MASTER_PORT=", master_port_));
+  // torchelastic's: the job's id, and how often the worker group was restarted (never: trainguard
+  // replaces ranks in place, so a replacement's count is 0 like everyone's).
+  vars.push_back(absl::StrCat("TORCHELASTIC_RUN_ID=", config_.job_id));
+  vars.push_back("TORCHELASTIC_RESTART_COUNT=0");
+  vars.push_back("TORCHELASTIC_MAX_RESTARTS=0");
   if (child.rank >= 0) {
+    const int local_rank = child.rank % local_n;
     vars.push_back("TRAINGUARD_ROLE=rank");
-    for (const char* name :
-         {"TRAINGUARD_RANK=", "TRAINGUARD_LOCAL_RANK=", "RANK=", "LOCAL_RANK="}) {
+    vars.push_back(absl::StrCat("GROUP_RANK=", child.rank / local_n));
+    for (const char* name : {"TRAINGUARD_RANK=", "RANK=", "ROLE_RANK="}) {
       vars.push_back(absl::StrCat(name, child.rank));
+    }
+    for (const char* name : {"TRAINGUARD_LOCAL_RANK=", "LOCAL_RANK="}) {
+      vars.push_back(absl::StrCat(name, local_rank));
     }
   } else {
     vars.push_back("TRAINGUARD_ROLE=standby");
@@ -423,18 +526,21 @@ std::vector<std::string> Job::ChildEnvironment(const Child& child) const {
 }
 
 absl::Status Job::WritePidFile(int rank, pid_t pid) {
-  return WriteFile(absl::StrCat(config_.run_dir, "/pids/rank-", rank), absl::StrCat(pid, "\n"),
-                   0644);
+  // Several hosts may share the run dir, and a pid means something only on its own host.
+  const std::string dir =
+      MultiHost() ? absl::StrCat(config_.run_dir, "/pids/", config_.host_id) : config_.run_dir + "/pids";
+  return WriteFile(absl::StrCat(dir, "/rank-", rank), absl::StrCat(pid, "\n"), 0644);
 }
 
 absl::Status Job::Spawn(int rank, int standby_index) {
   auto child = std::make_unique<Child>();
   child->rank = rank;
   child->standby_index = standby_index;
-  child->member_id = rank >= 0 ? absl::StrCat(HostName(), ":", getpid(), ":rank", rank)
-                               : absl::StrCat(HostName(), ":", getpid(), ":standby", standby_index);
+  const std::string host = MultiHost() ? config_.host_id : HostName();
+  child->member_id = rank >= 0 ? absl::StrCat(host, ":", getpid(), ":rank", rank)
+                               : absl::StrCat(host, ":", getpid(), ":standby", standby_index);
   const std::string log_path = absl::StrCat(
-      config_.run_dir, "/logs/",
+      config_.run_dir, "/logs/", MultiHost() ? config_.host_id + "/" : "",
       rank >= 0 ? absl::StrCat("rank-", rank) : absl::StrCat("standby-", standby_index), ".log");
   child->log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (child->log_fd < 0)
@@ -587,6 +693,10 @@ void Job::OnExit(Child& child, int status) {
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
     ++ranks_finished_;
     Say(absl::StrFormat("%s (pid %d) finished", child.Label(), child.pid));
+    if (MultiHost()) {
+      (void)store_->Set(absl::StrCat("agents/finished/", child.rank), child.member_id,
+                        kStoreTimeout);
+    }
     return;
   }
   Say(absl::StrFormat("%s (pid %d, member %s) %s", child.Label(), child.pid, child.member_id, how));
@@ -594,6 +704,14 @@ void Job::OnExit(Child& child, int status) {
   // machine fault, and a replacement would only meet the same fault.
   if (std::optional<std::string> reason = ReadJobStop(absl::Seconds(1)); reason.has_value()) {
     return StopJob(*reason);
+  }
+  if (MultiHost()) {
+    // The coordinator, maybe on another host, decides; the report names the member, so a death
+    // reported twice, or after the rank was given to someone else, is handled once.
+    absl::Status s = store_->Set(absl::StrCat("agents/deaths/", child.member_id),
+                                 absl::StrCat(child.rank, " ", how), kStoreTimeout);
+    if (!s.ok()) Say(absl::StrCat("cannot report the death of ", child.Label(), ": ", s.ToString()));
+    return;
   }
   RankHistory& history = rank_history_[child.rank];
   ++history.deaths;
@@ -667,7 +785,15 @@ void Job::TryReplacements() {
   while (!dead_.empty() && exit_code_ < 0) {
     const DeadRank dead = dead_.front();
     if (absl::Now() < dead.not_before) return;  // backing off a crash loop
-    absl::StatusOr<Membership> next = coordinator_->ReplaceRank(dead.rank, kStoreTimeout);
+    absl::StatusOr<Membership> next = absl::UnknownError("");
+    if (dead.rank < 0) {
+      next = coordinator_->ReplaceRanks(dead.ranks, PreferredStandbys(dead.host, dead.ranks.size()),
+                                        config_.spread_standbys, kStoreTimeout);
+    } else {
+      next = coordinator_->ReplaceRanks({dead.rank}, PreferredStandbys(dead.host, 1),
+                                        /*any_standby=*/true, kStoreTimeout);
+    }
+    if (absl::IsAborted(next.status())) return;  // another coordinator acted: look again
     if (absl::IsFailedPrecondition(next.status())) {
       // No standby has parked yet. Wait for one if one is still starting up (or about to).
       bool starting = !standby_respawns_.empty();
@@ -678,14 +804,38 @@ void Job::TryReplacements() {
         why = absl::StrFormat("standbys died %d times while parked (last: %s)", standby_deaths_,
                               standby_last_death_);
       }
+      if (dead.rank < 0) {
+        return Fail(absl::StrFormat(
+            "host %s died (%s) and no standby host has %d parked standbys%s: %s", dead.host,
+            dead.how, dead.ranks.size(),
+            config_.spread_standbys ? " (nor all hosts together)" : " (see --spread-standbys)",
+            why));
+      }
       return Fail(absl::StrFormat("rank %d died (%s) and no standby is available: %s", dead.rank,
                                   dead.how, why));
     }
-    if (!next.ok())
-      return Fail(absl::StrCat("replacing rank ", dead.rank, ": ", next.status().ToString()));
+    if (!next.ok()) {
+      return Fail(absl::StrCat("replacing ", dead.rank < 0 ? "host " + dead.host : absl::StrCat("rank ", dead.rank), ": ",
+                               next.status().ToString()));
+    }
     dead_.pop_front();
+    if (dead.rank < 0) {
+      std::vector<std::string> by;
+      for (int rank : dead.ranks) by.push_back(absl::StrCat(rank, "<-", next->members[rank]));
+      Say(absl::StrFormat("generation %d: host %s's ranks taken by %s", next->generation,
+                          dead.host, absl::StrJoin(by, ", ")));
+      replacements_ += static_cast<int>(dead.ranks.size());
+      recoveries_.push_back({-1, next->generation, dead.died, dead.host});
+      continue;
+    }
     ++replacements_;
     rank_history_[dead.rank].took_rank = absl::Now();
+    if (MultiHost()) {  // the standby's own agent relabels it (FollowGeneration)
+      Say(absl::StrFormat("generation %d: rank %d taken by %s", next->generation, dead.rank,
+                          next->members[dead.rank]));
+      recoveries_.push_back({dead.rank, next->generation, dead.died});
+      continue;
+    }
     const std::string& member = next->members[dead.rank];
     for (auto& c : children_) {
       if (c->member_id != member || !c->running) continue;
@@ -742,7 +892,7 @@ void Job::ReportPersistFailures() {
 void Job::CheckRecoveries() {
   for (auto it = recoveries_.begin(); it != recoveries_.end();) {
     std::vector<std::string> keys;
-    for (int r = 0; r < config_.nproc; ++r) {
+    for (int r = 0; r < world_size_; ++r) {
       keys.push_back(absl::StrCat("rdzv/gen/", it->generation, "/resumed/", r));
     }
     absl::StatusOr<std::vector<std::optional<std::string>>> values =
@@ -756,7 +906,11 @@ void Job::CheckRecoveries() {
       continue;
     }
     const double took = absl::ToDoubleSeconds(absl::Now() - it->died);
-    if (it->rank < 0) {
+    if (!it->host.empty()) {
+      Say(absl::StrFormat("recovered from the loss of host %s in %.3f s (host declared dead -> "
+                          "every rank completed its first step of generation %d)",
+                          it->host, took, it->generation));
+    } else if (it->rank < 0) {
       Say(
           absl::StrFormat("recovered with the same ranks in %.3f s (first request for a new "
                           "generation -> every rank completed its first step of generation %d)",
@@ -779,6 +933,15 @@ void Job::KillRanksWithStaleHeartbeats() {
       coordinator_->RanksWithStaleHeartbeats(config_.heartbeat_timeout, kStoreTimeout);
   if (!stale.ok()) return;  // the store is briefly unreachable: look again next time
   if (!stale->empty()) ReportLaggards();
+  if (MultiHost()) {
+    const Membership current = coordinator_->current();
+    for (int rank : *stale) {
+      KillMember(current.members[rank],
+                 absl::StrFormat("rank %d has not sent a heartbeat for %s", rank,
+                                 absl::FormatDuration(config_.heartbeat_timeout)));
+    }
+    return;
+  }
   for (int rank : *stale) {
     for (auto& c : children_) {
       if (c->rank != rank || !c->running || c->killed_for_liveness) continue;
@@ -795,7 +958,7 @@ void Job::KillRanksWithStaleHeartbeats() {
 void Job::ReportLaggards() {
   std::vector<int> ranks;
   std::vector<FlightRecorderContents> rings;
-  for (int r = 0; r < config_.nproc; ++r) {
+  for (int r = 0; r < world_size_; ++r) {
     absl::StatusOr<FlightRecorderContents> ring = ReadFlightRecorder(config_.job_id, r);
     if (!ring.ok()) continue;
     ranks.push_back(r);
@@ -829,7 +992,7 @@ void Job::DiagnoseHangs() {
       }
       Say(absl::StrCat("hang in generation ", g, ": ", *who));
       PendingHang hang{g, now, {}};
-      for (int r = 0; r < config_.nproc; ++r) {
+      for (int r = 0; r < world_size_; ++r) {
         absl::StatusOr<FlightRecorderContents> ring = ReadFlightRecorder(config_.job_id, r);
         if (ring.ok()) hang.live_rings[r] = *std::move(ring);
       }
@@ -841,13 +1004,13 @@ void Job::DiagnoseHangs() {
   absl::StatusOr<std::vector<FlightRecorderDump>> dumps =
       ReadHangDumps(dir, pending_hang_->generation);
   const size_t dumped = dumps.ok() ? dumps->size() : 0;
-  if (dumped < static_cast<size_t>(config_.nproc) && now < pending_hang_->seen + kHangDumpGrace) {
+  if (dumped < static_cast<size_t>(world_size_) && now < pending_hang_->seen + kHangDumpGrace) {
     return;  // some rank is still dumping
   }
   HangEvidence evidence;
   if (dumps.ok()) evidence.dumps = *std::move(dumps);
   evidence.live_rings = std::move(pending_hang_->live_rings);
-  evidence.world_size = config_.nproc;
+  evidence.world_size = world_size_;
   const HangDiagnosis diagnosis = DiagnoseHang(evidence);
   for (absl::string_view line : absl::StrSplit(diagnosis.ToString(), '\n')) {
     Say(absl::StrCat("hang diagnosis: ", line));
@@ -858,11 +1021,18 @@ void Job::DiagnoseHangs() {
   // The suspects are replaced like dead ranks, as long as they are a minority and still hold their
   // ranks in the generation that hung (a replacement may have taken over meanwhile).
   if (diagnosis.suspects.empty() || coordinator_->generation() != generation) return;
-  if (2 * diagnosis.suspects.size() >= static_cast<size_t>(config_.nproc)) {
+  if (2 * diagnosis.suspects.size() >= static_cast<size_t>(world_size_)) {
     Say("hang diagnosis: too many suspects to replace; the ranks' own timeouts decide");
     return;
   }
   for (int rank : diagnosis.suspects) {
+    if (MultiHost()) {
+      const Membership current = coordinator_->current();
+      if (rank < static_cast<int>(current.members.size())) {
+        KillMember(current.members[rank], "the hang's suspect");
+      }
+      continue;
+    }
     for (auto& c : children_) {
       if (c->rank != rank || !c->running || c->killed_for_liveness) continue;
       Say(absl::StrFormat("%s (pid %d) is the hang's suspect: killing it", c->Label(), c->pid));
@@ -894,7 +1064,7 @@ void Job::RenewGenerationWhenAsked() {
     const auto& [rank, why] = *asked->begin();
     Say(absl::StrFormat("rank %d asks for a new generation: %s", rank, why));
   }
-  if (asked->size() < static_cast<size_t>(config_.nproc) &&
+  if (asked->size() < static_cast<size_t>(world_size_) &&
       now < renewal_asked_->since + kRenewalGrace) {
     return;
   }
@@ -914,6 +1084,8 @@ void Job::Fail(const std::string& why) {
   Say(absl::StrCat("job failed: ", why));
   failure_ = why;
   exit_code_ = kExitJobFailed;
+  // Every other host's agent stops its processes too (WatchJobEnd).
+  if (MultiHost()) (void)store_->Set(kJobFailedKey, why, absl::Seconds(2));
 }
 
 void Job::StopAll(absl::Duration grace) {
@@ -951,33 +1123,30 @@ int Job::Run() {
     Say(absl::StrCat("cannot start the job: ", s.ToString()));
     return kExitLaunchError;
   }
-  Say(absl::StrFormat("job %s: %d ranks, %d standbys, store %s, run dir %s", config_.job_id,
-                      config_.nproc, config_.standby, store_url_, config_.run_dir));
-  for (int r = 0; r < config_.nproc; ++r) {
+  if (MultiHost()) {
+    Say(absl::StrFormat("job %s: host %s (%s) joined as %s; %d ranks per host, store %s, run dir %s",
+                        config_.job_id, config_.host_id, config_.local_addr,
+                        config_.standby_host ? "a standby host" : "a worker", config_.nproc,
+                        store_url_, config_.run_dir));
+  } else {
+    Say(absl::StrFormat("job %s: %d ranks, %d standbys, store %s, run dir %s", config_.job_id,
+                        config_.nproc, config_.standby, store_url_, config_.run_dir));
+  }
+  for (int r = 0; r < config_.nproc && !MultiHost(); ++r) {
     if (absl::Status s = Spawn(r, -1); !s.ok()) {
       Say(absl::StrCat("cannot start the job: ", s.message()));
       StopAll(config_.stop_grace);
       return kExitLaunchError;
     }
   }
-  for (int i = 0; i < config_.standby; ++i) {
+  for (int i = 0; i < config_.standby && !MultiHost(); ++i) {
     if (absl::Status s = Spawn(-1, i); !s.ok()) {
       Say(absl::StrCat("cannot start the job: ", s.message()));
       StopAll(config_.stop_grace);
       return kExitLaunchError;
     }
   }
-  former_ = std::thread([this] {
-    const absl::Time deadline = absl::Now() + config_.rendezvous_timeout;
-    absl::StatusOr<Membership> m = absl::DeadlineExceededError("not started");
-    // Short slices, so that a failing job does not keep this thread waiting for the full timeout.
-    while (!stop_forming_.load() && absl::Now() < deadline) {
-      m = coordinator_->FormInitialGeneration(config_.nproc, absl::Milliseconds(250));
-      if (!absl::IsDeadlineExceeded(m.status())) break;
-    }
-    MutexLock lock(&formed_mu_);
-    formed_ = m.status();
-  });
+  if (!MultiHost()) StartForming();
 
   bool formed_reported = false;
   int interrupted = 0;
@@ -1008,46 +1177,516 @@ int Job::Run() {
       exit_code_ = 128 + interrupted;
       break;
     }
+    if (MultiHost() && exit_code_ < 0) AgentTick();
     if (!formed_reported) {
       MutexLock lock(&formed_mu_);
       if (formed_.has_value()) {
         formed_reported = true;
         if (formed_->ok()) {
-          Say(absl::StrFormat("generation 0 formed with %d ranks", config_.nproc));
+          Say(absl::StrFormat("generation 0 formed with %d ranks", world_size_));
         } else {
           exit_code_ = kExitJobFailed;
           Say(absl::StrCat("job failed: generation 0 did not form: ", formed_->ToString()));
+          if (MultiHost()) (void)store_->Set(kJobFailedKey, formed_->ToString(), absl::Seconds(2));
         }
       }
     }
-    TryReplacements();
-    CheckRecoveries();
-    if (formed_reported && exit_code_ < 0 && dead_.empty()) KillRanksWithStaleHeartbeats();
-    if (formed_reported && exit_code_ < 0) DiagnoseHangs();
-    if (formed_reported && exit_code_ < 0) RenewGenerationWhenAsked();
+    if (coordinating()) {
+      TryReplacements();
+      CheckRecoveries();
+      if (formed_reported && exit_code_ < 0 && dead_.empty()) KillRanksWithStaleHeartbeats();
+      if (formed_reported && exit_code_ < 0) DiagnoseHangs();
+      if (formed_reported && exit_code_ < 0) RenewGenerationWhenAsked();
+    }
     if (exit_code_ < 0) WatchJobStop();
     if (exit_code_ < 0) RespawnStandbys();
-    if (absl::Now() >= next_persist_check_) {
+    if (coordinating() && absl::Now() >= next_persist_check_) {
       next_persist_check_ = absl::Now() + absl::Milliseconds(500);
       ReportPersistFailures();
     }
-    if (exit_code_ < 0 && ranks_finished_ == config_.nproc) exit_code_ = 0;
+    if (exit_code_ < 0 && !MultiHost() && ranks_finished_ == config_.nproc) exit_code_ = 0;
   }
   StopAll(config_.stop_grace);
   stop_forming_.store(true);
-  former_.join();
-  ReportPersistFailures();  // what the ranks reported just before they ended
+  if (former_.joinable()) former_.join();
+  if (lease_ != nullptr) lease_->Release(absl::Seconds(1));
+  if (coordinating()) ReportPersistFailures();  // what the ranks reported just before they ended
   if (exit_code_ == 0) {
     // The ranks' snapshot arenas outlive them so that a replacement (or a restarted job) on this
     // machine restores without disk; once the job is done they only hold memory.
     // The same for the flight-recorder rings, the evidence of a hung or dead rank.
-    for (int r = 0; r < config_.nproc; ++r) {
-      (void)Snapshotter::RemoveArena(config_.job_id, r);
-      (void)FlightRecorder::Remove(config_.job_id, r);
+    for (const auto& c : children_) {
+      if (c->rank < 0) continue;
+      (void)Snapshotter::RemoveArena(config_.job_id, c->rank);
+      (void)FlightRecorder::Remove(config_.job_id, c->rank);
     }
   }
   Say(Summary());
   return exit_code_;
+}
+
+void Job::StartForming() {
+  former_ = std::thread([this] {
+    const absl::Time deadline = absl::Now() + config_.rendezvous_timeout;
+    absl::StatusOr<Membership> m = absl::DeadlineExceededError("not started");
+    // Short slices, so that a failing job does not keep this thread waiting for the full timeout.
+    while (!stop_forming_.load() && absl::Now() < deadline) {
+      m = coordinator_->FormInitialGeneration(world_size_, absl::Milliseconds(250));
+      if (!absl::IsDeadlineExceeded(m.status())) break;
+    }
+    // Another agent's coordinator published generation 0 first (this one was deposed meanwhile).
+    if (absl::IsAborted(m.status()) && coordinator_->generation() >= 0) m = coordinator_->current();
+    MutexLock lock(&formed_mu_);
+    if (!formed_.has_value()) formed_ = m.status();
+  });
+}
+
+// ---- The multi-host agent ----
+//
+// Store keys (under the job's prefix), besides the rendezvous' own:
+//   agents/seq                     join counter (join order decides which hosts train)
+//   agents/join/<host>             "<seq> worker|standby <addr> <port>"
+//   agents/plan                    line 1 "<training hosts> <ranks per host> <master addr> <port>",
+//                                  then "<host> <group rank>" per host (-1: a standby host)
+//   agents/hb/<host>               the agent's heartbeat counter
+//   agents/dead/<host>             why the coordinator declared the host dead (it is fenced out)
+//   agents/deaths/<member>         "<rank> <how>": an agent saw its rank process die
+//   agents/kill/<host>/<member>    the coordinator asks that host's agent to kill a process
+//   agents/finished/<rank>         the member that finished rank <rank> with status 0
+//   job/failed, job/done           the job's end, for every agent
+namespace {
+constexpr char kPlanKey[] = "agents/plan";
+// How long one store call of the agent's loop may take: short, so that a host cut off from the
+// store keeps draining its ranks' output and sees its fencing as soon as it is back.
+absl::Duration AgentCallTimeout(absl::Duration host_timeout) { return host_timeout / 4; }
+}  // namespace
+
+absl::Status Job::JoinAsHost() {
+  absl::StatusOr<int64_t> seq = store_->Add("agents/seq", 1, kStoreTimeout);
+  if (!seq.ok()) return seq.status();
+  const std::string value =
+      absl::StrFormat("%d %s %s %d", *seq, config_.standby_host ? "standby" : "worker",
+                      config_.local_addr, master_port_);
+  absl::StatusOr<CompareAndSetResult> joined = store_->CompareAndSet(
+      absl::StrCat("agents/join/", config_.host_id), std::nullopt, value, kStoreTimeout);
+  if (!joined.ok()) return joined.status();
+  if (!joined->swapped) {
+    return absl::AlreadyExistsError(absl::StrFormat(
+        "host id %s already joined job %s (%s): give every host its own --host-id",
+        config_.host_id, config_.job_id, joined->current.value_or("")));
+  }
+  return absl::OkStatus();
+}
+
+void Job::AgentTick() {
+  const absl::Time now = absl::Now();
+  if (now < next_agent_tick_) return;
+  next_agent_tick_ = now + config_.host_timeout / 12;
+  const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
+  if (absl::StatusOr<int64_t> beat =
+          store_->Add(absl::StrCat("agents/hb/", config_.host_id), 1, timeout);
+      beat.ok()) {
+    agent_beat_ = *beat;
+  }
+  UpdateLease();
+  if (!spawned_) FollowPlan();
+  if (exit_code_ < 0) FollowGeneration();
+  if (exit_code_ < 0) ExecuteKillRequests();
+  if (exit_code_ < 0 && coordinating()) CoordinateHosts();
+  if (exit_code_ < 0) WatchJobEnd();
+}
+
+void Job::UpdateLease() {
+  const bool was = lease_->held();
+  absl::StatusOr<bool> held = lease_->Update(AgentCallTimeout(config_.host_timeout));
+  if (lease_->held() == was) return;
+  if (!lease_->held()) {
+    Say(absl::StrFormat("no longer coordinating (the lease is %s's now)",
+                        lease_->last_holder().empty() ? "nobody" : lease_->last_holder()));
+    dead_.clear();
+    recoveries_.clear();
+    return;
+  }
+  // Taking over: the membership and every fact the old coordinator acted on are in the store.
+  absl::Status resumed = coordinator_->Resume(kStoreTimeout);
+  Say(absl::StrFormat("coordinating the job (lease term %d; generation %d)", lease_->term(),
+                      coordinator_->generation()));
+  if (!resumed.ok() && !absl::IsNotFound(resumed)) Say(resumed.ToString());
+  host_beats_.clear();
+  handled_deaths_.clear();
+  dead_hosts_.clear();
+  if (absl::StatusOr<std::vector<std::string>> dead = store_->ListKeys("agents/dead/", kStoreTimeout);
+      dead.ok()) {
+    for (const std::string& key : *dead) dead_hosts_.insert(key.substr(strlen("agents/dead/")));
+  }
+  (void)held;
+}
+
+// The coordinator assigns group ranks once enough hosts joined: the first nnodes_max workers in
+// join order train (at least nnodes_min), every other host is a standby host.
+void Job::PublishPlan() {
+  const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
+  absl::StatusOr<std::vector<std::string>> keys = store_->ListKeys("agents/join/", timeout);
+  if (!keys.ok()) return;
+  absl::StatusOr<std::vector<std::optional<std::string>>> values = store_->MultiGet(*keys, timeout);
+  if (!values.ok()) return;
+  struct Joined {
+    int64_t seq;
+    std::string host, role, addr, port;
+  };
+  std::vector<Joined> hosts;
+  for (size_t i = 0; i < keys->size(); ++i) {
+    std::vector<std::string> f = absl::StrSplit((*values)[i].value_or(""), ' ');
+    Joined j;
+    if (f.size() != 4 || !absl::SimpleAtoi(f[0], &j.seq)) continue;
+    j.host = (*keys)[i].substr(strlen("agents/join/"));
+    j.role = f[1];
+    j.addr = f[2];
+    j.port = f[3];
+    hosts.push_back(std::move(j));
+  }
+  std::sort(hosts.begin(), hosts.end(),
+            [](const Joined& a, const Joined& b) { return a.seq < b.seq; });
+  int workers = 0;
+  for (const Joined& j : hosts) workers += j.role == "worker" ? 1 : 0;
+  if (workers < config_.nnodes_min ||
+      hosts.size() < static_cast<size_t>(config_.nnodes_min + config_.standby_nodes)) {
+    return;  // not yet
+  }
+  const int training = std::min(workers, config_.nnodes_max);
+  std::string plan;
+  std::string lines;
+  int group = 0;
+  for (const Joined& j : hosts) {
+    const bool trains = j.role == "worker" && group < training;
+    if (trains && group == 0) {
+      plan = absl::StrFormat("%d %d %s %s", training, config_.nproc, j.addr, j.port);
+    }
+    absl::StrAppendFormat(&lines, "\n%s %d", j.host, trains ? group : -1);
+    if (trains) ++group;
+  }
+  absl::StatusOr<CompareAndSetResult> published =
+      store_->CompareAndSet(kPlanKey, std::nullopt, plan + lines, timeout);
+  if (published.ok() && published->swapped) {
+    Say(absl::StrFormat("%d host(s) train, %d are standby hosts", training,
+                        hosts.size() - training));
+  }
+}
+
+// Starts this host's processes once the plan names its group rank: its N ranks (and --standby
+// spare processes), or N standbys on a standby host and on a host that joined after the plan.
+void Job::FollowPlan() {
+  absl::StatusOr<std::string> plan = store_->Get(kPlanKey, AgentCallTimeout(config_.host_timeout));
+  if (!plan.ok()) {
+    if (absl::IsNotFound(plan.status()) && coordinating()) PublishPlan();
+    return;
+  }
+  std::vector<std::string> lines = absl::StrSplit(*plan, '\n');
+  std::vector<std::string> head = absl::StrSplit(lines[0], ' ');
+  int hosts = 0, per_host = 0;
+  if (head.size() != 4 || !absl::SimpleAtoi(head[0], &hosts) ||
+      !absl::SimpleAtoi(head[1], &per_host) || !absl::SimpleAtoi(head[3], &master_port_)) {
+    return Fail(absl::StrFormat("malformed plan at store key %s: '%s'", kPlanKey, lines[0]));
+  }
+  if (per_host != config_.nproc) {
+    return Fail(absl::StrFormat("host %s has --nproc-per-node %d but the job has %d per host",
+                                config_.host_id, config_.nproc, per_host));
+  }
+  master_addr_ = head[2];
+  world_size_ = hosts * per_host;
+  group_rank_ = -1;
+  for (size_t i = 1; i < lines.size(); ++i) {
+    std::vector<std::string> f = absl::StrSplit(lines[i], ' ');
+    if (f.size() == 2 && f[0] == config_.host_id) (void)absl::SimpleAtoi(f[1], &group_rank_);
+  }
+  spawned_ = true;
+  const bool trains = group_rank_ >= 0;
+  Say(trains ? absl::StrFormat("host %s is group %d of %d: ranks %d..%d", config_.host_id,
+                               group_rank_, hosts, group_rank_ * per_host,
+                               group_rank_ * per_host + per_host - 1)
+             : absl::StrFormat("host %s is a standby host: %d standbys", config_.host_id,
+                               per_host));
+  const int standbys = trains ? config_.standby : per_host;
+  for (int i = 0; trains && i < per_host; ++i) {
+    if (absl::Status s = Spawn(group_rank_ * per_host + i, -1); !s.ok()) {
+      return Fail(absl::StrCat("cannot start the job: ", s.message()));
+    }
+  }
+  for (int i = 0; i < standbys; ++i) {
+    if (absl::Status s = Spawn(-1, i); !s.ok()) {
+      return Fail(absl::StrCat("cannot start the job: ", s.message()));
+    }
+  }
+  nproc_here_ = trains ? per_host : 0;
+}
+
+// Follows the published generations: a standby of this host that took a rank is relabelled; a
+// process of this host that lost its rank while alive (it was declared dead or stale) is killed,
+// and a host that was declared dead (partitioned, then back) stops, fenced out.
+void Job::FollowGeneration() {
+  const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
+  absl::StatusOr<std::string> fenced =
+      store_->Get(absl::StrCat("agents/dead/", config_.host_id), timeout);
+  if (fenced.ok()) {
+    return Fail(absl::StrFormat("this host (%s) was declared dead by the coordinator (%s); its "
+                                "ranks were given to others: stopping them",
+                                config_.host_id, *fenced));
+  }
+  absl::StatusOr<std::string> current = store_->Get("rdzv/current", timeout);
+  int64_t generation = -1;
+  if (!current.ok() || !absl::SimpleAtoi(*current, &generation) ||
+      generation <= followed_generation_) {
+    return;
+  }
+  absl::StatusOr<std::string> text =
+      store_->Get(absl::StrCat("rdzv/gen/", generation, "/table"), timeout);
+  if (!text.ok()) return;
+  std::vector<std::string> lines = absl::StrSplit(*text, '\n');
+  followed_generation_ = generation;
+  {
+    MutexLock lock(&formed_mu_);
+    if (!formed_.has_value()) formed_ = absl::OkStatus();
+  }
+  for (auto& c : children_) {
+    if (!c->running) continue;
+    int rank = -1;
+    for (size_t i = 2; i < lines.size(); ++i) {
+      if (lines[i] == c->member_id) rank = static_cast<int>(i) - 2;
+    }
+    if (rank >= 0 && rank != c->rank) {
+      Say(absl::StrFormat("%s (pid %d) takes rank %d in generation %d", c->Label(), c->pid, rank,
+                          generation));
+      c->rank = rank;
+      (void)WritePidFile(rank, c->pid);
+      ++nproc_here_;
+      if (config_.standby > 0 && group_rank_ >= 0 && CanSpawnStandby()) {
+        if (absl::Status s = Spawn(-1, standbys_spawned_); !s.ok()) Say(s.ToString());
+      }
+    } else if (rank < 0 && c->rank >= 0 && !c->killed_for_liveness) {
+      Say(absl::StrFormat("%s (pid %d) no longer holds its rank in generation %d: killing it",
+                          c->Label(), c->pid, generation));
+      c->killed_for_liveness = true;
+      SignalGroup(*c, SIGKILL);
+    }
+  }
+}
+
+void Job::ExecuteKillRequests() {
+  const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
+  const std::string prefix = absl::StrCat("agents/kill/", config_.host_id, "/");
+  absl::StatusOr<std::vector<std::string>> keys = store_->ListKeys(prefix, timeout);
+  if (!keys.ok()) return;
+  for (const std::string& key : *keys) {
+    const std::string member = key.substr(prefix.size());
+    absl::StatusOr<std::string> why = store_->Get(key, timeout);
+    for (auto& c : children_) {
+      if (c->member_id != member || !c->running || c->killed_for_liveness) continue;
+      Say(absl::StrFormat("%s (pid %d): killing it for the coordinator: %s", c->Label(), c->pid,
+                          why.value_or("?")));
+      c->killed_for_liveness = true;
+      SignalGroup(*c, SIGKILL);  // reaped and reported like any death
+    }
+    (void)store_->Delete(key, timeout);
+  }
+}
+
+void Job::KillMember(const std::string& member, const std::string& why) {
+  if (absl::StartsWith(member, HostPrefix())) {
+    for (auto& c : children_) {
+      if (c->member_id != member || !c->running || c->killed_for_liveness) continue;
+      Say(absl::StrFormat("%s (pid %d): killing it: %s", c->Label(), c->pid, why));
+      c->killed_for_liveness = true;
+      SignalGroup(*c, SIGKILL);
+    }
+    return;
+  }
+  const std::string host = member.substr(0, member.find(':'));
+  Say(absl::StrFormat("asking host %s to kill %s: %s", host, member, why));
+  (void)store_->Set(absl::StrCat("agents/kill/", host, "/", member), why,
+                    AgentCallTimeout(config_.host_timeout));
+}
+
+void Job::WatchJobEnd() {
+  const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
+  if (absl::StatusOr<std::string> failed = store_->Get(kJobFailedKey, timeout); failed.ok()) {
+    Say(absl::StrCat("job failed: ", *failed));
+    failure_ = *failed;
+    exit_code_ = kExitJobFailed;
+    return;
+  }
+  if (store_->Get(kJobDoneKey, timeout).ok()) exit_code_ = 0;
+}
+
+void Job::CoordinateHosts() {
+  const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
+  if (!spawned_) return;  // no plan yet
+  bool generation_zero = false;
+  {
+    MutexLock lock(&formed_mu_);
+    generation_zero = formed_.has_value();
+  }
+  if (!generation_zero && !former_.joinable()) StartForming();
+  // Host liveness: every joined host's agent beats; one that stops for host_timeout is dead.
+  absl::StatusOr<std::vector<std::string>> joined = store_->ListKeys("agents/join/", timeout);
+  if (!joined.ok()) return;
+  std::vector<std::string> hosts, beat_keys;
+  for (const std::string& key : *joined) {
+    const std::string host = key.substr(strlen("agents/join/"));
+    if (dead_hosts_.count(host) != 0) continue;
+    hosts.push_back(host);
+    beat_keys.push_back(absl::StrCat("agents/hb/", host));
+  }
+  absl::StatusOr<std::vector<std::optional<std::string>>> beats =
+      store_->MultiGet(beat_keys, timeout);
+  if (!beats.ok()) return;
+  const absl::Time now = absl::Now();
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    const std::string value = (*beats)[i].value_or("");
+    auto [it, inserted] = host_beats_.try_emplace(hosts[i], HostBeat{value, now});
+    if (!inserted && it->second.value != value) it->second = HostBeat{value, now};
+    if (hosts[i] != config_.host_id && now - it->second.since >= config_.host_timeout) {
+      DeclareHostDead(hosts[i], absl::StrFormat("no heartbeat for %s",
+                                                absl::FormatDuration(now - it->second.since)));
+    }
+  }
+  ReadDeathReports();
+  // Completion: every rank finished with status 0.
+  if (!done_published_ && world_size_ > 0) {
+    absl::StatusOr<std::vector<std::string>> finished = store_->ListKeys("agents/finished/", timeout);
+    if (finished.ok() && finished->size() >= static_cast<size_t>(world_size_)) {
+      done_published_ = store_->Set(kJobDoneKey, "every rank finished", timeout).ok();
+    }
+  }
+}
+
+void Job::ReadDeathReports() {
+  const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
+  absl::StatusOr<std::vector<std::string>> keys = store_->ListKeys("agents/deaths/", timeout);
+  if (!keys.ok()) return;
+  const Membership current = coordinator_->current();
+  for (const std::string& key : *keys) {
+    const std::string member = key.substr(strlen("agents/deaths/"));
+    if (handled_deaths_.count(member) != 0) continue;
+    const auto held = std::find(current.members.begin(), current.members.end(), member);
+    absl::StatusOr<std::string> report = store_->Get(key, timeout);
+    if (!report.ok()) continue;
+    std::vector<std::string> f = absl::StrSplit(*report, absl::MaxSplits(' ', 1));
+    const std::string how = f.size() == 2 ? f[1] : *report;
+    if (current.generation < 0) {
+      handled_deaths_.insert(member);
+      return Fail(absl::StrFormat("%s died before generation 0 formed (%s)", member, how));
+    }
+    if (held == current.members.end()) {  // a standby, or a rank already replaced
+      handled_deaths_.insert(member);
+      (void)coordinator_->ForgetStandby(member, timeout);
+      continue;
+    }
+    handled_deaths_.insert(member);
+    const int rank = static_cast<int>(held - current.members.begin());
+    RankHistory& history = rank_history_[rank];
+    ++history.deaths;
+    history.last = how;
+    const absl::Time now = absl::Now();
+    history.streak = now - history.took_rank < kHealthyRun ? history.streak + 1 : 1;
+    if (replacements_ >= config_.max_replacements) {
+      return Fail(absl::StrFormat("rank %d died %d time(s) (last: %s); --max-replacements=%d "
+                                  "reached",
+                                  rank, history.deaths, how, config_.max_replacements));
+    }
+    const absl::Duration delay = Backoff(history.streak, config_.restart_backoff);
+    Say(absl::StrFormat("rank %d (%s) %s: replacing it%s", rank, member, how,
+                        delay > absl::ZeroDuration()
+                            ? absl::StrCat(" in ", absl::FormatDuration(delay))
+                            : ""));
+    DeadRank dead{rank, how, now, now + delay + 2 * config_.host_timeout + absl::Seconds(10),
+                  now + delay};
+    dead.host = member.substr(0, member.find(':'));
+    dead_.push_back(std::move(dead));
+  }
+}
+
+void Job::DeclareHostDead(const std::string& host, const std::string& why) {
+  const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
+  // First the fence, so that the host's agent, should it come back, stops its processes.
+  if (absl::Status s = store_->Set(absl::StrCat("agents/dead/", host), why, timeout); !s.ok()) {
+    return;  // tried again next tick
+  }
+  dead_hosts_.insert(host);
+  const std::string prefix = host + ":";
+  if (absl::StatusOr<std::vector<std::string>> parked = coordinator_->ParkedStandbys(timeout);
+      parked.ok()) {
+    for (const std::string& member : *parked) {
+      if (absl::StartsWith(member, prefix)) (void)coordinator_->ForgetStandby(member, timeout);
+    }
+  }
+  const Membership current = coordinator_->current();
+  absl::StatusOr<std::vector<std::string>> finished = store_->ListKeys("agents/finished/", timeout);
+  std::vector<int> ranks;
+  for (size_t r = 0; r < current.members.size(); ++r) {
+    if (!absl::StartsWith(current.members[r], prefix)) continue;
+    const std::string key = absl::StrCat("agents/finished/", r);
+    if (finished.ok() && std::find(finished->begin(), finished->end(), key) != finished->end()) {
+      continue;  // it finished before the host died
+    }
+    ranks.push_back(static_cast<int>(r));
+    handled_deaths_.insert(current.members[r]);
+  }
+  Say(absl::StrFormat("host %s is dead (%s)%s", host, why,
+                      ranks.empty() ? "; it held no rank"
+                                    : absl::StrCat(": replacing its ranks ",
+                                                   absl::StrJoin(ranks, ","), " at once")));
+  if (ranks.empty()) return;
+  if (current.generation < 0) {
+    return Fail(absl::StrFormat("host %s died before generation 0 formed", host));
+  }
+  const absl::Time now = absl::Now();
+  DeadRank dead{-1, why, now, now, now};
+  dead.ranks = std::move(ranks);
+  dead.host = host;
+  // The rendezvous' liveness and the survivors' failed collectives may already have queued ranks
+  // of this host: the host's entry replaces them.
+  for (auto it = dead_.begin(); it != dead_.end();) {
+    it = it->rank >= 0 && absl::StartsWith(current.members[it->rank], prefix) ? dead_.erase(it)
+                                                                              : std::next(it);
+  }
+  dead_.push_back(std::move(dead));
+}
+
+// The standbys a dead host's ranks (or a dead rank) go to first: for a host, those of the standby
+// host with the most parked standbys, in local-rank order (so local rank i stays local rank i);
+// for one rank, a standby on the rank's own host.
+std::vector<std::string> Job::PreferredStandbys(const std::string& dead_host, size_t needed) {
+  absl::StatusOr<std::vector<std::string>> parked =
+      coordinator_->ParkedStandbys(AgentCallTimeout(config_.host_timeout));
+  if (!parked.ok() || !MultiHost()) return {};
+  std::map<std::string, std::vector<std::pair<int, std::string>>> by_host;
+  for (const std::string& member : *parked) {
+    const std::string host = member.substr(0, member.find(':'));
+    if (dead_hosts_.count(host) != 0) continue;
+    int index = 0;
+    const size_t at = member.rfind(":standby");
+    if (at != std::string::npos) (void)absl::SimpleAtoi(member.substr(at + 8), &index);
+    by_host[host].push_back({index, member});
+  }
+  const std::vector<std::pair<int, std::string>>* best = nullptr;
+  if (needed == 1) {
+    // One rank: a spare process on its own host, else any (a standby host stays whole if it can).
+    if (by_host.count(dead_host) != 0) best = &by_host[dead_host];
+  } else {
+    for (auto& [host, standbys] : by_host) {
+      std::sort(standbys.begin(), standbys.end());
+      if (standbys.size() >= needed && (best == nullptr || standbys.size() > best->size())) {
+        best = &standbys;
+      }
+    }
+  }
+  std::vector<std::string> preferred;
+  if (best != nullptr) {
+    std::vector<std::pair<int, std::string>> sorted = *best;
+    std::sort(sorted.begin(), sorted.end());
+    for (const auto& [index, member] : sorted) preferred.push_back(member);
+  }
+  return preferred;
 }
 
 // The last line of every run: how it ended, and what it took.
@@ -1063,6 +1702,11 @@ std::string Job::Summary() const {
                           persist_failures_.size(), persist_failures_.rbegin()->second);
   }
   if (exit_code_ == 0) {
+    if (MultiHost()) {
+      return absl::StrFormat("job %s succeeded: every rank finished; host %s: %d rank(s) finished "
+                             "here, %s",
+                             config_.job_id, config_.host_id, ranks_finished_, counts);
+    }
     return absl::StrFormat("job %s succeeded: %d ranks finished, %s", config_.job_id, config_.nproc,
                            counts);
   }
@@ -1087,7 +1731,13 @@ std::string RunUsage() {
          "etcd://HOST:PORT]\n"
          "                      [--job-id ID] [--run-dir DIR] [--rendezvous-timeout SECONDS]\n"
          "                      [--heartbeat-timeout SECONDS] [--restart-backoff SECONDS]\n"
-         "                      -- COMMAND [ARGS...]\n";
+         "                      -- COMMAND [ARGS...]\n"
+         "       trainguard run --nnodes MIN[:MAX] --nproc-per-node N --rdzv-endpoint URL "
+         "--job-id ID\n"
+         "                      [--standby-nodes K | --role standby] [--local-addr ADDR] "
+         "[--host-id ID]\n"
+         "                      [--host-timeout SECONDS] [--spread-standbys] [--token-file F]\n"
+         "                      [--standby K] [...as above] -- COMMAND [ARGS...]\n";
 }
 
 absl::StatusOr<LaunchConfig> ParseRunArguments(const std::vector<std::string>& args) {
@@ -1095,12 +1745,16 @@ absl::StatusOr<LaunchConfig> ParseRunArguments(const std::vector<std::string>& a
   size_t i = 0;
   for (; i < args.size() && args[i] != "--"; ++i) {
     const std::string& flag = args[i];
+    if (flag == "--spread-standbys") {  // the one flag without a value
+      config.spread_standbys = true;
+      continue;
+    }
     if (i + 1 >= args.size() || args[i + 1] == "--") {
       return absl::InvalidArgumentError(absl::StrCat(flag, " needs a value"));
     }
     const std::string& value = args[++i];
     absl::StatusOr<int> n = 0;
-    if (flag == "--nproc") {
+    if (flag == "--nproc" || flag == "--nproc-per-node") {
       n = ParseCount(flag, value, 1);
       config.nproc = n.value_or(0);
     } else if (flag == "--standby") {
@@ -1118,7 +1772,7 @@ absl::StatusOr<LaunchConfig> ParseRunArguments(const std::vector<std::string>& a
     } else if (flag == "--rendezvous-timeout") {
       n = ParseCount(flag, value, 1);
       config.rendezvous_timeout = absl::Seconds(n.value_or(1));
-    } else if (flag == "--store") {
+    } else if (flag == "--store" || flag == "--rdzv-endpoint") {
       config.store = value;
     } else if (flag == "--token-file") {
       config.token_file = value;
@@ -1126,6 +1780,36 @@ absl::StatusOr<LaunchConfig> ParseRunArguments(const std::vector<std::string>& a
       config.job_id = value;
     } else if (flag == "--run-dir") {
       config.run_dir = value;
+    } else if (flag == "--nnodes") {
+      std::vector<std::string> range = absl::StrSplit(value, ':');
+      if (range.size() > 2 || !absl::SimpleAtoi(range[0], &config.nnodes_min) ||
+          config.nnodes_min < 1 ||
+          (range.size() == 2 && !absl::SimpleAtoi(range[1], &config.nnodes_max)) ||
+          (range.size() == 2 && config.nnodes_max < config.nnodes_min)) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("--nnodes '%s': need MIN or MIN:MAX with 1 <= MIN <= MAX", value));
+      }
+      if (range.size() == 1) config.nnodes_max = config.nnodes_min;
+    } else if (flag == "--standby-nodes") {
+      n = ParseCount(flag, value, 0);
+      config.standby_nodes = n.value_or(0);
+    } else if (flag == "--role") {
+      if (value != "standby" && value != "worker") {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("--role '%s': need worker or standby", value));
+      }
+      config.standby_host = value == "standby";
+    } else if (flag == "--local-addr") {
+      config.local_addr = value;
+    } else if (flag == "--host-id") {
+      config.host_id = value;
+    } else if (flag == "--host-timeout") {
+      double seconds = 0;
+      if (!absl::SimpleAtod(value, &seconds) || !(seconds >= 0.5) || seconds > 3600) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("--host-timeout '%s': need seconds in [0.5, 3600]", value));
+      }
+      config.host_timeout = absl::Seconds(seconds);
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag ", flag));
     }
@@ -1134,6 +1818,33 @@ absl::StatusOr<LaunchConfig> ParseRunArguments(const std::vector<std::string>& a
   if (i < args.size()) config.command.assign(args.begin() + i + 1, args.end());
   if (config.nproc < 1) return absl::InvalidArgumentError("--nproc N is required");
   if (config.command.empty()) return absl::InvalidArgumentError("no command after --");
+  if (config.nnodes_min > 0 || config.standby_host || config.standby_nodes > 0) {
+    if (config.nnodes_min == 0) {
+      return absl::InvalidArgumentError("--role standby and --standby-nodes need --nnodes");
+    }
+    if (config.store.empty()) {
+      return absl::InvalidArgumentError(
+          "--nnodes needs --rdzv-endpoint etcd://HOST:PORT or tcp://HOST:PORT (the agents meet "
+          "there)");
+    }
+    if (config.job_id.empty()) {
+      return absl::InvalidArgumentError("--nnodes needs --job-id (the same on every host)");
+    }
+    if (absl::StartsWith(config.store, "tcp://") && config.token_file.empty()) {
+      return absl::InvalidArgumentError(
+          "--rdzv-endpoint tcp:// needs --token-file F (the same token on every host)");
+    }
+    if (config.host_id.empty()) config.host_id = HostName();
+    for (char c : config.host_id) {
+      if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' &&
+          c != '.') {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "host id '%s': only letters, digits, '-', '_' and '.' (set --host-id)",
+            config.host_id));
+      }
+    }
+    if (config.local_addr.empty()) config.local_addr = "127.0.0.1";
+  }
   if (config.job_id.empty()) config.job_id = absl::StrCat("job-", getpid());
   if (config.run_dir.empty()) {
     const char* tmp = std::getenv("TMPDIR");  // NOLINT(concurrency-mt-unsafe): before any thread

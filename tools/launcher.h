@@ -5,6 +5,20 @@
 //                  [--job-id ID] [--run-dir DIR] [--rendezvous-timeout SECONDS] -- ./trainer
 //                  args...
 //
+// Multi-host (torchrun's shape): one `trainguard run` per host is that host's agent.
+//
+//   trainguard run --nnodes MIN[:MAX] --nproc-per-node N --rdzv-endpoint etcd://H:P|tcp://H:P
+//                  --job-id ID [--standby-nodes K | --role standby] [--local-addr A] ...
+//
+// The agents join through the store; the first MAX (at least MIN) hosts to join train, with global
+// ranks assigned by host in join order (host g holds ranks g*N .. g*N+N-1), later ones are standby
+// hosts. Exactly one agent coordinates at a time, chosen by a lease in the store
+// (sdk/rendezvous/coordinator_lease.h); the others take over when its host dies. Every agent
+// heartbeats for its host; the coordinator declares a host dead whose heartbeat has not advanced for
+// --host-timeout, and replaces all its ranks at once by a standby host's, in one generation. With a
+// tcp:// endpoint the agent whose --local-addr is the endpoint's host serves the store: that host is
+// the job's single point of failure (an etcd cluster is not).
+//
 // Exit status: 0 every rank finished with status 0; 1 the job failed (a rank failed and could not
 // be replaced, --max-replacements was reached, generation 0 did not form, or a rank stopped the job
 // because it cannot go on: store key job/stop); 2 bad usage; 3 the launcher could not start the job
@@ -50,6 +64,19 @@ struct LaunchConfig {
   // How long ranks get between SIGTERM and SIGKILL when the job is stopped.
   absl::Duration stop_grace = absl::Seconds(10);
   std::vector<std::string> command;
+
+  // Multi-host (see above); nnodes_min == 0 is the single-host launcher.
+  int nnodes_min = 0;
+  int nnodes_max = 0;
+  int standby_nodes = 0;      // the job forms once nnodes_min + standby_nodes hosts joined
+  bool standby_host = false;  // --role standby: this host only ever holds standbys
+  std::string local_addr;     // this host's address; default 127.0.0.1
+  std::string host_id;        // default: the host name
+  // A host whose agent heartbeat has not advanced for this long is dead; also the coordinator
+  // lease's expiry. The agents beat every host_timeout / 12.
+  absl::Duration host_timeout = absl::Seconds(3);
+  // A dead host's ranks may be taken by standbys of several hosts when no standby host has enough.
+  bool spread_standbys = false;
 };
 
 inline constexpr int kExitJobFailed = 1;

@@ -1,6 +1,7 @@
 // The rendezvous protocol over a Store: see sdk/rendezvous/rendezvous.h for the key layout.
 #include "sdk/rendezvous/rendezvous.h"
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <string>
@@ -25,6 +26,7 @@ constexpr char kTaken[] = "taken";
 // How often a rank waiting for the others' progress checks whether its generation was superseded.
 constexpr absl::Duration kAgreementSlice = absl::Milliseconds(100);
 
+std::string ClaimKey(int64_t generation) { return absl::StrCat("rdzv/claim/", generation); }
 std::string TableKey(int64_t generation) { return absl::StrCat("rdzv/gen/", generation, "/table"); }
 std::string JoinKey(int rank) { return absl::StrCat("rdzv/join/", rank); }
 std::string StandbyKey(std::string_view member) {
@@ -281,8 +283,31 @@ absl::StatusOr<RecoveryPlan> RendezvousMember::AgreeOnResume(const Membership& m
   return plan;
 }
 
-RendezvousCoordinator::RendezvousCoordinator(Store* store, Clock* clock)
-    : store_(store), clock_(clock) {}
+RendezvousCoordinator::RendezvousCoordinator(Store* store, Clock* clock, std::string name)
+    : store_(store), clock_(clock), name_(std::move(name)) {}
+
+absl::Status RendezvousCoordinator::Resume(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::StatusOr<std::string> current = store_->Get(kCurrentKey, timeout);
+  if (!current.ok()) return current.status();
+  int64_t generation = -1;
+  if (!absl::SimpleAtoi(*current, &generation) || generation < 0) {
+    return absl::DataLossError(
+        absl::StrFormat("malformed generation '%s' at store key %s", *current, kCurrentKey));
+  }
+  absl::StatusOr<std::string> text = store_->Get(TableKey(generation), Left(deadline));
+  if (!text.ok()) return text.status();
+  absl::StatusOr<Membership> table = DecodeTable(*text, TableKey(generation));
+  if (!table.ok()) return table.status();
+  MutexLock lock(&mu_);
+  if (table->generation > current_.generation) current_ = *std::move(table);
+  return absl::OkStatus();
+}
+
+Membership RendezvousCoordinator::current() const {
+  MutexLock lock(&mu_);
+  return current_;
+}
 
 int64_t RendezvousCoordinator::generation() const {
   MutexLock lock(&mu_);
@@ -305,7 +330,7 @@ absl::StatusOr<Membership> RendezvousCoordinator::FormInitialGeneration(int worl
   m.world_size = world_size;
   for (const std::optional<std::string>& member : *members)
     m.members.push_back(member.value_or(""));
-  return Publish(std::move(m), /*standby=*/nullptr, /*standby_rank=*/-1, Left(deadline));
+  return Publish(std::move(m), /*assignments=*/{}, Left(deadline));
 }
 
 absl::StatusOr<std::vector<int>> RendezvousCoordinator::RanksWithStaleHeartbeats(
@@ -397,7 +422,7 @@ absl::StatusOr<Membership> RendezvousCoordinator::RenewGeneration(absl::Duration
     next = current_;
   }
   next.generation += 1;
-  return Publish(std::move(next), /*standby=*/nullptr, /*standby_rank=*/-1, timeout);
+  return Publish(std::move(next), /*assignments=*/{}, timeout);
 }
 
 absl::Status RendezvousCoordinator::ForgetStandby(const std::string& member_id,
@@ -407,6 +432,12 @@ absl::Status RendezvousCoordinator::ForgetStandby(const std::string& member_id,
 
 absl::StatusOr<Membership> RendezvousCoordinator::ReplaceRank(int dead_rank,
                                                               absl::Duration timeout) {
+  return ReplaceRanks({dead_rank}, /*preferred=*/{}, /*any_standby=*/true, timeout);
+}
+
+absl::StatusOr<Membership> RendezvousCoordinator::ReplaceRanks(
+    const std::vector<int>& dead_ranks, const std::vector<std::string>& preferred,
+    bool any_standby, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   Membership next;
   {
@@ -414,42 +445,76 @@ absl::StatusOr<Membership> RendezvousCoordinator::ReplaceRank(int dead_rank,
     if (current_.generation < 0) {
       return absl::FailedPreconditionError("cannot replace a rank before generation 0 is formed");
     }
-    if (dead_rank < 0 || dead_rank >= current_.world_size) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("rank %d is outside world size %d", dead_rank, current_.world_size));
-    }
     next = current_;
   }
-  absl::StatusOr<std::vector<std::string>> standbys = ParkedStandbys(Left(deadline));
-  if (!standbys.ok()) return standbys.status();
-  // Claim the first standby still parked: compare-and-set, so one that was forgotten meanwhile (it
-  // died) or already claimed is skipped.
-  for (const std::string& standby : *standbys) {
-    absl::StatusOr<CompareAndSetResult> claimed =
-        store_->CompareAndSet(StandbyKey(standby), std::string(kParked), kTaken, Left(deadline));
-    if (!claimed.ok()) return claimed.status();
-    if (!claimed->swapped) continue;
-    next.generation += 1;
-    next.members[dead_rank] = standby;
-    return Publish(std::move(next), &standby, dead_rank, Left(deadline));
+  for (int rank : dead_ranks) {
+    if (rank < 0 || rank >= next.world_size) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("rank %d is outside world size %d", rank, next.world_size));
+    }
   }
-  return absl::FailedPreconditionError(absl::StrFormat(
-      "no standby is parked to replace rank %d of generation %d", dead_rank, next.generation));
+  std::vector<std::string> candidates = preferred;
+  if (any_standby) {
+    absl::StatusOr<std::vector<std::string>> parked = ParkedStandbys(Left(deadline));
+    if (!parked.ok()) return parked.status();
+    for (const std::string& standby : *parked) {
+      if (std::find(candidates.begin(), candidates.end(), standby) == candidates.end()) {
+        candidates.push_back(standby);
+      }
+    }
+  }
+  // Claim standbys still parked, in order: compare-and-set, so one that was forgotten meanwhile (it
+  // died) or already claimed is skipped.
+  std::map<std::string, int> assignments;
+  std::vector<std::string> claimed_order;
+  auto candidate = candidates.begin();
+  for (int rank : dead_ranks) {
+    bool found = false;
+    for (; candidate != candidates.end() && !found; ++candidate) {
+      absl::StatusOr<CompareAndSetResult> claimed = store_->CompareAndSet(
+          StandbyKey(*candidate), std::string(kParked), kTaken, Left(deadline));
+      if (!claimed.ok()) return claimed.status();
+      if (!claimed->swapped) continue;
+      assignments[*candidate] = rank;
+      claimed_order.push_back(*candidate);
+      next.members[rank] = *candidate;
+      found = true;
+    }
+    if (found) continue;
+    // Not enough standbys: park the claimed ones again, so that a later attempt may use them.
+    for (const std::string& standby : claimed_order) {
+      (void)store_->CompareAndSet(StandbyKey(standby), std::string(kTaken), kParked,
+                                  Left(deadline));
+    }
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "no standby is parked to replace rank%s %s of generation %d",
+        dead_ranks.size() == 1 ? "" : "s", absl::StrJoin(dead_ranks, ","), next.generation));
+  }
+  next.generation += 1;
+  return Publish(std::move(next), assignments, Left(deadline));
 }
 
-absl::StatusOr<Membership> RendezvousCoordinator::Publish(Membership next,
-                                                          const std::string* standby,
-                                                          int standby_rank,
-                                                          absl::Duration timeout) {
+absl::StatusOr<Membership> RendezvousCoordinator::Publish(
+    Membership next, const std::map<std::string, int>& assignments, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
+  // The claim first: of two coordinators (one deposed but still acting), one publishes g.
+  absl::StatusOr<CompareAndSetResult> claim =
+      store_->CompareAndSet(ClaimKey(next.generation), std::nullopt, name_, timeout);
+  if (!claim.ok()) return claim.status();
+  if (!claim->swapped) {
+    (void)Resume(Left(deadline));
+    return absl::AbortedError(absl::StrFormat("generation %d was published by %s, not by %s",
+                                              next.generation, claim->current.value_or("?"),
+                                              name_));
+  }
   // The table first (an assignment refers to it), then the standby's assignment, then the fence and
   // the announcement: by the time anyone acts in the new generation, the old one can no longer
   // write.
   if (absl::Status s = store_->Set(TableKey(next.generation), EncodeTable(next), timeout); !s.ok())
     return s;
-  if (standby != nullptr) {
-    absl::Status s = store_->Set(AssignKey(*standby),
-                                 absl::StrCat(next.generation, " ", standby_rank), Left(deadline));
+  for (const auto& [standby, rank] : assignments) {
+    absl::Status s =
+        store_->Set(AssignKey(standby), absl::StrCat(next.generation, " ", rank), Left(deadline));
     if (!s.ok()) return s;
   }
   if (absl::Status s = store_->RaiseFence(next.generation, Left(deadline)); !s.ok()) return s;

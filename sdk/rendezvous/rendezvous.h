@@ -25,6 +25,8 @@
 //   size>",
 //                                  then one member id per rank
 //   rdzv/current                   the newest published generation
+//   rdzv/claim/<g>                 the coordinator that published generation g (compare-and-set
+//                                  from absent: of two coordinators, only one publishes each g)
 //   rdzv/gen/<g>/barrier/<name>/<rank>  barrier arrivals
 //   rdzv/gen/<g>/progress/<rank>   the step a rank's state is ready to run next (-1: no state)
 //   rdzv/gen/<g>/resumed/<rank>    the first step a rank completed in generation g (Runtime)
@@ -114,20 +116,40 @@ class RendezvousMember {
   std::thread heartbeat_;
 };
 
-// Decides membership: forms generation 0 and replaces dead ranks with standbys. One per job (the
-// launcher). Not a background thread: the owner calls it when it learns of a death.
+// Decides membership: forms generation 0 and replaces dead ranks with standbys. One acts for a job
+// at a time (the launcher, or the host agent that holds the coordinator lease); a coordinator that
+// takes over from one that died calls Resume() first. Each generation is claimed in the store
+// before it is published, so a deposed coordinator that still acts can never publish a generation
+// its successor published: its Publish fails with Aborted and it reloads the current one. Not a
+// background thread: the owner calls it when it learns of a death.
 class RendezvousCoordinator {
  public:
   // REQUIRES: `store` and `clock` outlive the coordinator. The clock times the heartbeats'
   // staleness (its monotonic time: a wall-clock jump never makes a rank look dead); tests pass a
-  // ManualClock. The waits of the other calls are bounded in real time.
-  explicit RendezvousCoordinator(Store* store, Clock* clock = Clock::Real());
+  // ManualClock. The waits of the other calls are bounded in real time. `name` is written to the
+  // claim of each generation it publishes (who published what, for the operator).
+  explicit RendezvousCoordinator(Store* store, Clock* clock = Clock::Real(),
+                                 std::string name = "coordinator");
+
+  // Loads the newest published generation from the store (a coordinator taking over). NotFound
+  // before generation 0 is published; DataLoss for a malformed table.
+  absl::Status Resume(absl::Duration timeout);
+  // The newest generation this coordinator knows (generation -1 before generation 0).
+  Membership current() const;
 
   // Waits for the `world_size` initial ranks to register, then publishes generation 0.
   absl::StatusOr<Membership> FormInitialGeneration(int world_size, absl::Duration timeout);
   // Publishes generation current+1 in which a parked standby (the first in member-id order) takes
   // `dead_rank`. FailedPrecondition when no standby is parked (the caller then stops the job).
   absl::StatusOr<Membership> ReplaceRank(int dead_rank, absl::Duration timeout);
+  // Publishes one generation current+1 in which every rank of `dead_ranks` is taken by a parked
+  // standby: those of `preferred` first (in that order, e.g. every standby of one standby host,
+  // local rank by local rank), then any other parked standby when `any_standby`. A whole host's
+  // ranks are thus replaced at once. FailedPrecondition (naming the ranks) when there are not
+  // enough standbys; the ones claimed meanwhile are parked again.
+  absl::StatusOr<Membership> ReplaceRanks(const std::vector<int>& dead_ranks,
+                                          const std::vector<std::string>& preferred,
+                                          bool any_standby, absl::Duration timeout);
   // The ranks of the current generation that asked for a new one (RequestNewGeneration), in rank
   // order, with the reason each gave.
   absl::StatusOr<std::map<int, std::string>> NewGenerationRequests(absl::Duration timeout);
@@ -148,12 +170,15 @@ class RendezvousCoordinator {
   int64_t generation() const;
 
  private:
-  // Publishes `next`; when `standby` is set, assigns it to `standby_rank` in the same step.
-  absl::StatusOr<Membership> Publish(Membership next, const std::string* standby, int standby_rank,
+  // Publishes `next` and assigns each standby of `assignments` (member id -> rank) in the same step.
+  // Aborted when another coordinator claimed next.generation first (this one then reloads).
+  absl::StatusOr<Membership> Publish(Membership next,
+                                     const std::map<std::string, int>& assignments,
                                      absl::Duration timeout);
 
   Store* const store_;
   Clock* const clock_;
+  const std::string name_;
   mutable Mutex mu_;
   Membership current_ ABSL_GUARDED_BY(mu_);
   // Per member: the last heartbeat value seen and when it was first seen (clock_'s monotonic ns).

@@ -411,3 +411,79 @@ TEST_F(Rendezvous, JoiningWithoutACoordinatorTimesOutNamingTheRank) {
 
 }  // namespace
 }  // namespace trainguard
+
+namespace trainguard {
+namespace {
+
+// A whole host's ranks are replaced at once, by the standbys the caller prefers (a standby host's),
+// in one generation, in the order given (local rank i of the dead host -> standby i).
+TEST_F(Rendezvous, AWholeHostsRanksAreReplacedInOneGenerationByThePreferredStandbys) {
+  FormGenerationZero(4);
+  std::vector<std::unique_ptr<Process>> standbys;
+  std::vector<std::thread> parked;
+  std::vector<absl::StatusOr<Membership>> assigned(3);
+  for (const char* id : {"hostC:standby0", "hostD:standby0", "hostD:standby1"}) {
+    standbys.push_back(std::make_unique<Process>(shared_, id));
+  }
+  for (size_t i = 0; i < standbys.size(); ++i) {
+    parked.emplace_back([&, i] { assigned[i] = standbys[i]->member.ParkAsStandby(kTimeout); });
+  }
+  AwaitParkedStandbys(3);
+  absl::StatusOr<Membership> next = coordinator_.ReplaceRanks(
+      {2, 3}, {"hostD:standby0", "hostD:standby1"}, /*any_standby=*/false, kTimeout);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->generation, 1);
+  EXPECT_THAT(next->members,
+              ElementsAre("host:rank0", "host:rank1", "hostD:standby0", "hostD:standby1"));
+  parked[1].join();
+  parked[2].join();
+  ASSERT_TRUE(assigned[1].ok()) << assigned[1].status();
+  EXPECT_EQ(assigned[1]->rank, 2);
+  EXPECT_EQ(assigned[2]->rank, 3);
+  // hostC's standby is still parked for a later fault.
+  EXPECT_THAT(*coordinator_.ParkedStandbys(kTimeout), ElementsAre("hostC:standby0"));
+  ASSERT_TRUE(coordinator_.ReplaceRank(0, kTimeout).ok());
+  parked[0].join();
+  EXPECT_EQ(assigned[0]->rank, 0);
+}
+
+TEST_F(Rendezvous, TooFewStandbysForAHostReplaceNoneAndStayParked) {
+  FormGenerationZero(4);
+  Process standby(shared_, "hostC:standby0");
+  absl::StatusOr<Membership> assigned;
+  std::thread parked([&] { assigned = standby.member.ParkAsStandby(kTimeout); });
+  AwaitParkedStandbys(1);
+  absl::StatusOr<Membership> next = coordinator_.ReplaceRanks({2, 3}, {}, true, kTimeout);
+  EXPECT_TRUE(absl::IsFailedPrecondition(next.status())) << next.status();
+  EXPECT_THAT(next.status().message(), HasSubstr("ranks 2,3"));
+  EXPECT_EQ(coordinator_.generation(), 0);
+  EXPECT_THAT(*coordinator_.ParkedStandbys(kTimeout), ElementsAre("hostC:standby0"));
+  ASSERT_TRUE(coordinator_.ReplaceRank(3, kTimeout).ok());
+  parked.join();
+  EXPECT_EQ(assigned->rank, 3);
+}
+
+// A coordinator that takes over loads the current generation from the store; the one it replaced,
+// still acting on its old view, cannot publish a generation its successor already published.
+TEST_F(Rendezvous, ASuccessorCoordinatorResumesAndADeposedOneCannotPublishOverIt) {
+  FormGenerationZero(3);
+  std::unique_ptr<Store> successor_store = shared_.NewClient();
+  RendezvousCoordinator successor(successor_store.get(), Clock::Real(), "hostB");
+  ASSERT_TRUE(successor.Resume(kTimeout).ok());
+  EXPECT_EQ(successor.current().generation, 0);
+  EXPECT_EQ(successor.current().members, coordinator_.current().members);
+
+  ASSERT_TRUE(successor.RenewGeneration(kTimeout).ok());
+  absl::StatusOr<Membership> stale = coordinator_.RenewGeneration(kTimeout);
+  EXPECT_TRUE(absl::IsAborted(stale.status())) << stale.status();
+  EXPECT_THAT(stale.status().message(), HasSubstr("published by hostB"));
+  // The deposed one reloaded: a later act of it builds on the successor's generation.
+  EXPECT_EQ(coordinator_.generation(), 1);
+}
+
+TEST_F(Rendezvous, ResumingBeforeGenerationZeroIsNotFound) {
+  EXPECT_TRUE(absl::IsNotFound(coordinator_.Resume(kTimeout)));
+}
+
+}  // namespace
+}  // namespace trainguard

@@ -1,0 +1,86 @@
+// CoordinatorLease: one holder at a time, takeover after the expiry of the watcher's own clock,
+// deposition of a holder whose lease was taken, release for an immediate handover.
+#include "sdk/rendezvous/coordinator_lease.h"
+
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "trainguard/clock.h"
+#include "trainguard/store.h"
+
+namespace trainguard {
+namespace {
+
+constexpr absl::Duration kExpiry = absl::Seconds(3);
+constexpr absl::Duration kTimeout = absl::Seconds(5);
+
+class CoordinatorLeaseTest : public ::testing::Test {
+ protected:
+  InMemoryStore store_;
+  ManualClock clock_a_, clock_b_;
+  CoordinatorLease a_{&store_, "hostA", kExpiry, &clock_a_};
+  CoordinatorLease b_{&store_, "hostB", kExpiry, &clock_b_};
+};
+
+TEST_F(CoordinatorLeaseTest, TheFirstAgentTakesAnAbsentLeaseAndTheOtherOnlyWatches) {
+  EXPECT_TRUE(*a_.Update(kTimeout));
+  EXPECT_FALSE(*b_.Update(kTimeout));
+  EXPECT_EQ(b_.last_holder(), "hostA");
+  EXPECT_EQ(a_.term(), 1);
+}
+
+TEST_F(CoordinatorLeaseTest, ARenewedLeaseIsNeverTakenHoweverLongTheWatcherWaits) {
+  ASSERT_TRUE(*a_.Update(kTimeout));
+  for (int i = 0; i < 20; ++i) {
+    clock_b_.Advance(absl::Seconds(1));
+    EXPECT_FALSE(*b_.Update(kTimeout));
+    EXPECT_TRUE(*a_.Update(kTimeout));
+  }
+  EXPECT_TRUE(a_.held());
+}
+
+TEST_F(CoordinatorLeaseTest, ALeaseUnrenewedForTheExpiryIsTakenWithAHigherTermAndTheOldHolderIsDeposed) {
+  ASSERT_TRUE(*a_.Update(kTimeout));
+  ASSERT_FALSE(*b_.Update(kTimeout));  // b starts watching
+  clock_b_.Advance(kExpiry - absl::Milliseconds(1));
+  EXPECT_FALSE(*b_.Update(kTimeout));  // not yet
+  clock_b_.Advance(absl::Milliseconds(1));
+  EXPECT_TRUE(*b_.Update(kTimeout));
+  EXPECT_EQ(b_.term(), 2);
+  // A, stopped all this time, comes back: its renewal fails and it is no longer the holder.
+  EXPECT_FALSE(*a_.Update(kTimeout));
+  EXPECT_FALSE(a_.held());
+  EXPECT_EQ(a_.last_holder(), "hostB");
+}
+
+TEST_F(CoordinatorLeaseTest, OfTwoWatchersTakingAnExpiredLeaseAtOnceExactlyOneWins) {
+  ManualClock clock_c;
+  CoordinatorLease c(&store_, "hostC", kExpiry, &clock_c);
+  ASSERT_TRUE(*a_.Update(kTimeout));
+  ASSERT_FALSE(*b_.Update(kTimeout));
+  ASSERT_FALSE(*c.Update(kTimeout));
+  clock_b_.Advance(kExpiry);
+  clock_c.Advance(kExpiry);
+  const bool b_won = *b_.Update(kTimeout);
+  const bool c_won = *c.Update(kTimeout);
+  EXPECT_NE(b_won, c_won);
+}
+
+TEST_F(CoordinatorLeaseTest, AReleasedLeaseIsTakenAtOnceWithAHigherTerm) {
+  ASSERT_TRUE(*a_.Update(kTimeout));
+  ASSERT_FALSE(*b_.Update(kTimeout));
+  a_.Release(kTimeout);
+  EXPECT_FALSE(a_.held());
+  EXPECT_TRUE(*b_.Update(kTimeout));
+  EXPECT_EQ(b_.term(), 2);
+}
+
+TEST_F(CoordinatorLeaseTest, AMalformedLeaseValueIsTakenOverLikeAnExpiredOne) {
+  ASSERT_TRUE(store_.Set(CoordinatorLease::kKey, "garbage", kTimeout).ok());
+  EXPECT_FALSE(*a_.Update(kTimeout));
+  clock_a_.Advance(kExpiry);
+  EXPECT_TRUE(*a_.Update(kTimeout));
+  EXPECT_EQ(a_.term(), 1);
+}
+
+}  // namespace
+}  // namespace trainguard
