@@ -243,7 +243,8 @@ class Job {
   // The coordinator's share: host liveness, the ranks' deaths the agents report, completion.
   void CoordinateHosts();
   void ReadDeathReports();
-  void DeclareHostDead(const std::string& host, const std::string& why);
+  // `last_beat`: when its heartbeat last advanced, the recovery's start.
+  void DeclareHostDead(const std::string& host, absl::Time last_beat, const std::string& why);
   // Kills `member` here when it is this agent's child, else asks its host's agent to.
   void KillMember(const std::string& member, const std::string& why);
   std::vector<std::string> PreferredStandbys(const std::string& dead_host, size_t needed);
@@ -349,6 +350,13 @@ class Job {
   std::set<std::string> dead_hosts_;
   std::set<std::string> handled_deaths_;  // member ids whose death report was taken
   bool done_published_ = false;
+  absl::Time store_seen_ = absl::Now();  // the last heartbeat the store took
+  // A host cut off from the store for this long gives up (a partition shorter than this heals).
+  absl::Duration StoreLossBound() const {
+    return std::max(absl::Seconds(30), 10 * config_.host_timeout);
+  }
+  // The agent that serves the store stays until the others left (bounded), so they see the end.
+  void LeaveJob();
 
   // Generation 0 is formed on a helper thread while the loop keeps draining the ranks' output.
   std::thread former_;
@@ -907,7 +915,7 @@ void Job::CheckRecoveries() {
     }
     const double took = absl::ToDoubleSeconds(absl::Now() - it->died);
     if (!it->host.empty()) {
-      Say(absl::StrFormat("recovered from the loss of host %s in %.3f s (host declared dead -> "
+      Say(absl::StrFormat("recovered from the loss of host %s in %.3f s (its last heartbeat -> "
                           "every rank completed its first step of generation %d)",
                           it->host, took, it->generation));
     } else if (it->rank < 0) {
@@ -1049,7 +1057,10 @@ void Job::DiagnoseHangs() {
 // soon as every rank has asked, or kRenewalGrace after the first did: a rank that does not ask may
 // be dead or stopped, and its death, or the diagnosis of a hang, comes first.
 void Job::RenewGenerationWhenAsked() {
-  constexpr absl::Duration kRenewalGrace = absl::Seconds(1);
+  // On several hosts a rank that does not ask may be on a host that died: its agent's heartbeat
+  // tells within host_timeout, and the host's replacement answers the requests.
+  const absl::Duration kRenewalGrace =
+      MultiHost() ? config_.host_timeout + absl::Seconds(1) : absl::Seconds(1);
   if (!dead_.empty() || pending_hang_.has_value()) return;
   for (const auto& c : children_) {
     if (c->killed_for_liveness && c->running) return;  // its death, about to be reaped, comes first
@@ -1209,7 +1220,7 @@ int Job::Run() {
   StopAll(config_.stop_grace);
   stop_forming_.store(true);
   if (former_.joinable()) former_.join();
-  if (lease_ != nullptr) lease_->Release(absl::Seconds(1));
+  if (MultiHost()) LeaveJob();
   if (coordinating()) ReportPersistFailures();  // what the ranks reported just before they ended
   if (exit_code_ == 0) {
     // The ranks' snapshot arenas outlive them so that a replacement (or a restarted job) on this
@@ -1287,6 +1298,12 @@ void Job::AgentTick() {
           store_->Add(absl::StrCat("agents/hb/", config_.host_id), 1, timeout);
       beat.ok()) {
     agent_beat_ = *beat;
+    store_seen_ = now;
+  } else if (now - store_seen_ > StoreLossBound()) {
+    return Fail(absl::StrFormat("host %s has not reached the job's store (%s) for %s: %s",
+                                config_.host_id, store_url_,
+                                absl::FormatDuration(now - store_seen_),
+                                beat.status().ToString()));
   }
   UpdateLease();
   if (!spawned_) FollowPlan();
@@ -1545,8 +1562,9 @@ void Job::CoordinateHosts() {
     auto [it, inserted] = host_beats_.try_emplace(hosts[i], HostBeat{value, now});
     if (!inserted && it->second.value != value) it->second = HostBeat{value, now};
     if (hosts[i] != config_.host_id && now - it->second.since >= config_.host_timeout) {
-      DeclareHostDead(hosts[i], absl::StrFormat("no heartbeat for %s",
-                                                absl::FormatDuration(now - it->second.since)));
+      DeclareHostDead(hosts[i], it->second.since,
+                      absl::StrFormat("no heartbeat for %s",
+                                      absl::FormatDuration(now - it->second.since)));
     }
   }
   ReadDeathReports();
@@ -1605,7 +1623,7 @@ void Job::ReadDeathReports() {
   }
 }
 
-void Job::DeclareHostDead(const std::string& host, const std::string& why) {
+void Job::DeclareHostDead(const std::string& host, absl::Time last_beat, const std::string& why) {
   const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
   // First the fence, so that the host's agent, should it come back, stops its processes.
   if (absl::Status s = store_->Set(absl::StrCat("agents/dead/", host), why, timeout); !s.ok()) {
@@ -1640,7 +1658,7 @@ void Job::DeclareHostDead(const std::string& host, const std::string& why) {
     return Fail(absl::StrFormat("host %s died before generation 0 formed", host));
   }
   const absl::Time now = absl::Now();
-  DeadRank dead{-1, why, now, now, now};
+  DeadRank dead{-1, why, last_beat, now, now};
   dead.ranks = std::move(ranks);
   dead.host = host;
   // The rendezvous' liveness and the survivors' failed collectives may already have queued ranks
@@ -1687,6 +1705,27 @@ std::vector<std::string> Job::PreferredStandbys(const std::string& dead_host, si
     for (const auto& [index, member] : sorted) preferred.push_back(member);
   }
   return preferred;
+}
+
+void Job::LeaveJob() {
+  lease_->Release(absl::Seconds(1));
+  (void)store_->Set(absl::StrCat("agents/left/", config_.host_id), absl::StrCat(exit_code_),
+                    absl::Seconds(1));
+  if (server_ == nullptr) return;
+  const absl::Time deadline = absl::Now() + 2 * config_.host_timeout + absl::Seconds(5);
+  while (absl::Now() < deadline) {
+    absl::StatusOr<std::vector<std::string>> joined =
+        store_->ListKeys("agents/join/", absl::Seconds(1));
+    absl::StatusOr<std::vector<std::string>> left =
+        store_->ListKeys("agents/left/", absl::Seconds(1));
+    absl::StatusOr<std::vector<std::string>> dead =
+        store_->ListKeys("agents/dead/", absl::Seconds(1));
+    if (joined.ok() && left.ok() && dead.ok() && left->size() + dead->size() >= joined->size()) {
+      return;
+    }
+    absl::SleepFor(absl::Milliseconds(50));  // bounded by the deadline
+  }
+  Say("stopping the store before every host left (some may report the store lost)");
 }
 
 // The last line of every run: how it ended, and what it took.
