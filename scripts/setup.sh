@@ -12,6 +12,7 @@ PACKAGES=(
   libssl-dev                       # TcpStore's handshake (HMAC-SHA256 from libcrypto)
   libcurl4-openssl-dev             # EtcdStore (etcd's JSON gateway over HTTP)
   etcd-server                      # /usr/bin/etcd for EtcdStore's tests
+  nftables                         # /usr/sbin/nft: partitions between simulated hosts (tests)
   liburing-dev                     # checkpoint persistence (io_uring)
   libgtest-dev libgmock-dev        # tests
   libbenchmark-dev                 # bench/
