@@ -1,6 +1,7 @@
 #include "gloo_data_parallel.h"
 
 #include <chrono>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <system_error>
@@ -66,7 +67,11 @@ absl::StatusOr<std::unique_ptr<GlooDataParallel>> GlooDataParallel::Connect(cons
   }
   try {
     gloo::transport::tcp::attr attr;
-    attr.hostname = "127.0.0.1";  // every rank of this example runs on this machine
+    // Every rank of this example runs on this machine; a host simulated on its own loopback
+    // address (TRAINGUARD_HOST_ADDR, e.g. 127.0.1.3) listens and connects from that address, so
+    // that cutting the host off by address cuts its collectives too.
+    const char* host_addr = std::getenv("TRAINGUARD_HOST_ADDR");
+    attr.hostname = host_addr != nullptr && host_addr[0] != '\0' ? host_addr : "127.0.0.1";
     std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
     auto context = std::make_shared<gloo::rendezvous::Context>(config.rank, config.world_size);
     // The context's timeout bounds connectFullMesh's wait for the peers' addresses and, as the

@@ -72,6 +72,9 @@ struct Options {
   std::string role = "rank";
   // Names this process in the rendezvous; empty means "<hostname>:<pid>". No '/' or newline.
   std::string member_id = {};
+  // The IPv4 address of this host that the store's connections leave from (their source address),
+  // e.g. "127.0.1.3" for a host simulated on its own loopback address. Empty: the kernel's choice.
+  std::string host_addr = {};
   // Bounds each rendezvous wait (joining, re-rendezvous after a failure, one period of a standby's
   // parking, which repeats until it is assigned or stopped).
   int rendezvous_timeout_ms = 300'000;

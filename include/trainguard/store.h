@@ -145,6 +145,19 @@ class PrefixStore final : public Store {
 absl::StatusOr<std::unique_ptr<Store>> OpenStore(std::string_view url, std::string_view job_id,
                                                  std::string_view token, absl::Duration timeout);
 
+// How OpenStore connects, beyond the URL.
+struct OpenStoreOptions {
+  // The local address every connection to the store leaves from (bound before connecting): a
+  // numeric IPv4 or IPv6 address of this host. Empty: the kernel's choice.
+  std::string source_address;
+};
+
+// OpenStore, with `options`. InvalidArgument also for a source address that is not numeric (naming
+// it); Unavailable when it is not an address of this host.
+absl::StatusOr<std::unique_ptr<Store>> OpenStore(std::string_view url, std::string_view job_id,
+                                                 std::string_view token, absl::Duration timeout,
+                                                 const OpenStoreOptions& options);
+
 }  // namespace trainguard
 
 #endif  // TRAINGUARD_STORE_H_

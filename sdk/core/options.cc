@@ -1,5 +1,8 @@
 #include "trainguard/options.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -156,6 +159,9 @@ void ApplySetFields(const OptionsProto& proto, Options& options) {
   }
   if (proto.has_member_id()) {
     options.member_id = proto.member_id();
+  }
+  if (proto.has_host_addr()) {
+    options.host_addr = proto.host_addr();
   }
   if (proto.has_rendezvous_timeout_ms()) {
     options.rendezvous_timeout_ms = proto.rendezvous_timeout_ms();
@@ -444,6 +450,11 @@ absl::Status CheckRendezvous(const Options& options) {
   if (options.member_id.find_first_of("/\n") != std::string::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat("member_id \"", options.member_id, "\" must not contain '/' or a newline"));
+  }
+  if (in_addr parsed{}; !options.host_addr.empty() &&
+                        inet_pton(AF_INET, options.host_addr.c_str(), &parsed) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "host_addr \"", options.host_addr, "\" is not an IPv4 address (e.g. 127.0.1.3) or empty"));
   }
   if (absl::Status s = CheckAtLeast("rendezvous_timeout_ms", options.rendezvous_timeout_ms, 1);
       !s.ok()) {

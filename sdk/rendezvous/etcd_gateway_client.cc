@@ -1,6 +1,8 @@
 #include "sdk/rendezvous/etcd_gateway_client.h"
 
+#include <arpa/inet.h>
 #include <curl/curl.h>
+#include <netinet/in.h>
 
 #include <algorithm>
 #include <mutex>
@@ -9,6 +11,7 @@
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -23,6 +26,12 @@ namespace {
 constexpr size_t kMaxIdleHandles = 16;
 // How much of an unexpected reply an error message quotes.
 constexpr size_t kQuotedBodyBytes = 200;
+// The pause before an idempotent call is sent again: doubles from the first to the second.
+constexpr absl::Duration kRetryBackoffInitial = absl::Milliseconds(10);
+constexpr absl::Duration kRetryBackoffMax = absl::Milliseconds(500);
+// What etcd answers, before processing the request, on a member without a leader when the request
+// carries the "hasleader" metadata: a request so refused was surely not applied.
+constexpr absl::string_view kNoLeader = "etcdserver: no leader";
 
 std::string Quote(std::string_view body) {
   if (body.size() <= kQuotedBodyBytes) return std::string(body);
@@ -77,6 +86,8 @@ struct EtcdGatewayClient::Transfer {
   const FrameSink* const on_frame;  // nullptr: a unary call, keep the whole body
 
   std::string endpoint;  // where the last attempt went
+  size_t endpoint_index = 0;
+  bool maybe_sent = false;  // an endpoint accepted the connection: the request may have reached etcd
   std::string body;      // a unary reply, an error reply, or a stream's incomplete frame
   long http_status = 0;
   bool over_limit = false;
@@ -126,7 +137,7 @@ struct EtcdGatewayClient::Transfer {
 };
 
 absl::StatusOr<std::unique_ptr<EtcdGatewayClient>> EtcdGatewayClient::Create(
-    std::vector<std::string> endpoints, size_t max_response_bytes) {
+    std::vector<std::string> endpoints, size_t max_response_bytes, std::string source_address) {
   if (endpoints.empty()) {
     return absl::InvalidArgumentError("etcd gateway client: no endpoints given");
   }
@@ -135,6 +146,15 @@ absl::StatusOr<std::unique_ptr<EtcdGatewayClient>> EtcdGatewayClient::Create(
       return absl::InvalidArgumentError(absl::StrCat("etcd endpoint '", endpoint,
                                                      "' must start with http:// or https:// (e.g. ",
                                                      "http://127.0.0.1:2379)"));
+    }
+  }
+  if (!source_address.empty()) {
+    in6_addr parsed{};
+    if (inet_pton(AF_INET, source_address.c_str(), &parsed) != 1 &&
+        inet_pton(AF_INET6, source_address.c_str(), &parsed) != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("etcd source address '", source_address,
+                       "' is not a numeric IPv4 or IPv6 address (e.g. 127.0.1.3)"));
     }
   }
   static std::once_flag curl_initialized;
@@ -148,7 +168,7 @@ absl::StatusOr<std::unique_ptr<EtcdGatewayClient>> EtcdGatewayClient::Create(
     while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
   }
   return std::unique_ptr<EtcdGatewayClient>(
-      new EtcdGatewayClient(std::move(endpoints), max_response_bytes));
+      new EtcdGatewayClient(std::move(endpoints), max_response_bytes, std::move(source_address)));
 }
 
 namespace {
@@ -157,14 +177,20 @@ curl_slist* JsonHeaders() {
   curl_slist* headers = curl_slist_append(nullptr, "Content-Type: application/json");
   // Without this, libcurl holds back bodies over 1 MiB for up to a second waiting for a
   // "100 Continue" that Go's server does not need to send.
-  return curl_slist_append(headers, "Expect:");
+  headers = curl_slist_append(headers, "Expect:");
+  // gRPC metadata "hasleader" (the gateway forwards Grpc-Metadata-* headers): a member that has
+  // lost its leader refuses the request at once with "no leader" instead of holding it, and
+  // cancels a watch instead of leaving it silent.
+  return curl_slist_append(headers, "Grpc-Metadata-hasleader: true");
 }
 
 }  // namespace
 
-EtcdGatewayClient::EtcdGatewayClient(std::vector<std::string> endpoints, size_t max_response_bytes)
+EtcdGatewayClient::EtcdGatewayClient(std::vector<std::string> endpoints, size_t max_response_bytes,
+                                     std::string source_address)
     : endpoints_(std::move(endpoints)),
       max_response_bytes_(max_response_bytes),
+      interface_(source_address.empty() ? "" : absl::StrCat("host!", source_address)),
       headers_(JsonHeaders()) {}
 
 EtcdGatewayClient::~EtcdGatewayClient() {
@@ -196,6 +222,12 @@ void EtcdGatewayClient::ReturnHandle(CURL* curl) {
   curl_easy_cleanup(curl);
 }
 
+void EtcdGatewayClient::MoveOnFrom(size_t index) {
+  size_t expected = index;
+  preferred_.compare_exchange_strong(expected, (index + 1) % endpoints_.size(),
+                                     std::memory_order_relaxed);
+}
+
 std::string EtcdGatewayClient::CurrentEndpoint() const {
   return endpoints_[preferred_.load(std::memory_order_relaxed) % endpoints_.size()];
 }
@@ -207,6 +239,7 @@ absl::Status EtcdGatewayClient::Post(std::string_view path, const std::string& b
   for (size_t attempt = 0; attempt < endpoints_.size(); ++attempt) {
     const size_t index = (first + attempt) % endpoints_.size();
     transfer.endpoint = endpoints_[index];
+    transfer.endpoint_index = index;
     const std::string where = absl::StrFormat("etcd %s POST %s", transfer.endpoint, path);
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
@@ -234,6 +267,7 @@ absl::Status EtcdGatewayClient::Post(std::string_view path, const std::string& b
     curl_easy_setopt(curl, CURLOPT_TCP_NODELAY, 1L);
     curl_easy_setopt(curl, CURLOPT_TCP_KEEPALIVE, 1L);  // a watch may sit idle for long
     curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, error_buffer);
+    if (!interface_.empty()) curl_easy_setopt(curl, CURLOPT_INTERFACE, interface_.c_str());
     transfer.Reset();
 
     const CURLcode code = curl_easy_perform(curl);
@@ -243,6 +277,13 @@ absl::Status EtcdGatewayClient::Post(std::string_view path, const std::string& b
       refused.push_back(absl::StrFormat("%s (%s)", transfer.endpoint, detail));
       continue;
     }
+    if (code == CURLE_INTERFACE_FAILED) {
+      return absl::UnavailableError(
+          absl::StrFormat("%s: cannot bind the source address %s (EtcdStoreOptions::"
+                          "source_address; is it an address of this host?): %s",
+                          where, interface_.substr(5), detail));
+    }
+    transfer.maybe_sent = true;
     if (code == CURLE_OK || (code == CURLE_WRITE_ERROR && transfer.stopped)) {
       preferred_.store(index, std::memory_order_relaxed);
       return absl::OkStatus();
@@ -256,6 +297,7 @@ absl::Status EtcdGatewayClient::Post(std::string_view path, const std::string& b
       return absl::DeadlineExceededError(
           absl::StrFormat("%s: no complete reply before the deadline (%s)", where, detail));
     }
+    MoveOnFrom(index);
     return absl::UnavailableError(absl::StrFormat("%s: %s", where, detail));
   }
   return absl::UnavailableError(
@@ -299,18 +341,41 @@ absl::Status EtcdGatewayClient::ParseJson(std::string_view json,
 
 absl::Status EtcdGatewayClient::Call(std::string_view path,
                                      const google::protobuf::Message& request,
-                                     google::protobuf::Message* response, absl::Time deadline) {
+                                     google::protobuf::Message* response, absl::Time deadline,
+                                     Retry retry) {
   absl::StatusOr<std::string> body = ToJson(request);
   if (!body.ok()) return body.status();
   CURL* curl = TakeHandle();
   if (curl == nullptr) return absl::ResourceExhaustedError("libcurl cannot create a handle");
   absl::Cleanup give_back = [&] { ReturnHandle(curl); };
 
+  for (absl::Duration backoff = kRetryBackoffInitial;;
+       backoff = std::min(2 * backoff, kRetryBackoffMax)) {
+    bool maybe_sent = false;
+    absl::Status status = CallOnce(path, *body, response, deadline, curl, maybe_sent);
+    if (status.ok() || !absl::IsUnavailable(status) || !maybe_sent) return status;
+    const bool unprocessed = absl::StrContains(status.message(), kNoLeader);
+    if (retry == Retry::kOnlyIfUnsent && !unprocessed) {
+      return absl::UnavailableError(
+          absl::StrCat(status.message(), " (the request may have been applied: outcome unknown)"));
+    }
+    if (absl::Now() + backoff >= deadline) return status;
+    absl::SleepFor(backoff);
+  }
+}
+
+absl::Status EtcdGatewayClient::CallOnce(std::string_view path, const std::string& body,
+                                         google::protobuf::Message* response, absl::Time deadline,
+                                         CURL* curl, bool& maybe_sent) {
   Transfer transfer(curl, max_response_bytes_, nullptr);
-  if (absl::Status s = Post(path, *body, deadline, transfer); !s.ok()) return s;
+  absl::Status posted = Post(path, body, deadline, transfer);
+  maybe_sent = transfer.maybe_sent;
+  if (!posted.ok()) return posted;
   const std::string where = absl::StrFormat("etcd %s POST %s", transfer.endpoint, path);
   if (transfer.http_status != 200) {
-    return GatewayErrorStatus(where, transfer.http_status, transfer.body);
+    absl::Status error = GatewayErrorStatus(where, transfer.http_status, transfer.body);
+    if (absl::IsUnavailable(error)) MoveOnFrom(transfer.endpoint_index);
+    return error;
   }
   if (absl::Status s = ParseJson(transfer.body, response); !s.ok()) return WithContext(s, where);
   return absl::OkStatus();
@@ -328,14 +393,17 @@ absl::Status EtcdGatewayClient::Stream(
   Transfer transfer(curl, max_response_bytes_, &on_frame);
   if (absl::Status s = Post(path, *body, deadline, transfer); !s.ok()) return s;
   const std::string where = absl::StrFormat("etcd %s POST %s", transfer.endpoint, path);
+  absl::Status status;
   if (transfer.http_status != 200) {
-    return GatewayErrorStatus(where, transfer.http_status, transfer.body);
+    status = GatewayErrorStatus(where, transfer.http_status, transfer.body);
+  } else if (transfer.stopped) {
+    if (transfer.frame_status.ok()) return absl::OkStatus();
+    status = WithContext(transfer.frame_status, where);
+  } else {
+    status = absl::UnavailableError(absl::StrCat(where, ": etcd ended the stream"));
   }
-  if (transfer.stopped) {
-    return transfer.frame_status.ok() ? absl::OkStatus()
-                                      : WithContext(transfer.frame_status, where);
-  }
-  return absl::UnavailableError(absl::StrCat(where, ": etcd ended the stream"));
+  if (absl::IsUnavailable(status)) MoveOnFrom(transfer.endpoint_index);
+  return status;
 }
 
 }  // namespace trainguard::etcd_internal

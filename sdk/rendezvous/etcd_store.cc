@@ -28,12 +28,16 @@ namespace {
 
 namespace pb = ::trainguard::proto::etcd;
 using etcd_internal::EtcdGatewayClient;
+using Retry = EtcdGatewayClient::Retry;
 
 // etcd's default --max-txn-ops: the most operations one transaction may hold.
 constexpr int kMaxTxnOps = 128;
 // Creating an absent fence and retrying a fenced write cannot keep failing unless someone keeps
 // deleting the fence; give up after this many rounds rather than spin until the deadline.
 constexpr int kMaxFenceRounds = 8;
+// The pause before Wait watches again after its watch failed: doubles from the first to the second.
+constexpr absl::Duration kWatchRetryBackoffInitial = absl::Milliseconds(10);
+constexpr absl::Duration kWatchRetryBackoffMax = absl::Milliseconds(500);
 
 // The fence as stored: fixed-width decimal, so that etcd's bytewise comparison of values is the
 // numeric comparison of generations. 20 digits hold every uint64_t.
@@ -89,9 +93,11 @@ void AddAbsentCompare(pb::TxnRequest& txn, const std::string& key) {
 // Runs `txn`, checking that the reply holds one response per operation of the branch taken (so that
 // callers may index it).
 absl::StatusOr<pb::TxnResponse> RunTxn(EtcdGatewayClient& client, const pb::TxnRequest& txn,
-                                       absl::Time deadline) {
+                                       absl::Time deadline, Retry retry) {
   pb::TxnResponse response;
-  if (absl::Status s = client.Call("/v3/kv/txn", txn, &response, deadline); !s.ok()) return s;
+  if (absl::Status s = client.Call("/v3/kv/txn", txn, &response, deadline, retry); !s.ok()) {
+    return s;
+  }
   const int expected = response.succeeded() ? txn.success_size() : txn.failure_size();
   if (response.responses_size() != expected) {
     return absl::InternalError(absl::StrFormat(
@@ -118,7 +124,8 @@ absl::StatusOr<bool> CreateFenceIfAbsent(EtcdGatewayClient& client, const std::s
   pb::TxnRequest txn;
   AddAbsentCompare(txn, fence_key);
   *txn.add_success() = PutOp(fence_key, FenceValue(generation), 0);
-  absl::StatusOr<pb::TxnResponse> response = RunTxn(client, txn, deadline);
+  // Idempotent: a retry of a create that applied sees the fence present and reports false.
+  absl::StatusOr<pb::TxnResponse> response = RunTxn(client, txn, deadline, Retry::kIdempotent);
   if (!response.ok()) return response.status();
   return response->succeeded();
 }
@@ -129,8 +136,8 @@ absl::StatusOr<bool> CreateFenceIfAbsent(EtcdGatewayClient& client, const std::s
 // reply is that of `txn` as given (the fence read removed).
 absl::StatusOr<pb::TxnResponse> FencedTxn(EtcdGatewayClient& client, const std::string& fence_key,
                                           int64_t generation, pb::TxnRequest txn,
-                                          absl::Time deadline) {
-  if (generation == Store::kUnfenced) return RunTxn(client, txn, deadline);
+                                          absl::Time deadline, Retry retry) {
+  if (generation == Store::kUnfenced) return RunTxn(client, txn, deadline, retry);
   if (generation < 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "writer generation %d is neither Store::kUnfenced nor a generation (>= 0)", generation));
@@ -139,7 +146,7 @@ absl::StatusOr<pb::TxnResponse> FencedTxn(EtcdGatewayClient& client, const std::
                   FenceValue(static_cast<uint64_t>(generation) + 1));
   *txn.add_failure() = RangeOp(fence_key);
   for (int round = 0; round < kMaxFenceRounds; ++round) {
-    absl::StatusOr<pb::TxnResponse> response = RunTxn(client, txn, deadline);
+    absl::StatusOr<pb::TxnResponse> response = RunTxn(client, txn, deadline, retry);
     if (!response.ok() || response->succeeded()) return response;
     const pb::RangeResponse& fence_read =
         response->responses(response->responses_size() - 1).response_range();
@@ -168,7 +175,9 @@ absl::StatusOr<pb::TxnResponse> FencedTxn(EtcdGatewayClient& client, const std::
 absl::StatusOr<pb::RangeResponse> Range(EtcdGatewayClient& client, const pb::RangeRequest& request,
                                         absl::Time deadline) {
   pb::RangeResponse response;
-  if (absl::Status s = client.Call("/v3/kv/range", request, &response, deadline); !s.ok()) {
+  if (absl::Status s = client.Call("/v3/kv/range", request, &response, deadline,
+                                   Retry::kIdempotent);
+      !s.ok()) {
     return s;
   }
   return response;
@@ -204,7 +213,7 @@ absl::StatusOr<int64_t> CheckPresence(EtcdGatewayClient& client, KeyPresence& pr
       *txn.add_success() = RangeOp(it->first);
       txn.mutable_success()->rbegin()->mutable_request_range()->set_count_only(true);
     }
-    absl::StatusOr<pb::TxnResponse> response = RunTxn(client, txn, deadline);
+    absl::StatusOr<pb::TxnResponse> response = RunTxn(client, txn, deadline, Retry::kIdempotent);
     if (!response.ok()) return response.status();
     revision = std::min(revision, response->header().revision());
     for (const pb::ResponseOp& op : response->responses()) {
@@ -270,7 +279,8 @@ absl::StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::Connect(const EtcdStoreOpt
     return absl::InvalidArgumentError(absl::StrCat("EtcdStoreOptions: ", s.message()));
   }
   absl::StatusOr<std::unique_ptr<EtcdGatewayClient>> client =
-      EtcdGatewayClient::Create(options.endpoints, options.max_response_bytes);
+      EtcdGatewayClient::Create(options.endpoints, options.max_response_bytes,
+                                options.source_address);
   if (!client.ok()) return client.status();
   std::unique_ptr<EtcdStore> store(new EtcdStore(*std::move(client), options.job_id));
 
@@ -317,7 +327,8 @@ absl::Status EtcdStore::Put(std::string_view key, std::string_view value, int64_
   pb::TxnRequest txn;
   *txn.add_success() = PutOp(EtcdKey(key), value, lease_id);
   absl::StatusOr<pb::TxnResponse> response =
-      FencedTxn(*client_, fence_key_, generation_.load(), std::move(txn), absl::Now() + timeout);
+      FencedTxn(*client_, fence_key_, generation_.load(), std::move(txn), absl::Now() + timeout,
+                Retry::kIdempotent);
   if (!response.ok()) {
     return Annotate(
         response.status(),
@@ -375,7 +386,8 @@ absl::StatusOr<int64_t> EtcdStore::Add(std::string_view key, int64_t delta,
     *txn.add_success() = PutOp(etcd_key, absl::StrCat(sum), 0);
     *txn.add_failure() = RangeOp(etcd_key);
     absl::StatusOr<pb::TxnResponse> response =
-        FencedTxn(*client_, fence_key_, generation_.load(), std::move(txn), deadline);
+        FencedTxn(*client_, fence_key_, generation_.load(), std::move(txn), deadline,
+                  Retry::kOnlyIfUnsent);
     if (!response.ok())
       return Annotate(response.status(), absl::StrFormat("Add of store key %s", key), timeout);
     if (response->succeeded()) return sum;
@@ -398,7 +410,8 @@ absl::StatusOr<CompareAndSetResult> EtcdStore::CompareAndSet(
   *txn.add_success() = PutOp(etcd_key, desired, 0);
   *txn.add_failure() = RangeOp(etcd_key);
   absl::StatusOr<pb::TxnResponse> response =
-      FencedTxn(*client_, fence_key_, generation_.load(), std::move(txn), absl::Now() + timeout);
+      FencedTxn(*client_, fence_key_, generation_.load(), std::move(txn), absl::Now() + timeout,
+                Retry::kOnlyIfUnsent);
   if (!response.ok())
     return Annotate(response.status(), absl::StrFormat("CompareAndSet of store key %s", key),
                     timeout);
@@ -413,7 +426,8 @@ absl::StatusOr<bool> EtcdStore::Delete(std::string_view key, absl::Duration time
   pb::TxnRequest txn;
   txn.add_success()->mutable_request_delete_range()->set_key(EtcdKey(key));
   absl::StatusOr<pb::TxnResponse> response =
-      FencedTxn(*client_, fence_key_, generation_.load(), std::move(txn), absl::Now() + timeout);
+      FencedTxn(*client_, fence_key_, generation_.load(), std::move(txn), absl::Now() + timeout,
+                Retry::kIdempotent);
   if (!response.ok())
     return Annotate(response.status(), absl::StrFormat("Delete of store key %s", key), timeout);
   return response->responses(0).response_delete_range().deleted() > 0;
@@ -432,7 +446,8 @@ absl::StatusOr<std::vector<std::optional<std::string>>> EtcdStore::MultiGet(
       if (absl::Status s = CheckKey(keys[i]); !s.ok()) return s;
       *txn.add_success() = RangeOp(EtcdKey(keys[i]));
     }
-    absl::StatusOr<pb::TxnResponse> response = RunTxn(*client_, txn, deadline);
+    absl::StatusOr<pb::TxnResponse> response =
+        RunTxn(*client_, txn, deadline, Retry::kIdempotent);
     if (!response.ok())
       return Annotate(response.status(),
                       absl::StrFormat("MultiGet of store keys from %s", keys[begin]), timeout);
@@ -484,14 +499,22 @@ absl::Status EtcdStore::Wait(const std::vector<std::string>& keys, absl::Duratio
                     timeout);
   };
 
+  absl::Duration backoff = kWatchRetryBackoffInitial;
   for (;;) {
+    // The check is a read, sent again by the client when its member fails; it fails at once when
+    // no endpoint accepts a connection.
     absl::StatusOr<int64_t> revision = CheckPresence(*client_, present, deadline);
     if (!revision.ok()) return failed(revision.status());
     if (AllPresent(present)) return absl::OkStatus();
     absl::Status watched = WatchUntilAllPresent(*client_, present, *revision + 1, deadline);
     if (watched.ok()) return absl::OkStatus();
-    if (!absl::IsAborted(watched)) return failed(watched);
-    // Compacted between the check and the watch: check again.
+    if (absl::IsAborted(watched)) continue;  // compacted between the check and the watch
+    if (!absl::IsUnavailable(watched)) return failed(watched);
+    // The watch's member died, lost its leader or ended the stream: the client has moved on to the
+    // next endpoint; check and watch again there, as long as the deadline allows.
+    if (absl::Now() + backoff >= deadline) return failed(watched);
+    absl::SleepFor(backoff);
+    backoff = std::min(2 * backoff, kWatchRetryBackoffMax);
   }
 }
 
@@ -506,7 +529,8 @@ absl::Status EtcdStore::RaiseFence(int64_t generation, absl::Duration timeout) {
     AddValueCompare(txn, fence_key_, pb::Compare::LESS, FenceValue(generation));
     *txn.add_success() = PutOp(fence_key_, FenceValue(generation), 0);
     *txn.add_failure() = RangeOp(fence_key_);
-    absl::StatusOr<pb::TxnResponse> response = RunTxn(*client_, txn, deadline);
+    absl::StatusOr<pb::TxnResponse> response =
+        RunTxn(*client_, txn, deadline, Retry::kIdempotent);
     if (!response.ok()) return Annotate(response.status(), what, timeout);
     if (response->succeeded()) return absl::OkStatus();
     if (response->responses(0).response_range().kvs_size() > 0) {
@@ -523,12 +547,16 @@ absl::Status EtcdStore::RaiseFence(int64_t generation, absl::Duration timeout) {
 
 void EtcdStore::SetWriterGeneration(int64_t generation) { generation_.store(generation); }
 
+std::string EtcdStore::current_endpoint() const { return client_->CurrentEndpoint(); }
+
 absl::StatusOr<EtcdLease> EtcdStore::GrantLease(absl::Duration ttl, absl::Duration timeout) {
   pb::LeaseGrantRequest request;
   request.set_ttl(std::max<int64_t>(1, absl::ToInt64Seconds(absl::Ceil(ttl, absl::Seconds(1)))));
   pb::LeaseGrantResponse response;
   const std::string what = absl::StrFormat("GrantLease of TTL %s", absl::FormatDuration(ttl));
-  if (absl::Status s = client_->Call("/v3/lease/grant", request, &response, absl::Now() + timeout);
+  // Not sent again once it may have applied: a second grant would be a second lease.
+  if (absl::Status s = client_->Call("/v3/lease/grant", request, &response, absl::Now() + timeout,
+                                     Retry::kOnlyIfUnsent);
       !s.ok()) {
     return Annotate(s, what, timeout);
   }
@@ -566,7 +594,8 @@ absl::Status EtcdStore::RevokeLease(int64_t lease_id, absl::Duration timeout) {
   pb::LeaseRevokeRequest request;
   request.set_id(lease_id);
   pb::LeaseRevokeResponse response;
-  if (absl::Status s = client_->Call("/v3/lease/revoke", request, &response, absl::Now() + timeout);
+  if (absl::Status s = client_->Call("/v3/lease/revoke", request, &response, absl::Now() + timeout,
+                                     Retry::kIdempotent);
       !s.ok()) {
     return Annotate(s, absl::StrFormat("RevokeLease of lease %d", lease_id), timeout);
   }

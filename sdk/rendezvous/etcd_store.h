@@ -11,6 +11,28 @@
 // carries etcd's own code and message, with the endpoint and the HTTP path; every error names the
 // operation, its store key (or lease) and the job.
 //
+// Several members: a call goes to the endpoint that last worked. When a member refuses the
+// connection (it is down), the call moves on to the next at once. When a member fails a call that
+// it may have received (it died mid-call, or answered Unavailable: no leader, leader changed,
+// request timed out), later calls start at the next endpoint, and the call is sent again, with a
+// short backoff within its timeout, if it is idempotent:
+//   - Get, MultiGet, ListKeys, Wait's reads and KeepAliveOnce's renewal: reads;
+//   - Set and SetWithLease: a put of the caller's value; applied twice, the key holds that value
+//     (a write of another client between the two is overwritten, as it would be a moment later);
+//   - Delete: a retry of a delete that applied reports false (the key is gone either way), as
+//     TcpStore's does; RevokeLease likewise reports NotFound;
+//   - RaiseFence: raises only from below, so a second raise to the same generation is a no-op.
+// Not idempotent, so not sent again once they may have reached etcd: CompareAndSet (a retry of
+// a swap that applied would see its own value and report a lost swap), Add (a retry would add
+// twice) and GrantLease (a second lease). They fail with Unavailable saying "outcome unknown"; the
+// caller decides, e.g. by reading the key. The one exception: etcd's "no leader", which a member
+// answers before it processes the request, is retried for every call.
+// Wait's watch, when its member dies or loses its leader, is made again on the next endpoint
+// (after checking the keys again) until the keys exist or the wait's timeout passes. So with a
+// cluster of three, losing any one member (the leader included) costs a call at most a retry;
+// losing two leaves no quorum, and calls fail with Unavailable or DeadlineExceeded naming the
+// endpoint they last tried.
+//
 // Thread safety: thread-safe. One EtcdStore may be used from several threads at once; each call
 // uses its own HTTP connection from a small pool. No background threads: a lease is kept alive
 // only by calls to KeepAliveOnce.
@@ -39,7 +61,7 @@ class EtcdGatewayClient;
 
 struct EtcdStoreOptions {
   // Client URLs of the etcd members, e.g. "http://127.0.0.1:2379". A call goes to the endpoint
-  // that last worked and moves on to the next only when one refuses the connection.
+  // that last worked; see above for when it moves on to the next.
   std::vector<std::string> endpoints;
   // Names the job's namespace in etcd: a job id as Options::job_id (1 to 200 of A-Z a-z 0-9 . _ -).
   std::string job_id;
@@ -48,6 +70,10 @@ struct EtcdStoreOptions {
   // The largest reply (or watch frame) accepted from etcd. Replies are base64 JSON, about 4/3 of
   // the values they carry.
   size_t max_response_bytes = size_t{64} << 20;
+  // The local address connections to etcd leave from: a numeric IPv4 or IPv6 address of this host.
+  // Empty: the kernel's choice. (Simulated hosts sharing a network namespace each have their own,
+  // e.g. 127.0.1.N, so that a test can cut one off by address.)
+  std::string source_address;
 };
 
 // A granted etcd lease.
@@ -59,7 +85,8 @@ struct EtcdLease {
 class EtcdStore final : public Store {
  public:
   // Checks the options and that an endpoint answers (Unavailable naming each endpoint if none
-  // does; InvalidArgument for a bad job id or endpoint).
+  // does; InvalidArgument for a bad job id, endpoint or source address, naming it; Unavailable
+  // naming the source address when it is not an address of this host).
   static absl::StatusOr<std::unique_ptr<EtcdStore>> Connect(const EtcdStoreOptions& options);
   ~EtcdStore() override;
 
@@ -97,6 +124,9 @@ class EtcdStore final : public Store {
                             absl::Duration timeout);
 
   const std::string& job_id() const { return job_id_; }
+  // The endpoint the next call goes to first (for tests and diagnostics: it changes as members
+  // fail).
+  std::string current_endpoint() const;
 
  private:
   EtcdStore(std::unique_ptr<etcd_internal::EtcdGatewayClient> client, std::string job_id);

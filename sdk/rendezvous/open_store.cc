@@ -35,6 +35,12 @@ absl::StatusOr<std::pair<std::string, int>> HostPort(std::string_view url,
 
 absl::StatusOr<std::unique_ptr<Store>> OpenStore(std::string_view url, std::string_view job_id,
                                                  std::string_view token, absl::Duration timeout) {
+  return OpenStore(url, job_id, token, timeout, OpenStoreOptions{});
+}
+
+absl::StatusOr<std::unique_ptr<Store>> OpenStore(std::string_view url, std::string_view job_id,
+                                                 std::string_view token, absl::Duration timeout,
+                                                 const OpenStoreOptions& open_options) {
   absl::string_view rest(url.data(), url.size());
   if (absl::ConsumePrefix(&rest, "tcp://")) {
     absl::StatusOr<std::pair<std::string, int>> address = HostPort(url, rest);
@@ -45,6 +51,7 @@ absl::StatusOr<std::unique_ptr<Store>> OpenStore(std::string_view url, std::stri
     options.job_id = std::string(job_id);
     options.job_token = std::string(token);
     options.connect_timeout = timeout;
+    options.source_address = open_options.source_address;
     absl::StatusOr<std::unique_ptr<TcpStore>> store = TcpStore::Connect(options);
     if (!store.ok()) return store.status();
     return std::unique_ptr<Store>(std::move(*store));
@@ -58,6 +65,7 @@ absl::StatusOr<std::unique_ptr<Store>> OpenStore(std::string_view url, std::stri
     }
     options.job_id = std::string(job_id);
     options.connect_timeout = timeout;
+    options.source_address = open_options.source_address;
     absl::StatusOr<std::unique_ptr<EtcdStore>> store = EtcdStore::Connect(options);
     if (!store.ok()) return store.status();
     return std::unique_ptr<Store>(std::move(*store));

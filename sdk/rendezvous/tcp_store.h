@@ -123,6 +123,11 @@ struct TcpStoreOptions {
   // The server's address: a host name or a numeric address.
   std::string host = "127.0.0.1";
   int port = 0;
+  // The local address this client's connections leave from: a numeric IPv4 or IPv6 address of
+  // this host, bound (port 0) before connecting. Empty: the kernel's choice. Simulated hosts that
+  // share a network namespace each have their own (e.g. 127.0.1.N), so that a test can cut one
+  // host off by address.
+  std::string source_address;
   // The job whose namespace this client reads and writes: a job id as Options::job_id (1 to 200
   // of A-Z a-z 0-9 . _ -).
   std::string job_id;
@@ -141,7 +146,9 @@ class TcpStore final : public Store {
  public:
   // Connects and authenticates within options.connect_timeout. Unavailable (naming host:port)
   // when the server cannot be reached; Unauthenticated or PermissionDenied (naming the job) when
-  // the tokens disagree or the server does not serve the job; InvalidArgument for bad options.
+  // the tokens disagree or the server does not serve the job; InvalidArgument for bad options (a
+  // source_address that is not numeric, naming it); Unavailable naming the source address when it
+  // cannot be bound (not an address of this host).
   static absl::StatusOr<std::unique_ptr<TcpStore>> Connect(const TcpStoreOptions& options);
 
   ~TcpStore() override;

@@ -1,6 +1,7 @@
 // TcpStore, the client: a pool of blocking-with-deadline connections (non-blocking socket + poll),
 // one request in flight on each, reconnection with bounded exponential backoff inside each call's
 // timeout. A call takes an idle connection, or opens one when all are busy.
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -58,6 +59,28 @@ int PollTimeoutMs(absl::Time deadline) {
   if (left <= absl::ZeroDuration()) return 0;
   return static_cast<int>(std::min<int64_t>(
       absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))), INT_MAX));
+}
+
+// `address` (numeric IPv4 or IPv6) with port 0, for bind(). InvalidArgument, naming it, otherwise.
+absl::StatusOr<sockaddr_storage> SourceSockaddr(const std::string& address) {
+  sockaddr_storage storage{};
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&storage);
+  if (inet_pton(AF_INET, address.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    return storage;
+  }
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&storage);
+  if (inet_pton(AF_INET6, address.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    return storage;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("TcpStoreOptions.source_address '", address,
+                   "' is not a numeric IPv4 or IPv6 address (e.g. 127.0.1.3)"));
+}
+
+socklen_t SockaddrLength(const sockaddr_storage& address) {
+  return address.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
 }
 
 absl::Status CheckKey(std::string_view key) {
@@ -262,7 +285,8 @@ class TcpStore::Connection {
             absl::StrCat("socket() for store server ", address_, ": ", ErrnoText(errno)));
         continue;
       }
-      absl::Status s = ConnectOne(a, deadline);
+      absl::Status s = BindSource(a->ai_family);
+      if (s.ok()) s = ConnectOne(a, deadline);
       if (s.ok()) {
         const int one = 1;
         setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -272,6 +296,24 @@ class TcpStore::Connection {
       last = s;
     }
     return last;
+  }
+
+  // Binds fd_ to options_.source_address (port 0) unless that is empty.
+  absl::Status BindSource(int family) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (options_.source_address.empty()) return absl::OkStatus();
+    absl::StatusOr<sockaddr_storage> source = SourceSockaddr(options_.source_address);
+    if (!source.ok()) return source.status();
+    if (source->ss_family != family) {
+      return absl::UnavailableError(absl::StrCat(
+          "source address ", options_.source_address, " and store server ", address_,
+          " are of different address families"));
+    }
+    if (bind(fd_, reinterpret_cast<const sockaddr*>(&*source), SockaddrLength(*source)) != 0) {
+      return absl::UnavailableError(absl::StrCat("cannot bind source address ",
+                                                 options_.source_address, " for store server ",
+                                                 address_, ": ", ErrnoText(errno)));
+    }
+    return absl::OkStatus();
   }
 
   absl::Status ConnectOne(const addrinfo* a, absl::Time deadline)
@@ -469,6 +511,12 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(const TcpStoreOption
         absl::StrCat("TcpStoreOptions: reconnect backoff must satisfy 0 < initial (",
                      absl::FormatDuration(options.reconnect_backoff_initial), ") <= max (",
                      absl::FormatDuration(options.reconnect_backoff_max), ")"));
+  }
+  if (!options.source_address.empty()) {
+    if (absl::StatusOr<sockaddr_storage> source = SourceSockaddr(options.source_address);
+        !source.ok()) {
+      return source.status();
+    }
   }
   std::unique_ptr<TcpStore> store(new TcpStore(options));
   auto connection = std::make_unique<Connection>(store->options_, store->generation_);

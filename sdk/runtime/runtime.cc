@@ -152,8 +152,11 @@ absl::Status RuntimeImpl::ConnectStore() {
     }
     token = std::string(absl::StripTrailingAsciiWhitespace(*contents));
   }
-  absl::StatusOr<std::unique_ptr<Store>> store = OpenStore(
-      options_.store, options_.job_id, token, absl::Milliseconds(options_.rendezvous_timeout_ms));
+  OpenStoreOptions open_options;
+  open_options.source_address = options_.host_addr;
+  absl::StatusOr<std::unique_ptr<Store>> store =
+      OpenStore(options_.store, options_.job_id, token,
+                absl::Milliseconds(options_.rendezvous_timeout_ms), open_options);
   if (!store.ok()) {
     return WithContext(store.status(), absl::StrCat("rank ", options_.rank,
                                                     ": connecting to store ", options_.store));

@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/etcd_process.h"
+#include "tests/support/peer_recording_listener.h"
 #include "tests/support/store_conformance.h"
 
 namespace trainguard::testing {
@@ -256,6 +257,39 @@ TEST_F(EtcdStoreTest, AnEndpointThatRefusesConnectionsIsSkippedForTheNext) {
   auto store = ConnectOrThrow(options);
   ASSERT_TRUE(store->Set("k", "v", kStoreTimeout).ok());
   EXPECT_EQ(*store->Get("k", kStoreTimeout), "v");
+}
+
+TEST_F(EtcdStoreTest, AStoreWithASourceAddressConnectsFromThatAddress) {
+  absl::StatusOr<std::unique_ptr<PeerRecordingListener>> listener = PeerRecordingListener::Start();
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  EtcdStoreOptions options =
+      OptionsFor(absl::StrCat("http://127.0.0.1:", (*listener)->port()), UniqueJobId());
+  options.source_address = "127.0.0.5";
+  options.connect_timeout = absl::Seconds(2);
+  absl::Status connected;
+  std::thread client([&] { connected = EtcdStore::Connect(options).status(); });
+  absl::StatusOr<std::string> peer = (*listener)->AcceptOnePeer(kStoreTimeout);
+  client.join();
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  EXPECT_EQ(*peer, "127.0.0.5");
+  EXPECT_FALSE(connected.ok()) << "the listener speaks no HTTP";
+}
+
+TEST_F(EtcdStoreTest, ASourceAddressThatIsNotNumericIsInvalidArgumentNamingIt) {
+  EtcdStoreOptions options = OptionsFor(SharedEtcd().endpoint(), UniqueJobId());
+  options.source_address = "host-3";
+  absl::StatusOr<std::unique_ptr<EtcdStore>> store = EtcdStore::Connect(options);
+  EXPECT_TRUE(absl::IsInvalidArgument(store.status())) << store.status();
+  EXPECT_THAT(std::string(store.status().message()), HasSubstr("source address 'host-3'"));
+}
+
+TEST_F(EtcdStoreTest, ASourceAddressNotOfThisHostIsUnavailableNamingIt) {
+  EtcdStoreOptions options = OptionsFor(SharedEtcd().endpoint(), UniqueJobId());
+  options.source_address = "192.0.2.1";  // TEST-NET-1: never an address of this host
+  absl::StatusOr<std::unique_ptr<EtcdStore>> store = EtcdStore::Connect(options);
+  EXPECT_TRUE(absl::IsUnavailable(store.status())) << store.status();
+  EXPECT_THAT(std::string(store.status().message()),
+              HasSubstr("cannot bind the source address 192.0.2.1"));
 }
 
 TEST_F(EtcdStoreTest, BadOptionsAreInvalidArgument) {

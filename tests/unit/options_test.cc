@@ -233,6 +233,21 @@ TEST_F(OptionsTest, EveryFieldHasATrainguardEnvironmentVariable) {
   EXPECT_EQ(options.max_consecutive_step_failures, 10);
 }
 
+TEST_F(OptionsTest, HostAddrFromTheEnvironmentIsTheStoreConnectionsSourceAddress) {
+  EXPECT_EQ(MustParse({}).host_addr, "");
+  EXPECT_EQ(MustParse({{"TRAINGUARD_HOST_ADDR", "127.0.1.3"}}).host_addr, "127.0.1.3");
+}
+
+TEST_F(OptionsTest, AHostAddrThatIsNotAnIpv4AddressIsAnErrorNamingTheVariableAndValue) {
+  for (const char* bad : {"host1", "127.0.1", "::1", "127.0.1.3 ", "300.0.0.1"}) {
+    const absl::Status status = ParseStatus({{"TRAINGUARD_HOST_ADDR", bad}});
+    EXPECT_TRUE(absl::IsInvalidArgument(status)) << bad << ": " << status;
+    EXPECT_THAT(std::string(status.message()),
+                ::testing::HasSubstr(absl::StrCat("host_addr \"", bad, "\" is not an IPv4")));
+    EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("TRAINGUARD_HOST_ADDR"));
+  }
+}
+
 TEST_F(OptionsTest, StringVariablesAreTakenAsIs) {
   const Options options = MustParse({{"TRAINGUARD_RUN_DIR", " /a dir/with spaces "}});
   EXPECT_EQ(options.run_dir, " /a dir/with spaces ");

@@ -33,6 +33,7 @@
 #include "sdk/rendezvous/store_session.h"
 #include "sdk/rendezvous/store_state.h"
 #include "tests/support/own_process.h"
+#include "tests/support/peer_recording_listener.h"
 #include "tests/support/store_conformance.h"
 
 namespace trainguard::testing {
@@ -708,6 +709,57 @@ TEST(TcpStoreClientTest, ConnectingToAPortWithNoServerIsUnavailableNamingTheAddr
   auto store = TcpStore::Connect(options);
   EXPECT_TRUE(absl::IsUnavailable(store.status())) << store.status();
   EXPECT_THAT(std::string(store.status().message()), HasSubstr(absl::StrCat("127.0.0.1:", port)));
+}
+
+TEST(TcpStoreClientTest, AClientWithASourceAddressConnectsFromThatAddress) {
+  auto listener = OrDie(PeerRecordingListener::Start());
+  TcpStoreOptions options = ClientOptions(listener->port());
+  options.source_address = "127.0.0.5";
+  options.connect_timeout = absl::Seconds(2);
+  absl::Status connected;
+  std::thread client([&] { connected = TcpStore::Connect(options).status(); });
+  absl::StatusOr<std::string> peer = listener->AcceptOnePeer(kTimeout);
+  client.join();
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  EXPECT_EQ(*peer, "127.0.0.5");
+  EXPECT_FALSE(connected.ok()) << "the listener speaks no protocol";
+}
+
+TEST(TcpStoreClientTest, OpenStoreWithASourceAddressConnectsFromThatAddress) {
+  auto listener = OrDie(PeerRecordingListener::Start());
+  OpenStoreOptions options;
+  options.source_address = "127.0.0.6";
+  absl::Status opened;
+  std::thread client([&] {
+    opened = OpenStore(absl::StrCat("tcp://127.0.0.1:", listener->port()), kJob, kToken,
+                       absl::Seconds(2), options)
+                 .status();
+  });
+  absl::StatusOr<std::string> peer = listener->AcceptOnePeer(kTimeout);
+  client.join();
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  EXPECT_EQ(*peer, "127.0.0.6");
+  EXPECT_FALSE(opened.ok()) << "the listener speaks no protocol";
+}
+
+TEST(TcpStoreClientTest, ASourceAddressThatIsNotNumericIsInvalidArgumentNamingIt) {
+  auto server = StartServer();
+  TcpStoreOptions options = ClientOptions(server->port());
+  options.source_address = "host-3";
+  auto store = TcpStore::Connect(options);
+  EXPECT_TRUE(absl::IsInvalidArgument(store.status())) << store.status();
+  EXPECT_THAT(std::string(store.status().message()), HasSubstr("source_address 'host-3'"));
+}
+
+TEST(TcpStoreClientTest, ASourceAddressNotOfThisHostIsUnavailableNamingIt) {
+  auto server = StartServer();
+  TcpStoreOptions options = ClientOptions(server->port());
+  options.source_address = "192.0.2.1";  // TEST-NET-1: never an address of this host
+  options.connect_timeout = absl::Milliseconds(300);
+  auto store = TcpStore::Connect(options);
+  EXPECT_TRUE(absl::IsUnavailable(store.status())) << store.status();
+  EXPECT_THAT(std::string(store.status().message()),
+              HasSubstr("cannot bind source address 192.0.2.1"));
 }
 
 TEST(TcpStoreClientTest, AValueOverTheServersFrameLimitIsRefusedBeforeSending) {
