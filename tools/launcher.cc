@@ -412,8 +412,12 @@ absl::Status Job::Prepare() {
                           store_url_));
     }
   }
+  // On several hosts every connection leaves from this host's address, so that a partition
+  // between hosts (by address) cuts this agent off too.
+  OpenStoreOptions store_options;
+  if (MultiHost()) store_options.source_address = config_.local_addr;
   absl::StatusOr<std::unique_ptr<Store>> store =
-      OpenStore(store_url_, config_.job_id, token, kStoreTimeout);
+      OpenStore(store_url_, config_.job_id, token, kStoreTimeout, store_options);
   if (!store.ok()) return store.status();
   store_ = *std::move(store);
   if (!config_.store.empty() && !MultiHost()) {
@@ -467,6 +471,7 @@ std::vector<std::string> Job::ChildEnvironment(const Child& child) const {
                                       "TRAINGUARD_LAUNCHER_PID",
                                       "TRAINGUARD_LAUNCHER_START_TIME",
                                       "TRAINGUARD_LAUNCHER_TIMEOUT_MS",
+                                      "TRAINGUARD_HOST_ADDR",
                                       "RANK",
                                       "WORLD_SIZE",
                                       "LOCAL_RANK",
@@ -507,6 +512,7 @@ std::vector<std::string> Job::ChildEnvironment(const Child& child) const {
   }
   vars.push_back(absl::StrCat("TRAINGUARD_LAUNCHER_TIMEOUT_MS=",
                               absl::ToInt64Milliseconds(config_.heartbeat_timeout)));
+  if (MultiHost()) vars.push_back(absl::StrCat("TRAINGUARD_HOST_ADDR=", config_.local_addr));
   vars.push_back(absl::StrCat("WORLD_SIZE=", n));
   vars.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", local_n));
   vars.push_back(absl::StrCat("ROLE_WORLD_SIZE=", n));
