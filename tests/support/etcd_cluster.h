@@ -99,8 +99,8 @@ inline absl::StatusOr<std::string> HttpRequest(const std::string& address, int p
   const size_t head_end = reply.find("\r\n\r\n");
   if (head_end == std::string::npos || reply.compare(0, 7, "HTTP/1.") != 0 ||
       reply.compare(9, 3, "200") != 0) {
-    return absl::InternalError(absl::StrCat(where, ": not an HTTP 200 reply: ",
-                                            reply.substr(0, std::min<size_t>(reply.size(), 300))));
+    return absl::InternalError(absl::StrCat(
+        where, ": not an HTTP 200 reply: ", reply.substr(0, std::min<size_t>(reply.size(), 300))));
   }
   return reply.substr(head_end + 4);
 }
@@ -153,8 +153,7 @@ class EtcdCluster {
       member.peer_port = *peer_port;
       cluster->members_.push_back(std::move(member));
     }
-    cluster->token_ =
-        absl::StrCat("tg-cluster-", getpid(), "-", cluster->members_[0].client_port);
+    cluster->token_ = absl::StrCat("tg-cluster-", getpid(), "-", cluster->members_[0].client_port);
     // Every member first: none can elect a leader before a majority runs.
     for (int i = 0; i < members; ++i) {
       if (absl::Status s = cluster->Launch(i); !s.ok()) return s;
@@ -226,9 +225,9 @@ class EtcdCluster {
       std::vector<uint64_t> leaders;
       for (int i = 0; i < size(); ++i) {
         if (!running(i)) continue;
-        absl::StatusOr<std::string> status = HttpRequest(
-            member(i).address, member(i).client_port, "POST", "/v3/maintenance/status", "{}",
-            kRequestTimeout);
+        absl::StatusOr<std::string> status =
+            HttpRequest(member(i).address, member(i).client_port, "POST", "/v3/maintenance/status",
+                        "{}", kRequestTimeout);
         if (!status.ok()) {
           last = status.status().ToString();
           continue;
@@ -253,9 +252,8 @@ class EtcdCluster {
 
   // The watchers member i holds now (etcd's metric etcd_debugging_mvcc_watcher_total).
   absl::StatusOr<int64_t> WatcherCount(int i) const {
-    absl::StatusOr<std::string> metrics =
-        HttpRequest(member(i).address, member(i).client_port, "GET", "/metrics", "",
-                    kRequestTimeout);
+    absl::StatusOr<std::string> metrics = HttpRequest(member(i).address, member(i).client_port,
+                                                      "GET", "/metrics", "", kRequestTimeout);
     if (!metrics.ok()) return metrics.status();
     static constexpr char kMetric[] = "\netcd_debugging_mvcc_watcher_total ";
     const size_t at = metrics->find(kMetric);
@@ -266,13 +264,16 @@ class EtcdCluster {
     const size_t end = metrics->find('\n', begin);
     double value = 0;
     if (!absl::SimpleAtod(metrics->substr(begin, end - begin), &value)) {
-      return absl::InternalError(absl::StrCat(endpoint(i), "/metrics: bad value for ", kMetric + 1));
+      return absl::InternalError(
+          absl::StrCat(endpoint(i), "/metrics: bad value for ", kMetric + 1));
     }
     return static_cast<int64_t>(value);
   }
 
   // The end of member i's log, for failure messages.
-  std::string LogTail(int i) const { return FileTail(dir_.File(absl::StrCat(member(i).name, ".log"))); }
+  std::string LogTail(int i) const {
+    return FileTail(dir_.File(absl::StrCat(member(i).name, ".log")));
+  }
 
  private:
   struct Member {
@@ -338,8 +339,9 @@ class EtcdCluster {
       int wait_status = 0;
       if (waitpid(member(i).pid, &wait_status, WNOHANG) == member(i).pid) {
         member(i).pid = -1;
-        return absl::InternalError(absl::StrCat("etcd member ", i, " exited before serving (status ",
-                                                wait_status, "); its log:\n", LogTail(i)));
+        return absl::InternalError(absl::StrCat("etcd member ", i,
+                                                " exited before serving (status ", wait_status,
+                                                "); its log:\n", LogTail(i)));
       }
       absl::StatusOr<std::unique_ptr<EtcdStore>> probe = EtcdStore::Connect(options);
       if (probe.ok()) return absl::OkStatus();

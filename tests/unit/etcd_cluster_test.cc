@@ -2,6 +2,8 @@
 // losing any one member, the one the client talks to, the leader, or the one holding a blocked
 // Wait's watch, leaves every verb working; losing two leaves no quorum and calls fail, bounded,
 // naming an endpoint. Each test has its own cluster and kills members for real (SIGKILL).
+#include "tests/support/etcd_cluster.h"
+
 #include <atomic>
 #include <memory>
 #include <optional>
@@ -15,7 +17,6 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sdk/rendezvous/etcd_store.h"
-#include "tests/support/etcd_cluster.h"
 #include "trainguard/store.h"
 
 namespace trainguard::testing {
@@ -94,7 +95,8 @@ void ExpectEveryVerbWorks(EtcdStore& store, const std::string& round, int64_t ge
   EXPECT_TRUE(absl::IsFailedPrecondition(stale)) << stale;
   store.SetWriterGeneration(Store::kUnfenced);
 
-  absl::StatusOr<std::vector<std::string>> keys = store.ListKeys(absl::StrCat(round, "/"), kTimeout);
+  absl::StatusOr<std::vector<std::string>> keys =
+      store.ListKeys(absl::StrCat(round, "/"), kTimeout);
   ASSERT_TRUE(keys.ok()) << keys.status();
   EXPECT_THAT(*keys, ElementsAre(counter, key));
 
