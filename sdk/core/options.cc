@@ -451,8 +451,8 @@ absl::Status CheckRendezvous(const Options& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("member_id \"", options.member_id, "\" must not contain '/' or a newline"));
   }
-  if (in_addr parsed{}; !options.host_addr.empty() &&
-                        inet_pton(AF_INET, options.host_addr.c_str(), &parsed) != 1) {
+  if (in_addr parsed{};
+      !options.host_addr.empty() && inet_pton(AF_INET, options.host_addr.c_str(), &parsed) != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "host_addr \"", options.host_addr, "\" is not an IPv4 address (e.g. 127.0.1.3) or empty"));
   }

@@ -87,7 +87,8 @@ struct EtcdGatewayClient::Transfer {
 
   std::string endpoint;  // where the last attempt went
   size_t endpoint_index = 0;
-  bool maybe_sent = false;  // an endpoint accepted the connection: the request may have reached etcd
+  bool maybe_sent =
+      false;             // an endpoint accepted the connection: the request may have reached etcd
   std::string body;      // a unary reply, an error reply, or a stream's incomplete frame
   long http_status = 0;
   bool over_limit = false;

@@ -175,8 +175,8 @@ absl::StatusOr<pb::TxnResponse> FencedTxn(EtcdGatewayClient& client, const std::
 absl::StatusOr<pb::RangeResponse> Range(EtcdGatewayClient& client, const pb::RangeRequest& request,
                                         absl::Time deadline) {
   pb::RangeResponse response;
-  if (absl::Status s = client.Call("/v3/kv/range", request, &response, deadline,
-                                   Retry::kIdempotent);
+  if (absl::Status s =
+          client.Call("/v3/kv/range", request, &response, deadline, Retry::kIdempotent);
       !s.ok()) {
     return s;
   }
@@ -278,9 +278,8 @@ absl::StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::Connect(const EtcdStoreOpt
   if (absl::Status s = ValidateJobId(options.job_id); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("EtcdStoreOptions: ", s.message()));
   }
-  absl::StatusOr<std::unique_ptr<EtcdGatewayClient>> client =
-      EtcdGatewayClient::Create(options.endpoints, options.max_response_bytes,
-                                options.source_address);
+  absl::StatusOr<std::unique_ptr<EtcdGatewayClient>> client = EtcdGatewayClient::Create(
+      options.endpoints, options.max_response_bytes, options.source_address);
   if (!client.ok()) return client.status();
   std::unique_ptr<EtcdStore> store(new EtcdStore(*std::move(client), options.job_id));
 
@@ -385,9 +384,8 @@ absl::StatusOr<int64_t> EtcdStore::Add(std::string_view key, int64_t delta,
     unchanged->set_mod_revision(current->kvs_size() == 0 ? 0 : current->kvs(0).mod_revision());
     *txn.add_success() = PutOp(etcd_key, absl::StrCat(sum), 0);
     *txn.add_failure() = RangeOp(etcd_key);
-    absl::StatusOr<pb::TxnResponse> response =
-        FencedTxn(*client_, fence_key_, generation_.load(), std::move(txn), deadline,
-                  Retry::kOnlyIfUnsent);
+    absl::StatusOr<pb::TxnResponse> response = FencedTxn(
+        *client_, fence_key_, generation_.load(), std::move(txn), deadline, Retry::kOnlyIfUnsent);
     if (!response.ok())
       return Annotate(response.status(), absl::StrFormat("Add of store key %s", key), timeout);
     if (response->succeeded()) return sum;
@@ -446,8 +444,7 @@ absl::StatusOr<std::vector<std::optional<std::string>>> EtcdStore::MultiGet(
       if (absl::Status s = CheckKey(keys[i]); !s.ok()) return s;
       *txn.add_success() = RangeOp(EtcdKey(keys[i]));
     }
-    absl::StatusOr<pb::TxnResponse> response =
-        RunTxn(*client_, txn, deadline, Retry::kIdempotent);
+    absl::StatusOr<pb::TxnResponse> response = RunTxn(*client_, txn, deadline, Retry::kIdempotent);
     if (!response.ok())
       return Annotate(response.status(),
                       absl::StrFormat("MultiGet of store keys from %s", keys[begin]), timeout);
@@ -529,8 +526,7 @@ absl::Status EtcdStore::RaiseFence(int64_t generation, absl::Duration timeout) {
     AddValueCompare(txn, fence_key_, pb::Compare::LESS, FenceValue(generation));
     *txn.add_success() = PutOp(fence_key_, FenceValue(generation), 0);
     *txn.add_failure() = RangeOp(fence_key_);
-    absl::StatusOr<pb::TxnResponse> response =
-        RunTxn(*client_, txn, deadline, Retry::kIdempotent);
+    absl::StatusOr<pb::TxnResponse> response = RunTxn(*client_, txn, deadline, Retry::kIdempotent);
     if (!response.ok()) return Annotate(response.status(), what, timeout);
     if (response->succeeded()) return absl::OkStatus();
     if (response->responses(0).response_range().kvs_size() > 0) {

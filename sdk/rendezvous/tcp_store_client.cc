@@ -304,9 +304,9 @@ class TcpStore::Connection {
     absl::StatusOr<sockaddr_storage> source = SourceSockaddr(options_.source_address);
     if (!source.ok()) return source.status();
     if (source->ss_family != family) {
-      return absl::UnavailableError(absl::StrCat(
-          "source address ", options_.source_address, " and store server ", address_,
-          " are of different address families"));
+      return absl::UnavailableError(absl::StrCat("source address ", options_.source_address,
+                                                 " and store server ", address_,
+                                                 " are of different address families"));
     }
     if (bind(fd_, reinterpret_cast<const sockaddr*>(&*source), SockaddrLength(*source)) != 0) {
       return absl::UnavailableError(absl::StrCat("cannot bind source address ",

@@ -27,6 +27,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -42,18 +43,80 @@ namespace trainguard::testing {
 
 inline constexpr char kEtcdBinary[] = "/usr/bin/etcd";
 
+// FailedPrecondition saying how to install etcd when kEtcdBinary is missing.
+inline absl::Status CheckEtcdInstalled() {
+  if (access(kEtcdBinary, X_OK) == 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(kEtcdBinary, " is missing (", std::strerror(errno),
+                   "); the etcd tests need a real etcd: run scripts/setup.sh, which installs the "
+                   "Debian package etcd-server"));
+}
+
+// A TCP port on `address` (numeric IPv4) that is free now (the kernel's choice for a bind to port
+// 0).
+inline absl::StatusOr<int> FreeTcpPort(const std::string& address) {
+  sockaddr_in bound{};
+  bound.sin_family = AF_INET;
+  if (inet_pton(AF_INET, address.c_str(), &bound.sin_addr) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("'", address, "' is not an IPv4 address"));
+  }
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  socklen_t length = sizeof(bound);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&bound), sizeof(bound)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length) != 0) {
+    const std::string error = std::strerror(errno);
+    close(fd);
+    return absl::InternalError(absl::StrCat("binding a free port on ", address, ": ", error));
+  }
+  close(fd);
+  return ntohs(bound.sin_port);
+}
+
+// Forks and execs `args` (args[0] the binary) with stdout and stderr appended to `log_path`; the
+// child gets SIGKILL if the calling process dies, so a crashed test leaves no server behind.
+inline absl::StatusOr<pid_t> SpawnEtcd(std::vector<std::string> args, const std::string& log_path) {
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  const int log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (log < 0) {
+    return absl::InternalError(absl::StrCat("open ", log_path, ": ", std::strerror(errno)));
+  }
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(log);
+    return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+  }
+  if (pid == 0) {  // only async-signal-safe calls from here to exec
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    dup2(log, STDOUT_FILENO);
+    dup2(log, STDERR_FILENO);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(log);
+  return pid;
+}
+
+// The last `bytes` of the file at `path` (a server's log, for failure messages).
+inline std::string FileTail(const std::string& path, size_t bytes = 4000) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string all = text.str();
+  return all.size() <= bytes ? all : all.substr(all.size() - bytes);
+}
+
 class EtcdProcess {
  public:
   // How long Start() and Restart() wait for etcd to serve.
   static constexpr absl::Duration kStartTimeout = absl::Seconds(20);
 
   static absl::StatusOr<std::unique_ptr<EtcdProcess>> Start() {
-    if (access(kEtcdBinary, X_OK) != 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(kEtcdBinary, " is missing (", std::strerror(errno),
-                       "); EtcdStore's tests need a real etcd: run scripts/setup.sh, which "
-                       "installs the Debian package etcd-server"));
-    }
+    if (absl::Status s = CheckEtcdInstalled(); !s.ok()) return s;
     std::unique_ptr<EtcdProcess> etcd(new EtcdProcess());
     absl::StatusOr<int> client_port = FreeLoopbackPort();
     if (!client_port.ok()) return client_port.status();
@@ -106,31 +169,10 @@ class EtcdProcess {
   }
 
   // The end of etcd's log, for failure messages.
-  std::string LogTail() const {
-    std::ifstream in(dir_.File("etcd.log"));
-    std::stringstream text;
-    text << in.rdbuf();
-    const std::string all = text.str();
-    return all.size() <= 4000 ? all : all.substr(all.size() - 4000);
-  }
+  std::string LogTail() const { return FileTail(dir_.File("etcd.log")); }
 
   // A loopback TCP port that is free now (the kernel's choice for a bind to port 0).
-  static absl::StatusOr<int> FreeLoopbackPort() {
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t length = sizeof(address);
-    if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
-        getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-      const std::string error = std::strerror(errno);
-      close(fd);
-      return absl::InternalError(absl::StrCat("binding a free loopback port: ", error));
-    }
-    close(fd);
-    return ntohs(address.sin_port);
-  }
+  static absl::StatusOr<int> FreeLoopbackPort() { return FreeTcpPort("127.0.0.1"); }
 
  private:
   EtcdProcess() = default;
@@ -155,29 +197,9 @@ class EtcdProcess {
         "--log-outputs", "stderr",
     };
     // clang-format on
-    std::vector<char*> argv;
-    for (std::string& arg : args) argv.push_back(arg.data());
-    argv.push_back(nullptr);
-    const int log =
-        open(dir_.File("etcd.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (log < 0) return absl::InternalError(absl::StrCat("open etcd.log: ", std::strerror(errno)));
-    const pid_t parent = getpid();
-
-    const pid_t pid = fork();
-    if (pid < 0) {
-      close(log);
-      return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
-    }
-    if (pid == 0) {  // only async-signal-safe calls from here to exec
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(127);
-      dup2(log, STDOUT_FILENO);
-      dup2(log, STDERR_FILENO);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    close(log);
-    pid_ = pid;
+    absl::StatusOr<pid_t> pid = SpawnEtcd(std::move(args), dir_.File("etcd.log"));
+    if (!pid.ok()) return pid.status();
+    pid_ = *pid;
     return WaitUntilServing();
   }
 

@@ -44,8 +44,7 @@ class PeerRecordingListener {
     if (bind(listener->fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
         listen(listener->fd_, 16) != 0 ||
         getsockname(listener->fd_, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-      return absl::InternalError(
-          absl::StrCat("listening on 127.0.0.1: ", std::strerror(errno)));
+      return absl::InternalError(absl::StrCat("listening on 127.0.0.1: ", std::strerror(errno)));
     }
     listener->port_ = ntohs(address.sin_port);
     return listener;
@@ -61,13 +60,12 @@ class PeerRecordingListener {
   // client's reconnection is refused at once), and returns the peer's address, e.g. "127.0.0.5".
   absl::StatusOr<std::string> AcceptOnePeer(absl::Duration timeout) {
     pollfd ready{fd_, POLLIN, 0};
-    const int ms = static_cast<int>(
-        std::min<int64_t>(absl::ToInt64Milliseconds(timeout), INT_MAX));
+    const int ms = static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(timeout), INT_MAX));
     const int polled = poll(&ready, 1, ms);
     if (polled <= 0) {
       Close();
-      return absl::DeadlineExceededError(absl::StrCat(
-          "no connection to 127.0.0.1:", port_, " within ", absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(absl::StrCat("no connection to 127.0.0.1:", port_,
+                                                      " within ", absl::FormatDuration(timeout)));
     }
     sockaddr_in peer{};
     socklen_t length = sizeof(peer);
