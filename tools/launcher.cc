@@ -905,6 +905,9 @@ void Job::ReportPersistFailures() {
 
 void Job::CheckRecoveries() {
   for (auto it = recoveries_.begin(); it != recoveries_.end();) {
+    // A second fault before every rank resumed supersedes the generation: this recovery ends when
+    // the newest one has resumed.
+    it->generation = std::max(it->generation, coordinator_->generation());
     std::vector<std::string> keys;
     for (int r = 0; r < world_size_; ++r) {
       keys.push_back(absl::StrCat("rdzv/gen/", it->generation, "/resumed/", r));
@@ -1451,9 +1454,13 @@ void Job::FollowGeneration() {
   absl::StatusOr<std::string> fenced =
       store_->Get(absl::StrCat("agents/dead/", config_.host_id), timeout);
   if (fenced.ok()) {
-    return Fail(absl::StrFormat("this host (%s) was declared dead by the coordinator (%s); its "
-                                "ranks were given to others: stopping them",
-                                config_.host_id, *fenced));
+    // Only this host ends: the job goes on without it, so nothing is published for the others.
+    failure_ = absl::StrFormat("this host (%s) was declared dead by the coordinator (%s); its "
+                               "ranks were given to others: stopping them",
+                               config_.host_id, *fenced);
+    Say(absl::StrCat("fenced out: ", failure_));
+    exit_code_ = kExitJobFailed;
+    return;
   }
   absl::StatusOr<std::string> current = store_->Get("rdzv/current", timeout);
   int64_t generation = -1;

@@ -1,0 +1,331 @@
+// `trainguard run` as one agent per simulated host (tests/support/sim_cluster.h): real namespaces,
+// real processes, real sockets on 127.0.1.N. Each scenario kills, partitions or loses what the
+// issue names, asserts that every rank ends bit-identical to an uninterrupted run (each rank's final
+// line printed exactly once: no rank ever trains twice), and prints the time to recovery.
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "sdk/rendezvous/tcp_store.h"
+#include "tests/support/etcd_cluster.h"
+#include "tests/support/sim_cluster.h"
+#include "tests/support/spawn.h"
+
+namespace trainguard {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::SimCluster;
+
+constexpr absl::Duration kDeadline = absl::Seconds(150);
+constexpr int kPerHost = 2;
+constexpr int kSteps = 1200;
+constexpr char kStoreAddress[] = "127.0.1.254";
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A directory every simulated host sees (theirs /tmp is private): under the build tree.
+class SharedDir {
+ public:
+  SharedDir() {
+    std::string pattern = std::string(TRAINGUARD_SHARED_TMP) + "/mh-XXXXXX";
+    std::filesystem::create_directories(TRAINGUARD_SHARED_TMP);
+    path_ = mkdtemp(pattern.data()) != nullptr ? pattern : "";
+  }
+  ~SharedDir() {
+    std::error_code ec;
+    if (!path_.empty() && !::testing::Test::HasFailure()) std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// rank -> params_checksum from "rank R final_loss L params_checksum C" lines; a rank printed twice
+// (two processes finished the same rank) is recorded as "duplicate".
+std::map<int, std::string> FinalChecksums(const std::vector<std::string>& outputs) {
+  std::map<int, std::string> checksums;
+  const std::regex re("rank ([0-9]+) final_loss [^ ]+ params_checksum ([0-9a-f]+)");
+  for (const std::string& out : outputs) {
+    for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
+         ++it) {
+      const int rank = std::stoi((*it)[1]);
+      checksums[rank] = checksums.count(rank) != 0 ? "duplicate" : std::string((*it)[2]);
+    }
+  }
+  return checksums;
+}
+
+std::vector<std::string> TrainerArgs() {
+  return {TRAINGUARD_TRAINER_PATH, "--steps", absl::StrCat(kSteps), "--print-every", "50",
+          "--comm-timeout-s", "10"};
+}
+
+std::vector<std::string> CheckpointEnv(const std::string& dir) {
+  return {"TRAINGUARD_CHECKPOINT_EVERY_STEPS=25", "TRAINGUARD_CHECKPOINT_PERSIST_EVERY=4",
+          absl::StrCat("TRAINGUARD_CHECKPOINT_DIR=", dir, "/checkpoints")};
+}
+
+// The same job on one host without faults: what every rank's parameters must end as.
+std::map<int, std::string> UninterruptedChecksums(const std::string& shared, int world) {
+  const std::string out_path = shared + "/reference.out";
+  std::vector<std::string> args = {TRAINGUARD_CLI_PATH, "run", "--nproc", absl::StrCat(world),
+                                   "--run-dir", shared + "/reference", "--job-id",
+                                   absl::StrCat("mh-reference-", getpid()), "--"};
+  for (const std::string& a : TrainerArgs()) args.push_back(a);
+  std::vector<std::pair<std::string, std::string>> env;
+  for (const std::string& kv : CheckpointEnv(shared + "/reference")) {
+    env.push_back({kv.substr(0, kv.find('=')), kv.substr(kv.find('=') + 1)});
+  }
+  const pid_t pid = testing::SpawnWithOutput(std::move(args), out_path, env);
+  if (pid <= 0) return {};
+  int status = 0;
+  for (absl::Time end = absl::Now() + kDeadline; absl::Now() < end;) {
+    if (waitpid(pid, &status, WNOHANG) == pid) return FinalChecksums({ReadFile(out_path)});
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  (void)testing::SignalOwnProcess(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  return {};
+}
+
+// One multi-host job: an agent per simulated host, the store on the test's own address.
+class MultiHostJob {
+ public:
+  // `endpoint`: tcp://... (the test serves it) or etcd://...
+  MultiHostJob(SimCluster& cluster, const std::string& shared, std::string endpoint, int nnodes)
+      : cluster_(cluster), shared_(shared), endpoint_(std::move(endpoint)), nnodes_(nnodes),
+        job_id_(absl::StrCat("mh-", getpid())) {
+    std::ofstream(shared_ + "/token") << "multihost-test-token\n";
+  }
+
+  void StartHost(int n, bool standby) {
+    std::vector<std::string> argv = {TRAINGUARD_CLI_PATH,
+                                     "run",
+                                     "--nnodes",
+                                     absl::StrCat(nnodes_),
+                                     "--nproc-per-node",
+                                     absl::StrCat(kPerHost),
+                                     "--rdzv-endpoint",
+                                     endpoint_,
+                                     "--token-file",
+                                     shared_ + "/token",
+                                     "--job-id",
+                                     job_id_,
+                                     "--run-dir",
+                                     shared_ + "/run",
+                                     "--host-id",
+                                     absl::StrCat("host", n),
+                                     "--local-addr",
+                                     SimCluster::Address(n),
+                                     "--host-timeout",
+                                     "2"};
+    if (standby) {
+      argv.push_back("--role");
+      argv.push_back("standby");
+    }
+    argv.push_back("--");
+    for (const std::string& a : TrainerArgs()) argv.push_back(a);
+    ASSERT_EQ(cluster_.StartHost(n, {.hostname = absl::StrCat("host", n),
+                                     .argv = argv,
+                                     .env = CheckpointEnv(shared_ + "/run"),
+                                     .log_path = Log(n)}),
+              absl::OkStatus());
+    hosts_.push_back(n);
+  }
+
+  std::string Log(int n) const { return absl::StrCat(shared_, "/host", n, ".log"); }
+  std::string Output(int n) const { return ReadFile(Log(n)); }
+  std::string AllOutput() const {
+    std::string all;
+    for (int n : hosts_) absl::StrAppend(&all, "==== host", n, "\n", Output(n));
+    return all;
+  }
+
+  // Bounded polling of host n's log (n == 0: any host's) for `needle`.
+  bool Await(int n, const std::string& needle, absl::Duration deadline = kDeadline) const {
+    for (absl::Time end = absl::Now() + deadline; absl::Now() < end;) {
+      if (n > 0 ? absl::StrContains(Output(n), needle)
+                : absl::StrContains(AllOutput(), needle)) {
+        return true;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return false;
+  }
+
+  // The exit status of host n's agent (-1: it did not end in time or was killed).
+  int Wait(int n) {
+    absl::StatusOr<int> status = cluster_.WaitHost(n, kDeadline);
+    if (!status.ok()) return -1;
+    return WIFEXITED(*status) ? WEXITSTATUS(*status) : -1;
+  }
+
+  std::map<int, std::string> FinalChecksums() const {
+    std::vector<std::string> outs;
+    for (int n : hosts_) outs.push_back(Output(n));
+    return trainguard::FinalChecksums(outs);
+  }
+
+  // "recovered from the loss of host hostN in X s" from whichever agent coordinated.
+  double ReportedRecoverySeconds(int n) const {
+    std::smatch m;
+    const std::string all = AllOutput();
+    if (!std::regex_search(all, m, std::regex(absl::StrCat("recovered from the loss of host host",
+                                                           n, " in ([0-9.]+) s")))) {
+      return -1;
+    }
+    return std::stod(m[1]);
+  }
+
+ private:
+  SimCluster& cluster_;
+  const std::string shared_;
+  const std::string endpoint_;
+  const int nnodes_;
+  const std::string job_id_;
+  std::vector<int> hosts_;
+};
+
+class MultiHost : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<SimCluster>> cluster = SimCluster::Create();
+    ASSERT_TRUE(cluster.ok()) << cluster.status();  // fails (never skips) without namespaces
+    cluster_ = *std::move(cluster);
+    ASSERT_FALSE(shared_.path().empty());
+    expected_ = UninterruptedChecksums(shared_.path(), 3 * kPerHost);
+    ASSERT_EQ(expected_.size(), static_cast<size_t>(3 * kPerHost));
+  }
+
+  // The job's TcpStore, served by the test on its own address (not by a host that a test kills).
+  std::string ServeStore() {
+    TcpStoreServerOptions options;
+    options.host = kStoreAddress;
+    options.job_token = "multihost-test-token";
+    absl::StatusOr<std::unique_ptr<TcpStoreServer>> server = TcpStoreServer::Start(options);
+    EXPECT_TRUE(server.ok()) << server.status();
+    if (!server.ok()) return "";
+    store_ = *std::move(server);
+    return absl::StrCat("tcp://", kStoreAddress, ":", store_->port());
+  }
+
+  // Starts host 1 first and waits until it coordinates, so the scenario knows which host does.
+  void StartJob(MultiHostJob& job, int workers, int standby_hosts) {
+    job.StartHost(1, false);
+    ASSERT_TRUE(job.Await(1, "coordinating the job")) << job.AllOutput();
+    for (int n = 2; n <= workers; ++n) job.StartHost(n, false);
+    for (int n = workers + 1; n <= workers + standby_hosts; ++n) job.StartHost(n, true);
+    ASSERT_TRUE(job.Await(0, "step 300 loss")) << job.AllOutput();
+  }
+
+  void ExpectFinishedAsIfUninterrupted(MultiHostJob& job, const std::vector<int>& hosts) {
+    for (int n : hosts) EXPECT_EQ(job.Wait(n), 0) << "host " << n << "\n" << job.AllOutput();
+    EXPECT_EQ(job.FinalChecksums(), expected_) << job.AllOutput();
+  }
+
+  SharedDir shared_;
+  std::unique_ptr<SimCluster> cluster_;
+  std::unique_ptr<TcpStoreServer> store_;
+  std::map<int, std::string> expected_;
+};
+
+// 1. A whole host dies (its PID namespace is killed): its two ranks are replaced at once by the
+// standby host's two, in one generation, and the job finishes.
+TEST_F(MultiHost, AKilledHostsRanksAreTakenByTheStandbyHostAndTheJobFinishes) {
+  MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 3);
+  StartJob(job, 3, 1);
+  const absl::StatusOr<absl::Time> killed = cluster_->KillHost(2);
+  ASSERT_TRUE(killed.ok()) << killed.status();
+  ASSERT_TRUE(job.Await(1, "recovered from the loss of host host2")) << job.AllOutput();
+  const absl::Duration seen = absl::Now() - *killed;
+  std::printf("host kill -> recovery seen: %.3f s (reported from the last heartbeat: %.3f s)\n",
+              absl::ToDoubleSeconds(seen), job.ReportedRecoverySeconds(2));
+  const std::string coordinator = job.Output(1);
+  EXPECT_THAT(coordinator, HasSubstr("host host2 is dead"));
+  // Group ranks follow the join order: host2 holds ranks 2,3 or 4,5. Local rank i -> standby i.
+  EXPECT_THAT(coordinator, ::testing::ContainsRegex("host host2's ranks taken by [0-9]<-host4:[0-9]+:"
+                                                    "standby0, [0-9]<-host4:[0-9]+:standby1"));
+  ExpectFinishedAsIfUninterrupted(job, {1, 3, 4});
+}
+
+// 2. The host whose agent coordinates dies: another agent takes the lease over, declares the host
+// dead and replaces its ranks; the job finishes.
+TEST_F(MultiHost, WhenTheCoordinatorsHostDiesAnotherAgentTakesOverAndTheJobFinishes) {
+  MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 3);
+  StartJob(job, 3, 1);
+  const absl::StatusOr<absl::Time> killed = cluster_->KillHost(1);
+  ASSERT_TRUE(killed.ok()) << killed.status();
+  ASSERT_TRUE(job.Await(0, "recovered from the loss of host host1")) << job.AllOutput();
+  std::printf("coordinator's host kill -> recovery seen: %.3f s\n",
+              absl::ToDoubleSeconds(absl::Now() - *killed));
+  EXPECT_THAT(job.AllOutput(), ::testing::ContainsRegex("coordinating the job \\(lease term 2"));
+  ExpectFinishedAsIfUninterrupted(job, {2, 3, 4});
+}
+
+// 3. A host is cut off for longer than the liveness bound, then the link heals: it was declared
+// dead and fenced out, its agent stops its ranks when it is back, and no rank trains twice.
+TEST_F(MultiHost, APartitionedHostIsFencedOutAndNoRankEverTrainsTwice) {
+  MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 3);
+  StartJob(job, 3, 1);
+  ASSERT_EQ(cluster_->Isolate(3), absl::OkStatus());
+  const absl::Time cut = absl::Now();
+  ASSERT_TRUE(job.Await(1, "recovered from the loss of host host3")) << job.AllOutput();
+  std::printf("partition -> recovery seen: %.3f s\n", absl::ToDoubleSeconds(absl::Now() - cut));
+  ASSERT_EQ(cluster_->HealAll(), absl::OkStatus());
+  EXPECT_EQ(job.Wait(3), 1) << job.AllOutput();
+  EXPECT_THAT(job.Output(3), HasSubstr("was declared dead by the coordinator"));
+  ExpectFinishedAsIfUninterrupted(job, {1, 2, 4});
+}
+
+// 4. Two hosts die within a second of each other; two standby hosts take their ranks.
+TEST_F(MultiHost, TwoHostsLostWithinASecondAreBothReplacedByTwoStandbyHosts) {
+  MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 3);
+  StartJob(job, 3, 2);
+  ASSERT_TRUE(cluster_->KillHost(2).ok());
+  absl::SleepFor(absl::Milliseconds(500));  // the scenario's spacing, not a synchronization
+  ASSERT_TRUE(cluster_->KillHost(3).ok());
+  ASSERT_TRUE(job.Await(1, "recovered from the loss of host host2")) << job.AllOutput();
+  ASSERT_TRUE(job.Await(1, "recovered from the loss of host host3")) << job.AllOutput();
+  ExpectFinishedAsIfUninterrupted(job, {1, 4, 5});
+}
+
+// 5. With a 3-member etcd cluster as the store, one member is killed mid-job: no agent notices a
+// host fault, no new generation is needed, and the job finishes.
+TEST_F(MultiHost, LosingOneMemberOfAThreeMemberEtcdClusterDoesNotDisturbTraining) {
+  absl::StatusOr<std::unique_ptr<testing::EtcdCluster>> etcd =
+      testing::EtcdCluster::Start(3, {"127.0.1.201", "127.0.1.202", "127.0.1.203"});
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  MultiHostJob job(*cluster_, shared_.path(), (*etcd)->StoreUrl(), 3);
+  StartJob(job, 3, 1);
+  absl::StatusOr<int> leader = (*etcd)->Leader(absl::Seconds(30));
+  ASSERT_TRUE(leader.ok()) << leader.status();
+  (*etcd)->Kill(*leader);  // the member every write goes through
+  ExpectFinishedAsIfUninterrupted(job, {1, 2, 3, 4});
+  EXPECT_THAT(job.AllOutput(), ::testing::Not(HasSubstr("is dead")));
+  EXPECT_THAT(job.AllOutput(), ::testing::Not(HasSubstr("generation 1")));
+}
+
+}  // namespace
+}  // namespace trainguard
