@@ -350,6 +350,7 @@ class Job {
   std::set<std::string> dead_hosts_;
   std::set<std::string> handled_deaths_;  // member ids whose death report was taken
   bool done_published_ = false;
+  std::optional<absl::Time> min_reached_;  // when nnodes_min workers had joined (PublishPlan)
   absl::Time store_seen_ = absl::Now();  // the last heartbeat the store took
   // A host cut off from the store for this long gives up (a partition shorter than this heals).
   absl::Duration StoreLossBound() const {
@@ -839,6 +840,9 @@ void Job::TryReplacements() {
       Say(absl::StrFormat("generation %d: host %s's ranks taken by %s", next->generation,
                           dead.host, absl::StrJoin(by, ", ")));
       replacements_ += static_cast<int>(dead.ranks.size());
+      Say(absl::StrFormat("host %s's shared memory died with it: its ranks' replacements restore "
+                          "the newest durable checkpoint on disk (or the survivors' state)",
+                          dead.host));
       recoveries_.push_back({-1, next->generation, dead.died, dead.host});
       continue;
     }
@@ -1379,6 +1383,16 @@ void Job::PublishPlan() {
       hosts.size() < static_cast<size_t>(config_.nnodes_min + config_.standby_nodes)) {
     return;  // not yet
   }
+  // Between MIN and MAX, torchrun's "last call": more workers may join for rdzv_last_call.
+  if (workers < config_.nnodes_max) {
+    const absl::Time now = absl::Now();
+    if (!min_reached_.has_value()) {
+      min_reached_ = now;
+      Say(absl::StrFormat("%d of at most %d hosts joined: forming in %s unless all join", workers,
+                          config_.nnodes_max, absl::FormatDuration(config_.rdzv_last_call)));
+    }
+    if (now - *min_reached_ < config_.rdzv_last_call) return;
+  }
   const int training = std::min(workers, config_.nnodes_max);
   std::string plan;
   std::string lines;
@@ -1788,8 +1802,10 @@ std::string RunUsage() {
          "--job-id ID\n"
          "                      [--standby-nodes K | --role standby] [--local-addr ADDR] "
          "[--host-id ID]\n"
-         "                      [--host-timeout SECONDS] [--spread-standbys] [--token-file F]\n"
-         "                      [--standby K] [...as above] -- COMMAND [ARGS...]\n";
+         "                      [--host-timeout SECONDS] [--rdzv-last-call SECONDS] "
+         "[--spread-standbys]\n"
+         "                      [--token-file F] [--standby K] [...as above] -- COMMAND "
+         "[ARGS...]\n";
 }
 
 absl::StatusOr<LaunchConfig> ParseRunArguments(const std::vector<std::string>& args) {
@@ -1862,6 +1878,9 @@ absl::StatusOr<LaunchConfig> ParseRunArguments(const std::vector<std::string>& a
             absl::StrFormat("--host-timeout '%s': need seconds in [0.5, 3600]", value));
       }
       config.host_timeout = absl::Seconds(seconds);
+    } else if (flag == "--rdzv-last-call") {
+      n = ParseCount(flag, value, 0);
+      config.rdzv_last_call = absl::Seconds(n.value_or(0));
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag ", flag));
     }

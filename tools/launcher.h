@@ -77,6 +77,8 @@ struct LaunchConfig {
   absl::Duration host_timeout = absl::Seconds(3);
   // A dead host's ranks may be taken by standbys of several hosts when no standby host has enough.
   bool spread_standbys = false;
+  // With nnodes_min < nnodes_max: how long the job waits for more workers once nnodes_min joined.
+  absl::Duration rdzv_last_call = absl::Seconds(5);
 };
 
 inline constexpr int kExitJobFailed = 1;

@@ -73,6 +73,12 @@ constexpr char kRunHelp[] =
     "the other ranks keep their processes. Output is echoed with a [rank N] prefix and kept in\n"
     "the run dir (default: $TMPDIR/trainguard/JOB_ID).\n"
     "\n"
+    "With --nnodes, this is one host's agent of a job that spans hosts (run one per host, the\n"
+    "same flags): the agents meet at --rdzv-endpoint, get global ranks by host in join order\n"
+    "(later hosts and --role standby hosts hold standbys), elect a coordinator through the store\n"
+    "(it survives its host), and a host silent for --host-timeout is replaced, all its ranks at\n"
+    "once, by a standby host's. docs/GUIDE.md section 8.\n"
+    "\n"
     "Exit status: 0 every rank finished with 0; 1 the job failed; 2 bad usage; 3 the job could\n"
     "not be started (store, run dir, spawn); 128+N interrupted by signal N.\n";
 

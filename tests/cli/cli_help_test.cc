@@ -192,3 +192,40 @@ TEST(CliHelp, UsageErrorsExitTwoWithTheUsageOnStderr) {
 
 }  // namespace
 }  // namespace trainguard
+
+namespace trainguard {
+namespace {
+
+// The multi-host flags are checked before anything starts, each error naming the flag.
+TEST(CliHelp, MultiHostUsageErrorsNameWhatIsMissingOrWrong) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"run", "--nnodes", "2", "--nproc-per-node", "2", "--job-id", "j", "--", "x"},
+       "--nnodes needs --rdzv-endpoint"},
+      {{"run", "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-endpoint", "etcd://h:1", "--",
+        "x"},
+       "--nnodes needs --job-id"},
+      {{"run", "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-endpoint", "tcp://h:1",
+        "--job-id", "j", "--", "x"},
+       "--rdzv-endpoint tcp:// needs --token-file"},
+      {{"run", "--nnodes", "3:2", "--nproc-per-node", "2", "--", "x"}, "--nnodes '3:2'"},
+      {{"run", "--nnodes", "0", "--nproc-per-node", "2", "--", "x"}, "--nnodes '0'"},
+      {{"run", "--role", "boss", "--nproc-per-node", "2", "--", "x"}, "--role 'boss'"},
+      {{"run", "--role", "standby", "--nproc-per-node", "2", "--", "x"},
+       "--role standby and --standby-nodes need --nnodes"},
+      {{"run", "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-endpoint", "etcd://h:1",
+        "--job-id", "j", "--host-id", "a/b", "--", "x"},
+       "host id 'a/b'"},
+      {{"run", "--nnodes", "2", "--nproc-per-node", "2", "--host-timeout", "0.1", "--", "x"},
+       "--host-timeout '0.1'"},
+  };
+  for (const auto& [args, message] : cases) {
+    const std::string what = absl::StrJoin(args, " ");
+    Result r = RunCli(args);
+    EXPECT_EQ(r.exit_code, 2) << what << "\n" << r.err;
+    EXPECT_THAT(r.err, HasSubstr(message)) << what;
+    EXPECT_THAT(r.err, HasSubstr("usage: trainguard run")) << what;
+  }
+}
+
+}  // namespace
+}  // namespace trainguard

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -120,7 +121,8 @@ class MultiHostJob {
     std::ofstream(shared_ + "/token") << "multihost-test-token\n";
   }
 
-  void StartHost(int n, bool standby) {
+  void StartHost(int n, bool standby, const std::vector<std::string>& extra_flags = {},
+                 const std::vector<std::string>& command = TrainerArgs()) {
     std::vector<std::string> argv = {TRAINGUARD_CLI_PATH,
                                      "run",
                                      "--nnodes",
@@ -140,13 +142,14 @@ class MultiHostJob {
                                      "--local-addr",
                                      SimCluster::Address(n),
                                      "--host-timeout",
-                                     "2"};
+                                     "3"};
     if (standby) {
       argv.push_back("--role");
       argv.push_back("standby");
     }
+    argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
     argv.push_back("--");
-    for (const std::string& a : TrainerArgs()) argv.push_back(a);
+    argv.insert(argv.end(), command.begin(), command.end());
     ASSERT_EQ(cluster_.StartHost(n, {.hostname = absl::StrCat("host", n),
                                      .argv = argv,
                                      .env = CheckpointEnv(shared_ + "/run"),
@@ -204,8 +207,10 @@ class MultiHostJob {
   const std::string shared_;
   const std::string endpoint_;
   const int nnodes_;
-  const std::string job_id_;
   std::vector<int> hosts_;
+
+ public:
+  const std::string job_id_;
 };
 
 class MultiHost : public ::testing::Test {
@@ -215,8 +220,6 @@ class MultiHost : public ::testing::Test {
     ASSERT_TRUE(cluster.ok()) << cluster.status();  // fails (never skips) without namespaces
     cluster_ = *std::move(cluster);
     ASSERT_FALSE(shared_.path().empty());
-    expected_ = UninterruptedChecksums(shared_.path(), 3 * kPerHost);
-    ASSERT_EQ(expected_.size(), static_cast<size_t>(3 * kPerHost));
   }
 
   // The job's TcpStore, served by the test on its own address (not by a host that a test kills).
@@ -242,14 +245,51 @@ class MultiHost : public ::testing::Test {
 
   void ExpectFinishedAsIfUninterrupted(MultiHostJob& job, const std::vector<int>& hosts) {
     for (int n : hosts) EXPECT_EQ(job.Wait(n), 0) << "host " << n << "\n" << job.AllOutput();
-    EXPECT_EQ(job.FinalChecksums(), expected_) << job.AllOutput();
+    const std::map<int, std::string> expected =
+        UninterruptedChecksums(shared_.path(), 3 * kPerHost);
+    ASSERT_EQ(expected.size(), static_cast<size_t>(3 * kPerHost));
+    EXPECT_EQ(job.FinalChecksums(), expected) << job.AllOutput();
   }
 
   SharedDir shared_;
   std::unique_ptr<SimCluster> cluster_;
   std::unique_ptr<TcpStoreServer> store_;
-  std::map<int, std::string> expected_;
 };
+
+// Ranks by host in join order, the environment torchrun gives (and TRAINGUARD_HOST_ADDR), and
+// --standby-nodes: the job forms once the standby host joined too, and the host that joined after
+// the training ones holds standbys though it asked for no role.
+TEST_F(MultiHost, RanksAreAssignedByHostWithTorchrunsEnvironmentAndTheLastHostIsAStandbyHost) {
+  MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 2);
+  const std::vector<std::string> print_env = {
+      "/bin/sh", "-c",
+      "echo ENV ROLE=$TRAINGUARD_ROLE RANK=$RANK LOCAL_RANK=$LOCAL_RANK WORLD_SIZE=$WORLD_SIZE "
+      "LOCAL_WORLD_SIZE=$LOCAL_WORLD_SIZE GROUP_RANK=$GROUP_RANK ROLE_RANK=$ROLE_RANK "
+      "MASTER_ADDR=$MASTER_ADDR RUN_ID=$TORCHELASTIC_RUN_ID "
+      "RESTARTS=$TORCHELASTIC_RESTART_COUNT HOST_ADDR=$TRAINGUARD_HOST_ADDR"};
+  const std::vector<std::string> flags = {"--standby-nodes", "1"};
+  job.StartHost(1, false, flags, print_env);
+  ASSERT_TRUE(job.Await(1, "coordinating the job")) << job.AllOutput();
+  job.StartHost(2, false, flags, print_env);
+  ASSERT_TRUE(job.Await(2, "joined as a worker")) << job.AllOutput();
+  EXPECT_THAT(job.Output(1), ::testing::Not(HasSubstr("host(s) train")));  // waits for host 3
+  job.StartHost(3, false, flags, print_env);
+  for (int n : {1, 2, 3}) EXPECT_EQ(job.Wait(n), 0) << job.AllOutput();
+  const std::string id = job.job_id_;
+  for (int rank = 0; rank < 4; ++rank) {
+    const int host = rank / 2 + 1;
+    EXPECT_THAT(job.Output(host),
+                HasSubstr(absl::StrFormat(
+                    "ENV ROLE=rank RANK=%d LOCAL_RANK=%d WORLD_SIZE=4 LOCAL_WORLD_SIZE=2 "
+                    "GROUP_RANK=%d ROLE_RANK=%d MASTER_ADDR=127.0.1.1 RUN_ID=%s RESTARTS=0 "
+                    "HOST_ADDR=127.0.1.%d",
+                    rank, rank % 2, host - 1, rank, id, host)))
+        << job.AllOutput();
+  }
+  EXPECT_THAT(job.Output(3), HasSubstr("host host3 is a standby host: 2 standbys"));
+  EXPECT_THAT(job.Output(3), HasSubstr("ENV ROLE=standby RANK= LOCAL_RANK= WORLD_SIZE=4"));
+  EXPECT_THAT(job.Output(1), HasSubstr("2 host(s) train, 1 are standby hosts"));
+}
 
 // 1. A whole host dies (its PID namespace is killed): its two ranks are replaced at once by the
 // standby host's two, in one generation, and the job finishes.
@@ -267,6 +307,14 @@ TEST_F(MultiHost, AKilledHostsRanksAreTakenByTheStandbyHostAndTheJobFinishes) {
   // Group ranks follow the join order: host2 holds ranks 2,3 or 4,5. Local rank i -> standby i.
   EXPECT_THAT(coordinator, ::testing::ContainsRegex("host host2's ranks taken by [0-9]<-host4:[0-9]+:"
                                                     "standby0, [0-9]<-host4:[0-9]+:standby1"));
+  // host2's shared memory died with it: the standby host's ranks restore the newest durable
+  // checkpoint, and the survivors the same step from their arenas.
+  std::smatch m;
+  const std::string standby_host = job.Output(4);
+  ASSERT_TRUE(std::regex_search(standby_host, m,
+                                std::regex("rank [0-9] restored step ([0-9]+) from disk")))
+      << job.AllOutput();
+  EXPECT_THAT(coordinator, HasSubstr(absl::StrCat("restored step ", std::string(m[1]), " from arena")));
   ExpectFinishedAsIfUninterrupted(job, {1, 3, 4});
 }
 
