@@ -344,8 +344,8 @@ void PrintTable(const Flags& flags, const std::vector<BackendResult>& results) {
       kWorkerHosts, kPerHost, kVictim, flags.host_timeout_s);
   std::printf("%-8s %6s  %-19s  %-19s  %-19s\n", "backend", "trials", "reported (s)", "seen (s)",
               "seen - bound (s)");
-  std::printf("%-8s %6s  %-19s  %-19s  %-19s\n", "", "", "median      max", "median      max",
-              "median      max");
+  std::printf("%-8s %6s  %-19s  %-19s  %-19s\n", "", "", "median   max", "median   max",
+              "median   max");
   for (const BackendResult& r : results) {
     if (r.trials.empty()) {
       std::printf("%-8s %6d  (every trial failed)\n", r.backend.c_str(), 0);
@@ -354,7 +354,7 @@ void PrintTable(const Flags& flags, const std::vector<BackendResult>& results) {
     std::printf("%-8s %6zu", r.backend.c_str(), r.trials.size());
     for (double Trial::*field : {&Trial::reported_s, &Trial::seen_s, &Trial::seen_minus_bound_s}) {
       const std::vector<double> v = Figure(r.trials, field);
-      std::printf("  %-8.3f %-8.3f  ", Median(v), Max(v));
+      std::printf("  %-8.3f %-10.3f", Median(v), Max(v));
     }
     std::printf("\n");
     if (!r.failures.empty()) std::printf("         (%zu trial(s) failed)\n", r.failures.size());
