@@ -433,7 +433,7 @@ int Main(int argc, char** argv) {
                  std::string(flags.status().message()).c_str(), kUsage);
     return 2;
   }
-  if (absl::StartsWith(flags->work_dir, "/tmp")) {
+  if (flags->work_dir == "/tmp" || absl::StartsWith(flags->work_dir, "/tmp/")) {
     std::fprintf(stderr, "bench_host_recovery: --work-dir %s: each host sees its own /tmp\n",
                  flags->work_dir.c_str());
     return 2;
