@@ -1,0 +1,477 @@
+// bench_host_recovery: how long `trainguard run`, as one agent per host, takes to recover from the
+// loss of a whole host, on simulated hosts (tests/support/sim_cluster.h: Linux namespaces, one
+// loopback address 127.0.1.<n> per host). Needs root.
+//
+//   bench_host_recovery [--trials N] [--backends tcp,etcd] [--host-timeout S] [--json FILE]
+//                       [--work-dir DIR]
+//
+// For each store backend (tcp: a TcpStore served by this process on 127.0.1.254; etcd: a 3-member
+// cluster on 127.0.1.201-203) and each trial, a fresh cluster runs the example trainer on 4 worker
+// hosts x 2 ranks plus 1 standby host (--role standby). Host 1 starts first and coordinates; once
+// "step 300 loss" appears, host 3 is killed (SIGKILL to its PID namespace's init: every process of
+// the host at once), and the logs are polled every 10 ms until the coordinator prints "recovered
+// from the loss of host host3 in X s". Recorded per trial:
+//   reported: X, the launcher's own figure (the dead host's last heartbeat -> every rank completed
+//             its first step of the new generation);
+//   seen:     the wall time from KillHost() returning to that line appearing in the log (an upper
+//             bound: it includes the log polling);
+//   seen - bound: seen minus the liveness bound (--host-timeout): the recovery proper.
+// The cluster is then torn down (every host killed); the job is not run to its end. Prints the
+// median and max of each figure per backend, and with --json writes every trial's figures.
+//
+// Single-threaded: the main thread drives every SimCluster (it must: see sim_cluster.h).
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "sdk/rendezvous/tcp_store.h"
+#include "tests/support/etcd_cluster.h"
+#include "tests/support/sim_cluster.h"
+
+namespace trainguard {
+namespace {
+
+using testing::SimCluster;
+
+constexpr int kWorkerHosts = 4;
+constexpr int kStandbyHost = kWorkerHosts + 1;
+constexpr int kPerHost = 2;
+constexpr int kVictim = 3;  // not host 1, which coordinates
+// Long enough that the job is still training when the recovery completes; the bench kills the
+// cluster right after the measurement.
+constexpr int kSteps = 100000;
+constexpr char kStoreAddress[] = "127.0.1.254";
+constexpr char kToken[] = "bench-host-recovery-token";
+// Bounds each wait on a log line: a trial that needs longer has failed.
+constexpr absl::Duration kDeadline = absl::Seconds(120);
+constexpr absl::Duration kPollInterval = absl::Milliseconds(10);
+
+constexpr char kUsage[] =
+    "usage: bench_host_recovery [--trials N] [--backends tcp,etcd] [--host-timeout S]\n"
+    "                           [--json FILE] [--work-dir DIR]\n"
+    "\n"
+    "Time to recover from the loss of a whole host under `trainguard run` agents, on simulated\n"
+    "hosts (Linux namespaces; needs root and /usr/sbin/nft; etcd needs /usr/bin/etcd).\n"
+    "Each trial: 4 worker hosts x 2 ranks + 1 standby host; host 3 is killed at step 300.\n"
+    "\n"
+    "  --trials N          trials per backend (default 3)\n"
+    "  --backends LIST     comma-separated, of tcp (TcpStore served on 127.0.1.254) and etcd\n"
+    "                      (3-member cluster on 127.0.1.201-203); default tcp,etcd\n"
+    "  --host-timeout S    the agents' liveness bound, seconds (default 2)\n"
+    "  --json FILE         also write every trial's figures as JSON to FILE\n"
+    "  --work-dir DIR      where run directories and host logs go (default: under the build\n"
+    "                      tree); must not be under /tmp, which each host sees privately\n"
+    "\n"
+    "Figures, per backend (median and max over the trials):\n"
+    "  reported       the launcher's own: the dead host's last heartbeat -> every rank completed\n"
+    "                 its first step of the new generation\n"
+    "  seen           KillHost() returned -> the coordinator's \"recovered\" line in its log\n"
+    "                 (an upper bound: includes the 10 ms log polling)\n"
+    "  seen - bound   seen minus --host-timeout: the recovery after the liveness bound\n";
+
+struct Flags {
+  int trials = 3;
+  std::vector<std::string> backends = {"tcp", "etcd"};
+  double host_timeout_s = 2;
+  std::string json;
+  std::string work_dir = TRAINGUARD_BENCH_WORK_DIR;
+};
+
+struct Trial {
+  double reported_s = 0;
+  double seen_s = 0;
+  double seen_minus_bound_s = 0;
+};
+
+struct BackendResult {
+  std::string backend;
+  std::vector<Trial> trials;
+  std::vector<std::string> failures;
+};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The last `lines` lines of `text`, for an error message.
+std::string Tail(const std::string& text, int lines) {
+  size_t pos = text.size();
+  for (int i = 0; i <= lines && pos != std::string::npos && pos > 0; ++i) {
+    pos = text.rfind('\n', pos - 1);
+  }
+  return pos == std::string::npos ? text : text.substr(pos + 1);
+}
+
+absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
+  Flags flags;
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i];
+    std::optional<std::string> value;
+    if (const size_t eq = flag.find('='); flag.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    }
+    if (flag == "--help" || flag == "-h") return absl::CancelledError("help");
+    if (!value.has_value()) {
+      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(flag, ": needs a value"));
+      value = argv[++i];
+    }
+    if (flag == "--trials") {
+      if (!absl::SimpleAtoi(*value, &flags.trials) || flags.trials < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--trials '", *value, "': need an integer >= 1"));
+      }
+    } else if (flag == "--backends") {
+      flags.backends = absl::StrSplit(*value, ',', absl::SkipEmpty());
+      if (flags.backends.empty()) return absl::InvalidArgumentError("--backends: empty list");
+      for (const std::string& b : flags.backends) {
+        if (b != "tcp" && b != "etcd") {
+          return absl::InvalidArgumentError(
+              absl::StrCat("--backends: unknown backend '", b, "' (know tcp, etcd)"));
+        }
+      }
+    } else if (flag == "--host-timeout") {
+      if (!absl::SimpleAtod(*value, &flags.host_timeout_s) || flags.host_timeout_s < 0.5 ||
+          flags.host_timeout_s > 3600) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--host-timeout '", *value, "': need seconds in [0.5, 3600]"));
+      }
+    } else if (flag == "--json") {
+      flags.json = *value;
+    } else if (flag == "--work-dir") {
+      flags.work_dir = *value;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", flag));
+    }
+  }
+  return flags;
+}
+
+std::vector<std::string> TrainerArgs() {
+  return {TRAINGUARD_TRAINER_PATH, "--steps", absl::StrCat(kSteps), "--print-every", "50",
+          "--comm-timeout-s",      "10"};
+}
+
+std::vector<std::string> CheckpointEnv(const std::string& dir) {
+  return {"TRAINGUARD_CHECKPOINT_EVERY_STEPS=25", "TRAINGUARD_CHECKPOINT_PERSIST_EVERY=4",
+          absl::StrCat("TRAINGUARD_CHECKPOINT_DIR=", dir, "/checkpoints")};
+}
+
+// One multi-host job on `cluster`: an agent per simulated host, all writing their logs to `dir`.
+class HostJob {
+ public:
+  HostJob(SimCluster& cluster, std::string dir, std::string endpoint, std::string job_id,
+          double host_timeout_s)
+      : cluster_(cluster),
+        dir_(std::move(dir)),
+        endpoint_(std::move(endpoint)),
+        job_id_(std::move(job_id)),
+        host_timeout_s_(host_timeout_s) {}
+
+  absl::Status StartHost(int n, bool standby) {
+    std::vector<std::string> argv = {TRAINGUARD_CLI_PATH, "run",
+                                     "--nnodes",          absl::StrCat(kWorkerHosts),
+                                     "--nproc-per-node",  absl::StrCat(kPerHost),
+                                     "--rdzv-endpoint",   endpoint_,
+                                     "--token-file",      dir_ + "/token",
+                                     "--job-id",          job_id_,
+                                     "--run-dir",         dir_ + "/run",
+                                     "--host-id",         absl::StrCat("host", n),
+                                     "--local-addr",      SimCluster::Address(n),
+                                     "--host-timeout",    absl::StrFormat("%g", host_timeout_s_)};
+    if (standby) {
+      argv.push_back("--role");
+      argv.push_back("standby");
+    }
+    argv.push_back("--");
+    for (const std::string& a : TrainerArgs()) argv.push_back(a);
+    hosts_.push_back(n);
+    return cluster_.StartHost(n, {.hostname = absl::StrCat("host", n),
+                                  .argv = argv,
+                                  .env = CheckpointEnv(dir_ + "/run"),
+                                  .log_path = Log(n)});
+  }
+
+  std::string Log(int n) const { return absl::StrCat(dir_, "/host", n, ".log"); }
+
+  std::string AllOutput() const {
+    std::string all;
+    for (int n : hosts_) absl::StrAppend(&all, "==== host", n, "\n", ReadFile(Log(n)));
+    return all;
+  }
+
+  // Bounded polling of host n's log (n == 0: any host's) for a match of `re`: the match.
+  absl::StatusOr<std::smatch> Await(int n, const std::regex& re, const std::string& what) const {
+    for (absl::Time end = absl::Now() + kDeadline; absl::Now() < end;) {
+      // Kept alive for the match, which points into it.
+      text_ = n > 0 ? ReadFile(Log(n)) : AllOutput();
+      std::smatch m;
+      if (std::regex_search(text_, m, re)) return m;
+      absl::SleepFor(kPollInterval);
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        "no ", what, " in ", n > 0 ? absl::StrCat("host ", n, "'s log") : "any log", " within ",
+        absl::FormatDuration(kDeadline), "; the logs end:\n", Tail(AllOutput(), 40)));
+  }
+
+ private:
+  SimCluster& cluster_;
+  const std::string dir_;
+  const std::string endpoint_;
+  const std::string job_id_;
+  const double host_timeout_s_;
+  std::vector<int> hosts_;
+  mutable std::string text_;
+};
+
+// One trial on a fresh cluster: the store, the hosts, the kill, the measurement; everything is torn
+// down on return (hosts first, by the SimCluster's destructor, then the store).
+absl::StatusOr<Trial> RunTrial(const Flags& flags, const std::string& backend, int index) {
+  std::error_code ec;
+  std::filesystem::create_directories(flags.work_dir, ec);
+  std::string pattern = flags.work_dir + "/hr-XXXXXX";
+  if (mkdtemp(pattern.data()) == nullptr) {
+    return absl::InternalError(absl::StrCat("mkdtemp ", pattern, ": ", std::strerror(errno)));
+  }
+  const std::string dir = pattern;
+  std::ofstream(dir + "/token") << kToken << "\n";
+
+  absl::StatusOr<std::unique_ptr<SimCluster>> cluster = SimCluster::Create();
+  if (!cluster.ok()) return cluster.status();
+  // Declared after the cluster's network namespace is entered (so they serve inside it), and
+  // destroyed after it (the hosts die first, and never see their store vanish).
+  std::unique_ptr<TcpStoreServer> tcp;
+  std::unique_ptr<testing::EtcdCluster> etcd;
+  std::string endpoint;
+  if (backend == "tcp") {
+    TcpStoreServerOptions options;
+    options.host = kStoreAddress;
+    options.job_token = kToken;
+    absl::StatusOr<std::unique_ptr<TcpStoreServer>> server = TcpStoreServer::Start(options);
+    if (!server.ok()) return server.status();
+    tcp = *std::move(server);
+    endpoint = absl::StrCat("tcp://", kStoreAddress, ":", tcp->port());
+  } else {
+    absl::StatusOr<std::unique_ptr<testing::EtcdCluster>> started =
+        testing::EtcdCluster::Start(3, {"127.0.1.201", "127.0.1.202", "127.0.1.203"});
+    if (!started.ok()) return started.status();
+    etcd = *std::move(started);
+    endpoint = etcd->StoreUrl();
+  }
+
+  absl::StatusOr<Trial> trial = [&]() -> absl::StatusOr<Trial> {
+    HostJob job(**cluster, dir, endpoint, absl::StrCat("hr-", backend, "-", getpid(), "-", index),
+                flags.host_timeout_s);
+    if (absl::Status s = job.StartHost(1, false); !s.ok()) return s;
+    if (auto m = job.Await(1, std::regex("coordinating the job"), "\"coordinating the job\"");
+        !m.ok()) {
+      return m.status();
+    }
+    for (int n = 2; n <= kWorkerHosts; ++n) {
+      if (absl::Status s = job.StartHost(n, false); !s.ok()) return s;
+    }
+    if (absl::Status s = job.StartHost(kStandbyHost, true); !s.ok()) return s;
+    if (auto m = job.Await(0, std::regex("step 300 loss"), "\"step 300 loss\""); !m.ok()) {
+      return m.status();
+    }
+    const absl::StatusOr<absl::Time> killed = (*cluster)->KillHost(kVictim);
+    if (!killed.ok()) return killed.status();
+    const absl::Time kill_returned = absl::Now();
+    absl::StatusOr<std::smatch> recovered =
+        job.Await(1,
+                  std::regex(absl::StrCat("recovered from the loss of host host", kVictim,
+                                          " in ([0-9.]+) s")),
+                  absl::StrCat("\"recovered from the loss of host host", kVictim, "\""));
+    if (!recovered.ok()) return recovered.status();
+    Trial t;
+    t.seen_s = absl::ToDoubleSeconds(absl::Now() - kill_returned);
+    t.reported_s = std::stod((*recovered)[1]);
+    t.seen_minus_bound_s = t.seen_s - flags.host_timeout_s;
+    return t;
+  }();
+  cluster->reset();
+  etcd.reset();
+  tcp.reset();
+  if (trial.ok()) std::filesystem::remove_all(dir, ec);  // a failed trial's logs stay
+  if (!trial.ok()) {
+    return absl::Status(trial.status().code(),
+                        absl::StrCat(trial.status().message(), "\n(logs kept in ", dir, ")"));
+  }
+  return trial;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+double Max(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
+
+std::vector<double> Figure(const std::vector<Trial>& trials, double Trial::*field) {
+  std::vector<double> v;
+  for (const Trial& t : trials) v.push_back(t.*field);
+  return v;
+}
+
+void PrintTable(const Flags& flags, const std::vector<BackendResult>& results) {
+  std::printf(
+      "\nhost loss recovery: %d worker hosts x %d ranks + 1 standby host, host%d killed "
+      "at step 300, --host-timeout %g s\n",
+      kWorkerHosts, kPerHost, kVictim, flags.host_timeout_s);
+  std::printf("%-8s %6s  %-19s  %-19s  %-19s\n", "backend", "trials", "reported (s)", "seen (s)",
+              "seen - bound (s)");
+  std::printf("%-8s %6s  %-19s  %-19s  %-19s\n", "", "", "median   max", "median   max",
+              "median   max");
+  for (const BackendResult& r : results) {
+    if (r.trials.empty()) {
+      std::printf("%-8s %6d  (every trial failed)\n", r.backend.c_str(), 0);
+      continue;
+    }
+    std::printf("%-8s %6zu", r.backend.c_str(), r.trials.size());
+    for (double Trial::*field : {&Trial::reported_s, &Trial::seen_s, &Trial::seen_minus_bound_s}) {
+      const std::vector<double> v = Figure(r.trials, field);
+      std::printf("  %-8.3f %-10.3f", Median(v), Max(v));
+    }
+    std::printf("\n");
+    if (!r.failures.empty()) std::printf("         (%zu trial(s) failed)\n", r.failures.size());
+  }
+}
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += absl::StrFormat("\\u%04x", c);
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+absl::Status WriteJson(const Flags& flags, const std::vector<BackendResult>& results) {
+  std::string json = absl::StrFormat(
+      "{\n  \"benchmark\": \"host_recovery\",\n  \"worker_hosts\": %d,\n  \"ranks_per_host\": %d,\n"
+      "  \"standby_hosts\": 1,\n  \"killed_host\": \"host%d\",\n  \"host_timeout_s\": %g,\n"
+      "  \"backends\": [",
+      kWorkerHosts, kPerHost, kVictim, flags.host_timeout_s);
+  for (size_t i = 0; i < results.size(); ++i) {
+    const BackendResult& r = results[i];
+    absl::StrAppend(&json, i > 0 ? "," : "", "\n    {\"backend\": ", JsonString(r.backend),
+                    ", \"trials\": [");
+    for (size_t j = 0; j < r.trials.size(); ++j) {
+      const Trial& t = r.trials[j];
+      absl::StrAppend(&json, j > 0 ? ", " : "",
+                      absl::StrFormat("{\"reported_s\": %.3f, \"seen_s\": %.3f, "
+                                      "\"seen_minus_bound_s\": %.3f}",
+                                      t.reported_s, t.seen_s, t.seen_minus_bound_s));
+    }
+    absl::StrAppend(&json, "]");
+    if (!r.trials.empty()) {
+      const char* names[] = {"reported_s", "seen_s", "seen_minus_bound_s"};
+      double Trial::*fields[] = {&Trial::reported_s, &Trial::seen_s, &Trial::seen_minus_bound_s};
+      for (const char* stat : {"median", "max"}) {
+        absl::StrAppend(&json, ", \"", stat, "\": {");
+        for (int k = 0; k < 3; ++k) {
+          const std::vector<double> v = Figure(r.trials, fields[k]);
+          absl::StrAppend(&json, k > 0 ? ", " : "",
+                          absl::StrFormat("\"%s\": %.3f", names[k],
+                                          std::string(stat) == "median" ? Median(v) : Max(v)));
+        }
+        absl::StrAppend(&json, "}");
+      }
+    }
+    absl::StrAppend(&json, ", \"failures\": [");
+    for (size_t j = 0; j < r.failures.size(); ++j) {
+      absl::StrAppend(&json, j > 0 ? ", " : "", JsonString(r.failures[j]));
+    }
+    absl::StrAppend(&json, "]}");
+  }
+  absl::StrAppend(&json, "\n  ]\n}\n");
+  std::ofstream out(flags.json);
+  out << json;
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("writing --json ", flags.json));
+  return absl::OkStatus();
+}
+
+int Main(int argc, char** argv) {
+  absl::StatusOr<Flags> flags = ParseFlags(argc, argv);
+  if (absl::IsCancelled(flags.status())) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (!flags.ok()) {
+    std::fprintf(stderr, "bench_host_recovery: %s\n\n%s",
+                 std::string(flags.status().message()).c_str(), kUsage);
+    return 2;
+  }
+  if (flags->work_dir == "/tmp" || absl::StartsWith(flags->work_dir, "/tmp/")) {
+    std::fprintf(stderr, "bench_host_recovery: --work-dir %s: each host sees its own /tmp\n",
+                 flags->work_dir.c_str());
+    return 2;
+  }
+  std::vector<BackendResult> results;
+  bool failed = false;
+  for (const std::string& backend : flags->backends) {
+    BackendResult& result = results.emplace_back();
+    result.backend = backend;
+    for (int i = 0; i < flags->trials; ++i) {
+      const absl::Time start = absl::Now();
+      absl::StatusOr<Trial> trial = RunTrial(*flags, backend, i);
+      if (!trial.ok()) {
+        std::fprintf(stderr, "%s trial %d failed: %s\n", backend.c_str(), i + 1,
+                     std::string(trial.status().ToString()).c_str());
+        result.failures.push_back(std::string(trial.status().message()).substr(0, 2000));
+        failed = true;
+        continue;
+      }
+      std::printf(
+          "%s trial %d: reported %.3f s, seen %.3f s, seen - bound %.3f s (trial took %.1f s)\n",
+          backend.c_str(), i + 1, trial->reported_s, trial->seen_s, trial->seen_minus_bound_s,
+          absl::ToDoubleSeconds(absl::Now() - start));
+      std::fflush(stdout);
+      result.trials.push_back(*trial);
+    }
+  }
+  PrintTable(*flags, results);
+  if (!flags->json.empty()) {
+    if (absl::Status s = WriteJson(*flags, results); !s.ok()) {
+      std::fprintf(stderr, "bench_host_recovery: %s\n", std::string(s.message()).c_str());
+      return 1;
+    }
+  }
+  return failed ? 1 : 0;
+}
+
+}  // namespace
+}  // namespace trainguard
+
+int main(int argc, char** argv) { return trainguard::Main(argc, argv); }
