@@ -1701,9 +1701,10 @@ void Job::DeclareHostDead(const std::string& host, absl::Time last_beat, const s
 // host with the most parked standbys, in local-rank order (so local rank i stays local rank i);
 // for one rank, a standby on the rank's own host.
 std::vector<std::string> Job::PreferredStandbys(const std::string& dead_host, size_t needed) {
+  if (!MultiHost()) return {};  // one host: any parked standby, in member-id order
   absl::StatusOr<std::vector<std::string>> parked =
       coordinator_->ParkedStandbys(AgentCallTimeout(config_.host_timeout));
-  if (!parked.ok() || !MultiHost()) return {};
+  if (!parked.ok()) return {};
   std::map<std::string, std::vector<std::pair<int, std::string>>> by_host;
   for (const std::string& member : *parked) {
     const std::string host = member.substr(0, member.find(':'));
