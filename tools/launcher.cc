@@ -1210,7 +1210,8 @@ int Job::Run() {
           Say(absl::StrFormat("generation 0 formed with %d ranks", world_size_));
         } else {
           exit_code_ = kExitJobFailed;
-          Say(absl::StrCat("job failed: generation 0 did not form: ", formed_->ToString()));
+          failure_ = absl::StrCat("generation 0 did not form: ", formed_->ToString());
+          Say(absl::StrCat("job failed: ", failure_));
           if (MultiHost()) (void)store_->Set(kJobFailedKey, formed_->ToString(), absl::Seconds(2));
         }
       }

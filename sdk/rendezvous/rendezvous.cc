@@ -501,7 +501,8 @@ absl::StatusOr<Membership> RendezvousCoordinator::Publish(
   absl::StatusOr<CompareAndSetResult> claim =
       store_->CompareAndSet(ClaimKey(next.generation), std::nullopt, name_, timeout);
   if (!claim.ok()) return claim.status();
-  if (!claim->swapped) {
+  // Our own claim: an earlier attempt of this publication that ran out of time after claiming.
+  if (!claim->swapped && claim->current != name_) {
     (void)Resume(Left(deadline));
     return absl::AbortedError(absl::StrFormat("generation %d was published by %s, not by %s",
                                               next.generation, claim->current.value_or("?"),

@@ -127,7 +127,9 @@ class RendezvousCoordinator {
   // REQUIRES: `store` and `clock` outlive the coordinator. The clock times the heartbeats'
   // staleness (its monotonic time: a wall-clock jump never makes a rank look dead); tests pass a
   // ManualClock. The waits of the other calls are bounded in real time. `name` is written to the
-  // claim of each generation it publishes (who published what, for the operator).
+  // claim of each generation it publishes (who published what, for the operator); it must differ
+  // between coordinators of one job (a host id), since a claim with its own name counts as its own
+  // (an earlier attempt of the same publication that ran out of time).
   explicit RendezvousCoordinator(Store* store, Clock* clock = Clock::Real(),
                                  std::string name = "coordinator");
 

@@ -359,6 +359,24 @@ TEST_F(MultiHost, TwoHostsLostWithinASecondAreBothReplacedByTwoStandbyHosts) {
   ExpectFinishedAsIfUninterrupted(job, {1, 4, 5});
 }
 
+// Without a standby host, with --spread-standbys, a dead host's ranks go to the spare processes of
+// the surviving training hosts (--standby 1 each), still in one generation.
+TEST_F(MultiHost, WithSpreadStandbysADeadHostsRanksGoToSpareProcessesOnTheSurvivingHosts) {
+  MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 3);
+  const std::vector<std::string> spread = {"--standby", "1", "--spread-standbys"};
+  job.StartHost(1, false, spread);
+  ASSERT_TRUE(job.Await(1, "coordinating the job")) << job.AllOutput();
+  job.StartHost(2, false, spread);
+  job.StartHost(3, false, spread);
+  ASSERT_TRUE(job.Await(0, "step 300 loss")) << job.AllOutput();
+  ASSERT_TRUE(cluster_->KillHost(2).ok());
+  ASSERT_TRUE(job.Await(1, "recovered from the loss of host host2")) << job.AllOutput();
+  EXPECT_THAT(job.Output(1), ::testing::ContainsRegex(
+                                 "host host2's ranks taken by [0-9]<-host[13]:[0-9]+:standby0, "
+                                 "[0-9]<-host[13]:[0-9]+:standby0"));
+  ExpectFinishedAsIfUninterrupted(job, {1, 3});
+}
+
 // 5. With a 3-member etcd cluster as the store, one member is killed mid-job: no agent notices a
 // host fault, no new generation is needed, and the job finishes.
 TEST_F(MultiHost, LosingOneMemberOfAThreeMemberEtcdClusterDoesNotDisturbTraining) {

@@ -487,3 +487,20 @@ TEST_F(Rendezvous, ResumingBeforeGenerationZeroIsNotFound) {
 
 }  // namespace
 }  // namespace trainguard
+
+namespace trainguard {
+namespace {
+
+// A publication that claimed its generation and then ran out of time is retried by the same
+// coordinator: its own claim does not stop it.
+TEST_F(Rendezvous, ACoordinatorRetryingAPublicationItAlreadyClaimedCompletesIt) {
+  FormGenerationZero(2);
+  ASSERT_TRUE(coordinator_store_->CompareAndSet("rdzv/claim/1", std::nullopt, "coordinator", kTimeout)
+                  ->swapped);
+  absl::StatusOr<Membership> renewed = coordinator_.RenewGeneration(kTimeout);
+  ASSERT_TRUE(renewed.ok()) << renewed.status();
+  EXPECT_EQ(renewed->generation, 1);
+}
+
+}  // namespace
+}  // namespace trainguard
