@@ -66,6 +66,18 @@ absl::StatusOr<bool> CoordinatorLease::Update(absl::Duration timeout) {
       if (absl::Nanoseconds(now_ns - renewed_ns_) >= expiry_) held_ = false;
       return renewed.status();
     }
+    if (!renewed->swapped && renewed->current.has_value()) {
+      // A renewal of ours that timed out yet was applied: the value is still our term's.
+      const std::vector<std::string> parts = absl::StrSplit(*renewed->current, ' ');
+      int64_t term = 0, beat = 0;
+      if (parts.size() == 3 && parts[1] == holder_id_ && absl::SimpleAtoi(parts[0], &term) &&
+          term == term_ && absl::SimpleAtoi(parts[2], &beat)) {
+        beat_ = beat;
+        written_ = *renewed->current;
+        renewed_ns_ = now_ns;
+        return true;
+      }
+    }
     if (!renewed->swapped) {  // another agent took the lease: deposed
       held_ = false;
       observed_ = renewed->current;

@@ -74,6 +74,16 @@ TEST_F(CoordinatorLeaseTest, AReleasedLeaseIsTakenAtOnceWithAHigherTerm) {
   EXPECT_EQ(b_.term(), 2);
 }
 
+TEST_F(CoordinatorLeaseTest, ARenewalThatWasAppliedThoughItsReplyWasLostKeepsTheLease) {
+  ASSERT_TRUE(*a_.Update(kTimeout));
+  // What a renewal whose reply timed out leaves behind: the next beat of the same term.
+  ASSERT_TRUE(store_.Set(CoordinatorLease::kKey, "1 hostA 1", kTimeout).ok());
+  EXPECT_TRUE(*a_.Update(kTimeout));
+  EXPECT_TRUE(a_.held());
+  EXPECT_TRUE(*a_.Update(kTimeout));  // and renews from it
+  EXPECT_EQ(*store_.Get(CoordinatorLease::kKey, kTimeout), "1 hostA 2");
+}
+
 TEST_F(CoordinatorLeaseTest, AMalformedLeaseValueIsTakenOverLikeAnExpiredOne) {
   ASSERT_TRUE(store_.Set(CoordinatorLease::kKey, "garbage", kTimeout).ok());
   EXPECT_FALSE(*a_.Update(kTimeout));
