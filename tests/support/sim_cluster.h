@@ -177,13 +177,21 @@ struct Captured {
 // exit status, stdout and stderr. With `fork_into_pid_namespace` (one of `namespaces` is a PID
 // namespace, which setns() applies to the children only), the command runs in a child of the
 // process that entered them. On timeout the command is SIGKILLed and DeadlineExceeded returned.
+//
+// `nsenter_fallback` (optional): when setns() itself fails in the child, which it does under
+// ThreadSanitizer (its runtime gives the forked child a thread of its own, and a multithreaded
+// process cannot enter a mount namespace), this command line runs instead; it is expected to be
+// util-linux's nsenter entering the same namespaces through /proc/self/fd/<fd> of `namespaces`,
+// whose close-on-exec flag the child clears for it.
 inline absl::StatusOr<Captured> RunCaptured(std::vector<std::string> argv,
                                             std::vector<std::string> env,
                                             const std::vector<Namespace>& namespaces,
-                                            bool fork_into_pid_namespace, absl::Duration timeout) {
+                                            bool fork_into_pid_namespace, absl::Duration timeout,
+                                            std::vector<std::string> nsenter_fallback = {}) {
   const std::string what = absl::StrCat("`", absl::StrJoin(argv, " "), "`");
   const std::vector<char*> args = NullTerminated(argv);
   const std::vector<char*> envp = NullTerminated(env);
+  const std::vector<char*> fallback_args = NullTerminated(nsenter_fallback);
   int out[2], err[2];
   if (pipe2(out, O_CLOEXEC) != 0) return absl::InternalError("pipe2: " + ErrnoName(errno));
   if (pipe2(err, O_CLOEXEC) != 0) {
@@ -197,8 +205,23 @@ inline absl::StatusOr<Captured> RunCaptured(std::vector<std::string> argv,
   if (child == 0) {  // only async-signal-safe calls from here to exec
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);
+    bool entered = true;
     for (const Namespace& ns : namespaces) {
-      if (setns(ns.fd, ns.type) != 0) _exit(126);
+      if (setns(ns.fd, ns.type) != 0) {
+        entered = false;
+        break;
+      }
+    }
+    if (!entered && nsenter_fallback.empty()) _exit(126);
+    if (!entered) {
+      for (const Namespace& ns : namespaces) fcntl(ns.fd, F_SETFD, 0);
+      const int null = open("/dev/null", O_RDONLY);
+      dup2(null, STDIN_FILENO);
+      dup2(out[1], STDOUT_FILENO);
+      dup2(err[1], STDERR_FILENO);
+      ResetSignals();
+      execve(fallback_args[0], fallback_args.data(), envp.data());
+      _exit(127);
     }
     if (fork_into_pid_namespace) {
       const pid_t command = fork();
@@ -880,10 +903,20 @@ inline absl::StatusOr<std::string> SimCluster::RunInHost(int n,
   }
   absl::StatusOr<sim_cluster_internal::Captured> ran;
   if (opened.ok()) {
+    std::vector<std::string> nsenter = {"/usr/bin/nsenter", "--wd=/"};
+    for (const Namespace& ns : namespaces) {
+      const char* flag = ns.type == CLONE_NEWNET   ? "--net"
+                         : ns.type == CLONE_NEWUTS ? "--uts"
+                         : ns.type == CLONE_NEWPID ? "--pid"
+                                                   : "--mount";
+      nsenter.push_back(absl::StrCat(flag, "=/proc/self/fd/", ns.fd));
+    }
+    nsenter.push_back("--");
+    nsenter.insert(nsenter.end(), argv.begin(), argv.end());
     ran = sim_cluster_internal::RunCaptured(
         argv,
         sim_cluster_internal::EnvironmentWith({absl::StrCat("TG_SIM_HOST_ADDR=", Address(n))}),
-        namespaces, true, timeout);
+        namespaces, true, timeout, std::move(nsenter));
   }
   for (size_t i = 1; i < namespaces.size(); ++i) close(namespaces[i].fd);
   if (!opened.ok()) return opened;
