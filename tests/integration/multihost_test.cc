@@ -351,11 +351,16 @@ TEST_F(MultiHost, APartitionedHostIsFencedOutAndNoRankEverTrainsTwice) {
 TEST_F(MultiHost, TwoHostsLostWithinASecondAreBothReplacedByTwoStandbyHosts) {
   MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 3);
   StartJob(job, 3, 2);
-  ASSERT_TRUE(cluster_->KillHost(2).ok());
+  const absl::StatusOr<absl::Time> killed = cluster_->KillHost(2);
+  ASSERT_TRUE(killed.ok()) << killed.status();
   absl::SleepFor(absl::Milliseconds(500));  // the scenario's spacing, not a synchronization
   ASSERT_TRUE(cluster_->KillHost(3).ok());
   ASSERT_TRUE(job.Await(1, "recovered from the loss of host host2")) << job.AllOutput();
   ASSERT_TRUE(job.Await(1, "recovered from the loss of host host3")) << job.AllOutput();
+  std::printf("first host kill -> both recoveries seen: %.3f s (reported from the last heartbeats: "
+              "%.3f s and %.3f s)\n",
+              absl::ToDoubleSeconds(absl::Now() - *killed), job.ReportedRecoverySeconds(2),
+              job.ReportedRecoverySeconds(3));
   ExpectFinishedAsIfUninterrupted(job, {1, 4, 5});
 }
 
@@ -371,6 +376,8 @@ TEST_F(MultiHost, WithSpreadStandbysADeadHostsRanksGoToSpareProcessesOnTheSurviv
   ASSERT_TRUE(job.Await(0, "step 300 loss")) << job.AllOutput();
   ASSERT_TRUE(cluster_->KillHost(2).ok());
   ASSERT_TRUE(job.Await(1, "recovered from the loss of host host2")) << job.AllOutput();
+  std::printf("recovery reported from host2's last heartbeat: %.3f s\n",
+              job.ReportedRecoverySeconds(2));
   EXPECT_THAT(job.Output(1), ::testing::ContainsRegex(
                                  "host host2's ranks taken by [0-9]<-host[13]:[0-9]+:standby0, "
                                  "[0-9]<-host[13]:[0-9]+:standby0"));
@@ -388,6 +395,7 @@ TEST_F(MultiHost, LosingOneMemberOfAThreeMemberEtcdClusterDoesNotDisturbTraining
   absl::StatusOr<int> leader = (*etcd)->Leader(absl::Seconds(30));
   ASSERT_TRUE(leader.ok()) << leader.status();
   (*etcd)->Kill(*leader);  // the member every write goes through
+  std::printf("etcd leader (member %d) killed mid-job: no recovery is needed\n", *leader);
   ExpectFinishedAsIfUninterrupted(job, {1, 2, 3, 4});
   EXPECT_THAT(job.AllOutput(), ::testing::Not(HasSubstr("is dead")));
   EXPECT_THAT(job.AllOutput(), ::testing::Not(HasSubstr("generation 1")));
