@@ -350,7 +350,8 @@ class Job {
   std::set<std::string> dead_hosts_;
   std::set<std::string> handled_deaths_;  // member ids whose death report was taken
   bool done_published_ = false;
-  std::optional<absl::Time> min_reached_;  // when nnodes_min workers had joined (PublishPlan)
+  std::optional<absl::Time> min_reached_;
+  std::string silent_holder_;  // the lease's previous holder when this agent took it over  // when nnodes_min workers had joined (PublishPlan)
   absl::Time store_seen_ = absl::Now();  // the last heartbeat the store took
   // A host cut off from the store for this long gives up (a partition shorter than this heals).
   absl::Duration StoreLossBound() const {
@@ -1329,6 +1330,7 @@ void Job::AgentTick() {
 
 void Job::UpdateLease() {
   const bool was = lease_->held();
+  const std::string previous_holder = lease_->last_holder();
   absl::StatusOr<bool> held = lease_->Update(AgentCallTimeout(config_.host_timeout));
   if (lease_->held() == was) return;
   if (!lease_->held()) {
@@ -1346,6 +1348,10 @@ void Job::UpdateLease() {
   host_beats_.clear();
   handled_deaths_.clear();
   dead_hosts_.clear();
+  // The lease expired: its holder's agent was silent for host_timeout already (its heartbeat and
+  // its renewals come from the same loop). Its host's heartbeat starts out that old, so a dead
+  // coordinator's host costs one bound, not two; a live one beats again and is not declared dead.
+  silent_holder_ = previous_holder == CoordinatorLease::kReleasedHolder ? "" : previous_holder;
   if (absl::StatusOr<std::vector<std::string>> dead = store_->ListKeys("agents/dead/", kStoreTimeout);
       dead.ok()) {
     for (const std::string& key : *dead) dead_hosts_.insert(key.substr(strlen("agents/dead/")));
@@ -1588,6 +1594,7 @@ void Job::CoordinateHosts() {
   for (size_t i = 0; i < hosts.size(); ++i) {
     const std::string value = (*beats)[i].value_or("");
     auto [it, inserted] = host_beats_.try_emplace(hosts[i], HostBeat{value, now});
+    if (inserted && hosts[i] == silent_holder_) it->second.since = now - config_.host_timeout;
     if (!inserted && it->second.value != value) it->second = HostBeat{value, now};
     if (hosts[i] != config_.host_id && now - it->second.since >= config_.host_timeout) {
       DeclareHostDead(hosts[i], it->second.since,

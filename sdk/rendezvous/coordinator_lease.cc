@@ -13,8 +13,7 @@
 namespace trainguard {
 namespace {
 
-// The holder named by a released lease: the next agent to look takes it without waiting.
-constexpr char kReleased[] = "-";
+constexpr const char* kReleased = CoordinatorLease::kReleasedHolder;
 
 struct LeaseValue {
   int64_t term = 0;

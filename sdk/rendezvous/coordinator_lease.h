@@ -54,6 +54,8 @@ class CoordinatorLease {
   const std::string& holder_id() const { return holder_id_; }
 
   static constexpr char kKey[] = "coord/lease";
+  // The holder named by a released lease (Release): the next agent to look takes it at once.
+  static constexpr char kReleasedHolder[] = "-";
 
  private:
   std::string Value(int64_t term, int64_t beat) const;
