@@ -687,7 +687,11 @@ void Job::Reap() {
   }
 }
 
-bool Job::CanSpawnStandby() const { return config_.standby > 0 && !standbys_exhausted_; }
+bool Job::CanSpawnStandby() const {
+  // A standby host keeps its N standbys: one that died while parked is started again.
+  const bool standby_host = MultiHost() && spawned_ && group_rank_ < 0;
+  return (config_.standby > 0 || standby_host) && !standbys_exhausted_;
+}
 
 void Job::SignalGroup(const Child& child, int sig) {
   // A group id of 0 or 1 would signal this process's own group or every process: never.

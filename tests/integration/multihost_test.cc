@@ -318,6 +318,25 @@ TEST_F(MultiHost, AKilledHostsRanksAreTakenByTheStandbyHostAndTheJobFinishes) {
   ExpectFinishedAsIfUninterrupted(job, {1, 3, 4});
 }
 
+// A standby of the standby host dies while parked: its agent starts another, so the standby host
+// still has a standby for every rank when a host dies.
+TEST_F(MultiHost, AStandbyHostRefillsAStandbyThatDiedAndStillTakesAWholeHost) {
+  MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 3);
+  StartJob(job, 3, 1);
+  // Inside host 4 every process is the test's: its agent (named trainguard), its two standbys
+  // (named cpp_trainer); -o: the older of the two.
+  ASSERT_TRUE(cluster_->RunInHost(4, {"/usr/bin/pkill", "-KILL", "-o", "-x", "cpp_trainer"},
+                                  absl::Seconds(30))
+                  .ok());
+  ASSERT_TRUE(job.Await(4, "killed by SIGKILL while parked")) << job.AllOutput();
+  ASSERT_TRUE(job.Await(4, "started standby 2")) << job.AllOutput();
+  ASSERT_TRUE(cluster_->KillHost(2).ok());
+  ASSERT_TRUE(job.Await(1, "recovered from the loss of host host2")) << job.AllOutput();
+  EXPECT_THAT(job.Output(1), ::testing::ContainsRegex("host host2's ranks taken by [0-9]<-host4:"
+                                                      "[0-9]+:standby[0-9], [0-9]<-host4:"));
+  ExpectFinishedAsIfUninterrupted(job, {1, 3, 4});
+}
+
 // 2. The host whose agent coordinates dies: another agent takes the lease over, declares the host
 // dead and replaces its ranks; the job finishes.
 TEST_F(MultiHost, WhenTheCoordinatorsHostDiesAnotherAgentTakesOverAndTheJobFinishes) {
