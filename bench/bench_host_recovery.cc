@@ -46,6 +46,7 @@
 #include "absl/time/time.h"
 #include "sdk/rendezvous/tcp_store.h"
 #include "tests/support/etcd_cluster.h"
+#include "tests/support/example_trainer_job.h"
 #include "tests/support/sim_cluster.h"
 
 namespace trainguard {
@@ -171,13 +172,11 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
 }
 
 std::vector<std::string> TrainerArgs() {
-  return {TRAINGUARD_TRAINER_PATH, "--steps", absl::StrCat(kSteps), "--print-every", "50",
-          "--comm-timeout-s",      "10"};
+  return testing::ExampleTrainerArgs(TRAINGUARD_TRAINER_PATH, kSteps);
 }
 
 std::vector<std::string> CheckpointEnv(const std::string& dir) {
-  return {"TRAINGUARD_CHECKPOINT_EVERY_STEPS=25", "TRAINGUARD_CHECKPOINT_PERSIST_EVERY=4",
-          absl::StrCat("TRAINGUARD_CHECKPOINT_DIR=", dir, "/checkpoints")};
+  return testing::ExampleCheckpointEnv(dir);
 }
 
 // One multi-host job on `cluster`: an agent per simulated host, all writing their logs to `dir`.

@@ -24,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "sdk/rendezvous/tcp_store.h"
 #include "tests/support/etcd_cluster.h"
+#include "tests/support/example_trainer_job.h"
 #include "tests/support/sim_cluster.h"
 #include "tests/support/spawn.h"
 
@@ -79,13 +80,11 @@ std::map<int, std::string> FinalChecksums(const std::vector<std::string>& output
 }
 
 std::vector<std::string> TrainerArgs() {
-  return {TRAINGUARD_TRAINER_PATH, "--steps", absl::StrCat(kSteps), "--print-every", "50",
-          "--comm-timeout-s", "10"};
+  return testing::ExampleTrainerArgs(TRAINGUARD_TRAINER_PATH, kSteps);
 }
 
 std::vector<std::string> CheckpointEnv(const std::string& dir) {
-  return {"TRAINGUARD_CHECKPOINT_EVERY_STEPS=25", "TRAINGUARD_CHECKPOINT_PERSIST_EVERY=4",
-          absl::StrCat("TRAINGUARD_CHECKPOINT_DIR=", dir, "/checkpoints")};
+  return testing::ExampleCheckpointEnv(dir);
 }
 
 // The same job on one host without faults: what every rank's parameters must end as.
