@@ -351,7 +351,8 @@ class Job {
   std::set<std::string> handled_deaths_;  // member ids whose death report was taken
   bool done_published_ = false;
   std::optional<absl::Time> min_reached_;
-  std::string silent_holder_;  // the lease's previous holder when this agent took it over  // when nnodes_min workers had joined (PublishPlan)
+  std::string silent_holder_;  // the lease's previous holder when this agent took it over
+  absl::Time beats_read_ = absl::InfinitePast();  // the coordinator's last read of the heartbeats  // when nnodes_min workers had joined (PublishPlan)
   absl::Time store_seen_ = absl::Now();  // the last heartbeat the store took
   // A host cut off from the store for this long gives up (a partition shorter than this heals).
   absl::Duration StoreLossBound() const {
@@ -1313,16 +1314,17 @@ void Job::AgentTick() {
   if (now < next_agent_tick_) return;
   next_agent_tick_ = now + config_.host_timeout / 12;
   const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
-  if (absl::StatusOr<int64_t> beat =
-          store_->Add(absl::StrCat("agents/hb/", config_.host_id), 1, timeout);
+  // A Set of a counter of our own, not an Add: a Set may be retried on another etcd member after
+  // a broken connection (an Add's outcome would be unknown), so a leader election costs no beat.
+  if (absl::Status beat = store_->Set(absl::StrCat("agents/hb/", config_.host_id),
+                                      absl::StrCat(agent_beat_ + 1), timeout);
       beat.ok()) {
-    agent_beat_ = *beat;
+    ++agent_beat_;
     store_seen_ = now;
   } else if (now - store_seen_ > StoreLossBound()) {
     return Fail(absl::StrFormat("host %s has not reached the job's store (%s) for %s: %s",
                                 config_.host_id, store_url_,
-                                absl::FormatDuration(now - store_seen_),
-                                beat.status().ToString()));
+                                absl::FormatDuration(now - store_seen_), beat.ToString()));
   }
   UpdateLease();
   if (!spawned_) FollowPlan();
@@ -1334,7 +1336,6 @@ void Job::AgentTick() {
 
 void Job::UpdateLease() {
   const bool was = lease_->held();
-  const std::string previous_holder = lease_->last_holder();
   absl::StatusOr<bool> held = lease_->Update(AgentCallTimeout(config_.host_timeout));
   if (lease_->held() == was) return;
   if (!lease_->held()) {
@@ -1355,7 +1356,8 @@ void Job::UpdateLease() {
   // The lease expired: its holder's agent was silent for host_timeout already (its heartbeat and
   // its renewals come from the same loop). Its host's heartbeat starts out that old, so a dead
   // coordinator's host costs one bound, not two; a live one beats again and is not declared dead.
-  silent_holder_ = previous_holder == CoordinatorLease::kReleasedHolder ? "" : previous_holder;
+  silent_holder_ =
+      lease_->taken_from() == CoordinatorLease::kReleasedHolder ? "" : lease_->taken_from();
   if (absl::StatusOr<std::vector<std::string>> dead = store_->ListKeys("agents/dead/", kStoreTimeout);
       dead.ok()) {
     for (const std::string& key : *dead) dead_hosts_.insert(key.substr(strlen("agents/dead/")));
@@ -1581,13 +1583,19 @@ void Job::CoordinateHosts() {
     generation_zero = formed_.has_value();
   }
   if (!generation_zero && !former_.joinable()) StartForming();
-  // Host liveness: every joined host's agent beats; one that stops for host_timeout is dead.
+  // Host liveness: every joined host's agent beats; one that stops for host_timeout is dead. An
+  // agent that left (the job ended for it) beats no more, and once every rank finished nobody is
+  // replaced.
   absl::StatusOr<std::vector<std::string>> joined = store_->ListKeys("agents/join/", timeout);
-  if (!joined.ok()) return;
+  absl::StatusOr<std::vector<std::string>> left = store_->ListKeys("agents/left/", timeout);
+  if (!joined.ok() || !left.ok() || done_published_) return;
   std::vector<std::string> hosts, beat_keys;
   for (const std::string& key : *joined) {
     const std::string host = key.substr(strlen("agents/join/"));
     if (dead_hosts_.count(host) != 0) continue;
+    if (std::find(left->begin(), left->end(), absl::StrCat("agents/left/", host)) != left->end()) {
+      continue;
+    }
     hosts.push_back(host);
     beat_keys.push_back(absl::StrCat("agents/hb/", host));
   }
@@ -1595,6 +1603,12 @@ void Job::CoordinateHosts() {
       store_->MultiGet(beat_keys, timeout);
   if (!beats.ok()) return;
   const absl::Time now = absl::Now();
+  // A gap in this coordinator's own view (the store was unavailable to it, say during an etcd
+  // leader election, or it was stalled) is nobody's silence: every host gets a fresh bound.
+  if (now - beats_read_ > config_.host_timeout / 3) {
+    for (auto& [host, beat] : host_beats_) beat.since = now;
+  }
+  beats_read_ = now;
   for (size_t i = 0; i < hosts.size(); ++i) {
     const std::string value = (*beats)[i].value_or("");
     auto [it, inserted] = host_beats_.try_emplace(hosts[i], HostBeat{value, now});

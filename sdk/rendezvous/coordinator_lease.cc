@@ -46,6 +46,7 @@ bool CoordinatorLease::TryTake(const std::optional<std::string>& expected, int64
       store_->CompareAndSet(kKey, expected, value, timeout);
   if (!taken.ok() || !taken->swapped) return false;
   held_ = true;
+  taken_from_ = expected.has_value() ? Parse(*expected).holder : "";
   term_ = term;
   beat_ = 0;
   written_ = value;

@@ -52,6 +52,9 @@ class CoordinatorLease {
   // The holder named in the value this agent read last ("" when there was none).
   const std::string& last_holder() const { return last_holder_; }
   const std::string& holder_id() const { return holder_id_; }
+  // The holder named by the value this agent replaced when it took the lease last: "" when the key
+  // was absent, kReleasedHolder when it was released, else the agent whose lease expired.
+  const std::string& taken_from() const { return taken_from_; }
 
   static constexpr char kKey[] = "coord/lease";
   // The holder named by a released lease (Release): the next agent to look takes it at once.
@@ -73,6 +76,7 @@ class CoordinatorLease {
   std::optional<std::string> observed_;  // a non-holder's view of the key
   int64_t observed_since_ns_ = 0;
   std::string last_holder_;
+  std::string taken_from_;
 };
 
 }  // namespace trainguard

@@ -46,6 +46,7 @@ TEST_F(CoordinatorLeaseTest, ALeaseUnrenewedForTheExpiryIsTakenWithAHigherTermAn
   clock_b_.Advance(absl::Milliseconds(1));
   EXPECT_TRUE(*b_.Update(kTimeout));
   EXPECT_EQ(b_.term(), 2);
+  EXPECT_EQ(b_.taken_from(), "hostA");
   // A, stopped all this time, comes back: its renewal fails and it is no longer the holder.
   EXPECT_FALSE(*a_.Update(kTimeout));
   EXPECT_FALSE(a_.held());
@@ -72,6 +73,7 @@ TEST_F(CoordinatorLeaseTest, AReleasedLeaseIsTakenAtOnceWithAHigherTerm) {
   EXPECT_FALSE(a_.held());
   EXPECT_TRUE(*b_.Update(kTimeout));
   EXPECT_EQ(b_.term(), 2);
+  EXPECT_EQ(b_.taken_from(), CoordinatorLease::kReleasedHolder);
 }
 
 TEST_F(CoordinatorLeaseTest, ARenewalThatWasAppliedThoughItsReplyWasLostKeepsTheLease) {
