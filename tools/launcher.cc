@@ -339,7 +339,6 @@ class Job {
   bool spawned_ = false;  // this host's processes were started after the plan
   int64_t agent_beat_ = 0;
   int64_t followed_generation_ = -1;
-  int nproc_here_ = 0;  // rank processes started on this host
   absl::Time next_agent_tick_ = absl::InfinitePast();
   std::string master_addr_ = "127.0.0.1";
   struct HostBeat {
@@ -350,9 +349,9 @@ class Job {
   std::set<std::string> dead_hosts_;
   std::set<std::string> handled_deaths_;  // member ids whose death report was taken
   bool done_published_ = false;
-  std::optional<absl::Time> min_reached_;
+  std::optional<absl::Time> min_reached_;  // when nnodes_min workers had joined (PublishPlan)
   std::string silent_holder_;  // the lease's previous holder when this agent took it over
-  absl::Time beats_read_ = absl::InfinitePast();  // the coordinator's last read of the heartbeats  // when nnodes_min workers had joined (PublishPlan)
+  absl::Time beats_read_ = absl::InfinitePast();  // the coordinator's last read of the heartbeats
   absl::Time store_seen_ = absl::Now();  // the last heartbeat the store took
   // A host cut off from the store for this long gives up (a partition shorter than this heals).
   absl::Duration StoreLossBound() const {
@@ -1215,10 +1214,7 @@ int Job::Run() {
         if (formed_->ok()) {
           Say(absl::StrFormat("generation 0 formed with %d ranks", world_size_));
         } else {
-          exit_code_ = kExitJobFailed;
-          failure_ = absl::StrCat("generation 0 did not form: ", formed_->ToString());
-          Say(absl::StrCat("job failed: ", failure_));
-          if (MultiHost()) (void)store_->Set(kJobFailedKey, formed_->ToString(), absl::Seconds(2));
+          Fail(absl::StrCat("generation 0 did not form: ", formed_->ToString()));
         }
       }
     }
@@ -1470,7 +1466,6 @@ void Job::FollowPlan() {
       return Fail(absl::StrCat("cannot start the job: ", s.message()));
     }
   }
-  nproc_here_ = trains ? per_host : 0;
 }
 
 // Follows the published generations: a standby of this host that took a rank is relabelled; a
@@ -1515,7 +1510,6 @@ void Job::FollowGeneration() {
                           generation));
       c->rank = rank;
       (void)WritePidFile(rank, c->pid);
-      ++nproc_here_;
       if (config_.standby > 0 && group_rank_ >= 0 && CanSpawnStandby()) {
         if (absl::Status s = Spawn(-1, standbys_spawned_); !s.ok()) Say(s.ToString());
       }
