@@ -63,7 +63,7 @@ class BackupPlacement {
   // wrong length.
   static absl::StatusOr<BackupPlacement> Place(const BackupPlacementSpec& spec);
   // The ring placement of Gemini's comparison: host g -> g+1, ..., g+m-1 (mod hosts), ignoring
-  // every eviction class but the host.
+  // every eviction class but the host. REQUIRES: 1 <= copies <= num_hosts (clamped otherwise).
   static BackupPlacement Ring(int num_hosts, int ranks_per_host, int copies);
 
   // "m=2 r=2 h=3,2,1,0": copies, ranks per host, then each host slot's holders ('/'-separated
@@ -85,7 +85,9 @@ class BackupPlacement {
   std::vector<int> HolderRanks(int rank) const;
   std::vector<int> SourceRanks(int rank) const;
 
-  bool operator==(const BackupPlacement&) const = default;
+  // The same holders for the same copies and ranks per host. The classes honoured and dropped
+  // are how the placement was chosen, not part of it (Encode does not carry them).
+  bool operator==(const BackupPlacement& other) const;
 
  private:
   int copies_ = 1;
@@ -96,12 +98,15 @@ class BackupPlacement {
   std::string why_dropped_;
 };
 
-// Every eviction unit of `classes` for the spec's topology and racks.
+// Every eviction unit of `classes` for the spec's topology and racks. TP/CP/DP/PP groups that cover
+// the same hosts are one unit; units are numbered per class in order of their lowest rank.
 std::vector<EvictionUnit> EvictionUnits(const BackupPlacementSpec& spec,
                                         const std::vector<EvictionClass>& classes);
 
-// The proof that a placement survives every single eviction unit of the honoured classes: one line
-// per unit ("dp group 1 (hosts 0,1): every rank keeps a copy" or what is lost).
+// The proof that a placement survives every single eviction unit of the honoured classes (the
+// spec's classes less the placement's dropped ones, so a decoded placement is checked against all
+// of them): one line per unit ("dp group 1 (hosts 0,1): every rank keeps a copy" or what is lost).
+// holds is false, with one line saying so, when the placement does not match the topology's hosts.
 struct PlacementProof {
   bool holds = true;
   std::vector<std::string> lines;
@@ -113,6 +118,9 @@ PlacementProof ProvePlacement(const BackupPlacementSpec& spec, const BackupPlace
 // other, else estimated with `samples` seeded Monte Carlo draws (deterministic for a seed).
 double SurvivalProbability(const BackupPlacement& placement, int failed_hosts,
                            int samples = 200'000, uint64_t seed = 1);
+// The Monte Carlo estimate alone, whatever the placement's shape.
+double MonteCarloSurvivalProbability(const BackupPlacement& placement, int failed_hosts,
+                                     int samples = 200'000, uint64_t seed = 1);
 
 // What `trainguard run` prints at start-up: the classes honoured and dropped, every host's holders,
 // the proof, and the survival probability for k = 1, 2, 4, 8 random host failures (k < hosts) next
