@@ -115,7 +115,9 @@ PlacementProof ProvePlacement(const BackupPlacementSpec& spec, const BackupPlace
 
 // The probability that `failed_hosts` hosts failing at once, uniformly at random, leave every rank
 // at least one copy: exact when the placement is a partition into groups whose members hold each
-// other, else estimated with `samples` seeded Monte Carlo draws (deterministic for a seed).
+// other (precisely: every connected part of the host-holder graph has at most 12 hosts, so Place's
+// groups always are), else estimated with `samples` seeded Monte Carlo draws (deterministic for a
+// seed). 1 for failed_hosts <= 0, 0 for failed_hosts >= hosts.
 double SurvivalProbability(const BackupPlacement& placement, int failed_hosts,
                            int samples = 200'000, uint64_t seed = 1);
 // The Monte Carlo estimate alone, whatever the placement's shape.
