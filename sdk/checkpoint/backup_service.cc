@@ -72,8 +72,10 @@ constexpr uint32_t kMaxMessageBytes = 16 << 20;
 constexpr uint64_t kMaxChunks = 1 << 20;
 // A slot larger than this is a corrupt or hostile header, not a snapshot.
 constexpr uint64_t kMaxPayloadCapacity = uint64_t{1} << 42;
-// Bulk transfer: the socket buffers, and the piece each send (and each rate-limiter grant) covers.
-constexpr int kSocketBufferBytes = 4 << 20;
+// Bulk transfer: the piece each send (and each rate-limiter grant) covers. The socket buffers are
+// left to the kernel: setting SO_SNDBUF/SO_RCVBUF turns off Linux's buffer autotuning, which grows
+// them past 4 MiB (net.ipv4.tcp_rmem); with 4 MiB set, pushes over loopback ran at about 0.5x a
+// plain socket, without at about 0.8x (bench/bench_replication.cc). Nagle stays on.
 constexpr uint64_t kMaxPieceBytes = 4 << 20;
 constexpr uint64_t kMinPieceBytes = 64 << 10;
 // How often a blocked socket wait re-checks the caller's cancel flag.
@@ -133,25 +135,6 @@ bool SlotUsable(const SlotHeader* slot, const ArenaGeometry& g) {
          slot->num_chunks <= g.max_chunks;
 }
 
-// Verifies the chunks of `payload` that have wholly arrived (the first `received` bytes), from
-// chunk *verified on; *verified is then the number of chunks verified. DataLoss naming the first
-// chunk that does not match `expected`.
-absl::Status VerifyLanded(const char* payload, uint64_t payload_bytes, uint64_t chunk,
-                          uint64_t received, const uint64_t* expected, uint64_t* verified) {
-  for (; *verified * chunk < payload_bytes; ++*verified) {
-    const uint64_t begin = *verified * chunk;
-    const uint64_t bytes = std::min(chunk, payload_bytes - begin);
-    if (begin + bytes > received) break;
-    const uint64_t actual = XXH3_64bits(payload + begin, bytes);
-    if (actual != expected[*verified]) {
-      return absl::DataLossError(absl::StrFormat(
-          "chunk %d (payload offset %d, %d bytes) has checksum %016x, expected %016x", *verified,
-          begin, bytes, actual, expected[*verified]));
-    }
-  }
-  return absl::OkStatus();
-}
-
 // ---------------------------------------------------------------------------------------------
 // Sockets.
 
@@ -168,13 +151,6 @@ absl::Status SplitAddress(const std::string& address, std::string* host, std::st
     *host = host->substr(1, host->size() - 2);
   }
   return absl::OkStatus();
-}
-
-void SetBulkOptions(int fd) {
-  // Large buffers for bulk transfer; Nagle stays on (the payload goes out in large sends anyway).
-  const int bytes = kSocketBufferBytes;
-  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
-  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
 }
 
 void SetNonBlocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
@@ -212,10 +188,31 @@ class Channel {
         if (absl::Status s = Wait(POLLOUT, "sending to"); !s.ok()) return s;
         continue;
       }
-      return absl::UnavailableError(
-          absl::StrFormat("sending to %s: %s", peer_, ErrnoText(errno)));
+      return absl::UnavailableError(absl::StrFormat("sending to %s: %s", peer_, ErrnoText(errno)));
     }
     return absl::OkStatus();
+  }
+
+  // At least one byte and at most `max` into `data`: what one recv() gave.
+  absl::StatusOr<size_t> RecvSome(char* data, size_t max) {
+    while (true) {
+      const ssize_t got = recv(fd(), data, max, 0);
+      if (got > 0) {
+        last_progress_ = absl::Now();
+        return static_cast<size_t>(got);
+      }
+      if (got == 0) {
+        return absl::UnavailableError(
+            absl::StrFormat("receiving from %s: connection closed by the peer", peer_));
+      }
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        if (absl::Status s = Wait(POLLIN, "receiving from"); !s.ok()) return s;
+        continue;
+      }
+      return absl::UnavailableError(
+          absl::StrFormat("receiving from %s: %s", peer_, ErrnoText(errno)));
+    }
   }
 
   // Exactly `n` bytes into `data`.
@@ -247,9 +244,9 @@ class Channel {
   absl::Status SendMessage(const proto::BackupMessage& message) {
     std::string frame(4, '\0');
     if (!message.AppendToString(&frame) || frame.size() - 4 > kMaxMessageBytes) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "a backup message of %d bytes for %s exceeds the limit of %d bytes", frame.size() - 4,
-          peer_, kMaxMessageBytes));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("a backup message of %d bytes for %s exceeds the limit of %d bytes",
+                          frame.size() - 4, peer_, kMaxMessageBytes));
     }
     const uint32_t length = static_cast<uint32_t>(frame.size() - 4);
     for (int i = 0; i < 4; ++i) frame[i] = static_cast<char>((length >> (8 * i)) & 0xff);
@@ -292,8 +289,9 @@ class Channel {
             absl::StrFormat("%s %s: the deadline passed", doing, peer_));
       }
       if (now - last_progress_ >= idle_timeout_) {
-        return absl::DeadlineExceededError(absl::StrFormat(
-            "%s %s: the peer was silent for %s", doing, peer_, absl::FormatDuration(idle_timeout_)));
+        return absl::DeadlineExceededError(absl::StrFormat("%s %s: the peer was silent for %s",
+                                                           doing, peer_,
+                                                           absl::FormatDuration(idle_timeout_)));
       }
       absl::Duration wait = std::min(deadline_ - now, last_progress_ + idle_timeout_ - now);
       if (cancel_ != nullptr) wait = std::min(wait, kCancelPoll);
@@ -302,8 +300,8 @@ class Channel {
       pollfd fds[2] = {{fd(), events, 0}, {wake_fd_, POLLIN, 0}};
       const int n = poll(fds, wake_fd_ >= 0 ? 2 : 1, timeout_ms);
       if (n < 0 && errno != EINTR) {
-        return absl::UnavailableError(absl::StrFormat("%s %s: poll: %s", doing, peer_,
-                                                      ErrnoText(errno)));
+        return absl::UnavailableError(
+            absl::StrFormat("%s %s: poll: %s", doing, peer_, ErrnoText(errno)));
       }
       if (n <= 0) continue;
       if (wake_fd_ >= 0 && fds[1].revents != 0) {
@@ -336,12 +334,12 @@ absl::StatusOr<std::unique_ptr<Channel>> Connect(const std::string& address,
   hints.ai_flags = AI_NUMERICSERV;
   addrinfo* found = nullptr;
   if (const int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &found); rc != 0) {
-    return absl::UnavailableError(absl::StrFormat("cannot resolve backup holder %s: %s", address,
-                                                  gai_strerror(rc)));
+    return absl::UnavailableError(
+        absl::StrFormat("cannot resolve backup holder %s: %s", address, gai_strerror(rc)));
   }
   std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> list(found, freeaddrinfo);
-  absl::Status last = absl::UnavailableError(
-      absl::StrFormat("backup holder %s resolves to no address", address));
+  absl::Status last =
+      absl::UnavailableError(absl::StrFormat("backup holder %s resolves to no address", address));
   for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
     const int raw = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
     if (raw < 0) {
@@ -351,7 +349,6 @@ absl::StatusOr<std::unique_ptr<Channel>> Connect(const std::string& address,
     }
     auto channel = std::make_unique<Channel>(raw, absl::StrFormat("backup holder %s", address),
                                              deadline, absl::InfiniteDuration(), cancel, -1);
-    SetBulkOptions(raw);
     SetNonBlocking(raw);
     if (!source_address.empty()) {
       sockaddr_storage source{};
@@ -375,9 +372,9 @@ absl::StatusOr<std::unique_ptr<Channel>> Connect(const std::string& address,
         continue;
       }
       if (bind(raw, reinterpret_cast<const sockaddr*>(&source), length) != 0) {
-        return absl::UnavailableError(absl::StrFormat(
-            "cannot bind source address %s for backup holder %s: %s", source_address, address,
-            ErrnoText(errno)));
+        return absl::UnavailableError(
+            absl::StrFormat("cannot bind source address %s for backup holder %s: %s",
+                            source_address, address, ErrnoText(errno)));
       }
     }
     if (connect(raw, a->ai_addr, a->ai_addrlen) != 0) {
@@ -393,14 +390,14 @@ absl::StatusOr<std::unique_ptr<Channel>> Connect(const std::string& address,
         }
         const absl::Duration left = deadline - absl::Now();
         if (left <= absl::ZeroDuration()) {
-          return absl::DeadlineExceededError(absl::StrFormat(
-              "connecting to backup holder %s: the deadline passed", address));
+          return absl::DeadlineExceededError(
+              absl::StrFormat("connecting to backup holder %s: the deadline passed", address));
         }
         pollfd fds{raw, POLLOUT, 0};
-        const int timeout_ms = static_cast<int>(std::clamp<int64_t>(
-            absl::ToInt64Milliseconds(absl::Ceil(std::min(left, kCancelPoll),
-                                                 absl::Milliseconds(1))),
-            1, 1000));
+        const int timeout_ms = static_cast<int>(
+            std::clamp<int64_t>(absl::ToInt64Milliseconds(
+                                    absl::Ceil(std::min(left, kCancelPoll), absl::Milliseconds(1))),
+                                1, 1000));
         if (poll(&fds, 1, timeout_ms) > 0) break;
       }
       int err = 0;
@@ -415,6 +412,39 @@ absl::StatusOr<std::unique_ptr<Channel>> Connect(const std::string& address,
     return channel;
   }
   return last;
+}
+
+// Receives `bytes` into `payload`, hashing what each recv() gave while it is in the cache, and
+// checks every chunk's XXH3-64 against `expected` once its last byte is in. On a mismatch: DataLoss
+// naming the chunk, at once or (`drain`) after the rest of the payload has been received, so the
+// peer that sent it can read the answer. Connection errors return at once.
+absl::Status ReceiveVerified(Channel* channel, char* payload, uint64_t bytes, uint64_t chunk,
+                             const uint64_t* expected, bool drain) {
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(),
+                                                                 XXH3_freeState);
+  if (state == nullptr) return absl::ResourceExhaustedError("XXH3_createState failed");
+  absl::Status mismatch;
+  for (uint64_t k = 0, begin = 0; begin < bytes; ++k, begin += chunk) {
+    const uint64_t end = std::min(begin + chunk, bytes);
+    XXH3_64bits_reset(state.get());
+    for (uint64_t at = begin; at < end;) {
+      absl::StatusOr<size_t> n = channel->RecvSome(payload + at, end - at);
+      if (!n.ok()) {
+        return WithContext(n.status(),
+                           absl::StrFormat("%d of %d payload bytes received", at, bytes));
+      }
+      XXH3_64bits_update(state.get(), payload + at, *n);
+      at += *n;
+    }
+    const uint64_t actual = XXH3_64bits_digest(state.get());
+    if (mismatch.ok() && actual != expected[k]) {
+      mismatch = absl::DataLossError(absl::StrFormat(
+          "chunk %d (payload offset %d, %d bytes) has checksum %016x, expected %016x", k, begin,
+          end - begin, actual, expected[k]));
+      if (!drain) return mismatch;
+    }
+  }
+  return mismatch;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -437,8 +467,7 @@ absl::StatusOr<std::optional<ArenaGeometry>> ReadGeometry(Env* env, const std::s
       pread(fd.get(), &header, sizeof(header), 0) != static_cast<ssize_t>(sizeof(header)) ||
       header.magic != kArenaMagicValue || header.format_version != kArenaFormatVersion ||
       header.chunk_bytes == 0) {
-    return absl::DataLossError(
-        absl::StrFormat("backup arena %s has no valid arena header", name));
+    return absl::DataLossError(absl::StrFormat("backup arena %s has no valid arena header", name));
   }
   const ArenaGeometry geometry =
       GeometryFor(header.layout_hash, header.chunk_bytes, header.payload_capacity);
@@ -523,7 +552,9 @@ BackupRateLimiter::BackupRateLimiter(uint64_t bytes_per_second, Clock* clock)
 
 bool BackupRateLimiter::Acquire(uint64_t bytes, absl::Time deadline,
                                 const std::atomic<bool>* cancel) {
-  auto cancelled = [cancel] { return cancel != nullptr && cancel->load(std::memory_order_relaxed); };
+  auto cancelled = [cancel] {
+    return cancel != nullptr && cancel->load(std::memory_order_relaxed);
+  };
   if (cancelled()) return false;
   if (rate_ == 0) return true;
   constexpr int64_t kFar = INT64_MAX / 4;  // beyond any deadline; sums of two do not overflow
@@ -553,8 +584,7 @@ bool BackupRateLimiter::Acquire(uint64_t bytes, absl::Time deadline,
 
 class BackupService::Impl {
  public:
-  Impl(const BackupServiceOptions& options, int listen_fd, int wake_read, int wake_write,
-       int port)
+  Impl(const BackupServiceOptions& options, int listen_fd, int wake_read, int wake_write, int port)
       : options_(options),
         env_(options.env != nullptr ? options.env : Env::Default()),
         listen_fd_(listen_fd),
@@ -572,7 +602,9 @@ class BackupService::Impl {
     connections_.clear();
   }
 
-  void StartListener() { listener_ = std::thread([this] { ListenLoop(); }); }
+  void StartListener() {
+    listener_ = std::thread([this] { ListenLoop(); });
+  }
 
   std::string address() const {
     const bool v6 = options_.bind_address.find(':') != std::string::npos;
@@ -655,7 +687,6 @@ class BackupService::Impl {
       const int fd = accept4(listen_fd_.get(), reinterpret_cast<sockaddr*>(&peer), &length,
                              SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd < 0) continue;
-      SetBulkOptions(fd);
       std::string name = DescribePeer(peer);
       MutexLock lock(&connections_mu_);
       if (static_cast<int>(connections_.size()) >= kMaxConnections) {
@@ -721,7 +752,8 @@ class BackupService::Impl {
       (void)Reply(&channel, served);
     }
     // The status already names this holder.
-    if (!served.ok()) std::fprintf(stderr, "trainguard: %s\n", std::string(served.message()).c_str());
+    if (!served.ok())
+      std::fprintf(stderr, "trainguard: %s\n", std::string(served.message()).c_str());
   }
 
   static absl::Status Reply(Channel* channel, const absl::Status& status,
@@ -737,9 +769,9 @@ class BackupService::Impl {
   absl::Status CheckRequest(uint32_t version, const std::string& token, const std::string& job_id,
                             int source_rank, const std::string& peer) const {
     if (version != kProtocolVersion) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "%s: %s speaks backup protocol version %d, this holder %d", Where(), peer, version,
-          kProtocolVersion));
+      return absl::FailedPreconditionError(
+          absl::StrFormat("%s: %s speaks backup protocol version %d, this holder %d", Where(), peer,
+                          version, kProtocolVersion));
     }
     if (!options_.token.empty() && !TokenMatches(options_.token, token)) {
       return absl::PermissionDeniedError(
@@ -822,14 +854,13 @@ class BackupService::Impl {
   absl::Status ValidatePush(const proto::BackupPush& push, const std::string& peer,
                             uint64_t* capacity) const {
     const proto::BackupSnapshotHeader& h = push.snapshot();
-    const std::string what =
-        absl::StrFormat("%s: the push of source rank %d step %d from %s", Where(),
-                        push.source_rank(), h.step(), peer);
+    const std::string what = absl::StrFormat("%s: the push of source rank %d step %d from %s",
+                                             Where(), push.source_rank(), h.step(), peer);
     if (h.chunk_bytes() == 0 || h.chunk_bytes() % kArenaAlignment != 0 ||
         h.chunk_bytes() > kMaxPayloadCapacity) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: chunk_bytes %d is not a positive multiple of %d", what, h.chunk_bytes(),
-          kArenaAlignment));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: chunk_bytes %d is not a positive multiple of %d", what,
+                          h.chunk_bytes(), kArenaAlignment));
     }
     *capacity = push.payload_capacity() != 0 ? push.payload_capacity()
                                              : AlignUp(h.payload_bytes(), kArenaAlignment);
@@ -842,16 +873,16 @@ class BackupService::Impl {
     }
     const uint64_t chunks = (h.payload_bytes() + h.chunk_bytes() - 1) / h.chunk_bytes();
     if (static_cast<uint64_t>(h.chunk_checksums_size()) != chunks) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("%s: %d checksums for %d chunks", what, h.chunk_checksums_size(), chunks));
+      return absl::InvalidArgumentError(absl::StrFormat("%s: %d checksums for %d chunks", what,
+                                                        h.chunk_checksums_size(), chunks));
     }
     const uint64_t fingerprint = SnapshotFingerprint(
         h.step(), h.layout_hash(), h.payload_bytes(),
         std::vector<uint64_t>(h.chunk_checksums().begin(), h.chunk_checksums().end()));
     if (fingerprint != h.fingerprint()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: the header's fingerprint %016x is not that of its checksums (%016x)", what,
-          h.fingerprint(), fingerprint));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: the header's fingerprint %016x is not that of its checksums (%016x)",
+                          what, h.fingerprint(), fingerprint));
     }
     return absl::OkStatus();
   }
@@ -889,8 +920,8 @@ class BackupService::Impl {
       StoreState(slot, kSlotEmpty);
       source->writing = -1;
       const absl::Status status = WithContext(
-          received, absl::StrFormat("%s: receiving step %d of source rank %d", Where(), h.step(),
-                                    rank));
+          received,
+          absl::StrFormat("%s: receiving step %d of source rank %d", Where(), h.step(), rank));
       if (absl::IsDataLoss(received)) (void)Reply(channel, status);
       return status;
     }
@@ -903,7 +934,8 @@ class BackupService::Impl {
     slot->payload_bytes = h.payload_bytes();
     slot->chunk_bytes = h.chunk_bytes();
     slot->num_chunks = static_cast<uint64_t>(h.chunk_checksums_size());
-    slot->sequence = std::max(source->arena->slot(0)->sequence, source->arena->slot(1)->sequence) + 1;
+    slot->sequence =
+        std::max(source->arena->slot(0)->sequence, source->arena->slot(1)->sequence) + 1;
     // Release: every payload byte and checksum is visible before "complete" is.
     StoreState(slot, kSlotComplete);
     source->writing = -1;
@@ -918,8 +950,8 @@ class BackupService::Impl {
                          uint64_t capacity, int* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(source->mu) {
     *w = -1;
     if (source->writing >= 0) {
-      return absl::AbortedError(absl::StrFormat(
-          "%s: a push of source rank %d is already being received", Where(), rank));
+      return absl::AbortedError(
+          absl::StrFormat("%s: a push of source rank %d is already being received", Where(), rank));
     }
     const ArenaGeometry geometry = GeometryFor(h.layout_hash(), h.chunk_bytes(), capacity);
     if (absl::Status s = EnsureArena(source, rank, geometry); !s.ok()) return s;
@@ -936,9 +968,9 @@ class BackupService::Impl {
         [source, target]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return source->readers[target] == 0; },
         options_.io_timeout);
     if (!free) {
-      return absl::UnavailableError(absl::StrFormat(
-          "%s: the older backup of source rank %d is still being fetched after %s", Where(), rank,
-          absl::FormatDuration(options_.io_timeout)));
+      return absl::UnavailableError(
+          absl::StrFormat("%s: the older backup of source rank %d is still being fetched after %s",
+                          Where(), rank, absl::FormatDuration(options_.io_timeout)));
     }
     // Unfinished before a byte of it changes: a holder killed from here on leaves it kWriting.
     StoreState(source->arena->slot(target), kSlotWriting);
@@ -957,20 +989,8 @@ class BackupService::Impl {
       MutexLock lock(&source->mu);
       payload = source->arena->payload(w);  // the arena is not replaced while `writing` is set
     }
-    const uint64_t bytes = h.payload_bytes();
-    const uint64_t piece = PieceBytes(h.chunk_bytes());
-    uint64_t verified = 0;
-    absl::Status mismatch;
-    for (uint64_t at = 0; at < bytes;) {
-      const uint64_t n = std::min(piece, bytes - at);
-      if (absl::Status s = channel->Recv(payload + at, n); !s.ok()) return s;
-      at += n;
-      if (mismatch.ok()) {
-        mismatch = VerifyLanded(payload, bytes, h.chunk_bytes(), at, h.chunk_checksums().data(),
-                                &verified);
-      }
-    }
-    return mismatch;
+    return ReceiveVerified(channel, payload, h.payload_bytes(), h.chunk_bytes(),
+                           h.chunk_checksums().data(), /*drain=*/true);
   }
 
   absl::Status ServeFetch(Channel* channel, const proto::BackupFetch& fetch) {
@@ -1027,8 +1047,9 @@ class BackupService::Impl {
     if (source->arena == nullptr) {
       const std::string name = ArenaName(options_.job_id, rank);
       absl::StatusOr<std::optional<ArenaGeometry>> geometry = ReadGeometry(env_, name);
-      if (!geometry.ok()) return absl::NotFoundError(absl::StrFormat("%s (%s)", missing,
-                                                                     geometry.status().message()));
+      if (!geometry.ok())
+        return absl::NotFoundError(
+            absl::StrFormat("%s (%s)", missing, geometry.status().message()));
       if (!geometry->has_value()) return absl::NotFoundError(missing);
       if (absl::Status opened = OpenArena(source, rank, **geometry); !opened.ok()) return opened;
     }
@@ -1089,8 +1110,6 @@ absl::StatusOr<std::unique_ptr<BackupService>> BackupService::Start(
   }
   const int one = 1;
   setsockopt(listener.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  // Accepted sockets inherit the buffer sizes, which must be set before the handshake.
-  SetBulkOptions(listener.get());
   if (bind(listener.get(), found->ai_addr, found->ai_addrlen) != 0 ||
       listen(listener.get(), 64) != 0) {
     return absl::UnavailableError(
@@ -1169,9 +1188,8 @@ absl::StatusOr<PushResult> PushBackup(const PushRequest& request) {
   const absl::Time started = absl::Now();
   const Snapshotter::View* view = request.view;
   const int64_t step = view != nullptr ? view->info.step : -1;
-  const std::string what =
-      absl::StrFormat("push of source rank %d step %d to backup holder %s", request.source_rank,
-                      step, request.holder_address);
+  const std::string what = absl::StrFormat("push of source rank %d step %d to backup holder %s",
+                                           request.source_rank, step, request.holder_address);
   if (view == nullptr || request.chunk_bytes == 0 ||
       view->chunk_checksums.size() !=
           (view->payload.size() + request.chunk_bytes - 1) / request.chunk_bytes) {
@@ -1233,9 +1251,9 @@ absl::StatusOr<PushResult> PushBackup(const PushRequest& request) {
   if (!done.ok()) return done.status();
   if (absl::Status s = HolderStatus(*done, what); !s.ok()) return s;
   if (done->fingerprint() != view->info.fingerprint) {
-    return absl::DataLossError(absl::StrFormat(
-        "%s: the holder acknowledged fingerprint %016x, the snapshot has %016x", what,
-        done->fingerprint(), view->info.fingerprint));
+    return absl::DataLossError(
+        absl::StrFormat("%s: the holder acknowledged fingerprint %016x, the snapshot has %016x",
+                        what, done->fingerprint(), view->info.fingerprint));
   }
   result.elapsed = absl::Now() - started;
   return result;
@@ -1243,8 +1261,8 @@ absl::StatusOr<PushResult> PushBackup(const PushRequest& request) {
 
 absl::StatusOr<FetchedBackup> FetchBackup(const FetchRequest& request) {
   const std::string what =
-      absl::StrFormat("fetch of source rank %d step %d from backup holder %s",
-                      request.source_rank, request.step, request.holder_address);
+      absl::StrFormat("fetch of source rank %d step %d from backup holder %s", request.source_rank,
+                      request.step, request.holder_address);
   absl::StatusOr<std::unique_ptr<Channel>> channel =
       Connect(request.holder_address, request.source_address, request.deadline, request.cancel);
   if (!channel.ok()) return WithContext(channel.status(), what);
@@ -1276,28 +1294,20 @@ absl::StatusOr<FetchedBackup> FetchBackup(const FetchRequest& request) {
   fetched.layout_hash = h.layout_hash();
   fetched.chunk_bytes = chunk;
   fetched.chunk_checksums.assign(h.chunk_checksums().begin(), h.chunk_checksums().end());
-  const uint64_t fingerprint = SnapshotFingerprint(h.step(), h.layout_hash(), h.payload_bytes(),
-                                                   fetched.chunk_checksums);
+  const uint64_t fingerprint =
+      SnapshotFingerprint(h.step(), h.layout_hash(), h.payload_bytes(), fetched.chunk_checksums);
   if (request.fingerprint != 0 && fingerprint != request.fingerprint) {
     return absl::DataLossError(absl::StrFormat(
-        "%s: the holder's checksum table has fingerprint %016x, the committed snapshot %016x",
-        what, fingerprint, request.fingerprint));
+        "%s: the holder's checksum table has fingerprint %016x, the committed snapshot %016x", what,
+        fingerprint, request.fingerprint));
   }
   fetched.payload.resize(h.payload_bytes());
-  const uint64_t piece = PieceBytes(chunk);
-  uint64_t verified = 0;
-  for (uint64_t at = 0; at < h.payload_bytes();) {
-    const uint64_t n = std::min(piece, h.payload_bytes() - at);
-    if (absl::Status s = (*channel)->Recv(fetched.payload.data() + at, n); !s.ok()) {
-      return WithContext(s, what);
-    }
-    at += n;
-    if (absl::Status s = VerifyLanded(fetched.payload.data(), h.payload_bytes(), chunk, at,
-                                      fetched.chunk_checksums.data(), &verified);
-        !s.ok()) {
-      return WithContext(s, absl::StrFormat("%s: the holder's copy is corrupt", what));
-    }
+  absl::Status received = ReceiveVerified(channel->get(), fetched.payload.data(), h.payload_bytes(),
+                                          chunk, fetched.chunk_checksums.data(), /*drain=*/false);
+  if (absl::IsDataLoss(received)) {
+    return WithContext(received, absl::StrFormat("%s: the holder's copy is corrupt", what));
   }
+  if (!received.ok()) return WithContext(received, what);
   return fetched;
 }
 

@@ -389,9 +389,8 @@ class Snapshotter::Impl {
         return ViewOfSlot(i);
       }
     }
-    return absl::NotFoundError(
-        absl::StrFormat("%s: ViewOf(%d): no complete snapshot of step %d in the arena", Where(),
-                        step, step));
+    return absl::NotFoundError(absl::StrFormat(
+        "%s: ViewOf(%d): no complete snapshot of step %d in the arena", Where(), step, step));
   }
 
   size_t payload_capacity() const { return plan_.geometry.payload_capacity; }

@@ -129,11 +129,11 @@ bool FlipPayloadByte(const std::string& name, int64_t step, uint64_t offset) {
   const auto* header = reinterpret_cast<const ArenaHeader*>(bytes);
   bool flipped = false;
   for (int i = 0; i < 2; ++i) {
-    const auto* slot =
-        reinterpret_cast<const SlotHeader*>(bytes + kArenaAlignment + i * header->slot_header_bytes);
+    const auto* slot = reinterpret_cast<const SlotHeader*>(bytes + kArenaAlignment +
+                                                           i * header->slot_header_bytes);
     if (slot->step != step) continue;
-    char* payload = bytes + kArenaAlignment + 2 * header->slot_header_bytes +
-                    i * header->payload_capacity;
+    char* payload =
+        bytes + kArenaAlignment + 2 * header->slot_header_bytes + i * header->payload_capacity;
     payload[offset] ^= 0x40;
     flipped = true;
   }
@@ -528,7 +528,8 @@ TEST_F(BackupServiceTest, ASnapshottersViewOfAnOlderStepRoundTripsThroughAHolder
   options.rank = kSource;
   options.chunk_bytes = kChunk;
   options.copy_threads = 1;
-  absl::StatusOr<std::unique_ptr<Snapshotter>> snapshotter = Snapshotter::Create(&registry, options);
+  absl::StatusOr<std::unique_ptr<Snapshotter>> snapshotter =
+      Snapshotter::Create(&registry, options);
   ASSERT_TRUE(snapshotter.ok()) << snapshotter.status();
   for (int64_t step : {10, 20}) {
     std::memset(weights.data(), static_cast<int>(step), weights.size());
