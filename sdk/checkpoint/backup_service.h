@@ -36,6 +36,7 @@
 
 namespace trainguard {
 
+class Clock;
 class Env;
 
 struct BackupServiceOptions {
@@ -82,17 +83,25 @@ class BackupService {
 };
 
 // Sends at most `bytes_per_second` (0: unlimited), in chunks: a token bucket the pushes of one
-// process share. Thread-safe.
+// process share. Each Acquire reserves the link for bytes / rate after the previous reservation
+// ends (or now, if that is later) and waits until its reservation starts, so a first chunk goes at
+// once and N bytes in chunks take at least (N - the last chunk) / rate. Time is `clock`'s
+// (nullptr: Clock::Real()): on a ManualClock the waits advance the clock and return at once.
+// Thread-safe.
 class BackupRateLimiter {
  public:
-  explicit BackupRateLimiter(uint64_t bytes_per_second);
-  // Blocks until `bytes` may be sent, or `deadline`, or `cancel`; false when it gave up.
+  explicit BackupRateLimiter(uint64_t bytes_per_second, Clock* clock = nullptr);
+  // Blocks until `bytes` may be sent, or `deadline`, or `cancel`; false when it gave up. Gives up
+  // at once, reserving nothing, when the bytes would be free only after `deadline` (a deadline
+  // is wall time, compared with the clock's Now()). A reservation whose wait is cancelled is
+  // still spent.
   bool Acquire(uint64_t bytes, absl::Time deadline, const std::atomic<bool>* cancel);
   uint64_t bytes_per_second() const { return rate_; }
 
  private:
   const uint64_t rate_;
-  std::atomic<int64_t> next_free_ns_{0};
+  Clock* const clock_;
+  std::atomic<int64_t> next_free_ns_{0};  // on clock_'s monotonic time
 };
 
 struct PushRequest {

@@ -91,6 +91,21 @@ struct SlotHeader {
 static_assert(sizeof(SlotHeader) == 72);
 static_assert(std::atomic_ref<uint32_t>::is_always_lock_free);
 
+// The geometry of an arena whose slots hold `payload_capacity` bytes checksummed in `chunk_bytes`
+// pieces: what the Snapshotter computes for its registry, and what a backup holder computes from a
+// push's header so that its arena has the same shape. REQUIRES: chunk_bytes > 0.
+inline ArenaGeometry GeometryFor(uint64_t layout_hash, uint64_t chunk_bytes,
+                                 uint64_t payload_capacity) {
+  ArenaGeometry geometry;
+  geometry.layout_hash = layout_hash;
+  geometry.chunk_bytes = chunk_bytes;
+  geometry.payload_capacity = payload_capacity;
+  geometry.max_chunks = (payload_capacity + chunk_bytes - 1) / chunk_bytes;
+  geometry.slot_header_bytes =
+      AlignUp(sizeof(SlotHeader) + 8 * geometry.max_chunks, kArenaAlignment);
+  return geometry;
+}
+
 inline uint64_t* ChunkChecksums(SlotHeader* slot) {
   return reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(slot) + sizeof(SlotHeader));
 }

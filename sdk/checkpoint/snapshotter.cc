@@ -92,12 +92,8 @@ PayloadPlan PlanPayload(const StateRegistry& registry, const SnapshotterOptions&
   }
   plan.blob_offset = offset;
   plan.blob_capacity = AlignUp(options.max_blob_bytes + sizeof(uint32_t), kArenaAlignment);
-  plan.geometry.layout_hash = registry.LayoutHash();
-  plan.geometry.chunk_bytes = chunk;
-  plan.geometry.payload_capacity = plan.blob_offset + plan.blob_capacity;
-  plan.geometry.max_chunks = (plan.geometry.payload_capacity + chunk - 1) / chunk;
-  plan.geometry.slot_header_bytes =
-      AlignUp(sizeof(SlotHeader) + 8 * plan.geometry.max_chunks, kArenaAlignment);
+  plan.geometry = checkpoint_internal::GeometryFor(registry.LayoutHash(), chunk,
+                                                   plan.blob_offset + plan.blob_capacity);
   return plan;
 }
 
@@ -380,15 +376,35 @@ class Snapshotter::Impl {
   absl::StatusOr<View> LatestView() {
     MutexLock lock(&mu_);
     if (latest_slot_ < 0) return NoSnapshotError("LatestView");
-    SlotHeader* slot = arena_->slot(latest_slot_);
+    return ViewOfSlot(latest_slot_);
+  }
+
+  absl::StatusOr<View> ViewOf(int64_t step) {
+    MutexLock lock(&mu_);
+    for (int i : {latest_slot_, 1 - latest_slot_}) {
+      if (latest_slot_ < 0) break;
+      if (in_flight_ && writing_slot_ == i) continue;
+      SlotHeader* slot = arena_->slot(i);
+      if (LoadState(slot) == kSlotComplete && SlotUsable(slot) && slot->step == step) {
+        return ViewOfSlot(i);
+      }
+    }
+    return absl::NotFoundError(absl::StrFormat(
+        "%s: ViewOf(%d): no complete snapshot of step %d in the arena", Where(), step, step));
+  }
+
+  size_t payload_capacity() const { return plan_.geometry.payload_capacity; }
+
+ private:
+  View ViewOfSlot(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    SlotHeader* slot = arena_->slot(index);
     View view;
     view.info = InfoOf(slot);
-    view.payload = std::string_view(arena_->payload(latest_slot_), slot->payload_bytes);
+    view.payload = std::string_view(arena_->payload(index), slot->payload_bytes);
     view.chunk_checksums.assign(ChunkChecksums(slot), ChunkChecksums(slot) + slot->num_chunks);
     return view;
   }
 
- private:
   absl::Status InFlightError(const char* operation) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "%s: cannot %s while the snapshot of step %d is being copied; Fence() first", Where(),
@@ -704,6 +720,10 @@ absl::StatusOr<SnapshotInfo> Snapshotter::RestoreLatest(StateRegistry* registry)
   return impl_->RestoreLatest(registry);
 }
 absl::StatusOr<Snapshotter::View> Snapshotter::LatestView() const { return impl_->LatestView(); }
+absl::StatusOr<Snapshotter::View> Snapshotter::ViewOf(int64_t step) const {
+  return impl_->ViewOf(step);
+}
+size_t Snapshotter::payload_capacity() const { return impl_->payload_capacity(); }
 
 std::string Snapshotter::ArenaName(std::string_view job_id, int rank) {
   return absl::StrFormat("/trainguard.%s.rank%d", job_id, rank);

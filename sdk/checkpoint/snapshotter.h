@@ -87,6 +87,12 @@ class Snapshotter {
     std::vector<uint64_t> chunk_checksums;  // XXH3-64 of each chunk_bytes piece of payload
   };
   absl::StatusOr<View> LatestView() const;
+  // As LatestView, for the complete snapshot of `step` (either slot; not one being written).
+  // NotFound when the arena holds no complete snapshot of that step. Valid until the next Begin().
+  absl::StatusOr<View> ViewOf(int64_t step) const;
+  // The arena's per-slot payload capacity in bytes (padded buffers plus the blob area): what a
+  // backup holder's arena for this rank must hold.
+  size_t payload_capacity() const;
 
   // The shared-memory segment name of a rank's arena.
   static std::string ArenaName(std::string_view job_id, int rank);

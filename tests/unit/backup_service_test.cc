@@ -1,0 +1,600 @@
+// Peer backups: a holder keeps the last complete backup of each source whatever happens to a push
+// (a crash, a corrupt byte, a cancel), and a corrupt copy is never handed back as OK. Real sockets
+// on 127.0.0.1; the holder killed mid-push is a real forked process.
+#include "sdk/checkpoint/backup_service.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "sdk/checkpoint/snapshot_arena.h"
+#include "sdk/checkpoint/snapshotter.h"
+#include "tests/support/full_shm_env.h"
+#include "tests/support/own_process.h"
+#include "trainguard/checkpoint.h"
+#include "trainguard/clock.h"
+#include "trainguard/env.h"
+
+namespace trainguard {
+namespace {
+
+using checkpoint_internal::ArenaHeader;
+using checkpoint_internal::kArenaAlignment;
+using checkpoint_internal::kSlotWriting;
+using checkpoint_internal::SlotHeader;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::trainguard::testing::SignalOwnProcess;
+
+constexpr uint64_t kChunk = 64 << 10;
+constexpr uint64_t kLayoutHash = 0x5eed5eed5eed5eedULL;
+constexpr int kSource = 1;
+// Bounds of the polls below: generous, never reached by a passing test.
+constexpr absl::Duration kPollBound = absl::Seconds(30);
+constexpr absl::Duration kPollStep = absl::Milliseconds(5);
+
+// The deterministic payload of a snapshot of `step`.
+std::string Payload(int64_t step, size_t bytes) {
+  std::string out(bytes, '\0');
+  uint64_t x = 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(step + 1);
+  for (size_t i = 0; i < bytes; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    out[i] = static_cast<char>(x);
+  }
+  return out;
+}
+
+// A View of `payload` as a Snapshotter would give it: checksums and fingerprint computed here.
+Snapshotter::View MakeView(int64_t step, const std::string& payload, uint64_t chunk = kChunk) {
+  Snapshotter::View view;
+  view.payload = payload;
+  for (uint64_t at = 0; at < payload.size(); at += chunk) {
+    view.chunk_checksums.push_back(
+        XXH3_64bits(payload.data() + at, std::min<uint64_t>(chunk, payload.size() - at)));
+  }
+  view.info.step = step;
+  view.info.generation = 3;
+  view.info.layout_hash = kLayoutHash;
+  view.info.bytes = payload.size();
+  view.info.fingerprint =
+      SnapshotFingerprint(step, kLayoutHash, payload.size(), view.chunk_checksums);
+  return view;
+}
+
+// The states of both slots of a backup arena, read from /dev/shm the way another process sees
+// them; empty when the segment has no valid header yet.
+std::vector<uint32_t> SlotStates(const std::string& name) {
+  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  if (fd < 0) return {};
+  ArenaHeader header{};
+  std::vector<uint32_t> states;
+  if (pread(fd, &header, sizeof(header), 0) == static_cast<ssize_t>(sizeof(header)) &&
+      header.slot_header_bytes != 0) {
+    for (int i = 0; i < 2; ++i) {
+      SlotHeader slot{};
+      const off_t at = static_cast<off_t>(kArenaAlignment + i * header.slot_header_bytes);
+      if (pread(fd, &slot, sizeof(slot), at) == static_cast<ssize_t>(sizeof(slot))) {
+        states.push_back(slot.state);
+      }
+    }
+  }
+  close(fd);
+  return states;
+}
+
+// Polls (bounded) until a slot of the arena `name` is being written.
+bool AwaitSlotWriting(const std::string& name) {
+  for (absl::Time end = absl::Now() + kPollBound; absl::Now() < end;) {
+    for (uint32_t state : SlotStates(name)) {
+      if (state == kSlotWriting) return true;
+    }
+    absl::SleepFor(kPollStep);
+  }
+  return false;
+}
+
+// Flips one byte of the payload of every complete slot holding `step` in the arena `name`.
+bool FlipPayloadByte(const std::string& name, int64_t step, uint64_t offset) {
+  const int fd = shm_open(name.c_str(), O_RDWR, 0);
+  if (fd < 0) return false;
+  struct stat st;
+  fstat(fd, &st);
+  void* base = mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) return false;
+  auto* bytes = static_cast<char*>(base);
+  const auto* header = reinterpret_cast<const ArenaHeader*>(bytes);
+  bool flipped = false;
+  for (int i = 0; i < 2; ++i) {
+    const auto* slot = reinterpret_cast<const SlotHeader*>(bytes + kArenaAlignment +
+                                                           i * header->slot_header_bytes);
+    if (slot->step != step) continue;
+    char* payload =
+        bytes + kArenaAlignment + 2 * header->slot_header_bytes + i * header->payload_capacity;
+    payload[offset] ^= 0x40;
+    flipped = true;
+  }
+  munmap(base, st.st_size);
+  return flipped;
+}
+
+class BackupServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    job_ = absl::StrFormat("backuptest-%d-%s", getpid(),
+                           ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    (void)BackupService::RemoveArenas(job_, {kSource});
+  }
+  void TearDown() override { (void)BackupService::RemoveArenas(job_, {kSource}); }
+
+  std::unique_ptr<BackupService> StartService(std::string token = "", Env* env = nullptr) {
+    BackupServiceOptions options;
+    options.job_id = job_;
+    options.rank = 5;
+    options.token = std::move(token);
+    options.env = env;
+    absl::StatusOr<std::unique_ptr<BackupService>> service = BackupService::Start(options);
+    EXPECT_TRUE(service.ok()) << service.status();
+    return service.ok() ? *std::move(service) : nullptr;
+  }
+
+  PushRequest Push(const std::string& holder, const Snapshotter::View* view) const {
+    PushRequest request;
+    request.holder_address = holder;
+    request.job_id = job_;
+    request.source_rank = kSource;
+    request.view = view;
+    request.chunk_bytes = kChunk;
+    request.payload_capacity = 2 << 20;
+    request.deadline = absl::Now() + absl::Seconds(60);
+    return request;
+  }
+
+  FetchRequest Fetch(const std::string& holder, const Snapshotter::View& view) const {
+    FetchRequest request;
+    request.holder_address = holder;
+    request.job_id = job_;
+    request.source_rank = kSource;
+    request.step = view.info.step;
+    request.fingerprint = view.info.fingerprint;
+    request.deadline = absl::Now() + absl::Seconds(60);
+    return request;
+  }
+
+  std::string arena() const { return BackupService::ArenaName(job_, kSource); }
+
+  std::string job_;
+};
+
+TEST_F(BackupServiceTest, PushThenFetchRoundTripsThePayloadBitExact) {
+  std::unique_ptr<BackupService> service = StartService();
+  ASSERT_NE(service, nullptr);
+  const std::string payload = Payload(10, 1000000);  // not a multiple of the chunk size
+  const Snapshotter::View view = MakeView(10, payload);
+
+  absl::StatusOr<PushResult> pushed = PushBackup(Push(service->address(), &view));
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_FALSE(pushed->already_held);
+  EXPECT_EQ(pushed->bytes_sent, payload.size());
+
+  absl::StatusOr<FetchedBackup> fetched = FetchBackup(Fetch(service->address(), view));
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_EQ(fetched->step, 10);
+  EXPECT_EQ(fetched->generation, 3);
+  EXPECT_EQ(fetched->layout_hash, kLayoutHash);
+  EXPECT_EQ(fetched->chunk_bytes, kChunk);
+  EXPECT_TRUE(fetched->payload == payload);
+  EXPECT_EQ(fetched->chunk_checksums, view.chunk_checksums);
+  EXPECT_EQ(SnapshotFingerprint(fetched->step, fetched->layout_hash, fetched->payload.size(),
+                                fetched->chunk_checksums),
+            view.info.fingerprint);
+
+  const std::vector<HeldBackup> held = service->Held();
+  ASSERT_EQ(held.size(), 1u);
+  EXPECT_EQ(held[0].source_rank, kSource);
+  EXPECT_EQ(held[0].step, 10);
+  EXPECT_EQ(held[0].fingerprint, view.info.fingerprint);
+  EXPECT_EQ(held[0].payload_bytes, payload.size());
+}
+
+TEST_F(BackupServiceTest, ASecondPushOfTheSameSnapshotIsAlreadyHeldAndSendsNothing) {
+  std::unique_ptr<BackupService> service = StartService();
+  ASSERT_NE(service, nullptr);
+  const std::string payload = Payload(10, 300000);
+  const Snapshotter::View view = MakeView(10, payload);
+  ASSERT_TRUE(PushBackup(Push(service->address(), &view)).ok());
+
+  absl::StatusOr<PushResult> again = PushBackup(Push(service->address(), &view));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->already_held);
+  EXPECT_EQ(again->bytes_sent, 0u);
+}
+
+TEST_F(BackupServiceTest, TwoBackupsAreKeptAndAThirdReplacesTheOlderOne) {
+  std::unique_ptr<BackupService> service = StartService();
+  ASSERT_NE(service, nullptr);
+  const std::string p10 = Payload(10, 500000), p20 = Payload(20, 500000), p30 = Payload(30, 400000);
+  const Snapshotter::View v10 = MakeView(10, p10), v20 = MakeView(20, p20), v30 = MakeView(30, p30);
+  ASSERT_TRUE(PushBackup(Push(service->address(), &v10)).ok());
+  ASSERT_TRUE(PushBackup(Push(service->address(), &v20)).ok());
+
+  absl::StatusOr<FetchedBackup> f10 = FetchBackup(Fetch(service->address(), v10));
+  absl::StatusOr<FetchedBackup> f20 = FetchBackup(Fetch(service->address(), v20));
+  ASSERT_TRUE(f10.ok()) << f10.status();
+  ASSERT_TRUE(f20.ok()) << f20.status();
+  EXPECT_TRUE(f10->payload == p10);
+  EXPECT_TRUE(f20->payload == p20);
+
+  ASSERT_TRUE(PushBackup(Push(service->address(), &v30)).ok());
+  EXPECT_EQ(FetchBackup(Fetch(service->address(), v10)).status().code(),
+            absl::StatusCode::kNotFound);
+  f20 = FetchBackup(Fetch(service->address(), v20));
+  absl::StatusOr<FetchedBackup> f30 = FetchBackup(Fetch(service->address(), v30));
+  ASSERT_TRUE(f20.ok()) << f20.status();
+  ASSERT_TRUE(f30.ok()) << f30.status();
+  EXPECT_TRUE(f20->payload == p20);
+  EXPECT_TRUE(f30->payload == p30);
+
+  std::vector<int64_t> steps;
+  for (const HeldBackup& held : service->Held()) steps.push_back(held.step);
+  EXPECT_THAT(steps, ElementsAre(30, 20));  // newest first
+}
+
+TEST_F(BackupServiceTest, AFetchOfAnotherFingerprintIsNotFound) {
+  std::unique_ptr<BackupService> service = StartService();
+  ASSERT_NE(service, nullptr);
+  const std::string payload = Payload(10, 200000);
+  const Snapshotter::View view = MakeView(10, payload);
+  ASSERT_TRUE(PushBackup(Push(service->address(), &view)).ok());
+  FetchRequest request = Fetch(service->address(), view);
+  request.fingerprint ^= 1;
+  EXPECT_EQ(FetchBackup(request).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(BackupServiceTest, AByteFlippedInTheHoldersMemoryIsDataLossNamingSourceStepAndChunk) {
+  std::unique_ptr<BackupService> service = StartService();
+  ASSERT_NE(service, nullptr);
+  const std::string payload = Payload(10, 1000000);
+  const Snapshotter::View view = MakeView(10, payload);
+  ASSERT_TRUE(PushBackup(Push(service->address(), &view)).ok());
+
+  ASSERT_TRUE(FlipPayloadByte(arena(), 10, 2 * kChunk + 17));
+
+  absl::StatusOr<FetchedBackup> fetched = FetchBackup(Fetch(service->address(), view));
+  ASSERT_FALSE(fetched.ok());
+  EXPECT_EQ(fetched.status().code(), absl::StatusCode::kDataLoss) << fetched.status();
+  EXPECT_THAT(fetched.status().message(), HasSubstr("source rank 1"));
+  EXPECT_THAT(fetched.status().message(), HasSubstr("step 10"));
+  EXPECT_THAT(fetched.status().message(), HasSubstr("chunk 2 "));
+}
+
+TEST_F(BackupServiceTest, APushWhosePayloadDoesNotMatchItsChecksumsIsDataLossAndKeepsTheOldBackup) {
+  std::unique_ptr<BackupService> service = StartService();
+  ASSERT_NE(service, nullptr);
+  const std::string p10 = Payload(10, 400000);
+  const Snapshotter::View v10 = MakeView(10, p10);
+  ASSERT_TRUE(PushBackup(Push(service->address(), &v10)).ok());
+
+  std::string p20 = Payload(20, 400000);
+  const Snapshotter::View v20 = MakeView(20, p20);
+  p20[3 * kChunk + 5] ^= 1;  // after the checksums were taken: the bytes sent do not match
+
+  absl::StatusOr<PushResult> pushed = PushBackup(Push(service->address(), &v20));
+  ASSERT_FALSE(pushed.ok());
+  EXPECT_EQ(pushed.status().code(), absl::StatusCode::kDataLoss) << pushed.status();
+  EXPECT_THAT(pushed.status().message(), HasSubstr("chunk 3 "));
+
+  std::vector<int64_t> steps;
+  for (const HeldBackup& held : service->Held()) steps.push_back(held.step);
+  EXPECT_THAT(steps, ElementsAre(10));
+  absl::StatusOr<FetchedBackup> f10 = FetchBackup(Fetch(service->address(), v10));
+  ASSERT_TRUE(f10.ok()) << f10.status();
+  EXPECT_TRUE(f10->payload == p10);
+}
+
+// The holder in a child process: it serves until killed, and writes its port to `port_pipe`.
+[[noreturn]] void RunHolderChild(const std::string& job, int port_pipe) {
+  BackupServiceOptions options;
+  options.job_id = job;
+  options.rank = 7;
+  absl::StatusOr<std::unique_ptr<BackupService>> service = BackupService::Start(options);
+  if (!service.ok()) _exit(3);
+  const std::string address = (*service)->address();
+  const int port = std::stoi(address.substr(address.rfind(':') + 1));
+  if (write(port_pipe, &port, sizeof(port)) != sizeof(port)) _exit(4);
+  // Bounded: a parent that died without killing this child does not leave it forever.
+  absl::SleepFor(absl::Seconds(120));
+  _exit(0);
+}
+
+TEST_F(BackupServiceTest, AHolderKilledWhileReceivingLeavesThePreviousCompleteBackup) {
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0) << strerror(errno);
+  if (child == 0) {
+    close(pipe_fds[0]);
+    RunHolderChild(job_, pipe_fds[1]);
+  }
+  close(pipe_fds[1]);
+  ASSERT_TRUE(::trainguard::testing::CheckOwnProcess(child).ok());
+  pollfd ready{pipe_fds[0], POLLIN, 0};
+  ASSERT_EQ(poll(&ready, 1, static_cast<int>(absl::ToInt64Milliseconds(kPollBound))), 1);
+  int port = 0;
+  ASSERT_EQ(read(pipe_fds[0], &port, sizeof(port)), static_cast<ssize_t>(sizeof(port)));
+  close(pipe_fds[0]);
+  const std::string holder = absl::StrFormat("127.0.0.1:%d", port);
+
+  const std::string p10 = Payload(10, 1 << 20), p20 = Payload(20, 1 << 20);
+  const Snapshotter::View v10 = MakeView(10, p10), v20 = MakeView(20, p20);
+  absl::StatusOr<PushResult> first = PushBackup(Push(holder, &v10));
+  ASSERT_TRUE(first.ok()) << first.status();
+
+  // Step 20 at 64 KiB/s: 16 s if nothing stopped it.
+  BackupRateLimiter slow(kChunk);
+  PushRequest request = Push(holder, &v20);
+  request.limiter = &slow;
+  absl::Status second;
+  std::thread pusher([&] { second = PushBackup(request).status(); });
+  const bool writing = AwaitSlotWriting(arena());
+  EXPECT_TRUE(writing);
+  EXPECT_TRUE(SignalOwnProcess(child, SIGKILL).ok());
+  int wstatus = 0;
+  EXPECT_EQ(waitpid(child, &wstatus, 0), child);
+  pusher.join();
+  ASSERT_TRUE(writing);
+  EXPECT_TRUE(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL);
+  EXPECT_EQ(second.code(), absl::StatusCode::kUnavailable) << second;
+
+  // A fresh holder on this host finds what the dead one left: step 10, complete; 20 never.
+  std::unique_ptr<BackupService> successor = StartService();
+  ASSERT_NE(successor, nullptr);
+  std::vector<int64_t> steps;
+  for (const HeldBackup& held : successor->Held()) steps.push_back(held.step);
+  EXPECT_THAT(steps, ElementsAre(10));
+  absl::StatusOr<FetchedBackup> f10 = FetchBackup(Fetch(successor->address(), v10));
+  ASSERT_TRUE(f10.ok()) << f10.status();
+  EXPECT_TRUE(f10->payload == p10);
+  EXPECT_EQ(FetchBackup(Fetch(successor->address(), v20)).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(BackupServiceTest, AWrongTokenIsPermissionDenied) {
+  std::unique_ptr<BackupService> service = StartService("the-job-token");
+  ASSERT_NE(service, nullptr);
+  const std::string payload = Payload(10, 100000);
+  const Snapshotter::View view = MakeView(10, payload);
+  PushRequest push = Push(service->address(), &view);
+  push.token = "not-the-job-token";
+  EXPECT_EQ(PushBackup(push).status().code(), absl::StatusCode::kPermissionDenied);
+  FetchRequest fetch = Fetch(service->address(), view);
+  fetch.token = "";
+  EXPECT_EQ(FetchBackup(fetch).status().code(), absl::StatusCode::kPermissionDenied);
+
+  push.token = "the-job-token";
+  EXPECT_TRUE(PushBackup(push).ok());
+}
+
+TEST_F(BackupServiceTest, ACancelDuringASlowPushIsCancelledAndKeepsNoPartialBackup) {
+  std::unique_ptr<BackupService> service = StartService();
+  ASSERT_NE(service, nullptr);
+  const std::string payload = Payload(10, 1 << 20);
+  const Snapshotter::View view = MakeView(10, payload);
+  BackupRateLimiter slow(kChunk);  // 16 s for the whole payload
+  std::atomic<bool> cancel{false};
+  PushRequest request = Push(service->address(), &view);
+  request.limiter = &slow;
+  request.cancel = &cancel;
+  absl::Status status;
+  std::thread pusher([&] { status = PushBackup(request).status(); });
+  EXPECT_TRUE(AwaitSlotWriting(arena()));
+  cancel = true;
+  pusher.join();
+  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
+  // The holder drops the half-received slot once it notices the connection closed.
+  for (absl::Time end = absl::Now() + kPollBound;
+       absl::Now() < end && SlotStates(arena()) != std::vector<uint32_t>{0, 0};) {
+    absl::SleepFor(kPollStep);
+  }
+  EXPECT_EQ(SlotStates(arena()), (std::vector<uint32_t>{0, 0}));
+  EXPECT_TRUE(service->Held().empty());
+}
+
+TEST_F(BackupServiceTest, APushThatCannotFinishByItsDeadlineIsDeadlineExceeded) {
+  std::unique_ptr<BackupService> service = StartService();
+  ASSERT_NE(service, nullptr);
+  const std::string payload = Payload(10, 1 << 20);
+  const Snapshotter::View view = MakeView(10, payload);
+  BackupRateLimiter slow(kChunk);
+  PushRequest request = Push(service->address(), &view);
+  request.limiter = &slow;
+  request.deadline = absl::Now() + absl::Milliseconds(300);
+  EXPECT_EQ(PushBackup(request).status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(BackupServiceTest, AnUnreachableHolderIsUnavailable) {
+  // A port that was free a moment ago and has no listener.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  const std::string holder = absl::StrFormat("127.0.0.1:%d", ntohs(address.sin_port));
+  close(fd);
+
+  const std::string payload = Payload(10, 100000);
+  const Snapshotter::View view = MakeView(10, payload);
+  absl::StatusOr<PushResult> pushed = PushBackup(Push(holder, &view));
+  EXPECT_EQ(pushed.status().code(), absl::StatusCode::kUnavailable) << pushed.status();
+  EXPECT_THAT(pushed.status().message(), HasSubstr(holder));
+  EXPECT_EQ(FetchBackup(Fetch(holder, view)).status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(BackupServiceTest, AFullDevShmIsResourceExhaustedNamingTheSegmentAndSize) {
+  ::trainguard::testing::FullShmEnv full(64 << 10);
+  std::unique_ptr<BackupService> service = StartService("", &full);
+  ASSERT_NE(service, nullptr);
+  const std::string payload = Payload(10, 500000);
+  const Snapshotter::View view = MakeView(10, payload);
+  absl::StatusOr<PushResult> pushed = PushBackup(Push(service->address(), &view));
+  ASSERT_FALSE(pushed.ok());
+  EXPECT_EQ(pushed.status().code(), absl::StatusCode::kResourceExhausted) << pushed.status();
+  EXPECT_THAT(pushed.status().message(), HasSubstr(arena()));
+  EXPECT_THAT(pushed.status().message(), HasSubstr("bytes"));
+  EXPECT_TRUE(full.left_behind().empty());
+}
+
+// Connects to `address` ("127.0.0.1:PORT"), sends `bytes`, and waits (bounded) until the holder
+// closes the connection. True when it did.
+bool HolderDropsConnectionAfter(const std::string& address, const std::string& bytes) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  to.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1))));
+  bool dropped = false;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0 &&
+      send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size())) {
+    char sink[4096];
+    for (absl::Time end = absl::Now() + kPollBound; absl::Now() < end;) {
+      pollfd p{fd, POLLIN, 0};
+      if (poll(&p, 1, 100) <= 0) continue;
+      const ssize_t n = recv(fd, sink, sizeof(sink), 0);
+      if (n <= 0) {
+        dropped = true;
+        break;
+      }
+    }
+  }
+  close(fd);
+  return dropped;
+}
+
+TEST_F(BackupServiceTest, MalformedInputDropsTheConnectionAndTheServiceServesTheNextClient) {
+  std::unique_ptr<BackupService> service = StartService();
+  ASSERT_NE(service, nullptr);
+  EXPECT_TRUE(HolderDropsConnectionAfter(service->address(), "GET / HTTP/1.1\r\n\r\n"));
+  EXPECT_TRUE(HolderDropsConnectionAfter(service->address(), std::string("\xff\xff\xff\x7f", 4)));
+  EXPECT_TRUE(HolderDropsConnectionAfter(service->address(),
+                                         std::string("\x05\x00\x00\x00\xff\xff\xff\xff\xff", 9)));
+
+  const std::string payload = Payload(10, 300000);
+  const Snapshotter::View view = MakeView(10, payload);
+  absl::StatusOr<PushResult> pushed = PushBackup(Push(service->address(), &view));
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  absl::StatusOr<FetchedBackup> fetched = FetchBackup(Fetch(service->address(), view));
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_TRUE(fetched->payload == payload);
+}
+
+TEST_F(BackupServiceTest, ASnapshottersViewOfAnOlderStepRoundTripsThroughAHolder) {
+  std::vector<char> weights(300000);
+  StateRegistry registry;
+  StateBuffer buffer;
+  buffer.name = "w";
+  buffer.data = weights.data();
+  buffer.bytes = weights.size();
+  buffer.shape = {static_cast<int64_t>(weights.size())};
+  ASSERT_TRUE(registry.Register(std::move(buffer)).ok());
+  SnapshotterOptions options;
+  options.job_id = job_;
+  options.rank = kSource;
+  options.chunk_bytes = kChunk;
+  options.copy_threads = 1;
+  absl::StatusOr<std::unique_ptr<Snapshotter>> snapshotter =
+      Snapshotter::Create(&registry, options);
+  ASSERT_TRUE(snapshotter.ok()) << snapshotter.status();
+  for (int64_t step : {10, 20}) {
+    std::memset(weights.data(), static_cast<int>(step), weights.size());
+    ASSERT_TRUE((*snapshotter)->Begin(step).ok());
+    ASSERT_TRUE((*snapshotter)->Fence(absl::Seconds(30)).ok());
+  }
+  EXPECT_EQ((*snapshotter)->ViewOf(30).status().code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<Snapshotter::View> view = (*snapshotter)->ViewOf(10);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->info.step, 10);
+
+  std::unique_ptr<BackupService> service = StartService();
+  ASSERT_NE(service, nullptr);
+  PushRequest push = Push(service->address(), &*view);
+  push.payload_capacity = (*snapshotter)->payload_capacity();
+  ASSERT_TRUE(PushBackup(push).ok());
+  absl::StatusOr<FetchedBackup> fetched = FetchBackup(Fetch(service->address(), *view));
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_TRUE(fetched->payload == view->payload);
+  EXPECT_EQ(fetched->chunk_checksums, view->chunk_checksums);
+  (*snapshotter).reset();
+  (void)Snapshotter::RemoveArena(job_, kSource);
+}
+
+// The rate limiter's arithmetic, on a ManualClock: its waits advance the clock exactly.
+TEST(BackupRateLimiterTest, PacesChunksAtTheRateOnTheClock) {
+  ManualClock clock;
+  BackupRateLimiter limiter(1000, &clock);
+  const absl::Time forever = absl::InfiniteFuture();
+  EXPECT_TRUE(limiter.Acquire(1000, forever, nullptr));  // the first chunk goes at once
+  EXPECT_EQ(clock.MonotonicNanos(), 0);
+  EXPECT_TRUE(limiter.Acquire(1000, forever, nullptr));
+  EXPECT_EQ(clock.MonotonicNanos(), absl::ToInt64Nanoseconds(absl::Seconds(1)));
+  EXPECT_TRUE(limiter.Acquire(500, forever, nullptr));
+  EXPECT_EQ(clock.MonotonicNanos(), absl::ToInt64Nanoseconds(absl::Seconds(2)));
+  EXPECT_TRUE(limiter.Acquire(1, forever, nullptr));
+  EXPECT_EQ(clock.MonotonicNanos(), absl::ToInt64Nanoseconds(absl::Milliseconds(2500)));
+}
+
+TEST(BackupRateLimiterTest, GivesUpAtOnceWhenTheBytesWouldBeFreeOnlyAfterTheDeadline) {
+  ManualClock clock;
+  BackupRateLimiter limiter(1000, &clock);
+  ASSERT_TRUE(limiter.Acquire(2000, absl::InfiniteFuture(), nullptr));  // busy for 2 s
+  EXPECT_FALSE(limiter.Acquire(10, clock.Now() + absl::Milliseconds(1999), nullptr));
+  EXPECT_EQ(clock.MonotonicNanos(), 0);  // no wait
+  // The refusal reserved nothing: the link is free at 2 s, as before.
+  EXPECT_TRUE(limiter.Acquire(10, clock.Now() + absl::Seconds(2), nullptr));
+  EXPECT_EQ(clock.MonotonicNanos(), absl::ToInt64Nanoseconds(absl::Seconds(2)));
+}
+
+TEST(BackupRateLimiterTest, GivesUpWhenCancelled) {
+  ManualClock clock;
+  BackupRateLimiter limiter(1000, &clock);
+  std::atomic<bool> cancel{true};
+  EXPECT_FALSE(limiter.Acquire(10, absl::InfiniteFuture(), &cancel));
+  cancel = false;
+  EXPECT_TRUE(limiter.Acquire(10, absl::InfiniteFuture(), &cancel));
+}
+
+TEST(BackupRateLimiterTest, ARateOfZeroIsUnlimited) {
+  ManualClock clock;
+  BackupRateLimiter limiter(0, &clock);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(limiter.Acquire(uint64_t{1} << 40, clock.Now(), nullptr));
+  EXPECT_EQ(clock.MonotonicNanos(), 0);
+}
+
+}  // namespace
+}  // namespace trainguard
