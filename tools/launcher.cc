@@ -40,6 +40,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "sdk/checkpoint/backup_placement.h"
+#include "sdk/checkpoint/backup_service.h"
 #include "sdk/checkpoint/snapshotter.h"
 #include "sdk/core/mutex.h"
 #include "sdk/rendezvous/coordinator_lease.h"
@@ -49,6 +51,8 @@
 #include "sdk/watchdog/hang_diagnosis.h"
 #include "trainguard/checkpoint.h"
 #include "trainguard/env.h"
+#include "trainguard/options.h"
+#include "trainguard/topology.h"
 #include "trainguard/store.h"
 
 extern char** environ;
@@ -215,6 +219,11 @@ class Job {
   void WatchJobStop();
   void StopJob(const std::string& reason);
   void ReportPersistFailures();
+  // Prints the backup placement of a job of `training_hosts` hosts (coordinator, at formation);
+  // fails the job when no placement is possible.
+  void DescribeBackups(int training_hosts);
+  // Says when ckpt/protected moves to a new epoch: the job is protected (again).
+  void ReportProtection();
   std::string Summary() const;
   // SIGKILLs what is left of `child`'s process group once `child` itself has been reaped: the
   // processes a wrapper command started.
@@ -294,6 +303,7 @@ class Job {
 
   absl::Time next_stop_check_ = absl::InfinitePast();
   absl::Time next_persist_check_ = absl::InfinitePast();
+  std::string protected_epoch_;  // of the last ckpt/protected reported
   std::map<std::string, std::string> persist_failures_;  // store key -> the rank's error
 
   struct DeadRank {
@@ -897,6 +907,52 @@ void Job::StopJob(const std::string& reason) {
   exit_code_ = kExitJobFailed;
 }
 
+void Job::DescribeBackups(int training_hosts) {
+  // The ranks read the same variables (the flags set them in this environment): the placement
+  // printed is the one they compute.
+  std::map<std::string, std::string> vars = {
+      {"TRAINGUARD_WORLD_SIZE", absl::StrCat(training_hosts * config_.nproc)},
+      {"TRAINGUARD_LOCAL_WORLD_SIZE", absl::StrCat(config_.nproc)}};
+  for (const char* name : {"TRAINGUARD_TP", "TRAINGUARD_CP", "TRAINGUARD_PP",
+                           "TRAINGUARD_BACKUP_COPIES", "TRAINGUARD_BACKUP_EVICT",
+                           "TRAINGUARD_BACKUP_RACKS"}) {
+    const char* v = std::getenv(name);  // NOLINT(concurrency-mt-unsafe): never set after start
+    if (v != nullptr) vars[name] = v;
+  }
+  absl::StatusOr<Options> o = Options::FromEnvironment(vars);
+  if (!o.ok()) return Fail(absl::StrCat("backup placement: ", o.status().message()));
+  if (o->backup_copies <= 1 || training_hosts < 2) return;
+  absl::StatusOr<Topology> topology =
+      Topology::Create({.world_size = training_hosts * config_.nproc, .tp = o->tp, .cp = o->cp,
+                        .pp = o->pp, .ranks_per_host = config_.nproc});
+  if (!topology.ok()) return Fail(absl::StrCat("backup placement: ", topology.status().message()));
+  absl::StatusOr<std::vector<EvictionClass>> classes = ParseEvictionClasses(o->backup_evict);
+  if (!classes.ok()) return Fail(absl::StrCat("--backup-evict: ", classes.status().message()));
+  std::vector<std::string> racks;
+  if (!o->backup_racks.empty()) racks = absl::StrSplit(o->backup_racks, ',');
+  const BackupPlacementSpec spec{
+      .topology = *topology, .copies = o->backup_copies, .classes = *classes, .racks = racks};
+  absl::StatusOr<BackupPlacement> placement = BackupPlacement::Place(spec);
+  if (!placement.ok()) {
+    return Fail(absl::StrCat("no backup placement: ", placement.status().message()));
+  }
+  for (absl::string_view line : absl::StrSplit(DescribePlacement(spec, *placement), '\n',
+                                               absl::SkipEmpty())) {
+    Say(std::string(line));
+  }
+}
+
+void Job::ReportProtection() {
+  absl::StatusOr<std::string> value = store_->Get("ckpt/protected", absl::Milliseconds(500));
+  if (!value.ok()) return;
+  std::pair<std::string, std::string> parts = absl::StrSplit(*value, absl::MaxSplits(' ', 1));
+  if (parts.second == protected_epoch_) return;
+  Say(absl::StrFormat("the job is protected%s: every rank's snapshot of step %s is in memory with "
+                      "all its backups (epoch %s)",
+                      protected_epoch_.empty() ? "" : " again", parts.first, parts.second));
+  protected_epoch_ = parts.second;
+}
+
 // A rank that could not write a checkpoint to disk keeps training (the step stays uncommitted on
 // disk), so the only trace would be its event file: say it here, once per rank and step.
 void Job::ReportPersistFailures() {
@@ -1230,6 +1286,7 @@ int Job::Run() {
     if (coordinating() && absl::Now() >= next_persist_check_) {
       next_persist_check_ = absl::Now() + absl::Milliseconds(500);
       ReportPersistFailures();
+      if (MultiHost()) ReportProtection();
     }
     if (exit_code_ < 0 && !MultiHost() && ranks_finished_ == config_.nproc) exit_code_ = 0;
   }
@@ -1245,6 +1302,11 @@ int Job::Run() {
     for (const auto& c : children_) {
       if (c->rank < 0) continue;
       (void)Snapshotter::RemoveArena(config_.job_id, c->rank);
+      // The backups this host's ranks held for their sources (any rank's, as the placement
+      // may have given it any).
+      if (MultiHost()) {
+        for (int s = 0; s < world_size_; ++s) (void)BackupService::RemoveArenas(config_.job_id, {s});
+      }
       (void)FlightRecorder::Remove(config_.job_id, c->rank);
     }
   }
@@ -1419,6 +1481,7 @@ void Job::PublishPlan() {
   if (published.ok() && published->swapped) {
     Say(absl::StrFormat("%d host(s) train, %d are standby hosts", training,
                         hosts.size() - training));
+    DescribeBackups(training);
   }
 }
 
@@ -1825,6 +1888,9 @@ std::string RunUsage() {
          "[--host-id ID]\n"
          "                      [--host-timeout SECONDS] [--rdzv-last-call SECONDS] "
          "[--spread-standbys]\n"
+         "                      [--backup-copies M] [--backup-evict host,rack,tp,cp,dp,pp] "
+         "[--backup-racks R0,R1,...]\n"
+         "                      [--backup-rate MIB_S] [--backup-budget MIB]\n"
          "                      [--token-file F] [--standby K] [...as above] -- COMMAND "
          "[ARGS...]\n";
 }
@@ -1899,6 +1965,21 @@ absl::StatusOr<LaunchConfig> ParseRunArguments(const std::vector<std::string>& a
             absl::StrFormat("--host-timeout '%s': need seconds in [0.5, 3600]", value));
       }
       config.host_timeout = absl::Seconds(seconds);
+    } else if (flag == "--backup-copies" || flag == "--backup-rate" ||
+               flag == "--backup-budget") {
+      n = ParseCount(flag, value, flag == "--backup-copies" ? 1 : 0);
+      const char* name = flag == "--backup-copies" ? "TRAINGUARD_BACKUP_COPIES"
+                         : flag == "--backup-rate" ? "TRAINGUARD_BACKUP_RATE_MIB_S"
+                                                   : "TRAINGUARD_BACKUP_MEMORY_BUDGET_MIB";
+      config.backup_env.emplace_back(name, value);
+    } else if (flag == "--backup-evict") {
+      absl::StatusOr<std::vector<EvictionClass>> classes = ParseEvictionClasses(value);
+      if (!classes.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("--backup-evict: ", classes.status().message()));
+      }
+      config.backup_env.emplace_back("TRAINGUARD_BACKUP_EVICT", value);
+    } else if (flag == "--backup-racks") {
+      config.backup_env.emplace_back("TRAINGUARD_BACKUP_RACKS", value);
     } else if (flag == "--rdzv-last-call") {
       n = ParseCount(flag, value, 0);
       config.rdzv_last_call = absl::Seconds(n.value_or(0));
@@ -1947,6 +2028,8 @@ absl::StatusOr<LaunchConfig> ParseRunArguments(const std::vector<std::string>& a
 }
 
 int RunJob(const LaunchConfig& config) {
+  // Before any thread: the ranks inherit these, and DescribeBackups reads them.
+  for (const auto& [name, value] : config.backup_env) setenv(name.c_str(), value.c_str(), 1);
   Job job(config);
   return job.Run();
 }

@@ -35,6 +35,7 @@
 #define TRAINGUARD_TOOLS_LAUNCHER_H_
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -79,6 +80,12 @@ struct LaunchConfig {
   bool spread_standbys = false;
   // With nnodes_min < nnodes_max: how long the job waits for more workers once nnodes_min joined.
   absl::Duration rdzv_last_call = absl::Seconds(5);
+  // Peer backups of the ranks' snapshots (--backup-copies, --backup-evict, --backup-racks,
+  // --backup-rate, --backup-budget): shorthands for the TRAINGUARD_BACKUP_* variables every rank
+  // reads (include/trainguard/options.h), set in the launcher's environment before the ranks
+  // start. The coordinator prints the placement, its proof and its survival odds when the job
+  // forms, and says when the job is protected (again).
+  std::vector<std::pair<std::string, std::string>> backup_env;
 };
 
 inline constexpr int kExitJobFailed = 1;

@@ -2,7 +2,9 @@
 // integration of trainguard in a C++ training loop.
 //
 // Each process is one rank. Every rank holds a full replica of a small MLP (mlp.h) initialised from
-// the same seed, trains on its own shard of a synthetic regression task (synthetic_regression.h),
+// the same seed, trains on its data-parallel shard of a synthetic regression task
+// (synthetic_regression.h; with TRAINGUARD_TP/CP/PP > 1, ranks of one model-parallel group share a
+// shard),
 // averages the gradients over all ranks with one gloo allreduce per step (gloo_data_parallel.h) and
 // applies SGD, so the replicas stay bit-identical. Each step runs inside sdk::guard; a failed step
 // goes to Runtime::recover(), which says where to resume or that this process must stop. The
@@ -30,7 +32,9 @@
 //   rank R recover step S next N
 //       Runtime::recover() resumes at step N.
 //   rank R restored step S from SOURCE            (checkpointing on: state restored from the
-//                                                 arena or disk; S is the step resumed at)
+//                                                 arena, a peer's memory or disk; S is the step
+//                                                 resumed at)
+//   rank R restore skipped WHY                    (a newer committed step no rank could restore)
 //   rank R generation G resume_step S state_from SRC
 //       Joined membership generation G after a rank replacement (as a survivor or as the
 //       replacement), resuming at step S; SRC is the rank whose model state was broadcast (-1:
@@ -107,8 +111,9 @@ std::string StaticRendezvousId(const TrainerFlags& flags, const sdk::Runtime& rt
   return absl::StrCat(rt.options().job_id, "-gen", rt.generation());
 }
 
-std::string ParamsChecksum(std::span<const float> params) {
-  const XXH64_hash_t hash = XXH64(params.data(), params.size_bytes(), /*seed=*/0);
+std::string ParamsChecksum(std::span<const float> params, std::span<const float> extra) {
+  XXH64_hash_t hash = XXH64(params.data(), params.size_bytes(), /*seed=*/0);
+  if (!extra.empty()) hash = XXH64(extra.data(), extra.size_bytes(), /*seed=*/hash);
   char hex[17];
   std::snprintf(hex, sizeof(hex), "%016" PRIx64, static_cast<uint64_t>(hash));
   return hex;
@@ -135,6 +140,9 @@ class RecoveryPrinter : public sdk::StepObserver {
     if (!report.restored_from.empty()) {
       std::printf("rank %d restored step %" PRId64 " from %s\n", rank_, report.next_step,
                   report.restored_from.c_str());
+    }
+    for (const std::string& skipped : report.restore_skipped) {
+      std::printf("rank %d restore skipped %s\n", rank_, skipped.c_str());
     }
     if (report.generation_attempts > 1) {
       std::printf("rank %d generation %" PRId64 " entered after %d attempts\n", rank_,
@@ -185,6 +193,21 @@ class DataParallelTrainer {
         !s.ok()) {
       return s;
     }
+    if (flags_.extra_state_mib > 0) {
+      extra_state_.resize((size_t{1} << 20) / sizeof(float) * flags_.extra_state_mib);
+      SplitMix64 rng(flags_.model_seed);
+      for (float& x : extra_state_) x = static_cast<float>(rng.Next() >> 40) * 0x1p-24f;
+      if (absl::Status s = rt_.state().Register({"optimizer.extra_state",
+                                                 "optimizer",
+                                                 extra_state_.data(),
+                                                 extra_state_.size() * sizeof(float),
+                                                 sdk::DType::kF32,
+                                                 {static_cast<int64_t>(extra_state_.size())},
+                                                 sdk::Device::Host()});
+          !s.ok()) {
+        return s;
+      }
+    }
     rt_.SetCommunicatorFactory([this](const sdk::CommunicatorSpec& spec) { return Connect(spec); });
     return absl::OkStatus();
   }
@@ -223,11 +246,22 @@ class DataParallelTrainer {
                   wd != nullptr ? wd->hangs_postponed() : int64_t{0});
     }
     std::printf("rank %d final_loss %.6f params_checksum %s\n", rank, last_loss_,
-                ParamsChecksum(model_.parameters()).c_str());
+                ParamsChecksum(model_.parameters(), extra_state_).c_str());
     return 0;
   }
 
  private:
+  // A deterministic function of the step and the loss on a 16 KiB slice that moves with the step,
+  // so that every part of the extra state is written over a run and a restore of stale memory
+  // changes the final checksum.
+  void UpdateExtraState(int64_t step, float loss) {
+    if (extra_state_.empty()) return;
+    constexpr size_t kSlice = 4096;
+    const size_t slices = extra_state_.size() / kSlice;
+    float* slice = extra_state_.data() + (static_cast<size_t>(step) % slices) * kSlice;
+    for (size_t i = 0; i < kSlice; ++i) slice[i] = 0.9f * slice[i] + 0.1f * loss;
+  }
+
   // The reduction buffer is the flat gradient followed by the sum of the ranks' finite losses and
   // the number of ranks whose loss was not finite: one collective per step carries all three.
   static constexpr size_t kTailFloats = 2;
@@ -341,6 +375,7 @@ class DataParallelTrainer {
     }
     const float loss = reduce_buffer_[n] * inverse_world;
     model_.ApplySgd(std::span<const float>(reduce_buffer_).first(n), flags_.learning_rate);
+    UpdateExtraState(step, loss);
     last_loss_ = loss;
     if (step % flags_.print_every == 0 || step == flags_.steps - 1) {
       std::printf("rank %d step %" PRId64 " loss %.6f\n", rt_.rank(), step, loss);
@@ -353,6 +388,7 @@ class DataParallelTrainer {
   const SyntheticRegression task_;
   Mlp model_;
   std::vector<float> reduce_buffer_;
+  std::vector<float> extra_state_;  // --extra-state-mib
   float last_loss_ = std::numeric_limits<float>::quiet_NaN();
   // --generate statistics, printed at the end.
   int64_t generate_phases_ = 0;
@@ -399,13 +435,10 @@ int Main(int argc, char** argv) {
   sdk::Runtime& runtime = **rt;
   const int rank = runtime.rank();
   const sdk::Topology& topology = runtime.topology();
-  if (topology.dp() != topology.world_size()) {
-    std::fprintf(
-        stderr,
-        "rank %d error: cpp_trainer is data parallel only (tp, cp and pp must be 1), got %s\n",
-        rank, topology.ToString().c_str());
-    return 2;
-  }
+  // The model is small enough for every rank to hold all of it. A declared tp/cp/pp layout (which
+  // the placement of peer backups reads) makes the ranks of one model-parallel group train on the
+  // same batch, as Megatron's do: their gradients are equal, so the average over all ranks is the
+  // average over the data-parallel replicas.
   absl::StatusOr<sdk::RankCoordinates> coordinates = topology.CoordinatesOf(rank);
   if (!coordinates.ok()) {
     std::fprintf(stderr, "rank %d error: %s\n", rank, coordinates.status().ToString().c_str());

@@ -95,6 +95,9 @@ TRAINGUARD_JOB_ID and TRAINGUARD_RUN_DIR (see trainguard's Options).
   --stall-generation RANK:STEP:SECONDS
                           RANK's decoding stops ticking for SECONDS halfway through STEP's
                           generation (a stuck rollout; generation 0 only)
+  --extra-state-mib N     N MiB of float32 state registered with the model (a stand-in for
+                          optimizer state: the snapshot's size); each step updates a 16 KiB
+                          slice, and params_checksum covers it
   --help                  print this text
 )";
 }
@@ -153,6 +156,8 @@ absl::StatusOr<TrainerFlags> ParseTrainerFlags(int argc, char** argv) {
     } else if (flag == "--stall-generation") {
       status = ParseRankStepSeconds(flag, value, &flags.stall_rank, &flags.stall_step,
                                     &flags.stall_generation);
+    } else if (flag == "--extra-state-mib") {
+      status = ParseNumber<int>(flag, value, 0, &flags.extra_state_mib);
     } else if (flag == "--inject-nan-grad") {
       status = ParseRankStep(flag, value, &flags.inject_nan_grad_rank, &flags.inject_nan_grad_step);
     } else {

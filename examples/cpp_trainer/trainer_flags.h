@@ -58,6 +58,10 @@ struct TrainerFlags {
   int stall_rank = -1;
   int64_t stall_step = -1;
   absl::Duration stall_generation = absl::ZeroDuration();
+  // --extra-state-mib N: N MiB of float32 registered with the model as a stand-in for optimizer
+  // state (a real job's snapshot is mostly that), initialised from model_seed; each step updates
+  // a 16 KiB slice of it, and the final params_checksum covers it. 0: off.
+  int extra_state_mib = 0;
   bool help = false;
 };
 

@@ -92,6 +92,24 @@ struct Options {
   int checkpoint_keep_last = 3;
   int checkpoint_persist_every = 1;
 
+  // Peer backups of the in-memory snapshots (jobs that span hosts, local_world_size <
+  // world_size, with a store). Every rank's snapshot is kept in `backup_copies` places in all (its
+  // own arena and backup_copies - 1 ranks on other hosts, chosen by BackupPlacement so that no
+  // single eviction unit of `backup_evict` removes every copy); a step is committed in memory
+  // only when every rank's backups are complete, and a rank replacing a lost host restores from a
+  // holder before it tries the disk. 1: no peer backups. `backup_evict`: a comma-separated list of
+  // host, rack, tp, cp, dp, pp (host is always included; when no placement honours them all, the
+  // last ones are dropped and the start-up event says so). `backup_racks`: one rack label per host
+  // slot, comma-separated (empty: no racks). `backup_rate_mib_s`: the replication rate of one
+  // rank in MiB/s (0: unlimited). `backup_memory_budget_mib`: the shared memory one host may use
+  // for its ranks' arenas and the backups it holds (0: /dev/shm's size is the only limit);
+  // start-up fails, naming both figures, when the footprint does not fit.
+  int backup_copies = 2;
+  std::string backup_evict = "host";
+  std::string backup_racks = {};
+  int backup_rate_mib_s = 0;
+  int backup_memory_budget_mib = 0;
+
   // Hang detection (watchdog.h). A phase is hung when it has run longer than its learned bound,
   // max(watchdog_floor_ms, watchdog_bound_factor_pct/100 x a high quantile of its recent
   // durations, over the last watchdog_history samples), and has stopped ticking. Until a phase has

@@ -104,8 +104,12 @@ struct RecoveryReport {
   // What Start() or recover() returned: OK, or why this process cannot go on.
   absl::Status status;
   int64_t next_step = -1;  // the step to run next (status OK)
-  // "arena" or "disk" when a checkpoint was restored; "" otherwise.
+  // "arena", "disk" or "peer host HOST" (a backup holder's memory) when a checkpoint was restored;
+  // "" otherwise.
   std::string restored_from;
+  // Newer committed steps that could not be restored, and why (a holder unreachable, a backup
+  // that failed its checksum, a missing shard), e.g. "step 300: rank 2: NotFound: ...".
+  std::vector<std::string> restore_skipped;
   // The membership generation the rank is in now, and whether it joined it here (a re-rendezvous,
   // or a standby's takeover in Start()).
   int64_t generation = 0;

@@ -88,12 +88,14 @@ uint64_t FingerprintOf(const ShardRecord& r) {
 class Checkpointer::Impl {
  public:
   Impl(StateRegistry* registry, CheckpointerOptions options,
-       std::unique_ptr<Snapshotter> snapshotter, std::unique_ptr<Persister> persister)
+       std::unique_ptr<Snapshotter> snapshotter, std::unique_ptr<Persister> persister,
+       std::unique_ptr<PeerBackups> peers)
       : registry_(registry),
         options_(std::move(options)),
         env_(options_.env != nullptr ? options_.env : Env::Default()),
         snapshotter_(std::move(snapshotter)),
         persister_(std::move(persister)),
+        peers_(std::move(peers)),
         store_(options_.store != nullptr ? std::make_unique<PrefixStore>("ckpt", options_.store)
                                          : nullptr),
         generation_(options_.generation) {
@@ -102,6 +104,7 @@ class Checkpointer::Impl {
 
   ~Impl() {
     (void)WaitIdle(options_.timeout);
+    if (peers_ != nullptr) peers_->Cancel();
     {
       MutexLock lock(&mu_);
       stop_ = true;
@@ -119,7 +122,8 @@ class Checkpointer::Impl {
     if (absl::Status begun = snapshotter_->Begin(step); !begun.ok()) return begun;
     ++saves_;
     const bool by_count = options_.persist_every > 0 && saves_ % options_.persist_every == 0;
-    job_ = Job{step, absl::Now(), !options_.dir.empty() && persist.value_or(by_count), Epoch()};
+    job_ = Job{step, absl::Now(), !options_.dir.empty() && persist.value_or(by_count), Epoch(),
+               /*reprotect=*/false};
     return absl::OkStatus();
   }
 
@@ -164,7 +168,12 @@ class Checkpointer::Impl {
   }
 
   absl::StatusOr<RestoreResult> RestoreNewestCommitted() {
-    if (absl::Status idle = WaitIdle(options_.timeout); !idle.ok()) return idle;
+    // A push to a holder that died with the fault must not hold the restore up: the save in
+    // flight is rolled back anyway.
+    if (peers_ != nullptr) peers_->Cancel();
+    absl::Status idle = WaitIdle(options_.timeout);
+    if (peers_ != nullptr) peers_->ClearCancel();
+    if (!idle.ok()) return idle;
     std::string epoch;
     {
       MutexLock lock(&mu_);
@@ -172,7 +181,9 @@ class Checkpointer::Impl {
       ++restores_;  // later votes belong to the timeline that starts at this restore
     }
     if (store_ == nullptr) return RestoreAlone();
-    return RestoreTogether(epoch);
+    absl::StatusOr<RestoreResult> restored = RestoreTogether(epoch);
+    if (restored.ok() && peers_ != nullptr) Reprotect(restored->step);
+    return restored;
   }
 
   Snapshotter& snapshotter() { return *snapshotter_; }
@@ -183,7 +194,17 @@ class Checkpointer::Impl {
     absl::Time started;
     bool persist;
     std::string epoch;
+    bool reprotect;  // push the restored snapshot of `step` to the holders; no copy, no commit
   };
+
+  // After a restore every rank pushes the restored snapshot to its holders in the background (a
+  // holder that has it answers at once; a replacement host's ranks receive it), so the placement
+  // is whole again before the next snapshot.
+  void Reprotect(int64_t step) {
+    MutexLock lock(&mu_);
+    if (job_.has_value()) return;
+    job_ = Job{step, absl::Now(), false, Epoch(), /*reprotect=*/true};
+  }
 
   std::string Where() const {
     return absl::StrFormat("checkpointer (job %s, rank %d)", options_.job_id, options_.rank);
@@ -224,6 +245,7 @@ class Checkpointer::Impl {
   }
 
   SaveOutcome RunJob(const Job& job) {
+    if (job.reprotect) return RunReprotect(job);
     SaveOutcome outcome;
     outcome.step = job.step;
     outcome.status = snapshotter_->Fence(options_.timeout);
@@ -236,12 +258,31 @@ class Checkpointer::Impl {
     }
     const uint64_t fingerprint = SnapshotFingerprint(view->info.step, view->info.layout_hash,
                                                      view->payload.size(), view->chunk_checksums);
-    absl::StatusOr<bool> committed = Vote(job, "snapshot", fingerprint);
-    if (!committed.ok()) {
-      outcome.status = committed.status();
-      return outcome;
+    // Without its backups a snapshot is not voted for, so the step is never committed in memory;
+    // persistence goes on unchanged.
+    bool vote = true;
+    if (peers_ != nullptr) {
+      const absl::Time start = absl::Now();
+      absl::Status replicated = peers_->Replicate(*view, options_.chunk_bytes,
+                                                  snapshotter_->payload_capacity());
+      outcome.replicate_time = absl::Now() - start;
+      outcome.replicated = replicated.ok();
+      if (!replicated.ok()) {
+        outcome.status = replicated;
+        vote = false;
+      }
     }
-    outcome.committed = *committed;
+    if (vote) {
+      absl::StatusOr<bool> committed = Vote(job, "snapshot", fingerprint);
+      if (!committed.ok()) {
+        outcome.status = committed.status();
+        return outcome;
+      }
+      outcome.committed = *committed;
+      if (*committed && peers_ != nullptr) {
+        outcome.protected_again = MarkProtected(job.step, job.epoch);
+      }
+    }
     if (!job.persist) return outcome;
     const absl::Time persist_start = absl::Now();
     int64_t generation;
@@ -254,18 +295,68 @@ class Checkpointer::Impl {
                             view->payload, view->chunk_checksums);
     outcome.persist_time = absl::Now() - persist_start;
     if (!record.ok()) {
-      outcome.status = record.status();
+      if (outcome.status.ok()) outcome.status = record.status();
       PublishPersistFailure(job.step, record.status());
       return outcome;
     }
     outcome.persisted = true;
     absl::StatusOr<bool> durable = Vote(job, "durable", fingerprint);
     if (!durable.ok()) {
-      outcome.status = durable.status();
+      if (outcome.status.ok()) outcome.status = durable.status();
       return outcome;
     }
     outcome.durable_committed = *durable;
     return outcome;
+  }
+
+  SaveOutcome RunReprotect(const Job& job) {
+    SaveOutcome outcome;
+    outcome.step = job.step;
+    outcome.reprotect = true;
+    absl::StatusOr<Snapshotter::View> view = snapshotter_->ViewOf(job.step);
+    if (!view.ok()) {
+      outcome.status = view.status();
+      return outcome;
+    }
+    const absl::Time start = absl::Now();
+    outcome.status =
+        peers_->Replicate(*view, options_.chunk_bytes, snapshotter_->payload_capacity());
+    outcome.replicate_time = absl::Now() - start;
+    outcome.replicated = outcome.status.ok();
+    if (!outcome.status.ok()) return outcome;
+    // Every rank's vote: the last one to vote sees the job protected again.
+    const std::string base = absl::StrCat("e/", job.epoch, "/", job.step, "/protected/");
+    if (absl::Status s = store_->Set(absl::StrCat(base, options_.rank), "1", options_.timeout);
+        !s.ok()) {
+      outcome.status = s;
+      return outcome;
+    }
+    std::vector<std::string> keys;
+    for (int r = 0; r < options_.world_size; ++r) keys.push_back(absl::StrCat(base, r));
+    absl::StatusOr<std::vector<std::optional<std::string>>> votes =
+        store_->MultiGet(keys, options_.timeout);
+    if (!votes.ok()) {
+      outcome.status = votes.status();
+      return outcome;
+    }
+    for (const std::optional<std::string>& v : *votes) {
+      if (!v.has_value()) return outcome;  // a later voter sees it
+    }
+    outcome.protected_again = MarkProtected(job.step, job.epoch);
+    return outcome;
+  }
+
+  // Records that every rank's snapshot of `step` has all its copies: ckpt/protected = "STEP EPOCH"
+  // (the host agents report it). True when this call changed it.
+  bool MarkProtected(int64_t step, const std::string& epoch) {
+    const std::string value = absl::StrCat(step, " ", epoch);
+    absl::StatusOr<std::string> old = store_->Get("protected", options_.timeout);
+    if (old.ok() && absl::StrContains(*old, absl::StrCat(" ", epoch))) {
+      // Already protected in this epoch: later commits only move the step.
+      (void)store_->Set("protected", value, options_.timeout);
+      return false;
+    }
+    return store_->Set("protected", value, options_.timeout).ok();
   }
 
   // A rank whose shard could not be written keeps training (the step is just never committed on
@@ -419,7 +510,7 @@ class Checkpointer::Impl {
     for (const Candidate& c : *candidates) {
       absl::StatusOr<RestoreResult> r = TryCandidate(c);
       if (r.ok()) {
-        r->skipped = std::move(result.skipped);
+        r->skipped.insert(r->skipped.begin(), result.skipped.begin(), result.skipped.end());
         return r;
       }
       result.skipped.push_back(absl::StrCat("step ", c.step, ": ", r.status().ToString()));
@@ -433,8 +524,8 @@ class Checkpointer::Impl {
                         skipped.empty() ? "" : "; tried: ", absl::StrJoin(skipped, "; ")));
   }
 
-  // Restores candidate `c` for this rank: its arena snapshot when the fingerprint matches, else its
-  // verified shard on disk.
+  // Restores candidate `c` for this rank: its arena snapshot when the fingerprint matches, else a
+  // verified backup from one of its holders, else its verified shard on disk.
   absl::StatusOr<RestoreResult> TryCandidate(const Candidate& c) {
     const uint64_t want = c.fingerprints[options_.rank];
     std::string why = "not in the arena";
@@ -449,6 +540,19 @@ class Checkpointer::Impl {
       if (restored.ok()) return RestoreResult{c.step, "arena", want, {}};
       why = restored.status().ToString();
     }
+    std::string peers_why;
+    if (peers_ != nullptr) {
+      absl::StatusOr<PeerRestore> peer = peers_->Restore(c.step, want, snapshotter_.get());
+      if (peer.ok()) {
+        absl::StatusOr<SnapshotInfo> restored = snapshotter_->RestoreStep(registry_, c.step);
+        if (restored.ok()) {
+          return RestoreResult{c.step, absl::StrCat("peer host ", peer->holder_host), want, {}};
+        }
+        peers_why = restored.status().ToString();
+      } else {
+        peers_why = std::string(peer.status().message());
+      }
+    }
     absl::StatusOr<std::vector<ShardRecord>> shards = MyShards();
     if (!shards.ok()) return shards.status();
     for (const ShardRecord& r : *shards) {
@@ -460,12 +564,20 @@ class Checkpointer::Impl {
       if (!installed.ok()) return installed.status();
       absl::StatusOr<SnapshotInfo> restored = snapshotter_->RestoreStep(registry_, c.step);
       if (!restored.ok()) return restored.status();
-      return RestoreResult{c.step, "disk", want, {}};
+      RestoreResult result{c.step, "disk", want, {}};
+      // Why the peers' memory did not serve it (a holder lost with the host, a corrupt backup).
+      if (peers_ != nullptr) {
+        result.skipped.push_back(
+            absl::StrCat("step ", c.step, " from peer memory: ", peers_why));
+      }
+      return result;
     }
     return absl::NotFoundError(absl::StrFormat(
-        "rank %d has no snapshot of step %d with fingerprint %016x (arena: %s; disk: no such "
+        "rank %d has no snapshot of step %d with fingerprint %016x (arena: %s;%s disk: no such "
         "committed shard in %s)",
-        options_.rank, c.step, want, why, options_.dir.empty() ? "(none)" : options_.dir));
+        options_.rank, c.step, want, why,
+        peers_ != nullptr ? absl::StrCat(" peers: ", peers_why, ";") : "",
+        options_.dir.empty() ? "(none)" : options_.dir));
   }
 
   absl::StatusOr<RestoreResult> RestoreTogether(const std::string& epoch) {
@@ -526,7 +638,7 @@ class Checkpointer::Impl {
         }
       }
       if (failures.empty()) {
-        mine->skipped = std::move(skipped);
+        mine->skipped.insert(mine->skipped.begin(), skipped.begin(), skipped.end());
         return mine;
       }
       skipped.push_back(absl::StrCat("step ", c.step, ": ", absl::StrJoin(failures, "; ")));
@@ -575,6 +687,7 @@ class Checkpointer::Impl {
   Env* const env_;
   const std::unique_ptr<Snapshotter> snapshotter_;
   const std::unique_ptr<Persister> persister_;  // nullptr without a directory
+  const std::unique_ptr<PeerBackups> peers_;    // nullptr without peer backups
   const std::unique_ptr<Store> store_;          // "ckpt/" in the job's store; nullptr if none
 
   Mutex mu_;
@@ -622,8 +735,20 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(
     if (!p.ok()) return p.status();
     persister = *std::move(p);
   }
-  return std::unique_ptr<Checkpointer>(new Checkpointer(
-      std::make_unique<Impl>(registry, options, *std::move(snapshotter), std::move(persister))));
+  std::unique_ptr<PeerBackups> peers;
+  if (options.peer_backups.has_value() && options.peer_backups->placement.copies() > 1) {
+    if (options.store == nullptr) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "checkpointer (rank %d): peer backups need the job's store (to find the holders)",
+          options.rank));
+    }
+    absl::StatusOr<std::unique_ptr<PeerBackups>> p = PeerBackups::Create(
+        *options.peer_backups, options.store, (*snapshotter)->arena_bytes());
+    if (!p.ok()) return p.status();
+    peers = *std::move(p);
+  }
+  return std::unique_ptr<Checkpointer>(new Checkpointer(std::make_unique<Impl>(
+      registry, options, *std::move(snapshotter), std::move(persister), std::move(peers))));
 }
 
 Checkpointer::Checkpointer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

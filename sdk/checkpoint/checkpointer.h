@@ -8,6 +8,8 @@
 //   1. waits for the copy into the arena, and records in the store that this rank holds snapshot S
 //      with its fingerprint (SnapshotFingerprint: the snapshot's identity);
 //   2. when every rank of the job has recorded S, records S as committed in memory ("snapshot");
+//      With peer backups it first pushes the snapshot to the rank's holders and votes only once
+//      every holder acknowledged it complete: a step is committed in memory with all its copies;
 //   3. every `persist_every`-th save, writes the shard to disk (Persister) and records it durable;
 //      when every rank's shard of S is durable, S is committed on disk ("durable") — the issue's
 //      global commit: only then does `trainguard ckpt list` show S as a job-wide checkpoint.
@@ -41,6 +43,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "sdk/checkpoint/peer_backups.h"
 #include "sdk/checkpoint/snapshotter.h"
 #include "trainguard/checkpoint.h"
 
@@ -63,13 +66,20 @@ struct CheckpointerOptions {
   Store* store = nullptr;  // the job's store; nullptr: a static job
   Env* env = nullptr;
   absl::Duration timeout = absl::Minutes(5);  // bounds every wait (copy, votes, persistence)
+  // Peer backups (peer_backups.h): every snapshot is pushed to the rank's holders before the rank
+  // votes for it, so a step is committed in memory only when every rank's backups are complete;
+  // a restore tries the holders after the arena and before the disk. nullopt: none. REQUIRES a
+  // store.
+  std::optional<PeerBackupsOptions> peer_backups;
 };
 
 struct RestoreResult {
   int64_t step = -1;
-  std::string source;  // "arena" or "disk"
+  std::string source;  // "arena", "disk" or "peer host HOST"
   uint64_t fingerprint = 0;
-  // Newer candidates that could not be restored and why (e.g. "step 120: rank 2: DataLoss ...").
+  // Newer candidates that could not be restored and why (e.g. "step 120: rank 2: DataLoss ..."),
+  // and, for a rank that read the disk, why its peers' memory did not serve the step ("step 120
+  // from peer memory: ...").
   std::vector<std::string> skipped;
 };
 
@@ -82,6 +92,14 @@ struct SaveOutcome {
   bool durable_committed = false;  // this rank saw every rank's shard durable
   absl::Duration copy_time;        // from Save() to the snapshot being complete
   absl::Duration persist_time;
+  // Peer backups: whether this rank's holders acknowledged the snapshot, and how long it took.
+  bool replicated = false;
+  absl::Duration replicate_time;
+  // A re-protection after a restore (no new snapshot: the restored one pushed to the holders that
+  // lack it), and whether this rank saw every rank's backups of it complete: the job is protected
+  // again (the rank that completes the set reports it once, and records ckpt/protected).
+  bool reprotect = false;
+  bool protected_again = false;
 };
 
 class Checkpointer {

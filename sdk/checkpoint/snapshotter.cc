@@ -394,6 +394,7 @@ class Snapshotter::Impl {
   }
 
   size_t payload_capacity() const { return plan_.geometry.payload_capacity; }
+  size_t arena_bytes() const { return plan_.geometry.segment_bytes(); }
 
  private:
   View ViewOfSlot(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -724,6 +725,7 @@ absl::StatusOr<Snapshotter::View> Snapshotter::ViewOf(int64_t step) const {
   return impl_->ViewOf(step);
 }
 size_t Snapshotter::payload_capacity() const { return impl_->payload_capacity(); }
+size_t Snapshotter::arena_bytes() const { return impl_->arena_bytes(); }
 
 std::string Snapshotter::ArenaName(std::string_view job_id, int rank) {
   return absl::StrFormat("/trainguard.%s.rank%d", job_id, rank);

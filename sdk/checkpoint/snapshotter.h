@@ -93,6 +93,8 @@ class Snapshotter {
   // The arena's per-slot payload capacity in bytes (padded buffers plus the blob area): what a
   // backup holder's arena for this rank must hold.
   size_t payload_capacity() const;
+  // The bytes of the whole arena segment (both slots and their headers): its shared-memory cost.
+  size_t arena_bytes() const;
 
   // The shared-memory segment name of a rank's arena.
   static std::string ArenaName(std::string_view job_id, int rank);

@@ -163,6 +163,21 @@ void ApplySetFields(const OptionsProto& proto, Options& options) {
   if (proto.has_host_addr()) {
     options.host_addr = proto.host_addr();
   }
+  if (proto.has_backup_copies()) {
+    options.backup_copies = proto.backup_copies();
+  }
+  if (proto.has_backup_evict()) {
+    options.backup_evict = proto.backup_evict();
+  }
+  if (proto.has_backup_racks()) {
+    options.backup_racks = proto.backup_racks();
+  }
+  if (proto.has_backup_rate_mib_s()) {
+    options.backup_rate_mib_s = proto.backup_rate_mib_s();
+  }
+  if (proto.has_backup_memory_budget_mib()) {
+    options.backup_memory_budget_mib = proto.backup_memory_budget_mib();
+  }
   if (proto.has_rendezvous_timeout_ms()) {
     options.rendezvous_timeout_ms = proto.rendezvous_timeout_ms();
   }
@@ -392,6 +407,17 @@ absl::Status CheckCheckpointAndWatchdog(const Options& options) {
     return s;
   }
   if (absl::Status s = CheckAtLeast("checkpoint_persist_every", options.checkpoint_persist_every, 0); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckAtLeast("backup_copies", options.backup_copies, 1); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckAtLeast("backup_rate_mib_s", options.backup_rate_mib_s, 0); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          CheckAtLeast("backup_memory_budget_mib", options.backup_memory_budget_mib, 0);
+      !s.ok()) {
     return s;
   }
   if (absl::Status s = CheckAtLeast("watchdog_poll_ms", options.watchdog_poll_ms, 0); !s.ok()) {

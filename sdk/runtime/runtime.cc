@@ -15,7 +15,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "sdk/checkpoint/backup_placement.h"
 #include "sdk/checkpoint/checkpointer.h"
 #include "sdk/core/event_log.h"
 #include "sdk/rendezvous/rendezvous.h"
@@ -152,6 +154,7 @@ absl::Status RuntimeImpl::ConnectStore() {
     }
     token = std::string(absl::StripTrailingAsciiWhitespace(*contents));
   }
+  store_token_ = token;
   OpenStoreOptions open_options;
   open_options.source_address = options_.host_addr;
   absl::StatusOr<std::unique_ptr<Store>> store =
@@ -442,6 +445,7 @@ absl::StatusOr<int64_t> RuntimeImpl::TryEnterGeneration(int64_t step, RecoveryRe
       next = *r;
       restored = true;
       report.restored_from = last_restore_source_;
+      report.restore_skipped = last_restore_skipped_;
     } else if (!absl::IsNotFound(r.status())) {
       // Committed state exists and cannot be restored: starting without it would silently lose
       // the job's progress.
@@ -854,10 +858,32 @@ absl::Status RuntimeImpl::EnsureCheckpointer() {
   o.store = store_;
   o.env = options_.env;
   o.timeout = absl::Milliseconds(options_.rendezvous_timeout_ms);
+  absl::StatusOr<std::optional<PeerBackupsOptions>> peers = PeerBackupOptions();
+  if (!peers.ok()) return WithContext(peers.status(), absl::StrCat("rank ", rank_, ": peer backups"));
+  o.peer_backups = *std::move(peers);
   absl::StatusOr<std::unique_ptr<Checkpointer>> c = Checkpointer::Create(&state_, o);
   if (!c.ok()) return WithContext(c.status(), absl::StrCat("rank ", rank_, ": checkpointing"));
   checkpointer_ = *std::move(c);
   checkpointer_->set_observer([this](const SaveOutcome& outcome) {
+    if (outcome.protected_again) {
+      Event event;
+      event.type = EventType::kCheckpoint;
+      event.step = outcome.step;
+      event.message = absl::StrCat("protected: every rank's snapshot of step ", outcome.step,
+                                   " is in memory with all its backups");
+      event.attributes = {{"what", "protected"}};
+      (void)EmitEvent(std::move(event));
+    }
+    if (outcome.reprotect) {
+      if (outcome.status.ok()) return;
+      Event event;
+      event.type = EventType::kCheckpoint;
+      event.step = outcome.step;
+      event.message = std::string(outcome.status.message());
+      event.attributes = {{"what", "reprotect_failed"}};
+      (void)EmitEvent(std::move(event));
+      return;
+    }
     Event event;
     event.type = EventType::kCheckpoint;
     event.step = outcome.step;
@@ -870,10 +896,46 @@ absl::Status RuntimeImpl::EnsureCheckpointer() {
         {"persisted", outcome.persisted ? "true" : "false"},
         {"durable_committed", outcome.durable_committed ? "true" : "false"},
         {"copy_us", absl::StrCat(absl::ToInt64Microseconds(outcome.copy_time))},
+        {"replicated", outcome.replicated ? "true" : "false"},
+        {"replicate_us", absl::StrCat(absl::ToInt64Microseconds(outcome.replicate_time))},
         {"persist_us", absl::StrCat(absl::ToInt64Microseconds(outcome.persist_time))}};
     (void)EmitEvent(std::move(event));
   });
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<PeerBackupsOptions>> RuntimeImpl::PeerBackupOptions() {
+  if (store_ == nullptr || options_.backup_copies <= 1 || topology_.num_hosts() < 2) {
+    return std::nullopt;
+  }
+  absl::StatusOr<std::vector<EvictionClass>> classes = ParseEvictionClasses(options_.backup_evict);
+  if (!classes.ok()) return WithContext(classes.status(), "backup_evict");
+  std::vector<std::string> racks;
+  if (!options_.backup_racks.empty()) racks = absl::StrSplit(options_.backup_racks, ',');
+  absl::StatusOr<BackupPlacement> placement = BackupPlacement::Place(BackupPlacementSpec{
+      .topology = topology_, .copies = options_.backup_copies, .classes = *classes,
+      .racks = racks});
+  if (!placement.ok()) return placement.status();
+  if (!placement->dropped().empty()) {
+    Event event;
+    event.type = EventType::kCheckpoint;
+    event.message = absl::StrCat("backup placement: ", placement->why_dropped());
+    event.attributes = {{"what", "placement_classes_dropped"}};
+    (void)EmitEvent(std::move(event));
+  }
+  PeerBackupsOptions o;
+  o.job_id = options_.job_id;
+  o.rank = rank_;
+  o.placement = *std::move(placement);
+  o.host_addr = options_.host_addr;
+  o.host_name = HostName();
+  o.token = store_token_;
+  o.rate_bytes_per_second = uint64_t{static_cast<uint32_t>(options_.backup_rate_mib_s)} << 20;
+  o.memory_budget_bytes = uint64_t{static_cast<uint32_t>(options_.backup_memory_budget_mib)}
+                          << 20;
+  o.timeout = std::min(absl::Milliseconds(options_.rendezvous_timeout_ms), absl::Minutes(1));
+  o.env = options_.env;
+  return o;
 }
 
 absl::Status RuntimeImpl::Checkpoint(int64_t resume_step) {
@@ -942,6 +1004,7 @@ absl::StatusOr<int64_t> RuntimeImpl::RestoreCheckpoint() {
   if (absl::Status s = EnsureCheckpointer(); !s.ok()) return s;
   snapshot_unfenced_ = false;
   last_restore_source_.clear();
+  last_restore_skipped_.clear();
   checkpointer_->SetGeneration(generation());
   absl::StatusOr<RestoreResult> r = checkpointer_->RestoreNewestCommitted();
   Event event;
@@ -960,6 +1023,7 @@ absl::StatusOr<int64_t> RuntimeImpl::RestoreCheckpoint() {
   (void)EmitEvent(std::move(event));
   if (!r.ok()) return r.status();
   last_restore_source_ = r->source;
+  last_restore_skipped_ = r->skipped;
   // Every rank holds the restored state: nothing to broadcast after a re-rendezvous.
   if (recovery_plan_.has_value()) recovery_plan_->state_source_rank = -1;
   return r->step;
@@ -998,6 +1062,7 @@ absl::StatusOr<int64_t> RuntimeImpl::Rollback(const StepResult& result, Recovery
                                     ": rolling back after: ", result.status.message()));
   }
   report.restored_from = last_restore_source_;
+  report.restore_skipped = last_restore_skipped_;
   if (*step != rollback_step_) {
     ForgetRollbacks();
     rollback_step_ = *step;

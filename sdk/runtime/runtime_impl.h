@@ -41,6 +41,10 @@ class RuntimeImpl final : public Runtime {
   // The Runtime's public face; documented in runtime.h.
   const Options& options() const override { return options_; }
   const Topology& topology() const override { return topology_; }
+  // The peer-backup options of the checkpointer: nullopt for a single-host job, without a store or
+  // with backup_copies 1. An error names an infeasible placement (fewer hosts than copies, a bad
+  // class or rack list).
+  absl::StatusOr<std::optional<PeerBackupsOptions>> PeerBackupOptions();
   int rank() const override { return rank_; }
   int world_size() const override { return options_.world_size; }
   const std::optional<RecoveryPlan>& recovery_plan() const override { return recovery_plan_; }
@@ -209,6 +213,7 @@ class RuntimeImpl final : public Runtime {
   bool snapshot_unfenced_ = false;  // training thread only
   int64_t last_checkpoint_ns_ = 0;
   std::string last_restore_source_;
+  std::vector<std::string> last_restore_skipped_;
   std::unique_ptr<FlightRecorder> flight_recorder_;
   std::unique_ptr<CollectiveTracker> collectives_;
   std::unique_ptr<FiniteChecker> finite_checker_;         // created at the first device check
@@ -236,6 +241,7 @@ class RuntimeImpl final : public Runtime {
   Watchdog* phase_watchdog_ = nullptr;
   // Last: its worker thread uses the store and the event log, so it is destroyed first.
   std::unique_ptr<Checkpointer> checkpointer_;
+  std::string store_token_;  // the job's shared token (also guards the peer-backup connections)
   // Under `trainguard run`: ends this process when the launcher is gone (sdk/runtime/
   // launcher_watch.h). Reset first in ~RuntimeImpl: its observer writes an event.
   std::unique_ptr<LauncherWatch> launcher_watch_;

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -87,15 +88,21 @@ std::vector<std::string> CheckpointEnv(const std::string& dir) {
   return testing::ExampleCheckpointEnv(dir);
 }
 
-// The same job on one host without faults: what every rank's parameters must end as.
-std::map<int, std::string> UninterruptedChecksums(const std::string& shared, int world) {
+// The same job on one host without faults: what every rank's parameters must end as. `env`: the
+// job's extra variables (a parallel layout), `trainer`: its command.
+std::map<int, std::string> UninterruptedChecksums(const std::string& shared, int world,
+                                                  const std::vector<std::string>& extra_env = {},
+                                                  const std::vector<std::string>& trainer =
+                                                      TrainerArgs()) {
   const std::string out_path = shared + "/reference.out";
   std::vector<std::string> args = {TRAINGUARD_CLI_PATH, "run", "--nproc", absl::StrCat(world),
                                    "--run-dir", shared + "/reference", "--job-id",
                                    absl::StrCat("mh-reference-", getpid()), "--"};
-  for (const std::string& a : TrainerArgs()) args.push_back(a);
+  for (const std::string& a : trainer) args.push_back(a);
   std::vector<std::pair<std::string, std::string>> env;
-  for (const std::string& kv : CheckpointEnv(shared + "/reference")) {
+  std::vector<std::string> all_env = CheckpointEnv(shared + "/reference");
+  all_env.insert(all_env.end(), extra_env.begin(), extra_env.end());
+  for (const std::string& kv : all_env) {
     env.push_back({kv.substr(0, kv.find('=')), kv.substr(kv.find('=') + 1)});
   }
   const pid_t pid = testing::SpawnWithOutput(std::move(args), out_path, env);
@@ -119,6 +126,10 @@ class MultiHostJob {
         job_id_(absl::StrCat("mh-", getpid())) {
     std::ofstream(shared_ + "/token") << "multihost-test-token\n";
   }
+
+  // Every host's: extra environment (a parallel layout) and flags (--backup-copies ...).
+  std::vector<std::string> extra_env;
+  std::vector<std::string> job_flags;
 
   void StartHost(int n, bool standby, const std::vector<std::string>& extra_flags = {},
                  const std::vector<std::string>& command = TrainerArgs()) {
@@ -146,12 +157,15 @@ class MultiHostJob {
       argv.push_back("--role");
       argv.push_back("standby");
     }
+    argv.insert(argv.end(), job_flags.begin(), job_flags.end());
     argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
     argv.push_back("--");
     argv.insert(argv.end(), command.begin(), command.end());
+    std::vector<std::string> env = CheckpointEnv(shared_ + "/run");
+    env.insert(env.end(), extra_env.begin(), extra_env.end());
     ASSERT_EQ(cluster_.StartHost(n, {.hostname = absl::StrCat("host", n),
                                      .argv = argv,
-                                     .env = CheckpointEnv(shared_ + "/run"),
+                                     .env = env,
                                      .log_path = Log(n)}),
               absl::OkStatus());
     hosts_.push_back(n);
@@ -242,11 +256,23 @@ class MultiHost : public ::testing::Test {
     ASSERT_TRUE(job.Await(0, "step 300 loss")) << job.AllOutput();
   }
 
-  void ExpectFinishedAsIfUninterrupted(MultiHostJob& job, const std::vector<int>& hosts) {
+  // Starts hosts 1..workers, then the standby hosts, each once the previous one joined: host n
+  // holds host slot n - 1 (ranks (n-1)*2 and (n-1)*2 + 1).
+  void StartJobInOrder(MultiHostJob& job, int workers, int standby_hosts) {
+    for (int n = 1; n <= workers + standby_hosts; ++n) {
+      job.StartHost(n, n > workers);
+      ASSERT_TRUE(job.Await(n, absl::StrCat("host host", n))) << job.AllOutput();
+      ASSERT_TRUE(job.Await(n, " joined as ")) << job.AllOutput();
+    }
+    ASSERT_TRUE(job.Await(0, "step 300 loss")) << job.AllOutput();
+  }
+
+  void ExpectFinishedAsIfUninterrupted(MultiHostJob& job, const std::vector<int>& hosts,
+                                       int world = 3 * kPerHost) {
     for (int n : hosts) EXPECT_EQ(job.Wait(n), 0) << "host " << n << "\n" << job.AllOutput();
     const std::map<int, std::string> expected =
-        UninterruptedChecksums(shared_.path(), 3 * kPerHost);
-    ASSERT_EQ(expected.size(), static_cast<size_t>(3 * kPerHost));
+        UninterruptedChecksums(shared_.path(), world, job.extra_env);
+    ASSERT_EQ(expected.size(), static_cast<size_t>(world));
     EXPECT_EQ(job.FinalChecksums(), expected) << job.AllOutput();
   }
 
@@ -291,8 +317,9 @@ TEST_F(MultiHost, RanksAreAssignedByHostWithTorchrunsEnvironmentAndTheLastHostIs
 }
 
 // 1. A whole host dies (its PID namespace is killed): its two ranks are replaced at once by the
-// standby host's two, in one generation, and the job finishes.
-TEST_F(MultiHost, AKilledHostsRanksAreTakenByTheStandbyHostAndTheJobFinishes) {
+// standby host's two, in one generation, which restore its snapshots from the memory of the host
+// that held their backups; nothing is read from disk, and the job finishes.
+TEST_F(MultiHost, AKilledHostsRanksAreTakenByTheStandbyHostAndRestoredFromPeerMemory) {
   MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 3);
   StartJob(job, 3, 1);
   const absl::StatusOr<absl::Time> killed = cluster_->KillHost(2);
@@ -306,15 +333,21 @@ TEST_F(MultiHost, AKilledHostsRanksAreTakenByTheStandbyHostAndTheJobFinishes) {
   // Group ranks follow the join order: host2 holds ranks 2,3 or 4,5. Local rank i -> standby i.
   EXPECT_THAT(coordinator, ::testing::ContainsRegex("host host2's ranks taken by [0-9]<-host4:[0-9]+:"
                                                     "standby0, [0-9]<-host4:[0-9]+:standby1"));
-  // host2's shared memory died with it: the standby host's ranks restore the newest durable
-  // checkpoint, and the survivors the same step from their arenas.
+  // host2's shared memory died with it, but its snapshots have backups on host1 or host3: the
+  // standby host's ranks restore the newest step committed in memory from there, the survivors
+  // the same step from their arenas, and no rank reads the disk.
   std::smatch m;
   const std::string standby_host = job.Output(4);
   ASSERT_TRUE(std::regex_search(standby_host, m,
-                                std::regex("rank [0-9] restored step ([0-9]+) from disk")))
+                                std::regex("rank [0-9] restored step ([0-9]+) from peer host "
+                                           "host[13]\n")))
       << job.AllOutput();
   EXPECT_THAT(coordinator, HasSubstr(absl::StrCat("restored step ", std::string(m[1]), " from arena")));
+  // The placement is re-established (the standby host's ranks pushed their restored snapshots to
+  // their holders, and receive their sources') before the job says it is protected again.
+  ASSERT_TRUE(job.Await(0, "the job is protected again")) << job.AllOutput();
   ExpectFinishedAsIfUninterrupted(job, {1, 3, 4});
+  EXPECT_THAT(job.AllOutput(), ::testing::Not(HasSubstr("from disk")));
 }
 
 // A standby of the standby host dies while parked: its agent starts another, so the standby host
@@ -400,6 +433,145 @@ TEST_F(MultiHost, WithSpreadStandbysADeadHostsRanksGoToSpareProcessesOnTheSurviv
                                  "host host2's ranks taken by [0-9]<-host[13]:[0-9]+:standby0, "
                                  "[0-9]<-host[13]:[0-9]+:standby0"));
   ExpectFinishedAsIfUninterrupted(job, {1, 3});
+}
+
+// ---- Redundant in-memory backups (peer backups across parallel groups) ----
+
+// Flips the first payload byte of both slots of `source_rank`'s backup arena in host n's shared
+// memory (the SnapshotArena layout, docs/FORMATS.md: ArenaHeader.payload_capacity at offset 32,
+// slot_header_bytes at 48; the payloads follow both slot headers).
+absl::Status CorruptBackup(SimCluster& cluster, int n, const std::string& job_id, int source_rank) {
+  const std::string path = absl::StrCat("/dev/shm/trainguard.", job_id, ".backup.rank", source_rank);
+  const std::string script = absl::StrCat(
+      "set -e; f=", path, "; cap=$(od -An -tu8 -j32 -N8 $f | tr -d ' '); ",
+      "hdr=$(od -An -tu8 -j48 -N8 $f | tr -d ' '); ",
+      "for off in $((4096 + 2 * hdr)) $((4096 + 2 * hdr + cap)); do ",
+      "v=$(od -An -tu1 -j$off -N1 $f | tr -d ' '); ",
+      "printf \"\\\\$(printf %o $((255 - v)))\" | dd of=$f bs=1 seek=$off conv=notrunc status=none; ",
+      "echo flipped $off; done");
+  absl::StatusOr<std::string> out = cluster.RunInHost(n, {"/bin/sh", "-c", script}, absl::Seconds(30));
+  if (!out.ok()) return out.status();
+  if (std::count(out->begin(), out->end(), '\n') != 2) {
+    return absl::InternalError(absl::StrCat("corrupting ", path, ": ", *out));
+  }
+  return absl::OkStatus();
+}
+
+// The coordinator's placement line of host slot `slot`: its holder slots.
+std::string HoldersOfSlot(const std::string& output, int slot) {
+  std::smatch m;
+  if (!std::regex_search(output, m,
+                         std::regex(absl::StrCat("host slot ", slot, " \\(ranks [0-9-]+\\) -> "
+                                                 "backups on ([0-9,]+)")))) {
+    return "";
+  }
+  return m[1];
+}
+
+// 2. Over-eviction: with dp and pp declared as eviction classes (pp=2 on 4 hosts: host slots
+// {0,1} and {2,3} are the two DP groups, {0,2} and {1,3} the PP groups), every host's backups
+// are on the one host that shares neither group. Evicting a whole DP group (both its hosts at
+// once) still leaves a copy of every rank's snapshot: all four replaced ranks restore from memory.
+TEST_F(MultiHost, OverEvictingAWholeDpGroupStillRestoresEveryRankFromPeerMemory) {
+  MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 4);
+  job.extra_env = {"TRAINGUARD_PP=2"};
+  job.job_flags = {"--backup-evict", "host,dp,pp"};
+  StartJobInOrder(job, 4, 2);
+  const std::string coordinator = job.Output(1);
+  EXPECT_THAT(coordinator, HasSubstr("host slot 0 (ranks 0-1) -> backups on 3"));
+  EXPECT_THAT(coordinator, HasSubstr("host slot 2 (ranks 4-5) -> backups on 1"));
+  EXPECT_THAT(coordinator, ::testing::Not(HasSubstr("dropped")));
+  ASSERT_TRUE(job.Await(0, "the job is protected")) << job.AllOutput();
+  // Host slots 2 and 3 (hosts 3 and 4): the DP group of pipeline stage 1.
+  ASSERT_TRUE(cluster_->KillHost(3).ok());
+  ASSERT_TRUE(cluster_->KillHost(4).ok());
+  ASSERT_TRUE(job.Await(0, "recovered from the loss of host host3")) << job.AllOutput();
+  ASSERT_TRUE(job.Await(0, "recovered from the loss of host host4")) << job.AllOutput();
+  const std::string all = job.AllOutput();
+  for (int rank = 4; rank < 8; ++rank) {
+    EXPECT_THAT(all, ::testing::ContainsRegex(absl::StrCat("rank ", rank,
+                                                           " restored step [0-9]+ from peer host "
+                                                           "host[12]\n")))
+        << all;
+  }
+  ExpectFinishedAsIfUninterrupted(job, {1, 2, 5, 6}, 8);
+  EXPECT_THAT(job.AllOutput(), ::testing::Not(HasSubstr("from disk")));
+}
+
+// 3a. A host and its backup holder die together: with two copies nothing in memory is left of the
+// host's snapshots, so its ranks restore the newest durable checkpoint (every rank restores the
+// same step: a newer one committed only in memory is skipped), and the output says why.
+TEST_F(MultiHost, AHostAndItsHolderLostTogetherFallBackToDiskWithTwoCopies) {
+  MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 3);
+  StartJobInOrder(job, 3, 2);
+  const std::string holders = HoldersOfSlot(job.Output(1), 1);
+  ASSERT_FALSE(holders.empty()) << job.AllOutput();
+  const int holder_host = std::stoi(holders) + 1;  // host n holds slot n - 1
+  ASSERT_TRUE(cluster_->KillHost(2).ok());
+  ASSERT_TRUE(cluster_->KillHost(holder_host).ok());
+  ASSERT_TRUE(job.Await(0, "recovered from the loss of host host2")) << job.AllOutput();
+  const std::string all = job.AllOutput();
+  EXPECT_THAT(all, ::testing::ContainsRegex("rank 2 restored step [0-9]+ from disk\n")) << all;
+  EXPECT_THAT(all, ::testing::ContainsRegex("rank 2 restore skipped step [0-9]+ from peer memory: "
+                                            "no backup holder of rank 2 served step"))
+      << all;
+  std::vector<int> left;
+  for (int n : {1, 2, 3}) {
+    if (n != 2 && n != holder_host) left.push_back(n);
+  }
+  left.push_back(4);
+  left.push_back(5);
+  ExpectFinishedAsIfUninterrupted(job, left);
+}
+
+// 3b. The same with three copies: the third host still holds both lost hosts' snapshots, and every
+// replaced rank restores from its memory.
+TEST_F(MultiHost, WithThreeCopiesAHostAndItsHolderLostTogetherStillRestoreFromPeerMemory) {
+  MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 3);
+  job.job_flags = {"--backup-copies", "3"};
+  StartJobInOrder(job, 3, 2);
+  EXPECT_THAT(job.Output(1), HasSubstr("host slot 1 (ranks 2-3) -> backups on "));
+  ASSERT_TRUE(job.Await(0, "the job is protected")) << job.AllOutput();
+  ASSERT_TRUE(cluster_->KillHost(2).ok());
+  ASSERT_TRUE(cluster_->KillHost(3).ok());
+  ASSERT_TRUE(job.Await(0, "recovered from the loss of host host2")) << job.AllOutput();
+  ASSERT_TRUE(job.Await(0, "recovered from the loss of host host3")) << job.AllOutput();
+  const std::string all = job.AllOutput();
+  for (int rank = 2; rank < 6; ++rank) {
+    EXPECT_THAT(all, ::testing::ContainsRegex(
+                         absl::StrCat("rank ", rank, " restored step [0-9]+ from peer host host1\n")))
+        << all;
+  }
+  ExpectFinishedAsIfUninterrupted(job, {1, 4, 5});
+  EXPECT_THAT(job.AllOutput(), ::testing::Not(HasSubstr("from disk")));
+}
+
+// 4. A backup corrupted in its holder's memory (a byte flipped in both slots): the replacement's
+// fetch fails its chunk checksum, and with no other holder the disk is used, never the bad copy.
+TEST_F(MultiHost, ABackupCorruptedInTheHoldersMemoryIsRejectedAndTheDiskIsUsed) {
+  MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 3);
+  StartJobInOrder(job, 3, 1);
+  const std::string holders = HoldersOfSlot(job.Output(1), 1);
+  ASSERT_FALSE(holders.empty()) << job.AllOutput();
+  const int holder_host = std::stoi(holders) + 1;
+  ASSERT_TRUE(job.Await(0, "the job is protected")) << job.AllOutput();
+  // Killed first, so that no newer backup of its ranks can reach the holder; the host is declared
+  // dead only after --host-timeout (3 s) of silence, long after the bytes are flipped.
+  ASSERT_TRUE(cluster_->KillHost(2).ok());
+  for (int rank : {2, 3}) {
+    ASSERT_EQ(CorruptBackup(*cluster_, holder_host, job.job_id_, rank), absl::OkStatus());
+  }
+  ASSERT_TRUE(job.Await(0, "recovered from the loss of host host2")) << job.AllOutput();
+  const std::string all = job.AllOutput();
+  EXPECT_THAT(all, ::testing::ContainsRegex("rank 2 restore skipped step [0-9]+ from peer memory: "
+                                            ".*DATA_LOSS"))
+      << all;
+  EXPECT_THAT(all, ::testing::ContainsRegex("rank 2 restored step [0-9]+ from disk\n")) << all;
+  EXPECT_THAT(all, ::testing::Not(::testing::ContainsRegex("rank [23] restored step [0-9]+ from "
+                                                           "peer")));
+  std::vector<int> left = {4};
+  for (int n : {1, 3}) left.push_back(n);
+  ExpectFinishedAsIfUninterrupted(job, left);
 }
 
 // 5. With a 3-member etcd cluster as the store, one member is killed mid-job: no agent notices a

@@ -20,10 +20,12 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sdk/checkpoint/backup_service.h"
 #include "sdk/checkpoint/persister.h"
 #include "sdk/core/mutex.h"
 #include "tests/support/temp_dir.h"
 #include "trainguard/store.h"
+#include "trainguard/topology.h"
 
 namespace trainguard {
 namespace {
@@ -90,13 +92,22 @@ class CheckpointerTest : public ::testing::Test {
                       .ok());
       ASSERT_TRUE(rank.registry.SetBlob("rng", "").ok());
       rank.client = store_.NewClient();
-      ASSERT_NO_FATAL_FAILURE(Start(r, /*generation=*/0));
     }
+    // Concurrently, as processes start: with peer backups each rank's start-up waits for the arena
+    // sizes of the ranks whose backups its host holds.
+    std::vector<absl::Status> started(kWorld);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kWorld; ++r) {
+      threads.emplace_back([&, r] { started[r] = Create(r, /*generation=*/0); });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(started[r].ok()) << "rank " << r << ": " << started[r];
   }
 
   void TearDown() override {
     for (auto& rank : ranks_) rank->checkpointer.reset();
     for (int r = 0; r < kWorld; ++r) (void)Snapshotter::RemoveArena(job_, r);
+    for (int r = 0; r < kWorld; ++r) (void)BackupService::RemoveArenas(job_, {r});
   }
 
   CheckpointerOptions OptionsFor(int r, int64_t generation) {
@@ -111,19 +122,40 @@ class CheckpointerTest : public ::testing::Test {
     o.keep_last = 3;
     o.store = ranks_[r]->client.get();
     o.timeout = kTimeout;
+    if (peer_copies_ > 1) {
+      // Every rank is a host of its own; its backups go to the next rank(s) (see
+      // BackupPlacement), each served on 127.0.0.1.
+      absl::StatusOr<Topology> topology =
+          Topology::Create({.world_size = kWorld, .ranks_per_host = 1});
+      EXPECT_TRUE(topology.ok()) << topology.status();
+      absl::StatusOr<BackupPlacement> placement =
+          BackupPlacement::Place({.topology = *topology, .copies = peer_copies_});
+      EXPECT_TRUE(placement.ok()) << placement.status();
+      PeerBackupsOptions p;
+      p.job_id = job_;
+      p.rank = r;
+      p.placement = *placement;
+      p.host_addr = "127.0.0.1";
+      p.host_name = absl::StrCat("host", r);
+      p.memory_budget_bytes = peer_budget_;
+      p.timeout = kTimeout;
+      o.peer_backups = p;
+    }
     return o;
   }
 
   // (Re)creates rank r's checkpointer, as a (re)started process would.
-  void Start(int r, int64_t generation) {
+  absl::Status Create(int r, int64_t generation) {
     Rank& rank = *ranks_[r];
     rank.checkpointer.reset();
     absl::StatusOr<std::unique_ptr<Checkpointer>> c =
         Checkpointer::Create(&rank.registry, OptionsFor(r, generation));
-    ASSERT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) return c.status();
     rank.checkpointer = *std::move(c);
     rank.checkpointer->set_observer([&rank](const SaveOutcome& o) { rank.outcomes.push_back(o); });
+    return absl::OkStatus();
   }
+  void Start(int r, int64_t generation) { ASSERT_EQ(Create(r, generation), absl::OkStatus()); }
 
   // Every rank fills the state of step s and saves it; waits until every save is processed.
   void SaveAll(int64_t s, const std::vector<int>& which = {0, 1, 2}) {
@@ -151,6 +183,8 @@ class CheckpointerTest : public ::testing::Test {
   }
 
   static inline int counter_ = 0;
+  int peer_copies_ = 1;         // > 1: peer backups (set before SetUp, in a derived fixture)
+  uint64_t peer_budget_ = 0;
   std::string job_;
   TempDir dir_;
   InMemoryStore store_;
@@ -311,6 +345,147 @@ TEST_F(CheckpointerTest, ASecondSaveWhileTheFirstIsInFlightIsRefusedAndTheFirstC
   ASSERT_EQ(rank.outcomes.size(), 1u) << "the refused save must not run";
   EXPECT_EQ(rank.outcomes[0].step, 10);
   EXPECT_TRUE(rank.outcomes[0].status.ok()) << rank.outcomes[0].status;
+}
+
+// ---- peer backups: three ranks, each a host of its own, two copies of every snapshot ----
+
+class CheckpointerPeerTest : public CheckpointerTest {
+ protected:
+  CheckpointerPeerTest() { peer_copies_ = 2; }
+
+  // Rank r's host is lost: its process, its arena and the backups it held are gone.
+  void LoseHost(int r) {
+    ranks_[r]->checkpointer.reset();
+    ASSERT_TRUE(Snapshotter::RemoveArena(job_, r).ok());
+    const std::vector<int> held = OptionsFor(r, 0).peer_backups->placement.SourceRanks(r);
+    ASSERT_TRUE(BackupService::RemoveArenas(job_, held).ok());
+  }
+};
+
+TEST_F(CheckpointerPeerTest, AStepIsCommittedInMemoryOnlyWithEveryRanksBackupsComplete) {
+  ASSERT_NO_FATAL_FAILURE(SaveAll(10));
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_TRUE(ranks_[r]->outcomes.back().replicated) << "rank " << r;
+  }
+  // Rank 1 holds rank 0's backups (host slot 0 -> 1); with rank 1 gone, rank 0's save of step 20
+  // cannot be backed up, so it does not vote and step 20 is never committed in memory.
+  ranks_[1]->checkpointer.reset();
+  ranks_[0]->Fill(0, 20);
+  ASSERT_TRUE(ranks_[0]->checkpointer->Save(20).ok());
+  ASSERT_TRUE(ranks_[0]->checkpointer->WaitIdle(kTimeout).ok());
+  const SaveOutcome& outcome = ranks_[0]->outcomes.back();
+  EXPECT_FALSE(outcome.replicated);
+  EXPECT_FALSE(outcome.committed);
+  EXPECT_THAT(std::string(outcome.status.message()), HasSubstr("the backup of step 20 to rank 1"));
+  // Persistence is unchanged: the shard is on disk all the same.
+  EXPECT_TRUE(outcome.persisted);
+}
+
+TEST_F(CheckpointerPeerTest, AReplacementForALostHostRestoresFromItsHolderWithoutDisk) {
+  ASSERT_NO_FATAL_FAILURE(SaveAll(10));
+  ASSERT_NO_FATAL_FAILURE(SaveAll(20));
+  ASSERT_NO_FATAL_FAILURE(LoseHost(1));
+  std::filesystem::remove_all(dir_.path());  // no disk either: only rank 2's memory can serve it
+  ranks_[1]->Fill(1, -1);
+  ASSERT_NO_FATAL_FAILURE(Start(1, /*generation=*/1));
+  ranks_[0]->checkpointer->SetGeneration(1);
+  ranks_[2]->checkpointer->SetGeneration(1);
+  for (int r = 0; r < kWorld; ++r) ranks_[r]->Fill(r, 99);
+
+  std::vector<absl::StatusOr<RestoreResult>> results = RestoreAll();
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
+    EXPECT_EQ(results[r]->step, 20);
+    EXPECT_EQ(results[r]->source, r == 1 ? "peer host host2" : "arena") << "rank " << r;
+    EXPECT_TRUE(ranks_[r]->Holds(r, 20)) << "rank " << r;
+  }
+  // The placement is whole again: every rank pushed its restored snapshot to its holders (rank 1
+  // received rank 0's), and the last one recorded the job protected in the new epoch.
+  for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(ranks_[r]->checkpointer->WaitIdle(kTimeout).ok());
+  int protected_again = 0;
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_FALSE(ranks_[r]->outcomes.empty());
+    const SaveOutcome& o = ranks_[r]->outcomes.back();
+    EXPECT_TRUE(o.reprotect) << "rank " << r;
+    EXPECT_TRUE(o.status.ok()) << "rank " << r << ": " << o.status;
+    protected_again += o.protected_again ? 1 : 0;
+  }
+  EXPECT_EQ(protected_again, 1);
+  absl::StatusOr<std::string> mark = store_.Get("ckpt/protected", kTimeout);
+  ASSERT_TRUE(mark.ok()) << mark.status();
+  EXPECT_THAT(*mark, ::testing::StartsWith("20 g1."));
+  // Rank 0's backup is on the new rank 1 again: losing rank 0's host now is survivable.
+  ASSERT_NO_FATAL_FAILURE(LoseHost(0));
+  ASSERT_NO_FATAL_FAILURE(Start(0, /*generation=*/2));
+  ranks_[1]->checkpointer->SetGeneration(2);
+  ranks_[2]->checkpointer->SetGeneration(2);
+  results = RestoreAll();
+  ASSERT_TRUE(results[0].ok()) << results[0].status();
+  EXPECT_EQ(results[0]->source, "peer host host1");
+}
+
+TEST_F(CheckpointerPeerTest, ACorruptBackupIsNeverRestoredAndTheDiskServesInstead) {
+  ASSERT_NO_FATAL_FAILURE(SaveAll(10));
+  ranks_[1]->checkpointer.reset();
+  ASSERT_TRUE(Snapshotter::RemoveArena(job_, 1).ok());
+  {
+    // Rank 1's backup, held by rank 2: flip the first payload byte of both slots.
+    const std::string path = absl::StrCat("/dev/shm/trainguard.", job_, ".backup.rank1");
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f.good()) << path;
+    uint64_t capacity = 0, slot_header = 0;
+    f.seekg(32);
+    f.read(reinterpret_cast<char*>(&capacity), 8);
+    f.seekg(48);
+    f.read(reinterpret_cast<char*>(&slot_header), 8);
+    for (uint64_t off : {4096 + 2 * slot_header, 4096 + 2 * slot_header + capacity}) {
+      char c = 0;
+      f.seekg(static_cast<std::streamoff>(off));
+      f.read(&c, 1);
+      c = static_cast<char>(~c);
+      f.seekp(static_cast<std::streamoff>(off));
+      f.write(&c, 1);
+    }
+    ASSERT_TRUE(f.good());
+  }
+  ranks_[1]->Fill(1, -1);
+  ASSERT_NO_FATAL_FAILURE(Start(1, /*generation=*/1));
+  ranks_[0]->checkpointer->SetGeneration(1);
+  ranks_[2]->checkpointer->SetGeneration(1);
+  std::vector<absl::StatusOr<RestoreResult>> results = RestoreAll();
+  ASSERT_TRUE(results[1].ok()) << results[1].status();
+  EXPECT_EQ(results[1]->source, "disk");
+  EXPECT_TRUE(ranks_[1]->Holds(1, 10));
+}
+
+class CheckpointerBudgetTest : public CheckpointerTest {
+ protected:
+  CheckpointerBudgetTest() {
+    peer_copies_ = 2;
+    peer_budget_ = 1;  // one byte: nothing fits
+  }
+  void SetUp() override {}  // Create must fail: the test drives it
+};
+
+TEST_F(CheckpointerBudgetTest, AHostWhoseArenasAndBackupsExceedTheBudgetIsRefusedAtStart) {
+  ranks_.push_back(std::make_unique<Rank>());
+  Rank& rank = *ranks_.back();
+  ASSERT_TRUE(rank.registry
+                  .Register({"weights", "model", rank.weights.data(),
+                             rank.weights.size() * sizeof(float), DType::kF32,
+                             {static_cast<int64_t>(rank.weights.size())}, Device::Host()})
+                  .ok());
+  rank.client = store_.NewClient();
+  // The other ranks' arena sizes, as they would have published them.
+  for (int r = 1; r < kWorld; ++r) {
+    ASSERT_TRUE(store_.Set(absl::StrCat("ckpt/backup/size/", r), "1048576", kTimeout).ok());
+  }
+  job_ = absl::StrCat("ckpt-budget-", getpid());
+  absl::StatusOr<std::unique_ptr<Checkpointer>> c =
+      Checkpointer::Create(&rank.registry, OptionsFor(0, 0));
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted) << c.status();
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("host slot 0 needs"));
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("backup_memory_budget_mib"));
 }
 
 TEST(CheckpointerStatic, ASingleRankJobWithoutAStoreRestoresFromItsArenaThenFromDisk) {

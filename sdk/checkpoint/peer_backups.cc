@@ -1,0 +1,223 @@
+#include "sdk/checkpoint/peer_backups.h"
+
+#include <sys/statvfs.h>
+
+#include <cstdint>
+#include <memory>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "trainguard/store.h"
+
+namespace trainguard {
+namespace {
+
+std::string MiB(uint64_t bytes) {
+  return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+}
+
+std::string AddrKey(int rank) { return absl::StrCat("backup/addr/", rank); }
+std::string SizeKey(int rank) { return absl::StrCat("backup/size/", rank); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PeerBackups>> PeerBackups::Create(const PeerBackupsOptions& options,
+                                                                 Store* job_store,
+                                                                 uint64_t arena_bytes) {
+  BackupServiceOptions so;
+  so.job_id = options.job_id;
+  so.rank = options.rank;
+  so.bind_address = options.host_addr.empty() ? "127.0.0.1" : options.host_addr;
+  so.token = options.token;
+  so.env = options.env;
+  absl::StatusOr<std::unique_ptr<BackupService>> service = BackupService::Start(so);
+  if (!service.ok()) return service.status();
+  std::unique_ptr<PeerBackups> peers(new PeerBackups(options, job_store, *std::move(service)));
+  const std::string address = absl::StrCat(peers->service_->address(), " ", options.host_name);
+  Store* store = peers->store_.get();
+  if (absl::Status s = store->Set(AddrKey(options.rank), address, options.timeout); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(peers->Where(), ": publishing the address of its "
+                                                               "backup service: ",
+                                               s.message()));
+  }
+  if (absl::Status s = store->Set(SizeKey(options.rank), absl::StrCat(arena_bytes), options.timeout);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = peers->CheckMemoryBudget(arena_bytes); !s.ok()) return s;
+  return peers;
+}
+
+PeerBackups::PeerBackups(PeerBackupsOptions options, Store* job_store,
+                         std::unique_ptr<BackupService> service)
+    : options_(std::move(options)),
+      store_(std::make_unique<PrefixStore>("ckpt", job_store)),
+      service_(std::move(service)),
+      limiter_(options_.rate_bytes_per_second) {}
+
+PeerBackups::~PeerBackups() { cancel_.store(true); }
+
+std::string PeerBackups::Where() const {
+  return absl::StrFormat("peer backups (job %s, rank %d)", options_.job_id, options_.rank);
+}
+
+absl::Status PeerBackups::CheckMemoryBudget(uint64_t arena_bytes) {
+  const BackupPlacement& p = options_.placement;
+  const int per_host = p.ranks_per_host();
+  const int host = options_.rank / per_host;
+  std::vector<int> own;
+  std::vector<int> held;
+  for (int l = host * per_host; l < (host + 1) * per_host; ++l) {
+    own.push_back(l);
+    for (int s : p.SourceRanks(l)) held.push_back(s);
+  }
+  std::set<int> needed(own.begin(), own.end());
+  needed.insert(held.begin(), held.end());
+  std::vector<std::string> keys;
+  for (int r : needed) keys.push_back(SizeKey(r));
+  if (absl::Status s = store_->Wait(keys, options_.timeout); !s.ok()) {
+    return absl::Status(
+        s.code(), absl::StrCat(Where(), ": waiting for the arena sizes of ranks ",
+                               absl::StrJoin(needed, ","), " (the memory-budget check): ",
+                               s.message()));
+  }
+  absl::StatusOr<std::vector<std::optional<std::string>>> values =
+      store_->MultiGet(keys, options_.timeout);
+  if (!values.ok()) return values.status();
+  std::map<int, uint64_t> size;
+  int i = 0;
+  for (int r : needed) {
+    uint64_t bytes = 0;
+    const std::optional<std::string>& v = (*values)[i++];
+    if (!v.has_value() || !absl::SimpleAtoi(*v, &bytes)) {
+      return absl::DataLossError(absl::StrCat(Where(), ": the store key ckpt/", SizeKey(r),
+                                              " holds \"", v.value_or("(missing)"),
+                                              "\", not a size in bytes"));
+    }
+    size[r] = bytes;
+  }
+  size[options_.rank] = arena_bytes;
+  uint64_t own_bytes = 0;
+  uint64_t held_bytes = 0;
+  for (int r : own) own_bytes += size[r];
+  for (int r : held) held_bytes += size[r];
+  const uint64_t footprint = own_bytes + held_bytes;
+  const std::string what = absl::StrFormat(
+      "host slot %d needs %s of shared memory: %d own arena(s) of %s and %d backup(s) of %s it "
+      "holds for ranks %s (%d copies, two slots each)",
+      host, MiB(footprint), own.size(), MiB(own_bytes), held.size(), MiB(held_bytes),
+      absl::StrJoin(held, ","), p.copies());
+  if (options_.memory_budget_bytes > 0 && footprint > options_.memory_budget_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(Where(), ": ", what, ", over the budget backup_memory_budget_mib = ",
+                     MiB(options_.memory_budget_bytes)));
+  }
+  struct statvfs fs {};
+  if (statvfs(options_.shm_dir.c_str(), &fs) == 0) {
+    const uint64_t capacity = static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize;
+    if (footprint > capacity) {
+      return absl::ResourceExhaustedError(absl::StrCat(Where(), ": ", what, ", and ",
+                                                       options_.shm_dir, " holds only ",
+                                                       MiB(capacity)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::pair<std::string, std::string>> PeerBackups::AddressOf(int rank) {
+  absl::StatusOr<std::string> v = store_->Get(AddrKey(rank), options_.timeout);
+  if (!v.ok()) {
+    return absl::Status(v.status().code(),
+                        absl::StrCat("the address of rank ", rank,
+                                     "'s backup service (ckpt/", AddrKey(rank),
+                                     "): ", v.status().message()));
+  }
+  std::pair<std::string, std::string> parts = absl::StrSplit(*v, absl::MaxSplits(' ', 1));
+  if (parts.first.empty()) {
+    return absl::DataLossError(absl::StrCat("ckpt/", AddrKey(rank), " holds \"", *v,
+                                            "\", not \"ADDRESS:PORT HOST\""));
+  }
+  return parts;
+}
+
+absl::Status PeerBackups::Replicate(const Snapshotter::View& view, uint64_t chunk_bytes,
+                                    uint64_t payload_capacity) {
+  for (int holder : options_.placement.HolderRanks(options_.rank)) {
+    absl::StatusOr<std::pair<std::string, std::string>> addr = AddressOf(holder);
+    absl::Status status = addr.status();
+    if (addr.ok()) {
+      PushRequest request;
+      request.holder_address = addr->first;
+      request.token = options_.token;
+      request.source_address = options_.host_addr;
+      request.job_id = options_.job_id;
+      request.source_rank = options_.rank;
+      request.view = &view;
+      request.chunk_bytes = chunk_bytes;
+      request.payload_capacity = payload_capacity;
+      request.limiter = &limiter_;
+      request.deadline = absl::Now() + options_.timeout;
+      request.cancel = &cancel_;
+      status = PushBackup(request).status();
+    }
+    if (!status.ok()) {
+      return absl::Status(
+          status.code(),
+          absl::StrFormat("%s: the backup of step %d to rank %d%s: %s", Where(), view.info.step,
+                          holder, addr.ok() ? absl::StrCat(" on host ", addr->second) : "",
+                          status.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PeerRestore> PeerBackups::Restore(int64_t step, uint64_t fingerprint,
+                                                 Snapshotter* snapshotter) {
+  std::vector<std::string> why;
+  for (int holder : options_.placement.HolderRanks(options_.rank)) {
+    absl::StatusOr<std::pair<std::string, std::string>> addr = AddressOf(holder);
+    if (!addr.ok()) {
+      why.push_back(absl::StrCat("rank ", holder, ": ", addr.status().ToString()));
+      continue;
+    }
+    FetchRequest request;
+    request.holder_address = addr->first;
+    request.token = options_.token;
+    request.source_address = options_.host_addr;
+    request.job_id = options_.job_id;
+    request.source_rank = options_.rank;
+    request.step = step;
+    request.fingerprint = fingerprint;
+    request.deadline = absl::Now() + options_.timeout;
+    request.cancel = &cancel_;
+    absl::StatusOr<FetchedBackup> fetched = FetchBackup(request);
+    absl::Status status = fetched.status();
+    if (fetched.ok()) {
+      status = snapshotter
+                   ->Install(fetched->step, fetched->generation, fetched->payload,
+                             fetched->chunk_checksums)
+                   .status();
+    }
+    if (status.ok()) return PeerRestore{holder, addr->second};
+    why.push_back(
+        absl::StrCat("rank ", holder, " on host ", addr->second, ": ", status.ToString()));
+  }
+  return absl::NotFoundError(absl::StrFormat(
+      "no backup holder of rank %d served step %d with fingerprint %016x (%s)", options_.rank,
+      step, fingerprint, why.empty() ? "no holders" : absl::StrJoin(why, "; ")));
+}
+
+}  // namespace trainguard
