@@ -2,15 +2,21 @@
 // loss of a whole host, on simulated hosts (tests/support/sim_cluster.h: Linux namespaces, one
 // loopback address 127.0.1.<n> per host). Needs root.
 //
-//   bench_host_recovery [--trials N] [--backends tcp,etcd] [--host-timeout S] [--json FILE]
-//                       [--work-dir DIR]
+//   bench_host_recovery [--trials N] [--backends tcp,etcd] [--restore peer,disk]
+//                       [--state-mib N] [--host-timeout S] [--json FILE] [--work-dir DIR]
 //
-// For each store backend (tcp: a TcpStore served by this process on 127.0.1.254; etcd: a 3-member
-// cluster on 127.0.1.201-203) and each trial, a fresh cluster runs the example trainer on 4 worker
+// For each store backend, each restore source (peer: the dead host's ranks restore from the memory
+// of their backup holders, the default of a multi-host job; disk: the same job with
+// --backup-copies 1, so they read the newest durable checkpoint) and each trial, in one run:
+// store backend (tcp: a TcpStore served by this process on 127.0.1.254; etcd: a 3-member
+// cluster on 127.0.1.201-203), a fresh cluster runs the example trainer (with --state-mib N: N MiB
+// of extra state per rank, the snapshot's size) on 4 worker
 // hosts x 2 ranks plus 1 standby host (--role standby). Host 1 starts first and coordinates; once
 // "step 300 loss" appears, host 3 is killed (SIGKILL to its PID namespace's init: every process of
 // the host at once), and the logs are polled every 10 ms until the coordinator prints "recovered
-// from the loss of host host3 in X s". Recorded per trial:
+// from the loss of host host3 in X s"; the standby host's ranks must say they restored from the
+// source the variant names ("from peer host ..." or "from disk"), else the trial fails. Recorded per
+// trial:
 //   reported: X, the launcher's own figure (the dead host's last heartbeat -> every rank completed
 //             its first step of the new generation);
 //   seen:     the wall time from KillHost() returning to that line appearing in the log (an upper
@@ -68,8 +74,8 @@ constexpr absl::Duration kDeadline = absl::Seconds(120);
 constexpr absl::Duration kPollInterval = absl::Milliseconds(10);
 
 constexpr char kUsage[] =
-    "usage: bench_host_recovery [--trials N] [--backends tcp,etcd] [--host-timeout S]\n"
-    "                           [--json FILE] [--work-dir DIR]\n"
+    "usage: bench_host_recovery [--trials N] [--backends tcp,etcd] [--restore peer,disk]\n"
+    "                           [--state-mib N] [--host-timeout S] [--json FILE] [--work-dir DIR]\n"
     "\n"
     "Time to recover from the loss of a whole host under `trainguard run` agents, on simulated\n"
     "hosts (Linux namespaces; needs root and /usr/sbin/nft; etcd needs /usr/bin/etcd).\n"
@@ -78,6 +84,11 @@ constexpr char kUsage[] =
     "  --trials N          trials per backend (default 3)\n"
     "  --backends LIST     comma-separated, of tcp (TcpStore served on 127.0.1.254) and etcd\n"
     "                      (3-member cluster on 127.0.1.201-203); default tcp,etcd\n"
+    "  --restore LIST      comma-separated, of peer (the dead host's ranks restore from their\n"
+    "                      backup holders' memory) and disk (--backup-copies 1: from the newest\n"
+    "                      durable checkpoint); default peer\n"
+    "  --state-mib N       extra state per rank, MiB (the example trainer's --extra-state-mib);\n"
+    "                      default 0 (a few KiB of model)\n"
     "  --host-timeout S    the agents' liveness bound, seconds (default 2)\n"
     "  --json FILE         also write every trial's figures as JSON to FILE\n"
     "  --work-dir DIR      where run directories and host logs go (default: under the build\n"
@@ -93,6 +104,8 @@ constexpr char kUsage[] =
 struct Flags {
   int trials = 3;
   std::vector<std::string> backends = {"tcp", "etcd"};
+  std::vector<std::string> restores = {"peer"};
+  int state_mib = 0;
   double host_timeout_s = 2;
   std::string json;
   std::string work_dir = TRAINGUARD_BENCH_WORK_DIR;
@@ -106,6 +119,7 @@ struct Trial {
 
 struct BackendResult {
   std::string backend;
+  std::string restore;
   std::vector<Trial> trials;
   std::vector<std::string> failures;
 };
@@ -154,6 +168,20 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
               absl::StrCat("--backends: unknown backend '", b, "' (know tcp, etcd)"));
         }
       }
+    } else if (flag == "--restore") {
+      flags.restores = absl::StrSplit(*value, ',', absl::SkipEmpty());
+      if (flags.restores.empty()) return absl::InvalidArgumentError("--restore: empty list");
+      for (const std::string& r : flags.restores) {
+        if (r != "peer" && r != "disk") {
+          return absl::InvalidArgumentError(
+              absl::StrCat("--restore: unknown source '", r, "' (know peer, disk)"));
+        }
+      }
+    } else if (flag == "--state-mib") {
+      if (!absl::SimpleAtoi(*value, &flags.state_mib) || flags.state_mib < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--state-mib '", *value, "': need an integer >= 0"));
+      }
     } else if (flag == "--host-timeout") {
       if (!absl::SimpleAtod(*value, &flags.host_timeout_s) || flags.host_timeout_s < 0.5 ||
           flags.host_timeout_s > 3600) {
@@ -183,12 +211,15 @@ std::vector<std::string> CheckpointEnv(const std::string& dir) {
 class HostJob {
  public:
   HostJob(SimCluster& cluster, std::string dir, std::string endpoint, std::string job_id,
-          double host_timeout_s)
+          double host_timeout_s, std::vector<std::string> agent_flags,
+          std::vector<std::string> trainer)
       : cluster_(cluster),
         dir_(std::move(dir)),
         endpoint_(std::move(endpoint)),
         job_id_(std::move(job_id)),
-        host_timeout_s_(host_timeout_s) {}
+        host_timeout_s_(host_timeout_s),
+        agent_flags_(std::move(agent_flags)),
+        trainer_(std::move(trainer)) {}
 
   absl::Status StartHost(int n, bool standby) {
     std::vector<std::string> argv = {TRAINGUARD_CLI_PATH, "run",
@@ -205,8 +236,9 @@ class HostJob {
       argv.push_back("--role");
       argv.push_back("standby");
     }
+    argv.insert(argv.end(), agent_flags_.begin(), agent_flags_.end());
     argv.push_back("--");
-    for (const std::string& a : TrainerArgs()) argv.push_back(a);
+    argv.insert(argv.end(), trainer_.begin(), trainer_.end());
     hosts_.push_back(n);
     return cluster_.StartHost(n, {.hostname = absl::StrCat("host", n),
                                   .argv = argv,
@@ -242,13 +274,16 @@ class HostJob {
   const std::string endpoint_;
   const std::string job_id_;
   const double host_timeout_s_;
+  const std::vector<std::string> agent_flags_;
+  const std::vector<std::string> trainer_;
   std::vector<int> hosts_;
   mutable std::string text_;
 };
 
 // One trial on a fresh cluster: the store, the hosts, the kill, the measurement; everything is torn
 // down on return (hosts first, by the SimCluster's destructor, then the store).
-absl::StatusOr<Trial> RunTrial(const Flags& flags, const std::string& backend, int index) {
+absl::StatusOr<Trial> RunTrial(const Flags& flags, const std::string& backend,
+                               const std::string& restore, int index) {
   std::error_code ec;
   std::filesystem::create_directories(flags.work_dir, ec);
   std::string pattern = flags.work_dir + "/hr-XXXXXX";
@@ -282,8 +317,16 @@ absl::StatusOr<Trial> RunTrial(const Flags& flags, const std::string& backend, i
   }
 
   absl::StatusOr<Trial> trial = [&]() -> absl::StatusOr<Trial> {
-    HostJob job(**cluster, dir, endpoint, absl::StrCat("hr-", backend, "-", getpid(), "-", index),
-                flags.host_timeout_s);
+    std::vector<std::string> trainer = TrainerArgs();
+    if (flags.state_mib > 0) {
+      trainer.push_back("--extra-state-mib");
+      trainer.push_back(absl::StrCat(flags.state_mib));
+    }
+    std::vector<std::string> agent_flags;
+    if (restore == "disk") agent_flags = {"--backup-copies", "1"};
+    HostJob job(**cluster, dir, endpoint,
+                absl::StrCat("hr-", backend, "-", restore, "-", getpid(), "-", index),
+                flags.host_timeout_s, agent_flags, trainer);
     if (absl::Status s = job.StartHost(1, false); !s.ok()) return s;
     if (auto m = job.Await(1, std::regex("coordinating the job"), "\"coordinating the job\"");
         !m.ok()) {
@@ -309,6 +352,15 @@ absl::StatusOr<Trial> RunTrial(const Flags& flags, const std::string& backend, i
     t.seen_s = absl::ToDoubleSeconds(absl::Now() - kill_returned);
     t.reported_s = std::stod((*recovered)[1]);
     t.seen_minus_bound_s = t.seen_s - flags.host_timeout_s;
+    // The measurement is what it claims only if the dead host's ranks restored from `restore`.
+    absl::StatusOr<std::smatch> source =
+        job.Await(kStandbyHost, std::regex("restored step [0-9]+ from (peer host|disk)"),
+                  "a restore line of the standby host's ranks");
+    if (!source.ok()) return source.status();
+    if (((*source)[1] == "disk") != (restore == "disk")) {
+      return absl::InternalError(absl::StrCat("the standby host's ranks restored from ",
+                                              std::string((*source)[1]), ", not from ", restore));
+    }
     return t;
   }();
   cluster->reset();
@@ -339,18 +391,19 @@ std::vector<double> Figure(const std::vector<Trial>& trials, double Trial::*fiel
 void PrintTable(const Flags& flags, const std::vector<BackendResult>& results) {
   std::printf(
       "\nhost loss recovery: %d worker hosts x %d ranks + 1 standby host, host%d killed "
-      "at step 300, --host-timeout %g s\n",
-      kWorkerHosts, kPerHost, kVictim, flags.host_timeout_s);
-  std::printf("%-8s %6s  %-19s  %-19s  %-19s\n", "backend", "trials", "reported (s)", "seen (s)",
-              "seen - bound (s)");
-  std::printf("%-8s %6s  %-19s  %-19s  %-19s\n", "", "", "median   max", "median   max",
+      "at step 300, --host-timeout %g s, %d MiB of extra state per rank\n",
+      kWorkerHosts, kPerHost, kVictim, flags.host_timeout_s, flags.state_mib);
+  std::printf("%-13s %6s  %-19s  %-19s  %-19s\n", "backend/from", "trials", "reported (s)",
+              "seen (s)", "seen - bound (s)");
+  std::printf("%-13s %6s  %-19s  %-19s  %-19s\n", "", "", "median   max", "median   max",
               "median   max");
   for (const BackendResult& r : results) {
+    const std::string name = absl::StrCat(r.backend, "/", r.restore);
     if (r.trials.empty()) {
-      std::printf("%-8s %6d  (every trial failed)\n", r.backend.c_str(), 0);
+      std::printf("%-13s %6d  (every trial failed)\n", name.c_str(), 0);
       continue;
     }
-    std::printf("%-8s %6zu", r.backend.c_str(), r.trials.size());
+    std::printf("%-13s %6zu", name.c_str(), r.trials.size());
     for (double Trial::*field : {&Trial::reported_s, &Trial::seen_s, &Trial::seen_minus_bound_s}) {
       const std::vector<double> v = Figure(r.trials, field);
       std::printf("  %-8.3f %-10.3f", Median(v), Max(v));
@@ -379,12 +432,12 @@ absl::Status WriteJson(const Flags& flags, const std::vector<BackendResult>& res
   std::string json = absl::StrFormat(
       "{\n  \"benchmark\": \"host_recovery\",\n  \"worker_hosts\": %d,\n  \"ranks_per_host\": %d,\n"
       "  \"standby_hosts\": 1,\n  \"killed_host\": \"host%d\",\n  \"host_timeout_s\": %g,\n"
-      "  \"backends\": [",
-      kWorkerHosts, kPerHost, kVictim, flags.host_timeout_s);
+      "  \"state_mib\": %d,\n  \"backends\": [",
+      kWorkerHosts, kPerHost, kVictim, flags.host_timeout_s, flags.state_mib);
   for (size_t i = 0; i < results.size(); ++i) {
     const BackendResult& r = results[i];
     absl::StrAppend(&json, i > 0 ? "," : "", "\n    {\"backend\": ", JsonString(r.backend),
-                    ", \"trials\": [");
+                    ", \"restore\": ", JsonString(r.restore), ", \"trials\": [");
     for (size_t j = 0; j < r.trials.size(); ++j) {
       const Trial& t = r.trials[j];
       absl::StrAppend(&json, j > 0 ? ", " : "",
@@ -440,24 +493,28 @@ int Main(int argc, char** argv) {
   std::vector<BackendResult> results;
   bool failed = false;
   for (const std::string& backend : flags->backends) {
-    BackendResult& result = results.emplace_back();
-    result.backend = backend;
-    for (int i = 0; i < flags->trials; ++i) {
-      const absl::Time start = absl::Now();
-      absl::StatusOr<Trial> trial = RunTrial(*flags, backend, i);
-      if (!trial.ok()) {
-        std::fprintf(stderr, "%s trial %d failed: %s\n", backend.c_str(), i + 1,
-                     std::string(trial.status().ToString()).c_str());
-        result.failures.push_back(std::string(trial.status().message()).substr(0, 2000));
-        failed = true;
-        continue;
+    for (const std::string& restore : flags->restores) {
+      BackendResult& result = results.emplace_back();
+      result.backend = backend;
+      result.restore = restore;
+      for (int i = 0; i < flags->trials; ++i) {
+        const absl::Time start = absl::Now();
+        absl::StatusOr<Trial> trial = RunTrial(*flags, backend, restore, i);
+        if (!trial.ok()) {
+          std::fprintf(stderr, "%s/%s trial %d failed: %s\n", backend.c_str(), restore.c_str(),
+                       i + 1, std::string(trial.status().ToString()).c_str());
+          result.failures.push_back(std::string(trial.status().message()).substr(0, 2000));
+          failed = true;
+          continue;
+        }
+        std::printf(
+            "%s/%s trial %d: reported %.3f s, seen %.3f s, seen - bound %.3f s (trial took %.1f "
+            "s)\n",
+            backend.c_str(), restore.c_str(), i + 1, trial->reported_s, trial->seen_s,
+            trial->seen_minus_bound_s, absl::ToDoubleSeconds(absl::Now() - start));
+        std::fflush(stdout);
+        result.trials.push_back(*trial);
       }
-      std::printf(
-          "%s trial %d: reported %.3f s, seen %.3f s, seen - bound %.3f s (trial took %.1f s)\n",
-          backend.c_str(), i + 1, trial->reported_s, trial->seen_s, trial->seen_minus_bound_s,
-          absl::ToDoubleSeconds(absl::Now() - start));
-      std::fflush(stdout);
-      result.trials.push_back(*trial);
     }
   }
   PrintTable(*flags, results);

@@ -9,6 +9,16 @@
 //
 // Counters: push_MBps, loopback_MBps and ratio (push / loopback; the target is >= 0.8).
 // Sizes: 64 MiB and 256 MiB, in 4 MiB chunks, no rate limit.
+//
+// BM_TrainingThreadStall/<peers>: what replication costs the training thread. Two ranks (one per
+// "host") checkpoint 64 MiB each through their Checkpointers and an in-process store; rank 0's
+// training thread, per iteration, calls Save() and then Fence() (what the guard does before the
+// next step: the copy into the arena) and then runs a fixed amount of "compute" (XXH64 over a
+// 64 MiB buffer, twice) while the save's background work (vote, and with peers:1 the push to
+// rank 1's BackupService) goes on. Counters: stall_ms (Save + Fence) and compute_ms, per
+// iteration; peers:0 is the baseline without replication, in the same run. Both ranks share this
+// 2-core machine, so with peers the holder's receive competes with the compute too (on real hosts
+// it runs on the other host).
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -27,7 +37,12 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "benchmark/benchmark.h"
+#include "trainguard/checkpoint.h"
+#include "trainguard/store.h"
+#include "trainguard/topology.h"
+#include "sdk/checkpoint/backup_placement.h"
 #include "sdk/checkpoint/backup_service.h"
+#include "sdk/checkpoint/checkpointer.h"
 #include "sdk/checkpoint/snapshotter.h"
 
 namespace {
@@ -185,6 +200,100 @@ BENCHMARK(BM_ReplicationVsLoopback)
     ->Arg(64 << 20)
     ->Arg(256 << 20)
     ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+void BM_TrainingThreadStall(benchmark::State& state) {
+  const bool peers = state.range(0) != 0;
+  constexpr size_t kBytes = 64 << 20;
+  constexpr int kRanks = 2;
+  const std::string job = absl::StrFormat("bench-stall-%d-%d", getpid(), peers ? 1 : 0);
+  trainguard::InMemoryStore store;
+  std::vector<std::vector<char>> state_bytes(kRanks, std::vector<char>(kBytes, 1));
+  std::vector<trainguard::StateRegistry> registries(kRanks);
+  std::vector<std::unique_ptr<trainguard::Store>> clients;
+  for (int r = 0; r < kRanks; ++r) {
+    (void)registries[r].Register({"optimizer", "", state_bytes[r].data(), kBytes,
+                                  trainguard::DType::kU8, {static_cast<int64_t>(kBytes)}, {}});
+    clients.push_back(store.NewClient());
+  }
+  absl::StatusOr<trainguard::Topology> topology =
+      trainguard::Topology::Create({.world_size = kRanks, .ranks_per_host = 1});
+  absl::StatusOr<trainguard::BackupPlacement> placement =
+      trainguard::BackupPlacement::Place({.topology = *topology, .copies = 2});
+  if (!placement.ok()) {
+    state.SkipWithError(placement.status().ToString().c_str());
+    return;
+  }
+  std::vector<std::unique_ptr<trainguard::Checkpointer>> ranks(kRanks);
+  std::vector<absl::Status> created(kRanks);
+  std::vector<std::thread> starting;
+  for (int r = 0; r < kRanks; ++r) {
+    starting.emplace_back([&, r] {
+      trainguard::CheckpointerOptions o;
+      o.job_id = job;
+      o.rank = r;
+      o.world_size = kRanks;
+      o.store = clients[r].get();
+      o.timeout = absl::Minutes(1);
+      if (peers) {
+        trainguard::PeerBackupsOptions p;
+        p.job_id = job;
+        p.rank = r;
+        p.placement = *placement;
+        p.host_addr = "127.0.0.1";
+        p.host_name = absl::StrCat("host", r);
+        o.peer_backups = p;
+      }
+      auto c = trainguard::Checkpointer::Create(&registries[r], o);
+      created[r] = c.status();
+      if (c.ok()) ranks[r] = *std::move(c);
+    });
+  }
+  for (std::thread& t : starting) t.join();
+  for (const absl::Status& s : created) {
+    if (!s.ok()) {
+      state.SkipWithError(s.ToString().c_str());
+      return;
+    }
+  }
+  std::vector<char> work(kBytes, 3);
+  uint64_t sink = 0;
+  double stall_s = 0, compute_s = 0;
+  int64_t step = 0;
+  for (auto _ : state) {
+    ++step;
+    absl::Time start = absl::Now();
+    // Rank 1 saves too (so that the step commits), off the measured thread's clock.
+    if (!ranks[1]->Save(step).ok() || !ranks[0]->Save(step).ok() ||
+        !ranks[0]->Fence(absl::Minutes(1)).ok()) {
+      state.SkipWithError("save or fence failed");
+      break;
+    }
+    const double stall = absl::ToDoubleSeconds(absl::Now() - start);
+    start = absl::Now();
+    for (int k = 0; k < 2; ++k) sink += XXH64(work.data(), work.size(), sink);
+    const double compute = absl::ToDoubleSeconds(absl::Now() - start);
+    benchmark::DoNotOptimize(sink);
+    stall_s += stall;
+    compute_s += compute;
+    state.SetIterationTime(stall + compute);
+    for (auto& c : ranks) (void)c->WaitIdle(absl::Minutes(1));
+  }
+  const double n = static_cast<double>(state.iterations());
+  state.counters["stall_ms"] = stall_s / n * 1e3;
+  state.counters["compute_ms"] = compute_s / n * 1e3;
+  ranks.clear();
+  for (int r = 0; r < kRanks; ++r) {
+    (void)Snapshotter::RemoveArena(job, r);
+    (void)BackupService::RemoveArenas(job, {r});
+  }
+}
+BENCHMARK(BM_TrainingThreadStall)
+    ->ArgName("peers")
+    ->Arg(0)
+    ->Arg(1)
+    ->UseManualTime()
+    ->Iterations(10)
     ->Unit(benchmark::kMillisecond);
 
 }  // namespace

@@ -1302,12 +1302,11 @@ int Job::Run() {
     for (const auto& c : children_) {
       if (c->rank < 0) continue;
       (void)Snapshotter::RemoveArena(config_.job_id, c->rank);
-      // The backups this host's ranks held for their sources (any rank's, as the placement
-      // may have given it any).
-      if (MultiHost()) {
-        for (int s = 0; s < world_size_; ++s) (void)BackupService::RemoveArenas(config_.job_id, {s});
-      }
       (void)FlightRecorder::Remove(config_.job_id, c->rank);
+    }
+    // The backups this host's ranks held for their sources (peer backups).
+    if (MultiHost()) {
+      for (int s = 0; s < world_size_; ++s) (void)BackupService::RemoveArenas(config_.job_id, {s});
     }
   }
   Say(Summary());
