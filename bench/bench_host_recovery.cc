@@ -4,6 +4,7 @@
 //
 //   bench_host_recovery [--trials N] [--backends tcp,etcd] [--restore peer,disk]
 //                       [--state-mib N] [--host-timeout S] [--json FILE] [--work-dir DIR]
+//                       [--keep-logs]
 //
 // For each store backend, each restore source (peer: the dead host's ranks restore from the memory
 // of their backup holders, the default of a multi-host job; disk: the same job with
@@ -12,8 +13,8 @@
 // cluster on 127.0.1.201-203), a fresh cluster runs the example trainer (with --state-mib N: N MiB
 // of extra state per rank, the snapshot's size) on 4 worker
 // hosts x 2 ranks plus 1 standby host (--role standby). Host 1 starts first and coordinates; once
-// "step 300 loss" appears, host 3 is killed (SIGKILL to its PID namespace's init: every process of
-// the host at once), and the logs are polled every 10 ms until the coordinator prints "recovered
+// "step 300 loss" appears and a step is committed both in memory and on disk, host 3 is killed
+// (SIGKILL to its PID namespace's init: every process of the host at once), and the logs are polled every 10 ms until the coordinator prints "recovered
 // from the loss of host host3 in X s"; the standby host's ranks must say they restored from the
 // source the variant names ("from peer host ..." or "from disk"), else the trial fails. Recorded per
 // trial:
@@ -51,6 +52,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "sdk/rendezvous/tcp_store.h"
+#include "trainguard/store.h"
 #include "tests/support/etcd_cluster.h"
 #include "tests/support/example_trainer_job.h"
 #include "tests/support/sim_cluster.h"
@@ -91,6 +93,8 @@ constexpr char kUsage[] =
     "                      default 0 (a few KiB of model)\n"
     "  --host-timeout S    the agents' liveness bound, seconds (default 2)\n"
     "  --json FILE         also write every trial's figures as JSON to FILE\n"
+    "  --keep-logs         keep every trial's run directory and host logs (failed ones are kept\n"
+    "                      anyway)\n"
     "  --work-dir DIR      where run directories and host logs go (default: under the build\n"
     "                      tree); must not be under /tmp, which each host sees privately\n"
     "\n"
@@ -109,6 +113,7 @@ struct Flags {
   double host_timeout_s = 2;
   std::string json;
   std::string work_dir = TRAINGUARD_BENCH_WORK_DIR;
+  bool keep_logs = false;
 };
 
 struct Trial {
@@ -150,6 +155,10 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       flag = flag.substr(0, eq);
     }
     if (flag == "--help" || flag == "-h") return absl::CancelledError("help");
+    if (flag == "--keep-logs") {
+      flags.keep_logs = true;
+      continue;
+    }
     if (!value.has_value()) {
       if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(flag, ": needs a value"));
       value = argv[++i];
@@ -280,6 +289,28 @@ class HostJob {
   mutable std::string text_;
 };
 
+// Bounded polling of the job's store until a step is committed in memory and one on disk
+// (ckpt/commit/<S>/snapshot and ckpt/commit/<S>/durable, docs/FORMATS.md).
+absl::Status AwaitCommits(const std::string& endpoint, const std::string& job_id) {
+  absl::StatusOr<std::unique_ptr<Store>> store =
+      OpenStore(endpoint, job_id, kToken, absl::Seconds(30));
+  if (!store.ok()) return store.status();
+  for (absl::Time end = absl::Now() + kDeadline; absl::Now() < end;) {
+    absl::StatusOr<std::vector<std::string>> keys =
+        (*store)->ListKeys("ckpt/commit/", absl::Seconds(10));
+    bool memory = false, disk = false;
+    for (const std::string& key : keys.value_or(std::vector<std::string>{})) {
+      memory |= absl::EndsWith(key, "/snapshot");
+      disk |= absl::EndsWith(key, "/durable");
+    }
+    if (memory && disk) return absl::OkStatus();
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "no step of job ", job_id, " was committed both in memory and on disk within ",
+      absl::FormatDuration(kDeadline)));
+}
+
 // One trial on a fresh cluster: the store, the hosts, the kill, the measurement; everything is torn
 // down on return (hosts first, by the SimCluster's destructor, then the store).
 absl::StatusOr<Trial> RunTrial(const Flags& flags, const std::string& backend,
@@ -324,9 +355,8 @@ absl::StatusOr<Trial> RunTrial(const Flags& flags, const std::string& backend,
     }
     std::vector<std::string> agent_flags;
     if (restore == "disk") agent_flags = {"--backup-copies", "1"};
-    HostJob job(**cluster, dir, endpoint,
-                absl::StrCat("hr-", backend, "-", restore, "-", getpid(), "-", index),
-                flags.host_timeout_s, agent_flags, trainer);
+    const std::string job_id = absl::StrCat("hr-", backend, "-", restore, "-", getpid(), "-", index);
+    HostJob job(**cluster, dir, endpoint, job_id, flags.host_timeout_s, agent_flags, trainer);
     if (absl::Status s = job.StartHost(1, false); !s.ok()) return s;
     if (auto m = job.Await(1, std::regex("coordinating the job"), "\"coordinating the job\"");
         !m.ok()) {
@@ -339,6 +369,10 @@ absl::StatusOr<Trial> RunTrial(const Flags& flags, const std::string& backend,
     if (auto m = job.Await(0, std::regex("step 300 loss"), "\"step 300 loss\""); !m.ok()) {
       return m.status();
     }
+    // Both variants must have something to restore: a step committed in memory (with its backups,
+    // for peer) and one committed on disk. With large state a save outlasts the 25 steps between
+    // checkpoints, so the first commits can come well after step 300.
+    if (absl::Status s = AwaitCommits(endpoint, job_id); !s.ok()) return s;
     const absl::StatusOr<absl::Time> killed = (*cluster)->KillHost(kVictim);
     if (!killed.ok()) return killed.status();
     const absl::Time kill_returned = absl::Now();
@@ -366,7 +400,9 @@ absl::StatusOr<Trial> RunTrial(const Flags& flags, const std::string& backend,
   cluster->reset();
   etcd.reset();
   tcp.reset();
-  if (trial.ok()) std::filesystem::remove_all(dir, ec);  // a failed trial's logs stay
+  if (trial.ok() && !flags.keep_logs) std::filesystem::remove_all(dir, ec);  // a failed trial's stay
+  if (trial.ok() && flags.keep_logs) std::printf("logs of %s/%s trial %d: %s\n", backend.c_str(),
+                                                  restore.c_str(), index + 1, dir.c_str());
   if (!trial.ok()) {
     return absl::Status(trial.status().code(),
                         absl::StrCat(trial.status().message(), "\n(logs kept in ", dir, ")"));
