@@ -856,7 +856,8 @@ void Job::TryReplacements() {
                           dead.host, absl::StrJoin(by, ", ")));
       replacements_ += static_cast<int>(dead.ranks.size());
       Say(absl::StrFormat("host %s's shared memory died with it: its ranks' replacements restore "
-                          "the newest durable checkpoint on disk (or the survivors' state)",
+                          "from their backup holders' memory (peer backups), else the newest "
+                          "durable checkpoint on disk, else the survivors' state",
                           dead.host));
       recoveries_.push_back({-1, next->generation, dead.died, dead.host});
       continue;
