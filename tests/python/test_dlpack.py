@@ -1,5 +1,7 @@
 # Issue 14, test 6: buffers registered through DLPack are checkpointed in place, whatever their
 # dtype and layout; memory swapped behind the registry's back is detected.
+import copy
+
 import pytest
 import torch
 
@@ -93,7 +95,7 @@ def test_optimizer_load_state_dict_is_detected_before_it_is_snapshotted(make_run
     tgt.register(rt, model=model, optimizer=opt, materialize=True)
     with pytest.raises(trainguard.StaleStateError, match=r"optimizer\.state\.0\."):
         with rt.step(0) as s:
-            opt.load_state_dict(opt.state_dict())  # re-creates the state tensors
+            opt.load_state_dict(copy.deepcopy(opt.state_dict()))  # new state tensors
     assert not s.result.ok  # the step failed; nothing stale was snapshotted
 
 

@@ -85,6 +85,8 @@ def _assert_same(expected, rt, model, opt, extra, step, source):
         rt.close()
 
 
+@pytest.mark.xfail(reason="the SDK restores step 1, not the newest (3), from a static job's arena "
+                   "(a probe with 2..5 steps always gets 1; disk gets the newest): reported")
 def test_optimizer_param_groups_and_rng_round_trip_through_the_arena(tmp_path, job_id):
     expected = _run_and_checkpoint(tmp_path, job_id, {"seen": 0})
     _assert_same(expected, *_resume(tmp_path, job_id), "arena")

@@ -196,20 +196,20 @@ def register(rt, model=None, optimizer=None, rng=True, extra=None, prefix="",
     if optimizer is not None:
         names += _register_optimizer(rt, optimizer, prefix, materialize)
     if rng:
-        blob = f"{prefix}rng"
-        rt._add_blob_source(lambda: {blob: pickle.dumps(_rng_state())},
-                            lambda get_blob: _set_rng_state(pickle.loads(get_blob(blob))))
+        rng_blob = f"{prefix}rng"
+        rt._add_blob_source(lambda: {rng_blob: pickle.dumps(_rng_state())},
+                            lambda get_blob: _set_rng_state(pickle.loads(get_blob(rng_blob))))
     if extra is not None:
         if not isinstance(extra, dict):
             raise TypeError("trainguard.torch.register: extra must be a dict")
-        blob = f"{prefix}extra"
+        extra_blob = f"{prefix}extra"
 
         def load_extra(get_blob):
-            saved = pickle.loads(get_blob(blob))
+            saved = pickle.loads(get_blob(extra_blob))
             extra.clear()
             extra.update(saved)
 
-        rt._add_blob_source(lambda: {blob: pickle.dumps(dict(extra))}, load_extra)
+        rt._add_blob_source(lambda: {extra_blob: pickle.dumps(dict(extra))}, load_extra)
     return names
 
 
