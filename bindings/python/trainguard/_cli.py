@@ -5,16 +5,16 @@ import sys
 
 
 def binary_path():
-    """The bundled binary (bin/trainguard beside this file), else $TRAINGUARD_CLI."""
+    """The bundled binary (bin/trainguard beside this file), else $TG_CLI."""
     bundled = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bin", "trainguard")
     if os.access(bundled, os.X_OK):
         return bundled
-    override = os.environ.get("TRAINGUARD_CLI")
+    override = os.environ.get("TG_CLI")
     if override:
         return override
     raise FileNotFoundError(
         f"trainguard: the command's binary is missing ({bundled}); reinstall the package "
-        "or set TRAINGUARD_CLI to a trainguard binary")
+        "or set TG_CLI to a trainguard binary")
 
 
 def main():
