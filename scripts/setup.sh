@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages trainguard builds with; does nothing when they are all present.
+# Installs the Debian packages trainguard builds with, and the Python virtual environment (.venv/) the
+# Python bindings' tests run in; does nothing when they are all present.
 # Idempotent and safe to run repeatedly: ./scripts/demo.sh and ./scripts/test.sh both call it.
 # CUDA and NCCL are optional and are not installed here: the build uses them when it finds them.
 set -euo pipefail
@@ -17,6 +18,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev        # tests
   libbenchmark-dev                 # bench/
   libgloo-dev                      # CPU collectives of the example trainer
+  python3-venv python3-dev         # the Python bindings (bindings/python) and their tests
 )
 
 missing=()
@@ -25,16 +27,50 @@ for p in "${PACKAGES[@]}"; do
     missing+=("$p")
   fi
 done
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "setup: need root or sudo to install ${missing[*]}" >&2; exit 1; }
+    SUDO="sudo"
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-echo "setup: installing ${missing[*]}"
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null || { echo "setup: need root or sudo to install ${missing[*]}" >&2; exit 1; }
-  SUDO="sudo"
+# The Python bindings' tools and test dependencies, from PyPI, in a project-local virtual
+# environment (.venv/, or $TG_VENV) created once and reused. Pinned: the torch tested here is
+# 2.15.0; the bindings use only DLPack and public torch APIs and support torch >= 2.3 (DLPack
+# max_version, torch.distributed.Store subclassing). PyPI's Linux torch is the CUDA build (about
+# 5 GB installed); it runs on CPU. TG_SKIP_PYTHON=1 skips this part.
+PY_PACKAGES=(
+  torch==2.15.0
+  numpy==2.4.6                     # 2.5 needs Python 3.12; Debian 12 has 3.11
+  pytest==9.2.0
+  nanobind==3.1.0
+  scikit-build-core==1.1.2
+)
+if [ "${TG_SKIP_PYTHON:-0}" != 1 ]; then
+  venv="${TG_VENV:-$(cd "$(dirname "$0")/.." && pwd)/.venv}"
+  if [ ! -x "$venv/bin/python" ]; then
+    echo "setup: creating the Python virtual environment $venv"
+    /usr/bin/python3 -m venv "$venv"
+  fi
+  # Quick when done: one python start compares installed versions with the pins.
+  if ! "$venv/bin/python" - "${PY_PACKAGES[@]}" <<'PYEOF'
+import sys
+from importlib.metadata import version, PackageNotFoundError
+for pin in sys.argv[1:]:
+    name, want = pin.split("==")
+    try:
+        if version(name) != want:
+            sys.exit(1)
+    except PackageNotFoundError:
+        sys.exit(1)
+PYEOF
+  then
+    echo "setup: installing ${PY_PACKAGES[*]} into $venv"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
+  fi
 fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

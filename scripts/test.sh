@@ -29,8 +29,15 @@ build_root="${TG_BUILD_DIR:-build}"
 build_dir="$build_root/$preset"
 jobs="$(nproc)"
 
+# The Python bindings and their tests (label python) are built in the default preset, with the
+# virtual environment scripts/setup.sh made; the sanitizer presets leave them out.
+python_args=(-DTRAINGUARD_PYTHON=OFF)
+if [ "$preset" = default ] && [ -x .venv/bin/python ] && [ "${TG_SKIP_PYTHON:-0}" != 1 ]; then
+  python_args=(-DTRAINGUARD_PYTHON=ON "-DPython_EXECUTABLE=$PWD/.venv/bin/python")
+fi
+
 mkdir -p "$build_dir"
-cmake --preset "$preset" -B "$build_dir" >"$build_dir/configure.log" 2>&1 \
+cmake --preset "$preset" -B "$build_dir" "${python_args[@]}" >"$build_dir/configure.log" 2>&1 \
   || { cat "$build_dir/configure.log"; exit 1; }
 cmake --build "$build_dir" -j "$jobs"
 

@@ -1,0 +1,385 @@
+"""Runtime and Step: the C++ Runtime and guard (include/trainguard/runtime.h, guard.h) in Python idiom.
+
+Thread safety: as in C++: rank, world_size, generation and the store may be used from any thread;
+steps, phases, register(), start() and recover() belong to the training thread. Every call that
+can wait (start, recover, restore_checkpoint, wait_for_checkpoints, store waits, a step's entry,
+which fences the previous snapshot) releases the GIL.
+"""
+
+import contextlib
+import json
+import os
+
+from . import _C
+from .errors import Error, JobMustExit, StaleStateError
+
+
+class RecoverableError(Exception):
+    """Raise from a step body for a failure that leaves the process sound: the step is skipped
+    (C++ trainguard::RecoverableError)."""
+
+
+class CommunicationError(Exception):
+    """Raise from a step body when a collective failed or a peer was lost: the ranks meet again in
+    the next generation (C++ trainguard::CommunicationError)."""
+
+
+# torch's exceptions, matched by name so that this module does not import torch.
+_TORCH_COMMUNICATION_ERRORS = {"DistBackendError", "DistNetworkError", "DistStoreError"}
+_TORCH_STEP_ERRORS = {"OutOfMemoryError"}
+
+
+def _fault_kind_of(exc):
+    """The FaultKind of an exception a step body raised, as the C++ guard classifies its own."""
+    if isinstance(exc, RecoverableError):
+        return _C.FAULT_STEP_FAILURE
+    if isinstance(exc, CommunicationError):
+        return _C.FAULT_COMMUNICATION_FAILURE
+    for cls in type(exc).__mro__:
+        if not cls.__module__.startswith("torch"):
+            continue
+        if cls.__name__ in _TORCH_COMMUNICATION_ERRORS:
+            return _C.FAULT_COMMUNICATION_FAILURE
+        if cls.__name__ in _TORCH_STEP_ERRORS:
+            return _C.FAULT_STEP_FAILURE
+    # Anything else: its effect on the process's state is unknown, so (as in C++) it is fatal.
+    return _C.FAULT_UNCLASSIFIED
+
+
+def _textproto_value(key, value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    raise TypeError(f"trainguard.Runtime: option {key}: expected bool, int or str, "
+                    f"got {type(value).__name__}")
+
+
+def _env_value(key, value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, str)):
+        return str(value)
+    raise TypeError(f"trainguard.Runtime.from_env: option {key}: expected bool, int or str, "
+                    f"got {type(value).__name__}")
+
+
+def _signature(obj):
+    """What must not change about a registered buffer: its address and layout (None: unknown)."""
+    if hasattr(obj, "data_ptr") and hasattr(obj, "stride"):  # a torch.Tensor
+        return (obj.data_ptr(), tuple(obj.shape), tuple(obj.stride()), str(obj.dtype),
+                str(obj.device))
+    interface = getattr(obj, "__array_interface__", None)  # numpy
+    if interface is not None:
+        return (interface["data"][0], tuple(interface["shape"]), interface.get("strides"),
+                interface["typestr"])
+    return None
+
+
+def _dlpack_view(obj):
+    """A tensor torch lets DLPack export: requires_grad tensors are detached (same storage)."""
+    if getattr(obj, "requires_grad", False):
+        return obj.detach()
+    return obj
+
+
+def _cuda_stream_of(obj):
+    if getattr(obj, "is_cuda", False):
+        import torch  # only reached with a torch tensor in hand
+        return torch.cuda.current_stream(obj.device).cuda_stream
+    return 0
+
+
+class Step:
+    """One guarded step: ``with rt.step(n) as s:``.
+
+    An ``Exception`` raised in the body is recorded as the step's fault and swallowed (as
+    sdk::guard does): RecoverableError and torch's OutOfMemoryError are step failures (skip),
+    CommunicationError and torch.distributed's DistBackendError/DistNetworkError/DistStoreError
+    communication failures (re-rendezvous), anything else unclassified (fatal: recover() raises
+    JobMustExit). KeyboardInterrupt, SystemExit and other BaseExceptions end the step and pass
+    through. After the block, ``s.result`` is the StepResult (ok, fault, action, message,
+    evidence, duration).
+    """
+
+    def __init__(self, runtime, number):
+        self._runtime = runtime
+        self.number = number
+        self._scope = None
+        self.result = None
+
+    def __enter__(self):
+        self._runtime._check_state(f"step {self.number}")
+        self._scope = _C.StepScope(self._runtime._c, self.number)
+        if not self._scope.active:
+            self.result = self._scope.finish()
+            raise Error(f"step {self.number} was rejected: {self.result.message}")
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        scope, self._scope = self._scope, None
+        swallow = isinstance(exc, Exception)
+        if swallow:
+            scope.report_fault(_fault_kind_of(exc), f"{type(exc).__qualname__}: {exc}")
+        stale = None
+        if exc is None or swallow:
+            stale = self._runtime._prepare_snapshot(scope)
+        self.result = scope.finish()
+        if stale is not None:
+            raise stale
+        return swallow
+
+    def _live_scope(self):
+        if self._scope is None:
+            raise Error(f"step {self.number}: not inside its `with` block")
+        return self._scope
+
+    def report_fault(self, message, kind=_C.FAULT_STEP_FAILURE):
+        """Marks the step failed without raising; the body goes on."""
+        self._live_scope().report_fault(kind, message)
+
+    def check_loss(self, loss):
+        """Judges this step's loss (NaN, Inf, a spike: the step fails). Returns False then."""
+        return self._live_scope().check_loss(float(loss))
+
+    def check_finite(self, name, array):
+        """Checks a float buffer (any DLPack tensor: numpy, torch; cpu, pinned, cuda) for
+        NaN/Inf; a non-finite one fails the step, naming `name`, the rank and the step. Returns
+        False when a host buffer is not finite (True for a CUDA one: its answer comes later)."""
+        return self._live_scope().check_finite(name, _dlpack_view(array), _cuda_stream_of(array))
+
+
+class Runtime:
+    """The per-process trainguard Runtime (include/trainguard/runtime.h).
+
+    ``Runtime(**options)`` takes the Options fields as keywords (job_id="x", world_size=2,
+    checkpoint_every_steps=10, ...); ``Runtime.from_env(**overrides)`` reads TRAINGUARD_* and
+    torchrun's variables as the C++ Options::FromEnv does. Creating it joins the rendezvous when
+    a store is configured. Close it (``close()`` or ``with``) to stop its threads.
+    """
+
+    def __init__(self, **options):
+        text = " ".join(f"{k}: {_textproto_value(k, v)}" for k, v in options.items())
+        self._setup(_C.Runtime.from_textproto(text))
+
+    @classmethod
+    def from_env(cls, **overrides):
+        variables = dict(os.environ)
+        for key, value in overrides.items():
+            variables["TRAINGUARD_" + key.upper()] = _env_value(key, value)
+        rt = cls.__new__(cls)
+        rt._setup(_C.Runtime.from_environment(variables))
+        return rt
+
+    def _setup(self, c):
+        self._c = c
+        self._store = None
+        self._tracked = []       # functions returning [(name, current tensor, signature)]
+        self._blob_sources = []  # (save() -> {name: bytes}, load(get_blob))
+
+    # --- identity
+    @property
+    def rank(self):
+        return self._c.rank
+
+    @property
+    def world_size(self):
+        return self._c.world_size
+
+    @property
+    def generation(self):
+        return self._c.generation
+
+    @property
+    def job_id(self):
+        return self._c.job_id
+
+    @property
+    def run_dir(self):
+        return self._c.run_dir
+
+    @property
+    def fatal(self):
+        return self._c.fatal
+
+    @property
+    def last_restore_source(self):
+        """"arena" or "disk" after a checkpoint was restored; "" before."""
+        return self._c.last_restore_source
+
+    @property
+    def last_recovery(self):
+        """What the last start() or recover() did (a dict: decision, restored_from, ...)."""
+        return self._c.last_recovery
+
+    def resume_step(self):
+        return self._c.resume_step()
+
+    @property
+    def store(self):
+        """The job's Store (a trainguard.Store), or None for a static job (no store)."""
+        if self._store is None:
+            self._store = self._c.store()
+        return self._store
+
+    # --- steps
+    def step(self, number):
+        return Step(self, number)
+
+    @contextlib.contextmanager
+    def phase(self, name):
+        """A watchdog phase nested in the current step (e.g. "generate", "forward_backward")."""
+        self._c.begin_phase(name)
+        try:
+            yield
+        finally:
+            self._c.end_phase()
+
+    def tick(self, amount=1):
+        """Progress inside a long phase (tokens, samples): a ticking phase is not hung."""
+        self._c.tick(amount)
+
+    def start(self):
+        """Restores the newest committed checkpoint (when checkpointing) and returns the first
+        step to run; collective. Raises JobMustExit when this process cannot start."""
+        self._check_state("start()")
+        try:
+            step = self._c.start()
+        except Error as e:
+            raise self._must_exit(e, None) from e
+        self._after_recovery()
+        return step
+
+    def recover(self, result):
+        """Carries out the recovery for a failed step's result and returns the step to run next;
+        raises JobMustExit when this process must exit (the job stopped, a fatal fault, this
+        process replaced)."""
+        self._check_state(f"recover(step {result.step})")
+        try:
+            step = self._c.recover(result)
+        except Error as e:
+            raise self._must_exit(e, result) from e
+        self._after_recovery()
+        return step
+
+    def _must_exit(self, error, result):
+        report = self._c.last_recovery or {}
+        return JobMustExit(str(error), error.code, result, bool(report.get("job_stopped")))
+
+    # --- checkpoints
+    def restore_checkpoint(self):
+        """Restores the newest committed checkpoint and returns its step (NotFoundError: none)."""
+        self._check_state("restore_checkpoint()")
+        step = self._c.restore_checkpoint()
+        self._load_blobs()
+        return step
+
+    def checkpoint(self, resume_step):
+        """Starts a checkpoint of the registered state now, tagged `resume_step`."""
+        self._check_state(f"checkpoint({resume_step})")
+        self._save_blobs()
+        self._c.checkpoint(resume_step)
+
+    def wait_for_checkpoints(self, timeout=600.0):
+        self._c.wait_for_checkpoints(timeout)
+
+    @property
+    def checkpointing(self):
+        return self._c.checkpointing
+
+    # --- state
+    def register(self, name, array, group="model"):
+        """Registers a buffer for checkpoints: any DLPack tensor (torch, numpy) in cpu or pinned
+        memory (cuda where the SDK was built with CUDA), viewed in place, never copied. Its
+        storage must stay the same from now on: every step and checkpoint checks it and raises
+        StaleStateError naming `name` when it moved. Register everything before start()."""
+        self._c.register_buffer(name, group, _dlpack_view(array))
+        signature = _signature(array)
+        if signature is not None:
+            self._tracked.append(lambda: [(name, array, signature)])
+
+    def set_blob(self, name, value):
+        """A small byte string saved with the state (read at each snapshot)."""
+        self._c.set_blob(name, bytes(value))
+
+    def get_blob(self, name):
+        return self._c.get_blob(name)
+
+    def buffer_names(self):
+        return self._c.buffer_names()
+
+    def _track(self, entries):
+        """entries() -> [(name, current tensor or None, signature at registration)]."""
+        self._tracked.append(entries)
+
+    def _add_blob_source(self, save, load):
+        """save() -> {name: bytes}, read before every snapshot; load(get_blob) after a restore."""
+        self._blob_sources.append((save, load))
+        for name, value in save().items():
+            self._c.set_blob(name, value)
+
+    def _stale(self):
+        """The StaleStateError for the first registered tensor whose memory moved, or None."""
+        for entries in self._tracked:
+            for name, current, signature in entries():
+                if current is None:
+                    return StaleStateError(
+                        f"rank {self.rank}: registered buffer '{name}' no longer exists in its "
+                        "model/optimizer (re-created state cannot be re-registered: the registry "
+                        "is frozen)")
+                now = _signature(current)
+                if now != signature:
+                    return StaleStateError(
+                        f"rank {self.rank}: registered buffer '{name}' now lives elsewhere "
+                        f"(data_ptr/shape/stride/dtype/device {signature} -> {now}); its storage "
+                        "was replaced (load_state_dict, assign=True, swap_tensors, set_?) and the "
+                        "frozen registry would snapshot the old memory. Load state before "
+                        "registering, or copy into the registered tensors in place")
+        return None
+
+    def _check_state(self, where):
+        stale = self._stale()
+        if stale is not None:
+            raise StaleStateError(f"{where}: {stale}")
+
+    def _save_blobs(self):
+        for save, _ in self._blob_sources:
+            for name, value in save().items():
+                self._c.set_blob(name, value)
+
+    def _load_blobs(self):
+        for _, load in self._blob_sources:
+            load(self._c.get_blob)
+
+    def _prepare_snapshot(self, scope):
+        """At the end of a step that may be snapshotted: refuse stale memory (the step fails and
+        nothing is snapshotted), refresh the blobs. Returns the StaleStateError to raise, or None."""
+        stale = self._stale()
+        if stale is not None:
+            scope.report_fault(_C.FAULT_UNCLASSIFIED, str(stale))
+            return stale
+        if self._blob_sources and self._c.checkpointing:
+            self._save_blobs()
+        return None
+
+    def _after_recovery(self):
+        report = self._c.last_recovery or {}
+        if report.get("restored_from") or report.get("state_source_rank", -1) >= 0:
+            self._load_blobs()
+
+    # --- lifetime
+    def close(self):
+        """Waits for the checkpoint in flight, stops the Runtime's threads, releases the buffers."""
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+        self._c.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False

@@ -1,0 +1,135 @@
+# trainguard's Store from Python, the torch.distributed.Store over it, and (issue 14, test 5) the
+# GIL being released while a call waits.
+import datetime
+import os
+import subprocess
+import sys
+import threading
+import uuid
+
+import pytest
+import torch.distributed as dist
+
+import trainguard
+import trainguard.torch as tgt
+
+TOKEN = "test-token-" + uuid.uuid4().hex
+
+
+@pytest.fixture
+def server():
+    s = trainguard.TcpStoreServer(TOKEN)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def store(server, job_id):
+    s = trainguard.open_store(f"tcp://{server.address}", job_id, TOKEN)
+    yield s
+    s.close()
+
+
+def test_store_verbs(store):
+    store.set("a", b"1", 10)
+    assert store.get("a", 10) == b"1"
+    assert store.add("n", 5, 10) == 5
+    assert store.compare_set("c", None, b"x", 10) == (True, b"x")
+    assert store.compare_set("c", b"y", b"z", 10) == (False, b"x")
+    assert store.multi_get(["a", "missing"], 10) == [b"1", None]
+    assert store.list_keys("", 10) == ["a", "c", "n"]
+    assert store.delete("a", 10)
+    with pytest.raises(KeyError, match="a"):
+        store.get("a", 10)
+
+
+def test_a_wait_past_its_deadline_names_the_missing_key(store):
+    with pytest.raises(TimeoutError, match="never-set"):
+        store.wait(["never-set"], 0.2)
+
+
+def test_a_python_thread_runs_while_the_main_thread_waits_in_the_store(store):
+    # The helper thread can only set the key if it gets the GIL while the main thread is blocked
+    # in wait(); if wait() held the GIL, the wait would run out its deadline instead.
+    counted = []
+
+    def helper():
+        for i in range(1000):
+            counted.append(i)
+        store.set("ready", b"yes", 10)
+
+    t = threading.Thread(target=helper)
+    t.start()
+    store.wait(["ready"], 60)
+    t.join()
+    assert len(counted) == 1000
+
+
+def test_a_python_thread_runs_while_the_main_thread_waits_for_checkpoints(make_runtime):
+    # wait_for_checkpoints and restore_checkpoint release the GIL as well: a thread that needs
+    # the GIL to finish makes progress while they run.
+    import numpy as np
+
+    rt = make_runtime()
+    rt.register("w", np.arange(1 << 20, dtype=np.float32))
+    counted = []
+    stop = threading.Event()
+
+    def helper():
+        while not stop.is_set():
+            counted.append(1)
+
+    t = threading.Thread(target=helper)
+    t.start()
+    try:
+        rt.checkpoint(1)
+        rt.wait_for_checkpoints()
+        assert rt.restore_checkpoint() == 1
+    finally:
+        stop.set()
+        t.join()
+    assert counted
+
+
+def test_torch_store_adapter_verbs(store):
+    s = tgt.Store(store, prefix="pg", timeout=datetime.timedelta(seconds=10))
+    s.set("k", "v")
+    assert s.get("k") == b"v"
+    assert s.add("ctr", 2) == 2
+    assert s.add("ctr", 3) == 5
+    assert s.check(["k", "ctr"])
+    assert not s.check(["nope"])
+    assert s.num_keys() == 2
+    assert s.compare_set("cas", "", "first") == b"first"
+    assert s.compare_set("cas", "other", "second") == b"first"
+    assert s.delete_key("k")
+    assert not s.check(["k"])
+    with pytest.raises(Exception, match="nope"):
+        s.wait(["nope"], datetime.timedelta(milliseconds=100))
+
+
+_WORKER = r"""
+import sys, datetime, torch, torch.distributed as dist
+import trainguard, trainguard.torch as tgt
+address, job, token, rank = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+store = tgt.Store(trainguard.open_store("tcp://" + address, job, token), prefix="torch/gen0",
+                  timeout=datetime.timedelta(seconds=60))
+dist.init_process_group("gloo", store=store, rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=60))
+t = torch.tensor([float(rank + 1)])
+dist.all_reduce(t)
+dist.barrier()
+print("sum", t.item())
+dist.destroy_process_group()
+"""
+
+
+def test_init_process_group_on_two_processes_through_the_trainguard_store(server, job_id):
+    env = dict(os.environ)
+    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, server.address, job_id, TOKEN,
+                               str(rank)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) for rank in range(2)]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outputs):
+        assert p.returncode == 0, err
+        assert "sum 3.0" in out
