@@ -495,7 +495,9 @@ std::vector<std::string> Job::ChildEnvironment(const Child& child) const {
                                       "ROLE_WORLD_SIZE",
                                       "TORCHELASTIC_RUN_ID",
                                       "TORCHELASTIC_RESTART_COUNT",
-                                      "TORCHELASTIC_MAX_RESTARTS"};
+                                      "TORCHELASTIC_MAX_RESTARTS",
+                                      "TORCHELASTIC_USE_AGENT_STORE",
+                                      "TORCH_NCCL_ASYNC_ERROR_HANDLING"};
   std::vector<std::string> vars;
   for (char** e = environ; *e != nullptr; ++e) {
     std::string_view entry(*e);
@@ -535,6 +537,11 @@ std::vector<std::string> Job::ChildEnvironment(const Child& child) const {
   vars.push_back(absl::StrCat("TORCHELASTIC_RUN_ID=", config_.job_id));
   vars.push_back("TORCHELASTIC_RESTART_COUNT=0");
   vars.push_back("TORCHELASTIC_MAX_RESTARTS=0");
+  // torch.distributed's: no agent store to connect to (process groups are built from trainguard's
+  // store: rank 0's TCPStore would die with rank 0), and a NCCL error aborts the communicator only,
+  // so the survivors keep their processes and recover() rebuilds it.
+  vars.push_back("TORCHELASTIC_USE_AGENT_STORE=False");
+  vars.push_back("TORCH_NCCL_ASYNC_ERROR_HANDLING=2");
   if (child.rank >= 0) {
     const int local_rank = child.rank % local_n;
     vars.push_back("TRAINGUARD_ROLE=rank");

@@ -291,7 +291,8 @@ TEST_F(MultiHost, RanksAreAssignedByHostWithTorchrunsEnvironmentAndTheLastHostIs
       "echo ENV ROLE=$TRAINGUARD_ROLE RANK=$RANK LOCAL_RANK=$LOCAL_RANK WORLD_SIZE=$WORLD_SIZE "
       "LOCAL_WORLD_SIZE=$LOCAL_WORLD_SIZE GROUP_RANK=$GROUP_RANK ROLE_RANK=$ROLE_RANK "
       "MASTER_ADDR=$MASTER_ADDR RUN_ID=$TORCHELASTIC_RUN_ID "
-      "RESTARTS=$TORCHELASTIC_RESTART_COUNT HOST_ADDR=$TRAINGUARD_HOST_ADDR"};
+      "RESTARTS=$TORCHELASTIC_RESTART_COUNT HOST_ADDR=$TRAINGUARD_HOST_ADDR "
+      "AGENT_STORE=$TORCHELASTIC_USE_AGENT_STORE NCCL_AEH=$TORCH_NCCL_ASYNC_ERROR_HANDLING"};
   const std::vector<std::string> flags = {"--standby-nodes", "1"};
   job.StartHost(1, false, flags, print_env);
   ASSERT_TRUE(job.Await(1, "coordinating the job")) << job.AllOutput();
@@ -307,7 +308,7 @@ TEST_F(MultiHost, RanksAreAssignedByHostWithTorchrunsEnvironmentAndTheLastHostIs
                 HasSubstr(absl::StrFormat(
                     "ENV ROLE=rank RANK=%d LOCAL_RANK=%d WORLD_SIZE=4 LOCAL_WORLD_SIZE=2 "
                     "GROUP_RANK=%d ROLE_RANK=%d MASTER_ADDR=127.0.1.1 RUN_ID=%s RESTARTS=0 "
-                    "HOST_ADDR=127.0.1.%d",
+                    "HOST_ADDR=127.0.1.%d AGENT_STORE=False NCCL_AEH=2",
                     rank, rank % 2, host - 1, rank, id, host)))
         << job.AllOutput();
   }
