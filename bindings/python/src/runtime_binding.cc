@@ -8,6 +8,7 @@
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -23,6 +25,7 @@
 #include "status_error.h"
 #include "store_binding.h"
 #include "trainguard/checkpoint.h"
+#include "trainguard/collectives.h"
 #include "trainguard/guard.h"
 #include "trainguard/options.h"
 #include "trainguard/runtime.h"
@@ -256,6 +259,15 @@ class PyStepScope {
   std::unique_ptr<StepScope> scope_;
 };
 
+CollectiveTracker& Tracker(PyRuntime& r) {
+  CollectiveTracker* t = r.get().collectives();
+  if (t == nullptr) {
+    throw StatusError(absl::FailedPreconditionError(
+        absl::StrCat("rank ", r.get().rank(), ": this Runtime has no collective tracker")));
+  }
+  return *t;
+}
+
 Options OptionsFromTextproto(const std::string& text) {
   return ValueOrThrow(Options::FromTextproto(text, "trainguard.Runtime(...)"));
 }
@@ -404,6 +416,40 @@ void BindRuntime(nb::module_& m) {
             return new PyStore(s);
           },
           nb::rv_policy::take_ownership, nb::keep_alive<0, 1>())
+      // The collective tracker (collectives.h), for collectives run outside the SDK (a torch
+      // process group's allreduce in the DDP hook): each is recorded in the flight recorder and
+      // watched against its learned bound. The abort function of a communicator registered from
+      // Python does nothing: calling into torch from the watchdog thread would need the GIL the
+      // training thread may hold, and the process group's own timeout ends a stuck collective.
+      .def(
+          "register_communicator",
+          [](PyRuntime& r, uint64_t comm_id, const std::string& name) {
+            ThrowIfError(Tracker(r).RegisterCommunicator(comm_id, name, [] {}));
+          },
+          nb::arg("comm_id"), nb::arg("name"))
+      .def(
+          "unregister_communicator",
+          [](PyRuntime& r, uint64_t comm_id) {
+            ThrowIfError(Tracker(r).UnregisterCommunicator(comm_id));
+          },
+          nb::arg("comm_id"))
+      .def(
+          "collective_begin",
+          [](PyRuntime& r, const std::string& op, uint64_t comm_id, uint64_t bytes) {
+            CollectiveHandle h = Tracker(r).Begin(op, comm_id, bytes);
+            return std::make_tuple(h.slot, h.generation, h.comm_seq);
+          },
+          nb::arg("op"), nb::arg("comm_id"), nb::arg("bytes"))
+      .def(
+          "collective_end",
+          [](PyRuntime& r, const std::tuple<int32_t, uint32_t, int64_t>& handle) {
+            CollectiveHandle h;
+            std::tie(h.slot, h.generation, h.comm_seq) = handle;
+            Tracker(r).End(h);
+          },
+          nb::arg("handle"))
+      .def("collective_usage_errors",
+           [](PyRuntime& r) { return Tracker(r).usage_errors(); })
       .def("close", &PyRuntime::Close);
 }
 

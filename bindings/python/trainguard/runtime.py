@@ -108,6 +108,8 @@ class Step:
         self._runtime = runtime
         self.number = number
         self._scope = None
+        self._failed = False
+        self._pending = []  # (kind, message) reported from other threads (the DDP hook's futures)
         self.result = None
 
     def __enter__(self):
@@ -116,9 +118,12 @@ class Step:
         if not self._scope.active:
             self.result = self._scope.finish()
             raise Error(f"step {self.number} was rejected: {self.result.message}")
+        self._runtime._current_step = self
         return self
 
     def __exit__(self, exc_type, exc, tb):
+        self._runtime._current_step = None
+        self._drain()
         scope, self._scope = self._scope, None
         swallow = isinstance(exc, Exception)
         if swallow:
@@ -138,17 +143,45 @@ class Step:
 
     def report_fault(self, message, kind=_C.FAULT_STEP_FAILURE):
         """Marks the step failed without raising; the body goes on."""
-        self._live_scope().report_fault(kind, message)
+        scope = self._live_scope()
+        self._drain()
+        self._failed = True
+        scope.report_fault(kind, message)
+
+    def report_fault_from_any_thread(self, message, kind=_C.FAULT_STEP_FAILURE):
+        """report_fault() for another thread (a torch future's callback): the fault reaches the
+        C++ step, which belongs to the training thread, when that thread next asks `failed` or
+        leaves the `with` block."""
+        self._pending.append((kind, message))  # list.append is atomic under the GIL
+
+    def _drain(self):
+        while self._pending and self._scope is not None:
+            kind, message = self._pending.pop(0)
+            self._failed = True
+            self._scope.report_fault(kind, message)
+
+    @property
+    def failed(self):
+        """True once a fault was reported in this step (report_fault, a failed check_loss or
+        check_finite, the DDP hook): e.g. leave optimizer.step() out then."""
+        self._drain()
+        return self._failed
 
     def check_loss(self, loss):
         """Judges this step's loss (NaN, Inf, a spike: the step fails). Returns False then."""
-        return self._live_scope().check_loss(float(loss))
+        ok = self._live_scope().check_loss(float(loss))
+        if not ok:
+            self._failed = True
+        return ok
 
     def check_finite(self, name, array):
         """Checks a float buffer (any DLPack tensor: numpy, torch; cpu, pinned, cuda) for
         NaN/Inf; a non-finite one fails the step, naming `name`, the rank and the step. Returns
         False when a host buffer is not finite (True for a CUDA one: its answer comes later)."""
-        return self._live_scope().check_finite(name, _dlpack_view(array), _cuda_stream_of(array))
+        ok = self._live_scope().check_finite(name, _dlpack_view(array), _cuda_stream_of(array))
+        if not ok:
+            self._failed = True
+        return ok
 
 
 class Runtime:
@@ -178,6 +211,12 @@ class Runtime:
         self._store = None
         self._tracked = []       # functions returning [(name, current tensor, signature)]
         self._blob_sources = []  # (save() -> {name: bytes}, load(get_blob))
+        self._current_step = None  # the Step inside its `with` block, for the DDP hook
+
+    @property
+    def current_step(self):
+        """The Step whose `with` block is running, or None (read by trainguard.torch's DDP hook)."""
+        return self._current_step
 
     # --- identity
     @property

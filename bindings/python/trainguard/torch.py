@@ -25,6 +25,25 @@ was registered with, and raises trainguard.StaleStateError naming the tensor (th
 nothing is snapshotted). Load checkpoints of your own before ``register``, or copy into the
 registered tensors in place.
 
+After a re-rendezvous (``rt.recover()`` of a communication failure, or ``rt.start()`` of a
+replacement) the ranks are in a new generation and rebuild their process group from trainguard's
+store: ``init_process_group(rt)`` (destroys the old default group, builds one under
+"torch/gen<G>") and ``wrap_ddp(rt, model)`` (DistributedDataParallel on it, with
+``guarded_allreduce_hook``). Without a communicator factory (a Python trainer has none) the
+Runtime's start() and recover() only restore the checkpoint and agree on the step: the process
+group is the trainer's to rebuild, and no state is broadcast, so checkpoint (the shared-memory
+arena) to give a replacement its state.
+
+    step = rt.start()
+    while step < steps:
+        if trainguard.torch.init_process_group(rt, backend="gloo"):   # new generation: rebuild
+            ddp = trainguard.torch.wrap_ddp(rt, model)
+        with rt.step(step) as s:
+            loss_fn(ddp(x), y).backward()        # the hook checks and records every bucket
+            if not s.failed:                     # a NaN on any rank: every rank skips the update
+                optimizer.step()
+        step = step + 1 if s.result.ok else rt.recover(s.result)
+
 Adam-like optimizers create their state in the first ``optimizer.step()``. ``register`` refuses
 an optimizer whose parameters have no state yet (a clear error), unless ``materialize=True``: it
 then runs one ``optimizer.step()`` with learning rate 0 and zero gradients (parameters unchanged),
@@ -39,9 +58,11 @@ import sys
 import torch
 import torch.distributed as dist
 
+from . import _C
 from .errors import Error
 
-__all__ = ["register", "Store", "process_group_store"]
+__all__ = ["register", "Store", "process_group_store", "init_process_group", "wrap_ddp",
+           "guarded_allreduce_hook"]
 
 
 def _view(t):
@@ -290,3 +311,145 @@ def process_group_store(rt, prefix="torch", timeout=datetime.timedelta(minutes=5
     if rt.store is None:
         return None
     return Store(rt.store, f"{prefix}/gen{rt.generation}", timeout)
+
+
+# Collective tracker ids of the process groups built here: one per generation, clear of the ids
+# the Runtime gives the communicators its factory builds (generation + 1).
+_COMM_ID_BASE = 1 << 40
+
+
+class _GroupRecord:
+    """What init_process_group built for a Runtime: the generation and the tracker's comm id."""
+
+    def __init__(self, generation, comm_id, group):
+        self.generation = generation
+        self.comm_id = comm_id
+        self.group = group
+
+
+def _group_record(rt):
+    return getattr(rt, "_torch_group", None)
+
+
+def init_process_group(rt, backend="gloo", timeout=datetime.timedelta(seconds=60),
+                       prefix="torch", force=False):
+    """Makes torch's default process group the one of rt's current generation: when none was
+    built for it (the first call, or a recover()/start() that entered a new generation, or
+    `force`), destroys the default group if any and calls
+    ``torch.distributed.init_process_group(backend, store=<trainguard's store under
+    "<prefix>/gen<G>">, rank=rt.rank, world_size=rt.world_size, timeout=timeout)``. A static job
+    (no store) uses torch's env:// rendezvous (MASTER_ADDR, MASTER_PORT) instead. The group is
+    registered with the Runtime's collective tracker, so the DDP hook's allreduces are recorded
+    in the flight recorder. Collective: every rank of the generation calls it. Returns True when
+    it built a group, False when the current one is already this generation's."""
+    record = _group_record(rt)
+    generation = rt.generation
+    if record is not None and record.generation == generation and not force \
+            and dist.is_initialized():
+        return False
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if record is not None:
+        try:
+            rt._c.unregister_communicator(record.comm_id)
+        except Error:
+            pass  # already gone with a closed Runtime
+        rt._torch_group = None
+    store = process_group_store(rt, prefix, timeout)
+    if store is None:
+        dist.init_process_group(backend, rank=rt.rank, world_size=rt.world_size, timeout=timeout)
+    else:
+        dist.init_process_group(backend, store=store, rank=rt.rank, world_size=rt.world_size,
+                                timeout=timeout)
+    comm_id = _COMM_ID_BASE + max(generation, 0)
+    rt._c.register_communicator(comm_id, f"torch/{backend}/gen{generation}")
+    rt._torch_group = _GroupRecord(generation, comm_id, dist.group.WORLD)
+    return True
+
+
+class _HookState:
+    """The DDP hook's state: the Runtime, the tracker's comm id, the parameter names."""
+
+    def __init__(self, rt, comm_id, group, names):
+        self.rt = rt
+        self.comm_id = comm_id
+        self.group = group
+        self.names = names  # id(parameter) -> name, for the evidence
+
+
+def _bucket_names(state, bucket, limit=3):
+    names = [state.names.get(id(p), "?") for p in bucket.parameters()]
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... ({len(names)} parameters)" if len(names) > limit else "")
+
+
+def guarded_allreduce_hook(state, bucket):
+    """A DDP communication hook (register it with wrap_ddp): averages the bucket with an
+    allreduce, as DDP's default hook does, and
+
+    - before the reduction, checks the bucket's flat gradient for NaN/Inf: a hit fails the current
+      step (a step failure: skip), naming the rank, the bucket index and its parameters, so the
+      rank where the NaN was born is the one named;
+    - after it, checks the reduced bucket: a NaN/Inf any rank contributed reaches every rank
+      through the sum, so every rank fails the step too and skips the same update;
+    - records the allreduce in the collective tracker (the flight recorder's collective_begin/end,
+      the watchdog's hang bound), as op "ddp_allreduce";
+    - turns a failed allreduce (a peer died) into a communication failure of the step (the
+      gradients are left as they are: the step fails, so the update must be skipped), instead of
+      an exception out of backward() that the guard could not classify.
+
+    Faults go to ``rt.current_step`` (outside a step the hook only reduces)."""
+    rt = state.rt
+    step = rt.current_step
+    buf = bucket.buffer()
+    index = bucket.index()
+    local_finite = bool(torch.isfinite(buf).all())
+    if not local_finite and step is not None:
+        step.report_fault_from_any_thread(
+            f"rank {rt.rank}: DDP gradient bucket {index} ({buf.numel()} elements: "
+            f"{_bucket_names(state, bucket)}) holds NaN/Inf before the allreduce")
+    buf.div_(dist.get_world_size(state.group))
+    handle = rt._c.collective_begin("ddp_allreduce", state.comm_id,
+                                    buf.numel() * buf.element_size())
+    try:
+        work = dist.all_reduce(buf, group=state.group, async_op=True)
+    except Exception:
+        rt._c.collective_end(handle)
+        raise
+    future = work.get_future()
+
+    def finished(fut):
+        rt._c.collective_end(handle)
+        try:
+            reduced = fut.value()[0]
+        except Exception as e:  # noqa: BLE001 - any backend error: the peers are gone
+            if step is not None:
+                step.report_fault_from_any_thread(
+                    f"rank {rt.rank}: the allreduce of DDP gradient bucket {index} failed: "
+                    f"{type(e).__name__}: {e}", _C.FAULT_COMMUNICATION_FAILURE)
+            return buf
+        if local_finite and step is not None and not bool(torch.isfinite(reduced).all()):
+            step.report_fault_from_any_thread(
+                f"rank {rt.rank}: DDP gradient bucket {index} is not finite after the allreduce "
+                "(another rank's gradients held NaN/Inf); the update is skipped on every rank")
+        return reduced
+
+    return future.then(finished)
+
+
+def wrap_ddp(rt, model, **ddp_kwargs):
+    """DistributedDataParallel(model, process_group=<the group init_process_group built for rt's
+    generation>, **ddp_kwargs) with guarded_allreduce_hook registered. Build it again after every
+    init_process_group that returned True (the old one holds the destroyed group). DDP's
+    construction broadcasts rank 0's parameters in place, so registered storage does not move."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    record = _group_record(rt)
+    if record is None or record.generation != rt.generation:
+        raise Error(f"trainguard.torch.wrap_ddp: rank {rt.rank}: no process group for generation "
+                    f"{rt.generation}; call trainguard.torch.init_process_group(rt) first")
+    ddp = DistributedDataParallel(model, process_group=record.group, **ddp_kwargs)
+    names = {id(p): n for n, p in model.named_parameters()}
+    ddp.register_comm_hook(_HookState(rt, record.comm_id, record.group, names),
+                           guarded_allreduce_hook)
+    return ddp
