@@ -42,6 +42,10 @@ def _fault_kind_of(exc):
             return _C.FAULT_COMMUNICATION_FAILURE
         if cls.__name__ in _TORCH_STEP_ERRORS:
             return _C.FAULT_STEP_FAILURE
+    # gloo's transport errors (a peer's connection reset or closed, a read timing out) reach
+    # Python as a plain RuntimeError naming gloo's source file.
+    if type(exc) is RuntimeError and "gloo/transport/" in str(exc):
+        return _C.FAULT_COMMUNICATION_FAILURE
     # Anything else: its effect on the process's state is unknown, so (as in C++) it is fatal.
     return _C.FAULT_UNCLASSIFIED
 
@@ -109,6 +113,7 @@ class Step:
         self.number = number
         self._scope = None
         self._failed = False
+        self._communication_failed = False
         self._pending = []  # (kind, message) reported from other threads (the DDP hook's futures)
         self.result = None
 
@@ -127,7 +132,12 @@ class Step:
         scope, self._scope = self._scope, None
         swallow = isinstance(exc, Exception)
         if swallow:
-            scope.report_fault(_fault_kind_of(exc), f"{type(exc).__qualname__}: {exc}")
+            kind = _fault_kind_of(exc)
+            if self._communication_failed and kind == _C.FAULT_UNCLASSIFIED:
+                # A collective of this step already failed (the DDP hook saw it): torch raises the
+                # backend's error as a plain RuntimeError, a consequence of that failure.
+                kind = _C.FAULT_COMMUNICATION_FAILURE
+            scope.report_fault(kind, f"{type(exc).__qualname__}: {exc}")
         stale = None
         if exc is None or swallow:
             stale = self._runtime._prepare_snapshot(scope)
@@ -146,6 +156,8 @@ class Step:
         scope = self._live_scope()
         self._drain()
         self._failed = True
+        if kind == _C.FAULT_COMMUNICATION_FAILURE:
+            self._communication_failed = True
         scope.report_fault(kind, message)
 
     def report_fault_from_any_thread(self, message, kind=_C.FAULT_STEP_FAILURE):
@@ -158,6 +170,8 @@ class Step:
         while self._pending and self._scope is not None:
             kind, message = self._pending.pop(0)
             self._failed = True
+            if kind == _C.FAULT_COMMUNICATION_FAILURE:
+                self._communication_failed = True
             self._scope.report_fault(kind, message)
 
     @property

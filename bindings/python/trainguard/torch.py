@@ -437,12 +437,23 @@ def guarded_allreduce_hook(state, bucket):
     return future.then(finished)
 
 
-def wrap_ddp(rt, model, **ddp_kwargs):
+def wrap_ddp(rt, model, fixed_bucket_layout=True, **ddp_kwargs):
     """DistributedDataParallel(model, process_group=<the group init_process_group built for rt's
     generation>, **ddp_kwargs) with guarded_allreduce_hook registered. Build it again after every
     init_process_group that returned True (the old one holds the destroyed group). DDP's
-    construction broadcasts rank 0's parameters in place, so registered storage does not move."""
+    construction broadcasts rank 0's parameters in place, so registered storage does not move.
+
+    fixed_bucket_layout (default): a replay after a recovery must round as the first run did.
+    DDP lays its buckets out again after the first iteration of each instance (by the order the
+    gradients became ready), and the layout decides which chunk of the ring allreduce each
+    gradient falls in, so the order of its sum: a DDP built anew after recover() would reduce its
+    first step in the other layout and drift from an uninterrupted run in the last bits. torch
+    skips that re-layout with find_unused_parameters=True, which this sets (the price: one walk
+    of the autograd graph per forward). False: torch's default."""
     from torch.nn.parallel import DistributedDataParallel
+
+    if fixed_bucket_layout:
+        ddp_kwargs.setdefault("find_unused_parameters", True)
 
     record = _group_record(rt)
     if record is None or record.generation != rt.generation:

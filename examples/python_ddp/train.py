@@ -1,0 +1,182 @@
+"""python_ddp: a small model trained with PyTorch DistributedDataParallel on gloo (CPU), every step
+guarded by trainguard, and the reference integration of trainguard in a Python training loop.
+
+Run it under the launcher, which gives each rank torchrun's environment and trainguard's store:
+
+    trainguard run --nproc 3 --standby 1 -- python examples/python_ddp/train.py --steps 60
+
+Each rank holds a replica of a small MLP initialised from the same seed and trains on its shard of
+a synthetic regression task (each batch a function of the step and the rank only, so a replay of
+a step sees the same data); DDP averages the gradients with one gloo allreduce per bucket through
+trainguard.torch.guarded_allreduce_hook, which checks each bucket for NaN/Inf before and after the
+reduction and records it in the flight recorder. The model, the SGD momentum buffers and the RNG
+states are registered with the Runtime (trainguard.torch.register); with TRAINGUARD_CHECKPOINT_*
+set they are snapshotted into the shared-memory arena and to disk. A failed step goes to
+rt.recover(); after a re-rendezvous (a rank replaced) every rank rebuilds the process group and
+DDP for the new generation (trainguard.torch.init_process_group, wrap_ddp).
+
+Output, one line each, line-buffered, as examples/cpp_trainer prints it (tests compare runs):
+
+    rank R start world W generation G resume_step S steps N
+    rank R step S loss L                 every --print-every'th step and the last (L: the mean
+                                         over the ranks of the step's loss, %.6f)
+    rank R step S fault KIND action ACTION: MESSAGE
+    rank R recover step S next N
+    rank R generation G resume_step S    a process group was built for generation G
+    rank R final_loss L params_checksum H
+                                         H: sha256 of the parameters' bytes (16 hex digits),
+                                         equal on every rank
+
+Fault injection: --inject-nan-grad R:S[:COUNT] puts a NaN into rank R's gradients at steps S to
+S+COUNT-1 (each once per process, so a replay after a rollback is clean).
+
+Test hook: --gate S:PATH (repeatable) makes every rank print "rank R waiting at step S" and wait
+(bounded polling, --gate-timeout-s) until PATH exists before it runs step S, so a test can kill a
+rank at a known step without racing the training loop.
+
+Exit status: 0 trained every step; 1 trainguard stopped this process (JobMustExit).
+"""
+
+import argparse
+import datetime
+import hashlib
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import trainguard
+import trainguard.torch as tgt
+
+IN_FEATURES = 16
+HIDDEN = 64
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--print-every", type=int, default=10)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--comm-timeout-s", type=float, default=60.0)
+    p.add_argument("--inject-nan-grad", default="", metavar="R:S[:COUNT]")
+    p.add_argument("--gate", action="append", default=[], metavar="S:PATH")
+    p.add_argument("--gate-timeout-s", type=float, default=300.0)
+    args = p.parse_args(argv)
+    args.gates = {}
+    for gate in args.gate:
+        at, path = gate.split(":", 1)
+        args.gates[int(at)] = path
+    args.nan_rank, args.nan_steps = -1, set()
+    if args.inject_nan_grad:
+        parts = [int(x) for x in args.inject_nan_grad.split(":")]
+        count = parts[2] if len(parts) > 2 else 1
+        args.nan_rank = parts[0]
+        args.nan_steps = set(range(parts[1], parts[1] + count))
+    return args
+
+
+def build_model():
+    torch.manual_seed(1234)  # the same initial replica on every rank
+    return torch.nn.Sequential(
+        torch.nn.Linear(IN_FEATURES, HIDDEN), torch.nn.Tanh(),
+        torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.Tanh(),
+        torch.nn.Linear(HIDDEN, 1))
+
+
+def batch(step, rank, size):
+    """The batch of (step, rank): a function of them only, so a replay sees the same data."""
+    g = torch.Generator().manual_seed(1_000_003 * step + rank)
+    x = torch.randn(size, IN_FEATURES, generator=g)
+    w = torch.linspace(-1.0, 1.0, IN_FEATURES)
+    y = torch.sin(x @ w).unsqueeze(1) + 0.01 * torch.randn(size, 1, generator=g)
+    return x, y
+
+
+def wait_at_gate(rank, step, path, timeout_s):
+    print(f"rank {rank} waiting at step {step}")
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"rank {rank} error: gate {path} of step {step} did not open in "
+                             f"{timeout_s} s")
+        time.sleep(0.01)
+
+
+def params_checksum(model):
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def main(argv):
+    args = parse_args(argv)
+    torch.set_num_threads(1)  # deterministic CPU kernels; ranks share the machine
+    rt = trainguard.Runtime.from_env()
+    rank = rt.rank
+    model = build_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    extra = {"last_loss": float("nan")}
+    tgt.register(rt, model=model, optimizer=optimizer, rng=True, extra=extra, materialize=True)
+    injected = set()
+    timeout = datetime.timedelta(seconds=args.comm_timeout_s)
+
+    try:
+        step = rt.start()
+    except trainguard.JobMustExit as e:
+        print(f"rank {rank} error: cannot start: {e}", file=sys.stderr)
+        return 1
+    print(f"rank {rank} start world {rt.world_size} generation {rt.generation} "
+          f"resume_step {step} steps {args.steps}")
+    ddp = None
+    while step < args.steps:
+        if tgt.init_process_group(rt, backend="gloo", timeout=timeout) or ddp is None:
+            ddp = tgt.wrap_ddp(rt, model)
+            print(f"rank {rank} generation {rt.generation} resume_step {step}")
+        if step in args.gates:
+            wait_at_gate(rank, step, args.gates[step], args.gate_timeout_s)
+        with rt.step(step) as s:
+            x, y = batch(step, rank, args.batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.mse_loss(ddp(x), y)
+            if rank == args.nan_rank and step in args.nan_steps and step not in injected:
+                injected.add(step)
+                # A corrupted gradient: the hook sees it in the first bucket it reduces.
+                loss = loss + 0.0 * model[0].bias.sum() * float("nan")
+            loss.backward()
+            mean = loss.detach().clone()
+            dist.all_reduce(mean)
+            mean /= rt.world_size
+            if not s.failed:  # a NaN on any rank fails the step on every rank: skip the update
+                optimizer.step()
+                extra["last_loss"] = float(mean)
+                if step % args.print_every == 0 or step == args.steps - 1:
+                    print(f"rank {rank} step {step} loss {float(mean):.6f}")
+        r = s.result
+        if r.ok:
+            step += 1
+            continue
+        print(f"rank {rank} step {step} fault {r.fault} action {r.action}: {r.message}")
+        try:
+            nxt = rt.recover(r)
+        except trainguard.JobMustExit as e:
+            print(f"rank {rank} error: cannot recover from step {step}: {e}", file=sys.stderr)
+            return 1
+        print(f"rank {rank} recover step {step} next {nxt}")
+        step = nxt
+    rt.wait_for_checkpoints(600.0)
+    print(f"rank {rank} final_loss {extra['last_loss']:.6f} params_checksum "
+          f"{params_checksum(model)}")
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    rt.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.stdout.reconfigure(line_buffering=True)
+    sys.exit(main(sys.argv[1:]))

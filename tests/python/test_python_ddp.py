@@ -1,0 +1,174 @@
+# Issue 14, tests 1 and 2: examples/python_ddp/train.py (DDP on gloo, every step guarded) as a real
+# job under `trainguard run` (the C++ CLI at $TG_CLI): a rank killed and replaced, later another;
+# a NaN in one rank's gradients caught by the DDP hook. Each run's final parameters are compared,
+# bit for bit, with an uninterrupted run of the same script. Deterministic: the faults happen at
+# steps the trainer waits at (its --gate flag), and every wait is bounded polling.
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN = REPO / "examples" / "python_ddp" / "train.py"
+STEPS = 30
+WORLD = 3
+DEADLINE_S = 300  # a bound on each poll, not a measured threshold
+
+
+def _cli():
+    cli = os.environ.get("TG_CLI")
+    if not cli:
+        pytest.skip("TG_CLI (the trainguard binary) is not set; ctest sets it")
+    return cli
+
+
+class Job:
+    """One `trainguard run` of train.py in its own run dir; output in launcher.out."""
+
+    def __init__(self, tmp_path, name, standby, trainer_args):
+        self.run_dir = tmp_path / name
+        self.run_dir.mkdir()
+        self.job_id = f"pyddp-{name}-{uuid.uuid4().hex[:8]}"
+        self.out_path = self.run_dir / "launcher.out"
+        env = dict(os.environ)
+        env.update({
+            "TRAINGUARD_CHECKPOINT_EVERY_STEPS": "5",
+            "TRAINGUARD_CHECKPOINT_PERSIST_EVERY": "2",
+        })
+        command = [_cli(), "run", "--nproc", str(WORLD), "--standby", str(standby),
+                   "--job-id", self.job_id, "--run-dir", str(self.run_dir), "--",
+                   sys.executable, str(TRAIN), "--steps", str(STEPS), "--print-every", "1",
+                   *trainer_args]
+        self._out = open(self.out_path, "wb")
+        self.proc = subprocess.Popen(command, stdout=self._out, stderr=subprocess.STDOUT, env=env,
+                                     cwd=REPO)
+
+    def output(self):
+        return self.out_path.read_text(errors="replace")
+
+    def wait_for(self, pattern):
+        """Bounded polling until `pattern` (a regex) appears in the output; the match."""
+        regex = re.compile(pattern, re.MULTILINE)
+        deadline = time.monotonic() + DEADLINE_S
+        while time.monotonic() < deadline:
+            m = regex.search(self.output())
+            if m:
+                return m
+            assert self.proc.poll() is None, \
+                f"the job ended before {pattern!r}:\n{self.output()}"
+            time.sleep(0.05)
+        pytest.fail(f"no {pattern!r} in {DEADLINE_S} s:\n{self.output()}")
+
+    def kill_rank(self, rank):
+        """SIGKILLs the process holding `rank` now: its pid from the launcher's pid file, checked
+        to be positive and a child of this job's launcher before it is signalled."""
+        pid = int((self.run_dir / "pids" / f"rank-{rank}").read_text().strip())
+        assert pid > 1, f"pid file of rank {rank} holds {pid}"
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        parent = int(stat[stat.rindex(")") + 2:].split()[1])
+        assert parent == self.proc.pid, \
+            f"pid {pid} (rank {rank}) is not a child of this job's launcher {self.proc.pid}"
+        fd = os.pidfd_open(pid)  # the checked process, even if the pid were reused meanwhile
+        try:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        finally:
+            os.close(fd)
+
+    def finish(self):
+        try:
+            code = self.proc.wait(timeout=DEADLINE_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            pytest.fail(f"the job did not end in {DEADLINE_S} s:\n{self.output()}")
+        finally:
+            self._out.close()
+            for name in os.listdir("/dev/shm"):
+                if self.job_id in name:
+                    os.unlink(os.path.join("/dev/shm", name))
+        return code
+
+    def finals(self):
+        """{rank: (final_loss, params_checksum)} from the ranks' last lines."""
+        found = {}
+        for m in re.finditer(r"rank (\d+) final_loss (\S+) params_checksum ([0-9a-f]{16})",
+                             self.output()):
+            found[int(m.group(1))] = (m.group(2), m.group(3))
+        return found
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The checksum every rank ends with when nothing fails."""
+    job = Job(tmp_path_factory.mktemp("ddp"), "clean", 0, [])
+    assert job.finish() == 0, job.output()
+    finals = job.finals()
+    assert sorted(finals) == list(range(WORLD)), job.output()
+    checksums = {c for _, c in finals.values()}
+    assert len(checksums) == 1, f"replicas differ in an uninterrupted run: {finals}"
+    return checksums.pop()
+
+
+def test_killed_ranks_are_replaced_and_every_rank_ends_bit_identical_to_an_uninterrupted_run(
+        tmp_path, uninterrupted):
+    gate1, gate2 = tmp_path / "gate1", tmp_path / "gate2"
+    job = Job(tmp_path, "kill", 1, ["--gate", f"12:{gate1}", "--gate", f"23:{gate2}"])
+    try:
+        job.wait_for(r"rank 1 waiting at step 12")
+        job.kill_rank(1)
+        gate1.touch()
+        # The standby takes rank 1 in generation 1 and every rank rebuilds its process group.
+        for r in range(WORLD):
+            job.wait_for(rf"\] rank {r} generation [1-9]\d* resume_step")
+        job.wait_for(r"rank 0 waiting at step 23")
+        job.kill_rank(0)
+        gate2.touch()
+        for r in range(WORLD):
+            job.wait_for(rf"\] rank {r} generation [2-9]\d* resume_step")
+        code = job.finish()
+    finally:
+        gate1.touch()
+        gate2.touch()
+        if job.proc.poll() is None:
+            job.proc.kill()
+            job.proc.wait()
+    out = job.output()
+    assert code == 0, out
+    assert "takes rank 1" in out and "takes rank 0" in out, out
+    # The survivors saw the dead peer as a communication failure of the step.
+    assert re.search(r"rank [02] step 12 fault communication_failure action re_rendezvous", out), out
+    finals = job.finals()
+    assert sorted(finals) == list(range(WORLD)), out
+    for rank, (_, checksum) in finals.items():
+        assert checksum == uninterrupted, f"rank {rank}: {checksum} != {uninterrupted}\n{out}"
+
+
+def test_a_nan_gradient_is_named_by_the_hook_every_rank_skips_and_a_rollback_replays_cleanly(
+        tmp_path, uninterrupted):
+    # Rank 1's gradients are NaN at steps 12..15 (once each): 3 skips, then the 4th consecutive
+    # failure (max_consecutive_step_failures 3) rolls back to the newest committed checkpoint,
+    # and the replay, clean, ends where an uninterrupted run ends.
+    job = Job(tmp_path, "nan", 0, ["--inject-nan-grad", "1:12:4"])
+    code = job.finish()
+    out = job.output()
+    assert code == 0, out
+    assert re.search(r"rank 1 step 12 fault step_failure action skip: .*rank 1: DDP gradient "
+                     r"bucket \d+ \(.*\) holds NaN/Inf before the allreduce", out), out
+    for r in (0, 2):
+        assert re.search(rf"rank {r} step 12 fault step_failure action skip: .*rank {r}: DDP "
+                         r"gradient bucket \d+ is not finite after the allreduce", out), out
+    for r in range(WORLD):
+        for step in (12, 13, 14):
+            assert re.search(rf"rank {r} step {step} fault step_failure action skip", out), out
+        m = re.search(rf"rank {r} recover step 15 next (\d+)", out)
+        assert m and int(m.group(1)) <= 12, f"rank {r} did not roll back from step 15:\n{out}"
+    finals = job.finals()
+    assert sorted(finals) == list(range(WORLD)), out
+    for rank, (_, checksum) in finals.items():
+        assert checksum == uninterrupted, f"rank {rank}: {checksum} != {uninterrupted}\n{out}"
