@@ -1,0 +1,94 @@
+# trainguard.torch's DDP integration in one process (a one-rank gloo group, torch's env://
+# rendezvous since a one-rank job has no store): init_process_group builds once per generation,
+# wrap_ddp registers guarded_allreduce_hook, which fails the step naming the rank and the bucket
+# when a gradient is not finite and records every bucket's allreduce in the collective tracker.
+import socket
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+
+import trainguard  # noqa: E402
+import trainguard.torch as tgt  # noqa: E402
+
+
+@pytest.fixture
+def one_rank_group(make_runtime, monkeypatch):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    rt = make_runtime(world_size=1)
+    yield rt
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+
+def test_init_process_group_builds_once_per_generation(one_rank_group):
+    rt = one_rank_group
+    assert tgt.init_process_group(rt) is True
+    assert dist.is_initialized() and dist.get_world_size() == 1
+    assert tgt.init_process_group(rt) is False  # same generation: the group stays
+    assert tgt.init_process_group(rt, force=True) is True
+
+
+def test_wrap_ddp_without_a_group_of_this_generation_is_an_error(one_rank_group):
+    with pytest.raises(trainguard.Error, match="init_process_group"):
+        tgt.wrap_ddp(one_rank_group, _model())
+
+
+def test_a_clean_step_through_the_hook_is_ok_and_every_allreduce_is_tracked(one_rank_group):
+    rt = one_rank_group
+    tgt.init_process_group(rt)
+    model = _model()
+    ddp = tgt.wrap_ddp(rt, model)
+    for step in range(3):
+        with rt.step(step) as s:
+            ddp(torch.randn(5, 4)).sum().backward()
+            assert not s.failed
+        assert s.result.ok, s.result.message
+    assert rt._c.collective_usage_errors() == 0  # each Begin had its End, on a registered comm
+
+
+def test_a_nan_gradient_fails_the_step_naming_the_rank_and_the_bucket(one_rank_group):
+    rt = one_rank_group
+    tgt.init_process_group(rt)
+    model = _model()
+    ddp = tgt.wrap_ddp(rt, model)
+    with rt.step(0) as s:
+        loss = ddp(torch.randn(5, 4)).sum() + model[0].bias.sum() * float("nan")
+        loss.backward()
+        assert s.failed  # the trainer leaves optimizer.step() out
+    assert not s.result.ok
+    assert s.result.fault == "step_failure" and s.result.action == "skip"
+    assert "rank 0: DDP gradient bucket 0" in s.result.message
+    assert "0.bias" in s.result.message and "before the allreduce" in s.result.message
+    assert rt._c.collective_usage_errors() == 0
+
+
+def test_a_fault_reported_from_another_thread_reaches_the_step(make_runtime):
+    import threading
+
+    rt = make_runtime()
+    with rt.step(0) as s:
+        t = threading.Thread(target=s.report_fault_from_any_thread, args=("from a callback",))
+        t.start()
+        t.join()
+        assert s.failed
+    assert s.result.fault == "step_failure"
+    assert "from a callback" in s.result.message
+
+
+def test_an_exception_after_a_failed_collective_is_a_communication_failure(make_runtime):
+    rt = make_runtime()
+    with rt.step(0) as s:
+        s.report_fault_from_any_thread("allreduce failed", trainguard._C.FAULT_COMMUNICATION_FAILURE)
+        raise RuntimeError("a consequence of the failed allreduce")
+    assert s.result.fault == "communication_failure"
