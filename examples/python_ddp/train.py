@@ -22,6 +22,8 @@ Output, one line each, line-buffered, as examples/cpp_trainer prints it (tests c
                                          over the ranks of the step's loss, %.6f)
     rank R step S fault KIND action ACTION: MESSAGE
     rank R recover step S next N
+    rank R restored step S from SOURCE   start()/recover() restored a checkpoint (SOURCE: the
+                                         arena, a peer's memory or disk); S is the step resumed at
     rank R generation G resume_step S    a process group was built for generation G
     rank R final_loss L params_checksum H
                                          H: sha256 of the parameters' bytes (16 hex digits),
@@ -106,6 +108,12 @@ def wait_at_gate(rank, step, path, timeout_s):
         time.sleep(0.01)
 
 
+def print_restore(rt, step):
+    source = (rt.last_recovery or {}).get("restored_from")
+    if source:
+        print(f"rank {rt.rank} restored step {step} from {source}")
+
+
 def params_checksum(model):
     h = hashlib.sha256()
     for p in model.parameters():
@@ -130,6 +138,7 @@ def main(argv):
     except trainguard.JobMustExit as e:
         print(f"rank {rank} error: cannot start: {e}", file=sys.stderr)
         return 1
+    print_restore(rt, step)
     print(f"rank {rank} start world {rt.world_size} generation {rt.generation} "
           f"resume_step {step} steps {args.steps}")
     ddp = None
@@ -167,6 +176,7 @@ def main(argv):
             print(f"rank {rank} error: cannot recover from step {step}: {e}", file=sys.stderr)
             return 1
         print(f"rank {rank} recover step {step} next {nxt}")
+        print_restore(rt, nxt)
         step = nxt
     rt.wait_for_checkpoints(600.0)
     print(f"rank {rank} final_loss {extra['last_loss']:.6f} params_checksum "

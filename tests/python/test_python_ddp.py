@@ -143,6 +143,10 @@ def test_killed_ranks_are_replaced_and_every_rank_ends_bit_identical_to_an_unint
     assert "takes rank 1" in out and "takes rank 0" in out, out
     # The survivors saw the dead peer as a communication failure of the step.
     assert re.search(r"rank [02] step 12 fault communication_failure action re_rendezvous", out), out
+    # Both times every rank, the replacement included, restored the shared-memory snapshot.
+    for r in range(WORLD):
+        restores = re.findall(rf"\] rank {r} restored step \d+ from (\S+)", out)
+        assert restores == ["arena", "arena"], f"rank {r} restored from {restores}:\n{out}"
     finals = job.finals()
     assert sorted(finals) == list(range(WORLD)), out
     for rank, (_, checksum) in finals.items():
@@ -168,6 +172,7 @@ def test_a_nan_gradient_is_named_by_the_hook_every_rank_skips_and_a_rollback_rep
             assert re.search(rf"rank {r} step {step} fault step_failure action skip", out), out
         m = re.search(rf"rank {r} recover step 15 next (\d+)", out)
         assert m and int(m.group(1)) <= 12, f"rank {r} did not roll back from step 15:\n{out}"
+        assert re.search(rf"rank {r} restored step {m.group(1)} from arena", out), out
     finals = job.finals()
     assert sorted(finals) == list(range(WORLD)), out
     for rank, (_, checksum) in finals.items():
