@@ -1,8 +1,9 @@
-# Issue 14, tests 1 and 2: examples/python_ddp/train.py (DDP on gloo, every step guarded) as a real
+# Issue 14, tests 1 to 3: examples/python_ddp/train.py (DDP on gloo, every step guarded) as a real
 # job under `trainguard run` (the C++ CLI at $TG_CLI): a rank killed and replaced, later another;
-# a NaN in one rank's gradients caught by the DDP hook. Each run's final parameters are compared,
-# bit for bit, with an uninterrupted run of the same script. Deterministic: the faults happen at
-# steps the trainer waits at (its --gate flag), and every wait is bounded polling.
+# a NaN in one rank's gradients caught by the DDP hook; a rank stopped inside an allreduce. Each
+# run's final parameters are compared, bit for bit, with an uninterrupted run of the same script.
+# Deterministic: the faults happen at steps the trainer waits at (its --gate flag) or injects
+# itself (--inject-nan-grad, --stop-in-allreduce), and every wait is bounded polling.
 import os
 import re
 import signal
