@@ -32,6 +32,12 @@ Output, one line each, line-buffered, as examples/cpp_trainer prints it (tests c
 Fault injection: --inject-nan-grad R:S[:COUNT] puts a NaN into rank R's gradients at steps S to
 S+COUNT-1 (each once per process, so a replay after a rollback is clean).
 
+--stop-in-allreduce R:S stops rank R at step S right after it has issued the step's loss
+allreduce (a SIGSTOP to itself, in generation 0 only, so that its replacement replays the step),
+so its peers wait in that collective for a rank that neither progresses nor dies: only the
+launcher's heartbeat check (or a hang diagnosis) can find it. It prints "rank R stopping in
+allreduce at step S" first.
+
 Test hook: --gate S:PATH (repeatable) makes every rank print "rank R waiting at step S" and wait
 (bounded polling, --gate-timeout-s) until PATH exists before it runs step S, so a test can kill a
 rank at a known step without racing the training loop.
@@ -43,6 +49,7 @@ import argparse
 import datetime
 import hashlib
 import os
+import signal
 import sys
 import time
 
@@ -65,6 +72,7 @@ def parse_args(argv):
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--comm-timeout-s", type=float, default=60.0)
     p.add_argument("--inject-nan-grad", default="", metavar="R:S[:COUNT]")
+    p.add_argument("--stop-in-allreduce", default="", metavar="R:S")
     p.add_argument("--gate", action="append", default=[], metavar="S:PATH")
     p.add_argument("--gate-timeout-s", type=float, default=300.0)
     args = p.parse_args(argv)
@@ -72,6 +80,9 @@ def parse_args(argv):
     for gate in args.gate:
         at, path = gate.split(":", 1)
         args.gates[int(at)] = path
+    args.stop_rank, args.stop_step = -1, -1
+    if args.stop_in_allreduce:
+        args.stop_rank, args.stop_step = (int(x) for x in args.stop_in_allreduce.split(":"))
     args.nan_rank, args.nan_steps = -1, set()
     if args.inject_nan_grad:
         parts = [int(x) for x in args.inject_nan_grad.split(":")]
@@ -158,7 +169,13 @@ def main(argv):
                 loss = loss + 0.0 * model[0].bias.sum() * float("nan")
             loss.backward()
             mean = loss.detach().clone()
-            dist.all_reduce(mean)
+            if rank == args.stop_rank and step == args.stop_step and rt.generation == 0:
+                print(f"rank {rank} stopping in allreduce at step {step}")
+                work = dist.all_reduce(mean, async_op=True)
+                os.kill(os.getpid(), signal.SIGSTOP)  # this process; the launcher kills it
+                work.wait()
+            else:
+                dist.all_reduce(mean)
             mean /= rt.world_size
             if not s.failed:  # a NaN on any rank fails the step on every rank: skip the update
                 optimizer.step()

@@ -1,8 +1,9 @@
-# Issue 14, tests 1 and 2: examples/python_ddp/train.py (DDP on gloo, every step guarded) as a real
+# Issue 14, tests 1 to 3: examples/python_ddp/train.py (DDP on gloo, every step guarded) as a real
 # job under `trainguard run` (the C++ CLI at $TG_CLI): a rank killed and replaced, later another;
-# a NaN in one rank's gradients caught by the DDP hook. Each run's final parameters are compared,
-# bit for bit, with an uninterrupted run of the same script. Deterministic: the faults happen at
-# steps the trainer waits at (its --gate flag), and every wait is bounded polling.
+# a NaN in one rank's gradients caught by the DDP hook; a rank stopped inside an allreduce. Each
+# run's final parameters are compared, bit for bit, with an uninterrupted run of the same script.
+# Deterministic: the faults happen at steps the trainer waits at (its --gate flag) or injects
+# itself (--inject-nan-grad, --stop-in-allreduce), and every wait is bounded polling.
 import os
 import re
 import signal
@@ -31,7 +32,7 @@ def _cli():
 class Job:
     """One `trainguard run` of train.py in its own run dir; output in launcher.out."""
 
-    def __init__(self, tmp_path, name, standby, trainer_args):
+    def __init__(self, tmp_path, name, standby, trainer_args, launcher_args=(), env_extra=None):
         self.run_dir = tmp_path / name
         self.run_dir.mkdir()
         self.job_id = f"pyddp-{name}-{uuid.uuid4().hex[:8]}"
@@ -41,8 +42,9 @@ class Job:
             "TRAINGUARD_CHECKPOINT_EVERY_STEPS": "5",
             "TRAINGUARD_CHECKPOINT_PERSIST_EVERY": "2",
         })
+        env.update(env_extra or {})
         command = [_cli(), "run", "--nproc", str(WORLD), "--standby", str(standby),
-                   "--job-id", self.job_id, "--run-dir", str(self.run_dir), "--",
+                   "--job-id", self.job_id, "--run-dir", str(self.run_dir), *launcher_args, "--",
                    sys.executable, str(TRAIN), "--steps", str(STEPS), "--print-every", "1",
                    *trainer_args]
         self._out = open(self.out_path, "wb")
@@ -65,10 +67,14 @@ class Job:
             time.sleep(0.05)
         pytest.fail(f"no {pattern!r} in {DEADLINE_S} s:\n{self.output()}")
 
+    def rank_pid(self, rank):
+        """The pid of the process holding `rank` now, from the launcher's pid file."""
+        return int((self.run_dir / "pids" / f"rank-{rank}").read_text().strip())
+
     def kill_rank(self, rank):
         """SIGKILLs the process holding `rank` now: its pid from the launcher's pid file, checked
         to be positive and a child of this job's launcher before it is signalled."""
-        pid = int((self.run_dir / "pids" / f"rank-{rank}").read_text().strip())
+        pid = self.rank_pid(rank)
         assert pid > 1, f"pid file of rank {rank} holds {pid}"
         stat = Path(f"/proc/{pid}/stat").read_text()
         parent = int(stat[stat.rindex(")") + 2:].split()[1])
@@ -177,3 +183,68 @@ def test_a_nan_gradient_is_named_by_the_hook_every_rank_skips_and_a_rollback_rep
     assert sorted(finals) == list(range(WORLD)), out
     for rank, (_, checksum) in finals.items():
         assert checksum == uninterrupted, f"rank {rank}: {checksum} != {uninterrupted}\n{out}"
+
+
+def _process_state(pid):
+    """The state letter of /proc/PID/stat ('T': stopped), or None once the process is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    return stat[stat.rindex(")") + 2:].split()[0]
+
+
+# Only the heartbeat may find the stopped rank here, as in the C++ launcher test of a stopped rank:
+# with the watchdogs on, the survivors' step phase outruns its learned bound while they wait, and
+# the hang diagnosis could kill the rank first (a race); with a short communication timeout the
+# survivors would give up on their own. The watchdog's path is covered by the C++ launcher tests.
+#
+# Known gap (GUIDE section 11, "Not built yet"): nothing aborts a torch process group, so a
+# survivor whose gloo ring waits on another survivor, not on the stopped rank, is not woken by the
+# kill; it never adopts the new generation, its heartbeats are fenced out, and the launcher
+# replaces it too after another heartbeat timeout. Which survivor that is (if any) depends on how
+# far the ring got before the stop, so the test asserts what holds either way: rank 1 named and
+# replaced, the job succeeds, every rank bit-identical. Two standbys, for that second replacement.
+def test_a_rank_stopped_inside_the_allreduce_is_found_by_its_heartbeat_named_and_replaced(
+        tmp_path, uninterrupted):
+    job = Job(tmp_path, "stop", 2, ["--stop-in-allreduce", "1:12", "--comm-timeout-s", "600"],
+              launcher_args=["--heartbeat-timeout", "3"],
+              env_extra={"TRAINGUARD_WATCHDOG_POLL_MS": "0"})
+    try:
+        job.wait_for(r"rank 1 stopping in allreduce at step 12")
+        pid = job.rank_pid(1)
+        assert pid > 1, f"pid file of rank 1 holds {pid}"
+        deadline = time.monotonic() + DEADLINE_S
+        while _process_state(pid) != "T":  # bounded polling: the rank stops itself
+            assert time.monotonic() < deadline, f"rank 1 (pid {pid}) never stopped:\n{job.output()}"
+            assert _process_state(pid) is not None, f"rank 1 (pid {pid}) ended:\n{job.output()}"
+            time.sleep(0.01)
+        stopped = time.monotonic()
+        job.wait_for(r"takes rank 1 in generation 1")
+        replaced = time.monotonic()
+        code = job.finish()
+    finally:
+        if job.proc.poll() is None:
+            job.proc.kill()
+            job.proc.wait()
+    out = job.output()
+    assert code == 0, out
+    # Named: the launcher says which rank (and which process) stopped sending heartbeats.
+    assert re.search(rf"rank 1 \(pid {pid}\) has not sent a heartbeat for \S+: killing it", out), out
+    assert "standby 0 (pid" in out and "takes rank 1 in generation 1" in out, out
+    # A survivor's step failed as a communication failure (the kill reset its connections): step
+    # 12, or 13 where the stopped rank's part of the ring had finished before the stop landed.
+    assert re.search(r"rank [02] step 1[23] fault communication_failure action re_rendezvous",
+                     out), out
+    for r in range(WORLD):
+        assert re.search(rf"\] rank {r} generation [1-9]\d* resume_step", out), out
+        assert re.search(rf"\] rank {r} restored step \d+ from arena", out), out
+    survivors_replaced = re.findall(r"rank ([02]) \(pid \d+\) has not sent a heartbeat", out)
+    finals = job.finals()
+    assert sorted(finals) == list(range(WORLD)), out
+    for rank, (_, checksum) in finals.items():
+        assert checksum == uninterrupted, f"rank {rank}: {checksum} != {uninterrupted}\n{out}"
+    # Reported, not asserted (no timing thresholds in tests): the heartbeat timeout (3 s) plus the
+    # launcher's 0.5 s check period bound the detection; the replacement's start follows.
+    print(f"stopped rank 1 replaced {replaced - stopped:.2f} s after it stopped "
+          f"(heartbeat timeout 3 s); survivors replaced too: {survivors_replaced or 'none'}")
