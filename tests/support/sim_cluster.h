@@ -16,9 +16,12 @@
 // 127.0.0.1 is no host's, and no rule drops its traffic.
 //
 // What a host sees of the machine: everything but /tmp and /dev/shm (fresh, empty and private),
-// /proc (its own processes) and its hostname. Files the host's command reads or writes to talk to
-// the test (run directories, configuration, the binary itself) must therefore live outside /tmp
-// and /dev/shm; the HostSpec's log file is opened by the test, so its path may be anywhere.
+// /proc (its own processes) and its hostname. One exception keeps a checkout under /tmp usable
+// (`git clone . /tmp/x && .ci/run`): every /tmp/<name> tree named by the test's working directory,
+// its executable, or a path in the host's argv or environment (an argument or value starting with
+// /tmp/, or containing =/tmp/) is bound back into the host's /tmp at the same path, shared as a
+// network file system would be. Anything else a host writes under /tmp is its own. The HostSpec's
+// log file is opened by the test, so its path may be anywhere.
 //
 // Teardown: the destructor SIGKILLs every host still running, reaps them, deletes the nftables
 // table and moves the thread back to its original network namespace, which then vanishes with
@@ -50,6 +53,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -299,12 +303,57 @@ inline absl::StatusOr<Captured> RunCaptured(std::vector<std::string> argv,
   return captured;
 }
 
+// Writes "/proc/self/fd/<fd>" into `out` (at least 32 bytes), async-signal-safe.
+inline void FormatFdPath(int fd, char* out) {
+  static constexpr char kPrefix[] = "/proc/self/fd/";
+  size_t n = 0;
+  for (; kPrefix[n] != '\0'; ++n) out[n] = kPrefix[n];
+  char digits[12];
+  size_t count = 0;
+  unsigned value = static_cast<unsigned>(fd);
+  do {
+    digits[count++] = static_cast<char>('0' + value % 10);
+    value /= 10;
+  } while (value != 0);
+  while (count > 0) out[n++] = digits[--count];
+  out[n] = '\0';
+}
+
 // Identity of a namespace file: equal for two files naming the same namespace.
 struct NamespaceId {
   dev_t device = 0;
   ino_t inode = 0;
   bool operator==(const NamespaceId&) const = default;
 };
+
+// The /tmp/<name> trees a host must still see at their own path under its private /tmp: those of
+// the test's working directory and executable (a checkout and build under /tmp), and of every
+// absolute /tmp path in `strings` (the host's argv and environment: "/tmp/x/..." or "K=/tmp/x/...").
+// Sorted, without repeats; /tmp itself is never one.
+inline std::vector<std::string> TmpTreesToKeep(const std::vector<std::string>& strings) {
+  std::vector<std::string> paths = strings;
+  char buffer[4096];
+  if (getcwd(buffer, sizeof(buffer)) != nullptr) paths.emplace_back(buffer);
+  const ssize_t length = readlink("/proc/self/exe", buffer, sizeof(buffer) - 1);
+  if (length > 0) paths.emplace_back(buffer, static_cast<size_t>(length));
+  std::vector<std::string> trees;
+  for (const std::string& path : paths) {
+    size_t start = 0;
+    if (path.rfind("/tmp/", 0) != 0) {
+      const size_t equals = path.find("=/tmp/");
+      if (equals == std::string::npos) continue;
+      start = equals + 1;
+    }
+    const size_t name_end = path.find('/', start + 5);
+    std::string tree = path.substr(start, name_end == std::string::npos ? std::string::npos
+                                                                        : name_end - start);
+    if (tree.size() <= 5 || tree == "/tmp/." || tree == "/tmp/..") continue;
+    trees.push_back(std::move(tree));
+  }
+  std::sort(trees.begin(), trees.end());
+  trees.erase(std::unique(trees.begin(), trees.end()), trees.end());
+  return trees;
+}
 
 inline bool StatNamespace(const std::string& path, NamespaceId* id) {
   struct stat s {};
@@ -573,6 +622,7 @@ class SimCluster {
     kMakeRootPrivate,
     kMountShm,
     kMountTmp,
+    kKeepTmpTree,
     kSetHostname,
     kStatusPipe,
     kForkInit,
@@ -599,6 +649,9 @@ class SimCluster {
         return "mount(tmpfs, /dev/shm)";
       case Step::kMountTmp:
         return "mount(tmpfs, /tmp)";
+      case Step::kKeepTmpTree:
+        return "binding a /tmp tree the host needs (the test's checkout or a path in its argv or "
+               "environment) back into its private /tmp";
       case Step::kSetHostname:
         return "sethostname";
       case Step::kStatusPipe:
@@ -741,6 +794,17 @@ inline absl::Status SimCluster::StartHost(int n, HostSpec spec) {
   std::vector<std::string> env = sim_cluster_internal::EnvironmentWith(spec.env);
   const std::vector<char*> argv = sim_cluster_internal::NullTerminated(spec.argv);
   const std::vector<char*> envp = sim_cluster_internal::NullTerminated(env);
+  std::vector<std::string> named = spec.argv;
+  named.insert(named.end(), spec.env.begin(), spec.env.end());
+  const std::vector<std::string> kept_trees = sim_cluster_internal::TmpTreesToKeep(named);
+  if (kept_trees.size() > 16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "host ", n, ": its argv, environment and the test's checkout name ", kept_trees.size(),
+        " trees under /tmp (", absl::StrJoin(kept_trees, ", "), "); at most 16 can be kept"));
+  }
+  std::vector<std::string> kept_sources;  // "/proc/self/fd/N" for each kept tree, N set in the child
+  kept_sources.reserve(kept_trees.size());
+  for (size_t i = 0; i < kept_trees.size(); ++i) kept_sources.emplace_back(32, '\0');
   const char* hostname = spec.hostname.c_str();
   const size_t hostname_length = spec.hostname.size();
   const std::string log_path = spec.log_path.empty() ? "/dev/null" : spec.log_path;
@@ -777,8 +841,24 @@ inline absl::Status SimCluster::StartHost(int n, HostSpec spec) {
     if (mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777") != 0) {
       fail(Step::kMountShm);
     }
+    // The kept trees are opened before the tmpfs hides them, then bound back through their fds.
+    int kept_fds[16];
+    const size_t kept_count = kept_trees.size();
+    for (size_t i = 0; i < kept_count; ++i) {
+      kept_fds[i] = open(kept_trees[i].c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+    }
     if (mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777") != 0) {
       fail(Step::kMountTmp);
+    }
+    for (size_t i = 0; i < kept_count; ++i) {
+      if (kept_fds[i] < 0) continue;  // a named path that does not exist (yet): nothing to keep
+      char* source = kept_sources[i].data();
+      sim_cluster_internal::FormatFdPath(kept_fds[i], source);
+      if (mkdir(kept_trees[i].c_str(), 0755) != 0 ||
+          mount(source, kept_trees[i].c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0) {
+        fail(Step::kKeepTmpTree);
+      }
+      close(kept_fds[i]);
     }
     if (sethostname(hostname, hostname_length) != 0) fail(Step::kSetHostname);
     int status_pipe[2];  // the init tells the command's wait status through it

@@ -12,6 +12,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -205,8 +206,40 @@ TEST(SimCluster, FilesInDevShmAndTmpOfAHostAreInvisibleToTheTestAndToOtherHostsA
   // A host started again after a kill is a rebooted machine: its memory and /tmp are empty.
   ASSERT_TRUE(cluster->KillHost(2).ok());
   ASSERT_EQ(cluster->StartHost(2, Sleeper("host2")), absl::OkStatus());
+  // (Only the test's own checkout is there, when it lives under /tmp: see the next test.)
+  std::string kept;
+  for (const std::string& tree : trainguard::testing::sim_cluster_internal::TmpTreesToKeep({})) {
+    absl::StrAppend(&kept, tree.substr(5), "\n");
+  }
   EXPECT_EQ(cluster->RunInHost(2, {"/bin/ls", "-A", "/dev/shm", "/tmp"}, kDeadline).value_or("?"),
-            "/dev/shm:\n\n/tmp:\n");
+            absl::StrCat("/dev/shm:\n\n/tmp:\n", kept));
+}
+
+TEST(SimCluster, ATmpTreeNamedInTheHostsEnvironmentOrArgvIsSharedAtItsOwnPath) {
+  // A checkout under /tmp (`git clone . /tmp/x && .ci/run`) must stay visible to the hosts: the
+  // binaries and run directories they are given live in it.
+  const std::string tree = absl::StrCat("/tmp/tg-sim-cluster-kept-", getpid());
+  const std::string other = absl::StrCat("/tmp/tg-sim-cluster-private-", getpid());
+  ASSERT_EQ(mkdir(tree.c_str(), 0755), 0);
+  ASSERT_EQ(mkdir(other.c_str(), 0755), 0);
+  {
+    std::unique_ptr<SimCluster> cluster = MakeCluster();
+    ASSERT_NE(cluster, nullptr);
+    SimCluster::HostSpec spec = Sleeper("host2");
+    spec.env.push_back("TG_PROBE_DIR=" + tree + "/run");
+    ASSERT_EQ(cluster->StartHost(2, spec), absl::OkStatus());
+    absl::StatusOr<std::string> wrote = cluster->RunInHost(
+        2, {"/bin/sh", "-c", absl::StrCat("echo from-host2 > ", tree, "/probe && ls -A ", other)},
+        kDeadline);
+    EXPECT_FALSE(wrote.ok()) << "a /tmp tree the host was not given is visible: " << *wrote;
+    absl::StatusOr<std::string> shared = cluster->RunInHost(
+        2, {"/bin/sh", "-c", absl::StrCat("echo from-host2 > ", tree, "/probe")}, kDeadline);
+    ASSERT_TRUE(shared.ok()) << shared.status();
+    EXPECT_EQ(ReadFile(tree + "/probe"), "from-host2\n");
+  }
+  unlink((tree + "/probe").c_str());
+  rmdir(tree.c_str());
+  rmdir(other.c_str());
 }
 
 TEST(SimCluster, KillHostEndsEveryProcessOfTheHostAtOnce) {
