@@ -153,6 +153,12 @@ class Runtime {
   virtual int world_size() const = 0;
   // The membership generation of the job: 0 until a rank is replaced.
   virtual int64_t generation() const = 0;
+  // The generation this rank is still in although a newer one exists (the store rejected its
+  // heartbeat: a peer died or asked for a re-rendezvous), or -1. A collective of that generation
+  // this rank is blocked in may never complete (its peers have left for the new one): abort the
+  // communicators you built for it, then recover(). Cleared when this rank joins the new generation.
+  // Any thread; -1 for a job without a store.
+  virtual int64_t superseded_generation() const = 0;
   // The step to start training at: 0 for an initial rank; for a standby that replaced a rank, the
   // step the job resumes at. After Start(), what Start() returned.
   virtual int64_t resume_step() const = 0;

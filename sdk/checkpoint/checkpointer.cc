@@ -29,6 +29,9 @@ namespace trainguard {
 namespace {
 
 constexpr absl::Duration kWorkerIdlePoll = absl::Milliseconds(200);
+// How often a collective restore waiting for the other ranks checks whether its generation was
+// superseded (CheckpointerOptions::superseded).
+constexpr absl::Duration kSupersededPoll = absl::Milliseconds(250);
 
 std::string Hex(uint64_t v) { return absl::StrFormat("%016x", v); }
 
@@ -602,7 +605,7 @@ class Checkpointer::Impl {
         return s;
       }
     }
-    if (absl::Status s = store_->Wait({candidates_key}, t); !s.ok()) {
+    if (absl::Status s = WaitInGeneration({candidates_key}, t); !s.ok()) {
       return absl::Status(
           s.code(),
           absl::StrFormat("%s: waiting for rank 0's restore candidates: %s", Where(), s.message()));
@@ -624,7 +627,7 @@ class Checkpointer::Impl {
       }
       std::vector<std::string> keys;
       for (int r = 0; r < options_.world_size; ++r) keys.push_back(absl::StrCat(base, r));
-      if (absl::Status s = store_->Wait(keys, t); !s.ok()) {
+      if (absl::Status s = WaitInGeneration(keys, t); !s.ok()) {
         return absl::Status(s.code(), absl::StrFormat("%s: restore round for step %d: %s", Where(),
                                                       c.step, s.message()));
       }
@@ -646,12 +649,30 @@ class Checkpointer::Impl {
     return NothingToRestore(skipped);
   }
 
+  // store_->Wait(keys, timeout), in slices of kSupersededPoll between which it checks whether the
+  // generation was superseded: a rank that died during the restore never writes its keys, and the
+  // others must not wait out `timeout` for it. Aborted then.
+  absl::Status WaitInGeneration(const std::vector<std::string>& keys, absl::Duration timeout) {
+    if (!options_.superseded) return store_->Wait(keys, timeout);
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      const absl::Duration left = deadline - absl::Now();
+      absl::Status s = store_->Wait(keys, std::min(left, kSupersededPoll));
+      if (!absl::IsDeadlineExceeded(s) || left <= kSupersededPoll) return s;
+      if (options_.superseded()) {
+        return absl::AbortedError(
+            "a newer generation was published while the ranks restored together (a rank died): "
+            "restore again in the newer generation");
+      }
+    }
+  }
+
   absl::StatusOr<std::vector<Candidate>> LeaderCandidates(const std::string& epoch) {
     absl::StatusOr<std::vector<Candidate>> out = StoreCommits();
     if (!out.ok()) return out.status();
     std::vector<std::string> keys;
     for (int r = 0; r < options_.world_size; ++r) keys.push_back(absl::StrCat(epoch, "/disk/", r));
-    if (absl::Status s = store_->Wait(keys, options_.timeout); !s.ok()) {
+    if (absl::Status s = WaitInGeneration(keys, options_.timeout); !s.ok()) {
       return absl::Status(s.code(), absl::StrFormat("%s: waiting for every rank's shard list: %s",
                                                     Where(), s.message()));
     }

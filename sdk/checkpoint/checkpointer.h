@@ -71,6 +71,11 @@ struct CheckpointerOptions {
   // a restore tries the holders after the arena and before the disk. nullopt: none. REQUIRES a
   // store.
   std::optional<PeerBackupsOptions> peer_backups;
+  // True once this rank's generation was superseded (a newer one is published: a rank died while
+  // the others restored with it). The collective restore's store waits check it every
+  // 250 ms and give up with Aborted instead of waiting out `timeout` for a rank that is
+  // gone. Any thread. Empty: never superseded.
+  std::function<bool()> superseded;
 };
 
 struct RestoreResult {
@@ -131,6 +136,8 @@ class Checkpointer {
   void SetGeneration(int64_t generation);
 
   // See the header comment. NotFound when no committed step can be restored by every rank.
+  // Aborted when the generation was superseded meanwhile (CheckpointerOptions::superseded): meet
+  // the others in the newer generation and restore again there.
   absl::StatusOr<RestoreResult> RestoreNewestCommitted();
 
   // Committed steps known to the store (or, without a store, found on disk), newest first.

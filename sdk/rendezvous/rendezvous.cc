@@ -98,7 +98,7 @@ void RendezvousMember::AdoptGeneration(int64_t generation) {
   MutexLock lock(&mu_);
   generation_ = generation;
   store_->SetWriterGeneration(generation);
-  superseded_.store(false);
+  superseded_generation_.store(-1);
 }
 
 void RendezvousMember::HeartbeatLoop() {
@@ -106,7 +106,9 @@ void RendezvousMember::HeartbeatLoop() {
     const int64_t beat_generation = generation();
     absl::Status s = store_->Add(HeartbeatKey(member_id_), 1, heartbeat_interval_).status();
     // A rejection of a beat sent before this member adopted a newer generation says nothing.
-    if (absl::IsFailedPrecondition(s) && beat_generation == generation()) superseded_.store(true);
+    if (absl::IsFailedPrecondition(s) && beat_generation == generation()) {
+      superseded_generation_.store(beat_generation);
+    }
     // Other errors (the store briefly unreachable) are retried at the next beat.
   }
 }

@@ -97,7 +97,9 @@ class RendezvousMember {
   // True once the store rejected this member's heartbeat as stale: a newer generation exists. Call
   // AwaitGeneration(): it returns this member's place in it, or FailedPrecondition when this member
   // was replaced (then the process must exit). Adopting a generation clears it.
-  bool superseded() const { return superseded_.load(); }
+  bool superseded() const { return superseded_generation_.load() >= 0; }
+  // The generation whose heartbeat the store rejected (superseded() is true), or -1.
+  int64_t superseded_generation() const { return superseded_generation_.load(); }
   // The generation this member's writes carry (-1 before it joined one).
   int64_t generation() const;
 
@@ -111,7 +113,7 @@ class RendezvousMember {
   const absl::Duration heartbeat_interval_;
   mutable Mutex mu_;
   int64_t generation_ ABSL_GUARDED_BY(mu_) = -1;
-  std::atomic<bool> superseded_{false};
+  std::atomic<int64_t> superseded_generation_{-1};
   Notification stop_;
   std::thread heartbeat_;
 };

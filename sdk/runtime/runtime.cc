@@ -446,6 +446,11 @@ absl::StatusOr<int64_t> RuntimeImpl::TryEnterGeneration(int64_t step, RecoveryRe
       restored = true;
       report.restored_from = last_restore_source_;
       report.restore_skipped = last_restore_skipped_;
+    } else if (absl::IsAborted(r.status()) && member_ != nullptr && member_->superseded()) {
+      // A rank died while the ranks restored together: meet the others in the newer generation.
+      *failure = EntryFailure::kRetry;
+      return WithContext(r.status(), absl::StrCat("rank ", rank_, ": restoring in generation ",
+                                                  generation()));
     } else if (!absl::IsNotFound(r.status())) {
       // Committed state exists and cannot be restored: starting without it would silently lose
       // the job's progress.
@@ -861,6 +866,7 @@ absl::Status RuntimeImpl::EnsureCheckpointer() {
   absl::StatusOr<std::optional<PeerBackupsOptions>> peers = PeerBackupOptions();
   if (!peers.ok()) return WithContext(peers.status(), absl::StrCat("rank ", rank_, ": peer backups"));
   o.peer_backups = *std::move(peers);
+  if (member_ != nullptr) o.superseded = [this] { return member_->superseded(); };
   absl::StatusOr<std::unique_ptr<Checkpointer>> c = Checkpointer::Create(&state_, o);
   if (!c.ok()) return WithContext(c.status(), absl::StrCat("rank ", rank_, ": checkpointing"));
   checkpointer_ = *std::move(c);

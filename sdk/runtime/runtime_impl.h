@@ -71,6 +71,9 @@ class RuntimeImpl final : public Runtime {
   void AddObserver(StepObserver* observer) override;
   bool fatal() const override { return fatal_.load(std::memory_order_acquire); }
   int64_t generation() const override { return generation_.load(); }
+  int64_t superseded_generation() const override {
+    return member_ == nullptr ? -1 : member_->superseded_generation();
+  }
   int64_t resume_step() const override { return resume_step_; }
   absl::StatusOr<int64_t> RestoreCheckpoint() override;
   int64_t hang_dumps() const override { return hang_dumps_.load(); }

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -122,6 +123,7 @@ class CheckpointerTest : public ::testing::Test {
     o.keep_last = 3;
     o.store = ranks_[r]->client.get();
     o.timeout = kTimeout;
+    o.superseded = superseded_;
     if (peer_copies_ > 1) {
       // Every rank is a host of its own; its backups go to the next rank(s) (see
       // BackupPlacement), each served on 127.0.0.1.
@@ -185,6 +187,7 @@ class CheckpointerTest : public ::testing::Test {
   static inline int counter_ = 0;
   int peer_copies_ = 1;         // > 1: peer backups (set before SetUp, in a derived fixture)
   uint64_t peer_budget_ = 0;
+  std::function<bool()> superseded_;  // CheckpointerOptions::superseded of every rank
   std::string job_;
   TempDir dir_;
   InMemoryStore store_;
@@ -222,6 +225,34 @@ TEST_F(CheckpointerTest, RestoreGivesEveryRankTheNewestCommittedStepFromItsArena
     EXPECT_EQ(results[r]->step, 20);
     EXPECT_EQ(results[r]->source, "arena");
     EXPECT_TRUE(ranks_[r]->Holds(r, 20)) << "rank " << r;
+  }
+}
+
+// A rank dies while the ranks restore together (a replacement killed during its takeover): it
+// never votes, and a newer generation is published. The others give up with Aborted (then meet in
+// the newer generation) instead of waiting out the timeout for it.
+TEST_F(CheckpointerTest, ARestoreThatARankNeverJoinsIsAbortedOnceTheGenerationIsSuperseded) {
+  ASSERT_NO_FATAL_FAILURE(SaveAll(10));
+  std::atomic<bool> superseded{true};
+  superseded_ = [&superseded] { return superseded.load(); };
+  for (int r : {0, 1}) ASSERT_NO_FATAL_FAILURE(Start(r, /*generation=*/1));
+  std::vector<absl::StatusOr<RestoreResult>> results(2, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r : {0, 1}) {
+    threads.emplace_back([&, r] { results[r] = ranks_[r]->checkpointer->RestoreNewestCommitted(); });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r : {0, 1}) {
+    EXPECT_EQ(results[r].status().code(), absl::StatusCode::kAborted)
+        << "rank " << r << ": " << results[r].status();
+    EXPECT_THAT(results[r].status().message(), HasSubstr("a newer generation was published"));
+  }
+  // In the newer generation every rank takes part, and the restore succeeds.
+  superseded = false;
+  for (int r = 0; r < kWorld; ++r) ASSERT_NO_FATAL_FAILURE(Start(r, /*generation=*/2));
+  for (const absl::StatusOr<RestoreResult>& result : RestoreAll()) {
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->step, 10);
   }
 }
 

@@ -6,6 +6,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -20,7 +21,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "bindings.h"
 #include "status_error.h"
 #include "store_binding.h"
@@ -135,6 +138,41 @@ BufferView ViewOf(const std::string& name, const Array& a) {
   return v;
 }
 
+// The aborts the watchdog asks of communicators registered from Python. The watchdog's thread
+// must never wait for the GIL (the training thread may hold it while hung), so the abort function
+// it calls only queues the communicator's id here; a Python thread of trainguard.torch waits for
+// the request (GIL released) and aborts the torch process group. Thread-safe.
+class AbortRequests {
+ public:
+  void Request(uint64_t comm_id) {
+    absl::MutexLock lock(&mu_);
+    pending_.push_back(comm_id);
+  }
+  // The next requested id, or nullopt after `timeout` or once closed.
+  std::optional<uint64_t> Wait(absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return closed_ || !pending_.empty(); };
+    mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+    if (pending_.empty()) return std::nullopt;
+    const uint64_t id = pending_.front();
+    pending_.erase(pending_.begin());
+    return id;
+  }
+  void Close() {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+  }
+  bool closed() {
+    absl::MutexLock lock(&mu_);
+    return closed_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<uint64_t> pending_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 class PyRuntime {
  public:
   explicit PyRuntime(const Options& options) {
@@ -172,6 +210,7 @@ class PyRuntime {
   // Waits for the checkpoint in flight, destroys the Runtime (joins its threads), then lets go of
   // the registered arrays.
   void Close() {
+    aborts_->Close();
     if (runtime_ != nullptr) {
       nb::gil_scoped_release release;
       (void)runtime_->WaitForCheckpoints(absl::Minutes(10));
@@ -180,6 +219,7 @@ class PyRuntime {
     arrays_.clear();
   }
   bool closed() const { return runtime_ == nullptr; }
+  const std::shared_ptr<AbortRequests>& aborts() const { return aborts_; }
 
   nb::object LastRecovery() const {
     if (!recorder_.last().has_value()) return nb::none();
@@ -203,6 +243,7 @@ class PyRuntime {
   RecoveryRecorder recorder_;  // outlives runtime_ (declared first, destroyed last)
   std::unique_ptr<Runtime> runtime_;
   std::vector<Array> arrays_;
+  std::shared_ptr<AbortRequests> aborts_ = std::make_shared<AbortRequests>();
 };
 
 class PyStepScope {
@@ -329,6 +370,8 @@ void BindRuntime(nb::module_& m) {
       .def_prop_ro("run_dir", [](const PyRuntime& r) { return r.get().run_dir(); })
       .def_prop_ro("checkpointing", [](const PyRuntime& r) { return r.get().checkpointing(); })
       .def_prop_ro("fatal", [](const PyRuntime& r) { return r.get().fatal(); })
+      .def_prop_ro("superseded_generation",
+                   [](PyRuntime& r) { return r.get().superseded_generation(); })
       .def_prop_ro("closed", &PyRuntime::closed)
       .def_prop_ro("last_restore_source",
                    [](const PyRuntime& r) { return r.get().last_restore_source(); })
@@ -418,15 +461,28 @@ void BindRuntime(nb::module_& m) {
           nb::rv_policy::take_ownership, nb::keep_alive<0, 1>())
       // The collective tracker (collectives.h), for collectives run outside the SDK (a torch
       // process group's allreduce in the DDP hook): each is recorded in the flight recorder and
-      // watched against its learned bound. The abort function of a communicator registered from
-      // Python does nothing: calling into torch from the watchdog thread would need the GIL the
-      // training thread may hold, and the process group's own timeout ends a stuck collective.
+      // watched against its learned bound. When a hang aborts the communicators, the abort
+      // function of one registered from Python queues its id for wait_communicator_abort (the
+      // watchdog thread cannot call into torch: it would need the GIL the training thread may
+      // hold); trainguard.torch's abort thread takes it and aborts the process group.
       .def(
           "register_communicator",
           [](PyRuntime& r, uint64_t comm_id, const std::string& name) {
-            ThrowIfError(Tracker(r).RegisterCommunicator(comm_id, name, [] {}));
+            std::shared_ptr<AbortRequests> aborts = r.aborts();
+            ThrowIfError(Tracker(r).RegisterCommunicator(
+                comm_id, name, [aborts, comm_id] { aborts->Request(comm_id); }));
           },
           nb::arg("comm_id"), nb::arg("name"))
+      .def(
+          "wait_communicator_abort",
+          [](PyRuntime& r, double timeout_s) -> std::optional<uint64_t> {
+            std::shared_ptr<AbortRequests> aborts = r.aborts();
+            nb::gil_scoped_release release;
+            return aborts->Wait(absl::Seconds(timeout_s));
+          },
+          nb::arg("timeout_s"),
+          "The id of a communicator registered from Python that a hang asked to abort, or None "
+          "after timeout_s or once the Runtime is closed. Releases the GIL while it waits.")
       .def(
           "unregister_communicator",
           [](PyRuntime& r, uint64_t comm_id) {

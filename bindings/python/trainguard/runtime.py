@@ -9,6 +9,7 @@ which fences the previous snapshot) releases the GIL.
 import contextlib
 import json
 import os
+import sys
 
 from . import _C
 from .errors import Error, JobMustExit, StaleStateError
@@ -226,6 +227,11 @@ class Runtime:
         self._tracked = []       # functions returning [(name, current tensor, signature)]
         self._blob_sources = []  # (save() -> {name: bytes}, load(get_blob))
         self._current_step = None  # the Step inside its `with` block, for the DDP hook
+        # name -> callable that aborts a communicator of the current generation (trainguard.torch's
+        # process group): called before a recovery that re-rendezvouses, so that a peer blocked in
+        # one of its collectives on this rank fails at once instead of waiting out its timeout.
+        self._communicator_aborts = {}
+        self._on_close = []  # callables run before the C++ Runtime closes (stop helper threads)
 
     @property
     def current_step(self):
@@ -310,12 +316,24 @@ class Runtime:
         raises JobMustExit when this process must exit (the job stopped, a fatal fault, this
         process replaced)."""
         self._check_state(f"recover(step {result.step})")
+        if result.action == "re_rendezvous":
+            self._abort_communicators(f"rank {self.rank} step {result.step}: {result.message}")
         try:
             step = self._c.recover(result)
         except Error as e:
             raise self._must_exit(e, result) from e
         self._after_recovery()
         return step
+
+    def _abort_communicators(self, why):
+        """Aborts every communicator of the current generation registered by an integration
+        (the torch process group), as the C++ Runtime aborts its own before a re-rendezvous."""
+        for name, abort in list(self._communicator_aborts.items()):
+            try:
+                abort(why)
+            except Exception as e:  # noqa: BLE001 - an abort that fails must not stop recovery
+                print(f"trainguard: rank {self.rank}: aborting {name} failed: "
+                      f"{type(e).__name__}: {e}", file=sys.stderr)
 
     def _must_exit(self, error, result):
         report = self._c.last_recovery or {}
@@ -425,6 +443,9 @@ class Runtime:
     # --- lifetime
     def close(self):
         """Waits for the checkpoint in flight, stops the Runtime's threads, releases the buffers."""
+        hooks, self._on_close = self._on_close, []
+        for hook in hooks:  # before the C++ Runtime goes: their threads call into it
+            hook()
         if self._store is not None:
             self._store.close()
             self._store = None

@@ -51,9 +51,12 @@ puts the learning rates and gradients back and zeroes the step counters.
 """
 
 import datetime
+import os
 import pickle
 import random
+import socket
 import sys
+import threading
 
 import torch
 import torch.distributed as dist
@@ -318,13 +321,110 @@ def process_group_store(rt, prefix="torch", timeout=datetime.timedelta(minutes=5
 _COMM_ID_BASE = 1 << 40
 
 
-class _GroupRecord:
-    """What init_process_group built for a Runtime: the generation and the tracker's comm id."""
+def _socket_inodes():
+    """{inode: fd} of this process's sockets now (Linux: /proc/self/fd)."""
+    found = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue  # closed meanwhile
+        if link.startswith("socket:["):
+            found[int(link[8:-1])] = int(name)
+    return found
 
-    def __init__(self, generation, comm_id, group):
+
+class _GroupRecord:
+    """What init_process_group built for a Runtime: the generation, the tracker's comm id, and the
+    sockets the group's backend opened while it was built (its gloo pairs and listener)."""
+
+    def __init__(self, generation, comm_id, group, sockets):
         self.generation = generation
         self.comm_id = comm_id
         self.group = group
+        self.sockets = sockets  # inodes
+        self.aborted = False
+        self.lock = threading.Lock()
+
+    def abort(self, why):
+        """Aborts the group once, so that a collective blocked in it fails at once, here and on
+        the peers blocked on this rank: shuts down the sockets the group opened (gloo sees its
+        connections close, as when a peer dies: every pending and later operation fails with a
+        communication error), then ProcessGroup.abort(). torch's abort() alone does not wake a
+        gloo collective already blocked (torch 2.15), hence the sockets."""
+        with self.lock:
+            if self.aborted:
+                return False
+            self.aborted = True
+        print(f"trainguard: aborting torch process group of generation {self.generation}: {why}",
+              file=sys.stderr, flush=True)
+        now = _socket_inodes()
+        for inode in self.sockets:
+            fd = now.get(inode)
+            if fd is None:
+                continue  # already closed
+            try:
+                with socket.socket(fileno=os.dup(fd)) as s:
+                    if not s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                        s.shutdown(socket.SHUT_RDWR)  # a listener is left alone
+            except OSError:
+                pass  # already shut down
+        self.group.abort()
+        return True
+
+
+class _AbortThread:
+    """Owns the thread that aborts a Runtime's torch process group when its collectives can no
+    longer complete, so that the training thread's blocked collective fails at once instead of
+    waiting out the group's timeout:
+
+    - the generation was superseded (``rt._c.superseded_generation``: the store rejected this
+      rank's heartbeat because a peer died or asked for a re-rendezvous): the peers have left for
+      the new generation, and a rank waiting on one of them in a gloo ring would wait forever;
+    - a hang: the watchdog aborts every registered communicator; the one init_process_group
+      registered only queues its id (the watchdog's thread must not wait for the GIL), and this
+      thread, waiting with the GIL released, carries it out.
+
+    Started by the first init_process_group on a Runtime; stopped and joined when the Runtime
+    closes, before its C++ side goes (the thread calls into it)."""
+
+    POLL_S = 0.2
+
+    def __init__(self, rt):
+        self._rt = rt
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="trainguard-torch-abort",
+                                        daemon=True)
+        self._thread.start()
+        rt._on_close.append(self.stop)
+
+    def _abort(self, record, why):
+        try:
+            record.abort(why)
+        except Exception as e:  # noqa: BLE001 - reported; the collective's timeout remains
+            print(f"trainguard: rank {self._rt.rank}: aborting the torch process group failed: "
+                  f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
+
+    def _run(self):
+        c = self._rt._c
+        while not self._stop.is_set():
+            comm_id = c.wait_communicator_abort(self.POLL_S)
+            record = _group_record(self._rt)
+            superseded = c.superseded_generation
+            if record is None:
+                continue
+            if comm_id is not None and record.comm_id == comm_id:
+                self._abort(record, f"the watchdog aborted communicator {comm_id} after a hang")
+            if superseded >= 0 and record.generation == superseded:
+                self._abort(record, f"generation {superseded} was superseded (a peer left or "
+                                    "asked for a re-rendezvous)")
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(timeout=10.0)
+        if self._thread.is_alive():
+            print(f"trainguard: rank {self._rt.rank}: the torch abort thread did not stop within "
+                  "10 s", file=sys.stderr, flush=True)
 
 
 def _group_record(rt):
@@ -349,6 +449,7 @@ def init_process_group(rt, backend="gloo", timeout=datetime.timedelta(seconds=60
         return False
     if dist.is_initialized():
         dist.destroy_process_group()
+    rt._communicator_aborts.pop("torch process group", None)
     if record is not None:
         try:
             rt._c.unregister_communicator(record.comm_id)
@@ -356,6 +457,7 @@ def init_process_group(rt, backend="gloo", timeout=datetime.timedelta(seconds=60
             pass  # already gone with a closed Runtime
         rt._torch_group = None
     store = process_group_store(rt, prefix, timeout)
+    sockets_before = _socket_inodes()
     if store is None:
         dist.init_process_group(backend, rank=rt.rank, world_size=rt.world_size, timeout=timeout)
     else:
@@ -363,7 +465,12 @@ def init_process_group(rt, backend="gloo", timeout=datetime.timedelta(seconds=60
                                 timeout=timeout)
     comm_id = _COMM_ID_BASE + max(generation, 0)
     rt._c.register_communicator(comm_id, f"torch/{backend}/gen{generation}")
-    rt._torch_group = _GroupRecord(generation, comm_id, dist.group.WORLD)
+    record = _GroupRecord(generation, comm_id, dist.group.WORLD,
+                          set(_socket_inodes()) - set(sockets_before))
+    rt._torch_group = record
+    rt._communicator_aborts["torch process group"] = record.abort
+    if getattr(rt, "_torch_abort_thread", None) is None:
+        rt._torch_abort_thread = _AbortThread(rt)
     return True
 
 
