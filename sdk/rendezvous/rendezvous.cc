@@ -87,6 +87,8 @@ RendezvousMember::RendezvousMember(Store* store, std::string member_id,
 RendezvousMember::~RendezvousMember() {
   stop_.Notify();
   heartbeat_.join();
+  // Rejected (harmlessly) when this member's generation was superseded: it is replaced anyway.
+  (void)store_->Set(HeartbeatKey(member_id_), kLeftHeartbeat, heartbeat_interval_);
 }
 
 int64_t RendezvousMember::generation() const {
@@ -360,7 +362,9 @@ absl::StatusOr<std::vector<int>> RendezvousCoordinator::RanksWithStaleHeartbeats
     const std::string value = (*values)[r].value_or("");
     auto [it, inserted] = beats_.try_emplace(current.members[r], Beat{value, now_ns});
     if (!inserted && it->second.value != value) it->second = Beat{value, now_ns};
-    if (absl::Nanoseconds(now_ns - it->second.since_ns) >= timeout) {
+    const absl::Duration allowed =
+        value == kLeftHeartbeat ? std::max(10 * timeout, kLeftGrace) : timeout;
+    if (absl::Nanoseconds(now_ns - it->second.since_ns) >= allowed) {
       stale.push_back(static_cast<int>(r));
     }
   }

@@ -33,9 +33,10 @@
 //   rdzv/gen/<g>/renew/<rank>      a rank of generation g asks for g+1 with the same members; the
 //                                  value says why
 //   rdzv/hb/<member>               heartbeat counter, advanced by each member's heartbeat thread;
-//   the
-//                                  coordinator reports ranks whose counter stopped (liveness on any
-//                                  store, TcpStore or etcd alike)
+//                                  the coordinator reports ranks whose counter stopped (liveness on
+//                                  any store, TcpStore or etcd alike). "left" once the member was
+//                                  destroyed (its Runtime closed): the process is exiting, and is
+//                                  given kLeftGrace to do so before it counts as stale
 //
 // Thread safety: RendezvousMember and RendezvousCoordinator may be called from any thread; each
 // owns at most one background thread (the heartbeat), stopped and joined by its destructor.
@@ -61,11 +62,18 @@
 
 namespace trainguard {
 
+// How long a member that left (its Runtime closed) may take to exit before it counts as stale.
+inline constexpr absl::Duration kLeftGrace = absl::Seconds(30);
+inline constexpr char kLeftHeartbeat[] = "left";
+
 class RendezvousMember {
  public:
   // `member_id` names this process uniquely in the job (e.g. "host:pid:nonce"); `store` is the
   // job's store (already scoped to the job). REQUIRES: `store` outlives the member.
   RendezvousMember(Store* store, std::string member_id, absl::Duration heartbeat_interval);
+  // Stops the heartbeat and marks this member "left" (best effort, bounded by the heartbeat
+  // interval): a process whose Runtime closed may take a while to exit (an interpreter's teardown
+  // on a loaded machine) and must not be killed as hung for its silence meanwhile.
   ~RendezvousMember();
   RendezvousMember(const RendezvousMember&) = delete;
   RendezvousMember& operator=(const RendezvousMember&) = delete;
@@ -167,7 +175,9 @@ class RendezvousCoordinator {
   // The ranks of the current generation whose heartbeat counter has not advanced for `timeout` of
   // this coordinator's time, measured from its last change or from the publication of the current
   // generation (until a member adopts a new generation its beats are fenced out). A stopped or hung
-  // process stops beating: its heartbeat thread stops with it. Call it periodically.
+  // process stops beating: its heartbeat thread stops with it. A member that left (its Runtime
+  // closed: the process is exiting) counts as stale only after max(10 x `timeout`, kLeftGrace).
+  // Call it periodically.
   absl::StatusOr<std::vector<int>> RanksWithStaleHeartbeats(absl::Duration timeout,
                                                             absl::Duration store_timeout);
   // The newest published generation (-1 before generation 0).

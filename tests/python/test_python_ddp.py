@@ -206,7 +206,7 @@ def _process_state(pid):
 def test_a_rank_stopped_inside_the_allreduce_is_found_by_its_heartbeat_named_and_replaced(
         tmp_path, uninterrupted):
     job = Job(tmp_path, "stop", 1, ["--stop-in-allreduce", "1:12", "--comm-timeout-s", "600"],
-              launcher_args=["--heartbeat-timeout", "3"],
+              launcher_args=["--heartbeat-timeout", "6"],
               env_extra={"TRAINGUARD_WATCHDOG_POLL_MS": "0"})
     try:
         job.wait_for(r"rank 1 stopping in allreduce at step 12")
@@ -246,4 +246,50 @@ def test_a_rank_stopped_inside_the_allreduce_is_found_by_its_heartbeat_named_and
     # Reported, not asserted (no timing thresholds in tests): the heartbeat timeout (3 s) plus the
     # launcher's 0.5 s check period bound the detection; the replacement's start follows.
     print(f"stopped rank 1 replaced {replaced - stopped:.2f} s after it stopped "
-          f"(heartbeat timeout 3 s)")
+          f"(heartbeat timeout 6 s)")
+
+
+# Issue 14, test 3 by the path the issue names: the survivors' watchdogs (C++ threads) find the
+# hang against the learned bound of their step phase, and the watchdog's abort reaches the torch
+# process group (trainguard.torch's abort thread shuts its sockets: the blocked allreduce fails at
+# once); the launcher's hang diagnosis names rank 1, which wrote no dump, kills it, and a standby
+# takes its rank. The heartbeat timeout is far away, so only the watchdog path can find it.
+def test_a_rank_stopped_inside_the_allreduce_is_caught_by_the_watchdogs_named_and_replaced(
+        tmp_path, uninterrupted):
+    job = Job(tmp_path, "stopwd", 1, ["--stop-in-allreduce", "1:12", "--comm-timeout-s", "600"],
+              launcher_args=["--heartbeat-timeout", "600"])
+    try:
+        job.wait_for(r"rank 1 stopping in allreduce at step 12")
+        pid = job.rank_pid(1)
+        assert pid > 1, f"pid file of rank 1 holds {pid}"
+        deadline = time.monotonic() + DEADLINE_S
+        while _process_state(pid) != "T":  # bounded polling: the rank stops itself
+            assert time.monotonic() < deadline, f"rank 1 (pid {pid}) never stopped:\n{job.output()}"
+            assert _process_state(pid) is not None, f"rank 1 (pid {pid}) ended:\n{job.output()}"
+            time.sleep(0.01)
+        stopped = time.monotonic()
+        job.wait_for(r"takes rank 1 in generation 1")
+        replaced = time.monotonic()
+        code = job.finish()
+    finally:
+        if job.proc.poll() is None:
+            job.proc.kill()
+            job.proc.wait()
+    out = job.output()
+    assert code == 0, out
+    hang = re.search(r"hang in generation 0: rank [02]: hang \(phase\) at step 12 .*", out)
+    assert hang, out
+    assert re.search(r"\[rank [02]\] trainguard: aborting torch process group of generation 0: the "
+                     r"watchdog aborted communicator \d+ after a hang", out), out
+    assert re.search(r"rank [02] step 12 fault communication_failure action re_rendezvous", out), out
+    assert "hang diagnosis: suspects: rank 1" in out, out
+    assert re.search(rf"rank 1 \(pid {pid}\) is the hang's suspect: killing it", out), out
+    assert "has not sent a heartbeat" not in out, out
+    assert "in generation 2" not in out, out
+    finals = job.finals()
+    assert sorted(finals) == list(range(WORLD)), out
+    for rank, (_, checksum) in finals.items():
+        assert checksum == uninterrupted, f"rank {rank}: {checksum} != {uninterrupted}\n{out}"
+    # Reported, not asserted (no timing thresholds in tests).
+    print(f"watchdog: {hang.group(0)}; stopped rank 1 replaced {replaced - stopped:.2f} s after "
+          "it stopped")

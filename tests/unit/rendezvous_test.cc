@@ -284,8 +284,11 @@ TEST_F(Rendezvous, ARankWhoseHeartbeatStopsIsReportedStale) {
   FormGenerationZero(3);
   // The first look records every member's counter; nobody is stale yet.
   EXPECT_TRUE(coordinator_.RanksWithStaleHeartbeats(absl::Seconds(1), kTimeout)->empty());
-  // Rank 1 stops (its process is gone: the member and its heartbeat thread are destroyed).
+  // Rank 1 stops (its process is killed: the member and its heartbeat thread are gone). Destroying
+  // the member marks it "left", as a process whose Runtime closed; a killed process never does,
+  // so its counter is put back, as it stood when the heartbeat stopped.
   ranks_[1].reset();
+  ASSERT_TRUE(shared_.Set("rdzv/hb/host:rank1", "1", kTimeout).ok());
   // Bounded polling until exactly rank 1 is stale. A live rank's heartbeat thread starved past the
   // 300 ms by a loaded machine may be reported for a look or two; it is not once it beats again,
   // while rank 1 stays stale.
@@ -335,6 +338,46 @@ TEST(RendezvousLiveness,
   EXPECT_THAT(stale(), IsEmpty());  // a beat clears it
   clock.Advance(absl::Seconds(1));
   EXPECT_THAT(stale(), ElementsAre(0, 1, 2));
+}
+
+// A member destroyed (its Runtime closed: the process is exiting) is marked "left" and has
+// max(10 x timeout, kLeftGrace) to exit before it counts as stale, not the heartbeat timeout.
+TEST(RendezvousLiveness, AMemberThatLeftIsGivenTheExitGraceNotTheHeartbeatTimeout) {
+  InMemoryStore shared;
+  ManualClock clock;
+  std::unique_ptr<Store> coordinator_store = shared.NewClient();
+  RendezvousCoordinator coordinator(coordinator_store.get(), &clock);
+  constexpr int kWorld = 3;
+  std::vector<std::unique_ptr<Store>> stores;
+  std::vector<std::unique_ptr<RendezvousMember>> members;
+  for (int r = 0; r < kWorld; ++r) {
+    stores.push_back(shared.NewClient());
+    members.push_back(std::make_unique<RendezvousMember>(
+        stores.back().get(), absl::StrCat("host:rank", r), absl::Hours(1)));
+  }
+  std::vector<std::thread> joins;
+  for (int r = 0; r < kWorld; ++r) {
+    joins.emplace_back([&, r] { ASSERT_TRUE(members[r]->JoinInitial(r, kWorld, kTimeout).ok()); });
+  }
+  ASSERT_TRUE(coordinator.FormInitialGeneration(kWorld, kTimeout).ok());
+  for (std::thread& t : joins) t.join();
+  auto beat_others = [&] {
+    for (int r : {0, 2}) {
+      ASSERT_TRUE(shared.Add(absl::StrCat("rdzv/hb/host:rank", r), 1, kTimeout).ok());
+    }
+  };
+  auto stale = [&] { return *coordinator.RanksWithStaleHeartbeats(absl::Seconds(1), kTimeout); };
+
+  EXPECT_THAT(stale(), IsEmpty());
+  members[1].reset();  // its Runtime closed
+  EXPECT_EQ(shared.Get("rdzv/hb/host:rank1", kTimeout).value_or("?"), kLeftHeartbeat);
+  EXPECT_THAT(stale(), IsEmpty());  // this look sees "left": rank 1's grace starts
+  clock.Advance(kLeftGrace - absl::Milliseconds(1));
+  beat_others();
+  EXPECT_THAT(stale(), IsEmpty()) << "a member that left was reported after the heartbeat timeout";
+  clock.Advance(absl::Milliseconds(1));
+  beat_others();
+  EXPECT_THAT(stale(), ElementsAre(1));  // still there after the grace: hung in its exit
 }
 
 TEST_F(Rendezvous, SurvivorsFencedOutUntilTheyRejoinAreNotReportedStale) {
