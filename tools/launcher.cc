@@ -1326,9 +1326,11 @@ void Job::StartForming() {
     const absl::Time deadline = absl::Now() + config_.rendezvous_timeout;
     absl::StatusOr<Membership> m = absl::DeadlineExceededError("not started");
     // Short slices, so that a failing job does not keep this thread waiting for the full timeout.
+    // A slice that ran out may surface as Unavailable (the store client's own deadline passed on a
+    // loaded machine before the server answered): retried like a deadline, until `deadline`.
     while (!stop_forming_.load() && absl::Now() < deadline) {
       m = coordinator_->FormInitialGeneration(world_size_, absl::Milliseconds(250));
-      if (!absl::IsDeadlineExceeded(m.status())) break;
+      if (!absl::IsDeadlineExceeded(m.status()) && !absl::IsUnavailable(m.status())) break;
     }
     // Another agent's coordinator published generation 0 first (this one was deposed meanwhile).
     if (absl::IsAborted(m.status()) && coordinator_->generation() >= 0) m = coordinator_->current();

@@ -277,11 +277,14 @@ def test_a_rank_stopped_inside_the_allreduce_is_caught_by_the_watchdogs_named_an
             job.proc.wait()
     out = job.output()
     assert code == 0, out
-    hang = re.search(r"hang in generation 0: rank [02]: hang \(phase\) at step 12 .*", out)
+    # Step 12, or 13 where the stopped rank's part of the loss allreduce had finished before the
+    # stop landed (the survivors then wait in step 13's DDP allreduce, which rank 1 never enters).
+    hang = re.search(r"hang in generation 0: rank [02]: hang \(phase\) at step 1[23] .*", out)
     assert hang, out
     assert re.search(r"\[rank [02]\] trainguard: aborting torch process group of generation 0: the "
                      r"watchdog aborted communicator \d+ after a hang", out), out
-    assert re.search(r"rank [02] step 12 fault communication_failure action re_rendezvous", out), out
+    assert re.search(r"rank [02] step 1[23] fault communication_failure action re_rendezvous",
+                     out), out
     assert "hang diagnosis: suspects: rank 1" in out, out
     assert re.search(rf"rank 1 \(pid {pid}\) is the hang's suspect: killing it", out), out
     assert "has not sent a heartbeat" not in out, out
