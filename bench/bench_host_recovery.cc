@@ -96,7 +96,7 @@ constexpr char kUsage[] =
     "  --keep-logs         keep every trial's run directory and host logs (failed ones are kept\n"
     "                      anyway)\n"
     "  --work-dir DIR      where run directories and host logs go (default: under the build\n"
-    "                      tree); must not be under /tmp, which each host sees privately\n"
+    "                      tree); not /tmp itself, which each host sees privately\n"
     "\n"
     "Figures, per backend (median and max over the trials):\n"
     "  reported       the launcher's own: the dead host's last heartbeat -> every rank completed\n"
@@ -521,7 +521,9 @@ int Main(int argc, char** argv) {
                  std::string(flags.status().message()).c_str(), kUsage);
     return 2;
   }
-  if (flags->work_dir == "/tmp" || absl::StartsWith(flags->work_dir, "/tmp/")) {
+  // A tree under /tmp named in the hosts' argv (the run directory) is shared with them
+  // (sim_cluster.h); /tmp itself is private to each host.
+  if (flags->work_dir == "/tmp" || flags->work_dir == "/tmp/") {
     std::fprintf(stderr, "bench_host_recovery: --work-dir %s: each host sees its own /tmp\n",
                  flags->work_dir.c_str());
     return 2;
