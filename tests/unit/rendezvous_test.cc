@@ -302,26 +302,37 @@ TEST_F(Rendezvous, ARankWhoseHeartbeatStopsIsReportedStale) {
 
 // Liveness on the coordinator's clock, deterministically: a ManualClock, and members whose own
 // heartbeat threads are paced at an hour, so a counter moves only when the test beats for it.
-TEST(RendezvousLiveness,
-     ARankIsStaleExactlyWhenItsCounterStoodStillForTheTimeoutOnTheCoordinatorsClock) {
+struct ManualClockJob {
+  static constexpr int kWorld = 3;
+  void FormGenerationZero() {
+    for (int r = 0; r < kWorld; ++r) {
+      stores.push_back(shared.NewClient());
+      members.push_back(std::make_unique<RendezvousMember>(
+          stores.back().get(), absl::StrCat("host:rank", r), absl::Hours(1)));
+    }
+    std::vector<std::thread> joins;
+    for (int r = 0; r < kWorld; ++r) {
+      joins.emplace_back(
+          [&, r] { ASSERT_TRUE(members[r]->JoinInitial(r, kWorld, kTimeout).ok()); });
+    }
+    ASSERT_TRUE(coordinator.FormInitialGeneration(kWorld, kTimeout).ok());
+    for (std::thread& t : joins) t.join();
+  }
   InMemoryStore shared;
   ManualClock clock;
   std::unique_ptr<Store> coordinator_store = shared.NewClient();
-  RendezvousCoordinator coordinator(coordinator_store.get(), &clock);
-  constexpr int kWorld = 3;
+  RendezvousCoordinator coordinator{coordinator_store.get(), &clock};
   std::vector<std::unique_ptr<Store>> stores;
   std::vector<std::unique_ptr<RendezvousMember>> members;
-  for (int r = 0; r < kWorld; ++r) {
-    stores.push_back(shared.NewClient());
-    members.push_back(std::make_unique<RendezvousMember>(
-        stores.back().get(), absl::StrCat("host:rank", r), absl::Hours(1)));
-  }
-  std::vector<std::thread> joins;
-  for (int r = 0; r < kWorld; ++r) {
-    joins.emplace_back([&, r] { ASSERT_TRUE(members[r]->JoinInitial(r, kWorld, kTimeout).ok()); });
-  }
-  ASSERT_TRUE(coordinator.FormInitialGeneration(kWorld, kTimeout).ok());
-  for (std::thread& t : joins) t.join();
+};
+
+TEST(RendezvousLiveness,
+     ARankIsStaleExactlyWhenItsCounterStoodStillForTheTimeoutOnTheCoordinatorsClock) {
+  ManualClockJob job;
+  ASSERT_NO_FATAL_FAILURE(job.FormGenerationZero());
+  InMemoryStore& shared = job.shared;
+  ManualClock& clock = job.clock;
+  RendezvousCoordinator& coordinator = job.coordinator;
   auto beat = [&](int r) {
     ASSERT_TRUE(shared.Add(absl::StrCat("rdzv/hb/host:rank", r), 1, kTimeout).ok());
   };
@@ -343,24 +354,12 @@ TEST(RendezvousLiveness,
 // A member destroyed (its Runtime closed: the process is exiting) is marked "left" and has
 // max(10 x timeout, kLeftGrace) to exit before it counts as stale, not the heartbeat timeout.
 TEST(RendezvousLiveness, AMemberThatLeftIsGivenTheExitGraceNotTheHeartbeatTimeout) {
-  InMemoryStore shared;
-  ManualClock clock;
-  std::unique_ptr<Store> coordinator_store = shared.NewClient();
-  RendezvousCoordinator coordinator(coordinator_store.get(), &clock);
-  constexpr int kWorld = 3;
-  std::vector<std::unique_ptr<Store>> stores;
-  std::vector<std::unique_ptr<RendezvousMember>> members;
-  for (int r = 0; r < kWorld; ++r) {
-    stores.push_back(shared.NewClient());
-    members.push_back(std::make_unique<RendezvousMember>(
-        stores.back().get(), absl::StrCat("host:rank", r), absl::Hours(1)));
-  }
-  std::vector<std::thread> joins;
-  for (int r = 0; r < kWorld; ++r) {
-    joins.emplace_back([&, r] { ASSERT_TRUE(members[r]->JoinInitial(r, kWorld, kTimeout).ok()); });
-  }
-  ASSERT_TRUE(coordinator.FormInitialGeneration(kWorld, kTimeout).ok());
-  for (std::thread& t : joins) t.join();
+  ManualClockJob job;
+  ASSERT_NO_FATAL_FAILURE(job.FormGenerationZero());
+  InMemoryStore& shared = job.shared;
+  ManualClock& clock = job.clock;
+  RendezvousCoordinator& coordinator = job.coordinator;
+  std::vector<std::unique_ptr<RendezvousMember>>& members = job.members;
   auto beat_others = [&] {
     for (int r : {0, 2}) {
       ASSERT_TRUE(shared.Add(absl::StrCat("rdzv/hb/host:rank", r), 1, kTimeout).ok());
