@@ -36,7 +36,7 @@ std::vector<double> RelativeToMedian(const std::vector<double>& values, double* 
 }  // namespace
 
 std::vector<FailSlowMetric> FailSlowDetector::DefaultMetrics() {
-  return {{"compute_ms", true}, {"collective_ms", true}, {"cpu_util", false}};
+  return {{"compute_ms", true}, {"cpu_wait_ms", false}, {"collective_ms", true}, {"cpu_util", false}};
 }
 
 absl::StatusOr<FailSlowDetector> FailSlowDetector::Create(FailSlowOptions options) {

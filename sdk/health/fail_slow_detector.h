@@ -97,8 +97,9 @@ class FailSlowDetector {
   // InvalidArgument naming the option out of range (no metric, window < 1, continuity < 1, ...).
   static absl::StatusOr<FailSlowDetector> Create(FailSlowOptions options);
 
-  // compute_ms_per_step (per rank: step time outside collectives, per step), collective_ms_per_step,
-  // cpu_util (the ranks' CPU seconds per second): in that priority order.
+  // The metrics `trainguard run` collects (tools/fail_slow_monitor.h), in priority order:
+  // compute_ms per step (step time outside collectives), cpu_wait_ms per second (run-queue delay),
+  // collective_ms per step, cpu_util (CPU seconds per second).
   static std::vector<FailSlowMetric> DefaultMetrics();
 
   // One second's samples (any order; hosts or metrics missing are filled, see max_fill). Seconds

@@ -24,6 +24,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sdk/rendezvous/tcp_store.h"
+#include "trainguard/env.h"
+#include "trainguard/events.h"
+#include "tests/support/cpu_throttle.h"
 #include "tests/support/etcd_cluster.h"
 #include "tests/support/example_trainer_job.h"
 #include "tests/support/sim_cluster.h"
@@ -592,6 +595,50 @@ TEST_F(MultiHost, LosingOneMemberOfAThreeMemberEtcdClusterDoesNotDisturbTraining
   ExpectFinishedAsIfUninterrupted(job, {1, 2, 3, 4});
   EXPECT_THAT(job.AllOutput(), ::testing::Not(HasSubstr("is dead")));
   EXPECT_THAT(job.AllOutput(), ::testing::Not(HasSubstr("generation 1")));
+}
+
+// Fail-slow hosts (docs/GUIDE.md): four hosts train; host 3's ranks run in a CPU cgroup capped at
+// 2% of one CPU (tests/support/cpu_throttle.h; a rank here needs about 4%), so every step waits for them. The coordinator's
+// detector names host 3 in a suspect_host event, for two continuity windows in a row, and never
+// names a healthy host; with the default policy (alert) nothing is evicted.
+TEST_F(MultiHost, AThrottledHostIsNamedASuspectAndNoHealthyHostEverIs) {
+  absl::StatusOr<std::unique_ptr<testing::CpuThrottle>> throttle =
+      testing::CpuThrottle::Create(absl::StrCat("trainguard-fail-slow-", getpid()), 0.02);
+  ASSERT_TRUE(throttle.ok()) << throttle.status();
+  MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 4);
+  job.job_flags = {"--fail-slow-continuity", "10", "--fail-slow-trace",
+                   shared_.path() + "/fail-slow.trace"};
+  const std::vector<std::string> trainer =
+      testing::ExampleTrainerArgs(TRAINGUARD_TRAINER_PATH, 10'000'000);  // runs until killed
+  std::vector<std::string> throttled = {
+      "/bin/sh", "-c", absl::StrCat("echo $$ > ", (*throttle)->Procs(), " && exec \"$@\""), "sh"};
+  throttled.insert(throttled.end(), trainer.begin(), trainer.end());
+  job.StartHost(1, false, {}, trainer);
+  ASSERT_TRUE(job.Await(1, "coordinating the job")) << job.AllOutput();
+  for (int n = 2; n <= 4; ++n) job.StartHost(n, false, {}, n == 3 ? throttled : trainer);
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(job.Await(1, "suspect host host3: ", absl::Seconds(80))) << job.AllOutput();
+  std::printf("job start -> host3 named: %.1f s\n", absl::ToDoubleSeconds(absl::Now() - start));
+  // Watched one more continuity window: it stays the outlier, and nobody else becomes one.
+  ASSERT_TRUE(job.Await(1, "continuity window(s) of 10 s; action", absl::Seconds(30)));
+  ASSERT_TRUE(job.Await(1, "for 2 continuity window(s)", absl::Seconds(30))) << job.AllOutput();
+  for (int n = 1; n <= 4; ++n) (void)cluster_->KillHost(n);
+  for (int n = 1; n <= 4; ++n) (void)cluster_->WaitHost(n, absl::Seconds(10));
+  absl::StatusOr<EventLogContents> events =
+      ReadEventLog(Env::Default(), shared_.path() + "/run/events/agent-host1.tgev");
+  ASSERT_TRUE(events.ok()) << events.status();
+  int named_host3 = 0;
+  for (const Event& e : events->events) {
+    ASSERT_EQ(e.type, EventType::kSuspectHost) << e.message;
+    EXPECT_EQ(e.Attribute("host"), "host3") << e.message;
+    EXPECT_EQ(e.Attribute("action"), "alert") << e.message;
+    EXPECT_FALSE(e.Attribute("metric").empty());
+    EXPECT_FALSE(e.Attribute("z").empty());
+    named_host3 += e.Attribute("host") == "host3" ? 1 : 0;
+  }
+  EXPECT_GE(named_host3, 2);
+  EXPECT_THAT(job.AllOutput(), ::testing::Not(::testing::ContainsRegex("suspect host host[124]")));
+  EXPECT_THAT(job.AllOutput(), ::testing::Not(HasSubstr("is dead")));
 }
 
 }  // namespace

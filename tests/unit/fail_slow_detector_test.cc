@@ -177,7 +177,7 @@ TEST(FailSlowDetector, OptionsOutOfRangeAreRejectedNamingTheOption) {
   options = {};
   options.denoise_window = 8;  // even: a rise would move the median one second before a fall
   EXPECT_EQ(FailSlowDetector::Create(options).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(FailSlowDetector::Create(FailSlowOptions{})->options().metrics.size(), 3u);
+  EXPECT_EQ(FailSlowDetector::Create(FailSlowOptions{})->options().metrics.size(), 4u);
 }
 
 TEST(MahalanobisDetector, FlagsAThirtyPercentOutlierAtOnceAndAOneSecondSpikeToo) {
