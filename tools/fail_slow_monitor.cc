@@ -1,6 +1,5 @@
 #include "tools/fail_slow_monitor.h"
 
-#include <dirent.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,22 +32,10 @@ int64_t ProcessCpuTicks(pid_t pid) {
 }
 
 int64_t ProcessRunDelayNs(pid_t pid) {
-  const std::string dir = absl::StrCat("/proc/", pid, "/task");
-  DIR* tasks = opendir(dir.c_str());
-  if (tasks == nullptr) return -1;
-  int64_t total = 0;
-  bool any = false;
-  while (const dirent* entry = readdir(tasks)) {
-    if (entry->d_name[0] == '.') continue;
-    std::ifstream in(absl::StrCat(dir, "/", entry->d_name, "/schedstat"));
-    int64_t on_cpu = 0, waited = 0;
-    if (in >> on_cpu >> waited) {
-      total += waited;
-      any = true;
-    }
-  }
-  closedir(tasks);
-  return any ? total : -1;
+  std::ifstream in(absl::StrCat("/proc/", pid, "/task/", pid, "/schedstat"));
+  int64_t on_cpu = 0, waited = -1;
+  if (!(in >> on_cpu >> waited)) return -1;
+  return waited;
 }
 
 std::optional<HostMetricsRecord> HostSampler::Sample(absl::Time now,

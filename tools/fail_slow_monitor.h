@@ -5,9 +5,10 @@
 // its CPU time (/proc/<pid>/stat utime + stime, read by the agent, which sees its host's /proc).
 // The sample holds, per rank averaged over the host's ranks: compute_ms (step time outside
 // collectives) and collective_ms in that second, with the steps done as the work they are divided
-// by; cpu_wait_ms, the time its threads were runnable but not running (/proc/<pid>/task/*/
-// schedstat run delay, in ms per second: a throttled or oversubscribed CPU); and cpu_util (CPU
-// seconds per second). GPU metrics (NVML duty cycle, power, clocks) are not
+// by; cpu_wait_ms, the time its training (main) thread was runnable but not running
+// (/proc/<pid>/task/<pid>/schedstat run delay, in ms per second: a throttled or oversubscribed
+// CPU; the other threads, mostly asleep, add wake-up delays that any loaded machine has); and
+// cpu_util (CPU seconds per second). GPU metrics (NVML duty cycle, power, clocks) are not
 // collected: no NVML here; see the GUIDE.
 //
 // FailSlowMonitor: the coordinator's side: once a second it takes every host's latest record
@@ -56,8 +57,8 @@ class HostSampler {
 
 // utime + stime of `pid` in clock ticks (/proc/<pid>/stat fields 14 and 15); -1 if unreadable.
 int64_t ProcessCpuTicks(pid_t pid);
-// The run-queue delay of `pid`'s live threads, summed (/proc/<pid>/task/*/schedstat field 2, ns):
-// time runnable but not running, which includes time a CPU cgroup throttled it. -1 if unreadable.
+// The run-queue delay of `pid`'s main thread (/proc/<pid>/task/<pid>/schedstat field 2, ns): time
+// runnable but not running, which includes time a CPU cgroup throttled it. -1 if unreadable.
 int64_t ProcessRunDelayNs(pid_t pid);
 
 class FailSlowMonitor {

@@ -36,13 +36,23 @@ std::vector<double> RelativeToMedian(const std::vector<double>& values, double* 
 }  // namespace
 
 std::vector<FailSlowMetric> FailSlowDetector::DefaultMetrics() {
-  return {{"compute_ms", true}, {"cpu_wait_ms", false}, {"collective_ms", true}, {"cpu_util", false}};
+  // The floors: 1 ms of compute per step, 20 ms of run-queue wait per second, 5 ms of collective
+  // per step, 5% of a CPU: below them, hosts of a loaded machine differ by scheduling noise alone.
+  return {{"compute_ms", true, 1.0},
+          {"cpu_wait_ms", false, 20.0},
+          {"collective_ms", true, 5.0},
+          {"cpu_util", false, 0.05}};
 }
 
 absl::StatusOr<FailSlowDetector> FailSlowDetector::Create(FailSlowOptions options) {
   if (options.metrics.empty()) options.metrics = DefaultMetrics();
   std::set<std::string> names;
   for (const FailSlowMetric& m : options.metrics) {
+    if (!(m.min_difference >= 0)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "FailSlowOptions.metrics: %s's min_difference must be >= 0, got %g", m.name,
+          m.min_difference));
+    }
     if (m.name.empty() || !names.insert(m.name).second) {
       return absl::InvalidArgumentError(
           absl::StrFormat("FailSlowOptions.metrics: empty or repeated metric name \"%s\"", m.name));
@@ -164,7 +174,10 @@ std::optional<SuspectVerdict> FailSlowDetector::Judge(MetricState& state,
   const double deviation = sums[top] / static_cast<double>(n - 1);
   const double needed =
       std::min(3.0, options_.z_threshold * std::sqrt(static_cast<double>(n - 1)));
-  if (z < needed || deviation < options_.min_deviation) return no_candidate();
+  if (z < needed || deviation < options_.min_deviation ||
+      deviation * peers_median < metric.min_difference) {
+    return no_candidate();
+  }
   if (state.candidate == hosts[top]) {
     ++state.streak;
   } else {

@@ -10,7 +10,8 @@
 //   3. sums each host's distances to all the others, and z-scores the sums across hosts;
 //   4. names the host with the largest z a candidate when z >= z_threshold x sqrt(n - 1) (the
 //      largest z any host can reach among n; see FailSlowOptions) and its mean distance to the
-//      others is at least `min_deviation` (z alone is scale-free: pure noise has an outlier too);
+//      others is at least `min_deviation` (z alone is scale-free: pure noise has an outlier too),
+//      and at least the metric's min_difference in its own unit;
 //   5. declares it suspect when the same host has been the candidate for `continuity` consecutive
 //      seconds, and again after every further `continuity` seconds (SuspectVerdict::windows).
 // Metrics are checked in the priority order given; in one second only the first metric that
@@ -53,6 +54,10 @@ struct FailSlowSample {
 struct FailSlowMetric {
   std::string name;
   bool per_work = false;  // divide each sample by its work
+  // The candidate's mean distance to the others, in the metric's own unit (after per_work), must
+  // be at least this: a relative deviation of a tiny value (0.01 vs 0.02 CPU, one clock tick) is
+  // measurement noise, not a slow host.
+  double min_difference = 0;
 };
 
 struct FailSlowOptions {

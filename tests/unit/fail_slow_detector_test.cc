@@ -164,6 +164,20 @@ TEST(FailSlowDetector, AForgottenHostIsNoLongerComparedAndAShortGapIsFilled) {
   }
 }
 
+TEST(FailSlowDetector, ADeviationBelowTheMetricsAbsoluteFloorIsNotReported) {
+  FailSlowOptions options;
+  options.metrics = {{"cpu_util", false, 0.05}};
+  options.continuity = 3;
+  absl::StatusOr<FailSlowDetector> detector = FailSlowDetector::Create(options);
+  ASSERT_TRUE(detector.ok());
+  // host0 uses twice the CPU of the others, but 0.02 of a CPU against 0.01: one clock tick.
+  for (int64_t t = 0; t < 40; ++t) {
+    std::vector<FailSlowSample> samples;
+    for (int h = 0; h < 4; ++h) samples.push_back({Host(h), "cpu_util", h == 0 ? 0.02 : 0.01, 1});
+    EXPECT_TRUE(detector->Observe(t, samples).empty()) << "second " << t;
+  }
+}
+
 TEST(FailSlowDetector, OptionsOutOfRangeAreRejectedNamingTheOption) {
   FailSlowOptions options;
   options.continuity = 0;
