@@ -4,14 +4,17 @@
 // watchdog-only baseline (a host is named only if the run's watchdog declared a hang: the runs'
 // event files, counted by the script and passed as --watchdog-named).
 //
+//   bench_fail_slow record --scenario throttle|delay|healthy|rl --seconds N --out TRACE
 //   bench_fail_slow [--continuity S] [--window S] [--metrics a,b,..] [--verbose]
-//                   LABEL:FAULTY_HOST_OR_none:TRACE ...
+//                   [--watchdog-named LABEL=HOST] LABEL:FAULTY_HOST_OR_none:TRACE ...
 //
 // Per trace: the detector replays every second; a verdict naming FAULTY_HOST is a true positive
 // (the first one gives the detection latency, from the trace's first second, since the degradation
 // is present from the start), one naming another host a false positive. Host-level precision,
 // recall and F1 over all traces, detection latency p50/p90, false alarms per hour of fault-free
 // traces. Deterministic: the same traces give the same numbers.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -25,10 +28,15 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "sdk/health/fail_slow_detector.h"
 #include "sdk/health/fail_slow_metrics.h"
+#include "tools/fail_slow_monitor.h"
 
 namespace trainguard {
+
+int RecordFailSlowTrace(int argc, char** argv);  // bench_fail_slow_record.cc
+
 namespace {
 
 struct Trace {
@@ -118,7 +126,52 @@ void Score(const Trace& trace, const Outcome& o, Totals* t) {
   t->fp += static_cast<int>(o.wrongly_named.size());
 }
 
+// The agent's per-second work for a host of 2 ranks, without the store round trips: the /proc
+// reads and the record's encoding (this process stands in for both ranks); and the coordinator's
+// detector for `hosts` hosts of 4 metrics.
+int MeasureCost() {
+  constexpr int kRounds = 2000;
+  const pid_t self = getpid();
+  const std::string work = EncodeRankWorkRecord({1000, 5'000'000'000, 3'000'000'000});
+  tools::HostSampler sampler;
+  absl::Time now = absl::Now();
+  const absl::Time start = absl::Now();
+  size_t bytes = 0;
+  for (int i = 0; i < kRounds; ++i) {
+    now += absl::Seconds(1);
+    std::optional<HostMetricsRecord> r = sampler.Sample(now, {{0, self, work}, {1, self, work}});
+    if (r.has_value()) bytes += EncodeHostMetricsRecord(*r).size();
+  }
+  const double agent_us = absl::ToDoubleMicroseconds(absl::Now() - start) / kRounds;
+  std::printf("agent sample (2 ranks, /proc reads + encoding): %.1f us per second of training, "
+              "record %.0f bytes\n",
+              agent_us, static_cast<double>(bytes) / (kRounds - 1));
+  for (int hosts : {4, 64, 1024}) {
+    absl::StatusOr<FailSlowDetector> detector = FailSlowDetector::Create({});
+    if (!detector.ok()) return 1;
+    const int seconds = hosts >= 1024 ? 20 : 200;
+    const absl::Time t0 = absl::Now();
+    for (int s = 0; s < seconds; ++s) {
+      std::vector<FailSlowSample> samples;
+      for (int h = 0; h < hosts; ++h) {
+        const std::string host = absl::StrCat("host", h);
+        const double f = 1 + 0.01 * ((h * 7 + s * 13) % 5);
+        samples.push_back({host, "compute_ms", 10 * f, 2});
+        samples.push_back({host, "cpu_wait_ms", 30 * f, 1});
+        samples.push_back({host, "collective_ms", 40 * f, 2});
+        samples.push_back({host, "cpu_util", 0.9 * f, 1});
+      }
+      (void)detector->Observe(s, samples);
+    }
+    std::printf("coordinator detector, %d hosts x 4 metrics: %.3f ms per second of training\n",
+                hosts, absl::ToDoubleMilliseconds(absl::Now() - t0) / seconds);
+  }
+  return 0;
+}
+
 int Main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "record") return RecordFailSlowTrace(argc, argv);
+  if (argc > 1 && std::string(argv[1]) == "cost") return MeasureCost();
   FailSlowOptions options;
   std::vector<std::string> specs;
   bool verbose = false;

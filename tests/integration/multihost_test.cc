@@ -641,5 +641,42 @@ TEST_F(MultiHost, AThrottledHostIsNamedASuspectAndNoHealthyHostEverIs) {
   EXPECT_THAT(job.AllOutput(), ::testing::Not(HasSubstr("is dead")));
 }
 
+
+// With --fail-slow evict, the confirmed suspect is replaced like a dead host: host 3's ranks sleep
+// 30 ms in every step (--step-delay-ms, given to its command only), the coordinator names it,
+// declares it dead (fenced out), the standby host takes its ranks from peer memory, and the job
+// trains on; the suspect_host event says the host was evicted.
+TEST_F(MultiHost, WithFailSlowEvictTheSlowHostIsReplacedByTheStandbyHostAndTrainingGoesOn) {
+  MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 3);
+  job.job_flags = {"--fail-slow", "evict", "--fail-slow-continuity", "5"};
+  const std::vector<std::string> trainer =
+      testing::ExampleTrainerArgs(TRAINGUARD_TRAINER_PATH, 10'000'000);
+  std::vector<std::string> slow = trainer;
+  slow.insert(slow.end(), {"--step-delay-ms", "30"});
+  job.StartHost(1, false, {}, trainer);
+  ASSERT_TRUE(job.Await(1, "coordinating the job")) << job.AllOutput();
+  job.StartHost(2, false, {}, trainer);
+  job.StartHost(3, false, {}, slow);
+  job.StartHost(4, true, {}, trainer);
+  ASSERT_TRUE(job.Await(1, "suspect host host3: ", absl::Seconds(80))) << job.AllOutput();
+  ASSERT_TRUE(job.Await(1, "recovered from the loss of host host3", absl::Seconds(60)))
+      << job.AllOutput();
+  EXPECT_THAT(job.Output(1), HasSubstr("host host3 is dead (fail-slow: "));
+  EXPECT_THAT(job.Output(1), HasSubstr("action: evict"));
+  EXPECT_EQ(job.Wait(3), 1) << job.AllOutput();  // fenced out, as a partitioned host
+  EXPECT_THAT(job.Output(3), HasSubstr("was declared dead by the coordinator"));
+  // The standby host's ranks train on (a standby prints no loss before it holds a rank).
+  ASSERT_TRUE(job.Await(4, " loss ", absl::Seconds(30))) << job.AllOutput();
+  for (int n : {1, 2, 4}) (void)cluster_->KillHost(n);
+  for (int n : {1, 2, 4}) (void)cluster_->WaitHost(n, absl::Seconds(10));
+  absl::StatusOr<EventLogContents> events =
+      ReadEventLog(Env::Default(), shared_.path() + "/run/events/agent-host1.tgev");
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_FALSE(events->events.empty());
+  for (const Event& e : events->events) EXPECT_EQ(e.Attribute("host"), "host3") << e.message;
+  EXPECT_EQ(events->events.back().Attribute("action"), "evict");
+  EXPECT_THAT(job.AllOutput(), ::testing::Not(::testing::ContainsRegex("suspect host host[124]")));
+}
+
 }  // namespace
 }  // namespace trainguard
