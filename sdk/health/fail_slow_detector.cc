@@ -36,12 +36,15 @@ std::vector<double> RelativeToMedian(const std::vector<double>& values, double* 
 }  // namespace
 
 std::vector<FailSlowMetric> FailSlowDetector::DefaultMetrics() {
-  // The floors: 1 ms of compute per step, 20 ms of run-queue wait per second, 5 ms of collective
+  // The floors: 1 ms of compute per step, 50 ms of run-queue wait per second, 5 ms of collective
   // per step, 5% of a CPU: below them, hosts of a loaded machine differ by scheduling noise alone.
-  return {{"compute_ms", true, 1.0},
-          {"cpu_wait_ms", false, 20.0},
-          {"collective_ms", true, 5.0},
-          {"cpu_util", false, 0.05}};
+  // The slow host computes longer and waits longer for a CPU; it waits least in collectives (the
+  // others wait for it there).
+  using Worse = FailSlowMetric::Worse;
+  return {{"compute_ms", true, 1.0, Worse::kHigher},
+          {"cpu_wait_ms", false, 50.0, Worse::kHigher},
+          {"collective_ms", true, 5.0, Worse::kLower},
+          {"cpu_util", false, 0.05, Worse::kEither}};
 }
 
 absl::StatusOr<FailSlowDetector> FailSlowDetector::Create(FailSlowOptions options) {
@@ -174,8 +177,10 @@ std::optional<SuspectVerdict> FailSlowDetector::Judge(MetricState& state,
   const double deviation = sums[top] / static_cast<double>(n - 1);
   const double needed =
       std::min(3.0, options_.z_threshold * std::sqrt(static_cast<double>(n - 1)));
+  const bool bad_side = metric.worse == FailSlowMetric::Worse::kEither ||
+                        (metric.worse == FailSlowMetric::Worse::kHigher ? x[top] > 1 : x[top] < 1);
   if (z < needed || deviation < options_.min_deviation ||
-      deviation * peers_median < metric.min_difference) {
+      deviation * peers_median < metric.min_difference || !bad_side) {
     return no_candidate();
   }
   if (state.candidate == hosts[top]) {

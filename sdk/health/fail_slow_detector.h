@@ -11,7 +11,8 @@
 //   4. names the host with the largest z a candidate when z >= z_threshold x sqrt(n - 1) (the
 //      largest z any host can reach among n; see FailSlowOptions) and its mean distance to the
 //      others is at least `min_deviation` (z alone is scale-free: pure noise has an outlier too),
-//      and at least the metric's min_difference in its own unit;
+//      and at least the metric's min_difference in its own unit, and it is on the metric's bad
+//      side of the hosts' median (FailSlowMetric::worse);
 //   5. declares it suspect when the same host has been the candidate for `continuity` consecutive
 //      seconds, and again after every further `continuity` seconds (SuspectVerdict::windows).
 // Metrics are checked in the priority order given; in one second only the first metric that
@@ -52,12 +53,17 @@ struct FailSlowSample {
 };
 
 struct FailSlowMetric {
+  // Which side of its peers a degraded host is on. A host faster than the others (less compute
+  // per step, less run-queue wait) is not fail-slow, and on a noisy machine it is often the odd
+  // one out: such a metric only names hosts on its bad side.
+  enum class Worse { kHigher, kLower, kEither };
   std::string name;
   bool per_work = false;  // divide each sample by its work
   // The candidate's mean distance to the others, in the metric's own unit (after per_work), must
   // be at least this: a relative deviation of a tiny value (0.01 vs 0.02 CPU, one clock tick) is
   // measurement noise, not a slow host.
   double min_difference = 0;
+  Worse worse = Worse::kEither;
 };
 
 struct FailSlowOptions {

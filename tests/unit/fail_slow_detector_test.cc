@@ -164,6 +164,21 @@ TEST(FailSlowDetector, AForgottenHostIsNoLongerComparedAndAShortGapIsFilled) {
   }
 }
 
+TEST(FailSlowDetector, AHostFasterThanItsPeersIsNotAFailSlowSuspect) {
+  FailSlowOptions options;
+  options.metrics = {{"compute_ms", true, 0, FailSlowMetric::Worse::kHigher}};
+  options.continuity = 3;
+  absl::StatusOr<FailSlowDetector> detector = FailSlowDetector::Create(options);
+  ASSERT_TRUE(detector.ok());
+  auto fast = [](int h, int64_t) { return h == 0 ? 0.5 : 1.0; };
+  for (int64_t t = 0; t < 40; ++t) EXPECT_TRUE(detector->Observe(t, Second(4, t, fast)).empty());
+  // The same host slower instead is named.
+  auto slow = [](int h, int64_t) { return h == 0 ? 1.5 : 1.0; };
+  bool named = false;
+  for (int64_t t = 40; t < 80; ++t) named = named || !detector->Observe(t, Second(4, t, slow)).empty();
+  EXPECT_TRUE(named);
+}
+
 TEST(FailSlowDetector, ADeviationBelowTheMetricsAbsoluteFloorIsNotReported) {
   FailSlowOptions options;
   options.metrics = {{"cpu_util", false, 0.05}};
