@@ -36,13 +36,13 @@ std::vector<double> RelativeToMedian(const std::vector<double>& values, double* 
 }  // namespace
 
 std::vector<FailSlowMetric> FailSlowDetector::DefaultMetrics() {
-  // The floors: 1 ms of compute per step, 50 ms of run-queue wait per second, 5 ms of collective
+  // The floors: 1 ms of compute per step, 20 ms of run-queue wait per second, 5 ms of collective
   // per step, 5% of a CPU: below them, hosts of a loaded machine differ by scheduling noise alone.
   // The slow host computes longer and waits longer for a CPU; it waits least in collectives (the
   // others wait for it there).
   using Worse = FailSlowMetric::Worse;
   return {{"compute_ms", true, 1.0, Worse::kHigher},
-          {"cpu_wait_ms", false, 50.0, Worse::kHigher},
+          {"cpu_wait_ms", false, 20.0, Worse::kHigher},
           {"collective_ms", true, 5.0, Worse::kLower},
           {"cpu_util", false, 0.05, Worse::kEither}};
 }

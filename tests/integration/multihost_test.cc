@@ -599,8 +599,8 @@ TEST_F(MultiHost, LosingOneMemberOfAThreeMemberEtcdClusterDoesNotDisturbTraining
 
 // Fail-slow hosts (docs/GUIDE.md): four hosts train; host 3's ranks run in a CPU cgroup capped at
 // 2% of one CPU (tests/support/cpu_throttle.h; a rank here needs about 4%), so every step waits for them. The coordinator's
-// detector names host 3 in a suspect_host event, for two continuity windows in a row, and never
-// names a healthy host; with the default policy (alert) nothing is evicted.
+// detector names host 3 in a suspect_host event, and again after another continuity window, and
+// never names a healthy host; with the default policy (alert) nothing is evicted.
 TEST_F(MultiHost, AThrottledHostIsNamedASuspectAndNoHealthyHostEverIs) {
   absl::StatusOr<std::unique_ptr<testing::CpuThrottle>> throttle =
       testing::CpuThrottle::Create(absl::StrCat("trainguard-fail-slow-", getpid()), 0.02);
@@ -619,9 +619,15 @@ TEST_F(MultiHost, AThrottledHostIsNamedASuspectAndNoHealthyHostEverIs) {
   const absl::Time start = absl::Now();
   ASSERT_TRUE(job.Await(1, "suspect host host3: ", absl::Seconds(80))) << job.AllOutput();
   std::printf("job start -> host3 named: %.1f s\n", absl::ToDoubleSeconds(absl::Now() - start));
-  // Watched one more continuity window: it stays the outlier, and nobody else becomes one.
-  ASSERT_TRUE(job.Await(1, "continuity window(s) of 10 s; action", absl::Seconds(30)));
-  ASSERT_TRUE(job.Await(1, "for 2 continuity window(s)", absl::Seconds(30))) << job.AllOutput();
+  // Watched until it is named again (another continuity window): nobody else is named meanwhile.
+  bool named_again = false;
+  for (absl::Time end = absl::Now() + absl::Seconds(40); !named_again && absl::Now() < end;) {
+    const std::string log = job.Output(1);
+    const size_t first = log.find("suspect host host3: ");
+    named_again = log.find("suspect host host3: ", first + 1) != std::string::npos;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_TRUE(named_again) << job.AllOutput();
   for (int n = 1; n <= 4; ++n) (void)cluster_->KillHost(n);
   for (int n = 1; n <= 4; ++n) (void)cluster_->WaitHost(n, absl::Seconds(10));
   absl::StatusOr<EventLogContents> events =
