@@ -2206,6 +2206,12 @@ absl::StatusOr<LaunchConfig> ParseRunArguments(const std::vector<std::string>& a
     } else if (flag == "--fail-slow-window") {
       n = ParseCount(flag, value, 1);
       config.fail_slow_window_s = n.value_or(1);
+      if (n.ok() && *n % 2 == 0) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "--fail-slow-window '%s': need an odd number of seconds (a median that a rise and a "
+            "fall move alike)",
+            value));
+      }
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag ", flag));
     }
