@@ -9,6 +9,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 
 namespace trainguard::tools {
@@ -98,6 +99,36 @@ std::optional<HostMetricsRecord> HostSampler::Sample(absl::Time now,
   if (with_wait > 0) record.metrics.emplace_back("cpu_wait_ms", wait_ms / with_wait);
   if (with_cpu > 0) record.metrics.emplace_back("cpu_util", cpu / with_cpu);
   return record;
+}
+
+FailSlowDecision DecideFailSlowAction(FailSlowPolicy policy, int windows, int evicted,
+                                      int training_hosts, double max_share, int spare_standbys,
+                                      int needed) {
+  FailSlowDecision d;
+  d.action = "alert";
+  const bool wants = policy == FailSlowPolicy::kEvict ||
+                     (policy == FailSlowPolicy::kEvictRepeated && windows >= 2);
+  if (!wants) {
+    if (policy == FailSlowPolicy::kEvictRepeated) {
+      d.action = "alert (evict-repeated: evicted if it is still the outlier one window later)";
+    }
+    return d;
+  }
+  const int may_evict =
+      max_share <= 0 ? 0 : std::max(1, static_cast<int>(max_share * training_hosts));
+  if (evicted >= may_evict) {
+    d.action = absl::StrFormat(
+        "alert (not evicted: %d of at most %d host(s) evicted on metrics alone, "
+        "--fail-slow-max-evict-share %g)",
+        evicted, may_evict, max_share);
+  } else if (spare_standbys < needed) {
+    d.action = absl::StrFormat("alert (not evicted: %d parked standby(s) elsewhere, %d needed)",
+                               spare_standbys, needed);
+  } else {
+    d.evict = true;
+    d.action = "evict";
+  }
+  return d;
 }
 
 std::vector<SuspectVerdict> FailSlowMonitor::Observe(

@@ -61,6 +61,21 @@ int64_t ProcessCpuTicks(pid_t pid);
 // runnable but not running, which includes time a CPU cgroup throttled it. -1 if unreadable.
 int64_t ProcessRunDelayNs(pid_t pid);
 
+// What the coordinator does with a confirmed suspect (LaunchConfig::fail_slow). Pure.
+struct FailSlowDecision {
+  bool evict = false;
+  std::string action;  // "alert", "evict", or "alert (not evicted: why)"
+};
+enum class FailSlowPolicy { kOff, kAlert, kEvict, kEvictRepeated };
+// `windows`: the verdict's continuity windows in a row; `evicted`: hosts evicted on metrics so far
+// in this job; `training_hosts`: hosts holding ranks; `spare_standbys`: parked standbys on other
+// hosts; `needed`: ranks per host. Evicts when the policy says so (evict-repeated: from the second
+// window), at most max(1, floor(max_share x training_hosts)) hosts over the job (max_share 0:
+// none), and only when the spares can take the host's ranks.
+FailSlowDecision DecideFailSlowAction(FailSlowPolicy policy, int windows, int evicted,
+                                      int training_hosts, double max_share, int spare_standbys,
+                                      int needed);
+
 class FailSlowMonitor {
  public:
   explicit FailSlowMonitor(FailSlowDetector detector) : detector_(std::move(detector)) {}

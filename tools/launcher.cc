@@ -1927,19 +1927,10 @@ void Job::DetectFailSlow() {
 }
 
 void Job::ActOnSuspect(const SuspectVerdict& v) {
-  using Policy = LaunchConfig::FailSlowPolicy;
-  const int training_hosts = std::max(1, world_size_ / std::max(1, config_.nproc));
-  const int may_evict =
-      config_.fail_slow_max_evict_share <= 0
-          ? 0
-          : std::max(1, static_cast<int>(config_.fail_slow_max_evict_share * training_hosts));
-  std::string action = "alert";
-  bool evict = false;
-  if (config_.fail_slow == Policy::kEvict ||
-      (config_.fail_slow == Policy::kEvictRepeated && v.windows >= 2)) {
-    // A standby host (or enough parked standbys elsewhere) must take the host's ranks: evicting
-    // into nothing would fail the job that was only slow.
-    size_t spare = 0;
+  // Parked standbys on other hosts: evicting into nothing would fail a job that was only slow.
+  int spare = 0;
+  if (config_.fail_slow == LaunchConfig::FailSlowPolicy::kEvict ||
+      config_.fail_slow == LaunchConfig::FailSlowPolicy::kEvictRepeated) {
     if (absl::StatusOr<std::vector<std::string>> parked =
             coordinator_->ParkedStandbys(AgentCallTimeout(config_.host_timeout));
         parked.ok()) {
@@ -1947,20 +1938,13 @@ void Job::ActOnSuspect(const SuspectVerdict& v) {
         if (!absl::StartsWith(member, v.host + ":")) ++spare;
       }
     }
-    if (fail_slow_evictions_ >= may_evict) {
-      action = absl::StrFormat("alert (not evicted: %d of at most %d host(s) evicted on metrics "
-                               "alone, --fail-slow-max-evict-share %g)",
-                               fail_slow_evictions_, may_evict, config_.fail_slow_max_evict_share);
-    } else if (spare < static_cast<size_t>(config_.nproc)) {
-      action = absl::StrFormat("alert (not evicted: %d parked standby(s) elsewhere, %d needed)",
-                               spare, config_.nproc);
-    } else {
-      action = "evict";
-      evict = true;
-    }
-  } else if (config_.fail_slow == Policy::kEvictRepeated) {
-    action = "alert (evict-repeated: evicted if it is still the outlier one window later)";
   }
+  const FailSlowDecision decision = DecideFailSlowAction(
+      config_.fail_slow, v.windows, fail_slow_evictions_,
+      std::max(1, world_size_ / std::max(1, config_.nproc)), config_.fail_slow_max_evict_share,
+      spare, config_.nproc);
+  const std::string& action = decision.action;
+  const bool evict = decision.evict;
   const std::string evidence = absl::StrFormat(
       "%s %.3g vs the hosts' median %.3g (%.0f%% off its peers), z %.2f among %d hosts, for %d "
       "continuity window(s) of %d s",

@@ -40,6 +40,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "tools/fail_slow_monitor.h"
 
 namespace trainguard::tools {
 
@@ -92,7 +93,7 @@ struct LaunchConfig {
   // for a host it confirms, writes a suspect_host event and then, by policy: kAlert nothing more;
   // kEvict replaces the host with a standby host at the first confirmation; kEvictRepeated at the
   // second continuity window in a row. kOff: no sampling, no detection.
-  enum class FailSlowPolicy { kOff, kAlert, kEvict, kEvictRepeated };
+  using FailSlowPolicy = ::trainguard::tools::FailSlowPolicy;  // tools/fail_slow_monitor.h
   FailSlowPolicy fail_slow = FailSlowPolicy::kAlert;
   // At most max(1, floor(share x training hosts)) hosts are evicted on metrics alone over the
   // job's life (0: none); past it, and without a standby host to take over, a confirmation only
