@@ -280,6 +280,8 @@ class MultiHost : public ::testing::Test {
   }
 
   SharedDir shared_;
+  // Destroyed after the cluster, whose hosts (its processes) must be gone before it can be removed.
+  std::unique_ptr<testing::CpuThrottle> throttle_;
   std::unique_ptr<SimCluster> cluster_;
   std::unique_ptr<TcpStoreServer> store_;
 };
@@ -598,20 +600,21 @@ TEST_F(MultiHost, LosingOneMemberOfAThreeMemberEtcdClusterDoesNotDisturbTraining
 }
 
 // Fail-slow hosts (docs/GUIDE.md): four hosts train; host 3's ranks run in a CPU cgroup capped at
-// 2% of one CPU (tests/support/cpu_throttle.h; a rank here needs about 4%), so every step waits for them. The coordinator's
-// detector names host 3 in a suspect_host event, and again after another continuity window, and
+// 2% of one CPU (tests/support/cpu_throttle.h; a rank here needs about 4%), so every step waits
+// for them. The coordinator's detector names host 3 in a suspect_host event, and again after another continuity window, and
 // never names a healthy host; with the default policy (alert) nothing is evicted.
 TEST_F(MultiHost, AThrottledHostIsNamedASuspectAndNoHealthyHostEverIs) {
   absl::StatusOr<std::unique_ptr<testing::CpuThrottle>> throttle =
       testing::CpuThrottle::Create(absl::StrCat("trainguard-fail-slow-", getpid()), 0.02);
   ASSERT_TRUE(throttle.ok()) << throttle.status();
+  throttle_ = *std::move(throttle);
   MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 4);
   job.job_flags = {"--fail-slow-continuity", "10", "--fail-slow-trace",
                    shared_.path() + "/fail-slow.trace"};
   const std::vector<std::string> trainer =
       testing::ExampleTrainerArgs(TRAINGUARD_TRAINER_PATH, 10'000'000);  // runs until killed
   std::vector<std::string> throttled = {
-      "/bin/sh", "-c", absl::StrCat("echo $$ > ", (*throttle)->Procs(), " && exec \"$@\""), "sh"};
+      "/bin/sh", "-c", absl::StrCat("echo $$ > ", throttle_->Procs(), " && exec \"$@\""), "sh"};
   throttled.insert(throttled.end(), trainer.begin(), trainer.end());
   job.StartHost(1, false, {}, trainer);
   ASSERT_TRUE(job.Await(1, "coordinating the job")) << job.AllOutput();
