@@ -601,8 +601,9 @@ TEST_F(MultiHost, LosingOneMemberOfAThreeMemberEtcdClusterDoesNotDisturbTraining
 
 // Fail-slow hosts (docs/GUIDE.md): four hosts train; host 3's ranks run in a CPU cgroup capped at
 // 2% of one CPU (tests/support/cpu_throttle.h; a rank here needs about 4%), so every step waits
-// for them. The coordinator's detector names host 3 in a suspect_host event, and again after another continuity window, and
-// never names a healthy host; with the default policy (alert) nothing is evicted.
+// for them. The coordinator's detector names host 3 in a suspect_host event, and again after
+// another continuity window, and never names a healthy host; with the default policy (alert)
+// nothing is evicted.
 TEST_F(MultiHost, AThrottledHostIsNamedASuspectAndNoHealthyHostEverIs) {
   absl::StatusOr<std::unique_ptr<testing::CpuThrottle>> throttle =
       testing::CpuThrottle::Create(absl::StrCat("trainguard-fail-slow-", getpid()), 0.02);
