@@ -41,7 +41,7 @@ namespace {
 
 struct Trace {
   std::string label;
-  std::string faulty;  // "" for a fault-free run
+  std::string faulty;                                             // "" for a fault-free run
   std::map<int64_t, std::map<std::string, std::string>> seconds;  // second -> host -> record
 };
 
@@ -71,7 +71,8 @@ std::vector<FailSlowSample> Samples(const std::map<std::string, std::string>& re
     auto [it, inserted] = last_seq.try_emplace(host, r->seq);
     if (!inserted && it->second == r->seq) continue;
     it->second = r->seq;
-    for (const auto& [metric, value] : r->metrics) samples.push_back({host, metric, value, r->work});
+    for (const auto& [metric, value] : r->metrics)
+      samples.push_back({host, metric, value, r->work});
   }
   return samples;
 }
@@ -102,11 +103,12 @@ void Report(const std::string& name, const Totals& t) {
   const double precision = t.tp + t.fp > 0 ? static_cast<double>(t.tp) / (t.tp + t.fp) : 0;
   const double recall = t.tp + t.fn > 0 ? static_cast<double>(t.tp) / (t.tp + t.fn) : 0;
   const double f1 = precision + recall > 0 ? 2 * precision * recall / (precision + recall) : 0;
-  std::printf("%-22s precision %.3f recall %.3f F1 %.3f | latency p50 %.0f s p90 %.0f s | "
-              "false alarms/hour (fault-free runs) %.0f\n",
-              name.c_str(), precision, recall, f1, Percentile(t.latencies, 0.5),
-              Percentile(t.latencies, 0.9),
-              t.healthy_seconds > 0 ? t.healthy_alarms * 3600.0 / t.healthy_seconds : 0.0);
+  std::printf(
+      "%-22s precision %.3f recall %.3f F1 %.3f | latency p50 %.0f s p90 %.0f s | "
+      "false alarms/hour (fault-free runs) %.0f\n",
+      name.c_str(), precision, recall, f1, Percentile(t.latencies, 0.5),
+      Percentile(t.latencies, 0.9),
+      t.healthy_seconds > 0 ? t.healthy_alarms * 3600.0 / t.healthy_seconds : 0.0);
 }
 
 // Host-level scoring of one trace: the faulty host named = TP (else FN); each healthy host named
@@ -143,9 +145,10 @@ int MeasureCost() {
     if (r.has_value()) bytes += EncodeHostMetricsRecord(*r).size();
   }
   const double agent_us = absl::ToDoubleMicroseconds(absl::Now() - start) / kRounds;
-  std::printf("agent sample (2 ranks, /proc reads + encoding): %.1f us per second of training, "
-              "record %.0f bytes\n",
-              agent_us, static_cast<double>(bytes) / (kRounds - 1));
+  std::printf(
+      "agent sample (2 ranks, /proc reads + encoding): %.1f us per second of training, "
+      "record %.0f bytes\n",
+      agent_us, static_cast<double>(bytes) / (kRounds - 1));
   for (int hosts : {4, 64, 1024}) {
     absl::StatusOr<FailSlowDetector> detector = FailSlowDetector::Create({});
     if (!detector.ok()) return 1;
@@ -206,7 +209,8 @@ int Main(int argc, char** argv) {
   for (const std::string& spec : specs) {
     Trace trace;
     if (!LoadTrace(spec, &trace)) {
-      std::fprintf(stderr, "bench_fail_slow: cannot read %s (LABEL:HOST|none:FILE)\n", spec.c_str());
+      std::fprintf(stderr, "bench_fail_slow: cannot read %s (LABEL:HOST|none:FILE)\n",
+                   spec.c_str());
       return 2;
     }
     absl::StatusOr<FailSlowDetector> detector = FailSlowDetector::Create(options);
@@ -256,14 +260,15 @@ int Main(int argc, char** argv) {
         w.wrongly_named.insert(it->second);
       }
     }
-    std::printf("%-12s faulty %-6s %4.0f s | minder: %s%s, %d false | mahalanobis: %s%s, %d false "
-                "| watchdog: %s\n",
-                trace.label.c_str(), trace.faulty.empty() ? "none" : trace.faulty.c_str(),
-                a.seconds, a.detected ? "named after " : (trace.faulty.empty() ? "-" : "missed"),
-                a.detected ? absl::StrCat(a.latency_s, " s").c_str() : "", a.false_alarms,
-                b.detected ? "named after " : (trace.faulty.empty() ? "-" : "missed"),
-                b.detected ? absl::StrCat(b.latency_s, " s").c_str() : "", b.false_alarms,
-                w.detected ? "named" : (w.false_alarms > 0 ? "named a healthy host" : "nothing"));
+    std::printf(
+        "%-12s faulty %-6s %4.0f s | minder: %s%s, %d false | mahalanobis: %s%s, %d false "
+        "| watchdog: %s\n",
+        trace.label.c_str(), trace.faulty.empty() ? "none" : trace.faulty.c_str(), a.seconds,
+        a.detected ? "named after " : (trace.faulty.empty() ? "-" : "missed"),
+        a.detected ? absl::StrCat(a.latency_s, " s").c_str() : "", a.false_alarms,
+        b.detected ? "named after " : (trace.faulty.empty() ? "-" : "missed"),
+        b.detected ? absl::StrCat(b.latency_s, " s").c_str() : "", b.false_alarms,
+        w.detected ? "named" : (w.false_alarms > 0 ? "named a healthy host" : "nothing"));
     Score(trace, a, &minder);
     Score(trace, b, &mahalanobis);
     Score(trace, w, &watchdog);

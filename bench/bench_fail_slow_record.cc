@@ -34,7 +34,8 @@ int RecordFailSlowTrace(int argc, char** argv) {
 #ifndef TRAINGUARD_TRAINER_PATH
   (void)argc;
   (void)argv;
-  std::fprintf(stderr, "bench_fail_slow record needs the example trainer (TRAINGUARD_BUILD_EXAMPLES)\n");
+  std::fprintf(stderr,
+               "bench_fail_slow record needs the example trainer (TRAINGUARD_BUILD_EXAMPLES)\n");
   return 2;
 #else
   using testing::SimCluster;
@@ -46,8 +47,8 @@ int RecordFailSlowTrace(int argc, char** argv) {
     if (flag == "--seconds") seconds = std::stoi(value);
     if (flag == "--out") out = value;
   }
-  if (out.empty() ||
-      (scenario != "throttle" && scenario != "delay" && scenario != "healthy" && scenario != "rl")) {
+  if (out.empty() || (scenario != "throttle" && scenario != "delay" && scenario != "healthy" &&
+                      scenario != "rl")) {
     std::fprintf(stderr,
                  "usage: bench_fail_slow record --scenario throttle|delay|healthy|rl --seconds N "
                  "--out TRACE\n");
@@ -58,7 +59,7 @@ int RecordFailSlowTrace(int argc, char** argv) {
   std::filesystem::create_directories(dir);
   std::filesystem::remove(out);
   std::ofstream(dir + "/token") << "bench-fail-slow\n";
-  absl::StatusOr<std::unique_ptr<SimCluster>> cluster = SimCluster::Create();
+  absl::StatusOr<std::unique_ptr<SimCluster> > cluster = SimCluster::Create();
   if (!cluster.ok()) {
     std::fprintf(stderr, "%s\n", cluster.status().ToString().c_str());
     return 1;
@@ -66,7 +67,7 @@ int RecordFailSlowTrace(int argc, char** argv) {
   TcpStoreServerOptions store_options;
   store_options.host = "127.0.1.254";
   store_options.job_token = "bench-fail-slow";
-  absl::StatusOr<std::unique_ptr<TcpStoreServer>> store = TcpStoreServer::Start(store_options);
+  absl::StatusOr<std::unique_ptr<TcpStoreServer> > store = TcpStoreServer::Start(store_options);
   if (!store.ok()) {
     std::fprintf(stderr, "%s\n", store.status().ToString().c_str());
     return 1;
@@ -74,7 +75,7 @@ int RecordFailSlowTrace(int argc, char** argv) {
   const std::string endpoint = absl::StrCat("tcp://127.0.1.254:", (*store)->port());
   std::unique_ptr<testing::CpuThrottle> throttle;
   if (scenario == "throttle") {
-    absl::StatusOr<std::unique_ptr<testing::CpuThrottle>> made =
+    absl::StatusOr<std::unique_ptr<testing::CpuThrottle> > made =
         testing::CpuThrottle::Create(absl::StrCat("trainguard-bench-fail-slow-", getpid()), 0.02);
     if (!made.ok()) {
       std::fprintf(stderr, "%s\n", made.status().ToString().c_str());
@@ -89,30 +90,49 @@ int RecordFailSlowTrace(int argc, char** argv) {
     trainer.push_back("20:4");
   }
   for (int n = 1; n <= 4; ++n) {
-    std::vector<std::string> argv_host = {
-        TRAINGUARD_CLI_PATH, "run", "--nnodes", "4", "--nproc-per-node", "2", "--rdzv-endpoint",
-        endpoint, "--token-file", dir + "/token", "--job-id", absl::StrCat("fs-", getpid()),
-        "--run-dir", dir + "/run", "--host-id", absl::StrCat("host", n), "--local-addr",
-        SimCluster::Address(n), "--host-timeout", "3", "--fail-slow", "alert",
-        "--fail-slow-continuity", "10", "--fail-slow-trace",
-        std::filesystem::absolute(out).string(), "--"};
+    std::vector<std::string> argv_host = {TRAINGUARD_CLI_PATH,
+                                          "run",
+                                          "--nnodes",
+                                          "4",
+                                          "--nproc-per-node",
+                                          "2",
+                                          "--rdzv-endpoint",
+                                          endpoint,
+                                          "--token-file",
+                                          dir + "/token",
+                                          "--job-id",
+                                          absl::StrCat("fs-", getpid()),
+                                          "--run-dir",
+                                          dir + "/run",
+                                          "--host-id",
+                                          absl::StrCat("host", n),
+                                          "--local-addr",
+                                          SimCluster::Address(n),
+                                          "--host-timeout",
+                                          "3",
+                                          "--fail-slow",
+                                          "alert",
+                                          "--fail-slow-continuity",
+                                          "10",
+                                          "--fail-slow-trace",
+                                          std::filesystem::absolute(out).string(),
+                                          "--"};
     std::vector<std::string> command = trainer;
     if (n == 3 && scenario == "delay") {
       command.push_back("--step-delay-ms");
       command.push_back("20");
     }
     if (n == 3 && scenario == "throttle") {
-      command.insert(command.begin(), {"/bin/sh", "-c",
-                                       absl::StrCat("echo $$ > ", throttle->Procs(),
-                                                    " && exec \"$@\""),
-                                       "sh"});
+      command.insert(command.begin(),
+                     {"/bin/sh", "-c",
+                      absl::StrCat("echo $$ > ", throttle->Procs(), " && exec \"$@\""), "sh"});
     }
     argv_host.insert(argv_host.end(), command.begin(), command.end());
-    absl::Status started = (*cluster)->StartHost(
-        n, {.hostname = absl::StrCat("host", n),
-            .argv = argv_host,
-            .env = testing::ExampleCheckpointEnv(dir + "/run"),
-            .log_path = absl::StrCat(dir, "/host", n, ".log")});
+    absl::Status started =
+        (*cluster)->StartHost(n, {.hostname = absl::StrCat("host", n),
+                                  .argv = argv_host,
+                                  .env = testing::ExampleCheckpointEnv(dir + "/run"),
+                                  .log_path = absl::StrCat(dir, "/host", n, ".log")});
     if (!started.ok()) {
       std::fprintf(stderr, "%s\n", started.ToString().c_str());
       return 1;

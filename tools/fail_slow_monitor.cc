@@ -22,8 +22,7 @@ int64_t ProcessCpuTicks(pid_t pid) {
   // Field 2 (comm) is in parentheses and may hold spaces: count fields after its last ')'.
   const size_t close = stat.rfind(')');
   if (close == std::string::npos) return -1;
-  const std::vector<std::string> f =
-      absl::StrSplit(stat.substr(close + 1), ' ', absl::SkipEmpty());
+  const std::vector<std::string> f = absl::StrSplit(stat.substr(close + 1), ' ', absl::SkipEmpty());
   // f[0] is field 3 (state): utime is field 14 = f[11], stime field 15 = f[12].
   int64_t utime = 0, stime = 0;
   if (f.size() < 13 || !absl::SimpleAtoi(f[11], &utime) || !absl::SimpleAtoi(f[12], &stime)) {
@@ -60,8 +59,8 @@ std::optional<HostMetricsRecord> HostSampler::Sample(absl::Time now,
     const auto before = previous_.find(r.rank);
     if (have_interval && before != previous_.end() && before->second.pid == r.pid) {
       const Previous& p = before->second;
-      if (p.work.has_value() && now_seen.work.has_value() && now_seen.work->steps >= p.work->steps &&
-          now_seen.work->step_ns >= p.work->step_ns &&
+      if (p.work.has_value() && now_seen.work.has_value() &&
+          now_seen.work->steps >= p.work->steps && now_seen.work->step_ns >= p.work->step_ns &&
           now_seen.work->collective_ns >= p.work->collective_ns) {
         const double step_ms = static_cast<double>(now_seen.work->step_ns - p.work->step_ns) / 1e6;
         const double coll_ms =
@@ -77,8 +76,9 @@ std::optional<HostMetricsRecord> HostSampler::Sample(absl::Time now,
       }
       if (p.run_delay_ns >= 0 && now_seen.run_delay_ns >= 0) {
         // A thread that ended takes its delay with it: a negative delta counts as none.
-        wait_ms += std::max<double>(0, static_cast<double>(now_seen.run_delay_ns - p.run_delay_ns)) /
-                   1e6 / seconds;
+        wait_ms +=
+            std::max<double>(0, static_cast<double>(now_seen.run_delay_ns - p.run_delay_ns)) / 1e6 /
+            seconds;
         ++with_wait;
       }
     }

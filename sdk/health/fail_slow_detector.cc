@@ -52,9 +52,9 @@ absl::StatusOr<FailSlowDetector> FailSlowDetector::Create(FailSlowOptions option
   std::set<std::string> names;
   for (const FailSlowMetric& m : options.metrics) {
     if (!(m.min_difference >= 0)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "FailSlowOptions.metrics: %s's min_difference must be >= 0, got %g", m.name,
-          m.min_difference));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("FailSlowOptions.metrics: %s's min_difference must be >= 0, got %g",
+                          m.name, m.min_difference));
     }
     if (m.name.empty() || !names.insert(m.name).second) {
       return absl::InvalidArgumentError(
@@ -175,8 +175,7 @@ std::optional<SuspectVerdict> FailSlowDetector::Judge(MetricState& state,
   const size_t top = static_cast<size_t>(std::max_element(sums.begin(), sums.end()) - sums.begin());
   const double z = (sums[top] - mean) / sd;
   const double deviation = sums[top] / static_cast<double>(n - 1);
-  const double needed =
-      std::min(3.0, options_.z_threshold * std::sqrt(static_cast<double>(n - 1)));
+  const double needed = std::min(3.0, options_.z_threshold * std::sqrt(static_cast<double>(n - 1)));
   const bool bad_side = metric.worse == FailSlowMetric::Worse::kEither ||
                         (metric.worse == FailSlowMetric::Worse::kHigher ? x[top] > 1 : x[top] < 1);
   if (z < needed || deviation < options_.min_deviation ||
@@ -212,8 +211,7 @@ std::optional<SuspectVerdict> MahalanobisDetector::Observe(
     const auto it = std::find(options_.metrics.begin(), options_.metrics.end(), s.metric);
     if (it == options_.metrics.end() || !std::isfinite(s.value)) continue;
     if (options_.per_work && s.metric != "cpu_util" && !(s.work > 0)) continue;
-    const double value =
-        options_.per_work && s.metric != "cpu_util" ? s.value / s.work : s.value;
+    const double value = options_.per_work && s.metric != "cpu_util" ? s.value / s.work : s.value;
     auto& row = by_host[s.host];
     row.resize(k);
     row[static_cast<size_t>(it - options_.metrics.begin())] = value;

@@ -71,8 +71,8 @@ struct FailSlowOptions {
   // DefaultMetrics()).
   std::vector<FailSlowMetric> metrics;
   // Seconds of a host's series the moving median covers; odd. Minder's window is 8; 9 is the odd
-  // window next to it: a change must last 5 s before it moves the median, which a spike of up to 4 s
-  // never does.
+  // window next to it: a change must last 5 s before it moves the median, which a spike of 4 s
+  // or less never does.
   int denoise_window = 9;
   // The candidate's z must reach this fraction of sqrt(n - 1), the largest z-score one host of n
   // can have (reached when the other n - 1 agree exactly). A fixed z of 3 (Minder, thousands of
@@ -94,13 +94,13 @@ struct FailSlowOptions {
 struct SuspectVerdict {
   std::string host;
   std::string metric;
-  double z = 0;          // its z-score this second
-  double deviation = 0;  // its mean relative distance to the other hosts
-  double value = 0;      // its denoised (and work-normalised) value
+  double z = 0;             // its z-score this second
+  double deviation = 0;     // its mean relative distance to the other hosts
+  double value = 0;         // its denoised (and work-normalised) value
   double peers_median = 0;  // the hosts' median of that value
-  int windows = 0;       // continuity windows met in a row: 1 at the first confirmation
-  int64_t second = 0;    // when it was confirmed
-  int hosts = 0;         // hosts compared
+  int windows = 0;          // continuity windows met in a row: 1 at the first confirmation
+  int64_t second = 0;       // when it was confirmed
+  int hosts = 0;            // hosts compared
 };
 
 class FailSlowDetector {
@@ -130,8 +130,8 @@ class FailSlowDetector {
   };
   struct MetricState {
     std::map<std::string, Series> series;  // by host
-    std::string candidate;  // this metric's candidate in the last second ("" none)
-    int streak = 0;         // consecutive seconds it was
+    std::string candidate;                 // this metric's candidate in the last second ("" none)
+    int streak = 0;                        // consecutive seconds it was
   };
 
   explicit FailSlowDetector(FailSlowOptions options);

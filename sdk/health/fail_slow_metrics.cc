@@ -25,9 +25,9 @@ absl::StatusOr<RankWorkRecord> ParseRankWorkRecord(std::string_view text) {
   RankWorkRecord r;
   if (f.size() != 4 || f[0] != "v1" || !absl::SimpleAtoi(f[1], &r.steps) ||
       !absl::SimpleAtoi(f[2], &r.step_ns) || !absl::SimpleAtoi(f[3], &r.collective_ns)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank work record \"", std::string(text),
-        "\": want \"v1 <steps_completed> <step_ns_total> <collective_ns_total>\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank work record \"", std::string(text),
+                     "\": want \"v1 <steps_completed> <step_ns_total> <collective_ns_total>\""));
   }
   return r;
 }
@@ -56,7 +56,8 @@ absl::StatusOr<HostMetricsRecord> ParseHostMetricsRecord(std::string_view text) 
   for (size_t i = 3; i < f.size(); ++i) {
     const size_t eq = f[i].find('=');
     double value = 0;
-    if (eq == absl::string_view::npos || eq == 0 || !absl::SimpleAtod(f[i].substr(eq + 1), &value)) {
+    if (eq == absl::string_view::npos || eq == 0 ||
+        !absl::SimpleAtod(f[i].substr(eq + 1), &value)) {
       return bad(absl::StrCat("field ", i, " is not <metric>=<number>"));
     }
     r.metrics.emplace_back(std::string(f[i].substr(0, eq)), value);

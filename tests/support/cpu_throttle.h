@@ -41,9 +41,9 @@ class CpuThrottle {
     const bool v2 = controllers.find("cpu") != std::string::npos;
     const std::string dir = v2 ? "/sys/fs/cgroup/" + name : "/sys/fs/cgroup/cpu/" + name;
     if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "mkdir ", dir, ": ", std::strerror(errno),
-          " (no usable CPU cgroup controller: neither cgroup v2's cpu nor v1's)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("mkdir ", dir, ": ", std::strerror(errno),
+                       " (no usable CPU cgroup controller: neither cgroup v2's cpu nor v1's)"));
     }
     std::unique_ptr<CpuThrottle> throttle(new CpuThrottle(dir));
     const std::string file = v2 ? dir + "/cpu.max" : dir + "/cpu.cfs_quota_us";

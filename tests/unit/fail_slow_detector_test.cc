@@ -1,5 +1,5 @@
-// FailSlowDetector (sdk/health/fail_slow_detector.h) on synthetic per-second samples: exact seconds,
-// deterministic noise, no clock.
+// FailSlowDetector (sdk/health/fail_slow_detector.h) on synthetic per-second samples: exact
+// seconds, deterministic noise, no clock.
 #include "sdk/health/fail_slow_detector.h"
 
 #include <cmath>
@@ -91,7 +91,8 @@ std::vector<FailSlowSample> RlSecond(int64_t t) {
   const double ms_per_token = 2.0 * std::exp(1.2 * Noise(99, t / 3));  // a 3 s step, varied
   std::vector<FailSlowSample> samples;
   for (int h = 0; h < 4; ++h) {
-    const double tokens = (h == 1 && t >= 30 && t < 90 ? 200.0 : 100.0) * (1 + 0.2 * Noise(h, t, 7));
+    const double tokens =
+        (h == 1 && t >= 30 && t < 90 ? 200.0 : 100.0) * (1 + 0.2 * Noise(h, t, 7));
     samples.push_back(
         {Host(h), "compute_ms", tokens * ms_per_token * (1 + 0.02 * Noise(h, t)), tokens});
   }
@@ -175,7 +176,8 @@ TEST(FailSlowDetector, AHostFasterThanItsPeersIsNotAFailSlowSuspect) {
   // The same host slower instead is named.
   auto slow = [](int h, int64_t) { return h == 0 ? 1.5 : 1.0; };
   bool named = false;
-  for (int64_t t = 40; t < 80; ++t) named = named || !detector->Observe(t, Second(4, t, slow)).empty();
+  for (int64_t t = 40; t < 80; ++t)
+    named = named || !detector->Observe(t, Second(4, t, slow)).empty();
   EXPECT_TRUE(named);
 }
 
