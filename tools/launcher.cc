@@ -43,12 +43,17 @@
 #include "sdk/checkpoint/backup_placement.h"
 #include "sdk/checkpoint/backup_service.h"
 #include "sdk/checkpoint/snapshotter.h"
+#include "sdk/core/event_log.h"
 #include "sdk/core/mutex.h"
+#include "sdk/health/fail_slow_detector.h"
+#include "sdk/health/fail_slow_metrics.h"
 #include "sdk/rendezvous/coordinator_lease.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/rendezvous/tcp_store.h"
 #include "sdk/watchdog/flight_recorder.h"
 #include "sdk/watchdog/hang_diagnosis.h"
+#include "tools/fail_slow_monitor.h"
+#include "trainguard/events.h"
 #include "trainguard/checkpoint.h"
 #include "trainguard/env.h"
 #include "trainguard/options.h"
@@ -257,6 +262,13 @@ class Job {
   // Kills `member` here when it is this agent's child, else asks its host's agent to.
   void KillMember(const std::string& member, const std::string& why);
   std::vector<std::string> PreferredStandbys(const std::string& dead_host, size_t needed);
+  // Fail-slow hosts (tools/fail_slow_monitor.h): every agent publishes its host's sample once a
+  // second; the coordinator detects and acts (LaunchConfig::fail_slow).
+  void SampleHost();
+  void DetectFailSlow();
+  void ActOnSuspect(const SuspectVerdict& verdict);
+  // The coordinating agent's own event file, <run_dir>/events/agent-<host>.tgev (opened lazily).
+  void AppendAgentEvent(Event event);
   std::string HostPrefix() const { return config_.host_id + ":"; }
   bool coordinating() const { return !MultiHost() || (lease_ != nullptr && lease_->held()); }
   // Signals `child`'s whole process group (the rank's command and everything it started).
@@ -369,6 +381,15 @@ class Job {
   }
   // The agent that serves the store stays until the others left (bounded), so they see the end.
   void LeaveJob();
+
+  // Fail-slow state (this agent's sample; the coordinator's detector and evictions).
+  HostSampler host_sampler_;
+  absl::Time next_host_sample_ = absl::InfinitePast();
+  std::unique_ptr<FailSlowMonitor> fail_slow_;
+  int64_t fail_slow_second_ = 0;
+  absl::Time next_fail_slow_check_ = absl::InfinitePast();
+  int fail_slow_evictions_ = 0;
+  std::unique_ptr<EventLog> agent_events_;
 
   // Generation 0 is formed on a helper thread while the loop keeps draining the ranks' output.
   std::thread former_;
@@ -1351,6 +1372,8 @@ void Job::StartForming() {
 //   agents/deaths/<member>         "<rank> <how>": an agent saw its rank process die
 //   agents/kill/<host>/<member>    the coordinator asks that host's agent to kill a process
 //   agents/finished/<rank>         the member that finished rank <rank> with status 0
+//   agents/metrics/<host>          the host's fail-slow sample of the last second
+//                                  (sdk/health/fail_slow_metrics.h)
 //   job/failed, job/done           the job's end, for every agent
 namespace {
 constexpr char kPlanKey[] = "agents/plan";
@@ -1398,6 +1421,10 @@ void Job::AgentTick() {
   if (exit_code_ < 0) FollowGeneration();
   if (exit_code_ < 0) ExecuteKillRequests();
   if (exit_code_ < 0 && coordinating()) CoordinateHosts();
+  if (exit_code_ < 0 && config_.fail_slow != LaunchConfig::FailSlowPolicy::kOff) {
+    SampleHost();
+    if (coordinating()) DetectFailSlow();
+  }
   if (exit_code_ < 0) WatchJobEnd();
 }
 
@@ -1827,6 +1854,146 @@ std::vector<std::string> Job::PreferredStandbys(const std::string& dead_host, si
   return preferred;
 }
 
+// ---- Fail-slow hosts ----
+
+void Job::SampleHost() {
+  const absl::Time now = absl::Now();
+  if (now < next_host_sample_ || !spawned_) return;
+  next_host_sample_ = now + absl::Seconds(1);
+  const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
+  std::vector<HostSampler::RankProcess> ranks;
+  std::vector<std::string> keys;
+  for (const auto& c : children_) {
+    if (c->rank < 0 || !c->running) continue;
+    ranks.push_back({c->rank, c->pid, std::nullopt});
+    keys.push_back(RankWorkKey(c->rank));
+  }
+  if (ranks.empty()) return;  // a standby host: nothing to compare until its standbys take ranks
+  absl::StatusOr<std::vector<std::optional<std::string>>> records = store_->MultiGet(keys, timeout);
+  if (records.ok()) {
+    for (size_t i = 0; i < ranks.size(); ++i) ranks[i].work_record = (*records)[i];
+  }
+  std::optional<HostMetricsRecord> sample = host_sampler_.Sample(now, ranks);
+  if (!sample.has_value()) return;
+  (void)store_->Set(HostMetricsKey(config_.host_id), EncodeHostMetricsRecord(*sample), timeout);
+}
+
+void Job::DetectFailSlow() {
+  const absl::Time now = absl::Now();
+  if (now < next_fail_slow_check_ || world_size_ == 0) return;
+  next_fail_slow_check_ = now + absl::Seconds(1);
+  const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
+  if (fail_slow_ == nullptr) {
+    FailSlowOptions options;
+    options.continuity = config_.fail_slow_continuity_s;
+    options.denoise_window = config_.fail_slow_window_s;
+    options.max_fill = config_.fail_slow_window_s;
+    absl::StatusOr<FailSlowDetector> detector = FailSlowDetector::Create(options);
+    if (!detector.ok()) {
+      Say(absl::StrCat("fail-slow detection is off: ", detector.status().ToString()));
+      config_.fail_slow = LaunchConfig::FailSlowPolicy::kOff;
+      return;
+    }
+    fail_slow_ = std::make_unique<FailSlowMonitor>(*std::move(detector));
+  }
+  // The hosts that hold ranks now, and are not dead: a standby host is compared once it trains.
+  const Membership current = coordinator_->current();
+  std::set<std::string> training;
+  for (const std::string& member : current.members) {
+    const std::string host = member.substr(0, member.find(':'));
+    if (dead_hosts_.count(host) == 0) training.insert(host);
+  }
+  std::vector<std::string> keys;
+  for (const std::string& host : training) keys.push_back(HostMetricsKey(host));
+  absl::StatusOr<std::vector<std::optional<std::string>>> values = store_->MultiGet(keys, timeout);
+  if (!values.ok()) return;
+  std::map<std::string, std::string> records;
+  size_t i = 0;
+  for (const std::string& host : training) {
+    if ((*values)[i].has_value()) records[host] = *(*values)[i];
+    ++i;
+  }
+  ++fail_slow_second_;
+  if (!config_.fail_slow_trace.empty()) {
+    if (std::FILE* trace = std::fopen(config_.fail_slow_trace.c_str(), "a"); trace != nullptr) {
+      for (const auto& [host, record] : records) {
+        std::fprintf(trace, "%lld %s %s\n", static_cast<long long>(fail_slow_second_), host.c_str(),
+                     record.c_str());
+      }
+      std::fclose(trace);
+    }
+  }
+  for (const SuspectVerdict& verdict : fail_slow_->Observe(fail_slow_second_, records)) {
+    ActOnSuspect(verdict);
+  }
+}
+
+void Job::ActOnSuspect(const SuspectVerdict& v) {
+  // Parked standbys on other hosts: evicting into nothing would fail a job that was only slow.
+  int spare = 0;
+  if (config_.fail_slow == LaunchConfig::FailSlowPolicy::kEvict ||
+      config_.fail_slow == LaunchConfig::FailSlowPolicy::kEvictRepeated) {
+    if (absl::StatusOr<std::vector<std::string>> parked =
+            coordinator_->ParkedStandbys(AgentCallTimeout(config_.host_timeout));
+        parked.ok()) {
+      for (const std::string& member : *parked) {
+        if (!absl::StartsWith(member, v.host + ":")) ++spare;
+      }
+    }
+  }
+  const FailSlowDecision decision = DecideFailSlowAction(
+      config_.fail_slow, v.windows, fail_slow_evictions_,
+      std::max(1, world_size_ / std::max(1, config_.nproc)), config_.fail_slow_max_evict_share,
+      spare, config_.nproc);
+  const std::string& action = decision.action;
+  const bool evict = decision.evict;
+  const std::string evidence = absl::StrFormat(
+      "%s %.3g vs the hosts' median %.3g (%.0f%% off its peers), z %.2f among %d hosts, for %d "
+      "continuity window(s) of %d s",
+      v.metric, v.value, v.peers_median, 100 * v.deviation, v.z, v.hosts, v.windows,
+      config_.fail_slow_continuity_s);
+  Say(absl::StrFormat("suspect host %s: %s; action: %s", v.host, evidence, action));
+  Event event;
+  event.type = EventType::kSuspectHost;
+  event.rank = -1;
+  event.generation = coordinator_->generation();
+  event.message = absl::StrFormat("suspect host %s: %s", v.host, evidence);
+  event.attributes = {{"host", v.host},
+                      {"metric", v.metric},
+                      {"z", absl::StrFormat("%.3f", v.z)},
+                      {"deviation", absl::StrFormat("%.3f", v.deviation)},
+                      {"value", absl::StrFormat("%.6g", v.value)},
+                      {"peers_median", absl::StrFormat("%.6g", v.peers_median)},
+                      {"windows", absl::StrCat(v.windows)},
+                      {"continuity_s", absl::StrCat(config_.fail_slow_continuity_s)},
+                      {"hosts", absl::StrCat(v.hosts)},
+                      {"action", action}};
+  AppendAgentEvent(std::move(event));
+  if (!evict) return;
+  ++fail_slow_evictions_;
+  fail_slow_->Forget(v.host);
+  DeclareHostDead(v.host, absl::Now(),
+                  absl::StrFormat("fail-slow: %s %.0f%% off its peers for %d s", v.metric,
+                                  100 * v.deviation, v.windows * config_.fail_slow_continuity_s));
+}
+
+void Job::AppendAgentEvent(Event event) {
+  if (agent_events_ == nullptr) {
+    const std::string path =
+        absl::StrCat(config_.run_dir, "/events/agent-", config_.host_id, ".tgev");
+    absl::StatusOr<std::unique_ptr<EventLog>> log = EventLog::Open(Env::Default(), path);
+    if (!log.ok()) {
+      Say(absl::StrCat("cannot write the event: ", log.status().ToString()));
+      return;
+    }
+    agent_events_ = *std::move(log);
+  }
+  event.time = absl::Now();
+  if (absl::Status s = agent_events_->Append(event); !s.ok()) {
+    Say(absl::StrCat("cannot write the event: ", s.ToString()));
+  }
+}
+
 void Job::LeaveJob() {
   lease_->Release(absl::Seconds(1));
   (void)store_->Set(absl::StrCat("agents/left/", config_.host_id), absl::StrCat(exit_code_),
@@ -1900,6 +2067,10 @@ std::string RunUsage() {
          "                      [--backup-copies M] [--backup-evict host,rack,tp,cp,dp,pp] "
          "[--backup-racks R0,R1,...]\n"
          "                      [--backup-rate MIB_S] [--backup-budget MIB]\n"
+         "                      [--fail-slow off|alert|evict|evict-repeated] "
+         "[--fail-slow-max-evict-share F]\n"
+         "                      [--fail-slow-continuity SECONDS] [--fail-slow-window SECONDS]\n"
+         "                      [--fail-slow-trace FILE]\n"
          "                      [--token-file F] [--standby K] [...as above] -- COMMAND "
          "[ARGS...]\n";
 }
@@ -1992,6 +2163,41 @@ absl::StatusOr<LaunchConfig> ParseRunArguments(const std::vector<std::string>& a
     } else if (flag == "--rdzv-last-call") {
       n = ParseCount(flag, value, 0);
       config.rdzv_last_call = absl::Seconds(n.value_or(0));
+    } else if (flag == "--fail-slow") {
+      using Policy = LaunchConfig::FailSlowPolicy;
+      if (value == "off") {
+        config.fail_slow = Policy::kOff;
+      } else if (value == "alert") {
+        config.fail_slow = Policy::kAlert;
+      } else if (value == "evict") {
+        config.fail_slow = Policy::kEvict;
+      } else if (value == "evict-repeated") {
+        config.fail_slow = Policy::kEvictRepeated;
+      } else {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "--fail-slow '%s': need off, alert, evict or evict-repeated", value));
+      }
+    } else if (flag == "--fail-slow-max-evict-share") {
+      double share = 0;
+      if (!absl::SimpleAtod(value, &share) || !(share >= 0) || share > 1) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("--fail-slow-max-evict-share '%s': need a fraction in [0, 1]", value));
+      }
+      config.fail_slow_max_evict_share = share;
+    } else if (flag == "--fail-slow-continuity") {
+      n = ParseCount(flag, value, 1);
+      config.fail_slow_continuity_s = n.value_or(1);
+    } else if (flag == "--fail-slow-trace") {
+      config.fail_slow_trace = value;
+    } else if (flag == "--fail-slow-window") {
+      n = ParseCount(flag, value, 1);
+      config.fail_slow_window_s = n.value_or(1);
+      if (n.ok() && *n % 2 == 0) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "--fail-slow-window '%s': need an odd number of seconds (a median that a rise and a "
+            "fall move alike)",
+            value));
+      }
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag ", flag));
     }

@@ -40,6 +40,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "tools/fail_slow_monitor.h"
 
 namespace trainguard::tools {
 
@@ -86,6 +87,23 @@ struct LaunchConfig {
   // start. The coordinator prints the placement, its proof and its survival odds when the job
   // forms, and says when the job is protected (again).
   std::vector<std::pair<std::string, std::string>> backup_env;
+
+  // Fail-slow hosts (multi-host only; docs/GUIDE.md, "Fail-slow hosts"). Every agent samples its
+  // host once a second; the coordinator runs the detector (sdk/health/fail_slow_detector.h) and,
+  // for a host it confirms, writes a suspect_host event and then, by policy: kAlert nothing more;
+  // kEvict replaces the host with a standby host at the first confirmation; kEvictRepeated at the
+  // second continuity window in a row. kOff: no sampling, no detection.
+  using FailSlowPolicy = ::trainguard::tools::FailSlowPolicy;  // tools/fail_slow_monitor.h
+  FailSlowPolicy fail_slow = FailSlowPolicy::kAlert;
+  // At most max(1, floor(share x training hosts)) hosts are evicted on metrics alone over the
+  // job's life (0: none); past it, and without a standby host to take over, a confirmation only
+  // alerts.
+  double fail_slow_max_evict_share = 0.1;
+  int fail_slow_continuity_s = 30;  // FailSlowOptions::continuity
+  int fail_slow_window_s = 9;       // FailSlowOptions::denoise_window (odd)
+  // --fail-slow-trace FILE: the coordinator appends every host's record of every second to FILE,
+  // "<second> <host> <record>" per line (bench/bench_fail_slow replays such traces).
+  std::string fail_slow_trace;
 };
 
 inline constexpr int kExitJobFailed = 1;

@@ -79,6 +79,11 @@ constexpr char kRunHelp[] =
     "(it survives its host), and a host silent for --host-timeout is replaced, all its ranks at\n"
     "once, by a standby host's. docs/GUIDE.md section 8.\n"
     "\n"
+    "Fail-slow hosts (multi-host): every agent samples its host once a second; the coordinator\n"
+    "names a host that stays apart from its peers for --fail-slow-continuity seconds (30) in a\n"
+    "suspect_host event, and with --fail-slow evict|evict-repeated replaces it with a standby\n"
+    "host. docs/GUIDE.md, \"Fail-slow hosts\".\n"
+    "\n"
     "Exit status: 0 every rank finished with 0; 1 the job failed; 2 bad usage; 3 the job could\n"
     "not be started (store, run dir, spawn); 128+N interrupted by signal N.\n";
 

@@ -322,6 +322,7 @@ class DataParallelTrainer {
   void TrainStep(sdk::Step& s) {
     const int64_t step = s.number();
     if (flags_.generate_median_ms > 0) Generate(step);
+    if (flags_.step_delay_ms > 0) absl::SleepFor(absl::Milliseconds(flags_.step_delay_ms));
     Batch batch = task_.Sample(dp_rank_, step, flags_.batch_size);
     if ((rt_.rank() == flags_.inject_nan_rank && step == flags_.inject_nan_step) ||
         (flags_.nan_from_step >= 0 && step >= flags_.nan_from_step)) {

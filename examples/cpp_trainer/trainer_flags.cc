@@ -84,6 +84,8 @@ TRAINGUARD_JOB_ID and TRAINGUARD_RUN_DIR (see trainguard's Options).
   --drop-connections RANK:STEP
                           RANK closes its connections to every peer before STEP's allreduce (a
                           dropped link, every process alive; generation 0 only)
+  --step-delay-ms MS      every rank sleeps MS ms in each step before its allreduce (give it to
+                          one host's command: a fail-slow host the others wait for)
   --sleep-in-collective RANK:STEP:SECONDS
                           RANK sleeps SECONDS inside STEP's allreduce, after entering it and
                           before exchanging data (a rank slow inside a collective; generation 0
@@ -156,6 +158,8 @@ absl::StatusOr<TrainerFlags> ParseTrainerFlags(int argc, char** argv) {
     } else if (flag == "--stall-generation") {
       status = ParseRankStepSeconds(flag, value, &flags.stall_rank, &flags.stall_step,
                                     &flags.stall_generation);
+    } else if (flag == "--step-delay-ms") {
+      status = ParseNumber<double>(flag, value, 0.0, &flags.step_delay_ms);
     } else if (flag == "--extra-state-mib") {
       status = ParseNumber<int>(flag, value, 0, &flags.extra_state_mib);
     } else if (flag == "--inject-nan-grad") {

@@ -52,6 +52,9 @@ struct TrainerFlags {
   // and step (median MEDIAN_MS, p99/median P99_RATIO); the fast ranks then wait in the allreduce
   // for the slowest. 0: off.
   double generate_median_ms = 0;
+  // --step-delay-ms MS: every rank of this command sleeps MS ms in each step's compute, before its
+  // allreduce (given to one host's command only: a fail-slow host; the others wait for it). 0: off.
+  double step_delay_ms = 0;
   double generate_p99_ratio = 10;
   // --stall-generation RANK:STEP:SECONDS: RANK's decoding stops ticking for SECONDS halfway
   // through STEP's generation (a stuck rollout; generation 0 only).

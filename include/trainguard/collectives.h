@@ -207,6 +207,10 @@ class CollectiveTracker {
   // The learned in-flight bound of op `op` (the warm-up bound for an op never seen).
   absl::Duration BoundFor(std::string_view op) const;
   std::vector<CommunicatorProgress> Progress() const;
+  // The durations of every collective completed so far (host and GPU, failed ones too), summed,
+  // on this tracker's clock: with the steps' durations, how much of a step was not communication
+  // (the fail-slow metrics, docs/GUIDE.md). Any thread.
+  absl::Duration completed_time() const;
   int64_t usage_errors() const;
   // The first usage error, or OK.
   absl::Status usage_status() const;

@@ -36,6 +36,10 @@ enum class EventType {
   kCustom = 5,            // emitted by the user through Runtime::EmitEvent
   kCheckpoint = 6,        // a checkpoint was saved (or failed to be), or state was restored
   kHang = 7,              // the watchdog declared a hang; attributes carry the evidence
+  // The coordinator's fail-slow detector confirmed a degraded host (rank -1; written by the
+  // coordinating agent to <run_dir>/events/agent-<host>.tgev): attributes host, metric, z,
+  // deviation, value, peers_median, windows, continuity_s, hosts, action.
+  kSuspectHost = 8,
 };
 
 // "runtime_started", "step_fault", ...

@@ -74,6 +74,7 @@ struct HeartbeatSnapshot {
   int64_t last_beat_ns = 0;  // Clock::MonotonicNanos() of the last beat
   int64_t last_step_duration_ns = 0;
   int64_t steps_completed = 0;  // guarded steps finished, failed or not
+  int64_t total_step_ns = 0;    // the durations of those steps, summed
 };
 
 // Written by the training thread on every guard entry and exit; readable from any thread. Each
@@ -92,6 +93,7 @@ class Heartbeat {
   std::atomic<int64_t> last_beat_ns_{0};
   std::atomic<int64_t> last_step_duration_ns_{0};
   std::atomic<int64_t> steps_completed_{0};
+  std::atomic<int64_t> total_step_ns_{0};
 };
 
 // What Runtime::Start() or Runtime::recover() did (StepObserver::OnRecovery; the same is written

@@ -153,6 +153,8 @@ std::string_view EventTypeName(EventType type) {
       return "checkpoint";
     case EventType::kHang:
       return "hang";
+    case EventType::kSuspectHost:
+      return "suspect_host";
   }
   return "unknown";
 }

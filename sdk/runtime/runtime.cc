@@ -20,6 +20,7 @@
 #include "sdk/checkpoint/backup_placement.h"
 #include "sdk/checkpoint/checkpointer.h"
 #include "sdk/core/event_log.h"
+#include "sdk/health/fail_slow_metrics.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/runtime/peer_progress.h"
 #include "sdk/runtime/runtime_impl.h"
@@ -74,6 +75,7 @@ void Heartbeat::Exit(int64_t duration_ns, int64_t now_ns) {
   last_step_duration_ns_.store(duration_ns, std::memory_order_relaxed);
   in_step_.store(false, std::memory_order_relaxed);
   last_beat_ns_.store(now_ns, std::memory_order_relaxed);
+  total_step_ns_.fetch_add(duration_ns, std::memory_order_relaxed);
   steps_completed_.fetch_add(1, std::memory_order_relaxed);
   beats_.fetch_add(1, std::memory_order_release);
 }
@@ -86,6 +88,7 @@ HeartbeatSnapshot Heartbeat::Read() const {
   s.last_beat_ns = last_beat_ns_.load(std::memory_order_relaxed);
   s.last_step_duration_ns = last_step_duration_ns_.load(std::memory_order_relaxed);
   s.steps_completed = steps_completed_.load(std::memory_order_relaxed);
+  s.total_step_ns = total_step_ns_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -761,6 +764,21 @@ void RuntimeImpl::PublishProgress() {
   published_ = std::move(now);
 }
 
+void RuntimeImpl::PublishWork() {
+  if (store_ == nullptr || collectives_ == nullptr) return;
+  const int64_t now_ns = clock_->MonotonicNanos();
+  if (now_ns - work_published_ns_ < 1'000'000'000) return;
+  work_published_ns_ = now_ns;
+  const HeartbeatSnapshot beat = heartbeat_.Read();
+  RankWorkRecord record;
+  record.steps = beat.steps_completed;
+  record.step_ns = beat.total_step_ns;
+  record.collective_ns = absl::ToInt64Nanoseconds(collectives_->completed_time());
+  // Short: a slow store must not delay the hang watch this thread also does; a lost second is
+  // filled by the detector.
+  (void)store_->Set(RankWorkKey(rank_), EncodeRankWorkRecord(record), absl::Milliseconds(500));
+}
+
 std::optional<std::string> RuntimeImpl::ExplainPeerWait(const InFlightCollective& waiting_in) {
   const int64_t generation = this->generation();
   std::vector<std::string> keys;
@@ -813,6 +831,7 @@ void RuntimeImpl::WatchPeerHangs() {
       if (stop_watcher_) return;
     }
     PublishProgress();
+    PublishWork();
     if (dump_requested.exchange(false, std::memory_order_relaxed)) {
       MutexLock lock(&dump_mu_);
       const std::string path = DumpEvidence("SIGUSR2 (dump on demand)", nullptr);

@@ -169,6 +169,9 @@ class RuntimeImpl final : public Runtime {
   // Watcher thread: writes this rank's progress record (sdk/runtime/peer_progress.h) when it
   // changed and watchdog_peer_progress_ms has passed since the last one.
   void PublishProgress();
+  // Watcher thread: writes this rank's work record (sdk/health/fail_slow_metrics.h: steps, their
+  // time, the time in collectives) once a second, for its host agent's fail-slow sample.
+  void PublishWork();
   // The watchdog's peer_progress question (watchdog.h), answered from the peers' records.
   std::optional<std::string> ExplainPeerWait(const InFlightCollective& waiting_in);
   // Store key hang/gen<G>/dumped/<rank>: this rank has dumped generation G's hang.
@@ -234,6 +237,7 @@ class RuntimeImpl final : public Runtime {
     int64_t generation = -1;
   };
   PublishedProgress published_;
+  int64_t work_published_ns_ = 0;  // watcher thread only: when PublishWork last wrote
   // Watchdog thread only: the collective whose postponement was last written as an event.
   uint64_t excused_collective_ = 0;
   std::thread peer_hang_watcher_;

@@ -24,6 +24,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sdk/rendezvous/tcp_store.h"
+#include "trainguard/env.h"
+#include "trainguard/events.h"
+#include "tests/support/cpu_throttle.h"
 #include "tests/support/etcd_cluster.h"
 #include "tests/support/example_trainer_job.h"
 #include "tests/support/sim_cluster.h"
@@ -277,6 +280,8 @@ class MultiHost : public ::testing::Test {
   }
 
   SharedDir shared_;
+  // Destroyed after the cluster, whose hosts (its processes) must be gone before it can be removed.
+  std::unique_ptr<testing::CpuThrottle> throttle_;
   std::unique_ptr<SimCluster> cluster_;
   std::unique_ptr<TcpStoreServer> store_;
 };
@@ -592,6 +597,95 @@ TEST_F(MultiHost, LosingOneMemberOfAThreeMemberEtcdClusterDoesNotDisturbTraining
   ExpectFinishedAsIfUninterrupted(job, {1, 2, 3, 4});
   EXPECT_THAT(job.AllOutput(), ::testing::Not(HasSubstr("is dead")));
   EXPECT_THAT(job.AllOutput(), ::testing::Not(HasSubstr("generation 1")));
+}
+
+// Fail-slow hosts (docs/GUIDE.md): four hosts train; host 3's ranks run in a CPU cgroup capped at
+// 2% of one CPU (tests/support/cpu_throttle.h; a rank here needs about 4%), so every step waits
+// for them. The coordinator's detector names host 3 in a suspect_host event, and again after
+// another continuity window, and never names a healthy host; with the default policy (alert)
+// nothing is evicted.
+TEST_F(MultiHost, AThrottledHostIsNamedASuspectAndNoHealthyHostEverIs) {
+  absl::StatusOr<std::unique_ptr<testing::CpuThrottle>> throttle =
+      testing::CpuThrottle::Create(absl::StrCat("trainguard-fail-slow-", getpid()), 0.02);
+  ASSERT_TRUE(throttle.ok()) << throttle.status();
+  throttle_ = *std::move(throttle);
+  MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 4);
+  job.job_flags = {"--fail-slow-continuity", "10", "--fail-slow-trace",
+                   shared_.path() + "/fail-slow.trace"};
+  const std::vector<std::string> trainer =
+      testing::ExampleTrainerArgs(TRAINGUARD_TRAINER_PATH, 10'000'000);  // runs until killed
+  std::vector<std::string> throttled = {
+      "/bin/sh", "-c", absl::StrCat("echo $$ > ", throttle_->Procs(), " && exec \"$@\""), "sh"};
+  throttled.insert(throttled.end(), trainer.begin(), trainer.end());
+  job.StartHost(1, false, {}, trainer);
+  ASSERT_TRUE(job.Await(1, "coordinating the job")) << job.AllOutput();
+  for (int n = 2; n <= 4; ++n) job.StartHost(n, false, {}, n == 3 ? throttled : trainer);
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(job.Await(1, "suspect host host3: ", absl::Seconds(80))) << job.AllOutput();
+  std::printf("job start -> host3 named: %.1f s\n", absl::ToDoubleSeconds(absl::Now() - start));
+  // Watched until it is named again (another continuity window): nobody else is named meanwhile.
+  bool named_again = false;
+  for (absl::Time end = absl::Now() + absl::Seconds(40); !named_again && absl::Now() < end;) {
+    const std::string log = job.Output(1);
+    const size_t first = log.find("suspect host host3: ");
+    named_again = log.find("suspect host host3: ", first + 1) != std::string::npos;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_TRUE(named_again) << job.AllOutput();
+  for (int n = 1; n <= 4; ++n) (void)cluster_->KillHost(n);
+  for (int n = 1; n <= 4; ++n) (void)cluster_->WaitHost(n, absl::Seconds(10));
+  absl::StatusOr<EventLogContents> events =
+      ReadEventLog(Env::Default(), shared_.path() + "/run/events/agent-host1.tgev");
+  ASSERT_TRUE(events.ok()) << events.status();
+  int named_host3 = 0;
+  for (const Event& e : events->events) {
+    ASSERT_EQ(e.type, EventType::kSuspectHost) << e.message;
+    EXPECT_EQ(e.Attribute("host"), "host3") << e.message;
+    EXPECT_EQ(e.Attribute("action"), "alert") << e.message;
+    EXPECT_FALSE(e.Attribute("metric").empty());
+    EXPECT_FALSE(e.Attribute("z").empty());
+    named_host3 += e.Attribute("host") == "host3" ? 1 : 0;
+  }
+  EXPECT_GE(named_host3, 2);
+  EXPECT_THAT(job.AllOutput(), ::testing::Not(::testing::ContainsRegex("suspect host host[124]")));
+  EXPECT_THAT(job.AllOutput(), ::testing::Not(HasSubstr("is dead")));
+}
+
+
+// With --fail-slow evict, the confirmed suspect is replaced like a dead host: host 3's ranks sleep
+// 30 ms in every step (--step-delay-ms, given to its command only), the coordinator names it,
+// declares it dead (fenced out), the standby host takes its ranks from peer memory, and the job
+// trains on; the suspect_host event says the host was evicted.
+TEST_F(MultiHost, WithFailSlowEvictTheSlowHostIsReplacedByTheStandbyHostAndTrainingGoesOn) {
+  MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 3);
+  job.job_flags = {"--fail-slow", "evict", "--fail-slow-continuity", "5"};
+  const std::vector<std::string> trainer =
+      testing::ExampleTrainerArgs(TRAINGUARD_TRAINER_PATH, 10'000'000);
+  std::vector<std::string> slow = trainer;
+  slow.insert(slow.end(), {"--step-delay-ms", "30"});
+  job.StartHost(1, false, {}, trainer);
+  ASSERT_TRUE(job.Await(1, "coordinating the job")) << job.AllOutput();
+  job.StartHost(2, false, {}, trainer);
+  job.StartHost(3, false, {}, slow);
+  job.StartHost(4, true, {}, trainer);
+  ASSERT_TRUE(job.Await(1, "suspect host host3: ", absl::Seconds(80))) << job.AllOutput();
+  ASSERT_TRUE(job.Await(1, "recovered from the loss of host host3", absl::Seconds(60)))
+      << job.AllOutput();
+  EXPECT_THAT(job.Output(1), HasSubstr("host host3 is dead (fail-slow: "));
+  EXPECT_THAT(job.Output(1), HasSubstr("action: evict"));
+  EXPECT_EQ(job.Wait(3), 1) << job.AllOutput();  // fenced out, as a partitioned host
+  EXPECT_THAT(job.Output(3), HasSubstr("was declared dead by the coordinator"));
+  // The standby host's ranks train on (a standby prints no loss before it holds a rank).
+  ASSERT_TRUE(job.Await(4, " loss ", absl::Seconds(30))) << job.AllOutput();
+  for (int n : {1, 2, 4}) (void)cluster_->KillHost(n);
+  for (int n : {1, 2, 4}) (void)cluster_->WaitHost(n, absl::Seconds(10));
+  absl::StatusOr<EventLogContents> events =
+      ReadEventLog(Env::Default(), shared_.path() + "/run/events/agent-host1.tgev");
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_FALSE(events->events.empty());
+  for (const Event& e : events->events) EXPECT_EQ(e.Attribute("host"), "host3") << e.message;
+  EXPECT_EQ(events->events.back().Attribute("action"), "evict");
+  EXPECT_THAT(job.AllOutput(), ::testing::Not(::testing::ContainsRegex("suspect host host[124]")));
 }
 
 }  // namespace

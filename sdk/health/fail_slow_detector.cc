@@ -1,0 +1,293 @@
+// FailSlowDetector and MahalanobisDetector: see fail_slow_detector.h. Per second and metric the
+// work is O(hosts^2) for the distance sums and O(hosts x window log window) for the medians: a
+// thousand hosts cost a few milliseconds per metric, on one thread.
+#include "sdk/health/fail_slow_detector.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+
+namespace trainguard {
+namespace {
+
+// The median of an odd count (element size/2 of the sorted values; for an even count the upper
+// median, which the hosts' median across an even number of hosts is).
+double UpperMedian(std::vector<double> values) {
+  const size_t mid = values.size() / 2;
+  std::nth_element(values.begin(), values.begin() + static_cast<ptrdiff_t>(mid), values.end());
+  return values[mid];
+}
+
+// Across-host normalisation: each value over the hosts' median. Empty when the median is not
+// positive (a metric that is zero everywhere carries no signal).
+std::vector<double> RelativeToMedian(const std::vector<double>& values, double* median) {
+  *median = UpperMedian(values);
+  if (!(*median > 0) || !std::isfinite(*median)) return {};
+  std::vector<double> out;
+  out.reserve(values.size());
+  for (double v : values) out.push_back(v / *median);
+  return out;
+}
+
+}  // namespace
+
+std::vector<FailSlowMetric> FailSlowDetector::DefaultMetrics() {
+  // The floors: 1 ms of compute per step, 20 ms of run-queue wait per second, 5 ms of collective
+  // per step, 5% of a CPU: below them, hosts of a loaded machine differ by scheduling noise alone.
+  // The slow host computes longer and waits longer for a CPU; it waits least in collectives (the
+  // others wait for it there).
+  using Worse = FailSlowMetric::Worse;
+  return {{"compute_ms", true, 1.0, Worse::kHigher},
+          {"cpu_wait_ms", false, 20.0, Worse::kHigher},
+          {"collective_ms", true, 5.0, Worse::kLower},
+          {"cpu_util", false, 0.05, Worse::kEither}};
+}
+
+absl::StatusOr<FailSlowDetector> FailSlowDetector::Create(FailSlowOptions options) {
+  if (options.metrics.empty()) options.metrics = DefaultMetrics();
+  std::set<std::string> names;
+  for (const FailSlowMetric& m : options.metrics) {
+    if (!(m.min_difference >= 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("FailSlowOptions.metrics: %s's min_difference must be >= 0, got %g",
+                          m.name, m.min_difference));
+    }
+    if (m.name.empty() || !names.insert(m.name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("FailSlowOptions.metrics: empty or repeated metric name \"%s\"", m.name));
+    }
+  }
+  if (options.denoise_window < 1 || options.denoise_window % 2 == 0 || options.continuity < 1 ||
+      options.max_fill < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "FailSlowOptions: need an odd denoise_window >= 1, continuity >= 1, max_fill >= 0; got %d, "
+        "%d, %d",
+        options.denoise_window, options.continuity, options.max_fill));
+  }
+  if (!(options.z_threshold > 0 && options.z_threshold <= 1) ||
+      !(options.min_deviation >= 0 && std::isfinite(options.min_deviation))) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "FailSlowOptions: need 0 < z_threshold <= 1 (a fraction of sqrt(hosts - 1)) and a finite "
+        "min_deviation >= 0; got %g and %g",
+        options.z_threshold, options.min_deviation));
+  }
+  return FailSlowDetector(std::move(options));
+}
+
+FailSlowDetector::FailSlowDetector(FailSlowOptions options)
+    : options_(std::move(options)), states_(options_.metrics.size()) {}
+
+void FailSlowDetector::Forget(const std::string& host) {
+  for (MetricState& state : states_) {
+    state.series.erase(host);
+    if (state.candidate == host) {
+      state.candidate.clear();
+      state.streak = 0;
+    }
+  }
+}
+
+std::vector<SuspectVerdict> FailSlowDetector::Observe(int64_t second,
+                                                      const std::vector<FailSlowSample>& samples) {
+  if (second <= last_second_) return {};
+  last_second_ = second;
+  const size_t window = static_cast<size_t>(options_.denoise_window);
+  for (size_t m = 0; m < options_.metrics.size(); ++m) {
+    const FailSlowMetric& metric = options_.metrics[m];
+    MetricState& state = states_[m];
+    std::set<std::string> fresh;
+    for (const FailSlowSample& s : samples) {
+      if (s.metric != metric.name || !std::isfinite(s.value) || fresh.count(s.host) != 0) continue;
+      double value = s.value;
+      if (metric.per_work) {
+        if (!(s.work > 0)) continue;
+        value /= s.work;
+      }
+      Series& series = state.series[s.host];
+      series.values.push_back(value);
+      if (series.values.size() > window) series.values.pop_front();
+      series.last_second = second;
+      fresh.insert(s.host);
+    }
+    // Gaps: the last sample stands in for a short one; a long one drops the host.
+    for (auto it = state.series.begin(); it != state.series.end();) {
+      Series& series = it->second;
+      if (fresh.count(it->first) != 0) {
+        ++it;
+      } else if (second - series.last_second > options_.max_fill) {
+        it = state.series.erase(it);
+      } else {
+        series.values.push_back(series.values.back());
+        if (series.values.size() > window) series.values.pop_front();
+        ++it;
+      }
+    }
+  }
+  std::vector<SuspectVerdict> verdicts;
+  std::set<std::string> named;
+  for (size_t m = 0; m < options_.metrics.size(); ++m) {
+    std::optional<SuspectVerdict> v = Judge(states_[m], options_.metrics[m], second);
+    if (v.has_value() && named.insert(v->host).second) verdicts.push_back(*std::move(v));
+  }
+  return verdicts;
+}
+
+std::optional<SuspectVerdict> FailSlowDetector::Judge(MetricState& state,
+                                                      const FailSlowMetric& metric,
+                                                      int64_t second) {
+  const size_t window = static_cast<size_t>(options_.denoise_window);
+  std::vector<std::string> hosts;
+  std::vector<double> denoised;
+  for (const auto& [host, series] : state.series) {
+    if (series.values.size() < window) continue;  // warming up: not judged yet
+    hosts.push_back(host);
+    denoised.push_back(UpperMedian({series.values.begin(), series.values.end()}));
+  }
+  auto no_candidate = [&state]() -> std::optional<SuspectVerdict> {
+    state.candidate.clear();
+    state.streak = 0;
+    return std::nullopt;
+  };
+  const size_t n = hosts.size();
+  if (n < 3) return no_candidate();
+  double peers_median = 0;
+  const std::vector<double> x = RelativeToMedian(denoised, &peers_median);
+  if (x.empty()) return no_candidate();
+  std::vector<double> sums(n, 0.0);
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t j = i + 1; j < n; ++j) {
+      const double d = std::fabs(x[i] - x[j]);
+      sums[i] += d;
+      sums[j] += d;
+    }
+  }
+  double mean = 0;
+  for (double s : sums) mean += s;
+  mean /= static_cast<double>(n);
+  double variance = 0;
+  for (double s : sums) variance += (s - mean) * (s - mean);
+  const double sd = std::sqrt(variance / static_cast<double>(n));
+  if (!(sd > 0)) return no_candidate();  // every host alike
+  const size_t top = static_cast<size_t>(std::max_element(sums.begin(), sums.end()) - sums.begin());
+  const double z = (sums[top] - mean) / sd;
+  const double deviation = sums[top] / static_cast<double>(n - 1);
+  const double needed = std::min(3.0, options_.z_threshold * std::sqrt(static_cast<double>(n - 1)));
+  const bool bad_side = metric.worse == FailSlowMetric::Worse::kEither ||
+                        (metric.worse == FailSlowMetric::Worse::kHigher ? x[top] > 1 : x[top] < 1);
+  if (z < needed || deviation < options_.min_deviation ||
+      deviation * peers_median < metric.min_difference || !bad_side) {
+    return no_candidate();
+  }
+  if (state.candidate == hosts[top]) {
+    ++state.streak;
+  } else {
+    state.candidate = hosts[top];
+    state.streak = 1;
+  }
+  if (state.streak % options_.continuity != 0) return std::nullopt;
+  SuspectVerdict verdict;
+  verdict.host = hosts[top];
+  verdict.metric = metric.name;
+  verdict.z = z;
+  verdict.deviation = deviation;
+  verdict.value = denoised[top];
+  verdict.peers_median = peers_median;
+  verdict.windows = state.streak / options_.continuity;
+  verdict.second = second;
+  verdict.hosts = static_cast<int>(n);
+  return verdict;
+}
+
+std::optional<SuspectVerdict> MahalanobisDetector::Observe(
+    int64_t second, const std::vector<FailSlowSample>& samples) {
+  // host -> metric index -> value (work-normalised)
+  std::map<std::string, std::vector<std::optional<double>>> by_host;
+  const size_t k = options_.metrics.size();
+  for (const FailSlowSample& s : samples) {
+    const auto it = std::find(options_.metrics.begin(), options_.metrics.end(), s.metric);
+    if (it == options_.metrics.end() || !std::isfinite(s.value)) continue;
+    if (options_.per_work && s.metric != "cpu_util" && !(s.work > 0)) continue;
+    const double value = options_.per_work && s.metric != "cpu_util" ? s.value / s.work : s.value;
+    auto& row = by_host[s.host];
+    row.resize(k);
+    row[static_cast<size_t>(it - options_.metrics.begin())] = value;
+  }
+  std::vector<std::string> hosts;
+  std::vector<std::vector<double>> rows;
+  for (const auto& [host, row] : by_host) {
+    if (std::any_of(row.begin(), row.end(), [](const auto& v) { return !v.has_value(); })) continue;
+    hosts.push_back(host);
+    std::vector<double> r;
+    for (const auto& v : row) r.push_back(*v);
+    rows.push_back(std::move(r));
+  }
+  const size_t n = hosts.size();
+  if (n < 3 || k == 0) return std::nullopt;
+  // Normalise each metric by the hosts' median; a metric zero everywhere is left out (all zeros).
+  for (size_t j = 0; j < k; ++j) {
+    std::vector<double> column;
+    for (const auto& r : rows) column.push_back(r[j]);
+    double median = 0;
+    const std::vector<double> relative = RelativeToMedian(column, &median);
+    for (size_t i = 0; i < n; ++i) rows[i][j] = relative.empty() ? 0.0 : relative[i];
+  }
+  std::vector<double> mu(k, 0.0);
+  for (const auto& r : rows) {
+    for (size_t j = 0; j < k; ++j) mu[j] += r[j] / static_cast<double>(n);
+  }
+  // Covariance plus ridge, inverted by Gauss-Jordan (k is a handful).
+  std::vector<std::vector<double>> a(k, std::vector<double>(2 * k, 0.0));
+  for (size_t p = 0; p < k; ++p) {
+    for (size_t q = 0; q < k; ++q) {
+      double c = 0;
+      for (const auto& r : rows) c += (r[p] - mu[p]) * (r[q] - mu[q]);
+      a[p][q] = c / static_cast<double>(n) + (p == q ? options_.ridge : 0.0);
+    }
+    a[p][k + p] = 1.0;
+  }
+  for (size_t col = 0; col < k; ++col) {
+    size_t pivot = col;
+    for (size_t r = col + 1; r < k; ++r) {
+      if (std::fabs(a[r][col]) > std::fabs(a[pivot][col])) pivot = r;
+    }
+    std::swap(a[col], a[pivot]);
+    const double d = a[col][col];
+    if (std::fabs(d) < 1e-15) return std::nullopt;
+    for (double& v : a[col]) v /= d;
+    for (size_t r = 0; r < k; ++r) {
+      if (r == col) continue;
+      const double f = a[r][col];
+      for (size_t c = 0; c < 2 * k; ++c) a[r][c] -= f * a[col][c];
+    }
+  }
+  size_t top = 0;
+  double best = -1;
+  for (size_t i = 0; i < n; ++i) {
+    double d2 = 0;
+    for (size_t p = 0; p < k; ++p) {
+      for (size_t q = 0; q < k; ++q) {
+        d2 += (rows[i][p] - mu[p]) * a[p][k + q] * (rows[i][q] - mu[q]);
+      }
+    }
+    const double d = std::sqrt(std::max(0.0, d2));
+    if (d > best) {
+      best = d;
+      top = i;
+    }
+  }
+  if (best < options_.threshold) return std::nullopt;
+  SuspectVerdict verdict;
+  verdict.host = hosts[top];
+  verdict.metric = "mahalanobis";
+  verdict.z = best;
+  verdict.windows = 1;
+  verdict.second = second;
+  verdict.hosts = static_cast<int>(n);
+  return verdict;
+}
+
+}  // namespace trainguard

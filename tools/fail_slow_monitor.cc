@@ -1,0 +1,155 @@
+#include "tools/fail_slow_monitor.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+
+namespace trainguard::tools {
+
+int64_t ProcessCpuTicks(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string stat = ss.str();
+  // Field 2 (comm) is in parentheses and may hold spaces: count fields after its last ')'.
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return -1;
+  const std::vector<std::string> f = absl::StrSplit(stat.substr(close + 1), ' ', absl::SkipEmpty());
+  // f[0] is field 3 (state): utime is field 14 = f[11], stime field 15 = f[12].
+  int64_t utime = 0, stime = 0;
+  if (f.size() < 13 || !absl::SimpleAtoi(f[11], &utime) || !absl::SimpleAtoi(f[12], &stime)) {
+    return -1;
+  }
+  return utime + stime;
+}
+
+int64_t ProcessRunDelayNs(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/task/", pid, "/schedstat"));
+  int64_t on_cpu = 0, waited = -1;
+  if (!(in >> on_cpu >> waited)) return -1;
+  return waited;
+}
+
+std::optional<HostMetricsRecord> HostSampler::Sample(absl::Time now,
+                                                     const std::vector<RankProcess>& ranks) {
+  const double seconds = absl::ToDoubleSeconds(now - last_);
+  const bool have_interval = last_ != absl::InfinitePast() && seconds > 0;
+  last_ = now;
+  static const double kTicksPerSecond = static_cast<double>(sysconf(_SC_CLK_TCK));
+  double compute_ms = 0, collective_ms = 0, steps = 0, cpu = 0, wait_ms = 0;
+  int with_work = 0, with_cpu = 0, with_wait = 0;
+  std::map<int, Previous> current;
+  for (const RankProcess& r : ranks) {
+    Previous now_seen;
+    now_seen.pid = r.pid;
+    now_seen.cpu_ticks = ProcessCpuTicks(r.pid);
+    now_seen.run_delay_ns = ProcessRunDelayNs(r.pid);
+    if (r.work_record.has_value()) {
+      absl::StatusOr<RankWorkRecord> parsed = ParseRankWorkRecord(*r.work_record);
+      if (parsed.ok()) now_seen.work = *parsed;
+    }
+    const auto before = previous_.find(r.rank);
+    if (have_interval && before != previous_.end() && before->second.pid == r.pid) {
+      const Previous& p = before->second;
+      if (p.work.has_value() && now_seen.work.has_value() &&
+          now_seen.work->steps >= p.work->steps && now_seen.work->step_ns >= p.work->step_ns &&
+          now_seen.work->collective_ns >= p.work->collective_ns) {
+        const double step_ms = static_cast<double>(now_seen.work->step_ns - p.work->step_ns) / 1e6;
+        const double coll_ms =
+            static_cast<double>(now_seen.work->collective_ns - p.work->collective_ns) / 1e6;
+        compute_ms += std::max(0.0, step_ms - coll_ms);
+        collective_ms += coll_ms;
+        steps += static_cast<double>(now_seen.work->steps - p.work->steps);
+        ++with_work;
+      }
+      if (p.cpu_ticks >= 0 && now_seen.cpu_ticks >= p.cpu_ticks) {
+        cpu += static_cast<double>(now_seen.cpu_ticks - p.cpu_ticks) / kTicksPerSecond / seconds;
+        ++with_cpu;
+      }
+      if (p.run_delay_ns >= 0 && now_seen.run_delay_ns >= 0) {
+        // A thread that ended takes its delay with it: a negative delta counts as none.
+        wait_ms +=
+            std::max<double>(0, static_cast<double>(now_seen.run_delay_ns - p.run_delay_ns)) / 1e6 /
+            seconds;
+        ++with_wait;
+      }
+    }
+    current[r.rank] = now_seen;
+  }
+  previous_ = std::move(current);
+  if (with_work == 0 && with_cpu == 0 && with_wait == 0) return std::nullopt;
+  HostMetricsRecord record;
+  record.seq = ++seq_;
+  // The ranks' work records are written once a second each, not in step with this sample: the
+  // per-second values are scaled to the interval the records cover only on average, which the
+  // detector's moving median absorbs.
+  if (with_work > 0) {
+    record.work = steps / with_work;
+    record.metrics.emplace_back("compute_ms", compute_ms / with_work);
+    record.metrics.emplace_back("collective_ms", collective_ms / with_work);
+  }
+  if (with_wait > 0) record.metrics.emplace_back("cpu_wait_ms", wait_ms / with_wait);
+  if (with_cpu > 0) record.metrics.emplace_back("cpu_util", cpu / with_cpu);
+  return record;
+}
+
+FailSlowDecision DecideFailSlowAction(FailSlowPolicy policy, int windows, int evicted,
+                                      int training_hosts, double max_share, int spare_standbys,
+                                      int needed) {
+  FailSlowDecision d;
+  d.action = "alert";
+  const bool wants = policy == FailSlowPolicy::kEvict ||
+                     (policy == FailSlowPolicy::kEvictRepeated && windows >= 2);
+  if (!wants) {
+    if (policy == FailSlowPolicy::kEvictRepeated) {
+      d.action = "alert (evict-repeated: evicted if it is still the outlier one window later)";
+    }
+    return d;
+  }
+  const int may_evict =
+      max_share <= 0 ? 0 : std::max(1, static_cast<int>(max_share * training_hosts));
+  if (evicted >= may_evict) {
+    d.action = absl::StrFormat(
+        "alert (not evicted: %d of at most %d host(s) evicted on metrics alone, "
+        "--fail-slow-max-evict-share %g)",
+        evicted, may_evict, max_share);
+  } else if (spare_standbys < needed) {
+    d.action = absl::StrFormat("alert (not evicted: %d parked standby(s) elsewhere, %d needed)",
+                               spare_standbys, needed);
+  } else {
+    d.evict = true;
+    d.action = "evict";
+  }
+  return d;
+}
+
+std::vector<SuspectVerdict> FailSlowMonitor::Observe(
+    int64_t second, const std::map<std::string, std::string>& records) {
+  std::vector<FailSlowSample> samples;
+  for (const auto& [host, text] : records) {
+    absl::StatusOr<HostMetricsRecord> record = ParseHostMetricsRecord(text);
+    if (!record.ok()) continue;
+    auto [it, inserted] = last_seq_.try_emplace(host, record->seq);
+    if (!inserted && it->second == record->seq) continue;  // nothing new from this host
+    it->second = record->seq;
+    for (const auto& [metric, value] : record->metrics) {
+      samples.push_back({host, metric, value, record->work});
+    }
+  }
+  return detector_.Observe(second, samples);
+}
+
+void FailSlowMonitor::Forget(const std::string& host) {
+  detector_.Forget(host);
+  last_seq_.erase(host);
+}
+
+}  // namespace trainguard::tools

@@ -1,0 +1,95 @@
+// The fail-slow detector's two ends in `trainguard run` (docs/GUIDE.md, "Fail-slow hosts"):
+//
+// HostSampler: a host agent's once-a-second sample of its own host, from what its rank processes
+// already give: each rank's work record (sdk/health/fail_slow_metrics.h, health/rank/<rank>) and
+// its CPU time (/proc/<pid>/stat utime + stime, read by the agent, which sees its host's /proc).
+// The sample holds, per rank averaged over the host's ranks: compute_ms (step time outside
+// collectives) and collective_ms in that second, with the steps done as the work they are divided
+// by; cpu_wait_ms, the time its training (main) thread was runnable but not running
+// (/proc/<pid>/task/<pid>/schedstat run delay, in ms per second: a throttled or oversubscribed
+// CPU; the other threads, mostly asleep, add wake-up delays that any loaded machine has); and
+// cpu_util (CPU seconds per second). GPU metrics (NVML duty cycle, power, clocks) are not
+// collected: no NVML here; see the GUIDE.
+//
+// FailSlowMonitor: the coordinator's side: once a second it takes every host's latest record
+// (agents/metrics/<host>), feeds the new ones to a FailSlowDetector and returns its verdicts.
+//
+// Thread safety: neither is thread-safe; each is used by the agent's loop thread.
+#ifndef TRAINGUARD_TOOLS_FAIL_SLOW_MONITOR_H_
+#define TRAINGUARD_TOOLS_FAIL_SLOW_MONITOR_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "sdk/health/fail_slow_detector.h"
+#include "sdk/health/fail_slow_metrics.h"
+
+namespace trainguard::tools {
+
+class HostSampler {
+ public:
+  struct RankProcess {
+    int rank = -1;
+    pid_t pid = -1;
+    std::optional<std::string> work_record;  // its health/rank/<rank> value, if any
+  };
+  // The sample of the time since the previous call, or nullopt on the first call and when no rank
+  // has two records to compare yet. A rank whose process changed (replaced) starts over.
+  std::optional<HostMetricsRecord> Sample(absl::Time now, const std::vector<RankProcess>& ranks);
+
+ private:
+  struct Previous {
+    pid_t pid = -1;
+    std::optional<RankWorkRecord> work;
+    int64_t cpu_ticks = -1;
+    int64_t run_delay_ns = -1;
+  };
+  std::map<int, Previous> previous_;
+  absl::Time last_ = absl::InfinitePast();
+  int64_t seq_ = 0;
+};
+
+// utime + stime of `pid` in clock ticks (/proc/<pid>/stat fields 14 and 15); -1 if unreadable.
+int64_t ProcessCpuTicks(pid_t pid);
+// The run-queue delay of `pid`'s main thread (/proc/<pid>/task/<pid>/schedstat field 2, ns): time
+// runnable but not running, which includes time a CPU cgroup throttled it. -1 if unreadable.
+int64_t ProcessRunDelayNs(pid_t pid);
+
+// What the coordinator does with a confirmed suspect (LaunchConfig::fail_slow). Pure.
+struct FailSlowDecision {
+  bool evict = false;
+  std::string action;  // "alert", "evict", or "alert (not evicted: why)"
+};
+enum class FailSlowPolicy { kOff, kAlert, kEvict, kEvictRepeated };
+// `windows`: the verdict's continuity windows in a row; `evicted`: hosts evicted on metrics so far
+// in this job; `training_hosts`: hosts holding ranks; `spare_standbys`: parked standbys on other
+// hosts; `needed`: ranks per host. Evicts when the policy says so (evict-repeated: from the second
+// window), at most max(1, floor(max_share x training_hosts)) hosts over the job (max_share 0:
+// none), and only when the spares can take the host's ranks.
+FailSlowDecision DecideFailSlowAction(FailSlowPolicy policy, int windows, int evicted,
+                                      int training_hosts, double max_share, int spare_standbys,
+                                      int needed);
+
+class FailSlowMonitor {
+ public:
+  explicit FailSlowMonitor(FailSlowDetector detector) : detector_(std::move(detector)) {}
+  // `records`: host -> its agents/metrics/<host> value. Only a record whose seq changed since the
+  // last call is a new sample (a silent host is filled, then dropped, by the detector).
+  std::vector<SuspectVerdict> Observe(int64_t second,
+                                      const std::map<std::string, std::string>& records);
+  void Forget(const std::string& host);
+
+ private:
+  FailSlowDetector detector_;
+  std::map<std::string, int64_t> last_seq_;
+};
+
+}  // namespace trainguard::tools
+
+#endif  // TRAINGUARD_TOOLS_FAIL_SLOW_MONITOR_H_
