@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -47,6 +48,7 @@ constexpr absl::Duration kTargetPatience = absl::Seconds(10);
 // How long a job stopped at --duration, or waited for with --wait-for-exit, may take to end.
 constexpr absl::Duration kStopPatience = absl::Seconds(60);
 constexpr absl::Duration kExitPatience = absl::Minutes(10);
+constexpr absl::Duration kFormationPatience = absl::Minutes(5);
 
 // SplitMix64: a tiny, fully specified generator, so a seed means the same schedule everywhere
 // (std:: distributions differ between standard libraries).
@@ -178,6 +180,10 @@ class ChaosRun {
   bool WaitUntil(absl::Time when);
   void Inject(const PlannedFault& fault);
   bool Reap(int options);
+  // Waits (bounded) until the launcher says generation 0 formed: the schedule's clock starts then,
+  // so that a fault never lands before the job exists (a rank lost before generation 0 fails the
+  // job by design) and both runs meet their faults at the same point of training.
+  absl::Status WaitForFormation();
   void Say(const std::string& line) {
     std::printf("trainguard chaos [%s]: %s\n", mode_.c_str(), line.c_str());
     std::fflush(stdout);
@@ -271,6 +277,25 @@ absl::Status ChaosRun::StartLauncher() {
   return absl::OkStatus();
 }
 
+absl::Status ChaosRun::WaitForFormation() {
+  const std::string out_path = run_dir_ + "/launcher.out";
+  const absl::Time deadline = absl::Now() + kFormationPatience;
+  while (WaitUntil(absl::Now() + absl::Milliseconds(100))) {
+    absl::StatusOr<std::string> out = Env::Default()->ReadFileToString(out_path);
+    if (out.ok() && absl::StrContains(*out, "trainguard run: generation 0 formed")) {
+      return absl::OkStatus();
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrFormat(
+          "generation 0 of the %s run did not form within %s (see %s)", mode_,
+          absl::FormatDuration(kFormationPatience), out_path));
+    }
+  }
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "the %s run's launcher exited with status %d before generation 0 formed (see %s)", mode_,
+      *exit_status_, out_path));
+}
+
 bool ChaosRun::WaitUntil(absl::Time when) {
   while (true) {
     if (Reap(WNOHANG)) return false;
@@ -338,6 +363,13 @@ int ChaosRun::Run() {
   events_ = *std::move(events);
   if (absl::Status s = StartLauncher(); !s.ok()) {
     Say(s.ToString());
+    return -1;
+  }
+  if (absl::Status s = WaitForFormation(); !s.ok()) {
+    Say(s.ToString());
+    kill(launcher_, SIGINT);  // an unreaped child: the pid is still ours
+    if (WaitUntil(absl::Now() + kStopPatience)) kill(launcher_, SIGKILL);
+    Reap(0);
     return -1;
   }
   start_ = absl::Now();

@@ -9,7 +9,8 @@
 //
 // The schedule (PlanFaults) is a Poisson process: exponential gaps of mean --mean-interval over
 // --duration, each fault's kind drawn from --mix by weight and its rank uniformly, all from --seed,
-// so both runs meet the same faults at the same offsets from their start. The kinds:
+// so both runs meet the same faults at the same offsets from their start (generation 0 formed:
+// the clock starts when the launcher says so). The kinds:
 //   kill  SIGKILL to the rank's process (a crashed rank);
 //   stop  SIGSTOP to it (a hung rank: alive, silent);
 //   nan   SIGUSR1 to it, which the example trainer (--nan-on-sigusr1 1) turns into a NaN in its
