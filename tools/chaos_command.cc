@@ -29,7 +29,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "sdk/checkpoint/snapshotter.h"
 #include "sdk/core/event_log.h"
+#include "sdk/watchdog/flight_recorder.h"
 #include "tools/chaos_report.h"
 #include "tools/usage.h"
 #include "trainguard/env.h"
@@ -197,6 +199,7 @@ class ChaosRun {
   pid_t launcher_ = -1;
   std::optional<int> exit_status_;
   absl::Time start_;
+  const std::string job_id_ = absl::StrCat("chaos-", mode_, "-", getpid());
 };
 
 void ChaosRun::Record(int rank, const std::string& what, const std::string& message,
@@ -227,7 +230,7 @@ absl::Status ChaosRun::StartLauncher() {
                                    "--run-dir",
                                    run_dir_,
                                    "--job-id",
-                                   absl::StrCat("chaos-", mode_, "-", getpid()),
+                                   job_id_,
                                    "--heartbeat-timeout",
                                    absl::StrCat(config_.heartbeat_timeout_s)};
   // Both write a checkpoint to disk every --checkpoint-every-steps steps. trainguard also keeps
@@ -403,6 +406,11 @@ int ChaosRun::Run() {
   }
   Reap(0);
   Say(absl::StrFormat("launcher exited with status %d", *exit_status_));
+  // A launcher that was stopped keeps the ranks' shared memory for a restart; a chaos run is over.
+  for (int r = 0; r < config_.nproc; ++r) {
+    (void)Snapshotter::RemoveArena(job_id_, r);
+    (void)FlightRecorder::Remove(job_id_, r);
+  }
   return *exit_status_;
 }
 

@@ -1226,16 +1226,18 @@ void Job::DiagnoseHangs() {
   const size_t dumped = dumps.ok() ? dumps->size() : 0;
   // A rank of this host whose process is stopped or gone will never dump: waiting the grace out
   // for it only delays its replacement.
-  size_t silent = 0;
+  // (A dead process is not counted: its rank may already be its replacement's, which dumps.)
+  std::set<int> silent_ranks;
   if (!MultiHost() && dumps.ok()) {
     std::set<int> dumped_ranks;
     for (const FlightRecorderDump& d : *dumps) dumped_ranks.insert(d.rank);
     for (const auto& c : children_) {
-      if (c->rank >= 0 && dumped_ranks.count(c->rank) == 0 && (!c->running || IsStopped(c->pid))) {
-        ++silent;
+      if (c->rank >= 0 && c->running && dumped_ranks.count(c->rank) == 0 && IsStopped(c->pid)) {
+        silent_ranks.insert(c->rank);
       }
     }
   }
+  const size_t silent = silent_ranks.size();
   if (dumped + silent < static_cast<size_t>(world_size_) &&
       now < pending_hang_->seen + kHangDumpGrace) {
     return;  // some rank is still dumping
@@ -1244,7 +1246,20 @@ void Job::DiagnoseHangs() {
   if (dumps.ok()) evidence.dumps = *std::move(dumps);
   evidence.live_rings = std::move(pending_hang_->live_rings);
   evidence.world_size = world_size_;
-  const HangDiagnosis diagnosis = DiagnoseHang(evidence);
+  HangDiagnosis diagnosis = DiagnoseHang(evidence);
+  // A process that is stopped cannot be making progress: among the suspects, those are the ones.
+  if (!silent_ranks.empty()) {
+    std::vector<int> stopped;
+    for (int rank : diagnosis.suspects) {
+      if (silent_ranks.count(rank) != 0) stopped.push_back(rank);
+    }
+    if (!stopped.empty() && stopped.size() < diagnosis.suspects.size()) {
+      Say(absl::StrFormat("hang diagnosis: of the suspects, rank(s) %s are stopped (SIGSTOP): "
+                          "they are the ones replaced",
+                          absl::StrJoin(stopped, ",")));
+      diagnosis.suspects = stopped;
+    }
+  }
   for (absl::string_view line : absl::StrSplit(diagnosis.ToString(), '\n')) {
     Say(absl::StrCat("hang diagnosis: ", line));
   }
