@@ -85,7 +85,10 @@ std::vector<std::string> FinalChecksums(const std::string& run_dir) {
   return checksums;
 }
 
-constexpr char kSteps[] = "600";  // >= 30 s at 50 ms a step: the job outlasts the last fault (25 s)
+// >= 30 s at 100 ms a step: the job outlasts the last fault (25 s). Few long steps: on a busy
+// machine a step's allreduce costs more than its sleep, so fewer steps end sooner.
+constexpr char kSteps[] = "300";
+constexpr char kStepTimeMs[] = "100";
 
 TEST(Chaos, EveryInjectedFaultIsDetectedAndRecoveredHangsAreNamedAndTheJobEndsAsIfUninterrupted) {
   testing::TempDir dir;
@@ -97,7 +100,7 @@ TEST(Chaos, EveryInjectedFaultIsDetectedAndRecoveredHangsAreNamedAndTheJobEndsAs
       {"chaos", "--nproc", "3", "--standby", "2", "--mode", "trainguard", "--duration", "28s",
        "--mean-interval", "4s", "--seed", "4039", "--mix", "kill=1,stop=1,nan=1",
        "--wait-for-exit", "--run-dir", chaos_dir, "--", TRAINGUARD_TRAINER_PATH, "--steps", kSteps,
-       "--step-time-ms", "50", "--progress-events", "1", "--nan-on-sigusr1", "1",
+       "--step-time-ms", kStepTimeMs, "--progress-events", "1", "--nan-on-sigusr1", "1",
        "--print-every", "100"},
       dir.File("chaos.out"), absl::Minutes(4));
   const std::string run_dir = chaos_dir + "/trainguard";
