@@ -152,6 +152,7 @@ absl::StatusOr<int> OpenOwnRank(const std::string& run_dir, int rank, pid_t laun
 int SignalFor(const std::string& kind) {
   if (kind == "kill") return SIGKILL;
   if (kind == "stop") return SIGSTOP;
+  if (kind == "drop") return SIGURG;
   return SIGUSR1;  // nan
 }
 
@@ -502,7 +503,7 @@ absl::StatusOr<ChaosConfig> ParseChaosArguments(const std::vector<std::string>& 
     }
     config.command = {trainer,          "--steps",           "1000000000", "--step-time-ms", "50",
                       "--print-every",  "100",               "--progress-events", "1",
-                      "--nan-on-sigusr1", "1"};
+                      "--nan-on-sigusr1", "1",               "--drop-on-sigurg", "1"};
   }
   if (config.run_dir.empty()) {
     const char* tmp = std::getenv("TMPDIR");  // NOLINT(concurrency-mt-unsafe): one thread
@@ -518,6 +519,8 @@ constexpr char kChaosHelp[] =
     "--duration while injecting faults at Poisson arrivals of mean --mean-interval, drawn from\n"
     "--seed: kill (SIGKILL a rank), stop (SIGSTOP: a hung rank), nan (SIGUSR1: a NaN in the\n"
     "rank's gradient; the trainer must handle it, as cpp_trainer --nan-on-sigusr1 1 does),\n"
+    "drop (SIGURG: the rank closes its connections before its next allreduce, as cpp_trainer\n"
+    "--drop-on-sigurg 1 does; ignored by a command that does not handle it),\n"
     "weighted by --mix. Every injection is written to the run's events (events/chaos.tgev,\n"
     "what=chaos_inject: kind, rank, pid) before it is done; only running children of the run's\n"
     "launcher are signalled. --mode both (default) runs trainguard's recovery (warm standbys,\n"
@@ -567,9 +570,9 @@ absl::StatusOr<std::vector<std::pair<std::string, int>>> ParseMix(const std::str
   for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
     std::pair<std::string, std::string> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
     int weight = 0;
-    if (kv.first != "kill" && kv.first != "stop" && kv.first != "nan") {
+    if (kv.first != "kill" && kv.first != "stop" && kv.first != "nan" && kv.first != "drop") {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "--mix: unknown fault kind '%s' (kinds: kill, stop, nan)", kv.first));
+          "--mix: unknown fault kind '%s' (kinds: kill, stop, nan, drop)", kv.first));
     }
     if (!absl::SimpleAtoi(kv.second, &weight) || weight < 0) {
       return absl::InvalidArgumentError(absl::StrFormat(

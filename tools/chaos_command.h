@@ -14,7 +14,9 @@
 //   kill  SIGKILL to the rank's process (a crashed rank);
 //   stop  SIGSTOP to it (a hung rank: alive, silent);
 //   nan   SIGUSR1 to it, which the example trainer (--nan-on-sigusr1 1) turns into a NaN in its
-//         gradient at the next step.
+//         gradient at the next step;
+//   drop  SIGURG to it, which the example trainer (--drop-on-sigurg 1) turns into closing every
+//         connection of its communicator before its next allreduce (a dropped link).
 // Each injection is appended to <run>/events/chaos.tgev (custom event what=chaos_inject, the
 // target rank, attributes kind and pid) before the signal is sent, so a report never misses a
 // fault that was done. The target's pid is read from the launcher's pid file and signalled only

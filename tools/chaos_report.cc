@@ -66,6 +66,13 @@ Detection Detects(const std::string& kind, const Event& e) {
     if (e.type == EventType::kHang) return {true, std::nullopt};
     return {};
   }
+  if (kind == "drop") {  // nobody is at fault: the job renews its generation (or restarts)
+    if (IsLauncher(e, "generation_renewed") || IsLauncher(e, "restart_all")) return {true, {}};
+    if (e.type == EventType::kStepFault && e.Attribute("fault") == "communication_failure") {
+      return {true, std::nullopt};
+    }
+    return {};
+  }
   if (kind == "nan") {
     if (e.type == EventType::kStepFault && absl::StrContains(e.message, "non-finite values")) {
       return {true, e.rank};
@@ -314,16 +321,20 @@ std::string FormatReport(const std::vector<RunAnalysis>& runs) {
         run.mode.empty() ? "(unnamed)" : run.mode, 100 * run.ettr, Seconds(run.productive),
         Seconds(run.wall), run.steps_kept, run.last_step, Seconds(run.median_step));
     out += absl::StrFormat(
-        "  faults %d: detected %d, culprit named correctly %d, recovered %d; longest unproductive "
-        "stretch %s s (from %s s)\n",
-        run.faults.size(), run.faults_detected(), run.culprits_correct(), run.faults_recovered(),
+        "  faults %d: detected %d, culprit named correctly %d of %d, recovered %d; longest "
+        "unproductive stretch %s s (from %s s)\n",
+        run.faults.size(), run.faults_detected(), run.culprits_correct(),
+        std::count_if(run.faults.begin(), run.faults.end(),
+                      [](const FaultOutcome& f) { return f.kind != "drop"; }),
+        run.faults_recovered(),
         Seconds(run.longest_unproductive), Seconds(run.longest_unproductive_from));
     for (const auto& [kind, k] : ByKind(run)) {
       out += absl::StrFormat(
-          "  %-5s x%-3d detected %d (mean %s s, max %s s), culprit %d/%d, recovered %d (mean %s "
+          "  %-5s x%-3d detected %d (mean %s s, max %s s), culprit %s, recovered %d (mean %s "
           "s, max %s s), steps lost %d\n",
           kind, k.n, k.detected, k.detected ? Seconds(k.detect_sum / k.detected) : "-",
-          Seconds(k.detect_max), k.named, k.n, k.recovered,
+          Seconds(k.detect_max), kind == "drop" ? "n/a" : absl::StrCat(k.named, "/", k.n),
+          k.recovered,
           k.recovered ? Seconds(k.recover_sum / k.recovered) : "-", Seconds(k.recover_max), k.lost);
     }
     out += FaultsTable(run);

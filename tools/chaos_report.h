@@ -15,7 +15,8 @@
 //                 the recovery in its interval and counts nothing.
 //   per fault     detection latency (inject -> the first event that saw it: for kill the
 //                 launcher's rank_died; for stop a hang event, rank_unresponsive, hang_suspect or
-//                 rank_died; for nan a step fault whose message says "non-finite values"), the
+//                 rank_died; for nan a step fault whose message says "non-finite values"; for drop
+//                 a communication failure, generation_renewed or restart_all: no culprit), the
 //                 culprit named (the rank of rank_died for kill, of hang_suspect or
 //                 rank_unresponsive for stop, of the non-finite step fault for nan) against the
 //                 ground truth, time to recovery (inject -> the first step done beyond the last
@@ -43,7 +44,7 @@ namespace trainguard::tools {
 
 // One injected fault and what the events say became of it.
 struct FaultOutcome {
-  std::string kind;  // "kill", "stop", "nan"
+  std::string kind;  // "kill", "stop", "nan", "drop" (which has no culprit)
   int rank = -1;     // the ground truth
   int64_t pid = -1;
   absl::Duration injected_at;  // since the run's start

@@ -1313,6 +1313,11 @@ void Job::RenewGenerationWhenAsked() {
   absl::StatusOr<std::map<int, std::string>> asked =
       coordinator_->NewGenerationRequests(kStoreTimeout);
   if (!asked.ok() || asked->empty()) return;  // the store briefly unreachable: look again next time
+  if (config_.restart_all >= 0) {  // torchrun's answer to any failure
+    const auto& [rank, why] = *asked->begin();
+    restart_pending_ = absl::StrFormat("rank %d asks for a new generation: %s", rank, why);
+    return;
+  }
   const absl::Time now = absl::Now();
   if (!renewal_asked_.has_value() || renewal_asked_->generation != generation) {
     renewal_asked_ = RenewalAsked{generation, now};
@@ -1332,6 +1337,9 @@ void Job::RenewGenerationWhenAsked() {
   for (const auto& [rank, why] : *asked) ranks.push_back(rank);
   Say(absl::StrFormat("generation %d renewed with the same ranks (asked by %s)", next->generation,
                       absl::StrJoin(ranks, ",")));
+  Record(-1, "generation_renewed",
+         absl::StrFormat("generation %d renewed with the same ranks", next->generation),
+         {{"asked_by", absl::StrJoin(ranks, ",")}});
   recoveries_.push_back({-1, next->generation, renewal_asked_->since});
 }
 

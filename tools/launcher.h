@@ -21,8 +21,9 @@
 //
 // The launcher records what it sees and does in <run_dir>/events/launcher.tgev (custom events;
 // attribute what=rank_died, rank_unresponsive, hang_suspect, rank_replaced, recovered,
-// restart_all), beside the ranks' event files, so that `trainguard report` can time detection
-// and recovery against the faults `trainguard chaos` injected.
+// generation_renewed, restart_all), beside the ranks' event files, so that `trainguard report`
+// can time detection and recovery against the faults `trainguard chaos` injected. With
+// --restart-all, a rank's request for a new generation (a dropped link) restarts every rank too.
 //
 // Exit status: 0 every rank finished with status 0; 1 the job failed (a rank failed and could not
 // be replaced, --max-replacements was reached, generation 0 did not form, or a rank stopped the job

@@ -260,6 +260,8 @@ class DataParallelTrainer {
 
   // Set by the SIGUSR1 handler (--nan-on-sigusr1); the next step corrupts this rank's gradient.
   static inline std::atomic<bool> nan_requested{false};
+  // Set by the SIGURG handler (--drop-on-sigurg); the next allreduce starts with dropped links.
+  static inline std::atomic<bool> drop_requested{false};
 
  private:
   // The progress record `trainguard report` reads (--progress-events). Best effort: a full disk
@@ -379,6 +381,7 @@ class DataParallelTrainer {
     if (rt_.rank() == flags_.drop_rank && step == flags_.drop_step && rt_.generation() == 0) {
       comm().DropConnectionsBeforeNextCollective();
     }
+    if (drop_requested.exchange(false)) comm().DropConnectionsBeforeNextCollective();  // SIGURG
     if (rt_.rank() == flags_.sleep_rank && step == flags_.sleep_step && rt_.generation() == 0) {
       comm().DelayNextCollective(flags_.sleep_in_collective);
     }
@@ -443,6 +446,13 @@ int Main(int argc, char** argv) {
     sigemptyset(&action.sa_mask);
     action.sa_flags = SA_RESTART;
     sigaction(SIGUSR1, &action, nullptr);
+  }
+  if (flags->drop_on_sigurg) {
+    struct sigaction action = {};
+    action.sa_handler = [](int) { DataParallelTrainer::drop_requested.store(true); };
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    sigaction(SIGURG, &action, nullptr);
   }
   if (flags->help) {
     std::printf("%s", TrainerUsage().c_str());

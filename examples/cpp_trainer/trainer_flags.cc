@@ -103,6 +103,8 @@ TRAINGUARD_JOB_ID and TRAINGUARD_RUN_DIR (see trainguard's Options).
                           succeeded: the progress `trainguard report` measures (default 0)
   --nan-on-sigusr1 0|1    SIGUSR1 makes this rank write a NaN into its gradient at the next step
                           (what `trainguard chaos` injects; default 0)
+  --drop-on-sigurg 0|1    SIGURG makes this rank close its connections before its next allreduce
+                          (a dropped link; what `trainguard chaos` injects as drop; default 0)
   --help                  print this text
 )";
 }
@@ -173,13 +175,16 @@ absl::StatusOr<TrainerFlags> ParseTrainerFlags(int argc, char** argv) {
       }
     } else if (flag == "--step-time-ms") {
       status = ParseNumber<double>(flag, value, 0.0, &flags.step_time_ms);
-    } else if (flag == "--progress-events" || flag == "--nan-on-sigusr1") {
+    } else if (flag == "--progress-events" || flag == "--nan-on-sigusr1" ||
+               flag == "--drop-on-sigurg") {
       int on = 0;
       status = ParseNumber<int>(flag, value, 0, &on);
       if (status.ok() && on > 1) {
         status = absl::InvalidArgumentError(absl::StrCat(flag, ": expected 0 or 1, got '", value, "'"));
       }
-      (flag == "--progress-events" ? flags.progress_events : flags.nan_on_sigusr1) = on == 1;
+      (flag == "--progress-events"  ? flags.progress_events
+       : flag == "--nan-on-sigusr1" ? flags.nan_on_sigusr1
+                                    : flags.drop_on_sigurg) = on == 1;
     } else {
       return absl::InvalidArgumentError(absl::StrCat(flag, ": unknown flag"));
     }

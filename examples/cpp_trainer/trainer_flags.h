@@ -73,6 +73,9 @@ struct TrainerFlags {
   // --nan-on-sigusr1 1: a SIGUSR1 makes this rank write a NaN into its gradient at the next step
   // (what `trainguard chaos` injects as "nan"). 0: SIGUSR1 keeps its default action.
   bool nan_on_sigusr1 = false;
+  // --drop-on-sigurg 1: a SIGURG makes this rank close every connection of its communicator before
+  // its next allreduce (what `trainguard chaos` injects as "drop"). 0: SIGURG is ignored.
+  bool drop_on_sigurg = false;
   bool help = false;
 };
 

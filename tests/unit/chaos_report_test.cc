@@ -162,8 +162,8 @@ TEST(ChaosReport, AFaultNobodySawIsUndetectedUnrecoveredAndNamesNoCulprit) {
   EXPECT_EQ(run.faults_detected(), 0);
   EXPECT_EQ(run.faults_recovered(), 0);
   EXPECT_EQ(run.longest_unproductive, absl::Seconds(6));  // 3 s .. 9 s
-  EXPECT_THAT(FormatReport({run}), HasSubstr("faults 1: detected 0, culprit named correctly 0, "
-                                             "recovered 0"));
+  EXPECT_THAT(FormatReport({run}), HasSubstr("faults 1: detected 0, culprit named correctly 0 of "
+                                             "1, recovered 0"));
 }
 
 TEST(ChaosReport, TheWrongRankKilledForAHangIsReportedAsAWrongCulprit) {
@@ -176,6 +176,27 @@ TEST(ChaosReport, TheWrongRankKilledForAHangIsReportedAsAWrongCulprit) {
   EXPECT_EQ(run.faults[0].culprit_named, 2);
   EXPECT_FALSE(run.faults[0].culprit_correct());
   EXPECT_THAT(FormatReport({run}), HasSubstr("2 WRONG"));
+}
+
+TEST(ChaosReport, ADroppedLinkIsDetectedByTheCommunicationFailureAndNamesNoCulprit) {
+  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  AddSteps(events, 0, 2, 1, 0, "100");
+  events.push_back(Inject(3.5, 1, "drop"));
+  Event failed;
+  failed.time = At(3.75);
+  failed.rank = 2;
+  failed.type = EventType::kStepFault;
+  failed.attributes = {{"fault", "communication_failure"}};
+  events.push_back(failed);
+  events.push_back(Launcher(4, -1, "generation_renewed"));
+  AddSteps(events, 3, 4, 5, 1, "100");
+  events.push_back(Custom(7, -1, "chaos_run_end"));
+  const RunAnalysis run = AnalyzeRun(events);
+  ASSERT_EQ(run.faults.size(), 1u);
+  EXPECT_EQ(run.faults[0].detection_latency, absl::Milliseconds(250));
+  EXPECT_EQ(run.faults[0].detected_by, "step_fault");
+  EXPECT_FALSE(run.faults[0].culprit_named.has_value());
+  EXPECT_EQ(run.faults[0].time_to_recovery, absl::Milliseconds(1500));
 }
 
 TEST(ChaosReport, EventsOfOneFaultAreNotCreditedToTheNext) {
