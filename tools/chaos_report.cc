@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -82,17 +83,11 @@ Detection Detects(const std::string& kind, const Event& e) {
   return {};
 }
 
-// The culprit the launcher acted on for a stopped rank comes after the first sign of the hang (a
-// waiting rank's hang event): the first naming event within the fault's window.
-std::optional<int> NamedCulprit(const std::string& kind, const std::vector<Event>& events,
-                                absl::Time from, absl::Time until) {
-  for (const Event& e : events) {
-    if (e.time < from || e.time >= until) continue;
-    Detection d = Detects(kind, e);
-    if (d.detects && d.culprit.has_value()) return d.culprit;
-  }
-  return std::nullopt;
-}
+// How long after its injection a fault's evidence is looked for.
+constexpr absl::Duration kEvidenceWindow = absl::Seconds(60);
+
+// The pid an event names (attribute pid), or -1.
+int64_t EventPid(const Event& e) { return AttributeInt(e, "pid", -1); }
 
 std::string Seconds(absl::Duration d) { return absl::StrFormat("%.3f", absl::ToDoubleSeconds(d)); }
 std::string OptSeconds(const std::optional<absl::Duration>& d) {
@@ -206,6 +201,9 @@ RunAnalysis AnalyzeRun(std::vector<Event> events) {
   }
   gap(end);
 
+  std::set<int64_t> injected_pids;
+  for (const Event* inject : injections) injected_pids.insert(AttributeInt(*inject, "pid", -1));
+  std::set<size_t> claimed;  // events that named a culprit, each credited to one fault
   for (size_t k = 0; k < injections.size(); ++k) {
     const Event& inject = *injections[k];
     FaultOutcome f;
@@ -213,18 +211,39 @@ RunAnalysis AnalyzeRun(std::vector<Event> events) {
     f.rank = inject.rank;
     f.pid = AttributeInt(inject, "pid", -1);
     f.injected_at = inject.time - start;
-    // A fault's evidence is looked for up to the next injection (or the run's end).
-    const absl::Time until = k + 1 < injections.size() ? injections[k + 1]->time : end;
-    for (const Event& e : events) {
-      if (e.time < inject.time || e.time > until) continue;
-      if (Detects(f.kind, e).detects) {
-        f.detection_latency = e.time - inject.time;
-        f.detected_by = e.type == EventType::kCustom ? What(e)
-                                                     : std::string(EventTypeName(e.type));
-        break;
+    // Evidence: events up to kEvidenceWindow after the injection. An event that names a process
+    // another injection hit is that fault's, never this one's; an event that names a culprit is
+    // credited to one fault only, the one whose process it names first, else the earliest.
+    const absl::Time until = std::min(end, inject.time + kEvidenceWindow);
+    auto ours = [&](const Event& e) {
+      const int64_t pid = EventPid(e);
+      return pid < 0 || pid == f.pid || injected_pids.count(pid) == 0;
+    };
+    std::optional<size_t> naming;
+    for (int pass = 0; pass < 2 && !naming.has_value(); ++pass) {
+      for (size_t i = 0; i < events.size(); ++i) {
+        const Event& e = events[i];
+        if (e.time < inject.time || e.time > until || claimed.count(i) != 0 || !ours(e)) continue;
+        if (pass == 0 && (f.pid < 0 || EventPid(e) != f.pid)) continue;
+        if (Detects(f.kind, e).culprit.has_value()) {
+          naming = i;
+          break;
+        }
       }
     }
-    f.culprit_named = NamedCulprit(f.kind, events, inject.time, until);
+    if (naming.has_value()) {
+      claimed.insert(*naming);
+      f.culprit_named = Detects(f.kind, events[*naming]).culprit;
+    }
+    for (size_t i = 0; i < events.size(); ++i) {
+      const Event& e = events[i];
+      if (e.time < inject.time || e.time > until || !ours(e)) continue;
+      const Detection d = Detects(f.kind, e);
+      if (!d.detects || (d.culprit.has_value() && naming != i)) continue;
+      f.detection_latency = e.time - inject.time;
+      f.detected_by = e.type == EventType::kCustom ? What(e) : std::string(EventTypeName(e.type));
+      break;
+    }
     int64_t before = -1;
     for (const StepDone& d : done) {
       if (d.time <= inject.time) before = std::max(before, d.step);

@@ -22,6 +22,10 @@
 //                 ground truth, time to recovery (inject -> the first step done beyond the last
 //                 step done before the fault), and steps lost (steps done before the fault that
 //                 were done again after it).
+//                 Evidence is looked for up to 60 s after the injection; an event naming a process
+//                 (attribute pid) that another injection hit is never credited to this fault, and
+//                 an event naming a culprit is credited to one fault only (the one whose process
+//                 it names, else the earliest), so overlapping faults are told apart.
 //   longest unproductive stretch   the longest part of the run in no kept step's interval.
 //
 // Everything is a pure function of the events given: exact and deterministic, so it is unit-tested

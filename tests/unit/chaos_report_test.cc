@@ -32,8 +32,9 @@ Event Custom(double at, int rank, const std::string& what,
   return e;
 }
 
-Event Launcher(double at, int rank, const std::string& what) {
-  return Custom(at, rank, what, {{"source", "launcher"}});
+// A launcher event about the process `pid` (the one Inject() hits unless told otherwise).
+Event Launcher(double at, int rank, const std::string& what, const std::string& pid = "4242") {
+  return Custom(at, rank, what, {{"source", "launcher"}, {"pid", pid}});
 }
 
 Event StepDone(double at, int64_t step, int64_t generation, const std::string& pid) {
@@ -43,8 +44,8 @@ Event StepDone(double at, int64_t step, int64_t generation, const std::string& p
   return e;
 }
 
-Event Inject(double at, int rank, const std::string& kind) {
-  return Custom(at, rank, "chaos_inject", {{"kind", kind}, {"pid", "4242"}, {"source", "chaos"}});
+Event Inject(double at, int rank, const std::string& kind, const std::string& pid = "4242") {
+  return Custom(at, rank, "chaos_inject", {{"kind", kind}, {"pid", pid}, {"source", "chaos"}});
 }
 
 // Steps first..last done one per second from `from`, by one process in one generation.
@@ -199,16 +200,37 @@ TEST(ChaosReport, ADroppedLinkIsDetectedByTheCommunicationFailureAndNamesNoCulpr
   EXPECT_EQ(run.faults[0].time_to_recovery, absl::Milliseconds(1500));
 }
 
-TEST(ChaosReport, EventsOfOneFaultAreNotCreditedToTheNext) {
+TEST(ChaosReport, TheDeathOfOneFaultsProcessIsNotCreditedToAnother) {
   std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
-  events.push_back(Inject(1, 0, "kill"));
-  events.push_back(Inject(2, 1, "kill"));
-  events.push_back(Launcher(2.5, 1, "rank_died"));
+  events.push_back(Inject(1, 0, "kill", "1001"));
+  events.push_back(Inject(2, 1, "kill", "1002"));
+  events.push_back(Launcher(2.5, 1, "rank_died", "1002"));
   events.push_back(Custom(3, -1, "chaos_run_end"));
   const RunAnalysis run = AnalyzeRun(events);
   ASSERT_EQ(run.faults.size(), 2u);
   EXPECT_FALSE(run.faults[0].detection_latency.has_value());
   EXPECT_EQ(run.faults[1].detection_latency, absl::Milliseconds(500));
+}
+
+TEST(ChaosReport, AHangNamedAfterTheNextFaultWasInjectedIsStillCreditedToIt) {
+  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  events.push_back(Inject(1, 2, "stop", "7"));
+  events.push_back(Inject(2, 0, "kill", "8"));
+  events.push_back(Launcher(2.01, 0, "rank_died", "8"));
+  Event hang;
+  hang.time = At(3);
+  hang.rank = 1;
+  hang.type = EventType::kHang;
+  events.push_back(hang);
+  events.push_back(Launcher(3.5, 2, "hang_suspect", "7"));
+  events.push_back(Launcher(3.51, 2, "rank_died", "7"));
+  events.push_back(Custom(9, -1, "chaos_run_end"));
+  const RunAnalysis run = AnalyzeRun(events);
+  ASSERT_EQ(run.faults.size(), 2u);
+  EXPECT_EQ(run.faults[0].detection_latency, absl::Seconds(2));  // the hang event
+  EXPECT_EQ(run.faults[0].culprit_named, 2);
+  EXPECT_EQ(run.faults[1].detection_latency, absl::Milliseconds(10));
+  EXPECT_EQ(run.faults[1].culprit_named, 0);
 }
 
 TEST(ChaosReport, TwoRunsAreReportedSideBySideWithTheirEttrRatio) {
