@@ -5,7 +5,7 @@
 //
 // Four hosts of two ranks each train the example trainer with --fail-slow alert; host 3 is the
 // degraded one: throttle: its ranks in a CPU cgroup capped at 2% of one CPU (a rank here needs
-// about 4%); delay: its ranks sleep 20 ms in every step (--step-delay-ms); healthy: no fault; rl:
+// about 4%); delay: its ranks sleep 20 ms in every step (--step-time-ms); healthy: no fault; rl:
 // no fault, an RL-shaped step (--generate 20:4, generation lengths that vary by rank and step).
 // After N seconds every host is killed; the run's hang events (the watchdog-only baseline) are
 // counted from its event files and printed as "watchdog hang events: K".
@@ -119,7 +119,7 @@ int RecordFailSlowTrace(int argc, char** argv) {
                                           "--"};
     std::vector<std::string> command = trainer;
     if (n == 3 && scenario == "delay") {
-      command.push_back("--step-delay-ms");
+      command.push_back("--step-time-ms");
       command.push_back("20");
     }
     if (n == 3 && scenario == "throttle") {

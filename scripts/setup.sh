@@ -19,6 +19,7 @@ PACKAGES=(
   libbenchmark-dev                 # bench/
   libgloo-dev                      # CPU collectives of the example trainer
   python3-venv python3-dev         # the Python bindings (bindings/python) and their tests
+  gnuplot-nox                      # `trainguard report --png`: the chaos run's progress plot
 )
 
 missing=()

@@ -56,6 +56,7 @@
 #include "trainguard/events.h"
 #include "trainguard/checkpoint.h"
 #include "trainguard/env.h"
+#include "trainguard/events.h"
 #include "trainguard/options.h"
 #include "trainguard/topology.h"
 #include "trainguard/store.h"
@@ -108,6 +109,17 @@ std::string ProcessStartTime(pid_t pid) {
   if (close == std::string::npos) return "";
   std::vector<std::string> fields = absl::StrSplit(stat->substr(close + 2), ' ');
   return fields.size() > 19 ? fields[19] : "";  // field 3 is fields[0]
+}
+
+// True when `pid` is stopped (SIGSTOP, a debugger): state T or t in /proc/<pid>/stat.
+bool IsStopped(pid_t pid) {
+  absl::StatusOr<std::string> stat =
+      Env::Default()->ReadFileToString(absl::StrCat("/proc/", pid, "/stat"));
+  if (!stat.ok()) return false;
+  const size_t close = stat->rfind(')');
+  if (close == std::string::npos || close + 2 >= stat->size()) return false;
+  const char state = (*stat)[close + 2];
+  return state == 'T' || state == 't';
 }
 
 std::string DescribeExit(int status) {
@@ -212,6 +224,14 @@ class Job {
 
  private:
   absl::Status Prepare();
+  // A TcpStore of the launcher's own on 127.0.0.1 with a fresh token (store_url_, token_file_,
+  // server_, store_).
+  absl::Status StartOwnStore();
+  // Appends a custom event what=`what` to the launcher's event file (launcher.h); best effort.
+  void Record(int rank, const std::string& what, const std::string& message,
+              std::vector<std::pair<std::string, std::string>> attributes = {});
+  // --restart-all: stops every process of the job and starts all ranks again (launcher.h).
+  void RestartAll();
   absl::Status Spawn(int rank, int standby_index);
   std::vector<std::string> ChildEnvironment(const Child& child) const;
   void Pump(Child& child, bool flush);
@@ -297,6 +317,10 @@ class Job {
   int ranks_finished_ = 0;
   int exit_code_ = -1;
   std::string failure_;  // why the job failed or was stopped, for the summary
+  std::unique_ptr<EventLog> events_;  // <run_dir>/events/launcher.tgev
+  bool formed_reported_ = false;  // generation 0's formation (or failure) was said
+  int restarts_ = 0;  // --restart-all: how often every rank was started again
+  std::optional<std::string> restart_pending_;  // --restart-all: the fault to restart for
 
   // What each rank's deaths were, for the crash-loop backoff and the message that ends the job.
   struct RankHistory {
@@ -404,20 +428,14 @@ absl::Status Job::Prepare() {
        {config_.run_dir, config_.run_dir + "/logs", config_.run_dir + "/pids"}) {
     if (absl::Status s = env->CreateDirs(dir); !s.ok()) return s;
   }
+  const std::string events_path = absl::StrCat(
+      config_.run_dir, "/events/", MultiHost() ? "launcher-" + config_.host_id : "launcher", ".tgev");
+  absl::StatusOr<std::unique_ptr<EventLog>> events = EventLog::Open(env, events_path);
+  if (!events.ok()) return events.status();
+  events_ = *std::move(events);
   std::string token;
   if (config_.store.empty()) {
-    absl::StatusOr<std::string> fresh = RandomToken();
-    if (!fresh.ok()) return fresh.status();
-    token = *fresh;
-    token_file_ = config_.run_dir + "/store.token";
-    if (absl::Status s = WriteFile(token_file_, token, 0600); !s.ok()) return s;
-    TcpStoreServerOptions options;
-    options.host = "127.0.0.1";
-    options.job_token = token;
-    absl::StatusOr<std::unique_ptr<TcpStoreServer>> server = TcpStoreServer::Start(options);
-    if (!server.ok()) return server.status();
-    server_ = *std::move(server);
-    store_url_ = absl::StrCat("tcp://127.0.0.1:", server_->port());
+    if (absl::Status s = StartOwnStore(); !s.ok()) return s;
   } else {
     store_url_ = config_.store;
     token_file_ = config_.token_file;
@@ -447,12 +465,14 @@ absl::Status Job::Prepare() {
   }
   // On several hosts every connection leaves from this host's address, so that a partition
   // between hosts (by address) cuts this agent off too.
-  OpenStoreOptions store_options;
-  if (MultiHost()) store_options.source_address = config_.local_addr;
-  absl::StatusOr<std::unique_ptr<Store>> store =
-      OpenStore(store_url_, config_.job_id, token, kStoreTimeout, store_options);
-  if (!store.ok()) return store.status();
-  store_ = *std::move(store);
+  if (!config_.store.empty()) {
+    OpenStoreOptions store_options;
+    if (MultiHost()) store_options.source_address = config_.local_addr;
+    absl::StatusOr<std::unique_ptr<Store>> store =
+        OpenStore(store_url_, config_.job_id, token, kStoreTimeout, store_options);
+    if (!store.ok()) return store.status();
+    store_ = *std::move(store);
+  }
   if (!config_.store.empty() && !MultiHost()) {
     // An external store may remember a stop of an earlier run of this job id: this run starts
     // afresh. (The ranks' keys are the rendezvous' business; these two are the launcher's.)
@@ -488,6 +508,97 @@ absl::Status Job::Prepare() {
     return JoinAsHost();
   }
   return absl::OkStatus();
+}
+
+absl::Status Job::StartOwnStore() {
+  absl::StatusOr<std::string> token = RandomToken();
+  if (!token.ok()) return token.status();
+  token_file_ = config_.run_dir + "/store.token";
+  if (absl::Status s = WriteFile(token_file_, *token, 0600); !s.ok()) return s;
+  TcpStoreServerOptions options;
+  options.host = "127.0.0.1";
+  options.job_token = *token;
+  absl::StatusOr<std::unique_ptr<TcpStoreServer>> server = TcpStoreServer::Start(options);
+  if (!server.ok()) return server.status();
+  server_ = *std::move(server);
+  store_url_ = absl::StrCat("tcp://127.0.0.1:", server_->port());
+  absl::StatusOr<std::unique_ptr<Store>> store =
+      OpenStore(store_url_, config_.job_id, *token, kStoreTimeout, OpenStoreOptions{});
+  if (!store.ok()) return store.status();
+  store_ = *std::move(store);
+  return absl::OkStatus();
+}
+
+void Job::Record(int rank, const std::string& what, const std::string& message,
+                 std::vector<std::pair<std::string, std::string>> attributes) {
+  if (events_ == nullptr) return;
+  Event event;
+  event.time = absl::Now();
+  event.rank = rank;
+  event.generation = coordinator_ != nullptr ? coordinator_->generation() : 0;
+  event.type = EventType::kCustom;
+  event.message = message;
+  event.attributes = {{"what", what}, {"source", "launcher"}};
+  event.attributes.insert(event.attributes.end(), attributes.begin(), attributes.end());
+  // A launcher that cannot write its record still runs the job; the report will lack the line.
+  if (absl::Status s = events_->Append(event); !s.ok()) Say(s.ToString());
+}
+
+void Job::RestartAll() {
+  const std::string why = *restart_pending_;
+  restart_pending_.reset();
+  if (restarts_ >= config_.restart_all) {
+    return Fail(absl::StrFormat("%s; --restart-all=%d reached", why, config_.restart_all));
+  }
+  ++restarts_;
+  const absl::Time fault = absl::Now();
+  Say(absl::StrFormat("restarting every rank (restart %d of at most %d): %s", restarts_,
+                      config_.restart_all, why));
+  // torchrun's shape: the survivors are stopped too, whatever they were doing.
+  StopAll(absl::Seconds(1));
+  stop_forming_.store(true);
+  if (former_.joinable()) former_.join();
+  stop_forming_.store(false);
+  {
+    MutexLock lock(&formed_mu_);
+    formed_.reset();
+  }
+  formed_reported_ = false;
+  for (auto& c : children_) {
+    if (c->out_fd >= 0) close(c->out_fd);
+    if (c->log_fd >= 0) close(c->log_fd);
+  }
+  children_.clear();
+  // Nothing of the old processes' memory survives a restart: their snapshot arenas and rings go,
+  // so the new ranks restore the newest checkpoint on disk.
+  for (int r = 0; r < world_size_; ++r) {
+    (void)Snapshotter::RemoveArena(config_.job_id, r);
+    (void)FlightRecorder::Remove(config_.job_id, r);
+  }
+  // A fresh store: generation 0 again, no keys of the old incarnation (hangs, stops, resumes).
+  coordinator_.reset();
+  store_.reset();
+  server_.reset();
+  if (absl::Status s = StartOwnStore(); !s.ok()) {
+    return Fail(absl::StrCat("restart ", restarts_, ": cannot start a store: ", s.ToString()));
+  }
+  coordinator_ = std::make_unique<RendezvousCoordinator>(store_.get());
+  master_port_ = FreePort();
+  dead_.clear();
+  recoveries_.clear();
+  pending_hang_.reset();
+  hangs_checked_below_ = 0;
+  renewal_asked_.reset();
+  ranks_finished_ = 0;
+  next_liveness_check_ = absl::Now() + config_.heartbeat_timeout;
+  for (int r = 0; r < config_.nproc; ++r) {
+    if (absl::Status s = Spawn(r, -1); !s.ok()) {
+      return Fail(absl::StrCat("restart ", restarts_, ": ", s.message()));
+    }
+  }
+  Record(-1, "restart_all", why, {{"restart", absl::StrCat(restarts_)}});
+  StartForming();
+  recoveries_.push_back({-1, 0, fault});
 }
 
 std::vector<std::string> Job::ChildEnvironment(const Child& child) const {
@@ -556,7 +667,7 @@ std::vector<std::string> Job::ChildEnvironment(const Child& child) const {
   // torchelastic's: the job's id, and how often the worker group was restarted (never: trainguard
   // replaces ranks in place, so a replacement's count is 0 like everyone's).
   vars.push_back(absl::StrCat("TORCHELASTIC_RUN_ID=", config_.job_id));
-  vars.push_back("TORCHELASTIC_RESTART_COUNT=0");
+  vars.push_back(absl::StrCat("TORCHELASTIC_RESTART_COUNT=", restarts_));
   vars.push_back("TORCHELASTIC_MAX_RESTARTS=0");
   // torch.distributed's: no agent store to connect to (process groups are built from trainguard's
   // store: rank 0's TCPStore would die with rank 0), and a NCCL error aborts the communicator only,
@@ -758,6 +869,9 @@ void Job::OnExit(Child& child, int status) {
     return;
   }
   Say(absl::StrFormat("%s (pid %d, member %s) %s", child.Label(), child.pid, child.member_id, how));
+  Record(child.rank, "rank_died", absl::StrFormat("%s (pid %d) %s", child.Label(), child.pid, how),
+         {{"pid", absl::StrCat(child.pid)}, {"how", how},
+          {"killed_by_launcher", child.killed_for_liveness ? "true" : "false"}});
   // A rank that gives up because the job cannot go on publishes why before it exits: that is not a
   // machine fault, and a replacement would only meet the same fault.
   if (std::optional<std::string> reason = ReadJobStop(absl::Seconds(1)); reason.has_value()) {
@@ -789,6 +903,10 @@ void Job::OnExit(Child& child, int status) {
   }
   if (!formed) {
     return Fail(absl::StrCat(child.Label(), " died before generation 0 formed (", how, ")"));
+  }
+  if (config_.restart_all >= 0) {
+    restart_pending_ = absl::StrCat(child.Label(), " ", how);
+    return;
   }
   if (config_.standby == 0) {
     return Fail(absl::StrCat(child.Label(), " died and the job has no standbys (", how, ")"));
@@ -899,6 +1017,10 @@ void Job::TryReplacements() {
       continue;
     }
     const std::string& member = next->members[dead.rank];
+    Record(dead.rank, "rank_replaced",
+           absl::StrFormat("rank %d taken by %s in generation %d", dead.rank, member,
+                           next->generation),
+           {{"member", member}});
     for (auto& c : children_) {
       if (c->member_id != member || !c->running) continue;
       Say(absl::StrFormat("%s (pid %d) takes rank %d in generation %d", c->Label(), c->pid,
@@ -1017,6 +1139,9 @@ void Job::CheckRecoveries() {
       continue;
     }
     const double took = absl::ToDoubleSeconds(absl::Now() - it->died);
+    Record(it->rank, "recovered",
+           absl::StrFormat("every rank completed its first step of generation %d", it->generation),
+           {{"took_ms", absl::StrCat(std::llround(took * 1000))}});
     if (!it->host.empty()) {
       Say(absl::StrFormat("recovered from the loss of host %s in %.3f s (its last heartbeat -> "
                           "every rank completed its first step of generation %d)",
@@ -1058,6 +1183,10 @@ void Job::KillRanksWithStaleHeartbeats() {
       if (c->rank != rank || !c->running || c->killed_for_liveness) continue;
       Say(absl::StrFormat("%s (pid %d) has not sent a heartbeat for %s: killing it", c->Label(),
                           c->pid, absl::FormatDuration(config_.heartbeat_timeout)));
+      Record(rank, "rank_unresponsive",
+             absl::StrFormat("%s (pid %d) has not sent a heartbeat for %s", c->Label(), c->pid,
+                             absl::FormatDuration(config_.heartbeat_timeout)),
+             {{"pid", absl::StrCat(c->pid)}});
       c->killed_for_liveness = true;
       SignalGroup(*c, SIGKILL);  // reaped and replaced like any dead rank
     }
@@ -1115,14 +1244,42 @@ void Job::DiagnoseHangs() {
   absl::StatusOr<std::vector<FlightRecorderDump>> dumps =
       ReadHangDumps(dir, pending_hang_->generation);
   const size_t dumped = dumps.ok() ? dumps->size() : 0;
-  if (dumped < static_cast<size_t>(world_size_) && now < pending_hang_->seen + kHangDumpGrace) {
+  // A rank of this host whose process is stopped or gone will never dump: waiting the grace out
+  // for it only delays its replacement.
+  // (A dead process is not counted: its rank may already be its replacement's, which dumps.)
+  std::set<int> silent_ranks;
+  if (!MultiHost() && dumps.ok()) {
+    std::set<int> dumped_ranks;
+    for (const FlightRecorderDump& d : *dumps) dumped_ranks.insert(d.rank);
+    for (const auto& c : children_) {
+      if (c->rank >= 0 && c->running && dumped_ranks.count(c->rank) == 0 && IsStopped(c->pid)) {
+        silent_ranks.insert(c->rank);
+      }
+    }
+  }
+  const size_t silent = silent_ranks.size();
+  if (dumped + silent < static_cast<size_t>(world_size_) &&
+      now < pending_hang_->seen + kHangDumpGrace) {
     return;  // some rank is still dumping
   }
   HangEvidence evidence;
   if (dumps.ok()) evidence.dumps = *std::move(dumps);
   evidence.live_rings = std::move(pending_hang_->live_rings);
   evidence.world_size = world_size_;
-  const HangDiagnosis diagnosis = DiagnoseHang(evidence);
+  HangDiagnosis diagnosis = DiagnoseHang(evidence);
+  // A process that is stopped cannot be making progress: among the suspects, those are the ones.
+  if (!silent_ranks.empty()) {
+    std::vector<int> stopped;
+    for (int rank : diagnosis.suspects) {
+      if (silent_ranks.count(rank) != 0) stopped.push_back(rank);
+    }
+    if (!stopped.empty() && stopped.size() < diagnosis.suspects.size()) {
+      Say(absl::StrFormat("hang diagnosis: of the suspects, rank(s) %s are stopped (SIGSTOP): "
+                          "they are the ones replaced",
+                          absl::StrJoin(stopped, ",")));
+      diagnosis.suspects = stopped;
+    }
+  }
   for (absl::string_view line : absl::StrSplit(diagnosis.ToString(), '\n')) {
     Say(absl::StrCat("hang diagnosis: ", line));
   }
@@ -1147,6 +1304,10 @@ void Job::DiagnoseHangs() {
     for (auto& c : children_) {
       if (c->rank != rank || !c->running || c->killed_for_liveness) continue;
       Say(absl::StrFormat("%s (pid %d) is the hang's suspect: killing it", c->Label(), c->pid));
+      Record(rank, "hang_suspect",
+             absl::StrFormat("%s (pid %d) is the suspect of generation %d's hang", c->Label(),
+                             c->pid, generation),
+             {{"pid", absl::StrCat(c->pid)}});
       c->killed_for_liveness = true;
       SignalGroup(*c, SIGKILL);  // reaped and replaced like any dead rank
     }
@@ -1172,6 +1333,11 @@ void Job::RenewGenerationWhenAsked() {
   absl::StatusOr<std::map<int, std::string>> asked =
       coordinator_->NewGenerationRequests(kStoreTimeout);
   if (!asked.ok() || asked->empty()) return;  // the store briefly unreachable: look again next time
+  if (config_.restart_all >= 0) {  // torchrun's answer to any failure
+    const auto& [rank, why] = *asked->begin();
+    restart_pending_ = absl::StrFormat("rank %d asks for a new generation: %s", rank, why);
+    return;
+  }
   const absl::Time now = absl::Now();
   if (!renewal_asked_.has_value() || renewal_asked_->generation != generation) {
     renewal_asked_ = RenewalAsked{generation, now};
@@ -1191,6 +1357,9 @@ void Job::RenewGenerationWhenAsked() {
   for (const auto& [rank, why] : *asked) ranks.push_back(rank);
   Say(absl::StrFormat("generation %d renewed with the same ranks (asked by %s)", next->generation,
                       absl::StrJoin(ranks, ",")));
+  Record(-1, "generation_renewed",
+         absl::StrFormat("generation %d renewed with the same ranks", next->generation),
+         {{"asked_by", absl::StrJoin(ranks, ",")}});
   recoveries_.push_back({-1, next->generation, renewal_asked_->since});
 }
 
@@ -1262,7 +1431,6 @@ int Job::Run() {
   }
   if (!MultiHost()) StartForming();
 
-  bool formed_reported = false;
   int interrupted = 0;
   while (exit_code_ < 0) {
     std::vector<pollfd> fds = {{signal_fd_, POLLIN, 0}};
@@ -1292,10 +1460,11 @@ int Job::Run() {
       break;
     }
     if (MultiHost() && exit_code_ < 0) AgentTick();
-    if (!formed_reported) {
+    if (restart_pending_.has_value() && exit_code_ < 0) RestartAll();
+    if (!formed_reported_) {
       MutexLock lock(&formed_mu_);
       if (formed_.has_value()) {
-        formed_reported = true;
+        formed_reported_ = true;
         if (formed_->ok()) {
           Say(absl::StrFormat("generation 0 formed with %d ranks", world_size_));
         } else {
@@ -1306,9 +1475,9 @@ int Job::Run() {
     if (coordinating()) {
       TryReplacements();
       CheckRecoveries();
-      if (formed_reported && exit_code_ < 0 && dead_.empty()) KillRanksWithStaleHeartbeats();
-      if (formed_reported && exit_code_ < 0) DiagnoseHangs();
-      if (formed_reported && exit_code_ < 0) RenewGenerationWhenAsked();
+      if (formed_reported_ && exit_code_ < 0 && dead_.empty()) KillRanksWithStaleHeartbeats();
+      if (formed_reported_ && exit_code_ < 0) DiagnoseHangs();
+      if (formed_reported_ && exit_code_ < 0) RenewGenerationWhenAsked();
     }
     if (exit_code_ < 0) WatchJobStop();
     if (exit_code_ < 0) RespawnStandbys();
@@ -2057,6 +2226,7 @@ std::string RunUsage() {
          "etcd://HOST:PORT]\n"
          "                      [--job-id ID] [--run-dir DIR] [--rendezvous-timeout SECONDS]\n"
          "                      [--heartbeat-timeout SECONDS] [--restart-backoff SECONDS]\n"
+         "                      [--restart-all M]\n"
          "                      -- COMMAND [ARGS...]\n"
          "       trainguard run --nnodes MIN[:MAX] --nproc-per-node N --rdzv-endpoint URL "
          "--job-id ID\n"
@@ -2098,6 +2268,9 @@ absl::StatusOr<LaunchConfig> ParseRunArguments(const std::vector<std::string>& a
     } else if (flag == "--max-replacements") {
       n = ParseCount(flag, value, 0);
       config.max_replacements = n.value_or(0);
+    } else if (flag == "--restart-all") {
+      n = ParseCount(flag, value, 0);
+      config.restart_all = n.value_or(0);
     } else if (flag == "--restart-backoff") {
       n = ParseCount(flag, value, 0);
       config.restart_backoff = absl::Seconds(n.value_or(0));
@@ -2206,6 +2379,10 @@ absl::StatusOr<LaunchConfig> ParseRunArguments(const std::vector<std::string>& a
   if (i < args.size()) config.command.assign(args.begin() + i + 1, args.end());
   if (config.nproc < 1) return absl::InvalidArgumentError("--nproc N is required");
   if (config.command.empty()) return absl::InvalidArgumentError("no command after --");
+  if (config.restart_all >= 0 && (config.nnodes_min > 0 || !config.store.empty())) {
+    return absl::InvalidArgumentError(
+        "--restart-all needs one host and the launcher's own store (no --nnodes, no --store)");
+  }
   if (config.nnodes_min > 0 || config.standby_host || config.standby_nodes > 0) {
     if (config.nnodes_min == 0) {
       return absl::InvalidArgumentError("--role standby and --standby-nodes need --nnodes");

@@ -19,6 +19,12 @@
 // tcp:// endpoint the agent whose --local-addr is the endpoint's host serves the store: that host is
 // the job's single point of failure (an etcd cluster is not).
 //
+// The launcher records what it sees and does in <run_dir>/events/launcher.tgev (custom events;
+// attribute what=rank_died, rank_unresponsive, hang_suspect, rank_replaced, recovered,
+// generation_renewed, restart_all), beside the ranks' event files, so that `trainguard report`
+// can time detection and recovery against the faults `trainguard chaos` injected. With
+// --restart-all, a rank's request for a new generation (a dropped link) restarts every rank too.
+//
 // Exit status: 0 every rank finished with status 0; 1 the job failed (a rank failed and could not
 // be replaced, --max-replacements was reached, generation 0 did not form, or a rank stopped the job
 // because it cannot go on: store key job/stop); 2 bad usage; 3 the launcher could not start the job
@@ -104,6 +110,13 @@ struct LaunchConfig {
   // --fail-slow-trace FILE: the coordinator appends every host's record of every second to FILE,
   // "<second> <host> <record>" per line (bench/bench_fail_slow replays such traces).
   std::string fail_slow_trace;
+  // --restart-all M (single host, the launcher's own store; -1: off): recovery the way torchrun
+  // does it, the baseline `trainguard chaos` measures against. On any rank's death (a hang's
+  // suspect and a rank with a stale heartbeat are killed first) every process of the job is
+  // stopped (SIGTERM, SIGKILL after 1 s), the ranks' shared-memory snapshots are removed, and all
+  // ranks start again with a fresh store, so they restore the newest checkpoint on disk. The job
+  // fails at the (M+1)-th such fault. Standbys are not used.
+  int restart_all = -1;
 };
 
 inline constexpr int kExitJobFailed = 1;

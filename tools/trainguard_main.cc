@@ -7,6 +7,10 @@
 //   trainguard events [--json] FILE|RUN_DIR...    print event files (a run dir means all its
 //   ranks')
 //   trainguard run ... -- COMMAND...              a job's ranks and standbys (tools/launcher.h)
+//   trainguard chaos ... [-- COMMAND...]          a job under a seeded stream of real faults, and
+//                                                 its torchrun-style baseline (chaos_command.h)
+//   trainguard report RUN_DIR [--json] [--png F]  ETTR, detection and recovery of a chaos run
+//                                                 (tools/chaos_report.h)
 //
 // Every command and verb prints its usage on stdout and exits 0 for --help or -h (tools/usage.h).
 // Exit codes: 0 success; 1 a file could not be read or is corrupt (the message names it and the
@@ -20,6 +24,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "tools/chaos_command.h"
+#include "tools/chaos_report.h"
 #include "tools/ckpt_command.h"
 #include "tools/flight_recorder_command.h"
 #include "tools/launcher.h"
@@ -39,6 +45,8 @@ constexpr char kUsage[] =
     "usage: trainguard version\n"
     "       trainguard events [--json] FILE|RUN_DIR...\n"
     "       trainguard run --nproc N [--standby K] ... -- COMMAND...\n"
+    "       trainguard chaos [--duration 10m] [--mean-interval 20s] [--seed S] ... [-- COMMAND...]\n"
+    "       trainguard report RUN_DIR [--json] [--png FILE]\n"
     "       trainguard ckpt list|inspect|verify DIR [--step S] [--json]\n"
     "       trainguard flight-recorder show|dump|remove|diagnose ...\n";
 
@@ -47,6 +55,8 @@ constexpr char kHelp[] =
     "  version          print the version of trainguard\n"
     "  events           print the events ranks wrote (a run dir: every rank's)\n"
     "  run              start a job's ranks and warm standbys; replace ranks that die\n"
+    "  chaos            run a job under seeded real faults, and its restart-all baseline\n"
+    "  report           ETTR, detection latency and recovery of a chaos run\n"
     "  ckpt             list, inspect and verify persisted checkpoint shards\n"
     "  flight-recorder  read a rank's flight recorder; diagnose a hang\n"
     "`trainguard COMMAND --help` describes one command.\n"
@@ -192,5 +202,7 @@ int main(int argc, char** argv) {
   if (verb == "ckpt") return trainguard::tools::RunCkptCommand(args);
   if (verb == "flight-recorder") return trainguard::tools::RunFlightRecorderCommand(args);
   if (verb == "run") return Run(args);
+  if (verb == "chaos") return trainguard::tools::RunChaosCommand(args);
+  if (verb == "report") return trainguard::tools::RunReportCommand(args);
   return UsageError("unknown command " + verb, kUsage);
 }

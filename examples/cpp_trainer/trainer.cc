@@ -49,6 +49,9 @@
 //       (kept alive by their ticks), and the watchdog's hangs declared and postponed.
 //   rank R stalling generation at step S
 //       --stall-generation: the decoding stops ticking now.
+// With --progress-events 1, rank 0 also writes an event (custom, attribute what=step_done, its pid)
+// after every step that succeeded: the progress `trainguard report` measures ETTR from.
+//
 //   rank R final_loss L params_checksum H
 //       The last line of a successful run. L is the loss of the last successful step ("nan" if
 //       none ran), H the XXH64 of the parameter bytes as 16 hex digits: equal on all ranks.
@@ -64,7 +67,11 @@
 //   for r in 0 1 2 3; do TRAINGUARD_RANK=$r ./cpp_trainer --rendezvous-id j-1 & done; wait
 #include <xxhash.h>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cinttypes>
 #include <cmath>
 #include <csignal>
@@ -224,6 +231,7 @@ class DataParallelTrainer {
     for (int64_t step = *start; step < flags_.steps;) {
       sdk::StepResult r = sdk::guard(rt_, step, [&](sdk::Step& s) { TrainStep(s); });
       if (r.ok()) {
+        if (flags_.progress_events && rank == 0) EmitStepDone(step);
         ++step;
         continue;
       }
@@ -250,7 +258,22 @@ class DataParallelTrainer {
     return 0;
   }
 
+  // Set by the SIGUSR1 handler (--nan-on-sigusr1); the next step corrupts this rank's gradient.
+  static inline std::atomic<bool> nan_requested{false};
+  // Set by the SIGURG handler (--drop-on-sigurg); the next allreduce starts with dropped links.
+  static inline std::atomic<bool> drop_requested{false};
+
  private:
+  // The progress record `trainguard report` reads (--progress-events). Best effort: a full disk
+  // must not stop training.
+  void EmitStepDone(int64_t step) {
+    sdk::Event event;
+    event.step = step;
+    event.message = "step done";
+    event.attributes = {{"what", "step_done"}, {"pid", absl::StrCat(getpid())}};
+    (void)rt_.EmitEvent(std::move(event));
+  }
+
   // A deterministic function of the step and the loss on a 16 KiB slice that moves with the step,
   // so that every part of the extra state is written over a run and a restore of stale memory
   // changes the final checksum.
@@ -322,7 +345,7 @@ class DataParallelTrainer {
   void TrainStep(sdk::Step& s) {
     const int64_t step = s.number();
     if (flags_.generate_median_ms > 0) Generate(step);
-    if (flags_.step_delay_ms > 0) absl::SleepFor(absl::Milliseconds(flags_.step_delay_ms));
+    if (flags_.step_time_ms > 0) absl::SleepFor(absl::Milliseconds(flags_.step_time_ms));
     Batch batch = task_.Sample(dp_rank_, step, flags_.batch_size);
     if ((rt_.rank() == flags_.inject_nan_rank && step == flags_.inject_nan_step) ||
         (flags_.nan_from_step >= 0 && step >= flags_.nan_from_step)) {
@@ -338,7 +361,11 @@ class DataParallelTrainer {
     const size_t n = model_.gradients().size();
     std::span<const float> grads = model_.gradients();
     std::copy(grads.begin(), grads.end(), reduce_buffer_.begin());
-    if (rt_.rank() == flags_.inject_nan_grad_rank && step == flags_.inject_nan_grad_step) {
+    bool corrupt = nan_requested.exchange(false);  // a SIGUSR1 (--nan-on-sigusr1)
+    for (const auto& [nan_rank, nan_step] : flags_.inject_nan_grad) {
+      corrupt |= rt_.rank() == nan_rank && step == nan_step;
+    }
+    if (corrupt) {
       reduce_buffer_[n / 2] = std::numeric_limits<float>::quiet_NaN();  // a corrupted gradient
     }
     // Before the reduction: a NaN born here is named here, not on every rank after the allreduce.
@@ -354,6 +381,7 @@ class DataParallelTrainer {
     if (rt_.rank() == flags_.drop_rank && step == flags_.drop_step && rt_.generation() == 0) {
       comm().DropConnectionsBeforeNextCollective();
     }
+    if (drop_requested.exchange(false)) comm().DropConnectionsBeforeNextCollective();  // SIGURG
     if (rt_.rank() == flags_.sleep_rank && step == flags_.sleep_step && rt_.generation() == 0) {
       comm().DelayNextCollective(flags_.sleep_in_collective);
     }
@@ -410,6 +438,21 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "cpp_trainer: %s\n%s", std::string(flags.status().message()).c_str(),
                  TrainerUsage().c_str());
     return 2;
+  }
+  if (flags->nan_on_sigusr1) {
+    // Installed before any thread starts; the handler only stores to a lock-free atomic.
+    struct sigaction action = {};
+    action.sa_handler = [](int) { DataParallelTrainer::nan_requested.store(true); };
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    sigaction(SIGUSR1, &action, nullptr);
+  }
+  if (flags->drop_on_sigurg) {
+    struct sigaction action = {};
+    action.sa_handler = [](int) { DataParallelTrainer::drop_requested.store(true); };
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    sigaction(SIGURG, &action, nullptr);
   }
   if (flags->help) {
     std::printf("%s", TrainerUsage().c_str());

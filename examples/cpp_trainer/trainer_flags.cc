@@ -76,7 +76,7 @@ TRAINGUARD_JOB_ID and TRAINGUARD_RUN_DIR (see trainguard's Options).
   --inject-nan RANK:STEP  make RANK's loss NaN at STEP (fault injection)
   --nan-from-step STEP    make every rank's loss NaN at STEP and every later step (a fault that
                           recurs after every rollback: trainguard stops the job)
-  --inject-nan-grad RANK:STEP
+  --inject-nan-grad RANK:STEP[,RANK:STEP...]
                           write a NaN into RANK's gradient at STEP, before the reduction
   --stop-before-collective RANK:STEP
                           RANK sends itself SIGSTOP before STEP's allreduce (a hung rank;
@@ -84,8 +84,6 @@ TRAINGUARD_JOB_ID and TRAINGUARD_RUN_DIR (see trainguard's Options).
   --drop-connections RANK:STEP
                           RANK closes its connections to every peer before STEP's allreduce (a
                           dropped link, every process alive; generation 0 only)
-  --step-delay-ms MS      every rank sleeps MS ms in each step before its allreduce (give it to
-                          one host's command: a fail-slow host the others wait for)
   --sleep-in-collective RANK:STEP:SECONDS
                           RANK sleeps SECONDS inside STEP's allreduce, after entering it and
                           before exchanging data (a rank slow inside a collective; generation 0
@@ -100,6 +98,14 @@ TRAINGUARD_JOB_ID and TRAINGUARD_RUN_DIR (see trainguard's Options).
   --extra-state-mib N     N MiB of float32 state registered with the model (a stand-in for
                           optimizer state: the snapshot's size); each step updates a 16 KiB
                           slice, and params_checksum covers it
+  --step-time-ms X        every step takes at least X ms (a sleep standing in for compute; given
+                          to one host's command only: a fail-slow host the others wait for)
+  --progress-events 0|1   rank 0 writes an event (what=step_done) after every step that
+                          succeeded: the progress `trainguard report` measures (default 0)
+  --nan-on-sigusr1 0|1    SIGUSR1 makes this rank write a NaN into its gradient at the next step
+                          (what `trainguard chaos` injects; default 0)
+  --drop-on-sigurg 0|1    SIGURG makes this rank close its connections before its next allreduce
+                          (a dropped link; what `trainguard chaos` injects as drop; default 0)
   --help                  print this text
 )";
 }
@@ -158,12 +164,28 @@ absl::StatusOr<TrainerFlags> ParseTrainerFlags(int argc, char** argv) {
     } else if (flag == "--stall-generation") {
       status = ParseRankStepSeconds(flag, value, &flags.stall_rank, &flags.stall_step,
                                     &flags.stall_generation);
-    } else if (flag == "--step-delay-ms") {
-      status = ParseNumber<double>(flag, value, 0.0, &flags.step_delay_ms);
     } else if (flag == "--extra-state-mib") {
       status = ParseNumber<int>(flag, value, 0, &flags.extra_state_mib);
     } else if (flag == "--inject-nan-grad") {
-      status = ParseRankStep(flag, value, &flags.inject_nan_grad_rank, &flags.inject_nan_grad_step);
+      for (absl::string_view item : absl::StrSplit(value, ',')) {
+        int rank = -1;
+        int64_t step = -1;
+        status = ParseRankStep(flag, item, &rank, &step);
+        if (!status.ok()) break;
+        flags.inject_nan_grad.emplace_back(rank, step);
+      }
+    } else if (flag == "--step-time-ms") {
+      status = ParseNumber<double>(flag, value, 0.0, &flags.step_time_ms);
+    } else if (flag == "--progress-events" || flag == "--nan-on-sigusr1" ||
+               flag == "--drop-on-sigurg") {
+      int on = 0;
+      status = ParseNumber<int>(flag, value, 0, &on);
+      if (status.ok() && on > 1) {
+        status = absl::InvalidArgumentError(absl::StrCat(flag, ": expected 0 or 1, got '", value, "'"));
+      }
+      (flag == "--progress-events"  ? flags.progress_events
+       : flag == "--nan-on-sigusr1" ? flags.nan_on_sigusr1
+                                    : flags.drop_on_sigurg) = on == 1;
     } else {
       return absl::InvalidArgumentError(absl::StrCat(flag, ": unknown flag"));
     }

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -33,12 +35,12 @@ struct TrainerFlags {
   // --nan-from-step STEP: every rank's loss is NaN from STEP on, in every generation (a fault that
   // replaying from a checkpoint cannot cure). -1: off.
   int64_t nan_from_step = -1;
-  // --inject-nan-grad RANK:STEP: a NaN written into RANK's gradient (its loss stays finite).
-  int inject_nan_grad_rank = -1;
+  // --inject-nan-grad RANK:STEP[,RANK:STEP...]: a NaN written into RANK's gradient at STEP (its
+  // loss stays finite), in any generation.
+  std::vector<std::pair<int, int64_t>> inject_nan_grad;
   // --stop-before-collective RANK:STEP: RANK stops itself (SIGSTOP) before STEP's allreduce.
   int stop_rank = -1;
   int64_t stop_step = -1;
-  int64_t inject_nan_grad_step = -1;
   // --drop-connections RANK:STEP: RANK closes every connection of its communicator before STEP's
   // allreduce (a dropped link: every process stays alive).
   int drop_rank = -1;
@@ -52,9 +54,6 @@ struct TrainerFlags {
   // and step (median MEDIAN_MS, p99/median P99_RATIO); the fast ranks then wait in the allreduce
   // for the slowest. 0: off.
   double generate_median_ms = 0;
-  // --step-delay-ms MS: every rank of this command sleeps MS ms in each step's compute, before its
-  // allreduce (given to one host's command only: a fail-slow host; the others wait for it). 0: off.
-  double step_delay_ms = 0;
   double generate_p99_ratio = 10;
   // --stall-generation RANK:STEP:SECONDS: RANK's decoding stops ticking for SECONDS halfway
   // through STEP's generation (a stuck rollout; generation 0 only).
@@ -65,6 +64,18 @@ struct TrainerFlags {
   // state (a real job's snapshot is mostly that), initialised from model_seed; each step updates
   // a 16 KiB slice of it, and the final params_checksum covers it. 0: off.
   int extra_state_mib = 0;
+  // --step-time-ms X: every step takes at least X ms (a sleep standing in for compute, before the
+  // allreduce), so that a run's length is bounded below whatever the machine. 0: off.
+  double step_time_ms = 0;
+  // --progress-events 1: rank 0 writes an event (custom, what=step_done) after every step that
+  // succeeded, the record `trainguard report` measures progress from. 0: off.
+  bool progress_events = false;
+  // --nan-on-sigusr1 1: a SIGUSR1 makes this rank write a NaN into its gradient at the next step
+  // (what `trainguard chaos` injects as "nan"). 0: SIGUSR1 keeps its default action.
+  bool nan_on_sigusr1 = false;
+  // --drop-on-sigurg 1: a SIGURG makes this rank close every connection of its communicator before
+  // its next allreduce (what `trainguard chaos` injects as "drop"). 0: SIGURG is ignored.
+  bool drop_on_sigurg = false;
   bool help = false;
 };
 

@@ -181,7 +181,12 @@ TEST(CliHelp, UsageErrorsExitTwoWithTheUsageOnStderr) {
                                              {"ckpt", "list", "--bogus"},
                                              {"ckpt", "frobnicate", "--help"},
                                              {"flight-recorder"},
-                                             {"flight-recorder", "frobnicate", "-h"}}) {
+                                             {"flight-recorder", "frobnicate", "-h"},
+                                             {"chaos", "--bogus", "1"},
+                                             {"chaos", "--mix", "kill=1,boom=1"},
+                                             {"chaos", "--duration", "-3s"},
+                                             {"report"},
+                                             {"report", "--bogus"}}) {
     const std::string what = absl::StrJoin(args, " ");
     Result r = RunCli(args);
     EXPECT_EQ(r.exit_code, 2) << what;
@@ -225,6 +230,21 @@ TEST(CliHelp, MultiHostUsageErrorsNameWhatIsMissingOrWrong) {
     EXPECT_THAT(r.err, HasSubstr(message)) << what;
     EXPECT_THAT(r.err, HasSubstr("usage: trainguard run")) << what;
   }
+}
+
+}  // namespace
+}  // namespace trainguard
+
+namespace trainguard {
+namespace {
+
+// --restart-all restarts what this launcher started, with its own store: refused with --store or
+// --nnodes before anything starts.
+TEST(CliHelp, RestartAllWithAnExternalStoreIsAUsageErrorNamingTheFlag) {
+  Result r = RunCli({"run", "--nproc", "2", "--restart-all", "1", "--store", "tcp://127.0.0.1:1",
+                     "--token-file", "/nonexistent", "--", "true"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--restart-all needs one host and the launcher's own store"));
 }
 
 }  // namespace

@@ -567,6 +567,41 @@ TEST(Launcher, AGenerationThatStopsTickingIsDetectedNamedAndReplaced) {
               hang->message.c_str());
 }
 
+// --restart-all, the torchrun-style baseline of `trainguard chaos`: a killed rank stops every rank,
+// and all of them start again from the newest checkpoint on disk (their shared memory is removed),
+// so the survivors lose their processes too; the job still ends bit-identical to an uninterrupted
+// run, and the launcher's events record the death and the restart.
+TEST(Launcher, UnderRestartAllAKilledRankRestartsEveryRankFromTheCheckpointOnDisk) {
+  const std::vector<std::pair<std::string, std::string>> checkpointing = {
+      {"TRAINGUARD_CHECKPOINT_EVERY_STEPS", "25"}, {"TRAINGUARD_CHECKPOINT_PERSIST_EVERY", "1"}};
+  testing::TempDir clean_dir;
+  LauncherJob clean(clean_dir, {"--nproc", "3"}, 600, checkpointing);
+  ASSERT_EQ(clean.Wait(), 0) << clean.Output();
+  const std::map<int, std::string> uninterrupted = clean.FinalChecksums();
+  ASSERT_EQ(uninterrupted.size(), 3u) << clean.Output();
+
+  testing::TempDir dir;
+  LauncherJob job(dir, {"--nproc", "3", "--restart-all", "1"}, 600, checkpointing);
+  ASSERT_TRUE(job.AwaitOutput("step 200 loss")) << job.Output();
+  const pid_t survivor = job.RankPid(0);
+  const pid_t killed = job.RankPid(1);
+  ASSERT_EQ(job.Signal(killed, SIGKILL), absl::OkStatus());
+  EXPECT_EQ(job.Wait(), 0) << job.Output();
+  const std::string out = job.Output();
+  EXPECT_THAT(out, ContainsRegex("restarting every rank \\(restart 1 of at most 1\\): rank 1 "
+                                 "killed by SIGKILL"));
+  EXPECT_THAT(out, ContainsRegex("rank 0 restored step [0-9]+ from disk")) << out;
+  EXPECT_NE(job.RankPid(0), survivor) << "the survivor was restarted too";
+  EXPECT_EQ(job.FinalChecksums(), uninterrupted) << out;
+
+  absl::StatusOr<EventLogContents> launcher =
+      ReadEventLog(Env::Default(), dir.File("run") + "/events/launcher.tgev");
+  ASSERT_TRUE(launcher.ok()) << launcher.status();
+  std::vector<std::string> what;
+  for (const Event& e : launcher->events) what.push_back(std::string(e.Attribute("what")));
+  EXPECT_THAT(what, ::testing::IsSupersetOf({"rank_died", "restart_all", "recovered"}));
+}
+
 TEST(Launcher, WithoutAStandbyALostRankFailsTheJobWithStatus1) {
   testing::TempDir dir;
   LauncherJob job(dir, {"--nproc", "2"}, 100000);

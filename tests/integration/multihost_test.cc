@@ -653,7 +653,7 @@ TEST_F(MultiHost, AThrottledHostIsNamedASuspectAndNoHealthyHostEverIs) {
 
 
 // With --fail-slow evict, the confirmed suspect is replaced like a dead host: host 3's ranks sleep
-// 30 ms in every step (--step-delay-ms, given to its command only), the coordinator names it,
+// 30 ms in every step (--step-time-ms, given to its command only), the coordinator names it,
 // declares it dead (fenced out), the standby host takes its ranks from peer memory, and the job
 // trains on; the suspect_host event says the host was evicted.
 TEST_F(MultiHost, WithFailSlowEvictTheSlowHostIsReplacedByTheStandbyHostAndTrainingGoesOn) {
@@ -662,7 +662,7 @@ TEST_F(MultiHost, WithFailSlowEvictTheSlowHostIsReplacedByTheStandbyHostAndTrain
   const std::vector<std::string> trainer =
       testing::ExampleTrainerArgs(TRAINGUARD_TRAINER_PATH, 10'000'000);
   std::vector<std::string> slow = trainer;
-  slow.insert(slow.end(), {"--step-delay-ms", "30"});
+  slow.insert(slow.end(), {"--step-time-ms", "30"});
   job.StartHost(1, false, {}, trainer);
   ASSERT_TRUE(job.Await(1, "coordinating the job")) << job.AllOutput();
   job.StartHost(2, false, {}, trainer);

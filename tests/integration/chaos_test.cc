@@ -1,0 +1,172 @@
+// Specification of `trainguard chaos` end to end: a short chaos run of the example trainer with a
+// fixed seed (3 ranks, 2 warm standbys; two kills, two stops and a NaN), every fault injected for
+// real by the chaos command. Outcomes only, never timings: every injected fault was detected and
+// recovered, the culprit named for every hang and kill was the rank the fault hit, and the job ends
+// with the parameters of an uninterrupted run that skipped the same NaN steps.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/support/own_process.h"
+#include "tests/support/spawn.h"
+#include "tests/support/temp_dir.h"
+#include "tools/chaos_report.h"
+#include "trainguard/env.h"
+#include "trainguard/events.h"
+
+namespace trainguard {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Runs the CLI to completion (bounded: killed at `deadline`); returns its exit status, -1 if it had
+// to be killed.
+int RunCli(const std::vector<std::string>& args, const std::string& output,
+           absl::Duration deadline) {
+  std::vector<std::string> argv = {TRAINGUARD_CLI_PATH};
+  argv.insert(argv.end(), args.begin(), args.end());
+  const pid_t pid = testing::SpawnWithOutput(argv, output, {});
+  if (pid <= 0) return -1;
+  const absl::Time give_up = absl::Now() + deadline;
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) != pid) {
+    if (absl::Now() >= give_up) {
+      (void)testing::SignalOwnProcess(pid, SIGINT);
+      absl::SleepFor(absl::Seconds(15));  // its launcher stops the ranks, bounded by its grace
+      (void)testing::SignalOwnProcess(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    absl::SleepFor(absl::Milliseconds(100));  // bounded polling of a child's exit
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// The params_checksum of every "rank R final_loss L params_checksum H" line in the run's logs.
+std::vector<std::string> FinalChecksums(const std::string& run_dir) {
+  std::vector<std::string> checksums;
+  absl::StatusOr<std::vector<std::string>> logs = Env::Default()->GetChildren(run_dir + "/logs");
+  if (!logs.ok()) return checksums;
+  for (const std::string& log : *logs) {
+    for (absl::string_view line : absl::StrSplit(ReadFile(run_dir + "/logs/" + log), '\n')) {
+      int rank = -1;
+      double loss = 0;
+      char checksum[17] = {};
+      if (std::sscanf(std::string(line).c_str(), "rank %d final_loss %lf params_checksum %16[0-9a-f]",
+                      &rank, &loss, checksum) == 3) {
+        checksums.push_back(checksum);
+      }
+    }
+  }
+  return checksums;
+}
+
+// >= 30 s at 100 ms a step: the job outlasts the last fault (25 s). Few long steps: on a busy
+// machine a step's allreduce costs more than its sleep, so fewer steps end sooner.
+constexpr char kSteps[] = "300";
+constexpr char kStepTimeMs[] = "100";
+
+TEST(Chaos, EveryInjectedFaultIsDetectedAndRecoveredHangsAreNamedAndTheJobEndsAsIfUninterrupted) {
+  testing::TempDir dir;
+  const std::string chaos_dir = dir.path() + "/chaos";
+  // Seed 4039 at a 4 s mean over 28 s plans: kill rank 2 at 4.0 s, stop rank 1 at 7.2 s, nan rank 2
+  // at 13.8 s, kill rank 2 at 19.3 s, stop rank 0 at 25.0 s (tests/unit/chaos_report_test.cc
+  // holds the schedule's determinism).
+  const int chaos_rc = RunCli(
+      {"chaos", "--nproc", "3", "--standby", "2", "--mode", "trainguard", "--duration", "28s",
+       "--mean-interval", "4s", "--seed", "4039", "--mix", "kill=1,stop=1,nan=1",
+       "--wait-for-exit", "--run-dir", chaos_dir, "--", TRAINGUARD_TRAINER_PATH, "--steps", kSteps,
+       "--step-time-ms", kStepTimeMs, "--progress-events", "1", "--nan-on-sigusr1", "1",
+       "--print-every", "100"},
+      dir.File("chaos.out"), absl::Minutes(4));
+  const std::string run_dir = chaos_dir + "/trainguard";
+  const std::string context =
+      absl::StrCat(ReadFile(dir.File("chaos.out")), "\n--- launcher ---\n",
+                   ReadFile(run_dir + "/launcher.out"));
+  ASSERT_EQ(chaos_rc, 0) << context;
+
+  absl::StatusOr<std::vector<Event>> events = tools::ReadRunEvents(run_dir);
+  ASSERT_TRUE(events.ok()) << events.status();
+  for (const Event& e : *events) {
+    EXPECT_NE(e.Attribute("what"), "chaos_skip") << e.message << "\n" << context;
+  }
+  const tools::RunAnalysis run = tools::AnalyzeRun(*events);
+  std::vector<std::string> kinds;
+  for (const tools::FaultOutcome& f : run.faults) kinds.push_back(f.kind);
+  ASSERT_EQ(absl::StrJoin(kinds, ","), "kill,stop,nan,kill,stop") << context;
+  for (const tools::FaultOutcome& f : run.faults) {
+    const std::string what = absl::StrCat(f.kind, " of rank ", f.rank, " at ",
+                                          absl::FormatDuration(f.injected_at));
+    EXPECT_TRUE(f.detection_latency.has_value()) << what << " was not detected\n" << context;
+    EXPECT_TRUE(f.time_to_recovery.has_value()) << what << " was not recovered\n" << context;
+    EXPECT_TRUE(f.culprit_correct())
+        << what << ": culprit named " << (f.culprit_named ? *f.culprit_named : -1) << "\n"
+        << context;
+  }
+
+  // The NaN steps that were skipped (a step done later would mean it was replayed clean).
+  std::set<int64_t> done;
+  for (const Event& e : *events) {
+    if (e.Attribute("what") == "step_done") done.insert(e.step);
+  }
+  std::vector<std::string> skipped;
+  for (const Event& e : *events) {
+    if (e.type == EventType::kStepFault && absl::StrContains(e.message, "non-finite values") &&
+        done.count(e.step) == 0) {
+      skipped.push_back(absl::StrCat(e.rank, ":", e.step));
+    }
+  }
+  ASSERT_EQ(skipped.size(), 1u) << context;
+
+  const std::vector<std::string> checksums = FinalChecksums(run_dir);
+  ASSERT_EQ(checksums.size(), 3u) << "every rank's final line, once\n" << context;
+  EXPECT_EQ(checksums[1], checksums[0]);
+  EXPECT_EQ(checksums[2], checksums[0]);
+
+  // The same job without faults, the NaN injected at the same step.
+  const std::string ref_dir = dir.path() + "/reference";
+  ASSERT_EQ(RunCli({"run", "--nproc", "3", "--run-dir", ref_dir, "--", TRAINGUARD_TRAINER_PATH,
+                    "--steps", kSteps, "--print-every", "100", "--inject-nan-grad",
+                    absl::StrJoin(skipped, ",")},
+                   dir.File("reference.out"), absl::Minutes(2)),
+            0)
+      << ReadFile(dir.File("reference.out"));
+  const std::vector<std::string> reference = FinalChecksums(ref_dir);
+  ASSERT_FALSE(reference.empty()) << ReadFile(dir.File("reference.out"));
+  EXPECT_EQ(checksums[0], reference[0]) << "the chaos run's parameters differ from an "
+                                           "uninterrupted run's\n"
+                                        << context;
+
+  // The report command reads the same run.
+  const int report_rc = RunCli({"report", chaos_dir, "--json"}, dir.File("report.out"),
+                               absl::Seconds(30));
+  EXPECT_EQ(report_rc, 0);
+  EXPECT_THAT(ReadFile(dir.File("report.out")), HasSubstr("\"faults_recovered\":5"));
+}
+
+}  // namespace
+}  // namespace trainguard

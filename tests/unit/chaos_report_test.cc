@@ -1,0 +1,301 @@
+// Specification of the chaos report's arithmetic (tools/chaos_report.h) on hand-made event streams,
+// and of the chaos schedule (tools/chaos_command.h): exact and deterministic, no processes.
+#include "tools/chaos_report.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tools/chaos_command.h"
+#include "trainguard/events.h"
+
+namespace trainguard::tools {
+namespace {
+
+using ::testing::HasSubstr;
+
+const absl::Time kT0 = absl::FromUnixSeconds(1'700'000'000);
+
+absl::Time At(double seconds) { return kT0 + absl::Seconds(seconds); }
+
+Event Custom(double at, int rank, const std::string& what,
+             std::vector<std::pair<std::string, std::string>> more = {}) {
+  Event e;
+  e.time = At(at);
+  e.rank = rank;
+  e.type = EventType::kCustom;
+  e.attributes = {{"what", what}};
+  e.attributes.insert(e.attributes.end(), more.begin(), more.end());
+  return e;
+}
+
+// A launcher event about the process `pid` (the one Inject() hits unless told otherwise).
+Event Launcher(double at, int rank, const std::string& what, const std::string& pid = "4242") {
+  return Custom(at, rank, what, {{"source", "launcher"}, {"pid", pid}});
+}
+
+Event StepDone(double at, int64_t step, int64_t generation, const std::string& pid) {
+  Event e = Custom(at, 0, "step_done", {{"pid", pid}});
+  e.step = step;
+  e.generation = generation;
+  return e;
+}
+
+Event Inject(double at, int rank, const std::string& kind, const std::string& pid = "4242") {
+  return Custom(at, rank, "chaos_inject", {{"kind", kind}, {"pid", pid}, {"source", "chaos"}});
+}
+
+// Steps first..last done one per second from `from`, by one process in one generation.
+void AddSteps(std::vector<Event>& events, int64_t first, int64_t last, double from,
+              int64_t generation, const std::string& pid) {
+  for (int64_t s = first; s <= last; ++s) {
+    events.push_back(StepDone(from + static_cast<double>(s - first), s, generation, pid));
+  }
+}
+
+TEST(ChaosReport, AKillRecoveredInPlaceCountsEveryKeptStepButTheFirstAfterTheRecovery) {
+  std::vector<Event> events = {Custom(0, -1, "chaos_run_start", {{"mode", "trainguard"}})};
+  AddSteps(events, 0, 9, 1, 0, "100");        // steps 0..9 at 1..10 s
+  events.push_back(Inject(10.5, 2, "kill"));
+  events.push_back(Launcher(10.6, 2, "rank_died"));
+  AddSteps(events, 10, 12, 12, 1, "100");     // generation 1: steps 10..12 at 12..14 s
+  events.push_back(Custom(15, -1, "chaos_run_end"));
+
+  const RunAnalysis run = AnalyzeRun(events);
+  EXPECT_EQ(run.mode, "trainguard");
+  EXPECT_EQ(run.wall, absl::Seconds(15));
+  // Steps 1..9 (9 s) and 11..12 (2 s); step 0 has no interval, step 10 carries the recovery.
+  EXPECT_EQ(run.productive, absl::Seconds(11));
+  EXPECT_DOUBLE_EQ(run.ettr, 11.0 / 15.0);
+  EXPECT_EQ(run.steps_kept, 13);
+  EXPECT_EQ(run.last_step, 12);
+  EXPECT_EQ(run.median_step, absl::Seconds(1));
+  EXPECT_EQ(run.longest_unproductive, absl::Seconds(2));  // 10 s .. 12 s
+  EXPECT_EQ(run.longest_unproductive_from, absl::Seconds(10));
+  ASSERT_EQ(run.faults.size(), 1u);
+  const FaultOutcome& f = run.faults[0];
+  EXPECT_EQ(f.kind, "kill");
+  EXPECT_EQ(f.rank, 2);
+  EXPECT_EQ(f.pid, 4242);
+  EXPECT_EQ(f.injected_at, absl::Milliseconds(10500));
+  EXPECT_EQ(f.detection_latency, absl::Milliseconds(100));
+  EXPECT_EQ(f.detected_by, "rank_died");
+  EXPECT_EQ(f.culprit_named, 2);
+  EXPECT_TRUE(f.culprit_correct());
+  EXPECT_EQ(f.time_to_recovery, absl::Milliseconds(1500));  // step 10 at 12 s
+  EXPECT_EQ(f.steps_lost, 0);
+}
+
+TEST(ChaosReport, StepsRolledBackByARestartAreNotKeptAndCountAsLost) {
+  std::vector<Event> events = {Custom(0, -1, "chaos_run_start", {{"mode", "baseline"}})};
+  AddSteps(events, 0, 9, 1, 0, "100");  // steps 0..9 at 1..10 s
+  events.push_back(Inject(10.2, 1, "stop"));
+  Event hang;  // a waiting rank declares the hang first: detected, but it names no culprit
+  hang.time = At(14);
+  hang.rank = 0;
+  hang.type = EventType::kHang;
+  events.push_back(hang);
+  events.push_back(Launcher(15.2, 1, "rank_unresponsive"));
+  events.push_back(Launcher(15.3, 1, "rank_died"));
+  events.push_back(Launcher(15.4, -1, "restart_all"));
+  AddSteps(events, 5, 12, 20, 0, "200");  // a new process from the checkpoint of step 4
+  events.push_back(Custom(28, -1, "chaos_run_end"));
+
+  const RunAnalysis run = AnalyzeRun(events);
+  // Kept: 0..4 of the first process (intervals of 1..4: 4 s) and 5..12 of the second (6..12: 7 s).
+  EXPECT_EQ(run.steps_kept, 13);
+  EXPECT_EQ(run.productive, absl::Seconds(11));
+  EXPECT_DOUBLE_EQ(run.ettr, 11.0 / 28.0);
+  EXPECT_EQ(run.longest_unproductive, absl::Seconds(15));  // 5 s .. 20 s
+  EXPECT_EQ(run.longest_unproductive_from, absl::Seconds(5));
+  ASSERT_EQ(run.faults.size(), 1u);
+  const FaultOutcome& f = run.faults[0];
+  EXPECT_EQ(f.detection_latency, absl::Milliseconds(3800));
+  EXPECT_EQ(f.detected_by, "hang");
+  EXPECT_EQ(f.culprit_named, 1);
+  EXPECT_TRUE(f.culprit_correct());
+  EXPECT_EQ(f.time_to_recovery, absl::Milliseconds(14800));  // step 10 at 25 s
+  EXPECT_EQ(f.steps_lost, 5);                                // 5..9 done again
+}
+
+TEST(ChaosReport, ANansCulpritIsTheRankThatFoundNonFiniteValuesNotTheRanksThatSkippedWithIt) {
+  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  AddSteps(events, 0, 4, 1, 0, "100");
+  events.push_back(Inject(5.5, 3, "nan"));
+  Event skipped;
+  skipped.time = At(6.0);
+  skipped.rank = 0;
+  skipped.type = EventType::kStepFault;
+  skipped.message = "1 other rank(s) had a non-finite loss; the update is skipped on every rank";
+  events.push_back(skipped);
+  Event found = skipped;
+  found.time = At(6.25);
+  found.rank = 3;
+  found.message = "non-finite values in buffer \"mlp.gradients\" on rank 3 at step 5: 1 of 1153";
+  events.push_back(found);
+  AddSteps(events, 6, 8, 7, 0, "100");  // step 5 skipped
+  events.push_back(Custom(10, -1, "chaos_run_end"));
+
+  const RunAnalysis run = AnalyzeRun(events);
+  ASSERT_EQ(run.faults.size(), 1u);
+  EXPECT_EQ(run.faults[0].detection_latency, absl::Milliseconds(750));
+  EXPECT_EQ(run.faults[0].culprit_named, 3);
+  EXPECT_TRUE(run.faults[0].culprit_correct());
+  EXPECT_EQ(run.faults[0].time_to_recovery, absl::Milliseconds(1500));  // step 6 at 7 s
+  EXPECT_EQ(run.faults[0].steps_lost, 0);
+  // Step 6 follows step 4: its interval is not counted. Steps 1..4 and 7..8: 6 s.
+  EXPECT_EQ(run.productive, absl::Seconds(6));
+}
+
+TEST(ChaosReport, AFaultNobodySawIsUndetectedUnrecoveredAndNamesNoCulprit) {
+  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  AddSteps(events, 0, 2, 1, 0, "100");
+  events.push_back(Inject(3.5, 0, "kill"));
+  events.push_back(Custom(9, -1, "chaos_run_end"));
+  const RunAnalysis run = AnalyzeRun(events);
+  ASSERT_EQ(run.faults.size(), 1u);
+  EXPECT_FALSE(run.faults[0].detection_latency.has_value());
+  EXPECT_FALSE(run.faults[0].time_to_recovery.has_value());
+  EXPECT_FALSE(run.faults[0].culprit_named.has_value());
+  EXPECT_EQ(run.faults_detected(), 0);
+  EXPECT_EQ(run.faults_recovered(), 0);
+  EXPECT_EQ(run.longest_unproductive, absl::Seconds(6));  // 3 s .. 9 s
+  EXPECT_THAT(FormatReport({run}), HasSubstr("faults 1: detected 0, culprit named correctly 0 of "
+                                             "1, recovered 0"));
+}
+
+TEST(ChaosReport, TheWrongRankKilledForAHangIsReportedAsAWrongCulprit) {
+  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  events.push_back(Inject(1, 1, "stop"));
+  events.push_back(Launcher(4, 2, "hang_suspect"));
+  events.push_back(Custom(5, -1, "chaos_run_end"));
+  const RunAnalysis run = AnalyzeRun(events);
+  ASSERT_EQ(run.faults.size(), 1u);
+  EXPECT_EQ(run.faults[0].culprit_named, 2);
+  EXPECT_FALSE(run.faults[0].culprit_correct());
+  EXPECT_THAT(FormatReport({run}), HasSubstr("2 WRONG"));
+}
+
+TEST(ChaosReport, ADroppedLinkIsDetectedByTheCommunicationFailureAndNamesNoCulprit) {
+  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  AddSteps(events, 0, 2, 1, 0, "100");
+  events.push_back(Inject(3.5, 1, "drop"));
+  Event failed;
+  failed.time = At(3.75);
+  failed.rank = 2;
+  failed.type = EventType::kStepFault;
+  failed.attributes = {{"fault", "communication_failure"}};
+  events.push_back(failed);
+  events.push_back(Launcher(4, -1, "generation_renewed"));
+  AddSteps(events, 3, 4, 5, 1, "100");
+  events.push_back(Custom(7, -1, "chaos_run_end"));
+  const RunAnalysis run = AnalyzeRun(events);
+  ASSERT_EQ(run.faults.size(), 1u);
+  EXPECT_EQ(run.faults[0].detection_latency, absl::Milliseconds(250));
+  EXPECT_EQ(run.faults[0].detected_by, "step_fault");
+  EXPECT_FALSE(run.faults[0].culprit_named.has_value());
+  EXPECT_EQ(run.faults[0].time_to_recovery, absl::Milliseconds(1500));
+}
+
+TEST(ChaosReport, TheDeathOfOneFaultsProcessIsNotCreditedToAnother) {
+  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  events.push_back(Inject(1, 0, "kill", "1001"));
+  events.push_back(Inject(2, 1, "kill", "1002"));
+  events.push_back(Launcher(2.5, 1, "rank_died", "1002"));
+  events.push_back(Custom(3, -1, "chaos_run_end"));
+  const RunAnalysis run = AnalyzeRun(events);
+  ASSERT_EQ(run.faults.size(), 2u);
+  EXPECT_FALSE(run.faults[0].detection_latency.has_value());
+  EXPECT_EQ(run.faults[1].detection_latency, absl::Milliseconds(500));
+}
+
+TEST(ChaosReport, AHangNamedAfterTheNextFaultWasInjectedIsStillCreditedToIt) {
+  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  events.push_back(Inject(1, 2, "stop", "7"));
+  events.push_back(Inject(2, 0, "kill", "8"));
+  events.push_back(Launcher(2.01, 0, "rank_died", "8"));
+  Event hang;
+  hang.time = At(3);
+  hang.rank = 1;
+  hang.type = EventType::kHang;
+  events.push_back(hang);
+  events.push_back(Launcher(3.5, 2, "hang_suspect", "7"));
+  events.push_back(Launcher(3.51, 2, "rank_died", "7"));
+  events.push_back(Custom(9, -1, "chaos_run_end"));
+  const RunAnalysis run = AnalyzeRun(events);
+  ASSERT_EQ(run.faults.size(), 2u);
+  EXPECT_EQ(run.faults[0].detection_latency, absl::Seconds(2));  // the hang event
+  EXPECT_EQ(run.faults[0].culprit_named, 2);
+  EXPECT_EQ(run.faults[1].detection_latency, absl::Milliseconds(10));
+  EXPECT_EQ(run.faults[1].culprit_named, 0);
+}
+
+TEST(ChaosReport, TwoRunsAreReportedSideBySideWithTheirEttrRatio) {
+  std::vector<Event> a = {Custom(0, -1, "chaos_run_start", {{"mode", "trainguard"}})};
+  AddSteps(a, 0, 2, 0, 0, "1");  // 2 s of 4
+  a.push_back(Custom(4, -1, "chaos_run_end"));
+  std::vector<Event> b = {Custom(0, -1, "chaos_run_start", {{"mode", "baseline"}})};
+  AddSteps(b, 0, 1, 0, 0, "1");  // 1 s of 4
+  b.push_back(Custom(4, -1, "chaos_run_end"));
+  const std::vector<RunAnalysis> runs = {AnalyzeRun(a), AnalyzeRun(b)};
+  EXPECT_DOUBLE_EQ(runs[0].ettr, 0.5);
+  EXPECT_DOUBLE_EQ(runs[1].ettr, 0.25);
+  EXPECT_THAT(FormatReport(runs), HasSubstr("ETTR trainguard 50.0% vs baseline 25.0%: ratio 2.000"));
+  EXPECT_THAT(ReportJson(runs), HasSubstr("\"ettr_ratio\":2.000000"));
+  EXPECT_THAT(ReportJson(runs), HasSubstr("{\"mode\":\"trainguard\",\"ettr\":0.500000,"));
+}
+
+TEST(ChaosReport, AnEmptyStreamIsAnEmptyRun) {
+  const RunAnalysis run = AnalyzeRun({});
+  EXPECT_EQ(run.wall, absl::ZeroDuration());
+  EXPECT_EQ(run.ettr, 0);
+  EXPECT_TRUE(run.faults.empty());
+}
+
+TEST(ChaosSchedule, TheSameSeedGivesTheSameFaultsAtTheSameTimes) {
+  const std::vector<std::pair<std::string, int>> mix = {{"kill", 2}, {"stop", 1}, {"nan", 1}};
+  const std::vector<PlannedFault> a =
+      PlanFaults(7, absl::Seconds(20), absl::Minutes(10), mix, 4);
+  const std::vector<PlannedFault> b =
+      PlanFaults(7, absl::Seconds(20), absl::Minutes(10), mix, 4);
+  const std::vector<PlannedFault> c =
+      PlanFaults(8, absl::Seconds(20), absl::Minutes(10), mix, 4);
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_FALSE(a.empty());
+  bool differs = a.size() != c.size();
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].at, b[i].at);
+    EXPECT_EQ(a[i].kind, b[i].kind);
+    EXPECT_EQ(a[i].rank, b[i].rank);
+    EXPECT_LT(a[i].at, absl::Minutes(10));
+    if (i > 0) {
+      EXPECT_GT(a[i].at, a[i - 1].at);
+    }
+    EXPECT_GE(a[i].rank, 0);
+    EXPECT_LT(a[i].rank, 4);
+    if (!differs && (a[i].at != c[i].at || a[i].rank != c[i].rank)) differs = true;
+  }
+  EXPECT_TRUE(differs) << "seeds 7 and 8 planned the same schedule";
+}
+
+TEST(ChaosSchedule, OnlyKindsOfTheMixAreDrawn) {
+  const std::vector<PlannedFault> plan =
+      PlanFaults(3, absl::Seconds(1), absl::Minutes(5), {{"stop", 1}}, 2);
+  ASSERT_FALSE(plan.empty());
+  for (const PlannedFault& f : plan) EXPECT_EQ(f.kind, "stop");
+}
+
+TEST(ChaosSchedule, AMixWithAnUnknownKindOrABadWeightIsRejectedByName) {
+  EXPECT_THAT(ParseMix("kill=2,partition=1").status().message(), HasSubstr("'partition'"));
+  EXPECT_THAT(ParseMix("kill=x").status().message(), HasSubstr("'kill=x'"));
+  EXPECT_FALSE(ParseMix("kill=0").ok());
+  absl::StatusOr<std::vector<std::pair<std::string, int>>> mix = ParseMix("kill=2,stop=1,nan=0");
+  ASSERT_TRUE(mix.ok());
+  EXPECT_EQ(*mix, (std::vector<std::pair<std::string, int>>{{"kill", 2}, {"stop", 1}}));
+}
+
+}  // namespace
+}  // namespace trainguard::tools
