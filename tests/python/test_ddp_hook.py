@@ -92,3 +92,37 @@ def test_an_exception_after_a_failed_collective_is_a_communication_failure(make_
         s.report_fault_from_any_thread("allreduce failed", trainguard._C.FAULT_COMMUNICATION_FAILURE)
         raise RuntimeError("a consequence of the failed allreduce")
     assert s.result.fault == "communication_failure"
+
+
+def test_a_hang_the_watchdog_declares_aborts_the_torch_process_group(make_runtime, monkeypatch):
+    # The watchdog (a C++ thread) aborts the registered communicators on a hang; the torch group's
+    # abort is queued for trainguard.torch's abort thread, which carries it out while the training
+    # thread waits (time.sleep releases the GIL, as a blocked collective does).
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    rt = make_runtime(world_size=1, watchdog_poll_ms=20, watchdog_warmup_samples=3,
+                      watchdog_floor_ms=500)
+    try:
+        assert tgt.init_process_group(rt) is True
+        record = rt._torch_group
+        for step in range(5):  # teach the step phase its bound (the 500 ms floor)
+            with rt.step(step) as s:
+                pass
+            assert s.result.ok, s.result.message
+        assert not record.aborted
+        deadline = time.monotonic() + 60  # a bound on the poll, not a measured threshold
+        with rt.step(5) as s:
+            while not record.aborted and time.monotonic() < deadline:  # the "step" phase hangs
+                time.sleep(0.02)
+        assert record.aborted, "the watchdog's abort never reached the torch process group"
+        assert not s.result.ok
+        assert s.result.fault == "communication_failure", s.result
+        assert "hang" in s.result.message, s.result.message
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -272,8 +272,9 @@ def test_a_rank_stopped_inside_the_allreduce_is_caught_by_the_watchdogs_named_an
     # stop landed (the survivors then wait in step 13's DDP allreduce, which rank 1 never enters).
     hang = re.search(r"hang in generation 0: rank [02]: hang \(phase\) at step 1[23] .*", out)
     assert hang, out
-    assert re.search(r"\[rank [02]\] trainguard: aborting torch process group of generation 0: the "
-                     r"watchdog aborted communicator \d+ after a hang", out), out
+    # Which wakes the survivors' blocked allreduce first is a race, not the outcome: the watchdog's
+    # abort of their torch group (trainguard.torch's abort thread), or the launcher's kill of rank 1
+    # once the diagnosis named it. test_ddp_hook.py covers the watchdog's abort on its own.
     assert re.search(r"rank [02] step 1[23] fault communication_failure action re_rendezvous",
                      out), out
     assert "hang diagnosis: suspects: rank 1" in out, out
