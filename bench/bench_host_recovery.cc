@@ -56,6 +56,7 @@
 #include "tests/support/etcd_cluster.h"
 #include "tests/support/example_trainer_job.h"
 #include "tests/support/sim_cluster.h"
+#include "sdk/core/proto_json.h"
 
 namespace trainguard {
 namespace {
@@ -447,21 +448,6 @@ void PrintTable(const Flags& flags, const std::vector<BackendResult>& results) {
     std::printf("\n");
     if (!r.failures.empty()) std::printf("         (%zu trial(s) failed)\n", r.failures.size());
   }
-}
-
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\u%04x", c);
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
 }
 
 absl::Status WriteJson(const Flags& flags, const std::vector<BackendResult>& results) {

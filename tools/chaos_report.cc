@@ -25,6 +25,7 @@
 #include "absl/strings/string_view.h"
 #include "tools/usage.h"
 #include "trainguard/env.h"
+#include "sdk/core/proto_json.h"
 
 extern char** environ;
 
@@ -95,21 +96,6 @@ std::string OptSeconds(const std::optional<absl::Duration>& d) {
 }
 std::string JsonOptSeconds(const std::optional<absl::Duration>& d) {
   return d.has_value() ? Seconds(*d) : "null";
-}
-
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\u%04x", c);
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
 }
 
 }  // namespace

@@ -14,10 +14,28 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace trainguard {
+
+// `s` as a JSON string literal, quotes included: `"` and `\` escaped, control bytes as \u00XX
+// (for the hand-written JSON of tools and benchmarks that print no protobuf message).
+inline std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += absl::StrFormat("\\u%04x", c);
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
 
 // Internal naming the message type when protobuf refuses to print it (it never does for the
 // messages trainguard prints, whose strings are UTF-8).

@@ -13,13 +13,18 @@ import trainguard  # noqa: E402
 import trainguard.torch as tgt  # noqa: E402
 
 
-@pytest.fixture
-def one_rank_group(make_runtime, monkeypatch):
+def _env_rendezvous(monkeypatch):
+    """torch's env:// rendezvous for a one-rank group, on a free loopback port."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(port))
+
+
+@pytest.fixture
+def one_rank_group(make_runtime, monkeypatch):
+    _env_rendezvous(monkeypatch)
     rt = make_runtime(world_size=1)
     yield rt
     if dist.is_initialized():
@@ -100,11 +105,7 @@ def test_a_hang_the_watchdog_declares_aborts_the_torch_process_group(make_runtim
     # thread waits (time.sleep releases the GIL, as a blocked collective does).
     import time
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(port))
+    _env_rendezvous(monkeypatch)
     rt = make_runtime(world_size=1, watchdog_poll_ms=20, watchdog_warmup_samples=3,
                       watchdog_floor_ms=500)
     try:
