@@ -56,7 +56,6 @@
 #include "trainguard/events.h"
 #include "trainguard/checkpoint.h"
 #include "trainguard/env.h"
-#include "trainguard/events.h"
 #include "trainguard/options.h"
 #include "trainguard/topology.h"
 #include "trainguard/store.h"
