@@ -31,6 +31,7 @@
 #include "absl/time/clock.h"
 #include "sdk/checkpoint/snapshotter.h"
 #include "sdk/core/event_log.h"
+#include "sdk/core/proc_stat.h"
 #include "sdk/watchdog/flight_recorder.h"
 #include "tools/chaos_report.h"
 #include "tools/usage.h"
@@ -105,16 +106,10 @@ std::string FindExampleTrainer() {
 
 // /proc/<pid>/stat's state letter and parent pid; false if there is no such process.
 bool ReadStat(pid_t pid, char* state, pid_t* parent) {
-  absl::StatusOr<std::string> stat =
-      Env::Default()->ReadFileToString(absl::StrCat("/proc/", pid, "/stat"));
+  absl::StatusOr<ProcStat> stat = ReadProcStat(pid);
   if (!stat.ok()) return false;
-  const size_t close = stat->rfind(')');  // the command name may hold spaces and parentheses
-  if (close == std::string::npos || close + 4 > stat->size()) return false;
-  std::vector<std::string> fields = absl::StrSplit(stat->substr(close + 2), ' ');
-  int64_t ppid = 0;
-  if (fields.size() < 2 || fields[0].empty() || !absl::SimpleAtoi(fields[1], &ppid)) return false;
-  *state = fields[0][0];
-  *parent = static_cast<pid_t>(ppid);
+  *state = stat->state;
+  *parent = stat->ppid;
   return true;
 }
 

@@ -11,24 +11,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "sdk/core/proc_stat.h"
 
 namespace trainguard::tools {
 
 int64_t ProcessCpuTicks(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string stat = ss.str();
-  // Field 2 (comm) is in parentheses and may hold spaces: count fields after its last ')'.
-  const size_t close = stat.rfind(')');
-  if (close == std::string::npos) return -1;
-  const std::vector<std::string> f = absl::StrSplit(stat.substr(close + 1), ' ', absl::SkipEmpty());
-  // f[0] is field 3 (state): utime is field 14 = f[11], stime field 15 = f[12].
-  int64_t utime = 0, stime = 0;
-  if (f.size() < 13 || !absl::SimpleAtoi(f[11], &utime) || !absl::SimpleAtoi(f[12], &stime)) {
-    return -1;
-  }
-  return utime + stime;
+  absl::StatusOr<ProcStat> stat = ReadProcStat(pid);
+  return stat.ok() ? stat->cpu_ticks() : -1;
 }
 
 int64_t ProcessRunDelayNs(pid_t pid) {

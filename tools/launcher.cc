@@ -45,6 +45,7 @@
 #include "sdk/checkpoint/snapshotter.h"
 #include "sdk/core/event_log.h"
 #include "sdk/core/mutex.h"
+#include "sdk/core/proc_stat.h"
 #include "sdk/health/fail_slow_detector.h"
 #include "sdk/health/fail_slow_metrics.h"
 #include "sdk/rendezvous/coordinator_lease.h"
@@ -98,27 +99,16 @@ absl::Duration Backoff(int streak, absl::Duration initial) {
 }
 
 // Process start time in clock ticks since boot (/proc/<pid>/stat field 22): with the pid, it names
-// a process for good (a pid alone may be reused).
+// a process for good (a pid alone may be reused). Empty when there is no such process.
 std::string ProcessStartTime(pid_t pid) {
-  absl::StatusOr<std::string> stat =
-      Env::Default()->ReadFileToString(absl::StrCat("/proc/", pid, "/stat"));
-  if (!stat.ok()) return "";
-  // The command name (field 2) may hold spaces and parentheses: count from the last ')'.
-  const size_t close = stat->rfind(')');
-  if (close == std::string::npos) return "";
-  std::vector<std::string> fields = absl::StrSplit(stat->substr(close + 2), ' ');
-  return fields.size() > 19 ? fields[19] : "";  // field 3 is fields[0]
+  absl::StatusOr<ProcStat> stat = ReadProcStat(pid);
+  return stat.ok() ? absl::StrCat(stat->start_time_ticks) : "";
 }
 
-// True when `pid` is stopped (SIGSTOP, a debugger): state T or t in /proc/<pid>/stat.
+// True when `pid` is stopped (SIGSTOP, a debugger).
 bool IsStopped(pid_t pid) {
-  absl::StatusOr<std::string> stat =
-      Env::Default()->ReadFileToString(absl::StrCat("/proc/", pid, "/stat"));
-  if (!stat.ok()) return false;
-  const size_t close = stat->rfind(')');
-  if (close == std::string::npos || close + 2 >= stat->size()) return false;
-  const char state = (*stat)[close + 2];
-  return state == 'T' || state == 't';
+  absl::StatusOr<ProcStat> stat = ReadProcStat(pid);
+  return stat.ok() && stat->stopped();
 }
 
 std::string DescribeExit(int status) {

@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "sdk/core/proc_stat.h"
 #include "trainguard/clock.h"
 #include "trainguard/env.h"
 
@@ -24,16 +25,10 @@ namespace {
 
 // Fields 3 (state) and 22 (start time) of /proc/<pid>/stat; false when the process is gone.
 bool ReadProcessStat(pid_t pid, char* state, std::string* start_time) {
-  absl::StatusOr<std::string> stat =
-      Env::Default()->ReadFileToString(absl::StrCat("/proc/", pid, "/stat"));
+  absl::StatusOr<ProcStat> stat = ReadProcStat(pid);
   if (!stat.ok()) return false;
-  // The command name (field 2) may hold spaces and parentheses: count from the last ')'.
-  const size_t close = stat->rfind(')');
-  if (close == std::string::npos || close + 2 >= stat->size()) return false;
-  std::vector<std::string> fields = absl::StrSplit(stat->substr(close + 2), ' ');
-  if (fields.size() < 20 || fields[0].empty()) return false;
-  *state = fields[0][0];
-  *start_time = fields[19];
+  *state = stat->state;
+  *start_time = absl::StrCat(stat->start_time_ticks);
   return true;
 }
 

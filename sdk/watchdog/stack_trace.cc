@@ -38,6 +38,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "sdk/core/mutex.h"
+#include "sdk/core/proc_stat.h"
 
 namespace trainguard {
 namespace {
@@ -176,14 +177,12 @@ bool BlocksSignal(int tid, int sig) {
 
 // Where the kernel holds a thread that did not answer: "state D, wchan <function>".
 std::string KernelWait(int tid) {
-  std::ifstream stat(absl::StrFormat("/proc/self/task/%d/stat", tid));
+  absl::StatusOr<ProcStat> stat = ReadThreadStat(tid);
+  if (!stat.ok()) return "the thread is gone";
   std::ifstream wchan_file(absl::StrFormat("/proc/self/task/%d/wchan", tid));
-  std::string line, wchan;
-  if (!std::getline(stat, line)) return "the thread is gone";
+  std::string wchan;
   std::getline(wchan_file, wchan);
-  const size_t paren = line.rfind(')');
-  const char state = paren != std::string::npos && paren + 2 < line.size() ? line[paren + 2] : '?';
-  return absl::StrFormat("state %c, wchan %s", state, wchan.empty() ? "-" : wchan);
+  return absl::StrFormat("state %c, wchan %s", stat->state, wchan.empty() ? "-" : wchan);
 }
 
 std::string Demangle(const char* symbol) {

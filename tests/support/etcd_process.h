@@ -148,13 +148,9 @@ class EtcdProcess {
   // on a loaded machine etcd could otherwise still answer a request sent right after the kill.
   void Pause() {
     if (pid_ <= 0 || !Signal(SIGSTOP)) return;
-    const std::string stat_path = absl::StrCat("/proc/", pid_, "/stat");
     for (absl::Time end = absl::Now() + absl::Seconds(10); absl::Now() < end;) {
-      std::ifstream stat(stat_path);
-      std::string line;
-      std::getline(stat, line);
-      const size_t paren = line.rfind(')');  // "pid (comm) STATE ..."
-      if (paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'T') return;
+      absl::StatusOr<ProcStat> stat = ReadProcStat(pid_);
+      if (stat.ok() && stat->stopped()) return;
       absl::SleepFor(absl::Milliseconds(1));
     }
   }

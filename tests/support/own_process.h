@@ -33,6 +33,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "sdk/core/proc_stat.h"
 
 namespace trainguard::testing {
 
@@ -46,15 +47,10 @@ inline std::string SignalName(int signal) {
 // Fields of /proc/<pid>/stat after "pid (comm)": the state letter and the parent pid. False if the
 // process does not exist (any more).
 inline bool ReadStat(pid_t pid, char* state, pid_t* parent) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  std::string line;
-  if (!std::getline(in, line)) return false;
-  const size_t paren = line.rfind(')');  // comm may itself hold spaces and parentheses
-  if (paren == std::string::npos) return false;
-  std::istringstream rest(line.substr(paren + 1));
-  long long ppid = 0;
-  if (!(rest >> *state >> ppid)) return false;
-  *parent = static_cast<pid_t>(ppid);
+  absl::StatusOr<ProcStat> stat = ReadProcStat(pid);
+  if (!stat.ok()) return false;
+  *state = stat->state;
+  *parent = stat->ppid;
   return true;
 }
 
