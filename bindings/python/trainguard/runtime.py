@@ -329,11 +329,17 @@ class Runtime:
         """Aborts every communicator of the current generation registered by an integration
         (the torch process group), as the C++ Runtime aborts its own before a re-rendezvous."""
         for name, abort in list(self._communicator_aborts.items()):
-            try:
-                abort(why)
-            except Exception as e:  # noqa: BLE001 - an abort that fails must not stop recovery
-                print(f"trainguard: rank {self.rank}: aborting {name} failed: "
-                      f"{type(e).__name__}: {e}", file=sys.stderr)
+            self._abort_one(name, abort, why)
+
+    def _abort_one(self, name, abort, why):
+        """Calls one communicator's abort. Also used by trainguard.torch's abort thread (a hang,
+        a superseded generation). An abort that fails is reported and the recovery goes on: the
+        collective's own timeout remains."""
+        try:
+            abort(why)
+        except Exception as e:  # noqa: BLE001 - an abort that fails must not stop recovery
+            print(f"trainguard: rank {self.rank}: aborting {name} failed: "
+                  f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
 
     def _must_exit(self, error, result):
         report = self._c.last_recovery or {}

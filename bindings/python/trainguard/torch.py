@@ -398,13 +398,6 @@ class _AbortThread:
         self._thread.start()
         rt._on_close.append(self.stop)
 
-    def _abort(self, record, why):
-        try:
-            record.abort(why)
-        except Exception as e:  # noqa: BLE001 - reported; the collective's timeout remains
-            print(f"trainguard: rank {self._rt.rank}: aborting the torch process group failed: "
-                  f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
-
     def _run(self):
         c = self._rt._c
         while not self._stop.is_set():
@@ -414,9 +407,11 @@ class _AbortThread:
             if record is None:
                 continue
             if comm_id is not None and record.comm_id == comm_id:
-                self._abort(record, f"the watchdog aborted communicator {comm_id} after a hang")
+                self._rt._abort_one("torch process group", record.abort,
+                                    f"the watchdog aborted communicator {comm_id} after a hang")
             if superseded >= 0 and record.generation == superseded:
-                self._abort(record, f"generation {superseded} was superseded (a peer left or "
+                self._rt._abort_one("torch process group", record.abort,
+                                    f"generation {superseded} was superseded (a peer left or "
                                     "asked for a re-rendezvous)")
 
     def stop(self):
