@@ -38,6 +38,13 @@ so its peers wait in that collective for a rank that neither progresses nor dies
 launcher's heartbeat check (or a hang diagnosis) can find it. It prints "rank R stopping in
 allreduce at step S" first.
 
+For `trainguard chaos` (docs/GUIDE.md section 12), as examples/cpp_trainer does it:
+--progress-events 1 makes rank 0 write an event (custom, what=step_done, its pid) after every step
+that succeeded, the progress `trainguard report` measures ETTR from; --nan-on-sigusr1 1 turns a
+SIGUSR1 into a NaN in this rank's gradients at its next step; --step-time-ms N makes every step
+last at least N ms (a sleep after the update), so a run's step time does not depend on how fast
+this small model computes.
+
 Test hook: --gate S:PATH (repeatable) makes every rank print "rank R waiting at step S" and wait
 (bounded polling, --gate-timeout-s) until PATH exists before it runs step S, so a test can kill a
 rank at a known step without racing the training loop.
@@ -75,6 +82,9 @@ def parse_args(argv):
     p.add_argument("--stop-in-allreduce", default="", metavar="R:S")
     p.add_argument("--gate", action="append", default=[], metavar="S:PATH")
     p.add_argument("--gate-timeout-s", type=float, default=300.0)
+    p.add_argument("--progress-events", type=int, choices=(0, 1), default=0)
+    p.add_argument("--nan-on-sigusr1", type=int, choices=(0, 1), default=0)
+    p.add_argument("--step-time-ms", type=float, default=0.0)
     args = p.parse_args(argv)
     args.gates = {}
     for gate in args.gate:
@@ -143,6 +153,9 @@ def main(argv):
     tgt.register(rt, model=model, optimizer=optimizer, rng=True, extra=extra, materialize=True)
     injected = set()
     timeout = datetime.timedelta(seconds=args.comm_timeout_s)
+    nan_requested = [False]  # set by SIGUSR1 (--nan-on-sigusr1), taken by the next step
+    if args.nan_on_sigusr1:
+        signal.signal(signal.SIGUSR1, lambda signum, frame: nan_requested.__setitem__(0, True))
 
     try:
         step = rt.start()
@@ -159,11 +172,15 @@ def main(argv):
             print(f"rank {rank} generation {rt.generation} resume_step {step}")
         if step in args.gates:
             wait_at_gate(rank, step, args.gates[step], args.gate_timeout_s)
+        started = time.monotonic()
         with rt.step(step) as s:
             x, y = batch(step, rank, args.batch)
             optimizer.zero_grad(set_to_none=True)
             loss = F.mse_loss(ddp(x), y)
-            if rank == args.nan_rank and step in args.nan_steps and step not in injected:
+            signalled = nan_requested[0]
+            nan_requested[0] = False
+            if signalled or (rank == args.nan_rank and step in args.nan_steps
+                             and step not in injected):
                 injected.add(step)
                 # A corrupted gradient: the hook sees it in the first bucket it reduces.
                 loss = loss + 0.0 * model[0].bias.sum() * float("nan")
@@ -182,8 +199,17 @@ def main(argv):
                 extra["last_loss"] = float(mean)
                 if step % args.print_every == 0 or step == args.steps - 1:
                     print(f"rank {rank} step {step} loss {float(mean):.6f}")
+                pad = args.step_time_ms / 1000.0 - (time.monotonic() - started)
+                if pad > 0:
+                    time.sleep(pad)
         r = s.result
         if r.ok:
+            if args.progress_events and rank == 0:
+                try:
+                    rt.emit_event("step done", step=step, what="step_done", pid=str(os.getpid()))
+                except trainguard.Error as e:  # best effort: a full disk must not stop training
+                    print(f"rank {rank} step {step} progress event not written: {e}",
+                          file=sys.stderr)
             step += 1
             continue
         print(f"rank {rank} step {step} fault {r.fault} action {r.action}: {r.message}")

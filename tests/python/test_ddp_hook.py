@@ -73,7 +73,7 @@ def test_a_nan_gradient_fails_the_step_naming_the_rank_and_the_bucket(one_rank_g
         assert s.failed  # the trainer leaves optimizer.step() out
     assert not s.result.ok
     assert s.result.fault == "step_failure" and s.result.action == "skip"
-    assert "rank 0: DDP gradient bucket 0" in s.result.message
+    assert "rank 0: non-finite values (NaN/Inf) in DDP gradient bucket 0" in s.result.message
     assert "0.bias" in s.result.message and "before the allreduce" in s.result.message
     assert rt._c.collective_usage_errors() == 0
 

@@ -165,8 +165,9 @@ def test_a_nan_gradient_is_named_by_the_hook_every_rank_skips_and_a_rollback_rep
     code = job.finish()
     out = job.output()
     assert code == 0, out
-    assert re.search(r"rank 1 step 12 fault step_failure action skip: .*rank 1: DDP gradient "
-                     r"bucket \d+ \(.*\) holds NaN/Inf before the allreduce", out), out
+    assert re.search(r"rank 1 step 12 fault step_failure action skip: .*rank 1: non-finite "
+                     r"values \(NaN/Inf\) in DDP gradient bucket \d+ \(.*\) before the allreduce",
+                     out), out
     for r in (0, 2):
         assert re.search(rf"rank {r} step 12 fault step_failure action skip: .*rank {r}: DDP "
                          r"gradient bucket \d+ is not finite after the allreduce", out), out

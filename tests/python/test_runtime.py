@@ -1,4 +1,8 @@
 # The guard, recover(), phases and options from Python: unit-level specifications.
+import json
+import os
+import subprocess
+
 import numpy as np
 import pytest
 
@@ -144,3 +148,21 @@ def test_from_env_reads_torchrun_variables_and_overrides(monkeypatch, tmp_path, 
 def test_start_without_checkpointing_returns_step_zero(make_runtime):
     rt = make_runtime()
     assert rt.start() == 0
+
+
+def test_emit_event_appends_a_custom_event_with_its_step_and_attributes(make_runtime, tmp_path):
+    cli = os.environ.get("TG_CLI")
+    if not cli:
+        pytest.skip("TG_CLI (the trainguard binary) is not set; ctest sets it")
+    rt = make_runtime()
+    rt.emit_event("step done", step=7, what="step_done", pid=1234)
+    rt.emit_event("no step")
+    out = subprocess.run([cli, "events", "--json", str(tmp_path / "run")], check=True,
+                         capture_output=True, text=True).stdout
+    custom = [json.loads(line) for line in out.splitlines()
+              if json.loads(line)["type"] == 5]  # EventType::kCustom
+    assert [e["message"] for e in custom] == ["step done", "no step"]
+    assert custom[0]["step"] == "7" and custom[1]["step"] == "-1"
+    assert {a["key"]: a["value"] for a in custom[0]["attributes"]} == {
+        "what": "step_done", "pid": "1234"}
+    assert custom[0]["rank"] == 0

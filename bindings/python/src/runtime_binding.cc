@@ -29,6 +29,7 @@
 #include "store_binding.h"
 #include "trainguard/checkpoint.h"
 #include "trainguard/collectives.h"
+#include "trainguard/events.h"
 #include "trainguard/guard.h"
 #include "trainguard/options.h"
 #include "trainguard/runtime.h"
@@ -435,6 +436,22 @@ void BindRuntime(nb::module_& m) {
              for (const StateBuffer& b : r.get().state().buffers()) names.push_back(b.name);
              return names;
            })
+      // Runtime::EmitEvent: a custom event (type custom) in this rank's event file, with the
+      // rank, generation and time filled in; `step` -1 when not tied to a step.
+      .def(
+          "emit_event",
+          [](PyRuntime& r, const std::string& message, int64_t step,
+             const std::map<std::string, std::string>& attributes) {
+            Event event;
+            event.type = EventType::kCustom;
+            event.step = step;
+            event.message = message;
+            event.attributes.assign(attributes.begin(), attributes.end());
+            Runtime& rt = r.get();
+            nb::gil_scoped_release release;
+            ThrowIfError(rt.EmitEvent(std::move(event)));
+          },
+          nb::arg("message"), nb::arg("step"), nb::arg("attributes"))
       .def(
           "begin_phase",
           [](PyRuntime& r, const std::string& name) {

@@ -283,6 +283,16 @@ class Runtime:
             self._store = self._c.store()
         return self._store
 
+    # --- events
+    def emit_event(self, message, step=-1, **attributes):
+        """Appends a custom event to this rank's event file (``trainguard events RUN_DIR`` prints
+        it), with the rank, generation and time filled in: e.g.
+        ``rt.emit_event("step done", step=s, what="step_done", pid=str(os.getpid()))``, the
+        progress record ``trainguard report`` measures ETTR from. Attribute values are strings.
+        Raises trainguard.Error when the event cannot be written (a full disk)."""
+        self._c.emit_event(str(message), int(step),
+                           {str(k): str(v) for k, v in attributes.items()})
+
     # --- steps
     def step(self, number):
         return Step(self, number)

@@ -508,8 +508,8 @@ def guarded_allreduce_hook(state, bucket):
     local_finite = bool(torch.isfinite(buf).all())
     if not local_finite and step is not None:
         step.report_fault_from_any_thread(
-            f"rank {rt.rank}: DDP gradient bucket {index} ({buf.numel()} elements: "
-            f"{_bucket_names(state, bucket)}) holds NaN/Inf before the allreduce")
+            f"rank {rt.rank}: non-finite values (NaN/Inf) in DDP gradient bucket {index} "
+            f"({buf.numel()} elements: {_bucket_names(state, bucket)}) before the allreduce")
     buf.div_(dist.get_world_size(state.group))
     handle = rt._c.collective_begin("ddp_allreduce", state.comm_id,
                                     buf.numel() * buf.element_size())
