@@ -145,10 +145,15 @@ def params_checksum(model):
 def main(argv):
     args = parse_args(argv)
     torch.set_num_threads(1)  # deterministic CPU kernels; ranks share the machine
-    rt = trainguard.Runtime.from_env()
-    rank = rt.rank
+    # Everything that does not depend on the rank comes before Runtime.from_env(): a warm standby
+    # waits inside from_env() until it is given a rank, so what runs before it is paid before the
+    # fault, not after. Here that is the model and the optimizer: the first optimizer a process
+    # builds imports torch._dynamo, 5-6 s on this machine (measured), which a standby that built
+    # it after its takeover added to every replacement.
     model = build_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    rt = trainguard.Runtime.from_env()
+    rank = rt.rank
     extra = {"last_loss": float("nan")}
     tgt.register(rt, model=model, optimizer=optimizer, rng=True, extra=extra, materialize=True)
     injected = set()
