@@ -214,6 +214,10 @@ class Runtime:
 
     @classmethod
     def from_env(cls, **overrides):
+        """The Runtime of this rank, from TRAINGUARD_* and torchrun's variables (``overrides`` as
+        TRAINGUARD_<KEY>). In a warm standby under ``trainguard run --standby K`` this waits until
+        the standby is given a rank: build what does not depend on the rank (imports, model,
+        optimizer) before calling it, so that a replacement does not pay for it after the fault."""
         variables = dict(os.environ)
         for key, value in overrides.items():
             variables["TRAINGUARD_" + key.upper()] = _env_value(key, value)
