@@ -328,38 +328,31 @@ class Checkpointer::Impl {
     outcome.replicated = outcome.status.ok();
     if (!outcome.status.ok()) return outcome;
     // Every rank's vote: the last one to vote sees the job protected again.
-    const std::string base = absl::StrCat("e/", job.epoch, "/", job.step, "/protected/");
-    if (absl::Status s = store_->Set(absl::StrCat(base, options_.rank), "1", options_.timeout);
-        !s.ok()) {
-      outcome.status = s;
+    absl::StatusOr<std::optional<Ballot>> ballot = CastVote(job, "protected", "1");
+    if (!ballot.ok()) {
+      outcome.status = ballot.status();
       return outcome;
     }
-    std::vector<std::string> keys;
-    for (int r = 0; r < options_.world_size; ++r) keys.push_back(absl::StrCat(base, r));
-    absl::StatusOr<std::vector<std::optional<std::string>>> votes =
-        store_->MultiGet(keys, options_.timeout);
-    if (!votes.ok()) {
-      outcome.status = votes.status();
-      return outcome;
-    }
-    for (const std::optional<std::string>& v : *votes) {
-      if (!v.has_value()) return outcome;  // a later voter sees it
-    }
+    if (!ballot->has_value()) return outcome;  // a later voter sees it
+    (*ballot)->Clear(store_.get(), options_.timeout);
     outcome.protected_again = MarkProtected(job.step, job.epoch);
     return outcome;
   }
 
   // Records that every rank's snapshot of `step` has all its copies: ckpt/protected = "STEP EPOCH"
-  // (the host agents report it). True when this call changed it.
+  // (the host agents report it). True when this call changed it (the first in the epoch). Once
+  // this rank has seen the epoch protected, later commits only move the step: one Set, no Get.
   bool MarkProtected(int64_t step, const std::string& epoch) {
     const std::string value = absl::StrCat(step, " ", epoch);
-    absl::StatusOr<std::string> old = store_->Get("protected", options_.timeout);
-    if (old.ok() && absl::StrContains(*old, absl::StrCat(" ", epoch))) {
-      // Already protected in this epoch: later commits only move the step.
+    if (protected_epoch_ == epoch) {
       (void)store_->Set("protected", value, options_.timeout);
       return false;
     }
-    return store_->Set("protected", value, options_.timeout).ok();
+    absl::StatusOr<std::string> old = store_->Get("protected", options_.timeout);
+    const bool already = old.ok() && absl::StrContains(*old, absl::StrCat(" ", epoch));
+    const bool set = store_->Set("protected", value, options_.timeout).ok();
+    if (set) protected_epoch_ = epoch;
+    return set && !already;
   }
 
   // A rank whose shard could not be written keeps training (the step is just never committed on
@@ -380,34 +373,54 @@ class Checkpointer::Impl {
   // the disk).
   absl::StatusOr<bool> Vote(const Job& job, absl::string_view kind, uint64_t fingerprint) {
     if (store_ == nullptr) return options_.world_size == 1;
-    const std::string base = absl::StrCat("e/", job.epoch, "/", job.step, "/", kind, "/");
-    if (absl::Status set =
-            store_->Set(absl::StrCat(base, options_.rank), Hex(fingerprint), options_.timeout);
-        !set.ok()) {
-      return absl::Status(set.code(), absl::StrFormat("%s: recording the %s of step %d: %s",
-                                                      Where(), kind, job.step, set.message()));
-    }
-    std::vector<std::string> keys;
-    for (int r = 0; r < options_.world_size; ++r) keys.push_back(absl::StrCat(base, r));
-    absl::StatusOr<std::vector<std::optional<std::string>>> votes =
-        store_->MultiGet(keys, options_.timeout);
-    if (!votes.ok()) return votes.status();
-    std::vector<std::string> fps;
-    for (const std::optional<std::string>& v : *votes) {
-      if (!v.has_value()) return false;  // a later voter commits
-      fps.push_back(*v);
-    }
+    absl::StatusOr<std::optional<Ballot>> ballot = CastVote(job, kind, Hex(fingerprint));
+    if (!ballot.ok()) return ballot.status();
+    if (!ballot->has_value()) return false;  // a later voter commits
     const std::string record =
-        absl::StrCat(job.step, " store:", kind, " ", absl::StrJoin(fps, ","));
+        absl::StrCat(job.step, " store:", kind, " ", absl::StrJoin((*ballot)->values, ","));
     if (absl::Status set =
             store_->Set(absl::StrCat("commit/", job.step, "/", kind), record, options_.timeout);
         !set.ok()) {
       return set;
     }
-    for (const std::string& key : keys) (void)store_->Delete(key, options_.timeout);
+    (*ballot)->Clear(store_.get(), options_.timeout);
     PruneCommits(kind);
     return true;
   }
+
+  // Every rank's vote of one kind on one step of an epoch, once all are in.
+  struct Ballot {
+    std::vector<std::string> keys;    // e/<epoch>/<step>/<kind>/<rank>, rank order
+    std::vector<std::string> values;  // the votes, rank order
+    // The votes are no longer needed once the outcome is recorded. Best effort.
+    void Clear(Store* store, absl::Duration timeout) const {
+      for (const std::string& key : keys) (void)store->Delete(key, timeout);
+    }
+  };
+
+  // Records this rank's `value` for `kind` of the job's step and reads every rank's: the ballot
+  // when all ranks have voted (this rank was the last, or one of the last, to vote), nullopt when
+  // some vote is still missing (a later voter will see the ballot complete).
+  absl::StatusOr<std::optional<Ballot>> CastVote(const Job& job, absl::string_view kind,
+                                                 const std::string& value) {
+    const std::string base = absl::StrCat("e/", job.epoch, "/", job.step, "/", kind, "/");
+    if (absl::Status set = store_->Set(absl::StrCat(base, options_.rank), value, options_.timeout);
+        !set.ok()) {
+      return absl::Status(set.code(), absl::StrFormat("%s: recording the %s of step %d: %s",
+                                                      Where(), kind, job.step, set.message()));
+    }
+    Ballot ballot;
+    for (int r = 0; r < options_.world_size; ++r) ballot.keys.push_back(absl::StrCat(base, r));
+    absl::StatusOr<std::vector<std::optional<std::string>>> votes =
+        store_->MultiGet(ballot.keys, options_.timeout);
+    if (!votes.ok()) return votes.status();
+    for (const std::optional<std::string>& v : *votes) {
+      if (!v.has_value()) return std::optional<Ballot>();
+      ballot.values.push_back(*v);
+    }
+    return std::optional<Ballot>(std::move(ballot));
+  }
+
 
   // The arena holds two snapshots, the disk keep_last steps: older commit records name state that
   // no longer exists.
@@ -719,6 +732,8 @@ class Checkpointer::Impl {
   int64_t generation_ ABSL_GUARDED_BY(mu_);
   int64_t restores_ ABSL_GUARDED_BY(mu_) = 0;
   std::function<void(const SaveOutcome&)> observer_ ABSL_GUARDED_BY(mu_);
+  // The epoch this rank last saw protected (MarkProtected); the worker thread's only.
+  std::string protected_epoch_;
   std::thread worker_;  // last: started after every other member is initialised
 };
 
