@@ -45,6 +45,9 @@ SIGUSR1 into a NaN in this rank's gradients at its next step; --step-time-ms N m
 last at least N ms (a sleep after the update), so a run's step time does not depend on how fast
 this small model computes.
 
+--die-in-rebuild R:G makes rank R SIGKILL itself inside the rebuild of generation G's process group
+(before DDP's collective construction), so the others' rebuild fails on a dead peer.
+
 Test hook: --gate S:PATH (repeatable) makes every rank print "rank R waiting at step S" and wait
 (bounded polling, --gate-timeout-s) until PATH exists before it runs step S, so a test can kill a
 rank at a known step without racing the training loop.
@@ -85,6 +88,7 @@ def parse_args(argv):
     p.add_argument("--progress-events", type=int, choices=(0, 1), default=0)
     p.add_argument("--nan-on-sigusr1", type=int, choices=(0, 1), default=0)
     p.add_argument("--step-time-ms", type=float, default=0.0)
+    p.add_argument("--die-in-rebuild", default="-1:-1", metavar="R:G")
     args = p.parse_args(argv)
     args.gates = {}
     for gate in args.gate:
@@ -93,6 +97,7 @@ def parse_args(argv):
     args.stop_rank, args.stop_step = -1, -1
     if args.stop_in_allreduce:
         args.stop_rank, args.stop_step = (int(x) for x in args.stop_in_allreduce.split(":"))
+    args.die_in_rebuild = tuple(int(x) for x in args.die_in_rebuild.split(":"))
     args.nan_rank, args.nan_steps = -1, set()
     if args.inject_nan_grad:
         parts = [int(x) for x in args.inject_nan_grad.split(":")]
@@ -152,15 +157,16 @@ def main(argv):
     # it after its takeover added to every replacement.
     model = build_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    # Before from_env() too: a SIGUSR1 that reaches a standby just given a rank must not kill it.
+    nan_requested = [False]  # set by SIGUSR1 (--nan-on-sigusr1), taken by the next step
+    if args.nan_on_sigusr1:
+        signal.signal(signal.SIGUSR1, lambda signum, frame: nan_requested.__setitem__(0, True))
     rt = trainguard.Runtime.from_env()
     rank = rt.rank
     extra = {"last_loss": float("nan")}
     tgt.register(rt, model=model, optimizer=optimizer, rng=True, extra=extra, materialize=True)
     injected = set()
     timeout = datetime.timedelta(seconds=args.comm_timeout_s)
-    nan_requested = [False]  # set by SIGUSR1 (--nan-on-sigusr1), taken by the next step
-    if args.nan_on_sigusr1:
-        signal.signal(signal.SIGUSR1, lambda signum, frame: nan_requested.__setitem__(0, True))
 
     try:
         step = rt.start()
@@ -170,15 +176,27 @@ def main(argv):
     print_restore(rt, step)
     print(f"rank {rank} start world {rt.world_size} generation {rt.generation} "
           f"resume_step {step} steps {args.steps}")
-    ddp = None
+    ddp, ddp_generation = None, None
     while step < args.steps:
-        if tgt.init_process_group(rt, backend="gloo", timeout=timeout) or ddp is None:
-            ddp = tgt.wrap_ddp(rt, model)
-            print(f"rank {rank} generation {rt.generation} resume_step {step}")
         if step in args.gates:
             wait_at_gate(rank, step, args.gates[step], args.gate_timeout_s)
         started = time.monotonic()
         with rt.step(step) as s:
+            # The process group and DDP of this generation, built inside the step: building them
+            # is collective (DDP broadcasts the parameters), so a peer that dies meanwhile fails
+            # this step as a communication failure, and recover() takes the ranks to the next
+            # generation, instead of an exception out of main(). A nested phase: the rebuild has
+            # its own learned bound, not the step's.
+            if ddp is None or ddp_generation != rt.generation:
+                with rt.phase("rebuild_process_group"):
+                    if rank == args.die_in_rebuild[0] and rt.generation == args.die_in_rebuild[1]:
+                        print(f"rank {rank} dying in the rebuild of generation {rt.generation}")
+                        sys.stdout.flush()
+                        os.kill(os.getpid(), signal.SIGKILL)  # this process
+                    tgt.init_process_group(rt, backend="gloo", timeout=timeout)
+                    ddp = tgt.wrap_ddp(rt, model)
+                    ddp_generation = rt.generation
+                print(f"rank {rank} generation {rt.generation} resume_step {step}")
             x, y = batch(step, rank, args.batch)
             optimizer.zero_grad(set_to_none=True)
             loss = F.mse_loss(ddp(x), y)

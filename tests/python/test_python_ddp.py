@@ -156,6 +156,39 @@ def test_killed_ranks_are_replaced_and_every_rank_ends_bit_identical_to_an_unint
     _assert_every_rank_ends_as(job, uninterrupted)
 
 
+def test_a_rank_that_dies_while_the_process_group_is_rebuilt_is_replaced_and_the_job_goes_on(
+        tmp_path, uninterrupted):
+    # Rank 1 is killed at step 12; in generation 1, rank 2 kills itself inside the rebuild of the
+    # process group, before torch's init_process_group: the survivors, waiting in the group's
+    # store rendezvous for it, must give up once generation 1 is superseded (not after the 60 s
+    # communication timeout) and rebuild in generation 2. Before the rebuild moved into the step,
+    # an exception out of it ended every survivor's process.
+    gate = tmp_path / "gate"
+    job = Job(tmp_path, "rebuild", 2, ["--gate", f"12:{gate}", "--die-in-rebuild", "2:1",
+                                       "--comm-timeout-s", "600"])
+    try:
+        job.wait_for(r"rank 1 waiting at step 12")
+        job.kill_rank(1)
+        gate.touch()
+        job.wait_for(r"rank 2 dying in the rebuild of generation 1")
+        for r in range(WORLD):
+            job.wait_for(rf"\] rank {r} generation [2-9]\d* resume_step")
+        code = job.finish()
+    finally:
+        gate.touch()
+        if job.proc.poll() is None:
+            job.proc.kill()
+            job.proc.wait()
+    out = job.output()
+    assert code == 0, out
+    assert "takes rank 1" in out and "takes rank 2" in out, out
+    # The survivors' rebuild of generation 1 failed as the step's communication failure.
+    assert re.search(r"rank 0 step \d+ fault communication_failure action re_rendezvous: .*"
+                     r"superseded", out), out
+    assert "Traceback" not in out, out
+    _assert_every_rank_ends_as(job, uninterrupted)
+
+
 def test_a_nan_gradient_is_named_by_the_hook_every_rank_skips_and_a_rollback_replays_cleanly(
         tmp_path, uninterrupted):
     # Rank 1's gradients are NaN at steps 12..15 (once each): 3 skips, then the 4th consecutive

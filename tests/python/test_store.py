@@ -108,6 +108,25 @@ def test_torch_store_adapter_verbs(store):
         s.wait(["nope"], datetime.timedelta(milliseconds=100))
 
 
+def test_a_torch_store_wait_gives_up_once_its_generation_is_superseded(store):
+    # The adapter process_group_store builds: its waits poll `superseded` between slices. The
+    # wait is long (600 s) and the key never comes; the generation is superseded once the wait
+    # has polled three times: the wait raises CommunicationError then, not at its deadline.
+    polls = []
+
+    def superseded():
+        polls.append(1)
+        return len(polls) > 3
+
+    s = tgt.Store(store, prefix="torch/gen1", timeout=datetime.timedelta(seconds=600),
+                  superseded=superseded)
+    with pytest.raises(trainguard.CommunicationError, match="superseded"):
+        s.wait(["never"])
+    assert len(polls) == 4
+    s.set("here", "v")  # a key that is there is read whatever the generation
+    assert tgt.Store(store, prefix="torch/gen1", superseded=lambda: False).get("here") == b"v"
+
+
 _WORKER = r"""
 import sys, datetime, torch, torch.distributed as dist
 import trainguard, trainguard.torch as tgt

@@ -57,12 +57,14 @@ import random
 import socket
 import sys
 import threading
+import time
 
 import torch
 import torch.distributed as dist
 
 from . import _C
-from .errors import Error
+from .errors import DeadlineExceededError, Error
+from .runtime import CommunicationError
 
 __all__ = ["register", "Store", "process_group_store", "init_process_group", "wrap_ddp",
            "guarded_allreduce_hook"]
@@ -246,13 +248,41 @@ def _seconds(timeout):
 class Store(dist.Store):
     """A torch.distributed.Store over a trainguard Store, under a key prefix, so that
     ``init_process_group(store=...)`` rendezvouses through trainguard's store (which outlives any
-    rank) instead of a TCPStore hosted by rank 0. get() waits for the key, as torch expects."""
+    rank) instead of a TCPStore hosted by rank 0. get() waits for the key, as torch expects.
 
-    def __init__(self, store, prefix="torch", timeout=datetime.timedelta(minutes=5)):
+    ``superseded``: a callable, or None. When given, every wait is cut into slices of
+    SUPERSEDED_POLL_S and gives up between them, raising trainguard.CommunicationError, once
+    ``superseded()`` is true: a process group whose generation was superseded (a peer died while
+    it was being built) is never completed, and waiting out the timeout for it would hold the
+    survivors back (process_group_store passes the Runtime's superseded generation)."""
+
+    SUPERSEDED_POLL_S = 0.25
+
+    def __init__(self, store, prefix="torch", timeout=datetime.timedelta(minutes=5),
+                 superseded=None):
         super().__init__()
         self._store = store
         self._prefix = prefix.rstrip("/") + "/"
+        self._superseded = superseded
         self.set_timeout(timeout)
+
+    def _wait(self, keys, seconds):
+        if self._superseded is None:
+            self._store.wait(keys, seconds)
+            return
+        deadline = time.monotonic() + seconds
+        while True:
+            if self._superseded():
+                raise CommunicationError(
+                    f"the process group's generation was superseded while its store wait for "
+                    f"{keys} ran (a peer died or asked for a new generation)")
+            left = deadline - time.monotonic()
+            try:
+                self._store.wait(keys, max(min(self.SUPERSEDED_POLL_S, left), 0.001))
+                return
+            except DeadlineExceededError:
+                if time.monotonic() >= deadline:
+                    raise
 
     def _key(self, key):
         return self._prefix + key
@@ -271,7 +301,7 @@ class Store(dist.Store):
 
     def get(self, key):
         k = self._key(key)
-        self._store.wait([k], self._t())
+        self._wait([k], self._t())
         return self._store.get(k, self._t())
 
     def add(self, key, value):
@@ -292,7 +322,7 @@ class Store(dist.Store):
 
     def wait(self, keys, timeout=None):
         t = self._t() if timeout is None else _seconds(timeout)
-        self._store.wait([self._key(k) for k in keys], t)
+        self._wait([self._key(k) for k in keys], t)
 
     def delete_key(self, key):
         return self._store.delete(self._key(key), self._t())
@@ -310,10 +340,14 @@ class Store(dist.Store):
 
 def process_group_store(rt, prefix="torch", timeout=datetime.timedelta(minutes=5)):
     """A Store for torch process groups of rt's current generation ("<prefix>/gen<G>/..."): build
-    the process group again after a re-rendezvous with a fresh one. None for a static job."""
+    the process group again after a re-rendezvous with a fresh one. Its waits give up (raising
+    trainguard.CommunicationError) once that generation is superseded. None for a static job."""
     if rt.store is None:
         return None
-    return Store(rt.store, f"{prefix}/gen{rt.generation}", timeout)
+    generation = rt.generation
+    return Store(rt.store, f"{prefix}/gen{generation}", timeout,
+                 superseded=lambda: (rt._c.superseded_generation >= generation
+                                     or rt.generation > generation))
 
 
 # Collective tracker ids of the process groups built here: one per generation, clear of the ids
@@ -426,6 +460,21 @@ def _group_record(rt):
     return getattr(rt, "_torch_group", None)
 
 
+def _reset_group_count():
+    """torch names an unnamed group after a per-process counter of the groups it created, and the
+    name is part of the group's store keys, so every rank must build a generation's group at the
+    same count. destroy_process_group() of the default group resets the counter to 0 "to allow
+    consistent value to be generated when we re-create process groups after some trainers recover
+    from failure" (torch's words), but an init_process_group that failed half-way (a peer died,
+    the generation was superseded) advanced it with no group left to destroy: the survivors would
+    then build the next generation's group at 1, a fresh replacement at 0, and wait for each
+    other's keys for ever. With no default group there is no other group either, so the counter
+    goes back to 0, as destroy_process_group() would have set it."""
+    world = getattr(dist.distributed_c10d, "_world", None)
+    if world is not None and hasattr(world, "group_count"):
+        world.group_count = 0
+
+
 def init_process_group(rt, backend="gloo", timeout=datetime.timedelta(seconds=60),
                        prefix="torch", force=False):
     """Makes torch's default process group the one of rt's current generation: when none was
@@ -444,6 +493,8 @@ def init_process_group(rt, backend="gloo", timeout=datetime.timedelta(seconds=60
         return False
     if dist.is_initialized():
         dist.destroy_process_group()
+    else:
+        _reset_group_count()
     rt._communicator_aborts.pop("torch process group", None)
     if record is not None:
         try:
