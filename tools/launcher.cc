@@ -890,6 +890,12 @@ void Job::OnExit(Child& child, int status) {
         [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return formed_.has_value(); }, absl::Seconds(5));
     formed = formed_.has_value() && formed_->ok();
   }
+  if (!formed && config_.restart_all >= 0 && restarts_ > 0) {
+    // The job formed before this restart, so the command works: a rank lost while the restarted
+    // ranks start (a slow interpreter start is a long window) is a fault like any other.
+    restart_pending_ = absl::StrCat(child.Label(), " ", how, " before the restarted job formed");
+    return;
+  }
   if (!formed) {
     return Fail(absl::StrCat(child.Label(), " died before generation 0 formed (", how, ")"));
   }

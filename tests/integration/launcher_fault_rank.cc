@@ -7,6 +7,9 @@
 //                 command that always dies once the job runs.
 //   standby-dies  a standby exits 1 before it joins; ranks wait to be stopped.
 //   wait          waits to be stopped.
+//   die-in-restart-1  for `--restart-all`: rank 1 exits 1 right after joining at the first start;
+//                 at restart 1 (TORCHELASTIC_RESTART_COUNT) it exits 1 before joining, while the
+//                 others wait in the rendezvous; from restart 2 every rank exits 0 once joined.
 // Waiting is bounded: after 120 s it exits 3, so that a stray never outlives a broken test long.
 #include <unistd.h>
 
@@ -38,6 +41,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "standby: dying before it parks\n");
     return 1;
   }
+  const char* restart_text = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  const int restart = restart_text != nullptr ? std::atoi(restart_text) : 0;
+  const char* rank_text = std::getenv("RANK");
+  if (mode == "die-in-restart-1" && restart == 1 && rank_text != nullptr &&
+      std::string(rank_text) == "1") {
+    std::fprintf(stderr, "rank 1: dying before it joins restart 1\n");
+    return 1;
+  }
   absl::StatusOr<trainguard::Options> options = trainguard::Options::FromEnv();
   if (!options.ok()) {
     std::fprintf(stderr, "options: %s\n", options.status().ToString().c_str());
@@ -53,6 +64,10 @@ int main(int argc, char** argv) {
               static_cast<long long>((*rt)->generation()));
   std::fflush(stdout);
   if (mode == "exit-1") return 1;
+  if (mode == "die-in-restart-1") {
+    if (restart >= 2) return 0;
+    if (restart == 0 && rank == 1) return 1;
+  }
   if (mode == "stop-job" && rank == 0) {
     absl::StatusOr<trainguard::CompareAndSetResult> set = (*rt)->store()->CompareAndSet(
         "job/stop", std::nullopt, "rank 0: step 7 failed again after 2 rollbacks (limit 2)",

@@ -242,6 +242,27 @@ TEST(LauncherFaults, ARankCommandThatAlwaysDiesBacksOffAndEndsAtMaxReplacementsN
       << out;
 }
 
+// Under --restart-all, a rank lost while the restarted ranks start (before the restarted job
+// formed) restarts every rank again: the command formed a job before, so it is a fault like any
+// other, not a command that cannot start (which a first formation's death still is).
+TEST(LauncherFaults, UnderRestartAllARankLostBeforeTheRestartedJobFormedRestartsAgain) {
+  testing::TempDir dir;
+  Launcher launcher(dir);
+  launcher.Run({"--nproc", "3", "--restart-all", "3"},
+               {TRAINGUARD_FAULT_RANK_PATH, "die-in-restart-1"});
+  EXPECT_EQ(launcher.Wait(), 0) << launcher.Output();
+  const std::string out = launcher.Output();
+  EXPECT_THAT(out, HasSubstr("restarting every rank (restart 1 of at most 3): rank 1 exited with "
+                             "status 1"))
+      << out;
+  EXPECT_THAT(out, HasSubstr("rank 1: dying before it joins restart 1")) << out;
+  EXPECT_THAT(out, HasSubstr("restarting every rank (restart 2 of at most 3): rank 1 exited with "
+                             "status 1 before the restarted job formed"))
+      << out;
+  EXPECT_THAT(out, Not(HasSubstr("restart 3 of"))) << out;
+  EXPECT_THAT(out, Not(HasSubstr("job failed"))) << out;
+}
+
 TEST(LauncherFaults, ReplacementsAreBoundedByDefault) {
   testing::TempDir dir;
   Launcher launcher(dir);
