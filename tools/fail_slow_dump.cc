@@ -17,8 +17,7 @@
 
 namespace trainguard::tools {
 
-void HostMetricsHistory::Record(int64_t second,
-                                const std::map<std::string, std::string>& records) {
+void HostMetricsHistory::Record(int64_t second, const std::map<std::string, std::string>& records) {
   if (!ring_.empty() && second <= ring_.back().first) return;
   ring_.emplace_back(second, records);
   while (!ring_.empty() && ring_.front().first <= second - seconds_) ring_.pop_front();
@@ -27,7 +26,8 @@ void HostMetricsHistory::Record(int64_t second,
 std::string HostMetricsHistory::Lines() const {
   std::string out;
   for (const auto& [second, records] : ring_) {
-    for (const auto& [host, record] : records) absl::StrAppend(&out, second, " ", host, " ", record, "\n");
+    for (const auto& [host, record] : records)
+      absl::StrAppend(&out, second, " ", host, " ", record, "\n");
   }
   return out;
 }
@@ -149,7 +149,8 @@ absl::StatusOr<FailSlowDump> ParseFailSlowDump(const std::string& text) {
     if (f.size() != 3 || !absl::SimpleAtoi(f[0], &point.second)) {
       return bad("want \"<second> <host> <record>\"");
     }
-    absl::StatusOr<HostMetricsRecord> record = ParseHostMetricsRecord(std::string_view(f[2].data(), f[2].size()));
+    absl::StatusOr<HostMetricsRecord> record =
+        ParseHostMetricsRecord(std::string_view(f[2].data(), f[2].size()));
     if (!record.ok()) return bad(record.status().message());
     point.work = record->work;
     for (const auto& [metric, value] : record->metrics) point.metrics[metric] = value;

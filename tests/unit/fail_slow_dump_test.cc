@@ -78,9 +78,10 @@ TEST(FailSlowDump, IsWrittenUnderItsUnixSecondAndHostAndReadsBackAsWritten) {
   ASSERT_TRUE(text.ok());
   // The header, then the --fail-slow-trace lines.
   EXPECT_TRUE(absl::StartsWith(
-      *text, "# suspect_host host=hostB metric=compute_ms z=1.500 deviation=0.750 windows=2 "
-             "second=42 unix=1700000123 action=alert (not evicted: 0 parked standby(s) "
-             "elsewhere, 2 needed)\n1 hostA v1 1 10 compute_ms=20 cpu_util=0.9\n"))
+      *text,
+      "# suspect_host host=hostB metric=compute_ms z=1.500 deviation=0.750 windows=2 "
+      "second=42 unix=1700000123 action=alert (not evicted: 0 parked standby(s) "
+      "elsewhere, 2 needed)\n1 hostA v1 1 10 compute_ms=20 cpu_util=0.9\n"))
       << *text;
   absl::StatusOr<FailSlowDump> dump = ParseFailSlowDump(*text);
   ASSERT_TRUE(dump.ok()) << dump.status();
