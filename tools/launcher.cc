@@ -403,6 +403,7 @@ class Job {
 
   // Fail-slow state (this agent's sample; the coordinator's detector and evictions).
   HostSampler host_sampler_;
+  bool gpus_probed_ = false;  // NVML looked for (SampleHost's first call)
   absl::Time next_host_sample_ = absl::InfinitePast();
   std::unique_ptr<FailSlowMonitor> fail_slow_;
   int64_t fail_slow_second_ = 0;
@@ -2027,12 +2028,27 @@ void Job::SampleHost() {
   const absl::Time now = absl::Now();
   if (now < next_host_sample_ || !spawned_) return;
   next_host_sample_ = now + absl::Seconds(1);
+  if (!gpus_probed_) {
+    // Once per agent: a host without an NVIDIA driver collects no GPU metric, and says so once.
+    gpus_probed_ = true;
+    absl::StatusOr<std::unique_ptr<GpuMetricsSource>> gpus = NvmlGpuMetricsSource::Open();
+    if (gpus.ok()) {
+      const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");  // NOLINT(concurrency-mt-unsafe)
+      Say(absl::StrCat("fail-slow: GPU metrics through NVML (", (*gpus)->device_count(),
+                       " GPU(s) on this host)"));
+      host_sampler_ = HostSampler(*std::move(gpus), visible != nullptr
+                                                        ? std::optional<std::string>(visible)
+                                                        : std::nullopt);
+    } else {
+      Say(absl::StrCat("fail-slow: no GPU metrics: ", gpus.status().message()));
+    }
+  }
   const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
   std::vector<HostSampler::RankProcess> ranks;
   std::vector<std::string> keys;
   for (const auto& c : children_) {
     if (c->rank < 0 || !c->running) continue;
-    ranks.push_back({c->rank, c->pid, std::nullopt});
+    ranks.push_back({c->rank, c->pid, std::nullopt, c->rank % std::max(1, config_.nproc)});
     keys.push_back(RankWorkKey(c->rank));
   }
   if (ranks.empty()) return;  // a standby host: nothing to compare until its standbys take ranks
