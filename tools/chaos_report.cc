@@ -489,14 +489,15 @@ std::string FailSlowPlotScript(const FailSlowDump& dump, const std::string& data
   const FailSlowDumpHeader& h = dump.header;
   std::string script = absl::StrFormat(
       "set terminal pngcairo noenhanced size %d,%d\nset output %s\nset datafile missing '-'\n"
-      "set key below horizontal font ',9'\nset xlabel 's from the detection'\n"
+      "set key below horizontal font ',9'\n"
       // A margin after the detection, so that its line is not the plot's border.
       "set autoscale xfix\nset offsets 0, 3, 0, 0\n"
       "set arrow 1 from 0, graph 0 to 0, graph 1 nohead dt 2 lw 1.5 lc rgb 'black'\n"
       "set multiplot layout %d,%d title %s\n",
       600 * columns, 400 * rows + 40, JsonString(png_path), rows, columns,
-      JsonString(absl::StrFormat("suspect host %s: %s, z %.2f, %d window(s), action: %s", h.host,
-                                 h.metric, h.z, h.windows, h.action)));
+      JsonString(absl::StrFormat("suspect host %s: %s, z %.2f, %d window(s), action: %s  |  x: "
+                                 "seconds from the detection (dashed line)",
+                                 h.host, h.metric, h.z, h.windows, h.action)));
   const char* others[] = {"#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
                           "#bcbd22", "#17becf", "#ff7f0e"};
   for (size_t m = 0; m < metrics.size(); ++m) {
