@@ -26,6 +26,7 @@
 #include "tools/usage.h"
 #include "trainguard/env.h"
 #include "sdk/core/proto_json.h"
+#include "sdk/health/fail_slow_detector.h"
 
 extern char** environ;
 
@@ -141,6 +142,17 @@ RunAnalysis AnalyzeRun(std::vector<Event> events) {
   // Only what happened inside the run counts.
   std::erase_if(done, [&](const StepDone& d) { return d.time < start || d.time > end; });
   run.wall = std::max(absl::ZeroDuration(), end - start);
+  for (const Event& e : events) {
+    if (e.type != EventType::kSuspectHost) continue;
+    SuspectDetection d;
+    d.at = e.time - start;
+    d.host = std::string(e.Attribute("host"));
+    d.metric = std::string(e.Attribute("metric"));
+    (void)absl::SimpleAtod(std::string(e.Attribute("z")), &d.z);
+    d.windows = static_cast<int>(AttributeInt(e, "windows", 0));
+    d.action = std::string(e.Attribute("action"));
+    run.suspects.push_back(std::move(d));
+  }
 
   // Kept: no later step done event at or below its step. Counted: the previous event is the
   // previous step's, from the same process and generation.
@@ -315,6 +327,19 @@ std::map<std::string, KindSummary> ByKind(const RunAnalysis& run) {
   return kinds;
 }
 
+// The fail-slow detections, one line each; nothing when there were none.
+std::string SuspectsTable(const RunAnalysis& run) {
+  if (run.suspects.empty()) return "";
+  std::string out = absl::StrFormat("  suspect hosts %d:\n  %9s %-12s %-14s %6s %7s %s\n",
+                                    run.suspects.size(), "at_s", "host", "metric", "z",
+                                    "windows", "action");
+  for (const SuspectDetection& d : run.suspects) {
+    out += absl::StrFormat("  %9s %-12s %-14s %6.2f %7d %s\n", Seconds(d.at), d.host, d.metric,
+                           d.z, d.windows, d.action);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string FormatReport(const std::vector<RunAnalysis>& runs) {
@@ -343,6 +368,7 @@ std::string FormatReport(const std::vector<RunAnalysis>& runs) {
           k.recovered ? Seconds(k.recover_sum / k.recovered) : "-", Seconds(k.recover_max), k.lost);
     }
     out += FaultsTable(run);
+    out += SuspectsTable(run);
   }
   if (runs.size() == 2) {
     out += absl::StrFormat("ETTR %s %.1f%% vs %s %.1f%%: ratio %.3f\n", runs[0].mode,
@@ -367,15 +393,22 @@ std::string ReportJson(const std::vector<RunAnalysis>& runs) {
           f.culprit_correct() ? "true" : "false", JsonOptSeconds(f.time_to_recovery),
           f.steps_lost));
     }
+    std::vector<std::string> suspects;
+    for (const SuspectDetection& d : run.suspects) {
+      suspects.push_back(absl::StrFormat(
+          "{\"at_s\":%s,\"host\":%s,\"metric\":%s,\"z\":%.3f,\"windows\":%d,\"action\":%s}",
+          Seconds(d.at), JsonString(d.host), JsonString(d.metric), d.z, d.windows,
+          JsonString(d.action)));
+    }
     items.push_back(absl::StrFormat(
         "{\"mode\":%s,\"ettr\":%.6f,\"wall_s\":%s,\"productive_s\":%s,\"steps_kept\":%d,"
         "\"last_step\":%d,\"median_step_s\":%s,\"longest_unproductive_s\":%s,"
         "\"longest_unproductive_from_s\":%s,\"faults_detected\":%d,\"faults_recovered\":%d,"
-        "\"culprits_correct\":%d,\"faults\":[%s]}",
+        "\"culprits_correct\":%d,\"faults\":[%s],\"suspects\":[%s]}",
         JsonString(run.mode), run.ettr, Seconds(run.wall), Seconds(run.productive),
         run.steps_kept, run.last_step, Seconds(run.median_step), Seconds(run.longest_unproductive),
         Seconds(run.longest_unproductive_from), run.faults_detected(), run.faults_recovered(),
-        run.culprits_correct(), absl::StrJoin(faults, ",")));
+        run.culprits_correct(), absl::StrJoin(faults, ","), absl::StrJoin(suspects, ",")));
   }
   std::string out = absl::StrCat("{\"runs\":[", absl::StrJoin(items, ","), "]");
   if (runs.size() == 2 && runs[1].ettr > 0) {
@@ -404,15 +437,134 @@ std::string FindGnuplot() {
   return "";
 }
 
+absl::Status RunGnuplot(const std::string& gnuplot, const std::string& script_path) {
+  std::vector<std::string> args = {gnuplot, script_path};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  if (int err = posix_spawn(&pid, gnuplot.c_str(), nullptr, nullptr, argv.data(), environ);
+      err != 0) {
+    return absl::InternalError(absl::StrCat("cannot run ", gnuplot, ": ", strerror(err)));
+  }
+  int status = 0;
+  // gnuplot renders a few thousand points in well under a second; it has no reason to block.
+  if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return absl::InternalError(
+        absl::StrCat("gnuplot failed on ", script_path, " (wait status ", status, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GnuplotMissing() {
+  return absl::FailedPreconditionError(
+      "gnuplot is not installed (or not on PATH): --png needs it (Debian: apt-get install "
+      "gnuplot-nox)");
+}
+
+// A dump's metrics in the detector's priority order, then any others it holds, by name; each
+// with whether the detector divides it by the work of its second.
+std::vector<std::pair<std::string, bool>> DumpMetrics(const FailSlowDump& dump) {
+  std::set<std::string> present;
+  for (const auto& [host, points] : dump.hosts) {
+    for (const FailSlowDumpPoint& p : points) {
+      for (const auto& [name, value] : p.metrics) present.insert(name);
+    }
+  }
+  std::vector<std::pair<std::string, bool>> metrics;
+  for (const FailSlowMetric& m : FailSlowDetector::DefaultMetrics()) {
+    if (present.erase(m.name) > 0) metrics.emplace_back(m.name, m.per_work);
+  }
+  for (const std::string& name : present) metrics.emplace_back(name, false);
+  return metrics;
+}
+
 }  // namespace
+
+std::string FailSlowPlotScript(const FailSlowDump& dump, const std::string& data_dir,
+                               const std::string& png_path) {
+  const std::vector<std::pair<std::string, bool>> metrics = DumpMetrics(dump);
+  const int columns = metrics.size() > 1 ? 2 : 1;
+  const int rows = std::max<int>(1, static_cast<int>((metrics.size() + 1) / 2));
+  const FailSlowDumpHeader& h = dump.header;
+  std::string script = absl::StrFormat(
+      "set terminal pngcairo noenhanced size %d,%d\nset output %s\nset datafile missing '-'\n"
+      "set key below horizontal font ',9'\n"
+      // A margin after the detection, so that its line is not the plot's border.
+      "set autoscale xfix\nset offsets 0, 3, 0, 0\n"
+      "set arrow 1 from 0, graph 0 to 0, graph 1 nohead dt 2 lw 1.5 lc rgb 'black'\n"
+      "set multiplot layout %d,%d title %s\n",
+      600 * columns, 400 * rows + 40, JsonString(png_path), rows, columns,
+      JsonString(absl::StrFormat("suspect host %s: %s, z %.2f, %d window(s), action: %s  |  x: "
+                                 "seconds from the detection (dashed line)",
+                                 h.host, h.metric, h.z, h.windows, h.action)));
+  const char* others[] = {"#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+                          "#bcbd22", "#17becf", "#ff7f0e"};
+  for (size_t m = 0; m < metrics.size(); ++m) {
+    const auto& [name, per_work] = metrics[m];
+    script += absl::StrFormat("set title %s\n",
+                              JsonString(absl::StrCat(name, per_work ? " per step" : "",
+                                                      name == h.metric ? " (detected)" : "")));
+    std::vector<std::string> plots;
+    size_t i = 0, other = 0;
+    for (const auto& [host, points] : dump.hosts) {
+      const bool suspect = host == h.host;
+      plots.push_back(absl::StrFormat(
+          "%s using 1:%d with lines lw %s lc rgb '%s' title %s",
+          JsonString(absl::StrCat(data_dir, "/host-", i, ".dat")), m + 2, suspect ? "3" : "1",
+          suspect ? "#d62728" : others[other++ % (sizeof(others) / sizeof(others[0]))],
+          JsonString(suspect ? host + " (suspect)" : host)));
+      ++i;
+    }
+    script += "plot " + absl::StrJoin(plots, ", \\\n     ") + "\n";
+  }
+  return script + "unset multiplot\n";
+}
+
+absl::Status PlotFailSlowDump(const FailSlowDump& dump, const std::string& png_path) {
+  const std::string gnuplot = FindGnuplot();
+  if (gnuplot.empty()) return GnuplotMissing();
+  const std::string dir = png_path + ".data";
+  if (absl::Status s = Env::Default()->CreateDirs(dir); !s.ok()) return s;
+  const std::vector<std::pair<std::string, bool>> metrics = DumpMetrics(dump);
+  size_t i = 0;
+  for (const auto& [host, points] : dump.hosts) {
+    // "<s from the detection> <metric>...": '-' where the host had no value (gnuplot skips it).
+    std::string data;
+    for (const FailSlowDumpPoint& p : points) {
+      data += absl::StrCat(p.second - dump.header.second);
+      for (const auto& [name, per_work] : metrics) {
+        const auto v = p.metrics.find(name);
+        if (v == p.metrics.end() || (per_work && p.work <= 0)) {
+          data += " -";
+        } else {
+          data += absl::StrFormat(" %.6g", per_work ? v->second / p.work : v->second);
+        }
+      }
+      data += "\n";
+    }
+    if (absl::Status s = WriteText(absl::StrCat(dir, "/host-", i++, ".dat"), data); !s.ok()) {
+      return s;
+    }
+  }
+  const std::string script_path = dir + "/plot.gp";
+  if (absl::Status s = WriteText(script_path, FailSlowPlotScript(dump, dir, png_path)); !s.ok()) {
+    return s;
+  }
+  return RunGnuplot(gnuplot, script_path);
+}
+
+std::string FailSlowPngPath(const std::string& png_path, const std::string& dump_path) {
+  std::string stem = png_path;
+  if (absl::EndsWith(stem, ".png")) stem.resize(stem.size() - 4);
+  std::string name = dump_path.substr(dump_path.rfind('/') + 1);  // npos + 1 == 0: all of it
+  if (absl::EndsWith(name, ".trace")) name.resize(name.size() - 6);
+  return absl::StrCat(stem, "-fail-slow-", name, ".png");
+}
 
 absl::Status PlotRuns(const std::vector<RunAnalysis>& runs, const std::string& png_path) {
   const std::string gnuplot = FindGnuplot();
-  if (gnuplot.empty()) {
-    return absl::FailedPreconditionError(
-        "gnuplot is not installed (or not on PATH): --png needs it (Debian: apt-get install "
-        "gnuplot-nox)");
-  }
+  if (gnuplot.empty()) return GnuplotMissing();
   const std::string dir = png_path + ".data";
   if (absl::Status s = Env::Default()->CreateDirs(dir); !s.ok()) return s;
   std::string script = absl::StrFormat(
@@ -455,22 +607,7 @@ absl::Status PlotRuns(const std::vector<RunAnalysis>& runs, const std::string& p
   script += "plot " + absl::StrJoin(plots, ", \\\n     ") + "\n";
   const std::string script_path = dir + "/plot.gp";
   if (absl::Status s = WriteText(script_path, script); !s.ok()) return s;
-  std::vector<std::string> args = {gnuplot, script_path};
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  if (int err = posix_spawn(&pid, gnuplot.c_str(), nullptr, nullptr, argv.data(), environ);
-      err != 0) {
-    return absl::InternalError(absl::StrCat("cannot run ", gnuplot, ": ", strerror(err)));
-  }
-  int status = 0;
-  // gnuplot renders a few thousand points in well under a second; it has no reason to block.
-  if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    return absl::InternalError(
-        absl::StrCat("gnuplot failed on ", script_path, " (wait status ", status, ")"));
-  }
-  return absl::OkStatus();
+  return RunGnuplot(gnuplot, script_path);
 }
 
 std::string ReportUsage() { return "usage: trainguard report RUN_DIR [--json] [--png FILE]\n"; }
@@ -485,7 +622,11 @@ constexpr char kReportHelp[] =
     "RUN_DIR is one run's dir (it has events/), or a chaos dir holding trainguard/ and\n"
     "baseline/: then both are shown side by side with their ETTR ratio. --json prints one JSON\n"
     "object; --png FILE plots the step done over wall time with every fault marked (needs\n"
-    "gnuplot: Debian package gnuplot-nox). Definitions: tools/chaos_report.h, docs/GUIDE.md.\n"
+    "gnuplot: Debian package gnuplot-nox), and every fail-slow dump of the run\n"
+    "(events/fail_slow/*.trace) into <FILE less .png>-fail-slow-<unix>-<host>.png: per-host\n"
+    "metric curves around the detection. The fail-slow detector's suspect_host events are\n"
+    "listed.\n"
+    "Definitions: tools/chaos_report.h, docs/GUIDE.md.\n"
     "\n"
     "Exit status: 0 success, 1 no events could be read or the plot failed, 2 bad usage.\n";
 
@@ -534,12 +675,34 @@ int RunReportCommand(const std::vector<std::string>& args) {
     runs.push_back(AnalyzeRun(*std::move(events)));
   }
   std::printf("%s", json ? ReportJson(runs).c_str() : FormatReport(runs).c_str());
-  if (!png.empty()) {
+  if (png.empty()) return 0;
+  std::vector<std::string> dumps;
+  for (const std::string& dir : dirs) {
+    for (std::string& d : ListFailSlowDumps(Env::Default(), FailSlowDumpDir(dir))) {
+      dumps.push_back(std::move(d));
+    }
+  }
+  // A fail-slow run without step done events has no progress to draw: only its dumps.
+  const bool progress = std::any_of(runs.begin(), runs.end(),
+                                    [](const RunAnalysis& r) { return !r.progress.empty(); });
+  if (progress || dumps.empty()) {
     if (absl::Status s = PlotRuns(runs, png); !s.ok()) {
       std::fprintf(stderr, "trainguard report: %s\n", s.ToString().c_str());
       return 1;
     }
     if (!json) std::printf("plot written to %s\n", png.c_str());
+  }
+  for (const std::string& dump_path : dumps) {
+    absl::StatusOr<std::string> text = Env::Default()->ReadFileToString(dump_path);
+    absl::StatusOr<FailSlowDump> dump =
+        text.ok() ? ParseFailSlowDump(*text) : absl::StatusOr<FailSlowDump>(text.status());
+    const std::string out = FailSlowPngPath(png, dump_path);
+    absl::Status s = dump.ok() ? PlotFailSlowDump(*dump, out) : dump.status();
+    if (!s.ok()) {
+      std::fprintf(stderr, "trainguard report: %s: %s\n", dump_path.c_str(), s.ToString().c_str());
+      return 1;
+    }
+    if (!json) std::printf("fail-slow plot written to %s\n", out.c_str());
   }
   return 0;
 }

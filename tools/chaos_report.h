@@ -27,6 +27,12 @@
 //                 an event naming a culprit is credited to one fault only (the one whose process
 //                 it names, else the earliest), so overlapping faults are told apart.
 //   longest unproductive stretch   the longest part of the run in no kept step's interval.
+//   suspect hosts  every suspect_host event of the fail-slow detector (docs/GUIDE.md, "Fail-slow
+//                 hosts"): when, the host, the metric, z, the continuity windows, the action.
+//
+// With --png, each fail-slow dump of the run (<run_dir>/events/fail_slow/*.trace,
+// tools/fail_slow_dump.h) is also drawn: one PNG per dump, one panel per metric, one line per
+// host, the suspect host highlighted and the detection second marked.
 //
 // Everything is a pure function of the events given: exact and deterministic, so it is unit-tested
 // on hand-made streams (tests/unit/chaos_report_test.cc).
@@ -42,6 +48,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "tools/fail_slow_dump.h"
 #include "trainguard/events.h"
 
 namespace trainguard::tools {
@@ -66,6 +73,16 @@ struct ProgressPoint {
   int64_t step = 0;
 };
 
+// A suspect_host event of the fail-slow detector.
+struct SuspectDetection {
+  absl::Duration at;  // since the run's start
+  std::string host;
+  std::string metric;
+  double z = 0;
+  int windows = 0;
+  std::string action;
+};
+
 struct RunAnalysis {
   std::string mode;  // chaos_run_start's mode attribute ("trainguard", "baseline"), or ""
   absl::Duration wall;
@@ -78,6 +95,7 @@ struct RunAnalysis {
   absl::Duration longest_unproductive_from;  // since the run's start
   std::vector<FaultOutcome> faults;
   std::vector<ProgressPoint> progress;
+  std::vector<SuspectDetection> suspects;
   int faults_detected() const;
   int faults_recovered() const;
   int culprits_correct() const;
@@ -98,6 +116,20 @@ std::string ReportJson(const std::vector<RunAnalysis>& runs);
 // Writes a PNG of committed step over wall time, every fault marked, one line per run, by running
 // gnuplot (Debian package gnuplot-nox). FailedPrecondition says so when gnuplot is missing.
 absl::Status PlotRuns(const std::vector<RunAnalysis>& runs, const std::string& png_path);
+
+// The gnuplot script that draws one fail-slow dump into `png_path`: a multiplot of one panel per
+// metric the dump holds (in the detector's priority order; a per-step metric divided by the work
+// of its second, as the detector sees it), x the seconds relative to the detection (0, marked by
+// a dashed line), one line per host read from `data_dir`/host-<i>.dat (PlotFailSlowDump writes
+// them; i the host's index in dump.hosts), the suspect host thick and red, the others thin.
+std::string FailSlowPlotScript(const FailSlowDump& dump, const std::string& data_dir,
+                               const std::string& png_path);
+// Writes the data files and the script under `png_path`.data/ and runs gnuplot.
+// FailedPrecondition when gnuplot is missing.
+absl::Status PlotFailSlowDump(const FailSlowDump& dump, const std::string& png_path);
+// The PNG of dump `dump_path` next to the report's --png FILE: FILE's stem, "-fail-slow-", the
+// dump's name without .trace, ".png".
+std::string FailSlowPngPath(const std::string& png_path, const std::string& dump_path);
 
 // `trainguard report RUN_DIR [--json] [--png FILE]`; returns the exit status.
 int RunReportCommand(const std::vector<std::string>& args);

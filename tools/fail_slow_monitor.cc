@@ -87,7 +87,35 @@ std::optional<HostMetricsRecord> HostSampler::Sample(absl::Time now,
   }
   if (with_wait > 0) record.metrics.emplace_back("cpu_wait_ms", wait_ms / with_wait);
   if (with_cpu > 0) record.metrics.emplace_back("cpu_util", cpu / with_cpu);
+  if (gpus_ != nullptr) SampleGpus(ranks, record);
   return record;
+}
+
+void HostSampler::SampleGpus(const std::vector<RankProcess>& ranks, HostMetricsRecord& record) {
+  std::vector<int> local_ranks;
+  for (const RankProcess& r : ranks) local_ranks.push_back(r.local_rank);
+  const std::vector<std::string> devices = GpuDevicesOfRanks(
+      local_ranks, cuda_visible_devices_ ? cuda_visible_devices_->c_str() : nullptr,
+      gpus_->device_count());
+  // Per metric: the sum over the devices that gave it, and how many did.
+  double sum[4] = {0, 0, 0, 0};
+  int n[4] = {0, 0, 0, 0};
+  for (const std::string& device : devices) {
+    absl::StatusOr<GpuSample> s = gpus_->Sample(device);
+    if (!s.ok()) continue;  // a GPU that fell off the bus stops reporting; its ranks will fail
+    const std::optional<double> values[4] = {s->util_pct, s->power_w, s->sm_clock_mhz,
+                                             s->mem_util_pct};
+    for (int i = 0; i < 4; ++i) {
+      if (values[i].has_value()) {
+        sum[i] += *values[i];
+        ++n[i];
+      }
+    }
+  }
+  const char* names[4] = {"gpu_util", "gpu_power_w", "gpu_sm_clock_mhz", "gpu_mem_util"};
+  for (int i = 0; i < 4; ++i) {
+    if (n[i] > 0) record.metrics.emplace_back(names[i], sum[i] / n[i]);
+  }
 }
 
 FailSlowDecision DecideFailSlowAction(FailSlowPolicy policy, int windows, int evicted,

@@ -8,8 +8,10 @@
 // by; cpu_wait_ms, the time its training (main) thread was runnable but not running
 // (/proc/<pid>/task/<pid>/schedstat run delay, in ms per second: a throttled or oversubscribed
 // CPU; the other threads, mostly asleep, add wake-up delays that any loaded machine has); and
-// cpu_util (CPU seconds per second). GPU metrics (NVML duty cycle, power, clocks) are not
-// collected: no NVML here; see the GUIDE.
+// cpu_util (CPU seconds per second). With a GpuMetricsSource (sdk/health/gpu_metrics_source.h:
+// NVML where the host has an NVIDIA driver), also the GPUs its ranks use (GpuDevicesOfRanks),
+// averaged over them: gpu_util (duty cycle %), gpu_power_w, gpu_sm_clock_mhz and gpu_mem_util
+// (memory-bandwidth utilisation %), read at the sample's time.
 //
 // FailSlowMonitor: the coordinator's side: once a second it takes every host's latest record
 // (agents/metrics/<host>), feeds the new ones to a FailSlowDetector and returns its verdicts.
@@ -22,6 +24,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,6 +32,7 @@
 #include "absl/time/time.h"
 #include "sdk/health/fail_slow_detector.h"
 #include "sdk/health/fail_slow_metrics.h"
+#include "sdk/health/gpu_metrics_source.h"
 
 namespace trainguard::tools {
 
@@ -38,7 +42,15 @@ class HostSampler {
     int rank = -1;
     pid_t pid = -1;
     std::optional<std::string> work_record;  // its health/rank/<rank> value, if any
+    int local_rank = -1;                     // which of the host's GPUs it uses; -1: none
   };
+  HostSampler() = default;
+  // Samples `gpus` too, the devices of the ranks' local ranks under `cuda_visible_devices` (the
+  // agent's CUDA_VISIBLE_DEVICES, which its ranks inherit; nullopt when unset).
+  HostSampler(std::unique_ptr<GpuMetricsSource> gpus,
+              std::optional<std::string> cuda_visible_devices)
+      : gpus_(std::move(gpus)), cuda_visible_devices_(std::move(cuda_visible_devices)) {}
+
   // The sample of the time since the previous call, or nullopt on the first call and when no rank
   // has two records to compare yet. A rank whose process changed (replaced) starts over.
   std::optional<HostMetricsRecord> Sample(absl::Time now, const std::vector<RankProcess>& ranks);
@@ -50,6 +62,11 @@ class HostSampler {
     int64_t cpu_ticks = -1;
     int64_t run_delay_ns = -1;
   };
+  // Appends the GPU metrics of `ranks`' devices to `record` (nothing when no device sampled).
+  void SampleGpus(const std::vector<RankProcess>& ranks, HostMetricsRecord& record);
+
+  std::unique_ptr<GpuMetricsSource> gpus_;
+  std::optional<std::string> cuda_visible_devices_;
   std::map<int, Previous> previous_;
   absl::Time last_ = absl::InfinitePast();
   int64_t seq_ = 0;

@@ -53,6 +53,7 @@
 #include "sdk/rendezvous/tcp_store.h"
 #include "sdk/watchdog/flight_recorder.h"
 #include "sdk/watchdog/hang_diagnosis.h"
+#include "tools/fail_slow_dump.h"
 #include "tools/fail_slow_monitor.h"
 #include "trainguard/events.h"
 #include "trainguard/checkpoint.h"
@@ -71,6 +72,9 @@ constexpr absl::Duration kStoreTimeout = absl::Seconds(10);
 // loop: its next death is replaced at once again.
 constexpr absl::Duration kHealthyRun = absl::Seconds(60);
 constexpr absl::Duration kMaxRestartBackoff = absl::Seconds(30);
+// Fail-slow dumps kept per run (the newest): a host confirmed again every continuity window
+// would otherwise write one per window for the job's life.
+constexpr int kMaxFailSlowDumps = 16;
 // Store keys the ranks write for the launcher: a rank that gives up because the job cannot go on
 // (sdk/runtime: a fault that repeats after rollback), and a checkpoint a rank could not persist
 // (sdk/checkpoint: job/persist_failed/<step>/<rank>, the error as the value).
@@ -276,6 +280,8 @@ class Job {
   void SampleHost();
   void DetectFailSlow();
   void ActOnSuspect(const SuspectVerdict& verdict);
+  // <run_dir>/events/fail_slow/<unix>-<host>.trace: the history up to this detection.
+  void WriteSuspectDump(const SuspectVerdict& v, const std::string& action);
   // The coordinating agent's own event file, <run_dir>/events/agent-<host>.tgev (opened lazily).
   void AppendAgentEvent(Event event);
   std::string HostPrefix() const { return config_.host_id + ":"; }
@@ -397,11 +403,15 @@ class Job {
 
   // Fail-slow state (this agent's sample; the coordinator's detector and evictions).
   HostSampler host_sampler_;
+  bool gpus_probed_ = false;  // NVML looked for (SampleHost's first call)
   absl::Time next_host_sample_ = absl::InfinitePast();
   std::unique_ptr<FailSlowMonitor> fail_slow_;
   int64_t fail_slow_second_ = 0;
   absl::Time next_fail_slow_check_ = absl::InfinitePast();
   int fail_slow_evictions_ = 0;
+  // The last 120 s of every host's record, written out with each suspect (tools/fail_slow_dump.h).
+  HostMetricsHistory fail_slow_history_{120};
+  bool fail_slow_dump_failed_ = false;  // said once
   std::unique_ptr<EventLog> agent_events_;
 
   // Generation 0 is formed on a helper thread while the loop keeps draining the ranks' output.
@@ -2024,12 +2034,27 @@ void Job::SampleHost() {
   const absl::Time now = absl::Now();
   if (now < next_host_sample_ || !spawned_) return;
   next_host_sample_ = now + absl::Seconds(1);
+  if (!gpus_probed_) {
+    // Once per agent: a host without an NVIDIA driver collects no GPU metric, and says so once.
+    gpus_probed_ = true;
+    absl::StatusOr<std::unique_ptr<GpuMetricsSource>> gpus = NvmlGpuMetricsSource::Open();
+    if (gpus.ok()) {
+      const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");  // NOLINT(concurrency-mt-unsafe)
+      Say(absl::StrCat("fail-slow: GPU metrics through NVML (", (*gpus)->device_count(),
+                       " GPU(s) on this host)"));
+      host_sampler_ = HostSampler(*std::move(gpus), visible != nullptr
+                                                        ? std::optional<std::string>(visible)
+                                                        : std::nullopt);
+    } else {
+      Say(absl::StrCat("fail-slow: no GPU metrics: ", gpus.status().message()));
+    }
+  }
   const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
   std::vector<HostSampler::RankProcess> ranks;
   std::vector<std::string> keys;
   for (const auto& c : children_) {
     if (c->rank < 0 || !c->running) continue;
-    ranks.push_back({c->rank, c->pid, std::nullopt});
+    ranks.push_back({c->rank, c->pid, std::nullopt, c->rank % std::max(1, config_.nproc)});
     keys.push_back(RankWorkKey(c->rank));
   }
   if (ranks.empty()) return;  // a standby host: nothing to compare until its standbys take ranks
@@ -2078,6 +2103,7 @@ void Job::DetectFailSlow() {
     ++i;
   }
   ++fail_slow_second_;
+  fail_slow_history_.Record(fail_slow_second_, records);
   if (!config_.fail_slow_trace.empty()) {
     if (std::FILE* trace = std::fopen(config_.fail_slow_trace.c_str(), "a"); trace != nullptr) {
       for (const auto& [host, record] : records) {
@@ -2116,6 +2142,8 @@ void Job::ActOnSuspect(const SuspectVerdict& v) {
       "continuity window(s) of %d s",
       v.metric, v.value, v.peers_median, 100 * v.deviation, v.z, v.hosts, v.windows,
       config_.fail_slow_continuity_s);
+  // Before it is said: whoever reads the line or the event finds the dump already there.
+  WriteSuspectDump(v, action);
   Say(absl::StrFormat("suspect host %s: %s; action: %s", v.host, evidence, action));
   Event event;
   event.type = EventType::kSuspectHost;
@@ -2139,6 +2167,26 @@ void Job::ActOnSuspect(const SuspectVerdict& v) {
   DeclareHostDead(v.host, absl::Now(),
                   absl::StrFormat("fail-slow: %s %.0f%% off its peers for %d s", v.metric,
                                   100 * v.deviation, v.windows * config_.fail_slow_continuity_s));
+}
+
+void Job::WriteSuspectDump(const SuspectVerdict& v, const std::string& action) {
+  FailSlowDumpHeader header;
+  header.host = v.host;
+  header.metric = v.metric;
+  header.z = v.z;
+  header.deviation = v.deviation;
+  header.windows = v.windows;
+  header.second = fail_slow_second_;
+  header.unix_second = absl::ToUnixSeconds(absl::Now());
+  header.action = action;
+  absl::StatusOr<std::string> path =
+      WriteFailSlowDump(Env::Default(), FailSlowDumpDir(config_.run_dir), header,
+                        fail_slow_history_.Lines(), kMaxFailSlowDumps);
+  if (!path.ok() && !fail_slow_dump_failed_) {
+    fail_slow_dump_failed_ = true;  // a full disk would say it every window
+    Say(absl::StrCat("cannot write the metrics around the suspect (said once): ",
+                     path.status().ToString()));
+  }
 }
 
 void Job::AppendAgentEvent(Event event) {

@@ -40,8 +40,17 @@ std::vector<FailSlowMetric> FailSlowDetector::DefaultMetrics() {
   // per step, 5% of a CPU: below them, hosts of a loaded machine differ by scheduling noise alone.
   // The slow host computes longer and waits longer for a CPU; it waits least in collectives (the
   // others wait for it there).
+  // The GPU metrics (collected only where NVML is; absent, they never judge) come right after
+  // compute_ms, which any slow host shows: they name the cause when the GPU is it. A throttled
+  // (thermal, power) GPU runs at a lower SM clock, draws less power and moves fewer bytes per
+  // second; its duty cycle is either side (NCCL's kernels keep every GPU of a synchronous job
+  // busy while it waits). Floors: 50 MHz (clock steps are 15 MHz), 10 W, 5 points of %.
   using Worse = FailSlowMetric::Worse;
   return {{"compute_ms", true, 1.0, Worse::kHigher},
+          {"gpu_sm_clock_mhz", false, 50.0, Worse::kLower},
+          {"gpu_power_w", false, 10.0, Worse::kLower},
+          {"gpu_mem_util", false, 5.0, Worse::kLower},
+          {"gpu_util", false, 5.0, Worse::kEither},
           {"cpu_wait_ms", false, 20.0, Worse::kHigher},
           {"collective_ms", true, 5.0, Worse::kLower},
           {"cpu_util", false, 0.05, Worse::kEither}};

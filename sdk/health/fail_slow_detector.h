@@ -109,8 +109,9 @@ class FailSlowDetector {
   static absl::StatusOr<FailSlowDetector> Create(FailSlowOptions options);
 
   // The metrics `trainguard run` collects (tools/fail_slow_monitor.h), in priority order:
-  // compute_ms per step (step time outside collectives), cpu_wait_ms per second (run-queue delay),
-  // collective_ms per step, cpu_util (CPU seconds per second).
+  // compute_ms per step (step time outside collectives); where NVML is, gpu_sm_clock_mhz,
+  // gpu_power_w, gpu_mem_util (lower is worse) and gpu_util (either side); cpu_wait_ms per second
+  // (run-queue delay), collective_ms per step, cpu_util (CPU seconds per second).
   static std::vector<FailSlowMetric> DefaultMetrics();
 
   // One second's samples (any order; hosts or metrics missing are filled, see max_fill). Seconds

@@ -24,6 +24,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sdk/rendezvous/tcp_store.h"
+#include "tools/fail_slow_dump.h"
 #include "trainguard/env.h"
 #include "trainguard/events.h"
 #include "tests/support/cpu_throttle.h"
@@ -649,6 +650,22 @@ TEST_F(MultiHost, AThrottledHostIsNamedASuspectAndNoHealthyHostEverIs) {
   EXPECT_GE(named_host3, 2);
   EXPECT_THAT(job.AllOutput(), ::testing::Not(::testing::ContainsRegex("suspect host host[124]")));
   EXPECT_THAT(job.AllOutput(), ::testing::Not(HasSubstr("is dead")));
+  // Every confirmation left the hosts' metrics up to it (tools/fail_slow_dump.h), written before
+  // it was said: one dump per confirmation, all of host3, each holding every host's curves.
+  const std::vector<std::string> dumps = tools::ListFailSlowDumps(
+      Env::Default(), tools::FailSlowDumpDir(shared_.path() + "/run"));
+  EXPECT_GE(dumps.size(), 2u);
+  for (const std::string& path : dumps) {
+    EXPECT_THAT(path, ::testing::EndsWith("-host3.trace"));
+    absl::StatusOr<std::string> text = Env::Default()->ReadFileToString(path);
+    ASSERT_TRUE(text.ok()) << text.status();
+    absl::StatusOr<tools::FailSlowDump> dump = tools::ParseFailSlowDump(*text);
+    ASSERT_TRUE(dump.ok()) << dump.status();
+    EXPECT_EQ(dump->header.host, "host3");
+    EXPECT_EQ(dump->hosts.size(), 4u) << *text;
+    ASSERT_FALSE(dump->hosts["host3"].empty());
+    EXPECT_EQ(dump->hosts["host3"].back().second, dump->header.second);  // up to the detection
+  }
 }
 
 

@@ -2,14 +2,20 @@
 // and of the chaos schedule (tools/chaos_command.h): exact and deterministic, no processes.
 #include "tools/chaos_report.h"
 
+#include <unistd.h>
+
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tools/chaos_command.h"
+#include "tools/fail_slow_dump.h"
+#include "tests/support/temp_dir.h"
+#include "trainguard/env.h"
 #include "trainguard/events.h"
 
 namespace trainguard::tools {
@@ -253,6 +259,112 @@ TEST(ChaosReport, AnEmptyStreamIsAnEmptyRun) {
   EXPECT_EQ(run.wall, absl::ZeroDuration());
   EXPECT_EQ(run.ettr, 0);
   EXPECT_TRUE(run.faults.empty());
+}
+
+Event SuspectHost(double at, const std::string& host, const std::string& action) {
+  Event e;
+  e.time = At(at);
+  e.rank = -1;
+  e.type = EventType::kSuspectHost;
+  e.attributes = {{"host", host},    {"metric", "cpu_wait_ms"}, {"z", "1.650"},
+                  {"windows", "2"},  {"action", action}};
+  return e;
+}
+
+TEST(ChaosReport, SuspectHostDetectionsAreListedInTheTextAndJsonReports) {
+  std::vector<Event> events = {Custom(0, -1, "chaos_run_start", {{"mode", "trainguard"}}),
+                               SuspectHost(12.5, "host3", "alert"),
+                               Custom(20, -1, "chaos_run_end")};
+  const RunAnalysis run = AnalyzeRun(events);
+  ASSERT_EQ(run.suspects.size(), 1u);
+  EXPECT_EQ(run.suspects[0].at, absl::Seconds(12.5));
+  EXPECT_EQ(run.suspects[0].host, "host3");
+  EXPECT_EQ(run.suspects[0].metric, "cpu_wait_ms");
+  EXPECT_DOUBLE_EQ(run.suspects[0].z, 1.65);
+  EXPECT_EQ(run.suspects[0].windows, 2);
+  EXPECT_EQ(run.suspects[0].action, "alert");
+  EXPECT_THAT(FormatReport({run}), HasSubstr("suspect hosts 1:"));
+  EXPECT_THAT(FormatReport({run}),
+              ::testing::ContainsRegex("12.500 +host3 +cpu_wait_ms +1.65 +2 alert"));
+  EXPECT_THAT(ReportJson({run}),
+              HasSubstr("\"suspects\":[{\"at_s\":12.500,\"host\":\"host3\",\"metric\":"
+                        "\"cpu_wait_ms\",\"z\":1.650,\"windows\":2,\"action\":\"alert\"}]"));
+  // A run without any: an empty list, and no table.
+  EXPECT_THAT(ReportJson({AnalyzeRun({})}), HasSubstr("\"suspects\":[]"));
+  EXPECT_THAT(FormatReport({AnalyzeRun({})}), ::testing::Not(HasSubstr("suspect hosts")));
+}
+
+// A hand-made dump: three hosts, host2 computing twice as long per step from second 3.
+constexpr char kDump[] =
+    "# suspect_host host=host2 metric=compute_ms z=1.41 deviation=1.00 windows=1 second=5 "
+    "unix=1700000005 action=alert\n"
+    "1 host1 v1 1 10 compute_ms=100 collective_ms=50 cpu_wait_ms=1 cpu_util=0.9\n"
+    "1 host2 v1 1 10 compute_ms=100 collective_ms=50 cpu_wait_ms=1 cpu_util=0.9\n"
+    "1 host3 v1 1 10 compute_ms=100 collective_ms=50 cpu_wait_ms=1 cpu_util=0.9\n"
+    "3 host1 v1 2 5 compute_ms=50 collective_ms=200 cpu_wait_ms=1 cpu_util=0.5\n"
+    "3 host2 v1 2 5 compute_ms=100 collective_ms=20 cpu_wait_ms=300 cpu_util=0.5\n"
+    "3 host3 v1 2 5 compute_ms=50 collective_ms=200 cpu_wait_ms=1 cpu_util=0.5\n"
+    "5 host1 v1 3 0 compute_ms=0 collective_ms=0 cpu_wait_ms=1 cpu_util=0.1\n"
+    "5 host2 v1 3 5 compute_ms=100 collective_ms=20 cpu_wait_ms=300 cpu_util=0.5\n"
+    "5 host3 v1 3 5 compute_ms=50 collective_ms=200 cpu_wait_ms=1\n";
+
+TEST(FailSlowPlot, TheScriptDrawsOnePanelPerMetricOneLinePerHostTheSuspectInRedAndTheDetection) {
+  absl::StatusOr<FailSlowDump> dump = ParseFailSlowDump(kDump);
+  ASSERT_TRUE(dump.ok()) << dump.status();
+  ASSERT_EQ(dump->hosts.size(), 3u);
+  const std::string script = FailSlowPlotScript(*dump, "/d", "/out/x.png");
+  EXPECT_THAT(script, HasSubstr("set output \"/out/x.png\""));
+  EXPECT_THAT(script, HasSubstr("set multiplot layout 2,2"));
+  EXPECT_THAT(script, HasSubstr("suspect host host2: compute_ms, z 1.41, 1 window(s), action: alert"));
+  // The detection at x = 0 (seconds are drawn relative to it).
+  EXPECT_THAT(script, HasSubstr("set arrow 1 from 0, graph 0 to 0, graph 1 nohead"));
+  // Panels in the detector's priority order, the per-step ones said so, the detecting one marked.
+  const size_t compute = script.find("set title \"compute_ms per step (detected)\"");
+  const size_t wait = script.find("set title \"cpu_wait_ms\"");
+  const size_t collective = script.find("set title \"collective_ms per step\"");
+  const size_t cpu = script.find("set title \"cpu_util\"");
+  ASSERT_NE(compute, std::string::npos) << script;
+  ASSERT_NE(wait, std::string::npos) << script;
+  ASSERT_NE(collective, std::string::npos) << script;
+  ASSERT_NE(cpu, std::string::npos) << script;
+  EXPECT_LT(compute, wait);
+  EXPECT_LT(wait, collective);
+  EXPECT_LT(collective, cpu);
+  // Column m + 2 of every host's data file (host-<i>.dat, i by host name), the suspect thick red.
+  EXPECT_THAT(script, HasSubstr("\"/d/host-1.dat\" using 1:2 with lines lw 3 lc rgb '#d62728' "
+                                "title \"host2 (suspect)\""));
+  EXPECT_THAT(script, HasSubstr("\"/d/host-0.dat\" using 1:5 with lines lw 1"));
+  EXPECT_THAT(script, HasSubstr("\"/d/host-2.dat\" using 1:3 with lines lw 1"));
+  size_t plots = 0;
+  for (size_t at = script.find("\nplot "); at != std::string::npos;
+       at = script.find("\nplot ", at + 1)) {
+    ++plots;
+  }
+  EXPECT_EQ(plots, 4u);
+  EXPECT_THAT(script, HasSubstr("unset multiplot"));
+}
+
+TEST(FailSlowPlot, APngIsWrittenFromADumpWhenGnuplotIsInstalled) {
+  if (access("/usr/bin/gnuplot", X_OK) != 0) GTEST_SKIP() << "gnuplot is not installed";
+  absl::StatusOr<FailSlowDump> dump = ParseFailSlowDump(kDump);
+  ASSERT_TRUE(dump.ok()) << dump.status();
+  testing::TempDir tmp;
+  const std::string png = tmp.File("curves.png");
+  ASSERT_TRUE(PlotFailSlowDump(*dump, png).ok());
+  absl::StatusOr<std::string> bytes = Env::Default()->ReadFileToString(png);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_TRUE(absl::StartsWith(*bytes, "\x89PNG\r\n\x1a\n"));
+  // Columns in priority order (compute_ms, cpu_wait_ms, collective_ms, cpu_util), the per-step ones
+  // divided by the second's work; host1 did no step in the detection second: those are missing.
+  absl::StatusOr<std::string> host1 = Env::Default()->ReadFileToString(png + ".data/host-0.dat");
+  ASSERT_TRUE(host1.ok());
+  EXPECT_EQ(*host1, "-4 10 1 5 0.9\n-2 10 1 40 0.5\n0 - 1 - 0.1\n");
+}
+
+TEST(FailSlowPlot, TheDumpsPngIsNamedAfterTheReportsPngAndTheDump) {
+  EXPECT_EQ(FailSlowPngPath("/o/run.png", "/r/events/fail_slow/1700000005-host2.trace"),
+            "/o/run-fail-slow-1700000005-host2.png");
+  EXPECT_EQ(FailSlowPngPath("plot", "1-h.trace"), "plot-fail-slow-1-h.png");
 }
 
 TEST(ChaosSchedule, TheSameSeedGivesTheSameFaultsAtTheSameTimes) {

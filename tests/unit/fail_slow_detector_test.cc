@@ -208,7 +208,8 @@ TEST(FailSlowDetector, OptionsOutOfRangeAreRejectedNamingTheOption) {
   options = {};
   options.denoise_window = 8;  // even: a rise would move the median one second before a fall
   EXPECT_EQ(FailSlowDetector::Create(options).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(FailSlowDetector::Create(FailSlowOptions{})->options().metrics.size(), 4u);
+  // The defaults: 4 CPU-side metrics and 4 GPU ones.
+  EXPECT_EQ(FailSlowDetector::Create(FailSlowOptions{})->options().metrics.size(), 8u);
 }
 
 TEST(MahalanobisDetector, FlagsAThirtyPercentOutlierAtOnceAndAOneSecondSpikeToo) {
