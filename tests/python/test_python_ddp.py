@@ -86,6 +86,15 @@ class Job:
         finally:
             os.close(fd)
 
+    def abandon(self, *gates):
+        """After a test's body, passed or not: opens `gates` (so no rank waits at one) and kills
+        the launcher if it still runs (its ranks follow it)."""
+        for gate in gates:
+            gate.touch()
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
     def finish(self):
         try:
             code = self.proc.wait(timeout=DEADLINE_S)
@@ -139,11 +148,7 @@ def test_killed_ranks_are_replaced_and_every_rank_ends_bit_identical_to_an_unint
             job.wait_for(rf"\] rank {r} generation [2-9]\d* resume_step")
         code = job.finish()
     finally:
-        gate1.touch()
-        gate2.touch()
-        if job.proc.poll() is None:
-            job.proc.kill()
-            job.proc.wait()
+        job.abandon(gate1, gate2)
     out = job.output()
     assert code == 0, out
     assert "takes rank 1" in out and "takes rank 0" in out, out
@@ -175,10 +180,7 @@ def test_a_rank_that_dies_while_the_process_group_is_rebuilt_is_replaced_and_the
             job.wait_for(rf"\] rank {r} generation [2-9]\d* resume_step")
         code = job.finish()
     finally:
-        gate.touch()
-        if job.proc.poll() is None:
-            job.proc.kill()
-            job.proc.wait()
+        job.abandon(gate)
     out = job.output()
     assert code == 0, out
     assert "takes rank 1" in out and "takes rank 2" in out, out
@@ -249,9 +251,7 @@ def _run_until_the_stopped_rank_is_replaced(job):
         replaced = time.monotonic()
         return pid, job.finish(), replaced - stopped
     finally:
-        if job.proc.poll() is None:
-            job.proc.kill()
-            job.proc.wait()
+        job.abandon()
 
 
 # Only the heartbeat may find the stopped rank here, as in the C++ launcher test of a stopped rank:
