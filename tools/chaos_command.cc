@@ -151,6 +151,21 @@ int SignalFor(const std::string& kind) {
   return SIGUSR1;  // nan
 }
 
+// nan and drop are the trainer's own hooks on SIGUSR1 and SIGURG: a process that has not installed
+// its handler yet (still starting: an interpreter importing torch) would die of SIGUSR1 or ignore
+// SIGURG, neither of which is the fault planned. FailedPrecondition until the handler is there.
+absl::Status CheckHookInstalled(const std::string& kind, int rank, pid_t pid) {
+  if (kind != "nan" && kind != "drop") return absl::OkStatus();
+  const int sig = SignalFor(kind);
+  absl::StatusOr<uint64_t> caught =
+      ReadStatusSignalMask(absl::StrCat("/proc/", pid, "/status"), "SigCgt");
+  if (!caught.ok()) return caught.status();
+  if (((*caught >> (sig - 1)) & 1) != 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "rank %d's pid %d does not handle SIG%s (yet): its %s hook is not installed", rank, pid,
+      sigabbrev_np(sig), kind));
+}
+
 // One run: its launcher, its faults, its end.
 class ChaosRun {
  public:
@@ -309,22 +324,26 @@ void ChaosRun::Inject(const PlannedFault& fault) {
   absl::Status last;
   while (true) {
     absl::StatusOr<int> fd = OpenOwnRank(run_dir_, fault.rank, launcher_);
+    pid_t pid = -1;
     if (fd.ok()) {
-      // The ground truth first: a report must never miss a fault that was done.
-      pid_t pid = -1;
-      {
-        // The pid as the kernel knows the pidfd's process (the file may be rewritten meanwhile).
-        absl::StatusOr<std::string> fdinfo =
-            Env::Default()->ReadFileToString(absl::StrCat("/proc/self/fdinfo/", *fd));
-        if (fdinfo.ok()) {
-          for (absl::string_view line : absl::StrSplit(*fdinfo, '\n')) {
-            if (absl::ConsumePrefix(&line, "Pid:")) {
-              int64_t p = 0;
-              if (absl::SimpleAtoi(absl::StripAsciiWhitespace(line), &p)) pid = static_cast<pid_t>(p);
-            }
+      // The pid as the kernel knows the pidfd's process (the file may be rewritten meanwhile).
+      absl::StatusOr<std::string> fdinfo =
+          Env::Default()->ReadFileToString(absl::StrCat("/proc/self/fdinfo/", *fd));
+      if (fdinfo.ok()) {
+        for (absl::string_view line : absl::StrSplit(*fdinfo, '\n')) {
+          if (absl::ConsumePrefix(&line, "Pid:")) {
+            int64_t p = 0;
+            if (absl::SimpleAtoi(absl::StripAsciiWhitespace(line), &p)) pid = static_cast<pid_t>(p);
           }
         }
       }
+      if (absl::Status hooked = CheckHookInstalled(fault.kind, fault.rank, pid); !hooked.ok()) {
+        close(*fd);
+        fd = hooked;
+      }
+    }
+    if (fd.ok()) {
+      // The ground truth first: a report must never miss a fault that was done.
       Record(fault.rank, "chaos_inject",
              absl::StrFormat("%s rank %d (pid %d)", fault.kind, fault.rank, pid),
              {{"kind", fault.kind},

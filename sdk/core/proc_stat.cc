@@ -9,6 +9,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
 
 namespace trainguard {
 namespace {
@@ -77,6 +79,25 @@ absl::StatusOr<ProcStat> ReadProcStat(pid_t pid) {
 absl::StatusOr<ProcStat> ReadThreadStat(pid_t tid) {
   if (tid <= 0) return absl::InvalidArgumentError(absl::StrCat("tid ", tid, " is not positive"));
   return ReadStatFile(absl::StrCat("/proc/self/task/", tid, "/stat"));
+}
+
+absl::StatusOr<uint64_t> ReadStatusSignalMask(const std::string& status_path,
+                                              std::string_view field_in) {
+  const std::string field = absl::StrCat(std::string(field_in), ":");
+  std::ifstream in(status_path);
+  if (!in.is_open()) return absl::NotFoundError(absl::StrCat(status_path, ": cannot be opened"));
+  std::string line;
+  while (std::getline(in, line)) {
+    absl::string_view rest(line);
+    if (!absl::ConsumePrefix(&rest, field)) continue;
+    uint64_t mask = 0;
+    if (!absl::SimpleHexAtoi(absl::StripAsciiWhitespace(rest), &mask)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(status_path, ": ", field, " '", rest, "' is not a hex mask"));
+    }
+    return mask;
+  }
+  return absl::NotFoundError(absl::StrCat(status_path, ": no ", field, " line"));
 }
 
 }  // namespace trainguard

@@ -41,6 +41,12 @@ absl::StatusOr<ProcStat> ReadProcStat(pid_t pid);
 // The same for a thread of this process: /proc/self/task/<tid>/stat.
 absl::StatusOr<ProcStat> ReadThreadStat(pid_t tid);
 
+// A signal mask of a /proc status file (/proc/<pid>/status, /proc/self/task/<tid>/status):
+// `field` is "SigBlk" (blocked), "SigIgn" (ignored) or "SigCgt" (caught by a handler); bit N-1 is
+// signal N. NotFound when the file (the process) or the field is missing.
+absl::StatusOr<uint64_t> ReadStatusSignalMask(const std::string& status_path,
+                                              std::string_view field);
+
 }  // namespace trainguard
 
 #endif  // TRAINGUARD_SDK_CORE_PROC_STAT_H_

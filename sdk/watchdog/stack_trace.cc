@@ -164,15 +164,9 @@ std::string ThreadName(int tid) {
 // Whether `tid` blocks `sig` now (SigBlk in /proc/self/task/<tid>/status). Such a thread cannot
 // answer until it unblocks; waiting for it would only use up the deadline.
 bool BlocksSignal(int tid, int sig) {
-  std::ifstream status(absl::StrFormat("/proc/self/task/%d/status", tid));
-  std::string line;
-  while (std::getline(status, line)) {
-    if (!line.starts_with("SigBlk:")) continue;
-    uint64_t mask;
-    return absl::SimpleHexAtoi(absl::StripAsciiWhitespace(line.substr(7)), &mask) &&
-           ((mask >> (sig - 1)) & 1) != 0;
-  }
-  return false;
+  absl::StatusOr<uint64_t> mask =
+      ReadStatusSignalMask(absl::StrFormat("/proc/self/task/%d/status", tid), "SigBlk");
+  return mask.ok() && ((*mask >> (sig - 1)) & 1) != 0;
 }
 
 // Where the kernel holds a thread that did not answer: "state D, wchan <function>".

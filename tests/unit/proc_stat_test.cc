@@ -8,6 +8,7 @@
 
 #include <fstream>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -78,6 +79,26 @@ TEST(ProcStat, AStoppedChildReadsAsStoppedAndAPidThatCannotExistIsNotFound) {
   absl::StatusOr<ProcStat> none = ReadProcStat(static_cast<pid_t>(pid_max + 1));
   EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound) << none.status();
   EXPECT_EQ(ReadProcStat(0).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+void IgnoreSignal(int) {}
+
+TEST(ProcStat, TheCaughtSignalMaskShowsAHandlerOnceItIsInstalled) {
+  const std::string status = absl::StrCat("/proc/", getpid(), "/status");
+  struct sigaction old_action = {};
+  ASSERT_EQ(sigaction(SIGURG, nullptr, &old_action), 0);
+  absl::StatusOr<uint64_t> before = ReadStatusSignalMask(status, "SigCgt");
+  ASSERT_TRUE(before.ok()) << before.status();
+  struct sigaction action = {};
+  action.sa_handler = IgnoreSignal;
+  ASSERT_EQ(sigaction(SIGURG, &action, nullptr), 0);
+  absl::StatusOr<uint64_t> after = ReadStatusSignalMask(status, "SigCgt");
+  ASSERT_EQ(sigaction(SIGURG, &old_action, nullptr), 0);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ((*before >> (SIGURG - 1)) & 1, 0u);
+  EXPECT_EQ((*after >> (SIGURG - 1)) & 1, 1u);
+  EXPECT_EQ(ReadStatusSignalMask(status, "NoSuchField").status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 }  // namespace
