@@ -538,6 +538,8 @@ void Job::Record(int rank, const std::string& what, const std::string& message,
   event.type = EventType::kCustom;
   event.message = message;
   event.attributes = {{"what", what}, {"source", "launcher"}};
+  // Pids are this host's (its PID namespace): with several hosts, a pid means (on_host, pid).
+  if (MultiHost()) event.attributes.emplace_back("on_host", config_.host_id);
   event.attributes.insert(event.attributes.end(), attributes.begin(), attributes.end());
   // A launcher that cannot write its record still runs the job; the report will lack the line.
   if (absl::Status s = events_->Append(event); !s.ok()) Say(s.ToString());
@@ -999,6 +1001,10 @@ void Job::TryReplacements() {
       for (int rank : dead.ranks) by.push_back(absl::StrCat(rank, "<-", next->members[rank]));
       Say(absl::StrFormat("generation %d: host %s's ranks taken by %s", next->generation,
                           dead.host, absl::StrJoin(by, ", ")));
+      Record(-1, "host_replaced",
+             absl::StrFormat("generation %d: host %s's ranks taken by %s", next->generation,
+                             dead.host, absl::StrJoin(by, ", ")),
+             {{"host", dead.host}, {"ranks", absl::StrJoin(dead.ranks, ",")}});
       replacements_ += static_cast<int>(dead.ranks.size());
       Say(absl::StrFormat("host %s's shared memory died with it: its ranks' replacements restore "
                           "from their backup holders' memory (peer backups), else the newest "
@@ -1138,9 +1144,12 @@ void Job::CheckRecoveries() {
       continue;
     }
     const double took = absl::ToDoubleSeconds(absl::Now() - it->died);
+    std::vector<std::pair<std::string, std::string>> attributes = {
+        {"took_ms", absl::StrCat(std::llround(took * 1000))}};
+    if (!it->host.empty()) attributes.emplace_back("host", it->host);
     Record(it->rank, "recovered",
            absl::StrFormat("every rank completed its first step of generation %d", it->generation),
-           {{"took_ms", absl::StrCat(std::llround(took * 1000))}});
+           std::move(attributes));
     if (!it->host.empty()) {
       Say(absl::StrFormat("recovered from the loss of host %s in %.3f s (its last heartbeat -> "
                           "every rank completed its first step of generation %d)",
@@ -1967,6 +1976,9 @@ void Job::DeclareHostDead(const std::string& host, absl::Time last_beat, const s
                       ranks.empty() ? "; it held no rank"
                                     : absl::StrCat(": replacing its ranks ",
                                                    absl::StrJoin(ranks, ","), " at once")));
+  // The record `trainguard report` matches a host fault with (host, the ranks it held).
+  Record(-1, "host_lost", absl::StrFormat("host %s is dead (%s)", host, why),
+         {{"host", host}, {"ranks", absl::StrJoin(ranks, ",")}});
   if (ranks.empty()) return;
   if (current.generation < 0) {
     return Fail(absl::StrFormat("host %s died before generation 0 formed", host));
