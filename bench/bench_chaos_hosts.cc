@@ -32,17 +32,18 @@
 //              NSpid among the host's processes, and signalled through a pidfd only if it is a
 //              running descendant of this program.
 // A host fault waits (up to 30 s, then it is skipped) until no other host fault is being handled
-// and the job has N parked standbys outside the target host, so the job can always replace it;
+// and the job has a parked standby outside the target host for every rank the host holds (its
+// spares may have taken more ranks than it started with), so the job can always replace it;
 // a host that was lost is started again, once its loss was declared, as a new standby host under
 // a new host id (host<n>r<k>: the old id stays fenced), so a long run keeps its standby hosts.
 // Every injection is appended to run/events/chaos.tgev before it is done (what=chaos_inject: kind,
 // rank, pid, host, ranks), a skip as what=chaos_skip.
 //
-// At --duration every host is killed and the report is printed (and written to DIR/report.txt,
-// DIR/report.json; --png FILE plots it). The baseline of `trainguard chaos` (--restart-all) is
-// single-host only: this bench measures trainguard alone.
+// At --duration (or once the job failed: exit status 1) every host is killed and the report is
+// printed (and written to DIR/report.txt, DIR/report.json; --png FILE plots it). The baseline of
+// `trainguard chaos` (--restart-all) is single-host only: this bench measures trainguard alone.
 //
-// Exit status: 0 the run ran; 1 it could not be set up; 2 bad usage.
+// Exit status: 0 the run ran; 1 it could not be set up, or the job failed; 2 bad usage.
 //
 // Single-threaded: the main thread drives the SimCluster (it must: see sim_cluster.h).
 #include <signal.h>
@@ -503,16 +504,18 @@ bool ChaosOnHosts::InjectHostFault(const tools::PlannedFault& fault, std::string
     *why = absl::StrCat("no host holds rank ", fault.rank, " now");
     return false;
   }
-  const int parked = ParkedOutside(holder->host);
-  if (parked < config_.per_node) {
-    *why = absl::StrFormat("%d standbys parked outside host %s, %d needed to replace it", parked,
-                           holder->host, config_.per_node);
-    return false;
-  }
   std::vector<int> ranks;
   for (int r = 0; r < config_.world(); ++r) {
     const std::optional<Holder> h = r == fault.rank ? holder : FindHolder(r);
     if (h.has_value() && h->slot == holder->slot) ranks.push_back(r);
+  }
+  // A host's spare processes take its ranks' single faults, so it may hold more ranks than it
+  // started with: every one of them needs a parked standby elsewhere, or the job fails by design.
+  const int parked = ParkedOutside(holder->host);
+  if (parked < static_cast<int>(ranks.size())) {
+    *why = absl::StrFormat("%d standbys parked outside host %s, %d needed to replace its ranks %s",
+                           parked, holder->host, ranks.size(), absl::StrJoin(ranks, ","));
+    return false;
   }
   // The ground truth first: a report must never miss a fault that was done.
   Record(fault.rank, "chaos_inject",
@@ -667,18 +670,28 @@ int ChaosOnHosts::Run() {
           {"mean_interval_s", absl::StrCat(absl::ToDoubleSeconds(config_.mean_interval))},
           {"nproc", absl::StrCat(config_.world())},
           {"hosts", absl::StrCat(config_.training_hosts, "+", config_.standby_hosts)}});
+  bool failed = false;
   for (const tools::PlannedFault& fault : plan) {
     if (fault.at >= config_.duration) break;
     WaitUntil(start_ + fault.at);
+    // A job that failed cannot be measured further: say so, and report what there is.
+    failed = absl::StrContains(AllLogs(), "job failed: ");
+    if (failed) break;
     Inject(fault);
   }
-  WaitUntil(start_ + config_.duration);
-  Record(-1, "chaos_run_end", "the run's duration is over: stopping the job", {});
+  if (!failed) {
+    WaitUntil(start_ + config_.duration);
+    failed = absl::StrContains(AllLogs(), "job failed: ");
+  }
+  if (failed) Say("the job failed (see the host logs): the run ends here");
+  Record(-1, "chaos_run_end",
+         failed ? "the job failed" : "the run's duration is over: stopping the job", {});
   if (absl::Status s = cluster_->HealAll(); !s.ok()) Say(s.ToString());
   for (int slot = 1; slot <= config_.hosts(); ++slot) {
     if (cluster_->Running(slot)) (void)cluster_->KillHost(slot);
   }
-  return Report();
+  const int report = Report();
+  return failed ? 1 : report;
 }
 
 }  // namespace
