@@ -35,7 +35,11 @@
 // and the job has a parked standby outside the target host for every rank the host holds (its
 // spares may have taken more ranks than it started with), so the job can always replace it;
 // a host that was lost is started again, once its loss was declared, as a new standby host under
-// a new host id (host<n>r<k>: the old id stays fenced), so a long run keeps its standby hosts.
+// a new host id (host<n>r<k>: the old id stays fenced), so a long run keeps its standby hosts; and
+// when no more than N standbys are parked (rank faults use them up: a standby host starts no new
+// ones once they took ranks), one more standby host is started, at most one per 15 s, as a
+// scheduler adds a node. A kill or stop waits (up to 10 s, then it is skipped) for a parked
+// standby, without which the job fails by design.
 // Every injection is appended to run/events/chaos.tgev before it is done (what=chaos_inject: kind,
 // rank, pid, host, ranks), a skip as what=chaos_skip.
 //
@@ -101,6 +105,7 @@ constexpr absl::Duration kHostPatience = absl::Seconds(30);
 constexpr absl::Duration kLossPatience = absl::Seconds(60);
 constexpr absl::Duration kFencePatience = absl::Seconds(20);
 constexpr absl::Duration kPoll = absl::Milliseconds(100);
+constexpr absl::Duration kRefillSpacing = absl::Seconds(15);
 
 constexpr char kUsage[] =
     "usage: bench_chaos_hosts [--training-hosts 2] [--nproc-per-node 2] [--standby-hosts 1]\n"
@@ -273,8 +278,8 @@ class ChaosOnHosts {
   ~ChaosOnHosts() {
     // The hosts go before the store they use; the cluster's destructor kills any left.
     if (cluster_ != nullptr) {
-      for (int n = 1; n <= config_.hosts(); ++n) {
-        if (cluster_->Running(n)) (void)cluster_->KillHost(n);
+      for (const auto& [slot, k] : incarnation_) {
+        if (cluster_->Running(slot)) (void)cluster_->KillHost(slot);
       }
     }
   }
@@ -305,6 +310,11 @@ class ChaosOnHosts {
     for (const auto& [slot, k] : incarnation_) absl::StrAppend(&all, ReadFile(Log(slot)));
     return all;
   }
+  // Whether the job failed, or a rank stopped it (the launchers say so in their logs).
+  bool JobEnded() const {
+    const std::string logs = AllLogs();
+    return absl::StrContains(logs, "job failed: ") || absl::StrContains(logs, "job stopped: ");
+  }
   std::optional<Holder> FindHolder(int rank);
   int ParkedOutside(const std::string& host);
   void Record(int rank, const std::string& what, const std::string& message,
@@ -316,6 +326,9 @@ class ChaosOnHosts {
   // Waits until `when`, tending the host fault in progress meanwhile.
   void WaitUntil(absl::Time when);
   void Tend();
+  // Starts one more standby host when the job's parked standbys run low (as a scheduler adds a
+  // node): standby hosts do not start new standbys once theirs took ranks.
+  void Refill();
   void Inject(const tools::PlannedFault& fault);
   bool InjectHostFault(const tools::PlannedFault& fault, std::string* why);
   bool InjectRankFault(const tools::PlannedFault& fault, std::string* why);
@@ -332,6 +345,8 @@ class ChaosOnHosts {
   std::map<int, int> incarnation_;  // slot -> how often it was started again
   std::optional<HostFault> pending_;
   absl::Time start_;
+  absl::Time next_refill_check_ = absl::InfinitePast();
+  absl::Time last_refill_ = absl::InfinitePast();
 };
 
 absl::Status ChaosOnHosts::SetUp() {
@@ -449,6 +464,7 @@ std::optional<Holder> ChaosOnHosts::FindHolder(int rank) {
   return best;
 }
 
+// "": every parked standby.
 int ChaosOnHosts::ParkedOutside(const std::string& host) {
   absl::StatusOr<std::vector<std::string>> parked = rendezvous_->ParkedStandbys(absl::Seconds(2));
   if (!parked.ok()) return 0;
@@ -457,8 +473,25 @@ int ChaosOnHosts::ParkedOutside(const std::string& host) {
   }));
 }
 
+void ChaosOnHosts::Refill() {
+  const absl::Time now = absl::Now();
+  // A host takes a few seconds to join and park its standbys: one at a time.
+  if (now < next_refill_check_ || now - last_refill_ < kRefillSpacing) return;
+  next_refill_check_ = now + absl::Seconds(1);
+  if (ParkedOutside("") > config_.per_node) return;
+  const int slot = incarnation_.rbegin()->first + 1;
+  incarnation_[slot] = 0;
+  last_refill_ = now;
+  if (absl::Status s = StartHost(slot, /*standby=*/true); !s.ok()) {
+    Say(absl::StrCat("cannot start standby host ", HostId(slot), ": ", s.ToString()));
+    return;
+  }
+  Say(absl::StrFormat("few standbys parked: standby host %s started at %.1f s", HostId(slot),
+                      absl::ToDoubleSeconds(now - start_)));
+}
+
 void ChaosOnHosts::Tend() {
-  if (!pending_.has_value()) return;
+  if (!pending_.has_value()) return Refill();
   HostFault& p = *pending_;
   const absl::Time now = absl::Now();
   if (!p.lost_seen) {
@@ -542,6 +575,10 @@ int SignalFor(const std::string& kind) {
 }
 
 bool ChaosOnHosts::InjectRankFault(const tools::PlannedFault& fault, std::string* why) {
+  if ((fault.kind == "kill" || fault.kind == "stop") && ParkedOutside("") < 1) {
+    *why = "no standby is parked to replace the rank";  // the job would fail by design
+    return false;
+  }
   const std::optional<Holder> holder = FindHolder(fault.rank);
   if (!holder.has_value()) {
     *why = absl::StrCat("no process holds rank ", fault.rank, " now");
@@ -675,19 +712,19 @@ int ChaosOnHosts::Run() {
     if (fault.at >= config_.duration) break;
     WaitUntil(start_ + fault.at);
     // A job that failed cannot be measured further: say so, and report what there is.
-    failed = absl::StrContains(AllLogs(), "job failed: ");
+    failed = JobEnded();
     if (failed) break;
     Inject(fault);
   }
   if (!failed) {
     WaitUntil(start_ + config_.duration);
-    failed = absl::StrContains(AllLogs(), "job failed: ");
+    failed = JobEnded();
   }
   if (failed) Say("the job failed (see the host logs): the run ends here");
   Record(-1, "chaos_run_end",
          failed ? "the job failed" : "the run's duration is over: stopping the job", {});
   if (absl::Status s = cluster_->HealAll(); !s.ok()) Say(s.ToString());
-  for (int slot = 1; slot <= config_.hosts(); ++slot) {
+  for (const auto& [slot, k] : incarnation_) {
     if (cluster_->Running(slot)) (void)cluster_->KillHost(slot);
   }
   const int report = Report();
