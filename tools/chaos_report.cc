@@ -292,11 +292,24 @@ RunAnalysis AnalyzeRun(std::vector<Event> events) {
     for (const StepDone& d : done) {
       if (d.time <= inject.time) before = std::max(before, d.step);
     }
+    // A host fault need not stop the step in flight (a partition is felt at the next collective):
+    // it is recovered by the first step beyond `before` once the launcher recovered from the loss
+    // of that host, when it says so.
+    absl::Time recovered_from = inject.time;
+    if (host_fault) {
+      for (const Event& e : events) {
+        if (e.time >= inject.time && e.time <= until && IsLauncher(e, "recovered") &&
+            e.Attribute("host") == f.host) {
+          recovered_from = e.time;
+          break;
+        }
+      }
+    }
     int64_t lowest_after = INT64_MAX;
     for (const StepDone& d : done) {
       if (d.time <= inject.time) continue;
       lowest_after = std::min(lowest_after, d.step);
-      if (d.step > before) {
+      if (d.step > before && d.time >= recovered_from) {
         f.time_to_recovery = d.time - inject.time;
         break;
       }

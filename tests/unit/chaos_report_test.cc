@@ -315,6 +315,25 @@ TEST(ChaosReport, AKilledHostIsDetectedByItsLossAndTheCulpritIsTheHostDeclaredLo
                                            "\"culprit_host_named\":\"host2\""));
 }
 
+TEST(ChaosReport, AHostFaultIsRecoveredByTheFirstNewStepAfterTheLauncherRecoveredFromThatHost) {
+  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  AddSteps(events, 0, 4, 1, 0, "100");  // steps 0..4 at 1..5 s
+  events.push_back(HostInject(5.5, 2, "partition", "host2", "2,3"));
+  events.push_back(StepDone(5.6, 5, 0, "100"));  // in flight when the host was cut off
+  events.push_back(HostLost(8.5, "host2", "2,3"));
+  events.push_back(Custom(9.5, -1, "recovered",
+                          {{"source", "launcher"}, {"on_host", "host1"}, {"host", "host3"}}));
+  events.push_back(Custom(9.6, -1, "recovered",
+                          {{"source", "launcher"}, {"on_host", "host1"}, {"host", "host2"}}));
+  AddSteps(events, 4, 6, 10, 1, "100");  // restored step 3: 4 at 10 s, 5 at 11 s, 6 at 12 s
+  events.push_back(Custom(13, -1, "chaos_run_end"));
+  const RunAnalysis run = AnalyzeRun(events);
+  ASSERT_EQ(run.faults.size(), 1u);
+  // Not step 5 at 5.6 s: the first step beyond 4 after the recovery from host2 is step 5 at 11 s.
+  EXPECT_EQ(run.faults[0].time_to_recovery, absl::Milliseconds(5500));
+  EXPECT_EQ(run.faults[0].steps_lost, 1);  // step 4 (done before the fault) done again
+}
+
 TEST(ChaosReport, APartitionWhoseHostIsNotTheOneDeclaredLostIsAWrongCulprit) {
   std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
   events.push_back(HostInject(1, 0, "partition", "host1", "0,1"));
