@@ -530,7 +530,7 @@ absl::Status PlotRuns(const std::vector<RunAnalysis>& runs, const std::string& p
     if (!faults.empty()) {
       plots.push_back(absl::StrFormat(
           "%s using 1:2 with points pt 7 ps 1.2 lc rgb '%s' title %s, "
-          "%s using 1:2:3 with labels offset 0,1 font ',8' tc rgb '%s' notitle",
+          "%s using 1:2:3 with labels offset 0,1 font ',8' tc rgb '%s' noenhanced notitle",
           JsonString(faults_file), colors[r % 2], JsonString(name + " faults"),
           JsonString(faults_file), colors[r % 2]));
     }
