@@ -579,14 +579,23 @@ std::vector<PlannedFault> PlanFaults(uint64_t seed, absl::Duration mean_interval
   return plan;
 }
 
-absl::StatusOr<std::vector<std::pair<std::string, int>>> ParseMix(const std::string& text) {
+absl::StatusOr<std::vector<std::pair<std::string, int>>> ParseMix(const std::string& text,
+                                                                  bool host_kinds) {
   std::vector<std::pair<std::string, int>> mix;
   for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
     std::pair<std::string, std::string> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
     int weight = 0;
-    if (kv.first != "kill" && kv.first != "stop" && kv.first != "nan" && kv.first != "drop") {
+    const bool host_kind = kv.first == "host_kill" || kv.first == "partition";
+    if (host_kind && !host_kinds) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "--mix: unknown fault kind '%s' (kinds: kill, stop, nan, drop)", kv.first));
+          "--mix: '%s' needs several hosts: run bench_chaos_hosts (simulated hosts) for it",
+          kv.first));
+    }
+    if (kv.first != "kill" && kv.first != "stop" && kv.first != "nan" && kv.first != "drop" &&
+        !host_kind) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--mix: unknown fault kind '%s' (kinds: kill, stop, nan, drop%s)", kv.first,
+          host_kinds ? ", host_kill, partition" : ""));
     }
     if (!absl::SimpleAtoi(kv.second, &weight) || weight < 0) {
       return absl::InvalidArgumentError(absl::StrFormat(

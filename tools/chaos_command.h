@@ -66,8 +66,11 @@ std::vector<PlannedFault> PlanFaults(uint64_t seed, absl::Duration mean_interval
                                      const std::vector<std::pair<std::string, int>>& mix,
                                      int nproc);
 
-// "kill=2,stop=1,nan=1". InvalidArgument names an unknown kind or a bad weight.
-absl::StatusOr<std::vector<std::pair<std::string, int>>> ParseMix(const std::string& text);
+// "kill=2,stop=1,nan=1". InvalidArgument names an unknown kind or a bad weight. With `host_kinds`
+// (several hosts: bench/bench_chaos_hosts.cc) also host_kill and partition, whose rank picks the
+// host that holds it when the fault comes; without, they are refused, saying where they exist.
+absl::StatusOr<std::vector<std::pair<std::string, int>>> ParseMix(const std::string& text,
+                                                                  bool host_kinds = false);
 
 // `trainguard chaos ...` (the arguments after "chaos"); returns the exit status.
 int RunChaosCommand(const std::vector<std::string>& args);

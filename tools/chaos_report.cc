@@ -76,6 +76,10 @@ Detection Detects(const std::string& kind, const Event& e) {
     }
     return {};
   }
+  if (FaultOutcome::IsHostFault(kind)) {
+    if (IsLauncher(e, "host_lost")) return {true, std::nullopt};  // named by host: HostNamed
+    return {};
+  }
   if (kind == "nan") {
     if (e.type == EventType::kStepFault && absl::StrContains(e.message, "non-finite values")) {
       return {true, e.rank};
@@ -90,6 +94,30 @@ constexpr absl::Duration kEvidenceWindow = absl::Seconds(60);
 
 // The pid an event names (attribute pid), or -1.
 int64_t EventPid(const Event& e) { return AttributeInt(e, "pid", -1); }
+
+// The process an event names: "<host>:<pid>" (pids are per host on simulated hosts: the launcher's
+// on_host, the injection's host), or "" when it names none.
+std::string ProcessKey(const Event& e) {
+  const int64_t pid = EventPid(e);
+  if (pid < 0) return "";
+  const bool inject = What(e) == "chaos_inject";
+  return absl::StrCat(std::string(e.Attribute(inject ? "host" : "on_host")), ":", pid);
+}
+
+// The host a launcher event names as lost (host_lost), or nullopt.
+std::optional<std::string> HostNamed(const Event& e) {
+  if (!IsLauncher(e, "host_lost")) return std::nullopt;
+  return std::string(e.Attribute("host"));
+}
+
+// Whether `e` ends the faulty process of rank fault `f` (key `process`): the launcher saw it die,
+// restarted every rank, or lost its host.
+bool EndsProcess(const FaultOutcome& f, const std::string& process, const Event& e) {
+  if (IsLauncher(e, "rank_died")) return !process.empty() && ProcessKey(e) == process;
+  if (IsLauncher(e, "restart_all")) return true;
+  if (IsLauncher(e, "host_lost")) return !f.host.empty() && e.Attribute("host") == f.host;
+  return false;
+}
 
 std::string Seconds(absl::Duration d) { return absl::StrFormat("%.3f", absl::ToDoubleSeconds(d)); }
 std::string OptSeconds(const std::optional<absl::Duration>& d) {
@@ -199,8 +227,10 @@ RunAnalysis AnalyzeRun(std::vector<Event> events) {
   }
   gap(end);
 
-  std::set<int64_t> injected_pids;
-  for (const Event* inject : injections) injected_pids.insert(AttributeInt(*inject, "pid", -1));
+  std::set<std::string> injected;  // the processes faults hit
+  for (const Event* inject : injections) {
+    if (std::string key = ProcessKey(*inject); !key.empty()) injected.insert(key);
+  }
   std::set<size_t> claimed;  // events that named a culprit, each credited to one fault
   for (size_t k = 0; k < injections.size(); ++k) {
     const Event& inject = *injections[k];
@@ -208,22 +238,45 @@ RunAnalysis AnalyzeRun(std::vector<Event> events) {
     f.kind = std::string(inject.Attribute("kind"));
     f.rank = inject.rank;
     f.pid = AttributeInt(inject, "pid", -1);
+    f.host = std::string(inject.Attribute("host"));
+    f.ranks = std::string(inject.Attribute("ranks"));
     f.injected_at = inject.time - start;
+    const bool host_fault = FaultOutcome::IsHostFault(f.kind);
+    const std::string process = host_fault ? "" : ProcessKey(inject);
     // Evidence: events up to kEvidenceWindow after the injection. An event that names a process
     // another injection hit is that fault's, never this one's; an event that names a culprit is
-    // credited to one fault only, the one whose process it names first, else the earliest.
-    const absl::Time until = std::min(end, inject.time + kEvidenceWindow);
+    // credited to one fault only, the one whose process (or host) it names first, else the
+    // earliest. An event naming no process counts only while the faulty process lives.
+    absl::Time until = std::min(end, inject.time + kEvidenceWindow);
+    std::optional<absl::Time> cleared;
+    std::string cleared_by;
+    if (!host_fault) {
+      for (const Event& e : events) {
+        if (e.time < inject.time || e.time > until || !EndsProcess(f, process, e)) continue;
+        cleared = e.time;
+        cleared_by = What(e);
+        break;
+      }
+    }
     auto ours = [&](const Event& e) {
-      const int64_t pid = EventPid(e);
-      return pid < 0 || pid == f.pid || injected_pids.count(pid) == 0;
+      const std::string key = ProcessKey(e);
+      if (key.empty()) return !cleared.has_value() || e.time <= *cleared;
+      return key == process || injected.count(key) == 0;
+    };
+    auto names_target = [&](const Event& e) {
+      if (host_fault) return HostNamed(e) == f.host;
+      return !process.empty() && ProcessKey(e) == process;
+    };
+    auto names_culprit = [&](const Event& e) {
+      return host_fault ? HostNamed(e).has_value() : Detects(f.kind, e).culprit.has_value();
     };
     std::optional<size_t> naming;
     for (int pass = 0; pass < 2 && !naming.has_value(); ++pass) {
       for (size_t i = 0; i < events.size(); ++i) {
         const Event& e = events[i];
         if (e.time < inject.time || e.time > until || claimed.count(i) != 0 || !ours(e)) continue;
-        if (pass == 0 && (f.pid < 0 || EventPid(e) != f.pid)) continue;
-        if (Detects(f.kind, e).culprit.has_value()) {
+        if (pass == 0 && !names_target(e)) continue;
+        if (names_culprit(e)) {
           naming = i;
           break;
         }
@@ -231,26 +284,44 @@ RunAnalysis AnalyzeRun(std::vector<Event> events) {
     }
     if (naming.has_value()) {
       claimed.insert(*naming);
-      f.culprit_named = Detects(f.kind, events[*naming]).culprit;
+      if (host_fault) {
+        f.culprit_host_named = HostNamed(events[*naming]);
+      } else {
+        f.culprit_named = Detects(f.kind, events[*naming]).culprit;
+      }
     }
     for (size_t i = 0; i < events.size(); ++i) {
       const Event& e = events[i];
       if (e.time < inject.time || e.time > until || !ours(e)) continue;
       const Detection d = Detects(f.kind, e);
-      if (!d.detects || (d.culprit.has_value() && naming != i)) continue;
+      if (!d.detects || ((d.culprit.has_value() || host_fault) && naming != i)) continue;
       f.detection_latency = e.time - inject.time;
       f.detected_by = e.type == EventType::kCustom ? What(e) : std::string(EventTypeName(e.type));
       break;
     }
+    if (!f.detection_latency.has_value()) f.cleared_by = cleared_by;
     int64_t before = -1;
     for (const StepDone& d : done) {
       if (d.time <= inject.time) before = std::max(before, d.step);
+    }
+    // A host fault need not stop the step in flight (a partition is felt at the next collective):
+    // it is recovered by the first step beyond `before` once the launcher recovered from the loss
+    // of that host, when it says so.
+    absl::Time recovered_from = inject.time;
+    if (host_fault) {
+      for (const Event& e : events) {
+        if (e.time >= inject.time && e.time <= until && IsLauncher(e, "recovered") &&
+            e.Attribute("host") == f.host) {
+          recovered_from = e.time;
+          break;
+        }
+      }
     }
     int64_t lowest_after = INT64_MAX;
     for (const StepDone& d : done) {
       if (d.time <= inject.time) continue;
       lowest_after = std::min(lowest_after, d.step);
-      if (d.step > before) {
+      if (d.step > before && d.time >= recovered_from) {
         f.time_to_recovery = d.time - inject.time;
         break;
       }
@@ -283,19 +354,28 @@ absl::StatusOr<std::vector<Event>> ReadRunEvents(const std::string& run_dir) {
 namespace {
 
 std::string FaultsTable(const RunAnalysis& run) {
-  std::string out = absl::StrFormat("  %-4s %-5s %4s %9s %10s %-18s %8s %10s %6s\n", "#", "kind",
+  bool hosts = false;
+  for (const FaultOutcome& f : run.faults) hosts |= !f.host.empty();
+  std::string out = absl::StrFormat("  %-4s %-9s %4s %9s %10s %-18s %8s %10s %6s\n", "#", "kind",
                                     "rank", "at_s", "detect_s", "detected_by", "culprit",
                                     "recover_s", "lost");
+  if (hosts) out.insert(out.size() - 1, "  host");
   for (size_t i = 0; i < run.faults.size(); ++i) {
     const FaultOutcome& f = run.faults[i];
-    const std::string culprit =
-        f.culprit_named.has_value()
-            ? absl::StrCat(*f.culprit_named, f.culprit_correct() ? " ok" : " WRONG")
-            : "-";
-    out += absl::StrFormat("  %-4d %-5s %4d %9s %10s %-18s %8s %10s %6d\n", i + 1, f.kind, f.rank,
-                           Seconds(f.injected_at), OptSeconds(f.detection_latency),
-                           f.detected_by.empty() ? "-" : f.detected_by, culprit,
-                           OptSeconds(f.time_to_recovery), f.steps_lost);
+    std::string culprit = "-";
+    if (f.culprit_host_named.has_value()) culprit = *f.culprit_host_named;
+    if (f.culprit_named.has_value()) culprit = absl::StrCat(*f.culprit_named);
+    if (culprit != "-") absl::StrAppend(&culprit, f.culprit_correct() ? " ok" : " WRONG");
+    std::string detected_by = f.detected_by.empty() ? "-" : f.detected_by;
+    if (!f.cleared_by.empty()) detected_by = "cleared:" + f.cleared_by;
+    out += absl::StrFormat("  %-4d %-9s %4d %9s %10s %-18s %8s %10s %6d", i + 1, f.kind, f.rank,
+                           Seconds(f.injected_at), OptSeconds(f.detection_latency), detected_by,
+                           culprit, OptSeconds(f.time_to_recovery), f.steps_lost);
+    if (hosts) {
+      absl::StrAppend(&out, "  ", f.host.empty() ? "-" : f.host,
+                      f.ranks.empty() ? "" : absl::StrCat(" (ranks ", f.ranks, ")"));
+    }
+    out += "\n";
   }
   return out;
 }
@@ -360,7 +440,7 @@ std::string FormatReport(const std::vector<RunAnalysis>& runs) {
         Seconds(run.longest_unproductive), Seconds(run.longest_unproductive_from));
     for (const auto& [kind, k] : ByKind(run)) {
       out += absl::StrFormat(
-          "  %-5s x%-3d detected %d (mean %s s, max %s s), culprit %s, recovered %d (mean %s "
+          "  %-9s x%-3d detected %d (mean %s s, max %s s), culprit %s, recovered %d (mean %s "
           "s, max %s s), steps lost %d\n",
           kind, k.n, k.detected, k.detected ? Seconds(k.detect_sum / k.detected) : "-",
           Seconds(k.detect_max), kind == "drop" ? "n/a" : absl::StrCat(k.named, "/", k.n),
@@ -386,12 +466,15 @@ std::string ReportJson(const std::vector<RunAnalysis>& runs) {
       faults.push_back(absl::StrFormat(
           "{\"kind\":%s,\"rank\":%d,\"pid\":%d,\"injected_at_s\":%s,\"detection_latency_s\":%s,"
           "\"detected_by\":%s,\"culprit_named\":%s,\"culprit_correct\":%s,"
-          "\"time_to_recovery_s\":%s,\"steps_lost\":%d}",
+          "\"time_to_recovery_s\":%s,\"steps_lost\":%d,\"host\":%s,\"ranks\":%s,"
+          "\"culprit_host_named\":%s,\"cleared_by\":%s}",
           JsonString(f.kind), f.rank, f.pid, Seconds(f.injected_at),
           JsonOptSeconds(f.detection_latency), JsonString(f.detected_by),
           f.culprit_named ? absl::StrCat(*f.culprit_named) : "null",
           f.culprit_correct() ? "true" : "false", JsonOptSeconds(f.time_to_recovery),
-          f.steps_lost));
+          f.steps_lost, JsonString(f.host), JsonString(f.ranks),
+          f.culprit_host_named ? JsonString(*f.culprit_host_named) : "null",
+          JsonString(f.cleared_by)));
     }
     std::vector<std::string> suspects;
     for (const SuspectDetection& d : run.suspects) {
@@ -599,7 +682,7 @@ absl::Status PlotRuns(const std::vector<RunAnalysis>& runs, const std::string& p
     if (!faults.empty()) {
       plots.push_back(absl::StrFormat(
           "%s using 1:2 with points pt 7 ps 1.2 lc rgb '%s' title %s, "
-          "%s using 1:2:3 with labels offset 0,1 font ',8' tc rgb '%s' notitle",
+          "%s using 1:2:3 with labels offset 0,1 font ',8' tc rgb '%s' noenhanced notitle",
           JsonString(faults_file), colors[r % 2], JsonString(name + " faults"),
           JsonString(faults_file), colors[r % 2]));
     }

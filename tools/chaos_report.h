@@ -16,16 +16,24 @@
 //   per fault     detection latency (inject -> the first event that saw it: for kill the
 //                 launcher's rank_died; for stop a hang event, rank_unresponsive, hang_suspect or
 //                 rank_died; for nan a step fault whose message says "non-finite values"; for drop
-//                 a communication failure, generation_renewed or restart_all: no culprit), the
-//                 culprit named (the rank of rank_died for kill, of hang_suspect or
-//                 rank_unresponsive for stop, of the non-finite step fault for nan) against the
-//                 ground truth, time to recovery (inject -> the first step done beyond the last
-//                 step done before the fault), and steps lost (steps done before the fault that
+//                 a communication failure, generation_renewed or restart_all: no culprit; for
+//                 host_kill and partition the launcher's host_lost), the culprit named (the rank
+//                 of rank_died for kill, of hang_suspect or rank_unresponsive for stop, of the
+//                 non-finite step fault for nan; the host of host_lost for a host fault) against
+//                 the ground truth, time to recovery (inject -> the first step done beyond the last
+//                 step done before the fault; for a host fault, done after the launcher's
+//                 recovered event naming the host, when there is one: a step in flight may end
+//                 after the host is cut off), and steps lost (steps done before the fault that
 //                 were done again after it).
 //                 Evidence is looked for up to 60 s after the injection; an event naming a process
-//                 (attribute pid) that another injection hit is never credited to this fault, and
-//                 an event naming a culprit is credited to one fault only (the one whose process
-//                 it names, else the earliest), so overlapping faults are told apart.
+//                 (attribute pid, with on_host on simulated hosts) that another injection hit is
+//                 never credited to this fault, and an event naming a culprit is credited to one
+//                 fault only (the one whose process or host it names, else the earliest), so
+//                 overlapping faults are told apart. An event that names no process (a hang event)
+//                 is credited to a fault only while the faulty process lives: once the launcher
+//                 saw it die (rank_died naming it), restarted every rank (restart_all) or lost its
+//                 host (host_lost), the fault was cleared (cleared_by) and a later such event is
+//                 another fault's.
 //   longest unproductive stretch   the longest part of the run in no kept step's interval.
 //   suspect hosts  every suspect_host event of the fail-slow detector (docs/GUIDE.md, "Fail-slow
 //                 hosts"): when, the host, the metric, z, the continuity windows, the action.
@@ -55,14 +63,29 @@ namespace trainguard::tools {
 
 // One injected fault and what the events say became of it.
 struct FaultOutcome {
-  std::string kind;  // "kill", "stop", "nan", "drop" (which has no culprit)
-  int rank = -1;     // the ground truth
-  int64_t pid = -1;
+  // "kill", "stop", "nan", "drop" (which has no culprit); on simulated hosts also "host_kill" and
+  // "partition" (IsHostFault: the culprit is a host).
+  std::string kind;
+  int rank = -1;     // the ground truth (a host fault: the first rank the host held)
+  int64_t pid = -1;  // in the PID namespace of `host` when there is one
+  // The host hit (a host fault), or the host the process runs on; "" on a single host.
+  std::string host;
+  std::string ranks;  // a host fault: the ranks the host held ("2,3")
   absl::Duration injected_at;  // since the run's start
   std::optional<absl::Duration> detection_latency;
   std::string detected_by;  // the detecting event's what (or event type name)
   std::optional<int> culprit_named;  // the rank the system acted on; nullopt: none named
-  bool culprit_correct() const { return culprit_named.has_value() && *culprit_named == rank; }
+  std::optional<std::string> culprit_host_named;  // a host fault: the host declared lost
+  // The event that ended the faulty process before anything detected the fault (a restart of
+  // every rank for another fault, say): the fault was cleared, not detected. "" otherwise.
+  std::string cleared_by;
+  bool culprit_correct() const {
+    if (IsHostFault(kind)) return culprit_host_named.has_value() && *culprit_host_named == host;
+    return culprit_named.has_value() && *culprit_named == rank;
+  }
+  static bool IsHostFault(const std::string& kind) {
+    return kind == "host_kill" || kind == "partition";
+  }
   std::optional<absl::Duration> time_to_recovery;
   int64_t steps_lost = 0;
 };

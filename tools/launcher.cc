@@ -272,8 +272,11 @@ class Job {
   void ReadDeathReports();
   // `last_beat`: when its heartbeat last advanced, the recovery's start.
   void DeclareHostDead(const std::string& host, absl::Time last_beat, const std::string& why);
-  // Kills `member` here when it is this agent's child, else asks its host's agent to.
-  void KillMember(const std::string& member, const std::string& why);
+  // Kills `member` here when it is this agent's child, else asks its host's agent to; the agent
+  // that kills it records `what` (rank_unresponsive, hang_suspect) with its pid.
+  void KillMember(const std::string& member, const std::string& what, const std::string& why);
+  // Kills this agent's child `c` for the coordinator, recording `what` with its pid.
+  void KillForLiveness(Child& c, const std::string& what, const std::string& why);
   std::vector<std::string> PreferredStandbys(const std::string& dead_host, size_t needed);
   // Fail-slow hosts (tools/fail_slow_monitor.h): every agent publishes its host's sample once a
   // second; the coordinator detects and acts (LaunchConfig::fail_slow).
@@ -538,6 +541,8 @@ void Job::Record(int rank, const std::string& what, const std::string& message,
   event.type = EventType::kCustom;
   event.message = message;
   event.attributes = {{"what", what}, {"source", "launcher"}};
+  // Pids are this host's (its PID namespace): with several hosts, a pid means (on_host, pid).
+  if (MultiHost()) event.attributes.emplace_back("on_host", config_.host_id);
   event.attributes.insert(event.attributes.end(), attributes.begin(), attributes.end());
   // A launcher that cannot write its record still runs the job; the report will lack the line.
   if (absl::Status s = events_->Append(event); !s.ok()) Say(s.ToString());
@@ -1005,6 +1010,10 @@ void Job::TryReplacements() {
       for (int rank : dead.ranks) by.push_back(absl::StrCat(rank, "<-", next->members[rank]));
       Say(absl::StrFormat("generation %d: host %s's ranks taken by %s", next->generation,
                           dead.host, absl::StrJoin(by, ", ")));
+      Record(-1, "host_replaced",
+             absl::StrFormat("generation %d: host %s's ranks taken by %s", next->generation,
+                             dead.host, absl::StrJoin(by, ", ")),
+             {{"host", dead.host}, {"ranks", absl::StrJoin(dead.ranks, ",")}});
       replacements_ += static_cast<int>(dead.ranks.size());
       Say(absl::StrFormat("host %s's shared memory died with it: its ranks' replacements restore "
                           "from their backup holders' memory (peer backups), else the newest "
@@ -1144,9 +1153,12 @@ void Job::CheckRecoveries() {
       continue;
     }
     const double took = absl::ToDoubleSeconds(absl::Now() - it->died);
+    std::vector<std::pair<std::string, std::string>> attributes = {
+        {"took_ms", absl::StrCat(std::llround(took * 1000))}};
+    if (!it->host.empty()) attributes.emplace_back("host", it->host);
     Record(it->rank, "recovered",
            absl::StrFormat("every rank completed its first step of generation %d", it->generation),
-           {{"took_ms", absl::StrCat(std::llround(took * 1000))}});
+           std::move(attributes));
     if (!it->host.empty()) {
       Say(absl::StrFormat("recovered from the loss of host %s in %.3f s (its last heartbeat -> "
                           "every rank completed its first step of generation %d)",
@@ -1177,7 +1189,7 @@ void Job::KillRanksWithStaleHeartbeats() {
   if (MultiHost()) {
     const Membership current = coordinator_->current();
     for (int rank : *stale) {
-      KillMember(current.members[rank],
+      KillMember(current.members[rank], "rank_unresponsive",
                  absl::StrFormat("rank %d has not sent a heartbeat for %s", rank,
                                  absl::FormatDuration(config_.heartbeat_timeout)));
     }
@@ -1302,7 +1314,7 @@ void Job::DiagnoseHangs() {
     if (MultiHost()) {
       const Membership current = coordinator_->current();
       if (rank < static_cast<int>(current.members.size())) {
-        KillMember(current.members[rank], "the hang's suspect");
+        KillMember(current.members[rank], "hang_suspect", "the hang's suspect");
       }
       continue;
     }
@@ -1544,7 +1556,9 @@ void Job::StartForming() {
 //   agents/hb/<host>               the agent's heartbeat counter
 //   agents/dead/<host>             why the coordinator declared the host dead (it is fenced out)
 //   agents/deaths/<member>         "<rank> <how>": an agent saw its rank process die
-//   agents/kill/<host>/<member>    the coordinator asks that host's agent to kill a process
+//   agents/kill/<host>/<member>    "<what> <why>": the coordinator asks that host's agent to kill a
+//                                  process (what: rank_unresponsive or hang_suspect, the event
+//                                  the agent records with the process' pid)
 //   agents/finished/<rank>         the member that finished rank <rank> with status 0
 //   agents/metrics/<host>          the host's fail-slow sample of the last second
 //                                  (sdk/health/fail_slow_metrics.h)
@@ -1802,31 +1816,37 @@ void Job::ExecuteKillRequests() {
   if (!keys.ok()) return;
   for (const std::string& key : *keys) {
     const std::string member = key.substr(prefix.size());
-    absl::StatusOr<std::string> why = store_->Get(key, timeout);
+    absl::StatusOr<std::string> request = store_->Get(key, timeout);
+    std::pair<std::string, std::string> what_why =
+        absl::StrSplit(request.value_or("rank_unresponsive ?"), absl::MaxSplits(' ', 1));
     for (auto& c : children_) {
       if (c->member_id != member || !c->running || c->killed_for_liveness) continue;
-      Say(absl::StrFormat("%s (pid %d): killing it for the coordinator: %s", c->Label(), c->pid,
-                          why.value_or("?")));
-      c->killed_for_liveness = true;
-      SignalGroup(*c, SIGKILL);  // reaped and reported like any death
+      KillForLiveness(*c, what_why.first,
+                      absl::StrCat(" for the coordinator: ", what_why.second));
     }
     (void)store_->Delete(key, timeout);
   }
 }
 
-void Job::KillMember(const std::string& member, const std::string& why) {
+void Job::KillForLiveness(Child& c, const std::string& what, const std::string& why) {
+  Say(absl::StrFormat("%s (pid %d): killing it%s", c.Label(), c.pid, why));
+  Record(c.rank, what, absl::StrFormat("%s (pid %d): killed%s", c.Label(), c.pid, why),
+         {{"pid", absl::StrCat(c.pid)}});
+  c.killed_for_liveness = true;
+  SignalGroup(c, SIGKILL);  // reaped and reported like any death
+}
+
+void Job::KillMember(const std::string& member, const std::string& what, const std::string& why) {
   if (absl::StartsWith(member, HostPrefix())) {
     for (auto& c : children_) {
       if (c->member_id != member || !c->running || c->killed_for_liveness) continue;
-      Say(absl::StrFormat("%s (pid %d): killing it: %s", c->Label(), c->pid, why));
-      c->killed_for_liveness = true;
-      SignalGroup(*c, SIGKILL);
+      KillForLiveness(*c, what, absl::StrCat(": ", why));
     }
     return;
   }
   const std::string host = member.substr(0, member.find(':'));
   Say(absl::StrFormat("asking host %s to kill %s: %s", host, member, why));
-  (void)store_->Set(absl::StrCat("agents/kill/", host, "/", member), why,
+  (void)store_->Set(absl::StrCat("agents/kill/", host, "/", member), absl::StrCat(what, " ", why),
                     AgentCallTimeout(config_.host_timeout));
 }
 
@@ -1973,6 +1993,9 @@ void Job::DeclareHostDead(const std::string& host, absl::Time last_beat, const s
                       ranks.empty() ? "; it held no rank"
                                     : absl::StrCat(": replacing its ranks ",
                                                    absl::StrJoin(ranks, ","), " at once")));
+  // The record `trainguard report` matches a host fault with (host, the ranks it held).
+  Record(-1, "host_lost", absl::StrFormat("host %s is dead (%s)", host, why),
+         {{"host", host}, {"ranks", absl::StrJoin(ranks, ",")}});
   if (ranks.empty()) return;
   if (current.generation < 0) {
     return Fail(absl::StrFormat("host %s died before generation 0 formed", host));

@@ -239,6 +239,170 @@ TEST(ChaosReport, AHangNamedAfterTheNextFaultWasInjectedIsStillCreditedToIt) {
   EXPECT_EQ(run.faults[1].culprit_named, 0);
 }
 
+// The bug PERFORMANCE.md's chaos section recorded: a stop whose process a restart for a later fault
+// ended was credited with a hang event of the next epoch (hang events name no process).
+TEST(ChaosReport, AHangEventAfterARestartEndedAStoppedProcessIsNotCreditedToThatStop) {
+  std::vector<Event> events = {Custom(0, -1, "chaos_run_start", {{"mode", "baseline"}})};
+  events.push_back(Inject(1, 1, "stop", "101"));
+  events.push_back(Inject(1.5, 2, "kill", "102"));
+  events.push_back(Launcher(1.6, 2, "rank_died", "102"));
+  events.push_back(Launcher(1.7, -1, "restart_all"));  // ends 101 too: no event about it follows
+  events.push_back(Inject(8, 3, "stop", "203"));        // a process of the next epoch
+  Event hang;
+  hang.time = At(10);
+  hang.rank = 0;
+  hang.type = EventType::kHang;
+  events.push_back(hang);
+  events.push_back(Launcher(13, 3, "rank_unresponsive", "203"));
+  events.push_back(Custom(20, -1, "chaos_run_end"));
+  const RunAnalysis run = AnalyzeRun(events);
+  ASSERT_EQ(run.faults.size(), 3u);
+  EXPECT_FALSE(run.faults[0].detection_latency.has_value());
+  EXPECT_EQ(run.faults[0].cleared_by, "restart_all");
+  EXPECT_EQ(run.faults[1].detection_latency, absl::Milliseconds(100));
+  EXPECT_EQ(run.faults[2].detection_latency, absl::Seconds(2));  // the hang event is this stop's
+  EXPECT_EQ(run.faults[2].detected_by, "hang");
+  EXPECT_EQ(run.faults[2].culprit_named, 3);
+  EXPECT_THAT(FormatReport({run}), HasSubstr("cleared:restart_all"));
+}
+
+TEST(ChaosReport, AHangEventBeforeTheStoppedProcessDiedIsStillCreditedToTheStop) {
+  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  events.push_back(Inject(1, 1, "stop", "101"));
+  Event hang;
+  hang.time = At(3);
+  hang.rank = 0;
+  hang.type = EventType::kHang;
+  events.push_back(hang);
+  events.push_back(Launcher(4, -1, "restart_all"));
+  events.push_back(Custom(9, -1, "chaos_run_end"));
+  const RunAnalysis run = AnalyzeRun(events);
+  ASSERT_EQ(run.faults.size(), 1u);
+  EXPECT_EQ(run.faults[0].detection_latency, absl::Seconds(2));
+  EXPECT_EQ(run.faults[0].cleared_by, "");
+}
+
+Event HostInject(double at, int rank, const std::string& kind, const std::string& host,
+                 const std::string& ranks) {
+  return Custom(at, rank, "chaos_inject",
+                {{"kind", kind}, {"host", host}, {"ranks", ranks}, {"source", "chaos"}});
+}
+
+Event HostLost(double at, const std::string& host, const std::string& ranks) {
+  return Custom(at, -1, "host_lost",
+                {{"source", "launcher"}, {"on_host", "host1"}, {"host", host}, {"ranks", ranks}});
+}
+
+TEST(ChaosReport, AKilledHostIsDetectedByItsLossAndTheCulpritIsTheHostDeclaredLost) {
+  std::vector<Event> events = {Custom(0, -1, "chaos_run_start", {{"mode", "trainguard"}})};
+  AddSteps(events, 0, 9, 1, 0, "100");  // steps 0..9 at 1..10 s
+  events.push_back(HostInject(10.5, 2, "host_kill", "host2", "2,3"));
+  events.push_back(HostLost(13.5, "host2", "2,3"));
+  events.push_back(Custom(14, -1, "host_replaced", {{"source", "launcher"}, {"host", "host2"}}));
+  AddSteps(events, 8, 12, 15, 1, "100");  // restored from step 7's snapshot: 8, 9 done again
+  events.push_back(Custom(20, -1, "chaos_run_end"));
+  const RunAnalysis run = AnalyzeRun(events);
+  ASSERT_EQ(run.faults.size(), 1u);
+  const FaultOutcome& f = run.faults[0];
+  EXPECT_EQ(f.kind, "host_kill");
+  EXPECT_EQ(f.host, "host2");
+  EXPECT_EQ(f.ranks, "2,3");
+  EXPECT_EQ(f.detection_latency, absl::Seconds(3));
+  EXPECT_EQ(f.detected_by, "host_lost");
+  EXPECT_EQ(f.culprit_host_named, "host2");
+  EXPECT_FALSE(f.culprit_named.has_value());
+  EXPECT_TRUE(f.culprit_correct());
+  EXPECT_EQ(f.time_to_recovery, absl::Milliseconds(6500));  // step 10 at 17 s
+  EXPECT_EQ(f.steps_lost, 2);
+  EXPECT_EQ(run.culprits_correct(), 1);
+  EXPECT_THAT(FormatReport({run}), HasSubstr("host2 ok"));
+  EXPECT_THAT(FormatReport({run}), HasSubstr("host2 (ranks 2,3)"));
+  EXPECT_THAT(ReportJson({run}), HasSubstr("\"host\":\"host2\",\"ranks\":\"2,3\","
+                                           "\"culprit_host_named\":\"host2\""));
+}
+
+TEST(ChaosReport, AHostFaultIsRecoveredByTheFirstNewStepAfterTheLauncherRecoveredFromThatHost) {
+  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  AddSteps(events, 0, 4, 1, 0, "100");  // steps 0..4 at 1..5 s
+  events.push_back(HostInject(5.5, 2, "partition", "host2", "2,3"));
+  events.push_back(StepDone(5.6, 5, 0, "100"));  // in flight when the host was cut off
+  events.push_back(HostLost(8.5, "host2", "2,3"));
+  events.push_back(Custom(9.5, -1, "recovered",
+                          {{"source", "launcher"}, {"on_host", "host1"}, {"host", "host3"}}));
+  events.push_back(Custom(9.6, -1, "recovered",
+                          {{"source", "launcher"}, {"on_host", "host1"}, {"host", "host2"}}));
+  AddSteps(events, 4, 6, 10, 1, "100");  // restored step 3: 4 at 10 s, 5 at 11 s, 6 at 12 s
+  events.push_back(Custom(13, -1, "chaos_run_end"));
+  const RunAnalysis run = AnalyzeRun(events);
+  ASSERT_EQ(run.faults.size(), 1u);
+  // Not step 5 at 5.6 s: the first step beyond 4 after the recovery from host2 is step 5 at 11 s.
+  EXPECT_EQ(run.faults[0].time_to_recovery, absl::Milliseconds(5500));
+  EXPECT_EQ(run.faults[0].steps_lost, 1);  // step 4 (done before the fault) done again
+}
+
+TEST(ChaosReport, APartitionWhoseHostIsNotTheOneDeclaredLostIsAWrongCulprit) {
+  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  events.push_back(HostInject(1, 0, "partition", "host1", "0,1"));
+  events.push_back(HostLost(4, "host3", "4,5"));
+  events.push_back(Custom(9, -1, "chaos_run_end"));
+  const RunAnalysis run = AnalyzeRun(events);
+  ASSERT_EQ(run.faults.size(), 1u);
+  EXPECT_EQ(run.faults[0].culprit_host_named, "host3");
+  EXPECT_FALSE(run.faults[0].culprit_correct());
+  EXPECT_THAT(FormatReport({run}), HasSubstr("host3 WRONG"));
+}
+
+TEST(ChaosReport, TwoHostFaultsAreEachCreditedWithTheLossOfTheirOwnHost) {
+  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  events.push_back(HostInject(1, 0, "host_kill", "host1", "0,1"));
+  events.push_back(HostInject(2, 2, "partition", "host2", "2,3"));
+  events.push_back(HostLost(4, "host2", "2,3"));  // the later fault's host is declared first
+  events.push_back(HostLost(5, "host1", "0,1"));
+  events.push_back(Custom(9, -1, "chaos_run_end"));
+  const RunAnalysis run = AnalyzeRun(events);
+  ASSERT_EQ(run.faults.size(), 2u);
+  EXPECT_EQ(run.faults[0].detection_latency, absl::Seconds(4));
+  EXPECT_TRUE(run.faults[0].culprit_correct());
+  EXPECT_EQ(run.faults[1].detection_latency, absl::Seconds(2));
+  EXPECT_TRUE(run.faults[1].culprit_correct());
+}
+
+// On simulated hosts pids are per host: the same pid on two hosts is two processes.
+TEST(ChaosReport, TheSamePidOnTwoHostsIsTwoProcesses) {
+  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  events.push_back(Custom(1, 0, "chaos_inject",
+                          {{"kind", "kill"}, {"pid", "7"}, {"host", "host1"}, {"source", "chaos"}}));
+  events.push_back(Custom(2, 2, "chaos_inject",
+                          {{"kind", "kill"}, {"pid", "7"}, {"host", "host2"}, {"source", "chaos"}}));
+  events.push_back(Custom(2.5, 2, "rank_died",
+                          {{"source", "launcher"}, {"pid", "7"}, {"on_host", "host2"}}));
+  events.push_back(Custom(3, -1, "chaos_run_end"));
+  const RunAnalysis run = AnalyzeRun(events);
+  ASSERT_EQ(run.faults.size(), 2u);
+  EXPECT_FALSE(run.faults[0].detection_latency.has_value());
+  EXPECT_EQ(run.faults[1].detection_latency, absl::Milliseconds(500));
+  EXPECT_EQ(run.faults[1].culprit_named, 2);
+}
+
+TEST(ChaosReport, AHostLossEndsTheStoppedProcessesOfThatHost) {
+  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  events.push_back(Custom(1, 3, "chaos_inject",
+                          {{"kind", "stop"}, {"pid", "9"}, {"host", "host2"}, {"source", "chaos"}}));
+  events.push_back(HostInject(1.5, 2, "host_kill", "host2", "2,3"));
+  events.push_back(HostLost(4, "host2", "2,3"));
+  Event hang;  // the survivors' collectives with the dead host hang
+  hang.time = At(5);
+  hang.rank = 0;
+  hang.type = EventType::kHang;
+  events.push_back(hang);
+  events.push_back(Custom(9, -1, "chaos_run_end"));
+  const RunAnalysis run = AnalyzeRun(events);
+  ASSERT_EQ(run.faults.size(), 2u);
+  EXPECT_FALSE(run.faults[0].detection_latency.has_value());
+  EXPECT_EQ(run.faults[0].cleared_by, "host_lost");
+  EXPECT_TRUE(run.faults[1].culprit_correct());
+}
+
 TEST(ChaosReport, TwoRunsAreReportedSideBySideWithTheirEttrRatio) {
   std::vector<Event> a = {Custom(0, -1, "chaos_run_start", {{"mode", "trainguard"}})};
   AddSteps(a, 0, 2, 0, 0, "1");  // 2 s of 4
@@ -407,6 +571,16 @@ TEST(ChaosSchedule, AMixWithAnUnknownKindOrABadWeightIsRejectedByName) {
   absl::StatusOr<std::vector<std::pair<std::string, int>>> mix = ParseMix("kill=2,stop=1,nan=0");
   ASSERT_TRUE(mix.ok());
   EXPECT_EQ(*mix, (std::vector<std::pair<std::string, int>>{{"kill", 2}, {"stop", 1}}));
+}
+
+TEST(ChaosSchedule, HostKindsAreAcceptedOnlyWhereThereAreHostsAndTheRefusalSaysWhere) {
+  EXPECT_THAT(ParseMix("host_kill=1").status().message(), HasSubstr("bench_chaos_hosts"));
+  absl::StatusOr<std::vector<std::pair<std::string, int>>> mix =
+      ParseMix("host_kill=2,partition=1,kill=1", /*host_kinds=*/true);
+  ASSERT_TRUE(mix.ok()) << mix.status();
+  EXPECT_EQ(*mix, (std::vector<std::pair<std::string, int>>{
+                      {"host_kill", 2}, {"partition", 1}, {"kill", 1}}));
+  EXPECT_THAT(ParseMix("flood=1", true).status().message(), HasSubstr("host_kill, partition"));
 }
 
 }  // namespace
