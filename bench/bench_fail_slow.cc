@@ -4,7 +4,9 @@
 // watchdog-only baseline (a host is named only if the run's watchdog declared a hang: the runs'
 // event files, counted by the script and passed as --watchdog-named).
 //
-//   bench_fail_slow record --scenario throttle|delay|healthy|rl --seconds N --out TRACE
+//   bench_fail_slow record --scenario throttle|delay|slowlink|lossy|membw|healthy|rl --seconds N
+//                          --out TRACE [--hosts H] [--ranks-per-host R] [--fail-slow alert|evict]
+//   bench_fail_slow hog [--seconds N] [--mib M]     (the membw scenario's hog; see the record file)
 //   bench_fail_slow [--continuity S] [--window S] [--metrics a,b,..] [--verbose]
 //                   [--watchdog-named LABEL=HOST] LABEL:FAULTY_HOST_OR_none:TRACE ...
 //
@@ -35,7 +37,8 @@
 
 namespace trainguard {
 
-int RecordFailSlowTrace(int argc, char** argv);  // bench_fail_slow_record.cc
+int RecordFailSlowTrace(int argc, char** argv);    // bench_fail_slow_record.cc
+int RunMemoryBandwidthHog(int argc, char** argv);  // bench_fail_slow_record.cc
 
 namespace {
 
@@ -175,6 +178,7 @@ int MeasureCost() {
 int Main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "record") return RecordFailSlowTrace(argc, argv);
   if (argc > 1 && std::string(argv[1]) == "cost") return MeasureCost();
+  if (argc > 1 && std::string(argv[1]) == "hog") return RunMemoryBandwidthHog(argc, argv);
   FailSlowOptions options;
   std::vector<std::string> specs;
   bool verbose = false;

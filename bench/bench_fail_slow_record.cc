@@ -1,21 +1,43 @@
 // `bench_fail_slow record`: one labelled run on simulated hosts (tests/support/sim_cluster.h) whose
 // coordinator writes the per-second fail-slow trace that `bench_fail_slow` then replays:
 //
-//   bench_fail_slow record --scenario throttle|delay|healthy|rl --seconds N --out TRACE
+//   bench_fail_slow record --scenario S --seconds N --out TRACE [--hosts H] [--ranks-per-host R]
+//                          [--fail-slow alert|evict] [--link-rate RATE] [--loss P]
 //
-// Four hosts of two ranks each train the example trainer with --fail-slow alert; host 3 is the
-// degraded one: throttle: its ranks in a CPU cgroup capped at 2% of one CPU (a rank here needs
-// about 4%); delay: its ranks sleep 20 ms in every step (--step-time-ms); healthy: no fault; rl:
-// no fault, an RL-shaped step (--generate 20:4, generation lengths that vary by rank and step).
-// After N seconds every host is killed; the run's hang events (the watchdog-only baseline) are
-// counted from its event files and printed as "watchdog hang events: K".
+// H hosts (4..8, default 4) of R ranks (1 or 2, default 2) train the example trainer with
+// --fail-slow alert (or evict: then host H+1 joins as a standby host that can take an evicted
+// host's ranks) and --fail-slow-continuity 10; host 3 is the degraded one:
+//   throttle: its ranks in a CPU cgroup capped at 2% of one CPU (a rank here needs about 4%);
+//   delay:    its ranks sleep 20 ms in every step (--step-time-ms);
+//   slowlink: every packet from its address shaped to RATE (default 2mbit): an htb class with a u32
+//             filter on its source address on the cluster's `lo` (tc netem, which would add delay,
+//             is not in this kernel);
+//   lossy:    a share P (default 0.05) of the packets from its address to other hosts dropped at
+//             random (iptables INPUT, statistic match: dropped on input, as a lossy link loses
+//             them; on output the sender's call would fail at once instead);
+//   membw:    a memory-bandwidth hog in the host (`bench_fail_slow hog`: memcpy between two
+//             512 MiB buffers, far above the LLC) beside its ranks;
+//   healthy:  no fault; rl: no fault, an RL-shaped step (--generate 20:4, generation lengths that
+//             vary by rank and step).
+// tc and iptables run in the SimCluster's private network namespace only, which vanishes with it.
+// After N seconds every host is killed. Printed, from the run's event files and the coordinator's
+// log: "watchdog hang events: K" (the watchdog-only baseline), "suspect verdicts: V" and
+// "fail-slow evictions: E".
+//
+//   bench_fail_slow hog [--seconds N] [--mib M]
+//
+// The memory-bandwidth hog itself: copies one M MiB buffer (default 512) into another and back
+// until N seconds (default 600) have passed, then exits.
 //
 // Needs root, like multihost_test. Single-threaded (the SimCluster's rule).
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -29,6 +51,65 @@
 #include "trainguard/events.h"
 
 namespace trainguard {
+namespace {
+
+constexpr int kDegradedHost = 3;
+
+int CountLines(const std::string& path, const std::string& needle) {
+  std::ifstream in(path);
+  std::string line;
+  int count = 0;
+  while (std::getline(in, line)) count += line.find(needle) != std::string::npos ? 1 : 0;
+  return count;
+}
+
+// Degrades host kDegradedHost's traffic in the cluster's network namespace; "" on success.
+std::string DegradeLink(testing::SimCluster& cluster, const std::string& scenario,
+                        const std::string& rate, const std::string& loss) {
+  const std::string address = testing::SimCluster::Address(kDegradedHost);
+  std::vector<std::vector<std::string>> commands;
+  if (scenario == "slowlink") {
+    const std::string tc = "/usr/sbin/tc";
+    commands = {
+        {tc, "qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb", "default", "10"},
+        {tc, "class", "add", "dev", "lo", "parent", "1:", "classid", "1:10", "htb", "rate",
+         "10gbit"},
+        {tc, "class", "add", "dev", "lo", "parent", "1:", "classid", "1:20", "htb", "rate", rate},
+        {tc, "filter", "add", "dev", "lo", "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+         "match", "ip", "src", address + "/32", "flowid", "1:20"}};
+  } else if (scenario == "lossy") {
+    commands = {{"/usr/sbin/iptables", "-A", "INPUT", "-s", address, "!", "-d", address, "-m",
+                 "statistic", "--mode", "random", "--probability", loss, "-j", "DROP"}};
+  }
+  for (const std::vector<std::string>& command : commands) {
+    absl::StatusOr<std::string> ran = cluster.RunInNetwork(command, absl::Seconds(10));
+    if (!ran.ok()) return ran.status().ToString();
+  }
+  return "";
+}
+
+}  // namespace
+
+int RunMemoryBandwidthHog(int argc, char** argv) {
+  int seconds = 600;
+  size_t mib = 512;
+  for (int i = 2; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--seconds") seconds = std::stoi(value);
+    if (flag == "--mib") mib = std::stoul(value);
+  }
+  const size_t bytes = mib << 20;
+  std::vector<char> a(bytes, 1), b(bytes, 2);
+  const absl::Time deadline = absl::Now() + absl::Seconds(seconds);
+  uint64_t copies = 0;
+  while (absl::Now() < deadline) {
+    std::memcpy(b.data(), a.data(), bytes);
+    std::memcpy(a.data(), b.data(), bytes);
+    copies += 2;
+  }
+  std::printf("hog: %llu copies of %zu MiB\n", static_cast<unsigned long long>(copies), mib);
+  return a[bytes / 2] == 1 ? 0 : 1;
+}
 
 int RecordFailSlowTrace(int argc, char** argv) {
 #ifndef TRAINGUARD_TRAINER_PATH
@@ -39,19 +120,29 @@ int RecordFailSlowTrace(int argc, char** argv) {
   return 2;
 #else
   using testing::SimCluster;
-  std::string scenario, out;
-  int seconds = 60;
+  std::string scenario, out, policy = "alert", rate = "2mbit", loss = "0.05";
+  int seconds = 60, hosts = 4, per_host = 2;
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--scenario") scenario = value;
     if (flag == "--seconds") seconds = std::stoi(value);
     if (flag == "--out") out = value;
+    if (flag == "--hosts") hosts = std::stoi(value);
+    if (flag == "--ranks-per-host") per_host = std::stoi(value);
+    if (flag == "--fail-slow") policy = value;
+    if (flag == "--link-rate") rate = value;
+    if (flag == "--loss") loss = value;
   }
-  if (out.empty() || (scenario != "throttle" && scenario != "delay" && scenario != "healthy" &&
-                      scenario != "rl")) {
+  const std::vector<std::string> scenarios = {"throttle", "delay", "slowlink", "lossy",
+                                              "membw",    "healthy", "rl"};
+  if (out.empty() || std::find(scenarios.begin(), scenarios.end(), scenario) == scenarios.end() ||
+      hosts < 4 || hosts > 8 || per_host < 1 || per_host > 2 ||
+      (policy != "alert" && policy != "evict")) {
     std::fprintf(stderr,
-                 "usage: bench_fail_slow record --scenario throttle|delay|healthy|rl --seconds N "
-                 "--out TRACE\n");
+                 "usage: bench_fail_slow record --scenario "
+                 "throttle|delay|slowlink|lossy|membw|healthy|rl --seconds N --out TRACE "
+                 "[--hosts 4..8] [--ranks-per-host 1|2] [--fail-slow alert|evict] "
+                 "[--link-rate RATE] [--loss P]\n");
     return 2;
   }
   const std::string dir = std::filesystem::absolute(out).string() + ".run";
@@ -62,6 +153,11 @@ int RecordFailSlowTrace(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<SimCluster> > cluster = SimCluster::Create();
   if (!cluster.ok()) {
     std::fprintf(stderr, "%s\n", cluster.status().ToString().c_str());
+    return 1;
+  }
+  if (std::string failed = DegradeLink(**cluster, scenario, rate, loss); !failed.empty()) {
+    std::fprintf(stderr, "bench_fail_slow record: degrading host%d's link: %s\n", kDegradedHost,
+                 failed.c_str());
     return 1;
   }
   TcpStoreServerOptions store_options;
@@ -89,13 +185,15 @@ int RecordFailSlowTrace(int argc, char** argv) {
     trainer.push_back("--generate");
     trainer.push_back("20:4");
   }
-  for (int n = 1; n <= 4; ++n) {
+  const std::string self = std::filesystem::canonical("/proc/self/exe").string();
+  const int started_hosts = policy == "evict" ? hosts + 1 : hosts;
+  for (int n = 1; n <= started_hosts; ++n) {
     std::vector<std::string> argv_host = {TRAINGUARD_CLI_PATH,
                                           "run",
                                           "--nnodes",
-                                          "4",
+                                          absl::StrCat(hosts),
                                           "--nproc-per-node",
-                                          "2",
+                                          absl::StrCat(per_host),
                                           "--rdzv-endpoint",
                                           endpoint,
                                           "--token-file",
@@ -111,26 +209,36 @@ int RecordFailSlowTrace(int argc, char** argv) {
                                           "--host-timeout",
                                           "3",
                                           "--fail-slow",
-                                          "alert",
+                                          policy,
                                           "--fail-slow-continuity",
                                           "10",
                                           "--fail-slow-trace",
-                                          std::filesystem::absolute(out).string(),
-                                          "--"};
+                                          std::filesystem::absolute(out).string()};
+    if (n > hosts) argv_host.insert(argv_host.end(), {"--role", "standby"});
+    argv_host.push_back("--");
     std::vector<std::string> command = trainer;
-    if (n == 3 && scenario == "delay") {
+    if (n == kDegradedHost && scenario == "delay") {
       command.push_back("--step-time-ms");
       command.push_back("20");
     }
-    if (n == 3 && scenario == "throttle") {
+    if (n == kDegradedHost && scenario == "throttle") {
       command.insert(command.begin(),
                      {"/bin/sh", "-c",
                       absl::StrCat("echo $$ > ", throttle->Procs(), " && exec \"$@\""), "sh"});
     }
-    argv_host.insert(argv_host.end(), command.begin(), command.end());
+    std::vector<std::string> full = argv_host;
+    full.insert(full.end(), command.begin(), command.end());
+    if (n == kDegradedHost && scenario == "membw") {
+      // The hog beside the agent, in the host's PID namespace: it dies with the host.
+      full.insert(full.begin(),
+                  {"/bin/sh", "-c",
+                   absl::StrCat("'", self, "' hog --seconds ", seconds + 60,
+                                " --mib 512 & exec \"$@\""),
+                   "sh"});
+    }
     absl::Status started =
         (*cluster)->StartHost(n, {.hostname = absl::StrCat("host", n),
-                                  .argv = argv_host,
+                                  .argv = full,
                                   .env = testing::ExampleCheckpointEnv(dir + "/run"),
                                   .log_path = absl::StrCat(dir, "/host", n, ".log")});
     if (!started.ok()) {
@@ -140,17 +248,26 @@ int RecordFailSlowTrace(int argc, char** argv) {
     if (n == 1) absl::SleepFor(absl::Seconds(1));  // host1 takes the lease and coordinates
   }
   absl::SleepFor(absl::Seconds(seconds));
-  for (int n = 1; n <= 4; ++n) (void)(*cluster)->KillHost(n);
-  for (int n = 1; n <= 4; ++n) (void)(*cluster)->WaitHost(n, absl::Seconds(10));
+  for (int n = 1; n <= started_hosts; ++n) (void)(*cluster)->KillHost(n);
+  for (int n = 1; n <= started_hosts; ++n) (void)(*cluster)->WaitHost(n, absl::Seconds(10));
   int hangs = 0;
-  for (int rank = 0; rank < 8; ++rank) {
+  for (int rank = 0; rank < hosts * per_host; ++rank) {
     absl::StatusOr<EventLogContents> events =
         ReadEventLog(Env::Default(), EventLogPath(dir + "/run", rank));
     if (!events.ok()) continue;
     for (const Event& e : events->events) hangs += e.type == EventType::kHang ? 1 : 0;
   }
-  std::printf("%s: trace %s (%d s); watchdog hang events: %d; logs in %s\n", scenario.c_str(),
-              out.c_str(), seconds, hangs, dir.c_str());
+  int suspects = 0, evictions = 0;
+  for (int n = 1; n <= started_hosts; ++n) {
+    const std::string log = absl::StrCat(dir, "/host", n, ".log");
+    suspects += CountLines(log, "suspect host ");
+    evictions += CountLines(log, "is dead (fail-slow");
+  }
+  std::printf(
+      "%s: trace %s (%d s, %d hosts x %d ranks, --fail-slow %s); watchdog hang events: %d; "
+      "suspect verdicts: %d; fail-slow evictions: %d; logs in %s\n",
+      scenario.c_str(), out.c_str(), seconds, hosts, per_host, policy.c_str(), hangs, suspects,
+      evictions, dir.c_str());
   return 0;
 #endif
 }
