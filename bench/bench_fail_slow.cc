@@ -46,6 +46,7 @@ struct Trace {
   std::string label;
   std::string faulty;                                             // "" for a fault-free run
   std::map<int64_t, std::map<std::string, std::string>> seconds;  // second -> host -> record
+  std::set<std::string> metrics;                                  // the metrics it holds
 };
 
 bool LoadTrace(const std::string& spec, Trace* trace) {
@@ -61,6 +62,9 @@ bool LoadTrace(const std::string& spec, Trace* trace) {
     int64_t second = 0;
     if (f.size() != 3 || !absl::SimpleAtoi(f[0], &second)) continue;
     trace->seconds[second][f[1]] = f[2];
+    if (absl::StatusOr<HostMetricsRecord> r = ParseHostMetricsRecord(f[2]); r.ok()) {
+      for (const auto& [metric, value] : r->metrics) trace->metrics.insert(metric);
+    }
   }
   return !trace->seconds.empty();
 }
@@ -222,8 +226,12 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "bench_fail_slow: %s\n", detector.status().ToString().c_str());
       return 2;
     }
+    // The baseline gets the detector's metrics that this trace holds (a host lacking one is left
+    // out of its comparison, so a metric an older agent did not publish would blind it).
     std::vector<std::string> metric_names;
-    for (const FailSlowMetric& m : detector->options().metrics) metric_names.push_back(m.name);
+    for (const FailSlowMetric& m : detector->options().metrics) {
+      if (trace.metrics.count(m.name) != 0) metric_names.push_back(m.name);
+    }
     MahalanobisDetector baseline({.metrics = metric_names, .threshold = mahalanobis_threshold});
     Outcome a, b, w;
     std::map<std::string, int64_t> seq_a, seq_b;

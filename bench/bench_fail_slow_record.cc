@@ -9,12 +9,11 @@
 // host's ranks) and --fail-slow-continuity 10; host 3 is the degraded one:
 //   throttle: its ranks in a CPU cgroup capped at 2% of one CPU (a rank here needs about 4%);
 //   delay:    its ranks sleep 20 ms in every step (--step-time-ms);
-//   slowlink: every packet from its address shaped to RATE (default 2mbit): an htb class with a u32
-//             filter on its source address on the cluster's `lo` (tc netem, which would add delay,
-//             is not in this kernel);
-//   lossy:    a share P (default 0.05) of the packets from its address to other hosts dropped at
-//             random (iptables INPUT, statistic match: dropped on input, as a lossy link loses
-//             them; on output the sender's call would fail at once instead);
+//   slowlink: every packet its processes send shaped to RATE (default 2mbit): an htb class on the
+//             cluster's `lo`, chosen by iptables CLASSIFY for the sockets of the host's cgroup (tc
+//             netem, which would add delay, is not in this kernel);
+//   lossy:    a share P (default 0.05) of the packets its processes send dropped at random
+//             (marked by cgroup on output, dropped on input with the statistic match);
 //   membw:    a memory-bandwidth hog in the host (`bench_fail_slow hog`: memcpy between two
 //             512 MiB buffers, far above the LLC) beside its ranks;
 //   healthy:  no fault; rl: no fault, an RL-shaped step (--generate 20:4, generation lengths that
@@ -30,9 +29,11 @@
 // until N seconds (default 600) have passed, then exits.
 //
 // Needs root, like multihost_test. Single-threaded (the SimCluster's rule).
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -41,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "sdk/rendezvous/tcp_store.h"
@@ -63,23 +65,65 @@ int CountLines(const std::string& path, const std::string& needle) {
   return count;
 }
 
-// Degrades host kDegradedHost's traffic in the cluster's network namespace; "" on success.
-std::string DegradeLink(testing::SimCluster& cluster, const std::string& scenario,
-                        const std::string& rate, const std::string& loss) {
-  const std::string address = testing::SimCluster::Address(kDegradedHost);
+// A cgroup v2 group that host kDegradedHost's processes join (`echo $$ > Procs() && exec ...`), so
+// iptables can match every packet its sockets send (`-m cgroup --path Path()`), whatever source
+// address the kernel gave a connection (a socket that connects without binding leaves from
+// 127.0.0.1, which no per-address rule sees). Removed, bounded, once its processes are gone.
+class SocketCgroup {
+ public:
+  static absl::StatusOr<std::unique_ptr<SocketCgroup>> Create(const std::string& name) {
+    // cgroup v2 is /sys/fs/cgroup on a unified host, /sys/fs/cgroup/unified on a hybrid one.
+    const std::string root = std::filesystem::exists("/sys/fs/cgroup/cgroup.controllers")
+                                 ? "/sys/fs/cgroup"
+                                 : "/sys/fs/cgroup/unified";
+    const std::string dir = root + "/" + name;
+    if (mkdir(dir.c_str(), 0755) != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("mkdir ", dir, ": ", std::strerror(errno), " (no cgroup v2 hierarchy)"));
+    }
+    return std::unique_ptr<SocketCgroup>(new SocketCgroup(dir, "/" + name));
+  }
+  ~SocketCgroup() {
+    for (absl::Time end = absl::Now() + absl::Seconds(10); absl::Now() < end;) {
+      if (rmdir(dir_.c_str()) == 0 || errno == ENOENT) return;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    std::fprintf(stderr, "bench_fail_slow record: %s not removed: %s\n", dir_.c_str(),
+                 std::strerror(errno));
+  }
+  SocketCgroup(const SocketCgroup&) = delete;
+  SocketCgroup& operator=(const SocketCgroup&) = delete;
+  std::string Procs() const { return dir_ + "/cgroup.procs"; }
+  const std::string& Path() const { return path_; }
+
+ private:
+  SocketCgroup(std::string dir, std::string path) : dir_(std::move(dir)), path_(std::move(path)) {}
+  std::string dir_, path_;
+};
+
+// Degrades the traffic of the processes in `group` (host kDegradedHost's) in the cluster's
+// network namespace; "" on success.
+std::string DegradeLink(testing::SimCluster& cluster, const SocketCgroup& group,
+                        const std::string& scenario, const std::string& rate,
+                        const std::string& loss) {
+  const std::string tc = "/usr/sbin/tc", iptables = "/usr/sbin/iptables";
   std::vector<std::vector<std::string>> commands;
   if (scenario == "slowlink") {
-    const std::string tc = "/usr/sbin/tc";
+    // htb puts a packet whose priority names one of its classes in that class: CLASSIFY sets it.
     commands = {
         {tc, "qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb", "default", "10"},
         {tc, "class", "add", "dev", "lo", "parent", "1:", "classid", "1:10", "htb", "rate",
          "10gbit"},
         {tc, "class", "add", "dev", "lo", "parent", "1:", "classid", "1:20", "htb", "rate", rate},
-        {tc, "filter", "add", "dev", "lo", "parent", "1:", "protocol", "ip", "prio", "1", "u32",
-         "match", "ip", "src", address + "/32", "flowid", "1:20"}};
+        {iptables, "-t", "mangle", "-A", "OUTPUT", "-m", "cgroup", "--path", group.Path(), "-j",
+         "CLASSIFY", "--set-class", "1:20"}};
   } else if (scenario == "lossy") {
-    commands = {{"/usr/sbin/iptables", "-A", "INPUT", "-s", address, "!", "-d", address, "-m",
-                 "statistic", "--mode", "random", "--probability", loss, "-j", "DROP"}};
+    // Marked on output, dropped on input: a packet dropped on output fails the sender's call at
+    // once (EPERM), which a lossy link never does; on input it is lost in silence.
+    commands = {{iptables, "-t", "mangle", "-A", "OUTPUT", "-m", "cgroup", "--path", group.Path(),
+                 "-j", "MARK", "--set-mark", "0x3"},
+                {iptables, "-A", "INPUT", "-m", "mark", "--mark", "0x3", "-m", "statistic",
+                 "--mode", "random", "--probability", loss, "-j", "DROP"}};
   }
   for (const std::vector<std::string>& command : commands) {
     absl::StatusOr<std::string> ran = cluster.RunInNetwork(command, absl::Seconds(10));
@@ -155,10 +199,21 @@ int RecordFailSlowTrace(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", cluster.status().ToString().c_str());
     return 1;
   }
-  if (std::string failed = DegradeLink(**cluster, scenario, rate, loss); !failed.empty()) {
-    std::fprintf(stderr, "bench_fail_slow record: degrading host%d's link: %s\n", kDegradedHost,
-                 failed.c_str());
-    return 1;
+  std::unique_ptr<SocketCgroup> socket_group;
+  if (scenario == "slowlink" || scenario == "lossy") {
+    absl::StatusOr<std::unique_ptr<SocketCgroup> > made =
+        SocketCgroup::Create(absl::StrCat("trainguard-bench-fail-slow-net-", getpid()));
+    if (!made.ok()) {
+      std::fprintf(stderr, "%s\n", made.status().ToString().c_str());
+      return 1;
+    }
+    socket_group = *std::move(made);
+    if (std::string failed = DegradeLink(**cluster, *socket_group, scenario, rate, loss);
+        !failed.empty()) {
+      std::fprintf(stderr, "bench_fail_slow record: degrading host%d's link: %s\n", kDegradedHost,
+                   failed.c_str());
+      return 1;
+    }
   }
   TcpStoreServerOptions store_options;
   store_options.host = "127.0.1.254";
@@ -228,6 +283,12 @@ int RecordFailSlowTrace(int argc, char** argv) {
     }
     std::vector<std::string> full = argv_host;
     full.insert(full.end(), command.begin(), command.end());
+    if (n == kDegradedHost && socket_group != nullptr) {
+      // The whole host, its agent included, sends through the degraded link.
+      full.insert(full.begin(),
+                  {"/bin/sh", "-c",
+                   absl::StrCat("echo $$ > ", socket_group->Procs(), " && exec \"$@\""), "sh"});
+    }
     if (n == kDegradedHost && scenario == "membw") {
       // The hog beside the agent, in the host's PID namespace: it dies with the host.
       full.insert(full.begin(),
