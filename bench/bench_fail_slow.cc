@@ -15,6 +15,9 @@
 // is present from the start), one naming another host a false positive. Host-level precision,
 // recall and F1 over all traces, detection latency p50/p90, false alarms per hour of fault-free
 // traces. Deterministic: the same traces give the same numbers.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -135,12 +138,33 @@ void Score(const Trace& trace, const Outcome& o, Totals* t) {
   t->fp += static_cast<int>(o.wrongly_named.size());
 }
 
+// Opens `pairs` connected TCP pairs over 127.0.0.1 (both ends stay open in this process until it
+// exits): the sockets a rank holds (its collective peers, the store).
+void OpenLoopbackPairs(int pairs) {
+  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(addr);
+  if (bind(listener, reinterpret_cast<sockaddr*>(&addr), length) != 0 ||
+      listen(listener, pairs) != 0 ||
+      getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &length) != 0) {
+    return;
+  }
+  for (int i = 0; i < pairs; ++i) {
+    const int client = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (connect(client, reinterpret_cast<sockaddr*>(&addr), length) != 0) return;
+    (void)accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+  }
+}
+
 // The agent's per-second work for a host of 2 ranks, without the store round trips: the /proc
-// reads and the record's encoding (this process stands in for both ranks); and the coordinator's
-// detector for `hosts` hosts of 4 metrics.
+// reads, the TCP_INFO reads of 16 sockets per rank and the record's encoding (this process stands
+// in for both ranks); and the coordinator's detector for `hosts` hosts of 5 metrics.
 int MeasureCost() {
   constexpr int kRounds = 2000;
   const pid_t self = getpid();
+  OpenLoopbackPairs(8);
   const std::string work = EncodeRankWorkRecord({1000, 5'000'000'000, 3'000'000'000});
   tools::HostSampler sampler;
   absl::Time now = absl::Now();
@@ -153,7 +177,8 @@ int MeasureCost() {
   }
   const double agent_us = absl::ToDoubleMicroseconds(absl::Now() - start) / kRounds;
   std::printf(
-      "agent sample (2 ranks, /proc reads + encoding): %.1f us per second of training, "
+      "agent sample (2 ranks of 16 TCP sockets each, /proc and TCP_INFO reads + encoding): %.1f "
+      "us per second of training, "
       "record %.0f bytes\n",
       agent_us, static_cast<double>(bytes) / (kRounds - 1));
   for (int hosts : {4, 64, 1024}) {
@@ -170,10 +195,11 @@ int MeasureCost() {
         samples.push_back({host, "cpu_wait_ms", 30 * f, 1});
         samples.push_back({host, "collective_ms", 40 * f, 2});
         samples.push_back({host, "cpu_util", 0.9 * f, 1});
+        samples.push_back({host, "tcp_retrans", 2 * f, 1});
       }
       (void)detector->Observe(s, samples);
     }
-    std::printf("coordinator detector, %d hosts x 4 metrics: %.3f ms per second of training\n",
+    std::printf("coordinator detector, %d hosts x 5 metrics: %.3f ms per second of training\n",
                 hosts, absl::ToDoubleMilliseconds(absl::Now() - t0) / seconds);
   }
   return 0;
