@@ -12,7 +12,8 @@
 #   4 hosts x 2 ranks with --fail-slow evict and a standby host, one run of LONG_SECONDS each of:
 #     healthy, rl (the long fault-free evidence: false alarms and evictions; 0 skips them).
 # REPLAY_ONLY=1 skips the recording and replays the traces already in the trace folder; SETS
-# (default "h4 h8 long") records only the sets named, and still replays every trace it finds.
+# (default "h4 h8 long") records only the sets named and SCENARIOS only those 4-host scenarios;
+# every trace found is replayed.
 # The trainer's seeds are fixed; the scheduling of the simulated hosts on the machine is not, so
 # repeats differ.
 set -eu
@@ -28,13 +29,15 @@ watchdog=""     # --watchdog-named flags
 set_specs=""    # "set|spec" lines, to replay each set alone
 
 sets=${SETS:-h4 h8 long}
+scenarios=${SCENARIOS:-throttle delay slowlink lossy membw healthy rl}
 
 # record SET LABEL SCENARIO SECONDS [record flags...]
 record() {
   set_name=$1 label=$2 scenario=$3 secs=$4
   shift 4
   trace=$out/$label.trace
-  if [ "${REPLAY_ONLY:-0}" = 1 ] || ! echo " $sets " | grep -q " $set_name "; then
+  if [ "${REPLAY_ONLY:-0}" = 1 ] || ! echo " $sets " | grep -q " $set_name " ||
+    { [ "$set_name" = h4 ] && ! echo " $scenarios " | grep -q " $scenario "; }; then
     [ -s "$trace" ] || return 0
     line=$(cat "$trace.line" 2>/dev/null || echo "")
   else
@@ -92,7 +95,7 @@ for scenario in throttle delay slowlink lossy membw; do
   # shellcheck disable=SC2086
   "$bench" --continuity 10 $watchdog $these | tail -3
 done
-for metric in compute_ms cpu_wait_ms collective_ms cpu_util; do
+for metric in compute_ms cpu_wait_ms tcp_retrans collective_ms cpu_util; do
   echo
   echo "== $metric alone, all runs"
   # shellcheck disable=SC2086
