@@ -79,11 +79,9 @@ std::optional<TcpSocketTotals> ProcessTcpTotals(pid_t pid) {
   }
   closedir(dir);
   close(pidfd);
-  if (!any_readable && totals.sockets == 0) {
-    // No socket could be duplicated: either none is open or pidfd_getfd is refused; both read as
-    // no TCP traffic, which a rank training over TCP never has, so say unreadable.
-    return std::nullopt;
-  }
+  // No socket duplicated: none is open, or pidfd_getfd was refused. Either way there is nothing to
+  // compare this rank's counters with, rather than a rank that retransmits nothing.
+  if (!any_readable) return std::nullopt;
   return totals;
 }
 

@@ -68,11 +68,12 @@ int64_t ProcessRunDelayNs(pid_t pid);
 
 // The TCP sockets `pid` holds open, read through getsockopt(TCP_INFO) on a duplicate of each
 // (pidfd_getfd: needs the right to ptrace `pid`, which a host agent has over its own ranks).
-// nullopt when the process cannot be read (gone, no permission, a kernel before 5.6).
+// nullopt when no socket of it can be read (it holds none, it is gone, no permission, a kernel
+// before 5.6). Cost: a readlink per open fd and, per socket, two syscalls and a close.
 struct TcpSocketTotals {
-  int sockets = 0;             // TCP sockets in a connected state
-  int64_t retransmits = 0;     // their tcpi_total_retrans, summed
-  double max_rtt_ms = 0;       // the largest of their tcpi_rtt (smoothed RTT); 0 with no socket
+  int sockets = 0;          // TCP sockets neither listening nor closed
+  int64_t retransmits = 0;  // their tcpi_total_retrans, summed
+  double max_rtt_ms = 0;    // the largest of their tcpi_rtt (smoothed RTT); 0 with no socket
 };
 std::optional<TcpSocketTotals> ProcessTcpTotals(pid_t pid);
 
