@@ -39,8 +39,8 @@ std::vector<FailSlowMetric> FailSlowDetector::DefaultMetrics() {
   // The floors: 1 ms of compute per step, 20 ms of run-queue wait per second, 15 retransmitted
   // segments per second, 5 ms of collective per step, 5% of a CPU: below them, hosts of a loaded
   // machine differ by scheduling noise alone. Retransmissions: healthy simulated hosts retransmit
-  // 0.4-3 segments a second on loopback, the peers that send to a CPU-throttled host up to 10 (it
-  // is slow, not lossy), a host losing 5% of its packets 25-30. The slow host computes longer and
+  // 0.4-3 segments a second on loopback, and up to 10 in a job with a CPU-throttled host (slow,
+  // not lossy; bench_fail_slow's 8-host runs), a host losing 5% of its packets 25-30. The slow host computes longer and
   // waits longer for a CPU; a lossy link retransmits more, while every host of the ring waits
   // alike in the collective; the slow host waits least in collectives (the others wait for it).
   using Worse = FailSlowMetric::Worse;

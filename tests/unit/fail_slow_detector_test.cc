@@ -228,13 +228,13 @@ TEST(FailSlowDetector, ALossyHostIsNamedByItsRetransmissionsThoughEveryHostWaits
   EXPECT_EQ(all[0].second, 8 + 10 - 1);
 }
 
-TEST(FailSlowDetector, TheRetransmissionsOfAPeerOfASlowHostAreNotALossyLink) {
+TEST(FailSlowDetector, RetransmissionsBelowTheFloorAreNotALossyLinkEvenFarAboveThePeers) {
   FailSlowOptions options;
   options.continuity = 3;
   absl::StatusOr<FailSlowDetector> detector = FailSlowDetector::Create(options);
   ASSERT_TRUE(detector.ok());
-  // host1 retransmits 6x its peers, as the sender to a CPU-throttled host does (12 segments a
-  // second against 2): under the 15/s floor.
+  // host1 retransmits 6x its peers, as a healthy host did beside a CPU-throttled one (12 segments
+  // a second against 2): under the 15/s floor.
   for (int64_t t = 0; t < 60; ++t) {
     EXPECT_TRUE(detector->Observe(t, RingSecond(4, t, 1, 12)).empty()) << "second " << t;
   }
