@@ -177,7 +177,7 @@ int RecordFailSlowTrace(int argc, char** argv) {
     if (flag == "--link-rate") rate = value;
     if (flag == "--loss") loss = value;
   }
-  const std::vector<std::string> scenarios = {"throttle", "delay", "slowlink", "lossy",
+  const std::vector<std::string> scenarios = {"throttle", "delay",   "slowlink", "lossy",
                                               "membw",    "healthy", "rl"};
   if (out.empty() || std::find(scenarios.begin(), scenarios.end(), scenario) == scenarios.end() ||
       hosts < 4 || hosts > 8 || per_host < 1 || per_host > 2 ||
@@ -201,7 +201,7 @@ int RecordFailSlowTrace(int argc, char** argv) {
   }
   std::unique_ptr<SocketCgroup> socket_group;
   if (scenario == "slowlink" || scenario == "lossy") {
-    absl::StatusOr<std::unique_ptr<SocketCgroup> > made =
+    absl::StatusOr<std::unique_ptr<SocketCgroup>> made =
         SocketCgroup::Create(absl::StrCat("trainguard-bench-fail-slow-net-", getpid()));
     if (!made.ok()) {
       std::fprintf(stderr, "%s\n", made.status().ToString().c_str());
@@ -291,11 +291,10 @@ int RecordFailSlowTrace(int argc, char** argv) {
     }
     if (n == kDegradedHost && scenario == "membw") {
       // The hog beside the agent, in the host's PID namespace: it dies with the host.
-      full.insert(full.begin(),
-                  {"/bin/sh", "-c",
-                   absl::StrCat("'", self, "' hog --seconds ", seconds + 60,
-                                " --mib 512 & exec \"$@\""),
-                   "sh"});
+      full.insert(full.begin(), {"/bin/sh", "-c",
+                                 absl::StrCat("'", self, "' hog --seconds ", seconds + 60,
+                                              " --mib 512 & exec \"$@\""),
+                                 "sh"});
     }
     absl::Status started =
         (*cluster)->StartHost(n, {.hostname = absl::StrCat("host", n),

@@ -138,9 +138,9 @@ std::optional<HostMetricsRecord> HostSampler::Sample(absl::Time now,
       }
       if (p.tcp_retransmits >= 0 && now_seen.tcp_retransmits >= 0) {
         // A socket that closed takes its count with it: a negative delta counts as none.
-        retrans += std::max<double>(
-                       0, static_cast<double>(now_seen.tcp_retransmits - p.tcp_retransmits)) /
-                   seconds;
+        retrans +=
+            std::max<double>(0, static_cast<double>(now_seen.tcp_retransmits - p.tcp_retransmits)) /
+            seconds;
         ++with_retrans;
       }
     }

@@ -40,9 +40,10 @@ std::vector<FailSlowMetric> FailSlowDetector::DefaultMetrics() {
   // segments per second, 5 ms of collective per step, 5% of a CPU: below them, hosts of a loaded
   // machine differ by scheduling noise alone. Retransmissions: healthy simulated hosts retransmit
   // 0.4-3 segments a second on loopback, and up to 10 in a job with a CPU-throttled host (slow,
-  // not lossy; bench_fail_slow's 8-host runs), a host losing 5% of its packets 25-30. The slow host computes longer and
-  // waits longer for a CPU; a lossy link retransmits more, while every host of the ring waits
-  // alike in the collective; the slow host waits least in collectives (the others wait for it).
+  // not lossy; bench_fail_slow's 8-host runs), a host losing 5% of its packets 25-30. The slow host
+  // computes longer and waits longer for a CPU; a lossy link retransmits more, while every host of
+  // the ring waits alike in the collective; the slow host waits least in collectives (the others
+  // wait for it).
   using Worse = FailSlowMetric::Worse;
   return {{"compute_ms", true, 1.0, Worse::kHigher},
           {"cpu_wait_ms", false, 20.0, Worse::kHigher},

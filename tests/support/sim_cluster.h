@@ -556,12 +556,11 @@ class SimCluster {
   // and returns its stdout: traffic control on one host's address (`tc` on `lo` with a filter on
   // Address(n), `iptables -s Address(n)`), which then applies to this cluster only. An error with
   // the exit status and stderr when the command fails or runs past `timeout` (it is killed).
-  absl::StatusOr<std::string> RunInNetwork(std::vector<std::string> argv,
-                                           absl::Duration timeout) {
+  absl::StatusOr<std::string> RunInNetwork(std::vector<std::string> argv, absl::Duration timeout) {
     const std::string what = absl::StrJoin(argv, " ");
     absl::StatusOr<sim_cluster_internal::Captured> ran = sim_cluster_internal::RunCaptured(
-        std::move(argv), sim_cluster_internal::EnvironmentWith({}), {{netns_, CLONE_NEWNET}},
-        false, timeout);
+        std::move(argv), sim_cluster_internal::EnvironmentWith({}), {{netns_, CLONE_NEWNET}}, false,
+        timeout);
     if (!ran.ok()) return ran.status();
     if (ran->wait_status != 0) {
       return absl::InternalError(absl::StrCat(

@@ -212,7 +212,8 @@ std::vector<FailSlowSample> RingSecond(int hosts, int64_t t, int lossy, double r
   return samples;
 }
 
-TEST(FailSlowDetector, ALossyHostIsNamedByItsRetransmissionsThoughEveryHostWaitsAlikeInCollectives) {
+TEST(FailSlowDetector,
+     ALossyHostIsNamedByItsRetransmissionsThoughEveryHostWaitsAlikeInCollectives) {
   FailSlowOptions options;
   options.continuity = 10;
   absl::StatusOr<FailSlowDetector> detector = FailSlowDetector::Create(options);
