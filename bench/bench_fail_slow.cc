@@ -4,7 +4,9 @@
 // watchdog-only baseline (a host is named only if the run's watchdog declared a hang: the runs'
 // event files, counted by the script and passed as --watchdog-named).
 //
-//   bench_fail_slow record --scenario throttle|delay|healthy|rl --seconds N --out TRACE
+//   bench_fail_slow record --scenario throttle|delay|slowlink|lossy|membw|healthy|rl --seconds N
+//                          --out TRACE [--hosts H] [--ranks-per-host R] [--fail-slow alert|evict]
+//   bench_fail_slow hog [--seconds N] [--mib M]     (the membw scenario's hog; see the record file)
 //   bench_fail_slow [--continuity S] [--window S] [--metrics a,b,..] [--verbose]
 //                   [--watchdog-named LABEL=HOST] LABEL:FAULTY_HOST_OR_none:TRACE ...
 //
@@ -13,6 +15,9 @@
 // is present from the start), one naming another host a false positive. Host-level precision,
 // recall and F1 over all traces, detection latency p50/p90, false alarms per hour of fault-free
 // traces. Deterministic: the same traces give the same numbers.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,7 +40,8 @@
 
 namespace trainguard {
 
-int RecordFailSlowTrace(int argc, char** argv);  // bench_fail_slow_record.cc
+int RecordFailSlowTrace(int argc, char** argv);    // bench_fail_slow_record.cc
+int RunMemoryBandwidthHog(int argc, char** argv);  // bench_fail_slow_record.cc
 
 namespace {
 
@@ -43,6 +49,7 @@ struct Trace {
   std::string label;
   std::string faulty;                                             // "" for a fault-free run
   std::map<int64_t, std::map<std::string, std::string>> seconds;  // second -> host -> record
+  std::set<std::string> metrics;                                  // the metrics it holds
 };
 
 bool LoadTrace(const std::string& spec, Trace* trace) {
@@ -58,6 +65,9 @@ bool LoadTrace(const std::string& spec, Trace* trace) {
     int64_t second = 0;
     if (f.size() != 3 || !absl::SimpleAtoi(f[0], &second)) continue;
     trace->seconds[second][f[1]] = f[2];
+    if (absl::StatusOr<HostMetricsRecord> r = ParseHostMetricsRecord(f[2]); r.ok()) {
+      for (const auto& [metric, value] : r->metrics) trace->metrics.insert(metric);
+    }
   }
   return !trace->seconds.empty();
 }
@@ -128,12 +138,33 @@ void Score(const Trace& trace, const Outcome& o, Totals* t) {
   t->fp += static_cast<int>(o.wrongly_named.size());
 }
 
+// Opens `pairs` connected TCP pairs over 127.0.0.1 (both ends stay open in this process until it
+// exits): the sockets a rank holds (its collective peers, the store).
+void OpenLoopbackPairs(int pairs) {
+  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(addr);
+  if (bind(listener, reinterpret_cast<sockaddr*>(&addr), length) != 0 ||
+      listen(listener, pairs) != 0 ||
+      getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &length) != 0) {
+    return;
+  }
+  for (int i = 0; i < pairs; ++i) {
+    const int client = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (connect(client, reinterpret_cast<sockaddr*>(&addr), length) != 0) return;
+    (void)accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+  }
+}
+
 // The agent's per-second work for a host of 2 ranks, without the store round trips: the /proc
-// reads and the record's encoding (this process stands in for both ranks); and the coordinator's
-// detector for `hosts` hosts of 4 metrics.
+// reads, the TCP_INFO reads of 16 sockets per rank and the record's encoding (this process stands
+// in for both ranks); and the coordinator's detector for `hosts` hosts of 5 metrics.
 int MeasureCost() {
   constexpr int kRounds = 2000;
   const pid_t self = getpid();
+  OpenLoopbackPairs(8);
   const std::string work = EncodeRankWorkRecord({1000, 5'000'000'000, 3'000'000'000});
   tools::HostSampler sampler;
   absl::Time now = absl::Now();
@@ -146,7 +177,8 @@ int MeasureCost() {
   }
   const double agent_us = absl::ToDoubleMicroseconds(absl::Now() - start) / kRounds;
   std::printf(
-      "agent sample (2 ranks, /proc reads + encoding): %.1f us per second of training, "
+      "agent sample (2 ranks of 16 TCP sockets each, /proc and TCP_INFO reads + encoding): %.1f "
+      "us per second of training, "
       "record %.0f bytes\n",
       agent_us, static_cast<double>(bytes) / (kRounds - 1));
   for (int hosts : {4, 64, 1024}) {
@@ -163,10 +195,11 @@ int MeasureCost() {
         samples.push_back({host, "cpu_wait_ms", 30 * f, 1});
         samples.push_back({host, "collective_ms", 40 * f, 2});
         samples.push_back({host, "cpu_util", 0.9 * f, 1});
+        samples.push_back({host, "tcp_retrans", 2 * f, 1});
       }
       (void)detector->Observe(s, samples);
     }
-    std::printf("coordinator detector, %d hosts x 4 metrics: %.3f ms per second of training\n",
+    std::printf("coordinator detector, %d hosts x 5 metrics: %.3f ms per second of training\n",
                 hosts, absl::ToDoubleMilliseconds(absl::Now() - t0) / seconds);
   }
   return 0;
@@ -175,6 +208,7 @@ int MeasureCost() {
 int Main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "record") return RecordFailSlowTrace(argc, argv);
   if (argc > 1 && std::string(argv[1]) == "cost") return MeasureCost();
+  if (argc > 1 && std::string(argv[1]) == "hog") return RunMemoryBandwidthHog(argc, argv);
   FailSlowOptions options;
   std::vector<std::string> specs;
   bool verbose = false;
@@ -218,8 +252,12 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "bench_fail_slow: %s\n", detector.status().ToString().c_str());
       return 2;
     }
+    // The baseline gets the detector's metrics that this trace holds (a host lacking one is left
+    // out of its comparison, so a metric an older agent did not publish would blind it).
     std::vector<std::string> metric_names;
-    for (const FailSlowMetric& m : detector->options().metrics) metric_names.push_back(m.name);
+    for (const FailSlowMetric& m : detector->options().metrics) {
+      if (trace.metrics.count(m.name) != 0) metric_names.push_back(m.name);
+    }
     MahalanobisDetector baseline({.metrics = metric_names, .threshold = mahalanobis_threshold});
     Outcome a, b, w;
     std::map<std::string, int64_t> seq_a, seq_b;

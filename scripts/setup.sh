@@ -14,6 +14,8 @@ PACKAGES=(
   libcurl4-openssl-dev             # EtcdStore (etcd's JSON gateway over HTTP)
   etcd-server                      # /usr/bin/etcd for EtcdStore's tests
   nftables                         # /usr/sbin/nft: partitions between simulated hosts (tests)
+  iproute2                         # /usr/sbin/tc: a slow link of one simulated host (bench_fail_slow)
+  iptables                         # random loss on one simulated host's traffic (bench_fail_slow)
   liburing-dev                     # checkpoint persistence (io_uring)
   libgtest-dev libgmock-dev        # tests
   libbenchmark-dev                 # bench/

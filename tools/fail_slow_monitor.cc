@@ -1,5 +1,10 @@
 #include "tools/fail_slow_monitor.h"
 
+#include <dirent.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,20 +32,70 @@ int64_t ProcessRunDelayNs(pid_t pid) {
   return waited;
 }
 
+std::optional<TcpSocketTotals> ProcessTcpTotals(pid_t pid) {
+  const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (pidfd < 0) return std::nullopt;
+  const std::string fd_dir = absl::StrCat("/proc/", pid, "/fd");
+  DIR* dir = opendir(fd_dir.c_str());
+  if (dir == nullptr) {
+    close(pidfd);
+    return std::nullopt;
+  }
+  TcpSocketTotals totals;
+  bool any_readable = false;
+  while (dirent* entry = readdir(dir)) {
+    int target_fd = -1;
+    if (!absl::SimpleAtoi(entry->d_name, &target_fd)) continue;
+    char link[64];
+    const ssize_t n =
+        readlink(absl::StrCat(fd_dir, "/", entry->d_name).c_str(), link, sizeof(link) - 1);
+    if (n <= 0 || std::string_view(link, static_cast<size_t>(n)).rfind("socket:", 0) != 0) {
+      continue;
+    }
+    const int fd = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, target_fd, 0));
+    if (fd < 0) continue;
+    any_readable = true;
+    tcp_info info{};
+    socklen_t length = sizeof(info);
+    // Not TCP (a Unix socket, UDP): ENOPROTOOPT. A listening socket has no peer to measure.
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &length) == 0 &&
+        info.tcpi_state != TCP_LISTEN && info.tcpi_state != TCP_CLOSE) {
+      ++totals.sockets;
+      totals.retransmits += info.tcpi_total_retrans;
+      totals.max_rtt_ms = std::max(totals.max_rtt_ms, static_cast<double>(info.tcpi_rtt) / 1000.0);
+    }
+    close(fd);
+  }
+  closedir(dir);
+  close(pidfd);
+  // No socket duplicated: none is open, or pidfd_getfd was refused. Either way there is nothing to
+  // compare this rank's counters with, rather than a rank that retransmits nothing.
+  if (!any_readable) return std::nullopt;
+  return totals;
+}
+
 std::optional<HostMetricsRecord> HostSampler::Sample(absl::Time now,
                                                      const std::vector<RankProcess>& ranks) {
   const double seconds = absl::ToDoubleSeconds(now - last_);
   const bool have_interval = last_ != absl::InfinitePast() && seconds > 0;
   last_ = now;
   static const double kTicksPerSecond = static_cast<double>(sysconf(_SC_CLK_TCK));
-  double compute_ms = 0, collective_ms = 0, steps = 0, cpu = 0, wait_ms = 0;
-  int with_work = 0, with_cpu = 0, with_wait = 0;
+  double compute_ms = 0, collective_ms = 0, steps = 0, cpu = 0, wait_ms = 0, retrans = 0, rtt = 0;
+  int with_work = 0, with_cpu = 0, with_wait = 0, with_retrans = 0, with_rtt = 0;
   std::map<int, Previous> current;
   for (const RankProcess& r : ranks) {
     Previous now_seen;
     now_seen.pid = r.pid;
     now_seen.cpu_ticks = ProcessCpuTicks(r.pid);
     now_seen.run_delay_ns = ProcessRunDelayNs(r.pid);
+    const std::optional<TcpSocketTotals> tcp = ProcessTcpTotals(r.pid);
+    if (tcp.has_value()) {
+      now_seen.tcp_retransmits = tcp->retransmits;
+      if (tcp->sockets > 0) {
+        rtt += tcp->max_rtt_ms;
+        ++with_rtt;
+      }
+    }
     if (r.work_record.has_value()) {
       absl::StatusOr<RankWorkRecord> parsed = ParseRankWorkRecord(*r.work_record);
       if (parsed.ok()) now_seen.work = *parsed;
@@ -70,11 +125,18 @@ std::optional<HostMetricsRecord> HostSampler::Sample(absl::Time now,
             seconds;
         ++with_wait;
       }
+      if (p.tcp_retransmits >= 0 && now_seen.tcp_retransmits >= 0) {
+        // A socket that closed takes its count with it: a negative delta counts as none.
+        retrans +=
+            std::max<double>(0, static_cast<double>(now_seen.tcp_retransmits - p.tcp_retransmits)) /
+            seconds;
+        ++with_retrans;
+      }
     }
     current[r.rank] = now_seen;
   }
   previous_ = std::move(current);
-  if (with_work == 0 && with_cpu == 0 && with_wait == 0) return std::nullopt;
+  if (with_work == 0 && with_cpu == 0 && with_wait == 0 && with_retrans == 0) return std::nullopt;
   HostMetricsRecord record;
   record.seq = ++seq_;
   // The ranks' work records are written once a second each, not in step with this sample: the
@@ -87,6 +149,8 @@ std::optional<HostMetricsRecord> HostSampler::Sample(absl::Time now,
   }
   if (with_wait > 0) record.metrics.emplace_back("cpu_wait_ms", wait_ms / with_wait);
   if (with_cpu > 0) record.metrics.emplace_back("cpu_util", cpu / with_cpu);
+  if (with_retrans > 0) record.metrics.emplace_back("tcp_retrans", retrans / with_retrans);
+  if (with_rtt > 0) record.metrics.emplace_back("tcp_rtt_ms", rtt / with_rtt);
   if (gpus_ != nullptr) SampleGpus(ranks, record);
   return record;
 }

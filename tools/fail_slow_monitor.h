@@ -8,7 +8,11 @@
 // by; cpu_wait_ms, the time its training (main) thread was runnable but not running
 // (/proc/<pid>/task/<pid>/schedstat run delay, in ms per second: a throttled or oversubscribed
 // CPU; the other threads, mostly asleep, add wake-up delays that any loaded machine has); and
-// cpu_util (CPU seconds per second). With a GpuMetricsSource (sdk/health/gpu_metrics_source.h:
+// cpu_util (CPU seconds per second); tcp_retrans, the TCP segments its sockets retransmitted per
+// second, and tcp_rtt_ms, the largest smoothed round-trip time among its TCP sockets (both from
+// getsockopt(TCP_INFO) on the rank's own sockets, duplicated with pidfd_getfd: per connection, so
+// a lossy or slow link of one host shows on that host's ranks even where every host of a ring
+// waits alike in the collective). With a GpuMetricsSource (sdk/health/gpu_metrics_source.h:
 // NVML where the host has an NVIDIA driver), also the GPUs its ranks use (GpuDevicesOfRanks),
 // averaged over them: gpu_util (duty cycle %), gpu_power_w, gpu_sm_clock_mhz and gpu_mem_util
 // (memory-bandwidth utilisation %), read at the sample's time.
@@ -61,6 +65,7 @@ class HostSampler {
     std::optional<RankWorkRecord> work;
     int64_t cpu_ticks = -1;
     int64_t run_delay_ns = -1;
+    int64_t tcp_retransmits = -1;
   };
   // Appends the GPU metrics of `ranks`' devices to `record` (nothing when no device sampled).
   void SampleGpus(const std::vector<RankProcess>& ranks, HostMetricsRecord& record);
@@ -77,6 +82,17 @@ int64_t ProcessCpuTicks(pid_t pid);
 // The run-queue delay of `pid`'s main thread (/proc/<pid>/task/<pid>/schedstat field 2, ns): time
 // runnable but not running, which includes time a CPU cgroup throttled it. -1 if unreadable.
 int64_t ProcessRunDelayNs(pid_t pid);
+
+// The TCP sockets `pid` holds open, read through getsockopt(TCP_INFO) on a duplicate of each
+// (pidfd_getfd: needs the right to ptrace `pid`, which a host agent has over its own ranks).
+// nullopt when no socket of it can be read (it holds none, it is gone, no permission, a kernel
+// before 5.6). Cost: a readlink per open fd and, per socket, two syscalls and a close.
+struct TcpSocketTotals {
+  int sockets = 0;          // TCP sockets neither listening nor closed
+  int64_t retransmits = 0;  // their tcpi_total_retrans, summed
+  double max_rtt_ms = 0;    // the largest of their tcpi_rtt (smoothed RTT); 0 with no socket
+};
+std::optional<TcpSocketTotals> ProcessTcpTotals(pid_t pid);
 
 // What the coordinator does with a confirmed suspect (LaunchConfig::fail_slow). Pure.
 struct FailSlowDecision {

@@ -36,10 +36,14 @@ std::vector<double> RelativeToMedian(const std::vector<double>& values, double* 
 }  // namespace
 
 std::vector<FailSlowMetric> FailSlowDetector::DefaultMetrics() {
-  // The floors: 1 ms of compute per step, 20 ms of run-queue wait per second, 5 ms of collective
-  // per step, 5% of a CPU: below them, hosts of a loaded machine differ by scheduling noise alone.
-  // The slow host computes longer and waits longer for a CPU; it waits least in collectives (the
-  // others wait for it there).
+  // The floors: 1 ms of compute per step, 20 ms of run-queue wait per second, 15 retransmitted
+  // segments per second, 5 ms of collective per step, 5% of a CPU: below them, hosts of a loaded
+  // machine differ by scheduling noise alone. Retransmissions: healthy simulated hosts retransmit
+  // 0.4-3 segments a second on loopback, and up to 10 in a job with a CPU-throttled host (slow,
+  // not lossy; bench_fail_slow's 8-host runs), a host losing 5% of its packets 25-30. The slow host
+  // computes longer and waits longer for a CPU; a lossy link retransmits more, while every host of
+  // the ring waits alike in the collective; the slow host waits least in collectives (the others
+  // wait for it).
   // The GPU metrics (collected only where NVML is; absent, they never judge) come right after
   // compute_ms, which any slow host shows: they name the cause when the GPU is it. A throttled
   // (thermal, power) GPU runs at a lower SM clock, draws less power and moves fewer bytes per
@@ -52,6 +56,7 @@ std::vector<FailSlowMetric> FailSlowDetector::DefaultMetrics() {
           {"gpu_mem_util", false, 5.0, Worse::kLower},
           {"gpu_util", false, 5.0, Worse::kEither},
           {"cpu_wait_ms", false, 20.0, Worse::kHigher},
+          {"tcp_retrans", false, 15.0, Worse::kHigher},
           {"collective_ms", true, 5.0, Worse::kLower},
           {"cpu_util", false, 0.05, Worse::kEither}};
 }

@@ -111,7 +111,8 @@ class FailSlowDetector {
   // The metrics `trainguard run` collects (tools/fail_slow_monitor.h), in priority order:
   // compute_ms per step (step time outside collectives); where NVML is, gpu_sm_clock_mhz,
   // gpu_power_w, gpu_mem_util (lower is worse) and gpu_util (either side); cpu_wait_ms per second
-  // (run-queue delay), collective_ms per step, cpu_util (CPU seconds per second).
+  // (run-queue delay), tcp_retrans per second (TCP segments the host's ranks retransmitted),
+  // collective_ms per step, cpu_util (CPU seconds per second).
   static std::vector<FailSlowMetric> DefaultMetrics();
 
   // One second's samples (any order; hosts or metrics missing are filled, see max_fill). Seconds

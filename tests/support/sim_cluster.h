@@ -552,6 +552,24 @@ class SimCluster {
     return Nft({"flush", "chain", "ip", sim_cluster_internal::kTable, "input"});
   }
 
+  // Runs argv (argv[0] an absolute path) in the cluster's network namespace, outside every host,
+  // and returns its stdout: traffic control on one host's address (`tc` on `lo` with a filter on
+  // Address(n), `iptables -s Address(n)`), which then applies to this cluster only. An error with
+  // the exit status and stderr when the command fails or runs past `timeout` (it is killed).
+  absl::StatusOr<std::string> RunInNetwork(std::vector<std::string> argv, absl::Duration timeout) {
+    const std::string what = absl::StrJoin(argv, " ");
+    absl::StatusOr<sim_cluster_internal::Captured> ran = sim_cluster_internal::RunCaptured(
+        std::move(argv), sim_cluster_internal::EnvironmentWith({}), {{netns_, CLONE_NEWNET}}, false,
+        timeout);
+    if (!ran.ok()) return ran.status();
+    if (ran->wait_status != 0) {
+      return absl::InternalError(absl::StrCat(
+          what, " in the cluster's network namespace failed (",
+          sim_cluster_internal::DescribeWaitStatus(ran->wait_status), "): ", ran->err));
+    }
+    return ran->out;
+  }
+
   // The cluster's drop rules as `nft list chain` prints them, for failure messages.
   absl::StatusOr<std::string> Rules() {
     absl::StatusOr<sim_cluster_internal::Captured> listed =

@@ -195,6 +195,52 @@ TEST(FailSlowDetector, ADeviationBelowTheMetricsAbsoluteFloorIsNotReported) {
   }
 }
 
+// The default metrics of `trainguard run` for one second of `hosts` hosts that train alike (a
+// ring: every host waits as long in the collective), host `lossy` retransmitting `retrans` TCP
+// segments a second and the others 1 to 3.
+std::vector<FailSlowSample> RingSecond(int hosts, int64_t t, int lossy, double retrans) {
+  std::vector<FailSlowSample> samples;
+  for (int h = 0; h < hosts; ++h) {
+    const double n = 1 + 0.03 * Noise(h, t);
+    samples.push_back({Host(h), "compute_ms", 4.0 * n, 20});
+    samples.push_back({Host(h), "cpu_wait_ms", 150.0 * n, 20});
+    samples.push_back({Host(h), "collective_ms", 1000.0 * n, 20});
+    samples.push_back({Host(h), "cpu_util", 0.15 * n, 20});
+    samples.push_back(
+        {Host(h), "tcp_retrans", h == lossy ? retrans * n : 2.0 + Noise(h, t, 7), 20});
+  }
+  return samples;
+}
+
+TEST(FailSlowDetector,
+     ALossyHostIsNamedByItsRetransmissionsThoughEveryHostWaitsAlikeInCollectives) {
+  FailSlowOptions options;
+  options.continuity = 10;
+  absl::StatusOr<FailSlowDetector> detector = FailSlowDetector::Create(options);
+  ASSERT_TRUE(detector.ok()) << detector.status();
+  std::vector<SuspectVerdict> all;
+  for (int64_t t = 0; t < 25; ++t) {
+    for (SuspectVerdict& v : detector->Observe(t, RingSecond(4, t, 2, 40))) all.push_back(v);
+  }
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].host, "host2");
+  EXPECT_EQ(all[0].metric, "tcp_retrans");
+  // Judged from second 8 (the 9th sample fills the window): the 10th candidate second confirms.
+  EXPECT_EQ(all[0].second, 8 + 10 - 1);
+}
+
+TEST(FailSlowDetector, RetransmissionsBelowTheFloorAreNotALossyLinkEvenFarAboveThePeers) {
+  FailSlowOptions options;
+  options.continuity = 3;
+  absl::StatusOr<FailSlowDetector> detector = FailSlowDetector::Create(options);
+  ASSERT_TRUE(detector.ok());
+  // host1 retransmits 6x its peers, as a healthy host did beside a CPU-throttled one (12 segments
+  // a second against 2): under the 15/s floor.
+  for (int64_t t = 0; t < 60; ++t) {
+    EXPECT_TRUE(detector->Observe(t, RingSecond(4, t, 1, 12)).empty()) << "second " << t;
+  }
+}
+
 TEST(FailSlowDetector, OptionsOutOfRangeAreRejectedNamingTheOption) {
   FailSlowOptions options;
   options.continuity = 0;
@@ -208,8 +254,8 @@ TEST(FailSlowDetector, OptionsOutOfRangeAreRejectedNamingTheOption) {
   options = {};
   options.denoise_window = 8;  // even: a rise would move the median one second before a fall
   EXPECT_EQ(FailSlowDetector::Create(options).status().code(), absl::StatusCode::kInvalidArgument);
-  // The defaults: 4 CPU-side metrics and 4 GPU ones.
-  EXPECT_EQ(FailSlowDetector::Create(FailSlowOptions{})->options().metrics.size(), 8u);
+  // The defaults: 5 CPU-side metrics and 4 GPU ones.
+  EXPECT_EQ(FailSlowDetector::Create(FailSlowOptions{})->options().metrics.size(), 9u);
 }
 
 TEST(MahalanobisDetector, FlagsAThirtyPercentOutlierAtOnceAndAOneSecondSpikeToo) {

@@ -364,6 +364,31 @@ TEST(SimCluster, PartitionDropsTrafficBetweenTwoAddressesUntilHealAll) {
   EXPECT_EQ(cluster->Partition(2, 0).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(SimCluster, RunInNetworkShapesTheClustersLoopbackAndNeverTheMachines) {
+  const std::vector<std::string> show = {"/usr/sbin/tc", "qdisc", "show", "dev", "lo"};
+  absl::StatusOr<sim_cluster_internal::Captured> machine_before = sim_cluster_internal::RunCaptured(
+      show, sim_cluster_internal::EnvironmentWith({}), {}, false, kDeadline);
+  ASSERT_TRUE(machine_before.ok()) << machine_before.status();
+  {
+    std::unique_ptr<SimCluster> cluster = MakeCluster();
+    ASSERT_NE(cluster, nullptr);
+    ASSERT_TRUE(cluster
+                    ->RunInNetwork({"/usr/sbin/tc", "qdisc", "add", "dev", "lo", "root", "handle",
+                                    "1:", "htb", "default", "10"},
+                                   kDeadline)
+                    .ok());
+    EXPECT_THAT(cluster->RunInNetwork(show, kDeadline).value_or(""), HasSubstr("htb 1:"));
+    absl::StatusOr<std::string> unknown = cluster->RunInNetwork(
+        {"/usr/sbin/tc", "qdisc", "add", "dev", "no-such-device", "root", "htb"}, kDeadline);
+    EXPECT_FALSE(unknown.ok());
+    EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("no-such-device"));
+  }
+  absl::StatusOr<sim_cluster_internal::Captured> machine_after = sim_cluster_internal::RunCaptured(
+      show, sim_cluster_internal::EnvironmentWith({}), {}, false, kDeadline);
+  ASSERT_TRUE(machine_after.ok()) << machine_after.status();
+  EXPECT_EQ(machine_after->out, machine_before->out);
+}
+
 TEST(SimCluster, IsolateCutsAnAddressFromEveryOtherUntilHealAll) {
   std::unique_ptr<SimCluster> cluster = MakeCluster();
   ASSERT_NE(cluster, nullptr);

@@ -1,0 +1,91 @@
+// The host agent's sample (tools/fail_slow_monitor.h): the TCP counters it reads from a rank's own
+// sockets, on real loopback connections of this test process.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <map>
+#include <optional>
+#include <string>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "sdk/health/fail_slow_metrics.h"
+#include "tools/fail_slow_monitor.h"
+
+namespace trainguard::tools {
+namespace {
+
+// A connected pair over 127.0.0.1 (client and accepted end) and its listener; closed at scope end.
+struct LoopbackPair {
+  int listener = -1, client = -1, accepted = -1;
+  LoopbackPair() {
+    listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof(addr);
+    if (bind(listener, reinterpret_cast<sockaddr*>(&addr), length) != 0 ||
+        listen(listener, 1) != 0 ||
+        getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &length) != 0) {
+      return;
+    }
+    client = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (connect(client, reinterpret_cast<sockaddr*>(&addr), length) != 0) return;
+    accepted = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);  // queued: returns at once
+  }
+  ~LoopbackPair() {
+    for (int fd : {listener, client, accepted}) {
+      if (fd >= 0) close(fd);
+    }
+  }
+  bool ok() const { return accepted >= 0; }
+};
+
+TEST(ProcessTcpTotals, CountsAProcesssConnectedTcpSocketsButNotItsListeners) {
+  const std::optional<TcpSocketTotals> before = ProcessTcpTotals(getpid());
+  const int sockets_before = before.has_value() ? before->sockets : 0;
+  LoopbackPair pair;
+  ASSERT_TRUE(pair.ok());
+  const std::optional<TcpSocketTotals> after = ProcessTcpTotals(getpid());
+  ASSERT_TRUE(after.has_value()) << "pidfd_getfd on this process's own sockets was refused";
+  EXPECT_EQ(after->sockets, sockets_before + 2);
+  EXPECT_EQ(after->retransmits, before.has_value() ? before->retransmits : 0)
+      << "a fresh loopback connection retransmits nothing";
+  EXPECT_GE(after->max_rtt_ms, 0.0);
+}
+
+TEST(ProcessTcpTotals, AProcessThatIsGoneCannotBeRead) {
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  ASSERT_GT(child, 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);  // reaped: the pid names no process now
+  EXPECT_FALSE(ProcessTcpTotals(child).has_value());
+}
+
+TEST(HostSampler, PublishesTheRanksTcpRetransmissionsPerSecondAndTheirLargestRoundTrip) {
+  LoopbackPair pair;
+  ASSERT_TRUE(pair.ok());
+  HostSampler sampler;
+  const std::string work = EncodeRankWorkRecord({10, 50'000'000, 20'000'000});
+  const absl::Time t0 = absl::Now();
+  ASSERT_FALSE(sampler.Sample(t0, {{0, getpid(), work}}).has_value());  // nothing to compare yet
+  const std::string later = EncodeRankWorkRecord({20, 100'000'000, 40'000'000});
+  const std::optional<HostMetricsRecord> record =
+      sampler.Sample(t0 + absl::Seconds(1), {{0, getpid(), later}});
+  ASSERT_TRUE(record.has_value());
+  std::map<std::string, double> metrics(record->metrics.begin(), record->metrics.end());
+  ASSERT_EQ(metrics.count("tcp_retrans"), 1u);
+  EXPECT_EQ(metrics["tcp_retrans"], 0.0);
+  ASSERT_EQ(metrics.count("tcp_rtt_ms"), 1u);
+  EXPECT_GE(metrics["tcp_rtt_ms"], 0.0);
+  EXPECT_EQ(record->work, 10);
+}
+
+}  // namespace
+}  // namespace trainguard::tools
