@@ -92,6 +92,26 @@ std::vector<std::string> FinalChecksums(const std::string& run_dir) {
 constexpr char kSteps[] = "300";
 constexpr char kStepTimeMs[] = "100";
 
+// The report's analysis of a chaos run's events; every planned fault must have been injected (no
+// chaos_skip). `context` (the run's output) goes into every failure message.
+void AnalyzeChaosRun(const std::string& run_dir, const std::string& context,
+                     std::vector<Event>* events, tools::RunAnalysis* run) {
+  absl::StatusOr<std::vector<Event>> read = tools::ReadRunEvents(run_dir);
+  ASSERT_TRUE(read.ok()) << read.status();
+  *events = *std::move(read);
+  for (const Event& e : *events) {
+    EXPECT_NE(e.Attribute("what"), "chaos_skip") << e.message << "\n" << context;
+  }
+  *run = tools::AnalyzeRun(*events);
+}
+
+// "kill,stop,...": the kinds of the run's faults in injection order.
+std::string FaultKinds(const tools::RunAnalysis& run) {
+  std::vector<std::string> kinds;
+  for (const tools::FaultOutcome& f : run.faults) kinds.push_back(f.kind);
+  return absl::StrJoin(kinds, ",");
+}
+
 TEST(Chaos, EveryInjectedFaultIsDetectedAndRecoveredHangsAreNamedAndTheJobEndsAsIfUninterrupted) {
   testing::TempDir dir;
   const std::string chaos_dir = dir.path() + "/chaos";
@@ -111,15 +131,10 @@ TEST(Chaos, EveryInjectedFaultIsDetectedAndRecoveredHangsAreNamedAndTheJobEndsAs
                    ReadFile(run_dir + "/launcher.out"));
   ASSERT_EQ(chaos_rc, 0) << context;
 
-  absl::StatusOr<std::vector<Event>> events = tools::ReadRunEvents(run_dir);
-  ASSERT_TRUE(events.ok()) << events.status();
-  for (const Event& e : *events) {
-    EXPECT_NE(e.Attribute("what"), "chaos_skip") << e.message << "\n" << context;
-  }
-  const tools::RunAnalysis run = tools::AnalyzeRun(*events);
-  std::vector<std::string> kinds;
-  for (const tools::FaultOutcome& f : run.faults) kinds.push_back(f.kind);
-  ASSERT_EQ(absl::StrJoin(kinds, ","), "kill,stop,nan,kill,stop") << context;
+  std::vector<Event> events;
+  tools::RunAnalysis run;
+  ASSERT_NO_FATAL_FAILURE(AnalyzeChaosRun(run_dir, context, &events, &run));
+  ASSERT_EQ(FaultKinds(run), "kill,stop,nan,kill,stop") << context;
   for (const tools::FaultOutcome& f : run.faults) {
     const std::string what = absl::StrCat(f.kind, " of rank ", f.rank, " at ",
                                           absl::FormatDuration(f.injected_at));
@@ -132,11 +147,11 @@ TEST(Chaos, EveryInjectedFaultIsDetectedAndRecoveredHangsAreNamedAndTheJobEndsAs
 
   // The NaN steps that were skipped (a step done later would mean it was replayed clean).
   std::set<int64_t> done;
-  for (const Event& e : *events) {
+  for (const Event& e : events) {
     if (e.Attribute("what") == "step_done") done.insert(e.step);
   }
   std::vector<std::string> skipped;
-  for (const Event& e : *events) {
+  for (const Event& e : events) {
     if (e.type == EventType::kStepFault && absl::StrContains(e.message, "non-finite values") &&
         done.count(e.step) == 0) {
       skipped.push_back(absl::StrCat(e.rank, ":", e.step));
@@ -203,15 +218,10 @@ TEST(Chaos, OnSimulatedHostsAKilledHostAHangAndAPartitionedHostAreDetectedNamedA
   }
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << context;
 
-  absl::StatusOr<std::vector<Event>> events = tools::ReadRunEvents(dir + "/run");
-  ASSERT_TRUE(events.ok()) << events.status();
-  for (const Event& e : *events) {
-    EXPECT_NE(e.Attribute("what"), "chaos_skip") << e.message << "\n" << context;
-  }
-  const tools::RunAnalysis run = tools::AnalyzeRun(*events);
-  std::vector<std::string> kinds;
-  for (const tools::FaultOutcome& f : run.faults) kinds.push_back(f.kind);
-  ASSERT_EQ(absl::StrJoin(kinds, ","), "host_kill,stop,partition") << context;
+  std::vector<Event> events;
+  tools::RunAnalysis run;
+  ASSERT_NO_FATAL_FAILURE(AnalyzeChaosRun(dir + "/run", context, &events, &run));
+  ASSERT_EQ(FaultKinds(run), "host_kill,stop,partition") << context;
   EXPECT_EQ(run.faults[0].host, "host2") << context;  // host n holds group n - 1 at the start
   for (const tools::FaultOutcome& f : run.faults) {
     const std::string what = absl::StrCat(f.kind, " of rank ", f.rank, " on host ", f.host,
