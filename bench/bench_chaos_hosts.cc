@@ -429,14 +429,11 @@ absl::Status ChaosOnHosts::StartHost(int slot, bool standby) {
 
 void ChaosOnHosts::Record(int rank, const std::string& what, const std::string& message,
                           std::vector<std::pair<std::string, std::string>> attributes) {
-  Event event;
-  event.time = absl::Now();
-  event.rank = rank;
-  event.type = EventType::kCustom;
-  event.message = message;
-  event.attributes = {{"what", what}, {"source", "chaos"}};
-  event.attributes.insert(event.attributes.end(), attributes.begin(), attributes.end());
-  if (absl::Status s = events_->Append(event); !s.ok()) Say(s.ToString());
+  if (absl::Status s =
+          tools::AppendChaosEvent(events_.get(), rank, what, message, std::move(attributes));
+      !s.ok()) {
+    Say(s.ToString());
+  }
 }
 
 std::optional<Holder> ChaosOnHosts::FindHolder(int rank) {

@@ -215,14 +215,10 @@ class ChaosRun {
 
 void ChaosRun::Record(int rank, const std::string& what, const std::string& message,
                       std::vector<std::pair<std::string, std::string>> attributes) {
-  Event event;
-  event.time = absl::Now();
-  event.rank = rank;
-  event.type = EventType::kCustom;
-  event.message = message;
-  event.attributes = {{"what", what}, {"source", "chaos"}};
-  event.attributes.insert(event.attributes.end(), attributes.begin(), attributes.end());
-  if (absl::Status s = events_->Append(event); !s.ok()) Say(s.ToString());
+  if (absl::Status s = AppendChaosEvent(events_.get(), rank, what, message, std::move(attributes));
+      !s.ok()) {
+    Say(s.ToString());
+  }
 }
 
 bool ChaosRun::Reap(int options) {
@@ -613,6 +609,19 @@ std::string ChaosUsage() {
          "                        [--mode both|trainguard|baseline] [--run-dir DIR]\n"
          "                        [--heartbeat-timeout SECONDS] [--checkpoint-every-steps N]\n"
          "                        [--wait-for-exit] [--png FILE] [-- COMMAND...]\n";
+}
+
+absl::Status AppendChaosEvent(EventLog* events, int rank, const std::string& what,
+                              const std::string& message,
+                              std::vector<std::pair<std::string, std::string>> attributes) {
+  Event event;
+  event.time = absl::Now();
+  event.rank = rank;
+  event.type = EventType::kCustom;
+  event.message = message;
+  event.attributes = {{"what", what}, {"source", "chaos"}};
+  event.attributes.insert(event.attributes.end(), attributes.begin(), attributes.end());
+  return events->Append(event);
 }
 
 int RunChaosCommand(const std::vector<std::string>& args) {

@@ -50,6 +50,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "sdk/core/event_log.h"
 
 namespace trainguard::tools {
 
@@ -71,6 +72,13 @@ std::vector<PlannedFault> PlanFaults(uint64_t seed, absl::Duration mean_interval
 // host that holds it when the fault comes; without, they are refused, saying where they exist.
 absl::StatusOr<std::vector<std::pair<std::string, int>>> ParseMix(const std::string& text,
                                                                   bool host_kinds = false);
+
+// Appends to a chaos run's events/chaos.tgev the custom event `what` (attributes what, source=chaos,
+// then `attributes`) for `rank` (-1: the run), stamped now. The one writer of the ground truth, for
+// `trainguard chaos` and bench/bench_chaos_hosts.
+absl::Status AppendChaosEvent(EventLog* events, int rank, const std::string& what,
+                              const std::string& message,
+                              std::vector<std::pair<std::string, std::string>> attributes);
 
 // `trainguard chaos ...` (the arguments after "chaos"); returns the exit status.
 int RunChaosCommand(const std::vector<std::string>& args);
