@@ -284,6 +284,20 @@ absl::Status ChaosRun::StartLauncher() {
   launcher_ = pid;
   Say(absl::StrFormat("launcher pid %d: %s (output in %s)", pid, absl::StrJoin(args, " "),
                       out_path));
+  // The SDK options this command's environment sets (TRAINGUARD_WATCHDOG_FLOOR_MS...) shape the
+  // figures as much as the flags do: a report is read with them.
+  std::vector<std::string> inherited;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string var(*e);
+    if (!absl::StartsWith(var, "TRAINGUARD_")) continue;
+    const std::string name = var.substr(0, var.find('='));
+    const bool ours = std::any_of(env.begin(), env.end(),
+                                  [&](const auto& set) { return set.first == name; });
+    if (!ours) inherited.push_back(var);
+  }
+  std::sort(inherited.begin(), inherited.end());
+  Say(absl::StrCat("SDK options from the environment: ",
+                   inherited.empty() ? "none (the defaults)" : absl::StrJoin(inherited, " ")));
   return absl::OkStatus();
 }
 
