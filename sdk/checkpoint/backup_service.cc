@@ -1259,10 +1259,16 @@ absl::StatusOr<PushResult> PushBackup(const PushRequest& request) {
   return result;
 }
 
-absl::StatusOr<FetchedBackup> FetchBackup(const FetchRequest& request) {
-  const std::string what =
-      absl::StrFormat("fetch of source rank %d step %d from backup holder %s", request.source_rank,
-                      request.step, request.holder_address);
+namespace {
+
+// A fetch whose reply header was read and checked: the payload is next on the channel.
+struct OpenedFetch {
+  std::unique_ptr<Channel> channel;
+  FetchedBackup described;  // everything but the payload
+  uint64_t payload_bytes = 0;
+};
+
+absl::StatusOr<OpenedFetch> OpenFetch(const FetchRequest& request, const std::string& what) {
   absl::StatusOr<std::unique_ptr<Channel>> channel =
       Connect(request.holder_address, request.source_address, request.deadline, request.cancel);
   if (!channel.ok()) return WithContext(channel.status(), what);
@@ -1288,7 +1294,10 @@ absl::StatusOr<FetchedBackup> FetchBackup(const FetchRequest& request) {
         "asked for, or an inconsistent one",
         what, h.step(), h.payload_bytes(), h.chunk_checksums_size(), chunk));
   }
-  FetchedBackup fetched;
+  OpenedFetch opened;
+  opened.channel = *std::move(channel);
+  opened.payload_bytes = h.payload_bytes();
+  FetchedBackup& fetched = opened.described;
   fetched.step = h.step();
   fetched.generation = h.generation();
   fetched.layout_hash = h.layout_hash();
@@ -1301,14 +1310,53 @@ absl::StatusOr<FetchedBackup> FetchBackup(const FetchRequest& request) {
         "%s: the holder's checksum table has fingerprint %016x, the committed snapshot %016x", what,
         fingerprint, request.fingerprint));
   }
-  fetched.payload.resize(h.payload_bytes());
-  absl::Status received = ReceiveVerified(channel->get(), fetched.payload.data(), h.payload_bytes(),
-                                          chunk, fetched.chunk_checksums.data(), /*drain=*/false);
+  return opened;
+}
+
+// Receives the payload of `opened` into `dst`, checking every chunk as it lands.
+absl::Status ReceivePayload(OpenedFetch& opened, char* dst, const std::string& what) {
+  absl::Status received =
+      ReceiveVerified(opened.channel.get(), dst, opened.payload_bytes,
+                      opened.described.chunk_bytes, opened.described.chunk_checksums.data(),
+                      /*drain=*/false);
   if (absl::IsDataLoss(received)) {
     return WithContext(received, absl::StrFormat("%s: the holder's copy is corrupt", what));
   }
-  if (!received.ok()) return WithContext(received, what);
+  return received.ok() ? received : WithContext(received, what);
+}
+
+std::string DescribeFetch(const FetchRequest& request) {
+  return absl::StrFormat("fetch of source rank %d step %d from backup holder %s",
+                         request.source_rank, request.step, request.holder_address);
+}
+
+}  // namespace
+
+absl::StatusOr<FetchedBackup> FetchBackup(const FetchRequest& request) {
+  const std::string what = DescribeFetch(request);
+  absl::StatusOr<OpenedFetch> opened = OpenFetch(request, what);
+  if (!opened.ok()) return opened.status();
+  std::string payload(opened->payload_bytes, '\0');
+  if (absl::Status s = ReceivePayload(*opened, payload.data(), what); !s.ok()) return s;
+  FetchedBackup fetched = std::move(opened->described);
+  fetched.payload = std::move(payload);
   return fetched;
+}
+
+absl::StatusOr<SnapshotInfo> FetchBackupInto(const FetchRequest& request,
+                                             Snapshotter* snapshotter) {
+  const std::string what = DescribeFetch(request);
+  absl::StatusOr<OpenedFetch> opened = OpenFetch(request, what);
+  if (!opened.ok()) return opened.status();
+  if (opened->described.chunk_bytes != snapshotter->chunk_bytes()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s: the backup is in chunks of %d bytes, this rank's arena in chunks of %d", what,
+        opened->described.chunk_bytes, snapshotter->chunk_bytes()));
+  }
+  return snapshotter->InstallWith(
+      opened->described.step, opened->described.generation, opened->payload_bytes,
+      opened->described.chunk_checksums,
+      [&](char* dst) { return ReceivePayload(*opened, dst, what); });
 }
 
 }  // namespace trainguard

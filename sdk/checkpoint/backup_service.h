@@ -12,7 +12,8 @@
 // followed by the raw payload. The holder verifies every chunk against the chunk checksum table
 // as it lands (XXH3-64, the checksums the snapshot computed while copying) and acknowledges with the
 // snapshot's fingerprint recomputed from the table; a fetch's reply carries the table and the
-// payload, and FetchBackup verifies every chunk again before returning it (end to end). Requests
+// payload, and FetchBackup (or FetchBackupInto, straight into the restorer's arena) verifies every
+// chunk again as it lands (end to end). Requests
 // carry the job's shared token when one is configured; a wrong token is refused.
 //
 // Thread safety: BackupService runs one listener thread and a bounded number of connection
@@ -159,6 +160,12 @@ struct FetchedBackup {
 // holder, source rank, step and chunk when a chunk does not match (a backup corrupted in the
 // holder's memory is never returned); Unavailable when the holder cannot be reached.
 absl::StatusOr<FetchedBackup> FetchBackup(const FetchRequest& request);
+// As FetchBackup, received straight into `snapshotter`'s free slot (Snapshotter::InstallWith), each
+// chunk checked once as it lands, and installed there as its newest complete snapshot: the restore
+// path of a replacement, with no copy of the payload in between. The same errors, and
+// FailedPrecondition when the backup does not fit the arena's layout or chunk size; on any error
+// the arena's latest complete snapshot is untouched.
+absl::StatusOr<SnapshotInfo> FetchBackupInto(const FetchRequest& request, Snapshotter* snapshotter);
 
 }  // namespace trainguard
 

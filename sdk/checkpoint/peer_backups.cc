@@ -203,14 +203,8 @@ absl::StatusOr<PeerRestore> PeerBackups::Restore(int64_t step, uint64_t fingerpr
     request.fingerprint = fingerprint;
     request.deadline = absl::Now() + options_.timeout;
     request.cancel = &cancel_;
-    absl::StatusOr<FetchedBackup> fetched = FetchBackup(request);
-    absl::Status status = fetched.status();
-    if (fetched.ok()) {
-      status = snapshotter
-                   ->Install(fetched->step, fetched->generation, fetched->payload,
-                             fetched->chunk_checksums)
-                   .status();
-    }
+    // Into the arena as it arrives, checked once; RestoreStep checks it again as it copies it out.
+    absl::Status status = FetchBackupInto(request, snapshotter).status();
     if (status.ok()) return PeerRestore{holder, addr->second};
     why.push_back(
         absl::StrCat("rank ", holder, " on host ", addr->second, ": ", status.ToString()));

@@ -327,44 +327,36 @@ class Snapshotter::Impl {
         absl::StrFormat("%s: no complete snapshot of step %d in the arena", Where(), step));
   }
 
-  absl::StatusOr<SnapshotInfo> Install(int64_t step, int64_t generation, std::string_view payload,
-                                       const std::vector<uint64_t>& checksums) {
+  absl::StatusOr<SnapshotInfo> Install(int64_t step, int64_t generation, uint64_t payload_bytes,
+                                       const std::vector<uint64_t>& checksums,
+                                       absl::FunctionRef<absl::Status(char* dst)> fill) {
     MutexLock lock(&mu_);
     if (in_flight_) return InFlightError("install");
     const uint64_t chunk = options_.chunk_bytes;
-    const uint64_t num_chunks = (payload.size() + chunk - 1) / chunk;
-    if (payload.size() < plan_.blob_offset || payload.size() > plan_.geometry.payload_capacity ||
+    const uint64_t num_chunks = (payload_bytes + chunk - 1) / chunk;
+    if (payload_bytes < plan_.blob_offset || payload_bytes > plan_.geometry.payload_capacity ||
         checksums.size() != num_chunks) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "%s: cannot install step %d: %d payload bytes in %d chunks do not fit this registry's "
           "layout (buffers take %d bytes, capacity %d, chunk %d bytes)",
-          Where(), step, payload.size(), checksums.size(), plan_.blob_offset,
+          Where(), step, payload_bytes, checksums.size(), plan_.blob_offset,
           plan_.geometry.payload_capacity, chunk));
     }
     const int w = latest_slot_ == 0 ? 1 : 0;
     SlotHeader* slot = arena_->slot(w);
     StoreState(slot, kSlotWriting);
-    char* dst = arena_->payload(w);
-    for (uint64_t k = 0; k < num_chunks; ++k) {
-      const uint64_t begin = k * chunk;
-      const uint64_t bytes = std::min<uint64_t>(chunk, payload.size() - begin);
-      std::memcpy(dst + begin, payload.data() + begin, bytes);
-      const uint64_t actual = XXH3_64bits(dst + begin, bytes);
-      if (actual != checksums[k]) {
-        StoreState(slot, kSlotEmpty);
-        return absl::DataLossError(absl::StrFormat(
-            "%s: installing step %d: chunk %d (payload offset %d) has checksum %016x, expected "
-            "%016x",
-            Where(), step, k, begin, actual, checksums[k]));
-      }
-      ChunkChecksums(slot)[k] = actual;
+    if (absl::Status filled = fill(arena_->payload(w)); !filled.ok()) {
+      StoreState(slot, kSlotEmpty);
+      return absl::Status(filled.code(), absl::StrFormat("%s: installing step %d: %s", Where(),
+                                                         step, filled.message()));
     }
+    std::copy(checksums.begin(), checksums.end(), ChunkChecksums(slot));
     std::memcpy(slot->magic, kSlotMagic, sizeof(kSlotMagic));
     slot->format_version = kArenaFormatVersion;
     slot->step = step;
     slot->generation = generation;
     slot->layout_hash = plan_.geometry.layout_hash;
-    slot->payload_bytes = payload.size();
+    slot->payload_bytes = payload_bytes;
     slot->chunk_bytes = chunk;
     slot->num_chunks = num_chunks;
     slot->sequence = next_sequence_++;
@@ -372,6 +364,8 @@ class Snapshotter::Impl {
     latest_slot_ = w;
     return InfoOf(slot);
   }
+
+  uint64_t chunk_bytes() const { return options_.chunk_bytes; }
 
   absl::StatusOr<View> LatestView() {
     MutexLock lock(&mu_);
@@ -703,7 +697,28 @@ absl::StatusOr<SnapshotInfo> Snapshotter::RestoreStep(StateRegistry* registry, i
 absl::StatusOr<SnapshotInfo> Snapshotter::Install(int64_t step, int64_t generation,
                                                   std::string_view payload,
                                                   const std::vector<uint64_t>& chunk_checksums) {
-  return impl_->Install(step, generation, payload, chunk_checksums);
+  const uint64_t chunk = impl_->chunk_bytes();
+  return impl_->Install(
+      step, generation, payload.size(), chunk_checksums, [&](char* dst) -> absl::Status {
+        for (uint64_t k = 0, begin = 0; begin < payload.size(); ++k, begin += chunk) {
+          const uint64_t bytes = std::min<uint64_t>(chunk, payload.size() - begin);
+          std::memcpy(dst + begin, payload.data() + begin, bytes);
+          const uint64_t actual = XXH3_64bits(dst + begin, bytes);
+          if (actual != chunk_checksums[k]) {
+            return absl::DataLossError(
+                absl::StrFormat("chunk %d (payload offset %d) has checksum %016x, expected %016x",
+                                k, begin, actual, chunk_checksums[k]));
+          }
+        }
+        return absl::OkStatus();
+      });
+}
+
+absl::StatusOr<SnapshotInfo> Snapshotter::InstallWith(
+    int64_t step, int64_t generation, uint64_t payload_bytes,
+    const std::vector<uint64_t>& chunk_checksums,
+    absl::FunctionRef<absl::Status(char* dst)> fill) {
+  return impl_->Install(step, generation, payload_bytes, chunk_checksums, fill);
 }
 
 uint64_t SnapshotFingerprint(int64_t step, uint64_t layout_hash, uint64_t payload_bytes,
@@ -725,6 +740,7 @@ absl::StatusOr<Snapshotter::View> Snapshotter::ViewOf(int64_t step) const {
   return impl_->ViewOf(step);
 }
 size_t Snapshotter::payload_capacity() const { return impl_->payload_capacity(); }
+uint64_t Snapshotter::chunk_bytes() const { return impl_->chunk_bytes(); }
 size_t Snapshotter::arena_bytes() const { return impl_->arena_bytes(); }
 
 std::string Snapshotter::ArenaName(std::string_view job_id, int rank) {

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -79,6 +80,16 @@ class Snapshotter {
   // flight or when the payload does not fit this registry's layout.
   absl::StatusOr<SnapshotInfo> Install(int64_t step, int64_t generation, std::string_view payload,
                                        const std::vector<uint64_t>& chunk_checksums);
+  // As Install, for a payload of `payload_bytes` that `fill` writes straight into the arena's free
+  // slot (a peer's backup received from the network: no copy in between). `fill` must write every
+  // byte and check every chunk against `chunk_checksums` (the arena records them as given, without
+  // hashing again); an error from it is returned and leaves that slot empty, the latest complete
+  // snapshot untouched. The arena's lock is held while `fill` runs, so it must be bounded (a
+  // deadline) and must not call this Snapshotter.
+  absl::StatusOr<SnapshotInfo> InstallWith(int64_t step, int64_t generation,
+                                           uint64_t payload_bytes,
+                                           const std::vector<uint64_t>& chunk_checksums,
+                                           absl::FunctionRef<absl::Status(char* dst)> fill);
   // The bytes and per-chunk checksums of the latest complete snapshot, for persistence and peers.
   // Valid until the next Begin().
   struct View {
@@ -90,6 +101,8 @@ class Snapshotter {
   // As LatestView, for the complete snapshot of `step` (either slot; not one being written).
   // NotFound when the arena holds no complete snapshot of that step. Valid until the next Begin().
   absl::StatusOr<View> ViewOf(int64_t step) const;
+  // The checksum granularity of this arena (SnapshotOptions::chunk_bytes).
+  uint64_t chunk_bytes() const;
   // The arena's per-slot payload capacity in bytes (padded buffers plus the blob area): what a
   // backup holder's arena for this rank must hold.
   size_t payload_capacity() const;

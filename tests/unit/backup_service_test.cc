@@ -554,6 +554,111 @@ TEST_F(BackupServiceTest, ASnapshottersViewOfAnOlderStepRoundTripsThroughAHolder
   (void)Snapshotter::RemoveArena(job_, kSource);
 }
 
+// A rank's registry of one buffer and its arena, as a restoring replacement has them.
+struct RankArena {
+  std::vector<char> weights;
+  StateRegistry registry;
+  std::unique_ptr<Snapshotter> snapshotter;
+};
+
+std::unique_ptr<RankArena> MakeRankArena(const std::string& job, size_t bytes) {
+  auto rank = std::make_unique<RankArena>();
+  rank->weights.assign(bytes, 0);
+  StateBuffer buffer;
+  buffer.name = "w";
+  buffer.data = rank->weights.data();
+  buffer.bytes = bytes;
+  buffer.shape = {static_cast<int64_t>(bytes)};
+  EXPECT_TRUE(rank->registry.Register(std::move(buffer)).ok());
+  SnapshotterOptions options;
+  options.job_id = job;
+  options.rank = kSource;
+  options.chunk_bytes = kChunk;
+  options.copy_threads = 1;
+  absl::StatusOr<std::unique_ptr<Snapshotter>> snapshotter =
+      Snapshotter::Create(&rank->registry, options);
+  EXPECT_TRUE(snapshotter.ok()) << snapshotter.status();
+  if (!snapshotter.ok()) return nullptr;
+  rank->snapshotter = *std::move(snapshotter);
+  return rank;
+}
+
+// A snapshot of `step` in `rank`'s arena, every byte of its buffer equal to `step`.
+void SnapshotStep(RankArena& rank, int64_t step) {
+  std::memset(rank.weights.data(), static_cast<int>(step), rank.weights.size());
+  ASSERT_TRUE(rank.snapshotter->Begin(step).ok());
+  ASSERT_TRUE(rank.snapshotter->Fence(absl::Seconds(30)).ok());
+}
+
+TEST_F(BackupServiceTest, AFetchIntoAnArenaInstallsTheBackupThereAndItRestoresBitExact) {
+  std::unique_ptr<RankArena> source = MakeRankArena(job_, 300000);
+  ASSERT_NE(source, nullptr);
+  SnapshotStep(*source, 10);
+  absl::StatusOr<Snapshotter::View> view = source->snapshotter->ViewOf(10);
+  ASSERT_TRUE(view.ok()) << view.status();
+  std::unique_ptr<BackupService> service = StartService();
+  ASSERT_NE(service, nullptr);
+  PushRequest push = Push(service->address(), &*view);
+  push.payload_capacity = source->snapshotter->payload_capacity();
+  ASSERT_TRUE(PushBackup(push).ok());
+
+  // The replacement: the same layout, another arena (another host's shared memory), empty.
+  const std::string restorer_job = job_ + "-r";
+  std::unique_ptr<RankArena> restorer = MakeRankArena(restorer_job, 300000);
+  ASSERT_NE(restorer, nullptr);
+  absl::StatusOr<SnapshotInfo> installed =
+      FetchBackupInto(Fetch(service->address(), *view), restorer->snapshotter.get());
+  ASSERT_TRUE(installed.ok()) << installed.status();
+  EXPECT_EQ(installed->step, 10);
+  EXPECT_EQ(installed->fingerprint, view->info.fingerprint);
+  ASSERT_TRUE(restorer->snapshotter->LatestComplete().has_value());
+  EXPECT_EQ(restorer->snapshotter->LatestComplete()->step, 10);
+  absl::StatusOr<SnapshotInfo> restored =
+      restorer->snapshotter->RestoreStep(&restorer->registry, 10);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_TRUE(restorer->weights == source->weights);
+  source.reset();
+  restorer.reset();
+  (void)Snapshotter::RemoveArena(job_, kSource);
+  (void)Snapshotter::RemoveArena(restorer_job, kSource);
+}
+
+TEST_F(BackupServiceTest, AFetchIntoAnArenaOfACorruptHolderCopyIsDataLossAndKeepsTheArenasSnapshot) {
+  std::unique_ptr<RankArena> source = MakeRankArena(job_, 300000);
+  ASSERT_NE(source, nullptr);
+  SnapshotStep(*source, 10);
+  absl::StatusOr<Snapshotter::View> view = source->snapshotter->ViewOf(10);
+  ASSERT_TRUE(view.ok()) << view.status();
+  std::unique_ptr<BackupService> service = StartService();
+  ASSERT_NE(service, nullptr);
+  PushRequest push = Push(service->address(), &*view);
+  push.payload_capacity = source->snapshotter->payload_capacity();
+  ASSERT_TRUE(PushBackup(push).ok());
+  ASSERT_TRUE(FlipPayloadByte(arena(), 10, 2 * kChunk + 17));
+
+  const std::string restorer_job = job_ + "-r";
+  std::unique_ptr<RankArena> restorer = MakeRankArena(restorer_job, 300000);
+  ASSERT_NE(restorer, nullptr);
+  SnapshotStep(*restorer, 5);  // what the arena held before the fetch
+  absl::StatusOr<SnapshotInfo> installed =
+      FetchBackupInto(Fetch(service->address(), *view), restorer->snapshotter.get());
+  ASSERT_FALSE(installed.ok());
+  EXPECT_EQ(installed.status().code(), absl::StatusCode::kDataLoss) << installed.status();
+  EXPECT_THAT(installed.status().message(), HasSubstr("source rank 1"));
+  EXPECT_THAT(installed.status().message(), HasSubstr("chunk 2 "));
+  ASSERT_TRUE(restorer->snapshotter->LatestComplete().has_value());
+  EXPECT_EQ(restorer->snapshotter->LatestComplete()->step, 5);
+  std::memset(restorer->weights.data(), 0, restorer->weights.size());
+  absl::StatusOr<SnapshotInfo> restored = restorer->snapshotter->RestoreLatest(&restorer->registry);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(restored->step, 5);
+  EXPECT_EQ(restorer->weights, std::vector<char>(restorer->weights.size(), 5));
+  source.reset();
+  restorer.reset();
+  (void)Snapshotter::RemoveArena(job_, kSource);
+  (void)Snapshotter::RemoveArena(restorer_job, kSource);
+}
+
 // The rate limiter's arithmetic, on a ManualClock: its waits advance the clock exactly.
 TEST(BackupRateLimiterTest, PacesChunksAtTheRateOnTheClock) {
   ManualClock clock;
