@@ -19,6 +19,13 @@
 // iteration; peers:0 is the baseline without replication, in the same run. Both ranks share this
 // 2-core machine, so with peers the holder's receive competes with the compute too (on real hosts
 // it runs on the other host).
+//
+// BM_PeerRestore/<bytes>: a replacement's restore of a peer backup, from the holder's reply to the
+// registry's buffers: `into` (what PeerBackups::Restore does: FetchBackupInto, the payload received
+// straight into the arena's free slot and checked as it lands, then RestoreStep) next to `string`
+// (the path before it, in the same iteration: FetchBackup into a string, Install into the arena,
+// RestoreStep). Counters: into_ms, string_ms and ratio (string / into). The holder is in this
+// process over 127.0.0.1.
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -200,6 +207,117 @@ BENCHMARK(BM_ReplicationVsLoopback)
     ->Arg(64 << 20)
     ->Arg(256 << 20)
     ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+void BM_PeerRestore(benchmark::State& state) {
+  const size_t bytes = static_cast<size_t>(state.range(0));
+  const std::string job = absl::StrFormat("bench-restore-%d", getpid());
+  const std::string restorer_job = job + "-r";
+  std::vector<char> weights(bytes), restored(bytes);
+  for (size_t i = 0; i < bytes; i += 8) {
+    const uint64_t v = i * 0x9e3779b97f4a7c15ULL;
+    std::memcpy(weights.data() + i, &v, std::min<size_t>(8, bytes - i));
+  }
+  trainguard::StateRegistry source_registry, restorer_registry;
+  (void)source_registry.Register({"w", "", weights.data(), bytes, trainguard::DType::kU8,
+                                  {static_cast<int64_t>(bytes)}, {}});
+  (void)restorer_registry.Register({"w", "", restored.data(), bytes, trainguard::DType::kU8,
+                                    {static_cast<int64_t>(bytes)}, {}});
+  trainguard::SnapshotterOptions so;
+  so.job_id = job;
+  so.rank = kSource;
+  so.chunk_bytes = kChunk;
+  auto source = Snapshotter::Create(&source_registry, so);
+  so.job_id = restorer_job;
+  auto restorer = Snapshotter::Create(&restorer_registry, so);
+  BackupServiceOptions options;
+  options.job_id = job;
+  auto service = BackupService::Start(options);
+  if (!source.ok() || !restorer.ok() || !service.ok()) {
+    state.SkipWithError("cannot create the arenas or the holder");
+    return;
+  }
+  constexpr int64_t kStep = 7;
+  absl::StatusOr<Snapshotter::View> view;
+  if (!(*source)->Begin(kStep).ok() || !(*source)->Fence(absl::Minutes(1)).ok() ||
+      !(view = (*source)->ViewOf(kStep)).ok()) {
+    state.SkipWithError("cannot snapshot the source");
+    return;
+  }
+  PushRequest push;
+  push.holder_address = (*service)->address();
+  push.job_id = job;
+  push.source_rank = kSource;
+  push.view = &*view;
+  push.chunk_bytes = kChunk;
+  push.payload_capacity = (*source)->payload_capacity();
+  push.deadline = absl::Now() + absl::Minutes(2);
+  if (auto pushed = PushBackup(push); !pushed.ok()) {
+    state.SkipWithError(pushed.status().ToString().c_str());
+    return;
+  }
+  trainguard::FetchRequest fetch;
+  fetch.holder_address = (*service)->address();
+  fetch.job_id = job;
+  fetch.source_rank = kSource;
+  fetch.step = kStep;
+  fetch.fingerprint = view->info.fingerprint;
+  auto restore_into = [&]() -> bool {
+    fetch.deadline = absl::Now() + absl::Minutes(2);
+    return trainguard::FetchBackupInto(fetch, restorer->get()).ok() &&
+           (*restorer)->RestoreStep(&restorer_registry, kStep).ok();
+  };
+  auto restore_via_string = [&]() -> bool {
+    fetch.deadline = absl::Now() + absl::Minutes(2);
+    auto fetched = trainguard::FetchBackup(fetch);
+    return fetched.ok() &&
+           (*restorer)
+               ->Install(fetched->step, fetched->generation, fetched->payload,
+                         fetched->chunk_checksums)
+               .ok() &&
+           (*restorer)->RestoreStep(&restorer_registry, kStep).ok();
+  };
+  // Warm-up outside the timing: both arena slots are populated once.
+  if (!restore_into() || !restore_via_string()) {
+    state.SkipWithError("a warm-up restore failed");
+    return;
+  }
+  double into_s = 0, string_s = 0;
+  for (auto _ : state) {
+    absl::Time start = absl::Now();
+    if (!restore_into()) {
+      state.SkipWithError("FetchBackupInto failed");
+      break;
+    }
+    const double into = absl::ToDoubleSeconds(absl::Now() - start);
+    start = absl::Now();
+    if (!restore_via_string()) {
+      state.SkipWithError("FetchBackup + Install failed");
+      break;
+    }
+    string_s += absl::ToDoubleSeconds(absl::Now() - start);
+    into_s += into;
+    state.SetIterationTime(into);
+  }
+  if (restored != weights) state.SkipWithError("the restored bytes differ");
+  const double n = static_cast<double>(state.iterations());
+  if (into_s > 0) {
+    state.counters["into_ms"] = into_s / n * 1e3;
+    state.counters["string_ms"] = string_s / n * 1e3;
+    state.counters["ratio"] = string_s / into_s;
+  }
+  service->reset();
+  source->reset();
+  restorer->reset();
+  (void)BackupService::RemoveArenas(job, {kSource});
+  (void)Snapshotter::RemoveArena(job, kSource);
+  (void)Snapshotter::RemoveArena(restorer_job, kSource);
+}
+BENCHMARK(BM_PeerRestore)
+    ->Arg(64 << 20)
+    ->Arg(256 << 20)
+    ->UseManualTime()
+    ->Iterations(5)
     ->Unit(benchmark::kMillisecond);
 
 void BM_TrainingThreadStall(benchmark::State& state) {
