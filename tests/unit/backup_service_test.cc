@@ -590,73 +590,73 @@ void SnapshotStep(RankArena& rank, int64_t step) {
   ASSERT_TRUE(rank.snapshotter->Fence(absl::Seconds(30)).ok());
 }
 
-TEST_F(BackupServiceTest, AFetchIntoAnArenaInstallsTheBackupThereAndItRestoresBitExact) {
-  std::unique_ptr<RankArena> source = MakeRankArena(job_, 300000);
-  ASSERT_NE(source, nullptr);
-  SnapshotStep(*source, 10);
-  absl::StatusOr<Snapshotter::View> view = source->snapshotter->ViewOf(10);
-  ASSERT_TRUE(view.ok()) << view.status();
-  std::unique_ptr<BackupService> service = StartService();
-  ASSERT_NE(service, nullptr);
-  PushRequest push = Push(service->address(), &*view);
-  push.payload_capacity = source->snapshotter->payload_capacity();
-  ASSERT_TRUE(PushBackup(push).ok());
+// A source rank whose snapshot of step 10 a holder keeps, and a replacement with the same layout
+// and an arena of its own (another host's shared memory), for FetchBackupInto.
+class BackupIntoArenaTest : public BackupServiceTest {
+ protected:
+  void SetUp() override {
+    BackupServiceTest::SetUp();
+    source_ = MakeRankArena(job_, kBytes);
+    restorer_ = MakeRankArena(RestorerJob(), kBytes);
+    ASSERT_NE(source_, nullptr);
+    ASSERT_NE(restorer_, nullptr);
+    SnapshotStep(*source_, 10);
+    absl::StatusOr<Snapshotter::View> view = source_->snapshotter->ViewOf(10);
+    ASSERT_TRUE(view.ok()) << view.status();
+    view_ = *std::move(view);
+    service_ = StartService();
+    ASSERT_NE(service_, nullptr);
+    PushRequest push = Push(service_->address(), &view_);
+    push.payload_capacity = source_->snapshotter->payload_capacity();
+    ASSERT_TRUE(PushBackup(push).ok());
+  }
+  void TearDown() override {
+    service_.reset();
+    source_.reset();
+    restorer_.reset();
+    (void)Snapshotter::RemoveArena(job_, kSource);
+    (void)Snapshotter::RemoveArena(RestorerJob(), kSource);
+    BackupServiceTest::TearDown();
+  }
+  std::string RestorerJob() const { return job_ + "-r"; }
+  absl::StatusOr<SnapshotInfo> FetchIntoRestorer() {
+    return FetchBackupInto(Fetch(service_->address(), view_), restorer_->snapshotter.get());
+  }
 
-  // The replacement: the same layout, another arena (another host's shared memory), empty.
-  const std::string restorer_job = job_ + "-r";
-  std::unique_ptr<RankArena> restorer = MakeRankArena(restorer_job, 300000);
-  ASSERT_NE(restorer, nullptr);
-  absl::StatusOr<SnapshotInfo> installed =
-      FetchBackupInto(Fetch(service->address(), *view), restorer->snapshotter.get());
+  static constexpr size_t kBytes = 300000;
+  std::unique_ptr<RankArena> source_, restorer_;
+  Snapshotter::View view_;
+  std::unique_ptr<BackupService> service_;
+};
+
+TEST_F(BackupIntoArenaTest, TheBackupIsInstalledInTheArenaAndRestoresBitExact) {
+  absl::StatusOr<SnapshotInfo> installed = FetchIntoRestorer();
   ASSERT_TRUE(installed.ok()) << installed.status();
   EXPECT_EQ(installed->step, 10);
-  EXPECT_EQ(installed->fingerprint, view->info.fingerprint);
-  ASSERT_TRUE(restorer->snapshotter->LatestComplete().has_value());
-  EXPECT_EQ(restorer->snapshotter->LatestComplete()->step, 10);
+  EXPECT_EQ(installed->fingerprint, view_.info.fingerprint);
+  ASSERT_TRUE(restorer_->snapshotter->LatestComplete().has_value());
+  EXPECT_EQ(restorer_->snapshotter->LatestComplete()->step, 10);
   absl::StatusOr<SnapshotInfo> restored =
-      restorer->snapshotter->RestoreStep(&restorer->registry, 10);
+      restorer_->snapshotter->RestoreStep(&restorer_->registry, 10);
   ASSERT_TRUE(restored.ok()) << restored.status();
-  EXPECT_TRUE(restorer->weights == source->weights);
-  source.reset();
-  restorer.reset();
-  (void)Snapshotter::RemoveArena(job_, kSource);
-  (void)Snapshotter::RemoveArena(restorer_job, kSource);
+  EXPECT_TRUE(restorer_->weights == source_->weights);
 }
 
-TEST_F(BackupServiceTest, AFetchIntoAnArenaOfACorruptHolderCopyIsDataLossAndKeepsTheArenasSnapshot) {
-  std::unique_ptr<RankArena> source = MakeRankArena(job_, 300000);
-  ASSERT_NE(source, nullptr);
-  SnapshotStep(*source, 10);
-  absl::StatusOr<Snapshotter::View> view = source->snapshotter->ViewOf(10);
-  ASSERT_TRUE(view.ok()) << view.status();
-  std::unique_ptr<BackupService> service = StartService();
-  ASSERT_NE(service, nullptr);
-  PushRequest push = Push(service->address(), &*view);
-  push.payload_capacity = source->snapshotter->payload_capacity();
-  ASSERT_TRUE(PushBackup(push).ok());
+TEST_F(BackupIntoArenaTest, ACorruptHolderCopyIsDataLossAndTheArenasSnapshotIsKept) {
   ASSERT_TRUE(FlipPayloadByte(arena(), 10, 2 * kChunk + 17));
-
-  const std::string restorer_job = job_ + "-r";
-  std::unique_ptr<RankArena> restorer = MakeRankArena(restorer_job, 300000);
-  ASSERT_NE(restorer, nullptr);
-  SnapshotStep(*restorer, 5);  // what the arena held before the fetch
-  absl::StatusOr<SnapshotInfo> installed =
-      FetchBackupInto(Fetch(service->address(), *view), restorer->snapshotter.get());
+  SnapshotStep(*restorer_, 5);  // what the arena held before the fetch
+  absl::StatusOr<SnapshotInfo> installed = FetchIntoRestorer();
   ASSERT_FALSE(installed.ok());
   EXPECT_EQ(installed.status().code(), absl::StatusCode::kDataLoss) << installed.status();
   EXPECT_THAT(installed.status().message(), HasSubstr("source rank 1"));
   EXPECT_THAT(installed.status().message(), HasSubstr("chunk 2 "));
-  ASSERT_TRUE(restorer->snapshotter->LatestComplete().has_value());
-  EXPECT_EQ(restorer->snapshotter->LatestComplete()->step, 5);
-  std::memset(restorer->weights.data(), 0, restorer->weights.size());
-  absl::StatusOr<SnapshotInfo> restored = restorer->snapshotter->RestoreLatest(&restorer->registry);
+  ASSERT_TRUE(restorer_->snapshotter->LatestComplete().has_value());
+  EXPECT_EQ(restorer_->snapshotter->LatestComplete()->step, 5);
+  std::memset(restorer_->weights.data(), 0, kBytes);
+  absl::StatusOr<SnapshotInfo> restored = restorer_->snapshotter->RestoreLatest(&restorer_->registry);
   ASSERT_TRUE(restored.ok()) << restored.status();
   EXPECT_EQ(restored->step, 5);
-  EXPECT_EQ(restorer->weights, std::vector<char>(restorer->weights.size(), 5));
-  source.reset();
-  restorer.reset();
-  (void)Snapshotter::RemoveArena(job_, kSource);
-  (void)Snapshotter::RemoveArena(restorer_job, kSource);
+  EXPECT_EQ(restorer_->weights, std::vector<char>(kBytes, 5));
 }
 
 // The rate limiter's arithmetic, on a ManualClock: its waits advance the clock exactly.
