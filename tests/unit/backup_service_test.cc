@@ -514,46 +514,6 @@ TEST_F(BackupServiceTest, MalformedInputDropsTheConnectionAndTheServiceServesThe
   EXPECT_TRUE(fetched->payload == payload);
 }
 
-TEST_F(BackupServiceTest, ASnapshottersViewOfAnOlderStepRoundTripsThroughAHolder) {
-  std::vector<char> weights(300000);
-  StateRegistry registry;
-  StateBuffer buffer;
-  buffer.name = "w";
-  buffer.data = weights.data();
-  buffer.bytes = weights.size();
-  buffer.shape = {static_cast<int64_t>(weights.size())};
-  ASSERT_TRUE(registry.Register(std::move(buffer)).ok());
-  SnapshotterOptions options;
-  options.job_id = job_;
-  options.rank = kSource;
-  options.chunk_bytes = kChunk;
-  options.copy_threads = 1;
-  absl::StatusOr<std::unique_ptr<Snapshotter>> snapshotter =
-      Snapshotter::Create(&registry, options);
-  ASSERT_TRUE(snapshotter.ok()) << snapshotter.status();
-  for (int64_t step : {10, 20}) {
-    std::memset(weights.data(), static_cast<int>(step), weights.size());
-    ASSERT_TRUE((*snapshotter)->Begin(step).ok());
-    ASSERT_TRUE((*snapshotter)->Fence(absl::Seconds(30)).ok());
-  }
-  EXPECT_EQ((*snapshotter)->ViewOf(30).status().code(), absl::StatusCode::kNotFound);
-  absl::StatusOr<Snapshotter::View> view = (*snapshotter)->ViewOf(10);
-  ASSERT_TRUE(view.ok()) << view.status();
-  EXPECT_EQ(view->info.step, 10);
-
-  std::unique_ptr<BackupService> service = StartService();
-  ASSERT_NE(service, nullptr);
-  PushRequest push = Push(service->address(), &*view);
-  push.payload_capacity = (*snapshotter)->payload_capacity();
-  ASSERT_TRUE(PushBackup(push).ok());
-  absl::StatusOr<FetchedBackup> fetched = FetchBackup(Fetch(service->address(), *view));
-  ASSERT_TRUE(fetched.ok()) << fetched.status();
-  EXPECT_TRUE(fetched->payload == view->payload);
-  EXPECT_EQ(fetched->chunk_checksums, view->chunk_checksums);
-  (*snapshotter).reset();
-  (void)Snapshotter::RemoveArena(job_, kSource);
-}
-
 // A rank's registry of one buffer and its arena, as a restoring replacement has them.
 struct RankArena {
   std::vector<char> weights;
@@ -588,6 +548,29 @@ void SnapshotStep(RankArena& rank, int64_t step) {
   std::memset(rank.weights.data(), static_cast<int>(step), rank.weights.size());
   ASSERT_TRUE(rank.snapshotter->Begin(step).ok());
   ASSERT_TRUE(rank.snapshotter->Fence(absl::Seconds(30)).ok());
+}
+
+TEST_F(BackupServiceTest, ASnapshottersViewOfAnOlderStepRoundTripsThroughAHolder) {
+  std::unique_ptr<RankArena> source = MakeRankArena(job_, 300000);
+  ASSERT_NE(source, nullptr);
+  for (int64_t step : {10, 20}) SnapshotStep(*source, step);
+  Snapshotter* snapshotter = source->snapshotter.get();
+  EXPECT_EQ(snapshotter->ViewOf(30).status().code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<Snapshotter::View> view = snapshotter->ViewOf(10);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->info.step, 10);
+
+  std::unique_ptr<BackupService> service = StartService();
+  ASSERT_NE(service, nullptr);
+  PushRequest push = Push(service->address(), &*view);
+  push.payload_capacity = snapshotter->payload_capacity();
+  ASSERT_TRUE(PushBackup(push).ok());
+  absl::StatusOr<FetchedBackup> fetched = FetchBackup(Fetch(service->address(), *view));
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_TRUE(fetched->payload == view->payload);
+  EXPECT_EQ(fetched->chunk_checksums, view->chunk_checksums);
+  source.reset();
+  (void)Snapshotter::RemoveArena(job_, kSource);
 }
 
 // A source rank whose snapshot of step 10 a holder keeps, and a replacement with the same layout
