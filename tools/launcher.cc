@@ -228,8 +228,10 @@ class Job {
   void RestartAll();
   // --restart-all on several hosts. The coordinator publishes restart round round_ + 1 for `why`
   // (store key agents/restart); `dead_host`, when set, hands its group rank to a standby host in
-  // the round's plan. Fails the job at the (M+1)-th fault.
-  void PublishRestartRound(const std::string& why, const std::string& dead_host);
+  // the round's plan. `since`: when the fault began (a dead host's last heartbeat), for the
+  // recovery's time; InfinitePast: now. Fails the job at the (M+1)-th fault.
+  void PublishRestartRound(const std::string& why, const std::string& dead_host,
+                           absl::Time since = absl::InfinitePast());
   // Every agent: follows agents/restart to a newer round (StartRound).
   void FollowRestartRound();
   // SIGKILLs every process of this host, removes the shared memory they held, and starts this
@@ -1861,7 +1863,8 @@ int64_t Job::MemberRound(const std::string& member) {
   return round;
 }
 
-void Job::PublishRestartRound(const std::string& why, const std::string& dead_host) {
+void Job::PublishRestartRound(const std::string& why, const std::string& dead_host,
+                              absl::Time since) {
   const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
   if (round_ >= config_.restart_all) {
     return Fail(absl::StrFormat("%s; --restart-all=%d reached", why, config_.restart_all));
@@ -1964,7 +1967,7 @@ void Job::PublishRestartRound(const std::string& why, const std::string& dead_ho
       {"restart", absl::StrCat(next)}};
   if (!dead_host.empty()) attributes.emplace_back("host", dead_host);
   Record(-1, "restart_all", why, std::move(attributes));
-  const absl::Time fault = absl::Now();
+  const absl::Time fault = since == absl::InfinitePast() ? absl::Now() : since;
   StartRound(next);
   recoveries_.push_back({-1, 0, fault, dead_host});
 }
@@ -2341,7 +2344,8 @@ void Job::DeclareHostDead(const std::string& host, absl::Time last_beat, const s
     if (current.generation < 0 && round_ == 0) {
       return Fail(absl::StrFormat("host %s died before generation 0 formed", host));
     }
-    return PublishRestartRound(absl::StrFormat("host %s is dead (%s)", host, why), host);
+    return PublishRestartRound(absl::StrFormat("host %s is dead (%s)", host, why), host,
+                               last_beat);
   }
   if (ranks.empty()) return;
   if (current.generation < 0) {

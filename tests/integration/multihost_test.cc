@@ -861,12 +861,43 @@ TEST_F(MultiHost, WithRestartAllAKilledHostsGroupRankGoesToTheStandbyHostInTheRe
   ASSERT_TRUE(job.Await(1, "host host3 takes host host2's group rank 1")) << job.AllOutput();
   ASSERT_TRUE(job.Await(3, "host host3 is group 1 of 2: ranks 2..3 (restart round"))
       << job.AllOutput();
+  ASSERT_TRUE(job.Await(3, "rank 2 restored step")) << job.AllOutput();
   ASSERT_TRUE(job.Await(3, "rank 3 restored step")) << job.AllOutput();
   EXPECT_THAT(job.Output(3), ::testing::ContainsRegex("rank 2 restored step [0-9]+ from disk"));
   EXPECT_THAT(job.Output(3), ::testing::ContainsRegex("rank 3 restored step [0-9]+ from disk"));
   const std::map<int, std::string> expected =
       UninterruptedChecksums(shared_.path(), 4, {}, PacedTrainerArgs());
   for (int n : {1, 3}) EXPECT_EQ(job.Wait(n), 0) << job.AllOutput();
+  ASSERT_EQ(expected.size(), 4u);
+  EXPECT_EQ(job.FinalChecksums(), expected) << job.AllOutput();
+}
+
+// The coordinator's host is killed: another agent takes the lease over, declares the host dead and
+// goes on with the restart rounds; the standby host takes group rank 0 (and the master address).
+TEST_F(MultiHost, WithRestartAllTheCoordinatorsHostKilledIsReplacedInARestartByTheNewCoordinator) {
+  MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 2);
+  job.job_flags = {"--restart-all", "5", "--standby-nodes", "1"};
+  for (int n = 1; n <= 3; ++n) {
+    job.StartHost(n, n == 3, {}, PacedTrainerArgs());
+    ASSERT_TRUE(job.Await(n, " joined as ")) << job.AllOutput();
+    if (n == 1) {
+      ASSERT_TRUE(job.Await(1, "coordinating the job")) << job.AllOutput();
+    }
+  }
+  ASSERT_TRUE(job.Await(0, "step 350 loss")) << job.AllOutput();
+  ASSERT_TRUE(cluster_->KillHost(1).ok());
+  // Host 2's or host 3's agent: whichever takes the lease first.
+  ASSERT_TRUE(job.Await(0, "coordinating the job (lease term 2")) << job.AllOutput();
+  ASSERT_TRUE(job.Await(0, "host host3 takes host host1's group rank 0")) << job.AllOutput();
+  ASSERT_TRUE(job.Await(3, "host host3 is group 0 of 2: ranks 0..1 (restart round"))
+      << job.AllOutput();
+  ASSERT_TRUE(job.Await(3, "rank 0 restored step")) << job.AllOutput();
+  ASSERT_TRUE(job.Await(2, "rank 2 restored step")) << job.AllOutput();
+  EXPECT_THAT(job.Output(3), ::testing::ContainsRegex("rank 0 restored step [0-9]+ from disk"));
+  EXPECT_THAT(job.Output(2), ::testing::ContainsRegex("rank 2 restored step [0-9]+ from disk"));
+  const std::map<int, std::string> expected =
+      UninterruptedChecksums(shared_.path(), 4, {}, PacedTrainerArgs());
+  for (int n : {2, 3}) EXPECT_EQ(job.Wait(n), 0) << job.AllOutput();
   ASSERT_EQ(expected.size(), 4u);
   EXPECT_EQ(job.FinalChecksums(), expected) << job.AllOutput();
 }
