@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -360,6 +361,7 @@ class Job {
   std::unique_ptr<Store> round_store_;
   std::string token_;  // the store's token (a round's store is opened with it)
   std::optional<std::string> restart_pending_;  // --restart-all: the fault to restart for
+  absl::Time restarted_at_ = absl::InfinitePast();  // the last restart (RestartAll, StartRound)
 
   // What each rank's deaths were, for the crash-loop backoff and the message that ends the job.
   struct RankHistory {
@@ -598,6 +600,7 @@ void Job::RestartAll() {
   }
   ++restarts_;
   const absl::Time fault = absl::Now();
+  restarted_at_ = fault;
   Say(absl::StrFormat("restarting every rank (restart %d of at most %d): %s", restarts_,
                       config_.restart_all, why));
   // torchrun's shape: the survivors are stopped too, whatever they were doing.
@@ -1307,6 +1310,15 @@ void Job::DiagnoseHangs() {
   }
   absl::StatusOr<std::vector<FlightRecorderDump>> dumps =
       ReadHangDumps(dir, pending_hang_->generation);
+  // After a restart (--restart-all) generations count from 0 again, and the run dir still holds
+  // the old processes' dumps of the same generation numbers: they are not this hang's evidence.
+  if (dumps.ok()) {
+    dumps->erase(std::remove_if(dumps->begin(), dumps->end(),
+                                [&](const FlightRecorderDump& d) {
+                                  return d.dumped_at < restarted_at_;
+                                }),
+                 dumps->end());
+  }
   const size_t dumped = dumps.ok() ? dumps->size() : 0;
   // A rank of this host whose process is stopped or gone will never dump: waiting the grace out
   // for it only delays its replacement.
@@ -2041,6 +2053,7 @@ void Job::StartRound(int64_t round) {
                       stopped.empty() ? "no process" : absl::StrJoin(stopped, ", "), old_id));
   round_ = round;
   restarts_ = static_cast<int>(round);
+  restarted_at_ = absl::Now();
   OpenStoreOptions store_options;
   store_options.source_address = config_.local_addr;
   absl::StatusOr<std::unique_ptr<Store>> store =
