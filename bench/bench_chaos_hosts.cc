@@ -1,15 +1,26 @@
 // bench_chaos_hosts: `trainguard chaos` on simulated hosts (tests/support/sim_cluster.h): a job of
 // `trainguard run` agents, one per host, under a seeded Poisson stream of host faults and rank
-// faults, then `trainguard report`'s figures (ETTR, per fault detection, culprit, recovery). Needs
-// root, like multihost_test.
+// faults, then `trainguard report`'s figures (ETTR, per fault detection, culprit, recovery), for
+// trainguard and for the baseline, side by side with their ETTR ratio. Needs root, like
+// multihost_test.
 //
 //   bench_chaos_hosts [--training-hosts 2] [--nproc-per-node 2] [--standby-hosts 1]
 //                     [--duration 10m] [--mean-interval 20s] [--seed 1]
 //                     [--mix host_kill=1,partition=1,kill=1,stop=1,nan=1]
 //                     [--faults 10s:host_kill:0,30s:partition:2] [--run-dir DIR] [--png FILE]
 //                     [--heartbeat-timeout 5] [--host-timeout 3] [--checkpoint-every-steps 50]
+//                     [--mode trainguard|baseline|both]
 //
-// The job: hosts 1..T train (T = --training-hosts, N ranks each, and one warm spare process each,
+// --mode both (the default) runs the job twice on the same schedule, one after the other, like
+// `trainguard chaos`: trainguard (DIR/trainguard) as described below, then the baseline
+// (DIR/baseline): the same hosts and standby hosts, every agent with --restart-all 100000 and no
+// spare processes (torchrun's elastic agent: any fault stops every rank on every host and starts
+// them again from the newest checkpoint on disk; a dead host's group rank goes to a standby host
+// in the restart; see tools/launcher.h). In the baseline a host fault waits for an idle standby
+// host instead of parked standbys, a kill or stop waits for nothing, and a standby host is added
+// when none is idle.
+//
+// The job (trainguard): hosts 1..T train (T = --training-hosts, N ranks each, and one warm spare process each,
 // --standby 1), hosts T+1..T+S are standby hosts (--role standby, N standbys each); every agent has
 // --standby-nodes S (the job forms once every host joined), --spread-standbys (a dead host's ranks
 // may go to spares of several hosts when no standby host is whole), --max-replacements 100000
@@ -27,7 +38,7 @@
 //              until the job declared the host lost (then healed: the host's agent finds itself
 //              fenced out and stops; it is killed if it has not within 20 s);
 //   kill, stop, nan, drop  as `trainguard chaos`: SIGKILL, SIGSTOP, SIGUSR1, SIGURG to the rank's
-//              process, found from the launcher's pid file (run/pids/<host>/rank-R, a pid of that
+//              process, found from the launcher's pid file (<mode>/pids/<host>/rank-R, a pid of that
 //              host's PID namespace), mapped to this machine's pid through /proc/<pid>/status
 //              NSpid among the host's processes, and signalled through a pidfd only if it is a
 //              running descendant of this program.
@@ -40,12 +51,12 @@
 // ones once they took ranks), one more standby host is started, at most one per 15 s, as a
 // scheduler adds a node. A kill or stop waits (up to 10 s, then it is skipped) for a parked
 // standby, without which the job fails by design.
-// Every injection is appended to run/events/chaos.tgev before it is done (what=chaos_inject: kind,
+// Every injection is appended to <mode>/events/chaos.tgev before it is done (what=chaos_inject: kind,
 // rank, pid, host, ranks), a skip as what=chaos_skip.
 //
-// At --duration (or once the job failed: exit status 1) every host is killed and the report is
-// printed (and written to DIR/report.txt, DIR/report.json; --png FILE plots it). The baseline of
-// `trainguard chaos` (--restart-all) is single-host only: this bench measures trainguard alone.
+// At --duration (or once the job failed: exit status 1) every host is killed; after the last run
+// the report of both is printed (and written to DIR/report.txt, DIR/report.json; --png FILE plots
+// both lines, every fault marked).
 //
 // Exit status: 0 the run ran; 1 it could not be set up, or the job failed; 2 bad usage.
 //
@@ -62,6 +73,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -113,7 +125,7 @@ constexpr char kUsage[] =
     "                         [--mix host_kill=1,partition=1,kill=1,stop=1,nan=1]\n"
     "                         [--faults AT:KIND:RANK,...] [--run-dir DIR] [--png FILE]\n"
     "                         [--heartbeat-timeout 5] [--host-timeout 3]\n"
-    "                         [--checkpoint-every-steps 50]\n";
+    "                         [--checkpoint-every-steps 50] [--mode trainguard|baseline|both]\n";
 
 struct Config {
   int training_hosts = 2;
@@ -130,6 +142,7 @@ struct Config {
   int heartbeat_timeout_s = 5;
   int host_timeout_s = 3;
   int checkpoint_every_steps = 50;
+  std::vector<std::string> modes = {"trainguard", "baseline"};
   int world() const { return training_hosts * per_node; }
   int hosts() const { return training_hosts + standby_hosts; }
 };
@@ -217,6 +230,15 @@ absl::StatusOr<Config> ParseArguments(int argc, char** argv) {
       config.run_dir = std::filesystem::absolute(value).string();
     } else if (flag == "--png") {
       config.png = std::filesystem::absolute(value).string();
+    } else if (flag == "--mode") {
+      if (value == "both") {
+        config.modes = {"trainguard", "baseline"};
+      } else if (value == "trainguard" || value == "baseline") {
+        config.modes = {value};
+      } else {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("--mode '%s': need trainguard, baseline or both", value));
+      }
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag ", flag));
     }
@@ -272,7 +294,10 @@ struct Holder {
 
 class ChaosOnHosts {
  public:
-  explicit ChaosOnHosts(Config config) : config_(std::move(config)) {}
+  // `mode`: "trainguard" or "baseline"; the run's files go to <run dir>/<mode>.
+  ChaosOnHosts(const Config& config, std::string mode)
+      : config_(config), baseline_(mode == "baseline"), mode_(std::move(mode)),
+        dir_(absl::StrCat(config.run_dir, "/", mode_)) {}
   ChaosOnHosts(const ChaosOnHosts&) = delete;
   ChaosOnHosts& operator=(const ChaosOnHosts&) = delete;
   ~ChaosOnHosts() {
@@ -284,6 +309,7 @@ class ChaosOnHosts {
     }
   }
 
+  // Runs the job under the schedule; 0 when it ran, 1 when it could not be set up or failed.
   int Run();
 
  private:
@@ -303,7 +329,7 @@ class ChaosOnHosts {
     return k == 0 ? absl::StrCat("host", slot) : absl::StrCat("host", slot, "r", k);
   }
   std::string Log(int slot) const {
-    return absl::StrCat(config_.run_dir, "/", HostId(slot), ".log");
+    return absl::StrCat(dir_, "/", HostId(slot), ".log");
   }
   std::string AllLogs() const {
     std::string all;
@@ -317,10 +343,12 @@ class ChaosOnHosts {
   }
   std::optional<Holder> FindHolder(int rank);
   int ParkedOutside(const std::string& host);
+  // Baseline: the standby hosts (in the job, holding no group rank, not dead) other than `host`.
+  int IdleHostsOutside(const std::string& host);
   void Record(int rank, const std::string& what, const std::string& message,
               std::vector<std::pair<std::string, std::string>> attributes);
   void Say(const std::string& line) {
-    std::printf("bench_chaos_hosts: %s\n", line.c_str());
+    std::printf("bench_chaos_hosts [%s]: %s\n", mode_.c_str(), line.c_str());
     std::fflush(stdout);
   }
   // Waits until `when`, tending the host fault in progress meanwhile.
@@ -332,16 +360,18 @@ class ChaosOnHosts {
   void Inject(const tools::PlannedFault& fault);
   bool InjectHostFault(const tools::PlannedFault& fault, std::string* why);
   bool InjectRankFault(const tools::PlannedFault& fault, std::string* why);
-  int Report();
 
   const Config config_;
+  const bool baseline_;
+  const std::string mode_;
+  const std::string dir_;  // this run's: config_.run_dir/<mode>
   std::unique_ptr<SimCluster> cluster_;
   std::unique_ptr<TcpStoreServer> server_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<RendezvousCoordinator> rendezvous_;  // read-only: the parked standbys
   std::unique_ptr<EventLog> events_;
   std::string endpoint_;
-  const std::string job_id_ = absl::StrCat("chaos-hosts-", getpid());
+  const std::string job_id_ = absl::StrCat("chaos-hosts-", mode_, "-", getpid());
   std::map<int, int> incarnation_;  // slot -> how often it was started again
   std::optional<HostFault> pending_;
   absl::Time start_;
@@ -350,9 +380,9 @@ class ChaosOnHosts {
 };
 
 absl::Status ChaosOnHosts::SetUp() {
-  std::filesystem::remove_all(config_.run_dir);
-  std::filesystem::create_directories(config_.run_dir + "/run/events");
-  std::ofstream(config_.run_dir + "/token") << kToken << "\n";
+  std::filesystem::remove_all(dir_);
+  std::filesystem::create_directories(dir_ + "/events");
+  std::ofstream(dir_ + "/token") << kToken << "\n";
   absl::StatusOr<std::unique_ptr<SimCluster>> cluster = SimCluster::Create();
   if (!cluster.ok()) return cluster.status();
   cluster_ = *std::move(cluster);
@@ -369,7 +399,7 @@ absl::Status ChaosOnHosts::SetUp() {
   store_ = *std::move(store);
   rendezvous_ = std::make_unique<RendezvousCoordinator>(store_.get());
   absl::StatusOr<std::unique_ptr<EventLog>> events =
-      EventLog::Open(Env::Default(), config_.run_dir + "/run/events/chaos.tgev");
+      EventLog::Open(Env::Default(), dir_ + "/events/chaos.tgev");
   if (!events.ok()) return events.status();
   events_ = *std::move(events);
   return absl::OkStatus();
@@ -378,7 +408,7 @@ absl::Status ChaosOnHosts::SetUp() {
 absl::Status ChaosOnHosts::StartHost(int slot, bool standby) {
   const int every = config_.checkpoint_every_steps;
   const int snapshot_every = std::max(1, every / 10);
-  const std::string run = config_.run_dir + "/run";
+  const std::string& run = dir_;  // the job's run dir, beside the host logs
   std::vector<std::string> argv = {TRAINGUARD_CLI_PATH,
                                    "run",
                                    "--nnodes",
@@ -390,7 +420,7 @@ absl::Status ChaosOnHosts::StartHost(int slot, bool standby) {
                                    "--rdzv-endpoint",
                                    endpoint_,
                                    "--token-file",
-                                   config_.run_dir + "/token",
+                                   dir_ + "/token",
                                    "--job-id",
                                    job_id_,
                                    "--run-dir",
@@ -410,9 +440,10 @@ absl::Status ChaosOnHosts::StartHost(int slot, bool standby) {
                                    "--spread-standbys"};
   if (standby) {
     argv.insert(argv.end(), {"--role", "standby"});
-  } else {
+  } else if (!baseline_) {
     argv.insert(argv.end(), {"--standby", "1"});
   }
+  if (baseline_) argv.insert(argv.end(), {"--restart-all", "100000"});
   argv.insert(argv.end(),
               {"--", TRAINGUARD_TRAINER_PATH, "--steps", "1000000000", "--step-time-ms", "50",
                "--print-every", "100", "--comm-timeout-s", "10", "--progress-events", "1",
@@ -442,7 +473,7 @@ std::optional<Holder> ChaosOnHosts::FindHolder(int rank) {
   for (const auto& [slot, k] : incarnation_) {
     if (!cluster_->Running(slot)) continue;
     const std::string host = HostId(slot);
-    const std::string file = absl::StrCat(config_.run_dir, "/run/pids/", host, "/rank-", rank);
+    const std::string file = absl::StrCat(dir_, "/pids/", host, "/rank-", rank);
     int64_t pid = 0;
     struct stat st {};
     if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadFile(file)), &pid) || pid <= 1 ||
@@ -470,12 +501,37 @@ int ChaosOnHosts::ParkedOutside(const std::string& host) {
   }));
 }
 
+int ChaosOnHosts::IdleHostsOutside(const std::string& host) {
+  const absl::Duration timeout = absl::Seconds(2);
+  absl::StatusOr<std::string> plan = store_->Get("agents/plan", timeout);
+  absl::StatusOr<std::vector<std::string>> joined = store_->ListKeys("agents/join/", timeout);
+  absl::StatusOr<std::vector<std::string>> dead = store_->ListKeys("agents/dead/", timeout);
+  if (!plan.ok() || !joined.ok() || !dead.ok()) return 0;
+  std::set<std::string> training;
+  for (absl::string_view line : absl::StrSplit(*plan, '\n')) {
+    std::vector<std::string> f = absl::StrSplit(line, ' ');
+    int group = -1;
+    if (f.size() == 2 && absl::SimpleAtoi(f[1], &group) && group >= 0) training.insert(f[0]);
+  }
+  int idle = 0;
+  for (const auto& [slot, k] : incarnation_) {
+    const std::string id = HostId(slot);
+    if (id == host || !cluster_->Running(slot) || training.count(id) != 0) continue;
+    const auto has = [&](const std::vector<std::string>& keys, const std::string& key) {
+      return std::find(keys.begin(), keys.end(), key) != keys.end();
+    };
+    if (has(*joined, "agents/join/" + id) && !has(*dead, "agents/dead/" + id)) ++idle;
+  }
+  return idle;
+}
+
 void ChaosOnHosts::Refill() {
   const absl::Time now = absl::Now();
   // A host takes a few seconds to join and park its standbys: one at a time.
   if (now < next_refill_check_ || now - last_refill_ < kRefillSpacing) return;
   next_refill_check_ = now + absl::Seconds(1);
-  if (ParkedOutside("") > config_.per_node) return;
+  // The baseline has no standby processes: only a host fault uses a standby host up.
+  if (baseline_ ? IdleHostsOutside("") >= 1 : ParkedOutside("") > config_.per_node) return;
   const int slot = incarnation_.rbegin()->first + 1;
   incarnation_[slot] = 0;
   last_refill_ = now;
@@ -541,8 +597,13 @@ bool ChaosOnHosts::InjectHostFault(const tools::PlannedFault& fault, std::string
   }
   // A host's spare processes take its ranks' single faults, so it may hold more ranks than it
   // started with: every one of them needs a parked standby elsewhere, or the job fails by design.
-  const int parked = ParkedOutside(holder->host);
-  if (parked < static_cast<int>(ranks.size())) {
+  if (baseline_) {
+    if (IdleHostsOutside(holder->host) < 1) {
+      *why = absl::StrFormat("no idle standby host to take host %s's group rank", holder->host);
+      return false;
+    }
+  } else if (const int parked = ParkedOutside(holder->host);
+             parked < static_cast<int>(ranks.size())) {
     *why = absl::StrFormat("%d standbys parked outside host %s, %d needed to replace its ranks %s",
                            parked, holder->host, ranks.size(), absl::StrJoin(ranks, ","));
     return false;
@@ -572,7 +633,7 @@ int SignalFor(const std::string& kind) {
 }
 
 bool ChaosOnHosts::InjectRankFault(const tools::PlannedFault& fault, std::string* why) {
-  if ((fault.kind == "kill" || fault.kind == "stop") && ParkedOutside("") < 1) {
+  if (!baseline_ && (fault.kind == "kill" || fault.kind == "stop") && ParkedOutside("") < 1) {
     *why = "no standby is parked to replace the rank";  // the job would fail by design
     return false;
   }
@@ -631,29 +692,6 @@ void ChaosOnHosts::Inject(const tools::PlannedFault& fault) {
   Record(fault.rank, "chaos_skip", why, {{"kind", fault.kind}});
 }
 
-int ChaosOnHosts::Report() {
-  absl::StatusOr<std::vector<Event>> events = tools::ReadRunEvents(config_.run_dir + "/run");
-  if (!events.ok()) {
-    Say(events.status().ToString());
-    return 1;
-  }
-  const std::vector<tools::RunAnalysis> runs = {tools::AnalyzeRun(*std::move(events))};
-  const std::string text = tools::FormatReport(runs);
-  std::printf("%s", text.c_str());
-  std::ofstream(config_.run_dir + "/report.txt") << text;
-  std::ofstream(config_.run_dir + "/report.json") << tools::ReportJson(runs);
-  if (!config_.png.empty()) {
-    if (absl::Status s = tools::PlotRuns(runs, config_.png); !s.ok()) {
-      Say(s.ToString());
-      return 1;
-    }
-    Say(absl::StrCat("plot written to ", config_.png));
-  }
-  Say(absl::StrCat("the run, its host logs and report are in ", config_.run_dir,
-                   " (no baseline: --restart-all is single-host only)"));
-  return 0;
-}
-
 int ChaosOnHosts::Run() {
   if (absl::Status s = SetUp(); !s.ok()) {
     Say(s.ToString());
@@ -697,8 +735,8 @@ int ChaosOnHosts::Run() {
                       absl::FormatDuration(config_.duration), config_.seed,
                       absl::StrJoin(planned, ", ")));
   start_ = absl::Now();
-  Record(-1, "chaos_run_start", "trainguard run on simulated hosts",
-         {{"mode", "trainguard"},
+  Record(-1, "chaos_run_start", absl::StrCat(mode_, " run on simulated hosts"),
+         {{"mode", mode_},
           {"seed", absl::StrCat(config_.seed)},
           {"duration_s", absl::StrCat(absl::ToDoubleSeconds(config_.duration))},
           {"mean_interval_s", absl::StrCat(absl::ToDoubleSeconds(config_.mean_interval))},
@@ -724,8 +762,34 @@ int ChaosOnHosts::Run() {
   for (const auto& [slot, k] : incarnation_) {
     if (cluster_->Running(slot)) (void)cluster_->KillHost(slot);
   }
-  const int report = Report();
-  return failed ? 1 : report;
+  Say(absl::StrCat("the run and its host logs are in ", dir_));
+  return failed ? 1 : 0;
+}
+
+// The report of every run of `config` (a baseline second: side by side, with the ETTR ratio).
+int Report(const Config& config) {
+  std::vector<tools::RunAnalysis> runs;
+  for (const std::string& mode : config.modes) {
+    absl::StatusOr<std::vector<Event>> events =
+        tools::ReadRunEvents(absl::StrCat(config.run_dir, "/", mode));
+    if (!events.ok()) {
+      std::printf("bench_chaos_hosts: %s\n", events.status().ToString().c_str());
+      return 1;
+    }
+    runs.push_back(tools::AnalyzeRun(*std::move(events)));
+  }
+  const std::string text = tools::FormatReport(runs);
+  std::printf("%s", text.c_str());
+  std::ofstream(config.run_dir + "/report.txt") << text;
+  std::ofstream(config.run_dir + "/report.json") << tools::ReportJson(runs);
+  if (!config.png.empty()) {
+    if (absl::Status s = tools::PlotRuns(runs, config.png); !s.ok()) {
+      std::printf("bench_chaos_hosts: %s\n", s.ToString().c_str());
+      return 1;
+    }
+    std::printf("bench_chaos_hosts: plot written to %s\n", config.png.c_str());
+  }
+  return 0;
 }
 
 }  // namespace
@@ -744,6 +808,13 @@ int main(int argc, char** argv) {
                  std::string(config.status().message()).c_str(), trainguard::kUsage);
     return 2;
   }
-  trainguard::ChaosOnHosts chaos(*std::move(config));
-  return chaos.Run();
+  int rc = 0;
+  for (const std::string& mode : config->modes) {
+    // One run at a time: each has its own simulated cluster and store, gone before the next.
+    trainguard::ChaosOnHosts chaos(*config, mode);
+    if (chaos.Run() != 0) rc = 1;
+  }
+  std::fflush(stdout);
+  if (trainguard::Report(*config) != 0) rc = 1;
+  return rc;
 }

@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -192,6 +193,7 @@ struct Child {
   bool running = true;
   bool killed_for_liveness = false;
   absl::Time started;
+  absl::Time stopped_since = absl::InfiniteFuture();  // KillRanksStoppedBeforeFormation
 
   std::string Label() const {
     return rank >= 0 ? absl::StrCat("rank ", rank) : absl::StrCat("standby ", standby_index);
@@ -225,6 +227,41 @@ class Job {
               std::vector<std::pair<std::string, std::string>> attributes = {});
   // --restart-all: stops every process of the job and starts all ranks again (launcher.h).
   void RestartAll();
+  // --restart-all on several hosts. The coordinator publishes restart round round_ + 1 for `why`
+  // (store key agents/restart); `dead_host`, when set, hands its group rank to a standby host in
+  // the round's plan. `since`: when the fault began (a dead host's last heartbeat), for the
+  // recovery's time; InfinitePast: now. Fails the job at the (M+1)-th fault.
+  void PublishRestartRound(const std::string& why, const std::string& dead_host,
+                           absl::Time since = absl::InfinitePast());
+  // Every agent: follows agents/restart to a newer round (StartRound).
+  void FollowRestartRound();
+  // SIGKILLs every process of this host, removes the shared memory they held, and starts this
+  // host's ranks of `round` (its plan) under the round's job id.
+  void StartRound(int64_t round);
+  // A rank that is stopped (SIGSTOP) before its round formed has no heartbeat to go stale, and
+  // the round would wait for it until --rendezvous-timeout: its agent kills it after
+  // --heartbeat-timeout, a rank lost before the restarted job formed.
+  void KillRanksStoppedBeforeFormation();
+  // Multi-host --restart-all (every restart-all path of the agents and the coordinator).
+  bool RestartsOnHosts() const { return MultiHost() && config_.restart_all >= 0; }
+  // The job id the ranks run under: the job's, or in restart round K "<job id>.round<K>", so that
+  // a round's store keys and shared-memory segments are its own.
+  std::string RanksJobId() const {
+    return round_ == 0 ? config_.job_id : absl::StrCat(config_.job_id, ".round", round_);
+  }
+  // The store as the ranks see it (their job id's namespace); store_ is the agents' (the job's).
+  Store* ranks_store() const { return round_store_ != nullptr ? round_store_.get() : store_.get(); }
+  // The round a member id was started in (0: none named).
+  static int64_t MemberRound(const std::string& member);
+  // Where ranks that finished with status 0 are recorded: a restart round starts the count anew.
+  std::string FinishedPrefix() const {
+    return round_ == 0 ? "agents/finished/" : absl::StrCat("agents/round", round_, "/finished/");
+  }
+  // Parses the plan (agents/plan) into group_rank_, world_size_, master_addr_/port_. False when
+  // there is none yet (or the job failed on a malformed one).
+  bool ReadPlan(int* hosts);
+  // Starts this host's processes of the plan: its ranks (and --standby spares), or standbys.
+  void SpawnPlannedProcesses(int hosts);
   absl::Status Spawn(int rank, int standby_index);
   std::vector<std::string> ChildEnvironment(const Child& child) const;
   void Pump(Child& child, bool flush);
@@ -318,7 +355,13 @@ class Job {
   std::unique_ptr<EventLog> events_;  // <run_dir>/events/launcher.tgev
   bool formed_reported_ = false;  // generation 0's formation (or failure) was said
   int restarts_ = 0;  // --restart-all: how often every rank was started again
+  // Multi-host --restart-all: the round this agent follows (0: the job's first start) and the
+  // ranks' store of that round (null in round 0: store_ is theirs).
+  int64_t round_ = 0;
+  std::unique_ptr<Store> round_store_;
+  std::string token_;  // the store's token (a round's store is opened with it)
   std::optional<std::string> restart_pending_;  // --restart-all: the fault to restart for
+  absl::Time restarted_at_ = absl::InfinitePast();  // the last restart (RestartAll, StartRound)
 
   // What each rank's deaths were, for the crash-loop backoff and the message that ends the job.
   struct RankHistory {
@@ -445,6 +488,7 @@ absl::Status Job::Prepare() {
       absl::StatusOr<std::string> contents = env->ReadFileToString(token_file_);
       if (!contents.ok()) return contents.status();
       token = std::string(absl::StripTrailingAsciiWhitespace(*contents));
+      token_ = token;
     }
     // torchrun's c10d rule: the agent on the endpoint's host serves the store (and is the job's
     // single point of failure).
@@ -556,6 +600,7 @@ void Job::RestartAll() {
   }
   ++restarts_;
   const absl::Time fault = absl::Now();
+  restarted_at_ = fault;
   Say(absl::StrFormat("restarting every rank (restart %d of at most %d): %s", restarts_,
                       config_.restart_all, why));
   // torchrun's shape: the survivors are stopped too, whatever they were doing.
@@ -646,7 +691,7 @@ std::vector<std::string> Job::ChildEnvironment(const Child& child) const {
   }
   const int n = world_size_;
   const int local_n = config_.nproc;
-  vars.push_back(absl::StrCat("TRAINGUARD_JOB_ID=", config_.job_id));
+  vars.push_back(absl::StrCat("TRAINGUARD_JOB_ID=", RanksJobId()));
   vars.push_back(absl::StrCat("TRAINGUARD_WORLD_SIZE=", n));
   vars.push_back(absl::StrCat("TRAINGUARD_LOCAL_WORLD_SIZE=", local_n));
   vars.push_back(absl::StrCat("TRAINGUARD_MEMBER_ID=", child.member_id));
@@ -706,8 +751,11 @@ absl::Status Job::Spawn(int rank, int standby_index) {
   child->rank = rank;
   child->standby_index = standby_index;
   const std::string host = MultiHost() ? config_.host_id : HostName();
-  child->member_id = rank >= 0 ? absl::StrCat(host, ":", getpid(), ":rank", rank)
-                               : absl::StrCat(host, ":", getpid(), ":standby", standby_index);
+  // A restart round's processes are members of their own (MemberRound), so that a death reported
+  // from an earlier round is never taken for one of this round's.
+  const std::string round = round_ > 0 ? absl::StrCat(":round", round_) : "";
+  child->member_id = rank >= 0 ? absl::StrCat(host, ":", getpid(), round, ":rank", rank)
+                               : absl::StrCat(host, ":", getpid(), round, ":standby", standby_index);
   const std::string log_path = absl::StrCat(
       config_.run_dir, "/logs/", MultiHost() ? config_.host_id + "/" : "",
       rank >= 0 ? absl::StrCat("rank-", rank) : absl::StrCat("standby-", standby_index), ".log");
@@ -842,7 +890,8 @@ void Job::Reap() {
 
 bool Job::CanSpawnStandby() const {
   // A standby host keeps its N standbys: one that died while parked is started again.
-  const bool standby_host = MultiHost() && spawned_ && group_rank_ < 0;
+  // (Under --restart-all a standby host holds no processes: torchrun's spare node.)
+  const bool standby_host = MultiHost() && spawned_ && group_rank_ < 0 && config_.restart_all < 0;
   return (config_.standby > 0 || standby_host) && !standbys_exhausted_;
 }
 
@@ -867,7 +916,7 @@ void Job::OnExit(Child& child, int status) {
     ++ranks_finished_;
     Say(absl::StrFormat("%s (pid %d) finished", child.Label(), child.pid));
     if (MultiHost()) {
-      (void)store_->Set(absl::StrCat("agents/finished/", child.rank), child.member_id,
+      (void)store_->Set(absl::StrCat(FinishedPrefix(), child.rank), child.member_id,
                         kStoreTimeout);
     }
     return;
@@ -1052,7 +1101,7 @@ void Job::TryReplacements() {
 // Checked on every non-zero exit too (OnExit), so a rank that published the stop and exited at once
 // is never replaced; this poll stops the ranks that are still running.
 std::optional<std::string> Job::ReadJobStop(absl::Duration timeout) {
-  absl::StatusOr<std::string> reason = store_->Get(kJobStopKey, timeout);
+  absl::StatusOr<std::string> reason = ranks_store()->Get(kJobStopKey, timeout);
   if (!reason.ok()) return std::nullopt;  // absent, or the store briefly unreachable
   return std::string(absl::StripTrailingAsciiWhitespace(*reason));
 }
@@ -1108,7 +1157,8 @@ void Job::DescribeBackups(int training_hosts) {
 }
 
 void Job::ReportProtection() {
-  absl::StatusOr<std::string> value = store_->Get("ckpt/protected", absl::Milliseconds(500));
+  absl::StatusOr<std::string> value =
+      ranks_store()->Get("ckpt/protected", absl::Milliseconds(500));
   if (!value.ok()) return;
   std::pair<std::string, std::string> parts = absl::StrSplit(*value, absl::MaxSplits(' ', 1));
   if (parts.second == protected_epoch_) return;
@@ -1122,11 +1172,11 @@ void Job::ReportProtection() {
 // disk), so the only trace would be its event file: say it here, once per rank and step.
 void Job::ReportPersistFailures() {
   absl::StatusOr<std::vector<std::string>> keys =
-      store_->ListKeys(kPersistFailedPrefix, absl::Milliseconds(500));
+      ranks_store()->ListKeys(kPersistFailedPrefix, absl::Milliseconds(500));
   if (!keys.ok()) return;
   for (const std::string& key : *keys) {
     if (persist_failures_.count(key) != 0) continue;
-    absl::StatusOr<std::string> what = store_->Get(key, absl::Milliseconds(500));
+    absl::StatusOr<std::string> what = ranks_store()->Get(key, absl::Milliseconds(500));
     if (!what.ok()) continue;
     Say(absl::StrCat("checkpoint not persisted: ", *what));
     persist_failures_[key] = *what;
@@ -1143,7 +1193,7 @@ void Job::CheckRecoveries() {
       keys.push_back(absl::StrCat("rdzv/gen/", it->generation, "/resumed/", r));
     }
     absl::StatusOr<std::vector<std::optional<std::string>>> values =
-        store_->MultiGet(keys, kStoreTimeout);
+        ranks_store()->MultiGet(keys, kStoreTimeout);
     bool all = values.ok();
     if (all) {
       for (const auto& v : *values) all &= v.has_value();
@@ -1216,7 +1266,7 @@ void Job::ReportLaggards() {
   std::vector<int> ranks;
   std::vector<FlightRecorderContents> rings;
   for (int r = 0; r < world_size_; ++r) {
-    absl::StatusOr<FlightRecorderContents> ring = ReadFlightRecorder(config_.job_id, r);
+    absl::StatusOr<FlightRecorderContents> ring = ReadFlightRecorder(RanksJobId(), r);
     if (!ring.ok()) continue;
     ranks.push_back(r);
     rings.push_back(*std::move(ring));
@@ -1242,7 +1292,7 @@ void Job::DiagnoseHangs() {
     const int64_t current = coordinator_->generation();
     for (int64_t g = hangs_checked_below_; g <= current; ++g) {
       absl::StatusOr<std::string> who =
-          store_->Get(absl::StrCat("hang/gen", g), absl::Milliseconds(200));
+          ranks_store()->Get(absl::StrCat("hang/gen", g), absl::Milliseconds(200));
       if (!who.ok()) {
         if (absl::IsNotFound(who.status()) && g < current) hangs_checked_below_ = g + 1;
         continue;
@@ -1250,7 +1300,7 @@ void Job::DiagnoseHangs() {
       Say(absl::StrCat("hang in generation ", g, ": ", *who));
       PendingHang hang{g, now, {}};
       for (int r = 0; r < world_size_; ++r) {
-        absl::StatusOr<FlightRecorderContents> ring = ReadFlightRecorder(config_.job_id, r);
+        absl::StatusOr<FlightRecorderContents> ring = ReadFlightRecorder(RanksJobId(), r);
         if (ring.ok()) hang.live_rings[r] = *std::move(ring);
       }
       pending_hang_ = std::move(hang);
@@ -1260,6 +1310,15 @@ void Job::DiagnoseHangs() {
   }
   absl::StatusOr<std::vector<FlightRecorderDump>> dumps =
       ReadHangDumps(dir, pending_hang_->generation);
+  // After a restart (--restart-all) generations count from 0 again, and the run dir still holds
+  // the old processes' dumps of the same generation numbers: they are not this hang's evidence.
+  if (dumps.ok()) {
+    dumps->erase(std::remove_if(dumps->begin(), dumps->end(),
+                                [&](const FlightRecorderDump& d) {
+                                  return d.dumped_at < restarted_at_;
+                                }),
+                 dumps->end());
+  }
   const size_t dumped = dumps.ok() ? dumps->size() : 0;
   // A rank of this host whose process is stopped or gone will never dump: waiting the grace out
   // for it only delays its replacement.
@@ -1350,12 +1409,22 @@ void Job::RenewGenerationWhenAsked() {
   absl::StatusOr<std::map<int, std::string>> asked =
       coordinator_->NewGenerationRequests(kStoreTimeout);
   if (!asked.ok() || asked->empty()) return;  // the store briefly unreachable: look again next time
-  if (config_.restart_all >= 0) {  // torchrun's answer to any failure
+  const absl::Time now = absl::Now();
+  // torchrun's answer to any failure. On several hosts it waits like a renewal: a host that died
+  // makes the others ask too, and its loss, declared within the grace, restarts the job once, with
+  // a standby host in its place.
+  if (config_.restart_all >= 0) {
+    if (!renewal_asked_.has_value() || renewal_asked_->generation != generation) {
+      renewal_asked_ = RenewalAsked{generation, now};
+    }
+    if (MultiHost() && asked->size() < static_cast<size_t>(world_size_) &&
+        now < renewal_asked_->since + kRenewalGrace) {
+      return;
+    }
     const auto& [rank, why] = *asked->begin();
     restart_pending_ = absl::StrFormat("rank %d asks for a new generation: %s", rank, why);
     return;
   }
-  const absl::Time now = absl::Now();
   if (!renewal_asked_.has_value() || renewal_asked_->generation != generation) {
     renewal_asked_ = RenewalAsked{generation, now};
     const auto& [rank, why] = *asked->begin();
@@ -1477,13 +1546,25 @@ int Job::Run() {
       break;
     }
     if (MultiHost() && exit_code_ < 0) AgentTick();
-    if (restart_pending_.has_value() && exit_code_ < 0) RestartAll();
+    if (restart_pending_.has_value() && exit_code_ < 0) {
+      if (MultiHost()) {
+        const std::string why = *restart_pending_;
+        restart_pending_.reset();
+        if (coordinating()) PublishRestartRound(why, "");
+      } else {
+        RestartAll();
+      }
+    }
     if (!formed_reported_) {
       MutexLock lock(&formed_mu_);
       if (formed_.has_value()) {
         formed_reported_ = true;
         if (formed_->ok()) {
           Say(absl::StrFormat("generation 0 formed with %d ranks", world_size_));
+        } else if (RestartsOnHosts() && round_ > 0 && coordinating()) {
+          // A restarted job that did not form (a rank stopped while it started): restart again.
+          restart_pending_ = absl::StrCat("restart round ", round_,
+                                          " did not form: ", formed_->ToString());
         } else {
           Fail(absl::StrCat("generation 0 did not form: ", formed_->ToString()));
         }
@@ -1516,12 +1597,12 @@ int Job::Run() {
     // The same for the flight-recorder rings, the evidence of a hung or dead rank.
     for (const auto& c : children_) {
       if (c->rank < 0) continue;
-      (void)Snapshotter::RemoveArena(config_.job_id, c->rank);
-      (void)FlightRecorder::Remove(config_.job_id, c->rank);
+      (void)Snapshotter::RemoveArena(RanksJobId(), c->rank);
+      (void)FlightRecorder::Remove(RanksJobId(), c->rank);
     }
     // The backups this host's ranks held for their sources (peer backups).
     if (MultiHost()) {
-      for (int s = 0; s < world_size_; ++s) (void)BackupService::RemoveArenas(config_.job_id, {s});
+      for (int s = 0; s < world_size_; ++s) (void)BackupService::RemoveArenas(RanksJobId(), {s});
     }
   }
   Say(Summary());
@@ -1562,9 +1643,12 @@ void Job::StartForming() {
 //   agents/finished/<rank>         the member that finished rank <rank> with status 0
 //   agents/metrics/<host>          the host's fail-slow sample of the last second
 //                                  (sdk/health/fail_slow_metrics.h)
+//   agents/restart                 --restart-all: "<round> <why>", the newest restart round
+//   agents/round<K>/finished/<rank>  as agents/finished/<rank>, in restart round K
 //   job/failed, job/done           the job's end, for every agent
 namespace {
 constexpr char kPlanKey[] = "agents/plan";
+constexpr char kRestartKey[] = "agents/restart";
 // How long one store call of the agent's loop may take: short, so that a host cut off from the
 // store keeps draining its ranks' output and sees its fencing as soon as it is back.
 absl::Duration AgentCallTimeout(absl::Duration host_timeout) { return host_timeout / 4; }
@@ -1608,6 +1692,7 @@ void Job::AgentTick() {
   if (!spawned_) FollowPlan();
   if (exit_code_ < 0) FollowGeneration();
   if (exit_code_ < 0) ExecuteKillRequests();
+  if (exit_code_ < 0 && RestartsOnHosts()) KillRanksStoppedBeforeFormation();
   if (exit_code_ < 0 && coordinating()) CoordinateHosts();
   if (exit_code_ < 0 && config_.fail_slow != LaunchConfig::FailSlowPolicy::kOff) {
     SampleHost();
@@ -1712,37 +1797,52 @@ void Job::PublishPlan() {
 // Starts this host's processes once the plan names its group rank: its N ranks (and --standby
 // spare processes), or N standbys on a standby host and on a host that joined after the plan.
 void Job::FollowPlan() {
+  int hosts = 0;
+  if (!ReadPlan(&hosts)) return;
+  spawned_ = true;
+  SpawnPlannedProcesses(hosts);
+}
+
+bool Job::ReadPlan(int* hosts) {
   absl::StatusOr<std::string> plan = store_->Get(kPlanKey, AgentCallTimeout(config_.host_timeout));
   if (!plan.ok()) {
     if (absl::IsNotFound(plan.status()) && coordinating()) PublishPlan();
-    return;
+    return false;
   }
   std::vector<std::string> lines = absl::StrSplit(*plan, '\n');
   std::vector<std::string> head = absl::StrSplit(lines[0], ' ');
-  int hosts = 0, per_host = 0;
-  if (head.size() != 4 || !absl::SimpleAtoi(head[0], &hosts) ||
+  int per_host = 0;
+  if (head.size() != 4 || !absl::SimpleAtoi(head[0], hosts) ||
       !absl::SimpleAtoi(head[1], &per_host) || !absl::SimpleAtoi(head[3], &master_port_)) {
-    return Fail(absl::StrFormat("malformed plan at store key %s: '%s'", kPlanKey, lines[0]));
+    Fail(absl::StrFormat("malformed plan at store key %s: '%s'", kPlanKey, lines[0]));
+    return false;
   }
   if (per_host != config_.nproc) {
-    return Fail(absl::StrFormat("host %s has --nproc-per-node %d but the job has %d per host",
-                                config_.host_id, config_.nproc, per_host));
+    Fail(absl::StrFormat("host %s has --nproc-per-node %d but the job has %d per host",
+                         config_.host_id, config_.nproc, per_host));
+    return false;
   }
   master_addr_ = head[2];
-  world_size_ = hosts * per_host;
+  world_size_ = *hosts * per_host;
   group_rank_ = -1;
   for (size_t i = 1; i < lines.size(); ++i) {
     std::vector<std::string> f = absl::StrSplit(lines[i], ' ');
     if (f.size() == 2 && f[0] == config_.host_id) (void)absl::SimpleAtoi(f[1], &group_rank_);
   }
-  spawned_ = true;
+  return true;
+}
+
+void Job::SpawnPlannedProcesses(int hosts) {
+  const int per_host = config_.nproc;
   const bool trains = group_rank_ >= 0;
-  Say(trains ? absl::StrFormat("host %s is group %d of %d: ranks %d..%d", config_.host_id,
+  // Under --restart-all a standby host holds no processes until a restart gives it a group rank.
+  const int standbys = config_.restart_all >= 0 ? 0 : trains ? config_.standby : per_host;
+  Say(trains ? absl::StrFormat("host %s is group %d of %d: ranks %d..%d%s", config_.host_id,
                                group_rank_, hosts, group_rank_ * per_host,
-                               group_rank_ * per_host + per_host - 1)
+                               group_rank_ * per_host + per_host - 1,
+                               round_ > 0 ? absl::StrCat(" (restart round ", round_, ")") : "")
              : absl::StrFormat("host %s is a standby host: %d standbys", config_.host_id,
-                               per_host));
-  const int standbys = trains ? config_.standby : per_host;
+                               standbys));
   for (int i = 0; trains && i < per_host; ++i) {
     if (absl::Status s = Spawn(group_rank_ * per_host + i, -1); !s.ok()) {
       return Fail(absl::StrCat("cannot start the job: ", s.message()));
@@ -1753,6 +1853,239 @@ void Job::FollowPlan() {
       return Fail(absl::StrCat("cannot start the job: ", s.message()));
     }
   }
+}
+
+// ---- Multi-host --restart-all: restart rounds ----
+//
+// torchrun's elastic agent answers any failure by stopping the whole worker group and starting
+// it again through a new rendezvous round; these are the same rounds on trainguard's agents. The
+// coordinator publishes "<round> <why>" at agents/restart (and, for a host fault, a plan that
+// gives the dead host's group rank to a standby host); every agent, the coordinator's own first,
+// kills its processes and starts its ranks under the round's job id, whose store namespace holds
+// nothing yet: generation 0 forms anew there, and with no snapshot committed in the store, no
+// arena and no peer backup of the round, every rank restores the newest checkpoint on disk.
+
+int64_t Job::MemberRound(const std::string& member) {
+  const size_t at = member.find(":round");
+  int64_t round = 0;
+  if (at == std::string::npos) return 0;
+  const size_t end = member.find(':', at + 1);
+  (void)absl::SimpleAtoi(member.substr(at + 6, end == std::string::npos ? end : end - at - 6),
+                         &round);
+  return round;
+}
+
+void Job::PublishRestartRound(const std::string& why, const std::string& dead_host,
+                              absl::Time since) {
+  const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
+  if (round_ >= config_.restart_all) {
+    return Fail(absl::StrFormat("%s; --restart-all=%d reached", why, config_.restart_all));
+  }
+  const int64_t next = round_ + 1;
+  if (!dead_host.empty()) {
+    // The dead host's group rank goes to the first host, in join order, that holds none and is not
+    // known to be dead or silent (one whose heartbeat this coordinator has not read yet counts as
+    // live: its own loss, if it is lost, restarts the job again).
+    absl::StatusOr<std::string> plan = store_->Get(kPlanKey, timeout);
+    absl::StatusOr<std::vector<std::string>> keys = store_->ListKeys("agents/join/", timeout);
+    absl::StatusOr<std::vector<std::string>> left = store_->ListKeys("agents/left/", timeout);
+    if (!plan.ok() || !keys.ok() || !left.ok()) {
+      return Fail(absl::StrFormat("restart round %d (%s): cannot read the plan and the hosts: %s",
+                                  next, why,
+                                  (!plan.ok() ? plan.status() : !keys.ok() ? keys.status()
+                                                                           : left.status())
+                                      .ToString()));
+    }
+    absl::StatusOr<std::vector<std::optional<std::string>>> joins = store_->MultiGet(*keys, timeout);
+    if (!joins.ok()) {
+      return Fail(absl::StrFormat("restart round %d (%s): reading the hosts: %s", next, why,
+                                  joins.status().ToString()));
+    }
+    std::vector<std::string> lines = absl::StrSplit(*plan, '\n');
+    std::map<std::string, int> group;
+    for (size_t i = 1; i < lines.size(); ++i) {
+      std::vector<std::string> f = absl::StrSplit(lines[i], ' ');
+      int g = -1;
+      if (f.size() == 2 && absl::SimpleAtoi(f[1], &g)) group[f[0]] = g;
+    }
+    struct Joined {
+      int64_t seq;
+      std::string host, addr, port;
+    };
+    std::vector<Joined> hosts;
+    for (size_t i = 0; i < keys->size(); ++i) {
+      std::vector<std::string> f = absl::StrSplit((*joins)[i].value_or(""), ' ');
+      Joined j;
+      if (f.size() != 4 || !absl::SimpleAtoi(f[0], &j.seq)) continue;
+      j.host = (*keys)[i].substr(strlen("agents/join/"));
+      j.addr = f[2];
+      j.port = f[3];
+      hosts.push_back(std::move(j));
+    }
+    std::sort(hosts.begin(), hosts.end(),
+              [](const Joined& a, const Joined& b) { return a.seq < b.seq; });
+    const int lost = group.count(dead_host) != 0 ? group[dead_host] : -1;
+    group[dead_host] = -1;
+    if (lost >= 0) {
+      const absl::Time now = absl::Now();
+      std::string taker;
+      for (const Joined& j : hosts) {
+        const auto beat = host_beats_.find(j.host);
+        const bool alive = dead_hosts_.count(j.host) == 0 &&
+                           std::find(left->begin(), left->end(),
+                                     absl::StrCat("agents/left/", j.host)) == left->end() &&
+                           (j.host == config_.host_id || beat == host_beats_.end() ||
+                            now - beat->second.since < config_.host_timeout);
+        if (alive && (group.count(j.host) == 0 || group[j.host] < 0)) {
+          taker = j.host;
+          break;
+        }
+      }
+      if (taker.empty()) {
+        return Fail(absl::StrFormat("host %s died (%s) and no standby host is left to take its "
+                                    "group rank %d in a restart",
+                                    dead_host, why, lost));
+      }
+      group[taker] = lost;
+      Say(absl::StrFormat("restart round %d: host %s takes host %s's group rank %d", next, taker,
+                          dead_host, lost));
+    }
+    std::string head_addr = master_addr_, head_port = absl::StrCat(master_port_);
+    std::string body;
+    int training = 0;
+    for (const Joined& j : hosts) {
+      const int g = group.count(j.host) != 0 ? group[j.host] : -1;
+      if (g == 0) {
+        head_addr = j.addr;
+        head_port = j.port;
+      }
+      if (g >= 0) ++training;
+      absl::StrAppendFormat(&body, "\n%s %d", j.host, g);
+    }
+    const std::string new_plan =
+        absl::StrFormat("%d %d %s %s%s", training, config_.nproc, head_addr, head_port, body);
+    if (absl::Status s = store_->Set(kPlanKey, new_plan, timeout); !s.ok()) {
+      return Fail(absl::StrFormat("restart round %d (%s): publishing its plan: %s", next, why,
+                                  s.ToString()));
+    }
+  }
+  if (absl::Status s = store_->Set(kRestartKey, absl::StrCat(next, " ", why), timeout); !s.ok()) {
+    return Fail(absl::StrFormat("restart round %d (%s): publishing it: %s", next, why,
+                                s.ToString()));
+  }
+  Say(absl::StrFormat("restarting every rank on every host (restart %d of at most %d): %s", next,
+                      config_.restart_all, why));
+  std::vector<std::pair<std::string, std::string>> attributes = {
+      {"restart", absl::StrCat(next)}};
+  if (!dead_host.empty()) attributes.emplace_back("host", dead_host);
+  Record(-1, "restart_all", why, std::move(attributes));
+  const absl::Time fault = since == absl::InfinitePast() ? absl::Now() : since;
+  StartRound(next);
+  recoveries_.push_back({-1, 0, fault, dead_host});
+}
+
+void Job::FollowRestartRound() {
+  if (!RestartsOnHosts()) return;
+  absl::StatusOr<std::string> restart =
+      store_->Get(kRestartKey, AgentCallTimeout(config_.host_timeout));
+  if (!restart.ok()) return;
+  const std::pair<std::string, std::string> round_why =
+      absl::StrSplit(*restart, absl::MaxSplits(' ', 1));
+  int64_t round = 0;
+  if (!absl::SimpleAtoi(round_why.first, &round) || round <= round_) return;
+  Say(absl::StrFormat("restart round %d: %s", round, round_why.second));
+  StartRound(round);
+}
+
+void Job::KillRanksStoppedBeforeFormation() {
+  {
+    MutexLock lock(&formed_mu_);
+    if (formed_.has_value() || round_ == 0) return;
+  }
+  const absl::Time now = absl::Now();
+  for (auto& c : children_) {
+    if (!c->running || c->killed_for_liveness || c->rank < 0) continue;
+    if (!IsStopped(c->pid)) {
+      c->stopped_since = absl::InfiniteFuture();
+      continue;
+    }
+    if (c->stopped_since == absl::InfiniteFuture()) c->stopped_since = now;
+    if (now - c->stopped_since >= config_.heartbeat_timeout) {
+      KillForLiveness(*c, "rank_unresponsive",
+                      absl::StrFormat(": stopped for %s before restart round %d formed",
+                                      absl::FormatDuration(now - c->stopped_since), round_));
+    }
+  }
+}
+
+void Job::StartRound(int64_t round) {
+  // torchrun's shape: every process goes, whatever it was doing (SIGKILL: nothing of it is kept).
+  std::vector<std::string> stopped;
+  for (auto& c : children_) {
+    if (!c->running) continue;
+    SignalGroup(*c, SIGKILL);
+    stopped.push_back(absl::StrFormat("%s (pid %d)", c->Label(), c->pid));
+  }
+  StopAll(absl::ZeroDuration());  // reaps them; SIGKILL again at once for any left
+  stop_forming_.store(true);
+  if (former_.joinable()) former_.join();
+  stop_forming_.store(false);
+  {
+    MutexLock lock(&formed_mu_);
+    formed_.reset();
+  }
+  formed_reported_ = false;
+  for (auto& c : children_) {
+    if (c->out_fd >= 0) close(c->out_fd);
+    if (c->log_fd >= 0) close(c->log_fd);
+  }
+  children_.clear();
+  standby_respawns_.clear();
+  // Nothing of the old processes' memory survives a restart: their snapshot arenas, flight
+  // recorders and the peer backups they held go (and the new round's job id could not name them).
+  const std::string old_id = RanksJobId();
+  for (int r = 0; r < world_size_; ++r) {
+    (void)Snapshotter::RemoveArena(old_id, r);
+    (void)FlightRecorder::Remove(old_id, r);
+    (void)BackupService::RemoveArenas(old_id, {r});
+  }
+  Say(absl::StrFormat("restart round %d: stopped %s; shared memory of job id %s removed", round,
+                      stopped.empty() ? "no process" : absl::StrJoin(stopped, ", "), old_id));
+  round_ = round;
+  restarts_ = static_cast<int>(round);
+  restarted_at_ = absl::Now();
+  OpenStoreOptions store_options;
+  store_options.source_address = config_.local_addr;
+  absl::StatusOr<std::unique_ptr<Store>> store =
+      OpenStore(store_url_, RanksJobId(), token_, kStoreTimeout, store_options);
+  if (!store.ok()) {
+    return Fail(absl::StrFormat("restart round %d: connecting to the store as %s: %s", round,
+                                RanksJobId(), store.status().ToString()));
+  }
+  coordinator_.reset();
+  round_store_ = *std::move(store);
+  coordinator_ =
+      std::make_unique<RendezvousCoordinator>(ranks_store(), Clock::Real(), config_.host_id);
+  // A coordinator that follows a round another published (it took the lease over meanwhile) acts
+  // on the round's membership if it formed already (NotFound: not yet).
+  if (coordinating()) {
+    if (absl::Status s = coordinator_->Resume(kStoreTimeout); !s.ok() && !absl::IsNotFound(s)) {
+      Say(s.ToString());
+    }
+  }
+  followed_generation_ = -1;
+  dead_.clear();
+  pending_hang_.reset();
+  hangs_checked_below_ = 0;
+  renewal_asked_.reset();
+  ranks_finished_ = 0;
+  next_liveness_check_ = absl::Now() + config_.heartbeat_timeout;
+  int hosts = 0;
+  if (!ReadPlan(&hosts)) {
+    if (exit_code_ < 0) Fail(absl::StrFormat("restart round %d: no plan at %s", round, kPlanKey));
+    return;
+  }
+  SpawnPlannedProcesses(hosts);
 }
 
 // Follows the published generations: a standby of this host that took a rank is relabelled; a
@@ -1771,14 +2104,16 @@ void Job::FollowGeneration() {
     exit_code_ = kExitJobFailed;
     return;
   }
-  absl::StatusOr<std::string> current = store_->Get("rdzv/current", timeout);
+  FollowRestartRound();
+  if (exit_code_ >= 0) return;
+  absl::StatusOr<std::string> current = ranks_store()->Get("rdzv/current", timeout);
   int64_t generation = -1;
   if (!current.ok() || !absl::SimpleAtoi(*current, &generation) ||
       generation <= followed_generation_) {
     return;
   }
   absl::StatusOr<std::string> text =
-      store_->Get(absl::StrCat("rdzv/gen/", generation, "/table"), timeout);
+      ranks_store()->Get(absl::StrCat("rdzv/gen/", generation, "/table"), timeout);
   if (!text.ok()) return;
   std::vector<std::string> lines = absl::StrSplit(*text, '\n');
   followed_generation_ = generation;
@@ -1910,7 +2245,7 @@ void Job::CoordinateHosts() {
   ReadDeathReports();
   // Completion: every rank finished with status 0.
   if (!done_published_ && world_size_ > 0) {
-    absl::StatusOr<std::vector<std::string>> finished = store_->ListKeys("agents/finished/", timeout);
+    absl::StatusOr<std::vector<std::string>> finished = store_->ListKeys(FinishedPrefix(), timeout);
     if (finished.ok() && finished->size() >= static_cast<size_t>(world_size_)) {
       done_published_ = store_->Set(kJobDoneKey, "every rank finished", timeout).ok();
     }
@@ -1930,6 +2265,19 @@ void Job::ReadDeathReports() {
     if (!report.ok()) continue;
     std::vector<std::string> f = absl::StrSplit(*report, absl::MaxSplits(' ', 1));
     const std::string how = f.size() == 2 ? f[1] : *report;
+    if (RestartsOnHosts()) {
+      handled_deaths_.insert(member);
+      // A process of an earlier round died of the restart itself (or its peers' deaths).
+      if (MemberRound(member) != round_) continue;
+      if (current.generation < 0 && round_ == 0) {
+        return Fail(absl::StrFormat("%s died before generation 0 formed (%s)", member, how));
+      }
+      const std::string rank = f.size() == 2 ? absl::StrCat("rank ", f[0]) : "a rank";
+      return PublishRestartRound(
+          absl::StrFormat("%s (%s) %s%s", rank, member, how,
+                          current.generation < 0 ? " before the restarted job formed" : ""),
+          "");
+    }
     if (current.generation < 0) {
       handled_deaths_.insert(member);
       return Fail(absl::StrFormat("%s died before generation 0 formed (%s)", member, how));
@@ -1978,11 +2326,11 @@ void Job::DeclareHostDead(const std::string& host, absl::Time last_beat, const s
     }
   }
   const Membership current = coordinator_->current();
-  absl::StatusOr<std::vector<std::string>> finished = store_->ListKeys("agents/finished/", timeout);
+  absl::StatusOr<std::vector<std::string>> finished = store_->ListKeys(FinishedPrefix(), timeout);
   std::vector<int> ranks;
   for (size_t r = 0; r < current.members.size(); ++r) {
     if (!absl::StartsWith(current.members[r], prefix)) continue;
-    const std::string key = absl::StrCat("agents/finished/", r);
+    const std::string key = absl::StrCat(FinishedPrefix(), r);
     if (finished.ok() && std::find(finished->begin(), finished->end(), key) != finished->end()) {
       continue;  // it finished before the host died
     }
@@ -1996,6 +2344,22 @@ void Job::DeclareHostDead(const std::string& host, absl::Time last_beat, const s
   // The record `trainguard report` matches a host fault with (host, the ranks it held).
   Record(-1, "host_lost", absl::StrFormat("host %s is dead (%s)", host, why),
          {{"host", host}, {"ranks", absl::StrJoin(ranks, ",")}});
+  if (RestartsOnHosts()) {
+    // The plan says whether it trains: in a round still forming, the membership names nobody.
+    int group = -1;
+    if (absl::StatusOr<std::string> plan = store_->Get(kPlanKey, timeout); plan.ok()) {
+      for (absl::string_view line : absl::StrSplit(*plan, '\n')) {
+        std::vector<std::string> f = absl::StrSplit(line, ' ');
+        if (f.size() == 2 && f[0] == host) (void)absl::SimpleAtoi(f[1], &group);
+      }
+    }
+    if (group < 0) return;  // a standby host: nothing to restart
+    if (current.generation < 0 && round_ == 0) {
+      return Fail(absl::StrFormat("host %s died before generation 0 formed", host));
+    }
+    return PublishRestartRound(absl::StrFormat("host %s is dead (%s)", host, why), host,
+                               last_beat);
+  }
   if (ranks.empty()) return;
   if (current.generation < 0) {
     return Fail(absl::StrFormat("host %s died before generation 0 formed", host));
@@ -2445,9 +2809,31 @@ absl::StatusOr<LaunchConfig> ParseRunArguments(const std::vector<std::string>& a
   if (i < args.size()) config.command.assign(args.begin() + i + 1, args.end());
   if (config.nproc < 1) return absl::InvalidArgumentError("--nproc N is required");
   if (config.command.empty()) return absl::InvalidArgumentError("no command after --");
-  if (config.restart_all >= 0 && (config.nnodes_min > 0 || !config.store.empty())) {
+  if (config.restart_all >= 0 && config.nnodes_min == 0 && !config.store.empty()) {
     return absl::InvalidArgumentError(
-        "--restart-all needs one host and the launcher's own store (no --nnodes, no --store)");
+        "--restart-all needs one host and the launcher's own store (no --store), or --nnodes "
+        "(one agent per host, every one with --restart-all)");
+  }
+  if (config.restart_all >= 0 && config.nnodes_min > 0) {
+    // torchrun has no warm spares: a restart starts every rank anew, and a standby host joins
+    // with no process (it takes a dead host's group rank in the restart).
+    if (config.standby > 0) {
+      return absl::InvalidArgumentError(
+          "--restart-all with --nnodes starts every rank anew: no --standby spare processes");
+    }
+    for (const auto& [name, value] : config.backup_env) {
+      if (name == "TRAINGUARD_BACKUP_COPIES" && value != "1") {
+        return absl::InvalidArgumentError(
+            "--restart-all restores from the disk only: no --backup-copies (peer backups)");
+      }
+    }
+    // The rounds' job ids, "<job id>.round<K>", must be valid job ids too.
+    if (config.job_id.size() > 180) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--restart-all: --job-id '%s' is too long (at most 180 characters: the restart rounds "
+          "run as <job id>.round<K>)",
+          config.job_id));
+    }
   }
   if (config.nnodes_min > 0 || config.standby_host || config.standby_nodes > 0) {
     if (config.nnodes_min == 0) {
@@ -2488,6 +2874,10 @@ absl::StatusOr<LaunchConfig> ParseRunArguments(const std::vector<std::string>& a
 int RunJob(const LaunchConfig& config) {
   // Before any thread: the ranks inherit these, and DescribeBackups reads them.
   for (const auto& [name, value] : config.backup_env) setenv(name.c_str(), value.c_str(), 1);
+  // Multi-host --restart-all: no peer backups, so that a restart restores from the disk only.
+  if (config.restart_all >= 0 && config.nnodes_min > 0) {
+    setenv("TRAINGUARD_BACKUP_COPIES", "1", 1);
+  }
   Job job(config);
   return job.Run();
 }

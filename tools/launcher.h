@@ -23,7 +23,8 @@
 // attribute what=rank_died, rank_unresponsive, hang_suspect, rank_replaced, recovered,
 // generation_renewed, restart_all), beside the ranks' event files, so that `trainguard report`
 // can time detection and recovery against the faults `trainguard chaos` injected. With
-// --restart-all, a rank's request for a new generation (a dropped link) restarts every rank too.
+// --restart-all (one host or several), any fault restarts every rank from the disk instead
+// (LaunchConfig::restart_all).
 //
 // Exit status: 0 every rank finished with status 0; 1 the job failed (a rank failed and could not
 // be replaced, --max-replacements was reached, generation 0 did not form, or a rank stopped the job
@@ -110,12 +111,21 @@ struct LaunchConfig {
   // --fail-slow-trace FILE: the coordinator appends every host's record of every second to FILE,
   // "<second> <host> <record>" per line (bench/bench_fail_slow replays such traces).
   std::string fail_slow_trace;
-  // --restart-all M (single host, the launcher's own store; -1: off): recovery the way torchrun
-  // does it, the baseline `trainguard chaos` measures against. On any rank's death (a hang's
-  // suspect and a rank with a stale heartbeat are killed first) every process of the job is
-  // stopped (SIGTERM, SIGKILL after 1 s), the ranks' shared-memory snapshots are removed, and all
-  // ranks start again with a fresh store, so they restore the newest checkpoint on disk. The job
-  // fails at the (M+1)-th such fault. Standbys are not used.
+  // --restart-all M (-1: off): recovery the way torchrun does it, the baseline `trainguard chaos`
+  // and bench_chaos_hosts measure against. On any fault (a rank's death; a hang's suspect and a
+  // rank with a stale heartbeat are killed first; a rank's request for a new generation) every
+  // process of the job is stopped, the ranks' shared memory is removed, and all ranks start again
+  // as fresh processes that restore the newest checkpoint on disk. The job fails at the (M+1)-th
+  // such fault. No standbys: --standby must be 0.
+  // One host (the launcher's own store): SIGTERM, SIGKILL after 1 s, and a fresh store.
+  // Several hosts (--nnodes; give every agent the flag): the coordinator publishes a restart round
+  // (store key agents/restart, "<round> <why>"); every agent SIGKILLs its processes, removes the
+  // snapshot arenas, flight recorders and peer-backup segments they held, and starts its ranks
+  // again under the round's own job id "<job id>.round<K>" (a fresh namespace of store keys and
+  // shared memory; generation 0 forms anew in it). A host fault (a host declared dead) restarts
+  // the job too, its group rank given to a standby host in the round's plan, as torchrun's spare
+  // node joins the re-rendezvous; standby hosts hold no processes. Peer backups are off
+  // (TRAINGUARD_BACKUP_COPIES=1): nothing of the old processes' memory can serve a restore.
   int restart_all = -1;
 };
 

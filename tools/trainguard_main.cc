@@ -94,6 +94,14 @@ constexpr char kRunHelp[] =
     "suspect_host event, and with --fail-slow evict|evict-repeated replaces it with a standby\n"
     "host. docs/GUIDE.md, \"Fail-slow hosts\".\n"
     "\n"
+    "--restart-all M: recovery the way torchrun does it (the baseline of trainguard chaos): on\n"
+    "any fault every rank is stopped and started again as a new process that restores the\n"
+    "newest checkpoint on disk; the (M+1)-th fault fails the job. No standbys. On one host\n"
+    "with the launcher's own store; with --nnodes give every agent the flag: the coordinator\n"
+    "publishes a restart round, every agent kills its ranks and starts them again under the\n"
+    "round's job id (JOB_ID.roundK), and a dead host's group rank goes to a standby host\n"
+    "(which runs no process until then). docs/GUIDE.md section 12.\n"
+    "\n"
     "Exit status: 0 every rank finished with 0; 1 the job failed; 2 bad usage; 3 the job could\n"
     "not be started (store, run dir, spawn); 128+N interrupted by signal N.\n";
 

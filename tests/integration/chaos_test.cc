@@ -199,7 +199,7 @@ TEST(Chaos, OnSimulatedHostsAKilledHostAHangAndAPartitionedHostAreDetectedNamedA
   std::filesystem::create_directories(TRAINGUARD_SHARED_TMP);
   const pid_t pid = testing::SpawnWithOutput(
       {TRAINGUARD_BENCH_CHAOS_HOSTS_PATH, "--duration", "40s", "--faults",
-       "5s:host_kill:2,14s:stop:1,24s:partition:2", "--run-dir", dir},
+       "5s:host_kill:2,14s:stop:1,24s:partition:2", "--run-dir", dir, "--mode", "trainguard"},
       dir + ".out", {});
   ASSERT_GT(pid, 0);
   const absl::Time give_up = absl::Now() + absl::Minutes(5);
@@ -214,13 +214,14 @@ TEST(Chaos, OnSimulatedHostsAKilledHostAHangAndAPartitionedHostAreDetectedNamedA
   }
   std::string context = ReadFile(dir + ".out");
   for (const char* host : {"host1", "host2", "host3", "host2r1", "host3r1"}) {
-    absl::StrAppend(&context, "\n--- ", host, " ---\n", ReadFile(dir + "/" + host + ".log"));
+    absl::StrAppend(&context, "\n--- ", host, " ---\n",
+                    ReadFile(dir + "/trainguard/" + host + ".log"));
   }
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << context;
 
   std::vector<Event> events;
   tools::RunAnalysis run;
-  ASSERT_NO_FATAL_FAILURE(AnalyzeChaosRun(dir + "/run", context, &events, &run));
+  ASSERT_NO_FATAL_FAILURE(AnalyzeChaosRun(dir + "/trainguard", context, &events, &run));
   ASSERT_EQ(FaultKinds(run), "host_kill,stop,partition") << context;
   EXPECT_EQ(run.faults[0].host, "host2") << context;  // host n holds group n - 1 at the start
   for (const tools::FaultOutcome& f : run.faults) {

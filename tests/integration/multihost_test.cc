@@ -12,14 +12,19 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -703,6 +708,198 @@ TEST_F(MultiHost, WithFailSlowEvictTheSlowHostIsReplacedByTheStandbyHostAndTrain
   for (const Event& e : events->events) EXPECT_EQ(e.Attribute("host"), "host3") << e.message;
   EXPECT_EQ(events->events.back().Attribute("action"), "evict");
   EXPECT_THAT(job.AllOutput(), ::testing::Not(::testing::ContainsRegex("suspect host host[124]")));
+}
+
+// ---- --restart-all on several hosts: torchrun's elastic agent, bench_chaos_hosts' baseline ----
+
+// The example trainer with steps of at least 10 ms: a snapshot every 25 steps, on disk every 100
+// (CheckpointEnv), so a fault injected at a step ending in 50 lands midway between two persists.
+std::vector<std::string> PacedTrainerArgs() {
+  std::vector<std::string> args = TrainerArgs();
+  args.insert(args.end(), {"--step-time-ms", "10"});
+  return args;
+}
+
+// The pid file of rank `rank` on host n (a pid of that host's PID namespace), or -1.
+int64_t RankPid(const std::string& shared, int n, int rank) {
+  int64_t pid = -1;
+  const std::string text = ReadFile(absl::StrCat(shared, "/run/pids/host", n, "/rank-", rank));
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &pid)) return -1;
+  return pid;
+}
+
+// Every event of rank `rank`'s event file (all the processes that held the rank append to it).
+std::vector<Event> RankEvents(const std::string& shared, int rank) {
+  absl::StatusOr<EventLogContents> contents = ReadEventLog(
+      Env::Default(), absl::StrFormat("%s/run/events/rank-%05d.tgev", shared, rank));
+  return contents.ok() ? contents->events : std::vector<Event>{};
+}
+
+// The time of the coordinator's first restart_all event (every agent's launcher file is read).
+std::optional<absl::Time> FirstRestart(const std::string& shared) {
+  std::optional<absl::Time> first;
+  for (const auto& entry : std::filesystem::directory_iterator(shared + "/run/events")) {
+    if (!absl::StartsWith(entry.path().filename().string(), "launcher-")) continue;
+    absl::StatusOr<EventLogContents> contents = ReadEventLog(Env::Default(), entry.path());
+    if (!contents.ok()) continue;
+    for (const Event& e : contents->events) {
+      if (e.Attribute("what") == "restart_all" && (!first.has_value() || e.time < *first)) {
+        first = e.time;
+      }
+    }
+  }
+  return first;
+}
+
+// The newest step that every one of `world` ranks had persisted (a saved event with
+// persisted=true) before `before`; -1 if none.
+int64_t NewestPersistedByEveryRank(const std::string& shared, int world, absl::Time before) {
+  std::map<int64_t, int> ranks_persisted;
+  for (int rank = 0; rank < world; ++rank) {
+    std::set<int64_t> steps;
+    for (const Event& e : RankEvents(shared, rank)) {
+      if (e.time < before && e.Attribute("what") == "saved" && e.Attribute("persisted") == "true") {
+        steps.insert(e.step);
+      }
+    }
+    for (int64_t step : steps) ++ranks_persisted[step];
+  }
+  int64_t newest = -1;
+  for (const auto& [step, count] : ranks_persisted) {
+    if (count == world) newest = std::max(newest, step);
+  }
+  return newest;
+}
+
+// Every rank's first restore after `after`: rank -> "<step> from <source>".
+std::map<int, std::string> RestoresAfter(const std::string& shared, int world, absl::Time after) {
+  std::map<int, std::string> restores;
+  for (int rank = 0; rank < world; ++rank) {
+    for (const Event& e : RankEvents(shared, rank)) {
+      if (e.time > after && e.Attribute("what") == "restored") {
+        restores[rank] = absl::StrCat(e.step, " from ", std::string(e.Attribute("source")));
+        break;
+      }
+    }
+  }
+  return restores;
+}
+
+// One rank of a 2-host job is killed: the coordinator restarts every rank on both hosts (new
+// processes), and nothing of the old processes' memory serves them: every rank restores the
+// newest step persisted on disk before the restart, from the disk, and the job finishes as if
+// uninterrupted.
+TEST_F(MultiHost, WithRestartAllAKilledRankRestartsEveryRankOnEveryHostFromTheNewestStepOnDisk) {
+  MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 2);
+  job.job_flags = {"--restart-all", "5"};
+  for (int n = 1; n <= 2; ++n) {
+    job.StartHost(n, false, {}, PacedTrainerArgs());
+    ASSERT_TRUE(job.Await(n, " joined as ")) << job.AllOutput();
+    if (n == 1) {
+      ASSERT_TRUE(job.Await(1, "coordinating the job")) << job.AllOutput();
+    }
+  }
+  ASSERT_TRUE(job.Await(0, "step 350 loss")) << job.AllOutput();
+  std::map<int, int64_t> old_pids;
+  for (int rank = 0; rank < 4; ++rank) {
+    old_pids[rank] = RankPid(shared_.path(), rank / 2 + 1, rank);
+    ASSERT_GT(old_pids[rank], 1) << "rank " << rank << "\n" << job.AllOutput();
+  }
+  // Inside host 1 every process is the test's: its agent (trainguard) and its ranks (cpp_trainer);
+  // -o: the older of the two ranks.
+  ASSERT_TRUE(cluster_->RunInHost(1, {"/usr/bin/pkill", "-KILL", "-o", "-x", "cpp_trainer"},
+                                  absl::Seconds(30))
+                  .ok());
+  ASSERT_TRUE(job.Await(1, "restarting every rank on every host (restart 1 of at most 5)"))
+      << job.AllOutput();
+  for (int n = 1; n <= 2; ++n) {
+    ASSERT_TRUE(job.Await(n, "restart round 1: stopped ")) << job.AllOutput();
+  }
+  const std::optional<absl::Time> restart = FirstRestart(shared_.path());
+  ASSERT_TRUE(restart.has_value()) << job.AllOutput();
+  std::map<int, std::string> restores;
+  for (absl::Time end = absl::Now() + kDeadline; absl::Now() < end;) {
+    restores = RestoresAfter(shared_.path(), 4, *restart);
+    if (restores.size() == 4) break;
+    absl::SleepFor(absl::Milliseconds(50));  // bounded polling of the event files
+  }
+  const int64_t persisted = NewestPersistedByEveryRank(shared_.path(), 4, *restart);
+  ASSERT_GT(persisted, 0) << job.AllOutput();
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_EQ(restores[rank], absl::StrCat(persisted, " from disk"))
+        << "rank " << rank << "\n" << job.AllOutput();
+    const int64_t pid = RankPid(shared_.path(), rank / 2 + 1, rank);
+    EXPECT_GT(pid, 1) << job.AllOutput();
+    EXPECT_NE(pid, old_pids[rank]) << "rank " << rank << " kept its process\n" << job.AllOutput();
+  }
+  // The restarted ranks run under the round's own job id.
+  EXPECT_THAT(job.Output(2), HasSubstr(absl::StrCat("shared memory of job id ", job.job_id_,
+                                                    " removed")));
+  const std::map<int, std::string> expected =
+      UninterruptedChecksums(shared_.path(), 4, {}, PacedTrainerArgs());
+  for (int n = 1; n <= 2; ++n) EXPECT_EQ(job.Wait(n), 0) << job.AllOutput();
+  ASSERT_EQ(expected.size(), 4u);
+  EXPECT_EQ(job.FinalChecksums(), expected) << job.AllOutput();
+}
+
+// A training host is killed: after its loss is declared, the job restarts with the standby host
+// (which held no process: torchrun's spare node) in its group rank, every rank from the disk.
+TEST_F(MultiHost, WithRestartAllAKilledHostsGroupRankGoesToTheStandbyHostInTheRestart) {
+  MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 2);
+  job.job_flags = {"--restart-all", "5", "--standby-nodes", "1"};
+  for (int n = 1; n <= 3; ++n) {
+    job.StartHost(n, n == 3, {}, PacedTrainerArgs());
+    ASSERT_TRUE(job.Await(n, " joined as ")) << job.AllOutput();
+    if (n == 1) {
+      ASSERT_TRUE(job.Await(1, "coordinating the job")) << job.AllOutput();
+    }
+  }
+  ASSERT_TRUE(job.Await(0, "step 350 loss")) << job.AllOutput();
+  EXPECT_THAT(job.Output(3), HasSubstr("host host3 is a standby host: 0 standbys"));
+  ASSERT_TRUE(cluster_->KillHost(2).ok());
+  ASSERT_TRUE(job.Await(1, "host host2 is dead")) << job.AllOutput();
+  ASSERT_TRUE(job.Await(1, "host host3 takes host host2's group rank 1")) << job.AllOutput();
+  ASSERT_TRUE(job.Await(3, "host host3 is group 1 of 2: ranks 2..3 (restart round"))
+      << job.AllOutput();
+  ASSERT_TRUE(job.Await(3, "rank 2 restored step")) << job.AllOutput();
+  ASSERT_TRUE(job.Await(3, "rank 3 restored step")) << job.AllOutput();
+  EXPECT_THAT(job.Output(3), ::testing::ContainsRegex("rank 2 restored step [0-9]+ from disk"));
+  EXPECT_THAT(job.Output(3), ::testing::ContainsRegex("rank 3 restored step [0-9]+ from disk"));
+  const std::map<int, std::string> expected =
+      UninterruptedChecksums(shared_.path(), 4, {}, PacedTrainerArgs());
+  for (int n : {1, 3}) EXPECT_EQ(job.Wait(n), 0) << job.AllOutput();
+  ASSERT_EQ(expected.size(), 4u);
+  EXPECT_EQ(job.FinalChecksums(), expected) << job.AllOutput();
+}
+
+// The coordinator's host is killed: another agent takes the lease over, declares the host dead and
+// goes on with the restart rounds; the standby host takes group rank 0 (and the master address).
+TEST_F(MultiHost, WithRestartAllTheCoordinatorsHostKilledIsReplacedInARestartByTheNewCoordinator) {
+  MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 2);
+  job.job_flags = {"--restart-all", "5", "--standby-nodes", "1"};
+  for (int n = 1; n <= 3; ++n) {
+    job.StartHost(n, n == 3, {}, PacedTrainerArgs());
+    ASSERT_TRUE(job.Await(n, " joined as ")) << job.AllOutput();
+    if (n == 1) {
+      ASSERT_TRUE(job.Await(1, "coordinating the job")) << job.AllOutput();
+    }
+  }
+  ASSERT_TRUE(job.Await(0, "step 350 loss")) << job.AllOutput();
+  ASSERT_TRUE(cluster_->KillHost(1).ok());
+  // Host 2's or host 3's agent: whichever takes the lease first.
+  ASSERT_TRUE(job.Await(0, "coordinating the job (lease term 2")) << job.AllOutput();
+  ASSERT_TRUE(job.Await(0, "host host3 takes host host1's group rank 0")) << job.AllOutput();
+  ASSERT_TRUE(job.Await(3, "host host3 is group 0 of 2: ranks 0..1 (restart round"))
+      << job.AllOutput();
+  ASSERT_TRUE(job.Await(3, "rank 0 restored step")) << job.AllOutput();
+  ASSERT_TRUE(job.Await(2, "rank 2 restored step")) << job.AllOutput();
+  EXPECT_THAT(job.Output(3), ::testing::ContainsRegex("rank 0 restored step [0-9]+ from disk"));
+  EXPECT_THAT(job.Output(2), ::testing::ContainsRegex("rank 2 restored step [0-9]+ from disk"));
+  const std::map<int, std::string> expected =
+      UninterruptedChecksums(shared_.path(), 4, {}, PacedTrainerArgs());
+  for (int n : {2, 3}) EXPECT_EQ(job.Wait(n), 0) << job.AllOutput();
+  ASSERT_EQ(expected.size(), 4u);
+  EXPECT_EQ(job.FinalChecksums(), expected) << job.AllOutput();
 }
 
 }  // namespace

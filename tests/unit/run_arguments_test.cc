@@ -1,0 +1,98 @@
+// ParseRunArguments (tools/launcher.h): which --restart-all combinations `trainguard run` takes,
+// and the message that names the flag when it refuses one.
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tools/launcher.h"
+
+namespace trainguard::tools {
+namespace {
+
+using ::testing::HasSubstr;
+
+// An agent of a 2-host job, with `extra` before the command.
+std::vector<std::string> AgentArgs(std::vector<std::string> extra) {
+  std::vector<std::string> args = {"--nnodes",      "2",          "--nproc-per-node", "2",
+                                   "--rdzv-endpoint", "tcp://127.0.0.1:1", "--token-file",
+                                   "/token",        "--job-id",   "job",   "--host-id", "host1"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  args.insert(args.end(), {"--", "trainer"});
+  return args;
+}
+
+TEST(RunArguments, RestartAllIsTakenOnOneHostWithTheLaunchersOwnStore) {
+  absl::StatusOr<LaunchConfig> config =
+      ParseRunArguments({"--nproc", "2", "--restart-all", "3", "--", "trainer"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->restart_all, 3);
+  EXPECT_EQ(config->nnodes_min, 0);
+}
+
+TEST(RunArguments, RestartAllWithAnExternalStoreOnOneHostIsRefused) {
+  absl::StatusOr<LaunchConfig> config =
+      ParseRunArguments({"--nproc", "2", "--restart-all", "3", "--store", "tcp://127.0.0.1:1",
+                         "--token-file", "/token", "--", "trainer"});
+  ASSERT_TRUE(absl::IsInvalidArgument(config.status())) << config.status();
+  EXPECT_THAT(config.status().message(),
+              HasSubstr("--restart-all needs one host and the launcher's own store"));
+}
+
+TEST(RunArguments, RestartAllIsTakenByTheAgentsOfAMultiHostJob) {
+  absl::StatusOr<LaunchConfig> config = ParseRunArguments(AgentArgs({"--restart-all", "100000"}));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->restart_all, 100000);
+  EXPECT_EQ(config->nnodes_min, 2);
+  EXPECT_EQ(config->standby, 0);
+}
+
+TEST(RunArguments, RestartAllIsTakenByAStandbyHostsAgent) {
+  absl::StatusOr<LaunchConfig> config =
+      ParseRunArguments(AgentArgs({"--restart-all", "5", "--role", "standby"}));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->standby_host);
+  EXPECT_EQ(config->restart_all, 5);
+}
+
+TEST(RunArguments, RestartAllOnSeveralHostsRefusesSpareProcesses) {
+  absl::StatusOr<LaunchConfig> config =
+      ParseRunArguments(AgentArgs({"--restart-all", "5", "--standby", "1"}));
+  ASSERT_TRUE(absl::IsInvalidArgument(config.status())) << config.status();
+  EXPECT_THAT(config.status().message(), HasSubstr("no --standby spare processes"));
+}
+
+TEST(RunArguments, RestartAllOnSeveralHostsTakesNoStandbyZero) {
+  absl::StatusOr<LaunchConfig> config =
+      ParseRunArguments(AgentArgs({"--restart-all", "5", "--standby", "0"}));
+  EXPECT_TRUE(config.ok()) << config.status();
+}
+
+TEST(RunArguments, RestartAllOnSeveralHostsRefusesPeerBackups) {
+  absl::StatusOr<LaunchConfig> config =
+      ParseRunArguments(AgentArgs({"--restart-all", "5", "--backup-copies", "2"}));
+  ASSERT_TRUE(absl::IsInvalidArgument(config.status())) << config.status();
+  EXPECT_THAT(config.status().message(), HasSubstr("no --backup-copies"));
+  EXPECT_TRUE(ParseRunArguments(AgentArgs({"--restart-all", "5", "--backup-copies", "1"})).ok());
+}
+
+TEST(RunArguments, RestartAllOnSeveralHostsRefusesAJobIdTooLongForItsRounds) {
+  std::vector<std::string> args = AgentArgs({"--restart-all", "5"});
+  args[9] = std::string(181, 'j');  // the value of --job-id
+  absl::StatusOr<LaunchConfig> config = ParseRunArguments(args);
+  ASSERT_TRUE(absl::IsInvalidArgument(config.status())) << config.status();
+  EXPECT_THAT(config.status().message(), HasSubstr("<job id>.round<K>"));
+}
+
+TEST(RunArguments, SparesAndPeerBackupsAreStillTakenWithoutRestartAll) {
+  absl::StatusOr<LaunchConfig> config =
+      ParseRunArguments(AgentArgs({"--standby", "1", "--backup-copies", "2"}));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->restart_all, -1);
+  EXPECT_EQ(config->standby, 1);
+}
+
+}  // namespace
+}  // namespace trainguard::tools
