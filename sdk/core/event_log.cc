@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "sdk/core/proto_json.h"
+#include "sdk/core/utf8.h"
 #include "sdk/proto/event.pb.h"
 #include "trainguard/env.h"
 #include "trainguard/events.h"
@@ -44,25 +46,32 @@ proto::Event ToProto(const Event& event) {
   p.set_step(event.step);
   p.set_generation(event.generation);
   p.set_type(static_cast<int32_t>(event.type));
-  p.set_message(event.message);
+  // proto3 would write text that is not UTF-8, and then refuse to read the record back.
+  p.set_message(ValidUtf8(event.message));
   for (const auto& [key, value] : event.attributes) {
     proto::Attribute* a = p.add_attributes();
-    a->set_key(key);
-    a->set_value(value);
+    a->set_key(ValidUtf8(key));
+    a->set_value(ValidUtf8(value));
   }
   return p;
 }
 
-Event FromProto(const proto::Event& p) {
+// A record, read as proto::EventBytes (its text as bytes) and made valid UTF-8: writers before
+// 2026-11-26 could write text that is not UTF-8, which a proto::Event parse refuses (and logs).
+// nullopt when the payload does not parse.
+std::optional<Event> ParseRecord(absl::string_view payload) {
+  proto::EventBytes p;
+  if (!p.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) return std::nullopt;
   Event event;
   event.time = absl::FromUnixMicros(p.time_unix_micros());
   event.rank = p.rank();
   event.step = p.step();
   event.generation = p.generation();
   event.type = static_cast<EventType>(p.type());
-  event.message = p.message();
-  for (const proto::Attribute& a : p.attributes())
-    event.attributes.emplace_back(a.key(), a.value());
+  event.message = ValidUtf8(p.message());
+  for (const proto::AttributeBytes& a : p.attributes()) {
+    event.attributes.emplace_back(ValidUtf8(a.key()), ValidUtf8(a.value()));
+  }
   return event;
 }
 
@@ -109,11 +118,11 @@ absl::StatusOr<Scan> ScanEventFile(absl::string_view path, absl::string_view dat
       break;
     }
     absl::string_view payload = data.substr(offset + kRecordHeaderBytes, length);
-    proto::Event p;
+    std::optional<Event> event;
     absl::string_view defect;
     if (Checksum(payload) != checksum) {
       defect = "checksum mismatch";
-    } else if (!p.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
+    } else if (event = ParseRecord(payload); !event.has_value()) {
       defect = "unparsable record";
     }
     if (!defect.empty()) {
@@ -121,7 +130,7 @@ absl::StatusOr<Scan> ScanEventFile(absl::string_view path, absl::string_view dat
       scan.tail = Corrupt(path, offset, absl::StrCat(defect, " in the final record"));
       break;
     }
-    scan.events.push_back(FromProto(p));
+    scan.events.push_back(*std::move(event));
     offset += kRecordHeaderBytes + length;
   }
   scan.valid_bytes = offset;

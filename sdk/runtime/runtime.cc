@@ -20,6 +20,7 @@
 #include "sdk/checkpoint/backup_placement.h"
 #include "sdk/checkpoint/checkpointer.h"
 #include "sdk/core/event_log.h"
+#include "sdk/core/utf8.h"
 #include "sdk/health/fail_slow_metrics.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/runtime/peer_progress.h"
@@ -321,7 +322,7 @@ absl::StatusOr<int64_t> RuntimeImpl::ReRendezvous(const StepResult& result, int6
   // If no rank died (a dropped connection, a hang declared on a healthy job), nobody else would
   // start a new generation: ask for one with the same members. When a rank did die, the launcher
   // replaces it and that generation answers the request.
-  const std::string why(result.status.message().substr(0, kNewGenerationReasonBytes));
+  const std::string why(Utf8Prefix(result.status.message(), kNewGenerationReasonBytes));
   if (absl::Status asked = member_->RequestNewGeneration(membership_, why, timeout); !asked.ok()) {
     return WithContext(asked, absl::StrCat("rank ", rank(), " step ", result.step));
   }

@@ -3,7 +3,9 @@
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <xxhash.h>
 
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -12,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sdk/proto/event.pb.h"
 #include "tests/support/own_process.h"
 #include "tests/support/temp_dir.h"
 #include "trainguard/env.h"
@@ -87,6 +90,70 @@ TEST(EventLog, AppendedEventsReadBackWithEveryField) {
   EXPECT_EQ(e.message, "step 1 failed");
   EXPECT_EQ(e.Attribute("what"), "bad batch");
   EXPECT_EQ(e.Attribute("absent"), "");
+}
+
+TEST(EventLog, TextThatIsNotUtf8IsWrittenReadablyWithReplacementCharacters) {
+  // A rank's reason cut to a byte budget inside gloo's closing emoji: proto3 would write it and
+  // then refuse to parse the record, and every later event of the file with it.
+  TempDir dir;
+  const std::string path = EventLogPath(dir.path(), 3);
+  auto log = EventLog::Open(Env::Default(), path);
+  ASSERT_TRUE(log.ok()) << log.status();
+  Event cut = MakeEvent(1);
+  cut.message = "Connection closed by peer. GLHF! \xf0\x9f\x8f\x96\xef\xb8";
+  cut.attributes = {{"why", "\xff"}};
+  ASSERT_TRUE((*log)->Append(MakeEvent(0)).ok());
+  ASSERT_TRUE((*log)->Append(cut).ok());
+  ASSERT_TRUE((*log)->Append(MakeEvent(2)).ok());
+  auto contents = ReadEventLog(Env::Default(), path);
+  ASSERT_TRUE(contents.ok()) << contents.status();
+  ASSERT_TRUE(contents->tail.ok()) << contents->tail;
+  EXPECT_THAT(Steps(*contents), ::testing::ElementsAre(0, 1, 2));
+  EXPECT_EQ(contents->events[1].message,
+            "Connection closed by peer. GLHF! \xf0\x9f\x8f\x96\xef\xbf\xbd\xef\xbf\xbd");
+  EXPECT_EQ(contents->events[1].Attribute("why"), "\xef\xbf\xbd");
+}
+
+TEST(EventLog, ARecordAnOlderWriterWroteWithTextThatIsNotUtf8IsReadWithItsTextMadeValid) {
+  TempDir dir;
+  const std::string path = EventLogPath(dir.path(), 3);
+  {
+    auto log = EventLog::Open(Env::Default(), path);
+    ASSERT_TRUE(log.ok()) << log.status();
+    ASSERT_TRUE((*log)->Append(MakeEvent(0)).ok());
+  }
+  // Such a record framed as the file format frames it (docs/FORMATS.md), as the older writer did.
+  proto::EventBytes old;
+  old.set_step(1);
+  old.set_rank(3);
+  old.set_message("cut: \xf0\x9f");
+  proto::AttributeBytes* a = old.add_attributes();
+  a->set_key("what");
+  a->set_value("restart_all");
+  const std::string payload = old.SerializeAsString();
+  std::string record(8, '\0');
+  const uint32_t length = static_cast<uint32_t>(payload.size());
+  const uint32_t checksum = XXH32(payload.data(), payload.size(), 0);
+  for (int i = 0; i < 4; ++i) {
+    record[i] = static_cast<char>((length >> (8 * i)) & 0xff);
+    record[4 + i] = static_cast<char>((checksum >> (8 * i)) & 0xff);
+  }
+  record += payload;
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::app);
+    out << record;
+  }
+  {
+    auto log = EventLog::Open(Env::Default(), path);
+    ASSERT_TRUE(log.ok()) << log.status();
+    ASSERT_TRUE((*log)->Append(MakeEvent(2)).ok());
+  }
+  auto contents = ReadEventLog(Env::Default(), path);
+  ASSERT_TRUE(contents.ok()) << contents.status();
+  ASSERT_TRUE(contents->tail.ok()) << contents->tail;
+  EXPECT_THAT(Steps(*contents), ::testing::ElementsAre(0, 1, 2));
+  EXPECT_EQ(contents->events[1].message, "cut: \xef\xbf\xbd\xef\xbf\xbd");
+  EXPECT_EQ(contents->events[1].Attribute("what"), "restart_all");
 }
 
 TEST(EventLog, ReopeningAppendsAfterExistingRecords) {
