@@ -371,6 +371,14 @@ class Job {
     absl::Time took_rank = absl::InfinitePast();
   };
   std::map<int, RankHistory> rank_history_;
+  // Adds a death of `rank` (described by `how`, seen at `now`) to its history.
+  const RankHistory& CountDeath(int rank, const std::string& how, absl::Time now) {
+    RankHistory& history = rank_history_[rank];
+    ++history.deaths;
+    history.last = how;
+    history.streak = now - history.took_rank < kHealthyRun ? history.streak + 1 : 1;
+    return history;
+  }
   // Standbys that died while parked; past max_replacements no more are started.
   int standby_deaths_ = 0;
   int standby_streak_ = 0;
@@ -938,11 +946,8 @@ void Job::OnExit(Child& child, int status) {
     if (!s.ok()) Say(absl::StrCat("cannot report the death of ", child.Label(), ": ", s.ToString()));
     return;
   }
-  RankHistory& history = rank_history_[child.rank];
-  ++history.deaths;
-  history.last = how;
   const absl::Time now = absl::Now();
-  history.streak = now - history.took_rank < kHealthyRun ? history.streak + 1 : 1;
+  const RankHistory& history = CountDeath(child.rank, how, now);
   const std::string deaths = absl::StrFormat("%s died %d time%s (last: %s)", child.Label(),
                                              history.deaths, history.deaths == 1 ? "" : "s", how);
   bool formed = false;
@@ -2106,16 +2111,12 @@ void Job::FollowGeneration() {
   }
   FollowRestartRound();
   if (exit_code_ >= 0) return;
-  absl::StatusOr<std::string> current = ranks_store()->Get("rdzv/current", timeout);
-  int64_t generation = -1;
-  if (!current.ok() || !absl::SimpleAtoi(*current, &generation) ||
-      generation <= followed_generation_) {
-    return;
-  }
-  absl::StatusOr<std::string> text =
-      ranks_store()->Get(absl::StrCat("rdzv/gen/", generation, "/table"), timeout);
-  if (!text.ok()) return;
-  std::vector<std::string> lines = absl::StrSplit(*text, '\n');
+  // The newest published generation, read as a coordinator taking over reads it (on an agent
+  // that does not hold the lease, its coordinator only keeps it up to date).
+  if (!coordinator_->Resume(timeout).ok()) return;
+  const Membership current = coordinator_->current();
+  const int64_t generation = current.generation;
+  if (generation <= followed_generation_) return;
   followed_generation_ = generation;
   {
     MutexLock lock(&formed_mu_);
@@ -2123,10 +2124,9 @@ void Job::FollowGeneration() {
   }
   for (auto& c : children_) {
     if (!c->running) continue;
-    int rank = -1;
-    for (size_t i = 2; i < lines.size(); ++i) {
-      if (lines[i] == c->member_id) rank = static_cast<int>(i) - 2;
-    }
+    const auto held = std::find(current.members.begin(), current.members.end(), c->member_id);
+    const int rank =
+        held == current.members.end() ? -1 : static_cast<int>(held - current.members.begin());
     if (rank >= 0 && rank != c->rank) {
       Say(absl::StrFormat("%s (pid %d) takes rank %d in generation %d", c->Label(), c->pid, rank,
                           generation));
@@ -2289,11 +2289,8 @@ void Job::ReadDeathReports() {
     }
     handled_deaths_.insert(member);
     const int rank = static_cast<int>(held - current.members.begin());
-    RankHistory& history = rank_history_[rank];
-    ++history.deaths;
-    history.last = how;
     const absl::Time now = absl::Now();
-    history.streak = now - history.took_rank < kHealthyRun ? history.streak + 1 : 1;
+    const RankHistory& history = CountDeath(rank, how, now);
     if (replacements_ >= config_.max_replacements) {
       return Fail(absl::StrFormat("rank %d died %d time(s) (last: %s); --max-replacements=%d "
                                   "reached",

@@ -18,6 +18,7 @@ constexpr const char* kReleased = CoordinatorLease::kReleasedHolder;
 struct LeaseValue {
   int64_t term = 0;
   std::string holder;
+  int64_t beat = 0;
 };
 
 // "<term> <holder> <beat>"; a value that does not parse counts as term 0 held by nobody, so it is
@@ -25,7 +26,12 @@ struct LeaseValue {
 LeaseValue Parse(const std::string& value) {
   std::vector<std::string> parts = absl::StrSplit(value, ' ');
   LeaseValue lease;
-  if (parts.size() == 3 && absl::SimpleAtoi(parts[0], &lease.term)) lease.holder = parts[1];
+  if (parts.size() == 3 && absl::SimpleAtoi(parts[0], &lease.term) &&
+      absl::SimpleAtoi(parts[2], &lease.beat)) {
+    lease.holder = parts[1];
+  } else {
+    lease = LeaseValue{};
+  }
   return lease;
 }
 
@@ -68,11 +74,9 @@ absl::StatusOr<bool> CoordinatorLease::Update(absl::Duration timeout) {
     }
     if (!renewed->swapped && renewed->current.has_value()) {
       // A renewal of ours that timed out yet was applied: the value is still our term's.
-      const std::vector<std::string> parts = absl::StrSplit(*renewed->current, ' ');
-      int64_t term = 0, beat = 0;
-      if (parts.size() == 3 && parts[1] == holder_id_ && absl::SimpleAtoi(parts[0], &term) &&
-          term == term_ && absl::SimpleAtoi(parts[2], &beat)) {
-        beat_ = beat;
+      const LeaseValue current = Parse(*renewed->current);
+      if (current.holder == holder_id_ && current.term == term_) {
+        beat_ = current.beat;
         written_ = *renewed->current;
         renewed_ns_ = now_ns;
         return true;
