@@ -231,14 +231,9 @@ absl::StatusOr<Config> ParseArguments(int argc, char** argv) {
     } else if (flag == "--png") {
       config.png = std::filesystem::absolute(value).string();
     } else if (flag == "--mode") {
-      if (value == "both") {
-        config.modes = {"trainguard", "baseline"};
-      } else if (value == "trainguard" || value == "baseline") {
-        config.modes = {value};
-      } else {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("--mode '%s': need trainguard, baseline or both", value));
-      }
+      absl::StatusOr<std::vector<std::string>> modes = tools::ParseModes(value);
+      if (!modes.ok()) return modes.status();
+      config.modes = *std::move(modes);
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag ", flag));
     }

@@ -495,14 +495,9 @@ absl::StatusOr<ChaosConfig> ParseChaosArguments(const std::vector<std::string>& 
       if (!mix.ok()) return mix.status();
       config.mix = *std::move(mix);
     } else if (flag == "--mode") {
-      if (value == "both") {
-        config.modes = {"trainguard", "baseline"};
-      } else if (value == "trainguard" || value == "baseline") {
-        config.modes = {value};
-      } else {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("--mode '%s': need both, trainguard or baseline", value));
-      }
+      absl::StatusOr<std::vector<std::string>> modes = ParseModes(value);
+      if (!modes.ok()) return modes.status();
+      config.modes = *std::move(modes);
     } else if (flag == "--run-dir") {
       config.run_dir = value;
     } else if (flag == "--heartbeat-timeout") {
@@ -587,6 +582,13 @@ std::vector<PlannedFault> PlanFaults(uint64_t seed, absl::Duration mean_interval
     plan.push_back({at, kind, rank});
   }
   return plan;
+}
+
+absl::StatusOr<std::vector<std::string>> ParseModes(const std::string& text) {
+  if (text == "both") return std::vector<std::string>{"trainguard", "baseline"};
+  if (text == "trainguard" || text == "baseline") return std::vector<std::string>{text};
+  return absl::InvalidArgumentError(
+      absl::StrFormat("--mode '%s': need both, trainguard or baseline", text));
 }
 
 absl::StatusOr<std::vector<std::pair<std::string, int>>> ParseMix(const std::string& text,

@@ -76,6 +76,10 @@ absl::StatusOr<std::vector<std::pair<std::string, int>>> ParseMix(const std::str
 // Appends to a chaos run's events/chaos.tgev the custom event `what` (attributes what, source=chaos,
 // then `attributes`) for `rank` (-1: the run), stamped now. The one writer of the ground truth, for
 // `trainguard chaos` and bench/bench_chaos_hosts.
+// --mode: "both" -> {"trainguard", "baseline"} (the order they run in), or the one named;
+// InvalidArgument for anything else.
+absl::StatusOr<std::vector<std::string>> ParseModes(const std::string& text);
+
 absl::Status AppendChaosEvent(EventLog* events, int rank, const std::string& what,
                               const std::string& message,
                               std::vector<std::pair<std::string, std::string>> attributes);

@@ -227,6 +227,9 @@ class Job {
               std::vector<std::pair<std::string, std::string>> attributes = {});
   // --restart-all: stops every process of the job and starts all ranks again (launcher.h).
   void RestartAll();
+  // After StopAll, for a restart: ends the generation-0 former, forgets that the job formed and
+  // every child (their output descriptors closed).
+  void ForgetStoppedProcesses();
   // --restart-all on several hosts. The coordinator publishes restart round round_ + 1 for `why`
   // (store key agents/restart); `dead_host`, when set, hands its group rank to a standby host in
   // the round's plan. `since`: when the fault began (a dead host's last heartbeat), for the
@@ -600,19 +603,7 @@ void Job::Record(int rank, const std::string& what, const std::string& message,
   if (absl::Status s = events_->Append(event); !s.ok()) Say(s.ToString());
 }
 
-void Job::RestartAll() {
-  const std::string why = *restart_pending_;
-  restart_pending_.reset();
-  if (restarts_ >= config_.restart_all) {
-    return Fail(absl::StrFormat("%s; --restart-all=%d reached", why, config_.restart_all));
-  }
-  ++restarts_;
-  const absl::Time fault = absl::Now();
-  restarted_at_ = fault;
-  Say(absl::StrFormat("restarting every rank (restart %d of at most %d): %s", restarts_,
-                      config_.restart_all, why));
-  // torchrun's shape: the survivors are stopped too, whatever they were doing.
-  StopAll(absl::Seconds(1));
+void Job::ForgetStoppedProcesses() {
   stop_forming_.store(true);
   if (former_.joinable()) former_.join();
   stop_forming_.store(false);
@@ -626,6 +617,22 @@ void Job::RestartAll() {
     if (c->log_fd >= 0) close(c->log_fd);
   }
   children_.clear();
+}
+
+void Job::RestartAll() {
+  const std::string why = *restart_pending_;
+  restart_pending_.reset();
+  if (restarts_ >= config_.restart_all) {
+    return Fail(absl::StrFormat("%s; --restart-all=%d reached", why, config_.restart_all));
+  }
+  ++restarts_;
+  const absl::Time fault = absl::Now();
+  restarted_at_ = fault;
+  Say(absl::StrFormat("restarting every rank (restart %d of at most %d): %s", restarts_,
+                      config_.restart_all, why));
+  // torchrun's shape: the survivors are stopped too, whatever they were doing.
+  StopAll(absl::Seconds(1));
+  ForgetStoppedProcesses();
   // Nothing of the old processes' memory survives a restart: their snapshot arenas and rings go,
   // so the new ranks restore the newest checkpoint on disk.
   for (int r = 0; r < world_size_; ++r) {
@@ -2032,19 +2039,7 @@ void Job::StartRound(int64_t round) {
     stopped.push_back(absl::StrFormat("%s (pid %d)", c->Label(), c->pid));
   }
   StopAll(absl::ZeroDuration());  // reaps them; SIGKILL again at once for any left
-  stop_forming_.store(true);
-  if (former_.joinable()) former_.join();
-  stop_forming_.store(false);
-  {
-    MutexLock lock(&formed_mu_);
-    formed_.reset();
-  }
-  formed_reported_ = false;
-  for (auto& c : children_) {
-    if (c->out_fd >= 0) close(c->out_fd);
-    if (c->log_fd >= 0) close(c->log_fd);
-  }
-  children_.clear();
+  ForgetStoppedProcesses();
   standby_respawns_.clear();
   // Nothing of the old processes' memory survives a restart: their snapshot arenas, flight
   // recorders and the peer backups they held go (and the new round's job id could not name them).

@@ -785,6 +785,22 @@ std::map<int, std::string> RestoresAfter(const std::string& shared, int world, a
   return restores;
 }
 
+// Hosts 1 and 2 train under --restart-all 5 (host 1 coordinating), host 3 is a standby host;
+// succeeds once the job reached step 350 (a few steps are on disk by then).
+::testing::AssertionResult StartRestartAllJobWithAStandbyHost(MultiHostJob& job) {
+  job.job_flags = {"--restart-all", "5", "--standby-nodes", "1"};
+  for (int n = 1; n <= 3; ++n) {
+    job.StartHost(n, n == 3, {}, PacedTrainerArgs());
+    if (!job.Await(n, " joined as ") || (n == 1 && !job.Await(1, "coordinating the job"))) {
+      return ::testing::AssertionFailure() << "host" << n << " did not join: " << job.AllOutput();
+    }
+  }
+  if (!job.Await(0, "step 350 loss")) {
+    return ::testing::AssertionFailure() << "no step 350: " << job.AllOutput();
+  }
+  return ::testing::AssertionSuccess();
+}
+
 // One rank of a 2-host job is killed: the coordinator restarts every rank on both hosts (new
 // processes), and nothing of the old processes' memory serves them: every rank restores the
 // newest step persisted on disk before the restart, from the disk, and the job finishes as if
@@ -846,15 +862,7 @@ TEST_F(MultiHost, WithRestartAllAKilledRankRestartsEveryRankOnEveryHostFromTheNe
 // (which held no process: torchrun's spare node) in its group rank, every rank from the disk.
 TEST_F(MultiHost, WithRestartAllAKilledHostsGroupRankGoesToTheStandbyHostInTheRestart) {
   MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 2);
-  job.job_flags = {"--restart-all", "5", "--standby-nodes", "1"};
-  for (int n = 1; n <= 3; ++n) {
-    job.StartHost(n, n == 3, {}, PacedTrainerArgs());
-    ASSERT_TRUE(job.Await(n, " joined as ")) << job.AllOutput();
-    if (n == 1) {
-      ASSERT_TRUE(job.Await(1, "coordinating the job")) << job.AllOutput();
-    }
-  }
-  ASSERT_TRUE(job.Await(0, "step 350 loss")) << job.AllOutput();
+  ASSERT_TRUE(StartRestartAllJobWithAStandbyHost(job));
   EXPECT_THAT(job.Output(3), HasSubstr("host host3 is a standby host: 0 standbys"));
   ASSERT_TRUE(cluster_->KillHost(2).ok());
   ASSERT_TRUE(job.Await(1, "host host2 is dead")) << job.AllOutput();
@@ -876,15 +884,7 @@ TEST_F(MultiHost, WithRestartAllAKilledHostsGroupRankGoesToTheStandbyHostInTheRe
 // goes on with the restart rounds; the standby host takes group rank 0 (and the master address).
 TEST_F(MultiHost, WithRestartAllTheCoordinatorsHostKilledIsReplacedInARestartByTheNewCoordinator) {
   MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 2);
-  job.job_flags = {"--restart-all", "5", "--standby-nodes", "1"};
-  for (int n = 1; n <= 3; ++n) {
-    job.StartHost(n, n == 3, {}, PacedTrainerArgs());
-    ASSERT_TRUE(job.Await(n, " joined as ")) << job.AllOutput();
-    if (n == 1) {
-      ASSERT_TRUE(job.Await(1, "coordinating the job")) << job.AllOutput();
-    }
-  }
-  ASSERT_TRUE(job.Await(0, "step 350 loss")) << job.AllOutput();
+  ASSERT_TRUE(StartRestartAllJobWithAStandbyHost(job));
   ASSERT_TRUE(cluster_->KillHost(1).ok());
   // Host 2's or host 3's agent: whichever takes the lease first.
   ASSERT_TRUE(job.Await(0, "coordinating the job (lease term 2")) << job.AllOutput();

@@ -573,6 +573,12 @@ TEST(ChaosSchedule, AMixWithAnUnknownKindOrABadWeightIsRejectedByName) {
   EXPECT_EQ(*mix, (std::vector<std::pair<std::string, int>>{{"kill", 2}, {"stop", 1}}));
 }
 
+TEST(ChaosSchedule, BothModesRunTrainguardFirstAndAnUnknownModeIsRejectedByName) {
+  EXPECT_EQ(*ParseModes("both"), (std::vector<std::string>{"trainguard", "baseline"}));
+  EXPECT_EQ(*ParseModes("baseline"), std::vector<std::string>{"baseline"});
+  EXPECT_THAT(ParseModes("torchrun").status().message(), HasSubstr("'torchrun'"));
+}
+
 TEST(ChaosSchedule, HostKindsAreAcceptedOnlyWhereThereAreHostsAndTheRefusalSaysWhere) {
   EXPECT_THAT(ParseMix("host_kill=1").status().message(), HasSubstr("bench_chaos_hosts"));
   absl::StatusOr<std::vector<std::pair<std::string, int>>> mix =
