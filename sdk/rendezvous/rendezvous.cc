@@ -299,6 +299,10 @@ absl::Status RendezvousCoordinator::Resume(absl::Duration timeout) {
     return absl::DataLossError(
         absl::StrFormat("malformed generation '%s' at store key %s", *current, kCurrentKey));
   }
+  {
+    MutexLock lock(&mu_);
+    if (generation <= current_.generation) return absl::OkStatus();  // known already: no table read
+  }
   absl::StatusOr<std::string> text = store_->Get(TableKey(generation), Left(deadline));
   if (!text.ok()) return text.status();
   absl::StatusOr<Membership> table = DecodeTable(*text, TableKey(generation));

@@ -143,8 +143,9 @@ class RendezvousCoordinator {
   explicit RendezvousCoordinator(Store* store, Clock* clock = Clock::Real(),
                                  std::string name = "coordinator");
 
-  // Loads the newest published generation from the store (a coordinator taking over). NotFound
-  // before generation 0 is published; DataLoss for a malformed table.
+  // Loads the newest published generation from the store (a coordinator taking over, an agent
+  // following the generations); one read when it knows that generation already. NotFound before
+  // generation 0 is published; DataLoss for a malformed table.
   absl::Status Resume(absl::Duration timeout);
   // The newest generation this coordinator knows (generation -1 before generation 0).
   Membership current() const;
