@@ -1664,6 +1664,46 @@ constexpr char kRestartKey[] = "agents/restart";
 // How long one store call of the agent's loop may take: short, so that a host cut off from the
 // store keeps draining its ranks' output and sees its fencing as soon as it is back.
 absl::Duration AgentCallTimeout(absl::Duration host_timeout) { return host_timeout / 4; }
+
+// A host that joined the job: agents/join/<host> = "<seq> worker|standby <addr> <port>".
+struct JoinedHost {
+  int64_t seq = 0;
+  std::string host, role, addr, port;
+};
+
+// Every host that joined, in join order (a malformed entry is skipped).
+absl::StatusOr<std::vector<JoinedHost>> ReadJoinedHosts(Store* store, absl::Duration timeout) {
+  absl::StatusOr<std::vector<std::string>> keys = store->ListKeys("agents/join/", timeout);
+  if (!keys.ok()) return keys.status();
+  absl::StatusOr<std::vector<std::optional<std::string>>> values = store->MultiGet(*keys, timeout);
+  if (!values.ok()) return values.status();
+  std::vector<JoinedHost> hosts;
+  for (size_t i = 0; i < keys->size(); ++i) {
+    std::vector<std::string> f = absl::StrSplit((*values)[i].value_or(""), ' ');
+    JoinedHost j;
+    if (f.size() != 4 || !absl::SimpleAtoi(f[0], &j.seq)) continue;
+    j.host = (*keys)[i].substr(strlen("agents/join/"));
+    j.role = f[1];
+    j.addr = f[2];
+    j.port = f[3];
+    hosts.push_back(std::move(j));
+  }
+  std::sort(hosts.begin(), hosts.end(),
+            [](const JoinedHost& a, const JoinedHost& b) { return a.seq < b.seq; });
+  return hosts;
+}
+
+// The host lines of a plan (agents/plan after its first line): host -> group rank (-1: standby).
+std::map<std::string, int> PlanGroups(const std::string& plan) {
+  std::map<std::string, int> groups;
+  const std::vector<std::string> lines = absl::StrSplit(plan, '\n');
+  for (size_t i = 1; i < lines.size(); ++i) {
+    std::vector<std::string> f = absl::StrSplit(lines[i], ' ');
+    int group = -1;
+    if (f.size() == 2 && absl::SimpleAtoi(f[1], &group)) groups[f[0]] = group;
+  }
+  return groups;
+}
 }  // namespace
 
 absl::Status Job::JoinAsHost() {
@@ -1748,31 +1788,12 @@ void Job::UpdateLease() {
 // join order train (at least nnodes_min), every other host is a standby host.
 void Job::PublishPlan() {
   const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
-  absl::StatusOr<std::vector<std::string>> keys = store_->ListKeys("agents/join/", timeout);
-  if (!keys.ok()) return;
-  absl::StatusOr<std::vector<std::optional<std::string>>> values = store_->MultiGet(*keys, timeout);
-  if (!values.ok()) return;
-  struct Joined {
-    int64_t seq;
-    std::string host, role, addr, port;
-  };
-  std::vector<Joined> hosts;
-  for (size_t i = 0; i < keys->size(); ++i) {
-    std::vector<std::string> f = absl::StrSplit((*values)[i].value_or(""), ' ');
-    Joined j;
-    if (f.size() != 4 || !absl::SimpleAtoi(f[0], &j.seq)) continue;
-    j.host = (*keys)[i].substr(strlen("agents/join/"));
-    j.role = f[1];
-    j.addr = f[2];
-    j.port = f[3];
-    hosts.push_back(std::move(j));
-  }
-  std::sort(hosts.begin(), hosts.end(),
-            [](const Joined& a, const Joined& b) { return a.seq < b.seq; });
+  absl::StatusOr<std::vector<JoinedHost>> hosts = ReadJoinedHosts(store_.get(), timeout);
+  if (!hosts.ok()) return;
   int workers = 0;
-  for (const Joined& j : hosts) workers += j.role == "worker" ? 1 : 0;
+  for (const JoinedHost& j : *hosts) workers += j.role == "worker" ? 1 : 0;
   if (workers < config_.nnodes_min ||
-      hosts.size() < static_cast<size_t>(config_.nnodes_min + config_.standby_nodes)) {
+      hosts->size() < static_cast<size_t>(config_.nnodes_min + config_.standby_nodes)) {
     return;  // not yet
   }
   // Between MIN and MAX, torchrun's "last call": more workers may join for rdzv_last_call.
@@ -1789,7 +1810,7 @@ void Job::PublishPlan() {
   std::string plan;
   std::string lines;
   int group = 0;
-  for (const Joined& j : hosts) {
+  for (const JoinedHost& j : *hosts) {
     const bool trains = j.role == "worker" && group < training;
     if (trains && group == 0) {
       plan = absl::StrFormat("%d %d %s %s", training, config_.nproc, j.addr, j.port);
@@ -1801,7 +1822,7 @@ void Job::PublishPlan() {
       store_->CompareAndSet(kPlanKey, std::nullopt, plan + lines, timeout);
   if (published.ok() && published->swapped) {
     Say(absl::StrFormat("%d host(s) train, %d are standby hosts", training,
-                        hosts.size() - training));
+                        hosts->size() - training));
     DescribeBackups(training);
   }
 }
@@ -1836,11 +1857,9 @@ bool Job::ReadPlan(int* hosts) {
   }
   master_addr_ = head[2];
   world_size_ = *hosts * per_host;
-  group_rank_ = -1;
-  for (size_t i = 1; i < lines.size(); ++i) {
-    std::vector<std::string> f = absl::StrSplit(lines[i], ' ');
-    if (f.size() == 2 && f[0] == config_.host_id) (void)absl::SimpleAtoi(f[1], &group_rank_);
-  }
+  const std::map<std::string, int> groups = PlanGroups(*plan);
+  const auto mine = groups.find(config_.host_id);
+  group_rank_ = mine == groups.end() ? -1 : mine->second;
   return true;
 }
 
@@ -1899,49 +1918,22 @@ void Job::PublishRestartRound(const std::string& why, const std::string& dead_ho
     // known to be dead or silent (one whose heartbeat this coordinator has not read yet counts as
     // live: its own loss, if it is lost, restarts the job again).
     absl::StatusOr<std::string> plan = store_->Get(kPlanKey, timeout);
-    absl::StatusOr<std::vector<std::string>> keys = store_->ListKeys("agents/join/", timeout);
+    absl::StatusOr<std::vector<JoinedHost>> hosts = ReadJoinedHosts(store_.get(), timeout);
     absl::StatusOr<std::vector<std::string>> left = store_->ListKeys("agents/left/", timeout);
-    if (!plan.ok() || !keys.ok() || !left.ok()) {
+    if (!plan.ok() || !hosts.ok() || !left.ok()) {
       return Fail(absl::StrFormat("restart round %d (%s): cannot read the plan and the hosts: %s",
                                   next, why,
-                                  (!plan.ok() ? plan.status() : !keys.ok() ? keys.status()
-                                                                           : left.status())
+                                  (!plan.ok() ? plan.status() : !hosts.ok() ? hosts.status()
+                                                                            : left.status())
                                       .ToString()));
     }
-    absl::StatusOr<std::vector<std::optional<std::string>>> joins = store_->MultiGet(*keys, timeout);
-    if (!joins.ok()) {
-      return Fail(absl::StrFormat("restart round %d (%s): reading the hosts: %s", next, why,
-                                  joins.status().ToString()));
-    }
-    std::vector<std::string> lines = absl::StrSplit(*plan, '\n');
-    std::map<std::string, int> group;
-    for (size_t i = 1; i < lines.size(); ++i) {
-      std::vector<std::string> f = absl::StrSplit(lines[i], ' ');
-      int g = -1;
-      if (f.size() == 2 && absl::SimpleAtoi(f[1], &g)) group[f[0]] = g;
-    }
-    struct Joined {
-      int64_t seq;
-      std::string host, addr, port;
-    };
-    std::vector<Joined> hosts;
-    for (size_t i = 0; i < keys->size(); ++i) {
-      std::vector<std::string> f = absl::StrSplit((*joins)[i].value_or(""), ' ');
-      Joined j;
-      if (f.size() != 4 || !absl::SimpleAtoi(f[0], &j.seq)) continue;
-      j.host = (*keys)[i].substr(strlen("agents/join/"));
-      j.addr = f[2];
-      j.port = f[3];
-      hosts.push_back(std::move(j));
-    }
-    std::sort(hosts.begin(), hosts.end(),
-              [](const Joined& a, const Joined& b) { return a.seq < b.seq; });
+    std::map<std::string, int> group = PlanGroups(*plan);
     const int lost = group.count(dead_host) != 0 ? group[dead_host] : -1;
     group[dead_host] = -1;
     if (lost >= 0) {
       const absl::Time now = absl::Now();
       std::string taker;
-      for (const Joined& j : hosts) {
+      for (const JoinedHost& j : *hosts) {
         const auto beat = host_beats_.find(j.host);
         const bool alive = dead_hosts_.count(j.host) == 0 &&
                            std::find(left->begin(), left->end(),
@@ -1965,7 +1957,7 @@ void Job::PublishRestartRound(const std::string& why, const std::string& dead_ho
     std::string head_addr = master_addr_, head_port = absl::StrCat(master_port_);
     std::string body;
     int training = 0;
-    for (const Joined& j : hosts) {
+    for (const JoinedHost& j : *hosts) {
       const int g = group.count(j.host) != 0 ? group[j.host] : -1;
       if (g == 0) {
         head_addr = j.addr;
@@ -2340,10 +2332,8 @@ void Job::DeclareHostDead(const std::string& host, absl::Time last_beat, const s
     // The plan says whether it trains: in a round still forming, the membership names nobody.
     int group = -1;
     if (absl::StatusOr<std::string> plan = store_->Get(kPlanKey, timeout); plan.ok()) {
-      for (absl::string_view line : absl::StrSplit(*plan, '\n')) {
-        std::vector<std::string> f = absl::StrSplit(line, ' ');
-        if (f.size() == 2 && f[0] == host) (void)absl::SimpleAtoi(f[1], &group);
-      }
+      const std::map<std::string, int> groups = PlanGroups(*plan);
+      if (const auto it = groups.find(host); it != groups.end()) group = it->second;
     }
     if (group < 0) return;  // a standby host: nothing to restart
     if (current.generation < 0 && round_ == 0) {

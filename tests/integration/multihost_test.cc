@@ -276,11 +276,13 @@ class MultiHost : public ::testing::Test {
     ASSERT_TRUE(job.Await(0, "step 300 loss")) << job.AllOutput();
   }
 
+  // `trainer`: the job's command, for the uninterrupted run too.
   void ExpectFinishedAsIfUninterrupted(MultiHostJob& job, const std::vector<int>& hosts,
-                                       int world = 3 * kPerHost) {
+                                       int world = 3 * kPerHost,
+                                       const std::vector<std::string>& trainer = TrainerArgs()) {
     for (int n : hosts) EXPECT_EQ(job.Wait(n), 0) << "host " << n << "\n" << job.AllOutput();
     const std::map<int, std::string> expected =
-        UninterruptedChecksums(shared_.path(), world, job.extra_env);
+        UninterruptedChecksums(shared_.path(), world, job.extra_env, trainer);
     ASSERT_EQ(expected.size(), static_cast<size_t>(world));
     EXPECT_EQ(job.FinalChecksums(), expected) << job.AllOutput();
   }
@@ -851,11 +853,7 @@ TEST_F(MultiHost, WithRestartAllAKilledRankRestartsEveryRankOnEveryHostFromTheNe
   // The restarted ranks run under the round's own job id.
   EXPECT_THAT(job.Output(2), HasSubstr(absl::StrCat("shared memory of job id ", job.job_id_,
                                                     " removed")));
-  const std::map<int, std::string> expected =
-      UninterruptedChecksums(shared_.path(), 4, {}, PacedTrainerArgs());
-  for (int n = 1; n <= 2; ++n) EXPECT_EQ(job.Wait(n), 0) << job.AllOutput();
-  ASSERT_EQ(expected.size(), 4u);
-  EXPECT_EQ(job.FinalChecksums(), expected) << job.AllOutput();
+  ExpectFinishedAsIfUninterrupted(job, {1, 2}, 4, PacedTrainerArgs());
 }
 
 // A training host is killed: after its loss is declared, the job restarts with the standby host
@@ -873,11 +871,7 @@ TEST_F(MultiHost, WithRestartAllAKilledHostsGroupRankGoesToTheStandbyHostInTheRe
   ASSERT_TRUE(job.Await(3, "rank 3 restored step")) << job.AllOutput();
   EXPECT_THAT(job.Output(3), ::testing::ContainsRegex("rank 2 restored step [0-9]+ from disk"));
   EXPECT_THAT(job.Output(3), ::testing::ContainsRegex("rank 3 restored step [0-9]+ from disk"));
-  const std::map<int, std::string> expected =
-      UninterruptedChecksums(shared_.path(), 4, {}, PacedTrainerArgs());
-  for (int n : {1, 3}) EXPECT_EQ(job.Wait(n), 0) << job.AllOutput();
-  ASSERT_EQ(expected.size(), 4u);
-  EXPECT_EQ(job.FinalChecksums(), expected) << job.AllOutput();
+  ExpectFinishedAsIfUninterrupted(job, {1, 3}, 4, PacedTrainerArgs());
 }
 
 // The coordinator's host is killed: another agent takes the lease over, declares the host dead and
@@ -895,11 +889,7 @@ TEST_F(MultiHost, WithRestartAllTheCoordinatorsHostKilledIsReplacedInARestartByT
   ASSERT_TRUE(job.Await(2, "rank 2 restored step")) << job.AllOutput();
   EXPECT_THAT(job.Output(3), ::testing::ContainsRegex("rank 0 restored step [0-9]+ from disk"));
   EXPECT_THAT(job.Output(2), ::testing::ContainsRegex("rank 2 restored step [0-9]+ from disk"));
-  const std::map<int, std::string> expected =
-      UninterruptedChecksums(shared_.path(), 4, {}, PacedTrainerArgs());
-  for (int n : {2, 3}) EXPECT_EQ(job.Wait(n), 0) << job.AllOutput();
-  ASSERT_EQ(expected.size(), 4u);
-  EXPECT_EQ(job.FinalChecksums(), expected) << job.AllOutput();
+  ExpectFinishedAsIfUninterrupted(job, {2, 3}, 4, PacedTrainerArgs());
 }
 
 }  // namespace
