@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -32,7 +33,7 @@ int64_t ProcessRunDelayNs(pid_t pid) {
   return waited;
 }
 
-std::optional<TcpSocketTotals> ProcessTcpTotals(pid_t pid) {
+std::optional<TcpSocketTotals> ProcessTcpTotals(pid_t pid, int64_t active_ms) {
   const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
   if (pidfd < 0) return std::nullopt;
   const std::string fd_dir = absl::StrCat("/proc/", pid, "/fd");
@@ -42,6 +43,7 @@ std::optional<TcpSocketTotals> ProcessTcpTotals(pid_t pid) {
     return std::nullopt;
   }
   TcpSocketTotals totals;
+  std::vector<double> active_rtts_ms;
   bool any_readable = false;
   while (dirent* entry = readdir(dir)) {
     int target_fd = -1;
@@ -62,7 +64,9 @@ std::optional<TcpSocketTotals> ProcessTcpTotals(pid_t pid) {
         info.tcpi_state != TCP_LISTEN && info.tcpi_state != TCP_CLOSE) {
       ++totals.sockets;
       totals.retransmits += info.tcpi_total_retrans;
-      totals.max_rtt_ms = std::max(totals.max_rtt_ms, static_cast<double>(info.tcpi_rtt) / 1000.0);
+      if (static_cast<int64_t>(info.tcpi_last_data_sent) <= active_ms) {
+        active_rtts_ms.push_back(static_cast<double>(info.tcpi_rtt) / 1000.0);
+      }
     }
     close(fd);
   }
@@ -71,6 +75,12 @@ std::optional<TcpSocketTotals> ProcessTcpTotals(pid_t pid) {
   // No socket duplicated: none is open, or pidfd_getfd was refused. Either way there is nothing to
   // compare this rank's counters with, rather than a rank that retransmits nothing.
   if (!any_readable) return std::nullopt;
+  if (!active_rtts_ms.empty()) {
+    const auto mid = active_rtts_ms.begin() + static_cast<ptrdiff_t>(active_rtts_ms.size() / 2);
+    std::nth_element(active_rtts_ms.begin(), mid, active_rtts_ms.end());
+    totals.active_sockets = static_cast<int>(active_rtts_ms.size());
+    totals.active_rtt_ms = *mid;
+  }
   return totals;
 }
 
@@ -91,8 +101,8 @@ std::optional<HostMetricsRecord> HostSampler::Sample(absl::Time now,
     const std::optional<TcpSocketTotals> tcp = ProcessTcpTotals(r.pid);
     if (tcp.has_value()) {
       now_seen.tcp_retransmits = tcp->retransmits;
-      if (tcp->sockets > 0) {
-        rtt += tcp->max_rtt_ms;
+      if (tcp->active_sockets > 0) {
+        rtt += tcp->active_rtt_ms;
         ++with_rtt;
       }
     }

@@ -9,7 +9,8 @@
 // (/proc/<pid>/task/<pid>/schedstat run delay, in ms per second: a throttled or oversubscribed
 // CPU; the other threads, mostly asleep, add wake-up delays that any loaded machine has); and
 // cpu_util (CPU seconds per second); tcp_retrans, the TCP segments its sockets retransmitted per
-// second, and tcp_rtt_ms, the largest smoothed round-trip time among its TCP sockets (both from
+// second, and tcp_rtt_ms, the median smoothed round-trip time of its TCP sockets that sent data in
+// the last two seconds (both from
 // getsockopt(TCP_INFO) on the rank's own sockets, duplicated with pidfd_getfd: per connection, so
 // a lossy or slow link of one host shows on that host's ranks even where every host of a ring
 // waits alike in the collective). With a GpuMetricsSource (sdk/health/gpu_metrics_source.h:
@@ -90,9 +91,14 @@ int64_t ProcessRunDelayNs(pid_t pid);
 struct TcpSocketTotals {
   int sockets = 0;          // TCP sockets neither listening nor closed
   int64_t retransmits = 0;  // their tcpi_total_retrans, summed
-  double max_rtt_ms = 0;    // the largest of their tcpi_rtt (smoothed RTT); 0 with no socket
+  // The (upper) median of the smoothed RTT (tcpi_rtt) of the sockets that sent data within the
+  // last `active_ms` (tcpi_last_data_sent), and how many did. Only those: a collective library
+  // connects every pair of ranks and a ring uses two of them, so the idle rest keep the RTT of
+  // their handshake and would outvote the connections the job's traffic crosses.
+  int active_sockets = 0;
+  double active_rtt_ms = 0;  // 0 with no active socket
 };
-std::optional<TcpSocketTotals> ProcessTcpTotals(pid_t pid);
+std::optional<TcpSocketTotals> ProcessTcpTotals(pid_t pid, int64_t active_ms = 2000);
 
 // What the coordinator does with a confirmed suspect (LaunchConfig::fail_slow). Pure.
 struct FailSlowDecision {

@@ -22,14 +22,18 @@ double UpperMedian(std::vector<double> values) {
   return values[mid];
 }
 
-// Across-host normalisation: each value over the hosts' median. Empty when the median is not
-// positive (a metric that is zero everywhere carries no signal).
-std::vector<double> RelativeToMedian(const std::vector<double>& values, double* median) {
+// Across-host normalisation: each value over max(the hosts' median, `floor`), the scale. Empty
+// when the scale is not positive (a metric that is zero everywhere and has no floor carries no
+// signal). With a floor, a count whose healthy value is zero (retransmissions: most hosts send
+// none in most seconds) is measured in units of its floor instead of vanishing with its median.
+std::vector<double> RelativeToScale(const std::vector<double>& values, double floor,
+                                    double* median, double* scale) {
   *median = UpperMedian(values);
-  if (!(*median > 0) || !std::isfinite(*median)) return {};
+  *scale = std::max(*median, floor);
+  if (!(*scale > 0) || !std::isfinite(*scale)) return {};
   std::vector<double> out;
   out.reserve(values.size());
-  for (double v : values) out.push_back(v / *median);
+  for (double v : values) out.push_back(v / *scale);
   return out;
 }
 
@@ -57,6 +61,7 @@ std::vector<FailSlowMetric> FailSlowDetector::DefaultMetrics() {
           {"gpu_util", false, 5.0, Worse::kEither},
           {"cpu_wait_ms", false, 20.0, Worse::kHigher},
           {"tcp_retrans", false, 15.0, Worse::kHigher},
+          {"tcp_rtt_ms", false, 2.0, Worse::kHigher},
           {"collective_ms", true, 5.0, Worse::kLower},
           {"cpu_util", false, 0.05, Worse::kEither}};
 }
@@ -168,8 +173,9 @@ std::optional<SuspectVerdict> FailSlowDetector::Judge(MetricState& state,
   };
   const size_t n = hosts.size();
   if (n < 3) return no_candidate();
-  double peers_median = 0;
-  const std::vector<double> x = RelativeToMedian(denoised, &peers_median);
+  double peers_median = 0, scale = 0;
+  const std::vector<double> x =
+      RelativeToScale(denoised, metric.min_difference, &peers_median, &scale);
   if (x.empty()) return no_candidate();
   std::vector<double> sums(n, 0.0);
   for (size_t i = 0; i < n; ++i) {
@@ -190,10 +196,12 @@ std::optional<SuspectVerdict> FailSlowDetector::Judge(MetricState& state,
   const double z = (sums[top] - mean) / sd;
   const double deviation = sums[top] / static_cast<double>(n - 1);
   const double needed = std::min(3.0, options_.z_threshold * std::sqrt(static_cast<double>(n - 1)));
-  const bool bad_side = metric.worse == FailSlowMetric::Worse::kEither ||
-                        (metric.worse == FailSlowMetric::Worse::kHigher ? x[top] > 1 : x[top] < 1);
+  const bool bad_side =
+      metric.worse == FailSlowMetric::Worse::kEither ||
+      (metric.worse == FailSlowMetric::Worse::kHigher ? denoised[top] > peers_median
+                                                      : denoised[top] < peers_median);
   if (z < needed || deviation < options_.min_deviation ||
-      deviation * peers_median < metric.min_difference || !bad_side) {
+      deviation * scale < metric.min_difference || !bad_side) {
     return no_candidate();
   }
   if (state.candidate == hosts[top]) {
@@ -245,8 +253,8 @@ std::optional<SuspectVerdict> MahalanobisDetector::Observe(
   for (size_t j = 0; j < k; ++j) {
     std::vector<double> column;
     for (const auto& r : rows) column.push_back(r[j]);
-    double median = 0;
-    const std::vector<double> relative = RelativeToMedian(column, &median);
+    double median = 0, scale = 0;
+    const std::vector<double> relative = RelativeToScale(column, 0, &median, &scale);
     for (size_t i = 0; i < n; ++i) rows[i][j] = relative.empty() ? 0.0 : relative[i];
   }
   std::vector<double> mu(k, 0.0);

@@ -5,8 +5,9 @@
 //   1. denoises each host's series with a moving median over the last `denoise_window` seconds (an
 //      odd number, so a rise and a fall move it alike), so a spike shorter than half the window
 //      never moves it;
-//   2. normalises across hosts: each host's denoised value divided by the hosts' median of it, so
-//      distances are relative deviations whatever the metric's unit;
+//   2. normalises across hosts: each host's denoised value divided by the hosts' median of it, or
+//      by the metric's min_difference where that is larger (a count that is zero on most hosts,
+//      retransmissions), so distances are relative deviations whatever the metric's unit;
 //   3. sums each host's distances to all the others, and z-scores the sums across hosts;
 //   4. names the host with the largest z a candidate when z >= z_threshold x sqrt(n - 1) (the
 //      largest z any host can reach among n; see FailSlowOptions) and its mean distance to the
@@ -95,7 +96,7 @@ struct SuspectVerdict {
   std::string host;
   std::string metric;
   double z = 0;             // its z-score this second
-  double deviation = 0;     // its mean relative distance to the other hosts
+  double deviation = 0;     // its mean distance to the other hosts over max(median, floor)
   double value = 0;         // its denoised (and work-normalised) value
   double peers_median = 0;  // the hosts' median of that value
   int windows = 0;          // continuity windows met in a row: 1 at the first confirmation

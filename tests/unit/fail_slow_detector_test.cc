@@ -197,8 +197,10 @@ TEST(FailSlowDetector, ADeviationBelowTheMetricsAbsoluteFloorIsNotReported) {
 
 // The default metrics of `trainguard run` for one second of `hosts` hosts that train alike (a
 // ring: every host waits as long in the collective), host `lossy` retransmitting `retrans` TCP
-// segments a second and the others 1 to 3.
-std::vector<FailSlowSample> RingSecond(int hosts, int64_t t, int lossy, double retrans) {
+// segments a second and the others 1 to 3, host `slow` (-1: none) with a round trip of `rtt_ms`
+// on its active connections and the others 0.1 to 0.3 ms.
+std::vector<FailSlowSample> RingSecond(int hosts, int64_t t, int lossy, double retrans,
+                                       int slow = -1, double rtt_ms = 0) {
   std::vector<FailSlowSample> samples;
   for (int h = 0; h < hosts; ++h) {
     const double n = 1 + 0.03 * Noise(h, t);
@@ -208,6 +210,8 @@ std::vector<FailSlowSample> RingSecond(int hosts, int64_t t, int lossy, double r
     samples.push_back({Host(h), "cpu_util", 0.15 * n, 20});
     samples.push_back(
         {Host(h), "tcp_retrans", h == lossy ? retrans * n : 2.0 + Noise(h, t, 7), 20});
+    samples.push_back(
+        {Host(h), "tcp_rtt_ms", h == slow ? rtt_ms * n : 0.2 + 0.1 * Noise(h, t, 9), 20});
   }
   return samples;
 }
@@ -241,6 +245,62 @@ TEST(FailSlowDetector, RetransmissionsBelowTheFloorAreNotALossyLinkEvenFarAboveT
   }
 }
 
+TEST(FailSlowDetector, ALossyHostIsNamedThoughItsPeersMedianOfRetransmissionsIsZero) {
+  FailSlowOptions options;
+  options.metrics = {{"tcp_retrans", false, 15.0, FailSlowMetric::Worse::kHigher}};
+  options.continuity = 10;
+  absl::StatusOr<FailSlowDetector> detector = FailSlowDetector::Create(options);
+  ASSERT_TRUE(detector.ok());
+  // As on bench_fail_slow's 8-host lossy runs: host3 retransmits about 50 segments a second, the
+  // healthy hosts none in most seconds and one or two in some, so most of their 9-second medians,
+  // and the hosts' median of those, are zero. A scale of zero would hide host3; the floor is the
+  // scale then.
+  std::vector<SuspectVerdict> all;
+  for (int64_t t = 0; t < 25; ++t) {
+    std::vector<FailSlowSample> samples;
+    for (int h = 0; h < 8; ++h) {
+      const double healthy = Noise(h, t, 3) > 0.6 ? 0.83 * (1 + (h + t) % 3) : 0.0;
+      samples.push_back({Host(h), "tcp_retrans", h == 3 ? 50.0 * (1 + 0.3 * Noise(h, t)) : healthy});
+    }
+    for (SuspectVerdict& v : detector->Observe(t, samples)) all.push_back(v);
+  }
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].host, "host3");
+  EXPECT_EQ(all[0].peers_median, 0.0);
+  EXPECT_EQ(all[0].second, 8 + 10 - 1);
+}
+
+TEST(FailSlowDetector, ASlowLinksHostIsNamedByTheRoundTripOfItsActiveConnections) {
+  FailSlowOptions options;
+  options.continuity = 10;
+  absl::StatusOr<FailSlowDetector> detector = FailSlowDetector::Create(options);
+  ASSERT_TRUE(detector.ok()) << detector.status();
+  // As on bench_fail_slow's slow-link runs: host3's packets shaped, its connections' RTT 6-10 ms
+  // against 0.03-0.6 ms on its peers; compute, waits and collectives alike on every host.
+  std::vector<SuspectVerdict> all;
+  for (int64_t t = 0; t < 25; ++t) {
+    for (SuspectVerdict& v : detector->Observe(t, RingSecond(4, t, -1, 0, 3, 7.0))) {
+      all.push_back(v);
+    }
+  }
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].host, "host3");
+  EXPECT_EQ(all[0].metric, "tcp_rtt_ms");
+  EXPECT_EQ(all[0].second, 8 + 10 - 1);
+}
+
+TEST(FailSlowDetector, ARoundTripBelowTheFloorIsNotASlowLinkEvenFiveTimesThePeers) {
+  FailSlowOptions options;
+  options.continuity = 3;
+  absl::StatusOr<FailSlowDetector> detector = FailSlowDetector::Create(options);
+  ASSERT_TRUE(detector.ok());
+  // host1's connections answer in 1 ms against 0.2 ms: a loaded loopback, not a slow link (the
+  // floor is 2 ms of mean distance to the peers).
+  for (int64_t t = 0; t < 60; ++t) {
+    EXPECT_TRUE(detector->Observe(t, RingSecond(4, t, -1, 0, 1, 1.0)).empty()) << "second " << t;
+  }
+}
+
 TEST(FailSlowDetector, OptionsOutOfRangeAreRejectedNamingTheOption) {
   FailSlowOptions options;
   options.continuity = 0;
@@ -255,7 +315,7 @@ TEST(FailSlowDetector, OptionsOutOfRangeAreRejectedNamingTheOption) {
   options.denoise_window = 8;  // even: a rise would move the median one second before a fall
   EXPECT_EQ(FailSlowDetector::Create(options).status().code(), absl::StatusCode::kInvalidArgument);
   // The defaults: 5 CPU-side metrics and 4 GPU ones.
-  EXPECT_EQ(FailSlowDetector::Create(FailSlowOptions{})->options().metrics.size(), 9u);
+  EXPECT_EQ(FailSlowDetector::Create(FailSlowOptions{})->options().metrics.size(), 10u);
 }
 
 TEST(MahalanobisDetector, FlagsAThirtyPercentOutlierAtOnceAndAOneSecondSpikeToo) {

@@ -144,8 +144,8 @@ TEST(HostSamplerGpus, TheGpuMetricsAreJudgedRightAfterComputeMsAndBeforeTheCpuOn
   std::vector<std::string> names;
   for (const FailSlowMetric& m : FailSlowDetector::DefaultMetrics()) names.push_back(m.name);
   EXPECT_THAT(names, ElementsAre("compute_ms", "gpu_sm_clock_mhz", "gpu_power_w", "gpu_mem_util",
-                                 "gpu_util", "cpu_wait_ms", "tcp_retrans", "collective_ms",
-                                 "cpu_util"));
+                                 "gpu_util", "cpu_wait_ms", "tcp_retrans", "tcp_rtt_ms",
+                                 "collective_ms", "cpu_util"));
 }
 
 TEST(NvmlGpuMetricsSource, WithoutTheDriversLibraryItIsUnavailableAndSaysWhy) {
