@@ -7,8 +7,8 @@
 //   bench_fail_slow record --scenario throttle|delay|slowlink|lossy|membw|healthy|rl --seconds N
 //                          --out TRACE [--hosts H] [--ranks-per-host R] [--fail-slow alert|evict]
 //   bench_fail_slow hog [--seconds N] [--mib M]     (the membw scenario's hog; see the record file)
-//   bench_fail_slow [--continuity S] [--window S] [--metrics a,b,..] [--verbose]
-//                   [--watchdog-named LABEL=HOST] LABEL:FAULTY_HOST_OR_none:TRACE ...
+//   bench_fail_slow [--continuity S] [--window S] [--metrics a,b,..] [--floor METRIC=VALUE]...
+//                   [--verbose] [--watchdog-named LABEL=HOST] LABEL:FAULTY_HOST_OR_none:TRACE ...
 //
 // Per trace: the detector replays every second; a verdict naming FAULTY_HOST is a true positive
 // (the first one gives the detection latency, from the trace's first second, since the degradation
@@ -214,6 +214,7 @@ int Main(int argc, char** argv) {
   bool verbose = false;
   double mahalanobis_threshold = 1.6;
   std::map<std::string, std::string> watchdog_named;  // label -> host the watchdog named
+  std::map<std::string, double> floors;               // metric -> min_difference override
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
@@ -227,6 +228,14 @@ int Main(int argc, char** argv) {
           if (known.name == m) options.metrics.push_back(known);
         }
       }
+    } else if (a == "--floor") {  // METRIC=VALUE: that metric's min_difference
+      const std::vector<std::string> kv = absl::StrSplit(next(), '=');
+      double floor = 0;
+      if (kv.size() != 2 || !absl::SimpleAtod(kv[1], &floor)) {
+        std::fprintf(stderr, "bench_fail_slow: --floor takes METRIC=VALUE\n");
+        return 2;
+      }
+      floors[kv[0]] = floor;
     } else if (a == "--mahalanobis-threshold") {
       mahalanobis_threshold = std::stod(next());
     } else if (a == "--watchdog-named") {  // LABEL=HOST
@@ -239,6 +248,10 @@ int Main(int argc, char** argv) {
     }
   }
   options.max_fill = options.denoise_window;
+  if (options.metrics.empty()) options.metrics = FailSlowDetector::DefaultMetrics();
+  for (FailSlowMetric& m : options.metrics) {
+    if (auto it = floors.find(m.name); it != floors.end()) m.min_difference = it->second;
+  }
   Totals minder, mahalanobis, watchdog;
   for (const std::string& spec : specs) {
     Trace trace;

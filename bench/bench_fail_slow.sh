@@ -8,7 +8,7 @@
 #   4 hosts x 2 ranks, REPEATS runs of SECONDS each of: throttle (host3's ranks capped at 2% of a
 #     CPU), delay (they sleep 20 ms per step), slowlink (host3's packets shaped to 2 Mbit/s),
 #     lossy (5% of them dropped), membw (a memory-bandwidth hog on host3), healthy, rl;
-#   8 hosts x 1 rank, REPEATS runs of SECONDS each of: throttle, healthy;
+#   8 hosts x 1 rank, REPEATS runs of SECONDS each of: throttle, slowlink, lossy, healthy;
 #   4 hosts x 2 ranks with --fail-slow evict and a standby host, one run of LONG_SECONDS each of:
 #     healthy, rl (the long fault-free evidence: false alarms and evictions; 0 skips them).
 # REPLAY_ONLY=1 skips the recording and replays the traces already in the trace folder; SETS
@@ -62,7 +62,7 @@ for scenario in throttle delay slowlink lossy membw healthy rl; do
     i=$((i + 1))
   done
 done
-for scenario in throttle healthy; do
+for scenario in throttle slowlink lossy healthy; do
   i=1
   while [ "$i" -le "$repeats" ]; do
     record h8 "h8-$scenario-$i" "$scenario" "$seconds" --hosts 8 --ranks-per-host 1
@@ -95,7 +95,7 @@ for scenario in throttle delay slowlink lossy membw; do
   # shellcheck disable=SC2086
   "$bench" --continuity 10 $watchdog $these | tail -3
 done
-for metric in compute_ms cpu_wait_ms tcp_retrans collective_ms cpu_util; do
+for metric in compute_ms cpu_wait_ms tcp_retrans tcp_rtt_ms collective_ms cpu_util; do
   echo
   echo "== $metric alone, all runs"
   # shellcheck disable=SC2086
