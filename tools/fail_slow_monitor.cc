@@ -90,8 +90,10 @@ std::optional<HostMetricsRecord> HostSampler::Sample(absl::Time now,
   const bool have_interval = last_ != absl::InfinitePast() && seconds > 0;
   last_ = now;
   static const double kTicksPerSecond = static_cast<double>(sysconf(_SC_CLK_TCK));
-  double compute_ms = 0, collective_ms = 0, steps = 0, cpu = 0, wait_ms = 0, retrans = 0, rtt = 0;
-  int with_work = 0, with_cpu = 0, with_wait = 0, with_retrans = 0, with_rtt = 0;
+  double compute_ms = 0, collective_ms = 0, steps = 0, cpu = 0, wait_ms = 0, retrans = 0, rtt = 0,
+         collective_mb_s = 0;
+  int with_work = 0, with_cpu = 0, with_wait = 0, with_retrans = 0, with_rtt = 0,
+      with_throughput = 0;
   std::map<int, Previous> current;
   for (const RankProcess& r : ranks) {
     Previous now_seen;
@@ -123,6 +125,13 @@ std::optional<HostMetricsRecord> HostSampler::Sample(absl::Time now,
         collective_ms += coll_ms;
         steps += static_cast<double>(now_seen.work->steps - p.work->steps);
         ++with_work;
+        // Bytes per second spent in collectives: a rank that did no collective (or whose agent
+        // reads an older record without bytes) has no throughput to compare.
+        const int64_t bytes = now_seen.work->collective_bytes - p.work->collective_bytes;
+        if (coll_ms > 0 && bytes > 0) {
+          collective_mb_s += static_cast<double>(bytes) / 1e6 / (coll_ms / 1e3);
+          ++with_throughput;
+        }
       }
       if (p.cpu_ticks >= 0 && now_seen.cpu_ticks >= p.cpu_ticks) {
         cpu += static_cast<double>(now_seen.cpu_ticks - p.cpu_ticks) / kTicksPerSecond / seconds;
@@ -156,6 +165,9 @@ std::optional<HostMetricsRecord> HostSampler::Sample(absl::Time now,
     record.work = steps / with_work;
     record.metrics.emplace_back("compute_ms", compute_ms / with_work);
     record.metrics.emplace_back("collective_ms", collective_ms / with_work);
+  }
+  if (with_throughput > 0) {
+    record.metrics.emplace_back("collective_mb_s", collective_mb_s / with_throughput);
   }
   if (with_wait > 0) record.metrics.emplace_back("cpu_wait_ms", wait_ms / with_wait);
   if (with_cpu > 0) record.metrics.emplace_back("cpu_util", cpu / with_cpu);

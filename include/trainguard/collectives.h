@@ -211,6 +211,9 @@ class CollectiveTracker {
   // on this tracker's clock: with the steps' durations, how much of a step was not communication
   // (the fail-slow metrics, docs/GUIDE.md). Any thread.
   absl::Duration completed_time() const;
+  // The bytes of those collectives (each Begin's `bytes`), summed: with completed_time(), the
+  // throughput of the rank's collectives. Any thread.
+  int64_t completed_bytes() const;
   int64_t usage_errors() const;
   // The first usage error, or OK.
   absl::Status usage_status() const;

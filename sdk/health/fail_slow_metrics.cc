@@ -16,18 +16,21 @@ namespace trainguard {
 std::string RankWorkKey(int rank) { return absl::StrCat("health/rank/", rank); }
 
 std::string EncodeRankWorkRecord(const RankWorkRecord& r) {
-  return absl::StrFormat("v1 %d %d %d", r.steps, r.step_ns, r.collective_ns);
+  return absl::StrFormat("v1 %d %d %d %d", r.steps, r.step_ns, r.collective_ns,
+                         r.collective_bytes);
 }
 
 absl::StatusOr<RankWorkRecord> ParseRankWorkRecord(std::string_view text) {
   const std::vector<absl::string_view> f =
       absl::StrSplit(absl::string_view(text.data(), text.size()), ' ', absl::SkipEmpty());
   RankWorkRecord r;
-  if (f.size() != 4 || f[0] != "v1" || !absl::SimpleAtoi(f[1], &r.steps) ||
-      !absl::SimpleAtoi(f[2], &r.step_ns) || !absl::SimpleAtoi(f[3], &r.collective_ns)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank work record \"", std::string(text),
-                     "\": want \"v1 <steps_completed> <step_ns_total> <collective_ns_total>\""));
+  if ((f.size() != 4 && f.size() != 5) || f[0] != "v1" || !absl::SimpleAtoi(f[1], &r.steps) ||
+      !absl::SimpleAtoi(f[2], &r.step_ns) || !absl::SimpleAtoi(f[3], &r.collective_ns) ||
+      (f.size() == 5 && !absl::SimpleAtoi(f[4], &r.collective_bytes))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank work record \"", std::string(text),
+        "\": want \"v1 <steps_completed> <step_ns_total> <collective_ns_total> "
+        "[<collective_bytes_total>]\""));
   }
   return r;
 }

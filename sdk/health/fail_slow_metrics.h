@@ -2,9 +2,11 @@
 // job's store (docs/FORMATS.md), out of band of the training traffic:
 //
 //   health/rank/<rank>      written by each rank's Runtime (its watcher thread) once a second:
-//                           "v1 <steps_completed> <step_ns_total> <collective_ns_total>": guarded
-//                           steps finished, their durations summed, and the durations of its
-//                           completed collectives summed (monotonic counters of this process).
+//                           "v1 <steps_completed> <step_ns_total> <collective_ns_total>
+//                           <collective_bytes_total>": guarded steps finished, their durations
+//                           summed, and the durations and the bytes of its completed collectives
+//                           summed (monotonic counters of this process). A record without the
+//                           last field (written before it existed) reads with 0 bytes.
 //   agents/metrics/<host>   written by each host's agent (`trainguard run`) once a second, read by
 //                           the coordinator: "v1 <seq> <work> <metric>=<value> ...": the host's
 //                           sample of the last second; <work> steps per rank in that second.
@@ -31,6 +33,7 @@ struct RankWorkRecord {
   int64_t steps = 0;
   int64_t step_ns = 0;
   int64_t collective_ns = 0;
+  int64_t collective_bytes = 0;
 };
 
 std::string RankWorkKey(int rank);

@@ -775,6 +775,7 @@ void RuntimeImpl::PublishWork() {
   record.steps = beat.steps_completed;
   record.step_ns = beat.total_step_ns;
   record.collective_ns = absl::ToInt64Nanoseconds(collectives_->completed_time());
+  record.collective_bytes = collectives_->completed_bytes();
   // Short: a slow store must not delay the hang watch this thread also does; a lost second is
   // filled by the detector.
   (void)store_->Set(RankWorkKey(rank_), EncodeRankWorkRecord(record), absl::Milliseconds(500));

@@ -167,6 +167,7 @@ std::vector<CommunicatorProgress> CollectiveTracker::Progress() const { return i
 absl::Duration CollectiveTracker::completed_time() const {
   return absl::Nanoseconds(impl_->completed_ns());
 }
+int64_t CollectiveTracker::completed_bytes() const { return impl_->completed_bytes(); }
 int64_t CollectiveTracker::usage_errors() const { return impl_->usage_errors(); }
 absl::Status CollectiveTracker::usage_status() const { return impl_->usage_status(); }
 Clock& CollectiveTracker::clock() const { return impl_->clock(); }
@@ -443,6 +444,8 @@ void CollectiveTracker::Impl::Complete(Slot& slot, int64_t now_ns, int64_t durat
                                         : comms_[comm].completed_host;
   completed.store(completed.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   completed_ns_.fetch_add(duration_ns, std::memory_order_relaxed);
+  completed_bytes_.fetch_add(static_cast<int64_t>(slot.bytes.load(std::memory_order_relaxed)),
+                             std::memory_order_relaxed);
   uint16_t flags = failed ? kFlagFailed : 0;
   if (slot.on_gpu.load(std::memory_order_relaxed)) flags |= kFlagGpu;
   Record(slot, op, comm, /*end=*/true, now_ns, flags, duration_ns);

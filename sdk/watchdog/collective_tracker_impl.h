@@ -47,6 +47,7 @@ class CollectiveTracker::Impl {
   std::vector<CommunicatorProgress> Progress() const;
   int64_t usage_errors() const { return usage_errors_.load(std::memory_order_relaxed); }
   int64_t completed_ns() const { return completed_ns_.load(std::memory_order_relaxed); }
+  int64_t completed_bytes() const { return completed_bytes_.load(std::memory_order_relaxed); }
   absl::Status usage_status() const;
   Clock& clock() const { return *clock_; }
   // Installs the GPU event pool (EnableGpu, or a test's fake through CollectiveTrackerTestPeer).
@@ -83,7 +84,8 @@ class CollectiveTracker::Impl {
   std::atomic<int> next_slot_{0};  // where Begin looks for a free slot first
   std::atomic<int64_t> step_{-1};
   std::atomic<int64_t> usage_errors_{0};
-  std::atomic<int64_t> completed_ns_{0};  // completed collectives' durations, summed
+  std::atomic<int64_t> completed_ns_{0};     // completed collectives' durations, summed
+  std::atomic<int64_t> completed_bytes_{0};  // and their bytes
   std::unique_ptr<const watchdog_internal::BoundRule> rule_;
   std::atomic<bool> gpu_enabled_{false};
   std::unique_ptr<watchdog_internal::GpuEvents> gpu_;  // set once, before gpu_enabled_

@@ -82,6 +82,21 @@ TEST(CollectiveTracker, SequenceNumbersCountPerCommunicator) {
   EXPECT_EQ(tracker->usage_errors(), 0);
 }
 
+TEST(CollectiveTracker, CompletedTimeAndBytesSumTheCompletedCollectivesOnly) {
+  ManualClock clock;
+  auto tracker = MakeTracker(&clock);
+  ASSERT_TRUE(tracker->RegisterCommunicator(kDp, "dp", nullptr).ok());
+  CollectiveHandle a = tracker->Begin("all_reduce", kDp, 1000);
+  CollectiveHandle b = tracker->Begin("all_gather", kDp, 250);
+  clock.Advance(absl::Milliseconds(3));
+  tracker->End(a);
+  clock.Advance(absl::Milliseconds(2));
+  tracker->End(b);
+  (void)tracker->Begin("all_reduce", kDp, 4000);  // still in flight: not counted
+  EXPECT_EQ(tracker->completed_time(), absl::Milliseconds(3 + 5));
+  EXPECT_EQ(tracker->completed_bytes(), 1250);
+}
+
 TEST(CollectiveTracker, MisuseIsCountedAndNeverCrashes) {
   ManualClock clock;
   auto tracker = MakeTracker(&clock, nullptr, /*max_in_flight=*/2);

@@ -78,6 +78,40 @@ TEST(ProcessTcpTotals, TheRoundTripIsTheMedianOfTheSocketsThatSentDataLately) {
   EXPECT_EQ(none->active_rtt_ms, 0.0);
 }
 
+TEST(HostSampler, PublishesTheBytesPerSecondOfTheRanksCollectives) {
+  HostSampler sampler;
+  const absl::Time t0 = absl::Now();
+  // Ranks 0 and 1 move 2 MB in 20 ms and 1 MB in 40 ms of collectives: 100 and 25 MB/s.
+  const auto record = [](int64_t steps, int64_t ms, int64_t collective_ms, int64_t bytes) {
+    return EncodeRankWorkRecord({steps, ms * 1'000'000, collective_ms * 1'000'000, bytes});
+  };
+  ASSERT_FALSE(sampler
+                   .Sample(t0, {{0, getpid(), record(10, 50, 20, 1'000'000)},
+                                {1, getpid(), record(10, 50, 20, 1'000'000)}})
+                   .has_value());
+  const std::optional<HostMetricsRecord> sample =
+      sampler.Sample(t0 + absl::Seconds(1), {{0, getpid(), record(20, 100, 40, 3'000'000)},
+                                             {1, getpid(), record(20, 100, 60, 2'000'000)}});
+  ASSERT_TRUE(sample.has_value());
+  std::map<std::string, double> metrics(sample->metrics.begin(), sample->metrics.end());
+  ASSERT_EQ(metrics.count("collective_mb_s"), 1u);
+  EXPECT_DOUBLE_EQ(metrics["collective_mb_s"], (100.0 + 25.0) / 2);
+}
+
+TEST(RankWorkRecord, RoundTripsWithItsBytesAndReadsARecordWrittenWithoutThem) {
+  absl::StatusOr<RankWorkRecord> r = ParseRankWorkRecord(EncodeRankWorkRecord({7, 8, 9, 10}));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->steps, 7);
+  EXPECT_EQ(r->collective_bytes, 10);
+  absl::StatusOr<RankWorkRecord> old = ParseRankWorkRecord("v1 7 8 9");
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ(old->collective_ns, 9);
+  EXPECT_EQ(old->collective_bytes, 0);
+  absl::StatusOr<RankWorkRecord> bad = ParseRankWorkRecord("v1 7 8 9 ten");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), ::testing::HasSubstr("v1 7 8 9 ten"));
+}
+
 TEST(ProcessTcpTotals, AProcessThatIsGoneCannotBeRead) {
   const pid_t child = fork();
   if (child == 0) _exit(0);
