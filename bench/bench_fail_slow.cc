@@ -165,7 +165,11 @@ int MeasureCost() {
   constexpr int kRounds = 2000;
   const pid_t self = getpid();
   OpenLoopbackPairs(8);
-  const std::string work = EncodeRankWorkRecord({1000, 5'000'000'000, 3'000'000'000});
+  RankWorkRecord record;
+  record.steps = 1000;
+  record.step_ns = 5'000'000'000;
+  record.collective_ns = 3'000'000'000;
+  const std::string work = EncodeRankWorkRecord(record);
   tools::HostSampler sampler;
   absl::Time now = absl::Now();
   const absl::Time start = absl::Now();

@@ -94,6 +94,7 @@ std::optional<HostMetricsRecord> HostSampler::Sample(absl::Time now,
          collective_mb_s = 0;
   int with_work = 0, with_cpu = 0, with_wait = 0, with_retrans = 0, with_rtt = 0,
       with_throughput = 0;
+  std::map<std::string, std::pair<double, int>> phase_ms;  // name -> (sum over ranks, ranks)
   std::map<int, Previous> current;
   for (const RankProcess& r : ranks) {
     Previous now_seen;
@@ -132,6 +133,17 @@ std::optional<HostMetricsRecord> HostSampler::Sample(absl::Time now,
           collective_mb_s += static_cast<double>(bytes) / 1e6 / (coll_ms / 1e3);
           ++with_throughput;
         }
+        // The trainer's phases: milliseconds of each in this interval, per rank that has it.
+        for (const auto& [name, ns] : now_seen.work->phase_ns) {
+          int64_t before_ns = 0;
+          for (const auto& [old_name, old_ns] : p.work->phase_ns) {
+            if (old_name == name) before_ns = old_ns;
+          }
+          if (ns < before_ns) continue;
+          auto& [sum_ms, count] = phase_ms[name];
+          sum_ms += static_cast<double>(ns - before_ns) / 1e6 / seconds;
+          ++count;
+        }
       }
       if (p.cpu_ticks >= 0 && now_seen.cpu_ticks >= p.cpu_ticks) {
         cpu += static_cast<double>(now_seen.cpu_ticks - p.cpu_ticks) / kTicksPerSecond / seconds;
@@ -168,6 +180,9 @@ std::optional<HostMetricsRecord> HostSampler::Sample(absl::Time now,
   }
   if (with_throughput > 0) {
     record.metrics.emplace_back("collective_mb_s", collective_mb_s / with_throughput);
+  }
+  for (const auto& [name, sum] : phase_ms) {
+    record.metrics.emplace_back(absl::StrCat("phase_", name, "_ms"), sum.first / sum.second);
   }
   if (with_wait > 0) record.metrics.emplace_back("cpu_wait_ms", wait_ms / with_wait);
   if (with_cpu > 0) record.metrics.emplace_back("cpu_util", cpu / with_cpu);

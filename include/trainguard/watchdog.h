@@ -161,6 +161,12 @@ struct PhaseBounds {
   int64_t tick_gap_samples = 0;
 };
 
+// The time spent in one phase name's completed phases (Watchdog::PhaseTotals).
+struct PhaseTotal {
+  std::string name;
+  absl::Duration total;
+};
+
 class Watchdog {
  public:
   // Open phases tracked; deeper ones are a usage error (ignored, still balanced by EndPhase).
@@ -183,6 +189,10 @@ class Watchdog {
   void Tick(int64_t amount = 1);
   // Closes the innermost phase and teaches its name's bounds.
   void EndPhase();
+  // Per phase name, the durations of its completed phases summed (names never completed are left
+  // out; names past max_phase_names share "<other phases>"): the fail-slow metrics' phase times
+  // (docs/GUIDE.md). Any thread; allocates, so not for the training thread's hot path.
+  std::vector<PhaseTotal> PhaseTotals() const;
 
   void AddHangHandler(std::function<void(const HangReport&)> handler);
   // Called on each hang (once per hang), after the handlers. `name` identifies it in errors.

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -16,21 +17,43 @@ namespace trainguard {
 std::string RankWorkKey(int rank) { return absl::StrCat("health/rank/", rank); }
 
 std::string EncodeRankWorkRecord(const RankWorkRecord& r) {
-  return absl::StrFormat("v1 %d %d %d %d", r.steps, r.step_ns, r.collective_ns,
-                         r.collective_bytes);
+  std::string out = absl::StrFormat("v1 %d %d %d %d", r.steps, r.step_ns, r.collective_ns,
+                                    r.collective_bytes);
+  for (const auto& [name, ns] : r.phase_ns) {
+    std::string safe = name;
+    for (char& c : safe) {
+      if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.' &&
+          c != '-' && c != '/') {
+        c = '_';
+      }
+    }
+    if (!safe.empty()) absl::StrAppend(&out, " ", safe, "=", ns);
+  }
+  return out;
 }
 
 absl::StatusOr<RankWorkRecord> ParseRankWorkRecord(std::string_view text) {
   const std::vector<absl::string_view> f =
       absl::StrSplit(absl::string_view(text.data(), text.size()), ' ', absl::SkipEmpty());
   RankWorkRecord r;
-  if ((f.size() != 4 && f.size() != 5) || f[0] != "v1" || !absl::SimpleAtoi(f[1], &r.steps) ||
-      !absl::SimpleAtoi(f[2], &r.step_ns) || !absl::SimpleAtoi(f[3], &r.collective_ns) ||
-      (f.size() == 5 && !absl::SimpleAtoi(f[4], &r.collective_bytes))) {
+  auto bad = [&]() {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank work record \"", std::string(text),
         "\": want \"v1 <steps_completed> <step_ns_total> <collective_ns_total> "
-        "[<collective_bytes_total>]\""));
+        "[<collective_bytes_total> [<phase>=<ns> ...]]\""));
+  };
+  if (f.size() < 4 || f[0] != "v1" || !absl::SimpleAtoi(f[1], &r.steps) ||
+      !absl::SimpleAtoi(f[2], &r.step_ns) || !absl::SimpleAtoi(f[3], &r.collective_ns) ||
+      (f.size() >= 5 && !absl::SimpleAtoi(f[4], &r.collective_bytes))) {
+    return bad();
+  }
+  for (size_t i = 5; i < f.size(); ++i) {
+    const size_t eq = f[i].find('=');
+    int64_t ns = 0;
+    if (eq == absl::string_view::npos || eq == 0 || !absl::SimpleAtoi(f[i].substr(eq + 1), &ns)) {
+      return bad();
+    }
+    r.phase_ns.emplace_back(std::string(f[i].substr(0, eq)), ns);
   }
   return r;
 }

@@ -5,8 +5,10 @@
 //                           "v1 <steps_completed> <step_ns_total> <collective_ns_total>
 //                           <collective_bytes_total>": guarded steps finished, their durations
 //                           summed, and the durations and the bytes of its completed collectives
-//                           summed (monotonic counters of this process). A record without the
-//                           last field (written before it existed) reads with 0 bytes.
+//                           summed (monotonic counters of this process), then "<phase>=<ns>" per
+//                           watchdog phase name other than the guard's "step": its completed
+//                           phases' durations summed (Watchdog::PhaseTotals). A record of four
+//                           fields (written before the bytes existed) reads with 0 bytes.
 //   agents/metrics/<host>   written by each host's agent (`trainguard run`) once a second, read by
 //                           the coordinator: "v1 <seq> <work> <metric>=<value> ...": the host's
 //                           sample of the last second; <work> steps per rank in that second.
@@ -34,6 +36,8 @@ struct RankWorkRecord {
   int64_t step_ns = 0;
   int64_t collective_ns = 0;
   int64_t collective_bytes = 0;
+  // Phase name (characters other than letters, digits and "_.-/" written as "_") -> its time.
+  std::vector<std::pair<std::string, int64_t>> phase_ns;
 };
 
 std::string RankWorkKey(int rank);

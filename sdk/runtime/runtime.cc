@@ -776,6 +776,14 @@ void RuntimeImpl::PublishWork() {
   record.step_ns = beat.total_step_ns;
   record.collective_ns = absl::ToInt64Nanoseconds(collectives_->completed_time());
   record.collective_bytes = collectives_->completed_bytes();
+  if (phase_watchdog_ != nullptr) {
+    // The guard's own "step" phase is step_ns already; the trainer's phases inside it are apart.
+    for (PhaseTotal& p : phase_watchdog_->PhaseTotals()) {
+      if (p.name != "step") {
+        record.phase_ns.emplace_back(std::move(p.name), absl::ToInt64Nanoseconds(p.total));
+      }
+    }
+  }
   // Short: a slow store must not delay the hang watch this thread also does; a lost second is
   // filled by the detector.
   (void)store_->Set(RankWorkKey(rank_), EncodeRankWorkRecord(record), absl::Milliseconds(500));

@@ -142,6 +142,7 @@ void Watchdog::SetStep(int64_t step) { impl_->SetStep(step); }
 void Watchdog::BeginPhase(std::string_view name) { impl_->BeginPhase(name); }
 void Watchdog::Tick(int64_t amount) { impl_->Tick(amount); }
 void Watchdog::EndPhase() { impl_->EndPhase(); }
+std::vector<PhaseTotal> Watchdog::PhaseTotals() const { return impl_->PhaseTotals(); }
 void Watchdog::AddHangHandler(std::function<void(const HangReport&)> handler) {
   impl_->AddHangHandler(std::move(handler));
 }
@@ -169,6 +170,7 @@ Watchdog::Impl::Impl(const WatchdogOptions& options)
       tracker_(options.tracker),
       rule_(std::make_unique<BoundRule>(options.bound)),
       phases_(std::make_unique<NameTable>(options.max_phase_names + 1)),
+      phase_total_ns_(new std::atomic<int64_t>[options.max_phase_names + 1]()),
       frames_(new Frame[kMaxDepth]) {
   // Index 0 collects the names that do not fit.
   phases_->FindOrAdd(kOtherPhases);
@@ -302,6 +304,9 @@ void Watchdog::Impl::EndPhase() {
   const int64_t now = clock_->MonotonicNanos();
   const int name = f.name.load(std::memory_order_relaxed);
   const int64_t duration = now - f.begin_ns.load(std::memory_order_relaxed);
+  // One writer (the phase thread): a load and a store, no read-modify-write on the hot path.
+  phase_total_ns_[name].store(phase_total_ns_[name].load(std::memory_order_relaxed) + duration,
+                              std::memory_order_relaxed);
   if (f.hung_instance.load(std::memory_order_acquire) !=
       f.instance.load(std::memory_order_relaxed)) {
     durations_[name]->Add(duration);
@@ -317,6 +322,16 @@ void Watchdog::Impl::EndPhase() {
   depth_.store(open_, std::memory_order_release);
   last_progress_ns_.store(now, std::memory_order_relaxed);
   RecordPhase(/*end=*/true, name, now, duration);
+}
+
+std::vector<PhaseTotal> Watchdog::Impl::PhaseTotals() const {
+  std::vector<PhaseTotal> totals;
+  const int names = phases_->size();
+  for (int i = 0; i < names; ++i) {
+    const int64_t ns = phase_total_ns_[i].load(std::memory_order_relaxed);
+    if (ns > 0) totals.push_back({std::string(phases_->Name(i)), absl::Nanoseconds(ns)});
+  }
+  return totals;
 }
 
 void Watchdog::Impl::AddHangHandler(std::function<void(const HangReport&)> handler) {

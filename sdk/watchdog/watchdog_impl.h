@@ -40,6 +40,7 @@ class Watchdog::Impl {
   void BeginPhase(std::string_view name);
   void Tick(int64_t amount = 1);
   void EndPhase();
+  std::vector<PhaseTotal> PhaseTotals() const;
   void AddHangHandler(std::function<void(const HangReport&)> handler);
   void AddAbortHook(std::string name, std::function<void()> hook);
   std::optional<HangReport> TakeHang();
@@ -86,6 +87,8 @@ class Watchdog::Impl {
   std::unique_ptr<watchdog_internal::NameTable> phases_;
   std::vector<std::unique_ptr<watchdog_internal::SampleWindow>> durations_;
   std::vector<std::unique_ptr<watchdog_internal::SampleWindow>> gaps_;
+  // Per phase name: completed durations summed (the phase thread adds, any thread reads).
+  std::unique_ptr<std::atomic<int64_t>[]> phase_total_ns_;
 
   // Training thread.
   std::unique_ptr<Frame[]> frames_;

@@ -49,7 +49,10 @@ GpuSample Healthy() { return {90.0, 400.0, 1980.0, 60.0}; }
 // A rank whose work record advances 10 steps of 1 s (0.2 s in collectives) per call; pid -1: no
 // CPU metric (nothing of the test process's own CPU time leaks into the comparison).
 HostSampler::RankProcess Rank(int rank, int local_rank, int64_t call) {
-  RankWorkRecord w{10 * call, 1'000'000'000 * call, 200'000'000 * call};
+  RankWorkRecord w;
+  w.steps = 10 * call;
+  w.step_ns = 1'000'000'000 * call;
+  w.collective_ns = 200'000'000 * call;
   return {rank, -1, EncodeRankWorkRecord(w), local_rank};
 }
 

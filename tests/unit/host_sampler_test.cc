@@ -20,6 +20,15 @@
 namespace trainguard::tools {
 namespace {
 
+RankWorkRecord Work(int64_t steps, int64_t step_ns, int64_t collective_ns, int64_t bytes = 0) {
+  RankWorkRecord r;
+  r.steps = steps;
+  r.step_ns = step_ns;
+  r.collective_ns = collective_ns;
+  r.collective_bytes = bytes;
+  return r;
+}
+
 // A connected pair over 127.0.0.1 (client and accepted end) and its listener; closed at scope end.
 struct LoopbackPair {
   int listener = -1, client = -1, accepted = -1;
@@ -83,7 +92,7 @@ TEST(HostSampler, PublishesTheBytesPerSecondOfTheRanksCollectives) {
   const absl::Time t0 = absl::Now();
   // Ranks 0 and 1 move 2 MB in 20 ms and 1 MB in 40 ms of collectives: 100 and 25 MB/s.
   const auto record = [](int64_t steps, int64_t ms, int64_t collective_ms, int64_t bytes) {
-    return EncodeRankWorkRecord({steps, ms * 1'000'000, collective_ms * 1'000'000, bytes});
+    return EncodeRankWorkRecord(Work(steps, ms * 1'000'000, collective_ms * 1'000'000, bytes));
   };
   ASSERT_FALSE(sampler
                    .Sample(t0, {{0, getpid(), record(10, 50, 20, 1'000'000)},
@@ -98,8 +107,34 @@ TEST(HostSampler, PublishesTheBytesPerSecondOfTheRanksCollectives) {
   EXPECT_DOUBLE_EQ(metrics["collective_mb_s"], (100.0 + 25.0) / 2);
 }
 
+TEST(RankWorkRecord, CarriesTheTrainersPhasesWithTheirNamesMadeSafe) {
+  RankWorkRecord w = Work(7, 8, 9, 10);
+  w.phase_ns = {{"generate", 5'000'000}, {"all=gather me", 3}};
+  absl::StatusOr<RankWorkRecord> r = ParseRankWorkRecord(EncodeRankWorkRecord(w));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->phase_ns, ::testing::ElementsAre(::testing::Pair("generate", 5'000'000),
+                                                  ::testing::Pair("all_gather_me", 3)));
+  EXPECT_FALSE(ParseRankWorkRecord("v1 7 8 9 10 generate=soon").ok());
+}
+
+TEST(HostSampler, PublishesTheMillisecondsPerSecondOfEachPhaseOfTheTrainer) {
+  HostSampler sampler;
+  const absl::Time t0 = absl::Now();
+  RankWorkRecord first = Work(10, 50'000'000, 20'000'000);
+  first.phase_ns = {{"generate", 100'000'000}};
+  ASSERT_FALSE(sampler.Sample(t0, {{0, getpid(), EncodeRankWorkRecord(first)}}).has_value());
+  RankWorkRecord second = Work(20, 100'000'000, 40'000'000);
+  second.phase_ns = {{"generate", 400'000'000}, {"score", 50'000'000}};  // a phase new this second
+  const std::optional<HostMetricsRecord> sample =
+      sampler.Sample(t0 + absl::Seconds(2), {{0, getpid(), EncodeRankWorkRecord(second)}});
+  ASSERT_TRUE(sample.has_value());
+  std::map<std::string, double> metrics(sample->metrics.begin(), sample->metrics.end());
+  EXPECT_DOUBLE_EQ(metrics["phase_generate_ms"], 300.0 / 2);
+  EXPECT_DOUBLE_EQ(metrics["phase_score_ms"], 50.0 / 2);
+}
+
 TEST(RankWorkRecord, RoundTripsWithItsBytesAndReadsARecordWrittenWithoutThem) {
-  absl::StatusOr<RankWorkRecord> r = ParseRankWorkRecord(EncodeRankWorkRecord({7, 8, 9, 10}));
+  absl::StatusOr<RankWorkRecord> r = ParseRankWorkRecord(EncodeRankWorkRecord(Work(7, 8, 9, 10)));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->steps, 7);
   EXPECT_EQ(r->collective_bytes, 10);
@@ -127,10 +162,10 @@ TEST(HostSampler, PublishesTheRanksTcpRetransmissionsPerSecondAndTheirRoundTrip)
   const char byte = 'x';
   ASSERT_EQ(write(pair.client, &byte, 1), 1);  // an active connection: its RTT is the rank's
   HostSampler sampler;
-  const std::string work = EncodeRankWorkRecord({10, 50'000'000, 20'000'000});
+  const std::string work = EncodeRankWorkRecord(Work(10, 50'000'000, 20'000'000));
   const absl::Time t0 = absl::Now();
   ASSERT_FALSE(sampler.Sample(t0, {{0, getpid(), work}}).has_value());  // nothing to compare yet
-  const std::string later = EncodeRankWorkRecord({20, 100'000'000, 40'000'000});
+  const std::string later = EncodeRankWorkRecord(Work(20, 100'000'000, 40'000'000));
   const std::optional<HostMetricsRecord> record =
       sampler.Sample(t0 + absl::Seconds(1), {{0, getpid(), later}});
   ASSERT_TRUE(record.has_value());

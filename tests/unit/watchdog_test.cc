@@ -147,6 +147,23 @@ TEST(Watchdog, LearnsABoundPerPhaseNameFromItsCompletedInstances) {
   EXPECT_EQ(h.wd->hangs_declared(), 0);
 }
 
+TEST(Watchdog, PhaseTotalsSumTheCompletedPhasesOfEachName) {
+  Harness h;
+  EXPECT_TRUE(h.wd->PhaseTotals().empty());
+  for (int i = 0; i < 3; ++i) {
+    h.Phase("forward_backward", absl::Milliseconds(300));
+    h.Phase("optimizer", absl::Milliseconds(40));
+  }
+  h.wd->BeginPhase("checkpoint");  // open: not counted until it ends
+  h.Advance(absl::Seconds(1));
+  std::vector<std::pair<std::string, absl::Duration>> totals;
+  for (const PhaseTotal& p : h.wd->PhaseTotals()) totals.emplace_back(p.name, p.total);
+  EXPECT_THAT(totals, ::testing::UnorderedElementsAre(
+                          ::testing::Pair("forward_backward", absl::Milliseconds(900)),
+                          ::testing::Pair("optimizer", absl::Milliseconds(120))));
+  h.wd->EndPhase();
+}
+
 TEST(Watchdog, APhaseThatStopsTickingIsDetectedOnceWithItsBoundsInTheReport) {
   Harness h;
   h.wd->SetStep(0);
