@@ -7,7 +7,8 @@
 // collectives) and collective_ms in that second, with the steps done as the work they are divided
 // by; collective_mb_s, the bytes its collectives moved per second spent in them (MB/s);
 // phase_<name>_ms, the milliseconds per second in each watchdog phase the trainer opens inside its
-// steps ("generate", "forward"...); cpu_wait_ms, the time its training (main) thread was runnable but not running
+// steps ("generate", "forward"...); cpu_wait_ms, the time its training (main) thread was runnable
+// but not running
 // (/proc/<pid>/task/<pid>/schedstat run delay, in ms per second: a throttled or oversubscribed
 // CPU; the other threads, mostly asleep, add wake-up delays that any loaded machine has); and
 // cpu_util (CPU seconds per second); tcp_retrans, the TCP segments its sockets retransmitted per

@@ -26,8 +26,8 @@ double UpperMedian(std::vector<double> values) {
 // when the scale is not positive (a metric that is zero everywhere and has no floor carries no
 // signal). With a floor, a count whose healthy value is zero (retransmissions: most hosts send
 // none in most seconds) is measured in units of its floor instead of vanishing with its median.
-std::vector<double> RelativeToScale(const std::vector<double>& values, double floor,
-                                    double* median, double* scale) {
+std::vector<double> RelativeToScale(const std::vector<double>& values, double floor, double* median,
+                                    double* scale) {
   *median = UpperMedian(values);
   *scale = std::max(*median, floor);
   if (!(*scale > 0) || !std::isfinite(*scale)) return {};

@@ -17,13 +17,13 @@ namespace trainguard {
 std::string RankWorkKey(int rank) { return absl::StrCat("health/rank/", rank); }
 
 std::string EncodeRankWorkRecord(const RankWorkRecord& r) {
-  std::string out = absl::StrFormat("v1 %d %d %d %d", r.steps, r.step_ns, r.collective_ns,
-                                    r.collective_bytes);
+  std::string out =
+      absl::StrFormat("v1 %d %d %d %d", r.steps, r.step_ns, r.collective_ns, r.collective_bytes);
   for (const auto& [name, ns] : r.phase_ns) {
     std::string safe = name;
     for (char& c : safe) {
-      if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.' &&
-          c != '-' && c != '/') {
+      if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.' && c != '-' &&
+          c != '/') {
         c = '_';
       }
     }
@@ -37,10 +37,10 @@ absl::StatusOr<RankWorkRecord> ParseRankWorkRecord(std::string_view text) {
       absl::StrSplit(absl::string_view(text.data(), text.size()), ' ', absl::SkipEmpty());
   RankWorkRecord r;
   auto bad = [&]() {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank work record \"", std::string(text),
-        "\": want \"v1 <steps_completed> <step_ns_total> <collective_ns_total> "
-        "[<collective_bytes_total> [<phase>=<ns> ...]]\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank work record \"", std::string(text),
+                     "\": want \"v1 <steps_completed> <step_ns_total> <collective_ns_total> "
+                     "[<collective_bytes_total> [<phase>=<ns> ...]]\""));
   };
   if (f.size() < 4 || f[0] != "v1" || !absl::SimpleAtoi(f[1], &r.steps) ||
       !absl::SimpleAtoi(f[2], &r.step_ns) || !absl::SimpleAtoi(f[3], &r.collective_ns) ||

@@ -216,16 +216,26 @@ std::vector<FailSlowSample> RingSecond(int hosts, int64_t t, int lossy, double r
   return samples;
 }
 
+// Every verdict of the default metrics at `continuity` over seconds [0, seconds) of 4 hosts'
+// RingSecond(.., lossy, retrans, slow, rtt_ms).
+std::vector<SuspectVerdict> RingVerdicts(int continuity, int64_t seconds, int lossy, double retrans,
+                                         int slow = -1, double rtt_ms = 0) {
+  FailSlowOptions options;
+  options.continuity = continuity;
+  absl::StatusOr<FailSlowDetector> detector = FailSlowDetector::Create(options);
+  EXPECT_TRUE(detector.ok()) << detector.status();
+  std::vector<SuspectVerdict> all;
+  for (int64_t t = 0; detector.ok() && t < seconds; ++t) {
+    for (SuspectVerdict& v : detector->Observe(t, RingSecond(4, t, lossy, retrans, slow, rtt_ms))) {
+      all.push_back(v);
+    }
+  }
+  return all;
+}
+
 TEST(FailSlowDetector,
      ALossyHostIsNamedByItsRetransmissionsThoughEveryHostWaitsAlikeInCollectives) {
-  FailSlowOptions options;
-  options.continuity = 10;
-  absl::StatusOr<FailSlowDetector> detector = FailSlowDetector::Create(options);
-  ASSERT_TRUE(detector.ok()) << detector.status();
-  std::vector<SuspectVerdict> all;
-  for (int64_t t = 0; t < 25; ++t) {
-    for (SuspectVerdict& v : detector->Observe(t, RingSecond(4, t, 2, 40))) all.push_back(v);
-  }
+  const std::vector<SuspectVerdict> all = RingVerdicts(10, 25, 2, 40);
   ASSERT_EQ(all.size(), 1u);
   EXPECT_EQ(all[0].host, "host2");
   EXPECT_EQ(all[0].metric, "tcp_retrans");
@@ -234,15 +244,9 @@ TEST(FailSlowDetector,
 }
 
 TEST(FailSlowDetector, RetransmissionsBelowTheFloorAreNotALossyLinkEvenFarAboveThePeers) {
-  FailSlowOptions options;
-  options.continuity = 3;
-  absl::StatusOr<FailSlowDetector> detector = FailSlowDetector::Create(options);
-  ASSERT_TRUE(detector.ok());
   // host1 retransmits 6x its peers, as a healthy host did beside a CPU-throttled one (12 segments
   // a second against 2): under the 15/s floor.
-  for (int64_t t = 0; t < 60; ++t) {
-    EXPECT_TRUE(detector->Observe(t, RingSecond(4, t, 1, 12)).empty()) << "second " << t;
-  }
+  EXPECT_TRUE(RingVerdicts(3, 60, 1, 12).empty());
 }
 
 TEST(FailSlowDetector, ALossyHostIsNamedThoughItsPeersMedianOfRetransmissionsIsZero) {
@@ -260,7 +264,8 @@ TEST(FailSlowDetector, ALossyHostIsNamedThoughItsPeersMedianOfRetransmissionsIsZ
     std::vector<FailSlowSample> samples;
     for (int h = 0; h < 8; ++h) {
       const double healthy = Noise(h, t, 3) > 0.6 ? 0.83 * (1 + (h + t) % 3) : 0.0;
-      samples.push_back({Host(h), "tcp_retrans", h == 3 ? 50.0 * (1 + 0.3 * Noise(h, t)) : healthy});
+      samples.push_back(
+          {Host(h), "tcp_retrans", h == 3 ? 50.0 * (1 + 0.3 * Noise(h, t)) : healthy});
     }
     for (SuspectVerdict& v : detector->Observe(t, samples)) all.push_back(v);
   }
@@ -271,18 +276,9 @@ TEST(FailSlowDetector, ALossyHostIsNamedThoughItsPeersMedianOfRetransmissionsIsZ
 }
 
 TEST(FailSlowDetector, ASlowLinksHostIsNamedByTheRoundTripOfItsActiveConnections) {
-  FailSlowOptions options;
-  options.continuity = 10;
-  absl::StatusOr<FailSlowDetector> detector = FailSlowDetector::Create(options);
-  ASSERT_TRUE(detector.ok()) << detector.status();
   // As on bench_fail_slow's slow-link runs: host3's packets shaped, its connections' RTT 6-10 ms
   // against 0.03-0.6 ms on its peers; compute, waits and collectives alike on every host.
-  std::vector<SuspectVerdict> all;
-  for (int64_t t = 0; t < 25; ++t) {
-    for (SuspectVerdict& v : detector->Observe(t, RingSecond(4, t, -1, 0, 3, 7.0))) {
-      all.push_back(v);
-    }
-  }
+  const std::vector<SuspectVerdict> all = RingVerdicts(10, 25, -1, 0, 3, 7.0);
   ASSERT_EQ(all.size(), 1u);
   EXPECT_EQ(all[0].host, "host3");
   EXPECT_EQ(all[0].metric, "tcp_rtt_ms");
@@ -290,15 +286,9 @@ TEST(FailSlowDetector, ASlowLinksHostIsNamedByTheRoundTripOfItsActiveConnections
 }
 
 TEST(FailSlowDetector, ARoundTripBelowTheFloorIsNotASlowLinkEvenFiveTimesThePeers) {
-  FailSlowOptions options;
-  options.continuity = 3;
-  absl::StatusOr<FailSlowDetector> detector = FailSlowDetector::Create(options);
-  ASSERT_TRUE(detector.ok());
   // host1's connections answer in 1 ms against 0.2 ms: a loaded loopback, not a slow link (the
   // floor is 2 ms of mean distance to the peers).
-  for (int64_t t = 0; t < 60; ++t) {
-    EXPECT_TRUE(detector->Observe(t, RingSecond(4, t, -1, 0, 1, 1.0)).empty()) << "second " << t;
-  }
+  EXPECT_TRUE(RingVerdicts(3, 60, -1, 0, 1, 1.0).empty());
 }
 
 TEST(FailSlowDetector, OptionsOutOfRangeAreRejectedNamingTheOption) {
