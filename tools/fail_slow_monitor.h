@@ -8,18 +8,17 @@
 // by; collective_mb_s, the bytes its collectives moved per second spent in them (MB/s);
 // phase_<name>_ms, the milliseconds per second in each watchdog phase the trainer opens inside its
 // steps ("generate", "forward"...); cpu_wait_ms, the time its training (main) thread was runnable
-// but not running
-// (/proc/<pid>/task/<pid>/schedstat run delay, in ms per second: a throttled or oversubscribed
-// CPU; the other threads, mostly asleep, add wake-up delays that any loaded machine has); and
-// cpu_util (CPU seconds per second); tcp_retrans, the TCP segments its sockets retransmitted per
-// second, and tcp_rtt_ms, the median smoothed round-trip time of its TCP sockets that sent data in
-// the last two seconds (both from
-// getsockopt(TCP_INFO) on the rank's own sockets, duplicated with pidfd_getfd: per connection, so
-// a lossy or slow link of one host shows on that host's ranks even where every host of a ring
-// waits alike in the collective). With a GpuMetricsSource (sdk/health/gpu_metrics_source.h:
-// NVML where the host has an NVIDIA driver), also the GPUs its ranks use (GpuDevicesOfRanks),
-// averaged over them: gpu_util (duty cycle %), gpu_power_w, gpu_sm_clock_mhz and gpu_mem_util
-// (memory-bandwidth utilisation %), read at the sample's time.
+// but not running (/proc/<pid>/task/<pid>/schedstat run delay, in ms per second: a throttled or
+// oversubscribed CPU; the other threads, mostly asleep, add wake-up delays that any loaded machine
+// has); cpu_util (CPU seconds per second); tcp_retrans, the TCP segments its sockets retransmitted
+// per second, and tcp_rtt_ms, the median smoothed round-trip time of its TCP sockets that sent
+// data in the last two seconds (both from getsockopt(TCP_INFO) on the rank's own sockets,
+// duplicated with pidfd_getfd: per connection, so a lossy or slow link of one host shows on that
+// host's ranks even where every host of a ring waits alike in the collective). With a
+// GpuMetricsSource (sdk/health/gpu_metrics_source.h: NVML where the host has an NVIDIA driver),
+// also the GPUs its ranks use (GpuDevicesOfRanks), averaged over them: gpu_util (duty cycle %),
+// gpu_power_w, gpu_sm_clock_mhz and gpu_mem_util (memory-bandwidth utilisation %), read at the
+// sample's time.
 //
 // FailSlowMonitor: the coordinator's side: once a second it takes every host's latest record
 // (agents/metrics/<host>), feeds the new ones to a FailSlowDetector and returns its verdicts.
