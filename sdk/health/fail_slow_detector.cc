@@ -41,13 +41,15 @@ std::vector<double> RelativeToScale(const std::vector<double>& values, double fl
 
 std::vector<FailSlowMetric> FailSlowDetector::DefaultMetrics() {
   // The floors: 1 ms of compute per step, 20 ms of run-queue wait per second, 15 retransmitted
-  // segments per second, 5 ms of collective per step, 5% of a CPU: below them, hosts of a loaded
-  // machine differ by scheduling noise alone. Retransmissions: healthy simulated hosts retransmit
-  // 0.4-3 segments a second on loopback, and up to 10 in a job with a CPU-throttled host (slow,
-  // not lossy; bench_fail_slow's 8-host runs), a host losing 5% of its packets 25-30. The slow host
-  // computes longer and waits longer for a CPU; a lossy link retransmits more, while every host of
-  // the ring waits alike in the collective; the slow host waits least in collectives (the others
-  // wait for it).
+  // segments per second, 2 ms of round trip, 5 ms of collective per step, 5% of a CPU: below them,
+  // hosts of a loaded machine differ by scheduling noise alone. Retransmissions: healthy simulated
+  // hosts retransmit 0-3 segments a second on loopback, and up to 10 in a job with a CPU-throttled
+  // host (slow, not lossy; bench_fail_slow's 8-host runs), a host losing 5% of its packets 25-50.
+  // Round trips of active connections: 0.03-0.8 ms on healthy hosts, 3-7.5 ms behind a 2 Mbit/s
+  // link (1 ms and 2 ms name no healthy host in the recorded runs, 0.5 ms one; 4 ms misses the
+  // 8-host slow links). The slow host computes longer and waits longer for a CPU; a lossy link
+  // retransmits more and a slow one answers later, while every host of the ring waits alike in
+  // the collective; the slow host waits least in collectives (the others wait for it).
   // The GPU metrics (collected only where NVML is; absent, they never judge) come right after
   // compute_ms, which any slow host shows: they name the cause when the GPU is it. A throttled
   // (thermal, power) GPU runs at a lower SM clock, draws less power and moves fewer bytes per

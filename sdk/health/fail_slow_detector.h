@@ -113,7 +113,8 @@ class FailSlowDetector {
   // compute_ms per step (step time outside collectives); where NVML is, gpu_sm_clock_mhz,
   // gpu_power_w, gpu_mem_util (lower is worse) and gpu_util (either side); cpu_wait_ms per second
   // (run-queue delay), tcp_retrans per second (TCP segments the host's ranks retransmitted),
-  // collective_ms per step, cpu_util (CPU seconds per second).
+  // tcp_rtt_ms (the median RTT of their active connections), collective_ms per step, cpu_util
+  // (CPU seconds per second).
   static std::vector<FailSlowMetric> DefaultMetrics();
 
   // One second's samples (any order; hosts or metrics missing are filled, see max_fill). Seconds
