@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -76,10 +77,8 @@ std::optional<TcpSocketTotals> ProcessTcpTotals(pid_t pid, int64_t active_ms) {
   // compare this rank's counters with, rather than a rank that retransmits nothing.
   if (!any_readable) return std::nullopt;
   if (!active_rtts_ms.empty()) {
-    const auto mid = active_rtts_ms.begin() + static_cast<ptrdiff_t>(active_rtts_ms.size() / 2);
-    std::nth_element(active_rtts_ms.begin(), mid, active_rtts_ms.end());
     totals.active_sockets = static_cast<int>(active_rtts_ms.size());
-    totals.active_rtt_ms = *mid;
+    totals.active_rtt_ms = UpperMedian(std::move(active_rtts_ms));
   }
   return totals;
 }

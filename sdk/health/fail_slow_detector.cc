@@ -12,15 +12,14 @@
 #include "absl/strings/str_format.h"
 
 namespace trainguard {
-namespace {
 
-// The median of an odd count (element size/2 of the sorted values; for an even count the upper
-// median, which the hosts' median across an even number of hosts is).
 double UpperMedian(std::vector<double> values) {
   const size_t mid = values.size() / 2;
   std::nth_element(values.begin(), values.begin() + static_cast<ptrdiff_t>(mid), values.end());
   return values[mid];
 }
+
+namespace {
 
 // Across-host normalisation: each value over max(the hosts' median, `floor`), the scale. Empty
 // when the scale is not positive (a metric that is zero everywhere and has no floor carries no

@@ -43,6 +43,10 @@
 
 namespace trainguard {
 
+// The median of an odd count (element size/2 of the sorted values); for an even count the upper
+// median, which the hosts' median across an even number of hosts is. REQUIRES: values not empty.
+double UpperMedian(std::vector<double> values);
+
 // One host's value of one metric in one second.
 struct FailSlowSample {
   std::string host;
