@@ -171,7 +171,7 @@ StepScope::StepScope(Runtime& facade, int64_t step)
   runtime.FenceSnapshot();
   if (Watchdog* watchdog = runtime.watchdog(); watchdog != nullptr) {
     watchdog->SetStep(step);
-    watchdog->BeginPhase("step");
+    watchdog->BeginPhase(kStepPhase);
   } else if (runtime.collectives() != nullptr) {
     runtime.collectives()->SetStep(step);
   }

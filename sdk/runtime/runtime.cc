@@ -777,9 +777,8 @@ void RuntimeImpl::PublishWork() {
   record.collective_ns = absl::ToInt64Nanoseconds(collectives_->completed_time());
   record.collective_bytes = collectives_->completed_bytes();
   if (phase_watchdog_ != nullptr) {
-    // The guard's own "step" phase is step_ns already; the trainer's phases inside it are apart.
     for (PhaseTotal& p : phase_watchdog_->PhaseTotals()) {
-      if (p.name != "step") {
+      if (p.name != kStepPhase) {
         record.phase_ns.emplace_back(std::move(p.name), absl::ToInt64Nanoseconds(p.total));
       }
     }

@@ -30,6 +30,10 @@
 
 namespace trainguard {
 
+// The watchdog phase every guarded step is (StepScope opens it; PublishWork leaves it out of the
+// trainer's own phases, since the work record's step_ns is its time already).
+inline constexpr char kStepPhase[] = "step";
+
 class RuntimeImpl final : public Runtime {
  public:
   // Runtime::Create().
