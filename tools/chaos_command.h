@@ -73,13 +73,13 @@ std::vector<PlannedFault> PlanFaults(uint64_t seed, absl::Duration mean_interval
 absl::StatusOr<std::vector<std::pair<std::string, int>>> ParseMix(const std::string& text,
                                                                   bool host_kinds = false);
 
-// Appends to a chaos run's events/chaos.tgev the custom event `what` (attributes what, source=chaos,
-// then `attributes`) for `rank` (-1: the run), stamped now. The one writer of the ground truth, for
-// `trainguard chaos` and bench/bench_chaos_hosts.
 // --mode: "both" -> {"trainguard", "baseline"} (the order they run in), or the one named;
 // InvalidArgument for anything else.
 absl::StatusOr<std::vector<std::string>> ParseModes(const std::string& text);
 
+// Appends to a chaos run's events/chaos.tgev the custom event `what` (attributes what, source=chaos,
+// then `attributes`) for `rank` (-1: the run), stamped now. The one writer of the ground truth, for
+// `trainguard chaos` and bench/bench_chaos_hosts.
 absl::Status AppendChaosEvent(EventLog* events, int rank, const std::string& what,
                               const std::string& message,
                               std::vector<std::pair<std::string, std::string>> attributes);
