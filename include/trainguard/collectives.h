@@ -196,6 +196,10 @@ class CollectiveTracker {
   CollectivePoll Poll(int64_t now_ns);
   // Calls the abort function of every registered communicator not yet aborted; returns how many.
   int AbortCommunicators();
+  // The same for the communicators of `comm_ids` only. A hang aborts those registered when it was
+  // declared: the training thread may leave the hung collective by itself while the hang's
+  // handlers run (a peer died) and register its next generation's communicator, which is healthy.
+  int AbortCommunicators(const std::vector<uint64_t>& comm_ids);
   // Takes back the overdue report of collective `instance` (InFlightCollective::instance): it was
   // found waiting for a peer that is still making progress (WatchdogOptions::peer_progress). The
   // next Poll reports it overdue again while it is, and when it completes its duration teaches its

@@ -157,7 +157,10 @@ void CollectiveTracker::EndOnStream(CollectiveHandle handle, void* stream) {
   impl_->EndOnStream(handle, stream);
 }
 CollectivePoll CollectiveTracker::Poll(int64_t now_ns) { return impl_->Poll(now_ns); }
-int CollectiveTracker::AbortCommunicators() { return impl_->AbortCommunicators(); }
+int CollectiveTracker::AbortCommunicators() { return impl_->AbortCommunicators(nullptr); }
+int CollectiveTracker::AbortCommunicators(const std::vector<uint64_t>& comm_ids) {
+  return impl_->AbortCommunicators(&comm_ids);
+}
 void CollectiveTracker::ExcuseOverdue(uint64_t instance) { impl_->ExcuseOverdue(instance); }
 bool CollectiveTracker::InFlight(uint64_t instance) const { return impl_->InFlight(instance); }
 absl::Duration CollectiveTracker::BoundFor(std::string_view op) const {
@@ -556,7 +559,7 @@ CollectivePoll CollectiveTracker::Impl::Poll(int64_t now_ns) {
   return result;
 }
 
-int CollectiveTracker::Impl::AbortCommunicators() {
+int CollectiveTracker::Impl::AbortCommunicators(const std::vector<uint64_t>* comm_ids) {
   std::vector<std::pair<std::string, std::function<void()>>> aborts;
   {
     MutexLock lock(&comms_mu_);
@@ -564,6 +567,10 @@ int CollectiveTracker::Impl::AbortCommunicators() {
     for (int i = 0; i < used; ++i) {
       Communicator& c = comms_[i];
       if (!c.live.load(std::memory_order_relaxed) || c.aborted || !c.abort) continue;
+      if (comm_ids != nullptr && std::find(comm_ids->begin(), comm_ids->end(),
+                                           c.id.load(std::memory_order_relaxed)) == comm_ids->end()) {
+        continue;
+      }
       c.aborted = true;
       aborts.emplace_back(c.name, c.abort);
     }

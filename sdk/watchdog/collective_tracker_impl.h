@@ -40,7 +40,8 @@ class CollectiveTracker::Impl {
                                  void* stream);
   void EndOnStream(CollectiveHandle handle, void* stream);
   CollectivePoll Poll(int64_t now_ns);
-  int AbortCommunicators();
+  // nullptr: every communicator.
+  int AbortCommunicators(const std::vector<uint64_t>* comm_ids);
   void ExcuseOverdue(uint64_t instance);
   bool InFlight(uint64_t instance) const;
   absl::Duration BoundFor(std::string_view op) const;

@@ -524,6 +524,8 @@ int Watchdog::Impl::Declare(HangReport::Cause cause, const std::optional<FrameVi
   } else {
     report.collective = collectives.oldest;
   }
+  // The communicators this hang aborts: those registered now (AbortCommunicators).
+  std::vector<uint64_t> hung_comms;
   if (tracker_ != nullptr) {
     report.evidence.emplace_back("in_flight_collectives",
                                  absl::StrFormat("%d", collectives.in_flight));
@@ -532,6 +534,7 @@ int Watchdog::Impl::Declare(HangReport::Cause cause, const std::optional<FrameVi
     for (const CommunicatorProgress& p : tracker_->Progress()) {
       report.evidence.emplace_back(absl::StrFormat("comm/%s", p.name),
                                    absl::StrFormat("begun=%d completed=%d", p.begun, p.completed));
+      hung_comms.push_back(p.comm_id);
     }
   }
 
@@ -587,7 +590,7 @@ int Watchdog::Impl::Declare(HangReport::Cause cause, const std::optional<FrameVi
   for (const auto& [name, hook] : hooks) {
     guarded(absl::StrFormat("abort hook \"%s\"", name), hook);
   }
-  if (tracker_ != nullptr) tracker_->AbortCommunicators();
+  if (tracker_ != nullptr) tracker_->AbortCommunicators(hung_comms);
   return 1;
 }
 

@@ -166,6 +166,47 @@ struct WatchedTracker {
   std::unique_ptr<Watchdog> wd;
 };
 
+// While a hang's handlers run (a rank waits for its peers' dumps), the training thread may leave
+// the hung collective by itself (a peer died), rendezvous and register the next generation's
+// communicator. The hang aborts the communicators registered when it was declared, not that one.
+TEST(CollectiveTracker, AHangAbortsOnlyTheCommunicatorsRegisteredWhenItWasDeclared) {
+  WatchedTracker w;
+  std::vector<std::string> aborted;
+  ASSERT_TRUE(w.tracker->RegisterCommunicator(kDp, "dp", [&] { aborted.push_back("dp"); }).ok());
+  constexpr uint64_t kNext = 8;
+  w.wd->AddHangHandler([&](const HangReport&) {
+    ASSERT_TRUE(w.tracker->UnregisterCommunicator(kDp).ok());
+    ASSERT_TRUE(
+        w.tracker->RegisterCommunicator(kNext, "next", [&] { aborted.push_back("next"); }).ok());
+  });
+  w.wd->BeginPhase("train");
+  CollectiveHandle stuck = w.tracker->Begin("all_reduce", kDp, 1024, /*peer=*/1);
+  ASSERT_TRUE(w.RunUntilHang(absl::Seconds(1), absl::Hours(1)).has_value());
+  EXPECT_THAT(aborted, ::testing::IsEmpty())
+      << "dp was unregistered before the abort, and next was registered after the declaration";
+  w.tracker->End(stuck);
+  w.wd->EndPhase();
+  EXPECT_EQ(w.tracker->AbortCommunicators(), 1) << "next is still live and not aborted";
+  EXPECT_THAT(aborted, ::testing::ElementsAre("next"));
+}
+
+// AbortCommunicators(ids) aborts only those, once each.
+TEST(CollectiveTracker, AbortCommunicatorsByIdAbortsThoseOnlyAndOnce) {
+  ManualClock clock;
+  std::unique_ptr<CollectiveTracker> tracker = MakeTracker(&clock);
+  std::vector<uint64_t> aborted;
+  for (uint64_t id : {1, 2}) {
+    ASSERT_TRUE(
+        tracker->RegisterCommunicator(id, absl::StrCat("c", id), [&, id] { aborted.push_back(id); })
+            .ok());
+  }
+  EXPECT_EQ(tracker->AbortCommunicators({2, 9}), 1);
+  EXPECT_THAT(aborted, ::testing::ElementsAre(2));
+  EXPECT_EQ(tracker->AbortCommunicators({2}), 0) << "already aborted";
+  EXPECT_EQ(tracker->AbortCommunicators(), 1);
+  EXPECT_THAT(aborted, ::testing::ElementsAre(2, 1));
+}
+
 TEST(CollectiveTracker, ACollectiveInFlightPastItsBoundIsAHangNamingIt) {
   WatchedTracker w;
   int aborts = 0;
