@@ -192,6 +192,9 @@ struct Child {
   std::string pending;  // output after the last newline
   bool running = true;
   bool killed_for_liveness = false;
+  // The generation in which it took `rank` (0 for a rank it was started with): a hang of an
+  // earlier generation is not this process's.
+  int64_t rank_generation = 0;
   absl::Time started;
   absl::Time stopped_since = absl::InfiniteFuture();  // KillRanksStoppedBeforeFormation
 
@@ -287,9 +290,18 @@ class Job {
   // processes a wrapper command started.
   void KillLeftovers(const Child& child);
   void CheckRecoveries();
+  // Whether every rank completed its first step of `generation` (false when the store does not
+  // answer).
+  bool EveryRankResumed(int64_t generation);
   void KillRanksWithStaleHeartbeats();
   void ReportLaggards();
   void DiagnoseHangs();
+  // A hang declared in `generation` after it was superseded: the store rejects the declaring rank's
+  // writes then (they are fenced), but its dump, whose reason begins "hang: ", is in `dir`. The
+  // hang key's text for it; NotFound when there is no such dump.
+  absl::StatusOr<std::string> SupersededHang(const std::string& dir, int64_t generation) const;
+  // The running process of this host that holds `rank` and is not being killed; nullptr if none.
+  const Child* RunningHolder(int rank) const;
   void RenewGenerationWhenAsked();
   void StopAll(absl::Duration grace);
   void Fail(const std::string& why);
@@ -1101,6 +1113,7 @@ void Job::TryReplacements() {
       Say(absl::StrFormat("%s (pid %d) takes rank %d in generation %d", c->Label(), c->pid,
                           dead.rank, next->generation));
       c->rank = dead.rank;
+      c->rank_generation = next->generation;
       (void)WritePidFile(dead.rank, c->pid);
     }
     recoveries_.push_back({dead.rank, next->generation, dead.died});
@@ -1195,22 +1208,26 @@ void Job::ReportPersistFailures() {
   }
 }
 
+bool Job::EveryRankResumed(int64_t generation) {
+  std::vector<std::string> keys;
+  for (int r = 0; r < world_size_; ++r) {
+    keys.push_back(absl::StrCat("rdzv/gen/", generation, "/resumed/", r));
+  }
+  absl::StatusOr<std::vector<std::optional<std::string>>> values =
+      ranks_store()->MultiGet(keys, kStoreTimeout);
+  if (!values.ok()) return false;
+  for (const auto& v : *values) {
+    if (!v.has_value()) return false;
+  }
+  return true;
+}
+
 void Job::CheckRecoveries() {
   for (auto it = recoveries_.begin(); it != recoveries_.end();) {
     // A second fault before every rank resumed supersedes the generation: this recovery ends when
     // the newest one has resumed.
     it->generation = std::max(it->generation, coordinator_->generation());
-    std::vector<std::string> keys;
-    for (int r = 0; r < world_size_; ++r) {
-      keys.push_back(absl::StrCat("rdzv/gen/", it->generation, "/resumed/", r));
-    }
-    absl::StatusOr<std::vector<std::optional<std::string>>> values =
-        ranks_store()->MultiGet(keys, kStoreTimeout);
-    bool all = values.ok();
-    if (all) {
-      for (const auto& v : *values) all &= v.has_value();
-    }
-    if (!all) {
+    if (!EveryRankResumed(it->generation)) {
       ++it;
       continue;
     }
@@ -1288,6 +1305,29 @@ void Job::ReportLaggards() {
   }
 }
 
+absl::StatusOr<std::string> Job::SupersededHang(const std::string& dir, int64_t generation) const {
+  absl::StatusOr<std::vector<FlightRecorderDump>> dumps = ReadHangDumps(dir, generation);
+  if (!dumps.ok()) return absl::NotFoundError(dumps.status().message());
+  for (const FlightRecorderDump& d : *dumps) {
+    if (d.dumped_at < restarted_at_) continue;  // an earlier incarnation's (--restart-all)
+    for (const auto& [key, value] : d.evidence) {
+      if (key == "reason" && absl::StartsWith(value, "hang: ")) {
+        return absl::StrFormat("rank %d: %s (its dump; generation %d was superseded before it "
+                               "could publish the hang)",
+                               d.rank, value.substr(6), generation);
+      }
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("no hang dump of generation ", generation));
+}
+
+const Child* Job::RunningHolder(int rank) const {
+  for (const auto& c : children_) {
+    if (c->rank == rank && c->running && !c->killed_for_liveness) return c.get();
+  }
+  return nullptr;
+}
+
 // Watches for a hang a rank published, then reads every rank's dump of it (and the live rings of
 // ranks that wrote none, as they were when the hang was seen) and names the suspects
 // (hang_diagnosis.h): the rank that never entered the collective, or that entered it and stalled
@@ -1298,15 +1338,25 @@ void Job::DiagnoseHangs() {
   constexpr absl::Duration kHangDumpGrace = absl::Seconds(3);
   const absl::Time now = absl::Now();
   if (now < next_hang_check_) return;
-  next_hang_check_ = now + absl::Milliseconds(250);
+  next_hang_check_ = now + absl::Milliseconds(100);
   const std::string dir = config_.run_dir + "/flight_recorder";
   if (!pending_hang_.has_value()) {
     const int64_t current = coordinator_->generation();
+    // A generation superseded by the next may still hang: its ranks wait in its collectives until
+    // their bounds run out, and publish the hang then. It has none left to publish once every rank
+    // completed a step of a later one (read before its key, so that a hang published meanwhile is
+    // seen).
+    const bool superseded = hangs_checked_below_ < current && EveryRankResumed(current);
     for (int64_t g = hangs_checked_below_; g <= current; ++g) {
       absl::StatusOr<std::string> who =
           ranks_store()->Get(absl::StrCat("hang/gen", g), absl::Milliseconds(200));
+      if (absl::IsNotFound(who.status()) && g < current && !MultiHost()) {
+        who = SupersededHang(dir, g);
+      }
       if (!who.ok()) {
-        if (absl::IsNotFound(who.status()) && g < current) hangs_checked_below_ = g + 1;
+        if (absl::IsNotFound(who.status()) && g < current && superseded) {
+          hangs_checked_below_ = g + 1;
+        }
         continue;
       }
       Say(absl::StrCat("hang in generation ", g, ": ", *who));
@@ -1332,20 +1382,26 @@ void Job::DiagnoseHangs() {
                  dumps->end());
   }
   const size_t dumped = dumps.ok() ? dumps->size() : 0;
-  // A rank of this host whose process is stopped or gone will never dump: waiting the grace out
-  // for it only delays its replacement.
-  // (A dead process is not counted: its rank may already be its replacement's, which dumps.)
-  std::set<int> silent_ranks;
+  // A rank of this host whose process is stopped will never dump, and neither will one that no
+  // process of the hung generation holds any more (it died; its replacement, if any, took it in a
+  // later generation and watches that one): waiting the grace out for them only delays the
+  // replacement of the suspect.
+  std::set<int> silent_ranks;  // stopped
+  size_t silent = 0;           // stopped, or no longer held by the hung generation's process
   if (!MultiHost() && dumps.ok()) {
     std::set<int> dumped_ranks;
     for (const FlightRecorderDump& d : *dumps) dumped_ranks.insert(d.rank);
-    for (const auto& c : children_) {
-      if (c->rank >= 0 && c->running && dumped_ranks.count(c->rank) == 0 && IsStopped(c->pid)) {
-        silent_ranks.insert(c->rank);
+    for (int rank = 0; rank < world_size_; ++rank) {
+      if (dumped_ranks.count(rank) != 0) continue;
+      const Child* holder = RunningHolder(rank);
+      if (holder != nullptr && IsStopped(holder->pid)) {
+        silent_ranks.insert(rank);
+        ++silent;
+      } else if (holder == nullptr || holder->rank_generation > pending_hang_->generation) {
+        ++silent;
       }
     }
   }
-  const size_t silent = silent_ranks.size();
   if (dumped + silent < static_cast<size_t>(world_size_) &&
       now < pending_hang_->seen + kHangDumpGrace) {
     return;  // some rank is still dumping
@@ -1374,9 +1430,13 @@ void Job::DiagnoseHangs() {
   const int64_t generation = pending_hang_->generation;
   hangs_checked_below_ = generation + 1;
   pending_hang_.reset();
-  // The suspects are replaced like dead ranks, as long as they are a minority and still hold their
-  // ranks in the generation that hung (a replacement may have taken over meanwhile).
-  if (diagnosis.suspects.empty() || coordinator_->generation() != generation) return;
+  // The suspects are replaced like dead ranks, as long as they are a minority and the process that
+  // hung still holds the rank. On one host that is known per process: a hang is often overtaken by
+  // another fault (a rank dies while the others wait for the hung one), and the new generation
+  // then waits for the hung process, which never joins, until its heartbeat runs out. On several
+  // hosts only the coordinator's view is at hand, so the generation must not have moved on.
+  if (diagnosis.suspects.empty()) return;
+  if (MultiHost() && coordinator_->generation() != generation) return;
   if (2 * diagnosis.suspects.size() >= static_cast<size_t>(world_size_)) {
     Say("hang diagnosis: too many suspects to replace; the ranks' own timeouts decide");
     return;
@@ -1391,6 +1451,20 @@ void Job::DiagnoseHangs() {
     }
     for (auto& c : children_) {
       if (c->rank != rank || !c->running || c->killed_for_liveness) continue;
+      if (c->rank_generation > generation) {
+        Say(absl::StrFormat("%s (pid %d) took rank %d after generation %d hung: not its hang",
+                            c->Label(), c->pid, rank, generation));
+        continue;
+      }
+      const int64_t current = coordinator_->generation();
+      if (current != generation &&
+          ranks_store()
+              ->Get(absl::StrCat("rdzv/gen/", current, "/resumed/", rank), kStoreTimeout)
+              .ok()) {
+        Say(absl::StrFormat("%s (pid %d) has trained in generation %d since: not hung", c->Label(),
+                            c->pid, current));
+        continue;
+      }
       Say(absl::StrFormat("%s (pid %d) is the hang's suspect: killing it", c->Label(), c->pid));
       Record(rank, "hang_suspect",
              absl::StrFormat("%s (pid %d) is the suspect of generation %d's hang", c->Label(),
@@ -2118,6 +2192,7 @@ void Job::FollowGeneration() {
       Say(absl::StrFormat("%s (pid %d) takes rank %d in generation %d", c->Label(), c->pid, rank,
                           generation));
       c->rank = rank;
+      c->rank_generation = generation;
       (void)WritePidFile(rank, c->pid);
       if (config_.standby > 0 && group_rank_ >= 0 && CanSpawnStandby()) {
         if (absl::Status s = Spawn(-1, standbys_spawned_); !s.ok()) Say(s.ToString());

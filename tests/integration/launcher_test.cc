@@ -412,6 +412,46 @@ TEST(Launcher, AHungRankIsNamedAsTheLaggardFromTheRanksFlightRecorders) {
   ExpectIdenticalReplicas(job, 3);
 }
 
+// Bounded polling of /proc/<pid>/stat until the process is stopped (state T).
+bool AwaitStopped(pid_t pid) {
+  for (absl::Time end = absl::Now() + kDeadline; absl::Now() < end;) {
+    std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t paren = stat.rfind(')');
+    if (paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T') {
+      return true;
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return false;
+}
+
+// A hang overtaken by a death (what a chaos run met: a kill 1.7 s after a stop): rank 1 stops
+// itself before step 320's allreduce, and rank 3 is SIGKILLed as soon as rank 1 is seen stopped.
+// Rank 3's replacement renews the generation; ranks 0 and 2, still waiting in generation 0's
+// allreduce, declare the hang when their bound runs out, but the store rejects their superseded
+// generation's writes, so the hang is found from their dumps. The stopped rank, which still holds
+// its rank and never joins the new generation, must be replaced all the same: with the heartbeat
+// timeout out of reach, nothing else would, and the job would not end.
+TEST(Launcher, AHangsSuspectIsReplacedThoughAnotherRanksDeathRenewedTheGeneration) {
+  testing::TempDir dir;
+  LauncherJob job(dir, {"--nproc", "4", "--standby", "2", "--heartbeat-timeout", "600"}, 1000, {},
+                  {"--stop-before-collective", "1:320"});
+  ASSERT_TRUE(job.AwaitOutput("step 100 loss")) << job.Output();
+  const pid_t stopped = job.RankPid(1);
+  ASSERT_GT(stopped, 0);
+  ASSERT_TRUE(AwaitStopped(stopped)) << job.Output();
+  ASSERT_EQ(job.Signal(job.RankPid(3), SIGKILL), absl::OkStatus());
+  EXPECT_EQ(job.Wait(), 0) << job.Output();
+  const std::string output = job.Output();
+  EXPECT_THAT(output, ContainsRegex("rank 1 \\(pid [0-9]+\\) is the hang's suspect: killing it"))
+      << output;
+  EXPECT_THAT(output, Not(HasSubstr("has not sent a heartbeat"))) << output;
+  EXPECT_THAT(output, ContainsRegex("takes rank 1 in generation [12]")) << output;
+  EXPECT_THAT(output, ContainsRegex("takes rank 3 in generation [12]")) << output;
+  ExpectIdenticalReplicas(job, 4);
+}
+
 // Rank 2 enters step 320's allreduce and then sleeps inside it: every rank entered the same
 // collective, so the rings alone cannot tell it from the ranks waiting for it. Its training
 // thread's stack, dumped by every rank on the hang, is the odd one out; the launcher names it,
