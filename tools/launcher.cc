@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <memory>
@@ -299,7 +300,7 @@ class Job {
   // A hang declared in `generation` after it was superseded: the store rejects the declaring rank's
   // writes then (they are fenced), but its dump, whose reason begins "hang: ", is in `dir`. The
   // hang key's text for it; NotFound when there is no such dump.
-  absl::StatusOr<std::string> SupersededHang(const std::string& dir, int64_t generation) const;
+  absl::StatusOr<std::string> SupersededHang(const std::string& dir, int64_t generation);
   // The running process of this host that holds `rank` and is not being killed; nullptr if none.
   const Child* RunningHolder(int rank) const;
   void RenewGenerationWhenAsked();
@@ -432,6 +433,15 @@ class Job {
     std::map<int, FlightRecorderContents> live_rings;  // read when the hang was seen
   };
   std::optional<PendingHang> pending_hang_;
+  // What SupersededHang needs of each hang dump it read, by file name.
+  struct DumpSummary {
+    std::pair<int64_t, int64_t> version;  // the file's modification time (ns) and size
+    int rank = -1;
+    int64_t generation = -1;
+    absl::Time dumped_at;
+    std::string hang;  // the hang the dump's reason declares ("hang: <this>"); empty if another
+  };
+  std::map<std::string, DumpSummary> dump_summaries_;
   int64_t hangs_checked_below_ = 0;  // generations below this one have no hang left to look for
   absl::Time next_hang_check_ = absl::InfinitePast();
   // The first request for a new generation seen in the current one (RenewGenerationWhenAsked).
@@ -1305,18 +1315,40 @@ void Job::ReportLaggards() {
   }
 }
 
-absl::StatusOr<std::string> Job::SupersededHang(const std::string& dir, int64_t generation) const {
-  absl::StatusOr<std::vector<FlightRecorderDump>> dumps = ReadHangDumps(dir, generation);
-  if (!dumps.ok()) return absl::NotFoundError(dumps.status().message());
-  for (const FlightRecorderDump& d : *dumps) {
-    if (d.dumped_at < restarted_at_) continue;  // an earlier incarnation's (--restart-all)
-    for (const auto& [key, value] : d.evidence) {
-      if (key == "reason" && absl::StartsWith(value, "hang: ")) {
-        return absl::StrFormat("rank %d: %s (its dump; generation %d was superseded before it "
-                               "could publish the hang)",
-                               d.rank, value.substr(6), generation);
+absl::StatusOr<std::string> Job::SupersededHang(const std::string& dir, int64_t generation) {
+  // Called every poll while a superseded generation is watched: each dump is parsed once (a
+  // replacement reuses its rank's file names, so a name is known by its size and time too).
+  std::error_code error;
+  for (std::filesystem::directory_iterator it(dir, error), end; !error && it != end;
+       it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    if (!absl::StartsWith(name, "rank-") || !absl::EndsWith(name, ".pb")) continue;
+    struct stat st;
+    if (stat(it->path().c_str(), &st) != 0) continue;
+    const std::pair<int64_t, int64_t> version = {
+        int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec, st.st_size};
+    auto known = dump_summaries_.find(name);
+    if (known == dump_summaries_.end() || known->second.version != version) {
+      absl::StatusOr<FlightRecorderDump> dump = ReadFlightRecorderDump(it->path().string());
+      if (!dump.ok()) continue;  // a dump is written whole (renamed into place): not ours to judge
+      DumpSummary summary;
+      summary.version = version;
+      summary.rank = dump->rank;
+      summary.dumped_at = dump->dumped_at;
+      for (const auto& [key, value] : dump->evidence) {
+        if (key == "generation" && !absl::SimpleAtoi(value, &summary.generation)) {
+          summary.generation = -1;
+        }
+        if (key == "reason" && absl::StartsWith(value, "hang: ")) summary.hang = value.substr(6);
       }
+      known = dump_summaries_.insert_or_assign(name, std::move(summary)).first;
     }
+    const DumpSummary& d = known->second;
+    // Dumps written before a restart (--restart-all) are an earlier incarnation's.
+    if (d.generation != generation || d.hang.empty() || d.dumped_at < restarted_at_) continue;
+    return absl::StrFormat("rank %d: %s (its dump; generation %d was superseded before it could "
+                           "publish the hang)",
+                           d.rank, d.hang, generation);
   }
   return absl::NotFoundError(absl::StrCat("no hang dump of generation ", generation));
 }
