@@ -276,7 +276,8 @@ void RuntimeImpl::AnnounceResumed(int64_t step) {
   const int64_t generation = generation_.load();
   announced_generation_ = generation;
   if (store_ == nullptr) return;
-  // Best effort: a launcher that misses it reports no recovery time, nothing else depends on it.
+  // Best effort: a launcher that misses it reports no recovery time and watches the superseded
+  // generations for a late hang until a later generation is announced by every rank.
   (void)store_->Set(absl::StrCat("rdzv/gen/", generation, "/resumed/", rank_), absl::StrCat(step),
                     absl::Milliseconds(options_.rendezvous_timeout_ms));
 }

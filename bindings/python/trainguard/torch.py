@@ -415,8 +415,9 @@ class _AbortThread:
     - the generation was superseded (``rt._c.superseded_generation``: the store rejected this
       rank's heartbeat because a peer died or asked for a re-rendezvous): the peers have left for
       the new generation, and a rank waiting on one of them in a gloo ring would wait forever;
-    - a hang: the watchdog aborts every registered communicator; the one init_process_group
-      registered only queues its id (the watchdog's thread must not wait for the GIL), and this
+    - a hang: the watchdog aborts the communicators registered when it declared the hang (not
+      the next generation's, built meanwhile); the one init_process_group registered only queues
+      its id (the watchdog's thread must not wait for the GIL), and this
       thread, waiting with the GIL released, carries it out.
 
     Started by the first init_process_group on a Runtime; stopped and joined when the Runtime
