@@ -308,6 +308,12 @@ RunAnalysis AnalyzeRun(std::vector<Event> events) {
     // it is recovered by the first step beyond `before` once the launcher recovered from the loss
     // of that host, when it says so.
     absl::Time recovered_from = inject.time;
+    // Nor need a stop: a rank stopped after its last collective of a step lets the others finish
+    // that step, and the job stalls only at the next. It is recovered by the first step beyond
+    // `before` done once the hang was detected.
+    if (f.kind == "stop" && f.detection_latency.has_value()) {
+      recovered_from = inject.time + *f.detection_latency;
+    }
     if (host_fault) {
       for (const Event& e : events) {
         if (e.time >= inject.time && e.time <= until && IsLauncher(e, "recovered") &&

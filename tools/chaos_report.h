@@ -23,7 +23,8 @@
 //                 the ground truth, time to recovery (inject -> the first step done beyond the last
 //                 step done before the fault; for a host fault, done after the launcher's
 //                 recovered event naming the host, when there is one: a step in flight may end
-//                 after the host is cut off), and steps lost (steps done before the fault that
+//                 after the host is cut off; for a stop, done after its detection: a step in flight
+//                 may end after the rank stopped), and steps lost (steps done before the fault that
 //                 were done again after it).
 //                 Evidence is looked for up to 60 s after the injection; an event naming a process
 //                 (attribute pid, with on_host on simulated hosts) that another injection hit is

@@ -127,6 +127,32 @@ TEST(ChaosReport, StepsRolledBackByARestartAreNotKeptAndCountAsLost) {
   EXPECT_EQ(f.steps_lost, 5);                                // 5..9 done again
 }
 
+// A rank stopped after its last collective of step 5 lets the others finish it (at 6 s, 0.25 s after
+// the stop); the job stalls at step 6 until the hang is detected (7.8 s) and the stopped rank is
+// replaced. The recovery is the first step done after the detection, not step 5.
+TEST(ChaosReport, AStopIsRecoveredByTheFirstStepDoneAfterItsDetectionNotTheStepInFlight) {
+  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  AddSteps(events, 0, 4, 1, 0, "100");  // steps 0..4 at 1..5 s
+  events.push_back(Inject(5.75, 1, "stop"));
+  events.push_back(StepDone(6.0, 5, 0, "100"));
+  Event hang;
+  hang.time = At(7.8);
+  hang.rank = 0;
+  hang.type = EventType::kHang;
+  events.push_back(hang);
+  events.push_back(Launcher(8.0, 1, "hang_suspect"));
+  AddSteps(events, 6, 8, 9, 1, "100");  // generation 1: steps 6..8 at 9..11 s
+  events.push_back(Custom(12, -1, "chaos_run_end"));
+
+  const RunAnalysis run = AnalyzeRun(events);
+  ASSERT_EQ(run.faults.size(), 1u);
+  const FaultOutcome& f = run.faults[0];
+  EXPECT_EQ(f.detection_latency, absl::Milliseconds(2050));
+  EXPECT_EQ(f.culprit_named, 1);
+  EXPECT_EQ(f.time_to_recovery, absl::Milliseconds(3250));  // step 6 at 9 s
+  EXPECT_EQ(f.steps_lost, 0);
+}
+
 TEST(ChaosReport, ANansCulpritIsTheRankThatFoundNonFiniteValuesNotTheRanksThatSkippedWithIt) {
   std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
   AddSteps(events, 0, 4, 1, 0, "100");
