@@ -57,12 +57,12 @@
 #include "sdk/watchdog/hang_diagnosis.h"
 #include "tools/fail_slow_dump.h"
 #include "tools/fail_slow_monitor.h"
-#include "trainguard/events.h"
 #include "trainguard/checkpoint.h"
 #include "trainguard/env.h"
+#include "trainguard/events.h"
 #include "trainguard/options.h"
-#include "trainguard/topology.h"
 #include "trainguard/store.h"
+#include "trainguard/topology.h"
 
 extern char** environ;
 
@@ -1346,9 +1346,10 @@ absl::StatusOr<std::string> Job::SupersededHang(const std::string& dir, int64_t 
     const DumpSummary& d = known->second;
     // Dumps written before a restart (--restart-all) are an earlier incarnation's.
     if (d.generation != generation || d.hang.empty() || d.dumped_at < restarted_at_) continue;
-    return absl::StrFormat("rank %d: %s (its dump; generation %d was superseded before it could "
-                           "publish the hang)",
-                           d.rank, d.hang, generation);
+    return absl::StrFormat(
+        "rank %d: %s (its dump; generation %d was superseded before it could "
+        "publish the hang)",
+        d.rank, d.hang, generation);
   }
   return absl::NotFoundError(absl::StrCat("no hang dump of generation ", generation));
 }

@@ -567,8 +567,9 @@ int CollectiveTracker::Impl::AbortCommunicators(const std::vector<uint64_t>* com
     for (int i = 0; i < used; ++i) {
       Communicator& c = comms_[i];
       if (!c.live.load(std::memory_order_relaxed) || c.aborted || !c.abort) continue;
-      if (comm_ids != nullptr && std::find(comm_ids->begin(), comm_ids->end(),
-                                           c.id.load(std::memory_order_relaxed)) == comm_ids->end()) {
+      if (comm_ids != nullptr &&
+          std::find(comm_ids->begin(), comm_ids->end(), c.id.load(std::memory_order_relaxed)) ==
+              comm_ids->end()) {
         continue;
       }
       c.aborted = true;

@@ -127,9 +127,9 @@ TEST(ChaosReport, StepsRolledBackByARestartAreNotKeptAndCountAsLost) {
   EXPECT_EQ(f.steps_lost, 5);                                // 5..9 done again
 }
 
-// A rank stopped after its last collective of step 5 lets the others finish it (at 6 s, 0.25 s after
-// the stop); the job stalls at step 6 until the hang is detected (7.8 s) and the stopped rank is
-// replaced. The recovery is the first step done after the detection, not step 5.
+// A rank stopped after its last collective of step 5 lets the others finish it (at 6 s, 0.25 s
+// after the stop); the job stalls at step 6 until the hang is detected (7.8 s) and the stopped rank
+// is replaced. The recovery is the first step done after the detection, not step 5.
 TEST(ChaosReport, AStopIsRecoveredByTheFirstStepDoneAfterItsDetectionNotTheStepInFlight) {
   std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
   AddSteps(events, 0, 4, 1, 0, "100");  // steps 0..4 at 1..5 s
