@@ -302,7 +302,7 @@ class Job {
   // hang key's text for it; NotFound when there is no such dump.
   absl::StatusOr<std::string> SupersededHang(const std::string& dir, int64_t generation);
   // The running process of this host that holds `rank` and is not being killed; nullptr if none.
-  const Child* RunningHolder(int rank) const;
+  Child* RunningHolder(int rank);
   void RenewGenerationWhenAsked();
   void StopAll(absl::Duration grace);
   void Fail(const std::string& why);
@@ -1322,7 +1322,7 @@ absl::StatusOr<std::string> Job::SupersededHang(const std::string& dir, int64_t 
   for (std::filesystem::directory_iterator it(dir, error), end; !error && it != end;
        it.increment(error)) {
     const std::string name = it->path().filename().string();
-    if (!absl::StartsWith(name, "rank-") || !absl::EndsWith(name, ".pb")) continue;
+    if (!ParseDumpName(name).has_value()) continue;
     struct stat st;
     if (stat(it->path().c_str(), &st) != 0) continue;
     const std::pair<int64_t, int64_t> version = {
@@ -1335,11 +1335,10 @@ absl::StatusOr<std::string> Job::SupersededHang(const std::string& dir, int64_t 
       summary.version = version;
       summary.rank = dump->rank;
       summary.dumped_at = dump->dumped_at;
-      for (const auto& [key, value] : dump->evidence) {
-        if (key == "generation" && !absl::SimpleAtoi(value, &summary.generation)) {
-          summary.generation = -1;
-        }
-        if (key == "reason" && absl::StartsWith(value, "hang: ")) summary.hang = value.substr(6);
+      summary.generation = DumpGeneration(*dump);
+      std::optional<std::string> reason = EvidenceOf(*dump, "reason");
+      if (reason.has_value() && absl::StartsWith(*reason, "hang: ")) {
+        summary.hang = reason->substr(6);
       }
       known = dump_summaries_.insert_or_assign(name, std::move(summary)).first;
     }
@@ -1354,7 +1353,7 @@ absl::StatusOr<std::string> Job::SupersededHang(const std::string& dir, int64_t 
   return absl::NotFoundError(absl::StrCat("no hang dump of generation ", generation));
 }
 
-const Child* Job::RunningHolder(int rank) const {
+Child* Job::RunningHolder(int rank) {
   for (const auto& c : children_) {
     if (c->rank == rank && c->running && !c->killed_for_liveness) return c.get();
   }
@@ -1482,30 +1481,29 @@ void Job::DiagnoseHangs() {
       }
       continue;
     }
-    for (auto& c : children_) {
-      if (c->rank != rank || !c->running || c->killed_for_liveness) continue;
-      if (c->rank_generation > generation) {
-        Say(absl::StrFormat("%s (pid %d) took rank %d after generation %d hung: not its hang",
-                            c->Label(), c->pid, rank, generation));
-        continue;
-      }
-      const int64_t current = coordinator_->generation();
-      if (current != generation &&
-          ranks_store()
-              ->Get(absl::StrCat("rdzv/gen/", current, "/resumed/", rank), kStoreTimeout)
-              .ok()) {
-        Say(absl::StrFormat("%s (pid %d) has trained in generation %d since: not hung", c->Label(),
-                            c->pid, current));
-        continue;
-      }
-      Say(absl::StrFormat("%s (pid %d) is the hang's suspect: killing it", c->Label(), c->pid));
-      Record(rank, "hang_suspect",
-             absl::StrFormat("%s (pid %d) is the suspect of generation %d's hang", c->Label(),
-                             c->pid, generation),
-             {{"pid", absl::StrCat(c->pid)}});
-      c->killed_for_liveness = true;
-      SignalGroup(*c, SIGKILL);  // reaped and replaced like any dead rank
+    Child* c = RunningHolder(rank);
+    if (c == nullptr) continue;
+    if (c->rank_generation > generation) {
+      Say(absl::StrFormat("%s (pid %d) took rank %d after generation %d hung: not its hang",
+                          c->Label(), c->pid, rank, generation));
+      continue;
     }
+    const int64_t current = coordinator_->generation();
+    if (current != generation &&
+        ranks_store()
+            ->Get(absl::StrCat("rdzv/gen/", current, "/resumed/", rank), kStoreTimeout)
+            .ok()) {
+      Say(absl::StrFormat("%s (pid %d) has trained in generation %d since: not hung", c->Label(),
+                          c->pid, current));
+      continue;
+    }
+    Say(absl::StrFormat("%s (pid %d) is the hang's suspect: killing it", c->Label(), c->pid));
+    Record(rank, "hang_suspect",
+           absl::StrFormat("%s (pid %d) is the suspect of generation %d's hang", c->Label(), c->pid,
+                           generation),
+           {{"pid", absl::StrCat(c->pid)}});
+    c->killed_for_liveness = true;
+    SignalGroup(*c, SIGKILL);  // reaped and replaced like any dead rank
   }
 }
 

@@ -23,9 +23,8 @@
 #include "sdk/watchdog/stack_trace.h"
 
 namespace trainguard {
-namespace {
 
-std::optional<std::string> Evidence(const FlightRecorderDump& dump, absl::string_view key) {
+std::optional<std::string> EvidenceOf(const FlightRecorderDump& dump, absl::string_view key) {
   for (const auto& [k, v] : dump.evidence) {
     if (k == key) return v;
   }
@@ -34,13 +33,12 @@ std::optional<std::string> Evidence(const FlightRecorderDump& dump, absl::string
 
 int64_t DumpGeneration(const FlightRecorderDump& dump) {
   int64_t generation = -1;
-  if (std::optional<std::string> g = Evidence(dump, "generation"); g.has_value()) {
+  if (std::optional<std::string> g = EvidenceOf(dump, "generation"); g.has_value()) {
     if (!absl::SimpleAtoi(*g, &generation)) generation = -1;
   }
   return generation;
 }
 
-// "rank-00002.3.pb" -> (2, 3); nullopt for any other name.
 std::optional<std::pair<int, int64_t>> ParseDumpName(absl::string_view name) {
   int rank = -1;
   int64_t number = -1;
@@ -55,15 +53,17 @@ std::optional<std::pair<int, int64_t>> ParseDumpName(absl::string_view name) {
   return std::make_pair(rank, number);
 }
 
+namespace {
+
 // The rank's training thread (the dump's "step_thread", else the main thread, whose tid is the
 // process id): its frames, or one pseudo-frame saying why there are none.
 std::vector<std::string> TrainingThreadFrames(const FlightRecorderDump& dump) {
-  std::optional<std::string> text = Evidence(dump, "stacks");
+  std::optional<std::string> text = EvidenceOf(dump, "stacks");
   if (!text.has_value()) return {"(no stacks in the dump)"};
   absl::StatusOr<std::vector<ThreadStack>> stacks = ParseThreadStacks(*text);
   if (!stacks.ok()) return {absl::StrCat("(unreadable stacks: ", stacks.status().message(), ")")};
   int tid = dump.contents.writer_pid;
-  if (std::optional<std::string> step_thread = Evidence(dump, "step_thread");
+  if (std::optional<std::string> step_thread = EvidenceOf(dump, "step_thread");
       step_thread.has_value()) {
     int parsed = 0;
     if (absl::SimpleAtoi(*step_thread, &parsed) && parsed > 0) tid = parsed;

@@ -30,10 +30,13 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "sdk/watchdog/flight_recorder.h"
 
 namespace trainguard {
@@ -77,6 +80,14 @@ struct HangDiagnosis {
 std::string FrameSignature(const std::string& frame);
 // The module of such a frame, without its directory or offset: "libfoo.so"; "?" when unknown.
 std::string FrameModule(const std::string& frame);
+
+// A dump's value of evidence `key` (the first such entry); nullopt when it has none.
+std::optional<std::string> EvidenceOf(const FlightRecorderDump& dump, absl::string_view key);
+// The generation a dump's "generation" evidence names; -1 when it names none.
+int64_t DumpGeneration(const FlightRecorderDump& dump);
+// A dump's file name as Runtime writes it: "rank-00002.3.pb" -> (rank 2, dump 3); nullopt for any
+// other name.
+std::optional<std::pair<int, int64_t>> ParseDumpName(absl::string_view name);
 
 // Reads the dumps (*.pb, as Runtime names them) in `dir` and keeps, per rank, the newest one (by
 // dump number) of `generation`; generation -1 picks the newest generation any dump names. NotFound
