@@ -86,11 +86,14 @@ bool IsStickyCudaError(int code);
 }  // namespace trainguard
 
 // Evaluates a CUDA runtime call; on failure throws trainguard::DeviceError naming the call and
-// location.
+// location. The failure is also taken out of the thread's last-error slot (cudaGetLastError), where
+// CUDA leaves a non-sticky error such as an out-of-memory: otherwise the next step's first launch
+// check would report it again and fail a step that did nothing wrong.
 #define TRAINGUARD_CUDA_CHECK(expr)                                                             \
   do {                                                                                          \
     const cudaError_t trainguard_cuda_status_ = (expr);                                         \
     if (trainguard_cuda_status_ != cudaSuccess) {                                               \
+      (void)cudaGetLastError();                                                                 \
       ::trainguard::ThrowCudaError(                                                             \
           static_cast<int>(trainguard_cuda_status_), cudaGetErrorName(trainguard_cuda_status_), \
           cudaGetErrorString(trainguard_cuda_status_), #expr, __FILE__, __LINE__);              \

@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/fault_kernels.h"
+#include "tests/gpu/spin_kernel.h"
 #include "trainguard/sdk.h"
 
 namespace trainguard {
@@ -34,7 +35,7 @@ std::unique_ptr<sdk::Runtime> MakeRuntime() {
   return *std::move(rt);
 }
 
-TEST(CudaGuard, OutOfMemoryIsARecoverableStepFailure) {
+TEST(CudaGuard, OutOfMemoryIsARecoverableStepFailureAndTheNextStepRuns) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   auto rt = MakeRuntime();
   sdk::StepResult r = sdk::guard(*rt, 0, [] {
@@ -45,6 +46,13 @@ TEST(CudaGuard, OutOfMemoryIsARecoverableStepFailure) {
   EXPECT_EQ(r.Evidence("sticky"), "false");
   EXPECT_EQ(r.Evidence("cuda_error"), std::to_string(static_cast<int>(cudaErrorMemoryAllocation)));
   EXPECT_FALSE(rt->fatal());
+  // CUDA keeps the refused allocation in the thread's last-error slot; the guard's macro must clear
+  // it, or the retried step's first launch check fails with the old out-of-memory.
+  sdk::StepResult retry = sdk::guard(*rt, 0, [] {
+    TRAINGUARD_CUDA_CHECK(testing::LaunchNoop(nullptr));
+    TRAINGUARD_CUDA_CHECK(cudaDeviceSynchronize());
+  });
+  EXPECT_TRUE(retry.ok()) << retry.Evidence("what");
 }
 
 // Must run last in the process: it destroys the CUDA context for good.
