@@ -1,0 +1,192 @@
+// The Snapshotter with device state (CUDA): a whole snapshot of GPU buffers (Begin + Fence: the
+// device-to-host copies into the pinned arena, chunk by chunk on the snapshot stream, and the
+// checksums) against the baseline of one cudaMemcpyAsync per buffer into a pinned host buffer of the
+// same size, in the same process. Both count the state's bytes once. The snapshot runs with the
+// default copy_threads and chunk_bytes, then with more threads and larger chunks.
+//
+//   build/default/bench/bench_checkpoint --benchmark_filter='Device|ChunkChecksum'
+//
+// Without a CUDA device each benchmark reports "no CUDA device".
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
+#include "benchmark/benchmark.h"
+#include "xxh_x86dispatch.h"
+#include "xxhash.h"
+#include "sdk/checkpoint/snapshotter.h"
+#include "trainguard/checkpoint.h"
+
+namespace {
+
+using trainguard::Device;
+using trainguard::DType;
+using trainguard::Snapshotter;
+using trainguard::SnapshotterOptions;
+using trainguard::StateBuffer;
+using trainguard::StateRegistry;
+
+constexpr int kDeviceBuffers = 16;
+
+// `bytes` of device state in kDeviceBuffers buffers, filled with a pattern; empty on failure.
+class DeviceState {
+ public:
+  explicit DeviceState(size_t bytes) : bytes_per_buffer_(bytes / kDeviceBuffers) {
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+      (void)cudaGetLastError();
+      error_ = "no CUDA device";
+      return;
+    }
+    for (int b = 0; b < kDeviceBuffers; ++b) {
+      void* p = nullptr;
+      if (cudaMalloc(&p, bytes_per_buffer_) != cudaSuccess ||
+          cudaMemset(p, b + 1, bytes_per_buffer_) != cudaSuccess) {
+        (void)cudaGetLastError();
+        error_ = "cudaMalloc or cudaMemset failed";
+        return;
+      }
+      buffers_.push_back(p);
+      (void)registry_.Register(StateBuffer{absl::StrFormat("layer%d.weight", b),
+                                           "model",
+                                           p,
+                                           bytes_per_buffer_,
+                                           DType::kU8,
+                                           {static_cast<int64_t>(bytes_per_buffer_)},
+                                           Device::Cuda(0)});
+    }
+    if (cudaDeviceSynchronize() != cudaSuccess) error_ = "cudaDeviceSynchronize failed";
+  }
+  ~DeviceState() {
+    for (void* p : buffers_) cudaFree(p);
+  }
+  const char* error() const { return error_; }
+  StateRegistry* registry() { return &registry_; }
+  void* buffer(int b) { return buffers_[b]; }
+  size_t bytes_per_buffer() const { return bytes_per_buffer_; }
+
+ private:
+  const size_t bytes_per_buffer_;
+  std::vector<void*> buffers_;
+  StateRegistry registry_;
+  const char* error_ = nullptr;
+};
+
+// A whole snapshot of device state: Begin + Fence.
+void BM_SnapshotDeviceBeginToFence(benchmark::State& state) {
+  const size_t bytes = state.range(0);
+  DeviceState device(bytes);
+  if (device.error() != nullptr) {
+    state.SkipWithError(device.error());
+    return;
+  }
+  SnapshotterOptions options;
+  options.job_id = absl::StrFormat("bench-device-%d", getpid());
+  options.rank = static_cast<int>(state.range(1));
+  options.copy_threads = static_cast<int>(state.range(2));
+  options.chunk_bytes = static_cast<size_t>(state.range(3)) << 20;
+  absl::StatusOr<std::unique_ptr<Snapshotter>> snapshotter =
+      Snapshotter::Create(device.registry(), options);
+  if (!snapshotter.ok()) {
+    state.SkipWithError(snapshotter.status().ToString().c_str());
+    return;
+  }
+  int64_t step = 0;
+  for (auto _ : state) {
+    if (!(*snapshotter)->Begin(++step).ok() || !(*snapshotter)->Fence(absl::Minutes(2)).ok()) {
+      state.SkipWithError("snapshot failed");
+      break;
+    }
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(bytes));
+  snapshotter->reset();
+  (void)Snapshotter::RemoveArena(options.job_id, options.rank);
+}
+
+// The baseline: the same buffers copied device-to-host into one pinned buffer, one stream.
+void BM_DeviceToPinnedMemcpy(benchmark::State& state) {
+  const size_t bytes = state.range(0);
+  DeviceState device(bytes);
+  if (device.error() != nullptr) {
+    state.SkipWithError(device.error());
+    return;
+  }
+  void* pinned = nullptr;
+  cudaStream_t stream = nullptr;
+  if (cudaHostAlloc(&pinned, bytes, cudaHostAllocDefault) != cudaSuccess ||
+      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+    state.SkipWithError("cudaHostAlloc or cudaStreamCreate failed");
+    return;
+  }
+  for (auto _ : state) {
+    char* out = static_cast<char*>(pinned);
+    for (int b = 0; b < kDeviceBuffers; ++b) {
+      cudaMemcpyAsync(out, device.buffer(b), device.bytes_per_buffer(), cudaMemcpyDeviceToHost,
+                      stream);
+      out += device.bytes_per_buffer();
+    }
+    if (cudaStreamSynchronize(stream) != cudaSuccess) {
+      state.SkipWithError("cudaMemcpyAsync failed");
+      break;
+    }
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(bytes));
+  cudaStreamDestroy(stream);
+  cudaFreeHost(pinned);
+}
+
+// What bounds a snapshot besides the copy: the XXH3-64 checksum of every chunk, on one thread, over
+// host memory (the snapshot runs copy_threads of them); XXH3_64bits, then libxxhash's runtime
+// dispatch to the widest vector unit (the same hash).
+void BM_ChunkChecksumOneThread(benchmark::State& state) {
+  const size_t bytes = state.range(0);
+  const size_t chunk = size_t{4} << 20;
+  std::unique_ptr<char[]> host(new char[bytes]);
+  std::memset(host.get(), 7, bytes);
+  uint64_t sum = 0;
+  for (auto _ : state) {
+    for (size_t at = 0; at < bytes; at += chunk) {
+      sum += state.range(1) == 0 ? XXH3_64bits(host.get() + at, chunk)
+                                 : XXH3_64bits_dispatch(host.get() + at, chunk);
+    }
+  }
+  benchmark::DoNotOptimize(sum);
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(bytes));
+}
+BENCHMARK(BM_ChunkChecksumOneThread)
+    ->ArgNames({"bytes", "dispatch"})
+    ->Args({int64_t{1} << 30, 0})
+    ->Args({int64_t{1} << 30, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(5);
+
+// {bytes, rank (a distinct arena per shape), copy_threads, chunk MiB}: the defaults (4 threads, 4 MiB
+// chunks) at each size, then more threads and larger chunks at 1 GiB.
+BENCHMARK(BM_SnapshotDeviceBeginToFence)
+    ->ArgNames({"bytes", "rank", "copy_threads", "chunk_mib"})
+    ->Args({64 << 20, 10, 4, 4})
+    ->Args({int64_t{1} << 30, 11, 4, 4})
+    ->Args({int64_t{4} << 30, 12, 4, 4})
+    ->Args({int64_t{1} << 30, 13, 8, 4})
+    ->Args({int64_t{1} << 30, 14, 16, 4})
+    ->Args({int64_t{1} << 30, 15, 4, 16})
+    ->Args({int64_t{1} << 30, 16, 16, 16})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(5);
+BENCHMARK(BM_DeviceToPinnedMemcpy)
+    ->Args({64 << 20})
+    ->Args({int64_t{1} << 30})
+    ->Args({int64_t{4} << 30})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(5);
+
+}  // namespace
