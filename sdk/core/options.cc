@@ -199,6 +199,9 @@ void ApplySetFields(const OptionsProto& proto, Options& options) {
   if (proto.has_checkpoint_persist_every()) {
     options.checkpoint_persist_every = proto.checkpoint_persist_every();
   }
+  if (proto.has_checkpoint_copy_threads()) {
+    options.checkpoint_copy_threads = proto.checkpoint_copy_threads();
+  }
   if (proto.has_watchdog_poll_ms()) {
     options.watchdog_poll_ms = proto.watchdog_poll_ms();
   }
@@ -408,6 +411,14 @@ absl::Status CheckCheckpointAndWatchdog(const Options& options) {
   }
   if (absl::Status s = CheckAtLeast("checkpoint_persist_every", options.checkpoint_persist_every, 0); !s.ok()) {
     return s;
+  }
+  if (absl::Status s = CheckAtLeast("checkpoint_copy_threads", options.checkpoint_copy_threads, 1);
+      !s.ok()) {
+    return s;
+  }
+  if (options.checkpoint_copy_threads > 256) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint_copy_threads must be <= 256, got ",
+                                                   options.checkpoint_copy_threads));
   }
   if (absl::Status s = CheckAtLeast("backup_copies", options.backup_copies, 1); !s.ok()) {
     return s;

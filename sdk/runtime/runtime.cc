@@ -889,6 +889,7 @@ absl::Status RuntimeImpl::EnsureCheckpointer() {
                                           : options_.checkpoint_dir;
   o.keep_last = options_.checkpoint_keep_last;
   o.persist_every = options_.checkpoint_persist_every;
+  o.copy_threads = options_.checkpoint_copy_threads;
   o.store = store_;
   o.env = options_.env;
   o.timeout = absl::Milliseconds(options_.rendezvous_timeout_ms);

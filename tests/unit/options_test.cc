@@ -143,6 +143,7 @@ TEST_F(OptionsTest, TextprotoFileSetsEveryField) {
     max_consecutive_step_failures: 0
     checkpoint_dir: "/scratch/ckpt"
     checkpoint_every_steps: 50
+    checkpoint_copy_threads: 16
     watchdog_floor_ms: 500
   )pb");
   absl::StatusOr<Options> options = Options::FromTextprotoFile(path);
@@ -159,6 +160,7 @@ TEST_F(OptionsTest, TextprotoFileSetsEveryField) {
   EXPECT_EQ(options->max_consecutive_step_failures, 0);
   EXPECT_EQ(options->checkpoint_dir, "/scratch/ckpt");
   EXPECT_EQ(options->checkpoint_every_steps, 50);
+  EXPECT_EQ(options->checkpoint_copy_threads, 16);
   EXPECT_EQ(options->watchdog_floor_ms, 500);
 }
 
@@ -473,6 +475,10 @@ TEST_F(OptionsTest, ValidateRejectsEachInvalidFieldNamingItAndItsValue) {
        "checkpoint_every_steps must be >= 0, got -5"},
       {"checkpoint_keep_last zero", [](Options& o) { o.checkpoint_keep_last = 0; },
        "checkpoint_keep_last must be >= 1, got 0"},
+      {"no checkpoint copy thread", [](Options& o) { o.checkpoint_copy_threads = 0; },
+       "checkpoint_copy_threads must be >= 1, got 0"},
+      {"too many checkpoint copy threads", [](Options& o) { o.checkpoint_copy_threads = 257; },
+       "checkpoint_copy_threads must be <= 256, got 257"},
       {"watchdog factor below one", [](Options& o) { o.watchdog_bound_factor_pct = 50; },
        "watchdog_bound_factor_pct must be >= 100, got 50"},
       {"watchdog warm-up bound below the floor",
