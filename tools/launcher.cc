@@ -70,6 +70,9 @@ namespace trainguard::tools {
 namespace {
 
 constexpr absl::Duration kStoreTimeout = absl::Seconds(10);
+// A rank's heartbeat (every heartbeat_interval_ms, 1 s by default) that stood still this long
+// means its process is not running: a hang's diagnosis stops waiting for its dump (several hosts).
+constexpr absl::Duration kSilentHeartbeat = absl::Milliseconds(2500);
 // A rank that lives this long after taking its rank (a standby: after starting) is not in a crash
 // loop: its next death is replaced at once again.
 constexpr absl::Duration kHealthyRun = absl::Seconds(60);
@@ -431,6 +434,7 @@ class Job {
     int64_t generation;
     absl::Time seen;
     std::map<int, FlightRecorderContents> live_rings;  // read when the hang was seen
+    std::set<int> heartbeat_silent;  // ranks already said to send no heartbeat (several hosts)
   };
   std::optional<PendingHang> pending_hang_;
   // What SupersededHang needs of each hang dump it read, by file name.
@@ -1392,7 +1396,7 @@ void Job::DiagnoseHangs() {
         continue;
       }
       Say(absl::StrCat("hang in generation ", g, ": ", *who));
-      PendingHang hang{g, now, {}};
+      PendingHang hang{g, now, {}, {}};
       for (int r = 0; r < world_size_; ++r) {
         absl::StatusOr<FlightRecorderContents> ring = ReadFlightRecorder(RanksJobId(), r);
         if (ring.ok()) hang.live_rings[r] = *std::move(ring);
@@ -1418,11 +1422,35 @@ void Job::DiagnoseHangs() {
   // process of the hung generation holds any more (it died; its replacement, if any, took it in a
   // later generation and watches that one): waiting the grace out for them only delays the
   // replacement of the suspect.
-  std::set<int> silent_ranks;  // stopped
-  size_t silent = 0;           // stopped, or no longer held by the hung generation's process
-  if (!MultiHost() && dumps.ok()) {
-    std::set<int> dumped_ranks;
+  std::set<int> silent_ranks;  // not running: stopped, or sending no heartbeat
+  size_t silent = 0;           // not running, or no longer held by the hung generation's process
+  std::set<int> dumped_ranks;
+  if (dumps.ok()) {
     for (const FlightRecorderDump& d : *dumps) dumped_ranks.insert(d.rank);
+  }
+  if (MultiHost() && dumps.ok() && coordinator_->generation() == pending_hang_->generation) {
+    // Other hosts' processes are out of sight, but every rank's heartbeat thread writes to the
+    // store every heartbeat_interval_ms (1 s by default) while the process runs, hung training
+    // thread or not: a rank whose heartbeat stood still for kSilentHeartbeat is stopped or frozen
+    // whole, and will not dump either.
+    absl::StatusOr<std::vector<int>> quiet = coordinator_->RanksWithStaleHeartbeats(
+        std::min(config_.heartbeat_timeout, kSilentHeartbeat), kStoreTimeout);
+    if (quiet.ok()) {
+      for (int rank : *quiet) {
+        if (dumped_ranks.count(rank) != 0) continue;
+        silent_ranks.insert(rank);
+        ++silent;
+        if (pending_hang_->heartbeat_silent.insert(rank).second) {
+          Say(absl::StrFormat("hang diagnosis: rank %d has sent no heartbeat for %s: it will not "
+                              "dump",
+                              rank,
+                              absl::FormatDuration(
+                                  std::min(config_.heartbeat_timeout, kSilentHeartbeat))));
+        }
+      }
+    }
+  }
+  if (!MultiHost() && dumps.ok()) {
     for (int rank = 0; rank < world_size_; ++rank) {
       if (dumped_ranks.count(rank) != 0) continue;
       const Child* holder = RunningHolder(rank);
@@ -1443,16 +1471,18 @@ void Job::DiagnoseHangs() {
   evidence.live_rings = std::move(pending_hang_->live_rings);
   evidence.world_size = world_size_;
   HangDiagnosis diagnosis = DiagnoseHang(evidence);
-  // A process that is stopped cannot be making progress: among the suspects, those are the ones.
+  // A process that is not running cannot be making progress: among the suspects, those are the
+  // ones.
   if (!silent_ranks.empty()) {
     std::vector<int> stopped;
     for (int rank : diagnosis.suspects) {
       if (silent_ranks.count(rank) != 0) stopped.push_back(rank);
     }
     if (!stopped.empty() && stopped.size() < diagnosis.suspects.size()) {
-      Say(absl::StrFormat("hang diagnosis: of the suspects, rank(s) %s are stopped (SIGSTOP): "
+      Say(absl::StrFormat("hang diagnosis: of the suspects, rank(s) %s are not running (%s): "
                           "they are the ones replaced",
-                          absl::StrJoin(stopped, ",")));
+                          absl::StrJoin(stopped, ","),
+                          MultiHost() ? "no heartbeat" : "stopped, SIGSTOP"));
       diagnosis.suspects = stopped;
     }
   }

@@ -199,7 +199,9 @@ TEST(Chaos, OnSimulatedHostsAKilledHostAHangAndAPartitionedHostAreDetectedNamedA
   std::filesystem::create_directories(TRAINGUARD_SHARED_TMP);
   const pid_t pid = testing::SpawnWithOutput(
       {TRAINGUARD_BENCH_CHAOS_HOSTS_PATH, "--duration", "40s", "--faults",
-       "5s:host_kill:2,14s:stop:1,24s:partition:2", "--run-dir", dir, "--mode", "trainguard"},
+       "5s:host_kill:2,14s:stop:1,24s:partition:2", "--run-dir", dir, "--mode", "trainguard",
+       // Only the hang's diagnosis replaces the stopped rank, never its heartbeat's timeout.
+       "--heartbeat-timeout", "600"},
       dir + ".out", {});
   ASSERT_GT(pid, 0);
   const absl::Time give_up = absl::Now() + absl::Minutes(5);
@@ -235,6 +237,10 @@ TEST(Chaos, OnSimulatedHostsAKilledHostAHangAndAPartitionedHostAreDetectedNamedA
         << f.culprit_named.value_or(-1) << "\n"
         << context;
   }
+  // The coordinator cannot see another host's processes: it knew the stopped rank would never dump
+  // from its heartbeat, which stood still, instead of waiting out the dumps' grace.
+  EXPECT_THAT(context, HasSubstr("hang diagnosis: rank 1 has sent no heartbeat for 2.5s: it will "
+                                 "not dump"));
 }
 #endif
 
