@@ -328,6 +328,31 @@ TEST_F(SnapshotterTest, AFlippedByteInTheArenaFailsRestoreWithDataLossAndLeavesB
   EXPECT_TRUE(state.Holds(4)) << "a failed restore must not touch the buffers";
 }
 
+// A restore verifies its chunks on several threads (here 2: 9 chunks, at least 4 each), each
+// stopping at its first corrupt chunk: the error names the lowest corrupt chunk whichever thread
+// finishes first.
+TEST_F(SnapshotterTest, CorruptChunksInEveryVerifyingThreadsRangeNameTheFirstOfThem) {
+  TrainerState state;
+  state.FillAll(3);
+  StateRegistry registry = state.MakeRegistry();
+  std::unique_ptr<Snapshotter> snapshotter = MustCreate(&registry);
+  ASSERT_NE(snapshotter, nullptr);
+  ASSERT_TRUE(snapshotter->Begin(3).ok());
+  ASSERT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
+  {
+    ArenaMapping arena(arena_name());
+    const int latest = arena.LatestCompleteSlot();
+    ASSERT_GE(latest, 0);
+    arena.payload(latest)[7 * kChunk + 100] ^= 0x01;  // layer1.weight's last full chunk
+    arena.payload(latest)[1 * kChunk + 5] ^= 0x01;    // layer0.weight's second chunk
+  }
+  absl::StatusOr<SnapshotInfo> restored = snapshotter->RestoreLatest(&registry);
+  EXPECT_EQ(restored.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(restored.status().message(), HasSubstr("chunk 1 (payload offset 1048576"));
+  EXPECT_THAT(restored.status().message(), HasSubstr("buffer \"layer0.weight\" offset 1048576"));
+  EXPECT_TRUE(state.Holds(3));
+}
+
 TEST_F(SnapshotterTest, RestoringIntoARegistryOfAnotherLayoutIsRefused) {
   TrainerState state;
   state.FillAll(3);
