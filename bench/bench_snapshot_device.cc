@@ -1,7 +1,8 @@
 // The Snapshotter with device state (CUDA): a whole snapshot of GPU buffers (Begin + Fence: the
 // device-to-host copies into the pinned arena, chunk by chunk on the snapshot stream, and the
 // checksums) against the baseline of one cudaMemcpyAsync per buffer into a pinned host buffer of the
-// same size, in the same process. Both count the state's bytes once. The snapshot runs with the
+// same size, in the same process; and a restore (verify every chunk, copy back to the GPU) against
+// the host-to-device copy. All count the state's bytes once. The snapshot runs with the
 // default copy_threads and chunk_bytes, then with more threads and larger chunks.
 //
 //   build/default/bench/bench_checkpoint --benchmark_filter='Device|ChunkChecksum'
@@ -109,7 +110,41 @@ void BM_SnapshotDeviceBeginToFence(benchmark::State& state) {
   (void)Snapshotter::RemoveArena(options.job_id, options.rank);
 }
 
-// The baseline: the same buffers copied device-to-host into one pinned buffer, one stream.
+// A restore into device state: every chunk verified, then copied back to the GPU.
+void BM_SnapshotDeviceRestore(benchmark::State& state) {
+  const size_t bytes = state.range(0);
+  DeviceState device(bytes);
+  if (device.error() != nullptr) {
+    state.SkipWithError(device.error());
+    return;
+  }
+  SnapshotterOptions options;
+  options.job_id = absl::StrFormat("bench-device-restore-%d", getpid());
+  options.rank = static_cast<int>(state.range(1));
+  options.copy_threads = static_cast<int>(state.range(2));
+  absl::StatusOr<std::unique_ptr<Snapshotter>> snapshotter =
+      Snapshotter::Create(device.registry(), options);
+  if (!snapshotter.ok()) {
+    state.SkipWithError(snapshotter.status().ToString().c_str());
+    return;
+  }
+  if (!(*snapshotter)->Begin(1).ok() || !(*snapshotter)->Fence(absl::Minutes(2)).ok()) {
+    state.SkipWithError("snapshot failed");
+    return;
+  }
+  for (auto _ : state) {
+    if (!(*snapshotter)->RestoreLatest(device.registry()).ok()) {
+      state.SkipWithError("restore failed");
+      break;
+    }
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(bytes));
+  snapshotter->reset();
+  (void)Snapshotter::RemoveArena(options.job_id, options.rank);
+}
+
+// The baseline: the same buffers copied device-to-host into one pinned buffer, one stream (and,
+// with a second argument of 1, host-to-device: the restore's baseline).
 void BM_DeviceToPinnedMemcpy(benchmark::State& state) {
   const size_t bytes = state.range(0);
   DeviceState device(bytes);
@@ -127,8 +162,13 @@ void BM_DeviceToPinnedMemcpy(benchmark::State& state) {
   for (auto _ : state) {
     char* out = static_cast<char*>(pinned);
     for (int b = 0; b < kDeviceBuffers; ++b) {
-      cudaMemcpyAsync(out, device.buffer(b), device.bytes_per_buffer(), cudaMemcpyDeviceToHost,
-                      stream);
+      if (state.range(1) == 0) {
+        cudaMemcpyAsync(out, device.buffer(b), device.bytes_per_buffer(), cudaMemcpyDeviceToHost,
+                        stream);
+      } else {
+        cudaMemcpyAsync(device.buffer(b), out, device.bytes_per_buffer(), cudaMemcpyHostToDevice,
+                        stream);
+      }
       out += device.bytes_per_buffer();
     }
     if (cudaStreamSynchronize(stream) != cudaSuccess) {
@@ -181,10 +221,21 @@ BENCHMARK(BM_SnapshotDeviceBeginToFence)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->Iterations(5);
+// {bytes, rank, copy_threads}.
+BENCHMARK(BM_SnapshotDeviceRestore)
+    ->ArgNames({"bytes", "rank", "copy_threads"})
+    ->Args({int64_t{1} << 30, 17, 4})
+    ->Args({int64_t{1} << 30, 18, 16})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(5);
+// {bytes, to_device}.
 BENCHMARK(BM_DeviceToPinnedMemcpy)
-    ->Args({64 << 20})
-    ->Args({int64_t{1} << 30})
-    ->Args({int64_t{4} << 30})
+    ->ArgNames({"bytes", "to_device"})
+    ->Args({64 << 20, 0})
+    ->Args({int64_t{1} << 30, 0})
+    ->Args({int64_t{4} << 30, 0})
+    ->Args({int64_t{1} << 30, 1})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->Iterations(5);
