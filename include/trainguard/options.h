@@ -86,7 +86,8 @@ struct Options {
   // `checkpoint_persist_every`-th snapshot is also written to `checkpoint_dir` (0: arena only).
   // Empty checkpoint_dir means
   // "<run_dir>/checkpoints". Disk keeps the last `checkpoint_keep_last` committed steps.
-  // `checkpoint_copy_threads` threads copy and checksum each snapshot into the arena, in 1..256.
+  // `checkpoint_copy_threads` threads copy and checksum each snapshot into the arena, and verify
+  // it on restore, in 1..256.
   // With GPU state the checksum (XXH3, about 8 GB/s a thread) bounds the snapshot: on an H100,
   // 4 threads reach 0.47x the device-to-host copy rate and 16 threads 0.94x
   // (docs/PERFORMANCE.md); give it the cores the trainer can spare.
