@@ -137,6 +137,17 @@ def test_an_unknown_option_is_an_error_naming_it(tmp_path):
         trainguard.Runtime(no_such_option=1, run_dir=str(tmp_path))
 
 
+def test_checkpoint_copy_threads_is_an_option_checked_on_creation(make_runtime):
+    with pytest.raises(trainguard.InvalidArgumentError,
+                       match="checkpoint_copy_threads must be <= 256, got 300"):
+        make_runtime(checkpoint_copy_threads=300)
+    rt = make_runtime(checkpoint_copy_threads=16, checkpoint_every_steps=1)
+    rt.register("weight", np.ones(1 << 21, dtype=np.float32))  # 8 MiB: two chunks
+    with rt.step(0) as s:
+        pass
+    assert s.result.ok
+
+
 def test_from_env_reads_torchrun_variables_and_overrides(monkeypatch, tmp_path, job_id):
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
