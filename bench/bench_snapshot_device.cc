@@ -79,68 +79,69 @@ class DeviceState {
   const char* error_ = nullptr;
 };
 
+// Device state of `state.range(0)` bytes and a Snapshotter over it, from the arguments {bytes,
+// rank (a distinct arena per shape), copy_threads, chunk MiB}; or the benchmark skipped.
+struct DeviceSetup {
+  explicit DeviceSetup(benchmark::State& state) : bytes(state.range(0)), device(bytes) {
+    if (device.error() != nullptr) {
+      state.SkipWithError(device.error());
+      return;
+    }
+    options.job_id = absl::StrFormat("bench-device-%d", getpid());
+    options.rank = static_cast<int>(state.range(1));
+    options.copy_threads = static_cast<int>(state.range(2));
+    options.chunk_bytes = static_cast<size_t>(state.range(3)) << 20;
+    absl::StatusOr<std::unique_ptr<Snapshotter>> created =
+        Snapshotter::Create(device.registry(), options);
+    if (!created.ok()) {
+      state.SkipWithError(created.status().ToString().c_str());
+      return;
+    }
+    snapshotter = *std::move(created);
+  }
+  ~DeviceSetup() {
+    if (snapshotter == nullptr) return;
+    snapshotter.reset();
+    (void)Snapshotter::RemoveArena(options.job_id, options.rank);
+  }
+  bool ok() const { return snapshotter != nullptr; }
+
+  const size_t bytes;
+  DeviceState device;
+  SnapshotterOptions options;
+  std::unique_ptr<Snapshotter> snapshotter;
+};
+
 // A whole snapshot of device state: Begin + Fence.
 void BM_SnapshotDeviceBeginToFence(benchmark::State& state) {
-  const size_t bytes = state.range(0);
-  DeviceState device(bytes);
-  if (device.error() != nullptr) {
-    state.SkipWithError(device.error());
-    return;
-  }
-  SnapshotterOptions options;
-  options.job_id = absl::StrFormat("bench-device-%d", getpid());
-  options.rank = static_cast<int>(state.range(1));
-  options.copy_threads = static_cast<int>(state.range(2));
-  options.chunk_bytes = static_cast<size_t>(state.range(3)) << 20;
-  absl::StatusOr<std::unique_ptr<Snapshotter>> snapshotter =
-      Snapshotter::Create(device.registry(), options);
-  if (!snapshotter.ok()) {
-    state.SkipWithError(snapshotter.status().ToString().c_str());
-    return;
-  }
+  DeviceSetup setup(state);
+  if (!setup.ok()) return;
   int64_t step = 0;
   for (auto _ : state) {
-    if (!(*snapshotter)->Begin(++step).ok() || !(*snapshotter)->Fence(absl::Minutes(2)).ok()) {
+    if (!setup.snapshotter->Begin(++step).ok() ||
+        !setup.snapshotter->Fence(absl::Minutes(2)).ok()) {
       state.SkipWithError("snapshot failed");
       break;
     }
   }
-  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(bytes));
-  snapshotter->reset();
-  (void)Snapshotter::RemoveArena(options.job_id, options.rank);
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(setup.bytes));
 }
 
 // A restore into device state: every chunk verified, then copied back to the GPU.
 void BM_SnapshotDeviceRestore(benchmark::State& state) {
-  const size_t bytes = state.range(0);
-  DeviceState device(bytes);
-  if (device.error() != nullptr) {
-    state.SkipWithError(device.error());
-    return;
-  }
-  SnapshotterOptions options;
-  options.job_id = absl::StrFormat("bench-device-restore-%d", getpid());
-  options.rank = static_cast<int>(state.range(1));
-  options.copy_threads = static_cast<int>(state.range(2));
-  absl::StatusOr<std::unique_ptr<Snapshotter>> snapshotter =
-      Snapshotter::Create(device.registry(), options);
-  if (!snapshotter.ok()) {
-    state.SkipWithError(snapshotter.status().ToString().c_str());
-    return;
-  }
-  if (!(*snapshotter)->Begin(1).ok() || !(*snapshotter)->Fence(absl::Minutes(2)).ok()) {
+  DeviceSetup setup(state);
+  if (!setup.ok()) return;
+  if (!setup.snapshotter->Begin(1).ok() || !setup.snapshotter->Fence(absl::Minutes(2)).ok()) {
     state.SkipWithError("snapshot failed");
     return;
   }
   for (auto _ : state) {
-    if (!(*snapshotter)->RestoreLatest(device.registry()).ok()) {
+    if (!setup.snapshotter->RestoreLatest(setup.device.registry()).ok()) {
       state.SkipWithError("restore failed");
       break;
     }
   }
-  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(bytes));
-  snapshotter->reset();
-  (void)Snapshotter::RemoveArena(options.job_id, options.rank);
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(setup.bytes));
 }
 
 // The baseline: the same buffers copied device-to-host into one pinned buffer, one stream (and,
@@ -207,8 +208,7 @@ BENCHMARK(BM_ChunkChecksumOneThread)
     ->UseRealTime()
     ->Iterations(5);
 
-// {bytes, rank (a distinct arena per shape), copy_threads, chunk MiB}: the defaults (4 threads, 4 MiB
-// chunks) at each size, then more threads and larger chunks at 1 GiB.
+// The defaults (4 threads, 4 MiB chunks) at each size, then more threads and larger chunks at 1 GiB.
 BENCHMARK(BM_SnapshotDeviceBeginToFence)
     ->ArgNames({"bytes", "rank", "copy_threads", "chunk_mib"})
     ->Args({64 << 20, 10, 4, 4})
@@ -221,11 +221,10 @@ BENCHMARK(BM_SnapshotDeviceBeginToFence)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->Iterations(5);
-// {bytes, rank, copy_threads}.
 BENCHMARK(BM_SnapshotDeviceRestore)
-    ->ArgNames({"bytes", "rank", "copy_threads"})
-    ->Args({int64_t{1} << 30, 17, 4})
-    ->Args({int64_t{1} << 30, 18, 16})
+    ->ArgNames({"bytes", "rank", "copy_threads", "chunk_mib"})
+    ->Args({int64_t{1} << 30, 17, 4, 4})
+    ->Args({int64_t{1} << 30, 18, 16, 4})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->Iterations(5);
