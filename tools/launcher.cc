@@ -1904,6 +1904,11 @@ void Job::UpdateLease() {
   Say(absl::StrFormat("coordinating the job (lease term %d; generation %d)", lease_->term(),
                       coordinator_->generation()));
   if (!resumed.ok() && !absl::IsNotFound(resumed)) Say(resumed.ToString());
+  // The hangs of earlier generations were the old coordinator's to diagnose, and on several hosts
+  // none can be acted on once its generation moved on: diagnosing them again, each waiting out
+  // the dumps' grace for ranks long replaced, held up the current generation's hang by seconds.
+  pending_hang_.reset();
+  hangs_checked_below_ = std::max<int64_t>(coordinator_->generation(), 0);
   host_beats_.clear();
   handled_deaths_.clear();
   dead_hosts_.clear();

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <filesystem>
@@ -198,8 +199,9 @@ TEST(Chaos, OnSimulatedHostsAKilledHostAHangAndAPartitionedHostAreDetectedNamedA
   const std::string dir = std::string(TRAINGUARD_SHARED_TMP) + "/chaos-hosts";
   std::filesystem::create_directories(TRAINGUARD_SHARED_TMP);
   const pid_t pid = testing::SpawnWithOutput(
-      {TRAINGUARD_BENCH_CHAOS_HOSTS_PATH, "--duration", "40s", "--faults",
-       "5s:host_kill:2,14s:stop:1,24s:partition:2", "--run-dir", dir, "--mode", "trainguard",
+      {TRAINGUARD_BENCH_CHAOS_HOSTS_PATH, "--duration", "50s", "--faults",
+       "5s:host_kill:2,14s:stop:1,24s:partition:2,34s:host_kill:0", "--run-dir", dir, "--mode",
+       "trainguard",
        // Only the hang's diagnosis replaces the stopped rank, never its heartbeat's timeout.
        "--heartbeat-timeout", "600"},
       dir + ".out", {});
@@ -215,17 +217,22 @@ TEST(Chaos, OnSimulatedHostsAKilledHostAHangAndAPartitionedHostAreDetectedNamedA
     absl::SleepFor(absl::Milliseconds(100));  // bounded polling of a child's exit
   }
   std::string context = ReadFile(dir + ".out");
-  for (const char* host : {"host1", "host2", "host3", "host2r1", "host3r1"}) {
-    absl::StrAppend(&context, "\n--- ", host, " ---\n",
-                    ReadFile(dir + "/trainguard/" + host + ".log"));
+  std::vector<std::string> logs;  // each host's
+  for (const auto& entry : std::filesystem::directory_iterator(dir + "/trainguard")) {
+    if (entry.path().extension() == ".log") logs.push_back(entry.path().string());
+  }
+  std::sort(logs.begin(), logs.end());
+  for (const std::string& log : logs) {
+    absl::StrAppend(&context, "\n--- ", log, " ---\n", ReadFile(log));
   }
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << context;
 
   std::vector<Event> events;
   tools::RunAnalysis run;
   ASSERT_NO_FATAL_FAILURE(AnalyzeChaosRun(dir + "/trainguard", context, &events, &run));
-  ASSERT_EQ(FaultKinds(run), "host_kill,stop,partition") << context;
+  ASSERT_EQ(FaultKinds(run), "host_kill,stop,partition,host_kill") << context;
   EXPECT_EQ(run.faults[0].host, "host2") << context;  // host n holds group n - 1 at the start
+  EXPECT_EQ(run.faults[3].host, "host1") << context;  // the coordinator's
   for (const tools::FaultOutcome& f : run.faults) {
     const std::string what = absl::StrCat(f.kind, " of rank ", f.rank, " on host ", f.host,
                                           " (ranks ", f.ranks, ") at ",
@@ -241,6 +248,30 @@ TEST(Chaos, OnSimulatedHostsAKilledHostAHangAndAPartitionedHostAreDetectedNamedA
   // from its heartbeat, which stood still, instead of waiting out the dumps' grace.
   EXPECT_THAT(context, HasSubstr("hang diagnosis: rank 1 has sent no heartbeat for 2.5s: it will "
                                  "not dump"));
+  // The agent that took the lease over when host1 died diagnoses only the hangs of the generation
+  // it found and later ones: the stop's hang was host1's to diagnose, and diagnosing it again
+  // would hold up a hang of the current generation.
+  int takeovers = 0;
+  for (const std::string& log : logs) {
+    int64_t from = -1;
+    for (absl::string_view line : absl::StrSplit(ReadFile(log), '\n')) {
+      int64_t term = 0;
+      int64_t generation = 0;
+      if (std::sscanf(std::string(line).c_str(),
+                      "trainguard run: coordinating the job (lease term %" SCNd64
+                      "; generation %" SCNd64 ")",
+                      &term, &generation) == 2 &&
+          term > 1) {
+        from = generation;
+        ++takeovers;
+      }
+      if (from >= 0 && std::sscanf(std::string(line).c_str(),
+                                   "trainguard run: hang in generation %" SCNd64, &generation) == 1) {
+        EXPECT_GE(generation, from) << log << ": " << line << "\n" << context;
+      }
+    }
+  }
+  EXPECT_GE(takeovers, 1) << context;
 }
 #endif
 
