@@ -1433,8 +1433,9 @@ void Job::DiagnoseHangs() {
     // store every heartbeat_interval_ms (1 s by default) while the process runs, hung training
     // thread or not: a rank whose heartbeat stood still for kSilentHeartbeat is stopped or frozen
     // whole, and will not dump either.
-    absl::StatusOr<std::vector<int>> quiet = coordinator_->RanksWithStaleHeartbeats(
-        std::min(config_.heartbeat_timeout, kSilentHeartbeat), kStoreTimeout);
+    const absl::Duration still = std::min(config_.heartbeat_timeout, kSilentHeartbeat);
+    absl::StatusOr<std::vector<int>> quiet =
+        coordinator_->RanksWithStaleHeartbeats(still, kStoreTimeout);
     if (quiet.ok()) {
       for (int rank : *quiet) {
         if (dumped_ranks.count(rank) != 0) continue;
@@ -1443,9 +1444,7 @@ void Job::DiagnoseHangs() {
         if (pending_hang_->heartbeat_silent.insert(rank).second) {
           Say(absl::StrFormat("hang diagnosis: rank %d has sent no heartbeat for %s: it will not "
                               "dump",
-                              rank,
-                              absl::FormatDuration(
-                                  std::min(config_.heartbeat_timeout, kSilentHeartbeat))));
+                              rank, absl::FormatDuration(still)));
         }
       }
     }

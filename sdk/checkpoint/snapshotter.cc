@@ -49,7 +49,8 @@ using checkpoint_internal::StoreState;
 
 namespace {
 
-// A device copy (one chunk) that takes longer than this is a hung GPU or bus, not a slow one.
+// A device copy (a chunk of a snapshot, a whole buffer of a restore) that takes longer than this is
+// a hung GPU or bus, not a slow one.
 constexpr absl::Duration kDeviceCopyTimeout = absl::Seconds(60);
 // A restore verifies its chunks on up to copy_threads threads, each given at least this many.
 constexpr uint64_t kMinChunksPerVerifyThread = 4;
