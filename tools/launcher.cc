@@ -1289,17 +1289,16 @@ void Job::KillRanksWithStaleHeartbeats() {
     return;
   }
   for (int rank : *stale) {
-    for (auto& c : children_) {
-      if (c->rank != rank || !c->running || c->killed_for_liveness) continue;
-      Say(absl::StrFormat("%s (pid %d) has not sent a heartbeat for %s: killing it", c->Label(),
-                          c->pid, absl::FormatDuration(config_.heartbeat_timeout)));
-      Record(rank, "rank_unresponsive",
-             absl::StrFormat("%s (pid %d) has not sent a heartbeat for %s", c->Label(), c->pid,
-                             absl::FormatDuration(config_.heartbeat_timeout)),
-             {{"pid", absl::StrCat(c->pid)}});
-      c->killed_for_liveness = true;
-      SignalGroup(*c, SIGKILL);  // reaped and replaced like any dead rank
-    }
+    Child* c = RunningHolder(rank);
+    if (c == nullptr) continue;
+    Say(absl::StrFormat("%s (pid %d) has not sent a heartbeat for %s: killing it", c->Label(),
+                        c->pid, absl::FormatDuration(config_.heartbeat_timeout)));
+    Record(rank, "rank_unresponsive",
+           absl::StrFormat("%s (pid %d) has not sent a heartbeat for %s", c->Label(), c->pid,
+                           absl::FormatDuration(config_.heartbeat_timeout)),
+           {{"pid", absl::StrCat(c->pid)}});
+    c->killed_for_liveness = true;
+    SignalGroup(*c, SIGKILL);  // reaped and replaced like any dead rank
   }
 }
 

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -169,6 +170,15 @@ class SnapshotterTest : public ::testing::Test {
     return s.ok() ? *std::move(s) : nullptr;
   }
 
+  // Bit rot (or a stray write from another process): flips the bits `mask` of the bytes at
+  // `offsets` of the latest complete slot's payload.
+  void FlipInLatestSlot(std::initializer_list<size_t> offsets, char mask) {
+    ArenaMapping arena(arena_name());
+    const int latest = arena.LatestCompleteSlot();
+    ASSERT_GE(latest, 0);
+    for (size_t offset : offsets) arena.payload(latest)[offset] ^= mask;
+  }
+
   SnapshotterOptions options_;
 };
 
@@ -313,13 +323,8 @@ TEST_F(SnapshotterTest, AFlippedByteInTheArenaFailsRestoreWithDataLossAndLeavesB
   ASSERT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
   state.FillAll(4);
 
-  {
-    // Bit rot (or a stray write from another process) in layer1.weight, 1.5 MiB into it.
-    ArenaMapping arena(arena_name());
-    const int latest = arena.LatestCompleteSlot();
-    ASSERT_GE(latest, 0);
-    arena.payload(latest)[3 * kChunk + kChunk + kChunk / 2] ^= 0x20;
-  }
+  // In layer1.weight, 1.5 MiB into it.
+  ASSERT_NO_FATAL_FAILURE(FlipInLatestSlot({3 * kChunk + kChunk + kChunk / 2}, 0x20));
   absl::StatusOr<SnapshotInfo> restored = snapshotter->RestoreLatest(&registry);
   EXPECT_EQ(restored.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(restored.status().message(), HasSubstr("buffer \"layer1.weight\" offset 1048576"));
@@ -339,13 +344,8 @@ TEST_F(SnapshotterTest, CorruptChunksInEveryVerifyingThreadsRangeNameTheFirstOfT
   ASSERT_NE(snapshotter, nullptr);
   ASSERT_TRUE(snapshotter->Begin(3).ok());
   ASSERT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
-  {
-    ArenaMapping arena(arena_name());
-    const int latest = arena.LatestCompleteSlot();
-    ASSERT_GE(latest, 0);
-    arena.payload(latest)[7 * kChunk + 100] ^= 0x01;  // layer1.weight's last full chunk
-    arena.payload(latest)[1 * kChunk + 5] ^= 0x01;    // layer0.weight's second chunk
-  }
+  // In layer1.weight's last full chunk, then in layer0.weight's second chunk.
+  ASSERT_NO_FATAL_FAILURE(FlipInLatestSlot({7 * kChunk + 100, 1 * kChunk + 5}, 0x01));
   absl::StatusOr<SnapshotInfo> restored = snapshotter->RestoreLatest(&registry);
   EXPECT_EQ(restored.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(restored.status().message(), HasSubstr("chunk 1 (payload offset 1048576"));
