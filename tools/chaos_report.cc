@@ -171,6 +171,11 @@ RunAnalysis AnalyzeRun(std::vector<Event> events) {
   std::erase_if(done, [&](const StepDone& d) { return d.time < start || d.time > end; });
   run.wall = std::max(absl::ZeroDuration(), end - start);
   for (const Event& e : events) {
+    if (e.time < start || e.time > end) continue;
+    if (e.type == EventType::kHang && e.Attribute("remote") != "true") ++run.hangs_declared;
+    if (e.type == EventType::kCustom && What(e) == "hang_withdrawn") ++run.hangs_withdrawn;
+  }
+  for (const Event& e : events) {
     if (e.type != EventType::kSuspectHost) continue;
     SuspectDetection d;
     d.at = e.time - start;
@@ -444,6 +449,9 @@ std::string FormatReport(const std::vector<RunAnalysis>& runs) {
                       [](const FaultOutcome& f) { return f.kind != "drop"; }),
         run.faults_recovered(),
         Seconds(run.longest_unproductive), Seconds(run.longest_unproductive_from));
+    out += absl::StrFormat(
+        "  hangs declared by a rank %d, withdrawn %d (the wait ended by itself: nothing aborted)\n",
+        run.hangs_declared, run.hangs_withdrawn);
     for (const auto& [kind, k] : ByKind(run)) {
       out += absl::StrFormat(
           "  %-9s x%-3d detected %d (mean %s s, max %s s), culprit %s, recovered %d (mean %s "
@@ -493,11 +501,13 @@ std::string ReportJson(const std::vector<RunAnalysis>& runs) {
         "{\"mode\":%s,\"ettr\":%.6f,\"wall_s\":%s,\"productive_s\":%s,\"steps_kept\":%d,"
         "\"last_step\":%d,\"median_step_s\":%s,\"longest_unproductive_s\":%s,"
         "\"longest_unproductive_from_s\":%s,\"faults_detected\":%d,\"faults_recovered\":%d,"
-        "\"culprits_correct\":%d,\"faults\":[%s],\"suspects\":[%s]}",
+        "\"culprits_correct\":%d,\"hangs_declared\":%d,\"hangs_withdrawn\":%d,"
+        "\"faults\":[%s],\"suspects\":[%s]}",
         JsonString(run.mode), run.ettr, Seconds(run.wall), Seconds(run.productive),
         run.steps_kept, run.last_step, Seconds(run.median_step), Seconds(run.longest_unproductive),
         Seconds(run.longest_unproductive_from), run.faults_detected(), run.faults_recovered(),
-        run.culprits_correct(), absl::StrJoin(faults, ","), absl::StrJoin(suspects, ",")));
+        run.culprits_correct(), run.hangs_declared, run.hangs_withdrawn,
+        absl::StrJoin(faults, ","), absl::StrJoin(suspects, ",")));
   }
   std::string out = absl::StrCat("{\"runs\":[", absl::StrJoin(items, ","), "]");
   if (runs.size() == 2 && runs[1].ettr > 0) {

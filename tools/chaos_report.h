@@ -120,6 +120,10 @@ struct RunAnalysis {
   std::vector<FaultOutcome> faults;
   std::vector<ProgressPoint> progress;
   std::vector<SuspectDetection> suspects;
+  // Hangs a rank's watchdog declared (kHang events but the peers' "remote" ones), and those of
+  // them withdrawn because the wait ended by itself (a stall: no abort, no one replaced).
+  int hangs_declared = 0;
+  int hangs_withdrawn = 0;
   int faults_detected() const;
   int faults_recovered() const;
   int culprits_correct() const;

@@ -77,6 +77,13 @@ constexpr absl::Duration kSilentHeartbeat = absl::Milliseconds(2500);
 // loop: its next death is replaced at once again.
 constexpr absl::Duration kHealthyRun = absl::Seconds(60);
 constexpr absl::Duration kMaxRestartBackoff = absl::Seconds(30);
+
+// The rank a hang key's value names ("rank R: <report>", as the Runtime writes it), or -1.
+int HangDeclarer(absl::string_view who) {
+  int rank = -1;
+  if (!absl::ConsumePrefix(&who, "rank ")) return -1;
+  return absl::SimpleAtoi(who.substr(0, who.find(':')), &rank) ? rank : -1;
+}
 // Fail-slow dumps kept per run (the newest): a host confirmed again every continuity window
 // would otherwise write one per window for the job's life.
 constexpr int kMaxFailSlowDumps = 16;
@@ -435,7 +442,17 @@ class Job {
     absl::Time seen;
     std::map<int, FlightRecorderContents> live_rings;  // read when the hang was seen
     std::set<int> heartbeat_silent;  // ranks already said to send no heartbeat (several hosts)
+    int declarer = -1;     // the rank that wrote the hang key read ("rank R: ..."), if known
+    bool aborted = false;  // it aborted (hang/gen<G>/aborted/<R>)
   };
+  // When a hang of a generation was last withdrawn (DiagnoseHangs): its dumps are not the next's.
+  std::map<int64_t, absl::Time> hang_withdrawn_at_;
+  // The dumps of generation `generation`'s current hang are those written since this.
+  absl::Time HangDumpsSince(int64_t generation) const {
+    auto withdrawn = hang_withdrawn_at_.find(generation);
+    return withdrawn == hang_withdrawn_at_.end() ? restarted_at_
+                                                 : std::max(restarted_at_, withdrawn->second);
+  }
   std::optional<PendingHang> pending_hang_;
   // What SupersededHang needs of each hang dump it read, by file name.
   struct DumpSummary {
@@ -1347,7 +1364,9 @@ absl::StatusOr<std::string> Job::SupersededHang(const std::string& dir, int64_t 
     }
     const DumpSummary& d = known->second;
     // Dumps written before a restart (--restart-all) are an earlier incarnation's.
-    if (d.generation != generation || d.hang.empty() || d.dumped_at < restarted_at_) continue;
+    if (d.generation != generation || d.hang.empty() || d.dumped_at < HangDumpsSince(generation)) {
+      continue;
+    }
     return absl::StrFormat(
         "rank %d: %s (its dump; generation %d was superseded before it could "
         "publish the hang)",
@@ -1371,6 +1390,9 @@ void Job::DiagnoseHangs() {
   // Ranks dump within hang_dump_wait_ms (1 s by default) of the declaration; one that is stopped or
   // dead never does.
   constexpr absl::Duration kHangDumpGrace = absl::Seconds(3);
+  // How long a hang with every rank running waits for its declaring rank's verdict (aborted or
+  // withdrawn, after its hang_dump_wait_ms) before its suspects are replaced all the same.
+  constexpr absl::Duration kHangVerdictWait = absl::Seconds(5);
   const absl::Time now = absl::Now();
   if (now < next_hang_check_) return;
   next_hang_check_ = now + absl::Milliseconds(100);
@@ -1396,6 +1418,7 @@ void Job::DiagnoseHangs() {
       }
       Say(absl::StrCat("hang in generation ", g, ": ", *who));
       PendingHang hang{g, now, {}, {}};
+      hang.declarer = HangDeclarer(*who);
       for (int r = 0; r < world_size_; ++r) {
         absl::StatusOr<FlightRecorderContents> ring = ReadFlightRecorder(RanksJobId(), r);
         if (ring.ok()) hang.live_rings[r] = *std::move(ring);
@@ -1409,11 +1432,11 @@ void Job::DiagnoseHangs() {
       ReadHangDumps(dir, pending_hang_->generation);
   // After a restart (--restart-all) generations count from 0 again, and the run dir still holds
   // the old processes' dumps of the same generation numbers: they are not this hang's evidence.
+  // So are the dumps of an earlier hang of this generation, withdrawn.
   if (dumps.ok()) {
+    const absl::Time since = HangDumpsSince(pending_hang_->generation);
     dumps->erase(std::remove_if(dumps->begin(), dumps->end(),
-                                [&](const FlightRecorderDump& d) {
-                                  return d.dumped_at < restarted_at_;
-                                }),
+                                [&](const FlightRecorderDump& d) { return d.dumped_at < since; }),
                  dumps->end());
   }
   const size_t dumped = dumps.ok() ? dumps->size() : 0;
@@ -1463,6 +1486,32 @@ void Job::DiagnoseHangs() {
   if (dumped + silent < static_cast<size_t>(world_size_) &&
       now < pending_hang_->seen + kHangDumpGrace) {
     return;  // some rank is still dumping
+  }
+  // The rank that declared the hang waits (hang_dump_wait_ms) before it aborts, and withdraws the
+  // hang if its wait ends meanwhile: a machine-wide stall, not a hang. Every rank is running: the
+  // suspects are slow, maybe not hung; they are replaced only once a rank aborted.
+  // The verdict awaited is that of the rank whose declaration the launcher read (every declaring
+  // rank writes the hang key; the last one stays).
+  if (silent_ranks.empty() && !pending_hang_->aborted && pending_hang_->declarer >= 0) {
+    const std::string key = absl::StrCat("hang/gen", pending_hang_->generation);
+    const std::string withdrawn_key =
+        absl::StrCat(key, "/withdrawn/", pending_hang_->declarer);
+    absl::StatusOr<std::vector<std::optional<std::string>>> verdict = ranks_store()->MultiGet(
+        {absl::StrCat(key, "/aborted/", pending_hang_->declarer), withdrawn_key}, kStoreTimeout);
+    if (verdict.ok() && (*verdict)[0].has_value()) {
+      pending_hang_->aborted = true;
+    } else if (verdict.ok() && (*verdict)[1].has_value()) {
+      Say(absl::StrCat("hang in generation ", pending_hang_->generation,
+                       " withdrawn: ", *(*verdict)[1], "; no one replaced"));
+      // A later hang of this generation is a new one: its key, its dumps.
+      (void)ranks_store()->Delete(key, kStoreTimeout);
+      (void)ranks_store()->Delete(withdrawn_key, kStoreTimeout);
+      hang_withdrawn_at_[pending_hang_->generation] = absl::Now();
+      pending_hang_.reset();
+      return;
+    } else if (now < pending_hang_->seen + kHangVerdictWait) {
+      return;
+    }
   }
   HangEvidence evidence;
   if (dumps.ok()) evidence.dumps = *std::move(dumps);

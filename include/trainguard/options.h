@@ -135,10 +135,12 @@ struct Options {
   int watchdog_peer_progress_ms = 500;
   // Records in the rank's shared-memory flight recorder ring (flight_recorder.h).
   int flight_recorder_records = 4'096;
-  // On a hang, the rank that declared it waits up to this long (after publishing it through the
-  // store) for every rank to dump its ring and stacks before it aborts its communicators: the abort
-  // wakes the other ranks' blocked collectives, and their stacks must show where they were blocked.
-  // 0: abort at once. Without a store the abort is immediate.
+  // On a hang, the rank that declared it waits this long (after publishing it through the store)
+  // before it aborts its communicators: every rank dumps its ring and stacks meanwhile (the abort
+  // wakes the other ranks' blocked collectives, and their stacks must show where they were
+  // blocked), and a wait that ends by itself in that time (a machine-wide stall) withdraws the hang
+  // (docs/GUIDE.md, "Hang detection"). It stops early when its step fails by itself. 0: abort at
+  // once. Without a store the abort is immediate.
   int hang_dump_wait_ms = 1'000;
   // Step::CheckLoss (LossSpikeDetector, health.h): a loss more than loss_spike_mads scaled MADs
   // above the median of the last loss_spike_window accepted losses fails the step, once

@@ -53,6 +53,16 @@
 // watchdog never aborts, signals or exits the process: what happens after a hang is decided by the
 // handlers and hooks its owner registered, and by the training thread.
 //
+// A hang may be withdrawn while its handlers run. A machine-wide stall (another job's build, a
+// burst of swapping) stretches every rank's step at once, past any bound low enough to catch real
+// hangs quickly. A handler that waits (bounded) before the abort, as the Runtime's does for the
+// peers' dumps, calls WithdrawHangIfEnded(): once the wait that was declared a hang has ended by
+// itself (the collective the report names completed, or the training thread began, ended or ticked
+// a phase since the hung phase's last progress), the hang is withdrawn: the later handlers, the abort hooks and the communicator
+// aborts do not run, TakeHang() never returns it, its phase instance is judged again and teaches
+// its bounds, and hangs_withdrawn() counts it. TakeHang() called on another thread while handlers
+// run waits for them (up to 10 s) so that a hang about to be withdrawn is not taken.
+//
 // Cost: BeginPhase/EndPhase/Tick allocate nothing and never wait for the monitor: the open phases
 // are a fixed array of atomics written by the training thread alone, read by the monitor under a
 // per-frame sequence number. There is no lock on the path: the FlightRecorder append of
@@ -199,7 +209,13 @@ class Watchdog {
   void AddAbortHook(std::string name, std::function<void()> hook);
 
   // The oldest hang not yet taken, once; nullopt when none is pending. Lock-free when none is.
+  // While a hang's handlers run (on another thread), waits up to 10 s for them: see above.
   std::optional<HangReport> TakeHang();
+
+  // From a hang handler, on its thread: true when the wait declared a hang has ended since (the
+  // collective the report names is no longer in flight, or the training thread made progress), and
+  // the hang is then withdrawn (see above); false otherwise, and outside a handler.
+  bool WithdrawHangIfEnded();
 
   // One monitor pass at the clock's current time: polls the tracker, checks the innermost phase
   // and the collectives, declares at most one hang. Returns the number declared (0 or 1).
@@ -214,6 +230,9 @@ class Watchdog {
   // Hangs postponed because peer_progress named a peer still working towards the collective this
   // rank waits in; each collective is counted once however long it stays postponed.
   int64_t hangs_postponed() const;
+  // Hangs declared and then withdrawn by a handler (WithdrawHangIfEnded); hangs_declared() counts
+  // them too.
+  int64_t hangs_withdrawn() const;
   // The clock's MonotonicNanos() at the training thread's last BeginPhase, Tick or EndPhase (its
   // last sign of progress, published to peers by the Runtime); 0 before the first.
   int64_t last_progress_ns() const;

@@ -224,6 +224,7 @@ StepResult StepScope::Finish() {
   std::optional<HangReport> hang;
   if (Watchdog* watchdog = runtime_.watchdog(); watchdog != nullptr) {
     watchdog->EndPhase();
+    RuntimeImpl::Of(runtime_).NoteStepEnding(exception_ || reported_kind_ != FaultKind::kNone);
     hang = watchdog->TakeHang();
     if (hang.has_value()) {
       ReportFault(FaultKind::kCommunicationFailure,

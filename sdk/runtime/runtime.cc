@@ -267,7 +267,11 @@ void RuntimeImpl::AddObserver(StepObserver* observer) { observers_.push_back(obs
 
 bool RuntimeImpl::TryBeginStep() {
   bool expected = false;
-  return step_active_.compare_exchange_strong(expected, true, std::memory_order_acq_rel);
+  if (!step_active_.compare_exchange_strong(expected, true, std::memory_order_acq_rel)) {
+    return false;
+  }
+  step_ending_.store(kStepRunning, std::memory_order_release);
+  return true;
 }
 
 void RuntimeImpl::EndStep() { step_active_.store(false, std::memory_order_release); }
@@ -678,6 +682,7 @@ void RuntimeImpl::OnHang(const HangReport& report) {
     MutexLock lock(&dump_mu_);
     path = DumpEvidence(absl::StrCat("hang: ", report.ToString()), &stacks);
     dumped_generation_ = generation;
+    hang_key_seen_ = absl::InfiniteFuture();  // until this rank's hang key is written
   }
   Event event;
   event.type = EventType::kHang;
@@ -699,35 +704,51 @@ void RuntimeImpl::OnHang(const HangReport& report) {
   if (store_ == nullptr) return;
   // Every other rank dumps its ring and stacks too, for a diagnosis across ranks. The watchdog
   // aborts the communicators when this returns, which wakes the other ranks' blocked collectives:
-  // wait (bounded) for their dumps first, so that their stacks show where they were blocked.
-  (void)store_->Set(absl::StrCat("hang/gen", generation),
-                    absl::StrCat("rank ", rank_, ": ", report.ToString()), absl::Seconds(2));
-  AcknowledgeHangDump(generation, path);
-  AwaitHangDumps(generation);
-}
-
-void RuntimeImpl::AcknowledgeHangDump(int64_t generation, const std::string& path) {
-  (void)store_->Set(absl::StrCat("hang/gen", generation, "/dumped/", rank_), path,
-                    absl::Seconds(2));
-}
-
-void RuntimeImpl::AwaitHangDumps(int64_t generation) {
-  const absl::Time deadline = absl::Now() + absl::Milliseconds(options_.hang_dump_wait_ms);
-  std::vector<std::string> keys;
-  for (int r = 0; r < options_.world_size; ++r) {
-    keys.push_back(absl::StrCat("hang/gen", generation, "/dumped/", r));
+  // wait (bounded) for their dumps first, so that their stacks show where they were blocked. A
+  // wait that ends by itself meanwhile (the whole machine stalled, and caught up) withdraws the
+  // hang: nothing is aborted, and the launcher replaces no one.
+  const std::string key = absl::StrCat("hang/gen", generation);
+  (void)store_->Set(key, absl::StrCat("rank ", rank_, ": ", report.ToString()), absl::Seconds(2));
+  {
+    MutexLock lock(&dump_mu_);
+    hang_key_seen_ = absl::Now();
   }
-  while (absl::Now() < deadline) {
-    absl::StatusOr<std::vector<std::optional<std::string>>> acks =
-        store_->MultiGet(keys, std::max(deadline - absl::Now(), absl::Milliseconds(1)));
-    if (acks.ok() && std::all_of(acks->begin(), acks->end(),
-                                 [](const std::optional<std::string>& a) { return a.has_value(); })) {
-      return;
-    }
+  const absl::Time declared = absl::Now();
+  if (!AwaitHangEnd()) {
+    (void)store_->Set(absl::StrCat(key, "/aborted/", rank_), absl::StrCat("rank ", rank_),
+                      absl::Seconds(2));
+    return;
+  }
+  const std::string waited =
+      absl::FormatDuration(absl::Trunc(absl::Now() - declared, absl::Milliseconds(1)));
+  (void)store_->Set(absl::StrCat(key, "/withdrawn/", rank_),
+                    absl::StrCat("rank ", rank_, ": its wait ended ", waited, " after the hang"),
+                    absl::Seconds(2));
+  Event withdrawn;
+  withdrawn.type = EventType::kCustom;
+  withdrawn.step = report.step;
+  withdrawn.message = absl::StrCat("hang withdrawn: the wait ended by itself ", waited,
+                                   " after it was declared; nothing aborted");
+  withdrawn.attributes = {{"what", "hang_withdrawn"}, {"waited_ms",
+                           absl::StrCat(absl::ToInt64Milliseconds(absl::Now() - declared))}};
+  (void)EmitEvent(std::move(withdrawn));
+}
+
+bool RuntimeImpl::AwaitHangEnd() {
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(options_.hang_dump_wait_ms);
+  while (true) {
+    // A hang is withdrawn on evidence that the step went on by itself: its wait ended and the step
+    // ends ok (StepScope::Finish then waits in TakeHang for this verdict). A wait ended by a
+    // failure (the collective broke when a dead peer's connections closed) is no such evidence.
+    const int ending = step_ending_.load(std::memory_order_acquire);
+    if (ending == kStepEndingFailed) return false;
+    if (ending == kStepEndingOk && watchdog_->WithdrawHangIfEnded()) return true;
+    const absl::Time now = absl::Now();
+    if (now >= deadline) return false;
     MutexLock lock(&watcher_mu_);
     watcher_mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_watcher_; },
-                                 absl::Milliseconds(20));
-    if (stop_watcher_) return;
+                                 std::min(absl::Milliseconds(20), deadline - now));
+    if (stop_watcher_) return false;
   }
 }
 
@@ -855,19 +876,24 @@ void RuntimeImpl::WatchPeerHangs() {
     if (store_ == nullptr || absl::Now() < next_hang_check) continue;
     next_hang_check = absl::Now() + kWatcherPeriod;
     const int64_t generation = this->generation();
-    {
-      MutexLock lock(&dump_mu_);
-      if (dumped_generation_ == generation) continue;  // this generation's hang is dumped already
-    }
+    const absl::Time asked = absl::Now();
     absl::StatusOr<std::string> who =
         store_->Get(absl::StrCat("hang/gen", generation), absl::Seconds(2));
-    if (!who.ok()) continue;  // NotFound: no hang; anything else: try again later
     MutexLock lock(&dump_mu_);
-    if (dumped_generation_ == generation) continue;
+    if (!who.ok()) {
+      // The launcher deletes the key of a hang withdrawn (OnHang): a later hang of the same
+      // generation is dumped again. A Get sent before the key was seen proves nothing.
+      if (absl::IsNotFound(who.status()) && dumped_generation_ == generation &&
+          asked > hang_key_seen_) {
+        dumped_generation_ = -1;
+      }
+      continue;  // NotFound: no hang; anything else: try again later
+    }
+    if (dumped_generation_ == generation) continue;  // this hang is dumped already
     dumped_generation_ = generation;
+    hang_key_seen_ = asked;
     const std::string reason = absl::StrCat("a peer declared a hang: ", *who);
     const std::string path = DumpEvidence(reason, nullptr);
-    AcknowledgeHangDump(generation, path);
     Event event;
     event.type = EventType::kHang;
     event.step = heartbeat_.Read().step;

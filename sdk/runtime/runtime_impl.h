@@ -92,6 +92,11 @@ class RuntimeImpl final : public Runtime {
   // Guard internals, called by StepScope.
   bool TryBeginStep();
   void EndStep();
+  // StepScope::Finish, before it takes the watchdog's hang: whether the step ends failed by itself
+  // (an exception, a fault reported). A hang being declared meanwhile waits for it (AwaitHangEnd).
+  void NoteStepEnding(bool failed) {
+    step_ending_.store(failed ? kStepEndingFailed : kStepEndingOk, std::memory_order_release);
+  }
   // After a successful step: the first one of each generation is announced in the store
   // (rdzv/gen/<g>/resumed/<rank>), which is how a launcher times a recovery. One compare otherwise.
   void NoteStepSucceeded(int64_t step) {
@@ -178,10 +183,11 @@ class RuntimeImpl final : public Runtime {
   void PublishWork();
   // The watchdog's peer_progress question (watchdog.h), answered from the peers' records.
   std::optional<std::string> ExplainPeerWait(const InFlightCollective& waiting_in);
-  // Store key hang/gen<G>/dumped/<rank>: this rank has dumped generation G's hang.
-  void AcknowledgeHangDump(int64_t generation, const std::string& path);
-  // Bounded polling (hang_dump_wait_ms) until every rank acknowledged its dump of `generation`.
-  void AwaitHangDumps(int64_t generation);
+  // On the watchdog's thread, in OnHang: bounded polling (hang_dump_wait_ms) while the peers dump,
+  // until the wait declared a hang ends by itself and its step ends ok. True: the hang is withdrawn
+  // (Watchdog::WithdrawHangIfEnded); false: the deadline passed, the step ended failed (a peer
+  // died: the hang stands, aborted at once), or the Runtime is closing.
+  bool AwaitHangEnd();
   const Options options_;
   const Topology topology_;
   const std::string run_dir_;
@@ -231,6 +237,14 @@ class RuntimeImpl final : public Runtime {
   std::atomic<int64_t> hang_dumps_{0};
   Mutex dump_mu_;                   // one dump at a time (the watchdog's, the peer watcher's)
   int64_t dumped_generation_ = -1;  // guarded by dump_mu_: a generation's hang is dumped once
+  // The step in progress: running (TryBeginStep), or ending ok or failed (NoteStepEnding).
+  static constexpr int kStepRunning = 0;
+  static constexpr int kStepEndingOk = 1;
+  static constexpr int kStepEndingFailed = 2;
+  std::atomic<int> step_ending_{kStepRunning};
+  // Guarded by dump_mu_: when the hang key of dumped_generation_ was last known to exist (this
+  // rank's own key: once written). Its absence afterwards means the hang was withdrawn.
+  absl::Time hang_key_seen_ = absl::InfinitePast();
   Mutex watcher_mu_;
   bool stop_watcher_ = false;  // guarded by watcher_mu_
   // Watcher thread only: when PublishProgress last wrote a record, and what it said.

@@ -42,6 +42,9 @@ namespace {
 
 constexpr std::string_view kOtherPhases = "<other phases>";
 
+// How long TakeHang waits for the handlers of a hang being declared, which may withdraw it.
+constexpr absl::Duration kHandlersWait = absl::Seconds(10);
+
 std::string Pretty(absl::Duration d) {
   return absl::FormatDuration(absl::Trunc(d, absl::Milliseconds(1)));
 }
@@ -155,6 +158,8 @@ PhaseBounds Watchdog::BoundsFor(std::string_view phase) const { return impl_->Bo
 int Watchdog::phase_thread_id() const { return impl_->phase_thread_id(); }
 int64_t Watchdog::hangs_declared() const { return impl_->hangs_declared(); }
 int64_t Watchdog::hangs_postponed() const { return impl_->hangs_postponed(); }
+int64_t Watchdog::hangs_withdrawn() const { return impl_->hangs_withdrawn(); }
+bool Watchdog::WithdrawHangIfEnded() { return impl_->WithdrawHangIfEnded(); }
 int64_t Watchdog::last_progress_ns() const { return impl_->last_progress_ns(); }
 int64_t Watchdog::usage_errors() const { return impl_->usage_errors(); }
 absl::Status Watchdog::usage_status() const { return impl_->usage_status(); }
@@ -347,10 +352,55 @@ void Watchdog::Impl::AddAbortHook(std::string name, std::function<void()> hook) 
 std::optional<HangReport> Watchdog::Impl::TakeHang() {
   if (!has_pending_.load(std::memory_order_acquire)) return std::nullopt;
   MutexLock lock(&pending_mu_);
+  // A hang whose handlers still run may yet be withdrawn: wait for them (bounded; a handler that
+  // outlasts the wait leaves the hang standing), unless this is their thread.
+  if (declaring_.has_value() && declaring_->thread != std::this_thread::get_id()) {
+    pending_mu_.AwaitWithTimeout(
+        [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !declaring_.has_value(); },
+        kHandlersWait);
+  }
   std::optional<HangReport> taken = std::move(pending_);
   pending_.reset();
   has_pending_.store(false, std::memory_order_release);
   return taken;
+}
+
+bool Watchdog::Impl::WithdrawHangIfEnded() {
+  Declaring d;
+  {
+    MutexLock lock(&pending_mu_);
+    if (!declaring_.has_value() || declaring_->thread != std::this_thread::get_id()) return false;
+    if (declaring_->withdrawn) return true;
+    d = *declaring_;
+  }
+  // The tracker's lock is not taken under pending_mu_.
+  const bool ended = (d.collective.has_value() && !tracker_->InFlight(*d.collective)) ||
+                     (d.frame_depth > 0 &&
+                      last_progress_ns_.load(std::memory_order_relaxed) > d.progress_ns);
+  if (!ended) return false;
+  MutexLock lock(&pending_mu_);
+  declaring_->withdrawn = true;
+  return true;
+}
+
+bool Watchdog::Impl::FinishDeclaring(bool stored_pending) {
+  MutexLock lock(&pending_mu_);
+  const Declaring d = *std::move(declaring_);
+  declaring_.reset();
+  if (!d.withdrawn) return false;
+  // Never taken: a handler could have taken it (then it stays taken).
+  if (stored_pending && pending_.has_value()) {
+    pending_.reset();
+    has_pending_.store(false, std::memory_order_release);
+  }
+  // The phase instance is judged again, and its duration teaches its bounds when it ends.
+  if (d.frame_depth > 0) {
+    uint64_t instance = d.frame_instance;
+    frames_[d.frame_depth - 1].hung_instance.compare_exchange_strong(instance, 0,
+                                                                     std::memory_order_acq_rel);
+  }
+  hangs_withdrawn_.fetch_add(1, std::memory_order_relaxed);
+  return true;
 }
 
 std::optional<Watchdog::Impl::FrameView> Watchdog::Impl::ReadInnermost() const {
@@ -560,10 +610,23 @@ int Watchdog::Impl::Declare(HangReport::Cause cause, const std::optional<FrameVi
     recorder_->Append(r);
   }
   hangs_declared_.fetch_add(1, std::memory_order_relaxed);
+  bool stored_pending = false;
   {
     MutexLock lock(&pending_mu_);
-    if (!pending_.has_value()) pending_ = report;
+    if (!pending_.has_value()) {
+      pending_ = report;
+      stored_pending = true;
+    }
     has_pending_.store(true, std::memory_order_release);
+    Declaring d;
+    d.thread = std::this_thread::get_id();
+    if (report.collective.has_value()) d.collective = report.collective->instance;
+    if (frame.has_value()) {
+      d.progress_ns = frame->last_progress_ns;
+      d.frame_depth = frame->depth;
+      d.frame_instance = frame->instance;
+    }
+    declaring_ = d;
   }
 
   // User code runs without any of our locks but poll_mu_ held (it serialises hangs), so it may call
@@ -586,7 +649,14 @@ int Watchdog::Impl::Declare(HangReport::Cause cause, const std::optional<FrameVi
   };
   for (const auto& handler : handlers) {
     guarded("a hang handler", [&] { handler(report); });
+    bool withdrawn = false;
+    {
+      MutexLock lock(&pending_mu_);
+      withdrawn = declaring_->withdrawn;
+    }
+    if (withdrawn) break;  // the later handlers are not told of a hang that is no more
   }
+  if (FinishDeclaring(stored_pending)) return 1;
   for (const auto& [name, hook] : hooks) {
     guarded(absl::StrFormat("abort hook \"%s\"", name), hook);
   }

@@ -44,11 +44,13 @@ class Watchdog::Impl {
   void AddHangHandler(std::function<void(const HangReport&)> handler);
   void AddAbortHook(std::string name, std::function<void()> hook);
   std::optional<HangReport> TakeHang();
+  bool WithdrawHangIfEnded();
   int PollOnce();
   PhaseBounds BoundsFor(std::string_view phase) const;
   int phase_thread_id() const { return phase_thread_.load(std::memory_order_relaxed); }
   int64_t hangs_declared() const { return hangs_declared_.load(std::memory_order_relaxed); }
   int64_t hangs_postponed() const { return hangs_postponed_.load(std::memory_order_relaxed); }
+  int64_t hangs_withdrawn() const { return hangs_withdrawn_.load(std::memory_order_relaxed); }
   int64_t last_progress_ns() const { return last_progress_ns_.load(std::memory_order_relaxed); }
   int64_t usage_errors() const { return usage_errors_.load(std::memory_order_relaxed); }
   absl::Status usage_status() const;
@@ -102,6 +104,7 @@ class Watchdog::Impl {
 
   std::atomic<int64_t> hangs_declared_{0};
   std::atomic<int64_t> hangs_postponed_{0};
+  std::atomic<int64_t> hangs_withdrawn_{0};
   std::atomic<int64_t> usage_errors_{0};
   mutable Mutex usage_mu_;
   absl::Status first_usage_error_ ABSL_GUARDED_BY(usage_mu_);
@@ -114,8 +117,22 @@ class Watchdog::Impl {
   std::vector<std::pair<std::string, std::function<void()>>> abort_hooks_
       ABSL_GUARDED_BY(hooks_mu_);
 
+  // The hang whose handlers run now (Declare), and what tells that its wait ended: the collective
+  // it names no longer in flight, or the training thread's progress past the hung frame's.
+  struct Declaring {
+    std::thread::id thread;              // the one running the handlers
+    std::optional<uint64_t> collective;  // HangReport::collective's InFlightCollective::instance
+    int64_t progress_ns = 0;             // the hung frame's last progress
+    int frame_depth = 0;                 // the frame marked hung (0: none)
+    uint64_t frame_instance = 0;
+    bool withdrawn = false;
+  };
+  // Declaring::withdrawn, read and cleared by Declare after the handlers.
+  bool FinishDeclaring(bool stored_pending);
+
   Mutex pending_mu_;
   std::optional<HangReport> pending_ ABSL_GUARDED_BY(pending_mu_);
+  std::optional<Declaring> declaring_ ABSL_GUARDED_BY(pending_mu_);
   std::atomic<bool> has_pending_{false};
 
   Mutex thread_mu_;

@@ -478,6 +478,49 @@ TEST(Launcher, ARankStalledInsideACollectiveIsNamedFromTheRanksStacksAndReplaced
   }
 }
 
+// A stall that ends by itself, as when the whole machine is starved for a moment: rank 2 sleeps
+// 2.5 s inside step 320's allreduce, past the allreduce's bound (the 1 s floor), so every rank
+// declares a hang; the sleep then ends and the allreduce completes within the declaring ranks'
+// wait (hang_dump_wait_ms, 5 s here). The hang is withdrawn: nothing is aborted, the launcher,
+// which saw every rank running, replaces no one, and generation 0 goes on. A real hang later in
+// the same generation (rank 1 stops itself before step 600's allreduce) is still declared, dumped
+// again and diagnosed: rank 1 is replaced in generation 1.
+TEST(Launcher, AStallThatEndsWithinTheHangWaitIsWithdrawnAndALaterHangIsStillDiagnosed) {
+  testing::TempDir dir;
+  LauncherJob job(
+      dir, {"--nproc", "4", "--standby", "1"}, 800,
+      {{"TRAINGUARD_WATCHDOG_FLOOR_MS", "1000"}, {"TRAINGUARD_HANG_DUMP_WAIT_MS", "5000"}},
+      {"--sleep-in-collective", "2:320:2.5", "--stop-before-collective", "1:600"});
+  EXPECT_EQ(job.Wait(), 0) << job.Output();
+  const std::string output = job.Output();
+  EXPECT_THAT(output, ContainsRegex("hang in generation 0 withdrawn: rank [0-3]: its wait ended "
+                                    "[^\n]* after the hang; no one replaced"))
+      << output;
+  EXPECT_THAT(output, Not(ContainsRegex("rank [023] \\(pid [0-9]+\\) is the hang's suspect")))
+      << output;
+  EXPECT_THAT(output, ContainsRegex("rank 1 \\(pid [0-9]+\\) is the hang's suspect: killing it"))
+      << output;
+  EXPECT_THAT(output, HasSubstr("takes rank 1 in generation 1")) << output;
+  EXPECT_THAT(output, Not(HasSubstr("in generation 2"))) << output;
+  ExpectIdenticalReplicas(job, 4);
+  // No step failed before the stop: the hangs declared at step 320 were withdrawn.
+  int withdrawn = 0;
+  for (int rank = 0; rank < 4; ++rank) {
+    for (const Event& e : job.Events(rank)) {
+      if (e.type == EventType::kStepFault) {
+        EXPECT_GE(e.step, 600) << "rank " << rank << ": " << e.message;
+      }
+      if (e.Attribute("what") == "hang_withdrawn" && e.step == 320) ++withdrawn;
+    }
+  }
+  EXPECT_GE(withdrawn, 1);
+  for (absl::string_view line : absl::StrSplit(output, '\n')) {  // the evidence, for the log
+    if (absl::StrContains(line, "hang") || absl::StrContains(line, "takes rank")) {
+      std::printf("%s\n", std::string(line).c_str());
+    }
+  }
+}
+
 // The watchdog settings of the RL-shaped tests: tight on purpose (bounds 1.5 x the longest recent
 // sample) so that the generation's heavy tail outruns the learned duration bound and the fast
 // ranks' waits outrun the allreduce's bound; peers publish progress every 100 ms.

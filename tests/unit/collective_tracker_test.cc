@@ -255,6 +255,27 @@ TEST(CollectiveTracker, ACollectiveInFlightPastItsBoundIsAHangNamingIt) {
       << "the hung collective stays out of the op's history";
 }
 
+// An overdue collective that completes while the hang's handler waits (every rank was slowed at
+// once, and caught up): the hang is withdrawn and its communicator is not aborted.
+TEST(CollectiveTracker, ACollectiveThatCompletesWhileTheHangHandlerWaitsIsNotAborted) {
+  WatchedTracker w;
+  int aborts = 0;
+  ASSERT_TRUE(w.tracker->RegisterCommunicator(kDp, "dp", [&] { ++aborts; }).ok());
+  CollectiveHandle slow;
+  bool withdrawn = false;
+  w.wd->AddHangHandler([&](const HangReport& r) {
+    EXPECT_EQ(r.cause, HangReport::Cause::kCollective);
+    EXPECT_FALSE(w.wd->WithdrawHangIfEnded()) << "still in flight";
+    w.tracker->End(slow);
+    withdrawn = w.wd->WithdrawHangIfEnded();
+  });
+  slow = w.tracker->Begin("all_reduce", kDp, 1024);
+  ASSERT_TRUE(w.RunUntilHang(absl::Seconds(1), absl::Hours(1)).has_value());
+  EXPECT_TRUE(withdrawn);
+  EXPECT_EQ(aborts, 0);
+  EXPECT_FALSE(w.wd->TakeHang().has_value());
+}
+
 TEST(CollectiveTracker, ACollectiveOutsideAnyPhaseIsReportedOnce) {
   WatchedTracker w;
   ASSERT_TRUE(w.tracker->RegisterCommunicator(kDp, "dp", nullptr).ok());

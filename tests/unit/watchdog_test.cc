@@ -352,6 +352,71 @@ TEST(Watchdog, AHandlerMayTakeTheHangItIsToldAbout) {
   EXPECT_FALSE(h.wd->TakeHang().has_value());
 }
 
+// A machine-wide stall ends while the declaring handler waits: the training thread ticks again
+// (here, inside the handler, which runs on the polling thread). The hang is withdrawn: the later
+// handlers and the abort hooks are not run, TakeHang never returns it. The phase instance is
+// judged again: when it then stops for good, the hang is declared and stands.
+TEST(Watchdog, AHangWhoseWaitEndsWhileAHandlerRunsIsWithdrawnAndAbortsNothing) {
+  Harness h;
+  std::vector<std::string> calls;
+  bool stall_ends = true;
+  h.wd->AddHangHandler([&](const HangReport&) {
+    EXPECT_FALSE(h.wd->WithdrawHangIfEnded()) << "no progress since the declaration";
+    if (stall_ends) h.wd->Tick();
+    calls.push_back(h.wd->WithdrawHangIfEnded() ? "withdrawn" : "stands");
+  });
+  h.wd->AddHangHandler([&](const HangReport&) { calls.push_back("second handler"); });
+  h.wd->AddAbortHook("nccl", [&] { calls.push_back("abort"); });
+  h.wd->BeginPhase("stalled");
+  ASSERT_TRUE(h.RunUntilHang(absl::Minutes(1), absl::Hours(1)).has_value());
+  EXPECT_THAT(calls, ::testing::ElementsAre("withdrawn"));
+  EXPECT_FALSE(h.wd->TakeHang().has_value());
+  EXPECT_EQ(h.wd->hangs_declared(), 1);
+  EXPECT_EQ(h.wd->hangs_withdrawn(), 1);
+
+  stall_ends = false;
+  ASSERT_TRUE(h.RunUntilHang(absl::Minutes(1), absl::Hours(1)).has_value())
+      << "the same phase instance, silent again past its bounds";
+  EXPECT_THAT(calls, ::testing::ElementsAre("withdrawn", "stands", "second handler", "abort"));
+  std::optional<HangReport> hang = h.wd->TakeHang();
+  ASSERT_TRUE(hang.has_value());
+  EXPECT_EQ(hang->phase, "stalled");
+  EXPECT_EQ(h.wd->hangs_withdrawn(), 1);
+  h.wd->EndPhase();
+}
+
+TEST(Watchdog, WithdrawHangIfEndedOutsideAHandlerWithdrawsNothing) {
+  Harness h;
+  EXPECT_FALSE(h.wd->WithdrawHangIfEnded());
+  h.wd->BeginPhase("stuck");
+  ASSERT_TRUE(h.RunUntilHang(absl::Minutes(1), absl::Hours(1)).has_value());
+  h.wd->Tick();
+  EXPECT_FALSE(h.wd->WithdrawHangIfEnded()) << "the declaration is over";
+  EXPECT_TRUE(h.wd->TakeHang().has_value());
+  EXPECT_EQ(h.wd->hangs_withdrawn(), 0);
+  h.wd->EndPhase();
+}
+
+// TakeHang on another thread while the handlers run gets their verdict: nothing when they
+// withdraw the hang, the report when it stands.
+TEST(Watchdog, TakeHangOnAnotherThreadDuringTheHandlersGetsTheirVerdict) {
+  for (const bool withdraw : {true, false}) {
+    Harness h;
+    std::optional<HangReport> taken;
+    std::thread training;
+    h.wd->AddHangHandler([&](const HangReport&) {
+      training = std::thread([&] { taken = h.wd->TakeHang(); });
+      if (withdraw) h.wd->Tick();
+      EXPECT_EQ(h.wd->WithdrawHangIfEnded(), withdraw);
+    });
+    h.wd->BeginPhase("stalled");
+    ASSERT_TRUE(h.RunUntilHang(absl::Minutes(1), absl::Hours(1)).has_value());
+    training.join();
+    EXPECT_EQ(taken.has_value(), !withdraw) << (withdraw ? "withdrawn" : "stands");
+    h.wd->EndPhase();
+  }
+}
+
 // The RL shape of section 6.2 of the detection notes: generation whose length is heavy-tailed
 // (lognormal, p99/median = 10) and ticks every few ms, a fixed-size training phase without ticks,
 // and a checkpoint every 250 steps. A "k x median" timeout would fire; the learned bounds must
