@@ -125,14 +125,14 @@ struct Options {
   int watchdog_warmup_samples = 5;
   int watchdog_warmup_bound_ms = 600'000;
   int watchdog_bound_factor_pct = 300;
-  int watchdog_floor_ms = 2'000;
+  int watchdog_floor_ms = 1'000;
   int watchdog_history = 200;
   // With a store: a rank publishes its progress (its last phase event or tick, and the collectives
   // it has entered) at most every watchdog_peer_progress_ms, when it changed. A rank waiting in a
   // collective past its bound asks the peers' records first, and postpones the hang while a peer
   // that has not entered that collective yet made progress within 3 x watchdog_peer_progress_ms +
   // 500 ms (an RL rank still generating is slow, not hung). 0: no records, no postponement.
-  int watchdog_peer_progress_ms = 500;
+  int watchdog_peer_progress_ms = 200;
   // Records in the rank's shared-memory flight recorder ring (flight_recorder.h).
   int flight_recorder_records = 4'096;
   // On a hang, the rank that declared it waits this long (after publishing it through the store)
