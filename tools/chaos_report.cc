@@ -503,11 +503,11 @@ std::string ReportJson(const std::vector<RunAnalysis>& runs) {
         "\"longest_unproductive_from_s\":%s,\"faults_detected\":%d,\"faults_recovered\":%d,"
         "\"culprits_correct\":%d,\"hangs_declared\":%d,\"hangs_withdrawn\":%d,"
         "\"faults\":[%s],\"suspects\":[%s]}",
-        JsonString(run.mode), run.ettr, Seconds(run.wall), Seconds(run.productive),
-        run.steps_kept, run.last_step, Seconds(run.median_step), Seconds(run.longest_unproductive),
+        JsonString(run.mode), run.ettr, Seconds(run.wall), Seconds(run.productive), run.steps_kept,
+        run.last_step, Seconds(run.median_step), Seconds(run.longest_unproductive),
         Seconds(run.longest_unproductive_from), run.faults_detected(), run.faults_recovered(),
-        run.culprits_correct(), run.hangs_declared, run.hangs_withdrawn,
-        absl::StrJoin(faults, ","), absl::StrJoin(suspects, ",")));
+        run.culprits_correct(), run.hangs_declared, run.hangs_withdrawn, absl::StrJoin(faults, ","),
+        absl::StrJoin(suspects, ",")));
   }
   std::string out = absl::StrCat("{\"runs\":[", absl::StrJoin(items, ","), "]");
   if (runs.size() == 2 && runs[1].ettr > 0) {

@@ -1494,8 +1494,7 @@ void Job::DiagnoseHangs() {
   // rank writes the hang key; the last one stays).
   if (silent_ranks.empty() && !pending_hang_->aborted && pending_hang_->declarer >= 0) {
     const std::string key = absl::StrCat("hang/gen", pending_hang_->generation);
-    const std::string withdrawn_key =
-        absl::StrCat(key, "/withdrawn/", pending_hang_->declarer);
+    const std::string withdrawn_key = absl::StrCat(key, "/withdrawn/", pending_hang_->declarer);
     absl::StatusOr<std::vector<std::optional<std::string>>> verdict = ranks_store()->MultiGet(
         {absl::StrCat(key, "/aborted/", pending_hang_->declarer), withdrawn_key}, kStoreTimeout);
     if (verdict.ok() && (*verdict)[0].has_value()) {

@@ -58,10 +58,11 @@
 // hangs quickly. A handler that waits (bounded) before the abort, as the Runtime's does for the
 // peers' dumps, calls WithdrawHangIfEnded(): once the wait that was declared a hang has ended by
 // itself (the collective the report names completed, or the training thread began, ended or ticked
-// a phase since the hung phase's last progress), the hang is withdrawn: the later handlers, the abort hooks and the communicator
-// aborts do not run, TakeHang() never returns it, its phase instance is judged again and teaches
-// its bounds, and hangs_withdrawn() counts it. TakeHang() called on another thread while handlers
-// run waits for them (up to 10 s) so that a hang about to be withdrawn is not taken.
+// a phase since the hung phase's last progress), the hang is withdrawn: the later handlers, the
+// abort hooks and the communicator aborts do not run, TakeHang() never returns it, its phase
+// instance is judged again and teaches its bounds, and hangs_withdrawn() counts it. TakeHang()
+// called on another thread while handlers run waits for them (up to 10 s) so that a hang about to
+// be withdrawn is not taken.
 //
 // Cost: BeginPhase/EndPhase/Tick allocate nothing and never wait for the monitor: the open phases
 // are a fixed array of atomics written by the training thread alone, read by the monitor under a

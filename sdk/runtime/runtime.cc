@@ -729,8 +729,9 @@ void RuntimeImpl::OnHang(const HangReport& report) {
   withdrawn.step = report.step;
   withdrawn.message = absl::StrCat("hang withdrawn: the wait ended by itself ", waited,
                                    " after it was declared; nothing aborted");
-  withdrawn.attributes = {{"what", "hang_withdrawn"}, {"waited_ms",
-                           absl::StrCat(absl::ToInt64Milliseconds(absl::Now() - declared))}};
+  withdrawn.attributes = {
+      {"what", "hang_withdrawn"},
+      {"waited_ms", absl::StrCat(absl::ToInt64Milliseconds(absl::Now() - declared))}};
   (void)EmitEvent(std::move(withdrawn));
 }
 

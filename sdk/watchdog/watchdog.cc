@@ -356,8 +356,7 @@ std::optional<HangReport> Watchdog::Impl::TakeHang() {
   // outlasts the wait leaves the hang standing), unless this is their thread.
   if (declaring_.has_value() && declaring_->thread != std::this_thread::get_id()) {
     pending_mu_.AwaitWithTimeout(
-        [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !declaring_.has_value(); },
-        kHandlersWait);
+        [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !declaring_.has_value(); }, kHandlersWait);
   }
   std::optional<HangReport> taken = std::move(pending_);
   pending_.reset();
@@ -374,9 +373,9 @@ bool Watchdog::Impl::WithdrawHangIfEnded() {
     d = *declaring_;
   }
   // The tracker's lock is not taken under pending_mu_.
-  const bool ended = (d.collective.has_value() && !tracker_->InFlight(*d.collective)) ||
-                     (d.frame_depth > 0 &&
-                      last_progress_ns_.load(std::memory_order_relaxed) > d.progress_ns);
+  const bool ended =
+      (d.collective.has_value() && !tracker_->InFlight(*d.collective)) ||
+      (d.frame_depth > 0 && last_progress_ns_.load(std::memory_order_relaxed) > d.progress_ns);
   if (!ended) return false;
   MutexLock lock(&pending_mu_);
   declaring_->withdrawn = true;
