@@ -212,6 +212,9 @@ class Watchdog {
   // The oldest hang not yet taken, once; nullopt when none is pending. Lock-free when none is.
   // While a hang's handlers run (on another thread), waits up to 10 s for them: see above.
   std::optional<HangReport> TakeHang();
+  // The same without waiting for the handlers: a hang they are still deciding on is taken as it
+  // stands. For a caller whose step failed by itself, which no withdrawal would make succeed.
+  std::optional<HangReport> TakeHangNow();
 
   // From a hang handler, on its thread: true when the wait declared a hang has ended since (the
   // collective the report names is no longer in flight, or the training thread made progress), and

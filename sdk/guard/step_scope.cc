@@ -224,8 +224,11 @@ StepResult StepScope::Finish() {
   std::optional<HangReport> hang;
   if (Watchdog* watchdog = runtime_.watchdog(); watchdog != nullptr) {
     watchdog->EndPhase();
-    RuntimeImpl::Of(runtime_).NoteStepEnding(exception_ || reported_kind_ != FaultKind::kNone);
-    hang = watchdog->TakeHang();
+    // A step that failed by itself takes a hang as it stands: waiting for the hang's handlers
+    // (the dump of every thread's stack, then their verdict) would only delay the recovery.
+    const bool failed = exception_ || reported_kind_ != FaultKind::kNone;
+    RuntimeImpl::Of(runtime_).NoteStepEnding(failed);
+    hang = failed ? watchdog->TakeHangNow() : watchdog->TakeHang();
     if (hang.has_value()) {
       ReportFault(FaultKind::kCommunicationFailure,
                   absl::StrCat("the watchdog declared a hang: ", hang->ToString()));

@@ -152,7 +152,8 @@ void Watchdog::AddHangHandler(std::function<void(const HangReport&)> handler) {
 void Watchdog::AddAbortHook(std::string name, std::function<void()> hook) {
   impl_->AddAbortHook(std::move(name), std::move(hook));
 }
-std::optional<HangReport> Watchdog::TakeHang() { return impl_->TakeHang(); }
+std::optional<HangReport> Watchdog::TakeHang() { return impl_->TakeHang(/*wait=*/true); }
+std::optional<HangReport> Watchdog::TakeHangNow() { return impl_->TakeHang(/*wait=*/false); }
 int Watchdog::PollOnce() { return impl_->PollOnce(); }
 PhaseBounds Watchdog::BoundsFor(std::string_view phase) const { return impl_->BoundsFor(phase); }
 int Watchdog::phase_thread_id() const { return impl_->phase_thread_id(); }
@@ -349,12 +350,12 @@ void Watchdog::Impl::AddAbortHook(std::string name, std::function<void()> hook) 
   abort_hooks_.emplace_back(std::move(name), std::move(hook));
 }
 
-std::optional<HangReport> Watchdog::Impl::TakeHang() {
+std::optional<HangReport> Watchdog::Impl::TakeHang(bool wait) {
   if (!has_pending_.load(std::memory_order_acquire)) return std::nullopt;
   MutexLock lock(&pending_mu_);
   // A hang whose handlers still run may yet be withdrawn: wait for them (bounded; a handler that
   // outlasts the wait leaves the hang standing), unless this is their thread.
-  if (declaring_.has_value() && declaring_->thread != std::this_thread::get_id()) {
+  if (wait && declaring_.has_value() && declaring_->thread != std::this_thread::get_id()) {
     pending_mu_.AwaitWithTimeout(
         [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !declaring_.has_value(); }, kHandlersWait);
   }

@@ -43,7 +43,7 @@ class Watchdog::Impl {
   std::vector<PhaseTotal> PhaseTotals() const;
   void AddHangHandler(std::function<void(const HangReport&)> handler);
   void AddAbortHook(std::string name, std::function<void()> hook);
-  std::optional<HangReport> TakeHang();
+  std::optional<HangReport> TakeHang(bool wait);
   bool WithdrawHangIfEnded();
   int PollOnce();
   PhaseBounds BoundsFor(std::string_view phase) const;

@@ -417,6 +417,28 @@ TEST(Watchdog, TakeHangOnAnotherThreadDuringTheHandlersGetsTheirVerdict) {
   }
 }
 
+// TakeHangNow takes a hang its handlers are still deciding on, as it stands (a step that failed by
+// itself); the handlers' withdrawal then finds it taken and aborts nothing either.
+TEST(Watchdog, TakeHangNowDuringTheHandlersTakesTheHangAsItStands) {
+  Harness h;
+  std::optional<HangReport> taken;
+  int aborts = 0;
+  h.wd->AddAbortHook("nccl", [&] { ++aborts; });
+  h.wd->AddHangHandler([&](const HangReport&) {
+    std::thread training([&] { taken = h.wd->TakeHangNow(); });
+    training.join();
+    h.wd->Tick();
+    EXPECT_TRUE(h.wd->WithdrawHangIfEnded());
+  });
+  h.wd->BeginPhase("stalled");
+  ASSERT_TRUE(h.RunUntilHang(absl::Minutes(1), absl::Hours(1)).has_value());
+  ASSERT_TRUE(taken.has_value());
+  EXPECT_EQ(taken->phase, "stalled");
+  EXPECT_EQ(aborts, 0);
+  EXPECT_FALSE(h.wd->TakeHang().has_value()) << "taken once";
+  h.wd->EndPhase();
+}
+
 // The RL shape of section 6.2 of the detection notes: generation whose length is heavy-tailed
 // (lognormal, p99/median = 10) and ticks every few ms, a fixed-size training phase without ticks,
 // and a checkpoint every 250 steps. A "k x median" timeout would fire; the learned bounds must
