@@ -709,18 +709,19 @@ void RuntimeImpl::OnHang(const HangReport& report) {
   // hang: nothing is aborted, and the launcher replaces no one.
   const std::string key = absl::StrCat("hang/gen", generation);
   (void)store_->Set(key, absl::StrCat("rank ", rank_, ": ", report.ToString()), absl::Seconds(2));
+  const absl::Time declared = absl::Now();
   {
     MutexLock lock(&dump_mu_);
-    hang_key_seen_ = absl::Now();
+    hang_key_seen_ = declared;
   }
-  const absl::Time declared = absl::Now();
   if (!AwaitHangEnd()) {
     (void)store_->Set(absl::StrCat(key, "/aborted/", rank_), absl::StrCat("rank ", rank_),
                       absl::Seconds(2));
     return;
   }
+  const absl::Duration waited_for = absl::Now() - declared;
   const std::string waited =
-      absl::FormatDuration(absl::Trunc(absl::Now() - declared, absl::Milliseconds(1)));
+      absl::FormatDuration(absl::Trunc(waited_for, absl::Milliseconds(1)));
   (void)store_->Set(absl::StrCat(key, "/withdrawn/", rank_),
                     absl::StrCat("rank ", rank_, ": its wait ended ", waited, " after the hang"),
                     absl::Seconds(2));
@@ -731,7 +732,7 @@ void RuntimeImpl::OnHang(const HangReport& report) {
                                    " after it was declared; nothing aborted");
   withdrawn.attributes = {
       {"what", "hang_withdrawn"},
-      {"waited_ms", absl::StrCat(absl::ToInt64Milliseconds(absl::Now() - declared))}};
+      {"waited_ms", absl::StrCat(absl::ToInt64Milliseconds(waited_for))}};
   (void)EmitEvent(std::move(withdrawn));
 }
 

@@ -153,6 +153,34 @@ TEST(ChaosReport, AStopIsRecoveredByTheFirstStepDoneAfterItsDetectionNotTheStepI
   EXPECT_EQ(f.steps_lost, 0);
 }
 
+// The hangs a rank's watchdog declared (not the peers' "remote" dumps of them), those withdrawn,
+// and only inside the run: in the text report and the JSON.
+TEST(ChaosReport, HangsDeclaredAndWithdrawnAreCountedInsideTheRunOnly) {
+  auto hang = [](double at, int rank, bool remote) {
+    Event e;
+    e.time = At(at);
+    e.rank = rank;
+    e.type = EventType::kHang;
+    if (remote) e.attributes = {{"remote", "true"}};
+    return e;
+  };
+  std::vector<Event> events = {hang(0.5, 0, false), Custom(1, -1, "chaos_run_start")};
+  AddSteps(events, 0, 4, 2, 0, "100");
+  events.push_back(hang(3.0, 0, false));
+  events.push_back(hang(3.0, 1, false));
+  events.push_back(hang(3.1, 2, true));
+  events.push_back(Custom(3.5, 0, "hang_withdrawn"));
+  events.push_back(hang(5.0, 1, false));
+  events.push_back(Custom(8, -1, "chaos_run_end"));
+  events.push_back(Custom(8.5, 1, "hang_withdrawn"));
+
+  const RunAnalysis run = AnalyzeRun(events);
+  EXPECT_EQ(run.hangs_declared, 3);
+  EXPECT_EQ(run.hangs_withdrawn, 1);
+  EXPECT_THAT(FormatReport({run}), HasSubstr("hangs declared by a rank 3, withdrawn 1 "));
+  EXPECT_THAT(ReportJson({run}), HasSubstr("\"hangs_declared\":3,\"hangs_withdrawn\":1,"));
+}
+
 TEST(ChaosReport, ANansCulpritIsTheRankThatFoundNonFiniteValuesNotTheRanksThatSkippedWithIt) {
   std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
   AddSteps(events, 0, 4, 1, 0, "100");
