@@ -140,7 +140,7 @@ struct Config {
   std::string run_dir;
   std::string png;
   int heartbeat_timeout_s = 5;
-  int host_timeout_s = 3;
+  double host_timeout_s = 3;
   int checkpoint_every_steps = 50;
   std::vector<std::string> modes = {"trainguard", "baseline"};
   int world() const { return training_hosts * per_node; }
@@ -208,7 +208,11 @@ absl::StatusOr<Config> ParseArguments(int argc, char** argv) {
     } else if (flag == "--heartbeat-timeout") {
       status = need_count(&config.heartbeat_timeout_s);
     } else if (flag == "--host-timeout") {
-      status = need_count(&config.host_timeout_s);
+      if (!absl::SimpleAtod(value, &config.host_timeout_s) || config.host_timeout_s < 0.5 ||
+          config.host_timeout_s > 3600) {
+        status = absl::InvalidArgumentError(
+            absl::StrFormat("--host-timeout '%s': need seconds in [0.5, 3600]", value));
+      }
     } else if (flag == "--checkpoint-every-steps") {
       status = need_count(&config.checkpoint_every_steps);
     } else if (flag == "--duration" || flag == "--mean-interval") {
@@ -425,7 +429,7 @@ absl::Status ChaosOnHosts::StartHost(int slot, bool standby) {
                                    "--local-addr",
                                    SimCluster::Address(slot),
                                    "--host-timeout",
-                                   absl::StrCat(config_.host_timeout_s),
+                                   absl::StrFormat("%g", config_.host_timeout_s),
                                    "--heartbeat-timeout",
                                    absl::StrCat(config_.heartbeat_timeout_s),
                                    "--max-replacements",

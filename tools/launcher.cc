@@ -208,6 +208,7 @@ struct Child {
   int64_t rank_generation = 0;
   absl::Time started;
   absl::Time stopped_since = absl::InfiniteFuture();  // KillRanksStoppedBeforeFormation
+  bool reported_stopped = false;  // agents/stopped/<member_id> written (ReportStoppedRanks)
 
   std::string Label() const {
     return rank >= 0 ? absl::StrCat("rank ", rank) : absl::StrCat("standby ", standby_index);
@@ -259,6 +260,11 @@ class Job {
   // the round would wait for it until --rendezvous-timeout: its agent kills it after
   // --heartbeat-timeout, a rank lost before the restarted job formed.
   void KillRanksStoppedBeforeFormation();
+  // Every agent: writes agents/stopped/<member> for each rank process of this host that is stopped
+  // (SIGSTOP), and deletes it once the process runs again or is gone. A stopped rank dumps no hang
+  // and its heartbeat goes stale only after kSilentHeartbeat; the coordinator, which cannot see
+  // another host's processes, reads these instead (DiagnoseHangs).
+  void ReportStoppedRanks();
   // Multi-host --restart-all (every restart-all path of the agents and the coordinator).
   bool RestartsOnHosts() const { return MultiHost() && config_.restart_all >= 0; }
   // The job id the ranks run under: the job's, or in restart round K "<job id>.round<K>", so that
@@ -442,6 +448,7 @@ class Job {
     absl::Time seen;
     std::map<int, FlightRecorderContents> live_rings;  // read when the hang was seen
     std::set<int> heartbeat_silent;  // ranks already said to send no heartbeat (several hosts)
+    std::set<int> agent_stopped;     // ranks already said to be stopped by their agent
     int declarer = -1;     // the rank that wrote the hang key read ("rank R: ..."), if known
     bool aborted = false;  // it aborted (hang/gen<G>/aborted/<R>)
   };
@@ -1417,7 +1424,7 @@ void Job::DiagnoseHangs() {
         continue;
       }
       Say(absl::StrCat("hang in generation ", g, ": ", *who));
-      PendingHang hang{g, now, {}, {}};
+      PendingHang hang{g, now, {}, {}, {}};
       hang.declarer = HangDeclarer(*who);
       for (int r = 0; r < world_size_; ++r) {
         absl::StatusOr<FlightRecorderContents> ring = ReadFlightRecorder(RanksJobId(), r);
@@ -1462,7 +1469,6 @@ void Job::DiagnoseHangs() {
       for (int rank : *quiet) {
         if (dumped_ranks.count(rank) != 0) continue;
         silent_ranks.insert(rank);
-        ++silent;
         if (pending_hang_->heartbeat_silent.insert(rank).second) {
           Say(absl::StrFormat("hang diagnosis: rank %d has sent no heartbeat for %s: it will not "
                               "dump",
@@ -1470,6 +1476,26 @@ void Job::DiagnoseHangs() {
         }
       }
     }
+    // Sooner: the agent of a stopped rank's host sees it stopped (ReportStoppedRanks), so the
+    // diagnosis need not wait for its heartbeat to go stale.
+    absl::StatusOr<std::vector<std::string>> stopped =
+        store_->ListKeys("agents/stopped/", kStoreTimeout);
+    if (stopped.ok() && !stopped->empty()) {
+      const Membership current = coordinator_->current();
+      for (const std::string& key : *stopped) {
+        const std::string member = key.substr(strlen("agents/stopped/"));
+        auto held = std::find(current.members.begin(), current.members.end(), member);
+        if (held == current.members.end()) continue;  // an earlier generation's process
+        const int rank = static_cast<int>(held - current.members.begin());
+        if (dumped_ranks.count(rank) != 0) continue;
+        silent_ranks.insert(rank);
+        if (pending_hang_->agent_stopped.insert(rank).second) {
+          Say(absl::StrCat("hang diagnosis: rank ", rank, " (", member,
+                           ") is stopped, its agent says: it will not dump"));
+        }
+      }
+    }
+    silent = silent_ranks.size();
   }
   if (!MultiHost() && dumps.ok()) {
     for (int rank = 0; rank < world_size_; ++rank) {
@@ -1525,10 +1551,11 @@ void Job::DiagnoseHangs() {
       if (silent_ranks.count(rank) != 0) stopped.push_back(rank);
     }
     if (!stopped.empty() && stopped.size() < diagnosis.suspects.size()) {
-      Say(absl::StrFormat("hang diagnosis: of the suspects, rank(s) %s are not running (%s): "
+      Say(
+          absl::StrFormat("hang diagnosis: of the suspects, rank(s) %s are not running (%s): "
                           "they are the ones replaced",
                           absl::StrJoin(stopped, ","),
-                          MultiHost() ? "no heartbeat" : "stopped, SIGSTOP"));
+                          MultiHost() ? "stopped, or no heartbeat" : "stopped, SIGSTOP"));
       diagnosis.suspects = stopped;
     }
   }
@@ -1830,6 +1857,7 @@ void Job::StartForming() {
 //   agents/hb/<host>               the agent's heartbeat counter
 //   agents/dead/<host>             why the coordinator declared the host dead (it is fenced out)
 //   agents/deaths/<member>         "<rank> <how>": an agent saw its rank process die
+//   agents/stopped/<member>        the host id: an agent sees its rank process stopped (SIGSTOP)
 //   agents/kill/<host>/<member>    "<what> <why>": the coordinator asks that host's agent to kill a
 //                                  process (what: rank_unresponsive or hang_suspect, the event
 //                                  the agent records with the process' pid)
@@ -1925,6 +1953,7 @@ void Job::AgentTick() {
   if (!spawned_) FollowPlan();
   if (exit_code_ < 0) FollowGeneration();
   if (exit_code_ < 0) ExecuteKillRequests();
+  if (exit_code_ < 0) ReportStoppedRanks();
   if (exit_code_ < 0 && RestartsOnHosts()) KillRanksStoppedBeforeFormation();
   if (exit_code_ < 0 && coordinating()) CoordinateHosts();
   if (exit_code_ < 0 && config_.fail_slow != LaunchConfig::FailSlowPolicy::kOff) {
@@ -2185,6 +2214,19 @@ void Job::FollowRestartRound() {
   if (!absl::SimpleAtoi(round_why.first, &round) || round <= round_) return;
   Say(absl::StrFormat("restart round %d: %s", round, round_why.second));
   StartRound(round);
+}
+
+void Job::ReportStoppedRanks() {
+  const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
+  for (auto& c : children_) {
+    if (c->rank < 0 && !c->reported_stopped) continue;
+    const bool stopped = c->running && c->rank >= 0 && IsStopped(c->pid);
+    if (stopped == c->reported_stopped) continue;
+    const std::string key = absl::StrCat("agents/stopped/", c->member_id);
+    const absl::Status written = stopped ? store_->Set(key, config_.host_id, timeout)
+                                         : store_->Delete(key, timeout).status();
+    if (written.ok()) c->reported_stopped = stopped;  // else tried again at the next tick
+  }
 }
 
 void Job::KillRanksStoppedBeforeFormation() {
