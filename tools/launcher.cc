@@ -2219,7 +2219,6 @@ void Job::FollowRestartRound() {
 void Job::ReportStoppedRanks() {
   const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
   for (auto& c : children_) {
-    if (c->rank < 0 && !c->reported_stopped) continue;
     const bool stopped = c->running && c->rank >= 0 && IsStopped(c->pid);
     if (stopped == c->reported_stopped) continue;
     const std::string key = absl::StrCat("agents/stopped/", c->member_id);
