@@ -53,6 +53,7 @@
 #include "sdk/rendezvous/coordinator_lease.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/rendezvous/tcp_store.h"
+#include "sdk/runtime/peer_progress.h"
 #include "sdk/watchdog/flight_recorder.h"
 #include "sdk/watchdog/hang_diagnosis.h"
 #include "tools/fail_slow_dump.h"
@@ -260,10 +261,12 @@ class Job {
   // the round would wait for it until --rendezvous-timeout: its agent kills it after
   // --heartbeat-timeout, a rank lost before the restarted job formed.
   void KillRanksStoppedBeforeFormation();
-  // Every agent: writes agents/stopped/<member> for each rank process of this host that is stopped
-  // (SIGSTOP), and deletes it once the process runs again or is gone. A stopped rank dumps no hang
-  // and its heartbeat goes stale only after kSilentHeartbeat; the coordinator, which cannot see
-  // another host's processes, reads these instead (DiagnoseHangs).
+  // Every agent, and the single-host launcher: writes agents/stopped/<member> for each rank process
+  // of this host that is stopped (SIGSTOP), and deletes it once the process runs again or is gone.
+  // A stopped rank dumps no hang and its heartbeat goes stale only after kSilentHeartbeat; the
+  // coordinator, which cannot see another host's processes, reads these instead (DiagnoseHangs),
+  // and so do the ranks waiting for it in a collective, whose watchdog otherwise takes the stopped
+  // rank's last progress record for a peer still working (runtime_internal::ExplainWait).
   void ReportStoppedRanks();
   // Multi-host --restart-all (every restart-all path of the agents and the coordinator).
   bool RestartsOnHosts() const { return MultiHost() && config_.restart_all >= 0; }
@@ -1479,11 +1482,11 @@ void Job::DiagnoseHangs() {
     // Sooner: the agent of a stopped rank's host sees it stopped (ReportStoppedRanks), so the
     // diagnosis need not wait for its heartbeat to go stale.
     absl::StatusOr<std::vector<std::string>> stopped =
-        store_->ListKeys("agents/stopped/", kStoreTimeout);
+        store_->ListKeys(runtime_internal::kStoppedMemberPrefix, kStoreTimeout);
     if (stopped.ok() && !stopped->empty()) {
       const Membership current = coordinator_->current();
       for (const std::string& key : *stopped) {
-        const std::string member = key.substr(strlen("agents/stopped/"));
+        const std::string member = key.substr(strlen(runtime_internal::kStoppedMemberPrefix));
         auto held = std::find(current.members.begin(), current.members.end(), member);
         if (held == current.members.end()) continue;  // an earlier generation's process
         const int rank = static_cast<int>(held - current.members.begin());
@@ -1790,6 +1793,8 @@ int Job::Run() {
         }
       }
     }
+    // One host: for the ranks' peer waits (on several hosts, each agent's tick does it).
+    if (!MultiHost() && formed_reported_ && exit_code_ < 0) ReportStoppedRanks();
     if (coordinating()) {
       TryReplacements();
       CheckRecoveries();
@@ -2221,7 +2226,7 @@ void Job::ReportStoppedRanks() {
   for (auto& c : children_) {
     const bool stopped = c->running && c->rank >= 0 && IsStopped(c->pid);
     if (stopped == c->reported_stopped) continue;
-    const std::string key = absl::StrCat("agents/stopped/", c->member_id);
+    const std::string key = absl::StrCat(runtime_internal::kStoppedMemberPrefix, c->member_id);
     const absl::Status written = stopped ? store_->Set(key, config_.host_id, timeout)
                                          : store_->Delete(key, timeout).status();
     if (written.ok()) c->reported_stopped = stopped;  // else tried again at the next tick

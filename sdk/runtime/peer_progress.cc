@@ -81,9 +81,11 @@ std::string ProgressKey(int64_t generation, int rank) {
 
 std::optional<std::string> ExplainWait(const std::vector<std::optional<std::string>>& records,
                                        int self, std::string_view op, uint64_t comm_id,
-                                       int64_t comm_seq, absl::Time now, absl::Duration window) {
+                                       int64_t comm_seq, absl::Time now, absl::Duration window,
+                                       const std::vector<bool>& stopped) {
   for (int rank = 0; rank < static_cast<int>(records.size()); ++rank) {
     if (rank == self || !records[rank].has_value()) continue;
+    if (rank < static_cast<int>(stopped.size()) && stopped[rank]) continue;
     absl::StatusOr<ProgressRecord> r = ParseProgressRecord(*records[rank]);
     if (!r.ok()) continue;
     if (r->BegunOn(comm_id) > comm_seq) continue;  // it entered the collective: it waits too

@@ -184,7 +184,7 @@ absl::Status RuntimeImpl::JoinRendezvous() {
     absl::StatusOr<Membership> m =
         member_->JoinInitial(options_.rank, options_.world_size, timeout);
     if (!m.ok()) return m.status();
-    membership_ = *std::move(m);
+    SetMembership(*std::move(m));
     return absl::OkStatus();
   }
   // A standby parks, one bounded wait after another, until the launcher assigns it or stops it.
@@ -201,7 +201,7 @@ absl::Status RuntimeImpl::JoinRendezvous() {
   if (!plan.ok()) return plan.status();
   rank_ = m->rank;
   generation_.store(m->generation);
-  membership_ = *std::move(m);
+  SetMembership(*std::move(m));
   resume_step_ = plan->resume_step;
   recovery_plan_ = *std::move(plan);
   return absl::OkStatus();
@@ -346,7 +346,7 @@ absl::StatusOr<int64_t> RuntimeImpl::ReRendezvous(const StepResult& result, int6
       continue;
     }
     if (!plan.ok()) return plan.status();
-    membership_ = *std::move(m);
+    SetMembership(*std::move(m));
     generation_.store(membership_.generation);
     recovery_plan_ = *plan;
     consecutive_failures_ = 0;
@@ -812,16 +812,40 @@ void RuntimeImpl::PublishWork() {
   (void)store_->Set(RankWorkKey(rank_), EncodeRankWorkRecord(record), absl::Milliseconds(500));
 }
 
+void RuntimeImpl::SetMembership(Membership m) {
+  {
+    MutexLock lock(&members_mu_);
+    members_generation_ = m.generation;
+    member_ids_ = m.members;
+  }
+  membership_ = std::move(m);
+}
+
 std::optional<std::string> RuntimeImpl::ExplainPeerWait(const InFlightCollective& waiting_in) {
   const int64_t generation = this->generation();
   std::vector<std::string> keys;
   for (int r = 0; r < options_.world_size; ++r) {
     keys.push_back(runtime_internal::ProgressKey(generation, r));
   }
+  // In the same round trip: which peers their launcher (one host) or host agent sees stopped.
+  {
+    MutexLock lock(&members_mu_);
+    if (members_generation_ == generation &&
+        member_ids_.size() == static_cast<size_t>(options_.world_size)) {
+      for (const std::string& member : member_ids_) {
+        keys.push_back(absl::StrCat(runtime_internal::kStoppedMemberPrefix, member));
+      }
+    }
+  }
   // A store that does not answer quickly gives no excuse: the hang is declared.
   absl::StatusOr<std::vector<std::optional<std::string>>> records =
       store_->MultiGet(keys, absl::Milliseconds(500));
   if (!records.ok()) return std::nullopt;
+  std::vector<bool> stopped;
+  for (size_t i = options_.world_size; i < records->size(); ++i) {
+    stopped.push_back((*records)[i].has_value());
+  }
+  records->resize(options_.world_size);
   // A record is written at most 1.5 periods after the previous one (the watcher wakes every half
   // period). The window also allows a loaded machine to delay a publication by a period more, and
   // the store round trips: a peer still generating must not look silent because its watcher
@@ -830,7 +854,7 @@ std::optional<std::string> RuntimeImpl::ExplainPeerWait(const InFlightCollective
       3 * absl::Milliseconds(options_.watchdog_peer_progress_ms) + absl::Milliseconds(500);
   std::optional<std::string> peer =
       runtime_internal::ExplainWait(*records, rank_, waiting_in.op, waiting_in.comm_id,
-                                    waiting_in.comm_seq, clock_->Now(), window);
+                                    waiting_in.comm_seq, clock_->Now(), window, stopped);
   if (peer.has_value() && waiting_in.instance != excused_collective_) {
     excused_collective_ = waiting_in.instance;
     Event event;

@@ -183,6 +183,8 @@ class RuntimeImpl final : public Runtime {
   void PublishWork();
   // The watchdog's peer_progress question (watchdog.h), answered from the peers' records.
   std::optional<std::string> ExplainPeerWait(const InFlightCollective& waiting_in);
+  // Training thread: membership_ = m, and the copy of its member ids ExplainPeerWait reads.
+  void SetMembership(Membership m);
   // On the watchdog's thread, in OnHang: bounded polling (hang_dump_wait_ms) while the peers dump,
   // until the wait declared a hang ends by itself and its step ends ok. True: the hang is withdrawn
   // (Watchdog::WithdrawHangIfEnded); false: the deadline passed, the step ended failed (a peer
@@ -255,6 +257,11 @@ class RuntimeImpl final : public Runtime {
     int64_t generation = -1;
   };
   PublishedProgress published_;
+  // The current generation's member ids, by rank, for ExplainPeerWait on the watchdog's thread
+  // (membership_ itself is the training thread's). Set by SetMembership.
+  Mutex members_mu_;
+  int64_t members_generation_ = -1;       // guarded by members_mu_
+  std::vector<std::string> member_ids_;  // guarded by members_mu_
   int64_t work_published_ns_ = 0;  // watcher thread only: when PublishWork last wrote
   // Watchdog thread only: the collective whose postponement was last written as an event.
   uint64_t excused_collective_ = 0;

@@ -117,6 +117,29 @@ TEST(ExplainWait, PeersWaitingInTheSameCollectiveOrSilentTooLongExplainNothing) 
   EXPECT_FALSE(ExplainWait(odd, 0, "all_reduce", kDp, 812, kNow, window).has_value());
 }
 
+TEST(ExplainWait, APeerItsHostAgentSeesStoppedExplainsNothingHoweverRecentItsRecord) {
+  // Rank 2 published 100 ms ago, having progressed just before: then SIGSTOP. Its record alone
+  // excuses the wait for a whole window; its host agent's agents/stopped/<member> does not.
+  const auto records = Records({std::nullopt, std::nullopt,
+                                Record(absl::Milliseconds(100), absl::Milliseconds(5), 811, 812),
+                                Record(absl::Milliseconds(20), absl::Milliseconds(1), 811, 812)});
+  const absl::Duration window = absl::Seconds(1);
+  ASSERT_TRUE(ExplainWait(records, 0, "all_reduce", kDp, 812, kNow, window).has_value());
+  // Rank 2 stopped; rank 3, running and not in the collective yet, still explains the wait.
+  std::optional<std::string> why = ExplainWait(records, 0, "all_reduce", kDp, 812, kNow, window,
+                                               {false, false, true, false});
+  ASSERT_TRUE(why.has_value());
+  EXPECT_THAT(*why, HasSubstr("rank 3 has not entered"));
+  // Both stopped: nobody works towards the collective, the hang is declared.
+  EXPECT_FALSE(ExplainWait(records, 0, "all_reduce", kDp, 812, kNow, window,
+                           {false, false, true, true})
+                   .has_value());
+  // A shorter list (no agent view of the last ranks) leaves those ranks to their records.
+  EXPECT_TRUE(
+      ExplainWait(records, 0, "all_reduce", kDp, 812, kNow, window, {false, false, true})
+          .has_value());
+}
+
 TEST(ExplainWait, APeerWithoutTheCommunicatorHasNotEnteredIt) {
   ProgressRecord r = Record(absl::Milliseconds(10), absl::ZeroDuration(), 3, 0);
   r.begun = {{99, 4}};
