@@ -89,6 +89,13 @@ Detection Detects(const std::string& kind, const Event& e) {
   return {};
 }
 
+// When an event detected what it reports: its time, but for a hang the declaration, `dump_ms`
+// before the event (a rank writes its hang event once it has dumped every thread's stack).
+absl::Time DetectedAt(const Event& e) {
+  if (e.type != EventType::kHang) return e.time;
+  return e.time - absl::Milliseconds(std::max<int64_t>(0, AttributeInt(e, "dump_ms", 0)));
+}
+
 // How long after its injection a fault's evidence is looked for.
 constexpr absl::Duration kEvidenceWindow = absl::Seconds(60);
 
@@ -300,7 +307,7 @@ RunAnalysis AnalyzeRun(std::vector<Event> events) {
       if (e.time < inject.time || e.time > until || !ours(e)) continue;
       const Detection d = Detects(f.kind, e);
       if (!d.detects || ((d.culprit.has_value() || host_fault) && naming != i)) continue;
-      f.detection_latency = e.time - inject.time;
+      f.detection_latency = std::max(absl::ZeroDuration(), DetectedAt(e) - inject.time);
       f.detected_by = e.type == EventType::kCustom ? What(e) : std::string(EventTypeName(e.type));
       break;
     }

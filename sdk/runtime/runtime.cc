@@ -678,12 +678,16 @@ void RuntimeImpl::OnHang(const HangReport& report) {
   const int64_t generation = this->generation();
   std::string stacks;
   std::string path;
+  const int64_t dump_begin_ns = clock_->MonotonicNanos();
   {
     MutexLock lock(&dump_mu_);
     path = DumpEvidence(absl::StrCat("hang: ", report.ToString()), &stacks);
     dumped_generation_ = generation;
     hang_key_seen_ = absl::InfiniteFuture();  // until this rank's hang key is written
   }
+  // The event (and the hang key after it) goes out once the dump is written: its time is the
+  // declaration's plus this.
+  const int64_t dump_ms = (clock_->MonotonicNanos() - dump_begin_ns) / 1'000'000;
   Event event;
   event.type = EventType::kHang;
   event.step = report.step;
@@ -693,7 +697,8 @@ void RuntimeImpl::OnHang(const HangReport& report) {
       {"cause", report.cause == HangReport::Cause::kCollective ? "collective" : "phase"},
       {"elapsed_ms", absl::StrCat(absl::ToInt64Milliseconds(report.elapsed))},
       {"bound_ms", absl::StrCat(absl::ToInt64Milliseconds(report.bound))},
-      {"dump", path}};
+      {"dump", path},
+      {"dump_ms", absl::StrCat(dump_ms)}};
   if (report.collective.has_value()) {
     event.attributes.emplace_back("collective", report.collective->op);
     event.attributes.emplace_back("comm_seq", absl::StrCat(report.collective->comm_seq));

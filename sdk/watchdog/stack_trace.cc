@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/debugging/symbolize.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -214,9 +215,14 @@ std::string SymbolizeFrame(void* pc, bool is_return_address) {
   return absl::StrFormat("%p (%s)", pc, module);
 }
 
+// One capture's frames already symbolised, by (pc, looked up one byte back): the threads of a pool
+// wait in the same frames, and each lookup may scan a large library's symbol table.
+using SymbolCache = absl::flat_hash_map<std::pair<void*, bool>, std::string>;
+
 // Frames from the interrupted instruction outwards: the handler's own frames (and, under
 // sanitizers, their runtime's) and the signal trampoline are dropped.
-std::vector<std::string> SymbolizeStack(void* const* frames, int depth, uintptr_t interrupted_pc) {
+std::vector<std::string> SymbolizeStack(void* const* frames, int depth, uintptr_t interrupted_pc,
+                                        SymbolCache& cache) {
   int first = std::min(1, depth);  // without the context's pc: skip the handler itself
   if (interrupted_pc != 0) {
     for (int i = 0; i < depth; ++i) {
@@ -230,7 +236,9 @@ std::vector<std::string> SymbolizeStack(void* const* frames, int depth, uintptr_
   for (int i = first; i < depth; ++i) {
     const bool exact = i == first && interrupted_pc != 0 &&
                        reinterpret_cast<uintptr_t>(frames[i]) == interrupted_pc;
-    out.push_back(SymbolizeFrame(frames[i], !exact));
+    auto [it, inserted] = cache.try_emplace(std::make_pair(frames[i], !exact));
+    if (inserted) it->second = SymbolizeFrame(frames[i], !exact);
+    out.push_back(it->second);
   }
   return out;
 }
@@ -368,6 +376,7 @@ absl::StatusOr<std::vector<ThreadStack>> CaptureThreadStacks(absl::Duration time
   }
   // Symbolising reads ELF files: outside the lock.
   std::vector<ThreadStack> stacks;
+  SymbolCache symbols;
   for (size_t i = 0; i < requests.size(); ++i) {
     ThreadStack& t = stacks.emplace_back();
     t.tid = requests[i].tid;
@@ -376,7 +385,8 @@ absl::StatusOr<std::vector<ThreadStack>> CaptureThreadStacks(absl::Duration time
     t.note = requests[i].note;
     if (t.answered) {
       t.frames = SymbolizeStack(answers[i].frames.data(),
-                                static_cast<int>(answers[i].frames.size()), answers[i].pc);
+                                static_cast<int>(answers[i].frames.size()), answers[i].pc,
+                                symbols);
     }
   }
   return stacks;

@@ -127,6 +127,29 @@ TEST(ChaosReport, StepsRolledBackByARestartAreNotKeptAndCountAsLost) {
   EXPECT_EQ(f.steps_lost, 5);                                // 5..9 done again
 }
 
+// A rank writes its hang event once it has dumped its stacks: the detection is the declaration,
+// dump_ms before the event.
+TEST(ChaosReport, AHangIsDetectedWhenDeclaredNotWhenItsDumpWasWritten) {
+  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  AddSteps(events, 0, 9, 1, 0, "100");  // steps 0..9 at 1..10 s
+  events.push_back(Inject(10.2, 1, "stop"));
+  Event hang;
+  hang.time = At(12);
+  hang.rank = 0;
+  hang.type = EventType::kHang;
+  hang.attributes = {{"dump_ms", "450"}};
+  events.push_back(hang);
+  events.push_back(Launcher(12.1, 1, "hang_suspect"));
+  AddSteps(events, 10, 11, 13, 0, "200");
+  events.push_back(Custom(15, -1, "chaos_run_end"));
+
+  const RunAnalysis run = AnalyzeRun(events);
+  ASSERT_EQ(run.faults.size(), 1u);
+  EXPECT_EQ(run.faults[0].detection_latency, absl::Milliseconds(1350));  // 11.55 s - 10.2 s
+  EXPECT_EQ(run.faults[0].detected_by, "hang");
+  EXPECT_EQ(run.faults[0].culprit_named, 1);
+}
+
 // A rank stopped after its last collective of step 5 lets the others finish it (at 6 s, 0.25 s
 // after the stop); the job stalls at step 6 until the hang is detected (7.8 s) and the stopped rank
 // is replaced. The recovery is the first step done after the detection, not step 5.
