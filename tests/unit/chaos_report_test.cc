@@ -43,6 +43,17 @@ Event Launcher(double at, int rank, const std::string& what, const std::string& 
   return Custom(at, rank, what, {{"source", "launcher"}, {"pid", pid}});
 }
 
+// A rank's event of `type` (a hang, a step fault) with `attributes`.
+Event Ranks(double at, int rank, EventType type,
+            std::vector<std::pair<std::string, std::string>> attributes = {}) {
+  Event e;
+  e.time = At(at);
+  e.rank = rank;
+  e.type = type;
+  e.attributes = std::move(attributes);
+  return e;
+}
+
 Event StepDone(double at, int64_t step, int64_t generation, const std::string& pid) {
   Event e = Custom(at, 0, "step_done", {{"pid", pid}});
   e.step = step;
@@ -133,12 +144,7 @@ TEST(ChaosReport, AHangIsDetectedWhenDeclaredNotWhenItsDumpWasWritten) {
   std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
   AddSteps(events, 0, 9, 1, 0, "100");  // steps 0..9 at 1..10 s
   events.push_back(Inject(10.2, 1, "stop"));
-  Event hang;
-  hang.time = At(12);
-  hang.rank = 0;
-  hang.type = EventType::kHang;
-  hang.attributes = {{"dump_ms", "450"}};
-  events.push_back(hang);
+  events.push_back(Ranks(12, 0, EventType::kHang, {{"dump_ms", "450"}}));
   events.push_back(Launcher(12.1, 1, "hang_suspect"));
   AddSteps(events, 10, 11, 13, 0, "200");
   events.push_back(Custom(15, -1, "chaos_run_end"));
@@ -266,12 +272,7 @@ TEST(ChaosReport, ADroppedLinkIsDetectedByTheCommunicationFailureAndNamesNoCulpr
   std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
   AddSteps(events, 0, 2, 1, 0, "100");
   events.push_back(Inject(3.5, 1, "drop"));
-  Event failed;
-  failed.time = At(3.75);
-  failed.rank = 2;
-  failed.type = EventType::kStepFault;
-  failed.attributes = {{"fault", "communication_failure"}};
-  events.push_back(failed);
+  events.push_back(Ranks(3.75, 2, EventType::kStepFault, {{"fault", "communication_failure"}}));
   events.push_back(Launcher(4, -1, "generation_renewed"));
   AddSteps(events, 3, 4, 5, 1, "100");
   events.push_back(Custom(7, -1, "chaos_run_end"));
