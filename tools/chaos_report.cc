@@ -304,10 +304,11 @@ RunAnalysis AnalyzeRun(std::vector<Event> events) {
     }
     for (size_t i = 0; i < events.size(); ++i) {
       const Event& e = events[i];
-      if (e.time < inject.time || e.time > until || !ours(e)) continue;
+      // A hang declared before the injection is not its detection, whenever its event was written.
+      if (DetectedAt(e) < inject.time || e.time > until || !ours(e)) continue;
       const Detection d = Detects(f.kind, e);
       if (!d.detects || ((d.culprit.has_value() || host_fault) && naming != i)) continue;
-      f.detection_latency = std::max(absl::ZeroDuration(), DetectedAt(e) - inject.time);
+      f.detection_latency = DetectedAt(e) - inject.time;
       f.detected_by = e.type == EventType::kCustom ? What(e) : std::string(EventTypeName(e.type));
       break;
     }

@@ -360,6 +360,8 @@ class Job {
   // The coordinating agent's own event file, <run_dir>/events/agent-<host>.tgev (opened lazily).
   void AppendAgentEvent(Event event);
   std::string HostPrefix() const { return config_.host_id + ":"; }
+  // This host in member ids and in agents/stopped/: the host id, or on one host the host name.
+  std::string HostLabel() const { return MultiHost() ? config_.host_id : HostName(); }
   bool coordinating() const { return !MultiHost() || (lease_ != nullptr && lease_->held()); }
   // Signals `child`'s whole process group (the rank's command and everything it started).
   static void SignalGroup(const Child& child, int sig);
@@ -818,7 +820,7 @@ absl::Status Job::Spawn(int rank, int standby_index) {
   auto child = std::make_unique<Child>();
   child->rank = rank;
   child->standby_index = standby_index;
-  const std::string host = MultiHost() ? config_.host_id : HostName();
+  const std::string host = HostLabel();
   // A restart round's processes are members of their own (MemberRound), so that a death reported
   // from an earlier round is never taken for one of this round's.
   const std::string round = round_ > 0 ? absl::StrCat(":round", round_) : "";
@@ -2227,7 +2229,7 @@ void Job::ReportStoppedRanks() {
     const bool stopped = c->running && c->rank >= 0 && IsStopped(c->pid);
     if (stopped == c->reported_stopped) continue;
     const std::string key = absl::StrCat(runtime_internal::kStoppedMemberPrefix, c->member_id);
-    const absl::Status written = stopped ? store_->Set(key, config_.host_id, timeout)
+    const absl::Status written = stopped ? store_->Set(key, HostLabel(), timeout)
                                          : store_->Delete(key, timeout).status();
     if (written.ok()) c->reported_stopped = stopped;  // else tried again at the next tick
   }

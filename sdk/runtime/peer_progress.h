@@ -52,9 +52,9 @@ absl::StatusOr<ProgressRecord> ParseProgressRecord(std::string_view text);
 // The store key of `rank`'s record in generation `generation`.
 std::string ProgressKey(int64_t generation, int rank);
 
-// Where a host agent (tools/launcher.cc) says that one of its rank processes is stopped (SIGSTOP,
-// a debugger): agents/stopped/<member id>, written while it is (docs/FORMATS.md). A stopped peer
-// makes no progress, whatever its last record says.
+// Where the launcher (tools/launcher.cc: the host's agent, on several hosts) says that one of its
+// rank processes is stopped (SIGSTOP, a debugger): agents/stopped/<member id>, written while it is
+// (docs/FORMATS.md). A stopped peer makes no progress, whatever its last record says.
 inline constexpr char kStoppedMemberPrefix[] = "agents/stopped/";
 
 // The answer to "is this rank's wait in collective (comm_id, comm_seq) explained by a peer?":
@@ -62,7 +62,7 @@ inline constexpr char kStoppedMemberPrefix[] = "agents/stopped/";
 // rank. A peer explains the wait when it has not entered that collective (its begun count on
 // comm_id is at most comm_seq; a peer without the communicator has not entered it either) and its
 // last progress is no older than `window` at `now`, unless `stopped` (indexed by rank, possibly
-// shorter than `records`) says its host agent sees its process stopped: a record published just
+// shorter than `records`) says its launcher sees its process stopped: a record published just
 // before a SIGSTOP looks recent for a whole window. Returns a description of the first such peer,
 // e.g. "rank 2 has not entered all_reduce #812 and made progress 40ms ago (step 811)", or nullopt.
 // Unparseable records count as no progress (the hang is then declared: failing towards detection).

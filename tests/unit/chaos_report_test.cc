@@ -154,6 +154,16 @@ TEST(ChaosReport, AHangIsDetectedWhenDeclaredNotWhenItsDumpWasWritten) {
   EXPECT_EQ(run.faults[0].detection_latency, absl::Milliseconds(1350));  // 11.55 s - 10.2 s
   EXPECT_EQ(run.faults[0].detected_by, "hang");
   EXPECT_EQ(run.faults[0].culprit_named, 1);
+
+  // A hang declared before the injection (10.05 s), its event written after it (10.3 s), is not
+  // the stop's detection: the launcher's naming of the suspect is.
+  for (Event& e : events) {
+    if (e.type == EventType::kHang) e = Ranks(10.3, 0, EventType::kHang, {{"dump_ms", "250"}});
+  }
+  const RunAnalysis early = AnalyzeRun(events);
+  ASSERT_EQ(early.faults.size(), 1u);
+  EXPECT_EQ(early.faults[0].detection_latency, absl::Milliseconds(1900));  // 12.1 s - 10.2 s
+  EXPECT_EQ(early.faults[0].detected_by, "hang_suspect");
 }
 
 // A rank stopped after its last collective of step 5 lets the others finish it (at 6 s, 0.25 s
