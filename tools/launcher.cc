@@ -316,6 +316,10 @@ class Job {
   void KillRanksWithStaleHeartbeats();
   void ReportLaggards();
   void DiagnoseHangs();
+  // Kills the processes that hold `suspects` in the hung `generation`, to be replaced like dead
+  // ranks: on one host those that still hold the rank and have not trained in a later generation;
+  // on several, through their agents, while `generation` is current.
+  void ReplaceHangSuspects(const std::vector<int>& suspects, int64_t generation);
   // A hang declared in `generation` after it was superseded: the store rejects the declaring rank's
   // writes then (they are fenced), but its dump, whose reason begins "hang: ", is in `dir`. The
   // hang key's text for it; NotFound when there is no such dump.
@@ -456,6 +460,8 @@ class Job {
     std::set<int> agent_stopped;     // ranks already said to be stopped by their agent
     int declarer = -1;     // the rank that wrote the hang key read ("rank R: ..."), if known
     bool aborted = false;  // it aborted (hang/gen<G>/aborted/<R>)
+    // Ranks seen stopped while the dumps were still coming in, and replaced then (DiagnoseHangs).
+    std::set<int> replaced;
   };
   // When a hang of a generation was last withdrawn (DiagnoseHangs): its dumps are not the next's.
   std::map<int64_t, absl::Time> hang_withdrawn_at_;
@@ -1429,7 +1435,7 @@ void Job::DiagnoseHangs() {
         continue;
       }
       Say(absl::StrCat("hang in generation ", g, ": ", *who));
-      PendingHang hang{g, now, {}, {}, {}};
+      PendingHang hang{g, now, {}, {}, {}, -1, false, {}};
       hang.declarer = HangDeclarer(*who);
       for (int r = 0; r < world_size_; ++r) {
         absl::StatusOr<FlightRecorderContents> ring = ReadFlightRecorder(RanksJobId(), r);
@@ -1456,8 +1462,10 @@ void Job::DiagnoseHangs() {
   // process of the hung generation holds any more (it died; its replacement, if any, took it in a
   // later generation and watches that one): waiting the grace out for them only delays the
   // replacement of the suspect.
-  std::set<int> silent_ranks;  // not running: stopped, or sending no heartbeat
-  size_t silent = 0;           // not running, or no longer held by the hung generation's process
+  // Not running: stopped, sending no heartbeat, or replaced already for being stopped.
+  std::set<int> silent_ranks = pending_hang_->replaced;
+  std::set<int> stopped_ranks;  // of those, the ones whose process is seen stopped now
+  size_t silent = 0;            // not running, or no longer held by the hung generation's process
   std::set<int> dumped_ranks;
   if (dumps.ok()) {
     for (const FlightRecorderDump& d : *dumps) dumped_ranks.insert(d.rank);
@@ -1494,25 +1502,42 @@ void Job::DiagnoseHangs() {
         const int rank = static_cast<int>(held - current.members.begin());
         if (dumped_ranks.count(rank) != 0) continue;
         silent_ranks.insert(rank);
+        stopped_ranks.insert(rank);
         if (pending_hang_->agent_stopped.insert(rank).second) {
           Say(absl::StrCat("hang diagnosis: rank ", rank, " (", member,
                            ") is stopped, its agent says: it will not dump"));
         }
       }
     }
-    silent = silent_ranks.size();
   }
+  if (MultiHost()) silent = silent_ranks.size();
   if (!MultiHost() && dumps.ok()) {
     for (int rank = 0; rank < world_size_; ++rank) {
       if (dumped_ranks.count(rank) != 0) continue;
       const Child* holder = RunningHolder(rank);
-      if (holder != nullptr && IsStopped(holder->pid)) {
+      if (holder != nullptr && holder->rank_generation <= pending_hang_->generation &&
+          IsStopped(holder->pid)) {
         silent_ranks.insert(rank);
+        stopped_ranks.insert(rank);
         ++silent;
-      } else if (holder == nullptr || holder->rank_generation > pending_hang_->generation) {
+      } else if (holder == nullptr || holder->rank_generation > pending_hang_->generation ||
+                 pending_hang_->replaced.count(rank) != 0) {
         ++silent;
       }
     }
+  }
+  // A rank whose process is stopped (SIGSTOP: state T; on several hosts, its agent says so) makes
+  // no progress whatever the dumps will say, and writes none itself: it is replaced now, not once
+  // the other ranks' dumps are in, which took 0.3-0.5 s per PyTorch rank in the chaos runs
+  // (docs/PERFORMANCE.md). The diagnosis still follows when they are, and replaces no one else.
+  if (pending_hang_->replaced.empty() && !stopped_ranks.empty() &&
+      2 * stopped_ranks.size() < static_cast<size_t>(world_size_)) {
+    Say(absl::StrFormat("hang diagnosis: rank(s) %s stopped (%s): replaced now; the diagnosis "
+                        "follows once the others' dumps are in",
+                        absl::StrJoin(stopped_ranks, ","),
+                        MultiHost() ? "their agents say" : "SIGSTOP"));
+    ReplaceHangSuspects({stopped_ranks.begin(), stopped_ranks.end()}, pending_hang_->generation);
+    pending_hang_->replaced = stopped_ranks;
   }
   if (dumped + silent < static_cast<size_t>(world_size_) &&
       now < pending_hang_->seen + kHangDumpGrace) {
@@ -1568,20 +1593,30 @@ void Job::DiagnoseHangs() {
     Say(absl::StrCat("hang diagnosis: ", line));
   }
   const int64_t generation = pending_hang_->generation;
+  const std::set<int> replaced = std::move(pending_hang_->replaced);
   hangs_checked_below_ = generation + 1;
   pending_hang_.reset();
+  if (!replaced.empty()) {
+    Say(absl::StrCat("hang diagnosis: rank(s) ", absl::StrJoin(replaced, ","),
+                     " replaced already (stopped); no one else is"));
+    return;
+  }
+  ReplaceHangSuspects(diagnosis.suspects, generation);
+}
+
+void Job::ReplaceHangSuspects(const std::vector<int>& suspects, int64_t generation) {
   // The suspects are replaced like dead ranks, as long as they are a minority and the process that
   // hung still holds the rank. On one host that is known per process: a hang is often overtaken by
   // another fault (a rank dies while the others wait for the hung one), and the new generation
   // then waits for the hung process, which never joins, until its heartbeat runs out. On several
   // hosts only the coordinator's view is at hand, so the generation must not have moved on.
-  if (diagnosis.suspects.empty()) return;
+  if (suspects.empty()) return;
   if (MultiHost() && coordinator_->generation() != generation) return;
-  if (2 * diagnosis.suspects.size() >= static_cast<size_t>(world_size_)) {
+  if (2 * suspects.size() >= static_cast<size_t>(world_size_)) {
     Say("hang diagnosis: too many suspects to replace; the ranks' own timeouts decide");
     return;
   }
-  for (int rank : diagnosis.suspects) {
+  for (int rank : suspects) {
     if (MultiHost()) {
       const Membership current = coordinator_->current();
       if (rank < static_cast<int>(current.members.size())) {
