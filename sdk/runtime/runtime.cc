@@ -307,7 +307,8 @@ void RuntimeImpl::RecordStepFault(const StepResult& result) {
     if (dumped_generation_ != generation()) {
       dumped_generation_ = generation();
       event.attributes.emplace_back(
-          "dump", DumpEvidence(absl::StrCat("communication failure: ", event.message), nullptr));
+          "dump", DumpEvidence(absl::StrCat("communication failure: ", event.message),
+                               generation(), nullptr));
     }
   }
   // A fault whose event cannot be written is still returned to the trainer in the StepResult.
@@ -647,7 +648,8 @@ LossSpikeDetector& RuntimeImpl::loss_spike_detector() {
   return *loss_spike_detector_;
 }
 
-std::string RuntimeImpl::DumpEvidence(const std::string& reason, std::string* stacks_out) {
+std::string RuntimeImpl::DumpEvidence(const std::string& reason, int64_t generation,
+                                      std::string* stacks_out) {
   absl::StatusOr<std::string> stacks = CaptureAllThreadStacks(absl::Seconds(2));
   const std::string stack_text =
       stacks.ok() ? *stacks
@@ -662,7 +664,7 @@ std::string RuntimeImpl::DumpEvidence(const std::string& reason, std::string* st
   if (!WriteFlightRecorderDump(
            *contents, rank_,
            {{"reason", reason},
-            {"generation", absl::StrCat(generation())},
+            {"generation", absl::StrCat(generation)},
             // The thread whose stack DiagnoseHang compares across ranks.
             {"step_thread",
              absl::StrCat(phase_watchdog_ != nullptr ? phase_watchdog_->phase_thread_id() : 0)},
@@ -676,12 +678,13 @@ std::string RuntimeImpl::DumpEvidence(const std::string& reason, std::string* st
 
 void RuntimeImpl::OnHang(const HangReport& report) {
   const int64_t generation = this->generation();
+  const int64_t steps_failed = steps_failed_.load(std::memory_order_acquire);
   std::string stacks;
   std::string path;
   const int64_t dump_begin_ns = clock_->MonotonicNanos();
   {
     MutexLock lock(&dump_mu_);
-    path = DumpEvidence(absl::StrCat("hang: ", report.ToString()), &stacks);
+    path = DumpEvidence(absl::StrCat("hang: ", report.ToString()), generation, &stacks);
     dumped_generation_ = generation;
     hang_key_seen_ = absl::InfiniteFuture();  // until this rank's hang key is written
   }
@@ -719,7 +722,7 @@ void RuntimeImpl::OnHang(const HangReport& report) {
     MutexLock lock(&dump_mu_);
     hang_key_seen_ = declared;
   }
-  if (!AwaitHangEnd()) {
+  if (!AwaitHangEnd(steps_failed)) {
     (void)store_->Set(absl::StrCat(key, "/aborted/", rank_), absl::StrCat("rank ", rank_),
                       absl::Seconds(2));
     return;
@@ -741,14 +744,20 @@ void RuntimeImpl::OnHang(const HangReport& report) {
   (void)EmitEvent(std::move(withdrawn));
 }
 
-bool RuntimeImpl::AwaitHangEnd() {
+bool RuntimeImpl::AwaitHangEnd(int64_t steps_failed) {
   const absl::Time deadline = absl::Now() + absl::Milliseconds(options_.hang_dump_wait_ms);
   while (true) {
     // A hang is withdrawn on evidence that the step went on by itself: its wait ended and the step
     // ends ok (StepScope::Finish then waits in TakeHang for this verdict). A wait ended by a
-    // failure (the collective broke when a dead peer's connections closed) is no such evidence.
+    // failure (the collective broke when a dead peer's connections closed) is no such evidence,
+    // and neither is a later step's success once the hung one failed: the dump can outlive the
+    // failed step, its recovery and the next step (the launcher kills a stopped peer without
+    // waiting for this rank's dump).
     const int ending = step_ending_.load(std::memory_order_acquire);
-    if (ending == kStepEndingFailed) return false;
+    if (ending == kStepEndingFailed ||
+        steps_failed_.load(std::memory_order_acquire) != steps_failed) {
+      return false;
+    }
     if (ending == kStepEndingOk && watchdog_->WithdrawHangIfEnded()) return true;
     const absl::Time now = absl::Now();
     if (now >= deadline) return false;
@@ -896,7 +905,7 @@ void RuntimeImpl::WatchPeerHangs() {
     PublishWork();
     if (dump_requested.exchange(false, std::memory_order_relaxed)) {
       MutexLock lock(&dump_mu_);
-      const std::string path = DumpEvidence("SIGUSR2 (dump on demand)", nullptr);
+      const std::string path = DumpEvidence("SIGUSR2 (dump on demand)", generation(), nullptr);
       Event event;
       event.type = EventType::kCustom;
       event.step = heartbeat_.Read().step;
@@ -924,7 +933,7 @@ void RuntimeImpl::WatchPeerHangs() {
     dumped_generation_ = generation;
     hang_key_seen_ = asked;
     const std::string reason = absl::StrCat("a peer declared a hang: ", *who);
-    const std::string path = DumpEvidence(reason, nullptr);
+    const std::string path = DumpEvidence(reason, generation, nullptr);
     Event event;
     event.type = EventType::kHang;
     event.step = heartbeat_.Read().step;

@@ -95,6 +95,7 @@ class RuntimeImpl final : public Runtime {
   // StepScope::Finish, before it takes the watchdog's hang: whether the step ends failed by itself
   // (an exception, a fault reported). A hang being declared meanwhile waits for it (AwaitHangEnd).
   void NoteStepEnding(bool failed) {
+    if (failed) steps_failed_.fetch_add(1, std::memory_order_acq_rel);
     step_ending_.store(failed ? kStepEndingFailed : kStepEndingOk, std::memory_order_release);
   }
   // After a successful step: the first one of each generation is announced in the store
@@ -170,8 +171,12 @@ class RuntimeImpl final : public Runtime {
   // Detection internals.
   absl::Status StartDetection();
   void OnHang(const HangReport& report);
-  // Dumps the ring and every thread's stack; returns the dump's path ("" if it failed).
-  std::string DumpEvidence(const std::string& reason, std::string* stacks_out);
+  // Dumps the ring and every thread's stack, labelled with `generation`: the one the hang (or
+  // failure) happened in, read before the capture. The generation may move on while the stacks
+  // are captured (the launcher replaces a stopped peer without waiting for this dump), and a dump
+  // labelled with the next one would count as that generation's evidence. Returns the dump's path
+  // ("" if it failed).
+  std::string DumpEvidence(const std::string& reason, int64_t generation, std::string* stacks_out);
   void WatchPeerHangs();  // and SIGUSR2 dump requests, and publishes this rank's progress
   // The watcher thread's period (shorter when watchdog_peer_progress_ms is).
   static constexpr absl::Duration kWatcherPeriod = absl::Milliseconds(250);
@@ -188,8 +193,9 @@ class RuntimeImpl final : public Runtime {
   // On the watchdog's thread, in OnHang: bounded polling (hang_dump_wait_ms) while the peers dump,
   // until the wait declared a hang ends by itself and its step ends ok. True: the hang is withdrawn
   // (Watchdog::WithdrawHangIfEnded); false: the deadline passed, the step ended failed (a peer
-  // died: the hang stands, aborted at once), or the Runtime is closing.
-  bool AwaitHangEnd();
+  // died: the hang stands, aborted at once), or the Runtime is closing. `steps_failed` is
+  // steps_failed_ as the hang was declared.
+  bool AwaitHangEnd(int64_t steps_failed);
   const Options options_;
   const Topology topology_;
   const std::string run_dir_;
@@ -244,6 +250,10 @@ class RuntimeImpl final : public Runtime {
   static constexpr int kStepEndingOk = 1;
   static constexpr int kStepEndingFailed = 2;
   std::atomic<int> step_ending_{kStepRunning};
+  // Steps that ended failed (NoteStepEnding): one since a hang's declaration means its step failed,
+  // whatever step_ending_ says by the time the verdict is looked for (a dump that outlives the
+  // step, its recovery and the next step's success).
+  std::atomic<int64_t> steps_failed_{0};
   // Guarded by dump_mu_: when the hang key of dumped_generation_ was last known to exist (this
   // rank's own key: once written). Its absence afterwards means the hang was withdrawn.
   absl::Time hang_key_seen_ = absl::InfinitePast();
