@@ -23,10 +23,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "tools/usage.h"
-#include "trainguard/env.h"
 #include "sdk/core/proto_json.h"
 #include "sdk/health/fail_slow_detector.h"
+#include "tools/usage.h"
+#include "trainguard/env.h"
 
 extern char** environ;
 
@@ -258,7 +258,8 @@ RunAnalysis AnalyzeRun(std::vector<Event> events) {
     // Evidence: events up to kEvidenceWindow after the injection. An event that names a process
     // another injection hit is that fault's, never this one's; an event that names a culprit is
     // credited to one fault only, the one whose process (or host) it names first, else the
-    // earliest. An event naming no process counts only while the faulty process lives.
+    // earliest. An event naming no process counts only if it detected while the faulty process
+    // lived.
     absl::Time until = std::min(end, inject.time + kEvidenceWindow);
     std::optional<absl::Time> cleared;
     std::string cleared_by;
@@ -272,7 +273,7 @@ RunAnalysis AnalyzeRun(std::vector<Event> events) {
     }
     auto ours = [&](const Event& e) {
       const std::string key = ProcessKey(e);
-      if (key.empty()) return !cleared.has_value() || e.time <= *cleared;
+      if (key.empty()) return !cleared.has_value() || DetectedAt(e) <= *cleared;
       return key == process || injected.count(key) == 0;
     };
     auto names_target = [&](const Event& e) {
@@ -302,15 +303,19 @@ RunAnalysis AnalyzeRun(std::vector<Event> events) {
         f.culprit_named = Detects(f.kind, events[*naming]).culprit;
       }
     }
+    // The earliest detection, by when it detected: a rank writes its hang event once its dump is
+    // written, which can be after the launcher acted on the hang (it publishes the hang first).
     for (size_t i = 0; i < events.size(); ++i) {
       const Event& e = events[i];
       // A hang declared before the injection is not its detection, whenever its event was written.
       if (DetectedAt(e) < inject.time || e.time > until || !ours(e)) continue;
+      if (f.detection_latency.has_value() && DetectedAt(e) - inject.time >= *f.detection_latency) {
+        continue;
+      }
       const Detection d = Detects(f.kind, e);
       if (!d.detects || ((d.culprit.has_value() || host_fault) && naming != i)) continue;
       f.detection_latency = DetectedAt(e) - inject.time;
       f.detected_by = e.type == EventType::kCustom ? What(e) : std::string(EventTypeName(e.type));
-      break;
     }
     if (!f.detection_latency.has_value()) f.cleared_by = cleared_by;
     int64_t before = -1;
@@ -356,7 +361,8 @@ absl::StatusOr<std::vector<Event>> ReadRunEvents(const std::string& run_dir) {
   const std::string dir = run_dir + "/events";
   absl::StatusOr<std::vector<std::string>> names = env->GetChildren(dir);
   if (!names.ok()) {
-    return absl::NotFoundError(absl::StrCat("no events in ", run_dir, ": ", names.status().message()));
+    return absl::NotFoundError(
+        absl::StrCat("no events in ", run_dir, ": ", names.status().message()));
   }
   std::sort(names->begin(), names->end());
   std::vector<Event> events;
@@ -375,9 +381,9 @@ namespace {
 std::string FaultsTable(const RunAnalysis& run) {
   bool hosts = false;
   for (const FaultOutcome& f : run.faults) hosts |= !f.host.empty();
-  std::string out = absl::StrFormat("  %-4s %-9s %4s %9s %10s %-18s %8s %10s %6s\n", "#", "kind",
-                                    "rank", "at_s", "detect_s", "detected_by", "culprit",
-                                    "recover_s", "lost");
+  std::string out =
+      absl::StrFormat("  %-4s %-9s %4s %9s %10s %-18s %8s %10s %6s\n", "#", "kind", "rank", "at_s",
+                      "detect_s", "detected_by", "culprit", "recover_s", "lost");
   if (hosts) out.insert(out.size() - 1, "  host");
   for (size_t i = 0; i < run.faults.size(); ++i) {
     const FaultOutcome& f = run.faults[i];
@@ -429,12 +435,12 @@ std::map<std::string, KindSummary> ByKind(const RunAnalysis& run) {
 // The fail-slow detections, one line each; nothing when there were none.
 std::string SuspectsTable(const RunAnalysis& run) {
   if (run.suspects.empty()) return "";
-  std::string out = absl::StrFormat("  suspect hosts %d:\n  %9s %-12s %-14s %6s %7s %s\n",
-                                    run.suspects.size(), "at_s", "host", "metric", "z",
-                                    "windows", "action");
+  std::string out =
+      absl::StrFormat("  suspect hosts %d:\n  %9s %-12s %-14s %6s %7s %s\n", run.suspects.size(),
+                      "at_s", "host", "metric", "z", "windows", "action");
   for (const SuspectDetection& d : run.suspects) {
-    out += absl::StrFormat("  %9s %-12s %-14s %6.2f %7d %s\n", Seconds(d.at), d.host, d.metric,
-                           d.z, d.windows, d.action);
+    out += absl::StrFormat("  %9s %-12s %-14s %6.2f %7d %s\n", Seconds(d.at), d.host, d.metric, d.z,
+                           d.windows, d.action);
   }
   return out;
 }
@@ -455,8 +461,8 @@ std::string FormatReport(const std::vector<RunAnalysis>& runs) {
         run.faults.size(), run.faults_detected(), run.culprits_correct(),
         std::count_if(run.faults.begin(), run.faults.end(),
                       [](const FaultOutcome& f) { return f.kind != "drop"; }),
-        run.faults_recovered(),
-        Seconds(run.longest_unproductive), Seconds(run.longest_unproductive_from));
+        run.faults_recovered(), Seconds(run.longest_unproductive),
+        Seconds(run.longest_unproductive_from));
     out += absl::StrFormat(
         "  hangs declared by a rank %d, withdrawn %d (the wait ended by itself: nothing aborted)\n",
         run.hangs_declared, run.hangs_withdrawn);
@@ -466,8 +472,8 @@ std::string FormatReport(const std::vector<RunAnalysis>& runs) {
           "s, max %s s), steps lost %d\n",
           kind, k.n, k.detected, k.detected ? Seconds(k.detect_sum / k.detected) : "-",
           Seconds(k.detect_max), kind == "drop" ? "n/a" : absl::StrCat(k.named, "/", k.n),
-          k.recovered,
-          k.recovered ? Seconds(k.recover_sum / k.recovered) : "-", Seconds(k.recover_max), k.lost);
+          k.recovered, k.recovered ? Seconds(k.recover_sum / k.recovered) : "-",
+          Seconds(k.recover_max), k.lost);
     }
     out += FaultsTable(run);
     out += SuspectsTable(run);
@@ -493,8 +499,8 @@ std::string ReportJson(const std::vector<RunAnalysis>& runs) {
           JsonString(f.kind), f.rank, f.pid, Seconds(f.injected_at),
           JsonOptSeconds(f.detection_latency), JsonString(f.detected_by),
           f.culprit_named ? absl::StrCat(*f.culprit_named) : "null",
-          f.culprit_correct() ? "true" : "false", JsonOptSeconds(f.time_to_recovery),
-          f.steps_lost, JsonString(f.host), JsonString(f.ranks),
+          f.culprit_correct() ? "true" : "false", JsonOptSeconds(f.time_to_recovery), f.steps_lost,
+          JsonString(f.host), JsonString(f.ranks),
           f.culprit_host_named ? JsonString(*f.culprit_host_named) : "null",
           JsonString(f.cleared_by)));
     }
@@ -605,8 +611,8 @@ std::string FailSlowPlotScript(const FailSlowDump& dump, const std::string& data
       JsonString(absl::StrFormat("suspect host %s: %s, z %.2f, %d window(s), action: %s  |  x: "
                                  "seconds from the detection (dashed line)",
                                  h.host, h.metric, h.z, h.windows, h.action)));
-  const char* others[] = {"#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-                          "#bcbd22", "#17becf", "#ff7f0e"};
+  const char* others[] = {"#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2",
+                          "#7f7f7f", "#bcbd22", "#17becf", "#ff7f0e"};
   for (size_t m = 0; m < metrics.size(); ++m) {
     const auto& [name, per_work] = metrics[m];
     script += absl::StrFormat("set title %s\n",

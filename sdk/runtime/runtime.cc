@@ -307,8 +307,8 @@ void RuntimeImpl::RecordStepFault(const StepResult& result) {
     if (dumped_generation_ != generation()) {
       dumped_generation_ = generation();
       event.attributes.emplace_back(
-          "dump", DumpEvidence(absl::StrCat("communication failure: ", event.message),
-                               generation(), nullptr));
+          "dump", DumpEvidence(absl::StrCat("communication failure: ", event.message), generation(),
+                               nullptr));
     }
   }
   // A fault whose event cannot be written is still returned to the trainer in the StepResult.
@@ -459,8 +459,8 @@ absl::StatusOr<int64_t> RuntimeImpl::TryEnterGeneration(int64_t step, RecoveryRe
     } else if (absl::IsAborted(r.status()) && member_ != nullptr && member_->superseded()) {
       // A rank died while the ranks restored together: meet the others in the newer generation.
       *failure = EntryFailure::kRetry;
-      return WithContext(r.status(), absl::StrCat("rank ", rank_, ": restoring in generation ",
-                                                  generation()));
+      return WithContext(r.status(),
+                         absl::StrCat("rank ", rank_, ": restoring in generation ", generation()));
     } else if (!absl::IsNotFound(r.status())) {
       // Committed state exists and cannot be restored: starting without it would silently lose
       // the job's progress.
@@ -650,12 +650,23 @@ LossSpikeDetector& RuntimeImpl::loss_spike_detector() {
 
 std::string RuntimeImpl::DumpEvidence(const std::string& reason, int64_t generation,
                                       std::string* stacks_out) {
-  absl::StatusOr<std::string> stacks = CaptureAllThreadStacks(absl::Seconds(2));
+  return WriteEvidence(CaptureEvidence(), reason, generation, stacks_out);
+}
+
+RuntimeImpl::CapturedEvidence RuntimeImpl::CaptureEvidence() {
+  // Designated initializers are evaluated in order: the stacks first, then the ring.
+  return CapturedEvidence{.stacks = CaptureRawThreadStacks(absl::Seconds(2)),
+                          .ring = ReadFlightRecorder(options_.job_id, rank_)};
+}
+
+std::string RuntimeImpl::WriteEvidence(const CapturedEvidence& captured, const std::string& reason,
+                                       int64_t generation, std::string* stacks_out) {
   const std::string stack_text =
-      stacks.ok() ? *stacks
-                  : absl::StrCat("(stack capture failed: ", stacks.status().ToString(), ")");
+      captured.stacks.ok()
+          ? FormatThreadStacks(SymbolizeThreadStacks(*captured.stacks))
+          : absl::StrCat("(stack capture failed: ", captured.stacks.status().ToString(), ")");
   if (stacks_out != nullptr) *stacks_out = stack_text;
-  absl::StatusOr<FlightRecorderContents> contents = ReadFlightRecorder(options_.job_id, rank_);
+  const absl::StatusOr<FlightRecorderContents>& contents = captured.ring;
   if (!contents.ok()) return "";
   const std::string dir = absl::StrCat(run_dir_, "/flight_recorder");
   if (!env_->CreateDirs(dir).ok()) return "";
@@ -679,17 +690,31 @@ std::string RuntimeImpl::DumpEvidence(const std::string& reason, int64_t generat
 void RuntimeImpl::OnHang(const HangReport& report) {
   const int64_t generation = this->generation();
   const int64_t steps_failed = steps_failed_.load(std::memory_order_acquire);
-  std::string stacks;
-  std::string path;
   const int64_t dump_begin_ns = clock_->MonotonicNanos();
+  CapturedEvidence captured;
   {
     MutexLock lock(&dump_mu_);
-    path = DumpEvidence(absl::StrCat("hang: ", report.ToString()), generation, &stacks);
+    captured = CaptureEvidence();
     dumped_generation_ = generation;
     hang_key_seen_ = absl::InfiniteFuture();  // until this rank's hang key is written
   }
-  // The event (and the hang key after it) goes out once the dump is written: its time is the
-  // declaration's plus this.
+  const int64_t capture_ms = (clock_->MonotonicNanos() - dump_begin_ns) / 1'000'000;
+  // The hang key goes out once the stacks and the ring are captured, before they are symbolised
+  // and written: the launcher can replace a stopped peer meanwhile, and this rank's dump still
+  // shows where its threads were when it declared the hang. Every other rank dumps its ring and
+  // stacks too when it sees the key, for a diagnosis across ranks.
+  const std::string key = absl::StrCat("hang/gen", generation);
+  absl::Time declared = absl::InfiniteFuture();
+  if (store_ != nullptr) {
+    (void)store_->Set(key, absl::StrCat("rank ", rank_, ": ", report.ToString()), absl::Seconds(2));
+    declared = absl::Now();
+    MutexLock lock(&dump_mu_);
+    hang_key_seen_ = declared;
+  }
+  std::string stacks;
+  const std::string path =
+      WriteEvidence(captured, absl::StrCat("hang: ", report.ToString()), generation, &stacks);
+  // The event goes out once the dump is written: its time is the declaration's plus this.
   const int64_t dump_ms = (clock_->MonotonicNanos() - dump_begin_ns) / 1'000'000;
   Event event;
   event.type = EventType::kHang;
@@ -701,6 +726,7 @@ void RuntimeImpl::OnHang(const HangReport& report) {
       {"elapsed_ms", absl::StrCat(absl::ToInt64Milliseconds(report.elapsed))},
       {"bound_ms", absl::StrCat(absl::ToInt64Milliseconds(report.bound))},
       {"dump", path},
+      {"capture_ms", absl::StrCat(capture_ms)},
       {"dump_ms", absl::StrCat(dump_ms)}};
   if (report.collective.has_value()) {
     event.attributes.emplace_back("collective", report.collective->op);
@@ -710,26 +736,17 @@ void RuntimeImpl::OnHang(const HangReport& report) {
   event.attributes.emplace_back("stacks", stacks);
   (void)EmitEvent(std::move(event));
   if (store_ == nullptr) return;
-  // Every other rank dumps its ring and stacks too, for a diagnosis across ranks. The watchdog
-  // aborts the communicators when this returns, which wakes the other ranks' blocked collectives:
-  // wait (bounded) for their dumps first, so that their stacks show where they were blocked. A
-  // wait that ends by itself meanwhile (the whole machine stalled, and caught up) withdraws the
-  // hang: nothing is aborted, and the launcher replaces no one.
-  const std::string key = absl::StrCat("hang/gen", generation);
-  (void)store_->Set(key, absl::StrCat("rank ", rank_, ": ", report.ToString()), absl::Seconds(2));
-  const absl::Time declared = absl::Now();
-  {
-    MutexLock lock(&dump_mu_);
-    hang_key_seen_ = declared;
-  }
+  // The watchdog aborts the communicators when this returns, which wakes the other ranks' blocked
+  // collectives: wait (bounded) for their dumps first, so that their stacks show where they were
+  // blocked. A wait that ends by itself meanwhile (the whole machine stalled, and caught up)
+  // withdraws the hang: nothing is aborted, and the launcher replaces no one.
   if (!AwaitHangEnd(steps_failed)) {
     (void)store_->Set(absl::StrCat(key, "/aborted/", rank_), absl::StrCat("rank ", rank_),
                       absl::Seconds(2));
     return;
   }
   const absl::Duration waited_for = absl::Now() - declared;
-  const std::string waited =
-      absl::FormatDuration(absl::Trunc(waited_for, absl::Milliseconds(1)));
+  const std::string waited = absl::FormatDuration(absl::Trunc(waited_for, absl::Milliseconds(1)));
   (void)store_->Set(absl::StrCat(key, "/withdrawn/", rank_),
                     absl::StrCat("rank ", rank_, ": its wait ended ", waited, " after the hang"),
                     absl::Seconds(2));
@@ -738,9 +755,8 @@ void RuntimeImpl::OnHang(const HangReport& report) {
   withdrawn.step = report.step;
   withdrawn.message = absl::StrCat("hang withdrawn: the wait ended by itself ", waited,
                                    " after it was declared; nothing aborted");
-  withdrawn.attributes = {
-      {"what", "hang_withdrawn"},
-      {"waited_ms", absl::StrCat(absl::ToInt64Milliseconds(waited_for))}};
+  withdrawn.attributes = {{"what", "hang_withdrawn"},
+                          {"waited_ms", absl::StrCat(absl::ToInt64Milliseconds(waited_for))}};
   (void)EmitEvent(std::move(withdrawn));
 }
 
@@ -960,7 +976,8 @@ absl::Status RuntimeImpl::EnsureCheckpointer() {
   o.env = options_.env;
   o.timeout = absl::Milliseconds(options_.rendezvous_timeout_ms);
   absl::StatusOr<std::optional<PeerBackupsOptions>> peers = PeerBackupOptions();
-  if (!peers.ok()) return WithContext(peers.status(), absl::StrCat("rank ", rank_, ": peer backups"));
+  if (!peers.ok())
+    return WithContext(peers.status(), absl::StrCat("rank ", rank_, ": peer backups"));
   o.peer_backups = *std::move(peers);
   if (member_ != nullptr) o.superseded = [this] { return member_->superseded(); };
   absl::StatusOr<std::unique_ptr<Checkpointer>> c = Checkpointer::Create(&state_, o);
@@ -1014,9 +1031,11 @@ absl::StatusOr<std::optional<PeerBackupsOptions>> RuntimeImpl::PeerBackupOptions
   if (!classes.ok()) return WithContext(classes.status(), "backup_evict");
   std::vector<std::string> racks;
   if (!options_.backup_racks.empty()) racks = absl::StrSplit(options_.backup_racks, ',');
-  absl::StatusOr<BackupPlacement> placement = BackupPlacement::Place(BackupPlacementSpec{
-      .topology = topology_, .copies = options_.backup_copies, .classes = *classes,
-      .racks = racks});
+  absl::StatusOr<BackupPlacement> placement =
+      BackupPlacement::Place(BackupPlacementSpec{.topology = topology_,
+                                                 .copies = options_.backup_copies,
+                                                 .classes = *classes,
+                                                 .racks = racks});
   if (!placement.ok()) return placement.status();
   if (!placement->dropped().empty()) {
     Event event;
@@ -1033,8 +1052,7 @@ absl::StatusOr<std::optional<PeerBackupsOptions>> RuntimeImpl::PeerBackupOptions
   o.host_name = HostName();
   o.token = store_token_;
   o.rate_bytes_per_second = uint64_t{static_cast<uint32_t>(options_.backup_rate_mib_s)} << 20;
-  o.memory_budget_bytes = uint64_t{static_cast<uint32_t>(options_.backup_memory_budget_mib)}
-                          << 20;
+  o.memory_budget_bytes = uint64_t{static_cast<uint32_t>(options_.backup_memory_budget_mib)} << 20;
   o.timeout = std::min(absl::Milliseconds(options_.rendezvous_timeout_ms), absl::Minutes(1));
   o.env = options_.env;
   return o;

@@ -24,6 +24,7 @@
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/runtime/launcher_watch.h"
 #include "sdk/watchdog/flight_recorder.h"
+#include "sdk/watchdog/stack_trace.h"
 #include "trainguard/health.h"
 #include "trainguard/runtime.h"
 #include "trainguard/watchdog.h"
@@ -177,6 +178,18 @@ class RuntimeImpl final : public Runtime {
   // labelled with the next one would count as that generation's evidence. Returns the dump's path
   // ("" if it failed).
   std::string DumpEvidence(const std::string& reason, int64_t generation, std::string* stacks_out);
+  // DumpEvidence in two parts, for OnHang: the capture (every thread's program counters and the
+  // ring: milliseconds, no file read) before the hang is published, and the symbolising and the
+  // write (which read the modules' symbol tables: up to hundreds of milliseconds with libtorch
+  // loaded) after it. The launcher can then act on the hang key while this rank symbolises, and
+  // the dump still shows every thread as it was when the hang was declared.
+  struct CapturedEvidence {
+    absl::StatusOr<std::vector<RawThreadStack>> stacks;
+    absl::StatusOr<FlightRecorderContents> ring;
+  };
+  CapturedEvidence CaptureEvidence();
+  std::string WriteEvidence(const CapturedEvidence& captured, const std::string& reason,
+                            int64_t generation, std::string* stacks_out);
   void WatchPeerHangs();  // and SIGUSR2 dump requests, and publishes this rank's progress
   // The watcher thread's period (shorter when watchdog_peer_progress_ms is).
   static constexpr absl::Duration kWatcherPeriod = absl::Milliseconds(250);
@@ -270,9 +283,9 @@ class RuntimeImpl final : public Runtime {
   // The current generation's member ids, by rank, for ExplainPeerWait on the watchdog's thread
   // (membership_ itself is the training thread's). Set by SetMembership.
   Mutex members_mu_;
-  int64_t members_generation_ = -1;       // guarded by members_mu_
+  int64_t members_generation_ = -1;      // guarded by members_mu_
   std::vector<std::string> member_ids_;  // guarded by members_mu_
-  int64_t work_published_ns_ = 0;  // watcher thread only: when PublishWork last wrote
+  int64_t work_published_ns_ = 0;        // watcher thread only: when PublishWork last wrote
   // Watchdog thread only: the collective whose postponement was last written as an event.
   uint64_t excused_collective_ = 0;
   std::thread peer_hang_watcher_;

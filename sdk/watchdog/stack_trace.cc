@@ -276,16 +276,12 @@ void PollAnswers(std::vector<Request>& requests, absl::Time deadline) {
 
 int StackCaptureSignal() { return SIGRTMIN + 6; }
 
-absl::StatusOr<std::vector<ThreadStack>> CaptureThreadStacks(absl::Duration timeout) {
+absl::StatusOr<std::vector<RawThreadStack>> CaptureRawThreadStacks(absl::Duration timeout) {
   if (timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("stack capture: the timeout must be positive");
   }
-  struct Answer {
-    uintptr_t pc = 0;
-    std::vector<void*> frames;
-  };
   std::vector<Request> requests;
-  std::vector<Answer> answers;
+  std::vector<RawThreadStack> answers;
   {
     MutexLock lock(&CaptureMutex());
     if (absl::Status s = InstallHandler(); !s.ok()) return s;
@@ -374,22 +370,36 @@ absl::StatusOr<std::vector<ThreadStack>> CaptureThreadStacks(absl::Duration time
       slot.word.store(gen | kIdle, std::memory_order_release);
     }
   }
-  // Symbolising reads ELF files: outside the lock.
-  std::vector<ThreadStack> stacks;
-  SymbolCache symbols;
   for (size_t i = 0; i < requests.size(); ++i) {
-    ThreadStack& t = stacks.emplace_back();
+    RawThreadStack& t = answers[i];
     t.tid = requests[i].tid;
     t.name = ThreadName(t.tid);
     t.answered = requests[i].slot >= 0;
     t.note = requests[i].note;
+  }
+  return answers;
+}
+
+std::vector<ThreadStack> SymbolizeThreadStacks(const std::vector<RawThreadStack>& raw) {
+  std::vector<ThreadStack> stacks;
+  SymbolCache symbols;
+  for (const RawThreadStack& r : raw) {
+    ThreadStack& t = stacks.emplace_back();
+    t.tid = r.tid;
+    t.name = r.name;
+    t.answered = r.answered;
+    t.note = r.note;
     if (t.answered) {
-      t.frames = SymbolizeStack(answers[i].frames.data(),
-                                static_cast<int>(answers[i].frames.size()), answers[i].pc,
-                                symbols);
+      t.frames = SymbolizeStack(r.frames.data(), static_cast<int>(r.frames.size()), r.pc, symbols);
     }
   }
   return stacks;
+}
+
+absl::StatusOr<std::vector<ThreadStack>> CaptureThreadStacks(absl::Duration timeout) {
+  absl::StatusOr<std::vector<RawThreadStack>> raw = CaptureRawThreadStacks(timeout);
+  if (!raw.ok()) return raw.status();
+  return SymbolizeThreadStacks(*raw);
 }
 
 std::string FormatThreadStacks(const std::vector<ThreadStack>& stacks) {
@@ -427,8 +437,9 @@ absl::StatusOr<std::vector<ThreadStack>> ParseThreadStacks(std::string_view text
     const bool header = absl::ConsumePrefix(&line, "thread ");
     const size_t open_quote = line.find(" \"");
     const size_t close_quote = line.rfind("\":");
-    if (!header || open_quote == absl::string_view::npos || close_quote == absl::string_view::npos ||
-        close_quote <= open_quote || !absl::SimpleAtoi(line.substr(0, open_quote), &t.tid)) {
+    if (!header || open_quote == absl::string_view::npos ||
+        close_quote == absl::string_view::npos || close_quote <= open_quote ||
+        !absl::SimpleAtoi(line.substr(0, open_quote), &t.tid)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "thread stacks, line ", line_number, ": expected 'thread <tid> \"<name>\":' or a frame"));
     }

@@ -42,6 +42,16 @@ struct ThreadStack {
   std::vector<std::string> frames;
 };
 
+// One thread's answer to a capture before symbolising: program counters only.
+struct RawThreadStack {
+  int tid = 0;
+  std::string name;
+  bool answered = false;
+  std::string note;
+  uintptr_t pc = 0;           // the instruction the signal interrupted, where known (else 0)
+  std::vector<void*> frames;  // backtrace(3) from inside the handler, innermost first
+};
+
 // The signal number used to ask threads for their stacks (a real-time signal above SIGRTMIN).
 int StackCaptureSignal();
 
@@ -56,6 +66,14 @@ std::string FormatThreadStacks(const std::vector<ThreadStack>& stacks);
 // Reads FormatThreadStacks's text back (e.g. from a flight recorder dump's "stacks" evidence). A
 // line that is neither a thread header nor a frame is an InvalidArgument naming its number.
 absl::StatusOr<std::vector<ThreadStack>> ParseThreadStacks(std::string_view text);
+
+// CaptureThreadStacks in two parts. The capture itself reads no file and takes milliseconds; the
+// symbolising reads the modules' symbol tables and can take hundreds of milliseconds in a process
+// with large libraries (libtorch). A hang is declared between the two, so that the stacks show
+// every thread as it was when the hang was declared and the declaration is not delayed by the
+// symbol lookups. CaptureThreadStacks(t) is SymbolizeThreadStacks(*CaptureRawThreadStacks(t)).
+absl::StatusOr<std::vector<RawThreadStack>> CaptureRawThreadStacks(absl::Duration timeout);
+std::vector<ThreadStack> SymbolizeThreadStacks(const std::vector<RawThreadStack>& raw);
 
 // CaptureThreadStacks formatted by FormatThreadStacks.
 absl::StatusOr<std::string> CaptureAllThreadStacks(absl::Duration timeout);

@@ -12,9 +12,9 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/temp_dir.h"
 #include "tools/chaos_command.h"
 #include "tools/fail_slow_dump.h"
-#include "tests/support/temp_dir.h"
 #include "trainguard/env.h"
 #include "trainguard/events.h"
 
@@ -75,10 +75,10 @@ void AddSteps(std::vector<Event>& events, int64_t first, int64_t last, double fr
 
 TEST(ChaosReport, AKillRecoveredInPlaceCountsEveryKeptStepButTheFirstAfterTheRecovery) {
   std::vector<Event> events = {Custom(0, -1, "chaos_run_start", {{"mode", "trainguard"}})};
-  AddSteps(events, 0, 9, 1, 0, "100");        // steps 0..9 at 1..10 s
+  AddSteps(events, 0, 9, 1, 0, "100");  // steps 0..9 at 1..10 s
   events.push_back(Inject(10.5, 2, "kill"));
   events.push_back(Launcher(10.6, 2, "rank_died"));
-  AddSteps(events, 10, 12, 12, 1, "100");     // generation 1: steps 10..12 at 12..14 s
+  AddSteps(events, 10, 12, 12, 1, "100");  // generation 1: steps 10..12 at 12..14 s
   events.push_back(Custom(15, -1, "chaos_run_end"));
 
   const RunAnalysis run = AnalyzeRun(events);
@@ -164,6 +164,36 @@ TEST(ChaosReport, AHangIsDetectedWhenDeclaredNotWhenItsDumpWasWritten) {
   ASSERT_EQ(early.faults.size(), 1u);
   EXPECT_EQ(early.faults[0].detection_latency, absl::Milliseconds(1900));  // 12.1 s - 10.2 s
   EXPECT_EQ(early.faults[0].detected_by, "hang_suspect");
+}
+
+// A rank publishes its hang before it symbolises and writes its dump, and the launcher kills a
+// stopped suspect at once: the hang event comes after the launcher's naming and after the kill,
+// but it detected first (its time less dump_ms), and it is the detection.
+TEST(ChaosReport,
+     AHangEventWrittenAfterTheStoppedRankWasReplacedIsTheDetectionWhenItDeclaredFirst) {
+  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  AddSteps(events, 0, 9, 1, 0, "100");  // steps 0..9 at 1..10 s
+  events.push_back(Inject(10.2, 1, "stop", "101"));
+  events.push_back(Launcher(11.1, 1, "hang_suspect", "101"));
+  events.push_back(Launcher(11.15, 1, "rank_died", "101"));
+  events.push_back(Ranks(11.4, 0, EventType::kHang, {{"capture_ms", "20"}, {"dump_ms", "400"}}));
+  AddSteps(events, 10, 11, 12, 1, "200");
+  events.push_back(Custom(15, -1, "chaos_run_end"));
+
+  const RunAnalysis run = AnalyzeRun(events);
+  ASSERT_EQ(run.faults.size(), 1u);
+  EXPECT_EQ(run.faults[0].detection_latency, absl::Milliseconds(800));  // 11.0 s - 10.2 s
+  EXPECT_EQ(run.faults[0].detected_by, "hang");
+  EXPECT_EQ(run.faults[0].culprit_named, 1);
+
+  // Declared after the kill (its time less dump_ms is 11.2 s): the launcher's naming detected it.
+  for (Event& e : events) {
+    if (e.type == EventType::kHang) e = Ranks(11.4, 0, EventType::kHang, {{"dump_ms", "200"}});
+  }
+  const RunAnalysis late = AnalyzeRun(events);
+  ASSERT_EQ(late.faults.size(), 1u);
+  EXPECT_EQ(late.faults[0].detection_latency, absl::Milliseconds(900));  // 11.1 s - 10.2 s
+  EXPECT_EQ(late.faults[0].detected_by, "hang_suspect");
 }
 
 // A rank stopped after its last collective of step 5 lets the others finish it (at 6 s, 0.25 s
@@ -335,7 +365,7 @@ TEST(ChaosReport, AHangEventAfterARestartEndedAStoppedProcessIsNotCreditedToThat
   events.push_back(Inject(1.5, 2, "kill", "102"));
   events.push_back(Launcher(1.6, 2, "rank_died", "102"));
   events.push_back(Launcher(1.7, -1, "restart_all"));  // ends 101 too: no event about it follows
-  events.push_back(Inject(8, 3, "stop", "203"));        // a process of the next epoch
+  events.push_back(Inject(8, 3, "stop", "203"));       // a process of the next epoch
   Event hang;
   hang.time = At(10);
   hang.rank = 0;
@@ -458,12 +488,14 @@ TEST(ChaosReport, TwoHostFaultsAreEachCreditedWithTheLossOfTheirOwnHost) {
 // On simulated hosts pids are per host: the same pid on two hosts is two processes.
 TEST(ChaosReport, TheSamePidOnTwoHostsIsTwoProcesses) {
   std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
-  events.push_back(Custom(1, 0, "chaos_inject",
-                          {{"kind", "kill"}, {"pid", "7"}, {"host", "host1"}, {"source", "chaos"}}));
-  events.push_back(Custom(2, 2, "chaos_inject",
-                          {{"kind", "kill"}, {"pid", "7"}, {"host", "host2"}, {"source", "chaos"}}));
-  events.push_back(Custom(2.5, 2, "rank_died",
-                          {{"source", "launcher"}, {"pid", "7"}, {"on_host", "host2"}}));
+  events.push_back(
+      Custom(1, 0, "chaos_inject",
+             {{"kind", "kill"}, {"pid", "7"}, {"host", "host1"}, {"source", "chaos"}}));
+  events.push_back(
+      Custom(2, 2, "chaos_inject",
+             {{"kind", "kill"}, {"pid", "7"}, {"host", "host2"}, {"source", "chaos"}}));
+  events.push_back(
+      Custom(2.5, 2, "rank_died", {{"source", "launcher"}, {"pid", "7"}, {"on_host", "host2"}}));
   events.push_back(Custom(3, -1, "chaos_run_end"));
   const RunAnalysis run = AnalyzeRun(events);
   ASSERT_EQ(run.faults.size(), 2u);
@@ -474,8 +506,9 @@ TEST(ChaosReport, TheSamePidOnTwoHostsIsTwoProcesses) {
 
 TEST(ChaosReport, AHostLossEndsTheStoppedProcessesOfThatHost) {
   std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
-  events.push_back(Custom(1, 3, "chaos_inject",
-                          {{"kind", "stop"}, {"pid", "9"}, {"host", "host2"}, {"source", "chaos"}}));
+  events.push_back(
+      Custom(1, 3, "chaos_inject",
+             {{"kind", "stop"}, {"pid", "9"}, {"host", "host2"}, {"source", "chaos"}}));
   events.push_back(HostInject(1.5, 2, "host_kill", "host2", "2,3"));
   events.push_back(HostLost(4, "host2", "2,3"));
   Event hang;  // the survivors' collectives with the dead host hang
@@ -501,7 +534,8 @@ TEST(ChaosReport, TwoRunsAreReportedSideBySideWithTheirEttrRatio) {
   const std::vector<RunAnalysis> runs = {AnalyzeRun(a), AnalyzeRun(b)};
   EXPECT_DOUBLE_EQ(runs[0].ettr, 0.5);
   EXPECT_DOUBLE_EQ(runs[1].ettr, 0.25);
-  EXPECT_THAT(FormatReport(runs), HasSubstr("ETTR trainguard 50.0% vs baseline 25.0%: ratio 2.000"));
+  EXPECT_THAT(FormatReport(runs),
+              HasSubstr("ETTR trainguard 50.0% vs baseline 25.0%: ratio 2.000"));
   EXPECT_THAT(ReportJson(runs), HasSubstr("\"ettr_ratio\":2.000000"));
   EXPECT_THAT(ReportJson(runs), HasSubstr("{\"mode\":\"trainguard\",\"ettr\":0.500000,"));
 }
@@ -518,8 +552,11 @@ Event SuspectHost(double at, const std::string& host, const std::string& action)
   e.time = At(at);
   e.rank = -1;
   e.type = EventType::kSuspectHost;
-  e.attributes = {{"host", host},    {"metric", "cpu_wait_ms"}, {"z", "1.650"},
-                  {"windows", "2"},  {"action", action}};
+  e.attributes = {{"host", host},
+                  {"metric", "cpu_wait_ms"},
+                  {"z", "1.650"},
+                  {"windows", "2"},
+                  {"action", action}};
   return e;
 }
 
@@ -567,7 +604,8 @@ TEST(FailSlowPlot, TheScriptDrawsOnePanelPerMetricOneLinePerHostTheSuspectInRedA
   const std::string script = FailSlowPlotScript(*dump, "/d", "/out/x.png");
   EXPECT_THAT(script, HasSubstr("set output \"/out/x.png\""));
   EXPECT_THAT(script, HasSubstr("set multiplot layout 2,2"));
-  EXPECT_THAT(script, HasSubstr("suspect host host2: compute_ms, z 1.41, 1 window(s), action: alert"));
+  EXPECT_THAT(script,
+              HasSubstr("suspect host host2: compute_ms, z 1.41, 1 window(s), action: alert"));
   // The detection at x = 0 (seconds are drawn relative to it).
   EXPECT_THAT(script, HasSubstr("set arrow 1 from 0, graph 0 to 0, graph 1 nohead"));
   // Panels in the detector's priority order, the per-step ones said so, the detecting one marked.
@@ -621,12 +659,9 @@ TEST(FailSlowPlot, TheDumpsPngIsNamedAfterTheReportsPngAndTheDump) {
 
 TEST(ChaosSchedule, TheSameSeedGivesTheSameFaultsAtTheSameTimes) {
   const std::vector<std::pair<std::string, int>> mix = {{"kill", 2}, {"stop", 1}, {"nan", 1}};
-  const std::vector<PlannedFault> a =
-      PlanFaults(7, absl::Seconds(20), absl::Minutes(10), mix, 4);
-  const std::vector<PlannedFault> b =
-      PlanFaults(7, absl::Seconds(20), absl::Minutes(10), mix, 4);
-  const std::vector<PlannedFault> c =
-      PlanFaults(8, absl::Seconds(20), absl::Minutes(10), mix, 4);
+  const std::vector<PlannedFault> a = PlanFaults(7, absl::Seconds(20), absl::Minutes(10), mix, 4);
+  const std::vector<PlannedFault> b = PlanFaults(7, absl::Seconds(20), absl::Minutes(10), mix, 4);
+  const std::vector<PlannedFault> c = PlanFaults(8, absl::Seconds(20), absl::Minutes(10), mix, 4);
   ASSERT_EQ(a.size(), b.size());
   ASSERT_FALSE(a.empty());
   bool differs = a.size() != c.size();

@@ -131,6 +131,31 @@ TEST(StackTraceTest, AThreadBlockedInAPipeReadShowsTheFunctionItIsBlockedIn) {
   EXPECT_EQ(reader.Join(), 1);
 }
 
+// A hang is declared between the capture and the symbolising (RuntimeImpl::OnHang): the stacks
+// symbolised afterwards are where the threads were at the capture, even once they moved on.
+TEST(StackTraceTest, StacksCapturedRawAndSymbolisedLaterShowWhereTheThreadsWereAtTheCapture) {
+  if (kReadDefersSignals) GTEST_SKIP() << "ThreadSanitizer defers signals during read(2)";
+  PipeReader reader;
+  std::vector<RawThreadStack> raw;
+  for (int attempt = 0; attempt < 500; ++attempt) {
+    absl::StatusOr<std::vector<RawThreadStack>> captured =
+        CaptureRawThreadStacks(absl::Seconds(10));
+    ASSERT_TRUE(captured.ok()) << captured.status();
+    raw = *std::move(captured);
+    const std::vector<ThreadStack> now = SymbolizeThreadStacks(raw);
+    const ThreadStack* t = Find(now, reader.tid());
+    if (t != nullptr && HasFrame(*t, "BlockedInPipeReadForStackTest")) break;
+    usleep(2000);
+  }
+  EXPECT_EQ(reader.Join(), 1);  // the reader got its byte and its thread is gone
+  const std::vector<ThreadStack> later = SymbolizeThreadStacks(raw);
+  const ThreadStack* t = Find(later, reader.tid());
+  ASSERT_NE(t, nullptr);
+  EXPECT_TRUE(t->answered) << t->note;
+  EXPECT_EQ(t->name, "tg-pipe-reader");
+  EXPECT_TRUE(HasFrame(*t, "BlockedInPipeReadForStackTest")) << FormatThreadStacks(later);
+}
+
 TEST(StackTraceTest, ACaptureFromANonMainThreadSeesEveryThreadIncludingMainAndItself) {
   std::optional<PipeReader> reader;
   if (!kReadDefersSignals) reader.emplace();
