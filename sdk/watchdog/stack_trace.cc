@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -189,40 +190,81 @@ std::string Demangle(const char* symbol) {
   return out;
 }
 
+// The frames already symbolised in this process, kept across captures: a process's hang dumps
+// show the same waits again and again (a pool's threads, the training thread in a collective), and
+// each absl::Symbolize in a large library (libtorch) scans its symbol table. An entry stays valid
+// while the module that held its address is mapped at the same base, which every use checks with
+// dladdr (a walk of the loaded modules, no file read). Bounded: emptied when it reaches
+// kMaxEntries.
+class FrameCache {
+ public:
+  static FrameCache& Get() {
+    static FrameCache* cache = new FrameCache;  // never destroyed: a capture may run at exit
+    return *cache;
+  }
+
+  // The cached text of (pc, is_return_address) in the module mapped at `base`, if any.
+  std::optional<std::string> Find(void* pc, bool is_return_address, const void* base) {
+    MutexLock lock(&mu_);
+    auto it = frames_.find(std::make_pair(pc, is_return_address));
+    if (it == frames_.end() || it->second.base != base) return std::nullopt;
+    return it->second.text;
+  }
+
+  void Insert(void* pc, bool is_return_address, const void* base, const std::string& text) {
+    MutexLock lock(&mu_);
+    if (frames_.size() >= kMaxEntries) frames_.clear();
+    frames_.insert_or_assign(std::make_pair(pc, is_return_address), Entry{base, text});
+  }
+
+ private:
+  static constexpr size_t kMaxEntries = 1 << 16;
+  struct Entry {
+    const void* base;
+    std::string text;
+  };
+  Mutex mu_;
+  absl::flat_hash_map<std::pair<void*, bool>, Entry> frames_ ABSL_GUARDED_BY(mu_);
+};
+
 // "function (module+0xoffset)". A return address is looked up one byte back, inside the call: the
 // instruction after a call to a noreturn function may belong to the next function.
 std::string SymbolizeFrame(void* pc, bool is_return_address) {
   void* lookup = static_cast<char*>(pc) - (is_return_address ? 1 : 0);
   Dl_info info{};
   const bool have_module = dladdr(lookup, &info) != 0 && info.dli_fname != nullptr;
+  // An address outside every module (JIT code) is not cached: its text has no module to check.
+  if (have_module) {
+    std::optional<std::string> cached =
+        FrameCache::Get().Find(pc, is_return_address, info.dli_fbase);
+    if (cached.has_value()) return *std::move(cached);
+  }
   const std::string module = have_module
                                  ? absl::StrFormat("%s+0x%x", info.dli_fname,
                                                    reinterpret_cast<uintptr_t>(pc) -
                                                        reinterpret_cast<uintptr_t>(info.dli_fbase))
                                  : "?";
+  std::string text;
   char symbol[2048];
   // absl::Symbolize reads the ELF symbol tables, so it names static and non-exported functions too.
   if (absl::Symbolize(lookup, symbol, sizeof(symbol))) {
     // Abseil's demangler gives up on some names (ABI tags): those come back mangled.
     const std::string name = std::strncmp(symbol, "_Z", 2) == 0 ? Demangle(symbol) : symbol;
-    return absl::StrFormat("%s (%s)", name, module);
-  }
-  if (have_module && info.dli_sname != nullptr) {
-    return absl::StrFormat(
+    text = absl::StrFormat("%s (%s)", name, module);
+  } else if (have_module && info.dli_sname != nullptr) {
+    text = absl::StrFormat(
         "%s+0x%x (%s)", Demangle(info.dli_sname),
         reinterpret_cast<uintptr_t>(pc) - reinterpret_cast<uintptr_t>(info.dli_saddr), module);
+  } else {
+    text = absl::StrFormat("%p (%s)", pc, module);
   }
-  return absl::StrFormat("%p (%s)", pc, module);
+  if (have_module) FrameCache::Get().Insert(pc, is_return_address, info.dli_fbase, text);
+  return text;
 }
-
-// One capture's frames already symbolised, by (pc, looked up one byte back): the threads of a pool
-// wait in the same frames, and each lookup may scan a large library's symbol table.
-using SymbolCache = absl::flat_hash_map<std::pair<void*, bool>, std::string>;
 
 // Frames from the interrupted instruction outwards: the handler's own frames (and, under
 // sanitizers, their runtime's) and the signal trampoline are dropped.
-std::vector<std::string> SymbolizeStack(void* const* frames, int depth, uintptr_t interrupted_pc,
-                                        SymbolCache& cache) {
+std::vector<std::string> SymbolizeStack(void* const* frames, int depth, uintptr_t interrupted_pc) {
   int first = std::min(1, depth);  // without the context's pc: skip the handler itself
   if (interrupted_pc != 0) {
     for (int i = 0; i < depth; ++i) {
@@ -236,9 +278,7 @@ std::vector<std::string> SymbolizeStack(void* const* frames, int depth, uintptr_
   for (int i = first; i < depth; ++i) {
     const bool exact = i == first && interrupted_pc != 0 &&
                        reinterpret_cast<uintptr_t>(frames[i]) == interrupted_pc;
-    auto [it, inserted] = cache.try_emplace(std::make_pair(frames[i], !exact));
-    if (inserted) it->second = SymbolizeFrame(frames[i], !exact);
-    out.push_back(it->second);
+    out.push_back(SymbolizeFrame(frames[i], !exact));
   }
   return out;
 }
@@ -382,7 +422,6 @@ absl::StatusOr<std::vector<RawThreadStack>> CaptureRawThreadStacks(absl::Duratio
 
 std::vector<ThreadStack> SymbolizeThreadStacks(const std::vector<RawThreadStack>& raw) {
   std::vector<ThreadStack> stacks;
-  SymbolCache symbols;
   for (const RawThreadStack& r : raw) {
     ThreadStack& t = stacks.emplace_back();
     t.tid = r.tid;
@@ -390,7 +429,7 @@ std::vector<ThreadStack> SymbolizeThreadStacks(const std::vector<RawThreadStack>
     t.answered = r.answered;
     t.note = r.note;
     if (t.answered) {
-      t.frames = SymbolizeStack(r.frames.data(), static_cast<int>(r.frames.size()), r.pc, symbols);
+      t.frames = SymbolizeStack(r.frames.data(), static_cast<int>(r.frames.size()), r.pc);
     }
   }
   return stacks;

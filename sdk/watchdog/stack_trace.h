@@ -72,6 +72,8 @@ absl::StatusOr<std::vector<ThreadStack>> ParseThreadStacks(std::string_view text
 // with large libraries (libtorch). A hang is declared between the two, so that the stacks show
 // every thread as it was when the hang was declared and the declaration is not delayed by the
 // symbol lookups. CaptureThreadStacks(t) is SymbolizeThreadStacks(*CaptureRawThreadStacks(t)).
+// A frame is looked up once per process: later captures (the same waits, hang after hang) take its
+// text from a cache, valid while its module stays mapped at the same base.
 absl::StatusOr<std::vector<RawThreadStack>> CaptureRawThreadStacks(absl::Duration timeout);
 std::vector<ThreadStack> SymbolizeThreadStacks(const std::vector<RawThreadStack>& raw);
 
