@@ -320,6 +320,9 @@ class Job {
   // ranks: on one host those that still hold the rank and have not trained in a later generation;
   // on several, through their agents, while `generation` is current.
   void ReplaceHangSuspects(const std::vector<int>& suspects, int64_t generation);
+  // Replaces the pending hang's stopped ranks at once, before the other ranks' dumps are in, unless
+  // it did already or they are not a minority.
+  void ReplaceStoppedRanksNow(const std::set<int>& stopped_ranks);
   // A hang declared in `generation` after it was superseded: the store rejects the declaring rank's
   // writes then (they are fenced), but its dump, whose reason begins "hang: ", is in `dir`. The
   // hang key's text for it; NotFound when there is no such dump.
@@ -1413,7 +1416,7 @@ void Job::DiagnoseHangs() {
   constexpr absl::Duration kHangVerdictWait = absl::Seconds(5);
   const absl::Time now = absl::Now();
   if (now < next_hang_check_) return;
-  next_hang_check_ = now + absl::Milliseconds(100);
+  next_hang_check_ = now + absl::Milliseconds(50);
   const std::string dir = config_.run_dir + "/flight_recorder";
   if (!pending_hang_.has_value()) {
     const int64_t current = coordinator_->generation();
@@ -1442,6 +1445,18 @@ void Job::DiagnoseHangs() {
         if (ring.ok()) hang.live_rings[r] = *std::move(ring);
       }
       pending_hang_ = std::move(hang);
+      // A rank of this host seen stopped is replaced before the dumps are read: parsing every
+      // dump in the run's flight_recorder folder takes tens of milliseconds on a busy machine.
+      if (!MultiHost()) {
+        std::set<int> stopped;
+        for (int r = 0; r < world_size_; ++r) {
+          const Child* holder = RunningHolder(r);
+          if (holder != nullptr && holder->rank_generation <= g && IsStopped(holder->pid)) {
+            stopped.insert(r);
+          }
+        }
+        ReplaceStoppedRanksNow(stopped);
+      }
       break;
     }
     if (!pending_hang_.has_value()) return;
@@ -1526,19 +1541,7 @@ void Job::DiagnoseHangs() {
       }
     }
   }
-  // A rank whose process is stopped (SIGSTOP: state T; on several hosts, its agent says so) makes
-  // no progress whatever the dumps will say, and writes none itself: it is replaced now, not once
-  // the other ranks' dumps are in, which took 0.3-0.5 s per PyTorch rank in the chaos runs
-  // (docs/PERFORMANCE.md). The diagnosis still follows when they are, and replaces no one else.
-  if (pending_hang_->replaced.empty() && !stopped_ranks.empty() &&
-      2 * stopped_ranks.size() < static_cast<size_t>(world_size_)) {
-    Say(absl::StrFormat("hang diagnosis: rank(s) %s stopped (%s): replaced now; the diagnosis "
-                        "follows once the others' dumps are in",
-                        absl::StrJoin(stopped_ranks, ","),
-                        MultiHost() ? "their agents say" : "SIGSTOP"));
-    ReplaceHangSuspects({stopped_ranks.begin(), stopped_ranks.end()}, pending_hang_->generation);
-    pending_hang_->replaced = stopped_ranks;
-  }
+  ReplaceStoppedRanksNow(stopped_ranks);
   if (dumped + silent < static_cast<size_t>(world_size_) &&
       now < pending_hang_->seen + kHangDumpGrace) {
     return;  // some rank is still dumping
@@ -1602,6 +1605,23 @@ void Job::DiagnoseHangs() {
     return;
   }
   ReplaceHangSuspects(diagnosis.suspects, generation);
+}
+
+// A rank whose process is stopped (SIGSTOP: state T; on several hosts, its agent says so) makes no
+// progress whatever the dumps will say, and writes none itself: it is replaced now, not once the
+// other ranks' dumps are in, which took 0.3-0.5 s per PyTorch rank in the chaos runs
+// (docs/PERFORMANCE.md). The diagnosis still follows when they are, and replaces no one else.
+void Job::ReplaceStoppedRanksNow(const std::set<int>& stopped_ranks) {
+  if (!pending_hang_->replaced.empty() || stopped_ranks.empty() ||
+      2 * stopped_ranks.size() >= static_cast<size_t>(world_size_)) {
+    return;
+  }
+  Say(absl::StrFormat("hang diagnosis: rank(s) %s stopped (%s): replaced now; the diagnosis "
+                      "follows once the others' dumps are in",
+                      absl::StrJoin(stopped_ranks, ","),
+                      MultiHost() ? "their agents say" : "SIGSTOP"));
+  ReplaceHangSuspects({stopped_ranks.begin(), stopped_ranks.end()}, pending_hang_->generation);
+  pending_hang_->replaced = stopped_ranks;
 }
 
 void Job::ReplaceHangSuspects(const std::vector<int>& suspects, int64_t generation) {
@@ -1787,7 +1807,7 @@ int Job::Run() {
         owners.push_back(c.get());
       }
     }
-    poll(fds.data(), fds.size(), 100);
+    poll(fds.data(), fds.size(), 50);
     for (size_t i = 1; i < fds.size(); ++i) {
       if (fds[i].revents != 0) Pump(*owners[i], /*flush=*/false);
     }

@@ -6,11 +6,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "absl/strings/ascii.h"
 
 namespace trainguard {
 namespace {
@@ -59,6 +59,9 @@ absl::StatusOr<ProcStat> ParseProcStat(std::string_view text_in, std::string_vie
     return absl::InvalidArgumentError(absl::StrCat(where, ": field 4 (ppid) is '", field(4), "'"));
   }
   stat.ppid = static_cast<pid_t>(ppid);
+  if (!absl::SimpleAtoi(field(9), &stat.flags)) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": field 9 (flags) is '", field(9), "'"));
+  }
   if (!absl::SimpleAtoi(field(14), &stat.utime_ticks) ||
       !absl::SimpleAtoi(field(15), &stat.stime_ticks)) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": fields 14-15 (utime, stime) are '",

@@ -23,11 +23,15 @@ namespace trainguard {
 struct ProcStat {
   char state = '?';               // field 3: R, S, D, T (stopped), t (traced), Z (zombie), ...
   pid_t ppid = -1;                // field 4
+  uint64_t flags = 0;             // field 9: the kernel's PF_* flags of the task
   int64_t utime_ticks = 0;        // field 14, clock ticks (sysconf(_SC_CLK_TCK))
   int64_t stime_ticks = 0;        // field 15
   uint64_t start_time_ticks = 0;  // field 22, clock ticks since boot
 
   bool stopped() const { return state == 'T' || state == 't'; }
+  // An io_uring worker (PF_IO_WORKER: "iou-wrk-*", "iou-sqp-*"): a kernel thread in the process's
+  // thread group that runs no user code and takes no signal.
+  bool io_worker() const { return (flags & 0x10) != 0; }
   int64_t cpu_ticks() const { return utime_ticks + stime_ticks; }
 };
 

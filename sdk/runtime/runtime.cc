@@ -660,11 +660,14 @@ RuntimeImpl::CapturedEvidence RuntimeImpl::CaptureEvidence() {
 }
 
 std::string RuntimeImpl::WriteEvidence(const CapturedEvidence& captured, const std::string& reason,
-                                       int64_t generation, std::string* stacks_out) {
+                                       int64_t generation, std::string* stacks_out,
+                                       int64_t* symbolize_ms) {
+  const int64_t begin_ns = clock_->MonotonicNanos();
   const std::string stack_text =
       captured.stacks.ok()
           ? FormatThreadStacks(SymbolizeThreadStacks(*captured.stacks))
           : absl::StrCat("(stack capture failed: ", captured.stacks.status().ToString(), ")");
+  if (symbolize_ms != nullptr) *symbolize_ms = (clock_->MonotonicNanos() - begin_ns) / 1'000'000;
   if (stacks_out != nullptr) *stacks_out = stack_text;
   const absl::StatusOr<FlightRecorderContents>& contents = captured.ring;
   if (!contents.ok()) return "";
@@ -712,8 +715,9 @@ void RuntimeImpl::OnHang(const HangReport& report) {
     hang_key_seen_ = declared;
   }
   std::string stacks;
-  const std::string path =
-      WriteEvidence(captured, absl::StrCat("hang: ", report.ToString()), generation, &stacks);
+  int64_t symbolize_ms = 0;
+  const std::string path = WriteEvidence(captured, absl::StrCat("hang: ", report.ToString()),
+                                         generation, &stacks, &symbolize_ms);
   // The event goes out once the dump is written: its time is the declaration's plus this.
   const int64_t dump_ms = (clock_->MonotonicNanos() - dump_begin_ns) / 1'000'000;
   Event event;
@@ -727,6 +731,7 @@ void RuntimeImpl::OnHang(const HangReport& report) {
       {"bound_ms", absl::StrCat(absl::ToInt64Milliseconds(report.bound))},
       {"dump", path},
       {"capture_ms", absl::StrCat(capture_ms)},
+      {"symbolize_ms", absl::StrCat(symbolize_ms)},
       {"dump_ms", absl::StrCat(dump_ms)}};
   if (report.collective.has_value()) {
     event.attributes.emplace_back("collective", report.collective->op);

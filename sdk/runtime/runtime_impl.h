@@ -188,8 +188,10 @@ class RuntimeImpl final : public Runtime {
     absl::StatusOr<FlightRecorderContents> ring;
   };
   CapturedEvidence CaptureEvidence();
+  // `symbolize_ms`, if given, is set to how long the symbolising took.
   std::string WriteEvidence(const CapturedEvidence& captured, const std::string& reason,
-                            int64_t generation, std::string* stacks_out);
+                            int64_t generation, std::string* stacks_out,
+                            int64_t* symbolize_ms = nullptr);
   void WatchPeerHangs();  // and SIGUSR2 dump requests, and publishes this rank's progress
   // The watcher thread's period (shorter when watchdog_peer_progress_ms is).
   static constexpr absl::Duration kWatcherPeriod = absl::Milliseconds(250);

@@ -332,6 +332,12 @@ absl::StatusOr<std::vector<RawThreadStack>> CaptureRawThreadStacks(absl::Duratio
     // Hand out slots; one still being written by a late handler of an earlier capture is skipped.
     int next_slot = 0;
     for (Request& r : requests) {
+      // An io_uring worker (liburing's, for the checkpoint writes) blocks every signal for good:
+      // asking it would cost kBlockedGrace at every capture for a thread with no user stack.
+      if (absl::StatusOr<ProcStat> stat = ReadThreadStat(r.tid); stat.ok() && stat->io_worker()) {
+        r.note = "an io_uring worker: a kernel thread, no user stack";
+        continue;
+      }
       while (next_slot < kMaxThreads &&
              (g_slots[next_slot].word.load(std::memory_order_acquire) & kStateMask) == kWriting) {
         ++next_slot;

@@ -1,5 +1,5 @@
-// The one reader of /proc/<pid>/stat (sdk/core/proc_stat.h): the fields the launcher, the chaos tool,
-// the fail-slow sampler and the tests rely on.
+// The one reader of /proc/<pid>/stat (sdk/core/proc_stat.h): the fields the launcher, the chaos
+// tool, the fail-slow sampler and the tests rely on.
 #include "sdk/core/proc_stat.h"
 
 #include <signal.h>
@@ -26,6 +26,11 @@ TEST(ProcStat, FieldsAreCountedFromTheLastParenthesisSoACommandNameWithSpacesAnd
   ASSERT_TRUE(stat.ok()) << stat.status();
   EXPECT_EQ(stat->state, 'R');
   EXPECT_EQ(stat->ppid, 17);
+  EXPECT_EQ(stat->flags, 4194560u);
+  EXPECT_FALSE(stat->io_worker());
+  // 0x208050: PF_IO_WORKER (0x10) among the flags of an io_uring worker thread.
+  EXPECT_TRUE(ParseProcStat("9 (iou-wrk-8) S 1 9 9 0 -1 2130000 0 0 0 0 0 0 0 0 20 0 1 0 5", "f")
+                  ->io_worker());
   EXPECT_EQ(stat->utime_ticks, 31);
   EXPECT_EQ(stat->stime_ticks, 7);
   EXPECT_EQ(stat->cpu_ticks(), 38);
@@ -34,11 +39,13 @@ TEST(ProcStat, FieldsAreCountedFromTheLastParenthesisSoACommandNameWithSpacesAnd
 }
 
 TEST(ProcStat, ATruncatedFileIsAnErrorNamingTheFileAndTheField) {
-  absl::StatusOr<ProcStat> stat = ParseProcStat("12 (x) S 1 12 12 0", "/proc/12/stat");
+  absl::StatusOr<ProcStat> stat = ParseProcStat("12 (x) S 1 12 12 0 -1 4194560", "/proc/12/stat");
   ASSERT_FALSE(stat.ok());
   EXPECT_EQ(stat.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(stat.status().message()), HasSubstr("/proc/12/stat"));
   EXPECT_THAT(std::string(stat.status().message()), HasSubstr("utime"));
+  EXPECT_THAT(std::string(ParseProcStat("12 (x) S 1 12 12 0", "g").status().message()),
+              HasSubstr("field 9 (flags)"));
   EXPECT_FALSE(ParseProcStat("12 x S 1", "f").ok());  // no ')' at all
 }
 

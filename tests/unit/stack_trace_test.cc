@@ -2,6 +2,8 @@
 // asked by signal, including threads blocked in system calls, from a thread that is not main.
 #include "sdk/watchdog/stack_trace.h"
 
+#include <dirent.h>
+#include <liburing.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -10,6 +12,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <thread>
@@ -19,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sdk/core/mutex.h"
+#include "sdk/core/proc_stat.h"
 
 namespace trainguard {
 
@@ -154,6 +158,59 @@ TEST(StackTraceTest, StacksCapturedRawAndSymbolisedLaterShowWhereTheThreadsWereA
   EXPECT_TRUE(t->answered) << t->note;
   EXPECT_EQ(t->name, "tg-pipe-reader");
   EXPECT_TRUE(HasFrame(*t, "BlockedInPipeReadForStackTest")) << FormatThreadStacks(later);
+}
+
+// The io_uring worker threads of this process (the checkpoint writer's liburing creates them).
+std::vector<int> IoWorkers() {
+  std::vector<int> workers;
+  DIR* dir = opendir("/proc/self/task");
+  if (dir == nullptr) return workers;
+  while (dirent* entry = readdir(dir)) {
+    const int tid = std::atoi(entry->d_name);
+    if (tid <= 0) continue;
+    absl::StatusOr<ProcStat> stat = ReadThreadStat(tid);
+    if (stat.ok() && stat->io_worker()) workers.push_back(tid);
+  }
+  closedir(dir);
+  return workers;
+}
+
+// An io_uring worker blocks every signal for good: the capture names it without asking it (asking
+// cost the 50 ms a thread is given to unblock the signal, at every capture).
+TEST(StackTraceTest, AnIoUringWorkerIsNamedAsSuchWithoutBeingAsked) {
+  io_uring ring;
+  if (const int rc = io_uring_queue_init(4, &ring, 0); rc < 0) {
+    GTEST_SKIP() << "io_uring_queue_init: " << std::strerror(-rc) << ": no io_uring here";
+  }
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  char byte = 0;
+  io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+  ASSERT_NE(sqe, nullptr);
+  io_uring_prep_read(sqe, fds[0], &byte, 1, 0);
+  io_uring_sqe_set_flags(sqe, IOSQE_ASYNC);  // run by a worker thread, which blocks in the read
+  ASSERT_EQ(io_uring_submit(&ring), 1);
+  std::vector<int> workers;
+  for (int attempt = 0; attempt < 500 && workers.empty(); ++attempt) {  // bounded polling
+    workers = IoWorkers();
+    if (workers.empty()) usleep(2000);
+  }
+  ASSERT_FALSE(workers.empty()) << "no io_uring worker thread appeared";
+  absl::StatusOr<std::vector<ThreadStack>> stacks = CaptureThreadStacks(absl::Seconds(10));
+  ASSERT_TRUE(stacks.ok()) << stacks.status();
+  const ThreadStack* worker = Find(*stacks, workers.front());
+  ASSERT_NE(worker, nullptr) << FormatThreadStacks(*stacks);
+  EXPECT_FALSE(worker->answered);
+  EXPECT_THAT(worker->note, ::testing::HasSubstr("io_uring worker")) << FormatThreadStacks(*stacks);
+  ASSERT_EQ(write(fds[1], "x", 1), 1);
+  io_uring_cqe* cqe = nullptr;
+  __kernel_timespec timeout{.tv_sec = 10, .tv_nsec = 0};
+  ASSERT_EQ(io_uring_wait_cqe_timeout(&ring, &cqe, &timeout), 0);
+  EXPECT_EQ(cqe->res, 1);
+  io_uring_cqe_seen(&ring, cqe);
+  io_uring_queue_exit(&ring);
+  close(fds[0]);
+  close(fds[1]);
 }
 
 TEST(StackTraceTest, ACaptureFromANonMainThreadSeesEveryThreadIncludingMainAndItself) {
