@@ -329,6 +329,9 @@ class Job {
   absl::StatusOr<std::string> SupersededHang(const std::string& dir, int64_t generation);
   // The running process of this host that holds `rank` and is not being killed; nullptr if none.
   Child* RunningHolder(int rank);
+  // Whether `holder` (RunningHolder's answer) is the process that held its rank in the hung
+  // `generation` (not a replacement that took it later) and is stopped (state T).
+  static bool StoppedSinceHang(const Child* holder, int64_t generation);
   void RenewGenerationWhenAsked();
   void StopAll(absl::Duration grace);
   void Fail(const std::string& why);
@@ -1396,6 +1399,10 @@ absl::StatusOr<std::string> Job::SupersededHang(const std::string& dir, int64_t 
   return absl::NotFoundError(absl::StrCat("no hang dump of generation ", generation));
 }
 
+bool Job::StoppedSinceHang(const Child* holder, int64_t generation) {
+  return holder != nullptr && holder->rank_generation <= generation && IsStopped(holder->pid);
+}
+
 Child* Job::RunningHolder(int rank) {
   for (const auto& c : children_) {
     if (c->rank == rank && c->running && !c->killed_for_liveness) return c.get();
@@ -1450,10 +1457,7 @@ void Job::DiagnoseHangs() {
       if (!MultiHost()) {
         std::set<int> stopped;
         for (int r = 0; r < world_size_; ++r) {
-          const Child* holder = RunningHolder(r);
-          if (holder != nullptr && holder->rank_generation <= g && IsStopped(holder->pid)) {
-            stopped.insert(r);
-          }
+          if (StoppedSinceHang(RunningHolder(r), g)) stopped.insert(r);
         }
         ReplaceStoppedRanksNow(stopped);
       }
@@ -1530,8 +1534,7 @@ void Job::DiagnoseHangs() {
     for (int rank = 0; rank < world_size_; ++rank) {
       if (dumped_ranks.count(rank) != 0) continue;
       const Child* holder = RunningHolder(rank);
-      if (holder != nullptr && holder->rank_generation <= pending_hang_->generation &&
-          IsStopped(holder->pid)) {
+      if (StoppedSinceHang(holder, pending_hang_->generation)) {
         silent_ranks.insert(rank);
         stopped_ranks.insert(rank);
         ++silent;

@@ -412,12 +412,12 @@ absl::StatusOr<std::vector<RawThreadStack>> CaptureRawThreadStacks(absl::Duratio
         continue;
       }
       answers[i].pc = slot.pc.load(std::memory_order_relaxed);
-      answers[i].frames.assign(slot.frames, slot.frames + std::clamp(slot.depth, 0, kMaxFrames));
+      answers[i].addresses.assign(slot.frames, slot.frames + std::clamp(slot.depth, 0, kMaxFrames));
       slot.word.store(gen | kIdle, std::memory_order_release);
     }
   }
   for (size_t i = 0; i < requests.size(); ++i) {
-    RawThreadStack& t = answers[i];
+    ThreadStack& t = answers[i].thread;
     t.tid = requests[i].tid;
     t.name = ThreadName(t.tid);
     t.answered = requests[i].slot >= 0;
@@ -429,13 +429,9 @@ absl::StatusOr<std::vector<RawThreadStack>> CaptureRawThreadStacks(absl::Duratio
 std::vector<ThreadStack> SymbolizeThreadStacks(const std::vector<RawThreadStack>& raw) {
   std::vector<ThreadStack> stacks;
   for (const RawThreadStack& r : raw) {
-    ThreadStack& t = stacks.emplace_back();
-    t.tid = r.tid;
-    t.name = r.name;
-    t.answered = r.answered;
-    t.note = r.note;
+    ThreadStack& t = stacks.emplace_back(r.thread);
     if (t.answered) {
-      t.frames = SymbolizeStack(r.frames.data(), static_cast<int>(r.frames.size()), r.pc);
+      t.frames = SymbolizeStack(r.addresses.data(), static_cast<int>(r.addresses.size()), r.pc);
     }
   }
   return stacks;

@@ -44,12 +44,9 @@ struct ThreadStack {
 
 // One thread's answer to a capture before symbolising: program counters only.
 struct RawThreadStack {
-  int tid = 0;
-  std::string name;
-  bool answered = false;
-  std::string note;
-  uintptr_t pc = 0;           // the instruction the signal interrupted, where known (else 0)
-  std::vector<void*> frames;  // backtrace(3) from inside the handler, innermost first
+  ThreadStack thread;            // tid, name, answered, note; `frames` stays empty
+  uintptr_t pc = 0;              // the instruction the signal interrupted, where known (else 0)
+  std::vector<void*> addresses;  // backtrace(3) from inside the handler, innermost first
 };
 
 // The signal number used to ask threads for their stacks (a real-time signal above SIGRTMIN).
