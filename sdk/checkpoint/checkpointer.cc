@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
@@ -29,6 +30,8 @@ namespace trainguard {
 namespace {
 
 constexpr absl::Duration kWorkerIdlePoll = absl::Milliseconds(200);
+// How often the worker looks for the commit of a step it voted for without completing the vote.
+constexpr absl::Duration kCommitPoll = absl::Milliseconds(20);
 // How often a collective restore waiting for the other ranks checks whether its generation was
 // superseded (CheckpointerOptions::superseded).
 constexpr absl::Duration kSupersededPoll = absl::Milliseconds(250);
@@ -116,13 +119,14 @@ class Checkpointer::Impl {
   }
 
   absl::Status Save(int64_t step, std::optional<bool> persist) {
+    const std::optional<int64_t> keep = StepToKeep();
     MutexLock lock(&mu_);
     if (job_.has_value()) {
       return absl::FailedPreconditionError(
           absl::StrFormat("%s: Save(%d): the checkpoint of step %d is still being saved", Where(),
                           step, job_->step));
     }
-    if (absl::Status begun = snapshotter_->Begin(step); !begun.ok()) return begun;
+    if (absl::Status begun = snapshotter_->Begin(step, keep); !begun.ok()) return begun;
     ++saves_;
     const bool by_count = options_.persist_every > 0 && saves_ % options_.persist_every == 0;
     job_ = Job{step, absl::Now(), !options_.dir.empty() && persist.value_or(by_count), Epoch(),
@@ -146,6 +150,11 @@ class Checkpointer::Impl {
   bool busy() {
     MutexLock lock(&mu_);
     return job_.has_value();
+  }
+
+  int64_t known_committed() {
+    MutexLock lock(&mu_);
+    return known_committed_;
   }
 
   void set_observer(std::function<void(const SaveOutcome&)> observer) {
@@ -183,8 +192,15 @@ class Checkpointer::Impl {
       epoch = absl::StrCat("restore/", Epoch());
       ++restores_;  // later votes belong to the timeline that starts at this restore
     }
-    if (store_ == nullptr) return RestoreAlone();
-    absl::StatusOr<RestoreResult> restored = RestoreTogether(epoch);
+    absl::StatusOr<RestoreResult> restored = store_ == nullptr ? RestoreAlone() : RestoreTogether(epoch);
+    if (restored.ok()) {
+      MutexLock lock(&mu_);
+      known_committed_ = restored->step;  // a commit of the timeline that starts here
+      unresolved_.clear();
+      ++timeline_;
+    }
+    if (store_ == nullptr) return restored;
+    if (restored.ok() && options_.rank == 0) DropSnapshotCommitsAfter(restored->step);
     if (restored.ok() && peers_ != nullptr) Reprotect(restored->step);
     return restored;
   }
@@ -213,6 +229,54 @@ class Checkpointer::Impl {
     return absl::StrFormat("checkpointer (job %s, rank %d)", options_.job_id, options_.rank);
   }
 
+  // The snapshot the next save keeps in the arena (Snapshotter::Begin's `keep`): the newest step
+  // this rank knows is committed. When the arena's newest snapshot is one whose commit the worker
+  // has not seen yet, the store is asked first (one read; the worker usually knows within 20 ms
+  // of the commit): keeping an older commit on stale knowledge would evict a newer one.
+  std::optional<int64_t> StepToKeep() {
+    const std::optional<SnapshotInfo> newest = snapshotter_->LatestComplete();
+    bool ask = false;
+    {
+      MutexLock lock(&mu_);
+      if (known_committed_ < 0 || !newest.has_value()) return std::nullopt;
+      ask = newest->step != known_committed_ &&
+            std::find(unresolved_.begin(), unresolved_.end(), newest->step) != unresolved_.end();
+    }
+    if (ask) {
+      absl::StatusOr<std::vector<std::optional<std::string>>> record = store_->MultiGet(
+          {absl::StrCat("commit/", newest->step, "/snapshot")}, std::min(options_.timeout, kCommitPoll * 10));
+      if (!record.ok()) return std::nullopt;  // unknown: the default, the older slot
+      MutexLock lock(&mu_);
+      if ((*record)[0].has_value()) known_committed_ = std::max(known_committed_, newest->step);
+    }
+    MutexLock lock(&mu_);
+    return known_committed_;
+  }
+
+  // Which of the `steps` this rank voted for (not the last voter) the store now records as
+  // committed. A step is looked for while its snapshot is in the arena: once committed it is the
+  // one the next save keeps (Snapshotter::Begin's `keep`); one no longer there is dropped. Nothing
+  // is learnt when a restore started another timeline meanwhile.
+  void ResolveCommits(const std::vector<int64_t>& steps, uint64_t timeline) {
+    std::vector<std::string> keys;
+    for (int64_t step : steps) keys.push_back(absl::StrCat("commit/", step, "/snapshot"));
+    absl::StatusOr<std::vector<std::optional<std::string>>> records =
+        store_->MultiGet(keys, std::min(options_.timeout, kCommitPoll * 10));
+    std::vector<int64_t> in_arena;
+    for (const SnapshotInfo& info : snapshotter_->CompleteSnapshots()) in_arena.push_back(info.step);
+    MutexLock lock(&mu_);
+    if (timeline != timeline_) return;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const bool committed = records.ok() && (*records)[i].has_value();
+      if (committed) known_committed_ = std::max(known_committed_, steps[i]);
+      if (committed || steps[i] <= known_committed_ ||
+          std::find(in_arena.begin(), in_arena.end(), steps[i]) == in_arena.end()) {
+        unresolved_.erase(std::remove(unresolved_.begin(), unresolved_.end(), steps[i]),
+                          unresolved_.end());
+      }
+    }
+  }
+
   // Votes and restores are namespaced by the generation and by the restores done in it: every rank
   // of a generation restores the same number of times, so they agree on the epoch.
   std::string Epoch() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -224,15 +288,25 @@ class Checkpointer::Impl {
   void WorkerLoop() {
     while (true) {
       Job job;
+      std::vector<int64_t> unresolved;
+      uint64_t timeline = 0;
       {
         MutexLock lock(&mu_);
         mu_.AwaitWithTimeout(
             [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_ || (job_ && !job_running_); },
-            kWorkerIdlePoll);
+            unresolved_.empty() ? kWorkerIdlePoll : kCommitPoll);
         if (stop_) return;
-        if (!job_ || job_running_) continue;
-        job_running_ = true;
-        job = *job_;
+        if (!job_ || job_running_) {
+          unresolved = unresolved_;
+          timeline = timeline_;
+        } else {
+          job_running_ = true;
+          job = *job_;
+        }
+      }
+      if (!unresolved.empty()) {
+        ResolveCommits(unresolved, timeline);
+        continue;
       }
       SaveOutcome outcome = RunJob(job);
       std::function<void(const SaveOutcome&)> observer;
@@ -282,6 +356,15 @@ class Checkpointer::Impl {
         return outcome;
       }
       outcome.committed = *committed;
+      {
+        MutexLock lock(&mu_);
+        if (*committed) {
+          known_committed_ = std::max(known_committed_, job.step);
+        } else if (store_ != nullptr) {
+          unresolved_.push_back(job.step);  // a later voter commits it, or none does
+          if (unresolved_.size() > 2) unresolved_.erase(unresolved_.begin());
+        }
+      }
       if (*committed && peers_ != nullptr) {
         outcome.protected_again = MarkProtected(job.step, job.epoch);
       }
@@ -425,20 +508,40 @@ class Checkpointer::Impl {
   // The arena holds two snapshots, the disk keep_last steps: older commit records name state that
   // no longer exists.
   void PruneCommits(absl::string_view kind) {
-    absl::StatusOr<std::vector<std::string>> keys = store_->ListKeys("commit/", options_.timeout);
-    if (!keys.ok()) return;
-    std::vector<std::pair<int64_t, std::string>> mine;
-    for (const std::string& key : *keys) {
-      std::vector<absl::string_view> parts = absl::StrSplit(key, '/');
-      int64_t step;
-      if (parts.size() == 3 && parts[2] == kind && absl::SimpleAtoi(parts[1], &step)) {
-        mine.emplace_back(step, key);
-      }
-    }
+    std::vector<std::pair<int64_t, std::string>> mine = CommitKeys(kind);
     std::sort(mine.rbegin(), mine.rend());
     const size_t keep = kind == "snapshot" ? 2 : static_cast<size_t>(options_.keep_last);
     for (size_t i = keep; i < mine.size(); ++i)
       (void)store_->Delete(mine[i].second, options_.timeout);
+  }
+
+  // After the job rolled back to `step`, the snapshot commits of newer steps name a timeline
+  // that was abandoned: the arenas overwrite those snapshots as the job goes on. Left in place
+  // they would also outrank the new timeline's commits in PruneCommits (which keeps the newest
+  // steps), so that a fault soon after a rollback found no snapshot in memory and restored from
+  // disk. Rank 0 drops them before its next vote, and no step of the new timeline is committed
+  // without that vote, so none of its commits is dropped. Durable commits stay: their shards are
+  // still on disk. Best effort.
+  void DropSnapshotCommitsAfter(int64_t step) {
+    for (const auto& [committed, key] : CommitKeys("snapshot")) {
+      if (committed > step) (void)store_->Delete(key, options_.timeout);
+    }
+  }
+
+  // The store's commit records of `kind` ("commit/<step>/<kind>") with their steps; none when the
+  // store cannot list them.
+  std::vector<std::pair<int64_t, std::string>> CommitKeys(absl::string_view kind) {
+    std::vector<std::pair<int64_t, std::string>> out;
+    absl::StatusOr<std::vector<std::string>> keys = store_->ListKeys("commit/", options_.timeout);
+    if (!keys.ok()) return out;
+    for (const std::string& key : *keys) {
+      std::vector<absl::string_view> parts = absl::StrSplit(key, '/');
+      int64_t step;
+      if (parts.size() == 3 && parts[2] == kind && absl::SimpleAtoi(parts[1], &step)) {
+        out.emplace_back(step, key);
+      }
+    }
+    return out;
   }
 
   // ---- restore ----
@@ -523,8 +626,9 @@ class Checkpointer::Impl {
     absl::StatusOr<std::vector<Candidate>> candidates = StaticCandidates();
     if (!candidates.ok()) return candidates.status();
     RestoreResult result;
-    for (const Candidate& c : *candidates) {
-      absl::StatusOr<RestoreResult> r = TryCandidate(c);
+    for (size_t i = 0; i < candidates->size(); ++i) {
+      const Candidate& c = (*candidates)[i];
+      absl::StatusOr<RestoreResult> r = TryCandidate(*candidates, i);
       if (r.ok()) {
         r->skipped.insert(r->skipped.begin(), result.skipped.begin(), result.skipped.end());
         return r;
@@ -540,9 +644,17 @@ class Checkpointer::Impl {
                         skipped.empty() ? "" : "; tried: ", absl::StrJoin(skipped, "; ")));
   }
 
-  // Restores candidate `c` for this rank: its arena snapshot when the fingerprint matches, else a
-  // verified backup from one of its holders, else its verified shard on disk.
-  absl::StatusOr<RestoreResult> TryCandidate(const Candidate& c) {
+  // Restores candidate `index` of `candidates` for this rank: its arena snapshot when the
+  // fingerprint matches, else a verified backup from one of its holders, else its verified shard
+  // on disk. A backup or shard installed in the arena overwrites neither slot that holds a later
+  // candidate, if it can: when another rank cannot restore this one, the next may be in memory.
+  absl::StatusOr<RestoreResult> TryCandidate(const std::vector<Candidate>& candidates,
+                                             size_t index) {
+    const Candidate& c = candidates[index];
+    std::vector<int64_t> later;
+    for (size_t i = index + 1; i < candidates.size(); ++i) later.push_back(candidates[i].step);
+    snapshotter_->set_install_keep(std::move(later));
+    absl::Cleanup no_keep = [this] { snapshotter_->set_install_keep({}); };
     const uint64_t want = c.fingerprints[options_.rank];
     std::string why = "not in the arena";
     for (const SnapshotInfo& info : snapshotter_->CompleteSnapshots()) {
@@ -632,7 +744,7 @@ class Checkpointer::Impl {
     std::vector<std::string> skipped;
     for (size_t round = 0; round < candidates->size(); ++round) {
       const Candidate& c = (*candidates)[round];
-      absl::StatusOr<RestoreResult> mine = TryCandidate(c);
+      absl::StatusOr<RestoreResult> mine = TryCandidate(*candidates, round);
       const std::string base = absl::StrCat(epoch, "/round", round, "/");
       const std::string vote = mine.ok() ? "ok" : absl::StrCat("fail: ", mine.status().ToString());
       if (absl::Status s = store_->Set(absl::StrCat(base, options_.rank), vote, t); !s.ok()) {
@@ -732,6 +844,12 @@ class Checkpointer::Impl {
   int64_t generation_ ABSL_GUARDED_BY(mu_);
   int64_t restores_ ABSL_GUARDED_BY(mu_) = 0;
   std::function<void(const SaveOutcome&)> observer_ ABSL_GUARDED_BY(mu_);
+  // The newest step this rank knows is committed in memory (it completed the vote, saw the
+  // commit record, or restored it), -1 if none; and the steps it voted for whose commit it has not
+  // seen yet (at most 2, the arena's slots).
+  int64_t known_committed_ ABSL_GUARDED_BY(mu_) = -1;
+  std::vector<int64_t> unresolved_ ABSL_GUARDED_BY(mu_);
+  uint64_t timeline_ ABSL_GUARDED_BY(mu_) = 0;  // restores done: a new timeline starts at each
   // The epoch this rank last saw protected (MarkProtected); the worker thread's only.
   std::string protected_epoch_;
   std::thread worker_;  // last: started after every other member is initialised
@@ -795,6 +913,7 @@ absl::Status Checkpointer::Save(int64_t step, std::optional<bool> persist) {
 absl::Status Checkpointer::Fence(absl::Duration timeout) { return impl_->Fence(timeout); }
 absl::Status Checkpointer::WaitIdle(absl::Duration timeout) { return impl_->WaitIdle(timeout); }
 bool Checkpointer::busy() const { return impl_->busy(); }
+int64_t Checkpointer::known_committed() const { return impl_->known_committed(); }
 void Checkpointer::set_observer(std::function<void(const SaveOutcome&)> observer) {
   impl_->set_observer(std::move(observer));
 }

@@ -142,6 +142,11 @@ class Checkpointer {
 
   // Committed steps known to the store (or, without a store, found on disk), newest first.
   absl::StatusOr<std::vector<int64_t>> CommittedSteps();
+  // The newest step this rank knows is committed in memory, -1 if none: one whose vote it
+  // completed, whose commit record its worker has seen since (it looks every 20 ms while such a
+  // snapshot is in the arena), or that it restored. The next Save keeps that snapshot in the arena
+  // (Snapshotter::Begin's `keep`) if a newer one is not committed yet.
+  int64_t known_committed() const;
 
   Snapshotter& snapshotter();
 

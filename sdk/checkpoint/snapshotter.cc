@@ -212,14 +212,23 @@ class Snapshotter::Impl {
     return absl::OkStatus();
   }
 
-  absl::Status Begin(int64_t step) {
+  absl::Status Begin(int64_t step, std::optional<int64_t> keep) {
     MutexLock lock(&mu_);
     if (in_flight_) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "%s: Begin(%d): the snapshot of step %d is still in flight (%d of %d chunks copied)",
           Where(), step, step_, chunks_done_, num_chunks_));
     }
-    const int w = latest_slot_ == 0 ? 1 : 0;
+    int w = latest_slot_ == 0 ? 1 : 0;
+    if (keep.has_value() && latest_slot_ >= 0) {
+      SlotHeader* older = arena_->slot(w);
+      if (LoadState(older) == kSlotComplete && SlotUsable(older) && older->step == *keep &&
+          arena_->slot(latest_slot_)->step != *keep) {
+        // The older slot is the latest complete one while the newer is written.
+        w = latest_slot_;
+        latest_slot_ = 1 - w;
+      }
+    }
     SlotHeader* slot = arena_->slot(w);
     // Mark the slot unfinished before touching a byte of it: a crash from here on leaves it
     // kWriting, and the other slot (the latest complete one) is never written.
@@ -346,11 +355,15 @@ class Snapshotter::Impl {
           Where(), step, payload_bytes, checksums.size(), plan_.blob_offset,
           plan_.geometry.payload_capacity, chunk));
     }
-    const int w = latest_slot_ == 0 ? 1 : 0;
+    const int w = InstallSlot();
     SlotHeader* slot = arena_->slot(w);
     StoreState(slot, kSlotWriting);
     if (absl::Status filled = fill(arena_->payload(w)); !filled.ok()) {
       StoreState(slot, kSlotEmpty);
+      if (w == latest_slot_) {  // set_install_keep chose the newer slot: the older is the latest
+        SlotHeader* other = arena_->slot(1 - w);
+        latest_slot_ = LoadState(other) == kSlotComplete && SlotUsable(other) ? 1 - w : -1;
+      }
       return absl::Status(filled.code(), absl::StrFormat("%s: installing step %d: %s", Where(),
                                                          step, filled.message()));
     }
@@ -367,6 +380,11 @@ class Snapshotter::Impl {
     StoreState(slot, kSlotComplete);
     latest_slot_ = w;
     return InfoOf(slot);
+  }
+
+  void set_install_keep(std::vector<int64_t> steps) {
+    MutexLock lock(&mu_);
+    install_keep_ = std::move(steps);
   }
 
   uint64_t chunk_bytes() const { return options_.chunk_bytes; }
@@ -395,6 +413,23 @@ class Snapshotter::Impl {
   size_t arena_bytes() const { return plan_.geometry.segment_bytes(); }
 
  private:
+  // The slot Install writes: the older one, unless it holds a step of install_keep_ that the
+  // newer one does not hold, or holds an earlier-listed one (more wanted) than the newer's.
+  int InstallSlot() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const int older = latest_slot_ == 0 ? 1 : 0;
+    if (latest_slot_ < 0 || install_keep_.empty()) return older;
+    // How much slot i is wanted: its step's place in install_keep_ (lower: more wanted), or
+    // past the end when its snapshot is not wanted or not complete.
+    auto wanted = [&](int i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      SlotHeader* slot = arena_->slot(i);
+      if (LoadState(slot) != kSlotComplete || !SlotUsable(slot)) return install_keep_.size() + 1;
+      return static_cast<size_t>(
+          std::find(install_keep_.begin(), install_keep_.end(), slot->step) -
+          install_keep_.begin());
+    };
+    return wanted(latest_slot_) > wanted(older) ? latest_slot_ : older;
+  }
+
   View ViewOfSlot(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     SlotHeader* slot = arena_->slot(index);
     View view;
@@ -652,6 +687,7 @@ class Snapshotter::Impl {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool in_flight_ ABSL_GUARDED_BY(mu_) = false;
   int latest_slot_ ABSL_GUARDED_BY(mu_) = -1;  // the newest complete slot, -1 if none
+  std::vector<int64_t> install_keep_ ABSL_GUARDED_BY(mu_);  // set_install_keep
   int writing_slot_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t step_ ABSL_GUARDED_BY(mu_) = -1;  // of the snapshot in flight (or the last one)
@@ -711,7 +747,9 @@ absl::StatusOr<std::unique_ptr<Snapshotter>> Snapshotter::Create(
 Snapshotter::Snapshotter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Snapshotter::~Snapshotter() = default;
 
-absl::Status Snapshotter::Begin(int64_t step) { return impl_->Begin(step); }
+absl::Status Snapshotter::Begin(int64_t step, std::optional<int64_t> keep) {
+  return impl_->Begin(step, keep);
+}
 absl::Status Snapshotter::FenceBuffer(const std::string& name, absl::Duration timeout) {
   return impl_->FenceBuffer(name, timeout);
 }
@@ -741,6 +779,10 @@ absl::StatusOr<SnapshotInfo> Snapshotter::Install(int64_t step, int64_t generati
         }
         return absl::OkStatus();
       });
+}
+
+void Snapshotter::set_install_keep(std::vector<int64_t> steps) {
+  impl_->set_install_keep(std::move(steps));
 }
 
 absl::StatusOr<SnapshotInfo> Snapshotter::InstallWith(

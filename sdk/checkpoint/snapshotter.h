@@ -59,7 +59,11 @@ class Snapshotter {
 
   // Starts copying every registered buffer and blob into the free slot, tagged with `step`; returns
   // as soon as the copy is enqueued. FailedPrecondition if a snapshot is still in flight.
-  absl::Status Begin(int64_t step);
+  // `keep`: a step to keep in the arena (the newest step the caller knows is committed). The free
+  // slot is the older one, unless that holds `keep` and the newer does not: then the newer one (an
+  // uncommitted snapshot) is overwritten, so that a commit that stalls for a few saves leaves the
+  // committed snapshot in the arena.
+  absl::Status Begin(int64_t step, std::optional<int64_t> keep = std::nullopt);
   // Blocks until the in-flight copy of `name` (or of everything) is done, at most `timeout`.
   absl::Status FenceBuffer(const std::string& name, absl::Duration timeout);
   absl::Status Fence(absl::Duration timeout);
@@ -75,21 +79,28 @@ class Snapshotter {
   // holds no complete snapshot of that step.
   absl::StatusOr<SnapshotInfo> RestoreStep(StateRegistry* registry, int64_t step);
   // Installs a snapshot read from elsewhere (a persisted shard) as the newest complete one, after
-  // checking every chunk against `chunk_checksums`; then RestoreStep(step) restores it. DataLoss on
-  // a mismatch (the arena keeps its previous snapshots); FailedPrecondition while a snapshot is in
+  // checking every chunk against `chunk_checksums`; then RestoreStep(step) restores it. It
+  // overwrites the older slot, or the one set_install_keep says. DataLoss on a mismatch (the
+  // other slot keeps its snapshot); FailedPrecondition while a snapshot is in
   // flight or when the payload does not fit this registry's layout.
   absl::StatusOr<SnapshotInfo> Install(int64_t step, int64_t generation, std::string_view payload,
                                        const std::vector<uint64_t>& chunk_checksums);
   // As Install, for a payload of `payload_bytes` that `fill` writes straight into the arena's free
   // slot (a peer's backup received from the network: no copy in between). `fill` must write every
   // byte and check every chunk against `chunk_checksums` (the arena records them as given, without
-  // hashing again); an error from it is returned and leaves that slot empty, the latest complete
-  // snapshot untouched. The arena's lock is held while `fill` runs, so it must be bounded (a
+  // hashing again); an error from it is returned and leaves that slot empty, the other slot's
+  // snapshot untouched (the latest complete one, unless set_install_keep chose to overwrite
+  // that). The arena's lock is held while `fill` runs, so it must be bounded (a
   // deadline) and must not call this Snapshotter.
   absl::StatusOr<SnapshotInfo> InstallWith(int64_t step, int64_t generation,
                                            uint64_t payload_bytes,
                                            const std::vector<uint64_t>& chunk_checksums,
                                            absl::FunctionRef<absl::Status(char* dst)> fill);
+  // The steps that Install and InstallWith avoid overwriting, most wanted first (a restore's
+  // candidates not tried yet): an install writes the slot holding none of them, else the one
+  // holding the later-listed step. Empty (the default): the older slot, so that the latest
+  // complete snapshot is kept.
+  void set_install_keep(std::vector<int64_t> steps);
   // The bytes and per-chunk checksums of the latest complete snapshot, for persistence and peers.
   // Valid until the next Begin().
   struct View {

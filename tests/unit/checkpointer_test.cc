@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -225,6 +226,87 @@ TEST_F(CheckpointerTest, RestoreGivesEveryRankTheNewestCommittedStepFromItsArena
     EXPECT_EQ(results[r]->step, 20);
     EXPECT_EQ(results[r]->source, "arena");
     EXPECT_TRUE(ranks_[r]->Holds(r, 20)) << "rank " << r;
+  }
+}
+
+// One rank's save stalls (its backup push to a dead host is pending), so no newer step is
+// committed while the others go on saving: they keep the committed snapshot in their arenas, and
+// every rank restores it from memory, not from disk.
+TEST_F(CheckpointerTest, WhileACommitStallsTheOtherRanksKeepTheCommittedSnapshotInMemory) {
+  ASSERT_NO_FATAL_FAILURE(SaveAll(10));
+  // Every rank learns that 10 is committed: the last voter at once, the others from the store.
+  for (int r = 0; r < kWorld; ++r) {
+    const absl::Time deadline = absl::Now() + kTimeout;
+    while (ranks_[r]->checkpointer->known_committed() != 10 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    ASSERT_EQ(ranks_[r]->checkpointer->known_committed(), 10) << "rank " << r;
+  }
+  // Rank 0 saves nothing more; ranks 1 and 2 save 15 and 20 (neither is committed).
+  for (int64_t s : {15, 20}) {
+    for (int r : {1, 2}) {
+      ranks_[r]->Fill(r, s);
+      ASSERT_TRUE(ranks_[r]->checkpointer->Save(s, /*persist=*/false).ok());
+    }
+    for (int r : {1, 2}) ASSERT_TRUE(ranks_[r]->checkpointer->WaitIdle(kTimeout).ok());
+  }
+  std::filesystem::remove_all(dir_.path());  // only memory can serve 10
+  std::filesystem::create_directories(dir_.path());
+  for (int r = 0; r < kWorld; ++r) ranks_[r]->Fill(r, 99);
+  std::vector<absl::StatusOr<RestoreResult>> results = RestoreAll();
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
+    EXPECT_EQ(results[r]->step, 10) << "rank " << r;
+    EXPECT_EQ(results[r]->source, "arena") << "rank " << r;
+    EXPECT_TRUE(ranks_[r]->Holds(r, 10)) << "rank " << r;
+  }
+}
+
+// After a rollback to an older step, the commits of the abandoned newer steps must not crowd out
+// the new timeline's: a fault soon after the rollback restores the new timeline's snapshot from
+// memory, not the older one from disk.
+TEST_F(CheckpointerTest, AfterARollbackTheNewTimelinesSnapshotIsRestoredFromTheArena) {
+  ASSERT_NO_FATAL_FAILURE(SaveAll(10));
+  ASSERT_NO_FATAL_FAILURE(SaveAll(20));
+  ASSERT_NO_FATAL_FAILURE(SaveAll(30));
+  // Rank 1 comes back without its arena, and its shards of 20 and 30 are gone: the job rolls
+  // back to 10, from disk.
+  ranks_[1]->checkpointer.reset();
+  ASSERT_TRUE(Snapshotter::RemoveArena(job_, 1).ok());
+  absl::StatusOr<std::vector<ShardRecord>> shards = ListCommittedShards(nullptr, dir_.path());
+  ASSERT_TRUE(shards.ok()) << shards.status();
+  for (const ShardRecord& s : *shards) {
+    if (s.rank == 1 && s.step > 10) {
+      ASSERT_TRUE(std::filesystem::remove(s.shard_path));
+    }
+  }
+  ASSERT_NO_FATAL_FAILURE(Start(1, /*generation=*/1));
+  ranks_[0]->checkpointer->SetGeneration(1);
+  ranks_[2]->checkpointer->SetGeneration(1);
+  for (const absl::StatusOr<RestoreResult>& result : RestoreAll()) {
+    ASSERT_TRUE(result.ok()) << result.status();
+    ASSERT_EQ(result->step, 10);
+    ASSERT_EQ(result->source, "disk");
+  }
+  // The new timeline commits step 15 in memory only, then a fault rolls the job back again.
+  for (int r = 0; r < kWorld; ++r) {
+    ranks_[r]->Fill(r, 15);
+    ASSERT_TRUE(ranks_[r]->checkpointer->Save(15, /*persist=*/false).ok());
+  }
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(ranks_[r]->checkpointer->WaitIdle(kTimeout).ok());
+    ASSERT_TRUE(ranks_[r]->outcomes.back().status.ok()) << ranks_[r]->outcomes.back().status;
+    ranks_[r]->Fill(r, 99);  // training went on
+  }
+  absl::StatusOr<std::vector<int64_t>> steps = ranks_[0]->checkpointer->CommittedSteps();
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  EXPECT_THAT(*steps, ::testing::Contains(15));
+  std::vector<absl::StatusOr<RestoreResult>> results = RestoreAll();
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
+    EXPECT_EQ(results[r]->step, 15) << "rank " << r << ": " << absl::StrJoin(results[r]->skipped, " / ");
+    EXPECT_EQ(results[r]->source, "arena") << "rank " << r;
+    EXPECT_TRUE(ranks_[r]->Holds(r, 15)) << "rank " << r;
   }
 }
 

@@ -313,6 +313,93 @@ TEST_F(SnapshotterTest, SnapshotsAlternateSlotsAndTheNewestCompleteOneIsRestored
   EXPECT_TRUE(state.Holds(30));
 }
 
+// A commit that stalls (one rank's backup push to a dead host still pending) must not cost the
+// other ranks the committed snapshot: with `keep`, the copies go on overwriting the uncommitted
+// newer slot, and the committed one stays restorable.
+TEST_F(SnapshotterTest, ASnapshotKeepsTheCommittedSlotAndOverwritesTheUncommittedOne) {
+  TrainerState state;
+  StateRegistry registry = state.MakeRegistry();
+  std::unique_ptr<Snapshotter> snapshotter = MustCreate(&registry);
+  ASSERT_NE(snapshotter, nullptr);
+  auto snapshot = [&](int64_t step, std::optional<int64_t> keep) {
+    state.FillAll(step);
+    ASSERT_TRUE(snapshotter->Begin(step, keep).ok());
+    ASSERT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
+  };
+  auto steps = [&] {
+    std::vector<int64_t> out;
+    for (const SnapshotInfo& info : snapshotter->CompleteSnapshots()) out.push_back(info.step);
+    return out;
+  };
+  ASSERT_NO_FATAL_FAILURE(snapshot(10, std::nullopt));
+  ASSERT_NO_FATAL_FAILURE(snapshot(15, 10));  // the newer slot holds 10: the older is written
+  EXPECT_THAT(steps(), ::testing::ElementsAre(15, 10));
+  ASSERT_NO_FATAL_FAILURE(snapshot(20, 10));  // 15 was never committed: 20 overwrites it
+  EXPECT_THAT(steps(), ::testing::ElementsAre(20, 10));
+  ASSERT_NO_FATAL_FAILURE(snapshot(25, 10));
+  EXPECT_THAT(steps(), ::testing::ElementsAre(25, 10));
+  // While the newer slot is written, the committed one is the latest complete snapshot (never
+  // the slot being overwritten, 25); once the copy is done, the new one is.
+  state.FillAll(30);
+  ASSERT_TRUE(snapshotter->Begin(30, 10).ok());
+  EXPECT_THAT(snapshotter->LatestComplete()->step, ::testing::AnyOf(10, 30));
+  ASSERT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
+  state.FillAll(99);
+  ASSERT_TRUE(snapshotter->RestoreStep(&registry, 10).ok());
+  EXPECT_TRUE(state.Holds(10));
+  // Once 30 is committed, the older slot (10) is written again.
+  ASSERT_NO_FATAL_FAILURE(snapshot(35, 30));
+  EXPECT_THAT(steps(), ::testing::ElementsAre(35, 30));
+}
+
+// A restore that installs candidates from elsewhere (disk, a peer) one after another must not
+// evict a snapshot that a later candidate needs: the install writes the slot holding no step the
+// restore still wants, and a failed install leaves the other slot restorable.
+TEST_F(SnapshotterTest, AnInstallOverwritesTheSlotWhoseStepIsNotKept) {
+  TrainerState state;
+  StateRegistry registry = state.MakeRegistry();
+  std::unique_ptr<Snapshotter> snapshotter = MustCreate(&registry);
+  ASSERT_NE(snapshotter, nullptr);
+  for (int64_t step : {10, 15}) {
+    state.FillAll(step);
+    ASSERT_TRUE(snapshotter->Begin(step).ok());
+    ASSERT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
+  }
+  absl::StatusOr<Snapshotter::View> view = snapshotter->ViewOf(15);
+  ASSERT_TRUE(view.ok()) << view.status();
+  const std::string payload(view->payload);
+  const std::vector<uint64_t> checksums = view->chunk_checksums;
+  auto steps = [&] {
+    std::vector<int64_t> out;
+    for (const SnapshotInfo& info : snapshotter->CompleteSnapshots()) out.push_back(info.step);
+    return out;
+  };
+  // Step 15 is still wanted: installing 30 overwrites the newer slot (15) without it, and keeps 15
+  // with it.
+  snapshotter->set_install_keep({15, 10});
+  ASSERT_TRUE(snapshotter->Install(30, 3, payload, checksums).ok());
+  EXPECT_THAT(steps(), ::testing::ElementsAre(30, 15));
+  snapshotter->set_install_keep({15});
+  ASSERT_TRUE(snapshotter->Install(20, 3, payload, checksums).ok());  // 30 is not wanted: evicted
+  EXPECT_THAT(steps(), ::testing::ElementsAre(20, 15));
+  // A failed install into the newer slot leaves the older one as the latest, restorable.
+  std::vector<uint64_t> wrong = checksums;
+  wrong[0] ^= 1;
+  snapshotter->set_install_keep({15});
+  EXPECT_EQ(snapshotter->Install(25, 3, payload, wrong).status().code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_THAT(steps(), ::testing::ElementsAre(15));
+  state.FillAll(99);
+  ASSERT_TRUE(snapshotter->RestoreStep(&registry, 15).ok());
+  EXPECT_TRUE(state.Holds(15));
+  // Without a keep list an install overwrites the older slot.
+  snapshotter->set_install_keep({});
+  ASSERT_TRUE(snapshotter->Install(40, 3, payload, checksums).ok());
+  EXPECT_THAT(steps(), ::testing::ElementsAre(40, 15));
+  ASSERT_TRUE(snapshotter->Install(50, 3, payload, checksums).ok());
+  EXPECT_THAT(steps(), ::testing::ElementsAre(50, 40));
+}
+
 TEST_F(SnapshotterTest, AFlippedByteInTheArenaFailsRestoreWithDataLossAndLeavesBuffersAlone) {
   TrainerState state;
   state.FillAll(3);
