@@ -303,6 +303,13 @@ class Job {
   // Prints the backup placement of a job of `training_hosts` hosts (coordinator, at formation);
   // fails the job when no placement is possible.
   void DescribeBackups(int training_hosts);
+  // The backup placement the ranks of a job of `training_hosts` hosts compute (the same
+  // variables); nullopt without peer backups. InvalidArgument naming what is wrong.
+  struct Placement {
+    BackupPlacementSpec spec;
+    BackupPlacement placement;
+  };
+  absl::StatusOr<std::optional<Placement>> ComputePlacement(int training_hosts) const;
   // Says when ckpt/protected moves to a new epoch: the job is protected (again).
   void ReportProtection();
   std::string Summary() const;
@@ -359,7 +366,13 @@ class Job {
   void KillMember(const std::string& member, const std::string& what, const std::string& why);
   // Kills this agent's child `c` for the coordinator, recording `what` with its pid.
   void KillForLiveness(Child& c, const std::string& what, const std::string& why);
-  std::vector<std::string> PreferredStandbys(const std::string& dead_host, size_t needed);
+  // The parked standbys that the dead `ranks` (of `dead_host`, or the dead host's) go to first
+  // (ChooseStandbys); empty: any.
+  std::vector<std::string> PreferredStandbys(const std::string& dead_host,
+                                             const std::vector<int>& ranks);
+  // The hosts that now run a rank holding `rank`'s backups or whose backups `rank` holds (the
+  // job's backup placement); none without peer backups.
+  std::set<std::string> HostsSharingBackups(int rank);
   // Fail-slow hosts (tools/fail_slow_monitor.h): every agent publishes its host's sample once a
   // second; the coordinator detects and acts (LaunchConfig::fail_slow).
   void SampleHost();
@@ -498,6 +511,8 @@ class Job {
 
   // World size: nproc on one host; hosts x nproc-per-node once the plan is known.
   int world_size_ = 0;
+  // The backup placement once computed (HostsSharingBackups); the inner nullopt: no peer backups.
+  std::optional<std::optional<Placement>> placement_;
   // Multi-host agent state.
   std::unique_ptr<CoordinatorLease> lease_;
   int group_rank_ = -1;  // this host's group rank; -1 for a standby host
@@ -1101,10 +1116,10 @@ void Job::TryReplacements() {
     if (absl::Now() < dead.not_before) return;  // backing off a crash loop
     absl::StatusOr<Membership> next = absl::UnknownError("");
     if (dead.rank < 0) {
-      next = coordinator_->ReplaceRanks(dead.ranks, PreferredStandbys(dead.host, dead.ranks.size()),
+      next = coordinator_->ReplaceRanks(dead.ranks, PreferredStandbys(dead.host, dead.ranks),
                                         config_.spread_standbys, kStoreTimeout);
     } else {
-      next = coordinator_->ReplaceRanks({dead.rank}, PreferredStandbys(dead.host, 1),
+      next = coordinator_->ReplaceRanks({dead.rank}, PreferredStandbys(dead.host, {dead.rank}),
                                         /*any_standby=*/true, kStoreTimeout);
     }
     if (absl::IsAborted(next.status())) return;  // another coordinator acted: look again
@@ -1201,9 +1216,9 @@ void Job::StopJob(const std::string& reason) {
   exit_code_ = kExitJobFailed;
 }
 
-void Job::DescribeBackups(int training_hosts) {
+absl::StatusOr<std::optional<Job::Placement>> Job::ComputePlacement(int training_hosts) const {
   // The ranks read the same variables (the flags set them in this environment): the placement
-  // printed is the one they compute.
+  // computed here is the one they compute.
   std::map<std::string, std::string> vars = {
       {"TRAINGUARD_WORLD_SIZE", absl::StrCat(training_hosts * config_.nproc)},
       {"TRAINGUARD_LOCAL_WORLD_SIZE", absl::StrCat(config_.nproc)}};
@@ -1214,24 +1229,36 @@ void Job::DescribeBackups(int training_hosts) {
     if (v != nullptr) vars[name] = v;
   }
   absl::StatusOr<Options> o = Options::FromEnvironment(vars);
-  if (!o.ok()) return Fail(absl::StrCat("backup placement: ", o.status().message()));
-  if (o->backup_copies <= 1 || training_hosts < 2) return;
+  if (!o.ok()) return absl::InvalidArgumentError(absl::StrCat("backup placement: ", o.status().message()));
+  if (o->backup_copies <= 1 || training_hosts < 2) return std::nullopt;
   absl::StatusOr<Topology> topology =
       Topology::Create({.world_size = training_hosts * config_.nproc, .tp = o->tp, .cp = o->cp,
                         .pp = o->pp, .ranks_per_host = config_.nproc});
-  if (!topology.ok()) return Fail(absl::StrCat("backup placement: ", topology.status().message()));
+  if (!topology.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("backup placement: ", topology.status().message()));
+  }
   absl::StatusOr<std::vector<EvictionClass>> classes = ParseEvictionClasses(o->backup_evict);
-  if (!classes.ok()) return Fail(absl::StrCat("--backup-evict: ", classes.status().message()));
+  if (!classes.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--backup-evict: ", classes.status().message()));
+  }
   std::vector<std::string> racks;
   if (!o->backup_racks.empty()) racks = absl::StrSplit(o->backup_racks, ',');
-  const BackupPlacementSpec spec{
+  BackupPlacementSpec spec{
       .topology = *topology, .copies = o->backup_copies, .classes = *classes, .racks = racks};
   absl::StatusOr<BackupPlacement> placement = BackupPlacement::Place(spec);
   if (!placement.ok()) {
-    return Fail(absl::StrCat("no backup placement: ", placement.status().message()));
+    return absl::InvalidArgumentError(absl::StrCat("no backup placement: ", placement.status().message()));
   }
-  for (absl::string_view line : absl::StrSplit(DescribePlacement(spec, *placement), '\n',
-                                               absl::SkipEmpty())) {
+  return Placement{std::move(spec), *std::move(placement)};
+}
+
+void Job::DescribeBackups(int training_hosts) {
+  absl::StatusOr<std::optional<Placement>> placement = ComputePlacement(training_hosts);
+  if (!placement.ok()) return Fail(std::string(placement.status().message()));
+  if (!placement->has_value()) return;
+  for (absl::string_view line :
+       absl::StrSplit(DescribePlacement((*placement)->spec, (*placement)->placement), '\n',
+                      absl::SkipEmpty())) {
     Say(std::string(line));
   }
 }
@@ -2652,42 +2679,37 @@ void Job::DeclareHostDead(const std::string& host, absl::Time last_beat, const s
   dead_.push_back(std::move(dead));
 }
 
-// The standbys a dead host's ranks (or a dead rank) go to first: for a host, those of the standby
-// host with the most parked standbys, in local-rank order (so local rank i stays local rank i);
-// for one rank, a standby on the rank's own host.
-std::vector<std::string> Job::PreferredStandbys(const std::string& dead_host, size_t needed) {
+std::vector<std::string> Job::PreferredStandbys(const std::string& dead_host,
+                                                const std::vector<int>& ranks) {
   if (!MultiHost()) return {};  // one host: any parked standby, in member-id order
   absl::StatusOr<std::vector<std::string>> parked =
       coordinator_->ParkedStandbys(AgentCallTimeout(config_.host_timeout));
   if (!parked.ok()) return {};
-  std::map<std::string, std::vector<std::pair<int, std::string>>> by_host;
-  for (const std::string& member : *parked) {
-    const std::string host = member.substr(0, member.find(':'));
-    if (dead_hosts_.count(host) != 0) continue;
-    int index = 0;
-    const size_t at = member.rfind(":standby");
-    if (at != std::string::npos) (void)absl::SimpleAtoi(member.substr(at + 8), &index);
-    by_host[host].push_back({index, member});
+  std::set<std::string> unsafe;
+  for (int rank : ranks) unsafe.merge(HostsSharingBackups(rank));
+  return ChooseStandbys(*parked, dead_hosts_, dead_host, ranks.size(), unsafe);
+}
+
+std::set<std::string> Job::HostsSharingBackups(int rank) {
+  std::set<std::string> hosts;
+  const Membership current = coordinator_->current();
+  const int nproc = std::max(1, config_.nproc);
+  if (!placement_.has_value()) {
+    absl::StatusOr<std::optional<Placement>> computed =
+        ComputePlacement(static_cast<int>(current.members.size()) / nproc);
+    if (!computed.ok()) return hosts;
+    placement_ = *std::move(computed);
   }
-  const std::vector<std::pair<int, std::string>>* best = nullptr;
-  if (needed == 1) {
-    // One rank: a spare process on its own host, else any (a standby host stays whole if it can).
-    if (by_host.count(dead_host) != 0) best = &by_host[dead_host];
-  } else {
-    for (auto& [host, standbys] : by_host) {
-      std::sort(standbys.begin(), standbys.end());
-      if (standbys.size() >= needed && (best == nullptr || standbys.size() > best->size())) {
-        best = &standbys;
-      }
-    }
+  if (!placement_->has_value() || rank >= static_cast<int>(current.members.size())) return hosts;
+  const BackupPlacement& placement = (*placement_)->placement;
+  std::vector<int> related = placement.HolderRanks(rank);
+  for (int source : placement.SourceRanks(rank)) related.push_back(source);
+  for (int r : related) {
+    if (r < 0 || r >= static_cast<int>(current.members.size())) continue;
+    const std::string& member = current.members[r];
+    hosts.insert(member.substr(0, member.find(':')));
   }
-  std::vector<std::string> preferred;
-  if (best != nullptr) {
-    std::vector<std::pair<int, std::string>> sorted = *best;
-    std::sort(sorted.begin(), sorted.end());
-    for (const auto& [index, member] : sorted) preferred.push_back(member);
-  }
-  return preferred;
+  return hosts;
 }
 
 // ---- Fail-slow hosts ----
@@ -3144,6 +3166,52 @@ absl::StatusOr<LaunchConfig> ParseRunArguments(const std::vector<std::string>& a
         absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/trainguard/", config.job_id);
   }
   return config;
+}
+
+std::vector<std::string> ChooseStandbys(const std::vector<std::string>& parked,
+                                        const std::set<std::string>& dead_hosts,
+                                        const std::string& dead_host, size_t needed,
+                                        const std::set<std::string>& unsafe_hosts) {
+  std::map<std::string, std::vector<std::pair<int, std::string>>> by_host;
+  for (const std::string& member : parked) {
+    const std::string host = member.substr(0, member.find(':'));
+    if (dead_hosts.count(host) != 0) continue;
+    int index = 0;
+    const size_t at = member.rfind(":standby");
+    if (at != std::string::npos) (void)absl::SimpleAtoi(member.substr(at + 8), &index);
+    by_host[host].push_back({index, member});
+  }
+  const std::vector<std::pair<int, std::string>>* best = nullptr;
+  if (needed == 1) {
+    // One rank: a spare process on its own host, else one on a host sharing no backups with it.
+    if (by_host.count(dead_host) != 0) {
+      best = &by_host[dead_host];
+    } else if (!unsafe_hosts.empty()) {
+      for (const auto& [host, standbys] : by_host) {
+        if (unsafe_hosts.count(host) != 0) continue;
+        if (best == nullptr || standbys.size() < best->size()) best = &standbys;
+      }
+    }
+  } else {
+    // A host's ranks: the standby host with the most parked standbys, one sharing no backups with
+    // them first.
+    for (const bool safe_only : {true, false}) {
+      for (const auto& [host, standbys] : by_host) {
+        if (safe_only && unsafe_hosts.count(host) != 0) continue;
+        if (standbys.size() >= needed && (best == nullptr || standbys.size() > best->size())) {
+          best = &standbys;
+        }
+      }
+      if (best != nullptr) break;
+    }
+  }
+  std::vector<std::string> preferred;
+  if (best != nullptr) {
+    std::vector<std::pair<int, std::string>> sorted = *best;
+    std::sort(sorted.begin(), sorted.end());
+    for (const auto& [index, member] : sorted) preferred.push_back(member);
+  }
+  return preferred;
 }
 
 int RunJob(const LaunchConfig& config) {

@@ -41,6 +41,7 @@
 #ifndef TRAINGUARD_TOOLS_LAUNCHER_H_
 #define TRAINGUARD_TOOLS_LAUNCHER_H_
 
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -136,6 +137,20 @@ inline constexpr int kExitLaunchError = 3;
 // Parses the arguments after "run". InvalidArgument names the flag.
 absl::StatusOr<LaunchConfig> ParseRunArguments(const std::vector<std::string>& args);
 std::string RunUsage();
+
+// The parked standbys (member ids "host:pid:standbyN") that the coordinator gives a dead host's
+// ranks, or one dead rank, first; empty: any parked standby. `unsafe_hosts`: the hosts that run a
+// rank holding the dead ranks' backups or whose backups they hold (a host lost would take a
+// snapshot and its only backup together). For `needed` > 1 ranks, those of the host with the most
+// parked standbys (at least `needed`), one outside `unsafe_hosts` first, in standby-index order,
+// so local rank i stays local rank i. For one rank: a spare process on its own host `dead_host`;
+// else, when `unsafe_hosts` is not empty, those of the host outside it with the fewest parked
+// standbys (keeping fuller standby hosts whole for host faults). Hosts in `dead_hosts` are never
+// chosen.
+std::vector<std::string> ChooseStandbys(const std::vector<std::string>& parked,
+                                        const std::set<std::string>& dead_hosts,
+                                        const std::string& dead_host, size_t needed,
+                                        const std::set<std::string>& unsafe_hosts);
 
 // Runs the job to completion; returns the exit status above.
 int RunJob(const LaunchConfig& config);

@@ -94,5 +94,54 @@ TEST(RunArguments, SparesAndPeerBackupsAreStillTakenWithoutRestartAll) {
   EXPECT_EQ(config->standby, 1);
 }
 
+// Which parked standbys take a dead rank or a dead host's ranks first (the coordinator's choice).
+TEST(ChooseStandbys, OneRankTakesASpareOnItsOwnHostFirst) {
+  const std::vector<std::string> parked = {"host1:9:standby0", "host2:7:standby0",
+                                           "host3:5:standby0", "host3:6:standby1"};
+  EXPECT_THAT(ChooseStandbys(parked, {}, "host2", 1, {"host1"}),
+              ::testing::ElementsAre("host2:7:standby0"));
+}
+
+// Rank 2's backups are on host1 (and it holds host1's): with no spare on its own host, a spare on
+// host1 would put the snapshot and its backup on one host, which one host fault then loses both
+// of. The standby host is chosen instead, though host1's member id sorts first.
+TEST(ChooseStandbys, OneRankNeverGoesToAHostSharingItsBackupsWhileAnotherHasAStandby) {
+  const std::vector<std::string> parked = {"host1:9:standby0", "host3:5:standby0",
+                                           "host3:6:standby1", "host4:5:standby0"};
+  // Of the safe hosts, the one with the fewest parked standbys: host3 stays whole.
+  EXPECT_THAT(ChooseStandbys(parked, {}, "host2", 1, {"host1"}),
+              ::testing::ElementsAre("host4:5:standby0"));
+  // A dead host is never chosen.
+  EXPECT_THAT(ChooseStandbys(parked, {"host4"}, "host2", 1, {"host1"}),
+              ::testing::ElementsAre("host3:5:standby0", "host3:6:standby1"));
+  // Only unsafe hosts have standbys: no preference (the coordinator takes any, rather than fail).
+  EXPECT_THAT(ChooseStandbys({"host1:9:standby0"}, {}, "host2", 1, {"host1"}), ::testing::IsEmpty());
+  // Without peer backups nothing is unsafe: no preference either.
+  EXPECT_THAT(ChooseStandbys(parked, {}, "host2", 1, {}), ::testing::IsEmpty());
+}
+
+TEST(ChooseStandbys, AHostsRanksGoToTheFullestStandbyHostInStandbyOrder) {
+  const std::vector<std::string> parked = {"host1:9:standby0", "host3:6:standby1",
+                                           "host3:5:standby0", "host4:5:standby0"};
+  EXPECT_THAT(ChooseStandbys(parked, {}, "host2", 2, {}),
+              ::testing::ElementsAre("host3:5:standby0", "host3:6:standby1"));
+  EXPECT_THAT(ChooseStandbys(parked, {"host3"}, "host2", 2, {}), ::testing::IsEmpty());
+}
+
+// A dead host's ranks avoid a host that runs their backup holders (or sources), when another host
+// has enough standbys; a host that lost its only rank is no exception.
+TEST(ChooseStandbys, AHostsRanksAvoidAHostSharingTheirBackups) {
+  const std::vector<std::string> parked = {"host1:9:standby0", "host1:8:standby1",
+                                           "host1:7:standby2", "host3:5:standby0",
+                                           "host3:6:standby1"};
+  EXPECT_THAT(ChooseStandbys(parked, {"host2"}, "host2", 2, {"host1"}),
+              ::testing::ElementsAre("host3:5:standby0", "host3:6:standby1"));
+  EXPECT_THAT(ChooseStandbys(parked, {"host2"}, "host2", 1, {"host1"}),
+              ::testing::ElementsAre("host3:5:standby0", "host3:6:standby1"));
+  // No safe host has enough: the fullest host, as without backups.
+  EXPECT_THAT(ChooseStandbys(parked, {"host2"}, "host2", 3, {"host1"}),
+              ::testing::ElementsAre("host1:9:standby0", "host1:8:standby1", "host1:7:standby2"));
+}
+
 }  // namespace
 }  // namespace trainguard::tools
