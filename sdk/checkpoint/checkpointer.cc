@@ -290,22 +290,24 @@ class Checkpointer::Impl {
       Job job;
       std::vector<int64_t> unresolved;
       uint64_t timeline = 0;
+      bool have_job = false;
       {
         MutexLock lock(&mu_);
         mu_.AwaitWithTimeout(
             [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_ || (job_ && !job_running_); },
             unresolved_.empty() ? kWorkerIdlePoll : kCommitPoll);
         if (stop_) return;
-        if (!job_ || job_running_) {
-          unresolved = unresolved_;
-          timeline = timeline_;
-        } else {
+        have_job = job_.has_value() && !job_running_;
+        if (have_job) {
           job_running_ = true;
           job = *job_;
+        } else {
+          unresolved = unresolved_;
+          timeline = timeline_;
         }
       }
-      if (!unresolved.empty()) {
-        ResolveCommits(unresolved, timeline);
+      if (!have_job) {
+        if (!unresolved.empty()) ResolveCommits(unresolved, timeline);
         continue;
       }
       SaveOutcome outcome = RunJob(job);

@@ -229,6 +229,19 @@ TEST_F(CheckpointerTest, RestoreGivesEveryRankTheNewestCommittedStepFromItsArena
   }
 }
 
+// The worker wakes while idle (every 200 ms, every 20 ms while a commit is unknown): it must not
+// process anything then. Over several of its idle polls, each rank reports exactly the one save
+// it was given. (A slow machine can only make this pass without testing much, never fail it.)
+TEST_F(CheckpointerTest, AnIdleWorkerReportsNothingBeyondTheSavesItWasGiven) {
+  ASSERT_NO_FATAL_FAILURE(SaveAll(10));
+  absl::SleepFor(absl::Milliseconds(700));
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(ranks_[r]->checkpointer->WaitIdle(kTimeout).ok());  // synchronises with the worker
+    ASSERT_EQ(ranks_[r]->outcomes.size(), 1u) << "rank " << r;
+    EXPECT_EQ(ranks_[r]->outcomes[0].step, 10);
+  }
+}
+
 // One rank's save stalls (its backup push to a dead host is pending), so no newer step is
 // committed while the others go on saving: they keep the committed snapshot in their arenas, and
 // every rank restores it from memory, not from disk.
