@@ -1229,17 +1229,21 @@ absl::StatusOr<std::optional<Job::Placement>> Job::ComputePlacement(int training
     if (v != nullptr) vars[name] = v;
   }
   absl::StatusOr<Options> o = Options::FromEnvironment(vars);
-  if (!o.ok()) return absl::InvalidArgumentError(absl::StrCat("backup placement: ", o.status().message()));
+  if (!o.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("backup placement: ", o.status().message()));
+  }
   if (o->backup_copies <= 1 || training_hosts < 2) return std::nullopt;
   absl::StatusOr<Topology> topology =
       Topology::Create({.world_size = training_hosts * config_.nproc, .tp = o->tp, .cp = o->cp,
                         .pp = o->pp, .ranks_per_host = config_.nproc});
   if (!topology.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("backup placement: ", topology.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("backup placement: ", topology.status().message()));
   }
   absl::StatusOr<std::vector<EvictionClass>> classes = ParseEvictionClasses(o->backup_evict);
   if (!classes.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--backup-evict: ", classes.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--backup-evict: ", classes.status().message()));
   }
   std::vector<std::string> racks;
   if (!o->backup_racks.empty()) racks = absl::StrSplit(o->backup_racks, ',');
@@ -1247,7 +1251,8 @@ absl::StatusOr<std::optional<Job::Placement>> Job::ComputePlacement(int training
       .topology = *topology, .copies = o->backup_copies, .classes = *classes, .racks = racks};
   absl::StatusOr<BackupPlacement> placement = BackupPlacement::Place(spec);
   if (!placement.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("no backup placement: ", placement.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("no backup placement: ", placement.status().message()));
   }
   return Placement{std::move(spec), *std::move(placement)};
 }

@@ -192,7 +192,8 @@ class Checkpointer::Impl {
       epoch = absl::StrCat("restore/", Epoch());
       ++restores_;  // later votes belong to the timeline that starts at this restore
     }
-    absl::StatusOr<RestoreResult> restored = store_ == nullptr ? RestoreAlone() : RestoreTogether(epoch);
+    absl::StatusOr<RestoreResult> restored =
+        store_ == nullptr ? RestoreAlone() : RestoreTogether(epoch);
     if (restored.ok()) {
       MutexLock lock(&mu_);
       known_committed_ = restored->step;  // a commit of the timeline that starts here
@@ -243,8 +244,9 @@ class Checkpointer::Impl {
             std::find(unresolved_.begin(), unresolved_.end(), newest->step) != unresolved_.end();
     }
     if (ask) {
-      absl::StatusOr<std::vector<std::optional<std::string>>> record = store_->MultiGet(
-          {absl::StrCat("commit/", newest->step, "/snapshot")}, std::min(options_.timeout, kCommitPoll * 10));
+      absl::StatusOr<std::vector<std::optional<std::string>>> record =
+          store_->MultiGet({absl::StrCat("commit/", newest->step, "/snapshot")},
+                           std::min(options_.timeout, kCommitPoll * 10));
       if (!record.ok()) return std::nullopt;  // unknown: the default, the older slot
       MutexLock lock(&mu_);
       if ((*record)[0].has_value()) known_committed_ = std::max(known_committed_, newest->step);
@@ -263,7 +265,9 @@ class Checkpointer::Impl {
     absl::StatusOr<std::vector<std::optional<std::string>>> records =
         store_->MultiGet(keys, std::min(options_.timeout, kCommitPoll * 10));
     std::vector<int64_t> in_arena;
-    for (const SnapshotInfo& info : snapshotter_->CompleteSnapshots()) in_arena.push_back(info.step);
+    for (const SnapshotInfo& info : snapshotter_->CompleteSnapshots()) {
+      in_arena.push_back(info.step);
+    }
     MutexLock lock(&mu_);
     if (timeline != timeline_) return;
     for (size_t i = 0; i < steps.size(); ++i) {

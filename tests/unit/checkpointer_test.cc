@@ -317,7 +317,8 @@ TEST_F(CheckpointerTest, AfterARollbackTheNewTimelinesSnapshotIsRestoredFromTheA
   std::vector<absl::StatusOr<RestoreResult>> results = RestoreAll();
   for (int r = 0; r < kWorld; ++r) {
     ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
-    EXPECT_EQ(results[r]->step, 15) << "rank " << r << ": " << absl::StrJoin(results[r]->skipped, " / ");
+    EXPECT_EQ(results[r]->step, 15)
+        << "rank " << r << ": " << absl::StrJoin(results[r]->skipped, " / ");
     EXPECT_EQ(results[r]->source, "arena") << "rank " << r;
     EXPECT_TRUE(ranks_[r]->Holds(r, 15)) << "rank " << r;
   }

@@ -115,7 +115,8 @@ TEST(ChooseStandbys, OneRankNeverGoesToAHostSharingItsBackupsWhileAnotherHasASta
   EXPECT_THAT(ChooseStandbys(parked, {"host4"}, "host2", 1, {"host1"}),
               ::testing::ElementsAre("host3:5:standby0", "host3:6:standby1"));
   // Only unsafe hosts have standbys: no preference (the coordinator takes any, rather than fail).
-  EXPECT_THAT(ChooseStandbys({"host1:9:standby0"}, {}, "host2", 1, {"host1"}), ::testing::IsEmpty());
+  EXPECT_THAT(ChooseStandbys({"host1:9:standby0"}, {}, "host2", 1, {"host1"}),
+              ::testing::IsEmpty());
   // Without peer backups nothing is unsafe: no preference either.
   EXPECT_THAT(ChooseStandbys(parked, {}, "host2", 1, {}), ::testing::IsEmpty());
 }
