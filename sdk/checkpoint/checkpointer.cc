@@ -30,6 +30,11 @@ namespace trainguard {
 namespace {
 
 constexpr absl::Duration kWorkerIdlePoll = absl::Milliseconds(200);
+
+// The store key recording that `step` is committed as `kind` ("snapshot" or "durable").
+std::string CommitKey(int64_t step, absl::string_view kind) {
+  return absl::StrCat("commit/", step, "/", kind);
+}
 // How often the worker looks for the commit of a step it voted for without completing the vote.
 constexpr absl::Duration kCommitPoll = absl::Milliseconds(20);
 // How often a collective restore waiting for the other ranks checks whether its generation was
@@ -244,9 +249,8 @@ class Checkpointer::Impl {
             std::find(unresolved_.begin(), unresolved_.end(), newest->step) != unresolved_.end();
     }
     if (ask) {
-      absl::StatusOr<std::vector<std::optional<std::string>>> record =
-          store_->MultiGet({absl::StrCat("commit/", newest->step, "/snapshot")},
-                           std::min(options_.timeout, kCommitPoll * 10));
+      absl::StatusOr<std::vector<std::optional<std::string>>> record = store_->MultiGet(
+          {CommitKey(newest->step, "snapshot")}, std::min(options_.timeout, kCommitPoll * 10));
       if (!record.ok()) return std::nullopt;  // unknown: the default, the older slot
       MutexLock lock(&mu_);
       if ((*record)[0].has_value()) known_committed_ = std::max(known_committed_, newest->step);
@@ -261,7 +265,7 @@ class Checkpointer::Impl {
   // is learnt when a restore started another timeline meanwhile.
   void ResolveCommits(const std::vector<int64_t>& steps, uint64_t timeline) {
     std::vector<std::string> keys;
-    for (int64_t step : steps) keys.push_back(absl::StrCat("commit/", step, "/snapshot"));
+    for (int64_t step : steps) keys.push_back(CommitKey(step, "snapshot"));
     absl::StatusOr<std::vector<std::optional<std::string>>> records =
         store_->MultiGet(keys, std::min(options_.timeout, kCommitPoll * 10));
     std::vector<int64_t> in_arena;
@@ -467,8 +471,7 @@ class Checkpointer::Impl {
     if (!ballot->has_value()) return false;  // a later voter commits
     const std::string record =
         absl::StrCat(job.step, " store:", kind, " ", absl::StrJoin((*ballot)->values, ","));
-    if (absl::Status set =
-            store_->Set(absl::StrCat("commit/", job.step, "/", kind), record, options_.timeout);
+    if (absl::Status set = store_->Set(CommitKey(job.step, kind), record, options_.timeout);
         !set.ok()) {
       return set;
     }
