@@ -9,7 +9,7 @@
 //                     [--mix host_kill=1,partition=1,kill=1,stop=1,nan=1]
 //                     [--faults 10s:host_kill:0,30s:partition:2] [--run-dir DIR] [--png FILE]
 //                     [--heartbeat-timeout 5] [--host-timeout 3] [--checkpoint-every-steps 50]
-//                     [--mode trainguard|baseline|both]
+//                     [--mode trainguard|baseline|both] [-- COMMAND...]
 //
 // --mode both (the default) runs the job twice on the same schedule, one after the other, like
 // `trainguard chaos`: trainguard (DIR/trainguard) as described below, then the baseline
@@ -20,15 +20,19 @@
 // host instead of parked standbys, a kill or stop waits for nothing, and a standby host is added
 // when none is idle.
 //
-// The job (trainguard): hosts 1..T train (T = --training-hosts, N ranks each, and one warm spare process each,
+// The job (trainguard): hosts 1..T train (T = --training-hosts, N ranks each, and one warm spare
+// process each,
 // --standby 1), hosts T+1..T+S are standby hosts (--role standby, N standbys each); every agent has
 // --standby-nodes S (the job forms once every host joined), --spread-standbys (a dead host's ranks
 // may go to spares of several hosts when no standby host is whole), --max-replacements 100000
 // --restart-backoff 0 (faults come at random: no crash loop). The trainer is the example trainer
 // with the flags `trainguard chaos` gives it (--step-time-ms 50 --progress-events 1
-// --nan-on-sigusr1 1 --drop-on-sigurg 1), snapshots in memory every --checkpoint-every-steps / 10
-// steps, on disk every --checkpoint-every-steps. The store is a TcpStore this program serves on
-// 127.0.1.254.
+// --nan-on-sigusr1 1 --drop-on-sigurg 1), or the COMMAND after `--` (absolute or relative to the
+// working directory, as `trainguard chaos -- COMMAND` takes it: the PyTorch example under
+// .venv/bin/python, whose restart costs what torch's import costs; it must do what the mix asks of
+// it: --nan-on-sigusr1 for nan, --drop-on-sigurg for drop), snapshots in memory every
+// --checkpoint-every-steps / 10 steps, on disk every --checkpoint-every-steps. The store is a
+// TcpStore this program serves on 127.0.1.254.
 //
 // The schedule: PlanFaults (tools/chaos_command.h) over the world's ranks, or --faults (fixed
 // AT:KIND:RANK items, for a test). A fault's rank picks its target when it comes: the process that
@@ -38,8 +42,8 @@
 //              until the job declared the host lost (then healed: the host's agent finds itself
 //              fenced out and stops; it is killed if it has not within 20 s);
 //   kill, stop, nan, drop  as `trainguard chaos`: SIGKILL, SIGSTOP, SIGUSR1, SIGURG to the rank's
-//              process, found from the launcher's pid file (<mode>/pids/<host>/rank-R, a pid of that
-//              host's PID namespace), mapped to this machine's pid through /proc/<pid>/status
+//              process, found from the launcher's pid file (<mode>/pids/<host>/rank-R, a pid of
+//              that host's PID namespace), mapped to this machine's pid through /proc/<pid>/status
 //              NSpid among the host's processes, and signalled through a pidfd only if it is a
 //              running descendant of this program.
 // A host fault waits (up to 30 s, then it is skipped) until no other host fault is being handled
@@ -51,8 +55,8 @@
 // ones once they took ranks), one more standby host is started, at most one per 15 s, as a
 // scheduler adds a node. A kill or stop waits (up to 10 s, then it is skipped) for a parked
 // standby, without which the job fails by design.
-// Every injection is appended to <mode>/events/chaos.tgev before it is done (what=chaos_inject: kind,
-// rank, pid, host, ranks), a skip as what=chaos_skip.
+// Every injection is appended to <mode>/events/chaos.tgev before it is done (what=chaos_inject:
+// kind, rank, pid, host, ranks), a skip as what=chaos_skip.
 //
 // At --duration (or once the job failed: exit status 1) every host is killed; after the last run
 // the report of both is printed (and written to DIR/report.txt, DIR/report.json; --png FILE plots
@@ -125,7 +129,8 @@ constexpr char kUsage[] =
     "                         [--mix host_kill=1,partition=1,kill=1,stop=1,nan=1]\n"
     "                         [--faults AT:KIND:RANK,...] [--run-dir DIR] [--png FILE]\n"
     "                         [--heartbeat-timeout 5] [--host-timeout 3]\n"
-    "                         [--checkpoint-every-steps 50] [--mode trainguard|baseline|both]\n";
+    "                         [--checkpoint-every-steps 50] [--mode trainguard|baseline|both]\n"
+    "                         [-- COMMAND...]\n";
 
 struct Config {
   int training_hosts = 2;
@@ -143,6 +148,8 @@ struct Config {
   double host_timeout_s = 3;
   int checkpoint_every_steps = 50;
   std::vector<std::string> modes = {"trainguard", "baseline"};
+  // The trainer each rank runs (after `--`); empty: the example trainer with chaos's flags.
+  std::vector<std::string> command;
   int world() const { return training_hosts * per_node; }
   int hosts() const { return training_hosts + standby_hosts; }
 };
@@ -186,6 +193,13 @@ absl::StatusOr<Config> ParseArguments(int argc, char** argv) {
   std::string fixed;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
+    if (flag == "--") {
+      if (i + 1 >= argc) return absl::InvalidArgumentError("-- needs a command after it");
+      // A host's working directory is this one, but its argv[0] must be absolute.
+      config.command.push_back(std::filesystem::absolute(argv[i + 1]).string());
+      config.command.insert(config.command.end(), argv + i + 2, argv + argc);
+      break;
+    }
     if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(flag, " needs a value"));
     const std::string value = argv[++i];
     int n = 0;
@@ -274,8 +288,8 @@ pid_t InnermostPid(pid_t pid) {
   while (std::getline(in, line)) {
     absl::string_view rest = line;
     if (!absl::ConsumePrefix(&rest, "NSpid:")) continue;
-    std::vector<absl::string_view> ids = absl::StrSplit(rest, absl::ByAnyChar(" \t"),
-                                                        absl::SkipEmpty());
+    std::vector<absl::string_view> ids =
+        absl::StrSplit(rest, absl::ByAnyChar(" \t"), absl::SkipEmpty());
     int64_t id = -1;
     if (ids.empty() || !absl::SimpleAtoi(ids.back(), &id)) return -1;
     return static_cast<pid_t>(id);
@@ -285,17 +299,19 @@ pid_t InnermostPid(pid_t pid) {
 
 // A rank's process as found now.
 struct Holder {
-  int slot = -1;       // the simulated host (SimCluster's n)
-  std::string host;    // its host id
-  pid_t pid = -1;      // in the host's PID namespace (what its launcher records)
-  pid_t global = -1;   // in this program's
+  int slot = -1;      // the simulated host (SimCluster's n)
+  std::string host;   // its host id
+  pid_t pid = -1;     // in the host's PID namespace (what its launcher records)
+  pid_t global = -1;  // in this program's
 };
 
 class ChaosOnHosts {
  public:
   // `mode`: "trainguard" or "baseline"; the run's files go to <run dir>/<mode>.
   ChaosOnHosts(const Config& config, std::string mode)
-      : config_(config), baseline_(mode == "baseline"), mode_(std::move(mode)),
+      : config_(config),
+        baseline_(mode == "baseline"),
+        mode_(std::move(mode)),
         dir_(absl::StrCat(config.run_dir, "/", mode_)) {}
   ChaosOnHosts(const ChaosOnHosts&) = delete;
   ChaosOnHosts& operator=(const ChaosOnHosts&) = delete;
@@ -327,9 +343,7 @@ class ChaosOnHosts {
     const int k = incarnation_.at(slot);
     return k == 0 ? absl::StrCat("host", slot) : absl::StrCat("host", slot, "r", k);
   }
-  std::string Log(int slot) const {
-    return absl::StrCat(dir_, "/", HostId(slot), ".log");
-  }
+  std::string Log(int slot) const { return absl::StrCat(dir_, "/", HostId(slot), ".log"); }
   std::string AllLogs() const {
     std::string all;
     for (const auto& [slot, k] : incarnation_) absl::StrAppend(&all, ReadFile(Log(slot)));
@@ -443,18 +457,21 @@ absl::Status ChaosOnHosts::StartHost(int slot, bool standby) {
     argv.insert(argv.end(), {"--standby", "1"});
   }
   if (baseline_) argv.insert(argv.end(), {"--restart-all", "100000"});
-  argv.insert(argv.end(),
-              {"--", TRAINGUARD_TRAINER_PATH, "--steps", "1000000000", "--step-time-ms", "50",
-               "--print-every", "100", "--comm-timeout-s", "10", "--progress-events", "1",
-               "--nan-on-sigusr1", "1", "--drop-on-sigurg", "1"});
+  argv.push_back("--");
+  if (config_.command.empty()) {
+    argv.insert(argv.end(),
+                {TRAINGUARD_TRAINER_PATH, "--steps", "1000000000", "--step-time-ms", "50",
+                 "--print-every", "100", "--comm-timeout-s", "10", "--progress-events", "1",
+                 "--nan-on-sigusr1", "1", "--drop-on-sigurg", "1"});
+  } else {
+    argv.insert(argv.end(), config_.command.begin(), config_.command.end());
+  }
   const std::vector<std::string> env = {
       absl::StrCat("TRAINGUARD_CHECKPOINT_EVERY_STEPS=", snapshot_every),
       absl::StrCat("TRAINGUARD_CHECKPOINT_PERSIST_EVERY", "=", std::max(1, every / snapshot_every)),
       absl::StrCat("TRAINGUARD_CHECKPOINT_DIR=", run, "/checkpoints")};
-  return cluster_->StartHost(slot, {.hostname = HostId(slot),
-                                    .argv = argv,
-                                    .env = env,
-                                    .log_path = Log(slot)});
+  return cluster_->StartHost(
+      slot, {.hostname = HostId(slot), .argv = argv, .env = env, .log_path = Log(slot)});
 }
 
 void ChaosOnHosts::Record(int rank, const std::string& what, const std::string& message,
@@ -608,13 +625,13 @@ bool ChaosOnHosts::InjectHostFault(const tools::PlannedFault& fault, std::string
     return false;
   }
   // The ground truth first: a report must never miss a fault that was done.
-  Record(fault.rank, "chaos_inject",
-         absl::StrFormat("%s host %s (ranks %s)", fault.kind, holder->host,
-                         absl::StrJoin(ranks, ",")),
-         {{"kind", fault.kind},
-          {"host", holder->host},
-          {"ranks", absl::StrJoin(ranks, ",")},
-          {"planned_at_ms", absl::StrCat(absl::ToInt64Milliseconds(fault.at))}});
+  Record(
+      fault.rank, "chaos_inject",
+      absl::StrFormat("%s host %s (ranks %s)", fault.kind, holder->host, absl::StrJoin(ranks, ",")),
+      {{"kind", fault.kind},
+       {"host", holder->host},
+       {"ranks", absl::StrJoin(ranks, ",")},
+       {"planned_at_ms", absl::StrCat(absl::ToInt64Milliseconds(fault.at))}});
   absl::Status done = fault.kind == "host_kill" ? cluster_->KillHost(holder->slot).status()
                                                 : cluster_->Isolate(holder->slot);
   if (!done.ok()) Say(absl::StrCat(fault.kind, " of host ", holder->host, ": ", done.ToString()));
@@ -651,12 +668,13 @@ bool ChaosOnHosts::InjectRankFault(const tools::PlannedFault& fault, std::string
   pid_t parent = 0;
   absl::Status own = testing::CheckOwnProcess(holder->global);
   if (!own.ok() || InnermostPid(holder->global) != holder->pid ||
-      !testing::own_process_internal::ReadStat(holder->global, &state, &parent) ||
-      state == 'T' || state == 't' || state == 'Z' || state == 'X') {
+      !testing::own_process_internal::ReadStat(holder->global, &state, &parent) || state == 'T' ||
+      state == 't' || state == 'Z' || state == 'X') {
     close(fd);
-    *why = absl::StrFormat("rank %d's process (pid %d on host %s) is not a running process of "
-                           "this bench (%s, state %c)",
-                           fault.rank, holder->pid, holder->host, own.ToString(), state);
+    *why = absl::StrFormat(
+        "rank %d's process (pid %d on host %s) is not a running process of "
+        "this bench (%s, state %c)",
+        fault.rank, holder->pid, holder->host, own.ToString(), state);
     return false;
   }
   Record(fault.rank, "chaos_inject",
@@ -795,7 +813,7 @@ int Report(const Config& config) {
 }  // namespace trainguard
 
 int main(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
+  for (int i = 1; i < argc && std::string(argv[i]) != "--"; ++i) {
     if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
       std::printf("%s", trainguard::kUsage);
       return 0;

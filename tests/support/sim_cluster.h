@@ -16,7 +16,9 @@
 // 127.0.0.1 is no host's, and no rule drops its traffic.
 //
 // What a host sees of the machine: everything but /tmp and /dev/shm (fresh, empty and private),
-// /proc (its own processes) and its hostname. One exception keeps a checkout under /tmp usable
+// /proc (its own processes), its hostname and /etc/hosts (its own: localhost, and its hostname at
+// its address, as a real host's name resolves to its own address; so a library that binds to the
+// address of the hostname, as torch's gloo does, binds to the host's address, not 127.0.0.1). One exception keeps a checkout under /tmp usable
 // (`git clone . /tmp/x && .ci/run`): every /tmp/<name> tree named by the test's working directory,
 // its executable, or a path in the host's argv or environment (an argument or value starting with
 // /tmp/, or containing =/tmp/) is bound back into the host's /tmp at the same path, shared as a
@@ -642,6 +644,7 @@ class SimCluster {
     kMountTmp,
     kKeepTmpTree,
     kSetHostname,
+    kEtcHosts,
     kStatusPipe,
     kForkInit,
     kMountProc,
@@ -672,6 +675,8 @@ class SimCluster {
                "environment) back into its private /tmp";
       case Step::kSetHostname:
         return "sethostname";
+      case Step::kEtcHosts:
+        return "writing the host's /etc/hosts and binding it over /etc/hosts";
       case Step::kStatusPipe:
         return "pipe2 for the init's status";
       case Step::kForkInit:
@@ -825,6 +830,8 @@ inline absl::Status SimCluster::StartHost(int n, HostSpec spec) {
   for (size_t i = 0; i < kept_trees.size(); ++i) kept_sources.emplace_back(32, '\0');
   const char* hostname = spec.hostname.c_str();
   const size_t hostname_length = spec.hostname.size();
+  const std::string etc_hosts = absl::StrCat("127.0.0.1\tlocalhost\n", Address(n), "\t",
+                                             spec.hostname, "\n::1\tlocalhost ip6-localhost\n");
   const std::string log_path = spec.log_path.empty() ? "/dev/null" : spec.log_path;
   const int log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (log < 0) {
@@ -879,6 +886,18 @@ inline absl::Status SimCluster::StartHost(int n, HostSpec spec) {
       close(kept_fds[i]);
     }
     if (sethostname(hostname, hostname_length) != 0) fail(Step::kSetHostname);
+    {  // The host's /etc/hosts: written in its /tmp, bound over /etc/hosts, then unlinked there.
+      constexpr char kStaged[] = "/tmp/.tg-sim-etc-hosts";
+      const int fd = open(kStaged, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+      if (fd < 0) fail(Step::kEtcHosts);
+      const bool written = write(fd, etc_hosts.data(), etc_hosts.size()) ==
+                           static_cast<ssize_t>(etc_hosts.size());
+      close(fd);
+      if (!written || mount(kStaged, "/etc/hosts", nullptr, MS_BIND, nullptr) != 0 ||
+          unlink(kStaged) != 0) {
+        fail(Step::kEtcHosts);
+      }
+    }
     int status_pipe[2];  // the init tells the command's wait status through it
     if (pipe2(status_pipe, O_CLOEXEC) != 0) fail(Step::kStatusPipe);
     const pid_t init = fork();

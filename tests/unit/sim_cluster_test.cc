@@ -142,6 +142,31 @@ TEST(SimCluster, AHostHasItsOwnHostnameAndItsAddressInTheEnvironment) {
   EXPECT_NE(std::string(own), "host3");
 }
 
+TEST(SimCluster, AHostsNameResolvesToItsOwnAddress) {
+  // As on a real host, where torch's gloo binds to the address its hostname resolves to.
+  const std::string machines = ReadFile("/etc/hosts");
+  std::unique_ptr<SimCluster> cluster = MakeCluster();
+  ASSERT_NE(cluster, nullptr);
+  ASSERT_EQ(cluster->StartHost(3, Sleeper("host3")), absl::OkStatus());
+  ASSERT_EQ(cluster->StartHost(4, Sleeper("host4")), absl::OkStatus());
+  EXPECT_EQ(cluster->RunInHost(3, {"/usr/bin/getent", "hosts", "host3"}, kDeadline)
+                .value_or("?")
+                .substr(0, 10),
+            "127.0.1.3 ");
+  EXPECT_EQ(
+      cluster->RunInHost(4, {"/bin/grep", "-c", "^127.0.0.1\tlocalhost$", "/etc/hosts"}, kDeadline)
+          .value_or("?"),
+      "1\n");
+  // The staged file is gone from the host's /tmp, and this machine's /etc/hosts is untouched.
+  EXPECT_EQ(cluster
+                ->RunInHost(4, {"/bin/sh", "-c", "test -e /tmp/.tg-sim-etc-hosts || echo gone"},
+                            kDeadline)
+                .value_or("?"),
+            "gone\n");
+  EXPECT_FALSE(cluster->RunInHost(3, {"/usr/bin/getent", "hosts", "host4"}, kDeadline).ok());
+  EXPECT_EQ(ReadFile("/etc/hosts"), machines);
+}
+
 TEST(SimCluster, WaitHostReturnsTheCommandsExitCodeOrSignal) {
   std::unique_ptr<SimCluster> cluster = MakeCluster();
   ASSERT_NE(cluster, nullptr);
