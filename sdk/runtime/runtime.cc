@@ -20,6 +20,7 @@
 #include "sdk/checkpoint/backup_placement.h"
 #include "sdk/checkpoint/checkpointer.h"
 #include "sdk/core/event_log.h"
+#include "sdk/core/run_niced.h"
 #include "sdk/core/utf8.h"
 #include "sdk/health/fail_slow_metrics.h"
 #include "sdk/rendezvous/rendezvous.h"
@@ -663,31 +664,34 @@ std::string RuntimeImpl::WriteEvidence(const CapturedEvidence& captured, const s
                                        int64_t generation, std::string* stacks_out,
                                        int64_t* symbolize_ms) {
   const int64_t begin_ns = clock_->MonotonicNanos();
-  const std::string stack_text =
-      captured.stacks.ok()
-          ? FormatThreadStacks(SymbolizeThreadStacks(*captured.stacks))
-          : absl::StrCat("(stack capture failed: ", captured.stacks.status().ToString(), ")");
+  std::string stack_text;
+  if (captured.stacks.ok()) {
+    // At nice +10 (sdk/core/run_niced.h): every rank of a hang symbolises at once, which for
+    // libtorch_cpu's frames is about 0.5 s of CPU each, and must not starve the launcher, the
+    // store and the recovery of a busy machine.
+    RunNiced(10, [&] { stack_text = FormatThreadStacks(SymbolizeThreadStacks(*captured.stacks)); });
+  } else {
+    stack_text = absl::StrCat("(stack capture failed: ", captured.stacks.status().ToString(), ")");
+  }
   if (symbolize_ms != nullptr) *symbolize_ms = (clock_->MonotonicNanos() - begin_ns) / 1'000'000;
   if (stacks_out != nullptr) *stacks_out = stack_text;
   const absl::StatusOr<FlightRecorderContents>& contents = captured.ring;
   if (!contents.ok()) return "";
   const std::string dir = absl::StrCat(run_dir_, "/flight_recorder");
   if (!env_->CreateDirs(dir).ok()) return "";
+  // The first number no dump of this rank has: an earlier process of the rank (replaced, or on
+  // another host sharing the run dir) may have written some, and they are kept.
   const int64_t n = hang_dumps_.fetch_add(1) + 1;
-  const std::string path = absl::StrFormat("%s/rank-%05d.%d.pb", dir, rank_, n);
-  if (!WriteFlightRecorderDump(
-           *contents, rank_,
-           {{"reason", reason},
-            {"generation", absl::StrCat(generation)},
-            // The thread whose stack DiagnoseHang compares across ranks.
-            {"step_thread",
-             absl::StrCat(phase_watchdog_ != nullptr ? phase_watchdog_->phase_thread_id() : 0)},
-            {"stacks", stack_text}},
-           path)
-           .ok()) {
-    return "";
-  }
-  return path;
+  absl::StatusOr<std::string> path = WriteNewFlightRecorderDump(
+      *contents, rank_,
+      {{"reason", reason},
+       {"generation", absl::StrCat(generation)},
+       // The thread whose stack DiagnoseHang compares across ranks.
+       {"step_thread",
+        absl::StrCat(phase_watchdog_ != nullptr ? phase_watchdog_->phase_thread_id() : 0)},
+       {"stacks", stack_text}},
+      absl::StrFormat("%s/rank-%05d.", dir, rank_), n);
+  return path.ok() ? *path : "";
 }
 
 void RuntimeImpl::OnHang(const HangReport& report) {

@@ -440,9 +440,12 @@ absl::StatusOr<std::string> FlightRecorderDumpToJson(const FlightRecorderDump& d
   return ProtoToJson(ToProto(dump));
 }
 
-absl::Status WriteFlightRecorderDump(const FlightRecorderContents& contents, int rank,
-                                     const std::vector<std::pair<std::string, std::string>>& extra,
-                                     const std::string& path) {
+namespace {
+
+// The dump's bytes, as WriteFlightRecorderDump writes them; `path` names it in the error.
+absl::StatusOr<std::string> SerializeDump(
+    const FlightRecorderContents& contents, int rank,
+    const std::vector<std::pair<std::string, std::string>>& extra, const std::string& path) {
   FlightRecorderDump in;
   in.rank = rank;
   in.contents = contents;
@@ -453,22 +456,66 @@ absl::Status WriteFlightRecorderDump(const FlightRecorderContents& contents, int
   if (!ToProto(in).SerializeToString(&bytes)) {
     return absl::InternalError(absl::StrFormat("flight recorder dump %s: cannot serialize", path));
   }
+  return bytes;
+}
 
+// Writes `bytes` to `temp_path` and syncs it.
+absl::Status WriteSynced(Env* env, const std::string& temp_path, const std::string& bytes) {
+  absl::StatusOr<std::unique_ptr<WritableFile>> file = env->NewWritableFile(temp_path);
+  if (!file.ok()) return file.status();
+  if (absl::Status s = (*file)->Append(bytes); !s.ok()) return s;
+  if (absl::Status s = (*file)->Sync(); !s.ok()) return s;
+  return (*file)->Close();
+}
+
+}  // namespace
+
+absl::Status WriteFlightRecorderDump(const FlightRecorderContents& contents, int rank,
+                                     const std::vector<std::pair<std::string, std::string>>& extra,
+                                     const std::string& path) {
+  absl::StatusOr<std::string> bytes = SerializeDump(contents, rank, extra, path);
+  if (!bytes.ok()) return bytes.status();
   Env* env = Env::Default();
   const std::string temp_path = absl::StrFormat("%s.tmp.%d", path, getpid());
-  absl::Status status = [&]() -> absl::Status {
-    absl::StatusOr<std::unique_ptr<WritableFile>> file = env->NewWritableFile(temp_path);
-    if (!file.ok()) return file.status();
-    if (absl::Status s = (*file)->Append(bytes); !s.ok()) return s;
-    if (absl::Status s = (*file)->Sync(); !s.ok()) return s;
-    if (absl::Status s = (*file)->Close(); !s.ok()) return s;
-    return env->RenameFile(temp_path, path);
-  }();
+  absl::Status status = WriteSynced(env, temp_path, *bytes);
+  if (status.ok()) status = env->RenameFile(temp_path, path);
   if (!status.ok()) {
     env->RemoveFile(temp_path).IgnoreError();
     return status;
   }
   return env->SyncDir(DirName(path));
+}
+
+absl::StatusOr<std::string> WriteNewFlightRecorderDump(
+    const FlightRecorderContents& contents, int rank,
+    const std::vector<std::pair<std::string, std::string>>& extra, const std::string& prefix,
+    int64_t first) {
+  absl::StatusOr<std::string> bytes = SerializeDump(contents, rank, extra, prefix + "*.pb");
+  if (!bytes.ok()) return bytes.status();
+  Env* env = Env::Default();
+  // Unique among the hosts sharing the directory, whose pids may be equal (PID namespaces).
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  const std::string temp_path =
+      absl::StrFormat("%stmp.%s.%d.%d", prefix, host, getpid(), MonotonicNanos());
+  if (absl::Status s = WriteSynced(env, temp_path, *bytes); !s.ok()) {
+    env->RemoveFile(temp_path).IgnoreError();
+    return s;
+  }
+  constexpr int64_t kMaxTries = 100000;
+  std::string path;
+  int error = EEXIST;
+  for (int64_t n = std::max<int64_t>(first, 1); error == EEXIST && n < first + kMaxTries; ++n) {
+    path = absl::StrFormat("%s%d.pb", prefix, n);
+    error = link(temp_path.c_str(), path.c_str()) == 0 ? 0 : errno;
+  }
+  env->RemoveFile(temp_path).IgnoreError();
+  if (error != 0) {
+    return absl::InternalError(absl::StrFormat("flight recorder dump: linking %s to %s: %s",
+                                               temp_path, path, std::strerror(error)));
+  }
+  if (absl::Status s = env->SyncDir(DirName(path)); !s.ok()) return s;
+  return path;
 }
 
 absl::StatusOr<FlightRecorderDump> ReadFlightRecorderDump(const std::string& path) {

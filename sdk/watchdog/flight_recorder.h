@@ -133,6 +133,15 @@ absl::Status WriteFlightRecorderDump(const FlightRecorderContents& contents, int
                                      const std::vector<std::pair<std::string, std::string>>& extra,
                                      const std::string& path);
 
+// Like WriteFlightRecorderDump, to a new file: `<prefix><n>.pb` for the first n >= `first` that
+// names no file, never replacing one, even when processes of several hosts write the same prefix
+// into a shared directory at once (each is written to a unique temporary, then hard-linked to its
+// name, which fails rather than replace). Returns the path written.
+absl::StatusOr<std::string> WriteNewFlightRecorderDump(
+    const FlightRecorderContents& contents, int rank,
+    const std::vector<std::pair<std::string, std::string>>& extra, const std::string& prefix,
+    int64_t first = 1);
+
 // A dump file read back: what WriteFlightRecorderDump was given.
 struct FlightRecorderDump {
   int rank = -1;

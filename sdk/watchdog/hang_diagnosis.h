@@ -86,7 +86,8 @@ std::optional<std::string> EvidenceOf(const FlightRecorderDump& dump, absl::stri
 // The generation a dump's "generation" evidence names; -1 when it names none.
 int64_t DumpGeneration(const FlightRecorderDump& dump);
 // A dump's file name as Runtime writes it: "rank-00002.3.pb" -> (rank 2, dump 3); nullopt for any
-// other name.
+// other name (a temporary "rank-00002.tmp.<host>.<pid>.<ns>" too). Numbers grow across the
+// processes of a rank: a new dump takes the first free one (WriteNewFlightRecorderDump).
 std::optional<std::pair<int, int64_t>> ParseDumpName(absl::string_view name);
 
 // Reads the dumps (*.pb, as Runtime names them) in `dir` and keeps, per rank, the newest one (by

@@ -613,6 +613,57 @@ TEST_F(FlightRecorderTest, ADumpReadsBackWithEveryRecordAndItsEvidence) {
   EXPECT_GT(dump->dumped_at, absl::UnixEpoch());
 }
 
+TEST_F(FlightRecorderTest, ANewDumpTakesTheFirstFreeNumberAndReplacesNoEarlierDump) {
+  // A replaced rank's old process, or a process of another host sharing the run dir, wrote
+  // rank-00002.1.pb; a new process of rank 2 starts counting at 1 again.
+  TempDir dir;
+  auto fr = FlightRecorder::Create(job_, 2, 16);
+  ASSERT_TRUE(fr.ok()) << fr.status();
+  (*fr)->Append(RecordFor(1));
+  absl::StatusOr<FlightRecorderContents> contents = ReadFlightRecorder(job_, 2);
+  ASSERT_TRUE(contents.ok()) << contents.status();
+  const std::string prefix = dir.File("rank-00002.");
+  absl::StatusOr<std::string> earlier =
+      WriteNewFlightRecorderDump(*contents, 2, {{"reason", "earlier process"}}, prefix);
+  ASSERT_TRUE(earlier.ok()) << earlier.status();
+  EXPECT_EQ(*earlier, prefix + "1.pb");
+  absl::StatusOr<std::string> later =
+      WriteNewFlightRecorderDump(*contents, 2, {{"reason", "replacement"}}, prefix, 1);
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_EQ(*later, prefix + "2.pb");
+  absl::StatusOr<std::string> hinted =
+      WriteNewFlightRecorderDump(*contents, 2, {{"reason", "hinted"}}, prefix, 5);
+  ASSERT_TRUE(hinted.ok()) << hinted.status();
+  EXPECT_EQ(*hinted, prefix + "5.pb");
+
+  for (const auto& [path, reason] : std::vector<std::pair<std::string, std::string>>{
+           {*earlier, "earlier process"}, {*later, "replacement"}, {*hinted, "hinted"}}) {
+    absl::StatusOr<FlightRecorderDump> dump = ReadFlightRecorderDump(path);
+    ASSERT_TRUE(dump.ok()) << dump.status();
+    EXPECT_THAT(dump->evidence, ElementsAre(std::pair<std::string, std::string>("reason", reason)))
+        << path;
+  }
+  // No temporary is left, and every name still parses as a dump of rank 2.
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
+    names.push_back(entry.path().filename().string());
+  }
+  EXPECT_THAT(names, ::testing::UnorderedElementsAre("rank-00002.1.pb", "rank-00002.2.pb",
+                                                     "rank-00002.5.pb"));
+}
+
+TEST_F(FlightRecorderTest, ANewDumpIntoAMissingDirectoryFailsNamingIt) {
+  TempDir dir;
+  auto fr = FlightRecorder::Create(job_, 0, 16);
+  ASSERT_TRUE(fr.ok()) << fr.status();
+  absl::StatusOr<FlightRecorderContents> contents = ReadFlightRecorder(job_, 0);
+  ASSERT_TRUE(contents.ok()) << contents.status();
+  absl::StatusOr<std::string> written =
+      WriteNewFlightRecorderDump(*contents, 0, {}, dir.File("absent/rank-00000."));
+  ASSERT_FALSE(written.ok());
+  EXPECT_THAT(written.status().message(), HasSubstr(dir.File("absent/rank-00000.")));
+}
+
 TEST_F(FlightRecorderTest, AFileThatIsNotADumpIsDataLossNamingIt) {
   TempDir dir;
   const std::string path = dir.File("not-a-dump.pb");

@@ -215,6 +215,31 @@ TEST_F(RuntimeCheckpointTest, Sigusr2DumpsTheFlightRecorderAndEveryThreadsStack)
   EXPECT_TRUE(step_seen);
 }
 
+TEST_F(RuntimeCheckpointTest, ADumpKeepsTheDumpAnEarlierProcessOfTheRankWrote) {
+  // An earlier process of rank 0 (replaced, or on another host sharing the run dir) left its
+  // first dump; this process's first dump is the next number, and the earlier one is intact.
+  const std::string earlier = dir_.File("flight_recorder/rank-00000.1.pb");
+  std::filesystem::create_directories(dir_.File("flight_recorder"));
+  FlightRecorderContents contents;
+  contents.segment = "earlier";
+  ASSERT_TRUE(
+      WriteFlightRecorderDump(contents, 0, {{"reason", "the earlier process's hang"}}, earlier)
+          .ok());
+  ASSERT_TRUE(Train(0).ok());
+  ASSERT_EQ(raise(SIGUSR2), 0);
+  const std::string dump = dir_.File("flight_recorder/rank-00000.2.pb");
+  for (int i = 0; i < 1000 && !std::filesystem::exists(dump); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));  // bounded polling: at most 10 s
+  }
+  ASSERT_TRUE(std::filesystem::exists(dump));
+  absl::StatusOr<FlightRecorderDump> read = ReadFlightRecorderDump(earlier);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->contents.segment, "earlier");
+  absl::StatusOr<FlightRecorderDump> mine = ReadFlightRecorderDump(dump);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_NE(mine->contents.segment, "earlier");
+}
+
 TEST_F(RuntimeCheckpointTest, AFaultThatRecursAfterRollbackStopsTheJobNamingTheStepAndTheLimit) {
   // Step 25 corrupts the model every time it runs (a bad batch, a diverging update): step 26 then
   // fails too, the skip budget (1) runs out and the job rolls back to step 20; the replay reaches
