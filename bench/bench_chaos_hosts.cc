@@ -183,8 +183,10 @@ absl::StatusOr<std::vector<tools::PlannedFault>> ParseFixedFaults(const std::str
     fault.kind = f[1];
     faults.push_back(fault);
   }
-  std::sort(faults.begin(), faults.end(),
-            [](const tools::PlannedFault& a, const tools::PlannedFault& b) { return a.at < b.at; });
+  // Faults at the same time are injected in the order given.
+  std::stable_sort(
+      faults.begin(), faults.end(),
+      [](const tools::PlannedFault& a, const tools::PlannedFault& b) { return a.at < b.at; });
   return faults;
 }
 

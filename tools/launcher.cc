@@ -321,6 +321,10 @@ class Job {
   // answer).
   bool EveryRankResumed(int64_t generation);
   void KillRanksWithStaleHeartbeats();
+  // Several hosts, coordinator: kills a rank its agent reports stopped (SIGSTOP) for --host-timeout
+  // while the current generation waits for it to resume (it has not completed a step of it). The
+  // hang path cannot: no step runs, so no watchdog fires, and only the heartbeat's timeout would.
+  void KillMembersStoppedInFormation();
   void ReportLaggards();
   void DiagnoseHangs();
   // Kills the processes that hold `suspects` in the hung `generation`, to be replaced like dead
@@ -528,6 +532,9 @@ class Job {
   std::map<std::string, HostBeat> host_beats_;  // coordinator: last beat seen per host
   std::set<std::string> dead_hosts_;
   std::set<std::string> handled_deaths_;  // member ids whose death report was taken
+  // KillMembersStoppedInFormation: when each member was first seen stopped, and those killed.
+  std::map<std::string, absl::Time> stopped_members_since_;
+  std::set<std::string> stopped_members_killed_;
   bool done_published_ = false;
   std::optional<absl::Time> min_reached_;  // when nnodes_min workers had joined (PublishPlan)
   std::string silent_holder_;  // the lease's previous holder when this agent took it over
@@ -1375,6 +1382,40 @@ void Job::KillRanksWithStaleHeartbeats() {
   }
 }
 
+void Job::KillMembersStoppedInFormation() {
+  absl::StatusOr<std::vector<std::string>> keys =
+      store_->ListKeys(runtime_internal::kStoppedMemberPrefix, kStoreTimeout);
+  if (!keys.ok()) return;  // the store is briefly unreachable: look again next time
+  const absl::Time now = absl::Now();
+  const Membership current = coordinator_->current();
+  std::map<std::string, absl::Time> still;
+  for (const std::string& key : *keys) {
+    const std::string member = key.substr(strlen(runtime_internal::kStoppedMemberPrefix));
+    auto held = std::find(current.members.begin(), current.members.end(), member);
+    if (held == current.members.end() || stopped_members_killed_.count(member) != 0) continue;
+    const int rank = static_cast<int>(held - current.members.begin());
+    auto seen = stopped_members_since_.find(member);
+    const absl::Time since = seen == stopped_members_since_.end() ? now : seen->second;
+    still[member] = since;
+    if (now - since < config_.host_timeout) continue;
+    // A rank that completed a step of this generation is in training: a stop there is a hang,
+    // which the watchdog and the diagnosis name.
+    if (ranks_store()
+            ->Get(absl::StrCat("rdzv/gen/", current.generation, "/resumed/", rank), kStoreTimeout)
+            .ok()) {
+      continue;
+    }
+    stopped_members_killed_.insert(member);
+    KillMember(
+        member, "rank_unresponsive",
+        absl::StrFormat("rank %d is stopped (its agent says) for %s while generation %d "
+                        "waits for it",
+                        rank, absl::FormatDuration(absl::Trunc(now - since, absl::Milliseconds(1))),
+                        current.generation));
+  }
+  stopped_members_since_ = std::move(still);
+}
+
 // Reads every rank's flight-recorder ring (readable while a rank is stopped or dead) and says which
 // rank the others are waiting for.
 void Job::ReportLaggards() {
@@ -1392,8 +1433,8 @@ void Job::ReportLaggards() {
 }
 
 absl::StatusOr<std::string> Job::SupersededHang(const std::string& dir, int64_t generation) {
-  // Called every poll while a superseded generation is watched: each dump is parsed once (a
-  // replacement reuses its rank's file names, so a name is known by its size and time too).
+  // Called every poll while a superseded generation is watched: each dump is parsed once (by its
+  // name, size and time: a dump written by an older SDK could replace another of the same name).
   std::error_code error;
   for (std::filesystem::directory_iterator it(dir, error), end; !error && it != end;
        it.increment(error)) {
@@ -1891,6 +1932,9 @@ int Job::Run() {
       TryReplacements();
       CheckRecoveries();
       if (formed_reported_ && exit_code_ < 0 && dead_.empty()) KillRanksWithStaleHeartbeats();
+      if (MultiHost() && !RestartsOnHosts() && formed_reported_ && exit_code_ < 0) {
+        KillMembersStoppedInFormation();
+      }
       if (formed_reported_ && exit_code_ < 0) DiagnoseHangs();
       if (formed_reported_ && exit_code_ < 0) RenewGenerationWhenAsked();
     }

@@ -191,18 +191,21 @@ TEST(Chaos, EveryInjectedFaultIsDetectedAndRecoveredHangsAreNamedAndTheJobEndsAs
 // without): 2 training hosts of 2 ranks and a standby host; rank 2's host is killed at 5 s (the
 // standby host takes its ranks, and it comes back as a new standby host), rank 1's process is
 // stopped at 14 s (a hang), then the host holding rank 2 by then is cut off from every other at
-// 24 s. Outcomes only: every fault was detected (a host declared lost, the hang seen), the host
-// declared lost is the host hit and the rank killed for the hang the rank stopped, and training
-// went past the step it had reached each time.
+// 24 s, the coordinator's host is killed at 34 s, and at 44 s rank 3's process is stopped and
+// rank 0's killed right after: the generation that replaces rank 0 waits for the stopped rank 3,
+// which no step's watchdog sees. Outcomes only: every fault was detected (a host declared lost,
+// the hang seen, the stopped rank killed), the host declared lost is the host hit and the rank
+// killed for a stop the rank stopped, and training went past the step it had reached each time.
 TEST(Chaos, OnSimulatedHostsAKilledHostAHangAndAPartitionedHostAreDetectedNamedAndRecovered) {
   // Under the build tree: every simulated host has a private /tmp.
   const std::string dir = std::string(TRAINGUARD_SHARED_TMP) + "/chaos-hosts";
   std::filesystem::create_directories(TRAINGUARD_SHARED_TMP);
   const pid_t pid = testing::SpawnWithOutput(
-      {TRAINGUARD_BENCH_CHAOS_HOSTS_PATH, "--duration", "50s", "--faults",
-       "5s:host_kill:2,14s:stop:1,24s:partition:2,34s:host_kill:0", "--run-dir", dir, "--mode",
-       "trainguard",
-       // Only the hang's diagnosis replaces the stopped rank, never its heartbeat's timeout.
+      {TRAINGUARD_BENCH_CHAOS_HOSTS_PATH, "--faults",
+       "5s:host_kill:2,14s:stop:1,24s:partition:2,34s:host_kill:0,44s:stop:3,44s:kill:0",
+       "--duration", "60s", "--run-dir", dir, "--mode", "trainguard",
+       // Only the hang's diagnosis, or its agent's report, replaces a stopped rank, never its
+       // heartbeat's timeout.
        "--heartbeat-timeout", "600"},
       dir + ".out", {});
   ASSERT_GT(pid, 0);
@@ -230,7 +233,7 @@ TEST(Chaos, OnSimulatedHostsAKilledHostAHangAndAPartitionedHostAreDetectedNamedA
   std::vector<Event> events;
   tools::RunAnalysis run;
   ASSERT_NO_FATAL_FAILURE(AnalyzeChaosRun(dir + "/trainguard", context, &events, &run));
-  ASSERT_EQ(FaultKinds(run), "host_kill,stop,partition,host_kill") << context;
+  ASSERT_EQ(FaultKinds(run), "host_kill,stop,partition,host_kill,stop,kill") << context;
   EXPECT_EQ(run.faults[0].host, "host2") << context;  // host n holds group n - 1 at the start
   EXPECT_EQ(run.faults[3].host, "host1") << context;  // the coordinator's
   for (const tools::FaultOutcome& f : run.faults) {
@@ -249,6 +252,9 @@ TEST(Chaos, OnSimulatedHostsAKilledHostAHangAndAPartitionedHostAreDetectedNamedA
   // its heartbeat would take to go stale).
   EXPECT_THAT(context, HasSubstr("hang diagnosis: rank 1 (host"));
   EXPECT_THAT(context, HasSubstr(") is stopped, its agent says: it will not dump"));
+  // The stop at 44 s: the generation that replaced rank 0 waited for rank 3, stopped before it
+  // completed a step of it; its agent's report, not its heartbeat, had it killed.
+  EXPECT_THAT(context, HasSubstr("rank 3 is stopped (its agent says) for "));
   // The agent that took the lease over when host1 died diagnoses only the hangs of the generation
   // it found and later ones: the stop's hang was host1's to diagnose, and diagnosing it again
   // would hold up a hang of the current generation.
