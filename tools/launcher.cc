@@ -325,6 +325,9 @@ class Job {
   // while the current generation waits for it to resume (it has not completed a step of it). The
   // hang path cannot: no step runs, so no watchdog fires, and only the heartbeat's timeout would.
   void KillMembersStoppedInFormation();
+  // Several hosts: the ranks of the current generation whose agents say their process is stopped
+  // (agents/stopped/<member>), with their member ids; nullopt when the store does not answer.
+  std::optional<std::map<int, std::string>> StoppedMembers();
   void ReportLaggards();
   void DiagnoseHangs();
   // Kills the processes that hold `suspects` in the hung `generation`, to be replaced like dead
@@ -1382,18 +1385,29 @@ void Job::KillRanksWithStaleHeartbeats() {
   }
 }
 
-void Job::KillMembersStoppedInFormation() {
+std::optional<std::map<int, std::string>> Job::StoppedMembers() {
   absl::StatusOr<std::vector<std::string>> keys =
       store_->ListKeys(runtime_internal::kStoppedMemberPrefix, kStoreTimeout);
-  if (!keys.ok()) return;  // the store is briefly unreachable: look again next time
-  const absl::Time now = absl::Now();
+  if (!keys.ok()) return std::nullopt;
   const Membership current = coordinator_->current();
-  std::map<std::string, absl::Time> still;
+  std::map<int, std::string> stopped;
   for (const std::string& key : *keys) {
     const std::string member = key.substr(strlen(runtime_internal::kStoppedMemberPrefix));
     auto held = std::find(current.members.begin(), current.members.end(), member);
-    if (held == current.members.end() || stopped_members_killed_.count(member) != 0) continue;
-    const int rank = static_cast<int>(held - current.members.begin());
+    if (held == current.members.end()) continue;  // an earlier generation's process
+    stopped[static_cast<int>(held - current.members.begin())] = member;
+  }
+  return stopped;
+}
+
+void Job::KillMembersStoppedInFormation() {
+  std::optional<std::map<int, std::string>> stopped = StoppedMembers();
+  if (!stopped.has_value()) return;  // the store is briefly unreachable: look again next time
+  const absl::Time now = absl::Now();
+  const int64_t generation = coordinator_->generation();
+  std::map<std::string, absl::Time> still;
+  for (const auto& [rank, member] : *stopped) {
+    if (stopped_members_killed_.count(member) != 0) continue;
     auto seen = stopped_members_since_.find(member);
     const absl::Time since = seen == stopped_members_since_.end() ? now : seen->second;
     still[member] = since;
@@ -1401,17 +1415,16 @@ void Job::KillMembersStoppedInFormation() {
     // A rank that completed a step of this generation is in training: a stop there is a hang,
     // which the watchdog and the diagnosis name.
     if (ranks_store()
-            ->Get(absl::StrCat("rdzv/gen/", current.generation, "/resumed/", rank), kStoreTimeout)
+            ->Get(absl::StrCat("rdzv/gen/", generation, "/resumed/", rank), kStoreTimeout)
             .ok()) {
       continue;
     }
     stopped_members_killed_.insert(member);
-    KillMember(
-        member, "rank_unresponsive",
-        absl::StrFormat("rank %d is stopped (its agent says) for %s while generation %d "
-                        "waits for it",
-                        rank, absl::FormatDuration(absl::Trunc(now - since, absl::Milliseconds(1))),
-                        current.generation));
+    const absl::Duration stood = absl::Trunc(now - since, absl::Milliseconds(1));
+    KillMember(member, "rank_unresponsive",
+               absl::StrFormat("rank %d is stopped (its agent says) for %s while generation %d "
+                               "waits for it",
+                               rank, absl::FormatDuration(stood), generation));
   }
   stopped_members_since_ = std::move(still);
 }
@@ -1525,15 +1538,23 @@ void Job::DiagnoseHangs() {
         if (ring.ok()) hang.live_rings[r] = *std::move(ring);
       }
       pending_hang_ = std::move(hang);
-      // A rank of this host seen stopped is replaced before the dumps are read: parsing every
-      // dump in the run's flight_recorder folder takes tens of milliseconds on a busy machine.
+      // A rank seen stopped (on several hosts: that its agent says is) is replaced before the
+      // dumps are read: parsing every dump in the run's flight_recorder folder takes tens of
+      // milliseconds on a busy machine, and a PyTorch rank's dump is a few hundred kilobytes.
+      std::set<int> stopped;
       if (!MultiHost()) {
-        std::set<int> stopped;
         for (int r = 0; r < world_size_; ++r) {
           if (StoppedSinceHang(RunningHolder(r), g)) stopped.insert(r);
         }
-        ReplaceStoppedRanksNow(stopped);
+      } else if (coordinator_->generation() == g) {
+        for (const auto& [rank, member] : StoppedMembers().value_or(std::map<int, std::string>())) {
+          stopped.insert(rank);
+          pending_hang_->agent_stopped.insert(rank);
+          Say(absl::StrCat("hang diagnosis: rank ", rank, " (", member,
+                           ") is stopped, its agent says: it will not dump"));
+        }
       }
+      ReplaceStoppedRanksNow(stopped);
       break;
     }
     if (!pending_hang_.has_value()) return;
@@ -1583,22 +1604,13 @@ void Job::DiagnoseHangs() {
     }
     // Sooner: the agent of a stopped rank's host sees it stopped (ReportStoppedRanks), so the
     // diagnosis need not wait for its heartbeat to go stale.
-    absl::StatusOr<std::vector<std::string>> stopped =
-        store_->ListKeys(runtime_internal::kStoppedMemberPrefix, kStoreTimeout);
-    if (stopped.ok() && !stopped->empty()) {
-      const Membership current = coordinator_->current();
-      for (const std::string& key : *stopped) {
-        const std::string member = key.substr(strlen(runtime_internal::kStoppedMemberPrefix));
-        auto held = std::find(current.members.begin(), current.members.end(), member);
-        if (held == current.members.end()) continue;  // an earlier generation's process
-        const int rank = static_cast<int>(held - current.members.begin());
-        if (dumped_ranks.count(rank) != 0) continue;
-        silent_ranks.insert(rank);
-        stopped_ranks.insert(rank);
-        if (pending_hang_->agent_stopped.insert(rank).second) {
-          Say(absl::StrCat("hang diagnosis: rank ", rank, " (", member,
-                           ") is stopped, its agent says: it will not dump"));
-        }
+    for (const auto& [rank, member] : StoppedMembers().value_or(std::map<int, std::string>())) {
+      if (dumped_ranks.count(rank) != 0) continue;
+      silent_ranks.insert(rank);
+      stopped_ranks.insert(rank);
+      if (pending_hang_->agent_stopped.insert(rank).second) {
+        Say(absl::StrCat("hang diagnosis: rank ", rank, " (", member,
+                         ") is stopped, its agent says: it will not dump"));
       }
     }
   }
