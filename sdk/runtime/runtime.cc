@@ -20,7 +20,6 @@
 #include "sdk/checkpoint/backup_placement.h"
 #include "sdk/checkpoint/checkpointer.h"
 #include "sdk/core/event_log.h"
-#include "sdk/core/run_niced.h"
 #include "sdk/core/utf8.h"
 #include "sdk/health/fail_slow_metrics.h"
 #include "sdk/rendezvous/rendezvous.h"
@@ -255,12 +254,16 @@ RuntimeImpl::~RuntimeImpl() {
 }
 
 absl::Status RuntimeImpl::EmitEvent(Event event) {
+  return EmitEventOf(generation(), std::move(event));
+}
+
+absl::Status RuntimeImpl::EmitEventOf(int64_t generation, Event event) {
   if (events_ == nullptr) {  // Create() failed before the event file was opened
     return absl::FailedPreconditionError("the runtime has no event file");
   }
   if (event.time == absl::InfinitePast()) event.time = clock_->Now();
   event.rank = rank();
-  event.generation = generation();
+  event.generation = generation;
   return events_->Append(event);
 }
 
@@ -664,15 +667,10 @@ std::string RuntimeImpl::WriteEvidence(const CapturedEvidence& captured, const s
                                        int64_t generation, std::string* stacks_out,
                                        int64_t* symbolize_ms) {
   const int64_t begin_ns = clock_->MonotonicNanos();
-  std::string stack_text;
-  if (captured.stacks.ok()) {
-    // At nice +10 (sdk/core/run_niced.h): every rank of a hang symbolises at once, which for
-    // libtorch_cpu's frames is about 0.5 s of CPU each, and must not starve the launcher, the
-    // store and the recovery of a busy machine.
-    RunNiced(10, [&] { stack_text = FormatThreadStacks(SymbolizeThreadStacks(*captured.stacks)); });
-  } else {
-    stack_text = absl::StrCat("(stack capture failed: ", captured.stacks.status().ToString(), ")");
-  }
+  const std::string stack_text =
+      captured.stacks.ok()
+          ? FormatThreadStacks(SymbolizeThreadStacks(*captured.stacks))
+          : absl::StrCat("(stack capture failed: ", captured.stacks.status().ToString(), ")");
   if (symbolize_ms != nullptr) *symbolize_ms = (clock_->MonotonicNanos() - begin_ns) / 1'000'000;
   if (stacks_out != nullptr) *stacks_out = stack_text;
   const absl::StatusOr<FlightRecorderContents>& contents = captured.ring;
@@ -743,7 +741,7 @@ void RuntimeImpl::OnHang(const HangReport& report) {
   }
   event.attributes.insert(event.attributes.end(), report.evidence.begin(), report.evidence.end());
   event.attributes.emplace_back("stacks", stacks);
-  (void)EmitEvent(std::move(event));
+  (void)EmitEventOf(generation, std::move(event));
   if (store_ == nullptr) return;
   // The watchdog aborts the communicators when this returns, which wakes the other ranks' blocked
   // collectives: wait (bounded) for their dumps first, so that their stacks show where they were
@@ -766,7 +764,7 @@ void RuntimeImpl::OnHang(const HangReport& report) {
                                    " after it was declared; nothing aborted");
   withdrawn.attributes = {{"what", "hang_withdrawn"},
                           {"waited_ms", absl::StrCat(absl::ToInt64Milliseconds(waited_for))}};
-  (void)EmitEvent(std::move(withdrawn));
+  (void)EmitEventOf(generation, std::move(withdrawn));
 }
 
 bool RuntimeImpl::AwaitHangEnd(int64_t steps_failed) {
@@ -964,7 +962,7 @@ void RuntimeImpl::WatchPeerHangs() {
     event.step = heartbeat_.Read().step;
     event.message = reason;
     event.attributes = {{"remote", "true"}, {"dump", path}};
-    (void)EmitEvent(std::move(event));
+    (void)EmitEventOf(generation, std::move(event));
   }
 }
 

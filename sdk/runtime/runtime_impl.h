@@ -73,6 +73,9 @@ class RuntimeImpl final : public Runtime {
   Communicator* communicator() const override { return communicator_.get(); }
   void CloseCommunicator() override;
   absl::Status EmitEvent(Event event) override;
+  // EmitEvent for an event of `generation` rather than the current one: a hang's event is written
+  // after its dump, by when the job may have moved on to the next generation.
+  absl::Status EmitEventOf(int64_t generation, Event event);
   void AddObserver(StepObserver* observer) override;
   bool fatal() const override { return fatal_.load(std::memory_order_acquire); }
   int64_t generation() const override { return generation_.load(); }
