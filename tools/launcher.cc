@@ -366,6 +366,16 @@ class Job {
   // The coordinator's share: host liveness, the ranks' deaths the agents report, completion.
   void CoordinateHosts();
   void ReadDeathReports();
+  // Queues `rank`, which `member` held, for replacement: counted as a death (`how`) against
+  // --max-replacements and the crash-loop backoff; a later death report of `member` is ignored.
+  void QueueDeadMember(int rank, const std::string& member, const std::string& how);
+  // Several hosts, coordinator: `member`, which holds `rank` and its agent reports stopped, is
+  // killed through its agent (KillMember) and queued for replacement at once: SIGKILL ends a
+  // stopped process without it running again, so waiting for the agent's death report (the
+  // process's exit, about 0.1 s for a PyTorch rank, then an agent tick and a coordinator tick) only
+  // delays its standby. A store write of it is fenced once its generation is superseded.
+  void KillAndReplaceStoppedMember(int rank, const std::string& member, const std::string& what,
+                                   const std::string& why);
   // `last_beat`: when its heartbeat last advanced, the recovery's start.
   void DeclareHostDead(const std::string& host, absl::Time last_beat, const std::string& why);
   // Kills `member` here when it is this agent's child, else asks its host's agent to; the agent
@@ -1421,10 +1431,11 @@ void Job::KillMembersStoppedInFormation() {
     }
     stopped_members_killed_.insert(member);
     const absl::Duration stood = absl::Trunc(now - since, absl::Milliseconds(1));
-    KillMember(member, "rank_unresponsive",
-               absl::StrFormat("rank %d is stopped (its agent says) for %s while generation %d "
-                               "waits for it",
-                               rank, absl::FormatDuration(stood), generation));
+    KillAndReplaceStoppedMember(
+        rank, member, "rank_unresponsive",
+        absl::StrFormat("rank %d is stopped (its agent says) for %s while generation %d "
+                        "waits for it",
+                        rank, absl::FormatDuration(stood), generation));
   }
   stopped_members_since_ = std::move(still);
 }
@@ -1708,7 +1719,16 @@ void Job::ReplaceStoppedRanksNow(const std::set<int>& stopped_ranks) {
                       "follows once the others' dumps are in",
                       absl::StrJoin(stopped_ranks, ","),
                       MultiHost() ? "their agents say" : "SIGSTOP"));
-  ReplaceHangSuspects({stopped_ranks.begin(), stopped_ranks.end()}, pending_hang_->generation);
+  if (!MultiHost()) {
+    ReplaceHangSuspects({stopped_ranks.begin(), stopped_ranks.end()}, pending_hang_->generation);
+  } else if (coordinator_->generation() == pending_hang_->generation) {
+    const Membership current = coordinator_->current();
+    for (int rank : stopped_ranks) {
+      if (rank >= static_cast<int>(current.members.size())) continue;
+      KillAndReplaceStoppedMember(rank, current.members[rank], "hang_suspect",
+                                  "the hang's suspect, stopped (its agent says)");
+    }
+  }
   pending_hang_->replaced = stopped_ranks;
 }
 
@@ -2655,25 +2675,37 @@ void Job::ReadDeathReports() {
       (void)coordinator_->ForgetStandby(member, timeout);
       continue;
     }
-    handled_deaths_.insert(member);
-    const int rank = static_cast<int>(held - current.members.begin());
-    const absl::Time now = absl::Now();
-    const RankHistory& history = CountDeath(rank, how, now);
-    if (replacements_ >= config_.max_replacements) {
-      return Fail(absl::StrFormat("rank %d died %d time(s) (last: %s); --max-replacements=%d "
-                                  "reached",
-                                  rank, history.deaths, how, config_.max_replacements));
-    }
-    const absl::Duration delay = Backoff(history.streak, config_.restart_backoff);
-    Say(absl::StrFormat("rank %d (%s) %s: replacing it%s", rank, member, how,
-                        delay > absl::ZeroDuration()
-                            ? absl::StrCat(" in ", absl::FormatDuration(delay))
-                            : ""));
-    DeadRank dead{rank, how, now, now + delay + 2 * config_.host_timeout + absl::Seconds(10),
-                  now + delay};
-    dead.host = member.substr(0, member.find(':'));
-    dead_.push_back(std::move(dead));
+    QueueDeadMember(static_cast<int>(held - current.members.begin()), member, how);
+    if (exit_code_ >= 0) return;
   }
+}
+
+void Job::QueueDeadMember(int rank, const std::string& member, const std::string& how) {
+  handled_deaths_.insert(member);
+  const absl::Time now = absl::Now();
+  const RankHistory& history = CountDeath(rank, how, now);
+  if (replacements_ >= config_.max_replacements) {
+    return Fail(
+        absl::StrFormat("rank %d died %d time(s) (last: %s); --max-replacements=%d "
+                        "reached",
+                        rank, history.deaths, how, config_.max_replacements));
+  }
+  const absl::Duration delay = Backoff(history.streak, config_.restart_backoff);
+  Say(absl::StrFormat(
+      "rank %d (%s) %s: replacing it%s", rank, member, how,
+      delay > absl::ZeroDuration() ? absl::StrCat(" in ", absl::FormatDuration(delay)) : ""));
+  DeadRank dead{rank, how, now, now + delay + 2 * config_.host_timeout + absl::Seconds(10),
+                now + delay};
+  dead.host = member.substr(0, member.find(':'));
+  dead_.push_back(std::move(dead));
+}
+
+void Job::KillAndReplaceStoppedMember(int rank, const std::string& member, const std::string& what,
+                                      const std::string& why) {
+  KillMember(member, what, why);
+  if (RestartsOnHosts() || handled_deaths_.count(member) != 0) return;
+  QueueDeadMember(rank, member,
+                  absl::StrCat("is stopped, its agent says, and is being killed (", what, ")"));
 }
 
 void Job::DeclareHostDead(const std::string& host, absl::Time last_beat, const std::string& why) {

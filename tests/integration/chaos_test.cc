@@ -261,6 +261,11 @@ TEST(Chaos, OnSimulatedHostsAKilledHostAHangAndAPartitionedHostAreDetectedNamedA
   // its heartbeat would take to go stale).
   EXPECT_THAT(context, HasSubstr("hang diagnosis: rank 1 (host"));
   EXPECT_THAT(context, HasSubstr(") is stopped, its agent says: it will not dump"));
+  // And queued it for replacement when it asked the agent to kill it, not once the agent reported
+  // the process dead.
+  EXPECT_THAT(context, ::testing::ContainsRegex("rank 1 \\(host[^)]*\\) is stopped, its agent "
+                                                "says, and is being killed \\(hang_suspect\\): "
+                                                "replacing it"));
   // The agent that took the lease over when host1 died diagnoses only the hangs of the generation
   // it found and later ones: the stop's hang was host1's to diagnose, and diagnosing it again
   // would hold up a hang of the current generation.
@@ -318,6 +323,11 @@ TEST(Chaos, OnSimulatedHostsARankStoppedWhileAGenerationFormsIsReplacedOnItsAgen
                                      << context;
   }
   EXPECT_THAT(context, HasSubstr("rank 3 is stopped (its agent says) for "));
+  // Queued for replacement when the coordinator asked its agent to kill it, before the death
+  // report.
+  EXPECT_THAT(context, ::testing::ContainsRegex("rank 3 \\(host[^)]*\\) is stopped, its agent "
+                                                "says, and is being killed "
+                                                "\\(rank_unresponsive\\): replacing it"));
   EXPECT_THAT(context, ::testing::Not(HasSubstr("hang in generation"))) << "no hang was declared";
 }
 #endif
