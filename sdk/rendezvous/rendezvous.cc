@@ -96,6 +96,17 @@ int64_t RendezvousMember::generation() const {
   return generation_;
 }
 
+std::string RendezvousMember::CurrentGenerationKey() { return kCurrentKey; }
+
+void RendezvousMember::NoteCurrentGeneration(const std::optional<std::string>& value) {
+  int64_t newest = -1;
+  if (!value.has_value() || !absl::SimpleAtoi(*value, &newest)) return;
+  // Under mu_, so that a value read before this member adopted a newer generation (AdoptGeneration
+  // clears the mark) is compared with the generation it holds now.
+  MutexLock lock(&mu_);
+  if (generation_ >= 0 && newest > generation_) superseded_generation_.store(generation_);
+}
+
 void RendezvousMember::AdoptGeneration(int64_t generation) {
   MutexLock lock(&mu_);
   generation_ = generation;

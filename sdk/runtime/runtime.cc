@@ -940,8 +940,20 @@ void RuntimeImpl::WatchPeerHangs() {
     next_hang_check = absl::Now() + kWatcherPeriod;
     const int64_t generation = this->generation();
     const absl::Time asked = absl::Now();
-    absl::StatusOr<std::string> who =
-        store_->Get(absl::StrCat("hang/gen", generation), absl::Seconds(2));
+    // With the newest generation's number: a survivor of a host that vanished (cut off, powered
+    // off) waits in a collective nothing closes, and learns here that the others moved on sooner
+    // than from its heartbeat's refusal (once every heartbeat_interval_ms).
+    std::vector<std::string> keys = {absl::StrCat("hang/gen", generation)};
+    if (member_ != nullptr) keys.push_back(RendezvousMember::CurrentGenerationKey());
+    absl::StatusOr<std::vector<std::optional<std::string>>> values =
+        store_->MultiGet(keys, absl::Seconds(2));
+    if (values.ok() && member_ != nullptr) member_->NoteCurrentGeneration((*values)[1]);
+    absl::StatusOr<std::string> who = absl::NotFoundError("no hang");
+    if (!values.ok()) {
+      who = values.status();
+    } else if ((*values)[0].has_value()) {
+      who = *(*values)[0];
+    }
     MutexLock lock(&dump_mu_);
     if (!who.ok()) {
       // The launcher deletes the key of a hang withdrawn (OnHang): a later hang of the same

@@ -137,6 +137,37 @@ TEST_F(Rendezvous, TheReplacedMemberIsFencedOutOfTheStore) {
   EXPECT_FALSE(ranks_[0]->member.superseded());
 }
 
+// A member that reads the newest generation's key itself (the Runtime's watcher does, with its hang
+// check) is marked superseded without waiting for a heartbeat's refusal: this one beats once an
+// hour.
+TEST_F(Rendezvous, ANewerGenerationReadFromTheStoreMarksTheMemberSuperseded) {
+  std::unique_ptr<Store> store = shared_.NewClient();
+  RendezvousMember member(store.get(), "host:rank0", absl::Hours(1));
+  absl::StatusOr<Membership> joined = absl::UnknownError("not joined");
+  std::thread join([&] { joined = member.JoinInitial(0, 1, kTimeout); });
+  ASSERT_TRUE(coordinator_.FormInitialGeneration(1, kTimeout).ok());
+  join.join();
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  auto current = [&]() -> std::optional<std::string> {
+    absl::StatusOr<std::string> v = store->Get(RendezvousMember::CurrentGenerationKey(), kTimeout);
+    EXPECT_TRUE(v.ok()) << v.status();
+    return v.ok() ? std::optional<std::string>(*v) : std::nullopt;
+  };
+  member.NoteCurrentGeneration(current());  // generation 0: its own
+  member.NoteCurrentGeneration(std::nullopt);
+  member.NoteCurrentGeneration("not a number");
+  EXPECT_FALSE(member.superseded());
+
+  ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
+  member.NoteCurrentGeneration(current());
+  EXPECT_TRUE(member.superseded());
+  EXPECT_EQ(member.superseded_generation(), 0);
+  ASSERT_TRUE(member.AwaitGeneration(0, kTimeout).ok());
+  EXPECT_FALSE(member.superseded());
+  member.NoteCurrentGeneration(current());  // generation 1: its own now
+  EXPECT_FALSE(member.superseded());
+}
+
 TEST_F(Rendezvous, TwoFailuresInARowLandASlowSurvivorInTheNewestGeneration) {
   FormGenerationZero(4);
   Process standby_a(shared_, "host:standbyA");
