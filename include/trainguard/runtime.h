@@ -319,6 +319,9 @@ class Runtime {
   static constexpr int kMaxGenerationAttempts = 4;
   // The store key a rank that stops the job writes its reason under (see recover()).
   static constexpr char kJobStopKey[] = "job/stop";
+  // The exit status of a process whose step outlived its generation by
+  // Options::superseded_step_exit_ms (EX_TEMPFAIL): the launcher replaces it like any dead rank.
+  static constexpr int kSupersededStepExitCode = 75;
 
  protected:
   // Only Create() makes a Runtime (sdk/runtime/runtime_impl.h implements it); the guard relies on

@@ -229,6 +229,9 @@ void ApplySetFields(const OptionsProto& proto, Options& options) {
   if (proto.has_watchdog_peer_progress_ms()) {
     options.watchdog_peer_progress_ms = proto.watchdog_peer_progress_ms();
   }
+  if (proto.has_superseded_step_exit_ms()) {
+    options.superseded_step_exit_ms = proto.superseded_step_exit_ms();
+  }
   if (proto.has_loss_spike_window()) {
     options.loss_spike_window = proto.loss_spike_window();
   }
@@ -458,6 +461,10 @@ absl::Status CheckCheckpointAndWatchdog(const Options& options) {
     return s;
   }
   if (absl::Status s = CheckAtLeast("hang_dump_wait_ms", options.hang_dump_wait_ms, 0); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckAtLeast("superseded_step_exit_ms", options.superseded_step_exit_ms, 0);
+      !s.ok()) {
     return s;
   }
   if (absl::Status s = CheckAtLeast("loss_spike_warmup", options.loss_spike_warmup, 20); !s.ok()) {

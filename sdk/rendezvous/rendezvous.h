@@ -108,7 +108,7 @@ class RendezvousMember {
   // AwaitGeneration(): it returns this member's place in it, or FailedPrecondition when this member
   // was replaced (then the process must exit). Adopting a generation clears it.
   bool superseded() const { return superseded_generation_.load() >= 0; }
-  // The generation whose heartbeat the store rejected (superseded() is true), or -1.
+  // The generation found superseded (superseded() is true), or -1.
   int64_t superseded_generation() const { return superseded_generation_.load(); }
   // The generation this member's writes carry (-1 before it joined one).
   int64_t generation() const;

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -275,6 +277,7 @@ bool RuntimeImpl::TryBeginStep() {
     return false;
   }
   step_ending_.store(kStepRunning, std::memory_order_release);
+  steps_begun_.fetch_add(1, std::memory_order_acq_rel);
   return true;
 }
 
@@ -926,6 +929,7 @@ void RuntimeImpl::WatchPeerHangs() {
     }
     PublishProgress();
     PublishWork();
+    ExitIfStepOutlivesGeneration();
     if (dump_requested.exchange(false, std::memory_order_relaxed)) {
       MutexLock lock(&dump_mu_);
       const std::string path = DumpEvidence("SIGUSR2 (dump on demand)", generation(), nullptr);
@@ -976,6 +980,42 @@ void RuntimeImpl::WatchPeerHangs() {
     event.attributes = {{"remote", "true"}, {"dump", path}};
     (void)EmitEventOf(generation, std::move(event));
   }
+}
+
+void RuntimeImpl::ExitIfStepOutlivesGeneration() {
+  if (member_ == nullptr || options_.superseded_step_exit_ms == 0) return;
+  const int64_t generation = this->generation();
+  const int64_t step = steps_begun_.load(std::memory_order_acquire);
+  if (member_->superseded_generation() != generation ||
+      !step_active_.load(std::memory_order_acquire)) {
+    superseded_step_since_ns_ = -1;
+    return;
+  }
+  const int64_t now_ns = clock_->MonotonicNanos();
+  if (superseded_step_since_ns_ < 0 || superseded_step_ != step) {
+    superseded_step_since_ns_ = now_ns;
+    superseded_step_ = step;
+    return;
+  }
+  const int64_t waited_ms = (now_ns - superseded_step_since_ns_) / 1'000'000;
+  if (waited_ms < options_.superseded_step_exit_ms) return;
+  // The other ranks met in a newer generation without this one, and its step cannot end: a
+  // collective waits on a peer that is gone (its host cut off or powered off: no connection was
+  // closed) and aborting it did not wake it. The launcher would kill it once its refused heartbeat
+  // counts as stale (--heartbeat-timeout); exiting now hands its rank to a standby sooner.
+  const std::string message = absl::StrFormat(
+      "step %d of generation %d still running %d ms after this rank learned that a newer generation "
+      "superseded it: exiting with status %d so that a standby takes rank %d",
+      heartbeat_.Read().step, generation, waited_ms, Runtime::kSupersededStepExitCode, rank_);
+  Event event;
+  event.type = EventType::kCustom;
+  event.step = heartbeat_.Read().step;
+  event.message = message;
+  event.attributes = {{"what", "superseded_step_exit"}, {"waited_ms", absl::StrCat(waited_ms)}};
+  (void)EmitEventOf(generation, std::move(event));
+  std::fprintf(stderr, "trainguard: rank %d: %s\n", rank_, message.c_str());
+  std::fflush(stderr);
+  std::_Exit(Runtime::kSupersededStepExitCode);
 }
 
 absl::Status RuntimeImpl::EnsureCheckpointer() {

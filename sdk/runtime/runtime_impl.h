@@ -196,6 +196,9 @@ class RuntimeImpl final : public Runtime {
                             int64_t generation, std::string* stacks_out,
                             int64_t* symbolize_ms = nullptr);
   void WatchPeerHangs();  // and SIGUSR2 dump requests, and publishes this rank's progress
+  // On the watcher's thread: exits the process (Runtime::kSupersededStepExitCode) once one step
+  // has gone on for superseded_step_exit_ms while this rank's generation is superseded.
+  void ExitIfStepOutlivesGeneration();
   // The watcher thread's period (shorter when watchdog_peer_progress_ms is).
   static constexpr absl::Duration kWatcherPeriod = absl::Milliseconds(250);
   // Watcher thread: writes this rank's progress record (sdk/runtime/peer_progress.h) when it
@@ -268,6 +271,11 @@ class RuntimeImpl final : public Runtime {
   static constexpr int kStepEndingOk = 1;
   static constexpr int kStepEndingFailed = 2;
   std::atomic<int> step_ending_{kStepRunning};
+  std::atomic<int64_t> steps_begun_{0};  // TryBeginStep's successes
+  // Watcher thread only (ExitIfStepOutlivesGeneration): since when (clock_'s monotonic ns, -1:
+  // not) which step (steps_begun_) has been running in a superseded generation.
+  int64_t superseded_step_since_ns_ = -1;
+  int64_t superseded_step_ = -1;
   // Steps that ended failed (NoteStepEnding): one since a hang's declaration means its step failed,
   // whatever step_ending_ says by the time the verdict is looked for (a dump that outlives the
   // step, its recovery and the next step's success).

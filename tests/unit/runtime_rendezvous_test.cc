@@ -6,6 +6,8 @@
 
 #include <array>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -85,6 +88,7 @@ class RuntimeRendezvous : public ::testing::Test {
     o.store_client = clients_.back().get();
     o.rendezvous_timeout_ms = 20'000;
     o.heartbeat_interval_ms = 20;
+    if (superseded_step_exit_ms_ >= 0) o.superseded_step_exit_ms = superseded_step_exit_ms_;
     return o;
   }
 
@@ -179,6 +183,7 @@ class RuntimeRendezvous : public ::testing::Test {
   }
 
   static constexpr int kWorld = 3;
+  int superseded_step_exit_ms_ = -1;  // -1: the default
   std::array<std::vector<float>, kWorld + 1> state_ = {
       std::vector<float>(8, 0.0f), std::vector<float>(8, 0.0f), std::vector<float>(8, 0.0f),
       std::vector<float>(8, -1.0f)};
@@ -288,6 +293,39 @@ TEST_F(RuntimeRendezvous, ARankThatWasReplacedLearnsItAndStopsTraining) {
   EXPECT_TRUE(absl::IsFailedPrecondition(ranks_[1]->store()->Set("ckpt/commit", "x", kTimeout)));
   // A replaced rank is a machine's fault, not the job's: it does not stop the job.
   EXPECT_EQ(JobStop(), std::nullopt);
+}
+
+// A step that cannot end once its generation is superseded (a collective blocked on a peer that is
+// gone without closing its connections) exits the process after superseded_step_exit_ms, so that
+// the launcher gives its rank to a standby sooner than its refused heartbeat's timeout would. In a
+// child process (a death test): rank 0 enters step 7, which waits (bounded) for nothing, and the
+// generation is renewed under it.
+TEST_F(RuntimeRendezvous, AStepThatOutlivesItsGenerationExitsTheProcessSoAStandbyTakesTheRank) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        superseded_step_exit_ms_ = 100;
+        StartJob();
+        absl::Notification entered;
+        absl::Notification never;
+        std::thread step([&] {
+          (void)guard(*ranks_[0], 7, [&] {
+            entered.Notify();
+            never.WaitForNotificationWithTimeout(absl::Seconds(60));
+          });
+        });
+        if (entered.WaitForNotificationWithTimeout(kTimeout) &&
+            coordinator_.RenewGeneration(kTimeout).ok()) {
+          step.join();  // the process exits first
+        } else {
+          step.detach();
+        }
+        std::fprintf(stderr, "rank 0 did not exit\n");
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(Runtime::kSupersededStepExitCode),
+      "rank 0: step 7 of generation 0 still running [0-9]+ ms after this rank learned that a newer "
+      "generation superseded it: exiting with status 75 so that a standby takes rank 0");
 }
 
 TEST_F(RuntimeRendezvous, AStandbyThatTakesOverBeforeTheFirstCommitStartsAtTheSurvivorsStep) {
