@@ -2524,6 +2524,11 @@ void Job::FollowGeneration() {
         if (absl::Status s = Spawn(-1, standbys_spawned_); !s.ok()) Say(s.ToString());
       }
     } else if (rank < 0 && c->rank >= 0 && !c->killed_for_liveness) {
+      // A stopped rank is replaced when the coordinator asks for its kill, and the request is
+      // written before the generation that replaces it: carried out first, it records why (the
+      // culprit a report names), not only that the process lost its rank.
+      ExecuteKillRequests();
+      if (c->killed_for_liveness) continue;
       Say(absl::StrFormat("%s (pid %d) no longer holds its rank in generation %d: killing it",
                           c->Label(), c->pid, generation));
       c->killed_for_liveness = true;
