@@ -144,13 +144,16 @@ struct Options {
   int hang_dump_wait_ms = 1'000;
   // How long a step may go on after this rank learned that its generation was superseded (the
   // other ranks left for a newer one: its heartbeat was refused, or its hang watcher read the newer
-  // generation's number) before the process exits with
-  // Runtime::kSupersededStepExitCode, so that the launcher gives its rank to a standby. A
-  // collective blocked on a peer that is gone without closing its connections (a partitioned or
-  // powered-off host) may not return before its own timeout, even once aborted (gloo fails only
-  // the operations of the connection that broke). The launcher kills such a rank anyway once its
-  // heartbeat has been refused for --heartbeat-timeout (5 s); this is sooner. 0: never exit.
-  int superseded_step_exit_ms = 2'000;
+  // generation's number) before the process exits with Runtime::kSupersededStepExitCode, so that
+  // the launcher gives its rank to a standby. A collective blocked on a peer that is gone without
+  // closing its connections (a partitioned or powered-off host) may not return before its own
+  // timeout, even once aborted (gloo fails only the operations of the connection that broke). The
+  // launcher kills such a rank anyway once its heartbeat has been refused for --heartbeat-timeout
+  // (30 s by default). Keep it above the time the launcher takes to kill a lost peer, whose closed
+  // connections end the wait (a stopped rank: --host-timeout, 3 s by default, or the watchdog's
+  // bound): a survivor waiting on a stopped peer would exit first, and need a standby too. 0:
+  // never exit.
+  int superseded_step_exit_ms = 10'000;
   // Step::CheckLoss (LossSpikeDetector, health.h): a loss more than loss_spike_mads scaled MADs
   // above the median of the last loss_spike_window accepted losses fails the step, once
   // loss_spike_warmup losses are in; a NaN or Inf loss always does.
