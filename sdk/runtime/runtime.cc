@@ -1003,13 +1003,14 @@ void RuntimeImpl::ExitIfStepOutlivesGeneration() {
   // collective waits on a peer that is gone (its host cut off or powered off: no connection was
   // closed) and aborting it did not wake it. The launcher would kill it once its refused heartbeat
   // counts as stale (--heartbeat-timeout); exiting now hands its rank to a standby sooner.
+  const int64_t step_number = heartbeat_.Read().step;
   const std::string message = absl::StrFormat(
       "step %d of generation %d still running %d ms after this rank learned that a newer generation "
       "superseded it: exiting with status %d so that a standby takes rank %d",
-      heartbeat_.Read().step, generation, waited_ms, Runtime::kSupersededStepExitCode, rank_);
+      step_number, generation, waited_ms, Runtime::kSupersededStepExitCode, rank_);
   Event event;
   event.type = EventType::kCustom;
-  event.step = heartbeat_.Read().step;
+  event.step = step_number;
   event.message = message;
   event.attributes = {{"what", "superseded_step_exit"}, {"waited_ms", absl::StrCat(waited_ms)}};
   (void)EmitEventOf(generation, std::move(event));
