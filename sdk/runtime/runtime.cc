@@ -1005,7 +1005,8 @@ void RuntimeImpl::ExitIfStepOutlivesGeneration() {
   // counts as stale (--heartbeat-timeout); exiting now hands its rank to a standby sooner.
   const int64_t step_number = heartbeat_.Read().step;
   const std::string message = absl::StrFormat(
-      "step %d of generation %d still running %d ms after this rank learned that a newer generation "
+      "step %d of generation %d still running %d ms after this rank learned that a newer "
+      "generation "
       "superseded it: exiting with status %d so that a standby takes rank %d",
       step_number, generation, waited_ms, Runtime::kSupersededStepExitCode, rank_);
   Event event;
