@@ -37,6 +37,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -155,12 +156,22 @@ class Runtime {
   virtual int world_size() const = 0;
   // The membership generation of the job: 0 until a rank is replaced.
   virtual int64_t generation() const = 0;
-  // The generation this rank is still in although a newer one exists (the store rejected its
-  // heartbeat: a peer died or asked for a re-rendezvous), or -1. A collective of that generation
-  // this rank is blocked in may never complete (its peers have left for the new one): abort the
-  // communicators you built for it, then recover(). Cleared when this rank joins the new generation.
-  // Any thread; -1 for a job without a store.
+  // The generation this rank is still in although a newer one exists (a peer died, a host was
+  // lost, a rank asked for a re-rendezvous), or -1. A collective of that generation this rank is
+  // blocked in may never complete (its peers have left for the new one): abort the communicators
+  // you built for it (AddSupersededHandler), then recover(). Cleared when this rank joins the new
+  // generation. Any thread; -1 for a job without a store.
   virtual int64_t superseded_generation() const = 0;
+  // Calls `handler(generation)` when this rank learns that `generation`, the one it is in, was
+  // superseded: a thread of the Runtime waits (a store Wait, no polling) for the next generation's
+  // rank table and calls it within milliseconds of the publication, or after the heartbeat's
+  // refusal, once per generation. The handler aborts the communicators the trainer built for that
+  // generation (trainguard.torch aborts its process group); the Runtime aborts the factory's
+  // communicator of that generation itself. It runs on the Runtime's thread, possibly while the
+  // training thread is in a step: it must be quick, must not block and must not call back into
+  // the Runtime. Any thread, before or after Start(); handlers are never removed, so what they
+  // capture must outlive the Runtime. Never called for a job without a store.
+  virtual void AddSupersededHandler(std::function<void(int64_t generation)> handler) = 0;
   // The step to start training at: 0 for an initial rank; for a standby that replaced a rank, the
   // step the job resumes at. After Start(), what Start() returned.
   virtual int64_t resume_step() const = 0;

@@ -96,15 +96,21 @@ int64_t RendezvousMember::generation() const {
   return generation_;
 }
 
-std::string RendezvousMember::CurrentGenerationKey() { return kCurrentKey; }
-
-void RendezvousMember::NoteCurrentGeneration(const std::optional<std::string>& value) {
-  int64_t newest = -1;
-  if (!value.has_value() || !absl::SimpleAtoi(*value, &newest)) return;
-  // Under mu_, so that a value read before this member adopted a newer generation (AdoptGeneration
-  // clears the mark) is compared with the generation it holds now.
+absl::StatusOr<bool> RendezvousMember::AwaitNewerGeneration(absl::Duration timeout) {
+  const int64_t held = generation();
+  if (held < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("member %s holds no generation to be superseded", member_id_));
+  }
+  if (superseded_generation() == held) return true;
+  absl::Status s = store_->Wait({TableKey(held + 1)}, timeout);
+  if (absl::IsDeadlineExceeded(s)) return false;
+  if (!s.ok()) return s;
+  // Under mu_: a member that adopted a newer generation meanwhile (AdoptGeneration clears the
+  // mark) is not superseded by the table it waited for.
   MutexLock lock(&mu_);
-  if (generation_ >= 0 && newest > generation_) superseded_generation_.store(generation_);
+  if (generation_ == held) superseded_generation_.store(held);
+  return superseded_generation_.load() == generation_;
 }
 
 void RendezvousMember::AdoptGeneration(int64_t generation) {

@@ -103,8 +103,8 @@ class RendezvousMember {
   absl::Status Barrier(const Membership& membership, std::string_view name, absl::Duration timeout);
 
   const std::string& member_id() const { return member_id_; }
-  // True once the store rejected this member's heartbeat as stale, or NoteCurrentGeneration read a
-  // newer generation's number: a newer generation exists. Call
+  // True once the store rejected this member's heartbeat as stale, or AwaitNewerGeneration saw a
+  // newer generation's table: a newer generation exists. Call
   // AwaitGeneration(): it returns this member's place in it, or FailedPrecondition when this member
   // was replaced (then the process must exit). Adopting a generation clears it.
   bool superseded() const { return superseded_generation_.load() >= 0; }
@@ -112,13 +112,14 @@ class RendezvousMember {
   int64_t superseded_generation() const { return superseded_generation_.load(); }
   // The generation this member's writes carry (-1 before it joined one).
   int64_t generation() const;
-  // The store key that holds the newest published generation, for a caller that reads it along
-  // with keys of its own (one MultiGet), and hands the value to NoteCurrentGeneration.
-  static std::string CurrentGenerationKey();
-  // Marks this member superseded when `value` (CurrentGenerationKey's, nullopt when absent) names a
-  // generation newer than the one it adopted: a caller that reads the key more often than the
-  // heartbeat beats learns of the newer generation sooner than from the next beat's refusal.
-  void NoteCurrentGeneration(const std::optional<std::string>& value);
+  // Waits up to `timeout` (a store Wait, parked at the server: no polling) for the table of the
+  // generation after the one this member holds, and marks this member superseded when it appears.
+  // The coordinator writes a generation's table first, then raises the fence and announces it, as
+  // AwaitGeneration reads it: a member that waits here learns that the others are leaving for a
+  // newer generation as soon as it is published, sooner than from its next heartbeat's refusal.
+  // True when this member's generation is superseded (also when it was already), false when the
+  // wait ran out; FailedPrecondition before it joined a generation; the store's error otherwise.
+  absl::StatusOr<bool> AwaitNewerGeneration(absl::Duration timeout);
 
  private:
   absl::StatusOr<Membership> ReadMembership(int64_t generation, absl::Duration timeout);

@@ -132,6 +132,9 @@ absl::StatusOr<std::unique_ptr<Runtime>> RuntimeImpl::Create(const Options& opti
     });
   }
   if (absl::Status s = runtime->StartDetection(); !s.ok()) return s;
+  if (runtime->member_ != nullptr) {
+    runtime->generation_watcher_ = std::thread([rt = runtime.get()] { rt->WatchGeneration(); });
+  }
   return std::unique_ptr<Runtime>(std::move(runtime));
 }
 
@@ -240,13 +243,12 @@ absl::Status RuntimeImpl::OpenEvents() {
 RuntimeImpl::~RuntimeImpl() {
   launcher_watch_.reset();
   CloseCommunicator();  // before the tracker its abort hook is registered in
-  if (peer_hang_watcher_.joinable()) {
-    {
-      MutexLock lock(&watcher_mu_);
-      stop_watcher_ = true;
-    }
-    peer_hang_watcher_.join();
+  {
+    MutexLock lock(&watcher_mu_);
+    stop_watcher_ = true;
   }
+  if (peer_hang_watcher_.joinable()) peer_hang_watcher_.join();
+  if (generation_watcher_.joinable()) generation_watcher_.join();
   watchdog_.reset();  // its thread calls back into this object
   Event stopped;
   stopped.type = EventType::kRuntimeStopped;
@@ -270,6 +272,11 @@ absl::Status RuntimeImpl::EmitEventOf(int64_t generation, Event event) {
 }
 
 void RuntimeImpl::AddObserver(StepObserver* observer) { observers_.push_back(observer); }
+
+void RuntimeImpl::AddSupersededHandler(std::function<void(int64_t generation)> handler) {
+  MutexLock lock(&superseded_handlers_mu_);
+  superseded_handlers_.push_back(std::move(handler));
+}
 
 bool RuntimeImpl::TryBeginStep() {
   bool expected = false;
@@ -944,20 +951,8 @@ void RuntimeImpl::WatchPeerHangs() {
     next_hang_check = absl::Now() + kWatcherPeriod;
     const int64_t generation = this->generation();
     const absl::Time asked = absl::Now();
-    // With the newest generation's number: a survivor of a host that vanished (cut off, powered
-    // off) waits in a collective nothing closes, and learns here that the others moved on sooner
-    // than from its heartbeat's refusal (once every heartbeat_interval_ms).
-    std::vector<std::string> keys = {absl::StrCat("hang/gen", generation)};
-    if (member_ != nullptr) keys.push_back(RendezvousMember::CurrentGenerationKey());
-    absl::StatusOr<std::vector<std::optional<std::string>>> values =
-        store_->MultiGet(keys, absl::Seconds(2));
-    if (values.ok() && member_ != nullptr) member_->NoteCurrentGeneration((*values)[1]);
-    absl::StatusOr<std::string> who = absl::NotFoundError("no hang");
-    if (!values.ok()) {
-      who = values.status();
-    } else if ((*values)[0].has_value()) {
-      who = *(*values)[0];
-    }
+    absl::StatusOr<std::string> who =
+        store_->Get(absl::StrCat("hang/gen", generation), absl::Seconds(2));
     MutexLock lock(&dump_mu_);
     if (!who.ok()) {
       // The launcher deletes the key of a hang withdrawn (OnHang): a later hang of the same
@@ -980,6 +975,56 @@ void RuntimeImpl::WatchPeerHangs() {
     event.attributes = {{"remote", "true"}, {"dump", path}};
     (void)EmitEventOf(generation, std::move(event));
   }
+}
+
+void RuntimeImpl::WatchGeneration() {
+  int64_t announced = -1;  // the last generation OnSuperseded was called for
+  while (true) {
+    const int64_t held = member_->generation();
+    absl::StatusOr<bool> superseded = member_->AwaitNewerGeneration(kGenerationWaitSlice);
+    if (superseded.ok() && *superseded && held != announced &&
+        member_->superseded_generation() == held) {
+      announced = held;
+      OnSuperseded(held);
+    }
+    // Nothing to wait for in the store while superseded (until the training thread adopts the
+    // next generation) or while the store fails: look again shortly, without a request.
+    const bool idle = !superseded.ok() || *superseded;
+    MutexLock lock(&watcher_mu_);
+    if (idle) {
+      watcher_mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_watcher_; },
+                                   absl::Milliseconds(20));
+    }
+    if (stop_watcher_) return;
+  }
+}
+
+void RuntimeImpl::OnSuperseded(int64_t generation) {
+  // The factory's communicator of that generation (BuildCommunicator registers it as generation +
+  // 1), when it is the one registered: a rank blocked in one of its collectives on a peer that left
+  // fails at once. Another generation's has another id, and a trainer's own are its handlers' to
+  // abort.
+  const uint64_t comm_id = static_cast<uint64_t>(generation) + 1;
+  int aborted = 0;
+  if (collectives_ != nullptr && communicator_id_.load() == comm_id) {
+    aborted = collectives_->AbortCommunicators({comm_id});
+  }
+  std::vector<std::function<void(int64_t)>> handlers;
+  {
+    MutexLock lock(&superseded_handlers_mu_);
+    handlers = superseded_handlers_;
+  }
+  for (const std::function<void(int64_t)>& handler : handlers) handler(generation);
+  Event event;
+  event.type = EventType::kCustom;
+  event.step = heartbeat_.Read().step;
+  event.message = absl::StrFormat(
+      "generation %d was superseded (a newer one is published: a peer died or a rank asked for a "
+      "re-rendezvous); %d communicator%s of it aborted, %d handler%s called",
+      generation, aborted, aborted == 1 ? "" : "s", handlers.size(),
+      handlers.size() == 1 ? "" : "s");
+  event.attributes = {{"what", "generation_superseded"}};
+  (void)EmitEventOf(generation, std::move(event));
 }
 
 void RuntimeImpl::ExitIfStepOutlivesGeneration() {

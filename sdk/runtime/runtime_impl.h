@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -82,6 +83,7 @@ class RuntimeImpl final : public Runtime {
   int64_t superseded_generation() const override {
     return member_ == nullptr ? -1 : member_->superseded_generation();
   }
+  void AddSupersededHandler(std::function<void(int64_t generation)> handler) override;
   int64_t resume_step() const override { return resume_step_; }
   absl::StatusOr<int64_t> RestoreCheckpoint() override;
   int64_t hang_dumps() const override { return hang_dumps_.load(); }
@@ -196,6 +198,14 @@ class RuntimeImpl final : public Runtime {
                             int64_t generation, std::string* stacks_out,
                             int64_t* symbolize_ms = nullptr);
   void WatchPeerHangs();  // and SIGUSR2 dump requests, and publishes this rank's progress
+  // The generation watcher's thread (with a store): waits for the table of the generation after
+  // this rank's (RendezvousMember::AwaitNewerGeneration, in slices of kGenerationWaitSlice, the
+  // longest ~Runtime waits for it) and calls OnSuperseded once per superseded generation.
+  void WatchGeneration();
+  static constexpr absl::Duration kGenerationWaitSlice = absl::Milliseconds(200);
+  // Generation watcher: aborts the factory's communicator of `generation`, calls the superseded
+  // handlers and writes the event generation_superseded.
+  void OnSuperseded(int64_t generation);
   // On the watcher's thread: exits the process (Runtime::kSupersededStepExitCode) once one step
   // has gone on for superseded_step_exit_ms while this rank's generation is superseded.
   void ExitIfStepOutlivesGeneration();
@@ -252,7 +262,9 @@ class RuntimeImpl final : public Runtime {
   // running while the training thread lets go of it. Its deleter also owns the generation's
   // PrefixStore (CommunicatorSpec::store), destroyed after the communicator.
   std::shared_ptr<Communicator> communicator_;
-  uint64_t communicator_id_ = 0;  // registered in collectives_; 0: none
+  // Registered in collectives_ (0: none). Written by the training thread, read by the generation
+  // watcher (OnSuperseded).
+  std::atomic<uint64_t> communicator_id_{0};
   StateRegistry state_;
   bool checkpointing_ = false;
   bool snapshot_unfenced_ = false;  // training thread only
@@ -302,6 +314,10 @@ class RuntimeImpl final : public Runtime {
   // Watchdog thread only: the collective whose postponement was last written as an event.
   uint64_t excused_collective_ = 0;
   std::thread peer_hang_watcher_;
+  Mutex superseded_handlers_mu_;
+  std::vector<std::function<void(int64_t)>> superseded_handlers_
+      ABSL_GUARDED_BY(superseded_handlers_mu_);
+  std::thread generation_watcher_;  // stopped with stop_watcher_, like peer_hang_watcher_
   // Its thread calls OnHang, which uses everything above: destroyed before them.
   std::unique_ptr<Watchdog> watchdog_;
   // watchdog_.get(), set once before the hang callbacks are registered: they read it on the

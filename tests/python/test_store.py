@@ -127,6 +127,34 @@ def test_a_torch_store_wait_gives_up_once_its_generation_is_superseded(store):
     assert tgt.Store(store, prefix="torch/gen1", superseded=lambda: False).get("here") == b"v"
 
 
+def test_the_abort_thread_is_woken_as_soon_as_the_generation_is_superseded(server, store, tmp_path,
+                                                                           job_id):
+    # trainguard.torch's abort thread waits in wait_communicator_abort (GIL released). Here the
+    # test is the coordinator: it publishes generation 0 (one rank), then generation 1's table.
+    # The Runtime's generation watcher sees it and its superseded handler ends the wait, long
+    # before the wait's 600 s: the thread then aborts the superseded generation's process group.
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    store.set("rdzv/gen/0/table", b"0\n1\nhost:rank0", 10)
+    store.set("rdzv/current", b"0", 10)
+    rt = trainguard.Runtime(job_id=job_id, run_dir=str(tmp_path / "run"), world_size=1, rank=0,
+                            member_id="host:rank0", store=f"tcp://{server.address}",
+                            store_token_file=str(token))
+    try:
+        assert rt._c.superseded_generation == -1
+        woken = []
+        waiter = threading.Thread(
+            target=lambda: woken.append(rt._c.wait_communicator_abort(600.0)))
+        waiter.start()
+        store.set("rdzv/gen/1/table", b"1\n1\nhost:standby0", 10)
+        waiter.join(timeout=120)  # bounds the test if the wake never comes
+        assert not waiter.is_alive(), "the wait was not woken by the new generation"
+        assert woken == [None]  # no communicator to abort: a wake, not a hang's request
+        assert rt._c.superseded_generation == 0
+    finally:
+        rt.close()
+
+
 _WORKER = r"""
 import sys, datetime, torch, torch.distributed as dist
 import trainguard, trainguard.torch as tgt

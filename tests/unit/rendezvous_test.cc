@@ -137,34 +137,40 @@ TEST_F(Rendezvous, TheReplacedMemberIsFencedOutOfTheStore) {
   EXPECT_FALSE(ranks_[0]->member.superseded());
 }
 
-// A member that reads the newest generation's key itself (the Runtime's watcher does, with its hang
-// check) is marked superseded without waiting for a heartbeat's refusal: this one beats once an
+// A member that waits for the next generation's table (the Runtime's generation watcher does) is
+// marked superseded when it is published, without a heartbeat's refusal: this one beats once an
 // hour.
-TEST_F(Rendezvous, ANewerGenerationReadFromTheStoreMarksTheMemberSuperseded) {
+TEST_F(Rendezvous, AMemberWaitingForTheNextGenerationIsMarkedSupersededWhenItIsPublished) {
   std::unique_ptr<Store> store = shared_.NewClient();
   RendezvousMember member(store.get(), "host:rank0", absl::Hours(1));
+  absl::StatusOr<bool> before_joining = member.AwaitNewerGeneration(absl::Milliseconds(1));
+  EXPECT_TRUE(absl::IsFailedPrecondition(before_joining.status())) << before_joining.status();
   absl::StatusOr<Membership> joined = absl::UnknownError("not joined");
   std::thread join([&] { joined = member.JoinInitial(0, 1, kTimeout); });
   ASSERT_TRUE(coordinator_.FormInitialGeneration(1, kTimeout).ok());
   join.join();
   ASSERT_TRUE(joined.ok()) << joined.status();
-  auto current = [&]() -> std::optional<std::string> {
-    absl::StatusOr<std::string> v = store->Get(RendezvousMember::CurrentGenerationKey(), kTimeout);
-    EXPECT_TRUE(v.ok()) << v.status();
-    return v.ok() ? std::optional<std::string>(*v) : std::nullopt;
-  };
-  member.NoteCurrentGeneration(current());  // generation 0: its own
-  member.NoteCurrentGeneration(std::nullopt);
-  member.NoteCurrentGeneration("not a number");
+  absl::StatusOr<bool> nothing_newer = member.AwaitNewerGeneration(absl::Milliseconds(10));
+  ASSERT_TRUE(nothing_newer.ok()) << nothing_newer.status();
+  EXPECT_FALSE(*nothing_newer);
   EXPECT_FALSE(member.superseded());
 
+  absl::StatusOr<bool> newer = absl::UnknownError("not waited");
+  std::thread wait([&] { newer = member.AwaitNewerGeneration(kTimeout); });
   ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
-  member.NoteCurrentGeneration(current());
-  EXPECT_TRUE(member.superseded());
+  wait.join();
+  ASSERT_TRUE(newer.ok()) << newer.status();
+  EXPECT_TRUE(*newer);
   EXPECT_EQ(member.superseded_generation(), 0);
+  absl::StatusOr<bool> again = member.AwaitNewerGeneration(absl::Milliseconds(1));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(*again);  // still superseded: it has not adopted generation 1
+
   ASSERT_TRUE(member.AwaitGeneration(0, kTimeout).ok());
   EXPECT_FALSE(member.superseded());
-  member.NoteCurrentGeneration(current());  // generation 1: its own now
+  absl::StatusOr<bool> adopted = member.AwaitNewerGeneration(absl::Milliseconds(10));
+  ASSERT_TRUE(adopted.ok()) << adopted.status();
+  EXPECT_FALSE(*adopted);  // generation 1 is its own now
   EXPECT_FALSE(member.superseded());
 }
 

@@ -295,6 +295,74 @@ TEST_F(RuntimeRendezvous, ARankThatWasReplacedLearnsItAndStopsTraining) {
   EXPECT_EQ(JobStop(), std::nullopt);
 }
 
+// When a newer generation is published, every rank of the old one learns it from the store (the
+// generation watcher waits for the next generation's table): it aborts the factory's communicator
+// of the superseded generation, so that a collective blocked on a peer that left fails at once,
+// calls the trainer's superseded handlers once, and writes the event. Then the ranks meet in the
+// new generation, whose communicator is not aborted.
+TEST_F(RuntimeRendezvous, ARankLearnsThatItsGenerationWasSupersededAndAbortsItsCommunicators) {
+  StartJob();
+  std::vector<absl::StatusOr<int64_t>> start(kWorld);
+  std::vector<std::thread> starting;
+  for (int r = 0; r < kWorld; ++r) {
+    Prepare(*ranks_[r], r);
+    starting.emplace_back([&, r] { start[r] = ranks_[r]->Start(); });
+  }
+  for (std::thread& t : starting) t.join();
+  Mutex mu;
+  std::vector<std::vector<int64_t>> called(kWorld);  // guarded by mu
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(start[r].ok()) << start[r].status();
+    ranks_[r]->AddSupersededHandler([&, r](int64_t generation) {
+      MutexLock lock(&mu);
+      called[r].push_back(generation);
+    });
+  }
+  EXPECT_FALSE(Aborted(0, 0));
+
+  ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
+  auto all_told = [&] {
+    MutexLock lock(&mu);
+    for (int r = 0; r < kWorld; ++r) {
+      if (called[r].empty() || !Aborted(r, 0)) return false;
+    }
+    return true;
+  };
+  for (absl::Time end = absl::Now() + kTimeout; absl::Now() < end && !all_told();) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_TRUE(all_told());
+  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(ranks_[r]->superseded_generation(), 0);
+
+  std::vector<absl::StatusOr<int64_t>> next(kWorld);
+  std::vector<std::thread> recovering;
+  for (int r = 0; r < kWorld; ++r) {
+    recovering.emplace_back([&, r] { next[r] = ranks_[r]->recover(CommunicationFailure(5)); });
+  }
+  for (std::thread& t : recovering) t.join();
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(next[r].ok()) << next[r].status();
+    EXPECT_EQ(ranks_[r]->generation(), 1);
+    EXPECT_EQ(ranks_[r]->superseded_generation(), -1);
+    EXPECT_FALSE(Aborted(r, 1));
+  }
+  ranks_.clear();  // joins the watchers: no handler call after this
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_THAT(called[r], ElementsAre(0));  // once, for generation 0
+    auto events = ReadEventLog(Env::Default(), EventLogPath(dir_.path(), r));
+    ASSERT_TRUE(events.ok()) << events.status();
+    int superseded = 0;
+    for (const Event& e : events->events) {
+      if (e.Attribute("what") != "generation_superseded") continue;
+      ++superseded;
+      EXPECT_EQ(e.generation, 0);
+      EXPECT_THAT(e.message, HasSubstr("generation 0 was superseded"));
+      EXPECT_THAT(e.message, HasSubstr("1 communicator of it aborted, 1 handler called"));
+    }
+    EXPECT_EQ(superseded, 1) << "rank " << r;
+  }
+}
+
 // A step that cannot end once its generation is superseded (a collective blocked on a peer that is
 // gone without closing its connections) exits the process after superseded_step_exit_ms, so that
 // the launcher gives its rank to a standby sooner than its refused heartbeat's timeout would. In a

@@ -142,18 +142,28 @@ BufferView ViewOf(const std::string& name, const Array& a) {
 // The aborts the watchdog asks of communicators registered from Python. The watchdog's thread
 // must never wait for the GIL (the training thread may hold it while hung), so the abort function
 // it calls only queues the communicator's id here; a Python thread of trainguard.torch waits for
-// the request (GIL released) and aborts the torch process group. Thread-safe.
+// the request (GIL released) and aborts the torch process group. The Runtime's superseded handler
+// wakes that thread the same way (Wake), so that it aborts a superseded generation's group at once.
+// Thread-safe.
 class AbortRequests {
  public:
   void Request(uint64_t comm_id) {
     absl::MutexLock lock(&mu_);
     pending_.push_back(comm_id);
   }
-  // The next requested id, or nullopt after `timeout` or once closed.
+  // Ends the current (or the next) Wait early, with nullopt.
+  void Wake() {
+    absl::MutexLock lock(&mu_);
+    woken_ = true;
+  }
+  // The next requested id, or nullopt after `timeout`, after a Wake or once closed.
   std::optional<uint64_t> Wait(absl::Duration timeout) {
     absl::MutexLock lock(&mu_);
-    auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return closed_ || !pending_.empty(); };
+    auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return closed_ || woken_ || !pending_.empty();
+    };
     mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+    woken_ = false;
     if (pending_.empty()) return std::nullopt;
     const uint64_t id = pending_.front();
     pending_.erase(pending_.begin());
@@ -172,6 +182,7 @@ class AbortRequests {
   absl::Mutex mu_;
   std::vector<uint64_t> pending_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool woken_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 class PyRuntime {
@@ -182,6 +193,7 @@ class PyRuntime {
       nb::gil_scoped_release release;
       rt = ValueOrThrow(Runtime::Create(options));
       rt->AddObserver(&recorder_);
+      rt->AddSupersededHandler([aborts = aborts_](int64_t) { aborts->Wake(); });
     }
     runtime_ = std::move(rt);
   }
@@ -499,7 +511,9 @@ void BindRuntime(nb::module_& m) {
           },
           nb::arg("timeout_s"),
           "The id of a communicator registered from Python that a hang asked to abort, or None "
-          "after timeout_s or once the Runtime is closed. Releases the GIL while it waits.")
+          "after timeout_s, as soon as this rank learns that its generation was superseded (read "
+          "superseded_generation then), or once the Runtime is closed. Releases the GIL while it "
+          "waits.")
       .def(
           "unregister_communicator",
           [](PyRuntime& r, uint64_t comm_id) {

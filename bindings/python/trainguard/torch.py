@@ -412,9 +412,10 @@ class _AbortThread:
     longer complete, so that the training thread's blocked collective fails at once instead of
     waiting out the group's timeout:
 
-    - the generation was superseded (``rt._c.superseded_generation``: the store rejected this
-      rank's heartbeat because a peer died or asked for a re-rendezvous): the peers have left for
-      the new generation, and a rank waiting on one of them in a gloo ring would wait forever;
+    - the generation was superseded (``rt._c.superseded_generation``: a newer generation was
+      published because a peer died or asked for a re-rendezvous; the Runtime's superseded handler
+      ends this thread's wait at once): the peers have left for the new generation, and a rank
+      waiting on one of them in a gloo ring would wait forever;
     - a hang: the watchdog aborts the communicators registered when it declared the hang (not
       the next generation's, built meanwhile); the one init_process_group registered only queues
       its id (the watchdog's thread must not wait for the GIL), and this
