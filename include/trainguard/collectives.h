@@ -41,9 +41,7 @@
 // with one thread at a time per communicator (NCCL and gloo require that order anyway; the
 // per-communicator counters are not read-modify-write).
 // RegisterCommunicator/UnregisterCommunicator/EnableGpu from any thread, outside the hot path. Poll
-// from one polling thread at a time (the watchdog's). AbortCommunicators from any thread (the
-// watchdog's after a hang, the Runtime's when its generation is superseded): each registration's
-// abort runs at most once.
+// and AbortCommunicators from one polling thread at a time (the watchdog's).
 #ifndef TRAINGUARD_COLLECTIVES_H_
 #define TRAINGUARD_COLLECTIVES_H_
 

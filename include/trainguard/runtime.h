@@ -165,12 +165,17 @@ class Runtime {
   // Calls `handler(generation)` when this rank learns that `generation`, the one it is in, was
   // superseded: a thread of the Runtime waits (a store Wait, no polling) for the next generation's
   // rank table and calls it within milliseconds of the publication, or after the heartbeat's
-  // refusal, once per generation. The handler aborts the communicators the trainer built for that
-  // generation (trainguard.torch aborts its process group); the Runtime aborts the factory's
-  // communicator of that generation itself. It runs on the Runtime's thread, possibly while the
-  // training thread is in a step: it must be quick, must not block and must not call back into
-  // the Runtime. Any thread, before or after Start(); handlers are never removed, so what they
-  // capture must outlive the Runtime. Never called for a job without a store.
+  // refusal, once per generation. A handler may abort the communicators the trainer built for that
+  // generation (trainguard.torch aborts its process group), so that a collective blocked on a peer
+  // that left fails at once. The Runtime does not abort the factory's communicator: a rank that
+  // leaves its collective waits in the next generation for every member, and on one host a member
+  // that is stopped there (SIGSTOP, a hung process) is replaced only after the launcher's
+  // heartbeat timeout, where a rank still in the collective declares the hang, which names it (on
+  // several hosts the member's agent reports it stopped and it is replaced after --host-timeout).
+  // It runs on the Runtime's thread, possibly while the training thread is in a step: it must be
+  // quick, must not block and must not call back into the Runtime. Any thread, before or after
+  // Start(); handlers are never removed, so what they capture must outlive the Runtime. Never
+  // called for a job without a store.
   virtual void AddSupersededHandler(std::function<void(int64_t generation)> handler) = 0;
   // The step to start training at: 0 for an initial rank; for a standby that replaced a rank, the
   // step the job resumes at. After Start(), what Start() returned.

@@ -1000,15 +1000,10 @@ void RuntimeImpl::WatchGeneration() {
 }
 
 void RuntimeImpl::OnSuperseded(int64_t generation) {
-  // The factory's communicator of that generation (BuildCommunicator registers it as generation +
-  // 1), when it is the one registered: a rank blocked in one of its collectives on a peer that left
-  // fails at once. Another generation's has another id, and a trainer's own are its handlers' to
-  // abort.
-  const uint64_t comm_id = static_cast<uint64_t>(generation) + 1;
-  int aborted = 0;
-  if (collectives_ != nullptr && communicator_id_.load() == comm_id) {
-    aborted = collectives_->AbortCommunicators({comm_id});
-  }
+  // The factory's communicator is left alone: a rank that left its collective at once would wait
+  // in the next generation's rendezvous for every member, and on one host nothing but the heartbeat
+  // timeout replaces a member that is stopped there. Waiting in the collective, it declares the
+  // hang, which names the stopped rank (Launcher.AHangsSuspectIsReplacedThough...).
   std::vector<std::function<void(int64_t)>> handlers;
   {
     MutexLock lock(&superseded_handlers_mu_);
@@ -1020,9 +1015,8 @@ void RuntimeImpl::OnSuperseded(int64_t generation) {
   event.step = heartbeat_.Read().step;
   event.message = absl::StrFormat(
       "generation %d was superseded (a newer one is published: a peer died or a rank asked for a "
-      "re-rendezvous); %d communicator%s of it aborted, %d handler%s called",
-      generation, aborted, aborted == 1 ? "" : "s", handlers.size(),
-      handlers.size() == 1 ? "" : "s");
+      "re-rendezvous); %d handler%s called",
+      generation, handlers.size(), handlers.size() == 1 ? "" : "s");
   event.attributes = {{"what", "generation_superseded"}};
   (void)EmitEventOf(generation, std::move(event));
 }

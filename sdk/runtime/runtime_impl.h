@@ -203,8 +203,7 @@ class RuntimeImpl final : public Runtime {
   // longest ~Runtime waits for it) and calls OnSuperseded once per superseded generation.
   void WatchGeneration();
   static constexpr absl::Duration kGenerationWaitSlice = absl::Milliseconds(200);
-  // Generation watcher: aborts the factory's communicator of `generation`, calls the superseded
-  // handlers and writes the event generation_superseded.
+  // Generation watcher: calls the superseded handlers and writes the event generation_superseded.
   void OnSuperseded(int64_t generation);
   // On the watcher's thread: exits the process (Runtime::kSupersededStepExitCode) once one step
   // has gone on for superseded_step_exit_ms while this rank's generation is superseded.
@@ -262,9 +261,7 @@ class RuntimeImpl final : public Runtime {
   // running while the training thread lets go of it. Its deleter also owns the generation's
   // PrefixStore (CommunicatorSpec::store), destroyed after the communicator.
   std::shared_ptr<Communicator> communicator_;
-  // Registered in collectives_ (0: none). Written by the training thread, read by the generation
-  // watcher (OnSuperseded).
-  std::atomic<uint64_t> communicator_id_{0};
+  uint64_t communicator_id_ = 0;  // registered in collectives_; 0: none
   StateRegistry state_;
   bool checkpointing_ = false;
   bool snapshot_unfenced_ = false;  // training thread only
