@@ -9,7 +9,7 @@
 //                     [--mix host_kill=1,partition=1,kill=1,stop=1,nan=1]
 //                     [--faults 10s:host_kill:0,30s:partition:2] [--run-dir DIR] [--png FILE]
 //                     [--heartbeat-timeout 5] [--host-timeout 3] [--checkpoint-every-steps 50]
-//                     [--mode trainguard|baseline|both] [-- COMMAND...]
+//                     [--snapshot-every-steps N] [--mode trainguard|baseline|both] [-- COMMAND...]
 //
 // --mode both (the default) runs the job twice on the same schedule, one after the other, like
 // `trainguard chaos`: trainguard (DIR/trainguard) as described below, then the baseline
@@ -31,7 +31,8 @@
 // working directory, as `trainguard chaos -- COMMAND` takes it: the PyTorch example under
 // .venv/bin/python, whose restart costs what torch's import costs; it must do what the mix asks of
 // it: --nan-on-sigusr1 for nan, --drop-on-sigurg for drop), snapshots in memory every
-// --checkpoint-every-steps / 10 steps, on disk every --checkpoint-every-steps. The store is a
+// --snapshot-every-steps (default --checkpoint-every-steps / 10, at least 1), on disk every
+// --checkpoint-every-steps. The store is a
 // TcpStore this program serves on 127.0.1.254.
 //
 // The schedule: PlanFaults (tools/chaos_command.h) over the world's ranks, or --faults (fixed
@@ -129,7 +130,8 @@ constexpr char kUsage[] =
     "                         [--mix host_kill=1,partition=1,kill=1,stop=1,nan=1]\n"
     "                         [--faults AT:KIND:RANK,...] [--run-dir DIR] [--png FILE]\n"
     "                         [--heartbeat-timeout 5] [--host-timeout 3]\n"
-    "                         [--checkpoint-every-steps 50] [--mode trainguard|baseline|both]\n"
+    "                         [--checkpoint-every-steps 50] [--snapshot-every-steps N]\n"
+    "                         [--mode trainguard|baseline|both]\n"
     "                         [-- COMMAND...]\n";
 
 struct Config {
@@ -147,6 +149,7 @@ struct Config {
   int heartbeat_timeout_s = 5;
   double host_timeout_s = 3;
   int checkpoint_every_steps = 50;
+  int snapshot_every_steps = 0;  // 0: checkpoint_every_steps / 10 (at least 1)
   std::vector<std::string> modes = {"trainguard", "baseline"};
   // The trainer each rank runs (after `--`); empty: the example trainer with chaos's flags.
   std::vector<std::string> command;
@@ -231,6 +234,8 @@ absl::StatusOr<Config> ParseArguments(int argc, char** argv) {
       }
     } else if (flag == "--checkpoint-every-steps") {
       status = need_count(&config.checkpoint_every_steps);
+    } else if (flag == "--snapshot-every-steps") {
+      status = need_count(&config.snapshot_every_steps);
     } else if (flag == "--duration" || flag == "--mean-interval") {
       absl::StatusOr<absl::Duration> d = ParseDuration(flag, value);
       if (!d.ok()) return d.status();
@@ -422,7 +427,8 @@ absl::Status ChaosOnHosts::SetUp() {
 
 absl::Status ChaosOnHosts::StartHost(int slot, bool standby) {
   const int every = config_.checkpoint_every_steps;
-  const int snapshot_every = std::max(1, every / 10);
+  const int snapshot_every =
+      config_.snapshot_every_steps > 0 ? config_.snapshot_every_steps : std::max(1, every / 10);
   const std::string& run = dir_;  // the job's run dir, beside the host logs
   std::vector<std::string> argv = {TRAINGUARD_CLI_PATH,
                                    "run",

@@ -82,6 +82,7 @@ struct ChaosConfig {
   std::string run_dir;
   int heartbeat_timeout_s = 5;
   int checkpoint_every_steps = 50;
+  int snapshot_every_steps = 0;  // 0: checkpoint_every_steps / 10 (at least 1)
   bool wait_for_exit = false;
   std::string png;
   std::vector<std::string> command;
@@ -241,8 +242,8 @@ absl::Status ChaosRun::StartLauncher() {
                                    "--heartbeat-timeout",
                                    absl::StrCat(config_.heartbeat_timeout_s)};
   // Both write a checkpoint to disk every --checkpoint-every-steps steps. trainguard also keeps
-  // in-memory snapshots ten times as often (what its replacements restore); the baseline, like
-  // torchrun, has only the disk.
+  // in-memory snapshots every --snapshot-every-steps (by default ten times as often: what its
+  // replacements restore); the baseline, like torchrun, has only the disk.
   const int every = config_.checkpoint_every_steps;
   std::vector<std::pair<std::string, std::string>> env;
   if (mode_ == "baseline") {
@@ -253,7 +254,8 @@ absl::Status ChaosRun::StartLauncher() {
     // Faults arrive at random: a rank hit twice within a minute is not in a crash loop.
     args.insert(args.end(), {"--standby", absl::StrCat(config_.standby), "--max-replacements",
                              "100000", "--restart-backoff", "0"});
-    const int snapshot_every = std::max(1, every / 10);
+    const int snapshot_every =
+        config_.snapshot_every_steps > 0 ? config_.snapshot_every_steps : std::max(1, every / 10);
     env = {{"TRAINGUARD_CHECKPOINT_EVERY_STEPS", absl::StrCat(snapshot_every)},
            {"TRAINGUARD_CHECKPOINT_PERSIST_EVERY", absl::StrCat(std::max(1, every / snapshot_every))}};
   }
@@ -506,6 +508,9 @@ absl::StatusOr<ChaosConfig> ParseChaosArguments(const std::vector<std::string>& 
     } else if (flag == "--checkpoint-every-steps") {
       status = count(1);
       config.checkpoint_every_steps = n;
+    } else if (flag == "--snapshot-every-steps") {
+      status = count(1);
+      config.snapshot_every_steps = n;
     } else if (flag == "--png") {
       config.png = value;
     } else {
@@ -550,7 +555,8 @@ constexpr char kChaosHelp[] =
     "for the job to finish by itself instead of stopping it.\n"
     "\n"
     "Defaults: --nproc 4 --standby 2 --duration 10m --mean-interval 20s --seed 1\n"
-    "--mix kill=1,stop=1,nan=1 --heartbeat-timeout 5 --checkpoint-every-steps 50.\n"
+    "--mix kill=1,stop=1,nan=1 --heartbeat-timeout 5 --checkpoint-every-steps 50\n"
+    "--snapshot-every-steps (checkpoint-every-steps / 10, at least 1).\n"
     "\n"
     "Exit status: 0 every run ran (with --wait-for-exit: and its job succeeded); 1 a run could\n"
     "not be started or its job failed; 2 bad usage.\n";
@@ -620,11 +626,13 @@ absl::StatusOr<std::vector<std::pair<std::string, int>>> ParseMix(const std::str
 }
 
 std::string ChaosUsage() {
-  return "usage: trainguard chaos [--nproc N] [--standby K] [--duration 10m] [--mean-interval 20s]\n"
+  return "usage: trainguard chaos [--nproc N] [--standby K] [--duration 10m] [--mean-interval "
+         "20s]\n"
          "                        [--seed S] [--mix kill=1,stop=1,nan=1]\n"
          "                        [--mode both|trainguard|baseline] [--run-dir DIR]\n"
          "                        [--heartbeat-timeout SECONDS] [--checkpoint-every-steps N]\n"
-         "                        [--wait-for-exit] [--png FILE] [-- COMMAND...]\n";
+         "                        [--snapshot-every-steps N] [--wait-for-exit] [--png FILE]\n"
+         "                        [-- COMMAND...]\n";
 }
 
 absl::Status AppendChaosEvent(EventLog* events, int rank, const std::string& what,

@@ -5,7 +5,7 @@
 //   trainguard chaos [--nproc N] [--standby K] [--duration 10m] [--mean-interval 20s] [--seed S]
 //                    [--mix kill=2,stop=1,nan=1] [--mode both|trainguard|baseline]
 //                    [--run-dir DIR] [--heartbeat-timeout SECONDS] [--checkpoint-every-steps N]
-//                    [--wait-for-exit] [--png FILE] [-- COMMAND...]
+//                    [--snapshot-every-steps N] [--wait-for-exit] [--png FILE] [-- COMMAND...]
 //
 // The schedule (PlanFaults) is a Poisson process: exponential gaps of mean --mean-interval over
 // --duration, each fault's kind drawn from --mix by weight and its rank uniformly, all from --seed,
@@ -29,8 +29,9 @@
 // trainguard: `trainguard run --standby K` (a dead or hung rank is replaced by a warm standby, the
 // survivors keep their processes). baseline: `trainguard run --restart-all` (every rank is stopped
 // and the whole job restarts from the newest checkpoint on disk). Both checkpoint every
-// --checkpoint-every-steps steps to disk; trainguard also snapshots to memory ten times as often
-// (TRAINGUARD_CHECKPOINT_EVERY_STEPS and _PERSIST_EVERY are set for the launcher).
+// --checkpoint-every-steps steps to disk; trainguard also snapshots to memory every
+// --snapshot-every-steps (default: ten times as often as to disk; TRAINGUARD_CHECKPOINT_EVERY_STEPS
+// and _PERSIST_EVERY are set for the launcher).
 // Without a COMMAND, the example trainer found beside this binary runs with --steps 1e9
 // --step-time-ms 50 --progress-events 1 --nan-on-sigusr1 1. At --duration the job is stopped
 // (SIGINT to its launcher); with --wait-for-exit, faults are injected for --duration and then the
