@@ -979,9 +979,10 @@ void RuntimeImpl::WatchPeerHangs() {
 
 void RuntimeImpl::WatchGeneration() {
   int64_t announced = -1;  // the last generation OnSuperseded was called for
+  const absl::Duration slice = absl::Milliseconds(options_.heartbeat_interval_ms);
   while (true) {
     const int64_t held = member_->generation();
-    absl::StatusOr<bool> superseded = member_->AwaitNewerGeneration(kGenerationWaitSlice);
+    absl::StatusOr<bool> superseded = member_->AwaitNewerGeneration(slice);
     if (superseded.ok() && *superseded && held != announced &&
         member_->superseded_generation() == held) {
       announced = held;

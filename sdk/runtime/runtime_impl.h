@@ -199,10 +199,10 @@ class RuntimeImpl final : public Runtime {
                             int64_t* symbolize_ms = nullptr);
   void WatchPeerHangs();  // and SIGUSR2 dump requests, and publishes this rank's progress
   // The generation watcher's thread (with a store): waits for the table of the generation after
-  // this rank's (RendezvousMember::AwaitNewerGeneration, in slices of kGenerationWaitSlice, the
-  // longest ~Runtime waits for it) and calls OnSuperseded once per superseded generation.
+  // this rank's (RendezvousMember::AwaitNewerGeneration) and calls OnSuperseded once per superseded
+  // generation. Each wait lasts heartbeat_interval_ms: as much store traffic as the heartbeat (an
+  // etcd store opens a watch per wait), and the longest ~Runtime waits for the thread.
   void WatchGeneration();
-  static constexpr absl::Duration kGenerationWaitSlice = absl::Milliseconds(200);
   // Generation watcher: calls the superseded handlers and writes the event generation_superseded.
   void OnSuperseded(int64_t generation);
   // On the watcher's thread: exits the process (Runtime::kSupersededStepExitCode) once one step
