@@ -1005,12 +1005,46 @@ void RuntimeImpl::OnSuperseded(int64_t generation) {
   // in the next generation's rendezvous for every member, and on one host nothing but the heartbeat
   // timeout replaces a member that is stopped there. Waiting in the collective, it declares the
   // hang, which names the stopped rank (Launcher.AHangsSuspectIsReplacedThough...).
+  //
+  // A peer declared a hang in this generation, and this rank has not dumped it (its own bound had
+  // not run out, and the hang watcher reads the key of the rank's current generation only, which
+  // is about to be the next one): its evidence is captured now, while it still waits where the
+  // hang found it, and written once the handlers have let it go, so that the launcher's diagnosis
+  // has every rank's dump (it waits for them, kHangDumpGrace at most).
+  std::optional<CapturedEvidence> captured;
+  std::string declared_by;
+  if (store_ != nullptr) {
+    const absl::Time asked = absl::Now();
+    absl::StatusOr<std::string> who =
+        store_->Get(absl::StrCat("hang/gen", generation), absl::Seconds(2));
+    MutexLock lock(&dump_mu_);
+    if (who.ok() && dumped_generation_ != generation) {
+      dumped_generation_ = generation;
+      hang_key_seen_ = asked;
+      declared_by = *who;
+      captured = CaptureEvidence();
+    }
+  }
   std::vector<std::function<void(int64_t)>> handlers;
   {
     MutexLock lock(&superseded_handlers_mu_);
     handlers = superseded_handlers_;
   }
   for (const std::function<void(int64_t)>& handler : handlers) handler(generation);
+  if (captured.has_value()) {
+    const std::string reason = absl::StrCat("a peer declared a hang: ", declared_by);
+    std::string path;
+    {
+      MutexLock lock(&dump_mu_);
+      path = WriteEvidence(*captured, reason, generation, nullptr);
+    }
+    Event dumped;
+    dumped.type = EventType::kHang;
+    dumped.step = heartbeat_.Read().step;
+    dumped.message = absl::StrCat(reason, " (dumped as its generation was superseded)");
+    dumped.attributes = {{"remote", "true"}, {"dump", path}};
+    (void)EmitEventOf(generation, std::move(dumped));
+  }
   Event event;
   event.type = EventType::kCustom;
   event.step = heartbeat_.Read().step;

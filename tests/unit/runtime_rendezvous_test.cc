@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <set>
@@ -89,6 +90,7 @@ class RuntimeRendezvous : public ::testing::Test {
     o.rendezvous_timeout_ms = 20'000;
     o.heartbeat_interval_ms = 20;
     if (superseded_step_exit_ms_ >= 0) o.superseded_step_exit_ms = superseded_step_exit_ms_;
+    if (watchdog_poll_ms_ >= 0) o.watchdog_poll_ms = watchdog_poll_ms_;
     return o;
   }
 
@@ -184,6 +186,7 @@ class RuntimeRendezvous : public ::testing::Test {
 
   static constexpr int kWorld = 3;
   int superseded_step_exit_ms_ = -1;  // -1: the default
+  int watchdog_poll_ms_ = -1;         // -1: the default
   std::array<std::vector<float>, kWorld + 1> state_ = {
       std::vector<float>(8, 0.0f), std::vector<float>(8, 0.0f), std::vector<float>(8, 0.0f),
       std::vector<float>(8, -1.0f)};
@@ -362,6 +365,44 @@ TEST_F(RuntimeRendezvous, ARankLearnsThatItsGenerationWasSupersededAndCallsItsHa
       EXPECT_THAT(e.message, HasSubstr("1 handler called"));
     }
     EXPECT_EQ(superseded, 1) << "rank " << r;
+  }
+}
+
+// A peer declared a hang in generation 0 (its hang key) and the generation is superseded before
+// the other ranks dumped it: each dumps its evidence as it learns of the new generation, so that
+// the launcher's diagnosis of that hang has every rank's dump. Without the watchdog (poll 0) there
+// is no hang watcher, so only the generation watcher can dump here.
+TEST_F(RuntimeRendezvous, ARankLeavingAGenerationWithAPeersHangDumpsItsEvidenceFirst) {
+  watchdog_poll_ms_ = 0;
+  StartJob();
+  ASSERT_TRUE(
+      coordinator_store_->Set("hang/gen0", "rank 0: hang (phase) at step 7", kTimeout).ok());
+  ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
+  auto all_dumped = [&] {
+    for (int r = 0; r < kWorld; ++r) {
+      if (ranks_[r]->hang_dumps() < 1) return false;
+    }
+    return true;
+  };
+  for (absl::Time end = absl::Now() + kTimeout; absl::Now() < end && !all_dumped();) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_TRUE(all_dumped());
+  ranks_.clear();  // joins the watchers
+  for (int r = 0; r < kWorld; ++r) {
+    auto events = ReadEventLog(Env::Default(), EventLogPath(dir_.path(), r));
+    ASSERT_TRUE(events.ok()) << events.status();
+    std::vector<std::string> dumps;
+    for (const Event& e : events->events) {
+      if (e.type != EventType::kHang) continue;
+      EXPECT_EQ(e.generation, 0);
+      EXPECT_EQ(e.Attribute("remote"), "true");
+      EXPECT_THAT(e.message, HasSubstr("a peer declared a hang: rank 0: hang (phase) at step 7 "
+                                       "(dumped as its generation was superseded)"));
+      dumps.push_back(std::string(e.Attribute("dump")));
+    }
+    ASSERT_EQ(dumps.size(), 1u) << "rank " << r;
+    EXPECT_TRUE(std::filesystem::exists(dumps[0])) << dumps[0];
   }
 }
 
