@@ -966,15 +966,20 @@ void RuntimeImpl::WatchPeerHangs() {
     if (dumped_generation_ == generation) continue;  // this hang is dumped already
     dumped_generation_ = generation;
     hang_key_seen_ = asked;
-    const std::string reason = absl::StrCat("a peer declared a hang: ", *who);
-    const std::string path = DumpEvidence(reason, generation, nullptr);
-    Event event;
-    event.type = EventType::kHang;
-    event.step = heartbeat_.Read().step;
-    event.message = reason;
-    event.attributes = {{"remote", "true"}, {"dump", path}};
-    (void)EmitEventOf(generation, std::move(event));
+    WritePeerHangDump(CaptureEvidence(), generation, *who, "");
   }
+}
+
+void RuntimeImpl::WritePeerHangDump(const CapturedEvidence& captured, int64_t generation,
+                                    const std::string& declared_by, absl::string_view how) {
+  const std::string reason = absl::StrCat("a peer declared a hang: ", declared_by);
+  const std::string path = WriteEvidence(captured, reason, generation, nullptr);
+  Event event;
+  event.type = EventType::kHang;
+  event.step = heartbeat_.Read().step;
+  event.message = absl::StrCat(reason, how);
+  event.attributes = {{"remote", "true"}, {"dump", path}};
+  (void)EmitEventOf(generation, std::move(event));
 }
 
 void RuntimeImpl::WatchGeneration() {
@@ -1032,18 +1037,9 @@ void RuntimeImpl::OnSuperseded(int64_t generation) {
   }
   for (const std::function<void(int64_t)>& handler : handlers) handler(generation);
   if (captured.has_value()) {
-    const std::string reason = absl::StrCat("a peer declared a hang: ", declared_by);
-    std::string path;
-    {
-      MutexLock lock(&dump_mu_);
-      path = WriteEvidence(*captured, reason, generation, nullptr);
-    }
-    Event dumped;
-    dumped.type = EventType::kHang;
-    dumped.step = heartbeat_.Read().step;
-    dumped.message = absl::StrCat(reason, " (dumped as its generation was superseded)");
-    dumped.attributes = {{"remote", "true"}, {"dump", path}};
-    (void)EmitEventOf(generation, std::move(dumped));
+    MutexLock lock(&dump_mu_);
+    WritePeerHangDump(*captured, generation, declared_by,
+                      " (dumped as its generation was superseded)");
   }
   Event event;
   event.type = EventType::kCustom;

@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "sdk/checkpoint/checkpointer.h"
 #include "sdk/core/event_log.h"
@@ -198,6 +199,11 @@ class RuntimeImpl final : public Runtime {
                             int64_t generation, std::string* stacks_out,
                             int64_t* symbolize_ms = nullptr);
   void WatchPeerHangs();  // and SIGUSR2 dump requests, and publishes this rank's progress
+  // Writes this rank's dump of a hang that `declared_by` (the hang key's value) declared in
+  // `generation`, and its `hang` event (remote=true; `how` is appended to the message). REQUIRES:
+  // dump_mu_ held, dumped_generation_ already set to `generation`.
+  void WritePeerHangDump(const CapturedEvidence& captured, int64_t generation,
+                         const std::string& declared_by, absl::string_view how);
   // The generation watcher's thread (with a store): waits for the table of the generation after
   // this rank's (RendezvousMember::AwaitNewerGeneration) and calls OnSuperseded once per superseded
   // generation. Each wait lasts heartbeat_interval_ms: as much store traffic as the heartbeat (an
