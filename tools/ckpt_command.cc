@@ -16,6 +16,7 @@
 #include "sdk/checkpoint/persister.h"
 #include "tools/cli_output.pb.h"
 #include "tools/print_json.h"
+#include "tools/safetensors_export.h"
 #include "tools/usage.h"
 #include "trainguard/env.h"
 
@@ -34,6 +35,8 @@ struct CkptArgs {
   std::string dir;
   std::optional<int64_t> step;
   bool json = false;
+  std::string out;  // export: the file to write
+  int rank = 0;     // export: the rank whose shard is written
   // For manifests that do not record the world size: the highest rank in the directory plus one.
   int inferred_world = 0;
 };
@@ -81,8 +84,13 @@ std::string HumanBytes(uint64_t bytes) {
   return absl::StrFormat("%d B", bytes);
 }
 
+bool IsVerb(const std::string& verb) {
+  return verb == "list" || verb == "inspect" || verb == "verify" || verb == "export";
+}
+
 std::optional<CkptArgs> Parse(const std::vector<std::string>& args) {
   CkptArgs a;
+  bool has_rank = false;
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--json") {
       a.json = true;
@@ -90,6 +98,12 @@ std::optional<CkptArgs> Parse(const std::vector<std::string>& args) {
       int64_t step;
       if (!absl::SimpleAtoi(args[++i], &step)) return std::nullopt;
       a.step = step;
+    } else if (args[i] == "--out" && i + 1 < args.size()) {
+      a.out = args[++i];
+      if (a.out.empty()) return std::nullopt;
+    } else if (args[i] == "--rank" && i + 1 < args.size()) {
+      if (!absl::SimpleAtoi(args[++i], &a.rank) || a.rank < 0) return std::nullopt;
+      has_rank = true;
     } else if (!args[i].empty() && args[i][0] == '-') {
       return std::nullopt;  // an unknown flag, not a DIR
     } else if (a.verb.empty()) {
@@ -100,10 +114,12 @@ std::optional<CkptArgs> Parse(const std::vector<std::string>& args) {
       return std::nullopt;
     }
   }
-  if (a.dir.empty() || (a.verb != "list" && a.verb != "inspect" && a.verb != "verify")) {
-    return std::nullopt;
-  }
+  if (a.dir.empty() || !IsVerb(a.verb)) return std::nullopt;
   if (a.step && a.verb == "list") return std::nullopt;
+  // --out and --rank belong to export, which requires --out and prints no JSON.
+  if ((a.verb == "export") != !a.out.empty()) return std::nullopt;
+  if (a.verb == "export" && a.json) return std::nullopt;
+  if (has_rank && a.verb != "export") return std::nullopt;
   return a;
 }
 
@@ -267,12 +283,86 @@ int Verify(const CkptArgs& a, const std::vector<ShardRecord>& shards) {
   return bad_count == 0 ? kExitOk : kExitDataError;
 }
 
+// The step export takes: --step's, which must be committed and complete, or the newest complete
+// step. An error message when there is none.
+absl::StatusOr<int64_t> ExportStep(const CkptArgs& a, const std::map<int64_t, StepShards>& steps) {
+  auto missing = [](const StepShards& s) {
+    std::vector<std::string> files;
+    for (int rank : s.missing) files.push_back(MissingShardPath(s, rank));
+    return absl::StrJoin(files, ", ");
+  };
+  if (a.step) {
+    auto it = steps.find(*a.step);
+    if (it == steps.end()) {
+      std::vector<int64_t> known;
+      for (const auto& [step, s] : steps) known.push_back(step);
+      return absl::NotFoundError(
+          absl::StrFormat("no committed shard of step %d in %s (committed steps: %s)", *a.step,
+                          a.dir, known.empty() ? "none" : absl::StrJoin(known, ", ")));
+    }
+    if (!it->second.complete()) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "step %d in %s is incomplete: no committed %s", *a.step, a.dir, missing(it->second)));
+    }
+    return *a.step;
+  }
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    if (it->second.complete()) return it->first;
+  }
+  return absl::NotFoundError(
+      absl::StrFormat("no complete committed step in %s%s", a.dir,
+                      steps.empty() ? " (no committed shards)"
+                                    : absl::StrFormat(" (step %d lacks %s)", steps.rbegin()->first,
+                                                      missing(steps.rbegin()->second))));
+}
+
+int Export(const CkptArgs& a, const std::vector<ShardRecord>& shards) {
+  const std::map<int64_t, StepShards> steps = ByStep(a, shards);
+  absl::StatusOr<int64_t> step = ExportStep(a, steps);
+  if (!step.ok()) {
+    absl::FPrintF(stderr, "trainguard ckpt export: %s\n", step.status().message());
+    return kExitDataError;
+  }
+  const StepShards& chosen = steps.at(*step);
+  const ShardRecord* shard = nullptr;
+  int world = 0;
+  for (const ShardRecord* r : chosen.shards) {
+    if (r->rank == a.rank) shard = r;
+    world = std::max(world, r->world_size);
+  }
+  if (world == 0) world = a.inferred_world;
+  if (shard == nullptr) {
+    absl::FPrintF(stderr, "trainguard ckpt export: step %d in %s has no rank %d (world size %d)\n",
+                  *step, a.dir, a.rank, world);
+    return kExitDataError;
+  }
+  const std::vector<std::pair<std::string, std::string>> metadata = {
+      {"format", "pt"},
+      {"trainguard_step", absl::StrCat(*step)},
+      {"trainguard_rank", absl::StrCat(a.rank)},
+      {"trainguard_world_size", absl::StrCat(world)},
+      {"trainguard_generation", absl::StrCat(shard->generation)},
+      {"trainguard_layout_hash", absl::StrFormat("%016x", shard->layout_hash)},
+      {"trainguard_shard", shard->shard_path},
+  };
+  absl::StatusOr<SafetensorsExportSummary> summary =
+      ExportShardAsSafetensors(Env::Default(), *shard, metadata, a.out);
+  if (!summary.ok()) {
+    absl::FPrintF(stderr, "trainguard ckpt export: %s\n", summary.status().message());
+    return kExitDataError;
+  }
+  absl::PrintF("exported step %d rank %d of %d (%d tensors, %d blobs, %s) to %s\n", *step, a.rank,
+               world, summary->tensors, summary->blobs, HumanBytes(summary->file_bytes), a.out);
+  return kExitOk;
+}
+
 }  // namespace
 
 std::string CkptUsage() {
   return "usage: trainguard ckpt list DIR [--json]\n"
          "       trainguard ckpt inspect DIR [--step S] [--json]\n"
-         "       trainguard ckpt verify DIR [--step S] [--json]\n";
+         "       trainguard ckpt verify DIR [--step S] [--json]\n"
+         "       trainguard ckpt export DIR [--step S] [--rank R] --out FILE\n";
 }
 
 namespace {
@@ -301,12 +391,25 @@ std::string CkptHelp(const std::string& verb) {
         "prints one CORRUPT line per bad chunk (file, offset, rank, step) and exits 1 if any.\n",
         kCkptExitStatus);
   }
+  if (verb == "export") {
+    return absl::StrCat(
+        "usage: trainguard ckpt export DIR [--step S] [--rank R] --out FILE\n\n",
+        "Writes rank R's shard (default 0) of step S (default: the newest complete committed\n"
+        "step) as one safetensors file: every registered buffer as a tensor under its name, every\n"
+        "blob as a U8 tensor \"__blob__/<name>\"; the step, rank and world size in __metadata__.\n"
+        "Every chunk of the shard is verified first; FILE appears only once complete. The ranks\n"
+        "of a data-parallel job hold the same state, so rank 0's is the model; with tensor or\n"
+        "pipeline parallelism each rank holds its own part.\n"
+        "\nExit status: 0 success, 1 no such step or rank, a corrupt or missing shard, or FILE\n"
+        "cannot be written, 2 bad usage.\n");
+  }
   return absl::StrCat(CkptUsage(),
                       "\n"
                       "Reads the checkpoint shards a Persister wrote to DIR; no job needs to run.\n"
                       "  list     the committed steps\n"
                       "  inspect  one step's shards\n"
                       "  verify   every chunk of every committed shard\n"
+                      "  export   one rank's shard of a step as a safetensors file\n"
                       "`trainguard ckpt VERB --help` describes one verb.\n",
                       kCkptExitStatus);
 }
@@ -317,7 +420,7 @@ int RunCkptCommand(const std::vector<std::string>& args) {
   if (AsksForHelp(args)) {
     // The verb, when one was named, is the first word; an unknown one is still bad usage.
     const std::string verb = args.empty() || args[0].starts_with("-") ? "" : args[0];
-    if (!verb.empty() && verb != "list" && verb != "inspect" && verb != "verify") {
+    if (!verb.empty() && !IsVerb(verb)) {
       absl::FPrintF(stderr, "trainguard ckpt: unknown verb %s\n%s", verb, CkptUsage());
       return kExitUsageError;
     }
@@ -336,6 +439,7 @@ int RunCkptCommand(const std::vector<std::string>& args) {
     return kExitDataError;
   }
   for (const ShardRecord& r : *shards) a->inferred_world = std::max(a->inferred_world, r.rank + 1);
+  if (a->verb == "export") return Export(*a, *shards);
   if (a->step) {
     std::erase_if(*shards, [&](const ShardRecord& r) { return r.step != *a->step; });
   }

@@ -1,7 +1,7 @@
 // The `trainguard` command line.
 //
 //   trainguard version
-//   trainguard ckpt list|inspect|verify DIR [--json]   checkpoint shards (tools/ckpt_command.h)
+//   trainguard ckpt list|inspect|verify|export DIR ... checkpoint shards (tools/ckpt_command.h)
 //   trainguard flight-recorder show|dump|remove|diagnose ...  a rank's flight recorder, a hang
 //                                                      (tools/flight_recorder_command.h)
 //   trainguard events [--json] FILE|RUN_DIR...    print event files (a run dir means all its
@@ -48,6 +48,7 @@ constexpr char kUsage[] =
     "       trainguard chaos [--duration 10m] [--mean-interval 20s] [--seed S] ... [-- COMMAND...]\n"
     "       trainguard report RUN_DIR [--json] [--png FILE]\n"
     "       trainguard ckpt list|inspect|verify DIR [--step S] [--json]\n"
+    "       trainguard ckpt export DIR [--step S] [--rank R] --out FILE\n"
     "       trainguard flight-recorder show|dump|remove|diagnose ...\n";
 
 constexpr char kHelp[] =
@@ -57,7 +58,7 @@ constexpr char kHelp[] =
     "  run              start a job's ranks and warm standbys; replace ranks that die\n"
     "  chaos            run a job under seeded real faults, and its restart-all baseline\n"
     "  report           ETTR, detection latency and recovery of a chaos run\n"
-    "  ckpt             list, inspect and verify persisted checkpoint shards\n"
+    "  ckpt             list, inspect, verify and export persisted checkpoint shards\n"
     "  flight-recorder  read a rank's flight recorder; diagnose a hang\n"
     "`trainguard COMMAND --help` describes one command.\n"
     "\n"

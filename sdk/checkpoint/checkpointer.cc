@@ -21,6 +21,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "sdk/checkpoint/payload_layout.h"
 #include "sdk/checkpoint/persister.h"
 #include "sdk/core/mutex.h"
 #include "trainguard/env.h"
@@ -102,6 +103,7 @@ class Checkpointer::Impl {
        std::unique_ptr<Snapshotter> snapshotter, std::unique_ptr<Persister> persister,
        std::unique_ptr<PeerBackups> peers)
       : registry_(registry),
+        layout_(LayoutOf(*registry)),
         options_(std::move(options)),
         env_(options_.env != nullptr ? options_.env : Env::Default()),
         snapshotter_(std::move(snapshotter)),
@@ -388,7 +390,7 @@ class Checkpointer::Impl {
     }
     absl::StatusOr<ShardRecord> record =
         persister_->Persist(job.step, options_.rank, generation, view->info.layout_hash,
-                            view->payload, view->chunk_checksums);
+                            view->payload, view->chunk_checksums, &layout_);
     outcome.persist_time = absl::Now() - persist_start;
     if (!record.ok()) {
       if (outcome.status.ok()) outcome.status = record.status();
@@ -838,6 +840,7 @@ class Checkpointer::Impl {
   }
 
   StateRegistry* const registry_;
+  const PayloadLayout layout_;  // recorded in every manifest, for `trainguard ckpt export`
   const CheckpointerOptions options_;
   Env* const env_;
   const std::unique_ptr<Snapshotter> snapshotter_;

@@ -220,6 +220,42 @@ class ShardScanner {
   std::vector<CorruptChunk> corrupt_;
 };
 
+proto::PayloadLayout LayoutToProto(const PayloadLayout& layout) {
+  proto::PayloadLayout out;
+  for (size_t i = 0; i < layout.buffers.size(); ++i) {
+    const StateBuffer& b = layout.buffers[i];
+    proto::PayloadLayout::Buffer* buffer = out.add_buffers();
+    buffer->set_name(b.name);
+    buffer->set_group(b.group);
+    buffer->set_dtype(static_cast<int32_t>(b.dtype));
+    for (int64_t dim : b.shape) buffer->add_shape(dim);
+    buffer->set_device_kind(static_cast<int32_t>(b.device.kind));
+    buffer->set_device_index(b.device.index);
+    buffer->set_payload_offset(layout.offsets[i]);
+    buffer->set_bytes(b.bytes);
+  }
+  out.set_blob_offset(layout.blob_offset);
+  return out;
+}
+
+// As recorded: a reader checks it against the payload and the layout hash before trusting it.
+PayloadLayout LayoutFromProto(const proto::PayloadLayout& recorded) {
+  PayloadLayout layout;
+  for (const proto::PayloadLayout::Buffer& b : recorded.buffers()) {
+    StateBuffer buffer;
+    buffer.name = b.name();
+    buffer.group = b.group();
+    buffer.dtype = static_cast<DType>(b.dtype());
+    buffer.shape.assign(b.shape().begin(), b.shape().end());
+    buffer.device = Device{static_cast<Device::Kind>(b.device_kind()), b.device_index()};
+    buffer.bytes = b.bytes();
+    layout.buffers.push_back(std::move(buffer));
+    layout.offsets.push_back(b.payload_offset());
+  }
+  layout.blob_offset = recorded.blob_offset();
+  return layout;
+}
+
 absl::Status ValidateOptions(const PersisterOptions& o) {
   if (o.dir.empty()) return absl::InvalidArgumentError("PersisterOptions.dir is empty");
   if (o.chunk_bytes == 0 || o.chunk_bytes % checkpoint::kShardAlignment != 0 ||
@@ -248,7 +284,8 @@ class Persister::Impl {
 
   absl::StatusOr<ShardRecord> Persist(int64_t step, int rank, int64_t generation,
                                       uint64_t layout_hash, std::string_view payload,
-                                      const std::vector<uint64_t>& chunk_checksums);
+                                      const std::vector<uint64_t>& chunk_checksums,
+                                      const PayloadLayout* layout);
   bool using_io_uring() const { return writer_->using_io_uring(); }
 
  private:
@@ -348,10 +385,16 @@ absl::Status Persister::Impl::CommitManifest(const std::string& step_dir, int ra
 
 absl::StatusOr<ShardRecord> Persister::Impl::Persist(int64_t step, int rank, int64_t generation,
                                                      uint64_t layout_hash, std::string_view payload,
-                                                     const std::vector<uint64_t>& chunk_checksums) {
+                                                     const std::vector<uint64_t>& chunk_checksums,
+                                                     const PayloadLayout* layout) {
   if (step < 0 || step > 999'999'999'999 || rank < 0 || rank > 99'999) {
     return absl::InvalidArgumentError(
         absl::StrFormat("persist: step %d or rank %d out of range", step, rank));
+  }
+  if (layout != nullptr && layout->blob_offset > payload.size()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "persist step %d rank %d: the layout's blob area starts at %d, past the %d-byte payload",
+        step, rank, layout->blob_offset, payload.size()));
   }
   if (absl::Status s = CheckPayload(step, rank, payload, chunk_checksums); !s.ok()) return s;
   const std::string step_dir = JoinPath(options_.dir, checkpoint::StepDirName(step));
@@ -394,6 +437,7 @@ absl::StatusOr<ShardRecord> Persister::Impl::Persist(int64_t step, int rank, int
   manifest.set_world_size(options_.world_size);
   manifest.set_shard_header_checksum(
       checkpoint::StoredHeaderChecksum(checkpoint::EncodeShardHeader(header)));
+  if (layout != nullptr) *manifest.mutable_layout() = LayoutToProto(*layout);
   if (absl::Status s = CommitManifest(step_dir, rank, manifest); !s.ok()) {
     env_->RemoveFile(shard_path).IgnoreError();
     return s;
@@ -410,6 +454,7 @@ absl::StatusOr<ShardRecord> Persister::Impl::Persist(int64_t step, int rank, int
   record.chunk_bytes = options_.chunk_bytes;
   record.chunk_checksums = chunk_checksums;
   record.world_size = options_.world_size;
+  if (layout != nullptr) record.layout = *layout;
   return record;
 }
 
@@ -488,8 +533,9 @@ Persister::~Persister() = default;
 
 absl::StatusOr<ShardRecord> Persister::Persist(int64_t step, int rank, int64_t generation,
                                                uint64_t layout_hash, std::string_view payload,
-                                               const std::vector<uint64_t>& chunk_checksums) {
-  return impl_->Persist(step, rank, generation, layout_hash, payload, chunk_checksums);
+                                               const std::vector<uint64_t>& chunk_checksums,
+                                               const PayloadLayout* layout) {
+  return impl_->Persist(step, rank, generation, layout_hash, payload, chunk_checksums, layout);
 }
 
 bool Persister::using_io_uring() const { return impl_->using_io_uring(); }
@@ -528,6 +574,7 @@ absl::StatusOr<std::vector<ShardRecord>> ListCommittedShards(Env* env, const std
       r.chunk_bytes = m->chunk_bytes();
       r.chunk_checksums.assign(m->chunk_checksums().begin(), m->chunk_checksums().end());
       r.world_size = m->world_size();
+      if (m->has_layout()) r.layout = LayoutFromProto(m->layout());
       records.push_back(std::move(r));
     }
   }

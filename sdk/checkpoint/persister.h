@@ -24,12 +24,14 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "sdk/checkpoint/payload_layout.h"
 
 namespace trainguard {
 
@@ -46,6 +48,9 @@ struct ShardRecord {
   uint64_t chunk_bytes = 0;
   std::vector<uint64_t> chunk_checksums;  // XXH3-64 of each chunk of the payload
   int world_size = 0;  // ranks whose shards make the step complete; 0: not recorded
+  // The payload's buffers and blob area; nullopt when the manifest records none (written before
+  // layouts were recorded, or persisted without one).
+  std::optional<PayloadLayout> layout;
 };
 
 struct PersisterOptions {
@@ -67,10 +72,13 @@ class Persister {
 
   // Writes and commits the shard of (`step`, `rank`). `chunk_checksums` are the payload's XXH3-64
   // per chunk_bytes piece, computed once by the Snapshotter and reused here (and verified against
-  // the payload before writing). Errors name the file, the operation and the offset.
+  // the payload before writing). `layout`, if given, is recorded in the manifest (what
+  // `trainguard ckpt export` reads). Errors name the file, the operation and the offset.
+  // REQUIRES: `layout`, if given, describes `payload` (LayoutOf the registry it was taken from).
   absl::StatusOr<ShardRecord> Persist(int64_t step, int rank, int64_t generation,
                                       uint64_t layout_hash, std::string_view payload,
-                                      const std::vector<uint64_t>& chunk_checksums);
+                                      const std::vector<uint64_t>& chunk_checksums,
+                                      const PayloadLayout* layout = nullptr);
   // True when writes go through io_uring (false after the pwritev fallback was taken).
   bool using_io_uring() const;
 

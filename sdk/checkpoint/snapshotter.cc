@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
+#include "sdk/checkpoint/payload_layout.h"
 #include "sdk/checkpoint/snapshot_arena.h"
 #include "sdk/core/job_id.h"
 #include "sdk/core/mutex.h"
@@ -79,9 +80,10 @@ struct PayloadPlan {
 PayloadPlan PlanPayload(const StateRegistry& registry, const SnapshotterOptions& options) {
   PayloadPlan plan;
   const size_t chunk = options.chunk_bytes;
-  size_t offset = 0;
+  const PayloadLayout layout = LayoutOf(registry);  // what the Persister records in manifests
   for (size_t i = 0; i < registry.buffers().size(); ++i) {
     const size_t bytes = registry.buffers()[i].bytes;
+    const size_t offset = layout.offsets[i];
     plan.buffer_offsets.push_back(offset);
     int64_t chunks = 0;
     for (size_t at = 0; at < bytes; ++chunks) {
@@ -92,57 +94,12 @@ PayloadPlan PlanPayload(const StateRegistry& registry, const SnapshotterOptions&
       at += piece;
     }
     plan.buffer_chunks.push_back(chunks);
-    offset += AlignUp(bytes, kArenaAlignment);
   }
-  plan.blob_offset = offset;
+  plan.blob_offset = layout.blob_offset;
   plan.blob_capacity = AlignUp(options.max_blob_bytes + sizeof(uint32_t), kArenaAlignment);
   plan.geometry = checkpoint_internal::GeometryFor(registry.LayoutHash(), chunk,
                                                    plan.blob_offset + plan.blob_capacity);
   return plan;
-}
-
-// Blob area: u32 count, then per blob u32 name length, u64 value length, name, value.
-void Put(std::string* out, const void* p, size_t n) { out->append(static_cast<const char*>(p), n); }
-
-std::string SerializeBlobs(const StateRegistry& registry) {
-  std::string out;
-  const uint32_t count = static_cast<uint32_t>(registry.blobs().size());
-  Put(&out, &count, sizeof(count));
-  for (const auto& [name, value] : registry.blobs()) {
-    const uint32_t name_bytes = static_cast<uint32_t>(name.size());
-    const uint64_t value_bytes = value.size();
-    Put(&out, &name_bytes, sizeof(name_bytes));
-    Put(&out, &value_bytes, sizeof(value_bytes));
-    out += name;
-    out += value;
-  }
-  return out;
-}
-
-absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ParseBlobs(std::string_view area) {
-  std::vector<std::pair<std::string, std::string>> blobs;
-  auto take = [&area](void* p, size_t n) {
-    if (area.size() < n) return false;
-    std::memcpy(p, area.data(), n);
-    area.remove_prefix(n);
-    return true;
-  };
-  uint32_t count = 0;
-  if (!take(&count, sizeof(count))) return absl::DataLossError("blob area shorter than its count");
-  for (uint32_t i = 0; i < count; ++i) {
-    uint32_t name_bytes = 0;
-    uint64_t value_bytes = 0;
-    if (!take(&name_bytes, sizeof(name_bytes)) || !take(&value_bytes, sizeof(value_bytes)) ||
-        area.size() < name_bytes || area.size() - name_bytes < value_bytes) {
-      return absl::DataLossError(
-          absl::StrFormat("blob %d of %d runs past the blob area", i, count));
-    }
-    std::string name(area.substr(0, name_bytes));
-    std::string value(area.substr(name_bytes, value_bytes));
-    area.remove_prefix(name_bytes + value_bytes);
-    blobs.emplace_back(std::move(name), std::move(value));
-  }
-  return blobs;
 }
 
 SnapshotInfo InfoOf(SlotHeader* slot) {
@@ -233,7 +190,7 @@ class Snapshotter::Impl {
     // Mark the slot unfinished before touching a byte of it: a crash from here on leaves it
     // kWriting, and the other slot (the latest complete one) is never written.
     StoreState(slot, kSlotWriting);
-    const std::string blobs = SerializeBlobs(*registry_);
+    const std::string blobs = SerializeBlobArea(registry_->blobs());
     if (blobs.size() > plan_.blob_capacity) {
       StoreState(slot, kSlotEmpty);
       return absl::ResourceExhaustedError(absl::StrFormat(
@@ -460,7 +417,7 @@ class Snapshotter::Impl {
     // Everything is verified before the first byte is copied back: on corruption the trainer's
     // buffers are left exactly as they were.
     if (absl::Status verified = VerifySlot(slot, payload); !verified.ok()) return verified;
-    absl::StatusOr<std::vector<std::pair<std::string, std::string>>> blobs = ParseBlobs(
+    absl::StatusOr<std::vector<std::pair<std::string, std::string>>> blobs = ParseBlobArea(
         std::string_view(payload + plan_.blob_offset, slot->payload_bytes - plan_.blob_offset));
     if (!blobs.ok()) {
       return absl::DataLossError(absl::StrFormat("%s: snapshot of step %d: %s", Where(), info.step,

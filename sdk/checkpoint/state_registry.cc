@@ -6,9 +6,11 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "sdk/checkpoint/payload_layout.h"
 #include "trainguard/checkpoint.h"
 
 namespace trainguard {
@@ -107,11 +109,11 @@ size_t StateRegistry::total_bytes() const {
   return total;
 }
 
-uint64_t StateRegistry::LayoutHash() const {
+uint64_t LayoutHashOf(const std::vector<StateBuffer>& buffers) {
   XXH3_state_t* state = XXH3_createState();
   XXH3_64bits_reset(state);
-  HashInt(state, static_cast<int64_t>(buffers_.size()));
-  for (const StateBuffer& buffer : buffers_) {
+  HashInt(state, static_cast<int64_t>(buffers.size()));
+  for (const StateBuffer& buffer : buffers) {
     HashString(state, buffer.name);
     HashInt(state, static_cast<int64_t>(buffer.bytes));
     HashInt(state, static_cast<int64_t>(buffer.dtype));
@@ -124,5 +126,7 @@ uint64_t StateRegistry::LayoutHash() const {
   XXH3_freeState(state);
   return hash;
 }
+
+uint64_t StateRegistry::LayoutHash() const { return LayoutHashOf(buffers_); }
 
 }  // namespace trainguard

@@ -28,8 +28,10 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sdk/checkpoint/direct_writer.h"
+#include "sdk/checkpoint/payload_layout.h"
 #include "tests/support/own_process.h"
 #include "tests/support/temp_dir.h"
+#include "trainguard/checkpoint.h"
 #include "trainguard/env.h"
 
 namespace trainguard {
@@ -134,6 +136,51 @@ TEST(Persister, PersistedShardReadsBackByteExactlyAndVerifiesClean) {
   EXPECT_TRUE(corrupt->empty());
   EXPECT_EQ(last_progress, kPayloadBytes);
   EXPECT_EQ(std::filesystem::file_size(r.shard_path) % 4096, 0u);
+}
+
+// `trainguard ckpt export` names a shard's bytes by the layout its manifest records.
+TEST(Persister, TheManifestRecordsThePayloadLayoutGivenAndListingReturnsIt) {
+  TempDir dir;
+  auto p = MustCreate(Options(dir.path()));
+  ASSERT_TRUE(p);
+  float weights[6] = {};
+  int64_t counter = 0;
+  StateRegistry registry;
+  const StateBuffer buffers[] = {
+      {"model.w", "model", weights, sizeof(weights), DType::kF32, {2, 3}, Device::Host()},
+      {"optimizer.step", "optimizer", &counter, sizeof(counter), DType::kI64, {}, Device::Host()}};
+  for (const StateBuffer& b : buffers) ASSERT_TRUE(registry.Register(b).ok()) << b.name;
+  const PayloadLayout layout = LayoutOf(registry);
+  EXPECT_EQ(layout.offsets, (std::vector<uint64_t>{0, 4096}));
+  EXPECT_EQ(layout.blob_offset, 8192u);
+  EXPECT_EQ(LayoutHashOf(layout.buffers), registry.LayoutHash());
+  const std::string blobs = SerializeBlobArea({{"rng", std::string("\0\1", 2)}, {"extra", "{}"}});
+  const std::string payload = std::string(8192, 'x') + blobs;
+  ASSERT_TRUE(
+      p->Persist(3, 0, 1, registry.LayoutHash(), payload, Checksums(payload), &layout).ok());
+  ASSERT_TRUE(PersistStep(*p, 4, payload).ok());  // without a layout
+
+  absl::StatusOr<std::vector<ShardRecord>> listed = ListCommittedShards(Env::Default(), dir.path());
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->size(), 2u);
+  ASSERT_TRUE((*listed)[0].layout.has_value());
+  const PayloadLayout& back = *(*listed)[0].layout;
+  EXPECT_EQ(back.offsets, layout.offsets);
+  EXPECT_EQ(back.blob_offset, layout.blob_offset);
+  ASSERT_EQ(back.buffers.size(), 2u);
+  EXPECT_EQ(back.buffers[0].name, "model.w");
+  EXPECT_EQ(back.buffers[0].group, "model");
+  EXPECT_EQ(back.buffers[0].shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(back.buffers[1].dtype, DType::kI64);
+  EXPECT_EQ(back.buffers[1].bytes, 8u);
+  EXPECT_EQ(LayoutHashOf(back.buffers), registry.LayoutHash());
+  EXPECT_FALSE((*listed)[1].layout.has_value());
+  auto parsed = ParseBlobArea(std::string_view(payload).substr(back.blob_offset));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(*parsed, (std::vector<std::pair<std::string, std::string>>{
+                         {"rng", std::string("\0\1", 2)}, {"extra", "{}"}}));
+  EXPECT_EQ(ParseBlobArea(std::string_view(blobs).substr(0, blobs.size() - 1)).status().code(),
+            absl::StatusCode::kDataLoss);
 }
 
 // Readers fetch 32 MiB per read; a payload over several such reads, in small chunks.
