@@ -333,7 +333,10 @@ class Job {
   // Kills the processes that hold `suspects` in the hung `generation`, to be replaced like dead
   // ranks: on one host those that still hold the rank and have not trained in a later generation;
   // on several, through their agents, while `generation` is current.
-  void ReplaceHangSuspects(const std::vector<int>& suspects, int64_t generation);
+  // `not_running`: ranks seen stopped or silent (no heartbeat, no dump): a suspect among them is
+  // replaced even where the suspects are not a minority (one rank of two).
+  void ReplaceHangSuspects(const std::vector<int>& suspects, int64_t generation,
+                           const std::set<int>& not_running);
   // Replaces the pending hang's stopped ranks at once, before the other ranks' dumps are in, unless
   // it did already or they are not a minority.
   void ReplaceStoppedRanksNow(const std::set<int>& stopped_ranks);
@@ -840,6 +843,9 @@ std::vector<std::string> Job::ChildEnvironment(const Child& child) const {
   // so the survivors keep their processes and recover() rebuilds it.
   vars.push_back("TORCHELASTIC_USE_AGENT_STORE=False");
   vars.push_back("TORCH_NCCL_ASYNC_ERROR_HANDLING=2");
+  // As torchrun: several ranks per host each running a thread per core oversubscribe the cores
+  // (and give other results than under torchrun); the user's own value is kept.
+  if (local_n > 1 && getenv("OMP_NUM_THREADS") == nullptr) vars.push_back("OMP_NUM_THREADS=1");
   if (child.rank >= 0) {
     const int local_rank = child.rank % local_n;
     vars.push_back("TRAINGUARD_ROLE=rank");
@@ -1703,7 +1709,7 @@ void Job::DiagnoseHangs() {
                      " replaced already (stopped); no one else is"));
     return;
   }
-  ReplaceHangSuspects(diagnosis.suspects, generation);
+  ReplaceHangSuspects(diagnosis.suspects, generation, silent_ranks);
 }
 
 // A rank whose process is stopped (SIGSTOP: state T; on several hosts, its agent says so) makes no
@@ -1711,8 +1717,10 @@ void Job::DiagnoseHangs() {
 // other ranks' dumps are in, which took 0.3-0.5 s per PyTorch rank in the chaos runs
 // (docs/PERFORMANCE.md). The diagnosis still follows when they are, and replaces no one else.
 void Job::ReplaceStoppedRanksNow(const std::set<int>& stopped_ranks) {
+  // A stopped process is seen stopped, not voted on: that is evidence enough while at least one
+  // rank still runs (one stopped rank of two is replaced too).
   if (!pending_hang_->replaced.empty() || stopped_ranks.empty() ||
-      2 * stopped_ranks.size() >= static_cast<size_t>(world_size_)) {
+      stopped_ranks.size() >= static_cast<size_t>(world_size_)) {
     return;
   }
   Say(absl::StrFormat("hang diagnosis: rank(s) %s stopped (%s): replaced now; the diagnosis "
@@ -1720,7 +1728,8 @@ void Job::ReplaceStoppedRanksNow(const std::set<int>& stopped_ranks) {
                       absl::StrJoin(stopped_ranks, ","),
                       MultiHost() ? "their agents say" : "SIGSTOP"));
   if (!MultiHost()) {
-    ReplaceHangSuspects({stopped_ranks.begin(), stopped_ranks.end()}, pending_hang_->generation);
+    ReplaceHangSuspects({stopped_ranks.begin(), stopped_ranks.end()}, pending_hang_->generation,
+                        stopped_ranks);
   } else if (coordinator_->generation() == pending_hang_->generation) {
     const Membership current = coordinator_->current();
     for (int rank : stopped_ranks) {
@@ -1732,7 +1741,8 @@ void Job::ReplaceStoppedRanksNow(const std::set<int>& stopped_ranks) {
   pending_hang_->replaced = stopped_ranks;
 }
 
-void Job::ReplaceHangSuspects(const std::vector<int>& suspects, int64_t generation) {
+void Job::ReplaceHangSuspects(const std::vector<int>& suspects, int64_t generation,
+                              const std::set<int>& not_running) {
   // The suspects are replaced like dead ranks, as long as they are a minority and the process that
   // hung still holds the rank. On one host that is known per process: a hang is often overtaken by
   // another fault (a rank dies while the others wait for the hung one), and the new generation
@@ -1740,7 +1750,15 @@ void Job::ReplaceHangSuspects(const std::vector<int>& suspects, int64_t generati
   // hosts only the coordinator's view is at hand, so the generation must not have moved on.
   if (suspects.empty()) return;
   if (MultiHost() && coordinator_->generation() != generation) return;
-  if (2 * suspects.size() >= static_cast<size_t>(world_size_)) {
+  // A suspect named by the dumps alone is replaced only as a minority: the evidence is the others'
+  // view, and half the job waiting on the other half says nothing of which half is at fault. A
+  // suspect that is not running (stopped, silent) is at fault whatever the count, as long as some
+  // rank is not a suspect.
+  const bool all_not_running = std::all_of(suspects.begin(), suspects.end(), [&](int rank) {
+    return not_running.count(rank) != 0;
+  });
+  if (2 * suspects.size() >= static_cast<size_t>(world_size_) &&
+      !(all_not_running && suspects.size() < static_cast<size_t>(world_size_))) {
     Say("hang diagnosis: too many suspects to replace; the ranks' own timeouts decide");
     return;
   }

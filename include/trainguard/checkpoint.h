@@ -64,8 +64,13 @@ struct StateBuffer {
 class StateRegistry {
  public:
   // InvalidArgument for a duplicate or empty name, a null pointer with non-zero size, or a shape
-  // that does not match `bytes`.
+  // that does not match `bytes`; FailedPrecondition once the registry is frozen.
   absl::Status Register(StateBuffer buffer);
+  // Called by the Runtime before its first snapshot or restore: the layout (LayoutHash) is fixed
+  // from then on, since a snapshot taken before a late buffer could no longer be restored into the
+  // registry. Blobs may still be set, new ones included (they are not part of the layout).
+  void Freeze() { frozen_ = true; }
+  bool frozen() const { return frozen_; }
   // A small byte string saved with the state (RNG state, data-loader position). Its value is read
   // at each snapshot; SetBlob may be called again at any time between snapshots.
   absl::Status SetBlob(const std::string& name, std::string value);
@@ -81,6 +86,7 @@ class StateRegistry {
  private:
   std::vector<StateBuffer> buffers_;
   std::vector<std::pair<std::string, std::string>> blobs_;
+  bool frozen_ = false;
 };
 
 }  // namespace trainguard

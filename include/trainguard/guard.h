@@ -118,7 +118,7 @@ class Step {
 // RAII form of the guard:
 //
 //     sdk::StepScope scope(*rt, step);
-//     if (scope.active()) {
+//     if (scope.active() && !scope.superseded_at_entry()) {
 //       try { train_step(scope.step()); } catch (...) {
 //       scope.RecordException(std::current_exception()); }
 //     }
@@ -135,6 +135,12 @@ class StepScope {
 
   // False when the guard was rejected (see the header comment): the step body must not run.
   bool active() const { return active_; }
+  // True when this rank's generation was already superseded when the step began (a newer one was
+  // published: a peer died, or this rank was itself replaced while it ran). The step has failed
+  // (kCommunicationFailure) before its body: guard() does not run the body, and a step that runs
+  // no collective (which would fail on its own) cannot go on alone in the old generation;
+  // recover() takes the rank to the next generation, or tells it that it was replaced.
+  bool superseded_at_entry() const { return superseded_at_entry_; }
   Step& step() { return handle_; }
 
   // Records an exception thrown by the body; classified by Finish().
@@ -158,6 +164,7 @@ class StepScope {
   const int uncaught_at_entry_;
   int64_t start_ns_ = 0;
   bool active_ = false;
+  bool superseded_at_entry_ = false;
   bool finished_ = false;
   Step handle_{this};
   std::exception_ptr exception_;
@@ -172,7 +179,7 @@ StepResult guard(Runtime& runtime, int64_t step, Body&& body) {
   static_assert(std::is_invocable_v<Body&, Step&> || std::is_invocable_v<Body&>,
                 "the guarded body must be callable as body(sdk::Step&) or body()");
   StepScope scope(runtime, step);
-  if (scope.active()) {
+  if (scope.active() && !scope.superseded_at_entry()) {
     try {
       if constexpr (std::is_invocable_v<Body&, Step&>) {
         body(scope.step());

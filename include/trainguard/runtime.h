@@ -225,6 +225,11 @@ class Runtime {
   virtual absl::Status FenceStateBuffer(const std::string& name, absl::Duration timeout) = 0;
   // True when a checkpoint policy is configured or Checkpoint()/RestoreCheckpoint() was called.
   virtual bool checkpointing() const = 0;
+  // Whether step `step`, if it succeeds, starts a checkpoint under the configured policy
+  // (checkpoint_every_steps / checkpoint_every_seconds), without side effects: an integration
+  // that must refresh blobs or check its buffers before a snapshot does that work only then.
+  // Training thread.
+  virtual bool CheckpointDueAfter(int64_t step) const = 0;
   // "arena" or "disk" after a successful RestoreCheckpoint(); "" before.
   virtual const std::string& last_restore_source() const = 0;
 

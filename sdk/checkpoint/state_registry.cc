@@ -32,6 +32,13 @@ absl::Status StateRegistry::Register(StateBuffer buffer) {
     return absl::InvalidArgumentError("state buffer: the name is empty");
   }
   const std::string where = absl::StrFormat("state buffer \"%s\"", buffer.name);
+  if (frozen_) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s: registered after the first checkpoint or restore (%d buffers were registered "
+        "before it); the registry is frozen then, because a snapshot of the old layout could no "
+        "longer be restored into it: register every buffer before Start()",
+        where, buffers_.size()));
+  }
   for (const StateBuffer& existing : buffers_) {
     if (existing.name == buffer.name) {
       return absl::InvalidArgumentError(absl::StrFormat("%s: registered twice", where));

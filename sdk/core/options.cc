@@ -358,6 +358,13 @@ absl::Status ApplyTorchrunVariables(const std::map<std::string, std::string>& va
                        it->second, "' (environment) disagree; unset one or make them equal"));
     }
   }
+  // torchrun's run id names the job where trainguard's does not ("none" is torchrun's default,
+  // shared by every run: not a name; --standalone makes a fresh one per run).
+  const auto run_id = variables.find("TORCHELASTIC_RUN_ID");
+  if (!proto.has_job_id() && run_id != variables.end() && !run_id->second.empty() &&
+      run_id->second != "none") {
+    proto.set_job_id(run_id->second);
+  }
   return absl::OkStatus();
 }
 

@@ -177,6 +177,15 @@ StepScope::StepScope(Runtime& facade, int64_t step)
   }
   start_ns_ = runtime.clock().MonotonicNanos();
   runtime.mutable_heartbeat().Enter(step, start_ns_);
+  if (const int64_t superseded = runtime.superseded_generation();
+      superseded >= 0 && superseded == runtime.generation()) {
+    superseded_at_entry_ = true;
+    ReportFault(FaultKind::kCommunicationFailure,
+                absl::StrFormat("generation %d was superseded before step %d began (a peer died, "
+                                "asked for a re-rendezvous, or this rank was replaced): the step "
+                                "is not run in it",
+                                superseded, step));
+  }
   for (StepObserver* observer : runtime.observers()) observer->OnStepBegin(step);
 }
 

@@ -103,6 +103,16 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const Options& options)
 
 absl::StatusOr<std::unique_ptr<Runtime>> RuntimeImpl::Create(const Options& options) {
   if (absl::Status s = options.Validate(); !s.ok()) return WithContext(s, "invalid options");
+  if (options.job_id == Options().job_id &&
+      (options.checkpoint_every_steps > 0 || options.checkpoint_every_seconds > 0)) {
+    // Two unrelated runs under the default id would share one arena and one run dir: the second
+    // would resume the first's state, or replace it.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "invalid options: job_id is not set (it is the default \"", Options().job_id,
+        "\"), and a Runtime that checkpoints needs an id that names its job, so that another "
+        "run never resumes or overwrites its state: set TRAINGUARD_JOB_ID (Options::job_id, "
+        "job_id=...); `trainguard run` and torchrun (TORCHELASTIC_RUN_ID) give each run one"));
+  }
   TopologySpec spec;
   spec.world_size = options.world_size;
   spec.tp = options.tp;
@@ -1111,6 +1121,7 @@ absl::Status RuntimeImpl::EnsureCheckpointer() {
     return WithContext(peers.status(), absl::StrCat("rank ", rank_, ": peer backups"));
   o.peer_backups = *std::move(peers);
   if (member_ != nullptr) o.superseded = [this] { return member_->superseded(); };
+  state_.Freeze();
   absl::StatusOr<std::unique_ptr<Checkpointer>> c = Checkpointer::Create(&state_, o);
   if (!c.ok()) return WithContext(c.status(), absl::StrCat("rank ", rank_, ": checkpointing"));
   checkpointer_ = *std::move(c);
@@ -1220,16 +1231,21 @@ absl::Status RuntimeImpl::WaitForCheckpoints(absl::Duration timeout) {
   return checkpointer_->WaitIdle(timeout);
 }
 
+bool RuntimeImpl::CheckpointDueAfter(int64_t step) const {
+  const int every = options_.checkpoint_every_steps;
+  if (every > 0 && (step + 1) % every == 0) return true;
+  // The clock of the time policy starts at the first step that asks MaybeCheckpoint.
+  return options_.checkpoint_every_seconds > 0 && last_checkpoint_ns_ != 0 &&
+         clock_->MonotonicNanos() - last_checkpoint_ns_ >=
+             int64_t{options_.checkpoint_every_seconds} * 1'000'000'000;
+}
+
 void RuntimeImpl::MaybeCheckpointSlow(int64_t step) {
   const int64_t resume = step + 1;
-  const int every = options_.checkpoint_every_steps;
-  const int64_t now = clock_->MonotonicNanos();
-  if (last_checkpoint_ns_ == 0) last_checkpoint_ns_ = now;  // the clock starts at the first step
-  const bool by_steps = every > 0 && resume % every == 0;
-  const bool by_time =
-      options_.checkpoint_every_seconds > 0 &&
-      now - last_checkpoint_ns_ >= int64_t{options_.checkpoint_every_seconds} * 1'000'000'000;
-  if (!by_steps && !by_time) return;
+  if (last_checkpoint_ns_ == 0) {
+    last_checkpoint_ns_ = clock_->MonotonicNanos();  // the clock starts at the first step
+  }
+  if (!CheckpointDueAfter(step)) return;
   if (absl::Status s = Checkpoint(resume); !s.ok()) {
     Event event;
     event.type = EventType::kCheckpoint;
@@ -1267,6 +1283,10 @@ absl::StatusOr<int64_t> RuntimeImpl::RestoreCheckpoint() {
                         {"source", r->source},
                         {"fingerprint", absl::StrFormat("%016x", r->fingerprint)},
                         {"skipped", absl::StrJoin(r->skipped, " | ")}};
+  } else if (absl::IsNotFound(r.status())) {
+    // A fresh job: nothing is committed yet. Not a failure.
+    event.message = std::string(r.status().message());
+    event.attributes = {{"what", "nothing_to_restore"}};
   } else {
     event.message = std::string(r.status().message());
     event.attributes = {{"what", "restore_failed"}};

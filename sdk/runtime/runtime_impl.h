@@ -66,6 +66,7 @@ class RuntimeImpl final : public Runtime {
   absl::Status WaitForCheckpoints(absl::Duration timeout) override;
   absl::Status FenceStateBuffer(const std::string& name, absl::Duration timeout) override;
   bool checkpointing() const override { return checkpointing_; }
+  bool CheckpointDueAfter(int64_t step) const override;
   const std::string& last_restore_source() const override { return last_restore_source_; }
   Checkpointer* checkpointer() const { return checkpointer_.get(); }
   FlightRecorder* flight_recorder() const { return flight_recorder_.get(); }

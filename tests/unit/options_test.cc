@@ -116,6 +116,15 @@ TEST_F(OptionsTest, EmptyEnvironmentGivesTheDefaults) {
 
 // --- Text-format files.
 
+TEST_F(OptionsTest, TorchrunsRunIdNamesTheJobUnlessTrainguardsDoes) {
+  EXPECT_EQ(MustParse(Variables{{"TORCHELASTIC_RUN_ID", "run-7"}}).job_id, "run-7");
+  // torchrun's default id, shared by every run: not a name.
+  EXPECT_EQ(MustParse(Variables{{"TORCHELASTIC_RUN_ID", "none"}}).job_id, "default");
+  EXPECT_EQ(MustParse(Variables{{"TORCHELASTIC_RUN_ID", "run-7"}, {"TRAINGUARD_JOB_ID", "mine"}})
+                .job_id,
+            "mine");
+}
+
 TEST_F(OptionsTest, TextprotoOverridesOnlyTheFieldsItSets) {
   absl::StatusOr<Options> options =
       Options::FromTextproto("job_id: \"llama-7b\" world_size: 16 tp: 2 pp: 2", "inline");

@@ -164,6 +164,40 @@ TEST_F(RuntimeCheckpointTest, AnExplicitRollbackWithoutACommittedStepIsAnErrorNo
   EXPECT_THAT(std::string(next.status().message()), HasSubstr("no committed checkpoint"));
 }
 
+// A snapshot of the layout before a late buffer could no longer be restored into the registry.
+TEST_F(RuntimeCheckpointTest, ABufferRegisteredAfterTheFirstSnapshotIsRefusedNamingIt) {
+  std::vector<float> late(16, 0.0f);
+  const StateBuffer buffer{"late", "model", late.data(), late.size() * sizeof(float),
+                           DType::kF32, {16}, {}};
+  for (int64_t step = 0; step < 10; ++step) ASSERT_TRUE(Train(step).ok());  // step 9 snapshots
+  absl::Status s = rt_->state().Register(buffer);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("state buffer \"late\": registered after the first checkpoint"));
+  EXPECT_EQ(rt_->state().buffers().size(), 1u);
+  EXPECT_TRUE(rt_->state().SetBlob("new-blob", "still fine").ok());
+}
+
+// The policy's question without its side effect: checkpoint_every_steps 10 saves after step 9, 19...
+TEST_F(RuntimeCheckpointTest, CheckpointDueAfterAnswersThePolicyWithoutCheckpointing) {
+  EXPECT_FALSE(rt_->CheckpointDueAfter(0));
+  EXPECT_FALSE(rt_->CheckpointDueAfter(8));
+  EXPECT_TRUE(rt_->CheckpointDueAfter(9));
+  EXPECT_TRUE(rt_->CheckpointDueAfter(19));
+  EXPECT_EQ(RuntimeImpl::Of(*rt_).checkpointer(), nullptr);  // asking saved nothing
+}
+
+// Two unrelated runs under the default id would share one arena and run dir.
+TEST_F(RuntimeCheckpointTest, ARuntimeThatCheckpointsRefusesTheDefaultJobId) {
+  Options o = options_;
+  o.job_id = Options().job_id;
+  absl::StatusOr<std::unique_ptr<Runtime>> rt = Runtime::Create(o);
+  EXPECT_TRUE(absl::IsInvalidArgument(rt.status())) << rt.status();
+  EXPECT_THAT(std::string(rt.status().message()), HasSubstr("job_id is not set"));
+  o.checkpoint_every_steps = 0;  // nothing kept between runs: the default is fine
+  EXPECT_TRUE(Runtime::Create(o).ok());
+}
+
 TEST_F(RuntimeCheckpointTest, TheGuardFencesTheSnapshotSoTheNextStepCannotTearIt) {
   for (int64_t step = 0; step < 10; ++step) ASSERT_TRUE(Train(step).ok());
   // Step 9 started a snapshot (tagged 10); step 10's body overwrites every weight at once. The

@@ -368,6 +368,49 @@ TEST_F(RuntimeRendezvous, ARankLearnsThatItsGenerationWasSupersededAndCallsItsHa
   }
 }
 
+// A rank whose loop runs no collective would train on alone in a superseded generation: nothing
+// fails. The guard of a step entered after the rank learnt of the newer generation fails before the
+// body runs, as a communication failure, so recover() takes the rank to the new generation.
+TEST_F(RuntimeRendezvous, AStepEnteredAfterTheGenerationWasSupersededFailsWithoutRunningItsBody) {
+  StartJob();
+  std::vector<absl::StatusOr<int64_t>> start(kWorld);
+  std::vector<std::thread> starting;
+  for (int r = 0; r < kWorld; ++r) {
+    Prepare(*ranks_[r], r);
+    starting.emplace_back([&, r] { start[r] = ranks_[r]->Start(); });
+  }
+  for (std::thread& t : starting) t.join();
+  for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(start[r].ok()) << start[r].status();
+
+  ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
+  for (absl::Time end = absl::Now() + kTimeout;
+       absl::Now() < end && ranks_[0]->superseded_generation() != 0;) {
+    absl::SleepFor(absl::Milliseconds(1));  // bounded polling: the generation watcher tells it
+  }
+  ASSERT_EQ(ranks_[0]->superseded_generation(), 0);
+  bool ran = false;
+  StepResult r = guard(*ranks_[0], 7, [&] { ran = true; });
+  EXPECT_FALSE(ran);
+  EXPECT_EQ(r.fault, FaultKind::kCommunicationFailure);
+  EXPECT_EQ(r.action, StepAction::kReRendezvous);
+  EXPECT_THAT(std::string(r.status.message()),
+              HasSubstr("generation 0 was superseded before step 7 began"));
+
+  std::vector<absl::StatusOr<int64_t>> next(kWorld);
+  std::vector<std::thread> recovering;
+  for (int k = 0; k < kWorld; ++k) {
+    recovering.emplace_back([&, k] {
+      next[k] = ranks_[k]->recover(k == 0 ? r : CommunicationFailure(7));
+    });
+  }
+  for (std::thread& t : recovering) t.join();
+  for (int k = 0; k < kWorld; ++k) ASSERT_TRUE(next[k].ok()) << next[k].status();
+  EXPECT_EQ(ranks_[0]->generation(), 1);
+  ran = false;
+  EXPECT_TRUE(guard(*ranks_[0], *next[0], [&] { ran = true; }).ok());
+  EXPECT_TRUE(ran);
+}
+
 // A peer declared a hang in generation 0 (its hang key) and the generation is superseded before
 // the other ranks dumped it: each dumps its evidence as it learns of the new generation, so that
 // the launcher's diagnosis of that hang has every rank's dump. Without the watchdog (poll 0) there
