@@ -4,6 +4,8 @@
 //   trainguard ckpt list|inspect|verify|export DIR ... checkpoint shards (tools/ckpt_command.h)
 //   trainguard flight-recorder show|dump|remove|diagnose ...  a rank's flight recorder, a hang
 //                                                      (tools/flight_recorder_command.h)
+//   trainguard shm list|remove [--job J | --unused]    segments left in /dev/shm
+//                                                      (tools/shm_command.h)
 //   trainguard events [--json] FILE|RUN_DIR...    print event files (a run dir means all its
 //   ranks')
 //   trainguard run ... -- COMMAND...              a job's ranks and standbys (tools/launcher.h)
@@ -30,6 +32,7 @@
 #include "tools/flight_recorder_command.h"
 #include "tools/launcher.h"
 #include "tools/print_json.h"
+#include "tools/shm_command.h"
 #include "tools/usage.h"
 #include "trainguard/sdk.h"
 
@@ -49,7 +52,8 @@ constexpr char kUsage[] =
     "       trainguard report RUN_DIR [--json] [--png FILE]\n"
     "       trainguard ckpt list|inspect|verify DIR [--step S] [--json]\n"
     "       trainguard ckpt export DIR [--step S] [--rank R] --out FILE\n"
-    "       trainguard flight-recorder show|dump|remove|diagnose ...\n";
+    "       trainguard flight-recorder show|dump|remove|diagnose ...\n"
+    "       trainguard shm list|remove [--job J | --unused]\n";
 
 constexpr char kHelp[] =
     "\n"
@@ -60,6 +64,7 @@ constexpr char kHelp[] =
     "  report           ETTR, detection latency and recovery of a chaos run\n"
     "  ckpt             list, inspect, verify and export persisted checkpoint shards\n"
     "  flight-recorder  read a rank's flight recorder; diagnose a hang\n"
+    "  shm              list and remove the shared-memory segments runs left in /dev/shm\n"
     "`trainguard COMMAND --help` describes one command.\n"
     "\n"
     "Exit status: 0 success, 1 a file could not be read or is corrupt, 2 bad usage\n"
@@ -210,6 +215,7 @@ int main(int argc, char** argv) {
   if (verb == "events") return Events(args);
   if (verb == "ckpt") return trainguard::tools::RunCkptCommand(args);
   if (verb == "flight-recorder") return trainguard::tools::RunFlightRecorderCommand(args);
+  if (verb == "shm") return trainguard::tools::RunShmCommand(args);
   if (verb == "run") return Run(args);
   if (verb == "chaos") return trainguard::tools::RunChaosCommand(args);
   if (verb == "report") return trainguard::tools::RunReportCommand(args);
