@@ -48,6 +48,10 @@ this small model computes.
 --die-in-rebuild R:G makes rank R SIGKILL itself inside the rebuild of generation G's process group
 (before DDP's collective construction), so the others' rebuild fails on a dead peer.
 
+--zero-grad-at-end 1 clears the gradients at the end of each step, after the update, as nanoGPT's
+train.py does, instead of at its start: a step that fails in backward() then skips the clearing, and
+trainguard.torch drops that step's gradients itself (the replay must not add onto them).
+
 Test hook: --gate S:PATH (repeatable) makes every rank print "rank R waiting at step S" and wait
 (bounded polling, --gate-timeout-s) until PATH exists before it runs step S, so a test can kill a
 rank at a known step without racing the training loop.
@@ -89,6 +93,7 @@ def parse_args(argv):
     p.add_argument("--nan-on-sigusr1", type=int, choices=(0, 1), default=0)
     p.add_argument("--step-time-ms", type=float, default=0.0)
     p.add_argument("--die-in-rebuild", default="-1:-1", metavar="R:G")
+    p.add_argument("--zero-grad-at-end", type=int, choices=(0, 1), default=0)
     args = p.parse_args(argv)
     args.gates = {}
     for gate in args.gate:
@@ -198,7 +203,8 @@ def main(argv):
                     ddp_generation = rt.generation
                 print(f"rank {rank} generation {rt.generation} resume_step {step}")
             x, y = batch(step, rank, args.batch)
-            optimizer.zero_grad(set_to_none=True)
+            if not args.zero_grad_at_end:
+                optimizer.zero_grad(set_to_none=True)
             loss = F.mse_loss(ddp(x), y)
             signalled = nan_requested[0]
             nan_requested[0] = False
@@ -225,6 +231,8 @@ def main(argv):
                 pad = args.step_time_ms / 1000.0 - (time.monotonic() - started)
                 if pad > 0:
                     time.sleep(pad)
+            if args.zero_grad_at_end:  # nanoGPT's order: an exception above skips it
+                optimizer.zero_grad(set_to_none=True)
         r = s.result
         if r.ok:
             if args.progress_events and rank == 0:

@@ -32,7 +32,9 @@ def _cli():
 class Job:
     """One `trainguard run` of train.py in its own run dir; output in launcher.out."""
 
-    def __init__(self, tmp_path, name, standby, trainer_args, launcher_args=(), env_extra=None):
+    def __init__(self, tmp_path, name, standby, trainer_args, launcher_args=(), env_extra=None,
+                 world=WORLD):
+        self.world = world
         self.run_dir = tmp_path / name
         self.run_dir.mkdir()
         self.job_id = f"pyddp-{name}-{uuid.uuid4().hex[:8]}"
@@ -43,7 +45,7 @@ class Job:
             "TRAINGUARD_CHECKPOINT_PERSIST_EVERY": "2",
         })
         env.update(env_extra or {})
-        command = [_cli(), "run", "--nproc", str(WORLD), "--standby", str(standby),
+        command = [_cli(), "run", "--nproc", str(world), "--standby", str(standby),
                    "--job-id", self.job_id, "--run-dir", str(self.run_dir), *launcher_args, "--",
                    sys.executable, str(TRAIN), "--steps", str(STEPS), "--print-every", "1",
                    *trainer_args]
@@ -215,11 +217,70 @@ def test_a_nan_gradient_is_named_by_the_hook_every_rank_skips_and_a_rollback_rep
     _assert_every_rank_ends_as(job, uninterrupted)
 
 
+# Issue 40, 1: nanoGPT's loop clears the gradients at the end of the step. On the survivors of a
+# rank killed at step 12 the step fails in backward()/the loss allreduce, the clearing is skipped,
+# and the replay after the restore would add its gradients onto the failed step's:
+# trainguard.torch drops them when the step fails.
+def test_a_failed_step_leaves_no_gradients_behind_when_the_loop_clears_them_at_its_end(
+        tmp_path, uninterrupted):
+    gate = tmp_path / "gate"
+    job = Job(tmp_path, "zeroend", 1, ["--gate", f"12:{gate}", "--zero-grad-at-end", "1"])
+    try:
+        job.wait_for(r"rank 1 waiting at step 12")
+        job.kill_rank(1)
+        gate.touch()
+        code = job.finish()
+    finally:
+        job.abandon(gate)
+    out = job.output()
+    assert code == 0, out
+    assert re.search(r"rank [02] step 12 fault communication_failure action re_rendezvous", out), out
+    _assert_every_rank_ends_as(job, uninterrupted)
+
+
+# Issue 40, 2: a rank killed at step 2, before the first checkpoint (every 5 steps) is committed.
+# The standby has fresh weights and zero momentum; the survivors' state is broadcast to every rank
+# (trainguard.torch.init_process_group), so the replicas stay equal to an uninterrupted run.
+def test_a_rank_lost_before_the_first_commit_is_given_a_survivors_state(tmp_path, uninterrupted):
+    gate = tmp_path / "gate"
+    job = Job(tmp_path, "precommit", 1, ["--gate", f"2:{gate}"])
+    try:
+        job.wait_for(r"rank 1 waiting at step 2")
+        job.kill_rank(1)
+        gate.touch()
+        code = job.finish()
+    finally:
+        job.abandon(gate)
+    out = job.output()
+    assert code == 0, out
+    assert "takes rank 1" in out, out
+    assert "restored step" not in out, out  # nothing was committed: no restore
+    assert re.search(r"trainguard: rank 1: took rank [02]'s state \(generation 1", out), out
+    _assert_every_rank_ends_as(job, uninterrupted)
+
+
+# Issue 40, 6: one stopped rank of two is the suspect the evidence names (it is seen stopped), and
+# it is replaced as in larger jobs, not left to the heartbeat timeout (600 s here).
+def test_a_stopped_rank_of_a_two_rank_job_is_named_and_replaced(tmp_path):
+    job = Job(tmp_path, "stop2", 1, ["--stop-in-allreduce", "1:12", "--comm-timeout-s", "600"],
+              launcher_args=["--heartbeat-timeout", "600"], world=2)
+    pid, code, took = _run_until_the_stopped_rank_is_replaced(job)
+    out = job.output()
+    assert code == 0, out
+    assert "too many suspects" not in out, out
+    assert re.search(rf"rank 1 \(pid {pid}\) is the hang's suspect: killing it|rank\(s\) 1 stopped",
+                     out), out
+    finals = job.finals()
+    assert sorted(finals) == [0, 1], out
+    assert len({c for _, c in finals.values()}) == 1, f"the replicas differ: {finals}\n{out}"
+    print(f"stopped rank 1 of 2 replaced {took:.2f} s after it stopped")
+
+
 def _assert_every_rank_ends_as(job, uninterrupted):
     """Every rank printed its final line, with the uninterrupted run's parameter checksum."""
     out = job.output()
     finals = job.finals()
-    assert sorted(finals) == list(range(WORLD)), out
+    assert sorted(finals) == list(range(job.world)), out
     for rank, (_, checksum) in finals.items():
         assert checksum == uninterrupted, f"rank {rank}: {checksum} != {uninterrupted}\n{out}"
 

@@ -268,6 +268,7 @@ class PyStepScope {
   }
 
   bool active() const { return scope_ != nullptr && scope_->active(); }
+  bool superseded_at_entry() const { return scope_ != nullptr && scope_->superseded_at_entry(); }
 
   void ReportFault(int kind, const std::string& message) {
     if (kind <= 0 || kind > static_cast<int>(FaultKind::kUsageError)) {
@@ -359,6 +360,7 @@ void BindRuntime(nb::module_& m) {
       .def(nb::init<PyRuntime&, int64_t>(), nb::arg("runtime"), nb::arg("step"),
            nb::keep_alive<1, 2>())
       .def_prop_ro("active", &PyStepScope::active)
+      .def_prop_ro("superseded_at_entry", &PyStepScope::superseded_at_entry)
       .def("report_fault", &PyStepScope::ReportFault, nb::arg("kind"), nb::arg("message"))
       .def("check_loss", &PyStepScope::CheckLoss, nb::arg("loss"))
       .def("check_finite", &PyStepScope::CheckFinite, nb::arg("name"), nb::arg("array"),
@@ -378,10 +380,40 @@ void BindRuntime(nb::module_& m) {
           nb::arg("variables"), nb::rv_policy::take_ownership)
       .def_prop_ro("rank", [](const PyRuntime& r) { return r.get().rank(); })
       .def_prop_ro("world_size", [](const PyRuntime& r) { return r.get().world_size(); })
+      .def_prop_ro("local_world_size",
+                   [](const PyRuntime& r) {
+                     const Options& o = r.get().options();
+                     return o.local_world_size > 0 ? o.local_world_size : r.get().world_size();
+                   })
+      .def_prop_ro("role", [](const PyRuntime& r) { return r.get().options().role; })
+      .def_prop_ro("recovery_plan",
+                   [](const PyRuntime& r) -> nb::object {
+                     const std::optional<RecoveryPlan>& plan = r.get().recovery_plan();
+                     if (!plan.has_value()) return nb::none();
+                     nb::dict d;
+                     d["generation"] = plan->generation;
+                     d["resume_step"] = plan->resume_step;
+                     d["state_source_rank"] = plan->state_source_rank;
+                     d["new_ranks"] = plan->new_ranks;
+                     return d;
+                   })
       .def_prop_ro("generation", [](const PyRuntime& r) { return r.get().generation(); })
       .def_prop_ro("job_id", [](const PyRuntime& r) { return r.get().options().job_id; })
       .def_prop_ro("run_dir", [](const PyRuntime& r) { return r.get().run_dir(); })
       .def_prop_ro("checkpointing", [](const PyRuntime& r) { return r.get().checkpointing(); })
+      .def("checkpoint_due_after",
+           [](const PyRuntime& r, int64_t step) { return r.get().CheckpointDueAfter(step); },
+           nb::arg("step"))
+      .def_prop_ro("local_rank",
+                   [](const PyRuntime& r) {
+                     // A standby learns its rank when it is assigned; ranks are laid out host by
+                     // host, local_world_size per host (as trainguard run and torchrun do).
+                     const Options& o = r.get().options();
+                     if (o.role == "rank") return o.local_rank;
+                     const int per_host = o.local_world_size > 0 ? o.local_world_size
+                                                                 : r.get().world_size();
+                     return r.get().rank() % per_host;
+                   })
       .def_prop_ro("fatal", [](const PyRuntime& r) { return r.get().fatal(); })
       .def_prop_ro("superseded_generation",
                    [](PyRuntime& r) { return r.get().superseded_generation(); })

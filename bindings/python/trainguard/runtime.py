@@ -6,10 +6,12 @@ can wait (start, recover, restore_checkpoint, wait_for_checkpoints, store waits,
 which fences the previous snapshot) releases the GIL.
 """
 
+import atexit
 import contextlib
 import json
 import os
 import sys
+import weakref
 
 from . import _C
 from .errors import Error, JobMustExit, StaleStateError
@@ -119,11 +121,15 @@ class Step:
         self.result = None
 
     def __enter__(self):
-        self._runtime._check_state(f"step {self.number}")
         self._scope = _C.StepScope(self._runtime._c, self.number)
         if not self._scope.active:
             self.result = self._scope.finish()
             raise Error(f"step {self.number} was rejected: {self.result.message}")
+        if self._scope.superseded_at_entry:
+            # The C++ guard skips the body; a `with` block cannot: the step has already failed
+            # (a communication failure), so `s.failed` is True from the start.
+            self._failed = True
+            self._communication_failed = True
         self._runtime._current_step = self
         return self
 
@@ -141,8 +147,12 @@ class Step:
             scope.report_fault(kind, f"{type(exc).__qualname__}: {exc}")
         stale = None
         if exc is None or swallow:
-            stale = self._runtime._prepare_snapshot(scope)
+            stale = self._runtime._prepare_snapshot(scope, self.number)
         self.result = scope.finish()
+        if not self.result.ok:
+            # Whatever the loop does after a failed step (a `zero_grad` at its end skipped by the
+            # exception), the replay or the next step must not add onto this step's gradients.
+            self._runtime._clear_gradients()
         if stale is not None:
             raise stale
         return swallow
@@ -223,7 +233,18 @@ class Runtime:
             variables["TRAINGUARD_" + key.upper()] = _env_value(key, value)
         rt = cls.__new__(cls)
         rt._setup(_C.Runtime.from_environment(variables))
+        rt._export_torchrun_variables()
         return rt
+
+    def _export_torchrun_variables(self):
+        """torchrun's variables for this process's rank, which a standby learns only here: scripts
+        pick their device from LOCAL_RANK after from_env(), as under torchrun."""
+        local_world = self._c.local_world_size
+        os.environ.update({
+            "RANK": str(self.rank), "LOCAL_RANK": str(self.local_rank),
+            "WORLD_SIZE": str(self.world_size), "LOCAL_WORLD_SIZE": str(local_world),
+            "GROUP_RANK": str(self.rank // local_world), "ROLE_RANK": str(self.rank),
+        })
 
     def _setup(self, c):
         self._c = c
@@ -236,6 +257,12 @@ class Runtime:
         # one of its collectives on this rank fails at once instead of waiting out its timeout.
         self._communicator_aborts = {}
         self._on_close = []  # callables run before the C++ Runtime closes (stop helper threads)
+        self._gradient_clearers = []  # callables that drop the registered model's gradients
+        # (generation, source rank) while the registered state must still be broadcast from a
+        # survivor (a replacement joined and no checkpoint was restored); trainguard.torch's
+        # init_process_group does it (broadcast_state).
+        self._state_sync = None
+        _live_runtimes.add(self)
 
     @property
     def current_step(self):
@@ -250,6 +277,18 @@ class Runtime:
     @property
     def world_size(self):
         return self._c.world_size
+
+    @property
+    def local_rank(self):
+        """This rank's index on its host (torchrun's LOCAL_RANK); for a standby, known once it
+        was given a rank."""
+        return self._c.local_rank
+
+    @property
+    def recovery_plan(self):
+        """The plan of the last re-rendezvous this process took part in (a dict: generation,
+        resume_step, state_source_rank, new_ranks), or None."""
+        return self._c.recovery_plan
 
     @property
     def generation(self):
@@ -323,6 +362,7 @@ class Runtime:
         except Error as e:
             raise self._must_exit(e, None) from e
         self._after_recovery()
+        self._say_recovery(None, step)
         return step
 
     def recover(self, result):
@@ -337,7 +377,25 @@ class Runtime:
         except Error as e:
             raise self._must_exit(e, result) from e
         self._after_recovery()
+        self._say_recovery(result, step)
         return step
+
+    def _say_recovery(self, result, step):
+        """One line on stderr per recovery (and per start that restored or joined a generation):
+        what failed, what was done, where training resumes."""
+        report = self._c.last_recovery or {}
+        source = report.get("restored_from")
+        how = [f"restored from {source}"] if source else []
+        if report.get("joined_generation"):
+            how.append(f"generation {report.get('generation')}")
+        if result is None:
+            if not how:
+                return  # a fresh start: nothing to say
+            line = f"resuming at step {step} ({', '.join(how)})"
+        else:
+            line = (f"step {result.step} failed ({result.fault}): {report.get('decision')}, "
+                    f"resuming at step {step}" + (f" ({', '.join(how)})" if how else ""))
+        print(f"trainguard: rank {self.rank}: {line}", file=sys.stderr, flush=True)
 
     def _abort_communicators(self, why):
         """Aborts every communicator of the current generation registered by an integration
@@ -444,25 +502,57 @@ class Runtime:
         for _, load in self._blob_sources:
             load(self._c.get_blob)
 
-    def _prepare_snapshot(self, scope):
-        """At the end of a step that may be snapshotted: refuse stale memory (the step fails and
-        nothing is snapshotted), refresh the blobs. Returns the StaleStateError to raise, or None."""
+    def _prepare_snapshot(self, scope, step):
+        """At the end of a step: refuses to go on with state a survivor was to broadcast and did
+        not; before a step that starts a snapshot, refuses stale memory (the step fails and
+        nothing is snapshotted) and refreshes the blobs. Other steps pay for neither. Returns the
+        error to raise, or None."""
+        if self._state_sync is not None:
+            generation, source = self._state_sync
+            error = Error(
+                f"rank {self.rank}: generation {generation} was entered without a committed "
+                f"checkpoint, so every rank must take rank {source}'s registered state before "
+                "training on (a replacement has none); call trainguard.torch.init_process_group"
+                "(rt) (which broadcasts it) or trainguard.torch.broadcast_state(rt, group) after "
+                "building your own process group")
+            scope.report_fault(_C.FAULT_UNCLASSIFIED, str(error))
+            return error
+        if not self._c.checkpoint_due_after(step):
+            return None
         stale = self._stale()
         if stale is not None:
             scope.report_fault(_C.FAULT_UNCLASSIFIED, str(stale))
             return stale
-        if self._blob_sources and self._c.checkpointing:
+        if self._blob_sources:
             self._save_blobs()
         return None
+
+    def _clear_gradients(self):
+        for clear in self._gradient_clearers:
+            clear()
 
     def _after_recovery(self):
         report = self._c.last_recovery or {}
         if report.get("restored_from") or report.get("state_source_rank", -1) >= 0:
             self._load_blobs()
+        self._clear_gradients()
+        plan = self._c.recovery_plan
+        entered = report.get("decision") in ("start", "re_rendezvous")
+        if (entered and plan is not None and plan["generation"] == self.generation
+                and plan["state_source_rank"] >= 0 and not report.get("restored_from")
+                and report.get("state_source_rank", -1) < 0):
+            # Without a communicator factory the C++ Runtime broadcasts nothing (torch's process
+            # group is the trainer's): the integration must, before the state is trained on.
+            self._state_sync = (self.generation, plan["state_source_rank"])
+        else:
+            self._state_sync = None
 
     # --- lifetime
     def close(self):
-        """Waits for the checkpoint in flight, stops the Runtime's threads, releases the buffers."""
+        """Waits for the checkpoint in flight, stops the Runtime's threads, releases the buffers.
+        Also called at interpreter exit and when the Runtime is garbage-collected, so a script
+        that never calls it still ends cleanly; calling it again does nothing."""
+        _live_runtimes.discard(self)
         hooks, self._on_close = self._on_close, []
         for hook in hooks:  # before the C++ Runtime goes: their threads call into it
             hook()
@@ -477,3 +567,23 @@ class Runtime:
     def __exit__(self, *exc):
         self.close()
         return False
+
+    def __del__(self):
+        c = getattr(self, "_c", None)
+        if c is not None and not c.closed:
+            self.close()
+
+
+# Runtimes not closed yet: closed at interpreter exit, before the interpreter tears down the
+# modules their threads call into (a Runtime left open ended every rank with SIGABRT).
+_live_runtimes = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_runtimes():
+    for rt in list(_live_runtimes):
+        try:
+            rt.close()
+        except Exception as e:  # noqa: BLE001 - exiting: report, close the others
+            print(f"trainguard: closing the Runtime at exit failed: {type(e).__name__}: {e}",
+                  file=sys.stderr, flush=True)

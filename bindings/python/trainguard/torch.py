@@ -58,6 +58,7 @@ import socket
 import sys
 import threading
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -66,8 +67,8 @@ from . import _C
 from .errors import DeadlineExceededError, Error
 from .runtime import CommunicationError
 
-__all__ = ["register", "Store", "process_group_store", "init_process_group", "wrap_ddp",
-           "guarded_allreduce_hook"]
+__all__ = ["register", "Store", "process_group_store", "init_process_group", "broadcast_state",
+           "wrap_ddp", "guarded_allreduce_hook"]
 
 
 def _view(t):
@@ -215,12 +216,19 @@ def register(rt, model=None, optimizer=None, rng=True, extra=None, prefix="",
              materialize=False):
     """Registers a model's parameters and buffers, an optimizer's state, the RNG states and
     `extra` (a picklable dict) with `rt` (see the module's docstring). Call it once, before
-    rt.start(). Returns the names of the registered buffers."""
+    rt.start(); a registration after the first checkpoint or restore is refused (trainguard.Error).
+    Returns the names of the registered buffers.
+
+    The model's and optimizer's gradients are dropped (``zero_grad(set_to_none=True)``) when a
+    step fails and after every start()/recover(), so a replayed or next step never adds onto a
+    failed step's gradients, wherever the loop calls zero_grad."""
     names = []
     if model is not None:
         names += _register_model(rt, model, prefix)
+        rt._gradient_clearers.append(lambda: model.zero_grad(set_to_none=True))
     if optimizer is not None:
         names += _register_optimizer(rt, optimizer, prefix, materialize)
+        rt._gradient_clearers.append(lambda: optimizer.zero_grad(set_to_none=True))
     if rng:
         rng_blob = f"{prefix}rng"
         rt._add_blob_source(lambda: {rng_blob: pickle.dumps(_rng_state())},
@@ -519,6 +527,63 @@ def init_process_group(rt, backend="gloo", timeout=datetime.timedelta(seconds=60
     rt._communicator_aborts["torch process group"] = record.abort
     if getattr(rt, "_torch_abort_thread", None) is None:
         rt._torch_abort_thread = _AbortThread(rt)
+    broadcast_state(rt, record.group)
+    return True
+
+
+def _registered_tensors(rt):
+    """[(name, tensor)] of every buffer registered with rt, as they are now."""
+    found = []
+    for entries in rt._tracked:
+        for name, current, _ in entries():
+            if current is None:
+                raise Error(f"rank {rt.rank}: registered buffer '{name}' no longer exists")
+            if not isinstance(current, torch.Tensor):
+                current = torch.from_numpy(current)  # numpy: the same memory
+            found.append((name, current.detach()))
+    return found
+
+
+def broadcast_state(rt, group=None):
+    """Gives every rank the registered state of the survivor the recovery plan names, when the
+    ranks entered a generation without restoring a checkpoint (a rank replaced before the first
+    commit): every registered tensor (parameters, buffers, optimizer state) and every blob
+    (optimizer hyperparameters, RNG states, ``extra``), as the C++ Runtime does with its
+    communicator factory. Without it the replacement would train from its fresh state and the
+    replicas (the optimizer state first) would silently diverge, so until it is done every step
+    fails with an error saying so. init_process_group calls it; call it yourself, collectively on
+    `group` (default: the default group), when you build your own process group. Returns True when
+    it broadcast, False when there was nothing to do."""
+    pending = rt._state_sync
+    if pending is None:
+        return False
+    generation, source = pending
+    if generation != rt.generation:
+        raise Error(f"rank {rt.rank}: the state broadcast pending is of generation {generation}, "
+                    f"the Runtime is in generation {rt.generation}")
+    for name, tensor in _registered_tensors(rt):
+        try:
+            dist.broadcast(tensor, src=source, group=group)
+        except Exception as e:  # noqa: BLE001 - a peer lost: the step fails, recover() follows
+            raise CommunicationError(f"rank {rt.rank}: broadcasting registered buffer '{name}' "
+                                     f"from rank {source}: {type(e).__name__}: {e}") from e
+    blobs = [None]
+    if rt.rank == source:
+        rt._save_blobs()
+        blobs[0] = {name: rt._c.get_blob(name) for save, _ in rt._blob_sources for name in save()}
+    try:
+        dist.broadcast_object_list(blobs, src=source, group=group)
+    except Exception as e:  # noqa: BLE001
+        raise CommunicationError(f"rank {rt.rank}: broadcasting the state's blobs from rank "
+                                 f"{source}: {type(e).__name__}: {e}") from e
+    if rt.rank != source:
+        for name, value in blobs[0].items():
+            rt._c.set_blob(name, value)
+        rt._load_blobs()
+    rt._state_sync = None
+    what = "gave its state to every rank" if rt.rank == source else f"took rank {source}'s state"
+    print(f"trainguard: rank {rt.rank}: {what} (generation {generation}: a replacement joined "
+          "before any checkpoint was committed)", file=sys.stderr, flush=True)
     return True
 
 
@@ -568,9 +633,16 @@ def guarded_allreduce_hook(state, bucket):
                                     buf.numel() * buf.element_size())
     try:
         work = dist.all_reduce(buf, group=state.group, async_op=True)
-    except Exception:
+    except Exception as e:  # noqa: BLE001 - a peer lost before the allreduce could start
         rt._c.collective_end(handle)
-        raise
+        if step is None:
+            raise
+        step.report_fault_from_any_thread(
+            f"rank {rt.rank}: the allreduce of DDP gradient bucket {index} failed: "
+            f"{type(e).__name__}: {e}", _C.FAULT_COMMUNICATION_FAILURE)
+        done = torch.futures.Future()
+        done.set_result(buf)
+        return done
     future = work.get_future()
 
     def finished(fut):
@@ -609,6 +681,10 @@ def wrap_ddp(rt, model, fixed_bucket_layout=True, **ddp_kwargs):
 
     if fixed_bucket_layout:
         ddp_kwargs.setdefault("find_unused_parameters", True)
+        # Set for the layout, not because parameters go unused: torch's advice to unset it when
+        # none did is not for this DDP.
+        warnings.filterwarnings("ignore", message=r".*find_unused_parameters=True was specified",
+                                category=UserWarning)
 
     record = _group_record(rt)
     if record is None or record.generation != rt.generation:
