@@ -886,6 +886,7 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(
   so.copy_threads = options.copy_threads;
   so.chunk_bytes = options.chunk_bytes;
   so.env = options.env;
+  so.keep_arena_of_other_layout = options.keep_arena_of_other_layout;
   absl::StatusOr<std::unique_ptr<Snapshotter>> snapshotter = Snapshotter::Create(registry, so);
   if (!snapshotter.ok()) return snapshotter.status();
   std::unique_ptr<Persister> persister;

@@ -65,6 +65,8 @@ struct CheckpointerOptions {
   bool use_io_uring = true;
   Store* store = nullptr;  // the job's store; nullptr: a static job
   Env* env = nullptr;
+  // SnapshotterOptions::keep_arena_of_other_layout.
+  bool keep_arena_of_other_layout = false;
   absl::Duration timeout = absl::Minutes(5);  // bounds every wait (copy, votes, persistence)
   // Peer backups (peer_backups.h): every snapshot is pushed to the rank's holders before the rank
   // votes for it, so a step is committed in memory only when every rank's backups are complete;

@@ -81,7 +81,7 @@ absl::Status InArena(absl::Status status) {
 
 absl::StatusOr<std::unique_ptr<SnapshotArena>> SnapshotArena::OpenOrCreate(
     Env* env, const std::string& name, const ArenaGeometry& geometry,
-    std::string* replaced_reason) {
+    std::string* replaced_reason, std::string_view keep_other_layout) {
   replaced_reason->clear();
   const uint64_t size = geometry.segment_bytes();
   absl::StatusOr<int> existing = env->OpenSharedMemory(name, /*writable=*/true);
@@ -112,6 +112,16 @@ absl::StatusOr<std::unique_ptr<SnapshotArena>> SnapshotArena::OpenOrCreate(
       }
       return std::unique_ptr<SnapshotArena>(
           new SnapshotArena(name, geometry, fd, static_cast<char*>(base), /*reopened=*/true));
+    }
+    if (!keep_other_layout.empty() && header.magic == kArenaMagicValue &&
+        header.format_version == kArenaFormatVersion &&
+        header.layout_hash != geometry.layout_hash) {
+      close(fd);
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "snapshot arena %s (%d bytes) holds the state of layout hash %016x, the registry has "
+          "layout hash %016x (%s): it is neither restored into this registry nor replaced",
+          name, static_cast<uint64_t>(st.st_size), header.layout_hash, geometry.layout_hash,
+          keep_other_layout));
     }
     // Another layout: the old snapshot can never be restored into this registry, so it is replaced.
     (void)env->RemoveSharedMemory(name);

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "absl/status/statusor.h"
@@ -120,13 +121,16 @@ inline void StoreState(SlotHeader* slot, SlotState state) {
 class SnapshotArena {
  public:
   // Opens the segment `name` when it exists with exactly `geometry`, else creates it (replacing one
-  // with another geometry; `*replaced_reason` then says why). FailedPrecondition when a live
-  // process holds it; ResourceExhausted when /dev/shm cannot hold it. The segment is opened,
-  // created, sized and removed through `env` (mapped here).
-  static absl::StatusOr<std::unique_ptr<SnapshotArena>> OpenOrCreate(Env* env,
-                                                                     const std::string& name,
-                                                                     const ArenaGeometry& geometry,
-                                                                     std::string* replaced_reason);
+  // with another geometry; `*replaced_reason` then says why). With `keep_other_layout` non-empty
+  // (what the caller's layout is, for the message), a valid arena whose layout hash differs (state
+  // of other buffers) is kept instead, and the call fails with FailedPrecondition naming both
+  // layouts: replacing it would lose state that no registry of this layout can restore.
+  // FailedPrecondition also when a live process holds it;
+  // ResourceExhausted when /dev/shm cannot hold it. The segment is opened, created, sized and
+  // removed through `env` (mapped here).
+  static absl::StatusOr<std::unique_ptr<SnapshotArena>> OpenOrCreate(
+      Env* env, const std::string& name, const ArenaGeometry& geometry,
+      std::string* replaced_reason, std::string_view keep_other_layout = {});
   ~SnapshotArena();
   SnapshotArena(const SnapshotArena&) = delete;
   SnapshotArena& operator=(const SnapshotArena&) = delete;

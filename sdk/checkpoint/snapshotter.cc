@@ -18,7 +18,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "sdk/checkpoint/payload_layout.h"
 #include "sdk/checkpoint/snapshot_arena.h"
@@ -686,10 +688,29 @@ absl::StatusOr<std::unique_ptr<Snapshotter>> Snapshotter::Create(
 #endif
   PayloadPlan plan = PlanPayload(*registry, options);
   std::string replaced_reason;
+  std::string this_layout;  // for the message when an arena of another layout is kept
+  if (options.keep_arena_of_other_layout) {
+    std::vector<std::string> names;
+    for (const StateBuffer& b : registry->buffers()) {
+      if (names.size() == 3) {
+        names.push_back("...");
+        break;
+      }
+      names.push_back(b.name);
+    }
+    this_layout = absl::StrFormat(
+        "%d buffers, %d bytes: %s; another model under the same job id? Give the new run its own "
+        "job id, or remove the old state (trainguard shm remove --job %s) to start over",
+        registry->buffers().size(), registry->total_bytes(), absl::StrJoin(names, ", "),
+        options.job_id);
+  }
   absl::StatusOr<std::unique_ptr<SnapshotArena>> arena = SnapshotArena::OpenOrCreate(
       options.env != nullptr ? options.env : Env::Default(),
-      ArenaName(options.job_id, options.rank), plan.geometry, &replaced_reason);
-  if (!arena.ok()) return arena.status();
+      ArenaName(options.job_id, options.rank), plan.geometry, &replaced_reason, this_layout);
+  if (!arena.ok()) {
+    return absl::Status(arena.status().code(),
+                        absl::StrCat(where, ": ", arena.status().message()));
+  }
   if (!replaced_reason.empty()) {
     // Said once, loudly: the previous process's snapshot is gone and will not be restored.
     std::fprintf(stderr, "trainguard: %s: replaced the snapshot arena %s: %s\n", where.c_str(),

@@ -33,6 +33,10 @@ struct SnapshotterOptions {
   size_t chunk_bytes = 4 << 20;     // checksum granularity (and CUDA copy size)
   size_t max_blob_bytes = 1 << 20;  // arena space reserved for blobs
   Env* env = nullptr;               // the arena's shared memory; nullptr: Env::Default()
+  // An existing arena of this rank that holds another layout's state (another model under the same
+  // job id) is kept and Create fails naming both layouts, instead of being replaced (its state
+  // lost). The Runtime's own arena asks for this; a backup holder's does not.
+  bool keep_arena_of_other_layout = false;
 };
 
 struct SnapshotInfo {

@@ -1115,6 +1115,8 @@ absl::Status RuntimeImpl::EnsureCheckpointer() {
   o.copy_threads = options_.checkpoint_copy_threads;
   o.store = store_;
   o.env = options_.env;
+  // A rerun of the job with another model must not start from step 0 with its state gone.
+  o.keep_arena_of_other_layout = true;
   o.timeout = absl::Milliseconds(options_.rendezvous_timeout_ms);
   absl::StatusOr<std::optional<PeerBackupsOptions>> peers = PeerBackupOptions();
   if (!peers.ok())

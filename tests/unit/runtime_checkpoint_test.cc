@@ -12,6 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -176,6 +177,32 @@ TEST_F(RuntimeCheckpointTest, ABufferRegisteredAfterTheFirstSnapshotIsRefusedNam
               HasSubstr("state buffer \"late\": registered after the first checkpoint"));
   EXPECT_EQ(rt_->state().buffers().size(), 1u);
   EXPECT_TRUE(rt_->state().SetBlob("new-blob", "still fine").ok());
+}
+
+// A rerun of the job with another model: its arena holds state of another layout, which must be
+// neither restored nor lost; Start() fails naming both layouts instead of beginning at step 0.
+TEST_F(RuntimeCheckpointTest, ARerunWithAnotherModelFailsNamingBothLayoutsAndKeepsTheOldState) {
+  for (int64_t step = 0; step < 10; ++step) ASSERT_TRUE(Train(step).ok());  // step 9 snapshots
+  ASSERT_TRUE(rt_->WaitForCheckpoints(absl::Seconds(30)).ok());
+  const uint64_t old_layout = rt_->state().LayoutHash();
+  rt_.reset();
+  absl::StatusOr<std::unique_ptr<Runtime>> rerun = Runtime::Create(options_);
+  ASSERT_TRUE(rerun.ok()) << rerun.status();
+  std::vector<float> bigger(6000, 0.0f);
+  ASSERT_TRUE((*rerun)->state()
+                  .Register({"w", "model", bigger.data(), bigger.size() * sizeof(float),
+                             DType::kF32, {6000}, {}})
+                  .ok());
+  absl::StatusOr<int64_t> start = (*rerun)->Start();
+  EXPECT_TRUE(absl::IsFailedPrecondition(start.status())) << start.status();
+  EXPECT_THAT(std::string(start.status().message()),
+              HasSubstr(absl::StrFormat("holds the state of layout hash %016x", old_layout)));
+  EXPECT_THAT(std::string(start.status().message()), HasSubstr("1 buffers, 24000 bytes: w"));
+  rerun->reset();
+  ASSERT_NO_FATAL_FAILURE(CreateRuntime());  // the original model restores its step
+  absl::StatusOr<int64_t> resumed = rt_->Start();
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(*resumed, 10);
 }
 
 // The policy's question without its side effect: checkpoint_every_steps 10 saves after step 9, 19...

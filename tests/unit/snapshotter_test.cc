@@ -488,6 +488,41 @@ TEST_F(SnapshotterTest, AnArenaOfAnotherLayoutIsReplacedNotRestored) {
   EXPECT_THAT(restored.status().message(), HasSubstr("layout hash"));
 }
 
+// The Runtime's own arena: another model under the same job id must not silently start over.
+TEST_F(SnapshotterTest, AnArenaOfAnotherLayoutIsKeptAndBothLayoutsNamedWhenAsked) {
+  TrainerState state;
+  state.FillAll(3);
+  StateRegistry registry = state.MakeRegistry();
+  {
+    std::unique_ptr<Snapshotter> snapshotter = MustCreate(&registry);
+    ASSERT_NE(snapshotter, nullptr);
+    ASSERT_TRUE(snapshotter->Begin(3).ok());
+    ASSERT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
+  }
+  std::vector<float> other(16, 1.0f);
+  StateRegistry other_registry;
+  ASSERT_TRUE(
+      other_registry
+          .Register(StateBuffer{
+              "layer0.weight", "model", other.data(), 64, DType::kF32, {16}, Device::Host()})
+          .ok());
+  SnapshotterOptions keep = options_;
+  keep.keep_arena_of_other_layout = true;
+  absl::StatusOr<std::unique_ptr<Snapshotter>> refused =
+      Snapshotter::Create(&other_registry, keep);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr(absl::StrFormat("holds the state of layout hash %016x, the registry has "
+                                        "layout hash %016x (1 buffers, 64 bytes: layer0.weight",
+                                        registry.LayoutHash(), other_registry.LayoutHash())));
+  EXPECT_THAT(refused.status().message(), HasSubstr("trainguard shm remove --job"));
+  // The old state is still there and restores into a registry of its own layout.
+  std::unique_ptr<Snapshotter> again = MustCreate(&registry);
+  ASSERT_NE(again, nullptr);
+  ASSERT_TRUE(again->LatestComplete().has_value());
+  EXPECT_EQ(again->LatestComplete()->step, 3);
+}
+
 TEST_F(SnapshotterTest, ASecondLiveSnapshotterForTheSameRankIsRefused) {
   TrainerState state;
   StateRegistry registry = state.MakeRegistry();
