@@ -273,3 +273,40 @@ def test_trainguard_shm_lists_and_removes_what_a_killed_run_left(tmp_path, job_i
         for name in os.listdir("/dev/shm"):
             if job_id in name:
                 os.unlink(os.path.join("/dev/shm", name))
+
+
+# Issue 40, 3: two unrelated runs of a script that names no job would share the default id, and
+# the second would resume (or replace) the first's state.
+def test_a_runtime_that_checkpoints_needs_a_job_id(monkeypatch, tmp_path):
+    for name in ("TRAINGUARD_JOB_ID", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(trainguard.Error, match="job_id is not set"):
+        trainguard.Runtime.from_env(checkpoint_every_steps=10, run_dir=str(tmp_path))
+
+
+# Issue 40, 3: a rerun under the same job id with a model of another size fails naming both
+# layouts, and the first run's state is still there for it.
+def test_a_rerun_with_another_model_fails_naming_both_layouts(tmp_path, job_id):
+    options = dict(job_id=job_id, run_dir=str(tmp_path / "run"), checkpoint_every_steps=1,
+                   watchdog_poll_ms=0)
+    try:
+        with trainguard.Runtime(**options) as rt:
+            rt.register("w", torch.ones(8))
+            with rt.step(rt.start()) as s:
+                pass
+            assert s.result.ok
+        with trainguard.Runtime(**options) as rt:
+            rt.register("w", torch.ones(16))
+            with pytest.raises(trainguard.JobMustExit,
+                               match=r"holds the state of layout hash [0-9a-f]{16}, the registry "
+                                     r"has layout hash [0-9a-f]{16} \(1 buffers, 64 bytes: w"):
+                rt.start()
+        with trainguard.Runtime(**options) as rt:
+            w = torch.zeros(8)
+            rt.register("w", w)
+            assert rt.start() == 1
+            assert torch.equal(w, torch.ones(8))
+    finally:
+        for name in os.listdir("/dev/shm"):
+            if job_id in name:
+                os.unlink(os.path.join("/dev/shm", name))
