@@ -2159,8 +2159,11 @@ void Job::UpdateLease() {
   absl::StatusOr<bool> held = lease_->Update(AgentCallTimeout(config_.host_timeout));
   if (lease_->held() == was) return;
   if (!lease_->held()) {
-    Say(absl::StrFormat("no longer coordinating (the lease is %s's now)",
-                        lease_->last_holder().empty() ? "nobody" : lease_->last_holder()));
+    const std::string& holder = lease_->last_holder();
+    Say(absl::StrFormat("no longer coordinating (%s)",
+                        holder.empty() || holder == CoordinatorLease::kReleasedHolder
+                            ? std::string("the lease is released")
+                            : absl::StrCat("the lease is ", holder, "'s now")));
     dead_.clear();
     recoveries_.clear();
     return;

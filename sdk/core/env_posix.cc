@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -218,7 +219,16 @@ class PosixEnv final : public Env {
       return ErrnoToStatus(errno, absl::StrCat("ftruncate ", name, " to ", bytes, " bytes"));
     }
     if (int error = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); error != 0) {
-      return ErrnoToStatus(error, absl::StrCat("posix_fallocate of ", bytes, " bytes for ", name));
+      std::string capacity;
+      struct statvfs fs;
+      if (error == ENOSPC && ::fstatvfs(fd, &fs) == 0) {
+        // What the segment's file system holds: the size to give /dev/shm (or a smaller state).
+        capacity = absl::StrCat(" (its file system holds ",
+                                static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize, " bytes, ",
+                                static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize, " free)");
+      }
+      return ErrnoToStatus(
+          error, absl::StrCat("posix_fallocate of ", bytes, " bytes for ", name, capacity));
     }
     return absl::OkStatus();
   }

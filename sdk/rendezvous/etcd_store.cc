@@ -286,12 +286,18 @@ absl::StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::Connect(const EtcdStoreOpt
   // One round trip, so that a wrong endpoint shows here rather than at the first write.
   pb::RangeRequest probe;
   probe.set_key(store->fence_key_);
+  const absl::Time started = absl::Now();
   absl::StatusOr<pb::RangeResponse> fence =
-      Range(*store->client_, probe, absl::Now() + options.connect_timeout);
+      Range(*store->client_, probe, started + options.connect_timeout);
   if (!fence.ok()) {
+    // The probe may give up before the connect timeout (an error that is not retried): say when.
     return absl::Status(
         fence.status().code(),
-        absl::StrFormat("EtcdStore for job %s cannot reach etcd within %s: %s", options.job_id,
+        absl::StrFormat("EtcdStore for job %s cannot reach etcd (gave up after %s; connect "
+                        "timeout %s): %s",
+                        options.job_id,
+                        absl::FormatDuration(absl::Trunc(absl::Now() - started,
+                                                         absl::Milliseconds(100))),
                         absl::FormatDuration(options.connect_timeout), fence.status().message()));
   }
   return store;

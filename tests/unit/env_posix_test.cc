@@ -1,6 +1,9 @@
 #include <algorithm>
 #include <string>
 
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/temp_dir.h"
@@ -80,6 +83,22 @@ TEST(PosixEnv, AFullDeviceIsResourceExhaustedNamingThePath) {
   absl::Status s = (*file)->Append(std::string(4096, 'x'));
   EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
   EXPECT_THAT(s.message(), HasSubstr("/dev/full"));
+}
+
+// More than /dev/shm holds (tmpfs refuses a reservation beyond its size at once, without filling
+// it): the error names the segment, the bytes asked for and what the file system holds.
+TEST(PosixEnv, ASharedMemoryReservationThatCannotFitNamesTheFileSystemsCapacity) {
+  Env* env = Env::Default();
+  const std::string name = absl::StrCat("/trainguard.env-test-", getpid(), ".rank0");
+  absl::StatusOr<int> fd = env->CreateSharedMemory(name);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  const uint64_t too_much = uint64_t{1} << 50;  // 1 PiB
+  absl::Status s = env->ReserveSharedMemory(*fd, name, too_much);
+  close(*fd);
+  (void)env->RemoveSharedMemory(name);
+  EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr(absl::StrCat(too_much, " bytes for ", name)));
+  EXPECT_THAT(s.message(), HasSubstr("its file system holds"));
 }
 
 TEST(PosixEnv, RenameReplacesTheTargetAndChildrenAreListed) {
