@@ -51,6 +51,7 @@ puts the learning rates and gradients back and zeroes the step counters.
 """
 
 import datetime
+import math
 import os
 import pickle
 import random
@@ -597,6 +598,16 @@ class _HookState:
         self.names = names  # id(parameter) -> name, for the evidence
 
 
+def _all_finite(t):
+    """Whether every element of `t` is finite: a sum first (one vectorised pass, no allocation: a
+    NaN or Inf makes it non-finite), in float32 for half types; only a non-finite sum, which finite
+    values can also give by overflowing, is confirmed element by element."""
+    total = t.sum(dtype=torch.float32) if t.dtype in (torch.float16, torch.bfloat16) else t.sum()
+    if math.isfinite(float(total)):
+        return True
+    return bool(torch.isfinite(t).all())
+
+
 def _bucket_names(state, bucket, limit=3):
     names = [state.names.get(id(p), "?") for p in bucket.parameters()]
     shown = ", ".join(names[:limit])
@@ -623,7 +634,7 @@ def guarded_allreduce_hook(state, bucket):
     step = rt.current_step
     buf = bucket.buffer()
     index = bucket.index()
-    local_finite = bool(torch.isfinite(buf).all())
+    local_finite = _all_finite(buf)
     if not local_finite and step is not None:
         step.report_fault_from_any_thread(
             f"rank {rt.rank}: non-finite values (NaN/Inf) in DDP gradient bucket {index} "
@@ -655,7 +666,7 @@ def guarded_allreduce_hook(state, bucket):
                     f"rank {rt.rank}: the allreduce of DDP gradient bucket {index} failed: "
                     f"{type(e).__name__}: {e}", _C.FAULT_COMMUNICATION_FAILURE)
             return buf
-        if local_finite and step is not None and not bool(torch.isfinite(reduced).all()):
+        if local_finite and step is not None and not _all_finite(reduced):
             step.report_fault_from_any_thread(
                 f"rank {rt.rank}: DDP gradient bucket {index} is not finite after the allreduce "
                 "(another rank's gradients held NaN/Inf); the update is skipped on every rank")
