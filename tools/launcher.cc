@@ -42,6 +42,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "sdk/core/store_keys.h"
 #include "sdk/checkpoint/backup_placement.h"
 #include "sdk/checkpoint/backup_service.h"
 #include "sdk/checkpoint/snapshotter.h"
@@ -81,9 +82,9 @@ constexpr absl::Duration kMaxRestartBackoff = absl::Seconds(30);
 
 // The rank a hang key's value names ("rank R: <report>", as the Runtime writes it), or -1.
 int HangDeclarer(absl::string_view who) {
-  int rank = -1;
-  if (!absl::ConsumePrefix(&who, "rank ")) return -1;
-  return absl::SimpleAtoi(who.substr(0, who.find(':')), &rank) ? rank : -1;
+  std::optional<store_keys::HangDeclaration> d =
+      store_keys::DecodeHangDeclaration(std::string_view(who.data(), who.size()));
+  return d.has_value() ? d->rank : -1;
 }
 // Fail-slow dumps kept per run (the newest): a host confirmed again every continuity window
 // would otherwise write one per window for the job's life.
@@ -91,7 +92,7 @@ constexpr int kMaxFailSlowDumps = 16;
 // Store keys the ranks write for the launcher: a rank that gives up because the job cannot go on
 // (sdk/runtime: a fault that repeats after rollback), and a checkpoint a rank could not persist
 // (sdk/checkpoint: job/persist_failed/<step>/<rank>, the error as the value).
-constexpr char kJobStopKey[] = "job/stop";
+constexpr const char* kJobStopKey = store_keys::kJobStop;
 constexpr char kPersistFailedPrefix[] = "job/persist_failed/";
 // Multi-host: what an agent fails the job with, and the coordinator's word that every rank finished.
 constexpr char kJobFailedKey[] = "job/failed";
@@ -1324,7 +1325,7 @@ void Job::ReportPersistFailures() {
 bool Job::EveryRankResumed(int64_t generation) {
   std::vector<std::string> keys;
   for (int r = 0; r < world_size_; ++r) {
-    keys.push_back(absl::StrCat("rdzv/gen/", generation, "/resumed/", r));
+    keys.push_back(store_keys::Resumed(generation, r));
   }
   absl::StatusOr<std::vector<std::optional<std::string>>> values =
       ranks_store()->MultiGet(keys, kStoreTimeout);
@@ -1431,7 +1432,7 @@ void Job::KillMembersStoppedInFormation() {
     // A rank that completed a step of this generation is in training: a stop there is a hang,
     // which the watchdog and the diagnosis name.
     if (ranks_store()
-            ->Get(absl::StrCat("rdzv/gen/", generation, "/resumed/", rank), kStoreTimeout)
+            ->Get(store_keys::Resumed(generation, rank), kStoreTimeout)
             .ok()) {
       continue;
     }
@@ -1494,10 +1495,10 @@ absl::StatusOr<std::string> Job::SupersededHang(const std::string& dir, int64_t 
     if (d.generation != generation || d.hang.empty() || d.dumped_at < HangDumpsSince(generation)) {
       continue;
     }
-    return absl::StrFormat(
-        "rank %d: %s (its dump; generation %d was superseded before it could "
-        "publish the hang)",
-        d.rank, d.hang, generation);
+    return store_keys::EncodeHangDeclaration(
+        {d.rank, absl::StrFormat("%s (its dump; generation %d was superseded before it could "
+                                 "publish the hang)",
+                                 d.hang, generation)});
   }
   return absl::NotFoundError(absl::StrCat("no hang dump of generation ", generation));
 }
@@ -1537,7 +1538,7 @@ void Job::DiagnoseHangs() {
     const bool superseded = hangs_checked_below_ < current && EveryRankResumed(current);
     for (int64_t g = hangs_checked_below_; g <= current; ++g) {
       absl::StatusOr<std::string> who =
-          ranks_store()->Get(absl::StrCat("hang/gen", g), absl::Milliseconds(200));
+          ranks_store()->Get(store_keys::Hang(g), absl::Milliseconds(200));
       if (absl::IsNotFound(who.status()) && g < current && !MultiHost()) {
         who = SupersededHang(dir, g);
       }
@@ -1657,10 +1658,13 @@ void Job::DiagnoseHangs() {
   // The verdict awaited is that of the rank whose declaration the launcher read (every declaring
   // rank writes the hang key; the last one stays).
   if (silent_ranks.empty() && !pending_hang_->aborted && pending_hang_->declarer >= 0) {
-    const std::string key = absl::StrCat("hang/gen", pending_hang_->generation);
-    const std::string withdrawn_key = absl::StrCat(key, "/withdrawn/", pending_hang_->declarer);
+    const std::string key = store_keys::Hang(pending_hang_->generation);
+    const std::string withdrawn_key =
+        store_keys::HangWithdrawn(pending_hang_->generation, pending_hang_->declarer);
     absl::StatusOr<std::vector<std::optional<std::string>>> verdict = ranks_store()->MultiGet(
-        {absl::StrCat(key, "/aborted/", pending_hang_->declarer), withdrawn_key}, kStoreTimeout);
+        {store_keys::HangAborted(pending_hang_->generation, pending_hang_->declarer),
+         withdrawn_key},
+        kStoreTimeout);
     if (verdict.ok() && (*verdict)[0].has_value()) {
       pending_hang_->aborted = true;
     } else if (verdict.ok() && (*verdict)[1].has_value()) {
@@ -1780,7 +1784,7 @@ void Job::ReplaceHangSuspects(const std::vector<int>& suspects, int64_t generati
     const int64_t current = coordinator_->generation();
     if (current != generation &&
         ranks_store()
-            ->Get(absl::StrCat("rdzv/gen/", current, "/resumed/", rank), kStoreTimeout)
+            ->Get(store_keys::Resumed(current, rank), kStoreTimeout)
             .ok()) {
       Say(absl::StrFormat("%s (pid %d) has trained in generation %d since: not hung", c->Label(),
                           c->pid, current));

@@ -1,3 +1,4 @@
+#include "sdk/core/store_keys.h"
 #include "sdk/runtime/peer_progress.h"
 
 #include <cstdint>
@@ -76,7 +77,7 @@ absl::StatusOr<ProgressRecord> ParseProgressRecord(std::string_view text) {
 }
 
 std::string ProgressKey(int64_t generation, int rank) {
-  return absl::StrCat("hang/gen", generation, "/progress/", rank);
+  return store_keys::HangProgress(generation, rank);
 }
 
 std::optional<std::string> ExplainWait(const std::vector<std::optional<std::string>>& records,

@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "sdk/core/store_keys.h"
 #include "sdk/checkpoint/backup_placement.h"
 #include "sdk/checkpoint/checkpointer.h"
 #include "sdk/core/event_log.h"
@@ -306,7 +307,7 @@ void RuntimeImpl::AnnounceResumed(int64_t step) {
   if (store_ == nullptr) return;
   // Best effort: a launcher that misses it reports no recovery time and watches the superseded
   // generations for a late hang until a later generation is announced by every rank.
-  (void)store_->Set(absl::StrCat("rdzv/gen/", generation, "/resumed/", rank_), absl::StrCat(step),
+  (void)store_->Set(store_keys::Resumed(generation, rank_), absl::StrCat(step),
                     absl::Milliseconds(options_.rendezvous_timeout_ms));
 }
 
@@ -728,10 +729,11 @@ void RuntimeImpl::OnHang(const HangReport& report) {
   // and written: the launcher can replace a stopped peer meanwhile, and this rank's dump still
   // shows where its threads were when it declared the hang. Every other rank dumps its ring and
   // stacks too when it sees the key, for a diagnosis across ranks.
-  const std::string key = absl::StrCat("hang/gen", generation);
+  const std::string key = store_keys::Hang(generation);
   absl::Time declared = absl::InfiniteFuture();
   if (store_ != nullptr) {
-    (void)store_->Set(key, absl::StrCat("rank ", rank_, ": ", report.ToString()), absl::Seconds(2));
+    (void)store_->Set(key, store_keys::EncodeHangDeclaration({rank_, report.ToString()}),
+                      absl::Seconds(2));
     declared = absl::Now();
     MutexLock lock(&dump_mu_);
     hang_key_seen_ = declared;
@@ -768,13 +770,13 @@ void RuntimeImpl::OnHang(const HangReport& report) {
   // blocked. A wait that ends by itself meanwhile (the whole machine stalled, and caught up)
   // withdraws the hang: nothing is aborted, and the launcher replaces no one.
   if (!AwaitHangEnd(steps_failed)) {
-    (void)store_->Set(absl::StrCat(key, "/aborted/", rank_), absl::StrCat("rank ", rank_),
+    (void)store_->Set(store_keys::HangAborted(generation, rank_), absl::StrCat("rank ", rank_),
                       absl::Seconds(2));
     return;
   }
   const absl::Duration waited_for = absl::Now() - declared;
   const std::string waited = absl::FormatDuration(absl::Trunc(waited_for, absl::Milliseconds(1)));
-  (void)store_->Set(absl::StrCat(key, "/withdrawn/", rank_),
+  (void)store_->Set(store_keys::HangWithdrawn(generation, rank_),
                     absl::StrCat("rank ", rank_, ": its wait ended ", waited, " after the hang"),
                     absl::Seconds(2));
   Event withdrawn;
@@ -962,7 +964,7 @@ void RuntimeImpl::WatchPeerHangs() {
     const int64_t generation = this->generation();
     const absl::Time asked = absl::Now();
     absl::StatusOr<std::string> who =
-        store_->Get(absl::StrCat("hang/gen", generation), absl::Seconds(2));
+        store_->Get(store_keys::Hang(generation), absl::Seconds(2));
     MutexLock lock(&dump_mu_);
     if (!who.ok()) {
       // The launcher deletes the key of a hang withdrawn (OnHang): a later hang of the same
@@ -1031,7 +1033,7 @@ void RuntimeImpl::OnSuperseded(int64_t generation) {
   if (store_ != nullptr) {
     const absl::Time asked = absl::Now();
     absl::StatusOr<std::string> who =
-        store_->Get(absl::StrCat("hang/gen", generation), absl::Seconds(2));
+        store_->Get(store_keys::Hang(generation), absl::Seconds(2));
     MutexLock lock(&dump_mu_);
     if (who.ok() && dumped_generation_ != generation) {
       dumped_generation_ = generation;
