@@ -4,21 +4,27 @@
 #   ./scripts/test.sh               default preset (RelWithDebInfo): the command CI runs
 #   ./scripts/test.sh --sanitize    the same suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   ./scripts/test.sh --tsan        the same suite under ThreadSanitizer
+#   ./scripts/test.sh --wheel       only the test of the self-contained wheel (label wheel:
+#                                   scripts/build_wheel.sh builds it, a Debian image without the
+#                                   build's libraries installs it); the other runs leave it out
 #   extra arguments after -- go to ctest, e.g.  ./scripts/test.sh -- -R Topology
 #
 # Build output goes to $TG_BUILD_DIR (default: build/) in a folder per preset.
-# Tests labelled `gpu` run only when nvidia-smi sees a GPU.
+# Tests labelled `gpu` run only when nvidia-smi sees a GPU; those labelled `wheel` only with
+# --wheel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 preset=default
 ctest_args=()
+wheel=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --sanitize|--asan) preset=asan-ubsan ;;
     --tsan) preset=tsan ;;
+    --wheel) wheel=1 ;;
     --) shift; ctest_args=("$@"); break ;;
-    *) echo "usage: $0 [--sanitize|--tsan] [-- ctest args]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--sanitize|--tsan|--wheel] [-- ctest args]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -41,10 +47,13 @@ cmake --preset "$preset" -B "$build_dir" "${python_args[@]}" >"$build_dir/config
   || { cat "$build_dir/configure.log"; exit 1; }
 cmake --build "$build_dir" -j "$jobs"
 
-label_filter=(-LE gpu)
+label_filter=(-LE '^(gpu|wheel)$')
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  label_filter=()
+  label_filter=(-LE '^wheel$')
   echo "test: GPU found, running gpu-labelled tests too"
+fi
+if [ "$wheel" = 1 ]; then
+  label_filter=(-L '^wheel$')
 fi
 
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 14, test 8: builds the wheel from the source tree (what `pip install .` builds; its CMake
-# build folder, build/python-wheel/, is kept, so a rebuild is incremental), installs it into a fresh
+# build folder, WORK_DIR/../python-wheel-build, is kept, so a rebuild is incremental), installs it into a fresh
 # virtual environment that has no torch, and checks that `import trainguard`, a guarded step and
 # the `trainguard` console command work there, and that trainguard.torch says torch is missing.
 #   usage: wheel_install_test.sh SOURCE_DIR WORK_DIR PYTHON   (PYTHON has scikit-build-core, nanobind)
@@ -8,6 +8,8 @@ set -euo pipefail
 src="$1" work="$2" python="$3"
 rm -rf "$work"
 mkdir -p "$work/dist"
+# scikit-build-core's build folder: outside the source tree, kept beside WORK_DIR between runs.
+export SKBUILD_BUILD_DIR="$(dirname "$work")/python-wheel-build/{wheel_tag}"
 
 # --no-build-isolation: the pinned build tools already in PYTHON's environment (scripts/setup.sh).
 "$python" -m pip wheel -q --no-build-isolation --no-deps -w "$work/dist" "$src"
