@@ -1,6 +1,7 @@
 # Shared fixtures of the Python bindings' tests (run by ctest's python_* entries through .venv's
 # pytest, with PYTHONPATH at the build tree's package).
 import os
+import subprocess
 import uuid
 
 import pytest
@@ -31,3 +32,45 @@ def make_runtime(tmp_path, job_id):
     for name in os.listdir("/dev/shm"):
         if job_id in name:
             os.unlink(os.path.join("/dev/shm", name))
+
+
+# The shared token of the TcpStore servers the tests start.
+STORE_TOKEN = "test-token-" + uuid.uuid4().hex
+
+
+@pytest.fixture
+def server():
+    """A TcpStore server on loopback, closed after the test."""
+    s = trainguard.TcpStoreServer(STORE_TOKEN)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def store(server, job_id):
+    """A client of `server` for `job_id`."""
+    s = trainguard.open_store(f"tcp://{server.address}", job_id, STORE_TOKEN)
+    yield s
+    s.close()
+
+
+def trainguard_cli():
+    """The trainguard binary ctest gives (TG_CLI); the test is skipped without it."""
+    cli = os.environ.get("TG_CLI")
+    if not cli:
+        pytest.skip("TG_CLI (the trainguard binary) is not set; ctest sets it")
+    return cli
+
+
+def run_job(tmp_path, name, launcher_args, command, timeout):
+    """Runs `trainguard run LAUNCHER_ARGS -- COMMAND` under a fresh job id in tmp_path/run and removes
+    the job's /dev/shm segments after; the CompletedProcess (stdout and stderr as text)."""
+    job = f"{name}-{uuid.uuid4().hex[:8]}"
+    try:
+        return subprocess.run([trainguard_cli(), "run", *launcher_args, "--job-id", job,
+                               "--run-dir", str(tmp_path / "run"), "--", *command],
+                              capture_output=True, text=True, timeout=timeout)
+    finally:
+        for segment in os.listdir("/dev/shm"):
+            if job in segment:
+                os.unlink(os.path.join("/dev/shm", segment))

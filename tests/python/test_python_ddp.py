@@ -15,18 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from conftest import trainguard_cli
+
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "examples" / "python_ddp" / "train.py"
 STEPS = 30
 WORLD = 3
 DEADLINE_S = 300  # a bound on each poll, not a measured threshold
-
-
-def _cli():
-    cli = os.environ.get("TG_CLI")
-    if not cli:
-        pytest.skip("TG_CLI (the trainguard binary) is not set; ctest sets it")
-    return cli
 
 
 class Job:
@@ -45,7 +40,7 @@ class Job:
             "TRAINGUARD_CHECKPOINT_PERSIST_EVERY": "2",
         })
         env.update(env_extra or {})
-        command = [_cli(), "run", "--nproc", str(world), "--standby", str(standby),
+        command = [trainguard_cli(), "run", "--nproc", str(world), "--standby", str(standby),
                    "--job-id", self.job_id, "--run-dir", str(self.run_dir), *launcher_args, "--",
                    sys.executable, str(TRAIN), "--steps", str(STEPS), "--print-every", "1",
                    *trainer_args]
@@ -87,6 +82,17 @@ class Job:
             signal.pidfd_send_signal(fd, signal.SIGKILL)
         finally:
             os.close(fd)
+
+    def kill_at_gate(self, rank, step, gate):
+        """Waits until every rank waits at step `step`'s gate, SIGKILLs `rank`'s process, opens the
+        gate and waits for the job to end; its exit code."""
+        try:
+            self.wait_for(rf"rank {rank} waiting at step {step}")
+            self.kill_rank(rank)
+            gate.touch()
+            return self.finish()
+        finally:
+            self.abandon(gate)
 
     def abandon(self, *gates):
         """After a test's body, passed or not: opens `gates` (so no rank waits at one) and kills
@@ -225,13 +231,7 @@ def test_a_failed_step_leaves_no_gradients_behind_when_the_loop_clears_them_at_i
         tmp_path, uninterrupted):
     gate = tmp_path / "gate"
     job = Job(tmp_path, "zeroend", 1, ["--gate", f"12:{gate}", "--zero-grad-at-end", "1"])
-    try:
-        job.wait_for(r"rank 1 waiting at step 12")
-        job.kill_rank(1)
-        gate.touch()
-        code = job.finish()
-    finally:
-        job.abandon(gate)
+    code = job.kill_at_gate(1, 12, gate)
     out = job.output()
     assert code == 0, out
     assert re.search(r"rank [02] step 12 fault communication_failure action re_rendezvous", out), out
@@ -244,13 +244,7 @@ def test_a_failed_step_leaves_no_gradients_behind_when_the_loop_clears_them_at_i
 def test_a_rank_lost_before_the_first_commit_is_given_a_survivors_state(tmp_path, uninterrupted):
     gate = tmp_path / "gate"
     job = Job(tmp_path, "precommit", 1, ["--gate", f"2:{gate}"])
-    try:
-        job.wait_for(r"rank 1 waiting at step 2")
-        job.kill_rank(1)
-        gate.touch()
-        code = job.finish()
-    finally:
-        job.abandon(gate)
+    code = job.kill_at_gate(1, 2, gate)
     out = job.output()
     assert code == 0, out
     assert "takes rank 1" in out, out

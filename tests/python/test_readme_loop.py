@@ -1,13 +1,10 @@
 # Issue 40, 13: README's PyTorch loop, taken from README.md as written, runs under `trainguard run`
 # with 2 ranks and a standby, and ends cleanly on every rank.
-import os
 import re
-import subprocess
 import sys
-import uuid
 from pathlib import Path
 
-import pytest
+from conftest import run_job
 
 REPO = Path(__file__).resolve().parents[2]
 MARKER = "<!-- the loop test_readme_loop.py runs -->"
@@ -22,21 +19,10 @@ def readme_loop():
 
 
 def test_readmes_pytorch_loop_runs_as_written_under_trainguard_run(tmp_path):
-    cli = os.environ.get("TG_CLI")
-    if not cli:
-        pytest.skip("TG_CLI (the trainguard binary) is not set; ctest sets it")
     script = tmp_path / "readme_loop.py"
     script.write_text(readme_loop())
-    job = f"readme-{uuid.uuid4().hex[:8]}"
-    try:
-        done = subprocess.run([cli, "run", "--nproc", "2", "--standby", "1", "--job-id", job,
-                               "--run-dir", str(tmp_path / "run"), "--", sys.executable,
-                               str(script)],
-                              capture_output=True, text=True, timeout=240)
-    finally:
-        for name in os.listdir("/dev/shm"):
-            if job in name:
-                os.unlink(os.path.join("/dev/shm", name))
+    done = run_job(tmp_path, "readme", ["--nproc", "2", "--standby", "1"],
+                   [sys.executable, str(script)], 240)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
     for rank in (0, 1):

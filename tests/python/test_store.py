@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 import threading
-import uuid
 
 import pytest
 import torch.distributed as dist
@@ -13,21 +12,7 @@ import torch.distributed as dist
 import trainguard
 import trainguard.torch as tgt
 
-TOKEN = "test-token-" + uuid.uuid4().hex
-
-
-@pytest.fixture
-def server():
-    s = trainguard.TcpStoreServer(TOKEN)
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def store(server, job_id):
-    s = trainguard.open_store(f"tcp://{server.address}", job_id, TOKEN)
-    yield s
-    s.close()
+from conftest import STORE_TOKEN as TOKEN
 
 
 def test_store_verbs(store):

@@ -5,9 +5,7 @@
 import os
 import subprocess
 import sys
-import threading
 import time
-import uuid
 
 import pytest
 import torch
@@ -15,22 +13,9 @@ import torch
 import trainguard
 import trainguard.torch as tgt
 
-TOKEN = "test-token-" + uuid.uuid4().hex
+from conftest import STORE_TOKEN as TOKEN, run_job, trainguard_cli
+
 DEADLINE_S = 120  # a bound on each poll, not a measured threshold
-
-
-@pytest.fixture
-def server():
-    s = trainguard.TcpStoreServer(TOKEN)
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def store(server, job_id):
-    s = trainguard.open_store(f"tcp://{server.address}", job_id, TOKEN)
-    yield s
-    s.close()
 
 
 def _model():
@@ -133,20 +118,10 @@ print(f"rank {rt.rank} done", flush=True)
 # Issue 40, 7: every rank of a job whose script never calls close() ended with SIGABRT
 # ("terminate called without an active exception") and the launcher replaced them.
 def test_a_script_that_never_closes_its_runtime_ends_cleanly_under_trainguard_run(tmp_path):
-    cli = os.environ.get("TG_CLI")
-    if not cli:
-        pytest.skip("TG_CLI (the trainguard binary) is not set; ctest sets it")
     script = tmp_path / "no_close.py"
     script.write_text(_NO_CLOSE)
-    job = f"noclose-{uuid.uuid4().hex[:8]}"
-    try:
-        done = subprocess.run([cli, "run", "--nproc", "2", "--job-id", job, "--run-dir",
-                               str(tmp_path / "run"), "--", sys.executable, str(script)],
-                              capture_output=True, text=True, timeout=DEADLINE_S)
-    finally:
-        for name in os.listdir("/dev/shm"):
-            if job in name:
-                os.unlink(os.path.join("/dev/shm", name))
+    done = run_job(tmp_path, "noclose", ["--nproc", "2"], [sys.executable, str(script)],
+                   DEADLINE_S)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
     assert "rank 0 done" in out and "rank 1 done" in out, out
@@ -237,9 +212,7 @@ sys.stdin.read()  # until the test kills it
 # Issue 40, 3: the segments a run outside `trainguard run` leaves behind when it is killed are
 # listed with the process that holds them, kept while it lives, and removed once it is dead.
 def test_trainguard_shm_lists_and_removes_what_a_killed_run_left(tmp_path, job_id):
-    cli = os.environ.get("TG_CLI")
-    if not cli:
-        pytest.skip("TG_CLI (the trainguard binary) is not set; ctest sets it")
+    cli = trainguard_cli()
 
     def shm(*args):
         return subprocess.run([cli, "shm", *args], capture_output=True, text=True, timeout=60)

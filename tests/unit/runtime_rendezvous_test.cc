@@ -128,6 +128,19 @@ class RuntimeRendezvous : public ::testing::Test {
     return r;
   }
 
+  // Prepares every rank of StartJob() and runs their Start() together (it is collective); their
+  // results, by rank.
+  std::vector<absl::StatusOr<int64_t>> PrepareAndStartAll() {
+    std::vector<absl::StatusOr<int64_t>> start(kWorld);
+    std::vector<std::thread> starting;
+    for (int r = 0; r < kWorld; ++r) {
+      Prepare(*ranks_[r], r);
+      starting.emplace_back([&, r] { start[r] = ranks_[r]->Start(); });
+    }
+    for (std::thread& t : starting) t.join();
+    return start;
+  }
+
   // Gives `rt` (process `slot`: a rank, or kWorld for the standby) its state, 8 floats, and the
   // StoreCommunicator factory, which fails in the generations listed in failing_generations_.
   void Prepare(Runtime& rt, int slot) {
@@ -305,13 +318,7 @@ TEST_F(RuntimeRendezvous, ARankThatWasReplacedLearnsItAndStopsTraining) {
 // generation.
 TEST_F(RuntimeRendezvous, ARankLearnsThatItsGenerationWasSupersededAndCallsItsHandlersOnce) {
   StartJob();
-  std::vector<absl::StatusOr<int64_t>> start(kWorld);
-  std::vector<std::thread> starting;
-  for (int r = 0; r < kWorld; ++r) {
-    Prepare(*ranks_[r], r);
-    starting.emplace_back([&, r] { start[r] = ranks_[r]->Start(); });
-  }
-  for (std::thread& t : starting) t.join();
+  std::vector<absl::StatusOr<int64_t>> start = PrepareAndStartAll();
   Mutex mu;
   std::vector<std::vector<int64_t>> called(kWorld);  // guarded by mu
   for (int r = 0; r < kWorld; ++r) {
@@ -373,13 +380,7 @@ TEST_F(RuntimeRendezvous, ARankLearnsThatItsGenerationWasSupersededAndCallsItsHa
 // body runs, as a communication failure, so recover() takes the rank to the new generation.
 TEST_F(RuntimeRendezvous, AStepEnteredAfterTheGenerationWasSupersededFailsWithoutRunningItsBody) {
   StartJob();
-  std::vector<absl::StatusOr<int64_t>> start(kWorld);
-  std::vector<std::thread> starting;
-  for (int r = 0; r < kWorld; ++r) {
-    Prepare(*ranks_[r], r);
-    starting.emplace_back([&, r] { start[r] = ranks_[r]->Start(); });
-  }
-  for (std::thread& t : starting) t.join();
+  std::vector<absl::StatusOr<int64_t>> start = PrepareAndStartAll();
   for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(start[r].ok()) << start[r].status();
 
   ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
@@ -485,13 +486,7 @@ TEST_F(RuntimeRendezvous, AStepThatOutlivesItsGenerationExitsTheProcessSoAStandb
 TEST_F(RuntimeRendezvous, AStandbyThatTakesOverBeforeTheFirstCommitStartsAtTheSurvivorsStep) {
   StartJob();
   {
-    std::vector<std::thread> starting;
-    std::vector<absl::StatusOr<int64_t>> start(kWorld);
-    for (int r = 0; r < kWorld; ++r) {
-      Prepare(*ranks_[r], r);
-      starting.emplace_back([&, r] { start[r] = ranks_[r]->Start(); });
-    }
-    for (std::thread& t : starting) t.join();
+    std::vector<absl::StatusOr<int64_t>> start = PrepareAndStartAll();
     for (int r = 0; r < kWorld; ++r) {
       ASSERT_TRUE(start[r].ok()) << start[r].status();
       EXPECT_EQ(*start[r], 0);

@@ -164,6 +164,23 @@ class SnapshotterTest : public ::testing::Test {
   }
   std::string arena_name() const { return Snapshotter::ArenaName(options_.job_id, options_.rank); }
 
+  // Step 3 of `registry` snapshotted into the arena, then `other_registry` given another layout (one
+  // 16-float buffer `other` under the same first name), as a rerun with another model has it.
+  void SnapshotStep3ThenRegisterAnotherLayout(StateRegistry& registry, std::vector<float>& other,
+                                              StateRegistry& other_registry) {
+    {
+      std::unique_ptr<Snapshotter> snapshotter = MustCreate(&registry);
+      ASSERT_NE(snapshotter, nullptr);
+      ASSERT_TRUE(snapshotter->Begin(3).ok());
+      ASSERT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
+    }
+    ASSERT_TRUE(
+        other_registry
+            .Register(StateBuffer{
+                "layer0.weight", "model", other.data(), 64, DType::kF32, {16}, Device::Host()})
+            .ok());
+  }
+
   std::unique_ptr<Snapshotter> MustCreate(const StateRegistry* registry) {
     absl::StatusOr<std::unique_ptr<Snapshotter>> s = Snapshotter::Create(registry, options_);
     EXPECT_TRUE(s.ok()) << s.status();
@@ -466,19 +483,9 @@ TEST_F(SnapshotterTest, AnArenaOfAnotherLayoutIsReplacedNotRestored) {
   TrainerState state;
   state.FillAll(3);
   StateRegistry registry = state.MakeRegistry();
-  {
-    std::unique_ptr<Snapshotter> snapshotter = MustCreate(&registry);
-    ASSERT_NE(snapshotter, nullptr);
-    ASSERT_TRUE(snapshotter->Begin(3).ok());
-    ASSERT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
-  }
   std::vector<float> other(16, 1.0f);
   StateRegistry other_registry;
-  ASSERT_TRUE(
-      other_registry
-          .Register(StateBuffer{
-              "layer0.weight", "model", other.data(), 64, DType::kF32, {16}, Device::Host()})
-          .ok());
+  ASSERT_NO_FATAL_FAILURE(SnapshotStep3ThenRegisterAnotherLayout(registry, other, other_registry));
   std::unique_ptr<Snapshotter> replaced = MustCreate(&other_registry);
   ASSERT_NE(replaced, nullptr);
   EXPECT_FALSE(replaced->LatestComplete().has_value());
@@ -493,19 +500,9 @@ TEST_F(SnapshotterTest, AnArenaOfAnotherLayoutIsKeptAndBothLayoutsNamedWhenAsked
   TrainerState state;
   state.FillAll(3);
   StateRegistry registry = state.MakeRegistry();
-  {
-    std::unique_ptr<Snapshotter> snapshotter = MustCreate(&registry);
-    ASSERT_NE(snapshotter, nullptr);
-    ASSERT_TRUE(snapshotter->Begin(3).ok());
-    ASSERT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
-  }
   std::vector<float> other(16, 1.0f);
   StateRegistry other_registry;
-  ASSERT_TRUE(
-      other_registry
-          .Register(StateBuffer{
-              "layer0.weight", "model", other.data(), 64, DType::kF32, {16}, Device::Host()})
-          .ok());
+  ASSERT_NO_FATAL_FAILURE(SnapshotStep3ThenRegisterAnotherLayout(registry, other, other_registry));
   SnapshotterOptions keep = options_;
   keep.keep_arena_of_other_layout = true;
   absl::StatusOr<std::unique_ptr<Snapshotter>> refused =
