@@ -2159,10 +2159,10 @@ void Job::AgentTick() {
 }
 
 void Job::UpdateLease() {
-  const bool was = lease_->held();
+  const bool was = lease_->claimed();
   absl::StatusOr<bool> held = lease_->Update(AgentCallTimeout(config_.host_timeout));
-  if (lease_->held() == was) return;
-  if (!lease_->held()) {
+  if (lease_->claimed() == was) return;
+  if (!lease_->claimed()) {
     const std::string& holder = lease_->last_holder();
     Say(absl::StrFormat("no longer coordinating (%s)",
                         holder.empty() || holder == CoordinatorLease::kReleasedHolder

@@ -46,7 +46,18 @@ class CoordinatorLease {
   // it at its next Update instead of waiting for the expiry: an agent that exits.
   void Release(absl::Duration timeout);
 
-  bool held() const { return held_; }
+  // Whether this agent holds the lease now: it took or renewed it, and its last renewal (timed from
+  // before the write) is younger than the expiry by its own clock. A holder whose renewals stall
+  // (the store unreachable, its loop late) stops holding at the expiry whether or not Update() is
+  // called meanwhile, so it stops acting before any watcher, which waits out the expiry from its
+  // own first sight of the last value written, can take the lease over.
+  bool held() const {
+    return held_ && clock_->MonotonicNanos() - renewed_ns_ < absl::ToInt64Nanoseconds(expiry_);
+  }
+  // Whether this agent still claims the lease (took it and was not deposed), expired or not: what
+  // Update() changes. A claimed lease that expired is held again once a renewal succeeds (its value
+  // was still this agent's: nobody took it).
+  bool claimed() const { return held_; }
   // The term this agent holds (0 when it never held the lease).
   int64_t term() const { return term_; }
   // The holder named in the value this agent read last ("" when there was none).

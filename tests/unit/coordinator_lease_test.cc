@@ -53,6 +53,21 @@ TEST_F(CoordinatorLeaseTest, ALeaseUnrenewedForTheExpiryIsTakenWithAHigherTermAn
   EXPECT_EQ(a_.last_holder(), "hostB");
 }
 
+// A holder whose loop stalls must stop acting before a watcher can take over, even if it never
+// calls Update() again: held() turns false at the expiry of its last renewal by its own clock. A
+// renewal that then succeeds (nobody took the lease) makes it the holder again.
+TEST_F(CoordinatorLeaseTest, AHolderStopsHoldingAtItsExpiryWithoutAnotherUpdate) {
+  ASSERT_TRUE(*a_.Update(kTimeout));
+  clock_a_.Advance(kExpiry - absl::Milliseconds(1));
+  EXPECT_TRUE(a_.held());
+  clock_a_.Advance(absl::Milliseconds(1));
+  EXPECT_FALSE(a_.held());
+  EXPECT_TRUE(a_.claimed());  // not deposed: nobody took it
+  EXPECT_TRUE(*a_.Update(kTimeout));
+  EXPECT_TRUE(a_.held());
+  EXPECT_EQ(a_.term(), 1);
+}
+
 TEST_F(CoordinatorLeaseTest, OfTwoWatchersTakingAnExpiredLeaseAtOnceExactlyOneWins) {
   ManualClock clock_c;
   CoordinatorLease c(&store_, "hostC", kExpiry, &clock_c);
