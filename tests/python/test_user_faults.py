@@ -283,3 +283,18 @@ def test_a_rerun_with_another_model_fails_naming_both_layouts(tmp_path, job_id):
         for name in os.listdir("/dev/shm"):
             if job_id in name:
                 os.unlink(os.path.join("/dev/shm", name))
+
+
+# Issue 40, 2: a state broadcast still owed fails a step that would succeed, loudly; a step that
+# failed anyway (a peer lost while the group was rebuilt) goes to recover() as usual.
+def test_a_step_that_succeeds_without_the_owed_state_broadcast_is_refused(make_runtime):
+    rt = make_runtime()
+    rt.register("w", torch.ones(4))
+    rt.start()
+    rt._state_sync = (rt.generation, 1)  # as after a re-rendezvous with no commit
+    with rt.step(0) as s:
+        raise trainguard.CommunicationError("a peer died while the process group was rebuilt")
+    assert s.result.action == "re_rendezvous"
+    with pytest.raises(trainguard.Error, match=r"must take rank 1's registered state"):
+        with rt.step(1):
+            pass

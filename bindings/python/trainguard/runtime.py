@@ -147,7 +147,8 @@ class Step:
             scope.report_fault(kind, f"{type(exc).__qualname__}: {exc}")
         stale = None
         if exc is None or swallow:
-            stale = self._runtime._prepare_snapshot(scope, self.number)
+            stale = self._runtime._prepare_snapshot(scope, self.number,
+                                                    failed=swallow or self._failed)
         self.result = scope.finish()
         if not self.result.ok:
             # Whatever the loop does after a failed step (a `zero_grad` at its end skipped by the
@@ -502,12 +503,13 @@ class Runtime:
         for _, load in self._blob_sources:
             load(self._c.get_blob)
 
-    def _prepare_snapshot(self, scope, step):
-        """At the end of a step: refuses to go on with state a survivor was to broadcast and did
-        not; before a step that starts a snapshot, refuses stale memory (the step fails and
-        nothing is snapshotted) and refreshes the blobs. Other steps pay for neither. Returns the
-        error to raise, or None."""
-        if self._state_sync is not None:
+    def _prepare_snapshot(self, scope, step, failed):
+        """At the end of a step: refuses a step that succeeded on state a survivor was to
+        broadcast and did not (a failed one goes to recover(), which enters the next generation);
+        before a step that starts a snapshot, refuses stale memory (the step fails and nothing is
+        snapshotted) and refreshes the blobs. Other steps pay for neither. Returns the error to
+        raise, or None."""
+        if self._state_sync is not None and not failed:
             generation, source = self._state_sync
             error = Error(
                 f"rank {self.rank}: generation {generation} was entered without a committed "
