@@ -552,9 +552,9 @@ def broadcast_state(rt, group=None):
     (optimizer hyperparameters, RNG states, ``extra``), as the C++ Runtime does with its
     communicator factory. Without it the replacement would train from its fresh state and the
     replicas (the optimizer state first) would silently diverge, so until it is done a step that
-    would succeed fails with an error saying so. init_process_group calls it; call it yourself, collectively on
-    `group` (default: the default group), when you build your own process group. Returns True when
-    it broadcast, False when there was nothing to do."""
+    would succeed fails with an error saying so. init_process_group calls it; call it yourself,
+    collectively on `group` (default: the default group), when you build your own process group.
+    Returns True when it broadcast, False when there was nothing to do."""
     pending = rt._state_sync
     if pending is None:
         return False
