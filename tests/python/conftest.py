@@ -54,6 +54,18 @@ def store(server, job_id):
     s.close()
 
 
+def join_generation_0_as_coordinator(server, store, tmp_path, job_id, **options):
+    """The test as the job's coordinator: publishes generation 0 with one member, host:rank0, and
+    returns the Runtime of that rank (store and token file set; `options` added)."""
+    token = tmp_path / "token"
+    token.write_text(STORE_TOKEN)
+    store.set("rdzv/gen/0/table", b"0\n1\nhost:rank0", 10)
+    store.set("rdzv/current", b"0", 10)
+    return trainguard.Runtime(job_id=job_id, run_dir=str(tmp_path / "run"), world_size=1, rank=0,
+                              member_id="host:rank0", store=f"tcp://{server.address}",
+                              store_token_file=str(token), **options)
+
+
 def trainguard_cli():
     """The trainguard binary ctest gives (TG_CLI); the test is skipped without it."""
     cli = os.environ.get("TG_CLI")

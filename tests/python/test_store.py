@@ -12,7 +12,7 @@ import torch.distributed as dist
 import trainguard
 import trainguard.torch as tgt
 
-from conftest import STORE_TOKEN as TOKEN
+from conftest import STORE_TOKEN as TOKEN, join_generation_0_as_coordinator
 
 
 def test_store_verbs(store):
@@ -118,13 +118,7 @@ def test_the_abort_thread_is_woken_as_soon_as_the_generation_is_superseded(serve
     # test is the coordinator: it publishes generation 0 (one rank), then generation 1's table.
     # The Runtime's generation watcher sees it and its superseded handler ends the wait, long
     # before the wait's 600 s: the thread then aborts the superseded generation's process group.
-    token = tmp_path / "token"
-    token.write_text(TOKEN)
-    store.set("rdzv/gen/0/table", b"0\n1\nhost:rank0", 10)
-    store.set("rdzv/current", b"0", 10)
-    rt = trainguard.Runtime(job_id=job_id, run_dir=str(tmp_path / "run"), world_size=1, rank=0,
-                            member_id="host:rank0", store=f"tcp://{server.address}",
-                            store_token_file=str(token))
+    rt = join_generation_0_as_coordinator(server, store, tmp_path, job_id)
     try:
         assert rt._c.superseded_generation == -1
         woken = []

@@ -13,7 +13,7 @@ import torch
 import trainguard
 import trainguard.torch as tgt
 
-from conftest import STORE_TOKEN as TOKEN, run_job, trainguard_cli
+from conftest import join_generation_0_as_coordinator, run_job, trainguard_cli
 
 DEADLINE_S = 120  # a bound on each poll, not a measured threshold
 
@@ -30,13 +30,7 @@ def _model():
 # its body as a communication failure, and recover() says that this process was replaced.
 def test_a_replaced_rank_whose_steps_run_no_collective_stops_at_its_next_step(
         server, store, tmp_path, job_id):
-    token = tmp_path / "token"
-    token.write_text(TOKEN)
-    store.set("rdzv/gen/0/table", b"0\n1\nhost:rank0", 10)
-    store.set("rdzv/current", b"0", 10)
-    rt = trainguard.Runtime(job_id=job_id, run_dir=str(tmp_path / "run"), world_size=1, rank=0,
-                            member_id="host:rank0", store=f"tcp://{server.address}",
-                            store_token_file=str(token), watchdog_poll_ms=0)
+    rt = join_generation_0_as_coordinator(server, store, tmp_path, job_id, watchdog_poll_ms=0)
     try:
         ran = []
         with rt.step(0) as s:
