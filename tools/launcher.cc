@@ -29,6 +29,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -42,6 +43,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "sdk/agent/replacement_policy.h"
 #include "sdk/core/store_keys.h"
 #include "sdk/checkpoint/backup_placement.h"
 #include "sdk/checkpoint/backup_service.h"
@@ -75,10 +77,6 @@ constexpr absl::Duration kStoreTimeout = absl::Seconds(10);
 // A rank's heartbeat (every heartbeat_interval_ms, 1 s by default) that stood still this long
 // means its process is not running: a hang's diagnosis stops waiting for its dump (several hosts).
 constexpr absl::Duration kSilentHeartbeat = absl::Milliseconds(2500);
-// A rank that lives this long after taking its rank (a standby: after starting) is not in a crash
-// loop: its next death is replaced at once again.
-constexpr absl::Duration kHealthyRun = absl::Seconds(60);
-constexpr absl::Duration kMaxRestartBackoff = absl::Seconds(30);
 
 // The rank a hang key's value names ("rank R: <report>", as the Runtime writes it), or -1.
 int HangDeclarer(absl::string_view who) {
@@ -106,14 +104,16 @@ std::string DescribeErrno(int err) {
                       text != nullptr ? text : "unknown error", ")");
 }
 
-// How long the replacement of a process that died for the `streak`-th time in a row within
-// kHealthyRun waits: the first such death is replaced at once (a machine fault), then `initial`,
-// doubling, capped.
-absl::Duration Backoff(int streak, absl::Duration initial) {
-  if (streak < 2) return absl::ZeroDuration();
-  absl::Duration delay = initial;
-  for (int i = 2; i < streak && delay < kMaxRestartBackoff; ++i) delay *= 2;
-  return std::min(delay, kMaxRestartBackoff);
+// On several hosts the policy only bounds and backs off: a rank's death there is decided by the
+// coordinator (QueueDeadMember), which finds standbys on standby hosts and restarts in rounds.
+ReplacementPolicyOptions ReplacementOptions(const LaunchConfig& config) {
+  ReplacementPolicyOptions options;
+  options.max_replacements = config.max_replacements;
+  options.restart_backoff = config.restart_backoff;
+  const bool multi_host = config.nnodes_min > 0;
+  options.has_standbys = config.standby > 0 || multi_host;
+  options.restart_all = config.restart_all >= 0 && !multi_host;
+  return options;
 }
 
 // Process start time in clock ticks since boot (/proc/<pid>/stat field 22): with the pid, it names
@@ -429,7 +429,6 @@ class Job {
   std::vector<std::unique_ptr<Child>> children_;
   int signal_fd_ = -1;
   int standbys_spawned_ = 0;
-  int replacements_ = 0;
   int ranks_finished_ = 0;
   int exit_code_ = -1;
   std::string failure_;  // why the job failed or was stopped, for the summary
@@ -444,27 +443,8 @@ class Job {
   std::optional<std::string> restart_pending_;  // --restart-all: the fault to restart for
   absl::Time restarted_at_ = absl::InfinitePast();  // the last restart (RestartAll, StartRound)
 
-  // What each rank's deaths were, for the crash-loop backoff and the message that ends the job.
-  struct RankHistory {
-    int deaths = 0;
-    std::string last;  // DescribeExit of the last death
-    int streak = 0;    // deaths in a row within kHealthyRun of taking the rank
-    absl::Time took_rank = absl::InfinitePast();
-  };
-  std::map<int, RankHistory> rank_history_;
-  // Adds a death of `rank` (described by `how`, seen at `now`) to its history.
-  const RankHistory& CountDeath(int rank, const std::string& how, absl::Time now) {
-    RankHistory& history = rank_history_[rank];
-    ++history.deaths;
-    history.last = how;
-    history.streak = now - history.took_rank < kHealthyRun ? history.streak + 1 : 1;
-    return history;
-  }
-  // Standbys that died while parked; past max_replacements no more are started.
-  int standby_deaths_ = 0;
-  int standby_streak_ = 0;
-  std::string standby_last_death_;
-  bool standbys_exhausted_ = false;
+  // Every rank's and standby's deaths and the replacements made: what a death leads to.
+  ReplacementPolicy replacement_policy_{ReplacementOptions(config_)};
   std::deque<absl::Time> standby_respawns_;  // when each pending respawn is due
 
   absl::Time next_stop_check_ = absl::InfinitePast();
@@ -1016,7 +996,7 @@ bool Job::CanSpawnStandby() const {
   // A standby host keeps its N standbys: one that died while parked is started again.
   // (Under --restart-all a standby host holds no processes: torchrun's spare node.)
   const bool standby_host = MultiHost() && spawned_ && group_rank_ < 0 && config_.restart_all < 0;
-  return (config_.standby > 0 || standby_host) && !standbys_exhausted_;
+  return (config_.standby > 0 || standby_host) && !replacement_policy_.standbys_exhausted();
 }
 
 void Job::SignalGroup(const Child& child, int sig) {
@@ -1063,9 +1043,6 @@ void Job::OnExit(Child& child, int status) {
     return;
   }
   const absl::Time now = absl::Now();
-  const RankHistory& history = CountDeath(child.rank, how, now);
-  const std::string deaths = absl::StrFormat("%s died %d time%s (last: %s)", child.Label(),
-                                             history.deaths, history.deaths == 1 ? "" : "s", how);
   bool formed = false;
   {
     // A rank that exits right after joining may be reaped before the helper thread has reported
@@ -1084,49 +1061,28 @@ void Job::OnExit(Child& child, int status) {
   if (!formed) {
     return Fail(absl::StrCat(child.Label(), " died before generation 0 formed (", how, ")"));
   }
-  if (config_.restart_all >= 0) {
-    restart_pending_ = absl::StrCat(child.Label(), " ", how);
+  const ReplacementPolicy::Decision decision =
+      replacement_policy_.OnRankDeath(child.rank, how, now);
+  if (const auto* restart = std::get_if<ReplacementPolicy::RestartAll>(&decision)) {
+    restart_pending_ = restart->why;
     return;
   }
-  if (config_.standby == 0) {
-    return Fail(absl::StrCat(child.Label(), " died and the job has no standbys (", how, ")"));
-  }
-  if (replacements_ >= config_.max_replacements) {
-    return Fail(
-        absl::StrFormat("%s; --max-replacements=%d reached", deaths, config_.max_replacements));
-  }
-  const absl::Duration delay = Backoff(history.streak, config_.restart_backoff);
-  if (delay > absl::ZeroDuration()) {
-    Say(absl::StrFormat("%s, %d in a row within %s of taking its rank: replacing it in %s", deaths,
-                        history.streak, absl::FormatDuration(kHealthyRun),
-                        absl::FormatDuration(delay)));
-  }
-  dead_.push_back({child.rank, how, now, now + delay + config_.rendezvous_timeout, now + delay});
+  if (const auto* fail = std::get_if<ReplacementPolicy::Fail>(&decision)) return Fail(fail->why);
+  const auto& replace = std::get<ReplacementPolicy::Replace>(decision);
+  if (!replace.message.empty()) Say(replace.message);
+  dead_.push_back(
+      {child.rank, how, now, replace.not_before + config_.rendezvous_timeout, replace.not_before});
 }
 
 void Job::OnStandbyExit(Child& child, const std::string& how) {
   Say(absl::StrFormat("%s (pid %d) %s while parked", child.Label(), child.pid, how));
   (void)coordinator_->ForgetStandby(child.member_id, kStoreTimeout);
-  ++standby_deaths_;
-  standby_last_death_ = how;
-  const absl::Time now = absl::Now();
-  standby_streak_ = now - child.started < kHealthyRun ? standby_streak_ + 1 : 1;
-  if (!CanSpawnStandby()) return;
-  if (standby_deaths_ > config_.max_replacements) {
-    standbys_exhausted_ = true;
-    Say(absl::StrFormat(
-        "standbys died %d times while parked (last: %s); --max-replacements=%d reached: no more "
-        "standbys are started",
-        standby_deaths_, how, config_.max_replacements));
-    return;
-  }
-  const absl::Duration delay = Backoff(standby_streak_, config_.restart_backoff);
-  if (delay > absl::ZeroDuration()) {
-    Say(absl::StrFormat(
-        "standbys died %d times in a row within %s of starting: the next starts in %s",
-        standby_streak_, absl::FormatDuration(kHealthyRun), absl::FormatDuration(delay)));
-  }
-  standby_respawns_.push_back(now + delay);
+  const bool respawns = CanSpawnStandby();  // before this death is counted
+  const ReplacementPolicy::StandbyDecision next =
+      replacement_policy_.OnStandbyDeath(how, child.started, absl::Now());
+  if (!respawns) return;
+  if (!next.message.empty()) Say(next.message);
+  if (next.respawn) standby_respawns_.push_back(next.not_before);
 }
 
 void Job::RespawnStandbys() {
@@ -1156,9 +1112,10 @@ void Job::TryReplacements() {
       for (auto& c : children_) starting |= c->running && c->rank < 0;
       if (starting && absl::Now() < dead.give_up) return;
       std::string why = std::string(next.status().message());
-      if (standby_deaths_ > 0) {
-        why = absl::StrFormat("standbys died %d times while parked (last: %s)", standby_deaths_,
-                              standby_last_death_);
+      if (replacement_policy_.standby_deaths() > 0) {
+        why = absl::StrFormat("standbys died %d times while parked (last: %s)",
+                              replacement_policy_.standby_deaths(),
+                              replacement_policy_.standby_last_death());
       }
       if (dead.rank < 0) {
         return Fail(absl::StrFormat(
@@ -1184,7 +1141,7 @@ void Job::TryReplacements() {
              absl::StrFormat("generation %d: host %s's ranks taken by %s", next->generation,
                              dead.host, absl::StrJoin(by, ", ")),
              {{"host", dead.host}, {"ranks", absl::StrJoin(dead.ranks, ",")}});
-      replacements_ += static_cast<int>(dead.ranks.size());
+      replacement_policy_.OnReplacementsMade(static_cast<int>(dead.ranks.size()));
       Say(absl::StrFormat("host %s's shared memory died with it: its ranks' replacements restore "
                           "from their backup holders' memory (peer backups), else the newest "
                           "durable checkpoint on disk, else the survivors' state",
@@ -1192,8 +1149,8 @@ void Job::TryReplacements() {
       recoveries_.push_back({-1, next->generation, dead.died, dead.host});
       continue;
     }
-    ++replacements_;
-    rank_history_[dead.rank].took_rank = absl::Now();
+    replacement_policy_.OnReplacementsMade(1);
+    replacement_policy_.OnRankTaken(dead.rank, absl::Now());
     if (MultiHost()) {  // the standby's own agent relabels it (FollowGeneration)
       Say(absl::StrFormat("generation %d: rank %d taken by %s", next->generation, dead.rank,
                           next->members[dead.rank]));
@@ -2713,14 +2670,16 @@ void Job::ReadDeathReports() {
 void Job::QueueDeadMember(int rank, const std::string& member, const std::string& how) {
   handled_deaths_.insert(member);
   const absl::Time now = absl::Now();
-  const RankHistory& history = CountDeath(rank, how, now);
-  if (replacements_ >= config_.max_replacements) {
+  const ReplacementPolicy::Decision decision = replacement_policy_.OnRankDeath(rank, how, now);
+  const auto* replace = std::get_if<ReplacementPolicy::Replace>(&decision);
+  if (replace == nullptr) {  // on several hosts only the bound fails (ReplacementOptions)
     return Fail(
         absl::StrFormat("rank %d died %d time(s) (last: %s); --max-replacements=%d "
                         "reached",
-                        rank, history.deaths, how, config_.max_replacements));
+                        rank, replacement_policy_.history(rank).deaths, how,
+                        config_.max_replacements));
   }
-  const absl::Duration delay = Backoff(history.streak, config_.restart_backoff);
+  const absl::Duration delay = replace->delay;
   Say(absl::StrFormat(
       "rank %d (%s) %s: replacing it%s", rank, member, how,
       delay > absl::ZeroDuration() ? absl::StrCat(" in ", absl::FormatDuration(delay)) : ""));
@@ -3036,10 +2995,11 @@ void Job::LeaveJob() {
 
 // The last line of every run: how it ended, and what it took.
 std::string Job::Summary() const {
-  std::string counts = absl::StrFormat("%d replacement(s)", replacements_);
-  if (standby_deaths_ > 0) {
-    absl::StrAppendFormat(&counts, ", %d standby death(s) (last: %s)", standby_deaths_,
-                          standby_last_death_);
+  std::string counts = absl::StrFormat("%d replacement(s)", replacement_policy_.replacements());
+  if (replacement_policy_.standby_deaths() > 0) {
+    absl::StrAppendFormat(&counts, ", %d standby death(s) (last: %s)",
+                          replacement_policy_.standby_deaths(),
+                          replacement_policy_.standby_last_death());
   }
   if (!persist_failures_.empty()) {
     // The newest checkpoint on disk is older than it should be: a job that "succeeded" must say so.

@@ -58,9 +58,9 @@ struct LaunchConfig {
   // Ranks replaced over the job's life; also how many times a standby that dies while parked is
   // started again. Reaching it ends the job with the dead rank's history as the reason.
   int max_replacements = 10;
-  // A rank (or standby) that dies again within kHealthyRun (60 s) of taking over is in a crash
-  // loop: from its second such death on, its replacement waits restart_backoff, doubling with each
-  // further one, up to 30 s.
+  // A rank (or standby) that dies again within 60 s of taking over is in a crash loop: from its
+  // second such death on, its replacement waits restart_backoff, doubling with each further one, up
+  // to 30 s (sdk/agent/replacement_policy.h).
   absl::Duration restart_backoff = absl::Seconds(1);
   // Empty: host a TcpStore on 127.0.0.1 with a fresh token. Otherwise an existing store's URL.
   std::string store;
