@@ -186,7 +186,7 @@ void ExpectIdenticalReplicas(const LauncherJob& job, int world) {
 
 TEST(Launcher, AKilledRankIsReplacedByAStandbyAndTheReplicasEndIdentical) {
   testing::TempDir dir;
-  LauncherJob job(dir, {"--nproc", "4", "--standby", "1"}, 1500);
+  LauncherJob job(dir, {"--nproc", "4", "--standby", "1"}, 700);
   ASSERT_TRUE(job.AwaitOutput("step 300 loss")) << job.Output();
   const pid_t killed = job.RankPid(2);
   ASSERT_EQ(job.Signal(killed, SIGKILL), absl::OkStatus());
@@ -284,7 +284,7 @@ TEST(Launcher, ADroppedConnectionRenewsTheGenerationAndTheJobEndsAsIfUninterrupt
 
 TEST(Launcher, TwoFailuresOneAfterTheOtherAreBothReplaced) {
   testing::TempDir dir;
-  LauncherJob job(dir, {"--nproc", "4", "--standby", "1"}, 2000);
+  LauncherJob job(dir, {"--nproc", "4", "--standby", "1"}, 1200);
   ASSERT_TRUE(job.AwaitOutput("step 300 loss")) << job.Output();
   ASSERT_EQ(job.Signal(job.RankPid(1), SIGKILL), absl::OkStatus());
   ASSERT_TRUE(job.AwaitOutput("recovered from the loss of rank 1")) << job.Output();
@@ -298,7 +298,7 @@ TEST(Launcher, TwoFailuresOneAfterTheOtherAreBothReplaced) {
 
 TEST(Launcher, ARankKilledDuringTheReRendezvousIsReplacedToo) {
   testing::TempDir dir;
-  LauncherJob job(dir, {"--nproc", "4", "--standby", "2"}, 1500);
+  LauncherJob job(dir, {"--nproc", "4", "--standby", "2"}, 700);
   ASSERT_TRUE(job.AwaitOutput("step 300 loss")) << job.Output();
   const pid_t second = job.RankPid(2);
   ASSERT_EQ(job.Signal(job.RankPid(1), SIGKILL), absl::OkStatus());
@@ -332,7 +332,7 @@ TEST(Launcher, AStandbyKilledWhileParkedIsForgottenAndThePoolRefilled) {
 // give up and have the generation renewed without it. Both are tested elsewhere.
 TEST(Launcher, AStoppedRankIsDetectedByItsHeartbeatKilledAndReplaced) {
   testing::TempDir dir;
-  LauncherJob job(dir, {"--nproc", "3", "--standby", "1", "--heartbeat-timeout", "3"}, 1500,
+  LauncherJob job(dir, {"--nproc", "3", "--standby", "1", "--heartbeat-timeout", "3"}, 700,
                   {{"TRAINGUARD_WATCHDOG_POLL_MS", "0"}}, {"--comm-timeout-s", "600"});
   ASSERT_TRUE(job.AwaitOutput("step 300 loss")) << job.Output();
   const absl::Time stopped = absl::Now();
@@ -711,7 +711,7 @@ TEST(Launcher, AKilledRankIsReplacedWithTheEtcdBackendToo) {
   std::string address = (*etcd)->endpoint();
   address.erase(0, std::string("http://").size());
   testing::TempDir dir;
-  LauncherJob job(dir, {"--nproc", "4", "--standby", "1", "--store", "etcd://" + address}, 1500);
+  LauncherJob job(dir, {"--nproc", "4", "--standby", "1", "--store", "etcd://" + address}, 700);
   ASSERT_TRUE(job.AwaitOutput("step 300 loss")) << job.Output();
   ASSERT_EQ(job.Signal(job.RankPid(2), SIGKILL), absl::OkStatus());
   EXPECT_EQ(job.Wait(), 0) << job.Output();
