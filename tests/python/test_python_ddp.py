@@ -4,6 +4,7 @@
 # run's final parameters are compared, bit for bit, with an uninterrupted run of the same script.
 # Deterministic: the faults happen at steps the trainer waits at (its --gate flag) or injects
 # itself (--inject-nan-grad, --stop-in-allreduce), and every wait is bounded polling.
+import hashlib
 import os
 import re
 import signal
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -126,16 +128,43 @@ class Job:
         return found
 
 
+def _uninterrupted_cache():
+    """Where the uninterrupted run's checksum is kept ($TG_TEST_CACHE: ctest runs each test of this
+    file in a process of its own), named by what the checksum depends on: train.py, the trainguard
+    package as imported, torch, the launcher and the job's size. None without $TG_TEST_CACHE."""
+    cache_dir = os.environ.get("TG_TEST_CACHE")
+    if not cache_dir:
+        return None
+    import trainguard
+    key = hashlib.sha256(f"{STEPS} {WORLD} torch {version('torch')}\n".encode())
+    key.update(TRAIN.read_bytes())
+    for path in sorted(Path(trainguard.__file__).parent.rglob("*")) + [Path(trainguard_cli())]:
+        if path.is_file() and path.suffix != ".pyc":
+            stat = path.stat()
+            key.update(f"{path.name} {stat.st_size} {stat.st_mtime_ns}\n".encode())
+    return Path(cache_dir) / f"python-ddp-uninterrupted-{key.hexdigest()[:16]}"
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    """The checksum every rank ends with when nothing fails."""
+    """The checksum every rank ends with when nothing fails (computed once, see
+    _uninterrupted_cache)."""
+    cached = _uninterrupted_cache()
+    if cached is not None and cached.exists():
+        return cached.read_text().strip()
     job = Job(tmp_path_factory.mktemp("ddp"), "clean", 0, [])
     assert job.finish() == 0, job.output()
     finals = job.finals()
     assert sorted(finals) == list(range(WORLD)), job.output()
     checksums = {c for _, c in finals.values()}
     assert len(checksums) == 1, f"replicas differ in an uninterrupted run: {finals}"
-    return checksums.pop()
+    checksum = checksums.pop()
+    if cached is not None:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        temp = cached.with_name(f"{cached.name}.{os.getpid()}")
+        temp.write_text(checksum + "\n")
+        os.replace(temp, cached)  # whole or not at all: another test may be reading it
+    return checksum
 
 
 def test_killed_ranks_are_replaced_and_every_rank_ends_bit_identical_to_an_uninterrupted_run(
