@@ -7,6 +7,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git
+  ccache                           # scripts/test.sh: the wheel test reuses the build's objects
   libabsl-dev                      # Status, Time, Mutex, containers
   libprotobuf-dev protobuf-compiler
   libxxhash-dev                    # record checksums

@@ -42,8 +42,17 @@ if [ "$preset" = default ] && [ -x .venv/bin/python ] && [ "${TG_SKIP_PYTHON:-0}
   python_args=(-DTRAINGUARD_PYTHON=ON "-DPython_EXECUTABLE=$PWD/.venv/bin/python")
 fi
 
+# Compiles through ccache (scripts/setup.sh installs it), with one cache per build root: the wheel
+# test's `pip wheel` (label python) then reuses this build's objects instead of compiling the SDK
+# again.
+ccache_args=()
+if command -v ccache >/dev/null 2>&1; then
+  mkdir -p "$build_root/ccache"
+  ccache_args=("-DTRAINGUARD_CCACHE_DIR=$(cd "$build_root/ccache" && pwd)")
+fi
+
 mkdir -p "$build_dir"
-cmake --preset "$preset" -B "$build_dir" "${python_args[@]}" >"$build_dir/configure.log" 2>&1 \
+cmake --preset "$preset" -B "$build_dir" "${python_args[@]}" "${ccache_args[@]}" >"$build_dir/configure.log" 2>&1 \
   || { cat "$build_dir/configure.log"; exit 1; }
 cmake --build "$build_dir" -j "$jobs"
 

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Issue 14, test 8: builds the wheel from the source tree (what `pip install .` builds; its CMake
-# build folder, WORK_DIR/../python-wheel-build, is kept, so a rebuild is incremental), installs it into a fresh
-# virtual environment that has no torch, and checks that `import trainguard`, a guarded step and
-# the `trainguard` console command work there, and that trainguard.torch says torch is missing.
-#   usage: wheel_install_test.sh SOURCE_DIR WORK_DIR PYTHON   (PYTHON has scikit-build-core, nanobind)
+# build folder BUILD_DIR is kept, so a rebuild is incremental), installs it into a fresh virtual
+# environment that has no torch, and checks that `import trainguard`, a guarded step and the
+# `trainguard` console command work there, and that trainguard.torch says torch is missing.
+#   usage: wheel_install_test.sh SOURCE_DIR WORK_DIR PYTHON BUILD_DIR [CMAKE_ARG...]
+#   PYTHON has scikit-build-core and nanobind; CMAKE_ARGs go to the wheel's CMake configure
+#   (tests/python/CMakeLists.txt passes the build's compilers and ccache folder).
 set -euo pipefail
 src="$1" work="$2" python="$3"
+export SKBUILD_BUILD_DIR="$4"
+shift 4
+export CMAKE_ARGS="$*"
 rm -rf "$work"
 mkdir -p "$work/dist"
-# scikit-build-core's build folder: outside the source tree, kept beside WORK_DIR between runs.
-export SKBUILD_BUILD_DIR="$(dirname "$work")/python-wheel-build/{wheel_tag}"
 
 # --no-build-isolation: the pinned build tools already in PYTHON's environment (scripts/setup.sh).
 "$python" -m pip wheel -q --no-build-isolation --no-deps -w "$work/dist" "$src"
