@@ -33,6 +33,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sdk/watchdog/flight_recorder.h"
+#include "tests/support/job_shm.h"
 #include "tests/support/own_process.h"
 
 extern char** environ;
@@ -118,9 +119,10 @@ class TrainerJob {
   ~TrainerJob() {
     for (RankProcess& p : ranks_) {
       p.KillAndReap();
-      // A killed rank leaves its flight-recorder ring behind on purpose; the test is done with it.
-      (void)FlightRecorder::Remove(job_id_, p.rank);
     }
+    // A killed rank leaves its flight-recorder ring and its arena behind on purpose; the test is
+    // done with them.
+    testing::RemoveJobSharedMemory(job_id_);
     // Kept when the test failed: the rank outputs and event files are the evidence.
     if (!run_dir_.empty() && !::testing::Test::HasFailure()) {
       std::error_code ec;

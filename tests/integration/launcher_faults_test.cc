@@ -29,6 +29,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/job_shm.h"
 #include "tests/support/spawn.h"
 #include "tests/support/temp_dir.h"
 #include "trainguard/env.h"
@@ -114,6 +115,8 @@ class Launcher {
       Signal(SIGKILL);
       waitpid(pid_, nullptr, 0);
     }
+    // What its killed ranks left (their rings, their arenas).
+    testing::RemoveJobSharedMemory(absl::StrCat("faults-", getpid()));
   }
 
   std::string output_path() const { return dir_.File("launcher.out"); }

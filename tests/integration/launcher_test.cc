@@ -31,6 +31,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/etcd_process.h"
+#include "tests/support/job_shm.h"
 #include "tests/support/own_process.h"
 #include "tests/support/spawn.h"
 #include "tests/support/temp_dir.h"
@@ -74,6 +75,8 @@ class LauncherJob {
     if (pid_ > 0 && !exited_ && testing::SignalOwnProcess(pid_, SIGKILL).ok()) {
       waitpid(pid_, nullptr, 0);
     }
+    // What its killed ranks left (their rings, their arenas).
+    testing::RemoveJobSharedMemory(absl::StrCat("launcher-test-", getpid()));
   }
 
   std::string Output() const {

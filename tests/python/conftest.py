@@ -9,9 +9,26 @@ import pytest
 import trainguard
 
 
+def remove_job_shared_memory(job_id):
+    """Removes every /dev/shm segment of `job_id` ("trainguard.<job id>.<suffix>"): a killed rank
+    leaves its arena and ring behind on purpose, and the suite fails on any a test leaves
+    (tests/shm_leak_check.sh)."""
+    prefix = f"trainguard.{job_id}."
+    for name in os.listdir("/dev/shm"):
+        if name.startswith(prefix):
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except FileNotFoundError:
+                pass
+
+
 @pytest.fixture
 def job_id():
-    return "py-" + uuid.uuid4().hex[:12]
+    """A job id of this test's own; its /dev/shm segments are removed after the test (after the
+    runtimes of make_runtime are closed)."""
+    job = "py-" + uuid.uuid4().hex[:12]
+    yield job
+    remove_job_shared_memory(job)
 
 
 @pytest.fixture
@@ -29,9 +46,6 @@ def make_runtime(tmp_path, job_id):
     yield make
     for rt in made:
         rt.close()
-    for name in os.listdir("/dev/shm"):
-        if job_id in name:
-            os.unlink(os.path.join("/dev/shm", name))
 
 
 # The shared token of the TcpStore servers the tests start.

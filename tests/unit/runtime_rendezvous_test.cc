@@ -24,6 +24,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sdk/rendezvous/rendezvous.h"
+#include "tests/support/job_shm.h"
 #include "tests/support/temp_dir.h"
 #include "trainguard/sdk.h"
 
@@ -80,7 +81,7 @@ class RuntimeRendezvous : public ::testing::Test {
   Options OptionsFor(const std::string& role, int rank, const std::string& member) {
     clients_.push_back(shared_.NewClient());
     Options o;
-    o.job_id = absl::StrCat("rdzv-", getpid());  // shm segments are named by job
+    o.job_id = job_id_;  // shm segments are named by job
     o.world_size = kWorld;
     o.rank = rank;
     o.role = role;
@@ -203,6 +204,10 @@ class RuntimeRendezvous : public ::testing::Test {
   std::array<std::vector<float>, kWorld + 1> state_ = {
       std::vector<float>(8, 0.0f), std::vector<float>(8, 0.0f), std::vector<float>(8, 0.0f),
       std::vector<float>(8, -1.0f)};
+  // Destroyed last, after the ranks: what they left (a rank that exited, a ring kept for its
+  // successor).
+  testing::JobSharedMemoryCleanup shm_cleanup_{absl::StrCat("rdzv-", getpid())};
+  std::string job_id_ = absl::StrCat("rdzv-", getpid());
   std::array<RecoveryLog, kWorld + 1> logs_;
   Mutex comms_mu_;
   std::set<int64_t> failing_generations_ ABSL_GUARDED_BY(comms_mu_);
@@ -459,6 +464,8 @@ TEST_F(RuntimeRendezvous, AStepThatOutlivesItsGenerationExitsTheProcessSoAStandb
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
       {
+        // The child's segments are named by this process (its parent), whose cleanup removes them.
+        job_id_ = absl::StrCat("rdzv-", getppid());
         superseded_step_exit_ms_ = 100;
         StartJob();
         absl::Notification entered;
