@@ -43,6 +43,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "sdk/agent/hang_arbiter.h"
 #include "sdk/agent/replacement_policy.h"
 #include "sdk/core/store_keys.h"
 #include "sdk/checkpoint/backup_placement.h"
@@ -471,7 +472,7 @@ class Job {
   std::vector<Recovery> recoveries_;
   absl::Time next_liveness_check_ = absl::InfinitePast();
   // A hang a rank published (store key hang/gen<G>): diagnosed from the ranks' dumps once every
-  // rank has dumped or kHangDumpGrace has passed.
+  // rank has dumped or the arbiter's grace has passed (HangArbiterOptions::dump_grace).
   struct PendingHang {
     int64_t generation;
     absl::Time seen;
@@ -1476,12 +1477,9 @@ Child* Job::RunningHolder(int rank) {
 // (hang_diagnosis.h): the rank that never entered the collective, or that entered it and stalled
 // there while the others wait.
 void Job::DiagnoseHangs() {
-  // Ranks dump within hang_dump_wait_ms (1 s by default) of the declaration; one that is stopped or
-  // dead never does.
-  constexpr absl::Duration kHangDumpGrace = absl::Seconds(3);
-  // How long a hang with every rank running waits for its declaring rank's verdict (aborted or
-  // withdrawn, after its hang_dump_wait_ms) before its suspects are replaced all the same.
-  constexpr absl::Duration kHangVerdictWait = absl::Seconds(5);
+  // What to do about the hang is the arbiter's (sdk/agent/hang_arbiter.h): how long to wait for
+  // the dumps and the declarer's verdict, whom to replace. This reads what it decides on.
+  const HangArbiter arbiter;
   const absl::Time now = absl::Now();
   if (now < next_hang_check_) return;
   next_hang_check_ = now + absl::Milliseconds(50);
@@ -1545,15 +1543,13 @@ void Job::DiagnoseHangs() {
                                 [&](const FlightRecorderDump& d) { return d.dumped_at < since; }),
                  dumps->end());
   }
-  const size_t dumped = dumps.ok() ? dumps->size() : 0;
   // A rank of this host whose process is stopped will never dump, and neither will one that no
   // process of the hung generation holds any more (it died; its replacement, if any, took it in a
-  // later generation and watches that one): waiting the grace out for them only delays the
-  // replacement of the suspect.
+  // later generation and watches that one).
   // Not running: stopped, sending no heartbeat, or replaced already for being stopped.
   std::set<int> silent_ranks = pending_hang_->replaced;
-  std::set<int> stopped_ranks;  // of those, the ones whose process is seen stopped now
-  size_t silent = 0;            // not running, or no longer held by the hung generation's process
+  std::set<int> stopped_ranks;   // of those, the ones whose process is seen stopped now
+  std::set<int> no_longer_held;  // by the hung generation's process (one host)
   std::set<int> dumped_ranks;
   if (dumps.ok()) {
     for (const FlightRecorderDump& d : *dumps) dumped_ranks.insert(d.rank);
@@ -1589,7 +1585,6 @@ void Job::DiagnoseHangs() {
       }
     }
   }
-  if (MultiHost()) silent = silent_ranks.size();
   if (!MultiHost() && dumps.ok()) {
     for (int rank = 0; rank < world_size_; ++rank) {
       if (dumped_ranks.count(rank) != 0) continue;
@@ -1597,80 +1592,66 @@ void Job::DiagnoseHangs() {
       if (StoppedSinceHang(holder, pending_hang_->generation)) {
         silent_ranks.insert(rank);
         stopped_ranks.insert(rank);
-        ++silent;
-      } else if (holder == nullptr || holder->rank_generation > pending_hang_->generation ||
-                 pending_hang_->replaced.count(rank) != 0) {
-        ++silent;
+      } else if (holder == nullptr || holder->rank_generation > pending_hang_->generation) {
+        no_longer_held.insert(rank);
       }
     }
   }
   ReplaceStoppedRanksNow(stopped_ranks);
-  if (dumped + silent < static_cast<size_t>(world_size_) &&
-      now < pending_hang_->seen + kHangDumpGrace) {
-    return;  // some rank is still dumping
-  }
-  // The rank that declared the hang waits (hang_dump_wait_ms) before it aborts, and withdraws the
-  // hang if its wait ends meanwhile: a machine-wide stall, not a hang. Every rank is running: the
-  // suspects are slow, maybe not hung; they are replaced only once a rank aborted.
-  // The verdict awaited is that of the rank whose declaration the launcher read (every declaring
-  // rank writes the hang key; the last one stays).
-  if (silent_ranks.empty() && !pending_hang_->aborted && pending_hang_->declarer >= 0) {
-    const std::string key = store_keys::Hang(pending_hang_->generation);
-    const std::string withdrawn_key =
-        store_keys::HangWithdrawn(pending_hang_->generation, pending_hang_->declarer);
+  HangObservations observed;
+  observed.generation = pending_hang_->generation;
+  observed.seen = pending_hang_->seen;
+  observed.world_size = world_size_;
+  observed.dumped = std::move(dumped_ranks);
+  observed.not_running = silent_ranks;
+  observed.no_longer_held = std::move(no_longer_held);
+  observed.declarer = pending_hang_->declarer;
+  if (pending_hang_->aborted) observed.verdict = HangVerdict{HangVerdict::Kind::kAborted, {}};
+  HangArbiter::Action action = arbiter.Decide(observed, now);
+  if (std::holds_alternative<HangArbiter::ReadVerdict>(action)) {
     absl::StatusOr<std::vector<std::optional<std::string>>> verdict = ranks_store()->MultiGet(
         {store_keys::HangAborted(pending_hang_->generation, pending_hang_->declarer),
-         withdrawn_key},
+         store_keys::HangWithdrawn(pending_hang_->generation, pending_hang_->declarer)},
         kStoreTimeout);
+    observed.verdict = HangVerdict{};
     if (verdict.ok() && (*verdict)[0].has_value()) {
       pending_hang_->aborted = true;
+      observed.verdict->kind = HangVerdict::Kind::kAborted;
     } else if (verdict.ok() && (*verdict)[1].has_value()) {
-      Say(absl::StrCat("hang in generation ", pending_hang_->generation,
-                       " withdrawn: ", *(*verdict)[1], "; no one replaced"));
-      // A later hang of this generation is a new one: its key, its dumps.
-      (void)ranks_store()->Delete(key, kStoreTimeout);
-      (void)ranks_store()->Delete(withdrawn_key, kStoreTimeout);
-      hang_withdrawn_at_[pending_hang_->generation] = absl::Now();
-      pending_hang_.reset();
-      return;
-    } else if (now < pending_hang_->seen + kHangVerdictWait) {
-      return;
+      observed.verdict->kind = HangVerdict::Kind::kWithdrawn;
+      observed.verdict->withdrawal = *(*verdict)[1];
     }
+    action = arbiter.Decide(observed, now);
+  }
+  if (std::holds_alternative<HangArbiter::Wait>(action)) return;
+  if (const auto* withdraw = std::get_if<HangArbiter::Withdraw>(&action)) {
+    Say(withdraw->message);
+    // A later hang of this generation is a new one: its key, its dumps.
+    (void)ranks_store()->Delete(store_keys::Hang(pending_hang_->generation), kStoreTimeout);
+    (void)ranks_store()->Delete(
+        store_keys::HangWithdrawn(pending_hang_->generation, pending_hang_->declarer),
+        kStoreTimeout);
+    hang_withdrawn_at_[pending_hang_->generation] = absl::Now();
+    pending_hang_.reset();
+    return;
   }
   HangEvidence evidence;
   if (dumps.ok()) evidence.dumps = *std::move(dumps);
   evidence.live_rings = std::move(pending_hang_->live_rings);
   evidence.world_size = world_size_;
   HangDiagnosis diagnosis = DiagnoseHang(evidence);
-  // A process that is not running cannot be making progress: among the suspects, those are the
-  // ones.
-  if (!silent_ranks.empty()) {
-    std::vector<int> stopped;
-    for (int rank : diagnosis.suspects) {
-      if (silent_ranks.count(rank) != 0) stopped.push_back(rank);
-    }
-    if (!stopped.empty() && stopped.size() < diagnosis.suspects.size()) {
-      Say(
-          absl::StrFormat("hang diagnosis: of the suspects, rank(s) %s are not running (%s): "
-                          "they are the ones replaced",
-                          absl::StrJoin(stopped, ","),
-                          MultiHost() ? "stopped, or no heartbeat" : "stopped, SIGSTOP"));
-      diagnosis.suspects = stopped;
-    }
-  }
+  const HangArbiter::SuspectReplacement replacement = arbiter.SuspectsToReplace(
+      diagnosis.suspects, silent_ranks, pending_hang_->replaced, MultiHost());
+  if (!replacement.narrowed.empty()) Say(replacement.narrowed);
+  diagnosis.suspects = replacement.suspects;
   for (absl::string_view line : absl::StrSplit(diagnosis.ToString(), '\n')) {
     Say(absl::StrCat("hang diagnosis: ", line));
   }
   const int64_t generation = pending_hang_->generation;
-  const std::set<int> replaced = std::move(pending_hang_->replaced);
   hangs_checked_below_ = generation + 1;
   pending_hang_.reset();
-  if (!replaced.empty()) {
-    Say(absl::StrCat("hang diagnosis: rank(s) ", absl::StrJoin(replaced, ","),
-                     " replaced already (stopped); no one else is"));
-    return;
-  }
-  ReplaceHangSuspects(diagnosis.suspects, generation, silent_ranks);
+  if (!replacement.replaced_already.empty()) Say(replacement.replaced_already);
+  ReplaceHangSuspects(replacement.replace, generation, silent_ranks);
 }
 
 // A rank whose process is stopped (SIGSTOP: state T; on several hosts, its agent says so) makes no
@@ -1678,16 +1659,10 @@ void Job::DiagnoseHangs() {
 // other ranks' dumps are in, which took 0.3-0.5 s per PyTorch rank in the chaos runs
 // (docs/PERFORMANCE.md). The diagnosis still follows when they are, and replaces no one else.
 void Job::ReplaceStoppedRanksNow(const std::set<int>& stopped_ranks) {
-  // A stopped process is seen stopped, not voted on: that is evidence enough while at least one
-  // rank still runs (one stopped rank of two is replaced too).
-  if (!pending_hang_->replaced.empty() || stopped_ranks.empty() ||
-      stopped_ranks.size() >= static_cast<size_t>(world_size_)) {
-    return;
-  }
-  Say(absl::StrFormat("hang diagnosis: rank(s) %s stopped (%s): replaced now; the diagnosis "
-                      "follows once the others' dumps are in",
-                      absl::StrJoin(stopped_ranks, ","),
-                      MultiHost() ? "their agents say" : "SIGSTOP"));
+  const HangArbiter::StoppedReplacement replace_now = HangArbiter().StoppedToReplaceNow(
+      stopped_ranks, pending_hang_->replaced, world_size_, MultiHost());
+  if (replace_now.ranks.empty()) return;
+  Say(replace_now.message);
   if (!MultiHost()) {
     ReplaceHangSuspects({stopped_ranks.begin(), stopped_ranks.end()}, pending_hang_->generation,
                         stopped_ranks);

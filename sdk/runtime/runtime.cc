@@ -1027,7 +1027,7 @@ void RuntimeImpl::OnSuperseded(int64_t generation) {
   // not run out, and the hang watcher reads the key of the rank's current generation only, which
   // is about to be the next one): its evidence is captured now, while it still waits where the
   // hang found it, and written once the handlers have let it go, so that the launcher's diagnosis
-  // has every rank's dump (it waits for them, kHangDumpGrace at most).
+  // has every rank's dump (it waits for them, HangArbiterOptions::dump_grace at most).
   std::optional<CapturedEvidence> captured;
   std::string declared_by;
   if (store_ != nullptr) {
