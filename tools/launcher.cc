@@ -44,6 +44,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "sdk/agent/hang_arbiter.h"
+#include "sdk/agent/host_roster.h"
 #include "sdk/agent/replacement_policy.h"
 #include "sdk/core/store_keys.h"
 #include "sdk/checkpoint/backup_placement.h"
@@ -2953,19 +2954,28 @@ void Job::LeaveJob() {
                     absl::Seconds(1));
   if (server_ == nullptr) return;
   const absl::Time deadline = absl::Now() + 2 * config_.host_timeout + absl::Seconds(5);
+  // The hosts listed under `prefix` (its keys are prefix + host), or nullopt if unreadable.
+  auto hosts = [&](const std::string& prefix) -> std::optional<std::set<std::string>> {
+    absl::StatusOr<std::vector<std::string>> keys = store_->ListKeys(prefix, absl::Seconds(1));
+    if (!keys.ok()) return std::nullopt;
+    std::set<std::string> names;
+    for (const std::string& key : *keys) names.insert(key.substr(prefix.size()));
+    return names;
+  };
+  std::set<std::string> still_in_job;
   while (absl::Now() < deadline) {
-    absl::StatusOr<std::vector<std::string>> joined =
-        store_->ListKeys("agents/join/", absl::Seconds(1));
-    absl::StatusOr<std::vector<std::string>> left =
-        store_->ListKeys("agents/left/", absl::Seconds(1));
-    absl::StatusOr<std::vector<std::string>> dead =
-        store_->ListKeys("agents/dead/", absl::Seconds(1));
-    if (joined.ok() && left.ok() && dead.ok() && left->size() + dead->size() >= joined->size()) {
-      return;
+    std::optional<std::set<std::string>> joined = hosts("agents/join/");
+    std::optional<std::set<std::string>> left = hosts("agents/left/");
+    std::optional<std::set<std::string>> dead = hosts("agents/dead/");
+    if (joined && left && dead) {
+      still_in_job = HostsStillInJob(*joined, *left, *dead);
+      if (still_in_job.empty()) return;
     }
     absl::SleepFor(absl::Milliseconds(50));  // bounded by the deadline
   }
-  Say("stopping the store before every host left (some may report the store lost)");
+  Say(absl::StrCat("stopping the store before every host left (still in the job: ",
+                   still_in_job.empty() ? "unknown" : absl::StrJoin(still_in_job, ", "),
+                   "; they may report the store lost)"));
 }
 
 // The last line of every run: how it ended, and what it took.

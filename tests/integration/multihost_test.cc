@@ -442,10 +442,17 @@ TEST_F(MultiHost, WhenTheCoordinatorsHostDiesAnotherAgentTakesOverAndTheJobFinis
 }
 
 // 3. A host is cut off for longer than the liveness bound, then the link heals: it was declared
-// dead and fenced out, its agent stops its ranks when it is back, and no rank trains twice.
+// dead and fenced out, its agent stops its ranks when it is back, and no rank trains twice. The
+// job's store is the one host1's agent serves (torchrun's c10d rule): at the end it keeps serving
+// until every other host left, the fenced one (declared dead, and left) counted once, so that no
+// agent is cut off from the job's end (issue 36: it used to stop while host2 still read it).
 TEST_F(MultiHost, APartitionedHostIsFencedOutAndNoRankEverTrainsTwice) {
-  MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 3);
+  const absl::StatusOr<int> port = testing::FreeTcpPort(SimCluster::Address(1));
+  ASSERT_TRUE(port.ok()) << port.status();
+  MultiHostJob job(*cluster_, shared_.path(),
+                   absl::StrCat("tcp://", SimCluster::Address(1), ":", *port), 3);
   StartJob(job, 3, 1);
+  EXPECT_THAT(job.Output(1), HasSubstr("serving the job's store on "));
   ASSERT_EQ(cluster_->Isolate(3), absl::OkStatus());
   const absl::Time cut = absl::Now();
   ASSERT_TRUE(job.Await(1, "recovered from the loss of host host3")) << job.AllOutput();
@@ -454,6 +461,8 @@ TEST_F(MultiHost, APartitionedHostIsFencedOutAndNoRankEverTrainsTwice) {
   EXPECT_EQ(job.Wait(3), 1) << job.AllOutput();
   EXPECT_THAT(job.Output(3), HasSubstr("was declared dead by the coordinator"));
   ExpectFinishedAsIfUninterrupted(job, {1, 2, 4});
+  EXPECT_THAT(job.AllOutput(), ::testing::Not(HasSubstr("has not reached the job's store")));
+  EXPECT_THAT(job.Output(1), ::testing::Not(HasSubstr("stopping the store before every host left")));
 }
 
 // 4. Two hosts die within a second of each other; two standby hosts take their ranks.
