@@ -1986,9 +1986,11 @@ void Job::StartForming() {
 //   agents/dead/<host>             why the coordinator declared the host dead (it is fenced out)
 //   agents/deaths/<member>         "<rank> <how>": an agent saw its rank process die
 //   agents/stopped/<member>        the host id: an agent sees its rank process stopped (SIGSTOP)
-//   agents/kill/<host>/<member>    "<what> <why>": the coordinator asks that host's agent to kill a
-//                                  process (what: rank_unresponsive or hang_suspect, the event
-//                                  the agent records with the process' pid)
+//   agents/kill/<host>/<member>    "<term> <what> <why>": the coordinator of lease term <term> asks
+//                                  that host's agent to kill a process (what: rank_unresponsive or
+//                                  hang_suspect, the event the agent records with the process'
+//                                  pid); a request of a term older than the newest the agent has
+//                                  seen is ignored (store_keys::KillRequest)
 //   agents/finished/<rank>         the member that finished rank <rank> with status 0
 //   agents/metrics/<host>          the host's fail-slow sample of the last second
 //                                  (sdk/health/fail_slow_metrics.h)
@@ -2497,18 +2499,27 @@ void Job::FollowGeneration() {
 
 void Job::ExecuteKillRequests() {
   const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
-  const std::string prefix = absl::StrCat("agents/kill/", config_.host_id, "/");
+  const std::string prefix = store_keys::AgentKillPrefix(config_.host_id);
   absl::StatusOr<std::vector<std::string>> keys = store_->ListKeys(prefix, timeout);
   if (!keys.ok()) return;
   for (const std::string& key : *keys) {
     const std::string member = key.substr(prefix.size());
-    absl::StatusOr<std::string> request = store_->Get(key, timeout);
-    std::pair<std::string, std::string> what_why =
-        absl::StrSplit(request.value_or("rank_unresponsive ?"), absl::MaxSplits(' ', 1));
-    for (auto& c : children_) {
-      if (c->member_id != member || !c->running || c->killed_for_liveness) continue;
-      KillForLiveness(*c, what_why.first,
-                      absl::StrCat(" for the coordinator: ", what_why.second));
+    absl::StatusOr<std::string> value = store_->Get(key, timeout);
+    if (!value.ok()) continue;  // gone meanwhile, or the store briefly unreachable
+    const std::optional<store_keys::KillRequest> request = store_keys::DecodeKillRequest(*value);
+    if (!request.has_value()) {
+      Say(absl::StrFormat("ignoring a malformed kill request of %s (%s: \"%s\")", member, key,
+                          *value));
+    } else if (request->term < lease_->latest_term()) {
+      // A coordinator deposed meanwhile asked (cut off, it did not know): its successor decides.
+      Say(absl::StrFormat("ignoring the kill request of %s from lease term %d: the lease is at "
+                          "term %d (%s)",
+                          member, request->term, lease_->latest_term(), request->why));
+    } else {
+      for (auto& c : children_) {
+        if (c->member_id != member || !c->running || c->killed_for_liveness) continue;
+        KillForLiveness(*c, request->what, absl::StrCat(" for the coordinator: ", request->why));
+      }
     }
     (void)store_->Delete(key, timeout);
   }
@@ -2532,7 +2543,9 @@ void Job::KillMember(const std::string& member, const std::string& what, const s
   }
   const std::string host = member.substr(0, member.find(':'));
   Say(absl::StrFormat("asking host %s to kill %s: %s", host, member, why));
-  (void)store_->Set(absl::StrCat("agents/kill/", host, "/", member), absl::StrCat(what, " ", why),
+  // Fenced by this coordinator's lease term: the agent ignores it once a newer term exists.
+  (void)store_->Set(store_keys::AgentKill(host, member),
+                    store_keys::EncodeKillRequest({lease_->term(), what, why}),
                     AgentCallTimeout(config_.host_timeout));
 }
 

@@ -10,6 +10,8 @@
 //   hang/gen<G>/withdrawn/<R>           the declaring rank R withdrew its hang (the reason)
 //   hang/gen<G>/progress/<R>            rank R's collective progress while a hang is judged
 //   rdzv/gen/<G>/resumed/<R>            the first step rank R completed in generation G
+//   agents/kill/<host>/<member>         the coordinator asks host's agent to kill member's process:
+//                                       "<lease term> <what> <why>" (KillRequest)
 //
 // Thread safety: pure functions.
 #ifndef TRAINGUARD_SDK_CORE_STORE_KEYS_H_
@@ -62,6 +64,40 @@ inline std::optional<HangDeclaration> DecodeHangDeclaration(std::string_view val
     return std::nullopt;
   }
   return HangDeclaration{rank, std::string(rest.substr(colon + 2))};
+}
+
+// A kill request: the coordinator of lease term `term` asks the agent of `host` to kill the process
+// of `member` ("<host>:<pid>:<role>"), for `what` (an event kind such as "hang_suspect") because of
+// `why`. The agent carries out only requests of the newest term it knows of the lease: a deposed
+// coordinator that still acts (cut off, then back) cannot have a process killed.
+inline std::string AgentKillPrefix(absl::string_view host) {
+  return absl::StrCat("agents/kill/", host, "/");
+}
+inline std::string AgentKill(absl::string_view host, absl::string_view member) {
+  return absl::StrCat(AgentKillPrefix(host), member);
+}
+struct KillRequest {
+  int64_t term = 0;
+  std::string what;  // one word
+  std::string why;
+};
+inline std::string EncodeKillRequest(const KillRequest& r) {
+  return absl::StrCat(r.term, " ", r.what, " ", r.why);
+}
+// nullopt for a value that is not "<term> <what> <why>" with term >= 1 and a non-empty `what`.
+inline std::optional<KillRequest> DecodeKillRequest(std::string_view value) {
+  const size_t first = value.find(' ');
+  if (first == std::string_view::npos) return std::nullopt;
+  KillRequest r;
+  if (!absl::SimpleAtoi(absl::string_view(value.data(), first), &r.term) || r.term < 1) {
+    return std::nullopt;
+  }
+  const std::string_view rest = value.substr(first + 1);
+  const size_t second = rest.find(' ');
+  r.what = std::string(rest.substr(0, second));
+  if (r.what.empty()) return std::nullopt;
+  if (second != std::string_view::npos) r.why = std::string(rest.substr(second + 1));
+  return r;
 }
 
 }  // namespace trainguard::store_keys

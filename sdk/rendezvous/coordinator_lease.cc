@@ -1,6 +1,7 @@
 // The coordinator lease over a Store: see coordinator_lease.h.
 #include "sdk/rendezvous/coordinator_lease.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,6 +55,7 @@ bool CoordinatorLease::TryTake(const std::optional<std::string>& expected, int64
   held_ = true;
   taken_from_ = expected.has_value() ? Parse(*expected).holder : "";
   term_ = term;
+  latest_term_ = std::max(latest_term_, term);
   beat_ = 0;
   written_ = value;
   renewed_ns_ = clock_->MonotonicNanos();
@@ -86,7 +88,10 @@ absl::StatusOr<bool> CoordinatorLease::Update(absl::Duration timeout) {
       held_ = false;
       observed_ = renewed->current;
       observed_since_ns_ = now_ns;
-      last_holder_ = renewed->current.has_value() ? Parse(*renewed->current).holder : "";
+      const LeaseValue current =
+          renewed->current.has_value() ? Parse(*renewed->current) : LeaseValue{};
+      last_holder_ = current.holder;
+      latest_term_ = std::max(latest_term_, current.term);
       return false;
     }
     ++beat_;
@@ -99,6 +104,7 @@ absl::StatusOr<bool> CoordinatorLease::Update(absl::Duration timeout) {
   if (!value.ok()) return TryTake(std::nullopt, 1, timeout);
   const LeaseValue lease = Parse(*value);
   last_holder_ = lease.holder;
+  latest_term_ = std::max(latest_term_, lease.term);
   if (lease.holder == kReleased) return TryTake(*value, lease.term + 1, timeout);
   if (!observed_.has_value() || *observed_ != *value) {
     observed_ = *value;

@@ -60,6 +60,9 @@ class CoordinatorLease {
   bool claimed() const { return held_; }
   // The term this agent holds (0 when it never held the lease).
   int64_t term() const { return term_; }
+  // The newest term of the lease this agent has seen, held or read (0 before its first Update):
+  // what fences the coordinator's requests to the agents (store_keys::KillRequest).
+  int64_t latest_term() const { return latest_term_; }
   // The holder named in the value this agent read last ("" when there was none).
   const std::string& last_holder() const { return last_holder_; }
   const std::string& holder_id() const { return holder_id_; }
@@ -81,6 +84,7 @@ class CoordinatorLease {
   Clock* const clock_;
   bool held_ = false;
   int64_t term_ = 0;
+  int64_t latest_term_ = 0;
   int64_t beat_ = 0;
   std::string written_;                  // the value this agent wrote last
   int64_t renewed_ns_ = 0;               // clock_ time of the last successful write

@@ -53,6 +53,23 @@ TEST_F(CoordinatorLeaseTest, ALeaseUnrenewedForTheExpiryIsTakenWithAHigherTermAn
   EXPECT_EQ(a_.last_holder(), "hostB");
 }
 
+// Every agent knows the newest term it has seen, held or read: the deposed holder learns its
+// successor's at its first renewal after coming back, and a watcher the holder's at its first read.
+TEST_F(CoordinatorLeaseTest, EveryAgentKnowsTheNewestTermItHasSeen) {
+  EXPECT_EQ(a_.latest_term(), 0);
+  ASSERT_TRUE(*a_.Update(kTimeout));
+  EXPECT_EQ(a_.latest_term(), 1);
+  ASSERT_FALSE(*b_.Update(kTimeout));
+  EXPECT_EQ(b_.latest_term(), 1);
+  clock_b_.Advance(kExpiry);
+  ASSERT_TRUE(*b_.Update(kTimeout));
+  EXPECT_EQ(b_.latest_term(), 2);
+  EXPECT_EQ(a_.latest_term(), 1);  // cut off: it has not seen term 2 yet
+  EXPECT_FALSE(*a_.Update(kTimeout));
+  EXPECT_EQ(a_.latest_term(), 2);
+  EXPECT_EQ(a_.term(), 1);  // the term it held
+}
+
 // A holder whose loop stalls must stop acting before a watcher can take over, even if it never
 // calls Update() again: held() turns false at the expiry of its last renewal by its own clock. A
 // renewal that then succeeds (nobody took the lease) makes it the holder again.

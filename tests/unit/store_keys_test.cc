@@ -17,6 +17,8 @@ TEST(StoreKeys, EveryKeyIsSpelledAsTheProtocolSays) {
   EXPECT_EQ(HangWithdrawn(0, 1), "hang/gen0/withdrawn/1");
   EXPECT_EQ(HangProgress(7, 0), "hang/gen7/progress/0");
   EXPECT_EQ(Resumed(2, 5), "rdzv/gen/2/resumed/5");
+  EXPECT_EQ(AgentKill("host2", "host2:41:rank"), "agents/kill/host2/host2:41:rank");
+  EXPECT_EQ(AgentKillPrefix("host2"), "agents/kill/host2/");
 }
 
 TEST(StoreKeys, AHangDeclarationRoundTrips) {
@@ -33,6 +35,29 @@ TEST(StoreKeys, AValueThatIsNotADeclarationIsRefused) {
   for (const char* bad : {"", "rank", "rank : x", "rank -1: x", "rank x: y", "rank 3 x", "3: x",
                           "hang: x"}) {
     EXPECT_EQ(DecodeHangDeclaration(bad), std::nullopt) << bad;
+  }
+}
+
+TEST(StoreKeys, AKillRequestRoundTripsWithItsLeaseTerm) {
+  const KillRequest r{3, "hang_suspect", "rank 2 never entered all_reduce #150 (comm 1)"};
+  const std::string value = EncodeKillRequest(r);
+  EXPECT_EQ(value, "3 hang_suspect rank 2 never entered all_reduce #150 (comm 1)");
+  std::optional<KillRequest> back = DecodeKillRequest(value);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->term, 3);
+  EXPECT_EQ(back->what, "hang_suspect");
+  EXPECT_EQ(back->why, r.why);
+  std::optional<KillRequest> bare = DecodeKillRequest("1 rank_unresponsive");
+  ASSERT_TRUE(bare.has_value());
+  EXPECT_EQ(bare->why, "");
+}
+
+// Without a term (as the agents wrote them before the requests were fenced) or with a term that no
+// lease has, a request is refused: the agent does not kill on it.
+TEST(StoreKeys, AKillRequestWithoutAValidTermIsRefused) {
+  for (const char* bad : {"", "rank_unresponsive stopped", "0 hang_suspect x", "-2 hang_suspect x",
+                          "x hang_suspect y", "4", "4 ", "4  why"}) {
+    EXPECT_EQ(DecodeKillRequest(bad), std::nullopt) << bad;
   }
 }
 
