@@ -21,6 +21,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "sdk/checkpoint/generation_wait.h"
 #include "sdk/checkpoint/payload_layout.h"
 #include "sdk/checkpoint/persister.h"
 #include "sdk/core/mutex.h"
@@ -38,9 +39,6 @@ std::string CommitKey(int64_t step, absl::string_view kind) {
 }
 // How often the worker looks for the commit of a step it voted for without completing the vote.
 constexpr absl::Duration kCommitPoll = absl::Milliseconds(20);
-// How often a collective restore waiting for the other ranks checks whether its generation was
-// superseded (CheckpointerOptions::superseded).
-constexpr absl::Duration kSupersededPoll = absl::Milliseconds(250);
 
 std::string Hex(uint64_t v) { return absl::StrFormat("%016x", v); }
 
@@ -785,22 +783,16 @@ class Checkpointer::Impl {
     return NothingToRestore(skipped);
   }
 
-  // store_->Wait(keys, timeout), in slices of kSupersededPoll between which it checks whether the
-  // generation was superseded: a rank that died during the restore never writes its keys, and the
-  // others must not wait out `timeout` for it. Aborted then.
+  // store_->Wait(keys, timeout) until the generation is superseded (WaitUnlessSuperseded): a rank
+  // that died during the restore never writes its keys. Aborted then.
   absl::Status WaitInGeneration(const std::vector<std::string>& keys, absl::Duration timeout) {
-    if (!options_.superseded) return store_->Wait(keys, timeout);
-    const absl::Time deadline = absl::Now() + timeout;
-    while (true) {
-      const absl::Duration left = deadline - absl::Now();
-      absl::Status s = store_->Wait(keys, std::min(left, kSupersededPoll));
-      if (!absl::IsDeadlineExceeded(s) || left <= kSupersededPoll) return s;
-      if (options_.superseded()) {
-        return absl::AbortedError(
-            "a newer generation was published while the ranks restored together (a rank died): "
-            "restore again in the newer generation");
-      }
+    absl::Status s = WaitUnlessSuperseded(*store_, keys, timeout, options_.superseded);
+    if (absl::IsAborted(s)) {
+      return absl::AbortedError(
+          "a newer generation was published while the ranks restored together (a rank died): "
+          "restore again in the newer generation");
     }
+    return s;
   }
 
   absl::StatusOr<std::vector<Candidate>> LeaderCandidates(const std::string& epoch) {
@@ -909,8 +901,10 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(
           "checkpointer (rank %d): peer backups need the job's store (to find the holders)",
           options.rank));
     }
-    absl::StatusOr<std::unique_ptr<PeerBackups>> p = PeerBackups::Create(
-        *options.peer_backups, options.store, (*snapshotter)->arena_bytes());
+    PeerBackupsOptions peer_options = *options.peer_backups;
+    if (!peer_options.superseded) peer_options.superseded = options.superseded;
+    absl::StatusOr<std::unique_ptr<PeerBackups>> p =
+        PeerBackups::Create(peer_options, options.store, (*snapshotter)->arena_bytes());
     if (!p.ok()) return p.status();
     peers = *std::move(p);
   }

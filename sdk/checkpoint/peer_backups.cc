@@ -20,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
+#include "sdk/checkpoint/generation_wait.h"
 #include "trainguard/store.h"
 
 namespace trainguard {
@@ -88,11 +89,26 @@ absl::Status PeerBackups::CheckMemoryBudget(uint64_t arena_bytes) {
   needed.insert(held.begin(), held.end());
   std::vector<std::string> keys;
   for (int r : needed) keys.push_back(SizeKey(r));
-  if (absl::Status s = store_->Wait(keys, options_.timeout); !s.ok()) {
+  if (absl::Status s = WaitUnlessSuperseded(*store_, keys, options_.timeout, options_.superseded);
+      !s.ok()) {
+    // The ranks that never published (each fails at start-up before it does: its own shared memory
+    // too small, a bad option) are the cause to name.
+    std::vector<int> missing;
+    absl::StatusOr<std::vector<std::optional<std::string>>> seen =
+        store_->MultiGet(keys, absl::Seconds(1));
+    int i = 0;
+    for (int r : needed) {
+      if (seen.ok() && !(*seen)[i].has_value()) missing.push_back(r);
+      ++i;
+    }
     return absl::Status(
-        s.code(), absl::StrCat(Where(), ": waiting for the arena sizes of ranks ",
-                               absl::StrJoin(needed, ","), " (the memory-budget check): ",
-                               s.message()));
+        s.code(),
+        absl::StrCat(Where(), ": waiting for the arena sizes of ranks ", absl::StrJoin(needed, ","),
+                     " (the memory-budget check): ", s.message(),
+                     missing.empty() ? ""
+                                     : absl::StrCat("; rank(s) ", absl::StrJoin(missing, ","),
+                                                    " never published theirs (did they fail at "
+                                                    "start-up?)")));
   }
   absl::StatusOr<std::vector<std::optional<std::string>>> values =
       store_->MultiGet(keys, options_.timeout);

@@ -22,6 +22,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,6 +51,10 @@ struct PeerBackupsOptions {
   std::string shm_dir = "/dev/shm";    // whose size bounds the footprint
   absl::Duration timeout = absl::Minutes(1);  // bounds one push, one fetch, the size exchange
   Env* env = nullptr;
+  // True once this rank's generation was superseded (CheckpointerOptions::superseded, which the
+  // Checkpointer passes on): the size exchange stops waiting for a rank that never published its
+  // size (it failed at start-up) and Create fails with Aborted naming it. Empty: never.
+  std::function<bool()> superseded;
 };
 
 // Where a restored snapshot came from.
@@ -63,7 +68,8 @@ class PeerBackups {
   // Starts the service, publishes its address and this rank's arena size, then checks the host's
   // shared-memory footprint (every local rank's arena and every backup its ranks hold, two slots
   // each) against the budget and /dev/shm: ResourceExhausted naming the figures when it does not
-  // fit. `job_store` is the job's store (keys go under "ckpt/"; it must outlive this object);
+  // fit; Aborted naming the ranks whose sizes never came when the generation was superseded
+  // meanwhile (options.superseded). `job_store` is the job's store (keys go under "ckpt/"; it must outlive this object);
   // `arena_bytes` this rank's arena.
   static absl::StatusOr<std::unique_ptr<PeerBackups>> Create(const PeerBackupsOptions& options,
                                                              Store* job_store,

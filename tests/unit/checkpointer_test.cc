@@ -489,6 +489,22 @@ class CheckpointerPeerTest : public CheckpointerTest {
   }
 };
 
+// Issue 36: a rank that fails at start-up before it publishes its arena size (its host's
+// /dev/shm too small) left the ranks holding its backups waiting for it in the memory-budget check
+// until their timeout, past the newer generation that replaced it. Rank 0 holds rank 2's backups;
+// in a store where rank 2 never published, rank 0's start-up gives up once its generation is
+// superseded, naming rank 2.
+TEST_F(CheckpointerPeerTest, AStartUpWaitingForARankThatNeverPublishedItsSizeEndsWithANewerGeneration) {
+  InMemoryStore fresh;  // rank 2 never got as far as publishing its size here
+  ranks_[0]->checkpointer.reset();
+  ranks_[0]->client = fresh.NewClient();
+  superseded_ = [] { return true; };
+  const absl::Status started = Create(0, /*generation=*/1);
+  EXPECT_EQ(started.code(), absl::StatusCode::kAborted) << started;
+  EXPECT_THAT(started.message(), HasSubstr("a newer generation was published meanwhile"));
+  EXPECT_THAT(started.message(), HasSubstr("rank(s) 2 never published theirs"));
+}
+
 TEST_F(CheckpointerPeerTest, AStepIsCommittedInMemoryOnlyWithEveryRanksBackupsComplete) {
   ASSERT_NO_FATAL_FAILURE(SaveAll(10));
   for (int r = 0; r < kWorld; ++r) {
