@@ -44,6 +44,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "sdk/agent/hang_arbiter.h"
+#include "sdk/agent/host_liveness.h"
 #include "sdk/agent/host_roster.h"
 #include "sdk/agent/replacement_policy.h"
 #include "sdk/core/store_keys.h"
@@ -524,11 +525,7 @@ class Job {
   int64_t followed_generation_ = -1;
   absl::Time next_agent_tick_ = absl::InfinitePast();
   std::string master_addr_ = "127.0.0.1";
-  struct HostBeat {
-    std::string value;
-    absl::Time since;
-  };
-  std::map<std::string, HostBeat> host_beats_;  // coordinator: last beat seen per host
+  HostLiveness host_liveness_{config_.host_timeout};  // coordinator: the hosts' heartbeats
   std::set<std::string> dead_hosts_;
   std::set<std::string> handled_deaths_;  // member ids whose death report was taken
   // KillMembersStoppedInFormation: when each member was first seen stopped, and those killed.
@@ -536,8 +533,6 @@ class Job {
   std::set<std::string> stopped_members_killed_;
   bool done_published_ = false;
   std::optional<absl::Time> min_reached_;  // when nnodes_min workers had joined (PublishPlan)
-  std::string silent_holder_;  // the lease's previous holder when this agent took it over
-  absl::Time beats_read_ = absl::InfinitePast();  // the coordinator's last read of the heartbeats
   absl::Time store_seen_ = absl::Now();  // the last heartbeat the store took
   // A host cut off from the store for this long gives up (a partition shorter than this heals).
   absl::Duration StoreLossBound() const {
@@ -2117,14 +2112,12 @@ void Job::UpdateLease() {
   // the dumps' grace for ranks long replaced, held up the current generation's hang by seconds.
   pending_hang_.reset();
   hangs_checked_below_ = std::max<int64_t>(coordinator_->generation(), 0);
-  host_beats_.clear();
+  // Every host gets a full host_timeout from this agent's first read of its heartbeat, the previous
+  // holder's too: its lease lapsing shows only that this agent did not see it renewed, which a
+  // stalled store causes as well while that host trains on (HostLiveness).
+  host_liveness_ = HostLiveness(config_.host_timeout);
   handled_deaths_.clear();
   dead_hosts_.clear();
-  // The lease expired: its holder's agent was silent for host_timeout already (its heartbeat and
-  // its renewals come from the same loop). Its host's heartbeat starts out that old, so a dead
-  // coordinator's host costs one bound, not two; a live one beats again and is not declared dead.
-  silent_holder_ =
-      lease_->taken_from() == CoordinatorLease::kReleasedHolder ? "" : lease_->taken_from();
   if (absl::StatusOr<std::vector<std::string>> dead = store_->ListKeys("agents/dead/", kStoreTimeout);
       dead.ok()) {
     for (const std::string& key : *dead) dead_hosts_.insert(key.substr(strlen("agents/dead/")));
@@ -2282,12 +2275,10 @@ void Job::PublishRestartRound(const std::string& why, const std::string& dead_ho
       const absl::Time now = absl::Now();
       std::string taker;
       for (const JoinedHost& j : *hosts) {
-        const auto beat = host_beats_.find(j.host);
         const bool alive = dead_hosts_.count(j.host) == 0 &&
                            std::find(left->begin(), left->end(),
                                      absl::StrCat("agents/left/", j.host)) == left->end() &&
-                           (j.host == config_.host_id || beat == host_beats_.end() ||
-                            now - beat->second.since < config_.host_timeout);
+                           (j.host == config_.host_id || !host_liveness_.IsSilent(j.host, now));
         if (alive && (group.count(j.host) == 0 || group[j.host] < 0)) {
           taker = j.host;
           break;
@@ -2588,23 +2579,15 @@ void Job::CoordinateHosts() {
   absl::StatusOr<std::vector<std::optional<std::string>>> beats =
       store_->MultiGet(beat_keys, timeout);
   if (!beats.ok()) return;
-  const absl::Time now = absl::Now();
-  // A gap in this coordinator's own view (the store was unavailable to it, say during an etcd
-  // leader election, or it was stalled) is nobody's silence: every host gets a fresh bound.
-  if (now - beats_read_ > config_.host_timeout / 3) {
-    for (auto& [host, beat] : host_beats_) beat.since = now;
-  }
-  beats_read_ = now;
+  // This agent's own host is alive while it runs this. A gap in this coordinator's reads (the
+  // store was unavailable to it, or it was stalled) gives every host a fresh bound (HostLiveness).
+  std::map<std::string, std::string> host_beats;
   for (size_t i = 0; i < hosts.size(); ++i) {
-    const std::string value = (*beats)[i].value_or("");
-    auto [it, inserted] = host_beats_.try_emplace(hosts[i], HostBeat{value, now});
-    if (inserted && hosts[i] == silent_holder_) it->second.since = now - config_.host_timeout;
-    if (!inserted && it->second.value != value) it->second = HostBeat{value, now};
-    if (hosts[i] != config_.host_id && now - it->second.since >= config_.host_timeout) {
-      DeclareHostDead(hosts[i], it->second.since,
-                      absl::StrFormat("no heartbeat for %s",
-                                      absl::FormatDuration(now - it->second.since)));
-    }
+    if (hosts[i] != config_.host_id) host_beats[hosts[i]] = (*beats)[i].value_or("");
+  }
+  for (const HostLiveness::Silent& silent : host_liveness_.Observe(host_beats, absl::Now())) {
+    DeclareHostDead(silent.host, silent.since,
+                    absl::StrFormat("no heartbeat for %s", absl::FormatDuration(silent.silent_for)));
   }
   ReadDeathReports();
   // Completion: every rank finished with status 0.
@@ -2693,6 +2676,7 @@ void Job::DeclareHostDead(const std::string& host, absl::Time last_beat, const s
     return;  // tried again next tick
   }
   dead_hosts_.insert(host);
+  host_liveness_.Forget(host);
   const std::string prefix = host + ":";
   if (absl::StatusOr<std::vector<std::string>> parked = coordinator_->ParkedStandbys(timeout);
       parked.ok()) {
@@ -3040,8 +3024,9 @@ std::string RunUsage() {
          "--job-id ID\n"
          "                      [--standby-nodes K | --role standby] [--local-addr ADDR] "
          "[--host-id ID]\n"
-         "                      [--host-timeout SECONDS] [--rdzv-last-call SECONDS] "
-         "[--spread-standbys]\n"
+         "                      [--host-timeout SECONDS (default 3; 10 with etcd://)] "
+         "[--rdzv-last-call SECONDS]\n"
+         "                      [--spread-standbys]\n"
          "                      [--backup-copies M] [--backup-evict host,rack,tp,cp,dp,pp] "
          "[--backup-racks R0,R1,...]\n"
          "                      [--backup-rate MIB_S] [--backup-budget MIB]\n"
@@ -3053,8 +3038,13 @@ std::string RunUsage() {
          "[ARGS...]\n";
 }
 
+absl::Duration DefaultHostTimeout(std::string_view store_url) {
+  return store_url.starts_with("etcd://") ? absl::Seconds(10) : absl::Seconds(3);
+}
+
 absl::StatusOr<LaunchConfig> ParseRunArguments(const std::vector<std::string>& args) {
   LaunchConfig config;
+  bool host_timeout_given = false;
   size_t i = 0;
   for (; i < args.size() && args[i] != "--"; ++i) {
     const std::string& flag = args[i];
@@ -3126,6 +3116,7 @@ absl::StatusOr<LaunchConfig> ParseRunArguments(const std::vector<std::string>& a
             absl::StrFormat("--host-timeout '%s': need seconds in [0.5, 3600]", value));
       }
       config.host_timeout = absl::Seconds(seconds);
+      host_timeout_given = true;
     } else if (flag == "--backup-copies" || flag == "--backup-rate" ||
                flag == "--backup-budget") {
       n = ParseCount(flag, value, flag == "--backup-copies" ? 1 : 0);
@@ -3184,6 +3175,7 @@ absl::StatusOr<LaunchConfig> ParseRunArguments(const std::vector<std::string>& a
     }
     if (!n.ok()) return n.status();
   }
+  if (!host_timeout_given) config.host_timeout = DefaultHostTimeout(config.store);
   if (i < args.size()) config.command.assign(args.begin() + i + 1, args.end());
   if (config.nproc < 1) return absl::InvalidArgumentError("--nproc N is required");
   if (config.command.empty()) return absl::InvalidArgumentError("no command after --");

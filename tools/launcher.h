@@ -43,6 +43,7 @@
 
 #include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -83,7 +84,8 @@ struct LaunchConfig {
   std::string local_addr;     // this host's address; default 127.0.0.1
   std::string host_id;        // default: the host name
   // A host whose agent heartbeat has not advanced for this long is dead; also the coordinator
-  // lease's expiry. The agents beat every host_timeout / 12.
+  // lease's expiry. The agents beat every host_timeout / 12. Without --host-timeout,
+  // DefaultHostTimeout(store).
   absl::Duration host_timeout = absl::Seconds(3);
   // A dead host's ranks may be taken by standbys of several hosts when no standby host has enough.
   bool spread_standbys = false;
@@ -133,6 +135,12 @@ struct LaunchConfig {
 inline constexpr int kExitJobFailed = 1;
 inline constexpr int kExitUsage = 2;
 inline constexpr int kExitLaunchError = 3;
+
+// --host-timeout's default for the store at `store_url`: 10 s for an etcd cluster (etcd://), whose
+// leader election stalls every write for about etcd's --election-timeout (1 s by default), longer
+// on a loaded machine, and a lapsed lease or a host declared dead costs the job a takeover or a
+// whole host's ranks; 3 s for a TcpStore (tcp://, or the launcher's own).
+absl::Duration DefaultHostTimeout(std::string_view store_url);
 
 // Parses the arguments after "run". InvalidArgument names the flag.
 absl::StatusOr<LaunchConfig> ParseRunArguments(const std::vector<std::string>& args);

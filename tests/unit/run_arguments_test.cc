@@ -1,10 +1,11 @@
 // ParseRunArguments (tools/launcher.h): which --restart-all combinations `trainguard run` takes,
-// and the message that names the flag when it refuses one.
+// and the message that names the flag when it refuses one; --host-timeout's default per store.
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tools/launcher.h"
@@ -92,6 +93,47 @@ TEST(RunArguments, SparesAndPeerBackupsAreStillTakenWithoutRestartAll) {
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->restart_all, -1);
   EXPECT_EQ(config->standby, 1);
+}
+
+// An agent of a 2-host job meeting at an etcd cluster, with `extra` before the command.
+std::vector<std::string> EtcdAgentArgs(std::vector<std::string> extra) {
+  std::vector<std::string> args = {
+      "--nnodes", "2",   "--nproc-per-node", "2",    "--rdzv-endpoint", "etcd://127.0.0.1:2379",
+      "--job-id", "job", "--host-id",        "host1"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  args.insert(args.end(), {"--", "trainer"});
+  return args;
+}
+
+// Issue 36: with 3 s, an etcd leader election under load let the coordinator's lease lapse.
+TEST(RunArguments, TheHostTimeoutIsTenSecondsWithAnEtcdStoreAndThreeWithATcpStore) {
+  absl::StatusOr<LaunchConfig> etcd = ParseRunArguments(EtcdAgentArgs({}));
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  EXPECT_EQ(etcd->host_timeout, absl::Seconds(10));
+  absl::StatusOr<LaunchConfig> tcp = ParseRunArguments(AgentArgs({}));
+  ASSERT_TRUE(tcp.ok()) << tcp.status();
+  EXPECT_EQ(tcp->host_timeout, absl::Seconds(3));
+  absl::StatusOr<LaunchConfig> own_store = ParseRunArguments({"--nproc", "2", "--", "trainer"});
+  ASSERT_TRUE(own_store.ok()) << own_store.status();
+  EXPECT_EQ(own_store->host_timeout, absl::Seconds(3));
+
+  EXPECT_EQ(DefaultHostTimeout("etcd://10.0.0.1:2379,10.0.0.2:2379"), absl::Seconds(10));
+  EXPECT_EQ(DefaultHostTimeout("tcp://10.0.0.1:29400"), absl::Seconds(3));
+  EXPECT_EQ(DefaultHostTimeout(""), absl::Seconds(3));
+}
+
+TEST(RunArguments, AGivenHostTimeoutIsKeptWhateverTheStoreAndWhereverTheFlagIs) {
+  absl::StatusOr<LaunchConfig> etcd = ParseRunArguments(EtcdAgentArgs({"--host-timeout", "3"}));
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  EXPECT_EQ(etcd->host_timeout, absl::Seconds(3));
+  std::vector<std::string> before_the_endpoint = EtcdAgentArgs({});
+  before_the_endpoint.insert(before_the_endpoint.begin(), {"--host-timeout", "2.5"});
+  absl::StatusOr<LaunchConfig> first = ParseRunArguments(before_the_endpoint);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->host_timeout, absl::Milliseconds(2500));
+  absl::StatusOr<LaunchConfig> tcp = ParseRunArguments(AgentArgs({"--host-timeout", "10"}));
+  ASSERT_TRUE(tcp.ok()) << tcp.status();
+  EXPECT_EQ(tcp->host_timeout, absl::Seconds(10));
 }
 
 // Which parked standbys take a dead rank or a dead host's ranks first (the coordinator's choice).

@@ -1,0 +1,31 @@
+#include "sdk/agent/host_liveness.h"
+
+namespace trainguard {
+
+HostLiveness::HostLiveness(absl::Duration timeout) : timeout_(timeout) {}
+
+std::vector<HostLiveness::Silent> HostLiveness::Observe(
+    const std::map<std::string, std::string>& beats, absl::Time now) {
+  if (now - last_read_ > timeout_ / 3) {
+    for (auto& [host, beat] : beats_) beat.since = now;
+  }
+  last_read_ = now;
+  std::vector<Silent> silent;
+  for (const auto& [host, value] : beats) {
+    auto [it, inserted] = beats_.try_emplace(host, Beat{value, now});
+    if (!inserted && it->second.value != value) it->second = Beat{value, now};
+    if (now - it->second.since >= timeout_) {
+      silent.push_back(Silent{host, it->second.since, now - it->second.since});
+    }
+  }
+  return silent;
+}
+
+void HostLiveness::Forget(const std::string& host) { beats_.erase(host); }
+
+bool HostLiveness::IsSilent(const std::string& host, absl::Time now) const {
+  const auto it = beats_.find(host);
+  return it != beats_.end() && now - it->second.since >= timeout_;
+}
+
+}  // namespace trainguard

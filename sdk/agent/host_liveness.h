@@ -1,0 +1,81 @@
+// HostLiveness: which hosts of a multi-host job the coordinator of `trainguard run` finds silent,
+// and so declares dead, from the agents' heartbeats it reads at each tick.
+//
+// Every agent advances its heartbeat (store key agents/hb/<host>) every timeout / 12. A host whose
+// heartbeat has not changed for `timeout` of the coordinator's reads is silent: exactly `timeout`
+// is silent, a nanosecond less is not. Two rules keep a live host from being blamed for a silence
+// that is not its own:
+//
+//  - A gap in the reads. When the coordinator's previous read is more than timeout / 3 before this
+//    one (the store was unavailable to it, say during an etcd leader election, or the coordinator
+//    itself stalled), it saw nobody's heartbeat meanwhile: every host's bound starts afresh.
+//  - A host seen for the first time gets a full timeout from then, whatever its heartbeat. This
+//    holds for the previous lease holder's host after a takeover too: its lease lapsed because the
+//    new holder did not see it renewed for `timeout`, which a stalled store causes as well while
+//    that host trains on (issue 36). Losing the coordinator's host thus costs the lease's expiry
+//    and then a full timeout; any other host, one timeout.
+//
+// The unit is pure: it does no I/O and reads no clock; the caller passes the heartbeats it read and
+// when it read them, so tests drive it with explicit instants. It returns the silent hosts with how
+// long they were silent; the launcher does the rest (the fence agents/dead/<host>, replacing the
+// host's ranks). A host stays reported at each Observe while silent until the caller forgets it:
+// the launcher forgets a host once its death is written, so a write that failed is tried again at
+// the next tick.
+//
+// Thread safety: not thread-safe; one thread (the coordinator's loop, a test) uses an instance.
+#ifndef TRAINGUARD_SDK_AGENT_HOST_LIVENESS_H_
+#define TRAINGUARD_SDK_AGENT_HOST_LIVENESS_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+
+namespace trainguard {
+
+class HostLiveness {
+ public:
+  // A host whose heartbeat did not change for the timeout or longer.
+  struct Silent {
+    std::string host;
+    // When its heartbeat was last seen to change, or its bound last started afresh (first seen, a
+    // gap in the reads).
+    absl::Time since;
+    absl::Duration silent_for;  // now - since, at least the timeout
+  };
+
+  // REQUIRES: timeout > 0.
+  explicit HostLiveness(absl::Duration timeout);
+
+  // The heartbeats read at `now`: host -> its heartbeat's current value ("" when it has none yet),
+  // for the hosts still in the job (the caller leaves out its own host, hosts declared dead and
+  // those that left). Returns those of them silent for the timeout or longer, by host name. Hosts
+  // not in `beats` keep their record but are neither checked nor returned.
+  // REQUIRES: `now` is not before the previous call's.
+  std::vector<Silent> Observe(const std::map<std::string, std::string>& beats, absl::Time now);
+
+  // Drops `host`'s record: it is not reported again, and should it appear in `beats` again it is a
+  // host seen for the first time.
+  void Forget(const std::string& host);
+
+  // Whether `host` has been silent for the timeout or longer at `now`, as of the last Observe;
+  // false for a host not observed (or forgotten).
+  bool IsSilent(const std::string& host, absl::Time now) const;
+
+  absl::Duration timeout() const { return timeout_; }
+
+ private:
+  struct Beat {
+    std::string value;
+    absl::Time since;  // Silent::since
+  };
+
+  absl::Duration timeout_;
+  std::map<std::string, Beat> beats_;
+  absl::Time last_read_ = absl::InfinitePast();
+};
+
+}  // namespace trainguard
+
+#endif  // TRAINGUARD_SDK_AGENT_HOST_LIVENESS_H_

@@ -1,0 +1,179 @@
+// HostLiveness (sdk/agent/host_liveness.h): which hosts the coordinator of a multi-host job finds
+// silent, from heartbeats read at explicit instants: no processes, no store, no clock, no sleeps.
+#include "sdk/agent/host_liveness.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace trainguard {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+constexpr absl::Duration kTimeout = absl::Seconds(3);  // --host-timeout's default with a TcpStore
+constexpr absl::Duration kTick = absl::Milliseconds(250);  // kTimeout / 12: the coordinator's reads
+constexpr absl::Duration kNanosecond = absl::Nanoseconds(1);
+
+absl::Time At(absl::Duration since_start) { return absl::UnixEpoch() + since_start; }
+
+std::vector<std::string> Hosts(const std::vector<HostLiveness::Silent>& silent) {
+  std::vector<std::string> hosts;
+  for (const HostLiveness::Silent& s : silent) hosts.push_back(s.host);
+  return hosts;
+}
+
+// Reads `beats` at every tick from `from` up to and including `to`; the hosts found silent at any
+// of those reads.
+std::vector<std::string> ReadEveryTick(HostLiveness& liveness,
+                                       const std::map<std::string, std::string>& beats,
+                                       absl::Time from, absl::Time to) {
+  std::vector<std::string> silent;
+  for (absl::Time now = from; now <= to; now += kTick) {
+    for (const std::string& host : Hosts(liveness.Observe(beats, now))) silent.push_back(host);
+  }
+  return silent;
+}
+
+TEST(HostLiveness, AHostSilentForExactlyTheTimeoutIsDeadAndNotOneNanosecondBefore) {
+  HostLiveness liveness(kTimeout);
+  const std::map<std::string, std::string> beats = {{"host1", "7"}, {"host2", "7"}};
+  EXPECT_THAT(ReadEveryTick(liveness, beats, At({}), At(kTimeout - kTick)), IsEmpty());
+  EXPECT_THAT(liveness.Observe(beats, At(kTimeout - kNanosecond)), IsEmpty());
+  EXPECT_FALSE(liveness.IsSilent("host1", At(kTimeout - kNanosecond)));
+
+  const std::vector<HostLiveness::Silent> silent = liveness.Observe(beats, At(kTimeout));
+  EXPECT_THAT(Hosts(silent), ElementsAre("host1", "host2"));
+  ASSERT_FALSE(silent.empty());
+  EXPECT_EQ(silent[0].since, At({}));
+  EXPECT_EQ(silent[0].silent_for, kTimeout);  // what the launcher prints: "no heartbeat for 3s"
+  EXPECT_TRUE(liveness.IsSilent("host1", At(kTimeout)));
+}
+
+TEST(HostLiveness, AChangingHeartbeatKeepsAHostAliveAndItsLastChangeStartsItsBound) {
+  HostLiveness liveness(kTimeout);
+  int beat = 0;
+  for (absl::Time now = At({}); now <= At(absl::Minutes(1)); now += kTick) {
+    EXPECT_THAT(liveness.Observe({{"host1", std::to_string(++beat)}}, now), IsEmpty()) << now;
+  }
+  // The agent stops beating: its last change, at 1 min, is when its silence began.
+  const std::map<std::string, std::string> last = {{"host1", std::to_string(beat)}};
+  const absl::Time stopped = At(absl::Minutes(1));
+  EXPECT_THAT(ReadEveryTick(liveness, last, stopped + kTick, stopped + kTimeout - kTick),
+              IsEmpty());
+  EXPECT_THAT(liveness.Observe(last, stopped + kTimeout - kNanosecond), IsEmpty());
+  const std::vector<HostLiveness::Silent> silent = liveness.Observe(last, stopped + kTimeout);
+  ASSERT_THAT(Hosts(silent), ElementsAre("host1"));
+  EXPECT_EQ(silent[0].since, stopped);
+}
+
+// Issue 36: a store stall let the coordinator's lease lapse while its host trained on; the next
+// holder counted that host's heartbeat as already timed out and declared it dead at its first read.
+TEST(HostLiveness, ThePreviousLeaseHoldersHostGetsAFullTimeoutFromTheNewHoldersFirstRead) {
+  const absl::Time takeover = At(absl::Minutes(10));
+  HostLiveness liveness(kTimeout);  // the new holder's, fresh at the takeover
+  // The previous holder's agent resumes beating a little after the takeover: it is alive.
+  EXPECT_THAT(liveness.Observe({{"old-holder", "41"}, {"host2", "9"}}, takeover), IsEmpty());
+  EXPECT_FALSE(liveness.IsSilent("old-holder", takeover));
+  EXPECT_THAT(ReadEveryTick(liveness, {{"old-holder", "41"}, {"host2", "9"}}, takeover + kTick,
+                            takeover + kTimeout - kTick),
+              IsEmpty());
+  EXPECT_THAT(liveness.Observe({{"old-holder", "42"}, {"host2", "9"}}, takeover + kTimeout),
+              ElementsAre(::testing::Field(&HostLiveness::Silent::host, "host2")));
+  // Had it not beaten again, it is dead a full timeout after the first read, not before.
+  HostLiveness dead_holder(kTimeout);
+  EXPECT_THAT(
+      ReadEveryTick(dead_holder, {{"old-holder", "41"}}, takeover, takeover + kTimeout - kTick),
+      IsEmpty());
+  EXPECT_THAT(dead_holder.Observe({{"old-holder", "41"}}, takeover + kTimeout - kNanosecond),
+              IsEmpty());
+  EXPECT_THAT(Hosts(dead_holder.Observe({{"old-holder", "41"}}, takeover + kTimeout)),
+              ElementsAre("old-holder"));
+}
+
+TEST(HostLiveness, AHostThatJoinsLaterGetsAFullTimeoutFromWhenItIsFirstSeen) {
+  HostLiveness liveness(kTimeout);
+  int beat = 0;
+  for (absl::Time now = At({}); now < At(absl::Seconds(10)); now += kTick) {
+    EXPECT_THAT(liveness.Observe({{"host1", std::to_string(++beat)}}, now), IsEmpty());
+  }
+  const absl::Time joined = At(absl::Seconds(10));
+  for (absl::Time now = joined; now < joined + kTimeout; now += kTick) {
+    EXPECT_THAT(liveness.Observe({{"host1", std::to_string(++beat)}, {"host2", ""}}, now),
+                IsEmpty());
+  }
+  EXPECT_THAT(Hosts(liveness.Observe({{"host1", std::to_string(++beat)}, {"host2", ""}},
+                                     joined + kTimeout)),
+              ElementsAre("host2"));
+}
+
+TEST(HostLiveness, AGapInTheReadsLongerThanAThirdOfTheTimeoutGivesEveryHostAFreshBound) {
+  HostLiveness liveness(kTimeout);
+  const std::map<std::string, std::string> beats = {{"host1", "5"}, {"host2", "5"}};
+  EXPECT_THAT(ReadEveryTick(liveness, beats, At({}), At(absl::Seconds(2))), IsEmpty());
+  // The coordinator's reads stall for 4 s (an etcd leader election, a stalled coordinator): it saw
+  // nobody beat meanwhile, so nobody is dead for it, though no beat changed since 0 s.
+  const absl::Time resumed = At(absl::Seconds(6));
+  EXPECT_THAT(liveness.Observe({{"host1", "5"}}, resumed), IsEmpty());
+  EXPECT_FALSE(liveness.IsSilent("host2", resumed));  // not read then, refreshed all the same
+  EXPECT_THAT(ReadEveryTick(liveness, beats, resumed + kTick, resumed + kTimeout - kTick),
+              IsEmpty());
+  const std::vector<HostLiveness::Silent> silent = liveness.Observe(beats, resumed + kTimeout);
+  EXPECT_THAT(Hosts(silent), ElementsAre("host1", "host2"));
+  ASSERT_FALSE(silent.empty());
+  EXPECT_EQ(silent[0].since, resumed);
+}
+
+TEST(HostLiveness, AGapOfExactlyAThirdOfTheTimeoutIsNoGap) {
+  HostLiveness liveness(kTimeout);
+  const std::map<std::string, std::string> beats = {{"host1", "5"}};
+  for (absl::Time now = At({}); now < At(kTimeout); now += kTimeout / 3) {
+    EXPECT_THAT(liveness.Observe(beats, now), IsEmpty());
+  }
+  EXPECT_THAT(Hosts(liveness.Observe(beats, At(kTimeout))), ElementsAre("host1"));
+
+  HostLiveness gapped(kTimeout);
+  EXPECT_THAT(gapped.Observe(beats, At({})), IsEmpty());
+  EXPECT_THAT(gapped.Observe(beats, At(kTimeout / 3 + kNanosecond)), IsEmpty());  // a gap: afresh
+  EXPECT_THAT(gapped.Observe(beats, At(kTimeout)), IsEmpty());
+  EXPECT_FALSE(gapped.IsSilent("host1", At(kTimeout)));
+}
+
+// The launcher forgets a host once its death is written; a write that failed is tried again.
+TEST(HostLiveness, ASilentHostIsReportedAtEveryReadUntilForgottenAndThenNotAgain) {
+  HostLiveness liveness(kTimeout);
+  const std::map<std::string, std::string> beats = {{"host1", "3"}, {"host2", "3"}};
+  EXPECT_THAT(ReadEveryTick(liveness, beats, At({}), At(kTimeout - kTick)), IsEmpty());
+  EXPECT_THAT(Hosts(liveness.Observe(beats, At(kTimeout))), ElementsAre("host1", "host2"));
+  EXPECT_THAT(Hosts(liveness.Observe(beats, At(kTimeout + kTick))),
+              ElementsAre("host1", "host2"));  // neither declared yet: both again
+
+  liveness.Forget("host1");
+  EXPECT_FALSE(liveness.IsSilent("host1", At(kTimeout + kTick)));
+  // The launcher leaves a dead host out of its reads; host2's declaration failed.
+  EXPECT_THAT(Hosts(liveness.Observe({{"host2", "3"}}, At(kTimeout + 2 * kTick))),
+              ElementsAre("host2"));
+  liveness.Forget("host2");
+  EXPECT_THAT(ReadEveryTick(liveness, {}, At(kTimeout + 3 * kTick), At(absl::Minutes(1))),
+              IsEmpty());
+  EXPECT_FALSE(liveness.IsSilent("host2", At(absl::Minutes(1))));
+}
+
+TEST(HostLiveness, AHostLeftOutOfAReadIsNeitherCheckedNorReportedButKeepsItsBound) {
+  HostLiveness liveness(kTimeout);
+  EXPECT_THAT(liveness.Observe({{"host1", "1"}, {"host2", "1"}}, At({})), IsEmpty());
+  const std::vector<std::string> silent =
+      ReadEveryTick(liveness, {{"host1", "1"}}, At(kTick), At(absl::Seconds(10)));
+  EXPECT_THAT(silent, ::testing::Not(IsEmpty()));
+  EXPECT_THAT(silent, ::testing::Each("host1"));
+  EXPECT_TRUE(liveness.IsSilent("host2", At(absl::Seconds(10))));
+  EXPECT_FALSE(liveness.IsSilent("host3", At(absl::Seconds(10))));  // never observed
+}
+
+}  // namespace
+}  // namespace trainguard
