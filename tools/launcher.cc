@@ -824,6 +824,15 @@ std::vector<std::string> Job::ChildEnvironment(const Child& child) const {
   // As torchrun: several ranks per host each running a thread per core oversubscribe the cores
   // (and give other results than under torchrun); the user's own value is kept.
   if (local_n > 1 && getenv("OMP_NUM_THREADS") == nullptr) vars.push_back("OMP_NUM_THREADS=1");
+  // A step stuck after its generation was superseded exits the process after
+  // superseded_step_exit_ms (10 s by default), which must outlast the time this launcher takes to
+  // kill a stopped peer (--host-timeout): with a longer --host-timeout (10 s by default with etcd)
+  // a survivor would exit first and take a second standby. Twice the timeout unless the user set it.
+  const int64_t host_timeout_ms = absl::ToInt64Milliseconds(config_.host_timeout);
+  if (MultiHost() && 2 * host_timeout_ms > 10'000 &&
+      getenv("TRAINGUARD_SUPERSEDED_STEP_EXIT_MS") == nullptr) {
+    vars.push_back(absl::StrCat("TRAINGUARD_SUPERSEDED_STEP_EXIT_MS=", 2 * host_timeout_ms));
+  }
   if (child.rank >= 0) {
     const int local_rank = child.rank % local_n;
     vars.push_back("TRAINGUARD_ROLE=rank");
