@@ -46,7 +46,7 @@ using testing::SimCluster;
 
 constexpr absl::Duration kDeadline = absl::Seconds(150);
 constexpr int kPerHost = 2;
-constexpr int kSteps = 600;
+constexpr int kSteps = 400;
 constexpr char kStoreAddress[] = "127.0.1.254";
 
 std::string ReadFile(const std::string& path) {
@@ -676,7 +676,7 @@ TEST_F(MultiHost, AThrottledHostIsNamedASuspectAndNoHealthyHostEverIs) {
   ASSERT_TRUE(throttle.ok()) << throttle.status();
   throttle_ = *std::move(throttle);
   MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 4);
-  job.job_flags = {"--fail-slow-continuity", "10", "--fail-slow-trace",
+  job.job_flags = {"--fail-slow-continuity", "5", "--fail-slow-trace",
                    shared_.path() + "/fail-slow.trace"};
   const std::vector<std::string> trainer =
       testing::ExampleTrainerArgs(TRAINGUARD_TRAINER_PATH, 10'000'000);  // runs until killed
