@@ -1,8 +1,7 @@
 #include "sdk/rendezvous/etcd_gateway_client.h"
 
-#include <arpa/inet.h>
 #include <curl/curl.h>
-#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <mutex>
@@ -17,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "google/protobuf/util/json_util.h"
+#include "sdk/core/socket_address.h"
 #include "sdk/proto/etcd_gateway.pb.h"
 
 namespace trainguard::etcd_internal {
@@ -150,12 +150,10 @@ absl::StatusOr<std::unique_ptr<EtcdGatewayClient>> EtcdGatewayClient::Create(
     }
   }
   if (!source_address.empty()) {
-    in6_addr parsed{};
-    if (inet_pton(AF_INET, source_address.c_str(), &parsed) != 1 &&
-        inet_pton(AF_INET6, source_address.c_str(), &parsed) != 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("etcd source address '", source_address,
-                       "' is not a numeric IPv4 or IPv6 address (e.g. 127.0.1.3)"));
+    if (absl::StatusOr<sockaddr_storage> parsed =
+            NumericSockaddr(source_address, "etcd source address");
+        !parsed.ok()) {
+      return parsed.status();
     }
   }
   static std::once_flag curl_initialized;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "sdk/core/socket_address.h"
 #include "sdk/rendezvous/etcd_store.h"
 #include "sdk/rendezvous/tcp_store.h"
 #include "trainguard/store.h"
@@ -20,15 +21,14 @@ absl::Status BadUrl(std::string_view url, std::string_view why) {
 }
 
 // "HOST:PORT" with a port in 1..65535.
-absl::StatusOr<std::pair<std::string, int>> HostPort(std::string_view url,
-                                                     absl::string_view address) {
-  const size_t colon = address.rfind(':');
-  int port = 0;
-  if (colon == absl::string_view::npos || colon == 0 ||
-      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 1 || port > 65535) {
-    return BadUrl(url, absl::StrCat("'", address, "' is not HOST:PORT"));
+absl::StatusOr<HostPort> StoreHostPort(std::string_view url, absl::string_view address) {
+  absl::StatusOr<HostPort> split =
+      SplitHostPort(std::string_view(address.data(), address.size()), "the address");
+  if (!split.ok()) {
+    const absl::string_view why = split.status().message();
+    return BadUrl(url, std::string_view(why.data(), why.size()));
   }
-  return std::make_pair(std::string(address.substr(0, colon)), port);
+  return split;
 }
 
 }  // namespace
@@ -43,11 +43,11 @@ absl::StatusOr<std::unique_ptr<Store>> OpenStore(std::string_view url, std::stri
                                                  const OpenStoreOptions& open_options) {
   absl::string_view rest(url.data(), url.size());
   if (absl::ConsumePrefix(&rest, "tcp://")) {
-    absl::StatusOr<std::pair<std::string, int>> address = HostPort(url, rest);
+    absl::StatusOr<HostPort> address = StoreHostPort(url, rest);
     if (!address.ok()) return address.status();
     TcpStoreOptions options;
-    options.host = address->first;
-    options.port = address->second;
+    options.host = address->host;
+    options.port = address->port;
     options.job_id = std::string(job_id);
     options.job_token = std::string(token);
     options.connect_timeout = timeout;
@@ -59,7 +59,7 @@ absl::StatusOr<std::unique_ptr<Store>> OpenStore(std::string_view url, std::stri
   if (absl::ConsumePrefix(&rest, "etcd://")) {
     EtcdStoreOptions options;
     for (absl::string_view endpoint : absl::StrSplit(rest, ',')) {
-      absl::StatusOr<std::pair<std::string, int>> address = HostPort(url, endpoint);
+      absl::StatusOr<HostPort> address = StoreHostPort(url, endpoint);
       if (!address.ok()) return address.status();
       options.endpoints.push_back(absl::StrCat("http://", endpoint));
     }

@@ -1,7 +1,6 @@
 // TcpStore, the client: a pool of blocking-with-deadline connections (non-blocking socket + poll),
 // one request in flight on each, reconnection with bounded exponential backoff inside each call's
 // timeout. A call takes an idle connection, or opens one when all are busy.
-#include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -26,8 +25,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "sdk/core/errno_error.h"
 #include "sdk/core/job_id.h"
 #include "sdk/core/mutex.h"
+#include "sdk/core/socket_address.h"
 #include "sdk/proto/store.pb.h"
 #include "sdk/rendezvous/store_auth.h"
 #include "sdk/rendezvous/store_frame.h"
@@ -46,11 +47,6 @@ constexpr absl::Duration kWaitAnswerGrace = absl::Seconds(1);
 
 absl::Time MonotonicNow() { return absl::FromUnixNanos(Clock::Real()->MonotonicNanos()); }
 
-std::string ErrnoText(int err) {
-  char buf[256];
-  return std::string(strerror_r(err, buf, sizeof(buf)));
-}
-
 absl::string_view Absl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
 // Poll's timeout for `deadline`, rounded up to a millisecond.
@@ -59,28 +55,6 @@ int PollTimeoutMs(absl::Time deadline) {
   if (left <= absl::ZeroDuration()) return 0;
   return static_cast<int>(std::min<int64_t>(
       absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))), INT_MAX));
-}
-
-// `address` (numeric IPv4 or IPv6) with port 0, for bind(). InvalidArgument, naming it, otherwise.
-absl::StatusOr<sockaddr_storage> SourceSockaddr(const std::string& address) {
-  sockaddr_storage storage{};
-  auto* v4 = reinterpret_cast<sockaddr_in*>(&storage);
-  if (inet_pton(AF_INET, address.c_str(), &v4->sin_addr) == 1) {
-    v4->sin_family = AF_INET;
-    return storage;
-  }
-  auto* v6 = reinterpret_cast<sockaddr_in6*>(&storage);
-  if (inet_pton(AF_INET6, address.c_str(), &v6->sin6_addr) == 1) {
-    v6->sin6_family = AF_INET6;
-    return storage;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("TcpStoreOptions.source_address '", address,
-                   "' is not a numeric IPv4 or IPv6 address (e.g. 127.0.1.3)"));
-}
-
-socklen_t SockaddrLength(const sockaddr_storage& address) {
-  return address.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
 }
 
 absl::Status CheckKey(std::string_view key) {
@@ -301,7 +275,7 @@ class TcpStore::Connection {
   // Binds fd_ to options_.source_address (port 0) unless that is empty.
   absl::Status BindSource(int family) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (options_.source_address.empty()) return absl::OkStatus();
-    absl::StatusOr<sockaddr_storage> source = SourceSockaddr(options_.source_address);
+    absl::StatusOr<sockaddr_storage> source = NumericSockaddr(options_.source_address, "TcpStoreOptions.source_address");
     if (!source.ok()) return source.status();
     if (source->ss_family != family) {
       return absl::UnavailableError(absl::StrCat("source address ", options_.source_address,
@@ -513,7 +487,8 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(const TcpStoreOption
                      absl::FormatDuration(options.reconnect_backoff_max), ")"));
   }
   if (!options.source_address.empty()) {
-    if (absl::StatusOr<sockaddr_storage> source = SourceSockaddr(options.source_address);
+    if (absl::StatusOr<sockaddr_storage> source =
+            NumericSockaddr(options.source_address, "TcpStoreOptions.source_address");
         !source.ok()) {
       return source.status();
     }

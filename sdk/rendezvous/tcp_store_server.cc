@@ -1,7 +1,6 @@
 // TcpStoreServer: one event-loop thread (level-triggered epoll) over non-blocking sockets. The
 // protocol lives in StoreSession and the data in StoreState; this file moves bytes, keeps
 // deadlines (handshakes, lingering closes, parked Waits) and never blocks on a peer.
-#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -26,8 +25,10 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "sdk/core/errno_error.h"
 #include "sdk/core/job_id.h"
 #include "sdk/core/mutex.h"
+#include "sdk/core/socket_address.h"
 #include "sdk/rendezvous/store_frame.h"
 #include "sdk/rendezvous/store_session.h"
 #include "sdk/rendezvous/store_state.h"
@@ -50,29 +51,6 @@ constexpr absl::Duration kLingerTimeout = absl::Seconds(2);
 constexpr uint32_t kEnvelopeBytes = 16;
 
 absl::Time MonotonicNow() { return absl::FromUnixNanos(Clock::Real()->MonotonicNanos()); }
-
-std::string ErrnoText(int err) {
-  char buf[256];
-  // GNU strerror_r returns the message (possibly not in buf).
-  return std::string(strerror_r(err, buf, sizeof(buf)));
-}
-
-std::string FormatAddress(const sockaddr* addr) {
-  char host[INET6_ADDRSTRLEN] = "?";
-  int port = 0;
-  if (addr->sa_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(addr);
-    inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
-    port = ntohs(in->sin_port);
-    return absl::StrCat(host, ":", port);
-  }
-  if (addr->sa_family == AF_INET6) {
-    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(addr);
-    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
-    port = ntohs(in6->sin6_port);
-  }
-  return absl::StrCat("[", host, "]:", port);
-}
 
 absl::Status ValidateOptions(const TcpStoreServerOptions& options) {
   if (options.job_token.empty() && options.job_tokens.empty()) {
@@ -286,12 +264,7 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer::EventLoop>> TcpStoreServer::Event
   if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
   absl::StatusOr<int> listen_fd = Listen(options);
   if (!listen_fd.ok()) return listen_fd.status();
-  sockaddr_storage bound{};
-  socklen_t bound_len = sizeof(bound);
-  getsockname(*listen_fd, reinterpret_cast<sockaddr*>(&bound), &bound_len);
-  const int port = bound.ss_family == AF_INET6
-                       ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
-                       : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  const int port = BoundPort(*listen_fd);
   const int epoll_fd = epoll_create1(EPOLL_CLOEXEC);
   const int wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (epoll_fd < 0 || wake_fd < 0) {
@@ -379,7 +352,7 @@ void TcpStoreServer::EventLoop::AcceptAll(absl::Time now) {
       close(fd);
       RecordError(
           absl::StrFormat("connection from %s refused: %d connections are open (the limit)",
-                          FormatAddress(reinterpret_cast<sockaddr*>(&addr)), connections_.size()),
+                          FormatSockaddr(addr), connections_.size()),
           ErrorKind::kRefused);
       continue;
     }
@@ -387,7 +360,7 @@ void TcpStoreServer::EventLoop::AcceptAll(absl::Time now) {
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     const uint64_t id = next_id_++;
     auto connection =
-        std::make_unique<Connection>(fd, id, FormatAddress(reinterpret_cast<sockaddr*>(&addr)),
+        std::make_unique<Connection>(fd, id, FormatSockaddr(addr),
                                      &auth_, &state_, options_.max_frame_bytes);
     epoll_event interest{.events = EPOLLIN, .data = {.u64 = id}};
     if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &interest) != 0) {

@@ -1,0 +1,92 @@
+// The client side of peer backups: PushBackup (a source rank sends its snapshot to a holder) and
+// FetchBackup / FetchBackupInto (a restorer takes it back), over any BackupTransport (TCP unless
+// the request names another). Wire format: backup_wire.h. Every chunk is verified against the
+// snapshot's checksum table as it lands, on the holder for a push and here for a fetch (end to
+// end), so a corrupt copy is never installed or returned as OK.
+//
+// Thread safety: blocking calls, safe from any thread. Each returns by its deadline, or earlier
+// when `cancel` is set (checked between chunks and in every wait of the stream).
+#ifndef TRAINGUARD_SDK_CHECKPOINT_BACKUP_CLIENT_H_
+#define TRAINGUARD_SDK_CHECKPOINT_BACKUP_CLIENT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "sdk/checkpoint/snapshotter.h"
+
+namespace trainguard {
+
+class BackupRateLimiter;
+class BackupTransport;
+
+struct PushRequest {
+  std::string holder_address;  // "ADDRESS:PORT"
+  std::string token;
+  std::string source_address;  // the source address of the connection ("": the kernel's choice)
+  std::string job_id;
+  int source_rank = -1;
+  const Snapshotter::View* view = nullptr;  // the snapshot to send; valid for the whole call
+  uint64_t chunk_bytes = 0;                 // of view->chunk_checksums
+  // The source arena's per-slot capacity (Snapshotter::payload_capacity()): the holder's arena has
+  // the same, so snapshots whose blobs grow a little do not replace it (and lose the last backup).
+  uint64_t payload_capacity = 0;
+  BackupRateLimiter* limiter = nullptr;  // nullptr: unlimited
+  absl::Time deadline = absl::InfiniteFuture();
+  const std::atomic<bool>* cancel = nullptr;
+  BackupTransport* transport = nullptr;  // nullptr: TCP (TcpBackupTransport::Get())
+};
+
+struct PushResult {
+  bool already_held = false;  // the holder had this fingerprint complete; nothing was sent
+  uint64_t bytes_sent = 0;
+  absl::Duration elapsed;
+};
+
+// Pushes a snapshot to a holder and waits for its acknowledgement of the complete slot. Errors
+// name holder, source rank and step: Unavailable (cannot connect, connection lost), DataLoss (the
+// holder saw a chunk that does not match its checksum, or acked another fingerprint),
+// DeadlineExceeded, Cancelled, PermissionDenied (token), ResourceExhausted (the holder's /dev/shm
+// is full).
+absl::StatusOr<PushResult> PushBackup(const PushRequest& request);
+
+struct FetchRequest {
+  std::string holder_address;
+  std::string token;
+  std::string source_address;
+  std::string job_id;
+  int source_rank = -1;
+  int64_t step = -1;
+  uint64_t fingerprint = 0;  // the committed snapshot's; another one is NotFound
+  absl::Time deadline = absl::InfiniteFuture();
+  const std::atomic<bool>* cancel = nullptr;
+  BackupTransport* transport = nullptr;  // nullptr: TCP (TcpBackupTransport::Get())
+};
+
+struct FetchedBackup {
+  int64_t step = -1;
+  int64_t generation = 0;
+  uint64_t layout_hash = 0;
+  std::string payload;
+  std::vector<uint64_t> chunk_checksums;
+  uint64_t chunk_bytes = 0;
+};
+
+// Fetches `source_rank`'s backup of `step` with `fingerprint` from a holder and verifies every
+// chunk. NotFound when the holder has no complete backup with that fingerprint; DataLoss naming
+// holder, source rank, step and chunk when a chunk does not match (a backup corrupted in the
+// holder's memory is never returned); Unavailable when the holder cannot be reached.
+absl::StatusOr<FetchedBackup> FetchBackup(const FetchRequest& request);
+// As FetchBackup, received straight into `snapshotter`'s free slot (Snapshotter::InstallWith), each
+// chunk checked once as it lands, and installed there as its newest complete snapshot: the restore
+// path of a replacement, with no copy of the payload in between. The same errors, and
+// FailedPrecondition when the backup does not fit the arena's layout or chunk size; on any error
+// the arena's latest complete snapshot is untouched.
+absl::StatusOr<SnapshotInfo> FetchBackupInto(const FetchRequest& request, Snapshotter* snapshotter);
+
+}  // namespace trainguard
+
+#endif  // TRAINGUARD_SDK_CHECKPOINT_BACKUP_CLIENT_H_
