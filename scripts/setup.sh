@@ -43,8 +43,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# The Python bindings' tools and test dependencies, from PyPI, in a project-local virtual
-# environment (.venv/, or $TG_VENV) created once and reused. Pinned: the torch tested here is
+# The Python bindings' tools and test dependencies, from PyPI, in a virtual environment created
+# once per machine and set of pins and reused by every clone: .venv is a link to
+# ~/.cache/trainguard/venv-<pins> ($XDG_CACHE_HOME honoured), made under a lock, so a fresh clone
+# does not unpack torch again. A .venv/ that is a folder (made by an older setup.sh) is used as it
+# is, and so is $TG_VENV when set. Pinned: the torch tested here is
 # 2.15.0; the bindings use only DLPack and public torch APIs and support torch >= 2.3 (DLPack
 # max_version, torch.distributed.Store subclassing). PyPI's Linux torch is the CUDA build (about
 # 5 GB installed); it runs on CPU. TG_SKIP_PYTHON=1 skips this part.
@@ -56,9 +59,24 @@ PY_PACKAGES=(
   scikit-build-core==1.1.2
 )
 if [ "${TG_SKIP_PYTHON:-0}" != 1 ]; then
-  venv="${TG_VENV:-$(cd "$(dirname "$0")/.." && pwd)/.venv}"
+  root="$(cd "$(dirname "$0")/.." && pwd)"
+  if [ -n "${TG_VENV:-}" ]; then
+    venv="$TG_VENV"
+  elif [ -d "$root/.venv" ] && [ ! -L "$root/.venv" ]; then
+    venv="$root/.venv"
+  else
+    pins="$(/usr/bin/python3 -c 'import sys; print(sys.version)'; printf '%s\n' "${PY_PACKAGES[@]}")"
+    venv="${XDG_CACHE_HOME:-$HOME/.cache}/trainguard/venv-$(printf '%s' "$pins" | sha256sum | cut -c1-16)"
+    mkdir -p "$(dirname "$venv")"
+    ln -sfn "$venv" "$root/.venv"
+  fi
+  # One setup at a time makes or fills a shared environment (two clones' test runs at once).
+  mkdir -p "$(dirname "$venv")"
+  exec 9>"$venv.lock"
+  flock -w 1800 9 || { echo "setup: waited 30 minutes for $venv.lock" >&2; exit 1; }
   if [ ! -x "$venv/bin/python" ]; then
     echo "setup: creating the Python virtual environment $venv"
+    rm -rf "$venv"  # what an interrupted creation left
     /usr/bin/python3 -m venv "$venv"
   fi
   # Quick when done: one python start compares installed versions with the pins.

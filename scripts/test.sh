@@ -42,13 +42,15 @@ if [ "$preset" = default ] && [ -x .venv/bin/python ] && [ "${TG_SKIP_PYTHON:-0}
   python_args=(-DTRAINGUARD_PYTHON=ON "-DPython_EXECUTABLE=$PWD/.venv/bin/python")
 fi
 
-# Compiles through ccache (scripts/setup.sh installs it), with one cache per build root: the wheel
-# test's `pip wheel` (label python) then reuses this build's objects instead of compiling the SDK
-# again.
+# Compiles through ccache (scripts/setup.sh installs it), in ccache's own cache ($CCACHE_DIR, else
+# ~/.cache/ccache): the wheel test's `pip wheel` (label python) reuses this build's objects instead
+# of compiling the SDK again, and another clone of the project on this machine reuses them too
+# (paths are hashed relative to the source tree).
 ccache_args=()
 if command -v ccache >/dev/null 2>&1; then
-  mkdir -p "$build_root/ccache"
-  ccache_args=("-DTRAINGUARD_CCACHE_DIR=$(cd "$build_root/ccache" && pwd)")
+  cache="${CCACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ccache}"
+  mkdir -p "$cache"
+  ccache_args=("-DTRAINGUARD_CCACHE_DIR=$(cd "$cache" && pwd)")
 fi
 
 mkdir -p "$build_dir"
