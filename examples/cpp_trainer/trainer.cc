@@ -318,7 +318,9 @@ class DataParallelTrainer {
     constexpr double kZ99 = 2.3263478740408408;  // the standard normal's 99th percentile
     const double sigma = std::log(flags_.generate_p99_ratio) / kZ99;
     const double ms = flags_.generate_median_ms * std::exp(sigma * rng.Normal());
-    const int64_t tokens = std::max<int64_t>(1, std::llround(ms));
+    const bool long_one = rt_.rank() == flags_.long_rank && step == flags_.long_step;
+    const int64_t tokens = long_one ? absl::ToInt64Milliseconds(flags_.long_generation)
+                                    : std::max<int64_t>(1, std::llround(ms));
     sdk::Watchdog* wd = rt_.watchdog();
     const sdk::PhaseBounds bounds = wd != nullptr ? wd->BoundsFor("generate") : sdk::PhaseBounds{};
     const bool stall =

@@ -95,6 +95,9 @@ TRAINGUARD_JOB_ID and TRAINGUARD_RUN_DIR (see trainguard's Options).
   --stall-generation RANK:STEP:SECONDS
                           RANK's decoding stops ticking for SECONDS halfway through STEP's
                           generation (a stuck rollout; generation 0 only)
+  --long-generation RANK:STEP:SECONDS
+                          RANK's generation at STEP decodes for SECONDS, ticking every token,
+                          instead of its drawn length (a rollout far in the tail)
   --extra-state-mib N     N MiB of float32 state registered with the model (a stand-in for
                           optimizer state: the snapshot's size); each step updates a 16 KiB
                           slice, and params_checksum covers it
@@ -164,6 +167,9 @@ absl::StatusOr<TrainerFlags> ParseTrainerFlags(int argc, char** argv) {
     } else if (flag == "--stall-generation") {
       status = ParseRankStepSeconds(flag, value, &flags.stall_rank, &flags.stall_step,
                                     &flags.stall_generation);
+    } else if (flag == "--long-generation") {
+      status = ParseRankStepSeconds(flag, value, &flags.long_rank, &flags.long_step,
+                                    &flags.long_generation);
     } else if (flag == "--extra-state-mib") {
       status = ParseNumber<int>(flag, value, 0, &flags.extra_state_mib);
     } else if (flag == "--inject-nan-grad") {

@@ -60,6 +60,11 @@ struct TrainerFlags {
   int stall_rank = -1;
   int64_t stall_step = -1;
   absl::Duration stall_generation = absl::ZeroDuration();
+  // --long-generation RANK:STEP:SECONDS: RANK's generation at STEP decodes for SECONDS, ticking
+  // every token, instead of its drawn length (a rollout far in the tail, in every generation).
+  int long_rank = -1;
+  int64_t long_step = -1;
+  absl::Duration long_generation = absl::ZeroDuration();
   // --extra-state-mib N: N MiB of float32 registered with the model as a stand-in for optimizer
   // state (a real job's snapshot is mostly that), initialised from model_seed; each step updates
   // a 16 KiB slice of it, and the final params_checksum covers it. 0: off.
