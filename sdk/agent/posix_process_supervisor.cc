@@ -262,6 +262,7 @@ void PosixProcessSupervisor::CollectStateChanges(std::vector<WorkerEvent>* event
       WorkerEvent event;
       event.worker = id;
       if (WIFSTOPPED(status)) {
+        ReadOutput(id, *worker, /*flush=*/false, events);  // what it wrote before it stopped
         event.kind = WorkerEvent::Kind::kStopped;
         event.stop_signal = WSTOPSIG(status);
         events->push_back(std::move(event));

@@ -9,10 +9,12 @@
 // test double whose workers a test makes print, stop, continue and exit.
 //
 // A worker's life as Poll reports it: zero or more kOutput events (its stdout and stderr, merged,
-// one line each), interleaved with kStopped and kContinued; one kExited, after every line it wrote
-// before it ended (a last line without a newline included); then possibly more kOutput, written
-// by processes of its group before they died. Once a worker has exited it is never signalled
-// again, so a signal cannot reach a process that reused its pid.
+// one line each), interleaved with kStopped and kContinued; one kExited; then possibly more
+// kOutput, written by processes of its group before they died. A kStopped comes after every line
+// the worker wrote before it stopped, and kExited after every line it wrote before it ended (a last
+// line without a newline included). A stop or a continue that the worker's exit follows before
+// Poll looks may go unreported (waitpid reports the exit first). Once a worker has exited it is
+// never signalled again, so a signal cannot reach a process that reused its pid.
 //
 // Thread safety: not thread-safe; one thread (the launcher's loop, a test) uses an instance.
 #ifndef TRAINGUARD_SDK_AGENT_PROCESS_SUPERVISOR_H_
@@ -95,8 +97,8 @@ class ProcessSupervisor {
   // supervisor never started it.
   virtual absl::Status Signal(WorkerId worker, int signal) = 0;
 
-  // The events since the last call, in the order they happened per worker; waits up to `timeout`
-  // for the first when there is none.
+  // The events since the last call (per worker in the order above); waits up to `timeout` for the
+  // first when there is none.
   virtual std::vector<WorkerEvent> Poll(absl::Duration timeout) = 0;
 
   // Whether the live worker is stopped now (SIGSTOP, a debugger); false once it has exited.
