@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -54,15 +55,22 @@ class PosixProcessSupervisorTest : public ::testing::Test {
   std::vector<WorkerEvent> PollUntilExit(ProcessSupervisor& supervisor, WorkerId worker) {
     return PollUntil(supervisor, worker, Kind::kExited);
   }
+  // Events of one Poll after the awaited one are kept for the next call.
   std::vector<WorkerEvent> PollUntil(ProcessSupervisor& supervisor, WorkerId worker, Kind kind) {
     std::vector<WorkerEvent> seen;
     const absl::Time deadline = absl::Now() + kBound;
-    while (absl::Now() < deadline) {
-      for (WorkerEvent& event : supervisor.Poll(absl::Milliseconds(100))) {
+    while (true) {
+      while (!unread_.empty()) {
+        WorkerEvent event = std::move(unread_.front());
+        unread_.pop_front();
         if (event.worker != worker) continue;
         const bool done = event.kind == kind;
         seen.push_back(std::move(event));
         if (done) return seen;
+      }
+      if (absl::Now() >= deadline) break;
+      for (WorkerEvent& event : supervisor.Poll(absl::Milliseconds(100))) {
+        unread_.push_back(std::move(event));
       }
     }
     ADD_FAILURE() << "worker " << worker << " did not reach the awaited event within " << kBound;
@@ -93,6 +101,7 @@ class PosixProcessSupervisorTest : public ::testing::Test {
 
   testing::TempDir dir_;
   int logs_ = 0;
+  std::deque<WorkerEvent> unread_;
 };
 
 int PidfdOpen(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
@@ -175,20 +184,27 @@ TEST_F(PosixProcessSupervisorTest, AKilledWorkerIsReportedKilledAndNeverSignalle
 
 TEST_F(PosixProcessSupervisorTest, AWorkerThatStopsItselfIsReportedStoppedThenContinued) {
   PosixProcessSupervisor supervisor;
-  absl::StatusOr<WorkerId> worker = supervisor.Spawn(Shell("kill -STOP $$; echo resumed; exit 4"));
+  // It lives on after the continue: an exit that follows a stop or a continue before Poll looks
+  // would be reported alone (waitpid reports the exit first).
+  absl::StatusOr<WorkerId> worker =
+      supervisor.Spawn(Shell("echo stopping; kill -STOP $$; echo resumed; exec sleep 1000"));
   ASSERT_TRUE(worker.ok()) << worker.status();
   const std::vector<WorkerEvent> stopped = PollUntil(supervisor, *worker, Kind::kStopped);
-  ASSERT_FALSE(stopped.empty());
+  // What it wrote before it stopped comes first.
+  EXPECT_THAT(Lines(stopped), ElementsAre("stopping"));
   EXPECT_EQ(stopped.back().stop_signal, SIGSTOP);
   EXPECT_TRUE(supervisor.IsStopped(*worker));
   EXPECT_EQ(supervisor.Release(*worker).code(), absl::StatusCode::kFailedPrecondition);
 
   ASSERT_TRUE(supervisor.Signal(*worker, SIGCONT).ok());
-  const std::vector<WorkerEvent> events = PollUntilExit(supervisor, *worker);
-  ASSERT_FALSE(events.empty());
-  EXPECT_EQ(events.front().kind, Kind::kContinued);
+  std::vector<WorkerEvent> events = PollUntil(supervisor, *worker, Kind::kContinued);
+  EXPECT_FALSE(supervisor.IsStopped(*worker));
+  // Its next line may be read in the same Poll as the continue, before or after it.
+  if (Lines(events).empty()) events = PollUntil(supervisor, *worker, Kind::kOutput);
   EXPECT_THAT(Lines(events), ElementsAre("resumed"));
-  EXPECT_EQ(events.back().exit, WorkerExit::Exited(4));
+  ASSERT_TRUE(supervisor.Signal(*worker, SIGKILL).ok());
+  events = PollUntilExit(supervisor, *worker);
+  EXPECT_EQ(events.back().exit, WorkerExit::Killed(SIGKILL));
   EXPECT_FALSE(supervisor.IsStopped(*worker));
 }
 
@@ -212,16 +228,20 @@ TEST_F(PosixProcessSupervisorTest, ASignalReachesEveryProcessOfTheWorkersGroup) 
 
 TEST_F(PosixProcessSupervisorTest, WhatAnExitedWorkerLeftRunningIsKilled) {
   PosixProcessSupervisor supervisor;
-  // The shell exits at once; the sleep it started stays in its group, holding the output pipe.
-  absl::StatusOr<WorkerId> worker = supervisor.Spawn(Shell("sleep 1000 & echo $!"));
+  // The shell stops until the test has checked the sleep it started (a descendant while the shell
+  // lives), then exits; the sleep stays in its group, holding the output pipe.
+  absl::StatusOr<WorkerId> worker =
+      supervisor.Spawn(Shell("sleep 1000 & echo $!; kill -STOP $$; exit 0"));
   ASSERT_TRUE(worker.ok()) << worker.status();
   const std::vector<WorkerEvent> printed = PollUntil(supervisor, *worker, Kind::kOutput);
   ASSERT_FALSE(printed.empty());
+  PollUntil(supervisor, *worker, Kind::kStopped);
   const pid_t grandchild = OwnPid(printed.back().line);
   ASSERT_GT(grandchild, 1);
   const int pidfd = PidfdOpen(grandchild);
   ASSERT_GE(pidfd, 0) << strerror(errno);
 
+  ASSERT_TRUE(supervisor.Signal(*worker, SIGCONT).ok());
   const std::vector<WorkerEvent> events = PollUntilExit(supervisor, *worker);
   EXPECT_EQ(events.back().exit, WorkerExit::Exited(0));
   EXPECT_TRUE(EndsWithinBound(pidfd));
