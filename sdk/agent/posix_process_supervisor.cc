@@ -58,9 +58,8 @@ int PidfdOpen(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 
 
 int PollMilliseconds(absl::Duration timeout) {
   if (timeout <= absl::ZeroDuration()) return 0;
-  return static_cast<int>(
-      std::min<int64_t>(absl::ToInt64Milliseconds(absl::Ceil(timeout, absl::Milliseconds(1))),
-                        INT_MAX));
+  return static_cast<int>(std::min<int64_t>(
+      absl::ToInt64Milliseconds(absl::Ceil(timeout, absl::Milliseconds(1))), INT_MAX));
 }
 
 }  // namespace
@@ -178,8 +177,8 @@ absl::Status PosixProcessSupervisor::Signal(WorkerId id, int signal) {
     return absl::InternalError(absl::StrFormat("%s has no pid (%d)", worker.label, worker.pid));
   }
   if (kill(-worker.pid, signal) != 0) {
-    return absl::InternalError(absl::StrFormat("kill -%d (%s): %s", worker.pid, worker.label,
-                                               strerror(errno)));
+    return absl::InternalError(
+        absl::StrFormat("kill -%d (%s): %s", worker.pid, worker.label, strerror(errno)));
   }
   return absl::OkStatus();
 }
@@ -324,8 +323,8 @@ absl::Status PosixProcessSupervisor::WritePidFile(WorkerId id, const std::string
   }
   const Worker& worker = *it->second;
   if (!worker.live) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "%s (pid %d) has exited: no pid file %s", worker.label, worker.pid, path));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("%s (pid %d) has exited: no pid file %s", worker.label, worker.pid, path));
   }
   // Written to a temporary file and renamed over `path`: a reader (a test, a script about to send
   // a signal) sees the old contents or the new, never an empty or half-written file, which would
@@ -352,8 +351,8 @@ absl::Status PosixProcessSupervisor::Release(WorkerId id) {
     return absl::NotFoundError(absl::StrCat("no worker ", id, " was started here"));
   }
   if (it->second->live) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "%s (pid %d) is still live: not released", it->second->label, it->second->pid));
+    return absl::FailedPreconditionError(absl::StrFormat("%s (pid %d) is still live: not released",
+                                                         it->second->label, it->second->pid));
   }
   workers_.erase(it);
   return absl::OkStatus();

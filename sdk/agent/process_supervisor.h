@@ -87,9 +87,10 @@ class ProcessSupervisor {
   virtual ~ProcessSupervisor() = default;
 
   // Starts a worker in a process group of its own, with stdin from /dev/null and its output
-  // captured; it is killed when the launcher dies (PosixProcessSupervisor says how). FailedPrecondition naming the
-  // command and `spec.label` when argv[0] cannot be executed; the error of the file when the log or
-  // the pid file cannot be written (nothing is left running then).
+  // captured; it is killed when the launcher dies (PosixProcessSupervisor says how).
+  // FailedPrecondition naming the command and `spec.label` when argv[0] cannot be executed; the
+  // error of the file when the log or the pid file cannot be written (nothing is left running
+  // then).
   virtual absl::StatusOr<WorkerId> Spawn(const WorkerSpec& spec) = 0;
 
   // Sends `signal` to the live worker's whole process group (its command and everything it

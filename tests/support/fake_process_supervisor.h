@@ -121,8 +121,8 @@ class FakeProcessSupervisor final : public ProcessSupervisor {
       return absl::NotFoundError(absl::StrCat("no worker ", worker, " was started here"));
     }
     if (!it->second.live) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "%s (pid %d) has exited: not signalled", it->second.label, it->second.pid));
+      return absl::FailedPreconditionError(absl::StrFormat("%s (pid %d) has exited: not signalled",
+                                                           it->second.label, it->second.pid));
     }
     signals_.push_back({worker, signal});
     if (!options_.signals_act) return absl::OkStatus();
@@ -161,8 +161,8 @@ class FakeProcessSupervisor final : public ProcessSupervisor {
       return absl::NotFoundError(absl::StrCat("no worker ", worker, " was started here"));
     }
     if (!it->second.live) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "%s (pid %d) has exited: no pid file %s", it->second.label, it->second.pid, path));
+      return absl::FailedPreconditionError(absl::StrFormat("%s (pid %d) has exited: no pid file %s",
+                                                           it->second.label, it->second.pid, path));
     }
     pid_files_[path] = it->second.pid;
     return absl::OkStatus();

@@ -18,9 +18,9 @@
 namespace trainguard {
 namespace {
 
-using ::testing::IsEmpty;
 using testing::FakeProcessSupervisor;
 using testing::FakeProcessSupervisorOptions;
+using ::testing::IsEmpty;
 using Kind = WorkerEvent::Kind;
 
 TEST(WorkerExitTest, AWaitStatusIsDecodedToAnExitCodeOrASignal) {
