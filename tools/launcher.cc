@@ -1,18 +1,16 @@
-// `trainguard run`: see launcher.h. One thread runs the job: a poll loop over a signalfd (SIGCHLD,
-// SIGINT, SIGTERM) and every child's output pipe; generation 0 is formed on one helper thread.
+// `trainguard run`: see launcher.h. One thread runs the job: a poll loop over its workers (their
+// output pipes and exits, through the ProcessSupervisor) and a signalfd (SIGCHLD, SIGINT, SIGTERM);
+// generation 0 is formed on one helper thread.
 #include "tools/launcher.h"
 
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <signal.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -46,6 +44,8 @@
 #include "sdk/agent/hang_arbiter.h"
 #include "sdk/agent/host_liveness.h"
 #include "sdk/agent/host_roster.h"
+#include "sdk/agent/posix_process_supervisor.h"
+#include "sdk/agent/process_supervisor.h"
 #include "sdk/agent/replacement_policy.h"
 #include "sdk/core/store_keys.h"
 #include "sdk/checkpoint/backup_placement.h"
@@ -99,14 +99,6 @@ constexpr char kPersistFailedPrefix[] = "job/persist_failed/";
 constexpr char kJobFailedKey[] = "job/failed";
 constexpr char kJobDoneKey[] = "job/done";
 
-// "ENOENT (No such file or directory)".
-std::string DescribeErrno(int err) {
-  const char* name = strerrorname_np(err);
-  const char* text = strerrordesc_np(err);
-  return absl::StrCat(name != nullptr ? name : absl::StrCat("errno ", err), " (",
-                      text != nullptr ? text : "unknown error", ")");
-}
-
 // On several hosts the policy only bounds and backs off: a rank's death there is decided by the
 // coordinator (QueueDeadMember), which finds standbys on standby hosts and restarts in rounds.
 ReplacementPolicyOptions ReplacementOptions(const LaunchConfig& config) {
@@ -124,21 +116,6 @@ ReplacementPolicyOptions ReplacementOptions(const LaunchConfig& config) {
 std::string ProcessStartTime(pid_t pid) {
   absl::StatusOr<ProcStat> stat = ReadProcStat(pid);
   return stat.ok() ? absl::StrCat(stat->start_time_ticks) : "";
-}
-
-// True when `pid` is stopped (SIGSTOP, a debugger).
-bool IsStopped(pid_t pid) {
-  absl::StatusOr<ProcStat> stat = ReadProcStat(pid);
-  return stat.ok() && stat->stopped();
-}
-
-std::string DescribeExit(int status) {
-  if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) {
-    const char* name = sigabbrev_np(WTERMSIG(status));
-    return absl::StrCat("killed by SIG", name != nullptr ? name : absl::StrCat(WTERMSIG(status)));
-  }
-  return absl::StrCat("ended with wait status ", status);
 }
 
 std::string HostName() {
@@ -174,9 +151,8 @@ int FreePort() {
   return port;
 }
 
-// Written to a temporary file and renamed over `path`: a reader (a test, a script about to send a
-// signal) sees the old contents or the new, never an empty or half-written file, which for a pid
-// file would read as no pid or a wrong one.
+// Written to a temporary file and renamed over `path`: a reader sees the old contents or the new,
+// never an empty or half-written file.
 absl::Status WriteFile(const std::string& path, std::string_view contents, mode_t mode) {
   const std::string temp = absl::StrCat(path, ".tmp.", getpid());
   int fd = open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
@@ -199,14 +175,12 @@ absl::Status WriteFile(const std::string& path, std::string_view contents, mode_
 
 // One process of the job: a rank, or a standby (rank -1 until it is assigned one).
 struct Child {
+  WorkerId worker = 0;  // its ProcessSupervisor's name for it
   pid_t pid = -1;
   std::string member_id;
   int rank = -1;
   int standby_index = -1;
-  int out_fd = -1;  // the read end of its stdout+stderr
-  int log_fd = -1;
-  std::string pending;  // output after the last newline
-  bool running = true;
+  bool running = true;  // its exit not seen yet
   bool killed_for_liveness = false;
   // The generation in which it took `rank` (0 for a rank it was started with): a hang of an
   // earlier generation is not this process's.
@@ -229,10 +203,6 @@ class Job {
       former_.join();
     }
     if (signal_fd_ >= 0) close(signal_fd_);
-    for (auto& c : children_) {
-      if (c->out_fd >= 0) close(c->out_fd);
-      if (c->log_fd >= 0) close(c->log_fd);
-    }
   }
 
   int Run();
@@ -294,9 +264,13 @@ class Job {
   void SpawnPlannedProcesses(int hosts);
   absl::Status Spawn(int rank, int standby_index);
   std::vector<std::string> ChildEnvironment(const Child& child) const;
-  void Pump(Child& child, bool flush);
-  void Reap();
-  void OnExit(Child& child, int status);
+  // Prints the workers' output lines ("[rank 0] ..."); an exit marks the child not running and,
+  // unless the job is `stopping` (StopAll), is answered by OnExit.
+  void HandleWorkerEvents(const std::vector<WorkerEvent>& events, bool stopping);
+  Child* ChildOf(WorkerId worker);
+  // Reads the signalfd: a SIGINT or SIGTERM is kept in interrupted_ (a SIGCHLD only woke the loop).
+  void ReadSignals();
+  void OnExit(Child& child, const WorkerExit& exit);
   void OnStandbyExit(Child& child, const std::string& how);
   void RespawnStandbys();
   void TryReplacements();
@@ -317,9 +291,6 @@ class Job {
   // Says when ckpt/protected moves to a new epoch: the job is protected (again).
   void ReportProtection();
   std::string Summary() const;
-  // SIGKILLs what is left of `child`'s process group once `child` itself has been reaped: the
-  // processes a wrapper command started.
-  void KillLeftovers(const Child& child);
   void CheckRecoveries();
   // Whether every rank completed its first step of `generation` (false when the store does not
   // answer).
@@ -352,7 +323,7 @@ class Job {
   Child* RunningHolder(int rank);
   // Whether `holder` (RunningHolder's answer) is the process that held its rank in the hung
   // `generation` (not a replacement that took it later) and is stopped (state T).
-  static bool StoppedSinceHang(const Child* holder, int64_t generation);
+  bool StoppedSinceHang(const Child* holder, int64_t generation);
   void RenewGenerationWhenAsked();
   void StopAll(absl::Duration grace);
   void Fail(const std::string& why);
@@ -410,8 +381,9 @@ class Job {
   // This host in member ids and in agents/stopped/: the host id, or on one host the host name.
   std::string HostLabel() const { return MultiHost() ? config_.host_id : HostName(); }
   bool coordinating() const { return !MultiHost() || (lease_ != nullptr && lease_->held()); }
-  // Signals `child`'s whole process group (the rank's command and everything it started).
-  static void SignalGroup(const Child& child, int sig);
+  // Signals `child`'s whole process group (the rank's command and everything it started), unless
+  // its exit was seen: its leftovers were SIGKILLed then (PosixProcessSupervisor).
+  void SignalGroup(const Child& child, int sig);
   // Flushed at once: with stdout a file or a pipe, a line would otherwise wait for the next output
   // of a rank, which may never come.
   void Say(const std::string& line) {
@@ -419,7 +391,8 @@ class Job {
     std::fflush(stdout);
   }
   bool CanSpawnStandby() const;
-  absl::Status WritePidFile(int rank, pid_t pid);
+  // <run dir>/pids/[<host>/]rank-<rank>: the pid of the process that holds `rank`.
+  std::string PidFile(int rank) const;
 
   LaunchConfig config_;
   std::string store_url_;
@@ -429,8 +402,12 @@ class Job {
   std::unique_ptr<TcpStoreServer> server_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<RendezvousCoordinator> coordinator_;
+  // Starts, signals and reaps every process of the job (created by Prepare); children_ are its
+  // workers.
+  std::unique_ptr<ProcessSupervisor> supervisor_;
   std::vector<std::unique_ptr<Child>> children_;
   int signal_fd_ = -1;
+  int interrupted_ = 0;  // the SIGINT or SIGTERM read from signal_fd_; 0: none
   int standbys_spawned_ = 0;
   int ranks_finished_ = 0;
   int exit_code_ = -1;
@@ -640,6 +617,9 @@ absl::Status Job::Prepare() {
   for (int sig : {SIGCHLD, SIGINT, SIGTERM}) sigaddset(&signals, sig);
   signal_fd_ = signalfd(-1, &signals, SFD_CLOEXEC | SFD_NONBLOCK);
   if (signal_fd_ < 0) return absl::InternalError(absl::StrCat("signalfd: ", strerror(errno)));
+  PosixProcessSupervisorOptions supervisor_options;
+  supervisor_options.wake_fd = signal_fd_;  // a signal ends the loop's wait at once
+  supervisor_ = std::make_unique<PosixProcessSupervisor>(supervisor_options);
   if (MultiHost()) {
     for (const std::string& dir : {absl::StrCat(config_.run_dir, "/logs/", config_.host_id),
                                    absl::StrCat(config_.run_dir, "/pids/", config_.host_id)}) {
@@ -695,10 +675,7 @@ void Job::ForgetStoppedProcesses() {
     formed_.reset();
   }
   formed_reported_ = false;
-  for (auto& c : children_) {
-    if (c->out_fd >= 0) close(c->out_fd);
-    if (c->log_fd >= 0) close(c->log_fd);
-  }
+  for (auto& c : children_) (void)supervisor_->Release(c->worker);  // StopAll reaped them
   children_.clear();
 }
 
@@ -849,11 +826,11 @@ std::vector<std::string> Job::ChildEnvironment(const Child& child) const {
   return vars;
 }
 
-absl::Status Job::WritePidFile(int rank, pid_t pid) {
+std::string Job::PidFile(int rank) const {
   // Several hosts may share the run dir, and a pid means something only on its own host.
   const std::string dir =
       MultiHost() ? absl::StrCat(config_.run_dir, "/pids/", config_.host_id) : config_.run_dir + "/pids";
-  return WriteFile(absl::StrCat(dir, "/rank-", rank), absl::StrCat(pid, "\n"), 0644);
+  return absl::StrCat(dir, "/rank-", rank);
 }
 
 absl::Status Job::Spawn(int rank, int standby_index) {
@@ -866,135 +843,59 @@ absl::Status Job::Spawn(int rank, int standby_index) {
   const std::string round = round_ > 0 ? absl::StrCat(":round", round_) : "";
   child->member_id = rank >= 0 ? absl::StrCat(host, ":", getpid(), round, ":rank", rank)
                                : absl::StrCat(host, ":", getpid(), round, ":standby", standby_index);
-  const std::string log_path = absl::StrCat(
+  WorkerSpec spec;
+  spec.label = child->Label();
+  spec.argv = config_.command;
+  spec.env = ChildEnvironment(*child);
+  spec.log_path = absl::StrCat(
       config_.run_dir, "/logs/", MultiHost() ? config_.host_id + "/" : "",
       rank >= 0 ? absl::StrCat("rank-", rank) : absl::StrCat("standby-", standby_index), ".log");
-  child->log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (child->log_fd < 0)
-    return absl::InternalError(absl::StrCat("open ", log_path, ": ", strerror(errno)));
-  int pipe_fds[2];
-  if (pipe2(pipe_fds, O_CLOEXEC) != 0)
-    return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
-
-  // Everything the child needs is built before fork(): this process has threads, so the child may
-  // only make async-signal-safe calls until it execs.
-  std::vector<std::string> env_strings = ChildEnvironment(*child);
-  std::vector<char*> envp;
-  for (std::string& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  std::vector<std::string> args = config_.command;
-  std::vector<char*> argv;
-  for (std::string& s : args) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  const pid_t parent = getpid();
-  sigset_t none;
-  sigemptyset(&none);
-  // The child reports a failed exec through this pipe (its errno); a successful exec closes it.
-  int exec_fds[2];
-  if (pipe2(exec_fds, O_CLOEXEC) != 0) {
-    close(pipe_fds[0]);
-    close(pipe_fds[1]);
-    return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
-  }
-  // Ranks do not read the launcher's terminal: in their own process groups they would be stopped
-  // by SIGTTIN.
-  const int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-
-  const pid_t pid = fork();
-  if (pid < 0) {
-    const int err = errno;
-    for (int fd : {pipe_fds[0], pipe_fds[1], exec_fds[0], exec_fds[1], null_fd}) {
-      if (fd >= 0) close(fd);
-    }
-    return absl::InternalError(absl::StrCat("fork: ", strerror(err)));
-  }
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);  // the job dies with its launcher
-    if (getppid() != parent) _exit(127);
-    setpgid(0, 0);  // its own group, signalled as a whole (SignalGroup)
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
-    dup2(pipe_fds[1], STDOUT_FILENO);
-    dup2(pipe_fds[1], STDERR_FILENO);
-    execvpe(argv[0], argv.data(), envp.data());
-    const int err = errno;
-    (void)!write(exec_fds[1], &err, sizeof(err));
-    _exit(127);
-  }
-  // Also here, so the group exists before the launcher may signal it, whichever runs first.
-  setpgid(pid, pid);
-  close(exec_fds[1]);
-  if (null_fd >= 0) close(null_fd);
-  int exec_errno = 0;
-  pollfd exec_poll = {exec_fds[0], POLLIN, 0};
-  // Bounded: exec either fails at once or closes the pipe; 10 s covers a slow file system.
-  const bool answered = poll(&exec_poll, 1, 10'000) == 1;
-  const bool exec_failed =
-      answered && read(exec_fds[0], &exec_errno, sizeof(exec_errno)) == sizeof(exec_errno);
-  close(exec_fds[0]);
-  if (exec_failed) {
-    waitpid(pid, nullptr, 0);  // it _exits right after writing
-    close(pipe_fds[0]);
-    close(pipe_fds[1]);
-    return absl::FailedPreconditionError(
-        absl::StrFormat("cannot execute the command '%s' for %s: %s", config_.command[0],
-                        child->Label(), DescribeErrno(exec_errno)));
-  }
-  close(pipe_fds[1]);
-  child->pid = pid;
+  if (rank >= 0) spec.pid_file = PidFile(rank);
+  absl::StatusOr<WorkerId> worker = supervisor_->Spawn(spec);
+  if (!worker.ok()) return worker.status();
+  child->worker = *worker;
+  child->pid = supervisor_->pid(*worker);
   child->started = absl::Now();
-  child->out_fd = pipe_fds[0];
-  fcntl(child->out_fd, F_SETFL, O_NONBLOCK);
-  if (rank >= 0) {
-    if (absl::Status s = WritePidFile(rank, pid); !s.ok()) return s;
-  } else {
-    ++standbys_spawned_;
-  }
-  Say(absl::StrFormat("started %s (pid %d, member %s)", child->Label(), pid, child->member_id));
+  if (rank < 0) ++standbys_spawned_;
+  Say(absl::StrFormat("started %s (pid %d, member %s)", child->Label(), child->pid,
+                      child->member_id));
   children_.push_back(std::move(child));
   return absl::OkStatus();
 }
 
-void Job::Pump(Child& child, bool flush) {
-  char buffer[1 << 14];
-  while (child.out_fd >= 0) {
-    ssize_t n = read(child.out_fd, buffer, sizeof(buffer));
-    if (n > 0) {
-      (void)!write(child.log_fd, buffer, static_cast<size_t>(n));
-      child.pending.append(buffer, static_cast<size_t>(n));
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n == 0) {  // the child and everything it forked closed the pipe
-      close(child.out_fd);
-      child.out_fd = -1;
-      flush = true;
-    }
-    break;
+Child* Job::ChildOf(WorkerId worker) {
+  for (auto& c : children_) {
+    if (c->worker == worker) return c.get();
   }
-  for (size_t end; (end = child.pending.find('\n')) != std::string::npos;) {
-    std::printf("[%s] %s\n", child.Label().c_str(), child.pending.substr(0, end).c_str());
-    child.pending.erase(0, end + 1);
-  }
-  if (flush && !child.pending.empty()) {
-    std::printf("[%s] %s\n", child.Label().c_str(), child.pending.c_str());
-    child.pending.clear();
+  return nullptr;
+}
+
+void Job::HandleWorkerEvents(const std::vector<WorkerEvent>& events, bool stopping) {
+  for (const WorkerEvent& event : events) {
+    Child* c = ChildOf(event.worker);
+    if (c == nullptr) continue;
+    switch (event.kind) {
+      case WorkerEvent::Kind::kOutput:
+        std::printf("[%s] %s\n", c->Label().c_str(), event.line.c_str());
+        break;
+      case WorkerEvent::Kind::kExited:
+        std::fflush(stdout);
+        c->running = false;
+        if (!stopping) OnExit(*c, event.exit);
+        break;
+      case WorkerEvent::Kind::kStopped:  // read when needed instead (IsStopped)
+      case WorkerEvent::Kind::kContinued:
+        break;
+    }
   }
   std::fflush(stdout);
 }
 
-void Job::Reap() {
-  while (true) {
-    int status = 0;
-    const pid_t pid = waitpid(-1, &status, WNOHANG);
-    if (pid <= 0) return;
-    for (auto& c : children_) {
-      if (c->pid == pid && c->running) {
-        c->running = false;
-        Pump(*c, /*flush=*/false);
-        OnExit(*c, status);
-      }
-    }
+void Job::ReadSignals() {
+  signalfd_siginfo info;
+  while (read(signal_fd_, &info, sizeof(info)) == sizeof(info)) {
+    if (info.ssi_signo == SIGCHLD) continue;  // an exit or a stop: the supervisor reports it
+    interrupted_ = static_cast<int>(info.ssi_signo);
   }
 }
 
@@ -1006,23 +907,14 @@ bool Job::CanSpawnStandby() const {
 }
 
 void Job::SignalGroup(const Child& child, int sig) {
-  // A group id of 0 or 1 would signal this process's own group or every process: never.
-  if (child.pid > 1) kill(-child.pid, sig);
+  (void)supervisor_->Signal(child.worker, sig);  // refused once it has exited: nothing to reach
 }
 
-void Job::KillLeftovers(const Child& child) {
-  // The group outlives its leader while a process the command started is still in it; once the
-  // leader is reaped and the group is empty, the id may belong to nobody (ESRCH), and it is not
-  // reused while the group exists.
-  SignalGroup(child, SIGKILL);
-}
-
-void Job::OnExit(Child& child, int status) {
-  KillLeftovers(child);
-  const std::string how = DescribeExit(status);
+void Job::OnExit(Child& child, const WorkerExit& exit) {
+  const std::string how = exit.Describe();
   if (exit_code_ >= 0) return;  // stopping: exits are expected
   if (child.rank < 0) return OnStandbyExit(child, how);
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+  if (exit.succeeded()) {
     ++ranks_finished_;
     Say(absl::StrFormat("%s (pid %d) finished", child.Label(), child.pid));
     if (MultiHost()) {
@@ -1174,7 +1066,7 @@ void Job::TryReplacements() {
                           dead.rank, next->generation));
       c->rank = dead.rank;
       c->rank_generation = next->generation;
-      (void)WritePidFile(dead.rank, c->pid);
+      (void)supervisor_->WritePidFile(c->worker, PidFile(dead.rank));
     }
     recoveries_.push_back({dead.rank, next->generation, dead.died});
     if (CanSpawnStandby()) {
@@ -1467,7 +1359,8 @@ absl::StatusOr<std::string> Job::SupersededHang(const std::string& dir, int64_t 
 }
 
 bool Job::StoppedSinceHang(const Child* holder, int64_t generation) {
-  return holder != nullptr && holder->rank_generation <= generation && IsStopped(holder->pid);
+  return holder != nullptr && holder->rank_generation <= generation &&
+         supervisor_->IsStopped(holder->worker);
 }
 
 Child* Job::RunningHolder(int rank) {
@@ -1809,23 +1702,19 @@ void Job::StopAll(absl::Duration grace) {
     if (c->running) SignalGroup(*c, SIGTERM);
   }
   const absl::Time deadline = absl::Now() + grace;
-  bool any = true;
-  while (any) {
-    any = false;
+  const auto any_running = [&] {
+    return std::any_of(children_.begin(), children_.end(),
+                       [](const std::unique_ptr<Child>& c) { return c->running; });
+  };
+  while (any_running()) {
+    // Bounded: SIGKILL after the grace period. The signals are read (a SIGCHLD would end every
+    // wait at once) and an interruption kept for the loop.
+    HandleWorkerEvents(supervisor_->Poll(absl::Milliseconds(10)), /*stopping=*/true);
+    ReadSignals();
+    if (absl::Now() < deadline) continue;
     for (auto& c : children_) {
-      if (!c->running) continue;
-      int status = 0;
-      if (waitpid(c->pid, &status, WNOHANG) == c->pid) {
-        c->running = false;
-        KillLeftovers(*c);
-        Pump(*c, /*flush=*/true);
-        continue;
-      }
-      Pump(*c, /*flush=*/false);
-      any = true;
-      if (absl::Now() >= deadline) SignalGroup(*c, SIGKILL);
+      if (c->running) SignalGroup(*c, SIGKILL);
     }
-    if (any) absl::SleepFor(absl::Milliseconds(10));  // bounded: SIGKILL after the grace period
   }
 }
 
@@ -1864,32 +1753,15 @@ int Job::Run() {
   }
   if (!MultiHost()) StartForming();
 
-  int interrupted = 0;
   while (exit_code_ < 0) {
-    std::vector<pollfd> fds = {{signal_fd_, POLLIN, 0}};
-    std::vector<Child*> owners = {nullptr};
-    for (auto& c : children_) {
-      if (c->out_fd >= 0) {
-        fds.push_back({c->out_fd, POLLIN, 0});
-        owners.push_back(c.get());
-      }
-    }
-    poll(fds.data(), fds.size(), 50);
-    for (size_t i = 1; i < fds.size(); ++i) {
-      if (fds[i].revents != 0) Pump(*owners[i], /*flush=*/false);
-    }
-    if (fds[0].revents & POLLIN) {
-      signalfd_siginfo info;
-      while (read(signal_fd_, &info, sizeof(info)) == sizeof(info)) {
-        if (info.ssi_signo == SIGCHLD) continue;  // reaped below
-        interrupted = static_cast<int>(info.ssi_signo);
-      }
-    }
-    Reap();
-    if (interrupted != 0) {
-      Say(absl::StrFormat("interrupted by SIG%s; stopping the job", sigabbrev_np(interrupted)));
-      failure_ = absl::StrCat("interrupted by SIG", sigabbrev_np(interrupted));
-      exit_code_ = 128 + interrupted;
+    // The workers' output and exits, or a signal (signal_fd_ wakes the supervisor's wait).
+    const std::vector<WorkerEvent> events = supervisor_->Poll(absl::Milliseconds(50));
+    ReadSignals();
+    HandleWorkerEvents(events, /*stopping=*/false);
+    if (interrupted_ != 0) {
+      Say(absl::StrFormat("interrupted by SIG%s; stopping the job", sigabbrev_np(interrupted_)));
+      failure_ = absl::StrCat("interrupted by SIG", sigabbrev_np(interrupted_));
+      exit_code_ = 128 + interrupted_;
       break;
     }
     if (MultiHost() && exit_code_ < 0) AgentTick();
@@ -2352,7 +2224,7 @@ void Job::FollowRestartRound() {
 void Job::ReportStoppedRanks() {
   const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
   for (auto& c : children_) {
-    const bool stopped = c->running && c->rank >= 0 && IsStopped(c->pid);
+    const bool stopped = c->running && c->rank >= 0 && supervisor_->IsStopped(c->worker);
     if (stopped == c->reported_stopped) continue;
     const std::string key = absl::StrCat(runtime_internal::kStoppedMemberPrefix, c->member_id);
     const absl::Status written = stopped ? store_->Set(key, HostLabel(), timeout)
@@ -2369,7 +2241,7 @@ void Job::KillRanksStoppedBeforeFormation() {
   const absl::Time now = absl::Now();
   for (auto& c : children_) {
     if (!c->running || c->killed_for_liveness || c->rank < 0) continue;
-    if (!IsStopped(c->pid)) {
+    if (!supervisor_->IsStopped(c->worker)) {
       c->stopped_since = absl::InfiniteFuture();
       continue;
     }
@@ -2479,7 +2351,7 @@ void Job::FollowGeneration() {
                           generation));
       c->rank = rank;
       c->rank_generation = generation;
-      (void)WritePidFile(rank, c->pid);
+      (void)supervisor_->WritePidFile(c->worker, PidFile(rank));
       if (config_.standby > 0 && group_rank_ >= 0 && CanSpawnStandby()) {
         if (absl::Status s = Spawn(-1, standbys_spawned_); !s.ok()) Say(s.ToString());
       }
