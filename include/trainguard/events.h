@@ -15,6 +15,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -75,6 +77,77 @@ absl::StatusOr<std::string> EventToJson(const Event& event);
 
 // <run_dir>/events/rank-<rank, 5 digits>.tgev
 std::string EventLogPath(std::string_view run_dir, int rank);
+
+// The kinds of event trainguard itself writes as a `custom` or `checkpoint` event, told apart by
+// their attribute `what` (docs/GUIDE.md, "Event kinds"). On disk such an event is what it always
+// was, type custom (or checkpoint) with what=<EventKindName>, so files written before this enum
+// existed read the same and `trainguard events --json` prints the same; in code every writer and
+// reader goes through EventOfKind / KindOf instead of spelling the name. A user's own event
+// (Runtime::EmitEvent) is custom with any `what`; one whose `what` is not a kind's name has no
+// kind. step_done is the one kind the user's trainer writes, through EmitEvent: the progress
+// `trainguard report` measures, so its name is a contract with user code (Python spells it as a
+// string).
+enum class EventKind {
+  // The runtime, on a rank (type custom).
+  kLauncherLost,           // the launcher that started this rank is gone: the rank leaves
+  kGenerationEntryFailed,  // building a generation's communicator failed; attempts go on
+  kJobStopUnpublished,     // the rank could not publish why it stops the job
+  kFlightRecorderUnavailable,
+  kHangPostponed,         // the watchdog waits on: `peer` is still busy
+  kHangWithdrawn,         // a declared hang ended by itself (`waited_ms`); nothing aborted
+  kGenerationSuperseded,  // a newer generation is published while this rank trains
+  kSupersededStepExit,    // a step outlived its superseded generation: the rank exits
+  kEvidenceDumped,        // flight recorder and stacks dumped on SIGUSR2 (`dump`)
+  // The runtime's checkpointing (type checkpoint).
+  kSaved,
+  kSaveFailed,
+  kProtected,  // every rank's snapshot is in memory with all its backups again
+  kReprotectFailed,
+  kPlacementClassesDropped,  // backup placement could not honour every eviction class
+  kSkipped,                  // a due checkpoint was not taken
+  kFenceFailed,
+  kRestored,  // `source`, `fingerprint`, `skipped`
+  kNothingToRestore,
+  kRestoreFailed,
+  // The launcher, in <run_dir>/events/launcher.tgev (type custom, source=launcher).
+  kRankDied,          // `how`, `pid`, `killed_by_launcher`
+  kRankUnresponsive,  // killed: its heartbeat went stale, or stopped in formation
+  kHangSuspect,       // killed: the culprit a hang's diagnosis named
+  kRankReplaced,
+  kHostReplaced,
+  kHostLost,           // `host`
+  kRecovered,          // the job trains again after a loss
+  kRestartAll,         // --restart-all: every rank started again
+  kGenerationRenewed,  // the same members met again in a new generation
+  // `trainguard chaos`, in <run_dir>/events/chaos.tgev (type custom, source=chaos).
+  kChaosRunStart,
+  kChaosRunEnd,
+  kChaosInject,  // a fault, recorded before it is done: `kind`, `pid`
+  kChaosSkip,    // a planned fault that could not be done
+  // The trainer, through Runtime::EmitEvent (type custom): a step that succeeded, with `pid`.
+  kStepDone,
+};
+
+// Every kind, in declaration order.
+std::span<const EventKind> AllEventKinds();
+
+// The kind's name: its `what` in event files.
+std::string_view EventKindName(EventKind kind);
+
+// The type an event of `kind` is written with: kCheckpoint for the checkpointing kinds, else
+// kCustom.
+EventType EventTypeOf(EventKind kind);
+
+// The kind named `name` (EventKindName's inverse); nullopt for any other name (a user's `what`).
+std::optional<EventKind> ParseEventKind(std::string_view name);
+
+// The kind of `event`: its `what` names a kind and its type is that kind's. nullopt for a user's
+// own event and for every event of another type (step_fault, hang, ...).
+std::optional<EventKind> KindOf(const Event& event);
+
+// An event of `kind`: its type, and its attributes starting with what=<EventKindName(kind)>. The
+// writer fills in the rest (time, step, more attributes after the first).
+Event EventOfKind(EventKind kind, std::string message = {});
 
 }  // namespace trainguard
 
