@@ -135,10 +135,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> RuntimeImpl::Create(const Options& opti
   if (absl::Status s = runtime->OpenEvents(); !s.ok()) return s;
   if (runtime->launcher_watch_ != nullptr) {
     runtime->launcher_watch_->SetObserver([rt = runtime.get()](absl::string_view why) {
-      Event event;
-      event.type = EventType::kCustom;
-      event.message = absl::StrCat(why, ": leaving the job");
-      event.attributes = {{"what", "launcher_lost"}};
+      Event event = EventOfKind(EventKind::kLauncherLost, absl::StrCat(why, ": leaving the job"));
       (void)rt->EmitEvent(std::move(event));
     });
   }
@@ -535,13 +532,11 @@ absl::StatusOr<int64_t> RuntimeImpl::EnterGeneration(int64_t step, int64_t faile
     }
     if (failure == EntryFailure::kFinal || member_ == nullptr) return next.status();
     errors.push_back(absl::StrCat("generation ", generation(), ": ", next.status().message()));
-    Event event;
-    event.type = EventType::kCustom;
+    Event event = EventOfKind(EventKind::kGenerationEntryFailed,
+                              absl::StrCat("entering generation ", generation(),
+                                           " failed (attempt ", report.generation_attempts, " of ",
+                                           kMaxGenerationAttempts, "): ", next.status().message()));
     event.step = step;
-    event.message = absl::StrCat("entering generation ", generation(), " failed (attempt ",
-                                 report.generation_attempts, " of ", kMaxGenerationAttempts,
-                                 "): ", next.status().message());
-    event.attributes = {{"what", "generation_entry_failed"}};
     (void)EmitEvent(std::move(event));
     if (report.generation_attempts >= kMaxGenerationAttempts) {
       return absl::UnavailableError(absl::StrCat(
@@ -597,13 +592,11 @@ absl::Status RuntimeImpl::StopJob(const std::string& reason, RecoveryReport& rep
     absl::StatusOr<CompareAndSetResult> published =
         store_->CompareAndSet(kJobStopKey, std::nullopt, line, timeout);
     if (!published.ok()) {
-      Event event;
-      event.type = EventType::kCustom;
-      event.message =
+      Event event = EventOfKind(
+          EventKind::kJobStopUnpublished,
           absl::StrCat("publishing ", kJobStopKey, " failed: ", published.status().message(),
                        "; the launcher may take this "
-                       "rank's exit for a death");
-      event.attributes = {{"what", "job_stop_unpublished"}};
+                       "rank's exit for a death"));
       (void)EmitEvent(std::move(event));
     }
   }
@@ -618,10 +611,9 @@ absl::Status RuntimeImpl::StartDetection() {
     flight_recorder_ = *std::move(recorder);
   } else {
     // Diagnostics must not stop training: the watchdog and the tracker work without a ring.
-    Event event;
-    event.type = EventType::kCustom;
-    event.message = absl::StrCat("flight recorder unavailable: ", recorder.status().message());
-    event.attributes = {{"what", "flight_recorder_unavailable"}};
+    Event event =
+        EventOfKind(EventKind::kFlightRecorderUnavailable,
+                    absl::StrCat("flight recorder unavailable: ", recorder.status().message()));
     (void)EmitEvent(std::move(event));
   }
   // Removed when the Runtime is destroyed; a rank that is killed or crashes runs no destructor, so
@@ -779,13 +771,12 @@ void RuntimeImpl::OnHang(const HangReport& report) {
   (void)store_->Set(store_keys::HangWithdrawn(generation, rank_),
                     absl::StrCat("rank ", rank_, ": its wait ended ", waited, " after the hang"),
                     absl::Seconds(2));
-  Event withdrawn;
-  withdrawn.type = EventType::kCustom;
+  Event withdrawn = EventOfKind(EventKind::kHangWithdrawn,
+                                absl::StrCat("hang withdrawn: the wait ended by itself ", waited,
+                                             " after it was declared; nothing aborted"));
   withdrawn.step = report.step;
-  withdrawn.message = absl::StrCat("hang withdrawn: the wait ended by itself ", waited,
-                                   " after it was declared; nothing aborted");
-  withdrawn.attributes = {{"what", "hang_withdrawn"},
-                          {"waited_ms", absl::StrCat(absl::ToInt64Milliseconds(waited_for))}};
+  withdrawn.attributes.emplace_back("waited_ms",
+                                    absl::StrCat(absl::ToInt64Milliseconds(waited_for)));
   (void)EmitEventOf(generation, std::move(withdrawn));
 }
 
@@ -916,16 +907,15 @@ std::optional<std::string> RuntimeImpl::ExplainPeerWait(const InFlightCollective
                                     waiting_in.comm_seq, clock_->Now(), window, stopped);
   if (peer.has_value() && waiting_in.instance != excused_collective_) {
     excused_collective_ = waiting_in.instance;
-    Event event;
-    event.type = EventType::kCustom;
-    event.step = waiting_in.step;
     auto ms = [](absl::Duration d) {
       return absl::FormatDuration(absl::Trunc(d, absl::Milliseconds(1)));
     };
-    event.message = absl::StrCat("hang postponed: waiting in ", waiting_in.op, " #",
-                                 waiting_in.comm_seq, " for ", ms(waiting_in.age), " (bound ",
-                                 ms(waiting_in.bound), "), but ", *peer);
-    event.attributes = {{"what", "hang_postponed"}, {"peer", *peer}};
+    Event event = EventOfKind(EventKind::kHangPostponed,
+                              absl::StrCat("hang postponed: waiting in ", waiting_in.op, " #",
+                                           waiting_in.comm_seq, " for ", ms(waiting_in.age),
+                                           " (bound ", ms(waiting_in.bound), "), but ", *peer));
+    event.step = waiting_in.step;
+    event.attributes.emplace_back("peer", *peer);
     (void)EmitEvent(std::move(event));
   }
   return peer;
@@ -952,11 +942,11 @@ void RuntimeImpl::WatchPeerHangs() {
     if (dump_requested.exchange(false, std::memory_order_relaxed)) {
       MutexLock lock(&dump_mu_);
       const std::string path = DumpEvidence("SIGUSR2 (dump on demand)", generation(), nullptr);
-      Event event;
-      event.type = EventType::kCustom;
+      Event event =
+          EventOfKind(EventKind::kEvidenceDumped,
+                      absl::StrCat("flight recorder and stacks dumped on SIGUSR2 to ", path));
       event.step = heartbeat_.Read().step;
-      event.message = absl::StrCat("flight recorder and stacks dumped on SIGUSR2 to ", path);
-      event.attributes = {{"dump", path}};
+      event.attributes.emplace_back("dump", path);
       (void)EmitEvent(std::move(event));
     }
     if (store_ == nullptr || absl::Now() < next_hang_check) continue;
@@ -1053,14 +1043,12 @@ void RuntimeImpl::OnSuperseded(int64_t generation) {
     WritePeerHangDump(*captured, generation, declared_by,
                       " (dumped as its generation was superseded)");
   }
-  Event event;
-  event.type = EventType::kCustom;
+  Event event = EventOfKind(
+      EventKind::kGenerationSuperseded,
+      absl::StrFormat("generation %d was superseded (a newer one is published: a peer died or a "
+                      "rank asked for a re-rendezvous); %d handler%s called",
+                      generation, handlers.size(), handlers.size() == 1 ? "" : "s"));
   event.step = heartbeat_.Read().step;
-  event.message = absl::StrFormat(
-      "generation %d was superseded (a newer one is published: a peer died or a rank asked for a "
-      "re-rendezvous); %d handler%s called",
-      generation, handlers.size(), handlers.size() == 1 ? "" : "s");
-  event.attributes = {{"what", "generation_superseded"}};
   (void)EmitEventOf(generation, std::move(event));
 }
 
@@ -1091,11 +1079,9 @@ void RuntimeImpl::ExitIfStepOutlivesGeneration() {
       "generation "
       "superseded it: exiting with status %d so that a standby takes rank %d",
       step_number, generation, waited_ms, Runtime::kSupersededStepExitCode, rank_);
-  Event event;
-  event.type = EventType::kCustom;
+  Event event = EventOfKind(EventKind::kSupersededStepExit, message);
   event.step = step_number;
-  event.message = message;
-  event.attributes = {{"what", "superseded_step_exit"}, {"waited_ms", absl::StrCat(waited_ms)}};
+  event.attributes.emplace_back("waited_ms", absl::StrCat(waited_ms));
   (void)EmitEventOf(generation, std::move(event));
   std::fprintf(stderr, "trainguard: rank %d: %s\n", rank_, message.c_str());
   std::fflush(stderr);
@@ -1131,39 +1117,33 @@ absl::Status RuntimeImpl::EnsureCheckpointer() {
   checkpointer_ = *std::move(c);
   checkpointer_->set_observer([this](const SaveOutcome& outcome) {
     if (outcome.protected_again) {
-      Event event;
-      event.type = EventType::kCheckpoint;
+      Event event = EventOfKind(EventKind::kProtected,
+                                absl::StrCat("protected: every rank's snapshot of step ",
+                                             outcome.step, " is in memory with all its backups"));
       event.step = outcome.step;
-      event.message = absl::StrCat("protected: every rank's snapshot of step ", outcome.step,
-                                   " is in memory with all its backups");
-      event.attributes = {{"what", "protected"}};
       (void)EmitEvent(std::move(event));
     }
     if (outcome.reprotect) {
       if (outcome.status.ok()) return;
-      Event event;
-      event.type = EventType::kCheckpoint;
+      Event event = EventOfKind(EventKind::kReprotectFailed, std::string(outcome.status.message()));
       event.step = outcome.step;
-      event.message = std::string(outcome.status.message());
-      event.attributes = {{"what", "reprotect_failed"}};
       (void)EmitEvent(std::move(event));
       return;
     }
-    Event event;
-    event.type = EventType::kCheckpoint;
+    Event event = EventOfKind(outcome.status.ok() ? EventKind::kSaved : EventKind::kSaveFailed,
+                              outcome.status.ok()
+                                  ? absl::StrCat("saved the state to resume at step ", outcome.step)
+                                  : std::string(outcome.status.message()));
     event.step = outcome.step;
-    event.message = outcome.status.ok()
-                        ? absl::StrCat("saved the state to resume at step ", outcome.step)
-                        : std::string(outcome.status.message());
-    event.attributes = {
-        {"what", outcome.status.ok() ? "saved" : "save_failed"},
-        {"committed", outcome.committed ? "true" : "false"},
-        {"persisted", outcome.persisted ? "true" : "false"},
-        {"durable_committed", outcome.durable_committed ? "true" : "false"},
-        {"copy_us", absl::StrCat(absl::ToInt64Microseconds(outcome.copy_time))},
-        {"replicated", outcome.replicated ? "true" : "false"},
-        {"replicate_us", absl::StrCat(absl::ToInt64Microseconds(outcome.replicate_time))},
-        {"persist_us", absl::StrCat(absl::ToInt64Microseconds(outcome.persist_time))}};
+    event.attributes.insert(
+        event.attributes.end(),
+        {{"committed", outcome.committed ? "true" : "false"},
+         {"persisted", outcome.persisted ? "true" : "false"},
+         {"durable_committed", outcome.durable_committed ? "true" : "false"},
+         {"copy_us", absl::StrCat(absl::ToInt64Microseconds(outcome.copy_time))},
+         {"replicated", outcome.replicated ? "true" : "false"},
+         {"replicate_us", absl::StrCat(absl::ToInt64Microseconds(outcome.replicate_time))},
+         {"persist_us", absl::StrCat(absl::ToInt64Microseconds(outcome.persist_time))}});
     (void)EmitEvent(std::move(event));
   });
   return absl::OkStatus();
@@ -1184,10 +1164,8 @@ absl::StatusOr<std::optional<PeerBackupsOptions>> RuntimeImpl::PeerBackupOptions
                                                  .racks = racks});
   if (!placement.ok()) return placement.status();
   if (!placement->dropped().empty()) {
-    Event event;
-    event.type = EventType::kCheckpoint;
-    event.message = absl::StrCat("backup placement: ", placement->why_dropped());
-    event.attributes = {{"what", "placement_classes_dropped"}};
+    Event event = EventOfKind(EventKind::kPlacementClassesDropped,
+                              absl::StrCat("backup placement: ", placement->why_dropped()));
     (void)EmitEvent(std::move(event));
   }
   PeerBackupsOptions o;
@@ -1251,11 +1229,8 @@ void RuntimeImpl::MaybeCheckpointSlow(int64_t step) {
   }
   if (!CheckpointDueAfter(step)) return;
   if (absl::Status s = Checkpoint(resume); !s.ok()) {
-    Event event;
-    event.type = EventType::kCheckpoint;
+    Event event = EventOfKind(EventKind::kSkipped, std::string(s.message()));
     event.step = resume;
-    event.message = std::string(s.message());
-    event.attributes = {{"what", "skipped"}};
     (void)EmitEvent(std::move(event));
   }
 }
@@ -1264,10 +1239,9 @@ void RuntimeImpl::FenceSnapshotSlow() {
   snapshot_unfenced_ = false;
   absl::Status s = checkpointer_->Fence(absl::Milliseconds(options_.rendezvous_timeout_ms));
   if (s.ok()) return;
-  Event event;
-  event.type = EventType::kCheckpoint;
-  event.message = absl::StrCat("fencing the snapshot before the next step: ", s.message());
-  event.attributes = {{"what", "fence_failed"}};
+  Event event =
+      EventOfKind(EventKind::kFenceFailed,
+                  absl::StrCat("fencing the snapshot before the next step: ", s.message()));
   (void)EmitEvent(std::move(event));
 }
 
@@ -1279,21 +1253,19 @@ absl::StatusOr<int64_t> RuntimeImpl::RestoreCheckpoint() {
   checkpointer_->SetGeneration(generation());
   absl::StatusOr<RestoreResult> r = checkpointer_->RestoreNewestCommitted();
   Event event;
-  event.type = EventType::kCheckpoint;
   if (r.ok()) {
+    event = EventOfKind(EventKind::kRestored, absl::StrCat("restored the state of step ", r->step,
+                                                           " from the ", r->source));
     event.step = r->step;
-    event.message = absl::StrCat("restored the state of step ", r->step, " from the ", r->source);
-    event.attributes = {{"what", "restored"},
-                        {"source", r->source},
-                        {"fingerprint", absl::StrFormat("%016x", r->fingerprint)},
-                        {"skipped", absl::StrJoin(r->skipped, " | ")}};
+    event.attributes.insert(event.attributes.end(),
+                            {{"source", r->source},
+                             {"fingerprint", absl::StrFormat("%016x", r->fingerprint)},
+                             {"skipped", absl::StrJoin(r->skipped, " | ")}});
   } else if (absl::IsNotFound(r.status())) {
     // A fresh job: nothing is committed yet. Not a failure.
-    event.message = std::string(r.status().message());
-    event.attributes = {{"what", "nothing_to_restore"}};
+    event = EventOfKind(EventKind::kNothingToRestore, std::string(r.status().message()));
   } else {
-    event.message = std::string(r.status().message());
-    event.attributes = {{"what", "restore_failed"}};
+    event = EventOfKind(EventKind::kRestoreFailed, std::string(r.status().message()));
   }
   (void)EmitEvent(std::move(event));
   if (!r.ok()) return r.status();

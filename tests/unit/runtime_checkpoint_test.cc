@@ -77,7 +77,7 @@ class RuntimeCheckpointTest : public ::testing::Test {
 
   int Restores() {
     int n = 0;
-    for (const Event& e : CheckpointEvents()) n += e.Attribute("what") == "restored" ? 1 : 0;
+    for (const Event& e : CheckpointEvents()) n += KindOf(e) == EventKind::kRestored ? 1 : 0;
     return n;
   }
   void TearDown() override {
@@ -147,7 +147,7 @@ TEST_F(RuntimeCheckpointTest, AfterANanTheRollbackRestoresTheLastCommittedStepAn
 
   bool restored = false;
   for (const Event& e : CheckpointEvents()) {
-    restored |= e.Attribute("what") == "restored" && e.step == 20;
+    restored |= KindOf(e) == EventKind::kRestored && e.step == 20;
   }
   EXPECT_TRUE(restored);
 }
@@ -274,6 +274,19 @@ TEST_F(RuntimeCheckpointTest, Sigusr2DumpsTheFlightRecorderAndEveryThreadsStack)
     step_seen |= r.type == FlightRecordType::kPhaseBegin && r.Name() == "step";
   }
   EXPECT_TRUE(step_seen);
+  // The rank's event file names the dump (the event follows the file: bounded polling, 10 s).
+  std::string named;
+  for (int i = 0; i < 1000 && named.empty(); ++i) {
+    absl::StatusOr<EventLogContents> log =
+        ReadEventLog(Env::Default(), EventLogPath(dir_.path(), 0));
+    if (log.ok()) {
+      for (const Event& e : log->events) {
+        if (KindOf(e) == EventKind::kEvidenceDumped) named = std::string(e.Attribute("dump"));
+      }
+    }
+    if (named.empty()) absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(named, dump);
 }
 
 TEST_F(RuntimeCheckpointTest, ADumpKeepsTheDumpAnEarlierProcessOfTheRankWrote) {

@@ -370,7 +370,7 @@ TEST_F(RuntimeRendezvous, ARankLearnsThatItsGenerationWasSupersededAndCallsItsHa
     ASSERT_TRUE(events.ok()) << events.status();
     int superseded = 0;
     for (const Event& e : events->events) {
-      if (e.Attribute("what") != "generation_superseded") continue;
+      if (KindOf(e) != EventKind::kGenerationSuperseded) continue;
       ++superseded;
       EXPECT_EQ(e.generation, 0);
       EXPECT_THAT(e.message, HasSubstr("generation 0 was superseded"));
