@@ -365,7 +365,7 @@ class ChaosOnHosts {
   int ParkedOutside(const std::string& host);
   // Baseline: the standby hosts (in the job, holding no group rank, not dead) other than `host`.
   int IdleHostsOutside(const std::string& host);
-  void Record(int rank, const std::string& what, const std::string& message,
+  void Record(int rank, EventKind what, const std::string& message,
               std::vector<std::pair<std::string, std::string>> attributes);
   void Say(const std::string& line) {
     std::printf("bench_chaos_hosts [%s]: %s\n", mode_.c_str(), line.c_str());
@@ -482,7 +482,7 @@ absl::Status ChaosOnHosts::StartHost(int slot, bool standby) {
       slot, {.hostname = HostId(slot), .argv = argv, .env = env, .log_path = Log(slot)});
 }
 
-void ChaosOnHosts::Record(int rank, const std::string& what, const std::string& message,
+void ChaosOnHosts::Record(int rank, EventKind what, const std::string& message,
                           std::vector<std::pair<std::string, std::string>> attributes) {
   if (absl::Status s =
           tools::AppendChaosEvent(events_.get(), rank, what, message, std::move(attributes));
@@ -634,7 +634,7 @@ bool ChaosOnHosts::InjectHostFault(const tools::PlannedFault& fault, std::string
   }
   // The ground truth first: a report must never miss a fault that was done.
   Record(
-      fault.rank, "chaos_inject",
+      fault.rank, EventKind::kChaosInject,
       absl::StrFormat("%s host %s (ranks %s)", fault.kind, holder->host, absl::StrJoin(ranks, ",")),
       {{"kind", fault.kind},
        {"host", holder->host},
@@ -685,7 +685,7 @@ bool ChaosOnHosts::InjectRankFault(const tools::PlannedFault& fault, std::string
         fault.rank, holder->pid, holder->host, own.ToString(), state);
     return false;
   }
-  Record(fault.rank, "chaos_inject",
+  Record(fault.rank, EventKind::kChaosInject,
          absl::StrFormat("%s rank %d (pid %d on host %s)", fault.kind, fault.rank, holder->pid,
                          holder->host),
          {{"kind", fault.kind},
@@ -714,7 +714,7 @@ void ChaosOnHosts::Inject(const tools::PlannedFault& fault) {
     WaitUntil(absl::Now() + absl::Milliseconds(200));
   }
   Say(absl::StrFormat("%s rank %d skipped: %s", fault.kind, fault.rank, why));
-  Record(fault.rank, "chaos_skip", why, {{"kind", fault.kind}});
+  Record(fault.rank, EventKind::kChaosSkip, why, {{"kind", fault.kind}});
 }
 
 int ChaosOnHosts::Run() {
@@ -760,7 +760,7 @@ int ChaosOnHosts::Run() {
                       absl::FormatDuration(config_.duration), config_.seed,
                       absl::StrJoin(planned, ", ")));
   start_ = absl::Now();
-  Record(-1, "chaos_run_start", absl::StrCat(mode_, " run on simulated hosts"),
+  Record(-1, EventKind::kChaosRunStart, absl::StrCat(mode_, " run on simulated hosts"),
          {{"mode", mode_},
           {"seed", absl::StrCat(config_.seed)},
           {"duration_s", absl::StrCat(absl::ToDoubleSeconds(config_.duration))},
@@ -781,7 +781,7 @@ int ChaosOnHosts::Run() {
     failed = JobEnded();
   }
   if (failed) Say("the job failed (see the host logs): the run ends here");
-  Record(-1, "chaos_run_end",
+  Record(-1, EventKind::kChaosRunEnd,
          failed ? "the job failed" : "the run's duration is over: stopping the job", {});
   if (absl::Status s = cluster_->HealAll(); !s.ok()) Say(s.ToString());
   for (const auto& [slot, k] : incarnation_) {

@@ -188,7 +188,7 @@ class ChaosRun {
 
  private:
   absl::Status StartLauncher();
-  void Record(int rank, const std::string& what, const std::string& message,
+  void Record(int rank, EventKind what, const std::string& message,
               std::vector<std::pair<std::string, std::string>> attributes);
   // Waits until `when` or the launcher's exit; true if it is still running.
   bool WaitUntil(absl::Time when);
@@ -214,7 +214,7 @@ class ChaosRun {
   const std::string job_id_ = absl::StrCat("chaos-", mode_, "-", getpid());
 };
 
-void ChaosRun::Record(int rank, const std::string& what, const std::string& message,
+void ChaosRun::Record(int rank, EventKind what, const std::string& message,
                       std::vector<std::pair<std::string, std::string>> attributes) {
   if (absl::Status s = AppendChaosEvent(events_.get(), rank, what, message, std::move(attributes));
       !s.ok()) {
@@ -356,7 +356,7 @@ void ChaosRun::Inject(const PlannedFault& fault) {
     }
     if (fd.ok()) {
       // The ground truth first: a report must never miss a fault that was done.
-      Record(fault.rank, "chaos_inject",
+      Record(fault.rank, EventKind::kChaosInject,
              absl::StrFormat("%s rank %d (pid %d)", fault.kind, fault.rank, pid),
              {{"kind", fault.kind},
               {"pid", absl::StrCat(pid)},
@@ -376,7 +376,7 @@ void ChaosRun::Inject(const PlannedFault& fault) {
     if (absl::Now() >= give_up || !WaitUntil(absl::Now() + absl::Milliseconds(200))) break;
   }
   Say(absl::StrFormat("%s rank %d skipped: %s", fault.kind, fault.rank, last.ToString()));
-  Record(fault.rank, "chaos_skip", std::string(last.message()), {{"kind", fault.kind}});
+  Record(fault.rank, EventKind::kChaosSkip, std::string(last.message()), {{"kind", fault.kind}});
 }
 
 int ChaosRun::Run() {
@@ -403,7 +403,7 @@ int ChaosRun::Run() {
     return -1;
   }
   start_ = absl::Now();
-  Record(-1, "chaos_run_start", absl::StrCat(mode_, " run"),
+  Record(-1, EventKind::kChaosRunStart, absl::StrCat(mode_, " run"),
          {{"mode", mode_},
           {"seed", absl::StrCat(config_.seed)},
           {"duration_s", absl::StrCat(absl::ToDoubleSeconds(config_.duration))},
@@ -420,12 +420,12 @@ int ChaosRun::Run() {
       Say("the job did not end within 10 minutes: stopping it");
       kill(launcher_, SIGINT);  // an unreaped child: the pid is still ours
     }
-    Record(-1, "chaos_run_end", "the job ended", {});
+    Record(-1, EventKind::kChaosRunEnd, "the job ended", {});
   } else if (WaitUntil(start_ + config_.duration)) {
-    Record(-1, "chaos_run_end", "the run's duration is over: stopping the job", {});
+    Record(-1, EventKind::kChaosRunEnd, "the run's duration is over: stopping the job", {});
     kill(launcher_, SIGINT);  // an unreaped child: the pid is still ours
   } else {
-    Record(-1, "chaos_run_end", "the job ended before the run's duration", {});
+    Record(-1, EventKind::kChaosRunEnd, "the job ended before the run's duration", {});
   }
   if (WaitUntil(absl::Now() + kStopPatience)) {
     Say("the launcher did not stop within 60 s of SIGINT: killing it");
@@ -635,15 +635,13 @@ std::string ChaosUsage() {
          "                        [-- COMMAND...]\n";
 }
 
-absl::Status AppendChaosEvent(EventLog* events, int rank, const std::string& what,
+absl::Status AppendChaosEvent(EventLog* events, int rank, EventKind what,
                               const std::string& message,
                               std::vector<std::pair<std::string, std::string>> attributes) {
-  Event event;
+  Event event = EventOfKind(what, message);
   event.time = absl::Now();
   event.rank = rank;
-  event.type = EventType::kCustom;
-  event.message = message;
-  event.attributes = {{"what", what}, {"source", "chaos"}};
+  event.attributes.emplace_back("source", "chaos");
   event.attributes.insert(event.attributes.end(), attributes.begin(), attributes.end());
   return events->Append(event);
 }

@@ -52,6 +52,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "sdk/core/event_log.h"
+#include "trainguard/events.h"
 
 namespace trainguard::tools {
 
@@ -78,10 +79,10 @@ absl::StatusOr<std::vector<std::pair<std::string, int>>> ParseMix(const std::str
 // InvalidArgument for anything else.
 absl::StatusOr<std::vector<std::string>> ParseModes(const std::string& text);
 
-// Appends to a chaos run's events/chaos.tgev the custom event `what` (attributes what, source=chaos,
-// then `attributes`) for `rank` (-1: the run), stamped now. The one writer of the ground truth, for
-// `trainguard chaos` and bench/bench_chaos_hosts.
-absl::Status AppendChaosEvent(EventLog* events, int rank, const std::string& what,
+// Appends to a chaos run's events/chaos.tgev the event of kind `what` (attributes what,
+// source=chaos, then `attributes`) for `rank` (-1: the run), stamped now. The one writer of the
+// ground truth, for `trainguard chaos` and bench/bench_chaos_hosts.
+absl::Status AppendChaosEvent(EventLog* events, int rank, EventKind what,
                               const std::string& message,
                               std::vector<std::pair<std::string, std::string>> attributes);
 

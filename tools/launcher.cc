@@ -213,7 +213,7 @@ class Job {
   // server_, store_).
   absl::Status StartOwnStore();
   // Appends a custom event what=`what` to the launcher's event file (launcher.h); best effort.
-  void Record(int rank, const std::string& what, const std::string& message,
+  void Record(int rank, EventKind what, const std::string& message,
               std::vector<std::pair<std::string, std::string>> attributes = {});
   // --restart-all: stops every process of the job and starts all ranks again (launcher.h).
   void RestartAll();
@@ -352,15 +352,15 @@ class Job {
   // stopped process without it running again, so waiting for the agent's death report (the
   // process's exit, about 0.1 s for a PyTorch rank, then an agent tick and a coordinator tick) only
   // delays its standby. A store write of it is fenced once its generation is superseded.
-  void KillAndReplaceStoppedMember(int rank, const std::string& member, const std::string& what,
+  void KillAndReplaceStoppedMember(int rank, const std::string& member, EventKind what,
                                    const std::string& why);
   // `last_beat`: when its heartbeat last advanced, the recovery's start.
   void DeclareHostDead(const std::string& host, absl::Time last_beat, const std::string& why);
   // Kills `member` here when it is this agent's child, else asks its host's agent to; the agent
   // that kills it records `what` (rank_unresponsive, hang_suspect) with its pid.
-  void KillMember(const std::string& member, const std::string& what, const std::string& why);
+  void KillMember(const std::string& member, EventKind what, const std::string& why);
   // Kills this agent's child `c` for the coordinator, recording `what` with its pid.
-  void KillForLiveness(Child& c, const std::string& what, const std::string& why);
+  void KillForLiveness(Child& c, EventKind what, const std::string& why);
   // The parked standbys that the dead `ranks` (of `dead_host`, or the dead host's) go to first
   // (ChooseStandbys); empty: any.
   std::vector<std::string> PreferredStandbys(const std::string& dead_host,
@@ -649,16 +649,14 @@ absl::Status Job::StartOwnStore() {
   return absl::OkStatus();
 }
 
-void Job::Record(int rank, const std::string& what, const std::string& message,
+void Job::Record(int rank, EventKind what, const std::string& message,
                  std::vector<std::pair<std::string, std::string>> attributes) {
   if (events_ == nullptr) return;
-  Event event;
+  Event event = EventOfKind(what, message);
   event.time = absl::Now();
   event.rank = rank;
   event.generation = coordinator_ != nullptr ? coordinator_->generation() : 0;
-  event.type = EventType::kCustom;
-  event.message = message;
-  event.attributes = {{"what", what}, {"source", "launcher"}};
+  event.attributes.emplace_back("source", "launcher");
   // Pids are this host's (its PID namespace): with several hosts, a pid means (on_host, pid).
   if (MultiHost()) event.attributes.emplace_back("on_host", config_.host_id);
   event.attributes.insert(event.attributes.end(), attributes.begin(), attributes.end());
@@ -720,7 +718,7 @@ void Job::RestartAll() {
       return Fail(absl::StrCat("restart ", restarts_, ": ", s.message()));
     }
   }
-  Record(-1, "restart_all", why, {{"restart", absl::StrCat(restarts_)}});
+  Record(-1, EventKind::kRestartAll, why, {{"restart", absl::StrCat(restarts_)}});
   StartForming();
   recoveries_.push_back({-1, 0, fault});
 }
@@ -924,8 +922,10 @@ void Job::OnExit(Child& child, const WorkerExit& exit) {
     return;
   }
   Say(absl::StrFormat("%s (pid %d, member %s) %s", child.Label(), child.pid, child.member_id, how));
-  Record(child.rank, "rank_died", absl::StrFormat("%s (pid %d) %s", child.Label(), child.pid, how),
-         {{"pid", absl::StrCat(child.pid)}, {"how", how},
+  Record(child.rank, EventKind::kRankDied,
+         absl::StrFormat("%s (pid %d) %s", child.Label(), child.pid, how),
+         {{"pid", absl::StrCat(child.pid)},
+          {"how", how},
           {"killed_by_launcher", child.killed_for_liveness ? "true" : "false"}});
   // A rank that gives up because the job cannot go on publishes why before it exits: that is not a
   // machine fault, and a replacement would only meet the same fault.
@@ -1035,7 +1035,7 @@ void Job::TryReplacements() {
       for (int rank : dead.ranks) by.push_back(absl::StrCat(rank, "<-", next->members[rank]));
       Say(absl::StrFormat("generation %d: host %s's ranks taken by %s", next->generation,
                           dead.host, absl::StrJoin(by, ", ")));
-      Record(-1, "host_replaced",
+      Record(-1, EventKind::kHostReplaced,
              absl::StrFormat("generation %d: host %s's ranks taken by %s", next->generation,
                              dead.host, absl::StrJoin(by, ", ")),
              {{"host", dead.host}, {"ranks", absl::StrJoin(dead.ranks, ",")}});
@@ -1056,7 +1056,7 @@ void Job::TryReplacements() {
       continue;
     }
     const std::string& member = next->members[dead.rank];
-    Record(dead.rank, "rank_replaced",
+    Record(dead.rank, EventKind::kRankReplaced,
            absl::StrFormat("rank %d taken by %s in generation %d", dead.rank, member,
                            next->generation),
            {{"member", member}});
@@ -1204,7 +1204,7 @@ void Job::CheckRecoveries() {
     std::vector<std::pair<std::string, std::string>> attributes = {
         {"took_ms", absl::StrCat(std::llround(took * 1000))}};
     if (!it->host.empty()) attributes.emplace_back("host", it->host);
-    Record(it->rank, "recovered",
+    Record(it->rank, EventKind::kRecovered,
            absl::StrFormat("every rank completed its first step of generation %d", it->generation),
            std::move(attributes));
     if (!it->host.empty()) {
@@ -1237,7 +1237,7 @@ void Job::KillRanksWithStaleHeartbeats() {
   if (MultiHost()) {
     const Membership current = coordinator_->current();
     for (int rank : *stale) {
-      KillMember(current.members[rank], "rank_unresponsive",
+      KillMember(current.members[rank], EventKind::kRankUnresponsive,
                  absl::StrFormat("rank %d has not sent a heartbeat for %s", rank,
                                  absl::FormatDuration(config_.heartbeat_timeout)));
     }
@@ -1248,7 +1248,7 @@ void Job::KillRanksWithStaleHeartbeats() {
     if (c == nullptr) continue;
     Say(absl::StrFormat("%s (pid %d) has not sent a heartbeat for %s: killing it", c->Label(),
                         c->pid, absl::FormatDuration(config_.heartbeat_timeout)));
-    Record(rank, "rank_unresponsive",
+    Record(rank, EventKind::kRankUnresponsive,
            absl::StrFormat("%s (pid %d) has not sent a heartbeat for %s", c->Label(), c->pid,
                            absl::FormatDuration(config_.heartbeat_timeout)),
            {{"pid", absl::StrCat(c->pid)}});
@@ -1294,7 +1294,7 @@ void Job::KillMembersStoppedInFormation() {
     stopped_members_killed_.insert(member);
     const absl::Duration stood = absl::Trunc(now - since, absl::Milliseconds(1));
     KillAndReplaceStoppedMember(
-        rank, member, "rank_unresponsive",
+        rank, member, EventKind::kRankUnresponsive,
         absl::StrFormat("rank %d is stopped (its agent says) for %s while generation %d "
                         "waits for it",
                         rank, absl::FormatDuration(stood), generation));
@@ -1568,7 +1568,7 @@ void Job::ReplaceStoppedRanksNow(const std::set<int>& stopped_ranks) {
     const Membership current = coordinator_->current();
     for (int rank : stopped_ranks) {
       if (rank >= static_cast<int>(current.members.size())) continue;
-      KillAndReplaceStoppedMember(rank, current.members[rank], "hang_suspect",
+      KillAndReplaceStoppedMember(rank, current.members[rank], EventKind::kHangSuspect,
                                   "the hang's suspect, stopped (its agent says)");
     }
   }
@@ -1600,7 +1600,7 @@ void Job::ReplaceHangSuspects(const std::vector<int>& suspects, int64_t generati
     if (MultiHost()) {
       const Membership current = coordinator_->current();
       if (rank < static_cast<int>(current.members.size())) {
-        KillMember(current.members[rank], "hang_suspect", "the hang's suspect");
+        KillMember(current.members[rank], EventKind::kHangSuspect, "the hang's suspect");
       }
       continue;
     }
@@ -1621,7 +1621,7 @@ void Job::ReplaceHangSuspects(const std::vector<int>& suspects, int64_t generati
       continue;
     }
     Say(absl::StrFormat("%s (pid %d) is the hang's suspect: killing it", c->Label(), c->pid));
-    Record(rank, "hang_suspect",
+    Record(rank, EventKind::kHangSuspect,
            absl::StrFormat("%s (pid %d) is the suspect of generation %d's hang", c->Label(), c->pid,
                            generation),
            {{"pid", absl::StrCat(c->pid)}});
@@ -1683,7 +1683,7 @@ void Job::RenewGenerationWhenAsked() {
   for (const auto& [rank, why] : *asked) ranks.push_back(rank);
   Say(absl::StrFormat("generation %d renewed with the same ranks (asked by %s)", next->generation,
                       absl::StrJoin(ranks, ",")));
-  Record(-1, "generation_renewed",
+  Record(-1, EventKind::kGenerationRenewed,
          absl::StrFormat("generation %d renewed with the same ranks", next->generation),
          {{"asked_by", absl::StrJoin(ranks, ",")}});
   recoveries_.push_back({-1, next->generation, renewal_asked_->since});
@@ -2202,7 +2202,7 @@ void Job::PublishRestartRound(const std::string& why, const std::string& dead_ho
   std::vector<std::pair<std::string, std::string>> attributes = {
       {"restart", absl::StrCat(next)}};
   if (!dead_host.empty()) attributes.emplace_back("host", dead_host);
-  Record(-1, "restart_all", why, std::move(attributes));
+  Record(-1, EventKind::kRestartAll, why, std::move(attributes));
   const absl::Time fault = since == absl::InfinitePast() ? absl::Now() : since;
   StartRound(next);
   recoveries_.push_back({-1, 0, fault, dead_host});
@@ -2247,7 +2247,7 @@ void Job::KillRanksStoppedBeforeFormation() {
     }
     if (c->stopped_since == absl::InfiniteFuture()) c->stopped_since = now;
     if (now - c->stopped_since >= config_.heartbeat_timeout) {
-      KillForLiveness(*c, "rank_unresponsive",
+      KillForLiveness(*c, EventKind::kRankUnresponsive,
                       absl::StrFormat(": stopped for %s before restart round %d formed",
                                       absl::FormatDuration(now - c->stopped_since), round_));
     }
@@ -2379,7 +2379,9 @@ void Job::ExecuteKillRequests() {
     absl::StatusOr<std::string> value = store_->Get(key, timeout);
     if (!value.ok()) continue;  // gone meanwhile, or the store briefly unreachable
     const std::optional<store_keys::KillRequest> request = store_keys::DecodeKillRequest(*value);
-    if (!request.has_value()) {
+    const std::optional<EventKind> what =
+        request.has_value() ? ParseEventKind(request->what) : std::nullopt;
+    if (!what.has_value()) {
       Say(absl::StrFormat("ignoring a malformed kill request of %s (%s: \"%s\")", member, key,
                           *value));
     } else if (request->term < lease_->latest_term()) {
@@ -2390,14 +2392,14 @@ void Job::ExecuteKillRequests() {
     } else {
       for (auto& c : children_) {
         if (c->member_id != member || !c->running || c->killed_for_liveness) continue;
-        KillForLiveness(*c, request->what, absl::StrCat(" for the coordinator: ", request->why));
+        KillForLiveness(*c, *what, absl::StrCat(" for the coordinator: ", request->why));
       }
     }
     (void)store_->Delete(key, timeout);
   }
 }
 
-void Job::KillForLiveness(Child& c, const std::string& what, const std::string& why) {
+void Job::KillForLiveness(Child& c, EventKind what, const std::string& why) {
   Say(absl::StrFormat("%s (pid %d): killing it%s", c.Label(), c.pid, why));
   Record(c.rank, what, absl::StrFormat("%s (pid %d): killed%s", c.Label(), c.pid, why),
          {{"pid", absl::StrCat(c.pid)}});
@@ -2405,7 +2407,7 @@ void Job::KillForLiveness(Child& c, const std::string& what, const std::string& 
   SignalGroup(c, SIGKILL);  // reaped and reported like any death
 }
 
-void Job::KillMember(const std::string& member, const std::string& what, const std::string& why) {
+void Job::KillMember(const std::string& member, EventKind what, const std::string& why) {
   if (absl::StartsWith(member, HostPrefix())) {
     for (auto& c : children_) {
       if (c->member_id != member || !c->running || c->killed_for_liveness) continue;
@@ -2416,9 +2418,10 @@ void Job::KillMember(const std::string& member, const std::string& what, const s
   const std::string host = member.substr(0, member.find(':'));
   Say(absl::StrFormat("asking host %s to kill %s: %s", host, member, why));
   // Fenced by this coordinator's lease term: the agent ignores it once a newer term exists.
-  (void)store_->Set(store_keys::AgentKill(host, member),
-                    store_keys::EncodeKillRequest({lease_->term(), what, why}),
-                    AgentCallTimeout(config_.host_timeout));
+  (void)store_->Set(
+      store_keys::AgentKill(host, member),
+      store_keys::EncodeKillRequest({lease_->term(), std::string(EventKindName(what)), why}),
+      AgentCallTimeout(config_.host_timeout));
 }
 
 void Job::WatchJobEnd() {
@@ -2542,12 +2545,13 @@ void Job::QueueDeadMember(int rank, const std::string& member, const std::string
   dead_.push_back(std::move(dead));
 }
 
-void Job::KillAndReplaceStoppedMember(int rank, const std::string& member, const std::string& what,
+void Job::KillAndReplaceStoppedMember(int rank, const std::string& member, EventKind what,
                                       const std::string& why) {
   KillMember(member, what, why);
   if (RestartsOnHosts() || handled_deaths_.count(member) != 0) return;
   QueueDeadMember(rank, member,
-                  absl::StrCat("is stopped, its agent says, and is being killed (", what, ")"));
+                  absl::StrCat("is stopped, its agent says, and is being killed (",
+                               std::string(EventKindName(what)), ")"));
 }
 
 void Job::DeclareHostDead(const std::string& host, absl::Time last_beat, const std::string& why) {
@@ -2582,7 +2586,7 @@ void Job::DeclareHostDead(const std::string& host, absl::Time last_beat, const s
                                     : absl::StrCat(": replacing its ranks ",
                                                    absl::StrJoin(ranks, ","), " at once")));
   // The record `trainguard report` matches a host fault with (host, the ranks it held).
-  Record(-1, "host_lost", absl::StrFormat("host %s is dead (%s)", host, why),
+  Record(-1, EventKind::kHostLost, absl::StrFormat("host %s is dead (%s)", host, why),
          {{"host", host}, {"ranks", absl::StrJoin(ranks, ",")}});
   if (RestartsOnHosts()) {
     // The plan says whether it trains: in a round still forming, the membership names nobody.

@@ -267,10 +267,9 @@ class DataParallelTrainer {
   // The progress record `trainguard report` reads (--progress-events). Best effort: a full disk
   // must not stop training.
   void EmitStepDone(int64_t step) {
-    sdk::Event event;
+    sdk::Event event = sdk::EventOfKind(sdk::EventKind::kStepDone, "step done");
     event.step = step;
-    event.message = "step done";
-    event.attributes = {{"what", "step_done"}, {"pid", absl::StrCat(getpid())}};
+    event.attributes.emplace_back("pid", absl::StrCat(getpid()));
     (void)rt_.EmitEvent(std::move(event));
   }
 
