@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -27,16 +28,23 @@
 #include "sdk/health/fail_slow_detector.h"
 #include "tools/usage.h"
 #include "trainguard/env.h"
+#include "trainguard/events.h"
 
 extern char** environ;
 
 namespace trainguard::tools {
 namespace {
 
-std::string What(const Event& e) { return std::string(e.Attribute("what")); }
+bool Is(const Event& e, EventKind kind) { return KindOf(e) == kind; }
 
-bool IsLauncher(const Event& e, const char* what) {
-  return e.type == EventType::kCustom && e.Attribute("source") == "launcher" && What(e) == what;
+bool IsLauncher(const Event& e, EventKind kind) {
+  return Is(e, kind) && e.Attribute("source") == "launcher";
+}
+
+// The name of the event that detected or cleared a fault: its kind, else its type.
+std::string DetectorName(const Event& e) {
+  const std::optional<EventKind> kind = KindOf(e);
+  return std::string(kind.has_value() ? EventKindName(*kind) : EventTypeName(e.type));
 }
 
 int64_t AttributeInt(const Event& e, std::string_view key, int64_t fallback) {
@@ -60,24 +68,27 @@ struct Detection {
 
 Detection Detects(const std::string& kind, const Event& e) {
   if (kind == "kill") {
-    if (IsLauncher(e, "rank_died")) return {true, e.rank};
+    if (IsLauncher(e, EventKind::kRankDied)) return {true, e.rank};
     return {};
   }
   if (kind == "stop") {
-    if (IsLauncher(e, "hang_suspect") || IsLauncher(e, "rank_unresponsive")) return {true, e.rank};
-    if (IsLauncher(e, "rank_died")) return {true, std::nullopt};
+    if (IsLauncher(e, EventKind::kHangSuspect) || IsLauncher(e, EventKind::kRankUnresponsive))
+      return {true, e.rank};
+    if (IsLauncher(e, EventKind::kRankDied)) return {true, std::nullopt};
     if (e.type == EventType::kHang) return {true, std::nullopt};
     return {};
   }
   if (kind == "drop") {  // nobody is at fault: the job renews its generation (or restarts)
-    if (IsLauncher(e, "generation_renewed") || IsLauncher(e, "restart_all")) return {true, {}};
+    if (IsLauncher(e, EventKind::kGenerationRenewed) || IsLauncher(e, EventKind::kRestartAll))
+      return {true, {}};
     if (e.type == EventType::kStepFault && e.Attribute("fault") == "communication_failure") {
       return {true, std::nullopt};
     }
     return {};
   }
   if (FaultOutcome::IsHostFault(kind)) {
-    if (IsLauncher(e, "host_lost")) return {true, std::nullopt};  // named by host: HostNamed
+    if (IsLauncher(e, EventKind::kHostLost))
+      return {true, std::nullopt};  // named by host: HostNamed
     return {};
   }
   if (kind == "nan") {
@@ -107,22 +118,22 @@ int64_t EventPid(const Event& e) { return AttributeInt(e, "pid", -1); }
 std::string ProcessKey(const Event& e) {
   const int64_t pid = EventPid(e);
   if (pid < 0) return "";
-  const bool inject = What(e) == "chaos_inject";
+  const bool inject = Is(e, EventKind::kChaosInject);
   return absl::StrCat(std::string(e.Attribute(inject ? "host" : "on_host")), ":", pid);
 }
 
 // The host a launcher event names as lost (host_lost), or nullopt.
 std::optional<std::string> HostNamed(const Event& e) {
-  if (!IsLauncher(e, "host_lost")) return std::nullopt;
+  if (!IsLauncher(e, EventKind::kHostLost)) return std::nullopt;
   return std::string(e.Attribute("host"));
 }
 
 // Whether `e` ends the faulty process of rank fault `f` (key `process`): the launcher saw it die,
 // restarted every rank, or lost its host.
 bool EndsProcess(const FaultOutcome& f, const std::string& process, const Event& e) {
-  if (IsLauncher(e, "rank_died")) return !process.empty() && ProcessKey(e) == process;
-  if (IsLauncher(e, "restart_all")) return true;
-  if (IsLauncher(e, "host_lost")) return !f.host.empty() && e.Attribute("host") == f.host;
+  if (IsLauncher(e, EventKind::kRankDied)) return !process.empty() && ProcessKey(e) == process;
+  if (IsLauncher(e, EventKind::kRestartAll)) return true;
+  if (IsLauncher(e, EventKind::kHostLost)) return !f.host.empty() && e.Attribute("host") == f.host;
   return false;
 }
 
@@ -161,16 +172,15 @@ RunAnalysis AnalyzeRun(std::vector<Event> events) {
   std::vector<StepDone> done;
   std::vector<const Event*> injections;
   for (const Event& e : events) {
-    if (e.type != EventType::kCustom) continue;
-    const std::string what = What(e);
-    if (what == "chaos_run_start") {
+    const std::optional<EventKind> kind = KindOf(e);
+    if (kind == EventKind::kChaosRunStart) {
       start = e.time;
       run.mode = std::string(e.Attribute("mode"));
-    } else if (what == "chaos_run_end") {
+    } else if (kind == EventKind::kChaosRunEnd) {
       end = e.time;
-    } else if (what == "chaos_inject") {
+    } else if (kind == EventKind::kChaosInject) {
       injections.push_back(&e);
-    } else if (what == "step_done") {
+    } else if (kind == EventKind::kStepDone) {
       done.push_back({e.time, e.step, e.generation, std::string(e.Attribute("pid"))});
     }
   }
@@ -180,7 +190,7 @@ RunAnalysis AnalyzeRun(std::vector<Event> events) {
   for (const Event& e : events) {
     if (e.time < start || e.time > end) continue;
     if (e.type == EventType::kHang && e.Attribute("remote") != "true") ++run.hangs_declared;
-    if (e.type == EventType::kCustom && What(e) == "hang_withdrawn") ++run.hangs_withdrawn;
+    if (Is(e, EventKind::kHangWithdrawn)) ++run.hangs_withdrawn;
   }
   for (const Event& e : events) {
     if (e.type != EventType::kSuspectHost) continue;
@@ -267,7 +277,7 @@ RunAnalysis AnalyzeRun(std::vector<Event> events) {
       for (const Event& e : events) {
         if (e.time < inject.time || e.time > until || !EndsProcess(f, process, e)) continue;
         cleared = e.time;
-        cleared_by = What(e);
+        cleared_by = DetectorName(e);
         break;
       }
     }
@@ -315,7 +325,7 @@ RunAnalysis AnalyzeRun(std::vector<Event> events) {
       const Detection d = Detects(f.kind, e);
       if (!d.detects || ((d.culprit.has_value() || host_fault) && naming != i)) continue;
       f.detection_latency = DetectedAt(e) - inject.time;
-      f.detected_by = e.type == EventType::kCustom ? What(e) : std::string(EventTypeName(e.type));
+      f.detected_by = DetectorName(e);
     }
     if (!f.detection_latency.has_value()) f.cleared_by = cleared_by;
     int64_t before = -1;
@@ -334,7 +344,7 @@ RunAnalysis AnalyzeRun(std::vector<Event> events) {
     }
     if (host_fault) {
       for (const Event& e : events) {
-        if (e.time >= inject.time && e.time <= until && IsLauncher(e, "recovered") &&
+        if (e.time >= inject.time && e.time <= until && IsLauncher(e, EventKind::kRecovered) &&
             e.Attribute("host") == f.host) {
           recovered_from = e.time;
           break;

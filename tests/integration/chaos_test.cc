@@ -101,7 +101,7 @@ void AnalyzeChaosRun(const std::string& run_dir, const std::string& context,
   ASSERT_TRUE(read.ok()) << read.status();
   *events = *std::move(read);
   for (const Event& e : *events) {
-    EXPECT_NE(e.Attribute("what"), "chaos_skip") << e.message << "\n" << context;
+    EXPECT_NE(KindOf(e), EventKind::kChaosSkip) << e.message << "\n" << context;
   }
   *run = tools::AnalyzeRun(*events);
 }
@@ -149,7 +149,7 @@ TEST(Chaos, EveryInjectedFaultIsDetectedAndRecoveredHangsAreNamedAndTheJobEndsAs
   // The NaN steps that were skipped (a step done later would mean it was replayed clean).
   std::set<int64_t> done;
   for (const Event& e : events) {
-    if (e.Attribute("what") == "step_done") done.insert(e.step);
+    if (KindOf(e) == EventKind::kStepDone) done.insert(e.step);
   }
   std::vector<std::string> skipped;
   for (const Event& e : events) {

@@ -185,14 +185,14 @@ class Launcher {
     return left;
   }
 
-  // Every event of every rank's file whose "what" attribute is `what`.
-  std::vector<Event> EventsWhat(int world, const std::string& what) const {
+  // Every event of every rank's file of kind `kind`.
+  std::vector<Event> EventsOfKind(int world, EventKind kind) const {
     std::vector<Event> found;
     for (int r = 0; r < world; ++r) {
       auto contents = ReadEventLog(Env::Default(), EventLogPath(run_dir_, r));
       if (!contents.ok()) continue;
       for (const Event& e : contents->events) {
-        if (e.Attribute("what") == what) found.push_back(e);
+        if (KindOf(e) == kind) found.push_back(e);
       }
     }
     return found;
@@ -337,7 +337,7 @@ std::vector<std::string> WrappedTrainer() {
 // rank must say it saw the launcher go, and every rank that says so gives the reason.
 void ExpectTheLauncherWatchEndedTheJob(const Launcher& launcher, int world,
                                        const std::string& why) {
-  std::vector<Event> lost = launcher.EventsWhat(world, "launcher_lost");
+  std::vector<Event> lost = launcher.EventsOfKind(world, EventKind::kLauncherLost);
   std::set<int> ranks;
   for (const Event& e : lost) {
     ranks.insert(e.rank);

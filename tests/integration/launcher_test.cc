@@ -252,8 +252,8 @@ TEST(Launcher, AReplacementRestoresTheDeadRanksArenaAndTheJobEndsAsIfUninterrupt
   // Rank 2's event file records the restore by the replacement (generation 1).
   bool restored = false;
   for (const Event& e : job.Events(2)) {
-    restored |= e.type == EventType::kCheckpoint && e.Attribute("what") == "restored" &&
-                e.Attribute("source") == "arena" && e.generation == 1;
+    restored |=
+        KindOf(e) == EventKind::kRestored && e.Attribute("source") == "arena" && e.generation == 1;
   }
   EXPECT_TRUE(restored);
 }
@@ -524,7 +524,7 @@ TEST(Launcher, AStallThatEndsWithinTheHangWaitIsWithdrawnAndALaterHangIsStillDia
       if (e.type == EventType::kStepFault) {
         EXPECT_GE(e.step, 600) << "rank " << rank << ": " << e.message;
       }
-      if (e.Attribute("what") == "hang_withdrawn" && e.step == 320) ++withdrawn;
+      if (KindOf(e) == EventKind::kHangWithdrawn && e.step == 320) ++withdrawn;
     }
   }
   EXPECT_GE(withdrawn, 1);
@@ -699,9 +699,12 @@ TEST(Launcher, UnderRestartAllAKilledRankRestartsEveryRankFromTheCheckpointOnDis
   absl::StatusOr<EventLogContents> launcher =
       ReadEventLog(Env::Default(), dir.File("run") + "/events/launcher.tgev");
   ASSERT_TRUE(launcher.ok()) << launcher.status();
-  std::vector<std::string> what;
-  for (const Event& e : launcher->events) what.push_back(std::string(e.Attribute("what")));
-  EXPECT_THAT(what, ::testing::IsSupersetOf({"rank_died", "restart_all", "recovered"}));
+  std::vector<EventKind> kinds;
+  for (const Event& e : launcher->events) {
+    if (std::optional<EventKind> kind = KindOf(e); kind.has_value()) kinds.push_back(*kind);
+  }
+  EXPECT_THAT(kinds, ::testing::IsSupersetOf(
+                         {EventKind::kRankDied, EventKind::kRestartAll, EventKind::kRecovered}));
 }
 
 TEST(Launcher, WithoutAStandbyALostRankFailsTheJobWithStatus1) {

@@ -803,7 +803,7 @@ std::optional<absl::Time> FirstRestart(const std::string& shared) {
     absl::StatusOr<EventLogContents> contents = ReadEventLog(Env::Default(), entry.path());
     if (!contents.ok()) continue;
     for (const Event& e : contents->events) {
-      if (e.Attribute("what") == "restart_all" && (!first.has_value() || e.time < *first)) {
+      if (KindOf(e) == EventKind::kRestartAll && (!first.has_value() || e.time < *first)) {
         first = e.time;
       }
     }
@@ -818,7 +818,7 @@ int64_t NewestPersistedByEveryRank(const std::string& shared, int world, absl::T
   for (int rank = 0; rank < world; ++rank) {
     std::set<int64_t> steps;
     for (const Event& e : RankEvents(shared, rank)) {
-      if (e.time < before && e.Attribute("what") == "saved" && e.Attribute("persisted") == "true") {
+      if (e.time < before && KindOf(e) == EventKind::kSaved && e.Attribute("persisted") == "true") {
         steps.insert(e.step);
       }
     }
@@ -836,7 +836,7 @@ std::map<int, std::string> RestoresAfter(const std::string& shared, int world, a
   std::map<int, std::string> restores;
   for (int rank = 0; rank < world; ++rank) {
     for (const Event& e : RankEvents(shared, rank)) {
-      if (e.time > after && e.Attribute("what") == "restored") {
+      if (e.time > after && KindOf(e) == EventKind::kRestored) {
         restores[rank] = absl::StrCat(e.step, " from ", std::string(e.Attribute("source")));
         break;
       }

@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sdk/core/event_log.h"
 #include "tests/support/temp_dir.h"
 #include "tools/chaos_command.h"
 #include "tools/fail_slow_dump.h"
@@ -27,20 +28,19 @@ const absl::Time kT0 = absl::FromUnixSeconds(1'700'000'000);
 
 absl::Time At(double seconds) { return kT0 + absl::Seconds(seconds); }
 
-Event Custom(double at, int rank, const std::string& what,
+// An event of `kind`, as its writer makes it (EventOfKind), then `more` attributes.
+Event Custom(double at, int rank, EventKind kind,
              std::vector<std::pair<std::string, std::string>> more = {}) {
-  Event e;
+  Event e = EventOfKind(kind);
   e.time = At(at);
   e.rank = rank;
-  e.type = EventType::kCustom;
-  e.attributes = {{"what", what}};
   e.attributes.insert(e.attributes.end(), more.begin(), more.end());
   return e;
 }
 
 // A launcher event about the process `pid` (the one Inject() hits unless told otherwise).
-Event Launcher(double at, int rank, const std::string& what, const std::string& pid = "4242") {
-  return Custom(at, rank, what, {{"source", "launcher"}, {"pid", pid}});
+Event Launcher(double at, int rank, EventKind kind, const std::string& pid = "4242") {
+  return Custom(at, rank, kind, {{"source", "launcher"}, {"pid", pid}});
 }
 
 // A rank's event of `type` (a hang, a step fault) with `attributes`.
@@ -55,14 +55,15 @@ Event Ranks(double at, int rank, EventType type,
 }
 
 Event StepDone(double at, int64_t step, int64_t generation, const std::string& pid) {
-  Event e = Custom(at, 0, "step_done", {{"pid", pid}});
+  Event e = Custom(at, 0, EventKind::kStepDone, {{"pid", pid}});
   e.step = step;
   e.generation = generation;
   return e;
 }
 
 Event Inject(double at, int rank, const std::string& kind, const std::string& pid = "4242") {
-  return Custom(at, rank, "chaos_inject", {{"kind", kind}, {"pid", pid}, {"source", "chaos"}});
+  return Custom(at, rank, EventKind::kChaosInject,
+                {{"kind", kind}, {"pid", pid}, {"source", "chaos"}});
 }
 
 // Steps first..last done one per second from `from`, by one process in one generation.
@@ -74,12 +75,12 @@ void AddSteps(std::vector<Event>& events, int64_t first, int64_t last, double fr
 }
 
 TEST(ChaosReport, AKillRecoveredInPlaceCountsEveryKeptStepButTheFirstAfterTheRecovery) {
-  std::vector<Event> events = {Custom(0, -1, "chaos_run_start", {{"mode", "trainguard"}})};
+  std::vector<Event> events = {Custom(0, -1, EventKind::kChaosRunStart, {{"mode", "trainguard"}})};
   AddSteps(events, 0, 9, 1, 0, "100");  // steps 0..9 at 1..10 s
   events.push_back(Inject(10.5, 2, "kill"));
-  events.push_back(Launcher(10.6, 2, "rank_died"));
+  events.push_back(Launcher(10.6, 2, EventKind::kRankDied));
   AddSteps(events, 10, 12, 12, 1, "100");  // generation 1: steps 10..12 at 12..14 s
-  events.push_back(Custom(15, -1, "chaos_run_end"));
+  events.push_back(Custom(15, -1, EventKind::kChaosRunEnd));
 
   const RunAnalysis run = AnalyzeRun(events);
   EXPECT_EQ(run.mode, "trainguard");
@@ -99,7 +100,7 @@ TEST(ChaosReport, AKillRecoveredInPlaceCountsEveryKeptStepButTheFirstAfterTheRec
   EXPECT_EQ(f.pid, 4242);
   EXPECT_EQ(f.injected_at, absl::Milliseconds(10500));
   EXPECT_EQ(f.detection_latency, absl::Milliseconds(100));
-  EXPECT_EQ(f.detected_by, "rank_died");
+  EXPECT_EQ(f.detected_by, EventKindName(EventKind::kRankDied));
   EXPECT_EQ(f.culprit_named, 2);
   EXPECT_TRUE(f.culprit_correct());
   EXPECT_EQ(f.time_to_recovery, absl::Milliseconds(1500));  // step 10 at 12 s
@@ -107,7 +108,7 @@ TEST(ChaosReport, AKillRecoveredInPlaceCountsEveryKeptStepButTheFirstAfterTheRec
 }
 
 TEST(ChaosReport, StepsRolledBackByARestartAreNotKeptAndCountAsLost) {
-  std::vector<Event> events = {Custom(0, -1, "chaos_run_start", {{"mode", "baseline"}})};
+  std::vector<Event> events = {Custom(0, -1, EventKind::kChaosRunStart, {{"mode", "baseline"}})};
   AddSteps(events, 0, 9, 1, 0, "100");  // steps 0..9 at 1..10 s
   events.push_back(Inject(10.2, 1, "stop"));
   Event hang;  // a waiting rank declares the hang first: detected, but it names no culprit
@@ -115,11 +116,11 @@ TEST(ChaosReport, StepsRolledBackByARestartAreNotKeptAndCountAsLost) {
   hang.rank = 0;
   hang.type = EventType::kHang;
   events.push_back(hang);
-  events.push_back(Launcher(15.2, 1, "rank_unresponsive"));
-  events.push_back(Launcher(15.3, 1, "rank_died"));
-  events.push_back(Launcher(15.4, -1, "restart_all"));
+  events.push_back(Launcher(15.2, 1, EventKind::kRankUnresponsive));
+  events.push_back(Launcher(15.3, 1, EventKind::kRankDied));
+  events.push_back(Launcher(15.4, -1, EventKind::kRestartAll));
   AddSteps(events, 5, 12, 20, 0, "200");  // a new process from the checkpoint of step 4
-  events.push_back(Custom(28, -1, "chaos_run_end"));
+  events.push_back(Custom(28, -1, EventKind::kChaosRunEnd));
 
   const RunAnalysis run = AnalyzeRun(events);
   // Kept: 0..4 of the first process (intervals of 1..4: 4 s) and 5..12 of the second (6..12: 7 s).
@@ -141,13 +142,13 @@ TEST(ChaosReport, StepsRolledBackByARestartAreNotKeptAndCountAsLost) {
 // A rank writes its hang event once it has dumped its stacks: the detection is the declaration,
 // dump_ms before the event.
 TEST(ChaosReport, AHangIsDetectedWhenDeclaredNotWhenItsDumpWasWritten) {
-  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  std::vector<Event> events = {Custom(0, -1, EventKind::kChaosRunStart)};
   AddSteps(events, 0, 9, 1, 0, "100");  // steps 0..9 at 1..10 s
   events.push_back(Inject(10.2, 1, "stop"));
   events.push_back(Ranks(12, 0, EventType::kHang, {{"dump_ms", "450"}}));
-  events.push_back(Launcher(12.1, 1, "hang_suspect"));
+  events.push_back(Launcher(12.1, 1, EventKind::kHangSuspect));
   AddSteps(events, 10, 11, 13, 0, "200");
-  events.push_back(Custom(15, -1, "chaos_run_end"));
+  events.push_back(Custom(15, -1, EventKind::kChaosRunEnd));
 
   const RunAnalysis run = AnalyzeRun(events);
   ASSERT_EQ(run.faults.size(), 1u);
@@ -163,7 +164,7 @@ TEST(ChaosReport, AHangIsDetectedWhenDeclaredNotWhenItsDumpWasWritten) {
   const RunAnalysis early = AnalyzeRun(events);
   ASSERT_EQ(early.faults.size(), 1u);
   EXPECT_EQ(early.faults[0].detection_latency, absl::Milliseconds(1900));  // 12.1 s - 10.2 s
-  EXPECT_EQ(early.faults[0].detected_by, "hang_suspect");
+  EXPECT_EQ(early.faults[0].detected_by, EventKindName(EventKind::kHangSuspect));
 }
 
 // A rank publishes its hang before it symbolises and writes its dump, and the launcher kills a
@@ -171,14 +172,14 @@ TEST(ChaosReport, AHangIsDetectedWhenDeclaredNotWhenItsDumpWasWritten) {
 // but it detected first (its time less dump_ms), and it is the detection.
 TEST(ChaosReport,
      AHangEventWrittenAfterTheStoppedRankWasReplacedIsTheDetectionWhenItDeclaredFirst) {
-  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  std::vector<Event> events = {Custom(0, -1, EventKind::kChaosRunStart)};
   AddSteps(events, 0, 9, 1, 0, "100");  // steps 0..9 at 1..10 s
   events.push_back(Inject(10.2, 1, "stop", "101"));
-  events.push_back(Launcher(11.1, 1, "hang_suspect", "101"));
-  events.push_back(Launcher(11.15, 1, "rank_died", "101"));
+  events.push_back(Launcher(11.1, 1, EventKind::kHangSuspect, "101"));
+  events.push_back(Launcher(11.15, 1, EventKind::kRankDied, "101"));
   events.push_back(Ranks(11.4, 0, EventType::kHang, {{"capture_ms", "20"}, {"dump_ms", "400"}}));
   AddSteps(events, 10, 11, 12, 1, "200");
-  events.push_back(Custom(15, -1, "chaos_run_end"));
+  events.push_back(Custom(15, -1, EventKind::kChaosRunEnd));
 
   const RunAnalysis run = AnalyzeRun(events);
   ASSERT_EQ(run.faults.size(), 1u);
@@ -193,14 +194,14 @@ TEST(ChaosReport,
   const RunAnalysis late = AnalyzeRun(events);
   ASSERT_EQ(late.faults.size(), 1u);
   EXPECT_EQ(late.faults[0].detection_latency, absl::Milliseconds(900));  // 11.1 s - 10.2 s
-  EXPECT_EQ(late.faults[0].detected_by, "hang_suspect");
+  EXPECT_EQ(late.faults[0].detected_by, EventKindName(EventKind::kHangSuspect));
 }
 
 // A rank stopped after its last collective of step 5 lets the others finish it (at 6 s, 0.25 s
 // after the stop); the job stalls at step 6 until the hang is detected (7.8 s) and the stopped rank
 // is replaced. The recovery is the first step done after the detection, not step 5.
 TEST(ChaosReport, AStopIsRecoveredByTheFirstStepDoneAfterItsDetectionNotTheStepInFlight) {
-  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  std::vector<Event> events = {Custom(0, -1, EventKind::kChaosRunStart)};
   AddSteps(events, 0, 4, 1, 0, "100");  // steps 0..4 at 1..5 s
   events.push_back(Inject(5.75, 1, "stop"));
   events.push_back(StepDone(6.0, 5, 0, "100"));
@@ -209,9 +210,9 @@ TEST(ChaosReport, AStopIsRecoveredByTheFirstStepDoneAfterItsDetectionNotTheStepI
   hang.rank = 0;
   hang.type = EventType::kHang;
   events.push_back(hang);
-  events.push_back(Launcher(8.0, 1, "hang_suspect"));
+  events.push_back(Launcher(8.0, 1, EventKind::kHangSuspect));
   AddSteps(events, 6, 8, 9, 1, "100");  // generation 1: steps 6..8 at 9..11 s
-  events.push_back(Custom(12, -1, "chaos_run_end"));
+  events.push_back(Custom(12, -1, EventKind::kChaosRunEnd));
 
   const RunAnalysis run = AnalyzeRun(events);
   ASSERT_EQ(run.faults.size(), 1u);
@@ -233,15 +234,15 @@ TEST(ChaosReport, HangsDeclaredAndWithdrawnAreCountedInsideTheRunOnly) {
     if (remote) e.attributes = {{"remote", "true"}};
     return e;
   };
-  std::vector<Event> events = {hang(0.5, 0, false), Custom(1, -1, "chaos_run_start")};
+  std::vector<Event> events = {hang(0.5, 0, false), Custom(1, -1, EventKind::kChaosRunStart)};
   AddSteps(events, 0, 4, 2, 0, "100");
   events.push_back(hang(3.0, 0, false));
   events.push_back(hang(3.0, 1, false));
   events.push_back(hang(3.1, 2, true));
-  events.push_back(Custom(3.5, 0, "hang_withdrawn"));
+  events.push_back(Custom(3.5, 0, EventKind::kHangWithdrawn));
   events.push_back(hang(5.0, 1, false));
-  events.push_back(Custom(8, -1, "chaos_run_end"));
-  events.push_back(Custom(8.5, 1, "hang_withdrawn"));
+  events.push_back(Custom(8, -1, EventKind::kChaosRunEnd));
+  events.push_back(Custom(8.5, 1, EventKind::kHangWithdrawn));
 
   const RunAnalysis run = AnalyzeRun(events);
   EXPECT_EQ(run.hangs_declared, 3);
@@ -251,7 +252,7 @@ TEST(ChaosReport, HangsDeclaredAndWithdrawnAreCountedInsideTheRunOnly) {
 }
 
 TEST(ChaosReport, ANansCulpritIsTheRankThatFoundNonFiniteValuesNotTheRanksThatSkippedWithIt) {
-  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  std::vector<Event> events = {Custom(0, -1, EventKind::kChaosRunStart)};
   AddSteps(events, 0, 4, 1, 0, "100");
   events.push_back(Inject(5.5, 3, "nan"));
   Event skipped;
@@ -266,7 +267,7 @@ TEST(ChaosReport, ANansCulpritIsTheRankThatFoundNonFiniteValuesNotTheRanksThatSk
   found.message = "non-finite values in buffer \"mlp.gradients\" on rank 3 at step 5: 1 of 1153";
   events.push_back(found);
   AddSteps(events, 6, 8, 7, 0, "100");  // step 5 skipped
-  events.push_back(Custom(10, -1, "chaos_run_end"));
+  events.push_back(Custom(10, -1, EventKind::kChaosRunEnd));
 
   const RunAnalysis run = AnalyzeRun(events);
   ASSERT_EQ(run.faults.size(), 1u);
@@ -280,10 +281,10 @@ TEST(ChaosReport, ANansCulpritIsTheRankThatFoundNonFiniteValuesNotTheRanksThatSk
 }
 
 TEST(ChaosReport, AFaultNobodySawIsUndetectedUnrecoveredAndNamesNoCulprit) {
-  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  std::vector<Event> events = {Custom(0, -1, EventKind::kChaosRunStart)};
   AddSteps(events, 0, 2, 1, 0, "100");
   events.push_back(Inject(3.5, 0, "kill"));
-  events.push_back(Custom(9, -1, "chaos_run_end"));
+  events.push_back(Custom(9, -1, EventKind::kChaosRunEnd));
   const RunAnalysis run = AnalyzeRun(events);
   ASSERT_EQ(run.faults.size(), 1u);
   EXPECT_FALSE(run.faults[0].detection_latency.has_value());
@@ -297,10 +298,10 @@ TEST(ChaosReport, AFaultNobodySawIsUndetectedUnrecoveredAndNamesNoCulprit) {
 }
 
 TEST(ChaosReport, TheWrongRankKilledForAHangIsReportedAsAWrongCulprit) {
-  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  std::vector<Event> events = {Custom(0, -1, EventKind::kChaosRunStart)};
   events.push_back(Inject(1, 1, "stop"));
-  events.push_back(Launcher(4, 2, "hang_suspect"));
-  events.push_back(Custom(5, -1, "chaos_run_end"));
+  events.push_back(Launcher(4, 2, EventKind::kHangSuspect));
+  events.push_back(Custom(5, -1, EventKind::kChaosRunEnd));
   const RunAnalysis run = AnalyzeRun(events);
   ASSERT_EQ(run.faults.size(), 1u);
   EXPECT_EQ(run.faults[0].culprit_named, 2);
@@ -309,13 +310,13 @@ TEST(ChaosReport, TheWrongRankKilledForAHangIsReportedAsAWrongCulprit) {
 }
 
 TEST(ChaosReport, ADroppedLinkIsDetectedByTheCommunicationFailureAndNamesNoCulprit) {
-  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  std::vector<Event> events = {Custom(0, -1, EventKind::kChaosRunStart)};
   AddSteps(events, 0, 2, 1, 0, "100");
   events.push_back(Inject(3.5, 1, "drop"));
   events.push_back(Ranks(3.75, 2, EventType::kStepFault, {{"fault", "communication_failure"}}));
-  events.push_back(Launcher(4, -1, "generation_renewed"));
+  events.push_back(Launcher(4, -1, EventKind::kGenerationRenewed));
   AddSteps(events, 3, 4, 5, 1, "100");
-  events.push_back(Custom(7, -1, "chaos_run_end"));
+  events.push_back(Custom(7, -1, EventKind::kChaosRunEnd));
   const RunAnalysis run = AnalyzeRun(events);
   ASSERT_EQ(run.faults.size(), 1u);
   EXPECT_EQ(run.faults[0].detection_latency, absl::Milliseconds(250));
@@ -325,11 +326,11 @@ TEST(ChaosReport, ADroppedLinkIsDetectedByTheCommunicationFailureAndNamesNoCulpr
 }
 
 TEST(ChaosReport, TheDeathOfOneFaultsProcessIsNotCreditedToAnother) {
-  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  std::vector<Event> events = {Custom(0, -1, EventKind::kChaosRunStart)};
   events.push_back(Inject(1, 0, "kill", "1001"));
   events.push_back(Inject(2, 1, "kill", "1002"));
-  events.push_back(Launcher(2.5, 1, "rank_died", "1002"));
-  events.push_back(Custom(3, -1, "chaos_run_end"));
+  events.push_back(Launcher(2.5, 1, EventKind::kRankDied, "1002"));
+  events.push_back(Custom(3, -1, EventKind::kChaosRunEnd));
   const RunAnalysis run = AnalyzeRun(events);
   ASSERT_EQ(run.faults.size(), 2u);
   EXPECT_FALSE(run.faults[0].detection_latency.has_value());
@@ -337,18 +338,18 @@ TEST(ChaosReport, TheDeathOfOneFaultsProcessIsNotCreditedToAnother) {
 }
 
 TEST(ChaosReport, AHangNamedAfterTheNextFaultWasInjectedIsStillCreditedToIt) {
-  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  std::vector<Event> events = {Custom(0, -1, EventKind::kChaosRunStart)};
   events.push_back(Inject(1, 2, "stop", "7"));
   events.push_back(Inject(2, 0, "kill", "8"));
-  events.push_back(Launcher(2.01, 0, "rank_died", "8"));
+  events.push_back(Launcher(2.01, 0, EventKind::kRankDied, "8"));
   Event hang;
   hang.time = At(3);
   hang.rank = 1;
   hang.type = EventType::kHang;
   events.push_back(hang);
-  events.push_back(Launcher(3.5, 2, "hang_suspect", "7"));
-  events.push_back(Launcher(3.51, 2, "rank_died", "7"));
-  events.push_back(Custom(9, -1, "chaos_run_end"));
+  events.push_back(Launcher(3.5, 2, EventKind::kHangSuspect, "7"));
+  events.push_back(Launcher(3.51, 2, EventKind::kRankDied, "7"));
+  events.push_back(Custom(9, -1, EventKind::kChaosRunEnd));
   const RunAnalysis run = AnalyzeRun(events);
   ASSERT_EQ(run.faults.size(), 2u);
   EXPECT_EQ(run.faults[0].detection_latency, absl::Seconds(2));  // the hang event
@@ -360,40 +361,42 @@ TEST(ChaosReport, AHangNamedAfterTheNextFaultWasInjectedIsStillCreditedToIt) {
 // The bug PERFORMANCE.md's chaos section recorded: a stop whose process a restart for a later fault
 // ended was credited with a hang event of the next epoch (hang events name no process).
 TEST(ChaosReport, AHangEventAfterARestartEndedAStoppedProcessIsNotCreditedToThatStop) {
-  std::vector<Event> events = {Custom(0, -1, "chaos_run_start", {{"mode", "baseline"}})};
+  std::vector<Event> events = {Custom(0, -1, EventKind::kChaosRunStart, {{"mode", "baseline"}})};
   events.push_back(Inject(1, 1, "stop", "101"));
   events.push_back(Inject(1.5, 2, "kill", "102"));
-  events.push_back(Launcher(1.6, 2, "rank_died", "102"));
-  events.push_back(Launcher(1.7, -1, "restart_all"));  // ends 101 too: no event about it follows
+  events.push_back(Launcher(1.6, 2, EventKind::kRankDied, "102"));
+  events.push_back(
+      Launcher(1.7, -1, EventKind::kRestartAll));      // ends 101 too: no event about it follows
   events.push_back(Inject(8, 3, "stop", "203"));       // a process of the next epoch
   Event hang;
   hang.time = At(10);
   hang.rank = 0;
   hang.type = EventType::kHang;
   events.push_back(hang);
-  events.push_back(Launcher(13, 3, "rank_unresponsive", "203"));
-  events.push_back(Custom(20, -1, "chaos_run_end"));
+  events.push_back(Launcher(13, 3, EventKind::kRankUnresponsive, "203"));
+  events.push_back(Custom(20, -1, EventKind::kChaosRunEnd));
   const RunAnalysis run = AnalyzeRun(events);
   ASSERT_EQ(run.faults.size(), 3u);
   EXPECT_FALSE(run.faults[0].detection_latency.has_value());
-  EXPECT_EQ(run.faults[0].cleared_by, "restart_all");
+  EXPECT_EQ(run.faults[0].cleared_by, EventKindName(EventKind::kRestartAll));
   EXPECT_EQ(run.faults[1].detection_latency, absl::Milliseconds(100));
   EXPECT_EQ(run.faults[2].detection_latency, absl::Seconds(2));  // the hang event is this stop's
   EXPECT_EQ(run.faults[2].detected_by, "hang");
   EXPECT_EQ(run.faults[2].culprit_named, 3);
-  EXPECT_THAT(FormatReport({run}), HasSubstr("cleared:restart_all"));
+  EXPECT_THAT(FormatReport({run}),
+              HasSubstr("cleared:" + std::string(EventKindName(EventKind::kRestartAll))));
 }
 
 TEST(ChaosReport, AHangEventBeforeTheStoppedProcessDiedIsStillCreditedToTheStop) {
-  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  std::vector<Event> events = {Custom(0, -1, EventKind::kChaosRunStart)};
   events.push_back(Inject(1, 1, "stop", "101"));
   Event hang;
   hang.time = At(3);
   hang.rank = 0;
   hang.type = EventType::kHang;
   events.push_back(hang);
-  events.push_back(Launcher(4, -1, "restart_all"));
-  events.push_back(Custom(9, -1, "chaos_run_end"));
+  events.push_back(Launcher(4, -1, EventKind::kRestartAll));
+  events.push_back(Custom(9, -1, EventKind::kChaosRunEnd));
   const RunAnalysis run = AnalyzeRun(events);
   ASSERT_EQ(run.faults.size(), 1u);
   EXPECT_EQ(run.faults[0].detection_latency, absl::Seconds(2));
@@ -402,23 +405,24 @@ TEST(ChaosReport, AHangEventBeforeTheStoppedProcessDiedIsStillCreditedToTheStop)
 
 Event HostInject(double at, int rank, const std::string& kind, const std::string& host,
                  const std::string& ranks) {
-  return Custom(at, rank, "chaos_inject",
+  return Custom(at, rank, EventKind::kChaosInject,
                 {{"kind", kind}, {"host", host}, {"ranks", ranks}, {"source", "chaos"}});
 }
 
 Event HostLost(double at, const std::string& host, const std::string& ranks) {
-  return Custom(at, -1, "host_lost",
+  return Custom(at, -1, EventKind::kHostLost,
                 {{"source", "launcher"}, {"on_host", "host1"}, {"host", host}, {"ranks", ranks}});
 }
 
 TEST(ChaosReport, AKilledHostIsDetectedByItsLossAndTheCulpritIsTheHostDeclaredLost) {
-  std::vector<Event> events = {Custom(0, -1, "chaos_run_start", {{"mode", "trainguard"}})};
+  std::vector<Event> events = {Custom(0, -1, EventKind::kChaosRunStart, {{"mode", "trainguard"}})};
   AddSteps(events, 0, 9, 1, 0, "100");  // steps 0..9 at 1..10 s
   events.push_back(HostInject(10.5, 2, "host_kill", "host2", "2,3"));
   events.push_back(HostLost(13.5, "host2", "2,3"));
-  events.push_back(Custom(14, -1, "host_replaced", {{"source", "launcher"}, {"host", "host2"}}));
+  events.push_back(
+      Custom(14, -1, EventKind::kHostReplaced, {{"source", "launcher"}, {"host", "host2"}}));
   AddSteps(events, 8, 12, 15, 1, "100");  // restored from step 7's snapshot: 8, 9 done again
-  events.push_back(Custom(20, -1, "chaos_run_end"));
+  events.push_back(Custom(20, -1, EventKind::kChaosRunEnd));
   const RunAnalysis run = AnalyzeRun(events);
   ASSERT_EQ(run.faults.size(), 1u);
   const FaultOutcome& f = run.faults[0];
@@ -426,7 +430,7 @@ TEST(ChaosReport, AKilledHostIsDetectedByItsLossAndTheCulpritIsTheHostDeclaredLo
   EXPECT_EQ(f.host, "host2");
   EXPECT_EQ(f.ranks, "2,3");
   EXPECT_EQ(f.detection_latency, absl::Seconds(3));
-  EXPECT_EQ(f.detected_by, "host_lost");
+  EXPECT_EQ(f.detected_by, EventKindName(EventKind::kHostLost));
   EXPECT_EQ(f.culprit_host_named, "host2");
   EXPECT_FALSE(f.culprit_named.has_value());
   EXPECT_TRUE(f.culprit_correct());
@@ -440,17 +444,17 @@ TEST(ChaosReport, AKilledHostIsDetectedByItsLossAndTheCulpritIsTheHostDeclaredLo
 }
 
 TEST(ChaosReport, AHostFaultIsRecoveredByTheFirstNewStepAfterTheLauncherRecoveredFromThatHost) {
-  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  std::vector<Event> events = {Custom(0, -1, EventKind::kChaosRunStart)};
   AddSteps(events, 0, 4, 1, 0, "100");  // steps 0..4 at 1..5 s
   events.push_back(HostInject(5.5, 2, "partition", "host2", "2,3"));
   events.push_back(StepDone(5.6, 5, 0, "100"));  // in flight when the host was cut off
   events.push_back(HostLost(8.5, "host2", "2,3"));
-  events.push_back(Custom(9.5, -1, "recovered",
+  events.push_back(Custom(9.5, -1, EventKind::kRecovered,
                           {{"source", "launcher"}, {"on_host", "host1"}, {"host", "host3"}}));
-  events.push_back(Custom(9.6, -1, "recovered",
+  events.push_back(Custom(9.6, -1, EventKind::kRecovered,
                           {{"source", "launcher"}, {"on_host", "host1"}, {"host", "host2"}}));
   AddSteps(events, 4, 6, 10, 1, "100");  // restored step 3: 4 at 10 s, 5 at 11 s, 6 at 12 s
-  events.push_back(Custom(13, -1, "chaos_run_end"));
+  events.push_back(Custom(13, -1, EventKind::kChaosRunEnd));
   const RunAnalysis run = AnalyzeRun(events);
   ASSERT_EQ(run.faults.size(), 1u);
   // Not step 5 at 5.6 s: the first step beyond 4 after the recovery from host2 is step 5 at 11 s.
@@ -459,10 +463,10 @@ TEST(ChaosReport, AHostFaultIsRecoveredByTheFirstNewStepAfterTheLauncherRecovere
 }
 
 TEST(ChaosReport, APartitionWhoseHostIsNotTheOneDeclaredLostIsAWrongCulprit) {
-  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  std::vector<Event> events = {Custom(0, -1, EventKind::kChaosRunStart)};
   events.push_back(HostInject(1, 0, "partition", "host1", "0,1"));
   events.push_back(HostLost(4, "host3", "4,5"));
-  events.push_back(Custom(9, -1, "chaos_run_end"));
+  events.push_back(Custom(9, -1, EventKind::kChaosRunEnd));
   const RunAnalysis run = AnalyzeRun(events);
   ASSERT_EQ(run.faults.size(), 1u);
   EXPECT_EQ(run.faults[0].culprit_host_named, "host3");
@@ -471,12 +475,12 @@ TEST(ChaosReport, APartitionWhoseHostIsNotTheOneDeclaredLostIsAWrongCulprit) {
 }
 
 TEST(ChaosReport, TwoHostFaultsAreEachCreditedWithTheLossOfTheirOwnHost) {
-  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  std::vector<Event> events = {Custom(0, -1, EventKind::kChaosRunStart)};
   events.push_back(HostInject(1, 0, "host_kill", "host1", "0,1"));
   events.push_back(HostInject(2, 2, "partition", "host2", "2,3"));
   events.push_back(HostLost(4, "host2", "2,3"));  // the later fault's host is declared first
   events.push_back(HostLost(5, "host1", "0,1"));
-  events.push_back(Custom(9, -1, "chaos_run_end"));
+  events.push_back(Custom(9, -1, EventKind::kChaosRunEnd));
   const RunAnalysis run = AnalyzeRun(events);
   ASSERT_EQ(run.faults.size(), 2u);
   EXPECT_EQ(run.faults[0].detection_latency, absl::Seconds(4));
@@ -487,16 +491,16 @@ TEST(ChaosReport, TwoHostFaultsAreEachCreditedWithTheLossOfTheirOwnHost) {
 
 // On simulated hosts pids are per host: the same pid on two hosts is two processes.
 TEST(ChaosReport, TheSamePidOnTwoHostsIsTwoProcesses) {
-  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  std::vector<Event> events = {Custom(0, -1, EventKind::kChaosRunStart)};
   events.push_back(
-      Custom(1, 0, "chaos_inject",
+      Custom(1, 0, EventKind::kChaosInject,
              {{"kind", "kill"}, {"pid", "7"}, {"host", "host1"}, {"source", "chaos"}}));
   events.push_back(
-      Custom(2, 2, "chaos_inject",
+      Custom(2, 2, EventKind::kChaosInject,
              {{"kind", "kill"}, {"pid", "7"}, {"host", "host2"}, {"source", "chaos"}}));
-  events.push_back(
-      Custom(2.5, 2, "rank_died", {{"source", "launcher"}, {"pid", "7"}, {"on_host", "host2"}}));
-  events.push_back(Custom(3, -1, "chaos_run_end"));
+  events.push_back(Custom(2.5, 2, EventKind::kRankDied,
+                          {{"source", "launcher"}, {"pid", "7"}, {"on_host", "host2"}}));
+  events.push_back(Custom(3, -1, EventKind::kChaosRunEnd));
   const RunAnalysis run = AnalyzeRun(events);
   ASSERT_EQ(run.faults.size(), 2u);
   EXPECT_FALSE(run.faults[0].detection_latency.has_value());
@@ -505,9 +509,9 @@ TEST(ChaosReport, TheSamePidOnTwoHostsIsTwoProcesses) {
 }
 
 TEST(ChaosReport, AHostLossEndsTheStoppedProcessesOfThatHost) {
-  std::vector<Event> events = {Custom(0, -1, "chaos_run_start")};
+  std::vector<Event> events = {Custom(0, -1, EventKind::kChaosRunStart)};
   events.push_back(
-      Custom(1, 3, "chaos_inject",
+      Custom(1, 3, EventKind::kChaosInject,
              {{"kind", "stop"}, {"pid", "9"}, {"host", "host2"}, {"source", "chaos"}}));
   events.push_back(HostInject(1.5, 2, "host_kill", "host2", "2,3"));
   events.push_back(HostLost(4, "host2", "2,3"));
@@ -516,21 +520,87 @@ TEST(ChaosReport, AHostLossEndsTheStoppedProcessesOfThatHost) {
   hang.rank = 0;
   hang.type = EventType::kHang;
   events.push_back(hang);
-  events.push_back(Custom(9, -1, "chaos_run_end"));
+  events.push_back(Custom(9, -1, EventKind::kChaosRunEnd));
   const RunAnalysis run = AnalyzeRun(events);
   ASSERT_EQ(run.faults.size(), 2u);
   EXPECT_FALSE(run.faults[0].detection_latency.has_value());
-  EXPECT_EQ(run.faults[0].cleared_by, "host_lost");
+  EXPECT_EQ(run.faults[0].cleared_by, EventKindName(EventKind::kHostLost));
   EXPECT_TRUE(run.faults[1].culprit_correct());
 }
 
+// An event as the writers spelled it before EventKind: the type and `what` by hand.
+Event WrittenBeforeTheEnum(double at, int rank, const std::string& what,
+                           std::vector<std::pair<std::string, std::string>> more = {}) {
+  Event e;
+  e.time = At(at);
+  e.rank = rank;
+  e.type = EventType::kCustom;
+  e.attributes = {{"what", what}};
+  e.attributes.insert(e.attributes.end(), more.begin(), more.end());
+  return e;
+}
+
+TEST(ChaosReport, EventFilesWrittenBeforeTheEventKindsAreReportedAsToday) {
+  std::vector<Event> today = {Custom(0, -1, EventKind::kChaosRunStart, {{"mode", "trainguard"}})};
+  AddSteps(today, 0, 4, 1, 0, "100");  // steps 0..4 at 1..5 s
+  today.push_back(Inject(5.5, 2, "kill"));
+  today.push_back(Launcher(5.6, 2, EventKind::kRankDied));
+  AddSteps(today, 5, 7, 7, 1, "100");  // generation 1: steps 5..7 at 7..9 s
+  today.push_back(Custom(10, -1, EventKind::kChaosRunEnd));
+
+  // The same run in event files, as an older trainguard wrote them.
+  testing::TempDir tmp;
+  const std::string run_dir = tmp.path() + "/run";
+  {
+    auto chaos = EventLog::Open(Env::Default(), run_dir + "/events/chaos.tgev");
+    auto launcher = EventLog::Open(Env::Default(), run_dir + "/events/launcher.tgev");
+    auto rank0 = EventLog::Open(Env::Default(), EventLogPath(run_dir, 0));
+    ASSERT_TRUE(chaos.ok() && launcher.ok() && rank0.ok());
+    ASSERT_TRUE((*chaos)
+                    ->Append(WrittenBeforeTheEnum(0, -1, "chaos_run_start",
+                                                  {{"source", "chaos"}, {"mode", "trainguard"}}))
+                    .ok());
+    ASSERT_TRUE(
+        (*chaos)
+            ->Append(WrittenBeforeTheEnum(5.5, 2, "chaos_inject",
+                                          {{"source", "chaos"}, {"kind", "kill"}, {"pid", "4242"}}))
+            .ok());
+    ASSERT_TRUE((*chaos)
+                    ->Append(WrittenBeforeTheEnum(10, -1, "chaos_run_end", {{"source", "chaos"}}))
+                    .ok());
+    ASSERT_TRUE((*launcher)
+                    ->Append(WrittenBeforeTheEnum(5.6, 2, "rank_died",
+                                                  {{"source", "launcher"}, {"pid", "4242"}}))
+                    .ok());
+    for (const Event& e : today) {
+      if (KindOf(e) != EventKind::kStepDone) continue;
+      Event before = WrittenBeforeTheEnum(0, 0, "step_done", {{"pid", "100"}});
+      before.time = e.time;
+      before.step = e.step;
+      before.generation = e.generation;
+      ASSERT_TRUE((*rank0)->Append(before).ok());
+    }
+  }
+  absl::StatusOr<std::vector<Event>> read = ReadRunEvents(run_dir);
+  ASSERT_TRUE(read.ok()) << read.status();
+  const RunAnalysis old = AnalyzeRun(*read);
+  const RunAnalysis now = AnalyzeRun(today);
+  EXPECT_EQ(old.steps_kept, 8);
+  EXPECT_EQ(old.productive, absl::Seconds(6));  // steps 1..4 and 6..7
+  ASSERT_EQ(old.faults.size(), 1u);
+  EXPECT_EQ(old.faults[0].detected_by, "rank_died");  // the report's column, as it always read
+  EXPECT_EQ(old.faults[0].culprit_named, 2);
+  EXPECT_EQ(FormatReport({old}), FormatReport({now}));
+  EXPECT_EQ(ReportJson({old}), ReportJson({now}));
+}
+
 TEST(ChaosReport, TwoRunsAreReportedSideBySideWithTheirEttrRatio) {
-  std::vector<Event> a = {Custom(0, -1, "chaos_run_start", {{"mode", "trainguard"}})};
+  std::vector<Event> a = {Custom(0, -1, EventKind::kChaosRunStart, {{"mode", "trainguard"}})};
   AddSteps(a, 0, 2, 0, 0, "1");  // 2 s of 4
-  a.push_back(Custom(4, -1, "chaos_run_end"));
-  std::vector<Event> b = {Custom(0, -1, "chaos_run_start", {{"mode", "baseline"}})};
+  a.push_back(Custom(4, -1, EventKind::kChaosRunEnd));
+  std::vector<Event> b = {Custom(0, -1, EventKind::kChaosRunStart, {{"mode", "baseline"}})};
   AddSteps(b, 0, 1, 0, 0, "1");  // 1 s of 4
-  b.push_back(Custom(4, -1, "chaos_run_end"));
+  b.push_back(Custom(4, -1, EventKind::kChaosRunEnd));
   const std::vector<RunAnalysis> runs = {AnalyzeRun(a), AnalyzeRun(b)};
   EXPECT_DOUBLE_EQ(runs[0].ettr, 0.5);
   EXPECT_DOUBLE_EQ(runs[1].ettr, 0.25);
@@ -561,9 +631,9 @@ Event SuspectHost(double at, const std::string& host, const std::string& action)
 }
 
 TEST(ChaosReport, SuspectHostDetectionsAreListedInTheTextAndJsonReports) {
-  std::vector<Event> events = {Custom(0, -1, "chaos_run_start", {{"mode", "trainguard"}}),
+  std::vector<Event> events = {Custom(0, -1, EventKind::kChaosRunStart, {{"mode", "trainguard"}}),
                                SuspectHost(12.5, "host3", "alert"),
-                               Custom(20, -1, "chaos_run_end")};
+                               Custom(20, -1, EventKind::kChaosRunEnd)};
   const RunAnalysis run = AnalyzeRun(events);
   ASSERT_EQ(run.suspects.size(), 1u);
   EXPECT_EQ(run.suspects[0].at, absl::Seconds(12.5));
