@@ -4,6 +4,7 @@
 # run's final parameters are compared, bit for bit, with an uninterrupted run of the same script.
 # Deterministic: the faults happen at steps the trainer waits at (its --gate flag) or injects
 # itself (--inject-nan-grad, --stop-in-allreduce), and every wait is bounded polling.
+import fcntl
 import hashlib
 import os
 import re
@@ -148,23 +149,40 @@ def _uninterrupted_cache():
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     """The checksum every rank ends with when nothing fails (computed once, see
-    _uninterrupted_cache)."""
+    _uninterrupted_cache). ctest starts this file's tests side by side: the first computes it
+    under a lock on the cache, and one that starts meanwhile waits for it instead of running a
+    second job of the same."""
     cached = _uninterrupted_cache()
-    if cached is not None and cached.exists():
-        return cached.read_text().strip()
+    if cached is None:
+        return _run_uninterrupted(tmp_path_factory)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    with open(cached.with_name(cached.name + ".lock"), "w") as lock:
+        deadline = time.monotonic() + DEADLINE_S
+        while True:  # bounded polling: the holder ends its job or dies, and the lock goes with it
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                assert time.monotonic() < deadline, f"{lock.name} held for {DEADLINE_S} s"
+                time.sleep(0.1)
+        if cached.exists():
+            return cached.read_text().strip()
+        checksum = _run_uninterrupted(tmp_path_factory)
+        temp = cached.with_name(f"{cached.name}.{os.getpid()}")
+        temp.write_text(checksum + "\n")
+        os.replace(temp, cached)  # whole or not at all
+        return checksum
+
+
+def _run_uninterrupted(tmp_path_factory):
+    """Runs the job with no fault; the checksum every rank ended with."""
     job = Job(tmp_path_factory.mktemp("ddp"), "clean", 0, [])
     assert job.finish() == 0, job.output()
     finals = job.finals()
     assert sorted(finals) == list(range(WORLD)), job.output()
     checksums = {c for _, c in finals.values()}
     assert len(checksums) == 1, f"replicas differ in an uninterrupted run: {finals}"
-    checksum = checksums.pop()
-    if cached is not None:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        temp = cached.with_name(f"{cached.name}.{os.getpid()}")
-        temp.write_text(checksum + "\n")
-        os.replace(temp, cached)  # whole or not at all: another test may be reading it
-    return checksum
+    return checksums.pop()
 
 
 def test_killed_ranks_are_replaced_and_every_rank_ends_bit_identical_to_an_uninterrupted_run(
