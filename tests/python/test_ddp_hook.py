@@ -5,12 +5,11 @@
 import socket
 
 import pytest
+import torch
+import torch.distributed as dist
 
-torch = pytest.importorskip("torch")
-import torch.distributed as dist  # noqa: E402
-
-import trainguard  # noqa: E402
-import trainguard.torch as tgt  # noqa: E402
+import trainguard
+import trainguard.torch as tgt
 
 
 def _env_rendezvous(monkeypatch):

@@ -18,8 +18,10 @@ mkdir -p "$work/dist"
 "$python" -m pip wheel -q --no-build-isolation --no-deps -w "$work/dist" "$src"
 wheel=("$work"/dist/trainguard-*.whl)
 
-/usr/bin/python3 -m venv "$work/venv"
-"$work/venv/bin/python" -m pip install -q --no-index --no-deps "${wheel[0]}"
+# Without pip of its own (ensurepip takes longer than the rest of the install): PYTHON's pip
+# installs into it (--python), as the venv's own pip would.
+/usr/bin/python3 -m venv --without-pip "$work/venv"
+"$python" -m pip --python "$work/venv/bin/python" install -q --no-index --no-deps "${wheel[0]}"
 
 cd "$work"  # not the source tree: the installed package must be the one imported
 "$work/venv/bin/python" - <<'PY'
