@@ -21,12 +21,19 @@ TEST(StoreKeys, EveryKeyIsSpelledAsTheProtocolSays) {
   EXPECT_EQ(AgentKillPrefix("host2"), "agents/kill/host2/");
 }
 
+TEST(StoreKeys, AKillKeyNamesItsMember) {
+  EXPECT_EQ(AgentKillMember("host2", AgentKill("host2", "host2:41:rank3")), "host2:41:rank3");
+  EXPECT_EQ(AgentKillMember("host2", "agents/kill/host2/"), std::nullopt);
+  EXPECT_EQ(AgentKillMember("host2", "agents/kill/host3/host3:41:rank3"), std::nullopt);
+  EXPECT_EQ(AgentKillMember("host2", "agents/kill/host"), std::nullopt);
+}
+
 TEST(StoreKeys, AHangDeclarationRoundTrips) {
   const HangDeclaration d{17, "hang (phase) at step 9: step phase: no beat for 2s: rank 3 waits"};
   const std::string value = EncodeHangDeclaration(d);
   EXPECT_EQ(value, "rank 17: hang (phase) at step 9: step phase: no beat for 2s: rank 3 waits");
-  std::optional<HangDeclaration> back = DecodeHangDeclaration(value);
-  ASSERT_TRUE(back.has_value());
+  absl::StatusOr<HangDeclaration> back = DecodeHangDeclaration(value);
+  ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->rank, 17);
   EXPECT_EQ(back->report, d.report);
 }
@@ -34,7 +41,9 @@ TEST(StoreKeys, AHangDeclarationRoundTrips) {
 TEST(StoreKeys, AValueThatIsNotADeclarationIsRefused) {
   for (const char* bad : {"", "rank", "rank : x", "rank -1: x", "rank x: y", "rank 3 x", "3: x",
                           "hang: x"}) {
-    EXPECT_EQ(DecodeHangDeclaration(bad), std::nullopt) << bad;
+    absl::StatusOr<HangDeclaration> d = DecodeHangDeclaration(bad);
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(d.status().message(), testing::HasSubstr("hang/gen<G>")) << bad;
   }
 }
 
@@ -42,13 +51,13 @@ TEST(StoreKeys, AKillRequestRoundTripsWithItsLeaseTerm) {
   const KillRequest r{3, "hang_suspect", "rank 2 never entered all_reduce #150 (comm 1)"};
   const std::string value = EncodeKillRequest(r);
   EXPECT_EQ(value, "3 hang_suspect rank 2 never entered all_reduce #150 (comm 1)");
-  std::optional<KillRequest> back = DecodeKillRequest(value);
-  ASSERT_TRUE(back.has_value());
+  absl::StatusOr<KillRequest> back = DecodeKillRequest(value);
+  ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->term, 3);
   EXPECT_EQ(back->what, "hang_suspect");
   EXPECT_EQ(back->why, r.why);
-  std::optional<KillRequest> bare = DecodeKillRequest("1 rank_unresponsive");
-  ASSERT_TRUE(bare.has_value());
+  absl::StatusOr<KillRequest> bare = DecodeKillRequest("1 rank_unresponsive");
+  ASSERT_TRUE(bare.ok()) << bare.status();
   EXPECT_EQ(bare->why, "");
 }
 
@@ -57,7 +66,9 @@ TEST(StoreKeys, AKillRequestRoundTripsWithItsLeaseTerm) {
 TEST(StoreKeys, AKillRequestWithoutAValidTermIsRefused) {
   for (const char* bad : {"", "rank_unresponsive stopped", "0 hang_suspect x", "-2 hang_suspect x",
                           "x hang_suspect y", "4", "4 ", "4  why"}) {
-    EXPECT_EQ(DecodeKillRequest(bad), std::nullopt) << bad;
+    absl::StatusOr<KillRequest> r = DecodeKillRequest(bad);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(r.status().message(), testing::HasSubstr("agents/kill/")) << bad;
   }
 }
 
