@@ -1,8 +1,8 @@
 // The store keys and values that cross processes (a rank's Runtime, its peers, and the launcher's
 // agents and coordinator): built and parsed here and nowhere else, in the manner of LevelDB's
 // db/filename.h, so that a key is never spelled in two files. Keys are relative to the job's store
-// (the store prefixes them with the job). sdk/rendezvous/rendezvous.h lists the rendezvous' own
-// keys (rdzv/...), built in rendezvous.cc; agent_keys.h the launcher's host agents' (agents/...,
+// (the store prefixes them with the job). sdk/rendezvous/rendezvous.h says what the rendezvous' own
+// keys (rdzv/..., built here) hold; agent_keys.h has the launcher's host agents' (agents/...,
 // coord/lease, job/...).
 //
 //   job/stop                            why a rank stopped the job (first writer wins)
@@ -11,6 +11,8 @@
 //   hang/gen<G>/withdrawn/<R>           the declaring rank R withdrew its hang (the reason)
 //   hang/gen<G>/progress/<R>            rank R's collective progress while a hang is judged
 //   rdzv/gen/<G>/resumed/<R>            the first step rank R completed in generation G
+//   rdzv/...                            the rendezvous' own keys (Rdzv*; rdzv/assign/<member> holds
+//                                       an Assignment), whose meaning rendezvous.h gives
 //   agents/kill/<host>/<member>         the coordinator asks host's agent to kill member's process:
 //                                       "<lease term> <what> <why>" (KillRequest)
 //
@@ -54,8 +56,63 @@ inline std::string HangWithdrawn(int64_t generation, int rank) {
 inline std::string HangProgress(int64_t generation, int rank) {
   return absl::StrCat(Hang(generation), "/progress/", rank);
 }
+
+// The rendezvous' keys (sdk/rendezvous/rendezvous.h says what each holds).
+inline constexpr char kRdzvCurrent[] = "rdzv/current";
+inline constexpr char kRdzvStandbyPrefix[] = "rdzv/standby/";
+inline std::string RdzvGeneration(int64_t generation) {
+  return absl::StrCat("rdzv/gen/", generation, "/");
+}
+inline std::string RdzvTable(int64_t generation) {
+  return absl::StrCat(RdzvGeneration(generation), "table");
+}
+inline std::string RdzvClaim(int64_t generation) { return absl::StrCat("rdzv/claim/", generation); }
+inline std::string RdzvJoin(int rank) { return absl::StrCat("rdzv/join/", rank); }
+inline std::string RdzvStandby(absl::string_view member) {
+  return absl::StrCat(kRdzvStandbyPrefix, member);
+}
+// The member a key of kRdzvStandbyPrefix parks; nullopt when it is not one.
+inline std::optional<std::string> RdzvStandbyMember(std::string_view key) {
+  return NameAfter(kRdzvStandbyPrefix, key);
+}
+inline std::string RdzvAssign(absl::string_view member) {
+  return absl::StrCat("rdzv/assign/", member);
+}
+inline std::string RdzvHeartbeat(absl::string_view member) {
+  return absl::StrCat("rdzv/hb/", member);
+}
+inline std::string RdzvRenewPrefix(int64_t generation) {
+  return absl::StrCat(RdzvGeneration(generation), "renew/");
+}
+inline std::string RdzvBarrierPrefix(int64_t generation, absl::string_view name) {
+  return absl::StrCat(RdzvGeneration(generation), "barrier/", name, "/");
+}
+inline std::string RdzvProgressPrefix(int64_t generation) {
+  return absl::StrCat(RdzvGeneration(generation), "progress/");
+}
 inline std::string Resumed(int64_t generation, int rank) {
-  return absl::StrCat("rdzv/gen/", generation, "/resumed/", rank);
+  return absl::StrCat(RdzvGeneration(generation), "resumed/", rank);
+}
+
+// The value of RdzvAssign(member): the coordinator gives a parked standby `rank` in `generation`.
+struct Assignment {
+  int64_t generation = -1;
+  int rank = -1;
+};
+inline std::string EncodeAssignment(const Assignment& a) {
+  return absl::StrCat(a.generation, " ", a.rank);
+}
+// InvalidArgument for a value that is not "<generation> <rank>" with both >= 0.
+inline absl::StatusOr<Assignment> DecodeAssignment(std::string_view value) {
+  const absl::string_view v(value.data(), value.size());
+  const size_t space = v.find(' ');
+  Assignment a;
+  if (space == absl::string_view::npos || !absl::SimpleAtoi(v.substr(0, space), &a.generation) ||
+      a.generation < 0 || !absl::SimpleAtoi(v.substr(space + 1), &a.rank) || a.rank < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "store key rdzv/assign/<member> holds \"%s\": not \"<generation> <rank>\"", v));
+  }
+  return a;
 }
 
 // The value of Hang(G): which rank declared it, and its report.

@@ -21,6 +21,39 @@ TEST(StoreKeys, EveryKeyIsSpelledAsTheProtocolSays) {
   EXPECT_EQ(AgentKillPrefix("host2"), "agents/kill/host2/");
 }
 
+TEST(StoreKeys, TheRendezvousKeysAreSpelledAsTheProtocolSays) {
+  EXPECT_STREQ(kRdzvCurrent, "rdzv/current");
+  EXPECT_EQ(RdzvTable(4), "rdzv/gen/4/table");
+  EXPECT_EQ(RdzvClaim(4), "rdzv/claim/4");
+  EXPECT_EQ(RdzvJoin(2), "rdzv/join/2");
+  EXPECT_EQ(RdzvStandby("host:41:standby0"), "rdzv/standby/host:41:standby0");
+  EXPECT_EQ(RdzvStandbyMember("rdzv/standby/host:41:standby0"), "host:41:standby0");
+  EXPECT_EQ(RdzvStandbyMember("rdzv/standby/"), std::nullopt);
+  EXPECT_EQ(RdzvStandbyMember("rdzv/assign/host:41:standby0"), std::nullopt);
+  EXPECT_EQ(RdzvAssign("host:41:standby0"), "rdzv/assign/host:41:standby0");
+  EXPECT_EQ(RdzvHeartbeat("host:41:rank1"), "rdzv/hb/host:41:rank1");
+  EXPECT_EQ(RdzvRenewPrefix(3), "rdzv/gen/3/renew/");
+  EXPECT_EQ(RdzvBarrierPrefix(3, "ready"), "rdzv/gen/3/barrier/ready/");
+  EXPECT_EQ(RdzvProgressPrefix(3), "rdzv/gen/3/progress/");
+}
+
+TEST(StoreKeys, AStandbysAssignmentRoundTrips) {
+  const std::string value = EncodeAssignment({7, 12});
+  EXPECT_EQ(value, "7 12");
+  absl::StatusOr<Assignment> back = DecodeAssignment(value);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->generation, 7);
+  EXPECT_EQ(back->rank, 12);
+}
+
+TEST(StoreKeys, AnAssignmentThatIsNotAGenerationAndARankIsRefused) {
+  for (const char* bad : {"", "7", "7 ", " 12", "x 12", "7 x", "-1 12", "7 -1", "7 12 3"}) {
+    absl::StatusOr<Assignment> a = DecodeAssignment(bad);
+    EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(a.status().message(), testing::HasSubstr("rdzv/assign/")) << bad;
+  }
+}
+
 TEST(StoreKeys, AKillKeyNamesItsMember) {
   EXPECT_EQ(AgentKillMember("host2", AgentKill("host2", "host2:41:rank3")), "host2:41:rank3");
   EXPECT_EQ(AgentKillMember("host2", "agents/kill/host2/"), std::nullopt);
