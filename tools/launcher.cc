@@ -47,6 +47,7 @@
 #include "sdk/agent/posix_process_supervisor.h"
 #include "sdk/agent/process_supervisor.h"
 #include "sdk/agent/replacement_policy.h"
+#include "sdk/core/agent_keys.h"
 #include "sdk/core/store_keys.h"
 #include "sdk/checkpoint/backup_placement.h"
 #include "sdk/checkpoint/backup_service.h"
@@ -83,9 +84,9 @@ constexpr absl::Duration kSilentHeartbeat = absl::Milliseconds(2500);
 
 // The rank a hang key's value names ("rank R: <report>", as the Runtime writes it), or -1.
 int HangDeclarer(absl::string_view who) {
-  std::optional<store_keys::HangDeclaration> d =
+  absl::StatusOr<store_keys::HangDeclaration> d =
       store_keys::DecodeHangDeclaration(std::string_view(who.data(), who.size()));
-  return d.has_value() ? d->rank : -1;
+  return d.ok() ? d->rank : -1;
 }
 // Fail-slow dumps kept per run (the newest): a host confirmed again every continuity window
 // would otherwise write one per window for the job's life.
@@ -94,10 +95,10 @@ constexpr int kMaxFailSlowDumps = 16;
 // (sdk/runtime: a fault that repeats after rollback), and a checkpoint a rank could not persist
 // (sdk/checkpoint: job/persist_failed/<step>/<rank>, the error as the value).
 constexpr const char* kJobStopKey = store_keys::kJobStop;
-constexpr char kPersistFailedPrefix[] = "job/persist_failed/";
+constexpr const char* kPersistFailedPrefix = store_keys::kJobPersistFailedPrefix;
 // Multi-host: what an agent fails the job with, and the coordinator's word that every rank finished.
-constexpr char kJobFailedKey[] = "job/failed";
-constexpr char kJobDoneKey[] = "job/done";
+constexpr const char* kJobFailedKey = store_keys::kJobFailed;
+constexpr const char* kJobDoneKey = store_keys::kJobDone;
 
 // On several hosts the policy only bounds and backs off: a rank's death there is decided by the
 // coordinator (QueueDeadMember), which finds standbys on standby hosts and restarts in rounds.
@@ -254,9 +255,7 @@ class Job {
   // The round a member id was started in (0: none named).
   static int64_t MemberRound(const std::string& member);
   // Where ranks that finished with status 0 are recorded: a restart round starts the count anew.
-  std::string FinishedPrefix() const {
-    return round_ == 0 ? "agents/finished/" : absl::StrCat("agents/round", round_, "/finished/");
-  }
+  std::string FinishedPrefix() const { return store_keys::AgentFinishedPrefix(round_); }
   // Parses the plan (agents/plan) into group_rank_, world_size_, master_addr_/port_. False when
   // there is none yet (or the job failed on a malformed one).
   bool ReadPlan(int* hosts);
@@ -916,7 +915,7 @@ void Job::OnExit(Child& child, const WorkerExit& exit) {
     ++ranks_finished_;
     Say(absl::StrFormat("%s (pid %d) finished", child.Label(), child.pid));
     if (MultiHost()) {
-      (void)store_->Set(absl::StrCat(FinishedPrefix(), child.rank), child.member_id,
+      (void)store_->Set(store_keys::AgentFinished(round_, child.rank), child.member_id,
                         kStoreTimeout);
     }
     return;
@@ -935,8 +934,9 @@ void Job::OnExit(Child& child, const WorkerExit& exit) {
   if (MultiHost()) {
     // The coordinator, maybe on another host, decides; the report names the member, so a death
     // reported twice, or after the rank was given to someone else, is handled once.
-    absl::Status s = store_->Set(absl::StrCat("agents/deaths/", child.member_id),
-                                 absl::StrCat(child.rank, " ", how), kStoreTimeout);
+    absl::Status s = store_->Set(store_keys::kAgentDeaths.Key(child.member_id),
+                                 store_keys::EncodeDeathReport({child.member_id, child.rank, how}),
+                                 kStoreTimeout);
     if (!s.ok()) Say(absl::StrCat("cannot report the death of ", child.Label(), ": ", s.ToString()));
     return;
   }
@@ -1259,12 +1259,11 @@ void Job::KillRanksWithStaleHeartbeats() {
 
 std::optional<std::map<int, std::string>> Job::StoppedMembers() {
   absl::StatusOr<std::vector<std::string>> keys =
-      store_->ListKeys(runtime_internal::kStoppedMemberPrefix, kStoreTimeout);
+      store_->ListKeys(store_keys::kAgentStopped.prefix(), kStoreTimeout);
   if (!keys.ok()) return std::nullopt;
   const Membership current = coordinator_->current();
   std::map<int, std::string> stopped;
-  for (const std::string& key : *keys) {
-    const std::string member = key.substr(strlen(runtime_internal::kStoppedMemberPrefix));
+  for (const std::string& member : store_keys::kAgentStopped.Names(*keys)) {
     auto held = std::find(current.members.begin(), current.members.end(), member);
     if (held == current.members.end()) continue;  // an earlier generation's process
     stopped[static_cast<int>(held - current.members.begin())] = member;
@@ -1853,82 +1852,44 @@ void Job::StartForming() {
 
 // ---- The multi-host agent ----
 //
-// Store keys (under the job's prefix), besides the rendezvous' own:
-//   agents/seq                     join counter (join order decides which hosts train)
-//   agents/join/<host>             "<seq> worker|standby <addr> <port>"
-//   agents/plan                    line 1 "<training hosts> <ranks per host> <master addr> <port>",
-//                                  then "<host> <group rank>" per host (-1: a standby host)
-//   agents/hb/<host>               the agent's heartbeat counter
-//   agents/dead/<host>             why the coordinator declared the host dead (it is fenced out)
-//   agents/deaths/<member>         "<rank> <how>": an agent saw its rank process die
-//   agents/stopped/<member>        the host id: an agent sees its rank process stopped (SIGSTOP)
-//   agents/kill/<host>/<member>    "<term> <what> <why>": the coordinator of lease term <term> asks
-//                                  that host's agent to kill a process (what: rank_unresponsive or
-//                                  hang_suspect, the event the agent records with the process'
-//                                  pid); a request of a term older than the newest the agent has
-//                                  seen is ignored (store_keys::KillRequest)
-//   agents/finished/<rank>         the member that finished rank <rank> with status 0
-//   agents/metrics/<host>          the host's fail-slow sample of the last second
-//                                  (sdk/health/fail_slow_metrics.h)
-//   agents/restart                 --restart-all: "<round> <why>", the newest restart round
-//   agents/round<K>/finished/<rank>  as agents/finished/<rank>, in restart round K
-//   job/failed, job/done           the job's end, for every agent
+// Store keys (under the job's prefix), besides the rendezvous' own: sdk/core/agent_keys.h (the
+// agents' agents/..., coord/lease, job/failed and job/done) and sdk/core/store_keys.h (the kill
+// requests, fenced by the lease term: a request of a term older than the newest the agent has seen
+// is ignored).
 namespace {
-constexpr char kPlanKey[] = "agents/plan";
-constexpr char kRestartKey[] = "agents/restart";
 // How long one store call of the agent's loop may take: short, so that a host cut off from the
 // store keeps draining its ranks' output and sees its fencing as soon as it is back.
 absl::Duration AgentCallTimeout(absl::Duration host_timeout) { return host_timeout / 4; }
 
-// A host that joined the job: agents/join/<host> = "<seq> worker|standby <addr> <port>".
-struct JoinedHost {
-  int64_t seq = 0;
-  std::string host, role, addr, port;
-};
-
 // Every host that joined, in join order (a malformed entry is skipped).
-absl::StatusOr<std::vector<JoinedHost>> ReadJoinedHosts(Store* store, absl::Duration timeout) {
-  absl::StatusOr<std::vector<std::string>> keys = store->ListKeys("agents/join/", timeout);
+absl::StatusOr<std::vector<store_keys::JoinRecord>> ReadJoinedHosts(Store* store,
+                                                                    absl::Duration timeout) {
+  absl::StatusOr<std::vector<std::string>> keys =
+      store->ListKeys(store_keys::kAgentJoins.prefix(), timeout);
   if (!keys.ok()) return keys.status();
   absl::StatusOr<std::vector<std::optional<std::string>>> values = store->MultiGet(*keys, timeout);
   if (!values.ok()) return values.status();
-  std::vector<JoinedHost> hosts;
+  std::vector<store_keys::JoinRecord> hosts;
   for (size_t i = 0; i < keys->size(); ++i) {
-    std::vector<std::string> f = absl::StrSplit((*values)[i].value_or(""), ' ');
-    JoinedHost j;
-    if (f.size() != 4 || !absl::SimpleAtoi(f[0], &j.seq)) continue;
-    j.host = (*keys)[i].substr(strlen("agents/join/"));
-    j.role = f[1];
-    j.addr = f[2];
-    j.port = f[3];
-    hosts.push_back(std::move(j));
+    absl::StatusOr<store_keys::JoinRecord> j =
+        store_keys::DecodeJoinRecord((*keys)[i], (*values)[i].value_or(""));
+    if (j.ok()) hosts.push_back(*std::move(j));
   }
   std::sort(hosts.begin(), hosts.end(),
-            [](const JoinedHost& a, const JoinedHost& b) { return a.seq < b.seq; });
+            [](const store_keys::JoinRecord& a, const store_keys::JoinRecord& b) {
+              return a.seq < b.seq;
+            });
   return hosts;
-}
-
-// The host lines of a plan (agents/plan after its first line): host -> group rank (-1: standby).
-std::map<std::string, int> PlanGroups(const std::string& plan) {
-  std::map<std::string, int> groups;
-  const std::vector<std::string> lines = absl::StrSplit(plan, '\n');
-  for (size_t i = 1; i < lines.size(); ++i) {
-    std::vector<std::string> f = absl::StrSplit(lines[i], ' ');
-    int group = -1;
-    if (f.size() == 2 && absl::SimpleAtoi(f[1], &group)) groups[f[0]] = group;
-  }
-  return groups;
 }
 }  // namespace
 
 absl::Status Job::JoinAsHost() {
-  absl::StatusOr<int64_t> seq = store_->Add("agents/seq", 1, kStoreTimeout);
+  absl::StatusOr<int64_t> seq = store_->Add(store_keys::kAgentSeq, 1, kStoreTimeout);
   if (!seq.ok()) return seq.status();
-  const std::string value =
-      absl::StrFormat("%d %s %s %d", *seq, config_.standby_host ? "standby" : "worker",
-                      config_.local_addr, master_port_);
+  const std::string value = store_keys::EncodeJoinRecord(
+      {config_.host_id, *seq, config_.standby_host, config_.local_addr, master_port_});
   absl::StatusOr<CompareAndSetResult> joined = store_->CompareAndSet(
-      absl::StrCat("agents/join/", config_.host_id), std::nullopt, value, kStoreTimeout);
+      store_keys::kAgentJoins.Key(config_.host_id), std::nullopt, value, kStoreTimeout);
   if (!joined.ok()) return joined.status();
   if (!joined->swapped) {
     return absl::AlreadyExistsError(absl::StrFormat(
@@ -1945,7 +1906,7 @@ void Job::AgentTick() {
   const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
   // A Set of a counter of our own, not an Add: a Set may be retried on another etcd member after
   // a broken connection (an Add's outcome would be unknown), so a leader election costs no beat.
-  if (absl::Status beat = store_->Set(absl::StrCat("agents/hb/", config_.host_id),
+  if (absl::Status beat = store_->Set(store_keys::kAgentHeartbeats.Key(config_.host_id),
                                       absl::StrCat(agent_beat_ + 1), timeout);
       beat.ok()) {
     ++agent_beat_;
@@ -1999,9 +1960,12 @@ void Job::UpdateLease() {
   host_liveness_ = HostLiveness(config_.host_timeout);
   handled_deaths_.clear();
   dead_hosts_.clear();
-  if (absl::StatusOr<std::vector<std::string>> dead = store_->ListKeys("agents/dead/", kStoreTimeout);
+  if (absl::StatusOr<std::vector<std::string>> dead =
+          store_->ListKeys(store_keys::kAgentsDead.prefix(), kStoreTimeout);
       dead.ok()) {
-    for (const std::string& key : *dead) dead_hosts_.insert(key.substr(strlen("agents/dead/")));
+    for (std::string& host : store_keys::kAgentsDead.Names(*dead)) {
+      dead_hosts_.insert(std::move(host));
+    }
   }
   (void)held;
 }
@@ -2010,10 +1974,11 @@ void Job::UpdateLease() {
 // join order train (at least nnodes_min), every other host is a standby host.
 void Job::PublishPlan() {
   const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
-  absl::StatusOr<std::vector<JoinedHost>> hosts = ReadJoinedHosts(store_.get(), timeout);
+  absl::StatusOr<std::vector<store_keys::JoinRecord>> hosts =
+      ReadJoinedHosts(store_.get(), timeout);
   if (!hosts.ok()) return;
   int workers = 0;
-  for (const JoinedHost& j : *hosts) workers += j.role == "worker" ? 1 : 0;
+  for (const store_keys::JoinRecord& j : *hosts) workers += j.standby ? 0 : 1;
   if (workers < config_.nnodes_min ||
       hosts->size() < static_cast<size_t>(config_.nnodes_min + config_.standby_nodes)) {
     return;  // not yet
@@ -2029,19 +1994,21 @@ void Job::PublishPlan() {
     if (now - *min_reached_ < config_.rdzv_last_call) return;
   }
   const int training = std::min(workers, config_.nnodes_max);
-  std::string plan;
-  std::string lines;
+  store_keys::Plan plan;
+  plan.training_hosts = training;
+  plan.ranks_per_host = config_.nproc;
   int group = 0;
-  for (const JoinedHost& j : *hosts) {
-    const bool trains = j.role == "worker" && group < training;
+  for (const store_keys::JoinRecord& j : *hosts) {
+    const bool trains = !j.standby && group < training;
     if (trains && group == 0) {
-      plan = absl::StrFormat("%d %d %s %s", training, config_.nproc, j.addr, j.port);
+      plan.master_addr = j.addr;
+      plan.master_port = j.port;
     }
-    absl::StrAppendFormat(&lines, "\n%s %d", j.host, trains ? group : -1);
+    plan.hosts.push_back({j.host, trains ? group : -1});
     if (trains) ++group;
   }
-  absl::StatusOr<CompareAndSetResult> published =
-      store_->CompareAndSet(kPlanKey, std::nullopt, plan + lines, timeout);
+  absl::StatusOr<CompareAndSetResult> published = store_->CompareAndSet(
+      store_keys::kAgentPlan, std::nullopt, store_keys::EncodePlan(plan), timeout);
   if (published.ok() && published->swapped) {
     Say(absl::StrFormat("%d host(s) train, %d are standby hosts", training,
                         hosts->size() - training));
@@ -2059,29 +2026,27 @@ void Job::FollowPlan() {
 }
 
 bool Job::ReadPlan(int* hosts) {
-  absl::StatusOr<std::string> plan = store_->Get(kPlanKey, AgentCallTimeout(config_.host_timeout));
+  absl::StatusOr<std::string> value =
+      store_->Get(store_keys::kAgentPlan, AgentCallTimeout(config_.host_timeout));
+  if (!value.ok()) {
+    if (absl::IsNotFound(value.status()) && coordinating()) PublishPlan();
+    return false;
+  }
+  absl::StatusOr<store_keys::Plan> plan = store_keys::DecodePlan(*value);
   if (!plan.ok()) {
-    if (absl::IsNotFound(plan.status()) && coordinating()) PublishPlan();
+    Fail(absl::StrCat("malformed plan: ", plan.status().message()));
     return false;
   }
-  std::vector<std::string> lines = absl::StrSplit(*plan, '\n');
-  std::vector<std::string> head = absl::StrSplit(lines[0], ' ');
-  int per_host = 0;
-  if (head.size() != 4 || !absl::SimpleAtoi(head[0], hosts) ||
-      !absl::SimpleAtoi(head[1], &per_host) || !absl::SimpleAtoi(head[3], &master_port_)) {
-    Fail(absl::StrFormat("malformed plan at store key %s: '%s'", kPlanKey, lines[0]));
-    return false;
-  }
-  if (per_host != config_.nproc) {
+  if (plan->ranks_per_host != config_.nproc) {
     Fail(absl::StrFormat("host %s has --nproc-per-node %d but the job has %d per host",
-                         config_.host_id, config_.nproc, per_host));
+                         config_.host_id, config_.nproc, plan->ranks_per_host));
     return false;
   }
-  master_addr_ = head[2];
-  world_size_ = *hosts * per_host;
-  const std::map<std::string, int> groups = PlanGroups(*plan);
-  const auto mine = groups.find(config_.host_id);
-  group_rank_ = mine == groups.end() ? -1 : mine->second;
+  *hosts = plan->training_hosts;
+  master_addr_ = plan->master_addr;
+  master_port_ = plan->master_port;
+  world_size_ = *hosts * plan->ranks_per_host;
+  group_rank_ = plan->GroupOf(config_.host_id);
   return true;
 }
 
@@ -2139,9 +2104,13 @@ void Job::PublishRestartRound(const std::string& why, const std::string& dead_ho
     // The dead host's group rank goes to the first host, in join order, that holds none and is not
     // known to be dead or silent (one whose heartbeat this coordinator has not read yet counts as
     // live: its own loss, if it is lost, restarts the job again).
-    absl::StatusOr<std::string> plan = store_->Get(kPlanKey, timeout);
-    absl::StatusOr<std::vector<JoinedHost>> hosts = ReadJoinedHosts(store_.get(), timeout);
-    absl::StatusOr<std::vector<std::string>> left = store_->ListKeys("agents/left/", timeout);
+    absl::StatusOr<std::string> value = store_->Get(store_keys::kAgentPlan, timeout);
+    absl::StatusOr<store_keys::Plan> plan =
+        value.ok() ? store_keys::DecodePlan(*value) : value.status();
+    absl::StatusOr<std::vector<store_keys::JoinRecord>> hosts =
+        ReadJoinedHosts(store_.get(), timeout);
+    absl::StatusOr<std::vector<std::string>> left =
+        store_->ListKeys(store_keys::kAgentsLeft.prefix(), timeout);
     if (!plan.ok() || !hosts.ok() || !left.ok()) {
       return Fail(absl::StrFormat("restart round %d (%s): cannot read the plan and the hosts: %s",
                                   next, why,
@@ -2149,17 +2118,18 @@ void Job::PublishRestartRound(const std::string& why, const std::string& dead_ho
                                                                             : left.status())
                                       .ToString()));
     }
-    std::map<std::string, int> group = PlanGroups(*plan);
+    std::map<std::string, int> group = plan->Groups();
+    const std::vector<std::string> left_hosts = store_keys::kAgentsLeft.Names(*left);
     const int lost = group.count(dead_host) != 0 ? group[dead_host] : -1;
     group[dead_host] = -1;
     if (lost >= 0) {
       const absl::Time now = absl::Now();
       std::string taker;
-      for (const JoinedHost& j : *hosts) {
-        const bool alive = dead_hosts_.count(j.host) == 0 &&
-                           std::find(left->begin(), left->end(),
-                                     absl::StrCat("agents/left/", j.host)) == left->end() &&
-                           (j.host == config_.host_id || !host_liveness_.IsSilent(j.host, now));
+      for (const store_keys::JoinRecord& j : *hosts) {
+        const bool alive =
+            dead_hosts_.count(j.host) == 0 &&
+            std::find(left_hosts.begin(), left_hosts.end(), j.host) == left_hosts.end() &&
+            (j.host == config_.host_id || !host_liveness_.IsSilent(j.host, now));
         if (alive && (group.count(j.host) == 0 || group[j.host] < 0)) {
           taker = j.host;
           break;
@@ -2174,26 +2144,29 @@ void Job::PublishRestartRound(const std::string& why, const std::string& dead_ho
       Say(absl::StrFormat("restart round %d: host %s takes host %s's group rank %d", next, taker,
                           dead_host, lost));
     }
-    std::string head_addr = master_addr_, head_port = absl::StrCat(master_port_);
-    std::string body;
-    int training = 0;
-    for (const JoinedHost& j : *hosts) {
+    store_keys::Plan new_plan;
+    new_plan.ranks_per_host = config_.nproc;
+    new_plan.master_addr = master_addr_;
+    new_plan.master_port = master_port_;
+    for (const store_keys::JoinRecord& j : *hosts) {
       const int g = group.count(j.host) != 0 ? group[j.host] : -1;
       if (g == 0) {
-        head_addr = j.addr;
-        head_port = j.port;
+        new_plan.master_addr = j.addr;
+        new_plan.master_port = j.port;
       }
-      if (g >= 0) ++training;
-      absl::StrAppendFormat(&body, "\n%s %d", j.host, g);
+      if (g >= 0) ++new_plan.training_hosts;
+      new_plan.hosts.push_back({j.host, g});
     }
-    const std::string new_plan =
-        absl::StrFormat("%d %d %s %s%s", training, config_.nproc, head_addr, head_port, body);
-    if (absl::Status s = store_->Set(kPlanKey, new_plan, timeout); !s.ok()) {
+    if (absl::Status s =
+            store_->Set(store_keys::kAgentPlan, store_keys::EncodePlan(new_plan), timeout);
+        !s.ok()) {
       return Fail(absl::StrFormat("restart round %d (%s): publishing its plan: %s", next, why,
                                   s.ToString()));
     }
   }
-  if (absl::Status s = store_->Set(kRestartKey, absl::StrCat(next, " ", why), timeout); !s.ok()) {
+  if (absl::Status s = store_->Set(store_keys::kAgentRestart,
+                                   store_keys::EncodeRestartRound({next, why}), timeout);
+      !s.ok()) {
     return Fail(absl::StrFormat("restart round %d (%s): publishing it: %s", next, why,
                                 s.ToString()));
   }
@@ -2210,15 +2183,13 @@ void Job::PublishRestartRound(const std::string& why, const std::string& dead_ho
 
 void Job::FollowRestartRound() {
   if (!RestartsOnHosts()) return;
-  absl::StatusOr<std::string> restart =
-      store_->Get(kRestartKey, AgentCallTimeout(config_.host_timeout));
-  if (!restart.ok()) return;
-  const std::pair<std::string, std::string> round_why =
-      absl::StrSplit(*restart, absl::MaxSplits(' ', 1));
-  int64_t round = 0;
-  if (!absl::SimpleAtoi(round_why.first, &round) || round <= round_) return;
-  Say(absl::StrFormat("restart round %d: %s", round, round_why.second));
-  StartRound(round);
+  absl::StatusOr<std::string> value =
+      store_->Get(store_keys::kAgentRestart, AgentCallTimeout(config_.host_timeout));
+  if (!value.ok()) return;
+  absl::StatusOr<store_keys::RestartRound> restart = store_keys::DecodeRestartRound(*value);
+  if (!restart.ok() || restart->round <= round_) return;
+  Say(absl::StrFormat("restart round %d: %s", restart->round, restart->why));
+  StartRound(restart->round);
 }
 
 void Job::ReportStoppedRanks() {
@@ -2226,7 +2197,7 @@ void Job::ReportStoppedRanks() {
   for (auto& c : children_) {
     const bool stopped = c->running && c->rank >= 0 && supervisor_->IsStopped(c->worker);
     if (stopped == c->reported_stopped) continue;
-    const std::string key = absl::StrCat(runtime_internal::kStoppedMemberPrefix, c->member_id);
+    const std::string key = store_keys::kAgentStopped.Key(c->member_id);
     const absl::Status written = stopped ? store_->Set(key, HostLabel(), timeout)
                                          : store_->Delete(key, timeout).status();
     if (written.ok()) c->reported_stopped = stopped;  // else tried again at the next tick
@@ -2306,7 +2277,9 @@ void Job::StartRound(int64_t round) {
   next_liveness_check_ = absl::Now() + config_.heartbeat_timeout;
   int hosts = 0;
   if (!ReadPlan(&hosts)) {
-    if (exit_code_ < 0) Fail(absl::StrFormat("restart round %d: no plan at %s", round, kPlanKey));
+    if (exit_code_ < 0) {
+      Fail(absl::StrFormat("restart round %d: no plan at %s", round, store_keys::kAgentPlan));
+    }
     return;
   }
   SpawnPlannedProcesses(hosts);
@@ -2318,7 +2291,7 @@ void Job::StartRound(int64_t round) {
 void Job::FollowGeneration() {
   const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
   absl::StatusOr<std::string> fenced =
-      store_->Get(absl::StrCat("agents/dead/", config_.host_id), timeout);
+      store_->Get(store_keys::kAgentsDead.Key(config_.host_id), timeout);
   if (fenced.ok()) {
     // Only this host ends: the job goes on without it, so nothing is published for the others.
     failure_ = absl::StrFormat("this host (%s) was declared dead by the coordinator (%s); its "
@@ -2375,12 +2348,12 @@ void Job::ExecuteKillRequests() {
   absl::StatusOr<std::vector<std::string>> keys = store_->ListKeys(prefix, timeout);
   if (!keys.ok()) return;
   for (const std::string& key : *keys) {
-    const std::string member = key.substr(prefix.size());
+    const std::string member = store_keys::AgentKillMember(config_.host_id, key).value_or("");
     absl::StatusOr<std::string> value = store_->Get(key, timeout);
     if (!value.ok()) continue;  // gone meanwhile, or the store briefly unreachable
-    const std::optional<store_keys::KillRequest> request = store_keys::DecodeKillRequest(*value);
+    const absl::StatusOr<store_keys::KillRequest> request = store_keys::DecodeKillRequest(*value);
     const std::optional<EventKind> what =
-        request.has_value() ? ParseEventKind(request->what) : std::nullopt;
+        request.ok() ? ParseEventKind(request->what) : std::nullopt;
     if (!what.has_value()) {
       Say(absl::StrFormat("ignoring a malformed kill request of %s (%s: \"%s\")", member, key,
                           *value));
@@ -2415,7 +2388,7 @@ void Job::KillMember(const std::string& member, EventKind what, const std::strin
     }
     return;
   }
-  const std::string host = member.substr(0, member.find(':'));
+  const std::string host = store_keys::MemberHost(member);
   Say(absl::StrFormat("asking host %s to kill %s: %s", host, member, why));
   // Fenced by this coordinator's lease term: the agent ignores it once a newer term exists.
   (void)store_->Set(
@@ -2447,18 +2420,18 @@ void Job::CoordinateHosts() {
   // Host liveness: every joined host's agent beats; one that stops for host_timeout is dead. An
   // agent that left (the job ended for it) beats no more, and once every rank finished nobody is
   // replaced.
-  absl::StatusOr<std::vector<std::string>> joined = store_->ListKeys("agents/join/", timeout);
-  absl::StatusOr<std::vector<std::string>> left = store_->ListKeys("agents/left/", timeout);
+  absl::StatusOr<std::vector<std::string>> joined =
+      store_->ListKeys(store_keys::kAgentJoins.prefix(), timeout);
+  absl::StatusOr<std::vector<std::string>> left =
+      store_->ListKeys(store_keys::kAgentsLeft.prefix(), timeout);
   if (!joined.ok() || !left.ok() || done_published_) return;
+  const std::vector<std::string> left_hosts = store_keys::kAgentsLeft.Names(*left);
   std::vector<std::string> hosts, beat_keys;
-  for (const std::string& key : *joined) {
-    const std::string host = key.substr(strlen("agents/join/"));
+  for (const std::string& host : store_keys::kAgentJoins.Names(*joined)) {
     if (dead_hosts_.count(host) != 0) continue;
-    if (std::find(left->begin(), left->end(), absl::StrCat("agents/left/", host)) != left->end()) {
-      continue;
-    }
+    if (std::find(left_hosts.begin(), left_hosts.end(), host) != left_hosts.end()) continue;
     hosts.push_back(host);
-    beat_keys.push_back(absl::StrCat("agents/hb/", host));
+    beat_keys.push_back(store_keys::kAgentHeartbeats.Key(host));
   }
   absl::StatusOr<std::vector<std::optional<std::string>>> beats =
       store_->MultiGet(beat_keys, timeout);
@@ -2485,17 +2458,20 @@ void Job::CoordinateHosts() {
 
 void Job::ReadDeathReports() {
   const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
-  absl::StatusOr<std::vector<std::string>> keys = store_->ListKeys("agents/deaths/", timeout);
+  absl::StatusOr<std::vector<std::string>> keys =
+      store_->ListKeys(store_keys::kAgentDeaths.prefix(), timeout);
   if (!keys.ok()) return;
   const Membership current = coordinator_->current();
-  for (const std::string& key : *keys) {
-    const std::string member = key.substr(strlen("agents/deaths/"));
+  for (const std::string& member : store_keys::kAgentDeaths.Names(*keys)) {
     if (handled_deaths_.count(member) != 0) continue;
     const auto held = std::find(current.members.begin(), current.members.end(), member);
-    absl::StatusOr<std::string> report = store_->Get(key, timeout);
-    if (!report.ok()) continue;
-    std::vector<std::string> f = absl::StrSplit(*report, absl::MaxSplits(' ', 1));
-    const std::string how = f.size() == 2 ? f[1] : *report;
+    const std::string key = store_keys::kAgentDeaths.Key(member);
+    absl::StatusOr<std::string> value = store_->Get(key, timeout);
+    if (!value.ok()) continue;
+    // A report that does not decode still says that the member died: its text is the how.
+    const absl::StatusOr<store_keys::DeathReport> report =
+        store_keys::DecodeDeathReport(key, *value);
+    const std::string how = report.ok() ? report->how : *value;
     if (RestartsOnHosts()) {
       handled_deaths_.insert(member);
       // A process of an earlier round died of the restart itself (or its peers' deaths).
@@ -2503,7 +2479,7 @@ void Job::ReadDeathReports() {
       if (current.generation < 0 && round_ == 0) {
         return Fail(absl::StrFormat("%s died before generation 0 formed (%s)", member, how));
       }
-      const std::string rank = f.size() == 2 ? absl::StrCat("rank ", f[0]) : "a rank";
+      const std::string rank = report.ok() ? absl::StrCat("rank ", report->rank) : "a rank";
       return PublishRestartRound(
           absl::StrFormat("%s (%s) %s%s", rank, member, how,
                           current.generation < 0 ? " before the restarted job formed" : ""),
@@ -2541,7 +2517,7 @@ void Job::QueueDeadMember(int rank, const std::string& member, const std::string
       delay > absl::ZeroDuration() ? absl::StrCat(" in ", absl::FormatDuration(delay)) : ""));
   DeadRank dead{rank, how, now, now + delay + 2 * config_.host_timeout + absl::Seconds(10),
                 now + delay};
-  dead.host = member.substr(0, member.find(':'));
+  dead.host = store_keys::MemberHost(member);
   dead_.push_back(std::move(dead));
 }
 
@@ -2557,7 +2533,7 @@ void Job::KillAndReplaceStoppedMember(int rank, const std::string& member, Event
 void Job::DeclareHostDead(const std::string& host, absl::Time last_beat, const std::string& why) {
   const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
   // First the fence, so that the host's agent, should it come back, stops its processes.
-  if (absl::Status s = store_->Set(absl::StrCat("agents/dead/", host), why, timeout); !s.ok()) {
+  if (absl::Status s = store_->Set(store_keys::kAgentsDead.Key(host), why, timeout); !s.ok()) {
     return;  // tried again next tick
   }
   dead_hosts_.insert(host);
@@ -2574,7 +2550,7 @@ void Job::DeclareHostDead(const std::string& host, absl::Time last_beat, const s
   std::vector<int> ranks;
   for (size_t r = 0; r < current.members.size(); ++r) {
     if (!absl::StartsWith(current.members[r], prefix)) continue;
-    const std::string key = absl::StrCat(FinishedPrefix(), r);
+    const std::string key = store_keys::AgentFinished(round_, static_cast<int>(r));
     if (finished.ok() && std::find(finished->begin(), finished->end(), key) != finished->end()) {
       continue;  // it finished before the host died
     }
@@ -2591,9 +2567,11 @@ void Job::DeclareHostDead(const std::string& host, absl::Time last_beat, const s
   if (RestartsOnHosts()) {
     // The plan says whether it trains: in a round still forming, the membership names nobody.
     int group = -1;
-    if (absl::StatusOr<std::string> plan = store_->Get(kPlanKey, timeout); plan.ok()) {
-      const std::map<std::string, int> groups = PlanGroups(*plan);
-      if (const auto it = groups.find(host); it != groups.end()) group = it->second;
+    if (absl::StatusOr<std::string> value = store_->Get(store_keys::kAgentPlan, timeout);
+        value.ok()) {
+      if (absl::StatusOr<store_keys::Plan> plan = store_keys::DecodePlan(*value); plan.ok()) {
+        group = plan->GroupOf(host);
+      }
     }
     if (group < 0) return;  // a standby host: nothing to restart
     if (current.generation < 0 && round_ == 0) {
@@ -2647,7 +2625,7 @@ std::set<std::string> Job::HostsSharingBackups(int rank) {
   for (int r : related) {
     if (r < 0 || r >= static_cast<int>(current.members.size())) continue;
     const std::string& member = current.members[r];
-    hosts.insert(member.substr(0, member.find(':')));
+    hosts.insert(store_keys::MemberHost(member));
   }
   return hosts;
 }
@@ -2713,8 +2691,8 @@ void Job::DetectFailSlow() {
   const Membership current = coordinator_->current();
   std::set<std::string> training;
   for (const std::string& member : current.members) {
-    const std::string host = member.substr(0, member.find(':'));
-    if (dead_hosts_.count(host) == 0) training.insert(host);
+    std::string host = store_keys::MemberHost(member);
+    if (dead_hosts_.count(host) == 0) training.insert(std::move(host));
   }
   std::vector<std::string> keys;
   for (const std::string& host : training) keys.push_back(HostMetricsKey(host));
@@ -2832,23 +2810,23 @@ void Job::AppendAgentEvent(Event event) {
 
 void Job::LeaveJob() {
   lease_->Release(absl::Seconds(1));
-  (void)store_->Set(absl::StrCat("agents/left/", config_.host_id), absl::StrCat(exit_code_),
+  (void)store_->Set(store_keys::kAgentsLeft.Key(config_.host_id), absl::StrCat(exit_code_),
                     absl::Seconds(1));
   if (server_ == nullptr) return;
   const absl::Time deadline = absl::Now() + 2 * config_.host_timeout + absl::Seconds(5);
-  // The hosts listed under `prefix` (its keys are prefix + host), or nullopt if unreadable.
-  auto hosts = [&](const std::string& prefix) -> std::optional<std::set<std::string>> {
-    absl::StatusOr<std::vector<std::string>> keys = store_->ListKeys(prefix, absl::Seconds(1));
+  // The hosts that `family`'s keys name, or nullopt if unreadable.
+  auto hosts = [&](const store_keys::KeyFamily& family) -> std::optional<std::set<std::string>> {
+    absl::StatusOr<std::vector<std::string>> keys =
+        store_->ListKeys(family.prefix(), absl::Seconds(1));
     if (!keys.ok()) return std::nullopt;
-    std::set<std::string> names;
-    for (const std::string& key : *keys) names.insert(key.substr(prefix.size()));
-    return names;
+    const std::vector<std::string> names = family.Names(*keys);
+    return std::set<std::string>(names.begin(), names.end());
   };
   std::set<std::string> still_in_job;
   while (absl::Now() < deadline) {
-    std::optional<std::set<std::string>> joined = hosts("agents/join/");
-    std::optional<std::set<std::string>> left = hosts("agents/left/");
-    std::optional<std::set<std::string>> dead = hosts("agents/dead/");
+    std::optional<std::set<std::string>> joined = hosts(store_keys::kAgentJoins);
+    std::optional<std::set<std::string>> left = hosts(store_keys::kAgentsLeft);
+    std::optional<std::set<std::string>> dead = hosts(store_keys::kAgentsDead);
     if (joined && left && dead) {
       still_in_job = HostsStillInJob(*joined, *left, *dead);
       if (still_in_job.empty()) return;
@@ -3132,7 +3110,7 @@ std::vector<std::string> ChooseStandbys(const std::vector<std::string>& parked,
                                         const std::set<std::string>& unsafe_hosts) {
   std::map<std::string, std::vector<std::pair<int, std::string>>> by_host;
   for (const std::string& member : parked) {
-    const std::string host = member.substr(0, member.find(':'));
+    const std::string host = store_keys::MemberHost(member);
     if (dead_hosts.count(host) != 0) continue;
     int index = 0;
     const size_t at = member.rfind(":standby");

@@ -24,6 +24,7 @@
 #include "sdk/checkpoint/generation_wait.h"
 #include "sdk/checkpoint/payload_layout.h"
 #include "sdk/checkpoint/persister.h"
+#include "sdk/core/agent_keys.h"
 #include "sdk/core/mutex.h"
 #include "trainguard/env.h"
 #include "trainguard/store.h"
@@ -455,7 +456,7 @@ class Checkpointer::Impl {
     if (options_.store == nullptr) return;
     // The job's store itself, not store_ ("ckpt/"): the key belongs to the launcher's namespace.
     (void)options_.store->Set(
-        absl::StrFormat("job/persist_failed/%012d/%d", step, options_.rank),
+        store_keys::JobPersistFailed(step, options_.rank),
         absl::StrFormat("rank %d step %d: %s", options_.rank, step, status.message()),
         std::min(options_.timeout, absl::Seconds(10)));
   }

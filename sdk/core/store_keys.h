@@ -1,8 +1,9 @@
 // The store keys and values that cross processes (a rank's Runtime, its peers, and the launcher's
 // agents and coordinator): built and parsed here and nowhere else, in the manner of LevelDB's
 // db/filename.h, so that a key is never spelled in two files. Keys are relative to the job's store
-// (the store prefixes them with the job). sdk/rendezvous/rendezvous.h lists the rendezvous' own
-// keys (rdzv/...), built in rendezvous.cc.
+// (the store prefixes them with the job). sdk/rendezvous/rendezvous.h says what the rendezvous' own
+// keys (rdzv/..., built here) hold; agent_keys.h has the launcher's host agents' (agents/...,
+// coord/lease, job/...).
 //
 //   job/stop                            why a rank stopped the job (first writer wins)
 //   hang/gen<G>                         a hang declared in generation G: "rank R: <report>"
@@ -10,8 +11,12 @@
 //   hang/gen<G>/withdrawn/<R>           the declaring rank R withdrew its hang (the reason)
 //   hang/gen<G>/progress/<R>            rank R's collective progress while a hang is judged
 //   rdzv/gen/<G>/resumed/<R>            the first step rank R completed in generation G
+//   rdzv/...                            the rendezvous' own keys (Rdzv*; rdzv/assign/<member> holds
+//                                       an Assignment), whose meaning rendezvous.h gives
 //   agents/kill/<host>/<member>         the coordinator asks host's agent to kill member's process:
 //                                       "<lease term> <what> <why>" (KillRequest)
+//
+// Every Decode refuses a malformed value with InvalidArgument naming the key and what is wrong.
 //
 // Thread safety: pure functions.
 #ifndef TRAINGUARD_SDK_CORE_STORE_KEYS_H_
@@ -22,12 +27,22 @@
 #include <string>
 #include <string_view>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 
 namespace trainguard::store_keys {
+
+// The part of `key` after `prefix`: the host or member that a key of the family `prefix` names.
+// nullopt when `key` is not of the family or names nothing.
+inline std::optional<std::string> NameAfter(std::string_view prefix, std::string_view key) {
+  if (key.size() <= prefix.size() || key.substr(0, prefix.size()) != prefix) return std::nullopt;
+  return std::string(key.substr(prefix.size()));
+}
 
 inline constexpr char kJobStop[] = "job/stop";
 
@@ -41,8 +56,63 @@ inline std::string HangWithdrawn(int64_t generation, int rank) {
 inline std::string HangProgress(int64_t generation, int rank) {
   return absl::StrCat(Hang(generation), "/progress/", rank);
 }
+
+// The rendezvous' keys (sdk/rendezvous/rendezvous.h says what each holds).
+inline constexpr char kRdzvCurrent[] = "rdzv/current";
+inline constexpr char kRdzvStandbyPrefix[] = "rdzv/standby/";
+inline std::string RdzvGeneration(int64_t generation) {
+  return absl::StrCat("rdzv/gen/", generation, "/");
+}
+inline std::string RdzvTable(int64_t generation) {
+  return absl::StrCat(RdzvGeneration(generation), "table");
+}
+inline std::string RdzvClaim(int64_t generation) { return absl::StrCat("rdzv/claim/", generation); }
+inline std::string RdzvJoin(int rank) { return absl::StrCat("rdzv/join/", rank); }
+inline std::string RdzvStandby(absl::string_view member) {
+  return absl::StrCat(kRdzvStandbyPrefix, member);
+}
+// The member a key of kRdzvStandbyPrefix parks; nullopt when it is not one.
+inline std::optional<std::string> RdzvStandbyMember(std::string_view key) {
+  return NameAfter(kRdzvStandbyPrefix, key);
+}
+inline std::string RdzvAssign(absl::string_view member) {
+  return absl::StrCat("rdzv/assign/", member);
+}
+inline std::string RdzvHeartbeat(absl::string_view member) {
+  return absl::StrCat("rdzv/hb/", member);
+}
+inline std::string RdzvRenewPrefix(int64_t generation) {
+  return absl::StrCat(RdzvGeneration(generation), "renew/");
+}
+inline std::string RdzvBarrierPrefix(int64_t generation, absl::string_view name) {
+  return absl::StrCat(RdzvGeneration(generation), "barrier/", name, "/");
+}
+inline std::string RdzvProgressPrefix(int64_t generation) {
+  return absl::StrCat(RdzvGeneration(generation), "progress/");
+}
 inline std::string Resumed(int64_t generation, int rank) {
-  return absl::StrCat("rdzv/gen/", generation, "/resumed/", rank);
+  return absl::StrCat(RdzvGeneration(generation), "resumed/", rank);
+}
+
+// The value of RdzvAssign(member): the coordinator gives a parked standby `rank` in `generation`.
+struct Assignment {
+  int64_t generation = -1;
+  int rank = -1;
+};
+inline std::string EncodeAssignment(const Assignment& a) {
+  return absl::StrCat(a.generation, " ", a.rank);
+}
+// InvalidArgument for a value that is not "<generation> <rank>" with both >= 0.
+inline absl::StatusOr<Assignment> DecodeAssignment(std::string_view value) {
+  const absl::string_view v(value.data(), value.size());
+  const size_t space = v.find(' ');
+  Assignment a;
+  if (space == absl::string_view::npos || !absl::SimpleAtoi(v.substr(0, space), &a.generation) ||
+      a.generation < 0 || !absl::SimpleAtoi(v.substr(space + 1), &a.rank) || a.rank < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "store key rdzv/assign/<member> holds \"%s\": not \"<generation> <rank>\"", v));
+  }
+  return a;
 }
 
 // The value of Hang(G): which rank declared it, and its report.
@@ -53,15 +123,16 @@ struct HangDeclaration {
 inline std::string EncodeHangDeclaration(const HangDeclaration& d) {
   return absl::StrCat("rank ", d.rank, ": ", d.report);
 }
-// nullopt for a value that is not "rank R: ..." with R >= 0.
-inline std::optional<HangDeclaration> DecodeHangDeclaration(std::string_view value) {
+// InvalidArgument for a value that is not "rank R: ..." with R >= 0.
+inline absl::StatusOr<HangDeclaration> DecodeHangDeclaration(std::string_view value) {
   absl::string_view rest(value.data(), value.size());
-  if (!absl::ConsumePrefix(&rest, "rank ")) return std::nullopt;
-  const size_t colon = rest.find(": ");
+  size_t colon = absl::string_view::npos;
   int rank = -1;
+  if (absl::ConsumePrefix(&rest, "rank ")) colon = rest.find(": ");
   if (colon == absl::string_view::npos || !absl::SimpleAtoi(rest.substr(0, colon), &rank) ||
       rank < 0) {
-    return std::nullopt;
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "store key hang/gen<G> holds \"%s\": not \"rank <R>: <report>\" with R >= 0", value));
   }
   return HangDeclaration{rank, std::string(rest.substr(colon + 2))};
 }
@@ -76,6 +147,10 @@ inline std::string AgentKillPrefix(absl::string_view host) {
 inline std::string AgentKill(absl::string_view host, absl::string_view member) {
   return absl::StrCat(AgentKillPrefix(host), member);
 }
+// The member whose kill `key` (one of AgentKillPrefix(host)) requests; nullopt when it is not one.
+inline std::optional<std::string> AgentKillMember(absl::string_view host, std::string_view key) {
+  return NameAfter(AgentKillPrefix(host), key);
+}
 struct KillRequest {
   int64_t term = 0;
   std::string what;  // one word
@@ -84,18 +159,23 @@ struct KillRequest {
 inline std::string EncodeKillRequest(const KillRequest& r) {
   return absl::StrCat(r.term, " ", r.what, " ", r.why);
 }
-// nullopt for a value that is not "<term> <what> <why>" with term >= 1 and a non-empty `what`.
-inline std::optional<KillRequest> DecodeKillRequest(std::string_view value) {
+// InvalidArgument for a value that is not "<term> <what> <why>" with term >= 1 and a non-empty
+// `what`, naming the field.
+inline absl::StatusOr<KillRequest> DecodeKillRequest(std::string_view value) {
+  auto malformed = [value](std::string_view what) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("store key agents/kill/<host>/<member> holds \"%s\": %s", value, what));
+  };
   const size_t first = value.find(' ');
-  if (first == std::string_view::npos) return std::nullopt;
+  if (first == std::string_view::npos) return malformed("not \"<term> <what> <why>\"");
   KillRequest r;
   if (!absl::SimpleAtoi(absl::string_view(value.data(), first), &r.term) || r.term < 1) {
-    return std::nullopt;
+    return malformed("term is not a lease term (a number >= 1)");
   }
   const std::string_view rest = value.substr(first + 1);
   const size_t second = rest.find(' ');
   r.what = std::string(rest.substr(0, second));
-  if (r.what.empty()) return std::nullopt;
+  if (r.what.empty()) return malformed("what is empty");
   if (second != std::string_view::npos) r.why = std::string(rest.substr(second + 1));
   return r;
 }

@@ -58,9 +58,7 @@ absl::StatusOr<RankWorkRecord> ParseRankWorkRecord(std::string_view text) {
   return r;
 }
 
-std::string HostMetricsKey(std::string_view host) {
-  return absl::StrCat(kHostMetricsPrefix, std::string(host));
-}
+std::string HostMetricsKey(std::string_view host) { return store_keys::kAgentMetrics.Key(host); }
 
 std::string EncodeHostMetricsRecord(const HostMetricsRecord& r) {
   std::string out = absl::StrFormat("v1 %d %.6g", r.seq, r.work);

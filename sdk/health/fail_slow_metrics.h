@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "sdk/core/agent_keys.h"
 
 namespace trainguard {
 
@@ -52,7 +53,7 @@ struct HostMetricsRecord {
 };
 
 std::string HostMetricsKey(std::string_view host);
-inline constexpr char kHostMetricsPrefix[] = "agents/metrics/";
+inline constexpr const char* kHostMetricsPrefix = store_keys::kAgentMetrics.prefix();
 std::string EncodeHostMetricsRecord(const HostMetricsRecord& record);
 absl::StatusOr<HostMetricsRecord> ParseHostMetricsRecord(std::string_view text);
 

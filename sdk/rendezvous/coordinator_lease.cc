@@ -16,24 +16,13 @@ namespace {
 
 constexpr const char* kReleased = CoordinatorLease::kReleasedHolder;
 
-struct LeaseValue {
-  int64_t term = 0;
-  std::string holder;
-  int64_t beat = 0;
-};
+using LeaseValue = store_keys::LeaseRecord;
 
-// "<term> <holder> <beat>"; a value that does not parse counts as term 0 held by nobody, so it is
-// taken over like an expired one.
+// A value that does not decode counts as term 0 held by nobody, so it is taken over like an
+// expired one.
 LeaseValue Parse(const std::string& value) {
-  std::vector<std::string> parts = absl::StrSplit(value, ' ');
-  LeaseValue lease;
-  if (parts.size() == 3 && absl::SimpleAtoi(parts[0], &lease.term) &&
-      absl::SimpleAtoi(parts[2], &lease.beat)) {
-    lease.holder = parts[1];
-  } else {
-    lease = LeaseValue{};
-  }
-  return lease;
+  absl::StatusOr<LeaseValue> lease = store_keys::DecodeLeaseRecord(value);
+  return lease.ok() ? *std::move(lease) : LeaseValue{};
 }
 
 }  // namespace
@@ -43,7 +32,7 @@ CoordinatorLease::CoordinatorLease(Store* store, std::string holder_id, absl::Du
     : store_(store), holder_id_(std::move(holder_id)), expiry_(expiry), clock_(clock) {}
 
 std::string CoordinatorLease::Value(int64_t term, int64_t beat) const {
-  return absl::StrCat(term, " ", holder_id_, " ", beat);
+  return store_keys::EncodeLeaseRecord({term, holder_id_, beat});
 }
 
 bool CoordinatorLease::TryTake(const std::optional<std::string>& expected, int64_t term,
@@ -120,7 +109,8 @@ void CoordinatorLease::Release(absl::Duration timeout) {
   held_ = false;
   // Compare-and-set, so that a lease taken over meanwhile is left alone; the released value keeps
   // the term, so the next holder's term is still higher than every earlier one.
-  (void)store_->CompareAndSet(kKey, written_, absl::StrCat(term_, " ", kReleased, " 0"), timeout);
+  (void)store_->CompareAndSet(kKey, written_, store_keys::EncodeLeaseRecord({term_, kReleased, 0}),
+                              timeout);
 }
 
 }  // namespace trainguard

@@ -25,6 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "sdk/core/agent_keys.h"
 #include "trainguard/clock.h"
 #include "trainguard/store.h"
 
@@ -70,7 +71,7 @@ class CoordinatorLease {
   // was absent, kReleasedHolder when it was released, else the agent whose lease expired.
   const std::string& taken_from() const { return taken_from_; }
 
-  static constexpr char kKey[] = "coord/lease";
+  static constexpr const char* kKey = store_keys::kCoordLease;
   // The holder named by a released lease (Release): the next agent to look takes it at once.
   static constexpr char kReleasedHolder[] = "-";
 

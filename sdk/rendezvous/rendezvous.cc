@@ -15,28 +15,31 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "sdk/core/store_keys.h"
 
 namespace trainguard {
 namespace {
 
-constexpr char kCurrentKey[] = "rdzv/current";
+constexpr const char* kCurrentKey = store_keys::kRdzvCurrent;
 // Values of rdzv/standby/<member>: waiting for an assignment, or claimed by the coordinator.
 constexpr char kParked[] = "parked";
 constexpr char kTaken[] = "taken";
 // How often a rank waiting for the others' progress checks whether its generation was superseded.
 constexpr absl::Duration kAgreementSlice = absl::Milliseconds(100);
 
-std::string ClaimKey(int64_t generation) { return absl::StrCat("rdzv/claim/", generation); }
-std::string TableKey(int64_t generation) { return absl::StrCat("rdzv/gen/", generation, "/table"); }
-std::string JoinKey(int rank) { return absl::StrCat("rdzv/join/", rank); }
+std::string ClaimKey(int64_t generation) { return store_keys::RdzvClaim(generation); }
+std::string TableKey(int64_t generation) { return store_keys::RdzvTable(generation); }
+std::string JoinKey(int rank) { return store_keys::RdzvJoin(rank); }
 std::string StandbyKey(std::string_view member) {
-  return absl::StrFormat("rdzv/standby/%s", member);
+  return store_keys::RdzvStandby(absl::string_view(member.data(), member.size()));
 }
-std::string AssignKey(std::string_view member) { return absl::StrFormat("rdzv/assign/%s", member); }
-std::string HeartbeatKey(std::string_view member) { return absl::StrFormat("rdzv/hb/%s", member); }
-std::string RenewPrefix(int64_t generation) {
-  return absl::StrCat("rdzv/gen/", generation, "/renew/");
+std::string AssignKey(std::string_view member) {
+  return store_keys::RdzvAssign(absl::string_view(member.data(), member.size()));
 }
+std::string HeartbeatKey(std::string_view member) {
+  return store_keys::RdzvHeartbeat(absl::string_view(member.data(), member.size()));
+}
+std::string RenewPrefix(int64_t generation) { return store_keys::RdzvRenewPrefix(generation); }
 
 std::string EncodeTable(const Membership& m) {
   return absl::StrCat(m.generation, "\n", m.world_size, "\n", absl::StrJoin(m.members, "\n"));
@@ -192,12 +195,12 @@ absl::StatusOr<Membership> RendezvousMember::ParkAsStandby(absl::Duration timeou
   }
   absl::StatusOr<std::string> assignment = store_->Get(assign_key, Left(deadline));
   if (!assignment.ok()) return assignment.status();
-  std::vector<std::string> parts = absl::StrSplit(*assignment, ' ');
-  int64_t generation = -1;
-  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &generation)) {
+  absl::StatusOr<store_keys::Assignment> assigned = store_keys::DecodeAssignment(*assignment);
+  if (!assigned.ok()) {
     return absl::DataLossError(
         absl::StrFormat("malformed assignment '%s' at %s", *assignment, assign_key));
   }
+  const int64_t generation = assigned->generation;
   absl::StatusOr<Membership> m = ReadMembership(generation, Left(deadline));
   if (!m.ok()) return m.status();
   AdoptGeneration(generation);
@@ -225,8 +228,8 @@ absl::StatusOr<Membership> RendezvousMember::AwaitGeneration(int64_t after,
 
 absl::Status RendezvousMember::Barrier(const Membership& membership, std::string_view name,
                                        absl::Duration timeout) {
-  const std::string prefix =
-      absl::StrFormat("rdzv/gen/%d/barrier/%s/", membership.generation, name);
+  const std::string prefix = store_keys::RdzvBarrierPrefix(
+      membership.generation, absl::string_view(name.data(), name.size()));
   if (absl::Status s = store_->Set(absl::StrCat(prefix, membership.rank), member_id_, timeout);
       !s.ok()) {
     return s;
@@ -254,7 +257,7 @@ absl::StatusOr<RecoveryPlan> RendezvousMember::AgreeOnResume(const Membership& m
                                                              int64_t next_step,
                                                              absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  const std::string prefix = absl::StrFormat("rdzv/gen/%d/progress/", membership.generation);
+  const std::string prefix = store_keys::RdzvProgressPrefix(membership.generation);
   const absl::Status superseded = absl::AbortedError(
       absl::StrFormat("generation %d was superseded while rank %d was agreeing on its resume step",
                       membership.generation, membership.rank));
@@ -395,15 +398,18 @@ absl::StatusOr<std::vector<int>> RendezvousCoordinator::RanksWithStaleHeartbeats
 absl::StatusOr<std::vector<std::string>> RendezvousCoordinator::ParkedStandbys(
     absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  absl::StatusOr<std::vector<std::string>> keys = store_->ListKeys("rdzv/standby/", timeout);
+  absl::StatusOr<std::vector<std::string>> keys =
+      store_->ListKeys(store_keys::kRdzvStandbyPrefix, timeout);
   if (!keys.ok()) return keys;
   absl::StatusOr<std::vector<std::optional<std::string>>> states =
       store_->MultiGet(*keys, Left(deadline));
   if (!states.ok()) return states.status();
   std::vector<std::string> parked;
   for (size_t i = 0; i < keys->size(); ++i) {
-    if ((*states)[i] == kParked) {
-      parked.push_back((*keys)[i].substr(std::string_view("rdzv/standby/").size()));
+    if ((*states)[i] != kParked) continue;
+    if (std::optional<std::string> member = store_keys::RdzvStandbyMember((*keys)[i]);
+        member.has_value()) {
+      parked.push_back(*std::move(member));
     }
   }
   return parked;
@@ -542,7 +548,8 @@ absl::StatusOr<Membership> RendezvousCoordinator::Publish(
     return s;
   for (const auto& [standby, rank] : assignments) {
     absl::Status s =
-        store_->Set(AssignKey(standby), absl::StrCat(next.generation, " ", rank), Left(deadline));
+        store_->Set(AssignKey(standby), store_keys::EncodeAssignment({next.generation, rank}),
+                    Left(deadline));
     if (!s.ok()) return s;
   }
   if (absl::Status s = store_->RaiseFence(next.generation, Left(deadline)); !s.ok()) return s;

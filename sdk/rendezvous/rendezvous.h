@@ -15,9 +15,10 @@
 // job), the ranks ask for a new generation (RequestNewGeneration) and the coordinator renews the
 // current one: generation g+1 with the same members (RenewGeneration), and they meet again alike.
 //
-// Store keys (under the job's PrefixStore). A member's writes carry the generation it adopted last,
-// so a member of a superseded generation finds every write rejected, its heartbeat included, and
-// superseded() turns true; a replaced member (declared dead while still running) stays shut out:
+// Store keys (under the job's PrefixStore; built in sdk/core/store_keys.h). A member's writes carry
+// the generation it adopted last, so a member of a superseded generation finds every write
+// rejected, its heartbeat included, and superseded() turns true; a replaced member (declared dead
+// while still running) stays shut out:
 //   rdzv/join/<rank>               member id of the initial rank (generation 0)
 //   rdzv/standby/<member>          "parked", or "taken" once the coordinator claimed it (by CAS)
 //   rdzv/assign/<member>           "<generation> <rank>": a standby's assignment

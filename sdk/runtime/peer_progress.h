@@ -28,6 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "sdk/core/agent_keys.h"
 
 namespace trainguard {
 namespace runtime_internal {
@@ -55,7 +56,7 @@ std::string ProgressKey(int64_t generation, int rank);
 // Where the launcher (tools/launcher.cc: the host's agent, on several hosts) says that one of its
 // rank processes is stopped (SIGSTOP, a debugger): agents/stopped/<member id>, written while it is
 // (docs/FORMATS.md). A stopped peer makes no progress, whatever its last record says.
-inline constexpr char kStoppedMemberPrefix[] = "agents/stopped/";
+inline constexpr const char* kStoppedMemberPrefix = store_keys::kAgentStopped.prefix();
 
 // The answer to "is this rank's wait in collective (comm_id, comm_seq) explained by a peer?":
 // `records[r]` is rank r's record as read from the store (nullopt: none published), `self` this

@@ -21,12 +21,52 @@ TEST(StoreKeys, EveryKeyIsSpelledAsTheProtocolSays) {
   EXPECT_EQ(AgentKillPrefix("host2"), "agents/kill/host2/");
 }
 
+TEST(StoreKeys, TheRendezvousKeysAreSpelledAsTheProtocolSays) {
+  EXPECT_STREQ(kRdzvCurrent, "rdzv/current");
+  EXPECT_EQ(RdzvTable(4), "rdzv/gen/4/table");
+  EXPECT_EQ(RdzvClaim(4), "rdzv/claim/4");
+  EXPECT_EQ(RdzvJoin(2), "rdzv/join/2");
+  EXPECT_EQ(RdzvStandby("host:41:standby0"), "rdzv/standby/host:41:standby0");
+  EXPECT_EQ(RdzvStandbyMember("rdzv/standby/host:41:standby0"), "host:41:standby0");
+  EXPECT_EQ(RdzvStandbyMember("rdzv/standby/"), std::nullopt);
+  EXPECT_EQ(RdzvStandbyMember("rdzv/assign/host:41:standby0"), std::nullopt);
+  EXPECT_EQ(RdzvAssign("host:41:standby0"), "rdzv/assign/host:41:standby0");
+  EXPECT_EQ(RdzvHeartbeat("host:41:rank1"), "rdzv/hb/host:41:rank1");
+  EXPECT_EQ(RdzvRenewPrefix(3), "rdzv/gen/3/renew/");
+  EXPECT_EQ(RdzvBarrierPrefix(3, "ready"), "rdzv/gen/3/barrier/ready/");
+  EXPECT_EQ(RdzvProgressPrefix(3), "rdzv/gen/3/progress/");
+}
+
+TEST(StoreKeys, AStandbysAssignmentRoundTrips) {
+  const std::string value = EncodeAssignment({7, 12});
+  EXPECT_EQ(value, "7 12");
+  absl::StatusOr<Assignment> back = DecodeAssignment(value);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->generation, 7);
+  EXPECT_EQ(back->rank, 12);
+}
+
+TEST(StoreKeys, AnAssignmentThatIsNotAGenerationAndARankIsRefused) {
+  for (const char* bad : {"", "7", "7 ", " 12", "x 12", "7 x", "-1 12", "7 -1", "7 12 3"}) {
+    absl::StatusOr<Assignment> a = DecodeAssignment(bad);
+    EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(a.status().message(), testing::HasSubstr("rdzv/assign/")) << bad;
+  }
+}
+
+TEST(StoreKeys, AKillKeyNamesItsMember) {
+  EXPECT_EQ(AgentKillMember("host2", AgentKill("host2", "host2:41:rank3")), "host2:41:rank3");
+  EXPECT_EQ(AgentKillMember("host2", "agents/kill/host2/"), std::nullopt);
+  EXPECT_EQ(AgentKillMember("host2", "agents/kill/host3/host3:41:rank3"), std::nullopt);
+  EXPECT_EQ(AgentKillMember("host2", "agents/kill/host"), std::nullopt);
+}
+
 TEST(StoreKeys, AHangDeclarationRoundTrips) {
   const HangDeclaration d{17, "hang (phase) at step 9: step phase: no beat for 2s: rank 3 waits"};
   const std::string value = EncodeHangDeclaration(d);
   EXPECT_EQ(value, "rank 17: hang (phase) at step 9: step phase: no beat for 2s: rank 3 waits");
-  std::optional<HangDeclaration> back = DecodeHangDeclaration(value);
-  ASSERT_TRUE(back.has_value());
+  absl::StatusOr<HangDeclaration> back = DecodeHangDeclaration(value);
+  ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->rank, 17);
   EXPECT_EQ(back->report, d.report);
 }
@@ -34,7 +74,9 @@ TEST(StoreKeys, AHangDeclarationRoundTrips) {
 TEST(StoreKeys, AValueThatIsNotADeclarationIsRefused) {
   for (const char* bad : {"", "rank", "rank : x", "rank -1: x", "rank x: y", "rank 3 x", "3: x",
                           "hang: x"}) {
-    EXPECT_EQ(DecodeHangDeclaration(bad), std::nullopt) << bad;
+    absl::StatusOr<HangDeclaration> d = DecodeHangDeclaration(bad);
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(d.status().message(), testing::HasSubstr("hang/gen<G>")) << bad;
   }
 }
 
@@ -42,13 +84,13 @@ TEST(StoreKeys, AKillRequestRoundTripsWithItsLeaseTerm) {
   const KillRequest r{3, "hang_suspect", "rank 2 never entered all_reduce #150 (comm 1)"};
   const std::string value = EncodeKillRequest(r);
   EXPECT_EQ(value, "3 hang_suspect rank 2 never entered all_reduce #150 (comm 1)");
-  std::optional<KillRequest> back = DecodeKillRequest(value);
-  ASSERT_TRUE(back.has_value());
+  absl::StatusOr<KillRequest> back = DecodeKillRequest(value);
+  ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->term, 3);
   EXPECT_EQ(back->what, "hang_suspect");
   EXPECT_EQ(back->why, r.why);
-  std::optional<KillRequest> bare = DecodeKillRequest("1 rank_unresponsive");
-  ASSERT_TRUE(bare.has_value());
+  absl::StatusOr<KillRequest> bare = DecodeKillRequest("1 rank_unresponsive");
+  ASSERT_TRUE(bare.ok()) << bare.status();
   EXPECT_EQ(bare->why, "");
 }
 
@@ -57,7 +99,9 @@ TEST(StoreKeys, AKillRequestRoundTripsWithItsLeaseTerm) {
 TEST(StoreKeys, AKillRequestWithoutAValidTermIsRefused) {
   for (const char* bad : {"", "rank_unresponsive stopped", "0 hang_suspect x", "-2 hang_suspect x",
                           "x hang_suspect y", "4", "4 ", "4  why"}) {
-    EXPECT_EQ(DecodeKillRequest(bad), std::nullopt) << bad;
+    absl::StatusOr<KillRequest> r = DecodeKillRequest(bad);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(r.status().message(), testing::HasSubstr("agents/kill/")) << bad;
   }
 }
 
