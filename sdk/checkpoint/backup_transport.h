@@ -84,6 +84,17 @@ class BackupTransport {
   virtual absl::StatusOr<std::unique_ptr<BackupStream>> Dial(const BackupDialOptions& options) = 0;
 };
 
+// For transports: how long a stream's next wait may last at `now` (at most 20 ms while a cancel
+// flag is given, so that it is seen), or the status that ends the wait by the rules above:
+// Cancelled once `*cancel` is set, DeadlineExceeded once `deadline` passed or the peer was silent
+// for `idle_timeout` since `last_progress`. `doing` and `peer` name the wait in the error
+// ("receiving from", "backup holder 10.0.0.2:7000").
+absl::StatusOr<absl::Duration> NextStreamWait(const char* doing, const std::string& peer,
+                                              absl::Time now, absl::Time deadline,
+                                              absl::Time last_progress,
+                                              absl::Duration idle_timeout,
+                                              const std::atomic<bool>* cancel);
+
 }  // namespace trainguard
 
 #endif  // TRAINGUARD_SDK_CHECKPOINT_BACKUP_TRANSPORT_H_

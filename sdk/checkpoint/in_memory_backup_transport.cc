@@ -19,8 +19,6 @@
 namespace trainguard {
 namespace {
 
-// How often a blocked wait re-checks the caller's cancel flag.
-constexpr absl::Duration kCancelPoll = absl::Milliseconds(20);
 // The longest single wait on a condition (a wait with no deadline is a loop of these).
 constexpr absl::Duration kLongestWait = absl::Seconds(1);
 // Connections dialed to a listener and not accepted yet; more are refused.
@@ -218,22 +216,10 @@ class InMemoryBackupStream final : public BackupStream {
   template <typename Ready>
   absl::Status Wait(const char* doing, Ready ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(connection_->mu) {
     while (!ready()) {
-      if (cancel_ != nullptr && cancel_->load(std::memory_order_relaxed)) {
-        return absl::CancelledError(absl::StrFormat("%s %s: cancelled", doing, peer_));
-      }
-      const absl::Time now = absl::Now();
-      if (now >= deadline_) {
-        return absl::DeadlineExceededError(
-            absl::StrFormat("%s %s: the deadline passed", doing, peer_));
-      }
-      if (now - last_progress_ >= idle_timeout_) {
-        return absl::DeadlineExceededError(absl::StrFormat("%s %s: the peer was silent for %s",
-                                                           doing, peer_,
-                                                           absl::FormatDuration(idle_timeout_)));
-      }
-      absl::Duration wait = std::min(deadline_ - now, last_progress_ + idle_timeout_ - now);
-      if (cancel_ != nullptr) wait = std::min(wait, kCancelPoll);
-      connection_->mu.AwaitWithTimeout(ready, std::min(wait, kLongestWait));
+      const absl::StatusOr<absl::Duration> wait = NextStreamWait(
+          doing, peer_, absl::Now(), deadline_, last_progress_, idle_timeout_, cancel_);
+      if (!wait.ok()) return wait.status();
+      connection_->mu.AwaitWithTimeout(ready, std::min(*wait, kLongestWait));
     }
     return absl::OkStatus();
   }

@@ -25,8 +25,6 @@
 namespace trainguard {
 namespace {
 
-// How often a blocked socket wait re-checks the caller's cancel flag.
-constexpr absl::Duration kCancelPoll = absl::Milliseconds(20);
 constexpr int kListenBacklog = 64;
 
 // Poll's timeout for a wait of at most `wait`: rounded up to a millisecond, at most a second.
@@ -104,24 +102,12 @@ class TcpBackupStream final : public BackupStream {
   // (sdk/checkpoint/backup_transport.h).
   absl::Status Wait(short events, const char* doing) {
     while (true) {
-      if (cancel_ != nullptr && cancel_->load(std::memory_order_relaxed)) {
-        return absl::CancelledError(absl::StrFormat("%s %s: cancelled", doing, peer_));
-      }
-      const absl::Time now = absl::Now();
-      if (now >= deadline_) {
-        return absl::DeadlineExceededError(
-            absl::StrFormat("%s %s: the deadline passed", doing, peer_));
-      }
-      if (now - last_progress_ >= idle_timeout_) {
-        return absl::DeadlineExceededError(absl::StrFormat("%s %s: the peer was silent for %s",
-                                                           doing, peer_,
-                                                           absl::FormatDuration(idle_timeout_)));
-      }
-      absl::Duration wait = std::min(deadline_ - now, last_progress_ + idle_timeout_ - now);
-      if (cancel_ != nullptr) wait = std::min(wait, kCancelPoll);
+      const absl::StatusOr<absl::Duration> wait = NextStreamWait(
+          doing, peer_, absl::Now(), deadline_, last_progress_, idle_timeout_, cancel_);
+      if (!wait.ok()) return wait.status();
       const int wake_fd = wake_ != nullptr ? wake_->read.get() : -1;
       pollfd fds[2] = {{fd(), events, 0}, {wake_fd, POLLIN, 0}};
-      const int n = poll(fds, wake_fd >= 0 ? 2 : 1, PollTimeoutMs(wait));
+      const int n = poll(fds, wake_fd >= 0 ? 2 : 1, PollTimeoutMs(*wait));
       if (n < 0 && errno != EINTR) {
         return absl::UnavailableError(
             absl::StrFormat("%s %s: poll: %s", doing, peer_, ErrnoText(errno)));
