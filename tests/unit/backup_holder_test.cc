@@ -24,6 +24,7 @@
 #include "sdk/checkpoint/in_memory_backup_transport.h"
 #include "sdk/checkpoint/snapshotter.h"
 #include "sdk/proto/backup.pb.h"
+#include "tests/support/snapshot_view.h"
 #include "trainguard/clock.h"
 
 namespace trainguard {
@@ -57,19 +58,7 @@ std::string Payload(int64_t step, size_t bytes) {
 }
 
 Snapshotter::View MakeView(int64_t step, const std::string& payload) {
-  Snapshotter::View view;
-  view.payload = payload;
-  for (uint64_t at = 0; at < payload.size(); at += kChunk) {
-    view.chunk_checksums.push_back(
-        XXH3_64bits(payload.data() + at, std::min<uint64_t>(kChunk, payload.size() - at)));
-  }
-  view.info.step = step;
-  view.info.generation = 2;
-  view.info.layout_hash = kLayoutHash;
-  view.info.bytes = payload.size();
-  view.info.fingerprint =
-      SnapshotFingerprint(step, kLayoutHash, payload.size(), view.chunk_checksums);
-  return view;
+  return testing::MakeSnapshotView(step, payload, kChunk, kLayoutHash, /*generation=*/2);
 }
 
 class InMemoryBackupTest : public ::testing::Test {

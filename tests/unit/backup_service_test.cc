@@ -32,6 +32,7 @@
 #include "sdk/checkpoint/snapshotter.h"
 #include "tests/support/full_shm_env.h"
 #include "tests/support/own_process.h"
+#include "tests/support/snapshot_view.h"
 #include "trainguard/checkpoint.h"
 #include "trainguard/clock.h"
 #include "trainguard/env.h"
@@ -67,21 +68,8 @@ std::string Payload(int64_t step, size_t bytes) {
   return out;
 }
 
-// A View of `payload` as a Snapshotter would give it: checksums and fingerprint computed here.
 Snapshotter::View MakeView(int64_t step, const std::string& payload, uint64_t chunk = kChunk) {
-  Snapshotter::View view;
-  view.payload = payload;
-  for (uint64_t at = 0; at < payload.size(); at += chunk) {
-    view.chunk_checksums.push_back(
-        XXH3_64bits(payload.data() + at, std::min<uint64_t>(chunk, payload.size() - at)));
-  }
-  view.info.step = step;
-  view.info.generation = 3;
-  view.info.layout_hash = kLayoutHash;
-  view.info.bytes = payload.size();
-  view.info.fingerprint =
-      SnapshotFingerprint(step, kLayoutHash, payload.size(), view.chunk_checksums);
-  return view;
+  return testing::MakeSnapshotView(step, payload, chunk, kLayoutHash, /*generation=*/3);
 }
 
 // The states of both slots of a backup arena, read from /dev/shm the way another process sees

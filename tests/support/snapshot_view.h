@@ -1,0 +1,36 @@
+// A Snapshotter::View of a payload as a Snapshotter would hand it to peer backups: the chunk
+// checksums (XXH3-64 of each `chunk` bytes) and the fingerprint computed here. For the backup
+// holder's and the backup service's tests.
+#ifndef TRAINGUARD_TESTS_SUPPORT_SNAPSHOT_VIEW_H_
+#define TRAINGUARD_TESTS_SUPPORT_SNAPSHOT_VIEW_H_
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "sdk/checkpoint/snapshotter.h"
+
+namespace trainguard::testing {
+
+inline Snapshotter::View MakeSnapshotView(int64_t step, const std::string& payload, uint64_t chunk,
+                                          uint64_t layout_hash, int64_t generation) {
+  Snapshotter::View view;
+  view.payload = payload;
+  for (uint64_t at = 0; at < payload.size(); at += chunk) {
+    view.chunk_checksums.push_back(
+        XXH3_64bits(payload.data() + at, std::min<uint64_t>(chunk, payload.size() - at)));
+  }
+  view.info.step = step;
+  view.info.generation = generation;
+  view.info.layout_hash = layout_hash;
+  view.info.bytes = payload.size();
+  view.info.fingerprint =
+      SnapshotFingerprint(step, layout_hash, payload.size(), view.chunk_checksums);
+  return view;
+}
+
+}  // namespace trainguard::testing
+
+#endif  // TRAINGUARD_TESTS_SUPPORT_SNAPSHOT_VIEW_H_
