@@ -162,7 +162,8 @@ absl::StatusOr<WorkerId> PosixProcessSupervisor::Spawn(const WorkerSpec& spec) {
   return id;
 }
 
-absl::Status PosixProcessSupervisor::Signal(WorkerId id, int signal) {
+absl::StatusOr<const PosixProcessSupervisor::Worker*> PosixProcessSupervisor::LiveWorker(
+    WorkerId id, std::string_view refused) const {
   auto it = workers_.find(id);
   if (it == workers_.end()) {
     return absl::NotFoundError(absl::StrCat("no worker ", id, " was started here"));
@@ -170,8 +171,15 @@ absl::Status PosixProcessSupervisor::Signal(WorkerId id, int signal) {
   const Worker& worker = *it->second;
   if (!worker.live) {
     return absl::FailedPreconditionError(
-        absl::StrFormat("%s (pid %d) has exited: not signalled", worker.label, worker.pid));
+        absl::StrFormat("%s (pid %d) has exited: %s", worker.label, worker.pid, refused));
   }
+  return &worker;
+}
+
+absl::Status PosixProcessSupervisor::Signal(WorkerId id, int signal) {
+  absl::StatusOr<const Worker*> live = LiveWorker(id, "not signalled");
+  if (!live.ok()) return live.status();
+  const Worker& worker = **live;
   // A group id of 0 or 1 would signal this process's own group or every process: never.
   if (worker.pid <= 1) {
     return absl::InternalError(absl::StrFormat("%s has no pid (%d)", worker.label, worker.pid));
@@ -317,15 +325,9 @@ bool PosixProcessSupervisor::IsStopped(WorkerId id) {
 }
 
 absl::Status PosixProcessSupervisor::WritePidFile(WorkerId id, const std::string& path) {
-  auto it = workers_.find(id);
-  if (it == workers_.end()) {
-    return absl::NotFoundError(absl::StrCat("no worker ", id, " was started here"));
-  }
-  const Worker& worker = *it->second;
-  if (!worker.live) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("%s (pid %d) has exited: no pid file %s", worker.label, worker.pid, path));
-  }
+  absl::StatusOr<const Worker*> live = LiveWorker(id, absl::StrCat("no pid file ", path));
+  if (!live.ok()) return live.status();
+  const Worker& worker = **live;
   // Written to a temporary file and renamed over `path`: a reader (a test, a script about to send
   // a signal) sees the old contents or the new, never an empty or half-written file, which would
   // read as no pid or a wrong one.

@@ -28,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -71,6 +72,9 @@ class PosixProcessSupervisor final : public ProcessSupervisor {
   void CollectStateChanges(std::vector<WorkerEvent>* events);
   // SIGKILLs the live worker's group and reaps it, waiting a bounded time.
   void KillAndReap(Worker& worker);
+  // The live worker `id`: NotFound when it was never started here, FailedPrecondition ("<label>
+  // (pid P) has exited: <refused>") once it has exited.
+  absl::StatusOr<const Worker*> LiveWorker(WorkerId id, std::string_view refused) const;
 
   const PosixProcessSupervisorOptions options_;
   Env* const env_;
