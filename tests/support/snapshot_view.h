@@ -1,4 +1,4 @@
-// A Snapshotter::View of a payload as a Snapshotter would hand it to peer backups: the chunk
+// Deterministic snapshot payloads, and a Snapshotter::View of a payload as a Snapshotter would hand it to peer backups: the chunk
 // checksums (XXH3-64 of each `chunk` bytes) and the fingerprint computed here. For the backup
 // holder's and the backup service's tests.
 #ifndef TRAINGUARD_TESTS_SUPPORT_SNAPSHOT_VIEW_H_
@@ -7,12 +7,27 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
 #include "sdk/checkpoint/snapshotter.h"
 
 namespace trainguard::testing {
+
+// `bytes` deterministic bytes of a snapshot of `step` (an xorshift stream seeded by `seed` and the
+// step).
+inline std::string SnapshotPayload(int64_t step, size_t bytes, uint64_t seed) {
+  std::string out(bytes, '\0');
+  uint64_t x = seed * static_cast<uint64_t>(step + 1);
+  for (size_t i = 0; i < bytes; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    out[i] = static_cast<char>(x);
+  }
+  return out;
+}
 
 inline Snapshotter::View MakeSnapshotView(int64_t step, const std::string& payload, uint64_t chunk,
                                           uint64_t layout_hash, int64_t generation) {

@@ -46,15 +46,7 @@ constexpr absl::Duration kBound = absl::Seconds(30);
 constexpr uint64_t kHeaderRoom = 4096;
 
 std::string Payload(int64_t step, size_t bytes) {
-  std::string out(bytes, '\0');
-  uint64_t x = 0x2545f4914f6cdd1dULL * static_cast<uint64_t>(step + 1);
-  for (size_t i = 0; i < bytes; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    out[i] = static_cast<char>(x);
-  }
-  return out;
+  return testing::SnapshotPayload(step, bytes, 0x2545f4914f6cdd1dULL);
 }
 
 Snapshotter::View MakeView(int64_t step, const std::string& payload) {

@@ -57,15 +57,7 @@ constexpr absl::Duration kPollStep = absl::Milliseconds(5);
 
 // The deterministic payload of a snapshot of `step`.
 std::string Payload(int64_t step, size_t bytes) {
-  std::string out(bytes, '\0');
-  uint64_t x = 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(step + 1);
-  for (size_t i = 0; i < bytes; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    out[i] = static_cast<char>(x);
-  }
-  return out;
+  return testing::SnapshotPayload(step, bytes, 0x9e3779b97f4a7c15ULL);
 }
 
 Snapshotter::View MakeView(int64_t step, const std::string& payload, uint64_t chunk = kChunk) {
