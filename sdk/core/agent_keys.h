@@ -66,6 +66,16 @@ class KeyFamily {
   }
   // The host or member `key` names; nullopt when it is not of this family.
   std::optional<std::string> Name(std::string_view key) const { return NameAfter(prefix_, key); }
+  // Name(key), or InvalidArgument "store key K is not of <prefix><`what`>" (what: "host", ...).
+  absl::StatusOr<std::string> NameOrError(std::string_view key, std::string_view what) const {
+    std::optional<std::string> name = Name(key);
+    if (!name.has_value()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "store key %s is not of %s<%s>", absl::string_view(key.data(), key.size()), prefix_,
+          absl::string_view(what.data(), what.size())));
+    }
+    return *std::move(name);
+  }
   // The names of the keys of a ListKeys(prefix()) answer, in its order (others skipped).
   std::vector<std::string> Names(const std::vector<std::string>& keys) const {
     std::vector<std::string> names;
@@ -160,11 +170,8 @@ inline absl::StatusOr<JoinRecord> DecodeJoinRecord(std::string_view join_key,
   using namespace agent_keys_internal;  // NOLINT(google-build-using-namespace)
   const absl::string_view key = View(join_key), value = View(join_value);
   JoinRecord j;
-  std::optional<std::string> host = kAgentJoins.Name(join_key);
-  if (!host.has_value()) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("store key %s is not of %s<host>", key, kAgentJoins.prefix()));
-  }
+  absl::StatusOr<std::string> host = kAgentJoins.NameOrError(join_key, "host");
+  if (!host.ok()) return host.status();
   j.host = *std::move(host);
   const std::vector<absl::string_view> f = absl::StrSplit(value, ' ');
   if (f.size() != 4) {
@@ -275,11 +282,8 @@ inline absl::StatusOr<DeathReport> DecodeDeathReport(std::string_view death_key,
   using namespace agent_keys_internal;  // NOLINT(google-build-using-namespace)
   const absl::string_view key = View(death_key), value = View(death_value);
   DeathReport d;
-  std::optional<std::string> member = kAgentDeaths.Name(death_key);
-  if (!member.has_value()) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("store key %s is not of %s<member>", key, kAgentDeaths.prefix()));
-  }
+  absl::StatusOr<std::string> member = kAgentDeaths.NameOrError(death_key, "member");
+  if (!member.ok()) return member.status();
   d.member = *std::move(member);
   const size_t space = value.find(' ');
   if (space == absl::string_view::npos) {
