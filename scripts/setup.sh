@@ -67,7 +67,6 @@ if [ "${TG_SKIP_PYTHON:-0}" != 1 ]; then
   else
     pins="$(/usr/bin/python3 -c 'import sys; print(sys.version)'; printf '%s\n' "${PY_PACKAGES[@]}")"
     venv="${XDG_CACHE_HOME:-$HOME/.cache}/trainguard/venv-$(printf '%s' "$pins" | sha256sum | cut -c1-16)"
-    mkdir -p "$(dirname "$venv")"
     ln -sfn "$venv" "$root/.venv"
   fi
   # One setup at a time makes or fills a shared environment (two clones' test runs at once).
