@@ -25,6 +25,8 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sdk/checkpoint/direct_writer.h"
@@ -438,6 +440,17 @@ TEST(Persister, SigkillDuringPersistenceNeverExposesAPartialStep) {
         if (!(*p)->Persist(step, 0, 1, 0, payload, Checksums(payload)).ok()) _exit(4);
       }
     }
+    // Every third writer is killed only once it committed a step of its own (bounded polling),
+    // so that some kills land after progress however loaded the machine is; every writer then
+    // dies at a random instant.
+    if (trial % 3 == 0) {
+      for (absl::Time end = absl::Now() + absl::Seconds(60); absl::Now() < end;) {
+        absl::StatusOr<std::vector<ShardRecord>> committed =
+            ListCommittedShards(Env::Default(), dir.path());
+        if (committed.ok() && !committed->empty() && committed->back().step >= first) break;
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+    }
     std::this_thread::sleep_for(
         std::chrono::microseconds(std::uniform_int_distribution<int>(0, 40'000)(rng)));
     ASSERT_EQ(SignalOwnProcess(child, SIGKILL), absl::OkStatus());
@@ -459,9 +472,11 @@ TEST(Persister, SigkillDuringPersistenceNeverExposesAPartialStep) {
     const int64_t newest = listed->empty() ? -1 : listed->back().step;
     for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
       int64_t step = -1;
-      if (std::sscanf(entry.path().filename().c_str(), "step-%ld", &step) == 1 && step > newest &&
+      if (std::sscanf(entry.path().filename().c_str(), "step-%ld", &step) == 1 &&
+          step >= first && step > newest &&
           std::filesystem::exists(entry.path() / "rank-00000.shard")) {
-        ++kills_mid_persist;
+        ++kills_mid_persist;  // this trial's writer's (an earlier one's leftovers are older)
+        break;
       }
     }
     next_step = (listed->empty() ? first : std::max(first, listed->back().step + 1)) + 1000;
