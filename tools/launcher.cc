@@ -78,6 +78,9 @@ namespace trainguard::tools {
 namespace {
 
 constexpr absl::Duration kStoreTimeout = absl::Seconds(10);
+// How long one store call of the agent's loop may take: short, so that a host cut off from the
+// store keeps draining its ranks' output and sees its fencing as soon as it is back.
+absl::Duration AgentCallTimeout(absl::Duration host_timeout) { return host_timeout / 4; }
 // A rank's heartbeat (every heartbeat_interval_ms, 1 s by default) that stood still this long
 // means its process is not running: a hang's diagnosis stops waiting for its dump (several hosts).
 constexpr absl::Duration kSilentHeartbeat = absl::Milliseconds(2500);
@@ -379,7 +382,13 @@ class Job {
   std::string HostPrefix() const { return config_.host_id + ":"; }
   // This host in member ids and in agents/stopped/: the host id, or on one host the host name.
   std::string HostLabel() const { return MultiHost() ? config_.host_id : HostName(); }
-  bool coordinating() const { return !MultiHost() || (lease_ != nullptr && lease_->held()); }
+  // The gate of every coordinator act, checked right before the act writes to the store (or says
+  // what it decided), not once per loop: one store call may wait longer than the lease lasts (a
+  // partition) and every act after it would run on a stale check (issue 36). True on one host; on
+  // several, while this agent holds the coordinator lease by its clock, short of its renewal
+  // deadline (CoordinatorLease::HeldAt). The first call to find the gate closed while the lease is
+  // still claimed (not renewed in time) says "no longer coordinating", before any act is refused.
+  bool coordinating();
   // Signals `child`'s whole process group (the rank's command and everything it started), unless
   // its exit was seen: its leftovers were SIGKILLed then (PosixProcessSupervisor).
   void SignalGroup(const Child& child, int sig);
@@ -495,6 +504,8 @@ class Job {
   std::optional<std::optional<Placement>> placement_;
   // Multi-host agent state.
   std::unique_ptr<CoordinatorLease> lease_;
+  // "coordinating the job" was said, and "no longer coordinating" not since.
+  bool said_coordinating_ = false;
   int group_rank_ = -1;  // this host's group rank; -1 for a standby host
   bool spawned_ = false;  // this host's processes were started after the plan
   int64_t agent_beat_ = 0;
@@ -602,10 +613,13 @@ absl::Status Job::Prepare() {
   launcher_start_time_ = ProcessStartTime(getpid());
   world_size_ = config_.nproc;
   if (MultiHost()) {
-    coordinator_ =
-        std::make_unique<RendezvousCoordinator>(store_.get(), Clock::Real(), config_.host_id);
+    // The holder stops acting AgentCallTimeout before the expiry: a write of the agent's loop that
+    // passed the gate has timed out before anyone can take the lease over.
     lease_ = std::make_unique<CoordinatorLease>(store_.get(), config_.host_id,
-                                                config_.host_timeout);
+                                                config_.host_timeout, Clock::Real(),
+                                                AgentCallTimeout(config_.host_timeout));
+    coordinator_ = std::make_unique<RendezvousCoordinator>(store_.get(), Clock::Real(),
+                                                           config_.host_id, lease_.get());
   } else {
     coordinator_ = std::make_unique<RendezvousCoordinator>(store_.get());
   }
@@ -995,6 +1009,8 @@ void Job::TryReplacements() {
   while (!dead_.empty() && exit_code_ < 0) {
     const DeadRank dead = dead_.front();
     if (absl::Now() < dead.not_before) return;  // backing off a crash loop
+    // The coordinator's gate also refuses (Aborted) right before the replacement's first write.
+    if (!coordinating()) return;
     absl::StatusOr<Membership> next = absl::UnknownError("");
     if (dead.rank < 0) {
       next = coordinator_->ReplaceRanks(dead.ranks, PreferredStandbys(dead.host, dead.ranks),
@@ -1003,7 +1019,11 @@ void Job::TryReplacements() {
       next = coordinator_->ReplaceRanks({dead.rank}, PreferredStandbys(dead.host, {dead.rank}),
                                         /*any_standby=*/true, kStoreTimeout);
     }
-    if (absl::IsAborted(next.status())) return;  // another coordinator acted: look again
+    // Another coordinator acted, or this one's lease lapsed: look again.
+    if (absl::IsAborted(next.status())) {
+      (void)coordinating();  // says so if the lease lapsed
+      return;
+    }
     if (absl::IsFailedPrecondition(next.status())) {
       // No standby has parked yet. Wait for one if one is still starting up (or about to).
       bool starting = !standby_respawns_.empty();
@@ -1155,7 +1175,7 @@ void Job::ReportProtection() {
       ranks_store()->Get("ckpt/protected", absl::Milliseconds(500));
   if (!value.ok()) return;
   std::pair<std::string, std::string> parts = absl::StrSplit(*value, absl::MaxSplits(' ', 1));
-  if (parts.second == protected_epoch_) return;
+  if (parts.second == protected_epoch_ || !coordinating()) return;
   Say(absl::StrFormat("the job is protected%s: every rank's snapshot of step %s is in memory with "
                       "all its backups (epoch %s)",
                       protected_epoch_.empty() ? "" : " again", parts.first, parts.second));
@@ -1172,6 +1192,7 @@ void Job::ReportPersistFailures() {
     if (persist_failures_.count(key) != 0) continue;
     absl::StatusOr<std::string> what = ranks_store()->Get(key, absl::Milliseconds(500));
     if (!what.ok()) continue;
+    if (!coordinating()) return;
     Say(absl::StrCat("checkpoint not persisted: ", *what));
     persist_failures_[key] = *what;
   }
@@ -1200,6 +1221,7 @@ void Job::CheckRecoveries() {
       ++it;
       continue;
     }
+    if (!coordinating()) return;
     const double took = absl::ToDoubleSeconds(absl::Now() - it->died);
     std::vector<std::pair<std::string, std::string>> attributes = {
         {"took_ms", absl::StrCat(std::llround(took * 1000))}};
@@ -1233,6 +1255,7 @@ void Job::KillRanksWithStaleHeartbeats() {
   absl::StatusOr<std::vector<int>> stale =
       coordinator_->RanksWithStaleHeartbeats(config_.heartbeat_timeout, kStoreTimeout);
   if (!stale.ok()) return;  // the store is briefly unreachable: look again next time
+  if (!coordinating()) return;
   if (!stale->empty()) ReportLaggards();
   if (MultiHost()) {
     const Membership current = coordinator_->current();
@@ -1400,6 +1423,7 @@ void Job::DiagnoseHangs() {
         }
         continue;
       }
+      if (!coordinating()) return;
       Say(absl::StrCat("hang in generation ", g, ": ", *who));
       PendingHang hang{g, now, {}, {}, {}, -1, false, {}};
       hang.declarer = HangDeclarer(*who);
@@ -1494,6 +1518,7 @@ void Job::DiagnoseHangs() {
       }
     }
   }
+  if (!coordinating()) return;  // the dumps and the store were read: the diagnosis is acted on below
   ReplaceStoppedRanksNow(stopped_ranks);
   HangObservations observed;
   observed.generation = pending_hang_->generation;
@@ -1520,7 +1545,7 @@ void Job::DiagnoseHangs() {
     }
     action = arbiter.Decide(observed, now);
   }
-  if (std::holds_alternative<HangArbiter::Wait>(action)) return;
+  if (std::holds_alternative<HangArbiter::Wait>(action) || !coordinating()) return;
   if (const auto* withdraw = std::get_if<HangArbiter::Withdraw>(&action)) {
     Say(withdraw->message);
     // A later hang of this generation is a new one: its key, its dumps.
@@ -1648,6 +1673,7 @@ void Job::RenewGenerationWhenAsked() {
   absl::StatusOr<std::map<int, std::string>> asked =
       coordinator_->NewGenerationRequests(kStoreTimeout);
   if (!asked.ok() || asked->empty()) return;  // the store briefly unreachable: look again next time
+  if (!coordinating()) return;
   const absl::Time now = absl::Now();
   // torchrun's answer to any failure. On several hosts it waits like a renewal: a host that died
   // makes the others ask too, and its loss, declared within the grace, restarts the job once, with
@@ -1675,6 +1701,7 @@ void Job::RenewGenerationWhenAsked() {
   }
   absl::StatusOr<Membership> next = coordinator_->RenewGeneration(kStoreTimeout);
   if (!next.ok()) {
+    if (!coordinating()) return;  // refused by the gate: "no longer coordinating" says why
     Say(absl::StrCat("renewing generation ", generation, ": ", next.status().ToString()));
     return;  // tried again next time
   }
@@ -1790,16 +1817,19 @@ int Job::Run() {
     }
     // One host: for the ranks' peer waits (on several hosts, each agent's tick does it).
     if (!MultiHost() && formed_reported_ && exit_code_ < 0) ReportStoppedRanks();
-    if (coordinating()) {
-      TryReplacements();
-      CheckRecoveries();
-      if (formed_reported_ && exit_code_ < 0 && dead_.empty()) KillRanksWithStaleHeartbeats();
-      if (MultiHost() && !RestartsOnHosts() && formed_reported_ && exit_code_ < 0) {
-        KillMembersStoppedInFormation();
-      }
-      if (formed_reported_ && exit_code_ < 0) DiagnoseHangs();
-      if (formed_reported_ && exit_code_ < 0) RenewGenerationWhenAsked();
+    // The gate before each act, not once for all: an act may wait on the store for longer than
+    // the lease lasts.
+    if (coordinating()) TryReplacements();
+    if (coordinating()) CheckRecoveries();
+    if (formed_reported_ && exit_code_ < 0 && dead_.empty() && coordinating()) {
+      KillRanksWithStaleHeartbeats();
     }
+    if (MultiHost() && !RestartsOnHosts() && formed_reported_ && exit_code_ < 0 &&
+        coordinating()) {
+      KillMembersStoppedInFormation();
+    }
+    if (formed_reported_ && exit_code_ < 0 && coordinating()) DiagnoseHangs();
+    if (formed_reported_ && exit_code_ < 0 && coordinating()) RenewGenerationWhenAsked();
     if (exit_code_ < 0) WatchJobStop();
     if (exit_code_ < 0) RespawnStandbys();
     if (coordinating() && absl::Now() >= next_persist_check_) {
@@ -1841,6 +1871,13 @@ void Job::StartForming() {
     // loaded machine before the server answered): retried like a deadline, until `deadline`.
     while (!stop_forming_.load() && absl::Now() < deadline) {
       m = coordinator_->FormInitialGeneration(world_size_, absl::Milliseconds(250));
+      if (absl::IsAborted(m.status()) && lease_ != nullptr && !lease_->held()) {
+        // Refused by the lease's gate (HeldAt is safe from this thread): another agent publishes
+        // generation 0 if this one does not get its lease back.
+        if (coordinator_->Resume(absl::Milliseconds(250)).ok()) break;
+        absl::SleepFor(absl::Milliseconds(50));
+        continue;
+      }
       if (!absl::IsDeadlineExceeded(m.status()) && !absl::IsUnavailable(m.status())) break;
     }
     // Another agent's coordinator published generation 0 first (this one was deposed meanwhile).
@@ -1857,10 +1894,6 @@ void Job::StartForming() {
 // requests, fenced by the lease term: a request of a term older than the newest the agent has seen
 // is ignored).
 namespace {
-// How long one store call of the agent's loop may take: short, so that a host cut off from the
-// store keeps draining its ranks' output and sees its fencing as soon as it is back.
-absl::Duration AgentCallTimeout(absl::Duration host_timeout) { return host_timeout / 4; }
-
 // Every host that joined, in join order (a malformed entry is skipped).
 absl::StatusOr<std::vector<store_keys::JoinRecord>> ReadJoinedHosts(Store* store,
                                                                     absl::Duration timeout) {
@@ -1930,20 +1963,50 @@ void Job::AgentTick() {
   if (exit_code_ < 0) WatchJobEnd();
 }
 
+bool Job::coordinating() {
+  if (!MultiHost()) return true;
+  if (lease_ == nullptr) return false;
+  if (lease_->held()) return true;
+  // Claimed but not renewed by the renewal deadline: nobody may have taken it yet, but someone may
+  // soon. What was decided stays queued (dead_, recoveries_): it is still this agent's to act on if
+  // its next renewal succeeds (nobody took the lease meanwhile), and dropped if it is deposed.
+  if (said_coordinating_ && lease_->claimed()) {
+    Say(absl::StrFormat("no longer coordinating (lease term %d was not renewed in time: %s)",
+                        lease_->term(), lease_->CheckHeld().message()));
+  }
+  said_coordinating_ = false;
+  return false;
+}
+
 void Job::UpdateLease() {
   const bool was = lease_->claimed();
   absl::StatusOr<bool> held = lease_->Update(AgentCallTimeout(config_.host_timeout));
-  if (lease_->claimed() == was) return;
+  if (lease_->claimed() == was) {
+    if (was && !said_coordinating_ && lease_->held()) {
+      // Renewed after its deadline passed, and nobody took it meanwhile: nothing was decided by
+      // another coordinator, so what this one had queued still holds.
+      said_coordinating_ = true;
+      Say(absl::StrFormat("coordinating the job again (lease term %d renewed; generation %d)",
+                          lease_->term(), coordinator_->generation()));
+    }
+    return;
+  }
   if (!lease_->claimed()) {
     const std::string& holder = lease_->last_holder();
-    Say(absl::StrFormat("no longer coordinating (%s)",
-                        holder.empty() || holder == CoordinatorLease::kReleasedHolder
-                            ? std::string("the lease is released")
-                            : absl::StrCat("the lease is ", holder, "'s now")));
+    if (said_coordinating_) {
+      Say(absl::StrFormat("no longer coordinating (%s)",
+                          holder.empty() || holder == CoordinatorLease::kReleasedHolder
+                              ? std::string("the lease is released")
+                          : holder == config_.host_id
+                              ? absl::StrFormat("lease term %d expired unrenewed", lease_->term())
+                              : absl::StrCat("the lease is ", holder, "'s now")));
+    }
+    said_coordinating_ = false;
     dead_.clear();
     recoveries_.clear();
     return;
   }
+  said_coordinating_ = true;
   // Taking over: the membership and every fact the old coordinator acted on are in the store.
   absl::Status resumed = coordinator_->Resume(kStoreTimeout);
   Say(absl::StrFormat("coordinating the job (lease term %d; generation %d)", lease_->term(),
@@ -2007,6 +2070,7 @@ void Job::PublishPlan() {
     plan.hosts.push_back({j.host, trains ? group : -1});
     if (trains) ++group;
   }
+  if (!coordinating()) return;
   absl::StatusOr<CompareAndSetResult> published = store_->CompareAndSet(
       store_keys::kAgentPlan, std::nullopt, store_keys::EncodePlan(plan), timeout);
   if (published.ok() && published->swapped) {
@@ -2096,6 +2160,7 @@ int64_t Job::MemberRound(const std::string& member) {
 void Job::PublishRestartRound(const std::string& why, const std::string& dead_host,
                               absl::Time since) {
   const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
+  if (!coordinating()) return;
   if (round_ >= config_.restart_all) {
     return Fail(absl::StrFormat("%s; --restart-all=%d reached", why, config_.restart_all));
   }
@@ -2157,6 +2222,7 @@ void Job::PublishRestartRound(const std::string& why, const std::string& dead_ho
       if (g >= 0) ++new_plan.training_hosts;
       new_plan.hosts.push_back({j.host, g});
     }
+    if (!coordinating()) return;
     if (absl::Status s =
             store_->Set(store_keys::kAgentPlan, store_keys::EncodePlan(new_plan), timeout);
         !s.ok()) {
@@ -2164,6 +2230,7 @@ void Job::PublishRestartRound(const std::string& why, const std::string& dead_ho
                                   s.ToString()));
     }
   }
+  if (!coordinating()) return;
   if (absl::Status s = store_->Set(store_keys::kAgentRestart,
                                    store_keys::EncodeRestartRound({next, why}), timeout);
       !s.ok()) {
@@ -2259,8 +2326,8 @@ void Job::StartRound(int64_t round) {
   }
   coordinator_.reset();
   round_store_ = *std::move(store);
-  coordinator_ =
-      std::make_unique<RendezvousCoordinator>(ranks_store(), Clock::Real(), config_.host_id);
+  coordinator_ = std::make_unique<RendezvousCoordinator>(ranks_store(), Clock::Real(),
+                                                         config_.host_id, lease_.get());
   // A coordinator that follows a round another published (it took the lease over meanwhile) acts
   // on the round's membership if it formed already (NotFound: not yet).
   if (coordinating()) {
@@ -2381,6 +2448,7 @@ void Job::KillForLiveness(Child& c, EventKind what, const std::string& why) {
 }
 
 void Job::KillMember(const std::string& member, EventKind what, const std::string& why) {
+  if (!coordinating()) return;
   if (absl::StartsWith(member, HostPrefix())) {
     for (auto& c : children_) {
       if (c->member_id != member || !c->running || c->killed_for_liveness) continue;
@@ -2442,6 +2510,7 @@ void Job::CoordinateHosts() {
   for (size_t i = 0; i < hosts.size(); ++i) {
     if (hosts[i] != config_.host_id) host_beats[hosts[i]] = (*beats)[i].value_or("");
   }
+  if (!coordinating()) return;
   for (const HostLiveness::Silent& silent : host_liveness_.Observe(host_beats, absl::Now())) {
     DeclareHostDead(silent.host, silent.since,
                     absl::StrFormat("no heartbeat for %s", absl::FormatDuration(silent.silent_for)));
@@ -2450,7 +2519,7 @@ void Job::CoordinateHosts() {
   // Completion: every rank finished with status 0.
   if (!done_published_ && world_size_ > 0) {
     absl::StatusOr<std::vector<std::string>> finished = store_->ListKeys(FinishedPrefix(), timeout);
-    if (finished.ok() && finished->size() >= static_cast<size_t>(world_size_)) {
+    if (finished.ok() && finished->size() >= static_cast<size_t>(world_size_) && coordinating()) {
       done_published_ = store_->Set(kJobDoneKey, "every rank finished", timeout).ok();
     }
   }
@@ -2468,6 +2537,7 @@ void Job::ReadDeathReports() {
     const std::string key = store_keys::kAgentDeaths.Key(member);
     absl::StatusOr<std::string> value = store_->Get(key, timeout);
     if (!value.ok()) continue;
+    if (!coordinating()) return;
     // A report that does not decode still says that the member died: its text is the how.
     const absl::StatusOr<store_keys::DeathReport> report =
         store_keys::DecodeDeathReport(key, *value);
@@ -2523,6 +2593,7 @@ void Job::QueueDeadMember(int rank, const std::string& member, const std::string
 
 void Job::KillAndReplaceStoppedMember(int rank, const std::string& member, EventKind what,
                                       const std::string& why) {
+  if (!coordinating()) return;
   KillMember(member, what, why);
   if (RestartsOnHosts() || handled_deaths_.count(member) != 0) return;
   QueueDeadMember(rank, member,
@@ -2532,6 +2603,7 @@ void Job::KillAndReplaceStoppedMember(int rank, const std::string& member, Event
 
 void Job::DeclareHostDead(const std::string& host, absl::Time last_beat, const std::string& why) {
   const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
+  if (!coordinating()) return;
   // First the fence, so that the host's agent, should it come back, stops its processes.
   if (absl::Status s = store_->Set(store_keys::kAgentsDead.Key(host), why, timeout); !s.ok()) {
     return;  // tried again next tick
@@ -2744,6 +2816,7 @@ void Job::ActOnSuspect(const SuspectVerdict& v) {
       "continuity window(s) of %d s",
       v.metric, v.value, v.peers_median, 100 * v.deviation, v.z, v.hosts, v.windows,
       config_.fail_slow_continuity_s);
+  if (!coordinating()) return;
   // Before it is said: whoever reads the line or the event finds the dump already there.
   WriteSuspectDump(v, action);
   Say(absl::StrFormat("suspect host %s: %s; action: %s", v.host, evidence, action));

@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "sdk/core/store_keys.h"
+#include "sdk/rendezvous/coordinator_lease.h"
 
 namespace trainguard {
 namespace {
@@ -307,8 +308,13 @@ absl::StatusOr<RecoveryPlan> RendezvousMember::AgreeOnResume(const Membership& m
   return plan;
 }
 
-RendezvousCoordinator::RendezvousCoordinator(Store* store, Clock* clock, std::string name)
-    : store_(store), clock_(clock), name_(std::move(name)) {}
+RendezvousCoordinator::RendezvousCoordinator(Store* store, Clock* clock, std::string name,
+                                             const CoordinatorLease* lease)
+    : store_(store), clock_(clock), name_(std::move(name)), lease_(lease) {}
+
+absl::Status RendezvousCoordinator::CheckLease() const {
+  return lease_ == nullptr ? absl::OkStatus() : lease_->CheckHeld();
+}
 
 absl::Status RendezvousCoordinator::Resume(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
@@ -460,6 +466,7 @@ absl::StatusOr<Membership> RendezvousCoordinator::RenewGeneration(absl::Duration
 
 absl::Status RendezvousCoordinator::ForgetStandby(const std::string& member_id,
                                                   absl::Duration timeout) {
+  if (absl::Status s = CheckLease(); !s.ok()) return s;
   return store_->Delete(StandbyKey(member_id), timeout).status();
 }
 
@@ -496,6 +503,8 @@ absl::StatusOr<Membership> RendezvousCoordinator::ReplaceRanks(
       }
     }
   }
+  // The standbys' claims are this coordinator's first writes.
+  if (absl::Status s = CheckLease(); !s.ok()) return s;
   // Claim standbys still parked, in order: compare-and-set, so one that was forgotten meanwhile (it
   // died) or already claimed is skipped.
   std::map<std::string, int> assignments;
@@ -523,6 +532,14 @@ absl::StatusOr<Membership> RendezvousCoordinator::ReplaceRanks(
         "no standby is parked to replace rank%s %s of generation %d",
         dead_ranks.size() == 1 ? "" : "s", absl::StrJoin(dead_ranks, ","), next.generation));
   }
+  if (absl::Status s = CheckLease(); !s.ok()) {
+    // The lease lapsed while the standbys were claimed: they go back, parked, for the successor.
+    for (const std::string& standby : claimed_order) {
+      (void)store_->CompareAndSet(StandbyKey(standby), std::string(kTaken), kParked,
+                                  Left(deadline));
+    }
+    return s;
+  }
   next.generation += 1;
   return Publish(std::move(next), assignments, Left(deadline));
 }
@@ -530,6 +547,10 @@ absl::StatusOr<Membership> RendezvousCoordinator::ReplaceRanks(
 absl::StatusOr<Membership> RendezvousCoordinator::Publish(
     Membership next, const std::map<std::string, int>& assignments, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
+  // The gate right before the claim, the publication's point of no return: once claimed, the
+  // generation is completed whatever the lease does meanwhile, since a claim left without its table
+  // would stop every later coordinator from publishing it.
+  if (absl::Status s = CheckLease(); !s.ok()) return s;
   // The claim first: of two coordinators (one deposed but still acting), one publishes g.
   absl::StatusOr<CompareAndSetResult> claim =
       store_->CompareAndSet(ClaimKey(next.generation), std::nullopt, name_, timeout);

@@ -64,6 +64,8 @@
 
 namespace trainguard {
 
+class CoordinatorLease;
+
 // How long a member that left (its Runtime closed) may take to exit before it counts as stale.
 inline constexpr absl::Duration kLeftGrace = absl::Seconds(30);
 inline constexpr char kLeftHeartbeat[] = "left";
@@ -151,8 +153,16 @@ class RendezvousCoordinator {
   // claim of each generation it publishes (who published what, for the operator); it must differ
   // between coordinators of one job (a host id), since a claim with its own name counts as its own
   // (an earlier attempt of the same publication that ran out of time).
+  //
+  // `lease`: the coordinator lease of a multi-host job, whose gate (CoordinatorLease::CheckHeld) is
+  // checked right before each publication's claim, a replacement's first claim of a standby and
+  // each standby it forgets: once this agent may no longer act as the coordinator they write
+  // nothing and return the gate's Aborted, as when another coordinator published first. May be
+  // called from another thread than the lease's owner. nullptr: no lease (one host).
+  // REQUIRES: `lease`, if any, outlives the coordinator.
   explicit RendezvousCoordinator(Store* store, Clock* clock = Clock::Real(),
-                                 std::string name = "coordinator");
+                                 std::string name = "coordinator",
+                                 const CoordinatorLease* lease = nullptr);
 
   // Loads the newest published generation from the store (a coordinator taking over, an agent
   // following the generations); one read when it knows that generation already. NotFound before
@@ -202,9 +212,13 @@ class RendezvousCoordinator {
                                      const std::map<std::string, int>& assignments,
                                      absl::Duration timeout);
 
+  // OK unless the lease's gate is closed (see the constructor).
+  absl::Status CheckLease() const;
+
   Store* const store_;
   Clock* const clock_;
   const std::string name_;
+  const CoordinatorLease* const lease_;
   mutable Mutex mu_;
   Membership current_ ABSL_GUARDED_BY(mu_);
   // Per member: the last heartbeat value seen and when it was first seen (clock_'s monotonic ns).

@@ -1,17 +1,92 @@
 // CoordinatorLease: one holder at a time, takeover after the expiry of the watcher's own clock,
-// deposition of a holder whose lease was taken, release for an immediate handover.
+// deposition of a holder whose lease was taken, release for an immediate handover, and the gate of
+// every coordinator act: a holder stops acting at its renewal deadline, a margin before anyone can
+// take the lease over.
 #include "sdk/rendezvous/coordinator_lease.h"
 
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sdk/core/store_keys.h"
+#include "sdk/rendezvous/rendezvous.h"
 #include "trainguard/clock.h"
 #include "trainguard/store.h"
 
 namespace trainguard {
 namespace {
 
+using ::testing::HasSubstr;
+
 constexpr absl::Duration kExpiry = absl::Seconds(3);
+constexpr absl::Duration kMargin = absl::Milliseconds(750);  // DefaultActingMargin: kExpiry / 4
 constexpr absl::Duration kTimeout = absl::Seconds(5);
+
+// One agent's connection to the shared store, with the faults of a network in between: cut off
+// (every call fails, nothing is applied), replies lost (applied, then DeadlineExceeded), and calls
+// that take `latency` of the agent's clock before they are applied.
+class AgentConnection final : public Store {
+ public:
+  AgentConnection(Store* base, ManualClock* clock) : base_(base), clock_(clock) {}
+
+  bool cut_off = false;
+  bool lose_replies = false;
+  absl::Duration latency = absl::ZeroDuration();
+
+  absl::Status Set(std::string_view key, std::string_view value, absl::Duration timeout) override {
+    return Call([&] { return base_->Set(key, value, timeout); });
+  }
+  absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override {
+    return Call([&] { return base_->Get(key, timeout); });
+  }
+  absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta,
+                              absl::Duration timeout) override {
+    return Call([&] { return base_->Add(key, delta, timeout); });
+  }
+  absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
+                                                    const std::optional<std::string>& expected,
+                                                    std::string_view desired,
+                                                    absl::Duration timeout) override {
+    return Call([&] { return base_->CompareAndSet(key, expected, desired, timeout); });
+  }
+  absl::StatusOr<bool> Delete(std::string_view key, absl::Duration timeout) override {
+    return Call([&] { return base_->Delete(key, timeout); });
+  }
+  absl::StatusOr<std::vector<std::optional<std::string>>> MultiGet(
+      const std::vector<std::string>& keys, absl::Duration timeout) override {
+    return Call([&] { return base_->MultiGet(keys, timeout); });
+  }
+  absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
+                                                    absl::Duration timeout) override {
+    return Call([&] { return base_->ListKeys(prefix, timeout); });
+  }
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
+    return Call([&] { return base_->Wait(keys, timeout); });
+  }
+  absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override {
+    return Call([&] { return base_->RaiseFence(generation, timeout); });
+  }
+  void SetWriterGeneration(int64_t generation) override { base_->SetWriterGeneration(generation); }
+
+ private:
+  template <typename F>
+  auto Call(F f) -> decltype(f()) {
+    if (cut_off) return absl::UnavailableError("cut off from the store");
+    clock_->Advance(latency);
+    auto result = f();
+    if (lose_replies) return absl::DeadlineExceededError("the reply was lost");
+    return result;
+  }
+
+  Store* const base_;
+  ManualClock* const clock_;
+};
 
 class CoordinatorLeaseTest : public ::testing::Test {
  protected:
@@ -71,18 +146,180 @@ TEST_F(CoordinatorLeaseTest, EveryAgentKnowsTheNewestTermItHasSeen) {
 }
 
 // A holder whose loop stalls must stop acting before a watcher can take over, even if it never
-// calls Update() again: held() turns false at the expiry of its last renewal by its own clock. A
-// renewal that then succeeds (nobody took the lease) makes it the holder again.
-TEST_F(CoordinatorLeaseTest, AHolderStopsHoldingAtItsExpiryWithoutAnotherUpdate) {
+// calls Update() again: held() turns false at its renewal deadline, the acting margin before the
+// expiry of its last renewal by its own clock; exactly there, not a nanosecond earlier. A renewal
+// that then succeeds (nobody took the lease) makes it the holder again.
+TEST_F(CoordinatorLeaseTest, AHolderStopsActingAtItsRenewalDeadlineWithoutAnotherUpdate) {
   ASSERT_TRUE(*a_.Update(kTimeout));
-  clock_a_.Advance(kExpiry - absl::Milliseconds(1));
+  EXPECT_EQ(a_.acting_margin(), kMargin);
+  const int64_t deadline_ns = absl::ToInt64Nanoseconds(kExpiry - kMargin);
+  EXPECT_EQ(a_.acting_deadline_ns(), deadline_ns);
+  EXPECT_TRUE(a_.HeldAt(deadline_ns - 1));
+  EXPECT_FALSE(a_.HeldAt(deadline_ns));
+  clock_a_.Advance(kExpiry - kMargin - absl::Nanoseconds(1));
   EXPECT_TRUE(a_.held());
-  clock_a_.Advance(absl::Milliseconds(1));
+  EXPECT_TRUE(a_.CheckHeld().ok());
+  clock_a_.Advance(absl::Nanoseconds(1));
   EXPECT_FALSE(a_.held());
+  const absl::Status refused = a_.CheckHeld();
+  EXPECT_TRUE(absl::IsAborted(refused)) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("hostA no longer acts under coordinator lease term 1"));
   EXPECT_TRUE(a_.claimed());  // not deposed: nobody took it
   EXPECT_TRUE(*a_.Update(kTimeout));
   EXPECT_TRUE(a_.held());
   EXPECT_EQ(a_.term(), 1);
+}
+
+// The margin is the lease's to choose: exactly `acting_margin` before the expiry, and a watcher
+// still takes the lease only at the full expiry of its own clock.
+TEST_F(CoordinatorLeaseTest, AnActingMarginGivenIsRespectedToTheNanosecond) {
+  ManualClock clock;
+  const absl::Duration margin = absl::Milliseconds(500);
+  CoordinatorLease lease(&store_, "hostC", kExpiry, &clock, margin);
+  ASSERT_TRUE(*lease.Update(kTimeout));
+  ASSERT_FALSE(*b_.Update(kTimeout));
+  clock.Advance(kExpiry - margin - absl::Nanoseconds(1));
+  clock_b_.Advance(kExpiry - margin - absl::Nanoseconds(1));
+  EXPECT_TRUE(lease.held());
+  clock.Advance(absl::Nanoseconds(1));
+  clock_b_.Advance(absl::Nanoseconds(1));
+  EXPECT_FALSE(lease.held());
+  EXPECT_FALSE(*b_.Update(kTimeout));  // the margin is the holder's, not the watcher's
+  clock_b_.Advance(margin);
+  EXPECT_TRUE(*b_.Update(kTimeout));
+}
+
+// Renewals every expiry/8 keep the gate open at every instant, however long the job runs.
+TEST_F(CoordinatorLeaseTest, AHolderRenewingInTimeKeepsActing) {
+  ASSERT_TRUE(*a_.Update(kTimeout));
+  ASSERT_FALSE(*b_.Update(kTimeout));
+  for (int i = 0; i < 80; ++i) {
+    clock_a_.Advance(kExpiry / 8 - absl::Nanoseconds(1));
+    EXPECT_TRUE(a_.held()) << "just before renewal " << i;
+    clock_a_.Advance(absl::Nanoseconds(1));
+    clock_b_.Advance(kExpiry / 8);
+    EXPECT_TRUE(*a_.Update(kTimeout));
+    EXPECT_FALSE(*b_.Update(kTimeout));
+  }
+  EXPECT_TRUE(a_.held());
+  EXPECT_EQ(a_.term(), 1);
+}
+
+// Issue 36: the coordinator's host is cut off from the store for 9 s, the watcher's and its clocks
+// running alike. Its gate closes the margin before the watcher takes the lease, the two never act
+// at once, and after the heal it publishes nothing (its renewal answer is refused, and no claim of
+// the generation is left behind) until its own renewal fails and it knows it is deposed.
+TEST_F(CoordinatorLeaseTest, ACutOffCoordinatorStopsActingBeforeTheLeasePassesAndNeverActsAfter) {
+  AgentConnection a_link(&store_, &clock_a_);
+  CoordinatorLease a(&a_link, "hostA", kExpiry, &clock_a_);
+  RendezvousCoordinator a_coordinator(&a_link, &clock_a_, "hostA", &a);
+  RendezvousCoordinator b_coordinator(&store_, &clock_b_, "hostB", &b_);
+  ASSERT_TRUE(*a.Update(kTimeout));
+  ASSERT_FALSE(*b_.Update(kTimeout));
+  ASSERT_TRUE(store_.Set(store_keys::RdzvJoin(0), "hostA:0", kTimeout).ok());
+  ASSERT_TRUE(a_coordinator.FormInitialGeneration(1, kTimeout).ok());
+  ASSERT_TRUE(b_coordinator.Resume(kTimeout).ok());
+
+  a_link.cut_off = true;
+  const absl::Duration step = absl::Milliseconds(10);
+  std::optional<absl::Duration> a_stopped, b_took;
+  for (absl::Duration t = step; t <= absl::Seconds(9); t += step) {
+    clock_a_.Advance(step);
+    clock_b_.Advance(step);
+    (void)a.Update(kTimeout);  // fails: cut off
+    (void)b_.Update(kTimeout);
+    if (!a.held() && !a_stopped.has_value()) a_stopped = t;
+    if (b_.held() && !b_took.has_value()) b_took = t;
+    ASSERT_FALSE(a.held() && b_.held()) << "two coordinators at " << t;
+  }
+  ASSERT_TRUE(a_stopped.has_value());
+  ASSERT_TRUE(b_took.has_value());
+  EXPECT_EQ(*a_stopped, kExpiry - kMargin);
+  EXPECT_EQ(*b_took, kExpiry);  // from its first sight, at 0
+  EXPECT_GE(*b_took - *a_stopped, kMargin);
+  EXPECT_EQ(b_.term(), 2);
+
+  // The heal. Before A's first Update since, whatever it tries is refused before any write.
+  a_link.cut_off = false;
+  const absl::StatusOr<Membership> renewed = a_coordinator.RenewGeneration(kTimeout);
+  EXPECT_TRUE(absl::IsAborted(renewed.status())) << renewed.status();
+  EXPECT_TRUE(absl::IsNotFound(store_.Get(store_keys::RdzvClaim(1), kTimeout).status()));
+  EXPECT_FALSE(*a.Update(kTimeout));  // deposed
+  EXPECT_FALSE(a.claimed());
+  EXPECT_EQ(a.last_holder(), "hostB");
+  EXPECT_EQ(a.latest_term(), 2);
+  EXPECT_TRUE(absl::IsAborted(a_coordinator.RenewGeneration(kTimeout).status()));
+  // The successor's answer is the one that stands.
+  const absl::StatusOr<Membership> b_renewed = b_coordinator.RenewGeneration(kTimeout);
+  ASSERT_TRUE(b_renewed.ok()) << b_renewed.status();
+  EXPECT_EQ(b_renewed->generation, 1);
+  EXPECT_EQ(*store_.Get(store_keys::RdzvClaim(1), kTimeout), "hostB");
+}
+
+// A coordinator whose gate closed writes nothing through the rendezvous: no standby is claimed or
+// forgotten, no generation claimed.
+TEST_F(CoordinatorLeaseTest, ARendezvousCoordinatorPastItsLeasesDeadlineWritesNothing) {
+  RendezvousCoordinator coordinator(&store_, &clock_a_, "hostA", &a_);
+  ASSERT_TRUE(*a_.Update(kTimeout));
+  ASSERT_TRUE(store_.Set(store_keys::RdzvJoin(0), "hostA:0", kTimeout).ok());
+  ASSERT_TRUE(coordinator.FormInitialGeneration(1, kTimeout).ok());
+  const std::string standby_key = store_keys::RdzvStandby("hostB:s0");
+  ASSERT_TRUE(store_.Set(standby_key, "parked", kTimeout).ok());
+  clock_a_.Advance(kExpiry - kMargin);
+  EXPECT_TRUE(absl::IsAborted(coordinator.ReplaceRank(0, kTimeout).status()));
+  EXPECT_TRUE(absl::IsAborted(coordinator.RenewGeneration(kTimeout).status()));
+  EXPECT_TRUE(absl::IsAborted(coordinator.ForgetStandby("hostB:s0", kTimeout)));
+  EXPECT_EQ(*store_.Get(standby_key, kTimeout), "parked");
+  EXPECT_TRUE(absl::IsNotFound(store_.Get(store_keys::RdzvClaim(1), kTimeout).status()));
+  EXPECT_EQ(coordinator.generation(), 0);
+  // Renewed in time (nobody took it), it acts again.
+  ASSERT_TRUE(*a_.Update(kTimeout));
+  const absl::StatusOr<Membership> replaced = coordinator.ReplaceRank(0, kTimeout);
+  ASSERT_TRUE(replaced.ok()) << replaced.status();
+  EXPECT_EQ(replaced->members[0], "hostB:s0");
+}
+
+// The times the gate counts from: a lease is held from the start of the write that took or renewed
+// it, never from a later moment, since a watcher may read the value as soon as it is applied.
+TEST_F(CoordinatorLeaseTest, ATakeIsTimedFromBeforeItsWrite) {
+  AgentConnection slow(&store_, &clock_a_);
+  CoordinatorLease a(&slow, "hostA", kExpiry, &clock_a_);
+  slow.latency = absl::Milliseconds(700);  // each call, before it is applied
+  ASSERT_TRUE(*a.Update(kTimeout));        // Get (absent), then the take: started at 0.7 s
+  EXPECT_EQ(a.acting_deadline_ns(),
+            absl::ToInt64Nanoseconds(absl::Milliseconds(700) + kExpiry - kMargin));
+}
+
+TEST_F(CoordinatorLeaseTest, ARenewalWhoseReplyWasLostCountsFromItsFirstAttempt) {
+  AgentConnection link(&store_, &clock_a_);
+  CoordinatorLease a(&link, "hostA", kExpiry, &clock_a_);
+  ASSERT_TRUE(*a.Update(kTimeout));
+  clock_a_.Advance(absl::Seconds(1));
+  link.lose_replies = true;  // applied at 1 s: a watcher sees "1 hostA 1" from then on
+  EXPECT_FALSE(a.Update(kTimeout).ok());
+  clock_a_.Advance(absl::Seconds(1));
+  link.lose_replies = false;
+  EXPECT_TRUE(*a.Update(kTimeout));  // finds its own beat 1 in place
+  EXPECT_EQ(*store_.Get(CoordinatorLease::kKey, kTimeout), "1 hostA 1");
+  const int64_t deadline_ns = absl::ToInt64Nanoseconds(absl::Seconds(1) + kExpiry - kMargin);
+  EXPECT_EQ(a.acting_deadline_ns(), deadline_ns);  // from 1 s, not from 2 s
+  EXPECT_TRUE(a.HeldAt(deadline_ns - 1));
+  EXPECT_FALSE(a.HeldAt(deadline_ns));
+}
+
+TEST_F(CoordinatorLeaseTest, AWatcherTimesItsFirstSightFromAfterItsRead) {
+  AgentConnection slow(&store_, &clock_b_);
+  CoordinatorLease b(&slow, "hostB", kExpiry, &clock_b_);
+  ASSERT_TRUE(*a_.Update(kTimeout));
+  slow.latency = absl::Milliseconds(400);
+  ASSERT_FALSE(*b.Update(kTimeout));  // read from 0 to 0.4 s: first sight at 0.4 s
+  slow.latency = absl::ZeroDuration();
+  clock_b_.Advance(kExpiry - absl::Milliseconds(400));
+  ASSERT_FALSE(*b.Update(kTimeout));  // 3 s after the read began, not after the sight
+  clock_b_.Advance(absl::Milliseconds(400) - absl::Nanoseconds(1));
+  ASSERT_FALSE(*b.Update(kTimeout));
+  clock_b_.Advance(absl::Nanoseconds(1));
+  EXPECT_TRUE(*b.Update(kTimeout));
 }
 
 TEST_F(CoordinatorLeaseTest, OfTwoWatchersTakingAnExpiredLeaseAtOnceExactlyOneWins) {
