@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "sdk/checkpoint/persister.h"
+#include "sdk/core/human_bytes.h"
 #include "tools/cli_output.pb.h"
 #include "tools/print_json.h"
 #include "tools/safetensors_export.h"
@@ -75,13 +76,6 @@ std::map<int64_t, StepShards> ByStep(const CkptArgs& a, const std::vector<ShardR
 std::string MissingShardPath(const StepShards& s, int rank) {
   const std::string& sibling = s.shards.front()->shard_path;
   return absl::StrFormat("%s/rank-%05d.shard", sibling.substr(0, sibling.rfind('/')), rank);
-}
-
-std::string HumanBytes(uint64_t bytes) {
-  if (bytes >= (1ull << 30)) return absl::StrFormat("%.2f GiB", bytes / double(1ull << 30));
-  if (bytes >= (1ull << 20)) return absl::StrFormat("%.2f MiB", bytes / double(1ull << 20));
-  if (bytes >= (1ull << 10)) return absl::StrFormat("%.2f KiB", bytes / double(1ull << 10));
-  return absl::StrFormat("%d B", bytes);
 }
 
 bool IsVerb(const std::string& verb) {

@@ -41,6 +41,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "sdk/agent/failure_history.h"
 #include "sdk/agent/hang_arbiter.h"
 #include "sdk/agent/host_liveness.h"
 #include "sdk/agent/host_roster.h"
@@ -186,6 +187,10 @@ struct Child {
   int standby_index = -1;
   bool running = true;  // its exit not seen yet
   bool killed_for_liveness = false;
+  // The evidence of its death, for the message that fails the job (FailureHistory): why the
+  // launcher killed it, else the last error line it printed.
+  std::string kill_reason;
+  CauseLine printed_cause;
   // The generation in which it took `rank` (0 for a rank it was started with): a hang of an
   // earlier generation is not this process's.
   int64_t rank_generation = 0;
@@ -196,6 +201,7 @@ struct Child {
   std::string Label() const {
     return rank >= 0 ? absl::StrCat("rank ", rank) : absl::StrCat("standby ", standby_index);
   }
+  std::string Cause() const { return kill_reason.empty() ? printed_cause.line() : kill_reason; }
 };
 
 class Job {
@@ -434,6 +440,9 @@ class Job {
   // Every rank's and standby's deaths and the replacements made: what a death leads to.
   ReplacementPolicy replacement_policy_{ReplacementOptions(config_)};
   std::deque<absl::Time> standby_respawns_;  // when each pending respawn is due
+  // The ranks' and hosts' deaths with their evidence: the first failure that Fail names. On
+  // several hosts the coordinator's (from the death reports).
+  FailureHistory failures_;
 
   absl::Time next_stop_check_ = absl::InfinitePast();
   absl::Time next_persist_check_ = absl::InfinitePast();
@@ -888,6 +897,7 @@ void Job::HandleWorkerEvents(const std::vector<WorkerEvent>& events, bool stoppi
     switch (event.kind) {
       case WorkerEvent::Kind::kOutput:
         std::printf("[%s] %s\n", c->Label().c_str(), event.line.c_str());
+        c->printed_cause.Observe(event.line);
         break;
       case WorkerEvent::Kind::kExited:
         std::fflush(stdout);
@@ -935,6 +945,8 @@ void Job::OnExit(Child& child, const WorkerExit& exit) {
     return;
   }
   Say(absl::StrFormat("%s (pid %d, member %s) %s", child.Label(), child.pid, child.member_id, how));
+  // On several hosts the coordinator records the death, from the report below.
+  if (!MultiHost()) failures_.Record({child.Label(), how, child.Cause()});
   Record(child.rank, EventKind::kRankDied,
          absl::StrFormat("%s (pid %d) %s", child.Label(), child.pid, how),
          {{"pid", absl::StrCat(child.pid)},
@@ -948,9 +960,10 @@ void Job::OnExit(Child& child, const WorkerExit& exit) {
   if (MultiHost()) {
     // The coordinator, maybe on another host, decides; the report names the member, so a death
     // reported twice, or after the rank was given to someone else, is handled once.
-    absl::Status s = store_->Set(store_keys::kAgentDeaths.Key(child.member_id),
-                                 store_keys::EncodeDeathReport({child.member_id, child.rank, how}),
-                                 kStoreTimeout);
+    absl::Status s = store_->Set(
+        store_keys::kAgentDeaths.Key(child.member_id),
+        store_keys::EncodeDeathReport({child.member_id, child.rank, how, child.Cause()}),
+        kStoreTimeout);
     if (!s.ok()) Say(absl::StrCat("cannot report the death of ", child.Label(), ": ", s.ToString()));
     return;
   }
@@ -1276,6 +1289,8 @@ void Job::KillRanksWithStaleHeartbeats() {
                            absl::FormatDuration(config_.heartbeat_timeout)),
            {{"pid", absl::StrCat(c->pid)}});
     c->killed_for_liveness = true;
+    c->kill_reason = absl::StrFormat("the launcher killed it: no heartbeat for %s",
+                                     absl::FormatDuration(config_.heartbeat_timeout));
     SignalGroup(*c, SIGKILL);  // reaped and replaced like any dead rank
   }
 }
@@ -1650,6 +1665,8 @@ void Job::ReplaceHangSuspects(const std::vector<int>& suspects, int64_t generati
                            generation),
            {{"pid", absl::StrCat(c->pid)}});
     c->killed_for_liveness = true;
+    c->kill_reason =
+        absl::StrFormat("the launcher killed it: the suspect of generation %d's hang", generation);
     SignalGroup(*c, SIGKILL);  // reaped and replaced like any dead rank
   }
 }
@@ -1716,11 +1733,13 @@ void Job::RenewGenerationWhenAsked() {
 }
 
 void Job::Fail(const std::string& why) {
-  Say(absl::StrCat("job failed: ", why));
-  failure_ = why;
+  // The death that ends the job is seldom the fault that started it: the message names both.
+  const std::string message = failures_.FinalMessage(why);
+  Say(absl::StrCat("job failed: ", message));
+  failure_ = message;
   exit_code_ = kExitJobFailed;
-  // Every other host's agent stops its processes too (WatchJobEnd).
-  if (MultiHost()) (void)store_->Set(kJobFailedKey, why, absl::Seconds(2));
+  // Every other host's agent stops its processes too, and says why (WatchJobEnd).
+  if (MultiHost()) (void)store_->Set(kJobFailedKey, message, absl::Seconds(2));
 }
 
 void Job::StopAll(absl::Duration grace) {
@@ -2404,6 +2423,8 @@ void Job::FollowGeneration() {
       Say(absl::StrFormat("%s (pid %d) no longer holds its rank in generation %d: killing it",
                           c->Label(), c->pid, generation));
       c->killed_for_liveness = true;
+      c->kill_reason = absl::StrFormat(
+          "the launcher killed it: it no longer holds its rank in generation %d", generation);
       SignalGroup(*c, SIGKILL);
     }
   }
@@ -2444,6 +2465,7 @@ void Job::KillForLiveness(Child& c, EventKind what, const std::string& why) {
   Record(c.rank, what, absl::StrFormat("%s (pid %d): killed%s", c.Label(), c.pid, why),
          {{"pid", absl::StrCat(c.pid)}});
   c.killed_for_liveness = true;
+  c.kill_reason = absl::StrCat("the launcher killed it", why);
   SignalGroup(c, SIGKILL);  // reaped and reported like any death
 }
 
@@ -2542,6 +2564,9 @@ void Job::ReadDeathReports() {
     const absl::StatusOr<store_keys::DeathReport> report =
         store_keys::DecodeDeathReport(key, *value);
     const std::string how = report.ok() ? report->how : *value;
+    // Once per member: every path below marks it handled.
+    failures_.Record({report.ok() ? absl::StrFormat("rank %d (%s)", report->rank, member) : member,
+                      how, report.ok() ? report->cause : ""});
     if (RestartsOnHosts()) {
       handled_deaths_.insert(member);
       // A process of an earlier round died of the restart itself (or its peers' deaths).
@@ -2610,6 +2635,7 @@ void Job::DeclareHostDead(const std::string& host, absl::Time last_beat, const s
   }
   dead_hosts_.insert(host);
   host_liveness_.Forget(host);
+  failures_.Record({absl::StrCat("host ", host), "died", why});
   const std::string prefix = host + ":";
   if (absl::StatusOr<std::vector<std::string>> parked = coordinator_->ParkedStandbys(timeout);
       parked.ok()) {

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "sdk/core/errno_error.h"
+#include "sdk/core/human_bytes.h"
 #include "trainguard/env.h"
 
 namespace trainguard {
@@ -143,8 +144,15 @@ absl::StatusOr<std::unique_ptr<SnapshotArena>> SnapshotArena::OpenOrCreate(
     return locked;
   }
   // Reserve the memory now: a full /dev/shm then fails here, not with SIGBUS in the middle of a
-  // copy.
-  if (absl::Status s = env->ReserveSharedMemory(fd, name, size); !s.ok()) return fail(s);
+  // copy. The error says what the arena needs, whichever Env refused it: the room to make.
+  if (absl::Status s = env->ReserveSharedMemory(fd, name, size); !s.ok()) {
+    (void)env->RemoveSharedMemory(name);
+    close(fd);
+    return absl::Status(
+        s.code(),
+        absl::StrFormat("%s %s needs %s (two slots of %s): %s", kArena, name, HumanBytes(size),
+                        HumanBytes(geometry.payload_capacity), s.message()));
+  }
   void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, kMapFlags, fd, 0);
   if (base == MAP_FAILED) return fail(ErrnoError(errno, kArena, name, "mmap"));
   auto* header = static_cast<ArenaHeader*>(base);

@@ -10,8 +10,8 @@
 //   agents/hb/<host>                    the agent's heartbeat counter
 //   agents/dead/<host>                  why the coordinator declared the host dead (it is fenced)
 //   agents/left/<host>                  the exit code of an agent that left the job
-//   agents/deaths/<member>              "<rank> <how>": an agent saw its rank process die
-//                                       (DeathReport)
+//   agents/deaths/<member>              "<rank> <how>[\n<cause>]": an agent saw its rank process
+//                                       die (DeathReport)
 //   agents/stopped/<member>             the host: its agent sees the rank process stopped (SIGSTOP)
 //   agents/kill/<host>/<member>         KillRequest (store_keys.h: AgentKill, AgentKillMember)
 //   agents/finished/<rank>              the member that finished rank <rank> with status 0
@@ -34,6 +34,7 @@
 #ifndef TRAINGUARD_SDK_CORE_AGENT_KEYS_H_
 #define TRAINGUARD_SDK_CORE_AGENT_KEYS_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -268,13 +269,26 @@ inline absl::StatusOr<Plan> DecodePlan(std::string_view plan_value) {
 }
 
 // agents/deaths/<member>: the agent of `member`'s host saw it die, holding `rank`.
+// The value is "<rank> <how>", then "\n<cause>" when there is a cause: a record of an agent that
+// writes no cause (an older one) decodes with an empty cause, and an older agent reading a newer
+// record sees the cause as a second line of the how. `how` and `cause` are one line each: Encode
+// writes a newline in either as a space.
 struct DeathReport {
   std::string member;  // from the key
   int rank = -1;       // >= 0
   std::string how;     // "exited with status 1", "killed by signal 9 (Killed)", ...
+  // The evidence of the death, for the message that fails the job (sdk/agent/failure_history.h):
+  // the last error line the rank printed, or why its agent killed it; empty when there is none.
+  std::string cause;
 };
 inline std::string EncodeDeathReport(const DeathReport& d) {
-  return absl::StrCat(d.rank, " ", d.how);
+  const auto one_line = [](std::string text) {
+    std::replace(text.begin(), text.end(), '\n', ' ');
+    return text;
+  };
+  std::string value = absl::StrCat(d.rank, " ", one_line(d.how));
+  if (!d.cause.empty()) absl::StrAppend(&value, "\n", one_line(d.cause));
+  return value;
 }
 // `key` is the report's key (kAgentDeaths.Key(member)): the member comes from it.
 inline absl::StatusOr<DeathReport> DecodeDeathReport(std::string_view death_key,
@@ -295,7 +309,10 @@ inline absl::StatusOr<DeathReport> DecodeDeathReport(std::string_view death_key,
     return s;
   }
   d.rank = static_cast<int>(rank);
-  d.how = std::string(value.substr(space + 1));
+  const absl::string_view rest = value.substr(space + 1);
+  const size_t newline = rest.find('\n');
+  d.how = std::string(rest.substr(0, newline));
+  if (newline != absl::string_view::npos) d.cause = std::string(rest.substr(newline + 1));
   return d;
 }
 

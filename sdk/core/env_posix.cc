@@ -17,10 +17,14 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "sdk/core/human_bytes.h"
 #include "trainguard/env.h"
 
 namespace trainguard {
 namespace {
+
+// Where glibc's shm_open keeps the segment "/<name>": the file /dev/shm/<name>.
+constexpr char kShmDir[] = "/dev/shm";
 
 absl::Status PosixError(absl::string_view operation, absl::string_view path, int error) {
   return ErrnoToStatus(error, absl::StrCat(operation, " ", path));
@@ -219,16 +223,18 @@ class PosixEnv final : public Env {
       return ErrnoToStatus(errno, absl::StrCat("ftruncate ", name, " to ", bytes, " bytes"));
     }
     if (int error = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); error != 0) {
-      std::string capacity;
+      // Where the segment lives, and what its file system holds: the size to give /dev/shm (or
+      // a smaller state to ask for).
+      std::string where = absl::StrCat(kShmDir, name);
       struct statvfs fs;
-      if (error == ENOSPC && ::fstatvfs(fd, &fs) == 0) {
-        // What the segment's file system holds: the size to give /dev/shm (or a smaller state).
-        capacity = absl::StrCat(" (its file system holds ",
-                                static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize, " bytes, ",
-                                static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize, " free)");
+      if (::fstatvfs(fd, &fs) == 0) {
+        absl::StrAppend(&where, "; its file system holds ",
+                        HumanBytes(static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize), ", ",
+                        HumanBytes(static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize), " free");
       }
-      return ErrnoToStatus(
-          error, absl::StrCat("posix_fallocate of ", bytes, " bytes for ", name, capacity));
+      return ErrnoToStatus(error,
+                           absl::StrCat("posix_fallocate of ", bytes, " bytes (", HumanBytes(bytes),
+                                        ") for shared-memory segment ", name, " (", where, ")"));
     }
     return absl::OkStatus();
   }

@@ -10,9 +10,17 @@
 //   die-in-restart-1  for `--restart-all`: rank 1 exits 1 right after joining at the first start;
 //                 at restart 1 (TORCHELASTIC_RESTART_COUNT) it exits 1 before joining, while the
 //                 others wait in the rendezvous; from restart 2 every rank exits 0 once joined.
+//   shm-too-small  the rank 1 the job started with (not a standby that takes rank 1 later)
+//                 registers more state than /dev/shm holds and restores, which creates its
+//                 snapshot arena: /dev/shm refuses the reservation for real (ENOSPC, at once: tmpfs
+//                 refuses a size past its own without filling it); it prints the error and exits
+//                 1. Every other process waits to be stopped. Exits 2 where /dev/shm has no size.
 // Waiting is bounded: after 120 s it exits 3, so that a stray never outlives a broken test long.
+#include <sys/mman.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -21,6 +29,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "trainguard/checkpoint.h"
 #include "trainguard/options.h"
 #include "trainguard/runtime.h"
 #include "trainguard/store.h"
@@ -30,6 +39,42 @@ namespace {
 int WaitToBeStopped() {
   absl::SleepFor(absl::Seconds(120));
   return 3;
+}
+
+// shm-too-small: state 1 GiB larger than /dev/shm, never touched (an unbacked mapping), so only
+// the arena's reservation asks for the memory. Returns the exit status.
+int RestoreMoreStateThanDevShmHolds(trainguard::Runtime& rt) {
+  struct statvfs fs;
+  if (statvfs("/dev/shm", &fs) != 0 || fs.f_blocks == 0) {
+    std::fprintf(stderr, "rank %d: /dev/shm has no size to exceed\n", rt.rank());
+    return 2;
+  }
+  const uint64_t bytes = static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize + (uint64_t{1} << 30);
+  void* state = mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (state == MAP_FAILED) {
+    std::fprintf(stderr, "rank %d: cannot map %llu bytes of state\n", rt.rank(),
+                 static_cast<unsigned long long>(bytes));
+    return 2;
+  }
+  if (absl::Status s = rt.state().Register({"model.weights",
+                                            "model",
+                                            state,
+                                            bytes,
+                                            trainguard::DType::kU8,
+                                            {static_cast<int64_t>(bytes)},
+                                            trainguard::Device::Host()});
+      !s.ok()) {
+    std::fprintf(stderr, "rank %d: registering the state: %s\n", rt.rank(), s.ToString().c_str());
+    return 2;
+  }
+  absl::StatusOr<int64_t> restored = rt.RestoreCheckpoint();
+  if (restored.ok()) {
+    std::fprintf(stderr, "rank %d: restored state larger than /dev/shm\n", rt.rank());
+    return 2;
+  }
+  std::fprintf(stderr, "rank %d error: cannot start: %s\n", rt.rank(),
+               restored.status().ToString().c_str());
+  return 1;
 }
 
 }  // namespace
@@ -64,6 +109,9 @@ int main(int argc, char** argv) {
               static_cast<long long>((*rt)->generation()));
   std::fflush(stdout);
   if (mode == "exit-1") return 1;
+  if (mode == "shm-too-small" && rank == 1 && (role == nullptr || std::string(role) != "standby")) {
+    return RestoreMoreStateThanDevShmHolds(**rt);
+  }
   if (mode == "die-in-restart-1") {
     if (restart >= 2) return 0;
     if (restart == 0 && rank == 1) return 1;

@@ -1,12 +1,14 @@
 // `trainguard run` facing faults from outside the ranks' code, each injected for real: a rank that
-// publishes job/stop, rank and standby commands that always die, SIGKILL and SIGSTOP of the
-// launcher while the ranks run under a wrapper shell, a full checkpoint disk (a small tmpfs in a
-// private mount namespace), and a command that does not exist. Each test starts the launcher as its
+// publishes job/stop, rank and standby commands that always die, a rank whose snapshot arena does
+// not fit in /dev/shm, SIGKILL and SIGSTOP of the launcher while the ranks run under a wrapper
+// shell, a full checkpoint disk (a small tmpfs in a private mount namespace), and a command that
+// does not exist. Each test starts the launcher as its
 // own child and asserts the outcome: the exit status, what the launcher printed, which processes
 // are left.
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -300,6 +302,39 @@ TEST(LauncherFaults, AStandbyThatAlwaysDiesIsRestartedBoundedlyAndNamedWhenARank
   EXPECT_THAT(out, HasSubstr("job failed: rank 0 died (killed by SIGKILL) and no standby is "
                              "available: standbys died 3 times while parked (last: exited with "
                              "status 1)"))
+      << out;
+}
+
+// The fault that starts a job's end is seldom the death that ends it. Rank 1 cannot start: its
+// snapshot arena does not fit in /dev/shm (a real ENOSPC: it asks for more than /dev/shm holds).
+// A standby takes rank 1; then rank 0 is killed and the one replacement allowed is spent. The
+// job's last lines name the death that ended it and, as the first failure, rank 1's own error.
+TEST(LauncherFaults, AJobEndedByALaterDeathNamesTheFirstFailureWithItsError) {
+  struct statvfs shm;
+  if (statvfs("/dev/shm", &shm) != 0 || shm.f_blocks == 0) {
+    GTEST_SKIP() << "/dev/shm has no size here: no arena can be too large for it at once";
+  }
+  testing::TempDir dir;
+  Launcher launcher(dir);
+  launcher.Run({"--nproc", "2", "--standby", "1", "--max-replacements", "1"},
+               {TRAINGUARD_FAULT_RANK_PATH, "shm-too-small"});
+  ASSERT_TRUE(launcher.AwaitOutput("takes rank 1")) << launcher.Output();
+  launcher.KillRank(0);
+  EXPECT_EQ(launcher.Wait(), 1) << launcher.Output();
+  const std::string out = launcher.Output();
+  const std::string first_failure =
+      "first failure: rank 1 exited with status 1: rank 1 error: cannot start: "
+      "RESOURCE_EXHAUSTED: [^\n]*snapshot arena /trainguard\\.[^ ]+\\.rank1 needs [0-9.]+ [GT]iB "
+      "\\(two slots of [^)]+\\): posix_fallocate of [0-9]+ bytes "
+      "\\([^)]+\\) for shared-memory segment /trainguard\\.[^ ]+\\.rank1 \\(/dev/shm/trainguard"
+      "\\.[^ ]+\\.rank1; its file system holds [^)]+ free\\): No space left on device";
+  EXPECT_THAT(out, ContainsRegex(absl::StrCat(
+                       "trainguard run: job failed: rank 0 died 1 time \\(last: killed by "
+                       "SIGKILL\\); --max-replacements=1 reached; ",
+                       first_failure, "\n")))
+      << out;
+  EXPECT_THAT(out, ContainsRegex(absl::StrCat("ended \\(exit status 1\\): rank 0 died 1 time.*; ",
+                                              first_failure, "; 1 replacement\\(s\\)")))
       << out;
 }
 

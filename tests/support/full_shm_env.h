@@ -21,7 +21,12 @@ class FullShmEnv : public EnvWrapper {
   absl::Status ReserveSharedMemory(int fd, const std::string& name, uint64_t bytes) override {
     if (bytes > capacity_) {
       ++refusals_;
-      return ErrnoToStatus(ENOSPC, absl::StrCat("posix_fallocate of ", bytes, " bytes for ", name));
+      last_refused_bytes_ = bytes;
+      // As the POSIX Env words it (env_posix.cc), with this Env's capacity as the file system's.
+      return ErrnoToStatus(
+          ENOSPC,
+          absl::StrCat("posix_fallocate of ", bytes, " bytes for shared-memory segment ", name,
+                       " (/dev/shm", name, "; its file system holds ", capacity_, " bytes)"));
     }
     return target()->ReserveSharedMemory(fd, name, bytes);
   }
@@ -37,12 +42,15 @@ class FullShmEnv : public EnvWrapper {
   }
 
   int refusals() const { return refusals_; }
+  // The size of the last reservation refused; 0 before any.
+  uint64_t last_refused_bytes() const { return last_refused_bytes_; }
   // Segments created through this Env and not removed through it since.
   const std::set<std::string>& left_behind() const { return created_; }
 
  private:
   const uint64_t capacity_;
   int refusals_ = 0;
+  uint64_t last_refused_bytes_ = 0;
   std::set<std::string> created_;
 };
 

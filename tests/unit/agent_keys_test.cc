@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sdk/health/fail_slow_metrics.h"
@@ -143,7 +144,7 @@ TEST(AgentKeys, AMalformedPlanIsRefusedNamingTheField) {
 }
 
 TEST(AgentKeys, ADeathReportRoundTripsWithItsMemberFromTheKey) {
-  const DeathReport d{"h1:41:rank3", 3, "killed by signal 9 (Killed)"};
+  const DeathReport d{"h1:41:rank3", 3, "killed by signal 9 (Killed)", ""};
   const std::string value = EncodeDeathReport(d);
   EXPECT_EQ(value, "3 killed by signal 9 (Killed)");
   absl::StatusOr<DeathReport> back = DecodeDeathReport(kAgentDeaths.Key(d.member), value);
@@ -151,6 +152,40 @@ TEST(AgentKeys, ADeathReportRoundTripsWithItsMemberFromTheKey) {
   EXPECT_EQ(back->member, d.member);
   EXPECT_EQ(back->rank, 3);
   EXPECT_EQ(back->how, d.how);
+  EXPECT_EQ(back->cause, "");
+}
+
+TEST(AgentKeys, ADeathReportCarriesItsCauseOnASecondLine) {
+  const DeathReport d{"h2:57:rank2", 2, "exited with status 1",
+                      "rank 2 error: cannot start: snapshot arena /trainguard.j.rank2 needs "
+                      "64.00 MiB: No space left on device"};
+  const std::string value = EncodeDeathReport(d);
+  EXPECT_EQ(value, absl::StrCat("2 exited with status 1\n", d.cause));
+  absl::StatusOr<DeathReport> back = DecodeDeathReport(kAgentDeaths.Key(d.member), value);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->member, d.member);
+  EXPECT_EQ(back->rank, 2);
+  EXPECT_EQ(back->how, d.how);
+  EXPECT_EQ(back->cause, d.cause);
+}
+
+// The bytes an agent without causes wrote still decode, with no cause.
+TEST(AgentKeys, AnOlderAgentsDeathReportDecodesWithNoCause) {
+  absl::StatusOr<DeathReport> back =
+      DecodeDeathReport(kAgentDeaths.Key("h1:41:rank3"), "3 killed by SIGKILL");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->rank, 3);
+  EXPECT_EQ(back->how, "killed by SIGKILL");
+  EXPECT_EQ(back->cause, "");
+}
+
+TEST(AgentKeys, ADeathReportKeepsItsHowAndCauseToOneLineEach) {
+  const DeathReport d{"h1:41:rank3", 3, "exited\nwith status 1", "line one\nline two"};
+  absl::StatusOr<DeathReport> back =
+      DecodeDeathReport(kAgentDeaths.Key(d.member), EncodeDeathReport(d));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->how, "exited with status 1");
+  EXPECT_EQ(back->cause, "line one line two");
 }
 
 TEST(AgentKeys, AMalformedDeathReportIsRefusedNamingTheKeyAndField) {

@@ -12,6 +12,7 @@
 namespace trainguard {
 namespace {
 
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 using testing::TempDir;
 using ::testing::UnorderedElementsAre;
@@ -86,8 +87,9 @@ TEST(PosixEnv, AFullDeviceIsResourceExhaustedNamingThePath) {
 }
 
 // More than /dev/shm holds (tmpfs refuses a reservation beyond its size at once, without filling
-// it): the error names the segment, the bytes asked for and what the file system holds.
-TEST(PosixEnv, ASharedMemoryReservationThatCannotFitNamesTheFileSystemsCapacity) {
+// it): the error names the segment and its file, the bytes asked for (also as a person reads them),
+// what the file system holds and has free, and the errno's text.
+TEST(PosixEnv, ASharedMemoryReservationThatCannotFitNamesTheSegmentItsSizeAndTheFreeSpace) {
   Env* env = Env::Default();
   const std::string name = absl::StrCat("/trainguard.env-test-", getpid(), ".rank0");
   absl::StatusOr<int> fd = env->CreateSharedMemory(name);
@@ -97,8 +99,11 @@ TEST(PosixEnv, ASharedMemoryReservationThatCannotFitNamesTheFileSystemsCapacity)
   close(*fd);
   (void)env->RemoveSharedMemory(name);
   EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
-  EXPECT_THAT(s.message(), HasSubstr(absl::StrCat(too_much, " bytes for ", name)));
-  EXPECT_THAT(s.message(), HasSubstr("its file system holds"));
+  EXPECT_THAT(s.message(),
+              HasSubstr(absl::StrCat("posix_fallocate of ", too_much,
+                                     " bytes (1024.00 TiB) for shared-memory segment ", name,
+                                     " (/dev/shm", name, "; its file system holds ")));
+  EXPECT_THAT(std::string(s.message()), ContainsRegex(" free\\): No space left on device$"));
 }
 
 TEST(PosixEnv, RenameReplacesTheTargetAndChildrenAreListed) {

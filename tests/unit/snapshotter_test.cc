@@ -20,11 +20,13 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sdk/checkpoint/snapshot_arena.h"
+#include "sdk/core/human_bytes.h"
 #include "tests/support/full_shm_env.h"
 #include "tests/support/own_process.h"
 #include "trainguard/checkpoint.h"
@@ -203,7 +205,7 @@ TEST_F(SnapshotterTest, ArenaIsNamedAfterJobAndRank) {
   EXPECT_EQ(Snapshotter::ArenaName("llama-70b", 12), "/trainguard.llama-70b.rank12");
 }
 
-TEST_F(SnapshotterTest, AFullDevShmFailsCreateWithResourceExhaustedNamingTheArena) {
+TEST_F(SnapshotterTest, AFullDevShmFailsCreateWithResourceExhaustedNamingTheArenaAndItsSize) {
   TrainerState state;
   StateRegistry registry = state.MakeRegistry();
   testing::FullShmEnv env(/*capacity=*/1 << 20);  // less than the two slots of ~8 MiB need
@@ -211,10 +213,16 @@ TEST_F(SnapshotterTest, AFullDevShmFailsCreateWithResourceExhaustedNamingTheAren
   options.env = &env;
   absl::StatusOr<std::unique_ptr<Snapshotter>> s = Snapshotter::Create(&registry, options);
   ASSERT_EQ(s.status().code(), absl::StatusCode::kResourceExhausted) << s.status();
-  EXPECT_THAT(s.status().message(), HasSubstr("snapshot arena"));
+  ASSERT_EQ(env.refusals(), 1);
+  const uint64_t asked = env.last_refused_bytes();
+  // What the arena needs as a person reads it, then the Env's own error with the bytes asked for.
+  const std::string arena = Snapshotter::ArenaName(options.job_id, options.rank);
+  EXPECT_THAT(s.status().message(), HasSubstr(absl::StrCat("snapshot arena ", arena, " needs ",
+                                                           HumanBytes(asked), " (two slots of ")));
   EXPECT_THAT(s.status().message(),
-              HasSubstr(Snapshotter::ArenaName(options.job_id, options.rank)));
-  EXPECT_EQ(env.refusals(), 1);
+              HasSubstr(absl::StrCat("posix_fallocate of ", asked,
+                                     " bytes for shared-memory segment ", arena)));
+  EXPECT_THAT(s.status().message(), HasSubstr("No space left on device"));
   EXPECT_THAT(env.left_behind(), ::testing::IsEmpty());  // no half-made segment stays behind
 }
 
