@@ -153,6 +153,7 @@ RuntimeImpl::RuntimeImpl(Options options, Topology topology, std::string run_dir
       env_(options_.env != nullptr ? options_.env : Env::Default()),
       clock_(options_.clock != nullptr ? options_.clock : Clock::Real()),
       rank_(options_.rank),
+      recovery_policy_(RecoveryLimits::FromOptions(options_)),
       checkpointing_(options_.checkpoint_every_steps > 0 || options_.checkpoint_every_seconds > 0) {
 }
 
@@ -372,7 +373,7 @@ absl::StatusOr<int64_t> RuntimeImpl::ReRendezvous(const StepResult& result, int6
     SetMembership(*std::move(m));
     generation_.store(membership_.generation);
     recovery_plan_ = *plan;
-    consecutive_failures_ = 0;
+    recovery_policy_.EndFailureRun();
     return plan->resume_step;
   }
 }
@@ -1276,25 +1277,9 @@ absl::StatusOr<int64_t> RuntimeImpl::RestoreCheckpoint() {
   return r->step;
 }
 
-void RuntimeImpl::ForgetRollbacks() {
-  rollback_step_ = -1;
-  rollbacks_to_step_ = 0;
-  rollback_failed_step_ = kNoRollback;
-  skipped_batches_ = false;
-}
-
-absl::StatusOr<int64_t> RuntimeImpl::Rollback(const StepResult& result, RecoveryReport& report) {
+absl::StatusOr<int64_t> RuntimeImpl::Rollback(const StepResult& result, int64_t first_failed_step,
+                                               RecoveryReport& report) {
   report.decision = "give_up";
-  if (!checkpointing_) {
-    return absl::UnimplementedError(
-        absl::StrCat("rank ", rank(), " step ", result.step,
-                     ": rollback needs a committed checkpoint, and checkpointing is off (set "
-                     "checkpoint_every_steps or call Checkpoint()); last: ",
-                     result.status.message()));
-  }
-  const int64_t first_failed = first_failed_step_ >= 0 ? first_failed_step_ : result.step;
-  consecutive_failures_ = 0;
-  first_failed_step_ = -1;
   absl::StatusOr<int64_t> step = RestoreCheckpoint();
   if (absl::IsNotFound(step.status())) {
     // A new generation could not do better: it would start from scratch.
@@ -1310,29 +1295,23 @@ absl::StatusOr<int64_t> RuntimeImpl::Rollback(const StepResult& result, Recovery
   }
   report.restored_from = last_restore_source_;
   report.restore_skipped = last_restore_skipped_;
-  if (*step != rollback_step_) {
-    ForgetRollbacks();
-    rollback_step_ = *step;
-  }
-  ++rollbacks_to_step_;
-  rollback_failed_step_ = result.step;
-  const int limit = options_.max_rollbacks_per_step;
-  if (rollbacks_to_step_ <= limit) {
-    report.decision = "rollback";
-    return step;
-  }
-  if (options_.repeated_fault_action == "skip" && !skipped_batches_) {
-    // The replay reproduces the state that failed; going on without the batches that led to it
-    // (PaLM's remedy for loss spikes) is the trainer's choice, made by the option.
-    skipped_batches_ = true;
-    report.decision = "skip_batches";
-    return std::max(first_failed + 1, *step);
+  const RecoveryPolicy::RestoreDecision d =
+      recovery_policy_.OnRestored(*step, result.step, first_failed_step);
+  switch (d.verdict) {
+    case RecoveryPolicy::RestoreVerdict::kResume:
+      report.decision = "rollback";
+      return d.next_step;
+    case RecoveryPolicy::RestoreVerdict::kSkipBatches:
+      report.decision = "skip_batches";
+      return d.next_step;
+    case RecoveryPolicy::RestoreVerdict::kStopJob:
+      break;
   }
   return StopJob(
       absl::StrCat("rank ", rank(), ": step ", result.step, " failed again after ",
-                   rollbacks_to_step_ - 1, " rollback(s) to step ", *step, " (limit ", limit,
-                   ": max_rollbacks_per_step",
-                   skipped_batches_ ? "; the batches up to the first failed step were skipped" : "",
+                   d.rollbacks_before, " rollback(s) to step ", *step, " (limit ",
+                   recovery_policy_.limits().max_rollbacks_per_step, ": max_rollbacks_per_step",
+                   d.skipped_batches ? "; the batches up to the first failed step were skipped" : "",
                    "): the fault recurs after rollback, so the job stops; last fault: ",
                    result.status.message()),
       report);
@@ -1345,30 +1324,35 @@ void RuntimeImpl::MarkFatal(std::string reason) {
 }
 
 absl::StatusOr<int64_t> RuntimeImpl::RecoverOnce(const StepResult& result, RecoveryReport& report) {
-  const int max_failures = options_.max_consecutive_step_failures;
-  switch (result.action) {
-    case StepAction::kContinue:
+  const RecoveryPolicy::FaultDecision d =
+      recovery_policy_.OnStepFailed(result.action, result.step, checkpointing_);
+  switch (d.verdict) {
+    case RecoveryPolicy::FaultVerdict::kContinue:
       report.decision = "continue";
       return result.step + 1;
-    case StepAction::kSkip:
-      if (consecutive_failures_++ == 0) first_failed_step_ = result.step;
-      if (consecutive_failures_ <= max_failures) {
-        report.decision = "skip";
-        return result.step + 1;
-      }
-      if (checkpointing_) return Rollback(result, report);
+    case RecoveryPolicy::FaultVerdict::kSkip:
+      report.decision = "skip";
+      return result.step + 1;
+    case RecoveryPolicy::FaultVerdict::kRollback:
+      return Rollback(result, d.first_failed_step, report);
+    case RecoveryPolicy::FaultVerdict::kRollbackOff:
+      report.decision = "give_up";
+      return absl::UnimplementedError(
+          absl::StrCat("rank ", rank(), " step ", result.step,
+                       ": rollback needs a committed checkpoint, and checkpointing is off (set "
+                       "checkpoint_every_steps or call Checkpoint()); last: ",
+                       result.status.message()));
+    case RecoveryPolicy::FaultVerdict::kStopJob:
       return StopJob(
-          absl::StrCat("rank ", rank(), ": ", consecutive_failures_,
-                       " consecutive steps failed (limit ", max_failures,
+          absl::StrCat("rank ", rank(), ": ", d.consecutive_failures,
+                       " consecutive steps failed (limit ",
+                       recovery_policy_.limits().max_consecutive_step_failures,
                        ": max_consecutive_step_failures), the last at step ", result.step,
                        ", and checkpointing is off, so there is nothing to roll back to; last "
                        "fault: ",
                        result.status.message()),
           report);
-    case StepAction::kRollback:
-      if (consecutive_failures_++ == 0) first_failed_step_ = result.step;
-      return Rollback(result, report);
-    case StepAction::kReRendezvous: {
+    case RecoveryPolicy::FaultVerdict::kReRendezvous: {
       report.decision = "give_up";
       // Peers still blocked in the old communicator's collectives fail at once.
       CloseCommunicator();
@@ -1379,12 +1363,14 @@ absl::StatusOr<int64_t> RuntimeImpl::RecoverOnce(const StepResult& result, Recov
       if (next.ok()) report.decision = "re_rendezvous";
       return next;
     }
-    case StepAction::kFatal:
+    case RecoveryPolicy::FaultVerdict::kFatal:
       report.decision = "give_up";
       return result.status.ok()
                  ? absl::InternalError(
                        absl::StrCat("rank ", rank(), " step ", result.step, ": fatal step result"))
                  : result.status;
+    case RecoveryPolicy::FaultVerdict::kUnknown:
+      break;
   }
   return absl::InternalError(absl::StrCat("rank ", rank(), " step ", result.step,
                                           ": unknown step action ",
@@ -1393,7 +1379,7 @@ absl::StatusOr<int64_t> RuntimeImpl::RecoverOnce(const StepResult& result, Recov
 
 absl::StatusOr<int64_t> RuntimeImpl::recover(const StepResult& result) {
   if (result.action == StepAction::kContinue) {
-    consecutive_failures_ = 0;
+    recovery_policy_.EndFailureRun();
     return result.step + 1;
   }
   RecoveryReport report;

@@ -25,6 +25,7 @@
 #include "sdk/core/mutex.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/runtime/launcher_watch.h"
+#include "sdk/runtime/recovery_policy.h"
 #include "sdk/watchdog/flight_recorder.h"
 #include "sdk/watchdog/stack_trace.h"
 #include "trainguard/health.h"
@@ -109,9 +110,7 @@ class RuntimeImpl final : public Runtime {
   // After a successful step: the first one of each generation is announced in the store
   // (rdzv/gen/<g>/resumed/<rank>), which is how a launcher times a recovery. One compare otherwise.
   void NoteStepSucceeded(int64_t step) {
-    consecutive_failures_ = 0;
-    // Past the step whose failure last caused a rollback: the fault did not recur.
-    if (step > rollback_failed_step_) ForgetRollbacks();
+    recovery_policy_.OnStepSucceeded(step);
     if (announced_generation_ != generation_.load(std::memory_order_relaxed)) AnnounceResumed(step);
   }
   // Checkpoint policy, on the training thread: after a successful step, and at a guard's entry
@@ -172,10 +171,12 @@ class RuntimeImpl final : public Runtime {
   void ReportRecovery(const StepResult* result, RecoveryReport& report);
   void MarkFatal(std::string reason);
 
-  void ForgetRollbacks();
   void AnnounceResumed(int64_t step);
   absl::Status EnsureCheckpointer();
-  absl::StatusOr<int64_t> Rollback(const StepResult& result, RecoveryReport& report);
+  // Restores the newest committed checkpoint for the failure `result` (the policy's kRollback
+  // verdict) and carries out the policy's verdict on it. `first_failed_step`: the verdict's.
+  absl::StatusOr<int64_t> Rollback(const StepResult& result, int64_t first_failed_step,
+                                   RecoveryReport& report);
   // Detection internals.
   absl::Status StartDetection();
   void OnHang(const HangReport& report);
@@ -253,15 +254,9 @@ class RuntimeImpl final : public Runtime {
   std::atomic<bool> step_active_{false};
   std::atomic<bool> fatal_{false};
   std::string fatal_reason_;  // written once before fatal_ is set
-  int consecutive_failures_ = 0;
-  int64_t first_failed_step_ = -1;  // the first step of the current run of failures
-  // Rollbacks to the same committed step (training thread only): the step, how many, the failed
-  // step that caused the last one (kNoRollback when none), and whether batches were skipped.
-  static constexpr int64_t kNoRollback = INT64_MAX;
-  int64_t rollback_step_ = -1;
-  int rollbacks_to_step_ = 0;
-  int64_t rollback_failed_step_ = kNoRollback;
-  bool skipped_batches_ = false;
+  // What recover() does about a failed step, and the failures and rollbacks it counts (training
+  // thread only).
+  RecoveryPolicy recovery_policy_;
   bool started_ = false;
   CommunicatorFactory communicator_factory_;
   // Shared with the abort hook registered in collectives_, which the watchdog thread may be
