@@ -141,7 +141,9 @@ absl::StatusOr<std::unique_ptr<Runtime>> RuntimeImpl::Create(const Options& opti
   }
   if (absl::Status s = runtime->StartDetection(); !s.ok()) return s;
   if (runtime->member_ != nullptr) {
-    runtime->generation_watcher_ = std::thread([rt = runtime.get()] { rt->WatchGeneration(); });
+    runtime->generation_watcher_ = std::make_unique<GenerationWatcher>(
+        runtime->member_.get(), absl::Milliseconds(options.heartbeat_interval_ms),
+        [rt = runtime.get()](int64_t generation) { rt->OnSuperseded(generation); });
   }
   return std::unique_ptr<Runtime>(std::move(runtime));
 }
@@ -256,8 +258,8 @@ RuntimeImpl::~RuntimeImpl() {
     MutexLock lock(&watcher_mu_);
     stop_watcher_ = true;
   }
+  generation_watcher_.reset();  // stops and joins its thread
   if (peer_hang_watcher_.joinable()) peer_hang_watcher_.join();
-  if (generation_watcher_.joinable()) generation_watcher_.join();
   watchdog_.reset();  // its thread calls back into this object
   Event stopped;
   stopped.type = EventType::kRuntimeStopped;
@@ -983,29 +985,6 @@ void RuntimeImpl::WritePeerHangDump(const CapturedEvidence& captured, int64_t ge
   event.message = absl::StrCat(reason, how);
   event.attributes = {{"remote", "true"}, {"dump", path}};
   (void)EmitEventOf(generation, std::move(event));
-}
-
-void RuntimeImpl::WatchGeneration() {
-  int64_t announced = -1;  // the last generation OnSuperseded was called for
-  const absl::Duration slice = absl::Milliseconds(options_.heartbeat_interval_ms);
-  while (true) {
-    const int64_t held = member_->generation();
-    absl::StatusOr<bool> superseded = member_->AwaitNewerGeneration(slice);
-    if (superseded.ok() && *superseded && held != announced &&
-        member_->superseded_generation() == held) {
-      announced = held;
-      OnSuperseded(held);
-    }
-    // Nothing to wait for in the store while superseded (until the training thread adopts the
-    // next generation) or while the store fails: look again shortly, without a request.
-    const bool idle = !superseded.ok() || *superseded;
-    MutexLock lock(&watcher_mu_);
-    if (idle) {
-      watcher_mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_watcher_; },
-                                   absl::Milliseconds(20));
-    }
-    if (stop_watcher_) return;
-  }
 }
 
 void RuntimeImpl::OnSuperseded(int64_t generation) {

@@ -24,6 +24,7 @@
 #include "sdk/core/event_log.h"
 #include "sdk/core/mutex.h"
 #include "sdk/rendezvous/rendezvous.h"
+#include "sdk/runtime/generation_watcher.h"
 #include "sdk/runtime/launcher_watch.h"
 #include "sdk/runtime/recovery_policy.h"
 #include "sdk/watchdog/flight_recorder.h"
@@ -206,12 +207,8 @@ class RuntimeImpl final : public Runtime {
   // dump_mu_ held, dumped_generation_ already set to `generation`.
   void WritePeerHangDump(const CapturedEvidence& captured, int64_t generation,
                          const std::string& declared_by, absl::string_view how);
-  // The generation watcher's thread (with a store): waits for the table of the generation after
-  // this rank's (RendezvousMember::AwaitNewerGeneration) and calls OnSuperseded once per superseded
-  // generation. Each wait lasts heartbeat_interval_ms: as much store traffic as the heartbeat (an
-  // etcd store opens a watch per wait), and the longest ~Runtime waits for the thread.
-  void WatchGeneration();
-  // Generation watcher: calls the superseded handlers and writes the event generation_superseded.
+  // On the generation watcher's thread, once per superseded generation: calls the superseded
+  // handlers and writes the event generation_superseded.
   void OnSuperseded(int64_t generation);
   // On the watcher's thread: exits the process (Runtime::kSupersededStepExitCode) once one step
   // has gone on for superseded_step_exit_ms while this rank's generation is superseded.
@@ -316,7 +313,10 @@ class RuntimeImpl final : public Runtime {
   Mutex superseded_handlers_mu_;
   std::vector<std::function<void(int64_t)>> superseded_handlers_
       ABSL_GUARDED_BY(superseded_handlers_mu_);
-  std::thread generation_watcher_;  // stopped with stop_watcher_, like peer_hang_watcher_
+  // With a store: calls OnSuperseded on its thread, which uses everything above. Each of its waits
+  // lasts heartbeat_interval_ms: as much store traffic as the heartbeat, and the longest ~Runtime
+  // waits for its thread.
+  std::unique_ptr<GenerationWatcher> generation_watcher_;
   // Its thread calls OnHang, which uses everything above: destroyed before them.
   std::unique_ptr<Watchdog> watchdog_;
   // watchdog_.get(), set once before the hang callbacks are registered: they read it on the
