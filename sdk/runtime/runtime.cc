@@ -19,12 +19,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "sdk/core/store_keys.h"
 #include "sdk/checkpoint/backup_placement.h"
 #include "sdk/checkpoint/checkpointer.h"
 #include "sdk/core/event_log.h"
+#include "sdk/core/store_keys.h"
 #include "sdk/core/utf8.h"
-#include "sdk/health/fail_slow_metrics.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/runtime/peer_progress.h"
 #include "sdk/runtime/runtime_impl.h"
@@ -641,6 +640,15 @@ absl::Status RuntimeImpl::StartDetection() {
   phase_watchdog_ = watchdog_.get();
   watchdog_->AddHangHandler([this](const HangReport& report) { OnHang(report); });
   InstallDumpSignal();
+  rank_publisher_ = std::make_unique<RankPublisher>(RankPublisherOptions{
+      .store = store_,
+      .rank = rank_,
+      .clock = clock_,
+      .progress_period = absl::Milliseconds(options_.watchdog_peer_progress_ms),
+      .heartbeat = &heartbeat_,
+      .watchdog = phase_watchdog_,
+      .collectives = collectives_.get(),
+      .generation = [this] { return generation(); }});
   peer_hang_watcher_ = std::thread([this] { WatchPeerHangs(); });
   return absl::OkStatus();
 }
@@ -807,64 +815,6 @@ bool RuntimeImpl::AwaitHangEnd(int64_t steps_failed) {
   }
 }
 
-void RuntimeImpl::PublishProgress() {
-  if (store_ == nullptr || phase_watchdog_ == nullptr || options_.watchdog_peer_progress_ms == 0) {
-    return;
-  }
-  const int64_t now_ns = clock_->MonotonicNanos();
-  if (now_ns - published_.written_ns < int64_t{options_.watchdog_peer_progress_ms} * 1'000'000) {
-    return;
-  }
-  PublishedProgress now;
-  now.written_ns = now_ns;
-  now.last_progress_ns = phase_watchdog_->last_progress_ns();
-  for (const CommunicatorProgress& p : collectives_->Progress()) {
-    now.begun.emplace_back(p.comm_id, p.begun);
-  }
-  now.generation = generation();
-  // Unchanged since the last record: the peers already know, and its age grows by itself.
-  if (now.last_progress_ns == 0 ||
-      (now.last_progress_ns == published_.last_progress_ns && now.begun == published_.begun &&
-       now.generation == published_.generation)) {
-    return;
-  }
-  runtime_internal::ProgressRecord record;
-  record.published = clock_->Now();
-  record.progress_age = absl::Nanoseconds(std::max<int64_t>(0, now_ns - now.last_progress_ns));
-  record.step = heartbeat_.Read().step;
-  record.begun = now.begun;
-  if (!store_
-           ->Set(runtime_internal::ProgressKey(now.generation, rank_),
-                 runtime_internal::EncodeProgressRecord(record), absl::Seconds(1))
-           .ok()) {
-    return;  // tried again at the next period
-  }
-  published_ = std::move(now);
-}
-
-void RuntimeImpl::PublishWork() {
-  if (store_ == nullptr || collectives_ == nullptr) return;
-  const int64_t now_ns = clock_->MonotonicNanos();
-  if (now_ns - work_published_ns_ < 1'000'000'000) return;
-  work_published_ns_ = now_ns;
-  const HeartbeatSnapshot beat = heartbeat_.Read();
-  RankWorkRecord record;
-  record.steps = beat.steps_completed;
-  record.step_ns = beat.total_step_ns;
-  record.collective_ns = absl::ToInt64Nanoseconds(collectives_->completed_time());
-  record.collective_bytes = collectives_->completed_bytes();
-  if (phase_watchdog_ != nullptr) {
-    for (PhaseTotal& p : phase_watchdog_->PhaseTotals()) {
-      if (p.name != kStepPhase) {
-        record.phase_ns.emplace_back(std::move(p.name), absl::ToInt64Nanoseconds(p.total));
-      }
-    }
-  }
-  // Short: a slow store must not delay the hang watch this thread also does; a lost second is
-  // filled by the detector.
-  (void)store_->Set(RankWorkKey(rank_), EncodeRankWorkRecord(record), absl::Milliseconds(500));
-}
-
 void RuntimeImpl::SetMembership(Membership m) {
   {
     MutexLock lock(&members_mu_);
@@ -939,8 +889,8 @@ void RuntimeImpl::WatchPeerHangs() {
                                    period);
       if (stop_watcher_) return;
     }
-    PublishProgress();
-    PublishWork();
+    rank_publisher_->PublishProgress();
+    rank_publisher_->PublishWork();
     ExitIfStepOutlivesGeneration();
     if (dump_requested.exchange(false, std::memory_order_relaxed)) {
       MutexLock lock(&dump_mu_);

@@ -26,6 +26,7 @@
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/runtime/generation_watcher.h"
 #include "sdk/runtime/launcher_watch.h"
+#include "sdk/runtime/rank_publisher.h"
 #include "sdk/runtime/recovery_policy.h"
 #include "sdk/watchdog/flight_recorder.h"
 #include "sdk/watchdog/stack_trace.h"
@@ -34,10 +35,6 @@
 #include "trainguard/watchdog.h"
 
 namespace trainguard {
-
-// The watchdog phase every guarded step is (StepScope opens it; PublishWork leaves it out of the
-// trainer's own phases, since the work record's step_ns is its time already).
-inline constexpr char kStepPhase[] = "step";
 
 class RuntimeImpl final : public Runtime {
  public:
@@ -215,12 +212,6 @@ class RuntimeImpl final : public Runtime {
   void ExitIfStepOutlivesGeneration();
   // The watcher thread's period (shorter when watchdog_peer_progress_ms is).
   static constexpr absl::Duration kWatcherPeriod = absl::Milliseconds(250);
-  // Watcher thread: writes this rank's progress record (sdk/runtime/peer_progress.h) when it
-  // changed and watchdog_peer_progress_ms has passed since the last one.
-  void PublishProgress();
-  // Watcher thread: writes this rank's work record (sdk/health/fail_slow_metrics.h: steps, their
-  // time, the time in collectives) once a second, for its host agent's fail-slow sample.
-  void PublishWork();
   // The watchdog's peer_progress question (watchdog.h), answered from the peers' records.
   std::optional<std::string> ExplainPeerWait(const InFlightCollective& waiting_in);
   // Training thread: membership_ = m, and the copy of its member ids ExplainPeerWait reads.
@@ -293,20 +284,13 @@ class RuntimeImpl final : public Runtime {
   absl::Time hang_key_seen_ = absl::InfinitePast();
   Mutex watcher_mu_;
   bool stop_watcher_ = false;  // guarded by watcher_mu_
-  // Watcher thread only: when PublishProgress last wrote a record, and what it said.
-  struct PublishedProgress {
-    int64_t written_ns = 0;        // clock_->MonotonicNanos() when written
-    int64_t last_progress_ns = 0;  // the watchdog's last_progress_ns() it reported
-    std::vector<std::pair<uint64_t, int64_t>> begun;
-    int64_t generation = -1;
-  };
-  PublishedProgress published_;
+  // Watcher thread only: writes this rank's progress and work records (set in StartDetection).
+  std::unique_ptr<RankPublisher> rank_publisher_;
   // The current generation's member ids, by rank, for ExplainPeerWait on the watchdog's thread
   // (membership_ itself is the training thread's). Set by SetMembership.
   Mutex members_mu_;
   int64_t members_generation_ = -1;      // guarded by members_mu_
   std::vector<std::string> member_ids_;  // guarded by members_mu_
-  int64_t work_published_ns_ = 0;        // watcher thread only: when PublishWork last wrote
   // Watchdog thread only: the collective whose postponement was last written as an event.
   uint64_t excused_collective_ = 0;
   std::thread peer_hang_watcher_;
