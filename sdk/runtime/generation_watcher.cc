@@ -13,11 +13,13 @@ GenerationWatcher::GenerationWatcher(RendezvousMember* member, absl::Duration wa
 }
 
 GenerationWatcher::~GenerationWatcher() {
-  {
-    MutexLock lock(&mu_);
-    stop_ = true;
-  }
+  Stop();
   thread_.join();
+}
+
+void GenerationWatcher::Stop() {
+  MutexLock lock(&mu_);
+  stop_ = true;
 }
 
 void GenerationWatcher::Run() {

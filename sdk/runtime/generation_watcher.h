@@ -38,6 +38,9 @@ class GenerationWatcher {
   // Stops the thread and joins it: within `wait` (the store wait in progress), or once a handler
   // that is running returns.
   ~GenerationWatcher();
+  // Asks the thread to stop, without waiting for it (the destructor joins it): an owner stopping
+  // several threads lets them stop together.
+  void Stop();
   GenerationWatcher(const GenerationWatcher&) = delete;
   GenerationWatcher& operator=(const GenerationWatcher&) = delete;
 

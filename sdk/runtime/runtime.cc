@@ -257,8 +257,11 @@ RuntimeImpl::~RuntimeImpl() {
     MutexLock lock(&watcher_mu_);
     stop_watcher_ = true;
   }
-  generation_watcher_.reset();  // stops and joins its thread
-  if (peer_hang_watcher_.joinable()) peer_hang_watcher_.join();
+  // Both threads stop together; each destructor joins its own.
+  if (generation_watcher_ != nullptr) generation_watcher_->Stop();
+  if (peer_hang_watcher_ != nullptr) peer_hang_watcher_->Stop();
+  generation_watcher_.reset();
+  peer_hang_watcher_.reset();
   watchdog_.reset();  // its thread calls back into this object
   Event stopped;
   stopped.type = EventType::kRuntimeStopped;
@@ -649,7 +652,20 @@ absl::Status RuntimeImpl::StartDetection() {
       .watchdog = phase_watchdog_,
       .collectives = collectives_.get(),
       .generation = [this] { return generation(); }});
-  peer_hang_watcher_ = std::thread([this] { WatchPeerHangs(); });
+  // It wakes every half publication period (when shorter), so that a progress record goes out
+  // between one and 1.5 periods after the last; it reads the hang key every kWatcherPeriod.
+  absl::Duration period = kWatcherPeriod;
+  if (options_.watchdog_peer_progress_ms > 0) {
+    period = std::min(period, absl::Milliseconds(options_.watchdog_peer_progress_ms) / 2);
+  }
+  peer_hang_watcher_ = std::make_unique<PeerHangWatcher>(PeerHangWatcherOptions{
+      .period = period,
+      .hang_check_period = kWatcherPeriod,
+      .store = store_,
+      .generation = [this] { return generation(); },
+      .duties = [this] { RunWatcherDuties(); },
+      .on_hang_key = [this](int64_t generation, const absl::StatusOr<std::string>& who,
+                            absl::Time asked) { OnHangKey(generation, who, asked); }});
   return absl::OkStatus();
 }
 
@@ -874,55 +890,38 @@ std::optional<std::string> RuntimeImpl::ExplainPeerWait(const InFlightCollective
   return peer;
 }
 
-void RuntimeImpl::WatchPeerHangs() {
-  // Polls (a Get every kWatcherPeriod) for a peer's hang. It wakes every half publication period
-  // (when shorter), so that a progress record goes out between one and 1.5 periods after the last.
-  absl::Duration period = kWatcherPeriod;
-  if (options_.watchdog_peer_progress_ms > 0) {
-    period = std::min(period, absl::Milliseconds(options_.watchdog_peer_progress_ms) / 2);
-  }
-  absl::Time next_hang_check = absl::InfinitePast();
-  while (true) {
-    {
-      MutexLock lock(&watcher_mu_);
-      watcher_mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_watcher_; },
-                                   period);
-      if (stop_watcher_) return;
-    }
-    rank_publisher_->PublishProgress();
-    rank_publisher_->PublishWork();
-    ExitIfStepOutlivesGeneration();
-    if (dump_requested.exchange(false, std::memory_order_relaxed)) {
-      MutexLock lock(&dump_mu_);
-      const std::string path = DumpEvidence("SIGUSR2 (dump on demand)", generation(), nullptr);
-      Event event =
-          EventOfKind(EventKind::kEvidenceDumped,
-                      absl::StrCat("flight recorder and stacks dumped on SIGUSR2 to ", path));
-      event.step = heartbeat_.Read().step;
-      event.attributes.emplace_back("dump", path);
-      (void)EmitEvent(std::move(event));
-    }
-    if (store_ == nullptr || absl::Now() < next_hang_check) continue;
-    next_hang_check = absl::Now() + kWatcherPeriod;
-    const int64_t generation = this->generation();
-    const absl::Time asked = absl::Now();
-    absl::StatusOr<std::string> who =
-        store_->Get(store_keys::Hang(generation), absl::Seconds(2));
+void RuntimeImpl::RunWatcherDuties() {
+  rank_publisher_->PublishProgress();
+  rank_publisher_->PublishWork();
+  ExitIfStepOutlivesGeneration();
+  if (dump_requested.exchange(false, std::memory_order_relaxed)) {
     MutexLock lock(&dump_mu_);
-    if (!who.ok()) {
-      // The launcher deletes the key of a hang withdrawn (OnHang): a later hang of the same
-      // generation is dumped again. A Get sent before the key was seen proves nothing.
-      if (absl::IsNotFound(who.status()) && dumped_generation_ == generation &&
-          asked > hang_key_seen_) {
-        dumped_generation_ = -1;
-      }
-      continue;  // NotFound: no hang; anything else: try again later
-    }
-    if (dumped_generation_ == generation) continue;  // this hang is dumped already
-    dumped_generation_ = generation;
-    hang_key_seen_ = asked;
-    WritePeerHangDump(CaptureEvidence(), generation, *who, "");
+    const std::string path = DumpEvidence("SIGUSR2 (dump on demand)", generation(), nullptr);
+    Event event =
+        EventOfKind(EventKind::kEvidenceDumped,
+                    absl::StrCat("flight recorder and stacks dumped on SIGUSR2 to ", path));
+    event.step = heartbeat_.Read().step;
+    event.attributes.emplace_back("dump", path);
+    (void)EmitEvent(std::move(event));
   }
+}
+
+void RuntimeImpl::OnHangKey(int64_t generation, const absl::StatusOr<std::string>& who,
+                            absl::Time asked) {
+  MutexLock lock(&dump_mu_);
+  if (!who.ok()) {
+    // The launcher deletes the key of a hang withdrawn (OnHang): a later hang of the same
+    // generation is dumped again. A Get sent before the key was seen proves nothing.
+    if (absl::IsNotFound(who.status()) && dumped_generation_ == generation &&
+        asked > hang_key_seen_) {
+      dumped_generation_ = -1;
+    }
+    return;  // NotFound: no hang; anything else: try again later
+  }
+  if (dumped_generation_ == generation) return;  // this hang is dumped already
+  dumped_generation_ = generation;
+  hang_key_seen_ = asked;
+  WritePeerHangDump(CaptureEvidence(), generation, *who, "");
 }
 
 void RuntimeImpl::WritePeerHangDump(const CapturedEvidence& captured, int64_t generation,

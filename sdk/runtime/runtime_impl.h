@@ -26,6 +26,7 @@
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/runtime/generation_watcher.h"
 #include "sdk/runtime/launcher_watch.h"
+#include "sdk/runtime/peer_hang_watcher.h"
 #include "sdk/runtime/rank_publisher.h"
 #include "sdk/runtime/recovery_policy.h"
 #include "sdk/watchdog/flight_recorder.h"
@@ -198,7 +199,13 @@ class RuntimeImpl final : public Runtime {
   std::string WriteEvidence(const CapturedEvidence& captured, const std::string& reason,
                             int64_t generation, std::string* stacks_out,
                             int64_t* symbolize_ms = nullptr);
-  void WatchPeerHangs();  // and SIGUSR2 dump requests, and publishes this rank's progress
+  // The peer-hang watcher's duties, every period: publishes this rank's records, exits when a
+  // step outlives its generation, and dumps the evidence on SIGUSR2.
+  void RunWatcherDuties();
+  // The peer-hang watcher read the hang key of `generation` (sent at `asked`): dumps this rank's
+  // evidence of a peer's hang once, or forgets the dump of a hang withdrawn.
+  void OnHangKey(int64_t generation, const absl::StatusOr<std::string>& declared_by,
+                 absl::Time asked);
   // Writes this rank's dump of a hang that `declared_by` (the hang key's value) declared in
   // `generation`, and its `hang` event (remote=true; `how` is appended to the message). REQUIRES:
   // dump_mu_ held, dumped_generation_ already set to `generation`.
@@ -210,7 +217,7 @@ class RuntimeImpl final : public Runtime {
   // On the watcher's thread: exits the process (Runtime::kSupersededStepExitCode) once one step
   // has gone on for superseded_step_exit_ms while this rank's generation is superseded.
   void ExitIfStepOutlivesGeneration();
-  // The watcher thread's period (shorter when watchdog_peer_progress_ms is).
+  // The peer-hang watcher's period (shorter when watchdog_peer_progress_ms is).
   static constexpr absl::Duration kWatcherPeriod = absl::Milliseconds(250);
   // The watchdog's peer_progress question (watchdog.h), answered from the peers' records.
   std::optional<std::string> ExplainPeerWait(const InFlightCollective& waiting_in);
@@ -282,6 +289,7 @@ class RuntimeImpl final : public Runtime {
   // Guarded by dump_mu_: when the hang key of dumped_generation_ was last known to exist (this
   // rank's own key: once written). Its absence afterwards means the hang was withdrawn.
   absl::Time hang_key_seen_ = absl::InfinitePast();
+  // Set when ~Runtime begins: a hang's wait for the peers' dumps (AwaitHangEnd) ends.
   Mutex watcher_mu_;
   bool stop_watcher_ = false;  // guarded by watcher_mu_
   // Watcher thread only: writes this rank's progress and work records (set in StartDetection).
@@ -293,7 +301,9 @@ class RuntimeImpl final : public Runtime {
   std::vector<std::string> member_ids_;  // guarded by members_mu_
   // Watchdog thread only: the collective whose postponement was last written as an event.
   uint64_t excused_collective_ = 0;
-  std::thread peer_hang_watcher_;
+  // With a watchdog: runs RunWatcherDuties and OnHangKey on its thread, which use everything
+  // above.
+  std::unique_ptr<PeerHangWatcher> peer_hang_watcher_;
   Mutex superseded_handlers_mu_;
   std::vector<std::function<void(int64_t)>> superseded_handlers_
       ABSL_GUARDED_BY(superseded_handlers_mu_);
