@@ -19,12 +19,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "sdk/core/store_keys.h"
 #include "sdk/checkpoint/backup_placement.h"
 #include "sdk/checkpoint/checkpointer.h"
 #include "sdk/core/event_log.h"
+#include "sdk/core/store_keys.h"
 #include "sdk/core/utf8.h"
-#include "sdk/health/fail_slow_metrics.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/runtime/peer_progress.h"
 #include "sdk/runtime/runtime_impl.h"
@@ -141,7 +140,9 @@ absl::StatusOr<std::unique_ptr<Runtime>> RuntimeImpl::Create(const Options& opti
   }
   if (absl::Status s = runtime->StartDetection(); !s.ok()) return s;
   if (runtime->member_ != nullptr) {
-    runtime->generation_watcher_ = std::thread([rt = runtime.get()] { rt->WatchGeneration(); });
+    runtime->generation_watcher_ = std::make_unique<GenerationWatcher>(
+        runtime->member_.get(), absl::Milliseconds(options.heartbeat_interval_ms),
+        [rt = runtime.get()](int64_t generation) { rt->OnSuperseded(generation); });
   }
   return std::unique_ptr<Runtime>(std::move(runtime));
 }
@@ -153,6 +154,7 @@ RuntimeImpl::RuntimeImpl(Options options, Topology topology, std::string run_dir
       env_(options_.env != nullptr ? options_.env : Env::Default()),
       clock_(options_.clock != nullptr ? options_.clock : Clock::Real()),
       rank_(options_.rank),
+      recovery_policy_(RecoveryLimits::FromOptions(options_)),
       checkpointing_(options_.checkpoint_every_steps > 0 || options_.checkpoint_every_seconds > 0) {
 }
 
@@ -255,8 +257,11 @@ RuntimeImpl::~RuntimeImpl() {
     MutexLock lock(&watcher_mu_);
     stop_watcher_ = true;
   }
-  if (peer_hang_watcher_.joinable()) peer_hang_watcher_.join();
-  if (generation_watcher_.joinable()) generation_watcher_.join();
+  // Both threads stop together; each destructor joins its own.
+  if (generation_watcher_ != nullptr) generation_watcher_->Stop();
+  if (peer_hang_watcher_ != nullptr) peer_hang_watcher_->Stop();
+  generation_watcher_.reset();
+  peer_hang_watcher_.reset();
   watchdog_.reset();  // its thread calls back into this object
   Event stopped;
   stopped.type = EventType::kRuntimeStopped;
@@ -372,7 +377,7 @@ absl::StatusOr<int64_t> RuntimeImpl::ReRendezvous(const StepResult& result, int6
     SetMembership(*std::move(m));
     generation_.store(membership_.generation);
     recovery_plan_ = *plan;
-    consecutive_failures_ = 0;
+    recovery_policy_.EndFailureRun();
     return plan->resume_step;
   }
 }
@@ -638,7 +643,29 @@ absl::Status RuntimeImpl::StartDetection() {
   phase_watchdog_ = watchdog_.get();
   watchdog_->AddHangHandler([this](const HangReport& report) { OnHang(report); });
   InstallDumpSignal();
-  peer_hang_watcher_ = std::thread([this] { WatchPeerHangs(); });
+  rank_publisher_ = std::make_unique<RankPublisher>(RankPublisherOptions{
+      .store = store_,
+      .rank = rank_,
+      .clock = clock_,
+      .progress_period = absl::Milliseconds(options_.watchdog_peer_progress_ms),
+      .heartbeat = &heartbeat_,
+      .watchdog = phase_watchdog_,
+      .collectives = collectives_.get(),
+      .generation = [this] { return generation(); }});
+  // It wakes every half publication period (when shorter), so that a progress record goes out
+  // between one and 1.5 periods after the last; it reads the hang key every kWatcherPeriod.
+  absl::Duration period = kWatcherPeriod;
+  if (options_.watchdog_peer_progress_ms > 0) {
+    period = std::min(period, absl::Milliseconds(options_.watchdog_peer_progress_ms) / 2);
+  }
+  peer_hang_watcher_ = std::make_unique<PeerHangWatcher>(PeerHangWatcherOptions{
+      .period = period,
+      .hang_check_period = kWatcherPeriod,
+      .store = store_,
+      .generation = [this] { return generation(); },
+      .duties = [this] { RunWatcherDuties(); },
+      .on_hang_key = [this](int64_t generation, const absl::StatusOr<std::string>& who,
+                            absl::Time asked) { OnHangKey(generation, who, asked); }});
   return absl::OkStatus();
 }
 
@@ -804,64 +831,6 @@ bool RuntimeImpl::AwaitHangEnd(int64_t steps_failed) {
   }
 }
 
-void RuntimeImpl::PublishProgress() {
-  if (store_ == nullptr || phase_watchdog_ == nullptr || options_.watchdog_peer_progress_ms == 0) {
-    return;
-  }
-  const int64_t now_ns = clock_->MonotonicNanos();
-  if (now_ns - published_.written_ns < int64_t{options_.watchdog_peer_progress_ms} * 1'000'000) {
-    return;
-  }
-  PublishedProgress now;
-  now.written_ns = now_ns;
-  now.last_progress_ns = phase_watchdog_->last_progress_ns();
-  for (const CommunicatorProgress& p : collectives_->Progress()) {
-    now.begun.emplace_back(p.comm_id, p.begun);
-  }
-  now.generation = generation();
-  // Unchanged since the last record: the peers already know, and its age grows by itself.
-  if (now.last_progress_ns == 0 ||
-      (now.last_progress_ns == published_.last_progress_ns && now.begun == published_.begun &&
-       now.generation == published_.generation)) {
-    return;
-  }
-  runtime_internal::ProgressRecord record;
-  record.published = clock_->Now();
-  record.progress_age = absl::Nanoseconds(std::max<int64_t>(0, now_ns - now.last_progress_ns));
-  record.step = heartbeat_.Read().step;
-  record.begun = now.begun;
-  if (!store_
-           ->Set(runtime_internal::ProgressKey(now.generation, rank_),
-                 runtime_internal::EncodeProgressRecord(record), absl::Seconds(1))
-           .ok()) {
-    return;  // tried again at the next period
-  }
-  published_ = std::move(now);
-}
-
-void RuntimeImpl::PublishWork() {
-  if (store_ == nullptr || collectives_ == nullptr) return;
-  const int64_t now_ns = clock_->MonotonicNanos();
-  if (now_ns - work_published_ns_ < 1'000'000'000) return;
-  work_published_ns_ = now_ns;
-  const HeartbeatSnapshot beat = heartbeat_.Read();
-  RankWorkRecord record;
-  record.steps = beat.steps_completed;
-  record.step_ns = beat.total_step_ns;
-  record.collective_ns = absl::ToInt64Nanoseconds(collectives_->completed_time());
-  record.collective_bytes = collectives_->completed_bytes();
-  if (phase_watchdog_ != nullptr) {
-    for (PhaseTotal& p : phase_watchdog_->PhaseTotals()) {
-      if (p.name != kStepPhase) {
-        record.phase_ns.emplace_back(std::move(p.name), absl::ToInt64Nanoseconds(p.total));
-      }
-    }
-  }
-  // Short: a slow store must not delay the hang watch this thread also does; a lost second is
-  // filled by the detector.
-  (void)store_->Set(RankWorkKey(rank_), EncodeRankWorkRecord(record), absl::Milliseconds(500));
-}
-
 void RuntimeImpl::SetMembership(Membership m) {
   {
     MutexLock lock(&members_mu_);
@@ -921,55 +890,38 @@ std::optional<std::string> RuntimeImpl::ExplainPeerWait(const InFlightCollective
   return peer;
 }
 
-void RuntimeImpl::WatchPeerHangs() {
-  // Polls (a Get every kWatcherPeriod) for a peer's hang. It wakes every half publication period
-  // (when shorter), so that a progress record goes out between one and 1.5 periods after the last.
-  absl::Duration period = kWatcherPeriod;
-  if (options_.watchdog_peer_progress_ms > 0) {
-    period = std::min(period, absl::Milliseconds(options_.watchdog_peer_progress_ms) / 2);
-  }
-  absl::Time next_hang_check = absl::InfinitePast();
-  while (true) {
-    {
-      MutexLock lock(&watcher_mu_);
-      watcher_mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_watcher_; },
-                                   period);
-      if (stop_watcher_) return;
-    }
-    PublishProgress();
-    PublishWork();
-    ExitIfStepOutlivesGeneration();
-    if (dump_requested.exchange(false, std::memory_order_relaxed)) {
-      MutexLock lock(&dump_mu_);
-      const std::string path = DumpEvidence("SIGUSR2 (dump on demand)", generation(), nullptr);
-      Event event =
-          EventOfKind(EventKind::kEvidenceDumped,
-                      absl::StrCat("flight recorder and stacks dumped on SIGUSR2 to ", path));
-      event.step = heartbeat_.Read().step;
-      event.attributes.emplace_back("dump", path);
-      (void)EmitEvent(std::move(event));
-    }
-    if (store_ == nullptr || absl::Now() < next_hang_check) continue;
-    next_hang_check = absl::Now() + kWatcherPeriod;
-    const int64_t generation = this->generation();
-    const absl::Time asked = absl::Now();
-    absl::StatusOr<std::string> who =
-        store_->Get(store_keys::Hang(generation), absl::Seconds(2));
+void RuntimeImpl::RunWatcherDuties() {
+  rank_publisher_->PublishProgress();
+  rank_publisher_->PublishWork();
+  ExitIfStepOutlivesGeneration();
+  if (dump_requested.exchange(false, std::memory_order_relaxed)) {
     MutexLock lock(&dump_mu_);
-    if (!who.ok()) {
-      // The launcher deletes the key of a hang withdrawn (OnHang): a later hang of the same
-      // generation is dumped again. A Get sent before the key was seen proves nothing.
-      if (absl::IsNotFound(who.status()) && dumped_generation_ == generation &&
-          asked > hang_key_seen_) {
-        dumped_generation_ = -1;
-      }
-      continue;  // NotFound: no hang; anything else: try again later
-    }
-    if (dumped_generation_ == generation) continue;  // this hang is dumped already
-    dumped_generation_ = generation;
-    hang_key_seen_ = asked;
-    WritePeerHangDump(CaptureEvidence(), generation, *who, "");
+    const std::string path = DumpEvidence("SIGUSR2 (dump on demand)", generation(), nullptr);
+    Event event =
+        EventOfKind(EventKind::kEvidenceDumped,
+                    absl::StrCat("flight recorder and stacks dumped on SIGUSR2 to ", path));
+    event.step = heartbeat_.Read().step;
+    event.attributes.emplace_back("dump", path);
+    (void)EmitEvent(std::move(event));
   }
+}
+
+void RuntimeImpl::OnHangKey(int64_t generation, const absl::StatusOr<std::string>& who,
+                            absl::Time asked) {
+  MutexLock lock(&dump_mu_);
+  if (!who.ok()) {
+    // The launcher deletes the key of a hang withdrawn (OnHang): a later hang of the same
+    // generation is dumped again. A Get sent before the key was seen proves nothing.
+    if (absl::IsNotFound(who.status()) && dumped_generation_ == generation &&
+        asked > hang_key_seen_) {
+      dumped_generation_ = -1;
+    }
+    return;  // NotFound: no hang; anything else: try again later
+  }
+  if (dumped_generation_ == generation) return;  // this hang is dumped already
+  dumped_generation_ = generation;
+  hang_key_seen_ = asked;
+  WritePeerHangDump(CaptureEvidence(), generation, *who, "");
 }
 
 void RuntimeImpl::WritePeerHangDump(const CapturedEvidence& captured, int64_t generation,
@@ -982,29 +934,6 @@ void RuntimeImpl::WritePeerHangDump(const CapturedEvidence& captured, int64_t ge
   event.message = absl::StrCat(reason, how);
   event.attributes = {{"remote", "true"}, {"dump", path}};
   (void)EmitEventOf(generation, std::move(event));
-}
-
-void RuntimeImpl::WatchGeneration() {
-  int64_t announced = -1;  // the last generation OnSuperseded was called for
-  const absl::Duration slice = absl::Milliseconds(options_.heartbeat_interval_ms);
-  while (true) {
-    const int64_t held = member_->generation();
-    absl::StatusOr<bool> superseded = member_->AwaitNewerGeneration(slice);
-    if (superseded.ok() && *superseded && held != announced &&
-        member_->superseded_generation() == held) {
-      announced = held;
-      OnSuperseded(held);
-    }
-    // Nothing to wait for in the store while superseded (until the training thread adopts the
-    // next generation) or while the store fails: look again shortly, without a request.
-    const bool idle = !superseded.ok() || *superseded;
-    MutexLock lock(&watcher_mu_);
-    if (idle) {
-      watcher_mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_watcher_; },
-                                   absl::Milliseconds(20));
-    }
-    if (stop_watcher_) return;
-  }
 }
 
 void RuntimeImpl::OnSuperseded(int64_t generation) {
@@ -1276,25 +1205,9 @@ absl::StatusOr<int64_t> RuntimeImpl::RestoreCheckpoint() {
   return r->step;
 }
 
-void RuntimeImpl::ForgetRollbacks() {
-  rollback_step_ = -1;
-  rollbacks_to_step_ = 0;
-  rollback_failed_step_ = kNoRollback;
-  skipped_batches_ = false;
-}
-
-absl::StatusOr<int64_t> RuntimeImpl::Rollback(const StepResult& result, RecoveryReport& report) {
+absl::StatusOr<int64_t> RuntimeImpl::Rollback(const StepResult& result, int64_t first_failed_step,
+                                               RecoveryReport& report) {
   report.decision = "give_up";
-  if (!checkpointing_) {
-    return absl::UnimplementedError(
-        absl::StrCat("rank ", rank(), " step ", result.step,
-                     ": rollback needs a committed checkpoint, and checkpointing is off (set "
-                     "checkpoint_every_steps or call Checkpoint()); last: ",
-                     result.status.message()));
-  }
-  const int64_t first_failed = first_failed_step_ >= 0 ? first_failed_step_ : result.step;
-  consecutive_failures_ = 0;
-  first_failed_step_ = -1;
   absl::StatusOr<int64_t> step = RestoreCheckpoint();
   if (absl::IsNotFound(step.status())) {
     // A new generation could not do better: it would start from scratch.
@@ -1310,29 +1223,23 @@ absl::StatusOr<int64_t> RuntimeImpl::Rollback(const StepResult& result, Recovery
   }
   report.restored_from = last_restore_source_;
   report.restore_skipped = last_restore_skipped_;
-  if (*step != rollback_step_) {
-    ForgetRollbacks();
-    rollback_step_ = *step;
-  }
-  ++rollbacks_to_step_;
-  rollback_failed_step_ = result.step;
-  const int limit = options_.max_rollbacks_per_step;
-  if (rollbacks_to_step_ <= limit) {
-    report.decision = "rollback";
-    return step;
-  }
-  if (options_.repeated_fault_action == "skip" && !skipped_batches_) {
-    // The replay reproduces the state that failed; going on without the batches that led to it
-    // (PaLM's remedy for loss spikes) is the trainer's choice, made by the option.
-    skipped_batches_ = true;
-    report.decision = "skip_batches";
-    return std::max(first_failed + 1, *step);
+  const RecoveryPolicy::RestoreDecision d =
+      recovery_policy_.OnRestored(*step, result.step, first_failed_step);
+  switch (d.verdict) {
+    case RecoveryPolicy::RestoreVerdict::kResume:
+      report.decision = "rollback";
+      return d.next_step;
+    case RecoveryPolicy::RestoreVerdict::kSkipBatches:
+      report.decision = "skip_batches";
+      return d.next_step;
+    case RecoveryPolicy::RestoreVerdict::kStopJob:
+      break;
   }
   return StopJob(
       absl::StrCat("rank ", rank(), ": step ", result.step, " failed again after ",
-                   rollbacks_to_step_ - 1, " rollback(s) to step ", *step, " (limit ", limit,
-                   ": max_rollbacks_per_step",
-                   skipped_batches_ ? "; the batches up to the first failed step were skipped" : "",
+                   d.rollbacks_before, " rollback(s) to step ", *step, " (limit ",
+                   recovery_policy_.limits().max_rollbacks_per_step, ": max_rollbacks_per_step",
+                   d.skipped_batches ? "; the batches up to the first failed step were skipped" : "",
                    "): the fault recurs after rollback, so the job stops; last fault: ",
                    result.status.message()),
       report);
@@ -1345,30 +1252,35 @@ void RuntimeImpl::MarkFatal(std::string reason) {
 }
 
 absl::StatusOr<int64_t> RuntimeImpl::RecoverOnce(const StepResult& result, RecoveryReport& report) {
-  const int max_failures = options_.max_consecutive_step_failures;
-  switch (result.action) {
-    case StepAction::kContinue:
+  const RecoveryPolicy::FaultDecision d =
+      recovery_policy_.OnStepFailed(result.action, result.step, checkpointing_);
+  switch (d.verdict) {
+    case RecoveryPolicy::FaultVerdict::kContinue:
       report.decision = "continue";
       return result.step + 1;
-    case StepAction::kSkip:
-      if (consecutive_failures_++ == 0) first_failed_step_ = result.step;
-      if (consecutive_failures_ <= max_failures) {
-        report.decision = "skip";
-        return result.step + 1;
-      }
-      if (checkpointing_) return Rollback(result, report);
+    case RecoveryPolicy::FaultVerdict::kSkip:
+      report.decision = "skip";
+      return result.step + 1;
+    case RecoveryPolicy::FaultVerdict::kRollback:
+      return Rollback(result, d.first_failed_step, report);
+    case RecoveryPolicy::FaultVerdict::kRollbackOff:
+      report.decision = "give_up";
+      return absl::UnimplementedError(
+          absl::StrCat("rank ", rank(), " step ", result.step,
+                       ": rollback needs a committed checkpoint, and checkpointing is off (set "
+                       "checkpoint_every_steps or call Checkpoint()); last: ",
+                       result.status.message()));
+    case RecoveryPolicy::FaultVerdict::kStopJob:
       return StopJob(
-          absl::StrCat("rank ", rank(), ": ", consecutive_failures_,
-                       " consecutive steps failed (limit ", max_failures,
+          absl::StrCat("rank ", rank(), ": ", d.consecutive_failures,
+                       " consecutive steps failed (limit ",
+                       recovery_policy_.limits().max_consecutive_step_failures,
                        ": max_consecutive_step_failures), the last at step ", result.step,
                        ", and checkpointing is off, so there is nothing to roll back to; last "
                        "fault: ",
                        result.status.message()),
           report);
-    case StepAction::kRollback:
-      if (consecutive_failures_++ == 0) first_failed_step_ = result.step;
-      return Rollback(result, report);
-    case StepAction::kReRendezvous: {
+    case RecoveryPolicy::FaultVerdict::kReRendezvous: {
       report.decision = "give_up";
       // Peers still blocked in the old communicator's collectives fail at once.
       CloseCommunicator();
@@ -1379,12 +1291,14 @@ absl::StatusOr<int64_t> RuntimeImpl::RecoverOnce(const StepResult& result, Recov
       if (next.ok()) report.decision = "re_rendezvous";
       return next;
     }
-    case StepAction::kFatal:
+    case RecoveryPolicy::FaultVerdict::kFatal:
       report.decision = "give_up";
       return result.status.ok()
                  ? absl::InternalError(
                        absl::StrCat("rank ", rank(), " step ", result.step, ": fatal step result"))
                  : result.status;
+    case RecoveryPolicy::FaultVerdict::kUnknown:
+      break;
   }
   return absl::InternalError(absl::StrCat("rank ", rank(), " step ", result.step,
                                           ": unknown step action ",
@@ -1393,7 +1307,7 @@ absl::StatusOr<int64_t> RuntimeImpl::RecoverOnce(const StepResult& result, Recov
 
 absl::StatusOr<int64_t> RuntimeImpl::recover(const StepResult& result) {
   if (result.action == StepAction::kContinue) {
-    consecutive_failures_ = 0;
+    recovery_policy_.EndFailureRun();
     return result.step + 1;
   }
   RecoveryReport report;

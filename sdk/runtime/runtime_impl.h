@@ -24,7 +24,11 @@
 #include "sdk/core/event_log.h"
 #include "sdk/core/mutex.h"
 #include "sdk/rendezvous/rendezvous.h"
+#include "sdk/runtime/generation_watcher.h"
 #include "sdk/runtime/launcher_watch.h"
+#include "sdk/runtime/peer_hang_watcher.h"
+#include "sdk/runtime/rank_publisher.h"
+#include "sdk/runtime/recovery_policy.h"
 #include "sdk/watchdog/flight_recorder.h"
 #include "sdk/watchdog/stack_trace.h"
 #include "trainguard/health.h"
@@ -32,10 +36,6 @@
 #include "trainguard/watchdog.h"
 
 namespace trainguard {
-
-// The watchdog phase every guarded step is (StepScope opens it; PublishWork leaves it out of the
-// trainer's own phases, since the work record's step_ns is its time already).
-inline constexpr char kStepPhase[] = "step";
 
 class RuntimeImpl final : public Runtime {
  public:
@@ -109,9 +109,7 @@ class RuntimeImpl final : public Runtime {
   // After a successful step: the first one of each generation is announced in the store
   // (rdzv/gen/<g>/resumed/<rank>), which is how a launcher times a recovery. One compare otherwise.
   void NoteStepSucceeded(int64_t step) {
-    consecutive_failures_ = 0;
-    // Past the step whose failure last caused a rollback: the fault did not recur.
-    if (step > rollback_failed_step_) ForgetRollbacks();
+    recovery_policy_.OnStepSucceeded(step);
     if (announced_generation_ != generation_.load(std::memory_order_relaxed)) AnnounceResumed(step);
   }
   // Checkpoint policy, on the training thread: after a successful step, and at a guard's entry
@@ -172,10 +170,12 @@ class RuntimeImpl final : public Runtime {
   void ReportRecovery(const StepResult* result, RecoveryReport& report);
   void MarkFatal(std::string reason);
 
-  void ForgetRollbacks();
   void AnnounceResumed(int64_t step);
   absl::Status EnsureCheckpointer();
-  absl::StatusOr<int64_t> Rollback(const StepResult& result, RecoveryReport& report);
+  // Restores the newest committed checkpoint for the failure `result` (the policy's kRollback
+  // verdict) and carries out the policy's verdict on it. `first_failed_step`: the verdict's.
+  absl::StatusOr<int64_t> Rollback(const StepResult& result, int64_t first_failed_step,
+                                   RecoveryReport& report);
   // Detection internals.
   absl::Status StartDetection();
   void OnHang(const HangReport& report);
@@ -199,30 +199,26 @@ class RuntimeImpl final : public Runtime {
   std::string WriteEvidence(const CapturedEvidence& captured, const std::string& reason,
                             int64_t generation, std::string* stacks_out,
                             int64_t* symbolize_ms = nullptr);
-  void WatchPeerHangs();  // and SIGUSR2 dump requests, and publishes this rank's progress
+  // The peer-hang watcher's duties, every period: publishes this rank's records, exits when a
+  // step outlives its generation, and dumps the evidence on SIGUSR2.
+  void RunWatcherDuties();
+  // The peer-hang watcher read the hang key of `generation` (sent at `asked`): dumps this rank's
+  // evidence of a peer's hang once, or forgets the dump of a hang withdrawn.
+  void OnHangKey(int64_t generation, const absl::StatusOr<std::string>& declared_by,
+                 absl::Time asked);
   // Writes this rank's dump of a hang that `declared_by` (the hang key's value) declared in
   // `generation`, and its `hang` event (remote=true; `how` is appended to the message). REQUIRES:
   // dump_mu_ held, dumped_generation_ already set to `generation`.
   void WritePeerHangDump(const CapturedEvidence& captured, int64_t generation,
                          const std::string& declared_by, absl::string_view how);
-  // The generation watcher's thread (with a store): waits for the table of the generation after
-  // this rank's (RendezvousMember::AwaitNewerGeneration) and calls OnSuperseded once per superseded
-  // generation. Each wait lasts heartbeat_interval_ms: as much store traffic as the heartbeat (an
-  // etcd store opens a watch per wait), and the longest ~Runtime waits for the thread.
-  void WatchGeneration();
-  // Generation watcher: calls the superseded handlers and writes the event generation_superseded.
+  // On the generation watcher's thread, once per superseded generation: calls the superseded
+  // handlers and writes the event generation_superseded.
   void OnSuperseded(int64_t generation);
   // On the watcher's thread: exits the process (Runtime::kSupersededStepExitCode) once one step
   // has gone on for superseded_step_exit_ms while this rank's generation is superseded.
   void ExitIfStepOutlivesGeneration();
-  // The watcher thread's period (shorter when watchdog_peer_progress_ms is).
+  // The peer-hang watcher's period (shorter when watchdog_peer_progress_ms is).
   static constexpr absl::Duration kWatcherPeriod = absl::Milliseconds(250);
-  // Watcher thread: writes this rank's progress record (sdk/runtime/peer_progress.h) when it
-  // changed and watchdog_peer_progress_ms has passed since the last one.
-  void PublishProgress();
-  // Watcher thread: writes this rank's work record (sdk/health/fail_slow_metrics.h: steps, their
-  // time, the time in collectives) once a second, for its host agent's fail-slow sample.
-  void PublishWork();
   // The watchdog's peer_progress question (watchdog.h), answered from the peers' records.
   std::optional<std::string> ExplainPeerWait(const InFlightCollective& waiting_in);
   // Training thread: membership_ = m, and the copy of its member ids ExplainPeerWait reads.
@@ -253,15 +249,9 @@ class RuntimeImpl final : public Runtime {
   std::atomic<bool> step_active_{false};
   std::atomic<bool> fatal_{false};
   std::string fatal_reason_;  // written once before fatal_ is set
-  int consecutive_failures_ = 0;
-  int64_t first_failed_step_ = -1;  // the first step of the current run of failures
-  // Rollbacks to the same committed step (training thread only): the step, how many, the failed
-  // step that caused the last one (kNoRollback when none), and whether batches were skipped.
-  static constexpr int64_t kNoRollback = INT64_MAX;
-  int64_t rollback_step_ = -1;
-  int rollbacks_to_step_ = 0;
-  int64_t rollback_failed_step_ = kNoRollback;
-  bool skipped_batches_ = false;
+  // What recover() does about a failed step, and the failures and rollbacks it counts (training
+  // thread only).
+  RecoveryPolicy recovery_policy_;
   bool started_ = false;
   CommunicatorFactory communicator_factory_;
   // Shared with the abort hook registered in collectives_, which the watchdog thread may be
@@ -299,29 +289,28 @@ class RuntimeImpl final : public Runtime {
   // Guarded by dump_mu_: when the hang key of dumped_generation_ was last known to exist (this
   // rank's own key: once written). Its absence afterwards means the hang was withdrawn.
   absl::Time hang_key_seen_ = absl::InfinitePast();
+  // Set when ~Runtime begins: a hang's wait for the peers' dumps (AwaitHangEnd) ends.
   Mutex watcher_mu_;
   bool stop_watcher_ = false;  // guarded by watcher_mu_
-  // Watcher thread only: when PublishProgress last wrote a record, and what it said.
-  struct PublishedProgress {
-    int64_t written_ns = 0;        // clock_->MonotonicNanos() when written
-    int64_t last_progress_ns = 0;  // the watchdog's last_progress_ns() it reported
-    std::vector<std::pair<uint64_t, int64_t>> begun;
-    int64_t generation = -1;
-  };
-  PublishedProgress published_;
+  // Watcher thread only: writes this rank's progress and work records (set in StartDetection).
+  std::unique_ptr<RankPublisher> rank_publisher_;
   // The current generation's member ids, by rank, for ExplainPeerWait on the watchdog's thread
   // (membership_ itself is the training thread's). Set by SetMembership.
   Mutex members_mu_;
   int64_t members_generation_ = -1;      // guarded by members_mu_
   std::vector<std::string> member_ids_;  // guarded by members_mu_
-  int64_t work_published_ns_ = 0;        // watcher thread only: when PublishWork last wrote
   // Watchdog thread only: the collective whose postponement was last written as an event.
   uint64_t excused_collective_ = 0;
-  std::thread peer_hang_watcher_;
+  // With a watchdog: runs RunWatcherDuties and OnHangKey on its thread, which use everything
+  // above.
+  std::unique_ptr<PeerHangWatcher> peer_hang_watcher_;
   Mutex superseded_handlers_mu_;
   std::vector<std::function<void(int64_t)>> superseded_handlers_
       ABSL_GUARDED_BY(superseded_handlers_mu_);
-  std::thread generation_watcher_;  // stopped with stop_watcher_, like peer_hang_watcher_
+  // With a store: calls OnSuperseded on its thread, which uses everything above. Each of its waits
+  // lasts heartbeat_interval_ms: as much store traffic as the heartbeat, and the longest ~Runtime
+  // waits for its thread.
+  std::unique_ptr<GenerationWatcher> generation_watcher_;
   // Its thread calls OnHang, which uses everything above: destroyed before them.
   std::unique_ptr<Watchdog> watchdog_;
   // watchdog_.get(), set once before the hang callbacks are registered: they read it on the
