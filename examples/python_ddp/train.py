@@ -39,7 +39,7 @@ launcher's heartbeat check (or a hang diagnosis) can find it. It prints "rank R 
 allreduce at step S" first.
 
 For `trainguard chaos` (docs/GUIDE.md section 12), as examples/cpp_trainer does it:
---progress-events 1 makes rank 0 write an event (custom, what=step_done, its pid) after every step
+--progress-events 1 makes rank 0 write an event (kind step_done, its pid) after every step
 that succeeded, the progress `trainguard report` measures ETTR from; --nan-on-sigusr1 1 turns a
 SIGUSR1 into a NaN in this rank's gradients at its next step; --step-time-ms N makes every step
 last at least N ms (a sleep after the update), so a run's step time does not depend on how fast
@@ -237,7 +237,8 @@ def main(argv):
         if r.ok:
             if args.progress_events and rank == 0:
                 try:
-                    rt.emit_event("step done", step=step, what="step_done", pid=str(os.getpid()))
+                    rt.emit_event("step done", step=step, kind=trainguard.EventKind.STEP_DONE,
+                                  pid=os.getpid())
                 except trainguard.Error as e:  # best effort: a full disk must not stop training
                     print(f"rank {rank} step {step} progress event not written: {e}",
                           file=sys.stderr)

@@ -166,14 +166,19 @@ def test_emit_event_appends_a_custom_event_with_its_step_and_attributes(make_run
     if not cli:
         pytest.skip("TG_CLI (the trainguard binary) is not set; ctest sets it")
     rt = make_runtime()
-    rt.emit_event("step done", step=7, what="step_done", pid=1234)
-    rt.emit_event("no step")
+    rt.emit_event("step done", step=7, kind=trainguard.EventKind.STEP_DONE, pid=1234)
+    rt.emit_event("no step", mine="yes")
+    with pytest.raises(trainguard.InvalidArgumentError, match="no event kind is named 'stepdone'"):
+        rt.emit_event("typo", kind="stepdone")
+    with pytest.raises(trainguard.InvalidArgumentError, match="leave out the attribute 'what'"):
+        rt.emit_event("twice", kind="step_done", what="step_done")
     out = subprocess.run([cli, "events", "--json", str(tmp_path / "run")], check=True,
                          capture_output=True, text=True).stdout
     custom = [json.loads(line) for line in out.splitlines()
               if json.loads(line)["type"] == 5]  # EventType::kCustom
     assert [e["message"] for e in custom] == ["step done", "no step"]
     assert custom[0]["step"] == "7" and custom[1]["step"] == "-1"
-    assert {a["key"]: a["value"] for a in custom[0]["attributes"]} == {
-        "what": "step_done", "pid": "1234"}
+    assert [(a["key"], a["value"]) for a in custom[0]["attributes"]] == [
+        ("what", "step_done"), ("pid", "1234")]
+    assert [(a["key"], a["value"]) for a in custom[1]["attributes"]] == [("mine", "yes")]
     assert custom[0]["rank"] == 0

@@ -334,6 +334,10 @@ void BindRuntime(nb::module_& m) {
   m.attr("FAULT_COMMUNICATION_FAILURE") = static_cast<int>(FaultKind::kCommunicationFailure);
   m.attr("FAULT_FATAL_DEVICE_ERROR") = static_cast<int>(FaultKind::kFatalDeviceError);
   m.attr("FAULT_UNCLASSIFIED") = static_cast<int>(FaultKind::kUnclassified);
+  // The names of trainguard's event kinds (EventKindName, in declaration order): trainguard.EventKind.
+  std::vector<std::string> kinds;
+  for (EventKind kind : AllEventKinds()) kinds.emplace_back(EventKindName(kind));
+  m.attr("EVENT_KINDS") = kinds;
 
   nb::class_<StepResult>(m, "StepResult", "The outcome of one guarded step.")
       .def_ro("step", &StepResult::step)
@@ -480,22 +484,38 @@ void BindRuntime(nb::module_& m) {
              for (const StateBuffer& b : r.get().state().buffers()) names.push_back(b.name);
              return names;
            })
-      // Runtime::EmitEvent: a custom event (type custom) in this rank's event file, with the
-      // rank, generation and time filled in; `step` -1 when not tied to a step.
+      // Runtime::EmitEvent: an event in this rank's event file, with the rank, generation and
+      // time filled in; `step` -1 when not tied to a step. With `kind` (an EventKindName), an
+      // event of that kind (EventOfKind: its type, what=<kind> first); without, a custom one.
       .def(
           "emit_event",
           [](PyRuntime& r, const std::string& message, int64_t step,
-             const std::map<std::string, std::string>& attributes) {
+             const std::map<std::string, std::string>& attributes,
+             const std::optional<std::string>& kind) {
             Event event;
             event.type = EventType::kCustom;
+            if (kind.has_value()) {
+              const std::optional<EventKind> parsed = ParseEventKind(*kind);
+              if (!parsed.has_value()) {
+                ThrowIfError(absl::InvalidArgumentError(
+                    absl::StrCat("emit_event: no event kind is named '", *kind, "'")));
+              }
+              if (attributes.count("what") != 0) {
+                ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
+                    "emit_event: an event of kind ", *kind, " has what=", *kind,
+                    "; leave out the attribute 'what'")));
+              }
+              event = EventOfKind(*parsed);
+            }
             event.step = step;
             event.message = message;
-            event.attributes.assign(attributes.begin(), attributes.end());
+            event.attributes.insert(event.attributes.end(), attributes.begin(), attributes.end());
             Runtime& rt = r.get();
             nb::gil_scoped_release release;
             ThrowIfError(rt.EmitEvent(std::move(event)));
           },
-          nb::arg("message"), nb::arg("step"), nb::arg("attributes"))
+          nb::arg("message"), nb::arg("step"), nb::arg("attributes"),
+          nb::arg("kind") = nb::none())
       .def(
           "begin_phase",
           [](PyRuntime& r, const std::string& name) {

@@ -22,11 +22,12 @@ from .errors import (
     NotFoundError,
     StaleStateError,
 )
-from .runtime import Runtime, Step, RecoverableError, CommunicationError
+from .runtime import Runtime, Step, RecoverableError, CommunicationError, EventKind
 
 __all__ = [
     "__version__",
     "Runtime",
+    "EventKind",
     "Step",
     "Store",
     "TcpStoreServer",

@@ -8,12 +8,20 @@ which fences the previous snapshot) releases the GIL.
 
 import atexit
 import contextlib
+import enum
 import json
 import os
 import sys
 import weakref
 
 from . import _C
+
+# trainguard's event kinds (include/trainguard/events.h): the member STEP_DONE is "step_done", the
+# `what` its events carry. Built from the extension's table, so it never disagrees with it.
+EventKind = enum.Enum("EventKind", [(name.upper(), name) for name in _C.EVENT_KINDS], type=str,
+                      module=__name__)
+EventKind.__doc__ = ("trainguard's event kinds; a member's value is its name in event files "
+                     "(Runtime.emit_event(kind=...)).")
 from .errors import Error, JobMustExit, StaleStateError
 
 
@@ -328,14 +336,19 @@ class Runtime:
         return self._store
 
     # --- events
-    def emit_event(self, message, step=-1, **attributes):
-        """Appends a custom event to this rank's event file (``trainguard events RUN_DIR`` prints
-        it), with the rank, generation and time filled in: e.g.
-        ``rt.emit_event("step done", step=s, what="step_done", pid=str(os.getpid()))``, the
-        progress record ``trainguard report`` measures ETTR from. Attribute values are strings.
-        Raises trainguard.Error when the event cannot be written (a full disk)."""
+    def emit_event(self, message, step=-1, kind=None, **attributes):
+        """Appends an event to this rank's event file (``trainguard events RUN_DIR`` prints it),
+        with the rank, generation and time filled in. ``kind``: one of trainguard's event kinds
+        (a trainguard.EventKind or its name), written as trainguard writes that kind, e.g.
+        ``rt.emit_event("step done", step=s, kind=trainguard.EventKind.STEP_DONE,
+        pid=os.getpid())``, the progress record ``trainguard report`` measures ETTR from; None: a
+        custom event of the caller's own. Attribute values are made strings. Raises
+        trainguard.InvalidArgumentError for an unknown kind or a ``what`` beside a kind, and
+        trainguard.Error when the event cannot be written (a full disk)."""
+        if kind is not None:
+            kind = kind.value if isinstance(kind, EventKind) else str(kind)
         self._c.emit_event(str(message), int(step),
-                           {str(k): str(v) for k, v in attributes.items()})
+                           {str(k): str(v) for k, v in attributes.items()}, kind)
 
     # --- steps
     def step(self, number):
