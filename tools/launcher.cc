@@ -261,8 +261,6 @@ class Job {
   }
   // The store as the ranks see it (their job id's namespace); store_ is the agents' (the job's).
   Store* ranks_store() const { return round_store_ != nullptr ? round_store_.get() : store_.get(); }
-  // The round a member id was started in (0: none named).
-  static int64_t MemberRound(const std::string& member);
   // Where ranks that finished with status 0 are recorded: a restart round starts the count anew.
   std::string FinishedPrefix() const { return store_keys::AgentFinishedPrefix(round_); }
   // Parses the plan (agents/plan) into group_rank_, world_size_, master_addr_/port_. False when
@@ -858,11 +856,15 @@ absl::Status Job::Spawn(int rank, int standby_index) {
   child->rank = rank;
   child->standby_index = standby_index;
   const std::string host = HostLabel();
-  // A restart round's processes are members of their own (MemberRound), so that a death reported
-  // from an earlier round is never taken for one of this round's.
-  const std::string round = round_ > 0 ? absl::StrCat(":round", round_) : "";
-  child->member_id = rank >= 0 ? absl::StrCat(host, ":", getpid(), round, ":rank", rank)
-                               : absl::StrCat(host, ":", getpid(), round, ":standby", standby_index);
+  // A restart round's processes are members of their own (MemberId::round), so that a death
+  // reported from an earlier round is never taken for one of this round's.
+  store_keys::MemberId id;
+  id.host = host;
+  id.pid = getpid();
+  id.round = round_;
+  id.role = rank >= 0 ? store_keys::MemberId::Role::kRank : store_keys::MemberId::Role::kStandby;
+  id.index = rank >= 0 ? rank : standby_index;
+  child->member_id = store_keys::EncodeMemberId(id);
   WorkerSpec spec;
   spec.label = child->Label();
   spec.argv = config_.command;
@@ -2166,16 +2168,6 @@ void Job::SpawnPlannedProcesses(int hosts) {
 // nothing yet: generation 0 forms anew there, and with no snapshot committed in the store, no
 // arena and no peer backup of the round, every rank restores the newest checkpoint on disk.
 
-int64_t Job::MemberRound(const std::string& member) {
-  const size_t at = member.find(":round");
-  int64_t round = 0;
-  if (at == std::string::npos) return 0;
-  const size_t end = member.find(':', at + 1);
-  (void)absl::SimpleAtoi(member.substr(at + 6, end == std::string::npos ? end : end - at - 6),
-                         &round);
-  return round;
-}
-
 void Job::PublishRestartRound(const std::string& why, const std::string& dead_host,
                               absl::Time since) {
   const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
@@ -2569,8 +2561,14 @@ void Job::ReadDeathReports() {
                       how, report.ok() ? report->cause : ""});
     if (RestartsOnHosts()) {
       handled_deaths_.insert(member);
-      // A process of an earlier round died of the restart itself (or its peers' deaths).
-      if (MemberRound(member) != round_) continue;
+      // A process of an earlier round died of the restart itself (or its peers' deaths). An id
+      // that is none of ours names no process of any round.
+      const absl::StatusOr<store_keys::MemberId> id = store_keys::DecodeMemberId(member);
+      if (!id.ok()) {
+        Say(absl::StrCat("ignoring a death report: ", id.status().message()));
+        continue;
+      }
+      if (id->round != round_) continue;
       if (current.generation < 0 && round_ == 0) {
         return Fail(absl::StrFormat("%s died before generation 0 formed (%s)", member, how));
       }
@@ -3209,12 +3207,11 @@ std::vector<std::string> ChooseStandbys(const std::vector<std::string>& parked,
                                         const std::set<std::string>& unsafe_hosts) {
   std::map<std::string, std::vector<std::pair<int, std::string>>> by_host;
   for (const std::string& member : parked) {
-    const std::string host = store_keys::MemberHost(member);
-    if (dead_hosts.count(host) != 0) continue;
-    int index = 0;
-    const size_t at = member.rfind(":standby");
-    if (at != std::string::npos) (void)absl::SimpleAtoi(member.substr(at + 8), &index);
-    by_host[host].push_back({index, member});
+    // A parked member whose id is not a standby's of ours is preferred nowhere.
+    const absl::StatusOr<store_keys::MemberId> id = store_keys::DecodeMemberId(member);
+    if (!id.ok() || id->role != store_keys::MemberId::Role::kStandby) continue;
+    if (dead_hosts.count(id->host) != 0) continue;
+    by_host[id->host].push_back({id->index, member});
   }
   const std::vector<std::pair<int, std::string>>* best = nullptr;
   if (needed == 1) {
