@@ -47,6 +47,7 @@
 #include "sdk/agent/host_roster.h"
 #include "sdk/agent/posix_process_supervisor.h"
 #include "sdk/agent/process_supervisor.h"
+#include "sdk/agent/renewal_policy.h"
 #include "sdk/agent/replacement_policy.h"
 #include "sdk/core/agent_keys.h"
 #include "sdk/core/store_keys.h"
@@ -113,6 +114,14 @@ ReplacementPolicyOptions ReplacementOptions(const LaunchConfig& config) {
   const bool multi_host = config.nnodes_min > 0;
   options.has_standbys = config.standby > 0 || multi_host;
   options.restart_all = config.restart_all >= 0 && !multi_host;
+  return options;
+}
+
+RenewalPolicyOptions RenewalOptions(const LaunchConfig& config) {
+  RenewalPolicyOptions options;
+  options.multi_host = config.nnodes_min > 0;
+  options.host_timeout = config.host_timeout;
+  options.restart_all = config.restart_all >= 0;
   return options;
 }
 
@@ -498,12 +507,9 @@ class Job {
   std::map<std::string, DumpSummary> dump_summaries_;
   int64_t hangs_checked_below_ = 0;  // generations below this one have no hang left to look for
   absl::Time next_hang_check_ = absl::InfinitePast();
-  // The first request for a new generation seen in the current one (RenewGenerationWhenAsked).
-  struct RenewalAsked {
-    int64_t generation;
-    absl::Time since;
-  };
-  std::optional<RenewalAsked> renewal_asked_;
+  // When the ranks' requests for a new generation renew it (RenewGenerationWhenAsked); it keeps
+  // when the current generation's first request was seen.
+  RenewalPolicy renewal_policy_{RenewalOptions(config_)};
 
   // World size: nproc on one host; hosts x nproc-per-node once the plan is known.
   int world_size_ = 0;
@@ -730,7 +736,7 @@ void Job::RestartAll() {
   recoveries_.clear();
   pending_hang_.reset();
   hangs_checked_below_ = 0;
-  renewal_asked_.reset();
+  renewal_policy_.Reset();
   ranks_finished_ = 0;
   next_liveness_check_ = absl::Now() + config_.heartbeat_timeout;
   for (int r = 0; r < config_.nproc; ++r) {
@@ -1674,64 +1680,50 @@ void Job::ReplaceHangSuspects(const std::vector<int>& suspects, int64_t generati
 }
 
 // Ranks whose communicators failed ask for a new generation (RendezvousMember::
-// RequestNewGeneration). When one died, its replacement's generation answers them; otherwise (a
-// dropped connection, a hang declared on a healthy job) nobody else would publish one, and the job
-// would wait until the heartbeats ran out. So the generation is renewed with the same members as
-// soon as every rank has asked, or kRenewalGrace after the first did: a rank that does not ask may
-// be dead or stopped, and its death, or the diagnosis of a hang, comes first.
+// RequestNewGeneration). RenewalPolicy (sdk/agent/renewal_policy.h) decides when their requests
+// renew the generation with the same ranks, or, under --restart-all, restart every rank.
 void Job::RenewGenerationWhenAsked() {
-  // On several hosts a rank that does not ask may be on a host that died: its agent's heartbeat
-  // tells within host_timeout, and the host's replacement answers the requests.
-  const absl::Duration kRenewalGrace =
-      MultiHost() ? config_.host_timeout + absl::Seconds(1) : absl::Seconds(1);
-  if (!dead_.empty() || pending_hang_.has_value()) return;
-  for (const auto& c : children_) {
-    if (c->killed_for_liveness && c->running) return;  // its death, about to be reaped, comes first
-  }
-  const int64_t generation = coordinator_->generation();
+  RenewalObservations observed;
+  observed.world_size = world_size_;
+  observed.death_pending = !dead_.empty();
+  observed.hang_pending = pending_hang_.has_value();
+  observed.killed_rank_unreaped = std::any_of(
+      children_.begin(), children_.end(),
+      [](const std::unique_ptr<Child>& c) { return c->killed_for_liveness && c->running; });
+  RenewalPolicy::Action action = renewal_policy_.Decide(observed, absl::Now());
+  if (!std::holds_alternative<RenewalPolicy::ReadRequests>(action)) return;
+  observed.generation = coordinator_->generation();
   absl::StatusOr<std::map<int, std::string>> asked =
       coordinator_->NewGenerationRequests(kStoreTimeout);
   if (!asked.ok() || asked->empty()) return;  // the store briefly unreachable: look again next time
+  // The lease's gate, right before the decision acts.
   if (!coordinating()) return;
-  const absl::Time now = absl::Now();
-  // torchrun's answer to any failure. On several hosts it waits like a renewal: a host that died
-  // makes the others ask too, and its loss, declared within the grace, restarts the job once, with
-  // a standby host in its place.
-  if (config_.restart_all >= 0) {
-    if (!renewal_asked_.has_value() || renewal_asked_->generation != generation) {
-      renewal_asked_ = RenewalAsked{generation, now};
-    }
-    if (MultiHost() && asked->size() < static_cast<size_t>(world_size_) &&
-        now < renewal_asked_->since + kRenewalGrace) {
-      return;
-    }
-    const auto& [rank, why] = *asked->begin();
-    restart_pending_ = absl::StrFormat("rank %d asks for a new generation: %s", rank, why);
+  observed.requests = *std::move(asked);
+  action = renewal_policy_.Decide(observed, absl::Now());
+  if (const auto* wait = std::get_if<RenewalPolicy::Wait>(&action)) {
+    if (!wait->first_ask.empty()) Say(wait->first_ask);
     return;
   }
-  if (!renewal_asked_.has_value() || renewal_asked_->generation != generation) {
-    renewal_asked_ = RenewalAsked{generation, now};
-    const auto& [rank, why] = *asked->begin();
-    Say(absl::StrFormat("rank %d asks for a new generation: %s", rank, why));
-  }
-  if (asked->size() < static_cast<size_t>(world_size_) &&
-      now < renewal_asked_->since + kRenewalGrace) {
+  if (const auto* restart = std::get_if<RenewalPolicy::RestartAll>(&action)) {
+    restart_pending_ = restart->why;
     return;
   }
+  const auto* renew = std::get_if<RenewalPolicy::Renew>(&action);
+  if (renew == nullptr) return;
+  if (!renew->first_ask.empty()) Say(renew->first_ask);
   absl::StatusOr<Membership> next = coordinator_->RenewGeneration(kStoreTimeout);
   if (!next.ok()) {
     if (!coordinating()) return;  // refused by the gate: "no longer coordinating" says why
-    Say(absl::StrCat("renewing generation ", generation, ": ", next.status().ToString()));
+    Say(absl::StrCat("renewing generation ", observed.generation, ": ", next.status().ToString()));
     return;  // tried again next time
   }
-  std::vector<int> ranks;
-  for (const auto& [rank, why] : *asked) ranks.push_back(rank);
+  const std::string asked_by = absl::StrJoin(renew->asked_by, ",");
   Say(absl::StrFormat("generation %d renewed with the same ranks (asked by %s)", next->generation,
-                      absl::StrJoin(ranks, ",")));
+                      asked_by));
   Record(-1, EventKind::kGenerationRenewed,
          absl::StrFormat("generation %d renewed with the same ranks", next->generation),
-         {{"asked_by", absl::StrJoin(ranks, ",")}});
-  recoveries_.push_back({-1, next->generation, renewal_asked_->since});
+         {{"asked_by", asked_by}});
+  recoveries_.push_back({-1, next->generation, renew->first_asked});
 }
 
 void Job::Fail(const std::string& why) {
@@ -2350,7 +2342,7 @@ void Job::StartRound(int64_t round) {
   dead_.clear();
   pending_hang_.reset();
   hangs_checked_below_ = 0;
-  renewal_asked_.reset();
+  renewal_policy_.Reset();
   ranks_finished_ = 0;
   next_liveness_check_ = absl::Now() + config_.heartbeat_timeout;
   int hosts = 0;
