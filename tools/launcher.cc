@@ -49,6 +49,7 @@
 #include "sdk/agent/process_supervisor.h"
 #include "sdk/agent/renewal_policy.h"
 #include "sdk/agent/replacement_policy.h"
+#include "sdk/agent/restart_rounds.h"
 #include "sdk/core/agent_keys.h"
 #include "sdk/core/store_keys.h"
 #include "sdk/checkpoint/backup_placement.h"
@@ -242,9 +243,13 @@ class Job {
   // --restart-all on several hosts. The coordinator publishes restart round round_ + 1 for `why`
   // (store key agents/restart); `dead_host`, when set, hands its group rank to a standby host in
   // the round's plan. `since`: when the fault began (a dead host's last heartbeat), for the
-  // recovery's time; InfinitePast: now. Fails the job at the (M+1)-th fault.
+  // recovery's time; InfinitePast: now. Fails the job at the (M+1)-th fault. DecideRestartRound
+  // (sdk/agent/restart_rounds.h) decides; this reads the store, publishes and starts the round.
   void PublishRestartRound(const std::string& why, const std::string& dead_host,
                            absl::Time since = absl::InfinitePast());
+  // What the coordinator knows of the hosts for a restart round after a host's death: the plan,
+  // the joined hosts, those that left (the store), those dead or silent (its own records).
+  absl::StatusOr<RestartRoundHosts> ReadRestartRoundHosts(absl::Duration timeout);
   // Every agent: follows agents/restart to a newer round (StartRound).
   void FollowRestartRound();
   // SIGKILLs every process of this host, removes the shared memory they held, and starts this
@@ -2164,66 +2169,37 @@ void Job::PublishRestartRound(const std::string& why, const std::string& dead_ho
                               absl::Time since) {
   const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
   if (!coordinating()) return;
-  if (round_ >= config_.restart_all) {
-    return Fail(absl::StrFormat("%s; --restart-all=%d reached", why, config_.restart_all));
-  }
-  const int64_t next = round_ + 1;
-  if (!dead_host.empty()) {
-    // The dead host's group rank goes to the first host, in join order, that holds none and is not
-    // known to be dead or silent (one whose heartbeat this coordinator has not read yet counts as
-    // live: its own loss, if it is lost, restarts the job again).
-    absl::StatusOr<std::string> value = store_->Get(store_keys::kAgentPlan, timeout);
-    absl::StatusOr<store_keys::Plan> plan =
-        value.ok() ? store_keys::DecodePlan(*value) : value.status();
-    absl::StatusOr<std::vector<store_keys::JoinRecord>> hosts =
-        ReadJoinedHosts(store_.get(), timeout);
-    absl::StatusOr<std::vector<std::string>> left =
-        store_->ListKeys(store_keys::kAgentsLeft.prefix(), timeout);
-    if (!plan.ok() || !hosts.ok() || !left.ok()) {
+  RestartRoundRequest request;
+  request.round = round_;
+  request.limit = config_.restart_all;
+  request.why = why;
+  request.dead_host = dead_host;
+  request.own_host = config_.host_id;
+  request.master_addr = master_addr_;
+  request.master_port = master_port_;
+  RestartRoundDecision::Action action = DecideRestartRound(request);
+  if (std::holds_alternative<RestartRoundDecision::ReadHosts>(action)) {
+    absl::StatusOr<RestartRoundHosts> hosts = ReadRestartRoundHosts(timeout);
+    if (!hosts.ok()) {
       return Fail(absl::StrFormat("restart round %d (%s): cannot read the plan and the hosts: %s",
-                                  next, why,
-                                  (!plan.ok() ? plan.status() : !hosts.ok() ? hosts.status()
-                                                                            : left.status())
-                                      .ToString()));
+                                  round_ + 1, why, hosts.status().ToString()));
     }
-    std::map<std::string, int> group = plan->Groups();
-    const std::vector<std::string> left_hosts = store_keys::kAgentsLeft.Names(*left);
-    const int lost = group.count(dead_host) != 0 ? group[dead_host] : -1;
-    group[dead_host] = -1;
-    if (lost >= 0) {
-      const absl::Time now = absl::Now();
-      std::string taker;
-      for (const store_keys::JoinRecord& j : *hosts) {
-        const bool alive =
-            dead_hosts_.count(j.host) == 0 &&
-            std::find(left_hosts.begin(), left_hosts.end(), j.host) == left_hosts.end() &&
-            (j.host == config_.host_id || !host_liveness_.IsSilent(j.host, now));
-        if (alive && (group.count(j.host) == 0 || group[j.host] < 0)) {
-          taker = j.host;
-          break;
-        }
-      }
-      if (taker.empty()) {
-        return Fail(absl::StrFormat("host %s died (%s) and no standby host is left to take its "
-                                    "group rank %d in a restart",
-                                    dead_host, why, lost));
-      }
-      group[taker] = lost;
-      Say(absl::StrFormat("restart round %d: host %s takes host %s's group rank %d", next, taker,
-                          dead_host, lost));
-    }
+    request.hosts = *std::move(hosts);
+    action = DecideRestartRound(request);
+  }
+  if (const auto* fail = std::get_if<RestartRoundDecision::Fail>(&action)) return Fail(fail->why);
+  const auto* start = std::get_if<RestartRoundDecision::Start>(&action);
+  if (start == nullptr) return;  // not reached: with the hosts read, it is Fail or Start
+  const int64_t next = start->round;
+  if (!start->taker.empty()) Say(start->taker);
+  if (start->plan.has_value()) {
     store_keys::Plan new_plan;
+    new_plan.training_hosts = start->plan->training_hosts;
     new_plan.ranks_per_host = config_.nproc;
-    new_plan.master_addr = master_addr_;
-    new_plan.master_port = master_port_;
-    for (const store_keys::JoinRecord& j : *hosts) {
-      const int g = group.count(j.host) != 0 ? group[j.host] : -1;
-      if (g == 0) {
-        new_plan.master_addr = j.addr;
-        new_plan.master_port = j.port;
-      }
-      if (g >= 0) ++new_plan.training_hosts;
-      new_plan.hosts.push_back({j.host, g});
+    new_plan.master_addr = start->plan->master_addr;
+    new_plan.master_port = start->plan->master_port;
+    for (const RestartRoundPlan::Host& h : start->plan->hosts) {
+      new_plan.hosts.push_back({h.host, h.group});
     }
     if (!coordinating()) return;
     if (absl::Status s =
@@ -2249,6 +2225,29 @@ void Job::PublishRestartRound(const std::string& why, const std::string& dead_ho
   const absl::Time fault = since == absl::InfinitePast() ? absl::Now() : since;
   StartRound(next);
   recoveries_.push_back({-1, 0, fault, dead_host});
+}
+
+absl::StatusOr<RestartRoundHosts> Job::ReadRestartRoundHosts(absl::Duration timeout) {
+  absl::StatusOr<std::string> value = store_->Get(store_keys::kAgentPlan, timeout);
+  absl::StatusOr<store_keys::Plan> plan =
+      value.ok() ? store_keys::DecodePlan(*value) : value.status();
+  absl::StatusOr<std::vector<store_keys::JoinRecord>> joined =
+      ReadJoinedHosts(store_.get(), timeout);
+  absl::StatusOr<std::vector<std::string>> left =
+      store_->ListKeys(store_keys::kAgentsLeft.prefix(), timeout);
+  if (!plan.ok()) return plan.status();
+  if (!joined.ok()) return joined.status();
+  if (!left.ok()) return left.status();
+  RestartRoundHosts hosts;
+  hosts.groups = plan->Groups();
+  const absl::Time now = absl::Now();
+  for (const store_keys::JoinRecord& j : *joined) {
+    hosts.joined.push_back({j.host, j.addr, j.port});
+    if (host_liveness_.IsSilent(j.host, now)) hosts.silent.insert(j.host);
+  }
+  for (std::string& host : store_keys::kAgentsLeft.Names(*left)) hosts.left.insert(std::move(host));
+  hosts.dead = dead_hosts_;
+  return hosts;
 }
 
 void Job::FollowRestartRound() {
