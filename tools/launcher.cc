@@ -47,7 +47,9 @@
 #include "sdk/agent/host_roster.h"
 #include "sdk/agent/posix_process_supervisor.h"
 #include "sdk/agent/process_supervisor.h"
+#include "sdk/agent/renewal_policy.h"
 #include "sdk/agent/replacement_policy.h"
+#include "sdk/agent/restart_rounds.h"
 #include "sdk/core/agent_keys.h"
 #include "sdk/core/store_keys.h"
 #include "sdk/checkpoint/backup_placement.h"
@@ -113,6 +115,14 @@ ReplacementPolicyOptions ReplacementOptions(const LaunchConfig& config) {
   const bool multi_host = config.nnodes_min > 0;
   options.has_standbys = config.standby > 0 || multi_host;
   options.restart_all = config.restart_all >= 0 && !multi_host;
+  return options;
+}
+
+RenewalPolicyOptions RenewalOptions(const LaunchConfig& config) {
+  RenewalPolicyOptions options;
+  options.multi_host = config.nnodes_min > 0;
+  options.host_timeout = config.host_timeout;
+  options.restart_all = config.restart_all >= 0;
   return options;
 }
 
@@ -233,9 +243,13 @@ class Job {
   // --restart-all on several hosts. The coordinator publishes restart round round_ + 1 for `why`
   // (store key agents/restart); `dead_host`, when set, hands its group rank to a standby host in
   // the round's plan. `since`: when the fault began (a dead host's last heartbeat), for the
-  // recovery's time; InfinitePast: now. Fails the job at the (M+1)-th fault.
+  // recovery's time; InfinitePast: now. Fails the job at the (M+1)-th fault. DecideRestartRound
+  // (sdk/agent/restart_rounds.h) decides; this reads the store, publishes and starts the round.
   void PublishRestartRound(const std::string& why, const std::string& dead_host,
                            absl::Time since = absl::InfinitePast());
+  // What the coordinator knows of the hosts for a restart round after a host's death: the plan,
+  // the joined hosts, those that left (the store), those dead or silent (its own records).
+  absl::StatusOr<RestartRoundHosts> ReadRestartRoundHosts(absl::Duration timeout);
   // Every agent: follows agents/restart to a newer round (StartRound).
   void FollowRestartRound();
   // SIGKILLs every process of this host, removes the shared memory they held, and starts this
@@ -261,8 +275,6 @@ class Job {
   }
   // The store as the ranks see it (their job id's namespace); store_ is the agents' (the job's).
   Store* ranks_store() const { return round_store_ != nullptr ? round_store_.get() : store_.get(); }
-  // The round a member id was started in (0: none named).
-  static int64_t MemberRound(const std::string& member);
   // Where ranks that finished with status 0 are recorded: a restart round starts the count anew.
   std::string FinishedPrefix() const { return store_keys::AgentFinishedPrefix(round_); }
   // Parses the plan (agents/plan) into group_rank_, world_size_, master_addr_/port_. False when
@@ -500,12 +512,9 @@ class Job {
   std::map<std::string, DumpSummary> dump_summaries_;
   int64_t hangs_checked_below_ = 0;  // generations below this one have no hang left to look for
   absl::Time next_hang_check_ = absl::InfinitePast();
-  // The first request for a new generation seen in the current one (RenewGenerationWhenAsked).
-  struct RenewalAsked {
-    int64_t generation;
-    absl::Time since;
-  };
-  std::optional<RenewalAsked> renewal_asked_;
+  // When the ranks' requests for a new generation renew it (RenewGenerationWhenAsked); it keeps
+  // when the current generation's first request was seen.
+  RenewalPolicy renewal_policy_{RenewalOptions(config_)};
 
   // World size: nproc on one host; hosts x nproc-per-node once the plan is known.
   int world_size_ = 0;
@@ -732,7 +741,7 @@ void Job::RestartAll() {
   recoveries_.clear();
   pending_hang_.reset();
   hangs_checked_below_ = 0;
-  renewal_asked_.reset();
+  renewal_policy_.Reset();
   ranks_finished_ = 0;
   next_liveness_check_ = absl::Now() + config_.heartbeat_timeout;
   for (int r = 0; r < config_.nproc; ++r) {
@@ -858,11 +867,15 @@ absl::Status Job::Spawn(int rank, int standby_index) {
   child->rank = rank;
   child->standby_index = standby_index;
   const std::string host = HostLabel();
-  // A restart round's processes are members of their own (MemberRound), so that a death reported
-  // from an earlier round is never taken for one of this round's.
-  const std::string round = round_ > 0 ? absl::StrCat(":round", round_) : "";
-  child->member_id = rank >= 0 ? absl::StrCat(host, ":", getpid(), round, ":rank", rank)
-                               : absl::StrCat(host, ":", getpid(), round, ":standby", standby_index);
+  // A restart round's processes are members of their own (MemberId::round), so that a death
+  // reported from an earlier round is never taken for one of this round's.
+  store_keys::MemberId id;
+  id.host = host;
+  id.pid = getpid();
+  id.round = round_;
+  id.role = rank >= 0 ? store_keys::MemberId::Role::kRank : store_keys::MemberId::Role::kStandby;
+  id.index = rank >= 0 ? rank : standby_index;
+  child->member_id = store_keys::EncodeMemberId(id);
   WorkerSpec spec;
   spec.label = child->Label();
   spec.argv = config_.command;
@@ -1672,64 +1685,50 @@ void Job::ReplaceHangSuspects(const std::vector<int>& suspects, int64_t generati
 }
 
 // Ranks whose communicators failed ask for a new generation (RendezvousMember::
-// RequestNewGeneration). When one died, its replacement's generation answers them; otherwise (a
-// dropped connection, a hang declared on a healthy job) nobody else would publish one, and the job
-// would wait until the heartbeats ran out. So the generation is renewed with the same members as
-// soon as every rank has asked, or kRenewalGrace after the first did: a rank that does not ask may
-// be dead or stopped, and its death, or the diagnosis of a hang, comes first.
+// RequestNewGeneration). RenewalPolicy (sdk/agent/renewal_policy.h) decides when their requests
+// renew the generation with the same ranks, or, under --restart-all, restart every rank.
 void Job::RenewGenerationWhenAsked() {
-  // On several hosts a rank that does not ask may be on a host that died: its agent's heartbeat
-  // tells within host_timeout, and the host's replacement answers the requests.
-  const absl::Duration kRenewalGrace =
-      MultiHost() ? config_.host_timeout + absl::Seconds(1) : absl::Seconds(1);
-  if (!dead_.empty() || pending_hang_.has_value()) return;
-  for (const auto& c : children_) {
-    if (c->killed_for_liveness && c->running) return;  // its death, about to be reaped, comes first
-  }
-  const int64_t generation = coordinator_->generation();
+  RenewalObservations observed;
+  observed.world_size = world_size_;
+  observed.death_pending = !dead_.empty();
+  observed.hang_pending = pending_hang_.has_value();
+  observed.killed_rank_unreaped = std::any_of(
+      children_.begin(), children_.end(),
+      [](const std::unique_ptr<Child>& c) { return c->killed_for_liveness && c->running; });
+  RenewalPolicy::Action action = renewal_policy_.Decide(observed, absl::Now());
+  if (!std::holds_alternative<RenewalPolicy::ReadRequests>(action)) return;
+  observed.generation = coordinator_->generation();
   absl::StatusOr<std::map<int, std::string>> asked =
       coordinator_->NewGenerationRequests(kStoreTimeout);
   if (!asked.ok() || asked->empty()) return;  // the store briefly unreachable: look again next time
+  // The lease's gate, right before the decision acts.
   if (!coordinating()) return;
-  const absl::Time now = absl::Now();
-  // torchrun's answer to any failure. On several hosts it waits like a renewal: a host that died
-  // makes the others ask too, and its loss, declared within the grace, restarts the job once, with
-  // a standby host in its place.
-  if (config_.restart_all >= 0) {
-    if (!renewal_asked_.has_value() || renewal_asked_->generation != generation) {
-      renewal_asked_ = RenewalAsked{generation, now};
-    }
-    if (MultiHost() && asked->size() < static_cast<size_t>(world_size_) &&
-        now < renewal_asked_->since + kRenewalGrace) {
-      return;
-    }
-    const auto& [rank, why] = *asked->begin();
-    restart_pending_ = absl::StrFormat("rank %d asks for a new generation: %s", rank, why);
+  observed.requests = *std::move(asked);
+  action = renewal_policy_.Decide(observed, absl::Now());
+  if (const auto* wait = std::get_if<RenewalPolicy::Wait>(&action)) {
+    if (!wait->first_ask.empty()) Say(wait->first_ask);
     return;
   }
-  if (!renewal_asked_.has_value() || renewal_asked_->generation != generation) {
-    renewal_asked_ = RenewalAsked{generation, now};
-    const auto& [rank, why] = *asked->begin();
-    Say(absl::StrFormat("rank %d asks for a new generation: %s", rank, why));
-  }
-  if (asked->size() < static_cast<size_t>(world_size_) &&
-      now < renewal_asked_->since + kRenewalGrace) {
+  if (const auto* restart = std::get_if<RenewalPolicy::RestartAll>(&action)) {
+    restart_pending_ = restart->why;
     return;
   }
+  const auto* renew = std::get_if<RenewalPolicy::Renew>(&action);
+  if (renew == nullptr) return;
+  if (!renew->first_ask.empty()) Say(renew->first_ask);
   absl::StatusOr<Membership> next = coordinator_->RenewGeneration(kStoreTimeout);
   if (!next.ok()) {
     if (!coordinating()) return;  // refused by the gate: "no longer coordinating" says why
-    Say(absl::StrCat("renewing generation ", generation, ": ", next.status().ToString()));
+    Say(absl::StrCat("renewing generation ", observed.generation, ": ", next.status().ToString()));
     return;  // tried again next time
   }
-  std::vector<int> ranks;
-  for (const auto& [rank, why] : *asked) ranks.push_back(rank);
+  const std::string asked_by = absl::StrJoin(renew->asked_by, ",");
   Say(absl::StrFormat("generation %d renewed with the same ranks (asked by %s)", next->generation,
-                      absl::StrJoin(ranks, ",")));
+                      asked_by));
   Record(-1, EventKind::kGenerationRenewed,
          absl::StrFormat("generation %d renewed with the same ranks", next->generation),
-         {{"asked_by", absl::StrJoin(ranks, ",")}});
-  recoveries_.push_back({-1, next->generation, renewal_asked_->since});
+         {{"asked_by", asked_by}});
+  recoveries_.push_back({-1, next->generation, renew->first_asked});
 }
 
 void Job::Fail(const std::string& why) {
@@ -2166,80 +2165,41 @@ void Job::SpawnPlannedProcesses(int hosts) {
 // nothing yet: generation 0 forms anew there, and with no snapshot committed in the store, no
 // arena and no peer backup of the round, every rank restores the newest checkpoint on disk.
 
-int64_t Job::MemberRound(const std::string& member) {
-  const size_t at = member.find(":round");
-  int64_t round = 0;
-  if (at == std::string::npos) return 0;
-  const size_t end = member.find(':', at + 1);
-  (void)absl::SimpleAtoi(member.substr(at + 6, end == std::string::npos ? end : end - at - 6),
-                         &round);
-  return round;
-}
-
 void Job::PublishRestartRound(const std::string& why, const std::string& dead_host,
                               absl::Time since) {
   const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
   if (!coordinating()) return;
-  if (round_ >= config_.restart_all) {
-    return Fail(absl::StrFormat("%s; --restart-all=%d reached", why, config_.restart_all));
-  }
-  const int64_t next = round_ + 1;
-  if (!dead_host.empty()) {
-    // The dead host's group rank goes to the first host, in join order, that holds none and is not
-    // known to be dead or silent (one whose heartbeat this coordinator has not read yet counts as
-    // live: its own loss, if it is lost, restarts the job again).
-    absl::StatusOr<std::string> value = store_->Get(store_keys::kAgentPlan, timeout);
-    absl::StatusOr<store_keys::Plan> plan =
-        value.ok() ? store_keys::DecodePlan(*value) : value.status();
-    absl::StatusOr<std::vector<store_keys::JoinRecord>> hosts =
-        ReadJoinedHosts(store_.get(), timeout);
-    absl::StatusOr<std::vector<std::string>> left =
-        store_->ListKeys(store_keys::kAgentsLeft.prefix(), timeout);
-    if (!plan.ok() || !hosts.ok() || !left.ok()) {
+  RestartRoundRequest request;
+  request.round = round_;
+  request.limit = config_.restart_all;
+  request.why = why;
+  request.dead_host = dead_host;
+  request.own_host = config_.host_id;
+  request.master_addr = master_addr_;
+  request.master_port = master_port_;
+  RestartRoundDecision::Action action = DecideRestartRound(request);
+  if (std::holds_alternative<RestartRoundDecision::ReadHosts>(action)) {
+    absl::StatusOr<RestartRoundHosts> hosts = ReadRestartRoundHosts(timeout);
+    if (!hosts.ok()) {
       return Fail(absl::StrFormat("restart round %d (%s): cannot read the plan and the hosts: %s",
-                                  next, why,
-                                  (!plan.ok() ? plan.status() : !hosts.ok() ? hosts.status()
-                                                                            : left.status())
-                                      .ToString()));
+                                  round_ + 1, why, hosts.status().ToString()));
     }
-    std::map<std::string, int> group = plan->Groups();
-    const std::vector<std::string> left_hosts = store_keys::kAgentsLeft.Names(*left);
-    const int lost = group.count(dead_host) != 0 ? group[dead_host] : -1;
-    group[dead_host] = -1;
-    if (lost >= 0) {
-      const absl::Time now = absl::Now();
-      std::string taker;
-      for (const store_keys::JoinRecord& j : *hosts) {
-        const bool alive =
-            dead_hosts_.count(j.host) == 0 &&
-            std::find(left_hosts.begin(), left_hosts.end(), j.host) == left_hosts.end() &&
-            (j.host == config_.host_id || !host_liveness_.IsSilent(j.host, now));
-        if (alive && (group.count(j.host) == 0 || group[j.host] < 0)) {
-          taker = j.host;
-          break;
-        }
-      }
-      if (taker.empty()) {
-        return Fail(absl::StrFormat("host %s died (%s) and no standby host is left to take its "
-                                    "group rank %d in a restart",
-                                    dead_host, why, lost));
-      }
-      group[taker] = lost;
-      Say(absl::StrFormat("restart round %d: host %s takes host %s's group rank %d", next, taker,
-                          dead_host, lost));
-    }
+    request.hosts = *std::move(hosts);
+    action = DecideRestartRound(request);
+  }
+  if (const auto* fail = std::get_if<RestartRoundDecision::Fail>(&action)) return Fail(fail->why);
+  const auto* start = std::get_if<RestartRoundDecision::Start>(&action);
+  if (start == nullptr) return;  // not reached: with the hosts read, it is Fail or Start
+  const int64_t next = start->round;
+  if (!start->taker.empty()) Say(start->taker);
+  if (start->plan.has_value()) {
     store_keys::Plan new_plan;
+    new_plan.training_hosts = start->plan->training_hosts;
     new_plan.ranks_per_host = config_.nproc;
-    new_plan.master_addr = master_addr_;
-    new_plan.master_port = master_port_;
-    for (const store_keys::JoinRecord& j : *hosts) {
-      const int g = group.count(j.host) != 0 ? group[j.host] : -1;
-      if (g == 0) {
-        new_plan.master_addr = j.addr;
-        new_plan.master_port = j.port;
-      }
-      if (g >= 0) ++new_plan.training_hosts;
-      new_plan.hosts.push_back({j.host, g});
+    new_plan.master_addr = start->plan->master_addr;
+    new_plan.master_port = start->plan->master_port;
+    for (const RestartRoundPlan::Host& h : start->plan->hosts) {
+      new_plan.hosts.push_back({h.host, h.group});
     }
     if (!coordinating()) return;
     if (absl::Status s =
@@ -2265,6 +2225,29 @@ void Job::PublishRestartRound(const std::string& why, const std::string& dead_ho
   const absl::Time fault = since == absl::InfinitePast() ? absl::Now() : since;
   StartRound(next);
   recoveries_.push_back({-1, 0, fault, dead_host});
+}
+
+absl::StatusOr<RestartRoundHosts> Job::ReadRestartRoundHosts(absl::Duration timeout) {
+  absl::StatusOr<std::string> value = store_->Get(store_keys::kAgentPlan, timeout);
+  absl::StatusOr<store_keys::Plan> plan =
+      value.ok() ? store_keys::DecodePlan(*value) : value.status();
+  absl::StatusOr<std::vector<store_keys::JoinRecord>> joined =
+      ReadJoinedHosts(store_.get(), timeout);
+  absl::StatusOr<std::vector<std::string>> left =
+      store_->ListKeys(store_keys::kAgentsLeft.prefix(), timeout);
+  if (!plan.ok()) return plan.status();
+  if (!joined.ok()) return joined.status();
+  if (!left.ok()) return left.status();
+  RestartRoundHosts hosts;
+  hosts.groups = plan->Groups();
+  const absl::Time now = absl::Now();
+  for (const store_keys::JoinRecord& j : *joined) {
+    hosts.joined.push_back({j.host, j.addr, j.port});
+    if (host_liveness_.IsSilent(j.host, now)) hosts.silent.insert(j.host);
+  }
+  for (std::string& host : store_keys::kAgentsLeft.Names(*left)) hosts.left.insert(std::move(host));
+  hosts.dead = dead_hosts_;
+  return hosts;
 }
 
 void Job::FollowRestartRound() {
@@ -2358,7 +2341,7 @@ void Job::StartRound(int64_t round) {
   dead_.clear();
   pending_hang_.reset();
   hangs_checked_below_ = 0;
-  renewal_asked_.reset();
+  renewal_policy_.Reset();
   ranks_finished_ = 0;
   next_liveness_check_ = absl::Now() + config_.heartbeat_timeout;
   int hosts = 0;
@@ -2569,8 +2552,14 @@ void Job::ReadDeathReports() {
                       how, report.ok() ? report->cause : ""});
     if (RestartsOnHosts()) {
       handled_deaths_.insert(member);
-      // A process of an earlier round died of the restart itself (or its peers' deaths).
-      if (MemberRound(member) != round_) continue;
+      // A process of an earlier round died of the restart itself (or its peers' deaths). An id
+      // that is none of ours names no process of any round.
+      const absl::StatusOr<store_keys::MemberId> id = store_keys::DecodeMemberId(member);
+      if (!id.ok()) {
+        Say(absl::StrCat("ignoring a death report: ", id.status().message()));
+        continue;
+      }
+      if (id->round != round_) continue;
       if (current.generation < 0 && round_ == 0) {
         return Fail(absl::StrFormat("%s died before generation 0 formed (%s)", member, how));
       }
@@ -3209,12 +3198,11 @@ std::vector<std::string> ChooseStandbys(const std::vector<std::string>& parked,
                                         const std::set<std::string>& unsafe_hosts) {
   std::map<std::string, std::vector<std::pair<int, std::string>>> by_host;
   for (const std::string& member : parked) {
-    const std::string host = store_keys::MemberHost(member);
-    if (dead_hosts.count(host) != 0) continue;
-    int index = 0;
-    const size_t at = member.rfind(":standby");
-    if (at != std::string::npos) (void)absl::SimpleAtoi(member.substr(at + 8), &index);
-    by_host[host].push_back({index, member});
+    // A parked member whose id is not a standby's of ours is preferred nowhere.
+    const absl::StatusOr<store_keys::MemberId> id = store_keys::DecodeMemberId(member);
+    if (!id.ok() || id->role != store_keys::MemberId::Role::kStandby) continue;
+    if (dead_hosts.count(id->host) != 0) continue;
+    by_host[id->host].push_back({id->index, member});
   }
   const std::vector<std::pair<int, std::string>>* best = nullptr;
   if (needed == 1) {

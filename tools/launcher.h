@@ -14,10 +14,11 @@
 // ranks assigned by host in join order (host g holds ranks g*N .. g*N+N-1), later ones are standby
 // hosts. Exactly one agent coordinates at a time, chosen by a lease in the store
 // (sdk/rendezvous/coordinator_lease.h); the others take over when its host dies. Every agent
-// heartbeats for its host; the coordinator declares a host dead whose heartbeat has not advanced for
+// heartbeats for its host; the coordinator declares a host dead whose heartbeat has not advanced
+// for
 // --host-timeout, and replaces all its ranks at once by a standby host's, in one generation. With a
-// tcp:// endpoint the agent whose --local-addr is the endpoint's host serves the store: that host is
-// the job's single point of failure (an etcd cluster is not).
+// tcp:// endpoint the agent whose --local-addr is the endpoint's host serves the store: that host
+// is the job's single point of failure (an etcd cluster is not).
 //
 // The launcher records what it sees and does in <run_dir>/events/launcher.tgev (custom events;
 // attribute what=rank_died, rank_unresponsive, hang_suspect, rank_replaced, recovered,
@@ -146,15 +147,16 @@ absl::Duration DefaultHostTimeout(std::string_view store_url);
 absl::StatusOr<LaunchConfig> ParseRunArguments(const std::vector<std::string>& args);
 std::string RunUsage();
 
-// The parked standbys (member ids "host:pid:standbyN") that the coordinator gives a dead host's
-// ranks, or one dead rank, first; empty: any parked standby. `unsafe_hosts`: the hosts that run a
-// rank holding the dead ranks' backups or whose backups they hold (a host lost would take a
-// snapshot and its only backup together). For `needed` > 1 ranks, those of the host with the most
-// parked standbys (at least `needed`), one outside `unsafe_hosts` first, in standby-index order,
-// so local rank i stays local rank i. For one rank: a spare process on its own host `dead_host`;
-// else, when `unsafe_hosts` is not empty, those of the host outside it with the fewest parked
-// standbys (keeping fuller standby hosts whole for host faults). Hosts in `dead_hosts` are never
-// chosen.
+// The parked standbys (member ids "<host>:<pid>[:round<K>]:standby<N>") that the coordinator gives
+// a dead host's ranks, or one dead rank, first; empty: any parked standby. `unsafe_hosts`: the
+// hosts that run a rank holding the dead ranks' backups or whose backups they hold (a host lost
+// would take a snapshot and its only backup together). For `needed` > 1 ranks, those of the host
+// with the most parked standbys (at least `needed`), one outside `unsafe_hosts` first, in
+// standby-index order, so local rank i stays local rank i. For one rank: a spare process on its own
+// host `dead_host`; else, when `unsafe_hosts` is not empty, those of the host outside it with the
+// fewest parked standbys (keeping fuller standby hosts whole for host faults). Hosts in
+// `dead_hosts` are never chosen, nor a parked member whose id is not a standby's
+// (store_keys::DecodeMemberId).
 std::vector<std::string> ChooseStandbys(const std::vector<std::string>& parked,
                                         const std::set<std::string>& dead_hosts,
                                         const std::string& dead_host, size_t needed,

@@ -17,15 +17,16 @@
 //   agents/finished/<rank>              the member that finished rank <rank> with status 0
 //   agents/round<K>/finished/<rank>     the same in restart round K (--restart-all)
 //   agents/metrics/<host>               the host's fail-slow sample
-//   (sdk/health/fail_slow_metrics.h) agents/restart                      "<round> <why>", the
-//   newest restart round (RestartRound) coord/lease                         "<term> <holder>
-//   <beat>" (LeaseRecord) job/failed                          why an agent failed the job, for
-//   every agent job/done                            the coordinator's word that every rank finished
+//                                       (sdk/health/fail_slow_metrics.h)
+//   agents/restart                      "<round> <why>", the newest restart round (RestartRound)
+//   coord/lease                         "<term> <holder> <beat>" (LeaseRecord)
+//   job/failed                          why an agent failed the job, for every agent
+//   job/done                            the coordinator's word that every rank finished
 //   job/persist_failed/<step>/<rank>    a checkpoint rank <rank> could not persist (step: 12
-//   digits,
-//                                       zero-padded), the error as the value
+//                                       digits, zero-padded), the error as the value
 //
-// A member id is "<host>:<pid>:<role>" (":round<K>" inside it in restart round K): MemberHost.
+// A member id, "<host>:<pid>[:round<K>]:rank<R>|standby<N>", names a process `trainguard run`
+// started (MemberId); MemberHost reads the host of any member id.
 //
 // Every Decode refuses a malformed value with InvalidArgument naming the key and the field; Encode
 // writes what Decode reads back (the round-trip tests in tests/unit/agent_keys_test.cc).
@@ -45,11 +46,14 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "sdk/core/store_keys.h"
 
 namespace trainguard::store_keys {
@@ -122,7 +126,8 @@ inline std::string JobPersistFailed(int64_t step, int rank) {
   return absl::StrFormat("%s%012d/%d", kJobPersistFailedPrefix, step, rank);
 }
 
-// The host a member id ("<host>:<pid>:<role>") runs on: the text before its first ':'.
+// The host a member id ("<host>:<pid>:<role>") runs on: the text before its first ':'. Unlike
+// DecodeMemberId it takes any member id, a rank's own ("<host>:<pid>" when no launcher named it).
 inline std::string MemberHost(std::string_view member) {
   return std::string(member.substr(0, member.find(':')));
 }
@@ -153,6 +158,84 @@ inline absl::Status ParseNumber(absl::string_view key, absl::string_view value,
 inline constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
 inline constexpr int64_t kMaxInt64 = std::numeric_limits<int64_t>::max();
 }  // namespace agent_keys_internal
+
+// The member id of a process `trainguard run` started (its rendezvous member,
+// TRAINGUARD_MEMBER_ID):
+// "<host>:<pid>:rank<R>" or "<host>:<pid>:standby<N>", with ":round<K>" before the role in restart
+// round K >= 1 (--restart-all on several hosts), so that a death reported from an earlier round is
+// never taken for one of this round's. Keys per member (agents/deaths/, agents/stopped/,
+// rdzv/standby/, ...) carry it as is.
+struct MemberId {
+  enum class Role { kRank, kStandby };
+  std::string host;   // the host id, or the machine's name on one host; not empty, no ':'
+  int64_t pid = 0;    // the launcher's (agent's) pid: with the role, unique on the host
+  int64_t round = 0;  // the restart round; 0: the job's first start (nothing written)
+  Role role = Role::kRank;
+  int index = 0;  // the rank (kRank) or the standby's index (kStandby)
+};
+inline std::string EncodeMemberId(const MemberId& m) {
+  return absl::StrCat(m.host, ":", m.pid, m.round > 0 ? absl::StrCat(":round", m.round) : "", ":",
+                      m.role == MemberId::Role::kRank ? "rank" : "standby", m.index);
+}
+// InvalidArgument naming the member id and the field when `member` is not one EncodeMemberId
+// writes (a round of 0 is refused too: round 0 is written as no round).
+inline absl::StatusOr<MemberId> DecodeMemberId(std::string_view member) {
+  using namespace agent_keys_internal;  // NOLINT(google-build-using-namespace)
+  const absl::string_view id = View(member);
+  const auto malformed = [&](absl::string_view field, absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrFormat("member id \"%s\": %s %s", id, field, why));
+  };
+  // Digits only (SimpleAtoi alone takes a sign and spaces), so that what decodes encodes back to
+  // the same bytes. ParseNumber's errors name a store key: here the member id is the subject.
+  const auto number = [&](absl::string_view field, absl::string_view text, int64_t low,
+                          int64_t high, int64_t* out) -> absl::Status {
+    int64_t n = 0;
+    if (text.empty() || !std::all_of(text.begin(), text.end(), absl::ascii_isdigit) ||
+        !absl::SimpleAtoi(text, &n)) {
+      return malformed(field, absl::StrCat("'", text, "' is not a number"));
+    }
+    if (text.size() > 1 && text[0] == '0') {
+      return malformed(field, absl::StrCat("'", text, "' has a leading zero"));
+    }
+    if (n < low || n > high) {
+      return malformed(field, absl::StrFormat("%d is out of range [%d, %d]", n, low, high));
+    }
+    *out = n;
+    return absl::OkStatus();
+  };
+  const std::vector<absl::string_view> f = absl::StrSplit(id, ':');
+  if (f.size() != 3 && f.size() != 4) {
+    return malformed("the id", "is not \"<host>:<pid>[:round<K>]:rank<R>|standby<N>\"");
+  }
+  MemberId m;
+  if (f[0].empty()) return malformed("host", "is empty");
+  m.host = std::string(f[0]);
+  if (absl::Status s = number("pid", f[1], 0, kMaxInt64, &m.pid); !s.ok()) return s;
+  if (f.size() == 4) {
+    if (!absl::StartsWith(f[2], "round")) {
+      return malformed("round", absl::StrCat("'", f[2], "' is not round<K>"));
+    }
+    if (absl::Status s = number("round", f[2].substr(5), 1, kMaxInt64, &m.round); !s.ok()) {
+      return s;
+    }
+  }
+  absl::string_view role = f.back();
+  if (absl::ConsumePrefix(&role, "rank")) {
+    m.role = MemberId::Role::kRank;
+  } else if (absl::ConsumePrefix(&role, "standby")) {
+    m.role = MemberId::Role::kStandby;
+  } else {
+    return malformed("role", absl::StrCat("'", f.back(), "' is not rank<R> or standby<N>"));
+  }
+  int64_t index = 0;
+  if (absl::Status s = number(m.role == MemberId::Role::kRank ? "rank" : "standby index", role, 0,
+                              kMaxInt, &index);
+      !s.ok()) {
+    return s;
+  }
+  m.index = static_cast<int>(index);
+  return m;
+}
 
 // agents/join/<host>: a host that joined the job, the `seq`-th to.
 struct JoinRecord {

@@ -72,6 +72,65 @@ TEST(AgentKeys, AMemberIdNamesItsHost) {
   EXPECT_EQ(MemberHost("h1"), "h1");
 }
 
+// Spawn (tools/launcher.cc) has always written these bytes: the agents of an older launcher, and
+// the keys per member in a store, hold them.
+TEST(AgentKeys, AMemberIdRoundTripsItsHostPidRoundAndRole) {
+  using Role = MemberId::Role;
+  const struct {
+    MemberId id;
+    const char* bytes;
+  } cases[] = {
+      {{"h1", 41, 0, Role::kRank, 3}, "h1:41:rank3"},
+      {{"h1", 41, 0, Role::kStandby, 0}, "h1:41:standby0"},
+      {{"host-2.a_b", 7, 2, Role::kRank, 0}, "host-2.a_b:7:round2:rank0"},
+      {{"h1", 41, 12, Role::kStandby, 5}, "h1:41:round12:standby5"},
+  };
+  for (const auto& c : cases) {
+    EXPECT_EQ(EncodeMemberId(c.id), c.bytes);
+    absl::StatusOr<MemberId> back = DecodeMemberId(c.bytes);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->host, c.id.host) << c.bytes;
+    EXPECT_EQ(back->pid, c.id.pid) << c.bytes;
+    EXPECT_EQ(back->round, c.id.round) << c.bytes;
+    EXPECT_EQ(back->role, c.id.role) << c.bytes;
+    EXPECT_EQ(back->index, c.id.index) << c.bytes;
+    EXPECT_EQ(EncodeMemberId(*back), c.bytes);
+    EXPECT_EQ(MemberHost(c.bytes), c.id.host);
+  }
+}
+
+TEST(AgentKeys, AMalformedMemberIdIsRefusedNamingTheIdAndTheField) {
+  const struct {
+    const char* id;
+    const char* field;
+  } cases[] = {
+      {"h1", "the id"},  // a rank's own id ("<host>:<pid>") is no launcher's
+      {"h1:41", "the id"},
+      {"h1:41:round2:rank3:x", "the id"},
+      {":41:rank3", "host"},
+      {"h1::rank3", "pid"},
+      {"h1:x:rank3", "pid"},
+      {"h1:-41:rank3", "pid"},
+      {"h1:+41:rank3", "pid"},
+      {"h1:041:rank3", "pid"},  // would encode back as 41
+      {"h1:41:2:rank3", "round"},
+      {"h1:41:round:rank3", "round"},
+      {"h1:41:roundx:rank3", "round"},
+      {"h1:41:round0:rank3", "round"},  // round 0 is written as no round
+      {"h1:41:captain3", "role"},
+      {"h1:41:round2:", "role"},
+      {"h1:41:rank", "rank"},
+      {"h1:41:rank-1", "rank"},
+      {"h1:41:rank 1", "rank"},
+      {"h1:41:standbyA", "standby index"},
+  };
+  for (const auto& c : cases) {
+    EXPECT_THAT(DecodeMemberId(c.id), RefusedNaming(absl::StrCat("member id \"", c.id, "\"")))
+        << c.id;
+    EXPECT_THAT(DecodeMemberId(c.id), RefusedNaming(absl::StrCat("\": ", c.field, " "))) << c.id;
+  }
+}
+
 TEST(AgentKeys, AJoinRecordRoundTripsWithItsHostFromTheKey) {
   for (bool standby : {false, true}) {
     const JoinRecord j{"h2", 3, standby, "10.0.0.2", 29500};

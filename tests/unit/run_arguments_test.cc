@@ -186,5 +186,16 @@ TEST(ChooseStandbys, AHostsRanksAvoidAHostSharingTheirBackups) {
               ::testing::ElementsAre("host1:9:standby0", "host1:8:standby1", "host1:7:standby2"));
 }
 
+// The standby index is read with the member-id codec: a restart round's standbys sort by it too,
+// and a parked member that is no standby of `trainguard run` (a rank's own "<host>:<pid>", a
+// malformed id) is never preferred.
+TEST(ChooseStandbys, StandbysAreOrderedByTheIndexTheirIdsNameAndNoOtherMemberIsChosen) {
+  const std::vector<std::string> parked = {"host3:5:round2:standby10", "host3:5:round2:standby9",
+                                           "host3:5", "host3:5:rank1", "host3:5:standbyX"};
+  EXPECT_THAT(ChooseStandbys(parked, {}, "host2", 2, {}),
+              ::testing::ElementsAre("host3:5:round2:standby9", "host3:5:round2:standby10"));
+  EXPECT_THAT(ChooseStandbys(parked, {}, "host2", 3, {}), ::testing::IsEmpty());
+}
+
 }  // namespace
 }  // namespace trainguard::tools
