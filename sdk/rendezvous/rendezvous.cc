@@ -466,7 +466,9 @@ absl::StatusOr<Membership> RendezvousCoordinator::RenewGeneration(absl::Duration
 
 absl::Status RendezvousCoordinator::ForgetStandby(const std::string& member_id,
                                                   absl::Duration timeout) {
-  if (absl::Status s = CheckLease(); !s.ok()) return s;
+  // Not gated by the lease: a standby's death is a fact, which the agent that saw it (the
+  // standby's own, rarely the coordinator) records, and forgetting a dead standby can never make
+  // another coordinator's decision wrong.
   return store_->Delete(StandbyKey(member_id), timeout).status();
 }
 

@@ -190,7 +190,8 @@ class RendezvousCoordinator {
   // Publishes generation current+1 with the same members, for ranks whose communicators failed
   // while none died: they all meet again in it, agree on the resume step and go on.
   absl::StatusOr<Membership> RenewGeneration(absl::Duration timeout);
-  // Forgets a parked standby that died (the launcher saw it exit), so it is never picked.
+  // Forgets a parked standby that died (the launcher saw it exit), so it is never picked. Any
+  // agent may, holding the lease or not: the agent that saw the exit is the standby's own.
   absl::Status ForgetStandby(const std::string& member_id, absl::Duration timeout);
   // Standbys parked now, in member-id order.
   absl::StatusOr<std::vector<std::string>> ParkedStandbys(absl::Duration timeout);

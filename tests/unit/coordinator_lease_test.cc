@@ -256,8 +256,9 @@ TEST_F(CoordinatorLeaseTest, ACutOffCoordinatorStopsActingBeforeTheLeasePassesAn
   EXPECT_EQ(*store_.Get(store_keys::RdzvClaim(1), kTimeout), "hostB");
 }
 
-// A coordinator whose gate closed writes nothing through the rendezvous: no standby is claimed or
-// forgotten, no generation claimed.
+// A coordinator whose gate closed decides nothing through the rendezvous: no standby is claimed,
+// no generation claimed. A standby's death is still recorded (ForgetStandby is not gated: the
+// agent that saw it die is the standby's own, which need not hold the lease).
 TEST_F(CoordinatorLeaseTest, ARendezvousCoordinatorPastItsLeasesDeadlineWritesNothing) {
   RendezvousCoordinator coordinator(&store_, &clock_a_, "hostA", &a_);
   ASSERT_TRUE(*a_.Update(kTimeout));
@@ -268,7 +269,10 @@ TEST_F(CoordinatorLeaseTest, ARendezvousCoordinatorPastItsLeasesDeadlineWritesNo
   clock_a_.Advance(kExpiry - kMargin);
   EXPECT_TRUE(absl::IsAborted(coordinator.ReplaceRank(0, kTimeout).status()));
   EXPECT_TRUE(absl::IsAborted(coordinator.RenewGeneration(kTimeout).status()));
-  EXPECT_TRUE(absl::IsAborted(coordinator.ForgetStandby("hostB:s0", kTimeout)));
+  const std::string dead_standby_key = store_keys::RdzvStandby("hostC:s0");
+  ASSERT_TRUE(store_.Set(dead_standby_key, "parked", kTimeout).ok());
+  EXPECT_TRUE(coordinator.ForgetStandby("hostC:s0", kTimeout).ok());
+  EXPECT_TRUE(absl::IsNotFound(store_.Get(dead_standby_key, kTimeout).status()));
   EXPECT_EQ(*store_.Get(standby_key, kTimeout), "parked");
   EXPECT_TRUE(absl::IsNotFound(store_.Get(store_keys::RdzvClaim(1), kTimeout).status()));
   EXPECT_EQ(coordinator.generation(), 0);
