@@ -6,9 +6,10 @@ dir) with a model and AdamW registered through trainguard.torch.register, for mo
 step that starts a snapshot is counted like any other (the median hides it; the mean shows it).
 
 Part 2: where a DDP step's cost goes on a tiny CPU model (one gloo rank): plain DDP, DDP with
-find_unused_parameters=True (what wrap_ddp sets for a fixed bucket layout), wrap_ddp (the guarded
-allreduce hook: finite checks and the flight recorder), and wrap_ddp inside `with rt.step()`;
-each as a ratio to plain DDP.
+find_unused_parameters=True (torch's own way to keep the bucket layout fixed, with a graph walk per
+forward; wrap_ddp fixes it at construction instead), wrap_ddp (the guarded allreduce hook: finite
+checks and the flight recorder, on the fixed layout), and wrap_ddp inside `with rt.step()`; each
+as a ratio to plain DDP.
 
 Single-threaded CPU timings (time.perf_counter_ns); no thresholds. From the repository root:
     PYTHONPATH=build/default/python .venv/bin/python bench/bench_python_guard.py

@@ -335,6 +335,9 @@ class Job {
   // Replaces the pending hang's stopped ranks at once, before the other ranks' dumps are in, unless
   // it did already or they are not a minority.
   void ReplaceStoppedRanksNow(const std::set<int>& stopped_ranks);
+  // Prints the pending hang's declaration ("hang in generation G: ..."), once: before anything is
+  // said or done about it other than its withdrawal or its explanation by a death.
+  void AnnounceHang();
   // A hang declared in `generation` after it was superseded: the store rejects the declaring rank's
   // writes then (they are fenced), but its dump, whose reason begins "hang: ", is in `dir`. The
   // hang key's text for it; NotFound when there is no such dump.
@@ -491,6 +494,8 @@ class Job {
     bool aborted = false;  // it aborted (hang/gen<G>/aborted/<R>)
     // Ranks seen stopped while the dumps were still coming in, and replaced then (DiagnoseHangs).
     std::set<int> replaced;
+    std::string declaration;  // the hang key's value
+    bool announced = false;   // "hang in generation G: <declaration>" printed (AnnounceHang)
   };
   // When a hang of a generation was last withdrawn (DiagnoseHangs): its dumps are not the next's.
   std::map<int64_t, absl::Time> hang_withdrawn_at_;
@@ -1452,8 +1457,9 @@ void Job::DiagnoseHangs() {
         continue;
       }
       if (!coordinating()) return;
-      Say(absl::StrCat("hang in generation ", g, ": ", *who));
-      PendingHang hang{g, now, {}, {}, {}, -1, false, {}};
+      // Announced once the arbiter knows what it is (HangArbiter::Headline), or before it is acted
+      // on: a hang that is withdrawn, or explained by a death, is a line of its own.
+      PendingHang hang{g, now, {}, {}, {}, -1, false, {}, *who, false};
       hang.declarer = HangDeclarer(*who);
       for (int r = 0; r < world_size_; ++r) {
         absl::StatusOr<FlightRecorderContents> ring = ReadFlightRecorder(RanksJobId(), r);
@@ -1472,6 +1478,7 @@ void Job::DiagnoseHangs() {
         for (const auto& [rank, member] : StoppedMembers().value_or(std::map<int, std::string>())) {
           stopped.insert(rank);
           pending_hang_->agent_stopped.insert(rank);
+          AnnounceHang();
           Say(absl::StrCat("hang diagnosis: rank ", rank, " (", member,
                            ") is stopped, its agent says: it will not dump"));
         }
@@ -1516,6 +1523,7 @@ void Job::DiagnoseHangs() {
         if (dumped_ranks.count(rank) != 0) continue;
         silent_ranks.insert(rank);
         if (pending_hang_->heartbeat_silent.insert(rank).second) {
+          AnnounceHang();
           Say(absl::StrFormat("hang diagnosis: rank %d has sent no heartbeat for %s: it will not "
                               "dump",
                               rank, absl::FormatDuration(still)));
@@ -1529,6 +1537,7 @@ void Job::DiagnoseHangs() {
       silent_ranks.insert(rank);
       stopped_ranks.insert(rank);
       if (pending_hang_->agent_stopped.insert(rank).second) {
+        AnnounceHang();
         Say(absl::StrCat("hang diagnosis: rank ", rank, " (", member,
                          ") is stopped, its agent says: it will not dump"));
       }
@@ -1590,6 +1599,15 @@ void Job::DiagnoseHangs() {
   evidence.live_rings = std::move(pending_hang_->live_rings);
   evidence.world_size = world_size_;
   HangDiagnosis diagnosis = DiagnoseHang(evidence);
+  const HangArbiter::Headline headline =
+      arbiter.Announce(observed, diagnosis.suspects, pending_hang_->declaration);
+  if (headline.explained_by_death) {
+    Say(headline.line);
+    hangs_checked_below_ = pending_hang_->generation + 1;
+    pending_hang_.reset();
+    return;
+  }
+  AnnounceHang();
   const HangArbiter::SuspectReplacement replacement = arbiter.SuspectsToReplace(
       diagnosis.suspects, silent_ranks, pending_hang_->replaced, MultiHost());
   if (!replacement.narrowed.empty()) Say(replacement.narrowed);
@@ -1612,6 +1630,7 @@ void Job::ReplaceStoppedRanksNow(const std::set<int>& stopped_ranks) {
   const HangArbiter::StoppedReplacement replace_now = HangArbiter().StoppedToReplaceNow(
       stopped_ranks, pending_hang_->replaced, world_size_, MultiHost());
   if (replace_now.ranks.empty()) return;
+  AnnounceHang();
   Say(replace_now.message);
   if (!MultiHost()) {
     ReplaceHangSuspects({stopped_ranks.begin(), stopped_ranks.end()}, pending_hang_->generation,
@@ -1625,6 +1644,12 @@ void Job::ReplaceStoppedRanksNow(const std::set<int>& stopped_ranks) {
     }
   }
   pending_hang_->replaced = stopped_ranks;
+}
+
+void Job::AnnounceHang() {
+  if (pending_hang_->announced) return;
+  Say(HangArbiter::Declared(pending_hang_->generation, pending_hang_->declaration));
+  pending_hang_->announced = true;
 }
 
 void Job::ReplaceHangSuspects(const std::vector<int>& suspects, int64_t generation,

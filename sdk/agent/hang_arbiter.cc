@@ -1,5 +1,6 @@
 #include "sdk/agent/hang_arbiter.h"
 
+#include <algorithm>
 #include <set>
 #include <string>
 #include <vector>
@@ -85,6 +86,32 @@ HangArbiter::SuspectReplacement HangArbiter::SuspectsToReplace(const std::vector
   }
   replacement.replace = replacement.suspects;
   return replacement;
+}
+
+HangArbiter::Headline HangArbiter::Announce(const HangObservations& observed,
+                                            const std::vector<int>& suspects,
+                                            const std::string& declaration) const {
+  // Only when every suspect died: a living suspect may be truly hung (a hang is often overtaken by
+  // another rank's death), and the next generation would wait for it until its heartbeat ran out
+  // unless the diagnosis replaces it. A rank not running (stopped, or replaced for it already) is
+  // the hang's cause even once its process is gone.
+  const bool explained =
+      !suspects.empty() && std::all_of(suspects.begin(), suspects.end(), [&](int rank) {
+        return observed.no_longer_held.count(rank) != 0 && observed.not_running.count(rank) == 0;
+      });
+  if (!explained) return Headline{Declared(observed.generation, declaration), false};
+  const std::string who = suspects.size() == 1
+                              ? absl::StrCat("rank ", suspects[0], "'s death")
+                              : absl::StrCat("the deaths of ranks ", absl::StrJoin(suspects, ","));
+  return Headline{
+      absl::StrCat("hang in generation ", observed.generation, " explained by ", who, " (",
+                   suspects.size() == 1 ? "its replacement takes" : "their replacements take",
+                   " over): ", declaration),
+      true};
+}
+
+std::string HangArbiter::Declared(int64_t generation, const std::string& declaration) {
+  return absl::StrCat("hang in generation ", generation, ": ", declaration);
 }
 
 }  // namespace trainguard

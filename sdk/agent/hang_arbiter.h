@@ -16,6 +16,9 @@
 //  - SuspectsToReplace: of the suspects the diagnosis (sdk/watchdog/hang_diagnosis.h) names, those
 //    not running are the ones replaced when others are running; none is when ranks were replaced
 //    already for being stopped.
+//  - Headline: how the hang is announced. Not when it is first seen: a hang that is withdrawn is
+//    one line, and so is one whose suspects all died (the survivors waited in a collective for a
+//    rank that was killed; its replacement is the recovery, and nothing else is done about it).
 //
 // The arbiter is pure: it does no I/O and reads no clock; the caller passes what it observed (the
 // dumps read, the processes seen, the store's verdict) and the time, so tests drive it with
@@ -148,6 +151,25 @@ class HangArbiter {
   SuspectReplacement SuspectsToReplace(const std::vector<int>& suspects,
                                        const std::set<int>& not_running,
                                        const std::set<int>& replaced, bool multi_host) const;
+
+  // How a hang is announced once diagnosed (Diagnose), given the diagnosis's `suspects` and the
+  // hang key's `declaration` ("rank 0: hang (collective) at step 12 ...").
+  struct Headline {
+    // "hang in generation 3: <declaration>"; explained by a death: "hang in generation 3 explained
+    // by rank 1's death (its replacement takes over): <declaration>".
+    std::string line;
+    // Every suspect is a rank that no process of the hung generation holds any more
+    // (HangObservations::no_longer_held) and that was not seen stopped (not_running, which holds
+    // the ranks replaced for it): the hang is its death as the survivors saw it. The diagnosis is
+    // neither printed nor acted on.
+    bool explained_by_death = false;
+  };
+  Headline Announce(const HangObservations& observed, const std::vector<int>& suspects,
+                    const std::string& declaration) const;
+
+  // "hang in generation 3: <declaration>": the first line of a hang acted on before it is
+  // diagnosed (a stopped rank replaced at once), and of a diagnosed hang not explained by a death.
+  static std::string Declared(int64_t generation, const std::string& declaration);
 
   const HangArbiterOptions& options() const { return options_; }
 

@@ -61,6 +61,27 @@ def test_a_clean_step_through_the_hook_is_ok_and_every_allreduce_is_tracked(one_
     assert rt._c.collective_usage_errors() == 0  # each Begin had its End, on a registered comm
 
 
+def test_wrap_ddp_lays_the_buckets_out_once_at_construction_last_declared_parameters_first(
+        one_rank_group):
+    # Two buckets: torch's first one closes at its 1 MiB limit. Laid out in reverse declaration
+    # order: the last Linear's weight and bias, the middle weight (1.44 MB: the first bucket is
+    # full), then the rest. Without find_unused_parameters: no graph walk, no torch warning.
+    rt = one_rank_group
+    tgt.init_process_group(rt)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 600), torch.nn.Tanh(),
+                                torch.nn.Linear(600, 600), torch.nn.Tanh(), torch.nn.Linear(600, 1))
+    ddp = tgt.wrap_ddp(rt, model)
+    assert ddp._has_rebuilt_buckets and not ddp.find_unused_parameters
+    for step in range(3):
+        with rt.step(step) as s:
+            ddp(torch.randn(5, 16)).sum().backward()
+        assert s.result.ok, s.result.message
+    sizes = [4 * p.numel() for p in model.parameters()][::-1]  # float32, last declared first
+    expected = f"{sum(sizes[:4])}, {sum(sizes[4:])}"
+    assert ddp._get_ddp_logging_data()["rebuilt_bucket_sizes"] == expected
+
+
 def test_a_nan_gradient_fails_the_step_naming_the_rank_and_the_bucket(one_rank_group):
     rt = one_rank_group
     tgt.init_process_group(rt)

@@ -126,6 +126,64 @@ TEST(HangArbiter, ADeadRankDoesNotSpareTheVerdictWait) {
   EXPECT_TRUE(ReadsTheVerdict(arbiter.Decide(observed, observed.seen)));
 }
 
+constexpr char kDeclaration[] =
+    "rank 0: hang (collective) at step 12 in phase \"step\": running 1.2s (bound 1s)";
+
+// Issue 40, 10: rank 1 is killed while ranks 0 and 2 wait for it in an allreduce; their watchdog
+// declares a hang before the death is acted on. Rank 1 never dumps (no process holds it), the
+// declarer's step fails with the death (aborted), and the diagnosis names rank 1: the hang is the
+// death seen from the survivors, announced as such in one line, and not acted on.
+TEST(HangArbiter, AHangWhoseOnlySuspectDiedIsAnnouncedAsExplainedByItsDeath) {
+  const HangArbiter arbiter;
+  HangObservations observed = Hang(3);
+  observed.dumped = {0, 2};
+  observed.no_longer_held = {1};
+  EXPECT_TRUE(ReadsTheVerdict(arbiter.Decide(observed, observed.seen + absl::Milliseconds(50))));
+  observed.verdict = Verdict(HangVerdict::Kind::kAborted);
+  EXPECT_TRUE(Diagnoses(arbiter.Decide(observed, observed.seen + absl::Milliseconds(100))));
+
+  const HangArbiter::Headline headline = arbiter.Announce(observed, {1}, kDeclaration);
+  EXPECT_TRUE(headline.explained_by_death);
+  EXPECT_EQ(
+      headline.line,
+      "hang in generation 3 explained by rank 1's death (its replacement takes over): rank 0: "
+      "hang (collective) at step 12 in phase \"step\": running 1.2s (bound 1s)");
+
+  HangObservations two_dead = Hang(4);
+  two_dead.no_longer_held = {1, 3};
+  EXPECT_THAT(arbiter.Announce(two_dead, {1, 3}, kDeclaration).line,
+              ::testing::StartsWith("hang in generation 3 explained by the deaths of ranks 1,3 "
+                                    "(their replacements take over): rank 0: "));
+}
+
+// A suspect that still runs may be truly hung, and the next generation would wait for it: the
+// hang is announced as declared and diagnosed, whoever else died. So is one with no suspect, or
+// whose suspect is stopped (not running) rather than dead.
+TEST(HangArbiter, AHangWithASuspectThatDidNotDieIsAnnouncedAsDeclared) {
+  const HangArbiter arbiter;
+  HangObservations observed = Hang(4);
+  observed.dumped = {0, 3};
+  observed.no_longer_held = {1};
+  observed.not_running = {2};
+  const std::string declared =
+      "hang in generation 3: rank 0: hang (collective) at step 12 in phase \"step\": running "
+      "1.2s (bound 1s)";
+  for (const std::vector<int>& suspects :
+       {std::vector<int>{1, 3}, std::vector<int>{}, std::vector<int>{2}, std::vector<int>{1, 2}}) {
+    const HangArbiter::Headline headline = arbiter.Announce(observed, suspects, kDeclaration);
+    EXPECT_FALSE(headline.explained_by_death) << ::testing::PrintToString(suspects);
+    EXPECT_EQ(headline.line, declared) << ::testing::PrintToString(suspects);
+  }
+  EXPECT_EQ(HangArbiter::Declared(3, kDeclaration), declared);
+
+  // Rank 2 was seen stopped and replaced at once: no process of generation 3 holds it any more,
+  // but its stop, not a death, is the hang.
+  observed.no_longer_held = {1, 2};
+  const HangArbiter::Headline stopped = arbiter.Announce(observed, {2}, kDeclaration);
+  EXPECT_FALSE(stopped.explained_by_death);
+  EXPECT_EQ(stopped.line, declared);
+}
+
 TEST(HangArbiter, AWithdrawnHangIsWithdrawnWithTheDeclarersReason) {
   const HangArbiter arbiter;
   HangObservations observed = Hang(2);

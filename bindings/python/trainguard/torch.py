@@ -59,10 +59,10 @@ import socket
 import sys
 import threading
 import time
-import warnings
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from . import _C
 from .errors import DeadlineExceededError, Error
@@ -675,6 +675,18 @@ def guarded_allreduce_hook(state, bucket):
     return future.then(finished)
 
 
+class _FixedLayoutDDP(DistributedDataParallel):
+    """DistributedDataParallel whose reducer holds the parameters in reverse declaration order, so
+    the layout wrap_ddp fixes at construction puts the last-declared parameters (their gradients
+    come first in backward) in the first bucket, as torch's own construction-time layout does:
+    the reducer starts the buckets' allreduces in index order, and this order lets them start
+    while backward goes on."""
+
+    def _build_params_for_reducer(self):
+        parameters, expect_sparse_gradient = super()._build_params_for_reducer()
+        return parameters[::-1], expect_sparse_gradient[::-1]
+
+
 def wrap_ddp(rt, model, fixed_bucket_layout=True, **ddp_kwargs):
     """DistributedDataParallel(model, process_group=<the group init_process_group built for rt's
     generation>, **ddp_kwargs) with guarded_allreduce_hook registered. Build it again after every
@@ -685,23 +697,26 @@ def wrap_ddp(rt, model, fixed_bucket_layout=True, **ddp_kwargs):
     DDP lays its buckets out again after the first iteration of each instance (by the order the
     gradients became ready), and the layout decides which chunk of the ring allreduce each
     gradient falls in, so the order of its sum: a DDP built anew after recover() would reduce its
-    first step in the other layout and drift from an uninterrupted run in the last bits. torch
-    skips that re-layout with find_unused_parameters=True, which this sets (the price: one walk
-    of the autograd graph per forward). False: torch's default."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    if fixed_bucket_layout:
-        ddp_kwargs.setdefault("find_unused_parameters", True)
-        # Set for the layout, not because parameters go unused: torch's advice to unset it when
-        # none did is not for this DDP.
-        warnings.filterwarnings("ignore", message=r".*find_unused_parameters=True was specified",
-                                category=UserWarning)
-
+    first step in the other layout and drift from an uninterrupted run in the last bits. So the
+    layout is fixed before the first iteration: torch's one-time re-layout is run at once, over
+    the parameters in reverse declaration order (the order torch assumes gradients become ready;
+    the reducer's own `_push_all_rebuilt_params` and `_rebuild_buckets`, with which DDP's join
+    hook lays out a rank that has run out of inputs), and torch never lays them out again. Every
+    instance, on every rank, in every generation, gets the same layout from the same model.
+    find_unused_parameters=True, when given, keeps torch's construction-time layout by itself
+    (torch prints a one-time warning when no parameter went unused). False: torch's default."""
     record = _group_record(rt)
     if record is None or record.generation != rt.generation:
         raise Error(f"trainguard.torch.wrap_ddp: rank {rt.rank}: no process group for generation "
                     f"{rt.generation}; call trainguard.torch.init_process_group(rt) first")
-    ddp = DistributedDataParallel(model, process_group=record.group, **ddp_kwargs)
+    relayout = fixed_bucket_layout and not ddp_kwargs.get("find_unused_parameters", False)
+    ddp_class = _FixedLayoutDDP if relayout else DistributedDataParallel
+    ddp = ddp_class(model, process_group=record.group, **ddp_kwargs)
+    if relayout:
+        # A collective (rank 0's layout is broadcast), like the construction before it.
+        ddp.reducer._push_all_rebuilt_params()
+        if ddp.reducer._rebuild_buckets():
+            ddp._has_rebuilt_buckets = True
     names = {id(p): n for n, p in model.named_parameters()}
     ddp.register_comm_hook(_HookState(rt, record.comm_id, record.group, names),
                            guarded_allreduce_hook)
