@@ -43,7 +43,6 @@
 #include "absl/time/clock.h"
 #include "sdk/agent/failure_history.h"
 #include "sdk/agent/hang_arbiter.h"
-#include "sdk/agent/host_liveness.h"
 #include "sdk/agent/host_roster.h"
 #include "sdk/agent/posix_process_supervisor.h"
 #include "sdk/agent/process_supervisor.h"
@@ -55,6 +54,7 @@
 #include "sdk/checkpoint/backup_placement.h"
 #include "sdk/checkpoint/backup_service.h"
 #include "sdk/checkpoint/snapshotter.h"
+#include "sdk/coordinator/job_coordinator.h"
 #include "sdk/core/event_log.h"
 #include "sdk/core/mutex.h"
 #include "sdk/core/proc_stat.h"
@@ -229,6 +229,9 @@ class Job {
 
  private:
   absl::Status Prepare();
+  // job_coordinator_, on store_ and coordinator_ (Prepare, once they exist; RestartAll, which
+  // replaces both).
+  void CreateJobCoordinator();
   // A TcpStore of the launcher's own on 127.0.0.1 with a fresh token (store_url_, token_file_,
   // server_, store_).
   absl::Status StartOwnStore();
@@ -364,12 +367,9 @@ class Job {
   void FollowGeneration();
   void ExecuteKillRequests();
   void WatchJobEnd();
-  // The coordinator's share: host liveness, the ranks' deaths the agents report, completion.
+  // The coordinator's share: generation 0's formation, then job_coordinator_'s host duties (host
+  // liveness, the ranks' deaths the agents report, completion).
   void CoordinateHosts();
-  void ReadDeathReports();
-  // Queues `rank`, which `member` held, for replacement: counted as a death (`how`) against
-  // --max-replacements and the crash-loop backoff; a later death report of `member` is ignored.
-  void QueueDeadMember(int rank, const std::string& member, const std::string& how);
   // Several hosts, coordinator: `member`, which holds `rank` and its agent reports stopped, is
   // killed through its agent (KillMember) and queued for replacement at once: SIGKILL ends a
   // stopped process without it running again, so waiting for the agent's death report (the
@@ -377,8 +377,6 @@ class Job {
   // delays its standby. A store write of it is fenced once its generation is superseded.
   void KillAndReplaceStoppedMember(int rank, const std::string& member, EventKind what,
                                    const std::string& why);
-  // `last_beat`: when its heartbeat last advanced, the recovery's start.
-  void DeclareHostDead(const std::string& host, absl::Time last_beat, const std::string& why);
   // Kills `member` here when it is this agent's child, else asks its host's agent to; the agent
   // that kills it records `what` (rank_unresponsive, hang_suspect) with its pid.
   void KillMember(const std::string& member, EventKind what, const std::string& why);
@@ -464,16 +462,10 @@ class Job {
   std::string protected_epoch_;  // of the last ckpt/protected reported
   std::map<std::string, std::string> persist_failures_;  // store key -> the rank's error
 
-  struct DeadRank {
-    int rank;  // -1: a whole host (ranks)
-    std::string how;
-    absl::Time died;
-    absl::Time give_up;
-    absl::Time not_before;  // the crash-loop backoff
-    std::vector<int> ranks = {};  // a dead host's ranks, replaced in one generation
-    std::string host = {};
-  };
-  std::deque<DeadRank> dead_;
+  // The coordinator's host duties (sdk/coordinator/job_coordinator.h; created by Prepare, on one
+  // host too): its replacements() are the ranks and hosts TryReplacements gives to standbys.
+  std::unique_ptr<JobCoordinator> job_coordinator_;
+  std::deque<PendingReplacement>& replacements() { return job_coordinator_->replacements(); }
   struct Recovery {
     int rank;  // -1: a renewal (no rank died; the communicators broke) or a host
     int64_t generation;
@@ -535,13 +527,9 @@ class Job {
   int64_t followed_generation_ = -1;
   absl::Time next_agent_tick_ = absl::InfinitePast();
   std::string master_addr_ = "127.0.0.1";
-  HostLiveness host_liveness_{config_.host_timeout};  // coordinator: the hosts' heartbeats
-  std::set<std::string> dead_hosts_;
-  std::set<std::string> handled_deaths_;  // member ids whose death report was taken
   // KillMembersStoppedInFormation: when each member was first seen stopped, and those killed.
   std::map<std::string, absl::Time> stopped_members_since_;
   std::set<std::string> stopped_members_killed_;
-  bool done_published_ = false;
   std::optional<absl::Time> min_reached_;  // when nnodes_min workers had joined (PublishPlan)
   absl::Time store_seen_ = absl::Now();  // the last heartbeat the store took
   // A host cut off from the store for this long gives up (a partition shorter than this heals).
@@ -646,6 +634,7 @@ absl::Status Job::Prepare() {
   } else {
     coordinator_ = std::make_unique<RendezvousCoordinator>(store_.get());
   }
+  CreateJobCoordinator();
   master_port_ = FreePort();
 
   sigset_t signals;
@@ -664,6 +653,29 @@ absl::Status Job::Prepare() {
     return JoinAsHost();
   }
   return absl::OkStatus();
+}
+
+void Job::CreateJobCoordinator() {
+  JobCoordinatorOptions options;
+  options.host_id = config_.host_id;
+  options.host_timeout = config_.host_timeout;
+  options.call_timeout = AgentCallTimeout(config_.host_timeout);
+  options.max_replacements = config_.max_replacements;
+  options.restart_all = RestartsOnHosts();
+  JobCoordinator::Hooks hooks;
+  hooks.coordinating = [this] { return coordinating(); };
+  hooks.say = [this](const std::string& line) { Say(line); };
+  hooks.record = [this](int rank, EventKind kind, const std::string& message,
+                        JobCoordinator::Attributes attributes) {
+    Record(rank, kind, message, std::move(attributes));
+  };
+  hooks.fail = [this](const std::string& why) { Fail(why); };
+  hooks.restart_round = [this](const std::string& why, const std::string& dead_host,
+                               absl::Time since) { PublishRestartRound(why, dead_host, since); };
+  job_coordinator_ = std::make_unique<JobCoordinator>(store_.get(), Clock::Real(),
+                                                      coordinator_.get(), &replacement_policy_,
+                                                      &failures_, options, std::move(hooks));
+  job_coordinator_->set_world_size(world_size_);
 }
 
 absl::Status Job::StartOwnStore() {
@@ -741,8 +753,8 @@ void Job::RestartAll() {
     return Fail(absl::StrCat("restart ", restarts_, ": cannot start a store: ", s.ToString()));
   }
   coordinator_ = std::make_unique<RendezvousCoordinator>(store_.get());
+  CreateJobCoordinator();  // on the new store and coordinator: nothing queued
   master_port_ = FreePort();
-  dead_.clear();
   recoveries_.clear();
   pending_hang_.reset();
   hangs_checked_below_ = 0;
@@ -1013,7 +1025,7 @@ void Job::OnExit(Child& child, const WorkerExit& exit) {
   if (const auto* fail = std::get_if<ReplacementPolicy::Fail>(&decision)) return Fail(fail->why);
   const auto& replace = std::get<ReplacementPolicy::Replace>(decision);
   if (!replace.message.empty()) Say(replace.message);
-  dead_.push_back(
+  replacements().push_back(
       {child.rank, how, now, replace.not_before + config_.rendezvous_timeout, replace.not_before});
 }
 
@@ -1037,8 +1049,8 @@ void Job::RespawnStandbys() {
 }
 
 void Job::TryReplacements() {
-  while (!dead_.empty() && exit_code_ < 0) {
-    const DeadRank dead = dead_.front();
+  while (!replacements().empty() && exit_code_ < 0) {
+    const PendingReplacement dead = replacements().front();
     if (absl::Now() < dead.not_before) return;  // backing off a crash loop
     // The coordinator's gate also refuses (Aborted) right before the replacement's first write.
     if (!coordinating()) return;
@@ -1080,7 +1092,7 @@ void Job::TryReplacements() {
       return Fail(absl::StrCat("replacing ", dead.rank < 0 ? "host " + dead.host : absl::StrCat("rank ", dead.rank), ": ",
                                next.status().ToString()));
     }
-    dead_.pop_front();
+    replacements().pop_front();
     if (dead.rank < 0) {
       std::vector<std::string> by;
       for (int rank : dead.ranks) by.push_back(absl::StrCat(rank, "<-", next->members[rank]));
@@ -1715,7 +1727,7 @@ void Job::ReplaceHangSuspects(const std::vector<int>& suspects, int64_t generati
 void Job::RenewGenerationWhenAsked() {
   RenewalObservations observed;
   observed.world_size = world_size_;
-  observed.death_pending = !dead_.empty();
+  observed.death_pending = !replacements().empty();
   observed.hang_pending = pending_hang_.has_value();
   observed.killed_rank_unreaped = std::any_of(
       children_.begin(), children_.end(),
@@ -1864,7 +1876,7 @@ int Job::Run() {
     // the lease lasts.
     if (coordinating()) TryReplacements();
     if (coordinating()) CheckRecoveries();
-    if (formed_reported_ && exit_code_ < 0 && dead_.empty() && coordinating()) {
+    if (formed_reported_ && exit_code_ < 0 && replacements().empty() && coordinating()) {
       KillRanksWithStaleHeartbeats();
     }
     if (MultiHost() && !RestartsOnHosts() && formed_reported_ && exit_code_ < 0 &&
@@ -2011,8 +2023,9 @@ bool Job::coordinating() {
   if (lease_ == nullptr) return false;
   if (lease_->held()) return true;
   // Claimed but not renewed by the renewal deadline: nobody may have taken it yet, but someone may
-  // soon. What was decided stays queued (dead_, recoveries_): it is still this agent's to act on if
-  // its next renewal succeeds (nobody took the lease meanwhile), and dropped if it is deposed.
+  // soon. What was decided stays queued (replacements(), recoveries_): it is still this agent's to
+  // act on if its next renewal succeeds (nobody took the lease meanwhile), and dropped if it is
+  // deposed.
   if (said_coordinating_ && lease_->claimed()) {
     Say(absl::StrFormat("no longer coordinating (lease term %d was not renewed in time: %s)",
                         lease_->term(), lease_->CheckHeld().message()));
@@ -2045,7 +2058,7 @@ void Job::UpdateLease() {
                               : absl::StrCat("the lease is ", holder, "'s now")));
     }
     said_coordinating_ = false;
-    dead_.clear();
+    job_coordinator_->Depose();
     recoveries_.clear();
     return;
   }
@@ -2060,19 +2073,8 @@ void Job::UpdateLease() {
   // the dumps' grace for ranks long replaced, held up the current generation's hang by seconds.
   pending_hang_.reset();
   hangs_checked_below_ = std::max<int64_t>(coordinator_->generation(), 0);
-  // Every host gets a full host_timeout from this agent's first read of its heartbeat, the previous
-  // holder's too: its lease lapsing shows only that this agent did not see it renewed, which a
-  // stalled store causes as well while that host trains on (HostLiveness).
-  host_liveness_ = HostLiveness(config_.host_timeout);
-  handled_deaths_.clear();
-  dead_hosts_.clear();
-  if (absl::StatusOr<std::vector<std::string>> dead =
-          store_->ListKeys(store_keys::kAgentsDead.prefix(), kStoreTimeout);
-      dead.ok()) {
-    for (std::string& host : store_keys::kAgentsDead.Names(*dead)) {
-      dead_hosts_.insert(std::move(host));
-    }
-  }
+  // Every host's bound starts afresh, the previous holder's too; the dead hosts are the store's.
+  job_coordinator_->TakeOver(kStoreTimeout);
   (void)held;
 }
 
@@ -2153,6 +2155,7 @@ bool Job::ReadPlan(int* hosts) {
   master_addr_ = plan->master_addr;
   master_port_ = plan->master_port;
   world_size_ = *hosts * plan->ranks_per_host;
+  job_coordinator_->set_world_size(world_size_);
   group_rank_ = plan->GroupOf(config_.host_id);
   return true;
 }
@@ -2268,10 +2271,10 @@ absl::StatusOr<RestartRoundHosts> Job::ReadRestartRoundHosts(absl::Duration time
   const absl::Time now = absl::Now();
   for (const store_keys::JoinRecord& j : *joined) {
     hosts.joined.push_back({j.host, j.addr, j.port});
-    if (host_liveness_.IsSilent(j.host, now)) hosts.silent.insert(j.host);
+    if (job_coordinator_->IsSilent(j.host, now)) hosts.silent.insert(j.host);
   }
   for (std::string& host : store_keys::kAgentsLeft.Names(*left)) hosts.left.insert(std::move(host));
-  hosts.dead = dead_hosts_;
+  hosts.dead = job_coordinator_->dead_hosts();
   return hosts;
 }
 
@@ -2341,6 +2344,7 @@ void Job::StartRound(int64_t round) {
   Say(absl::StrFormat("restart round %d: stopped %s; shared memory of job id %s removed", round,
                       stopped.empty() ? "no process" : absl::StrJoin(stopped, ", "), old_id));
   round_ = round;
+  job_coordinator_->set_round(round_);
   restarts_ = static_cast<int>(round);
   restarted_at_ = absl::Now();
   OpenStoreOptions store_options;
@@ -2355,6 +2359,7 @@ void Job::StartRound(int64_t round) {
   round_store_ = *std::move(store);
   coordinator_ = std::make_unique<RendezvousCoordinator>(ranks_store(), Clock::Real(),
                                                          config_.host_id, lease_.get());
+  job_coordinator_->set_rendezvous(coordinator_.get());
   // A coordinator that follows a round another published (it took the lease over meanwhile) acts
   // on the round's membership if it formed already (NotFound: not yet).
   if (coordinating()) {
@@ -2363,7 +2368,7 @@ void Job::StartRound(int64_t round) {
     }
   }
   followed_generation_ = -1;
-  dead_.clear();
+  replacements().clear();
   pending_hang_.reset();
   hangs_checked_below_ = 0;
   renewal_policy_.Reset();
@@ -2507,7 +2512,6 @@ void Job::WatchJobEnd() {
 }
 
 void Job::CoordinateHosts() {
-  const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
   if (!spawned_) return;  // no plan yet
   bool generation_zero = false;
   {
@@ -2515,198 +2519,18 @@ void Job::CoordinateHosts() {
     generation_zero = formed_.has_value();
   }
   if (!generation_zero && !former_.joinable()) StartForming();
-  // Host liveness: every joined host's agent beats; one that stops for host_timeout is dead. An
-  // agent that left (the job ended for it) beats no more, and once every rank finished nobody is
-  // replaced.
-  absl::StatusOr<std::vector<std::string>> joined =
-      store_->ListKeys(store_keys::kAgentJoins.prefix(), timeout);
-  absl::StatusOr<std::vector<std::string>> left =
-      store_->ListKeys(store_keys::kAgentsLeft.prefix(), timeout);
-  if (!joined.ok() || !left.ok() || done_published_) return;
-  const std::vector<std::string> left_hosts = store_keys::kAgentsLeft.Names(*left);
-  std::vector<std::string> hosts, beat_keys;
-  for (const std::string& host : store_keys::kAgentJoins.Names(*joined)) {
-    if (dead_hosts_.count(host) != 0) continue;
-    if (std::find(left_hosts.begin(), left_hosts.end(), host) != left_hosts.end()) continue;
-    hosts.push_back(host);
-    beat_keys.push_back(store_keys::kAgentHeartbeats.Key(host));
-  }
-  absl::StatusOr<std::vector<std::optional<std::string>>> beats =
-      store_->MultiGet(beat_keys, timeout);
-  if (!beats.ok()) return;
-  // This agent's own host is alive while it runs this. A gap in this coordinator's reads (the
-  // store was unavailable to it, or it was stalled) gives every host a fresh bound (HostLiveness).
-  std::map<std::string, std::string> host_beats;
-  for (size_t i = 0; i < hosts.size(); ++i) {
-    if (hosts[i] != config_.host_id) host_beats[hosts[i]] = (*beats)[i].value_or("");
-  }
-  if (!coordinating()) return;
-  for (const HostLiveness::Silent& silent : host_liveness_.Observe(host_beats, absl::Now())) {
-    DeclareHostDead(silent.host, silent.since,
-                    absl::StrFormat("no heartbeat for %s", absl::FormatDuration(silent.silent_for)));
-  }
-  ReadDeathReports();
-  // Completion: every rank finished with status 0.
-  if (!done_published_ && world_size_ > 0) {
-    absl::StatusOr<std::vector<std::string>> finished = store_->ListKeys(FinishedPrefix(), timeout);
-    if (finished.ok() && finished->size() >= static_cast<size_t>(world_size_) && coordinating()) {
-      done_published_ = store_->Set(kJobDoneKey, "every rank finished", timeout).ok();
-    }
-  }
-}
-
-void Job::ReadDeathReports() {
-  const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
-  absl::StatusOr<std::vector<std::string>> keys =
-      store_->ListKeys(store_keys::kAgentDeaths.prefix(), timeout);
-  if (!keys.ok()) return;
-  const Membership current = coordinator_->current();
-  for (const std::string& member : store_keys::kAgentDeaths.Names(*keys)) {
-    if (handled_deaths_.count(member) != 0) continue;
-    const auto held = std::find(current.members.begin(), current.members.end(), member);
-    const std::string key = store_keys::kAgentDeaths.Key(member);
-    absl::StatusOr<std::string> value = store_->Get(key, timeout);
-    if (!value.ok()) continue;
-    if (!coordinating()) return;
-    // A report that does not decode still says that the member died: its text is the how.
-    const absl::StatusOr<store_keys::DeathReport> report =
-        store_keys::DecodeDeathReport(key, *value);
-    const std::string how = report.ok() ? report->how : *value;
-    // Once per member: every path below marks it handled.
-    failures_.Record({report.ok() ? absl::StrFormat("rank %d (%s)", report->rank, member) : member,
-                      how, report.ok() ? report->cause : ""});
-    if (RestartsOnHosts()) {
-      handled_deaths_.insert(member);
-      // A process of an earlier round died of the restart itself (or its peers' deaths). An id
-      // that is none of ours names no process of any round.
-      const absl::StatusOr<store_keys::MemberId> id = store_keys::DecodeMemberId(member);
-      if (!id.ok()) {
-        Say(absl::StrCat("ignoring a death report: ", id.status().message()));
-        continue;
-      }
-      if (id->round != round_) continue;
-      if (current.generation < 0 && round_ == 0) {
-        return Fail(absl::StrFormat("%s died before generation 0 formed (%s)", member, how));
-      }
-      const std::string rank = report.ok() ? absl::StrCat("rank ", report->rank) : "a rank";
-      return PublishRestartRound(
-          absl::StrFormat("%s (%s) %s%s", rank, member, how,
-                          current.generation < 0 ? " before the restarted job formed" : ""),
-          "");
-    }
-    if (current.generation < 0) {
-      handled_deaths_.insert(member);
-      return Fail(absl::StrFormat("%s died before generation 0 formed (%s)", member, how));
-    }
-    if (held == current.members.end()) {  // a standby, or a rank already replaced
-      handled_deaths_.insert(member);
-      (void)coordinator_->ForgetStandby(member, timeout);
-      continue;
-    }
-    QueueDeadMember(static_cast<int>(held - current.members.begin()), member, how);
-    if (exit_code_ >= 0) return;
-  }
-}
-
-void Job::QueueDeadMember(int rank, const std::string& member, const std::string& how) {
-  handled_deaths_.insert(member);
-  const absl::Time now = absl::Now();
-  const ReplacementPolicy::Decision decision = replacement_policy_.OnRankDeath(rank, how, now);
-  const auto* replace = std::get_if<ReplacementPolicy::Replace>(&decision);
-  if (replace == nullptr) {  // on several hosts only the bound fails (ReplacementOptions)
-    return Fail(
-        absl::StrFormat("rank %d died %d time(s) (last: %s); --max-replacements=%d "
-                        "reached",
-                        rank, replacement_policy_.history(rank).deaths, how,
-                        config_.max_replacements));
-  }
-  const absl::Duration delay = replace->delay;
-  Say(absl::StrFormat(
-      "rank %d (%s) %s: replacing it%s", rank, member, how,
-      delay > absl::ZeroDuration() ? absl::StrCat(" in ", absl::FormatDuration(delay)) : ""));
-  DeadRank dead{rank, how, now, now + delay + 2 * config_.host_timeout + absl::Seconds(10),
-                now + delay};
-  dead.host = store_keys::MemberHost(member);
-  dead_.push_back(std::move(dead));
+  job_coordinator_->CoordinateHosts();
 }
 
 void Job::KillAndReplaceStoppedMember(int rank, const std::string& member, EventKind what,
                                       const std::string& why) {
   if (!coordinating()) return;
   KillMember(member, what, why);
-  if (RestartsOnHosts() || handled_deaths_.count(member) != 0) return;
-  QueueDeadMember(rank, member,
-                  absl::StrCat("is stopped, its agent says, and is being killed (",
-                               std::string(EventKindName(what)), ")"));
-}
-
-void Job::DeclareHostDead(const std::string& host, absl::Time last_beat, const std::string& why) {
-  const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
-  if (!coordinating()) return;
-  // First the fence, so that the host's agent, should it come back, stops its processes.
-  if (absl::Status s = store_->Set(store_keys::kAgentsDead.Key(host), why, timeout); !s.ok()) {
-    return;  // tried again next tick
-  }
-  dead_hosts_.insert(host);
-  host_liveness_.Forget(host);
-  failures_.Record({absl::StrCat("host ", host), "died", why});
-  const std::string prefix = host + ":";
-  if (absl::StatusOr<std::vector<std::string>> parked = coordinator_->ParkedStandbys(timeout);
-      parked.ok()) {
-    for (const std::string& member : *parked) {
-      if (absl::StartsWith(member, prefix)) (void)coordinator_->ForgetStandby(member, timeout);
-    }
-  }
-  const Membership current = coordinator_->current();
-  absl::StatusOr<std::vector<std::string>> finished = store_->ListKeys(FinishedPrefix(), timeout);
-  std::vector<int> ranks;
-  for (size_t r = 0; r < current.members.size(); ++r) {
-    if (!absl::StartsWith(current.members[r], prefix)) continue;
-    const std::string key = store_keys::AgentFinished(round_, static_cast<int>(r));
-    if (finished.ok() && std::find(finished->begin(), finished->end(), key) != finished->end()) {
-      continue;  // it finished before the host died
-    }
-    ranks.push_back(static_cast<int>(r));
-    handled_deaths_.insert(current.members[r]);
-  }
-  Say(absl::StrFormat("host %s is dead (%s)%s", host, why,
-                      ranks.empty() ? "; it held no rank"
-                                    : absl::StrCat(": replacing its ranks ",
-                                                   absl::StrJoin(ranks, ","), " at once")));
-  // The record `trainguard report` matches a host fault with (host, the ranks it held).
-  Record(-1, EventKind::kHostLost, absl::StrFormat("host %s is dead (%s)", host, why),
-         {{"host", host}, {"ranks", absl::StrJoin(ranks, ",")}});
-  if (RestartsOnHosts()) {
-    // The plan says whether it trains: in a round still forming, the membership names nobody.
-    int group = -1;
-    if (absl::StatusOr<std::string> value = store_->Get(store_keys::kAgentPlan, timeout);
-        value.ok()) {
-      if (absl::StatusOr<store_keys::Plan> plan = store_keys::DecodePlan(*value); plan.ok()) {
-        group = plan->GroupOf(host);
-      }
-    }
-    if (group < 0) return;  // a standby host: nothing to restart
-    if (current.generation < 0 && round_ == 0) {
-      return Fail(absl::StrFormat("host %s died before generation 0 formed", host));
-    }
-    return PublishRestartRound(absl::StrFormat("host %s is dead (%s)", host, why), host,
-                               last_beat);
-  }
-  if (ranks.empty()) return;
-  if (current.generation < 0) {
-    return Fail(absl::StrFormat("host %s died before generation 0 formed", host));
-  }
-  const absl::Time now = absl::Now();
-  DeadRank dead{-1, why, last_beat, now, now};
-  dead.ranks = std::move(ranks);
-  dead.host = host;
-  // The rendezvous' liveness and the survivors' failed collectives may already have queued ranks
-  // of this host: the host's entry replaces them.
-  for (auto it = dead_.begin(); it != dead_.end();) {
-    it = it->rank >= 0 && absl::StartsWith(current.members[it->rank], prefix) ? dead_.erase(it)
-                                                                              : std::next(it);
-  }
-  dead_.push_back(std::move(dead));
+  if (RestartsOnHosts() || job_coordinator_->DeathTaken(member)) return;
+  (void)job_coordinator_->QueueDeadMember(
+      rank, member,
+      absl::StrCat("is stopped, its agent says, and is being killed (",
+                   std::string(EventKindName(what)), ")"));
 }
 
 std::vector<std::string> Job::PreferredStandbys(const std::string& dead_host,
@@ -2717,7 +2541,7 @@ std::vector<std::string> Job::PreferredStandbys(const std::string& dead_host,
   if (!parked.ok()) return {};
   std::set<std::string> unsafe;
   for (int rank : ranks) unsafe.merge(HostsSharingBackups(rank));
-  return ChooseStandbys(*parked, dead_hosts_, dead_host, ranks.size(), unsafe);
+  return ChooseStandbys(*parked, job_coordinator_->dead_hosts(), dead_host, ranks.size(), unsafe);
 }
 
 std::set<std::string> Job::HostsSharingBackups(int rank) {
@@ -2804,7 +2628,7 @@ void Job::DetectFailSlow() {
   std::set<std::string> training;
   for (const std::string& member : current.members) {
     std::string host = store_keys::MemberHost(member);
-    if (dead_hosts_.count(host) == 0) training.insert(std::move(host));
+    if (job_coordinator_->dead_hosts().count(host) == 0) training.insert(std::move(host));
   }
   std::vector<std::string> keys;
   for (const std::string& host : training) keys.push_back(HostMetricsKey(host));
@@ -2879,9 +2703,10 @@ void Job::ActOnSuspect(const SuspectVerdict& v) {
   if (!evict) return;
   ++fail_slow_evictions_;
   fail_slow_->Forget(v.host);
-  DeclareHostDead(v.host, absl::Now(),
-                  absl::StrFormat("fail-slow: %s %.0f%% off its peers for %d s", v.metric,
-                                  100 * v.deviation, v.windows * config_.fail_slow_continuity_s));
+  job_coordinator_->DeclareHostDead(
+      v.host, absl::Now(),
+      absl::StrFormat("fail-slow: %s %.0f%% off its peers for %d s", v.metric, 100 * v.deviation,
+                      v.windows * config_.fail_slow_continuity_s));
 }
 
 void Job::WriteSuspectDump(const SuspectVerdict& v, const std::string& action) {

@@ -1,0 +1,240 @@
+#include "sdk/coordinator/job_coordinator.h"
+
+#include <algorithm>
+#include <iterator>
+#include <map>
+#include <optional>
+#include <utility>
+#include <variant>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "sdk/core/agent_keys.h"
+#include "trainguard/membership.h"
+
+namespace trainguard {
+
+JobCoordinator::JobCoordinator(Store* store, Clock* clock, RendezvousCoordinator* rendezvous,
+                               ReplacementPolicy* replacement_policy, FailureHistory* failures,
+                               JobCoordinatorOptions options, Hooks hooks)
+    : store_(store),
+      clock_(clock),
+      rendezvous_(rendezvous),
+      replacement_policy_(replacement_policy),
+      failures_(failures),
+      options_(std::move(options)),
+      hooks_(std::move(hooks)),
+      host_liveness_(options_.host_timeout) {}
+
+void JobCoordinator::CoordinateHosts() {
+  const absl::Duration timeout = options_.call_timeout;
+  // Host liveness: every joined host's agent beats; one that stops for host_timeout is dead. An
+  // agent that left (the job ended for it) beats no more, and once every rank finished nobody is
+  // replaced.
+  absl::StatusOr<std::vector<std::string>> joined =
+      store_->ListKeys(store_keys::kAgentJoins.prefix(), timeout);
+  absl::StatusOr<std::vector<std::string>> left =
+      store_->ListKeys(store_keys::kAgentsLeft.prefix(), timeout);
+  if (!joined.ok() || !left.ok() || done_published_) return;
+  const std::vector<std::string> left_hosts = store_keys::kAgentsLeft.Names(*left);
+  std::vector<std::string> hosts, beat_keys;
+  for (const std::string& host : store_keys::kAgentJoins.Names(*joined)) {
+    if (dead_hosts_.count(host) != 0) continue;
+    if (std::find(left_hosts.begin(), left_hosts.end(), host) != left_hosts.end()) continue;
+    hosts.push_back(host);
+    beat_keys.push_back(store_keys::kAgentHeartbeats.Key(host));
+  }
+  absl::StatusOr<std::vector<std::optional<std::string>>> beats =
+      store_->MultiGet(beat_keys, timeout);
+  if (!beats.ok()) return;
+  // This agent's own host is alive while it runs this. A gap in this coordinator's reads (the
+  // store was unavailable to it, or it was stalled) gives every host a fresh bound (HostLiveness).
+  std::map<std::string, std::string> host_beats;
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    if (hosts[i] != options_.host_id) host_beats[hosts[i]] = (*beats)[i].value_or("");
+  }
+  if (!coordinating()) return;
+  for (const HostLiveness::Silent& silent : host_liveness_.Observe(host_beats, clock_->Now())) {
+    DeclareHostDead(
+        silent.host, silent.since,
+        absl::StrFormat("no heartbeat for %s", absl::FormatDuration(silent.silent_for)));
+  }
+  ReadDeathReports();
+  // Completion: every rank finished with status 0.
+  if (!done_published_ && world_size_ > 0) {
+    absl::StatusOr<std::vector<std::string>> finished =
+        store_->ListKeys(store_keys::AgentFinishedPrefix(round_), timeout);
+    if (finished.ok() && finished->size() >= static_cast<size_t>(world_size_) && coordinating()) {
+      done_published_ = store_->Set(store_keys::kJobDone, "every rank finished", timeout).ok();
+    }
+  }
+}
+
+void JobCoordinator::ReadDeathReports() {
+  const absl::Duration timeout = options_.call_timeout;
+  absl::StatusOr<std::vector<std::string>> keys =
+      store_->ListKeys(store_keys::kAgentDeaths.prefix(), timeout);
+  if (!keys.ok()) return;
+  const Membership current = rendezvous_->current();
+  for (const std::string& member : store_keys::kAgentDeaths.Names(*keys)) {
+    if (handled_deaths_.count(member) != 0) continue;
+    const auto held = std::find(current.members.begin(), current.members.end(), member);
+    const std::string key = store_keys::kAgentDeaths.Key(member);
+    absl::StatusOr<std::string> value = store_->Get(key, timeout);
+    if (!value.ok()) continue;
+    if (!coordinating()) return;
+    // A report that does not decode still says that the member died: its text is the how.
+    const absl::StatusOr<store_keys::DeathReport> report =
+        store_keys::DecodeDeathReport(key, *value);
+    const std::string how = report.ok() ? report->how : *value;
+    // Once per member: every path below marks it handled.
+    failures_->Record({report.ok() ? absl::StrFormat("rank %d (%s)", report->rank, member) : member,
+                       how, report.ok() ? report->cause : ""});
+    if (options_.restart_all) {
+      handled_deaths_.insert(member);
+      // A process of an earlier round died of the restart itself (or its peers' deaths). An id
+      // that is none of ours names no process of any round.
+      const absl::StatusOr<store_keys::MemberId> id = store_keys::DecodeMemberId(member);
+      if (!id.ok()) {
+        hooks_.say(absl::StrCat("ignoring a death report: ", id.status().message()));
+        continue;
+      }
+      if (id->round != round_) continue;
+      if (current.generation < 0 && round_ == 0) {
+        return hooks_.fail(absl::StrFormat("%s died before generation 0 formed (%s)", member, how));
+      }
+      const std::string rank = report.ok() ? absl::StrCat("rank ", report->rank) : "a rank";
+      return hooks_.restart_round(
+          absl::StrFormat("%s (%s) %s%s", rank, member, how,
+                          current.generation < 0 ? " before the restarted job formed" : ""),
+          "", absl::InfinitePast());
+    }
+    if (current.generation < 0) {
+      handled_deaths_.insert(member);
+      return hooks_.fail(absl::StrFormat("%s died before generation 0 formed (%s)", member, how));
+    }
+    if (held == current.members.end()) {  // a standby, or a rank already replaced
+      handled_deaths_.insert(member);
+      (void)rendezvous_->ForgetStandby(member, timeout);
+      continue;
+    }
+    if (!QueueDeadMember(static_cast<int>(held - current.members.begin()), member, how)) return;
+  }
+}
+
+bool JobCoordinator::QueueDeadMember(int rank, const std::string& member, const std::string& how) {
+  handled_deaths_.insert(member);
+  const absl::Time now = clock_->Now();
+  const ReplacementPolicy::Decision decision = replacement_policy_->OnRankDeath(rank, how, now);
+  const auto* replace = std::get_if<ReplacementPolicy::Replace>(&decision);
+  if (replace == nullptr) {  // on several hosts only the bound fails (ReplacementOptions)
+    hooks_.fail(absl::StrFormat(
+        "rank %d died %d time(s) (last: %s); --max-replacements=%d "
+        "reached",
+        rank, replacement_policy_->history(rank).deaths, how, options_.max_replacements));
+    return false;
+  }
+  const absl::Duration delay = replace->delay;
+  hooks_.say(absl::StrFormat(
+      "rank %d (%s) %s: replacing it%s", rank, member, how,
+      delay > absl::ZeroDuration() ? absl::StrCat(" in ", absl::FormatDuration(delay)) : ""));
+  PendingReplacement dead{rank, how, now,
+                          now + delay + 2 * options_.host_timeout + absl::Seconds(10), now + delay};
+  dead.host = store_keys::MemberHost(member);
+  replacements_.push_back(std::move(dead));
+  return true;
+}
+
+void JobCoordinator::DeclareHostDead(const std::string& host, absl::Time last_beat,
+                                     const std::string& why) {
+  const absl::Duration timeout = options_.call_timeout;
+  if (!coordinating()) return;
+  // First the fence, so that the host's agent, should it come back, stops its processes.
+  if (absl::Status s = store_->Set(store_keys::kAgentsDead.Key(host), why, timeout); !s.ok()) {
+    return;  // tried again next tick
+  }
+  dead_hosts_.insert(host);
+  host_liveness_.Forget(host);
+  failures_->Record({absl::StrCat("host ", host), "died", why});
+  const std::string prefix = host + ":";
+  if (absl::StatusOr<std::vector<std::string>> parked = rendezvous_->ParkedStandbys(timeout);
+      parked.ok()) {
+    for (const std::string& member : *parked) {
+      if (absl::StartsWith(member, prefix)) (void)rendezvous_->ForgetStandby(member, timeout);
+    }
+  }
+  const Membership current = rendezvous_->current();
+  absl::StatusOr<std::vector<std::string>> finished =
+      store_->ListKeys(store_keys::AgentFinishedPrefix(round_), timeout);
+  std::vector<int> ranks;
+  for (size_t r = 0; r < current.members.size(); ++r) {
+    if (!absl::StartsWith(current.members[r], prefix)) continue;
+    const std::string key = store_keys::AgentFinished(round_, static_cast<int>(r));
+    if (finished.ok() && std::find(finished->begin(), finished->end(), key) != finished->end()) {
+      continue;  // it finished before the host died
+    }
+    ranks.push_back(static_cast<int>(r));
+    handled_deaths_.insert(current.members[r]);
+  }
+  hooks_.say(absl::StrFormat("host %s is dead (%s)%s", host, why,
+                             ranks.empty() ? "; it held no rank"
+                                           : absl::StrCat(": replacing its ranks ",
+                                                          absl::StrJoin(ranks, ","), " at once")));
+  // The record `trainguard report` matches a host fault with (host, the ranks it held).
+  hooks_.record(-1, EventKind::kHostLost, absl::StrFormat("host %s is dead (%s)", host, why),
+                {{"host", host}, {"ranks", absl::StrJoin(ranks, ",")}});
+  if (options_.restart_all) {
+    // The plan says whether it trains: in a round still forming, the membership names nobody.
+    int group = -1;
+    if (absl::StatusOr<std::string> value = store_->Get(store_keys::kAgentPlan, timeout);
+        value.ok()) {
+      if (absl::StatusOr<store_keys::Plan> plan = store_keys::DecodePlan(*value); plan.ok()) {
+        group = plan->GroupOf(host);
+      }
+    }
+    if (group < 0) return;  // a standby host: nothing to restart
+    if (current.generation < 0 && round_ == 0) {
+      return hooks_.fail(absl::StrFormat("host %s died before generation 0 formed", host));
+    }
+    return hooks_.restart_round(absl::StrFormat("host %s is dead (%s)", host, why), host,
+                                last_beat);
+  }
+  if (ranks.empty()) return;
+  if (current.generation < 0) {
+    return hooks_.fail(absl::StrFormat("host %s died before generation 0 formed", host));
+  }
+  const absl::Time now = clock_->Now();
+  PendingReplacement dead{-1, why, last_beat, now, now};
+  dead.ranks = std::move(ranks);
+  dead.host = host;
+  // The rendezvous' liveness and the survivors' failed collectives may already have queued ranks
+  // of this host: the host's entry replaces them.
+  for (auto it = replacements_.begin(); it != replacements_.end();) {
+    it = it->rank >= 0 && absl::StartsWith(current.members[it->rank], prefix)
+             ? replacements_.erase(it)
+             : std::next(it);
+  }
+  replacements_.push_back(std::move(dead));
+}
+
+void JobCoordinator::TakeOver(absl::Duration timeout) {
+  // Every host gets a full host_timeout from this agent's first read of its heartbeat, the previous
+  // holder's too: its lease lapsing shows only that this agent did not see it renewed, which a
+  // stalled store causes as well while that host trains on (HostLiveness).
+  host_liveness_ = HostLiveness(options_.host_timeout);
+  handled_deaths_.clear();
+  dead_hosts_.clear();
+  if (absl::StatusOr<std::vector<std::string>> dead =
+          store_->ListKeys(store_keys::kAgentsDead.prefix(), timeout);
+      dead.ok()) {
+    for (std::string& host : store_keys::kAgentsDead.Names(*dead)) {
+      dead_hosts_.insert(std::move(host));
+    }
+  }
+}
+
+}  // namespace trainguard

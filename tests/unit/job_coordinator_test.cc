@@ -1,0 +1,407 @@
+// JobCoordinator (sdk/coordinator/job_coordinator.h): the host duties of a multi-host job's
+// coordinator, on an in-memory store at instants a ManualClock sets: no processes, no sleeps. The
+// agents' side (joins, heartbeats, death reports, finished ranks, leaving) is written into the
+// store with agent_keys.h's codecs, as the agents write it.
+#include "sdk/coordinator/job_coordinator.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "sdk/agent/failure_history.h"
+#include "sdk/agent/replacement_policy.h"
+#include "sdk/core/agent_keys.h"
+#include "sdk/core/store_keys.h"
+#include "sdk/rendezvous/rendezvous.h"
+#include "trainguard/clock.h"
+#include "trainguard/events.h"
+#include "trainguard/membership.h"
+#include "trainguard/store.h"
+
+namespace trainguard {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+using ::testing::Pair;
+
+constexpr absl::Duration kHostTimeout = absl::Seconds(3);
+constexpr absl::Duration kTick = absl::Milliseconds(250);  // host timeout / 12: the agents' loop
+constexpr absl::Duration kNanosecond = absl::Nanoseconds(1);
+constexpr absl::Duration kCall = absl::Seconds(1);
+
+std::string Member(const std::string& host, int64_t pid, int rank, int64_t round = 0) {
+  return store_keys::EncodeMemberId({host, pid, round, store_keys::MemberId::Role::kRank, rank});
+}
+std::string Standby(const std::string& host, int64_t pid, int index) {
+  return store_keys::EncodeMemberId({host, pid, 0, store_keys::MemberId::Role::kStandby, index});
+}
+
+// A job of two training hosts of two ranks each, h0 (whose agent coordinates) and h1, and a standby
+// host h2 that parked a standby; generation 0 formed.
+class JobCoordinatorTest : public ::testing::Test {
+ protected:
+  struct Recorded {
+    int rank;
+    EventKind kind;
+    std::string message;
+    JobCoordinator::Attributes attributes;
+  };
+  struct RestartRequest {
+    std::string why;
+    std::string dead_host;
+    absl::Time since;
+  };
+
+  void SetUp() override {
+    Join("h0", 1, /*standby=*/false);
+    Join("h1", 2, /*standby=*/false);
+    Join("h2", 3, /*standby=*/true);
+    store_keys::Plan plan;
+    plan.training_hosts = 2;
+    plan.ranks_per_host = 2;
+    plan.master_addr = "10.0.0.1";
+    plan.master_port = 29500;
+    plan.hosts = {{"h0", 0}, {"h1", 1}, {"h2", -1}};
+    ASSERT_TRUE(store_.Set(store_keys::kAgentPlan, store_keys::EncodePlan(plan), kCall).ok());
+    // The ranks register as their RendezvousMember does; the standby parks.
+    const std::vector<std::string> members = {Member("h0", 100, 0), Member("h0", 100, 1),
+                                              Member("h1", 200, 2), Member("h1", 200, 3)};
+    for (int r = 0; r < 4; ++r) {
+      ASSERT_TRUE(store_.Set(store_keys::RdzvJoin(r), members[r], kCall).ok());
+    }
+    ASSERT_TRUE(rendezvous_.FormInitialGeneration(4, kCall).ok());
+    ASSERT_TRUE(store_.Set(store_keys::RdzvStandby(Standby("h2", 300, 0)), "parked", kCall).ok());
+    Start(/*restart_all=*/false);
+    BeatAll();
+  }
+
+  void Start(bool restart_all) {
+    JobCoordinatorOptions options;
+    options.host_id = "h0";
+    options.host_timeout = kHostTimeout;
+    options.call_timeout = kCall;
+    options.max_replacements = 10;
+    options.restart_all = restart_all;
+    JobCoordinator::Hooks hooks;
+    hooks.coordinating = [this] {
+      if (gate_opens_ == 0) return false;
+      --gate_opens_;
+      return true;
+    };
+    hooks.say = [this](const std::string& line) { said_.push_back(line); };
+    hooks.record = [this](int rank, EventKind kind, const std::string& message,
+                          JobCoordinator::Attributes attributes) {
+      recorded_.push_back({rank, kind, message, std::move(attributes)});
+    };
+    hooks.fail = [this](const std::string& why) { failed_.push_back(why); };
+    hooks.restart_round = [this](const std::string& why, const std::string& dead_host,
+                                 absl::Time since) {
+      restarts_.push_back({why, dead_host, since});
+    };
+    coordinator_ = std::make_unique<JobCoordinator>(&store_, &clock_, &rendezvous_, &policy_,
+                                                    &failures_, options, std::move(hooks));
+    coordinator_->set_world_size(4);
+  }
+
+  void Join(const std::string& host, int64_t seq, bool standby) {
+    ASSERT_TRUE(store_
+                    .Set(store_keys::kAgentJoins.Key(host),
+                         store_keys::EncodeJoinRecord({host, seq, standby, "10.0.0.1", 29500}),
+                         kCall)
+                    .ok());
+  }
+  // The agent of `host` advances its heartbeat counter, as AgentTick does.
+  void Beat(const std::string& host) {
+    ASSERT_TRUE(
+        store_.Set(store_keys::kAgentHeartbeats.Key(host), absl::StrCat(++beats_[host]), kCall)
+            .ok());
+  }
+  void BeatAll() {
+    for (const char* host : {"h0", "h1", "h2"}) Beat(host);
+  }
+  void ReportDeath(const std::string& member, int rank, const std::string& how,
+                   const std::string& cause) {
+    ASSERT_TRUE(store_
+                    .Set(store_keys::kAgentDeaths.Key(member),
+                         store_keys::EncodeDeathReport({member, rank, how, cause}), kCall)
+                    .ok());
+  }
+  void Finish(int rank, const std::string& member) {
+    ASSERT_TRUE(store_.Set(store_keys::AgentFinished(0, rank), member, kCall).ok());
+  }
+  void Leave(const std::string& host) {
+    ASSERT_TRUE(store_.Set(store_keys::kAgentsLeft.Key(host), "0", kCall).ok());
+  }
+
+  // The time since the test started.
+  absl::Duration Elapsed() { return clock_.Now() - absl::UnixEpoch(); }
+  void AdvanceTo(absl::Duration since_start) { clock_.Advance(since_start - Elapsed()); }
+  // One coordinator tick at every agent tick up to and including `until` (since the start), the
+  // hosts of `beating` beating before each.
+  void RunUntil(absl::Duration until, const std::vector<std::string>& beating) {
+    while (Elapsed() + kTick <= until) {
+      clock_.Advance(kTick);
+      for (const std::string& host : beating) Beat(host);
+      coordinator_->CoordinateHosts();
+    }
+  }
+
+  std::optional<std::string> Value(const std::string& key) {
+    absl::StatusOr<std::string> value = store_.Get(key, kCall);
+    if (!value.ok()) return std::nullopt;
+    return *value;
+  }
+  int Said(const std::string& line) {
+    return static_cast<int>(std::count(said_.begin(), said_.end(), line));
+  }
+
+  InMemoryStore store_;
+  ManualClock clock_{absl::UnixEpoch()};
+  RendezvousCoordinator rendezvous_{&store_, &clock_, "h0"};
+  ReplacementPolicy policy_{ReplacementPolicyOptions{}};
+  FailureHistory failures_;
+  std::unique_ptr<JobCoordinator> coordinator_;
+  std::map<std::string, int64_t> beats_;
+  int gate_opens_ = std::numeric_limits<int>::max();
+  std::vector<std::string> said_;
+  std::vector<Recorded> recorded_;
+  std::vector<std::string> failed_;
+  std::vector<RestartRequest> restarts_;
+};
+
+TEST_F(JobCoordinatorTest, AHostSilentForExactlyTheHostTimeoutIsDeclaredDeadAndNotOneNsBefore) {
+  coordinator_->CoordinateHosts();  // h1's last beat is read at 0
+  RunUntil(kHostTimeout - kTick, {"h0", "h2"});
+  AdvanceTo(kHostTimeout - kNanosecond);
+  coordinator_->CoordinateHosts();
+  EXPECT_EQ(Value(store_keys::kAgentsDead.Key("h1")), std::nullopt);
+  EXPECT_THAT(coordinator_->replacements(), IsEmpty());
+  EXPECT_THAT(said_, IsEmpty());
+
+  AdvanceTo(kHostTimeout);
+  coordinator_->CoordinateHosts();
+  EXPECT_EQ(Value(store_keys::kAgentsDead.Key("h1")), "no heartbeat for 3s");
+  ASSERT_EQ(coordinator_->replacements().size(), 1u);  // the host's ranks, in one entry
+  const PendingReplacement& host = coordinator_->replacements().front();
+  EXPECT_EQ(host.rank, -1);
+  EXPECT_THAT(host.ranks, ElementsAre(2, 3));
+  EXPECT_EQ(host.host, "h1");
+  EXPECT_EQ(host.how, "no heartbeat for 3s");
+  EXPECT_EQ(host.died, absl::UnixEpoch());  // its last heartbeat: the recovery's start
+  EXPECT_THAT(said_, ElementsAre("host h1 is dead (no heartbeat for 3s): replacing its ranks 2,3 "
+                                 "at once"));
+  ASSERT_EQ(recorded_.size(), 1u);
+  EXPECT_EQ(recorded_[0].kind, EventKind::kHostLost);
+  EXPECT_EQ(recorded_[0].message, "host h1 is dead (no heartbeat for 3s)");
+  EXPECT_THAT(recorded_[0].attributes, ElementsAre(Pair("host", "h1"), Pair("ranks", "2,3")));
+  ASSERT_TRUE(failures_.first().has_value());
+  EXPECT_EQ(failures_.first()->Describe(), "host h1 died: no heartbeat for 3s");
+  EXPECT_TRUE(coordinator_->DeathTaken(Member("h1", 200, 2)));
+  EXPECT_THAT(coordinator_->dead_hosts(), ElementsAre("h1"));
+  // The standby host beat on: alive.
+  EXPECT_EQ(Value(store_keys::kAgentsDead.Key("h2")), std::nullopt);
+  EXPECT_THAT(failed_, IsEmpty());
+}
+
+TEST_F(JobCoordinatorTest, TheCoordinatorsOwnHostIsNeverDeclaredDead) {
+  coordinator_->CoordinateHosts();
+  RunUntil(3 * kHostTimeout, {"h1", "h2"});  // h0's beat is not the coordinator's business
+  EXPECT_EQ(Value(store_keys::kAgentsDead.Key("h0")), std::nullopt);
+  EXPECT_THAT(said_, IsEmpty());
+}
+
+TEST_F(JobCoordinatorTest, ADeathReportIsTakenOnceAndItsCauseRecorded) {
+  const std::string member = Member("h1", 200, 2);
+  ReportDeath(member, 2, "exited with status 1", "RuntimeError: CUDA error: illegal memory access");
+  coordinator_->CoordinateHosts();
+  RunUntil(kHostTimeout, {"h0", "h1", "h2"});  // the report stays in the store
+
+  ASSERT_EQ(coordinator_->replacements().size(), 1u);
+  const PendingReplacement& rank = coordinator_->replacements().front();
+  EXPECT_EQ(rank.rank, 2);
+  EXPECT_EQ(rank.host, "h1");
+  EXPECT_EQ(rank.how, "exited with status 1");
+  EXPECT_EQ(rank.not_before, absl::UnixEpoch());  // a first death is replaced at once
+  EXPECT_THAT(said_, ElementsAre("rank 2 (h1:200:rank2) exited with status 1: replacing it"));
+  EXPECT_EQ(failures_.deaths(), 1);
+  ASSERT_TRUE(failures_.first().has_value());
+  EXPECT_EQ(failures_.first()->who, "rank 2 (h1:200:rank2)");
+  EXPECT_EQ(failures_.first()->cause, "RuntimeError: CUDA error: illegal memory access");
+  EXPECT_EQ(policy_.history(2).deaths, 1);
+  EXPECT_TRUE(coordinator_->DeathTaken(member));
+}
+
+TEST_F(JobCoordinatorTest, AParkedStandbysDeathReportForgetsTheStandbyAndQueuesNothing) {
+  const std::string standby = Standby("h2", 300, 0);
+  ReportDeath(standby, 0, "killed by signal 9 (Killed)", "");
+  coordinator_->CoordinateHosts();
+  EXPECT_EQ(Value(store_keys::RdzvStandby(standby)), std::nullopt);
+  EXPECT_THAT(coordinator_->replacements(), IsEmpty());
+  EXPECT_EQ(failures_.deaths(), 1);
+}
+
+TEST_F(JobCoordinatorTest, AHostsEntryReplacesItsRanksQueuedAlready) {
+  coordinator_->CoordinateHosts();
+  ReportDeath(Member("h1", 200, 3), 3, "killed by signal 9 (Killed)", "");
+  RunUntil(kHostTimeout, {"h0", "h2"});
+  ASSERT_EQ(coordinator_->replacements().size(), 1u);
+  EXPECT_EQ(coordinator_->replacements().front().rank, -1);
+  EXPECT_THAT(coordinator_->replacements().front().ranks, ElementsAre(2, 3));
+}
+
+TEST_F(JobCoordinatorTest, ARankThatFinishedBeforeItsHostDiedIsNotReplaced) {
+  Finish(2, Member("h1", 200, 2));
+  coordinator_->CoordinateHosts();
+  RunUntil(kHostTimeout, {"h0", "h2"});
+  ASSERT_EQ(coordinator_->replacements().size(), 1u);
+  EXPECT_THAT(coordinator_->replacements().front().ranks, ElementsAre(3));
+  EXPECT_THAT(said_, ElementsAre("host h1 is dead (no heartbeat for 3s): replacing its ranks 3 at "
+                                 "once"));
+}
+
+TEST_F(JobCoordinatorTest, AFencedHostThatComesBackAndLeavesCountsOnce) {
+  coordinator_->CoordinateHosts();
+  RunUntil(kHostTimeout, {"h0", "h2"});
+  ASSERT_EQ(Value(store_keys::kAgentsDead.Key("h1")), "no heartbeat for 3s");
+  // Back from its partition, h1's agent reads its fence: it kills its ranks, reports their deaths,
+  // beats on a while, and leaves the job.
+  ReportDeath(Member("h1", 200, 2), 2, "killed by signal 9 (Killed)", "fenced out");
+  ReportDeath(Member("h1", 200, 3), 3, "killed by signal 9 (Killed)", "fenced out");
+  RunUntil(2 * kHostTimeout, {"h0", "h1", "h2"});
+  Leave("h1");
+  RunUntil(4 * kHostTimeout, {"h0", "h2"});
+
+  EXPECT_EQ(Said("host h1 is dead (no heartbeat for 3s): replacing its ranks 2,3 at once"), 1);
+  EXPECT_EQ(said_.size(), 1u);
+  EXPECT_EQ(failures_.deaths(), 1);  // the host's; its ranks' deaths were taken with it
+  EXPECT_EQ(coordinator_->replacements().size(), 1u);
+  EXPECT_EQ(recorded_.size(), 1u);
+}
+
+TEST_F(JobCoordinatorTest, AHostThatLeftTheJobIsNotDeclaredDeadForItsSilence) {
+  coordinator_->CoordinateHosts();
+  Leave("h2");  // its job ended: it beats no more
+  RunUntil(3 * kHostTimeout, {"h0", "h1"});
+  EXPECT_EQ(Value(store_keys::kAgentsDead.Key("h2")), std::nullopt);
+  EXPECT_THAT(said_, IsEmpty());
+}
+
+TEST_F(JobCoordinatorTest, JobDoneIsPublishedOnceWhenEveryRankFinished) {
+  Finish(0, Member("h0", 100, 0));
+  Finish(1, Member("h0", 100, 1));
+  Finish(2, Member("h1", 200, 2));
+  coordinator_->CoordinateHosts();
+  EXPECT_EQ(Value(store_keys::kJobDone), std::nullopt);
+  EXPECT_FALSE(coordinator_->done_published());
+
+  Finish(3, Member("h1", 200, 3));
+  coordinator_->CoordinateHosts();
+  EXPECT_EQ(Value(store_keys::kJobDone), "every rank finished");
+  EXPECT_TRUE(coordinator_->done_published());
+
+  // Once published, nothing is written again, and the hosts, leaving one by one, are not watched.
+  ASSERT_TRUE(store_.Delete(store_keys::kJobDone, kCall).ok());
+  RunUntil(3 * kHostTimeout, {});
+  EXPECT_EQ(Value(store_keys::kJobDone), std::nullopt);
+  EXPECT_EQ(Value(store_keys::kAgentsDead.Key("h1")), std::nullopt);
+  EXPECT_THAT(said_, IsEmpty());
+}
+
+TEST_F(JobCoordinatorTest, ADeposedCoordinatorWritesNothing) {
+  gate_opens_ = 0;
+  ReportDeath(Member("h1", 200, 3), 3, "exited with status 1", "");
+  for (int r = 0; r < 4; ++r) Finish(r, Member(r < 2 ? "h0" : "h1", r < 2 ? 100 : 200, r));
+  coordinator_->CoordinateHosts();
+  RunUntil(3 * kHostTimeout, {"h0"});  // h1 and h2 silent
+
+  EXPECT_EQ(Value(store_keys::kAgentsDead.Key("h1")), std::nullopt);
+  EXPECT_EQ(Value(store_keys::kAgentsDead.Key("h2")), std::nullopt);
+  EXPECT_EQ(Value(store_keys::kJobDone), std::nullopt);
+  EXPECT_NE(Value(store_keys::RdzvStandby(Standby("h2", 300, 0))), std::nullopt);
+  EXPECT_THAT(coordinator_->replacements(), IsEmpty());
+  EXPECT_THAT(said_, IsEmpty());
+  EXPECT_THAT(recorded_, IsEmpty());
+  EXPECT_EQ(failures_.deaths(), 0);
+  EXPECT_THAT(failed_, IsEmpty());
+}
+
+TEST_F(JobCoordinatorTest,
+       AGateThatClosesRightBeforeTheFenceWritesNoneAndTheNextTickFencesTheHost) {
+  coordinator_->CoordinateHosts();
+  RunUntil(kHostTimeout - kTick, {"h0", "h2"});
+  clock_.Advance(kTick);
+  Beat("h0");
+  Beat("h2");
+  gate_opens_ = 1;  // open for the heartbeats' read, closed at the fence
+  coordinator_->CoordinateHosts();
+  EXPECT_EQ(Value(store_keys::kAgentsDead.Key("h1")), std::nullopt);
+  EXPECT_THAT(said_, IsEmpty());
+
+  gate_opens_ = std::numeric_limits<int>::max();  // its lease renewed in time after all
+  RunUntil(kHostTimeout + kTick, {"h0", "h2"});
+  EXPECT_EQ(Value(store_keys::kAgentsDead.Key("h1")), "no heartbeat for 3.25s");
+  EXPECT_EQ(coordinator_->replacements().size(), 1u);
+}
+
+TEST_F(JobCoordinatorTest, AfterATakeoverTheHostsTheStoreNamesDeadAreNotDeclaredAgain) {
+  ASSERT_TRUE(store_.Set(store_keys::kAgentsDead.Key("h1"), "no heartbeat for 3s", kCall).ok());
+  coordinator_->TakeOver(kCall);
+  EXPECT_THAT(coordinator_->dead_hosts(), ElementsAre("h1"));
+  coordinator_->CoordinateHosts();
+  RunUntil(3 * kHostTimeout, {"h0", "h2"});
+  EXPECT_THAT(said_, IsEmpty());
+  EXPECT_THAT(coordinator_->replacements(), IsEmpty());
+}
+
+TEST_F(JobCoordinatorTest, WithRestartAllADeadTrainingHostStartsARestartRound) {
+  Start(/*restart_all=*/true);
+  coordinator_->CoordinateHosts();
+  RunUntil(kHostTimeout, {"h0", "h2"});
+  EXPECT_EQ(Value(store_keys::kAgentsDead.Key("h1")), "no heartbeat for 3s");
+  EXPECT_THAT(coordinator_->replacements(), IsEmpty());
+  ASSERT_EQ(restarts_.size(), 1u);
+  EXPECT_EQ(restarts_[0].why, "host h1 is dead (no heartbeat for 3s)");
+  EXPECT_EQ(restarts_[0].dead_host, "h1");
+  EXPECT_EQ(restarts_[0].since, absl::UnixEpoch());
+}
+
+TEST_F(JobCoordinatorTest, WithRestartAllADeadStandbyHostRestartsNothing) {
+  Start(/*restart_all=*/true);
+  coordinator_->CoordinateHosts();
+  RunUntil(kHostTimeout, {"h0", "h1"});
+  EXPECT_EQ(Value(store_keys::kAgentsDead.Key("h2")), "no heartbeat for 3s");
+  EXPECT_THAT(said_, ElementsAre("host h2 is dead (no heartbeat for 3s); it held no rank"));
+  EXPECT_THAT(restarts_, IsEmpty());
+}
+
+TEST_F(JobCoordinatorTest, WithRestartAllARanksDeathOfThisRoundRestartsAndOneOfAnEarlierIsIgnored) {
+  Start(/*restart_all=*/true);
+  coordinator_->set_round(1);
+  ReportDeath(Member("h1", 200, 2), 2, "killed by signal 9 (Killed)", "");  // round 0's
+  coordinator_->CoordinateHosts();
+  EXPECT_THAT(restarts_, IsEmpty());
+
+  ReportDeath(Member("h1", 200, 3, /*round=*/1), 3, "exited with status 1", "");
+  coordinator_->CoordinateHosts();
+  ASSERT_EQ(restarts_.size(), 1u);
+  EXPECT_EQ(restarts_[0].why, "rank 3 (h1:200:round1:rank3) exited with status 1");
+  EXPECT_EQ(restarts_[0].dead_host, "");
+  EXPECT_EQ(failures_.deaths(), 2);  // both recorded, once each
+  coordinator_->CoordinateHosts();
+  EXPECT_EQ(restarts_.size(), 1u);
+}
+
+}  // namespace
+}  // namespace trainguard
