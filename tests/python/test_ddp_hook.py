@@ -147,3 +147,48 @@ def test_a_hang_the_watchdog_declares_aborts_the_torch_process_group(make_runtim
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def test_a_step_that_failed_before_backward_puts_a_nan_into_its_buckets_for_every_rank_to_see(
+        one_rank_group):
+    # check_loss judges this rank's loss alone; the hook passes its failure on through the
+    # allreduce (a NaN in this rank's contribution), so every rank fails the step
+    # (test_python_ddp's loss spike on one rank of a real job). This rank's step keeps its own
+    # message.
+    rt = one_rank_group
+    tgt.init_process_group(rt)
+    model = _model()
+    ddp = tgt.wrap_ddp(rt, model)
+    with rt.step(0) as s:
+        loss = ddp(torch.randn(5, 4)).sum()
+        assert not s.check_loss(float("nan"))
+        loss.backward()
+        reduced = torch.cat([p.grad.flatten() for p in model.parameters()])
+        assert torch.isnan(reduced).sum() == 1  # one element of the bucket, the rest reduced
+        assert s.failed
+    assert s.result.fault == "step_failure" and s.result.action == "skip"
+    assert s.result.message.endswith(": loss is not finite (nan) on rank 0 at step 0"), \
+        s.result.message
+    model.zero_grad(set_to_none=True)  # as trainguard.torch.register's model is after a failure
+    with rt.step(1) as s:  # the next step contributes its gradients as they are
+        ddp(torch.randn(5, 4)).sum().backward()
+        assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+    assert s.result.ok, s.result.message
+    assert rt._c.collective_usage_errors() == 0
+
+
+def test_a_check_loss_that_fails_after_backward_warns_that_only_this_rank_skips(
+        one_rank_group, monkeypatch, capfd):
+    rt = one_rank_group
+    monkeypatch.setattr(trainguard.runtime, "_warned_check_loss_after_reduction", False)
+    tgt.init_process_group(rt)
+    ddp = tgt.wrap_ddp(rt, _model())
+    with rt.step(0) as s:
+        loss = ddp(torch.randn(5, 4)).sum()
+        loss.backward()
+        assert not s.check_loss(float("inf"))
+    assert not s.result.ok
+    err = capfd.readouterr().err
+    assert "rank 0: step 0: check_loss failed the step after the DDP gradients were reduced" \
+        in err, err
+    assert "before loss.backward()" in err, err

@@ -126,6 +126,7 @@ class Step:
         self._failed = False
         self._communication_failed = False
         self._pending = []  # (kind, message) reported from other threads (the DDP hook's futures)
+        self._gradients_reduced = False  # a DDP hook reduced a bucket in this step
         self.result = None
 
     def __enter__(self):
@@ -201,11 +202,24 @@ class Step:
         self._drain()
         return self._failed
 
+    def _failed_before_reduction(self):
+        """For trainguard.torch's DDP hook, as it reduces a bucket (any thread): whether a fault
+        was recorded on the training thread, which the hook then passes on to every rank."""
+        self._gradients_reduced = True
+        return self._failed
+
     def check_loss(self, loss):
-        """Judges this step's loss (NaN, Inf, a spike: the step fails). Returns False then."""
+        """Judges this step's loss (NaN, Inf, a spike: the step fails). Returns False then.
+
+        In a DDP job call it before ``backward()``: the loss is each rank's own, and a failure
+        found before the gradients are reduced reaches every rank through trainguard.torch's hook
+        (every rank skips the step); one found after is this rank's alone, its replica would
+        diverge, and a warning says so."""
         ok = self._live_scope().check_loss(float(loss))
         if not ok:
             self._failed = True
+            if self._gradients_reduced:
+                _warn_check_loss_after_reduction(self._runtime.rank, self.number)
         return ok
 
     def check_finite(self, name, array):
@@ -216,6 +230,20 @@ class Step:
         if not ok:
             self._failed = True
         return ok
+
+
+_warned_check_loss_after_reduction = False
+
+
+def _warn_check_loss_after_reduction(rank, step):
+    global _warned_check_loss_after_reduction
+    if _warned_check_loss_after_reduction:
+        return
+    _warned_check_loss_after_reduction = True
+    print(f"trainguard: rank {rank}: step {step}: check_loss failed the step after the DDP "
+          "gradients were reduced, so only this rank skips it and the replicas diverge; call "
+          "s.check_loss(loss) before loss.backward(), and the DDP hook fails the step on every "
+          "rank", file=sys.stderr, flush=True)
 
 
 class Runtime:

@@ -39,8 +39,10 @@ arena) to give a replacement its state.
         if trainguard.torch.init_process_group(rt, backend="gloo"):   # new generation: rebuild
             ddp = trainguard.torch.wrap_ddp(rt, model)
         with rt.step(step) as s:
-            loss_fn(ddp(x), y).backward()        # the hook checks and records every bucket
-            if not s.failed:                     # a NaN on any rank: every rank skips the update
+            loss = loss_fn(ddp(x), y)
+            s.check_loss(loss.item())            # before backward: the hook passes a spike on
+            loss.backward()                      # the hook checks and records every bucket
+            if not s.failed:                     # a fault on any rank: every rank skips it
                 optimizer.step()
         step = step + 1 if s.result.ok else rt.recover(s.result)
 
@@ -623,6 +625,11 @@ def guarded_allreduce_hook(state, bucket):
       rank where the NaN was born is the one named;
     - after it, checks the reduced bucket: a NaN/Inf any rank contributed reaches every rank
       through the sum, so every rank fails the step too and skips the same update;
+    - when this rank's step has already failed before the bucket is reduced (a check_loss that
+      judged a spike or a non-finite loss, a check_finite, a report_fault, all before
+      ``backward()``), puts a NaN into its contribution, so that the other ranks see a non-finite
+      bucket after the allreduce and fail the step too: a fault on any rank, every rank skips,
+      with no collective of its own (a step that did not fail pays one attribute read);
     - records the allreduce in the collective tracker (the flight recorder's collective_begin/end,
       the watchdog's hang bound), as op "ddp_allreduce";
     - turns a failed allreduce (a peer died) into a communication failure of the step (the
@@ -640,6 +647,12 @@ def guarded_allreduce_hook(state, bucket):
             f"rank {rt.rank}: non-finite values (NaN/Inf) in DDP gradient bucket {index} "
             f"({buf.numel()} elements: {_bucket_names(state, bucket)}) before the allreduce")
     buf.div_(dist.get_world_size(state.group))
+    # A fault recorded on the training thread before backward() is this rank's alone; the NaN
+    # makes it every rank's (the gradients of a failed step are dropped, so none is lost).
+    poisoned = local_finite and step is not None and step._failed_before_reduction()
+    if poisoned:
+        buf = buf.clone()  # the NaN goes out, not into DDP's bucket, kept from step to step
+        buf.view(-1)[0] = float("nan")
     handle = rt._c.collective_begin("ddp_allreduce", state.comm_id,
                                     buf.numel() * buf.element_size())
     try:
@@ -666,10 +679,11 @@ def guarded_allreduce_hook(state, bucket):
                     f"rank {rt.rank}: the allreduce of DDP gradient bucket {index} failed: "
                     f"{type(e).__name__}: {e}", _C.FAULT_COMMUNICATION_FAILURE)
             return buf
-        if local_finite and step is not None and not _all_finite(reduced):
+        if local_finite and not poisoned and step is not None and not _all_finite(reduced):
             step.report_fault_from_any_thread(
                 f"rank {rt.rank}: DDP gradient bucket {index} is not finite after the allreduce "
-                "(another rank's gradients held NaN/Inf); the update is skipped on every rank")
+                "(another rank's gradients held NaN/Inf, or its step had already failed: a loss "
+                "spike, a non-finite loss); the update is skipped on every rank")
         return reduced
 
     return future.then(finished)
