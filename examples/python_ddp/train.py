@@ -32,6 +32,10 @@ Output, one line each, line-buffered, as examples/cpp_trainer prints it (tests c
 Fault injection: --inject-nan-grad R:S[:COUNT] puts a NaN into rank R's gradients at steps S to
 S+COUNT-1 (each once per process, so a replay after a rollback is clean).
 
+--check-loss 1 judges every step's loss with s.check_loss before backward() (a non-finite loss or
+a spike fails the step, and the DDP hook fails it on every rank). --inject-loss-spike R:S (with
+--check-loss 1) multiplies rank R's loss at step S by 1000, once per process (R -1: every rank).
+
 --stop-in-allreduce R:S stops rank R at step S right after it has issued the step's loss
 allreduce (a SIGSTOP to itself, in generation 0 only, so that its replacement replays the step),
 so its peers wait in that collective for a rank that neither progresses nor dies: only the
@@ -86,6 +90,8 @@ def parse_args(argv):
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--comm-timeout-s", type=float, default=60.0)
     p.add_argument("--inject-nan-grad", default="", metavar="R:S[:COUNT]")
+    p.add_argument("--check-loss", type=int, choices=(0, 1), default=0)
+    p.add_argument("--inject-loss-spike", default="-2:-1", metavar="R:S")
     p.add_argument("--stop-in-allreduce", default="", metavar="R:S")
     p.add_argument("--gate", action="append", default=[], metavar="S:PATH")
     p.add_argument("--gate-timeout-s", type=float, default=300.0)
@@ -103,6 +109,7 @@ def parse_args(argv):
     if args.stop_in_allreduce:
         args.stop_rank, args.stop_step = (int(x) for x in args.stop_in_allreduce.split(":"))
     args.die_in_rebuild = tuple(int(x) for x in args.die_in_rebuild.split(":"))
+    args.spike_rank, args.spike_step = (int(x) for x in args.inject_loss_spike.split(":"))
     args.nan_rank, args.nan_steps = -1, set()
     if args.inject_nan_grad:
         parts = [int(x) for x in args.inject_nan_grad.split(":")]
@@ -213,6 +220,12 @@ def main(argv):
                 injected.add(step)
                 # A corrupted gradient: the hook sees it in the first bucket it reduces.
                 loss = loss + 0.0 * model[0].bias.sum() * float("nan")
+            if (rank == args.spike_rank or args.spike_rank == -1) and step == args.spike_step \
+                    and "spike" not in injected:
+                injected.add("spike")
+                loss = loss * 1000.0
+            if args.check_loss:
+                s.check_loss(loss.item())  # before backward: a failure here fails every rank
             loss.backward()
             mean = loss.detach().clone()
             if rank == args.stop_rank and step == args.stop_step and rt.generation == 0:

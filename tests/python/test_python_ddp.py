@@ -278,6 +278,35 @@ def test_a_nan_gradient_is_named_by_the_hook_every_rank_skips_and_a_rollback_rep
     _assert_every_rank_ends_as(job, uninterrupted)
 
 
+def test_a_loss_spike_on_one_rank_fails_the_step_on_every_rank_and_the_replicas_stay_equal(
+        tmp_path):
+    # check_loss judges each rank's own loss; rank 1's loss spikes at step 22 (the detector warms
+    # up over 20 steps). Called before backward(), its failure reaches rank 0 through the DDP
+    # hook's allreduce, so both ranks skip step 22 and go on. The reference: a job whose loss
+    # spikes at step 22 on every rank, where each rank fails the step on its own detector. Both
+    # skip the same update, so every replica of both jobs ends bit-identical.
+    one = Job(tmp_path, "spike1", 0, ["--check-loss", "1", "--inject-loss-spike=1:22"], world=2)
+    every = Job(tmp_path, "spikeall", 0, ["--check-loss", "1", "--inject-loss-spike=-1:22"],
+                world=2)
+    codes = (one.finish(), every.finish())
+    out = one.output()
+    assert codes == (0, 0), out + every.output()
+    assert re.search(r"rank 1 step 22 fault step_failure action skip: .*: loss spike on rank 1 at "
+                     r"step 22", out), out
+    assert re.search(r"rank 0 step 22 fault step_failure action skip: .*: rank 0: DDP gradient "
+                     r"bucket \d+ is not finite after the allreduce \(.*its step had already "
+                     r"failed", out), out
+    assert len(re.findall(r"fault", out)) == 2, out  # step 22 only, once per rank
+    for r in (0, 1):
+        assert re.search(rf"rank {r} recover step 22 next 23", out), out
+        assert re.search(rf"rank {r} step 22 fault step_failure action skip: .*: loss spike on rank "
+                         rf"{r} at step 22", every.output()), every.output()
+    finals, reference = one.finals(), every.finals()
+    assert sorted(finals) == [0, 1] and sorted(reference) == [0, 1], out + every.output()
+    checksums = {c for _, c in finals.values()} | {c for _, c in reference.values()}
+    assert len(checksums) == 1, f"{finals} {reference}\n{out}"
+
+
 # Issue 40, 2: a rank killed at step 2, before the first checkpoint (every 5 steps) is committed.
 # The standby has fresh weights and zero momentum; the survivors' state is broadcast to every rank
 # (trainguard.torch.init_process_group), so the replicas stay equal to an uninterrupted run.
