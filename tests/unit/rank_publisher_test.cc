@@ -42,16 +42,17 @@ class RankPublisherTest : public ::testing::Test {
     clock_.Advance(absl::Seconds(10));  // a monotonic time of 0 means "never"
   }
 
-  RankPublisher Publisher() {
-    return RankPublisher(RankPublisherOptions{.store = &store_,
-                                              .rank = kRank,
-                                              .clock = &clock_,
-                                              .progress_period = kPeriod,
-                                              .heartbeat = &heartbeat_,
-                                              .watchdog = watchdog_.get(),
-                                              .collectives = tracker_.get(),
-                                              .generation = [this] { return generation_; }});
+  RankPublisherOptions Options() {
+    return RankPublisherOptions{.store = &store_,
+                                .rank = kRank,
+                                .clock = &clock_,
+                                .progress_period = kPeriod,
+                                .heartbeat = &heartbeat_,
+                                .watchdog = watchdog_.get(),
+                                .collectives = tracker_.get(),
+                                .generation = [this] { return generation_; }};
   }
+  RankPublisher Publisher() { return RankPublisher(Options()); }
 
   // One step of `step_time`, with a phase "forward" and an all_reduce inside it.
   void Step(int64_t step, absl::Duration step_time) {
@@ -197,14 +198,8 @@ TEST_F(RankPublisherTest, PublishesTheWorkRecordOnceASecondWithoutTheStepPhase) 
 
 TEST_F(RankPublisherTest, PublishesNothingWithoutAStore) {
   Step(1, absl::Milliseconds(10));
-  RankPublisherOptions o{.store = nullptr,
-                         .rank = kRank,
-                         .clock = &clock_,
-                         .progress_period = kPeriod,
-                         .heartbeat = &heartbeat_,
-                         .watchdog = watchdog_.get(),
-                         .collectives = tracker_.get(),
-                         .generation = [] { return int64_t{0}; }};
+  RankPublisherOptions o = Options();
+  o.store = nullptr;
   RankPublisher publisher(o);
   publisher.PublishProgress();
   publisher.PublishWork();
