@@ -31,7 +31,8 @@ import zipfile
 from urllib.parse import quote
 
 # Per CUDA major: where NVIDIA's runtime wheel puts libcudart, relative to site-packages, and
-# the distribution that installs it. 13 is the one torch 2.15 (scripts/setup.sh) installs.
+# the distribution that installs it. 13 is the one torch 2.15 (scripts/setup.sh) installs and the
+# wheel test checks; 12 is the layout of torch's CUDA 12 builds, for a CUDA 12 toolkit.
 NVIDIA_RUNTIME = {
     12: ("nvidia/cuda_runtime/lib", "nvidia-cuda-runtime-cu12"),
     13: ("nvidia/cu13/lib", "nvidia-cuda-runtime"),
