@@ -4,9 +4,10 @@
 #   ./scripts/test.sh               default preset (RelWithDebInfo): the command CI runs
 #   ./scripts/test.sh --sanitize    the same suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   ./scripts/test.sh --tsan        the same suite under ThreadSanitizer
-#   ./scripts/test.sh --wheel       only the test of the self-contained wheel (label wheel:
-#                                   scripts/build_wheel.sh builds it, a Debian image without the
-#                                   build's libraries installs it); the other runs leave it out
+#   ./scripts/test.sh --wheel       only the tests of the self-contained wheels (label wheel:
+#                                   scripts/build_wheel.sh builds the CPU one, and the CUDA one
+#                                   where nvcc is; a Debian image without the build's libraries
+#                                   installs each); the other runs leave them out
 #   extra arguments after -- go to ctest, e.g.  ./scripts/test.sh -- -R Topology
 #
 # Build output goes to $TG_BUILD_DIR (default: build/) in a folder per preset.

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The self-contained wheel (scripts/build_wheel.sh) installs and runs on a machine image that has
-Python and none of the build's libraries (label `wheel`).
+Python and none of the build's libraries (label `wheel`); with --cuda, the CUDA wheel
+(scripts/build_wheel.sh --cuda) does, with the CUDA runtime of NVIDIA's wheel that torch installs.
 
 The image is a root file system made of the files of the Debian packages Python's venv needs
 (python3-venv and what it depends on, as installed here) plus libstdc++6, which every Debian image
@@ -9,11 +10,19 @@ xxhash, liburing, libcurl, CUDA or compiler: the test checks that before using i
 enters it with chroot in new mount and PID namespaces (its own /proc, /dev/shm and /tmp, and a
 /dev holding only null, zero, full, random and urandom), so the only libraries a process there can
 load are the image's and the wheel's. There it makes a fresh virtual environment, installs the wheel with pip
-offline, imports trainguard, runs a Runtime of a one-rank job through a good step and a failed,
-recovered one, checks from /proc/self/maps that Abseil and protobuf came from the wheel, and runs
-the `trainguard` command.
+offline (pip resolves its requirements from the wheels given), imports trainguard, runs a Runtime
+of a one-rank job through a good step and a failed, recovered one, checks from /proc/self/maps that
+Abseil and protobuf came from the wheel, and runs the `trainguard` command.
 
-  usage: wheel_clean_root_test.py SOURCE_DIR WORK_DIR
+The CUDA wheel is installed with NVIDIA's runtime wheel of its CUDA major (the version torch
+installs, downloaded once with pip into WORK_DIR), which pip must pick from the wheel's own
+requirement. The image has no CUDA toolkit and no GPU driver, so the guarded step runs the SDK's
+host paths after the CUDA runtime finds no device, as on a machine without a GPU. Besides the
+above it checks that the wheel carries no libcudart and links no NCCL, that the dynamic loader
+(`ld.so --list`) resolves the extension's libcudart to site-packages/nvidia/.../lib, and that the
+process loaded that copy and no other. A GPU is not used.
+
+  usage: wheel_clean_root_test.py [--cuda] SOURCE_DIR WORK_DIR
   TG_WHEEL=path/to.whl  test that wheel instead of building one with scripts/build_wheel.sh
 The image is cached in WORK_DIR under a hash of its packages' versions, and the wheel's build
 folder is kept there, so a rerun rebuilds only what changed.
@@ -26,6 +35,7 @@ import re
 import shutil
 import subprocess
 import sys
+import zipfile
 
 # What the image is made of; see the docstring.
 IMAGE_PACKAGES = ["python3-venv", "libstdc++6"]
@@ -34,10 +44,12 @@ BUILD_LIBRARIES = ["libabsl_*", "libprotobuf*", "libprotoc*", "libxxhash*", "lib
                    "libcudart*", "libnccl*", "libgtest*", "libgloo*"]
 # Bump when the way the image is made changes, so that a cached one is remade.
 IMAGE_FORMAT = "1"
+# Per CUDA major: NVIDIA's runtime wheel that torch installs (torch 2.15.0, scripts/setup.sh, for
+# 13) and where it puts libcudart relative to site-packages.
+NVIDIA_RUNTIME = {13: ("nvidia-cuda-runtime==13.2.86", "nvidia/cu13/lib/libcudart.so.13")}
 
 IN_ROOT = r'''
 import os, subprocess, sys
-wheel, = [os.path.join("/tmp/wheelhouse", f) for f in os.listdir("/tmp/wheelhouse")]
 venv = "/tmp/venv"
 
 def run(*argv):
@@ -50,7 +62,19 @@ def run(*argv):
 
 run(sys.executable, "-m", "venv", venv)
 run(venv + "/bin/python", "-m", "pip", "install", "-q", "--disable-pip-version-check",
-    "--no-index", "--no-deps", wheel)
+    "--no-index", "--find-links", "/tmp/wheelhouse", "trainguard")
+print(run(venv + "/bin/python", "-m", "pip", "list", "--disable-pip-version-check"), end="")
+if CUDART:
+    # What the dynamic loader resolves for the extension, as ldd shows it.
+    site = run(venv + "/bin/python", "-c",
+               "import sysconfig; print(sysconfig.get_paths()['purelib'])").strip()
+    extension, = [f for f in os.listdir(site + "/trainguard") if f.startswith("_C.")]
+    listing = run("/lib64/ld-linux-x86-64.so.2", "--list", f"{site}/trainguard/{extension}")
+    resolved = [line.split("=>")[1].split()[0] for line in listing.splitlines()
+                if line.strip().startswith("libcudart")]
+    assert len(resolved) == 1 and os.path.realpath(resolved[0]) == f"{site}/{CUDART}", listing
+    assert "libnccl" not in listing, listing
+    print(f"in the image: ld.so --list trainguard/{extension}: libcudart => {resolved[0]}")
 print(run(venv + "/bin/python", "-c", CHECK), end="")
 help_text = run(venv + "/bin/trainguard", "--help")
 assert "trainguard" in help_text and "run" in help_text, help_text
@@ -58,7 +82,7 @@ print("in the image: `trainguard --help` printed %d lines" % len(help_text.split
 '''
 
 CHECK = r'''
-import importlib.util, os, tempfile
+import importlib.util, os, sysconfig, tempfile
 import trainguard
 assert trainguard.__file__.startswith("/tmp/venv/"), trainguard.__file__
 assert importlib.util.find_spec("torch") is None
@@ -79,6 +103,13 @@ for lib in loaded:
     if name.startswith(("libabsl_", "libprotobuf", "libxxhash", "liburing", "libcurl",
                         "libtrainguard")):
         assert "/site-packages/trainguard" in lib, "loaded from outside the wheel: " + lib
+cudart = [lib for lib in loaded if os.path.basename(lib).startswith("libcudart")]
+if CUDART:
+    assert cudart == [os.path.join(sysconfig.get_paths()["purelib"], CUDART)], cudart
+    print("in the image: the CUDA runtime came from", cudart[0])
+else:
+    assert not cudart, cudart
+assert not [lib for lib in loaded if os.path.basename(lib).startswith(("libnccl", "libcuda."))]
 vendored = [os.path.basename(l) for l in loaded if "/site-packages/trainguard.libs/" in l]
 print("in the image: trainguard", trainguard.__version__, "ran a guarded step with",
       len(vendored), "libraries from the wheel's trainguard.libs/, e.g.", ", ".join(vendored[:3]))
@@ -193,20 +224,57 @@ def check_image_lacks_build_libraries(root):
             fail("the image holds a build tool: /" + tool)
 
 
-def build_wheel(source, work):
+def build_wheel(source, work, cuda):
     dist = os.path.join(work, "dist")
     env = dict(os.environ, TG_WHEEL_WORK_DIR=os.path.join(work, "wheel-build"))
-    subprocess.run([os.path.join(source, "scripts", "build_wheel.sh"), dist], check=True, env=env)
-    wheels = glob.glob(os.path.join(dist, "trainguard-*manylinux*.whl"))
+    variant = ["--cuda"] if cuda else []
+    subprocess.run([os.path.join(source, "scripts", "build_wheel.sh"), *variant, dist], check=True,
+                   env=env)
+    wheels = [w for w in glob.glob(os.path.join(dist, "trainguard-*manylinux*.whl"))
+              if ("+cu" in w) == cuda]
     if len(wheels) != 1:
         fail(f"scripts/build_wheel.sh left {wheels} in {dist}")
     return wheels[0]
 
 
-def run_in_image(root, wheel, work):
+def cuda_runtime_wheel(wheel, work):
+    """(NVIDIA's runtime wheel for the CUDA wheel `wheel`, libcudart's path in site-packages),
+    after checking that the wheel carries no CUDA runtime and links no NCCL and requires that
+    runtime wheel."""
+    major = int(re.search(r"\+cu(\d+)-", os.path.basename(wheel))[1])
+    if major not in NVIDIA_RUNTIME:
+        fail(f"no NVIDIA runtime wheel known for {os.path.basename(wheel)}")
+    pin, cudart = NVIDIA_RUNTIME[major]
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        metadata = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    carried = [n for n in names if os.path.basename(n).startswith(("libcudart", "libnccl"))]
+    if carried:
+        fail(f"{wheel} carries {carried}")
+    runtime = pin.split("==")[0]
+    if not re.search(rf"^Requires-Dist: {re.escape(runtime)}<{major + 1},>={major}\.", metadata,
+                     re.M):
+        fail(f"{wheel} does not require {runtime} of CUDA {major}:\n{metadata[:2000]}")
+    # Downloaded once; a fresh virtual environment's pip, as the machine has no other.
+    folder = os.path.join(work, "nvidia-wheels")
+    found = glob.glob(os.path.join(folder, pin.replace("-", "_").replace("==", "-") + "-*.whl"))
+    if not found:
+        pip = os.path.join(work, "pip")
+        if not os.path.exists(os.path.join(pip, "bin", "python")):
+            subprocess.run(["/usr/bin/python3", "-m", "venv", pip], check=True)
+        subprocess.run([os.path.join(pip, "bin", "python"), "-m", "pip", "download", "-q",
+                        "--disable-pip-version-check", "--no-deps", "--only-binary=:all:",
+                        "-d", folder, pin], check=True)
+        found = glob.glob(os.path.join(folder, pin.replace("-", "_").replace("==", "-") + "-*.whl"))
+    if len(found) != 1:
+        fail(f"expected one wheel of {pin} in {folder}, found {found}")
+    return found[0], cudart
+
+
+def run_in_image(root, wheels, cudart, work):
     script = os.path.join(work, "in_root.py")
     with open(script, "w") as f:
-        f.write(f"CHECK = {CHECK!r}\n{IN_ROOT}")
+        f.write(f"CUDART = {cudart!r}\nCHECK = {('CUDART = %r' % cudart) + CHECK!r}\n{IN_ROOT}")
     # Mounts made in the new mount namespace vanish with it; /tmp and /dev/shm are fresh tmpfs.
     enter = r'''
 set -eu
@@ -220,9 +288,10 @@ for d in null zero full random urandom; do
 done
 mkdir "$R/dev/shm"
 mount -t tmpfs -o mode=1777 tmpfs "$R/dev/shm"
+cp "$2" "$R/tmp/in_root.py"
 mkdir "$R/tmp/wheelhouse"
-cp "$2" "$R/tmp/wheelhouse/"
-cp "$3" "$R/tmp/in_root.py"
+shift 2
+cp "$@" "$R/tmp/wheelhouse/"
 exec env -i PATH=/usr/bin:/bin HOME=/root LANG=C.UTF-8 \
   /usr/sbin/chroot "$R" /usr/bin/python3 -I /tmp/in_root.py
 '''
@@ -233,24 +302,34 @@ exec env -i PATH=/usr/bin:/bin HOME=/root LANG=C.UTF-8 \
     if probe.returncode != 0:  # not root, and no unprivileged user namespaces: ctest reports a skip
         print("wheel_clean_root_test: skipped: cannot enter the image: " + probe.stderr.strip())
         sys.exit(77)
-    r = subprocess.run(unshare + ["/bin/sh", "-c", enter, "sh", root, wheel, script])
+    r = subprocess.run(unshare + ["/bin/sh", "-c", enter, "sh", root, script, *wheels])
     if r.returncode != 0:
         fail(f"the wheel failed in the image {root} ({r.returncode})")
 
 
 def main():
-    if len(sys.argv) != 3:
+    args = sys.argv[1:]
+    cuda = args[:1] == ["--cuda"]
+    if cuda:
+        args = args[1:]
+    if len(args) != 2:
         sys.exit(__doc__)
-    source, work = (os.path.abspath(a) for a in sys.argv[1:])
+    source, work = (os.path.abspath(a) for a in args)
     os.makedirs(work, exist_ok=True)
-    wheel = os.environ.get("TG_WHEEL") or build_wheel(source, work)
+    wheel = os.environ.get("TG_WHEEL") or build_wheel(source, work, cuda)
     if not re.search(r"-manylinux_\d+_\d+_x86_64\.whl$", wheel):
         fail(f"{wheel} has no manylinux tag")
+    if ("+cu" in os.path.basename(wheel)) != cuda:
+        fail(f"{wheel} is not a {'CUDA' if cuda else 'CPU'} wheel")
+    wheels, cudart = [wheel], None
+    if cuda:
+        runtime, cudart = cuda_runtime_wheel(wheel, work)
+        wheels.append(runtime)
     root, closure = make_image(work)
     check_image_lacks_build_libraries(root)
     print(f"wheel_clean_root_test: image {root}: {len(closure)} Debian packages "
           f"({', '.join(IMAGE_PACKAGES)} and their dependencies), no library of the build")
-    run_in_image(root, wheel, work)
+    run_in_image(root, wheels, cudart, work)
     print(f"wheel_clean_root_test: {os.path.basename(wheel)} installed and ran in the image: "
           "1 passed")
 
