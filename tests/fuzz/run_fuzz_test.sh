@@ -4,12 +4,17 @@
 # leak, a sanitizer report or a timeout fails the test; the reproducer is left in WORK_DIR.
 # Exits 77 (CTest: skipped) when clang++ or its libFuzzer runtime is missing.
 #
-#   run_fuzz_test.sh SOURCE_DIR WORK_DIR GENERATOR SECONDS
+#   run_fuzz_test.sh SOURCE_DIR WORK_DIR GENERATOR SECONDS [CCACHE_DIR]
+#
+# CCACHE_DIR (the main build's TRAINGUARD_CCACHE_DIR, may be empty): compile through ccache in that
+# cache, paths hashed relative to SOURCE_DIR as the main build does, so a second clone's fuzz build
+# reuses the first's objects instead of compiling them again with clang.
 set -euo pipefail
 src="$1"
 work="$2"
 generator="$3"
 seconds="$4"
+ccache_dir="${5:-}"
 
 cxx="$(command -v clang++ || true)"
 if [ -z "$cxx" ]; then
@@ -27,7 +32,11 @@ if ! "$cxx" -fsanitize=fuzzer "$probe_src" -o "$work/probe" 2>"$work/probe.log";
 fi
 
 echo "store_frame_fuzzer: building with $cxx"
-cmake -S "$src/tests/fuzz/project" -B "$work/build" -G "$generator" \
+launcher=()
+if [ -n "$ccache_dir" ] && command -v ccache >/dev/null 2>&1; then
+  launcher=("-DCMAKE_CXX_COMPILER_LAUNCHER=env;CCACHE_DIR=$ccache_dir;CCACHE_BASEDIR=$src;CCACHE_NOHASHDIR=true;$(command -v ccache)")
+fi
+cmake -S "$src/tests/fuzz/project" -B "$work/build" -G "$generator" "${launcher[@]}" \
   -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DTRAINGUARD_SOURCE_DIR="$src" >"$work/configure.log" 2>&1 \
   || { cat "$work/configure.log"; exit 1; }
