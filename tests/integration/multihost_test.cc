@@ -183,6 +183,8 @@ class MultiHostJob {
   // Every host's: extra environment (a parallel layout) and flags (--backup-copies ...).
   std::vector<std::string> extra_env;
   std::vector<std::string> job_flags;
+  // Host n's /dev/shm size in bytes (absent: tmpfs's default).
+  std::map<int, uint64_t> shm_bytes;
 
   void StartHost(int n, bool standby, const std::vector<std::string>& extra_flags = {},
                  const std::vector<std::string>& command = TrainerArgs()) {
@@ -219,7 +221,8 @@ class MultiHostJob {
     ASSERT_EQ(cluster_.StartHost(n, {.hostname = absl::StrCat("host", n),
                                      .argv = argv,
                                      .env = env,
-                                     .log_path = Log(n)}),
+                                     .log_path = Log(n),
+                                     .shm_bytes = shm_bytes.count(n) != 0 ? shm_bytes.at(n) : 0}),
               absl::OkStatus());
     hosts_.push_back(n);
   }
@@ -483,6 +486,24 @@ TEST_F(MultiHost, WithSpreadStandbysADeadHostsRanksGoToSpareProcessesOnTheSurviv
                                  "host host2's ranks taken by [0-9]<-host[13]:[0-9]+:standby0, "
                                  "[0-9]<-host[13]:[0-9]+:standby0"));
   ExpectFinishedAsIfUninterrupted(job, {1, 3});
+}
+
+// Issue 36: a host whose /dev/shm is too small for its ranks' snapshot arenas. Its ranks fail at
+// start-up, before they publish their arena sizes; the standby host takes them. The holders of
+// their backups must not wait for those sizes (their wait notices the newer generation), and the
+// job trains on to the end; the deaths' cause (the full /dev/shm) is in the coordinator's output.
+TEST_F(MultiHost, AHostWhoseSharedMemoryIsTooSmallHasItsRanksTakenByTheStandbyHost) {
+  MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 3);
+  job.shm_bytes[3] = 64 << 10;  // no arena fits: the trainer's needs more than 64 KiB
+  StartJobInOrder(job, 3, 1);     // host3 holds ranks 4 and 5
+  for (int n : {1, 2, 3, 4}) EXPECT_EQ(job.Wait(n), 0) << "host " << n << "\n" << job.AllOutput();
+  EXPECT_THAT(job.Output(3), ::testing::ContainsRegex(
+                                 "rank [45] error: cannot start: RESOURCE_EXHAUSTED: .*snapshot "
+                                 "arena .* No space left on device"));
+  EXPECT_THAT(job.Output(1), ::testing::ContainsRegex("rank 4 taken by host4:[0-9]+:standby"));
+  EXPECT_THAT(job.Output(1), ::testing::ContainsRegex("rank 5 taken by host4:[0-9]+:standby"));
+  const std::map<int, std::string> expected = UninterruptedChecksums(shared_.path(), 3 * kPerHost);
+  EXPECT_EQ(job.FinalChecksums(), expected) << job.AllOutput();
 }
 
 // ---- Redundant in-memory backups (peer backups across parallel groups) ----

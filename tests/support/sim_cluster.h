@@ -58,6 +58,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -375,6 +376,9 @@ class SimCluster {
     // stdout+stderr of the command (appended; /dev/null when empty). Opened by the test, so the
     // path is the test's view of the file system; it may be anywhere.
     std::string log_path;
+    // The size of the host's /dev/shm tmpfs in bytes (0: tmpfs's default, half the machine's
+    // memory): a host too small for its ranks' snapshot arenas.
+    uint64_t shm_bytes = 0;
   };
 
   // Moves the CALLING THREAD (call it from the test's main thread before starting any other
@@ -833,6 +837,9 @@ inline absl::Status SimCluster::StartHost(int n, HostSpec spec) {
   const std::string etc_hosts = absl::StrCat("127.0.0.1\tlocalhost\n", Address(n), "\t",
                                              spec.hostname, "\n::1\tlocalhost ip6-localhost\n");
   const std::string log_path = spec.log_path.empty() ? "/dev/null" : spec.log_path;
+  const std::string shm_options =
+      spec.shm_bytes > 0 ? absl::StrCat("mode=1777,size=", spec.shm_bytes) : "mode=1777";
+  const char* shm_data = shm_options.c_str();
   const int log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (log < 0) {
     return absl::InvalidArgumentError(
@@ -863,7 +870,7 @@ inline absl::Status SimCluster::StartHost(int n, HostSpec spec) {
     if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
       fail(Step::kMakeRootPrivate);
     }
-    if (mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777") != 0) {
+    if (mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, shm_data) != 0) {
       fail(Step::kMountShm);
     }
     // The kept trees are opened before the tmpfs hides them, then bound back through their fds.
