@@ -216,7 +216,11 @@ struct Child {
 
 class Job {
  public:
-  explicit Job(LaunchConfig config) : config_(std::move(config)) {}
+  // REQUIRES: `clock` outlives the job. Every decision instant is read from it (the deaths, the
+  // backoffs, the hosts' and ranks' liveness, the hangs, the renewals, the events' times); only
+  // bounded waits on sockets, processes and condition variables run in real time.
+  explicit Job(LaunchConfig config, Clock* clock = Clock::Real())
+      : config_(std::move(config)), clock_(clock) {}
   ~Job() {
     if (former_.joinable()) {
       stop_forming_.store(true);
@@ -422,6 +426,7 @@ class Job {
   std::string PidFile(int rank) const;
 
   LaunchConfig config_;
+  Clock* const clock_;  // before every member initialized from it
   std::string store_url_;
   std::string token_file_;
   std::string launcher_start_time_;  // TRAINGUARD_LAUNCHER_START_TIME
@@ -491,7 +496,8 @@ class Job {
   };
   // When a hang of a generation was last withdrawn (DiagnoseHangs): its dumps are not the next's.
   std::map<int64_t, absl::Time> hang_withdrawn_at_;
-  // The dumps of generation `generation`'s current hang are those written since this.
+  // The dumps of generation `generation`'s current hang are those written since this. A dump's
+  // time is its rank's wall clock: clock_ is the real clock wherever ranks write dumps.
   absl::Time HangDumpsSince(int64_t generation) const {
     auto withdrawn = hang_withdrawn_at_.find(generation);
     return withdrawn == hang_withdrawn_at_.end() ? restarted_at_
@@ -531,7 +537,7 @@ class Job {
   std::map<std::string, absl::Time> stopped_members_since_;
   std::set<std::string> stopped_members_killed_;
   std::optional<absl::Time> min_reached_;  // when nnodes_min workers had joined (PublishPlan)
-  absl::Time store_seen_ = absl::Now();  // the last heartbeat the store took
+  absl::Time store_seen_ = clock_->Now();  // the last heartbeat the store took
   // A host cut off from the store for this long gives up (a partition shorter than this heals).
   absl::Duration StoreLossBound() const {
     return std::max(absl::Seconds(30), 10 * config_.host_timeout);
@@ -627,12 +633,12 @@ absl::Status Job::Prepare() {
     // The holder stops acting AgentCallTimeout before the expiry: a write of the agent's loop that
     // passed the gate has timed out before anyone can take the lease over.
     lease_ = std::make_unique<CoordinatorLease>(store_.get(), config_.host_id,
-                                                config_.host_timeout, Clock::Real(),
+                                                config_.host_timeout, clock_,
                                                 AgentCallTimeout(config_.host_timeout));
-    coordinator_ = std::make_unique<RendezvousCoordinator>(store_.get(), Clock::Real(),
+    coordinator_ = std::make_unique<RendezvousCoordinator>(store_.get(), clock_,
                                                            config_.host_id, lease_.get());
   } else {
-    coordinator_ = std::make_unique<RendezvousCoordinator>(store_.get());
+    coordinator_ = std::make_unique<RendezvousCoordinator>(store_.get(), clock_);
   }
   CreateJobCoordinator();
   master_port_ = FreePort();
@@ -672,7 +678,7 @@ void Job::CreateJobCoordinator() {
   hooks.fail = [this](const std::string& why) { Fail(why); };
   hooks.restart_round = [this](const std::string& why, const std::string& dead_host,
                                absl::Time since) { PublishRestartRound(why, dead_host, since); };
-  job_coordinator_ = std::make_unique<JobCoordinator>(store_.get(), Clock::Real(),
+  job_coordinator_ = std::make_unique<JobCoordinator>(store_.get(), clock_,
                                                       coordinator_.get(), &replacement_policy_,
                                                       &failures_, options, std::move(hooks));
   job_coordinator_->set_world_size(world_size_);
@@ -701,7 +707,7 @@ void Job::Record(int rank, EventKind what, const std::string& message,
                  std::vector<std::pair<std::string, std::string>> attributes) {
   if (events_ == nullptr) return;
   Event event = EventOfKind(what, message);
-  event.time = absl::Now();
+  event.time = clock_->Now();
   event.rank = rank;
   event.generation = coordinator_ != nullptr ? coordinator_->generation() : 0;
   event.attributes.emplace_back("source", "launcher");
@@ -732,7 +738,7 @@ void Job::RestartAll() {
     return Fail(absl::StrFormat("%s; --restart-all=%d reached", why, config_.restart_all));
   }
   ++restarts_;
-  const absl::Time fault = absl::Now();
+  const absl::Time fault = clock_->Now();
   restarted_at_ = fault;
   Say(absl::StrFormat("restarting every rank (restart %d of at most %d): %s", restarts_,
                       config_.restart_all, why));
@@ -752,7 +758,7 @@ void Job::RestartAll() {
   if (absl::Status s = StartOwnStore(); !s.ok()) {
     return Fail(absl::StrCat("restart ", restarts_, ": cannot start a store: ", s.ToString()));
   }
-  coordinator_ = std::make_unique<RendezvousCoordinator>(store_.get());
+  coordinator_ = std::make_unique<RendezvousCoordinator>(store_.get(), clock_);
   CreateJobCoordinator();  // on the new store and coordinator: nothing queued
   master_port_ = FreePort();
   recoveries_.clear();
@@ -760,7 +766,7 @@ void Job::RestartAll() {
   hangs_checked_below_ = 0;
   renewal_policy_.Reset();
   ranks_finished_ = 0;
-  next_liveness_check_ = absl::Now() + config_.heartbeat_timeout;
+  next_liveness_check_ = clock_->Now() + config_.heartbeat_timeout;
   for (int r = 0; r < config_.nproc; ++r) {
     if (absl::Status s = Spawn(r, -1); !s.ok()) {
       return Fail(absl::StrCat("restart ", restarts_, ": ", s.message()));
@@ -905,7 +911,7 @@ absl::Status Job::Spawn(int rank, int standby_index) {
   if (!worker.ok()) return worker.status();
   child->worker = *worker;
   child->pid = supervisor_->pid(*worker);
-  child->started = absl::Now();
+  child->started = clock_->Now();
   if (rank < 0) ++standbys_spawned_;
   Say(absl::StrFormat("started %s (pid %d, member %s)", child->Label(), child->pid,
                       child->member_id));
@@ -997,7 +1003,7 @@ void Job::OnExit(Child& child, const WorkerExit& exit) {
     if (!s.ok()) Say(absl::StrCat("cannot report the death of ", child.Label(), ": ", s.ToString()));
     return;
   }
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   bool formed = false;
   {
     // A rank that exits right after joining may be reaped before the helper thread has reported
@@ -1034,14 +1040,15 @@ void Job::OnStandbyExit(Child& child, const std::string& how) {
   (void)coordinator_->ForgetStandby(child.member_id, kStoreTimeout);
   const bool respawns = CanSpawnStandby();  // before this death is counted
   const ReplacementPolicy::StandbyDecision next =
-      replacement_policy_.OnStandbyDeath(how, child.started, absl::Now());
+      replacement_policy_.OnStandbyDeath(how, child.started, clock_->Now());
   if (!respawns) return;
   if (!next.message.empty()) Say(next.message);
   if (next.respawn) standby_respawns_.push_back(next.not_before);
 }
 
 void Job::RespawnStandbys() {
-  while (!standby_respawns_.empty() && exit_code_ < 0 && absl::Now() >= standby_respawns_.front()) {
+  while (!standby_respawns_.empty() && exit_code_ < 0 &&
+         clock_->Now() >= standby_respawns_.front()) {
     standby_respawns_.pop_front();
     if (!CanSpawnStandby()) continue;
     if (absl::Status s = Spawn(-1, standbys_spawned_); !s.ok()) Say(s.ToString());
@@ -1051,7 +1058,7 @@ void Job::RespawnStandbys() {
 void Job::TryReplacements() {
   while (!replacements().empty() && exit_code_ < 0) {
     const PendingReplacement dead = replacements().front();
-    if (absl::Now() < dead.not_before) return;  // backing off a crash loop
+    if (clock_->Now() < dead.not_before) return;  // backing off a crash loop
     // The coordinator's gate also refuses (Aborted) right before the replacement's first write.
     if (!coordinating()) return;
     absl::StatusOr<Membership> next = absl::UnknownError("");
@@ -1071,7 +1078,7 @@ void Job::TryReplacements() {
       // No standby has parked yet. Wait for one if one is still starting up (or about to).
       bool starting = !standby_respawns_.empty();
       for (auto& c : children_) starting |= c->running && c->rank < 0;
-      if (starting && absl::Now() < dead.give_up) return;
+      if (starting && clock_->Now() < dead.give_up) return;
       std::string why = std::string(next.status().message());
       if (replacement_policy_.standby_deaths() > 0) {
         why = absl::StrFormat("standbys died %d times while parked (last: %s)",
@@ -1111,7 +1118,7 @@ void Job::TryReplacements() {
       continue;
     }
     replacement_policy_.OnReplacementsMade(1);
-    replacement_policy_.OnRankTaken(dead.rank, absl::Now());
+    replacement_policy_.OnRankTaken(dead.rank, clock_->Now());
     if (MultiHost()) {  // the standby's own agent relabels it (FollowGeneration)
       Say(absl::StrFormat("generation %d: rank %d taken by %s", next->generation, dead.rank,
                           next->members[dead.rank]));
@@ -1147,7 +1154,7 @@ std::optional<std::string> Job::ReadJobStop(absl::Duration timeout) {
 }
 
 void Job::WatchJobStop() {
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   if (now < next_stop_check_) return;
   next_stop_check_ = now + absl::Milliseconds(250);
   if (std::optional<std::string> reason = ReadJobStop(absl::Milliseconds(200)); reason) {
@@ -1265,7 +1272,7 @@ void Job::CheckRecoveries() {
       continue;
     }
     if (!coordinating()) return;
-    const double took = absl::ToDoubleSeconds(absl::Now() - it->died);
+    const double took = absl::ToDoubleSeconds(clock_->Now() - it->died);
     std::vector<std::pair<std::string, std::string>> attributes = {
         {"took_ms", absl::StrCat(std::llround(took * 1000))}};
     if (!it->host.empty()) attributes.emplace_back("host", it->host);
@@ -1292,7 +1299,7 @@ void Job::CheckRecoveries() {
 }
 
 void Job::KillRanksWithStaleHeartbeats() {
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   if (now < next_liveness_check_) return;
   next_liveness_check_ = now + absl::Milliseconds(500);
   absl::StatusOr<std::vector<int>> stale =
@@ -1342,7 +1349,7 @@ std::optional<std::map<int, std::string>> Job::StoppedMembers() {
 void Job::KillMembersStoppedInFormation() {
   std::optional<std::map<int, std::string>> stopped = StoppedMembers();
   if (!stopped.has_value()) return;  // the store is briefly unreachable: look again next time
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   const int64_t generation = coordinator_->generation();
   std::map<std::string, absl::Time> still;
   for (const auto& [rank, member] : *stopped) {
@@ -1445,7 +1452,7 @@ void Job::DiagnoseHangs() {
   // What to do about the hang is the arbiter's (sdk/agent/hang_arbiter.h): how long to wait for
   // the dumps and the declarer's verdict, whom to replace. This reads what it decides on.
   const HangArbiter arbiter;
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   if (now < next_hang_check_) return;
   next_hang_check_ = now + absl::Milliseconds(50);
   const std::string dir = config_.run_dir + "/flight_recorder";
@@ -1602,7 +1609,7 @@ void Job::DiagnoseHangs() {
     (void)ranks_store()->Delete(
         store_keys::HangWithdrawn(pending_hang_->generation, pending_hang_->declarer),
         kStoreTimeout);
-    hang_withdrawn_at_[pending_hang_->generation] = absl::Now();
+    hang_withdrawn_at_[pending_hang_->generation] = clock_->Now();
     pending_hang_.reset();
     return;
   }
@@ -1732,7 +1739,7 @@ void Job::RenewGenerationWhenAsked() {
   observed.killed_rank_unreaped = std::any_of(
       children_.begin(), children_.end(),
       [](const std::unique_ptr<Child>& c) { return c->killed_for_liveness && c->running; });
-  RenewalPolicy::Action action = renewal_policy_.Decide(observed, absl::Now());
+  RenewalPolicy::Action action = renewal_policy_.Decide(observed, clock_->Now());
   if (!std::holds_alternative<RenewalPolicy::ReadRequests>(action)) return;
   observed.generation = coordinator_->generation();
   absl::StatusOr<std::map<int, std::string>> asked =
@@ -1741,7 +1748,7 @@ void Job::RenewGenerationWhenAsked() {
   // The lease's gate, right before the decision acts.
   if (!coordinating()) return;
   observed.requests = *std::move(asked);
-  action = renewal_policy_.Decide(observed, absl::Now());
+  action = renewal_policy_.Decide(observed, clock_->Now());
   if (const auto* wait = std::get_if<RenewalPolicy::Wait>(&action)) {
     if (!wait->first_ask.empty()) Say(wait->first_ask);
     return;
@@ -1782,6 +1789,8 @@ void Job::StopAll(absl::Duration grace) {
   for (auto& c : children_) {
     if (c->running) SignalGroup(*c, SIGTERM);
   }
+  // Real time, not clock_: a bounded wait for processes to exit (the supervisor's poll waits in
+  // real time), no decision.
   const absl::Time deadline = absl::Now() + grace;
   const auto any_running = [&] {
     return std::any_of(children_.begin(), children_.end(),
@@ -1887,8 +1896,8 @@ int Job::Run() {
     if (formed_reported_ && exit_code_ < 0 && coordinating()) RenewGenerationWhenAsked();
     if (exit_code_ < 0) WatchJobStop();
     if (exit_code_ < 0) RespawnStandbys();
-    if (coordinating() && absl::Now() >= next_persist_check_) {
-      next_persist_check_ = absl::Now() + absl::Milliseconds(500);
+    if (coordinating() && clock_->Now() >= next_persist_check_) {
+      next_persist_check_ = clock_->Now() + absl::Milliseconds(500);
       ReportPersistFailures();
       if (MultiHost()) ReportProtection();
     }
@@ -1919,6 +1928,7 @@ int Job::Run() {
 
 void Job::StartForming() {
   former_ = std::thread([this] {
+    // Real time, not clock_: the bound of store calls that wait in real time (their sockets).
     const absl::Time deadline = absl::Now() + config_.rendezvous_timeout;
     absl::StatusOr<Membership> m = absl::DeadlineExceededError("not started");
     // Short slices, so that a failing job does not keep this thread waiting for the full timeout.
@@ -1988,7 +1998,7 @@ absl::Status Job::JoinAsHost() {
 }
 
 void Job::AgentTick() {
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   if (now < next_agent_tick_) return;
   next_agent_tick_ = now + config_.host_timeout / 12;
   const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
@@ -2093,7 +2103,7 @@ void Job::PublishPlan() {
   }
   // Between MIN and MAX, torchrun's "last call": more workers may join for rdzv_last_call.
   if (workers < config_.nnodes_max) {
-    const absl::Time now = absl::Now();
+    const absl::Time now = clock_->Now();
     if (!min_reached_.has_value()) {
       min_reached_ = now;
       Say(absl::StrFormat("%d of at most %d hosts joined: forming in %s unless all join", workers,
@@ -2250,7 +2260,7 @@ void Job::PublishRestartRound(const std::string& why, const std::string& dead_ho
       {"restart", absl::StrCat(next)}};
   if (!dead_host.empty()) attributes.emplace_back("host", dead_host);
   Record(-1, EventKind::kRestartAll, why, std::move(attributes));
-  const absl::Time fault = since == absl::InfinitePast() ? absl::Now() : since;
+  const absl::Time fault = since == absl::InfinitePast() ? clock_->Now() : since;
   StartRound(next);
   recoveries_.push_back({-1, 0, fault, dead_host});
 }
@@ -2268,7 +2278,7 @@ absl::StatusOr<RestartRoundHosts> Job::ReadRestartRoundHosts(absl::Duration time
   if (!left.ok()) return left.status();
   RestartRoundHosts hosts;
   hosts.groups = plan->Groups();
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   for (const store_keys::JoinRecord& j : *joined) {
     hosts.joined.push_back({j.host, j.addr, j.port});
     if (job_coordinator_->IsSilent(j.host, now)) hosts.silent.insert(j.host);
@@ -2306,7 +2316,7 @@ void Job::KillRanksStoppedBeforeFormation() {
     MutexLock lock(&formed_mu_);
     if (formed_.has_value() || round_ == 0) return;
   }
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   for (auto& c : children_) {
     if (!c->running || c->killed_for_liveness || c->rank < 0) continue;
     if (!supervisor_->IsStopped(c->worker)) {
@@ -2346,7 +2356,7 @@ void Job::StartRound(int64_t round) {
   round_ = round;
   job_coordinator_->set_round(round_);
   restarts_ = static_cast<int>(round);
-  restarted_at_ = absl::Now();
+  restarted_at_ = clock_->Now();
   OpenStoreOptions store_options;
   store_options.source_address = config_.local_addr;
   absl::StatusOr<std::unique_ptr<Store>> store =
@@ -2357,7 +2367,7 @@ void Job::StartRound(int64_t round) {
   }
   coordinator_.reset();
   round_store_ = *std::move(store);
-  coordinator_ = std::make_unique<RendezvousCoordinator>(ranks_store(), Clock::Real(),
+  coordinator_ = std::make_unique<RendezvousCoordinator>(ranks_store(), clock_,
                                                          config_.host_id, lease_.get());
   job_coordinator_->set_rendezvous(coordinator_.get());
   // A coordinator that follows a round another published (it took the lease over meanwhile) acts
@@ -2373,7 +2383,7 @@ void Job::StartRound(int64_t round) {
   hangs_checked_below_ = 0;
   renewal_policy_.Reset();
   ranks_finished_ = 0;
-  next_liveness_check_ = absl::Now() + config_.heartbeat_timeout;
+  next_liveness_check_ = clock_->Now() + config_.heartbeat_timeout;
   int hosts = 0;
   if (!ReadPlan(&hosts)) {
     if (exit_code_ < 0) {
@@ -2569,7 +2579,7 @@ std::set<std::string> Job::HostsSharingBackups(int rank) {
 // ---- Fail-slow hosts ----
 
 void Job::SampleHost() {
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   if (now < next_host_sample_ || !spawned_) return;
   next_host_sample_ = now + absl::Seconds(1);
   if (!gpus_probed_) {
@@ -2606,7 +2616,7 @@ void Job::SampleHost() {
 }
 
 void Job::DetectFailSlow() {
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   if (now < next_fail_slow_check_ || world_size_ == 0) return;
   next_fail_slow_check_ = now + absl::Seconds(1);
   const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
@@ -2704,7 +2714,7 @@ void Job::ActOnSuspect(const SuspectVerdict& v) {
   ++fail_slow_evictions_;
   fail_slow_->Forget(v.host);
   job_coordinator_->DeclareHostDead(
-      v.host, absl::Now(),
+      v.host, clock_->Now(),
       absl::StrFormat("fail-slow: %s %.0f%% off its peers for %d s", v.metric, 100 * v.deviation,
                       v.windows * config_.fail_slow_continuity_s));
 }
@@ -2717,7 +2727,7 @@ void Job::WriteSuspectDump(const SuspectVerdict& v, const std::string& action) {
   header.deviation = v.deviation;
   header.windows = v.windows;
   header.second = fail_slow_second_;
-  header.unix_second = absl::ToUnixSeconds(absl::Now());
+  header.unix_second = absl::ToUnixSeconds(clock_->Now());
   header.action = action;
   absl::StatusOr<std::string> path =
       WriteFailSlowDump(Env::Default(), FailSlowDumpDir(config_.run_dir), header,
@@ -2740,7 +2750,7 @@ void Job::AppendAgentEvent(Event event) {
     }
     agent_events_ = *std::move(log);
   }
-  event.time = absl::Now();
+  event.time = clock_->Now();
   if (absl::Status s = agent_events_->Append(event); !s.ok()) {
     Say(absl::StrCat("cannot write the event: ", s.ToString()));
   }
@@ -2751,6 +2761,8 @@ void Job::LeaveJob() {
   (void)store_->Set(store_keys::kAgentsLeft.Key(config_.host_id), absl::StrCat(exit_code_),
                     absl::Seconds(1));
   if (server_ == nullptr) return;
+  // Real time, not clock_: the bound of a wait on the store's sockets and a real sleep, no
+  // decision.
   const absl::Time deadline = absl::Now() + 2 * config_.host_timeout + absl::Seconds(5);
   // The hosts that `family`'s keys name, or nullopt if unreadable.
   auto hosts = [&](const store_keys::KeyFamily& family) -> std::optional<std::set<std::string>> {
