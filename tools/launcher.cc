@@ -300,7 +300,10 @@ class Job {
   void OnExit(Child& child, const WorkerExit& exit);
   void OnStandbyExit(Child& child, const std::string& how);
   void RespawnStandbys();
-  void TryReplacements();
+  // JobCoordinator's Hooks::rank_taken: `member` took `rank` in `generation`. One host: the
+  // standby, this launcher's child, is relabelled and another one started; several hosts: said
+  // (the standby's own agent relabels it, FollowGeneration).
+  void OnRankTaken(int rank, const std::string& member, int64_t generation);
   std::optional<std::string> ReadJobStop(absl::Duration timeout);
   void WatchJobStop();
   void StopJob(const std::string& reason);
@@ -387,7 +390,7 @@ class Job {
   // Kills this agent's child `c` for the coordinator, recording `what` with its pid.
   void KillForLiveness(Child& c, EventKind what, const std::string& why);
   // The parked standbys that the dead `ranks` (of `dead_host`, or the dead host's) go to first
-  // (ChooseStandbys); empty: any.
+  // (ChooseStandbys; JobCoordinator's Hooks::preferred_standbys); empty: any.
   std::vector<std::string> PreferredStandbys(const std::string& dead_host,
                                              const std::vector<int>& ranks);
   // The hosts that now run a rank holding `rank`'s backups or whose backups `rank` holds (the
@@ -467,17 +470,12 @@ class Job {
   std::string protected_epoch_;  // of the last ckpt/protected reported
   std::map<std::string, std::string> persist_failures_;  // store key -> the rank's error
 
-  // The coordinator's host duties (sdk/coordinator/job_coordinator.h; created by Prepare, on one
-  // host too): its replacements() are the ranks and hosts TryReplacements gives to standbys.
+  // The coordinator's host duties and replacements (sdk/coordinator/job_coordinator.h; created by
+  // Prepare, on one host too): its replacements() are the ranks and hosts it gives to standbys,
+  // its recoveries() those CheckRecoveries measures.
   std::unique_ptr<JobCoordinator> job_coordinator_;
   std::deque<PendingReplacement>& replacements() { return job_coordinator_->replacements(); }
-  struct Recovery {
-    int rank;  // -1: a renewal (no rank died; the communicators broke) or a host
-    int64_t generation;
-    absl::Time died;  // or, for a renewal, when the first rank asked
-    std::string host = {};  // a dead host whose ranks were all replaced
-  };
-  std::vector<Recovery> recoveries_;
+  std::vector<Recovery>& recoveries() { return job_coordinator_->recoveries(); }
   absl::Time next_liveness_check_ = absl::InfinitePast();
   // A hang a rank published (store key hang/gen<G>): diagnosed from the ranks' dumps once every
   // rank has dumped or the arbiter's grace has passed (HangArbiterOptions::dump_grace).
@@ -668,6 +666,12 @@ void Job::CreateJobCoordinator() {
   options.call_timeout = AgentCallTimeout(config_.host_timeout);
   options.max_replacements = config_.max_replacements;
   options.restart_all = RestartsOnHosts();
+  // One host: a replacement waits for a standby still starting as long as generation 0 may take
+  // to form; several: for a standby host's agent to join, start and park its standbys.
+  options.standby_wait = MultiHost() ? 2 * config_.host_timeout + absl::Seconds(10)
+                                     : config_.rendezvous_timeout;
+  options.spread_standbys = config_.spread_standbys;
+  options.replace_timeout = kStoreTimeout;
   JobCoordinator::Hooks hooks;
   hooks.coordinating = [this] { return coordinating(); };
   hooks.say = [this](const std::string& line) { Say(line); };
@@ -678,6 +682,19 @@ void Job::CreateJobCoordinator() {
   hooks.fail = [this](const std::string& why) { Fail(why); };
   hooks.restart_round = [this](const std::string& why, const std::string& dead_host,
                                absl::Time since) { PublishRestartRound(why, dead_host, since); };
+  hooks.preferred_standbys = [this](const std::string& dead_host, const std::vector<int>& ranks) {
+    return PreferredStandbys(dead_host, ranks);
+  };
+  // A standby due to be respawned, or one of this host's standbys running but not parked yet.
+  // (On several hosts a standby host's standbys are its own agent's: not seen here.)
+  hooks.standby_starting = [this] {
+    return !standby_respawns_.empty() ||
+           std::any_of(children_.begin(), children_.end(),
+                       [](const std::unique_ptr<Child>& c) { return c->running && c->rank < 0; });
+  };
+  hooks.rank_taken = [this](int rank, const std::string& member, int64_t generation) {
+    OnRankTaken(rank, member, generation);
+  };
   job_coordinator_ = std::make_unique<JobCoordinator>(store_.get(), clock_,
                                                       coordinator_.get(), &replacement_policy_,
                                                       &failures_, options, std::move(hooks));
@@ -761,7 +778,6 @@ void Job::RestartAll() {
   coordinator_ = std::make_unique<RendezvousCoordinator>(store_.get(), clock_);
   CreateJobCoordinator();  // on the new store and coordinator: nothing queued
   master_port_ = FreePort();
-  recoveries_.clear();
   pending_hang_.reset();
   hangs_checked_below_ = 0;
   renewal_policy_.Reset();
@@ -774,7 +790,7 @@ void Job::RestartAll() {
   }
   Record(-1, EventKind::kRestartAll, why, {{"restart", absl::StrCat(restarts_)}});
   StartForming();
-  recoveries_.push_back({-1, 0, fault});
+  recoveries().push_back({-1, 0, fault});
 }
 
 std::vector<std::string> Job::ChildEnvironment(const Child& child) const {
@@ -1031,8 +1047,7 @@ void Job::OnExit(Child& child, const WorkerExit& exit) {
   if (const auto* fail = std::get_if<ReplacementPolicy::Fail>(&decision)) return Fail(fail->why);
   const auto& replace = std::get<ReplacementPolicy::Replace>(decision);
   if (!replace.message.empty()) Say(replace.message);
-  replacements().push_back(
-      {child.rank, how, now, replace.not_before + config_.rendezvous_timeout, replace.not_before});
+  job_coordinator_->QueueRankReplacement(child.rank, how, now, replace.not_before);
 }
 
 void Job::OnStandbyExit(Child& child, const std::string& how) {
@@ -1055,93 +1070,24 @@ void Job::RespawnStandbys() {
   }
 }
 
-void Job::TryReplacements() {
-  while (!replacements().empty() && exit_code_ < 0) {
-    const PendingReplacement dead = replacements().front();
-    if (clock_->Now() < dead.not_before) return;  // backing off a crash loop
-    // The coordinator's gate also refuses (Aborted) right before the replacement's first write.
-    if (!coordinating()) return;
-    absl::StatusOr<Membership> next = absl::UnknownError("");
-    if (dead.rank < 0) {
-      next = coordinator_->ReplaceRanks(dead.ranks, PreferredStandbys(dead.host, dead.ranks),
-                                        config_.spread_standbys, kStoreTimeout);
-    } else {
-      next = coordinator_->ReplaceRanks({dead.rank}, PreferredStandbys(dead.host, {dead.rank}),
-                                        /*any_standby=*/true, kStoreTimeout);
-    }
-    // Another coordinator acted, or this one's lease lapsed: look again.
-    if (absl::IsAborted(next.status())) {
-      (void)coordinating();  // says so if the lease lapsed
-      return;
-    }
-    if (absl::IsFailedPrecondition(next.status())) {
-      // No standby has parked yet. Wait for one if one is still starting up (or about to).
-      bool starting = !standby_respawns_.empty();
-      for (auto& c : children_) starting |= c->running && c->rank < 0;
-      if (starting && clock_->Now() < dead.give_up) return;
-      std::string why = std::string(next.status().message());
-      if (replacement_policy_.standby_deaths() > 0) {
-        why = absl::StrFormat("standbys died %d times while parked (last: %s)",
-                              replacement_policy_.standby_deaths(),
-                              replacement_policy_.standby_last_death());
-      }
-      if (dead.rank < 0) {
-        return Fail(absl::StrFormat(
-            "host %s died (%s) and no standby host has %d parked standbys%s: %s", dead.host,
-            dead.how, dead.ranks.size(),
-            config_.spread_standbys ? " (nor all hosts together)" : " (see --spread-standbys)",
-            why));
-      }
-      return Fail(absl::StrFormat("rank %d died (%s) and no standby is available: %s", dead.rank,
-                                  dead.how, why));
-    }
-    if (!next.ok()) {
-      return Fail(absl::StrCat("replacing ", dead.rank < 0 ? "host " + dead.host : absl::StrCat("rank ", dead.rank), ": ",
-                               next.status().ToString()));
-    }
-    replacements().pop_front();
-    if (dead.rank < 0) {
-      std::vector<std::string> by;
-      for (int rank : dead.ranks) by.push_back(absl::StrCat(rank, "<-", next->members[rank]));
-      Say(absl::StrFormat("generation %d: host %s's ranks taken by %s", next->generation,
-                          dead.host, absl::StrJoin(by, ", ")));
-      Record(-1, EventKind::kHostReplaced,
-             absl::StrFormat("generation %d: host %s's ranks taken by %s", next->generation,
-                             dead.host, absl::StrJoin(by, ", ")),
-             {{"host", dead.host}, {"ranks", absl::StrJoin(dead.ranks, ",")}});
-      replacement_policy_.OnReplacementsMade(static_cast<int>(dead.ranks.size()));
-      Say(absl::StrFormat("host %s's shared memory died with it: its ranks' replacements restore "
-                          "from their backup holders' memory (peer backups), else the newest "
-                          "durable checkpoint on disk, else the survivors' state",
-                          dead.host));
-      recoveries_.push_back({-1, next->generation, dead.died, dead.host});
-      continue;
-    }
-    replacement_policy_.OnReplacementsMade(1);
-    replacement_policy_.OnRankTaken(dead.rank, clock_->Now());
-    if (MultiHost()) {  // the standby's own agent relabels it (FollowGeneration)
-      Say(absl::StrFormat("generation %d: rank %d taken by %s", next->generation, dead.rank,
-                          next->members[dead.rank]));
-      recoveries_.push_back({dead.rank, next->generation, dead.died});
-      continue;
-    }
-    const std::string& member = next->members[dead.rank];
-    Record(dead.rank, EventKind::kRankReplaced,
-           absl::StrFormat("rank %d taken by %s in generation %d", dead.rank, member,
-                           next->generation),
-           {{"member", member}});
-    for (auto& c : children_) {
-      if (c->member_id != member || !c->running) continue;
-      Say(absl::StrFormat("%s (pid %d) takes rank %d in generation %d", c->Label(), c->pid,
-                          dead.rank, next->generation));
-      c->rank = dead.rank;
-      c->rank_generation = next->generation;
-      (void)supervisor_->WritePidFile(c->worker, PidFile(dead.rank));
-    }
-    recoveries_.push_back({dead.rank, next->generation, dead.died});
-    if (CanSpawnStandby()) {
-      if (absl::Status s = Spawn(-1, standbys_spawned_); !s.ok()) Say(s.ToString());
-    }
+void Job::OnRankTaken(int rank, const std::string& member, int64_t generation) {
+  if (MultiHost()) {  // the standby's own agent relabels it (FollowGeneration)
+    Say(absl::StrFormat("generation %d: rank %d taken by %s", generation, rank, member));
+    return;
+  }
+  Record(rank, EventKind::kRankReplaced,
+         absl::StrFormat("rank %d taken by %s in generation %d", rank, member, generation),
+         {{"member", member}});
+  for (auto& c : children_) {
+    if (c->member_id != member || !c->running) continue;
+    Say(absl::StrFormat("%s (pid %d) takes rank %d in generation %d", c->Label(), c->pid, rank,
+                        generation));
+    c->rank = rank;
+    c->rank_generation = generation;
+    (void)supervisor_->WritePidFile(c->worker, PidFile(rank));
+  }
+  if (CanSpawnStandby()) {
+    if (absl::Status s = Spawn(-1, standbys_spawned_); !s.ok()) Say(s.ToString());
   }
 }
 
@@ -1263,7 +1209,7 @@ bool Job::EveryRankResumed(int64_t generation) {
 }
 
 void Job::CheckRecoveries() {
-  for (auto it = recoveries_.begin(); it != recoveries_.end();) {
+  for (auto it = recoveries().begin(); it != recoveries().end();) {
     // A second fault before every rank resumed supersedes the generation: this recovery ends when
     // the newest one has resumed.
     it->generation = std::max(it->generation, coordinator_->generation());
@@ -1294,7 +1240,7 @@ void Job::CheckRecoveries() {
                           "completed its first step of generation %d)",
                           it->rank, took, it->generation));
     }
-    it = recoveries_.erase(it);
+    it = recoveries().erase(it);
   }
 }
 
@@ -1772,7 +1718,7 @@ void Job::RenewGenerationWhenAsked() {
   Record(-1, EventKind::kGenerationRenewed,
          absl::StrFormat("generation %d renewed with the same ranks", next->generation),
          {{"asked_by", asked_by}});
-  recoveries_.push_back({-1, next->generation, renew->first_asked});
+  recoveries().push_back({-1, next->generation, renew->first_asked});
 }
 
 void Job::Fail(const std::string& why) {
@@ -1883,7 +1829,7 @@ int Job::Run() {
     if (!MultiHost() && formed_reported_ && exit_code_ < 0) ReportStoppedRanks();
     // The gate before each act, not once for all: an act may wait on the store for longer than
     // the lease lasts.
-    if (coordinating()) TryReplacements();
+    if (exit_code_ < 0 && coordinating()) job_coordinator_->TryReplacements(clock_->Now());
     if (coordinating()) CheckRecoveries();
     if (formed_reported_ && exit_code_ < 0 && replacements().empty() && coordinating()) {
       KillRanksWithStaleHeartbeats();
@@ -2033,7 +1979,7 @@ bool Job::coordinating() {
   if (lease_ == nullptr) return false;
   if (lease_->held()) return true;
   // Claimed but not renewed by the renewal deadline: nobody may have taken it yet, but someone may
-  // soon. What was decided stays queued (replacements(), recoveries_): it is still this agent's to
+  // soon. What was decided stays queued (replacements(), recoveries()): it is still this agent's to
   // act on if its next renewal succeeds (nobody took the lease meanwhile), and dropped if it is
   // deposed.
   if (said_coordinating_ && lease_->claimed()) {
@@ -2068,8 +2014,7 @@ void Job::UpdateLease() {
                               : absl::StrCat("the lease is ", holder, "'s now")));
     }
     said_coordinating_ = false;
-    job_coordinator_->Depose();
-    recoveries_.clear();
+    job_coordinator_->Depose();  // its queue and its recoveries
     return;
   }
   said_coordinating_ = true;
@@ -2262,7 +2207,7 @@ void Job::PublishRestartRound(const std::string& why, const std::string& dead_ho
   Record(-1, EventKind::kRestartAll, why, std::move(attributes));
   const absl::Time fault = since == absl::InfinitePast() ? clock_->Now() : since;
   StartRound(next);
-  recoveries_.push_back({-1, 0, fault, dead_host});
+  recoveries().push_back({-1, 0, fault, dead_host});
 }
 
 absl::StatusOr<RestartRoundHosts> Job::ReadRestartRoundHosts(absl::Duration timeout) {
