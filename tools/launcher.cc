@@ -357,6 +357,9 @@ class Job {
   // Whether `holder` (RunningHolder's answer) is the process that held its rank in the hung
   // `generation` (not a replacement that took it later) and is stopped (state T).
   bool StoppedSinceHang(const Child* holder, int64_t generation);
+  // Ranks whose communicators failed ask for a new generation (RendezvousMember::
+  // RequestNewGeneration): JobCoordinator renews it, or under --restart-all asks for a restart, as
+  // RenewalPolicy (sdk/agent/renewal_policy.h) decides; this tells it what holds a renewal back.
   void RenewGenerationWhenAsked();
   void StopAll(absl::Duration grace);
   void Fail(const std::string& why);
@@ -695,9 +698,11 @@ void Job::CreateJobCoordinator() {
   hooks.rank_taken = [this](int rank, const std::string& member, int64_t generation) {
     OnRankTaken(rank, member, generation);
   };
-  job_coordinator_ = std::make_unique<JobCoordinator>(store_.get(), clock_,
-                                                      coordinator_.get(), &replacement_policy_,
-                                                      &failures_, options, std::move(hooks));
+  // Carried out at the loop's next turn (Run), as any restart.
+  hooks.request_restart = [this](const std::string& why) { restart_pending_ = why; };
+  job_coordinator_ = std::make_unique<JobCoordinator>(
+      store_.get(), clock_, coordinator_.get(), &replacement_policy_, &renewal_policy_, &failures_,
+      options, std::move(hooks));
   job_coordinator_->set_world_size(world_size_);
 }
 
@@ -1674,51 +1679,13 @@ void Job::ReplaceHangSuspects(const std::vector<int>& suspects, int64_t generati
   }
 }
 
-// Ranks whose communicators failed ask for a new generation (RendezvousMember::
-// RequestNewGeneration). RenewalPolicy (sdk/agent/renewal_policy.h) decides when their requests
-// renew the generation with the same ranks, or, under --restart-all, restart every rank.
 void Job::RenewGenerationWhenAsked() {
-  RenewalObservations observed;
-  observed.world_size = world_size_;
-  observed.death_pending = !replacements().empty();
-  observed.hang_pending = pending_hang_.has_value();
-  observed.killed_rank_unreaped = std::any_of(
+  RenewalHolds holds;
+  holds.hang_pending = pending_hang_.has_value();
+  holds.killed_rank_unreaped = std::any_of(
       children_.begin(), children_.end(),
       [](const std::unique_ptr<Child>& c) { return c->killed_for_liveness && c->running; });
-  RenewalPolicy::Action action = renewal_policy_.Decide(observed, clock_->Now());
-  if (!std::holds_alternative<RenewalPolicy::ReadRequests>(action)) return;
-  observed.generation = coordinator_->generation();
-  absl::StatusOr<std::map<int, std::string>> asked =
-      coordinator_->NewGenerationRequests(kStoreTimeout);
-  if (!asked.ok() || asked->empty()) return;  // the store briefly unreachable: look again next time
-  // The lease's gate, right before the decision acts.
-  if (!coordinating()) return;
-  observed.requests = *std::move(asked);
-  action = renewal_policy_.Decide(observed, clock_->Now());
-  if (const auto* wait = std::get_if<RenewalPolicy::Wait>(&action)) {
-    if (!wait->first_ask.empty()) Say(wait->first_ask);
-    return;
-  }
-  if (const auto* restart = std::get_if<RenewalPolicy::RestartAll>(&action)) {
-    restart_pending_ = restart->why;
-    return;
-  }
-  const auto* renew = std::get_if<RenewalPolicy::Renew>(&action);
-  if (renew == nullptr) return;
-  if (!renew->first_ask.empty()) Say(renew->first_ask);
-  absl::StatusOr<Membership> next = coordinator_->RenewGeneration(kStoreTimeout);
-  if (!next.ok()) {
-    if (!coordinating()) return;  // refused by the gate: "no longer coordinating" says why
-    Say(absl::StrCat("renewing generation ", observed.generation, ": ", next.status().ToString()));
-    return;  // tried again next time
-  }
-  const std::string asked_by = absl::StrJoin(renew->asked_by, ",");
-  Say(absl::StrFormat("generation %d renewed with the same ranks (asked by %s)", next->generation,
-                      asked_by));
-  Record(-1, EventKind::kGenerationRenewed,
-         absl::StrFormat("generation %d renewed with the same ranks", next->generation),
-         {{"asked_by", asked_by}});
-  recoveries().push_back({-1, next->generation, renew->first_asked});
+  job_coordinator_->RenewGenerationWhenAsked(holds);
 }
 
 void Job::Fail(const std::string& why) {

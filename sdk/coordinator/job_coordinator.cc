@@ -19,12 +19,13 @@
 namespace trainguard {
 
 JobCoordinator::JobCoordinator(Store* store, Clock* clock, RendezvousCoordinator* rendezvous,
-                               ReplacementPolicy* replacement_policy, FailureHistory* failures,
-                               JobCoordinatorOptions options, Hooks hooks)
+                               ReplacementPolicy* replacement_policy, RenewalPolicy* renewal_policy,
+                               FailureHistory* failures, JobCoordinatorOptions options, Hooks hooks)
     : store_(store),
       clock_(clock),
       rendezvous_(rendezvous),
       replacement_policy_(replacement_policy),
+      renewal_policy_(renewal_policy),
       failures_(failures),
       options_(std::move(options)),
       hooks_(std::move(hooks)),
@@ -228,6 +229,49 @@ void JobCoordinator::FailForLackOfStandbys(const PendingReplacement& dead,
   }
   hooks_.fail(absl::StrFormat("rank %d died (%s) and no standby is available: %s", dead.rank,
                               dead.how, why));
+}
+
+void JobCoordinator::RenewGenerationWhenAsked(RenewalHolds holds) {
+  RenewalObservations observed;
+  observed.world_size = world_size_;
+  observed.death_pending = !replacements_.empty();
+  observed.hang_pending = holds.hang_pending;
+  observed.killed_rank_unreaped = holds.killed_rank_unreaped;
+  RenewalPolicy::Action action = renewal_policy_->Decide(observed, clock_->Now());
+  if (!std::holds_alternative<RenewalPolicy::ReadRequests>(action)) return;
+  observed.generation = rendezvous_->generation();
+  absl::StatusOr<std::map<int, std::string>> asked =
+      rendezvous_->NewGenerationRequests(options_.replace_timeout);
+  if (!asked.ok() || asked->empty()) return;  // the store briefly unreachable: look again next time
+  // The lease's gate, right before the decision acts.
+  if (!coordinating()) return;
+  observed.requests = *std::move(asked);
+  // Decided when the requests were read (the read may have waited on the store).
+  action = renewal_policy_->Decide(observed, clock_->Now());
+  if (const auto* wait = std::get_if<RenewalPolicy::Wait>(&action)) {
+    if (!wait->first_ask.empty()) hooks_.say(wait->first_ask);
+    return;
+  }
+  if (const auto* restart = std::get_if<RenewalPolicy::RestartAll>(&action)) {
+    return hooks_.request_restart(restart->why);
+  }
+  const auto* renew = std::get_if<RenewalPolicy::Renew>(&action);
+  if (renew == nullptr) return;
+  if (!renew->first_ask.empty()) hooks_.say(renew->first_ask);
+  absl::StatusOr<Membership> next = rendezvous_->RenewGeneration(options_.replace_timeout);
+  if (!next.ok()) {
+    if (!coordinating()) return;  // refused by the gate: "no longer coordinating" says why
+    hooks_.say(
+        absl::StrCat("renewing generation ", observed.generation, ": ", next.status().ToString()));
+    return;  // tried again next time
+  }
+  const std::string asked_by = absl::StrJoin(renew->asked_by, ",");
+  hooks_.say(absl::StrFormat("generation %d renewed with the same ranks (asked by %s)",
+                             next->generation, asked_by));
+  hooks_.record(-1, EventKind::kGenerationRenewed,
+                absl::StrFormat("generation %d renewed with the same ranks", next->generation),
+                {{"asked_by", asked_by}});
+  recoveries_.push_back({-1, next->generation, renew->first_asked});
 }
 
 void JobCoordinator::DeclareHostDead(const std::string& host, absl::Time last_beat,

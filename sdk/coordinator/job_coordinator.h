@@ -6,14 +6,15 @@
 // FailureHistory), and the word that every rank finished (job/done, once). Its rank-level duty:
 // the replacements, the queue of dead ranks and hosts (replacements()) given to parked standbys
 // through the RendezvousCoordinator (TryReplacements: the crash-loop backoff, the wait for a
-// standby still starting, the message that fails the job when none comes), and the recoveries
-// they start (recoveries(), whose end the launcher measures).
+// standby still starting, the message that fails the job when none comes), the renewal of a
+// generation whose ranks asked for one (RenewGenerationWhenAsked, as RenewalPolicy decides), and
+// the recoveries both start (recoveries(), whose end the launcher measures).
 //
 // What it cannot do itself it hands to the hooks: failing the job, starting a restart round
 // (--restart-all on several hosts), printing a line, recording an event, choosing the standbys a
-// host's ranks go to (the backup placement), knowing whether a standby is starting and carrying out
-// a rank's takeover where the process is the launcher's own. The launcher still owns the
-// processes, the rendezvous coordinator, the hangs and the renewals.
+// host's ranks go to (the backup placement), knowing whether a standby is starting, carrying out
+// a rank's takeover where the process is the launcher's own, restarting every rank. The launcher
+// still owns the processes, the rendezvous coordinator and the hangs.
 //
 // Every act that writes to the store or says what it decided checks the gate (the coordinator
 // lease, Hooks::coordinating) right before it: a deposed coordinator writes nothing. Every instant
@@ -36,6 +37,7 @@
 #include "absl/time/time.h"
 #include "sdk/agent/failure_history.h"
 #include "sdk/agent/host_liveness.h"
+#include "sdk/agent/renewal_policy.h"
 #include "sdk/agent/replacement_policy.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "trainguard/clock.h"
@@ -65,6 +67,13 @@ struct Recovery {
   std::string host = {};  // a dead host whose ranks were all replaced
 };
 
+// What the launcher knows that holds a renewal back (besides a queued replacement, which the
+// coordinator knows): its death, or the hang's diagnosis, answers the ranks' requests first.
+struct RenewalHolds {
+  bool hang_pending = false;          // a declared hang is being decided
+  bool killed_rank_unreaped = false;  // a rank killed for liveness still runs: its death is next
+};
+
 struct JobCoordinatorOptions {
   std::string host_id;  // this agent's host: alive while it coordinates, never declared dead
   // --host-timeout: a host whose heartbeat stood still this long is dead.
@@ -81,7 +90,8 @@ struct JobCoordinatorOptions {
   // --spread-standbys: a dead host's ranks may go to standbys of several hosts, not only to one
   // standby host's.
   bool spread_standbys = false;
-  // How long one replacement (its standbys' claims and the generation's publication) may take.
+  // How long one replacement or renewal (the store calls that read the requests, claim the
+  // standbys and publish the generation) may take.
   absl::Duration replace_timeout = absl::Seconds(10);
 };
 
@@ -114,16 +124,21 @@ class JobCoordinator {
     // host) it relabels it and starts another standby; on several hosts the member's own agent
     // relabels it and the coordinator only says so.
     std::function<void(int rank, const std::string& member, int64_t generation)> rank_taken;
+    // --restart-all: restart every rank for `why` (the ranks asked for a new generation), at the
+    // launcher's next turn (one host: RestartAll; several: a restart round).
+    std::function<void(const std::string& why)> request_restart;
   };
 
-  // REQUIRES: `store`, `clock`, `rendezvous` (see set_rendezvous), `replacement_policy` and
-  // `failures` outlive the coordinator; every hook is set. `store` is the job's (the agents');
-  // `rendezvous` publishes the generations (the membership whose ranks a dead host held);
-  // `replacement_policy` counts a rank's deaths against --max-replacements and the crash-loop
-  // backoff; `failures` is the job's history of deaths, for the message that fails it.
+  // REQUIRES: `store`, `clock`, `rendezvous` (see set_rendezvous), `replacement_policy`,
+  // `renewal_policy` and `failures` outlive the coordinator; every hook is set. `store` is the
+  // job's (the agents'); `rendezvous` publishes the generations (the membership whose ranks a dead
+  // host held); `replacement_policy` counts a rank's deaths against --max-replacements and the
+  // crash-loop backoff; `renewal_policy` decides when the ranks' requests renew the generation (its
+  // owner resets it for a restart); `failures` is the job's history of deaths, for the message
+  // that fails it.
   JobCoordinator(Store* store, Clock* clock, RendezvousCoordinator* rendezvous,
-                 ReplacementPolicy* replacement_policy, FailureHistory* failures,
-                 JobCoordinatorOptions options, Hooks hooks);
+                 ReplacementPolicy* replacement_policy, RenewalPolicy* renewal_policy,
+                 FailureHistory* failures, JobCoordinatorOptions options, Hooks hooks);
   JobCoordinator(const JobCoordinator&) = delete;
   JobCoordinator& operator=(const JobCoordinator&) = delete;
 
@@ -163,6 +178,14 @@ class JobCoordinator {
   // naming the death and why no standby came. A replacement made is counted (ReplacementPolicy),
   // said, recorded or handed to Hooks::rank_taken, and its recovery kept (recoveries()).
   void TryReplacements(absl::Time now);
+  // Answers the ranks' requests for a new generation (RendezvousMember::RequestNewGeneration) as
+  // the RenewalPolicy decides at the clock's instants: nothing while a replacement is queued or
+  // `holds` holds; the current generation's requests read, then a wait (the first request said
+  // once), a renewal with the same ranks (said, a generation_renewed event, a recovery from the
+  // first request), or under --restart-all Hooks::request_restart. A renewal the store refuses is
+  // said and tried again at the next call; nothing is written or said once the gate is closed.
+  void RenewGenerationWhenAsked(RenewalHolds holds);
+
   // Queues `rank` (one host: its death decided by the launcher's ReplacementPolicy) to be replaced
   // not before `not_before`, waiting for a standby until standby_wait past it.
   void QueueRankReplacement(int rank, const std::string& how, absl::Time died,
@@ -209,6 +232,7 @@ class JobCoordinator {
   Clock* const clock_;
   RendezvousCoordinator* rendezvous_;
   ReplacementPolicy* const replacement_policy_;
+  RenewalPolicy* const renewal_policy_;
   FailureHistory* const failures_;
   const JobCoordinatorOptions options_;
   const Hooks hooks_;

@@ -22,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sdk/agent/failure_history.h"
+#include "sdk/agent/renewal_policy.h"
 #include "sdk/agent/replacement_policy.h"
 #include "sdk/core/agent_keys.h"
 #include "sdk/core/store_keys.h"
@@ -43,7 +44,7 @@ constexpr absl::Duration kHostTimeout = absl::Seconds(3);
 constexpr absl::Duration kTick = absl::Milliseconds(250);  // host timeout / 12: the agents' loop
 constexpr absl::Duration kNanosecond = absl::Nanoseconds(1);
 constexpr absl::Duration kCall = absl::Seconds(1);
-constexpr absl::Duration kBackoff = absl::Seconds(1);  // --restart-backoff
+constexpr absl::Duration kBackoff = absl::Seconds(1);       // --restart-backoff
 constexpr absl::Duration kStandbyWait = absl::Seconds(16);  // 2 x host timeout + 10 s
 
 std::string Member(const std::string& host, int64_t pid, int rank, int64_t round = 0) {
@@ -102,6 +103,11 @@ class JobCoordinatorTest : public ::testing::Test {
     policy.max_replacements = max_replacements;
     policy.restart_backoff = kBackoff;
     policy_.emplace(policy);
+    RenewalPolicyOptions renewal;
+    renewal.multi_host = true;
+    renewal.host_timeout = kHostTimeout;
+    renewal.restart_all = restart_all;
+    renewal_.emplace(renewal);
     JobCoordinatorOptions options;
     options.host_id = "h0";
     options.host_timeout = kHostTimeout;
@@ -137,8 +143,10 @@ class JobCoordinatorTest : public ::testing::Test {
     hooks.rank_taken = [this](int rank, const std::string& member, int64_t generation) {
       taken_.push_back({rank, member, generation});
     };
-    coordinator_ = std::make_unique<JobCoordinator>(&store_, &clock_, &rendezvous_, &*policy_,
-                                                    &failures_, options, std::move(hooks));
+    hooks.request_restart = [this](const std::string& why) { restarts_.push_back({why, "", {}}); };
+    coordinator_ =
+        std::make_unique<JobCoordinator>(&store_, &clock_, &rendezvous_, &*policy_, &*renewal_,
+                                         &failures_, options, std::move(hooks));
     coordinator_->set_world_size(4);
   }
 
@@ -172,6 +180,13 @@ class JobCoordinatorTest : public ::testing::Test {
   void Park(const std::string& member) {
     ASSERT_TRUE(store_.Set(store_keys::RdzvStandby(member), "parked", kCall).ok());
   }
+  // Rank `rank` of the current generation asks for a new one, as RequestNewGeneration writes it.
+  void Ask(int rank, const std::string& why) {
+    ASSERT_TRUE(store_
+                    .Set(absl::StrCat(store_keys::RdzvRenewPrefix(rendezvous_.generation()), rank),
+                         why, kCall)
+                    .ok());
+  }
   void Leave(const std::string& host) {
     ASSERT_TRUE(store_.Set(store_keys::kAgentsLeft.Key(host), "0", kCall).ok());
   }
@@ -202,6 +217,7 @@ class JobCoordinatorTest : public ::testing::Test {
   ManualClock clock_{absl::UnixEpoch()};
   RendezvousCoordinator rendezvous_{&store_, &clock_, "h0"};
   std::optional<ReplacementPolicy> policy_;
+  std::optional<RenewalPolicy> renewal_;
   FailureHistory failures_;
   std::unique_ptr<JobCoordinator> coordinator_;
   std::map<std::string, int64_t> beats_;
@@ -610,6 +626,88 @@ TEST_F(JobCoordinatorTest, ADeposedCoordinatorReplacesNothing) {
   EXPECT_EQ(rendezvous_.generation(), 0);
   EXPECT_THAT(coordinator_->replacements(), IsEmpty());
   EXPECT_THAT(coordinator_->recoveries(), IsEmpty());
+}
+
+// ---- Renewals (RenewGenerationWhenAsked) ----
+
+constexpr char kReset[] = "gloo: connection reset by peer";
+
+TEST_F(JobCoordinatorTest, AGenerationIsRenewedWhenEveryRankAskedAndNotBefore) {
+  for (int rank : {1, 2, 3}) Ask(rank, kReset);
+  coordinator_->RenewGenerationWhenAsked({});
+  EXPECT_THAT(said_, ElementsAre(absl::StrCat("rank 1 asks for a new generation: ", kReset)));
+  clock_.Advance(absl::Seconds(1));
+  coordinator_->RenewGenerationWhenAsked({});
+  EXPECT_EQ(rendezvous_.generation(), 0);
+  EXPECT_THAT(recorded_, IsEmpty());
+
+  Ask(0, kReset);  // the last one
+  coordinator_->RenewGenerationWhenAsked({});
+  EXPECT_EQ(rendezvous_.generation(), 1);
+  EXPECT_THAT(rendezvous_.current().members,
+              ElementsAre(Member("h0", 100, 0), Member("h0", 100, 1), Member("h1", 200, 2),
+                          Member("h1", 200, 3)));
+  EXPECT_EQ(Said("generation 1 renewed with the same ranks (asked by 0,1,2,3)"), 1);
+  ASSERT_EQ(recorded_.size(), 1u);
+  EXPECT_EQ(recorded_[0].kind, EventKind::kGenerationRenewed);
+  EXPECT_THAT(recorded_[0].attributes, ElementsAre(Pair("asked_by", "0,1,2,3")));
+  // The recovery runs from the first request.
+  ASSERT_EQ(coordinator_->recoveries().size(), 1u);
+  EXPECT_EQ(coordinator_->recoveries()[0].rank, -1);
+  EXPECT_EQ(coordinator_->recoveries()[0].generation, 1);
+  EXPECT_EQ(coordinator_->recoveries()[0].died, absl::UnixEpoch());
+
+  // Generation 1's ranks have asked for nothing yet.
+  coordinator_->RenewGenerationWhenAsked({});
+  EXPECT_EQ(rendezvous_.generation(), 1);
+}
+
+TEST_F(JobCoordinatorTest, WithoutEveryRankTheGenerationIsRenewedExactlyTheGraceAfterTheFirstAsk) {
+  for (int rank : {1, 2, 3}) Ask(rank, kReset);
+  coordinator_->RenewGenerationWhenAsked({});
+  const absl::Duration grace = kHostTimeout + absl::Seconds(1);  // several hosts
+  AdvanceTo(grace - kNanosecond);
+  coordinator_->RenewGenerationWhenAsked({});
+  EXPECT_EQ(rendezvous_.generation(), 0);
+
+  AdvanceTo(grace);
+  coordinator_->RenewGenerationWhenAsked({});
+  EXPECT_EQ(rendezvous_.generation(), 1);
+  EXPECT_EQ(Said("generation 1 renewed with the same ranks (asked by 1,2,3)"), 1);
+}
+
+TEST_F(JobCoordinatorTest, NoRenewalWhileAReplacementIsQueuedAHangIsDecidedOrAKilledRankRuns) {
+  for (int rank : {0, 1, 2, 3}) Ask(rank, kReset);
+  coordinator_->RenewGenerationWhenAsked({.hang_pending = true});
+  coordinator_->RenewGenerationWhenAsked({.killed_rank_unreaped = true});
+  EXPECT_EQ(rendezvous_.generation(), 0);
+  EXPECT_THAT(said_, IsEmpty());  // not even seen
+
+  ReportDeath(Member("h1", 200, 2), 2, "killed by signal 9 (Killed)", "");
+  coordinator_->CoordinateHosts();  // rank 2 queued: its replacement answers the requests
+  said_.clear();
+  coordinator_->RenewGenerationWhenAsked({});
+  EXPECT_EQ(rendezvous_.generation(), 0);
+  EXPECT_THAT(said_, IsEmpty());
+}
+
+TEST_F(JobCoordinatorTest, ADeposedCoordinatorRenewsNothing) {
+  for (int rank : {0, 1, 2, 3}) Ask(rank, kReset);
+  gate_opens_ = 0;
+  coordinator_->RenewGenerationWhenAsked({});
+  EXPECT_EQ(rendezvous_.generation(), 0);
+  EXPECT_THAT(said_, IsEmpty());
+  EXPECT_THAT(recorded_, IsEmpty());
+  EXPECT_THAT(coordinator_->recoveries(), IsEmpty());
+}
+
+TEST_F(JobCoordinatorTest, WithRestartAllEveryRanksRequestRestartsEveryRankInsteadOfRenewing) {
+  Start(/*restart_all=*/true);
+  for (int rank : {0, 1, 2, 3}) Ask(rank, kReset);
+  coordinator_->RenewGenerationWhenAsked({});
+  EXPECT_EQ(rendezvous_.generation(), 0);
+  ASSERT_EQ(restarts_.size(), 1u);
+  EXPECT_EQ(restarts_[0].why, absl::StrCat("rank 0 asks for a new generation: ", kReset));
 }
 
 }  // namespace
