@@ -216,7 +216,11 @@ struct Child {
 
 class Job {
  public:
-  explicit Job(LaunchConfig config) : config_(std::move(config)) {}
+  // REQUIRES: `clock` outlives the job. Every decision instant is read from it (the deaths, the
+  // backoffs, the hosts' and ranks' liveness, the hangs, the renewals, the events' times); only
+  // bounded waits on sockets, processes and condition variables run in real time.
+  explicit Job(LaunchConfig config, Clock* clock = Clock::Real())
+      : config_(std::move(config)), clock_(clock) {}
   ~Job() {
     if (former_.joinable()) {
       stop_forming_.store(true);
@@ -296,7 +300,10 @@ class Job {
   void OnExit(Child& child, const WorkerExit& exit);
   void OnStandbyExit(Child& child, const std::string& how);
   void RespawnStandbys();
-  void TryReplacements();
+  // JobCoordinator's Hooks::rank_taken: `member` took `rank` in `generation`. One host: the
+  // standby, this launcher's child, is relabelled and another one started; several hosts: said
+  // (the standby's own agent relabels it, FollowGeneration).
+  void OnRankTaken(int rank, const std::string& member, int64_t generation);
   std::optional<std::string> ReadJobStop(absl::Duration timeout);
   void WatchJobStop();
   void StopJob(const std::string& reason);
@@ -350,6 +357,9 @@ class Job {
   // Whether `holder` (RunningHolder's answer) is the process that held its rank in the hung
   // `generation` (not a replacement that took it later) and is stopped (state T).
   bool StoppedSinceHang(const Child* holder, int64_t generation);
+  // Ranks whose communicators failed ask for a new generation (RendezvousMember::
+  // RequestNewGeneration): JobCoordinator renews it, or under --restart-all asks for a restart, as
+  // RenewalPolicy (sdk/agent/renewal_policy.h) decides; this tells it what holds a renewal back.
   void RenewGenerationWhenAsked();
   void StopAll(absl::Duration grace);
   void Fail(const std::string& why);
@@ -383,7 +393,7 @@ class Job {
   // Kills this agent's child `c` for the coordinator, recording `what` with its pid.
   void KillForLiveness(Child& c, EventKind what, const std::string& why);
   // The parked standbys that the dead `ranks` (of `dead_host`, or the dead host's) go to first
-  // (ChooseStandbys); empty: any.
+  // (ChooseStandbys; JobCoordinator's Hooks::preferred_standbys); empty: any.
   std::vector<std::string> PreferredStandbys(const std::string& dead_host,
                                              const std::vector<int>& ranks);
   // The hosts that now run a rank holding `rank`'s backups or whose backups `rank` holds (the
@@ -422,6 +432,7 @@ class Job {
   std::string PidFile(int rank) const;
 
   LaunchConfig config_;
+  Clock* const clock_;  // before every member initialized from it
   std::string store_url_;
   std::string token_file_;
   std::string launcher_start_time_;  // TRAINGUARD_LAUNCHER_START_TIME
@@ -462,17 +473,12 @@ class Job {
   std::string protected_epoch_;  // of the last ckpt/protected reported
   std::map<std::string, std::string> persist_failures_;  // store key -> the rank's error
 
-  // The coordinator's host duties (sdk/coordinator/job_coordinator.h; created by Prepare, on one
-  // host too): its replacements() are the ranks and hosts TryReplacements gives to standbys.
+  // The coordinator's host duties and replacements (sdk/coordinator/job_coordinator.h; created by
+  // Prepare, on one host too): its replacements() are the ranks and hosts it gives to standbys,
+  // its recoveries() those CheckRecoveries measures.
   std::unique_ptr<JobCoordinator> job_coordinator_;
   std::deque<PendingReplacement>& replacements() { return job_coordinator_->replacements(); }
-  struct Recovery {
-    int rank;  // -1: a renewal (no rank died; the communicators broke) or a host
-    int64_t generation;
-    absl::Time died;  // or, for a renewal, when the first rank asked
-    std::string host = {};  // a dead host whose ranks were all replaced
-  };
-  std::vector<Recovery> recoveries_;
+  std::vector<Recovery>& recoveries() { return job_coordinator_->recoveries(); }
   absl::Time next_liveness_check_ = absl::InfinitePast();
   // A hang a rank published (store key hang/gen<G>): diagnosed from the ranks' dumps once every
   // rank has dumped or the arbiter's grace has passed (HangArbiterOptions::dump_grace).
@@ -491,7 +497,8 @@ class Job {
   };
   // When a hang of a generation was last withdrawn (DiagnoseHangs): its dumps are not the next's.
   std::map<int64_t, absl::Time> hang_withdrawn_at_;
-  // The dumps of generation `generation`'s current hang are those written since this.
+  // The dumps of generation `generation`'s current hang are those written since this. A dump's
+  // time is its rank's wall clock: clock_ is the real clock wherever ranks write dumps.
   absl::Time HangDumpsSince(int64_t generation) const {
     auto withdrawn = hang_withdrawn_at_.find(generation);
     return withdrawn == hang_withdrawn_at_.end() ? restarted_at_
@@ -531,7 +538,7 @@ class Job {
   std::map<std::string, absl::Time> stopped_members_since_;
   std::set<std::string> stopped_members_killed_;
   std::optional<absl::Time> min_reached_;  // when nnodes_min workers had joined (PublishPlan)
-  absl::Time store_seen_ = absl::Now();  // the last heartbeat the store took
+  absl::Time store_seen_ = clock_->Now();  // the last heartbeat the store took
   // A host cut off from the store for this long gives up (a partition shorter than this heals).
   absl::Duration StoreLossBound() const {
     return std::max(absl::Seconds(30), 10 * config_.host_timeout);
@@ -627,12 +634,12 @@ absl::Status Job::Prepare() {
     // The holder stops acting AgentCallTimeout before the expiry: a write of the agent's loop that
     // passed the gate has timed out before anyone can take the lease over.
     lease_ = std::make_unique<CoordinatorLease>(store_.get(), config_.host_id,
-                                                config_.host_timeout, Clock::Real(),
+                                                config_.host_timeout, clock_,
                                                 AgentCallTimeout(config_.host_timeout));
-    coordinator_ = std::make_unique<RendezvousCoordinator>(store_.get(), Clock::Real(),
+    coordinator_ = std::make_unique<RendezvousCoordinator>(store_.get(), clock_,
                                                            config_.host_id, lease_.get());
   } else {
-    coordinator_ = std::make_unique<RendezvousCoordinator>(store_.get());
+    coordinator_ = std::make_unique<RendezvousCoordinator>(store_.get(), clock_);
   }
   CreateJobCoordinator();
   master_port_ = FreePort();
@@ -662,6 +669,12 @@ void Job::CreateJobCoordinator() {
   options.call_timeout = AgentCallTimeout(config_.host_timeout);
   options.max_replacements = config_.max_replacements;
   options.restart_all = RestartsOnHosts();
+  // One host: a replacement waits for a standby still starting as long as generation 0 may take
+  // to form; several: for a standby host's agent to join, start and park its standbys.
+  options.standby_wait = MultiHost() ? 2 * config_.host_timeout + absl::Seconds(10)
+                                     : config_.rendezvous_timeout;
+  options.spread_standbys = config_.spread_standbys;
+  options.replace_timeout = kStoreTimeout;
   JobCoordinator::Hooks hooks;
   hooks.coordinating = [this] { return coordinating(); };
   hooks.say = [this](const std::string& line) { Say(line); };
@@ -672,9 +685,24 @@ void Job::CreateJobCoordinator() {
   hooks.fail = [this](const std::string& why) { Fail(why); };
   hooks.restart_round = [this](const std::string& why, const std::string& dead_host,
                                absl::Time since) { PublishRestartRound(why, dead_host, since); };
-  job_coordinator_ = std::make_unique<JobCoordinator>(store_.get(), Clock::Real(),
-                                                      coordinator_.get(), &replacement_policy_,
-                                                      &failures_, options, std::move(hooks));
+  hooks.preferred_standbys = [this](const std::string& dead_host, const std::vector<int>& ranks) {
+    return PreferredStandbys(dead_host, ranks);
+  };
+  // A standby due to be respawned, or one of this host's standbys running but not parked yet.
+  // (On several hosts a standby host's standbys are its own agent's: not seen here.)
+  hooks.standby_starting = [this] {
+    return !standby_respawns_.empty() ||
+           std::any_of(children_.begin(), children_.end(),
+                       [](const std::unique_ptr<Child>& c) { return c->running && c->rank < 0; });
+  };
+  hooks.rank_taken = [this](int rank, const std::string& member, int64_t generation) {
+    OnRankTaken(rank, member, generation);
+  };
+  // Carried out at the loop's next turn (Run), as any restart.
+  hooks.request_restart = [this](const std::string& why) { restart_pending_ = why; };
+  job_coordinator_ = std::make_unique<JobCoordinator>(
+      store_.get(), clock_, coordinator_.get(), &replacement_policy_, &renewal_policy_, &failures_,
+      options, std::move(hooks));
   job_coordinator_->set_world_size(world_size_);
 }
 
@@ -701,7 +729,7 @@ void Job::Record(int rank, EventKind what, const std::string& message,
                  std::vector<std::pair<std::string, std::string>> attributes) {
   if (events_ == nullptr) return;
   Event event = EventOfKind(what, message);
-  event.time = absl::Now();
+  event.time = clock_->Now();
   event.rank = rank;
   event.generation = coordinator_ != nullptr ? coordinator_->generation() : 0;
   event.attributes.emplace_back("source", "launcher");
@@ -732,7 +760,7 @@ void Job::RestartAll() {
     return Fail(absl::StrFormat("%s; --restart-all=%d reached", why, config_.restart_all));
   }
   ++restarts_;
-  const absl::Time fault = absl::Now();
+  const absl::Time fault = clock_->Now();
   restarted_at_ = fault;
   Say(absl::StrFormat("restarting every rank (restart %d of at most %d): %s", restarts_,
                       config_.restart_all, why));
@@ -752,15 +780,14 @@ void Job::RestartAll() {
   if (absl::Status s = StartOwnStore(); !s.ok()) {
     return Fail(absl::StrCat("restart ", restarts_, ": cannot start a store: ", s.ToString()));
   }
-  coordinator_ = std::make_unique<RendezvousCoordinator>(store_.get());
+  coordinator_ = std::make_unique<RendezvousCoordinator>(store_.get(), clock_);
   CreateJobCoordinator();  // on the new store and coordinator: nothing queued
   master_port_ = FreePort();
-  recoveries_.clear();
   pending_hang_.reset();
   hangs_checked_below_ = 0;
   renewal_policy_.Reset();
   ranks_finished_ = 0;
-  next_liveness_check_ = absl::Now() + config_.heartbeat_timeout;
+  next_liveness_check_ = clock_->Now() + config_.heartbeat_timeout;
   for (int r = 0; r < config_.nproc; ++r) {
     if (absl::Status s = Spawn(r, -1); !s.ok()) {
       return Fail(absl::StrCat("restart ", restarts_, ": ", s.message()));
@@ -768,7 +795,7 @@ void Job::RestartAll() {
   }
   Record(-1, EventKind::kRestartAll, why, {{"restart", absl::StrCat(restarts_)}});
   StartForming();
-  recoveries_.push_back({-1, 0, fault});
+  recoveries().push_back({-1, 0, fault});
 }
 
 std::vector<std::string> Job::ChildEnvironment(const Child& child) const {
@@ -905,7 +932,7 @@ absl::Status Job::Spawn(int rank, int standby_index) {
   if (!worker.ok()) return worker.status();
   child->worker = *worker;
   child->pid = supervisor_->pid(*worker);
-  child->started = absl::Now();
+  child->started = clock_->Now();
   if (rank < 0) ++standbys_spawned_;
   Say(absl::StrFormat("started %s (pid %d, member %s)", child->Label(), child->pid,
                       child->member_id));
@@ -997,7 +1024,7 @@ void Job::OnExit(Child& child, const WorkerExit& exit) {
     if (!s.ok()) Say(absl::StrCat("cannot report the death of ", child.Label(), ": ", s.ToString()));
     return;
   }
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   bool formed = false;
   {
     // A rank that exits right after joining may be reaped before the helper thread has reported
@@ -1025,8 +1052,7 @@ void Job::OnExit(Child& child, const WorkerExit& exit) {
   if (const auto* fail = std::get_if<ReplacementPolicy::Fail>(&decision)) return Fail(fail->why);
   const auto& replace = std::get<ReplacementPolicy::Replace>(decision);
   if (!replace.message.empty()) Say(replace.message);
-  replacements().push_back(
-      {child.rank, how, now, replace.not_before + config_.rendezvous_timeout, replace.not_before});
+  job_coordinator_->QueueRankReplacement(child.rank, how, now, replace.not_before);
 }
 
 void Job::OnStandbyExit(Child& child, const std::string& how) {
@@ -1034,107 +1060,39 @@ void Job::OnStandbyExit(Child& child, const std::string& how) {
   (void)coordinator_->ForgetStandby(child.member_id, kStoreTimeout);
   const bool respawns = CanSpawnStandby();  // before this death is counted
   const ReplacementPolicy::StandbyDecision next =
-      replacement_policy_.OnStandbyDeath(how, child.started, absl::Now());
+      replacement_policy_.OnStandbyDeath(how, child.started, clock_->Now());
   if (!respawns) return;
   if (!next.message.empty()) Say(next.message);
   if (next.respawn) standby_respawns_.push_back(next.not_before);
 }
 
 void Job::RespawnStandbys() {
-  while (!standby_respawns_.empty() && exit_code_ < 0 && absl::Now() >= standby_respawns_.front()) {
+  while (!standby_respawns_.empty() && exit_code_ < 0 &&
+         clock_->Now() >= standby_respawns_.front()) {
     standby_respawns_.pop_front();
     if (!CanSpawnStandby()) continue;
     if (absl::Status s = Spawn(-1, standbys_spawned_); !s.ok()) Say(s.ToString());
   }
 }
 
-void Job::TryReplacements() {
-  while (!replacements().empty() && exit_code_ < 0) {
-    const PendingReplacement dead = replacements().front();
-    if (absl::Now() < dead.not_before) return;  // backing off a crash loop
-    // The coordinator's gate also refuses (Aborted) right before the replacement's first write.
-    if (!coordinating()) return;
-    absl::StatusOr<Membership> next = absl::UnknownError("");
-    if (dead.rank < 0) {
-      next = coordinator_->ReplaceRanks(dead.ranks, PreferredStandbys(dead.host, dead.ranks),
-                                        config_.spread_standbys, kStoreTimeout);
-    } else {
-      next = coordinator_->ReplaceRanks({dead.rank}, PreferredStandbys(dead.host, {dead.rank}),
-                                        /*any_standby=*/true, kStoreTimeout);
-    }
-    // Another coordinator acted, or this one's lease lapsed: look again.
-    if (absl::IsAborted(next.status())) {
-      (void)coordinating();  // says so if the lease lapsed
-      return;
-    }
-    if (absl::IsFailedPrecondition(next.status())) {
-      // No standby has parked yet. Wait for one if one is still starting up (or about to).
-      bool starting = !standby_respawns_.empty();
-      for (auto& c : children_) starting |= c->running && c->rank < 0;
-      if (starting && absl::Now() < dead.give_up) return;
-      std::string why = std::string(next.status().message());
-      if (replacement_policy_.standby_deaths() > 0) {
-        why = absl::StrFormat("standbys died %d times while parked (last: %s)",
-                              replacement_policy_.standby_deaths(),
-                              replacement_policy_.standby_last_death());
-      }
-      if (dead.rank < 0) {
-        return Fail(absl::StrFormat(
-            "host %s died (%s) and no standby host has %d parked standbys%s: %s", dead.host,
-            dead.how, dead.ranks.size(),
-            config_.spread_standbys ? " (nor all hosts together)" : " (see --spread-standbys)",
-            why));
-      }
-      return Fail(absl::StrFormat("rank %d died (%s) and no standby is available: %s", dead.rank,
-                                  dead.how, why));
-    }
-    if (!next.ok()) {
-      return Fail(absl::StrCat("replacing ", dead.rank < 0 ? "host " + dead.host : absl::StrCat("rank ", dead.rank), ": ",
-                               next.status().ToString()));
-    }
-    replacements().pop_front();
-    if (dead.rank < 0) {
-      std::vector<std::string> by;
-      for (int rank : dead.ranks) by.push_back(absl::StrCat(rank, "<-", next->members[rank]));
-      Say(absl::StrFormat("generation %d: host %s's ranks taken by %s", next->generation,
-                          dead.host, absl::StrJoin(by, ", ")));
-      Record(-1, EventKind::kHostReplaced,
-             absl::StrFormat("generation %d: host %s's ranks taken by %s", next->generation,
-                             dead.host, absl::StrJoin(by, ", ")),
-             {{"host", dead.host}, {"ranks", absl::StrJoin(dead.ranks, ",")}});
-      replacement_policy_.OnReplacementsMade(static_cast<int>(dead.ranks.size()));
-      Say(absl::StrFormat("host %s's shared memory died with it: its ranks' replacements restore "
-                          "from their backup holders' memory (peer backups), else the newest "
-                          "durable checkpoint on disk, else the survivors' state",
-                          dead.host));
-      recoveries_.push_back({-1, next->generation, dead.died, dead.host});
-      continue;
-    }
-    replacement_policy_.OnReplacementsMade(1);
-    replacement_policy_.OnRankTaken(dead.rank, absl::Now());
-    if (MultiHost()) {  // the standby's own agent relabels it (FollowGeneration)
-      Say(absl::StrFormat("generation %d: rank %d taken by %s", next->generation, dead.rank,
-                          next->members[dead.rank]));
-      recoveries_.push_back({dead.rank, next->generation, dead.died});
-      continue;
-    }
-    const std::string& member = next->members[dead.rank];
-    Record(dead.rank, EventKind::kRankReplaced,
-           absl::StrFormat("rank %d taken by %s in generation %d", dead.rank, member,
-                           next->generation),
-           {{"member", member}});
-    for (auto& c : children_) {
-      if (c->member_id != member || !c->running) continue;
-      Say(absl::StrFormat("%s (pid %d) takes rank %d in generation %d", c->Label(), c->pid,
-                          dead.rank, next->generation));
-      c->rank = dead.rank;
-      c->rank_generation = next->generation;
-      (void)supervisor_->WritePidFile(c->worker, PidFile(dead.rank));
-    }
-    recoveries_.push_back({dead.rank, next->generation, dead.died});
-    if (CanSpawnStandby()) {
-      if (absl::Status s = Spawn(-1, standbys_spawned_); !s.ok()) Say(s.ToString());
-    }
+void Job::OnRankTaken(int rank, const std::string& member, int64_t generation) {
+  if (MultiHost()) {  // the standby's own agent relabels it (FollowGeneration)
+    Say(absl::StrFormat("generation %d: rank %d taken by %s", generation, rank, member));
+    return;
+  }
+  Record(rank, EventKind::kRankReplaced,
+         absl::StrFormat("rank %d taken by %s in generation %d", rank, member, generation),
+         {{"member", member}});
+  for (auto& c : children_) {
+    if (c->member_id != member || !c->running) continue;
+    Say(absl::StrFormat("%s (pid %d) takes rank %d in generation %d", c->Label(), c->pid, rank,
+                        generation));
+    c->rank = rank;
+    c->rank_generation = generation;
+    (void)supervisor_->WritePidFile(c->worker, PidFile(rank));
+  }
+  if (CanSpawnStandby()) {
+    if (absl::Status s = Spawn(-1, standbys_spawned_); !s.ok()) Say(s.ToString());
   }
 }
 
@@ -1147,7 +1105,7 @@ std::optional<std::string> Job::ReadJobStop(absl::Duration timeout) {
 }
 
 void Job::WatchJobStop() {
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   if (now < next_stop_check_) return;
   next_stop_check_ = now + absl::Milliseconds(250);
   if (std::optional<std::string> reason = ReadJobStop(absl::Milliseconds(200)); reason) {
@@ -1256,7 +1214,7 @@ bool Job::EveryRankResumed(int64_t generation) {
 }
 
 void Job::CheckRecoveries() {
-  for (auto it = recoveries_.begin(); it != recoveries_.end();) {
+  for (auto it = recoveries().begin(); it != recoveries().end();) {
     // A second fault before every rank resumed supersedes the generation: this recovery ends when
     // the newest one has resumed.
     it->generation = std::max(it->generation, coordinator_->generation());
@@ -1265,7 +1223,7 @@ void Job::CheckRecoveries() {
       continue;
     }
     if (!coordinating()) return;
-    const double took = absl::ToDoubleSeconds(absl::Now() - it->died);
+    const double took = absl::ToDoubleSeconds(clock_->Now() - it->died);
     std::vector<std::pair<std::string, std::string>> attributes = {
         {"took_ms", absl::StrCat(std::llround(took * 1000))}};
     if (!it->host.empty()) attributes.emplace_back("host", it->host);
@@ -1287,12 +1245,12 @@ void Job::CheckRecoveries() {
                           "completed its first step of generation %d)",
                           it->rank, took, it->generation));
     }
-    it = recoveries_.erase(it);
+    it = recoveries().erase(it);
   }
 }
 
 void Job::KillRanksWithStaleHeartbeats() {
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   if (now < next_liveness_check_) return;
   next_liveness_check_ = now + absl::Milliseconds(500);
   absl::StatusOr<std::vector<int>> stale =
@@ -1342,7 +1300,7 @@ std::optional<std::map<int, std::string>> Job::StoppedMembers() {
 void Job::KillMembersStoppedInFormation() {
   std::optional<std::map<int, std::string>> stopped = StoppedMembers();
   if (!stopped.has_value()) return;  // the store is briefly unreachable: look again next time
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   const int64_t generation = coordinator_->generation();
   std::map<std::string, absl::Time> still;
   for (const auto& [rank, member] : *stopped) {
@@ -1445,7 +1403,7 @@ void Job::DiagnoseHangs() {
   // What to do about the hang is the arbiter's (sdk/agent/hang_arbiter.h): how long to wait for
   // the dumps and the declarer's verdict, whom to replace. This reads what it decides on.
   const HangArbiter arbiter;
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   if (now < next_hang_check_) return;
   next_hang_check_ = now + absl::Milliseconds(50);
   const std::string dir = config_.run_dir + "/flight_recorder";
@@ -1602,7 +1560,7 @@ void Job::DiagnoseHangs() {
     (void)ranks_store()->Delete(
         store_keys::HangWithdrawn(pending_hang_->generation, pending_hang_->declarer),
         kStoreTimeout);
-    hang_withdrawn_at_[pending_hang_->generation] = absl::Now();
+    hang_withdrawn_at_[pending_hang_->generation] = clock_->Now();
     pending_hang_.reset();
     return;
   }
@@ -1721,51 +1679,13 @@ void Job::ReplaceHangSuspects(const std::vector<int>& suspects, int64_t generati
   }
 }
 
-// Ranks whose communicators failed ask for a new generation (RendezvousMember::
-// RequestNewGeneration). RenewalPolicy (sdk/agent/renewal_policy.h) decides when their requests
-// renew the generation with the same ranks, or, under --restart-all, restart every rank.
 void Job::RenewGenerationWhenAsked() {
-  RenewalObservations observed;
-  observed.world_size = world_size_;
-  observed.death_pending = !replacements().empty();
-  observed.hang_pending = pending_hang_.has_value();
-  observed.killed_rank_unreaped = std::any_of(
+  RenewalHolds holds;
+  holds.hang_pending = pending_hang_.has_value();
+  holds.killed_rank_unreaped = std::any_of(
       children_.begin(), children_.end(),
       [](const std::unique_ptr<Child>& c) { return c->killed_for_liveness && c->running; });
-  RenewalPolicy::Action action = renewal_policy_.Decide(observed, absl::Now());
-  if (!std::holds_alternative<RenewalPolicy::ReadRequests>(action)) return;
-  observed.generation = coordinator_->generation();
-  absl::StatusOr<std::map<int, std::string>> asked =
-      coordinator_->NewGenerationRequests(kStoreTimeout);
-  if (!asked.ok() || asked->empty()) return;  // the store briefly unreachable: look again next time
-  // The lease's gate, right before the decision acts.
-  if (!coordinating()) return;
-  observed.requests = *std::move(asked);
-  action = renewal_policy_.Decide(observed, absl::Now());
-  if (const auto* wait = std::get_if<RenewalPolicy::Wait>(&action)) {
-    if (!wait->first_ask.empty()) Say(wait->first_ask);
-    return;
-  }
-  if (const auto* restart = std::get_if<RenewalPolicy::RestartAll>(&action)) {
-    restart_pending_ = restart->why;
-    return;
-  }
-  const auto* renew = std::get_if<RenewalPolicy::Renew>(&action);
-  if (renew == nullptr) return;
-  if (!renew->first_ask.empty()) Say(renew->first_ask);
-  absl::StatusOr<Membership> next = coordinator_->RenewGeneration(kStoreTimeout);
-  if (!next.ok()) {
-    if (!coordinating()) return;  // refused by the gate: "no longer coordinating" says why
-    Say(absl::StrCat("renewing generation ", observed.generation, ": ", next.status().ToString()));
-    return;  // tried again next time
-  }
-  const std::string asked_by = absl::StrJoin(renew->asked_by, ",");
-  Say(absl::StrFormat("generation %d renewed with the same ranks (asked by %s)", next->generation,
-                      asked_by));
-  Record(-1, EventKind::kGenerationRenewed,
-         absl::StrFormat("generation %d renewed with the same ranks", next->generation),
-         {{"asked_by", asked_by}});
-  recoveries_.push_back({-1, next->generation, renew->first_asked});
+  job_coordinator_->RenewGenerationWhenAsked(holds);
 }
 
 void Job::Fail(const std::string& why) {
@@ -1782,6 +1702,8 @@ void Job::StopAll(absl::Duration grace) {
   for (auto& c : children_) {
     if (c->running) SignalGroup(*c, SIGTERM);
   }
+  // Real time, not clock_: a bounded wait for processes to exit (the supervisor's poll waits in
+  // real time), no decision.
   const absl::Time deadline = absl::Now() + grace;
   const auto any_running = [&] {
     return std::any_of(children_.begin(), children_.end(),
@@ -1874,7 +1796,7 @@ int Job::Run() {
     if (!MultiHost() && formed_reported_ && exit_code_ < 0) ReportStoppedRanks();
     // The gate before each act, not once for all: an act may wait on the store for longer than
     // the lease lasts.
-    if (coordinating()) TryReplacements();
+    if (exit_code_ < 0 && coordinating()) job_coordinator_->TryReplacements(clock_->Now());
     if (coordinating()) CheckRecoveries();
     if (formed_reported_ && exit_code_ < 0 && replacements().empty() && coordinating()) {
       KillRanksWithStaleHeartbeats();
@@ -1887,8 +1809,8 @@ int Job::Run() {
     if (formed_reported_ && exit_code_ < 0 && coordinating()) RenewGenerationWhenAsked();
     if (exit_code_ < 0) WatchJobStop();
     if (exit_code_ < 0) RespawnStandbys();
-    if (coordinating() && absl::Now() >= next_persist_check_) {
-      next_persist_check_ = absl::Now() + absl::Milliseconds(500);
+    if (coordinating() && clock_->Now() >= next_persist_check_) {
+      next_persist_check_ = clock_->Now() + absl::Milliseconds(500);
       ReportPersistFailures();
       if (MultiHost()) ReportProtection();
     }
@@ -1919,6 +1841,7 @@ int Job::Run() {
 
 void Job::StartForming() {
   former_ = std::thread([this] {
+    // Real time, not clock_: the bound of store calls that wait in real time (their sockets).
     const absl::Time deadline = absl::Now() + config_.rendezvous_timeout;
     absl::StatusOr<Membership> m = absl::DeadlineExceededError("not started");
     // Short slices, so that a failing job does not keep this thread waiting for the full timeout.
@@ -1988,7 +1911,7 @@ absl::Status Job::JoinAsHost() {
 }
 
 void Job::AgentTick() {
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   if (now < next_agent_tick_) return;
   next_agent_tick_ = now + config_.host_timeout / 12;
   const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
@@ -2023,7 +1946,7 @@ bool Job::coordinating() {
   if (lease_ == nullptr) return false;
   if (lease_->held()) return true;
   // Claimed but not renewed by the renewal deadline: nobody may have taken it yet, but someone may
-  // soon. What was decided stays queued (replacements(), recoveries_): it is still this agent's to
+  // soon. What was decided stays queued (replacements(), recoveries()): it is still this agent's to
   // act on if its next renewal succeeds (nobody took the lease meanwhile), and dropped if it is
   // deposed.
   if (said_coordinating_ && lease_->claimed()) {
@@ -2058,8 +1981,7 @@ void Job::UpdateLease() {
                               : absl::StrCat("the lease is ", holder, "'s now")));
     }
     said_coordinating_ = false;
-    job_coordinator_->Depose();
-    recoveries_.clear();
+    job_coordinator_->Depose();  // its queue and its recoveries
     return;
   }
   said_coordinating_ = true;
@@ -2093,7 +2015,7 @@ void Job::PublishPlan() {
   }
   // Between MIN and MAX, torchrun's "last call": more workers may join for rdzv_last_call.
   if (workers < config_.nnodes_max) {
-    const absl::Time now = absl::Now();
+    const absl::Time now = clock_->Now();
     if (!min_reached_.has_value()) {
       min_reached_ = now;
       Say(absl::StrFormat("%d of at most %d hosts joined: forming in %s unless all join", workers,
@@ -2250,9 +2172,9 @@ void Job::PublishRestartRound(const std::string& why, const std::string& dead_ho
       {"restart", absl::StrCat(next)}};
   if (!dead_host.empty()) attributes.emplace_back("host", dead_host);
   Record(-1, EventKind::kRestartAll, why, std::move(attributes));
-  const absl::Time fault = since == absl::InfinitePast() ? absl::Now() : since;
+  const absl::Time fault = since == absl::InfinitePast() ? clock_->Now() : since;
   StartRound(next);
-  recoveries_.push_back({-1, 0, fault, dead_host});
+  recoveries().push_back({-1, 0, fault, dead_host});
 }
 
 absl::StatusOr<RestartRoundHosts> Job::ReadRestartRoundHosts(absl::Duration timeout) {
@@ -2268,7 +2190,7 @@ absl::StatusOr<RestartRoundHosts> Job::ReadRestartRoundHosts(absl::Duration time
   if (!left.ok()) return left.status();
   RestartRoundHosts hosts;
   hosts.groups = plan->Groups();
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   for (const store_keys::JoinRecord& j : *joined) {
     hosts.joined.push_back({j.host, j.addr, j.port});
     if (job_coordinator_->IsSilent(j.host, now)) hosts.silent.insert(j.host);
@@ -2306,7 +2228,7 @@ void Job::KillRanksStoppedBeforeFormation() {
     MutexLock lock(&formed_mu_);
     if (formed_.has_value() || round_ == 0) return;
   }
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   for (auto& c : children_) {
     if (!c->running || c->killed_for_liveness || c->rank < 0) continue;
     if (!supervisor_->IsStopped(c->worker)) {
@@ -2346,7 +2268,7 @@ void Job::StartRound(int64_t round) {
   round_ = round;
   job_coordinator_->set_round(round_);
   restarts_ = static_cast<int>(round);
-  restarted_at_ = absl::Now();
+  restarted_at_ = clock_->Now();
   OpenStoreOptions store_options;
   store_options.source_address = config_.local_addr;
   absl::StatusOr<std::unique_ptr<Store>> store =
@@ -2357,7 +2279,7 @@ void Job::StartRound(int64_t round) {
   }
   coordinator_.reset();
   round_store_ = *std::move(store);
-  coordinator_ = std::make_unique<RendezvousCoordinator>(ranks_store(), Clock::Real(),
+  coordinator_ = std::make_unique<RendezvousCoordinator>(ranks_store(), clock_,
                                                          config_.host_id, lease_.get());
   job_coordinator_->set_rendezvous(coordinator_.get());
   // A coordinator that follows a round another published (it took the lease over meanwhile) acts
@@ -2373,7 +2295,7 @@ void Job::StartRound(int64_t round) {
   hangs_checked_below_ = 0;
   renewal_policy_.Reset();
   ranks_finished_ = 0;
-  next_liveness_check_ = absl::Now() + config_.heartbeat_timeout;
+  next_liveness_check_ = clock_->Now() + config_.heartbeat_timeout;
   int hosts = 0;
   if (!ReadPlan(&hosts)) {
     if (exit_code_ < 0) {
@@ -2569,7 +2491,7 @@ std::set<std::string> Job::HostsSharingBackups(int rank) {
 // ---- Fail-slow hosts ----
 
 void Job::SampleHost() {
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   if (now < next_host_sample_ || !spawned_) return;
   next_host_sample_ = now + absl::Seconds(1);
   if (!gpus_probed_) {
@@ -2606,7 +2528,7 @@ void Job::SampleHost() {
 }
 
 void Job::DetectFailSlow() {
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   if (now < next_fail_slow_check_ || world_size_ == 0) return;
   next_fail_slow_check_ = now + absl::Seconds(1);
   const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
@@ -2704,7 +2626,7 @@ void Job::ActOnSuspect(const SuspectVerdict& v) {
   ++fail_slow_evictions_;
   fail_slow_->Forget(v.host);
   job_coordinator_->DeclareHostDead(
-      v.host, absl::Now(),
+      v.host, clock_->Now(),
       absl::StrFormat("fail-slow: %s %.0f%% off its peers for %d s", v.metric, 100 * v.deviation,
                       v.windows * config_.fail_slow_continuity_s));
 }
@@ -2717,7 +2639,7 @@ void Job::WriteSuspectDump(const SuspectVerdict& v, const std::string& action) {
   header.deviation = v.deviation;
   header.windows = v.windows;
   header.second = fail_slow_second_;
-  header.unix_second = absl::ToUnixSeconds(absl::Now());
+  header.unix_second = absl::ToUnixSeconds(clock_->Now());
   header.action = action;
   absl::StatusOr<std::string> path =
       WriteFailSlowDump(Env::Default(), FailSlowDumpDir(config_.run_dir), header,
@@ -2740,7 +2662,7 @@ void Job::AppendAgentEvent(Event event) {
     }
     agent_events_ = *std::move(log);
   }
-  event.time = absl::Now();
+  event.time = clock_->Now();
   if (absl::Status s = agent_events_->Append(event); !s.ok()) {
     Say(absl::StrCat("cannot write the event: ", s.ToString()));
   }
@@ -2751,6 +2673,8 @@ void Job::LeaveJob() {
   (void)store_->Set(store_keys::kAgentsLeft.Key(config_.host_id), absl::StrCat(exit_code_),
                     absl::Seconds(1));
   if (server_ == nullptr) return;
+  // Real time, not clock_: the bound of a wait on the store's sockets and a real sleep, no
+  // decision.
   const absl::Time deadline = absl::Now() + 2 * config_.host_timeout + absl::Seconds(5);
   // The hosts that `family`'s keys name, or nullopt if unreadable.
   auto hosts = [&](const store_keys::KeyFamily& family) -> std::optional<std::set<std::string>> {

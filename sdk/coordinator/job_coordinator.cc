@@ -19,12 +19,13 @@
 namespace trainguard {
 
 JobCoordinator::JobCoordinator(Store* store, Clock* clock, RendezvousCoordinator* rendezvous,
-                               ReplacementPolicy* replacement_policy, FailureHistory* failures,
-                               JobCoordinatorOptions options, Hooks hooks)
+                               ReplacementPolicy* replacement_policy, RenewalPolicy* renewal_policy,
+                               FailureHistory* failures, JobCoordinatorOptions options, Hooks hooks)
     : store_(store),
       clock_(clock),
       rendezvous_(rendezvous),
       replacement_policy_(replacement_policy),
+      renewal_policy_(renewal_policy),
       failures_(failures),
       options_(std::move(options)),
       hooks_(std::move(hooks)),
@@ -142,11 +143,135 @@ bool JobCoordinator::QueueDeadMember(int rank, const std::string& member, const 
   hooks_.say(absl::StrFormat(
       "rank %d (%s) %s: replacing it%s", rank, member, how,
       delay > absl::ZeroDuration() ? absl::StrCat(" in ", absl::FormatDuration(delay)) : ""));
-  PendingReplacement dead{rank, how, now,
-                          now + delay + 2 * options_.host_timeout + absl::Seconds(10), now + delay};
+  PendingReplacement dead{rank, how, now, now + delay + options_.standby_wait, now + delay};
   dead.host = store_keys::MemberHost(member);
   replacements_.push_back(std::move(dead));
   return true;
+}
+
+void JobCoordinator::QueueRankReplacement(int rank, const std::string& how, absl::Time died,
+                                          absl::Time not_before) {
+  replacements_.push_back({rank, how, died, not_before + options_.standby_wait, not_before});
+}
+
+void JobCoordinator::TryReplacements(absl::Time now) {
+  while (!replacements_.empty()) {
+    const PendingReplacement dead = replacements_.front();
+    if (now < dead.not_before) return;  // backing off a crash loop
+    // The rendezvous coordinator's gate also refuses (Aborted) right before its first write.
+    if (!coordinating()) return;
+    const std::vector<int> ranks = dead.rank < 0 ? dead.ranks : std::vector<int>{dead.rank};
+    // A host's ranks go to the preferred standbys (one standby host's), to others only with
+    // --spread-standbys; a single rank to any parked standby when none is preferred.
+    absl::StatusOr<Membership> next = rendezvous_->ReplaceRanks(
+        ranks, hooks_.preferred_standbys(dead.host, ranks),
+        dead.rank < 0 ? options_.spread_standbys : true, options_.replace_timeout);
+    // Another coordinator acted, or this one's lease lapsed: look again.
+    if (absl::IsAborted(next.status())) {
+      (void)coordinating();  // says so if the lease lapsed
+      return;
+    }
+    if (absl::IsFailedPrecondition(next.status())) {
+      // No standby has parked yet: wait for one still starting up (or about to), until give_up.
+      if (hooks_.standby_starting() && now < dead.give_up) return;
+      return FailForLackOfStandbys(dead, next.status());
+    }
+    if (!next.ok()) {
+      return hooks_.fail(absl::StrCat(
+          "replacing ", dead.rank < 0 ? "host " + dead.host : absl::StrCat("rank ", dead.rank),
+          ": ", next.status().ToString()));
+    }
+    replacements_.pop_front();
+    if (dead.rank < 0) {
+      HostReplaced(dead, *next);
+    } else {
+      replacement_policy_->OnReplacementsMade(1);
+      // When the standby took the rank (the publication, maybe a store round trip after `now`):
+      // the start of its healthy run.
+      replacement_policy_->OnRankTaken(dead.rank, clock_->Now());
+      hooks_.rank_taken(dead.rank, next->members[dead.rank], next->generation);
+      recoveries_.push_back({dead.rank, next->generation, dead.died});
+    }
+  }
+}
+
+void JobCoordinator::HostReplaced(const PendingReplacement& dead, const Membership& next) {
+  std::vector<std::string> by;
+  for (int rank : dead.ranks) by.push_back(absl::StrCat(rank, "<-", next.members[rank]));
+  const std::string what = absl::StrFormat("generation %d: host %s's ranks taken by %s",
+                                           next.generation, dead.host, absl::StrJoin(by, ", "));
+  hooks_.say(what);
+  hooks_.record(-1, EventKind::kHostReplaced, what,
+                {{"host", dead.host}, {"ranks", absl::StrJoin(dead.ranks, ",")}});
+  replacement_policy_->OnReplacementsMade(static_cast<int>(dead.ranks.size()));
+  hooks_.say(
+      absl::StrFormat("host %s's shared memory died with it: its ranks' replacements "
+                      "restore from their backup holders' memory (peer backups), else the "
+                      "newest durable checkpoint on disk, else the survivors' state",
+                      dead.host));
+  recoveries_.push_back({-1, next.generation, dead.died, dead.host});
+}
+
+void JobCoordinator::FailForLackOfStandbys(const PendingReplacement& dead,
+                                           const absl::Status& refused) {
+  // The standbys' own deaths, when there were any, are why none is parked.
+  std::string why = std::string(refused.message());
+  if (replacement_policy_->standby_deaths() > 0) {
+    why = absl::StrFormat("standbys died %d times while parked (last: %s)",
+                          replacement_policy_->standby_deaths(),
+                          replacement_policy_->standby_last_death());
+  }
+  if (dead.rank < 0) {
+    return hooks_.fail(absl::StrFormat(
+        "host %s died (%s) and no standby host has %d parked standbys%s: %s", dead.host, dead.how,
+        dead.ranks.size(),
+        options_.spread_standbys ? " (nor all hosts together)" : " (see --spread-standbys)", why));
+  }
+  hooks_.fail(absl::StrFormat("rank %d died (%s) and no standby is available: %s", dead.rank,
+                              dead.how, why));
+}
+
+void JobCoordinator::RenewGenerationWhenAsked(RenewalHolds holds) {
+  RenewalObservations observed;
+  observed.world_size = world_size_;
+  observed.death_pending = !replacements_.empty();
+  observed.hang_pending = holds.hang_pending;
+  observed.killed_rank_unreaped = holds.killed_rank_unreaped;
+  RenewalPolicy::Action action = renewal_policy_->Decide(observed, clock_->Now());
+  if (!std::holds_alternative<RenewalPolicy::ReadRequests>(action)) return;
+  observed.generation = rendezvous_->generation();
+  absl::StatusOr<std::map<int, std::string>> asked =
+      rendezvous_->NewGenerationRequests(options_.replace_timeout);
+  if (!asked.ok() || asked->empty()) return;  // the store briefly unreachable: look again next time
+  // The lease's gate, right before the decision acts.
+  if (!coordinating()) return;
+  observed.requests = *std::move(asked);
+  // Decided when the requests were read (the read may have waited on the store).
+  action = renewal_policy_->Decide(observed, clock_->Now());
+  if (const auto* wait = std::get_if<RenewalPolicy::Wait>(&action)) {
+    if (!wait->first_ask.empty()) hooks_.say(wait->first_ask);
+    return;
+  }
+  if (const auto* restart = std::get_if<RenewalPolicy::RestartAll>(&action)) {
+    return hooks_.request_restart(restart->why);
+  }
+  const auto* renew = std::get_if<RenewalPolicy::Renew>(&action);
+  if (renew == nullptr) return;
+  if (!renew->first_ask.empty()) hooks_.say(renew->first_ask);
+  absl::StatusOr<Membership> next = rendezvous_->RenewGeneration(options_.replace_timeout);
+  if (!next.ok()) {
+    if (!coordinating()) return;  // refused by the gate: "no longer coordinating" says why
+    hooks_.say(
+        absl::StrCat("renewing generation ", observed.generation, ": ", next.status().ToString()));
+    return;  // tried again next time
+  }
+  const std::string asked_by = absl::StrJoin(renew->asked_by, ",");
+  hooks_.say(absl::StrFormat("generation %d renewed with the same ranks (asked by %s)",
+                             next->generation, asked_by));
+  hooks_.record(-1, EventKind::kGenerationRenewed,
+                absl::StrFormat("generation %d renewed with the same ranks", next->generation),
+                {{"asked_by", asked_by}});
+  recoveries_.push_back({-1, next->generation, renew->first_asked});
 }
 
 void JobCoordinator::DeclareHostDead(const std::string& host, absl::Time last_beat,

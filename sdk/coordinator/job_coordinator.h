@@ -1,15 +1,20 @@
-// JobCoordinator: the coordinator of a multi-host `trainguard run` job, the duties of whichever
-// host agent holds the coordinator lease. So far its host-level duties: which hosts are in the job
-// and alive (their agents' heartbeats, judged by HostLiveness), the fence of a host found silent
-// (agents/dead/<host>) and the replacement of its ranks in one entry, the ranks' deaths that the
-// agents report (agents/deaths/<member>, each member once, its cause kept in the FailureHistory),
-// and the word that every rank finished (job/done, once).
+// JobCoordinator: the coordinator of a `trainguard run` job, the duties of whichever host agent
+// holds the coordinator lease (on one host, of the launcher). Its host-level duties: which hosts
+// are in the job and alive (their agents' heartbeats, judged by HostLiveness), the fence of a host
+// found silent (agents/dead/<host>) and the replacement of its ranks in one entry, the ranks'
+// deaths that the agents report (agents/deaths/<member>, each member once, its cause kept in the
+// FailureHistory), and the word that every rank finished (job/done, once). Its rank-level duty:
+// the replacements, the queue of dead ranks and hosts (replacements()) given to parked standbys
+// through the RendezvousCoordinator (TryReplacements: the crash-loop backoff, the wait for a
+// standby still starting, the message that fails the job when none comes), the renewal of a
+// generation whose ranks asked for one (RenewGenerationWhenAsked, as RenewalPolicy decides), and
+// the recoveries both start (recoveries(), whose end the launcher measures).
 //
-// What it decides, the launcher carries out: it queues the ranks and hosts to give to standbys
-// (replacements(), consumed by the launcher's TryReplacements through the RendezvousCoordinator),
-// and hands what it cannot do itself to the hooks: failing the job, starting a restart round
-// (--restart-all on several hosts), printing a line, recording an event. The launcher still owns
-// the processes, the rendezvous coordinator, the replacements, the hangs and the renewals.
+// What it cannot do itself it hands to the hooks: failing the job, starting a restart round
+// (--restart-all on several hosts), printing a line, recording an event, choosing the standbys a
+// host's ranks go to (the backup placement), knowing whether a standby is starting, carrying out
+// a rank's takeover where the process is the launcher's own, restarting every rank. The launcher
+// still owns the processes, the rendezvous coordinator and the hangs.
 //
 // Every act that writes to the store or says what it decided checks the gate (the coordinator
 // lease, Hooks::coordinating) right before it: a deposed coordinator writes nothing. Every instant
@@ -28,9 +33,11 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "sdk/agent/failure_history.h"
 #include "sdk/agent/host_liveness.h"
+#include "sdk/agent/renewal_policy.h"
 #include "sdk/agent/replacement_policy.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "trainguard/clock.h"
@@ -39,7 +46,7 @@
 
 namespace trainguard {
 
-// A rank, or a whole host's ranks, to give to parked standbys (the launcher's TryReplacements).
+// A rank, or a whole host's ranks, to give to parked standbys (JobCoordinator::TryReplacements).
 struct PendingReplacement {
   int rank;  // -1: a whole host (ranks)
   std::string how;
@@ -50,6 +57,23 @@ struct PendingReplacement {
   std::string host = {};
 };
 
+// A recovery under way: from its fault until every rank completed its first step of `generation`
+// (the launcher's CheckRecoveries says how long that took, and a later fault's newer generation
+// extends it).
+struct Recovery {
+  int rank;  // the rank replaced; -1: a renewal, a restart, or a host's ranks (host)
+  int64_t generation;
+  absl::Time died;        // the death seen; a host's last heartbeat; a renewal's first request
+  std::string host = {};  // a dead host whose ranks were all replaced
+};
+
+// What the launcher knows that holds a renewal back (besides a queued replacement, which the
+// coordinator knows): its death, or the hang's diagnosis, answers the ranks' requests first.
+struct RenewalHolds {
+  bool hang_pending = false;          // a declared hang is being decided
+  bool killed_rank_unreaped = false;  // a rank killed for liveness still runs: its death is next
+};
+
 struct JobCoordinatorOptions {
   std::string host_id;  // this agent's host: alive while it coordinates, never declared dead
   // --host-timeout: a host whose heartbeat stood still this long is dead.
@@ -58,6 +82,17 @@ struct JobCoordinatorOptions {
   absl::Duration call_timeout = absl::Milliseconds(750);
   int max_replacements = 10;  // --max-replacements, for the message that fails the job
   bool restart_all = false;   // --restart-all: a death starts a restart round, nothing is replaced
+  // How long a queued replacement waits past its not_before for a standby still starting
+  // (Hooks::standby_starting) when none is parked, before the job fails: on one host the
+  // rendezvous timeout; on several, long enough for a standby host's agent to join and park its
+  // standbys (the launcher passes 2 x host_timeout + 10 s).
+  absl::Duration standby_wait = absl::Seconds(16);
+  // --spread-standbys: a dead host's ranks may go to standbys of several hosts, not only to one
+  // standby host's.
+  bool spread_standbys = false;
+  // How long one replacement or renewal (the store calls that read the requests, claim the
+  // standbys and publish the generation) may take.
+  absl::Duration replace_timeout = absl::Seconds(10);
 };
 
 class JobCoordinator {
@@ -77,16 +112,33 @@ class JobCoordinator {
     // its group rank to a standby host; `since`: when the fault began (InfinitePast: now).
     std::function<void(const std::string& why, const std::string& dead_host, absl::Time since)>
         restart_round;
+    // The parked standbys that `ranks` of `dead_host` go to first, in order (the launcher's choice
+    // away from the hosts that hold their backups); empty: any parked standby.
+    std::function<std::vector<std::string>(const std::string& dead_host,
+                                           const std::vector<int>& ranks)>
+        preferred_standbys;
+    // Whether a standby is starting (or about to): a replacement that finds none parked waits for
+    // it until its give_up.
+    std::function<bool()> standby_starting;
+    // `member` took `rank` in `generation`: where the member is the launcher's own process (one
+    // host) it relabels it and starts another standby; on several hosts the member's own agent
+    // relabels it and the coordinator only says so.
+    std::function<void(int rank, const std::string& member, int64_t generation)> rank_taken;
+    // --restart-all: restart every rank for `why` (the ranks asked for a new generation), at the
+    // launcher's next turn (one host: RestartAll; several: a restart round).
+    std::function<void(const std::string& why)> request_restart;
   };
 
-  // REQUIRES: `store`, `clock`, `rendezvous` (see set_rendezvous), `replacement_policy` and
-  // `failures` outlive the coordinator; every hook is set. `store` is the job's (the agents');
-  // `rendezvous` publishes the generations (the membership whose ranks a dead host held);
-  // `replacement_policy` counts a rank's deaths against --max-replacements and the crash-loop
-  // backoff; `failures` is the job's history of deaths, for the message that fails it.
+  // REQUIRES: `store`, `clock`, `rendezvous` (see set_rendezvous), `replacement_policy`,
+  // `renewal_policy` and `failures` outlive the coordinator; every hook is set. `store` is the
+  // job's (the agents'); `rendezvous` publishes the generations (the membership whose ranks a dead
+  // host held); `replacement_policy` counts a rank's deaths against --max-replacements and the
+  // crash-loop backoff; `renewal_policy` decides when the ranks' requests renew the generation (its
+  // owner resets it for a restart); `failures` is the job's history of deaths, for the message
+  // that fails it.
   JobCoordinator(Store* store, Clock* clock, RendezvousCoordinator* rendezvous,
-                 ReplacementPolicy* replacement_policy, FailureHistory* failures,
-                 JobCoordinatorOptions options, Hooks hooks);
+                 ReplacementPolicy* replacement_policy, RenewalPolicy* renewal_policy,
+                 FailureHistory* failures, JobCoordinatorOptions options, Hooks hooks);
   JobCoordinator(const JobCoordinator&) = delete;
   JobCoordinator& operator=(const JobCoordinator&) = delete;
 
@@ -117,8 +169,33 @@ class JobCoordinator {
   // This agent took the lease over: the hosts' bounds start afresh (HostLiveness), no death report
   // counts as taken, and the hosts dead are those the store names (agents/dead/).
   void TakeOver(absl::Duration timeout);
-  // This agent lost the lease: what it queued is its successor's to decide again.
-  void Depose() { replacements_.clear(); }
+  // Gives the queued ranks and hosts, oldest first, to parked standbys as of `now`, each entry in
+  // one generation (a host's ranks together, to the standbys Hooks::preferred_standbys names
+  // first). It stops at an entry whose not_before (the crash-loop backoff) is after `now`, at an
+  // entry that finds no standby parked while one is starting (Hooks::standby_starting) before its
+  // give_up, and when the gate is closed or the rendezvous coordinator refuses (another coordinator
+  // acted): those stay queued. An entry that finds no standby and none coming fails the job,
+  // naming the death and why no standby came. A replacement made is counted (ReplacementPolicy),
+  // said, recorded or handed to Hooks::rank_taken, and its recovery kept (recoveries()).
+  void TryReplacements(absl::Time now);
+  // Answers the ranks' requests for a new generation (RendezvousMember::RequestNewGeneration) as
+  // the RenewalPolicy decides at the clock's instants: nothing while a replacement is queued or
+  // `holds` holds; the current generation's requests read, then a wait (the first request said
+  // once), a renewal with the same ranks (said, a generation_renewed event, a recovery from the
+  // first request), or under --restart-all Hooks::request_restart. A renewal the store refuses is
+  // said and tried again at the next call; nothing is written or said once the gate is closed.
+  void RenewGenerationWhenAsked(RenewalHolds holds);
+
+  // Queues `rank` (one host: its death decided by the launcher's ReplacementPolicy) to be replaced
+  // not before `not_before`, waiting for a standby until standby_wait past it.
+  void QueueRankReplacement(int rank, const std::string& how, absl::Time died,
+                            absl::Time not_before);
+
+  // This agent lost the lease: what it queued, and the recoveries it measured, are its successor's.
+  void Depose() {
+    replacements_.clear();
+    recoveries_.clear();
+  }
 
   // What the launcher reads of the job's shape: its world size (0: no plan yet) and its restart
   // round (--restart-all; 0: the job's first start). Set them as they change.
@@ -129,9 +206,11 @@ class JobCoordinator {
   // REQUIRES: `rendezvous` outlives the coordinator, or the next set_rendezvous.
   void set_rendezvous(RendezvousCoordinator* rendezvous) { rendezvous_ = rendezvous; }
 
-  // The ranks and hosts to replace, oldest first. The launcher pops what it replaced, and queues a
-  // single host's deaths here too.
+  // The ranks and hosts to replace, oldest first (TryReplacements consumes them).
   std::deque<PendingReplacement>& replacements() { return replacements_; }
+  // The recoveries under way: the replacements made, and the renewals and restarts the launcher
+  // adds; the launcher removes each once every rank resumed (CheckRecoveries).
+  std::vector<Recovery>& recoveries() { return recoveries_; }
   // The hosts declared dead (fenced), by this coordinator or, before a takeover, by the previous.
   const std::set<std::string>& dead_hosts() const { return dead_hosts_; }
   // Whether `member`'s death was taken (reported, or its host declared dead).
@@ -144,11 +223,16 @@ class JobCoordinator {
 
  private:
   bool coordinating() { return hooks_.coordinating(); }
+  // TryReplacements' ends: a dead host's ranks all taken in `next`; no standby for `dead` and none
+  // coming (`refused`: the rendezvous coordinator's answer).
+  void HostReplaced(const PendingReplacement& dead, const Membership& next);
+  void FailForLackOfStandbys(const PendingReplacement& dead, const absl::Status& refused);
 
   Store* const store_;
   Clock* const clock_;
   RendezvousCoordinator* rendezvous_;
   ReplacementPolicy* const replacement_policy_;
+  RenewalPolicy* const renewal_policy_;
   FailureHistory* const failures_;
   const JobCoordinatorOptions options_;
   const Hooks hooks_;
@@ -160,6 +244,7 @@ class JobCoordinator {
   std::set<std::string> handled_deaths_;  // member ids whose death was taken
   bool done_published_ = false;
   std::deque<PendingReplacement> replacements_;
+  std::vector<Recovery> recoveries_;
 };
 
 }  // namespace trainguard

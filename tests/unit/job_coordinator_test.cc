@@ -1,7 +1,9 @@
-// JobCoordinator (sdk/coordinator/job_coordinator.h): the host duties of a multi-host job's
-// coordinator, on an in-memory store at instants a ManualClock sets: no processes, no sleeps. The
-// agents' side (joins, heartbeats, death reports, finished ranks, leaving) is written into the
-// store with agent_keys.h's codecs, as the agents write it.
+// JobCoordinator (sdk/coordinator/job_coordinator.h): the host duties and the replacements of a
+// multi-host job's coordinator, on an in-memory store at instants a ManualClock sets, with a real
+// RendezvousCoordinator on that store: no processes, no sleeps. The agents' side (joins,
+// heartbeats, death reports, finished ranks, leaving) is written into the store with agent_keys.h's
+// codecs, as the agents write it; the ranks and standbys register and park as their
+// RendezvousMember does.
 #include "sdk/coordinator/job_coordinator.h"
 
 #include <algorithm>
@@ -20,10 +22,12 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sdk/agent/failure_history.h"
+#include "sdk/agent/renewal_policy.h"
 #include "sdk/agent/replacement_policy.h"
 #include "sdk/core/agent_keys.h"
 #include "sdk/core/store_keys.h"
 #include "sdk/rendezvous/rendezvous.h"
+#include "tools/launcher.h"
 #include "trainguard/clock.h"
 #include "trainguard/events.h"
 #include "trainguard/membership.h"
@@ -40,6 +44,8 @@ constexpr absl::Duration kHostTimeout = absl::Seconds(3);
 constexpr absl::Duration kTick = absl::Milliseconds(250);  // host timeout / 12: the agents' loop
 constexpr absl::Duration kNanosecond = absl::Nanoseconds(1);
 constexpr absl::Duration kCall = absl::Seconds(1);
+constexpr absl::Duration kBackoff = absl::Seconds(1);       // --restart-backoff
+constexpr absl::Duration kStandbyWait = absl::Seconds(16);  // 2 x host timeout + 10 s
 
 std::string Member(const std::string& host, int64_t pid, int rank, int64_t round = 0) {
   return store_keys::EncodeMemberId({host, pid, round, store_keys::MemberId::Role::kRank, rank});
@@ -63,6 +69,11 @@ class JobCoordinatorTest : public ::testing::Test {
     std::string dead_host;
     absl::Time since;
   };
+  struct Taken {
+    int rank;
+    std::string member;
+    int64_t generation;
+  };
 
   void SetUp() override {
     Join("h0", 1, /*standby=*/false);
@@ -82,18 +93,29 @@ class JobCoordinatorTest : public ::testing::Test {
       ASSERT_TRUE(store_.Set(store_keys::RdzvJoin(r), members[r], kCall).ok());
     }
     ASSERT_TRUE(rendezvous_.FormInitialGeneration(4, kCall).ok());
-    ASSERT_TRUE(store_.Set(store_keys::RdzvStandby(Standby("h2", 300, 0)), "parked", kCall).ok());
+    Park(Standby("h2", 300, 0));
     Start(/*restart_all=*/false);
     BeatAll();
   }
 
-  void Start(bool restart_all) {
+  void Start(bool restart_all, int max_replacements = 10) {
+    ReplacementPolicyOptions policy;
+    policy.max_replacements = max_replacements;
+    policy.restart_backoff = kBackoff;
+    policy_.emplace(policy);
+    RenewalPolicyOptions renewal;
+    renewal.multi_host = true;
+    renewal.host_timeout = kHostTimeout;
+    renewal.restart_all = restart_all;
+    renewal_.emplace(renewal);
     JobCoordinatorOptions options;
     options.host_id = "h0";
     options.host_timeout = kHostTimeout;
     options.call_timeout = kCall;
-    options.max_replacements = 10;
+    options.max_replacements = max_replacements;
     options.restart_all = restart_all;
+    options.standby_wait = kStandbyWait;
+    options.replace_timeout = kCall;
     JobCoordinator::Hooks hooks;
     hooks.coordinating = [this] {
       if (gate_opens_ == 0) return false;
@@ -110,8 +132,21 @@ class JobCoordinatorTest : public ::testing::Test {
                                  absl::Time since) {
       restarts_.push_back({why, dead_host, since});
     };
-    coordinator_ = std::make_unique<JobCoordinator>(&store_, &clock_, &rendezvous_, &policy_,
-                                                    &failures_, options, std::move(hooks));
+    // The launcher's choice (Job::PreferredStandbys), without peer backups to keep away from.
+    hooks.preferred_standbys = [this](const std::string& dead_host, const std::vector<int>& ranks) {
+      absl::StatusOr<std::vector<std::string>> parked = rendezvous_.ParkedStandbys(kCall);
+      if (!parked.ok()) return std::vector<std::string>{};
+      return tools::ChooseStandbys(*parked, coordinator_->dead_hosts(), dead_host, ranks.size(),
+                                   /*unsafe_hosts=*/{});
+    };
+    hooks.standby_starting = [this] { return standby_starting_; };
+    hooks.rank_taken = [this](int rank, const std::string& member, int64_t generation) {
+      taken_.push_back({rank, member, generation});
+    };
+    hooks.request_restart = [this](const std::string& why) { restarts_.push_back({why, "", {}}); };
+    coordinator_ =
+        std::make_unique<JobCoordinator>(&store_, &clock_, &rendezvous_, &*policy_, &*renewal_,
+                                         &failures_, options, std::move(hooks));
     coordinator_->set_world_size(4);
   }
 
@@ -140,6 +175,17 @@ class JobCoordinatorTest : public ::testing::Test {
   }
   void Finish(int rank, const std::string& member) {
     ASSERT_TRUE(store_.Set(store_keys::AgentFinished(0, rank), member, kCall).ok());
+  }
+  // A standby parks, as RendezvousMember::ParkAsStandby registers it.
+  void Park(const std::string& member) {
+    ASSERT_TRUE(store_.Set(store_keys::RdzvStandby(member), "parked", kCall).ok());
+  }
+  // Rank `rank` of the current generation asks for a new one, as RequestNewGeneration writes it.
+  void Ask(int rank, const std::string& why) {
+    ASSERT_TRUE(store_
+                    .Set(absl::StrCat(store_keys::RdzvRenewPrefix(rendezvous_.generation()), rank),
+                         why, kCall)
+                    .ok());
   }
   void Leave(const std::string& host) {
     ASSERT_TRUE(store_.Set(store_keys::kAgentsLeft.Key(host), "0", kCall).ok());
@@ -170,7 +216,8 @@ class JobCoordinatorTest : public ::testing::Test {
   InMemoryStore store_;
   ManualClock clock_{absl::UnixEpoch()};
   RendezvousCoordinator rendezvous_{&store_, &clock_, "h0"};
-  ReplacementPolicy policy_{ReplacementPolicyOptions{}};
+  std::optional<ReplacementPolicy> policy_;
+  std::optional<RenewalPolicy> renewal_;
   FailureHistory failures_;
   std::unique_ptr<JobCoordinator> coordinator_;
   std::map<std::string, int64_t> beats_;
@@ -179,6 +226,8 @@ class JobCoordinatorTest : public ::testing::Test {
   std::vector<Recorded> recorded_;
   std::vector<std::string> failed_;
   std::vector<RestartRequest> restarts_;
+  bool standby_starting_ = false;
+  std::vector<Taken> taken_;
 };
 
 TEST_F(JobCoordinatorTest, AHostSilentForExactlyTheHostTimeoutIsDeclaredDeadAndNotOneNsBefore) {
@@ -239,7 +288,7 @@ TEST_F(JobCoordinatorTest, ADeathReportIsTakenOnceAndItsCauseRecorded) {
   ASSERT_TRUE(failures_.first().has_value());
   EXPECT_EQ(failures_.first()->who, "rank 2 (h1:200:rank2)");
   EXPECT_EQ(failures_.first()->cause, "RuntimeError: CUDA error: illegal memory access");
-  EXPECT_EQ(policy_.history(2).deaths, 1);
+  EXPECT_EQ(policy_->history(2).deaths, 1);
   EXPECT_TRUE(coordinator_->DeathTaken(member));
 }
 
@@ -401,6 +450,264 @@ TEST_F(JobCoordinatorTest, WithRestartAllARanksDeathOfThisRoundRestartsAndOneOfA
   EXPECT_EQ(failures_.deaths(), 2);  // both recorded, once each
   coordinator_->CoordinateHosts();
   EXPECT_EQ(restarts_.size(), 1u);
+}
+
+// ---- Replacements (TryReplacements) ----
+
+TEST_F(JobCoordinatorTest, ACrashLoopBacksOffAndEndsAtMaxReplacementsNamingTheDeaths) {
+  Start(/*restart_all=*/false, /*max_replacements=*/2);
+  // Rank 2's first death: replaced at once, by the standby host's standby.
+  ReportDeath(Member("h1", 200, 2), 2, "exited with status 1", "RuntimeError: bad input batch");
+  coordinator_->CoordinateHosts();
+  coordinator_->TryReplacements(clock_.Now());
+  EXPECT_EQ(rendezvous_.generation(), 1);
+  ASSERT_EQ(taken_.size(), 1u);
+  EXPECT_EQ(taken_[0].rank, 2);
+  EXPECT_EQ(taken_[0].member, Standby("h2", 300, 0));
+  EXPECT_EQ(taken_[0].generation, 1);
+  EXPECT_THAT(coordinator_->replacements(), IsEmpty());
+
+  // Its replacement dies 1 s after taking the rank (h2's agent parked another standby meanwhile):
+  // the second death in a row within the healthy run waits out the backoff.
+  Park(Standby("h2", 300, 1));
+  clock_.Advance(absl::Seconds(1));
+  ReportDeath(Standby("h2", 300, 0), 2, "exited with status 1", "RuntimeError: bad input batch");
+  coordinator_->CoordinateHosts();
+  EXPECT_EQ(Said("rank 2 (h2:300:standby0) exited with status 1: replacing it in 1s"), 1);
+  const absl::Time not_before = clock_.Now() + kBackoff;
+  ASSERT_EQ(coordinator_->replacements().size(), 1u);
+  EXPECT_EQ(coordinator_->replacements().front().not_before, not_before);
+  AdvanceTo(not_before - kNanosecond - absl::UnixEpoch());
+  coordinator_->TryReplacements(clock_.Now());
+  EXPECT_EQ(rendezvous_.generation(), 1);
+  EXPECT_EQ(Value(store_keys::RdzvStandby(Standby("h2", 300, 1))), "parked");
+  EXPECT_EQ(coordinator_->replacements().size(), 1u);
+
+  AdvanceTo(not_before - absl::UnixEpoch());
+  coordinator_->TryReplacements(clock_.Now());
+  EXPECT_EQ(rendezvous_.generation(), 2);
+  EXPECT_EQ(rendezvous_.current().members[2], Standby("h2", 300, 1));
+  EXPECT_EQ(policy_->replacements(), 2);
+
+  // The third death in a row: --max-replacements=2 spent, the job fails, naming the rank's deaths
+  // and the first one's cause.
+  Park(Standby("h2", 300, 2));
+  clock_.Advance(absl::Seconds(1));
+  ReportDeath(Standby("h2", 300, 1), 2, "killed by signal 9 (Killed)", "");
+  coordinator_->CoordinateHosts();
+  ASSERT_EQ(failed_.size(), 1u);
+  EXPECT_EQ(failed_[0],
+            "rank 2 died 3 time(s) (last: killed by signal 9 (Killed)); --max-replacements=2 "
+            "reached");
+  EXPECT_EQ(failures_.FinalMessage(failed_[0]),
+            "rank 2 died 3 time(s) (last: killed by signal 9 (Killed)); --max-replacements=2 "
+            "reached; first failure: rank 2 (h1:200:rank2) exited with status 1: RuntimeError: "
+            "bad input batch");
+  EXPECT_THAT(coordinator_->replacements(), IsEmpty());
+  coordinator_->TryReplacements(clock_.Now());
+  EXPECT_EQ(rendezvous_.generation(), 2);
+  EXPECT_EQ(taken_.size(), 2u);
+  // Each replacement's recovery runs from its death.
+  ASSERT_EQ(coordinator_->recoveries().size(), 2u);
+  EXPECT_EQ(coordinator_->recoveries()[0].generation, 1);
+  EXPECT_EQ(coordinator_->recoveries()[0].died, absl::UnixEpoch());
+  EXPECT_EQ(coordinator_->recoveries()[1].generation, 2);
+  EXPECT_EQ(coordinator_->recoveries()[1].died, absl::UnixEpoch() + absl::Seconds(1));
+}
+
+TEST_F(JobCoordinatorTest, ADeadHostsRanksAreAllTakenByOneStandbyHostsStandbysInOneGeneration) {
+  // Two standby hosts: h3 parks one standby, h2 two (enough for h1's ranks).
+  Join("h3", 4, /*standby=*/true);
+  Park(Standby("h2", 300, 1));
+  Park(Standby("h3", 400, 0));
+  coordinator_->CoordinateHosts();
+  RunUntil(kHostTimeout, {"h0", "h2", "h3"});
+  ASSERT_EQ(coordinator_->replacements().size(), 1u);
+  coordinator_->TryReplacements(clock_.Now());
+
+  EXPECT_EQ(rendezvous_.generation(), 1);
+  EXPECT_THAT(rendezvous_.current().members,
+              ElementsAre(Member("h0", 100, 0), Member("h0", 100, 1), Standby("h2", 300, 0),
+                          Standby("h2", 300, 1)));
+  EXPECT_EQ(Value(store_keys::RdzvStandby(Standby("h3", 400, 0))), "parked");
+  EXPECT_THAT(coordinator_->replacements(), IsEmpty());
+  const std::string taken =
+      "generation 1: host h1's ranks taken by 2<-h2:300:standby0, 3<-h2:300:standby1";
+  EXPECT_EQ(Said(taken), 1);
+  ASSERT_EQ(recorded_.size(), 2u);  // host_lost, then host_replaced
+  EXPECT_EQ(recorded_[1].kind, EventKind::kHostReplaced);
+  EXPECT_EQ(recorded_[1].message, taken);
+  EXPECT_THAT(recorded_[1].attributes, ElementsAre(Pair("host", "h1"), Pair("ranks", "2,3")));
+  EXPECT_EQ(policy_->replacements(), 2);
+  EXPECT_THAT(taken_, IsEmpty());  // the standbys' own agent relabels them
+  // The recovery runs from the host's last heartbeat.
+  ASSERT_EQ(coordinator_->recoveries().size(), 1u);
+  EXPECT_EQ(coordinator_->recoveries()[0].rank, -1);
+  EXPECT_EQ(coordinator_->recoveries()[0].generation, 1);
+  EXPECT_EQ(coordinator_->recoveries()[0].died, absl::UnixEpoch());
+  EXPECT_EQ(coordinator_->recoveries()[0].host, "h1");
+  EXPECT_THAT(failed_, IsEmpty());
+}
+
+TEST_F(JobCoordinatorTest,
+       WithNoStandbyParkedAndOneStartingItWaitsUntilGiveUpThenFailsNamingTheCause) {
+  ASSERT_TRUE(rendezvous_.ForgetStandby(Standby("h2", 300, 0), kCall).ok());
+  standby_starting_ = true;  // h2's agent is starting another one
+  ReportDeath(Member("h1", 200, 2), 2, "exited with status 1", "RuntimeError: CUDA out of memory");
+  coordinator_->CoordinateHosts();
+  ASSERT_EQ(coordinator_->replacements().size(), 1u);
+  const absl::Time give_up = clock_.Now() + kStandbyWait;
+  EXPECT_EQ(coordinator_->replacements().front().give_up, give_up);
+
+  coordinator_->TryReplacements(clock_.Now());
+  AdvanceTo(give_up - kNanosecond - absl::UnixEpoch());
+  coordinator_->TryReplacements(clock_.Now());
+  EXPECT_THAT(failed_, IsEmpty());
+  EXPECT_EQ(coordinator_->replacements().size(), 1u);
+  EXPECT_EQ(rendezvous_.generation(), 0);
+
+  AdvanceTo(give_up - absl::UnixEpoch());
+  coordinator_->TryReplacements(clock_.Now());
+  ASSERT_EQ(failed_.size(), 1u);
+  EXPECT_EQ(failed_[0],
+            "rank 2 died (exited with status 1) and no standby is available: no standby is parked "
+            "to replace rank 2 of generation 0");
+  EXPECT_EQ(failures_.FinalMessage(failed_[0]),
+            absl::StrCat(failed_[0],
+                         "; first failure: rank 2 (h1:200:rank2) exited with status 1: "
+                         "RuntimeError: CUDA out of memory"));
+  EXPECT_EQ(rendezvous_.generation(), 0);
+}
+
+TEST_F(JobCoordinatorTest, WithNoStandbyParkedAndNoneStartingTheJobFailsAtOnce) {
+  ASSERT_TRUE(rendezvous_.ForgetStandby(Standby("h2", 300, 0), kCall).ok());
+  ReportDeath(Member("h1", 200, 3), 3, "killed by signal 9 (Killed)", "");
+  coordinator_->CoordinateHosts();
+  coordinator_->TryReplacements(clock_.Now());
+  EXPECT_THAT(failed_, ElementsAre("rank 3 died (killed by signal 9 (Killed)) and no standby is "
+                                   "available: no standby is parked to replace rank 3 of "
+                                   "generation 0"));
+}
+
+TEST_F(JobCoordinatorTest, AStandbyThatParksBeforeGiveUpTakesTheRank) {
+  ASSERT_TRUE(rendezvous_.ForgetStandby(Standby("h2", 300, 0), kCall).ok());
+  standby_starting_ = true;
+  ReportDeath(Member("h1", 200, 2), 2, "exited with status 1", "");
+  coordinator_->CoordinateHosts();
+  coordinator_->TryReplacements(clock_.Now());
+  AdvanceTo(kStandbyWait - kNanosecond);
+  Park(Standby("h2", 300, 1));
+  coordinator_->TryReplacements(clock_.Now());
+  EXPECT_THAT(failed_, IsEmpty());
+  EXPECT_EQ(rendezvous_.generation(), 1);
+  EXPECT_EQ(rendezvous_.current().members[2], Standby("h2", 300, 1));
+}
+
+TEST_F(JobCoordinatorTest, ADeposedCoordinatorReplacesNothing) {
+  ReportDeath(Member("h1", 200, 2), 2, "exited with status 1", "");
+  coordinator_->CoordinateHosts();
+  ASSERT_EQ(coordinator_->replacements().size(), 1u);
+  const size_t said = said_.size();
+
+  gate_opens_ = 0;
+  coordinator_->TryReplacements(clock_.Now());
+  EXPECT_EQ(rendezvous_.generation(), 0);
+  EXPECT_EQ(Value(store_keys::RdzvStandby(Standby("h2", 300, 0))), "parked");
+  EXPECT_EQ(coordinator_->replacements().size(), 1u);  // still its to act on if the lease renews
+  EXPECT_EQ(said_.size(), said);
+  EXPECT_THAT(taken_, IsEmpty());
+  EXPECT_THAT(failed_, IsEmpty());
+  EXPECT_EQ(policy_->replacements(), 0);
+
+  // Deposed for good: its queue is its successor's to decide again.
+  coordinator_->Depose();
+  gate_opens_ = std::numeric_limits<int>::max();
+  coordinator_->TryReplacements(clock_.Now());
+  EXPECT_EQ(rendezvous_.generation(), 0);
+  EXPECT_THAT(coordinator_->replacements(), IsEmpty());
+  EXPECT_THAT(coordinator_->recoveries(), IsEmpty());
+}
+
+// ---- Renewals (RenewGenerationWhenAsked) ----
+
+constexpr char kReset[] = "gloo: connection reset by peer";
+
+TEST_F(JobCoordinatorTest, AGenerationIsRenewedWhenEveryRankAskedAndNotBefore) {
+  for (int rank : {1, 2, 3}) Ask(rank, kReset);
+  coordinator_->RenewGenerationWhenAsked({});
+  EXPECT_THAT(said_, ElementsAre(absl::StrCat("rank 1 asks for a new generation: ", kReset)));
+  clock_.Advance(absl::Seconds(1));
+  coordinator_->RenewGenerationWhenAsked({});
+  EXPECT_EQ(rendezvous_.generation(), 0);
+  EXPECT_THAT(recorded_, IsEmpty());
+
+  Ask(0, kReset);  // the last one
+  coordinator_->RenewGenerationWhenAsked({});
+  EXPECT_EQ(rendezvous_.generation(), 1);
+  EXPECT_THAT(rendezvous_.current().members,
+              ElementsAre(Member("h0", 100, 0), Member("h0", 100, 1), Member("h1", 200, 2),
+                          Member("h1", 200, 3)));
+  EXPECT_EQ(Said("generation 1 renewed with the same ranks (asked by 0,1,2,3)"), 1);
+  ASSERT_EQ(recorded_.size(), 1u);
+  EXPECT_EQ(recorded_[0].kind, EventKind::kGenerationRenewed);
+  EXPECT_THAT(recorded_[0].attributes, ElementsAre(Pair("asked_by", "0,1,2,3")));
+  // The recovery runs from the first request.
+  ASSERT_EQ(coordinator_->recoveries().size(), 1u);
+  EXPECT_EQ(coordinator_->recoveries()[0].rank, -1);
+  EXPECT_EQ(coordinator_->recoveries()[0].generation, 1);
+  EXPECT_EQ(coordinator_->recoveries()[0].died, absl::UnixEpoch());
+
+  // Generation 1's ranks have asked for nothing yet.
+  coordinator_->RenewGenerationWhenAsked({});
+  EXPECT_EQ(rendezvous_.generation(), 1);
+}
+
+TEST_F(JobCoordinatorTest, WithoutEveryRankTheGenerationIsRenewedExactlyTheGraceAfterTheFirstAsk) {
+  for (int rank : {1, 2, 3}) Ask(rank, kReset);
+  coordinator_->RenewGenerationWhenAsked({});
+  const absl::Duration grace = kHostTimeout + absl::Seconds(1);  // several hosts
+  AdvanceTo(grace - kNanosecond);
+  coordinator_->RenewGenerationWhenAsked({});
+  EXPECT_EQ(rendezvous_.generation(), 0);
+
+  AdvanceTo(grace);
+  coordinator_->RenewGenerationWhenAsked({});
+  EXPECT_EQ(rendezvous_.generation(), 1);
+  EXPECT_EQ(Said("generation 1 renewed with the same ranks (asked by 1,2,3)"), 1);
+}
+
+TEST_F(JobCoordinatorTest, NoRenewalWhileAReplacementIsQueuedAHangIsDecidedOrAKilledRankRuns) {
+  for (int rank : {0, 1, 2, 3}) Ask(rank, kReset);
+  coordinator_->RenewGenerationWhenAsked({.hang_pending = true});
+  coordinator_->RenewGenerationWhenAsked({.killed_rank_unreaped = true});
+  EXPECT_EQ(rendezvous_.generation(), 0);
+  EXPECT_THAT(said_, IsEmpty());  // not even seen
+
+  ReportDeath(Member("h1", 200, 2), 2, "killed by signal 9 (Killed)", "");
+  coordinator_->CoordinateHosts();  // rank 2 queued: its replacement answers the requests
+  said_.clear();
+  coordinator_->RenewGenerationWhenAsked({});
+  EXPECT_EQ(rendezvous_.generation(), 0);
+  EXPECT_THAT(said_, IsEmpty());
+}
+
+TEST_F(JobCoordinatorTest, ADeposedCoordinatorRenewsNothing) {
+  for (int rank : {0, 1, 2, 3}) Ask(rank, kReset);
+  gate_opens_ = 0;
+  coordinator_->RenewGenerationWhenAsked({});
+  EXPECT_EQ(rendezvous_.generation(), 0);
+  EXPECT_THAT(said_, IsEmpty());
+  EXPECT_THAT(recorded_, IsEmpty());
+  EXPECT_THAT(coordinator_->recoveries(), IsEmpty());
+}
+
+TEST_F(JobCoordinatorTest, WithRestartAllEveryRanksRequestRestartsEveryRankInsteadOfRenewing) {
+  Start(/*restart_all=*/true);
+  for (int rank : {0, 1, 2, 3}) Ask(rank, kReset);
+  coordinator_->RenewGenerationWhenAsked({});
+  EXPECT_EQ(rendezvous_.generation(), 0);
+  ASSERT_EQ(restarts_.size(), 1u);
+  EXPECT_EQ(restarts_[0].why, absl::StrCat("rank 0 asks for a new generation: ", kReset));
 }
 
 }  // namespace
