@@ -1927,6 +1927,10 @@ void Job::AgentTick() {
                                 config_.host_id, store_url_,
                                 absl::FormatDuration(now - store_seen_), beat.ToString()));
   }
+  // The job's end first: an agent that would leave this tick must not take over the lease the
+  // leaving coordinator released, and announce itself and the job's protection once more.
+  WatchJobEnd();
+  if (exit_code_ >= 0) return;
   UpdateLease();
   if (!spawned_) FollowPlan();
   if (exit_code_ < 0) FollowGeneration();
@@ -1938,7 +1942,6 @@ void Job::AgentTick() {
     SampleHost();
     if (coordinating()) DetectFailSlow();
   }
-  if (exit_code_ < 0) WatchJobEnd();
 }
 
 bool Job::coordinating() {

@@ -123,11 +123,15 @@ void JobCoordinator::ReadDeathReports() {
       (void)rendezvous_->ForgetStandby(member, timeout);
       continue;
     }
-    if (!QueueDeadMember(static_cast<int>(held - current.members.begin()), member, how)) return;
+    if (!QueueDeadMember(static_cast<int>(held - current.members.begin()), member, how,
+                         report.ok() ? report->cause : "")) {
+      return;
+    }
   }
 }
 
-bool JobCoordinator::QueueDeadMember(int rank, const std::string& member, const std::string& how) {
+bool JobCoordinator::QueueDeadMember(int rank, const std::string& member, const std::string& how,
+                                     const std::string& cause) {
   handled_deaths_.insert(member);
   const absl::Time now = clock_->Now();
   const ReplacementPolicy::Decision decision = replacement_policy_->OnRankDeath(rank, how, now);
@@ -141,8 +145,9 @@ bool JobCoordinator::QueueDeadMember(int rank, const std::string& member, const 
   }
   const absl::Duration delay = replace->delay;
   hooks_.say(absl::StrFormat(
-      "rank %d (%s) %s: replacing it%s", rank, member, how,
-      delay > absl::ZeroDuration() ? absl::StrCat(" in ", absl::FormatDuration(delay)) : ""));
+      "rank %d (%s) %s: replacing it%s%s", rank, member, how,
+      delay > absl::ZeroDuration() ? absl::StrCat(" in ", absl::FormatDuration(delay)) : "",
+      cause.empty() ? "" : absl::StrCat("; its error: ", cause)));
   PendingReplacement dead{rank, how, now, now + delay + options_.standby_wait, now + delay};
   dead.host = store_keys::MemberHost(member);
   replacements_.push_back(std::move(dead));

@@ -156,8 +156,11 @@ class JobCoordinator {
 
   // Queues `rank`, which `member` held, for replacement: counted as a death (`how`) against
   // --max-replacements and the crash-loop backoff; a later death report of `member` is ignored.
+  // `cause` (may be empty): the death's evidence from its agent (CauseLine), said with it, since
+  // the coordinator's output is where an operator reads of a death on another host.
   // Returns false when the job failed instead (the bound was reached).
-  bool QueueDeadMember(int rank, const std::string& member, const std::string& how);
+  bool QueueDeadMember(int rank, const std::string& member, const std::string& how,
+                       const std::string& cause = "");
 
   // Fences `host` out (agents/dead/<host> = `why`) and queues the ranks it held (those not
   // finished) for replacement in one entry, replacing any of them queued already; with restart_all,

@@ -500,6 +500,10 @@ TEST_F(MultiHost, AHostWhoseSharedMemoryIsTooSmallHasItsRanksTakenByTheStandbyHo
   EXPECT_THAT(job.Output(3), ::testing::ContainsRegex(
                                  "rank [45] error: cannot start: RESOURCE_EXHAUSTED: .*snapshot "
                                  "arena .* No space left on device"));
+  // The coordinator, on host1, names the deaths' cause on host3.
+  EXPECT_THAT(job.Output(1), ::testing::ContainsRegex(
+                                 "rank 4 \\(host3:[0-9]+:rank4\\) exited with status 1: replacing "
+                                 "it; its error: rank 4 error: cannot start: RESOURCE_EXHAUSTED"));
   EXPECT_THAT(job.Output(1), ::testing::ContainsRegex("rank 4 taken by host4:[0-9]+:standby"));
   EXPECT_THAT(job.Output(1), ::testing::ContainsRegex("rank 5 taken by host4:[0-9]+:standby"));
   const std::map<int, std::string> expected = UninterruptedChecksums(shared_.path(), 3 * kPerHost);

@@ -283,7 +283,8 @@ TEST_F(JobCoordinatorTest, ADeathReportIsTakenOnceAndItsCauseRecorded) {
   EXPECT_EQ(rank.host, "h1");
   EXPECT_EQ(rank.how, "exited with status 1");
   EXPECT_EQ(rank.not_before, absl::UnixEpoch());  // a first death is replaced at once
-  EXPECT_THAT(said_, ElementsAre("rank 2 (h1:200:rank2) exited with status 1: replacing it"));
+  EXPECT_THAT(said_, ElementsAre("rank 2 (h1:200:rank2) exited with status 1: replacing it; its "
+                                 "error: RuntimeError: CUDA error: illegal memory access"));
   EXPECT_EQ(failures_.deaths(), 1);
   ASSERT_TRUE(failures_.first().has_value());
   EXPECT_EQ(failures_.first()->who, "rank 2 (h1:200:rank2)");
@@ -473,7 +474,9 @@ TEST_F(JobCoordinatorTest, ACrashLoopBacksOffAndEndsAtMaxReplacementsNamingTheDe
   clock_.Advance(absl::Seconds(1));
   ReportDeath(Standby("h2", 300, 0), 2, "exited with status 1", "RuntimeError: bad input batch");
   coordinator_->CoordinateHosts();
-  EXPECT_EQ(Said("rank 2 (h2:300:standby0) exited with status 1: replacing it in 1s"), 1);
+  EXPECT_EQ(Said("rank 2 (h2:300:standby0) exited with status 1: replacing it in 1s; its error: "
+                 "RuntimeError: bad input batch"),
+            1);
   const absl::Time not_before = clock_.Now() + kBackoff;
   ASSERT_EQ(coordinator_->replacements().size(), 1u);
   EXPECT_EQ(coordinator_->replacements().front().not_before, not_before);
