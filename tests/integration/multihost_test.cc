@@ -2,6 +2,10 @@
 // real processes, real sockets on 127.0.1.N. Each scenario kills, partitions or loses what the
 // issue names, asserts that every rank ends bit-identical to an uninterrupted run (each rank's final
 // line printed exactly once: no rank ever trains twice), and prints the time to recovery.
+//
+// The jobs are as short as their scenarios allow: 200 steps, a snapshot every 10 (step 40 is the
+// first on disk), the fault once step 60 is printed. Training steps show nothing a scenario checks;
+// what takes the time is the host timeout and the recovery.
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -46,7 +50,13 @@ using testing::SimCluster;
 
 constexpr absl::Duration kDeadline = absl::Seconds(150);
 constexpr int kPerHost = 2;
-constexpr int kSteps = 400;
+constexpr int kSteps = 200;
+constexpr int kPrintEvery = 10;
+// A snapshot every 10 steps, persisted every 4th: steps 40, 80, 120 and 160 are on disk.
+constexpr int kSnapshotEvery = 10;
+// What a scenario waits for before its fault: step 40 is persisted by then, or about to be (the
+// scenarios that need it on disk wait for it: AwaitPersistedByEveryRank).
+constexpr char kFaultAfter[] = "step 60 loss";
 constexpr char kStoreAddress[] = "127.0.1.254";
 
 std::string ReadFile(const std::string& path) {
@@ -90,11 +100,11 @@ std::map<int, std::string> FinalChecksums(const std::vector<std::string>& output
 }
 
 std::vector<std::string> TrainerArgs() {
-  return testing::ExampleTrainerArgs(TRAINGUARD_TRAINER_PATH, kSteps);
+  return testing::ExampleTrainerArgs(TRAINGUARD_TRAINER_PATH, kSteps, kPrintEvery);
 }
 
 std::vector<std::string> CheckpointEnv(const std::string& dir) {
-  return testing::ExampleCheckpointEnv(dir);
+  return testing::ExampleCheckpointEnv(dir, kSnapshotEvery);
 }
 
 // "<size>:<modification time>" of the file at `path` (empty if absent): a rebuilt binary is
@@ -182,6 +192,8 @@ class MultiHostJob {
 
   // Every host's: extra environment (a parallel layout) and flags (--backup-copies ...).
   std::vector<std::string> extra_env;
+  // Every host's snapshot interval in steps (persisted every 4th).
+  int snapshot_every = kSnapshotEvery;
   std::vector<std::string> job_flags;
 
   void StartHost(int n, bool standby, const std::vector<std::string>& extra_flags = {},
@@ -214,7 +226,7 @@ class MultiHostJob {
     argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
     argv.push_back("--");
     argv.insert(argv.end(), command.begin(), command.end());
-    std::vector<std::string> env = CheckpointEnv(shared_ + "/run");
+    std::vector<std::string> env = testing::ExampleCheckpointEnv(shared_ + "/run", snapshot_every);
     env.insert(env.end(), extra_env.begin(), extra_env.end());
     ASSERT_EQ(cluster_.StartHost(n, {.hostname = absl::StrCat("host", n),
                                      .argv = argv,
@@ -279,6 +291,43 @@ class MultiHostJob {
   const std::string job_id_;
 };
 
+// Every event of rank `rank`'s event file (all the processes that held the rank append to it).
+std::vector<Event> RankEvents(const std::string& shared, int rank) {
+  absl::StatusOr<EventLogContents> contents = ReadEventLog(
+      Env::Default(), absl::StrFormat("%s/run/events/rank-%05d.tgev", shared, rank));
+  return contents.ok() ? contents->events : std::vector<Event>{};
+}
+
+// The newest step that every one of `world` ranks had persisted (a saved event with
+// persisted=true) before `before`; -1 if none.
+int64_t NewestPersistedByEveryRank(const std::string& shared, int world, absl::Time before) {
+  std::map<int64_t, int> ranks_persisted;
+  for (int rank = 0; rank < world; ++rank) {
+    std::set<int64_t> steps;
+    for (const Event& e : RankEvents(shared, rank)) {
+      if (e.time < before && KindOf(e) == EventKind::kSaved && e.Attribute("persisted") == "true") {
+        steps.insert(e.step);
+      }
+    }
+    for (int64_t step : steps) ++ranks_persisted[step];
+  }
+  int64_t newest = -1;
+  for (const auto& [step, count] : ranks_persisted) {
+    if (count == world) newest = std::max(newest, step);
+  }
+  return newest;
+}
+
+// Bounded polling of the ranks' event files until every one of `world` ranks persisted a step:
+// the scenarios that fall back to the disk need a checkpoint there before their fault.
+bool AwaitPersistedByEveryRank(const std::string& shared, int world) {
+  for (absl::Time end = absl::Now() + kDeadline; absl::Now() < end;) {
+    if (NewestPersistedByEveryRank(shared, world, absl::InfiniteFuture()) > 0) return true;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return false;
+}
+
 class MultiHost : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -306,7 +355,7 @@ class MultiHost : public ::testing::Test {
     ASSERT_TRUE(job.Await(1, "coordinating the job")) << job.AllOutput();
     for (int n = 2; n <= workers; ++n) job.StartHost(n, false);
     for (int n = workers + 1; n <= workers + standby_hosts; ++n) job.StartHost(n, true);
-    ASSERT_TRUE(job.Await(0, "step 150 loss")) << job.AllOutput();
+    ASSERT_TRUE(job.Await(0, kFaultAfter)) << job.AllOutput();
   }
 
   // Starts hosts 1..workers, then the standby hosts, each once the previous one joined: host n
@@ -317,7 +366,7 @@ class MultiHost : public ::testing::Test {
       ASSERT_TRUE(job.Await(n, absl::StrCat("host host", n))) << job.AllOutput();
       ASSERT_TRUE(job.Await(n, " joined as ")) << job.AllOutput();
     }
-    ASSERT_TRUE(job.Await(0, "step 150 loss")) << job.AllOutput();
+    ASSERT_TRUE(job.Await(0, kFaultAfter)) << job.AllOutput();
   }
 
   // `trainer`: the job's command, for the uninterrupted run too.
@@ -474,7 +523,7 @@ TEST_F(MultiHost, WithSpreadStandbysADeadHostsRanksGoToSpareProcessesOnTheSurviv
   ASSERT_TRUE(job.Await(1, "coordinating the job")) << job.AllOutput();
   job.StartHost(2, false, spread);
   job.StartHost(3, false, spread);
-  ASSERT_TRUE(job.Await(0, "step 150 loss")) << job.AllOutput();
+  ASSERT_TRUE(job.Await(0, kFaultAfter)) << job.AllOutput();
   ASSERT_TRUE(cluster_->KillHost(2).ok());
   ASSERT_TRUE(job.Await(1, "recovered from the loss of host host2")) << job.AllOutput();
   std::printf("recovery reported from host2's last heartbeat: %.3f s\n",
@@ -557,6 +606,7 @@ TEST_F(MultiHost, AHostAndItsHolderLostTogetherFallBackToDiskWithTwoCopies) {
   const std::string holders = HoldersOfSlot(job.Output(1), 1);
   ASSERT_FALSE(holders.empty()) << job.AllOutput();
   const int holder_host = std::stoi(holders) + 1;  // host n holds slot n - 1
+  ASSERT_TRUE(AwaitPersistedByEveryRank(shared_.path(), 3 * kPerHost)) << job.AllOutput();
   ASSERT_TRUE(cluster_->KillHost(2).ok());
   ASSERT_TRUE(cluster_->KillHost(holder_host).ok());
   ASSERT_TRUE(job.Await(0, "recovered from the loss of host host2")) << job.AllOutput();
@@ -616,6 +666,7 @@ TEST_F(MultiHost, ABackupCorruptedInTheHoldersMemoryIsRejectedAndTheDiskIsUsed) 
   ASSERT_FALSE(holders.empty()) << job.AllOutput();
   const int holder_host = std::stoi(holders) + 1;
   ASSERT_TRUE(job.Await(0, "the job is protected")) << job.AllOutput();
+  ASSERT_TRUE(AwaitPersistedByEveryRank(shared_.path(), 3 * kPerHost)) << job.AllOutput();
   // Killed first, so that no newer backup of its ranks can reach the holder; the host is declared
   // dead only after --host-timeout (3 s) of silence, long after the bytes are flipped.
   ASSERT_TRUE(cluster_->KillHost(2).ok());
@@ -672,6 +723,9 @@ TEST_F(MultiHost, AThrottledHostIsNamedThenEvictedOnItsSecondWindowAndNoHealthyH
   MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 4);
   job.job_flags = {"--fail-slow", "evict-repeated", "--fail-slow-continuity", "5",
                    "--fail-slow-trace", shared_.path() + "/fail-slow.trace"};
+  // Snapshots every 25 steps, as bench_fail_slow_record's hosts take them: this job runs until
+  // killed, so a shorter interval would shorten nothing and only change the hosts' load.
+  job.snapshot_every = 25;
   const std::vector<std::string> trainer =
       testing::ExampleTrainerArgs(TRAINGUARD_TRAINER_PATH, 10'000'000);  // runs until killed
   std::vector<std::string> throttled = {
@@ -732,8 +786,8 @@ TEST_F(MultiHost, AThrottledHostIsNamedThenEvictedOnItsSecondWindowAndNoHealthyH
 
 // ---- --restart-all on several hosts: torchrun's elastic agent, bench_chaos_hosts' baseline ----
 
-// The example trainer with steps of at least 10 ms: a snapshot every 25 steps, on disk every 100
-// (CheckpointEnv), so a fault injected at a step ending in 50 lands midway between two persists.
+// The example trainer with steps of at least 10 ms: a snapshot every 10 steps, on disk every 40
+// (CheckpointEnv), so a fault injected at step 100 lands midway between two persists.
 std::vector<std::string> PacedTrainerArgs() {
   std::vector<std::string> args = TrainerArgs();
   args.insert(args.end(), {"--step-time-ms", "10"});
@@ -746,13 +800,6 @@ int64_t RankPid(const std::string& shared, int n, int rank) {
   const std::string text = ReadFile(absl::StrCat(shared, "/run/pids/host", n, "/rank-", rank));
   if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &pid)) return -1;
   return pid;
-}
-
-// Every event of rank `rank`'s event file (all the processes that held the rank append to it).
-std::vector<Event> RankEvents(const std::string& shared, int rank) {
-  absl::StatusOr<EventLogContents> contents = ReadEventLog(
-      Env::Default(), absl::StrFormat("%s/run/events/rank-%05d.tgev", shared, rank));
-  return contents.ok() ? contents->events : std::vector<Event>{};
 }
 
 // The time of the coordinator's first restart_all event (every agent's launcher file is read).
@@ -771,26 +818,6 @@ std::optional<absl::Time> FirstRestart(const std::string& shared) {
   return first;
 }
 
-// The newest step that every one of `world` ranks had persisted (a saved event with
-// persisted=true) before `before`; -1 if none.
-int64_t NewestPersistedByEveryRank(const std::string& shared, int world, absl::Time before) {
-  std::map<int64_t, int> ranks_persisted;
-  for (int rank = 0; rank < world; ++rank) {
-    std::set<int64_t> steps;
-    for (const Event& e : RankEvents(shared, rank)) {
-      if (e.time < before && KindOf(e) == EventKind::kSaved && e.Attribute("persisted") == "true") {
-        steps.insert(e.step);
-      }
-    }
-    for (int64_t step : steps) ++ranks_persisted[step];
-  }
-  int64_t newest = -1;
-  for (const auto& [step, count] : ranks_persisted) {
-    if (count == world) newest = std::max(newest, step);
-  }
-  return newest;
-}
-
 // Every rank's first restore after `after`: rank -> "<step> from <source>".
 std::map<int, std::string> RestoresAfter(const std::string& shared, int world, absl::Time after) {
   std::map<int, std::string> restores;
@@ -806,7 +833,7 @@ std::map<int, std::string> RestoresAfter(const std::string& shared, int world, a
 }
 
 // Hosts 1 and 2 train under --restart-all 5 (host 1 coordinating), host 3 is a standby host;
-// succeeds once the job reached step 250 (steps 100 and 200 are on disk by then, or about to be).
+// succeeds once the job reached step 100 (steps 40 and 80 are on disk by then, or about to be).
 ::testing::AssertionResult StartRestartAllJobWithAStandbyHost(MultiHostJob& job) {
   job.job_flags = {"--restart-all", "5", "--standby-nodes", "1"};
   for (int n = 1; n <= 3; ++n) {
@@ -815,8 +842,8 @@ std::map<int, std::string> RestoresAfter(const std::string& shared, int world, a
       return ::testing::AssertionFailure() << "host" << n << " did not join: " << job.AllOutput();
     }
   }
-  if (!job.Await(0, "step 250 loss")) {
-    return ::testing::AssertionFailure() << "no step 250: " << job.AllOutput();
+  if (!job.Await(0, "step 100 loss")) {
+    return ::testing::AssertionFailure() << "no step 100: " << job.AllOutput();
   }
   return ::testing::AssertionSuccess();
 }
@@ -870,12 +897,12 @@ TEST_F(MultiHost, WithRestartAllAKilledRankRestartsEveryRankFromDiskThenTheCoord
   EXPECT_THAT(job.Output(2), HasSubstr(absl::StrCat("shared memory of job id ", job.job_id_,
                                                     " removed")));
 
-  // Round 1 trains to step 300 before the second fault: bounded polling of what host 2 printed
-  // after its agent stopped round 0's processes.
+  // Round 1 trains to step 120 before the second fault (80 steps before the job's end): bounded
+  // polling of what host 2 printed after its agent stopped round 0's processes.
   bool trained_on = false;
   for (absl::Time end = absl::Now() + kDeadline; !trained_on && absl::Now() < end;) {
     const std::string out = job.Output(2);
-    trained_on = out.find("rank 2 step 300 loss", out.find("restart round 1: stopped ")) !=
+    trained_on = out.find("rank 2 step 120 loss", out.find("restart round 1: stopped ")) !=
                  std::string::npos;
     absl::SleepFor(absl::Milliseconds(10));
   }
