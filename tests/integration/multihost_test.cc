@@ -359,12 +359,16 @@ class MultiHost : public ::testing::Test {
   }
 
   // Starts hosts 1..workers, then the standby hosts, each once the previous one joined: host n
-  // holds host slot n - 1 (ranks (n-1)*2 and (n-1)*2 + 1).
+  // holds host slot n - 1 (ranks (n-1)*2 and (n-1)*2 + 1). Host 1 coordinates: the next host starts
+  // once it said so (its agent joins before it takes the lease, and host 2's could take it first).
   void StartJobInOrder(MultiHostJob& job, int workers, int standby_hosts) {
     for (int n = 1; n <= workers + standby_hosts; ++n) {
       job.StartHost(n, n > workers);
       ASSERT_TRUE(job.Await(n, absl::StrCat("host host", n))) << job.AllOutput();
       ASSERT_TRUE(job.Await(n, " joined as ")) << job.AllOutput();
+      if (n == 1) {
+        ASSERT_TRUE(job.Await(1, "coordinating the job")) << job.AllOutput();
+      }
     }
     ASSERT_TRUE(job.Await(0, kFaultAfter)) << job.AllOutput();
   }
