@@ -47,6 +47,12 @@ using ::testing::Not;
 
 constexpr absl::Duration kDeadline = absl::Seconds(120);
 
+// For the jobs whose ranks die a dozen times: a rank that exits waits in its Runtime's destructor
+// for its generation watcher's store wait, up to one heartbeat interval (1 s by default). The exit's
+// speed is not what these tests show; a 100 ms interval keeps each death from costing a second.
+const std::vector<std::pair<std::string, std::string>> kQuickRankExit = {
+    {"TRAINGUARD_HEARTBEAT_INTERVAL_MS", "100"}};
+
 std::string ReadWhole(const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;
@@ -228,7 +234,7 @@ TEST(LauncherFaults, ARankCommandThatAlwaysDiesBacksOffAndEndsAtMaxReplacementsN
   Launcher launcher(dir);
   launcher.Run(
       {"--nproc", "1", "--standby", "1", "--max-replacements", "3", "--restart-backoff", "1"},
-      {TRAINGUARD_FAULT_RANK_PATH, "exit-1"});
+      {TRAINGUARD_FAULT_RANK_PATH, "exit-1"}, kQuickRankExit);
   EXPECT_EQ(launcher.Wait(), 1) << launcher.Output();
   const std::string out = launcher.Output();
   EXPECT_EQ(Count(out, "takes rank 0"), 3) << out;
@@ -254,7 +260,7 @@ TEST(LauncherFaults, UnderRestartAllARankLostBeforeTheRestartedJobFormedRestarts
   testing::TempDir dir;
   Launcher launcher(dir);
   launcher.Run({"--nproc", "3", "--restart-all", "3"},
-               {TRAINGUARD_FAULT_RANK_PATH, "die-in-restart-1"});
+               {TRAINGUARD_FAULT_RANK_PATH, "die-in-restart-1"}, kQuickRankExit);
   EXPECT_EQ(launcher.Wait(), 0) << launcher.Output();
   const std::string out = launcher.Output();
   EXPECT_THAT(out, HasSubstr("restarting every rank (restart 1 of at most 3): rank 1 exited with "
@@ -273,7 +279,7 @@ TEST(LauncherFaults, ReplacementsAreBoundedByDefault) {
   Launcher launcher(dir);
   // No --max-replacements: the default bound holds (no backoff, to keep the test short).
   launcher.Run({"--nproc", "1", "--standby", "1", "--restart-backoff", "0"},
-               {TRAINGUARD_FAULT_RANK_PATH, "exit-1"});
+               {TRAINGUARD_FAULT_RANK_PATH, "exit-1"}, kQuickRankExit);
   EXPECT_EQ(launcher.Wait(), 1) << launcher.Output();
   const std::string out = launcher.Output();
   EXPECT_EQ(Count(out, "takes rank 0"), 10) << out;

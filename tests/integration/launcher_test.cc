@@ -189,8 +189,8 @@ void ExpectIdenticalReplicas(const LauncherJob& job, int world) {
 
 TEST(Launcher, AKilledRankIsReplacedByAStandbyAndTheReplicasEndIdentical) {
   testing::TempDir dir;
-  LauncherJob job(dir, {"--nproc", "4", "--standby", "1"}, 450);
-  ASSERT_TRUE(job.AwaitOutput("step 300 loss")) << job.Output();
+  LauncherJob job(dir, {"--nproc", "4", "--standby", "1"}, 200);
+  ASSERT_TRUE(job.AwaitOutput("step 100 loss")) << job.Output();
   const pid_t killed = job.RankPid(2);
   ASSERT_EQ(job.Signal(killed, SIGKILL), absl::OkStatus());
   EXPECT_EQ(job.Wait(), 0) << job.Output();
@@ -229,14 +229,14 @@ TEST(Launcher, AReplacementRestoresTheDeadRanksArenaAndTheJobEndsAsIfUninterrupt
   const std::vector<std::pair<std::string, std::string>> checkpointing = {
       {"TRAINGUARD_CHECKPOINT_EVERY_STEPS", "25"}, {"TRAINGUARD_CHECKPOINT_PERSIST_EVERY", "4"}};
   testing::TempDir clean_dir;
-  LauncherJob clean(clean_dir, {"--nproc", "4"}, 450, checkpointing);
+  LauncherJob clean(clean_dir, {"--nproc", "4"}, 200, checkpointing);
   ASSERT_EQ(clean.Wait(), 0) << clean.Output();
   const std::map<int, std::string> expected = clean.FinalChecksums();
   ASSERT_EQ(expected.size(), 4u) << clean.Output();
 
   testing::TempDir dir;
-  LauncherJob job(dir, {"--nproc", "4", "--standby", "1"}, 450, checkpointing);
-  ASSERT_TRUE(job.AwaitOutput("step 300 loss")) << job.Output();
+  LauncherJob job(dir, {"--nproc", "4", "--standby", "1"}, 200, checkpointing);
+  ASSERT_TRUE(job.AwaitOutput("step 100 loss")) << job.Output();
   ASSERT_EQ(job.Signal(job.RankPid(2), SIGKILL), absl::OkStatus());
   EXPECT_EQ(job.Wait(), 0) << job.Output();
   const std::string out = job.Output();
@@ -244,7 +244,7 @@ TEST(Launcher, AReplacementRestoresTheDeadRanksArenaAndTheJobEndsAsIfUninterrupt
   ASSERT_TRUE(std::regex_search(out, m, std::regex("rank 2 restored step ([0-9]+) from arena")))
       << out;
   const std::string step = m[1];
-  EXPECT_GE(std::stoi(step), 300);
+  EXPECT_GE(std::stoi(step), 100);
   for (int r : {0, 1, 3}) {
     EXPECT_THAT(out, HasSubstr(absl::StrCat("rank ", r, " restored step ", step, " from arena")));
   }
@@ -287,8 +287,9 @@ TEST(Launcher, ADroppedConnectionRenewsTheGenerationAndTheJobEndsAsIfUninterrupt
 
 TEST(Launcher, TwoFailuresOneAfterTheOtherAreBothReplaced) {
   testing::TempDir dir;
-  LauncherJob job(dir, {"--nproc", "4", "--standby", "1"}, 1200);
-  ASSERT_TRUE(job.AwaitOutput("step 300 loss")) << job.Output();
+  // 600 steps after the first kill: its recovery and the pool's refill take far fewer.
+  LauncherJob job(dir, {"--nproc", "4", "--standby", "1"}, 700);
+  ASSERT_TRUE(job.AwaitOutput("step 100 loss")) << job.Output();
   ASSERT_EQ(job.Signal(job.RankPid(1), SIGKILL), absl::OkStatus());
   ASSERT_TRUE(job.AwaitOutput("recovered from the loss of rank 1")) << job.Output();
   ASSERT_TRUE(job.AwaitOutput("started standby 1")) << job.Output();  // the pool was refilled
@@ -301,8 +302,8 @@ TEST(Launcher, TwoFailuresOneAfterTheOtherAreBothReplaced) {
 
 TEST(Launcher, ARankKilledDuringTheReRendezvousIsReplacedToo) {
   testing::TempDir dir;
-  LauncherJob job(dir, {"--nproc", "4", "--standby", "2"}, 450);
-  ASSERT_TRUE(job.AwaitOutput("step 300 loss")) << job.Output();
+  LauncherJob job(dir, {"--nproc", "4", "--standby", "2"}, 200);
+  ASSERT_TRUE(job.AwaitOutput("step 100 loss")) << job.Output();
   const pid_t second = job.RankPid(2);
   ASSERT_EQ(job.Signal(job.RankPid(1), SIGKILL), absl::OkStatus());
   // As soon as generation 1 is published, while the ranks meet in it, rank 2 dies too.
@@ -315,12 +316,12 @@ TEST(Launcher, ARankKilledDuringTheReRendezvousIsReplacedToo) {
 
 TEST(Launcher, AStandbyKilledWhileParkedIsForgottenAndThePoolRefilled) {
   testing::TempDir dir;
-  LauncherJob job(dir, {"--nproc", "2", "--standby", "1"}, 800);
+  LauncherJob job(dir, {"--nproc", "2", "--standby", "1"}, 450);
   ASSERT_TRUE(job.AwaitOutput("step 100 loss")) << job.Output();
   ASSERT_EQ(job.Signal(job.StandbyPid(0), SIGKILL), absl::OkStatus());
   ASSERT_TRUE(job.AwaitOutput("standby 0 (pid")) << job.Output();
   ASSERT_TRUE(job.AwaitOutput("started standby 1")) << job.Output();
-  ASSERT_TRUE(job.AwaitOutput("step 600 loss")) << job.Output();
+  ASSERT_TRUE(job.AwaitOutput("step 300 loss")) << job.Output();
   ASSERT_EQ(job.Signal(job.RankPid(0), SIGKILL), absl::OkStatus());
   EXPECT_EQ(job.Wait(), 0) << job.Output();
   EXPECT_THAT(job.Output(), HasSubstr("while parked"));
@@ -335,9 +336,9 @@ TEST(Launcher, AStandbyKilledWhileParkedIsForgottenAndThePoolRefilled) {
 // give up and have the generation renewed without it. Both are tested elsewhere.
 TEST(Launcher, AStoppedRankIsDetectedByItsHeartbeatKilledAndReplaced) {
   testing::TempDir dir;
-  LauncherJob job(dir, {"--nproc", "3", "--standby", "1", "--heartbeat-timeout", "3"}, 450,
+  LauncherJob job(dir, {"--nproc", "3", "--standby", "1", "--heartbeat-timeout", "3"}, 200,
                   {{"TRAINGUARD_WATCHDOG_POLL_MS", "0"}}, {"--comm-timeout-s", "600"});
-  ASSERT_TRUE(job.AwaitOutput("step 300 loss")) << job.Output();
+  ASSERT_TRUE(job.AwaitOutput("step 100 loss")) << job.Output();
   const absl::Time stopped = absl::Now();
   // Hung: no exit for waitpid to see.
   ASSERT_EQ(job.Signal(job.RankPid(1), SIGSTOP), absl::OkStatus());
@@ -405,10 +406,10 @@ void ExpectGuardsReturnedWithinTheBoundPlusTwoSeconds(const LauncherJob& job,
 // publishes), so the laggard is named either way.
 TEST(Launcher, AHungRankIsNamedAsTheLaggardFromTheRanksFlightRecorders) {
   testing::TempDir dir;
-  LauncherJob job(dir, {"--nproc", "3", "--standby", "1", "--heartbeat-timeout", "600"}, 500, {},
-                  {"--stop-before-collective", "1:320"});
+  LauncherJob job(dir, {"--nproc", "3", "--standby", "1", "--heartbeat-timeout", "600"}, 200, {},
+                  {"--stop-before-collective", "1:100"});
   EXPECT_EQ(job.Wait(), 0) << job.Output();
-  ExpectGuardsReturnedWithinTheBoundPlusTwoSeconds(job, {0, 2}, 320);
+  ExpectGuardsReturnedWithinTheBoundPlusTwoSeconds(job, {0, 2}, 100);
   const std::string output = job.Output();
   EXPECT_THAT(output, HasSubstr("hang diagnosis: rank(s) 1 stopped (SIGSTOP): replaced now"))
       << output;
@@ -441,7 +442,7 @@ bool AwaitStopped(pid_t pid) {
 }
 
 // A hang overtaken by a death (what a chaos run met: a kill 1.7 s after a stop): rank 1 stops
-// itself before step 320's allreduce, and rank 3 is SIGKILLed as soon as rank 1 is seen stopped.
+// itself before step 100's allreduce, and rank 3 is SIGKILLed as soon as rank 1 is seen stopped.
 // Rank 3's replacement renews the generation; ranks 0 and 2, still waiting in generation 0's
 // allreduce, declare the hang when their bound runs out, but the store rejects their superseded
 // generation's writes, so the hang is found from their dumps. The stopped rank, which still holds
@@ -449,9 +450,9 @@ bool AwaitStopped(pid_t pid) {
 // timeout out of reach, nothing else would, and the job would not end.
 TEST(Launcher, AHangsSuspectIsReplacedThoughAnotherRanksDeathRenewedTheGeneration) {
   testing::TempDir dir;
-  LauncherJob job(dir, {"--nproc", "4", "--standby", "2", "--heartbeat-timeout", "600"}, 500, {},
-                  {"--stop-before-collective", "1:320"});
-  ASSERT_TRUE(job.AwaitOutput("step 100 loss")) << job.Output();
+  LauncherJob job(dir, {"--nproc", "4", "--standby", "2", "--heartbeat-timeout", "600"}, 200, {},
+                  {"--stop-before-collective", "1:100"});
+  ASSERT_TRUE(job.AwaitOutput("step 50 loss")) << job.Output();
   const pid_t stopped = job.RankPid(1);
   ASSERT_GT(stopped, 0);
   ASSERT_TRUE(AwaitStopped(stopped)) << job.Output();
@@ -466,14 +467,14 @@ TEST(Launcher, AHangsSuspectIsReplacedThoughAnotherRanksDeathRenewedTheGeneratio
   ExpectIdenticalReplicas(job, 4);
 }
 
-// Rank 2 enters step 320's allreduce and then sleeps inside it: every rank entered the same
+// Rank 2 enters step 100's allreduce and then sleeps inside it: every rank entered the same
 // collective, so the rings alone cannot tell it from the ranks waiting for it. Its training
 // thread's stack, dumped by every rank on the hang, is the odd one out; the launcher names it,
 // replaces it, and the job ends as if nothing happened.
 TEST(Launcher, ARankStalledInsideACollectiveIsNamedFromTheRanksStacksAndReplaced) {
   testing::TempDir dir;
-  LauncherJob job(dir, {"--nproc", "4", "--standby", "1"}, 500, {},
-                  {"--sleep-in-collective", "2:320:120"});
+  LauncherJob job(dir, {"--nproc", "4", "--standby", "1"}, 200, {},
+                  {"--sleep-in-collective", "2:100:120"});
   EXPECT_EQ(job.Wait(), 0) << job.Output();
   const std::string output = job.Output();
   EXPECT_THAT(output, HasSubstr("hang diagnosis: suspects: rank 2\n")) << output;
@@ -493,18 +494,18 @@ TEST(Launcher, ARankStalledInsideACollectiveIsNamedFromTheRanksStacksAndReplaced
 }
 
 // A stall that ends by itself, as when the whole machine is starved for a moment: rank 2 sleeps
-// 2.5 s inside step 320's allreduce, past the allreduce's bound (the 1 s floor), so every rank
+// 2.5 s inside step 100's allreduce, past the allreduce's bound (the 1 s floor), so every rank
 // declares a hang; the sleep then ends and the allreduce completes within the declaring ranks'
 // wait (hang_dump_wait_ms, 5 s here). The hang is withdrawn: nothing is aborted, the launcher,
 // which saw every rank running, replaces no one, and generation 0 goes on. A real hang later in
-// the same generation (rank 1 stops itself before step 600's allreduce) is still declared, dumped
+// the same generation (rank 1 stops itself before step 250's allreduce) is still declared, dumped
 // again and diagnosed: rank 1 is replaced in generation 1.
 TEST(Launcher, AStallThatEndsWithinTheHangWaitIsWithdrawnAndALaterHangIsStillDiagnosed) {
   testing::TempDir dir;
   LauncherJob job(
-      dir, {"--nproc", "4", "--standby", "1"}, 800,
+      dir, {"--nproc", "4", "--standby", "1"}, 400,
       {{"TRAINGUARD_WATCHDOG_FLOOR_MS", "1000"}, {"TRAINGUARD_HANG_DUMP_WAIT_MS", "5000"}},
-      {"--sleep-in-collective", "2:320:2.5", "--stop-before-collective", "1:600"});
+      {"--sleep-in-collective", "2:100:2.5", "--stop-before-collective", "1:250"});
   EXPECT_EQ(job.Wait(), 0) << job.Output();
   const std::string output = job.Output();
   EXPECT_THAT(output, ContainsRegex("hang in generation 0 withdrawn: rank [0-3]: its wait ended "
@@ -517,14 +518,14 @@ TEST(Launcher, AStallThatEndsWithinTheHangWaitIsWithdrawnAndALaterHangIsStillDia
   EXPECT_THAT(output, HasSubstr("takes rank 1 in generation 1")) << output;
   EXPECT_THAT(output, Not(HasSubstr("in generation 2"))) << output;
   ExpectIdenticalReplicas(job, 4);
-  // No step failed before the stop: the hangs declared at step 320 were withdrawn.
+  // No step failed before the stop: the hangs declared at step 100 were withdrawn.
   int withdrawn = 0;
   for (int rank = 0; rank < 4; ++rank) {
     for (const Event& e : job.Events(rank)) {
       if (e.type == EventType::kStepFault) {
-        EXPECT_GE(e.step, 600) << "rank " << rank << ": " << e.message;
+        EXPECT_GE(e.step, 250) << "rank " << rank << ": " << e.message;
       }
-      if (KindOf(e) == EventKind::kHangWithdrawn && e.step == 320) ++withdrawn;
+      if (KindOf(e) == EventKind::kHangWithdrawn && e.step == 100) ++withdrawn;
     }
   }
   EXPECT_GE(withdrawn, 1);
@@ -581,19 +582,19 @@ std::map<int, GenerateSummary> GenerateSummaries(const std::string& output) {
 
 // (d) An RL-shaped job: every step, each rank generates for a lognormal time (median 15 ms,
 // p99/median 10), ticking once per token, then the ranks average their gradients, the fast ones
-// waiting in the allreduce for the slowest; and at step 100 rank 1 generates for 3 s, far beyond
-// any bound learned from the others (--long-generation). Over 200 steps no rank may be declared
+// waiting in the allreduce for the slowest; and at step 50 rank 1 generates for 3 s, far beyond
+// any bound learned from the others (--long-generation). Over 100 steps no rank may be declared
 // hung for a generating peer: the long generations keep ticking, and the waits are excused by the
 // peers' progress records. The watchdog is tight on purpose (floor 250 ms), so on a machine starved
 // of CPU (a CI run with both cores busy) every rank can sit in an allreduce they all entered for a
 // second with nothing moving: that is a hang by the watchdog's rule, not a false alarm about a
 // slow peer, and the job renews its generation and goes on. What must never happen is the
 // generating rank being named: no diagnosis may find a suspect, nobody is killed or replaced.
-TEST(Launcher, AnRlJobWhoseHeavyTailedGenerationKeepsTickingRaisesNoHangIn200Steps) {
-  constexpr int kSteps = 200;
+TEST(Launcher, AnRlJobWhoseHeavyTailedGenerationKeepsTickingRaisesNoHangIn100Steps) {
+  constexpr int kSteps = 100;
   testing::TempDir dir;
   LauncherJob job(dir, {"--nproc", "4"}, kSteps, kRlWatchdog,
-                  {"--generate", kRlGeneration, "--long-generation", "1:100:3"});
+                  {"--generate", kRlGeneration, "--long-generation", "1:50:3"});
   ASSERT_EQ(job.Wait(absl::Minutes(5)), 0) << job.Output();
   const std::string output = job.Output();
   // Every hang the launcher diagnosed found every rank inside the collective: no laggard.
@@ -616,7 +617,7 @@ TEST(Launcher, AnRlJobWhoseHeavyTailedGenerationKeepsTickingRaisesNoHangIn200Ste
     total.longest_ms = std::max(total.longest_ms, s.longest_ms);
   }
   // The scenario really arose: rank 1's 3 s generation outran its learned duration bound while
-  // ticking, and the others' waits in step 100's allreduce outran theirs and were postponed.
+  // ticking, and the others' waits in step 50's allreduce outran theirs and were postponed.
   EXPECT_GE(summaries.at(1).over_duration_bound, 1) << output;
   EXPECT_GE(summaries.at(1).longest_ms, 3000) << output;
   EXPECT_GT(total.hangs_postponed, 0) << output;
@@ -630,28 +631,31 @@ TEST(Launcher, AnRlJobWhoseHeavyTailedGenerationKeepsTickingRaisesNoHangIn200Ste
       static_cast<long long>(total.hangs_postponed), static_cast<long long>(total.hangs_declared));
 }
 
-// (e) The same job, but rank 2's decoding stops ticking halfway through step 150's generation: its
+// (e) The same job, but rank 2's decoding stops ticking halfway through step 80's generation: its
 // own watchdog declares the "generate" phase hung, every rank dumps, the launcher names rank 2 (it
 // never entered the allreduce the others wait in) and replaces it, and the job finishes.
 TEST(Launcher, AGenerationThatStopsTickingIsDetectedNamedAndReplaced) {
   testing::TempDir dir;
-  LauncherJob job(dir, {"--nproc", "4", "--standby", "1"}, 250, kRlWatchdog,
-                  {"--generate", kRlGeneration, "--stall-generation", "2:150:120"});
+  LauncherJob job(dir, {"--nproc", "4", "--standby", "1"}, 150, kRlWatchdog,
+                  {"--generate", kRlGeneration, "--stall-generation", "2:80:120"});
   ASSERT_EQ(job.Wait(), 0) << job.Output();
   const std::string output = job.Output();
-  EXPECT_THAT(output, HasSubstr("rank 2 stalling generation at step 150")) << output;
-  EXPECT_THAT(output, HasSubstr("hang diagnosis: rank 2 never entered all_reduce #150 (comm 1) "
+  EXPECT_THAT(output, HasSubstr("rank 2 stalling generation at step 80")) << output;
+  EXPECT_THAT(output, HasSubstr("hang diagnosis: rank 2 never entered all_reduce #80 (comm 1) "
                                 "that ranks 0,1,3 are waiting in"))
       << output;
   EXPECT_THAT(output, HasSubstr("takes rank 2 in generation 1")) << output;
   ExpectIdenticalReplicas(job, 4);
   // Rank 2's own watchdog caught it: the phase, not a peer's timeout. The stalled process's hang
-  // is the one of generation 0 in rank 2's event file; its replacement (generation 1) appends to
-  // the same file, and what its watchdog sees later is not this test's outcome.
+  // is the one of generation 0 at the stalled step in rank 2's event file; its replacement
+  // (generation 1) appends to the same file, and what its watchdog sees later is not this test's
+  // outcome. Nor is a hang of an earlier step: starved of CPU, all four ranks can sit in an
+  // allreduce they all entered past its tight bound (the RL test above), and that hang is
+  // withdrawn or renewed.
   std::optional<Event> hang;
   for (const Event& e : job.Events(2)) {
     if (e.type != EventType::kHang || !e.Attribute("remote").empty()) continue;
-    if (e.generation == 0 && !hang.has_value()) {
+    if (e.generation == 0 && e.step == 80 && !hang.has_value()) {
       hang = e;
     } else {
       std::printf("rank 2 also declared: generation %lld: %s\n",
@@ -659,7 +663,6 @@ TEST(Launcher, AGenerationThatStopsTickingIsDetectedNamedAndReplaced) {
     }
   }
   ASSERT_TRUE(hang.has_value()) << output;
-  EXPECT_EQ(hang->step, 150);
   EXPECT_EQ(hang->Attribute("cause"), "phase");
   EXPECT_EQ(hang->Attribute("phase"), "step/generate");
   std::smatch silence;
@@ -677,14 +680,14 @@ TEST(Launcher, UnderRestartAllAKilledRankRestartsEveryRankFromTheCheckpointOnDis
   const std::vector<std::pair<std::string, std::string>> checkpointing = {
       {"TRAINGUARD_CHECKPOINT_EVERY_STEPS", "25"}, {"TRAINGUARD_CHECKPOINT_PERSIST_EVERY", "1"}};
   testing::TempDir clean_dir;
-  LauncherJob clean(clean_dir, {"--nproc", "3"}, 600, checkpointing);
+  LauncherJob clean(clean_dir, {"--nproc", "3"}, 300, checkpointing);
   ASSERT_EQ(clean.Wait(), 0) << clean.Output();
   const std::map<int, std::string> uninterrupted = clean.FinalChecksums();
   ASSERT_EQ(uninterrupted.size(), 3u) << clean.Output();
 
   testing::TempDir dir;
-  LauncherJob job(dir, {"--nproc", "3", "--restart-all", "1"}, 600, checkpointing);
-  ASSERT_TRUE(job.AwaitOutput("step 200 loss")) << job.Output();
+  LauncherJob job(dir, {"--nproc", "3", "--restart-all", "1"}, 300, checkpointing);
+  ASSERT_TRUE(job.AwaitOutput("step 100 loss")) << job.Output();
   const pid_t survivor = job.RankPid(0);
   const pid_t killed = job.RankPid(1);
   ASSERT_EQ(job.Signal(killed, SIGKILL), absl::OkStatus());
@@ -722,8 +725,8 @@ TEST(Launcher, AKilledRankIsReplacedWithTheEtcdBackendToo) {
   std::string address = (*etcd)->endpoint();
   address.erase(0, std::string("http://").size());
   testing::TempDir dir;
-  LauncherJob job(dir, {"--nproc", "4", "--standby", "1", "--store", "etcd://" + address}, 450);
-  ASSERT_TRUE(job.AwaitOutput("step 300 loss")) << job.Output();
+  LauncherJob job(dir, {"--nproc", "4", "--standby", "1", "--store", "etcd://" + address}, 200);
+  ASSERT_TRUE(job.AwaitOutput("step 100 loss")) << job.Output();
   ASSERT_EQ(job.Signal(job.RankPid(2), SIGKILL), absl::OkStatus());
   EXPECT_EQ(job.Wait(), 0) << job.Output();
   EXPECT_THAT(job.Output(), HasSubstr("store etcd://"));

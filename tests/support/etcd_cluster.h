@@ -8,7 +8,8 @@
 // Kill(i) (SIGKILL, as a crash would be), then Restart(i) on the same data and ports. The
 // destructor stops every member (SIGTERM, then SIGKILL), reaps it and removes the directory; each
 // member also gets SIGKILL if the process that started it dies, so a crashed test leaves no server.
-// Leader() asks the members over HTTP (/v3/maintenance/status) which one leads; WatcherCount(i)
+// Leader() asks the members over HTTP (/v3/maintenance/status) which one leads, and MoveLeader()
+// hands the leadership to another member (/v3/maintenance/transfer-leadership); WatcherCount(i)
 // reads a member's /metrics, so that a test can find the member that holds a client's watch.
 //
 // Not thread-safe: one thread drives an EtcdCluster (others may talk to its members).
@@ -245,6 +246,37 @@ class EtcdCluster {
         return absl::DeadlineExceededError(absl::StrCat(
             "no running member of the etcd cluster was reported leader by a majority within ",
             absl::FormatDuration(timeout), " (last error: ", last, ")"));
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  }
+
+  // Hands the leadership from member `from`, which must lead now, to member `to` (etcd's
+  // MoveLeader: `to` campaigns at once, without waiting out an election timeout), then waits until
+  // a majority reports `to` as the leader (bounded by `timeout`).
+  absl::Status MoveLeader(int from, int to, absl::Duration timeout) {
+    absl::StatusOr<std::string> status =
+        HttpRequest(member(to).address, member(to).client_port, "POST", "/v3/maintenance/status",
+                    "{}", kRequestTimeout);
+    if (!status.ok()) return status.status();
+    const uint64_t target = JsonUint(*status, "member_id");
+    if (target == 0) {
+      return absl::InternalError(absl::StrCat(endpoint(to), " reported no member_id: ", *status));
+    }
+    absl::StatusOr<std::string> moved =
+        HttpRequest(member(from).address, member(from).client_port, "POST",
+                    "/v3/maintenance/transfer-leadership",
+                    absl::StrCat("{\"targetID\":\"", target, "\"}"), timeout);
+    if (!moved.ok()) return moved.status();
+    const absl::Time deadline = absl::Now() + timeout;
+    for (;;) {
+      absl::StatusOr<int> leader = Leader(deadline - absl::Now());
+      if (leader.ok() && *leader == to) return absl::OkStatus();
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "the leadership did not pass from member ", from, " to member ", to, " within ",
+            absl::FormatDuration(timeout), " (leader now: ",
+            leader.ok() ? absl::StrCat(*leader) : leader.status().ToString(), ")"));
       }
       absl::SleepFor(absl::Milliseconds(50));
     }

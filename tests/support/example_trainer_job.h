@@ -11,15 +11,20 @@
 
 namespace trainguard::testing {
 
-// `trainer` (the binary's path) training `steps` steps, printing every 50, with a 10 s gloo timeout.
-inline std::vector<std::string> ExampleTrainerArgs(const std::string& trainer, int steps) {
-  return {trainer, "--steps", absl::StrCat(steps), "--print-every", "50", "--comm-timeout-s", "10"};
+// `trainer` (the binary's path) training `steps` steps, printing every `print_every`, with a 10 s
+// gloo timeout.
+inline std::vector<std::string> ExampleTrainerArgs(const std::string& trainer, int steps,
+                                                   int print_every = 50) {
+  return {trainer, "--steps", absl::StrCat(steps), "--print-every", absl::StrCat(print_every),
+          "--comm-timeout-s", "10"};
 }
 
-// A snapshot every 25 steps, persisted every 4th (every 100 steps) under `dir`/checkpoints: a host
-// that dies takes its snapshots with it, and its replacements restore the newest persisted step.
-inline std::vector<std::string> ExampleCheckpointEnv(const std::string& dir) {
-  return {"TRAINGUARD_CHECKPOINT_EVERY_STEPS=25", "TRAINGUARD_CHECKPOINT_PERSIST_EVERY=4",
+// A snapshot every `every_steps` steps, persisted every 4th (every 100 steps by default) under
+// `dir`/checkpoints: a host that dies takes its snapshots with it, and its replacements restore the
+// newest persisted step.
+inline std::vector<std::string> ExampleCheckpointEnv(const std::string& dir, int every_steps = 25) {
+  return {absl::StrCat("TRAINGUARD_CHECKPOINT_EVERY_STEPS=", every_steps),
+          "TRAINGUARD_CHECKPOINT_PERSIST_EVERY=4",
           absl::StrCat("TRAINGUARD_CHECKPOINT_DIR=", dir, "/checkpoints")};
 }
 
