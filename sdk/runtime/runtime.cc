@@ -141,7 +141,8 @@ absl::StatusOr<std::unique_ptr<Runtime>> RuntimeImpl::Create(const Options& opti
   if (absl::Status s = runtime->StartDetection(); !s.ok()) return s;
   if (runtime->member_ != nullptr) {
     runtime->generation_watcher_ = std::make_unique<GenerationWatcher>(
-        runtime->member_.get(), absl::Milliseconds(options.heartbeat_interval_ms),
+        runtime->member_.get(),
+        std::min(absl::Milliseconds(options.heartbeat_interval_ms), kGenerationWatchSlice),
         [rt = runtime.get()](int64_t generation) { rt->OnSuperseded(generation); });
   }
   return std::unique_ptr<Runtime>(std::move(runtime));

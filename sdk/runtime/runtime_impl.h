@@ -307,10 +307,13 @@ class RuntimeImpl final : public Runtime {
   Mutex superseded_handlers_mu_;
   std::vector<std::function<void(int64_t)>> superseded_handlers_
       ABSL_GUARDED_BY(superseded_handlers_mu_);
-  // With a store: calls OnSuperseded on its thread, which uses everything above. Each of its waits
-  // lasts heartbeat_interval_ms: as much store traffic as the heartbeat, and the longest ~Runtime
+  // With a store: calls OnSuperseded on its thread, which uses everything above. Each of its store
+  // waits lasts kGenerationWatchSlice (heartbeat_interval_ms when shorter): the longest ~Runtime
   // waits for its thread.
   std::unique_ptr<GenerationWatcher> generation_watcher_;
+  // Short enough that closing a Runtime is not held up by a wait that cannot be interrupted; one
+  // Wait request per rank per slice while the generation is current.
+  static constexpr absl::Duration kGenerationWatchSlice = absl::Milliseconds(100);
   // Its thread calls OnHang, which uses everything above: destroyed before them.
   std::unique_ptr<Watchdog> watchdog_;
   // watchdog_.get(), set once before the hang callbacks are registered: they read it on the
