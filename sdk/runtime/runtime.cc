@@ -474,28 +474,30 @@ absl::StatusOr<int64_t> RuntimeImpl::TryEnterGeneration(int64_t step, RecoveryRe
   report.state_source_rank = -1;
   if (checkpointing_) {
     absl::StatusOr<int64_t> r = RestoreCheckpoint();
-    if (r.ok()) {
-      next = *r;
-      restored = true;
-      report.restored_from = last_restore_source_;
-      report.restore_skipped = last_restore_skipped_;
-    } else if (absl::IsAborted(r.status()) && member_ != nullptr && member_->superseded()) {
-      // A rank died while the ranks restored together: meet the others in the newer generation.
-      *failure = EntryFailure::kRetry;
-      return WithContext(r.status(),
-                         absl::StrCat("rank ", rank_, ": restoring in generation ", generation()));
-    } else if (!absl::IsNotFound(r.status())) {
-      // Committed state exists and cannot be restored: starting without it would silently lose
-      // the job's progress.
-      return WithContext(r.status(), absl::StrCat("rank ", rank_,
-                                                  ": restoring the newest "
-                                                  "committed checkpoint of generation ",
-                                                  generation()));
+    switch (ClassifyRestore(r.status(), member_ != nullptr && member_->superseded())) {
+      case RestoreOutcome::kRestored:
+        next = *r;
+        restored = true;
+        report.restored_from = last_restore_source_;
+        report.restore_skipped = last_restore_skipped_;
+        break;
+      case RestoreOutcome::kNothingCommitted:
+        break;
+      case RestoreOutcome::kSupersededMeanwhile:
+        // A rank died while the ranks restored together: meet the others in the newer generation.
+        *failure = EntryFailure::kRetry;
+        return WithContext(r.status(), absl::StrCat("rank ", rank_, ": restoring in generation ",
+                                                    generation()));
+      case RestoreOutcome::kFailed:
+        return WithContext(r.status(), absl::StrCat("rank ", rank_,
+                                                    ": restoring the newest "
+                                                    "committed checkpoint of generation ",
+                                                    generation()));
     }
   }
   *ready_step = next;
-  const bool has_source = recovery_plan_.has_value() && recovery_plan_->state_source_rank >= 0;
-  if (!restored && recovery_plan_.has_value() && !has_source) {
+  const StateSource source = DecideStateSource(restored, recovery_plan_);
+  if (source == StateSource::kLost) {
     *failure = EntryFailure::kStopJob;
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", rank_, ": every rank of generation ", generation(),
@@ -507,10 +509,10 @@ absl::StatusOr<int64_t> RuntimeImpl::TryEnterGeneration(int64_t step, RecoveryRe
     *failure = EntryFailure::kRetry;
     return s;
   }
-  if (!restored && has_source) {
+  if (source == StateSource::kBroadcast) {
     const int root = recovery_plan_->state_source_rank;
     if (absl::Status s = BroadcastState(root); !s.ok()) {
-      *failure = rank_ == root ? EntryFailure::kRetry : EntryFailure::kRetryWithoutState;
+      *failure = BroadcastFailure(rank_, root);
       return s;
     }
     report.state_source_rank = root;
@@ -528,10 +530,13 @@ absl::StatusOr<int64_t> RuntimeImpl::EnterGeneration(int64_t step, int64_t faile
     absl::StatusOr<int64_t> next = TryEnterGeneration(step, report, &failure, &ready_step);
     report.generation = generation();
     if (next.ok()) return next;
-    if (failure == EntryFailure::kStopJob) {
+    const EntryRetryDecision decision =
+        DecideAfterFailedTry(failure, member_ != nullptr, report.generation_attempts,
+                             kMaxGenerationAttempts, ready_step);
+    if (decision.action == EntryRetryDecision::Action::kStopJob) {
       return StopJob(std::string(next.status().message()), report);
     }
-    if (failure == EntryFailure::kFinal || member_ == nullptr) return next.status();
+    if (decision.action == EntryRetryDecision::Action::kFail) return next.status();
     errors.push_back(absl::StrCat("generation ", generation(), ": ", next.status().message()));
     Event event = EventOfKind(EventKind::kGenerationEntryFailed,
                               absl::StrCat("entering generation ", generation(),
@@ -539,23 +544,21 @@ absl::StatusOr<int64_t> RuntimeImpl::EnterGeneration(int64_t step, int64_t faile
                                            kMaxGenerationAttempts, "): ", next.status().message()));
     event.step = step;
     (void)EmitEvent(std::move(event));
-    if (report.generation_attempts >= kMaxGenerationAttempts) {
+    if (decision.action == EntryRetryDecision::Action::kGiveUp) {
       return absl::UnavailableError(absl::StrCat(
           "rank ", rank_, ": no communicator could be built in ", report.generation_attempts,
           " generations (limit kMaxGenerationAttempts ", kMaxGenerationAttempts,
           "); ranks kept failing while they rebuilt: ", absl::StrJoin(errors, "; ")));
     }
     // A rank died (or its link dropped) while the communicator was being built: the launcher
-    // publishes a newer generation, or renews this one on request. A rank whose state a failed
-    // broadcast overwrote has none to offer.
+    // publishes a newer generation, or renews this one on request.
     CloseCommunicator();
     StepResult failed;
     failed.step = failed_step;
     failed.fault = FaultKind::kCommunicationFailure;
     failed.action = StepAction::kReRendezvous;
     failed.status = next.status();
-    absl::StatusOr<int64_t> joined = ReRendezvous(
-        failed, failure == EntryFailure::kRetryWithoutState ? int64_t{-1} : ready_step);
+    absl::StatusOr<int64_t> joined = ReRendezvous(failed, decision.offered_step);
     if (!joined.ok()) return joined.status();
     report.joined_generation = true;
     step = *joined;

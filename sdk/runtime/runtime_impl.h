@@ -24,6 +24,7 @@
 #include "sdk/core/event_log.h"
 #include "sdk/core/mutex.h"
 #include "sdk/rendezvous/rendezvous.h"
+#include "sdk/runtime/generation_entry.h"
 #include "sdk/runtime/generation_watcher.h"
 #include "sdk/runtime/hang_evidence.h"
 #include "sdk/runtime/hang_responder.h"
@@ -152,14 +153,7 @@ class RuntimeImpl final : public Runtime {
   // tries again (bounded). `step` is where the generation's plan says to resume.
   absl::StatusOr<int64_t> EnterGeneration(int64_t step, int64_t failed_step,
                                           RecoveryReport& report);
-  // How one try of entering a generation failed.
-  enum class EntryFailure {
-    kFinal,              // an error to return (a restore failure)
-    kRetry,              // building or syncing failed: try in the next generation
-    kRetryWithoutState,  // the same, and a failed broadcast left this rank's state undefined
-    kStopJob,            // the job cannot go on (its state is lost)
-  };
-  // One try of the above, in the current generation. *ready_step: the step this rank's state is
+  // One try of the above (its decisions: sdk/runtime/generation_entry.h), in the current generation. *ready_step: the step this rank's state is
   // ready to run after the try (what it offers in the next generation).
   absl::StatusOr<int64_t> TryEnterGeneration(int64_t step, RecoveryReport& report,
                                              EntryFailure* failure, int64_t* ready_step);
