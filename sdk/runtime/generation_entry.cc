@@ -28,8 +28,7 @@ EntryRetryDecision DecideAfterFailedTry(EntryFailure failure, bool has_store, in
   if (failure == EntryFailure::kFinal || !has_store) return {Action::kFail};
   if (attempts >= max_attempts) return {Action::kGiveUp};
   // A rank whose state a failed broadcast overwrote has none to offer.
-  return {Action::kRetry,
-          failure == EntryFailure::kRetryWithoutState ? int64_t{-1} : ready_step};
+  return {Action::kRetry, failure == EntryFailure::kRetryWithoutState ? int64_t{-1} : ready_step};
 }
 
 }  // namespace trainguard

@@ -23,10 +23,10 @@ namespace trainguard {
 
 // How a try's restore of the newest committed checkpoint ended.
 enum class RestoreOutcome {
-  kRestored,            // the state is the checkpoint's
-  kNothingCommitted,    // NotFound: a fresh job; not a failure
-  kSupersededMeanwhile, // Aborted while a newer generation exists: a rank died as they restored
-  kFailed,              // committed state exists and cannot be restored: the entry ends
+  kRestored,             // the state is the checkpoint's
+  kNothingCommitted,     // NotFound: a fresh job; not a failure
+  kSupersededMeanwhile,  // Aborted while a newer generation exists: a rank died as they restored
+  kFailed,               // committed state exists and cannot be restored: the entry ends
 };
 // `restore`: RestoreCheckpoint's status; `superseded`: whether the rank's generation is
 // superseded (RendezvousMember::superseded) as it failed.
@@ -34,9 +34,9 @@ RestoreOutcome ClassifyRestore(const absl::Status& restore, bool superseded);
 
 // Where the rank's state comes from in the generation, once the restore is done.
 enum class StateSource {
-  kOwn,             // the rank keeps what it has: restored, or the initial start without a plan
-  kBroadcast,       // from the plan's state source rank, once the communicator is built
-  kLost,            // every rank of the generation is new and nothing was restored: stop the job
+  kOwn,        // the rank keeps what it has: restored, or the initial start without a plan
+  kBroadcast,  // from the plan's state source rank, once the communicator is built
+  kLost,       // every rank of the generation is new and nothing was restored: stop the job
 };
 // `restored`: the restore's outcome was kRestored; `plan`: the generation's recovery plan
 // (nullopt for a static job, or an initial rank's first generation).
@@ -56,10 +56,10 @@ EntryFailure BroadcastFailure(int rank, int root);
 // What the entry does after a failed try.
 struct EntryRetryDecision {
   enum class Action {
-    kStopJob,   // publish the reason as job/stop and fail (Runtime::StopJob)
-    kFail,      // return the try's error
-    kGiveUp,    // the limit of tries is reached: fail naming every try's error
-    kRetry,     // close the communicator and meet the others in the next generation
+    kStopJob,  // publish the reason as job/stop and fail (Runtime::StopJob)
+    kFail,     // return the try's error
+    kGiveUp,   // the limit of tries is reached: fail naming every try's error
+    kRetry,    // close the communicator and meet the others in the next generation
   };
   Action action = Action::kFail;
   // kRetry: the step this rank's state is ready to run, offered in the next generation (-1: it

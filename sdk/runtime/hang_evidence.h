@@ -7,8 +7,8 @@
 // symbolising and the write (which read the modules' symbol tables: slow with large libraries
 // loaded) may come after the hang is published or the rank was let go.
 //
-// FlightRecorderEvidence is the rank's own; HangResponder (hang_responder.h) takes the interface, so
-// that a test counts the dumps it asks for.
+// FlightRecorderEvidence is the rank's own; HangResponder (hang_responder.h) takes the interface,
+// so that a test counts the dumps it asks for.
 //
 // Thread safety: Capture and Write may be called from any thread; the HangResponder serialises
 // them. Not copyable or movable.
@@ -51,8 +51,7 @@ class HangEvidence {
   // ("" if it failed). The stacks' text goes to *stacks_out and the symbolising's milliseconds to
   // *symbolize_ms, if given.
   virtual std::string Write(const CapturedEvidence& captured, const std::string& reason,
-                            int64_t generation, std::string* stacks_out,
-                            int64_t* symbolize_ms) = 0;
+                            int64_t generation, std::string* stacks_out, int64_t* symbolize_ms) = 0;
 };
 
 struct FlightRecorderEvidenceOptions {

@@ -51,9 +51,8 @@ void HangResponder::OnOwnHang(const HangReport& report, int64_t generation) {
   }
   std::string stacks;
   int64_t symbolize_ms = 0;
-  const std::string path =
-      options_.evidence->Write(captured, absl::StrCat("hang: ", report.ToString()), generation,
-                               &stacks, &symbolize_ms);
+  const std::string path = options_.evidence->Write(
+      captured, absl::StrCat("hang: ", report.ToString()), generation, &stacks, &symbolize_ms);
   // The event goes out once the dump is written: its time is the declaration's plus this.
   const int64_t dump_ms = (clock.MonotonicNanos() - dump_begin_ns) / 1'000'000;
   Event event;

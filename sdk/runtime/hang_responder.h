@@ -17,8 +17,8 @@
 //       trainer's superseded handlers let it go, and written after them.
 //   a static job's communication failure (DumpCommunicationFailure) and SIGUSR2 (DumpOnDemand).
 //
-// It has no thread of its own: the watchdog's thread, the two watchers' and the training thread call
-// it, and the instants that order its store requests against the watcher's reads come from its
+// It has no thread of its own: the watchdog's thread, the two watchers' and the training thread
+// call it, and the instants that order its store requests against the watcher's reads come from its
 // Clock. One dump is captured and written at a time, and a generation's hang is dumped once,
 // whichever thread sees it first.
 //

@@ -486,8 +486,8 @@ absl::StatusOr<int64_t> RuntimeImpl::TryEnterGeneration(int64_t step, RecoveryRe
       case RestoreOutcome::kSupersededMeanwhile:
         // A rank died while the ranks restored together: meet the others in the newer generation.
         *failure = EntryFailure::kRetry;
-        return WithContext(r.status(), absl::StrCat("rank ", rank_, ": restoring in generation ",
-                                                    generation()));
+        return WithContext(
+            r.status(), absl::StrCat("rank ", rank_, ": restoring in generation ", generation()));
       case RestoreOutcome::kFailed:
         return WithContext(r.status(), absl::StrCat("rank ", rank_,
                                                     ": restoring the newest "
@@ -686,10 +686,10 @@ absl::Status RuntimeImpl::StartDetection() {
       .store = store_,
       .generation = [this] { return generation(); },
       .duties = [this] { RunWatcherDuties(); },
-      .on_hang_key = [this](int64_t generation, const absl::StatusOr<std::string>& who,
-                            absl::Time asked) {
-        hang_responder_->OnHangKey(generation, who, asked);
-      }});
+      .on_hang_key =
+          [this](int64_t generation, const absl::StatusOr<std::string>& who, absl::Time asked) {
+            hang_responder_->OnHangKey(generation, who, asked);
+          }});
   return absl::OkStatus();
 }
 

@@ -153,8 +153,9 @@ class RuntimeImpl final : public Runtime {
   // tries again (bounded). `step` is where the generation's plan says to resume.
   absl::StatusOr<int64_t> EnterGeneration(int64_t step, int64_t failed_step,
                                           RecoveryReport& report);
-  // One try of the above (its decisions: sdk/runtime/generation_entry.h), in the current generation. *ready_step: the step this rank's state is
-  // ready to run after the try (what it offers in the next generation).
+  // One try of the above (its decisions: sdk/runtime/generation_entry.h), in the current
+  // generation. *ready_step: the step this rank's state is ready to run after the try (what it
+  // offers in the next generation).
   absl::StatusOr<int64_t> TryEnterGeneration(int64_t step, RecoveryReport& report,
                                              EntryFailure* failure, int64_t* ready_step);
   absl::Status BuildCommunicator();

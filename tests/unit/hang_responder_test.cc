@@ -1,5 +1,5 @@
-// HangResponder (sdk/runtime/hang_responder.h): what a rank does when a hang is declared, its own or
-// a peer's, on an in-memory store at instants a ManualClock sets. The evidence is a recording of
+// HangResponder (sdk/runtime/hang_responder.h): what a rank does when a hang is declared, its own
+// or a peer's, on an in-memory store at instants a ManualClock sets. The evidence is a recording of
 // the dumps asked for (no stacks are captured), so that a test counts them.
 #include "sdk/runtime/hang_responder.h"
 
@@ -145,7 +145,8 @@ TEST_F(HangResponderTest, APeersHangInTheRanksGenerationIsDumpedExactlyOnce) {
   EXPECT_EQ(written[0].generation, 3);
   EXPECT_EQ(written[0].event.type, EventType::kHang);
   EXPECT_EQ(written[0].event.step, 7);
-  EXPECT_THAT(written[0].event.attributes, ElementsAre(Pair("remote", "true"), Pair("dump", "dump-1")));
+  EXPECT_THAT(written[0].event.attributes,
+              ElementsAre(Pair("remote", "true"), Pair("dump", "dump-1")));
 }
 
 TEST_F(HangResponderTest, AHangOfAnOlderGenerationIsIgnored) {
