@@ -1,14 +1,47 @@
 #include "sdk/runtime/generation_watcher.h"
 
+#include <algorithm>
 #include <utility>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace trainguard {
 
-GenerationWatcher::GenerationWatcher(RendezvousMember* member, absl::Duration wait,
+NewerGenerationWait::NewerGenerationWait(RendezvousMember* member, absl::Duration slice)
+    : member_(member), slice_(slice) {}
+
+void NewerGenerationWait::Cancel() {
+  MutexLock lock(&mu_);
+  cancelled_ = true;
+}
+
+bool NewerGenerationWait::cancelled() const {
+  MutexLock lock(&mu_);
+  return cancelled_;
+}
+
+absl::StatusOr<bool> NewerGenerationWait::Await(absl::Duration timeout) {
+  // Real time: the deadline of store waits, which take real time whatever clock the rank uses.
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    if (cancelled()) {
+      return absl::CancelledError(absl::StrCat("the wait of member ", member_->member_id(),
+                                               " for a generation after ", member_->generation(),
+                                               " was cancelled (its watcher is stopping)"));
+    }
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return false;
+    absl::StatusOr<bool> superseded = member_->AwaitNewerGeneration(std::min(left, slice_));
+    if (!superseded.ok() || *superseded) return superseded;
+  }
+}
+
+GenerationWatcher::GenerationWatcher(RendezvousMember* member, absl::Duration slice,
                                      std::function<void(int64_t)> on_superseded)
-    : member_(member), wait_(wait), on_superseded_(std::move(on_superseded)) {
+    : member_(member), on_superseded_(std::move(on_superseded)), wait_(member, slice) {
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -18,6 +51,7 @@ GenerationWatcher::~GenerationWatcher() {
 }
 
 void GenerationWatcher::Stop() {
+  wait_.Cancel();
   MutexLock lock(&mu_);
   stop_ = true;
 }
@@ -26,7 +60,9 @@ void GenerationWatcher::Run() {
   int64_t announced = -1;  // the last generation on_superseded_ was called for
   while (true) {
     const int64_t held = member_->generation();
-    absl::StatusOr<bool> superseded = member_->AwaitNewerGeneration(wait_);
+    // No deadline of its own: the watcher waits until the generation is superseded or it stops.
+    absl::StatusOr<bool> superseded = wait_.Await(absl::InfiniteDuration());
+    if (absl::IsCancelled(superseded.status())) return;
     if (superseded.ok() && *superseded && held != announced &&
         member_->superseded_generation() == held) {
       announced = held;

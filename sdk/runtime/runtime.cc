@@ -141,7 +141,8 @@ absl::StatusOr<std::unique_ptr<Runtime>> RuntimeImpl::Create(const Options& opti
   if (absl::Status s = runtime->StartDetection(); !s.ok()) return s;
   if (runtime->member_ != nullptr) {
     runtime->generation_watcher_ = std::make_unique<GenerationWatcher>(
-        runtime->member_.get(), absl::Milliseconds(options.heartbeat_interval_ms),
+        runtime->member_.get(),
+        std::min(absl::Milliseconds(options.heartbeat_interval_ms), kGenerationWatchSlice),
         [rt = runtime.get()](int64_t generation) { rt->OnSuperseded(generation); });
   }
   return std::unique_ptr<Runtime>(std::move(runtime));
@@ -253,11 +254,9 @@ absl::Status RuntimeImpl::OpenEvents() {
 RuntimeImpl::~RuntimeImpl() {
   launcher_watch_.reset();
   CloseCommunicator();  // before the tracker its abort hook is registered in
-  {
-    MutexLock lock(&watcher_mu_);
-    stop_watcher_ = true;
-  }
-  // Both threads stop together; each destructor joins its own.
+  // A hang's wait for the peers' dumps ends; both watchers stop together, and each destructor
+  // joins its own thread.
+  if (hang_responder_ != nullptr) hang_responder_->Stop();
   if (generation_watcher_ != nullptr) generation_watcher_->Stop();
   if (peer_hang_watcher_ != nullptr) peer_hang_watcher_->Stop();
   generation_watcher_.reset();
@@ -296,7 +295,7 @@ bool RuntimeImpl::TryBeginStep() {
   if (!step_active_.compare_exchange_strong(expected, true, std::memory_order_acq_rel)) {
     return false;
   }
-  step_ending_.store(kStepRunning, std::memory_order_release);
+  hang_responder_->NoteStepBegun();
   steps_begun_.fetch_add(1, std::memory_order_acq_rel);
   return true;
 }
@@ -330,12 +329,9 @@ void RuntimeImpl::RecordStepFault(const StepResult& result) {
   // so that every rank of a static job leaves its evidence. With a store, the hang key does that.
   if (store_ == nullptr && result.fault == FaultKind::kCommunicationFailure &&
       flight_recorder_ != nullptr) {
-    MutexLock lock(&dump_mu_);
-    if (dumped_generation_ != generation()) {
-      dumped_generation_ = generation();
-      event.attributes.emplace_back(
-          "dump", DumpEvidence(absl::StrCat("communication failure: ", event.message), generation(),
-                               nullptr));
+    if (std::optional<std::string> dump =
+            hang_responder_->DumpCommunicationFailure(generation(), event.message)) {
+      event.attributes.emplace_back("dump", *std::move(dump));
     }
   }
   // A fault whose event cannot be written is still returned to the trainer in the StepResult.
@@ -478,28 +474,30 @@ absl::StatusOr<int64_t> RuntimeImpl::TryEnterGeneration(int64_t step, RecoveryRe
   report.state_source_rank = -1;
   if (checkpointing_) {
     absl::StatusOr<int64_t> r = RestoreCheckpoint();
-    if (r.ok()) {
-      next = *r;
-      restored = true;
-      report.restored_from = last_restore_source_;
-      report.restore_skipped = last_restore_skipped_;
-    } else if (absl::IsAborted(r.status()) && member_ != nullptr && member_->superseded()) {
-      // A rank died while the ranks restored together: meet the others in the newer generation.
-      *failure = EntryFailure::kRetry;
-      return WithContext(r.status(),
-                         absl::StrCat("rank ", rank_, ": restoring in generation ", generation()));
-    } else if (!absl::IsNotFound(r.status())) {
-      // Committed state exists and cannot be restored: starting without it would silently lose
-      // the job's progress.
-      return WithContext(r.status(), absl::StrCat("rank ", rank_,
-                                                  ": restoring the newest "
-                                                  "committed checkpoint of generation ",
-                                                  generation()));
+    switch (ClassifyRestore(r.status(), member_ != nullptr && member_->superseded())) {
+      case RestoreOutcome::kRestored:
+        next = *r;
+        restored = true;
+        report.restored_from = last_restore_source_;
+        report.restore_skipped = last_restore_skipped_;
+        break;
+      case RestoreOutcome::kNothingCommitted:
+        break;
+      case RestoreOutcome::kSupersededMeanwhile:
+        // A rank died while the ranks restored together: meet the others in the newer generation.
+        *failure = EntryFailure::kRetry;
+        return WithContext(
+            r.status(), absl::StrCat("rank ", rank_, ": restoring in generation ", generation()));
+      case RestoreOutcome::kFailed:
+        return WithContext(r.status(), absl::StrCat("rank ", rank_,
+                                                    ": restoring the newest "
+                                                    "committed checkpoint of generation ",
+                                                    generation()));
     }
   }
   *ready_step = next;
-  const bool has_source = recovery_plan_.has_value() && recovery_plan_->state_source_rank >= 0;
-  if (!restored && recovery_plan_.has_value() && !has_source) {
+  const StateSource source = DecideStateSource(restored, recovery_plan_);
+  if (source == StateSource::kLost) {
     *failure = EntryFailure::kStopJob;
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", rank_, ": every rank of generation ", generation(),
@@ -511,10 +509,10 @@ absl::StatusOr<int64_t> RuntimeImpl::TryEnterGeneration(int64_t step, RecoveryRe
     *failure = EntryFailure::kRetry;
     return s;
   }
-  if (!restored && has_source) {
+  if (source == StateSource::kBroadcast) {
     const int root = recovery_plan_->state_source_rank;
     if (absl::Status s = BroadcastState(root); !s.ok()) {
-      *failure = rank_ == root ? EntryFailure::kRetry : EntryFailure::kRetryWithoutState;
+      *failure = BroadcastFailure(rank_, root);
       return s;
     }
     report.state_source_rank = root;
@@ -532,10 +530,13 @@ absl::StatusOr<int64_t> RuntimeImpl::EnterGeneration(int64_t step, int64_t faile
     absl::StatusOr<int64_t> next = TryEnterGeneration(step, report, &failure, &ready_step);
     report.generation = generation();
     if (next.ok()) return next;
-    if (failure == EntryFailure::kStopJob) {
+    const EntryRetryDecision decision =
+        DecideAfterFailedTry(failure, member_ != nullptr, report.generation_attempts,
+                             kMaxGenerationAttempts, ready_step);
+    if (decision.action == EntryRetryDecision::Action::kStopJob) {
       return StopJob(std::string(next.status().message()), report);
     }
-    if (failure == EntryFailure::kFinal || member_ == nullptr) return next.status();
+    if (decision.action == EntryRetryDecision::Action::kFail) return next.status();
     errors.push_back(absl::StrCat("generation ", generation(), ": ", next.status().message()));
     Event event = EventOfKind(EventKind::kGenerationEntryFailed,
                               absl::StrCat("entering generation ", generation(),
@@ -543,23 +544,21 @@ absl::StatusOr<int64_t> RuntimeImpl::EnterGeneration(int64_t step, int64_t faile
                                            kMaxGenerationAttempts, "): ", next.status().message()));
     event.step = step;
     (void)EmitEvent(std::move(event));
-    if (report.generation_attempts >= kMaxGenerationAttempts) {
+    if (decision.action == EntryRetryDecision::Action::kGiveUp) {
       return absl::UnavailableError(absl::StrCat(
           "rank ", rank_, ": no communicator could be built in ", report.generation_attempts,
           " generations (limit kMaxGenerationAttempts ", kMaxGenerationAttempts,
           "); ranks kept failing while they rebuilt: ", absl::StrJoin(errors, "; ")));
     }
     // A rank died (or its link dropped) while the communicator was being built: the launcher
-    // publishes a newer generation, or renews this one on request. A rank whose state a failed
-    // broadcast overwrote has none to offer.
+    // publishes a newer generation, or renews this one on request.
     CloseCommunicator();
     StepResult failed;
     failed.step = failed_step;
     failed.fault = FaultKind::kCommunicationFailure;
     failed.action = StepAction::kReRendezvous;
     failed.status = next.status();
-    absl::StatusOr<int64_t> joined = ReRendezvous(
-        failed, failure == EntryFailure::kRetryWithoutState ? int64_t{-1} : ready_step);
+    absl::StatusOr<int64_t> joined = ReRendezvous(failed, decision.offered_step);
     if (!joined.ok()) return joined.status();
     report.joined_generation = true;
     step = *joined;
@@ -629,6 +628,29 @@ absl::Status RuntimeImpl::StartDetection() {
   absl::StatusOr<std::unique_ptr<CollectiveTracker>> tracker = CollectiveTracker::Create(to);
   if (!tracker.ok()) return WithContext(tracker.status(), where);
   collectives_ = *std::move(tracker);
+  hang_evidence_ = std::make_unique<FlightRecorderEvidence>(FlightRecorderEvidenceOptions{
+      .job_id = options_.job_id,
+      .rank = rank_,
+      .run_dir = run_dir_,
+      .env = env_,
+      .clock = clock_,
+      .step_thread = [this] {
+        return phase_watchdog_ != nullptr ? phase_watchdog_->phase_thread_id() : 0;
+      }});
+  hang_responder_ = std::make_unique<HangResponder>(HangResponderOptions{
+      .rank = rank_,
+      .store = store_,
+      .evidence = hang_evidence_.get(),
+      // Real time, not clock_: its instants are ordered against the peer-hang watcher's reads,
+      // which that thread stamps with real time, and its wait for the peers' dumps must end
+      // whatever clock the trainer gave.
+      .clock = Clock::Real(),
+      .generation = [this] { return generation(); },
+      .step = [this] { return heartbeat_.Read().step; },
+      .emit = [this](int64_t generation,
+                     Event event) { (void)EmitEventOf(generation, std::move(event)); },
+      .withdraw_hang_if_ended = [this] { return phase_watchdog_->WithdrawHangIfEnded(); },
+      .dump_wait = absl::Milliseconds(options_.hang_dump_wait_ms)});
   if (options_.watchdog_poll_ms == 0) return absl::OkStatus();
   WatchdogOptions wo = WatchdogOptions::FromOptions(options_);
   wo.clock = clock_;
@@ -664,8 +686,10 @@ absl::Status RuntimeImpl::StartDetection() {
       .store = store_,
       .generation = [this] { return generation(); },
       .duties = [this] { RunWatcherDuties(); },
-      .on_hang_key = [this](int64_t generation, const absl::StatusOr<std::string>& who,
-                            absl::Time asked) { OnHangKey(generation, who, asked); }});
+      .on_hang_key =
+          [this](int64_t generation, const absl::StatusOr<std::string>& who, absl::Time asked) {
+            hang_responder_->OnHangKey(generation, who, asked);
+          }});
   return absl::OkStatus();
 }
 
@@ -692,143 +716,8 @@ LossSpikeDetector& RuntimeImpl::loss_spike_detector() {
   return *loss_spike_detector_;
 }
 
-std::string RuntimeImpl::DumpEvidence(const std::string& reason, int64_t generation,
-                                      std::string* stacks_out) {
-  return WriteEvidence(CaptureEvidence(), reason, generation, stacks_out);
-}
-
-RuntimeImpl::CapturedEvidence RuntimeImpl::CaptureEvidence() {
-  // Designated initializers are evaluated in order: the stacks first, then the ring.
-  return CapturedEvidence{.stacks = CaptureRawThreadStacks(absl::Seconds(2)),
-                          .ring = ReadFlightRecorder(options_.job_id, rank_)};
-}
-
-std::string RuntimeImpl::WriteEvidence(const CapturedEvidence& captured, const std::string& reason,
-                                       int64_t generation, std::string* stacks_out,
-                                       int64_t* symbolize_ms) {
-  const int64_t begin_ns = clock_->MonotonicNanos();
-  const std::string stack_text =
-      captured.stacks.ok()
-          ? FormatThreadStacks(SymbolizeThreadStacks(*captured.stacks))
-          : absl::StrCat("(stack capture failed: ", captured.stacks.status().ToString(), ")");
-  if (symbolize_ms != nullptr) *symbolize_ms = (clock_->MonotonicNanos() - begin_ns) / 1'000'000;
-  if (stacks_out != nullptr) *stacks_out = stack_text;
-  const absl::StatusOr<FlightRecorderContents>& contents = captured.ring;
-  if (!contents.ok()) return "";
-  const std::string dir = absl::StrCat(run_dir_, "/flight_recorder");
-  if (!env_->CreateDirs(dir).ok()) return "";
-  // The first number no dump of this rank has: an earlier process of the rank (replaced, or on
-  // another host sharing the run dir) may have written some, and they are kept.
-  const int64_t n = hang_dumps_.fetch_add(1) + 1;
-  absl::StatusOr<std::string> path = WriteNewFlightRecorderDump(
-      *contents, rank_,
-      {{"reason", reason},
-       {"generation", absl::StrCat(generation)},
-       // The thread whose stack DiagnoseHang compares across ranks.
-       {"step_thread",
-        absl::StrCat(phase_watchdog_ != nullptr ? phase_watchdog_->phase_thread_id() : 0)},
-       {"stacks", stack_text}},
-      absl::StrFormat("%s/rank-%05d.", dir, rank_), n);
-  return path.ok() ? *path : "";
-}
-
 void RuntimeImpl::OnHang(const HangReport& report) {
-  const int64_t generation = this->generation();
-  const int64_t steps_failed = steps_failed_.load(std::memory_order_acquire);
-  const int64_t dump_begin_ns = clock_->MonotonicNanos();
-  CapturedEvidence captured;
-  {
-    MutexLock lock(&dump_mu_);
-    captured = CaptureEvidence();
-    dumped_generation_ = generation;
-    hang_key_seen_ = absl::InfiniteFuture();  // until this rank's hang key is written
-  }
-  const int64_t capture_ms = (clock_->MonotonicNanos() - dump_begin_ns) / 1'000'000;
-  // The hang key goes out once the stacks and the ring are captured, before they are symbolised
-  // and written: the launcher can replace a stopped peer meanwhile, and this rank's dump still
-  // shows where its threads were when it declared the hang. Every other rank dumps its ring and
-  // stacks too when it sees the key, for a diagnosis across ranks.
-  const std::string key = store_keys::Hang(generation);
-  absl::Time declared = absl::InfiniteFuture();
-  if (store_ != nullptr) {
-    (void)store_->Set(key, store_keys::EncodeHangDeclaration({rank_, report.ToString()}),
-                      absl::Seconds(2));
-    declared = absl::Now();
-    MutexLock lock(&dump_mu_);
-    hang_key_seen_ = declared;
-  }
-  std::string stacks;
-  int64_t symbolize_ms = 0;
-  const std::string path = WriteEvidence(captured, absl::StrCat("hang: ", report.ToString()),
-                                         generation, &stacks, &symbolize_ms);
-  // The event goes out once the dump is written: its time is the declaration's plus this.
-  const int64_t dump_ms = (clock_->MonotonicNanos() - dump_begin_ns) / 1'000'000;
-  Event event;
-  event.type = EventType::kHang;
-  event.step = report.step;
-  event.message = report.ToString();
-  event.attributes = {
-      {"phase", report.phase},
-      {"cause", report.cause == HangReport::Cause::kCollective ? "collective" : "phase"},
-      {"elapsed_ms", absl::StrCat(absl::ToInt64Milliseconds(report.elapsed))},
-      {"bound_ms", absl::StrCat(absl::ToInt64Milliseconds(report.bound))},
-      {"dump", path},
-      {"capture_ms", absl::StrCat(capture_ms)},
-      {"symbolize_ms", absl::StrCat(symbolize_ms)},
-      {"dump_ms", absl::StrCat(dump_ms)}};
-  if (report.collective.has_value()) {
-    event.attributes.emplace_back("collective", report.collective->op);
-    event.attributes.emplace_back("comm_seq", absl::StrCat(report.collective->comm_seq));
-  }
-  event.attributes.insert(event.attributes.end(), report.evidence.begin(), report.evidence.end());
-  event.attributes.emplace_back("stacks", stacks);
-  (void)EmitEventOf(generation, std::move(event));
-  if (store_ == nullptr) return;
-  // The watchdog aborts the communicators when this returns, which wakes the other ranks' blocked
-  // collectives: wait (bounded) for their dumps first, so that their stacks show where they were
-  // blocked. A wait that ends by itself meanwhile (the whole machine stalled, and caught up)
-  // withdraws the hang: nothing is aborted, and the launcher replaces no one.
-  if (!AwaitHangEnd(steps_failed)) {
-    (void)store_->Set(store_keys::HangAborted(generation, rank_), absl::StrCat("rank ", rank_),
-                      absl::Seconds(2));
-    return;
-  }
-  const absl::Duration waited_for = absl::Now() - declared;
-  const std::string waited = absl::FormatDuration(absl::Trunc(waited_for, absl::Milliseconds(1)));
-  (void)store_->Set(store_keys::HangWithdrawn(generation, rank_),
-                    absl::StrCat("rank ", rank_, ": its wait ended ", waited, " after the hang"),
-                    absl::Seconds(2));
-  Event withdrawn = EventOfKind(EventKind::kHangWithdrawn,
-                                absl::StrCat("hang withdrawn: the wait ended by itself ", waited,
-                                             " after it was declared; nothing aborted"));
-  withdrawn.step = report.step;
-  withdrawn.attributes.emplace_back("waited_ms",
-                                    absl::StrCat(absl::ToInt64Milliseconds(waited_for)));
-  (void)EmitEventOf(generation, std::move(withdrawn));
-}
-
-bool RuntimeImpl::AwaitHangEnd(int64_t steps_failed) {
-  const absl::Time deadline = absl::Now() + absl::Milliseconds(options_.hang_dump_wait_ms);
-  while (true) {
-    // A hang is withdrawn on evidence that the step went on by itself: its wait ended and the step
-    // ends ok (StepScope::Finish then waits in TakeHang for this verdict). A wait ended by a
-    // failure (the collective broke when a dead peer's connections closed) is no such evidence,
-    // and neither is a later step's success once the hung one failed: the dump can outlive the
-    // failed step, its recovery and the next step (the launcher kills a stopped peer without
-    // waiting for this rank's dump).
-    const int ending = step_ending_.load(std::memory_order_acquire);
-    if (ending == kStepEndingFailed ||
-        steps_failed_.load(std::memory_order_acquire) != steps_failed) {
-      return false;
-    }
-    if (ending == kStepEndingOk && watchdog_->WithdrawHangIfEnded()) return true;
-    const absl::Time now = absl::Now();
-    if (now >= deadline) return false;
-    MutexLock lock(&watcher_mu_);
-    watcher_mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_watcher_; },
-                                 std::min(absl::Milliseconds(20), deadline - now));
-    if (stop_watcher_) return false;
-  }
+  hang_responder_->OnOwnHang(report, generation());
 }
 
 void RuntimeImpl::SetMembership(Membership m) {
@@ -894,84 +783,24 @@ void RuntimeImpl::RunWatcherDuties() {
   rank_publisher_->PublishProgress();
   rank_publisher_->PublishWork();
   ExitIfStepOutlivesGeneration();
-  if (dump_requested.exchange(false, std::memory_order_relaxed)) {
-    MutexLock lock(&dump_mu_);
-    const std::string path = DumpEvidence("SIGUSR2 (dump on demand)", generation(), nullptr);
-    Event event =
-        EventOfKind(EventKind::kEvidenceDumped,
-                    absl::StrCat("flight recorder and stacks dumped on SIGUSR2 to ", path));
-    event.step = heartbeat_.Read().step;
-    event.attributes.emplace_back("dump", path);
-    (void)EmitEvent(std::move(event));
-  }
-}
-
-void RuntimeImpl::OnHangKey(int64_t generation, const absl::StatusOr<std::string>& who,
-                            absl::Time asked) {
-  MutexLock lock(&dump_mu_);
-  if (!who.ok()) {
-    // The launcher deletes the key of a hang withdrawn (OnHang): a later hang of the same
-    // generation is dumped again. A Get sent before the key was seen proves nothing.
-    if (absl::IsNotFound(who.status()) && dumped_generation_ == generation &&
-        asked > hang_key_seen_) {
-      dumped_generation_ = -1;
-    }
-    return;  // NotFound: no hang; anything else: try again later
-  }
-  if (dumped_generation_ == generation) return;  // this hang is dumped already
-  dumped_generation_ = generation;
-  hang_key_seen_ = asked;
-  WritePeerHangDump(CaptureEvidence(), generation, *who, "");
-}
-
-void RuntimeImpl::WritePeerHangDump(const CapturedEvidence& captured, int64_t generation,
-                                    const std::string& declared_by, absl::string_view how) {
-  const std::string reason = absl::StrCat("a peer declared a hang: ", declared_by);
-  const std::string path = WriteEvidence(captured, reason, generation, nullptr);
-  Event event;
-  event.type = EventType::kHang;
-  event.step = heartbeat_.Read().step;
-  event.message = absl::StrCat(reason, how);
-  event.attributes = {{"remote", "true"}, {"dump", path}};
-  (void)EmitEventOf(generation, std::move(event));
+  if (dump_requested.exchange(false, std::memory_order_relaxed)) hang_responder_->DumpOnDemand();
 }
 
 void RuntimeImpl::OnSuperseded(int64_t generation) {
   // The factory's communicator is left alone: a rank that left its collective at once would wait
   // in the next generation's rendezvous for every member, and on one host nothing but the heartbeat
   // timeout replaces a member that is stopped there. Waiting in the collective, it declares the
-  // hang, which names the stopped rank (Launcher.AHangsSuspectIsReplacedThough...).
-  //
-  // A peer declared a hang in this generation, and this rank has not dumped it (its own bound had
-  // not run out, and the hang watcher reads the key of the rank's current generation only, which
-  // is about to be the next one): its evidence is captured now, while it still waits where the
-  // hang found it, and written once the handlers have let it go, so that the launcher's diagnosis
-  // has every rank's dump (it waits for them, HangArbiterOptions::dump_grace at most).
-  std::optional<CapturedEvidence> captured;
-  std::string declared_by;
-  if (store_ != nullptr) {
-    const absl::Time asked = absl::Now();
-    absl::StatusOr<std::string> who =
-        store_->Get(store_keys::Hang(generation), absl::Seconds(2));
-    MutexLock lock(&dump_mu_);
-    if (who.ok() && dumped_generation_ != generation) {
-      dumped_generation_ = generation;
-      hang_key_seen_ = asked;
-      declared_by = *who;
-      captured = CaptureEvidence();
-    }
-  }
+  // hang, which names the stopped rank (Launcher.AHangsSuspectIsReplacedThough...). A peer's hang
+  // of this generation that this rank has not dumped is captured before the handlers let it go
+  // (HangResponder::OnSuperseded).
   std::vector<std::function<void(int64_t)>> handlers;
   {
     MutexLock lock(&superseded_handlers_mu_);
     handlers = superseded_handlers_;
   }
-  for (const std::function<void(int64_t)>& handler : handlers) handler(generation);
-  if (captured.has_value()) {
-    MutexLock lock(&dump_mu_);
-    WritePeerHangDump(*captured, generation, declared_by,
-                      " (dumped as its generation was superseded)");
-  }
+  hang_responder_->OnSuperseded(generation, [&] {
+    for (const std::function<void(int64_t)>& handler : handlers) handler(generation);
+  });
   Event event = EventOfKind(
       EventKind::kGenerationSuperseded,
       absl::StrFormat("generation %d was superseded (a newer one is published: a peer died or a "

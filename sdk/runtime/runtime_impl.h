@@ -24,7 +24,10 @@
 #include "sdk/core/event_log.h"
 #include "sdk/core/mutex.h"
 #include "sdk/rendezvous/rendezvous.h"
+#include "sdk/runtime/generation_entry.h"
 #include "sdk/runtime/generation_watcher.h"
+#include "sdk/runtime/hang_evidence.h"
+#include "sdk/runtime/hang_responder.h"
 #include "sdk/runtime/launcher_watch.h"
 #include "sdk/runtime/peer_hang_watcher.h"
 #include "sdk/runtime/rank_publisher.h"
@@ -88,7 +91,9 @@ class RuntimeImpl final : public Runtime {
   void AddSupersededHandler(std::function<void(int64_t generation)> handler) override;
   int64_t resume_step() const override { return resume_step_; }
   absl::StatusOr<int64_t> RestoreCheckpoint() override;
-  int64_t hang_dumps() const override { return hang_dumps_.load(); }
+  int64_t hang_dumps() const override {
+    return hang_evidence_ == nullptr ? 0 : hang_evidence_->dumps();
+  }
   absl::StatusOr<int64_t> Start() override;
   absl::StatusOr<int64_t> recover(const StepResult& result) override;
 
@@ -101,11 +106,9 @@ class RuntimeImpl final : public Runtime {
   bool TryBeginStep();
   void EndStep();
   // StepScope::Finish, before it takes the watchdog's hang: whether the step ends failed by itself
-  // (an exception, a fault reported). A hang being declared meanwhile waits for it (AwaitHangEnd).
-  void NoteStepEnding(bool failed) {
-    if (failed) steps_failed_.fetch_add(1, std::memory_order_acq_rel);
-    step_ending_.store(failed ? kStepEndingFailed : kStepEndingOk, std::memory_order_release);
-  }
+  // (an exception, a fault reported). A hang being declared meanwhile waits for it
+  // (HangResponder::OnOwnHang).
+  void NoteStepEnding(bool failed) { hang_responder_->NoteStepEnding(failed); }
   // After a successful step: the first one of each generation is announced in the store
   // (rdzv/gen/<g>/resumed/<rank>), which is how a launcher times a recovery. One compare otherwise.
   void NoteStepSucceeded(int64_t step) {
@@ -150,15 +153,9 @@ class RuntimeImpl final : public Runtime {
   // tries again (bounded). `step` is where the generation's plan says to resume.
   absl::StatusOr<int64_t> EnterGeneration(int64_t step, int64_t failed_step,
                                           RecoveryReport& report);
-  // How one try of entering a generation failed.
-  enum class EntryFailure {
-    kFinal,              // an error to return (a restore failure)
-    kRetry,              // building or syncing failed: try in the next generation
-    kRetryWithoutState,  // the same, and a failed broadcast left this rank's state undefined
-    kStopJob,            // the job cannot go on (its state is lost)
-  };
-  // One try of the above, in the current generation. *ready_step: the step this rank's state is
-  // ready to run after the try (what it offers in the next generation).
+  // One try of the above (its decisions: sdk/runtime/generation_entry.h), in the current
+  // generation. *ready_step: the step this rank's state is ready to run after the try (what it
+  // offers in the next generation).
   absl::StatusOr<int64_t> TryEnterGeneration(int64_t step, RecoveryReport& report,
                                              EntryFailure* failure, int64_t* ready_step);
   absl::Status BuildCommunicator();
@@ -178,39 +175,11 @@ class RuntimeImpl final : public Runtime {
                                    RecoveryReport& report);
   // Detection internals.
   absl::Status StartDetection();
+  // The watchdog's hang handler: this rank's response (HangResponder::OnOwnHang).
   void OnHang(const HangReport& report);
-  // Dumps the ring and every thread's stack, labelled with `generation`: the one the hang (or
-  // failure) happened in, read before the capture. The generation may move on while the stacks
-  // are captured (the launcher replaces a stopped peer without waiting for this dump), and a dump
-  // labelled with the next one would count as that generation's evidence. Returns the dump's path
-  // ("" if it failed).
-  std::string DumpEvidence(const std::string& reason, int64_t generation, std::string* stacks_out);
-  // DumpEvidence in two parts, for OnHang: the capture (every thread's program counters and the
-  // ring: milliseconds, no file read) before the hang is published, and the symbolising and the
-  // write (which read the modules' symbol tables: up to hundreds of milliseconds with libtorch
-  // loaded) after it. The launcher can then act on the hang key while this rank symbolises, and
-  // the dump still shows every thread as it was when the hang was declared.
-  struct CapturedEvidence {
-    absl::StatusOr<std::vector<RawThreadStack>> stacks;
-    absl::StatusOr<FlightRecorderContents> ring;
-  };
-  CapturedEvidence CaptureEvidence();
-  // `symbolize_ms`, if given, is set to how long the symbolising took.
-  std::string WriteEvidence(const CapturedEvidence& captured, const std::string& reason,
-                            int64_t generation, std::string* stacks_out,
-                            int64_t* symbolize_ms = nullptr);
   // The peer-hang watcher's duties, every period: publishes this rank's records, exits when a
   // step outlives its generation, and dumps the evidence on SIGUSR2.
   void RunWatcherDuties();
-  // The peer-hang watcher read the hang key of `generation` (sent at `asked`): dumps this rank's
-  // evidence of a peer's hang once, or forgets the dump of a hang withdrawn.
-  void OnHangKey(int64_t generation, const absl::StatusOr<std::string>& declared_by,
-                 absl::Time asked);
-  // Writes this rank's dump of a hang that `declared_by` (the hang key's value) declared in
-  // `generation`, and its `hang` event (remote=true; `how` is appended to the message). REQUIRES:
-  // dump_mu_ held, dumped_generation_ already set to `generation`.
-  void WritePeerHangDump(const CapturedEvidence& captured, int64_t generation,
-                         const std::string& declared_by, absl::string_view how);
   // On the generation watcher's thread, once per superseded generation: calls the superseded
   // handlers and writes the event generation_superseded.
   void OnSuperseded(int64_t generation);
@@ -223,12 +192,6 @@ class RuntimeImpl final : public Runtime {
   std::optional<std::string> ExplainPeerWait(const InFlightCollective& waiting_in);
   // Training thread: membership_ = m, and the copy of its member ids ExplainPeerWait reads.
   void SetMembership(Membership m);
-  // On the watchdog's thread, in OnHang: bounded polling (hang_dump_wait_ms) while the peers dump,
-  // until the wait declared a hang ends by itself and its step ends ok. True: the hang is withdrawn
-  // (Watchdog::WithdrawHangIfEnded); false: the deadline passed, the step ended failed (a peer
-  // died: the hang stands, aborted at once), or the Runtime is closing. `steps_failed` is
-  // steps_failed_ as the hang was declared.
-  bool AwaitHangEnd(int64_t steps_failed);
   const Options options_;
   const Topology topology_;
   const std::string run_dir_;
@@ -269,29 +232,11 @@ class RuntimeImpl final : public Runtime {
   std::unique_ptr<CollectiveTracker> collectives_;
   std::unique_ptr<FiniteChecker> finite_checker_;         // created at the first device check
   std::optional<LossSpikeDetector> loss_spike_detector_;  // created at the first CheckLoss
-  std::atomic<int64_t> hang_dumps_{0};
-  Mutex dump_mu_;                   // one dump at a time (the watchdog's, the peer watcher's)
-  int64_t dumped_generation_ = -1;  // guarded by dump_mu_: a generation's hang is dumped once
-  // The step in progress: running (TryBeginStep), or ending ok or failed (NoteStepEnding).
-  static constexpr int kStepRunning = 0;
-  static constexpr int kStepEndingOk = 1;
-  static constexpr int kStepEndingFailed = 2;
-  std::atomic<int> step_ending_{kStepRunning};
   std::atomic<int64_t> steps_begun_{0};  // TryBeginStep's successes
   // Watcher thread only (ExitIfStepOutlivesGeneration): since when (clock_'s monotonic ns, -1:
   // not) which step (steps_begun_) has been running in a superseded generation.
   int64_t superseded_step_since_ns_ = -1;
   int64_t superseded_step_ = -1;
-  // Steps that ended failed (NoteStepEnding): one since a hang's declaration means its step failed,
-  // whatever step_ending_ says by the time the verdict is looked for (a dump that outlives the
-  // step, its recovery and the next step's success).
-  std::atomic<int64_t> steps_failed_{0};
-  // Guarded by dump_mu_: when the hang key of dumped_generation_ was last known to exist (this
-  // rank's own key: once written). Its absence afterwards means the hang was withdrawn.
-  absl::Time hang_key_seen_ = absl::InfinitePast();
-  // Set when ~Runtime begins: a hang's wait for the peers' dumps (AwaitHangEnd) ends.
-  Mutex watcher_mu_;
-  bool stop_watcher_ = false;  // guarded by watcher_mu_
   // Watcher thread only: writes this rank's progress and work records (set in StartDetection).
   std::unique_ptr<RankPublisher> rank_publisher_;
   // The current generation's member ids, by rank, for ExplainPeerWait on the watchdog's thread
@@ -301,16 +246,24 @@ class RuntimeImpl final : public Runtime {
   std::vector<std::string> member_ids_;  // guarded by members_mu_
   // Watchdog thread only: the collective whose postponement was last written as an event.
   uint64_t excused_collective_ = 0;
-  // With a watchdog: runs RunWatcherDuties and OnHangKey on its thread, which use everything
-  // above.
+  // This rank's dumps, and what it does when a hang is declared (set in StartDetection, before
+  // any step). Called by the watchdog's thread and both watchers', declared before them.
+  std::unique_ptr<FlightRecorderEvidence> hang_evidence_;
+  std::unique_ptr<HangResponder> hang_responder_;
+  // With a watchdog: runs RunWatcherDuties and hands the hang key it reads to hang_responder_ on
+  // its thread; both use everything above.
   std::unique_ptr<PeerHangWatcher> peer_hang_watcher_;
   Mutex superseded_handlers_mu_;
   std::vector<std::function<void(int64_t)>> superseded_handlers_
       ABSL_GUARDED_BY(superseded_handlers_mu_);
-  // With a store: calls OnSuperseded on its thread, which uses everything above. Each of its waits
-  // lasts heartbeat_interval_ms: as much store traffic as the heartbeat, and the longest ~Runtime
+  // With a store: calls OnSuperseded on its thread, which uses everything above. Each of its store
+  // waits lasts kGenerationWatchSlice (heartbeat_interval_ms when shorter): the longest ~Runtime
   // waits for its thread.
   std::unique_ptr<GenerationWatcher> generation_watcher_;
+  // Short enough that closing a Runtime is not held up long by a wait that cannot be interrupted,
+  // long enough that the store is not: one Wait request per rank per slice while the generation
+  // is current (4/s; a cancellable Store::Wait would need none of this).
+  static constexpr absl::Duration kGenerationWatchSlice = absl::Milliseconds(250);
   // Its thread calls OnHang, which uses everything above: destroyed before them.
   std::unique_ptr<Watchdog> watchdog_;
   // watchdog_.get(), set once before the hang callbacks are registered: they read it on the

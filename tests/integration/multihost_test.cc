@@ -513,6 +513,40 @@ TEST_F(MultiHost, APartitionedHostIsFencedOutAndNoRankEverTrainsTwice) {
   EXPECT_THAT(job.Output(1), ::testing::Not(HasSubstr("stopping the store before every host left")));
 }
 
+// Issue 36: with etcd, the coordinator's host is cut off (from etcd and every host) long enough
+// for another agent to take the lease, declare it dead and replace its ranks, then the link heals.
+// The cut-off coordinator stands down while it is cut off (it cannot renew, so it stops acting
+// before the lease can pass), and after the heal it acts no more as the coordinator: it neither
+// reports protection, nor asks for a kill, nor publishes or renews a generation, nor diagnoses a
+// hang; it learns it was fenced and leaves. No rank trains twice.
+TEST_F(MultiHost, WithEtcdACutOffCoordinatorStandsDownBeforeTheLeasePassesAndNeverActsAfter) {
+  absl::StatusOr<std::unique_ptr<testing::EtcdCluster>> etcd =
+      testing::EtcdCluster::Start(3, {"127.0.1.201", "127.0.1.202", "127.0.1.203"});
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  MultiHostJob job(*cluster_, shared_.path(), (*etcd)->StoreUrl(), 3);
+  StartJob(job, 3, 1);  // host1 coordinates
+  ASSERT_EQ(cluster_->Isolate(1), absl::OkStatus());
+  const absl::Time cut = absl::Now();
+  // Stood down while still cut off, before any other agent coordinates.
+  ASSERT_TRUE(job.Await(1, "no longer coordinating")) << job.AllOutput();
+  const std::string stood_down = job.Output(1);
+  ASSERT_TRUE(job.Await(0, "recovered from the loss of host host1")) << job.AllOutput();
+  std::printf("coordinator cut off -> stood down: seen; -> recovery seen: %.3f s\n",
+              absl::ToDoubleSeconds(absl::Now() - cut));
+  EXPECT_THAT(job.AllOutput(), ::testing::ContainsRegex("coordinating the job \\(lease term 2"));
+  ASSERT_EQ(cluster_->HealAll(), absl::OkStatus());
+  EXPECT_EQ(job.Wait(1), 1) << job.AllOutput();
+  const std::string host1 = job.Output(1);
+  EXPECT_THAT(host1, HasSubstr("was declared dead by the coordinator"));
+  // Everything host1 said after the line where it stood down: no act of a coordinator.
+  const std::string after = host1.substr(stood_down.find('\n', stood_down.find("no longer coordinating")));
+  for (const char* act : {"the job is protected", "asking host", "taken by", "hang in generation",
+                          "renewed with the same ranks", "is dead", "coordinating the job"}) {
+    EXPECT_THAT(after, ::testing::Not(HasSubstr(act))) << host1;
+  }
+  ExpectFinishedAsIfUninterrupted(job, {2, 3, 4});
+}
+
 // Without a standby host, with --spread-standbys, a dead host's ranks go to the spare processes of
 // the surviving training hosts (--standby 1 each), still in one generation.
 TEST_F(MultiHost, WithSpreadStandbysADeadHostsRanksGoToSpareProcessesOnTheSurvivingHosts) {
