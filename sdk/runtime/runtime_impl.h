@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -68,6 +69,8 @@ class RuntimeImpl final : public Runtime {
   bool checkpointing() const override { return checkpointing_; }
   bool CheckpointDueAfter(int64_t step) const override;
   const std::string& last_restore_source() const override { return last_restore_source_; }
+  std::string LossWindowState() override;
+  absl::Status LoadLossWindow(std::string_view state) override;
   Checkpointer* checkpointer() const { return checkpointer_.get(); }
   FlightRecorder* flight_recorder() const { return flight_recorder_.get(); }
   CollectiveTracker* collectives() const override { return collectives_.get(); }
@@ -127,6 +130,18 @@ class RuntimeImpl final : public Runtime {
   FiniteChecker* finite_checker();
   // The detector behind Step::CheckLoss (created at the first call, from the loss_spike_* options).
   LossSpikeDetector& loss_spike_detector();
+  // Step::CheckLoss found `loss` no spike: it enters the detector's window if the step succeeds
+  // (SettleLosses), so the replay of a failed step is judged against the window its first try saw.
+  void NoteLossAccepted(double loss) { accepted_losses_.push_back(loss); }
+  // At the end of every step: the losses noted in it enter the window when `succeeded`, before the
+  // snapshot that step may start; dropped otherwise.
+  void SettleLosses(bool succeeded) {
+    if (accepted_losses_.empty()) return;
+    if (succeeded) {
+      for (double loss : accepted_losses_) loss_spike_detector().Accept(loss);
+    }
+    accepted_losses_.clear();
+  }
   // Writes the kStepFault event of a failed step; marks the runtime fatal after a fatal device
   // error.
   void RecordStepFault(const StepResult& result);
@@ -163,6 +178,12 @@ class RuntimeImpl final : public Runtime {
                                              EntryFailure* failure, int64_t* ready_step);
   absl::Status BuildCommunicator();
   absl::Status BroadcastState(int root);
+  // BroadcastState's part for the loss-spike window (kept out of the blobs: it is each rank's
+  // own): the root's window goes to the ranks that are new in this generation.
+  absl::Status BroadcastLossWindow(int root);
+  // After a restore: the detector's window as the restored snapshot saved it (empty when it saved
+  // none). DataLoss naming the blob and the step when the saved bytes cannot be read.
+  absl::Status RestoreLossWindow(int64_t step);
   // Returns the FailedPrecondition of a give-up that stops the job, after publishing `reason` as
   // job/stop (first writer wins; best effort).
   absl::Status StopJob(const std::string& reason, RecoveryReport& report);
@@ -269,6 +290,7 @@ class RuntimeImpl final : public Runtime {
   std::unique_ptr<CollectiveTracker> collectives_;
   std::unique_ptr<FiniteChecker> finite_checker_;         // created at the first device check
   std::optional<LossSpikeDetector> loss_spike_detector_;  // created at the first CheckLoss
+  std::vector<double> accepted_losses_;  // NoteLossAccepted's, until SettleLosses (reserved)
   std::atomic<int64_t> hang_dumps_{0};
   Mutex dump_mu_;                   // one dump at a time (the watchdog's, the peer watcher's)
   int64_t dumped_generation_ = -1;  // guarded by dump_mu_: a generation's hang is dumped once

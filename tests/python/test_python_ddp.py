@@ -307,6 +307,31 @@ def test_a_loss_spike_on_one_rank_fails_the_step_on_every_rank_and_the_replicas_
     assert len(checksums) == 1, f"{finals} {reference}\n{out}"
 
 
+# Issue 40 (check_loss's window is part of the checkpoint): rank 1, whose loss spikes at step 22,
+# is killed at step 21; every rank restores the snapshot of step 20 and its replacement replays 20
+# to 22. The detector warms up over 20 losses: a replacement that started with an empty window
+# would let step 22's spike through (a 1000-fold loss applied), where the uninterrupted job skips
+# it on every rank. With the window restored, both jobs end bit-identical.
+def test_a_replacement_judges_a_loss_spike_as_the_uninterrupted_run(tmp_path):
+    gate = tmp_path / "gate"
+    spike = ["--check-loss", "1", "--inject-loss-spike=1:22"]
+    reference = Job(tmp_path, "spikeref", 0, spike, world=2)
+    job = Job(tmp_path, "spikekill", 1, spike + ["--gate", f"21:{gate}"], world=2)
+    code = job.kill_at_gate(1, 21, gate)
+    out = job.output()
+    assert (code, reference.finish()) == (0, 0), out + reference.output()
+    assert "takes rank 1" in out, out
+    for r in (0, 1):
+        assert re.search(rf"\] rank {r} restored step 20 from", out), out
+        assert re.search(rf"rank {r} step 22 fault step_failure action skip", out), out
+    assert re.search(r"rank 1 step 22 fault step_failure action skip: .*: loss spike on rank 1 at "
+                     r"step 22", out), out
+    finals, expected = job.finals(), reference.finals()
+    assert sorted(finals) == [0, 1] and sorted(expected) == [0, 1], out + reference.output()
+    checksums = {c for _, c in finals.values()} | {c for _, c in expected.values()}
+    assert len(checksums) == 1, f"{finals} {expected}\n{out}"
+
+
 # Issue 40, 2: a rank killed at step 2, before the first checkpoint (every 5 steps) is committed.
 # The standby has fresh weights and zero momentum; the survivors' state is broadcast to every rank
 # (trainguard.torch.init_process_group), so the replicas stay equal to an uninterrupted run.

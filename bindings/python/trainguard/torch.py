@@ -556,6 +556,7 @@ def broadcast_state(rt, group=None):
     replicas (the optimizer state first) would silently diverge, so until it is done a step that
     would succeed fails with an error saying so. init_process_group calls it; call it yourself,
     collectively on `group` (default: the default group), when you build your own process group.
+    A replacement also takes the source's check_loss window (the survivors keep their own).
     Returns True when it broadcast, False when there was nothing to do."""
     pending = rt._state_sync
     if pending is None:
@@ -570,10 +571,11 @@ def broadcast_state(rt, group=None):
         except Exception as e:  # noqa: BLE001 - a peer lost: the step fails, recover() follows
             raise CommunicationError(f"rank {rt.rank}: broadcasting registered buffer '{name}' "
                                      f"from rank {source}: {type(e).__name__}: {e}") from e
-    blobs = [None]
+    blobs = [None, None]  # the blobs, and the source's check_loss window
     if rt.rank == source:
         rt._save_blobs()
         blobs[0] = {name: rt._c.get_blob(name) for save, _ in rt._blob_sources for name in save()}
+        blobs[1] = rt._c.loss_window_state()
     try:
         dist.broadcast_object_list(blobs, src=source, group=group)
     except Exception as e:  # noqa: BLE001
@@ -583,6 +585,10 @@ def broadcast_state(rt, group=None):
         for name, value in blobs[0].items():
             rt._c.set_blob(name, value)
         rt._load_blobs()
+        # The window is each rank's own: a survivor keeps its, a replacement (whose rank's window
+        # died with it) takes the source's, as the C++ Runtime's broadcast does.
+        if rt.rank in (rt.recovery_plan or {}).get("new_ranks", ()):
+            rt._c.load_loss_window(blobs[1])
     rt._state_sync = None
     what = "gave its state to every rank" if rt.rank == source else f"took rank {source}'s state"
     print(f"trainguard: rank {rt.rank}: {what} (generation {generation}: a replacement joined "
