@@ -332,6 +332,33 @@ def test_a_replacement_judges_a_loss_spike_as_the_uninterrupted_run(tmp_path):
     assert len(checksums) == 1, f"{finals} {expected}\n{out}"
 
 
+# Issue 40: a step body that raises on one rank before backward() (here a RecoverableError, a bad
+# batch) leaves the other ranks in that step's DDP allreduces. The failing rank takes part in them
+# with a NaN (trainguard.torch), so the others fail the step as after a loss spike: every rank
+# skips step 17 and nobody waits out a timeout. The reference: a job where every rank raises at
+# step 17 (each skips it on its own). Both end bit-identical.
+def test_an_exception_before_backward_on_one_rank_fails_the_step_on_every_rank(tmp_path):
+    one = Job(tmp_path, "raise1", 0, ["--raise-before-backward=1:17", "--comm-timeout-s", "600"],
+              world=2)
+    every = Job(tmp_path, "raiseall", 0, ["--raise-before-backward=-1:17"], world=2)
+    codes = (one.finish(), every.finish())
+    out = one.output()
+    assert codes == (0, 0), out + every.output()
+    assert re.search(r"rank 1 step 17 fault step_failure action skip: .*RecoverableError: rank 1: "
+                     r"a bad batch at step 17", out), out
+    assert re.search(r"rank 0 step 17 fault step_failure action skip: .*: rank 0: DDP gradient "
+                     r"bucket \d+ is not finite after the allreduce", out), out
+    assert len(re.findall(r"fault", out)) == 2, out  # step 17 only, once per rank
+    for r in (0, 1):
+        assert re.search(rf"rank {r} recover step 17 next 18", out), out
+        assert re.search(rf"rank {r} step 17 fault step_failure action skip: .*a bad batch",
+                         every.output()), every.output()
+    finals, reference = one.finals(), every.finals()
+    assert sorted(finals) == [0, 1] and sorted(reference) == [0, 1], out + every.output()
+    checksums = {c for _, c in finals.values()} | {c for _, c in reference.values()}
+    assert len(checksums) == 1, f"{finals} {reference}\n{out}"
+
+
 # Issue 40, 2: a rank killed at step 2, before the first checkpoint (every 5 steps) is committed.
 # The standby has fresh weights and zero momentum; the survivors' state is broadcast to every rank
 # (trainguard.torch.init_process_group), so the replicas stay equal to an uninterrupted run.
