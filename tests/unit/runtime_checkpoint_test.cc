@@ -417,6 +417,13 @@ TEST_F(RuntimeCheckpointTest, StartWithNothingCommittedBeginsAtStepZero) {
   ASSERT_TRUE(start.ok()) << start.status();
   EXPECT_EQ(*start, 0);
   EXPECT_EQ(rt_->communicator(), nullptr);  // no factory: the trainer's own communicators
+  // Issue 40, 10: a fresh start is not a failed restore, and its event does not say it is.
+  std::vector<EventKind> kinds;
+  for (const Event& e : CheckpointEvents()) {
+    if (std::optional<EventKind> kind = KindOf(e); kind.has_value()) kinds.push_back(*kind);
+  }
+  EXPECT_THAT(kinds, ::testing::Contains(EventKind::kNothingToRestore));
+  EXPECT_THAT(kinds, ::testing::Not(::testing::Contains(EventKind::kRestoreFailed)));
 }
 
 // Issue 40: the loss-spike detector's window is part of the checkpoint. A rank restarted from the
