@@ -36,6 +36,11 @@ S+COUNT-1 (each once per process, so a replay after a rollback is clean).
 a spike fails the step, and the DDP hook fails it on every rank). --inject-loss-spike R:S (with
 --check-loss 1) multiplies rank R's loss at step S by 1000, once per process (R -1: every rank).
 
+--raise-before-backward R:S makes rank R's step S body raise trainguard.RecoverableError after
+the forward pass, before backward(), once per process (R -1: every rank): the guard records it and
+trainguard.torch runs that rank's part of the step's DDP reduction with a NaN, so every rank skips
+the step, as after a loss spike.
+
 --stop-in-allreduce R:S stops rank R at step S right after it has issued the step's loss
 allreduce (a SIGSTOP to itself, in generation 0 only, so that its replacement replays the step),
 so its peers wait in that collective for a rank that neither progresses nor dies: only the
@@ -53,8 +58,9 @@ this small model computes.
 (before DDP's collective construction), so the others' rebuild fails on a dead peer.
 
 --zero-grad-at-end 1 clears the gradients at the end of each step, after the update, as nanoGPT's
-train.py does, instead of at its start: a step that fails in backward() then skips the clearing, and
-trainguard.torch drops that step's gradients itself (the replay must not add onto them).
+train.py does, instead of at its start, and runs the loss allreduce in a failed step too: a step
+whose peer died then raises out of that allreduce and skips the clearing, and trainguard.torch
+drops that step's gradients itself (the replay must not add onto them).
 
 Test hook: --gate S:PATH (repeatable) makes every rank print "rank R waiting at step S" and wait
 (bounded polling, --gate-timeout-s) until PATH exists before it runs step S, so a test can kill a
@@ -92,6 +98,7 @@ def parse_args(argv):
     p.add_argument("--inject-nan-grad", default="", metavar="R:S[:COUNT]")
     p.add_argument("--check-loss", type=int, choices=(0, 1), default=0)
     p.add_argument("--inject-loss-spike", default="-2:-1", metavar="R:S")
+    p.add_argument("--raise-before-backward", default="-2:-1", metavar="R:S")
     p.add_argument("--stop-in-allreduce", default="", metavar="R:S")
     p.add_argument("--gate", action="append", default=[], metavar="S:PATH")
     p.add_argument("--gate-timeout-s", type=float, default=300.0)
@@ -110,6 +117,7 @@ def parse_args(argv):
         args.stop_rank, args.stop_step = (int(x) for x in args.stop_in_allreduce.split(":"))
     args.die_in_rebuild = tuple(int(x) for x in args.die_in_rebuild.split(":"))
     args.spike_rank, args.spike_step = (int(x) for x in args.inject_loss_spike.split(":"))
+    args.raise_rank, args.raise_step = (int(x) for x in args.raise_before_backward.split(":"))
     args.nan_rank, args.nan_steps = -1, set()
     if args.inject_nan_grad:
         parts = [int(x) for x in args.inject_nan_grad.split(":")]
@@ -226,16 +234,25 @@ def main(argv):
                 loss = loss * 1000.0
             if args.check_loss:
                 s.check_loss(loss.item())  # before backward: a failure here fails every rank
+            if (rank == args.raise_rank or args.raise_rank == -1) and step == args.raise_step \
+                    and "raise" not in injected:
+                injected.add("raise")
+                raise trainguard.RecoverableError(f"rank {rank}: a bad batch at step {step}")
             loss.backward()
-            mean = loss.detach().clone()
-            if rank == args.stop_rank and step == args.stop_step and rt.generation == 0:
-                print(f"rank {rank} stopping in allreduce at step {step}")
-                work = dist.all_reduce(mean, async_op=True)
-                os.kill(os.getpid(), signal.SIGSTOP)  # this process; the launcher kills it
-                work.wait()
-            else:
-                dist.all_reduce(mean)
-            mean /= rt.world_size
+            # After backward() every rank agrees on s.failed (the DDP hook spreads a failure of any
+            # rank to all), so the step's other collectives run only in a step that goes on. With
+            # --zero-grad-at-end, always, as in a loop that never looks at s.failed: on a dead peer
+            # this allreduce raises out of the body, and the clearing at the end is skipped.
+            if not s.failed or args.zero_grad_at_end:
+                mean = loss.detach().clone()
+                if rank == args.stop_rank and step == args.stop_step and rt.generation == 0:
+                    print(f"rank {rank} stopping in allreduce at step {step}")
+                    work = dist.all_reduce(mean, async_op=True)
+                    os.kill(os.getpid(), signal.SIGSTOP)  # this process; the launcher kills it
+                    work.wait()
+                else:
+                    dist.all_reduce(mean)
+                mean /= rt.world_size
             if not s.failed:  # a NaN on any rank fails the step on every rank: skip the update
                 optimizer.step()
                 extra["last_loss"] = float(mean)

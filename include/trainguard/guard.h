@@ -105,8 +105,10 @@ class Step {
   // Judges this step's loss against the recent ones (the Runtime's LossSpikeDetector, tuned by the
   // loss_spike_* options). A NaN or Inf loss, or a spike (more than loss_spike_mads scaled MADs
   // above the median of the window), fails the step (kStepFailure) with a message naming the rank,
-  // the step, the loss, the median and the score, and returns false; the loss is then kept out of
-  // the window. Call it once per step, with the loss this rank computed.
+  // the step, the loss, the median and the score, and returns false. A loss enters the window only
+  // when its step succeeds, so the replay of a failed step is judged as its first try was; the
+  // window is part of every checkpoint (Runtime::LossWindowState). Call it once per step, with the
+  // loss this rank computed.
   bool CheckLoss(double loss);
 
  private:

@@ -125,7 +125,7 @@ class FiniteChecker {
 // Tuning of LossSpikeDetector.
 struct LossSpikeOptions {
   int window = 100;        // the last `window` accepted losses form the reference
-  double threshold = 6.0;  // a spike is a loss more than `threshold` scaled MADs above the median
+  double threshold = 8.0;  // a spike is a loss more than `threshold` scaled MADs above the median
   int warmup = 20;         // no spike is reported before this many losses are in the window (>= 20)
 };
 
@@ -134,21 +134,40 @@ struct LossSpike {
   enum class Kind { kSpike, kNonFinite };
   Kind kind = Kind::kSpike;
   int64_t step = 0;
-  double loss = 0;    // for kNonFinite: the NaN or +/-Inf observed
-  double median = 0;  // of the window when `loss` was observed (0 if the window is empty)
-  // 1.4826 x the median absolute deviation (a standard deviation for Gaussian noise); 0 if empty.
+  double loss = 0;  // for kNonFinite: the NaN or +/-Inf observed
+  // The scale the loss was judged on: log(loss) when it and every loss in the window are positive
+  // (the usual case), the loss itself otherwise.
+  bool log_scale = false;
+  // The window's median loss when `loss` was observed (0 if the window is empty); on the log scale
+  // exp of the median of the log losses.
+  double median = 0;
+  // 1.4826 x the median absolute deviation (a standard deviation for Gaussian noise) of the window,
+  // on the judging scale (of log(loss) when log_scale); 0 if empty.
   double mad = 0;
-  // (loss - median) / mad, with mad floored at 1e-6 x |median| (and 1e-12) so a flat series still
-  // scores a jump; 0 for kNonFinite.
+  // (x - median) / mad on the judging scale (x = log(loss) and the median's log when log_scale),
+  // with mad floored so a flat series still scores a jump (1e-6 on the log scale, 1e-6 x |median|
+  // and 1e-12 on the loss's); 0 for kNonFinite.
   double score = 0;
 };
 
 // Flags losses that jump far above the recent ones, and every non-finite loss.
 //
+// A training loss is judged on the log scale: per-batch losses are skewed (a few hard examples
+// make a batch's loss twice the median, rarely half), more so as training converges and the median
+// falls, and their log is close to symmetric: judged on the loss itself, a healthy converging loop
+// raises false alarms at any useful threshold (docs/PERFORMANCE.md, "Loss-spike detector's false
+// alarms", measures both scales on the example's loop). A loss that is zero or
+// negative (or a window holding one: an RL objective, a log-likelihood) is judged on the loss
+// itself.
+//
 // Only upward jumps are spikes: a loss that falls is not a fault. A loss reported as a spike (or
 // non-finite) is not added to the window, so one spike does not raise the median and the MAD that
-// judge the next. Observe() does not allocate: the window and the scratch space for the medians are
-// allocated once, in Create(); each call costs O(window).
+// judge the next. Observe(), Judge() and Accept() do not allocate: the window and the scratch
+// space for the medians are allocated once, in Create(); each call costs O(window).
+//
+// The window is state a checkpoint must hold: a run resumed from a checkpoint judges its losses
+// exactly as the uninterrupted run only if its window is the one the uninterrupted run had there.
+// SaveState() and LoadState() carry it (the Runtime saves it with every snapshot).
 class LossSpikeDetector {
  public:
   // InvalidArgument unless 20 <= warmup <= window and threshold is positive and finite.
@@ -158,6 +177,19 @@ class LossSpikeDetector {
   // reported. Returns the report for a spike (only once the window holds `warmup` losses) or a
   // non-finite loss (always), std::nullopt otherwise.
   std::optional<LossSpike> Observe(int64_t step, double loss);
+  // Observe() in two halves, for a caller that adds a loss only once its step has succeeded (the
+  // Runtime: a failed step's loss stays out, so the replay of that step is judged against the
+  // window the first try saw). Judge() reports as Observe() does and adds nothing; Accept() adds a
+  // loss Judge() did not report.
+  std::optional<LossSpike> Judge(int64_t step, double loss);
+  void Accept(double loss);
+
+  // The window as bytes: a version, then the losses, oldest first (host byte order).
+  std::string SaveState() const;
+  // Replaces the window with one SaveState() wrote; "" empties it. A saved window longer than
+  // options.window keeps its newest losses. InvalidArgument (naming what is wrong) for bytes
+  // SaveState() did not write; the window is then unchanged.
+  absl::Status LoadState(std::string_view state);
 
   // Losses currently in the window (at most options.window).
   int window_size() const { return size_; }
@@ -169,10 +201,15 @@ class LossSpikeDetector {
   double ScratchMedian(int n);
 
   LossSpikeOptions options_;
-  std::vector<double> window_;   // ring buffer of options_.window losses
-  std::vector<double> scratch_;  // same size: reordered to find medians
-  int size_ = 0;                 // valid entries in window_
-  int next_ = 0;                 // where the next loss goes
+  // Sets log_window_ and nonpositive_ from window_ (after LoadState).
+  void RecomputeLogs();
+
+  std::vector<double> window_;      // ring buffer of options_.window losses
+  std::vector<double> log_window_;  // log of each positive one (same ring positions)
+  std::vector<double> scratch_;     // same size: reordered to find medians
+  int size_ = 0;                    // valid entries in window_
+  int next_ = 0;                    // where the next loss goes
+  int nonpositive_ = 0;             // entries <= 0 in window_: then no log scale
 };
 
 }  // namespace trainguard

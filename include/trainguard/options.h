@@ -155,10 +155,10 @@ struct Options {
   // never exit.
   int superseded_step_exit_ms = 10'000;
   // Step::CheckLoss (LossSpikeDetector, health.h): a loss more than loss_spike_mads scaled MADs
-  // above the median of the last loss_spike_window accepted losses fails the step, once
-  // loss_spike_warmup losses are in; a NaN or Inf loss always does.
+  // above the median of the last loss_spike_window accepted losses (on the log scale for positive
+  // losses) fails the step, once loss_spike_warmup losses are in; a NaN or Inf loss always does.
   int loss_spike_window = 100;
-  int loss_spike_mads = 6;
+  int loss_spike_mads = 8;
   int loss_spike_warmup = 20;
 
   // Seams for tests; not configurable from files or the environment. nullptr means the real ones.

@@ -41,6 +41,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -232,6 +233,17 @@ class Runtime {
   virtual bool CheckpointDueAfter(int64_t step) const = 0;
   // "arena" or "disk" after a successful RestoreCheckpoint(); "" before.
   virtual const std::string& last_restore_source() const = 0;
+  // The window of recent losses Step::CheckLoss judges against (LossSpikeDetector::SaveState();
+  // "" before the first CheckLoss), and its replacement (InvalidArgument for bytes it did not
+  // write). Every snapshot saves the window and every restore brings it back, so a replay judges
+  // each loss as the uninterrupted run did; only the losses of steps that succeeded enter it. When
+  // no checkpoint is committed and a survivor's state is broadcast to a replacement, the
+  // replacement takes the source rank's window (the dead rank's own is lost with it) and the
+  // survivors keep theirs: with a communicator factory the Runtime does it, and an integration
+  // that broadcasts the state itself (trainguard.torch.broadcast_state) passes it along with
+  // these two. Training thread.
+  virtual std::string LossWindowState() = 0;
+  virtual absl::Status LoadLossWindow(std::string_view state) = 0;
 
   // Hang detection (watchdog.h, collectives.h). The
   // Runtime owns the rank's flight-recorder ring ("/trainguard.<job>.fr.rank<R>"; removed by the

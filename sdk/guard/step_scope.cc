@@ -137,8 +137,11 @@ bool Step::CheckFinite(std::string_view buffer_name, const void* data, size_t co
 
 bool Step::CheckLoss(double loss) {
   RuntimeImpl& rt = RuntimeImpl::Of(scope_->runtime_);
-  const std::optional<LossSpike> spike = rt.loss_spike_detector().Observe(scope_->step_, loss);
-  if (!spike.has_value()) return true;
+  const std::optional<LossSpike> spike = rt.loss_spike_detector().Judge(scope_->step_, loss);
+  if (!spike.has_value()) {
+    rt.NoteLossAccepted(loss);
+    return true;
+  }
   if (spike->kind == LossSpike::Kind::kNonFinite) {
     scope_->ReportFault(FaultKind::kStepFailure,
                         absl::StrCat("loss is not finite (", loss, ") on rank ", rt.rank(),
@@ -146,10 +149,17 @@ bool Step::CheckLoss(double loss) {
   } else {
     scope_->ReportFault(
         FaultKind::kStepFailure,
-        absl::StrFormat("loss spike on rank %d at step %d: loss %g is %.1f scaled MADs above the "
-                        "median %g of the last %d losses (scaled MAD %g)",
-                        rt.rank(), scope_->step_, loss, spike->score, spike->median,
-                        rt.loss_spike_detector().window_size(), spike->mad));
+        spike->log_scale
+            ? absl::StrFormat("loss spike on rank %d at step %d: loss %g is %.1f scaled MADs above "
+                              "the median %g of the last %d losses on the log scale (%.3gx the "
+                              "median; scaled MAD of log(loss) %g)",
+                              rt.rank(), scope_->step_, loss, spike->score, spike->median,
+                              rt.loss_spike_detector().window_size(), loss / spike->median,
+                              spike->mad)
+            : absl::StrFormat("loss spike on rank %d at step %d: loss %g is %.1f scaled MADs above "
+                              "the median %g of the last %d losses (scaled MAD %g)",
+                              rt.rank(), scope_->step_, loss, spike->score, spike->median,
+                              rt.loss_spike_detector().window_size(), spike->mad));
   }
   return false;
 }
@@ -255,6 +265,8 @@ StepResult StepScope::Finish() {
   }
   RuntimeImpl::Of(runtime_).mutable_heartbeat().Exit(end_ns - start_ns_, end_ns);
   RuntimeImpl::Of(runtime_).EndStep();
+  // Before the snapshot the step may start: the window it saves holds this step's loss.
+  RuntimeImpl::Of(runtime_).SettleLosses(result.ok());
   if (result.ok()) {
     RuntimeImpl::Of(runtime_).NoteStepSucceeded(step_);
     RuntimeImpl::Of(runtime_).MaybeCheckpoint(step_);

@@ -36,6 +36,9 @@
 namespace trainguard {
 namespace {
 
+// The blob every snapshot holds the loss-spike detector's window in (Step::CheckLoss).
+constexpr char kLossWindowBlob[] = "trainguard.loss_window";
+
 // How much of a failure a request for a new generation carries to the launcher's report.
 constexpr size_t kNewGenerationReasonBytes = 300;
 
@@ -157,6 +160,8 @@ RuntimeImpl::RuntimeImpl(Options options, Topology topology, std::string run_dir
       rank_(options_.rank),
       recovery_policy_(RecoveryLimits::FromOptions(options_)),
       checkpointing_(options_.checkpoint_every_steps > 0 || options_.checkpoint_every_seconds > 0) {
+  // The guard's happy path does not allocate: room for the losses a step checks.
+  accepted_losses_.reserve(8);
 }
 
 absl::Status RuntimeImpl::ConnectStore() {
@@ -440,9 +445,15 @@ absl::Status RuntimeImpl::BroadcastState(int root) {
                                          "\" (", b.bytes, " bytes) from rank ", root));
     }
   }
-  if (state_.blobs().empty()) return absl::OkStatus();
+  if (absl::Status s = BroadcastLossWindow(root); !s.ok()) return s;
   // A blob's size may differ between ranks (a data-loader position): the root's sizes go first.
-  std::vector<std::pair<std::string, std::string>> blobs = state_.blobs();
+  // The loss window's blob is not among them: a rank that has checkpointed holds it and a fresh
+  // replacement does not, and it is each rank's own (BroadcastLossWindow).
+  std::vector<std::pair<std::string, std::string>> blobs;
+  for (const auto& blob : state_.blobs()) {
+    if (blob.first != kLossWindowBlob) blobs.push_back(blob);
+  }
+  if (blobs.empty()) return absl::OkStatus();
   std::vector<uint64_t> sizes;
   for (const auto& [name, value] : blobs) sizes.push_back(value.size());
   const std::string where =
@@ -462,6 +473,45 @@ absl::Status RuntimeImpl::BroadcastState(int root) {
     if (absl::Status s = state_.SetBlob(blobs[i].first, std::move(value)); !s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+absl::Status RuntimeImpl::BroadcastLossWindow(int root) {
+  std::string window = rank_ == root ? LossWindowState() : std::string();
+  uint64_t size = window.size();
+  const std::string where =
+      absl::StrCat("rank ", rank_, ": broadcasting the loss-spike window from rank ", root);
+  if (absl::Status s = communicator_->Broadcast(&size, sizeof(size), Device::Host(), root);
+      !s.ok()) {
+    return WithContext(s, where);
+  }
+  window.resize(size);
+  if (size > 0) {
+    if (absl::Status s = communicator_->Broadcast(window.data(), size, Device::Host(), root);
+        !s.ok()) {
+      return WithContext(s, where);
+    }
+  }
+  const std::vector<int>& fresh = recovery_plan_->new_ranks;
+  if (std::find(fresh.begin(), fresh.end(), rank_) == fresh.end()) return absl::OkStatus();
+  if (absl::Status s = LoadLossWindow(window); !s.ok()) return WithContext(s, where);
+  return absl::OkStatus();
+}
+
+std::string RuntimeImpl::LossWindowState() {
+  return loss_spike_detector_.has_value() ? loss_spike_detector_->SaveState() : std::string();
+}
+
+absl::Status RuntimeImpl::LoadLossWindow(std::string_view state) {
+  if (state.empty() && !loss_spike_detector_.has_value()) return absl::OkStatus();
+  return loss_spike_detector().LoadState(state);
+}
+
+absl::Status RuntimeImpl::RestoreLossWindow(int64_t step) {
+  absl::StatusOr<std::string> saved = state_.GetBlob(kLossWindowBlob);
+  absl::Status s = LoadLossWindow(saved.ok() ? *saved : std::string());
+  if (s.ok()) return s;
+  return absl::DataLossError(absl::StrCat("rank ", rank_, ": the snapshot of step ", step,
+                                          ": blob \"", kLossWindowBlob, "\": ", s.message()));
 }
 
 absl::StatusOr<int64_t> RuntimeImpl::TryEnterGeneration(int64_t step, RecoveryReport& report,
@@ -942,6 +992,12 @@ absl::StatusOr<std::optional<PeerBackupsOptions>> RuntimeImpl::PeerBackupOptions
 
 absl::Status RuntimeImpl::Checkpoint(int64_t resume_step) {
   if (absl::Status s = EnsureCheckpointer(); !s.ok()) return s;
+  if (loss_spike_detector_.has_value()) {
+    if (absl::Status s = state_.SetBlob(kLossWindowBlob, loss_spike_detector_->SaveState());
+        !s.ok()) {
+      return s;
+    }
+  }
   std::optional<bool> persist;
   const int every = options_.checkpoint_every_steps;
   if (every > 0 && resume_step % every == 0) {
@@ -1009,6 +1065,9 @@ absl::StatusOr<int64_t> RuntimeImpl::RestoreCheckpoint() {
   last_restore_source_.clear();
   last_restore_skipped_.clear();
   checkpointer_->SetGeneration(generation());
+  // A snapshot without the loss window (taken before the first CheckLoss) restores as an empty
+  // one, not as whatever this process saved last.
+  if (state_.GetBlob(kLossWindowBlob).ok()) (void)state_.SetBlob(kLossWindowBlob, "");
   absl::StatusOr<RestoreResult> r = checkpointer_->RestoreNewestCommitted();
   Event event;
   if (r.ok()) {
@@ -1027,6 +1086,8 @@ absl::StatusOr<int64_t> RuntimeImpl::RestoreCheckpoint() {
   }
   (void)EmitEvent(std::move(event));
   if (!r.ok()) return r.status();
+  if (absl::Status s = RestoreLossWindow(r->step); !s.ok()) return s;
+  accepted_losses_.clear();
   last_restore_source_ = r->source;
   last_restore_skipped_ = r->skipped;
   // Every rank holds the restored state: nothing to broadcast after a re-rendezvous.

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -71,6 +72,8 @@ class RuntimeImpl final : public Runtime {
   bool checkpointing() const override { return checkpointing_; }
   bool CheckpointDueAfter(int64_t step) const override;
   const std::string& last_restore_source() const override { return last_restore_source_; }
+  std::string LossWindowState() override;
+  absl::Status LoadLossWindow(std::string_view state) override;
   Checkpointer* checkpointer() const { return checkpointer_.get(); }
   FlightRecorder* flight_recorder() const { return flight_recorder_.get(); }
   CollectiveTracker* collectives() const override { return collectives_.get(); }
@@ -130,6 +133,18 @@ class RuntimeImpl final : public Runtime {
   FiniteChecker* finite_checker();
   // The detector behind Step::CheckLoss (created at the first call, from the loss_spike_* options).
   LossSpikeDetector& loss_spike_detector();
+  // Step::CheckLoss found `loss` no spike: it enters the detector's window if the step succeeds
+  // (SettleLosses), so the replay of a failed step is judged against the window its first try saw.
+  void NoteLossAccepted(double loss) { accepted_losses_.push_back(loss); }
+  // At the end of every step: the losses noted in it enter the window when `succeeded`, before the
+  // snapshot that step may start; dropped otherwise.
+  void SettleLosses(bool succeeded) {
+    if (accepted_losses_.empty()) return;
+    if (succeeded) {
+      for (double loss : accepted_losses_) loss_spike_detector().Accept(loss);
+    }
+    accepted_losses_.clear();
+  }
   // Writes the kStepFault event of a failed step; marks the runtime fatal after a fatal device
   // error.
   void RecordStepFault(const StepResult& result);
@@ -160,6 +175,12 @@ class RuntimeImpl final : public Runtime {
                                              EntryFailure* failure, int64_t* ready_step);
   absl::Status BuildCommunicator();
   absl::Status BroadcastState(int root);
+  // BroadcastState's part for the loss-spike window (kept out of the blobs: it is each rank's
+  // own): the root's window goes to the ranks that are new in this generation.
+  absl::Status BroadcastLossWindow(int root);
+  // After a restore: the detector's window as the restored snapshot saved it (empty when it saved
+  // none). DataLoss naming the blob and the step when the saved bytes cannot be read.
+  absl::Status RestoreLossWindow(int64_t step);
   // Returns the FailedPrecondition of a give-up that stops the job, after publishing `reason` as
   // job/stop (first writer wins; best effort).
   absl::Status StopJob(const std::string& reason, RecoveryReport& report);
@@ -232,6 +253,7 @@ class RuntimeImpl final : public Runtime {
   std::unique_ptr<CollectiveTracker> collectives_;
   std::unique_ptr<FiniteChecker> finite_checker_;         // created at the first device check
   std::optional<LossSpikeDetector> loss_spike_detector_;  // created at the first CheckLoss
+  std::vector<double> accepted_losses_;  // NoteLossAccepted's, until SettleLosses (reserved)
   std::atomic<int64_t> steps_begun_{0};  // TryBeginStep's successes
   // Watcher thread only (ExitIfStepOutlivesGeneration): since when (clock_'s monotonic ns, -1:
   // not) which step (steps_begun_) has been running in a superseded generation.

@@ -307,6 +307,58 @@ def test_a_loss_spike_on_one_rank_fails_the_step_on_every_rank_and_the_replicas_
     assert len(checksums) == 1, f"{finals} {reference}\n{out}"
 
 
+# Issue 40 (check_loss's window is part of the checkpoint): rank 1, whose loss spikes at step 22,
+# is killed at step 21; every rank restores the snapshot of step 20 and its replacement replays 20
+# to 22. The detector warms up over 20 losses: a replacement that started with an empty window
+# would let step 22's spike through (a 1000-fold loss applied), where the uninterrupted job skips
+# it on every rank. With the window restored, both jobs end bit-identical.
+def test_a_replacement_judges_a_loss_spike_as_the_uninterrupted_run(tmp_path):
+    gate = tmp_path / "gate"
+    spike = ["--check-loss", "1", "--inject-loss-spike=1:22"]
+    reference = Job(tmp_path, "spikeref", 0, spike, world=2)
+    job = Job(tmp_path, "spikekill", 1, spike + ["--gate", f"21:{gate}"], world=2)
+    code = job.kill_at_gate(1, 21, gate)
+    out = job.output()
+    assert (code, reference.finish()) == (0, 0), out + reference.output()
+    assert "takes rank 1" in out, out
+    for r in (0, 1):
+        assert re.search(rf"\] rank {r} restored step 20 from", out), out
+        assert re.search(rf"rank {r} step 22 fault step_failure action skip", out), out
+    assert re.search(r"rank 1 step 22 fault step_failure action skip: .*: loss spike on rank 1 at "
+                     r"step 22", out), out
+    finals, expected = job.finals(), reference.finals()
+    assert sorted(finals) == [0, 1] and sorted(expected) == [0, 1], out + reference.output()
+    checksums = {c for _, c in finals.values()} | {c for _, c in expected.values()}
+    assert len(checksums) == 1, f"{finals} {expected}\n{out}"
+
+
+# Issue 40: a step body that raises on one rank before backward() (here a RecoverableError, a bad
+# batch) leaves the other ranks in that step's DDP allreduces. The failing rank takes part in them
+# with a NaN (trainguard.torch), so the others fail the step as after a loss spike: every rank
+# skips step 17 and nobody waits out a timeout. The reference: a job where every rank raises at
+# step 17 (each skips it on its own). Both end bit-identical.
+def test_an_exception_before_backward_on_one_rank_fails_the_step_on_every_rank(tmp_path):
+    one = Job(tmp_path, "raise1", 0, ["--raise-before-backward=1:17", "--comm-timeout-s", "600"],
+              world=2)
+    every = Job(tmp_path, "raiseall", 0, ["--raise-before-backward=-1:17"], world=2)
+    codes = (one.finish(), every.finish())
+    out = one.output()
+    assert codes == (0, 0), out + every.output()
+    assert re.search(r"rank 1 step 17 fault step_failure action skip: .*RecoverableError: rank 1: "
+                     r"a bad batch at step 17", out), out
+    assert re.search(r"rank 0 step 17 fault step_failure action skip: .*: rank 0: DDP gradient "
+                     r"bucket \d+ is not finite after the allreduce", out), out
+    assert len(re.findall(r"fault", out)) == 2, out  # step 17 only, once per rank
+    for r in (0, 1):
+        assert re.search(rf"rank {r} recover step 17 next 18", out), out
+        assert re.search(rf"rank {r} step 17 fault step_failure action skip: .*a bad batch",
+                         every.output()), every.output()
+    finals, reference = one.finals(), every.finals()
+    assert sorted(finals) == [0, 1] and sorted(reference) == [0, 1], out + every.output()
+    checksums = {c for _, c in finals.values()} | {c for _, c in reference.values()}
+    assert len(checksums) == 1, f"{finals} {reference}\n{out}"
+
+
 # Issue 40, 2: a rank killed at step 2, before the first checkpoint (every 5 steps) is committed.
 # The standby has fresh weights and zero momentum; the survivors' state is broadcast to every rank
 # (trainguard.torch.init_process_group), so the replicas stay equal to an uninterrupted run.

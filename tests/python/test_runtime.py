@@ -182,3 +182,14 @@ def test_emit_event_appends_a_custom_event_with_its_step_and_attributes(make_run
         ("what", "step_done"), ("pid", "1234")]
     assert [(a["key"], a["value"]) for a in custom[1]["attributes"]] == [("mine", "yes")]
     assert custom[0]["rank"] == 0
+
+
+# Issue 40, 10: one line on stderr per recovery, and nothing on a fresh start.
+def test_every_recovery_prints_one_line_and_a_fresh_start_none(make_runtime, capfd):
+    rt = make_runtime()
+    assert rt.start() == 0
+    with rt.step(4) as s:
+        raise trainguard.RecoverableError("bad batch 17")
+    assert rt.recover(s.result) == 5
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("trainguard:")]
+    assert lines == ["trainguard: rank 0: step 4 failed (step_failure): skip, resuming at step 5"]

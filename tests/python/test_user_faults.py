@@ -164,6 +164,23 @@ def test_from_env_sets_torchrun_variables_and_local_rank(monkeypatch, tmp_path, 
         assert os.environ["GROUP_RANK"] == "1"
 
 
+# Issue 40, 9: `trainguard run` sets OMP_NUM_THREADS=1 for ranks that share a host, as torchrun
+# does (each rank's intra-op threads would otherwise oversubscribe the cores), and keeps a value the
+# user set.
+def test_trainguard_run_sets_omp_num_threads_for_ranks_sharing_a_host(monkeypatch, tmp_path):
+    probe = [sys.executable, "-c",
+             "import os; print('rank', os.environ['RANK'], 'omp', os.environ.get('OMP_NUM_THREADS'))"]
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    unset = run_job(tmp_path / "unset", "omp", ["--nproc", "2"], probe, 120)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    kept = run_job(tmp_path / "kept", "omp", ["--nproc", "2"], probe, 120)
+    for done, value in ((unset, "1"), (kept, "3")):
+        out = done.stdout + done.stderr
+        assert done.returncode == 0, out
+        for rank in (0, 1):
+            assert f"rank {rank} omp {value}" in out, out
+
+
 # Issue 40, 8: the per-step check of registered storage runs only before a snapshot, so a step's
 # work does not grow with the number of registered tensors; a replaced tensor is still caught then.
 def test_moved_storage_is_caught_at_the_next_snapshot_not_walked_every_step(make_runtime):

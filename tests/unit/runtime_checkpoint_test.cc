@@ -417,6 +417,93 @@ TEST_F(RuntimeCheckpointTest, StartWithNothingCommittedBeginsAtStepZero) {
   ASSERT_TRUE(start.ok()) << start.status();
   EXPECT_EQ(*start, 0);
   EXPECT_EQ(rt_->communicator(), nullptr);  // no factory: the trainer's own communicators
+  // Issue 40, 10: a fresh start is not a failed restore, and its event does not say it is.
+  std::vector<EventKind> kinds;
+  for (const Event& e : CheckpointEvents()) {
+    if (std::optional<EventKind> kind = KindOf(e); kind.has_value()) kinds.push_back(*kind);
+  }
+  EXPECT_THAT(kinds, ::testing::Contains(EventKind::kNothingToRestore));
+  EXPECT_THAT(kinds, ::testing::Not(::testing::Contains(EventKind::kRestoreFailed)));
+}
+
+// Issue 40: the loss-spike detector's window is part of the checkpoint. A rank restarted from the
+// snapshot of step 20 (or rolled back to it) judges step 22's spike as the uninterrupted run does;
+// with an empty window it would still be warming up (20 losses) and let the spike through.
+class LossWindowCheckpointTest : public RuntimeCheckpointTest {
+ protected:
+  // A guarded step that judges `loss` and, when `fail`, fails afterwards; whether it succeeded.
+  StepResult LossStep(int64_t step, double loss, bool fail = false) {
+    StepResult r = guard(*rt_, step, [&](Step& s) {
+      s.CheckLoss(loss);
+      if (fail) s.ReportFault(FaultKind::kStepFailure, "the step failed after its loss was judged");
+    });
+    EXPECT_TRUE(RuntimeImpl::Of(*rt_).checkpointer() == nullptr ||
+                RuntimeImpl::Of(*rt_).checkpointer()->WaitIdle(absl::Seconds(30)).ok());
+    return r;
+  }
+  static double Loss(int64_t step) { return 1.0 + 0.01 * static_cast<double>(step % 7); }
+  static constexpr double kSpike = 50.0;
+};
+
+TEST_F(LossWindowCheckpointTest, ARestartedRankJudgesASpikeAsTheUninterruptedRun) {
+  std::string window_at_20;
+  for (int64_t step = 0; step < 22; ++step) {
+    ASSERT_TRUE(LossStep(step, Loss(step)).ok()) << step;
+    if (step == 19) window_at_20 = rt_->LossWindowState();  // what the snapshot of 20 holds
+  }
+  StepResult uninterrupted = LossStep(22, kSpike);
+  ASSERT_FALSE(uninterrupted.ok());
+  EXPECT_THAT(uninterrupted.status.message(), HasSubstr("loss spike on rank 0 at step 22"));
+
+  ASSERT_NO_FATAL_FAILURE(CreateRuntime());  // the process restarts (or a standby takes over)
+  EXPECT_EQ(rt_->LossWindowState(), "");
+  absl::StatusOr<int64_t> start = rt_->Start();
+  ASSERT_TRUE(start.ok()) << start.status();
+  ASSERT_EQ(*start, 20);
+  EXPECT_EQ(rt_->LossWindowState(), window_at_20);
+  ASSERT_TRUE(LossStep(20, Loss(20)).ok());
+  ASSERT_TRUE(LossStep(21, Loss(21)).ok());
+  StepResult replay = LossStep(22, kSpike);
+  ASSERT_FALSE(replay.ok()) << "the restarted rank let the spike through";
+  EXPECT_EQ(replay.status.message(), uninterrupted.status.message());  // same median, same score
+}
+
+TEST_F(LossWindowCheckpointTest, ARollbackBringsBackTheWindowOfTheCommittedStep) {
+  std::string window_at_20;
+  for (int64_t step = 0; step < 25; ++step) {
+    ASSERT_TRUE(LossStep(step, Loss(step)).ok()) << step;
+    if (step == 19) window_at_20 = rt_->LossWindowState();
+  }
+  ASSERT_NE(rt_->LossWindowState(), window_at_20);
+  StepResult r = LossStep(25, Loss(25), /*fail=*/true);
+  ASSERT_FALSE(r.ok());
+  r.action = StepAction::kRollback;
+  absl::StatusOr<int64_t> next = rt_->recover(r);
+  ASSERT_TRUE(next.ok()) << next.status();
+  ASSERT_EQ(*next, 20);
+  EXPECT_EQ(rt_->LossWindowState(), window_at_20);
+}
+
+TEST_F(LossWindowCheckpointTest, AFailedStepsLossStaysOutOfTheWindowSoItsReplayIsJudgedTheSame) {
+  for (int64_t step = 0; step < 25; ++step) ASSERT_TRUE(LossStep(step, Loss(step)).ok());
+  const std::string before = rt_->LossWindowState();
+  ASSERT_FALSE(LossStep(25, Loss(25), /*fail=*/true).ok());
+  EXPECT_EQ(rt_->LossWindowState(), before);
+  ASSERT_TRUE(LossStep(25, Loss(25)).ok());
+  EXPECT_NE(rt_->LossWindowState(), before);
+}
+
+TEST_F(LossWindowCheckpointTest, ASnapshotTakenBeforeTheFirstCheckLossRestoresAnEmptyWindow) {
+  for (int64_t step = 0; step < 10; ++step) ASSERT_TRUE(Train(step).ok());  // snapshot of 10
+  for (int64_t step = 10; step < 15; ++step) ASSERT_TRUE(LossStep(step, Loss(step)).ok());
+  ASSERT_NE(rt_->LossWindowState(), "");
+  StepResult r = LossStep(15, Loss(15), /*fail=*/true);
+  r.action = StepAction::kRollback;
+  absl::StatusOr<int64_t> next = rt_->recover(r);
+  ASSERT_TRUE(next.ok()) << next.status();
+  ASSERT_EQ(*next, 10);
+  LossSpikeDetector empty = *LossSpikeDetector::Create({});
+  EXPECT_EQ(rt_->LossWindowState(), empty.SaveState());
 }
 
 TEST(RuntimeRecoveryOptions, TheRepeatedFaultOptionsAreValidated) {

@@ -514,6 +514,15 @@ TEST_F(RuntimeRendezvous, AStandbyThatTakesOverBeforeTheFirstCommitStartsAtTheSu
   // Training went on without a checkpoint: rank 2 finished step 41, rank 0 did not.
   std::fill(state_[0].begin(), state_[0].end(), 41.0f);
   std::fill(state_[2].begin(), state_[2].end(), 42.0f);
+  // Each rank's CheckLoss window holds its own losses.
+  auto window_of = [](double level) {
+    LossSpikeDetector detector = *LossSpikeDetector::Create({});
+    for (int i = 0; i < 30; ++i) detector.Observe(i, level + 0.01 * (i % 3));
+    return detector.SaveState();
+  };
+  const std::string window0 = window_of(1.0), window2 = window_of(2.0);
+  ASSERT_TRUE(ranks_[0]->LoadLossWindow(window0).ok());
+  ASSERT_TRUE(ranks_[2]->LoadLossWindow(window2).ok());
 
   Options standby_options = OptionsFor("standby", 0, "spare0");
   absl::StatusOr<int64_t> standby_start;
@@ -552,6 +561,11 @@ TEST_F(RuntimeRendezvous, AStandbyThatTakesOverBeforeTheFirstCommitStartsAtTheSu
   for (int slot : {0, 2, kWorld}) {
     for (float w : state_[slot]) ASSERT_EQ(w, 42.0f) << "process " << slot;
   }
+  // The replacement takes the source's loss window (rank 1's died with it); the survivors keep
+  // their own.
+  EXPECT_EQ(standby->LossWindowState(), window2);
+  EXPECT_EQ(ranks_[0]->LossWindowState(), window0);
+  EXPECT_EQ(ranks_[2]->LossWindowState(), window2);
   ASSERT_FALSE(logs_[kWorld].reports.empty());
   const RecoveryReport& started = logs_[kWorld].reports.back();
   EXPECT_EQ(started.decision, "start");

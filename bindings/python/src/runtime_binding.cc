@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -478,6 +479,19 @@ void BindRuntime(nb::module_& m) {
             return nb::bytes(v.data(), v.size());
           },
           nb::arg("name"))
+      // Runtime::LossWindowState / LoadLossWindow: the check_loss window, which
+      // trainguard.torch.broadcast_state passes from the source rank to a replacement.
+      .def("loss_window_state",
+           [](PyRuntime& r) {
+             std::string v = r.get().LossWindowState();
+             return nb::bytes(v.data(), v.size());
+           })
+      .def(
+          "load_loss_window",
+          [](PyRuntime& r, const nb::bytes& state) {
+            ThrowIfError(r.get().LoadLossWindow(std::string_view(state.c_str(), state.size())));
+          },
+          nb::arg("state"))
       .def("buffer_names",
            [](PyRuntime& r) {
              std::vector<std::string> names;

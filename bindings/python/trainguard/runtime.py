@@ -154,6 +154,16 @@ class Step:
                 # backend's error as a plain RuntimeError, a consequence of that failure.
                 kind = _C.FAULT_COMMUNICATION_FAILURE
             scope.report_fault(kind, f"{type(exc).__qualname__}: {exc}")
+            reduce_failed = self._runtime._failed_step_reduction
+            if (reduce_failed is not None and not self._gradients_reduced
+                    and not self._communication_failed
+                    and kind != _C.FAULT_COMMUNICATION_FAILURE):
+                # Raised before backward(): the other ranks wait in this step's DDP allreduces for
+                # this rank (trainguard.torch.wrap_ddp), which takes part with a NaN, so they fail
+                # the step too instead of waiting out a timeout.
+                lost = reduce_failed(self.number)
+                if lost is not None:
+                    scope.report_fault(_C.FAULT_COMMUNICATION_FAILURE, lost)
         stale = None
         if exc is None or swallow:
             stale = self._runtime._prepare_snapshot(scope, self.number,
@@ -295,6 +305,9 @@ class Runtime:
         self._communicator_aborts = {}
         self._on_close = []  # callables run before the C++ Runtime closes (stop helper threads)
         self._gradient_clearers = []  # callables that drop the registered model's gradients
+        # trainguard.torch.wrap_ddp's stand-in for the DDP reduction of a step whose body raised
+        # before backward(): callable(step) -> None, or the error of a lost peer.
+        self._failed_step_reduction = None
         # (generation, source rank) while the registered state must still be broadcast from a
         # survivor (a replacement joined and no checkpoint was restored); trainguard.torch's
         # init_process_group does it (broadcast_state).

@@ -61,6 +61,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -556,6 +557,7 @@ def broadcast_state(rt, group=None):
     replicas (the optimizer state first) would silently diverge, so until it is done a step that
     would succeed fails with an error saying so. init_process_group calls it; call it yourself,
     collectively on `group` (default: the default group), when you build your own process group.
+    A replacement also takes the source's check_loss window (the survivors keep their own).
     Returns True when it broadcast, False when there was nothing to do."""
     pending = rt._state_sync
     if pending is None:
@@ -570,10 +572,11 @@ def broadcast_state(rt, group=None):
         except Exception as e:  # noqa: BLE001 - a peer lost: the step fails, recover() follows
             raise CommunicationError(f"rank {rt.rank}: broadcasting registered buffer '{name}' "
                                      f"from rank {source}: {type(e).__name__}: {e}") from e
-    blobs = [None]
+    blobs = [None, None]  # the blobs, and the source's check_loss window
     if rt.rank == source:
         rt._save_blobs()
         blobs[0] = {name: rt._c.get_blob(name) for save, _ in rt._blob_sources for name in save()}
+        blobs[1] = rt._c.loss_window_state()
     try:
         dist.broadcast_object_list(blobs, src=source, group=group)
     except Exception as e:  # noqa: BLE001
@@ -583,6 +586,10 @@ def broadcast_state(rt, group=None):
         for name, value in blobs[0].items():
             rt._c.set_blob(name, value)
         rt._load_blobs()
+        # The window is each rank's own: a survivor keeps its, a replacement (whose rank's window
+        # died with it) takes the source's, as the C++ Runtime's broadcast does.
+        if rt.rank in (rt.recovery_plan or {}).get("new_ranks", ()):
+            rt._c.load_loss_window(blobs[1])
     rt._state_sync = None
     what = "gave its state to every rank" if rt.rank == source else f"took rank {source}'s state"
     print(f"trainguard: rank {rt.rank}: {what} (generation {generation}: a replacement joined "
@@ -689,6 +696,46 @@ def guarded_allreduce_hook(state, bucket):
     return future.then(finished)
 
 
+class _FailedStepReduction:
+    """What a rank whose step body raised before backward() does in place of that step's DDP
+    reduction (Step.__exit__ calls it): the other ranks are in backward(), each bucket's allreduce
+    waiting for this rank's contribution, and would wait until a timeout. It runs the allreduce of
+    every bucket, in the reducer's order and sizes, with a NaN contribution, so the others see
+    non-finite buckets after the reduction and fail the step as after a loss spike on this rank:
+    every rank skips it, and no collective is left half-done. For the DDP model of one generation
+    (wrap_ddp's last): every guarded step runs one backward() through it on every rank."""
+
+    def __init__(self, rt, ddp, generation, comm_id, group):
+        self._rt = rt
+        self._ddp = weakref.ref(ddp)
+        self.generation = generation
+        self._comm_id = comm_id
+        self._group = group
+
+    def __call__(self, step):
+        """Returns None, or the error that ended the reduction (a peer lost)."""
+        ddp = self._ddp()
+        record = _group_record(self._rt)
+        if (ddp is None or record is None or record.generation != self.generation
+                or record.aborted or self._rt.generation != self.generation):
+            return None  # that generation's group is gone: its collectives fail by themselves
+        buckets = sorted(ddp.reducer._get_zeros_like_grad_buckets(), key=lambda b: b.index())
+        for bucket in buckets:
+            buf = bucket.buffer()
+            poison = torch.full_like(buf, float("nan"))
+            handle = self._rt._c.collective_begin("ddp_allreduce", self._comm_id,
+                                                  buf.numel() * buf.element_size())
+            try:
+                dist.all_reduce(poison, group=self._group)
+            except Exception as e:  # noqa: BLE001 - a peer lost: the step is a communication failure
+                return (f"rank {self._rt.rank} step {step}: the NaN allreduce of DDP gradient "
+                        f"bucket {bucket.index()} (standing in for the failed step's reduction) "
+                        f"failed: {type(e).__name__}: {e}")
+            finally:
+                self._rt._c.collective_end(handle)
+        return None
+
+
 class _FixedLayoutDDP(DistributedDataParallel):
     """DistributedDataParallel whose reducer holds the parameters in reverse declaration order, so
     the layout wrap_ddp fixes at construction puts the last-declared parameters (their gradients
@@ -718,7 +765,13 @@ def wrap_ddp(rt, model, fixed_bucket_layout=True, **ddp_kwargs):
     hook lays out a rank that has run out of inputs), and torch never lays them out again. Every
     instance, on every rank, in every generation, gets the same layout from the same model.
     find_unused_parameters=True, when given, keeps torch's construction-time layout by itself
-    (torch prints a one-time warning when no parameter went unused). False: torch's default."""
+    (torch prints a one-time warning when no parameter went unused). False: torch's default.
+
+    A step whose body raises on one rank before backward() (a bad batch, an OutOfMemoryError in
+    forward) would leave the other ranks waiting in this DDP's allreduces: that rank runs them with
+    a NaN contribution instead, so every rank fails the step the same way (a skip for a
+    RecoverableError, as after a loss spike). This needs every guarded step to run one backward()
+    through the last DDP wrap_ddp built, on every rank."""
     record = _group_record(rt)
     if record is None or record.generation != rt.generation:
         raise Error(f"trainguard.torch.wrap_ddp: rank {rt.rank}: no process group for generation "
@@ -734,4 +787,6 @@ def wrap_ddp(rt, model, fixed_bucket_layout=True, **ddp_kwargs):
     names = {id(p): n for n, p in model.named_parameters()}
     ddp.register_comm_hook(_HookState(rt, record.comm_id, record.group, names),
                            guarded_allreduce_hook)
+    rt._failed_step_reduction = _FailedStepReduction(rt, ddp, rt.generation, record.comm_id,
+                                                     record.group)
     return ddp
