@@ -41,15 +41,15 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "benchmark/benchmark.h"
 #include "bench/loopback_sink.h"
-#include "trainguard/checkpoint.h"
-#include "trainguard/store.h"
-#include "trainguard/topology.h"
+#include "benchmark/benchmark.h"
 #include "sdk/checkpoint/backup_placement.h"
 #include "sdk/checkpoint/backup_service.h"
 #include "sdk/checkpoint/checkpointer.h"
 #include "sdk/checkpoint/snapshotter.h"
+#include "trainguard/checkpoint.h"
+#include "trainguard/store.h"
+#include "trainguard/topology.h"
 
 namespace {
 

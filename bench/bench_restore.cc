@@ -49,8 +49,13 @@ constexpr int64_t kStep = 7;
 
 trainguard::StateRegistry RegistryOf(std::vector<char>& buffer) {
   trainguard::StateRegistry registry;
-  (void)registry.Register({"w", "", buffer.data(), buffer.size(), trainguard::DType::kU8,
-                           {static_cast<int64_t>(buffer.size())}, {}});
+  (void)registry.Register({"w",
+                           "",
+                           buffer.data(),
+                           buffer.size(),
+                           trainguard::DType::kU8,
+                           {static_cast<int64_t>(buffer.size())},
+                           {}});
   return registry;
 }
 
@@ -72,8 +77,8 @@ uint64_t PushSnapshot(const std::string& job, size_t bytes, const std::vector<st
   {
     auto source = Snapshotter::Create(&registry, so);
     absl::StatusOr<Snapshotter::View> view;
-    if (!source.ok() || !(*source)->Begin(kStep).ok() ||
-        !(*source)->Fence(absl::Minutes(1)).ok() || !(view = (*source)->ViewOf(kStep)).ok()) {
+    if (!source.ok() || !(*source)->Begin(kStep).ok() || !(*source)->Fence(absl::Minutes(1)).ok() ||
+        !(view = (*source)->ViewOf(kStep)).ok()) {
       *error = "cannot snapshot the source";
     } else {
       trainguard::PushRequest push;

@@ -181,9 +181,9 @@ namespace {
 struct ChunkRequest {
   enum class Kind { kAll, kShare, kRange };
   Kind kind = Kind::kAll;
-  uint32_t share = 0;   // kShare: share `share` of `shares` equal parts
+  uint32_t share = 0;  // kShare: share `share` of `shares` equal parts
   uint32_t shares = 0;
-  uint64_t first = 0;   // kRange: chunks [first, end)
+  uint64_t first = 0;  // kRange: chunks [first, end)
   uint64_t end = 0;
 };
 
@@ -191,7 +191,7 @@ struct ChunkRequest {
 // [first_chunk, end_chunk) is next on the stream.
 struct OpenedFetch {
   std::unique_ptr<BackupStream> stream;
-  FetchedBackup described;   // everything but the payload
+  FetchedBackup described;  // everything but the payload
   uint64_t payload_bytes = 0;
   uint64_t fingerprint = 0;  // of the holder's header and checksum table
   uint64_t first_chunk = 0;
@@ -246,8 +246,8 @@ absl::StatusOr<OpenedFetch> OpenFetch(const FetchRequest& request, const std::st
   }
   if (reply->first_chunk() != first || reply->end_chunk() != end || end > n) {
     return absl::DataLossError(
-        absl::StrFormat("%s: asked for chunks [%d, %d) of %d, the holder announced [%d, %d)",
-                        what, first, end, n, reply->first_chunk(), reply->end_chunk()));
+        absl::StrFormat("%s: asked for chunks [%d, %d) of %d, the holder announced [%d, %d)", what,
+                        first, end, n, reply->first_chunk(), reply->end_chunk()));
   }
   OpenedFetch opened;
   opened.stream = *std::move(stream);
@@ -277,10 +277,10 @@ absl::Status ReceiveChunks(OpenedFetch& opened, char* payload, const std::string
   const uint64_t chunk = opened.described.chunk_bytes;
   const uint64_t begin = opened.first_chunk * chunk;
   const uint64_t end = std::min(opened.end_chunk * chunk, opened.payload_bytes);
-  absl::Status received = ReceiveVerified(
-      opened.stream.get(), payload + begin, end > begin ? end - begin : 0, chunk,
-      opened.described.chunk_checksums.data() + opened.first_chunk, /*drain=*/false,
-      opened.first_chunk, verified);
+  absl::Status received =
+      ReceiveVerified(opened.stream.get(), payload + begin, end > begin ? end - begin : 0, chunk,
+                      opened.described.chunk_checksums.data() + opened.first_chunk, /*drain=*/false,
+                      opened.first_chunk, verified);
   if (absl::IsDataLoss(received)) {
     return WithContext(received, absl::StrFormat("%s: the holder's copy is corrupt", what));
   }
@@ -470,9 +470,9 @@ void SpreadFetch::Work(int i) {
         if (!state_[j].status.ok()) ReleaseShare(static_cast<int>(j));
       }
     } else if (opened->fingerprint != described_->fingerprint) {
-      Fail(i, absl::DataLossError(absl::StrFormat(
-                  "%s: the holder serves fingerprint %016x, another holder %016x", what,
-                  opened->fingerprint, described_->fingerprint)));
+      Fail(i, absl::DataLossError(
+                  absl::StrFormat("%s: the holder serves fingerprint %016x, another holder %016x",
+                                  what, opened->fingerprint, described_->fingerprint)));
       return;
     }
     fingerprint = described_->fingerprint;
@@ -513,9 +513,9 @@ void SpreadFetch::Work(int i) {
     ask.end = range.end;
     absl::StatusOr<OpenedFetch> more = OpenFetch(request_, holders_[i], ask, what, &stop_flag_);
     if (more.ok() && more->fingerprint != fingerprint) {
-      more = absl::DataLossError(absl::StrFormat(
-          "%s: the holder now serves fingerprint %016x, not %016x", what, more->fingerprint,
-          fingerprint));
+      more = absl::DataLossError(
+          absl::StrFormat("%s: the holder now serves fingerprint %016x, not %016x", what,
+                          more->fingerprint, fingerprint));
     }
     if (!more.ok()) {
       MutexLock lock(&mu_);
@@ -553,9 +553,9 @@ absl::Status SpreadFetch::Failure() const {
 
 absl::StatusOr<FetchedFromHolders> SpreadFetch::Run(Snapshotter* snapshotter) {
   if (holders_.empty()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "fetch of source rank %d step %d: no holder to fetch from", request_.source_rank,
-        request_.step));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("fetch of source rank %d step %d: no holder to fetch from",
+                        request_.source_rank, request_.step));
   }
   {
     MutexLock lock(&mu_);
@@ -609,8 +609,9 @@ absl::StatusOr<FetchedFromHolders> SpreadFetch::Run(Snapshotter* snapshotter) {
           MutexLock lock(&mu_);
           dst_ = dst;
           const bool complete = Await([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-            return chunks_done_ == total || working_ == 0;
-          }) && chunks_done_ == total;
+                                  return chunks_done_ == total || working_ == 0;
+                                }) &&
+                                chunks_done_ == total;
           if (!complete) result = Failure();
         }
         StopAndJoin();  // no thread writes into the slot from here on

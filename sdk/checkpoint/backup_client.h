@@ -1,8 +1,9 @@
 // The client side of peer backups: PushBackup (a source rank sends its snapshot to a holder) and
 // FetchBackup / FetchBackupInto / FetchBackupFromHolders (a restorer takes it back, from one holder
-// or from several at once), over any BackupTransport (TCP unless the request names another). Wire format: backup_wire.h. Every chunk is verified against the
-// snapshot's checksum table as it lands, on the holder for a push and here for a fetch (end to
-// end), so a corrupt copy is never installed or returned as OK.
+// or from several at once), over any BackupTransport (TCP unless the request names another). Wire
+// format: backup_wire.h. Every chunk is verified against the snapshot's checksum table as it lands,
+// on the holder for a push and here for a fetch (end to end), so a corrupt copy is never installed
+// or returned as OK.
 //
 // Thread safety: blocking calls, safe from any thread. Each returns by its deadline, or earlier
 // when `cancel` is set (checked between chunks and in every wait of the stream).

@@ -429,9 +429,9 @@ absl::Status BackupHolder::ChunksAskedFor(const proto::BackupFetch& fetch, uint6
   *end = chunks;
   if (fetch.shares() > 0) {
     if (fetch.share() >= fetch.shares()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "a fetch of source rank %d asked for share %d of %d", fetch.source_rank(),
-          fetch.share(), fetch.shares()));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("a fetch of source rank %d asked for share %d of %d", fetch.source_rank(),
+                          fetch.share(), fetch.shares()));
     }
     *first = chunks * fetch.share() / fetch.shares();
     *end = chunks * (fetch.share() + 1) / fetch.shares();

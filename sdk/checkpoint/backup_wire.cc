@@ -105,8 +105,8 @@ absl::Status ReceiveVerified(BackupStream* stream, char* payload, uint64_t bytes
     for (uint64_t at = begin; at < end;) {
       absl::StatusOr<size_t> n = stream->ReceiveSome(payload + at, end - at);
       if (!n.ok()) {
-        return done(WithContext(
-            n.status(), absl::StrFormat("%d of %d payload bytes received", at, bytes)));
+        return done(
+            WithContext(n.status(), absl::StrFormat("%d of %d payload bytes received", at, bytes)));
       }
       XXH3_64bits_update(state.get(), payload + at, *n);
       at += *n;

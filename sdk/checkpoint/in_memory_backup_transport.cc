@@ -153,9 +153,9 @@ class InMemoryBackupStream final : public BackupStream {
       Pipe& in = In();
       if (!holder_end_ && in.read >= c.faults.drop_after_received_bytes) {
         c.dropped = true;  // as if the holder died here: what it sent after is lost
-        return absl::UnavailableError(absl::StrFormat(
-            "receiving from %s: connection dropped (after %d bytes to the client)", peer_,
-            in.read));
+        return absl::UnavailableError(
+            absl::StrFormat("receiving from %s: connection dropped (after %d bytes to the client)",
+                            peer_, in.read));
       }
       if (in.buffered() > 0 && max > 0) {
         size_t k = std::min(max, in.buffered());
@@ -366,8 +366,8 @@ absl::StatusOr<std::unique_ptr<BackupStream>> InMemoryBackupTransport::Dial(
         listener.shut ? "its listener shut down" : "its backlog of connections is full"));
   }
   auto to = network_->faults_to.find(options.address);
-  auto connection = std::make_shared<Connection>(
-      to != network_->faults_to.end() ? to->second : network_->faults);
+  auto connection =
+      std::make_shared<Connection>(to != network_->faults_to.end() ? to->second : network_->faults);
   const std::string client = absl::StrFormat(
       "peer in-memory %s#%d", options.source_address.empty() ? "client" : options.source_address,
       network_->next_client++);

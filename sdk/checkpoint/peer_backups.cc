@@ -4,8 +4,8 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <memory>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>

@@ -101,8 +101,7 @@ class Snapshotter {
   // (a snapshot of another layout), DataLoss when the slot as recorded at the end does not have
   // it. The arena's lock is held while `fill` runs, so it must be bounded (a deadline) and must
   // not call this Snapshotter.
-  absl::StatusOr<SnapshotInfo> InstallWith(int64_t step, int64_t generation,
-                                           uint64_t payload_bytes,
+  absl::StatusOr<SnapshotInfo> InstallWith(int64_t step, int64_t generation, uint64_t payload_bytes,
                                            const std::vector<uint64_t>& chunk_checksums,
                                            uint64_t fingerprint,
                                            absl::FunctionRef<absl::Status(char* dst)> fill);

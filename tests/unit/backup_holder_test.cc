@@ -211,7 +211,8 @@ TEST_F(InMemoryBackupTest, AConnectionDroppedMidPayloadIsUnavailableAndTheHolder
 
 // Protocol version 2: a fetch names the chunks it wants; the reply announces them and only their
 // payload bytes follow. A range past the backup's last chunk is refused, naming it.
-TEST_F(InMemoryBackupTest, AFetchOfAChunkRangeGetsExactlyThoseChunksAndOneBeyondTheBackupIsRefused) {
+TEST_F(InMemoryBackupTest,
+       AFetchOfAChunkRangeGetsExactlyThoseChunksAndOneBeyondTheBackupIsRefused) {
   std::unique_ptr<BackupService> service = StartService();
   ASSERT_NE(service, nullptr);
   const std::string payload = Payload(7, kBytes);

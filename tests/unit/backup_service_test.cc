@@ -635,10 +635,12 @@ TEST_F(BackupIntoArenaTest, TheFirstRestoreAfterTheFetchDoesNotHashItAgainALater
   ASSERT_TRUE(FetchIntoRestorer().ok());
   const std::string mine = Snapshotter::ArenaName(RestorerJob(), kSource);
   ASSERT_TRUE(FlipPayloadByte(mine, 10, 100));
-  absl::StatusOr<SnapshotInfo> first = restorer_->snapshotter->RestoreStep(&restorer_->registry, 10);
+  absl::StatusOr<SnapshotInfo> first =
+      restorer_->snapshotter->RestoreStep(&restorer_->registry, 10);
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_NE(restorer_->weights[100], source_->weights[100]);  // copied as it was: not re-hashed
-  absl::StatusOr<SnapshotInfo> again = restorer_->snapshotter->RestoreStep(&restorer_->registry, 10);
+  absl::StatusOr<SnapshotInfo> again =
+      restorer_->snapshotter->RestoreStep(&restorer_->registry, 10);
   EXPECT_EQ(again.status().code(), absl::StatusCode::kDataLoss) << again.status();
   EXPECT_THAT(again.status().message(), HasSubstr("chunk 0 "));
 }
@@ -650,10 +652,9 @@ TEST_F(BackupIntoArenaTest, ABackupOfAnotherLayoutIsNotInstalled) {
   std::unique_ptr<RankArena> other = MakeRankArena(job_ + "-o", kBytes, "other");
   ASSERT_NE(other, nullptr);
   SnapshotStep(*other, 5);
-  absl::StatusOr<SnapshotInfo> installed = FetchBackupInto(
-      Fetch(service_->address(), view_), other->snapshotter.get());
-  EXPECT_EQ(installed.status().code(), absl::StatusCode::kFailedPrecondition)
-      << installed.status();
+  absl::StatusOr<SnapshotInfo> installed =
+      FetchBackupInto(Fetch(service_->address(), view_), other->snapshotter.get());
+  EXPECT_EQ(installed.status().code(), absl::StatusCode::kFailedPrecondition) << installed.status();
   EXPECT_THAT(installed.status().message(), HasSubstr("another layout"));
   ASSERT_TRUE(other->snapshotter->LatestComplete().has_value());
   EXPECT_EQ(other->snapshotter->LatestComplete()->step, 5);
