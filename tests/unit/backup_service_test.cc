@@ -793,6 +793,27 @@ TEST_F(BackupFromTwoHoldersTest, AHolderDroppedMidTransferLeavesItsRemainingChun
   ExpectRestoredBitExact();
 }
 
+// A holder without the backup (a replacement host that has not received it yet) answers NotFound
+// at once: its share comes from the other holder.
+TEST_F(BackupFromTwoHoldersTest, AHolderWithoutTheBackupLeavesItsShareToTheOther) {
+  ASSERT_NO_FATAL_FAILURE(StartHolders());
+  services_[0].reset();
+  ASSERT_TRUE(BackupService::RemoveArenas(job_, {kSource}).ok());
+  BackupServiceOptions options;
+  options.job_id = job_;
+  options.rank = 5;
+  absl::StatusOr<std::unique_ptr<BackupService>> empty = BackupService::Start(options);
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  services_[0] = *std::move(empty);
+  absl::StatusOr<FetchedFromHolders> fetched = FetchFromBoth();
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_EQ(fetched->holders[0].status.code(), absl::StatusCode::kNotFound)
+      << fetched->holders[0].status;
+  EXPECT_EQ(fetched->holders[0].bytes, 0u);
+  EXPECT_EQ(fetched->holders[1].bytes, view_.payload.size());
+  ExpectRestoredBitExact();
+}
+
 // Each holder's copy corrupt in its own share: no chunk source is left for either, nothing is
 // installed (the arena keeps its snapshot of step 5), and the error names both holders.
 TEST_F(BackupFromTwoHoldersTest, WhenNoHolderCanDeliverAChunkNothingIsInstalledAndBothAreNamed) {
