@@ -26,8 +26,6 @@
 // (the path before it, in the same iteration: FetchBackup into a string, Install into the arena,
 // RestoreStep). Counters: into_ms, string_ms and ratio (string / into). The holder is in this
 // process over 127.0.0.1.
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -43,14 +41,15 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/loopback_sink.h"
 #include "benchmark/benchmark.h"
-#include "trainguard/checkpoint.h"
-#include "trainguard/store.h"
-#include "trainguard/topology.h"
 #include "sdk/checkpoint/backup_placement.h"
 #include "sdk/checkpoint/backup_service.h"
 #include "sdk/checkpoint/checkpointer.h"
 #include "sdk/checkpoint/snapshotter.h"
+#include "trainguard/checkpoint.h"
+#include "trainguard/store.h"
+#include "trainguard/topology.h"
 
 namespace {
 
@@ -59,76 +58,10 @@ using trainguard::BackupServiceOptions;
 using trainguard::PushBackup;
 using trainguard::PushRequest;
 using trainguard::Snapshotter;
+using trainguard::bench::LoopbackSink;
 
 constexpr uint64_t kChunk = 4 << 20;
-constexpr size_t kLoopbackPiece = 4 << 20;
 constexpr int kSource = 0;
-
-// The plain baseline: one connection per transfer to a receiver thread.
-class LoopbackSink {
- public:
-  explicit LoopbackSink(size_t bytes) : buffer_(bytes, 1) {
-    listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t length = sizeof(address);
-    if (listen_fd_ < 0 || bind(listen_fd_, reinterpret_cast<sockaddr*>(&address), length) != 0 ||
-        listen(listen_fd_, 4) != 0 ||
-        getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-      return;
-    }
-    port_ = ntohs(address.sin_port);
-  }
-  ~LoopbackSink() {
-    if (listen_fd_ >= 0) close(listen_fd_);
-  }
-  bool ok() const { return port_ > 0; }
-
-  // Sends `data` over a fresh connection; returns once the receiver has every byte. The receiver
-  // runs on a thread started (and joined) here.
-  bool Transfer(const char* data, size_t bytes) {
-    bool received = false;
-    std::thread receiver([&] { received = Receive(bytes); });
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in to{};
-    to.sin_family = AF_INET;
-    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    to.sin_port = htons(static_cast<uint16_t>(port_));
-    bool sent = fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0;
-    for (size_t at = 0; sent && at < bytes;) {
-      const ssize_t n = send(fd, data + at, std::min(kLoopbackPiece, bytes - at), MSG_NOSIGNAL);
-      if (n <= 0) sent = false;
-      at += n > 0 ? static_cast<size_t>(n) : 0;
-    }
-    char ack = 0;
-    sent = sent && recv(fd, &ack, 1, MSG_WAITALL) == 1;
-    if (fd >= 0) close(fd);
-    receiver.join();
-    return sent && received;
-  }
-
- private:
-  bool Receive(size_t bytes) {
-    const int fd = accept(listen_fd_, nullptr, nullptr);
-    if (fd < 0) return false;
-    size_t at = 0;
-    while (at < bytes) {
-      const ssize_t n = recv(fd, buffer_.data() + at, bytes - at, 0);
-      if (n <= 0) break;
-      at += static_cast<size_t>(n);
-    }
-    const char ack = 1;
-    const bool ok = at == bytes && send(fd, &ack, 1, MSG_NOSIGNAL) == 1;
-    close(fd);
-    return ok;
-  }
-
-  std::vector<char> buffer_;
-  int listen_fd_ = -1;
-  int port_ = 0;
-};
-
 void BM_ReplicationVsLoopback(benchmark::State& state) {
   const size_t bytes = static_cast<size_t>(state.range(0));
   std::string payload(bytes, '\0');

@@ -1,8 +1,9 @@
 // The client side of peer backups: PushBackup (a source rank sends its snapshot to a holder) and
-// FetchBackup / FetchBackupInto (a restorer takes it back), over any BackupTransport (TCP unless
-// the request names another). Wire format: backup_wire.h. Every chunk is verified against the
-// snapshot's checksum table as it lands, on the holder for a push and here for a fetch (end to
-// end), so a corrupt copy is never installed or returned as OK.
+// FetchBackup / FetchBackupInto / FetchBackupFromHolders (a restorer takes it back, from one holder
+// or from several at once), over any BackupTransport (TCP unless the request names another). Wire
+// format: backup_wire.h. Every chunk is verified against the snapshot's checksum table as it lands,
+// on the holder for a push and here for a fetch (end to end), so a corrupt copy is never installed
+// or returned as OK.
 //
 // Thread safety: blocking calls, safe from any thread. Each returns by its deadline, or earlier
 // when `cancel` is set (checked between chunks and in every wait of the stream).
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "sdk/checkpoint/snapshotter.h"
@@ -82,10 +84,36 @@ struct FetchedBackup {
 absl::StatusOr<FetchedBackup> FetchBackup(const FetchRequest& request);
 // As FetchBackup, received straight into `snapshotter`'s free slot (Snapshotter::InstallWith), each
 // chunk checked once as it lands, and installed there as its newest complete snapshot: the restore
-// path of a replacement, with no copy of the payload in between. The same errors, and
-// FailedPrecondition when the backup does not fit the arena's layout or chunk size; on any error
-// the arena's latest complete snapshot is untouched.
+// path of a replacement, with no copy of the payload in between; the RestoreStep that follows
+// copies it into the buffers without hashing it again. The same errors, and FailedPrecondition
+// when the backup does not fit the arena's layout or chunk size (its fingerprint with this arena's
+// layout is not the committed one); on any error the arena's latest complete snapshot is
+// untouched and no part of the backup is restorable.
 absl::StatusOr<SnapshotInfo> FetchBackupInto(const FetchRequest& request, Snapshotter* snapshotter);
+
+// What each holder did for FetchBackupFromHolders.
+struct HolderShare {
+  std::string holder_address;
+  uint64_t bytes = 0;   // payload bytes it delivered, verified
+  absl::Status status;  // why it stopped serving (its undelivered chunks came from the others)
+};
+struct FetchedFromHolders {
+  SnapshotInfo installed;
+  std::vector<HolderShare> holders;  // in the order given
+};
+
+// As FetchBackupInto, from every holder in `holder_addresses` at once (request.holder_address is
+// not used): each serves an equal share of the chunks over its own connection, straight into the
+// slot, every chunk checked as it lands. A holder that fails (unreachable, its connection dropped
+// mid-transfer, a chunk that does not match) is not asked again: the chunks it had not delivered
+// are fetched from the others, verified; a holder that finished its share takes over the share
+// of one still being dialled. The slot is installed only once every chunk is in and verified.
+// When no holder could deliver some chunk: the error of the one holder, or with several, one
+// naming each holder and why (NotFound when none had the backup); on any error the arena's latest
+// complete snapshot is untouched. Runs a thread per holder, all joined before it returns.
+absl::StatusOr<FetchedFromHolders> FetchBackupFromHolders(
+    const FetchRequest& request, const std::vector<std::string>& holder_addresses,
+    Snapshotter* snapshotter);
 
 }  // namespace trainguard
 

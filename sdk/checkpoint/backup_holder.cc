@@ -388,9 +388,16 @@ absl::Status BackupHolder::ServeFetch(BackupStream* stream, const proto::BackupF
       (void)Reply(stream, found);
       return absl::OkStatus();  // a miss is an answer, not a fault of this holder
     }
+    SlotHeader* slot = source->arena->slot(s);
+    uint64_t first = 0, end = slot->num_chunks;
+    if (absl::Status asked = ChunksAskedFor(fetch, slot->num_chunks, &first, &end); !asked.ok()) {
+      (void)Reply(stream, WithContext(asked, name()));
+      return WithContext(asked, name());
+    }
+    reply.set_first_chunk(first);
+    reply.set_end_chunk(end);
     ++source->readers[s];
     payload = source->arena->payload(s);
-    SlotHeader* slot = source->arena->slot(s);
     proto::BackupSnapshotHeader* h = reply.mutable_snapshot();
     h->set_step(slot->step);
     h->set_generation(slot->generation);
@@ -402,15 +409,42 @@ absl::Status BackupHolder::ServeFetch(BackupStream* stream, const proto::BackupF
     h->set_fingerprint(SlotFingerprint(slot));
   }
   absl::Status sent = Reply(stream, absl::OkStatus(), reply);
-  const uint64_t bytes = reply.snapshot().payload_bytes();
-  const uint64_t piece = BackupPieceBytes(reply.snapshot().chunk_bytes());
-  for (uint64_t at = 0; sent.ok() && at < bytes; at += piece) {
+  const uint64_t chunk = reply.snapshot().chunk_bytes();
+  const uint64_t bytes = std::min(reply.end_chunk() * chunk, reply.snapshot().payload_bytes());
+  const uint64_t piece = BackupPieceBytes(chunk);
+  for (uint64_t at = reply.first_chunk() * chunk; sent.ok() && at < bytes; at += piece) {
     sent = stream->Send(payload + at, std::min(piece, bytes - at));
   }
   MutexLock lock(&source->mu);
   --source->readers[s];
   return WithContext(
       sent, absl::StrFormat("%s: sending step %d of source rank %d", name(), fetch.step(), rank));
+}
+
+// The chunks [*first, *end) of `chunks` that `fetch` asks for (proto/backup.proto: a share, a
+// range, or all).
+absl::Status BackupHolder::ChunksAskedFor(const proto::BackupFetch& fetch, uint64_t chunks,
+                                          uint64_t* first, uint64_t* end) {
+  *first = 0;
+  *end = chunks;
+  if (fetch.shares() > 0) {
+    if (fetch.share() >= fetch.shares()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("a fetch of source rank %d asked for share %d of %d", fetch.source_rank(),
+                          fetch.share(), fetch.shares()));
+    }
+    *first = chunks * fetch.share() / fetch.shares();
+    *end = chunks * (fetch.share() + 1) / fetch.shares();
+  } else if (fetch.end_chunk() > 0) {
+    if (fetch.first_chunk() > fetch.end_chunk() || fetch.end_chunk() > chunks) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "a fetch of source rank %d asked for chunks [%d, %d) of a backup of %d chunks",
+          fetch.source_rank(), fetch.first_chunk(), fetch.end_chunk(), chunks));
+    }
+    *first = fetch.first_chunk();
+    *end = fetch.end_chunk();
+  }
+  return absl::OkStatus();
 }
 
 absl::Status BackupHolder::FindForFetch(Source* source, const proto::BackupFetch& fetch, int* s) {

@@ -1,6 +1,7 @@
 // BackupHolder: the holder's side of peer backups, one request per stream, on any transport. A
 // push is verified chunk by chunk as it lands in the source rank's backup arena (held_backups.h);
-// a fetch sends the newest complete slot with that step and fingerprint. A push writes the slot
+// a fetch sends the newest complete slot with that step and fingerprint (the chunks asked for: all,
+// a share of them, or a range). A push writes the slot
 // that is not the newest complete one, marked kWriting until its last byte and checksum are in,
 // so a push that fails (a dropped connection, a corrupt chunk, a crash) leaves the older complete
 // backup in place. BackupService runs it behind a listener; tests run it over
@@ -80,6 +81,8 @@ class BackupHolder {
   absl::Status ReceivePayload(BackupStream* stream, Source* source, int w,
                               const proto::BackupSnapshotHeader& h);
   absl::Status ServeFetch(BackupStream* stream, const proto::BackupFetch& fetch);
+  static absl::Status ChunksAskedFor(const proto::BackupFetch& fetch, uint64_t chunks,
+                                     uint64_t* first, uint64_t* end);
   absl::Status FindForFetch(Source* source, const proto::BackupFetch& fetch, int* s)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(source->mu);
 

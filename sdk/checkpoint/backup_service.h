@@ -15,8 +15,9 @@
 // (in_memory_backup_transport.h). The holder verifies every chunk against the chunk checksum table
 // as it lands (XXH3-64, the checksums the snapshot computed while copying) and acknowledges with
 // the snapshot's fingerprint recomputed from the table; a fetch's reply carries the table and the
-// payload, and FetchBackup (or FetchBackupInto, straight into the restorer's arena) verifies every
-// chunk again as it lands (end to end). Requests carry the job's shared token when one is
+// payload of the chunks asked for, and FetchBackup (or FetchBackupInto / FetchBackupFromHolders,
+// straight into the restorer's arena, from one holder or a share from each of several) verifies
+// every chunk again as it lands (end to end). Requests carry the job's shared token when one is
 // configured; a wrong token is refused.
 //
 // Thread safety: BackupService runs one listener thread and a bounded number of connection

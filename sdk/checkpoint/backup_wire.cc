@@ -86,10 +86,18 @@ absl::Status ReceiveBackupMessage(BackupStream* stream, proto::BackupMessage* me
 }
 
 absl::Status ReceiveVerified(BackupStream* stream, char* payload, uint64_t bytes,
-                             uint64_t chunk_bytes, const uint64_t* expected, bool drain) {
+                             uint64_t chunk_bytes, const uint64_t* expected, bool drain,
+                             uint64_t first_chunk, uint64_t* verified) {
+  uint64_t good = 0;  // chunks in and verified before the first error
+  bool counting = true;
+  auto done = [&](absl::Status status) {
+    if (verified != nullptr) *verified = good;
+    return status;
+  };
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(),
                                                                  XXH3_freeState);
-  if (state == nullptr) return absl::ResourceExhaustedError("XXH3_createState failed");
+  if (state == nullptr) return done(absl::ResourceExhaustedError("XXH3_createState failed"));
+  const uint64_t base = first_chunk * chunk_bytes;  // of `payload` in the whole payload
   absl::Status mismatch;
   for (uint64_t k = 0, begin = 0; begin < bytes; ++k, begin += chunk_bytes) {
     const uint64_t end = std::min(begin + chunk_bytes, bytes);
@@ -97,21 +105,26 @@ absl::Status ReceiveVerified(BackupStream* stream, char* payload, uint64_t bytes
     for (uint64_t at = begin; at < end;) {
       absl::StatusOr<size_t> n = stream->ReceiveSome(payload + at, end - at);
       if (!n.ok()) {
-        return WithContext(n.status(),
-                           absl::StrFormat("%d of %d payload bytes received", at, bytes));
+        return done(
+            WithContext(n.status(), absl::StrFormat("%d of %d payload bytes received", at, bytes)));
       }
       XXH3_64bits_update(state.get(), payload + at, *n);
       at += *n;
     }
     const uint64_t actual = XXH3_64bits_digest(state.get());
-    if (mismatch.ok() && actual != expected[k]) {
-      mismatch = absl::DataLossError(absl::StrFormat(
-          "chunk %d (payload offset %d, %d bytes) has checksum %016x, expected %016x", k, begin,
-          end - begin, actual, expected[k]));
-      if (!drain) return mismatch;
+    if (actual != expected[k]) {
+      counting = false;
+      if (mismatch.ok()) {
+        mismatch = absl::DataLossError(absl::StrFormat(
+            "chunk %d (payload offset %d, %d bytes) has checksum %016x, expected %016x",
+            first_chunk + k, base + begin, end - begin, actual, expected[k]));
+      }
+      if (!drain) return done(mismatch);
+    } else if (counting) {
+      ++good;
     }
   }
-  return mismatch;
+  return done(mismatch);
 }
 
 }  // namespace checkpoint_internal

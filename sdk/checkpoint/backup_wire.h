@@ -18,7 +18,8 @@
 namespace trainguard {
 namespace checkpoint_internal {
 
-inline constexpr uint32_t kBackupProtocolVersion = 1;
+// 2: a fetch asks for a share or a range of the chunks (BackupFetch), and its reply says which.
+inline constexpr uint32_t kBackupProtocolVersion = 2;
 // A request or reply (the checksum table is the large part: 8 bytes a chunk).
 inline constexpr uint32_t kMaxBackupMessageBytes = 16 << 20;
 inline constexpr uint64_t kMaxBackupChunks = 1 << 20;
@@ -47,9 +48,13 @@ absl::Status ReceiveBackupMessage(BackupStream* stream, proto::BackupMessage* me
 // checks every chunk of `chunk_bytes` against `expected` once its last byte is in. On a mismatch:
 // DataLoss naming the chunk, its payload offset and both checksums, at once or (`drain`) after the
 // rest of the payload has been received, so that the peer that sent it can read the answer.
-// Connection errors return at once, saying how much of the payload had arrived.
+// Connection errors return at once, saying how much of the payload had arrived. `payload` may be
+// the chunks from `first_chunk` on of a larger payload: errors then name chunks and offsets in
+// that payload. `verified` (optional) is set to the number of chunks in and verified before the
+// first error (all of them on OK).
 absl::Status ReceiveVerified(BackupStream* stream, char* payload, uint64_t bytes,
-                             uint64_t chunk_bytes, const uint64_t* expected, bool drain);
+                             uint64_t chunk_bytes, const uint64_t* expected, bool drain,
+                             uint64_t first_chunk = 0, uint64_t* verified = nullptr);
 
 }  // namespace checkpoint_internal
 }  // namespace trainguard

@@ -684,7 +684,12 @@ class Checkpointer::Impl {
       if (peer.ok()) {
         absl::StatusOr<SnapshotInfo> restored = snapshotter_->RestoreStep(registry_, c.step);
         if (restored.ok()) {
-          return RestoreResult{c.step, absl::StrCat("peer host ", peer->holder_host), want, {}};
+          return RestoreResult{
+              c.step,
+              absl::StrCat(peer->holder_hosts.size() == 1 ? "peer host " : "peer hosts ",
+                           absl::StrJoin(peer->holder_hosts, ",")),
+              want,
+              {}};
         }
         peers_why = restored.status().ToString();
       } else {

@@ -82,7 +82,7 @@ struct CheckpointerOptions {
 
 struct RestoreResult {
   int64_t step = -1;
-  std::string source;  // "arena", "disk" or "peer host HOST"
+  std::string source;  // "arena", "disk", "peer host HOST" or "peer hosts HOST,HOST"
   uint64_t fingerprint = 0;
   // Newer candidates that could not be restored and why (e.g. "step 120: rank 2: DataLoss ..."),
   // and, for a rank that read the disk, why its peers' memory did not serve the step ("step 120

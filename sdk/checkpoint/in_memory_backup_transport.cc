@@ -67,6 +67,7 @@ struct InMemoryBackupTransport::Network {
   int next_port ABSL_GUARDED_BY(mu) = 1;
   int next_client ABSL_GUARDED_BY(mu) = 1;
   InMemoryStreamFaults faults ABSL_GUARDED_BY(mu);
+  std::map<std::string, InMemoryStreamFaults> faults_to ABSL_GUARDED_BY(mu);  // by address
   int open_holder_streams ABSL_GUARDED_BY(mu) = 0;
 };
 
@@ -150,9 +151,18 @@ class InMemoryBackupStream final : public BackupStream {
     MutexLock lock(&c.mu);
     while (true) {
       Pipe& in = In();
+      if (!holder_end_ && in.read >= c.faults.drop_after_received_bytes) {
+        c.dropped = true;  // as if the holder died here: what it sent after is lost
+        return absl::UnavailableError(
+            absl::StrFormat("receiving from %s: connection dropped (after %d bytes to the client)",
+                            peer_, in.read));
+      }
       if (in.buffered() > 0 && max > 0) {
         size_t k = std::min(max, in.buffered());
         if (c.faults.max_receive_bytes > 0) k = std::min(k, c.faults.max_receive_bytes);
+        if (!holder_end_ && c.faults.drop_after_received_bytes != InMemoryStreamFaults::kNever) {
+          k = std::min<uint64_t>(k, c.faults.drop_after_received_bytes - in.read);
+        }
         std::memcpy(data, in.bytes.data() + in.read_at, k);
         if (!holder_end_) Corrupt(c.faults.corrupt_received_byte, in.read, data, k);
         in.read_at += k;
@@ -303,6 +313,12 @@ void InMemoryBackupTransport::set_faults(const InMemoryStreamFaults& faults) {
   network_->faults = faults;
 }
 
+void InMemoryBackupTransport::set_faults_to(const std::string& address,
+                                            const InMemoryStreamFaults& faults) {
+  MutexLock lock(&network_->mu);
+  network_->faults_to[address] = faults;
+}
+
 int InMemoryBackupTransport::open_holder_streams() const {
   MutexLock lock(&network_->mu);
   return network_->open_holder_streams;
@@ -349,7 +365,9 @@ absl::StatusOr<std::unique_ptr<BackupStream>> InMemoryBackupTransport::Dial(
         "cannot connect to backup holder %s: %s", options.address,
         listener.shut ? "its listener shut down" : "its backlog of connections is full"));
   }
-  auto connection = std::make_shared<Connection>(network_->faults);
+  auto to = network_->faults_to.find(options.address);
+  auto connection =
+      std::make_shared<Connection>(to != network_->faults_to.end() ? to->second : network_->faults);
   const std::string client = absl::StrFormat(
       "peer in-memory %s#%d", options.source_address.empty() ? "client" : options.source_address,
       network_->next_client++);

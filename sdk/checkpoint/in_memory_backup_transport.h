@@ -3,8 +3,9 @@
 // byte pipes (a sender blocks while the other end's pipe is full, as on a socket); a listener is a
 // queue of connections dialed to its address. Streams keep the rules of every transport
 // (backup_transport.h): each wait ends by the deadline, the idle timeout, the cancel flag or the
-// listener's Shutdown. Faults to inject, per connection dialed after set_faults(): a connection
-// dropped after the client sent N bytes, a byte corrupted in transit either way, short reads.
+// listener's Shutdown. Faults to inject, per connection dialed after set_faults() (or
+// set_faults_to() its address): a connection dropped after the client sent or received N bytes, a
+// byte corrupted in transit either way, short reads.
 //
 // Thread-safe. The transport may be destroyed before its listeners and streams (they share its
 // state).
@@ -15,6 +16,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -28,6 +30,10 @@ struct InMemoryStreamFaults {
   // Once the dialing end has sent this many bytes, the connection drops: its next send fails, and
   // each end receives what was sent before the drop, then Unavailable ("connection dropped").
   uint64_t drop_after_sent_bytes = kNever;
+  // Once the dialing end has received this many bytes, the connection drops, as when the holder
+  // dies in the middle of a fetch's payload: the dialing end's next receive is Unavailable
+  // (whatever else was on the way), and the holder's next send fails.
+  uint64_t drop_after_received_bytes = kNever;
   // The byte at this offset of what the dialing end sends (a request, a push's payload) arrives
   // with its bits flipped.
   uint64_t corrupt_sent_byte = kNever;
@@ -49,6 +55,8 @@ class InMemoryBackupTransport final : public BackupTransport {
 
   // The faults of the connections dialed from now on.
   void set_faults(const InMemoryStreamFaults& faults);
+  // The faults of the connections dialed to `address` from now on (instead of set_faults').
+  void set_faults_to(const std::string& address, const InMemoryStreamFaults& faults);
 
   // The holder ends of connections (accepted or waiting to be) that are still open.
   int open_holder_streams() const;

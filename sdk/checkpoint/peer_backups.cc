@@ -3,8 +3,9 @@
 #include <sys/statvfs.h>
 
 #include <cstdint>
-#include <memory>
+#include <cstdio>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -203,14 +204,20 @@ absl::Status PeerBackups::Replicate(const Snapshotter::View& view, uint64_t chun
 absl::StatusOr<PeerRestore> PeerBackups::Restore(int64_t step, uint64_t fingerprint,
                                                  Snapshotter* snapshotter) {
   std::vector<std::string> why;
+  std::vector<int> ranks;
+  std::vector<std::string> addresses, hosts;
   for (int holder : options_.placement.HolderRanks(options_.rank)) {
     absl::StatusOr<std::pair<std::string, std::string>> addr = AddressOf(holder);
     if (!addr.ok()) {
       why.push_back(absl::StrCat("rank ", holder, ": ", addr.status().ToString()));
       continue;
     }
+    ranks.push_back(holder);
+    addresses.push_back(addr->first);
+    hosts.push_back(addr->second);
+  }
+  if (!addresses.empty()) {
     FetchRequest request;
-    request.holder_address = addr->first;
     request.token = options_.token;
     request.source_address = options_.host_addr;
     request.job_id = options_.job_id;
@@ -219,11 +226,31 @@ absl::StatusOr<PeerRestore> PeerBackups::Restore(int64_t step, uint64_t fingerpr
     request.fingerprint = fingerprint;
     request.deadline = absl::Now() + options_.timeout;
     request.cancel = &cancel_;
-    // Into the arena as it arrives, checked once; RestoreStep checks it again as it copies it out.
-    absl::Status status = FetchBackupInto(request, snapshotter).status();
-    if (status.ok()) return PeerRestore{holder, addr->second};
-    why.push_back(
-        absl::StrCat("rank ", holder, " on host ", addr->second, ": ", status.ToString()));
+    // From every holder at once, straight into the arena, each chunk checked once as it lands;
+    // the RestoreStep that follows copies it out without hashing it again.
+    absl::StatusOr<FetchedFromHolders> fetched =
+        FetchBackupFromHolders(request, addresses, snapshotter);
+    if (fetched.ok()) {
+      PeerRestore restore;
+      for (size_t i = 0; i < fetched->holders.size(); ++i) {
+        const HolderShare& share = fetched->holders[i];
+        if (share.bytes > 0) {
+          restore.holder_ranks.push_back(ranks[i]);
+          restore.holder_hosts.push_back(hosts[i]);
+        }
+        if (!share.status.ok()) {
+          // The others served its chunks; said once, for the operator who wonders about it.
+          const std::string line = absl::StrFormat(
+              "trainguard: %s: backup holder rank %d on host %s stopped serving step %d, the "
+              "other holders served the rest: %s\n",
+              Where(), ranks[i], hosts[i], step, share.status.ToString());
+          std::fputs(line.c_str(), stderr);
+        }
+      }
+      return restore;
+    }
+    why.push_back(absl::StrCat("holder rank(s) ", absl::StrJoin(ranks, ","), " on host(s) ",
+                               absl::StrJoin(hosts, ","), ": ", fetched.status().ToString()));
   }
   return absl::NotFoundError(absl::StrFormat(
       "no backup holder of rank %d served step %d with fingerprint %016x (%s)", options_.rank,

@@ -57,10 +57,10 @@ struct PeerBackupsOptions {
   std::function<bool()> superseded;
 };
 
-// Where a restored snapshot came from.
+// Where a restored snapshot came from: the holders that delivered part of it.
 struct PeerRestore {
-  int holder_rank = -1;
-  std::string holder_host;
+  std::vector<int> holder_ranks;
+  std::vector<std::string> holder_hosts;
 };
 
 class PeerBackups {
@@ -81,9 +81,11 @@ class PeerBackups {
   absl::Status Replicate(const Snapshotter::View& view, uint64_t chunk_bytes,
                          uint64_t payload_capacity);
 
-  // Fetches this rank's snapshot of `step` with `fingerprint` from its holders in placement order,
-  // installs the first verified one into `snapshotter`. NotFound listing every holder and why it
-  // could not serve (unreachable, no such backup, a chunk that failed its checksum).
+  // Fetches this rank's snapshot of `step` with `fingerprint` from all its holders at once
+  // (FetchBackupFromHolders: a share of the chunks each, a failed holder's chunks from the
+  // others) into `snapshotter`, each chunk verified as it lands, and installs it there. NotFound
+  // listing every holder and why it could not serve (unreachable, no such backup, a chunk that
+  // failed its checksum) when some chunk came from none.
   absl::StatusOr<PeerRestore> Restore(int64_t step, uint64_t fingerprint,
                                       Snapshotter* snapshotter);
 

@@ -192,6 +192,7 @@ class Snapshotter::Impl {
     // Mark the slot unfinished before touching a byte of it: a crash from here on leaves it
     // kWriting, and the other slot (the latest complete one) is never written.
     StoreState(slot, kSlotWriting);
+    verified_on_install_[w] = false;
     const std::string blobs = SerializeBlobArea(registry_->blobs());
     if (blobs.size() > plan_.blob_capacity) {
       StoreState(slot, kSlotEmpty);
@@ -301,6 +302,7 @@ class Snapshotter::Impl {
 
   absl::StatusOr<SnapshotInfo> Install(int64_t step, int64_t generation, uint64_t payload_bytes,
                                        const std::vector<uint64_t>& checksums,
+                                       std::optional<uint64_t> fingerprint,
                                        absl::FunctionRef<absl::Status(char* dst)> fill) {
     MutexLock lock(&mu_);
     if (in_flight_) return InFlightError("install");
@@ -314,15 +316,25 @@ class Snapshotter::Impl {
           Where(), step, payload_bytes, checksums.size(), plan_.blob_offset,
           plan_.geometry.payload_capacity, chunk));
     }
+    if (fingerprint.has_value()) {
+      // The snapshot this arena would record (its own layout hash, the table as given) must be
+      // the one asked for: checked before a byte is written, so that a backup of another layout
+      // never costs a transfer, and again at the end on what the slot records.
+      const uint64_t installing =
+          SnapshotFingerprint(step, plan_.geometry.layout_hash, payload_bytes, checksums);
+      if (installing != *fingerprint) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "%s: cannot install step %d: with this registry's layout (hash %016x) its fingerprint "
+            "is %016x, not the expected %016x (a snapshot of another layout?)",
+            Where(), step, plan_.geometry.layout_hash, installing, *fingerprint));
+      }
+    }
     const int w = InstallSlot();
     SlotHeader* slot = arena_->slot(w);
     StoreState(slot, kSlotWriting);
+    verified_on_install_[w] = false;
     if (absl::Status filled = fill(arena_->payload(w)); !filled.ok()) {
-      StoreState(slot, kSlotEmpty);
-      if (w == latest_slot_) {  // set_install_keep chose the newer slot: the older is the latest
-        SlotHeader* other = arena_->slot(1 - w);
-        latest_slot_ = LoadState(other) == kSlotComplete && SlotUsable(other) ? 1 - w : -1;
-      }
+      AbandonInstall(w);
       return absl::Status(filled.code(), absl::StrFormat("%s: installing step %d: %s", Where(),
                                                          step, filled.message()));
     }
@@ -336,9 +348,20 @@ class Snapshotter::Impl {
     slot->chunk_bytes = chunk;
     slot->num_chunks = num_chunks;
     slot->sequence = next_sequence_++;
+    const SnapshotInfo info = InfoOf(slot);
+    if (fingerprint.has_value() && info.fingerprint != *fingerprint) {
+      // What the slot records (header and checksum table) is not what was checked: never
+      // restorable.
+      AbandonInstall(w);
+      return absl::DataLossError(absl::StrFormat(
+          "%s: installing step %d: the slot records fingerprint %016x, expected %016x", Where(),
+          step, info.fingerprint, *fingerprint));
+    }
     StoreState(slot, kSlotComplete);
     latest_slot_ = w;
-    return InfoOf(slot);
+    // `fill` checked every chunk as it wrote it: the restore that follows need not hash it again.
+    verified_on_install_[w] = true;
+    return info;
   }
 
   void set_install_keep(std::vector<int64_t> steps) {
@@ -389,6 +412,15 @@ class Snapshotter::Impl {
     return wanted(latest_slot_) > wanted(older) ? latest_slot_ : older;
   }
 
+  // Empties slot `w` after a failed install: never restorable.
+  void AbandonInstall(int w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    StoreState(arena_->slot(w), kSlotEmpty);
+    if (w == latest_slot_) {  // set_install_keep chose the newer slot: the older is the latest
+      SlotHeader* other = arena_->slot(1 - w);
+      latest_slot_ = LoadState(other) == kSlotComplete && SlotUsable(other) ? 1 - w : -1;
+    }
+  }
+
   View ViewOfSlot(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     SlotHeader* slot = arena_->slot(index);
     View view;
@@ -417,8 +449,14 @@ class Snapshotter::Impl {
     }
     const char* payload = arena_->payload(index);
     // Everything is verified before the first byte is copied back: on corruption the trainer's
-    // buffers are left exactly as they were.
-    if (absl::Status verified = VerifySlot(slot, payload); !verified.ok()) return verified;
+    // buffers are left exactly as they were. A slot that Install checked chunk by chunk as it
+    // wrote it, in this process, is not hashed again by the first restore after (the restore of a
+    // fetched backup reads it at once); any later restore of it checks every chunk again.
+    const bool verified_on_install = verified_on_install_[index];
+    verified_on_install_[index] = false;
+    if (!verified_on_install) {
+      if (absl::Status verified = VerifySlot(slot, payload); !verified.ok()) return verified;
+    }
     absl::StatusOr<std::vector<std::pair<std::string, std::string>>> blobs = ParseBlobArea(
         std::string_view(payload + plan_.blob_offset, slot->payload_bytes - plan_.blob_offset));
     if (!blobs.ok()) {
@@ -647,6 +685,8 @@ class Snapshotter::Impl {
   bool in_flight_ ABSL_GUARDED_BY(mu_) = false;
   int latest_slot_ ABSL_GUARDED_BY(mu_) = -1;  // the newest complete slot, -1 if none
   std::vector<int64_t> install_keep_ ABSL_GUARDED_BY(mu_);  // set_install_keep
+  // Per slot: filled by Install, every chunk checked as it landed, and not restored since.
+  bool verified_on_install_[2] ABSL_GUARDED_BY(mu_) = {false, false};
   int writing_slot_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t step_ ABSL_GUARDED_BY(mu_) = -1;  // of the snapshot in flight (or the last one)
@@ -744,7 +784,8 @@ absl::StatusOr<SnapshotInfo> Snapshotter::Install(int64_t step, int64_t generati
                                                   const std::vector<uint64_t>& chunk_checksums) {
   const uint64_t chunk = impl_->chunk_bytes();
   return impl_->Install(
-      step, generation, payload.size(), chunk_checksums, [&](char* dst) -> absl::Status {
+      step, generation, payload.size(), chunk_checksums, std::nullopt,
+      [&](char* dst) -> absl::Status {
         for (uint64_t k = 0, begin = 0; begin < payload.size(); ++k, begin += chunk) {
           const uint64_t bytes = std::min<uint64_t>(chunk, payload.size() - begin);
           std::memcpy(dst + begin, payload.data() + begin, bytes);
@@ -765,9 +806,9 @@ void Snapshotter::set_install_keep(std::vector<int64_t> steps) {
 
 absl::StatusOr<SnapshotInfo> Snapshotter::InstallWith(
     int64_t step, int64_t generation, uint64_t payload_bytes,
-    const std::vector<uint64_t>& chunk_checksums,
+    const std::vector<uint64_t>& chunk_checksums, uint64_t fingerprint,
     absl::FunctionRef<absl::Status(char* dst)> fill) {
-  return impl_->Install(step, generation, payload_bytes, chunk_checksums, fill);
+  return impl_->Install(step, generation, payload_bytes, chunk_checksums, fingerprint, fill);
 }
 
 uint64_t SnapshotFingerprint(int64_t step, uint64_t layout_hash, uint64_t payload_bytes,

@@ -80,7 +80,9 @@ class Snapshotter {
   // The complete snapshots in the arena (at most two), newest first.
   std::vector<SnapshotInfo> CompleteSnapshots() const;
   // As RestoreLatest, from the complete snapshot of `step` (either slot). NotFound when the arena
-  // holds no complete snapshot of that step.
+  // holds no complete snapshot of that step. The first restore of a slot that Install or
+  // InstallWith filled (every chunk checked as it landed, in this process) copies it without
+  // hashing it again; every other restore verifies every chunk first.
   absl::StatusOr<SnapshotInfo> RestoreStep(StateRegistry* registry, int64_t step);
   // Installs a snapshot read from elsewhere (a persisted shard) as the newest complete one, after
   // checking every chunk against `chunk_checksums`; then RestoreStep(step) restores it. It
@@ -94,11 +96,14 @@ class Snapshotter {
   // byte and check every chunk against `chunk_checksums` (the arena records them as given, without
   // hashing again); an error from it is returned and leaves that slot empty, the other slot's
   // snapshot untouched (the latest complete one, unless set_install_keep chose to overwrite
-  // that). The arena's lock is held while `fill` runs, so it must be bounded (a
-  // deadline) and must not call this Snapshotter.
-  absl::StatusOr<SnapshotInfo> InstallWith(int64_t step, int64_t generation,
-                                           uint64_t payload_bytes,
+  // that). `fingerprint` is the snapshot's expected SnapshotFingerprint with this registry's
+  // layout: FailedPrecondition before `fill` runs when step, size and table give another one
+  // (a snapshot of another layout), DataLoss when the slot as recorded at the end does not have
+  // it. The arena's lock is held while `fill` runs, so it must be bounded (a deadline) and must
+  // not call this Snapshotter.
+  absl::StatusOr<SnapshotInfo> InstallWith(int64_t step, int64_t generation, uint64_t payload_bytes,
                                            const std::vector<uint64_t>& chunk_checksums,
+                                           uint64_t fingerprint,
                                            absl::FunctionRef<absl::Status(char* dst)> fill);
   // The steps that Install and InstallWith avoid overwriting, most wanted first (a restore's
   // candidates not tried yet): an install writes the slot holding none of them, else the one

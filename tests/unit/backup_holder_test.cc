@@ -209,6 +209,59 @@ TEST_F(InMemoryBackupTest, AConnectionDroppedMidPayloadIsUnavailableAndTheHolder
   ASSERT_EQ(service->Held().size(), 2u);
 }
 
+// Protocol version 2: a fetch names the chunks it wants; the reply announces them and only their
+// payload bytes follow. A range past the backup's last chunk is refused, naming it.
+TEST_F(InMemoryBackupTest,
+       AFetchOfAChunkRangeGetsExactlyThoseChunksAndOneBeyondTheBackupIsRefused) {
+  std::unique_ptr<BackupService> service = StartService();
+  ASSERT_NE(service, nullptr);
+  const std::string payload = Payload(7, kBytes);
+  const Snapshotter::View view = MakeView(7, payload);
+  ASSERT_TRUE(PushBackup(Push(service->address(), &view)).ok());
+  const uint64_t chunks = view.chunk_checksums.size();
+  ASSERT_GE(chunks, 3u);
+  auto ask = [&](uint64_t first, uint64_t end, proto::BackupReply* reply, std::string* bytes) {
+    BackupDialOptions dial;
+    dial.address = service->address();
+    dial.deadline = absl::Now() + kBound;
+    absl::StatusOr<std::unique_ptr<BackupStream>> stream = transport_.Dial(dial);
+    ASSERT_TRUE(stream.ok()) << stream.status();
+    proto::BackupMessage message;
+    proto::BackupFetch* fetch = message.mutable_fetch();
+    fetch->set_protocol_version(kBackupProtocolVersion);
+    fetch->set_job_id(job_);
+    fetch->set_source_rank(kSource);
+    fetch->set_step(7);
+    fetch->set_fingerprint(view.info.fingerprint);
+    fetch->set_first_chunk(first);
+    fetch->set_end_chunk(end);
+    ASSERT_TRUE(SendBackupMessage(stream->get(), message).ok());
+    proto::BackupMessage answer;
+    ASSERT_TRUE(ReceiveBackupMessage(stream->get(), &answer).ok());
+    *reply = answer.reply();
+    if (reply->code() != 0) return;
+    const uint64_t n = std::min<uint64_t>(end * kChunk, kBytes) - first * kChunk;
+    bytes->assign(n, '\0');
+    ASSERT_TRUE(checkpoint_internal::ReceiveExactly(stream->get(), bytes->data(), n).ok());
+    // Nothing more follows: the holder closes the connection after the range.
+    char extra = 0;
+    EXPECT_FALSE((*stream)->ReceiveSome(&extra, 1).ok());
+  };
+  proto::BackupReply reply;
+  std::string bytes;
+  ASSERT_NO_FATAL_FAILURE(ask(1, chunks, &reply, &bytes));
+  ASSERT_EQ(reply.code(), 0) << reply.message();
+  EXPECT_EQ(reply.first_chunk(), 1u);
+  EXPECT_EQ(reply.end_chunk(), chunks);
+  EXPECT_EQ(reply.snapshot().chunk_checksums_size(), static_cast<int>(chunks));  // the whole table
+  EXPECT_TRUE(bytes == payload.substr(kChunk));
+
+  ASSERT_NO_FATAL_FAILURE(ask(1, chunks + 1, &reply, &bytes));
+  EXPECT_EQ(reply.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(reply.message(), HasSubstr(absl::StrFormat("chunks [1, %d) of a backup of %d chunks",
+                                                         chunks + 1, chunks)));
+}
+
 TEST_F(InMemoryBackupTest, TheServicesDestructorWakesAndJoinsEveryConnectionThread) {
   // Connections would wait an hour for their peers: only the shutdown ends them.
   std::unique_ptr<BackupService> service = StartService(absl::Hours(1));

@@ -23,15 +23,18 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sdk/checkpoint/in_memory_backup_transport.h"
 #include "sdk/checkpoint/snapshot_arena.h"
 #include "sdk/checkpoint/snapshotter.h"
 #include "tests/support/full_shm_env.h"
 #include "tests/support/own_process.h"
+#include "tests/support/shm_suffix_env.h"
 #include "tests/support/snapshot_view.h"
 #include "trainguard/checkpoint.h"
 #include "trainguard/clock.h"
@@ -501,11 +504,12 @@ struct RankArena {
   std::unique_ptr<Snapshotter> snapshotter;
 };
 
-std::unique_ptr<RankArena> MakeRankArena(const std::string& job, size_t bytes) {
+std::unique_ptr<RankArena> MakeRankArena(const std::string& job, size_t bytes,
+                                         const std::string& buffer_name = "w") {
   auto rank = std::make_unique<RankArena>();
   rank->weights.assign(bytes, 0);
   StateBuffer buffer;
-  buffer.name = "w";
+  buffer.name = buffer_name;
   buffer.data = rank->weights.data();
   buffer.bytes = bytes;
   buffer.shape = {static_cast<int64_t>(bytes)};
@@ -611,7 +615,9 @@ TEST_F(BackupIntoArenaTest, ACorruptHolderCopyIsDataLossAndTheArenasSnapshotIsKe
   absl::StatusOr<SnapshotInfo> installed = FetchIntoRestorer();
   ASSERT_FALSE(installed.ok());
   EXPECT_EQ(installed.status().code(), absl::StatusCode::kDataLoss) << installed.status();
-  EXPECT_THAT(installed.status().message(), HasSubstr("source rank 1"));
+  EXPECT_THAT(installed.status().message(), HasSubstr("source rank 1 step 10"));
+  EXPECT_THAT(installed.status().message(),
+              HasSubstr(absl::StrCat("backup holder ", service_->address())));
   EXPECT_THAT(installed.status().message(), HasSubstr("chunk 2 "));
   ASSERT_TRUE(restorer_->snapshotter->LatestComplete().has_value());
   EXPECT_EQ(restorer_->snapshotter->LatestComplete()->step, 5);
@@ -620,6 +626,209 @@ TEST_F(BackupIntoArenaTest, ACorruptHolderCopyIsDataLossAndTheArenasSnapshotIsKe
   ASSERT_TRUE(restored.ok()) << restored.status();
   EXPECT_EQ(restored->step, 5);
   EXPECT_EQ(restorer_->weights, std::vector<char>(kBytes, 5));
+}
+
+// One pass: the fetch checked every chunk as it landed in the slot, so the restore right after
+// copies the slot out without hashing it again; any later restore of that slot checks it again.
+// Shown with a byte flipped in the restorer's own arena between the fetch and the restores.
+TEST_F(BackupIntoArenaTest, TheFirstRestoreAfterTheFetchDoesNotHashItAgainALaterOneDoes) {
+  ASSERT_TRUE(FetchIntoRestorer().ok());
+  const std::string mine = Snapshotter::ArenaName(RestorerJob(), kSource);
+  ASSERT_TRUE(FlipPayloadByte(mine, 10, 100));
+  absl::StatusOr<SnapshotInfo> first =
+      restorer_->snapshotter->RestoreStep(&restorer_->registry, 10);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_NE(restorer_->weights[100], source_->weights[100]);  // copied as it was: not re-hashed
+  absl::StatusOr<SnapshotInfo> again =
+      restorer_->snapshotter->RestoreStep(&restorer_->registry, 10);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kDataLoss) << again.status();
+  EXPECT_THAT(again.status().message(), HasSubstr("chunk 0 "));
+}
+
+// The installed snapshot's fingerprint, with the restorer's own layout, must be the committed
+// one: a backup of a registry whose buffer has another name (same size, so the bytes would fit)
+// is refused before a byte is received, and the arena keeps what it had.
+TEST_F(BackupIntoArenaTest, ABackupOfAnotherLayoutIsNotInstalled) {
+  std::unique_ptr<RankArena> other = MakeRankArena(job_ + "-o", kBytes, "other");
+  ASSERT_NE(other, nullptr);
+  SnapshotStep(*other, 5);
+  absl::StatusOr<SnapshotInfo> installed =
+      FetchBackupInto(Fetch(service_->address(), view_), other->snapshotter.get());
+  EXPECT_EQ(installed.status().code(), absl::StatusCode::kFailedPrecondition) << installed.status();
+  EXPECT_THAT(installed.status().message(), HasSubstr("another layout"));
+  ASSERT_TRUE(other->snapshotter->LatestComplete().has_value());
+  EXPECT_EQ(other->snapshotter->LatestComplete()->step, 5);
+  other.reset();
+  (void)Snapshotter::RemoveArena(job_ + "-o", kSource);
+}
+
+// Two holders of rank 1's backup of step 10 in this process (the second's arenas under other
+// shared-memory names, as on another host) and a replacement with an arena of its own, for
+// FetchBackupFromHolders. The source's buffer holds distinct bytes at every offset, so that a
+// chunk landing at the wrong place would show.
+class BackupFromTwoHoldersTest : public BackupServiceTest {
+ protected:
+  void SetUp() override {
+    BackupServiceTest::SetUp();
+    source_ = MakeRankArena(job_, kBytes);
+    restorer_ = MakeRankArena(RestorerJob(), kBytes);
+    ASSERT_NE(source_, nullptr);
+    ASSERT_NE(restorer_, nullptr);
+    const std::string bytes = Payload(10, kBytes);
+    std::memcpy(source_->weights.data(), bytes.data(), kBytes);
+    ASSERT_TRUE(source_->snapshotter->Begin(10).ok());
+    ASSERT_TRUE(source_->snapshotter->Fence(absl::Seconds(30)).ok());
+    absl::StatusOr<Snapshotter::View> view = source_->snapshotter->ViewOf(10);
+    ASSERT_TRUE(view.ok()) << view.status();
+    view_ = *std::move(view);
+    chunks_ = view_.chunk_checksums.size();
+    ASSERT_GE(chunks_, 8u);
+  }
+  void TearDown() override {
+    for (auto& service : services_) service.reset();
+    source_.reset();
+    restorer_.reset();
+    (void)BackupService::RemoveArenas(job_, {kSource}, &other_host_);
+    (void)Snapshotter::RemoveArena(job_, kSource);
+    (void)Snapshotter::RemoveArena(RestorerJob(), kSource);
+    BackupServiceTest::TearDown();
+  }
+  std::string RestorerJob() const { return job_ + "-r"; }
+
+  // Starts both holders on `transport` (nullptr: TCP) and pushes the backup to each.
+  void StartHolders(BackupTransport* transport = nullptr) {
+    transport_ = transport;
+    for (int h = 0; h < 2; ++h) {
+      BackupServiceOptions options;
+      options.job_id = job_;
+      options.rank = 5 + h;
+      options.env = h == 0 ? nullptr : &other_host_;
+      options.transport = transport;
+      absl::StatusOr<std::unique_ptr<BackupService>> service = BackupService::Start(options);
+      ASSERT_TRUE(service.ok()) << service.status();
+      services_[h] = *std::move(service);
+      PushRequest push = Push(services_[h]->address(), &view_);
+      push.payload_capacity = source_->snapshotter->payload_capacity();
+      push.transport = transport;
+      absl::StatusOr<PushResult> pushed = PushBackup(push);
+      ASSERT_TRUE(pushed.ok()) << pushed.status();
+    }
+  }
+  std::vector<std::string> Holders() const {
+    return {services_[0]->address(), services_[1]->address()};
+  }
+  absl::StatusOr<FetchedFromHolders> FetchFromBoth() {
+    FetchRequest request = Fetch("", view_);
+    request.transport = transport_;
+    return FetchBackupFromHolders(request, Holders(), restorer_->snapshotter.get());
+  }
+  // The restorer's buffers restored from what the fetch installed equal the source's.
+  void ExpectRestoredBitExact() {
+    std::memset(restorer_->weights.data(), 0, kBytes);
+    absl::StatusOr<SnapshotInfo> restored =
+        restorer_->snapshotter->RestoreStep(&restorer_->registry, 10);
+    ASSERT_TRUE(restored.ok()) << restored.status();
+    EXPECT_EQ(restored->fingerprint, view_.info.fingerprint);
+    EXPECT_TRUE(restorer_->weights == source_->weights);
+  }
+
+  static constexpr size_t kBytes = 1 << 20;  // 17 chunks of 64 KiB with the blob area
+  testing::ShmSuffixEnv other_host_{".other-host"};
+  BackupTransport* transport_ = nullptr;
+  std::unique_ptr<BackupService> services_[2];
+  std::unique_ptr<RankArena> source_, restorer_;
+  Snapshotter::View view_;
+  uint64_t chunks_ = 0;
+};
+
+TEST_F(BackupFromTwoHoldersTest, EachHolderServesAShareOfTheChunksAndTheRestoreIsBitExact) {
+  ASSERT_NO_FATAL_FAILURE(StartHolders());
+  absl::StatusOr<FetchedFromHolders> fetched = FetchFromBoth();
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_EQ(fetched->installed.fingerprint, view_.info.fingerprint);
+  ASSERT_EQ(fetched->holders.size(), 2u);
+  // Share 0 is chunks [0, n/2), share 1 the rest (the last one short).
+  const uint64_t half = chunks_ / 2;
+  EXPECT_EQ(fetched->holders[0].bytes, half * kChunk);
+  EXPECT_EQ(fetched->holders[1].bytes, view_.payload.size() - half * kChunk);
+  for (const HolderShare& h : fetched->holders) EXPECT_TRUE(h.status.ok()) << h.status;
+  ExpectRestoredBitExact();
+}
+
+TEST_F(BackupFromTwoHoldersTest, AChunkCorruptedInOneHoldersMemoryIsFetchedFromTheOther) {
+  ASSERT_NO_FATAL_FAILURE(StartHolders());
+  // Chunk 1, in holder 0's share, flipped in holder 0's memory only.
+  ASSERT_TRUE(FlipPayloadByte(arena(), 10, kChunk + 5));
+  absl::StatusOr<FetchedFromHolders> fetched = FetchFromBoth();
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  const HolderShare& bad = fetched->holders[0];
+  EXPECT_EQ(bad.status.code(), absl::StatusCode::kDataLoss) << bad.status;
+  EXPECT_THAT(bad.status.message(), HasSubstr(absl::StrCat("source rank 1 step 10 from backup "
+                                                           "holder ",
+                                                           services_[0]->address())));
+  EXPECT_THAT(bad.status.message(), HasSubstr("chunk 1 "));
+  EXPECT_EQ(bad.bytes, kChunk);  // chunk 0 only
+  EXPECT_EQ(fetched->holders[1].bytes, view_.payload.size() - kChunk);
+  EXPECT_TRUE(fetched->holders[1].status.ok()) << fetched->holders[1].status;
+  ExpectRestoredBitExact();
+}
+
+// A holder that dies in the middle of its share (its connection dropped after a chunk and a half
+// of payload, on the in-memory transport): the chunk it had verified stays, the rest of its share
+// comes from the other holder, and the install is complete and exact.
+TEST_F(BackupFromTwoHoldersTest, AHolderDroppedMidTransferLeavesItsRemainingChunksToTheOther) {
+  InMemoryBackupTransport transport(64 << 10);
+  ASSERT_NO_FATAL_FAILURE(StartHolders(&transport));
+  InMemoryStreamFaults drop;
+  // The reply (a header and 8 bytes a chunk of checksums) is well under 4 KiB.
+  drop.drop_after_received_bytes = 4096 + kChunk + kChunk / 2;
+  transport.set_faults_to(services_[0]->address(), drop);
+  absl::StatusOr<FetchedFromHolders> fetched = FetchFromBoth();
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  const HolderShare& dropped = fetched->holders[0];
+  EXPECT_EQ(dropped.status.code(), absl::StatusCode::kUnavailable) << dropped.status;
+  EXPECT_THAT(dropped.status.message(), HasSubstr(services_[0]->address()));
+  EXPECT_EQ(dropped.bytes, kChunk);
+  EXPECT_EQ(fetched->holders[1].bytes, view_.payload.size() - kChunk);
+  ExpectRestoredBitExact();
+}
+
+// A holder without the backup (a replacement host that has not received it yet) answers NotFound
+// at once: its share comes from the other holder.
+TEST_F(BackupFromTwoHoldersTest, AHolderWithoutTheBackupLeavesItsShareToTheOther) {
+  ASSERT_NO_FATAL_FAILURE(StartHolders());
+  services_[0].reset();
+  ASSERT_TRUE(BackupService::RemoveArenas(job_, {kSource}).ok());
+  BackupServiceOptions options;
+  options.job_id = job_;
+  options.rank = 5;
+  absl::StatusOr<std::unique_ptr<BackupService>> empty = BackupService::Start(options);
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  services_[0] = *std::move(empty);
+  absl::StatusOr<FetchedFromHolders> fetched = FetchFromBoth();
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_EQ(fetched->holders[0].status.code(), absl::StatusCode::kNotFound)
+      << fetched->holders[0].status;
+  EXPECT_EQ(fetched->holders[0].bytes, 0u);
+  EXPECT_EQ(fetched->holders[1].bytes, view_.payload.size());
+  ExpectRestoredBitExact();
+}
+
+// Each holder's copy corrupt in its own share: no chunk source is left for either, nothing is
+// installed (the arena keeps its snapshot of step 5), and the error names both holders.
+TEST_F(BackupFromTwoHoldersTest, WhenNoHolderCanDeliverAChunkNothingIsInstalledAndBothAreNamed) {
+  ASSERT_NO_FATAL_FAILURE(StartHolders());
+  ASSERT_TRUE(FlipPayloadByte(arena(), 10, kChunk + 5));
+  ASSERT_TRUE(FlipPayloadByte(other_host_.Real(arena()), 10, (chunks_ - 2) * kChunk));
+  SnapshotStep(*restorer_, 5);
+  absl::StatusOr<FetchedFromHolders> fetched = FetchFromBoth();
+  ASSERT_FALSE(fetched.ok());
+  EXPECT_EQ(fetched.status().code(), absl::StatusCode::kDataLoss) << fetched.status();
+  EXPECT_THAT(fetched.status().message(), HasSubstr(services_[0]->address()));
+  EXPECT_THAT(fetched.status().message(), HasSubstr(services_[1]->address()));
+  ASSERT_TRUE(restorer_->snapshotter->LatestComplete().has_value());
+  EXPECT_EQ(restorer_->snapshotter->LatestComplete()->step, 5);
+  EXPECT_EQ(restorer_->snapshotter->CompleteSnapshots().size(), 1u);
 }
 
 // The rate limiter's arithmetic, on a ManualClock: its waits advance the clock exactly.
