@@ -60,6 +60,7 @@
 #include "sdk/core/proc_stat.h"
 #include "sdk/health/fail_slow_detector.h"
 #include "sdk/health/fail_slow_metrics.h"
+#include "sdk/host_agent/host_agent.h"
 #include "sdk/rendezvous/coordinator_lease.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/rendezvous/tcp_store.h"
@@ -188,30 +189,14 @@ absl::Status WriteFile(const std::string& path, std::string_view contents, mode_
   return absl::OkStatus();
 }
 
-// One process of the job: a rank, or a standby (rank -1 until it is assigned one).
-struct Child {
-  WorkerId worker = 0;  // its ProcessSupervisor's name for it
-  pid_t pid = -1;
-  std::string member_id;
-  int rank = -1;
-  int standby_index = -1;
-  bool running = true;  // its exit not seen yet
-  bool killed_for_liveness = false;
-  // The evidence of its death, for the message that fails the job (FailureHistory): why the
-  // launcher killed it, else the last error line it printed.
-  std::string kill_reason;
-  CauseLine printed_cause;
+// One process of the job: a rank, or a standby (rank -1 until it is assigned one). What its host's
+// agent acts on (HostAgent) is the HostWorker; the rest is the launcher's.
+struct Child : HostWorker {
   // The generation in which it took `rank` (0 for a rank it was started with): a hang of an
   // earlier generation is not this process's.
   int64_t rank_generation = 0;
   absl::Time started;
   absl::Time stopped_since = absl::InfiniteFuture();  // KillRanksStoppedBeforeFormation
-  bool reported_stopped = false;  // agents/stopped/<member_id> written (ReportStoppedRanks)
-
-  std::string Label() const {
-    return rank >= 0 ? absl::StrCat("rank ", rank) : absl::StrCat("standby ", standby_index);
-  }
-  std::string Cause() const { return kill_reason.empty() ? printed_cause.line() : kill_reason; }
 };
 
 class Job {
@@ -266,13 +251,6 @@ class Job {
   // the round would wait for it until --rendezvous-timeout: its agent kills it after
   // --heartbeat-timeout, a rank lost before the restarted job formed.
   void KillRanksStoppedBeforeFormation();
-  // Every agent, and the single-host launcher: writes agents/stopped/<member> for each rank process
-  // of this host that is stopped (SIGSTOP), and deletes it once the process runs again or is gone.
-  // A stopped rank dumps no hang and its heartbeat goes stale only after kSilentHeartbeat; the
-  // coordinator, which cannot see another host's processes, reads these instead (DiagnoseHangs),
-  // and so do the ranks waiting for it in a collective, whose watchdog otherwise takes the stopped
-  // rank's last progress record for a peer still working (runtime_internal::ExplainWait).
-  void ReportStoppedRanks();
   // Multi-host --restart-all (every restart-all path of the agents and the coordinator).
   bool RestartsOnHosts() const { return MultiHost() && config_.restart_all >= 0; }
   // The job id the ranks run under: the job's, or in restart round K "<job id>.round<K>", so that
@@ -375,8 +353,6 @@ class Job {
   void PublishPlan();
   void FollowPlan();
   void FollowGeneration();
-  void ExecuteKillRequests();
-  void WatchJobEnd();
   // The coordinator's share: generation 0's formation, then job_coordinator_'s host duties (host
   // liveness, the ranks' deaths the agents report, completion).
   void CoordinateHosts();
@@ -390,8 +366,13 @@ class Job {
   // Kills `member` here when it is this agent's child, else asks its host's agent to; the agent
   // that kills it records `what` (rank_unresponsive, hang_suspect) with its pid.
   void KillMember(const std::string& member, EventKind what, const std::string& why);
-  // Kills this agent's child `c` for the coordinator, recording `what` with its pid.
-  void KillForLiveness(Child& c, EventKind what, const std::string& why);
+  // Kills this agent's child `c` for the coordinator, recording `what` with its pid
+  // (HostAgent::KillWorker).
+  void KillForLiveness(Child& c, EventKind what, const std::string& why) {
+    host_agent_->KillWorker(c, what, why);
+  }
+  // host_agent_, on store_ and supervisor_ (Prepare, once they exist).
+  void CreateHostAgent();
   // The parked standbys that the dead `ranks` (of `dead_host`, or the dead host's) go to first
   // (ChooseStandbys; JobCoordinator's Hooks::preferred_standbys); empty: any.
   std::vector<std::string> PreferredStandbys(const std::string& dead_host,
@@ -444,6 +425,9 @@ class Job {
   // workers.
   std::unique_ptr<ProcessSupervisor> supervisor_;
   std::vector<std::unique_ptr<Child>> children_;
+  // This host's agent duties (sdk/host_agent/host_agent.h; created by Prepare, on one host too):
+  // the kill requests addressed to it, its ranks' death and stop reports, the job's end, its fence.
+  std::unique_ptr<HostAgent> host_agent_;
   int signal_fd_ = -1;
   int interrupted_ = 0;  // the SIGINT or SIGTERM read from signal_fd_; 0: none
   int standbys_spawned_ = 0;
@@ -652,6 +636,7 @@ absl::Status Job::Prepare() {
   PosixProcessSupervisorOptions supervisor_options;
   supervisor_options.wake_fd = signal_fd_;  // a signal ends the loop's wait at once
   supervisor_ = std::make_unique<PosixProcessSupervisor>(supervisor_options);
+  CreateHostAgent();
   if (MultiHost()) {
     for (const std::string& dir : {absl::StrCat(config_.run_dir, "/logs/", config_.host_id),
                                    absl::StrCat(config_.run_dir, "/pids/", config_.host_id)}) {
@@ -723,6 +708,30 @@ absl::Status Job::StartOwnStore() {
   if (!store.ok()) return store.status();
   store_ = *std::move(store);
   return absl::OkStatus();
+}
+
+void Job::CreateHostAgent() {
+  HostAgentOptions options;
+  options.host_id = HostLabel();
+  options.call_timeout = AgentCallTimeout(config_.host_timeout);
+  options.report_timeout = kStoreTimeout;
+  options.failed_exit_code = kExitJobFailed;
+  HostAgent::Hooks hooks;
+  hooks.workers = [this] {
+    std::vector<HostWorker*> workers;
+    workers.reserve(children_.size());
+    for (auto& c : children_) workers.push_back(c.get());
+    return workers;
+  };
+  hooks.say = [this](const std::string& line) { Say(line); };
+  hooks.record = [this](int rank, EventKind kind, const std::string& message,
+                        HostAgent::Attributes attributes) {
+    Record(rank, kind, message, std::move(attributes));
+  };
+  // On one host there is no lease, and no kill request: the launcher kills its own processes.
+  hooks.latest_term = [this]() -> int64_t { return lease_ != nullptr ? lease_->latest_term() : 0; };
+  host_agent_ = std::make_unique<HostAgent>(store_.get(), clock_, supervisor_.get(),
+                                            std::move(options), std::move(hooks));
 }
 
 void Job::Record(int rank, EventKind what, const std::string& message,
@@ -1014,16 +1023,8 @@ void Job::OnExit(Child& child, const WorkerExit& exit) {
   if (std::optional<std::string> reason = ReadJobStop(absl::Seconds(1)); reason.has_value()) {
     return StopJob(*reason);
   }
-  if (MultiHost()) {
-    // The coordinator, maybe on another host, decides; the report names the member, so a death
-    // reported twice, or after the rank was given to someone else, is handled once.
-    absl::Status s = store_->Set(
-        store_keys::kAgentDeaths.Key(child.member_id),
-        store_keys::EncodeDeathReport({child.member_id, child.rank, how, child.Cause()}),
-        kStoreTimeout);
-    if (!s.ok()) Say(absl::StrCat("cannot report the death of ", child.Label(), ": ", s.ToString()));
-    return;
-  }
+  // The coordinator, maybe on another host, decides.
+  if (MultiHost()) return host_agent_->ReportDeath(child, how);
   const absl::Time now = clock_->Now();
   bool formed = false;
   {
@@ -1500,8 +1501,8 @@ void Job::DiagnoseHangs() {
         }
       }
     }
-    // Sooner: the agent of a stopped rank's host sees it stopped (ReportStoppedRanks), so the
-    // diagnosis need not wait for its heartbeat to go stale.
+    // Sooner: the agent of a stopped rank's host sees it stopped (HostAgent::ReportStoppedWorkers),
+    // so the diagnosis need not wait for its heartbeat to go stale.
     for (const auto& [rank, member] : StoppedMembers().value_or(std::map<int, std::string>())) {
       if (dumped_ranks.count(rank) != 0) continue;
       silent_ranks.insert(rank);
@@ -1694,14 +1695,12 @@ void Job::Fail(const std::string& why) {
   Say(absl::StrCat("job failed: ", message));
   failure_ = message;
   exit_code_ = kExitJobFailed;
-  // Every other host's agent stops its processes too, and says why (WatchJobEnd).
+  // Every other host's agent stops its processes too, and says why (HostAgent::WatchJobEnd).
   if (MultiHost()) (void)store_->Set(kJobFailedKey, message, absl::Seconds(2));
 }
 
 void Job::StopAll(absl::Duration grace) {
-  for (auto& c : children_) {
-    if (c->running) SignalGroup(*c, SIGTERM);
-  }
+  host_agent_->SignalStop();
   // Real time, not clock_: a bounded wait for processes to exit (the supervisor's poll waits in
   // real time), no decision.
   const absl::Time deadline = absl::Now() + grace;
@@ -1793,7 +1792,7 @@ int Job::Run() {
       }
     }
     // One host: for the ranks' peer waits (on several hosts, each agent's tick does it).
-    if (!MultiHost() && formed_reported_ && exit_code_ < 0) ReportStoppedRanks();
+    if (!MultiHost() && formed_reported_ && exit_code_ < 0) host_agent_->ReportStoppedWorkers();
     // The gate before each act, not once for all: an act may wait on the store for longer than
     // the lease lasts.
     if (exit_code_ < 0 && coordinating()) job_coordinator_->TryReplacements(clock_->Now());
@@ -1870,7 +1869,8 @@ void Job::StartForming() {
 // Store keys (under the job's prefix), besides the rendezvous' own: sdk/core/agent_keys.h (the
 // agents' agents/..., coord/lease, job/failed and job/done) and sdk/core/store_keys.h (the kill
 // requests, fenced by the lease term: a request of a term older than the newest the agent has seen
-// is ignored).
+// is ignored). This host's own duties (the kill requests addressed to it, its ranks' death and stop
+// reports, the job's end, its fence) are host_agent_'s (sdk/host_agent/host_agent.h).
 namespace {
 // Every host that joined, in join order (a malformed entry is skipped).
 absl::StatusOr<std::vector<store_keys::JoinRecord>> ReadJoinedHosts(Store* store,
@@ -1929,13 +1929,16 @@ void Job::AgentTick() {
   }
   // The job's end first: an agent that would leave this tick must not take over the lease the
   // leaving coordinator released, and announce itself and the job's protection once more.
-  WatchJobEnd();
-  if (exit_code_ >= 0) return;
+  if (std::optional<AgentExit> end = host_agent_->WatchJobEnd(); end.has_value()) {
+    if (end->code != 0) failure_ = end->failure;
+    exit_code_ = end->code;
+    return;
+  }
   UpdateLease();
   if (!spawned_) FollowPlan();
   if (exit_code_ < 0) FollowGeneration();
-  if (exit_code_ < 0) ExecuteKillRequests();
-  if (exit_code_ < 0) ReportStoppedRanks();
+  if (exit_code_ < 0) host_agent_->ExecuteKillRequests();
+  if (exit_code_ < 0) host_agent_->ReportStoppedWorkers();
   if (exit_code_ < 0 && RestartsOnHosts()) KillRanksStoppedBeforeFormation();
   if (exit_code_ < 0 && coordinating()) CoordinateHosts();
   if (exit_code_ < 0 && config_.fail_slow != LaunchConfig::FailSlowPolicy::kOff) {
@@ -2214,18 +2217,6 @@ void Job::FollowRestartRound() {
   StartRound(restart->round);
 }
 
-void Job::ReportStoppedRanks() {
-  const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
-  for (auto& c : children_) {
-    const bool stopped = c->running && c->rank >= 0 && supervisor_->IsStopped(c->worker);
-    if (stopped == c->reported_stopped) continue;
-    const std::string key = store_keys::kAgentStopped.Key(c->member_id);
-    const absl::Status written = stopped ? store_->Set(key, HostLabel(), timeout)
-                                         : store_->Delete(key, timeout).status();
-    if (written.ok()) c->reported_stopped = stopped;  // else tried again at the next tick
-  }
-}
-
 void Job::KillRanksStoppedBeforeFormation() {
   {
     MutexLock lock(&formed_mu_);
@@ -2314,15 +2305,10 @@ void Job::StartRound(int64_t round) {
 // and a host that was declared dead (partitioned, then back) stops, fenced out.
 void Job::FollowGeneration() {
   const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
-  absl::StatusOr<std::string> fenced =
-      store_->Get(store_keys::kAgentsDead.Key(config_.host_id), timeout);
-  if (fenced.ok()) {
-    // Only this host ends: the job goes on without it, so nothing is published for the others.
-    failure_ = absl::StrFormat("this host (%s) was declared dead by the coordinator (%s); its "
-                               "ranks were given to others: stopping them",
-                               config_.host_id, *fenced);
-    Say(absl::StrCat("fenced out: ", failure_));
-    exit_code_ = kExitJobFailed;
+  // Only this host ends: the job goes on without it, so nothing is published for the others.
+  if (std::optional<AgentExit> fenced = host_agent_->CheckFenced(); fenced.has_value()) {
+    failure_ = fenced->failure;
+    exit_code_ = fenced->code;
     return;
   }
   FollowRestartRound();
@@ -2356,7 +2342,7 @@ void Job::FollowGeneration() {
       // A stopped rank is replaced when the coordinator asks for its kill, and the request is
       // written before the generation that replaces it: carried out first, it records why (the
       // culprit a report names), not only that the process lost its rank.
-      ExecuteKillRequests();
+      host_agent_->ExecuteKillRequests();
       if (c->killed_for_liveness) continue;
       Say(absl::StrFormat("%s (pid %d) no longer holds its rank in generation %d: killing it",
                           c->Label(), c->pid, generation));
@@ -2366,45 +2352,6 @@ void Job::FollowGeneration() {
       SignalGroup(*c, SIGKILL);
     }
   }
-}
-
-void Job::ExecuteKillRequests() {
-  const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
-  const std::string prefix = store_keys::AgentKillPrefix(config_.host_id);
-  absl::StatusOr<std::vector<std::string>> keys = store_->ListKeys(prefix, timeout);
-  if (!keys.ok()) return;
-  for (const std::string& key : *keys) {
-    const std::string member = store_keys::AgentKillMember(config_.host_id, key).value_or("");
-    absl::StatusOr<std::string> value = store_->Get(key, timeout);
-    if (!value.ok()) continue;  // gone meanwhile, or the store briefly unreachable
-    const absl::StatusOr<store_keys::KillRequest> request = store_keys::DecodeKillRequest(*value);
-    const std::optional<EventKind> what =
-        request.ok() ? ParseEventKind(request->what) : std::nullopt;
-    if (!what.has_value()) {
-      Say(absl::StrFormat("ignoring a malformed kill request of %s (%s: \"%s\")", member, key,
-                          *value));
-    } else if (request->term < lease_->latest_term()) {
-      // A coordinator deposed meanwhile asked (cut off, it did not know): its successor decides.
-      Say(absl::StrFormat("ignoring the kill request of %s from lease term %d: the lease is at "
-                          "term %d (%s)",
-                          member, request->term, lease_->latest_term(), request->why));
-    } else {
-      for (auto& c : children_) {
-        if (c->member_id != member || !c->running || c->killed_for_liveness) continue;
-        KillForLiveness(*c, *what, absl::StrCat(" for the coordinator: ", request->why));
-      }
-    }
-    (void)store_->Delete(key, timeout);
-  }
-}
-
-void Job::KillForLiveness(Child& c, EventKind what, const std::string& why) {
-  Say(absl::StrFormat("%s (pid %d): killing it%s", c.Label(), c.pid, why));
-  Record(c.rank, what, absl::StrFormat("%s (pid %d): killed%s", c.Label(), c.pid, why),
-         {{"pid", absl::StrCat(c.pid)}});
-  c.killed_for_liveness = true;
-  c.kill_reason = absl::StrCat("the launcher killed it", why);
-  SignalGroup(c, SIGKILL);  // reaped and reported like any death
 }
 
 void Job::KillMember(const std::string& member, EventKind what, const std::string& why) {
@@ -2423,17 +2370,6 @@ void Job::KillMember(const std::string& member, EventKind what, const std::strin
       store_keys::AgentKill(host, member),
       store_keys::EncodeKillRequest({lease_->term(), std::string(EventKindName(what)), why}),
       AgentCallTimeout(config_.host_timeout));
-}
-
-void Job::WatchJobEnd() {
-  const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
-  if (absl::StatusOr<std::string> failed = store_->Get(kJobFailedKey, timeout); failed.ok()) {
-    Say(absl::StrCat("job failed: ", *failed));
-    failure_ = *failed;
-    exit_code_ = kExitJobFailed;
-    return;
-  }
-  if (store_->Get(kJobDoneKey, timeout).ok()) exit_code_ = 0;
 }
 
 void Job::CoordinateHosts() {

@@ -1,0 +1,134 @@
+#include "sdk/host_agent/host_agent.h"
+
+#include <signal.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "sdk/core/agent_keys.h"
+#include "sdk/core/store_keys.h"
+
+namespace trainguard {
+
+std::string HostWorker::Label() const {
+  return rank >= 0 ? absl::StrCat("rank ", rank) : absl::StrCat("standby ", standby_index);
+}
+
+HostAgent::HostAgent(Store* store, Clock* clock, ProcessSupervisor* supervisor,
+                     HostAgentOptions options, Hooks hooks)
+    : store_(store),
+      clock_(clock),
+      supervisor_(supervisor),
+      options_(std::move(options)),
+      hooks_(std::move(hooks)) {}
+
+std::optional<AgentExit> HostAgent::WatchJobEnd() {
+  const absl::Duration timeout = options_.call_timeout;
+  // job/failed first: an agent that failed the job may have finished its ranks before, and the job
+  // did not succeed.
+  if (absl::StatusOr<std::string> failed = store_->Get(store_keys::kJobFailed, timeout);
+      failed.ok()) {
+    hooks_.say(absl::StrCat("job failed: ", *failed));
+    return AgentExit{options_.failed_exit_code, *failed};
+  }
+  if (store_->Get(store_keys::kJobDone, timeout).ok()) return AgentExit{0, ""};
+  return std::nullopt;
+}
+
+std::optional<AgentExit> HostAgent::CheckFenced() {
+  absl::StatusOr<std::string> fenced =
+      store_->Get(store_keys::kAgentsDead.Key(options_.host_id), options_.call_timeout);
+  if (!fenced.ok()) return std::nullopt;  // absent, or the store briefly unreachable
+  std::string failure = absl::StrFormat(
+      "this host (%s) was declared dead by the coordinator (%s); its ranks were given to others: "
+      "stopping them",
+      options_.host_id, *fenced);
+  hooks_.say(absl::StrCat("fenced out: ", failure));
+  // Their ranks train elsewhere now: the stop starts at once, not at the launcher's next turn.
+  SignalStop();
+  return AgentExit{options_.failed_exit_code, std::move(failure)};
+}
+
+void HostAgent::ExecuteKillRequests() {
+  const absl::Duration timeout = options_.call_timeout;
+  const std::string prefix = store_keys::AgentKillPrefix(options_.host_id);
+  absl::StatusOr<std::vector<std::string>> keys = store_->ListKeys(prefix, timeout);
+  if (!keys.ok()) return;  // the store briefly unreachable: the next tick reads them
+  for (const std::string& key : *keys) {
+    const std::string member = store_keys::AgentKillMember(options_.host_id, key).value_or("");
+    absl::StatusOr<std::string> value = store_->Get(key, timeout);
+    if (!value.ok()) continue;  // gone meanwhile, or the store briefly unreachable
+    const absl::StatusOr<store_keys::KillRequest> request = store_keys::DecodeKillRequest(*value);
+    const std::optional<EventKind> what =
+        request.ok() ? ParseEventKind(request->what) : std::nullopt;
+    const int64_t latest_term = hooks_.latest_term();
+    if (!what.has_value()) {
+      hooks_.say(absl::StrFormat("ignoring a malformed kill request of %s (%s: \"%s\")", member,
+                                 key, *value));
+    } else if (request->term < latest_term) {
+      // A coordinator deposed meanwhile asked (cut off, it did not know): its successor decides.
+      hooks_.say(absl::StrFormat(
+          "ignoring the kill request of %s from lease term %d: the lease is at term %d (%s)",
+          member, request->term, latest_term, request->why));
+    } else {
+      for (HostWorker* w : workers()) {
+        if (w->member_id != member || !w->running || w->killed_for_liveness) continue;
+        KillWorker(*w, *what, absl::StrCat(" for the coordinator: ", request->why));
+      }
+    }
+    (void)store_->Delete(key, timeout);
+  }
+}
+
+void HostAgent::KillWorker(HostWorker& w, EventKind what, const std::string& why) {
+  hooks_.say(absl::StrFormat("%s (pid %d): killing it%s", w.Label(), w.pid, why));
+  hooks_.record(w.rank, what, absl::StrFormat("%s (pid %d): killed%s", w.Label(), w.pid, why),
+                {{"pid", absl::StrCat(w.pid)}});
+  w.killed_for_liveness = true;
+  w.kill_reason = absl::StrCat("the launcher killed it", why);
+  // Refused once its exit was seen: nothing left to reach. Reaped and reported like any death.
+  (void)supervisor_->Signal(w.worker, SIGKILL);
+}
+
+void HostAgent::ReportDeath(HostWorker& w, const std::string& how) {
+  if (w.death_reported) return;
+  // The coordinator, maybe on another host, decides; the report names the member, so a death
+  // reported twice, or after the rank was given to someone else, is handled once.
+  absl::Status s = store_->Set(
+      store_keys::kAgentDeaths.Key(w.member_id),
+      store_keys::EncodeDeathReport({w.member_id, w.rank, how, w.Cause()}), options_.report_timeout);
+  if (!s.ok()) {
+    hooks_.say(absl::StrCat("cannot report the death of ", w.Label(), ": ", s.ToString()));
+    return;
+  }
+  w.death_reported = true;
+}
+
+void HostAgent::ReportStoppedWorkers() {
+  for (HostWorker* w : workers()) {
+    const bool stopped = w->running && w->rank >= 0 && supervisor_->IsStopped(w->worker);
+    if (stopped == w->reported_stopped) continue;
+    const std::string key = store_keys::kAgentStopped.Key(w->member_id);
+    const absl::Status written = stopped
+                                     ? store_->Set(key, options_.host_id, options_.call_timeout)
+                                     : store_->Delete(key, options_.call_timeout).status();
+    if (written.ok()) w->reported_stopped = stopped;  // else tried again at the next tick
+  }
+}
+
+void HostAgent::SignalStop() {
+  for (HostWorker* w : workers()) {
+    if (!w->running || w->stop_signalled) continue;
+    w->stop_signalled = true;
+    (void)supervisor_->Signal(w->worker, SIGTERM);  // refused once it exited: nothing to reach
+  }
+}
+
+}  // namespace trainguard

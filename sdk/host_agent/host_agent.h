@@ -1,0 +1,156 @@
+// HostAgent: the duties of `trainguard run`'s agent on one host that are its own, whichever host
+// coordinates: carrying out the kill requests the coordinator addresses to this host
+// (agents/kill/<host>/<member>, fenced by the lease term), reporting its workers' deaths
+// (agents/deaths/<member>, with the cause, once each) and stops (agents/stopped/<member>), watching
+// the job's end (job/failed, job/done), and leaving when the coordinator fenced this host out
+// (agents/dead/<host>): its workers are stopped, since their ranks were given to other hosts.
+//
+// It acts on the workers the launcher started through the ProcessSupervisor and keeps (Hooks::
+// workers: the launcher's processes are HostWorkers), and hands to the hooks what stays in the
+// launcher: printing a line, recording an event, the newest lease term this agent has seen (the
+// coordinator lease is the rendezvous layer's; on one host there is none). What ends the agent is
+// returned (AgentExit) for the launcher's loop to end on, so tests read it without a process.
+//
+// Every decision is taken on the store and the supervisor it is given, with the Clock for its
+// instants: tests drive it with an in-memory store, a ManualClock and the fake supervisor
+// (tests/unit/host_agent_test.cc), no process and no sleep.
+//
+// Thread safety: not thread-safe; one thread (the launcher's loop, a test) uses an instance.
+#ifndef TRAINGUARD_SDK_HOST_AGENT_HOST_AGENT_H_
+#define TRAINGUARD_SDK_HOST_AGENT_HOST_AGENT_H_
+
+#include <sys/types.h>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "sdk/agent/failure_history.h"
+#include "sdk/agent/process_supervisor.h"
+#include "trainguard/clock.h"
+#include "trainguard/events.h"
+#include "trainguard/store.h"
+
+namespace trainguard {
+
+// A process of this host as its agent sees it: a rank, or a standby (rank -1 until it takes one).
+// The launcher's own record of a process extends it.
+struct HostWorker {
+  WorkerId worker = 0;  // its ProcessSupervisor's name for it
+  pid_t pid = -1;
+  std::string member_id;  // store_keys::MemberId, as the rendezvous knows it
+  int rank = -1;
+  int standby_index = -1;
+  bool running = true;  // its exit not seen yet
+  // Killed by its agent (HostAgent::KillWorker): its death is expected, and not killed twice.
+  bool killed_for_liveness = false;
+  // The evidence of its death, for the message that fails the job (FailureHistory): why its agent
+  // killed it, else the last error line it printed (the launcher feeds its output to it).
+  std::string kill_reason;
+  CauseLine printed_cause;
+  bool reported_stopped = false;  // agents/stopped/<member_id> written (ReportStoppedWorkers)
+  bool death_reported = false;    // agents/deaths/<member_id> written (ReportDeath)
+  bool stop_signalled = false;    // SIGTERM sent to stop it (SignalStop)
+
+  std::string Label() const;  // "rank 3", "standby 1"
+  std::string Cause() const { return kill_reason.empty() ? printed_cause.line() : kill_reason; }
+};
+
+// What ends this host's agent: the launcher's exit code, and why (empty when it succeeded).
+struct AgentExit {
+  int code = 0;
+  std::string failure;
+
+  friend bool operator==(const AgentExit&, const AgentExit&) = default;
+};
+
+struct HostAgentOptions {
+  // This host in the store's keys and member ids: --host-id, or on one host the machine's name.
+  std::string host_id;
+  // How long one store call of the agent's loop may take (AgentCallTimeout).
+  absl::Duration call_timeout = absl::Milliseconds(750);
+  // How long a death report may take: the coordinator waits for it to replace the rank.
+  absl::Duration report_timeout = absl::Seconds(10);
+  // The exit code of an agent whose job failed, or whose host was fenced out.
+  int failed_exit_code = 1;
+};
+
+class HostAgent {
+ public:
+  using Attributes = std::vector<std::pair<std::string, std::string>>;
+  struct Hooks {
+    // This host's workers, live or not, as the launcher keeps them (pointers valid until the
+    // launcher's next change of its list, so only for the call they are returned to).
+    std::function<std::vector<HostWorker*>()> workers;
+    // Says one line of the launcher's output (without the "trainguard run: " prefix).
+    std::function<void(const std::string&)> say;
+    // Records an event of `kind` for `rank` (-1: none) in the launcher's event file.
+    std::function<void(int rank, EventKind kind, const std::string& message, Attributes attributes)>
+        record;
+    // The newest coordinator lease term this agent has seen: a kill request of an older term came
+    // from a coordinator deposed meanwhile.
+    std::function<int64_t()> latest_term;
+  };
+
+  // REQUIRES: `store`, `clock` and `supervisor` outlive the agent; every hook is set. `store` is
+  // the job's (the agents'); `supervisor` started the workers Hooks::workers returns.
+  HostAgent(Store* store, Clock* clock, ProcessSupervisor* supervisor, HostAgentOptions options,
+            Hooks hooks);
+  HostAgent(const HostAgent&) = delete;
+  HostAgent& operator=(const HostAgent&) = delete;
+
+  // The job's end as the other agents published it: job/failed (said as "job failed: <why>", the
+  // failed exit code with <why>) before job/done (exit code 0). nullopt while neither is there or
+  // the store does not answer.
+  std::optional<AgentExit> WatchJobEnd();
+
+  // Whether the coordinator fenced this host out (agents/dead/<host>, which says why): then its
+  // ranks were given to other hosts, so this agent says so ("fenced out: ..."), sends its running
+  // workers SIGTERM (SignalStop; the launcher's stop SIGKILLs them after its grace) and returns the
+  // failed exit code. Only this host ends: nothing is published for the others.
+  std::optional<AgentExit> CheckFenced();
+
+  // Carries out the kill requests addressed to this host (agents/kill/<host>/<member>): the live
+  // worker that `member` names, not killed yet, is killed (KillWorker) with the request's kind and
+  // reason. A request of a lease term older than Hooks::latest_term came from a coordinator
+  // deposed meanwhile and is ignored (said); a malformed one too. Each request read is deleted.
+  void ExecuteKillRequests();
+
+  // SIGKILLs `worker`'s process group and records `what` (rank_unresponsive, hang_suspect, ...)
+  // with its pid; `why` follows "killing it" in the line said (e.g. ": <reason>"). Its death is
+  // then reaped and reported like any other, with "the launcher killed it<why>" as its cause.
+  void KillWorker(HostWorker& worker, EventKind what, const std::string& why);
+
+  // Tells the coordinator that `worker`, which held its rank, died (`how`: "exited with status 1",
+  // "killed by SIGKILL"): agents/deaths/<member> with its rank, `how` and its cause. Once per
+  // worker: a later call for the same worker writes nothing. A write the store refuses is said.
+  void ReportDeath(HostWorker& worker, const std::string& how);
+
+  // Writes agents/stopped/<member> (this host) for each running rank the supervisor says is
+  // stopped (SIGSTOP), and deletes it once the rank runs again or is gone. The coordinator, which
+  // cannot see another host's processes, reads these (a stopped rank dumps no hang and its
+  // heartbeat goes stale late), and so do the ranks waiting for it in a collective.
+  void ReportStoppedWorkers();
+
+  // Sends SIGTERM to every running worker not sent it yet: the start of a stop (the launcher waits
+  // for them, and SIGKILLs those left after its grace).
+  void SignalStop();
+
+  const HostAgentOptions& options() const { return options_; }
+
+ private:
+  std::vector<HostWorker*> workers() { return hooks_.workers(); }
+
+  Store* const store_;
+  Clock* const clock_;
+  ProcessSupervisor* const supervisor_;
+  const HostAgentOptions options_;
+  const Hooks hooks_;
+};
+
+}  // namespace trainguard
+
+#endif  // TRAINGUARD_SDK_HOST_AGENT_HOST_AGENT_H_

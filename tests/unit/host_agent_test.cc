@@ -1,0 +1,315 @@
+// HostAgent (sdk/host_agent/host_agent.h): a host's own agent duties, on an in-memory store shared
+// by two hosts' agents, a ManualClock and a FakeProcessSupervisor per host whose workers are not
+// processes: no processes, no sleeps. The coordinator's side (kill requests, the fence, the job's
+// end) is written into the store with store_keys' codecs, as the coordinator writes it.
+#include "sdk/host_agent/host_agent.h"
+
+#include <signal.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "sdk/agent/process_supervisor.h"
+#include "sdk/core/agent_keys.h"
+#include "sdk/core/store_keys.h"
+#include "tests/support/fake_process_supervisor.h"
+#include "trainguard/clock.h"
+#include "trainguard/events.h"
+#include "trainguard/store.h"
+
+namespace trainguard {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+constexpr absl::Duration kCall = absl::Seconds(1);
+constexpr int kFailed = 1;
+
+std::string Member(const std::string& host, int64_t pid, int rank) {
+  return store_keys::EncodeMemberId({host, pid, 0, store_keys::MemberId::Role::kRank, rank});
+}
+std::string Standby(const std::string& host, int64_t pid, int index) {
+  return store_keys::EncodeMemberId({host, pid, 0, store_keys::MemberId::Role::kStandby, index});
+}
+
+// One host's agent and its workers, as the launcher would hold them.
+struct Host {
+  struct Recorded {
+    int rank;
+    EventKind kind;
+    std::string message;
+  };
+
+  Host(const std::string& id, int64_t agent_pid, Store* store, Clock* clock) : id(id) {
+    HostAgentOptions options;
+    options.host_id = id;
+    options.call_timeout = kCall;
+    options.report_timeout = kCall;
+    options.failed_exit_code = kFailed;
+    HostAgent::Hooks hooks;
+    hooks.workers = [this] {
+      std::vector<HostWorker*> all;
+      for (auto& w : workers) all.push_back(w.get());
+      return all;
+    };
+    hooks.say = [this](const std::string& line) { said.push_back(line); };
+    hooks.record = [this](int rank, EventKind kind, const std::string& message,
+                          HostAgent::Attributes) { recorded.push_back({rank, kind, message}); };
+    hooks.latest_term = [this] { return latest_term; };
+    agent = std::make_unique<HostAgent>(store, clock, &supervisor, options, std::move(hooks));
+    this->agent_pid = agent_pid;
+  }
+
+  // Starts a rank (rank >= 0) or a standby (index) as the launcher does.
+  HostWorker& Start(int rank, int standby_index = -1) {
+    WorkerSpec spec;
+    auto w = std::make_unique<HostWorker>();
+    w->rank = rank;
+    w->standby_index = standby_index;
+    w->member_id = rank >= 0 ? Member(id, agent_pid, rank) : Standby(id, agent_pid, standby_index);
+    spec.label = w->Label();
+    spec.argv = {"python3", "train.py"};
+    absl::StatusOr<WorkerId> worker = supervisor.Spawn(spec);
+    EXPECT_TRUE(worker.ok()) << worker.status();
+    w->worker = *worker;
+    w->pid = supervisor.pid(*worker);
+    workers.push_back(std::move(w));
+    return *workers.back();
+  }
+  // What the launcher does with the supervisor's events: the output feeds the death's cause, an
+  // exit marks the worker gone.
+  void Drain() {
+    for (const WorkerEvent& e : supervisor.Poll(absl::ZeroDuration())) {
+      for (auto& w : workers) {
+        if (w->worker != e.worker) continue;
+        if (e.kind == WorkerEvent::Kind::kOutput) w->printed_cause.Observe(e.line);
+        if (e.kind == WorkerEvent::Kind::kExited) w->running = false;
+      }
+    }
+  }
+  std::vector<int> SignalsTo(const HostWorker& w) const {
+    std::vector<int> sent;
+    for (const auto& s : supervisor.signals()) {
+      if (s.worker == w.worker) sent.push_back(s.signal);
+    }
+    return sent;
+  }
+
+  std::string id;
+  int64_t agent_pid = 0;
+  testing::FakeProcessSupervisor supervisor;
+  std::vector<std::unique_ptr<HostWorker>> workers;
+  std::vector<std::string> said;
+  std::vector<Recorded> recorded;
+  int64_t latest_term = 1;
+  std::unique_ptr<HostAgent> agent;
+};
+
+class HostAgentTest : public ::testing::Test {
+ protected:
+  // A kill request of lease term `term`, written as JobCoordinator's holder writes it.
+  void RequestKill(const std::string& host, const std::string& member, int64_t term,
+                   EventKind what, const std::string& why) {
+    ASSERT_TRUE(store_
+                    .Set(store_keys::AgentKill(host, member),
+                         store_keys::EncodeKillRequest({term, std::string(EventKindName(what)), why}),
+                         kCall)
+                    .ok());
+  }
+  bool Has(const std::string& key) { return store_.Get(key, kCall).ok(); }
+
+  InMemoryStore store_;
+  ManualClock clock_;
+  Host h0_{"h0", 100, &store_, &clock_};
+  Host h1_{"h1", 200, &store_, &clock_};
+};
+
+TEST_F(HostAgentTest, AKillRequestIsCarriedOutByTheOwningAgentOnly) {
+  HostWorker& h0_rank1 = h0_.Start(1);
+  h1_.Start(2);
+  HostWorker& h1_rank3 = h1_.Start(3);
+  h0_.latest_term = h1_.latest_term = 4;
+  RequestKill("h1", h1_rank3.member_id, 4, EventKind::kHangSuspect, "rank 3 is the hang's suspect");
+
+  // h0's agent reads only the requests addressed to h0: h1's stays for h1.
+  h0_.agent->ExecuteKillRequests();
+  EXPECT_THAT(h0_.supervisor.signals(), IsEmpty());
+  EXPECT_FALSE(h0_rank1.killed_for_liveness);
+  EXPECT_TRUE(Has(store_keys::AgentKill("h1", h1_rank3.member_id)));
+
+  h1_.agent->ExecuteKillRequests();
+  ASSERT_EQ(h1_.supervisor.signals().size(), 1u);
+  EXPECT_EQ(h1_.supervisor.signals()[0].worker, h1_rank3.worker);
+  EXPECT_EQ(h1_.supervisor.signals()[0].signal, SIGKILL);
+  EXPECT_TRUE(h1_rank3.killed_for_liveness);
+  EXPECT_EQ(h1_rank3.Cause(), "the launcher killed it for the coordinator: rank 3 is the hang's "
+                              "suspect");
+  EXPECT_THAT(h1_.said, ElementsAre(absl::StrFormat(
+                            "rank 3 (pid %d): killing it for the coordinator: rank 3 is the "
+                            "hang's suspect",
+                            h1_rank3.pid)));
+  ASSERT_EQ(h1_.recorded.size(), 1u);
+  EXPECT_EQ(h1_.recorded[0].rank, 3);
+  EXPECT_EQ(h1_.recorded[0].kind, EventKind::kHangSuspect);
+  // Carried out once: the request is gone, and a second pass sends nothing more.
+  EXPECT_FALSE(Has(store_keys::AgentKill("h1", h1_rank3.member_id)));
+  RequestKill("h1", h1_rank3.member_id, 4, EventKind::kHangSuspect, "again");
+  h1_.agent->ExecuteKillRequests();
+  EXPECT_EQ(h1_.supervisor.signals().size(), 1u);
+}
+
+TEST_F(HostAgentTest, AKillRequestOfAnOlderLeaseTermIsIgnored) {
+  HostWorker& rank2 = h1_.Start(2);
+  h1_.latest_term = 5;  // a coordinator took the lease over since term 4's asked
+  RequestKill("h1", rank2.member_id, 4, EventKind::kRankUnresponsive, "rank 2 sends no heartbeat");
+
+  h1_.agent->ExecuteKillRequests();
+  EXPECT_THAT(h1_.supervisor.signals(), IsEmpty());
+  EXPECT_FALSE(rank2.killed_for_liveness);
+  EXPECT_THAT(h1_.said, ElementsAre(absl::StrCat(
+                            "ignoring the kill request of ", rank2.member_id,
+                            " from lease term 4: the lease is at term 5 (rank 2 sends no "
+                            "heartbeat)")));
+  EXPECT_FALSE(Has(store_keys::AgentKill("h1", rank2.member_id)));  // read, so dropped
+
+  // The current term's request is carried out.
+  RequestKill("h1", rank2.member_id, 5, EventKind::kRankUnresponsive, "rank 2 sends no heartbeat");
+  h1_.agent->ExecuteKillRequests();
+  ASSERT_EQ(h1_.supervisor.signals().size(), 1u);
+  EXPECT_EQ(h1_.supervisor.signals()[0].worker, rank2.worker);
+}
+
+TEST_F(HostAgentTest, AMalformedKillRequestIsIgnoredAndDropped) {
+  HostWorker& rank2 = h1_.Start(2);
+  const std::string key = store_keys::AgentKill("h1", rank2.member_id);
+  ASSERT_TRUE(store_.Set(key, "4 no_such_kind why", kCall).ok());
+  h1_.agent->ExecuteKillRequests();
+  EXPECT_THAT(h1_.supervisor.signals(), IsEmpty());
+  ASSERT_EQ(h1_.said.size(), 1u);
+  EXPECT_THAT(h1_.said[0], HasSubstr("ignoring a malformed kill request of " + rank2.member_id));
+  EXPECT_FALSE(Has(key));
+}
+
+TEST_F(HostAgentTest, AWorkersDeathIsReportedOnceWithItsCause) {
+  HostWorker& rank2 = h1_.Start(2);
+  h1_.supervisor.Print(rank2.worker, "RuntimeError: CUDA error: an illegal memory access");
+  h1_.supervisor.Print(rank2.worker, "exiting");
+  h1_.supervisor.Exit(rank2.worker, WorkerExit::Exited(1));
+  h1_.Drain();
+
+  h1_.agent->ReportDeath(rank2, "exited with status 1");
+  const std::string key = store_keys::kAgentDeaths.Key(rank2.member_id);
+  absl::StatusOr<std::string> value = store_.Get(key, kCall);
+  ASSERT_TRUE(value.ok()) << value.status();
+  absl::StatusOr<store_keys::DeathReport> report = store_keys::DecodeDeathReport(key, *value);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->member, rank2.member_id);
+  EXPECT_EQ(report->rank, 2);
+  EXPECT_EQ(report->how, "exited with status 1");
+  EXPECT_EQ(report->cause, "RuntimeError: CUDA error: an illegal memory access");
+
+  // Once: the key is cleared here to see whether a second report of the same death writes it again.
+  ASSERT_TRUE(store_.Delete(key, kCall).ok());
+  h1_.agent->ReportDeath(rank2, "exited with status 1");
+  EXPECT_FALSE(Has(key));
+}
+
+TEST_F(HostAgentTest, AKilledWorkersDeathNamesWhyItsAgentKilledIt) {
+  HostWorker& rank3 = h1_.Start(3);
+  h1_.latest_term = 2;
+  RequestKill("h1", rank3.member_id, 2, EventKind::kRankUnresponsive, "stopped for 3s");
+  h1_.agent->ExecuteKillRequests();
+  h1_.supervisor.Exit(rank3.worker, WorkerExit::Killed(SIGKILL));
+  h1_.Drain();
+  h1_.agent->ReportDeath(rank3, "killed by SIGKILL");
+  const std::string key = store_keys::kAgentDeaths.Key(rank3.member_id);
+  absl::StatusOr<store_keys::DeathReport> report =
+      store_keys::DecodeDeathReport(key, store_.Get(key, kCall).value_or(""));
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->cause, "the launcher killed it for the coordinator: stopped for 3s");
+}
+
+TEST_F(HostAgentTest, StoppedRanksAreReportedUntilTheyRunAgain) {
+  HostWorker& rank2 = h1_.Start(2);
+  HostWorker& standby = h1_.Start(-1, 0);
+  const std::string key = store_keys::kAgentStopped.Key(rank2.member_id);
+  h1_.agent->ReportStoppedWorkers();
+  EXPECT_FALSE(Has(key));
+
+  h1_.supervisor.Stop(rank2.worker);
+  h1_.supervisor.Stop(standby.worker);  // a standby holds no rank that anyone waits for
+  h1_.agent->ReportStoppedWorkers();
+  EXPECT_EQ(store_.Get(key, kCall).value_or(""), "h1");
+  EXPECT_FALSE(Has(store_keys::kAgentStopped.Key(standby.member_id)));
+
+  h1_.supervisor.Continue(rank2.worker);
+  h1_.agent->ReportStoppedWorkers();
+  EXPECT_FALSE(Has(key));
+}
+
+TEST_F(HostAgentTest, AFencedHostsAgentStopsItsWorkersAndLeaves) {
+  HostWorker& rank2 = h1_.Start(2);
+  HostWorker& rank3 = h1_.Start(3);
+  HostWorker& standby = h1_.Start(-1, 0);
+  h1_.supervisor.Exit(rank3.worker, WorkerExit::Exited(1));
+  h1_.Drain();
+  // Not fenced: nothing happens.
+  EXPECT_EQ(h1_.agent->CheckFenced(), std::nullopt);
+  EXPECT_THAT(h1_.supervisor.signals(), IsEmpty());
+
+  ASSERT_TRUE(
+      store_.Set(store_keys::kAgentsDead.Key("h1"), "no heartbeat for 3s", kCall).ok());
+  EXPECT_EQ(h0_.agent->CheckFenced(), std::nullopt);  // another host's fence is not h0's
+
+  const std::optional<AgentExit> exit = h1_.agent->CheckFenced();
+  const std::string why =
+      "this host (h1) was declared dead by the coordinator (no heartbeat for 3s); its ranks were "
+      "given to others: stopping them";
+  EXPECT_EQ(exit, (AgentExit{kFailed, why}));
+  EXPECT_THAT(h1_.said, ElementsAre("fenced out: " + why));
+  // Every running worker is told to stop; the one that exited is not signalled.
+  EXPECT_THAT(h1_.SignalsTo(rank2), ElementsAre(SIGTERM));
+  EXPECT_THAT(h1_.SignalsTo(standby), ElementsAre(SIGTERM));
+  EXPECT_THAT(h1_.SignalsTo(rank3), IsEmpty());
+  // The launcher's stop that follows does not signal them twice.
+  h1_.agent->SignalStop();
+  EXPECT_EQ(h1_.supervisor.signals().size(), 2u);
+  // Nothing is published for the other hosts: the job goes on without h1.
+  EXPECT_FALSE(Has(store_keys::kJobFailed));
+}
+
+TEST_F(HostAgentTest, TheJobsEndEndsTheAgent) {
+  EXPECT_EQ(h1_.agent->WatchJobEnd(), std::nullopt);
+
+  ASSERT_TRUE(store_.Set(store_keys::kJobDone, "", kCall).ok());
+  EXPECT_EQ(h1_.agent->WatchJobEnd(), (AgentExit{0, ""}));
+  EXPECT_THAT(h1_.said, IsEmpty());
+
+  // A failure published (by an agent that failed the job) wins over job/done.
+  const std::string failure = "rank 4 died (killed by SIGKILL) and no standby is available";
+  ASSERT_TRUE(store_.Set(store_keys::kJobFailed, failure, kCall).ok());
+  EXPECT_EQ(h1_.agent->WatchJobEnd(), (AgentExit{kFailed, failure}));
+  EXPECT_THAT(h1_.said, ElementsAre("job failed: " + failure));
+}
+
+TEST_F(HostAgentTest, TheJobsFailureEndsTheAgentWithItsText) {
+  const std::string failure = "host h2 has not reached the job's store for 30s";
+  ASSERT_TRUE(store_.Set(store_keys::kJobFailed, failure, kCall).ok());
+  EXPECT_EQ(h0_.agent->WatchJobEnd(), (AgentExit{kFailed, failure}));
+  EXPECT_THAT(h0_.said, ElementsAre("job failed: " + failure));
+}
+
+}  // namespace
+}  // namespace trainguard
