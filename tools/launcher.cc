@@ -192,9 +192,6 @@ absl::Status WriteFile(const std::string& path, std::string_view contents, mode_
 // One process of the job: a rank, or a standby (rank -1 until it is assigned one). What its host's
 // agent acts on (HostAgent) is the HostWorker; the rest is the launcher's.
 struct Child : HostWorker {
-  // The generation in which it took `rank` (0 for a rank it was started with): a hang of an
-  // earlier generation is not this process's.
-  int64_t rank_generation = 0;
   absl::Time started;
   absl::Time stopped_since = absl::InfiniteFuture();  // KillRanksStoppedBeforeFormation
 };
@@ -514,7 +511,6 @@ class Job {
   bool said_coordinating_ = false;
   int group_rank_ = -1;  // this host's group rank; -1 for a standby host
   bool spawned_ = false;  // this host's processes were started after the plan
-  int64_t agent_beat_ = 0;
   int64_t followed_generation_ = -1;
   absl::Time next_agent_tick_ = absl::InfinitePast();
   std::string master_addr_ = "127.0.0.1";
@@ -522,7 +518,6 @@ class Job {
   std::map<std::string, absl::Time> stopped_members_since_;
   std::set<std::string> stopped_members_killed_;
   std::optional<absl::Time> min_reached_;  // when nnodes_min workers had joined (PublishPlan)
-  absl::Time store_seen_ = clock_->Now();  // the last heartbeat the store took
   // A host cut off from the store for this long gives up (a partition shorter than this heals).
   absl::Duration StoreLossBound() const {
     return std::max(absl::Seconds(30), 10 * config_.host_timeout);
@@ -716,6 +711,8 @@ void Job::CreateHostAgent() {
   options.call_timeout = AgentCallTimeout(config_.host_timeout);
   options.report_timeout = kStoreTimeout;
   options.failed_exit_code = kExitJobFailed;
+  options.store_url = store_url_;
+  options.store_loss_bound = StoreLossBound();
   HostAgent::Hooks hooks;
   hooks.workers = [this] {
     std::vector<HostWorker*> workers;
@@ -730,6 +727,14 @@ void Job::CreateHostAgent() {
   };
   // On one host there is no lease, and no kill request: the launcher kills its own processes.
   hooks.latest_term = [this]() -> int64_t { return lease_ != nullptr ? lease_->latest_term() : 0; };
+  hooks.pid_file = [this](int rank) { return PidFile(rank); };
+  // A training host that keeps --standby spares starts another for the one that took a rank (on
+  // one host, OnRankTaken does).
+  hooks.rank_taken = [this](HostWorker&) {
+    if (MultiHost() && config_.standby > 0 && group_rank_ >= 0 && CanSpawnStandby()) {
+      if (absl::Status s = Spawn(-1, standbys_spawned_); !s.ok()) Say(s.ToString());
+    }
+  };
   host_agent_ = std::make_unique<HostAgent>(store_.get(), clock_, supervisor_.get(),
                                             std::move(options), std::move(hooks));
 }
@@ -1085,12 +1090,7 @@ void Job::OnRankTaken(int rank, const std::string& member, int64_t generation) {
          absl::StrFormat("rank %d taken by %s in generation %d", rank, member, generation),
          {{"member", member}});
   for (auto& c : children_) {
-    if (c->member_id != member || !c->running) continue;
-    Say(absl::StrFormat("%s (pid %d) takes rank %d in generation %d", c->Label(), c->pid, rank,
-                        generation));
-    c->rank = rank;
-    c->rank_generation = generation;
-    (void)supervisor_->WritePidFile(c->worker, PidFile(rank));
+    if (c->member_id == member && c->running) host_agent_->TakeRank(*c, rank, generation);
   }
   if (CanSpawnStandby()) {
     if (absl::Status s = Spawn(-1, standbys_spawned_); !s.ok()) Say(s.ToString());
@@ -1914,18 +1914,8 @@ void Job::AgentTick() {
   const absl::Time now = clock_->Now();
   if (now < next_agent_tick_) return;
   next_agent_tick_ = now + config_.host_timeout / 12;
-  const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
-  // A Set of a counter of our own, not an Add: a Set may be retried on another etcd member after
-  // a broken connection (an Add's outcome would be unknown), so a leader election costs no beat.
-  if (absl::Status beat = store_->Set(store_keys::kAgentHeartbeats.Key(config_.host_id),
-                                      absl::StrCat(agent_beat_ + 1), timeout);
-      beat.ok()) {
-    ++agent_beat_;
-    store_seen_ = now;
-  } else if (now - store_seen_ > StoreLossBound()) {
-    return Fail(absl::StrFormat("host %s has not reached the job's store (%s) for %s: %s",
-                                config_.host_id, store_url_,
-                                absl::FormatDuration(now - store_seen_), beat.ToString()));
+  if (std::optional<std::string> lost = host_agent_->Heartbeat(); lost.has_value()) {
+    return Fail(*lost);
   }
   // The job's end first: an agent that would leave this tick must not take over the lease the
   // leaving coordinator released, and announce itself and the job's protection once more.
@@ -2300,9 +2290,10 @@ void Job::StartRound(int64_t round) {
   SpawnPlannedProcesses(hosts);
 }
 
-// Follows the published generations: a standby of this host that took a rank is relabelled; a
-// process of this host that lost its rank while alive (it was declared dead or stale) is killed,
-// and a host that was declared dead (partitioned, then back) stops, fenced out.
+// Follows the published generations (HostAgent::FollowMembership: a standby of this host that took
+// a rank is relabelled; a process of this host that lost its rank while alive, declared dead or
+// stale, is killed), and a host that was declared dead (partitioned, then back) stops, fenced out
+// (HostAgent::CheckFenced).
 void Job::FollowGeneration() {
   const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
   // Only this host ends: the job goes on without it, so nothing is published for the others.
@@ -2324,34 +2315,8 @@ void Job::FollowGeneration() {
     MutexLock lock(&formed_mu_);
     if (!formed_.has_value()) formed_ = absl::OkStatus();
   }
-  for (auto& c : children_) {
-    if (!c->running) continue;
-    const auto held = std::find(current.members.begin(), current.members.end(), c->member_id);
-    const int rank =
-        held == current.members.end() ? -1 : static_cast<int>(held - current.members.begin());
-    if (rank >= 0 && rank != c->rank) {
-      Say(absl::StrFormat("%s (pid %d) takes rank %d in generation %d", c->Label(), c->pid, rank,
-                          generation));
-      c->rank = rank;
-      c->rank_generation = generation;
-      (void)supervisor_->WritePidFile(c->worker, PidFile(rank));
-      if (config_.standby > 0 && group_rank_ >= 0 && CanSpawnStandby()) {
-        if (absl::Status s = Spawn(-1, standbys_spawned_); !s.ok()) Say(s.ToString());
-      }
-    } else if (rank < 0 && c->rank >= 0 && !c->killed_for_liveness) {
-      // A stopped rank is replaced when the coordinator asks for its kill, and the request is
-      // written before the generation that replaces it: carried out first, it records why (the
-      // culprit a report names), not only that the process lost its rank.
-      host_agent_->ExecuteKillRequests();
-      if (c->killed_for_liveness) continue;
-      Say(absl::StrFormat("%s (pid %d) no longer holds its rank in generation %d: killing it",
-                          c->Label(), c->pid, generation));
-      c->killed_for_liveness = true;
-      c->kill_reason = absl::StrFormat(
-          "the launcher killed it: it no longer holds its rank in generation %d", generation);
-      SignalGroup(*c, SIGKILL);
-    }
-  }
+  // Its standbys named for a rank take it; its ranks that lost theirs are killed.
+  host_agent_->FollowMembership(current);
 }
 
 void Job::KillMember(const std::string& member, EventKind what, const std::string& why) {

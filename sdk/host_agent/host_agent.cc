@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -27,7 +28,60 @@ HostAgent::HostAgent(Store* store, Clock* clock, ProcessSupervisor* supervisor,
       clock_(clock),
       supervisor_(supervisor),
       options_(std::move(options)),
-      hooks_(std::move(hooks)) {}
+      hooks_(std::move(hooks)),
+      store_seen_(clock_->Now()) {}
+
+std::optional<std::string> HostAgent::Heartbeat() {
+  const absl::Time now = clock_->Now();
+  // A Set of a counter of our own, not an Add: a Set may be retried on another etcd member after
+  // a broken connection (an Add's outcome would be unknown), so a leader election costs no beat.
+  const absl::Status beat = store_->Set(store_keys::kAgentHeartbeats.Key(options_.host_id),
+                                        absl::StrCat(beats_ + 1), options_.call_timeout);
+  if (beat.ok()) {
+    ++beats_;
+    store_seen_ = now;
+    return std::nullopt;
+  }
+  if (now - store_seen_ <= options_.store_loss_bound) return std::nullopt;
+  return absl::StrFormat("host %s has not reached the job's store (%s) for %s: %s",
+                         options_.host_id, options_.store_url,
+                         absl::FormatDuration(now - store_seen_), beat.ToString());
+}
+
+void HostAgent::FollowMembership(const Membership& current) {
+  for (HostWorker* w : workers()) {
+    if (!w->running) continue;
+    const auto held = std::find(current.members.begin(), current.members.end(), w->member_id);
+    const int rank =
+        held == current.members.end() ? -1 : static_cast<int>(held - current.members.begin());
+    if (rank >= 0 && rank != w->rank) {
+      TakeRank(*w, rank, current.generation);
+    } else if (rank < 0 && w->rank >= 0 && !w->killed_for_liveness) {
+      // A stopped rank is replaced when the coordinator asks for its kill, and the request is
+      // written before the generation that replaces it: carried out first, it records why (the
+      // culprit a report names), not only that the process lost its rank.
+      ExecuteKillRequests();
+      if (w->killed_for_liveness) continue;
+      hooks_.say(
+          absl::StrFormat("%s (pid %d) no longer holds its rank in generation %d: killing it",
+                          w->Label(), w->pid, current.generation));
+      w->killed_for_liveness = true;
+      w->kill_reason =
+          absl::StrFormat("the launcher killed it: it no longer holds its rank in generation %d",
+                          current.generation);
+      (void)supervisor_->Signal(w->worker, SIGKILL);
+    }
+  }
+}
+
+void HostAgent::TakeRank(HostWorker& w, int rank, int64_t generation) {
+  hooks_.say(absl::StrFormat("%s (pid %d) takes rank %d in generation %d", w.Label(), w.pid, rank,
+                             generation));
+  w.rank = rank;
+  w.rank_generation = generation;
+  (void)supervisor_->WritePidFile(w.worker, hooks_.pid_file(rank));
+  hooks_.rank_taken(w);
+}
 
 std::optional<AgentExit> HostAgent::WatchJobEnd() {
   const absl::Duration timeout = options_.call_timeout;
@@ -101,9 +155,9 @@ void HostAgent::ReportDeath(HostWorker& w, const std::string& how) {
   if (w.death_reported) return;
   // The coordinator, maybe on another host, decides; the report names the member, so a death
   // reported twice, or after the rank was given to someone else, is handled once.
-  absl::Status s = store_->Set(
-      store_keys::kAgentDeaths.Key(w.member_id),
-      store_keys::EncodeDeathReport({w.member_id, w.rank, how, w.Cause()}), options_.report_timeout);
+  absl::Status s = store_->Set(store_keys::kAgentDeaths.Key(w.member_id),
+                               store_keys::EncodeDeathReport({w.member_id, w.rank, how, w.Cause()}),
+                               options_.report_timeout);
   if (!s.ok()) {
     hooks_.say(absl::StrCat("cannot report the death of ", w.Label(), ": ", s.ToString()));
     return;
@@ -116,9 +170,8 @@ void HostAgent::ReportStoppedWorkers() {
     const bool stopped = w->running && w->rank >= 0 && supervisor_->IsStopped(w->worker);
     if (stopped == w->reported_stopped) continue;
     const std::string key = store_keys::kAgentStopped.Key(w->member_id);
-    const absl::Status written = stopped
-                                     ? store_->Set(key, options_.host_id, options_.call_timeout)
-                                     : store_->Delete(key, options_.call_timeout).status();
+    const absl::Status written = stopped ? store_->Set(key, options_.host_id, options_.call_timeout)
+                                         : store_->Delete(key, options_.call_timeout).status();
     if (written.ok()) w->reported_stopped = stopped;  // else tried again at the next tick
   }
 }

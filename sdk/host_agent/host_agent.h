@@ -1,6 +1,8 @@
 // HostAgent: the duties of `trainguard run`'s agent on one host that are its own, whichever host
-// coordinates: carrying out the kill requests the coordinator addresses to this host
-// (agents/kill/<host>/<member>, fenced by the lease term), reporting its workers' deaths
+// coordinates: its heartbeat (agents/hb/<host>) and the bound on losing the store, following the
+// published generations (a standby of this host named for a rank takes it; a rank of this host
+// that lost its rank is killed), carrying out the kill requests the coordinator addresses to this
+// host (agents/kill/<host>/<member>, fenced by the lease term), reporting its workers' deaths
 // (agents/deaths/<member>, with the cause, once each) and stops (agents/stopped/<member>), watching
 // the job's end (job/failed, job/done), and leaving when the coordinator fenced this host out
 // (agents/dead/<host>): its workers are stopped, since their ranks were given to other hosts.
@@ -21,6 +23,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -32,6 +35,7 @@
 #include "sdk/agent/process_supervisor.h"
 #include "trainguard/clock.h"
 #include "trainguard/events.h"
+#include "trainguard/membership.h"
 #include "trainguard/store.h"
 
 namespace trainguard {
@@ -44,6 +48,9 @@ struct HostWorker {
   std::string member_id;  // store_keys::MemberId, as the rendezvous knows it
   int rank = -1;
   int standby_index = -1;
+  // The generation in which it took `rank` (0 for a rank it was started with): a hang of an
+  // earlier generation is not this process's.
+  int64_t rank_generation = 0;
   bool running = true;  // its exit not seen yet
   // Killed by its agent (HostAgent::KillWorker): its death is expected, and not killed twice.
   bool killed_for_liveness = false;
@@ -74,6 +81,11 @@ struct HostAgentOptions {
   absl::Duration call_timeout = absl::Milliseconds(750);
   // How long a death report may take: the coordinator waits for it to replace the rank.
   absl::Duration report_timeout = absl::Seconds(10);
+  // The store's address, for the message of a host that lost it.
+  std::string store_url;
+  // A host whose heartbeat the store has not taken for longer than this gives up (a partition
+  // shorter than this heals).
+  absl::Duration store_loss_bound = absl::Seconds(30);
   // The exit code of an agent whose job failed, or whose host was fenced out.
   int failed_exit_code = 1;
 };
@@ -93,6 +105,11 @@ class HostAgent {
     // The newest coordinator lease term this agent has seen: a kill request of an older term came
     // from a coordinator deposed meanwhile.
     std::function<int64_t()> latest_term;
+    // The pid file of the process that holds `rank` (<run dir>/pids/[<host>/]rank-<rank>).
+    std::function<std::string(int rank)> pid_file;
+    // A worker of this host took a rank (TakeRank): the launcher starts another standby when it
+    // keeps spares.
+    std::function<void(HostWorker& worker)> rank_taken;
   };
 
   // REQUIRES: `store`, `clock` and `supervisor` outlive the agent; every hook is set. `store` is
@@ -101,6 +118,25 @@ class HostAgent {
             Hooks hooks);
   HostAgent(const HostAgent&) = delete;
   HostAgent& operator=(const HostAgent&) = delete;
+
+  // Beats agents/hb/<host> once (the counter of beats the store took, plus one; a Set, which may be
+  // retried on another etcd member, not an Add). Returns why this host gives up when the store has
+  // taken no beat for longer than store_loss_bound by the clock (the launcher fails the job with
+  // it); nullopt otherwise.
+  std::optional<std::string> Heartbeat();
+  // The beats the store took.
+  int64_t beats() const { return beats_; }
+
+  // Follows the newest published generation `current` (the launcher reads it): each running
+  // worker of this host that `current` names for a rank it does not hold yet takes it (TakeRank);
+  // each running rank that `current` no longer names (its host was declared dead, or it was
+  // declared stale) is killed, unless a pending kill request for it is carried out first
+  // (ExecuteKillRequests: its reason is the one recorded, the culprit a report names).
+  void FollowMembership(const Membership& current);
+
+  // `worker` (a standby, or a rank relabelled) holds `rank` from `generation` on: said, and its
+  // pid written to the rank's pid file (Hooks::pid_file), then Hooks::rank_taken is told.
+  void TakeRank(HostWorker& worker, int rank, int64_t generation);
 
   // The job's end as the other agents published it: job/failed (said as "job failed: <why>", the
   // failed exit code with <why>) before job/done (exit code 0). nullopt while neither is there or
@@ -149,6 +185,9 @@ class HostAgent {
   ProcessSupervisor* const supervisor_;
   const HostAgentOptions options_;
   const Hooks hooks_;
+
+  int64_t beats_ = 0;
+  absl::Time store_seen_;  // when the store last took a beat (the start of that call)
 };
 
 }  // namespace trainguard

@@ -1,7 +1,9 @@
 // HostAgent (sdk/host_agent/host_agent.h): a host's own agent duties, on an in-memory store shared
-// by two hosts' agents, a ManualClock and a FakeProcessSupervisor per host whose workers are not
-// processes: no processes, no sleeps. The coordinator's side (kill requests, the fence, the job's
-// end) is written into the store with store_keys' codecs, as the coordinator writes it.
+// by two hosts' agents (each through a link that a test can cut), a ManualClock and a
+// FakeProcessSupervisor per host whose workers are not processes: no processes, no sleeps. The
+// coordinator's side (kill requests, the fence, the generations, the job's end) is written into
+// the store with store_keys' codecs, or handed over as a Membership, as the coordinator publishes
+// it.
 #include "sdk/host_agent/host_agent.h"
 
 #include <signal.h>
@@ -10,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -25,6 +28,7 @@
 #include "tests/support/fake_process_supervisor.h"
 #include "trainguard/clock.h"
 #include "trainguard/events.h"
+#include "trainguard/membership.h"
 #include "trainguard/store.h"
 
 namespace trainguard {
@@ -35,6 +39,7 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
 constexpr absl::Duration kCall = absl::Seconds(1);
+constexpr absl::Duration kStoreLossBound = absl::Seconds(30);
 constexpr int kFailed = 1;
 
 std::string Member(const std::string& host, int64_t pid, int rank) {
@@ -44,6 +49,58 @@ std::string Standby(const std::string& host, int64_t pid, int index) {
   return store_keys::EncodeMemberId({host, pid, 0, store_keys::MemberId::Role::kStandby, index});
 }
 
+// One agent's connection to the shared store: cut off, every call fails and nothing is applied.
+class AgentLink final : public Store {
+ public:
+  explicit AgentLink(Store* base) : base_(base) {}
+
+  bool cut_off = false;
+
+  absl::Status Set(std::string_view key, std::string_view value, absl::Duration timeout) override {
+    return Call([&] { return base_->Set(key, value, timeout); });
+  }
+  absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override {
+    return Call([&] { return base_->Get(key, timeout); });
+  }
+  absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta,
+                              absl::Duration timeout) override {
+    return Call([&] { return base_->Add(key, delta, timeout); });
+  }
+  absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
+                                                    const std::optional<std::string>& expected,
+                                                    std::string_view desired,
+                                                    absl::Duration timeout) override {
+    return Call([&] { return base_->CompareAndSet(key, expected, desired, timeout); });
+  }
+  absl::StatusOr<bool> Delete(std::string_view key, absl::Duration timeout) override {
+    return Call([&] { return base_->Delete(key, timeout); });
+  }
+  absl::StatusOr<std::vector<std::optional<std::string>>> MultiGet(
+      const std::vector<std::string>& keys, absl::Duration timeout) override {
+    return Call([&] { return base_->MultiGet(keys, timeout); });
+  }
+  absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
+                                                    absl::Duration timeout) override {
+    return Call([&] { return base_->ListKeys(prefix, timeout); });
+  }
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
+    return Call([&] { return base_->Wait(keys, timeout); });
+  }
+  absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override {
+    return Call([&] { return base_->RaiseFence(generation, timeout); });
+  }
+  void SetWriterGeneration(int64_t generation) override { base_->SetWriterGeneration(generation); }
+
+ private:
+  template <typename F>
+  auto Call(F f) -> decltype(f()) {
+    if (cut_off) return absl::UnavailableError("cut off from the store");
+    return f();
+  }
+
+  Store* const base_;
+};
+
 // One host's agent and its workers, as the launcher would hold them.
 struct Host {
   struct Recorded {
@@ -52,12 +109,15 @@ struct Host {
     std::string message;
   };
 
-  Host(const std::string& id, int64_t agent_pid, Store* store, Clock* clock) : id(id) {
+  Host(const std::string& id, int64_t agent_pid, Store* store, Clock* clock)
+      : id(id), agent_pid(agent_pid), link(store) {
     HostAgentOptions options;
     options.host_id = id;
     options.call_timeout = kCall;
     options.report_timeout = kCall;
     options.failed_exit_code = kFailed;
+    options.store_url = "tcp://10.0.0.1:29400";
+    options.store_loss_bound = kStoreLossBound;
     HostAgent::Hooks hooks;
     hooks.workers = [this] {
       std::vector<HostWorker*> all;
@@ -66,11 +126,15 @@ struct Host {
     };
     hooks.say = [this](const std::string& line) { said.push_back(line); };
     hooks.record = [this](int rank, EventKind kind, const std::string& message,
-                          HostAgent::Attributes) { recorded.push_back({rank, kind, message}); };
+                          HostAgent::Attributes) {
+      recorded.push_back({rank, kind, message});
+    };
     hooks.latest_term = [this] { return latest_term; };
-    agent = std::make_unique<HostAgent>(store, clock, &supervisor, options, std::move(hooks));
-    this->agent_pid = agent_pid;
+    hooks.pid_file = [this](int rank) { return PidFile(rank); };
+    hooks.rank_taken = [this](HostWorker& w) { taken.push_back(w.member_id); };
+    agent = std::make_unique<HostAgent>(&link, clock, &supervisor, options, std::move(hooks));
   }
+  std::string PidFile(int rank) const { return absl::StrCat("/run/job/pids/", id, "/rank-", rank); }
 
   // Starts a rank (rank >= 0) or a standby (index) as the launcher does.
   HostWorker& Start(int rank, int standby_index = -1) {
@@ -109,24 +173,27 @@ struct Host {
 
   std::string id;
   int64_t agent_pid = 0;
+  AgentLink link;
   testing::FakeProcessSupervisor supervisor;
   std::vector<std::unique_ptr<HostWorker>> workers;
   std::vector<std::string> said;
   std::vector<Recorded> recorded;
   int64_t latest_term = 1;
+  std::vector<std::string> taken;  // the members Hooks::rank_taken was told of
   std::unique_ptr<HostAgent> agent;
 };
 
 class HostAgentTest : public ::testing::Test {
  protected:
   // A kill request of lease term `term`, written as JobCoordinator's holder writes it.
-  void RequestKill(const std::string& host, const std::string& member, int64_t term,
-                   EventKind what, const std::string& why) {
-    ASSERT_TRUE(store_
-                    .Set(store_keys::AgentKill(host, member),
-                         store_keys::EncodeKillRequest({term, std::string(EventKindName(what)), why}),
-                         kCall)
-                    .ok());
+  void RequestKill(const std::string& host, const std::string& member, int64_t term, EventKind what,
+                   const std::string& why) {
+    ASSERT_TRUE(
+        store_
+            .Set(store_keys::AgentKill(host, member),
+                 store_keys::EncodeKillRequest({term, std::string(EventKindName(what)), why}),
+                 kCall)
+            .ok());
   }
   bool Has(const std::string& key) { return store_.Get(key, kCall).ok(); }
 
@@ -154,8 +221,9 @@ TEST_F(HostAgentTest, AKillRequestIsCarriedOutByTheOwningAgentOnly) {
   EXPECT_EQ(h1_.supervisor.signals()[0].worker, h1_rank3.worker);
   EXPECT_EQ(h1_.supervisor.signals()[0].signal, SIGKILL);
   EXPECT_TRUE(h1_rank3.killed_for_liveness);
-  EXPECT_EQ(h1_rank3.Cause(), "the launcher killed it for the coordinator: rank 3 is the hang's "
-                              "suspect");
+  EXPECT_EQ(h1_rank3.Cause(),
+            "the launcher killed it for the coordinator: rank 3 is the hang's "
+            "suspect");
   EXPECT_THAT(h1_.said, ElementsAre(absl::StrFormat(
                             "rank 3 (pid %d): killing it for the coordinator: rank 3 is the "
                             "hang's suspect",
@@ -269,8 +337,7 @@ TEST_F(HostAgentTest, AFencedHostsAgentStopsItsWorkersAndLeaves) {
   EXPECT_EQ(h1_.agent->CheckFenced(), std::nullopt);
   EXPECT_THAT(h1_.supervisor.signals(), IsEmpty());
 
-  ASSERT_TRUE(
-      store_.Set(store_keys::kAgentsDead.Key("h1"), "no heartbeat for 3s", kCall).ok());
+  ASSERT_TRUE(store_.Set(store_keys::kAgentsDead.Key("h1"), "no heartbeat for 3s", kCall).ok());
   EXPECT_EQ(h0_.agent->CheckFenced(), std::nullopt);  // another host's fence is not h0's
 
   const std::optional<AgentExit> exit = h1_.agent->CheckFenced();
@@ -309,6 +376,98 @@ TEST_F(HostAgentTest, TheJobsFailureEndsTheAgentWithItsText) {
   ASSERT_TRUE(store_.Set(store_keys::kJobFailed, failure, kCall).ok());
   EXPECT_EQ(h0_.agent->WatchJobEnd(), (AgentExit{kFailed, failure}));
   EXPECT_THAT(h0_.said, ElementsAre("job failed: " + failure));
+}
+
+TEST_F(HostAgentTest, EachHeartbeatTheStoreTakesCountsOne) {
+  EXPECT_EQ(h1_.agent->Heartbeat(), std::nullopt);
+  EXPECT_EQ(h1_.agent->Heartbeat(), std::nullopt);
+  EXPECT_EQ(store_.Get(store_keys::kAgentHeartbeats.Key("h1"), kCall).value_or(""), "2");
+  EXPECT_EQ(h1_.agent->beats(), 2);
+  EXPECT_FALSE(Has(store_keys::kAgentHeartbeats.Key("h0")));
+
+  // A beat the store did not take is not counted: the next one it takes is the third.
+  h1_.link.cut_off = true;
+  EXPECT_EQ(h1_.agent->Heartbeat(), std::nullopt);
+  h1_.link.cut_off = false;
+  EXPECT_EQ(h1_.agent->Heartbeat(), std::nullopt);
+  EXPECT_EQ(store_.Get(store_keys::kAgentHeartbeats.Key("h1"), kCall).value_or(""), "3");
+}
+
+TEST_F(HostAgentTest, AHostCutOffFromTheStoreGivesUpPastTheBoundAndNotBefore) {
+  ASSERT_EQ(h1_.agent->Heartbeat(), std::nullopt);
+  h1_.link.cut_off = true;
+  clock_.Advance(kStoreLossBound);
+  EXPECT_EQ(h1_.agent->Heartbeat(), std::nullopt);  // exactly the bound: a partition that heals
+  clock_.Advance(absl::Nanoseconds(1));
+  EXPECT_EQ(h1_.agent->Heartbeat(),
+            "host h1 has not reached the job's store (tcp://10.0.0.1:29400) for 30.000000001s: "
+            "UNAVAILABLE: cut off from the store");
+}
+
+TEST_F(HostAgentTest, AHeartbeatTakenWithinTheBoundStartsItAfresh) {
+  ASSERT_EQ(h1_.agent->Heartbeat(), std::nullopt);
+  h1_.link.cut_off = true;
+  clock_.Advance(kStoreLossBound - absl::Seconds(1));
+  EXPECT_EQ(h1_.agent->Heartbeat(), std::nullopt);
+  h1_.link.cut_off = false;
+  EXPECT_EQ(h1_.agent->Heartbeat(), std::nullopt);  // the partition healed
+  h1_.link.cut_off = true;
+  clock_.Advance(kStoreLossBound);
+  EXPECT_EQ(h1_.agent->Heartbeat(), std::nullopt);
+}
+
+// Generation 4 of a job of h0 (ranks 0, 1) and h1 (ranks 2, 3): h1's rank 3 lost its rank, given
+// to h1's standby 0.
+Membership GenerationFour(const Host& h0, const Host& h1, const std::string& rank3) {
+  Membership m;
+  m.generation = 4;
+  m.world_size = 4;
+  m.members = {Member(h0.id, h0.agent_pid, 0), Member(h0.id, h0.agent_pid, 1),
+               Member(h1.id, h1.agent_pid, 2), rank3};
+  return m;
+}
+
+TEST_F(HostAgentTest, AStandbyNamedForARankTakesItAndARankThatLostItsIsKilled) {
+  HostWorker& rank2 = h1_.Start(2);
+  HostWorker& rank3 = h1_.Start(3);
+  HostWorker& standby = h1_.Start(-1, 0);
+
+  h1_.agent->FollowMembership(GenerationFour(h0_, h1_, standby.member_id));
+  EXPECT_EQ(standby.rank, 3);
+  EXPECT_EQ(standby.rank_generation, 4);
+  EXPECT_EQ(h1_.supervisor.pid_files().at(h1_.PidFile(3)), standby.pid);
+  EXPECT_THAT(h1_.taken, ElementsAre(standby.member_id));
+  EXPECT_THAT(h1_.SignalsTo(rank3), ElementsAre(SIGKILL));
+  EXPECT_EQ(rank3.Cause(), "the launcher killed it: it no longer holds its rank in generation 4");
+  EXPECT_THAT(h1_.SignalsTo(rank2), IsEmpty());
+  EXPECT_THAT(h1_.SignalsTo(standby), IsEmpty());
+  EXPECT_THAT(
+      h1_.said,
+      ElementsAre(
+          absl::StrFormat("rank 3 (pid %d) no longer holds its rank in generation 4: killing it",
+                          rank3.pid),
+          absl::StrFormat("standby 0 (pid %d) takes rank 3 in generation 4", standby.pid)));
+
+  // The same generation followed again changes nothing: no second kill, no second take.
+  h1_.agent->FollowMembership(GenerationFour(h0_, h1_, standby.member_id));
+  EXPECT_EQ(h1_.supervisor.signals().size(), 1u);
+  EXPECT_EQ(h1_.taken.size(), 1u);
+}
+
+TEST_F(HostAgentTest, AKillRequestForARankThatLostItsRankIsCarriedOutFirstWithItsReason) {
+  HostWorker& rank3 = h1_.Start(3);
+  HostWorker& standby = h1_.Start(-1, 0);
+  h1_.latest_term = 2;
+  RequestKill("h1", rank3.member_id, 2, EventKind::kRankUnresponsive,
+              "rank 3 stopped for 3s while generation 4 formed");
+
+  h1_.agent->FollowMembership(GenerationFour(h0_, h1_, standby.member_id));
+  EXPECT_THAT(h1_.SignalsTo(rank3), ElementsAre(SIGKILL));  // once
+  EXPECT_EQ(rank3.Cause(),
+            "the launcher killed it for the coordinator: rank 3 stopped for 3s "
+            "while generation 4 formed");
+  ASSERT_EQ(h1_.recorded.size(), 1u);
+  EXPECT_EQ(h1_.recorded[0].kind, EventKind::kRankUnresponsive);
 }
 
 }  // namespace
