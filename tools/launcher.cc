@@ -193,7 +193,6 @@ absl::Status WriteFile(const std::string& path, std::string_view contents, mode_
 // agent acts on (HostAgent) is the HostWorker; the rest is the launcher's.
 struct Child : HostWorker {
   absl::Time started;
-  absl::Time stopped_since = absl::InfiniteFuture();  // KillRanksStoppedBeforeFormation
 };
 
 class Job {
@@ -2212,20 +2211,8 @@ void Job::KillRanksStoppedBeforeFormation() {
     MutexLock lock(&formed_mu_);
     if (formed_.has_value() || round_ == 0) return;
   }
-  const absl::Time now = clock_->Now();
-  for (auto& c : children_) {
-    if (!c->running || c->killed_for_liveness || c->rank < 0) continue;
-    if (!supervisor_->IsStopped(c->worker)) {
-      c->stopped_since = absl::InfiniteFuture();
-      continue;
-    }
-    if (c->stopped_since == absl::InfiniteFuture()) c->stopped_since = now;
-    if (now - c->stopped_since >= config_.heartbeat_timeout) {
-      KillForLiveness(*c, EventKind::kRankUnresponsive,
-                      absl::StrFormat(": stopped for %s before restart round %d formed",
-                                      absl::FormatDuration(now - c->stopped_since), round_));
-    }
-  }
+  host_agent_->KillRanksStoppedFor(config_.heartbeat_timeout,
+                                   absl::StrFormat("before restart round %d formed", round_));
 }
 
 void Job::StartRound(int64_t round) {

@@ -176,6 +176,23 @@ void HostAgent::ReportStoppedWorkers() {
   }
 }
 
+void HostAgent::KillRanksStoppedFor(absl::Duration bound, const std::string& context) {
+  const absl::Time now = clock_->Now();
+  for (HostWorker* w : workers()) {
+    if (!w->running || w->killed_for_liveness || w->rank < 0) continue;
+    if (!supervisor_->IsStopped(w->worker)) {
+      w->stopped_since = absl::InfiniteFuture();
+      continue;
+    }
+    if (w->stopped_since == absl::InfiniteFuture()) w->stopped_since = now;
+    if (now - w->stopped_since >= bound) {
+      KillWorker(*w, EventKind::kRankUnresponsive,
+                 absl::StrFormat(": stopped for %s %s",
+                                 absl::FormatDuration(now - w->stopped_since), context));
+    }
+  }
+}
+
 void HostAgent::SignalStop() {
   for (HostWorker* w : workers()) {
     if (!w->running || w->stop_signalled) continue;

@@ -3,9 +3,10 @@
 // published generations (a standby of this host named for a rank takes it; a rank of this host
 // that lost its rank is killed), carrying out the kill requests the coordinator addresses to this
 // host (agents/kill/<host>/<member>, fenced by the lease term), reporting its workers' deaths
-// (agents/deaths/<member>, with the cause, once each) and stops (agents/stopped/<member>), watching
-// the job's end (job/failed, job/done), and leaving when the coordinator fenced this host out
-// (agents/dead/<host>): its workers are stopped, since their ranks were given to other hosts.
+// (agents/deaths/<member>, with the cause, once each) and stops (agents/stopped/<member>), killing
+// a rank stopped too long where nothing else would notice (before its restart round formed),
+// watching the job's end (job/failed, job/done), and leaving when the coordinator fenced this host
+// out (agents/dead/<host>): its workers are stopped, since their ranks were given to other hosts.
 //
 // It acts on the workers the launcher started through the ProcessSupervisor and keeps (Hooks::
 // workers: the launcher's processes are HostWorkers), and hands to the hooks what stays in the
@@ -61,6 +62,8 @@ struct HostWorker {
   bool reported_stopped = false;  // agents/stopped/<member_id> written (ReportStoppedWorkers)
   bool death_reported = false;    // agents/deaths/<member_id> written (ReportDeath)
   bool stop_signalled = false;    // SIGTERM sent to stop it (SignalStop)
+  // Since when it has been seen stopped (KillRanksStoppedFor); InfiniteFuture: running.
+  absl::Time stopped_since = absl::InfiniteFuture();
 
   std::string Label() const;  // "rank 3", "standby 1"
   std::string Cause() const { return kill_reason.empty() ? printed_cause.line() : kill_reason; }
@@ -170,6 +173,14 @@ class HostAgent {
   // cannot see another host's processes, reads these (a stopped rank dumps no hang and its
   // heartbeat goes stale late), and so do the ranks waiting for it in a collective.
   void ReportStoppedWorkers();
+
+  // Kills (KillWorker, rank_unresponsive) each running rank of this host that the supervisor has
+  // seen stopped (SIGSTOP) for `bound` or longer by the clock, counted from the first call that
+  // saw it stopped; one seen running again starts afresh. Its reason: ": stopped for <d>
+  // <context>". For where nothing else would notice: a rank stopped before its restart round
+  // formed has no heartbeat to go stale, and the round would wait for it until the rendezvous
+  // timeout.
+  void KillRanksStoppedFor(absl::Duration bound, const std::string& context);
 
   // Sends SIGTERM to every running worker not sent it yet: the start of a stop (the launcher waits
   // for them, and SIGKILLs those left after its grace).

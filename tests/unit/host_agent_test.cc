@@ -470,5 +470,49 @@ TEST_F(HostAgentTest, AKillRequestForARankThatLostItsRankIsCarriedOutFirstWithIt
   EXPECT_EQ(h1_.recorded[0].kind, EventKind::kRankUnresponsive);
 }
 
+TEST_F(HostAgentTest, ARankStoppedForTheBoundIsKilledAndNotOneNanosecondBefore) {
+  constexpr absl::Duration kBound = absl::Seconds(10);  // --heartbeat-timeout
+  HostWorker& rank2 = h1_.Start(2);
+  HostWorker& rank3 = h1_.Start(3);
+  HostWorker& standby = h1_.Start(-1, 0);
+  h1_.supervisor.Stop(rank2.worker);
+  h1_.supervisor.Stop(standby.worker);  // a standby holds no rank the round waits for
+  h1_.agent->KillRanksStoppedFor(kBound, "before restart round 1 formed");  // first seen stopped
+  clock_.Advance(kBound - absl::Nanoseconds(1));
+  h1_.agent->KillRanksStoppedFor(kBound, "before restart round 1 formed");
+  EXPECT_THAT(h1_.supervisor.signals(), IsEmpty());
+
+  clock_.Advance(absl::Nanoseconds(1));
+  h1_.agent->KillRanksStoppedFor(kBound, "before restart round 1 formed");
+  EXPECT_THAT(h1_.SignalsTo(rank2), ElementsAre(SIGKILL));
+  EXPECT_THAT(h1_.SignalsTo(rank3), IsEmpty());
+  EXPECT_THAT(h1_.SignalsTo(standby), IsEmpty());
+  EXPECT_EQ(rank2.Cause(), "the launcher killed it: stopped for 10s before restart round 1 formed");
+  ASSERT_EQ(h1_.recorded.size(), 1u);
+  EXPECT_EQ(h1_.recorded[0].kind, EventKind::kRankUnresponsive);
+  // Killed once.
+  clock_.Advance(kBound);
+  h1_.agent->KillRanksStoppedFor(kBound, "before restart round 1 formed");
+  EXPECT_EQ(h1_.supervisor.signals().size(), 1u);
+}
+
+TEST_F(HostAgentTest, ARankThatRunsAgainStartsItsStoppedTimeAfresh) {
+  constexpr absl::Duration kBound = absl::Seconds(10);
+  HostWorker& rank2 = h1_.Start(2);
+  h1_.supervisor.Stop(rank2.worker);
+  h1_.agent->KillRanksStoppedFor(kBound, "before restart round 1 formed");
+  clock_.Advance(absl::Seconds(6));
+  h1_.supervisor.Continue(rank2.worker);
+  h1_.agent->KillRanksStoppedFor(kBound, "before restart round 1 formed");
+  h1_.supervisor.Stop(rank2.worker);
+  h1_.agent->KillRanksStoppedFor(kBound, "before restart round 1 formed");
+  clock_.Advance(absl::Seconds(6));  // 12 s since first stopped, 6 s since stopped again
+  h1_.agent->KillRanksStoppedFor(kBound, "before restart round 1 formed");
+  EXPECT_THAT(h1_.supervisor.signals(), IsEmpty());
+  clock_.Advance(absl::Seconds(4));
+  h1_.agent->KillRanksStoppedFor(kBound, "before restart round 1 formed");
+  EXPECT_THAT(h1_.SignalsTo(rank2), ElementsAre(SIGKILL));
+}
+
 }  // namespace
 }  // namespace trainguard
