@@ -2561,34 +2561,11 @@ void Job::AppendAgentEvent(Event event) {
 
 void Job::LeaveJob() {
   lease_->Release(absl::Seconds(1));
-  (void)store_->Set(store_keys::kAgentsLeft.Key(config_.host_id), absl::StrCat(exit_code_),
-                    absl::Seconds(1));
-  if (server_ == nullptr) return;
-  // Real time, not clock_: the bound of a wait on the store's sockets and a real sleep, no
-  // decision.
-  const absl::Time deadline = absl::Now() + 2 * config_.host_timeout + absl::Seconds(5);
-  // The hosts that `family`'s keys name, or nullopt if unreadable.
-  auto hosts = [&](const store_keys::KeyFamily& family) -> std::optional<std::set<std::string>> {
-    absl::StatusOr<std::vector<std::string>> keys =
-        store_->ListKeys(family.prefix(), absl::Seconds(1));
-    if (!keys.ok()) return std::nullopt;
-    const std::vector<std::string> names = family.Names(*keys);
-    return std::set<std::string>(names.begin(), names.end());
-  };
-  std::set<std::string> still_in_job;
-  while (absl::Now() < deadline) {
-    std::optional<std::set<std::string>> joined = hosts(store_keys::kAgentJoins);
-    std::optional<std::set<std::string>> left = hosts(store_keys::kAgentsLeft);
-    std::optional<std::set<std::string>> dead = hosts(store_keys::kAgentsDead);
-    if (joined && left && dead) {
-      still_in_job = HostsStillInJob(*joined, *left, *dead);
-      if (still_in_job.empty()) return;
-    }
-    absl::SleepFor(absl::Milliseconds(50));  // bounded by the deadline
+  host_agent_->Leave(exit_code_);
+  // The agent that serves the store stays until the others left (bounded), so they see the end.
+  if (server_ != nullptr) {
+    (void)host_agent_->WaitForOthersToLeave(2 * config_.host_timeout + absl::Seconds(5));
   }
-  Say(absl::StrCat("stopping the store before every host left (still in the job: ",
-                   still_in_job.empty() ? "unknown" : absl::StrJoin(still_in_job, ", "),
-                   "; they may report the store lost)"));
 }
 
 // The last line of every run: how it ended, and what it took.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,6 +14,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "sdk/agent/host_roster.h"
 #include "sdk/core/agent_keys.h"
 #include "sdk/core/store_keys.h"
 
@@ -191,6 +194,38 @@ void HostAgent::KillRanksStoppedFor(absl::Duration bound, const std::string& con
                                  absl::FormatDuration(now - w->stopped_since), context));
     }
   }
+}
+
+void HostAgent::Leave(int exit_code) {
+  (void)store_->Set(store_keys::kAgentsLeft.Key(options_.host_id), absl::StrCat(exit_code),
+                    absl::Seconds(1));
+}
+
+bool HostAgent::WaitForOthersToLeave(absl::Duration bound) {
+  const absl::Time deadline = clock_->Now() + bound;
+  // The hosts that `family`'s keys name, or nullopt if unreadable.
+  auto hosts = [&](const store_keys::KeyFamily& family) -> std::optional<std::set<std::string>> {
+    absl::StatusOr<std::vector<std::string>> keys =
+        store_->ListKeys(family.prefix(), absl::Seconds(1));
+    if (!keys.ok()) return std::nullopt;
+    const std::vector<std::string> names = family.Names(*keys);
+    return std::set<std::string>(names.begin(), names.end());
+  };
+  std::set<std::string> still_in_job;
+  while (clock_->Now() < deadline) {
+    std::optional<std::set<std::string>> joined = hosts(store_keys::kAgentJoins);
+    std::optional<std::set<std::string>> left = hosts(store_keys::kAgentsLeft);
+    std::optional<std::set<std::string>> dead = hosts(store_keys::kAgentsDead);
+    if (joined && left && dead) {
+      still_in_job = HostsStillInJob(*joined, *left, *dead);
+      if (still_in_job.empty()) return true;
+    }
+    clock_->SleepFor(absl::Milliseconds(50));  // bounded by the deadline
+  }
+  hooks_.say(absl::StrCat("stopping the store before every host left (still in the job: ",
+                          still_in_job.empty() ? "unknown" : absl::StrJoin(still_in_job, ", "),
+                          "; they may report the store lost)"));
+  return false;
 }
 
 void HostAgent::SignalStop() {

@@ -5,8 +5,9 @@
 // host (agents/kill/<host>/<member>, fenced by the lease term), reporting its workers' deaths
 // (agents/deaths/<member>, with the cause, once each) and stops (agents/stopped/<member>), killing
 // a rank stopped too long where nothing else would notice (before its restart round formed),
-// watching the job's end (job/failed, job/done), and leaving when the coordinator fenced this host
-// out (agents/dead/<host>): its workers are stopped, since their ranks were given to other hosts.
+// watching the job's end (job/failed, job/done), stopping when the coordinator fenced this host
+// out (agents/dead/<host>): its workers are stopped, since their ranks were given to other hosts,
+// and leaving (agents/left/<host>; the agent that serves the store waits for the others to leave).
 //
 // It acts on the workers the launcher started through the ProcessSupervisor and keeps (Hooks::
 // workers: the launcher's processes are HostWorkers), and hands to the hooks what stays in the
@@ -181,6 +182,19 @@ class HostAgent {
   // formed has no heartbeat to go stale, and the round would wait for it until the rendezvous
   // timeout.
   void KillRanksStoppedFor(absl::Duration bound, const std::string& context);
+
+  // Says that this host's agent leaves the job with `exit_code` (agents/left/<host>), once its
+  // workers are stopped: the agent that serves the store waits for it (WaitForOthersToLeave).
+  // Best effort: a store that does not answer within a second is not waited for.
+  void Leave(int exit_code);
+
+  // The agent that serves the job's store (TcpStore) keeps serving it until every other host that
+  // joined has left or was declared dead (HostsStillInJob: a host fenced out, then back, counts
+  // once), so that every agent reads the job's end before the store goes; at most `bound` by the
+  // clock, reading the store every 50 ms (the clock's SleepFor). True when every other host left in
+  // time; else false, said as "stopping the store before every host left (still in the job: <the
+  // hosts>; ...)", "unknown" for the hosts when the store never answered.
+  bool WaitForOthersToLeave(absl::Duration bound);
 
   // Sends SIGTERM to every running worker not sent it yet: the start of a stop (the launcher waits
   // for them, and SIGKILLs those left after its grace).

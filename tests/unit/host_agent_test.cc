@@ -514,5 +514,52 @@ TEST_F(HostAgentTest, ARankThatRunsAgainStartsItsStoppedTimeAfresh) {
   EXPECT_THAT(h1_.SignalsTo(rank2), ElementsAre(SIGKILL));
 }
 
+// The hosts h0, h1 (this agent's, which serves the store) and h2 joined.
+void JoinThree(Store* store) {
+  for (const auto& [host, seq] : {std::pair<std::string, int64_t>{"h0", 1}, {"h1", 2}, {"h2", 3}}) {
+    ASSERT_TRUE(store
+                    ->Set(store_keys::kAgentJoins.Key(host),
+                          store_keys::EncodeJoinRecord({host, seq, false, "10.0.0.1", 29500}),
+                          kCall)
+                    .ok());
+  }
+}
+
+TEST_F(HostAgentTest, TheStoresHostWaitsUntilEveryOtherHostLeftAFencedOneCountedOnce) {
+  JoinThree(&store_);
+  h1_.agent->Leave(0);
+  EXPECT_EQ(store_.Get(store_keys::kAgentsLeft.Key("h1"), kCall).value_or(""), "0");
+  // h2 was fenced out, came back and left; h0 left.
+  ASSERT_TRUE(store_.Set(store_keys::kAgentsDead.Key("h2"), "no heartbeat for 3s", kCall).ok());
+  Host h2("h2", 300, &store_, &clock_);
+  h2.agent->Leave(kFailed);
+  h0_.agent->Leave(0);
+
+  const absl::Time start = clock_.Now();
+  EXPECT_TRUE(h1_.agent->WaitForOthersToLeave(absl::Seconds(11)));
+  EXPECT_EQ(clock_.Now(), start);  // no wait at all
+  EXPECT_THAT(h1_.said, IsEmpty());
+}
+
+TEST_F(HostAgentTest, TheStoresHostStopsWaitingAtTheBoundNamingWhoIsStillInTheJob) {
+  JoinThree(&store_);
+  h1_.agent->Leave(0);
+  h0_.agent->Leave(0);
+  const absl::Time start = clock_.Now();
+  EXPECT_FALSE(h1_.agent->WaitForOthersToLeave(absl::Seconds(11)));
+  EXPECT_GE(clock_.Now(), start + absl::Seconds(11));
+  EXPECT_LT(clock_.Now(), start + absl::Seconds(11) + absl::Milliseconds(50));
+  EXPECT_THAT(h1_.said, ElementsAre("stopping the store before every host left (still in the job: "
+                                    "h2; they may report the store lost)"));
+}
+
+TEST_F(HostAgentTest, AStoreThatNeverAnswersEndsTheWaitAtTheBoundWithTheHostsUnknown) {
+  JoinThree(&store_);
+  h1_.link.cut_off = true;
+  EXPECT_FALSE(h1_.agent->WaitForOthersToLeave(absl::Seconds(1)));
+  EXPECT_THAT(h1_.said, ElementsAre("stopping the store before every host left (still in the job: "
+                                    "unknown; they may report the store lost)"));
+}
+
 }  // namespace
 }  // namespace trainguard
