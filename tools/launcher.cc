@@ -43,7 +43,6 @@
 #include "absl/time/clock.h"
 #include "sdk/agent/failure_history.h"
 #include "sdk/agent/hang_arbiter.h"
-#include "sdk/agent/host_roster.h"
 #include "sdk/agent/posix_process_supervisor.h"
 #include "sdk/agent/process_supervisor.h"
 #include "sdk/agent/renewal_policy.h"
@@ -245,7 +244,8 @@ class Job {
   void StartRound(int64_t round);
   // A rank that is stopped (SIGSTOP) before its round formed has no heartbeat to go stale, and
   // the round would wait for it until --rendezvous-timeout: its agent kills it after
-  // --heartbeat-timeout, a rank lost before the restarted job formed.
+  // --heartbeat-timeout (HostAgent::KillRanksStoppedFor), a rank lost before the restarted job
+  // formed.
   void KillRanksStoppedBeforeFormation();
   // Multi-host --restart-all (every restart-all path of the agents and the coordinator).
   bool RestartsOnHosts() const { return MultiHost() && config_.restart_all >= 0; }
@@ -422,7 +422,8 @@ class Job {
   std::unique_ptr<ProcessSupervisor> supervisor_;
   std::vector<std::unique_ptr<Child>> children_;
   // This host's agent duties (sdk/host_agent/host_agent.h; created by Prepare, on one host too):
-  // the kill requests addressed to it, its ranks' death and stop reports, the job's end, its fence.
+  // its heartbeat, the generations it follows, the kill requests addressed to it, its ranks' death
+  // and stop reports, the job's end, its fence, its leaving.
   std::unique_ptr<HostAgent> host_agent_;
   int signal_fd_ = -1;
   int interrupted_ = 0;  // the SIGINT or SIGTERM read from signal_fd_; 0: none
