@@ -43,7 +43,6 @@
 #include "absl/time/clock.h"
 #include "sdk/agent/failure_history.h"
 #include "sdk/agent/hang_arbiter.h"
-#include "sdk/agent/host_roster.h"
 #include "sdk/agent/posix_process_supervisor.h"
 #include "sdk/agent/process_supervisor.h"
 #include "sdk/agent/renewal_policy.h"
@@ -60,6 +59,7 @@
 #include "sdk/core/proc_stat.h"
 #include "sdk/health/fail_slow_detector.h"
 #include "sdk/health/fail_slow_metrics.h"
+#include "sdk/host_agent/host_agent.h"
 #include "sdk/rendezvous/coordinator_lease.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/rendezvous/tcp_store.h"
@@ -188,30 +188,10 @@ absl::Status WriteFile(const std::string& path, std::string_view contents, mode_
   return absl::OkStatus();
 }
 
-// One process of the job: a rank, or a standby (rank -1 until it is assigned one).
-struct Child {
-  WorkerId worker = 0;  // its ProcessSupervisor's name for it
-  pid_t pid = -1;
-  std::string member_id;
-  int rank = -1;
-  int standby_index = -1;
-  bool running = true;  // its exit not seen yet
-  bool killed_for_liveness = false;
-  // The evidence of its death, for the message that fails the job (FailureHistory): why the
-  // launcher killed it, else the last error line it printed.
-  std::string kill_reason;
-  CauseLine printed_cause;
-  // The generation in which it took `rank` (0 for a rank it was started with): a hang of an
-  // earlier generation is not this process's.
-  int64_t rank_generation = 0;
+// One process of the job: a rank, or a standby (rank -1 until it is assigned one). What its host's
+// agent acts on (HostAgent) is the HostWorker; the rest is the launcher's.
+struct Child : HostWorker {
   absl::Time started;
-  absl::Time stopped_since = absl::InfiniteFuture();  // KillRanksStoppedBeforeFormation
-  bool reported_stopped = false;  // agents/stopped/<member_id> written (ReportStoppedRanks)
-
-  std::string Label() const {
-    return rank >= 0 ? absl::StrCat("rank ", rank) : absl::StrCat("standby ", standby_index);
-  }
-  std::string Cause() const { return kill_reason.empty() ? printed_cause.line() : kill_reason; }
 };
 
 class Job {
@@ -264,15 +244,9 @@ class Job {
   void StartRound(int64_t round);
   // A rank that is stopped (SIGSTOP) before its round formed has no heartbeat to go stale, and
   // the round would wait for it until --rendezvous-timeout: its agent kills it after
-  // --heartbeat-timeout, a rank lost before the restarted job formed.
+  // --heartbeat-timeout (HostAgent::KillRanksStoppedFor), a rank lost before the restarted job
+  // formed.
   void KillRanksStoppedBeforeFormation();
-  // Every agent, and the single-host launcher: writes agents/stopped/<member> for each rank process
-  // of this host that is stopped (SIGSTOP), and deletes it once the process runs again or is gone.
-  // A stopped rank dumps no hang and its heartbeat goes stale only after kSilentHeartbeat; the
-  // coordinator, which cannot see another host's processes, reads these instead (DiagnoseHangs),
-  // and so do the ranks waiting for it in a collective, whose watchdog otherwise takes the stopped
-  // rank's last progress record for a peer still working (runtime_internal::ExplainWait).
-  void ReportStoppedRanks();
   // Multi-host --restart-all (every restart-all path of the agents and the coordinator).
   bool RestartsOnHosts() const { return MultiHost() && config_.restart_all >= 0; }
   // The job id the ranks run under: the job's, or in restart round K "<job id>.round<K>", so that
@@ -375,8 +349,6 @@ class Job {
   void PublishPlan();
   void FollowPlan();
   void FollowGeneration();
-  void ExecuteKillRequests();
-  void WatchJobEnd();
   // The coordinator's share: generation 0's formation, then job_coordinator_'s host duties (host
   // liveness, the ranks' deaths the agents report, completion).
   void CoordinateHosts();
@@ -390,8 +362,13 @@ class Job {
   // Kills `member` here when it is this agent's child, else asks its host's agent to; the agent
   // that kills it records `what` (rank_unresponsive, hang_suspect) with its pid.
   void KillMember(const std::string& member, EventKind what, const std::string& why);
-  // Kills this agent's child `c` for the coordinator, recording `what` with its pid.
-  void KillForLiveness(Child& c, EventKind what, const std::string& why);
+  // Kills this agent's child `c` for the coordinator, recording `what` with its pid
+  // (HostAgent::KillWorker).
+  void KillForLiveness(Child& c, EventKind what, const std::string& why) {
+    host_agent_->KillWorker(c, what, why);
+  }
+  // host_agent_, on store_ and supervisor_ (Prepare, once they exist).
+  void CreateHostAgent();
   // The parked standbys that the dead `ranks` (of `dead_host`, or the dead host's) go to first
   // (ChooseStandbys; JobCoordinator's Hooks::preferred_standbys); empty: any.
   std::vector<std::string> PreferredStandbys(const std::string& dead_host,
@@ -444,6 +421,10 @@ class Job {
   // workers.
   std::unique_ptr<ProcessSupervisor> supervisor_;
   std::vector<std::unique_ptr<Child>> children_;
+  // This host's agent duties (sdk/host_agent/host_agent.h; created by Prepare, on one host too):
+  // its heartbeat, the generations it follows, the kill requests addressed to it, its ranks' death
+  // and stop reports, the job's end, its fence, its leaving.
+  std::unique_ptr<HostAgent> host_agent_;
   int signal_fd_ = -1;
   int interrupted_ = 0;  // the SIGINT or SIGTERM read from signal_fd_; 0: none
   int standbys_spawned_ = 0;
@@ -530,7 +511,6 @@ class Job {
   bool said_coordinating_ = false;
   int group_rank_ = -1;  // this host's group rank; -1 for a standby host
   bool spawned_ = false;  // this host's processes were started after the plan
-  int64_t agent_beat_ = 0;
   int64_t followed_generation_ = -1;
   absl::Time next_agent_tick_ = absl::InfinitePast();
   std::string master_addr_ = "127.0.0.1";
@@ -538,7 +518,6 @@ class Job {
   std::map<std::string, absl::Time> stopped_members_since_;
   std::set<std::string> stopped_members_killed_;
   std::optional<absl::Time> min_reached_;  // when nnodes_min workers had joined (PublishPlan)
-  absl::Time store_seen_ = clock_->Now();  // the last heartbeat the store took
   // A host cut off from the store for this long gives up (a partition shorter than this heals).
   absl::Duration StoreLossBound() const {
     return std::max(absl::Seconds(30), 10 * config_.host_timeout);
@@ -652,6 +631,7 @@ absl::Status Job::Prepare() {
   PosixProcessSupervisorOptions supervisor_options;
   supervisor_options.wake_fd = signal_fd_;  // a signal ends the loop's wait at once
   supervisor_ = std::make_unique<PosixProcessSupervisor>(supervisor_options);
+  CreateHostAgent();
   if (MultiHost()) {
     for (const std::string& dir : {absl::StrCat(config_.run_dir, "/logs/", config_.host_id),
                                    absl::StrCat(config_.run_dir, "/pids/", config_.host_id)}) {
@@ -723,6 +703,40 @@ absl::Status Job::StartOwnStore() {
   if (!store.ok()) return store.status();
   store_ = *std::move(store);
   return absl::OkStatus();
+}
+
+void Job::CreateHostAgent() {
+  HostAgentOptions options;
+  options.host_id = HostLabel();
+  options.call_timeout = AgentCallTimeout(config_.host_timeout);
+  options.report_timeout = kStoreTimeout;
+  options.failed_exit_code = kExitJobFailed;
+  options.store_url = store_url_;
+  options.store_loss_bound = StoreLossBound();
+  HostAgent::Hooks hooks;
+  hooks.workers = [this] {
+    std::vector<HostWorker*> workers;
+    workers.reserve(children_.size());
+    for (auto& c : children_) workers.push_back(c.get());
+    return workers;
+  };
+  hooks.say = [this](const std::string& line) { Say(line); };
+  hooks.record = [this](int rank, EventKind kind, const std::string& message,
+                        HostAgent::Attributes attributes) {
+    Record(rank, kind, message, std::move(attributes));
+  };
+  // On one host there is no lease, and no kill request: the launcher kills its own processes.
+  hooks.latest_term = [this]() -> int64_t { return lease_ != nullptr ? lease_->latest_term() : 0; };
+  hooks.pid_file = [this](int rank) { return PidFile(rank); };
+  // A training host that keeps --standby spares starts another for the one that took a rank (on
+  // one host, OnRankTaken does).
+  hooks.rank_taken = [this](HostWorker&) {
+    if (MultiHost() && config_.standby > 0 && group_rank_ >= 0 && CanSpawnStandby()) {
+      if (absl::Status s = Spawn(-1, standbys_spawned_); !s.ok()) Say(s.ToString());
+    }
+  };
+  host_agent_ = std::make_unique<HostAgent>(store_.get(), clock_, supervisor_.get(),
+                                            std::move(options), std::move(hooks));
 }
 
 void Job::Record(int rank, EventKind what, const std::string& message,
@@ -1014,16 +1028,8 @@ void Job::OnExit(Child& child, const WorkerExit& exit) {
   if (std::optional<std::string> reason = ReadJobStop(absl::Seconds(1)); reason.has_value()) {
     return StopJob(*reason);
   }
-  if (MultiHost()) {
-    // The coordinator, maybe on another host, decides; the report names the member, so a death
-    // reported twice, or after the rank was given to someone else, is handled once.
-    absl::Status s = store_->Set(
-        store_keys::kAgentDeaths.Key(child.member_id),
-        store_keys::EncodeDeathReport({child.member_id, child.rank, how, child.Cause()}),
-        kStoreTimeout);
-    if (!s.ok()) Say(absl::StrCat("cannot report the death of ", child.Label(), ": ", s.ToString()));
-    return;
-  }
+  // The coordinator, maybe on another host, decides.
+  if (MultiHost()) return host_agent_->ReportDeath(child, how);
   const absl::Time now = clock_->Now();
   bool formed = false;
   {
@@ -1084,12 +1090,7 @@ void Job::OnRankTaken(int rank, const std::string& member, int64_t generation) {
          absl::StrFormat("rank %d taken by %s in generation %d", rank, member, generation),
          {{"member", member}});
   for (auto& c : children_) {
-    if (c->member_id != member || !c->running) continue;
-    Say(absl::StrFormat("%s (pid %d) takes rank %d in generation %d", c->Label(), c->pid, rank,
-                        generation));
-    c->rank = rank;
-    c->rank_generation = generation;
-    (void)supervisor_->WritePidFile(c->worker, PidFile(rank));
+    if (c->member_id == member && c->running) host_agent_->TakeRank(*c, rank, generation);
   }
   if (CanSpawnStandby()) {
     if (absl::Status s = Spawn(-1, standbys_spawned_); !s.ok()) Say(s.ToString());
@@ -1500,8 +1501,8 @@ void Job::DiagnoseHangs() {
         }
       }
     }
-    // Sooner: the agent of a stopped rank's host sees it stopped (ReportStoppedRanks), so the
-    // diagnosis need not wait for its heartbeat to go stale.
+    // Sooner: the agent of a stopped rank's host sees it stopped (HostAgent::ReportStoppedWorkers),
+    // so the diagnosis need not wait for its heartbeat to go stale.
     for (const auto& [rank, member] : StoppedMembers().value_or(std::map<int, std::string>())) {
       if (dumped_ranks.count(rank) != 0) continue;
       silent_ranks.insert(rank);
@@ -1694,14 +1695,12 @@ void Job::Fail(const std::string& why) {
   Say(absl::StrCat("job failed: ", message));
   failure_ = message;
   exit_code_ = kExitJobFailed;
-  // Every other host's agent stops its processes too, and says why (WatchJobEnd).
+  // Every other host's agent stops its processes too, and says why (HostAgent::WatchJobEnd).
   if (MultiHost()) (void)store_->Set(kJobFailedKey, message, absl::Seconds(2));
 }
 
 void Job::StopAll(absl::Duration grace) {
-  for (auto& c : children_) {
-    if (c->running) SignalGroup(*c, SIGTERM);
-  }
+  host_agent_->SignalStop();
   // Real time, not clock_: a bounded wait for processes to exit (the supervisor's poll waits in
   // real time), no decision.
   const absl::Time deadline = absl::Now() + grace;
@@ -1793,7 +1792,7 @@ int Job::Run() {
       }
     }
     // One host: for the ranks' peer waits (on several hosts, each agent's tick does it).
-    if (!MultiHost() && formed_reported_ && exit_code_ < 0) ReportStoppedRanks();
+    if (!MultiHost() && formed_reported_ && exit_code_ < 0) host_agent_->ReportStoppedWorkers();
     // The gate before each act, not once for all: an act may wait on the store for longer than
     // the lease lasts.
     if (exit_code_ < 0 && coordinating()) job_coordinator_->TryReplacements(clock_->Now());
@@ -1870,7 +1869,8 @@ void Job::StartForming() {
 // Store keys (under the job's prefix), besides the rendezvous' own: sdk/core/agent_keys.h (the
 // agents' agents/..., coord/lease, job/failed and job/done) and sdk/core/store_keys.h (the kill
 // requests, fenced by the lease term: a request of a term older than the newest the agent has seen
-// is ignored).
+// is ignored). This host's own duties (the kill requests addressed to it, its ranks' death and stop
+// reports, the job's end, its fence) are host_agent_'s (sdk/host_agent/host_agent.h).
 namespace {
 // Every host that joined, in join order (a malformed entry is skipped).
 absl::StatusOr<std::vector<store_keys::JoinRecord>> ReadJoinedHosts(Store* store,
@@ -1914,28 +1914,21 @@ void Job::AgentTick() {
   const absl::Time now = clock_->Now();
   if (now < next_agent_tick_) return;
   next_agent_tick_ = now + config_.host_timeout / 12;
-  const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
-  // A Set of a counter of our own, not an Add: a Set may be retried on another etcd member after
-  // a broken connection (an Add's outcome would be unknown), so a leader election costs no beat.
-  if (absl::Status beat = store_->Set(store_keys::kAgentHeartbeats.Key(config_.host_id),
-                                      absl::StrCat(agent_beat_ + 1), timeout);
-      beat.ok()) {
-    ++agent_beat_;
-    store_seen_ = now;
-  } else if (now - store_seen_ > StoreLossBound()) {
-    return Fail(absl::StrFormat("host %s has not reached the job's store (%s) for %s: %s",
-                                config_.host_id, store_url_,
-                                absl::FormatDuration(now - store_seen_), beat.ToString()));
+  if (std::optional<std::string> lost = host_agent_->Heartbeat(); lost.has_value()) {
+    return Fail(*lost);
   }
   // The job's end first: an agent that would leave this tick must not take over the lease the
   // leaving coordinator released, and announce itself and the job's protection once more.
-  WatchJobEnd();
-  if (exit_code_ >= 0) return;
+  if (std::optional<AgentExit> end = host_agent_->WatchJobEnd(); end.has_value()) {
+    if (end->code != 0) failure_ = end->failure;
+    exit_code_ = end->code;
+    return;
+  }
   UpdateLease();
   if (!spawned_) FollowPlan();
   if (exit_code_ < 0) FollowGeneration();
-  if (exit_code_ < 0) ExecuteKillRequests();
-  if (exit_code_ < 0) ReportStoppedRanks();
+  if (exit_code_ < 0) host_agent_->ExecuteKillRequests();
+  if (exit_code_ < 0) host_agent_->ReportStoppedWorkers();
   if (exit_code_ < 0 && RestartsOnHosts()) KillRanksStoppedBeforeFormation();
   if (exit_code_ < 0 && coordinating()) CoordinateHosts();
   if (exit_code_ < 0 && config_.fail_slow != LaunchConfig::FailSlowPolicy::kOff) {
@@ -2214,37 +2207,13 @@ void Job::FollowRestartRound() {
   StartRound(restart->round);
 }
 
-void Job::ReportStoppedRanks() {
-  const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
-  for (auto& c : children_) {
-    const bool stopped = c->running && c->rank >= 0 && supervisor_->IsStopped(c->worker);
-    if (stopped == c->reported_stopped) continue;
-    const std::string key = store_keys::kAgentStopped.Key(c->member_id);
-    const absl::Status written = stopped ? store_->Set(key, HostLabel(), timeout)
-                                         : store_->Delete(key, timeout).status();
-    if (written.ok()) c->reported_stopped = stopped;  // else tried again at the next tick
-  }
-}
-
 void Job::KillRanksStoppedBeforeFormation() {
   {
     MutexLock lock(&formed_mu_);
     if (formed_.has_value() || round_ == 0) return;
   }
-  const absl::Time now = clock_->Now();
-  for (auto& c : children_) {
-    if (!c->running || c->killed_for_liveness || c->rank < 0) continue;
-    if (!supervisor_->IsStopped(c->worker)) {
-      c->stopped_since = absl::InfiniteFuture();
-      continue;
-    }
-    if (c->stopped_since == absl::InfiniteFuture()) c->stopped_since = now;
-    if (now - c->stopped_since >= config_.heartbeat_timeout) {
-      KillForLiveness(*c, EventKind::kRankUnresponsive,
-                      absl::StrFormat(": stopped for %s before restart round %d formed",
-                                      absl::FormatDuration(now - c->stopped_since), round_));
-    }
-  }
+  host_agent_->KillRanksStoppedFor(config_.heartbeat_timeout,
+                                   absl::StrFormat("before restart round %d formed", round_));
 }
 
 void Job::StartRound(int64_t round) {
@@ -2309,20 +2278,16 @@ void Job::StartRound(int64_t round) {
   SpawnPlannedProcesses(hosts);
 }
 
-// Follows the published generations: a standby of this host that took a rank is relabelled; a
-// process of this host that lost its rank while alive (it was declared dead or stale) is killed,
-// and a host that was declared dead (partitioned, then back) stops, fenced out.
+// Follows the published generations (HostAgent::FollowMembership: a standby of this host that took
+// a rank is relabelled; a process of this host that lost its rank while alive, declared dead or
+// stale, is killed), and a host that was declared dead (partitioned, then back) stops, fenced out
+// (HostAgent::CheckFenced).
 void Job::FollowGeneration() {
   const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
-  absl::StatusOr<std::string> fenced =
-      store_->Get(store_keys::kAgentsDead.Key(config_.host_id), timeout);
-  if (fenced.ok()) {
-    // Only this host ends: the job goes on without it, so nothing is published for the others.
-    failure_ = absl::StrFormat("this host (%s) was declared dead by the coordinator (%s); its "
-                               "ranks were given to others: stopping them",
-                               config_.host_id, *fenced);
-    Say(absl::StrCat("fenced out: ", failure_));
-    exit_code_ = kExitJobFailed;
+  // Only this host ends: the job goes on without it, so nothing is published for the others.
+  if (std::optional<AgentExit> fenced = host_agent_->CheckFenced(); fenced.has_value()) {
+    failure_ = fenced->failure;
+    exit_code_ = fenced->code;
     return;
   }
   FollowRestartRound();
@@ -2338,73 +2303,8 @@ void Job::FollowGeneration() {
     MutexLock lock(&formed_mu_);
     if (!formed_.has_value()) formed_ = absl::OkStatus();
   }
-  for (auto& c : children_) {
-    if (!c->running) continue;
-    const auto held = std::find(current.members.begin(), current.members.end(), c->member_id);
-    const int rank =
-        held == current.members.end() ? -1 : static_cast<int>(held - current.members.begin());
-    if (rank >= 0 && rank != c->rank) {
-      Say(absl::StrFormat("%s (pid %d) takes rank %d in generation %d", c->Label(), c->pid, rank,
-                          generation));
-      c->rank = rank;
-      c->rank_generation = generation;
-      (void)supervisor_->WritePidFile(c->worker, PidFile(rank));
-      if (config_.standby > 0 && group_rank_ >= 0 && CanSpawnStandby()) {
-        if (absl::Status s = Spawn(-1, standbys_spawned_); !s.ok()) Say(s.ToString());
-      }
-    } else if (rank < 0 && c->rank >= 0 && !c->killed_for_liveness) {
-      // A stopped rank is replaced when the coordinator asks for its kill, and the request is
-      // written before the generation that replaces it: carried out first, it records why (the
-      // culprit a report names), not only that the process lost its rank.
-      ExecuteKillRequests();
-      if (c->killed_for_liveness) continue;
-      Say(absl::StrFormat("%s (pid %d) no longer holds its rank in generation %d: killing it",
-                          c->Label(), c->pid, generation));
-      c->killed_for_liveness = true;
-      c->kill_reason = absl::StrFormat(
-          "the launcher killed it: it no longer holds its rank in generation %d", generation);
-      SignalGroup(*c, SIGKILL);
-    }
-  }
-}
-
-void Job::ExecuteKillRequests() {
-  const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
-  const std::string prefix = store_keys::AgentKillPrefix(config_.host_id);
-  absl::StatusOr<std::vector<std::string>> keys = store_->ListKeys(prefix, timeout);
-  if (!keys.ok()) return;
-  for (const std::string& key : *keys) {
-    const std::string member = store_keys::AgentKillMember(config_.host_id, key).value_or("");
-    absl::StatusOr<std::string> value = store_->Get(key, timeout);
-    if (!value.ok()) continue;  // gone meanwhile, or the store briefly unreachable
-    const absl::StatusOr<store_keys::KillRequest> request = store_keys::DecodeKillRequest(*value);
-    const std::optional<EventKind> what =
-        request.ok() ? ParseEventKind(request->what) : std::nullopt;
-    if (!what.has_value()) {
-      Say(absl::StrFormat("ignoring a malformed kill request of %s (%s: \"%s\")", member, key,
-                          *value));
-    } else if (request->term < lease_->latest_term()) {
-      // A coordinator deposed meanwhile asked (cut off, it did not know): its successor decides.
-      Say(absl::StrFormat("ignoring the kill request of %s from lease term %d: the lease is at "
-                          "term %d (%s)",
-                          member, request->term, lease_->latest_term(), request->why));
-    } else {
-      for (auto& c : children_) {
-        if (c->member_id != member || !c->running || c->killed_for_liveness) continue;
-        KillForLiveness(*c, *what, absl::StrCat(" for the coordinator: ", request->why));
-      }
-    }
-    (void)store_->Delete(key, timeout);
-  }
-}
-
-void Job::KillForLiveness(Child& c, EventKind what, const std::string& why) {
-  Say(absl::StrFormat("%s (pid %d): killing it%s", c.Label(), c.pid, why));
-  Record(c.rank, what, absl::StrFormat("%s (pid %d): killed%s", c.Label(), c.pid, why),
-         {{"pid", absl::StrCat(c.pid)}});
-  c.killed_for_liveness = true;
-  c.kill_reason = absl::StrCat("the launcher killed it", why);
-  SignalGroup(c, SIGKILL);  // reaped and reported like any death
+  // Its standbys named for a rank take it; its ranks that lost theirs are killed.
+  host_agent_->FollowMembership(current);
 }
 
 void Job::KillMember(const std::string& member, EventKind what, const std::string& why) {
@@ -2423,17 +2323,6 @@ void Job::KillMember(const std::string& member, EventKind what, const std::strin
       store_keys::AgentKill(host, member),
       store_keys::EncodeKillRequest({lease_->term(), std::string(EventKindName(what)), why}),
       AgentCallTimeout(config_.host_timeout));
-}
-
-void Job::WatchJobEnd() {
-  const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
-  if (absl::StatusOr<std::string> failed = store_->Get(kJobFailedKey, timeout); failed.ok()) {
-    Say(absl::StrCat("job failed: ", *failed));
-    failure_ = *failed;
-    exit_code_ = kExitJobFailed;
-    return;
-  }
-  if (store_->Get(kJobDoneKey, timeout).ok()) exit_code_ = 0;
 }
 
 void Job::CoordinateHosts() {
@@ -2673,34 +2562,11 @@ void Job::AppendAgentEvent(Event event) {
 
 void Job::LeaveJob() {
   lease_->Release(absl::Seconds(1));
-  (void)store_->Set(store_keys::kAgentsLeft.Key(config_.host_id), absl::StrCat(exit_code_),
-                    absl::Seconds(1));
-  if (server_ == nullptr) return;
-  // Real time, not clock_: the bound of a wait on the store's sockets and a real sleep, no
-  // decision.
-  const absl::Time deadline = absl::Now() + 2 * config_.host_timeout + absl::Seconds(5);
-  // The hosts that `family`'s keys name, or nullopt if unreadable.
-  auto hosts = [&](const store_keys::KeyFamily& family) -> std::optional<std::set<std::string>> {
-    absl::StatusOr<std::vector<std::string>> keys =
-        store_->ListKeys(family.prefix(), absl::Seconds(1));
-    if (!keys.ok()) return std::nullopt;
-    const std::vector<std::string> names = family.Names(*keys);
-    return std::set<std::string>(names.begin(), names.end());
-  };
-  std::set<std::string> still_in_job;
-  while (absl::Now() < deadline) {
-    std::optional<std::set<std::string>> joined = hosts(store_keys::kAgentJoins);
-    std::optional<std::set<std::string>> left = hosts(store_keys::kAgentsLeft);
-    std::optional<std::set<std::string>> dead = hosts(store_keys::kAgentsDead);
-    if (joined && left && dead) {
-      still_in_job = HostsStillInJob(*joined, *left, *dead);
-      if (still_in_job.empty()) return;
-    }
-    absl::SleepFor(absl::Milliseconds(50));  // bounded by the deadline
+  host_agent_->Leave(exit_code_);
+  // The agent that serves the store stays until the others left (bounded), so they see the end.
+  if (server_ != nullptr) {
+    (void)host_agent_->WaitForOthersToLeave(2 * config_.host_timeout + absl::Seconds(5));
   }
-  Say(absl::StrCat("stopping the store before every host left (still in the job: ",
-                   still_in_job.empty() ? "unknown" : absl::StrJoin(still_in_job, ", "),
-                   "; they may report the store lost)"));
 }
 
 // The last line of every run: how it ended, and what it took.

@@ -1,0 +1,239 @@
+#include "sdk/host_agent/host_agent.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "sdk/agent/host_roster.h"
+#include "sdk/core/agent_keys.h"
+#include "sdk/core/store_keys.h"
+
+namespace trainguard {
+
+std::string HostWorker::Label() const {
+  return rank >= 0 ? absl::StrCat("rank ", rank) : absl::StrCat("standby ", standby_index);
+}
+
+HostAgent::HostAgent(Store* store, Clock* clock, ProcessSupervisor* supervisor,
+                     HostAgentOptions options, Hooks hooks)
+    : store_(store),
+      clock_(clock),
+      supervisor_(supervisor),
+      options_(std::move(options)),
+      hooks_(std::move(hooks)),
+      store_seen_(clock_->Now()) {}
+
+std::optional<std::string> HostAgent::Heartbeat() {
+  const absl::Time now = clock_->Now();
+  // A Set of a counter of our own, not an Add: a Set may be retried on another etcd member after
+  // a broken connection (an Add's outcome would be unknown), so a leader election costs no beat.
+  const absl::Status beat = store_->Set(store_keys::kAgentHeartbeats.Key(options_.host_id),
+                                        absl::StrCat(beats_ + 1), options_.call_timeout);
+  if (beat.ok()) {
+    ++beats_;
+    store_seen_ = now;
+    return std::nullopt;
+  }
+  if (now - store_seen_ <= options_.store_loss_bound) return std::nullopt;
+  return absl::StrFormat("host %s has not reached the job's store (%s) for %s: %s",
+                         options_.host_id, options_.store_url,
+                         absl::FormatDuration(now - store_seen_), beat.ToString());
+}
+
+void HostAgent::FollowMembership(const Membership& current) {
+  for (HostWorker* w : workers()) {
+    if (!w->running) continue;
+    const auto held = std::find(current.members.begin(), current.members.end(), w->member_id);
+    const int rank =
+        held == current.members.end() ? -1 : static_cast<int>(held - current.members.begin());
+    if (rank >= 0 && rank != w->rank) {
+      TakeRank(*w, rank, current.generation);
+    } else if (rank < 0 && w->rank >= 0 && !w->killed_for_liveness) {
+      // A stopped rank is replaced when the coordinator asks for its kill, and the request is
+      // written before the generation that replaces it: carried out first, it records why (the
+      // culprit a report names), not only that the process lost its rank.
+      ExecuteKillRequests();
+      if (w->killed_for_liveness) continue;
+      hooks_.say(
+          absl::StrFormat("%s (pid %d) no longer holds its rank in generation %d: killing it",
+                          w->Label(), w->pid, current.generation));
+      w->killed_for_liveness = true;
+      w->kill_reason =
+          absl::StrFormat("the launcher killed it: it no longer holds its rank in generation %d",
+                          current.generation);
+      (void)supervisor_->Signal(w->worker, SIGKILL);
+    }
+  }
+}
+
+void HostAgent::TakeRank(HostWorker& w, int rank, int64_t generation) {
+  hooks_.say(absl::StrFormat("%s (pid %d) takes rank %d in generation %d", w.Label(), w.pid, rank,
+                             generation));
+  w.rank = rank;
+  w.rank_generation = generation;
+  (void)supervisor_->WritePidFile(w.worker, hooks_.pid_file(rank));
+  hooks_.rank_taken(w);
+}
+
+std::optional<AgentExit> HostAgent::WatchJobEnd() {
+  const absl::Duration timeout = options_.call_timeout;
+  // job/failed first: an agent that failed the job may have finished its ranks before, and the job
+  // did not succeed.
+  if (absl::StatusOr<std::string> failed = store_->Get(store_keys::kJobFailed, timeout);
+      failed.ok()) {
+    hooks_.say(absl::StrCat("job failed: ", *failed));
+    return AgentExit{options_.failed_exit_code, *failed};
+  }
+  if (store_->Get(store_keys::kJobDone, timeout).ok()) return AgentExit{0, ""};
+  return std::nullopt;
+}
+
+std::optional<AgentExit> HostAgent::CheckFenced() {
+  absl::StatusOr<std::string> fenced =
+      store_->Get(store_keys::kAgentsDead.Key(options_.host_id), options_.call_timeout);
+  if (!fenced.ok()) return std::nullopt;  // absent, or the store briefly unreachable
+  std::string failure = absl::StrFormat(
+      "this host (%s) was declared dead by the coordinator (%s); its ranks were given to others: "
+      "stopping them",
+      options_.host_id, *fenced);
+  hooks_.say(absl::StrCat("fenced out: ", failure));
+  // Their ranks train elsewhere now: the stop starts at once, not at the launcher's next turn.
+  SignalStop();
+  return AgentExit{options_.failed_exit_code, std::move(failure)};
+}
+
+void HostAgent::ExecuteKillRequests() {
+  const absl::Duration timeout = options_.call_timeout;
+  const std::string prefix = store_keys::AgentKillPrefix(options_.host_id);
+  absl::StatusOr<std::vector<std::string>> keys = store_->ListKeys(prefix, timeout);
+  if (!keys.ok()) return;  // the store briefly unreachable: the next tick reads them
+  for (const std::string& key : *keys) {
+    const std::string member = store_keys::AgentKillMember(options_.host_id, key).value_or("");
+    absl::StatusOr<std::string> value = store_->Get(key, timeout);
+    if (!value.ok()) continue;  // gone meanwhile, or the store briefly unreachable
+    const absl::StatusOr<store_keys::KillRequest> request = store_keys::DecodeKillRequest(*value);
+    const std::optional<EventKind> what =
+        request.ok() ? ParseEventKind(request->what) : std::nullopt;
+    const int64_t latest_term = hooks_.latest_term();
+    if (!what.has_value()) {
+      hooks_.say(absl::StrFormat("ignoring a malformed kill request of %s (%s: \"%s\")", member,
+                                 key, *value));
+    } else if (request->term < latest_term) {
+      // A coordinator deposed meanwhile asked (cut off, it did not know): its successor decides.
+      hooks_.say(absl::StrFormat(
+          "ignoring the kill request of %s from lease term %d: the lease is at term %d (%s)",
+          member, request->term, latest_term, request->why));
+    } else {
+      for (HostWorker* w : workers()) {
+        if (w->member_id != member || !w->running || w->killed_for_liveness) continue;
+        KillWorker(*w, *what, absl::StrCat(" for the coordinator: ", request->why));
+      }
+    }
+    (void)store_->Delete(key, timeout);
+  }
+}
+
+void HostAgent::KillWorker(HostWorker& w, EventKind what, const std::string& why) {
+  hooks_.say(absl::StrFormat("%s (pid %d): killing it%s", w.Label(), w.pid, why));
+  hooks_.record(w.rank, what, absl::StrFormat("%s (pid %d): killed%s", w.Label(), w.pid, why),
+                {{"pid", absl::StrCat(w.pid)}});
+  w.killed_for_liveness = true;
+  w.kill_reason = absl::StrCat("the launcher killed it", why);
+  // Refused once its exit was seen: nothing left to reach. Reaped and reported like any death.
+  (void)supervisor_->Signal(w.worker, SIGKILL);
+}
+
+void HostAgent::ReportDeath(HostWorker& w, const std::string& how) {
+  if (w.death_reported) return;
+  // The coordinator, maybe on another host, decides; the report names the member, so a death
+  // reported twice, or after the rank was given to someone else, is handled once.
+  absl::Status s = store_->Set(store_keys::kAgentDeaths.Key(w.member_id),
+                               store_keys::EncodeDeathReport({w.member_id, w.rank, how, w.Cause()}),
+                               options_.report_timeout);
+  if (!s.ok()) {
+    hooks_.say(absl::StrCat("cannot report the death of ", w.Label(), ": ", s.ToString()));
+    return;
+  }
+  w.death_reported = true;
+}
+
+void HostAgent::ReportStoppedWorkers() {
+  for (HostWorker* w : workers()) {
+    const bool stopped = w->running && w->rank >= 0 && supervisor_->IsStopped(w->worker);
+    if (stopped == w->reported_stopped) continue;
+    const std::string key = store_keys::kAgentStopped.Key(w->member_id);
+    const absl::Status written = stopped ? store_->Set(key, options_.host_id, options_.call_timeout)
+                                         : store_->Delete(key, options_.call_timeout).status();
+    if (written.ok()) w->reported_stopped = stopped;  // else tried again at the next tick
+  }
+}
+
+void HostAgent::KillRanksStoppedFor(absl::Duration bound, const std::string& context) {
+  const absl::Time now = clock_->Now();
+  for (HostWorker* w : workers()) {
+    if (!w->running || w->killed_for_liveness || w->rank < 0) continue;
+    if (!supervisor_->IsStopped(w->worker)) {
+      w->stopped_since = absl::InfiniteFuture();
+      continue;
+    }
+    if (w->stopped_since == absl::InfiniteFuture()) w->stopped_since = now;
+    if (now - w->stopped_since >= bound) {
+      KillWorker(*w, EventKind::kRankUnresponsive,
+                 absl::StrFormat(": stopped for %s %s",
+                                 absl::FormatDuration(now - w->stopped_since), context));
+    }
+  }
+}
+
+void HostAgent::Leave(int exit_code) {
+  (void)store_->Set(store_keys::kAgentsLeft.Key(options_.host_id), absl::StrCat(exit_code),
+                    absl::Seconds(1));
+}
+
+bool HostAgent::WaitForOthersToLeave(absl::Duration bound) {
+  const absl::Time deadline = clock_->Now() + bound;
+  // The hosts that `family`'s keys name, or nullopt if unreadable.
+  auto hosts = [&](const store_keys::KeyFamily& family) -> std::optional<std::set<std::string>> {
+    absl::StatusOr<std::vector<std::string>> keys =
+        store_->ListKeys(family.prefix(), absl::Seconds(1));
+    if (!keys.ok()) return std::nullopt;
+    const std::vector<std::string> names = family.Names(*keys);
+    return std::set<std::string>(names.begin(), names.end());
+  };
+  std::set<std::string> still_in_job;
+  while (clock_->Now() < deadline) {
+    std::optional<std::set<std::string>> joined = hosts(store_keys::kAgentJoins);
+    std::optional<std::set<std::string>> left = hosts(store_keys::kAgentsLeft);
+    std::optional<std::set<std::string>> dead = hosts(store_keys::kAgentsDead);
+    if (joined && left && dead) {
+      still_in_job = HostsStillInJob(*joined, *left, *dead);
+      if (still_in_job.empty()) return true;
+    }
+    clock_->SleepFor(absl::Milliseconds(50));  // bounded by the deadline
+  }
+  hooks_.say(absl::StrCat("stopping the store before every host left (still in the job: ",
+                          still_in_job.empty() ? "unknown" : absl::StrJoin(still_in_job, ", "),
+                          "; they may report the store lost)"));
+  return false;
+}
+
+void HostAgent::SignalStop() {
+  for (HostWorker* w : workers()) {
+    if (!w->running || w->stop_signalled) continue;
+    w->stop_signalled = true;
+    (void)supervisor_->Signal(w->worker, SIGTERM);  // refused once it exited: nothing to reach
+  }
+}
+
+}  // namespace trainguard
