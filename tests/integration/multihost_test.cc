@@ -524,6 +524,11 @@ TEST_F(MultiHost, WithEtcdACutOffCoordinatorStandsDownBeforeTheLeasePassesAndNev
       testing::EtcdCluster::Start(3, {"127.0.1.201", "127.0.1.202", "127.0.1.203"});
   ASSERT_TRUE(etcd.ok()) << etcd.status();
   MultiHostJob job(*cluster_, shared_.path(), (*etcd)->StoreUrl(), 3);
+  // The lease is under test, not the hang: the other hosts' ranks wait in allreduces with host1's
+  // and would declare a hang after the watchdog's 1 s floor; under load its diagnosis (the cut-off
+  // ranks still write their dumps to the shared run dir) ran before host1 was declared dead and
+  // took a standby for a healthy rank. With a 20 s floor host1's death (about 7 s) comes first.
+  job.extra_env = {"TRAINGUARD_WATCHDOG_FLOOR_MS=20000"};
   StartJob(job, 3, 1);  // host1 coordinates
   ASSERT_EQ(cluster_->Isolate(1), absl::OkStatus());
   const absl::Time cut = absl::Now();
