@@ -17,6 +17,7 @@
 #include "sdk/core/store_keys.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "trainguard/clock.h"
+#include "tests/support/agent_connection.h"
 #include "trainguard/store.h"
 
 namespace trainguard {
@@ -28,65 +29,7 @@ constexpr absl::Duration kExpiry = absl::Seconds(3);
 constexpr absl::Duration kMargin = absl::Milliseconds(750);  // DefaultActingMargin: kExpiry / 4
 constexpr absl::Duration kTimeout = absl::Seconds(5);
 
-// One agent's connection to the shared store, with the faults of a network in between: cut off
-// (every call fails, nothing is applied), replies lost (applied, then DeadlineExceeded), and calls
-// that take `latency` of the agent's clock before they are applied.
-class AgentConnection final : public Store {
- public:
-  AgentConnection(Store* base, ManualClock* clock) : base_(base), clock_(clock) {}
-
-  bool cut_off = false;
-  bool lose_replies = false;
-  absl::Duration latency = absl::ZeroDuration();
-
-  absl::Status Set(std::string_view key, std::string_view value, absl::Duration timeout) override {
-    return Call([&] { return base_->Set(key, value, timeout); });
-  }
-  absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override {
-    return Call([&] { return base_->Get(key, timeout); });
-  }
-  absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta,
-                              absl::Duration timeout) override {
-    return Call([&] { return base_->Add(key, delta, timeout); });
-  }
-  absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
-                                                    const std::optional<std::string>& expected,
-                                                    std::string_view desired,
-                                                    absl::Duration timeout) override {
-    return Call([&] { return base_->CompareAndSet(key, expected, desired, timeout); });
-  }
-  absl::StatusOr<bool> Delete(std::string_view key, absl::Duration timeout) override {
-    return Call([&] { return base_->Delete(key, timeout); });
-  }
-  absl::StatusOr<std::vector<std::optional<std::string>>> MultiGet(
-      const std::vector<std::string>& keys, absl::Duration timeout) override {
-    return Call([&] { return base_->MultiGet(keys, timeout); });
-  }
-  absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
-                                                    absl::Duration timeout) override {
-    return Call([&] { return base_->ListKeys(prefix, timeout); });
-  }
-  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
-    return Call([&] { return base_->Wait(keys, timeout); });
-  }
-  absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override {
-    return Call([&] { return base_->RaiseFence(generation, timeout); });
-  }
-  void SetWriterGeneration(int64_t generation) override { base_->SetWriterGeneration(generation); }
-
- private:
-  template <typename F>
-  auto Call(F f) -> decltype(f()) {
-    if (cut_off) return absl::UnavailableError("cut off from the store");
-    clock_->Advance(latency);
-    auto result = f();
-    if (lose_replies) return absl::DeadlineExceededError("the reply was lost");
-    return result;
-  }
-
-  Store* const base_;
-  ManualClock* const clock_;
-};
+using testing::AgentConnection;
 
 class CoordinatorLeaseTest : public ::testing::Test {
  protected:

@@ -25,6 +25,7 @@
 #include "sdk/agent/process_supervisor.h"
 #include "sdk/core/agent_keys.h"
 #include "sdk/core/store_keys.h"
+#include "tests/support/agent_connection.h"
 #include "tests/support/fake_process_supervisor.h"
 #include "trainguard/clock.h"
 #include "trainguard/events.h"
@@ -49,57 +50,8 @@ std::string Standby(const std::string& host, int64_t pid, int index) {
   return store_keys::EncodeMemberId({host, pid, 0, store_keys::MemberId::Role::kStandby, index});
 }
 
-// One agent's connection to the shared store: cut off, every call fails and nothing is applied.
-class AgentLink final : public Store {
- public:
-  explicit AgentLink(Store* base) : base_(base) {}
-
-  bool cut_off = false;
-
-  absl::Status Set(std::string_view key, std::string_view value, absl::Duration timeout) override {
-    return Call([&] { return base_->Set(key, value, timeout); });
-  }
-  absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override {
-    return Call([&] { return base_->Get(key, timeout); });
-  }
-  absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta,
-                              absl::Duration timeout) override {
-    return Call([&] { return base_->Add(key, delta, timeout); });
-  }
-  absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
-                                                    const std::optional<std::string>& expected,
-                                                    std::string_view desired,
-                                                    absl::Duration timeout) override {
-    return Call([&] { return base_->CompareAndSet(key, expected, desired, timeout); });
-  }
-  absl::StatusOr<bool> Delete(std::string_view key, absl::Duration timeout) override {
-    return Call([&] { return base_->Delete(key, timeout); });
-  }
-  absl::StatusOr<std::vector<std::optional<std::string>>> MultiGet(
-      const std::vector<std::string>& keys, absl::Duration timeout) override {
-    return Call([&] { return base_->MultiGet(keys, timeout); });
-  }
-  absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
-                                                    absl::Duration timeout) override {
-    return Call([&] { return base_->ListKeys(prefix, timeout); });
-  }
-  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
-    return Call([&] { return base_->Wait(keys, timeout); });
-  }
-  absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override {
-    return Call([&] { return base_->RaiseFence(generation, timeout); });
-  }
-  void SetWriterGeneration(int64_t generation) override { base_->SetWriterGeneration(generation); }
-
- private:
-  template <typename F>
-  auto Call(F f) -> decltype(f()) {
-    if (cut_off) return absl::UnavailableError("cut off from the store");
-    return f();
-  }
-
-  Store* const base_;
-};
+// One agent's connection to the shared store, cut off at will.
+using AgentLink = testing::AgentConnection;
 
 // One host's agent and its workers, as the launcher would hold them.
 struct Host {
