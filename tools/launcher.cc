@@ -300,11 +300,11 @@ class Job {
   // answer).
   bool EveryRankResumed(int64_t generation);
   void KillRanksWithStaleHeartbeats();
-  // Several hosts, coordinator: kills a rank its agent reports stopped (SIGSTOP) for --host-timeout
+  // The coordinator (one host too): kills a rank its agent reports stopped (SIGSTOP) for --host-timeout
   // while the current generation waits for it to resume (it has not completed a step of it). The
   // hang path cannot: no step runs, so no watchdog fires, and only the heartbeat's timeout would.
   void KillMembersStoppedInFormation();
-  // Several hosts: the ranks of the current generation whose agents say their process is stopped
+  // The ranks of the current generation whose agents say their process is stopped
   // (agents/stopped/<member>), with their member ids; nullopt when the store does not answer.
   std::optional<std::map<int, std::string>> StoppedMembers();
   void ReportLaggards();
@@ -1800,8 +1800,7 @@ int Job::Run() {
     if (formed_reported_ && exit_code_ < 0 && replacements().empty() && coordinating()) {
       KillRanksWithStaleHeartbeats();
     }
-    if (MultiHost() && !RestartsOnHosts() && formed_reported_ && exit_code_ < 0 &&
-        coordinating()) {
+    if (!RestartsOnHosts() && formed_reported_ && exit_code_ < 0 && coordinating()) {
       KillMembersStoppedInFormation();
     }
     if (formed_reported_ && exit_code_ < 0 && coordinating()) DiagnoseHangs();
@@ -2340,7 +2339,9 @@ void Job::KillAndReplaceStoppedMember(int rank, const std::string& member, Event
                                       const std::string& why) {
   if (!coordinating()) return;
   KillMember(member, what, why);
-  if (RestartsOnHosts() || job_coordinator_->DeathTaken(member)) return;
+  // One host: the kill's exit reaches OnExit, which decides (replace, restart all, fail) as for any
+  // death; queueing it here too would replace the rank twice.
+  if (!MultiHost() || RestartsOnHosts() || job_coordinator_->DeathTaken(member)) return;
   (void)job_coordinator_->QueueDeadMember(
       rank, member,
       absl::StrCat("is stopped, its agent says, and is being killed (",
