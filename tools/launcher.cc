@@ -2308,7 +2308,8 @@ void Job::FollowGeneration() {
 
 void Job::KillMember(const std::string& member, EventKind what, const std::string& why) {
   if (!coordinating()) return;
-  if (absl::StartsWith(member, HostPrefix())) {
+  // One host: every member is this launcher's child (and there is no lease to fence a request by).
+  if (!MultiHost() || absl::StartsWith(member, HostPrefix())) {
     for (auto& c : children_) {
       if (c->member_id != member || !c->running || c->killed_for_liveness) continue;
       KillForLiveness(*c, what, absl::StrCat(": ", why));

@@ -474,6 +474,37 @@ TEST(Launcher, AHangsSuspectIsReplacedThoughAnotherRanksDeathRenewedTheGeneratio
   ExpectIdenticalReplicas(job, 4);
 }
 
+// The path of the test above that a kill landing early takes, made certain: rank 1 is stopped
+// from outside (no watchdog, a 600 s collective timeout and heartbeat timeout, so neither a hang
+// nor a heartbeat can find it), then rank 3 is killed. Rank 3's replacement forms generation 1,
+// which waits for rank 1; its host's agent reports it stopped, and after --host-timeout (1 s) the
+// launcher kills it and a second standby takes it in generation 2.
+TEST(Launcher, ARankStoppedWhileANewGenerationFormsIsKilledAfterTheHostTimeoutAndReplaced) {
+  testing::TempDir dir;
+  LauncherJob job(dir,
+                  {"--nproc", "4", "--standby", "2", "--heartbeat-timeout", "600",
+                   "--host-timeout", "1"},
+                  200, {{"TRAINGUARD_WATCHDOG_POLL_MS", "0"}}, {"--comm-timeout-s", "600"});
+  ASSERT_TRUE(job.AwaitOutput("step 50 loss")) << job.Output();
+  const pid_t stopped = job.RankPid(1);
+  ASSERT_GT(stopped, 0);
+  ASSERT_EQ(job.Signal(stopped, SIGSTOP), absl::OkStatus());
+  ASSERT_TRUE(AwaitStopped(stopped)) << job.Output();
+  ASSERT_EQ(job.Signal(job.RankPid(3), SIGKILL), absl::OkStatus());
+  EXPECT_EQ(job.Wait(), 0) << job.Output();
+  const std::string output = job.Output();
+  EXPECT_THAT(output, ContainsRegex(absl::StrCat(
+                          "rank 1 \\(pid ", stopped,
+                          "\\): killing it: rank 1 is stopped \\(its agent says\\) for "
+                          "[0-9.]+m?s while generation 1 waits for it")))
+      << output;
+  EXPECT_THAT(output, Not(HasSubstr("has not sent a heartbeat"))) << output;
+  EXPECT_THAT(output, HasSubstr("takes rank 3 in generation 1")) << output;
+  EXPECT_THAT(output, HasSubstr("takes rank 1 in generation 2")) << output;
+  EXPECT_THAT(output, Not(HasSubstr("in generation 3"))) << "replaced once\n" << output;
+  ExpectIdenticalReplicas(job, 4);
+}
+
 // Rank 2 enters step 100's allreduce and then sleeps inside it: every rank entered the same
 // collective, so the rings alone cannot tell it from the ranks waiting for it. Its training
 // thread's stack, dumped by every rank on the hang, is the odd one out; the launcher names it,
