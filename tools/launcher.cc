@@ -102,9 +102,6 @@ constexpr int kMaxFailSlowDumps = 16;
 // (sdk/checkpoint: job/persist_failed/<step>/<rank>, the error as the value).
 constexpr const char* kJobStopKey = store_keys::kJobStop;
 constexpr const char* kPersistFailedPrefix = store_keys::kJobPersistFailedPrefix;
-// Multi-host: what an agent fails the job with, and the coordinator's word that every rank finished.
-constexpr const char* kJobFailedKey = store_keys::kJobFailed;
-constexpr const char* kJobDoneKey = store_keys::kJobDone;
 
 // On several hosts the policy only bounds and backs off: a rank's death there is decided by the
 // coordinator (QueueDeadMember), which finds standbys on standby hosts and restarts in rounds.
@@ -1696,7 +1693,7 @@ void Job::Fail(const std::string& why) {
   failure_ = message;
   exit_code_ = kExitJobFailed;
   // Every other host's agent stops its processes too, and says why (HostAgent::WatchJobEnd).
-  if (MultiHost()) (void)store_->Set(kJobFailedKey, message, absl::Seconds(2));
+  if (MultiHost()) (void)store_->Set(store_keys::kJobFailed, message, absl::Seconds(2));
 }
 
 void Job::StopAll(absl::Duration grace) {
