@@ -54,6 +54,9 @@
 #include "sdk/checkpoint/backup_service.h"
 #include "sdk/checkpoint/snapshotter.h"
 #include "sdk/coordinator/job_coordinator.h"
+#include "sdk/coordinator/lease_keeper.h"
+#include "sdk/coordinator/plan_publisher.h"
+#include "sdk/coordinator/rank_watch.h"
 #include "sdk/core/event_log.h"
 #include "sdk/core/mutex.h"
 #include "sdk/core/proc_stat.h"
@@ -213,6 +216,12 @@ class Job {
   // job_coordinator_, on store_ and coordinator_ (Prepare, once they exist; RestartAll, which
   // replaces both).
   void CreateJobCoordinator();
+  // rank_watch_, on ranks_store() and coordinator_ (Prepare; a restart points it at the new ones).
+  void CreateRankWatch();
+  // lease_keeper_, on lease_ (Prepare; one host: none) and coordinator_.
+  void CreateLeaseKeeper();
+  // plan_publisher_, on store_ (Prepare).
+  void CreatePlanPublisher();
   // A TcpStore of the launcher's own on 127.0.0.1 with a fresh token (store_url_, token_file_,
   // server_, store_).
   absl::Status StartOwnStore();
@@ -255,8 +264,9 @@ class Job {
   Store* ranks_store() const { return round_store_ != nullptr ? round_store_.get() : store_.get(); }
   // Where ranks that finished with status 0 are recorded: a restart round starts the count anew.
   std::string FinishedPrefix() const { return store_keys::AgentFinishedPrefix(round_); }
-  // Parses the plan (agents/plan) into group_rank_, world_size_, master_addr_/port_. False when
-  // there is none yet (or the job failed on a malformed one).
+  // This host's part of the plan (HostAgent::ReadPlan) into assignment_, group_rank_, world_size_,
+  // master_addr_/port_; while there is none, the coordinator publishes it when the hosts suffice
+  // (PlanPublisher). False when there is none yet (or the job failed on one it cannot follow).
   bool ReadPlan(int* hosts);
   // Starts this host's processes of the plan: its ranks (and --standby spares), or standbys.
   void SpawnPlannedProcesses(int hosts);
@@ -278,10 +288,10 @@ class Job {
   std::optional<std::string> ReadJobStop(absl::Duration timeout);
   void WatchJobStop();
   void StopJob(const std::string& reason);
-  void ReportPersistFailures();
-  // Prints the backup placement of a job of `training_hosts` hosts (coordinator, at formation);
-  // fails the job when no placement is possible.
-  void DescribeBackups(int training_hosts);
+  // The lines that describe the backup placement of a job of `training_hosts` hosts (said by the
+  // coordinator with the plan, PlanPublisher::Hooks::backup_lines): none without peer backups;
+  // InvalidArgument when no placement is possible.
+  absl::StatusOr<std::vector<std::string>> BackupLines(int training_hosts) const;
   // The backup placement the ranks of a job of `training_hosts` hosts compute (the same
   // variables); nullopt without peer backups. InvalidArgument naming what is wrong.
   struct Placement {
@@ -289,14 +299,7 @@ class Job {
     BackupPlacement placement;
   };
   absl::StatusOr<std::optional<Placement>> ComputePlacement(int training_hosts) const;
-  // Says when ckpt/protected moves to a new epoch: the job is protected (again).
-  void ReportProtection();
   std::string Summary() const;
-  void CheckRecoveries();
-  // Whether every rank completed its first step of `generation` (false when the store does not
-  // answer).
-  bool EveryRankResumed(int64_t generation);
-  void KillRanksWithStaleHeartbeats();
   // The coordinator (one host too): kills a rank its agent reports stopped (SIGSTOP) for --host-timeout
   // while the current generation waits for it to resume (it has not completed a step of it). The
   // hang path cannot: no step runs, so no watchdog fires, and only the heartbeat's timeout would.
@@ -342,8 +345,6 @@ class Job {
   absl::Status JoinAsHost();
   // Every agent, every tick: heartbeat, lease, plan, generation, kill requests, job end.
   void AgentTick();
-  void UpdateLease();
-  void PublishPlan();
   void FollowPlan();
   void FollowGeneration();
   // The coordinator's share: generation 0's formation, then job_coordinator_'s host duties (host
@@ -385,13 +386,9 @@ class Job {
   std::string HostPrefix() const { return config_.host_id + ":"; }
   // This host in member ids and in agents/stopped/: the host id, or on one host the host name.
   std::string HostLabel() const { return MultiHost() ? config_.host_id : HostName(); }
-  // The gate of every coordinator act, checked right before the act writes to the store (or says
-  // what it decided), not once per loop: one store call may wait longer than the lease lasts (a
-  // partition) and every act after it would run on a stale check (issue 36). True on one host; on
-  // several, while this agent holds the coordinator lease by its clock, short of its renewal
-  // deadline (CoordinatorLease::HeldAt). The first call to find the gate closed while the lease is
-  // still claimed (not renewed in time) says "no longer coordinating", before any act is refused.
-  bool coordinating();
+  // The gate of every coordinator act (LeaseKeeper::Coordinating): true on one host; on several,
+  // while this agent holds the coordinator lease by its clock.
+  bool coordinating() { return lease_keeper_->Coordinating(); }
   // Signals `child`'s whole process group (the rank's command and everything it started), unless
   // its exit was seen: its leftovers were SIGKILLed then (PosixProcessSupervisor).
   void SignalGroup(const Child& child, int sig);
@@ -448,8 +445,6 @@ class Job {
 
   absl::Time next_stop_check_ = absl::InfinitePast();
   absl::Time next_persist_check_ = absl::InfinitePast();
-  std::string protected_epoch_;  // of the last ckpt/protected reported
-  std::map<std::string, std::string> persist_failures_;  // store key -> the rank's error
 
   // The coordinator's host duties and replacements (sdk/coordinator/job_coordinator.h; created by
   // Prepare, on one host too): its replacements() are the ranks and hosts it gives to standbys,
@@ -457,7 +452,15 @@ class Job {
   std::unique_ptr<JobCoordinator> job_coordinator_;
   std::deque<PendingReplacement>& replacements() { return job_coordinator_->replacements(); }
   std::vector<Recovery>& recoveries() { return job_coordinator_->recoveries(); }
-  absl::Time next_liveness_check_ = absl::InfinitePast();
+  // What the coordinator watches of the ranks (sdk/coordinator/rank_watch.h; created with
+  // job_coordinator_): their heartbeats, the recoveries' ends, protection, persist failures.
+  std::unique_ptr<RankWatch> rank_watch_;
+  // The plan, published by the coordinator of several hosts (sdk/coordinator/plan_publisher.h).
+  std::unique_ptr<PlanPublisher> plan_publisher_;
+  // Whether this agent coordinates (sdk/coordinator/lease_keeper.h; one host: always).
+  std::unique_ptr<LeaseKeeper> lease_keeper_;
+  // This host's part of the plan once read (ReadPlan).
+  std::optional<HostAssignment> assignment_;
   // A hang a rank published (store key hang/gen<G>): diagnosed from the ranks' dumps once every
   // rank has dumped or the arbiter's grace has passed (HangArbiterOptions::dump_grace).
   struct PendingHang {
@@ -504,8 +507,6 @@ class Job {
   std::optional<std::optional<Placement>> placement_;
   // Multi-host agent state.
   std::unique_ptr<CoordinatorLease> lease_;
-  // "coordinating the job" was said, and "no longer coordinating" not since.
-  bool said_coordinating_ = false;
   int group_rank_ = -1;  // this host's group rank; -1 for a standby host
   bool spawned_ = false;  // this host's processes were started after the plan
   int64_t followed_generation_ = -1;
@@ -514,7 +515,6 @@ class Job {
   // KillMembersStoppedInFormation: when each member was first seen stopped, and those killed.
   std::map<std::string, absl::Time> stopped_members_since_;
   std::set<std::string> stopped_members_killed_;
-  std::optional<absl::Time> min_reached_;  // when nnodes_min workers had joined (PublishPlan)
   // A host cut off from the store for this long gives up (a partition shorter than this heals).
   absl::Duration StoreLossBound() const {
     return std::max(absl::Seconds(30), 10 * config_.host_timeout);
@@ -617,7 +617,10 @@ absl::Status Job::Prepare() {
   } else {
     coordinator_ = std::make_unique<RendezvousCoordinator>(store_.get(), clock_);
   }
+  CreateLeaseKeeper();
   CreateJobCoordinator();
+  CreateRankWatch();
+  CreatePlanPublisher();
   master_port_ = FreePort();
 
   sigset_t signals;
@@ -683,6 +686,61 @@ void Job::CreateJobCoordinator() {
   job_coordinator_->set_world_size(world_size_);
 }
 
+void Job::CreateRankWatch() {
+  RankWatchOptions watch;
+  watch.heartbeat_timeout = config_.heartbeat_timeout;
+  watch.store_timeout = kStoreTimeout;
+  RankWatch::Hooks watch_hooks;
+  watch_hooks.coordinating = [this] { return coordinating(); };
+  watch_hooks.say = [this](const std::string& line) { Say(line); };
+  watch_hooks.record = [this](int rank, EventKind kind, const std::string& message,
+                              RankWatch::Attributes attributes) {
+    Record(rank, kind, message, std::move(attributes));
+  };
+  watch_hooks.kill_member = [this](const std::string& member, EventKind what,
+                                   const std::string& why) { KillMember(member, what, why); };
+  watch_hooks.report_laggards = [this] { ReportLaggards(); };
+  rank_watch_ = std::make_unique<RankWatch>(ranks_store(), clock_, coordinator_.get(), watch,
+                                            std::move(watch_hooks));
+  rank_watch_->set_world_size(world_size_);
+}
+
+void Job::CreateLeaseKeeper() {
+  LeaseKeeper::Hooks hooks;
+  hooks.say = [this](const std::string& line) { Say(line); };
+  hooks.resume = [this] { return coordinator_->Resume(kStoreTimeout); };
+  hooks.generation = [this] { return coordinator_->generation(); };
+  hooks.took_over = [this] {
+    // The hangs of earlier generations were the old coordinator's to diagnose, and on several
+    // hosts none can be acted on once its generation moved on: diagnosing them again, each waiting
+    // out the dumps' grace for ranks long replaced, held up the current generation's hang by
+    // seconds.
+    pending_hang_.reset();
+    hangs_checked_below_ = std::max<int64_t>(coordinator_->generation(), 0);
+    // Every host's bound starts afresh, the previous holder's too; the dead hosts are the store's.
+    job_coordinator_->TakeOver(kStoreTimeout);
+  };
+  hooks.deposed = [this] { job_coordinator_->Depose(); };  // its queue and its recoveries
+  lease_keeper_ = std::make_unique<LeaseKeeper>(
+      lease_.get(), AgentCallTimeout(config_.host_timeout), std::move(hooks));
+}
+
+void Job::CreatePlanPublisher() {
+  PlanOptions options;
+  options.nnodes_min = config_.nnodes_min;
+  options.nnodes_max = config_.nnodes_max;
+  options.standby_nodes = config_.standby_nodes;
+  options.ranks_per_host = config_.nproc;
+  options.last_call = config_.rdzv_last_call;
+  options.call_timeout = AgentCallTimeout(config_.host_timeout);
+  PlanPublisher::Hooks hooks;
+  hooks.coordinating = [this] { return coordinating(); };
+  hooks.say = [this](const std::string& line) { Say(line); };
+  hooks.backup_lines = [this](int training_hosts) { return BackupLines(training_hosts); };
+  hooks.fail = [this](const std::string& why) { Fail(why); };
+  plan_publisher_ = std::make_unique<PlanPublisher>(store_.get(), clock_, options, std::move(hooks));
+}
+
 absl::Status Job::StartOwnStore() {
   absl::StatusOr<std::string> token = RandomToken();
   if (!token.ok()) return token.status();
@@ -710,6 +768,9 @@ void Job::CreateHostAgent() {
   options.failed_exit_code = kExitJobFailed;
   options.store_url = store_url_;
   options.store_loss_bound = StoreLossBound();
+  options.ranks_per_host = config_.nproc;
+  options.spares = config_.standby;
+  options.restart_all = config_.restart_all >= 0;
   HostAgent::Hooks hooks;
   hooks.workers = [this] {
     std::vector<HostWorker*> workers;
@@ -793,12 +854,14 @@ void Job::RestartAll() {
   }
   coordinator_ = std::make_unique<RendezvousCoordinator>(store_.get(), clock_);
   CreateJobCoordinator();  // on the new store and coordinator: nothing queued
+  rank_watch_->set_ranks_store(store_.get());
+  rank_watch_->set_rendezvous(coordinator_.get());
   master_port_ = FreePort();
   pending_hang_.reset();
   hangs_checked_below_ = 0;
   renewal_policy_.Reset();
   ranks_finished_ = 0;
-  next_liveness_check_ = clock_->Now() + config_.heartbeat_timeout;
+  rank_watch_->HoldHeartbeatChecksUntil(clock_->Now() + config_.heartbeat_timeout);
   for (int r = 0; r < config_.nproc; ++r) {
     if (absl::Status s = Spawn(r, -1); !s.ok()) {
       return Fail(absl::StrCat("restart ", restarts_, ": ", s.message()));
@@ -1158,127 +1221,14 @@ absl::StatusOr<std::optional<Job::Placement>> Job::ComputePlacement(int training
   return Placement{std::move(spec), *std::move(placement)};
 }
 
-void Job::DescribeBackups(int training_hosts) {
+absl::StatusOr<std::vector<std::string>> Job::BackupLines(int training_hosts) const {
   absl::StatusOr<std::optional<Placement>> placement = ComputePlacement(training_hosts);
-  if (!placement.ok()) return Fail(std::string(placement.status().message()));
-  if (!placement->has_value()) return;
-  for (absl::string_view line :
-       absl::StrSplit(DescribePlacement((*placement)->spec, (*placement)->placement), '\n',
-                      absl::SkipEmpty())) {
-    Say(std::string(line));
-  }
-}
-
-void Job::ReportProtection() {
-  absl::StatusOr<std::string> value =
-      ranks_store()->Get("ckpt/protected", absl::Milliseconds(500));
-  if (!value.ok()) return;
-  std::pair<std::string, std::string> parts = absl::StrSplit(*value, absl::MaxSplits(' ', 1));
-  if (parts.second == protected_epoch_ || !coordinating()) return;
-  Say(absl::StrFormat("the job is protected%s: every rank's snapshot of step %s is in memory with "
-                      "all its backups (epoch %s)",
-                      protected_epoch_.empty() ? "" : " again", parts.first, parts.second));
-  protected_epoch_ = parts.second;
-}
-
-// A rank that could not write a checkpoint to disk keeps training (the step stays uncommitted on
-// disk), so the only trace would be its event file: say it here, once per rank and step.
-void Job::ReportPersistFailures() {
-  absl::StatusOr<std::vector<std::string>> keys =
-      ranks_store()->ListKeys(kPersistFailedPrefix, absl::Milliseconds(500));
-  if (!keys.ok()) return;
-  for (const std::string& key : *keys) {
-    if (persist_failures_.count(key) != 0) continue;
-    absl::StatusOr<std::string> what = ranks_store()->Get(key, absl::Milliseconds(500));
-    if (!what.ok()) continue;
-    if (!coordinating()) return;
-    Say(absl::StrCat("checkpoint not persisted: ", *what));
-    persist_failures_[key] = *what;
-  }
-}
-
-bool Job::EveryRankResumed(int64_t generation) {
-  std::vector<std::string> keys;
-  for (int r = 0; r < world_size_; ++r) {
-    keys.push_back(store_keys::Resumed(generation, r));
-  }
-  absl::StatusOr<std::vector<std::optional<std::string>>> values =
-      ranks_store()->MultiGet(keys, kStoreTimeout);
-  if (!values.ok()) return false;
-  for (const auto& v : *values) {
-    if (!v.has_value()) return false;
-  }
-  return true;
-}
-
-void Job::CheckRecoveries() {
-  for (auto it = recoveries().begin(); it != recoveries().end();) {
-    // A second fault before every rank resumed supersedes the generation: this recovery ends when
-    // the newest one has resumed.
-    it->generation = std::max(it->generation, coordinator_->generation());
-    if (!EveryRankResumed(it->generation)) {
-      ++it;
-      continue;
-    }
-    if (!coordinating()) return;
-    const double took = absl::ToDoubleSeconds(clock_->Now() - it->died);
-    std::vector<std::pair<std::string, std::string>> attributes = {
-        {"took_ms", absl::StrCat(std::llround(took * 1000))}};
-    if (!it->host.empty()) attributes.emplace_back("host", it->host);
-    Record(it->rank, EventKind::kRecovered,
-           absl::StrFormat("every rank completed its first step of generation %d", it->generation),
-           std::move(attributes));
-    if (!it->host.empty()) {
-      Say(absl::StrFormat("recovered from the loss of host %s in %.3f s (its last heartbeat -> "
-                          "every rank completed its first step of generation %d)",
-                          it->host, took, it->generation));
-    } else if (it->rank < 0) {
-      Say(
-          absl::StrFormat("recovered with the same ranks in %.3f s (first request for a new "
-                          "generation -> every rank completed its first step of generation %d)",
-                          took, it->generation));
-    } else {
-      Say(
-          absl::StrFormat("recovered from the loss of rank %d in %.3f s (death seen -> every rank "
-                          "completed its first step of generation %d)",
-                          it->rank, took, it->generation));
-    }
-    it = recoveries().erase(it);
-  }
-}
-
-void Job::KillRanksWithStaleHeartbeats() {
-  const absl::Time now = clock_->Now();
-  if (now < next_liveness_check_) return;
-  next_liveness_check_ = now + absl::Milliseconds(500);
-  absl::StatusOr<std::vector<int>> stale =
-      coordinator_->RanksWithStaleHeartbeats(config_.heartbeat_timeout, kStoreTimeout);
-  if (!stale.ok()) return;  // the store is briefly unreachable: look again next time
-  if (!coordinating()) return;
-  if (!stale->empty()) ReportLaggards();
-  if (MultiHost()) {
-    const Membership current = coordinator_->current();
-    for (int rank : *stale) {
-      KillMember(current.members[rank], EventKind::kRankUnresponsive,
-                 absl::StrFormat("rank %d has not sent a heartbeat for %s", rank,
-                                 absl::FormatDuration(config_.heartbeat_timeout)));
-    }
-    return;
-  }
-  for (int rank : *stale) {
-    Child* c = RunningHolder(rank);
-    if (c == nullptr) continue;
-    Say(absl::StrFormat("%s (pid %d) has not sent a heartbeat for %s: killing it", c->Label(),
-                        c->pid, absl::FormatDuration(config_.heartbeat_timeout)));
-    Record(rank, EventKind::kRankUnresponsive,
-           absl::StrFormat("%s (pid %d) has not sent a heartbeat for %s", c->Label(), c->pid,
-                           absl::FormatDuration(config_.heartbeat_timeout)),
-           {{"pid", absl::StrCat(c->pid)}});
-    c->killed_for_liveness = true;
-    c->kill_reason = absl::StrFormat("the launcher killed it: no heartbeat for %s",
-                                     absl::FormatDuration(config_.heartbeat_timeout));
-    SignalGroup(*c, SIGKILL);  // reaped and replaced like any dead rank
-  }
+  if (!placement.ok()) return placement.status();
+  if (!placement->has_value()) return std::vector<std::string>{};
+  std::vector<std::string> lines =
+      absl::StrSplit(DescribePlacement((*placement)->spec, (*placement)->placement), '\n',
+                     absl::SkipEmpty());
+  return lines;
 }
 
 std::optional<std::map<int, std::string>> Job::StoppedMembers() {
@@ -1411,7 +1361,8 @@ void Job::DiagnoseHangs() {
     // their bounds run out, and publish the hang then. It has none left to publish once every rank
     // completed a step of a later one (read before its key, so that a hang published meanwhile is
     // seen).
-    const bool superseded = hangs_checked_below_ < current && EveryRankResumed(current);
+    const bool superseded =
+        hangs_checked_below_ < current && rank_watch_->EveryRankResumed(current);
     for (int64_t g = hangs_checked_below_; g <= current; ++g) {
       absl::StatusOr<std::string> who =
           ranks_store()->Get(store_keys::Hang(g), absl::Milliseconds(200));
@@ -1793,9 +1744,9 @@ int Job::Run() {
     // The gate before each act, not once for all: an act may wait on the store for longer than
     // the lease lasts.
     if (exit_code_ < 0 && coordinating()) job_coordinator_->TryReplacements(clock_->Now());
-    if (coordinating()) CheckRecoveries();
+    if (coordinating()) rank_watch_->CheckRecoveries(recoveries());
     if (formed_reported_ && exit_code_ < 0 && replacements().empty() && coordinating()) {
-      KillRanksWithStaleHeartbeats();
+      rank_watch_->KillRanksWithStaleHeartbeats();
     }
     if (!RestartsOnHosts() && formed_reported_ && exit_code_ < 0 && coordinating()) {
       KillMembersStoppedInFormation();
@@ -1806,8 +1757,8 @@ int Job::Run() {
     if (exit_code_ < 0) RespawnStandbys();
     if (coordinating() && clock_->Now() >= next_persist_check_) {
       next_persist_check_ = clock_->Now() + absl::Milliseconds(500);
-      ReportPersistFailures();
-      if (MultiHost()) ReportProtection();
+      rank_watch_->ReportPersistFailures();
+      rank_watch_->ReportProtection();
     }
     if (exit_code_ < 0 && !MultiHost() && ranks_finished_ == config_.nproc) exit_code_ = 0;
   }
@@ -1815,7 +1766,8 @@ int Job::Run() {
   stop_forming_.store(true);
   if (former_.joinable()) former_.join();
   if (MultiHost()) LeaveJob();
-  if (coordinating()) ReportPersistFailures();  // what the ranks reported just before they ended
+  // What the ranks reported just before they ended.
+  if (coordinating()) rank_watch_->ReportPersistFailures();
   if (exit_code_ == 0) {
     // The ranks' snapshot arenas outlive them so that a replacement (or a restarted job) on this
     // machine restores without disk; once the job is done they only hold memory.
@@ -1867,29 +1819,6 @@ void Job::StartForming() {
 // requests, fenced by the lease term: a request of a term older than the newest the agent has seen
 // is ignored). This host's own duties (the kill requests addressed to it, its ranks' death and stop
 // reports, the job's end, its fence) are host_agent_'s (sdk/host_agent/host_agent.h).
-namespace {
-// Every host that joined, in join order (a malformed entry is skipped).
-absl::StatusOr<std::vector<store_keys::JoinRecord>> ReadJoinedHosts(Store* store,
-                                                                    absl::Duration timeout) {
-  absl::StatusOr<std::vector<std::string>> keys =
-      store->ListKeys(store_keys::kAgentJoins.prefix(), timeout);
-  if (!keys.ok()) return keys.status();
-  absl::StatusOr<std::vector<std::optional<std::string>>> values = store->MultiGet(*keys, timeout);
-  if (!values.ok()) return values.status();
-  std::vector<store_keys::JoinRecord> hosts;
-  for (size_t i = 0; i < keys->size(); ++i) {
-    absl::StatusOr<store_keys::JoinRecord> j =
-        store_keys::DecodeJoinRecord((*keys)[i], (*values)[i].value_or(""));
-    if (j.ok()) hosts.push_back(*std::move(j));
-  }
-  std::sort(hosts.begin(), hosts.end(),
-            [](const store_keys::JoinRecord& a, const store_keys::JoinRecord& b) {
-              return a.seq < b.seq;
-            });
-  return hosts;
-}
-}  // namespace
-
 absl::Status Job::JoinAsHost() {
   absl::StatusOr<int64_t> seq = store_->Add(store_keys::kAgentSeq, 1, kStoreTimeout);
   if (!seq.ok()) return seq.status();
@@ -1920,7 +1849,7 @@ void Job::AgentTick() {
     exit_code_ = end->code;
     return;
   }
-  UpdateLease();
+  lease_keeper_->Update();
   if (!spawned_) FollowPlan();
   if (exit_code_ < 0) FollowGeneration();
   if (exit_code_ < 0) host_agent_->ExecuteKillRequests();
@@ -1930,112 +1859,6 @@ void Job::AgentTick() {
   if (exit_code_ < 0 && config_.fail_slow != LaunchConfig::FailSlowPolicy::kOff) {
     SampleHost();
     if (coordinating()) DetectFailSlow();
-  }
-}
-
-bool Job::coordinating() {
-  if (!MultiHost()) return true;
-  if (lease_ == nullptr) return false;
-  if (lease_->held()) return true;
-  // Claimed but not renewed by the renewal deadline: nobody may have taken it yet, but someone may
-  // soon. What was decided stays queued (replacements(), recoveries()): it is still this agent's to
-  // act on if its next renewal succeeds (nobody took the lease meanwhile), and dropped if it is
-  // deposed.
-  if (said_coordinating_ && lease_->claimed()) {
-    Say(absl::StrFormat("no longer coordinating (lease term %d was not renewed in time: %s)",
-                        lease_->term(), lease_->CheckHeld().message()));
-  }
-  said_coordinating_ = false;
-  return false;
-}
-
-void Job::UpdateLease() {
-  const bool was = lease_->claimed();
-  absl::StatusOr<bool> held = lease_->Update(AgentCallTimeout(config_.host_timeout));
-  if (lease_->claimed() == was) {
-    if (was && !said_coordinating_ && lease_->held()) {
-      // Renewed after its deadline passed, and nobody took it meanwhile: nothing was decided by
-      // another coordinator, so what this one had queued still holds.
-      said_coordinating_ = true;
-      Say(absl::StrFormat("coordinating the job again (lease term %d renewed; generation %d)",
-                          lease_->term(), coordinator_->generation()));
-    }
-    return;
-  }
-  if (!lease_->claimed()) {
-    const std::string& holder = lease_->last_holder();
-    if (said_coordinating_) {
-      Say(absl::StrFormat("no longer coordinating (%s)",
-                          holder.empty() || holder == CoordinatorLease::kReleasedHolder
-                              ? std::string("the lease is released")
-                          : holder == config_.host_id
-                              ? absl::StrFormat("lease term %d expired unrenewed", lease_->term())
-                              : absl::StrCat("the lease is ", holder, "'s now")));
-    }
-    said_coordinating_ = false;
-    job_coordinator_->Depose();  // its queue and its recoveries
-    return;
-  }
-  said_coordinating_ = true;
-  // Taking over: the membership and every fact the old coordinator acted on are in the store.
-  absl::Status resumed = coordinator_->Resume(kStoreTimeout);
-  Say(absl::StrFormat("coordinating the job (lease term %d; generation %d)", lease_->term(),
-                      coordinator_->generation()));
-  if (!resumed.ok() && !absl::IsNotFound(resumed)) Say(resumed.ToString());
-  // The hangs of earlier generations were the old coordinator's to diagnose, and on several hosts
-  // none can be acted on once its generation moved on: diagnosing them again, each waiting out
-  // the dumps' grace for ranks long replaced, held up the current generation's hang by seconds.
-  pending_hang_.reset();
-  hangs_checked_below_ = std::max<int64_t>(coordinator_->generation(), 0);
-  // Every host's bound starts afresh, the previous holder's too; the dead hosts are the store's.
-  job_coordinator_->TakeOver(kStoreTimeout);
-  (void)held;
-}
-
-// The coordinator assigns group ranks once enough hosts joined: the first nnodes_max workers in
-// join order train (at least nnodes_min), every other host is a standby host.
-void Job::PublishPlan() {
-  const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
-  absl::StatusOr<std::vector<store_keys::JoinRecord>> hosts =
-      ReadJoinedHosts(store_.get(), timeout);
-  if (!hosts.ok()) return;
-  int workers = 0;
-  for (const store_keys::JoinRecord& j : *hosts) workers += j.standby ? 0 : 1;
-  if (workers < config_.nnodes_min ||
-      hosts->size() < static_cast<size_t>(config_.nnodes_min + config_.standby_nodes)) {
-    return;  // not yet
-  }
-  // Between MIN and MAX, torchrun's "last call": more workers may join for rdzv_last_call.
-  if (workers < config_.nnodes_max) {
-    const absl::Time now = clock_->Now();
-    if (!min_reached_.has_value()) {
-      min_reached_ = now;
-      Say(absl::StrFormat("%d of at most %d hosts joined: forming in %s unless all join", workers,
-                          config_.nnodes_max, absl::FormatDuration(config_.rdzv_last_call)));
-    }
-    if (now - *min_reached_ < config_.rdzv_last_call) return;
-  }
-  const int training = std::min(workers, config_.nnodes_max);
-  store_keys::Plan plan;
-  plan.training_hosts = training;
-  plan.ranks_per_host = config_.nproc;
-  int group = 0;
-  for (const store_keys::JoinRecord& j : *hosts) {
-    const bool trains = !j.standby && group < training;
-    if (trains && group == 0) {
-      plan.master_addr = j.addr;
-      plan.master_port = j.port;
-    }
-    plan.hosts.push_back({j.host, trains ? group : -1});
-    if (trains) ++group;
-  }
-  if (!coordinating()) return;
-  absl::StatusOr<CompareAndSetResult> published = store_->CompareAndSet(
-      store_keys::kAgentPlan, std::nullopt, store_keys::EncodePlan(plan), timeout);
-  if (published.ok() && published->swapped) {
-    Say(absl::StrFormat("%d host(s) train, %d are standby hosts", training,
-                        hosts->size() - training));
-    DescribeBackups(training);
   }
 }
 
@@ -2049,48 +1872,35 @@ void Job::FollowPlan() {
 }
 
 bool Job::ReadPlan(int* hosts) {
-  absl::StatusOr<std::string> value =
-      store_->Get(store_keys::kAgentPlan, AgentCallTimeout(config_.host_timeout));
-  if (!value.ok()) {
-    if (absl::IsNotFound(value.status()) && coordinating()) PublishPlan();
+  absl::StatusOr<HostAssignment> assignment = host_agent_->ReadPlan();
+  if (!assignment.ok()) {
+    // The coordinator publishes it once the hosts suffice (this agent's own tick reads it next).
+    if (absl::IsNotFound(assignment.status()) && coordinating()) {
+      (void)plan_publisher_->PublishWhenReady();
+    } else if (absl::IsFailedPrecondition(assignment.status())) {
+      Fail(std::string(assignment.status().message()));
+    }
     return false;
   }
-  absl::StatusOr<store_keys::Plan> plan = store_keys::DecodePlan(*value);
-  if (!plan.ok()) {
-    Fail(absl::StrCat("malformed plan: ", plan.status().message()));
-    return false;
-  }
-  if (plan->ranks_per_host != config_.nproc) {
-    Fail(absl::StrFormat("host %s has --nproc-per-node %d but the job has %d per host",
-                         config_.host_id, config_.nproc, plan->ranks_per_host));
-    return false;
-  }
-  *hosts = plan->training_hosts;
-  master_addr_ = plan->master_addr;
-  master_port_ = plan->master_port;
-  world_size_ = *hosts * plan->ranks_per_host;
+  assignment_ = *std::move(assignment);
+  *hosts = assignment_->training_hosts;
+  master_addr_ = assignment_->master_addr;
+  master_port_ = assignment_->master_port;
+  world_size_ = assignment_->world_size;
   job_coordinator_->set_world_size(world_size_);
-  group_rank_ = plan->GroupOf(config_.host_id);
+  rank_watch_->set_world_size(world_size_);
+  group_rank_ = assignment_->group_rank;
   return true;
 }
 
-void Job::SpawnPlannedProcesses(int hosts) {
-  const int per_host = config_.nproc;
-  const bool trains = group_rank_ >= 0;
-  // Under --restart-all a standby host holds no processes until a restart gives it a group rank.
-  const int standbys = config_.restart_all >= 0 ? 0 : trains ? config_.standby : per_host;
-  Say(trains ? absl::StrFormat("host %s is group %d of %d: ranks %d..%d%s", config_.host_id,
-                               group_rank_, hosts, group_rank_ * per_host,
-                               group_rank_ * per_host + per_host - 1,
-                               round_ > 0 ? absl::StrCat(" (restart round ", round_, ")") : "")
-             : absl::StrFormat("host %s is a standby host: %d standbys", config_.host_id,
-                               standbys));
-  for (int i = 0; trains && i < per_host; ++i) {
-    if (absl::Status s = Spawn(group_rank_ * per_host + i, -1); !s.ok()) {
+void Job::SpawnPlannedProcesses(int /*hosts*/) {
+  Say(assignment_->Describe(config_.host_id, round_));
+  for (int rank : assignment_->ranks) {
+    if (absl::Status s = Spawn(rank, -1); !s.ok()) {
       return Fail(absl::StrCat("cannot start the job: ", s.message()));
     }
   }
-  for (int i = 0; i < standbys; ++i) {
+  for (int i = 0; i < assignment_->standbys; ++i) {
     if (absl::Status s = Spawn(-1, i); !s.ok()) {
       return Fail(absl::StrCat("cannot start the job: ", s.message()));
     }
@@ -2250,6 +2060,8 @@ void Job::StartRound(int64_t round) {
   coordinator_ = std::make_unique<RendezvousCoordinator>(ranks_store(), clock_,
                                                          config_.host_id, lease_.get());
   job_coordinator_->set_rendezvous(coordinator_.get());
+  rank_watch_->set_ranks_store(ranks_store());
+  rank_watch_->set_rendezvous(coordinator_.get());
   // A coordinator that follows a round another published (it took the lease over meanwhile) acts
   // on the round's membership if it formed already (NotFound: not yet).
   if (coordinating()) {
@@ -2263,7 +2075,7 @@ void Job::StartRound(int64_t round) {
   hangs_checked_below_ = 0;
   renewal_policy_.Reset();
   ranks_finished_ = 0;
-  next_liveness_check_ = clock_->Now() + config_.heartbeat_timeout;
+  rank_watch_->HoldHeartbeatChecksUntil(clock_->Now() + config_.heartbeat_timeout);
   int hosts = 0;
   if (!ReadPlan(&hosts)) {
     if (exit_code_ < 0) {
@@ -2305,8 +2117,9 @@ void Job::FollowGeneration() {
 
 void Job::KillMember(const std::string& member, EventKind what, const std::string& why) {
   if (!coordinating()) return;
-  // One host: every member is this launcher's child (and there is no lease to fence a request by).
-  if (!MultiHost() || absl::StartsWith(member, HostPrefix())) {
+  // A member of this host is this launcher's child (on one host, every member: there is no lease
+  // to fence a request by).
+  if (absl::StartsWith(member, HostLabel() + ":")) {
     for (auto& c : children_) {
       if (c->member_id != member || !c->running || c->killed_for_liveness) continue;
       KillForLiveness(*c, what, absl::StrCat(": ", why));
@@ -2576,10 +2389,11 @@ std::string Job::Summary() const {
                           replacement_policy_.standby_deaths(),
                           replacement_policy_.standby_last_death());
   }
-  if (!persist_failures_.empty()) {
+  if (const std::map<std::string, std::string>& failed = rank_watch_->persist_failures();
+      !failed.empty()) {
     // The newest checkpoint on disk is older than it should be: a job that "succeeded" must say so.
-    absl::StrAppendFormat(&counts, "; %d checkpoint(s) not persisted (last: %s)",
-                          persist_failures_.size(), persist_failures_.rbegin()->second);
+    absl::StrAppendFormat(&counts, "; %d checkpoint(s) not persisted (last: %s)", failed.size(),
+                          failed.rbegin()->second);
   }
   if (exit_code_ == 0) {
     if (MultiHost()) {

@@ -45,6 +45,9 @@ inline std::optional<std::string> NameAfter(std::string_view prefix, std::string
 }
 
 inline constexpr char kJobStop[] = "job/stop";
+// "<step> <epoch>": every rank's snapshot of <step> is in memory with all its backups (the
+// checkpointer writes "protected" in its "ckpt/" namespace; the coordinator reports each epoch).
+inline constexpr char kCkptProtected[] = "ckpt/protected";
 
 inline std::string Hang(int64_t generation) { return absl::StrCat("hang/gen", generation); }
 inline std::string HangAborted(int64_t generation, int rank) {

@@ -25,6 +25,35 @@ std::string HostWorker::Label() const {
   return rank >= 0 ? absl::StrCat("rank ", rank) : absl::StrCat("standby ", standby_index);
 }
 
+std::string HostAssignment::Describe(const std::string& host, int64_t round) const {
+  if (group_rank < 0) return absl::StrFormat("host %s is a standby host: %d standbys", host, standbys);
+  return absl::StrFormat("host %s is group %d of %d: ranks %d..%d%s", host, group_rank,
+                         training_hosts, ranks.front(), ranks.back(),
+                         round > 0 ? absl::StrCat(" (restart round ", round, ")") : "");
+}
+
+absl::StatusOr<HostAssignment> AssignmentOf(const store_keys::Plan& plan, const std::string& host,
+                                            int ranks_per_host, int spares, bool restart_all) {
+  if (plan.ranks_per_host != ranks_per_host) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("host %s has --nproc-per-node %d but the job has %d per host", host,
+                        ranks_per_host, plan.ranks_per_host));
+  }
+  HostAssignment a;
+  a.group_rank = plan.GroupOf(host);
+  a.training_hosts = plan.training_hosts;
+  a.world_size = plan.training_hosts * plan.ranks_per_host;
+  a.master_addr = plan.master_addr;
+  a.master_port = plan.master_port;
+  const bool trains = a.group_rank >= 0;
+  for (int i = 0; trains && i < ranks_per_host; ++i) {
+    a.ranks.push_back(a.group_rank * ranks_per_host + i);
+  }
+  // Under --restart-all a standby host holds no processes until a restart gives it a group rank.
+  a.standbys = restart_all ? 0 : trains ? spares : ranks_per_host;
+  return a;
+}
+
 HostAgent::HostAgent(Store* store, Clock* clock, ProcessSupervisor* supervisor,
                      HostAgentOptions options, Hooks hooks)
     : store_(store),
@@ -49,6 +78,18 @@ std::optional<std::string> HostAgent::Heartbeat() {
   return absl::StrFormat("host %s has not reached the job's store (%s) for %s: %s",
                          options_.host_id, options_.store_url,
                          absl::FormatDuration(now - store_seen_), beat.ToString());
+}
+
+absl::StatusOr<HostAssignment> HostAgent::ReadPlan() {
+  absl::StatusOr<std::string> value = store_->Get(store_keys::kAgentPlan, options_.call_timeout);
+  if (!value.ok()) return value.status();
+  absl::StatusOr<store_keys::Plan> plan = store_keys::DecodePlan(*value);
+  if (!plan.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("malformed plan: ", plan.status().message()));
+  }
+  return AssignmentOf(*plan, options_.host_id, options_.ranks_per_host, options_.spares,
+                      options_.restart_all);
 }
 
 void HostAgent::FollowMembership(const Membership& current) {

@@ -32,8 +32,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "sdk/agent/failure_history.h"
+#include "sdk/core/agent_keys.h"
 #include "sdk/agent/process_supervisor.h"
 #include "trainguard/clock.h"
 #include "trainguard/events.h"
@@ -78,6 +80,32 @@ struct AgentExit {
   friend bool operator==(const AgentExit&, const AgentExit&) = default;
 };
 
+// This host's part of the job's plan (agents/plan, HostAgent::ReadPlan): the ranks it starts,
+// its standbys, and where the job's rank 0 listens.
+struct HostAssignment {
+  int group_rank = -1;  // -1: a standby host (or not named by the plan: it joined after it)
+  int training_hosts = 0;
+  int world_size = 0;  // training_hosts x ranks per host
+  std::string master_addr;
+  int master_port = 0;
+  std::vector<int> ranks;  // group_rank x N .. group_rank x N + N - 1; none on a standby host
+  int standbys = 0;        // the standby processes it starts
+
+  // "host H is group G of T: ranks A..B[ (restart round R)]" or "host H is a standby host: S
+  // standbys".
+  std::string Describe(const std::string& host, int64_t round) const;
+  friend bool operator==(const HostAssignment&, const HostAssignment&) = default;
+};
+
+// What `plan` gives `host`, which runs `ranks_per_host` ranks (--nproc-per-node) and keeps
+// `spares` standbys beside them (--standby): a training host its group's ranks and the spares, a
+// standby host `ranks_per_host` standbys (one for each rank of a host it may replace); under
+// --restart-all (`restart_all`) no standby at all (torchrun's spare node holds no process until a
+// restart round gives it a group). FailedPrecondition when the plan's ranks per host are not
+// `ranks_per_host` (the host cannot follow it).
+absl::StatusOr<HostAssignment> AssignmentOf(const store_keys::Plan& plan, const std::string& host,
+                                            int ranks_per_host, int spares, bool restart_all);
+
 struct HostAgentOptions {
   // This host in the store's keys and member ids: --host-id, or on one host the machine's name.
   std::string host_id;
@@ -92,6 +120,10 @@ struct HostAgentOptions {
   absl::Duration store_loss_bound = absl::Seconds(30);
   // The exit code of an agent whose job failed, or whose host was fenced out.
   int failed_exit_code = 1;
+  // What this host runs of the plan (AssignmentOf): --nproc-per-node, --standby, --restart-all.
+  int ranks_per_host = 1;
+  int spares = 0;
+  bool restart_all = false;
 };
 
 class HostAgent {
@@ -130,6 +162,12 @@ class HostAgent {
   std::optional<std::string> Heartbeat();
   // The beats the store took.
   int64_t beats() const { return beats_; }
+
+  // This host's part of the published plan (AssignmentOf). NotFound while the coordinator has
+  // published none; the store's error when it does not answer; FailedPrecondition, naming the
+  // plan and this host, when the plan is malformed or has another number of ranks per host (the
+  // job cannot go on with this host).
+  absl::StatusOr<HostAssignment> ReadPlan();
 
   // Follows the newest published generation `current` (the launcher reads it): each running
   // worker of this host that `current` names for a rank it does not hold yet takes it (TakeRank);

@@ -454,7 +454,8 @@ def test_a_rank_stopped_inside_the_allreduce_is_found_by_its_heartbeat_named_and
     out = job.output()
     assert code == 0, out
     # Named: the launcher says which rank (and which process) stopped sending heartbeats.
-    assert re.search(rf"rank 1 \(pid {pid}\) has not sent a heartbeat for \S+: killing it", out), out
+    assert re.search(rf"rank 1 \(pid {pid}\): killing it: rank 1 has not sent a heartbeat for \S+",
+                     out), out
     assert "standby 0 (pid" in out and "takes rank 1 in generation 1" in out, out
     # A survivor's step failed as a communication failure (the kill reset its connections): step
     # 12, or 13 where the stopped rank's part of the ring had finished before the stop landed.
@@ -463,7 +464,7 @@ def test_a_rank_stopped_inside_the_allreduce_is_found_by_its_heartbeat_named_and
     for r in range(WORLD):
         assert re.search(rf"\] rank {r} generation [1-9]\d* resume_step", out), out
         assert re.search(rf"\] rank {r} restored step \d+ from arena", out), out
-    assert re.findall(r"rank (\d+) \(pid \d+\) has not sent a heartbeat", out) == ["1"], out
+    assert re.findall(r"\(pid \d+\): killing it: rank (\d+) has not sent a heartbeat", out) == ["1"], out
     assert "in generation 2" not in out, out
     _assert_every_rank_ends_as(job, uninterrupted)
     # Reported, not asserted (no timing thresholds in tests): the heartbeat timeout (3 s) plus the

@@ -1,0 +1,121 @@
+#include "sdk/coordinator/rank_watch.h"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "sdk/core/agent_keys.h"
+#include "sdk/core/store_keys.h"
+#include "trainguard/membership.h"
+
+namespace trainguard {
+
+RankWatch::RankWatch(Store* ranks_store, Clock* clock, RendezvousCoordinator* rendezvous,
+                     RankWatchOptions options, Hooks hooks)
+    : ranks_store_(ranks_store),
+      clock_(clock),
+      rendezvous_(rendezvous),
+      options_(std::move(options)),
+      hooks_(std::move(hooks)) {}
+
+void RankWatch::KillRanksWithStaleHeartbeats() {
+  const absl::Time now = clock_->Now();
+  if (now < next_heartbeat_check_) return;
+  next_heartbeat_check_ = now + options_.heartbeat_check_period;
+  absl::StatusOr<std::vector<int>> stale =
+      rendezvous_->RanksWithStaleHeartbeats(options_.heartbeat_timeout, options_.store_timeout);
+  if (!stale.ok()) return;  // the store is briefly unreachable: look again next time
+  if (!coordinating()) return;
+  if (stale->empty()) return;
+  hooks_.report_laggards();
+  const Membership current = rendezvous_->current();
+  for (int rank : *stale) {
+    if (rank >= static_cast<int>(current.members.size())) continue;
+    hooks_.kill_member(current.members[rank], EventKind::kRankUnresponsive,
+                       absl::StrFormat("rank %d has not sent a heartbeat for %s", rank,
+                                       absl::FormatDuration(options_.heartbeat_timeout)));
+  }
+}
+
+bool RankWatch::EveryRankResumed(int64_t generation) {
+  if (world_size_ <= 0) return false;
+  std::vector<std::string> keys;
+  for (int r = 0; r < world_size_; ++r) keys.push_back(store_keys::Resumed(generation, r));
+  absl::StatusOr<std::vector<std::optional<std::string>>> values =
+      ranks_store_->MultiGet(keys, options_.store_timeout);
+  if (!values.ok()) return false;
+  return std::all_of(values->begin(), values->end(),
+                     [](const std::optional<std::string>& v) { return v.has_value(); });
+}
+
+void RankWatch::CheckRecoveries(std::vector<Recovery>& recoveries) {
+  for (auto it = recoveries.begin(); it != recoveries.end();) {
+    // A second fault before every rank resumed supersedes the generation: this recovery ends when
+    // the newest one has resumed.
+    it->generation = std::max(it->generation, rendezvous_->generation());
+    if (!EveryRankResumed(it->generation)) {
+      ++it;
+      continue;
+    }
+    if (!coordinating()) return;
+    const double took = absl::ToDoubleSeconds(clock_->Now() - it->died);
+    Attributes attributes = {{"took_ms", absl::StrCat(std::llround(took * 1000))}};
+    if (!it->host.empty()) attributes.emplace_back("host", it->host);
+    hooks_.record(
+        it->rank, EventKind::kRecovered,
+        absl::StrFormat("every rank completed its first step of generation %d", it->generation),
+        std::move(attributes));
+    if (!it->host.empty()) {
+      hooks_.say(absl::StrFormat("recovered from the loss of host %s in %.3f s (its last heartbeat "
+                                 "-> every rank completed its first step of generation %d)",
+                                 it->host, took, it->generation));
+    } else if (it->rank < 0) {
+      hooks_.say(
+          absl::StrFormat("recovered with the same ranks in %.3f s (first request for a new "
+                          "generation -> every rank completed its first step of generation %d)",
+                          took, it->generation));
+    } else {
+      hooks_.say(
+          absl::StrFormat("recovered from the loss of rank %d in %.3f s (death seen -> every rank "
+                          "completed its first step of generation %d)",
+                          it->rank, took, it->generation));
+    }
+    it = recoveries.erase(it);
+  }
+}
+
+void RankWatch::ReportProtection() {
+  absl::StatusOr<std::string> value =
+      ranks_store_->Get(store_keys::kCkptProtected, options_.report_timeout);
+  if (!value.ok()) return;
+  std::pair<std::string, std::string> parts = absl::StrSplit(*value, absl::MaxSplits(' ', 1));
+  if (parts.second == protected_epoch_ || !coordinating()) return;
+  hooks_.say(absl::StrFormat(
+      "the job is protected%s: every rank's snapshot of step %s is in memory with all its "
+      "backups (epoch %s)",
+      protected_epoch_.empty() ? "" : " again", parts.first, parts.second));
+  protected_epoch_ = parts.second;
+}
+
+void RankWatch::ReportPersistFailures() {
+  absl::StatusOr<std::vector<std::string>> keys =
+      ranks_store_->ListKeys(store_keys::kJobPersistFailedPrefix, options_.report_timeout);
+  if (!keys.ok()) return;
+  for (const std::string& key : *keys) {
+    if (persist_failures_.count(key) != 0) continue;
+    absl::StatusOr<std::string> what = ranks_store_->Get(key, options_.report_timeout);
+    if (!what.ok()) continue;
+    if (!coordinating()) return;
+    hooks_.say(absl::StrCat("checkpoint not persisted: ", *what));
+    persist_failures_[key] = *what;
+  }
+}
+
+}  // namespace trainguard
