@@ -239,6 +239,24 @@ TEST_F(PlanTest, ADeposedCoordinatorPublishesNoPlanAndItsSuccessorDoes) {
   EXPECT_EQ(h1.said.size(), 2u);  // "no longer coordinating" was said when it stood down
 }
 
+TEST_F(PlanTest, ACoordinatorStalledPastTheExpirySaysWhoTookTheLeaseOnceItsRenewalFails) {
+  Agent h1("h1", &store_, TwoWorkersAndAStandbyHost());
+  Agent h2("h2", &store_, TwoWorkersAndAStandbyHost());
+  h1.lease_keeper->Update();
+  h2.lease_keeper->Update();
+  // h1's loop stalls (no act, no renewal) while h2 takes the lease over.
+  h1.clock.Advance(kHostTimeout);
+  h2.clock.Advance(kHostTimeout);
+  h2.lease_keeper->Update();
+  EXPECT_TRUE(h2.lease_keeper->Coordinating());
+  h1.lease_keeper->Update();  // its renewal finds h2's lease
+  EXPECT_THAT(h1.said, ElementsAre("coordinating the job (lease term 1; generation -1)",
+                                   "no longer coordinating (the lease is h2's now)"));
+  EXPECT_EQ(h1.depositions, 1);
+  EXPECT_FALSE(h1.lease_keeper->Coordinating());
+  EXPECT_EQ(h1.said.size(), 2u);  // said once
+}
+
 TEST_F(PlanTest, ACoordinatorRenewedAfterItsDeadlineWithNobodyTakingOverCoordinatesAgain) {
   Agent h1("h1", &store_, TwoWorkersAndAStandbyHost());
   h1.lease_keeper->Update();
