@@ -300,12 +300,9 @@ class Job {
   };
   absl::StatusOr<std::optional<Placement>> ComputePlacement(int training_hosts) const;
   std::string Summary() const;
-  // The coordinator (one host too): kills a rank its agent reports stopped (SIGSTOP) for --host-timeout
-  // while the current generation waits for it to resume (it has not completed a step of it). The
-  // hang path cannot: no step runs, so no watchdog fires, and only the heartbeat's timeout would.
-  void KillMembersStoppedInFormation();
   // The ranks of the current generation whose agents say their process is stopped
-  // (agents/stopped/<member>), with their member ids; nullopt when the store does not answer.
+  // (agents/stopped/<member>), with their member ids (RankWatch::StoppedMembers); nullopt when the
+  // store does not answer.
   std::optional<std::map<int, std::string>> StoppedMembers();
   void ReportLaggards();
   void DiagnoseHangs();
@@ -512,9 +509,6 @@ class Job {
   int64_t followed_generation_ = -1;
   absl::Time next_agent_tick_ = absl::InfinitePast();
   std::string master_addr_ = "127.0.0.1";
-  // KillMembersStoppedInFormation: when each member was first seen stopped, and those killed.
-  std::map<std::string, absl::Time> stopped_members_since_;
-  std::set<std::string> stopped_members_killed_;
   // A host cut off from the store for this long gives up (a partition shorter than this heals).
   absl::Duration StoreLossBound() const {
     return std::max(absl::Seconds(30), 10 * config_.host_timeout);
@@ -689,6 +683,7 @@ void Job::CreateJobCoordinator() {
 void Job::CreateRankWatch() {
   RankWatchOptions watch;
   watch.heartbeat_timeout = config_.heartbeat_timeout;
+  watch.host_timeout = config_.host_timeout;
   watch.store_timeout = kStoreTimeout;
   RankWatch::Hooks watch_hooks;
   watch_hooks.coordinating = [this] { return coordinating(); };
@@ -700,8 +695,12 @@ void Job::CreateRankWatch() {
   watch_hooks.kill_member = [this](const std::string& member, EventKind what,
                                    const std::string& why) { KillMember(member, what, why); };
   watch_hooks.report_laggards = [this] { ReportLaggards(); };
-  rank_watch_ = std::make_unique<RankWatch>(ranks_store(), clock_, coordinator_.get(), watch,
-                                            std::move(watch_hooks));
+  watch_hooks.kill_and_replace = [this](int rank, const std::string& member, EventKind what,
+                                        const std::string& why) {
+    KillAndReplaceStoppedMember(rank, member, what, why);
+  };
+  rank_watch_ = std::make_unique<RankWatch>(store_.get(), ranks_store(), clock_, coordinator_.get(),
+                                            watch, std::move(watch_hooks));
   rank_watch_->set_world_size(world_size_);
 }
 
@@ -1232,47 +1231,7 @@ absl::StatusOr<std::vector<std::string>> Job::BackupLines(int training_hosts) co
 }
 
 std::optional<std::map<int, std::string>> Job::StoppedMembers() {
-  absl::StatusOr<std::vector<std::string>> keys =
-      store_->ListKeys(store_keys::kAgentStopped.prefix(), kStoreTimeout);
-  if (!keys.ok()) return std::nullopt;
-  const Membership current = coordinator_->current();
-  std::map<int, std::string> stopped;
-  for (const std::string& member : store_keys::kAgentStopped.Names(*keys)) {
-    auto held = std::find(current.members.begin(), current.members.end(), member);
-    if (held == current.members.end()) continue;  // an earlier generation's process
-    stopped[static_cast<int>(held - current.members.begin())] = member;
-  }
-  return stopped;
-}
-
-void Job::KillMembersStoppedInFormation() {
-  std::optional<std::map<int, std::string>> stopped = StoppedMembers();
-  if (!stopped.has_value()) return;  // the store is briefly unreachable: look again next time
-  const absl::Time now = clock_->Now();
-  const int64_t generation = coordinator_->generation();
-  std::map<std::string, absl::Time> still;
-  for (const auto& [rank, member] : *stopped) {
-    if (stopped_members_killed_.count(member) != 0) continue;
-    auto seen = stopped_members_since_.find(member);
-    const absl::Time since = seen == stopped_members_since_.end() ? now : seen->second;
-    still[member] = since;
-    if (now - since < config_.host_timeout) continue;
-    // A rank that completed a step of this generation is in training: a stop there is a hang,
-    // which the watchdog and the diagnosis name.
-    if (ranks_store()
-            ->Get(store_keys::Resumed(generation, rank), kStoreTimeout)
-            .ok()) {
-      continue;
-    }
-    stopped_members_killed_.insert(member);
-    const absl::Duration stood = absl::Trunc(now - since, absl::Milliseconds(1));
-    KillAndReplaceStoppedMember(
-        rank, member, EventKind::kRankUnresponsive,
-        absl::StrFormat("rank %d is stopped (its agent says) for %s while generation %d "
-                        "waits for it",
-                        rank, absl::FormatDuration(stood), generation));
-  }
-  stopped_members_since_ = std::move(still);
+  return rank_watch_->StoppedMembers();
 }
 
 // Reads every rank's flight-recorder ring (readable while a rank is stopped or dead) and says which
@@ -1749,7 +1708,7 @@ int Job::Run() {
       rank_watch_->KillRanksWithStaleHeartbeats();
     }
     if (!RestartsOnHosts() && formed_reported_ && exit_code_ < 0 && coordinating()) {
-      KillMembersStoppedInFormation();
+      rank_watch_->KillMembersStoppedInFormation();
     }
     if (formed_reported_ && exit_code_ < 0 && coordinating()) DiagnoseHangs();
     if (formed_reported_ && exit_code_ < 0 && coordinating()) RenewGenerationWhenAsked();

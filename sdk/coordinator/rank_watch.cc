@@ -17,9 +17,10 @@
 
 namespace trainguard {
 
-RankWatch::RankWatch(Store* ranks_store, Clock* clock, RendezvousCoordinator* rendezvous,
-                     RankWatchOptions options, Hooks hooks)
-    : ranks_store_(ranks_store),
+RankWatch::RankWatch(Store* agents_store, Store* ranks_store, Clock* clock,
+                     RendezvousCoordinator* rendezvous, RankWatchOptions options, Hooks hooks)
+    : agents_store_(agents_store),
+      ranks_store_(ranks_store),
       clock_(clock),
       rendezvous_(rendezvous),
       options_(std::move(options)),
@@ -42,6 +43,49 @@ void RankWatch::KillRanksWithStaleHeartbeats() {
                        absl::StrFormat("rank %d has not sent a heartbeat for %s", rank,
                                        absl::FormatDuration(options_.heartbeat_timeout)));
   }
+}
+
+std::optional<std::map<int, std::string>> RankWatch::StoppedMembers() {
+  absl::StatusOr<std::vector<std::string>> keys =
+      agents_store_->ListKeys(store_keys::kAgentStopped.prefix(), options_.store_timeout);
+  if (!keys.ok()) return std::nullopt;
+  const Membership current = rendezvous_->current();
+  std::map<int, std::string> stopped;
+  for (const std::string& member : store_keys::kAgentStopped.Names(*keys)) {
+    auto held = std::find(current.members.begin(), current.members.end(), member);
+    if (held == current.members.end()) continue;  // an earlier generation's process
+    stopped[static_cast<int>(held - current.members.begin())] = member;
+  }
+  return stopped;
+}
+
+void RankWatch::KillMembersStoppedInFormation() {
+  std::optional<std::map<int, std::string>> stopped = StoppedMembers();
+  if (!stopped.has_value()) return;  // the store is briefly unreachable: look again next time
+  const absl::Time now = clock_->Now();
+  const int64_t generation = rendezvous_->generation();
+  std::map<std::string, absl::Time> still;
+  for (const auto& [rank, member] : *stopped) {
+    if (stopped_killed_.count(member) != 0) continue;
+    auto seen = stopped_since_.find(member);
+    const absl::Time since = seen == stopped_since_.end() ? now : seen->second;
+    still[member] = since;
+    if (now - since < options_.host_timeout) continue;
+    // A rank that completed a step of this generation is in training: a stop there is a hang,
+    // which the watchdog and the diagnosis name.
+    if (ranks_store_->Get(store_keys::Resumed(generation, rank), options_.store_timeout).ok()) {
+      continue;
+    }
+    if (!coordinating()) break;
+    stopped_killed_.insert(member);
+    const absl::Duration stood = absl::Trunc(now - since, absl::Milliseconds(1));
+    hooks_.kill_and_replace(
+        rank, member, EventKind::kRankUnresponsive,
+        absl::StrFormat("rank %d is stopped (its agent says) for %s while generation %d "
+                        "waits for it",
+                        rank, absl::FormatDuration(stood), generation));
+  }
+  stopped_since_ = std::move(still);
 }
 
 bool RankWatch::EveryRankResumed(int64_t generation) {

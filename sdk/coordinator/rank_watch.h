@@ -1,6 +1,8 @@
 // RankWatch: what the coordinator of a `trainguard run` job watches of the ranks themselves, on the
 // ranks' store (the job's, or a restart round's): their heartbeats (a rank whose heartbeat stood
-// still for --heartbeat-timeout is killed, to be replaced like a dead one), the end of each recovery
+// still for --heartbeat-timeout is killed, to be replaced like a dead one), the stops their agents
+// report on the job's store (a rank stopped for --host-timeout while a new generation waits for it
+// is killed and replaced: no step runs, so no watchdog fires), the end of each recovery
 // (every rank completed its first step of the recovery's generation: the "recovered ..." line and
 // the `recovered` event, timed from the fault), the checkpoints' protection (ckpt/protected moved
 // to a new epoch: "the job is protected") and the checkpoints a rank could not persist
@@ -20,6 +22,8 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,6 +40,9 @@ namespace trainguard {
 struct RankWatchOptions {
   // --heartbeat-timeout: a rank whose heartbeat stood still this long (by the clock) is killed.
   absl::Duration heartbeat_timeout = absl::Seconds(10);
+  // --host-timeout: a rank its agent reports stopped this long while the current generation waits
+  // for it is killed.
+  absl::Duration host_timeout = absl::Seconds(3);
   // The heartbeats are read at most this often (each read is a store round trip per rank).
   absl::Duration heartbeat_check_period = absl::Milliseconds(500);
   // How long the reads of the heartbeats and of the ranks' resumes may take.
@@ -62,12 +69,19 @@ class RankWatch {
         kill_member;
     // Some rank's heartbeat is stale: says which rank the others wait for (the flight recorders).
     std::function<void()> report_laggards;
+    // Kills `member`, which holds `rank` and is stopped, and queues its rank for replacement at
+    // once (its exit would come only after the kill lands).
+    std::function<void(int rank, const std::string& member, EventKind what,
+                       const std::string& why)>
+        kill_and_replace;
   };
 
-  // REQUIRES: `ranks_store`, `clock` and `rendezvous` outlive the watch (or the next set_...);
-  // every hook is set. `rendezvous` publishes the generations of the ranks of `ranks_store`.
-  RankWatch(Store* ranks_store, Clock* clock, RendezvousCoordinator* rendezvous,
-            RankWatchOptions options, Hooks hooks);
+  // REQUIRES: `agents_store`, `ranks_store`, `clock` and `rendezvous` outlive the watch (or the
+  // next set_...); every hook is set. `agents_store` is the job's (the agents' reports),
+  // `ranks_store` the ranks' (the same but in a restart round); `rendezvous` publishes the
+  // generations of the ranks of `ranks_store`.
+  RankWatch(Store* agents_store, Store* ranks_store, Clock* clock,
+            RendezvousCoordinator* rendezvous, RankWatchOptions options, Hooks hooks);
   RankWatch(const RankWatch&) = delete;
   RankWatch& operator=(const RankWatch&) = delete;
 
@@ -85,6 +99,16 @@ class RankWatch {
   void KillRanksWithStaleHeartbeats();
   // The ranks were all started again: their heartbeats are not judged before `until`.
   void HoldHeartbeatChecksUntil(absl::Time until) { next_heartbeat_check_ = until; }
+
+  // The ranks of the current generation whose agents say their process is stopped
+  // (agents/stopped/<member>), with their member ids; nullopt when the store does not answer.
+  std::optional<std::map<int, std::string>> StoppedMembers();
+  // Kills and replaces (Hooks::kill_and_replace, rank_unresponsive) each rank of the current
+  // generation that its agent has reported stopped for host_timeout or longer by the clock (from
+  // the first call that saw the report) and that has not completed a step of the generation (one
+  // that did is in training: its stop is a hang, which the watchdogs and the diagnosis name).
+  // Once per member; a member no longer reported stopped starts afresh.
+  void KillMembersStoppedInFormation();
 
   // Whether every rank completed its first step of `generation` (store_keys::Resumed); false
   // when the store does not answer.
@@ -108,6 +132,7 @@ class RankWatch {
  private:
   bool coordinating() { return hooks_.coordinating(); }
 
+  Store* const agents_store_;
   Store* ranks_store_;
   Clock* const clock_;
   RendezvousCoordinator* rendezvous_;
@@ -118,6 +143,9 @@ class RankWatch {
   absl::Time next_heartbeat_check_ = absl::InfinitePast();
   std::string protected_epoch_;                          // of the last ckpt/protected said
   std::map<std::string, std::string> persist_failures_;  // store key -> the rank's error, said
+  // KillMembersStoppedInFormation: when each member was first seen stopped, and those killed.
+  std::map<std::string, absl::Time> stopped_since_;
+  std::set<std::string> stopped_killed_;
 };
 
 }  // namespace trainguard

@@ -29,6 +29,7 @@ using ::testing::IsEmpty;
 using ::testing::Pair;
 
 constexpr absl::Duration kHeartbeatTimeout = absl::Seconds(3);
+constexpr absl::Duration kHostTimeout = absl::Seconds(2);
 constexpr absl::Duration kCall = absl::Seconds(1);
 constexpr int kWorld = 3;
 
@@ -41,6 +42,12 @@ std::string Member(int rank) {
 class RankWatchTest : public ::testing::Test {
  protected:
   struct Kill {
+    std::string member;
+    EventKind what;
+    std::string why;
+  };
+  struct Replaced {
+    int rank;
     std::string member;
     EventKind what;
     std::string why;
@@ -59,6 +66,7 @@ class RankWatchTest : public ::testing::Test {
     ASSERT_TRUE(rendezvous_.FormInitialGeneration(kWorld, kCall).ok());
     RankWatchOptions options;
     options.heartbeat_timeout = kHeartbeatTimeout;
+    options.host_timeout = kHostTimeout;
     // Every call reads the heartbeats: the test sets the instants.
     options.heartbeat_check_period = absl::ZeroDuration();
     options.store_timeout = kCall;
@@ -74,7 +82,12 @@ class RankWatchTest : public ::testing::Test {
       kills_.push_back({member, what, why});
     };
     hooks.report_laggards = [this] { ++laggard_reports_; };
-    watch_ = std::make_unique<RankWatch>(&store_, &clock_, &rendezvous_, options, std::move(hooks));
+    hooks.kill_and_replace = [this](int rank, const std::string& member, EventKind what,
+                                    const std::string& why) {
+      replaced_.push_back({rank, member, what, why});
+    };
+    watch_ = std::make_unique<RankWatch>(&store_, &store_, &clock_, &rendezvous_, options,
+                                         std::move(hooks));
     watch_->set_world_size(kWorld);
   }
 
@@ -98,6 +111,7 @@ class RankWatchTest : public ::testing::Test {
   std::vector<Recorded> recorded_;
   std::vector<Kill> kills_;
   int laggard_reports_ = 0;
+  std::vector<Replaced> replaced_;
 };
 
 TEST_F(RankWatchTest, ARankWhoseHeartbeatIsExactlyTheTimeoutOldIsKilledAndNotOneMsBefore) {
@@ -136,7 +150,8 @@ TEST_F(RankWatchTest, HeartbeatsAreReadAtMostOncePerCheckPeriodAndNotWhileHeld) 
     kills_.push_back({member, what, why});
   };
   hooks.report_laggards = [] {};
-  RankWatch watch(&store_, &clock_, &rendezvous_, options, std::move(hooks));
+  hooks.kill_and_replace = [](int, const std::string&, EventKind, const std::string&) {};
+  RankWatch watch(&store_, &store_, &clock_, &rendezvous_, options, std::move(hooks));
   watch.set_world_size(kWorld);
   // A restart: no heartbeat is judged for a heartbeat timeout.
   watch.HoldHeartbeatChecksUntil(clock_.Now() + kHeartbeatTimeout);
@@ -162,6 +177,50 @@ TEST_F(RankWatchTest, ADeposedCoordinatorKillsNoRankForItsHeartbeat) {
   watch_->KillRanksWithStaleHeartbeats();
   EXPECT_THAT(kills_, IsEmpty());
   EXPECT_EQ(laggard_reports_, 0);
+}
+
+TEST_F(RankWatchTest, ARankStoppedWhileTheGenerationWaitsIsReplacedAtExactlyTheHostTimeout) {
+  // Rank 1's agent reports it stopped (SIGSTOP) before it completed a step of generation 0.
+  ASSERT_TRUE(store_.Set(store_keys::kAgentStopped.Key(Member(1)), "h0", kCall).ok());
+  watch_->KillMembersStoppedInFormation();  // first seen at 0
+  AdvanceTo(kHostTimeout - absl::Nanoseconds(1));
+  watch_->KillMembersStoppedInFormation();
+  EXPECT_THAT(replaced_, IsEmpty());
+  AdvanceTo(kHostTimeout);
+  watch_->KillMembersStoppedInFormation();
+  AdvanceTo(2 * kHostTimeout);
+  watch_->KillMembersStoppedInFormation();  // once
+  ASSERT_EQ(replaced_.size(), 1u);
+  EXPECT_EQ(replaced_[0].rank, 1);
+  EXPECT_EQ(replaced_[0].member, Member(1));
+  EXPECT_EQ(replaced_[0].what, EventKind::kRankUnresponsive);
+  EXPECT_EQ(replaced_[0].why,
+            "rank 1 is stopped (its agent says) for 2s while generation 0 waits for it");
+}
+
+TEST_F(RankWatchTest, AStopOfARankInTrainingIsLeftToTheHangPathAndARunningOneStartsAfresh) {
+  Resume(0, 1);  // rank 1 completed a step of generation 0: its stop is a hang
+  ASSERT_TRUE(store_.Set(store_keys::kAgentStopped.Key(Member(1)), "h0", kCall).ok());
+  ASSERT_TRUE(store_.Set(store_keys::kAgentStopped.Key(Member(2)), "h0", kCall).ok());
+  watch_->KillMembersStoppedInFormation();
+  AdvanceTo(kHostTimeout / 2);
+  // Rank 2 runs again (its agent deletes the report), then stops again.
+  ASSERT_TRUE(store_.Delete(store_keys::kAgentStopped.Key(Member(2)), kCall).ok());
+  watch_->KillMembersStoppedInFormation();
+  ASSERT_TRUE(store_.Set(store_keys::kAgentStopped.Key(Member(2)), "h0", kCall).ok());
+  AdvanceTo(kHostTimeout);
+  watch_->KillMembersStoppedInFormation();  // rank 2's second stop first seen here
+  AdvanceTo(2 * kHostTimeout - absl::Nanoseconds(1));
+  watch_->KillMembersStoppedInFormation();
+  EXPECT_THAT(replaced_, IsEmpty());
+  AdvanceTo(2 * kHostTimeout);
+  coordinating_ = false;  // deposed: nobody killed, and nobody marked killed
+  watch_->KillMembersStoppedInFormation();
+  EXPECT_THAT(replaced_, IsEmpty());
+  coordinating_ = true;
+  watch_->KillMembersStoppedInFormation();
+  ASSERT_EQ(replaced_.size(), 1u);
+  EXPECT_EQ(replaced_[0].rank, 2);
 }
 
 TEST_F(RankWatchTest, ARecoveryIsReportedWhenEveryRankResumedTheNewGenerationAndNotBefore) {
