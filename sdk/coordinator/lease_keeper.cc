@@ -34,21 +34,22 @@ void LeaseKeeper::Update() {
       // Renewed after its deadline passed, and nobody took it meanwhile: nothing was decided by
       // another coordinator, so what this one had queued still holds.
       said_coordinating_ = true;
-      hooks_.say(absl::StrFormat("coordinating the job again (lease term %d renewed; generation %d)",
-                                 lease_->term(), hooks_.generation()));
+      hooks_.say(
+          absl::StrFormat("coordinating the job again (lease term %d renewed; generation %d)",
+                          lease_->term(), hooks_.generation()));
     }
     return;
   }
   if (!lease_->claimed()) {
     const std::string& holder = lease_->last_holder();
     if (said_coordinating_) {
-      hooks_.say(absl::StrFormat(
-          "no longer coordinating (%s)",
-          holder.empty() || holder == CoordinatorLease::kReleasedHolder
-              ? std::string("the lease is released")
-          : holder == lease_->holder_id()
-              ? absl::StrFormat("lease term %d expired unrenewed", lease_->term())
-              : absl::StrCat("the lease is ", holder, "'s now")));
+      hooks_.say(
+          absl::StrFormat("no longer coordinating (%s)",
+                          holder.empty() || holder == CoordinatorLease::kReleasedHolder
+                              ? std::string("the lease is released")
+                          : holder == lease_->holder_id()
+                              ? absl::StrFormat("lease term %d expired unrenewed", lease_->term())
+                              : absl::StrCat("the lease is ", holder, "'s now")));
     }
     said_coordinating_ = false;
     hooks_.deposed();

@@ -117,9 +117,10 @@ void RankWatch::CheckRecoveries(std::vector<Recovery>& recoveries) {
         absl::StrFormat("every rank completed its first step of generation %d", it->generation),
         std::move(attributes));
     if (!it->host.empty()) {
-      hooks_.say(absl::StrFormat("recovered from the loss of host %s in %.3f s (its last heartbeat "
-                                 "-> every rank completed its first step of generation %d)",
-                                 it->host, took, it->generation));
+      hooks_.say(
+          absl::StrFormat("recovered from the loss of host %s in %.3f s (its last heartbeat "
+                          "-> every rank completed its first step of generation %d)",
+                          it->host, took, it->generation));
     } else if (it->rank < 0) {
       hooks_.say(
           absl::StrFormat("recovered with the same ranks in %.3f s (first request for a new "

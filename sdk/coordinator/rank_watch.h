@@ -71,8 +71,7 @@ class RankWatch {
     std::function<void()> report_laggards;
     // Kills `member`, which holds `rank` and is stopped, and queues its rank for replacement at
     // once (its exit would come only after the kill lands).
-    std::function<void(int rank, const std::string& member, EventKind what,
-                       const std::string& why)>
+    std::function<void(int rank, const std::string& member, EventKind what, const std::string& why)>
         kill_and_replace;
   };
 

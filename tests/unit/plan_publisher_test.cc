@@ -70,7 +70,8 @@ struct Agent {
     agent_hooks.latest_term = [this] { return lease.latest_term(); };
     agent_hooks.pid_file = [](int rank) { return absl::StrCat("/nonexistent/rank-", rank); };
     agent_hooks.rank_taken = [](HostWorker&) {};
-    agent = std::make_unique<HostAgent>(store, &clock, &supervisor, options, std::move(agent_hooks));
+    agent =
+        std::make_unique<HostAgent>(store, &clock, &supervisor, options, std::move(agent_hooks));
   }
 
   std::string id;
@@ -141,9 +142,9 @@ TEST_F(PlanTest, ThePlanIsPublishedOnceByTheLeaseHolderAndFollowedByEachAgent) {
   EXPECT_EQ(plan->master_addr, "10.0.0.1");  // group 0's: the first worker to join
   EXPECT_EQ(plan->master_port, 29501);
   EXPECT_EQ(Plan(), store_keys::EncodePlan(*plan));
-  EXPECT_THAT(h1.said, ElementsAre("coordinating the job (lease term 1; generation -1)",
-                                   "2 host(s) train, 1 are standby hosts",
-                                   "backups across 2 hosts"));
+  EXPECT_THAT(h1.said,
+              ElementsAre("coordinating the job (lease term 1; generation -1)",
+                          "2 host(s) train, 1 are standby hosts", "backups across 2 hosts"));
   // Once: the plan is there, for this coordinator as for a successor.
   EXPECT_EQ(h1.publisher->PublishWhenReady(), std::nullopt);
   EXPECT_EQ(h1.said.size(), 3u);
@@ -204,10 +205,10 @@ TEST_F(PlanTest, BetweenMinAndMaxWorkersThePlanWaitsExactlyTheLastCall) {
   const std::optional<store_keys::Plan> plan = h1.publisher->PublishWhenReady();
   ASSERT_TRUE(plan.has_value());
   EXPECT_EQ(plan->training_hosts, 2);
-  EXPECT_THAT(h1.said, ElementsAre("coordinating the job (lease term 1; generation -1)",
-                                   "2 of at most 3 hosts joined: forming in 10s unless all join",
-                                   "2 host(s) train, 0 are standby hosts",
-                                   "backups across 2 hosts"));
+  EXPECT_THAT(h1.said,
+              ElementsAre("coordinating the job (lease term 1; generation -1)",
+                          "2 of at most 3 hosts joined: forming in 10s unless all join",
+                          "2 host(s) train, 0 are standby hosts", "backups across 2 hosts"));
 }
 
 TEST_F(PlanTest, ADeposedCoordinatorPublishesNoPlanAndItsSuccessorDoes) {
@@ -224,7 +225,8 @@ TEST_F(PlanTest, ADeposedCoordinatorPublishesNoPlanAndItsSuccessorDoes) {
   EXPECT_EQ(h1.publisher->PublishWhenReady(), std::nullopt);
   EXPECT_EQ(Plan(), std::nullopt);
   ASSERT_EQ(h1.said.size(), 2u);
-  EXPECT_THAT(h1.said[1], HasSubstr("no longer coordinating (lease term 1 was not renewed in time"));
+  EXPECT_THAT(h1.said[1],
+              HasSubstr("no longer coordinating (lease term 1 was not renewed in time"));
   // h2 takes the lease over once it saw it unrenewed for the expiry, and publishes.
   h2.clock.Advance(kHostTimeout);
   h2.lease_keeper->Update();

@@ -313,12 +313,12 @@ TEST_F(RankWatchTest, ProtectionIsReportedOncePerChangeOfEpoch) {
 }
 
 TEST_F(RankWatchTest, ACheckpointNotPersistedIsSaidOnceForEachRankAndStep) {
-  ASSERT_TRUE(store_.Set(store_keys::JobPersistFailed(30, 1), "rank 1 step 30: disk full", kCall)
-                  .ok());
+  ASSERT_TRUE(
+      store_.Set(store_keys::JobPersistFailed(30, 1), "rank 1 step 30: disk full", kCall).ok());
   watch_->ReportPersistFailures();
   watch_->ReportPersistFailures();
-  ASSERT_TRUE(store_.Set(store_keys::JobPersistFailed(30, 0), "rank 0 step 30: disk full", kCall)
-                  .ok());
+  ASSERT_TRUE(
+      store_.Set(store_keys::JobPersistFailed(30, 0), "rank 0 step 30: disk full", kCall).ok());
   watch_->ReportPersistFailures();
   EXPECT_THAT(said_, ElementsAre("checkpoint not persisted: rank 1 step 30: disk full",
                                  "checkpoint not persisted: rank 0 step 30: disk full"));
