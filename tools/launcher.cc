@@ -675,6 +675,10 @@ void Job::CreateJobCoordinator() {
     OnRankTaken(rank, member, generation);
   };
   hooks.request_restart = [this](const std::string& why) { restart_all_->RequestRestart(why); };
+  // A rank's death under --restart-all: decided as one host's own (RestartAll::OnRankDeath).
+  hooks.restart_rank_death = [this](const RankDeath& death, bool formed) {
+    restart_all_->OnRankDeath(death, formed, clock_->Now());
+  };
   job_coordinator_ = std::make_unique<JobCoordinator>(
       store_.get(), clock_, coordinator_.get(), &replacement_policy_, &renewal_policy_, &failures_,
       options, std::move(hooks));

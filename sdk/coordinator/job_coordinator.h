@@ -39,6 +39,7 @@
 #include "sdk/agent/host_liveness.h"
 #include "sdk/agent/renewal_policy.h"
 #include "sdk/agent/replacement_policy.h"
+#include "sdk/coordinator/recovery_strategy.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "trainguard/clock.h"
 #include "trainguard/events.h"
@@ -112,6 +113,10 @@ class JobCoordinator {
     // its group rank to a standby host; `since`: when the fault began (InfinitePast: now).
     std::function<void(const std::string& why, const std::string& dead_host, absl::Time since)>
         restart_round;
+    // --restart-all: a rank of the current restart round died, its label naming the member
+    // ("rank 3 (h1:200:round1:rank3)"); `formed`: whether the round's generation 0 had formed. The
+    // strategy decides, as for one host's own ranks (RestartAll::OnRankDeath).
+    std::function<void(const RankDeath& death, bool formed)> restart_rank_death;
     // The parked standbys that `ranks` of `dead_host` go to first, in order (the launcher's choice
     // away from the hosts that hold their backups); empty: any parked standby.
     std::function<std::vector<std::string>(const std::string& dead_host,
@@ -151,7 +156,8 @@ class JobCoordinator {
   // Takes the death reports (agents/deaths/<member>) not taken yet: each is recorded as a death
   // with its cause, and its rank queued for replacement (QueueDeadMember); the death of a standby
   // or of a rank already replaced only forgets the standby. With restart_all, a death of the
-  // current round starts a restart round. A death before generation 0 formed fails the job.
+  // current round goes to Hooks::restart_rank_death. A death before generation 0 formed fails the
+  // job.
   void ReadDeathReports();
 
   // Queues `rank`, which `member` held, for replacement: counted as a death (`how`) against

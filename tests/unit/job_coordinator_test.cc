@@ -128,6 +128,11 @@ class JobCoordinatorTest : public ::testing::Test {
       recorded_.push_back({rank, kind, message, std::move(attributes)});
     };
     hooks.fail = [this](const std::string& why) { failed_.push_back(why); };
+    // What RestartAll::OnRankDeath restarts for once the round formed.
+    hooks.restart_rank_death = [this](const RankDeath& death, bool formed) {
+      restarts_.push_back({absl::StrCat(death.label, " ", death.how, formed ? "" : " (unformed)"),
+                           "", absl::InfinitePast()});
+    };
     hooks.restart_round = [this](const std::string& why, const std::string& dead_host,
                                  absl::Time since) {
       restarts_.push_back({why, dead_host, since});

@@ -5,8 +5,8 @@
 // FakeProcessSupervisor whose workers are not processes: no processes, no sleeps.
 //
 // On one host the launcher hands its ranks' deaths to the strategy (OnRankDeath); on several the
-// agents report them in the store and the coordinator's JobCoordinator hands them over
-// (Hooks::restart_round). The start of a round is what the launcher's hook does to this host's
+// agents report them in the store and the coordinator's JobCoordinator hands them to the same
+// OnRankDeath (Hooks::restart_rank_death). The start of a round is what the launcher's hook does to this host's
 // workers: every one killed, the host's ranks of the round started.
 #include "sdk/coordinator/restart_all.h"
 
@@ -116,6 +116,9 @@ class RestartAllTest : public ::testing::TestWithParam<Layout> {
     ch.standby_starting = [] { return false; };
     ch.rank_taken = [](int, const std::string&, int64_t) {};
     ch.request_restart = [this](const std::string& why) { strategy_->RequestRestart(why); };
+    ch.restart_rank_death = [this](const RankDeath& death, bool formed) {
+      strategy_->OnRankDeath(death, formed, clock_.Now());
+    };
     coordinator_ = std::make_unique<JobCoordinator>(&store_, &clock_, rendezvous_.get(), &*policy_,
                                                     &*renewal_, &failures_, coordinator_options,
                                                     std::move(ch));
