@@ -1753,7 +1753,8 @@ int Job::Run() {
     }
     // One host: for the ranks' peer waits (on several hosts, each agent's tick does it).
     if (!MultiHost() && formed_reported_ && exit_code_ < 0) host_agent_->ReportStoppedWorkers();
-    if (!MultiHost() && exit_code_ < 0) recovery_->KillStoppedBeforeFormation(RoundFormed());
+    // Every agent, one host's too: a rank stopped while its restart round forms (RestartAll).
+    if (exit_code_ < 0) recovery_->KillStoppedBeforeFormation(RoundFormed());
     // The replacements, or the restart round, due now. The gate is checked inside, before each
     // act, not once for all: an act may wait on the store for longer than the lease lasts; a
     // deposed coordinator's restart is dropped (the next holder finds the fault in the store).
@@ -1870,7 +1871,6 @@ void Job::AgentTick() {
   if (exit_code_ < 0) FollowGeneration();
   if (exit_code_ < 0) host_agent_->ExecuteKillRequests();
   if (exit_code_ < 0) host_agent_->ReportStoppedWorkers();
-  if (exit_code_ < 0) recovery_->KillStoppedBeforeFormation(RoundFormed());
   if (exit_code_ < 0 && coordinating()) CoordinateHosts();
   if (exit_code_ < 0 && config_.fail_slow != LaunchConfig::FailSlowPolicy::kOff) {
     SampleHost();
