@@ -656,10 +656,10 @@ void Job::CreateJobCoordinator() {
     Record(rank, kind, message, std::move(attributes));
   };
   hooks.fail = [this](const std::string& why) { Fail(why); };
-  // --restart-all only (JobCoordinatorOptions::restart_all): the strategy restarts.
-  hooks.restart_round = [this](const std::string& why, const std::string& dead_host,
-                               absl::Time since) {
-    restart_all_->RequestRestart(why, dead_host, since);
+  // --restart-all only (JobCoordinatorOptions::restart_all): the strategy decides.
+  hooks.restart_host_death = [this](const std::string& host, bool trained, bool formed,
+                                    const std::string& why, absl::Time last_beat) {
+    restart_all_->OnHostDeath(host, trained, formed, why, last_beat);
   };
   hooks.preferred_standbys = [this](const std::string& dead_host, const std::vector<int>& ranks) {
     return PreferredStandbys(dead_host, ranks);

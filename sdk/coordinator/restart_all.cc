@@ -51,6 +51,15 @@ void RestartAll::OnNotFormed(const absl::Status& why) {
   RequestRestart(absl::StrCat("restart round ", round_, " did not form: ", why.ToString()));
 }
 
+void RestartAll::OnHostDeath(const std::string& host, bool trained, bool formed,
+                             const std::string& why, absl::Time last_beat) {
+  if (!trained) return;  // a standby host holds no process under --restart-all
+  if (!formed && round_ == 0) {
+    return hooks_.fail(absl::StrFormat("host %s died before generation 0 formed", host));
+  }
+  RequestRestart(absl::StrFormat("host %s is dead (%s)", host, why), host, last_beat);
+}
+
 void RestartAll::RequestRestart(const std::string& why, const std::string& dead_host,
                                 absl::Time since) {
   // A rank's fault while another waits is the same fault's: its peers fail in their collectives

@@ -92,6 +92,12 @@ class RestartAll final : public RecoveryStrategy {
   int64_t round() const override { return round_; }
   void OnRankDeath(const RankDeath& death, bool formed, absl::Time now) override;
   void OnNotFormed(const absl::Status& why) override;
+  // `host` was declared dead for `why` (JobCoordinator's Hooks::restart_host_death): a training
+  // host's death restarts every rank, its group rank given to a standby host in the round's plan
+  // (the round's recovery from `last_beat`); a standby host's restarts nothing (it held no
+  // process); before the first start formed the job fails.
+  void OnHostDeath(const std::string& host, bool trained, bool formed, const std::string& why,
+                   absl::Time last_beat);
   // Publishes and starts the next round for each pending fault (the limit reached fails the job).
   void Coordinate(absl::Time now) override;
   // Starts the round at agents/restart when it is newer than this agent's.
@@ -101,7 +107,7 @@ class RestartAll final : public RecoveryStrategy {
   // A fault every rank restarts for, of the current round: `why` says it; `dead_host`, when not
   // empty, is a host whose death it is (its group rank goes to a standby host in the round's plan);
   // `since`: when the fault began (a dead host's last heartbeat; InfinitePast: when it is carried
-  // out). Carried out by the next Coordinate. (JobCoordinator's Hooks::restart_round and
+  // out). Carried out by the next Coordinate. (OnHostDeath, and JobCoordinator's
   // Hooks::request_restart on several hosts and one.)
   void RequestRestart(const std::string& why, const std::string& dead_host = "",
                       absl::Time since = absl::InfinitePast());

@@ -108,8 +108,10 @@ class RestartAllTest : public ::testing::TestWithParam<Layout> {
     ch.say = [this](const std::string& line) { said_.push_back(line); };
     ch.record = [](int, EventKind, const std::string&, JobCoordinator::Attributes) {};
     ch.fail = [this](const std::string& why) { failed_.push_back(why); };
-    ch.restart_round = [this](const std::string& why, const std::string& dead_host,
-                              absl::Time since) { strategy_->RequestRestart(why, dead_host, since); };
+    ch.restart_host_death = [this](const std::string& host, bool trained, bool formed,
+                                   const std::string& why, absl::Time last_beat) {
+      strategy_->OnHostDeath(host, trained, formed, why, last_beat);
+    };
     ch.preferred_standbys = [](const std::string&, const std::vector<int>&) {
       return std::vector<std::string>{};
     };
@@ -477,6 +479,25 @@ TEST_P(RestartAllHostDeathTest, ADeadTrainingHostsGroupRankGoesToTheStandbyHostI
   ASSERT_EQ(coordinator_->recoveries().size(), 1u);
   EXPECT_EQ(coordinator_->recoveries()[0].died, last_beat);
   EXPECT_EQ(coordinator_->recoveries()[0].host, "h1");
+}
+
+TEST_P(RestartAllHostDeathTest, ADeadStandbyHostRestartsNothing) {
+  clock_.Advance(kHostTimeout);
+  coordinator_->DeclareHostDead("h2", absl::UnixEpoch(), "no heartbeat for 3s");
+  strategy_->Coordinate(clock_.Now());
+  EXPECT_EQ(strategy_->round(), 0);
+  EXPECT_TRUE(rounds_.empty());
+  EXPECT_EQ(Value(store_keys::kAgentRestart), std::nullopt);
+  EXPECT_THAT(failed_, IsEmpty());
+}
+
+TEST_P(RestartAllHostDeathTest, ATrainingHostsDeathBeforeTheFirstStartFormedFailsTheJob) {
+  rendezvous_ = std::make_unique<RendezvousCoordinator>(&store_, &clock_, "h0");  // none formed
+  coordinator_->set_rendezvous(rendezvous_.get());
+  coordinator_->DeclareHostDead("h1", absl::UnixEpoch(), "no heartbeat for 3s");
+  strategy_->Coordinate(clock_.Now());
+  EXPECT_TRUE(rounds_.empty());
+  EXPECT_THAT(failed_, ElementsAre("host h1 died before generation 0 formed"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Hosts, RestartAllHostDeathTest, ::testing::Values(Layout::kSeveralHosts),
