@@ -47,7 +47,6 @@
 #include "sdk/agent/process_supervisor.h"
 #include "sdk/agent/renewal_policy.h"
 #include "sdk/agent/replacement_policy.h"
-#include "sdk/agent/restart_rounds.h"
 #include "sdk/core/agent_keys.h"
 #include "sdk/core/store_keys.h"
 #include "sdk/checkpoint/backup_placement.h"
@@ -57,6 +56,9 @@
 #include "sdk/coordinator/lease_keeper.h"
 #include "sdk/coordinator/plan_publisher.h"
 #include "sdk/coordinator/rank_watch.h"
+#include "sdk/coordinator/recovery_strategy.h"
+#include "sdk/coordinator/restart_all.h"
+#include "sdk/coordinator/standby_replacement.h"
 #include "sdk/core/event_log.h"
 #include "sdk/core/mutex.h"
 #include "sdk/core/proc_stat.h"
@@ -106,15 +108,15 @@ constexpr int kMaxFailSlowDumps = 16;
 constexpr const char* kJobStopKey = store_keys::kJobStop;
 constexpr const char* kPersistFailedPrefix = store_keys::kJobPersistFailedPrefix;
 
-// On several hosts the policy only bounds and backs off: a rank's death there is decided by the
-// coordinator (QueueDeadMember), which finds standbys on standby hosts and restarts in rounds.
+// The standby replacement's bounds and backoff (--restart-all is a strategy of its own: RestartAll).
+// On several hosts a rank's death is decided by the coordinator (QueueDeadMember), which finds
+// standbys on standby hosts.
 ReplacementPolicyOptions ReplacementOptions(const LaunchConfig& config) {
   ReplacementPolicyOptions options;
   options.max_replacements = config.max_replacements;
   options.restart_backoff = config.restart_backoff;
   const bool multi_host = config.nnodes_min > 0;
   options.has_standbys = config.standby > 0 || multi_host;
-  options.restart_all = config.restart_all >= 0 && !multi_host;
   return options;
 }
 
@@ -213,8 +215,7 @@ class Job {
 
  private:
   absl::Status Prepare();
-  // job_coordinator_, on store_ and coordinator_ (Prepare, once they exist; RestartAll, which
-  // replaces both).
+  // job_coordinator_, on store_ and coordinator_ (Prepare, once they exist).
   void CreateJobCoordinator();
   // rank_watch_, on ranks_store() and coordinator_ (Prepare; a restart points it at the new ones).
   void CreateRankWatch();
@@ -222,48 +223,42 @@ class Job {
   void CreateLeaseKeeper();
   // plan_publisher_, on store_ (Prepare).
   void CreatePlanPublisher();
+  // recovery_, the strategy --restart-all chooses (Prepare, after job_coordinator_).
+  void CreateRecoveryStrategy();
   // A TcpStore of the launcher's own on 127.0.0.1 with a fresh token (store_url_, token_file_,
   // server_, store_).
   absl::Status StartOwnStore();
   // Appends a custom event what=`what` to the launcher's event file (launcher.h); best effort.
   void Record(int rank, EventKind what, const std::string& message,
               std::vector<std::pair<std::string, std::string>> attributes = {});
-  // --restart-all: stops every process of the job and starts all ranks again (launcher.h).
-  void RestartAll();
   // After StopAll, for a restart: ends the generation-0 former, forgets that the job formed and
   // every child (their output descriptors closed).
   void ForgetStoppedProcesses();
-  // --restart-all on several hosts. The coordinator publishes restart round round_ + 1 for `why`
-  // (store key agents/restart); `dead_host`, when set, hands its group rank to a standby host in
-  // the round's plan. `since`: when the fault began (a dead host's last heartbeat), for the
-  // recovery's time; InfinitePast: now. Fails the job at the (M+1)-th fault. DecideRestartRound
-  // (sdk/agent/restart_rounds.h) decides; this reads the store, publishes and starts the round.
-  void PublishRestartRound(const std::string& why, const std::string& dead_host,
-                           absl::Time since = absl::InfinitePast());
-  // What the coordinator knows of the hosts for a restart round after a host's death: the plan,
-  // the joined hosts, those that left (the store), those dead or silent (its own records).
-  absl::StatusOr<RestartRoundHosts> ReadRestartRoundHosts(absl::Duration timeout);
-  // Every agent: follows agents/restart to a newer round (StartRound).
-  void FollowRestartRound();
-  // SIGKILLs every process of this host, removes the shared memory they held, and starts this
-  // host's ranks of `round` (its plan) under the round's job id.
-  void StartRound(int64_t round);
-  // A rank that is stopped (SIGSTOP) before its round formed has no heartbeat to go stale, and
-  // the round would wait for it until --rendezvous-timeout: its agent kills it after
-  // --heartbeat-timeout (HostAgent::KillRanksStoppedFor), a rank lost before the restarted job
-  // formed.
-  void KillRanksStoppedBeforeFormation();
-  // Multi-host --restart-all (every restart-all path of the agents and the coordinator).
-  bool RestartsOnHosts() const { return MultiHost() && config_.restart_all >= 0; }
+  // RestartAll's act (Hooks::start_round), one host as several: SIGKILLs every process of this
+  // host, removes the shared memory they held in round `from`, and starts this host's ranks of
+  // round `to` (its plan) under the round's job id, on the round's store namespace.
+  void StartRound(int64_t from, int64_t to);
+  // The restart round the ranks run in (RecoveryStrategy::round; 0 before recovery_ exists).
+  int64_t round() const { return recovery_ != nullptr ? recovery_->round() : 0; }
+  // Whether the current round's generation 0 formed (or failed to).
+  bool RoundFormed() {
+    MutexLock lock(&formed_mu_);
+    return formed_.has_value();
+  }
+  // The store options of this agent's connections: on several hosts every connection leaves from
+  // this host's address, so that a partition between hosts (by address) cuts this agent off too.
+  OpenStoreOptions AgentStoreOptions() const {
+    OpenStoreOptions options;
+    if (MultiHost()) options.source_address = config_.local_addr;
+    return options;
+  }
   // The job id the ranks run under: the job's, or in restart round K "<job id>.round<K>", so that
   // a round's store keys and shared-memory segments are its own.
-  std::string RanksJobId() const {
-    return round_ == 0 ? config_.job_id : absl::StrCat(config_.job_id, ".round", round_);
-  }
+  std::string RanksJobId() const { return RoundJobId(config_.job_id, round()); }
   // The store as the ranks see it (their job id's namespace); store_ is the agents' (the job's).
   Store* ranks_store() const { return round_store_ != nullptr ? round_store_.get() : store_.get(); }
   // Where ranks that finished with status 0 are recorded: a restart round starts the count anew.
-  std::string FinishedPrefix() const { return store_keys::AgentFinishedPrefix(round_); }
+  std::string FinishedPrefix() const { return store_keys::AgentFinishedPrefix(round()); }
   // This host's part of the plan (HostAgent::ReadPlan) into assignment_, group_rank_, world_size_,
   // master_addr_/port_; while there is none, the coordinator publishes it when the hosts suffice
   // (PlanPublisher). False when there is none yet (or the job failed on one it cannot follow).
@@ -424,14 +419,15 @@ class Job {
   std::string failure_;  // why the job failed or was stopped, for the summary
   std::unique_ptr<EventLog> events_;  // <run_dir>/events/launcher.tgev
   bool formed_reported_ = false;  // generation 0's formation (or failure) was said
-  int restarts_ = 0;  // --restart-all: how often every rank was started again
-  // Multi-host --restart-all: the round this agent follows (0: the job's first start) and the
-  // ranks' store of that round (null in round 0: store_ is theirs).
-  int64_t round_ = 0;
+  // How the job recovers, chosen once (--restart-all: RestartAll; else StandbyReplacement); its
+  // round() is the restart round the ranks run in. restart_all_: the same object under
+  // --restart-all (JobCoordinator hands it the faults to restart for), else null.
+  std::unique_ptr<RecoveryStrategy> recovery_;
+  RestartAll* restart_all_ = nullptr;
+  // The ranks' store of the current restart round (null in round 0: store_ is theirs).
   std::unique_ptr<Store> round_store_;
   std::string token_;  // the store's token (a round's store is opened with it)
-  std::optional<std::string> restart_pending_;  // --restart-all: the fault to restart for
-  absl::Time restarted_at_ = absl::InfinitePast();  // the last restart (RestartAll, StartRound)
+  absl::Time restarted_at_ = absl::InfinitePast();  // the last restart round's start (StartRound)
 
   // Every rank's and standby's deaths and the replacements made: what a death leads to.
   ReplacementPolicy replacement_policy_{ReplacementOptions(config_)};
@@ -578,13 +574,9 @@ absl::Status Job::Prepare() {
                           store_url_));
     }
   }
-  // On several hosts every connection leaves from this host's address, so that a partition
-  // between hosts (by address) cuts this agent off too.
   if (!config_.store.empty()) {
-    OpenStoreOptions store_options;
-    if (MultiHost()) store_options.source_address = config_.local_addr;
     absl::StatusOr<std::unique_ptr<Store>> store =
-        OpenStore(store_url_, config_.job_id, token, kStoreTimeout, store_options);
+        OpenStore(store_url_, config_.job_id, token, kStoreTimeout, AgentStoreOptions());
     if (!store.ok()) return store.status();
     store_ = *std::move(store);
   }
@@ -615,6 +607,7 @@ absl::Status Job::Prepare() {
   CreateJobCoordinator();
   CreateRankWatch();
   CreatePlanPublisher();
+  CreateRecoveryStrategy();
   master_port_ = FreePort();
 
   sigset_t signals;
@@ -642,7 +635,7 @@ void Job::CreateJobCoordinator() {
   options.host_timeout = config_.host_timeout;
   options.call_timeout = AgentCallTimeout(config_.host_timeout);
   options.max_replacements = config_.max_replacements;
-  options.restart_all = RestartsOnHosts();
+  options.restart_all = config_.restart_all >= 0;
   // One host: a replacement waits for a standby still starting as long as generation 0 may take
   // to form; several: for a standby host's agent to join, start and park its standbys.
   options.standby_wait = MultiHost() ? 2 * config_.host_timeout + absl::Seconds(10)
@@ -657,8 +650,11 @@ void Job::CreateJobCoordinator() {
     Record(rank, kind, message, std::move(attributes));
   };
   hooks.fail = [this](const std::string& why) { Fail(why); };
-  hooks.restart_round = [this](const std::string& why, const std::string& dead_host,
-                               absl::Time since) { PublishRestartRound(why, dead_host, since); };
+  // --restart-all only (JobCoordinatorOptions::restart_all): the strategy decides.
+  hooks.restart_host_death = [this](const std::string& host, bool trained, bool formed,
+                                    const std::string& why, absl::Time last_beat) {
+    restart_all_->OnHostDeath(host, trained, formed, why, last_beat);
+  };
   hooks.preferred_standbys = [this](const std::string& dead_host, const std::vector<int>& ranks) {
     return PreferredStandbys(dead_host, ranks);
   };
@@ -672,8 +668,11 @@ void Job::CreateJobCoordinator() {
   hooks.rank_taken = [this](int rank, const std::string& member, int64_t generation) {
     OnRankTaken(rank, member, generation);
   };
-  // Carried out at the loop's next turn (Run), as any restart.
-  hooks.request_restart = [this](const std::string& why) { restart_pending_ = why; };
+  hooks.request_restart = [this](const std::string& why) { restart_all_->RequestRestart(why); };
+  // A rank's death under --restart-all: decided as one host's own (RestartAll::OnRankDeath).
+  hooks.restart_rank_death = [this](const RankDeath& death, bool formed) {
+    restart_all_->OnRankDeath(death, formed, clock_->Now());
+  };
   job_coordinator_ = std::make_unique<JobCoordinator>(
       store_.get(), clock_, coordinator_.get(), &replacement_policy_, &renewal_policy_, &failures_,
       options, std::move(hooks));
@@ -740,6 +739,40 @@ void Job::CreatePlanPublisher() {
   plan_publisher_ = std::make_unique<PlanPublisher>(store_.get(), clock_, options, std::move(hooks));
 }
 
+void Job::CreateRecoveryStrategy() {
+  if (config_.restart_all < 0) {
+    StandbyReplacement::Hooks hooks;
+    hooks.say = [this](const std::string& line) { Say(line); };
+    hooks.fail = [this](const std::string& why) { Fail(why); };
+    recovery_ = std::make_unique<StandbyReplacement>(&replacement_policy_, job_coordinator_.get(),
+                                                     std::move(hooks));
+    return;
+  }
+  RestartAllOptions options;
+  options.host_id = config_.host_id;
+  options.limit = config_.restart_all;
+  options.ranks_per_host = config_.nproc;
+  options.heartbeat_timeout = config_.heartbeat_timeout;
+  options.call_timeout = AgentCallTimeout(config_.host_timeout);
+  options.scope = MultiHost() ? "every rank on every host" : "every rank";
+  RestartAll::Hooks hooks;
+  hooks.coordinating = [this] { return coordinating(); };
+  hooks.say = [this](const std::string& line) { Say(line); };
+  hooks.record = [this](int rank, EventKind kind, const std::string& message,
+                        RestartAll::Attributes attributes) {
+    Record(rank, kind, message, std::move(attributes));
+  };
+  hooks.fail = [this](const std::string& why) { Fail(why); };
+  hooks.start_round = [this](int64_t from, int64_t to) { StartRound(from, to); };
+  hooks.kill_stopped = [this](absl::Duration bound, const std::string& context) {
+    host_agent_->KillRanksStoppedFor(bound, context);
+  };
+  auto restart_all = std::make_unique<RestartAll>(store_.get(), clock_, job_coordinator_.get(),
+                                                  std::move(options), std::move(hooks));
+  restart_all_ = restart_all.get();
+  recovery_ = std::move(restart_all);
+}
+
 absl::Status Job::StartOwnStore() {
   absl::StatusOr<std::string> token = RandomToken();
   if (!token.ok()) return token.status();
@@ -756,6 +789,7 @@ absl::Status Job::StartOwnStore() {
       OpenStore(store_url_, config_.job_id, *token, kStoreTimeout, OpenStoreOptions{});
   if (!store.ok()) return store.status();
   store_ = *std::move(store);
+  token_ = *token;  // a restart round's store is opened with it
   return absl::OkStatus();
 }
 
@@ -824,53 +858,6 @@ void Job::ForgetStoppedProcesses() {
   children_.clear();
 }
 
-void Job::RestartAll() {
-  const std::string why = *restart_pending_;
-  restart_pending_.reset();
-  if (restarts_ >= config_.restart_all) {
-    return Fail(absl::StrFormat("%s; --restart-all=%d reached", why, config_.restart_all));
-  }
-  ++restarts_;
-  const absl::Time fault = clock_->Now();
-  restarted_at_ = fault;
-  Say(absl::StrFormat("restarting every rank (restart %d of at most %d): %s", restarts_,
-                      config_.restart_all, why));
-  // torchrun's shape: the survivors are stopped too, whatever they were doing.
-  StopAll(absl::Seconds(1));
-  ForgetStoppedProcesses();
-  // Nothing of the old processes' memory survives a restart: their snapshot arenas and rings go,
-  // so the new ranks restore the newest checkpoint on disk.
-  for (int r = 0; r < world_size_; ++r) {
-    (void)Snapshotter::RemoveArena(config_.job_id, r);
-    (void)FlightRecorder::Remove(config_.job_id, r);
-  }
-  // A fresh store: generation 0 again, no keys of the old incarnation (hangs, stops, resumes).
-  coordinator_.reset();
-  store_.reset();
-  server_.reset();
-  if (absl::Status s = StartOwnStore(); !s.ok()) {
-    return Fail(absl::StrCat("restart ", restarts_, ": cannot start a store: ", s.ToString()));
-  }
-  coordinator_ = std::make_unique<RendezvousCoordinator>(store_.get(), clock_);
-  CreateJobCoordinator();  // on the new store and coordinator: nothing queued
-  rank_watch_->set_ranks_store(store_.get());
-  rank_watch_->set_rendezvous(coordinator_.get());
-  master_port_ = FreePort();
-  pending_hang_.reset();
-  hangs_checked_below_ = 0;
-  renewal_policy_.Reset();
-  ranks_finished_ = 0;
-  rank_watch_->HoldHeartbeatChecksUntil(clock_->Now() + config_.heartbeat_timeout);
-  for (int r = 0; r < config_.nproc; ++r) {
-    if (absl::Status s = Spawn(r, -1); !s.ok()) {
-      return Fail(absl::StrCat("restart ", restarts_, ": ", s.message()));
-    }
-  }
-  Record(-1, EventKind::kRestartAll, why, {{"restart", absl::StrCat(restarts_)}});
-  StartForming();
-  recoveries().push_back({-1, 0, fault});
-}
-
 std::vector<std::string> Job::ChildEnvironment(const Child& child) const {
   static const char* const kOurs[] = {"TRAINGUARD_JOB_ID",
                                       "TRAINGUARD_WORLD_SIZE",
@@ -937,7 +924,7 @@ std::vector<std::string> Job::ChildEnvironment(const Child& child) const {
   // torchelastic's: the job's id, and how often the worker group was restarted (never: trainguard
   // replaces ranks in place, so a replacement's count is 0 like everyone's).
   vars.push_back(absl::StrCat("TORCHELASTIC_RUN_ID=", config_.job_id));
-  vars.push_back(absl::StrCat("TORCHELASTIC_RESTART_COUNT=", restarts_));
+  vars.push_back(absl::StrCat("TORCHELASTIC_RESTART_COUNT=", round()));
   vars.push_back("TORCHELASTIC_MAX_RESTARTS=0");
   // torch.distributed's: no agent store to connect to (process groups are built from trainguard's
   // store: rank 0's TCPStore would die with rank 0), and a NCCL error aborts the communicator only,
@@ -989,7 +976,7 @@ absl::Status Job::Spawn(int rank, int standby_index) {
   store_keys::MemberId id;
   id.host = host;
   id.pid = getpid();
-  id.round = round_;
+  id.round = round();
   id.role = rank >= 0 ? store_keys::MemberId::Role::kRank : store_keys::MemberId::Role::kStandby;
   id.index = rank >= 0 ? rank : standby_index;
   child->member_id = store_keys::EncodeMemberId(id);
@@ -1053,7 +1040,7 @@ void Job::ReadSignals() {
 bool Job::CanSpawnStandby() const {
   // A standby host keeps its N standbys: one that died while parked is started again.
   // (Under --restart-all a standby host holds no processes: torchrun's spare node.)
-  const bool standby_host = MultiHost() && spawned_ && group_rank_ < 0 && config_.restart_all < 0;
+  const bool standby_host = MultiHost() && spawned_ && group_rank_ < 0 && recovery_->ReplacesRanks();
   return (config_.standby > 0 || standby_host) && !replacement_policy_.standbys_exhausted();
 }
 
@@ -1069,7 +1056,7 @@ void Job::OnExit(Child& child, const WorkerExit& exit) {
     ++ranks_finished_;
     Say(absl::StrFormat("%s (pid %d) finished", child.Label(), child.pid));
     if (MultiHost()) {
-      (void)store_->Set(store_keys::AgentFinished(round_, child.rank), child.member_id,
+      (void)store_->Set(store_keys::AgentFinished(round(), child.rank), child.member_id,
                         kStoreTimeout);
     }
     return;
@@ -1099,25 +1086,9 @@ void Job::OnExit(Child& child, const WorkerExit& exit) {
         [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return formed_.has_value(); }, absl::Seconds(5));
     formed = formed_.has_value() && formed_->ok();
   }
-  if (!formed && config_.restart_all >= 0 && restarts_ > 0) {
-    // The job formed before this restart, so the command works: a rank lost while the restarted
-    // ranks start (a slow interpreter start is a long window) is a fault like any other.
-    restart_pending_ = absl::StrCat(child.Label(), " ", how, " before the restarted job formed");
-    return;
-  }
-  if (!formed) {
-    return Fail(absl::StrCat(child.Label(), " died before generation 0 formed (", how, ")"));
-  }
-  const ReplacementPolicy::Decision decision =
-      replacement_policy_.OnRankDeath(child.rank, how, now);
-  if (const auto* restart = std::get_if<ReplacementPolicy::RestartAll>(&decision)) {
-    restart_pending_ = restart->why;
-    return;
-  }
-  if (const auto* fail = std::get_if<ReplacementPolicy::Fail>(&decision)) return Fail(fail->why);
-  const auto& replace = std::get<ReplacementPolicy::Replace>(decision);
-  if (!replace.message.empty()) Say(replace.message);
-  job_coordinator_->QueueRankReplacement(child.rank, how, now, replace.not_before);
+  // Replaced by a standby, or every rank restarted: the strategy decides (and carries it out at
+  // the loop's turn: Coordinate).
+  recovery_->OnRankDeath({child.rank, child.Label(), how}, formed, now);
 }
 
 void Job::OnStandbyExit(Child& child, const std::string& how) {
@@ -1674,40 +1645,30 @@ int Job::Run() {
       break;
     }
     if (MultiHost() && exit_code_ < 0) AgentTick();
-    if (restart_pending_.has_value() && exit_code_ < 0) {
-      if (MultiHost()) {
-        const std::string why = *restart_pending_;
-        restart_pending_.reset();
-        if (coordinating()) PublishRestartRound(why, "");
-      } else {
-        RestartAll();
-      }
-    }
     if (!formed_reported_) {
       MutexLock lock(&formed_mu_);
       if (formed_.has_value()) {
         formed_reported_ = true;
         if (formed_->ok()) {
           Say(absl::StrFormat("generation 0 formed with %d ranks", world_size_));
-        } else if (RestartsOnHosts() && round_ > 0 && coordinating()) {
-          // A restarted job that did not form (a rank stopped while it started): restart again.
-          restart_pending_ = absl::StrCat("restart round ", round_,
-                                          " did not form: ", formed_->ToString());
         } else {
-          Fail(absl::StrCat("generation 0 did not form: ", formed_->ToString()));
+          recovery_->OnNotFormed(*formed_);  // fails the job, or restarts every rank again
         }
       }
     }
     // One host: for the ranks' peer waits (on several hosts, each agent's tick does it).
     if (!MultiHost() && formed_reported_ && exit_code_ < 0) host_agent_->ReportStoppedWorkers();
-    // The gate before each act, not once for all: an act may wait on the store for longer than
-    // the lease lasts.
-    if (exit_code_ < 0 && coordinating()) job_coordinator_->TryReplacements(clock_->Now());
+    // Every agent, one host's too: a rank stopped while its restart round forms (RestartAll).
+    if (exit_code_ < 0) recovery_->KillStoppedBeforeFormation(RoundFormed());
+    // The replacements, or the restart round, due now. The gate is checked inside, before each
+    // act, not once for all: an act may wait on the store for longer than the lease lasts; a
+    // deposed coordinator's restart is dropped (the next holder finds the fault in the store).
+    if (exit_code_ < 0) recovery_->Coordinate(clock_->Now());
     if (coordinating()) rank_watch_->CheckRecoveries(recoveries());
     if (formed_reported_ && exit_code_ < 0 && replacements().empty() && coordinating()) {
       rank_watch_->KillRanksWithStaleHeartbeats();
     }
-    if (!RestartsOnHosts() && formed_reported_ && exit_code_ < 0 && coordinating()) {
+    if (recovery_->ReplacesRanks() && formed_reported_ && exit_code_ < 0 && coordinating()) {
       rank_watch_->KillMembersStoppedInFormation();
     }
     if (formed_reported_ && exit_code_ < 0 && coordinating()) DiagnoseHangs();
@@ -1727,7 +1688,9 @@ int Job::Run() {
   if (MultiHost()) LeaveJob();
   // What the ranks reported just before they ended.
   if (coordinating()) rank_watch_->ReportPersistFailures();
-  if (exit_code_ == 0) {
+  // A restart round's job id is never run again (a restarted launcher starts at the job's own id),
+  // so nothing its ranks left in shared memory can serve anyone.
+  if (exit_code_ == 0 || round() > 0) {
     // The ranks' snapshot arenas outlive them so that a replacement (or a restarted job) on this
     // machine restores without disk; once the job is done they only hold memory.
     // The same for the flight-recorder rings, the evidence of a hung or dead rank.
@@ -1813,7 +1776,6 @@ void Job::AgentTick() {
   if (exit_code_ < 0) FollowGeneration();
   if (exit_code_ < 0) host_agent_->ExecuteKillRequests();
   if (exit_code_ < 0) host_agent_->ReportStoppedWorkers();
-  if (exit_code_ < 0 && RestartsOnHosts()) KillRanksStoppedBeforeFormation();
   if (exit_code_ < 0 && coordinating()) CoordinateHosts();
   if (exit_code_ < 0 && config_.fail_slow != LaunchConfig::FailSlowPolicy::kOff) {
     SampleHost();
@@ -1853,7 +1815,7 @@ bool Job::ReadPlan(int* hosts) {
 }
 
 void Job::SpawnPlannedProcesses(int /*hosts*/) {
-  Say(assignment_->Describe(config_.host_id, round_));
+  Say(assignment_->Describe(config_.host_id, round()));
   for (int rank : assignment_->ranks) {
     if (absl::Status s = Spawn(rank, -1); !s.ok()) {
       return Fail(absl::StrCat("cannot start the job: ", s.message()));
@@ -1866,122 +1828,9 @@ void Job::SpawnPlannedProcesses(int /*hosts*/) {
   }
 }
 
-// ---- Multi-host --restart-all: restart rounds ----
-//
-// torchrun's elastic agent answers any failure by stopping the whole worker group and starting
-// it again through a new rendezvous round; these are the same rounds on trainguard's agents. The
-// coordinator publishes "<round> <why>" at agents/restart (and, for a host fault, a plan that
-// gives the dead host's group rank to a standby host); every agent, the coordinator's own first,
-// kills its processes and starts its ranks under the round's job id, whose store namespace holds
-// nothing yet: generation 0 forms anew there, and with no snapshot committed in the store, no
-// arena and no peer backup of the round, every rank restores the newest checkpoint on disk.
+// ---- --restart-all: the acts of a restart round (RestartAll decides) ----
 
-void Job::PublishRestartRound(const std::string& why, const std::string& dead_host,
-                              absl::Time since) {
-  const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
-  if (!coordinating()) return;
-  RestartRoundRequest request;
-  request.round = round_;
-  request.limit = config_.restart_all;
-  request.why = why;
-  request.dead_host = dead_host;
-  request.own_host = config_.host_id;
-  request.master_addr = master_addr_;
-  request.master_port = master_port_;
-  RestartRoundDecision::Action action = DecideRestartRound(request);
-  if (std::holds_alternative<RestartRoundDecision::ReadHosts>(action)) {
-    absl::StatusOr<RestartRoundHosts> hosts = ReadRestartRoundHosts(timeout);
-    if (!hosts.ok()) {
-      return Fail(absl::StrFormat("restart round %d (%s): cannot read the plan and the hosts: %s",
-                                  round_ + 1, why, hosts.status().ToString()));
-    }
-    request.hosts = *std::move(hosts);
-    action = DecideRestartRound(request);
-  }
-  if (const auto* fail = std::get_if<RestartRoundDecision::Fail>(&action)) return Fail(fail->why);
-  const auto* start = std::get_if<RestartRoundDecision::Start>(&action);
-  if (start == nullptr) return;  // not reached: with the hosts read, it is Fail or Start
-  const int64_t next = start->round;
-  if (!start->taker.empty()) Say(start->taker);
-  if (start->plan.has_value()) {
-    store_keys::Plan new_plan;
-    new_plan.training_hosts = start->plan->training_hosts;
-    new_plan.ranks_per_host = config_.nproc;
-    new_plan.master_addr = start->plan->master_addr;
-    new_plan.master_port = start->plan->master_port;
-    for (const RestartRoundPlan::Host& h : start->plan->hosts) {
-      new_plan.hosts.push_back({h.host, h.group});
-    }
-    if (!coordinating()) return;
-    if (absl::Status s =
-            store_->Set(store_keys::kAgentPlan, store_keys::EncodePlan(new_plan), timeout);
-        !s.ok()) {
-      return Fail(absl::StrFormat("restart round %d (%s): publishing its plan: %s", next, why,
-                                  s.ToString()));
-    }
-  }
-  if (!coordinating()) return;
-  if (absl::Status s = store_->Set(store_keys::kAgentRestart,
-                                   store_keys::EncodeRestartRound({next, why}), timeout);
-      !s.ok()) {
-    return Fail(absl::StrFormat("restart round %d (%s): publishing it: %s", next, why,
-                                s.ToString()));
-  }
-  Say(absl::StrFormat("restarting every rank on every host (restart %d of at most %d): %s", next,
-                      config_.restart_all, why));
-  std::vector<std::pair<std::string, std::string>> attributes = {
-      {"restart", absl::StrCat(next)}};
-  if (!dead_host.empty()) attributes.emplace_back("host", dead_host);
-  Record(-1, EventKind::kRestartAll, why, std::move(attributes));
-  const absl::Time fault = since == absl::InfinitePast() ? clock_->Now() : since;
-  StartRound(next);
-  recoveries().push_back({-1, 0, fault, dead_host});
-}
-
-absl::StatusOr<RestartRoundHosts> Job::ReadRestartRoundHosts(absl::Duration timeout) {
-  absl::StatusOr<std::string> value = store_->Get(store_keys::kAgentPlan, timeout);
-  absl::StatusOr<store_keys::Plan> plan =
-      value.ok() ? store_keys::DecodePlan(*value) : value.status();
-  absl::StatusOr<std::vector<store_keys::JoinRecord>> joined =
-      ReadJoinedHosts(store_.get(), timeout);
-  absl::StatusOr<std::vector<std::string>> left =
-      store_->ListKeys(store_keys::kAgentsLeft.prefix(), timeout);
-  if (!plan.ok()) return plan.status();
-  if (!joined.ok()) return joined.status();
-  if (!left.ok()) return left.status();
-  RestartRoundHosts hosts;
-  hosts.groups = plan->Groups();
-  const absl::Time now = clock_->Now();
-  for (const store_keys::JoinRecord& j : *joined) {
-    hosts.joined.push_back({j.host, j.addr, j.port});
-    if (job_coordinator_->IsSilent(j.host, now)) hosts.silent.insert(j.host);
-  }
-  for (std::string& host : store_keys::kAgentsLeft.Names(*left)) hosts.left.insert(std::move(host));
-  hosts.dead = job_coordinator_->dead_hosts();
-  return hosts;
-}
-
-void Job::FollowRestartRound() {
-  if (!RestartsOnHosts()) return;
-  absl::StatusOr<std::string> value =
-      store_->Get(store_keys::kAgentRestart, AgentCallTimeout(config_.host_timeout));
-  if (!value.ok()) return;
-  absl::StatusOr<store_keys::RestartRound> restart = store_keys::DecodeRestartRound(*value);
-  if (!restart.ok() || restart->round <= round_) return;
-  Say(absl::StrFormat("restart round %d: %s", restart->round, restart->why));
-  StartRound(restart->round);
-}
-
-void Job::KillRanksStoppedBeforeFormation() {
-  {
-    MutexLock lock(&formed_mu_);
-    if (formed_.has_value() || round_ == 0) return;
-  }
-  host_agent_->KillRanksStoppedFor(config_.heartbeat_timeout,
-                                   absl::StrFormat("before restart round %d formed", round_));
-}
-
-void Job::StartRound(int64_t round) {
+void Job::StartRound(int64_t from, int64_t to) {
   // torchrun's shape: every process goes, whatever it was doing (SIGKILL: nothing of it is kept).
   std::vector<std::string> stopped;
   for (auto& c : children_) {
@@ -1994,36 +1843,33 @@ void Job::StartRound(int64_t round) {
   standby_respawns_.clear();
   // Nothing of the old processes' memory survives a restart: their snapshot arenas, flight
   // recorders and the peer backups they held go (and the new round's job id could not name them).
-  const std::string old_id = RanksJobId();
+  const std::string old_id = RoundJobId(config_.job_id, from);
   for (int r = 0; r < world_size_; ++r) {
     (void)Snapshotter::RemoveArena(old_id, r);
     (void)FlightRecorder::Remove(old_id, r);
     (void)BackupService::RemoveArenas(old_id, {r});
   }
-  Say(absl::StrFormat("restart round %d: stopped %s; shared memory of job id %s removed", round,
+  Say(absl::StrFormat("restart round %d: stopped %s; shared memory of job id %s removed", to,
                       stopped.empty() ? "no process" : absl::StrJoin(stopped, ", "), old_id));
-  round_ = round;
-  job_coordinator_->set_round(round_);
-  restarts_ = static_cast<int>(round);
+  job_coordinator_->set_round(to);
   restarted_at_ = clock_->Now();
-  OpenStoreOptions store_options;
-  store_options.source_address = config_.local_addr;
   absl::StatusOr<std::unique_ptr<Store>> store =
-      OpenStore(store_url_, RanksJobId(), token_, kStoreTimeout, store_options);
+      OpenStore(store_url_, RanksJobId(), token_, kStoreTimeout, AgentStoreOptions());
   if (!store.ok()) {
-    return Fail(absl::StrFormat("restart round %d: connecting to the store as %s: %s", round,
+    return Fail(absl::StrFormat("restart round %d: connecting to the store as %s: %s", to,
                                 RanksJobId(), store.status().ToString()));
   }
   coordinator_.reset();
   round_store_ = *std::move(store);
-  coordinator_ = std::make_unique<RendezvousCoordinator>(ranks_store(), clock_,
-                                                         config_.host_id, lease_.get());
+  // The round's generation 0 forms anew on its own namespace, under the lease on several hosts.
+  coordinator_ = std::make_unique<RendezvousCoordinator>(
+      ranks_store(), clock_, lease_ != nullptr ? config_.host_id : "coordinator", lease_.get());
   job_coordinator_->set_rendezvous(coordinator_.get());
   rank_watch_->set_ranks_store(ranks_store());
   rank_watch_->set_rendezvous(coordinator_.get());
   // A coordinator that follows a round another published (it took the lease over meanwhile) acts
   // on the round's membership if it formed already (NotFound: not yet).
-  if (coordinating()) {
+  if (lease_ != nullptr && coordinating()) {
     if (absl::Status s = coordinator_->Resume(kStoreTimeout); !s.ok() && !absl::IsNotFound(s)) {
       Say(s.ToString());
     }
@@ -2035,10 +1881,22 @@ void Job::StartRound(int64_t round) {
   renewal_policy_.Reset();
   ranks_finished_ = 0;
   rank_watch_->HoldHeartbeatChecksUntil(clock_->Now() + config_.heartbeat_timeout);
+  if (!MultiHost()) {
+    // One host has no plan: its ranks are the job's, and its coordinator forms the round at once
+    // (on several hosts the coordinator's CoordinateHosts does, once the plan is followed).
+    master_port_ = FreePort();
+    for (int r = 0; r < config_.nproc; ++r) {
+      if (absl::Status s = Spawn(r, -1); !s.ok()) {
+        return Fail(absl::StrFormat("restart round %d: %s", to, s.message()));
+      }
+    }
+    StartForming();
+    return;
+  }
   int hosts = 0;
   if (!ReadPlan(&hosts)) {
     if (exit_code_ < 0) {
-      Fail(absl::StrFormat("restart round %d: no plan at %s", round, store_keys::kAgentPlan));
+      Fail(absl::StrFormat("restart round %d: no plan at %s", to, store_keys::kAgentPlan));
     }
     return;
   }
@@ -2057,7 +1915,7 @@ void Job::FollowGeneration() {
     exit_code_ = fenced->code;
     return;
   }
-  FollowRestartRound();
+  recovery_->FollowRound();
   if (exit_code_ >= 0) return;
   // The newest published generation, read as a coordinator taking over reads it (on an agent
   // that does not hold the lease, its coordinator only keeps it up to date).
@@ -2111,7 +1969,7 @@ void Job::KillAndReplaceStoppedMember(int rank, const std::string& member, Event
   KillMember(member, what, why);
   // One host: the kill's exit reaches OnExit, which decides (replace, restart all, fail) as for any
   // death; queueing it here too would replace the rank twice.
-  if (!MultiHost() || RestartsOnHosts() || job_coordinator_->DeathTaken(member)) return;
+  if (!MultiHost() || !recovery_->ReplacesRanks() || job_coordinator_->DeathTaken(member)) return;
   (void)job_coordinator_->QueueDeadMember(
       rank, member,
       absl::StrCat("is stopped, its agent says, and is being killed (",

@@ -121,9 +121,9 @@ struct LaunchConfig {
   // process of the job is stopped, the ranks' shared memory is removed, and all ranks start again
   // as fresh processes that restore the newest checkpoint on disk. The job fails at the (M+1)-th
   // such fault. No standbys: --standby must be 0.
-  // One host (the launcher's own store): SIGTERM, SIGKILL after 1 s, and a fresh store.
-  // Several hosts (--nnodes; give every agent the flag): the coordinator publishes a restart round
-  // (store key agents/restart, "<round> <why>"); every agent SIGKILLs its processes, removes the
+  // One host (the launcher's own store) and several (--nnodes; give every agent the flag) alike
+  // (sdk/coordinator/restart_all.h): the coordinator publishes a restart round (store key
+  // agents/restart, "<round> <why>"); every agent SIGKILLs its processes, removes the
   // snapshot arenas, flight recorders and peer-backup segments they held, and starts its ranks
   // again under the round's own job id "<job id>.round<K>" (a fresh namespace of store keys and
   // shared memory; generation 0 forms anew in it). A host fault (a host declared dead) restarts

@@ -21,7 +21,6 @@ ReplacementPolicy::Decision ReplacementPolicy::OnRankDeath(int rank, std::string
   history.last = std::string(how);
   history.streak = now - history.took_rank < options_.healthy_run ? history.streak + 1 : 1;
 
-  if (options_.restart_all) return RestartAll{absl::StrFormat("rank %d %s", rank, how)};
   if (!options_.has_standbys) {
     return Fail{absl::StrFormat("rank %d died and the job has no standbys (%s)", rank, how)};
   }

@@ -1,6 +1,7 @@
-// ReplacementPolicy: what `trainguard run` does when a rank or a parked standby dies. A rank's
-// death is answered by replacing it with a standby (at once, or after a crash-loop backoff), by
-// restarting every rank (--restart-all), or by failing the job (no standbys, or --max-replacements
+// ReplacementPolicy: what `trainguard run` does when a rank or a parked standby dies under standby
+// replacement (sdk/coordinator/standby_replacement.h; --restart-all is another recovery strategy,
+// sdk/coordinator/restart_all.h). A rank's death is answered by replacing it with a standby (at
+// once, or after a crash-loop backoff), or by failing the job (no standbys, or --max-replacements
 // reached); a parked standby's death by starting another one (after a backoff) or, past the bound,
 // by starting no more.
 //
@@ -16,10 +17,9 @@
 // last taken; the standbys' deaths; the replacements made.
 //
 // Not decided here: whether the job had formed when the rank died (a death before generation 0
-// formed fails the job; under --restart-all, one before a restarted job formed restarts again).
-// That depends on the launcher's formation state and, on several hosts, on its restart rounds; the
-// launcher checks it before asking the policy. On several hosts the coordinator asks the policy for
-// the bound and the backoff only: standbys live on standby hosts and restarts are rounds.
+// formed fails the job). That depends on the launcher's formation state; the strategy checks it
+// before asking the policy. On several hosts the coordinator asks the policy for the bound and the
+// backoff only: standbys live on standby hosts.
 //
 // Thread safety: not thread-safe; one thread (the launcher's loop, a test) uses an instance.
 #ifndef TRAINGUARD_SDK_AGENT_REPLACEMENT_POLICY_H_
@@ -46,8 +46,6 @@ struct ReplacementPolicyOptions {
   absl::Duration max_backoff = absl::Seconds(30);
   // False: a rank's death fails the job (no --standby).
   bool has_standbys = true;
-  // --restart-all: a rank's death restarts every rank instead of replacing it.
-  bool restart_all = false;
 };
 
 // One rank's deaths, for the backoff and for the message that ends the job.
@@ -70,15 +68,11 @@ class ReplacementPolicy {
     // 1s"; empty when the replacement is at once (nothing to explain).
     std::string message;
   };
-  // Restart every rank for `why` ("rank 1 exited with status 1").
-  struct RestartAll {
-    std::string why;
-  };
   // Fail the job for `why`.
   struct Fail {
     std::string why;
   };
-  using Decision = std::variant<Replace, RestartAll, Fail>;
+  using Decision = std::variant<Replace, Fail>;
 
   struct StandbyDecision {
     // False: start no standby for this death (the bound was reached, now or before).

@@ -105,14 +105,10 @@ void JobCoordinator::ReadDeathReports() {
         continue;
       }
       if (id->round != round_) continue;
-      if (current.generation < 0 && round_ == 0) {
-        return hooks_.fail(absl::StrFormat("%s died before generation 0 formed (%s)", member, how));
-      }
       const std::string rank = report.ok() ? absl::StrCat("rank ", report->rank) : "a rank";
-      return hooks_.restart_round(
-          absl::StrFormat("%s (%s) %s%s", rank, member, how,
-                          current.generation < 0 ? " before the restarted job formed" : ""),
-          "", absl::InfinitePast());
+      return hooks_.restart_rank_death(
+          {report.ok() ? report->rank : -1, absl::StrFormat("%s (%s)", rank, member), how},
+          current.generation >= 0);
     }
     if (current.generation < 0) {
       handled_deaths_.insert(member);
@@ -326,12 +322,7 @@ void JobCoordinator::DeclareHostDead(const std::string& host, absl::Time last_be
         group = plan->GroupOf(host);
       }
     }
-    if (group < 0) return;  // a standby host: nothing to restart
-    if (current.generation < 0 && round_ == 0) {
-      return hooks_.fail(absl::StrFormat("host %s died before generation 0 formed", host));
-    }
-    return hooks_.restart_round(absl::StrFormat("host %s is dead (%s)", host, why), host,
-                                last_beat);
+    return hooks_.restart_host_death(host, group >= 0, current.generation >= 0, why, last_beat);
   }
   if (ranks.empty()) return;
   if (current.generation < 0) {

@@ -10,11 +10,12 @@
 // generation whose ranks asked for one (RenewGenerationWhenAsked, as RenewalPolicy decides), and
 // the recoveries both start (recoveries(), whose end the launcher measures).
 //
-// What it cannot do itself it hands to the hooks: failing the job, starting a restart round
-// (--restart-all on several hosts), printing a line, recording an event, choosing the standbys a
-// host's ranks go to (the backup placement), knowing whether a standby is starting, carrying out
-// a rank's takeover where the process is the launcher's own, restarting every rank. The launcher
-// still owns the processes, the rendezvous coordinator and the hangs.
+// What it cannot do itself it hands to the hooks: failing the job, printing a line, recording an
+// event, choosing the standbys a host's ranks go to (the backup placement), knowing whether a
+// standby is starting, carrying out a rank's takeover where the process is the launcher's own;
+// under --restart-all, the deaths and the ranks' requests, which the RestartAll strategy decides
+// (sdk/coordinator/restart_all.h). The launcher still owns the processes, the rendezvous
+// coordinator and the hangs.
 //
 // Every act that writes to the store or says what it decided checks the gate (the coordinator
 // lease, Hooks::coordinating) right before it: a deposed coordinator writes nothing. Every instant
@@ -39,6 +40,7 @@
 #include "sdk/agent/host_liveness.h"
 #include "sdk/agent/renewal_policy.h"
 #include "sdk/agent/replacement_policy.h"
+#include "sdk/coordinator/recovery_strategy.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "trainguard/clock.h"
 #include "trainguard/events.h"
@@ -108,10 +110,16 @@ class JobCoordinator {
         record;
     // Fails the job for `why`.
     std::function<void(const std::string& why)> fail;
-    // --restart-all: starts the next restart round for `why`; `dead_host`, when not empty, hands
-    // its group rank to a standby host; `since`: when the fault began (InfinitePast: now).
-    std::function<void(const std::string& why, const std::string& dead_host, absl::Time since)>
-        restart_round;
+    // --restart-all: `host` was declared dead for `why` (its fence written); `trained`: the plan
+    // gave it a group rank; `formed`: the current round's generation 0 had formed; `last_beat`:
+    // when its heartbeat last advanced. The strategy decides (RestartAll::OnHostDeath).
+    std::function<void(const std::string& host, bool trained, bool formed, const std::string& why,
+                       absl::Time last_beat)>
+        restart_host_death;
+    // --restart-all: a rank of the current restart round died, its label naming the member
+    // ("rank 3 (h1:200:round1:rank3)"); `formed`: whether the round's generation 0 had formed. The
+    // strategy decides, as for one host's own ranks (RestartAll::OnRankDeath).
+    std::function<void(const RankDeath& death, bool formed)> restart_rank_death;
     // The parked standbys that `ranks` of `dead_host` go to first, in order (the launcher's choice
     // away from the hosts that hold their backups); empty: any parked standby.
     std::function<std::vector<std::string>(const std::string& dead_host,
@@ -124,8 +132,8 @@ class JobCoordinator {
     // host) it relabels it and starts another standby; on several hosts the member's own agent
     // relabels it and the coordinator only says so.
     std::function<void(int rank, const std::string& member, int64_t generation)> rank_taken;
-    // --restart-all: restart every rank for `why` (the ranks asked for a new generation), at the
-    // launcher's next turn (one host: RestartAll; several: a restart round).
+    // --restart-all: restart every rank for `why` (the ranks asked for a new generation), in the
+    // next restart round (RestartAll::RequestRestart).
     std::function<void(const std::string& why)> request_restart;
   };
 
@@ -151,7 +159,8 @@ class JobCoordinator {
   // Takes the death reports (agents/deaths/<member>) not taken yet: each is recorded as a death
   // with its cause, and its rank queued for replacement (QueueDeadMember); the death of a standby
   // or of a rank already replaced only forgets the standby. With restart_all, a death of the
-  // current round starts a restart round. A death before generation 0 formed fails the job.
+  // current round goes to Hooks::restart_rank_death. A death before generation 0 formed fails the
+  // job.
   void ReadDeathReports();
 
   // Queues `rank`, which `member` held, for replacement: counted as a death (`how`) against
@@ -164,7 +173,7 @@ class JobCoordinator {
 
   // Fences `host` out (agents/dead/<host> = `why`) and queues the ranks it held (those not
   // finished) for replacement in one entry, replacing any of them queued already; with restart_all,
-  // starts a restart round when it trained. `last_beat`: when its heartbeat last advanced, the
+  // hands the death to Hooks::restart_host_death instead. `last_beat`: when its heartbeat last advanced, the
   // recovery's start. Nothing when the gate is closed; when the fence cannot be written, tried
   // again at the next tick (the host stays silent).
   void DeclareHostDead(const std::string& host, absl::Time last_beat, const std::string& why);

@@ -69,6 +69,13 @@ class JobCoordinatorTest : public ::testing::Test {
     std::string dead_host;
     absl::Time since;
   };
+  struct HostDeath {
+    std::string host;
+    bool trained;
+    bool formed;
+    std::string why;
+    absl::Time last_beat;
+  };
   struct Taken {
     int rank;
     std::string member;
@@ -128,9 +135,14 @@ class JobCoordinatorTest : public ::testing::Test {
       recorded_.push_back({rank, kind, message, std::move(attributes)});
     };
     hooks.fail = [this](const std::string& why) { failed_.push_back(why); };
-    hooks.restart_round = [this](const std::string& why, const std::string& dead_host,
-                                 absl::Time since) {
-      restarts_.push_back({why, dead_host, since});
+    // What RestartAll::OnRankDeath restarts for once the round formed.
+    hooks.restart_rank_death = [this](const RankDeath& death, bool formed) {
+      restarts_.push_back({absl::StrCat(death.label, " ", death.how, formed ? "" : " (unformed)"),
+                           "", absl::InfinitePast()});
+    };
+    hooks.restart_host_death = [this](const std::string& host, bool trained, bool formed,
+                                      const std::string& why, absl::Time last_beat) {
+      host_deaths_.push_back({host, trained, formed, why, last_beat});
     };
     // The launcher's choice (Job::PreferredStandbys), without peer backups to keep away from.
     hooks.preferred_standbys = [this](const std::string& dead_host, const std::vector<int>& ranks) {
@@ -226,6 +238,7 @@ class JobCoordinatorTest : public ::testing::Test {
   std::vector<Recorded> recorded_;
   std::vector<std::string> failed_;
   std::vector<RestartRequest> restarts_;
+  std::vector<HostDeath> host_deaths_;  // --restart-all: handed to the strategy
   bool standby_starting_ = false;
   std::vector<Taken> taken_;
 };
@@ -415,25 +428,31 @@ TEST_F(JobCoordinatorTest, AfterATakeoverTheHostsTheStoreNamesDeadAreNotDeclared
   EXPECT_THAT(coordinator_->replacements(), IsEmpty());
 }
 
-TEST_F(JobCoordinatorTest, WithRestartAllADeadTrainingHostStartsARestartRound) {
+// What the strategy then decides is RestartAllHostDeathTest's (restart_all_test.cc).
+TEST_F(JobCoordinatorTest, WithRestartAllADeadTrainingHostIsFencedAndHandedToTheStrategy) {
   Start(/*restart_all=*/true);
   coordinator_->CoordinateHosts();
   RunUntil(kHostTimeout, {"h0", "h2"});
   EXPECT_EQ(Value(store_keys::kAgentsDead.Key("h1")), "no heartbeat for 3s");
   EXPECT_THAT(coordinator_->replacements(), IsEmpty());
-  ASSERT_EQ(restarts_.size(), 1u);
-  EXPECT_EQ(restarts_[0].why, "host h1 is dead (no heartbeat for 3s)");
-  EXPECT_EQ(restarts_[0].dead_host, "h1");
-  EXPECT_EQ(restarts_[0].since, absl::UnixEpoch());
+  ASSERT_EQ(host_deaths_.size(), 1u);
+  EXPECT_EQ(host_deaths_[0].host, "h1");
+  EXPECT_TRUE(host_deaths_[0].trained);
+  EXPECT_TRUE(host_deaths_[0].formed);
+  EXPECT_EQ(host_deaths_[0].why, "no heartbeat for 3s");
+  EXPECT_EQ(host_deaths_[0].last_beat, absl::UnixEpoch());
 }
 
-TEST_F(JobCoordinatorTest, WithRestartAllADeadStandbyHostRestartsNothing) {
+TEST_F(JobCoordinatorTest, WithRestartAllADeadStandbyHostIsHandedToTheStrategyAsNotTraining) {
   Start(/*restart_all=*/true);
   coordinator_->CoordinateHosts();
   RunUntil(kHostTimeout, {"h0", "h1"});
   EXPECT_EQ(Value(store_keys::kAgentsDead.Key("h2")), "no heartbeat for 3s");
   EXPECT_THAT(said_, ElementsAre("host h2 is dead (no heartbeat for 3s); it held no rank"));
-  EXPECT_THAT(restarts_, IsEmpty());
+  ASSERT_EQ(host_deaths_.size(), 1u);
+  EXPECT_EQ(host_deaths_[0].host, "h2");
+  EXPECT_FALSE(host_deaths_[0].trained);
+  EXPECT_THAT(coordinator_->replacements(), IsEmpty());
 }
 
 TEST_F(JobCoordinatorTest, WithRestartAllARanksDeathOfThisRoundRestartsAndOneOfAnEarlierIsIgnored) {

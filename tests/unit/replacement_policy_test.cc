@@ -160,21 +160,6 @@ TEST(ReplacementPolicy, WithoutStandbysARankDeathFailsTheJobNamingIt) {
             "rank 2 died and the job has no standbys (killed by SIGKILL)");
 }
 
-TEST(ReplacementPolicy, UnderRestartAllEveryDeathRestartsEveryRankWhateverTheReplacementBound) {
-  ReplacementPolicyOptions options;
-  options.restart_all = true;
-  options.has_standbys = false;
-  options.max_replacements = 0;
-  ReplacementPolicy policy(options);
-  for (int i = 0; i < 3; ++i) {
-    const ReplacementPolicy::Decision decision =
-        policy.OnRankDeath(1, kExit1, At(absl::Seconds(i)));
-    const auto* restart = std::get_if<ReplacementPolicy::RestartAll>(&decision);
-    ASSERT_NE(restart, nullptr);
-    EXPECT_EQ(restart->why, "rank 1 exited with status 1");
-  }
-}
-
 TEST(ReplacementPolicy, StandbysDyingWhileParkedAreRestartedWithBackoffAndStopAtTheLimit) {
   ReplacementPolicy policy(Options(/*max_replacements=*/2, absl::Seconds(1)));
   // Every standby dies 1 s after it started.
