@@ -142,10 +142,7 @@ void FailSlowCoordinator::AppendTrace(const std::map<std::string, std::string>& 
   absl::StatusOr<std::unique_ptr<WritableFile>> trace =
       env_->NewAppendableFile(options_.trace_path);
   if (!trace.ok()) return;
-  std::string lines;
-  for (const auto& [host, record] : records)
-    absl::StrAppend(&lines, second_, " ", host, " ", record, "\n");
-  (void)(*trace)->Append(lines);
+  (void)(*trace)->Append(FailSlowTraceLines(second_, records));
   (void)(*trace)->Close();
 }
 

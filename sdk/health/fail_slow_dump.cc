@@ -23,12 +23,16 @@ void HostMetricsHistory::Record(int64_t second, const std::map<std::string, std:
   while (!ring_.empty() && ring_.front().first <= second - seconds_) ring_.pop_front();
 }
 
+std::string FailSlowTraceLines(int64_t second, const std::map<std::string, std::string>& records) {
+  std::string out;
+  for (const auto& [host, record] : records)
+    absl::StrAppend(&out, second, " ", host, " ", record, "\n");
+  return out;
+}
+
 std::string HostMetricsHistory::Lines() const {
   std::string out;
-  for (const auto& [second, records] : ring_) {
-    for (const auto& [host, record] : records)
-      absl::StrAppend(&out, second, " ", host, " ", record, "\n");
-  }
+  for (const auto& [second, records] : ring_) out += FailSlowTraceLines(second, records);
   return out;
 }
 

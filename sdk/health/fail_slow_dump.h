@@ -42,7 +42,7 @@ class HostMetricsHistory {
   // seconds in (last - seconds, last].
   void Record(int64_t second, const std::map<std::string, std::string>& records);
 
-  // "<second> <host> <record>\n" for every held second and host, oldest first.
+  // FailSlowTraceLines of every held second, oldest first.
   std::string Lines() const;
   size_t seconds_held() const { return ring_.size(); }
 
@@ -50,6 +50,10 @@ class HostMetricsHistory {
   int seconds_;
   std::deque<std::pair<int64_t, std::map<std::string, std::string>>> ring_;
 };
+
+// "<second> <host> <record>\n" for each host of one second's records (host -> its agents/metrics
+// value): the lines of a dump and of the --fail-slow-trace file.
+std::string FailSlowTraceLines(int64_t second, const std::map<std::string, std::string>& records);
 
 // The verdict a dump was written for: its header line.
 struct FailSlowDumpHeader {

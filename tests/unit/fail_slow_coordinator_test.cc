@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -103,7 +104,7 @@ class FailSlowCoordinatorTest : public ::testing::Test {
     job_->set_world_size(kHosts);
   }
 
-  void Start(FailSlowPolicy policy, double max_evict_share = 0.1) {
+  void Start(FailSlowPolicy policy, double max_evict_share = 0.1, std::string trace_path = "") {
     FailSlowCoordinatorOptions options;
     options.policy = policy;
     options.detector.metrics = {{"compute_ms", true}};
@@ -114,6 +115,7 @@ class FailSlowCoordinatorTest : public ::testing::Test {
     options.ranks_per_host = 1;
     options.dump_dir = FailSlowDumpDir(tmp_.path());
     options.call_timeout = kCall;
+    options.trace_path = std::move(trace_path);
     FailSlowCoordinator::Hooks hooks;
     hooks.coordinating = [this] { return coordinating_; };
     hooks.say = [this](const std::string& line) { said_.push_back(line); };
@@ -247,6 +249,19 @@ TEST_F(FailSlowCoordinatorTest, TheDumpHoldsEveryHostsHistoryUpToTheDetection) {
   EXPECT_DOUBLE_EQ(dump->hosts["h2"].back().metrics["compute_ms"], last->metrics.at(0).second);
   EXPECT_NEAR(last->metrics.at(0).second, 100.0 * (1 + 0.03 * Noise(2, Confirmed(kOnset))) * 1.3,
               1e-3);
+}
+
+TEST_F(FailSlowCoordinatorTest, TheTraceFileHoldsEverySecondsRecordsAsTheDumpsDo) {
+  const std::string trace = tmp_.path() + "/trace.txt";
+  Start(FailSlowPolicy::kAlert, 0.1, trace);
+  Seconds(1, 3, {});
+  absl::StatusOr<std::string> text = Env::Default()->ReadFileToString(trace);
+  ASSERT_TRUE(text.ok()) << text.status();
+  std::vector<std::string> lines = absl::StrSplit(*text, '\n', absl::SkipEmpty());
+  ASSERT_THAT(lines, SizeIs(3 * kHosts));
+  EXPECT_TRUE(absl::StartsWith(lines[0], "1 h0 v1 1 "));
+  EXPECT_TRUE(absl::StartsWith(lines.back(), "3 h4 v1 3 "));
+  EXPECT_EQ(lines.back(), absl::StrCat("3 h4 ", *Value(HostMetricsKey("h4"))));
 }
 
 TEST_F(FailSlowCoordinatorTest, ReportOnlyNeverEvictsWindowAfterWindow) {
