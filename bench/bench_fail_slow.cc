@@ -36,7 +36,7 @@
 #include "absl/time/clock.h"
 #include "sdk/health/fail_slow_detector.h"
 #include "sdk/health/fail_slow_metrics.h"
-#include "tools/fail_slow_monitor.h"
+#include "sdk/host_agent/host_sampler.h"
 
 namespace trainguard {
 
@@ -170,7 +170,7 @@ int MeasureCost() {
   record.step_ns = 5'000'000'000;
   record.collective_ns = 3'000'000'000;
   const std::string work = EncodeRankWorkRecord(record);
-  tools::HostSampler sampler;
+  HostSampler sampler;
   absl::Time now = absl::Now();
   const absl::Time start = absl::Now();
   size_t bytes = 0;

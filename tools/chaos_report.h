@@ -40,7 +40,7 @@
 //                 hosts"): when, the host, the metric, z, the continuity windows, the action.
 //
 // With --png, each fail-slow dump of the run (<run_dir>/events/fail_slow/*.trace,
-// tools/fail_slow_dump.h) is also drawn: one PNG per dump, one panel per metric, one line per
+// sdk/health/fail_slow_dump.h) is also drawn: one PNG per dump, one panel per metric, one line per
 // host, the suspect host highlighted and the detection second marked.
 //
 // Everything is a pure function of the events given: exact and deterministic, so it is unit-tested
@@ -57,7 +57,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "tools/fail_slow_dump.h"
+#include "sdk/health/fail_slow_dump.h"
 #include "trainguard/events.h"
 
 namespace trainguard::tools {

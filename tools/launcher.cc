@@ -52,6 +52,7 @@
 #include "sdk/checkpoint/backup_placement.h"
 #include "sdk/checkpoint/backup_service.h"
 #include "sdk/checkpoint/snapshotter.h"
+#include "sdk/coordinator/fail_slow_coordinator.h"
 #include "sdk/coordinator/job_coordinator.h"
 #include "sdk/coordinator/lease_keeper.h"
 #include "sdk/coordinator/plan_publisher.h"
@@ -65,14 +66,13 @@
 #include "sdk/health/fail_slow_detector.h"
 #include "sdk/health/fail_slow_metrics.h"
 #include "sdk/host_agent/host_agent.h"
+#include "sdk/host_agent/host_sampler.h"
 #include "sdk/rendezvous/coordinator_lease.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/rendezvous/tcp_store.h"
 #include "sdk/runtime/peer_progress.h"
 #include "sdk/watchdog/flight_recorder.h"
 #include "sdk/watchdog/hang_diagnosis.h"
-#include "tools/fail_slow_dump.h"
-#include "tools/fail_slow_monitor.h"
 #include "trainguard/checkpoint.h"
 #include "trainguard/env.h"
 #include "trainguard/events.h"
@@ -366,13 +366,10 @@ class Job {
   // The hosts that now run a rank holding `rank`'s backups or whose backups `rank` holds (the
   // job's backup placement); none without peer backups.
   std::set<std::string> HostsSharingBackups(int rank);
-  // Fail-slow hosts (tools/fail_slow_monitor.h): every agent publishes its host's sample once a
-  // second; the coordinator detects and acts (LaunchConfig::fail_slow).
+  // Fail-slow hosts (LaunchConfig::fail_slow): every agent publishes its host's sample once a
+  // second (HostAgent::PublishHostSample); the coordinator detects and acts (FailSlowCoordinator).
   void SampleHost();
   void DetectFailSlow();
-  void ActOnSuspect(const SuspectVerdict& verdict);
-  // <run_dir>/events/fail_slow/<unix>-<host>.trace: the history up to this detection.
-  void WriteSuspectDump(const SuspectVerdict& v, const std::string& action);
   // The coordinating agent's own event file, <run_dir>/events/agent-<host>.tgev (opened lazily).
   void AppendAgentEvent(Event event);
   std::string HostPrefix() const { return config_.host_id + ":"; }
@@ -512,17 +509,10 @@ class Job {
   // The agent that serves the store stays until the others left (bounded), so they see the end.
   void LeaveJob();
 
-  // Fail-slow state (this agent's sample; the coordinator's detector and evictions).
-  HostSampler host_sampler_;
-  bool gpus_probed_ = false;  // NVML looked for (SampleHost's first call)
-  absl::Time next_host_sample_ = absl::InfinitePast();
-  std::unique_ptr<FailSlowMonitor> fail_slow_;
-  int64_t fail_slow_second_ = 0;
-  absl::Time next_fail_slow_check_ = absl::InfinitePast();
-  int fail_slow_evictions_ = 0;
-  // The last 120 s of every host's record, written out with each suspect (tools/fail_slow_dump.h).
-  HostMetricsHistory fail_slow_history_{120};
-  bool fail_slow_dump_failed_ = false;  // said once
+  // Fail-slow: this agent's sampler (made, and NVML looked for, at SampleHost's first call) and,
+  // once it coordinates, the detector's side (made at DetectFailSlow's first call).
+  std::unique_ptr<HostSampler> host_sampler_;
+  std::unique_ptr<FailSlowCoordinator> fail_slow_;
   std::unique_ptr<EventLog> agent_events_;
 
   // Generation 0 is formed on a helper thread while the loop keeps draining the ranks' output.
@@ -630,6 +620,7 @@ absl::Status Job::Prepare() {
 }
 
 void Job::CreateJobCoordinator() {
+  fail_slow_.reset();  // it reads the coordinator (and the store) replaced here
   JobCoordinatorOptions options;
   options.host_id = config_.host_id;
   options.host_timeout = config_.host_timeout;
@@ -2012,164 +2003,53 @@ std::set<std::string> Job::HostsSharingBackups(int rank) {
 // ---- Fail-slow hosts ----
 
 void Job::SampleHost() {
-  const absl::Time now = clock_->Now();
-  if (now < next_host_sample_ || !spawned_) return;
-  next_host_sample_ = now + absl::Seconds(1);
-  if (!gpus_probed_) {
+  if (!spawned_) return;
+  if (host_sampler_ == nullptr) {
     // Once per agent: a host without an NVIDIA driver collects no GPU metric, and says so once.
-    gpus_probed_ = true;
     absl::StatusOr<std::unique_ptr<GpuMetricsSource>> gpus = NvmlGpuMetricsSource::Open();
     if (gpus.ok()) {
       const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");  // NOLINT(concurrency-mt-unsafe)
       Say(absl::StrCat("fail-slow: GPU metrics through NVML (", (*gpus)->device_count(),
                        " GPU(s) on this host)"));
-      host_sampler_ = HostSampler(*std::move(gpus), visible != nullptr
-                                                        ? std::optional<std::string>(visible)
-                                                        : std::nullopt);
+      host_sampler_ = std::make_unique<HostSampler>(
+          *std::move(gpus),
+          visible != nullptr ? std::optional<std::string>(visible) : std::nullopt);
     } else {
       Say(absl::StrCat("fail-slow: no GPU metrics: ", gpus.status().message()));
+      host_sampler_ = std::make_unique<HostSampler>();
     }
   }
-  const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
-  std::vector<HostSampler::RankProcess> ranks;
-  std::vector<std::string> keys;
-  for (const auto& c : children_) {
-    if (c->rank < 0 || !c->running) continue;
-    ranks.push_back({c->rank, c->pid, std::nullopt, c->rank % std::max(1, config_.nproc)});
-    keys.push_back(RankWorkKey(c->rank));
-  }
-  if (ranks.empty()) return;  // a standby host: nothing to compare until its standbys take ranks
-  absl::StatusOr<std::vector<std::optional<std::string>>> records = store_->MultiGet(keys, timeout);
-  if (records.ok()) {
-    for (size_t i = 0; i < ranks.size(); ++i) ranks[i].work_record = (*records)[i];
-  }
-  std::optional<HostMetricsRecord> sample = host_sampler_.Sample(now, ranks);
-  if (!sample.has_value()) return;
-  (void)store_->Set(HostMetricsKey(config_.host_id), EncodeHostMetricsRecord(*sample), timeout);
+  host_agent_->PublishHostSample(*host_sampler_, config_.nproc);
 }
 
 void Job::DetectFailSlow() {
-  const absl::Time now = clock_->Now();
-  if (now < next_fail_slow_check_ || world_size_ == 0) return;
-  next_fail_slow_check_ = now + absl::Seconds(1);
-  const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
   if (fail_slow_ == nullptr) {
-    FailSlowOptions options;
-    options.continuity = config_.fail_slow_continuity_s;
-    options.denoise_window = config_.fail_slow_window_s;
-    options.max_fill = config_.fail_slow_window_s;
-    absl::StatusOr<FailSlowDetector> detector = FailSlowDetector::Create(options);
-    if (!detector.ok()) {
-      Say(absl::StrCat("fail-slow detection is off: ", detector.status().ToString()));
+    FailSlowCoordinatorOptions options;
+    options.policy = config_.fail_slow;
+    options.detector.continuity = config_.fail_slow_continuity_s;
+    options.detector.denoise_window = config_.fail_slow_window_s;
+    options.detector.max_fill = config_.fail_slow_window_s;
+    options.max_evict_share = config_.fail_slow_max_evict_share;
+    options.ranks_per_host = config_.nproc;
+    options.dump_dir = FailSlowDumpDir(config_.run_dir);
+    options.max_dumps = kMaxFailSlowDumps;
+    options.trace_path = config_.fail_slow_trace;
+    options.call_timeout = AgentCallTimeout(config_.host_timeout);
+    FailSlowCoordinator::Hooks hooks;
+    hooks.coordinating = [this] { return coordinating(); };
+    hooks.say = [this](const std::string& line) { Say(line); };
+    hooks.record = [this](Event event) { AppendAgentEvent(std::move(event)); };
+    absl::StatusOr<std::unique_ptr<FailSlowCoordinator>> created =
+        FailSlowCoordinator::Create(store_.get(), clock_, Env::Default(), job_coordinator_.get(),
+                                    std::move(options), std::move(hooks));
+    if (!created.ok()) {
+      Say(absl::StrCat("fail-slow detection is off: ", created.status().ToString()));
       config_.fail_slow = LaunchConfig::FailSlowPolicy::kOff;
       return;
     }
-    fail_slow_ = std::make_unique<FailSlowMonitor>(*std::move(detector));
+    fail_slow_ = *std::move(created);
   }
-  // The hosts that hold ranks now, and are not dead: a standby host is compared once it trains.
-  const Membership current = coordinator_->current();
-  std::set<std::string> training;
-  for (const std::string& member : current.members) {
-    std::string host = store_keys::MemberHost(member);
-    if (job_coordinator_->dead_hosts().count(host) == 0) training.insert(std::move(host));
-  }
-  std::vector<std::string> keys;
-  for (const std::string& host : training) keys.push_back(HostMetricsKey(host));
-  absl::StatusOr<std::vector<std::optional<std::string>>> values = store_->MultiGet(keys, timeout);
-  if (!values.ok()) return;
-  std::map<std::string, std::string> records;
-  size_t i = 0;
-  for (const std::string& host : training) {
-    if ((*values)[i].has_value()) records[host] = *(*values)[i];
-    ++i;
-  }
-  ++fail_slow_second_;
-  fail_slow_history_.Record(fail_slow_second_, records);
-  if (!config_.fail_slow_trace.empty()) {
-    if (std::FILE* trace = std::fopen(config_.fail_slow_trace.c_str(), "a"); trace != nullptr) {
-      for (const auto& [host, record] : records) {
-        std::fprintf(trace, "%lld %s %s\n", static_cast<long long>(fail_slow_second_), host.c_str(),
-                     record.c_str());
-      }
-      std::fclose(trace);
-    }
-  }
-  for (const SuspectVerdict& verdict : fail_slow_->Observe(fail_slow_second_, records)) {
-    ActOnSuspect(verdict);
-  }
-}
-
-void Job::ActOnSuspect(const SuspectVerdict& v) {
-  // Parked standbys on other hosts: evicting into nothing would fail a job that was only slow.
-  int spare = 0;
-  if (config_.fail_slow == LaunchConfig::FailSlowPolicy::kEvict ||
-      config_.fail_slow == LaunchConfig::FailSlowPolicy::kEvictRepeated) {
-    if (absl::StatusOr<std::vector<std::string>> parked =
-            coordinator_->ParkedStandbys(AgentCallTimeout(config_.host_timeout));
-        parked.ok()) {
-      for (const std::string& member : *parked) {
-        if (!absl::StartsWith(member, v.host + ":")) ++spare;
-      }
-    }
-  }
-  const FailSlowDecision decision = DecideFailSlowAction(
-      config_.fail_slow, v.windows, fail_slow_evictions_,
-      std::max(1, world_size_ / std::max(1, config_.nproc)), config_.fail_slow_max_evict_share,
-      spare, config_.nproc);
-  const std::string& action = decision.action;
-  const bool evict = decision.evict;
-  const std::string evidence = absl::StrFormat(
-      "%s %.3g vs the hosts' median %.3g (%.0f%% off its peers), z %.2f among %d hosts, for %d "
-      "continuity window(s) of %d s",
-      v.metric, v.value, v.peers_median, 100 * v.deviation, v.z, v.hosts, v.windows,
-      config_.fail_slow_continuity_s);
-  if (!coordinating()) return;
-  // Before it is said: whoever reads the line or the event finds the dump already there.
-  WriteSuspectDump(v, action);
-  Say(absl::StrFormat("suspect host %s: %s; action: %s", v.host, evidence, action));
-  Event event;
-  event.type = EventType::kSuspectHost;
-  event.rank = -1;
-  event.generation = coordinator_->generation();
-  event.message = absl::StrFormat("suspect host %s: %s", v.host, evidence);
-  event.attributes = {{"host", v.host},
-                      {"metric", v.metric},
-                      {"z", absl::StrFormat("%.3f", v.z)},
-                      {"deviation", absl::StrFormat("%.3f", v.deviation)},
-                      {"value", absl::StrFormat("%.6g", v.value)},
-                      {"peers_median", absl::StrFormat("%.6g", v.peers_median)},
-                      {"windows", absl::StrCat(v.windows)},
-                      {"continuity_s", absl::StrCat(config_.fail_slow_continuity_s)},
-                      {"hosts", absl::StrCat(v.hosts)},
-                      {"action", action}};
-  AppendAgentEvent(std::move(event));
-  if (!evict) return;
-  ++fail_slow_evictions_;
-  fail_slow_->Forget(v.host);
-  job_coordinator_->DeclareHostDead(
-      v.host, clock_->Now(),
-      absl::StrFormat("fail-slow: %s %.0f%% off its peers for %d s", v.metric, 100 * v.deviation,
-                      v.windows * config_.fail_slow_continuity_s));
-}
-
-void Job::WriteSuspectDump(const SuspectVerdict& v, const std::string& action) {
-  FailSlowDumpHeader header;
-  header.host = v.host;
-  header.metric = v.metric;
-  header.z = v.z;
-  header.deviation = v.deviation;
-  header.windows = v.windows;
-  header.second = fail_slow_second_;
-  header.unix_second = absl::ToUnixSeconds(clock_->Now());
-  header.action = action;
-  absl::StatusOr<std::string> path =
-      WriteFailSlowDump(Env::Default(), FailSlowDumpDir(config_.run_dir), header,
-                        fail_slow_history_.Lines(), kMaxFailSlowDumps);
-  if (!path.ok() && !fail_slow_dump_failed_) {
-    fail_slow_dump_failed_ = true;  // a full disk would say it every window
-    Say(absl::StrCat("cannot write the metrics around the suspect (said once): ",
-                     path.status().ToString()));
-  }
+  fail_slow_->Poll(world_size_);
 }
 
 void Job::AppendAgentEvent(Event event) {

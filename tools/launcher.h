@@ -50,7 +50,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "tools/fail_slow_monitor.h"
+#include "sdk/agent/fail_slow_policy.h"
 
 namespace trainguard::tools {
 
@@ -100,11 +100,11 @@ struct LaunchConfig {
   std::vector<std::pair<std::string, std::string>> backup_env;
 
   // Fail-slow hosts (multi-host only; docs/GUIDE.md, "Fail-slow hosts"). Every agent samples its
-  // host once a second; the coordinator runs the detector (sdk/health/fail_slow_detector.h) and,
-  // for a host it confirms, writes a suspect_host event and then, by policy: kAlert nothing more;
+  // host once a second; the coordinator runs the detector (sdk/coordinator/fail_slow_coordinator.h)
+  // and, for a host it confirms, writes a suspect_host event and then, by policy: kAlert nothing more;
   // kEvict replaces the host with a standby host at the first confirmation; kEvictRepeated at the
   // second continuity window in a row. kOff: no sampling, no detection.
-  using FailSlowPolicy = ::trainguard::tools::FailSlowPolicy;  // tools/fail_slow_monitor.h
+  using FailSlowPolicy = ::trainguard::FailSlowPolicy;  // sdk/agent/fail_slow_policy.h
   FailSlowPolicy fail_slow = FailSlowPolicy::kAlert;
   // At most max(1, floor(share x training hosts)) hosts are evicted on metrics alone over the
   // job's life (0: none); past it, and without a standby host to take over, a confirmation only

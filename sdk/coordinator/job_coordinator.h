@@ -217,6 +217,8 @@ class JobCoordinator {
   // store): the memberships are read from `rendezvous` from now on.
   // REQUIRES: `rendezvous` outlives the coordinator, or the next set_rendezvous.
   void set_rendezvous(RendezvousCoordinator* rendezvous) { rendezvous_ = rendezvous; }
+  // The rendezvous coordinator the memberships are read from now.
+  RendezvousCoordinator* rendezvous() const { return rendezvous_; }
 
   // The ranks and hosts to replace, oldest first (TryReplacements consumes them).
   std::deque<PendingReplacement>& replacements() { return replacements_; }

@@ -113,7 +113,7 @@ class FailSlowDetector {
   // InvalidArgument naming the option out of range (no metric, window < 1, continuity < 1, ...).
   static absl::StatusOr<FailSlowDetector> Create(FailSlowOptions options);
 
-  // The metrics `trainguard run` collects (tools/fail_slow_monitor.h), in priority order:
+  // The metrics `trainguard run` collects (sdk/host_agent/host_sampler.h), in priority order:
   // compute_ms per step (step time outside collectives); where NVML is, gpu_sm_clock_mhz,
   // gpu_power_w, gpu_mem_util (lower is worse) and gpu_util (either side); cpu_wait_ms per second
   // (run-queue delay), tcp_retrans per second (TCP segments the host's ranks retransmitted),

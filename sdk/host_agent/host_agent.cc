@@ -18,6 +18,7 @@
 #include "sdk/agent/host_roster.h"
 #include "sdk/core/agent_keys.h"
 #include "sdk/core/store_keys.h"
+#include "sdk/health/fail_slow_metrics.h"
 
 namespace trainguard {
 
@@ -275,6 +276,30 @@ void HostAgent::SignalStop() {
     w->stop_signalled = true;
     (void)supervisor_->Signal(w->worker, SIGTERM);  // refused once it exited: nothing to reach
   }
+}
+
+void HostAgent::PublishHostSample(HostSampler& sampler, int ranks_per_host) {
+  const absl::Time now = clock_->Now();
+  if (now < next_host_sample_) return;
+  next_host_sample_ = now + absl::Seconds(1);
+  std::vector<HostSampler::RankProcess> ranks;
+  std::vector<std::string> keys;
+  for (const HostWorker* w : workers()) {
+    if (w->rank < 0 || !w->running) continue;
+    ranks.push_back({w->rank, w->pid, std::nullopt, w->rank % std::max(1, ranks_per_host)});
+    keys.push_back(RankWorkKey(w->rank));
+  }
+  if (ranks.empty()) return;
+  // Without the work records the sample still holds what the agent reads itself (CPU, TCP, GPUs).
+  absl::StatusOr<std::vector<std::optional<std::string>>> records =
+      store_->MultiGet(keys, options_.call_timeout);
+  if (records.ok()) {
+    for (size_t i = 0; i < ranks.size(); ++i) ranks[i].work_record = (*records)[i];
+  }
+  std::optional<HostMetricsRecord> sample = sampler.Sample(now, ranks);
+  if (!sample.has_value()) return;
+  (void)store_->Set(HostMetricsKey(options_.host_id), EncodeHostMetricsRecord(*sample),
+                    options_.call_timeout);
 }
 
 }  // namespace trainguard

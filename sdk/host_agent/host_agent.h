@@ -7,7 +7,9 @@
 // a rank stopped too long where nothing else would notice (before its restart round formed),
 // watching the job's end (job/failed, job/done), stopping when the coordinator fenced this host
 // out (agents/dead/<host>): its workers are stopped, since their ranks were given to other hosts,
-// and leaving (agents/left/<host>; the agent that serves the store waits for the others to leave).
+// leaving (agents/left/<host>; the agent that serves the store waits for the others to leave), and
+// under --fail-slow publishing its host's sample once a second (agents/metrics/<host>, HostSampler)
+// for the coordinator's detector.
 //
 // It acts on the workers the launcher started through the ProcessSupervisor and keeps (Hooks::
 // workers: the launcher's processes are HostWorkers), and hands to the hooks what stays in the
@@ -37,6 +39,7 @@
 #include "sdk/agent/failure_history.h"
 #include "sdk/core/agent_keys.h"
 #include "sdk/agent/process_supervisor.h"
+#include "sdk/host_agent/host_sampler.h"
 #include "trainguard/clock.h"
 #include "trainguard/events.h"
 #include "trainguard/membership.h"
@@ -238,6 +241,14 @@ class HostAgent {
   // for them, and SIGKILLs those left after its grace).
   void SignalStop();
 
+  // --fail-slow: publishes this host's sample (agents/metrics/<host>) at most once a second by the
+  // clock: what `sampler` makes of the running ranks (workers holding a rank), with their work
+  // records (health/rank/<rank>, one MultiGet) and the GPU each uses (its local rank: rank %
+  // `ranks_per_host`). Nothing on a host with no rank (a standby host: nothing to compare until
+  // its standbys take ranks), nor while the sampler has no interval to compare yet. Best effort: a
+  // second the store does not take is a gap the coordinator's detector fills.
+  void PublishHostSample(HostSampler& sampler, int ranks_per_host);
+
   const HostAgentOptions& options() const { return options_; }
 
  private:
@@ -251,6 +262,7 @@ class HostAgent {
 
   int64_t beats_ = 0;
   absl::Time store_seen_;  // when the store last took a beat (the start of that call)
+  absl::Time next_host_sample_ = absl::InfinitePast();  // PublishHostSample's next second
 };
 
 }  // namespace trainguard

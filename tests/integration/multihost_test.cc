@@ -33,7 +33,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sdk/rendezvous/tcp_store.h"
-#include "tools/fail_slow_dump.h"
+#include "sdk/health/fail_slow_dump.h"
 #include "trainguard/env.h"
 #include "trainguard/events.h"
 #include "tests/support/cpu_throttle.h"
@@ -824,16 +824,16 @@ TEST_F(MultiHost, AThrottledHostIsNamedThenEvictedOnItsSecondWindowAndNoHealthyH
               ::testing::StartsWith("alert"));
   EXPECT_EQ(events->events.back().Attribute("action"), "evict");
   EXPECT_THAT(job.AllOutput(), ::testing::Not(::testing::ContainsRegex("suspect host host[1245]")));
-  // Every confirmation left the hosts' metrics up to it (tools/fail_slow_dump.h), written before
+  // Every confirmation left the hosts' metrics up to it (sdk/health/fail_slow_dump.h), written before
   // it was said: one dump per confirmation, all of host3, each holding the training hosts' curves.
-  const std::vector<std::string> dumps = tools::ListFailSlowDumps(
-      Env::Default(), tools::FailSlowDumpDir(shared_.path() + "/run"));
+  const std::vector<std::string> dumps = ListFailSlowDumps(
+      Env::Default(), FailSlowDumpDir(shared_.path() + "/run"));
   EXPECT_EQ(dumps.size(), events->events.size());
   for (const std::string& path : dumps) {
     EXPECT_THAT(path, ::testing::EndsWith("-host3.trace"));
     absl::StatusOr<std::string> text = Env::Default()->ReadFileToString(path);
     ASSERT_TRUE(text.ok()) << text.status();
-    absl::StatusOr<tools::FailSlowDump> dump = tools::ParseFailSlowDump(*text);
+    absl::StatusOr<FailSlowDump> dump = ParseFailSlowDump(*text);
     ASSERT_TRUE(dump.ok()) << dump.status();
     EXPECT_EQ(dump->header.host, "host3");
     for (const char* host : {"host1", "host2", "host3", "host4"}) {

@@ -15,7 +15,7 @@
 #include "sdk/core/event_log.h"
 #include "tests/support/temp_dir.h"
 #include "tools/chaos_command.h"
-#include "tools/fail_slow_dump.h"
+#include "sdk/health/fail_slow_dump.h"
 #include "trainguard/env.h"
 #include "trainguard/events.h"
 

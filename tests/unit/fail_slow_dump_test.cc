@@ -1,7 +1,7 @@
-// Specification of the fail-slow dumps (tools/fail_slow_dump.h): the coordinator's bounded history
+// Specification of the fail-slow dumps (sdk/health/fail_slow_dump.h): the coordinator's bounded history
 // of every host's per-second record, written atomically around a detection, a bounded number of
 // times per run, and read back by `trainguard report`.
-#include "tools/fail_slow_dump.h"
+#include "sdk/health/fail_slow_dump.h"
 
 #include <map>
 #include <memory>
@@ -16,7 +16,7 @@
 #include "tests/support/temp_dir.h"
 #include "trainguard/env.h"
 
-namespace trainguard::tools {
+namespace trainguard {
 namespace {
 
 using ::testing::ElementsAre;
@@ -169,4 +169,4 @@ TEST(FailSlowDump, ListingADirectoryThatDoesNotExistGivesNone) {
 }
 
 }  // namespace
-}  // namespace trainguard::tools
+}  // namespace trainguard

@@ -1,10 +1,10 @@
-// DecideFailSlowAction (tools/fail_slow_monitor.h): what `trainguard run --fail-slow` does with a
+// DecideFailSlowAction (sdk/agent/fail_slow_policy.h): what `trainguard run --fail-slow` does with a
 // confirmed suspect.
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tools/fail_slow_monitor.h"
+#include "sdk/agent/fail_slow_policy.h"
 
-namespace trainguard::tools {
+namespace trainguard {
 namespace {
 
 using ::testing::HasSubstr;
@@ -46,4 +46,4 @@ TEST(FailSlowPolicy, WithoutEnoughParkedStandbysElsewhereTheHostIsOnlyReported) 
 }
 
 }  // namespace
-}  // namespace trainguard::tools
+}  // namespace trainguard

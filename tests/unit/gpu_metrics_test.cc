@@ -1,7 +1,7 @@
 // The CPU twin of the GPU metrics (sdk/health/gpu_metrics_source.h): a fake GpuMetricsSource feeds
-// the host agent's sampler (tools/fail_slow_monitor.h), and, end to end through the coordinator's
-// FailSlowMonitor, a host whose GPU loses clocks is named; which GPUs a host's ranks use; NVML
-// absent is a reason, not a failure. The real NVML: tests/gpu/nvml_metrics_gpu_test.cc.
+// the host agent's sampler (sdk/host_agent/host_sampler.h), and, end to end through the
+// coordinator's FailSlowMonitor, a host whose GPU loses clocks is named; which GPUs a host's ranks
+// use; NVML absent is a reason, not a failure. The real NVML: tests/gpu/nvml_metrics_gpu_test.cc.
 #include <map>
 #include <memory>
 #include <optional>
@@ -16,10 +16,11 @@
 #include "gtest/gtest.h"
 #include "sdk/health/fail_slow_detector.h"
 #include "sdk/health/fail_slow_metrics.h"
+#include "sdk/health/fail_slow_monitor.h"
 #include "sdk/health/gpu_metrics_source.h"
-#include "tools/fail_slow_monitor.h"
+#include "sdk/host_agent/host_sampler.h"
 
-namespace trainguard::tools {
+namespace trainguard {
 namespace {
 
 using ::testing::ElementsAre;
@@ -160,4 +161,4 @@ TEST(NvmlGpuMetricsSource, WithoutTheDriversLibraryItIsUnavailableAndSaysWhy) {
 }
 
 }  // namespace
-}  // namespace trainguard::tools
+}  // namespace trainguard

@@ -1,5 +1,9 @@
-// The host agent's sample (tools/fail_slow_monitor.h): the TCP counters it reads from a rank's own
-// sockets, on real loopback connections of this test process.
+// The host agent's sample (sdk/host_agent/host_sampler.h): the TCP counters it reads from a rank's
+// own sockets, on real loopback connections of this test process; what it makes of the values a
+// process probe gives; and HostAgent::PublishHostSample, which publishes it once a second, on an
+// in-memory store and a ManualClock with a probe's injected values (no process, no sleep).
+#include "sdk/host_agent/host_sampler.h"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -7,17 +11,25 @@
 #include <unistd.h>
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sdk/health/fail_slow_metrics.h"
-#include "tools/fail_slow_monitor.h"
+#include "sdk/host_agent/host_agent.h"
+#include "tests/support/fake_process_supervisor.h"
+#include "trainguard/clock.h"
+#include "trainguard/events.h"
+#include "trainguard/store.h"
 
-namespace trainguard::tools {
+namespace trainguard {
 namespace {
 
 RankWorkRecord Work(int64_t steps, int64_t step_ns, int64_t collective_ns, int64_t bytes = 0) {
@@ -177,5 +189,167 @@ TEST(HostSampler, PublishesTheRanksTcpRetransmissionsPerSecondAndTheirRoundTrip)
   EXPECT_EQ(record->work, 10);
 }
 
+// A probe whose values the test sets per pid: processes that need not exist.
+class FakeProcesses final : public ProcessProbe {
+ public:
+  struct Values {
+    int64_t cpu_ticks = -1;
+    int64_t run_delay_ns = -1;
+    std::optional<TcpSocketTotals> tcp;
+  };
+  explicit FakeProcesses(std::map<pid_t, Values>* values) : values_(values) {}
+  int64_t CpuTicks(pid_t pid) override { return (*values_)[pid].cpu_ticks; }
+  double TicksPerSecond() override { return 100; }
+  int64_t RunDelayNs(pid_t pid) override { return (*values_)[pid].run_delay_ns; }
+  std::optional<TcpSocketTotals> TcpTotals(pid_t pid) override { return (*values_)[pid].tcp; }
+
+ private:
+  std::map<pid_t, Values>* values_;
+};
+
+TcpSocketTotals Tcp(int64_t retransmits, double rtt_ms) {
+  TcpSocketTotals t;
+  t.sockets = 2;
+  t.retransmits = retransmits;
+  t.active_sockets = 1;
+  t.active_rtt_ms = rtt_ms;
+  return t;
+}
+
+std::map<std::string, double> Metrics(const HostMetricsRecord& record) {
+  return std::map<std::string, double>(record.metrics.begin(), record.metrics.end());
+}
+
+TEST(HostSampler, AveragesWhatItsProbeReadsOfEachRankPerSecond) {
+  std::map<pid_t, FakeProcesses::Values> values;
+  HostSampler sampler(nullptr, std::nullopt, std::make_unique<FakeProcesses>(&values));
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  values[1000] = {0, 0, Tcp(0, 1.0)};
+  values[1001] = {0, 0, Tcp(0, 1.0)};
+  ASSERT_FALSE(sampler.Sample(t0, {{0, 1000, std::nullopt}, {1, 1001, std::nullopt}}).has_value());
+  // Over 2 s: 1 and 3 CPU seconds, 10 and 30 ms runnable but not running, 4 and 0 segments
+  // retransmitted; the active connections' round trips are 2 and 4 ms now.
+  values[1000] = {100, 10'000'000, Tcp(4, 2.0)};
+  values[1001] = {300, 30'000'000, Tcp(0, 4.0)};
+  const std::optional<HostMetricsRecord> record =
+      sampler.Sample(t0 + absl::Seconds(2), {{0, 1000, std::nullopt}, {1, 1001, std::nullopt}});
+  ASSERT_TRUE(record.has_value());
+  std::map<std::string, double> metrics = Metrics(*record);
+  EXPECT_DOUBLE_EQ(metrics["cpu_util"], (0.5 + 1.5) / 2);
+  EXPECT_DOUBLE_EQ(metrics["cpu_wait_ms"], (5.0 + 15.0) / 2);
+  EXPECT_DOUBLE_EQ(metrics["tcp_retrans"], (2.0 + 0.0) / 2);
+  EXPECT_DOUBLE_EQ(metrics["tcp_rtt_ms"], (2.0 + 4.0) / 2);
+  EXPECT_EQ(metrics.count("compute_ms"), 0u) << "no work record, no compute time";
+}
+
+TEST(HostSampler, ARankWhoseProcessWasReplacedStartsOver) {
+  std::map<pid_t, FakeProcesses::Values> values;
+  HostSampler sampler(nullptr, std::nullopt, std::make_unique<FakeProcesses>(&values));
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  values[1000] = {0, 0, std::nullopt};
+  ASSERT_FALSE(sampler.Sample(t0, {{0, 1000, std::nullopt}}).has_value());
+  // Rank 0 is another process now: its counters are not the old one's to subtract from.
+  values[2000] = {500, 0, std::nullopt};
+  EXPECT_FALSE(sampler.Sample(t0 + absl::Seconds(1), {{0, 2000, std::nullopt}}).has_value());
+  values[2000] = {600, 0, std::nullopt};
+  const std::optional<HostMetricsRecord> record =
+      sampler.Sample(t0 + absl::Seconds(2), {{0, 2000, std::nullopt}});
+  ASSERT_TRUE(record.has_value());
+  EXPECT_DOUBLE_EQ(Metrics(*record)["cpu_util"], 1.0);
+}
+
+// One host's agent with two ranks (pids 1000, 1001) and a standby, as the launcher holds them.
+class PublishHostSampleTest : public ::testing::Test {
+ protected:
+  PublishHostSampleTest() {
+    for (int i = 0; i < 3; ++i) {
+      auto w = std::make_unique<HostWorker>();
+      w->rank = i < 2 ? i : -1;
+      w->standby_index = i < 2 ? -1 : 0;
+      w->pid = 1000 + i;
+      workers_.push_back(std::move(w));
+    }
+    HostAgentOptions options;
+    options.host_id = "h1";
+    options.call_timeout = absl::Seconds(1);
+    HostAgent::Hooks hooks;
+    hooks.workers = [this] {
+      std::vector<HostWorker*> all;
+      for (auto& w : workers_) all.push_back(w.get());
+      return all;
+    };
+    hooks.say = [](const std::string&) {};
+    hooks.record = [](int, EventKind, const std::string&, HostAgent::Attributes) {};
+    hooks.latest_term = [] { return int64_t{0}; };
+    hooks.pid_file = [](int rank) { return absl::StrCat("/run/job/pids/h1/rank-", rank); };
+    hooks.rank_taken = [](HostWorker&) {};
+    agent_ = std::make_unique<HostAgent>(&store_, &clock_, &supervisor_, options, std::move(hooks));
+    for (pid_t pid : {1000, 1001, 1002}) values_[pid] = {0, 0, std::nullopt};
+  }
+
+  // Both ranks' work records: `steps` steps of 100 ms, 40 of them in collectives.
+  void Work(int64_t steps) {
+    for (int rank : {0, 1}) {
+      RankWorkRecord r;
+      r.steps = steps;
+      r.step_ns = steps * 100'000'000;
+      r.collective_ns = steps * 40'000'000;
+      ASSERT_TRUE(store_.Set(RankWorkKey(rank), EncodeRankWorkRecord(r), absl::Seconds(1)).ok());
+    }
+  }
+  std::optional<HostMetricsRecord> Published() {
+    absl::StatusOr<std::string> text = store_.Get(HostMetricsKey("h1"), absl::Seconds(1));
+    if (!text.ok()) return std::nullopt;
+    absl::StatusOr<HostMetricsRecord> record = ParseHostMetricsRecord(*text);
+    EXPECT_TRUE(record.ok()) << record.status();
+    return record.ok() ? std::optional<HostMetricsRecord>(*record) : std::nullopt;
+  }
+
+  InMemoryStore store_;
+  ManualClock clock_{absl::FromUnixSeconds(1000)};
+  testing::FakeProcessSupervisor supervisor_;
+  std::vector<std::unique_ptr<HostWorker>> workers_;
+  std::map<pid_t, FakeProcesses::Values> values_;
+  HostSampler sampler_{nullptr, std::nullopt, std::make_unique<FakeProcesses>(&values_)};
+  std::unique_ptr<HostAgent> agent_;
+};
+
+TEST_F(PublishHostSampleTest, TheRanksWorkAndProcessesArePublishedOnceASecond) {
+  Work(10);
+  agent_->PublishHostSample(sampler_, /*ranks_per_host=*/2);
+  EXPECT_EQ(Published(), std::nullopt) << "nothing to compare on the first sample";
+  clock_.Advance(absl::Seconds(1));
+  Work(15);
+  values_[1000].cpu_ticks = 100;
+  values_[1001].cpu_ticks = 50;
+  agent_->PublishHostSample(sampler_, 2);
+  std::optional<HostMetricsRecord> first = Published();
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->work, 5);
+  std::map<std::string, double> metrics = Metrics(*first);
+  EXPECT_DOUBLE_EQ(metrics["compute_ms"], 300.0);  // 5 steps x 60 ms outside collectives
+  EXPECT_DOUBLE_EQ(metrics["collective_ms"], 200.0);
+  EXPECT_DOUBLE_EQ(metrics["cpu_util"], 0.75);  // the standby's process is not the host's work
+  // Within the second: not sampled again.
+  clock_.Advance(absl::Seconds(1) - absl::Nanoseconds(1));
+  Work(30);
+  agent_->PublishHostSample(sampler_, 2);
+  EXPECT_EQ(Published()->seq, first->seq);
+  clock_.Advance(absl::Nanoseconds(1));
+  agent_->PublishHostSample(sampler_, 2);
+  EXPECT_EQ(Published()->seq, first->seq + 1);
+  EXPECT_EQ(Published()->work, 15);
+}
+
+TEST_F(PublishHostSampleTest, AHostWithNoRankPublishesNothing) {
+  workers_[0]->running = false;
+  workers_[1]->rank = -1;  // a standby host: its standbys hold no rank yet
+  for (int s = 0; s < 3; ++s) {
+    agent_->PublishHostSample(sampler_, 2);
+    clock_.Advance(absl::Seconds(1));
+  }
+  EXPECT_EQ(Published(), std::nullopt);
+}
+
 }  // namespace
-}  // namespace trainguard::tools
+}  // namespace trainguard

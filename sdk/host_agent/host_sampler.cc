@@ -1,4 +1,4 @@
-#include "tools/fail_slow_monitor.h"
+#include "sdk/host_agent/host_sampler.h"
 
 #include <dirent.h>
 #include <netinet/in.h>
@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -19,8 +20,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "sdk/core/proc_stat.h"
+#include "sdk/health/fail_slow_detector.h"
 
-namespace trainguard::tools {
+namespace trainguard {
 
 int64_t ProcessCpuTicks(pid_t pid) {
   absl::StatusOr<ProcStat> stat = ReadProcStat(pid);
@@ -83,12 +85,25 @@ std::optional<TcpSocketTotals> ProcessTcpTotals(pid_t pid, int64_t active_ms) {
   return totals;
 }
 
+double ProcProcessProbe::TicksPerSecond() {
+  static const double kTicksPerSecond = static_cast<double>(sysconf(_SC_CLK_TCK));
+  return kTicksPerSecond;
+}
+
+HostSampler::HostSampler(std::unique_ptr<GpuMetricsSource> gpus,
+                         std::optional<std::string> cuda_visible_devices,
+                         std::unique_ptr<ProcessProbe> processes)
+    : gpus_(std::move(gpus)),
+      processes_(processes != nullptr ? std::move(processes)
+                                      : std::make_unique<ProcProcessProbe>()),
+      cuda_visible_devices_(std::move(cuda_visible_devices)) {}
+
 std::optional<HostMetricsRecord> HostSampler::Sample(absl::Time now,
                                                      const std::vector<RankProcess>& ranks) {
   const double seconds = absl::ToDoubleSeconds(now - last_);
   const bool have_interval = last_ != absl::InfinitePast() && seconds > 0;
   last_ = now;
-  static const double kTicksPerSecond = static_cast<double>(sysconf(_SC_CLK_TCK));
+  const double ticks_per_second = processes_->TicksPerSecond();
   double compute_ms = 0, collective_ms = 0, steps = 0, cpu = 0, wait_ms = 0, retrans = 0, rtt = 0,
          collective_mb_s = 0;
   int with_work = 0, with_cpu = 0, with_wait = 0, with_retrans = 0, with_rtt = 0,
@@ -98,9 +113,9 @@ std::optional<HostMetricsRecord> HostSampler::Sample(absl::Time now,
   for (const RankProcess& r : ranks) {
     Previous now_seen;
     now_seen.pid = r.pid;
-    now_seen.cpu_ticks = ProcessCpuTicks(r.pid);
-    now_seen.run_delay_ns = ProcessRunDelayNs(r.pid);
-    const std::optional<TcpSocketTotals> tcp = ProcessTcpTotals(r.pid);
+    now_seen.cpu_ticks = processes_->CpuTicks(r.pid);
+    now_seen.run_delay_ns = processes_->RunDelayNs(r.pid);
+    const std::optional<TcpSocketTotals> tcp = processes_->TcpTotals(r.pid);
     if (tcp.has_value()) {
       now_seen.tcp_retransmits = tcp->retransmits;
       if (tcp->active_sockets > 0) {
@@ -145,7 +160,7 @@ std::optional<HostMetricsRecord> HostSampler::Sample(absl::Time now,
         }
       }
       if (p.cpu_ticks >= 0 && now_seen.cpu_ticks >= p.cpu_ticks) {
-        cpu += static_cast<double>(now_seen.cpu_ticks - p.cpu_ticks) / kTicksPerSecond / seconds;
+        cpu += static_cast<double>(now_seen.cpu_ticks - p.cpu_ticks) / ticks_per_second / seconds;
         ++with_cpu;
       }
       if (p.run_delay_ns >= 0 && now_seen.run_delay_ns >= 0) {
@@ -218,55 +233,4 @@ void HostSampler::SampleGpus(const std::vector<RankProcess>& ranks, HostMetricsR
   }
 }
 
-FailSlowDecision DecideFailSlowAction(FailSlowPolicy policy, int windows, int evicted,
-                                      int training_hosts, double max_share, int spare_standbys,
-                                      int needed) {
-  FailSlowDecision d;
-  d.action = "alert";
-  const bool wants = policy == FailSlowPolicy::kEvict ||
-                     (policy == FailSlowPolicy::kEvictRepeated && windows >= 2);
-  if (!wants) {
-    if (policy == FailSlowPolicy::kEvictRepeated) {
-      d.action = "alert (evict-repeated: evicted if it is still the outlier one window later)";
-    }
-    return d;
-  }
-  const int may_evict =
-      max_share <= 0 ? 0 : std::max(1, static_cast<int>(max_share * training_hosts));
-  if (evicted >= may_evict) {
-    d.action = absl::StrFormat(
-        "alert (not evicted: %d of at most %d host(s) evicted on metrics alone, "
-        "--fail-slow-max-evict-share %g)",
-        evicted, may_evict, max_share);
-  } else if (spare_standbys < needed) {
-    d.action = absl::StrFormat("alert (not evicted: %d parked standby(s) elsewhere, %d needed)",
-                               spare_standbys, needed);
-  } else {
-    d.evict = true;
-    d.action = "evict";
-  }
-  return d;
-}
-
-std::vector<SuspectVerdict> FailSlowMonitor::Observe(
-    int64_t second, const std::map<std::string, std::string>& records) {
-  std::vector<FailSlowSample> samples;
-  for (const auto& [host, text] : records) {
-    absl::StatusOr<HostMetricsRecord> record = ParseHostMetricsRecord(text);
-    if (!record.ok()) continue;
-    auto [it, inserted] = last_seq_.try_emplace(host, record->seq);
-    if (!inserted && it->second == record->seq) continue;  // nothing new from this host
-    it->second = record->seq;
-    for (const auto& [metric, value] : record->metrics) {
-      samples.push_back({host, metric, value, record->work});
-    }
-  }
-  return detector_.Observe(second, samples);
-}
-
-void FailSlowMonitor::Forget(const std::string& host) {
-  detector_.Forget(host);
-  last_seq_.erase(host);
-}
-
-}  // namespace trainguard::tools
+}  // namespace trainguard

@@ -1,5 +1,5 @@
 // The fail-slow dumps: see fail_slow_dump.h.
-#include "tools/fail_slow_dump.h"
+#include "sdk/health/fail_slow_dump.h"
 
 #include <algorithm>
 #include <memory>
@@ -15,7 +15,7 @@
 #include "absl/strings/string_view.h"
 #include "sdk/health/fail_slow_metrics.h"
 
-namespace trainguard::tools {
+namespace trainguard {
 
 void HostMetricsHistory::Record(int64_t second, const std::map<std::string, std::string>& records) {
   if (!ring_.empty() && second <= ring_.back().first) return;
@@ -23,12 +23,16 @@ void HostMetricsHistory::Record(int64_t second, const std::map<std::string, std:
   while (!ring_.empty() && ring_.front().first <= second - seconds_) ring_.pop_front();
 }
 
+std::string FailSlowTraceLines(int64_t second, const std::map<std::string, std::string>& records) {
+  std::string out;
+  for (const auto& [host, record] : records)
+    absl::StrAppend(&out, second, " ", host, " ", record, "\n");
+  return out;
+}
+
 std::string HostMetricsHistory::Lines() const {
   std::string out;
-  for (const auto& [second, records] : ring_) {
-    for (const auto& [host, record] : records)
-      absl::StrAppend(&out, second, " ", host, " ", record, "\n");
-  }
+  for (const auto& [second, records] : ring_) out += FailSlowTraceLines(second, records);
   return out;
 }
 
@@ -170,4 +174,4 @@ std::vector<std::string> ListFailSlowDumps(Env* env, const std::string& dir) {
   return paths;
 }
 
-}  // namespace trainguard::tools
+}  // namespace trainguard

@@ -3,21 +3,22 @@
 //
 // HostMetricsHistory: a bounded ring of the last `seconds` seconds of every host's per-second
 // record (agents/metrics/<host>) as the coordinator read them. When it confirms a suspect, the
-// coordinator writes the ring to <run_dir>/events/fail_slow/<unix-second>-<host>.trace
-// (WriteFailSlowDump): a header line starting with '#' (the verdict), then one
-// "<second> <host> <record>" line per host per second, the --fail-slow-trace format, so a dump
-// replays in bench/bench_fail_slow (which skips the header). The dump holds what the ring has at
-// the detection: the seconds up to and including the detecting one. Not the seconds after it: an
-// evicted host stops reporting at once and a coordinator that dies later would lose a dump held
-// back for them; and the detection needed `continuity` seconds of the degradation already, which
-// the 120 s ring covers at the default continuity of 30 s.
+// coordinator (FailSlowCoordinator, sdk/coordinator) writes the ring to
+// <run_dir>/events/fail_slow/<unix-second>-<host>.trace (WriteFailSlowDump): a header line starting
+// with '#' (the verdict), then one "<second> <host> <record>" line per host per second, the
+// --fail-slow-trace format, so a dump replays in bench/bench_fail_slow (which skips the header).
+// The dump holds what the ring has at the detection: the seconds up to and including the
+// detecting one. Not the seconds after it: an evicted host stops reporting at once and a
+// coordinator that dies later would lose a dump held back for them; and the detection needed
+// `continuity` seconds of the degradation already, which the 120 s ring covers at the default
+// continuity of 30 s.
 //
 // ParseFailSlowDump / ListFailSlowDumps: the reading side, for `trainguard report`.
 //
 // Thread safety: HostMetricsHistory is not thread-safe (the coordinator's loop thread uses it);
 // the functions are safe to call from any thread on distinct directories.
-#ifndef TRAINGUARD_TOOLS_FAIL_SLOW_DUMP_H_
-#define TRAINGUARD_TOOLS_FAIL_SLOW_DUMP_H_
+#ifndef TRAINGUARD_SDK_HEALTH_FAIL_SLOW_DUMP_H_
+#define TRAINGUARD_SDK_HEALTH_FAIL_SLOW_DUMP_H_
 
 #include <cstdint>
 #include <deque>
@@ -30,7 +31,7 @@
 #include "absl/status/statusor.h"
 #include "trainguard/env.h"
 
-namespace trainguard::tools {
+namespace trainguard {
 
 class HostMetricsHistory {
  public:
@@ -41,7 +42,7 @@ class HostMetricsHistory {
   // seconds in (last - seconds, last].
   void Record(int64_t second, const std::map<std::string, std::string>& records);
 
-  // "<second> <host> <record>\n" for every held second and host, oldest first.
+  // FailSlowTraceLines of every held second, oldest first.
   std::string Lines() const;
   size_t seconds_held() const { return ring_.size(); }
 
@@ -49,6 +50,10 @@ class HostMetricsHistory {
   int seconds_;
   std::deque<std::pair<int64_t, std::map<std::string, std::string>>> ring_;
 };
+
+// "<second> <host> <record>\n" for each host of one second's records (host -> its agents/metrics
+// value): the lines of a dump and of the --fail-slow-trace file.
+std::string FailSlowTraceLines(int64_t second, const std::map<std::string, std::string>& records);
 
 // The verdict a dump was written for: its header line.
 struct FailSlowDumpHeader {
@@ -96,6 +101,6 @@ absl::StatusOr<FailSlowDump> ParseFailSlowDump(const std::string& text);
 // The paths of <dir>'s dumps (*.trace), oldest first; none when the directory does not exist.
 std::vector<std::string> ListFailSlowDumps(Env* env, const std::string& dir);
 
-}  // namespace trainguard::tools
+}  // namespace trainguard
 
-#endif  // TRAINGUARD_TOOLS_FAIL_SLOW_DUMP_H_
+#endif  // TRAINGUARD_SDK_HEALTH_FAIL_SLOW_DUMP_H_
