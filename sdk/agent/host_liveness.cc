@@ -28,4 +28,13 @@ bool HostLiveness::IsSilent(const std::string& host, absl::Time now) const {
   return it != beats_.end() && now - it->second.since >= timeout_;
 }
 
+std::vector<HostLiveness::Silent> HostLiveness::QuietFor(absl::Duration quiet,
+                                                        absl::Time now) const {
+  std::vector<Silent> hosts;
+  for (const auto& [host, beat] : beats_) {
+    if (now - beat.since >= quiet) hosts.push_back(Silent{host, beat.since, now - beat.since});
+  }
+  return hosts;
+}
+
 }  // namespace trainguard

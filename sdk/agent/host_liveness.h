@@ -62,6 +62,10 @@ class HostLiveness {
   // Whether `host` has been silent for the timeout or longer at `now`, as of the last Observe;
   // false for a host not observed (or forgotten).
   bool IsSilent(const std::string& host, absl::Time now) const;
+  // The hosts whose heartbeat has not changed for `quiet` or longer at `now`, as of the last
+  // Observe, by host name: silent for less than the timeout, maybe (a host cut off is quiet for a
+  // while before it is silent). Hosts forgotten are not among them.
+  std::vector<Silent> QuietFor(absl::Duration quiet, absl::Time now) const;
 
   absl::Duration timeout() const { return timeout_; }
 

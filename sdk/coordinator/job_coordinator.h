@@ -14,7 +14,8 @@
 // (--restart-all on several hosts), printing a line, recording an event, choosing the standbys a
 // host's ranks go to (the backup placement), knowing whether a standby is starting, carrying out
 // a rank's takeover where the process is the launcher's own, restarting every rank. The launcher
-// still owns the processes, the rendezvous coordinator and the hangs.
+// still owns the processes and the rendezvous coordinator; the hangs are HangCoordinator's
+// (hang_coordinator.h), which asks this coordinator which hosts are quiet or dead.
 //
 // Every act that writes to the store or says what it decided checks the gate (the coordinator
 // lease, Hooks::coordinating) right before it: a deposed coordinator writes nothing. Every instant
@@ -221,6 +222,11 @@ class JobCoordinator {
   // Whether `host` has been silent for the host timeout at `now`, as of the last tick.
   bool IsSilent(const std::string& host, absl::Time now) const {
     return host_liveness_.IsSilent(host, now);
+  }
+  // The hosts whose heartbeat has not advanced for `quiet` at `now`, as of the last tick
+  // (HostLiveness::QuietFor): a hang's diagnosis holds off while a host of its generation is.
+  std::vector<HostLiveness::Silent> HostsQuietFor(absl::Duration quiet, absl::Time now) const {
+    return host_liveness_.QuietFor(quiet, now);
   }
   bool done_published() const { return done_published_; }
 
