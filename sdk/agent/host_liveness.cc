@@ -8,6 +8,7 @@ std::vector<HostLiveness::Silent> HostLiveness::Observe(
     const std::map<std::string, std::string>& beats, absl::Time now) {
   if (now - last_read_ > timeout_ / 3) {
     for (auto& [host, beat] : beats_) beat.since = now;
+    bounds_since_ = now;
   }
   last_read_ = now;
   std::vector<Silent> silent;

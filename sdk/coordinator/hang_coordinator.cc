@@ -258,6 +258,9 @@ bool HangCoordinator::HoldOff(absl::Time now) {
     pending_.reset();
     return true;
   }
+  // A view of the hosts younger than the quiet time (this agent just took the lease over, or its
+  // reads had a gap) cannot tell a host cut off before it from a live one yet: wait that long.
+  if (now - hosts_->HostBoundsSince() < options_.host_quiet) return true;
   std::vector<HostLiveness::Silent> quiet;
   for (HostLiveness::Silent& silent : hosts_->HostsQuietFor(options_.host_quiet, now)) {
     if (hang.hosts.count(silent.host) != 0) quiet.push_back(std::move(silent));

@@ -26,7 +26,9 @@
 // run dir and make a healthy rank look guilty. While a host that holds ranks of the hung generation
 // has sent no heartbeat for `host_quiet` (JobCoordinator::HostsQuietFor), the diagnosis holds off;
 // it goes on once that host beats again, and once the host is declared dead the death explains the
-// hang, whose suspects are then its ranks' replacements' to take over (nothing else is done).
+// hang, whose suspects are then its ranks' replacements' to take over (nothing else is done). A
+// view of the hosts younger than `host_quiet` (this agent just took the lease over, every host's
+// bound started afresh) cannot tell a host cut off before it yet: the diagnosis waits that long.
 //
 // Every act that writes to the store, says what it decided or kills checks the gate
 // (Hooks::coordinating) right before it: a deposed coordinator does nothing. Every instant is the

@@ -26,6 +26,7 @@
 #ifndef TRAINGUARD_SDK_COORDINATOR_JOB_COORDINATOR_H_
 #define TRAINGUARD_SDK_COORDINATOR_JOB_COORDINATOR_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -228,6 +229,12 @@ class JobCoordinator {
   std::vector<HostLiveness::Silent> HostsQuietFor(absl::Duration quiet, absl::Time now) const {
     return host_liveness_.QuietFor(quiet, now);
   }
+  // When this coordinator's view of the hosts' heartbeats last started afresh (a takeover, its
+  // first read, a gap in its reads): until the quiet time after it, HostsQuietFor cannot name a
+  // host that was silent before. InfinitePast when it never watched hosts (one host).
+  absl::Time HostBoundsSince() const {
+    return std::max(took_over_at_, host_liveness_.bounds_since());
+  }
   bool done_published() const { return done_published_; }
 
  private:
@@ -249,6 +256,7 @@ class JobCoordinator {
   int world_size_ = 0;
   int64_t round_ = 0;
   HostLiveness host_liveness_;
+  absl::Time took_over_at_ = absl::InfinitePast();  // TakeOver's last call
   std::set<std::string> dead_hosts_;
   std::set<std::string> handled_deaths_;  // member ids whose death was taken
   bool done_published_ = false;

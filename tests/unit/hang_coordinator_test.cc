@@ -492,6 +492,33 @@ TEST_F(HangCoordinatorTest, AHangHeldOffByASilentHostIsDiagnosedOnceItBeatsAgain
   EXPECT_THAT(job_->dead_hosts(), IsEmpty());
 }
 
+// The same partition seen by an agent that has just taken the lease over: its view of the hosts
+// starts afresh (every host gets a full timeout), so at first the cut-off host looks no quieter
+// than a live one. The diagnosis waits until the view is as old as the quiet time, then holds off
+// for the silent host as before.
+TEST_F(HangCoordinatorTest, AfterATakeoverAHangWaitsUntilTheNewViewCanTellASilentHost) {
+  Start(3, 2, /*one_host=*/false);
+  Run(absl::Seconds(1), {"h1", "h2"});
+  Run(absl::Seconds(1), {"h2"});  // h1 cut off at 1 s
+  job_->TakeOver(kCall);          // at 2 s
+  Declare(0);
+  Abort(0, 0);
+  for (int rank : {0, 2, 3, 4, 5}) Dump(rank, 0, 8, WaitingFrames());
+  Dump(1, 0, 8, SleepingFrames());
+  Run(absl::Seconds(1), {"h2"});  // the view starts at the first read after the takeover, 2.25 s
+  EXPECT_TRUE(hangs_->pending());
+  EXPECT_FALSE(SaidLine("suspects")) << Said();
+  EXPECT_THAT(kills_, IsEmpty());
+  Run(kTick, {"h2"});
+  EXPECT_THAT(said_, Contains("hang diagnosis: host h1 has sent no heartbeat for 1s: the diagnosis "
+                              "waits until it beats again or is declared dead"))
+      << Said();
+  Run(absl::Seconds(2), {"h2"});  // h1 declared dead 3 s after the takeover's first read
+  EXPECT_THAT(job_->dead_hosts(), Contains("h1"));
+  EXPECT_TRUE(SaidLine("hang in generation 0 explained by the loss of host h1")) << Said();
+  EXPECT_THAT(kills_, IsEmpty());
+}
+
 // A coordinator whose lease is gone (the gate closed) reads nothing into action: with a declared
 // hang, a stopped rank and every dump in, it says nothing, kills no one and deletes no key.
 TEST_F(HangCoordinatorTest, ADeposedCoordinatorDoesNothing) {
