@@ -1282,6 +1282,7 @@ void Job::CreateHangCoordinator() {
   options.dump_dir = config_.run_dir + "/flight_recorder";
   options.heartbeat_timeout = config_.heartbeat_timeout;
   options.host_quiet = config_.host_timeout / 3;
+  options.max_hold_off = 2 * config_.host_timeout;
   options.store_timeout = kStoreTimeout;
   HangCoordinator::Hooks hooks;
   hooks.coordinating = [this] { return coordinating(); };

@@ -258,14 +258,25 @@ bool HangCoordinator::HoldOff(absl::Time now) {
     pending_.reset();
     return true;
   }
-  // A view of the hosts younger than the quiet time (this agent just took the lease over, or its
-  // reads had a gap) cannot tell a host cut off before it from a live one yet: wait that long.
-  if (now - hosts_->HostBoundsSince() < options_.host_quiet) return true;
+  if (hang.hold_off_over) return false;
   std::vector<HostLiveness::Silent> quiet;
   for (HostLiveness::Silent& silent : hosts_->HostsQuietFor(options_.host_quiet, now)) {
     if (hang.hosts.count(silent.host) != 0) quiet.push_back(std::move(silent));
   }
-  if (quiet.empty()) return false;
+  // A view of the hosts younger than the quiet time (this agent just took the lease over, or its
+  // reads had a gap) cannot tell a host cut off before it from a live one yet: wait that long.
+  const bool young_view = now - hosts_->HostBoundsSince() < options_.host_quiet;
+  if (quiet.empty() && !young_view) return false;
+  hang.held_off_since = std::min(hang.held_off_since, now);
+  if (now - hang.held_off_since >= options_.max_hold_off) {
+    hang.hold_off_over = true;
+    if (coordinating()) {
+      hooks_.say(absl::StrFormat("hang diagnosis: held off for %s: diagnosing without the silent "
+                                 "host(s)",
+                                 absl::FormatDuration(options_.max_hold_off)));
+    }
+    return false;
+  }
   for (const HostLiveness::Silent& silent : quiet) {
     if (!hang.held_off_by.insert(silent.host).second || !coordinating()) continue;
     Announce();

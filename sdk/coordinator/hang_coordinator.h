@@ -83,6 +83,10 @@ struct HangCoordinatorOptions {
   // A host of the hung generation whose heartbeat stood still this long holds the diagnosis off
   // (--host-timeout / 3: a third of the way to being declared dead).
   absl::Duration host_quiet = absl::Seconds(1);
+  // The bound on a hold-off: a quiet host is declared dead by its timeout, but one the
+  // coordinator stopped watching (it left) never is. Past this the hang is diagnosed without it
+  // (2 x --host-timeout).
+  absl::Duration max_hold_off = absl::Seconds(6);
   absl::Duration store_timeout = absl::Seconds(10);
   // How often Poll looks at the store and the dumps (between, it returns at once).
   absl::Duration poll_interval = absl::Milliseconds(50);
@@ -162,6 +166,8 @@ class HangCoordinator {
     std::set<std::string> hosts;
     std::set<std::string> dead_when_seen;
     std::set<std::string> held_off_by;  // quiet hosts said to hold the diagnosis off
+    absl::Time held_off_since = absl::InfiniteFuture();  // the hold-off's start
+    bool hold_off_over = false;  // it reached max_hold_off: not held off again
   };
   // What this host sees of the hung generation's ranks, and what the store says of the others.
   struct Seen {

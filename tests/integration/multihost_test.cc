@@ -524,10 +524,14 @@ TEST_F(MultiHost, WithEtcdACutOffCoordinatorStandsDownBeforeTheLeasePassesAndNev
       testing::EtcdCluster::Start(3, {"127.0.1.201", "127.0.1.202", "127.0.1.203"});
   ASSERT_TRUE(etcd.ok()) << etcd.status();
   MultiHostJob job(*cluster_, shared_.path(), (*etcd)->StoreUrl(), 3);
-  // The other hosts' ranks wait in allreduces with host1's and declare a hang after the watchdog's
-  // 1 s floor, while the cut-off ranks still write their dumps to the shared run dir: the new
-  // coordinator's diagnosis holds off while host1 is silent, and host1's death explains the hang
-  // (HangCoordinator), so no standby is spent on a healthy rank.
+  // The lease is under test, not the hang: the other hosts' ranks wait in allreduces with host1's
+  // and would declare a hang after the watchdog's 1 s floor. The new coordinator holds that hang's
+  // diagnosis off while host1 is silent and host1's death explains it (HangCoordinator; without the
+  // floor this test saw "hang diagnosis: host host1 has sent no heartbeat ..." then "... explained
+  // by the loss of host host1"), but the faster recovery can end the job before host1's agent is
+  // back, and an agent reads job/done before its fence (AgentTick): it then exits 0, not fenced.
+  // With a 20 s floor host1's death (about 7 s) comes first and the job ends later.
+  job.extra_env = {"TRAINGUARD_WATCHDOG_FLOOR_MS=20000"};
   StartJob(job, 3, 1);  // host1 coordinates
   ASSERT_EQ(cluster_->Isolate(1), absl::OkStatus());
   const absl::Time cut = absl::Now();

@@ -149,6 +149,7 @@ class HangCoordinatorTest : public ::testing::Test {
     options.dump_dir = dumps_.path();
     options.heartbeat_timeout = absl::Seconds(600);
     options.host_quiet = kHostTimeout / 3;
+    options.max_hold_off = 2 * kHostTimeout;
     options.store_timeout = kCall;
     options.poll_interval = absl::ZeroDuration();  // every Poll looks: the instants are the test's
     HangCoordinator::Hooks hooks;
@@ -517,6 +518,30 @@ TEST_F(HangCoordinatorTest, AfterATakeoverAHangWaitsUntilTheNewViewCanTellASilen
   EXPECT_THAT(job_->dead_hosts(), Contains("h1"));
   EXPECT_TRUE(SaidLine("hang in generation 0 explained by the loss of host h1")) << Said();
   EXPECT_THAT(kills_, IsEmpty());
+}
+
+// A hold-off is bounded: a quiet host that the coordinator no longer watches (it left, so it is
+// never declared dead) holds the diagnosis off for max_hold_off (2 x the host timeout) and no longer.
+TEST_F(HangCoordinatorTest, AHoldOffEndsAtItsBoundWhenTheQuietHostIsNeverDeclaredDead) {
+  Start(3, 2, /*one_host=*/false);
+  Run(absl::Seconds(1), {"h1", "h2"});
+  ASSERT_TRUE(store_.Set(store_keys::kAgentsLeft.Key("h1"), "0", kCall).ok());
+  Run(absl::Seconds(1), {"h2"});
+  Declare(0);
+  Abort(0, 0);
+  for (int rank : {0, 2, 3, 4, 5}) Dump(rank, 0, 8, WaitingFrames());
+  Dump(1, 0, 8, SleepingFrames());
+  Run(kTick, {"h2"});  // held off from 2.25 s
+  EXPECT_TRUE(SaidLine("hang diagnosis: host h1 has sent no heartbeat")) << Said();
+  Run(2 * kHostTimeout - kTick, {"h2"});
+  EXPECT_TRUE(hangs_->pending());
+  EXPECT_THAT(kills_, IsEmpty()) << "1 tick before the bound";
+  Run(kTick, {"h2"});
+  EXPECT_FALSE(hangs_->pending());
+  EXPECT_THAT(said_, Contains("hang diagnosis: held off for 6s: diagnosing without the silent "
+                              "host(s)"));
+  EXPECT_THAT(job_->dead_hosts(), IsEmpty());
+  EXPECT_THAT(Ranks(kills_), ElementsAre(1));
 }
 
 // A coordinator whose lease is gone (the gate closed) reads nothing into action: with a declared
