@@ -42,7 +42,6 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "sdk/agent/failure_history.h"
-#include "sdk/agent/hang_arbiter.h"
 #include "sdk/agent/posix_process_supervisor.h"
 #include "sdk/agent/process_supervisor.h"
 #include "sdk/agent/renewal_policy.h"
@@ -53,6 +52,7 @@
 #include "sdk/checkpoint/backup_service.h"
 #include "sdk/checkpoint/snapshotter.h"
 #include "sdk/coordinator/fail_slow_coordinator.h"
+#include "sdk/coordinator/hang_coordinator.h"
 #include "sdk/coordinator/job_coordinator.h"
 #include "sdk/coordinator/lease_keeper.h"
 #include "sdk/coordinator/plan_publisher.h"
@@ -89,16 +89,6 @@ constexpr absl::Duration kStoreTimeout = absl::Seconds(10);
 // How long one store call of the agent's loop may take: short, so that a host cut off from the
 // store keeps draining its ranks' output and sees its fencing as soon as it is back.
 absl::Duration AgentCallTimeout(absl::Duration host_timeout) { return host_timeout / 4; }
-// A rank's heartbeat (every heartbeat_interval_ms, 1 s by default) that stood still this long
-// means its process is not running: a hang's diagnosis stops waiting for its dump (several hosts).
-constexpr absl::Duration kSilentHeartbeat = absl::Milliseconds(2500);
-
-// The rank a hang key's value names ("rank R: <report>", as the Runtime writes it), or -1.
-int HangDeclarer(absl::string_view who) {
-  absl::StatusOr<store_keys::HangDeclaration> d =
-      store_keys::DecodeHangDeclaration(std::string_view(who.data(), who.size()));
-  return d.ok() ? d->rank : -1;
-}
 // Fail-slow dumps kept per run (the newest): a host confirmed again every continuity window
 // would otherwise write one per window for the job's life.
 constexpr int kMaxFailSlowDumps = 16;
@@ -295,34 +285,15 @@ class Job {
   };
   absl::StatusOr<std::optional<Placement>> ComputePlacement(int training_hosts) const;
   std::string Summary() const;
-  // The ranks of the current generation whose agents say their process is stopped
-  // (agents/stopped/<member>), with their member ids (RankWatch::StoppedMembers); nullopt when the
-  // store does not answer.
-  std::optional<std::map<int, std::string>> StoppedMembers();
   void ReportLaggards();
-  void DiagnoseHangs();
-  // Kills the processes that hold `suspects` in the hung `generation`, to be replaced like dead
-  // ranks: on one host those that still hold the rank and have not trained in a later generation;
-  // on several, through their agents, while `generation` is current.
-  // `not_running`: ranks seen stopped or silent (no heartbeat, no dump): a suspect among them is
-  // replaced even where the suspects are not a minority (one rank of two).
-  void ReplaceHangSuspects(const std::vector<int>& suspects, int64_t generation,
-                           const std::set<int>& not_running);
-  // Replaces the pending hang's stopped ranks at once, before the other ranks' dumps are in, unless
-  // it did already or they are not a minority.
-  void ReplaceStoppedRanksNow(const std::set<int>& stopped_ranks);
-  // Prints the pending hang's declaration ("hang in generation G: ..."), once: before anything is
-  // said or done about it other than its withdrawal or its explanation by a death.
-  void AnnounceHang();
-  // A hang declared in `generation` after it was superseded: the store rejects the declaring rank's
-  // writes then (they are fenced), but its dump, whose reason begins "hang: ", is in `dir`. The
-  // hang key's text for it; NotFound when there is no such dump.
-  absl::StatusOr<std::string> SupersededHang(const std::string& dir, int64_t generation);
+  // hang_coordinator_, on store_, job_coordinator_ and the hooks below (after each
+  // CreateJobCoordinator). One host: the hang coordinator sees every rank's process here
+  // (LocalHolderOf, KillHangSuspect); several: every rank's through the store and its agent.
+  void CreateHangCoordinator();
+  LocalHolder LocalHolderOf(int rank);
+  void KillHangSuspect(int rank, int64_t generation);
   // The running process of this host that holds `rank` and is not being killed; nullptr if none.
   Child* RunningHolder(int rank);
-  // Whether `holder` (RunningHolder's answer) is the process that held its rank in the hung
-  // `generation` (not a replacement that took it later) and is stopped (state T).
-  bool StoppedSinceHang(const Child* holder, int64_t generation);
   // Ranks whose communicators failed ask for a new generation (RendezvousMember::
   // RequestNewGeneration): JobCoordinator renews it, or under --restart-all asks for a restart, as
   // RenewalPolicy (sdk/agent/renewal_policy.h) decides; this tells it what holds a renewal back.
@@ -451,42 +422,9 @@ class Job {
   std::unique_ptr<LeaseKeeper> lease_keeper_;
   // This host's part of the plan once read (ReadPlan).
   std::optional<HostAssignment> assignment_;
-  // A hang a rank published (store key hang/gen<G>): diagnosed from the ranks' dumps once every
-  // rank has dumped or the arbiter's grace has passed (HangArbiterOptions::dump_grace).
-  struct PendingHang {
-    int64_t generation;
-    absl::Time seen;
-    std::map<int, FlightRecorderContents> live_rings;  // read when the hang was seen
-    std::set<int> heartbeat_silent;  // ranks already said to send no heartbeat (several hosts)
-    std::set<int> agent_stopped;     // ranks already said to be stopped by their agent
-    int declarer = -1;     // the rank that wrote the hang key read ("rank R: ..."), if known
-    bool aborted = false;  // it aborted (hang/gen<G>/aborted/<R>)
-    // Ranks seen stopped while the dumps were still coming in, and replaced then (DiagnoseHangs).
-    std::set<int> replaced;
-    std::string declaration;  // the hang key's value
-    bool announced = false;   // "hang in generation G: <declaration>" printed (AnnounceHang)
-  };
-  // When a hang of a generation was last withdrawn (DiagnoseHangs): its dumps are not the next's.
-  std::map<int64_t, absl::Time> hang_withdrawn_at_;
-  // The dumps of generation `generation`'s current hang are those written since this. A dump's
-  // time is its rank's wall clock: clock_ is the real clock wherever ranks write dumps.
-  absl::Time HangDumpsSince(int64_t generation) const {
-    auto withdrawn = hang_withdrawn_at_.find(generation);
-    return withdrawn == hang_withdrawn_at_.end() ? restarted_at_
-                                                 : std::max(restarted_at_, withdrawn->second);
-  }
-  std::optional<PendingHang> pending_hang_;
-  // What SupersededHang needs of each hang dump it read, by file name.
-  struct DumpSummary {
-    std::pair<int64_t, int64_t> version;  // the file's modification time (ns) and size
-    int rank = -1;
-    int64_t generation = -1;
-    absl::Time dumped_at;
-    std::string hang;  // the hang the dump's reason declares ("hang: <this>"); empty if another
-  };
-  std::map<std::string, DumpSummary> dump_summaries_;
-  int64_t hangs_checked_below_ = 0;  // generations below this one have no hang left to look for
-  absl::Time next_hang_check_ = absl::InfinitePast();
+  // The hangs the ranks declare, diagnosed and acted on (sdk/coordinator/hang_coordinator.h;
+  // created with job_coordinator_).
+  std::unique_ptr<HangCoordinator> hang_coordinator_;
   // When the ranks' requests for a new generation renew it (RenewGenerationWhenAsked); it keeps
   // when the current generation's first request was seen.
   RenewalPolicy renewal_policy_{RenewalOptions(config_)};
@@ -598,6 +536,7 @@ absl::Status Job::Prepare() {
   CreateRankWatch();
   CreatePlanPublisher();
   CreateRecoveryStrategy();
+  CreateHangCoordinator();
   master_port_ = FreePort();
 
   sigset_t signals;
@@ -704,8 +643,7 @@ void Job::CreateLeaseKeeper() {
     // hosts none can be acted on once its generation moved on: diagnosing them again, each waiting
     // out the dumps' grace for ranks long replaced, held up the current generation's hang by
     // seconds.
-    pending_hang_.reset();
-    hangs_checked_below_ = std::max<int64_t>(coordinator_->generation(), 0);
+    hang_coordinator_->Reset(coordinator_->generation());
     // Every host's bound starts afresh, the previous holder's too; the dead hosts are the store's.
     job_coordinator_->TakeOver(kStoreTimeout);
   };
@@ -1192,10 +1130,6 @@ absl::StatusOr<std::vector<std::string>> Job::BackupLines(int training_hosts) co
   return lines;
 }
 
-std::optional<std::map<int, std::string>> Job::StoppedMembers() {
-  return rank_watch_->StoppedMembers();
-}
-
 // Reads every rank's flight-recorder ring (readable while a rank is stopped or dead) and says which
 // rank the others are waiting for.
 void Job::ReportLaggards() {
@@ -1212,51 +1146,6 @@ void Job::ReportLaggards() {
   }
 }
 
-absl::StatusOr<std::string> Job::SupersededHang(const std::string& dir, int64_t generation) {
-  // Called every poll while a superseded generation is watched: each dump is parsed once (by its
-  // name, size and time: a dump written by an older SDK could replace another of the same name).
-  std::error_code error;
-  for (std::filesystem::directory_iterator it(dir, error), end; !error && it != end;
-       it.increment(error)) {
-    const std::string name = it->path().filename().string();
-    if (!ParseDumpName(name).has_value()) continue;
-    struct stat st;
-    if (stat(it->path().c_str(), &st) != 0) continue;
-    const std::pair<int64_t, int64_t> version = {
-        int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec, st.st_size};
-    auto known = dump_summaries_.find(name);
-    if (known == dump_summaries_.end() || known->second.version != version) {
-      absl::StatusOr<FlightRecorderDump> dump = ReadFlightRecorderDump(it->path().string());
-      if (!dump.ok()) continue;  // a dump is written whole (renamed into place): not ours to judge
-      DumpSummary summary;
-      summary.version = version;
-      summary.rank = dump->rank;
-      summary.dumped_at = dump->dumped_at;
-      summary.generation = DumpGeneration(*dump);
-      std::optional<std::string> reason = EvidenceOf(*dump, "reason");
-      if (reason.has_value() && absl::StartsWith(*reason, "hang: ")) {
-        summary.hang = reason->substr(6);
-      }
-      known = dump_summaries_.insert_or_assign(name, std::move(summary)).first;
-    }
-    const DumpSummary& d = known->second;
-    // Dumps written before a restart (--restart-all) are an earlier incarnation's.
-    if (d.generation != generation || d.hang.empty() || d.dumped_at < HangDumpsSince(generation)) {
-      continue;
-    }
-    return store_keys::EncodeHangDeclaration(
-        {d.rank, absl::StrFormat("%s (its dump; generation %d was superseded before it could "
-                                 "publish the hang)",
-                                 d.hang, generation)});
-  }
-  return absl::NotFoundError(absl::StrCat("no hang dump of generation ", generation));
-}
-
-bool Job::StoppedSinceHang(const Child* holder, int64_t generation) {
-  return holder != nullptr && holder->rank_generation <= generation &&
-         supervisor_->IsStopped(holder->worker);
-}
-
 Child* Job::RunningHolder(int rank) {
   for (const auto& c : children_) {
     if (c->rank == rank && c->running && !c->killed_for_liveness) return c.get();
@@ -1264,294 +1153,75 @@ Child* Job::RunningHolder(int rank) {
   return nullptr;
 }
 
-// Watches for a hang a rank published, then reads every rank's dump of it (and the live rings of
-// ranks that wrote none, as they were when the hang was seen) and names the suspects
-// (hang_diagnosis.h): the rank that never entered the collective, or that entered it and stalled
-// there while the others wait.
-void Job::DiagnoseHangs() {
-  // What to do about the hang is the arbiter's (sdk/agent/hang_arbiter.h): how long to wait for
-  // the dumps and the declarer's verdict, whom to replace. This reads what it decides on.
-  const HangArbiter arbiter;
-  const absl::Time now = clock_->Now();
-  if (now < next_hang_check_) return;
-  next_hang_check_ = now + absl::Milliseconds(50);
-  const std::string dir = config_.run_dir + "/flight_recorder";
-  if (!pending_hang_.has_value()) {
-    const int64_t current = coordinator_->generation();
-    // A generation superseded by the next may still hang: its ranks wait in its collectives until
-    // their bounds run out, and publish the hang then. It has none left to publish once every rank
-    // completed a step of a later one (read before its key, so that a hang published meanwhile is
-    // seen).
-    const bool superseded =
-        hangs_checked_below_ < current && rank_watch_->EveryRankResumed(current);
-    for (int64_t g = hangs_checked_below_; g <= current; ++g) {
-      absl::StatusOr<std::string> who =
-          ranks_store()->Get(store_keys::Hang(g), absl::Milliseconds(200));
-      if (absl::IsNotFound(who.status()) && g < current && !MultiHost()) {
-        who = SupersededHang(dir, g);
-      }
-      if (!who.ok()) {
-        if (absl::IsNotFound(who.status()) && g < current && superseded) {
-          hangs_checked_below_ = g + 1;
-        }
-        continue;
-      }
-      if (!coordinating()) return;
-      // Announced once the arbiter knows what it is (HangArbiter::Headline), or before it is acted
-      // on: a hang that is withdrawn, or explained by a death, is a line of its own.
-      PendingHang hang{g, now, {}, {}, {}, -1, false, {}, *who, false};
-      hang.declarer = HangDeclarer(*who);
-      for (int r = 0; r < world_size_; ++r) {
-        absl::StatusOr<FlightRecorderContents> ring = ReadFlightRecorder(RanksJobId(), r);
-        if (ring.ok()) hang.live_rings[r] = *std::move(ring);
-      }
-      pending_hang_ = std::move(hang);
-      // A rank seen stopped (on several hosts: that its agent says is) is replaced before the
-      // dumps are read: parsing every dump in the run's flight_recorder folder takes tens of
-      // milliseconds on a busy machine, and a PyTorch rank's dump is a few hundred kilobytes.
-      std::set<int> stopped;
-      if (!MultiHost()) {
-        for (int r = 0; r < world_size_; ++r) {
-          if (StoppedSinceHang(RunningHolder(r), g)) stopped.insert(r);
-        }
-      } else if (coordinator_->generation() == g) {
-        for (const auto& [rank, member] : StoppedMembers().value_or(std::map<int, std::string>())) {
-          stopped.insert(rank);
-          pending_hang_->agent_stopped.insert(rank);
-          AnnounceHang();
-          Say(absl::StrCat("hang diagnosis: rank ", rank, " (", member,
-                           ") is stopped, its agent says: it will not dump"));
-        }
-      }
-      ReplaceStoppedRanksNow(stopped);
-      break;
+void Job::CreateHangCoordinator() {
+  HangCoordinatorOptions options;
+  options.dump_dir = config_.run_dir + "/flight_recorder";
+  options.heartbeat_timeout = config_.heartbeat_timeout;
+  options.host_quiet = config_.host_timeout / 3;
+  options.max_hold_off = 2 * config_.host_timeout;
+  options.store_timeout = kStoreTimeout;
+  HangCoordinator::Hooks hooks;
+  hooks.coordinating = [this] { return coordinating(); };
+  hooks.say = [this](const std::string& line) { Say(line); };
+  hooks.ranks_store = [this] { return ranks_store(); };
+  hooks.rendezvous = [this] { return coordinator_.get(); };
+  hooks.restarted_at = [this] { return restarted_at_; };
+  hooks.live_rings = [this] {
+    std::map<int, FlightRecorderContents> rings;
+    for (int r = 0; r < world_size_; ++r) {
+      absl::StatusOr<FlightRecorderContents> ring = ReadFlightRecorder(RanksJobId(), r);
+      if (ring.ok()) rings[r] = *std::move(ring);
     }
-    if (!pending_hang_.has_value()) return;
-  }
-  absl::StatusOr<std::vector<FlightRecorderDump>> dumps =
-      ReadHangDumps(dir, pending_hang_->generation);
-  // After a restart (--restart-all) generations count from 0 again, and the run dir still holds
-  // the old processes' dumps of the same generation numbers: they are not this hang's evidence.
-  // So are the dumps of an earlier hang of this generation, withdrawn.
-  if (dumps.ok()) {
-    const absl::Time since = HangDumpsSince(pending_hang_->generation);
-    dumps->erase(std::remove_if(dumps->begin(), dumps->end(),
-                                [&](const FlightRecorderDump& d) { return d.dumped_at < since; }),
-                 dumps->end());
-  }
-  // A rank of this host whose process is stopped will never dump, and neither will one that no
-  // process of the hung generation holds any more (it died; its replacement, if any, took it in a
-  // later generation and watches that one).
-  // Not running: stopped, sending no heartbeat, or replaced already for being stopped.
-  std::set<int> silent_ranks = pending_hang_->replaced;
-  std::set<int> stopped_ranks;   // of those, the ones whose process is seen stopped now
-  std::set<int> no_longer_held;  // by the hung generation's process (one host)
-  std::set<int> dumped_ranks;
-  if (dumps.ok()) {
-    for (const FlightRecorderDump& d : *dumps) dumped_ranks.insert(d.rank);
-  }
-  if (MultiHost() && dumps.ok() && coordinator_->generation() == pending_hang_->generation) {
-    // Other hosts' processes are out of sight, but every rank's heartbeat thread writes to the
-    // store every heartbeat_interval_ms (1 s by default) while the process runs, hung training
-    // thread or not: a rank whose heartbeat stood still for kSilentHeartbeat is stopped or frozen
-    // whole, and will not dump either.
-    const absl::Duration still = std::min(config_.heartbeat_timeout, kSilentHeartbeat);
-    absl::StatusOr<std::vector<int>> quiet =
-        coordinator_->RanksWithStaleHeartbeats(still, kStoreTimeout);
-    if (quiet.ok()) {
-      for (int rank : *quiet) {
-        if (dumped_ranks.count(rank) != 0) continue;
-        silent_ranks.insert(rank);
-        if (pending_hang_->heartbeat_silent.insert(rank).second) {
-          AnnounceHang();
-          Say(absl::StrFormat("hang diagnosis: rank %d has sent no heartbeat for %s: it will not "
-                              "dump",
-                              rank, absl::FormatDuration(still)));
-        }
-      }
-    }
-    // Sooner: the agent of a stopped rank's host sees it stopped (HostAgent::ReportStoppedWorkers),
-    // so the diagnosis need not wait for its heartbeat to go stale.
-    for (const auto& [rank, member] : StoppedMembers().value_or(std::map<int, std::string>())) {
-      if (dumped_ranks.count(rank) != 0) continue;
-      silent_ranks.insert(rank);
-      stopped_ranks.insert(rank);
-      if (pending_hang_->agent_stopped.insert(rank).second) {
-        AnnounceHang();
-        Say(absl::StrCat("hang diagnosis: rank ", rank, " (", member,
-                         ") is stopped, its agent says: it will not dump"));
-      }
-    }
-  }
-  if (!MultiHost() && dumps.ok()) {
-    for (int rank = 0; rank < world_size_; ++rank) {
-      if (dumped_ranks.count(rank) != 0) continue;
-      const Child* holder = RunningHolder(rank);
-      if (StoppedSinceHang(holder, pending_hang_->generation)) {
-        silent_ranks.insert(rank);
-        stopped_ranks.insert(rank);
-      } else if (holder == nullptr || holder->rank_generation > pending_hang_->generation) {
-        no_longer_held.insert(rank);
-      }
-    }
-  }
-  if (!coordinating()) return;  // the dumps and the store were read: the diagnosis is acted on below
-  ReplaceStoppedRanksNow(stopped_ranks);
-  HangObservations observed;
-  observed.generation = pending_hang_->generation;
-  observed.seen = pending_hang_->seen;
-  observed.world_size = world_size_;
-  observed.dumped = std::move(dumped_ranks);
-  observed.not_running = silent_ranks;
-  observed.no_longer_held = std::move(no_longer_held);
-  observed.declarer = pending_hang_->declarer;
-  if (pending_hang_->aborted) observed.verdict = HangVerdict{HangVerdict::Kind::kAborted, {}};
-  HangArbiter::Action action = arbiter.Decide(observed, now);
-  if (std::holds_alternative<HangArbiter::ReadVerdict>(action)) {
-    absl::StatusOr<std::vector<std::optional<std::string>>> verdict = ranks_store()->MultiGet(
-        {store_keys::HangAborted(pending_hang_->generation, pending_hang_->declarer),
-         store_keys::HangWithdrawn(pending_hang_->generation, pending_hang_->declarer)},
-        kStoreTimeout);
-    observed.verdict = HangVerdict{};
-    if (verdict.ok() && (*verdict)[0].has_value()) {
-      pending_hang_->aborted = true;
-      observed.verdict->kind = HangVerdict::Kind::kAborted;
-    } else if (verdict.ok() && (*verdict)[1].has_value()) {
-      observed.verdict->kind = HangVerdict::Kind::kWithdrawn;
-      observed.verdict->withdrawal = *(*verdict)[1];
-    }
-    action = arbiter.Decide(observed, now);
-  }
-  if (std::holds_alternative<HangArbiter::Wait>(action) || !coordinating()) return;
-  if (const auto* withdraw = std::get_if<HangArbiter::Withdraw>(&action)) {
-    Say(withdraw->message);
-    // A later hang of this generation is a new one: its key, its dumps.
-    (void)ranks_store()->Delete(store_keys::Hang(pending_hang_->generation), kStoreTimeout);
-    (void)ranks_store()->Delete(
-        store_keys::HangWithdrawn(pending_hang_->generation, pending_hang_->declarer),
-        kStoreTimeout);
-    hang_withdrawn_at_[pending_hang_->generation] = clock_->Now();
-    pending_hang_.reset();
-    return;
-  }
-  HangEvidence evidence;
-  if (dumps.ok()) evidence.dumps = *std::move(dumps);
-  evidence.live_rings = std::move(pending_hang_->live_rings);
-  evidence.world_size = world_size_;
-  HangDiagnosis diagnosis = DiagnoseHang(evidence);
-  const HangArbiter::Headline headline =
-      arbiter.Announce(observed, diagnosis.suspects, pending_hang_->declaration);
-  if (headline.explained_by_death) {
-    Say(headline.line);
-    hangs_checked_below_ = pending_hang_->generation + 1;
-    pending_hang_.reset();
-    return;
-  }
-  AnnounceHang();
-  const HangArbiter::SuspectReplacement replacement = arbiter.SuspectsToReplace(
-      diagnosis.suspects, silent_ranks, pending_hang_->replaced, MultiHost());
-  if (!replacement.narrowed.empty()) Say(replacement.narrowed);
-  diagnosis.suspects = replacement.suspects;
-  for (absl::string_view line : absl::StrSplit(diagnosis.ToString(), '\n')) {
-    Say(absl::StrCat("hang diagnosis: ", line));
-  }
-  const int64_t generation = pending_hang_->generation;
-  hangs_checked_below_ = generation + 1;
-  pending_hang_.reset();
-  if (!replacement.replaced_already.empty()) Say(replacement.replaced_already);
-  ReplaceHangSuspects(replacement.replace, generation, silent_ranks);
-}
-
-// A rank whose process is stopped (SIGSTOP: state T; on several hosts, its agent says so) makes no
-// progress whatever the dumps will say, and writes none itself: it is replaced now, not once the
-// other ranks' dumps are in, which took 0.3-0.5 s per PyTorch rank in the chaos runs
-// (docs/PERFORMANCE.md). The diagnosis still follows when they are, and replaces no one else.
-void Job::ReplaceStoppedRanksNow(const std::set<int>& stopped_ranks) {
-  const HangArbiter::StoppedReplacement replace_now = HangArbiter().StoppedToReplaceNow(
-      stopped_ranks, pending_hang_->replaced, world_size_, MultiHost());
-  if (replace_now.ranks.empty()) return;
-  AnnounceHang();
-  Say(replace_now.message);
+    return rings;
+  };
+  // One host runs every rank's process: it sees each stopped or gone in whichever generation.
+  // Several: the coordinator's agent reports its own ranks' stops like any agent, so one path
+  // (the store's) serves every host's ranks.
   if (!MultiHost()) {
-    ReplaceHangSuspects({stopped_ranks.begin(), stopped_ranks.end()}, pending_hang_->generation,
-                        stopped_ranks);
-  } else if (coordinator_->generation() == pending_hang_->generation) {
-    const Membership current = coordinator_->current();
-    for (int rank : stopped_ranks) {
-      if (rank >= static_cast<int>(current.members.size())) continue;
-      KillAndReplaceStoppedMember(rank, current.members[rank], EventKind::kHangSuspect,
-                                  "the hang's suspect, stopped (its agent says)");
-    }
+    hooks.local_holder = [this](int rank) { return LocalHolderOf(rank); };
+    hooks.kill_local = [this](int rank, int64_t generation) { KillHangSuspect(rank, generation); };
   }
-  pending_hang_->replaced = stopped_ranks;
+  hooks.kill_member = [this](const std::string& member, EventKind kind, const std::string& why) {
+    KillMember(member, kind, why);
+  };
+  hooks.kill_and_replace_stopped = [this](int rank, const std::string& member, EventKind kind,
+                                          const std::string& why) {
+    KillAndReplaceStoppedMember(rank, member, kind, why);
+  };
+  hang_coordinator_ = std::make_unique<HangCoordinator>(
+      store_.get(), clock_, Env::Default(), job_coordinator_.get(), options, std::move(hooks));
+  hang_coordinator_->set_world_size(world_size_);
 }
 
-void Job::AnnounceHang() {
-  if (pending_hang_->announced) return;
-  Say(HangArbiter::Declared(pending_hang_->generation, pending_hang_->declaration));
-  pending_hang_->announced = true;
+LocalHolder Job::LocalHolderOf(int rank) {
+  LocalHolder holder;
+  holder.here = true;
+  const Child* c = RunningHolder(rank);
+  if (c == nullptr) return holder;
+  holder.running = true;
+  holder.stopped = supervisor_->IsStopped(c->worker);
+  holder.rank_generation = c->rank_generation;
+  holder.label = c->Label();
+  holder.pid = c->pid;
+  return holder;
 }
 
-void Job::ReplaceHangSuspects(const std::vector<int>& suspects, int64_t generation,
-                              const std::set<int>& not_running) {
-  // The suspects are replaced like dead ranks, as long as they are a minority and the process that
-  // hung still holds the rank. On one host that is known per process: a hang is often overtaken by
-  // another fault (a rank dies while the others wait for the hung one), and the new generation
-  // then waits for the hung process, which never joins, until its heartbeat runs out. On several
-  // hosts only the coordinator's view is at hand, so the generation must not have moved on.
-  if (suspects.empty()) return;
-  if (MultiHost() && coordinator_->generation() != generation) return;
-  // A suspect named by the dumps alone is replaced only as a minority: the evidence is the others'
-  // view, and half the job waiting on the other half says nothing of which half is at fault. A
-  // suspect that is not running (stopped, silent) is at fault whatever the count, as long as some
-  // rank is not a suspect.
-  const bool all_not_running = std::all_of(suspects.begin(), suspects.end(), [&](int rank) {
-    return not_running.count(rank) != 0;
-  });
-  if (2 * suspects.size() >= static_cast<size_t>(world_size_) &&
-      !(all_not_running && suspects.size() < static_cast<size_t>(world_size_))) {
-    Say("hang diagnosis: too many suspects to replace; the ranks' own timeouts decide");
-    return;
-  }
-  for (int rank : suspects) {
-    if (MultiHost()) {
-      const Membership current = coordinator_->current();
-      if (rank < static_cast<int>(current.members.size())) {
-        KillMember(current.members[rank], EventKind::kHangSuspect, "the hang's suspect");
-      }
-      continue;
-    }
-    Child* c = RunningHolder(rank);
-    if (c == nullptr) continue;
-    if (c->rank_generation > generation) {
-      Say(absl::StrFormat("%s (pid %d) took rank %d after generation %d hung: not its hang",
-                          c->Label(), c->pid, rank, generation));
-      continue;
-    }
-    const int64_t current = coordinator_->generation();
-    if (current != generation &&
-        ranks_store()
-            ->Get(store_keys::Resumed(current, rank), kStoreTimeout)
-            .ok()) {
-      Say(absl::StrFormat("%s (pid %d) has trained in generation %d since: not hung", c->Label(),
-                          c->pid, current));
-      continue;
-    }
-    Say(absl::StrFormat("%s (pid %d) is the hang's suspect: killing it", c->Label(), c->pid));
-    Record(rank, EventKind::kHangSuspect,
-           absl::StrFormat("%s (pid %d) is the suspect of generation %d's hang", c->Label(), c->pid,
-                           generation),
-           {{"pid", absl::StrCat(c->pid)}});
-    c->killed_for_liveness = true;
-    c->kill_reason =
-        absl::StrFormat("the launcher killed it: the suspect of generation %d's hang", generation);
-    SignalGroup(*c, SIGKILL);  // reaped and replaced like any dead rank
-  }
+void Job::KillHangSuspect(int rank, int64_t generation) {
+  Child* c = RunningHolder(rank);
+  if (c == nullptr) return;
+  Record(rank, EventKind::kHangSuspect,
+         absl::StrFormat("%s (pid %d) is the suspect of generation %d's hang", c->Label(), c->pid,
+                         generation),
+         {{"pid", absl::StrCat(c->pid)}});
+  c->killed_for_liveness = true;
+  c->kill_reason =
+      absl::StrFormat("the launcher killed it: the suspect of generation %d's hang", generation);
+  SignalGroup(*c, SIGKILL);  // reaped and replaced like any dead rank
 }
 
 void Job::RenewGenerationWhenAsked() {
   RenewalHolds holds;
-  holds.hang_pending = pending_hang_.has_value();
+  holds.hang_pending = hang_coordinator_->pending();
   holds.killed_rank_unreaped = std::any_of(
       children_.begin(), children_.end(),
       [](const std::unique_ptr<Child>& c) { return c->killed_for_liveness && c->running; });
@@ -1662,7 +1332,7 @@ int Job::Run() {
     if (recovery_->ReplacesRanks() && formed_reported_ && exit_code_ < 0 && coordinating()) {
       rank_watch_->KillMembersStoppedInFormation();
     }
-    if (formed_reported_ && exit_code_ < 0 && coordinating()) DiagnoseHangs();
+    if (formed_reported_ && exit_code_ < 0 && coordinating()) hang_coordinator_->Poll();
     if (formed_reported_ && exit_code_ < 0 && coordinating()) RenewGenerationWhenAsked();
     if (exit_code_ < 0) WatchJobStop();
     if (exit_code_ < 0) RespawnStandbys();
@@ -1801,6 +1471,7 @@ bool Job::ReadPlan(int* hosts) {
   world_size_ = assignment_->world_size;
   job_coordinator_->set_world_size(world_size_);
   rank_watch_->set_world_size(world_size_);
+  hang_coordinator_->set_world_size(world_size_);
   group_rank_ = assignment_->group_rank;
   return true;
 }
@@ -1867,8 +1538,7 @@ void Job::StartRound(int64_t from, int64_t to) {
   }
   followed_generation_ = -1;
   replacements().clear();
-  pending_hang_.reset();
-  hangs_checked_below_ = 0;
+  hang_coordinator_->Reset(0);
   renewal_policy_.Reset();
   ranks_finished_ = 0;
   rank_watch_->HoldHeartbeatChecksUntil(clock_->Now() + config_.heartbeat_timeout);

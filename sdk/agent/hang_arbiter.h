@@ -22,12 +22,13 @@
 //
 // The arbiter is pure: it does no I/O and reads no clock; the caller passes what it observed (the
 // dumps read, the processes seen, the store's verdict) and the time, so tests drive it with
-// explicit instants. It returns the lines the launcher prints; the launcher does the rest (reading
-// the dumps and the store, diagnosing, killing and replacing processes). It keeps no state: the
-// pending hang's observations are the launcher's.
+// explicit instants. It returns the lines the launcher prints; its caller, HangCoordinator
+// (sdk/coordinator/hang_coordinator.h), does the rest (reading the dumps and the store, diagnosing,
+// killing and replacing processes). It keeps no state: the pending hang's observations are the
+// caller's.
 //
 // Not decided here: whether a suspect is replaced at all once named (a minority of the job, the
-// process that hung still holding the rank): Job::ReplaceHangSuspects.
+// process that hung still holding the rank): HangCoordinator::ReplaceSuspects and KillSuspect.
 //
 // Thread safety: const methods on an immutable object; any thread may use an instance.
 #ifndef TRAINGUARD_SDK_AGENT_HANG_ARBITER_H_

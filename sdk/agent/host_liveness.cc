@@ -8,6 +8,7 @@ std::vector<HostLiveness::Silent> HostLiveness::Observe(
     const std::map<std::string, std::string>& beats, absl::Time now) {
   if (now - last_read_ > timeout_ / 3) {
     for (auto& [host, beat] : beats_) beat.since = now;
+    bounds_since_ = now;
   }
   last_read_ = now;
   std::vector<Silent> silent;
@@ -26,6 +27,15 @@ void HostLiveness::Forget(const std::string& host) { beats_.erase(host); }
 bool HostLiveness::IsSilent(const std::string& host, absl::Time now) const {
   const auto it = beats_.find(host);
   return it != beats_.end() && now - it->second.since >= timeout_;
+}
+
+std::vector<HostLiveness::Silent> HostLiveness::QuietFor(absl::Duration quiet,
+                                                        absl::Time now) const {
+  std::vector<Silent> hosts;
+  for (const auto& [host, beat] : beats_) {
+    if (now - beat.since >= quiet) hosts.push_back(Silent{host, beat.since, now - beat.since});
+  }
+  return hosts;
 }
 
 }  // namespace trainguard

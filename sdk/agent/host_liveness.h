@@ -62,6 +62,14 @@ class HostLiveness {
   // Whether `host` has been silent for the timeout or longer at `now`, as of the last Observe;
   // false for a host not observed (or forgotten).
   bool IsSilent(const std::string& host, absl::Time now) const;
+  // The hosts whose heartbeat has not changed for `quiet` or longer at `now`, as of the last
+  // Observe, by host name: silent for less than the timeout, maybe (a host cut off is quiet for a
+  // while before it is silent). Hosts forgotten are not among them.
+  std::vector<Silent> QuietFor(absl::Duration quiet, absl::Time now) const;
+  // When every host's bound last started afresh (the first Observe, or a gap in the reads): until
+  // `quiet` after it, QuietFor cannot tell a host silent for `quiet`. InfinitePast before any
+  // Observe.
+  absl::Time bounds_since() const { return bounds_since_; }
 
   absl::Duration timeout() const { return timeout_; }
 
@@ -74,6 +82,7 @@ class HostLiveness {
   absl::Duration timeout_;
   std::map<std::string, Beat> beats_;
   absl::Time last_read_ = absl::InfinitePast();
+  absl::Time bounds_since_ = absl::InfinitePast();
 };
 
 }  // namespace trainguard

@@ -347,6 +347,7 @@ void JobCoordinator::TakeOver(absl::Duration timeout) {
   // holder's too: its lease lapsing shows only that this agent did not see it renewed, which a
   // stalled store causes as well while that host trains on (HostLiveness).
   host_liveness_ = HostLiveness(options_.host_timeout);
+  took_over_at_ = clock_->Now();
   handled_deaths_.clear();
   dead_hosts_.clear();
   if (absl::StatusOr<std::vector<std::string>> dead =

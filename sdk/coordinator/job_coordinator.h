@@ -14,8 +14,9 @@
 // event, choosing the standbys a host's ranks go to (the backup placement), knowing whether a
 // standby is starting, carrying out a rank's takeover where the process is the launcher's own;
 // under --restart-all, the deaths and the ranks' requests, which the RestartAll strategy decides
-// (sdk/coordinator/restart_all.h). The launcher still owns the processes, the rendezvous
-// coordinator and the hangs.
+// (sdk/coordinator/restart_all.h). The launcher still owns the processes and the rendezvous
+// coordinator; the hangs are HangCoordinator's (hang_coordinator.h), which asks this coordinator
+// which hosts are quiet or dead.
 //
 // Every act that writes to the store or says what it decided checks the gate (the coordinator
 // lease, Hooks::coordinating) right before it: a deposed coordinator writes nothing. Every instant
@@ -26,6 +27,7 @@
 #ifndef TRAINGUARD_SDK_COORDINATOR_JOB_COORDINATOR_H_
 #define TRAINGUARD_SDK_COORDINATOR_JOB_COORDINATOR_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -233,6 +235,17 @@ class JobCoordinator {
   bool IsSilent(const std::string& host, absl::Time now) const {
     return host_liveness_.IsSilent(host, now);
   }
+  // The hosts whose heartbeat has not advanced for `quiet` at `now`, as of the last tick
+  // (HostLiveness::QuietFor): a hang's diagnosis holds off while a host of its generation is.
+  std::vector<HostLiveness::Silent> HostsQuietFor(absl::Duration quiet, absl::Time now) const {
+    return host_liveness_.QuietFor(quiet, now);
+  }
+  // When this coordinator's view of the hosts' heartbeats last started afresh (a takeover, its
+  // first read, a gap in its reads): until the quiet time after it, HostsQuietFor cannot name a
+  // host that was silent before. InfinitePast when it never watched hosts (one host).
+  absl::Time HostBoundsSince() const {
+    return std::max(took_over_at_, host_liveness_.bounds_since());
+  }
   bool done_published() const { return done_published_; }
 
  private:
@@ -254,6 +267,7 @@ class JobCoordinator {
   int world_size_ = 0;
   int64_t round_ = 0;
   HostLiveness host_liveness_;
+  absl::Time took_over_at_ = absl::InfinitePast();  // TakeOver's last call
   std::set<std::string> dead_hosts_;
   std::set<std::string> handled_deaths_;  // member ids whose death was taken
   bool done_published_ = false;

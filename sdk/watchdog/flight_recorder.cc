@@ -518,8 +518,9 @@ absl::StatusOr<std::string> WriteNewFlightRecorderDump(
   return path;
 }
 
-absl::StatusOr<FlightRecorderDump> ReadFlightRecorderDump(const std::string& path) {
-  absl::StatusOr<std::string> bytes = Env::Default()->ReadFileToString(path);
+absl::StatusOr<FlightRecorderDump> ReadFlightRecorderDump(const std::string& path, Env* env) {
+  if (env == nullptr) env = Env::Default();
+  absl::StatusOr<std::string> bytes = env->ReadFileToString(path);
   if (!bytes.ok()) return bytes.status();
   proto::FlightRecorderDump dump;
   if (!dump.ParseFromString(*bytes) || dump.format_version() != kDumpFormatVersion ||

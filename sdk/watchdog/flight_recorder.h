@@ -156,9 +156,10 @@ struct FlightRecorderDump {
 // `trainguard flight-recorder show --json` prints it.
 absl::StatusOr<std::string> FlightRecorderDumpToJson(const FlightRecorderDump& dump);
 
-// Reads a file written by WriteFlightRecorderDump. NotFound when it does not exist; DataLoss naming
-// the file when it is not a flight recorder dump.
-absl::StatusOr<FlightRecorderDump> ReadFlightRecorderDump(const std::string& path);
+// Reads a file written by WriteFlightRecorderDump through `env` (nullptr: Env::Default()).
+// NotFound when it does not exist; DataLoss naming the file when it is not a flight recorder dump.
+absl::StatusOr<FlightRecorderDump> ReadFlightRecorderDump(const std::string& path,
+                                                          Env* env = nullptr);
 
 // The ranks of `job_id` that have a flight recorder segment on this host (live or left behind by a
 // dead process), ascending: the names under /dev/shm that match SegmentName(job_id, rank).

@@ -2,12 +2,10 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <filesystem>
 #include <map>
 #include <optional>
 #include <set>
 #include <string>
-#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -21,6 +19,7 @@
 #include "absl/strings/strip.h"
 #include "sdk/watchdog/flight_recorder.h"
 #include "sdk/watchdog/stack_trace.h"
+#include "trainguard/env.h"
 
 namespace trainguard {
 
@@ -154,25 +153,22 @@ std::string FrameSignature(const std::string& frame) {
 }
 
 absl::StatusOr<std::vector<FlightRecorderDump>> ReadHangDumps(const std::string& dir,
-                                                              int64_t generation) {
-  std::vector<std::string> names;
-  std::error_code error;
-  for (std::filesystem::directory_iterator it(dir, error), end; !error && it != end;
-       it.increment(error)) {
-    names.push_back(it->path().filename().string());
-  }
-  if (error) {
+                                                              int64_t generation, Env* env) {
+  if (env == nullptr) env = Env::Default();
+  absl::StatusOr<std::vector<std::string>> names = env->GetChildren(dir);
+  if (!names.ok()) {
     const std::string message =
-        absl::StrCat("reading hang dumps: listing ", dir, ": ", error.message());
-    return error == std::errc::no_such_file_or_directory ? absl::NotFoundError(message)
-                                                         : absl::InternalError(message);
+        absl::StrCat("reading hang dumps: listing ", dir, ": ", names.status().message());
+    return absl::IsNotFound(names.status()) ? absl::NotFoundError(message)
+                                            : absl::InternalError(message);
   }
   // Per (generation, rank): the dump with the highest number.
   std::map<std::pair<int64_t, int>, std::pair<int64_t, FlightRecorderDump>> newest;
-  for (const std::string& name : names) {
+  for (const std::string& name : *names) {
     std::optional<std::pair<int, int64_t>> parsed = ParseDumpName(name);
     if (!parsed.has_value()) continue;
-    absl::StatusOr<FlightRecorderDump> dump = ReadFlightRecorderDump(absl::StrCat(dir, "/", name));
+    absl::StatusOr<FlightRecorderDump> dump =
+        ReadFlightRecorderDump(absl::StrCat(dir, "/", name), env);
     if (!dump.ok()) return dump.status();
     const auto key = std::make_pair(DumpGeneration(*dump), parsed->first);
     auto it = newest.find(key);

@@ -90,11 +90,13 @@ int64_t DumpGeneration(const FlightRecorderDump& dump);
 // processes of a rank: a new dump takes the first free one (WriteNewFlightRecorderDump).
 std::optional<std::pair<int, int64_t>> ParseDumpName(absl::string_view name);
 
-// Reads the dumps (*.pb, as Runtime names them) in `dir` and keeps, per rank, the newest one (by
-// dump number) of `generation`; generation -1 picks the newest generation any dump names. NotFound
-// when `dir` holds no dump; DataLoss naming the file for one that is not a flight recorder dump.
+// Reads the dumps (*.pb, as Runtime names them) in `dir` through `env` (nullptr: Env::Default())
+// and keeps, per rank, the newest one (by dump number) of `generation`; generation -1 picks the
+// newest generation any dump names. NotFound when `dir` holds no dump; DataLoss naming the file for
+// one that is not a flight recorder dump.
 absl::StatusOr<std::vector<FlightRecorderDump>> ReadHangDumps(const std::string& dir,
-                                                              int64_t generation = -1);
+                                                              int64_t generation = -1,
+                                                              Env* env = nullptr);
 
 HangDiagnosis DiagnoseHang(const HangEvidence& evidence);
 

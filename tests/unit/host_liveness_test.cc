@@ -55,6 +55,25 @@ TEST(HostLiveness, AHostSilentForExactlyTheTimeoutIsDeadAndNotOneNanosecondBefor
   EXPECT_TRUE(liveness.IsSilent("host1", At(kTimeout)));
 }
 
+// A host a third of the way to its timeout is quiet (a hang's diagnosis holds off for it): exactly
+// then, not a nanosecond before, and no longer once its heartbeat changes.
+TEST(HostLiveness, AHostIsQuietExactlyWhenItsHeartbeatStoodStillForTheGivenTimeAndNotBefore) {
+  HostLiveness liveness(kTimeout);
+  const absl::Duration quiet = kTimeout / 3;
+  EXPECT_THAT(liveness.Observe({{"host1", "7"}, {"host2", "7"}}, At({})), IsEmpty());
+  EXPECT_THAT(liveness.Observe({{"host1", "8"}, {"host2", "7"}}, At(kTick)), IsEmpty());
+  EXPECT_THAT(Hosts(liveness.QuietFor(quiet, At(quiet - kNanosecond))), IsEmpty());
+  const std::vector<HostLiveness::Silent> at_quiet = liveness.QuietFor(quiet, At(quiet));
+  EXPECT_THAT(Hosts(at_quiet), ElementsAre("host2"));
+  ASSERT_EQ(at_quiet.size(), 1u);
+  EXPECT_EQ(at_quiet[0].silent_for, quiet);
+  EXPECT_THAT(Hosts(liveness.QuietFor(quiet, At(kTick + quiet))), ElementsAre("host1", "host2"));
+  EXPECT_THAT(liveness.Observe({{"host1", "8"}, {"host2", "8"}}, At(kTick + quiet)), IsEmpty());
+  EXPECT_THAT(Hosts(liveness.QuietFor(quiet, At(kTick + quiet))), ElementsAre("host1"));
+  liveness.Forget("host1");
+  EXPECT_THAT(Hosts(liveness.QuietFor(quiet, At(kTick + quiet))), IsEmpty());
+}
+
 TEST(HostLiveness, AChangingHeartbeatKeepsAHostAliveAndItsLastChangeStartsItsBound) {
   HostLiveness liveness(kTimeout);
   int beat = 0;
