@@ -237,7 +237,8 @@ class GenerationEntryRun : public ::testing::Test {
   }
 
   // The communicator factory of `rank`: StoreCommunicators, except in the generations listed in
-  // failing_generations_, where the build fails as when a peer is gone.
+  // failing_generations_, where the build fails as when a peer is gone, and in those listed in
+  // failing_broadcasts_, where every broadcast fails (a communicator aborted from the start).
   void GiveFactory(EntryRank& rank, int slot) {
     rank.entry->SetCommunicatorFactory(
         [this,
@@ -249,7 +250,8 @@ class GenerationEntryRun : public ::testing::Test {
                                                        " of generation ", spec.generation,
                                                        " refused the connection"));
           }
-          auto aborted = std::make_shared<std::atomic<bool>>(false);
+          auto aborted =
+              std::make_shared<std::atomic<bool>>(failing_broadcasts_.count(spec.generation) > 0);
           aborted_[{slot, spec.generation}] = aborted;
           return std::make_unique<testing::StoreCommunicator>(spec, aborted, kTimeout);
         });
@@ -307,6 +309,7 @@ class GenerationEntryRun : public ::testing::Test {
   RendezvousCoordinator coordinator_{coordinator_store_.get(), &clock_};
   Mutex mu_;
   std::set<int64_t> failing_generations_ ABSL_GUARDED_BY(mu_);
+  std::set<int64_t> failing_broadcasts_ ABSL_GUARDED_BY(mu_);
   std::map<int, std::vector<int64_t>> built_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<int, int64_t>, std::shared_ptr<std::atomic<bool>>> aborted_
       ABSL_GUARDED_BY(mu_);
@@ -470,6 +473,52 @@ TEST_F(GenerationEntryRun, ANewerGenerationNoticedMidEntryAbandonsTheEntryAndRet
                                        "): rank ", r, ": restoring in generation 0: ")));
     EXPECT_EQ(ranks_[r]->stop_reason, std::nullopt);
   }
+}
+
+// The state broadcast of generation 1 fails on both ranks: its root still holds its state and
+// offers its step again, the receiver's buffers may be half overwritten and it offers none; in
+// generation 2 the receiver takes the root's state, as a rank new in it.
+TEST_F(GenerationEntryRun, AFailedBroadcastLeavesOnlyTheRootWithStateToOfferInTheNextGeneration) {
+  StartJob(2);
+  for (int r = 0; r < 2; ++r) {
+    GiveFactory(*ranks_[r], r);
+    ranks_[r]->window = absl::StrCat("window of rank ", r);
+  }
+  {
+    MutexLock lock(&mu_);
+    failing_broadcasts_ = {1};
+  }
+  std::fill(ranks_[0]->weights.begin(), ranks_[0]->weights.end(), 10.0f);
+  std::array<absl::StatusOr<int64_t>, 2> next;
+  std::array<RecoveryReport, 2> reports;
+  std::atomic<int> done{0};
+  std::vector<std::thread> recovering;
+  for (int r = 0; r < 2; ++r) {
+    recovering.emplace_back([&, r] {
+      // Rank 0 finished step 9, rank 1 failed in it.
+      next[r] = ranks_[r]->entry->Recover(CommunicationFailure(r == 0 ? 10 : 9), reports[r]);
+      ++done;
+    });
+  }
+  RenewWhileAsked(done, 2);
+  for (std::thread& t : recovering) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(next[r].ok()) << next[r].status();
+    EXPECT_EQ(*next[r], 10);
+    EXPECT_EQ(reports[r].generation, 2);
+    EXPECT_EQ(reports[r].generation_attempts, 2);
+    EXPECT_EQ(reports[r].state_source_rank, 0);
+    ASSERT_TRUE(ranks_[r]->current.plan().has_value());
+    EXPECT_THAT(ranks_[r]->current.plan()->new_ranks, ElementsAre(1));
+    ASSERT_EQ(ranks_[r]->EntryFailures().size(), 1u);
+    EXPECT_THAT(ranks_[r]->EntryFailures()[0].message,
+                HasSubstr("entering generation 1 failed (attempt 1 of"));
+    EXPECT_THAT(ranks_[r]->EntryFailures()[0].message,
+                HasSubstr(absl::StrCat("rank ", r, ": broadcasting state buffer \"w\"")));
+    for (float w : ranks_[r]->weights) ASSERT_EQ(w, 10.0f) << "rank " << r;
+  }
+  EXPECT_EQ(ranks_[0]->loaded_window, std::nullopt);
+  EXPECT_EQ(ranks_[1]->loaded_window, "window of rank 0");
 }
 
 TEST_F(GenerationEntryRun, ACommunicatorThatFailsToBuildIsBuiltInTheNextGeneration) {
