@@ -23,7 +23,6 @@
 #include "sdk/checkpoint/checkpointer.h"
 #include "sdk/core/event_log.h"
 #include "sdk/core/store_keys.h"
-#include "sdk/core/utf8.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/runtime/peer_progress.h"
 #include "sdk/runtime/runtime_impl.h"
@@ -35,12 +34,6 @@
 
 namespace trainguard {
 namespace {
-
-// The blob every snapshot holds the loss-spike detector's window in (Step::CheckLoss).
-constexpr char kLossWindowBlob[] = "trainguard.loss_window";
-
-// How much of a failure a request for a new generation carries to the launcher's report.
-constexpr size_t kNewGenerationReasonBytes = 300;
 
 // Set by the SIGUSR2 handler; the Runtime's watcher thread dumps the ring and stacks when it sees
 // it.
@@ -142,6 +135,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> RuntimeImpl::Create(const Options& opti
     });
   }
   if (absl::Status s = runtime->StartDetection(); !s.ok()) return s;
+  runtime->CreateGenerationEntry();
   if (runtime->member_ != nullptr) {
     runtime->generation_watcher_ = std::make_unique<GenerationWatcher>(
         runtime->member_.get(),
@@ -205,7 +199,7 @@ absl::Status RuntimeImpl::JoinRendezvous() {
     absl::StatusOr<Membership> m =
         member_->JoinInitial(options_.rank, options_.world_size, timeout);
     if (!m.ok()) return m.status();
-    SetMembership(*std::move(m));
+    current_.Adopt(*std::move(m), std::nullopt);
     return absl::OkStatus();
   }
   // A standby parks, one bounded wait after another, until the launcher assigns it or stops it.
@@ -221,10 +215,8 @@ absl::Status RuntimeImpl::JoinRendezvous() {
   }
   if (!plan.ok()) return plan.status();
   rank_ = m->rank;
-  generation_.store(m->generation);
-  SetMembership(*std::move(m));
   resume_step_ = plan->resume_step;
-  recovery_plan_ = *std::move(plan);
+  current_.Adopt(*std::move(m), *std::move(plan));
   return absl::OkStatus();
 }
 
@@ -242,13 +234,12 @@ absl::Status RuntimeImpl::OpenEvents() {
                         {"topology", topology_.ToString()}, {"host", HostName()},
                         {"pid", absl::StrCat(getpid())},    {"role", options_.role}};
   if (member_ != nullptr) started.attributes.emplace_back("member_id", member_->member_id());
-  if (recovery_plan_.has_value()) {
+  if (const std::optional<RecoveryPlan>& plan = current_.plan(); plan.has_value()) {
     started.message =
         absl::StrCat("standby ", member_->member_id(), " replaced rank ", rank_, " in generation ",
                      generation(), "; resuming at step ", resume_step_);
     started.attributes.emplace_back("replaced_rank", absl::StrCat(rank_));
-    started.attributes.emplace_back("state_source_rank",
-                                    absl::StrCat(recovery_plan_->state_source_rank));
+    started.attributes.emplace_back("state_source_rank", absl::StrCat(plan->state_source_rank));
   }
   if (!events_->set_aside_path().empty()) {
     started.attributes.emplace_back("damaged_event_log_saved_to", events_->set_aside_path());
@@ -308,7 +299,7 @@ bool RuntimeImpl::TryBeginStep() {
 void RuntimeImpl::EndStep() { step_active_.store(false, std::memory_order_release); }
 
 void RuntimeImpl::AnnounceResumed(int64_t step) {
-  const int64_t generation = generation_.load();
+  const int64_t generation = current_.generation();
   announced_generation_ = generation;
   if (store_ == nullptr) return;
   // Best effort: a launcher that misses it reports no recovery time and watches the superseded
@@ -343,158 +334,36 @@ void RuntimeImpl::RecordStepFault(const StepResult& result) {
   (void)EmitEvent(std::move(event));
 }
 
-absl::StatusOr<int64_t> RuntimeImpl::ReRendezvous(const StepResult& result, int64_t offered_step) {
-  if (member_ == nullptr) {
-    return absl::UnavailableError(absl::StrCat(
-        "rank ", rank(), " step ", result.step,
-        ": a communication failure needs a re-rendezvous, and this job has no store (a static "
-        "job); restart the job; last: ",
-        result.status.message()));
-  }
-  const absl::Duration timeout = absl::Milliseconds(options_.rendezvous_timeout_ms);
-  int64_t after = generation();
-  // If no rank died (a dropped connection, a hang declared on a healthy job), nobody else would
-  // start a new generation: ask for one with the same members. When a rank did die, the launcher
-  // replaces it and that generation answers the request.
-  const std::string why(Utf8Prefix(result.status.message(), kNewGenerationReasonBytes));
-  if (absl::Status asked = member_->RequestNewGeneration(membership_, why, timeout); !asked.ok()) {
-    return WithContext(asked, absl::StrCat("rank ", rank(), " step ", result.step));
-  }
-  while (true) {
-    absl::StatusOr<Membership> m = member_->AwaitGeneration(after, timeout);
-    if (absl::IsFailedPrecondition(m.status())) {
-      MarkFatal(std::string(m.status().message()));
-      return m.status();
-    }
-    if (!m.ok())
-      return WithContext(m.status(), absl::StrCat("rank ", rank(), " step ", result.step));
-    absl::StatusOr<RecoveryPlan> plan = member_->AgreeOnResume(*m, offered_step, timeout);
-    if (absl::IsAborted(
-            plan.status())) {  // another rank died meanwhile: meet in the newer generation
-      after = m->generation;
-      continue;
-    }
-    if (!plan.ok()) return plan.status();
-    SetMembership(*std::move(m));
-    generation_.store(membership_.generation);
-    recovery_plan_ = *plan;
-    recovery_policy_.EndFailureRun();
-    return plan->resume_step;
-  }
-}
-
 void RuntimeImpl::SetCommunicatorFactory(CommunicatorFactory factory) {
-  communicator_factory_ = std::move(factory);
+  entry_->SetCommunicatorFactory(std::move(factory));
 }
 
 void RuntimeImpl::CloseCommunicator() {
-  if (communicator_ == nullptr) return;
-  // Abort first: a peer (or a thread of ours) blocked in one of its collectives fails at once
-  // instead of waiting out its timeout.
-  communicator_->Abort();
-  if (communicator_id_ != 0) (void)collectives_->UnregisterCommunicator(communicator_id_);
-  communicator_id_ = 0;
-  communicator_.reset();
+  if (entry_ != nullptr) entry_->CloseCommunicator();
 }
 
-absl::Status RuntimeImpl::BuildCommunicator() {
-  CloseCommunicator();
-  const int64_t generation = this->generation();
-  CommunicatorSpec spec;
-  spec.rank = rank_;
-  spec.world_size = options_.world_size;
-  spec.generation = generation;
-  spec.membership = &membership_;
-  spec.tracker = collectives_.get();
-  spec.comm_id = static_cast<uint64_t>(generation) + 1;
-  spec.name = absl::StrCat("comm/gen", generation);
-  std::shared_ptr<Store> scoped;
-  if (store_ != nullptr) {
-    scoped = std::make_shared<PrefixStore>(spec.name, store_);
-    spec.store = scoped.get();
-  }
-  const std::string where = absl::StrCat("rank ", rank_, ": building communicator ", spec.name);
-  absl::StatusOr<std::unique_ptr<Communicator>> built = communicator_factory_(spec);
-  if (!built.ok()) return WithContext(built.status(), where);
-  if (*built == nullptr) {
-    return absl::InternalError(absl::StrCat(where, ": the factory returned no communicator"));
-  }
-  // The deleter keeps the scoped store alive as long as the communicator, wherever the last
-  // reference goes (the watchdog thread may hold one while it aborts it).
-  communicator_ =
-      std::shared_ptr<Communicator>(built->release(), [scoped](Communicator* c) mutable {
-        delete c;
-        scoped.reset();
-      });
-  std::shared_ptr<Communicator> held = communicator_;
-  if (absl::Status s =
-          collectives_->RegisterCommunicator(spec.comm_id, spec.name, [held] { held->Abort(); });
-      !s.ok()) {
-    communicator_->Abort();
-    communicator_.reset();
-    return WithContext(s, absl::StrCat(where, ": registering it with the collective tracker"));
-  }
-  communicator_id_ = spec.comm_id;
-  return absl::OkStatus();
-}
-
-absl::Status RuntimeImpl::BroadcastState(int root) {
-  for (const StateBuffer& b : state_.buffers()) {
-    if (absl::Status s = communicator_->Broadcast(b.data, b.bytes, b.device, root); !s.ok()) {
-      return WithContext(s, absl::StrCat("rank ", rank_, ": broadcasting state buffer \"", b.name,
-                                         "\" (", b.bytes, " bytes) from rank ", root));
-    }
-  }
-  if (absl::Status s = BroadcastLossWindow(root); !s.ok()) return s;
-  // A blob's size may differ between ranks (a data-loader position): the root's sizes go first.
-  // The loss window's blob is not among them: a rank that has checkpointed holds it and a fresh
-  // replacement does not, and it is each rank's own (BroadcastLossWindow).
-  std::vector<std::pair<std::string, std::string>> blobs;
-  for (const auto& blob : state_.blobs()) {
-    if (blob.first != kLossWindowBlob) blobs.push_back(blob);
-  }
-  if (blobs.empty()) return absl::OkStatus();
-  std::vector<uint64_t> sizes;
-  for (const auto& [name, value] : blobs) sizes.push_back(value.size());
-  const std::string where =
-      absl::StrCat("rank ", rank_, ": broadcasting the state blobs from rank ", root);
-  if (absl::Status s = communicator_->Broadcast(sizes.data(), sizes.size() * sizeof(uint64_t),
-                                                Device::Host(), root);
-      !s.ok()) {
-    return WithContext(s, where);
-  }
-  for (size_t i = 0; i < blobs.size(); ++i) {
-    std::string& value = blobs[i].second;
-    value.resize(sizes[i]);
-    if (absl::Status s = communicator_->Broadcast(value.data(), value.size(), Device::Host(), root);
-        !s.ok()) {
-      return WithContext(s, absl::StrCat(where, " (", blobs[i].first, ")"));
-    }
-    if (absl::Status s = state_.SetBlob(blobs[i].first, std::move(value)); !s.ok()) return s;
-  }
-  return absl::OkStatus();
-}
-
-absl::Status RuntimeImpl::BroadcastLossWindow(int root) {
-  std::string window = rank_ == root ? LossWindowState() : std::string();
-  uint64_t size = window.size();
-  const std::string where =
-      absl::StrCat("rank ", rank_, ": broadcasting the loss-spike window from rank ", root);
-  if (absl::Status s = communicator_->Broadcast(&size, sizeof(size), Device::Host(), root);
-      !s.ok()) {
-    return WithContext(s, where);
-  }
-  window.resize(size);
-  if (size > 0) {
-    if (absl::Status s = communicator_->Broadcast(window.data(), size, Device::Host(), root);
-        !s.ok()) {
-      return WithContext(s, where);
-    }
-  }
-  const std::vector<int>& fresh = recovery_plan_->new_ranks;
-  if (std::find(fresh.begin(), fresh.end(), rank_) == fresh.end()) return absl::OkStatus();
-  if (absl::Status s = LoadLossWindow(window); !s.ok()) return WithContext(s, where);
-  return absl::OkStatus();
+void RuntimeImpl::CreateGenerationEntry() {
+  entry_ = std::make_unique<GenerationEntry>(GenerationEntryOptions{
+      .rank = rank_,
+      .world_size = options_.world_size,
+      .store = store_,
+      .member = member_.get(),
+      .tracker = collectives_.get(),
+      .state = &state_,
+      .current = &current_,
+      .rendezvous_timeout = absl::Milliseconds(options_.rendezvous_timeout_ms),
+      .max_attempts = kMaxGenerationAttempts,
+      .hooks = {
+          .checkpointing = [this] { return checkpointing_; },
+          .restore = [this] { return RestoreNewestCommitted(); },
+          .loss_window = [this] { return LossWindowState(); },
+          .load_loss_window = [this](std::string_view window) { return LoadLossWindow(window); },
+          .emit = [this](Event event) { (void)EmitEvent(std::move(event)); },
+          .stop_job = [this](const std::string& reason,
+                             RecoveryReport& report) { return StopJob(reason, report); },
+          .adopted = [this] { recovery_policy_.EndFailureRun(); },
+          .replaced = [this](std::string reason) { MarkFatal(std::move(reason)); },
+      }});
 }
 
 std::string RuntimeImpl::LossWindowState() {
@@ -514,107 +383,6 @@ absl::Status RuntimeImpl::RestoreLossWindow(int64_t step) {
                                           ": blob \"", kLossWindowBlob, "\": ", s.message()));
 }
 
-absl::StatusOr<int64_t> RuntimeImpl::TryEnterGeneration(int64_t step, RecoveryReport& report,
-                                                        EntryFailure* failure,
-                                                        int64_t* ready_step) {
-  *failure = EntryFailure::kFinal;
-  int64_t next = step;
-  bool restored = false;
-  report.restored_from.clear();
-  report.state_source_rank = -1;
-  if (checkpointing_) {
-    absl::StatusOr<int64_t> r = RestoreCheckpoint();
-    switch (ClassifyRestore(r.status(), member_ != nullptr && member_->superseded())) {
-      case RestoreOutcome::kRestored:
-        next = *r;
-        restored = true;
-        report.restored_from = last_restore_source_;
-        report.restore_skipped = last_restore_skipped_;
-        break;
-      case RestoreOutcome::kNothingCommitted:
-        break;
-      case RestoreOutcome::kSupersededMeanwhile:
-        // A rank died while the ranks restored together: meet the others in the newer generation.
-        *failure = EntryFailure::kRetry;
-        return WithContext(
-            r.status(), absl::StrCat("rank ", rank_, ": restoring in generation ", generation()));
-      case RestoreOutcome::kFailed:
-        return WithContext(r.status(), absl::StrCat("rank ", rank_,
-                                                    ": restoring the newest "
-                                                    "committed checkpoint of generation ",
-                                                    generation()));
-    }
-  }
-  *ready_step = next;
-  const StateSource source = DecideStateSource(restored, recovery_plan_);
-  if (source == StateSource::kLost) {
-    *failure = EntryFailure::kStopJob;
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", rank_, ": every rank of generation ", generation(),
-        " is new (no survivor holds the model state) and no checkpoint is committed: the job's "
-        "progress is lost; it is not restarted from step 0"));
-  }
-  if (!communicator_factory_) return next;
-  if (absl::Status s = BuildCommunicator(); !s.ok()) {
-    *failure = EntryFailure::kRetry;
-    return s;
-  }
-  if (source == StateSource::kBroadcast) {
-    const int root = recovery_plan_->state_source_rank;
-    if (absl::Status s = BroadcastState(root); !s.ok()) {
-      *failure = BroadcastFailure(rank_, root);
-      return s;
-    }
-    report.state_source_rank = root;
-  }
-  return next;
-}
-
-absl::StatusOr<int64_t> RuntimeImpl::EnterGeneration(int64_t step, int64_t failed_step,
-                                                     RecoveryReport& report) {
-  std::vector<std::string> errors;
-  while (true) {
-    ++report.generation_attempts;
-    EntryFailure failure = EntryFailure::kFinal;
-    int64_t ready_step = step;
-    absl::StatusOr<int64_t> next = TryEnterGeneration(step, report, &failure, &ready_step);
-    report.generation = generation();
-    if (next.ok()) return next;
-    const EntryRetryDecision decision =
-        DecideAfterFailedTry(failure, member_ != nullptr, report.generation_attempts,
-                             kMaxGenerationAttempts, ready_step);
-    if (decision.action == EntryRetryDecision::Action::kStopJob) {
-      return StopJob(std::string(next.status().message()), report);
-    }
-    if (decision.action == EntryRetryDecision::Action::kFail) return next.status();
-    errors.push_back(absl::StrCat("generation ", generation(), ": ", next.status().message()));
-    Event event = EventOfKind(EventKind::kGenerationEntryFailed,
-                              absl::StrCat("entering generation ", generation(),
-                                           " failed (attempt ", report.generation_attempts, " of ",
-                                           kMaxGenerationAttempts, "): ", next.status().message()));
-    event.step = step;
-    (void)EmitEvent(std::move(event));
-    if (decision.action == EntryRetryDecision::Action::kGiveUp) {
-      return absl::UnavailableError(absl::StrCat(
-          "rank ", rank_, ": no communicator could be built in ", report.generation_attempts,
-          " generations (limit kMaxGenerationAttempts ", kMaxGenerationAttempts,
-          "); ranks kept failing while they rebuilt: ", absl::StrJoin(errors, "; ")));
-    }
-    // A rank died (or its link dropped) while the communicator was being built: the launcher
-    // publishes a newer generation, or renews this one on request.
-    CloseCommunicator();
-    StepResult failed;
-    failed.step = failed_step;
-    failed.fault = FaultKind::kCommunicationFailure;
-    failed.action = StepAction::kReRendezvous;
-    failed.status = next.status();
-    absl::StatusOr<int64_t> joined = ReRendezvous(failed, decision.offered_step);
-    if (!joined.ok()) return joined.status();
-    report.joined_generation = true;
-    step = *joined;
-  }
-}
-
 absl::StatusOr<int64_t> RuntimeImpl::Start() {
   if (started_) {
     return absl::FailedPreconditionError(
@@ -623,8 +391,8 @@ absl::StatusOr<int64_t> RuntimeImpl::Start() {
   started_ = true;
   RecoveryReport report;
   report.decision = "start";
-  report.joined_generation = recovery_plan_.has_value();
-  absl::StatusOr<int64_t> next = EnterGeneration(resume_step_, resume_step_, report);
+  report.joined_generation = current_.plan().has_value();
+  absl::StatusOr<int64_t> next = entry_->Enter(resume_step_, resume_step_, report);
   if (next.ok()) resume_step_ = *next;
   if (!next.ok() && !report.job_stopped) report.decision = "give_up";
   report.status = next.status();
@@ -770,15 +538,6 @@ void RuntimeImpl::OnHang(const HangReport& report) {
   hang_responder_->OnOwnHang(report, generation());
 }
 
-void RuntimeImpl::SetMembership(Membership m) {
-  {
-    MutexLock lock(&members_mu_);
-    members_generation_ = m.generation;
-    member_ids_ = m.members;
-  }
-  membership_ = std::move(m);
-}
-
 std::optional<std::string> RuntimeImpl::ExplainPeerWait(const InFlightCollective& waiting_in) {
   const int64_t generation = this->generation();
   std::vector<std::string> keys;
@@ -786,13 +545,10 @@ std::optional<std::string> RuntimeImpl::ExplainPeerWait(const InFlightCollective
     keys.push_back(runtime_internal::ProgressKey(generation, r));
   }
   // In the same round trip: which peers their launcher (one host) or host agent sees stopped.
-  {
-    MutexLock lock(&members_mu_);
-    if (members_generation_ == generation &&
-        member_ids_.size() == static_cast<size_t>(options_.world_size)) {
-      for (const std::string& member : member_ids_) {
-        keys.push_back(absl::StrCat(runtime_internal::kStoppedMemberPrefix, member));
-      }
+  if (const std::vector<std::string> members = current_.MemberIdsOf(generation);
+      members.size() == static_cast<size_t>(options_.world_size)) {
+    for (const std::string& member : members) {
+      keys.push_back(absl::StrCat(runtime_internal::kStoppedMemberPrefix, member));
     }
   }
   // A store that does not answer quickly gives no excuse: the hang is declared.
@@ -1060,6 +816,12 @@ void RuntimeImpl::FenceSnapshotSlow() {
 }
 
 absl::StatusOr<int64_t> RuntimeImpl::RestoreCheckpoint() {
+  absl::StatusOr<RestoreResult> r = RestoreNewestCommitted();
+  if (!r.ok()) return r.status();
+  return r->step;
+}
+
+absl::StatusOr<RestoreResult> RuntimeImpl::RestoreNewestCommitted() {
   if (absl::Status s = EnsureCheckpointer(); !s.ok()) return s;
   snapshot_unfenced_ = false;
   last_restore_source_.clear();
@@ -1091,8 +853,8 @@ absl::StatusOr<int64_t> RuntimeImpl::RestoreCheckpoint() {
   last_restore_source_ = r->source;
   last_restore_skipped_ = r->skipped;
   // Every rank holds the restored state: nothing to broadcast after a re-rendezvous.
-  if (recovery_plan_.has_value()) recovery_plan_->state_source_rank = -1;
-  return r->step;
+  current_.ForgetStateSource();
+  return r;
 }
 
 absl::StatusOr<int64_t> RuntimeImpl::Rollback(const StepResult& result, int64_t first_failed_step,
@@ -1172,12 +934,7 @@ absl::StatusOr<int64_t> RuntimeImpl::RecoverOnce(const StepResult& result, Recov
           report);
     case RecoveryPolicy::FaultVerdict::kReRendezvous: {
       report.decision = "give_up";
-      // Peers still blocked in the old communicator's collectives fail at once.
-      CloseCommunicator();
-      absl::StatusOr<int64_t> joined = ReRendezvous(result, result.step);
-      if (!joined.ok()) return joined;
-      report.joined_generation = true;
-      absl::StatusOr<int64_t> next = EnterGeneration(*joined, result.step, report);
+      absl::StatusOr<int64_t> next = entry_->Recover(result, report);
       if (next.ok()) report.decision = "re_rendezvous";
       return next;
     }
@@ -1227,11 +984,11 @@ void RuntimeImpl::ReportRecovery(const StepResult* result, RecoveryReport& repor
   if (!report.restored_from.empty())
     event.attributes.emplace_back("restored_from", report.restored_from);
   if (report.job_stopped) event.attributes.emplace_back("job_stop", "true");
-  if (report.joined_generation && recovery_plan_.has_value()) {
+  if (const std::optional<RecoveryPlan>& plan = current_.plan();
+      report.joined_generation && plan.has_value()) {
     event.attributes.emplace_back("generation", absl::StrCat(generation()));
-    event.attributes.emplace_back("state_source_rank",
-                                  absl::StrCat(recovery_plan_->state_source_rank));
-    event.attributes.emplace_back("new_ranks", absl::StrJoin(recovery_plan_->new_ranks, ","));
+    event.attributes.emplace_back("state_source_rank", absl::StrCat(plan->state_source_rank));
+    event.attributes.emplace_back("new_ranks", absl::StrJoin(plan->new_ranks, ","));
     event.attributes.emplace_back("generation_attempts", absl::StrCat(report.generation_attempts));
   }
   (void)EmitEvent(std::move(event));

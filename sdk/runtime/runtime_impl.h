@@ -58,8 +58,8 @@ class RuntimeImpl final : public Runtime {
   absl::StatusOr<std::optional<PeerBackupsOptions>> PeerBackupOptions();
   int rank() const override { return rank_; }
   int world_size() const override { return options_.world_size; }
-  const std::optional<RecoveryPlan>& recovery_plan() const override { return recovery_plan_; }
-  const Membership& membership() const override { return membership_; }
+  const std::optional<RecoveryPlan>& recovery_plan() const override { return current_.plan(); }
+  const Membership& membership() const override { return current_.membership(); }
   Store* store() const override { return store_; }
   const std::string& run_dir() const override { return run_dir_; }
   Env& env() const override { return *env_; }
@@ -79,7 +79,9 @@ class RuntimeImpl final : public Runtime {
   CollectiveTracker* collectives() const override { return collectives_.get(); }
   Watchdog* watchdog() const override { return watchdog_.get(); }
   void SetCommunicatorFactory(CommunicatorFactory factory) override;
-  Communicator* communicator() const override { return communicator_.get(); }
+  Communicator* communicator() const override {
+    return entry_ == nullptr ? nullptr : entry_->communicator();
+  }
   void CloseCommunicator() override;
   absl::Status EmitEvent(Event event) override;
   // EmitEvent for an event of `generation` rather than the current one: a hang's event is written
@@ -87,7 +89,7 @@ class RuntimeImpl final : public Runtime {
   absl::Status EmitEventOf(int64_t generation, Event event);
   void AddObserver(StepObserver* observer) override;
   bool fatal() const override { return fatal_.load(std::memory_order_acquire); }
-  int64_t generation() const override { return generation_.load(); }
+  int64_t generation() const override { return current_.generation(); }
   int64_t superseded_generation() const override {
     return member_ == nullptr ? -1 : member_->superseded_generation();
   }
@@ -116,7 +118,7 @@ class RuntimeImpl final : public Runtime {
   // (rdzv/gen/<g>/resumed/<rank>), which is how a launcher times a recovery. One compare otherwise.
   void NoteStepSucceeded(int64_t step) {
     recovery_policy_.OnStepSucceeded(step);
-    if (announced_generation_ != generation_.load(std::memory_order_relaxed)) AnnounceResumed(step);
+    if (announced_generation_ != current_.generation()) AnnounceResumed(step);
   }
   // Checkpoint policy, on the training thread: after a successful step, and at a guard's entry
   // (fences a snapshot still being copied).
@@ -160,24 +162,8 @@ class RuntimeImpl final : public Runtime {
   absl::Status ConnectStore();
   absl::Status JoinRendezvous();
   absl::Status OpenEvents();
-  // Meets the ranks in the next generation; `offered_step` is the step this rank's state is ready
-  // to run (-1: no usable state).
-  absl::StatusOr<int64_t> ReRendezvous(const StepResult& result, int64_t offered_step);
-  // In the generation adopted last: restores (when checkpointing), builds the communicator and
-  // syncs the state; when building or syncing fails and the job has a store, re-rendezvous and
-  // tries again (bounded). `step` is where the generation's plan says to resume.
-  absl::StatusOr<int64_t> EnterGeneration(int64_t step, int64_t failed_step,
-                                          RecoveryReport& report);
-  // One try of the above (its decisions: sdk/runtime/generation_entry.h), in the current
-  // generation. *ready_step: the step this rank's state is ready to run after the try (what it
-  // offers in the next generation).
-  absl::StatusOr<int64_t> TryEnterGeneration(int64_t step, RecoveryReport& report,
-                                             EntryFailure* failure, int64_t* ready_step);
-  absl::Status BuildCommunicator();
-  absl::Status BroadcastState(int root);
-  // BroadcastState's part for the loss-spike window (kept out of the blobs: it is each rank's
-  // own): the root's window goes to the ranks that are new in this generation.
-  absl::Status BroadcastLossWindow(int root);
+  // Creates entry_, once the store, the member, the tracker and the event file exist.
+  void CreateGenerationEntry();
   // After a restore: the detector's window as the restored snapshot saved it (empty when it saved
   // none). DataLoss naming the blob and the step when the saved bytes cannot be read.
   absl::Status RestoreLossWindow(int64_t step);
@@ -190,6 +176,8 @@ class RuntimeImpl final : public Runtime {
 
   void AnnounceResumed(int64_t step);
   absl::Status EnsureCheckpointer();
+  // RestoreCheckpoint's work, with where the state came from: generation entry's restore hook.
+  absl::StatusOr<RestoreResult> RestoreNewestCommitted();
   // Restores the newest committed checkpoint for the failure `result` (the policy's kRollback
   // verdict) and carries out the policy's verdict on it. `first_failed_step`: the verdict's.
   absl::StatusOr<int64_t> Rollback(const StepResult& result, int64_t first_failed_step,
@@ -211,8 +199,6 @@ class RuntimeImpl final : public Runtime {
   static constexpr absl::Duration kWatcherPeriod = absl::Milliseconds(250);
   // The watchdog's peer_progress question (watchdog.h), answered from the peers' records.
   std::optional<std::string> ExplainPeerWait(const InFlightCollective& waiting_in);
-  // Training thread: membership_ = m, and the copy of its member ids ExplainPeerWait reads.
-  void SetMembership(Membership m);
   const Options options_;
   const Topology topology_;
   const std::string run_dir_;
@@ -222,11 +208,10 @@ class RuntimeImpl final : public Runtime {
   std::unique_ptr<Store> owned_store_;
   Store* store_ = nullptr;
   std::unique_ptr<RendezvousMember> member_;
-  Membership membership_;
-  std::optional<RecoveryPlan> recovery_plan_;
+  // The generation this rank holds: JoinRendezvous adopts the first, entry_ every later one.
+  RankGeneration current_;
   int rank_ = 0;
   int64_t resume_step_ = 0;
-  std::atomic<int64_t> generation_{0};
   int64_t announced_generation_ = -1;  // training thread only
   Heartbeat heartbeat_;
   std::vector<StepObserver*> observers_;
@@ -237,12 +222,6 @@ class RuntimeImpl final : public Runtime {
   // thread only).
   RecoveryPolicy recovery_policy_;
   bool started_ = false;
-  CommunicatorFactory communicator_factory_;
-  // Shared with the abort hook registered in collectives_, which the watchdog thread may be
-  // running while the training thread lets go of it. Its deleter also owns the generation's
-  // PrefixStore (CommunicatorSpec::store), destroyed after the communicator.
-  std::shared_ptr<Communicator> communicator_;
-  uint64_t communicator_id_ = 0;  // registered in collectives_; 0: none
   StateRegistry state_;
   bool checkpointing_ = false;
   bool snapshot_unfenced_ = false;  // training thread only
@@ -251,6 +230,10 @@ class RuntimeImpl final : public Runtime {
   std::vector<std::string> last_restore_skipped_;
   std::unique_ptr<FlightRecorder> flight_recorder_;
   std::unique_ptr<CollectiveTracker> collectives_;
+  // Enters each generation (Start, recover's re-rendezvous) and owns its communicator, whose abort
+  // hook is registered in collectives_: declared after it, destroyed before it. Null until Create
+  // has started detection.
+  std::unique_ptr<GenerationEntry> entry_;
   std::unique_ptr<FiniteChecker> finite_checker_;         // created at the first device check
   std::optional<LossSpikeDetector> loss_spike_detector_;  // created at the first CheckLoss
   std::vector<double> accepted_losses_;  // NoteLossAccepted's, until SettleLosses (reserved)
@@ -261,11 +244,6 @@ class RuntimeImpl final : public Runtime {
   int64_t superseded_step_ = -1;
   // Watcher thread only: writes this rank's progress and work records (set in StartDetection).
   std::unique_ptr<RankPublisher> rank_publisher_;
-  // The current generation's member ids, by rank, for ExplainPeerWait on the watchdog's thread
-  // (membership_ itself is the training thread's). Set by SetMembership.
-  Mutex members_mu_;
-  int64_t members_generation_ = -1;      // guarded by members_mu_
-  std::vector<std::string> member_ids_;  // guarded by members_mu_
   // Watchdog thread only: the collective whose postponement was last written as an event.
   uint64_t excused_collective_ = 0;
   // This rank's dumps, and what it does when a hang is declared (set in StartDetection, before

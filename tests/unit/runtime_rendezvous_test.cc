@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "tests/support/job_shm.h"
+#include "tests/support/store_communicator.h"
 #include "tests/support/temp_dir.h"
 #include "trainguard/sdk.h"
 
@@ -35,37 +36,6 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 constexpr absl::Duration kTimeout = absl::Seconds(20);
-
-// A communicator whose broadcast goes through the generation's scoped store (CommunicatorSpec::
-// store): the root writes the bytes, the others wait for them. Enough to test what the Runtime
-// does with a communicator, in threads, without a network.
-class StoreCommunicator : public Communicator {
- public:
-  StoreCommunicator(const CommunicatorSpec& spec, std::shared_ptr<std::atomic<bool>> aborted)
-      : store_(spec.store), rank_(spec.rank), aborted_(std::move(aborted)) {}
-
-  void Abort() override { aborted_->store(true); }
-
-  absl::Status Broadcast(void* data, size_t bytes, Device, int root) override {
-    if (aborted_->load()) return absl::CancelledError("aborted");
-    const std::string key = absl::StrCat("bcast/", sequence_++);
-    if (rank_ == root) {
-      return store_->Set(key, std::string_view(static_cast<const char*>(data), bytes), kTimeout);
-    }
-    if (absl::Status s = store_->Wait({key}, kTimeout); !s.ok()) return s;
-    absl::StatusOr<std::string> value = store_->Get(key, kTimeout);
-    if (!value.ok()) return value.status();
-    if (value->size() != bytes) return absl::DataLossError("broadcast of another size");
-    std::memcpy(data, value->data(), bytes);
-    return absl::OkStatus();
-  }
-
- private:
-  Store* const store_;
-  const int rank_;
-  const std::shared_ptr<std::atomic<bool>> aborted_;
-  int sequence_ = 0;
-};
 
 // Keeps what Start() and recover() reported.
 class RecoveryLog : public StepObserver {
@@ -167,7 +137,7 @@ class RuntimeRendezvous : public ::testing::Test {
           }
           auto aborted = std::make_shared<std::atomic<bool>>(false);
           aborted_[{slot, spec.generation}] = aborted;
-          return std::make_unique<StoreCommunicator>(spec, aborted);
+          return std::make_unique<testing::StoreCommunicator>(spec, aborted, kTimeout);
         });
   }
 
