@@ -88,6 +88,13 @@ struct RestoreResult {
   // and, for a rank that read the disk, why its peers' memory did not serve the step ("step 120
   // from peer memory: ...").
   std::vector<std::string> skipped;
+  // Where the time went, for the operator who wonders why a recovery took as long as it did:
+  // bringing the step into the arena (a peer fetch or a shard read, with their checks; zero when
+  // the arena held it), copying it from the arena into the registered buffers, and the whole
+  // collective restore (both, plus the waits for the other ranks).
+  absl::Duration fetch_time;
+  absl::Duration copy_time;
+  absl::Duration took;
 };
 
 // What the worker did with one save; passed to the observer (the Runtime writes it as an event).

@@ -1060,7 +1060,12 @@ void RuntimeImpl::FenceSnapshotSlow() {
 }
 
 absl::StatusOr<int64_t> RuntimeImpl::RestoreCheckpoint() {
+  // A replacement's first restore creates the checkpointer (its arena, its backup service, the
+  // size exchange): part of what its recovery costs, so the event says it.
+  const bool first = checkpointer_ == nullptr;
+  const absl::Time setup_start = clock_->Now();
   if (absl::Status s = EnsureCheckpointer(); !s.ok()) return s;
+  const absl::Duration setup = first ? clock_->Now() - setup_start : absl::ZeroDuration();
   snapshot_unfenced_ = false;
   last_restore_source_.clear();
   last_restore_skipped_.clear();
@@ -1077,7 +1082,11 @@ absl::StatusOr<int64_t> RuntimeImpl::RestoreCheckpoint() {
     event.attributes.insert(event.attributes.end(),
                             {{"source", r->source},
                              {"fingerprint", absl::StrFormat("%016x", r->fingerprint)},
-                             {"skipped", absl::StrJoin(r->skipped, " | ")}});
+                             {"skipped", absl::StrJoin(r->skipped, " | ")},
+                             {"setup_us", absl::StrCat(absl::ToInt64Microseconds(setup))},
+                             {"fetch_us", absl::StrCat(absl::ToInt64Microseconds(r->fetch_time))},
+                             {"copy_us", absl::StrCat(absl::ToInt64Microseconds(r->copy_time))},
+                             {"restore_us", absl::StrCat(absl::ToInt64Microseconds(r->took))}});
   } else if (absl::IsNotFound(r.status())) {
     // A fresh job: nothing is committed yet. Not a failure.
     event = EventOfKind(EventKind::kNothingToRestore, std::string(r.status().message()));
