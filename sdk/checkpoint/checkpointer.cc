@@ -908,6 +908,7 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(
   so.chunk_bytes = options.chunk_bytes;
   so.env = options.env;
   so.keep_arena_of_other_layout = options.keep_arena_of_other_layout;
+  so.spare_arena = options.spare_arena;
   absl::StatusOr<std::unique_ptr<Snapshotter>> snapshotter = Snapshotter::Create(registry, so);
   if (!snapshotter.ok()) return snapshotter.status();
   std::unique_ptr<Persister> persister;

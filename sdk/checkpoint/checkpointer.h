@@ -50,6 +50,7 @@
 namespace trainguard {
 
 class Env;
+class SpareArena;
 class Store;
 
 struct CheckpointerOptions {
@@ -78,6 +79,8 @@ struct CheckpointerOptions {
   // 250 ms and give up with Aborted instead of waiting out `timeout` for a rank that is
   // gone. Any thread. Empty: never superseded.
   std::function<bool()> superseded;
+  // SnapshotterOptions::spare_arena.
+  SpareArena* spare_arena = nullptr;
 };
 
 struct RestoreResult {

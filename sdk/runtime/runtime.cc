@@ -208,9 +208,24 @@ absl::Status RuntimeImpl::JoinRendezvous() {
     SetMembership(*std::move(m));
     return absl::OkStatus();
   }
+  // While it is parked, a standby of a job with peer backups prepares the memory of the arena it
+  // will restore into (the rank it takes lost its arena with its host), so that the restore
+  // starts receiving at once.
+  std::optional<SpareArenaPreparer> spare;
+  if (checkpointing_ && options_.backup_copies > 1 && topology_.num_hosts() >= 2) {
+    spare.emplace(store_, SpareArenaPreparerOptions{.job_id = options_.job_id,
+                                                    .world_size = options_.world_size,
+                                                    .env = options_.env,
+                                                    .name = SpareArena::Name(options_.job_id,
+                                                                             getpid())});
+  }
   // A standby parks, one bounded wait after another, until the launcher assigns it or stops it.
   absl::StatusOr<Membership> m = member_->ParkAsStandby(timeout);
   while (absl::IsDeadlineExceeded(m.status())) m = member_->ParkAsStandby(timeout);
+  if (spare.has_value()) {
+    spare->Stop();
+    spare_arena_ = spare->Take();
+  }
   if (!m.ok()) return m.status();
   absl::StatusOr<RecoveryPlan> plan = member_->AgreeOnResume(*m, /*next_step=*/-1, timeout);
   while (absl::IsAborted(
@@ -920,7 +935,9 @@ absl::Status RuntimeImpl::EnsureCheckpointer() {
   o.peer_backups = *std::move(peers);
   if (member_ != nullptr) o.superseded = [this] { return member_->superseded(); };
   state_.Freeze();
+  o.spare_arena = spare_arena_.get();
   absl::StatusOr<std::unique_ptr<Checkpointer>> c = Checkpointer::Create(&state_, o);
+  spare_arena_.reset();  // adopted as the arena, or not needed: its memory goes back
   if (!c.ok()) return WithContext(c.status(), absl::StrCat("rank ", rank_, ": checkpointing"));
   checkpointer_ = *std::move(c);
   checkpointer_->set_observer([this](const SaveOutcome& outcome) {
