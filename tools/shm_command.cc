@@ -190,7 +190,8 @@ std::string ShmUsage() {
 int RunShmCommand(const std::vector<std::string>& args) {
   static constexpr char kHelp[] =
       "\nThe shared-memory segments trainguard leaves in /dev/shm: snapshot arenas, "
-      "flight-recorder\nrings and backup arenas, with the live processes that map or hold each.\n"
+      "flight-recorder\nrings, backup arenas and standbys' spare arenas, with the live processes "
+      "that map or hold each.\n"
       "  list            every trainguard segment, or job J's\n"
       "  remove --job J  job J's segments that no live process holds (one in use: exit 1)\n"
       "  remove --unused every trainguard segment that no live process holds\n";
