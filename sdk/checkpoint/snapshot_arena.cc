@@ -82,10 +82,8 @@ absl::Status InArena(absl::Status status) {
 
 absl::StatusOr<std::unique_ptr<SnapshotArena>> SnapshotArena::OpenOrCreate(
     Env* env, const std::string& name, const ArenaGeometry& geometry,
-    std::string* replaced_reason, std::string_view keep_other_layout, SpareArena* spare,
-    bool* adopted_spare) {
+    std::string* replaced_reason, std::string_view keep_other_layout, SpareArena* spare) {
   replaced_reason->clear();
-  if (adopted_spare != nullptr) *adopted_spare = false;
   const uint64_t size = geometry.segment_bytes();
   absl::StatusOr<int> existing = env->OpenSharedMemory(name, /*writable=*/true);
   if (existing.ok()) {
@@ -134,10 +132,7 @@ absl::StatusOr<std::unique_ptr<SnapshotArena>> SnapshotArena::OpenOrCreate(
   }
 
   if (spare != nullptr) {
-    if (std::unique_ptr<SnapshotArena> adopted = Adopt(env, name, geometry, spare)) {
-      if (adopted_spare != nullptr) *adopted_spare = true;
-      return adopted;
-    }
+    if (std::unique_ptr<SnapshotArena> adopted = Adopt(env, name, geometry, spare)) return adopted;
   }
   absl::StatusOr<int> created = env->CreateSharedMemory(name);
   if (!created.ok()) return InArena(created.status());

@@ -130,11 +130,11 @@ class SnapshotArena {
   // ResourceExhausted when /dev/shm cannot hold it. The segment is opened, created, sized and
   // removed through `env` (mapped here). Where it must be created and `spare` (a parked
   // standby's, spare_arena.h) has exactly its size, the spare is renamed to `name` and its mapping
-  // kept instead; `*adopted_spare` says so.
+  // kept instead.
   static absl::StatusOr<std::unique_ptr<SnapshotArena>> OpenOrCreate(
       Env* env, const std::string& name, const ArenaGeometry& geometry,
       std::string* replaced_reason, std::string_view keep_other_layout = {},
-      SpareArena* spare = nullptr, bool* adopted_spare = nullptr);
+      SpareArena* spare = nullptr);
   ~SnapshotArena();
   SnapshotArena(const SnapshotArena&) = delete;
   SnapshotArena& operator=(const SnapshotArena&) = delete;
