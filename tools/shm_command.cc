@@ -51,6 +51,7 @@ void Classify(Segment& s) {
   };
   for (const Suffix& suffix : {Suffix{".fr.rank", "flight recorder"},
                                Suffix{".backup.rank", "backup arena"},
+                               Suffix{".spare.pid", "spare arena"},
                                Suffix{".rank", "snapshot arena"}}) {
     const size_t at = rest.rfind(suffix.marker);
     if (at == std::string::npos || at == 0) continue;
@@ -65,7 +66,8 @@ void Classify(Segment& s) {
     }
     s.job = rest.substr(0, at);
     s.kind = suffix.kind;
-    s.rank = rank;
+    // A standby's spare arena (sdk/checkpoint/spare_arena.h) is named after its pid: no rank yet.
+    s.rank = std::string(suffix.marker) == ".spare.pid" ? -1 : rank;
     return;
   }
   s.job = rest;
@@ -188,7 +190,8 @@ std::string ShmUsage() {
 int RunShmCommand(const std::vector<std::string>& args) {
   static constexpr char kHelp[] =
       "\nThe shared-memory segments trainguard leaves in /dev/shm: snapshot arenas, "
-      "flight-recorder\nrings and backup arenas, with the live processes that map or hold each.\n"
+      "flight-recorder\nrings, backup arenas and standbys' spare arenas, with the live processes "
+      "that map or hold each.\n"
       "  list            every trainguard segment, or job J's\n"
       "  remove --job J  job J's segments that no live process holds (one in use: exit 1)\n"
       "  remove --unused every trainguard segment that no live process holds\n";

@@ -169,13 +169,15 @@ class RecoveryPrinter : public sdk::StepObserver {
 // communicator it builds with Connect().
 class DataParallelTrainer {
  public:
-  DataParallelTrainer(const TrainerFlags& flags, sdk::Runtime& rt, int dp_rank)
+  DataParallelTrainer(const TrainerFlags& flags, sdk::Runtime& rt, int dp_rank,
+                      std::vector<float> extra_state)
       : flags_(flags),
         rt_(rt),
         dp_rank_(dp_rank),
         task_(kInputs, flags.data_seed),
         model_(kInputs, kHidden, flags.model_seed),
-        reduce_buffer_(model_.parameters().size() + kTailFloats) {}
+        reduce_buffer_(model_.parameters().size() + kTailFloats),
+        extra_state_(std::move(extra_state)) {}
 
   // The communicator goes first: after a failed collective, gloo's I/O thread may write into
   // reduce_buffer_ until it is destroyed. The model is registered state: a snapshot of it still
@@ -200,10 +202,7 @@ class DataParallelTrainer {
         !s.ok()) {
       return s;
     }
-    if (flags_.extra_state_mib > 0) {
-      extra_state_.resize((size_t{1} << 20) / sizeof(float) * flags_.extra_state_mib);
-      SplitMix64 rng(flags_.model_seed);
-      for (float& x : extra_state_) x = static_cast<float>(rng.Next() >> 40) * 0x1p-24f;
+    if (!extra_state_.empty()) {
       if (absl::Status s = rt_.state().Register({"optimizer.extra_state",
                                                  "optimizer",
                                                  extra_state_.data(),
@@ -470,6 +469,14 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "cpp_trainer: invalid options: %s\n", options.status().ToString().c_str());
     return 2;
   }
+  // Made before the Runtime: a standby parks in Runtime::Create, and state it builds first is
+  // ready when it is assigned a rank (the restore overwrites its values).
+  std::vector<float> extra_state;
+  if (flags->extra_state_mib > 0) {
+    extra_state.resize((size_t{1} << 20) / sizeof(float) * flags->extra_state_mib);
+    SplitMix64 rng(flags->model_seed);
+    for (float& x : extra_state) x = static_cast<float>(rng.Next() >> 40) * 0x1p-24f;
+  }
   RecoveryPrinter printer;  // outlives the Runtime
   absl::StatusOr<std::unique_ptr<sdk::Runtime>> rt = sdk::Runtime::Create(*options);
   if (!rt.ok()) {
@@ -497,7 +504,7 @@ int Main(int argc, char** argv) {
 
   printer.set_rank(rank);
   runtime.AddObserver(&printer);
-  DataParallelTrainer trainer(*flags, runtime, coordinates->dp);
+  DataParallelTrainer trainer(*flags, runtime, coordinates->dp, std::move(extra_state));
   if (absl::Status s = trainer.Setup(); !s.ok()) {
     std::fprintf(stderr, "rank %d error: %s\n", rank, s.ToString().c_str());
     return 1;

@@ -95,6 +95,9 @@ class Env {
   virtual absl::Status ReserveSharedMemory(int fd, const std::string& name, uint64_t bytes) = 0;
   // NotFound when there is no such segment.
   virtual absl::Status RemoveSharedMemory(const std::string& name) = 0;
+  // Gives segment `from` the name `to`; AlreadyExists (nothing renamed) when `to` exists. Open
+  // descriptors and mappings of the segment stay valid.
+  virtual absl::Status RenameSharedMemory(const std::string& from, const std::string& to) = 0;
 
   // The POSIX file system. Never deleted.
   static Env* Default();
@@ -151,6 +154,9 @@ class EnvWrapper : public Env {
   }
   absl::Status RemoveSharedMemory(const std::string& name) override {
     return target_->RemoveSharedMemory(name);
+  }
+  absl::Status RenameSharedMemory(const std::string& from, const std::string& to) override {
+    return target_->RenameSharedMemory(from, to);
   }
 
  private:

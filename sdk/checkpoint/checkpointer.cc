@@ -198,9 +198,11 @@ class Checkpointer::Impl {
       epoch = absl::StrCat("restore/", Epoch());
       ++restores_;  // later votes belong to the timeline that starts at this restore
     }
+    const absl::Time start = absl::Now();
     absl::StatusOr<RestoreResult> restored =
         store_ == nullptr ? RestoreAlone() : RestoreTogether(epoch);
     if (restored.ok()) {
+      restored->took = absl::Now() - start;
       MutexLock lock(&mu_);
       known_committed_ = restored->step;  // a commit of the timeline that starts here
       unresolved_.clear();
@@ -654,6 +656,14 @@ class Checkpointer::Impl {
                         skipped.empty() ? "" : "; tried: ", absl::StrJoin(skipped, "; ")));
   }
 
+  static RestoreResult Restored(int64_t step, std::string source, uint64_t fingerprint) {
+    RestoreResult result;
+    result.step = step;
+    result.source = std::move(source);
+    result.fingerprint = fingerprint;
+    return result;
+  }
+
   // Restores candidate `index` of `candidates` for this rank: its arena snapshot when the
   // fingerprint matches, else a verified backup from one of its holders, else its verified shard
   // on disk. A backup or shard installed in the arena overwrites neither slot that holds a later
@@ -674,22 +684,31 @@ class Checkpointer::Impl {
                               info.fingerprint, want);
         continue;
       }
+      const absl::Time copy_start = absl::Now();
       absl::StatusOr<SnapshotInfo> restored = snapshotter_->RestoreStep(registry_, c.step);
-      if (restored.ok()) return RestoreResult{c.step, "arena", want, {}};
+      if (restored.ok()) {
+        RestoreResult result = Restored(c.step, "arena", want);
+        result.copy_time = absl::Now() - copy_start;
+        return result;
+      }
       why = restored.status().ToString();
     }
     std::string peers_why;
     if (peers_ != nullptr) {
+      const absl::Time fetch_start = absl::Now();
       absl::StatusOr<PeerRestore> peer = peers_->Restore(c.step, want, snapshotter_.get());
       if (peer.ok()) {
+        const absl::Time copy_start = absl::Now();
         absl::StatusOr<SnapshotInfo> restored = snapshotter_->RestoreStep(registry_, c.step);
         if (restored.ok()) {
-          return RestoreResult{
+          RestoreResult result = Restored(
               c.step,
               absl::StrCat(peer->holder_hosts.size() == 1 ? "peer host " : "peer hosts ",
                            absl::StrJoin(peer->holder_hosts, ",")),
-              want,
-              {}};
+              want);
+          result.fetch_time = copy_start - fetch_start;
+          result.copy_time = absl::Now() - copy_start;
+          return result;
         }
         peers_why = restored.status().ToString();
       } else {
@@ -700,14 +719,18 @@ class Checkpointer::Impl {
     if (!shards.ok()) return shards.status();
     for (const ShardRecord& r : *shards) {
       if (r.step != c.step || FingerprintOf(r) != want) continue;
+      const absl::Time read_start = absl::Now();
       absl::StatusOr<std::string> payload = ReadShardPayload(env_, r);
       if (!payload.ok()) return payload.status();  // names file, offset, rank and step
       absl::StatusOr<SnapshotInfo> installed =
           snapshotter_->Install(r.step, r.generation, *payload, r.chunk_checksums);
       if (!installed.ok()) return installed.status();
+      const absl::Time copy_start = absl::Now();
       absl::StatusOr<SnapshotInfo> restored = snapshotter_->RestoreStep(registry_, c.step);
       if (!restored.ok()) return restored.status();
-      RestoreResult result{c.step, "disk", want, {}};
+      RestoreResult result = Restored(c.step, "disk", want);
+      result.fetch_time = copy_start - read_start;
+      result.copy_time = absl::Now() - copy_start;
       // Why the peers' memory did not serve it (a holder lost with the host, a corrupt backup).
       if (peers_ != nullptr) {
         result.skipped.push_back(
@@ -885,6 +908,7 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(
   so.chunk_bytes = options.chunk_bytes;
   so.env = options.env;
   so.keep_arena_of_other_layout = options.keep_arena_of_other_layout;
+  so.spare_arena = options.spare_arena;
   absl::StatusOr<std::unique_ptr<Snapshotter>> snapshotter = Snapshotter::Create(registry, so);
   if (!snapshotter.ok()) return snapshotter.status();
   std::unique_ptr<Persister> persister;

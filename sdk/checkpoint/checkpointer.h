@@ -50,6 +50,7 @@
 namespace trainguard {
 
 class Env;
+class SpareArena;
 class Store;
 
 struct CheckpointerOptions {
@@ -78,6 +79,8 @@ struct CheckpointerOptions {
   // 250 ms and give up with Aborted instead of waiting out `timeout` for a rank that is
   // gone. Any thread. Empty: never superseded.
   std::function<bool()> superseded;
+  // SnapshotterOptions::spare_arena.
+  SpareArena* spare_arena = nullptr;
 };
 
 struct RestoreResult {
@@ -88,6 +91,13 @@ struct RestoreResult {
   // and, for a rank that read the disk, why its peers' memory did not serve the step ("step 120
   // from peer memory: ...").
   std::vector<std::string> skipped;
+  // Where the time went, for the operator who wonders why a recovery took as long as it did:
+  // bringing the step into the arena (a peer fetch or a shard read, with their checks; zero when
+  // the arena held it), copying it from the arena into the registered buffers, and the whole
+  // collective restore (both, plus the waits for the other ranks).
+  absl::Duration fetch_time;
+  absl::Duration copy_time;
+  absl::Duration took;
 };
 
 // What the worker did with one save; passed to the observer (the Runtime writes it as an event).

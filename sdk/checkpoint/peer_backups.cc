@@ -32,9 +32,11 @@ std::string MiB(uint64_t bytes) {
 }
 
 std::string AddrKey(int rank) { return absl::StrCat("backup/addr/", rank); }
-std::string SizeKey(int rank) { return absl::StrCat("backup/size/", rank); }
+std::string SizeKey(int rank) { return PeerBackups::ArenaSizeKey(rank); }
 
 }  // namespace
+
+std::string PeerBackups::ArenaSizeKey(int rank) { return absl::StrCat("backup/size/", rank); }
 
 absl::StatusOr<std::unique_ptr<PeerBackups>> PeerBackups::Create(const PeerBackupsOptions& options,
                                                                  Store* job_store,

@@ -94,6 +94,9 @@ class PeerBackups {
   void Cancel() { cancel_.store(true); }
   void ClearCancel() { cancel_.store(false); }
 
+  // The key (under the job store's "ckpt/") where `rank` publishes its arena's size in bytes.
+  static std::string ArenaSizeKey(int rank);
+
   const BackupPlacement& placement() const { return options_.placement; }
   int copies() const { return options_.placement.copies(); }
 

@@ -82,7 +82,7 @@ absl::Status InArena(absl::Status status) {
 
 absl::StatusOr<std::unique_ptr<SnapshotArena>> SnapshotArena::OpenOrCreate(
     Env* env, const std::string& name, const ArenaGeometry& geometry,
-    std::string* replaced_reason, std::string_view keep_other_layout) {
+    std::string* replaced_reason, std::string_view keep_other_layout, SpareArena* spare) {
   replaced_reason->clear();
   const uint64_t size = geometry.segment_bytes();
   absl::StatusOr<int> existing = env->OpenSharedMemory(name, /*writable=*/true);
@@ -131,6 +131,9 @@ absl::StatusOr<std::unique_ptr<SnapshotArena>> SnapshotArena::OpenOrCreate(
     return InArena(existing.status());
   }
 
+  if (spare != nullptr) {
+    if (std::unique_ptr<SnapshotArena> adopted = Adopt(env, name, geometry, spare)) return adopted;
+  }
   absl::StatusOr<int> created = env->CreateSharedMemory(name);
   if (!created.ok()) return InArena(created.status());
   const int fd = *created;
@@ -155,7 +158,28 @@ absl::StatusOr<std::unique_ptr<SnapshotArena>> SnapshotArena::OpenOrCreate(
   }
   void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, kMapFlags, fd, 0);
   if (base == MAP_FAILED) return fail(ErrnoError(errno, kArena, name, "mmap"));
-  auto* header = static_cast<ArenaHeader*>(base);
+  return Initialise(name, geometry, fd, static_cast<char*>(base));
+}
+
+std::unique_ptr<SnapshotArena> SnapshotArena::Adopt(Env* env, const std::string& name,
+                                                    const ArenaGeometry& geometry,
+                                                    SpareArena* spare) {
+  if (spare->fd_ < 0 || spare->bytes() != geometry.segment_bytes()) return nullptr;
+  // The spare is zeroed memory of the arena's size, reserved and mapped: under the arena's name
+  // it is what creating the arena would have made. A failed rename (the name taken meanwhile)
+  // leaves the spare to its destructor and the arena to the usual path.
+  if (!env->RenameSharedMemory(spare->name(), name).ok()) return nullptr;
+  const int fd = spare->fd_;
+  char* const base = spare->base_;
+  spare->Release();
+  return Initialise(name, geometry, fd, base);
+}
+
+std::unique_ptr<SnapshotArena> SnapshotArena::Initialise(std::string name,
+                                                         const ArenaGeometry& geometry, int fd,
+                                                         char* base) {
+  const uint64_t size = geometry.segment_bytes();
+  auto* header = reinterpret_cast<ArenaHeader*>(base);
   header->format_version = kArenaFormatVersion;
   header->layout_hash = geometry.layout_hash;
   header->chunk_bytes = geometry.chunk_bytes;
@@ -164,7 +188,7 @@ absl::StatusOr<std::unique_ptr<SnapshotArena>> SnapshotArena::OpenOrCreate(
   header->slot_header_bytes = geometry.slot_header_bytes;
   header->segment_bytes = size;
   auto arena = std::unique_ptr<SnapshotArena>(
-      new SnapshotArena(name, geometry, fd, static_cast<char*>(base), /*reopened=*/false));
+      new SnapshotArena(std::move(name), geometry, fd, base, /*reopened=*/false));
   for (int i = 0; i < 2; ++i) {
     SlotHeader* slot = arena->slot(i);
     std::memcpy(slot->magic, kSlotMagic, sizeof(kSlotMagic));

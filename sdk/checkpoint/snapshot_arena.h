@@ -27,6 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "sdk/checkpoint/snapshotter.h"
+#include "sdk/checkpoint/spare_arena.h"
 
 namespace trainguard {
 class Env;
@@ -127,10 +128,13 @@ class SnapshotArena {
   // layouts: replacing it would lose state that no registry of this layout can restore.
   // FailedPrecondition also when a live process holds it;
   // ResourceExhausted when /dev/shm cannot hold it. The segment is opened, created, sized and
-  // removed through `env` (mapped here).
+  // removed through `env` (mapped here). Where it must be created and `spare` (a parked
+  // standby's, spare_arena.h) has exactly its size, the spare is renamed to `name` and its mapping
+  // kept instead.
   static absl::StatusOr<std::unique_ptr<SnapshotArena>> OpenOrCreate(
       Env* env, const std::string& name, const ArenaGeometry& geometry,
-      std::string* replaced_reason, std::string_view keep_other_layout = {});
+      std::string* replaced_reason, std::string_view keep_other_layout = {},
+      SpareArena* spare = nullptr);
   ~SnapshotArena();
   SnapshotArena(const SnapshotArena&) = delete;
   SnapshotArena& operator=(const SnapshotArena&) = delete;
@@ -149,6 +153,12 @@ class SnapshotArena {
  private:
   SnapshotArena(std::string name, ArenaGeometry geometry, int fd, char* base, bool reopened)
       : name_(std::move(name)), geometry_(geometry), fd_(fd), base_(base), reopened_(reopened) {}
+  // Writes the headers of a new arena into `base` (zeroed memory of geometry.segment_bytes()).
+  static std::unique_ptr<SnapshotArena> Initialise(std::string name, const ArenaGeometry& geometry,
+                                                   int fd, char* base);
+  // The spare renamed to `name`, or nullptr when it cannot be (another size, the rename failed).
+  static std::unique_ptr<SnapshotArena> Adopt(Env* env, const std::string& name,
+                                              const ArenaGeometry& geometry, SpareArena* spare);
 
   const std::string name_;
   const ArenaGeometry geometry_;

@@ -24,6 +24,7 @@
 namespace trainguard {
 
 class Env;
+class SpareArena;
 
 struct SnapshotterOptions {
   std::string job_id = "default";
@@ -37,6 +38,9 @@ struct SnapshotterOptions {
   // job id) is kept and Create fails naming both layouts, instead of being replaced (its state
   // lost). The Runtime's own arena asks for this; a backup holder's does not.
   bool keep_arena_of_other_layout = false;
+  // A parked standby's prepared segment (spare_arena.h): adopted as the arena when the rank has
+  // none on this host and the sizes agree; otherwise left to its owner. nullptr: none.
+  SpareArena* spare_arena = nullptr;
 };
 
 struct SnapshotInfo {

@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "sdk/core/human_bytes.h"
 #include "trainguard/env.h"
 
@@ -242,6 +243,17 @@ class PosixEnv final : public Env {
   absl::Status RemoveSharedMemory(const std::string& name) override {
     if (::shm_unlink(name.c_str()) != 0) {
       return ErrnoToStatus(errno, absl::StrCat("shm_unlink ", name));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status RenameSharedMemory(const std::string& from, const std::string& to) override {
+    // shm_open names are files under /dev/shm on Linux; RENAME_NOREPLACE so that a segment
+    // another process created under `to` meanwhile is never replaced.
+    const std::string source = absl::StrCat(kShmDir, "/", absl::StripPrefix(from, "/"));
+    const std::string target = absl::StrCat(kShmDir, "/", absl::StripPrefix(to, "/"));
+    if (::renameat2(AT_FDCWD, source.c_str(), AT_FDCWD, target.c_str(), RENAME_NOREPLACE) != 0) {
+      return ErrnoToStatus(errno, absl::StrCat("rename shared memory ", from, " to ", to));
     }
     return absl::OkStatus();
   }

@@ -202,9 +202,24 @@ absl::Status RuntimeImpl::JoinRendezvous() {
     current_.Adopt(*std::move(m), std::nullopt);
     return absl::OkStatus();
   }
+  // While it is parked, a standby of a job with peer backups prepares the memory of the arena it
+  // will restore into (the rank it takes lost its arena with its host), so that the restore
+  // starts receiving at once.
+  std::optional<SpareArenaPreparer> spare;
+  if (checkpointing_ && options_.backup_copies > 1 && topology_.num_hosts() >= 2) {
+    spare.emplace(store_, SpareArenaPreparerOptions{.job_id = options_.job_id,
+                                                    .world_size = options_.world_size,
+                                                    .env = options_.env,
+                                                    .name = SpareArena::Name(options_.job_id,
+                                                                             getpid())});
+  }
   // A standby parks, one bounded wait after another, until the launcher assigns it or stops it.
   absl::StatusOr<Membership> m = member_->ParkAsStandby(timeout);
   while (absl::IsDeadlineExceeded(m.status())) m = member_->ParkAsStandby(timeout);
+  if (spare.has_value()) {
+    spare->Stop();
+    spare_arena_ = spare->Take();
+  }
   if (!m.ok()) return m.status();
   absl::StatusOr<RecoveryPlan> plan = member_->AgreeOnResume(*m, /*next_step=*/-1, timeout);
   while (absl::IsAborted(
@@ -676,7 +691,9 @@ absl::Status RuntimeImpl::EnsureCheckpointer() {
   o.peer_backups = *std::move(peers);
   if (member_ != nullptr) o.superseded = [this] { return member_->superseded(); };
   state_.Freeze();
+  o.spare_arena = spare_arena_.get();
   absl::StatusOr<std::unique_ptr<Checkpointer>> c = Checkpointer::Create(&state_, o);
+  spare_arena_.reset();  // adopted as the arena, or not needed: its memory goes back
   if (!c.ok()) return WithContext(c.status(), absl::StrCat("rank ", rank_, ": checkpointing"));
   checkpointer_ = *std::move(c);
   checkpointer_->set_observer([this](const SaveOutcome& outcome) {
@@ -822,7 +839,12 @@ absl::StatusOr<int64_t> RuntimeImpl::RestoreCheckpoint() {
 }
 
 absl::StatusOr<RestoreResult> RuntimeImpl::RestoreNewestCommitted() {
+  // A replacement's first restore creates the checkpointer (its arena, its backup service, the
+  // size exchange): part of what its recovery costs, so the event says it.
+  const bool first = checkpointer_ == nullptr;
+  const absl::Time setup_start = clock_->Now();
   if (absl::Status s = EnsureCheckpointer(); !s.ok()) return s;
+  const absl::Duration setup = first ? clock_->Now() - setup_start : absl::ZeroDuration();
   snapshot_unfenced_ = false;
   last_restore_source_.clear();
   last_restore_skipped_.clear();
@@ -839,7 +861,11 @@ absl::StatusOr<RestoreResult> RuntimeImpl::RestoreNewestCommitted() {
     event.attributes.insert(event.attributes.end(),
                             {{"source", r->source},
                              {"fingerprint", absl::StrFormat("%016x", r->fingerprint)},
-                             {"skipped", absl::StrJoin(r->skipped, " | ")}});
+                             {"skipped", absl::StrJoin(r->skipped, " | ")},
+                             {"setup_us", absl::StrCat(absl::ToInt64Microseconds(setup))},
+                             {"fetch_us", absl::StrCat(absl::ToInt64Microseconds(r->fetch_time))},
+                             {"copy_us", absl::StrCat(absl::ToInt64Microseconds(r->copy_time))},
+                             {"restore_us", absl::StrCat(absl::ToInt64Microseconds(r->took))}});
   } else if (absl::IsNotFound(r.status())) {
     // A fresh job: nothing is committed yet. Not a failure.
     event = EventOfKind(EventKind::kNothingToRestore, std::string(r.status().message()));

@@ -22,6 +22,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "sdk/checkpoint/checkpointer.h"
+#include "sdk/checkpoint/spare_arena.h"
 #include "sdk/core/event_log.h"
 #include "sdk/core/mutex.h"
 #include "sdk/rendezvous/rendezvous.h"
@@ -269,6 +270,9 @@ class RuntimeImpl final : public Runtime {
   // watchdog_.get(), set once before the hang callbacks are registered: they read it on the
   // watchdog's own thread, also while ~Runtime is resetting watchdog_ (which joins that thread).
   Watchdog* phase_watchdog_ = nullptr;
+  // A standby's prepared arena memory (spare_arena.h), made while it was parked; handed to the
+  // checkpointer it creates once it has a rank, then dropped (adopted, or removed).
+  std::unique_ptr<SpareArena> spare_arena_;
   // Last: its worker thread uses the store and the event log, so it is destroyed first.
   std::unique_ptr<Checkpointer> checkpointer_;
   std::string store_token_;  // the job's shared token (also guards the peer-backup connections)

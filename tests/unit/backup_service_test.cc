@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -32,6 +33,7 @@
 #include "sdk/checkpoint/in_memory_backup_transport.h"
 #include "sdk/checkpoint/snapshot_arena.h"
 #include "sdk/checkpoint/snapshotter.h"
+#include "sdk/checkpoint/tcp_backup_transport.h"
 #include "tests/support/full_shm_env.h"
 #include "tests/support/own_process.h"
 #include "tests/support/shm_suffix_env.h"
@@ -790,6 +792,165 @@ TEST_F(BackupFromTwoHoldersTest, AHolderDroppedMidTransferLeavesItsRemainingChun
   EXPECT_THAT(dropped.status.message(), HasSubstr(services_[0]->address()));
   EXPECT_EQ(dropped.bytes, kChunk);
   EXPECT_EQ(fetched->holders[1].bytes, view_.payload.size() - kChunk);
+  ExpectRestoredBitExact();
+}
+
+// TCP for a holder in a child process whose sends stop for good once a stream has sent
+// `stall_after` bytes: it writes one byte to `stalled_pipe` and waits there to be killed, so the
+// holder dies in the middle of its share, with a known prefix of it delivered.
+class StallingTransport : public BackupTransport {
+ public:
+  StallingTransport(size_t stall_after, int stalled_pipe)
+      : stall_after_(stall_after), stalled_pipe_(stalled_pipe) {}
+  absl::StatusOr<std::unique_ptr<BackupListener>> Listen(
+      const BackupListenOptions& options) override {
+    absl::StatusOr<std::unique_ptr<BackupListener>> inner =
+        TcpBackupTransport::Get()->Listen(options);
+    if (!inner.ok()) return inner.status();
+    return std::unique_ptr<BackupListener>(new Listener(*std::move(inner), this));
+  }
+  absl::StatusOr<std::unique_ptr<BackupStream>> Dial(const BackupDialOptions& options) override {
+    return TcpBackupTransport::Get()->Dial(options);
+  }
+
+ private:
+  class Stream : public BackupStream {
+   public:
+    Stream(std::unique_ptr<BackupStream> inner, StallingTransport* t)
+        : inner_(std::move(inner)), t_(t) {}
+    const std::string& peer() const override { return inner_->peer(); }
+    absl::Status Send(const char* data, size_t n) override {
+      const size_t room = t_->stall_after_ - std::min(sent_, t_->stall_after_);
+      if (n <= room) {
+        sent_ += n;
+        return inner_->Send(data, n);
+      }
+      if (absl::Status s = inner_->Send(data, room); !s.ok()) return s;
+      sent_ += room;
+      const char byte = 1;
+      (void)!write(t_->stalled_pipe_, &byte, 1);
+      // Bounded: a parent that died without killing this child does not leave it forever.
+      absl::SleepFor(absl::Seconds(120));
+      _exit(0);
+    }
+    absl::StatusOr<size_t> ReceiveSome(char* data, size_t max) override {
+      return inner_->ReceiveSome(data, max);
+    }
+    void set_deadline(absl::Time deadline) override { inner_->set_deadline(deadline); }
+
+   private:
+    std::unique_ptr<BackupStream> inner_;
+    StallingTransport* t_;
+    size_t sent_ = 0;
+  };
+  class Listener : public BackupListener {
+   public:
+    Listener(std::unique_ptr<BackupListener> inner, StallingTransport* t)
+        : inner_(std::move(inner)), t_(t) {}
+    std::string address() const override { return inner_->address(); }
+    absl::StatusOr<std::unique_ptr<BackupStream>> Accept(absl::Time deadline) override {
+      absl::StatusOr<std::unique_ptr<BackupStream>> s = inner_->Accept(deadline);
+      if (!s.ok()) return s.status();
+      return std::unique_ptr<BackupStream>(new Stream(*std::move(s), t_));
+    }
+    void Shutdown() override { inner_->Shutdown(); }
+
+   private:
+    std::unique_ptr<BackupListener> inner_;
+    StallingTransport* t_;
+  };
+
+  const size_t stall_after_;
+  const int stalled_pipe_;
+};
+
+// TCP whose dial to `gated` waits until Open() (bounded): the fetch reaches the other holder only
+// once the test let it, so no holder finishes early and takes another's share.
+class GatedDialTransport : public BackupTransport {
+ public:
+  explicit GatedDialTransport(std::string gated) : gated_(std::move(gated)) {}
+  void Open() { open_.Notify(); }
+  absl::StatusOr<std::unique_ptr<BackupListener>> Listen(
+      const BackupListenOptions& options) override {
+    return TcpBackupTransport::Get()->Listen(options);
+  }
+  absl::StatusOr<std::unique_ptr<BackupStream>> Dial(const BackupDialOptions& options) override {
+    if (options.address == gated_) (void)open_.WaitForNotificationWithTimeout(kPollBound);
+    return TcpBackupTransport::Get()->Dial(options);
+  }
+
+ private:
+  const std::string gated_;
+  absl::Notification open_;
+};
+
+// Holder 0 as a real process on TCP, SIGKILLed after it sent its reply, chunk 0 of its share and
+// half of chunk 1 (the other holder is dialled only then): the verified chunk stays, the rest of
+// its share comes from the other holder, and the install is complete and exact.
+TEST_F(BackupFromTwoHoldersTest, AHolderProcessKilledMidShareLeavesItsRemainingChunksToTheOther) {
+  ASSERT_NO_FATAL_FAILURE(StartHolders());
+  const std::string in_process_holder = services_[1]->address();
+  services_[0].reset();  // its place taken by the child below, on this "host"'s shared memory
+  int port_pipe[2], stalled_pipe[2];
+  ASSERT_EQ(pipe(port_pipe), 0);
+  ASSERT_EQ(pipe(stalled_pipe), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0) << strerror(errno);
+  if (child == 0) {
+    close(port_pipe[0]);
+    close(stalled_pipe[0]);
+    // The reply (a header and 8 bytes a chunk of checksums) is well under 4 KiB.
+    StallingTransport transport(4096 + kChunk + kChunk / 2, stalled_pipe[1]);
+    BackupServiceOptions options;
+    options.job_id = job_;
+    options.rank = 5;
+    options.transport = &transport;
+    absl::StatusOr<std::unique_ptr<BackupService>> service = BackupService::Start(options);
+    if (!service.ok()) _exit(3);
+    const std::string address = (*service)->address();
+    const int port = std::stoi(address.substr(address.rfind(':') + 1));
+    if (write(port_pipe[1], &port, sizeof(port)) != sizeof(port)) _exit(4);
+    absl::SleepFor(absl::Seconds(120));  // bounded, as above
+    _exit(0);
+  }
+  close(port_pipe[1]);
+  close(stalled_pipe[1]);
+  ASSERT_TRUE(::trainguard::testing::CheckOwnProcess(child).ok());
+  pollfd ready{port_pipe[0], POLLIN, 0};
+  ASSERT_EQ(poll(&ready, 1, static_cast<int>(absl::ToInt64Milliseconds(kPollBound))), 1);
+  int port = 0;
+  ASSERT_EQ(read(port_pipe[0], &port, sizeof(port)), static_cast<ssize_t>(sizeof(port)));
+  close(port_pipe[0]);
+  const std::string child_holder = absl::StrFormat("127.0.0.1:%d", port);
+  // The child serves the backup the killed service left in this host's shared memory.
+
+  absl::StatusOr<FetchedFromHolders> fetched;
+  GatedDialTransport gate(in_process_holder);
+  std::thread fetcher([&] {
+    FetchRequest request = Fetch("", view_);
+    request.transport = &gate;
+    fetched = FetchBackupFromHolders(request, {child_holder, in_process_holder},
+                                     restorer_->snapshotter.get());
+  });
+  pollfd stalled{stalled_pipe[0], POLLIN, 0};
+  const bool mid_share =
+      poll(&stalled, 1, static_cast<int>(absl::ToInt64Milliseconds(kPollBound))) == 1;
+  EXPECT_TRUE(mid_share);
+  EXPECT_TRUE(SignalOwnProcess(child, SIGKILL).ok());
+  int wstatus = 0;
+  EXPECT_EQ(waitpid(child, &wstatus, 0), child);
+  gate.Open();
+  fetcher.join();
+  close(stalled_pipe[0]);
+  ASSERT_TRUE(mid_share);
+  EXPECT_TRUE(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL);
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  const HolderShare& killed = fetched->holders[0];
+  EXPECT_EQ(killed.status.code(), absl::StatusCode::kUnavailable) << killed.status;
+  EXPECT_THAT(killed.status.message(), HasSubstr(child_holder));
+  EXPECT_EQ(killed.bytes, kChunk);
+  EXPECT_EQ(fetched->holders[1].bytes, view_.payload.size() - kChunk);
+  EXPECT_TRUE(fetched->holders[1].status.ok()) << fetched->holders[1].status;
   ExpectRestoredBitExact();
 }
 

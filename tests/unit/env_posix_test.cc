@@ -106,6 +106,39 @@ TEST(PosixEnv, ASharedMemoryReservationThatCannotFitNamesTheSegmentItsSizeAndThe
   EXPECT_THAT(std::string(s.message()), ContainsRegex(" free\\): No space left on device$"));
 }
 
+// A standby's spare becomes a rank's arena by this rename; it must never replace an arena that is
+// already there (another process's snapshot).
+TEST(PosixEnv, ASharedMemoryRenameKeepsTheSegmentsBytesAndNeverReplacesTheTarget) {
+  Env* env = Env::Default();
+  const std::string from = absl::StrCat("/trainguard.env-test-", getpid(), ".spare.pid1");
+  const std::string to = absl::StrCat("/trainguard.env-test-", getpid(), ".rank1");
+  const std::string taken = absl::StrCat("/trainguard.env-test-", getpid(), ".rank2");
+  for (const std::string& name : {from, taken}) {
+    absl::StatusOr<int> fd = env->CreateSharedMemory(name);
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    ASSERT_EQ(write(*fd, name.data(), name.size()), static_cast<ssize_t>(name.size()));
+    close(*fd);
+  }
+  absl::Status refused = env->RenameSharedMemory(from, taken);
+  EXPECT_TRUE(absl::IsAlreadyExists(refused)) << refused;
+  ASSERT_TRUE(env->RenameSharedMemory(from, to).ok());
+  EXPECT_TRUE(absl::IsNotFound(env->OpenSharedMemory(from, false).status()));
+  absl::StatusOr<int> fd = env->OpenSharedMemory(to, false);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  std::string bytes(from.size(), '\0');
+  EXPECT_EQ(read(*fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  close(*fd);
+  EXPECT_EQ(bytes, from);
+  absl::StatusOr<int> other = env->OpenSharedMemory(taken, false);
+  ASSERT_TRUE(other.ok());
+  std::string kept(taken.size(), '\0');
+  EXPECT_EQ(read(*other, kept.data(), kept.size()), static_cast<ssize_t>(kept.size()));
+  close(*other);
+  EXPECT_EQ(kept, taken);
+  (void)env->RemoveSharedMemory(to);
+  (void)env->RemoveSharedMemory(taken);
+}
+
 TEST(PosixEnv, RenameReplacesTheTargetAndChildrenAreListed) {
   TempDir dir;
   Env* env = Env::Default();

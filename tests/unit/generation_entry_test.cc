@@ -410,7 +410,11 @@ TEST_P(GenerationEntryRestore, ARestoredStateIsKeptAndReportedWithItsSource) {
     plan.new_ranks = {1};
     ranks_[r]->current.Adopt(m, plan);
     ranks_[r]->restore = [source]() -> absl::StatusOr<RestoreResult> {
-      return RestoreResult{.step = 30, .source = source, .skipped = {"step 40: rank 1: NotFound"}};
+      RestoreResult result;
+      result.step = 30;
+      result.source = source;
+      result.skipped = {"step 40: rank 1: NotFound"};
+      return result;
     };
     GiveFactory(*ranks_[r], r);
   }
