@@ -743,17 +743,30 @@ class BackupFromTwoHoldersTest : public BackupServiceTest {
   uint64_t chunks_ = 0;
 };
 
-TEST_F(BackupFromTwoHoldersTest, EachHolderServesAShareOfTheChunksAndTheRestoreIsBitExact) {
+// Which holder serves which chunks is not fixed: a holder that finished its share takes the share
+// of one still being dialled (SpreadFetch), so on a busy machine one holder may serve every chunk.
+// These tests assert what holds whichever way the threads ran: every chunk delivered once and
+// verified, the install exact, and a failing holder's error naming it and where it failed.
+uint64_t DeliveredBytes(const FetchedFromHolders& fetched) {
+  uint64_t bytes = 0;
+  for (const HolderShare& h : fetched.holders) bytes += h.bytes;
+  return bytes;
+}
+
+TEST_F(BackupFromTwoHoldersTest, TwoHoldersDeliverEveryChunkOnceBetweenThemAndTheRestoreIsBitExact) {
   ASSERT_NO_FATAL_FAILURE(StartHolders());
   absl::StatusOr<FetchedFromHolders> fetched = FetchFromBoth();
   ASSERT_TRUE(fetched.ok()) << fetched.status();
   EXPECT_EQ(fetched->installed.fingerprint, view_.info.fingerprint);
   ASSERT_EQ(fetched->holders.size(), 2u);
-  // Share 0 is chunks [0, n/2), share 1 the rest (the last one short).
-  const uint64_t half = chunks_ / 2;
-  EXPECT_EQ(fetched->holders[0].bytes, half * kChunk);
-  EXPECT_EQ(fetched->holders[1].bytes, view_.payload.size() - half * kChunk);
-  for (const HolderShare& h : fetched->holders) EXPECT_TRUE(h.status.ok()) << h.status;
+  for (const HolderShare& h : fetched->holders) {
+    EXPECT_TRUE(h.status.ok()) << h.status;
+    // Whole shares: share 0 is chunks [0, n/2), share 1 the rest (the last chunk short).
+    const uint64_t half = chunks_ / 2;
+    EXPECT_THAT(h.bytes, ::testing::AnyOf(0u, half * kChunk, view_.payload.size() - half * kChunk,
+                                          view_.payload.size()));
+  }
+  EXPECT_EQ(DeliveredBytes(*fetched), view_.payload.size());
   ExpectRestoredBitExact();
 }
 
@@ -763,16 +776,18 @@ TEST_F(BackupFromTwoHoldersTest, AChunkCorruptedInOneHoldersMemoryIsFetchedFromT
   ASSERT_TRUE(FlipPayloadByte(arena(), 10, kChunk + 5));
   absl::StatusOr<FetchedFromHolders> fetched = FetchFromBoth();
   ASSERT_TRUE(fetched.ok()) << fetched.status();
-  const HolderShare& bad = fetched->holders[0];
-  EXPECT_EQ(bad.status.code(), absl::StatusCode::kDataLoss) << bad.status;
-  EXPECT_THAT(bad.status.message(), HasSubstr(absl::StrCat("source rank 1 step 10 from backup "
-                                                           "holder ",
-                                                           services_[0]->address())));
-  EXPECT_THAT(bad.status.message(), HasSubstr("chunk 1 "));
-  EXPECT_EQ(bad.bytes, kChunk);  // chunk 0 only
-  EXPECT_EQ(fetched->holders[1].bytes, view_.payload.size() - kChunk);
   EXPECT_TRUE(fetched->holders[1].status.ok()) << fetched->holders[1].status;
-  ExpectRestoredBitExact();
+  const HolderShare& bad = fetched->holders[0];
+  if (!bad.status.ok()) {  // it served its share (else holder 1 took it before it started)
+    EXPECT_EQ(bad.status.code(), absl::StatusCode::kDataLoss) << bad.status;
+    EXPECT_THAT(bad.status.message(), HasSubstr(absl::StrCat("source rank 1 step 10 from backup "
+                                                             "holder ",
+                                                             services_[0]->address())));
+    EXPECT_THAT(bad.status.message(), HasSubstr("chunk 1 "));
+    EXPECT_EQ(bad.bytes, kChunk);  // chunk 0 only
+  }
+  EXPECT_EQ(DeliveredBytes(*fetched), view_.payload.size());
+  ExpectRestoredBitExact();  // the flipped byte never landed
 }
 
 // A holder that dies in the middle of its share (its connection dropped after a chunk and a half
@@ -787,11 +802,14 @@ TEST_F(BackupFromTwoHoldersTest, AHolderDroppedMidTransferLeavesItsRemainingChun
   transport.set_faults_to(services_[0]->address(), drop);
   absl::StatusOr<FetchedFromHolders> fetched = FetchFromBoth();
   ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_TRUE(fetched->holders[1].status.ok()) << fetched->holders[1].status;
   const HolderShare& dropped = fetched->holders[0];
-  EXPECT_EQ(dropped.status.code(), absl::StatusCode::kUnavailable) << dropped.status;
-  EXPECT_THAT(dropped.status.message(), HasSubstr(services_[0]->address()));
-  EXPECT_EQ(dropped.bytes, kChunk);
-  EXPECT_EQ(fetched->holders[1].bytes, view_.payload.size() - kChunk);
+  if (!dropped.status.ok()) {  // it served its share (else holder 1 took it before it started)
+    EXPECT_EQ(dropped.status.code(), absl::StatusCode::kUnavailable) << dropped.status;
+    EXPECT_THAT(dropped.status.message(), HasSubstr(services_[0]->address()));
+    EXPECT_EQ(dropped.bytes, kChunk);
+  }
+  EXPECT_EQ(DeliveredBytes(*fetched), view_.payload.size());
   ExpectRestoredBitExact();
 }
 
