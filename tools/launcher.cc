@@ -1425,7 +1425,15 @@ void Job::AgentTick() {
   if (std::optional<std::string> lost = host_agent_->Heartbeat(); lost.has_value()) {
     return Fail(*lost);
   }
-  // The job's end first: an agent that would leave this tick must not take over the lease the
+  // A fenced host first: its ranks were given to others, so a job that ended meanwhile ended
+  // without it, and it leaves saying it was fenced out, not that the job succeeded. Only this host
+  // ends: the job goes on without it, so nothing is published for the others.
+  if (std::optional<AgentExit> fenced = host_agent_->CheckFenced(); fenced.has_value()) {
+    failure_ = fenced->failure;
+    exit_code_ = fenced->code;
+    return;
+  }
+  // Then the job's end: an agent that would leave this tick must not take over the lease the
   // leaving coordinator released, and announce itself and the job's protection once more.
   if (std::optional<AgentExit> end = host_agent_->WatchJobEnd(); end.has_value()) {
     if (end->code != 0) failure_ = end->failure;
@@ -1566,16 +1574,10 @@ void Job::StartRound(int64_t from, int64_t to) {
 
 // Follows the published generations (HostAgent::FollowMembership: a standby of this host that took
 // a rank is relabelled; a process of this host that lost its rank while alive, declared dead or
-// stale, is killed), and a host that was declared dead (partitioned, then back) stops, fenced out
-// (HostAgent::CheckFenced).
+// stale, is killed). A host that was declared dead (partitioned, then back) stopped before this,
+// fenced out (AgentTick, HostAgent::CheckFenced).
 void Job::FollowGeneration() {
   const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
-  // Only this host ends: the job goes on without it, so nothing is published for the others.
-  if (std::optional<AgentExit> fenced = host_agent_->CheckFenced(); fenced.has_value()) {
-    failure_ = fenced->failure;
-    exit_code_ = fenced->code;
-    return;
-  }
   recovery_->FollowRound();
   if (exit_code_ >= 0) return;
   // The newest published generation, read as a coordinator taking over reads it (on an agent
