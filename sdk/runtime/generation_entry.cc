@@ -23,7 +23,12 @@ RestoreOutcome ClassifyRestore(const absl::Status& restore, bool superseded) {
   if (restore.ok()) return RestoreOutcome::kRestored;
   if (absl::IsNotFound(restore)) return RestoreOutcome::kNothingCommitted;
   // Aborted alone is no reason to try again: only a newer generation, where the others meet, is.
-  if (absl::IsAborted(restore) && superseded) return RestoreOutcome::kSupersededMeanwhile;
+  // FailedPrecondition is how the store refuses a write of a generation that a newer one fenced
+  // out (a rank still starting up publishes its backup service's address as a replacement's
+  // generation forms): the others meet in the newer one too.
+  if ((absl::IsAborted(restore) || absl::IsFailedPrecondition(restore)) && superseded) {
+    return RestoreOutcome::kSupersededMeanwhile;
+  }
   // Committed state exists and cannot be restored: starting without it would silently lose the
   // job's progress.
   return RestoreOutcome::kFailed;
@@ -248,7 +253,15 @@ absl::StatusOr<int64_t> GenerationEntry::TryEnter(int64_t step, RecoveryReport& 
   report.state_source_rank = -1;
   if (options_.hooks.checkpointing()) {
     absl::StatusOr<RestoreResult> r = options_.hooks.restore();
-    const bool superseded = options_.member != nullptr && options_.member->superseded();
+    bool superseded = options_.member != nullptr && options_.member->superseded();
+    if (!r.ok() && !superseded && options_.member != nullptr &&
+        (absl::IsAborted(r.status()) || absl::IsFailedPrecondition(r.status()))) {
+      // The heartbeat that would mark this member superseded may not have run since the newer
+      // generation was published: its table in the store says so now (a short wait: the table
+      // is there or it is not, and a store call needs a moment to connect).
+      absl::StatusOr<bool> newer = options_.member->AwaitNewerGeneration(absl::Milliseconds(100));
+      superseded = newer.ok() && *newer;
+    }
     switch (ClassifyRestore(r.status(), superseded)) {
       case RestoreOutcome::kRestored:
         next = r->step;

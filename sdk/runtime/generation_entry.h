@@ -55,7 +55,8 @@ inline constexpr char kLossWindowBlob[] = "trainguard.loss_window";
 enum class RestoreOutcome {
   kRestored,             // the state is the checkpoint's
   kNothingCommitted,     // NotFound: a fresh job; not a failure
-  kSupersededMeanwhile,  // Aborted while a newer generation exists: a rank died as they restored
+  kSupersededMeanwhile,  // Aborted, or a write fenced out (FailedPrecondition), while a newer
+                         // generation exists: a rank died as they restored
   kFailed,               // committed state exists and cannot be restored: the entry ends
 };
 // `restore`: RestoreCheckpoint's status; `superseded`: whether the rank's generation is

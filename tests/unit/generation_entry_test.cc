@@ -63,6 +63,12 @@ TEST(GenerationEntry, ARestoreAbortedIsTriedAgainOnlyWhenANewerGenerationExists)
   const absl::Status aborted = absl::AbortedError("a peer left the collective restore");
   EXPECT_EQ(ClassifyRestore(aborted, /*superseded=*/true), RestoreOutcome::kSupersededMeanwhile);
   EXPECT_EQ(ClassifyRestore(aborted, /*superseded=*/false), RestoreOutcome::kFailed);
+  // A write the store refused because a newer generation fenced this one out (a rank still
+  // starting up as a replacement's generation forms): met in the newer generation too.
+  const absl::Status fenced =
+      absl::FailedPreconditionError("stale generation 0 < fence 1: write rejected");
+  EXPECT_EQ(ClassifyRestore(fenced, /*superseded=*/true), RestoreOutcome::kSupersededMeanwhile);
+  EXPECT_EQ(ClassifyRestore(fenced, /*superseded=*/false), RestoreOutcome::kFailed);
   // Committed state that cannot be read ends the entry, superseded or not: starting without it
   // would lose the job's progress.
   EXPECT_EQ(ClassifyRestore(absl::DataLossError("bad checksum"), true), RestoreOutcome::kFailed);
@@ -475,6 +481,40 @@ TEST_F(GenerationEntryRun, ANewerGenerationNoticedMidEntryAbandonsTheEntryAndRet
     EXPECT_THAT(failures[0].message,
                 HasSubstr(absl::StrCat("entering generation 0 failed (attempt 1 of ", kMax,
                                        "): rank ", r, ": restoring in generation 0: ")));
+    EXPECT_EQ(ranks_[r]->stop_reason, std::nullopt);
+  }
+}
+
+// A rank still starting up when a replacement's generation is published: its restore writes to
+// the store (the backup service's address) and the store refuses the write of the fenced-out
+// generation (FailedPrecondition), before any heartbeat has told the member it is superseded. The
+// entry finds the newer generation's table in the store and meets the others there, instead of
+// failing the rank's start (which spent a standby on each such rank).
+TEST_F(GenerationEntryRun, AWriteFencedOutByANewerGenerationDuringTheRestoreRetriesInIt) {
+  StartJob(2);
+  std::once_flag renewed;
+  absl::Status renewal;
+  for (int r = 0; r < 2; ++r) {
+    GiveFactory(*ranks_[r], r);
+    EntryRank* rank = ranks_[r].get();
+    rank->restore = [this, rank, &renewed, &renewal]() -> absl::StatusOr<RestoreResult> {
+      if (rank->restores > 1) return absl::NotFoundError("no committed checkpoint");
+      std::call_once(renewed, [&] { renewal = coordinator_.RenewGeneration(kTimeout).status(); });
+      EXPECT_FALSE(rank->member->superseded());  // no heartbeat has told it
+      return absl::FailedPreconditionError(
+          "peer backups: publishing the address of its backup service: stale generation 0 < "
+          "fence 1: write rejected");
+    };
+  }
+  std::vector<RecoveryReport> reports;
+  std::vector<absl::StatusOr<int64_t>> next = EnterAll(7, reports, /*renew_when_asked=*/false);
+  ASSERT_TRUE(renewal.ok()) << renewal;
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(next[r].ok()) << next[r].status();
+    EXPECT_EQ(ranks_[r]->current.generation(), 1);
+    EXPECT_EQ(reports[r].generation_attempts, 2);
+    EXPECT_EQ(ranks_[r]->restores, 2);
+    EXPECT_THAT(Built(r), ElementsAre(1));
     EXPECT_EQ(ranks_[r]->stop_reason, std::nullopt);
   }
 }
