@@ -27,21 +27,6 @@ int HangDeclarer(const std::string& who) {
 
 }  // namespace
 
-std::optional<std::map<int, std::string>> StoppedMembers(Store* agents_store,
-                                                         const Membership& current,
-                                                         absl::Duration timeout) {
-  absl::StatusOr<std::vector<std::string>> keys =
-      agents_store->ListKeys(store_keys::kAgentStopped.prefix(), timeout);
-  if (!keys.ok()) return std::nullopt;
-  std::map<int, std::string> stopped;
-  for (const std::string& member : store_keys::kAgentStopped.Names(*keys)) {
-    auto held = std::find(current.members.begin(), current.members.end(), member);
-    if (held == current.members.end()) continue;  // an earlier generation's process
-    stopped[static_cast<int>(held - current.members.begin())] = member;
-  }
-  return stopped;
-}
-
 HangCoordinator::HangCoordinator(Store* agents_store, Clock* clock, Env* env,
                                  const JobCoordinator* hosts, HangCoordinatorOptions options,
                                  Hooks hooks)

@@ -53,6 +53,7 @@
 #include "absl/time/time.h"
 #include "sdk/agent/hang_arbiter.h"
 #include "sdk/coordinator/job_coordinator.h"
+#include "sdk/coordinator/rank_watch.h"  // StoppedMembers
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/watchdog/flight_recorder.h"
 #include "trainguard/clock.h"
@@ -228,12 +229,6 @@ class HangCoordinator {
   int64_t checked_below_ = 0;  // generations below this one have no hang left to look for
   absl::Time next_check_ = absl::InfinitePast();
 };
-
-// The ranks of `current` whose agents say their process is stopped (agents/stopped/<member>), with
-// their member ids; nullopt when the store does not answer.
-std::optional<std::map<int, std::string>> StoppedMembers(Store* agents_store,
-                                                         const Membership& current,
-                                                         absl::Duration timeout);
 
 }  // namespace trainguard
 

@@ -45,11 +45,12 @@ void RankWatch::KillRanksWithStaleHeartbeats() {
   }
 }
 
-std::optional<std::map<int, std::string>> RankWatch::StoppedMembers() {
+std::optional<std::map<int, std::string>> StoppedMembers(Store* agents_store,
+                                                         const Membership& current,
+                                                         absl::Duration timeout) {
   absl::StatusOr<std::vector<std::string>> keys =
-      agents_store_->ListKeys(store_keys::kAgentStopped.prefix(), options_.store_timeout);
+      agents_store->ListKeys(store_keys::kAgentStopped.prefix(), timeout);
   if (!keys.ok()) return std::nullopt;
-  const Membership current = rendezvous_->current();
   std::map<int, std::string> stopped;
   for (const std::string& member : store_keys::kAgentStopped.Names(*keys)) {
     auto held = std::find(current.members.begin(), current.members.end(), member);
@@ -57,6 +58,10 @@ std::optional<std::map<int, std::string>> RankWatch::StoppedMembers() {
     stopped[static_cast<int>(held - current.members.begin())] = member;
   }
   return stopped;
+}
+
+std::optional<std::map<int, std::string>> RankWatch::StoppedMembers() {
+  return trainguard::StoppedMembers(agents_store_, rendezvous_->current(), options_.store_timeout);
 }
 
 void RankWatch::KillMembersStoppedInFormation() {

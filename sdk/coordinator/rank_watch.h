@@ -147,6 +147,12 @@ class RankWatch {
   std::set<std::string> stopped_killed_;
 };
 
+// The ranks of `current` whose agents say their process is stopped (agents/stopped/<member>), with
+// their member ids; nullopt when the store does not answer. RankWatch and HangCoordinator read it.
+std::optional<std::map<int, std::string>> StoppedMembers(Store* agents_store,
+                                                         const Membership& current,
+                                                         absl::Duration timeout);
+
 }  // namespace trainguard
 
 #endif  // TRAINGUARD_SDK_COORDINATOR_RANK_WATCH_H_
