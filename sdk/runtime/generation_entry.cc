@@ -254,11 +254,12 @@ absl::StatusOr<int64_t> GenerationEntry::TryEnter(int64_t step, RecoveryReport& 
   if (options_.hooks.checkpointing()) {
     absl::StatusOr<RestoreResult> r = options_.hooks.restore();
     bool superseded = options_.member != nullptr && options_.member->superseded();
-    if (!r.ok() && !superseded && options_.member != nullptr &&
-        (absl::IsAborted(r.status()) || absl::IsFailedPrecondition(r.status()))) {
-      // The heartbeat that would mark this member superseded may not have run since the newer
-      // generation was published: its table in the store says so now (a short wait: the table
-      // is there or it is not, and a store call needs a moment to connect).
+    if (!superseded && options_.member != nullptr &&
+        ClassifyRestore(r.status(), /*superseded=*/true) == RestoreOutcome::kSupersededMeanwhile) {
+      // A failure that a newer generation would explain: the heartbeat that would mark this
+      // member superseded may not have run since it was published; its table in the store says
+      // so (a short wait: the table is there or it is not, and a store call needs a moment to
+      // connect).
       absl::StatusOr<bool> newer = options_.member->AwaitNewerGeneration(absl::Milliseconds(100));
       superseded = newer.ok() && *newer;
     }
