@@ -1,4 +1,4 @@
-// HangEvidence: what a rank leaves behind about a hang (private to sdk/runtime): every thread's
+// HangEvidenceSource: what a rank leaves behind about a hang (private to sdk/runtime): every thread's
 // stack and the flight recorder's ring, captured at one moment and written as a dump file that the
 // launcher's diagnosis reads (DiagnoseHang) across ranks.
 //
@@ -8,7 +8,9 @@
 // loaded) may come after the hang is published or the rank was let go.
 //
 // FlightRecorderEvidence is the rank's own; HangResponder (hang_responder.h) takes the interface,
-// so that a test counts the dumps it asks for.
+// so that a test counts the dumps it asks for. (Not named HangEvidence: that is what the diagnosis
+// reads, sdk/watchdog/hang_diagnosis.h, and two types of one name in one library broke the
+// coordinator's hang diagnosis under AddressSanitizer: an ODR violation.)
 //
 // Thread safety: Capture and Write may be called from any thread; the HangResponder serialises
 // them. Not copyable or movable.
@@ -35,12 +37,12 @@ struct CapturedEvidence {
   absl::StatusOr<FlightRecorderContents> ring;
 };
 
-class HangEvidence {
+class HangEvidenceSource {
  public:
-  HangEvidence() = default;
-  virtual ~HangEvidence() = default;
-  HangEvidence(const HangEvidence&) = delete;
-  HangEvidence& operator=(const HangEvidence&) = delete;
+  HangEvidenceSource() = default;
+  virtual ~HangEvidenceSource() = default;
+  HangEvidenceSource(const HangEvidenceSource&) = delete;
+  HangEvidenceSource& operator=(const HangEvidenceSource&) = delete;
 
   // Every thread's stack, then the ring.
   virtual CapturedEvidence Capture() = 0;
@@ -65,7 +67,7 @@ struct FlightRecorderEvidenceOptions {
   std::function<int()> step_thread;
 };
 
-class FlightRecorderEvidence final : public HangEvidence {
+class FlightRecorderEvidence final : public HangEvidenceSource {
  public:
   // REQUIRES: env and clock set, and outlive the object.
   explicit FlightRecorderEvidence(FlightRecorderEvidenceOptions options);

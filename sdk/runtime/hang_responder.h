@@ -51,7 +51,7 @@ struct HangResponderOptions {
   // The job's store; nullptr for a static job, which has no hang protocol: a peer's hang reaches
   // this rank as a failed collective (DumpCommunicationFailure).
   Store* store = nullptr;
-  HangEvidence* evidence = nullptr;
+  HangEvidenceSource* evidence = nullptr;
   // Stamps this rank's store requests (compared with the instants of the watcher's reads), times
   // the capture and the dump, and bounds the wait for the peers' dumps.
   Clock* clock = nullptr;

@@ -35,7 +35,7 @@ constexpr absl::Duration kTimeout = absl::Seconds(20);
 constexpr int kRank = 2;
 
 // The dumps asked for: each capture, and each write with its reason and generation.
-class RecordingEvidence final : public HangEvidence {
+class RecordingEvidence final : public HangEvidenceSource {
  public:
   struct Dump {
     std::string reason;
