@@ -192,7 +192,7 @@ class Job {
   // backoffs, the hosts' and ranks' liveness, the hangs, the renewals, the events' times); only
   // bounded waits on sockets, processes and condition variables run in real time.
   explicit Job(LaunchConfig config, Clock* clock = Clock::Real())
-      : config_(std::move(config)), clock_(clock) {}
+      : config_(std::move(config)), layout_(LayoutOf(config_, HostName())), clock_(clock) {}
   ~Job() {
     if (former_.joinable()) {
       stop_forming_.store(true);
@@ -239,7 +239,7 @@ class Job {
   // this host's address, so that a partition between hosts (by address) cuts this agent off too.
   OpenStoreOptions AgentStoreOptions() const {
     OpenStoreOptions options;
-    if (MultiHost()) options.source_address = config_.local_addr;
+    options.source_address = layout_.source_address;
     return options;
   }
   // The job id the ranks run under: the job's, or in restart round K "<job id>.round<K>", so that
@@ -344,8 +344,8 @@ class Job {
   // The coordinating agent's own event file, <run_dir>/events/agent-<host>.tgev (opened lazily).
   void AppendAgentEvent(Event event);
   std::string HostPrefix() const { return config_.host_id + ":"; }
-  // This host in member ids and in agents/stopped/: the host id, or on one host the host name.
-  std::string HostLabel() const { return MultiHost() ? config_.host_id : HostName(); }
+  // This host in member ids and in agents/stopped/ (HostLayout::host_label).
+  const std::string& HostLabel() const { return layout_.host_label; }
   // The gate of every coordinator act (LeaseKeeper::Coordinating): true on one host; on several,
   // while this agent holds the coordinator lease by its clock.
   bool coordinating() { return lease_keeper_->Coordinating(); }
@@ -363,6 +363,7 @@ class Job {
   std::string PidFile(int rank) const;
 
   LaunchConfig config_;
+  const HostLayout layout_;  // worked out from config_ once
   Clock* const clock_;  // before every member initialized from it
   std::string store_url_;
   std::string token_file_;
@@ -466,9 +467,7 @@ absl::Status Job::Prepare() {
        {config_.run_dir, config_.run_dir + "/logs", config_.run_dir + "/pids"}) {
     if (absl::Status s = env->CreateDirs(dir); !s.ok()) return s;
   }
-  const std::string events_path = absl::StrCat(
-      config_.run_dir, "/events/", MultiHost() ? "launcher-" + config_.host_id : "launcher", ".tgev");
-  absl::StatusOr<std::unique_ptr<EventLog>> events = EventLog::Open(env, events_path);
+  absl::StatusOr<std::unique_ptr<EventLog>> events = EventLog::Open(env, layout_.events_file);
   if (!events.ok()) return events.status();
   events_ = *std::move(events);
   std::string token;
@@ -485,14 +484,10 @@ absl::Status Job::Prepare() {
     }
     // torchrun's c10d rule: the agent on the endpoint's host serves the store (and is the job's
     // single point of failure).
-    std::vector<std::string> endpoint = absl::StrSplit(
-        absl::StripPrefix(store_url_, "tcp://"), absl::MaxSplits(':', 1));
-    int port = 0;
-    if (MultiHost() && absl::StartsWith(store_url_, "tcp://") && endpoint.size() == 2 &&
-        endpoint[0] == config_.local_addr && absl::SimpleAtoi(endpoint[1], &port)) {
+    if (layout_.serve_store_port != 0) {
       TcpStoreServerOptions options;
       options.host = config_.local_addr;
-      options.port = port;
+      options.port = layout_.serve_store_port;
       options.job_token = token;
       absl::StatusOr<std::unique_ptr<TcpStoreServer>> server = TcpStoreServer::Start(options);
       if (!server.ok()) return server.status();
@@ -548,13 +543,10 @@ absl::Status Job::Prepare() {
   supervisor_options.wake_fd = signal_fd_;  // a signal ends the loop's wait at once
   supervisor_ = std::make_unique<PosixProcessSupervisor>(supervisor_options);
   CreateHostAgent();
-  if (MultiHost()) {
-    for (const std::string& dir : {absl::StrCat(config_.run_dir, "/logs/", config_.host_id),
-                                   absl::StrCat(config_.run_dir, "/pids/", config_.host_id)}) {
-      if (absl::Status s = env->CreateDirs(dir); !s.ok()) return s;
-    }
-    return JoinAsHost();
+  for (const std::string& dir : {layout_.log_dir, layout_.pid_dir}) {
+    if (absl::Status s = env->CreateDirs(dir); !s.ok()) return s;
   }
+  if (MultiHost()) return JoinAsHost();  // wiring: the job's hosts meet through the store
   return absl::OkStatus();
 }
 
@@ -568,8 +560,7 @@ void Job::CreateJobCoordinator() {
   options.restart_all = config_.restart_all >= 0;
   // One host: a replacement waits for a standby still starting as long as generation 0 may take
   // to form; several: for a standby host's agent to join, start and park its standbys.
-  options.standby_wait = MultiHost() ? 2 * config_.host_timeout + absl::Seconds(10)
-                                     : config_.rendezvous_timeout;
+  options.standby_wait = layout_.standby_wait;
   options.spread_standbys = config_.spread_standbys;
   options.replace_timeout = kStoreTimeout;
   JobCoordinator::Hooks hooks;
@@ -683,7 +674,7 @@ void Job::CreateRecoveryStrategy() {
   options.ranks_per_host = config_.nproc;
   options.heartbeat_timeout = config_.heartbeat_timeout;
   options.call_timeout = AgentCallTimeout(config_.host_timeout);
-  options.scope = MultiHost() ? "every rank on every host" : "every rank";
+  options.scope = layout_.restart_scope;
   RestartAll::Hooks hooks;
   hooks.coordinating = [this] { return coordinating(); };
   hooks.say = [this](const std::string& line) { Say(line); };
@@ -768,7 +759,7 @@ void Job::Record(int rank, EventKind what, const std::string& message,
   event.generation = coordinator_ != nullptr ? coordinator_->generation() : 0;
   event.attributes.emplace_back("source", "launcher");
   // Pids are this host's (its PID namespace): with several hosts, a pid means (on_host, pid).
-  if (MultiHost()) event.attributes.emplace_back("on_host", config_.host_id);
+  if (!layout_.on_host.empty()) event.attributes.emplace_back("on_host", layout_.on_host);
   event.attributes.insert(event.attributes.end(), attributes.begin(), attributes.end());
   // A launcher that cannot write its record still runs the job; the report will lack the line.
   if (absl::Status s = events_->Append(event); !s.ok()) Say(s.ToString());
@@ -844,7 +835,9 @@ std::vector<std::string> Job::ChildEnvironment(const Child& child) const {
   }
   vars.push_back(absl::StrCat("TRAINGUARD_LAUNCHER_TIMEOUT_MS=",
                               absl::ToInt64Milliseconds(config_.heartbeat_timeout)));
-  if (MultiHost()) vars.push_back(absl::StrCat("TRAINGUARD_HOST_ADDR=", config_.local_addr));
+  if (!layout_.host_addr.empty()) {
+    vars.push_back(absl::StrCat("TRAINGUARD_HOST_ADDR=", layout_.host_addr));
+  }
   vars.push_back(absl::StrCat("WORLD_SIZE=", n));
   vars.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", local_n));
   vars.push_back(absl::StrCat("ROLE_WORLD_SIZE=", n));
@@ -866,11 +859,11 @@ std::vector<std::string> Job::ChildEnvironment(const Child& child) const {
   // A step stuck after its generation was superseded exits the process after
   // superseded_step_exit_ms (10 s by default), which must outlast the time this launcher takes to
   // kill a stopped peer (--host-timeout): with a longer --host-timeout (10 s by default with etcd)
-  // a survivor would exit first and take a second standby. Twice the timeout unless the user set it.
-  const int64_t host_timeout_ms = absl::ToInt64Milliseconds(config_.host_timeout);
-  if (MultiHost() && 2 * host_timeout_ms > 10'000 &&
+  // a survivor would exit first and take a second standby (HostLayout::superseded_step_exit).
+  if (layout_.superseded_step_exit > absl::ZeroDuration() &&
       getenv("TRAINGUARD_SUPERSEDED_STEP_EXIT_MS") == nullptr) {
-    vars.push_back(absl::StrCat("TRAINGUARD_SUPERSEDED_STEP_EXIT_MS=", 2 * host_timeout_ms));
+    vars.push_back(absl::StrCat("TRAINGUARD_SUPERSEDED_STEP_EXIT_MS=",
+                                absl::ToInt64Milliseconds(layout_.superseded_step_exit)));
   }
   if (child.rank >= 0) {
     const int local_rank = child.rank % local_n;
@@ -889,10 +882,7 @@ std::vector<std::string> Job::ChildEnvironment(const Child& child) const {
 }
 
 std::string Job::PidFile(int rank) const {
-  // Several hosts may share the run dir, and a pid means something only on its own host.
-  const std::string dir =
-      MultiHost() ? absl::StrCat(config_.run_dir, "/pids/", config_.host_id) : config_.run_dir + "/pids";
-  return absl::StrCat(dir, "/rank-", rank);
+  return absl::StrCat(layout_.pid_dir, "/rank-", rank);
 }
 
 absl::Status Job::Spawn(int rank, int standby_index) {
@@ -914,7 +904,7 @@ absl::Status Job::Spawn(int rank, int standby_index) {
   spec.argv = config_.command;
   spec.env = ChildEnvironment(*child);
   spec.log_path = absl::StrCat(
-      config_.run_dir, "/logs/", MultiHost() ? config_.host_id + "/" : "",
+      layout_.log_dir, "/",
       rank >= 0 ? absl::StrCat("rank-", rank) : absl::StrCat("standby-", standby_index), ".log");
   if (rank >= 0) spec.pid_file = PidFile(rank);
   absl::StatusOr<WorkerId> worker = supervisor_->Spawn(spec);
@@ -1812,6 +1802,38 @@ std::string RunUsage() {
          "                      [--fail-slow-trace FILE]\n"
          "                      [--token-file F] [--standby K] [...as above] -- COMMAND "
          "[ARGS...]\n";
+}
+
+HostLayout LayoutOf(const LaunchConfig& config, const std::string& host_name) {
+  HostLayout layout;
+  if (config.nnodes_min == 0) {  // one host
+    layout.host_label = host_name;
+    layout.events_file = absl::StrCat(config.run_dir, "/events/launcher.tgev");
+    layout.pid_dir = absl::StrCat(config.run_dir, "/pids");
+    layout.log_dir = absl::StrCat(config.run_dir, "/logs");
+    layout.standby_wait = config.rendezvous_timeout;
+    layout.restart_scope = "every rank";
+    return layout;
+  }
+  layout.host_label = config.host_id;
+  layout.events_file = absl::StrCat(config.run_dir, "/events/launcher-", config.host_id, ".tgev");
+  layout.pid_dir = absl::StrCat(config.run_dir, "/pids/", config.host_id);
+  layout.log_dir = absl::StrCat(config.run_dir, "/logs/", config.host_id);
+  layout.source_address = config.local_addr;
+  layout.on_host = config.host_id;
+  layout.host_addr = config.local_addr;
+  std::vector<std::string> endpoint = absl::StrSplit(absl::StripPrefix(config.store, "tcp://"),
+                                                     absl::MaxSplits(':', 1));
+  int port = 0;
+  if (absl::StartsWith(config.store, "tcp://") && endpoint.size() == 2 &&
+      endpoint[0] == config.local_addr && absl::SimpleAtoi(endpoint[1], &port)) {
+    layout.serve_store_port = port;
+  }
+  layout.standby_wait = 2 * config.host_timeout + absl::Seconds(10);
+  const int64_t host_timeout_ms = absl::ToInt64Milliseconds(config.host_timeout);
+  if (2 * host_timeout_ms > 10'000) layout.superseded_step_exit = absl::Milliseconds(2 * host_timeout_ms);
+  layout.restart_scope = "every rank on every host";
+  return layout;
 }
 
 absl::Duration DefaultHostTimeout(std::string_view store_url) {
