@@ -53,6 +53,7 @@
 #include "sdk/checkpoint/snapshotter.h"
 #include "sdk/coordinator/fail_slow_coordinator.h"
 #include "sdk/coordinator/hang_coordinator.h"
+#include "sdk/coordinator/in_process_death_reports.h"
 #include "sdk/coordinator/job_coordinator.h"
 #include "sdk/coordinator/lease_keeper.h"
 #include "sdk/coordinator/plan_publisher.h"
@@ -264,6 +265,9 @@ class Job {
   // Reads the signalfd: a SIGINT or SIGTERM is kept in interrupted_ (a SIGCHLD only woke the loop).
   void ReadSignals();
   void OnExit(Child& child, const WorkerExit& exit);
+  // Whether the current round's generation 0 formed, for the decision about a death of this host
+  // (InProcessDeathReports): waits up to 5 s for the former's word.
+  bool FormedForADeath();
   void OnStandbyExit(Child& child, const std::string& how);
   void RespawnStandbys();
   // JobCoordinator's Hooks::rank_taken: `member` took `rank` in `generation`. One host: the
@@ -379,6 +383,10 @@ class Job {
   // This host's agent duties (sdk/host_agent/host_agent.h; created by Prepare, on one host too):
   // its heartbeat, the generations it follows, the kill requests addressed to it, its ranks' death
   // and stop reports, the job's end, its fence, its leaving.
+  // One host: its coordinator takes the host agent's death reports in this process (no store round
+  // trip before a replacement); several: none, they go through the store (HostAgent's default).
+  // Before host_agent_, which keeps a pointer to it.
+  std::unique_ptr<InProcessDeathReports> death_reports_;
   std::unique_ptr<HostAgent> host_agent_;
   int signal_fd_ = -1;
   int interrupted_ = 0;  // the SIGINT or SIGTERM read from signal_fd_; 0: none
@@ -547,6 +555,11 @@ absl::Status Job::Prepare() {
     if (absl::Status s = env->CreateDirs(dir); !s.ok()) return s;
   }
   if (MultiHost()) return JoinAsHost();  // wiring: the job's hosts meet through the store
+  // One host is one agent and one coordinator in one process: the agent's reports reach the
+  // coordinator's decision directly.
+  death_reports_ = std::make_unique<InProcessDeathReports>(&failures_, recovery_.get(), clock_,
+                                                           [this] { return FormedForADeath(); });
+  host_agent_->set_death_reports(death_reports_.get());
   return absl::OkStatus();
 }
 
@@ -981,8 +994,6 @@ void Job::OnExit(Child& child, const WorkerExit& exit) {
     return;
   }
   Say(absl::StrFormat("%s (pid %d, member %s) %s", child.Label(), child.pid, child.member_id, how));
-  // On several hosts the coordinator records the death, from the report below.
-  if (!MultiHost()) failures_.Record({child.Label(), how, child.Cause()});
   Record(child.rank, EventKind::kRankDied,
          absl::StrFormat("%s (pid %d) %s", child.Label(), child.pid, how),
          {{"pid", absl::StrCat(child.pid)},
@@ -993,21 +1004,19 @@ void Job::OnExit(Child& child, const WorkerExit& exit) {
   if (std::optional<std::string> reason = ReadJobStop(absl::Seconds(1)); reason.has_value()) {
     return StopJob(*reason);
   }
-  // The coordinator, maybe on another host, decides.
-  if (MultiHost()) return host_agent_->ReportDeath(child, how);
-  const absl::Time now = clock_->Now();
-  bool formed = false;
-  {
-    // A rank that exits right after joining may be reaped before the helper thread has reported
-    // the generation it joined: give it a moment rather than call the death premature.
-    MutexLock lock(&formed_mu_);
-    formed_mu_.AwaitWithTimeout(
-        [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return formed_.has_value(); }, absl::Seconds(5));
-    formed = formed_.has_value() && formed_->ok();
-  }
-  // Replaced by a standby, or every rank restarted: the strategy decides (and carries it out at
-  // the loop's turn: Coordinate).
-  recovery_->OnRankDeath({child.rank, child.Label(), how}, formed, now);
+  // The coordinator decides: replaced by a standby, or every rank restarted, or the job fails (and
+  // carries it out at the loop's turn: Coordinate). Its report goes to the coordinator of several
+  // hosts through the store, to one host's in this process at once (death_reports_).
+  host_agent_->ReportDeath(child, how);
+}
+
+bool Job::FormedForADeath() {
+  // A rank that exits right after joining may be reaped before the helper thread has reported
+  // the generation it joined: give it a moment rather than call the death premature.
+  MutexLock lock(&formed_mu_);
+  formed_mu_.AwaitWithTimeout(
+      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return formed_.has_value(); }, absl::Seconds(5));
+  return formed_.has_value() && formed_->ok();
 }
 
 void Job::OnStandbyExit(Child& child, const std::string& how) {

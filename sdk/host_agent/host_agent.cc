@@ -62,6 +62,7 @@ HostAgent::HostAgent(Store* store, Clock* clock, ProcessSupervisor* supervisor,
       supervisor_(supervisor),
       options_(std::move(options)),
       hooks_(std::move(hooks)),
+      store_death_reports_(store, options_.report_timeout),
       store_seen_(clock_->Now()) {}
 
 std::optional<std::string> HostAgent::Heartbeat() {
@@ -200,9 +201,7 @@ void HostAgent::ReportDeath(HostWorker& w, const std::string& how) {
   if (w.death_reported) return;
   // The coordinator, maybe on another host, decides; the report names the member, so a death
   // reported twice, or after the rank was given to someone else, is handled once.
-  absl::Status s = store_->Set(store_keys::kAgentDeaths.Key(w.member_id),
-                               store_keys::EncodeDeathReport({w.member_id, w.rank, how, w.Cause()}),
-                               options_.report_timeout);
+  absl::Status s = death_reports_->Deliver({w.member_id, w.rank, how, w.Cause()});
   if (!s.ok()) {
     hooks_.say(absl::StrCat("cannot report the death of ", w.Label(), ": ", s.ToString()));
     return;
