@@ -254,8 +254,15 @@ class Job {
   // master_addr_/port_; while there is none, the coordinator publishes it when the hosts suffice
   // (PlanPublisher). False when there is none yet (or the job failed on one it cannot follow).
   bool ReadPlan(int* hosts);
-  // Starts this host's processes of the plan: its ranks (and --standby spares), or standbys.
+  // Starts this host's processes of the plan: its ranks (and --standby spares), or standbys; a
+  // failure fails the job.
   void SpawnPlannedProcesses(int hosts);
+  // Starts the processes assignment_ names (SpawnPlannedProcesses; one host's start): the first
+  // that cannot be started ends it, its error returned.
+  absl::Status SpawnAssignedProcesses();
+  // One host's plan is its own, built here and never published: it is group 0 of one host, holds
+  // every rank (--nproc) and keeps the --standby spares (assignment_, group_rank_, spawned_).
+  void FollowOwnPlan();
   absl::Status Spawn(int rank, int standby_index);
   std::vector<std::string> ChildEnvironment(const Child& child) const;
   // Prints the workers' output lines ("[rank 0] ..."); an exit marks the child not running and,
@@ -270,9 +277,9 @@ class Job {
   bool FormedForADeath();
   void OnStandbyExit(Child& child, const std::string& how);
   void RespawnStandbys();
-  // JobCoordinator's Hooks::rank_taken: `member` took `rank` in `generation`. One host: the
-  // standby, this launcher's child, is relabelled and another one started; several hosts: said
-  // (the standby's own agent relabels it, FollowGeneration).
+  // JobCoordinator's Hooks::rank_taken: `member` took `rank` in `generation`: recorded; a member
+  // of this host (on one host, every one) is relabelled here at once, another host's is said (its
+  // own agent relabels it, FollowGeneration).
   void OnRankTaken(int rank, const std::string& member, int64_t generation);
   std::optional<std::string> ReadJobStop(absl::Duration timeout);
   void WatchJobStop();
@@ -752,10 +759,10 @@ void Job::CreateHostAgent() {
   // On one host there is no lease, and no kill request: the launcher kills its own processes.
   hooks.latest_term = [this]() -> int64_t { return lease_ != nullptr ? lease_->latest_term() : 0; };
   hooks.pid_file = [this](int rank) { return PidFile(rank); };
-  // A training host that keeps --standby spares starts another for the one that took a rank (on
-  // one host, OnRankTaken does).
+  // A training host that keeps --standby spares starts another for the one that took a rank (one
+  // host is the training host of its own plan).
   hooks.rank_taken = [this](HostWorker&) {
-    if (MultiHost() && config_.standby > 0 && group_rank_ >= 0 && CanSpawnStandby()) {
+    if (config_.standby > 0 && group_rank_ >= 0 && CanSpawnStandby()) {
       if (absl::Status s = Spawn(-1, standbys_spawned_); !s.ok()) Say(s.ToString());
     }
   };
@@ -972,7 +979,7 @@ void Job::ReadSignals() {
 bool Job::CanSpawnStandby() const {
   // A standby host keeps its N standbys: one that died while parked is started again.
   // (Under --restart-all a standby host holds no processes: torchrun's spare node.)
-  const bool standby_host = MultiHost() && spawned_ && group_rank_ < 0 && recovery_->ReplacesRanks();
+  const bool standby_host = spawned_ && group_rank_ < 0 && recovery_->ReplacesRanks();
   return (config_.standby > 0 || standby_host) && !replacement_policy_.standbys_exhausted();
 }
 
@@ -1040,19 +1047,17 @@ void Job::RespawnStandbys() {
 }
 
 void Job::OnRankTaken(int rank, const std::string& member, int64_t generation) {
-  if (MultiHost()) {  // the standby's own agent relabels it (FollowGeneration)
-    Say(absl::StrFormat("generation %d: rank %d taken by %s", generation, rank, member));
-    return;
-  }
   Record(rank, EventKind::kRankReplaced,
          absl::StrFormat("rank %d taken by %s in generation %d", rank, member, generation),
          {{"member", member}});
+  // The member's own agent relabels it. When it is this host's process (on one host, always) that
+  // is this agent, at once: its standby learns its rank in the same turn of the loop, and
+  // HostAgent::TakeRank says so and starts a spare for it. Another host's agent does it when it
+  // follows the generation (FollowGeneration), and the coordinator says whom it gave the rank to.
   for (auto& c : children_) {
-    if (c->member_id == member && c->running) host_agent_->TakeRank(*c, rank, generation);
+    if (c->member_id == member && c->running) return host_agent_->TakeRank(*c, rank, generation);
   }
-  if (CanSpawnStandby()) {
-    if (absl::Status s = Spawn(-1, standbys_spawned_); !s.ok()) Say(s.ToString());
-  }
+  Say(absl::StrFormat("generation %d: rank %d taken by %s", generation, rank, member));
 }
 
 // Checked on every non-zero exit too (OnExit), so a rank that published the stop and exited at once
@@ -1277,21 +1282,17 @@ int Job::Run() {
     Say(absl::StrFormat("job %s: %d ranks, %d standbys, store %s, run dir %s", config_.job_id,
                         config_.nproc, config_.standby, store_url_, config_.run_dir));
   }
-  for (int r = 0; r < config_.nproc && !MultiHost(); ++r) {
-    if (absl::Status s = Spawn(r, -1); !s.ok()) {
+  // One host's plan is its own (FollowOwnPlan), started and its generation 0 formed at once; several
+  // hosts follow the plan their coordinator publishes once enough of them joined (AgentTick).
+  if (!MultiHost()) {
+    FollowOwnPlan();
+    if (absl::Status s = SpawnAssignedProcesses(); !s.ok()) {
       Say(absl::StrCat("cannot start the job: ", s.message()));
       StopAll(config_.stop_grace);
       return kExitLaunchError;
     }
+    StartForming();
   }
-  for (int i = 0; i < config_.standby && !MultiHost(); ++i) {
-    if (absl::Status s = Spawn(-1, i); !s.ok()) {
-      Say(absl::StrCat("cannot start the job: ", s.message()));
-      StopAll(config_.stop_grace);
-      return kExitLaunchError;
-    }
-  }
-  if (!MultiHost()) StartForming();
 
   while (exit_code_ < 0) {
     // The workers' output and exits, or a signal (signal_fd_ wakes the supervisor's wait).
@@ -1359,10 +1360,8 @@ int Job::Run() {
       (void)Snapshotter::RemoveArena(RanksJobId(), c->rank);
       (void)FlightRecorder::Remove(RanksJobId(), c->rank);
     }
-    // The backups this host's ranks held for their sources (peer backups).
-    if (MultiHost()) {
-      for (int s = 0; s < world_size_; ++s) (void)BackupService::RemoveArenas(RanksJobId(), {s});
-    }
+    // The backups this host's ranks held for their sources (peer backups; none on one host).
+    for (int s = 0; s < world_size_; ++s) (void)BackupService::RemoveArenas(RanksJobId(), {s});
   }
   Say(Summary());
   return exit_code_;
@@ -1485,16 +1484,25 @@ bool Job::ReadPlan(int* hosts) {
 
 void Job::SpawnPlannedProcesses(int /*hosts*/) {
   Say(assignment_->Describe(config_.host_id, round()));
+  if (absl::Status s = SpawnAssignedProcesses(); !s.ok()) {
+    Fail(absl::StrCat("cannot start the job: ", s.message()));
+  }
+}
+
+absl::Status Job::SpawnAssignedProcesses() {
   for (int rank : assignment_->ranks) {
-    if (absl::Status s = Spawn(rank, -1); !s.ok()) {
-      return Fail(absl::StrCat("cannot start the job: ", s.message()));
-    }
+    if (absl::Status s = Spawn(rank, -1); !s.ok()) return s;
   }
   for (int i = 0; i < assignment_->standbys; ++i) {
-    if (absl::Status s = Spawn(-1, i); !s.ok()) {
-      return Fail(absl::StrCat("cannot start the job: ", s.message()));
-    }
+    if (absl::Status s = Spawn(-1, i); !s.ok()) return s;
   }
+  return absl::OkStatus();
+}
+
+void Job::FollowOwnPlan() {
+  assignment_ = OneHostAssignment(config_.nproc, config_.standby, master_addr_, master_port_);
+  group_rank_ = assignment_->group_rank;
+  spawned_ = true;
 }
 
 // ---- --restart-all: the acts of a restart round (RestartAll decides) ----

@@ -55,6 +55,19 @@ absl::StatusOr<HostAssignment> AssignmentOf(const store_keys::Plan& plan, const 
   return a;
 }
 
+HostAssignment OneHostAssignment(int ranks, int spares, const std::string& master_addr,
+                                 int master_port) {
+  HostAssignment a;
+  a.group_rank = 0;
+  a.training_hosts = 1;
+  a.world_size = ranks;
+  a.master_addr = master_addr;
+  a.master_port = master_port;
+  for (int r = 0; r < ranks; ++r) a.ranks.push_back(r);
+  a.standbys = spares;
+  return a;
+}
+
 HostAgent::HostAgent(Store* store, Clock* clock, ProcessSupervisor* supervisor,
                      HostAgentOptions options, Hooks hooks)
     : store_(store),

@@ -110,6 +110,13 @@ struct HostAssignment {
 absl::StatusOr<HostAssignment> AssignmentOf(const store_keys::Plan& plan, const std::string& host,
                                             int ranks_per_host, int spares, bool restart_all);
 
+// One host's part of a plan of its own (`trainguard run` on one host: nothing to publish, no other
+// host to wait for): group 0 of one host, every rank (0 .. `ranks` - 1, --nproc) and `spares`
+// standbys (--standby, which one host keeps under --restart-all too), rank 0 at `master_addr`:
+// `master_port`.
+HostAssignment OneHostAssignment(int ranks, int spares, const std::string& master_addr,
+                                 int master_port);
+
 struct HostAgentOptions {
   // This host in the store's keys and member ids: --host-id, or on one host the machine's name.
   std::string host_id;
