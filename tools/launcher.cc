@@ -1648,12 +1648,16 @@ void Job::KillAndReplaceStoppedMember(int rank, const std::string& member, Event
 
 std::vector<std::string> Job::PreferredStandbys(const std::string& dead_host,
                                                 const std::vector<int>& ranks) {
-  if (!MultiHost()) return {};  // one host: any parked standby, in member-id order
+  std::set<std::string> unsafe;
+  for (int rank : ranks) unsafe.merge(HostsSharingBackups(rank));
+  // A rank with no host of its own to prefer a spare on (one host queues its dead ranks without
+  // one) and no backup to keep away from: ChooseStandbys would prefer none, so the parked standbys
+  // are not read for it (a store round trip on one host's replacement path). Any parked standby
+  // then takes it, in member-id order.
+  if (ranks.size() == 1 && dead_host.empty() && unsafe.empty()) return {};
   absl::StatusOr<std::vector<std::string>> parked =
       coordinator_->ParkedStandbys(AgentCallTimeout(config_.host_timeout));
   if (!parked.ok()) return {};
-  std::set<std::string> unsafe;
-  for (int rank : ranks) unsafe.merge(HostsSharingBackups(rank));
   return ChooseStandbys(*parked, job_coordinator_->dead_hosts(), dead_host, ranks.size(), unsafe);
 }
 

@@ -171,6 +171,15 @@ TEST(ChooseStandbys, AHostsRanksGoToTheFullestStandbyHostInStandbyOrder) {
   EXPECT_THAT(ChooseStandbys(parked, {"host3"}, "host2", 2, {}), ::testing::IsEmpty());
 }
 
+// A rank with no host of its own to prefer a spare on (one host queues its dead ranks so) and no
+// backup to keep away from gets no preference, whatever is parked: the coordinator then skips
+// reading the parked standbys (Job::PreferredStandbys), and any parked standby takes it.
+TEST(ChooseStandbys, ARankWithNoHostAndNothingToAvoidHasNoPreference) {
+  const std::vector<std::string> parked = {"m:9:standby0", "m:9:standby1", "h3:5:standby0"};
+  EXPECT_THAT(ChooseStandbys(parked, {}, "", 1, {}), ::testing::IsEmpty());
+  EXPECT_THAT(ChooseStandbys(parked, {"m"}, "", 1, {}), ::testing::IsEmpty());
+}
+
 // A dead host's ranks avoid a host that runs their backup holders (or sources), when another host
 // has enough standbys; a host that lost its only rank is no exception.
 TEST(ChooseStandbys, AHostsRanksAvoidAHostSharingTheirBackups) {
