@@ -53,7 +53,7 @@
 #include "sdk/checkpoint/snapshotter.h"
 #include "sdk/coordinator/fail_slow_coordinator.h"
 #include "sdk/coordinator/hang_coordinator.h"
-#include "sdk/coordinator/in_process_death_reports.h"
+#include "sdk/coordinator/in_process_rank_reports.h"
 #include "sdk/coordinator/job_coordinator.h"
 #include "sdk/coordinator/lease_keeper.h"
 #include "sdk/coordinator/plan_publisher.h"
@@ -273,7 +273,7 @@ class Job {
   void ReadSignals();
   void OnExit(Child& child, const WorkerExit& exit);
   // Whether the current round's generation 0 formed, for the decision about a death of this host
-  // (InProcessDeathReports): waits up to 5 s for the former's word.
+  // (InProcessRankReports): waits up to 5 s for the former's word.
   bool FormedForADeath();
   void OnStandbyExit(Child& child, const std::string& how);
   void RespawnStandbys();
@@ -390,15 +390,19 @@ class Job {
   // This host's agent duties (sdk/host_agent/host_agent.h; created by Prepare, on one host too):
   // its heartbeat, the generations it follows, the kill requests addressed to it, its ranks' death
   // and stop reports, the job's end, its fence, its leaving.
-  // One host: its coordinator takes the host agent's death reports in this process (no store round
-  // trip before a replacement); several: none, they go through the store (HostAgent's default).
+  // One host: its coordinator takes the host agent's reports (its ranks' deaths and finishes) in
+  // this process (no store round trip before a replacement); several: none, they go through the
+  // store (HostAgent's default).
   // Before host_agent_, which keeps a pointer to it.
-  std::unique_ptr<InProcessDeathReports> death_reports_;
+  std::unique_ptr<InProcessRankReports> rank_reports_;
   std::unique_ptr<HostAgent> host_agent_;
   int signal_fd_ = -1;
   int interrupted_ = 0;  // the SIGINT or SIGTERM read from signal_fd_; 0: none
   int standbys_spawned_ = 0;
-  int ranks_finished_ = 0;
+  int ranks_finished_ = 0;  // by this host's processes, in the current round (the summary's)
+  // One host: its coordinator found every rank of the current round finished (rank_reports_);
+  // several hosts learn it from job/done (HostAgent::WatchJobEnd).
+  bool every_rank_finished_ = false;
   int exit_code_ = -1;
   std::string failure_;  // why the job failed or was stopped, for the summary
   std::unique_ptr<EventLog> events_;  // <run_dir>/events/launcher.tgev
@@ -564,9 +568,12 @@ absl::Status Job::Prepare() {
   if (MultiHost()) return JoinAsHost();  // wiring: the job's hosts meet through the store
   // One host is one agent and one coordinator in one process: the agent's reports reach the
   // coordinator's decision directly.
-  death_reports_ = std::make_unique<InProcessDeathReports>(&failures_, recovery_.get(), clock_,
-                                                           [this] { return FormedForADeath(); });
-  host_agent_->set_death_reports(death_reports_.get());
+  InProcessRankReports::Hooks reports;
+  reports.formed = [this] { return FormedForADeath(); };
+  reports.every_rank_finished = [this] { every_rank_finished_ = true; };
+  rank_reports_ = std::make_unique<InProcessRankReports>(&failures_, recovery_.get(), clock_,
+                                                         config_.nproc, std::move(reports));
+  host_agent_->set_rank_reports(rank_reports_.get());
   return absl::OkStatus();
 }
 
@@ -994,10 +1001,10 @@ void Job::OnExit(Child& child, const WorkerExit& exit) {
   if (exit.succeeded()) {
     ++ranks_finished_;
     Say(absl::StrFormat("%s (pid %d) finished", child.Label(), child.pid));
-    if (MultiHost()) {
-      (void)store_->Set(store_keys::AgentFinished(round(), child.rank), child.member_id,
-                        kStoreTimeout);
-    }
+    // The coordinator ends the job once every rank finished: several hosts' publishes job/done
+    // (every agent's WatchJobEnd reads it), one host's says so in this process
+    // (every_rank_finished_).
+    host_agent_->ReportFinished(child, round());
     return;
   }
   Say(absl::StrFormat("%s (pid %d, member %s) %s", child.Label(), child.pid, child.member_id, how));
@@ -1013,7 +1020,7 @@ void Job::OnExit(Child& child, const WorkerExit& exit) {
   }
   // The coordinator decides: replaced by a standby, or every rank restarted, or the job fails (and
   // carries it out at the loop's turn: Coordinate). Its report goes to the coordinator of several
-  // hosts through the store, to one host's in this process at once (death_reports_).
+  // hosts through the store, to one host's in this process at once (rank_reports_).
   host_agent_->ReportDeath(child, how);
 }
 
@@ -1341,7 +1348,7 @@ int Job::Run() {
       rank_watch_->ReportPersistFailures();
       rank_watch_->ReportProtection();
     }
-    if (exit_code_ < 0 && !MultiHost() && ranks_finished_ == config_.nproc) exit_code_ = 0;
+    if (exit_code_ < 0 && every_rank_finished_) exit_code_ = 0;
   }
   StopAll(config_.stop_grace);
   stop_forming_.store(true);

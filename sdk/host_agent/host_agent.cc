@@ -75,7 +75,7 @@ HostAgent::HostAgent(Store* store, Clock* clock, ProcessSupervisor* supervisor,
       supervisor_(supervisor),
       options_(std::move(options)),
       hooks_(std::move(hooks)),
-      store_death_reports_(store, options_.report_timeout),
+      store_rank_reports_(store, options_.report_timeout),
       store_seen_(clock_->Now()) {}
 
 std::optional<std::string> HostAgent::Heartbeat() {
@@ -214,12 +214,17 @@ void HostAgent::ReportDeath(HostWorker& w, const std::string& how) {
   if (w.death_reported) return;
   // The coordinator, maybe on another host, decides; the report names the member, so a death
   // reported twice, or after the rank was given to someone else, is handled once.
-  absl::Status s = death_reports_->Deliver({w.member_id, w.rank, how, w.Cause()});
+  absl::Status s = rank_reports_->Death({w.member_id, w.rank, how, w.Cause()});
   if (!s.ok()) {
     hooks_.say(absl::StrCat("cannot report the death of ", w.Label(), ": ", s.ToString()));
     return;
   }
   w.death_reported = true;
+}
+
+void HostAgent::ReportFinished(HostWorker& w, int64_t round) {
+  // Best effort, bounded by report_timeout: the rank has exited, there is no one to tell.
+  (void)rank_reports_->Finished(round, w.rank, w.member_id);
 }
 
 void HostAgent::ReportStoppedWorkers() {

@@ -38,7 +38,7 @@
 #include "absl/time/time.h"
 #include "sdk/agent/failure_history.h"
 #include "sdk/core/agent_keys.h"
-#include "sdk/core/death_reports.h"
+#include "sdk/core/rank_reports.h"
 #include "sdk/agent/process_supervisor.h"
 #include "sdk/host_agent/host_sampler.h"
 #include "trainguard/clock.h"
@@ -215,13 +215,17 @@ class HostAgent {
 
   // Tells the coordinator that `worker`, which held its rank, died (`how`: "exited with status 1",
   // "killed by SIGKILL"): a DeathReport with its member, rank, `how` and its cause, delivered
-  // through the store (agents/deaths/<member>) unless set_death_reports gave another way. Once per
+  // through the store (agents/deaths/<member>) unless set_rank_reports gave another way. Once per
   // worker: a later call for the same worker delivers nothing. A delivery that fails is said.
   void ReportDeath(HostWorker& worker, const std::string& how);
-  // Where ReportDeath delivers from now on (one host: the coordinator in this process,
-  // InProcessDeathReports); by default the store (StoreDeathReports, within report_timeout).
-  // REQUIRES: `reports` outlives the agent.
-  void set_death_reports(DeathReports* reports) { death_reports_ = reports; }
+  // Tells the coordinator that `worker` finished its rank with status 0 in restart round `round`
+  // (agents/[round<K>/]finished/<rank> through the store unless set_rank_reports gave another
+  // way): the coordinator ends the job once every rank of the round finished. Best effort.
+  void ReportFinished(HostWorker& worker, int64_t round);
+  // Where ReportDeath and ReportFinished deliver from now on (one host: the coordinator in this
+  // process, InProcessRankReports); by default the store (StoreRankReports, within
+  // report_timeout). REQUIRES: `reports` outlives the agent.
+  void set_rank_reports(RankReports* reports) { rank_reports_ = reports; }
 
   // Writes agents/stopped/<member> (this host) for each running rank the supervisor says is
   // stopped (SIGSTOP), and deletes it once the rank runs again or is gone. The coordinator, which
@@ -272,8 +276,8 @@ class HostAgent {
   ProcessSupervisor* const supervisor_;
   const HostAgentOptions options_;
   const Hooks hooks_;
-  StoreDeathReports store_death_reports_;
-  DeathReports* death_reports_ = &store_death_reports_;
+  StoreRankReports store_rank_reports_;
+  RankReports* rank_reports_ = &store_rank_reports_;
 
   int64_t beats_ = 0;
   absl::Time store_seen_;  // when the store last took a beat (the start of that call)

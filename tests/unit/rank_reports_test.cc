@@ -1,11 +1,11 @@
-// The way a rank's death goes from its host's agent to the coordinator's decision, one host and
-// several through the same agent code (HostAgent::ReportDeath): on several hosts the report is
-// written to the store (StoreDeathReports) and the coordinator reads it (JobCoordinator::
-// ReadDeathReports); on one host the coordinator runs in the agent's process and takes it at once
-// (InProcessDeathReports: no store call). An in-memory store, a ManualClock, a real JobCoordinator
+// The way a rank's death or finish goes from its host's agent to the coordinator's decision, one
+// host and several through the same agent code (HostAgent::ReportDeath, ReportFinished): on several
+// hosts the report is written to the store (StoreRankReports) and the coordinator reads it
+// (JobCoordinator::ReadDeathReports, its job/done); on one host the coordinator runs in the agent's
+// process and takes it at once (InProcessRankReports: no store call). An in-memory store, a ManualClock, a real JobCoordinator
 // and RendezvousCoordinator, the recovery strategy the launcher chooses (StandbyReplacement) and a
 // FakeProcessSupervisor whose workers are not processes: no processes, no sleeps.
-#include "sdk/coordinator/in_process_death_reports.h"
+#include "sdk/coordinator/in_process_rank_reports.h"
 
 #include <cstdint>
 #include <memory>
@@ -27,7 +27,7 @@
 #include "sdk/coordinator/job_coordinator.h"
 #include "sdk/coordinator/standby_replacement.h"
 #include "sdk/core/agent_keys.h"
-#include "sdk/core/death_reports.h"
+#include "sdk/core/rank_reports.h"
 #include "sdk/core/store_keys.h"
 #include "sdk/host_agent/host_agent.h"
 #include "sdk/rendezvous/rendezvous.h"
@@ -55,7 +55,7 @@ std::string Member(const std::string& host, int64_t pid, int rank) {
 
 // The coordinator's own host h0 runs ranks 0 and 1 (the agent's pid 100); on several hosts h1
 // runs ranks 2 and 3 elsewhere. Generation 0 formed unless a test says otherwise.
-class DeathReportsTest : public ::testing::TestWithParam<Layout> {
+class RankReportsTest : public ::testing::TestWithParam<Layout> {
  protected:
   bool several() const { return GetParam() == Layout::kSeveralHosts; }
   int world() const { return several() ? 4 : 2; }
@@ -113,9 +113,12 @@ class DeathReportsTest : public ::testing::TestWithParam<Layout> {
                                          std::move(ah));
     // The wiring the launcher does on one host: its coordinator takes the reports in process.
     if (!several()) {
-      in_process_ = std::make_unique<InProcessDeathReports>(&failures_, strategy_.get(), &clock_,
-                                                            [this] { return formed_; });
-      agent_->set_death_reports(in_process_.get());
+      InProcessRankReports::Hooks hooks;
+      hooks.formed = [this] { return formed_; };
+      hooks.every_rank_finished = [this] { ++job_done_; };
+      in_process_ = std::make_unique<InProcessRankReports>(&failures_, strategy_.get(), &clock_,
+                                                           world(), std::move(hooks));
+      agent_->set_rank_reports(in_process_.get());
     }
     for (int r = 0; r < 2; ++r) Start(r);
   }
@@ -177,13 +180,14 @@ class DeathReportsTest : public ::testing::TestWithParam<Layout> {
   testing::FakeProcessSupervisor supervisor_;
   std::vector<std::unique_ptr<HostWorker>> workers_;
   std::unique_ptr<HostAgent> agent_;
-  std::unique_ptr<InProcessDeathReports> in_process_;
+  std::unique_ptr<InProcessRankReports> in_process_;
   bool formed_ = false;
+  int job_done_ = 0;  // one host: Hooks::every_rank_finished's calls
   std::vector<std::string> said_;
   std::vector<std::string> failed_;
 };
 
-INSTANTIATE_TEST_SUITE_P(Layouts, DeathReportsTest,
+INSTANTIATE_TEST_SUITE_P(Layouts, RankReportsTest,
                          ::testing::Values(Layout::kOneHost, Layout::kSeveralHosts),
                          [](const ::testing::TestParamInfo<Layout>& info) {
                            return info.param == Layout::kOneHost ? "OneHost" : "SeveralHosts";
@@ -192,7 +196,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DeathReportsTest,
 // Whichever way it goes, the coordinator queues the rank for a standby at the death's instant
 // (a first death: no backoff), counts it, and keeps its evidence for the job's last line. On one
 // host nothing crosses the store on the way.
-TEST_P(DeathReportsTest, ARanksDeathReachesTheCoordinatorsDecisionWithItsCause) {
+TEST_P(RankReportsTest, ARanksDeathReachesTheCoordinatorsDecisionWithItsCause) {
   Form();
   clock_.Advance(absl::Seconds(5));
   DiesAndIsReported(*workers_[1], "RuntimeError: CUDA error: illegal memory access", 1);
@@ -220,7 +224,7 @@ TEST_P(DeathReportsTest, ARanksDeathReachesTheCoordinatorsDecisionWithItsCause) 
 
 // A worker's death is reported once: a second report of the same worker (the launcher sees one
 // exit, but a caller may repeat) is not counted again.
-TEST_P(DeathReportsTest, ADeathIsReportedOnce) {
+TEST_P(RankReportsTest, ADeathIsReportedOnce) {
   Form();
   DiesAndIsReported(*workers_[0], "error: boom", 1);
   agent_->ReportDeath(*workers_[0], "exited with status 1");
@@ -233,7 +237,7 @@ TEST_P(DeathReportsTest, ADeathIsReportedOnce) {
 
 // A rank that dies before generation 0 formed fails the job (its command cannot start), naming it
 // and how it died; nothing is queued for a standby.
-TEST_P(DeathReportsTest, ADeathBeforeGenerationZeroFormedFailsTheJob) {
+TEST_P(RankReportsTest, ADeathBeforeGenerationZeroFormedFailsTheJob) {
   DiesAndIsReported(*workers_[0], "error: cannot import torch", 1);
 
   ASSERT_EQ(failed_.size(), 1u);
@@ -241,6 +245,42 @@ TEST_P(DeathReportsTest, ADeathBeforeGenerationZeroFormedFailsTheJob) {
   EXPECT_THAT(coordinator_->replacements(), IsEmpty());
   ASSERT_TRUE(failures_.first().has_value());
   EXPECT_EQ(failures_.first()->cause, "error: cannot import torch");
+}
+
+// The job ends once every rank of the round finished, and not before: on several hosts the
+// coordinator publishes job/done (once) when the agents' reports of every rank are in the store,
+// on one host the coordinator in the agent's process says so once. A rank reported twice counts
+// once.
+TEST_P(RankReportsTest, TheJobIsDoneOnceEveryRankFinishedAndNotBefore) {
+  Form();
+  const auto done = [&] {
+    if (several()) {
+      coordinator_->CoordinateHosts();
+      return coordinator_->done_published() ? 1 : 0;
+    }
+    return job_done_;
+  };
+  agent_->ReportFinished(*workers_[0], /*round=*/0);
+  agent_->ReportFinished(*workers_[0], /*round=*/0);  // the same rank again
+  EXPECT_EQ(done(), 0);
+  if (several()) {
+    // h1's agent reports its ranks 2 and 3 the same way, through the store.
+    StoreRankReports h1(&store_, kCall);
+    ASSERT_TRUE(h1.Finished(0, 2, Member("h1", 200, 2)).ok());
+    ASSERT_TRUE(h1.Finished(0, 3, Member("h1", 200, 3)).ok());
+    EXPECT_EQ(done(), 0);
+  }
+  agent_->ReportFinished(*workers_[1], /*round=*/0);
+  EXPECT_EQ(done(), 1);
+  if (several()) {
+    absl::StatusOr<std::string> job_done = store_.Get(store_keys::kJobDone, kCall);
+    EXPECT_TRUE(job_done.ok()) << job_done.status();
+  } else {
+    EXPECT_EQ(job_done_, 1);
+    // A rank finished in an earlier restart round counts for none of the later.
+    agent_->ReportFinished(*workers_[1], /*round=*/1);
+    EXPECT_EQ(job_done_, 1);
+  }
 }
 
 }  // namespace
