@@ -53,6 +53,7 @@
 #include "sdk/checkpoint/snapshotter.h"
 #include "sdk/coordinator/fail_slow_coordinator.h"
 #include "sdk/coordinator/hang_coordinator.h"
+#include "sdk/coordinator/in_process_rank_reports.h"
 #include "sdk/coordinator/job_coordinator.h"
 #include "sdk/coordinator/lease_keeper.h"
 #include "sdk/coordinator/plan_publisher.h"
@@ -192,7 +193,7 @@ class Job {
   // backoffs, the hosts' and ranks' liveness, the hangs, the renewals, the events' times); only
   // bounded waits on sockets, processes and condition variables run in real time.
   explicit Job(LaunchConfig config, Clock* clock = Clock::Real())
-      : config_(std::move(config)), clock_(clock) {}
+      : config_(std::move(config)), layout_(LayoutOf(config_, HostName())), clock_(clock) {}
   ~Job() {
     if (former_.joinable()) {
       stop_forming_.store(true);
@@ -239,7 +240,7 @@ class Job {
   // this host's address, so that a partition between hosts (by address) cuts this agent off too.
   OpenStoreOptions AgentStoreOptions() const {
     OpenStoreOptions options;
-    if (MultiHost()) options.source_address = config_.local_addr;
+    options.source_address = layout_.source_address;
     return options;
   }
   // The job id the ranks run under: the job's, or in restart round K "<job id>.round<K>", so that
@@ -253,8 +254,15 @@ class Job {
   // master_addr_/port_; while there is none, the coordinator publishes it when the hosts suffice
   // (PlanPublisher). False when there is none yet (or the job failed on one it cannot follow).
   bool ReadPlan(int* hosts);
-  // Starts this host's processes of the plan: its ranks (and --standby spares), or standbys.
+  // Starts this host's processes of the plan: its ranks (and --standby spares), or standbys; a
+  // failure fails the job.
   void SpawnPlannedProcesses(int hosts);
+  // Starts the processes assignment_ names (SpawnPlannedProcesses; one host's start): the first
+  // that cannot be started ends it, its error returned.
+  absl::Status SpawnAssignedProcesses();
+  // One host's plan is its own, built here and never published: it is group 0 of one host, holds
+  // every rank (--nproc) and keeps the --standby spares (assignment_, group_rank_, spawned_).
+  void FollowOwnPlan();
   absl::Status Spawn(int rank, int standby_index);
   std::vector<std::string> ChildEnvironment(const Child& child) const;
   // Prints the workers' output lines ("[rank 0] ..."); an exit marks the child not running and,
@@ -264,11 +272,14 @@ class Job {
   // Reads the signalfd: a SIGINT or SIGTERM is kept in interrupted_ (a SIGCHLD only woke the loop).
   void ReadSignals();
   void OnExit(Child& child, const WorkerExit& exit);
+  // Whether the current round's generation 0 formed, for the decision about a death of this host
+  // (InProcessRankReports): waits up to 5 s for the former's word.
+  bool FormedForADeath();
   void OnStandbyExit(Child& child, const std::string& how);
   void RespawnStandbys();
-  // JobCoordinator's Hooks::rank_taken: `member` took `rank` in `generation`. One host: the
-  // standby, this launcher's child, is relabelled and another one started; several hosts: said
-  // (the standby's own agent relabels it, FollowGeneration).
+  // JobCoordinator's Hooks::rank_taken: `member` took `rank` in `generation`: recorded; a member
+  // of this host (on one host, every one) is relabelled here at once, another host's is said (its
+  // own agent relabels it, FollowGeneration).
   void OnRankTaken(int rank, const std::string& member, int64_t generation);
   std::optional<std::string> ReadJobStop(absl::Duration timeout);
   void WatchJobStop();
@@ -344,8 +355,8 @@ class Job {
   // The coordinating agent's own event file, <run_dir>/events/agent-<host>.tgev (opened lazily).
   void AppendAgentEvent(Event event);
   std::string HostPrefix() const { return config_.host_id + ":"; }
-  // This host in member ids and in agents/stopped/: the host id, or on one host the host name.
-  std::string HostLabel() const { return MultiHost() ? config_.host_id : HostName(); }
+  // This host in member ids and in agents/stopped/ (HostLayout::host_label).
+  const std::string& HostLabel() const { return layout_.host_label; }
   // The gate of every coordinator act (LeaseKeeper::Coordinating): true on one host; on several,
   // while this agent holds the coordinator lease by its clock.
   bool coordinating() { return lease_keeper_->Coordinating(); }
@@ -363,6 +374,7 @@ class Job {
   std::string PidFile(int rank) const;
 
   LaunchConfig config_;
+  const HostLayout layout_;  // worked out from config_ once
   Clock* const clock_;  // before every member initialized from it
   std::string store_url_;
   std::string token_file_;
@@ -378,11 +390,19 @@ class Job {
   // This host's agent duties (sdk/host_agent/host_agent.h; created by Prepare, on one host too):
   // its heartbeat, the generations it follows, the kill requests addressed to it, its ranks' death
   // and stop reports, the job's end, its fence, its leaving.
+  // One host: its coordinator takes the host agent's reports (its ranks' deaths and finishes) in
+  // this process (no store round trip before a replacement); several: none, they go through the
+  // store (HostAgent's default).
+  // Before host_agent_, which keeps a pointer to it.
+  std::unique_ptr<InProcessRankReports> rank_reports_;
   std::unique_ptr<HostAgent> host_agent_;
   int signal_fd_ = -1;
   int interrupted_ = 0;  // the SIGINT or SIGTERM read from signal_fd_; 0: none
   int standbys_spawned_ = 0;
-  int ranks_finished_ = 0;
+  int ranks_finished_ = 0;  // by this host's processes, in the current round (the summary's)
+  // One host: its coordinator found every rank of the current round finished (rank_reports_);
+  // several hosts learn it from job/done (HostAgent::WatchJobEnd).
+  bool every_rank_finished_ = false;
   int exit_code_ = -1;
   std::string failure_;  // why the job failed or was stopped, for the summary
   std::unique_ptr<EventLog> events_;  // <run_dir>/events/launcher.tgev
@@ -466,9 +486,7 @@ absl::Status Job::Prepare() {
        {config_.run_dir, config_.run_dir + "/logs", config_.run_dir + "/pids"}) {
     if (absl::Status s = env->CreateDirs(dir); !s.ok()) return s;
   }
-  const std::string events_path = absl::StrCat(
-      config_.run_dir, "/events/", MultiHost() ? "launcher-" + config_.host_id : "launcher", ".tgev");
-  absl::StatusOr<std::unique_ptr<EventLog>> events = EventLog::Open(env, events_path);
+  absl::StatusOr<std::unique_ptr<EventLog>> events = EventLog::Open(env, layout_.events_file);
   if (!events.ok()) return events.status();
   events_ = *std::move(events);
   std::string token;
@@ -485,14 +503,10 @@ absl::Status Job::Prepare() {
     }
     // torchrun's c10d rule: the agent on the endpoint's host serves the store (and is the job's
     // single point of failure).
-    std::vector<std::string> endpoint = absl::StrSplit(
-        absl::StripPrefix(store_url_, "tcp://"), absl::MaxSplits(':', 1));
-    int port = 0;
-    if (MultiHost() && absl::StartsWith(store_url_, "tcp://") && endpoint.size() == 2 &&
-        endpoint[0] == config_.local_addr && absl::SimpleAtoi(endpoint[1], &port)) {
+    if (layout_.serve_store_port != 0) {
       TcpStoreServerOptions options;
       options.host = config_.local_addr;
-      options.port = port;
+      options.port = layout_.serve_store_port;
       options.job_token = token;
       absl::StatusOr<std::unique_ptr<TcpStoreServer>> server = TcpStoreServer::Start(options);
       if (!server.ok()) return server.status();
@@ -548,13 +562,18 @@ absl::Status Job::Prepare() {
   supervisor_options.wake_fd = signal_fd_;  // a signal ends the loop's wait at once
   supervisor_ = std::make_unique<PosixProcessSupervisor>(supervisor_options);
   CreateHostAgent();
-  if (MultiHost()) {
-    for (const std::string& dir : {absl::StrCat(config_.run_dir, "/logs/", config_.host_id),
-                                   absl::StrCat(config_.run_dir, "/pids/", config_.host_id)}) {
-      if (absl::Status s = env->CreateDirs(dir); !s.ok()) return s;
-    }
-    return JoinAsHost();
+  for (const std::string& dir : {layout_.log_dir, layout_.pid_dir}) {
+    if (absl::Status s = env->CreateDirs(dir); !s.ok()) return s;
   }
+  if (MultiHost()) return JoinAsHost();  // wiring: the job's hosts meet through the store
+  // One host is one agent and one coordinator in one process: the agent's reports reach the
+  // coordinator's decision directly.
+  InProcessRankReports::Hooks reports;
+  reports.formed = [this] { return FormedForADeath(); };
+  reports.every_rank_finished = [this] { every_rank_finished_ = true; };
+  rank_reports_ = std::make_unique<InProcessRankReports>(&failures_, recovery_.get(), clock_,
+                                                         config_.nproc, std::move(reports));
+  host_agent_->set_rank_reports(rank_reports_.get());
   return absl::OkStatus();
 }
 
@@ -568,8 +587,7 @@ void Job::CreateJobCoordinator() {
   options.restart_all = config_.restart_all >= 0;
   // One host: a replacement waits for a standby still starting as long as generation 0 may take
   // to form; several: for a standby host's agent to join, start and park its standbys.
-  options.standby_wait = MultiHost() ? 2 * config_.host_timeout + absl::Seconds(10)
-                                     : config_.rendezvous_timeout;
+  options.standby_wait = layout_.standby_wait;
   options.spread_standbys = config_.spread_standbys;
   options.replace_timeout = kStoreTimeout;
   JobCoordinator::Hooks hooks;
@@ -683,7 +701,7 @@ void Job::CreateRecoveryStrategy() {
   options.ranks_per_host = config_.nproc;
   options.heartbeat_timeout = config_.heartbeat_timeout;
   options.call_timeout = AgentCallTimeout(config_.host_timeout);
-  options.scope = MultiHost() ? "every rank on every host" : "every rank";
+  options.scope = layout_.restart_scope;
   RestartAll::Hooks hooks;
   hooks.coordinating = [this] { return coordinating(); };
   hooks.say = [this](const std::string& line) { Say(line); };
@@ -748,10 +766,10 @@ void Job::CreateHostAgent() {
   // On one host there is no lease, and no kill request: the launcher kills its own processes.
   hooks.latest_term = [this]() -> int64_t { return lease_ != nullptr ? lease_->latest_term() : 0; };
   hooks.pid_file = [this](int rank) { return PidFile(rank); };
-  // A training host that keeps --standby spares starts another for the one that took a rank (on
-  // one host, OnRankTaken does).
+  // A training host that keeps --standby spares starts another for the one that took a rank (one
+  // host is the training host of its own plan).
   hooks.rank_taken = [this](HostWorker&) {
-    if (MultiHost() && config_.standby > 0 && group_rank_ >= 0 && CanSpawnStandby()) {
+    if (config_.standby > 0 && group_rank_ >= 0 && CanSpawnStandby()) {
       if (absl::Status s = Spawn(-1, standbys_spawned_); !s.ok()) Say(s.ToString());
     }
   };
@@ -768,7 +786,7 @@ void Job::Record(int rank, EventKind what, const std::string& message,
   event.generation = coordinator_ != nullptr ? coordinator_->generation() : 0;
   event.attributes.emplace_back("source", "launcher");
   // Pids are this host's (its PID namespace): with several hosts, a pid means (on_host, pid).
-  if (MultiHost()) event.attributes.emplace_back("on_host", config_.host_id);
+  if (!layout_.on_host.empty()) event.attributes.emplace_back("on_host", layout_.on_host);
   event.attributes.insert(event.attributes.end(), attributes.begin(), attributes.end());
   // A launcher that cannot write its record still runs the job; the report will lack the line.
   if (absl::Status s = events_->Append(event); !s.ok()) Say(s.ToString());
@@ -844,7 +862,9 @@ std::vector<std::string> Job::ChildEnvironment(const Child& child) const {
   }
   vars.push_back(absl::StrCat("TRAINGUARD_LAUNCHER_TIMEOUT_MS=",
                               absl::ToInt64Milliseconds(config_.heartbeat_timeout)));
-  if (MultiHost()) vars.push_back(absl::StrCat("TRAINGUARD_HOST_ADDR=", config_.local_addr));
+  if (!layout_.host_addr.empty()) {
+    vars.push_back(absl::StrCat("TRAINGUARD_HOST_ADDR=", layout_.host_addr));
+  }
   vars.push_back(absl::StrCat("WORLD_SIZE=", n));
   vars.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", local_n));
   vars.push_back(absl::StrCat("ROLE_WORLD_SIZE=", n));
@@ -866,11 +886,11 @@ std::vector<std::string> Job::ChildEnvironment(const Child& child) const {
   // A step stuck after its generation was superseded exits the process after
   // superseded_step_exit_ms (10 s by default), which must outlast the time this launcher takes to
   // kill a stopped peer (--host-timeout): with a longer --host-timeout (10 s by default with etcd)
-  // a survivor would exit first and take a second standby. Twice the timeout unless the user set it.
-  const int64_t host_timeout_ms = absl::ToInt64Milliseconds(config_.host_timeout);
-  if (MultiHost() && 2 * host_timeout_ms > 10'000 &&
+  // a survivor would exit first and take a second standby (HostLayout::superseded_step_exit).
+  if (layout_.superseded_step_exit > absl::ZeroDuration() &&
       getenv("TRAINGUARD_SUPERSEDED_STEP_EXIT_MS") == nullptr) {
-    vars.push_back(absl::StrCat("TRAINGUARD_SUPERSEDED_STEP_EXIT_MS=", 2 * host_timeout_ms));
+    vars.push_back(absl::StrCat("TRAINGUARD_SUPERSEDED_STEP_EXIT_MS=",
+                                absl::ToInt64Milliseconds(layout_.superseded_step_exit)));
   }
   if (child.rank >= 0) {
     const int local_rank = child.rank % local_n;
@@ -889,10 +909,7 @@ std::vector<std::string> Job::ChildEnvironment(const Child& child) const {
 }
 
 std::string Job::PidFile(int rank) const {
-  // Several hosts may share the run dir, and a pid means something only on its own host.
-  const std::string dir =
-      MultiHost() ? absl::StrCat(config_.run_dir, "/pids/", config_.host_id) : config_.run_dir + "/pids";
-  return absl::StrCat(dir, "/rank-", rank);
+  return absl::StrCat(layout_.pid_dir, "/rank-", rank);
 }
 
 absl::Status Job::Spawn(int rank, int standby_index) {
@@ -914,7 +931,7 @@ absl::Status Job::Spawn(int rank, int standby_index) {
   spec.argv = config_.command;
   spec.env = ChildEnvironment(*child);
   spec.log_path = absl::StrCat(
-      config_.run_dir, "/logs/", MultiHost() ? config_.host_id + "/" : "",
+      layout_.log_dir, "/",
       rank >= 0 ? absl::StrCat("rank-", rank) : absl::StrCat("standby-", standby_index), ".log");
   if (rank >= 0) spec.pid_file = PidFile(rank);
   absl::StatusOr<WorkerId> worker = supervisor_->Spawn(spec);
@@ -969,7 +986,7 @@ void Job::ReadSignals() {
 bool Job::CanSpawnStandby() const {
   // A standby host keeps its N standbys: one that died while parked is started again.
   // (Under --restart-all a standby host holds no processes: torchrun's spare node.)
-  const bool standby_host = MultiHost() && spawned_ && group_rank_ < 0 && recovery_->ReplacesRanks();
+  const bool standby_host = spawned_ && group_rank_ < 0 && recovery_->ReplacesRanks();
   return (config_.standby > 0 || standby_host) && !replacement_policy_.standbys_exhausted();
 }
 
@@ -984,15 +1001,13 @@ void Job::OnExit(Child& child, const WorkerExit& exit) {
   if (exit.succeeded()) {
     ++ranks_finished_;
     Say(absl::StrFormat("%s (pid %d) finished", child.Label(), child.pid));
-    if (MultiHost()) {
-      (void)store_->Set(store_keys::AgentFinished(round(), child.rank), child.member_id,
-                        kStoreTimeout);
-    }
+    // The coordinator ends the job once every rank finished: several hosts' publishes job/done
+    // (every agent's WatchJobEnd reads it), one host's says so in this process
+    // (every_rank_finished_).
+    host_agent_->ReportFinished(child, round());
     return;
   }
   Say(absl::StrFormat("%s (pid %d, member %s) %s", child.Label(), child.pid, child.member_id, how));
-  // On several hosts the coordinator records the death, from the report below.
-  if (!MultiHost()) failures_.Record({child.Label(), how, child.Cause()});
   Record(child.rank, EventKind::kRankDied,
          absl::StrFormat("%s (pid %d) %s", child.Label(), child.pid, how),
          {{"pid", absl::StrCat(child.pid)},
@@ -1003,21 +1018,19 @@ void Job::OnExit(Child& child, const WorkerExit& exit) {
   if (std::optional<std::string> reason = ReadJobStop(absl::Seconds(1)); reason.has_value()) {
     return StopJob(*reason);
   }
-  // The coordinator, maybe on another host, decides.
-  if (MultiHost()) return host_agent_->ReportDeath(child, how);
-  const absl::Time now = clock_->Now();
-  bool formed = false;
-  {
-    // A rank that exits right after joining may be reaped before the helper thread has reported
-    // the generation it joined: give it a moment rather than call the death premature.
-    MutexLock lock(&formed_mu_);
-    formed_mu_.AwaitWithTimeout(
-        [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return formed_.has_value(); }, absl::Seconds(5));
-    formed = formed_.has_value() && formed_->ok();
-  }
-  // Replaced by a standby, or every rank restarted: the strategy decides (and carries it out at
-  // the loop's turn: Coordinate).
-  recovery_->OnRankDeath({child.rank, child.Label(), how}, formed, now);
+  // The coordinator decides: replaced by a standby, or every rank restarted, or the job fails (and
+  // carries it out at the loop's turn: Coordinate). Its report goes to the coordinator of several
+  // hosts through the store, to one host's in this process at once (rank_reports_).
+  host_agent_->ReportDeath(child, how);
+}
+
+bool Job::FormedForADeath() {
+  // A rank that exits right after joining may be reaped before the helper thread has reported
+  // the generation it joined: give it a moment rather than call the death premature.
+  MutexLock lock(&formed_mu_);
+  formed_mu_.AwaitWithTimeout(
+      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return formed_.has_value(); }, absl::Seconds(5));
+  return formed_.has_value() && formed_->ok();
 }
 
 void Job::OnStandbyExit(Child& child, const std::string& how) {
@@ -1041,19 +1054,17 @@ void Job::RespawnStandbys() {
 }
 
 void Job::OnRankTaken(int rank, const std::string& member, int64_t generation) {
-  if (MultiHost()) {  // the standby's own agent relabels it (FollowGeneration)
-    Say(absl::StrFormat("generation %d: rank %d taken by %s", generation, rank, member));
-    return;
-  }
   Record(rank, EventKind::kRankReplaced,
          absl::StrFormat("rank %d taken by %s in generation %d", rank, member, generation),
          {{"member", member}});
+  // The member's own agent relabels it. When it is this host's process (on one host, always) that
+  // is this agent, at once: its standby learns its rank in the same turn of the loop, and
+  // HostAgent::TakeRank says so and starts a spare for it. Another host's agent does it when it
+  // follows the generation (FollowGeneration), and the coordinator says whom it gave the rank to.
   for (auto& c : children_) {
-    if (c->member_id == member && c->running) host_agent_->TakeRank(*c, rank, generation);
+    if (c->member_id == member && c->running) return host_agent_->TakeRank(*c, rank, generation);
   }
-  if (CanSpawnStandby()) {
-    if (absl::Status s = Spawn(-1, standbys_spawned_); !s.ok()) Say(s.ToString());
-  }
+  Say(absl::StrFormat("generation %d: rank %d taken by %s", generation, rank, member));
 }
 
 // Checked on every non-zero exit too (OnExit), so a rank that published the stop and exited at once
@@ -1278,21 +1289,17 @@ int Job::Run() {
     Say(absl::StrFormat("job %s: %d ranks, %d standbys, store %s, run dir %s", config_.job_id,
                         config_.nproc, config_.standby, store_url_, config_.run_dir));
   }
-  for (int r = 0; r < config_.nproc && !MultiHost(); ++r) {
-    if (absl::Status s = Spawn(r, -1); !s.ok()) {
+  // One host's plan is its own (FollowOwnPlan), started and its generation 0 formed at once; several
+  // hosts follow the plan their coordinator publishes once enough of them joined (AgentTick).
+  if (!MultiHost()) {
+    FollowOwnPlan();
+    if (absl::Status s = SpawnAssignedProcesses(); !s.ok()) {
       Say(absl::StrCat("cannot start the job: ", s.message()));
       StopAll(config_.stop_grace);
       return kExitLaunchError;
     }
+    StartForming();
   }
-  for (int i = 0; i < config_.standby && !MultiHost(); ++i) {
-    if (absl::Status s = Spawn(-1, i); !s.ok()) {
-      Say(absl::StrCat("cannot start the job: ", s.message()));
-      StopAll(config_.stop_grace);
-      return kExitLaunchError;
-    }
-  }
-  if (!MultiHost()) StartForming();
 
   while (exit_code_ < 0) {
     // The workers' output and exits, or a signal (signal_fd_ wakes the supervisor's wait).
@@ -1341,7 +1348,7 @@ int Job::Run() {
       rank_watch_->ReportPersistFailures();
       rank_watch_->ReportProtection();
     }
-    if (exit_code_ < 0 && !MultiHost() && ranks_finished_ == config_.nproc) exit_code_ = 0;
+    if (exit_code_ < 0 && every_rank_finished_) exit_code_ = 0;
   }
   StopAll(config_.stop_grace);
   stop_forming_.store(true);
@@ -1360,10 +1367,8 @@ int Job::Run() {
       (void)Snapshotter::RemoveArena(RanksJobId(), c->rank);
       (void)FlightRecorder::Remove(RanksJobId(), c->rank);
     }
-    // The backups this host's ranks held for their sources (peer backups).
-    if (MultiHost()) {
-      for (int s = 0; s < world_size_; ++s) (void)BackupService::RemoveArenas(RanksJobId(), {s});
-    }
+    // The backups this host's ranks held for their sources (peer backups; none on one host).
+    for (int s = 0; s < world_size_; ++s) (void)BackupService::RemoveArenas(RanksJobId(), {s});
   }
   Say(Summary());
   return exit_code_;
@@ -1486,16 +1491,25 @@ bool Job::ReadPlan(int* hosts) {
 
 void Job::SpawnPlannedProcesses(int /*hosts*/) {
   Say(assignment_->Describe(config_.host_id, round()));
+  if (absl::Status s = SpawnAssignedProcesses(); !s.ok()) {
+    Fail(absl::StrCat("cannot start the job: ", s.message()));
+  }
+}
+
+absl::Status Job::SpawnAssignedProcesses() {
   for (int rank : assignment_->ranks) {
-    if (absl::Status s = Spawn(rank, -1); !s.ok()) {
-      return Fail(absl::StrCat("cannot start the job: ", s.message()));
-    }
+    if (absl::Status s = Spawn(rank, -1); !s.ok()) return s;
   }
   for (int i = 0; i < assignment_->standbys; ++i) {
-    if (absl::Status s = Spawn(-1, i); !s.ok()) {
-      return Fail(absl::StrCat("cannot start the job: ", s.message()));
-    }
+    if (absl::Status s = Spawn(-1, i); !s.ok()) return s;
   }
+  return absl::OkStatus();
+}
+
+void Job::FollowOwnPlan() {
+  assignment_ = OneHostAssignment(config_.nproc, config_.standby, master_addr_, master_port_);
+  group_rank_ = assignment_->group_rank;
+  spawned_ = true;
 }
 
 // ---- --restart-all: the acts of a restart round (RestartAll decides) ----
@@ -1641,12 +1655,16 @@ void Job::KillAndReplaceStoppedMember(int rank, const std::string& member, Event
 
 std::vector<std::string> Job::PreferredStandbys(const std::string& dead_host,
                                                 const std::vector<int>& ranks) {
-  if (!MultiHost()) return {};  // one host: any parked standby, in member-id order
+  std::set<std::string> unsafe;
+  for (int rank : ranks) unsafe.merge(HostsSharingBackups(rank));
+  // A rank with no host of its own to prefer a spare on (one host queues its dead ranks without
+  // one) and no backup to keep away from: ChooseStandbys would prefer none, so the parked standbys
+  // are not read for it (a store round trip on one host's replacement path). Any parked standby
+  // then takes it, in member-id order.
+  if (ranks.size() == 1 && dead_host.empty() && unsafe.empty()) return {};
   absl::StatusOr<std::vector<std::string>> parked =
       coordinator_->ParkedStandbys(AgentCallTimeout(config_.host_timeout));
   if (!parked.ok()) return {};
-  std::set<std::string> unsafe;
-  for (int rank : ranks) unsafe.merge(HostsSharingBackups(rank));
   return ChooseStandbys(*parked, job_coordinator_->dead_hosts(), dead_host, ranks.size(), unsafe);
 }
 
@@ -1812,6 +1830,38 @@ std::string RunUsage() {
          "                      [--fail-slow-trace FILE]\n"
          "                      [--token-file F] [--standby K] [...as above] -- COMMAND "
          "[ARGS...]\n";
+}
+
+HostLayout LayoutOf(const LaunchConfig& config, const std::string& host_name) {
+  HostLayout layout;
+  if (config.nnodes_min == 0) {  // one host
+    layout.host_label = host_name;
+    layout.events_file = absl::StrCat(config.run_dir, "/events/launcher.tgev");
+    layout.pid_dir = absl::StrCat(config.run_dir, "/pids");
+    layout.log_dir = absl::StrCat(config.run_dir, "/logs");
+    layout.standby_wait = config.rendezvous_timeout;
+    layout.restart_scope = "every rank";
+    return layout;
+  }
+  layout.host_label = config.host_id;
+  layout.events_file = absl::StrCat(config.run_dir, "/events/launcher-", config.host_id, ".tgev");
+  layout.pid_dir = absl::StrCat(config.run_dir, "/pids/", config.host_id);
+  layout.log_dir = absl::StrCat(config.run_dir, "/logs/", config.host_id);
+  layout.source_address = config.local_addr;
+  layout.on_host = config.host_id;
+  layout.host_addr = config.local_addr;
+  std::vector<std::string> endpoint = absl::StrSplit(absl::StripPrefix(config.store, "tcp://"),
+                                                     absl::MaxSplits(':', 1));
+  int port = 0;
+  if (absl::StartsWith(config.store, "tcp://") && endpoint.size() == 2 &&
+      endpoint[0] == config.local_addr && absl::SimpleAtoi(endpoint[1], &port)) {
+    layout.serve_store_port = port;
+  }
+  layout.standby_wait = 2 * config.host_timeout + absl::Seconds(10);
+  const int64_t host_timeout_ms = absl::ToInt64Milliseconds(config.host_timeout);
+  if (2 * host_timeout_ms > 10'000) layout.superseded_step_exit = absl::Milliseconds(2 * host_timeout_ms);
+  layout.restart_scope = "every rank on every host";
+  return layout;
 }
 
 absl::Duration DefaultHostTimeout(std::string_view store_url) {

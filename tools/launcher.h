@@ -162,6 +162,50 @@ std::vector<std::string> ChooseStandbys(const std::vector<std::string>& parked,
                                         const std::string& dead_host, size_t needed,
                                         const std::set<std::string>& unsafe_hosts);
 
+// What differs between one host's launcher and one of several hosts' agents without being
+// behaviour: where this agent keeps its files, how it names itself, its processes and its store
+// connections. Worked out once at start (LayoutOf) so that the launcher's behaviour reads the same
+// code for both.
+struct HostLayout {
+  // This host in member ids and agents/stopped/: --host-id; one host: the machine's name.
+  std::string host_label;
+  // The launcher's event file: <run dir>/events/launcher-<host>.tgev; one host: launcher.tgev.
+  std::string events_file;
+  // Where the pid files of this host's ranks go: <run dir>/pids/<host> (several hosts may share
+  // the run dir, and a pid means something only on its own host); one host: <run dir>/pids.
+  std::string pid_dir;
+  // Where the logs of this host's ranks and standbys go: <run dir>/logs/<host>; one host:
+  // <run dir>/logs.
+  std::string log_dir;
+  // The address every store connection of this agent leaves from (--local-addr), so that a
+  // partition between hosts (by address) cuts this agent off too; empty: any (one host).
+  std::string source_address;
+  // The events' on_host attribute (a pid names a process only with its host); empty: none (one
+  // host).
+  std::string on_host;
+  // TRAINGUARD_HOST_ADDR for the ranks (where their peers reach this host); empty: not set (one
+  // host: every peer is local).
+  std::string host_addr;
+  // The port of the job's tcp:// store this agent serves: torchrun's c10d rule, the agent on the
+  // endpoint's host (--local-addr) serves it; 0: none (one host runs a store of its own, or uses
+  // the external one it is given).
+  int serve_store_port = 0;
+  // How long a queued replacement waits for a standby still starting (JobCoordinatorOptions::
+  // standby_wait): one host, as long as generation 0 may take to form (--rendezvous-timeout);
+  // several, for a standby host's agent to join, start and park its standbys.
+  absl::Duration standby_wait;
+  // TRAINGUARD_SUPERSEDED_STEP_EXIT_MS for the ranks unless the user set it: a step stuck after its
+  // generation was superseded must outlast the time a stopped peer takes to be killed
+  // (--host-timeout), so twice --host-timeout where that is more than the runtime's 10 s default;
+  // zero: the default.
+  absl::Duration superseded_step_exit;
+  // What --restart-all restarts, in its lines: "every rank" or "every rank on every host".
+  std::string restart_scope;
+};
+
+// The layout of `config`'s agent on the machine named `host_name` (gethostname).
+HostLayout LayoutOf(const LaunchConfig& config, const std::string& host_name);
+
 // Runs the job to completion; returns the exit status above.
 int RunJob(const LaunchConfig& config);
 

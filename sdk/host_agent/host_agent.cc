@@ -55,6 +55,19 @@ absl::StatusOr<HostAssignment> AssignmentOf(const store_keys::Plan& plan, const 
   return a;
 }
 
+HostAssignment OneHostAssignment(int ranks, int spares, const std::string& master_addr,
+                                 int master_port) {
+  HostAssignment a;
+  a.group_rank = 0;
+  a.training_hosts = 1;
+  a.world_size = ranks;
+  a.master_addr = master_addr;
+  a.master_port = master_port;
+  for (int r = 0; r < ranks; ++r) a.ranks.push_back(r);
+  a.standbys = spares;
+  return a;
+}
+
 HostAgent::HostAgent(Store* store, Clock* clock, ProcessSupervisor* supervisor,
                      HostAgentOptions options, Hooks hooks)
     : store_(store),
@@ -62,6 +75,7 @@ HostAgent::HostAgent(Store* store, Clock* clock, ProcessSupervisor* supervisor,
       supervisor_(supervisor),
       options_(std::move(options)),
       hooks_(std::move(hooks)),
+      store_rank_reports_(store, options_.report_timeout),
       store_seen_(clock_->Now()) {}
 
 std::optional<std::string> HostAgent::Heartbeat() {
@@ -200,14 +214,17 @@ void HostAgent::ReportDeath(HostWorker& w, const std::string& how) {
   if (w.death_reported) return;
   // The coordinator, maybe on another host, decides; the report names the member, so a death
   // reported twice, or after the rank was given to someone else, is handled once.
-  absl::Status s = store_->Set(store_keys::kAgentDeaths.Key(w.member_id),
-                               store_keys::EncodeDeathReport({w.member_id, w.rank, how, w.Cause()}),
-                               options_.report_timeout);
+  absl::Status s = rank_reports_->Death({w.member_id, w.rank, how, w.Cause()});
   if (!s.ok()) {
     hooks_.say(absl::StrCat("cannot report the death of ", w.Label(), ": ", s.ToString()));
     return;
   }
   w.death_reported = true;
+}
+
+void HostAgent::ReportFinished(HostWorker& w, int64_t round) {
+  // Best effort, bounded by report_timeout: the rank has exited, there is no one to tell.
+  (void)rank_reports_->Finished(round, w.rank, w.member_id);
 }
 
 void HostAgent::ReportStoppedWorkers() {

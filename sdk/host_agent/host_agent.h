@@ -38,6 +38,7 @@
 #include "absl/time/time.h"
 #include "sdk/agent/failure_history.h"
 #include "sdk/core/agent_keys.h"
+#include "sdk/core/rank_reports.h"
 #include "sdk/agent/process_supervisor.h"
 #include "sdk/host_agent/host_sampler.h"
 #include "trainguard/clock.h"
@@ -108,6 +109,13 @@ struct HostAssignment {
 // `ranks_per_host` (the host cannot follow it).
 absl::StatusOr<HostAssignment> AssignmentOf(const store_keys::Plan& plan, const std::string& host,
                                             int ranks_per_host, int spares, bool restart_all);
+
+// One host's part of a plan of its own (`trainguard run` on one host: nothing to publish, no other
+// host to wait for): group 0 of one host, every rank (0 .. `ranks` - 1, --nproc) and `spares`
+// standbys (--standby, which one host keeps under --restart-all too), rank 0 at `master_addr`:
+// `master_port`.
+HostAssignment OneHostAssignment(int ranks, int spares, const std::string& master_addr,
+                                 int master_port);
 
 struct HostAgentOptions {
   // This host in the store's keys and member ids: --host-id, or on one host the machine's name.
@@ -206,9 +214,18 @@ class HostAgent {
   void KillWorker(HostWorker& worker, EventKind what, const std::string& why);
 
   // Tells the coordinator that `worker`, which held its rank, died (`how`: "exited with status 1",
-  // "killed by SIGKILL"): agents/deaths/<member> with its rank, `how` and its cause. Once per
-  // worker: a later call for the same worker writes nothing. A write the store refuses is said.
+  // "killed by SIGKILL"): a DeathReport with its member, rank, `how` and its cause, delivered
+  // through the store (agents/deaths/<member>) unless set_rank_reports gave another way. Once per
+  // worker: a later call for the same worker delivers nothing. A delivery that fails is said.
   void ReportDeath(HostWorker& worker, const std::string& how);
+  // Tells the coordinator that `worker` finished its rank with status 0 in restart round `round`
+  // (agents/[round<K>/]finished/<rank> through the store unless set_rank_reports gave another
+  // way): the coordinator ends the job once every rank of the round finished. Best effort.
+  void ReportFinished(HostWorker& worker, int64_t round);
+  // Where ReportDeath and ReportFinished deliver from now on (one host: the coordinator in this
+  // process, InProcessRankReports); by default the store (StoreRankReports, within
+  // report_timeout). REQUIRES: `reports` outlives the agent.
+  void set_rank_reports(RankReports* reports) { rank_reports_ = reports; }
 
   // Writes agents/stopped/<member> (this host) for each running rank the supervisor says is
   // stopped (SIGSTOP), and deletes it once the rank runs again or is gone. The coordinator, which
@@ -259,6 +276,8 @@ class HostAgent {
   ProcessSupervisor* const supervisor_;
   const HostAgentOptions options_;
   const Hooks hooks_;
+  StoreRankReports store_rank_reports_;
+  RankReports* rank_reports_ = &store_rank_reports_;
 
   int64_t beats_ = 0;
   absl::Time store_seen_;  // when the store last took a beat (the start of that call)

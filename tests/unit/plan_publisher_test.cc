@@ -186,6 +186,22 @@ TEST_F(PlanTest, UnderRestartAllAStandbyHostHoldsNoProcess) {
   EXPECT_EQ(a3->Describe("h3", 0), "host h3 is a standby host: 0 standbys");
 }
 
+// One host follows a plan of its own, never published: the training host of a job of one host,
+// every rank and its --standby spares, so the launcher starts its processes and keeps its spares
+// with the code that follows a published plan.
+TEST(OneHostAssignment, OneHostIsGroupZeroOfOneHostWithEveryRankAndItsSpares) {
+  const HostAssignment own = OneHostAssignment(3, 2, "127.0.0.1", 29600);
+  EXPECT_EQ(own.group_rank, 0);
+  EXPECT_EQ(own.training_hosts, 1);
+  EXPECT_EQ(own.world_size, 3);
+  EXPECT_THAT(own.ranks, ElementsAre(0, 1, 2));
+  EXPECT_EQ(own.standbys, 2);
+  EXPECT_EQ(own.master_addr, "127.0.0.1");
+  EXPECT_EQ(own.master_port, 29600);
+  EXPECT_EQ(own.Describe("m", 0), "host m is group 0 of 1: ranks 0..2");
+  EXPECT_THAT(OneHostAssignment(1, 0, "127.0.0.1", 1).ranks, ElementsAre(0));
+}
+
 TEST_F(PlanTest, BetweenMinAndMaxWorkersThePlanWaitsExactlyTheLastCall) {
   PlanOptions options = TwoWorkersAndAStandbyHost();
   options.nnodes_max = 3;

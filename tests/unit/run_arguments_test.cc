@@ -171,6 +171,15 @@ TEST(ChooseStandbys, AHostsRanksGoToTheFullestStandbyHostInStandbyOrder) {
   EXPECT_THAT(ChooseStandbys(parked, {"host3"}, "host2", 2, {}), ::testing::IsEmpty());
 }
 
+// A rank with no host of its own to prefer a spare on (one host queues its dead ranks so) and no
+// backup to keep away from gets no preference, whatever is parked: the coordinator then skips
+// reading the parked standbys (Job::PreferredStandbys), and any parked standby takes it.
+TEST(ChooseStandbys, ARankWithNoHostAndNothingToAvoidHasNoPreference) {
+  const std::vector<std::string> parked = {"m:9:standby0", "m:9:standby1", "h3:5:standby0"};
+  EXPECT_THAT(ChooseStandbys(parked, {}, "", 1, {}), ::testing::IsEmpty());
+  EXPECT_THAT(ChooseStandbys(parked, {"m"}, "", 1, {}), ::testing::IsEmpty());
+}
+
 // A dead host's ranks avoid a host that runs their backup holders (or sources), when another host
 // has enough standbys; a host that lost its only rank is no exception.
 TEST(ChooseStandbys, AHostsRanksAvoidAHostSharingTheirBackups) {
@@ -195,6 +204,63 @@ TEST(ChooseStandbys, StandbysAreOrderedByTheIndexTheirIdsNameAndNoOtherMemberIsC
   EXPECT_THAT(ChooseStandbys(parked, {}, "host2", 2, {}),
               ::testing::ElementsAre("host3:5:round2:standby9", "host3:5:round2:standby10"));
   EXPECT_THAT(ChooseStandbys(parked, {}, "host2", 3, {}), ::testing::IsEmpty());
+}
+
+// One host and several differ in where the files go and how the agent names itself, worked out
+// once (LayoutOf): one host keeps run_dir's own folders and the machine's name, sets no host address
+// and serves no store it was given.
+TEST(HostLayout, OneHostKeepsTheRunDirsOwnFoldersAndTheMachinesName) {
+  absl::StatusOr<LaunchConfig> config = ParseRunArguments(
+      {"--nproc", "2", "--store", "tcp://127.0.0.1:4000", "--token-file", "/token", "--run-dir",
+       "/r", "--rendezvous-timeout", "40", "--", "trainer"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  const HostLayout layout = LayoutOf(*config, "machine");
+  EXPECT_EQ(layout.host_label, "machine");
+  EXPECT_EQ(layout.events_file, "/r/events/launcher.tgev");
+  EXPECT_EQ(layout.pid_dir, "/r/pids");
+  EXPECT_EQ(layout.log_dir, "/r/logs");
+  EXPECT_EQ(layout.source_address, "");
+  EXPECT_EQ(layout.on_host, "");
+  EXPECT_EQ(layout.host_addr, "");
+  EXPECT_EQ(layout.serve_store_port, 0);
+  EXPECT_EQ(layout.standby_wait, absl::Seconds(40));
+  EXPECT_EQ(layout.superseded_step_exit, absl::ZeroDuration());
+  EXPECT_EQ(layout.restart_scope, "every rank");
+}
+
+// An agent of several hosts names itself by --host-id, keeps its files in per-host folders of the
+// shared run dir, and serves the tcp:// store whose endpoint is its own address.
+TEST(HostLayout, AnAgentOfSeveralHostsKeepsPerHostFoldersAndServesTheStoreAtItsAddress) {
+  std::vector<std::string> args = AgentArgs({"--run-dir", "/r", "--local-addr", "127.0.0.1"});
+  absl::StatusOr<LaunchConfig> config = ParseRunArguments(args);
+  ASSERT_TRUE(config.ok()) << config.status();
+  const HostLayout layout = LayoutOf(*config, "machine");
+  EXPECT_EQ(layout.host_label, "host1");
+  EXPECT_EQ(layout.events_file, "/r/events/launcher-host1.tgev");
+  EXPECT_EQ(layout.pid_dir, "/r/pids/host1");
+  EXPECT_EQ(layout.log_dir, "/r/logs/host1");
+  EXPECT_EQ(layout.source_address, "127.0.0.1");
+  EXPECT_EQ(layout.on_host, "host1");
+  EXPECT_EQ(layout.host_addr, "127.0.0.1");
+  EXPECT_EQ(layout.serve_store_port, 1);
+  EXPECT_EQ(layout.standby_wait, 2 * config->host_timeout + absl::Seconds(10));
+  EXPECT_EQ(layout.restart_scope, "every rank on every host");
+
+  args = AgentArgs({"--local-addr", "127.0.0.2"});
+  config = ParseRunArguments(args);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(LayoutOf(*config, "machine").serve_store_port, 0);  // another host serves it
+}
+
+// A step stuck in a superseded generation outlasts the kill of a stopped peer: twice
+// --host-timeout once that is over the runtime's 10 s default, never less than it.
+TEST(HostLayout, TheSupersededStepExitIsTwiceTheHostTimeoutOnlyAboveTheDefault) {
+  absl::StatusOr<LaunchConfig> config = ParseRunArguments(AgentArgs({"--host-timeout", "5"}));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(LayoutOf(*config, "m").superseded_step_exit, absl::ZeroDuration());
+  config = ParseRunArguments(AgentArgs({"--host-timeout", "5.5"}));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(LayoutOf(*config, "m").superseded_step_exit, absl::Seconds(11));
 }
 
 }  // namespace
