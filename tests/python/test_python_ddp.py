@@ -71,6 +71,24 @@ class Job:
         """The pid of the process holding `rank` now, from the launcher's pid file."""
         return int((self.run_dir / "pids" / f"rank-{rank}").read_text().strip())
 
+    def wait_for_parked_standby(self, index):
+        """Bounded polling until standby `index` (started by the launcher) is parked in the job's
+        store, ready to take a rank: the launcher's store (its first line) with its token."""
+        member = self.wait_for(rf"started standby {index} \(pid \d+, member (\S+)\)").group(1)
+        url = self.wait_for(r"store (tcp://\S+),").group(1)
+        token = (self.run_dir / "store.token").read_text().strip()
+        import trainguard
+        store = trainguard.open_store(url, self.job_id, token)
+        try:
+            deadline = time.monotonic() + DEADLINE_S
+            while store.multi_get([f"rdzv/standby/{member}"], 10) != [b"parked"]:
+                assert time.monotonic() < deadline, \
+                    f"standby {index} ({member}) not parked in {DEADLINE_S} s:\n{self.output()}"
+                assert self.proc.poll() is None, f"the job ended:\n{self.output()}"
+                time.sleep(0.05)
+        finally:
+            store.close()
+
     def kill_rank(self, rank):
         """SIGKILLs the process holding `rank` now: its pid from the launcher's pid file, checked
         to be positive and a child of this job's launcher before it is signalled."""
@@ -259,6 +277,9 @@ def test_killed_ranks_are_replaced_and_every_rank_ends_bit_identical_to_an_unint
         for r in range(WORLD):
             job.wait_for(rf"\] rank {r} generation [1-9]\d* resume_step")
         job.wait_for(r"rank 0 waiting at step 23")
+        # Rank 0 goes to the standby started for the one that took rank 1 once it is parked (a
+        # warm standby, as the first): one still starting when the rank dies is another case.
+        job.wait_for_parked_standby(1)
         job.kill_rank(0)
         gate2.touch()
         for r in range(WORLD):
