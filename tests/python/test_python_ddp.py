@@ -265,34 +265,45 @@ def skipping(tmp_path_factory):
     return _reference(tmp_path_factory, "skipping")
 
 
-def test_killed_ranks_are_replaced_and_every_rank_ends_bit_identical_to_an_uninterrupted_run(
+# Three ranks killed one after another, each recovery over before the next kill (the gates):
+# - Issue 40, 2: rank 1 at step 2, before the first checkpoint (every 5 steps) is committed. The
+#   standby has fresh weights and zero momentum; the survivors' state is broadcast to every rank
+#   (trainguard.torch.init_process_group), and nothing is restored.
+# - rank 2 at step 12 and rank 0 at step 23: each time every rank, the replacement included,
+#   restores the shared-memory snapshot.
+# Each replacement is a warm standby: the one started for the previous replacement, once parked
+# (one still starting when the rank dies is another case). The replicas end bit-identical to an
+# uninterrupted run.
+def test_killed_ranks_are_replaced_before_and_after_the_first_commit_and_end_as_uninterrupted(
         tmp_path, uninterrupted):
-    gate1, gate2 = tmp_path / "gate1", tmp_path / "gate2"
-    job = Job(tmp_path, "kill", 1, ["--gate", f"12:{gate1}", "--gate", f"23:{gate2}"])
+    gates = {step: tmp_path / f"gate{step}" for step in (2, 12, 23)}
+    job = Job(tmp_path, "kill", 1, [arg for step, gate in gates.items()
+                                    for arg in ("--gate", f"{step}:{gate}")])
     try:
-        job.wait_for(r"rank 1 waiting at step 12")
-        job.kill_rank(1)
-        gate1.touch()
-        # The standby takes rank 1 in generation 1 and every rank rebuilds its process group.
-        for r in range(WORLD):
-            job.wait_for(rf"\] rank {r} generation [1-9]\d* resume_step")
-        job.wait_for(r"rank 0 waiting at step 23")
-        # Rank 0 goes to the standby started for the one that took rank 1 once it is parked (a
-        # warm standby, as the first): one still starting when the rank dies is another case.
-        job.wait_for_parked_standby(1)
-        job.kill_rank(0)
-        gate2.touch()
-        for r in range(WORLD):
-            job.wait_for(rf"\] rank {r} generation [2-9]\d* resume_step")
+        for generation, (rank, step) in enumerate([(1, 2), (2, 12), (0, 23)], start=1):
+            job.wait_for(rf"rank {rank} waiting at step {step}$")
+            if generation == 2:
+                before_the_first_commit = job.output()
+            if generation > 1:
+                job.wait_for_parked_standby(generation - 1)
+            job.kill_rank(rank)
+            gates[step].touch()
+            for r in range(WORLD):
+                job.wait_for(rf"\] rank {r} generation [{generation}-9]\d* resume_step")
         code = job.finish()
     finally:
-        job.abandon(gate1, gate2)
+        job.abandon(*gates.values())
     out = job.output()
     assert code == 0, out
-    assert "takes rank 1" in out and "takes rank 0" in out, out
+    assert all(f"takes rank {r}" in out for r in range(WORLD)), out
+    # Before the first commit: the replacement took a survivor's state, and nothing was restored.
+    assert re.search(r"trainguard: rank 1: took rank [02]'s state \(generation 1", out), out
+    assert "restored step" not in before_the_first_commit, before_the_first_commit
     # The survivors saw the dead peer as a communication failure of the step.
-    assert re.search(r"rank [02] step 12 fault communication_failure action re_rendezvous", out), out
-    # Both times every rank, the replacement included, restored the shared-memory snapshot.
+    assert re.search(r"rank [01] step 12 fault communication_failure action re_rendezvous",
+                     out), out
+    # After it, both times every rank, the replacement included, restored the shared-memory
+    # snapshot.
     for r in range(WORLD):
         restores = re.findall(rf"\] rank {r} restored step \d+ from (\S+)", out)
         assert restores == ["arena", "arena"], f"rank {r} restored from {restores}:\n{out}"
@@ -415,21 +426,6 @@ def test_a_replacement_judges_a_loss_spike_as_the_uninterrupted_run(tmp_path, sk
     assert re.search(r"rank 1 step 22 fault step_failure action skip: .*: loss spike on rank 1 at "
                      r"step 22", out), out
     _assert_every_rank_ends_as(job, skipping)
-
-
-# Issue 40, 2: a rank killed at step 2, before the first checkpoint (every 5 steps) is committed.
-# The standby has fresh weights and zero momentum; the survivors' state is broadcast to every rank
-# (trainguard.torch.init_process_group), so the replicas stay equal to an uninterrupted run.
-def test_a_rank_lost_before_the_first_commit_is_given_a_survivors_state(tmp_path, uninterrupted):
-    gate = tmp_path / "gate"
-    job = Job(tmp_path, "precommit", 1, ["--gate", f"2:{gate}"])
-    code = job.kill_at_gate(1, 2, gate)
-    out = job.output()
-    assert code == 0, out
-    assert "takes rank 1" in out, out
-    assert "restored step" not in out, out  # nothing was committed: no restore
-    assert re.search(r"trainguard: rank 1: took rank [02]'s state \(generation 1", out), out
-    _assert_every_rank_ends_as(job, uninterrupted)
 
 
 # Issue 40, 6: one stopped rank of two is the suspect the evidence names (it is seen stopped), and
