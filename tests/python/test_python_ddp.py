@@ -148,12 +148,12 @@ class Job:
 
 
 # The reference runs the tests compare their jobs' final parameters with, bit for bit: the same
-# script with no fault (WORLD ranks), and a two-rank job in which every rank skips steps 17 (its
-# body raises) and 22 (its loss spikes) on its own. Each is computed once per build by the ctest
+# script with no fault (WORLD ranks), and a two-rank job in which every rank skips steps 22 (its
+# loss spikes) and 27 (its body raises) on its own. Each is computed once per build by the ctest
 # fixture test_the_reference_jobs_... below (FIXTURES_SETUP in CMakeLists.txt: it runs before
 # the tests that need it, which hold no ctest slot meanwhile) and kept in $TG_TEST_CACHE.
 SKIPPING_WORLD = 2
-SKIPPING_ARGS = ["--check-loss", "1", "--raise-before-backward=-1:17", "--inject-loss-spike=-1:22"]
+SKIPPING_ARGS = ["--check-loss", "1", "--inject-loss-spike=-1:22", "--raise-before-backward=-1:27"]
 REFERENCES = {"uninterrupted": (WORLD, []), "skipping": (SKIPPING_WORLD, SKIPPING_ARGS)}
 
 
@@ -182,7 +182,7 @@ def _reference(tmp_path_factory, name):
     that tests started side by side run one job of it, not one each."""
     cached = _reference_cache(name)
     if cached is None:
-        return _check_reference(*_start_references(tmp_path_factory, [name]))[name]
+        return _check_reference(_start_references(tmp_path_factory, [name]))[name]
     cached.parent.mkdir(parents=True, exist_ok=True)
     with open(cached.with_name(cached.name + ".lock"), "w") as lock:
         deadline = time.monotonic() + DEADLINE_S
@@ -195,7 +195,7 @@ def _reference(tmp_path_factory, name):
                 time.sleep(0.1)
         if cached.exists():
             return cached.read_text().strip()
-        checksum = _check_reference(*_start_references(tmp_path_factory, [name]))[name]
+        checksum = _check_reference(_start_references(tmp_path_factory, [name]))[name]
         _write_cache(cached, checksum)
         return checksum
 
@@ -208,16 +208,24 @@ def _write_cache(cached, checksum):
 
 
 def _start_references(tmp_path_factory, names):
-    """Starts the reference jobs `names`, side by side; ({name: job}, tmp dir)."""
+    """Starts the reference jobs `names`, side by side; {name: job}."""
     tmp = tmp_path_factory.mktemp("reference")
     return {name: Job(tmp, name, 0, REFERENCES[name][1], world=REFERENCES[name][0])
-            for name in names}, tmp
+            for name in names}
 
 
-def _check_reference(jobs, tmp):
+def _check_reference(jobs):
     """Waits for the reference jobs and asserts what each shows; {name: the checksum every rank
     ended with}."""
-    codes = {name: job.finish() for name, job in jobs.items()}
+    codes = {}
+    try:
+        for name, job in jobs.items():
+            codes[name] = job.finish()
+    finally:  # one that did not end: killed, its output closed and its /dev/shm segments removed
+        for name, job in jobs.items():
+            if name not in codes:
+                job.abandon()
+                job.finish()
     checksums = {}
     for name, job in jobs.items():
         out = job.output()
@@ -226,11 +234,11 @@ def _check_reference(jobs, tmp):
             # Each rank fails both steps on its own: its body's exception, its own loss detector.
             assert len(re.findall(r"fault", out)) == 2 * SKIPPING_WORLD, out
             for r in range(SKIPPING_WORLD):
-                assert re.search(rf"rank {r} step 17 fault step_failure action skip: "
-                                 rf".*RecoverableError: rank {r}: a bad batch at step 17", out), out
+                assert re.search(rf"rank {r} step 27 fault step_failure action skip: "
+                                 rf".*RecoverableError: rank {r}: a bad batch at step 27", out), out
                 assert re.search(rf"rank {r} step 22 fault step_failure action skip: .*: loss "
                                  rf"spike on rank {r} at step 22", out), out
-                for step in (17, 22):
+                for step in (22, 27):
                     assert re.search(rf"rank {r} recover step {step} next {step + 1}", out), out
         finals = job.finals()
         assert sorted(finals) == list(range(job.world)), out
@@ -246,7 +254,7 @@ def _check_reference(jobs, tmp):
 # equal), their checksums kept for the tests that compare with them.
 def test_the_reference_jobs_end_with_equal_replicas_and_each_rank_skips_its_own_failed_steps(
         tmp_path_factory):
-    checksums = _check_reference(*_start_references(tmp_path_factory, list(REFERENCES)))
+    checksums = _check_reference(_start_references(tmp_path_factory, list(REFERENCES)))
     for name, checksum in checksums.items():
         cached = _reference_cache(name)
         if cached is not None:
@@ -261,7 +269,7 @@ def uninterrupted(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def skipping(tmp_path_factory):
-    """The checksum every rank of a two-rank job ends with when each rank skips steps 17 and 22."""
+    """The checksum every rank of a two-rank job ends with when each rank skips steps 22 and 27."""
     return _reference(tmp_path_factory, "skipping")
 
 
@@ -373,34 +381,34 @@ def test_a_nan_gradient_is_named_by_the_hook_every_rank_skips_and_a_rollback_rep
 
 
 # Issue 40: two faults of one rank, each failing that rank's step before backward(), at steps
-# apart (each is over, skipped on every rank, before the next). Step 17: the step body raises (a
-# RecoverableError, a bad batch) after the forward pass, and leaves the other rank in that step's
-# DDP allreduces; the failing rank takes part in them with a NaN (trainguard.torch), so the other
-# fails the step as after a loss spike, and nobody waits out a timeout (600 s here). Step 22:
-# check_loss judges each rank's own loss, and rank 1's spikes (the detector warms up over 20
-# steps); called before backward(), its failure reaches rank 0 through the DDP hook's allreduce.
-# So both ranks skip steps 17 and 22 and go on, and the replicas end bit-identical to the
+# apart (each is over, skipped on every rank, before the next). Step 22: check_loss judges each
+# rank's own loss, and rank 1's spikes (the detector warms up over 20 steps); called before
+# backward(), its failure reaches rank 0 through the DDP hook's allreduce. Step 27: the step body
+# raises (a RecoverableError, a bad batch) after the forward pass, and leaves the other rank in
+# that step's DDP allreduces; the failing rank takes part in them with a NaN (trainguard.torch),
+# so the other fails the step as after a loss spike, and nobody waits out a timeout (600 s here).
+# So both ranks skip steps 22 and 27 and go on, and the replicas end bit-identical to the
 # reference in which every rank fails both steps on its own (`skipping`).
 def test_a_loss_spike_or_an_exception_before_backward_on_one_rank_fails_the_step_on_every_rank(
         tmp_path, skipping):
-    job = Job(tmp_path, "one", 0, ["--check-loss", "1", "--raise-before-backward=1:17",
+    job = Job(tmp_path, "one", 0, ["--check-loss", "1", "--raise-before-backward=1:27",
                                    "--inject-loss-spike=1:22", "--comm-timeout-s", "600"],
               world=2)
     code = job.finish()
     out = job.output()
     assert code == 0, out
-    assert re.search(r"rank 1 step 17 fault step_failure action skip: .*RecoverableError: rank 1: "
-                     r"a bad batch at step 17", out), out
-    assert re.search(r"rank 0 step 17 fault step_failure action skip: .*: rank 0: DDP gradient "
+    assert re.search(r"rank 1 step 27 fault step_failure action skip: .*RecoverableError: rank 1: "
+                     r"a bad batch at step 27", out), out
+    assert re.search(r"rank 0 step 27 fault step_failure action skip: .*: rank 0: DDP gradient "
                      r"bucket \d+ is not finite after the allreduce", out), out
     assert re.search(r"rank 1 step 22 fault step_failure action skip: .*: loss spike on rank 1 at "
                      r"step 22", out), out
     assert re.search(r"rank 0 step 22 fault step_failure action skip: .*: rank 0: DDP gradient "
                      r"bucket \d+ is not finite after the allreduce \(.*its step had already "
                      r"failed", out), out
-    assert len(re.findall(r"fault", out)) == 4, out  # steps 17 and 22 only, once per rank each
+    assert len(re.findall(r"fault", out)) == 4, out  # steps 22 and 27 only, once per rank each
     for r in (0, 1):
-        for step in (17, 22):
+        for step in (22, 27):
             assert re.search(rf"rank {r} recover step {step} next {step + 1}", out), out
     _assert_every_rank_ends_as(job, skipping)
 
@@ -410,11 +418,11 @@ def test_a_loss_spike_or_an_exception_before_backward_on_one_rank_fails_the_step
 # to 22. The detector warms up over 20 losses: a replacement that started with an empty window
 # would let step 22's spike through (a 1000-fold loss applied), where the uninterrupted job skips
 # it on every rank. With the window restored, the job ends bit-identical to the reference that
-# skips step 22 on every rank (and step 17, where each rank here raises too, as there).
+# skips step 22 on every rank (and step 27, where each rank here raises too, as there).
 def test_a_replacement_judges_a_loss_spike_as_the_uninterrupted_run(tmp_path, skipping):
     gate = tmp_path / "gate"
     job = Job(tmp_path, "spikekill", 1, ["--check-loss", "1", "--inject-loss-spike=1:22",
-                                         "--raise-before-backward=-1:17", "--gate", f"21:{gate}"],
+                                         "--raise-before-backward=-1:27", "--gate", f"21:{gate}"],
               world=2)
     code = job.kill_at_gate(1, 21, gate)
     out = job.output()
