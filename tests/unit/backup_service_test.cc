@@ -16,6 +16,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -882,6 +884,38 @@ class StallingTransport : public BackupTransport {
   const int stalled_pipe_;
 };
 
+// Holder 0 of AHolderProcessKilledMidShare... below, in a process of its own: serves job `job`'s
+// backup that the killed service left in this machine's shared memory, over a StallingTransport,
+// writes its port to `port_fd` and never returns.
+[[noreturn]] void ServeAsStallingHolder(const std::string& job, int port_fd, int stalled_fd) {
+  // The reply (a header and 8 bytes a chunk of checksums) is well under 4 KiB.
+  StallingTransport transport(4096 + kChunk + kChunk / 2, stalled_fd);
+  BackupServiceOptions options;
+  options.job_id = job;
+  options.rank = 5;
+  options.transport = &transport;
+  absl::StatusOr<std::unique_ptr<BackupService>> service = BackupService::Start(options);
+  if (!service.ok()) _exit(3);
+  const std::string address = (*service)->address();
+  const int port = std::stoi(address.substr(address.rfind(':') + 1));
+  if (write(port_fd, &port, sizeof(port)) != sizeof(port)) _exit(4);
+  absl::SleepFor(absl::Seconds(120));  // bounded: a parent that died without killing it
+  _exit(0);
+}
+
+// That process is this binary executed afresh, told by kHolderEnv what to serve: a fork of the
+// multi-threaded test may not start threads of its own (a lock a vanished thread held stays held;
+// ThreadSanitizer refuses it). This runs before main() and never returns in that process.
+constexpr char kHolderEnv[] = "TG_BACKUP_TEST_HOLDER";
+[[maybe_unused]] const bool kIsHolderProcess = [] {
+  const char* spec = getenv(kHolderEnv);
+  if (spec == nullptr) return false;
+  char job[256];
+  int port_fd = -1, stalled_fd = -1;
+  if (sscanf(spec, "%255s %d %d", job, &port_fd, &stalled_fd) != 3) _exit(6);
+  ServeAsStallingHolder(job, port_fd, stalled_fd);
+}();
+
 // TCP whose dial to `gated` waits until Open() (bounded): the fetch reaches the other holder only
 // once the test let it, so no holder finishes early and takes another's share.
 class GatedDialTransport : public BackupTransport {
@@ -917,19 +951,11 @@ TEST_F(BackupFromTwoHoldersTest, AHolderProcessKilledMidShareLeavesItsRemainingC
   if (child == 0) {
     close(port_pipe[0]);
     close(stalled_pipe[0]);
-    // The reply (a header and 8 bytes a chunk of checksums) is well under 4 KiB.
-    StallingTransport transport(4096 + kChunk + kChunk / 2, stalled_pipe[1]);
-    BackupServiceOptions options;
-    options.job_id = job_;
-    options.rank = 5;
-    options.transport = &transport;
-    absl::StatusOr<std::unique_ptr<BackupService>> service = BackupService::Start(options);
-    if (!service.ok()) _exit(3);
-    const std::string address = (*service)->address();
-    const int port = std::stoi(address.substr(address.rfind(':') + 1));
-    if (write(port_pipe[1], &port, sizeof(port)) != sizeof(port)) _exit(4);
-    absl::SleepFor(absl::Seconds(120));  // bounded, as above
-    _exit(0);
+    const std::string spec = absl::StrFormat("%s %d %d", job_, port_pipe[1], stalled_pipe[1]);
+    setenv(kHolderEnv, spec.c_str(), 1);
+    char* const argv[] = {const_cast<char*>("backup_service_test"), nullptr};
+    execv("/proc/self/exe", argv);
+    _exit(5);
   }
   close(port_pipe[1]);
   close(stalled_pipe[1]);
