@@ -73,17 +73,30 @@ class Job:
 
     def wait_for_parked_standby(self, index):
         """Bounded polling until standby `index` (started by the launcher) is parked in the job's
-        store, ready to take a rank: the launcher's store (its first line) with its token."""
+        store, ready to take a rank."""
         member = self.wait_for(rf"started standby {index} \(pid \d+, member (\S+)\)").group(1)
+        self._wait_for_key(f"rdzv/standby/{member}", lambda value: value == b"parked",
+                           f"standby {index} ({member}) parked")
+
+    def wait_for_commit(self, step):
+        """Bounded polling until step `step` is committed in memory for the whole job (its record
+        ckpt/commit/<step>/snapshot, docs/FORMATS.md): a rank's save is committed in the
+        background, so a rank waiting at the next step's gate does not mean it is yet."""
+        self._wait_for_key(f"ckpt/commit/{step}/snapshot", lambda value: value is not None,
+                           f"step {step} committed")
+
+    def _wait_for_key(self, key, done, what):
+        """Bounded polling of `key` in the job's store (the launcher's, its first line, with its
+        token) until done(its value, None if absent)."""
         url = self.wait_for(r"store (tcp://\S+),").group(1)
         token = (self.run_dir / "store.token").read_text().strip()
         import trainguard
         store = trainguard.open_store(url, self.job_id, token)
         try:
             deadline = time.monotonic() + DEADLINE_S
-            while store.multi_get([f"rdzv/standby/{member}"], 10) != [b"parked"]:
+            while not done(store.multi_get([key], 10)[0]):
                 assert time.monotonic() < deadline, \
-                    f"standby {index} ({member}) not parked in {DEADLINE_S} s:\n{self.output()}"
+                    f"not {what} in {DEADLINE_S} s:\n{self.output()}"
                 assert self.proc.poll() is None, f"the job ended:\n{self.output()}"
                 time.sleep(0.05)
         finally:
@@ -104,11 +117,14 @@ class Job:
         finally:
             os.close(fd)
 
-    def kill_at_gate(self, rank, step, gate):
-        """Waits until every rank waits at step `step`'s gate, SIGKILLs `rank`'s process, opens the
-        gate and waits for the job to end; its exit code."""
+    def kill_at_gate(self, rank, step, gate, committed=None):
+        """Waits until `rank` waits at step `step`'s gate (and, given `committed`, until that step
+        is committed), SIGKILLs `rank`'s process, opens the gate and waits for the job to end; its
+        exit code."""
         try:
             self.wait_for(rf"rank {rank} waiting at step {step}")
+            if committed is not None:
+                self.wait_for_commit(committed)
             self.kill_rank(rank)
             gate.touch()
             return self.finish()
@@ -414,17 +430,19 @@ def test_a_loss_spike_or_an_exception_before_backward_on_one_rank_fails_the_step
 
 
 # Issue 40 (check_loss's window is part of the checkpoint): rank 1, whose loss spikes at step 22,
-# is killed at step 21; every rank restores the snapshot of step 20 and its replacement replays 20
-# to 22. The detector warms up over 20 losses: a replacement that started with an empty window
-# would let step 22's spike through (a 1000-fold loss applied), where the uninterrupted job skips
-# it on every rank. With the window restored, the job ends bit-identical to the reference that
-# skips step 22 on every rank (and step 27, where each rank here raises too, as there).
+# is killed at step 21 once step 20 is committed (a save commits in the background: a rank waiting
+# at step 21's gate may not have seen it yet, and killed then, the job restores step 15); every
+# rank restores the snapshot of step 20 and its replacement replays 20 to 22. The detector warms up
+# over 20 losses: a replacement that started with an empty window would let step 22's spike
+# through (a 1000-fold loss applied), where the uninterrupted job skips it on every rank. With the
+# window restored, the job ends bit-identical to the reference that skips step 22 on every rank
+# (and step 27, where each rank here raises too, as there).
 def test_a_replacement_judges_a_loss_spike_as_the_uninterrupted_run(tmp_path, skipping):
     gate = tmp_path / "gate"
     job = Job(tmp_path, "spikekill", 1, ["--check-loss", "1", "--inject-loss-spike=1:22",
                                          "--raise-before-backward=-1:27", "--gate", f"21:{gate}"],
               world=2)
-    code = job.kill_at_gate(1, 21, gate)
+    code = job.kill_at_gate(1, 21, gate, committed=20)
     out = job.output()
     assert code == 0, out
     assert "takes rank 1" in out, out
