@@ -29,6 +29,7 @@
 #include "sdk/health/fail_slow_dump.h"
 #include "sdk/health/fail_slow_metrics.h"
 #include "sdk/rendezvous/rendezvous.h"
+#include "tests/support/job_coordinator_hooks.h"
 #include "tests/support/temp_dir.h"
 #include "trainguard/clock.h"
 #include "trainguard/env.h"
@@ -87,20 +88,8 @@ class FailSlowCoordinatorTest : public ::testing::Test {
     job_options.host_id = "h0";
     job_options.call_timeout = kCall;
     job_options.replace_timeout = kCall;
-    JobCoordinator::Hooks hooks;
+    JobCoordinator::Hooks hooks = testing::QuietJobCoordinatorHooks(&said_, &failed_);
     hooks.coordinating = [this] { return coordinating_; };
-    hooks.say = [this](const std::string& line) { said_.push_back(line); };
-    hooks.record = [](int, EventKind, const std::string&, JobCoordinator::Attributes) {};
-    hooks.fail = [this](const std::string& why) { failed_.push_back(why); };
-    hooks.restart_host_death = [](const std::string&, bool, bool, const std::string&,
-                                  absl::Time) {};
-    hooks.restart_rank_death = [](const RankDeath&, bool) {};
-    hooks.preferred_standbys = [](const std::string&, const std::vector<int>&) {
-      return std::vector<std::string>{};
-    };
-    hooks.standby_starting = [] { return false; };
-    hooks.rank_taken = [](int, const std::string&, int64_t) {};
-    hooks.request_restart = [](const std::string&) {};
     job_ = std::make_unique<JobCoordinator>(&store_, &clock_, &rendezvous_, &*policy_, &*renewal_,
                                             &failures_, job_options, std::move(hooks));
     job_->set_world_size(kHosts);

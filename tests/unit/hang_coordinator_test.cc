@@ -33,6 +33,7 @@
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/watchdog/flight_recorder.h"
 #include "sdk/watchdog/stack_trace.h"
+#include "tests/support/job_coordinator_hooks.h"
 #include "tests/support/temp_dir.h"
 #include "trainguard/clock.h"
 #include "trainguard/env.h"
@@ -129,20 +130,8 @@ class HangCoordinatorTest : public ::testing::Test {
     job_options.host_timeout = kHostTimeout;
     job_options.call_timeout = kCall;
     job_options.replace_timeout = kCall;
-    JobCoordinator::Hooks job_hooks;
+    JobCoordinator::Hooks job_hooks = testing::QuietJobCoordinatorHooks(&said_, &failed_);
     job_hooks.coordinating = [this] { return Gate(); };
-    job_hooks.say = [this](const std::string& line) { said_.push_back(line); };
-    job_hooks.record = [](int, EventKind, const std::string&, JobCoordinator::Attributes) {};
-    job_hooks.fail = [this](const std::string& why) { said_.push_back("failed: " + why); };
-    job_hooks.restart_host_death = [](const std::string&, bool, bool, const std::string&,
-                                      absl::Time) {};
-    job_hooks.restart_rank_death = [](const RankDeath&, bool) {};
-    job_hooks.preferred_standbys = [](const std::string&, const std::vector<int>&) {
-      return std::vector<std::string>{};
-    };
-    job_hooks.standby_starting = [] { return false; };
-    job_hooks.rank_taken = [](int, const std::string&, int64_t) {};
-    job_hooks.request_restart = [](const std::string&) {};
     job_ = std::make_unique<JobCoordinator>(&store_, &clock_, &rendezvous_, &policy_, &renewal_,
                                             &failures_, job_options, std::move(job_hooks));
     job_->set_world_size(world_size_);
@@ -264,6 +253,7 @@ class HangCoordinatorTest : public ::testing::Test {
   std::map<int, int> dump_numbers_;
   bool coordinating_ = true;
   std::vector<std::string> said_;
+  std::vector<std::string> failed_;
   std::vector<Kill> kills_;
 };
 

@@ -27,6 +27,7 @@
 #include "sdk/core/store_keys.h"
 #include "tests/support/agent_connection.h"
 #include "tests/support/fake_process_supervisor.h"
+#include "tests/support/job_coordinator_hooks.h"
 #include "trainguard/clock.h"
 #include "trainguard/events.h"
 #include "trainguard/membership.h"
@@ -38,17 +39,13 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using testing::RankMember;
+using testing::StandbyMember;
 
 constexpr absl::Duration kCall = absl::Seconds(1);
 constexpr absl::Duration kStoreLossBound = absl::Seconds(30);
 constexpr int kFailed = 1;
 
-std::string Member(const std::string& host, int64_t pid, int rank) {
-  return store_keys::EncodeMemberId({host, pid, 0, store_keys::MemberId::Role::kRank, rank});
-}
-std::string Standby(const std::string& host, int64_t pid, int index) {
-  return store_keys::EncodeMemberId({host, pid, 0, store_keys::MemberId::Role::kStandby, index});
-}
 
 // One agent's connection to the shared store, cut off at will.
 using AgentLink = testing::AgentConnection;
@@ -94,7 +91,7 @@ struct Host {
     auto w = std::make_unique<HostWorker>();
     w->rank = rank;
     w->standby_index = standby_index;
-    w->member_id = rank >= 0 ? Member(id, agent_pid, rank) : Standby(id, agent_pid, standby_index);
+    w->member_id = rank >= 0 ? RankMember(id, agent_pid, rank) : StandbyMember(id, agent_pid, standby_index);
     spec.label = w->Label();
     spec.argv = {"python3", "train.py"};
     absl::StatusOr<WorkerId> worker = supervisor.Spawn(spec);
@@ -374,8 +371,8 @@ Membership GenerationFour(const Host& h0, const Host& h1, const std::string& ran
   Membership m;
   m.generation = 4;
   m.world_size = 4;
-  m.members = {Member(h0.id, h0.agent_pid, 0), Member(h0.id, h0.agent_pid, 1),
-               Member(h1.id, h1.agent_pid, 2), rank3};
+  m.members = {RankMember(h0.id, h0.agent_pid, 0), RankMember(h0.id, h0.agent_pid, 1),
+               RankMember(h1.id, h1.agent_pid, 2), rank3};
   return m;
 }
 

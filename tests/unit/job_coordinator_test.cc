@@ -27,6 +27,7 @@
 #include "sdk/core/agent_keys.h"
 #include "sdk/core/store_keys.h"
 #include "sdk/rendezvous/rendezvous.h"
+#include "tests/support/job_coordinator_hooks.h"
 #include "tools/launcher.h"
 #include "trainguard/clock.h"
 #include "trainguard/events.h"
@@ -39,6 +40,8 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::IsEmpty;
 using ::testing::Pair;
+using testing::RankMember;
+using testing::StandbyMember;
 
 constexpr absl::Duration kHostTimeout = absl::Seconds(3);
 constexpr absl::Duration kTick = absl::Milliseconds(250);  // host timeout / 12: the agents' loop
@@ -47,12 +50,6 @@ constexpr absl::Duration kCall = absl::Seconds(1);
 constexpr absl::Duration kBackoff = absl::Seconds(1);       // --restart-backoff
 constexpr absl::Duration kStandbyWait = absl::Seconds(16);  // 2 x host timeout + 10 s
 
-std::string Member(const std::string& host, int64_t pid, int rank, int64_t round = 0) {
-  return store_keys::EncodeMemberId({host, pid, round, store_keys::MemberId::Role::kRank, rank});
-}
-std::string Standby(const std::string& host, int64_t pid, int index) {
-  return store_keys::EncodeMemberId({host, pid, 0, store_keys::MemberId::Role::kStandby, index});
-}
 
 // A job of two training hosts of two ranks each, h0 (whose agent coordinates) and h1, and a standby
 // host h2 that parked a standby; generation 0 formed.
@@ -94,13 +91,13 @@ class JobCoordinatorTest : public ::testing::Test {
     plan.hosts = {{"h0", 0}, {"h1", 1}, {"h2", -1}};
     ASSERT_TRUE(store_.Set(store_keys::kAgentPlan, store_keys::EncodePlan(plan), kCall).ok());
     // The ranks register as their RendezvousMember does; the standby parks.
-    const std::vector<std::string> members = {Member("h0", 100, 0), Member("h0", 100, 1),
-                                              Member("h1", 200, 2), Member("h1", 200, 3)};
+    const std::vector<std::string> members = {RankMember("h0", 100, 0), RankMember("h0", 100, 1),
+                                              RankMember("h1", 200, 2), RankMember("h1", 200, 3)};
     for (int r = 0; r < 4; ++r) {
       ASSERT_TRUE(store_.Set(store_keys::RdzvJoin(r), members[r], kCall).ok());
     }
     ASSERT_TRUE(rendezvous_.FormInitialGeneration(4, kCall).ok());
-    Park(Standby("h2", 300, 0));
+    Park(StandbyMember("h2", 300, 0));
     Start(/*restart_all=*/false);
     BeatAll();
   }
@@ -270,7 +267,7 @@ TEST_F(JobCoordinatorTest, AHostSilentForExactlyTheHostTimeoutIsDeclaredDeadAndN
   EXPECT_THAT(recorded_[0].attributes, ElementsAre(Pair("host", "h1"), Pair("ranks", "2,3")));
   ASSERT_TRUE(failures_.first().has_value());
   EXPECT_EQ(failures_.first()->Describe(), "host h1 died: no heartbeat for 3s");
-  EXPECT_TRUE(coordinator_->DeathTaken(Member("h1", 200, 2)));
+  EXPECT_TRUE(coordinator_->DeathTaken(RankMember("h1", 200, 2)));
   EXPECT_THAT(coordinator_->dead_hosts(), ElementsAre("h1"));
   // The standby host beat on: alive.
   EXPECT_EQ(Value(store_keys::kAgentsDead.Key("h2")), std::nullopt);
@@ -285,7 +282,7 @@ TEST_F(JobCoordinatorTest, TheCoordinatorsOwnHostIsNeverDeclaredDead) {
 }
 
 TEST_F(JobCoordinatorTest, ADeathReportIsTakenOnceAndItsCauseRecorded) {
-  const std::string member = Member("h1", 200, 2);
+  const std::string member = RankMember("h1", 200, 2);
   ReportDeath(member, 2, "exited with status 1", "RuntimeError: CUDA error: illegal memory access");
   coordinator_->CoordinateHosts();
   RunUntil(kHostTimeout, {"h0", "h1", "h2"});  // the report stays in the store
@@ -307,7 +304,7 @@ TEST_F(JobCoordinatorTest, ADeathReportIsTakenOnceAndItsCauseRecorded) {
 }
 
 TEST_F(JobCoordinatorTest, AParkedStandbysDeathReportForgetsTheStandbyAndQueuesNothing) {
-  const std::string standby = Standby("h2", 300, 0);
+  const std::string standby = StandbyMember("h2", 300, 0);
   ReportDeath(standby, 0, "killed by signal 9 (Killed)", "");
   coordinator_->CoordinateHosts();
   EXPECT_EQ(Value(store_keys::RdzvStandby(standby)), std::nullopt);
@@ -317,7 +314,7 @@ TEST_F(JobCoordinatorTest, AParkedStandbysDeathReportForgetsTheStandbyAndQueuesN
 
 TEST_F(JobCoordinatorTest, AHostsEntryReplacesItsRanksQueuedAlready) {
   coordinator_->CoordinateHosts();
-  ReportDeath(Member("h1", 200, 3), 3, "killed by signal 9 (Killed)", "");
+  ReportDeath(RankMember("h1", 200, 3), 3, "killed by signal 9 (Killed)", "");
   RunUntil(kHostTimeout, {"h0", "h2"});
   ASSERT_EQ(coordinator_->replacements().size(), 1u);
   EXPECT_EQ(coordinator_->replacements().front().rank, -1);
@@ -325,7 +322,7 @@ TEST_F(JobCoordinatorTest, AHostsEntryReplacesItsRanksQueuedAlready) {
 }
 
 TEST_F(JobCoordinatorTest, ARankThatFinishedBeforeItsHostDiedIsNotReplaced) {
-  Finish(2, Member("h1", 200, 2));
+  Finish(2, RankMember("h1", 200, 2));
   coordinator_->CoordinateHosts();
   RunUntil(kHostTimeout, {"h0", "h2"});
   ASSERT_EQ(coordinator_->replacements().size(), 1u);
@@ -340,8 +337,8 @@ TEST_F(JobCoordinatorTest, AFencedHostThatComesBackAndLeavesCountsOnce) {
   ASSERT_EQ(Value(store_keys::kAgentsDead.Key("h1")), "no heartbeat for 3s");
   // Back from its partition, h1's agent reads its fence: it kills its ranks, reports their deaths,
   // beats on a while, and leaves the job.
-  ReportDeath(Member("h1", 200, 2), 2, "killed by signal 9 (Killed)", "fenced out");
-  ReportDeath(Member("h1", 200, 3), 3, "killed by signal 9 (Killed)", "fenced out");
+  ReportDeath(RankMember("h1", 200, 2), 2, "killed by signal 9 (Killed)", "fenced out");
+  ReportDeath(RankMember("h1", 200, 3), 3, "killed by signal 9 (Killed)", "fenced out");
   RunUntil(2 * kHostTimeout, {"h0", "h1", "h2"});
   Leave("h1");
   RunUntil(4 * kHostTimeout, {"h0", "h2"});
@@ -362,14 +359,14 @@ TEST_F(JobCoordinatorTest, AHostThatLeftTheJobIsNotDeclaredDeadForItsSilence) {
 }
 
 TEST_F(JobCoordinatorTest, JobDoneIsPublishedOnceWhenEveryRankFinished) {
-  Finish(0, Member("h0", 100, 0));
-  Finish(1, Member("h0", 100, 1));
-  Finish(2, Member("h1", 200, 2));
+  Finish(0, RankMember("h0", 100, 0));
+  Finish(1, RankMember("h0", 100, 1));
+  Finish(2, RankMember("h1", 200, 2));
   coordinator_->CoordinateHosts();
   EXPECT_EQ(Value(store_keys::kJobDone), std::nullopt);
   EXPECT_FALSE(coordinator_->done_published());
 
-  Finish(3, Member("h1", 200, 3));
+  Finish(3, RankMember("h1", 200, 3));
   coordinator_->CoordinateHosts();
   EXPECT_EQ(Value(store_keys::kJobDone), "every rank finished");
   EXPECT_TRUE(coordinator_->done_published());
@@ -384,15 +381,15 @@ TEST_F(JobCoordinatorTest, JobDoneIsPublishedOnceWhenEveryRankFinished) {
 
 TEST_F(JobCoordinatorTest, ADeposedCoordinatorWritesNothing) {
   gate_opens_ = 0;
-  ReportDeath(Member("h1", 200, 3), 3, "exited with status 1", "");
-  for (int r = 0; r < 4; ++r) Finish(r, Member(r < 2 ? "h0" : "h1", r < 2 ? 100 : 200, r));
+  ReportDeath(RankMember("h1", 200, 3), 3, "exited with status 1", "");
+  for (int r = 0; r < 4; ++r) Finish(r, RankMember(r < 2 ? "h0" : "h1", r < 2 ? 100 : 200, r));
   coordinator_->CoordinateHosts();
   RunUntil(3 * kHostTimeout, {"h0"});  // h1 and h2 silent
 
   EXPECT_EQ(Value(store_keys::kAgentsDead.Key("h1")), std::nullopt);
   EXPECT_EQ(Value(store_keys::kAgentsDead.Key("h2")), std::nullopt);
   EXPECT_EQ(Value(store_keys::kJobDone), std::nullopt);
-  EXPECT_NE(Value(store_keys::RdzvStandby(Standby("h2", 300, 0))), std::nullopt);
+  EXPECT_NE(Value(store_keys::RdzvStandby(StandbyMember("h2", 300, 0))), std::nullopt);
   EXPECT_THAT(coordinator_->replacements(), IsEmpty());
   EXPECT_THAT(said_, IsEmpty());
   EXPECT_THAT(recorded_, IsEmpty());
@@ -458,11 +455,11 @@ TEST_F(JobCoordinatorTest, WithRestartAllADeadStandbyHostIsHandedToTheStrategyAs
 TEST_F(JobCoordinatorTest, WithRestartAllARanksDeathOfThisRoundRestartsAndOneOfAnEarlierIsIgnored) {
   Start(/*restart_all=*/true);
   coordinator_->set_round(1);
-  ReportDeath(Member("h1", 200, 2), 2, "killed by signal 9 (Killed)", "");  // round 0's
+  ReportDeath(RankMember("h1", 200, 2), 2, "killed by signal 9 (Killed)", "");  // round 0's
   coordinator_->CoordinateHosts();
   EXPECT_THAT(restarts_, IsEmpty());
 
-  ReportDeath(Member("h1", 200, 3, /*round=*/1), 3, "exited with status 1", "");
+  ReportDeath(RankMember("h1", 200, 3, /*round=*/1), 3, "exited with status 1", "");
   coordinator_->CoordinateHosts();
   ASSERT_EQ(restarts_.size(), 1u);
   EXPECT_EQ(restarts_[0].why, "rank 3 (h1:200:round1:rank3) exited with status 1");
@@ -477,21 +474,21 @@ TEST_F(JobCoordinatorTest, WithRestartAllARanksDeathOfThisRoundRestartsAndOneOfA
 TEST_F(JobCoordinatorTest, ACrashLoopBacksOffAndEndsAtMaxReplacementsNamingTheDeaths) {
   Start(/*restart_all=*/false, /*max_replacements=*/2);
   // Rank 2's first death: replaced at once, by the standby host's standby.
-  ReportDeath(Member("h1", 200, 2), 2, "exited with status 1", "RuntimeError: bad input batch");
+  ReportDeath(RankMember("h1", 200, 2), 2, "exited with status 1", "RuntimeError: bad input batch");
   coordinator_->CoordinateHosts();
   coordinator_->TryReplacements(clock_.Now());
   EXPECT_EQ(rendezvous_.generation(), 1);
   ASSERT_EQ(taken_.size(), 1u);
   EXPECT_EQ(taken_[0].rank, 2);
-  EXPECT_EQ(taken_[0].member, Standby("h2", 300, 0));
+  EXPECT_EQ(taken_[0].member, StandbyMember("h2", 300, 0));
   EXPECT_EQ(taken_[0].generation, 1);
   EXPECT_THAT(coordinator_->replacements(), IsEmpty());
 
   // Its replacement dies 1 s after taking the rank (h2's agent parked another standby meanwhile):
   // the second death in a row within the healthy run waits out the backoff.
-  Park(Standby("h2", 300, 1));
+  Park(StandbyMember("h2", 300, 1));
   clock_.Advance(absl::Seconds(1));
-  ReportDeath(Standby("h2", 300, 0), 2, "exited with status 1", "RuntimeError: bad input batch");
+  ReportDeath(StandbyMember("h2", 300, 0), 2, "exited with status 1", "RuntimeError: bad input batch");
   coordinator_->CoordinateHosts();
   EXPECT_EQ(Said("rank 2 (h2:300:standby0) exited with status 1: replacing it in 1s; its error: "
                  "RuntimeError: bad input batch"),
@@ -502,20 +499,20 @@ TEST_F(JobCoordinatorTest, ACrashLoopBacksOffAndEndsAtMaxReplacementsNamingTheDe
   AdvanceTo(not_before - kNanosecond - absl::UnixEpoch());
   coordinator_->TryReplacements(clock_.Now());
   EXPECT_EQ(rendezvous_.generation(), 1);
-  EXPECT_EQ(Value(store_keys::RdzvStandby(Standby("h2", 300, 1))), "parked");
+  EXPECT_EQ(Value(store_keys::RdzvStandby(StandbyMember("h2", 300, 1))), "parked");
   EXPECT_EQ(coordinator_->replacements().size(), 1u);
 
   AdvanceTo(not_before - absl::UnixEpoch());
   coordinator_->TryReplacements(clock_.Now());
   EXPECT_EQ(rendezvous_.generation(), 2);
-  EXPECT_EQ(rendezvous_.current().members[2], Standby("h2", 300, 1));
+  EXPECT_EQ(rendezvous_.current().members[2], StandbyMember("h2", 300, 1));
   EXPECT_EQ(policy_->replacements(), 2);
 
   // The third death in a row: --max-replacements=2 spent, the job fails, naming the rank's deaths
   // and the first one's cause.
-  Park(Standby("h2", 300, 2));
+  Park(StandbyMember("h2", 300, 2));
   clock_.Advance(absl::Seconds(1));
-  ReportDeath(Standby("h2", 300, 1), 2, "killed by signal 9 (Killed)", "");
+  ReportDeath(StandbyMember("h2", 300, 1), 2, "killed by signal 9 (Killed)", "");
   coordinator_->CoordinateHosts();
   ASSERT_EQ(failed_.size(), 1u);
   EXPECT_EQ(failed_[0],
@@ -540,8 +537,8 @@ TEST_F(JobCoordinatorTest, ACrashLoopBacksOffAndEndsAtMaxReplacementsNamingTheDe
 TEST_F(JobCoordinatorTest, ADeadHostsRanksAreAllTakenByOneStandbyHostsStandbysInOneGeneration) {
   // Two standby hosts: h3 parks one standby, h2 two (enough for h1's ranks).
   Join("h3", 4, /*standby=*/true);
-  Park(Standby("h2", 300, 1));
-  Park(Standby("h3", 400, 0));
+  Park(StandbyMember("h2", 300, 1));
+  Park(StandbyMember("h3", 400, 0));
   coordinator_->CoordinateHosts();
   RunUntil(kHostTimeout, {"h0", "h2", "h3"});
   ASSERT_EQ(coordinator_->replacements().size(), 1u);
@@ -549,9 +546,9 @@ TEST_F(JobCoordinatorTest, ADeadHostsRanksAreAllTakenByOneStandbyHostsStandbysIn
 
   EXPECT_EQ(rendezvous_.generation(), 1);
   EXPECT_THAT(rendezvous_.current().members,
-              ElementsAre(Member("h0", 100, 0), Member("h0", 100, 1), Standby("h2", 300, 0),
-                          Standby("h2", 300, 1)));
-  EXPECT_EQ(Value(store_keys::RdzvStandby(Standby("h3", 400, 0))), "parked");
+              ElementsAre(RankMember("h0", 100, 0), RankMember("h0", 100, 1), StandbyMember("h2", 300, 0),
+                          StandbyMember("h2", 300, 1)));
+  EXPECT_EQ(Value(store_keys::RdzvStandby(StandbyMember("h3", 400, 0))), "parked");
   EXPECT_THAT(coordinator_->replacements(), IsEmpty());
   const std::string taken =
       "generation 1: host h1's ranks taken by 2<-h2:300:standby0, 3<-h2:300:standby1";
@@ -573,9 +570,9 @@ TEST_F(JobCoordinatorTest, ADeadHostsRanksAreAllTakenByOneStandbyHostsStandbysIn
 
 TEST_F(JobCoordinatorTest,
        WithNoStandbyParkedAndOneStartingItWaitsUntilGiveUpThenFailsNamingTheCause) {
-  ASSERT_TRUE(rendezvous_.ForgetStandby(Standby("h2", 300, 0), kCall).ok());
+  ASSERT_TRUE(rendezvous_.ForgetStandby(StandbyMember("h2", 300, 0), kCall).ok());
   standby_starting_ = true;  // h2's agent is starting another one
-  ReportDeath(Member("h1", 200, 2), 2, "exited with status 1", "RuntimeError: CUDA out of memory");
+  ReportDeath(RankMember("h1", 200, 2), 2, "exited with status 1", "RuntimeError: CUDA out of memory");
   coordinator_->CoordinateHosts();
   ASSERT_EQ(coordinator_->replacements().size(), 1u);
   const absl::Time give_up = clock_.Now() + kStandbyWait;
@@ -602,8 +599,8 @@ TEST_F(JobCoordinatorTest,
 }
 
 TEST_F(JobCoordinatorTest, WithNoStandbyParkedAndNoneStartingTheJobFailsAtOnce) {
-  ASSERT_TRUE(rendezvous_.ForgetStandby(Standby("h2", 300, 0), kCall).ok());
-  ReportDeath(Member("h1", 200, 3), 3, "killed by signal 9 (Killed)", "");
+  ASSERT_TRUE(rendezvous_.ForgetStandby(StandbyMember("h2", 300, 0), kCall).ok());
+  ReportDeath(RankMember("h1", 200, 3), 3, "killed by signal 9 (Killed)", "");
   coordinator_->CoordinateHosts();
   coordinator_->TryReplacements(clock_.Now());
   EXPECT_THAT(failed_, ElementsAre("rank 3 died (killed by signal 9 (Killed)) and no standby is "
@@ -612,21 +609,21 @@ TEST_F(JobCoordinatorTest, WithNoStandbyParkedAndNoneStartingTheJobFailsAtOnce) 
 }
 
 TEST_F(JobCoordinatorTest, AStandbyThatParksBeforeGiveUpTakesTheRank) {
-  ASSERT_TRUE(rendezvous_.ForgetStandby(Standby("h2", 300, 0), kCall).ok());
+  ASSERT_TRUE(rendezvous_.ForgetStandby(StandbyMember("h2", 300, 0), kCall).ok());
   standby_starting_ = true;
-  ReportDeath(Member("h1", 200, 2), 2, "exited with status 1", "");
+  ReportDeath(RankMember("h1", 200, 2), 2, "exited with status 1", "");
   coordinator_->CoordinateHosts();
   coordinator_->TryReplacements(clock_.Now());
   AdvanceTo(kStandbyWait - kNanosecond);
-  Park(Standby("h2", 300, 1));
+  Park(StandbyMember("h2", 300, 1));
   coordinator_->TryReplacements(clock_.Now());
   EXPECT_THAT(failed_, IsEmpty());
   EXPECT_EQ(rendezvous_.generation(), 1);
-  EXPECT_EQ(rendezvous_.current().members[2], Standby("h2", 300, 1));
+  EXPECT_EQ(rendezvous_.current().members[2], StandbyMember("h2", 300, 1));
 }
 
 TEST_F(JobCoordinatorTest, ADeposedCoordinatorReplacesNothing) {
-  ReportDeath(Member("h1", 200, 2), 2, "exited with status 1", "");
+  ReportDeath(RankMember("h1", 200, 2), 2, "exited with status 1", "");
   coordinator_->CoordinateHosts();
   ASSERT_EQ(coordinator_->replacements().size(), 1u);
   const size_t said = said_.size();
@@ -634,7 +631,7 @@ TEST_F(JobCoordinatorTest, ADeposedCoordinatorReplacesNothing) {
   gate_opens_ = 0;
   coordinator_->TryReplacements(clock_.Now());
   EXPECT_EQ(rendezvous_.generation(), 0);
-  EXPECT_EQ(Value(store_keys::RdzvStandby(Standby("h2", 300, 0))), "parked");
+  EXPECT_EQ(Value(store_keys::RdzvStandby(StandbyMember("h2", 300, 0))), "parked");
   EXPECT_EQ(coordinator_->replacements().size(), 1u);  // still its to act on if the lease renews
   EXPECT_EQ(said_.size(), said);
   EXPECT_THAT(taken_, IsEmpty());
@@ -667,8 +664,8 @@ TEST_F(JobCoordinatorTest, AGenerationIsRenewedWhenEveryRankAskedAndNotBefore) {
   coordinator_->RenewGenerationWhenAsked({});
   EXPECT_EQ(rendezvous_.generation(), 1);
   EXPECT_THAT(rendezvous_.current().members,
-              ElementsAre(Member("h0", 100, 0), Member("h0", 100, 1), Member("h1", 200, 2),
-                          Member("h1", 200, 3)));
+              ElementsAre(RankMember("h0", 100, 0), RankMember("h0", 100, 1), RankMember("h1", 200, 2),
+                          RankMember("h1", 200, 3)));
   EXPECT_EQ(Said("generation 1 renewed with the same ranks (asked by 0,1,2,3)"), 1);
   ASSERT_EQ(recorded_.size(), 1u);
   EXPECT_EQ(recorded_[0].kind, EventKind::kGenerationRenewed);
@@ -705,7 +702,7 @@ TEST_F(JobCoordinatorTest, NoRenewalWhileAReplacementIsQueuedAHangIsDecidedOrAKi
   EXPECT_EQ(rendezvous_.generation(), 0);
   EXPECT_THAT(said_, IsEmpty());  // not even seen
 
-  ReportDeath(Member("h1", 200, 2), 2, "killed by signal 9 (Killed)", "");
+  ReportDeath(RankMember("h1", 200, 2), 2, "killed by signal 9 (Killed)", "");
   coordinator_->CoordinateHosts();  // rank 2 queued: its replacement answers the requests
   said_.clear();
   coordinator_->RenewGenerationWhenAsked({});

@@ -32,6 +32,7 @@
 #include "sdk/host_agent/host_agent.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "tests/support/fake_process_supervisor.h"
+#include "tests/support/job_coordinator_hooks.h"
 #include "trainguard/clock.h"
 #include "trainguard/events.h"
 #include "trainguard/store.h"
@@ -42,6 +43,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using testing::RankMember;
 
 constexpr absl::Duration kCall = absl::Seconds(1);
 constexpr absl::Duration kBackoff = absl::Seconds(1);  // --restart-backoff
@@ -49,9 +51,6 @@ constexpr absl::Duration kStandbyWait = absl::Seconds(16);
 
 enum class Layout { kOneHost, kSeveralHosts };
 
-std::string Member(const std::string& host, int64_t pid, int rank) {
-  return store_keys::EncodeMemberId({host, pid, 0, store_keys::MemberId::Role::kRank, rank});
-}
 
 // The coordinator's own host h0 runs ranks 0 and 1 (the agent's pid 100); on several hosts h1
 // runs ranks 2 and 3 elsewhere. Generation 0 formed unless a test says otherwise.
@@ -73,21 +72,9 @@ class RankReportsTest : public ::testing::TestWithParam<Layout> {
     options.call_timeout = kCall;
     options.standby_wait = kStandbyWait;
     options.replace_timeout = kCall;
-    JobCoordinator::Hooks ch;
-    ch.coordinating = [] { return true; };
-    ch.say = [this](const std::string& line) { said_.push_back(line); };
-    ch.record = [](int, EventKind, const std::string&, JobCoordinator::Attributes) {};
-    ch.fail = [this](const std::string& why) { failed_.push_back(why); };
-    ch.restart_host_death = [](const std::string&, bool, bool, const std::string&, absl::Time) {};
-    ch.restart_rank_death = [](const RankDeath&, bool) {};
-    ch.preferred_standbys = [](const std::string&, const std::vector<int>&) {
-      return std::vector<std::string>{};
-    };
-    ch.standby_starting = [] { return false; };
-    ch.rank_taken = [](int, const std::string&, int64_t) {};
-    ch.request_restart = [](const std::string&) {};
     coordinator_ = std::make_unique<JobCoordinator>(&store_, &clock_, &rendezvous_, &*policy_,
-                                                    &*renewal_, &failures_, options, std::move(ch));
+                                                    &*renewal_, &failures_, options,
+                                                    testing::QuietJobCoordinatorHooks(&said_, &failed_));
     coordinator_->set_world_size(world());
     StandbyReplacement::Hooks sh;
     sh.say = [this](const std::string& line) { said_.push_back(line); };
@@ -126,7 +113,7 @@ class RankReportsTest : public ::testing::TestWithParam<Layout> {
   // Generation 0 of the ranks, as their RendezvousMembers register and the coordinator forms it.
   void Form() {
     for (int r = 0; r < world(); ++r) {
-      const std::string member = r < 2 ? Member("h0", 100, r) : Member("h1", 200, r);
+      const std::string member = r < 2 ? RankMember("h0", 100, r) : RankMember("h1", 200, r);
       ASSERT_TRUE(store_.Set(store_keys::RdzvJoin(r), member, kCall).ok());
     }
     ASSERT_TRUE(rendezvous_.FormInitialGeneration(world(), kCall).ok());
@@ -136,7 +123,7 @@ class RankReportsTest : public ::testing::TestWithParam<Layout> {
   HostWorker& Start(int rank) {
     auto w = std::make_unique<HostWorker>();
     w->rank = rank;
-    w->member_id = Member("h0", 100, rank);
+    w->member_id = RankMember("h0", 100, rank);
     WorkerSpec spec;
     spec.label = w->Label();
     spec.argv = {"python3", "train.py"};
@@ -216,7 +203,7 @@ TEST_P(RankReportsTest, ARanksDeathReachesTheCoordinatorsDecisionWithItsCause) {
   EXPECT_THAT(failed_, IsEmpty());
   EXPECT_TRUE(workers_[1]->death_reported);
   if (several()) {
-    EXPECT_THAT(DeathKeys(), ElementsAre(store_keys::kAgentDeaths.Key(Member("h0", 100, 1))));
+    EXPECT_THAT(DeathKeys(), ElementsAre(store_keys::kAgentDeaths.Key(RankMember("h0", 100, 1))));
   } else {
     EXPECT_THAT(DeathKeys(), IsEmpty());
   }
@@ -266,8 +253,8 @@ TEST_P(RankReportsTest, TheJobIsDoneOnceEveryRankFinishedAndNotBefore) {
   if (several()) {
     // h1's agent reports its ranks 2 and 3 the same way, through the store.
     StoreRankReports h1(&store_, kCall);
-    ASSERT_TRUE(h1.Finished(0, 2, Member("h1", 200, 2)).ok());
-    ASSERT_TRUE(h1.Finished(0, 3, Member("h1", 200, 3)).ok());
+    ASSERT_TRUE(h1.Finished(0, 2, RankMember("h1", 200, 2)).ok());
+    ASSERT_TRUE(h1.Finished(0, 3, RankMember("h1", 200, 3)).ok());
     EXPECT_EQ(done(), 0);
   }
   agent_->ReportFinished(*workers_[1], /*round=*/0);

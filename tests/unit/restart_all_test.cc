@@ -36,6 +36,7 @@
 #include "sdk/host_agent/host_agent.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "tests/support/fake_process_supervisor.h"
+#include "tests/support/job_coordinator_hooks.h"
 #include "trainguard/clock.h"
 #include "trainguard/events.h"
 #include "trainguard/store.h"
@@ -46,6 +47,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using testing::RankMember;
 
 constexpr absl::Duration kCall = absl::Seconds(1);
 constexpr absl::Duration kHostTimeout = absl::Seconds(3);
@@ -55,9 +57,6 @@ constexpr int kRanksPerHost = 2;
 
 enum class Layout { kOneHost, kSeveralHosts };
 
-std::string Member(const std::string& host, int64_t pid, int rank, int64_t round) {
-  return store_keys::EncodeMemberId({host, pid, round, store_keys::MemberId::Role::kRank, rank});
-}
 
 // The coordinator's host h0 (on one host: the only one, its ranks 0 and 1). On several hosts h1
 // trains too (ranks 2 and 3) and h2 is a standby host; generation 0 of round 0 formed.
@@ -103,20 +102,12 @@ class RestartAllTest : public ::testing::TestWithParam<Layout> {
     coordinator_options.call_timeout = kCall;
     coordinator_options.restart_all = true;
     coordinator_options.replace_timeout = kCall;
-    JobCoordinator::Hooks ch;
+    JobCoordinator::Hooks ch = testing::QuietJobCoordinatorHooks(&said_, &failed_);
     ch.coordinating = [this] { return gate_open_; };
-    ch.say = [this](const std::string& line) { said_.push_back(line); };
-    ch.record = [](int, EventKind, const std::string&, JobCoordinator::Attributes) {};
-    ch.fail = [this](const std::string& why) { failed_.push_back(why); };
     ch.restart_host_death = [this](const std::string& host, bool trained, bool formed,
                                    const std::string& why, absl::Time last_beat) {
       strategy_->OnHostDeath(host, trained, formed, why, last_beat);
     };
-    ch.preferred_standbys = [](const std::string&, const std::vector<int>&) {
-      return std::vector<std::string>{};
-    };
-    ch.standby_starting = [] { return false; };
-    ch.rank_taken = [](int, const std::string&, int64_t) {};
     ch.request_restart = [this](const std::string& why) { strategy_->RequestRestart(why); };
     ch.restart_rank_death = [this](const RankDeath& death, bool formed) {
       strategy_->OnRankDeath(death, formed, clock_.Now());
@@ -208,7 +199,7 @@ class RestartAllTest : public ::testing::TestWithParam<Layout> {
     for (int rank = 0; rank < kRanksPerHost; ++rank) {
       auto w = std::make_unique<HostWorker>();
       w->rank = rank;
-      w->member_id = Member("h0", 100, rank, round);
+      w->member_id = RankMember("h0", 100, rank, round);
       WorkerSpec spec;
       spec.label = w->Label();
       spec.argv = {"python3", "train.py"};
@@ -227,7 +218,7 @@ class RestartAllTest : public ::testing::TestWithParam<Layout> {
     const int64_t round = strategy_->round();
     for (int r = 0; r < world(); ++r) {
       const std::string host = r < kRanksPerHost ? "h0" : "h1";
-      ASSERT_TRUE(store->Set(store_keys::RdzvJoin(r), Member(host, 100, r, round), kCall).ok());
+      ASSERT_TRUE(store->Set(store_keys::RdzvJoin(r), RankMember(host, 100, r, round), kCall).ok());
     }
     ASSERT_TRUE(rendezvous->FormInitialGeneration(world(), kCall).ok());
   }
@@ -248,7 +239,7 @@ class RestartAllTest : public ::testing::TestWithParam<Layout> {
       return absl::StrCat(label, " ", how);
     }
     const int rank = kRanksPerHost + local_rank;
-    const std::string member = Member("h1", 200, rank, round);
+    const std::string member = RankMember("h1", 200, rank, round);
     EXPECT_TRUE(store_
                     .Set(store_keys::kAgentDeaths.Key(member),
                          store_keys::EncodeDeathReport({member, rank, how, ""}), kCall)
