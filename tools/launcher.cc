@@ -67,6 +67,7 @@
 #include "sdk/health/fail_slow_detector.h"
 #include "sdk/health/fail_slow_metrics.h"
 #include "sdk/host_agent/host_agent.h"
+#include "sdk/host_agent/host_membership.h"
 #include "sdk/host_agent/host_sampler.h"
 #include "sdk/rendezvous/coordinator_lease.h"
 #include "sdk/rendezvous/rendezvous.h"
@@ -315,10 +316,15 @@ class Job {
   void StartForming();
 
   // Multi-host agent (config_.nnodes_min > 0); see launcher.h. Each runs on the loop's thread.
+  // MultiHost() is read by the wiring only (Prepare: the lease; CreateHostMembership;
+  // CreateHangCoordinator's hooks) and, still, by the start of this host's processes (Run,
+  // StartRound): what differs in the behaviour is chosen once, behind membership_, or is data of
+  // layout_.
   bool MultiHost() const { return config_.nnodes_min > 0; }
-  absl::Status JoinAsHost();
-  // Every agent, every tick: heartbeat, lease, plan, generation, kill requests, job end.
-  void AgentTick();
+  // membership_, on host_agent_ (Prepare, last): the one choice between one host and several
+  // that is behaviour (what the loop's turn does for this host, joining, a failure's word to the
+  // other hosts, leaving), made once.
+  void CreateHostMembership();
   void FollowPlan();
   void FollowGeneration();
   // The coordinator's share: generation 0's formation, then job_coordinator_'s host duties (host
@@ -396,6 +402,10 @@ class Job {
   // Before host_agent_, which keeps a pointer to it.
   std::unique_ptr<InProcessRankReports> rank_reports_;
   std::unique_ptr<HostAgent> host_agent_;
+  // How this host is in the job beside the others (sdk/host_agent/host_membership.h; Prepare):
+  // several hosts through the store (join, the agent's turn, job/failed, leave), one host in
+  // process (its turn: its stop reports).
+  std::unique_ptr<HostMembership> membership_;
   int signal_fd_ = -1;
   int interrupted_ = 0;  // the SIGINT or SIGTERM read from signal_fd_; 0: none
   int standbys_spawned_ = 0;
@@ -458,14 +468,11 @@ class Job {
   int group_rank_ = -1;  // this host's group rank; -1 for a standby host
   bool spawned_ = false;  // this host's processes were started after the plan
   int64_t followed_generation_ = -1;
-  absl::Time next_agent_tick_ = absl::InfinitePast();
   std::string master_addr_ = "127.0.0.1";
   // A host cut off from the store for this long gives up (a partition shorter than this heals).
   absl::Duration StoreLossBound() const {
     return std::max(absl::Seconds(30), 10 * config_.host_timeout);
   }
-  // The agent that serves the store stays until the others left (bounded), so they see the end.
-  void LeaveJob();
 
   // Fail-slow: this agent's sampler (made, and NVML looked for, at SampleHost's first call) and,
   // once it coordinates, the detector's side (made at DetectFailSlow's first call).
@@ -522,7 +529,7 @@ absl::Status Job::Prepare() {
     if (!store.ok()) return store.status();
     store_ = *std::move(store);
   }
-  if (!config_.store.empty() && !MultiHost()) {
+  if (layout_.clears_stale_job_keys) {
     // An external store may remember a stop of an earlier run of this job id: this run starts
     // afresh. (The ranks' keys are the rendezvous' business; these two are the launcher's.)
     (void)store_->Delete(kJobStopKey, kStoreTimeout);
@@ -565,16 +572,54 @@ absl::Status Job::Prepare() {
   for (const std::string& dir : {layout_.log_dir, layout_.pid_dir}) {
     if (absl::Status s = env->CreateDirs(dir); !s.ok()) return s;
   }
-  if (MultiHost()) return JoinAsHost();  // wiring: the job's hosts meet through the store
-  // One host is one agent and one coordinator in one process: the agent's reports reach the
-  // coordinator's decision directly.
-  InProcessRankReports::Hooks reports;
-  reports.formed = [this] { return FormedForADeath(); };
-  reports.every_rank_finished = [this] { every_rank_finished_ = true; };
-  rank_reports_ = std::make_unique<InProcessRankReports>(&failures_, recovery_.get(), clock_,
-                                                         config_.nproc, std::move(reports));
-  host_agent_->set_rank_reports(rank_reports_.get());
-  return absl::OkStatus();
+  CreateHostMembership();
+  return membership_->Join();
+}
+
+void Job::CreateHostMembership() {
+  if (!MultiHost()) {
+    // One host is one agent and one coordinator in one process: the agent's reports reach the
+    // coordinator's decision directly, and no other host is there to meet.
+    InProcessRankReports::Hooks reports;
+    reports.formed = [this] { return FormedForADeath(); };
+    reports.every_rank_finished = [this] { every_rank_finished_ = true; };
+    rank_reports_ = std::make_unique<InProcessRankReports>(&failures_, recovery_.get(), clock_,
+                                                           config_.nproc, std::move(reports));
+    host_agent_->set_rank_reports(rank_reports_.get());
+    membership_ = std::make_unique<OneHostMembership>(
+        host_agent_.get(), [this] { return formed_reported_; }, config_.nproc);
+    return;
+  }
+  // Several hosts meet through the store; the deaths and finishes go through it too (HostAgent's
+  // default reports).
+  StoreHostMembershipOptions options;
+  options.host_id = config_.host_id;
+  options.standby_host = config_.standby_host;
+  options.local_addr = config_.local_addr;
+  options.master_port = master_port_;
+  options.job_id = config_.job_id;
+  options.join_timeout = kStoreTimeout;
+  options.tick_interval = config_.host_timeout / 12;
+  options.serves_store = server_ != nullptr;
+  options.leave_wait = 2 * config_.host_timeout + absl::Seconds(5);
+  StoreHostMembership::Hooks hooks;
+  hooks.fail = [this](const std::string& why) { Fail(why); };
+  hooks.ended = [this] { return exit_code_ >= 0; };
+  hooks.update_lease = [this] { lease_keeper_->Update(); };
+  hooks.release_lease = [this] { lease_->Release(absl::Seconds(1)); };
+  hooks.follow = [this] {
+    if (!spawned_) FollowPlan();
+    if (exit_code_ < 0) FollowGeneration();
+  };
+  hooks.coordinate = [this] {
+    if (coordinating()) CoordinateHosts();
+    if (exit_code_ < 0 && config_.fail_slow != LaunchConfig::FailSlowPolicy::kOff) {
+      SampleHost();
+      if (coordinating()) DetectFailSlow();
+    }
+  };
+  membership_ = std::make_unique<StoreHostMembership>(store_.get(), clock_, host_agent_.get(),
+                                                      std::move(options), std::move(hooks));
 }
 
 void Job::CreateJobCoordinator() {
@@ -1246,7 +1291,7 @@ void Job::Fail(const std::string& why) {
   failure_ = message;
   exit_code_ = kExitJobFailed;
   // Every other host's agent stops its processes too, and says why (HostAgent::WatchJobEnd).
-  if (MultiHost()) (void)store_->Set(store_keys::kJobFailed, message, absl::Seconds(2));
+  membership_->AnnounceFailure(message);
 }
 
 void Job::StopAll(absl::Duration grace) {
@@ -1280,17 +1325,11 @@ int Job::Run() {
     Say(absl::StrCat("cannot start the job: ", s.ToString()));
     return kExitLaunchError;
   }
-  if (MultiHost()) {
-    Say(absl::StrFormat("job %s: host %s (%s) joined as %s; %d ranks per host, store %s, run dir %s",
-                        config_.job_id, config_.host_id, config_.local_addr,
-                        config_.standby_host ? "a standby host" : "a worker", config_.nproc,
-                        store_url_, config_.run_dir));
-  } else {
-    Say(absl::StrFormat("job %s: %d ranks, %d standbys, store %s, run dir %s", config_.job_id,
-                        config_.nproc, config_.standby, store_url_, config_.run_dir));
-  }
+  Say(absl::StrFormat("%s, store %s, run dir %s", layout_.start_line, store_url_,
+                      config_.run_dir));
   // One host's plan is its own (FollowOwnPlan), started and its generation 0 formed at once; several
-  // hosts follow the plan their coordinator publishes once enough of them joined (AgentTick).
+  // hosts follow the plan their coordinator publishes once enough of them joined
+  // (StoreHostMembership::Tick).
   if (!MultiHost()) {
     FollowOwnPlan();
     if (absl::Status s = SpawnAssignedProcesses(); !s.ok()) {
@@ -1312,7 +1351,15 @@ int Job::Run() {
       exit_code_ = 128 + interrupted_;
       break;
     }
-    if (MultiHost() && exit_code_ < 0) AgentTick();
+    // This host's part of the turn: on several hosts its heartbeat, fence, the job's end, the
+    // lease, the plan and generation, kill requests, stop reports and the coordinator's share (at
+    // --host-timeout / 12); on one host its stop reports once generation 0 formed.
+    if (exit_code_ < 0) {
+      if (std::optional<AgentExit> end = membership_->Tick(); end.has_value()) {
+        if (end->code != 0) failure_ = end->failure;
+        exit_code_ = end->code;
+      }
+    }
     if (!formed_reported_) {
       MutexLock lock(&formed_mu_);
       if (formed_.has_value()) {
@@ -1324,8 +1371,6 @@ int Job::Run() {
         }
       }
     }
-    // One host: for the ranks' peer waits (on several hosts, each agent's tick does it).
-    if (!MultiHost() && formed_reported_ && exit_code_ < 0) host_agent_->ReportStoppedWorkers();
     // Every agent, one host's too: a rank stopped while its restart round forms (RestartAll).
     if (exit_code_ < 0) recovery_->KillStoppedBeforeFormation(RoundFormed());
     // The replacements, or the restart round, due now. The gate is checked inside, before each
@@ -1353,7 +1398,7 @@ int Job::Run() {
   StopAll(config_.stop_grace);
   stop_forming_.store(true);
   if (former_.joinable()) former_.join();
-  if (MultiHost()) LeaveJob();
+  membership_->Leave(exit_code_);
   // What the ranks reported just before they ended.
   if (coordinating()) rank_watch_->ReportPersistFailures();
   // A restart round's job id is never run again (a restarted launcher starts at the job's own id),
@@ -1406,56 +1451,9 @@ void Job::StartForming() {
 // agents' agents/..., coord/lease, job/failed and job/done) and sdk/core/store_keys.h (the kill
 // requests, fenced by the lease term: a request of a term older than the newest the agent has seen
 // is ignored). This host's own duties (the kill requests addressed to it, its ranks' death and stop
-// reports, the job's end, its fence) are host_agent_'s (sdk/host_agent/host_agent.h).
-absl::Status Job::JoinAsHost() {
-  absl::StatusOr<int64_t> seq = store_->Add(store_keys::kAgentSeq, 1, kStoreTimeout);
-  if (!seq.ok()) return seq.status();
-  const std::string value = store_keys::EncodeJoinRecord(
-      {config_.host_id, *seq, config_.standby_host, config_.local_addr, master_port_});
-  absl::StatusOr<CompareAndSetResult> joined = store_->CompareAndSet(
-      store_keys::kAgentJoins.Key(config_.host_id), std::nullopt, value, kStoreTimeout);
-  if (!joined.ok()) return joined.status();
-  if (!joined->swapped) {
-    return absl::AlreadyExistsError(absl::StrFormat(
-        "host id %s already joined job %s (%s): give every host its own --host-id",
-        config_.host_id, config_.job_id, joined->current.value_or("")));
-  }
-  return absl::OkStatus();
-}
-
-void Job::AgentTick() {
-  const absl::Time now = clock_->Now();
-  if (now < next_agent_tick_) return;
-  next_agent_tick_ = now + config_.host_timeout / 12;
-  if (std::optional<std::string> lost = host_agent_->Heartbeat(); lost.has_value()) {
-    return Fail(*lost);
-  }
-  // A fenced host first: its ranks were given to others, so a job that ended meanwhile ended
-  // without it, and it leaves saying it was fenced out, not that the job succeeded. Only this host
-  // ends: the job goes on without it, so nothing is published for the others.
-  if (std::optional<AgentExit> fenced = host_agent_->CheckFenced(); fenced.has_value()) {
-    failure_ = fenced->failure;
-    exit_code_ = fenced->code;
-    return;
-  }
-  // Then the job's end: an agent that would leave this tick must not take over the lease the
-  // leaving coordinator released, and announce itself and the job's protection once more.
-  if (std::optional<AgentExit> end = host_agent_->WatchJobEnd(); end.has_value()) {
-    if (end->code != 0) failure_ = end->failure;
-    exit_code_ = end->code;
-    return;
-  }
-  lease_keeper_->Update();
-  if (!spawned_) FollowPlan();
-  if (exit_code_ < 0) FollowGeneration();
-  if (exit_code_ < 0) host_agent_->ExecuteKillRequests();
-  if (exit_code_ < 0) host_agent_->ReportStoppedWorkers();
-  if (exit_code_ < 0 && coordinating()) CoordinateHosts();
-  if (exit_code_ < 0 && config_.fail_slow != LaunchConfig::FailSlowPolicy::kOff) {
-    SampleHost();
-    if (coordinating()) DetectFailSlow();
-  }
-}
+// reports, the job's end, its fence) are host_agent_'s (sdk/host_agent/host_agent.h); joining,
+// the turn's order, the failure's word and leaving are membership_'s (StoreHostMembership,
+// sdk/host_agent/host_membership.h).
 
 // Starts this host's processes once the plan names its group rank: its N ranks (and --standby
 // spare processes), or N standbys on a standby host and on a host that joined after the plan.
@@ -1589,7 +1587,7 @@ void Job::StartRound(int64_t from, int64_t to) {
 // Follows the published generations (HostAgent::FollowMembership: a standby of this host that took
 // a rank is relabelled; a process of this host that lost its rank while alive, declared dead or
 // stale, is killed). A host that was declared dead (partitioned, then back) stopped before this,
-// fenced out (AgentTick, HostAgent::CheckFenced).
+// fenced out (StoreHostMembership::Tick, HostAgent::CheckFenced).
 void Job::FollowGeneration() {
   const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
   recovery_->FollowRound();
@@ -1645,8 +1643,11 @@ void Job::KillAndReplaceStoppedMember(int rank, const std::string& member, Event
   if (!coordinating()) return;
   KillMember(member, what, why);
   // One host: the kill's exit reaches OnExit, which decides (replace, restart all, fail) as for any
-  // death; queueing it here too would replace the rank twice.
-  if (!MultiHost() || !recovery_->ReplacesRanks() || job_coordinator_->DeathTaken(member)) return;
+  // death (HostLayout::queues_killed_stopped_ranks).
+  if (!layout_.queues_killed_stopped_ranks || !recovery_->ReplacesRanks() ||
+      job_coordinator_->DeathTaken(member)) {
+    return;
+  }
   (void)job_coordinator_->QueueDeadMember(
       rank, member,
       absl::StrCat("is stopped, its agent says, and is being killed (",
@@ -1759,15 +1760,6 @@ void Job::AppendAgentEvent(Event event) {
   }
 }
 
-void Job::LeaveJob() {
-  lease_->Release(absl::Seconds(1));
-  host_agent_->Leave(exit_code_);
-  // The agent that serves the store stays until the others left (bounded), so they see the end.
-  if (server_ != nullptr) {
-    (void)host_agent_->WaitForOthersToLeave(2 * config_.host_timeout + absl::Seconds(5));
-  }
-}
-
 // The last line of every run: how it ended, and what it took.
 std::string Job::Summary() const {
   std::string counts = absl::StrFormat("%d replacement(s)", replacement_policy_.replacements());
@@ -1783,13 +1775,8 @@ std::string Job::Summary() const {
                           failed.rbegin()->second);
   }
   if (exit_code_ == 0) {
-    if (MultiHost()) {
-      return absl::StrFormat("job %s succeeded: every rank finished; host %s: %d rank(s) finished "
-                             "here, %s",
-                             config_.job_id, config_.host_id, ranks_finished_, counts);
-    }
-    return absl::StrFormat("job %s succeeded: %d ranks finished, %s", config_.job_id, config_.nproc,
-                           counts);
+    return absl::StrFormat("job %s succeeded: %s, %s", config_.job_id,
+                           membership_->DescribeSuccess(ranks_finished_), counts);
   }
   return absl::StrFormat("job %s ended (exit status %d): %s; %s", config_.job_id, exit_code_,
                          failure_, counts);
@@ -1841,6 +1828,9 @@ HostLayout LayoutOf(const LaunchConfig& config, const std::string& host_name) {
     layout.log_dir = absl::StrCat(config.run_dir, "/logs");
     layout.standby_wait = config.rendezvous_timeout;
     layout.restart_scope = "every rank";
+    layout.clears_stale_job_keys = !config.store.empty();
+    layout.start_line = absl::StrFormat("job %s: %d ranks, %d standbys", config.job_id,
+                                        config.nproc, config.standby);
     return layout;
   }
   layout.host_label = config.host_id;
@@ -1861,6 +1851,10 @@ HostLayout LayoutOf(const LaunchConfig& config, const std::string& host_name) {
   const int64_t host_timeout_ms = absl::ToInt64Milliseconds(config.host_timeout);
   if (2 * host_timeout_ms > 10'000) layout.superseded_step_exit = absl::Milliseconds(2 * host_timeout_ms);
   layout.restart_scope = "every rank on every host";
+  layout.queues_killed_stopped_ranks = true;
+  layout.start_line = absl::StrFormat(
+      "job %s: host %s (%s) joined as %s; %d ranks per host", config.job_id, config.host_id,
+      config.local_addr, config.standby_host ? "a standby host" : "a worker", config.nproc);
   return layout;
 }
 

@@ -201,6 +201,20 @@ struct HostLayout {
   absl::Duration superseded_step_exit;
   // What --restart-all restarts, in its lines: "every rank" or "every rank on every host".
   std::string restart_scope;
+  // Whether this agent clears the launcher's keys an earlier run of the job id left in the store it
+  // was given (job/stop, job/persist_failed/...): one host with an external store, which starts the
+  // job afresh; never an agent of several hosts, which may join a job whose others run already.
+  bool clears_stale_job_keys = false;
+  // The first line the launcher says, before ", store <url>, run dir <dir>": "job <id>: N ranks, K
+  // standbys"; several hosts: "job <id>: host <id> (<address>) joined as a worker|a standby host;
+  // N ranks per host".
+  std::string start_line;
+  // Whether the coordinator queues a rank it kills because its agent reports it stopped for
+  // replacement at once (several hosts: its death would reach the coordinator only through its
+  // agent's report in the store, an agent turn and a coordinator turn later, and SIGKILL ends a
+  // stopped process without it running again); one host: never, the kill's exit reaches the
+  // coordinator in this process at once, and queueing it too would replace the rank twice.
+  bool queues_killed_stopped_ranks = false;
 };
 
 // The layout of `config`'s agent on the machine named `host_name` (gethostname).

@@ -226,6 +226,15 @@ TEST(HostLayout, OneHostKeepsTheRunDirsOwnFoldersAndTheMachinesName) {
   EXPECT_EQ(layout.standby_wait, absl::Seconds(40));
   EXPECT_EQ(layout.superseded_step_exit, absl::ZeroDuration());
   EXPECT_EQ(layout.restart_scope, "every rank");
+  // The store it was given may hold an earlier run's stop: this run starts afresh.
+  EXPECT_TRUE(layout.clears_stale_job_keys);
+  EXPECT_FALSE(layout.queues_killed_stopped_ranks);  // the kill's exit reaches it in process
+  EXPECT_EQ(layout.start_line, "job " + config->job_id + ": 2 ranks, 0 standbys");
+  // Its own store holds nothing of an earlier run.
+  config = ParseRunArguments({"--nproc", "2", "--standby", "1", "--job-id", "j", "--", "trainer"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FALSE(LayoutOf(*config, "machine").clears_stale_job_keys);
+  EXPECT_EQ(LayoutOf(*config, "machine").start_line, "job j: 2 ranks, 1 standbys");
 }
 
 // An agent of several hosts names itself by --host-id, keeps its files in per-host folders of the
@@ -245,6 +254,11 @@ TEST(HostLayout, AnAgentOfSeveralHostsKeepsPerHostFoldersAndServesTheStoreAtItsA
   EXPECT_EQ(layout.serve_store_port, 1);
   EXPECT_EQ(layout.standby_wait, 2 * config->host_timeout + absl::Seconds(10));
   EXPECT_EQ(layout.restart_scope, "every rank on every host");
+  // It may join a job whose other hosts run already: a stop in the store is theirs.
+  EXPECT_FALSE(layout.clears_stale_job_keys);
+  EXPECT_TRUE(layout.queues_killed_stopped_ranks);  // not waiting for its agent's report
+  EXPECT_EQ(layout.start_line,
+            "job job: host host1 (127.0.0.1) joined as a worker; 2 ranks per host");
 
   args = AgentArgs({"--local-addr", "127.0.0.2"});
   config = ParseRunArguments(args);

@@ -1,0 +1,90 @@
+#include "sdk/host_agent/host_membership.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_format.h"
+#include "sdk/core/agent_keys.h"
+#include "sdk/core/store_keys.h"
+
+namespace trainguard {
+
+StoreHostMembership::StoreHostMembership(Store* store, Clock* clock, HostAgent* agent,
+                                         StoreHostMembershipOptions options, Hooks hooks)
+    : store_(store),
+      clock_(clock),
+      agent_(agent),
+      options_(std::move(options)),
+      hooks_(std::move(hooks)) {}
+
+absl::Status StoreHostMembership::Join() {
+  const absl::Duration timeout = options_.join_timeout;
+  absl::StatusOr<int64_t> seq = store_->Add(store_keys::kAgentSeq, 1, timeout);
+  if (!seq.ok()) return seq.status();
+  const std::string value = store_keys::EncodeJoinRecord(
+      {options_.host_id, *seq, options_.standby_host, options_.local_addr, options_.master_port});
+  absl::StatusOr<CompareAndSetResult> joined = store_->CompareAndSet(
+      store_keys::kAgentJoins.Key(options_.host_id), std::nullopt, value, timeout);
+  if (!joined.ok()) return joined.status();
+  if (!joined->swapped) {
+    return absl::AlreadyExistsError(
+        absl::StrFormat("host id %s already joined job %s (%s): give every host its own --host-id",
+                        options_.host_id, options_.job_id, joined->current.value_or("")));
+  }
+  return absl::OkStatus();
+}
+
+std::optional<AgentExit> StoreHostMembership::Tick() {
+  const absl::Time now = clock_->Now();
+  if (now < next_tick_) return std::nullopt;
+  next_tick_ = now + options_.tick_interval;
+  if (std::optional<std::string> lost = agent_->Heartbeat(); lost.has_value()) {
+    hooks_.fail(*lost);
+    return std::nullopt;
+  }
+  // A fenced host first: its ranks were given to others, so a job that ended meanwhile ended
+  // without it, and it leaves saying it was fenced out, not that the job succeeded. Only this host
+  // ends: the job goes on without it, so nothing is published for the others.
+  if (std::optional<AgentExit> fenced = agent_->CheckFenced(); fenced.has_value()) return fenced;
+  // Then the job's end: an agent that would leave this turn must not take over the lease the
+  // leaving coordinator released, and announce itself and the job's protection once more.
+  if (std::optional<AgentExit> end = agent_->WatchJobEnd(); end.has_value()) return end;
+  hooks_.update_lease();
+  hooks_.follow();
+  if (!hooks_.ended()) agent_->ExecuteKillRequests();
+  if (!hooks_.ended()) agent_->ReportStoppedWorkers();
+  if (!hooks_.ended()) hooks_.coordinate();
+  return std::nullopt;
+}
+
+void StoreHostMembership::AnnounceFailure(const std::string& message) {
+  // Every other host's agent stops its processes too, and says why (HostAgent::WatchJobEnd).
+  (void)store_->Set(store_keys::kJobFailed, message, absl::Seconds(2));
+}
+
+void StoreHostMembership::Leave(int exit_code) {
+  hooks_.release_lease();
+  agent_->Leave(exit_code);
+  // The agent that serves the store stays until the others left (bounded), so they see the end.
+  if (options_.serves_store) (void)agent_->WaitForOthersToLeave(options_.leave_wait);
+}
+
+std::string StoreHostMembership::DescribeSuccess(int ranks_finished_here) const {
+  return absl::StrFormat("every rank finished; host %s: %d rank(s) finished here", options_.host_id,
+                         ranks_finished_here);
+}
+
+std::optional<AgentExit> OneHostMembership::Tick() {
+  if (formed_()) agent_->ReportStoppedWorkers();
+  return std::nullopt;
+}
+
+std::string OneHostMembership::DescribeSuccess(int /*ranks_finished_here*/) const {
+  // Success means every rank of the job finished (InProcessRankReports), all of them here.
+  return absl::StrFormat("%d ranks finished", ranks_);
+}
+
+}  // namespace trainguard

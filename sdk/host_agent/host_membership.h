@@ -1,0 +1,156 @@
+// HostMembership: how this host's agent is in the job beside the others: it joins the job, takes
+// its part in every turn of the agent's loop, tells the other hosts that the job failed, and
+// leaves. `trainguard run` chooses one implementation at start, so that its loop reads the same
+// calls for one host and several:
+// - StoreHostMembership (several hosts, --nnodes): the hosts meet through the job's store. It joins
+//   (agents/join/<host>), beats and watches its fence and the job's end every host_timeout / 12
+//   (HostAgent), hands the rest of the turn (the lease, the plan, the generation, coordinating) to
+//   the launcher's hooks, publishes a failure (job/failed) for every other agent to stop on, and
+//   leaves (agents/left/<host>; the agent that serves the store waits for the others).
+// - OneHostMembership (one host): the agent and the coordinator share one process and no other host
+//   is in the job: nothing to join, publish or leave, and no store call added to the loop beyond
+//   its ranks' stop reports (agents/stopped/<member>, which the ranks waiting for a stopped peer
+//   read) once generation 0 formed.
+//
+// Tests drive both with an in-memory store, a ManualClock and the fake supervisor
+// (tests/unit/host_membership_test.cc), no process and no sleep.
+//
+// Thread safety: not thread-safe; one thread (the agent's loop, a test) uses an instance.
+#ifndef TRAINGUARD_SDK_HOST_AGENT_HOST_MEMBERSHIP_H_
+#define TRAINGUARD_SDK_HOST_AGENT_HOST_MEMBERSHIP_H_
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "sdk/host_agent/host_agent.h"
+#include "trainguard/clock.h"
+#include "trainguard/store.h"
+
+namespace trainguard {
+
+class HostMembership {
+ public:
+  virtual ~HostMembership() = default;
+  // Joins the job, once, before the loop starts. An error when this host cannot be in the job (the
+  // store's, or AlreadyExists naming a host id another agent joined with).
+  virtual absl::Status Join() = 0;
+  // This host's part of one turn of the agent's loop (every turn; an implementation keeps its own
+  // cadence). Returns how this agent ends when the job ended for it in this turn (fenced out, or
+  // the job's end as the others published it); a failure of its own goes to the fail hook.
+  virtual std::optional<AgentExit> Tick() = 0;
+  // The job failed for `message` (said already by the caller): the other hosts' agents stop their
+  // processes too, and say why.
+  virtual void AnnounceFailure(const std::string& message) = 0;
+  // This agent leaves the job with `exit_code`, its processes stopped.
+  virtual void Leave(int exit_code) = 0;
+  // What this host says of a job that succeeded, after "job <id> succeeded: " in its last line:
+  // `ranks_finished_here` is how many of its processes finished a rank with status 0 in the last
+  // round.
+  virtual std::string DescribeSuccess(int ranks_finished_here) const = 0;
+};
+
+struct StoreHostMembershipOptions {
+  // The join record (store_keys::JoinRecord) of this host: --host-id, --role standby, --local-addr
+  // and the port its rank 0 would listen on if it held rank 0 (MASTER_PORT).
+  std::string host_id;
+  bool standby_host = false;
+  std::string local_addr;
+  int master_port = 0;
+  std::string job_id;  // for the message of a host id that joined twice
+  // How long the join's store calls may take.
+  absl::Duration join_timeout = absl::Seconds(10);
+  // The cadence of the agent's turns (--host-timeout / 12): the heartbeat's, and the rest's.
+  absl::Duration tick_interval = absl::Milliseconds(250);
+  // Whether this agent serves the job's store (HostLayout::serve_store_port): it then leaves only
+  // once every other host left or was declared dead, at most `leave_wait`, so that they read the
+  // job's end before the store goes.
+  bool serves_store = false;
+  absl::Duration leave_wait = absl::Seconds(11);
+};
+
+class StoreHostMembership final : public HostMembership {
+ public:
+  struct Hooks {
+    // Fails the job for `why` (this host lost the store for longer than its bound).
+    std::function<void(const std::string& why)> fail;
+    // Whether the job ended for this agent meanwhile (a hook failed it): the rest of the turn is
+    // skipped.
+    std::function<bool()> ended;
+    // The coordinator lease: renewed, watched or taken (LeaseKeeper::Update); released on leaving.
+    std::function<void()> update_lease;
+    std::function<void()> release_lease;
+    // Follows the plan (this host's processes started once it names them) and the newest
+    // generation (its standbys take ranks, its ranks that lost theirs are killed).
+    std::function<void()> follow;
+    // The coordinator's share of the turn, when this agent holds the lease (the hosts' liveness and
+    // reports, generation 0's formation), and the fail-slow sample and detection.
+    std::function<void()> coordinate;
+  };
+
+  // REQUIRES: `store`, `clock` and `agent` outlive this; every hook is set. `store` is the job's
+  // (the agents'); `agent` is this host's.
+  StoreHostMembership(Store* store, Clock* clock, HostAgent* agent,
+                      StoreHostMembershipOptions options, Hooks hooks);
+  StoreHostMembership(const StoreHostMembership&) = delete;
+  StoreHostMembership& operator=(const StoreHostMembership&) = delete;
+
+  // Writes this host's join record (agents/join/<host>, its sequence from agents/seq): the
+  // coordinator's plan orders the hosts by it. AlreadyExists, naming the host id, the job and the
+  // record there, when another agent joined with this host id.
+  absl::Status Join() override;
+  // At most once per tick_interval by the clock: the heartbeat (a host that lost the store past its
+  // bound fails the job: Hooks::fail); then the fence (a fenced host ends first, whether or not the
+  // job ended meanwhile: it leaves saying it was fenced out) and the job's end (job/failed, then
+  // job/done) end this agent, before it could take over a lease the leaving coordinator released;
+  // then the lease, the plan and generation, the kill requests addressed to this host, its stop
+  // reports, and the coordinator's share, each skipped once the job ended for this agent.
+  std::optional<AgentExit> Tick() override;
+  // job/failed = `message`, within 2 s (best effort: the others also see this host leave).
+  void AnnounceFailure(const std::string& message) override;
+  // Releases the lease (within a second), says it left (agents/left/<host>), and when it serves the
+  // store waits for the others to leave (HostAgent::WaitForOthersToLeave).
+  void Leave(int exit_code) override;
+  // "every rank finished; host <id>: K rank(s) finished here": the job's ranks were on several
+  // hosts, and this one says its share.
+  std::string DescribeSuccess(int ranks_finished_here) const override;
+
+ private:
+  Store* const store_;
+  Clock* const clock_;
+  HostAgent* const agent_;
+  const StoreHostMembershipOptions options_;
+  const Hooks hooks_;
+  absl::Time next_tick_ = absl::InfinitePast();
+};
+
+class OneHostMembership final : public HostMembership {
+ public:
+  // `formed`: whether the current round's generation 0 formed (or failed to) and was said.
+  // `ranks`: the job's ranks, all of them this host's (--nproc).
+  // REQUIRES: `agent` outlives this; `formed` is set.
+  OneHostMembership(HostAgent* agent, std::function<bool()> formed, int ranks)
+      : agent_(agent), formed_(std::move(formed)), ranks_(ranks) {}
+
+  absl::Status Join() override { return absl::OkStatus(); }  // no other host to meet
+  // Once generation 0 formed: this host's stop reports (HostAgent::ReportStoppedWorkers), for the
+  // ranks waiting for a stopped peer. Never ends the agent: its coordinator, in this process,
+  // decides the job's end.
+  std::optional<AgentExit> Tick() override;
+  void AnnounceFailure(const std::string&) override {}  // no other agent to tell
+  void Leave(int) override {}  // no lease, no other host waits for this one
+  // "N ranks finished": every rank of the job was this host's.
+  std::string DescribeSuccess(int ranks_finished_here) const override;
+
+ private:
+  HostAgent* const agent_;
+  const std::function<bool()> formed_;
+  const int ranks_;
+};
+
+}  // namespace trainguard
+
+#endif  // TRAINGUARD_SDK_HOST_AGENT_HOST_MEMBERSHIP_H_
