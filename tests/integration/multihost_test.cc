@@ -258,6 +258,14 @@ class MultiHostJob {
     }
     return false;
   }
+  // The same for host n's log from byte `from` on: what it said after that point.
+  bool AwaitAfter(int n, const std::string& needle, size_t from) const {
+    for (absl::Time end = absl::Now() + kDeadline; absl::Now() < end;) {
+      if (Output(n).find(needle, from) != std::string::npos) return true;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return false;
+  }
 
   // The exit status of host n's agent (-1: it did not end in time or was killed).
   int Wait(int n) {
@@ -533,10 +541,18 @@ TEST_F(MultiHost, WithEtcdACutOffCoordinatorStandsDownBeforeTheLeasePassesAndNev
   // With a 20 s floor host1's death (about 7 s) comes first and the job ends later.
   job.extra_env = {"TRAINGUARD_WATCHDOG_FLOOR_MS=20000"};
   StartJob(job, 3, 1);  // host1 coordinates
+  // The cut is of the coordinator: host1's last word on the lease, just before, is that it holds it
+  // (a slow build can see it stand down and take the lease again before; the lines before the cut
+  // are not what this test is about).
+  const std::string before_cut = job.Output(1);
+  const size_t held = before_cut.rfind("coordinating the job");
+  const size_t lost = before_cut.rfind("no longer coordinating");
+  ASSERT_TRUE(held != std::string::npos && (lost == std::string::npos || held > lost))
+      << "host1 does not coordinate at the cut:\n" << job.AllOutput();
   ASSERT_EQ(cluster_->Isolate(1), absl::OkStatus());
   const absl::Time cut = absl::Now();
   // Stood down while still cut off, before any other agent coordinates.
-  ASSERT_TRUE(job.Await(1, "no longer coordinating")) << job.AllOutput();
+  ASSERT_TRUE(job.AwaitAfter(1, "no longer coordinating", before_cut.size())) << job.AllOutput();
   const std::string stood_down = job.Output(1);
   ASSERT_TRUE(job.Await(0, "recovered from the loss of host host1")) << job.AllOutput();
   std::printf("coordinator cut off -> stood down: seen; -> recovery seen: %.3f s\n",
@@ -547,7 +563,8 @@ TEST_F(MultiHost, WithEtcdACutOffCoordinatorStandsDownBeforeTheLeasePassesAndNev
   const std::string host1 = job.Output(1);
   EXPECT_THAT(host1, HasSubstr("was declared dead by the coordinator"));
   // Everything host1 said after the line where it stood down: no act of a coordinator.
-  const std::string after = host1.substr(stood_down.find('\n', stood_down.find("no longer coordinating")));
+  const std::string after = host1.substr(
+      stood_down.find('\n', stood_down.find("no longer coordinating", before_cut.size())));
   for (const char* act : {"the job is protected", "asking host", "taken by", "hang in generation",
                           "renewed with the same ranks", "is dead", "coordinating the job"}) {
     EXPECT_THAT(after, ::testing::Not(HasSubstr(act))) << host1;
