@@ -679,8 +679,10 @@ TEST(Launcher, AGenerationThatStopsTickingIsDetectedNamedAndReplaced) {
   ASSERT_EQ(job.Wait(), 0) << job.Output();
   const std::string output = job.Output();
   EXPECT_THAT(output, HasSubstr("rank 2 stalling generation at step 80")) << output;
-  EXPECT_THAT(output, HasSubstr("hang diagnosis: rank 2 never entered all_reduce #80 (comm 1) "
-                                "that ranks 0,1,3 are waiting in"))
+  // Which of the others still wait when they dump is theirs to race: each one's own watchdog may
+  // already have aborted its wait (under ThreadSanitizer rank 3 had). Rank 2 is the one named.
+  EXPECT_THAT(output, ContainsRegex("hang diagnosis: rank 2 never entered all_reduce #80 "
+                                    "\\(comm 1\\) that ranks? [013,]+ (is|are) waiting in"))
       << output;
   EXPECT_THAT(output, HasSubstr("takes rank 2 in generation 1")) << output;
   ExpectIdenticalReplicas(job, 4);
