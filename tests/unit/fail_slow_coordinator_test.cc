@@ -29,7 +29,7 @@
 #include "sdk/health/fail_slow_dump.h"
 #include "sdk/health/fail_slow_metrics.h"
 #include "sdk/rendezvous/rendezvous.h"
-#include "tests/support/job_coordinator_hooks.h"
+#include "tests/support/agent_fixtures.h"
 #include "tests/support/temp_dir.h"
 #include "trainguard/clock.h"
 #include "trainguard/env.h"

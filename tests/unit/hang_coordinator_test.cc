@@ -33,7 +33,7 @@
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/watchdog/flight_recorder.h"
 #include "sdk/watchdog/stack_trace.h"
-#include "tests/support/job_coordinator_hooks.h"
+#include "tests/support/agent_fixtures.h"
 #include "tests/support/temp_dir.h"
 #include "trainguard/clock.h"
 #include "trainguard/env.h"

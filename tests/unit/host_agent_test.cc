@@ -26,8 +26,8 @@
 #include "sdk/core/agent_keys.h"
 #include "sdk/core/store_keys.h"
 #include "tests/support/agent_connection.h"
+#include "tests/support/agent_fixtures.h"
 #include "tests/support/fake_process_supervisor.h"
-#include "tests/support/job_coordinator_hooks.h"
 #include "trainguard/clock.h"
 #include "trainguard/events.h"
 #include "trainguard/membership.h"
@@ -45,7 +45,6 @@ using testing::StandbyMember;
 constexpr absl::Duration kCall = absl::Seconds(1);
 constexpr absl::Duration kStoreLossBound = absl::Seconds(30);
 constexpr int kFailed = 1;
-
 
 // One agent's connection to the shared store, cut off at will.
 using AgentLink = testing::AgentConnection;
@@ -87,19 +86,10 @@ struct Host {
 
   // Starts a rank (rank >= 0) or a standby (index) as the launcher does.
   HostWorker& Start(int rank, int standby_index = -1) {
-    WorkerSpec spec;
-    auto w = std::make_unique<HostWorker>();
-    w->rank = rank;
-    w->standby_index = standby_index;
-    w->member_id = rank >= 0 ? RankMember(id, agent_pid, rank) : StandbyMember(id, agent_pid, standby_index);
-    spec.label = w->Label();
-    spec.argv = {"python3", "train.py"};
-    absl::StatusOr<WorkerId> worker = supervisor.Spawn(spec);
-    EXPECT_TRUE(worker.ok()) << worker.status();
-    w->worker = *worker;
-    w->pid = supervisor.pid(*worker);
-    workers.push_back(std::move(w));
-    return *workers.back();
+    return testing::StartHostWorker(
+        supervisor, workers, rank,
+        rank >= 0 ? RankMember(id, agent_pid, rank) : StandbyMember(id, agent_pid, standby_index),
+        standby_index);
   }
   // What the launcher does with the supervisor's events: the output feeds the death's cause, an
   // exit marks the worker gone.

@@ -23,6 +23,7 @@
 #include "sdk/core/store_keys.h"
 #include "sdk/host_agent/host_agent.h"
 #include "tests/support/agent_connection.h"
+#include "tests/support/agent_fixtures.h"
 #include "tests/support/fake_process_supervisor.h"
 #include "trainguard/clock.h"
 #include "trainguard/events.h"
@@ -102,19 +103,7 @@ struct Agent {
   }
 
   HostWorker& StartRank(int rank) {
-    auto w = std::make_unique<HostWorker>();
-    w->rank = rank;
-    w->member_id =
-        store_keys::EncodeMemberId({id, 100, 0, store_keys::MemberId::Role::kRank, rank});
-    WorkerSpec spec;
-    spec.label = w->Label();
-    spec.argv = {"python3", "train.py"};
-    absl::StatusOr<WorkerId> worker = supervisor.Spawn(spec);
-    EXPECT_TRUE(worker.ok()) << worker.status();
-    w->worker = *worker;
-    w->pid = supervisor.pid(*worker);
-    workers.push_back(std::move(w));
-    return *workers.back();
+    return testing::StartHostWorker(supervisor, workers, rank, testing::RankMember(id, 100, rank));
   }
 
   std::string id;

@@ -27,7 +27,7 @@
 #include "sdk/core/agent_keys.h"
 #include "sdk/core/store_keys.h"
 #include "sdk/rendezvous/rendezvous.h"
-#include "tests/support/job_coordinator_hooks.h"
+#include "tests/support/agent_fixtures.h"
 #include "tools/launcher.h"
 #include "trainguard/clock.h"
 #include "trainguard/events.h"
@@ -49,7 +49,6 @@ constexpr absl::Duration kNanosecond = absl::Nanoseconds(1);
 constexpr absl::Duration kCall = absl::Seconds(1);
 constexpr absl::Duration kBackoff = absl::Seconds(1);       // --restart-backoff
 constexpr absl::Duration kStandbyWait = absl::Seconds(16);  // 2 x host timeout + 10 s
-
 
 // A job of two training hosts of two ranks each, h0 (whose agent coordinates) and h1, and a standby
 // host h2 that parked a standby; generation 0 formed.
@@ -488,7 +487,8 @@ TEST_F(JobCoordinatorTest, ACrashLoopBacksOffAndEndsAtMaxReplacementsNamingTheDe
   // the second death in a row within the healthy run waits out the backoff.
   Park(StandbyMember("h2", 300, 1));
   clock_.Advance(absl::Seconds(1));
-  ReportDeath(StandbyMember("h2", 300, 0), 2, "exited with status 1", "RuntimeError: bad input batch");
+  ReportDeath(StandbyMember("h2", 300, 0), 2, "exited with status 1",
+              "RuntimeError: bad input batch");
   coordinator_->CoordinateHosts();
   EXPECT_EQ(Said("rank 2 (h2:300:standby0) exited with status 1: replacing it in 1s; its error: "
                  "RuntimeError: bad input batch"),
@@ -546,8 +546,8 @@ TEST_F(JobCoordinatorTest, ADeadHostsRanksAreAllTakenByOneStandbyHostsStandbysIn
 
   EXPECT_EQ(rendezvous_.generation(), 1);
   EXPECT_THAT(rendezvous_.current().members,
-              ElementsAre(RankMember("h0", 100, 0), RankMember("h0", 100, 1), StandbyMember("h2", 300, 0),
-                          StandbyMember("h2", 300, 1)));
+              ElementsAre(RankMember("h0", 100, 0), RankMember("h0", 100, 1),
+                          StandbyMember("h2", 300, 0), StandbyMember("h2", 300, 1)));
   EXPECT_EQ(Value(store_keys::RdzvStandby(StandbyMember("h3", 400, 0))), "parked");
   EXPECT_THAT(coordinator_->replacements(), IsEmpty());
   const std::string taken =
@@ -572,7 +572,8 @@ TEST_F(JobCoordinatorTest,
        WithNoStandbyParkedAndOneStartingItWaitsUntilGiveUpThenFailsNamingTheCause) {
   ASSERT_TRUE(rendezvous_.ForgetStandby(StandbyMember("h2", 300, 0), kCall).ok());
   standby_starting_ = true;  // h2's agent is starting another one
-  ReportDeath(RankMember("h1", 200, 2), 2, "exited with status 1", "RuntimeError: CUDA out of memory");
+  ReportDeath(RankMember("h1", 200, 2), 2, "exited with status 1",
+              "RuntimeError: CUDA out of memory");
   coordinator_->CoordinateHosts();
   ASSERT_EQ(coordinator_->replacements().size(), 1u);
   const absl::Time give_up = clock_.Now() + kStandbyWait;
@@ -664,8 +665,8 @@ TEST_F(JobCoordinatorTest, AGenerationIsRenewedWhenEveryRankAskedAndNotBefore) {
   coordinator_->RenewGenerationWhenAsked({});
   EXPECT_EQ(rendezvous_.generation(), 1);
   EXPECT_THAT(rendezvous_.current().members,
-              ElementsAre(RankMember("h0", 100, 0), RankMember("h0", 100, 1), RankMember("h1", 200, 2),
-                          RankMember("h1", 200, 3)));
+              ElementsAre(RankMember("h0", 100, 0), RankMember("h0", 100, 1),
+                          RankMember("h1", 200, 2), RankMember("h1", 200, 3)));
   EXPECT_EQ(Said("generation 1 renewed with the same ranks (asked by 0,1,2,3)"), 1);
   ASSERT_EQ(recorded_.size(), 1u);
   EXPECT_EQ(recorded_[0].kind, EventKind::kGenerationRenewed);

@@ -31,8 +31,8 @@
 #include "sdk/core/store_keys.h"
 #include "sdk/host_agent/host_agent.h"
 #include "sdk/rendezvous/rendezvous.h"
+#include "tests/support/agent_fixtures.h"
 #include "tests/support/fake_process_supervisor.h"
-#include "tests/support/job_coordinator_hooks.h"
 #include "trainguard/clock.h"
 #include "trainguard/events.h"
 #include "trainguard/store.h"
@@ -50,7 +50,6 @@ constexpr absl::Duration kBackoff = absl::Seconds(1);  // --restart-backoff
 constexpr absl::Duration kStandbyWait = absl::Seconds(16);
 
 enum class Layout { kOneHost, kSeveralHosts };
-
 
 // The coordinator's own host h0 runs ranks 0 and 1 (the agent's pid 100); on several hosts h1
 // runs ranks 2 and 3 elsewhere. Generation 0 formed unless a test says otherwise.
@@ -72,9 +71,9 @@ class RankReportsTest : public ::testing::TestWithParam<Layout> {
     options.call_timeout = kCall;
     options.standby_wait = kStandbyWait;
     options.replace_timeout = kCall;
-    coordinator_ = std::make_unique<JobCoordinator>(&store_, &clock_, &rendezvous_, &*policy_,
-                                                    &*renewal_, &failures_, options,
-                                                    testing::QuietJobCoordinatorHooks(&said_, &failed_));
+    coordinator_ = std::make_unique<JobCoordinator>(
+        &store_, &clock_, &rendezvous_, &*policy_, &*renewal_, &failures_, options,
+        testing::QuietJobCoordinatorHooks(&said_, &failed_));
     coordinator_->set_world_size(world());
     StandbyReplacement::Hooks sh;
     sh.say = [this](const std::string& line) { said_.push_back(line); };
@@ -121,18 +120,7 @@ class RankReportsTest : public ::testing::TestWithParam<Layout> {
   }
 
   HostWorker& Start(int rank) {
-    auto w = std::make_unique<HostWorker>();
-    w->rank = rank;
-    w->member_id = RankMember("h0", 100, rank);
-    WorkerSpec spec;
-    spec.label = w->Label();
-    spec.argv = {"python3", "train.py"};
-    absl::StatusOr<WorkerId> worker = supervisor_.Spawn(spec);
-    EXPECT_TRUE(worker.ok()) << worker.status();
-    w->worker = *worker;
-    w->pid = supervisor_.pid(*worker);
-    workers_.push_back(std::move(w));
-    return *workers_.back();
+    return testing::StartHostWorker(supervisor_, workers_, rank, RankMember("h0", 100, rank));
   }
 
   // `w` printed `line` and exited with `code`; its agent reports the death as the launcher's

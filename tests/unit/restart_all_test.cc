@@ -35,8 +35,8 @@
 #include "sdk/core/store_keys.h"
 #include "sdk/host_agent/host_agent.h"
 #include "sdk/rendezvous/rendezvous.h"
+#include "tests/support/agent_fixtures.h"
 #include "tests/support/fake_process_supervisor.h"
-#include "tests/support/job_coordinator_hooks.h"
 #include "trainguard/clock.h"
 #include "trainguard/events.h"
 #include "trainguard/store.h"
@@ -56,7 +56,6 @@ constexpr absl::Duration kNanosecond = absl::Nanoseconds(1);
 constexpr int kRanksPerHost = 2;
 
 enum class Layout { kOneHost, kSeveralHosts };
-
 
 // The coordinator's host h0 (on one host: the only one, its ranks 0 and 1). On several hosts h1
 // trains too (ranks 2 and 3) and h2 is a standby host; generation 0 of round 0 formed.
@@ -197,17 +196,7 @@ class RestartAllTest : public ::testing::TestWithParam<Layout> {
   // This host's ranks of `round`, started as the launcher starts them.
   void StartWorkers(int64_t round) {
     for (int rank = 0; rank < kRanksPerHost; ++rank) {
-      auto w = std::make_unique<HostWorker>();
-      w->rank = rank;
-      w->member_id = RankMember("h0", 100, rank, round);
-      WorkerSpec spec;
-      spec.label = w->Label();
-      spec.argv = {"python3", "train.py"};
-      absl::StatusOr<WorkerId> worker = supervisor_.Spawn(spec);
-      ASSERT_TRUE(worker.ok()) << worker.status();
-      w->worker = *worker;
-      w->pid = supervisor_.pid(*worker);
-      workers_.push_back(std::move(w));
+      testing::StartHostWorker(supervisor_, workers_, rank, RankMember("h0", 100, rank, round));
     }
   }
   // The current round's generation 0 forms: every rank registered.

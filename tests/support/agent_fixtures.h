@@ -1,20 +1,28 @@
-// What the decision-level tests of the coordinator share: member ids built the way the rendezvous
-// encodes them, and a JobCoordinator's hooks that take part in nothing but the lines it says and
-// the job's failure (every other hook inert). A test overrides the hooks its decision reaches
-// (the gate, the restart-all strategy, the standby choice, ...) after taking these.
+// What the decision-level tests of the agent and the coordinator share: member ids built the way
+// the rendezvous encodes them, a host's process started on the fake supervisor as the launcher
+// starts it, and a JobCoordinator's hooks that take part in nothing but the lines it says and the
+// job's failure (every other hook inert). A test overrides the hooks its decision reaches (the
+// gate, the restart-all strategy, the standby choice, ...) after taking these.
 //
 // Header-only; the hooks hold the vectors they write by pointer: REQUIRES they outlive the
-// coordinator. Not thread-safe (the tests call the coordinator from one thread).
-#ifndef TRAINGUARD_TESTS_SUPPORT_JOB_COORDINATOR_HOOKS_H_
-#define TRAINGUARD_TESTS_SUPPORT_JOB_COORDINATOR_HOOKS_H_
+// coordinator. Not thread-safe (the tests call the agent and the coordinator from one thread).
+#ifndef TRAINGUARD_TESTS_SUPPORT_AGENT_FIXTURES_H_
+#define TRAINGUARD_TESTS_SUPPORT_AGENT_FIXTURES_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "sdk/agent/process_supervisor.h"
 #include "sdk/coordinator/job_coordinator.h"
 #include "sdk/core/store_keys.h"
+#include "sdk/host_agent/host_agent.h"
+#include "tests/support/fake_process_supervisor.h"
 #include "trainguard/events.h"
 
 namespace trainguard {
@@ -28,6 +36,28 @@ inline std::string RankMember(const std::string& host, int64_t pid, int rank, in
 // Standby `index`'s member id: its process `pid` on `host`.
 inline std::string StandbyMember(const std::string& host, int64_t pid, int index) {
   return store_keys::EncodeMemberId({host, pid, 0, store_keys::MemberId::Role::kStandby, index});
+}
+
+// Starts the process of `rank` (or of standby `standby_index`, rank -1) known as `member_id` on
+// `supervisor`, as the launcher starts a host's processes, and keeps it in `workers`; the kept one.
+inline HostWorker& StartHostWorker(FakeProcessSupervisor& supervisor,
+                                   std::vector<std::unique_ptr<HostWorker>>& workers, int rank,
+                                   std::string member_id, int standby_index = -1) {
+  auto w = std::make_unique<HostWorker>();
+  w->rank = rank;
+  w->standby_index = standby_index;
+  w->member_id = std::move(member_id);
+  WorkerSpec spec;
+  spec.label = w->Label();
+  spec.argv = {"python3", "train.py"};
+  absl::StatusOr<WorkerId> worker = supervisor.Spawn(spec);
+  EXPECT_TRUE(worker.ok()) << worker.status();
+  if (worker.ok()) {
+    w->worker = *worker;
+    w->pid = supervisor.pid(*worker);
+  }
+  workers.push_back(std::move(w));
+  return *workers.back();
 }
 
 // Hooks of a coordinator that always coordinates, appends each line it says to `said` and each
@@ -54,4 +84,4 @@ inline JobCoordinator::Hooks QuietJobCoordinatorHooks(std::vector<std::string>* 
 }  // namespace testing
 }  // namespace trainguard
 
-#endif  // TRAINGUARD_TESTS_SUPPORT_JOB_COORDINATOR_HOOKS_H_
+#endif  // TRAINGUARD_TESTS_SUPPORT_AGENT_FIXTURES_H_
