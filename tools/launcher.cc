@@ -261,9 +261,16 @@ class Job {
   // Starts the processes assignment_ names (SpawnPlannedProcesses; one host's start): the first
   // that cannot be started ends it, its error returned.
   absl::Status SpawnAssignedProcesses();
-  // One host's plan is its own, built here and never published: it is group 0 of one host, holds
-  // every rank (--nproc) and keeps the --standby spares (assignment_, group_rank_, spawned_).
-  void FollowOwnPlan();
+  // One host's start and restart rounds (OneHostMembership::Hooks::start_every_rank): its plan is
+  // its own, built here and never published (group 0 of one host, every rank of --nproc, in round 0
+  // the --standby spares too: assignment_, group_rank_, spawned_); its processes start at once and
+  // the round's generation 0 forms (StartForming). The first process that cannot start ends it,
+  // its error returned.
+  absl::Status StartEveryRank(int64_t round);
+  // Several hosts' restart rounds (StoreHostMembership::Hooks::start_planned): this host's
+  // processes of the plan published now (ReadPlan, SpawnPlannedProcesses); an error when there is
+  // none to read.
+  absl::Status StartPlannedProcesses();
   absl::Status Spawn(int rank, int standby_index);
   std::vector<std::string> ChildEnvironment(const Child& child) const;
   // Prints the workers' output lines ("[rank 0] ..."); an exit marks the child not running and,
@@ -316,14 +323,12 @@ class Job {
   void StartForming();
 
   // Multi-host agent (config_.nnodes_min > 0); see launcher.h. Each runs on the loop's thread.
-  // MultiHost() is read by the wiring only (Prepare: the lease; CreateHostMembership;
-  // CreateHangCoordinator's hooks) and, still, by the start of this host's processes (Run,
-  // StartRound): what differs in the behaviour is chosen once, behind membership_, or is data of
-  // layout_.
-  bool MultiHost() const { return config_.nnodes_min > 0; }
+  // Whether other hosts are in the job (layout_.several_hosts) is read by the wiring only: Prepare
+  // (the coordinator lease), CreateHostMembership and CreateHangCoordinator's hooks. What differs
+  // in the behaviour is chosen there once, behind membership_, or is data of layout_.
   // membership_, on host_agent_ (Prepare, last): the one choice between one host and several
-  // that is behaviour (what the loop's turn does for this host, joining, a failure's word to the
-  // other hosts, leaving), made once.
+  // that is behaviour (how this host's processes start, what the loop's turn does for this host,
+  // joining, a failure's word to the other hosts, leaving), made once.
   void CreateHostMembership();
   void FollowPlan();
   void FollowGeneration();
@@ -541,7 +546,7 @@ absl::Status Job::Prepare() {
   }
   launcher_start_time_ = ProcessStartTime(getpid());
   world_size_ = config_.nproc;
-  if (MultiHost()) {
+  if (layout_.several_hosts) {
     // The holder stops acting AgentCallTimeout before the expiry: a write of the agent's loop that
     // passed the gate has timed out before anyone can take the lease over.
     lease_ = std::make_unique<CoordinatorLease>(store_.get(), config_.host_id,
@@ -577,7 +582,7 @@ absl::Status Job::Prepare() {
 }
 
 void Job::CreateHostMembership() {
-  if (!MultiHost()) {
+  if (!layout_.several_hosts) {
     // One host is one agent and one coordinator in one process: the agent's reports reach the
     // coordinator's decision directly, and no other host is there to meet.
     InProcessRankReports::Hooks reports;
@@ -586,8 +591,11 @@ void Job::CreateHostMembership() {
     rank_reports_ = std::make_unique<InProcessRankReports>(&failures_, recovery_.get(), clock_,
                                                            config_.nproc, std::move(reports));
     host_agent_->set_rank_reports(rank_reports_.get());
-    membership_ = std::make_unique<OneHostMembership>(
-        host_agent_.get(), [this] { return formed_reported_; }, config_.nproc);
+    OneHostMembership::Hooks hooks;
+    hooks.formed = [this] { return formed_reported_; };
+    hooks.start_every_rank = [this](int64_t round) { return StartEveryRank(round); };
+    membership_ =
+        std::make_unique<OneHostMembership>(host_agent_.get(), config_.nproc, std::move(hooks));
     return;
   }
   // Several hosts meet through the store; the deaths and finishes go through it too (HostAgent's
@@ -618,6 +626,7 @@ void Job::CreateHostMembership() {
       if (coordinating()) DetectFailSlow();
     }
   };
+  hooks.start_planned = [this] { return StartPlannedProcesses(); };
   membership_ = std::make_unique<StoreHostMembership>(store_.get(), clock_, host_agent_.get(),
                                                       std::move(options), std::move(hooks));
 }
@@ -1233,7 +1242,7 @@ void Job::CreateHangCoordinator() {
   // One host runs every rank's process: it sees each stopped or gone in whichever generation.
   // Several: the coordinator's agent reports its own ranks' stops like any agent, so one path
   // (the store's) serves every host's ranks.
-  if (!MultiHost()) {
+  if (!layout_.several_hosts) {
     hooks.local_holder = [this](int rank) { return LocalHolderOf(rank); };
     hooks.kill_local = [this](int rank, int64_t generation) { KillHangSuspect(rank, generation); };
   }
@@ -1327,17 +1336,13 @@ int Job::Run() {
   }
   Say(absl::StrFormat("%s, store %s, run dir %s", layout_.start_line, store_url_,
                       config_.run_dir));
-  // One host's plan is its own (FollowOwnPlan), started and its generation 0 formed at once; several
-  // hosts follow the plan their coordinator publishes once enough of them joined
-  // (StoreHostMembership::Tick).
-  if (!MultiHost()) {
-    FollowOwnPlan();
-    if (absl::Status s = SpawnAssignedProcesses(); !s.ok()) {
-      Say(absl::StrCat("cannot start the job: ", s.message()));
-      StopAll(config_.stop_grace);
-      return kExitLaunchError;
-    }
-    StartForming();
+  // One host's plan is its own, started and its generation 0 formed at once; several hosts follow
+  // the plan their coordinator publishes once enough of them joined (their turn), and a process
+  // that cannot start there fails the job like any fault after the start.
+  if (absl::Status s = membership_->Start(); !s.ok()) {
+    Say(absl::StrCat("cannot start the job: ", s.message()));
+    StopAll(config_.stop_grace);
+    return kExitLaunchError;
   }
 
   while (exit_code_ < 0) {
@@ -1504,10 +1509,25 @@ absl::Status Job::SpawnAssignedProcesses() {
   return absl::OkStatus();
 }
 
-void Job::FollowOwnPlan() {
-  assignment_ = OneHostAssignment(config_.nproc, config_.standby, master_addr_, master_port_);
+absl::Status Job::StartEveryRank(int64_t round) {
+  // A restart round's ranks start without spares: they are replaced by the next round, never by a
+  // standby (RestartAll).
+  assignment_ = OneHostAssignment(config_.nproc, round == 0 ? config_.standby : 0, master_addr_,
+                                  master_port_);
   group_rank_ = assignment_->group_rank;
   spawned_ = true;
+  if (absl::Status s = SpawnAssignedProcesses(); !s.ok()) return s;
+  StartForming();
+  return absl::OkStatus();
+}
+
+absl::Status Job::StartPlannedProcesses() {
+  int hosts = 0;
+  if (!ReadPlan(&hosts)) {
+    return absl::NotFoundError(absl::StrFormat("no plan at %s", store_keys::kAgentPlan));
+  }
+  SpawnPlannedProcesses(hosts);  // a process that cannot start fails the job there
+  return absl::OkStatus();
 }
 
 // ---- --restart-all: the acts of a restart round (RestartAll decides) ----
@@ -1562,26 +1582,14 @@ void Job::StartRound(int64_t from, int64_t to) {
   renewal_policy_.Reset();
   ranks_finished_ = 0;
   rank_watch_->HoldHeartbeatChecksUntil(clock_->Now() + config_.heartbeat_timeout);
-  if (!MultiHost()) {
-    // One host has no plan: its ranks are the job's, and its coordinator forms the round at once
-    // (on several hosts the coordinator's CoordinateHosts does, once the plan is followed).
-    master_port_ = FreePort();
-    for (int r = 0; r < config_.nproc; ++r) {
-      if (absl::Status s = Spawn(r, -1); !s.ok()) {
-        return Fail(absl::StrFormat("restart round %d: %s", to, s.message()));
-      }
-    }
-    StartForming();
-    return;
+  // A fresh port for a round's rank 0 (one host; several read the plan's).
+  master_port_ = FreePort();
+  // One host starts every rank and forms the round at once; several start what the plan gives
+  // them (the coordinator's CoordinateHosts forms the round once the plan is followed). A failure
+  // that ended the job already (a plan it cannot follow) is said once.
+  if (absl::Status s = membership_->StartRound(to); !s.ok() && exit_code_ < 0) {
+    Fail(absl::StrFormat("restart round %d: %s", to, s.message()));
   }
-  int hosts = 0;
-  if (!ReadPlan(&hosts)) {
-    if (exit_code_ < 0) {
-      Fail(absl::StrFormat("restart round %d: no plan at %s", to, store_keys::kAgentPlan));
-    }
-    return;
-  }
-  SpawnPlannedProcesses(hosts);
 }
 
 // Follows the published generations (HostAgent::FollowMembership: a standby of this host that took
@@ -1833,6 +1841,7 @@ HostLayout LayoutOf(const LaunchConfig& config, const std::string& host_name) {
                                         config.nproc, config.standby);
     return layout;
   }
+  layout.several_hosts = true;
   layout.host_label = config.host_id;
   layout.events_file = absl::StrCat(config.run_dir, "/events/launcher-", config.host_id, ".tgev");
   layout.pid_dir = absl::StrCat(config.run_dir, "/pids/", config.host_id);

@@ -167,6 +167,11 @@ std::vector<std::string> ChooseStandbys(const std::vector<std::string>& parked,
 // connections. Worked out once at start (LayoutOf) so that the launcher's behaviour reads the same
 // code for both.
 struct HostLayout {
+  // Whether other hosts' agents are in the job (--nnodes). Read by the wiring only, once: the
+  // coordinator acts under the job's lease (another agent's takes over), this host is in the job
+  // through the store (StoreHostMembership, else OneHostMembership), and the hang coordinator finds
+  // and kills a suspect through its agent rather than among this process's children.
+  bool several_hosts = false;
   // This host in member ids and agents/stopped/: --host-id; one host: the machine's name.
   std::string host_label;
   // The launcher's event file: <run dir>/events/launcher-<host>.tgev; one host: launcher.tgev.

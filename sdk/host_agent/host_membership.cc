@@ -60,6 +60,8 @@ std::optional<AgentExit> StoreHostMembership::Tick() {
   return std::nullopt;
 }
 
+absl::Status StoreHostMembership::StartRound(int64_t /*round*/) { return hooks_.start_planned(); }
+
 void StoreHostMembership::AnnounceFailure(const std::string& message) {
   // Every other host's agent stops its processes too, and says why (HostAgent::WatchJobEnd).
   (void)store_->Set(store_keys::kJobFailed, message, absl::Seconds(2));
@@ -78,7 +80,7 @@ std::string StoreHostMembership::DescribeSuccess(int ranks_finished_here) const 
 }
 
 std::optional<AgentExit> OneHostMembership::Tick() {
-  if (formed_()) agent_->ReportStoppedWorkers();
+  if (hooks_.formed()) agent_->ReportStoppedWorkers();
   return std::nullopt;
 }
 

@@ -19,6 +19,7 @@
 #ifndef TRAINGUARD_SDK_HOST_AGENT_HOST_MEMBERSHIP_H_
 #define TRAINGUARD_SDK_HOST_AGENT_HOST_MEMBERSHIP_H_
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -38,6 +39,16 @@ class HostMembership {
   // Joins the job, once, before the loop starts. An error when this host cannot be in the job (the
   // store's, or AlreadyExists naming a host id another agent joined with).
   virtual absl::Status Join() = 0;
+  // Starts this host's processes where they need no other host, once, after Join: one host plans
+  // every rank of the job here, starts them at once and forms generation 0; several hosts start
+  // theirs later, in the turn that first reads a plan naming them (Tick). An error when they could
+  // not be started: the job cannot start (the processes that did start are the caller's to stop).
+  virtual absl::Status Start() = 0;
+  // Restart round `round` (>= 1) began, every process of this host stopped (--restart-all): starts
+  // this host's processes of the round. One host: every rank at once, and the round's generation 0
+  // forms; several: those the published plan gives this host. An error names why not (the plan
+  // could not be read, a process could not start).
+  virtual absl::Status StartRound(int64_t round) = 0;
   // This host's part of one turn of the agent's loop (every turn; an implementation keeps its own
   // cadence). Returns how this agent ends when the job ended for it in this turn (fenced out, or
   // the job's end as the others published it); a failure of its own goes to the fail hook.
@@ -89,6 +100,9 @@ class StoreHostMembership final : public HostMembership {
     // The coordinator's share of the turn, when this agent holds the lease (the hosts' liveness and
     // reports, generation 0's formation), and the fail-slow sample and detection.
     std::function<void()> coordinate;
+    // Starts the processes the published plan gives this host in a restart round (the plan is read
+    // anew: a standby host may hold a dead host's group rank now); an error names why not.
+    std::function<absl::Status()> start_planned;
   };
 
   // REQUIRES: `store`, `clock` and `agent` outlive this; every hook is set. `store` is the job's
@@ -102,6 +116,9 @@ class StoreHostMembership final : public HostMembership {
   // coordinator's plan orders the hosts by it. AlreadyExists, naming the host id, the job and the
   // record there, when another agent joined with this host id.
   absl::Status Join() override;
+  // Nothing: this host's processes start when the coordinator's plan names them (Hooks::follow).
+  absl::Status Start() override { return absl::OkStatus(); }
+  absl::Status StartRound(int64_t round) override;
   // At most once per tick_interval by the clock: the heartbeat (a host that lost the store past its
   // bound fails the job: Hooks::fail); then the fence (a fenced host ends first, whether or not the
   // job ended meanwhile: it leaves saying it was fenced out) and the job's end (job/failed, then
@@ -129,13 +146,23 @@ class StoreHostMembership final : public HostMembership {
 
 class OneHostMembership final : public HostMembership {
  public:
-  // `formed`: whether the current round's generation 0 formed (or failed to) and was said.
+  struct Hooks {
+    // Whether the current round's generation 0 formed (or failed to) and was said.
+    std::function<bool()> formed;
+    // Plans every rank of the job on this host and starts their processes (in round 0 with the
+    // --standby spare processes too), then forms the round's generation 0; an error names the
+    // process that could not start.
+    std::function<absl::Status(int64_t round)> start_every_rank;
+  };
   // `ranks`: the job's ranks, all of them this host's (--nproc).
-  // REQUIRES: `agent` outlives this; `formed` is set.
-  OneHostMembership(HostAgent* agent, std::function<bool()> formed, int ranks)
-      : agent_(agent), formed_(std::move(formed)), ranks_(ranks) {}
+  // REQUIRES: `agent` outlives this; every hook is set.
+  OneHostMembership(HostAgent* agent, int ranks, Hooks hooks)
+      : agent_(agent), ranks_(ranks), hooks_(std::move(hooks)) {}
 
   absl::Status Join() override { return absl::OkStatus(); }  // no other host to meet
+  // This host's plan is its own: every rank, at once (Hooks::start_every_rank).
+  absl::Status Start() override { return hooks_.start_every_rank(0); }
+  absl::Status StartRound(int64_t round) override { return hooks_.start_every_rank(round); }
   // Once generation 0 formed: this host's stop reports (HostAgent::ReportStoppedWorkers), for the
   // ranks waiting for a stopped peer. Never ends the agent: its coordinator, in this process,
   // decides the job's end.
@@ -147,8 +174,8 @@ class OneHostMembership final : public HostMembership {
 
  private:
   HostAgent* const agent_;
-  const std::function<bool()> formed_;
   const int ranks_;
+  const Hooks hooks_;
 };
 
 }  // namespace trainguard

@@ -10,6 +10,7 @@
 #define TRAINGUARD_TESTS_SUPPORT_AGENT_FIXTURES_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -58,6 +59,32 @@ inline HostWorker& StartHostWorker(FakeProcessSupervisor& supervisor,
   }
   workers.push_back(std::move(w));
   return *workers.back();
+}
+
+// The options of test host `id`'s agent: every store call bounded by `call`, a failed job's exit
+// status `failed_exit_code`, the job's store at tcp://10.0.0.1:29400, lost past `store_loss_bound`.
+inline HostAgentOptions TestHostAgentOptions(const std::string& id, absl::Duration call,
+                                             int failed_exit_code,
+                                             absl::Duration store_loss_bound) {
+  HostAgentOptions options;
+  options.host_id = id;
+  options.call_timeout = call;
+  options.report_timeout = call;
+  options.failed_exit_code = failed_exit_code;
+  options.store_url = "tcp://10.0.0.1:29400";
+  options.store_loss_bound = store_loss_bound;
+  return options;
+}
+
+// HostAgent::Hooks::workers: the processes kept in `workers` (StartHostWorker), as the launcher
+// hands its children to its agent.
+inline std::function<std::vector<HostWorker*>()> WorkersIn(
+    const std::vector<std::unique_ptr<HostWorker>>* workers) {
+  return [workers] {
+    std::vector<HostWorker*> all;
+    for (const auto& w : *workers) all.push_back(w.get());
+    return all;
+  };
 }
 
 // Hooks of a coordinator that always coordinates, appends each line it says to `said` and each

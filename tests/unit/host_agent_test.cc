@@ -59,19 +59,10 @@ struct Host {
 
   Host(const std::string& id, int64_t agent_pid, Store* store, Clock* clock)
       : id(id), agent_pid(agent_pid), link(store) {
-    HostAgentOptions options;
-    options.host_id = id;
-    options.call_timeout = kCall;
-    options.report_timeout = kCall;
-    options.failed_exit_code = kFailed;
-    options.store_url = "tcp://10.0.0.1:29400";
-    options.store_loss_bound = kStoreLossBound;
+    const HostAgentOptions options =
+        testing::TestHostAgentOptions(id, kCall, kFailed, kStoreLossBound);
     HostAgent::Hooks hooks;
-    hooks.workers = [this] {
-      std::vector<HostWorker*> all;
-      for (auto& w : workers) all.push_back(w.get());
-      return all;
-    };
+    hooks.workers = testing::WorkersIn(&workers);
     hooks.say = [this](const std::string& line) { said.push_back(line); };
     hooks.record = [this](int rank, EventKind kind, const std::string& message,
                           HostAgent::Attributes) {

@@ -50,19 +50,10 @@ struct Agent {
   Agent(const std::string& id, Layout layout, Store* store, ManualClock* clock,
         bool serves_store = false)
       : id(id), link(store) {
-    HostAgentOptions options;
-    options.host_id = id;
-    options.call_timeout = kCall;
-    options.report_timeout = kCall;
-    options.failed_exit_code = kFailed;
-    options.store_url = "tcp://10.0.0.1:29400";
-    options.store_loss_bound = kStoreLossBound;
+    const HostAgentOptions options =
+        testing::TestHostAgentOptions(id, kCall, kFailed, kStoreLossBound);
     HostAgent::Hooks hooks;
-    hooks.workers = [this] {
-      std::vector<HostWorker*> all;
-      for (auto& w : workers) all.push_back(w.get());
-      return all;
-    };
+    hooks.workers = testing::WorkersIn(&workers);
     hooks.say = [this](const std::string& line) { said.push_back(line); };
     hooks.record = [](int, EventKind, const std::string&, HostAgent::Attributes) {};
     hooks.latest_term = [] { return int64_t{1}; };
@@ -72,8 +63,13 @@ struct Agent {
     hooks.rank_taken = [](HostWorker&) {};
     agent = std::make_unique<HostAgent>(&link, clock, &supervisor, options, std::move(hooks));
     if (layout == Layout::kOneHost) {
-      membership = std::make_unique<OneHostMembership>(
-          agent.get(), [this] { return formed; }, /*ranks=*/2);
+      OneHostMembership::Hooks h;
+      h.formed = [this] { return formed; };
+      h.start_every_rank = [this](int64_t round) {
+        turn.push_back(absl::StrCat("start every rank, round ", round));
+        return start_result;
+      };
+      membership = std::make_unique<OneHostMembership>(agent.get(), /*ranks=*/2, std::move(h));
       return;
     }
     StoreHostMembershipOptions m;
@@ -98,6 +94,10 @@ struct Agent {
       ended = ended || end_in_follow;
     };
     h.coordinate = [this] { turn.push_back("coordinate"); };
+    h.start_planned = [this] {
+      turn.push_back("start planned");
+      return start_result;
+    };
     membership = std::make_unique<StoreHostMembership>(&link, clock, agent.get(), std::move(m),
                                                        std::move(h));
   }
@@ -115,7 +115,8 @@ struct Agent {
   bool formed = false;            // one host: generation 0 formed and said
   bool ended = false;             // several: the job ended for this agent (a hook failed it)
   bool end_in_follow = false;     // several: following the plan fails the job
-  std::vector<std::string> turn;  // several: the launcher's parts of the turn, in order
+  absl::Status start_result;      // what starting this host's processes returns
+  std::vector<std::string> turn;  // the launcher's parts of the turn and the starts, in order
   std::vector<std::string> failed;
   std::vector<std::string> said;
 };
@@ -206,6 +207,27 @@ TEST_P(HostMembershipTest, ASuccessIsDescribedWithTheRanksThisHostFinished) {
     EXPECT_EQ(h1_.membership->DescribeSuccess(0),
               "every rank finished; host h1: 0 rank(s) finished here");
   }
+}
+
+// One host's plan is its own: every rank starts at once, at the job's start and in each restart
+// round, and a process that cannot start is the caller's error. Several hosts start nothing before
+// a plan names them (their turn follows it); a restart round starts what the published plan gives
+// this host.
+TEST_P(HostMembershipTest, ProcessesStartAtOnceOnlyWhereThisHostIsTheWholeJob) {
+  ASSERT_TRUE(h1_.membership->Join().ok());
+  ASSERT_TRUE(h1_.membership->Start().ok());
+  ASSERT_TRUE(h1_.membership->StartRound(2).ok());
+  h1_.start_result = absl::ResourceExhaustedError("rank 1: fork: out of memory");
+  const absl::Status failed = h1_.membership->StartRound(3);
+  EXPECT_TRUE(absl::IsResourceExhausted(failed)) << failed;
+  EXPECT_EQ(failed.message(), "rank 1: fork: out of memory");
+  if (several()) {
+    EXPECT_THAT(h1_.turn, ElementsAre("start planned", "start planned"));
+    return;
+  }
+  EXPECT_THAT(h1_.turn, ElementsAre("start every rank, round 0", "start every rank, round 2",
+                                    "start every rank, round 3"));
+  EXPECT_THAT(Keys(), IsEmpty());
 }
 
 // The loop turns every 50 ms or at once on a worker's event; several hosts' agent acts once per

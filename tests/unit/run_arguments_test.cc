@@ -215,6 +215,7 @@ TEST(HostLayout, OneHostKeepsTheRunDirsOwnFoldersAndTheMachinesName) {
        "/r", "--rendezvous-timeout", "40", "--", "trainer"});
   ASSERT_TRUE(config.ok()) << config.status();
   const HostLayout layout = LayoutOf(*config, "machine");
+  EXPECT_FALSE(layout.several_hosts);
   EXPECT_EQ(layout.host_label, "machine");
   EXPECT_EQ(layout.events_file, "/r/events/launcher.tgev");
   EXPECT_EQ(layout.pid_dir, "/r/pids");
@@ -244,6 +245,7 @@ TEST(HostLayout, AnAgentOfSeveralHostsKeepsPerHostFoldersAndServesTheStoreAtItsA
   absl::StatusOr<LaunchConfig> config = ParseRunArguments(args);
   ASSERT_TRUE(config.ok()) << config.status();
   const HostLayout layout = LayoutOf(*config, "machine");
+  EXPECT_TRUE(layout.several_hosts);
   EXPECT_EQ(layout.host_label, "host1");
   EXPECT_EQ(layout.events_file, "/r/events/launcher-host1.tgev");
   EXPECT_EQ(layout.pid_dir, "/r/pids/host1");
