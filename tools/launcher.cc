@@ -422,11 +422,9 @@ class Job {
   std::string failure_;  // why the job failed or was stopped, for the summary
   std::unique_ptr<EventLog> events_;  // <run_dir>/events/launcher.tgev
   bool formed_reported_ = false;  // generation 0's formation (or failure) was said
-  // How the job recovers, chosen once (--restart-all: RestartAll; else StandbyReplacement); its
-  // round() is the restart round the ranks run in. restart_all_: the same object under
-  // --restart-all (JobCoordinator hands it the faults to restart for), else null.
+  // How the job recovers, chosen once (--restart-all: RestartAll; else StandbyReplacement), and
+  // handed the faults job_coordinator_ finds; its round() is the restart round the ranks run in.
   std::unique_ptr<RecoveryStrategy> recovery_;
-  RestartAll* restart_all_ = nullptr;
   // The ranks' store of the current restart round (null in round 0: store_ is theirs).
   std::unique_ptr<Store> round_store_;
   std::string token_;  // the store's token (a round's store is opened with it)
@@ -638,7 +636,6 @@ void Job::CreateJobCoordinator() {
   options.host_timeout = config_.host_timeout;
   options.call_timeout = AgentCallTimeout(config_.host_timeout);
   options.max_replacements = config_.max_replacements;
-  options.restart_all = config_.restart_all >= 0;
   // One host: a replacement waits for a standby still starting as long as generation 0 may take
   // to form; several: for a standby host's agent to join, start and park its standbys.
   options.standby_wait = layout_.standby_wait;
@@ -652,11 +649,6 @@ void Job::CreateJobCoordinator() {
     Record(rank, kind, message, std::move(attributes));
   };
   hooks.fail = [this](const std::string& why) { Fail(why); };
-  // --restart-all only (JobCoordinatorOptions::restart_all): the strategy decides.
-  hooks.restart_host_death = [this](const std::string& host, bool trained, bool formed,
-                                    const std::string& why, absl::Time last_beat) {
-    restart_all_->OnHostDeath(host, trained, formed, why, last_beat);
-  };
   hooks.preferred_standbys = [this](const std::string& dead_host, const std::vector<int>& ranks) {
     return PreferredStandbys(dead_host, ranks);
   };
@@ -670,11 +662,7 @@ void Job::CreateJobCoordinator() {
   hooks.rank_taken = [this](int rank, const std::string& member, int64_t generation) {
     OnRankTaken(rank, member, generation);
   };
-  hooks.request_restart = [this](const std::string& why) { restart_all_->RequestRestart(why); };
-  // A rank's death under --restart-all: decided as one host's own (RestartAll::OnRankDeath).
-  hooks.restart_rank_death = [this](const RankDeath& death, bool formed) {
-    restart_all_->OnRankDeath(death, formed, clock_->Now());
-  };
+  // The faults it finds go to the recovery strategy, made after it (CreateRecoveryStrategy).
   job_coordinator_ = std::make_unique<JobCoordinator>(
       store_.get(), clock_, coordinator_.get(), &replacement_policy_, &renewal_policy_, &failures_,
       options, std::move(hooks));
@@ -747,6 +735,7 @@ void Job::CreateRecoveryStrategy() {
     hooks.fail = [this](const std::string& why) { Fail(why); };
     recovery_ = std::make_unique<StandbyReplacement>(&replacement_policy_, job_coordinator_.get(),
                                                      std::move(hooks));
+    job_coordinator_->set_recovery_strategy(recovery_.get());
     return;
   }
   RestartAllOptions options;
@@ -768,10 +757,9 @@ void Job::CreateRecoveryStrategy() {
   hooks.kill_stopped = [this](absl::Duration bound, const std::string& context) {
     host_agent_->KillRanksStoppedFor(bound, context);
   };
-  auto restart_all = std::make_unique<RestartAll>(store_.get(), clock_, job_coordinator_.get(),
-                                                  std::move(options), std::move(hooks));
-  restart_all_ = restart_all.get();
-  recovery_ = std::move(restart_all);
+  recovery_ = std::make_unique<RestartAll>(store_.get(), clock_, job_coordinator_.get(),
+                                           std::move(options), std::move(hooks));
+  job_coordinator_->set_recovery_strategy(recovery_.get());
 }
 
 absl::Status Job::StartOwnStore() {

@@ -83,7 +83,6 @@ void JobCoordinator::ReadDeathReports() {
   const Membership current = rendezvous_->current();
   for (const std::string& member : store_keys::kAgentDeaths.Names(*keys)) {
     if (handled_deaths_.count(member) != 0) continue;
-    const auto held = std::find(current.members.begin(), current.members.end(), member);
     const std::string key = store_keys::kAgentDeaths.Key(member);
     absl::StatusOr<std::string> value = store_->Get(key, timeout);
     if (!value.ok()) continue;
@@ -91,39 +90,33 @@ void JobCoordinator::ReadDeathReports() {
     // A report that does not decode still says that the member died: its text is the how.
     const absl::StatusOr<store_keys::DeathReport> report =
         store_keys::DecodeDeathReport(key, *value);
-    const std::string how = report.ok() ? report->how : *value;
-    // Once per member: every path below marks it handled.
+    ReportedDeath death{member, -1, *value, ""};
+    if (report.ok()) {
+      death.rank = report->rank;
+      death.how = report->how;
+      death.cause = report->cause;
+    }
     failures_->Record({report.ok() ? absl::StrFormat("rank %d (%s)", report->rank, member) : member,
-                       how, report.ok() ? report->cause : ""});
-    if (options_.restart_all) {
-      handled_deaths_.insert(member);
-      // A process of an earlier round died of the restart itself (or its peers' deaths). An id
-      // that is none of ours names no process of any round.
-      const absl::StatusOr<store_keys::MemberId> id = store_keys::DecodeMemberId(member);
-      if (!id.ok()) {
-        hooks_.say(absl::StrCat("ignoring a death report: ", id.status().message()));
-        continue;
-      }
-      if (id->round != round_) continue;
-      const std::string rank = report.ok() ? absl::StrCat("rank ", report->rank) : "a rank";
-      return hooks_.restart_rank_death(
-          {report.ok() ? report->rank : -1, absl::StrFormat("%s (%s)", rank, member), how},
-          current.generation >= 0);
-    }
-    if (current.generation < 0) {
-      handled_deaths_.insert(member);
-      return hooks_.fail(absl::StrFormat("%s died before generation 0 formed (%s)", member, how));
-    }
-    if (held == current.members.end()) {  // a standby, or a rank already replaced
-      handled_deaths_.insert(member);
-      (void)rendezvous_->ForgetStandby(member, timeout);
-      continue;
-    }
-    if (!QueueDeadMember(static_cast<int>(held - current.members.begin()), member, how,
-                         report.ok() ? report->cause : "")) {
-      return;
-    }
+                       death.how, death.cause});
+    // Once per member, whatever the strategy makes of it.
+    handled_deaths_.insert(member);
+    if (!strategy_->OnDeathReported(death, current)) return;
   }
+}
+
+bool JobCoordinator::QueueReportedDeath(const ReportedDeath& death, const Membership& current) {
+  if (current.generation < 0) {
+    hooks_.fail(
+        absl::StrFormat("%s died before generation 0 formed (%s)", death.member, death.how));
+    return false;
+  }
+  const auto held = std::find(current.members.begin(), current.members.end(), death.member);
+  if (held == current.members.end()) {  // a standby, or a rank already replaced
+    (void)rendezvous_->ForgetStandby(death.member, options_.call_timeout);
+    return true;
+  }
+  return QueueDeadMember(static_cast<int>(held - current.members.begin()), death.member, death.how,
+                         death.cause);
 }
 
 bool JobCoordinator::QueueDeadMember(int rank, const std::string& member, const std::string& how,
@@ -254,7 +247,7 @@ void JobCoordinator::RenewGenerationWhenAsked(RenewalHolds holds) {
     return;
   }
   if (const auto* restart = std::get_if<RenewalPolicy::RestartAll>(&action)) {
-    return hooks_.request_restart(restart->why);
+    return strategy_->OnRestartRequested(restart->why);
   }
   const auto* renew = std::get_if<RenewalPolicy::Renew>(&action);
   if (renew == nullptr) return;
@@ -313,33 +306,27 @@ void JobCoordinator::DeclareHostDead(const std::string& host, absl::Time last_be
   // The record `trainguard report` matches a host fault with (host, the ranks it held).
   hooks_.record(-1, EventKind::kHostLost, absl::StrFormat("host %s is dead (%s)", host, why),
                 {{"host", host}, {"ranks", absl::StrJoin(ranks, ",")}});
-  if (options_.restart_all) {
-    // The plan says whether it trains: in a round still forming, the membership names nobody.
-    int group = -1;
-    if (absl::StatusOr<std::string> value = store_->Get(store_keys::kAgentPlan, timeout);
-        value.ok()) {
-      if (absl::StatusOr<store_keys::Plan> plan = store_keys::DecodePlan(*value); plan.ok()) {
-        group = plan->GroupOf(host);
-      }
-    }
-    return hooks_.restart_host_death(host, group >= 0, current.generation >= 0, why, last_beat);
-  }
-  if (ranks.empty()) return;
+  strategy_->OnHostDeclaredDead({host, std::move(ranks), why, last_beat}, current);
+}
+
+void JobCoordinator::QueueDeadHost(const DeadHost& dead, const Membership& current) {
+  if (dead.ranks.empty()) return;
   if (current.generation < 0) {
-    return hooks_.fail(absl::StrFormat("host %s died before generation 0 formed", host));
+    return hooks_.fail(absl::StrFormat("host %s died before generation 0 formed", dead.host));
   }
   const absl::Time now = clock_->Now();
-  PendingReplacement dead{-1, why, last_beat, now, now};
-  dead.ranks = std::move(ranks);
-  dead.host = host;
+  PendingReplacement entry{-1, dead.why, dead.last_beat, now, now};
+  entry.ranks = dead.ranks;
+  entry.host = dead.host;
   // The rendezvous' liveness and the survivors' failed collectives may already have queued ranks
   // of this host: the host's entry replaces them.
+  const std::string prefix = dead.host + ":";
   for (auto it = replacements_.begin(); it != replacements_.end();) {
     it = it->rank >= 0 && absl::StartsWith(current.members[it->rank], prefix)
              ? replacements_.erase(it)
              : std::next(it);
   }
-  replacements_.push_back(std::move(dead));
+  replacements_.push_back(std::move(entry));
 }
 
 void JobCoordinator::TakeOver(absl::Duration timeout) {

@@ -10,13 +10,15 @@
 // generation whose ranks asked for one (RenewGenerationWhenAsked, as RenewalPolicy decides), and
 // the recoveries both start (recoveries(), whose end the launcher measures).
 //
-// What it cannot do itself it hands to the hooks: failing the job, printing a line, recording an
-// event, choosing the standbys a host's ranks go to (the backup placement), knowing whether a
-// standby is starting, carrying out a rank's takeover where the process is the launcher's own;
-// under --restart-all, the deaths and the ranks' requests, which the RestartAll strategy decides
-// (sdk/coordinator/restart_all.h). The launcher still owns the processes and the rendezvous
-// coordinator; the hangs are HangCoordinator's (hang_coordinator.h), which asks this coordinator
-// which hosts are quiet or dead.
+// What the faults it finds lead to is the job's RecoveryStrategy's (recovery_strategy.h, set with
+// set_recovery_strategy): a reported death, a host declared dead and a restart the ranks' requests
+// call for are handed to it. StandbyReplacement hands them back to this coordinator's standby path
+// (QueueReportedDeath, QueueDeadHost: the replacements); RestartAll starts restart rounds. What it
+// cannot do itself it hands to the hooks: failing the job, printing a line, recording an event,
+// choosing the standbys a host's ranks go to (the backup placement), knowing whether a standby is
+// starting, carrying out a rank's takeover where the process is the launcher's own. The launcher
+// still owns the processes and the rendezvous coordinator; the hangs are HangCoordinator's
+// (hang_coordinator.h), which asks this coordinator which hosts are quiet or dead.
 //
 // Every act that writes to the store or says what it decided checks the gate (the coordinator
 // lease, Hooks::coordinating) right before it: a deposed coordinator writes nothing. Every instant
@@ -85,7 +87,6 @@ struct JobCoordinatorOptions {
   // How long one store call of the agent's loop may take.
   absl::Duration call_timeout = absl::Milliseconds(750);
   int max_replacements = 10;  // --max-replacements, for the message that fails the job
-  bool restart_all = false;   // --restart-all: a death starts a restart round, nothing is replaced
   // How long a queued replacement waits past its not_before for a standby still starting
   // (Hooks::standby_starting) when none is parked, before the job fails: on one host the
   // rendezvous timeout; on several, long enough for a standby host's agent to join and park its
@@ -112,16 +113,6 @@ class JobCoordinator {
         record;
     // Fails the job for `why`.
     std::function<void(const std::string& why)> fail;
-    // --restart-all: `host` was declared dead for `why` (its fence written); `trained`: the plan
-    // gave it a group rank; `formed`: the current round's generation 0 had formed; `last_beat`:
-    // when its heartbeat last advanced. The strategy decides (RestartAll::OnHostDeath).
-    std::function<void(const std::string& host, bool trained, bool formed, const std::string& why,
-                       absl::Time last_beat)>
-        restart_host_death;
-    // --restart-all: a rank of the current restart round died, its label naming the member
-    // ("rank 3 (h1:200:round1:rank3)"); `formed`: whether the round's generation 0 had formed. The
-    // strategy decides, as for one host's own ranks (RestartAll::OnRankDeath).
-    std::function<void(const RankDeath& death, bool formed)> restart_rank_death;
     // The parked standbys that `ranks` of `dead_host` go to first, in order (the launcher's choice
     // away from the hosts that hold their backups); empty: any parked standby.
     std::function<std::vector<std::string>(const std::string& dead_host,
@@ -134,9 +125,6 @@ class JobCoordinator {
     // host) it relabels it and starts another standby; on several hosts the member's own agent
     // relabels it and the coordinator only says so.
     std::function<void(int rank, const std::string& member, int64_t generation)> rank_taken;
-    // --restart-all: restart every rank for `why` (the ranks asked for a new generation), in the
-    // next restart round (RestartAll::RequestRestart).
-    std::function<void(const std::string& why)> request_restart;
   };
 
   // REQUIRES: `store`, `clock`, `rendezvous` (see set_rendezvous), `replacement_policy`,
@@ -145,7 +133,8 @@ class JobCoordinator {
   // host held); `replacement_policy` counts a rank's deaths against --max-replacements and the
   // crash-loop backoff; `renewal_policy` decides when the ranks' requests renew the generation (its
   // owner resets it for a restart); `failures` is the job's history of deaths, for the message
-  // that fails it.
+  // that fails it. The recovery strategy is set after construction (set_recovery_strategy), since
+  // it holds this coordinator.
   JobCoordinator(Store* store, Clock* clock, RendezvousCoordinator* rendezvous,
                  ReplacementPolicy* replacement_policy, RenewalPolicy* renewal_policy,
                  FailureHistory* failures, JobCoordinatorOptions options, Hooks hooks);
@@ -156,14 +145,21 @@ class JobCoordinator {
   // heartbeats and declares the silent ones dead (DeclareHostDead), takes the agents' death reports
   // (ReadDeathReports), and publishes job/done once every rank finished. Hosts that left and hosts
   // declared dead are not watched; nothing is done once job/done is published.
+  // REQUIRES: a recovery strategy is set (as for ReadDeathReports, DeclareHostDead and
+  // RenewGenerationWhenAsked).
   void CoordinateHosts();
 
-  // Takes the death reports (agents/deaths/<member>) not taken yet: each is recorded as a death
-  // with its cause, and its rank queued for replacement (QueueDeadMember); the death of a standby
-  // or of a rank already replaced only forgets the standby. With restart_all, a death of the
-  // current round goes to Hooks::restart_rank_death. A death before generation 0 formed fails the
-  // job.
+  // Takes the death reports (agents/deaths/<member>) not taken yet, oldest member id first: each is
+  // recorded as a death with its cause, marked taken, and handed to the recovery strategy
+  // (RecoveryStrategy::OnDeathReported) with the current membership, until the strategy says to
+  // stop for this turn. Nothing once the gate is closed.
   void ReadDeathReports();
+
+  // The standby path of a reported death (StandbyReplacement::OnDeathReported): before `current`'s
+  // generation 0 formed the job fails; the death of a parked standby or of a rank already replaced
+  // (a member that `current` does not name) only forgets the standby; else the rank the member
+  // holds in `current` is queued (QueueDeadMember). Returns false when the job failed.
+  bool QueueReportedDeath(const ReportedDeath& death, const Membership& current);
 
   // Queues `rank`, which `member` held, for replacement: counted as a death (`how`) against
   // --max-replacements and the crash-loop backoff; a later death report of `member` is ignored.
@@ -173,12 +169,19 @@ class JobCoordinator {
   bool QueueDeadMember(int rank, const std::string& member, const std::string& how,
                        const std::string& cause = "");
 
-  // Fences `host` out (agents/dead/<host> = `why`) and queues the ranks it held (those not
-  // finished) for replacement in one entry, replacing any of them queued already; with restart_all,
-  // hands the death to Hooks::restart_host_death instead. `last_beat`: when its heartbeat last advanced, the
-  // recovery's start. Nothing when the gate is closed; when the fence cannot be written, tried
-  // again at the next tick (the host stays silent).
+  // Fences `host` out (agents/dead/<host> = `why`), forgets its parked standbys, says and records
+  // its death with the ranks it held (those not finished, each death marked taken), and hands it
+  // to the recovery strategy (RecoveryStrategy::OnHostDeclaredDead). `last_beat`: when its
+  // heartbeat last advanced, the recovery's start. Nothing when the gate is closed; when the fence
+  // cannot be written, tried again at the next tick (the host stays silent).
   void DeclareHostDead(const std::string& host, absl::Time last_beat, const std::string& why);
+
+  // The standby path of a dead host (StandbyReplacement::OnHostDeclaredDead): nothing when it held
+  // no rank to replace; before `current`'s generation 0 formed the job fails; else its ranks are
+  // queued in one entry (replaced at once, its recovery from `dead.last_beat`), which takes the
+  // place of any of them queued already (the rendezvous' liveness and the survivors' failed
+  // collectives may have queued some).
+  void QueueDeadHost(const DeadHost& dead, const Membership& current);
 
   // This agent took the lease over: the hosts' bounds start afresh (HostLiveness), no death report
   // counts as taken, and the hosts dead are those the store names (agents/dead/).
@@ -196,8 +199,9 @@ class JobCoordinator {
   // the RenewalPolicy decides at the clock's instants: nothing while a replacement is queued or
   // `holds` holds; the current generation's requests read, then a wait (the first request said
   // once), a renewal with the same ranks (said, a generation_renewed event, a recovery from the
-  // first request), or under --restart-all Hooks::request_restart. A renewal the store refuses is
-  // said and tried again at the next call; nothing is written or said once the gate is closed.
+  // first request), or, where the policy restarts every rank instead (--restart-all), the recovery
+  // strategy's RecoveryStrategy::OnRestartRequested. A renewal the store refuses is said and tried
+  // again at the next call; nothing is written or said once the gate is closed.
   void RenewGenerationWhenAsked(RenewalHolds holds);
 
   // Queues `rank` (one host: its death decided by the launcher's ReplacementPolicy) to be replaced
@@ -215,6 +219,9 @@ class JobCoordinator {
   // round (--restart-all; 0: the job's first start). Set them as they change.
   void set_world_size(int world_size) { world_size_ = world_size; }
   void set_round(int64_t round) { round_ = round; }
+  // How the job recovers from the faults this coordinator finds (see the class comment).
+  // REQUIRES: `strategy` outlives the coordinator, or the next set_recovery_strategy.
+  void set_recovery_strategy(RecoveryStrategy* strategy) { strategy_ = strategy; }
   // A restart round's ranks form under a rendezvous coordinator of their own (on the round's
   // store): the memberships are read from `rendezvous` from now on.
   // REQUIRES: `rendezvous` outlives the coordinator, or the next set_rendezvous.
@@ -258,6 +265,7 @@ class JobCoordinator {
   Store* const store_;
   Clock* const clock_;
   RendezvousCoordinator* rendezvous_;
+  RecoveryStrategy* strategy_ = nullptr;
   ReplacementPolicy* const replacement_policy_;
   RenewalPolicy* const renewal_policy_;
   FailureHistory* const failures_;

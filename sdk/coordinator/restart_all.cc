@@ -32,13 +32,37 @@ void RestartAll::OnNotFormed(const absl::Status& why) {
   RequestRestart(absl::StrCat("restart round ", round_, " did not form: ", why.ToString()));
 }
 
-void RestartAll::OnHostDeath(const std::string& host, bool trained, bool formed,
-                             const std::string& why, absl::Time last_beat) {
-  if (!trained) return;  // a standby host holds no process under --restart-all
-  if (!formed && round_ == 0) {
-    return hooks_.fail(absl::StrFormat("host %s died before generation 0 formed", host));
+bool RestartAll::OnDeathReported(const ReportedDeath& death, const Membership& current) {
+  // A process of an earlier round died of the restart itself (or its peers' deaths). An id that is
+  // none of ours names no process of any round.
+  const absl::StatusOr<store_keys::MemberId> id = store_keys::DecodeMemberId(death.member);
+  if (!id.ok()) {
+    hooks_.say(absl::StrCat("ignoring a death report: ", id.status().message()));
+    return true;
   }
-  RequestRestart(absl::StrFormat("host %s is dead (%s)", host, why), host, last_beat);
+  if (id->round != round_) return true;
+  const std::string rank = death.rank >= 0 ? absl::StrCat("rank ", death.rank) : "a rank";
+  OnRankDeath({death.rank, absl::StrFormat("%s (%s)", rank, death.member), death.how},
+              current.generation >= 0, clock_->Now());
+  return false;
+}
+
+void RestartAll::OnHostDeclaredDead(const DeadHost& dead, const Membership& current) {
+  // The plan says whether it trains: in a round still forming, the membership names nobody.
+  int group = -1;
+  if (absl::StatusOr<std::string> value =
+          store_->Get(store_keys::kAgentPlan, options_.call_timeout);
+      value.ok()) {
+    if (absl::StatusOr<store_keys::Plan> plan = store_keys::DecodePlan(*value); plan.ok()) {
+      group = plan->GroupOf(dead.host);
+    }
+  }
+  if (group < 0) return;  // a standby host holds no process under --restart-all
+  if (current.generation < 0 && round_ == 0) {
+    return hooks_.fail(absl::StrFormat("host %s died before generation 0 formed", dead.host));
+  }
+  RequestRestart(absl::StrFormat("host %s is dead (%s)", dead.host, dead.why), dead.host,
+                 dead.last_beat);
 }
 
 void RestartAll::RequestRestart(const std::string& why, const std::string& dead_host,

@@ -79,7 +79,8 @@ class RestartAll final : public RecoveryStrategy {
 
   // REQUIRES: `store` (the agents', the job's namespace), `clock` and `coordinator` outlive the
   // strategy; every hook is set. `coordinator` knows which hosts are dead or silent and keeps the
-  // recoveries (each restart is one, measured by the launcher).
+  // recoveries (each restart is one, measured by the launcher); its owner hands it this strategy
+  // (JobCoordinator::set_recovery_strategy) for the faults it finds.
   RestartAll(Store* store, Clock* clock, JobCoordinator* coordinator, RestartAllOptions options,
              Hooks hooks)
       : store_(store),
@@ -92,12 +93,19 @@ class RestartAll final : public RecoveryStrategy {
   int64_t round() const override { return round_; }
   void OnRankDeath(const RankDeath& death, bool formed, absl::Time now) override;
   void OnNotFormed(const absl::Status& why) override;
-  // `host` was declared dead for `why` (JobCoordinator's Hooks::restart_host_death): a training
-  // host's death restarts every rank, its group rank given to a standby host in the round's plan
-  // (the round's recovery from `last_beat`); a standby host's restarts nothing (it held no
-  // process); before the first start formed the job fails.
-  void OnHostDeath(const std::string& host, bool trained, bool formed, const std::string& why,
-                   absl::Time last_beat);
+  // A death of the current round is a rank's death as one host's own (OnRankDeath, its label
+  // naming the member: "rank 3 (h1:200:round1:rank3)"), and the reports after it in the turn wait
+  // for the next (false): they are the same fault's. A death of an earlier round is of the restart
+  // itself, or of its peers' deaths: ignored, as is a report under a member id that names no
+  // process of any round (said).
+  bool OnDeathReported(const ReportedDeath& death, const Membership& current) override;
+  // A training host's death (one that the plan, agents/plan, gives a group rank) restarts every
+  // rank, its group rank given to a standby host in the round's plan (the round's recovery from
+  // its last beat); a standby host's restarts nothing (it held no process); before the first start
+  // formed the job fails.
+  void OnHostDeclaredDead(const DeadHost& dead, const Membership& current) override;
+  // RequestRestart(why).
+  void OnRestartRequested(const std::string& why) override { RequestRestart(why); }
   // Publishes and starts the next round for each pending fault (the limit reached fails the job).
   void Coordinate(absl::Time now) override;
   // Starts the round at agents/restart when it is newer than this agent's.
@@ -107,8 +115,8 @@ class RestartAll final : public RecoveryStrategy {
   // A fault every rank restarts for, of the current round: `why` says it; `dead_host`, when not
   // empty, is a host whose death it is (its group rank goes to a standby host in the round's plan);
   // `since`: when the fault began (a dead host's last heartbeat; InfinitePast: when it is carried
-  // out). Carried out by the next Coordinate. (OnHostDeath, and JobCoordinator's
-  // Hooks::request_restart on several hosts and one.)
+  // out). Carried out by the next Coordinate. (OnRankDeath, OnNotFormed, OnHostDeclaredDead and
+  // OnRestartRequested.)
   void RequestRestart(const std::string& why, const std::string& dead_host = "",
                       absl::Time since = absl::InfinitePast());
   // Whether a fault waits for Coordinate.

@@ -2,8 +2,10 @@
 // dead rank is given to a parked standby process in a new generation; every other rank keeps its
 // process, its memory and its communicators. The deaths are counted and backed off by the
 // ReplacementPolicy (--max-replacements, --restart-backoff) and queued with the JobCoordinator,
-// which makes the replacements (on several hosts it also takes the agents' death reports and the
-// hosts' deaths itself).
+// which makes the replacements. On several hosts the coordinator finds the deaths (the agents'
+// reports, the hosts it declares dead) and hands them here, and this strategy hands them back to
+// the coordinator's standby path (JobCoordinator::QueueReportedDeath, QueueDeadHost), which counts
+// a rank's deaths with the same ReplacementPolicy.
 //
 // Thread safety: not thread-safe; the agent's loop (or a test) uses an instance.
 #ifndef TRAINGUARD_SDK_COORDINATOR_STANDBY_REPLACEMENT_H_
@@ -36,6 +38,18 @@ class StandbyReplacement final : public RecoveryStrategy {
   // the job fails at the bound, or the rank is queued to be replaced not before its backoff.
   void OnRankDeath(const RankDeath& death, bool formed, absl::Time now) override;
   void OnNotFormed(const absl::Status& why) override;
+  // JobCoordinator::QueueReportedDeath: the rank queued, a standby forgotten, or the job failed
+  // before generation 0 formed (then false).
+  bool OnDeathReported(const ReportedDeath& death, const Membership& current) override {
+    return coordinator_->QueueReportedDeath(death, current);
+  }
+  // JobCoordinator::QueueDeadHost: the host's ranks queued in one entry.
+  void OnHostDeclaredDead(const DeadHost& dead, const Membership& current) override {
+    coordinator_->QueueDeadHost(dead, current);
+  }
+  // Not called: the ranks' requests renew the generation with the same ranks instead
+  // (JobCoordinator::RenewGenerationWhenAsked, RenewalPolicy without --restart-all).
+  void OnRestartRequested(const std::string&) override {}
   // The queued replacements (JobCoordinator::TryReplacements).
   void Coordinate(absl::Time now) override { coordinator_->TryReplacements(now); }
   void FollowRound() override {}

@@ -1,8 +1,9 @@
 // What the decision-level tests of the agent and the coordinator share: member ids built the way
 // the rendezvous encodes them, a host's process started on the fake supervisor as the launcher
-// starts it, and a JobCoordinator's hooks that take part in nothing but the lines it says and the
-// job's failure (every other hook inert). A test overrides the hooks its decision reaches (the
-// gate, the restart-all strategy, the standby choice, ...) after taking these.
+// starts it, a JobCoordinator's hooks that take part in nothing but the lines it says and the
+// job's failure (every other hook inert), and the default recovery strategy (StandbyReplacement)
+// set on a coordinator. A test overrides the hooks its decision reaches (the gate, the standby
+// choice, ...) after taking these.
 //
 // Header-only; the hooks hold the vectors they write by pointer: REQUIRES they outlive the
 // coordinator. Not thread-safe (the tests call the agent and the coordinator from one thread).
@@ -17,10 +18,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "sdk/agent/process_supervisor.h"
+#include "sdk/agent/replacement_policy.h"
 #include "sdk/coordinator/job_coordinator.h"
+#include "sdk/coordinator/standby_replacement.h"
 #include "sdk/core/store_keys.h"
 #include "sdk/host_agent/host_agent.h"
 #include "tests/support/fake_process_supervisor.h"
@@ -89,7 +91,7 @@ inline std::function<std::vector<HostWorker*>()> WorkersIn(
 
 // Hooks of a coordinator that always coordinates, appends each line it says to `said` and each
 // failure of the job to `failed`, records no event, prefers no standby, sees none starting, and
-// ignores a taken rank and every restart-all hook.
+// ignores a taken rank.
 inline JobCoordinator::Hooks QuietJobCoordinatorHooks(std::vector<std::string>* said,
                                                       std::vector<std::string>* failed) {
   JobCoordinator::Hooks hooks;
@@ -97,15 +99,28 @@ inline JobCoordinator::Hooks QuietJobCoordinatorHooks(std::vector<std::string>* 
   hooks.say = [said](const std::string& line) { said->push_back(line); };
   hooks.record = [](int, EventKind, const std::string&, JobCoordinator::Attributes) {};
   hooks.fail = [failed](const std::string& why) { failed->push_back(why); };
-  hooks.restart_host_death = [](const std::string&, bool, bool, const std::string&, absl::Time) {};
-  hooks.restart_rank_death = [](const RankDeath&, bool) {};
   hooks.preferred_standbys = [](const std::string&, const std::vector<int>&) {
     return std::vector<std::string>{};
   };
   hooks.standby_starting = [] { return false; };
   hooks.rank_taken = [](int, const std::string&, int64_t) {};
-  hooks.request_restart = [](const std::string&) {};
   return hooks;
+}
+
+// The default recovery strategy, StandbyReplacement, counting deaths with `policy` (the one
+// `coordinator` was made with), saying to `said` and failing the job to `failed`, set as
+// `coordinator`'s strategy: the faults it finds are queued for replacement as the launcher's are.
+// REQUIRES: the returned strategy outlives the coordinator's use of it.
+inline std::unique_ptr<StandbyReplacement> UseStandbyReplacement(JobCoordinator* coordinator,
+                                                                 ReplacementPolicy* policy,
+                                                                 std::vector<std::string>* said,
+                                                                 std::vector<std::string>* failed) {
+  StandbyReplacement::Hooks hooks;
+  hooks.say = [said](const std::string& line) { said->push_back(line); };
+  hooks.fail = [failed](const std::string& why) { failed->push_back(why); };
+  auto strategy = std::make_unique<StandbyReplacement>(policy, coordinator, std::move(hooks));
+  coordinator->set_recovery_strategy(strategy.get());
+  return strategy;
 }
 
 }  // namespace testing

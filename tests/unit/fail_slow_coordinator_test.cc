@@ -24,6 +24,7 @@
 #include "sdk/agent/failure_history.h"
 #include "sdk/agent/renewal_policy.h"
 #include "sdk/agent/replacement_policy.h"
+#include "sdk/coordinator/standby_replacement.h"
 #include "sdk/core/agent_keys.h"
 #include "sdk/core/store_keys.h"
 #include "sdk/health/fail_slow_dump.h"
@@ -93,6 +94,7 @@ class FailSlowCoordinatorTest : public ::testing::Test {
     job_ = std::make_unique<JobCoordinator>(&store_, &clock_, &rendezvous_, &*policy_, &*renewal_,
                                             &failures_, job_options, std::move(hooks));
     job_->set_world_size(kHosts);
+    strategy_ = testing::UseStandbyReplacement(job_.get(), &*policy_, &said_, &failed_);
   }
 
   void Start(FailSlowPolicy policy, double max_evict_share = 0.1, std::string trace_path = "") {
@@ -167,6 +169,7 @@ class FailSlowCoordinatorTest : public ::testing::Test {
   std::optional<RenewalPolicy> renewal_;
   FailureHistory failures_;
   std::unique_ptr<JobCoordinator> job_;
+  std::unique_ptr<StandbyReplacement> strategy_;
   std::unique_ptr<FailSlowCoordinator> fail_slow_;
   bool coordinating_ = true;
   std::vector<std::string> said_;

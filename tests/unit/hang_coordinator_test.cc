@@ -28,6 +28,7 @@
 #include "sdk/agent/renewal_policy.h"
 #include "sdk/agent/replacement_policy.h"
 #include "sdk/coordinator/job_coordinator.h"
+#include "sdk/coordinator/standby_replacement.h"
 #include "sdk/core/agent_keys.h"
 #include "sdk/core/store_keys.h"
 #include "sdk/rendezvous/rendezvous.h"
@@ -135,6 +136,7 @@ class HangCoordinatorTest : public ::testing::Test {
     job_ = std::make_unique<JobCoordinator>(&store_, &clock_, &rendezvous_, &policy_, &renewal_,
                                             &failures_, job_options, std::move(job_hooks));
     job_->set_world_size(world_size_);
+    strategy_ = testing::UseStandbyReplacement(job_.get(), &policy_, &said_, &failed_);
 
     HangCoordinatorOptions options;
     options.dump_dir = dumps_.path();
@@ -244,6 +246,7 @@ class HangCoordinatorTest : public ::testing::Test {
   FailureHistory failures_;
   testing::TempDir dumps_;
   std::unique_ptr<JobCoordinator> job_;
+  std::unique_ptr<StandbyReplacement> strategy_;
   std::unique_ptr<HangCoordinator> hangs_;
   int world_size_ = 0;
   std::vector<std::string> members_;

@@ -3,7 +3,9 @@
 // RendezvousCoordinator on that store: no processes, no sleeps. The agents' side (joins,
 // heartbeats, death reports, finished ranks, leaving) is written into the store with agent_keys.h's
 // codecs, as the agents write it; the ranks and standbys register and park as their
-// RendezvousMember does.
+// RendezvousMember does. The coordinator hands the faults it finds to the job's recovery strategy,
+// a real one: StandbyReplacement (the default), which queues them for the replacements, or
+// RestartAll, which restarts every rank (its rounds recorded, not carried out).
 #include "sdk/coordinator/job_coordinator.h"
 
 #include <algorithm>
@@ -24,6 +26,8 @@
 #include "sdk/agent/failure_history.h"
 #include "sdk/agent/renewal_policy.h"
 #include "sdk/agent/replacement_policy.h"
+#include "sdk/coordinator/recovery_strategy.h"
+#include "sdk/coordinator/restart_all.h"
 #include "sdk/core/agent_keys.h"
 #include "sdk/core/store_keys.h"
 #include "sdk/rendezvous/rendezvous.h"
@@ -60,18 +64,6 @@ class JobCoordinatorTest : public ::testing::Test {
     std::string message;
     JobCoordinator::Attributes attributes;
   };
-  struct RestartRequest {
-    std::string why;
-    std::string dead_host;
-    absl::Time since;
-  };
-  struct HostDeath {
-    std::string host;
-    bool trained;
-    bool formed;
-    std::string why;
-    absl::Time last_beat;
-  };
   struct Taken {
     int rank;
     std::string member;
@@ -101,6 +93,8 @@ class JobCoordinatorTest : public ::testing::Test {
     BeatAll();
   }
 
+  // A coordinator whose strategy is RestartAll (`restart_all`: at most 3 rounds) or
+  // StandbyReplacement, bounded by `max_replacements`.
   void Start(bool restart_all, int max_replacements = 10) {
     ReplacementPolicyOptions policy;
     policy.max_replacements = max_replacements;
@@ -116,30 +110,16 @@ class JobCoordinatorTest : public ::testing::Test {
     options.host_timeout = kHostTimeout;
     options.call_timeout = kCall;
     options.max_replacements = max_replacements;
-    options.restart_all = restart_all;
     options.standby_wait = kStandbyWait;
     options.replace_timeout = kCall;
     JobCoordinator::Hooks hooks;
-    hooks.coordinating = [this] {
-      if (gate_opens_ == 0) return false;
-      --gate_opens_;
-      return true;
-    };
+    hooks.coordinating = [this] { return Gate(); };
     hooks.say = [this](const std::string& line) { said_.push_back(line); };
     hooks.record = [this](int rank, EventKind kind, const std::string& message,
                           JobCoordinator::Attributes attributes) {
       recorded_.push_back({rank, kind, message, std::move(attributes)});
     };
     hooks.fail = [this](const std::string& why) { failed_.push_back(why); };
-    // What RestartAll::OnRankDeath restarts for once the round formed.
-    hooks.restart_rank_death = [this](const RankDeath& death, bool formed) {
-      restarts_.push_back({absl::StrCat(death.label, " ", death.how, formed ? "" : " (unformed)"),
-                           "", absl::InfinitePast()});
-    };
-    hooks.restart_host_death = [this](const std::string& host, bool trained, bool formed,
-                                      const std::string& why, absl::Time last_beat) {
-      host_deaths_.push_back({host, trained, formed, why, last_beat});
-    };
     // The launcher's choice (Job::PreferredStandbys), without peer backups to keep away from.
     hooks.preferred_standbys = [this](const std::string& dead_host, const std::vector<int>& ranks) {
       absl::StatusOr<std::vector<std::string>> parked = rendezvous_.ParkedStandbys(kCall);
@@ -151,11 +131,47 @@ class JobCoordinatorTest : public ::testing::Test {
     hooks.rank_taken = [this](int rank, const std::string& member, int64_t generation) {
       taken_.push_back({rank, member, generation});
     };
-    hooks.request_restart = [this](const std::string& why) { restarts_.push_back({why, "", {}}); };
     coordinator_ =
         std::make_unique<JobCoordinator>(&store_, &clock_, &rendezvous_, &*policy_, &*renewal_,
                                          &failures_, options, std::move(hooks));
     coordinator_->set_world_size(4);
+    restart_all_ = nullptr;
+    if (!restart_all) {
+      strategy_ = testing::UseStandbyReplacement(coordinator_.get(), &*policy_, &said_, &failed_);
+      return;
+    }
+    RestartAllOptions restart;
+    restart.host_id = "h0";
+    restart.limit = 3;
+    restart.ranks_per_host = 2;
+    restart.call_timeout = kCall;
+    restart.scope = "every rank on every host";
+    RestartAll::Hooks rh;
+    rh.coordinating = [this] { return Gate(); };
+    rh.say = [this](const std::string& line) { said_.push_back(line); };
+    rh.record = [this](int rank, EventKind kind, const std::string& message,
+                       RestartAll::Attributes attributes) {
+      recorded_.push_back({rank, kind, message, std::move(attributes)});
+    };
+    rh.fail = [this](const std::string& why) { failed_.push_back(why); };
+    // The launcher's StartRound kills and starts processes; here the round is only recorded.
+    rh.start_round = [this](int64_t, int64_t to) {
+      rounds_.push_back(to);
+      coordinator_->set_round(to);
+    };
+    rh.kill_stopped = [](absl::Duration, const std::string&) {};
+    auto strategy =
+        std::make_unique<RestartAll>(&store_, &clock_, coordinator_.get(), restart, std::move(rh));
+    restart_all_ = strategy.get();
+    strategy_ = std::move(strategy);
+    coordinator_->set_recovery_strategy(strategy_.get());
+  }
+
+  // The coordinator's gate (its lease): open gate_opens_ more times.
+  bool Gate() {
+    if (gate_opens_ == 0) return false;
+    --gate_opens_;
+    return true;
   }
 
   void Join(const std::string& host, int64_t seq, bool standby) {
@@ -228,13 +244,14 @@ class JobCoordinatorTest : public ::testing::Test {
   std::optional<RenewalPolicy> renewal_;
   FailureHistory failures_;
   std::unique_ptr<JobCoordinator> coordinator_;
+  std::unique_ptr<RecoveryStrategy> strategy_;
+  RestartAll* restart_all_ = nullptr;  // strategy_ when it is RestartAll
+  std::vector<int64_t> rounds_;        // the restart rounds RestartAll started
   std::map<std::string, int64_t> beats_;
   int gate_opens_ = std::numeric_limits<int>::max();
   std::vector<std::string> said_;
   std::vector<Recorded> recorded_;
   std::vector<std::string> failed_;
-  std::vector<RestartRequest> restarts_;
-  std::vector<HostDeath> host_deaths_;  // --restart-all: handed to the strategy
   bool standby_starting_ = false;
   std::vector<Taken> taken_;
 };
@@ -424,48 +441,75 @@ TEST_F(JobCoordinatorTest, AfterATakeoverTheHostsTheStoreNamesDeadAreNotDeclared
   EXPECT_THAT(coordinator_->replacements(), IsEmpty());
 }
 
-// What the strategy then decides is RestartAllHostDeathTest's (restart_all_test.cc).
-TEST_F(JobCoordinatorTest, WithRestartAllADeadTrainingHostIsFencedAndHandedToTheStrategy) {
+// ---- What the recovery strategy makes of the faults ----
+
+TEST_F(JobCoordinatorTest, WithStandbyReplacementAReportedDeathIsQueuedAndNoRoundRestarts) {
+  ReportDeath(RankMember("h1", 200, 2), 2, "killed by signal 9 (Killed)", "");
+  coordinator_->CoordinateHosts();
+  ASSERT_EQ(coordinator_->replacements().size(), 1u);
+  EXPECT_EQ(coordinator_->replacements().front().rank, 2);
+  EXPECT_EQ(Value(store_keys::kAgentRestart), std::nullopt);
+  EXPECT_THAT(failed_, IsEmpty());
+}
+
+// RestartAllHostDeathTest (restart_all_test.cc) has the round's plan.
+TEST_F(JobCoordinatorTest, WithRestartAllADeadTrainingHostIsFencedAndEveryRankRestarts) {
   Start(/*restart_all=*/true);
   coordinator_->CoordinateHosts();
   RunUntil(kHostTimeout, {"h0", "h2"});
   EXPECT_EQ(Value(store_keys::kAgentsDead.Key("h1")), "no heartbeat for 3s");
   EXPECT_THAT(coordinator_->replacements(), IsEmpty());
-  ASSERT_EQ(host_deaths_.size(), 1u);
-  EXPECT_EQ(host_deaths_[0].host, "h1");
-  EXPECT_TRUE(host_deaths_[0].trained);
-  EXPECT_TRUE(host_deaths_[0].formed);
-  EXPECT_EQ(host_deaths_[0].why, "no heartbeat for 3s");
-  EXPECT_EQ(host_deaths_[0].last_beat, absl::UnixEpoch());
+  ASSERT_TRUE(restart_all_->restart_pending());
+  EXPECT_TRUE(rounds_.empty()) << "carried out at the loop's turn, not inside the death";
+
+  restart_all_->Coordinate(clock_.Now());
+  EXPECT_THAT(rounds_, ElementsAre(1));
+  EXPECT_EQ(Value(store_keys::kAgentRestart), "1 host h1 is dead (no heartbeat for 3s)");
+  // The restart's recovery runs from the host's last heartbeat.
+  ASSERT_EQ(coordinator_->recoveries().size(), 1u);
+  EXPECT_EQ(coordinator_->recoveries()[0].died, absl::UnixEpoch());
+  EXPECT_EQ(coordinator_->recoveries()[0].host, "h1");
+  EXPECT_THAT(failed_, IsEmpty());
 }
 
-TEST_F(JobCoordinatorTest, WithRestartAllADeadStandbyHostIsHandedToTheStrategyAsNotTraining) {
+TEST_F(JobCoordinatorTest, WithRestartAllADeadStandbyHostIsFencedAndRestartsNothing) {
   Start(/*restart_all=*/true);
   coordinator_->CoordinateHosts();
   RunUntil(kHostTimeout, {"h0", "h1"});
   EXPECT_EQ(Value(store_keys::kAgentsDead.Key("h2")), "no heartbeat for 3s");
   EXPECT_THAT(said_, ElementsAre("host h2 is dead (no heartbeat for 3s); it held no rank"));
-  ASSERT_EQ(host_deaths_.size(), 1u);
-  EXPECT_EQ(host_deaths_[0].host, "h2");
-  EXPECT_FALSE(host_deaths_[0].trained);
+  EXPECT_FALSE(restart_all_->restart_pending());
   EXPECT_THAT(coordinator_->replacements(), IsEmpty());
 }
 
 TEST_F(JobCoordinatorTest, WithRestartAllARanksDeathOfThisRoundRestartsAndOneOfAnEarlierIsIgnored) {
   Start(/*restart_all=*/true);
-  coordinator_->set_round(1);
-  ReportDeath(RankMember("h1", 200, 2), 2, "killed by signal 9 (Killed)", "");  // round 0's
+  ReportDeath(RankMember("h1", 200, 2), 2, "killed by signal 9 (Killed)", "");
   coordinator_->CoordinateHosts();
-  EXPECT_THAT(restarts_, IsEmpty());
+  restart_all_->Coordinate(clock_.Now());
+  ASSERT_THAT(rounds_, ElementsAre(1));
+
+  // Round 0's rank 3 dies of the restart; a report under an id that names no process of any round.
+  ReportDeath(RankMember("h1", 200, 3), 3, "killed by signal 9 (Killed)", "");
+  ReportDeath("h1:200", 3, "killed by signal 9 (Killed)", "");
+  coordinator_->CoordinateHosts();
+  EXPECT_FALSE(restart_all_->restart_pending());
+  EXPECT_EQ(Said("ignoring a death report: member id \"h1:200\": the id is not "
+                 "\"<host>:<pid>[:round<K>]:rank<R>|standby<N>\""),
+            1);
 
   ReportDeath(RankMember("h1", 200, 3, /*round=*/1), 3, "exited with status 1", "");
   coordinator_->CoordinateHosts();
-  ASSERT_EQ(restarts_.size(), 1u);
-  EXPECT_EQ(restarts_[0].why, "rank 3 (h1:200:round1:rank3) exited with status 1");
-  EXPECT_EQ(restarts_[0].dead_host, "");
-  EXPECT_EQ(failures_.deaths(), 2);  // both recorded, once each
+  ASSERT_TRUE(restart_all_->restart_pending());
+  restart_all_->Coordinate(clock_.Now());
+  EXPECT_THAT(rounds_, ElementsAre(1, 2));
+  EXPECT_EQ(Value(store_keys::kAgentRestart),
+            "2 rank 3 (h1:200:round1:rank3) exited with status 1");
+  EXPECT_EQ(failures_.deaths(), 4);  // every report recorded, once each
   coordinator_->CoordinateHosts();
-  EXPECT_EQ(restarts_.size(), 1u);
+  EXPECT_FALSE(restart_all_->restart_pending());
+  EXPECT_THAT(coordinator_->replacements(), IsEmpty());
+  EXPECT_THAT(failed_, IsEmpty());
 }
 
 // ---- Replacements (TryReplacements) ----
@@ -726,8 +770,11 @@ TEST_F(JobCoordinatorTest, WithRestartAllEveryRanksRequestRestartsEveryRankInste
   for (int rank : {0, 1, 2, 3}) Ask(rank, kReset);
   coordinator_->RenewGenerationWhenAsked({});
   EXPECT_EQ(rendezvous_.generation(), 0);
-  ASSERT_EQ(restarts_.size(), 1u);
-  EXPECT_EQ(restarts_[0].why, absl::StrCat("rank 0 asks for a new generation: ", kReset));
+  ASSERT_TRUE(restart_all_->restart_pending());
+  restart_all_->Coordinate(clock_.Now());
+  EXPECT_THAT(rounds_, ElementsAre(1));
+  EXPECT_EQ(Value(store_keys::kAgentRestart),
+            absl::StrCat("1 rank 0 asks for a new generation: ", kReset));
 }
 
 }  // namespace

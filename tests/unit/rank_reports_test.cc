@@ -75,10 +75,7 @@ class RankReportsTest : public ::testing::TestWithParam<Layout> {
         &store_, &clock_, &rendezvous_, &*policy_, &*renewal_, &failures_, options,
         testing::QuietJobCoordinatorHooks(&said_, &failed_));
     coordinator_->set_world_size(world());
-    StandbyReplacement::Hooks sh;
-    sh.say = [this](const std::string& line) { said_.push_back(line); };
-    sh.fail = [this](const std::string& why) { failed_.push_back(why); };
-    strategy_ = std::make_unique<StandbyReplacement>(&*policy_, coordinator_.get(), std::move(sh));
+    strategy_ = testing::UseStandbyReplacement(coordinator_.get(), &*policy_, &said_, &failed_);
 
     HostAgentOptions agent_options;
     agent_options.host_id = "h0";

@@ -5,9 +5,11 @@
 // FakeProcessSupervisor whose workers are not processes: no processes, no sleeps.
 //
 // On one host the launcher hands its ranks' deaths to the strategy (OnRankDeath); on several the
-// agents report them in the store and the coordinator's JobCoordinator hands them to the same
-// OnRankDeath (Hooks::restart_rank_death). The start of a round is what the launcher's hook does to this host's
-// workers: every one killed, the host's ranks of the round started.
+// agents report them in the store and the coordinator's JobCoordinator, whose recovery strategy
+// this is, hands them over (OnDeathReported, which decides them as OnRankDeath does), as it does
+// the hosts it declares dead and the ranks' requests for a new generation. The start of a round is
+// what the launcher's hook does to this host's workers: every one killed, the host's ranks of the
+// round started.
 #include "sdk/coordinator/restart_all.h"
 
 #include <signal.h>
@@ -99,18 +101,9 @@ class RestartAllTest : public ::testing::TestWithParam<Layout> {
     coordinator_options.host_id = "h0";
     coordinator_options.host_timeout = kHostTimeout;
     coordinator_options.call_timeout = kCall;
-    coordinator_options.restart_all = true;
     coordinator_options.replace_timeout = kCall;
     JobCoordinator::Hooks ch = testing::QuietJobCoordinatorHooks(&said_, &failed_);
     ch.coordinating = [this] { return gate_open_; };
-    ch.restart_host_death = [this](const std::string& host, bool trained, bool formed,
-                                   const std::string& why, absl::Time last_beat) {
-      strategy_->OnHostDeath(host, trained, formed, why, last_beat);
-    };
-    ch.request_restart = [this](const std::string& why) { strategy_->RequestRestart(why); };
-    ch.restart_rank_death = [this](const RankDeath& death, bool formed) {
-      strategy_->OnRankDeath(death, formed, clock_.Now());
-    };
     coordinator_ = std::make_unique<JobCoordinator>(&store_, &clock_, rendezvous_.get(), &*policy_,
                                                     &*renewal_, &failures_, coordinator_options,
                                                     std::move(ch));
@@ -139,9 +132,15 @@ class RestartAllTest : public ::testing::TestWithParam<Layout> {
     agent_ = std::make_unique<HostAgent>(&store_, &clock_, &supervisor_, agent_options,
                                          std::move(ah));
 
-    strategy_ = MakeStrategy("h0", limit, &rounds_);
+    UseStrategy(limit);
     StartWorkers(0);
     if (form_first_start_) FormRound();
+  }
+
+  // h0's strategy, bounded by `limit` rounds, made the coordinator's (the launcher's wiring).
+  void UseStrategy(int limit) {
+    strategy_ = MakeStrategy("h0", limit, &rounds_);
+    coordinator_->set_recovery_strategy(strategy_.get());
   }
 
   // The strategy of `host`'s agent; its rounds started are appended to `rounds`. h0's starts its
@@ -328,7 +327,7 @@ TEST_P(RestartAllTest, ARankLostBeforeTheRestartedJobFormedRestartsAgain) {
 }
 
 TEST_P(RestartAllTest, TheLimitEndsTheJobNamingTheDeath) {
-  strategy_ = MakeStrategy("h0", /*limit=*/1, &rounds_);
+  UseStrategy(/*limit=*/1);
   Die(1, "killed by SIGKILL");
   strategy_->Coordinate(clock_.Now());
   ASSERT_EQ(strategy_->round(), 1);
