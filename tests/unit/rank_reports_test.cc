@@ -82,11 +82,7 @@ class RankReportsTest : public ::testing::TestWithParam<Layout> {
     agent_options.call_timeout = kCall;
     agent_options.report_timeout = kCall;
     HostAgent::Hooks ah;
-    ah.workers = [this] {
-      std::vector<HostWorker*> all;
-      for (auto& w : workers_) all.push_back(w.get());
-      return all;
-    };
+    ah.workers = testing::WorkersIn(&workers_);
     ah.say = [this](const std::string& line) { said_.push_back(line); };
     ah.record = [](int, EventKind, const std::string&, HostAgent::Attributes) {};
     ah.latest_term = [] { return int64_t{1}; };

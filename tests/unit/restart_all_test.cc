@@ -109,19 +109,10 @@ class RestartAllTest : public ::testing::TestWithParam<Layout> {
                                                     std::move(ch));
     coordinator_->set_world_size(world());
 
-    HostAgentOptions agent_options;
-    agent_options.host_id = "h0";
-    agent_options.call_timeout = kCall;
-    agent_options.report_timeout = kCall;
-    agent_options.failed_exit_code = 1;
-    agent_options.store_url = "tcp://10.0.0.1:29400";
-    agent_options.store_loss_bound = absl::Seconds(30);
+    const HostAgentOptions agent_options = testing::TestHostAgentOptions(
+        "h0", kCall, /*failed_exit_code=*/1, /*store_loss_bound=*/absl::Seconds(30));
     HostAgent::Hooks ah;
-    ah.workers = [this] {
-      std::vector<HostWorker*> all;
-      for (auto& w : workers_) all.push_back(w.get());
-      return all;
-    };
+    ah.workers = testing::WorkersIn(&workers_);
     ah.say = [this](const std::string& line) { said_.push_back(line); };
     ah.record = [this](int rank, EventKind kind, const std::string&, HostAgent::Attributes) {
       if (kind == EventKind::kRankUnresponsive) killed_ranks_.push_back(rank);
