@@ -4,13 +4,13 @@
 //     process (JobCoordinator's replacements) and every other rank keeps its process and memory.
 //   - RestartAll (restart_all.h), `--restart-all=M`, torchrun's baseline: any fault stops every
 //     process of the job and starts every rank again in a new restart round, at most M times.
-// The launcher (tools/launcher.cc) and the job's JobCoordinator call the same methods whichever it
-// is, on one host and on several: one host is one agent and one coordinator in one process. The
-// coordinator finds the faults (the deaths its agents report through the store, the hosts it
-// declares dead, the ranks' requests for a new generation) and hands each to the strategy, which
-// decides; what it decides is carried out through its hooks (the processes are the launcher's, the
-// kills of this host's ranks its HostAgent's) and, for StandbyReplacement, through the
-// coordinator's replacements.
+// The launcher (sdk/launch/launch_agent.cc) and the job's JobCoordinator call the same methods
+// whichever it is, on one host and on several: one host is one agent and one coordinator in one
+// process. The coordinator finds the faults (the deaths its agents report through the store, the
+// hosts it declares dead, the ranks' requests for a new generation) and hands each to the strategy,
+// which decides; what it decides is carried out through its hooks (the processes are the
+// launcher's, the kills of this host's ranks its HostAgent's) and, for StandbyReplacement, through
+// the coordinator's replacements.
 //
 // Thread safety: not thread-safe; the agent's loop (or a test) uses an instance.
 #ifndef TRAINGUARD_SDK_COORDINATOR_RECOVERY_STRATEGY_H_

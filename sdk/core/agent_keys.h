@@ -1,7 +1,7 @@
 // The store keys and values of `trainguard run`'s host agents and of the coordinator among them
-// (tools/launcher.cc, sdk/rendezvous/coordinator_lease.cc), and the launcher's job/ keys: built,
-// parsed, encoded and decoded here and nowhere else, as store_keys.h does for the ranks' keys. Keys
-// are relative to the job's store (the store prefixes them with the job id).
+// (sdk/launch/launch_agent.cc, sdk/rendezvous/coordinator_lease.cc), and the launcher's job/ keys:
+// built, parsed, encoded and decoded here and nowhere else, as store_keys.h does for the ranks'
+// keys. Keys are relative to the job's store (the store prefixes them with the job id).
 //
 //   agents/seq                          the join counter (join order decides which hosts train)
 //   agents/join/<host>                  "<seq> worker|standby <addr> <port>" (JoinRecord)

@@ -53,9 +53,9 @@ absl::StatusOr<ProgressRecord> ParseProgressRecord(std::string_view text);
 // The store key of `rank`'s record in generation `generation`.
 std::string ProgressKey(int64_t generation, int rank);
 
-// Where the launcher (tools/launcher.cc: the host's agent, on several hosts) says that one of its
-// rank processes is stopped (SIGSTOP, a debugger): agents/stopped/<member id>, written while it is
-// (docs/FORMATS.md). A stopped peer makes no progress, whatever its last record says.
+// Where the launcher (sdk/launch/launch_agent.cc: the host's agent, on several hosts) says that one
+// of its rank processes is stopped (SIGSTOP, a debugger): agents/stopped/<member id>, written while
+// it is (docs/FORMATS.md). A stopped peer makes no progress, whatever its last record says.
 inline constexpr const char* kStoppedMemberPrefix = store_keys::kAgentStopped.prefix();
 
 // The answer to "is this rank's wait in collective (comm_id, comm_seq) explained by a peer?":
