@@ -16,9 +16,9 @@
 // (DIR/baseline): the same hosts and standby hosts, every agent with --restart-all 100000 and no
 // spare processes (torchrun's elastic agent: any fault stops every rank on every host and starts
 // them again from the newest checkpoint on disk; a dead host's group rank goes to a standby host
-// in the restart; see tools/launcher.h). In the baseline a host fault waits for an idle standby
-// host instead of parked standbys, a kill or stop waits for nothing, and a standby host is added
-// when none is idle.
+// in the restart; see LaunchConfig::restart_all in sdk/launch/launch_config.h). In the baseline a
+// host fault waits for an idle standby host instead of parked standbys, a kill or stop waits for
+// nothing, and a standby host is added when none is idle.
 //
 // The job (trainguard): hosts 1..T train (T = --training-hosts, N ranks each, and one warm spare
 // process each,

@@ -72,8 +72,8 @@ TEST(AgentKeys, AMemberIdNamesItsHost) {
   EXPECT_EQ(MemberHost("h1"), "h1");
 }
 
-// Spawn (tools/launcher.cc) has always written these bytes: the agents of an older launcher, and
-// the keys per member in a store, hold them.
+// Spawn (sdk/launch/launch_agent.cc) has always written these bytes: the agents of an older
+// launcher, and the keys per member in a store, hold them.
 TEST(AgentKeys, AMemberIdRoundTripsItsHostPidRoundAndRole) {
   using Role = MemberId::Role;
   const struct {

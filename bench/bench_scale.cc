@@ -1,0 +1,412 @@
+// bench_scale: how the job's rendezvous scales with its ranks. The real RendezvousMember and
+// RendezvousCoordinator (sdk/rendezvous/rendezvous.h) against a TcpStore server in a process of
+// its own, as `trainguard run` runs them: no trainer and no collectives, and no host agents yet.
+//
+//   bench_scale [--ranks=8,64,512,4096] [--heartbeat_ms=1000] [--timeout_s=300]
+//
+// For each R: a fresh server process; R rank members and one parked standby, each on a thread of
+// its own with its own store connection (as a rank's process has) and its RendezvousMember (whose
+// heartbeat thread beats every --heartbeat_ms); the coordinator on a connection of its own.
+//  - generation 0: the members are released together and each calls JoinInitial; measured from
+//    the last join call to every member holding generation 0's table (the issue's "last join to
+//    every member holding the table"), and from the release.
+//  - one rank replaced: rank R/2 is taken as dead (its member takes no part in generation 1), and
+//  the
+//    coordinator publishes generation 1 in which the standby takes it (ReplaceRank, as
+//    JobCoordinator does once the death is decided); measured from the publication's start to
+//    every survivor holding generation 1 (AwaitGeneration) and the standby its rank.
+// With each figure: the store requests the server served meanwhile, per rank.
+//
+// A size the machine cannot hold (two threads and one connection per member: the process's file
+// descriptors, the kernel's threads) is said and skipped, never reported as a measurement.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <latch>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "sdk/core/agent_keys.h"
+#include "sdk/rendezvous/rendezvous.h"
+#include "sdk/rendezvous/tcp_store.h"
+#include "trainguard/clock.h"
+#include "trainguard/store.h"
+
+namespace trainguard {
+namespace {
+
+constexpr char kToken[] = "bench-scale-token";
+constexpr char kJob[] = "scale";
+constexpr int kRanksPerHost = 8;
+
+struct Flags {
+  std::vector<int> ranks = {8, 64, 512, 4096};
+  absl::Duration heartbeat = absl::Seconds(1);
+  absl::Duration timeout = absl::Seconds(300);
+};
+
+// The TcpStore server in a child process. The parent asks for its counters with a line on the
+// control pipe ("stats"); closing the pipe ends the child.
+class ServerProcess {
+ public:
+  static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(int max_connections) {
+    int control[2];
+    int report[2];
+    if (pipe2(control, O_CLOEXEC) != 0 || pipe2(report, O_CLOEXEC) != 0) {
+      return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+    }
+    const pid_t pid = fork();
+    if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      close(control[1]);
+      close(report[0]);
+      RunServer(control[0], report[1], max_connections);  // never returns
+    }
+    close(control[0]);
+    close(report[1]);
+    auto server = std::unique_ptr<ServerProcess>(new ServerProcess(pid, control[1], report[0]));
+    absl::StatusOr<std::string> port = server->ReadLine();
+    if (!port.ok()) return port.status();
+    if (!absl::SimpleAtoi(*port, &server->port_)) {
+      return absl::InternalError(absl::StrCat("the store server's process said '", *port, "'"));
+    }
+    return server;
+  }
+  ~ServerProcess() {
+    close(control_);
+    close(report_);
+    int status = 0;
+    waitpid(pid_, &status, 0);  // it exits once its control pipe closes
+  }
+
+  int port() const { return port_; }
+  // The server's requests served so far, and its connections refused.
+  absl::StatusOr<std::pair<int64_t, int64_t>> Counters() {
+    if (write(control_, "stats\n", 6) != 6) {
+      return absl::InternalError(absl::StrCat("writing to the store server: ", strerror(errno)));
+    }
+    absl::StatusOr<std::string> line = ReadLine();
+    if (!line.ok()) return line.status();
+    std::vector<std::string> parts = absl::StrSplit(*line, ' ');
+    std::pair<int64_t, int64_t> counters;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &counters.first) ||
+        !absl::SimpleAtoi(parts[1], &counters.second)) {
+      return absl::InternalError(absl::StrCat("the store server's counters: '", *line, "'"));
+    }
+    return counters;
+  }
+
+ private:
+  ServerProcess(pid_t pid, int control, int report)
+      : pid_(pid), control_(control), report_(report) {}
+
+  [[noreturn]] static void RunServer(int control, int report, int max_connections) {
+    RaiseFileLimit();
+    TcpStoreServerOptions options;
+    options.job_token = kToken;
+    options.max_connections = max_connections;
+    absl::StatusOr<std::unique_ptr<TcpStoreServer>> server = TcpStoreServer::Start(options);
+    const std::string port =
+        server.ok() ? absl::StrCat((*server)->port(), "\n") : std::string("error\n");
+    if (write(report, port.data(), port.size()) < 0 || !server.ok()) _exit(1);
+    std::string pending;
+    char buffer[64];
+    for (;;) {
+      const ssize_t n = read(control, buffer, sizeof(buffer));
+      if (n <= 0) _exit(0);  // the parent closed the pipe, or died
+      pending.append(buffer, n);
+      for (size_t end; (end = pending.find('\n')) != std::string::npos;) {
+        pending.erase(0, end + 1);
+        const TcpStoreServerStats stats = (*server)->stats();
+        const std::string line =
+            absl::StrCat(stats.requests_served, " ", stats.connections_refused, "\n");
+        if (write(report, line.data(), line.size()) < 0) _exit(1);
+      }
+    }
+  }
+
+  absl::StatusOr<std::string> ReadLine() {
+    std::string line;
+    char c;
+    for (;;) {
+      const ssize_t n = read(report_, &c, 1);
+      if (n <= 0) return absl::UnavailableError("the store server's process ended");
+      if (c == '\n') return line;
+      line.push_back(c);
+    }
+  }
+
+ public:
+  static void RaiseFileLimit() {
+    rlimit limit{};
+    if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+      limit.rlim_cur = limit.rlim_max;
+      setrlimit(RLIMIT_NOFILE, &limit);
+    }
+  }
+
+ private:
+  const pid_t pid_;
+  const int control_;
+  const int report_;
+  int port_ = 0;
+};
+
+absl::StatusOr<std::unique_ptr<Store>> Connect(int port, absl::Duration timeout) {
+  TcpStoreOptions options;
+  options.port = port;
+  options.job_id = kJob;
+  options.job_token = kToken;
+  options.connect_timeout = timeout;
+  absl::StatusOr<std::unique_ptr<TcpStore>> client = TcpStore::Connect(options);
+  if (!client.ok()) return client.status();
+  return std::unique_ptr<Store>(*std::move(client));
+}
+
+std::string MemberOf(int rank, bool standby) {
+  store_keys::MemberId id;
+  id.host = absl::StrCat("host", rank / kRanksPerHost);
+  id.pid = 1000 + rank / kRanksPerHost;
+  id.role = standby ? store_keys::MemberId::Role::kStandby : store_keys::MemberId::Role::kRank;
+  id.index = standby ? 0 : rank;
+  return store_keys::EncodeMemberId(id);
+}
+
+// What the kernel lets this process hold: `threads` more threads and `files` more descriptors.
+std::optional<std::string> MachineCannotHold(int threads, int files) {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && static_cast<int64_t>(limit.rlim_cur) < files) {
+    return absl::StrFormat("%d file descriptors needed, the limit is %d", files,
+                           static_cast<int64_t>(limit.rlim_cur));
+  }
+  int64_t max_threads = 0;
+  std::ifstream in("/proc/sys/kernel/threads-max");
+  if (in >> max_threads && max_threads < threads) {
+    return absl::StrFormat("%d threads needed, kernel.threads-max is %d", threads, max_threads);
+  }
+  int64_t pid_max = 0;
+  std::ifstream pids("/proc/sys/kernel/pid_max");
+  if (pids >> pid_max && pid_max < threads + 1024) {
+    return absl::StrFormat("%d threads needed, kernel.pid_max is %d", threads, pid_max);
+  }
+  return std::nullopt;
+}
+
+struct Member {
+  std::unique_ptr<Store> store;
+  std::unique_ptr<RendezvousMember> member;
+  absl::Time joined;  // when it called JoinInitial (ParkAsStandby)
+  absl::Time held;    // when it returned with generation 0 (its rank, for the standby)
+  absl::Time held_replacement;
+  absl::Status status;
+};
+
+double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
+
+// One size: returns false when it could not be measured (said why).
+bool MeasureSize(const Flags& flags, int ranks) {
+  const int members = ranks + 1;  // and one standby
+  if (std::optional<std::string> why = MachineCannotHold(2 * members + 64, members + 256);
+      why.has_value()) {
+    std::printf("ranks=%d: not measured on this machine: %s\n", ranks, why->c_str());
+    return false;
+  }
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start(TcpStoreServerOptions{}.max_connections);
+  if (!server.ok()) {
+    std::printf("ranks=%d: %s\n", ranks, server.status().ToString().c_str());
+    return false;
+  }
+  absl::StatusOr<std::unique_ptr<Store>> coordinator_store =
+      Connect((*server)->port(), flags.timeout);
+  if (!coordinator_store.ok()) {
+    std::printf("ranks=%d: coordinator: %s\n", ranks,
+                coordinator_store.status().ToString().c_str());
+    return false;
+  }
+  RendezvousCoordinator coordinator(coordinator_store->get(), Clock::Real(), "bench");
+
+  // Every member's connection and member object first, so that the measured part is the
+  // rendezvous, not the connections' handshakes.
+  std::vector<Member> all(members);
+  for (int i = 0; i < members; ++i) {
+    absl::StatusOr<std::unique_ptr<Store>> store = Connect((*server)->port(), flags.timeout);
+    if (!store.ok()) {
+      std::printf("ranks=%d: member %d: %s\n", ranks, i, store.status().ToString().c_str());
+      return false;
+    }
+    all[i].store = *std::move(store);
+    all[i].member = std::make_unique<RendezvousMember>(all[i].store.get(), MemberOf(i, i == ranks),
+                                                       flags.heartbeat);
+  }
+
+  const int dead = ranks / 2;
+  std::latch release(members + 1);
+  std::latch in_generation0(members);  // every rank holding generation 0, the standby parked
+  std::vector<std::thread> threads;
+  threads.reserve(members);
+  for (int i = 0; i < members; ++i) {
+    threads.emplace_back([&, i] {
+      Member& m = all[i];
+      release.arrive_and_wait();
+      m.joined = absl::Now();
+      if (i == ranks) {  // the standby: parked until it takes the dead rank
+        in_generation0.count_down();
+        absl::StatusOr<Membership> taken = m.member->ParkAsStandby(flags.timeout);
+        m.held_replacement = absl::Now();
+        m.status = taken.status();
+        return;
+      }
+      absl::StatusOr<Membership> g0 = m.member->JoinInitial(i, ranks, flags.timeout);
+      m.held = absl::Now();
+      m.status = g0.status();
+      in_generation0.count_down();
+      if (!g0.ok() || i == dead) return;  // the dead rank waits for nothing more
+      absl::StatusOr<Membership> g1 = m.member->AwaitGeneration(g0->generation, flags.timeout);
+      m.held_replacement = absl::Now();
+      m.status = g1.status();
+    });
+  }
+  absl::StatusOr<std::pair<int64_t, int64_t>> before = (*server)->Counters();
+  release.arrive_and_wait();
+  const absl::Time released = absl::Now();
+  absl::StatusOr<Membership> g0 = coordinator.FormInitialGeneration(ranks, flags.timeout);
+  in_generation0.wait();
+  absl::StatusOr<std::pair<int64_t, int64_t>> after_g0 = (*server)->Counters();
+
+  // One rank replaced, as the coordinator does once its death is decided.
+  const absl::Time replace_start = absl::Now();
+  absl::StatusOr<Membership> g1 = g0.ok() ? coordinator.ReplaceRank(dead, flags.timeout)
+                                          : absl::StatusOr<Membership>(g0.status());
+  if (!g1.ok()) {
+    // Nobody publishes generation 1: the survivors' waits end at their timeout.
+    std::printf("ranks=%d: replacement: %s\n", ranks, g1.status().ToString().c_str());
+  }
+  for (std::thread& t : threads) t.join();
+  absl::StatusOr<std::pair<int64_t, int64_t>> after_g1 = (*server)->Counters();
+
+  absl::Time last_join = absl::InfinitePast();
+  absl::Time last_held = absl::InfinitePast();
+  absl::Time last_replaced = absl::InfinitePast();
+  int failed = 0;
+  for (int i = 0; i < members; ++i) {
+    if (!all[i].status.ok()) {
+      if (failed++ == 0) {
+        std::printf("ranks=%d: member %d: %s\n", ranks, i, all[i].status.ToString().c_str());
+      }
+      continue;
+    }
+    last_join = std::max(last_join, all[i].joined);
+    if (i < ranks) last_held = std::max(last_held, all[i].held);
+    if (i != dead) last_replaced = std::max(last_replaced, all[i].held_replacement);
+  }
+  if (!g0.ok() || failed > 0) {
+    std::printf("ranks=%d: generation 0: %s; %d member(s) failed\n", ranks,
+                g0.status().ToString().c_str(), failed);
+    return false;
+  }
+  std::printf(
+      "ranks=%d hosts=%d: generation 0 held by every member %.3f s after the last join (%.3f s "
+      "after the release)",
+      ranks, (ranks + kRanksPerHost - 1) / kRanksPerHost, Seconds(last_held - last_join),
+      Seconds(last_held - released));
+  if (before.ok() && after_g0.ok()) {
+    std::printf(", %.1f store requests per rank",
+                static_cast<double>(after_g0->first - before->first) / ranks);
+  }
+  if (g1.ok()) {
+    std::printf(
+        "; one rank replaced: every member in generation 1 %.3f s after the publication's start",
+        Seconds(last_replaced - replace_start));
+    if (after_g0.ok() && after_g1.ok()) {
+      std::printf(" (%.1f store requests per rank)",
+                  static_cast<double>(after_g1->first - after_g0->first) / ranks);
+    }
+  }
+  if (after_g1.ok() && after_g1->second > 0) {
+    std::printf("; the server refused %lld connections", static_cast<long long>(after_g1->second));
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+  return g1.ok();
+}
+
+absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
+  Flags flags;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      return absl::CancelledError(
+          "usage: bench_scale [--ranks=8,64,512,4096] [--heartbeat_ms=1000] [--timeout_s=300]");
+    }
+    absl::string_view value = arg;
+    if (absl::ConsumePrefix(&value, "--ranks=")) {
+      flags.ranks.clear();
+      for (absl::string_view r : absl::StrSplit(value, ',')) {
+        int n = 0;
+        if (!absl::SimpleAtoi(r, &n) || n < 2) {
+          return absl::InvalidArgumentError(absl::StrCat("--ranks: '", r, "' is not a count >= 2"));
+        }
+        flags.ranks.push_back(n);
+      }
+    } else if (absl::ConsumePrefix(&value, "--heartbeat_ms=")) {
+      int ms = 0;
+      if (!absl::SimpleAtoi(value, &ms) || ms < 1) {
+        return absl::InvalidArgumentError(absl::StrCat("--heartbeat_ms: '", value, "'"));
+      }
+      flags.heartbeat = absl::Milliseconds(ms);
+    } else if (absl::ConsumePrefix(&value, "--timeout_s=")) {
+      int s = 0;
+      if (!absl::SimpleAtoi(value, &s) || s < 1) {
+        return absl::InvalidArgumentError(absl::StrCat("--timeout_s: '", value, "'"));
+      }
+      flags.timeout = absl::Seconds(s);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unknown argument '", arg, "' (--help)"));
+    }
+  }
+  return flags;
+}
+
+}  // namespace
+}  // namespace trainguard
+
+int main(int argc, char** argv) {
+  absl::StatusOr<trainguard::Flags> flags = trainguard::ParseFlags(argc, argv);
+  if (!flags.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());
+    return absl::IsCancelled(flags.status()) ? 0 : 2;
+  }
+  trainguard::ServerProcess::RaiseFileLimit();
+  signal(SIGPIPE, SIG_IGN);
+  int failed = 0;
+  for (int ranks : flags->ranks) {
+    if (!trainguard::MeasureSize(*flags, ranks)) ++failed;
+  }
+  return failed == 0 ? 0 : 1;
+}
