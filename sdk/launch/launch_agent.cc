@@ -243,11 +243,8 @@ class Job {
   // This host's part of the plan (HostAgent::ReadPlan) into assignment_, group_rank_, world_size_,
   // master_addr_/port_; while there is none, the coordinator publishes it when the hosts suffice
   // (PlanPublisher). False when there is none yet (or the job failed on one it cannot follow).
-  bool ReadPlan(int* hosts);
-  // Starts this host's processes of the plan: its ranks (and --standby spares), or standbys; a
-  // failure fails the job.
-  void SpawnPlannedProcesses(int hosts);
-  // Starts the processes assignment_ names (SpawnPlannedProcesses; one host's start): the first
+  bool ReadPlan();
+  // Starts the processes assignment_ names (StartPlannedProcesses, StartEveryRank): the first
   // that cannot be started ends it, its error returned.
   absl::Status SpawnAssignedProcesses();
   // One host's start and restart rounds (OneHostMembership::Hooks::start_every_rank): its plan is
@@ -256,9 +253,11 @@ class Job {
   // the round's generation 0 forms (StartForming). The first process that cannot start ends it,
   // its error returned.
   absl::Status StartEveryRank(int64_t round);
-  // Several hosts' restart rounds (StoreHostMembership::Hooks::start_planned): this host's
-  // processes of the plan published now (ReadPlan, SpawnPlannedProcesses); an error when there is
-  // none to read.
+  // Several hosts: starts this host's processes once the published plan names its group rank (its
+  // N ranks and --standby spares, or N standbys on a standby host and on a host that joined after
+  // the plan), in the first turn that reads it (StoreHostMembership::Hooks::follow) and in each
+  // restart round, the plan read anew (Hooks::start_planned). NotFound while there is none to read
+  // (ReadPlan); a process that cannot start fails the job.
   absl::Status StartPlannedProcesses();
   absl::Status Spawn(int rank, int standby_index);
   std::vector<std::string> ChildEnvironment(const Child& child) const;
@@ -319,7 +318,6 @@ class Job {
   // that is behaviour (how this host's processes start, what the loop's turn does for this host,
   // joining, a failure's word to the other hosts, leaving), made once.
   void CreateHostMembership();
-  void FollowPlan();
   void FollowGeneration();
   // The coordinator's share: generation 0's formation, then job_coordinator_'s host duties (host
   // liveness, the ranks' deaths the agents report, completion).
@@ -603,7 +601,7 @@ void Job::CreateHostMembership() {
   hooks.update_lease = [this] { lease_keeper_->Update(); };
   hooks.release_lease = [this] { lease_->Release(absl::Seconds(1)); };
   hooks.follow = [this] {
-    if (!spawned_) FollowPlan();
+    if (!spawned_) (void)StartPlannedProcesses();  // NotFound: no plan yet
     if (exit_code_ < 0) FollowGeneration();
   };
   hooks.coordinate = [this] {
@@ -1436,16 +1434,7 @@ void Job::StartForming() {
 // the turn's order, the failure's word and leaving are membership_'s (StoreHostMembership,
 // sdk/host_agent/host_membership.h).
 
-// Starts this host's processes once the plan names its group rank: its N ranks (and --standby
-// spare processes), or N standbys on a standby host and on a host that joined after the plan.
-void Job::FollowPlan() {
-  int hosts = 0;
-  if (!ReadPlan(&hosts)) return;
-  spawned_ = true;
-  SpawnPlannedProcesses(hosts);
-}
-
-bool Job::ReadPlan(int* hosts) {
+bool Job::ReadPlan() {
   absl::StatusOr<HostAssignment> assignment = host_agent_->ReadPlan();
   if (!assignment.ok()) {
     // The coordinator publishes it once the hosts suffice (this agent's own tick reads it next).
@@ -1457,7 +1446,6 @@ bool Job::ReadPlan(int* hosts) {
     return false;
   }
   assignment_ = *std::move(assignment);
-  *hosts = assignment_->training_hosts;
   master_addr_ = assignment_->master_addr;
   master_port_ = assignment_->master_port;
   world_size_ = assignment_->world_size;
@@ -1466,13 +1454,6 @@ bool Job::ReadPlan(int* hosts) {
   hang_coordinator_->set_world_size(world_size_);
   group_rank_ = assignment_->group_rank;
   return true;
-}
-
-void Job::SpawnPlannedProcesses(int /*hosts*/) {
-  Say(assignment_->Describe(config_.host_id, round()));
-  if (absl::Status s = SpawnAssignedProcesses(); !s.ok()) {
-    Fail(absl::StrCat("cannot start the job: ", s.message()));
-  }
 }
 
 absl::Status Job::SpawnAssignedProcesses() {
@@ -1498,11 +1479,14 @@ absl::Status Job::StartEveryRank(int64_t round) {
 }
 
 absl::Status Job::StartPlannedProcesses() {
-  int hosts = 0;
-  if (!ReadPlan(&hosts)) {
+  if (!ReadPlan()) {
     return absl::NotFoundError(absl::StrFormat("no plan at %s", store_keys::kAgentPlan));
   }
-  SpawnPlannedProcesses(hosts);  // a process that cannot start fails the job there
+  spawned_ = true;
+  Say(assignment_->Describe(config_.host_id, round()));
+  if (absl::Status s = SpawnAssignedProcesses(); !s.ok()) {
+    Fail(absl::StrCat("cannot start the job: ", s.message()));  // said, and the job ends
+  }
   return absl::OkStatus();
 }
 
