@@ -83,6 +83,10 @@ class WaitRecordingStore final : public Store {
                                                     absl::Duration timeout) override {
     return base_->ListKeys(prefix, timeout);
   }
+  absl::StatusOr<size_t> WaitAny(const std::vector<std::string>& keys,
+                                 absl::Duration timeout) override {
+    return base_->WaitAny(keys, timeout);
+  }
   absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override {
     return base_->RaiseFence(generation, timeout);
   }
