@@ -2,7 +2,7 @@
 // request (issue 37: "each rank a bounded number of store operations per second that does not
 // grow with the job").
 //
-//   bench_steady_state [--ranks=8] [--seconds=10] [--step_ms=50]
+//   bench_steady_state [--ranks=8] [--seconds=10] [--step_ms=50] [--records_wanted=0]
 //
 // --ranks real Runtimes (Runtime::Create, as a trainer makes them: the default options, a
 // watchdog, the rendezvous' heartbeat, the generation watcher, the duty thread publishing the
@@ -11,7 +11,10 @@
 // forms generation 0. Each rank then runs guarded steps of --step_ms (a sleep: no collectives)
 // for --seconds, and the requests its client sent meanwhile are printed as requests per second
 // per rank, by verb and key family (digits written N), with the total. Nothing fails and nothing
-// is replaced: the figure is the polling and publishing floor of every rank.
+// is replaced: the figure is the polling and publishing floor of every rank. --records_wanted=1
+// first asks the ranks for their records, as a host agent of `trainguard run --fail-slow` does
+// (health/work_wanted) and a rank whose collective ran past its bound does for its generation
+// (hang/gen<G>/progress_wanted).
 #include <unistd.h>
 
 #include <atomic>
@@ -33,6 +36,8 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "sdk/core/store_keys.h"
+#include "sdk/health/fail_slow_metrics.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "tests/support/counting_store.h"
 #include "tests/support/temp_dir.h"
@@ -45,6 +50,7 @@ struct Flags {
   int ranks = 8;
   int seconds = 10;
   int step_ms = 50;
+  int records_wanted = 0;
 };
 
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
@@ -58,11 +64,15 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       target = &flags.seconds;
     } else if (absl::ConsumePrefix(&arg, "--step_ms=")) {
       target = &flags.step_ms;
+    } else if (absl::ConsumePrefix(&arg, "--records_wanted=")) {
+      target = &flags.records_wanted;
     }
-    if (target == nullptr || !absl::SimpleAtoi(arg, target) || *target < 1) {
+    const int minimum = target == &flags.records_wanted ? 0 : 1;
+    if (target == nullptr || !absl::SimpleAtoi(arg, target) || *target < minimum) {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown or bad flag '", argv[i],
-                       "'; usage: bench_steady_state [--ranks=8] [--seconds=10] [--step_ms=50]"));
+                       "'; usage: bench_steady_state [--ranks=8] [--seconds=10] [--step_ms=50] "
+                       "[--records_wanted=0]"));
     }
   }
   return flags;
@@ -138,6 +148,15 @@ int Run(const Flags& flags) {
       }
     });
   }
+  if (flags.records_wanted != 0) {
+    for (const std::string& key :
+         {store_keys::HangProgressWanted(0), std::string(kRankWorkWantedKey)}) {
+      if (absl::Status s = coordinator_store->Set(key, "0 0", timeout); !s.ok()) {
+        std::fprintf(stderr, "asking for records: %s\n", s.ToString().c_str());
+        return 1;
+      }
+    }
+  }
   absl::SleepFor(absl::Seconds(1));  // past the first step's one-off writes (resumed, records)
   for (auto& c : counted) c->Reset();
   const absl::Time begin = absl::Now();
@@ -158,8 +177,10 @@ int Run(const Flags& flags) {
     }
   }
   const double per = seconds * flags.ranks;
-  std::printf("ranks=%d seconds=%.1f step_ms=%d: store requests per second per rank, by kind\n",
-              flags.ranks, seconds, flags.step_ms);
+  std::printf(
+      "ranks=%d seconds=%.1f step_ms=%d records_wanted=%d: store requests per second per rank, by "
+      "kind\n",
+      flags.ranks, seconds, flags.step_ms, flags.records_wanted);
   for (const auto& [kind, n] : total) {
     std::printf("  %-10s %-60s %7.2f\n", kind.first.c_str(), kind.second.c_str(), n / per);
   }
