@@ -36,7 +36,7 @@
 namespace trainguard {
 namespace {
 
-// Set by the SIGUSR2 handler; the Runtime's watcher thread dumps the ring and stacks when it sees
+// Set by the SIGUSR2 handler; the Runtime's duty thread dumps the ring and stacks when it sees
 // it.
 std::atomic<bool> dump_requested{false};
 void RequestDump(int) { dump_requested.store(true, std::memory_order_relaxed); }
@@ -575,21 +575,10 @@ void RuntimeImpl::OnHang(const HangReport& report) {
 
 std::optional<std::string> RuntimeImpl::ExplainPeerWait(const InFlightCollective& waiting_in) {
   const int64_t generation = this->generation();
-  std::vector<std::string> keys;
-  for (int r = 0; r < options_.world_size; ++r) {
-    keys.push_back(runtime_internal::ProgressKey(generation, r));
-  }
-  // In the same round trip: which peers their launcher (one host) or host agent sees stopped.
-  if (const std::vector<std::string> members = current_.MemberIdsOf(generation);
-      members.size() == static_cast<size_t>(options_.world_size)) {
-    for (const std::string& member : members) {
-      keys.push_back(absl::StrCat(runtime_internal::kStoppedMemberPrefix, member));
-    }
-  }
-  // A record is written at most 1.5 periods after the previous one (the watcher wakes every half
-  // period). The window also allows a loaded machine to delay a publication by a period more, and
-  // the store round trips: a peer still generating must not look silent because its watcher
-  // thread was descheduled for a moment.
+  // A record is written at most 1.5 periods after the previous one (the duty thread wakes every
+  // half period). The window also allows a loaded machine to delay a publication by a period more,
+  // and the store round trips: a peer still generating must not look silent because its duty thread
+  // was descheduled for a moment.
   const absl::Duration window =
       3 * absl::Milliseconds(options_.watchdog_peer_progress_ms) + absl::Milliseconds(500);
   // The peers publish their records once asked (peer_progress.h): the first question of the
@@ -619,6 +608,17 @@ std::optional<std::string> RuntimeImpl::ExplainPeerWait(const InFlightCollective
           runtime_internal::AwaitingFirstRecords(progress_question_.asked, clock_->Now(), window);
       awaiting.has_value()) {
     return awaiting;
+  }
+  std::vector<std::string> keys;
+  for (int r = 0; r < options_.world_size; ++r) {
+    keys.push_back(runtime_internal::ProgressKey(generation, r));
+  }
+  // In the same round trip: which peers their launcher (one host) or host agent sees stopped.
+  if (const std::vector<std::string> members = current_.MemberIdsOf(generation);
+      members.size() == static_cast<size_t>(options_.world_size)) {
+    for (const std::string& member : members) {
+      keys.push_back(absl::StrCat(runtime_internal::kStoppedMemberPrefix, member));
+    }
   }
   // A store that does not answer quickly gives no excuse: the hang is declared.
   absl::StatusOr<std::vector<std::optional<std::string>>> records =

@@ -193,7 +193,7 @@ class RuntimeImpl final : public Runtime {
   // On the generation watcher's thread, once per superseded generation: calls the superseded
   // handlers and writes the event generation_superseded.
   void OnSuperseded(int64_t generation);
-  // On the watcher's thread: exits the process (Runtime::kSupersededStepExitCode) once one step
+  // On the duty thread: exits the process (Runtime::kSupersededStepExitCode) once one step
   // has gone on for superseded_step_exit_ms while this rank's generation is superseded.
   void ExitIfStepOutlivesGeneration();
   // The duty thread's period (shorter when watchdog_peer_progress_ms is).
