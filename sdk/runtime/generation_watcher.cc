@@ -1,5 +1,6 @@
 #include "sdk/runtime/generation_watcher.h"
 
+#include <algorithm>
 #include <atomic>
 #include <limits>
 #include <utility>
@@ -25,6 +26,10 @@ uint64_t WakeNonce() {
 constexpr absl::Duration kWakeCallTimeout = absl::Seconds(1);
 // How often an idle watcher (its generation superseded, or its store failing) looks again.
 constexpr absl::Duration kIdleLook = absl::Milliseconds(20);
+// The longest parked wait after a failed one, until a wait ends normally again: while the store
+// cannot be reached, Stop()'s wake key cannot reach it either, and the destructor waits for the
+// wait in progress to end by itself.
+constexpr absl::Duration kParkWhileFailing = absl::Milliseconds(250);
 
 }  // namespace
 
@@ -83,6 +88,7 @@ void GenerationWatcher::Run() {
   int64_t hang_standing = -1;  // the generation whose hang key was last read present
   // Per notice: the last of its keys seen (and handled).
   std::vector<std::string> noticed(options_.notices.size());
+  bool failing = false;  // the last wait failed
   while (!stopping()) {
     const int64_t held = member.generation();
     // Nothing to wait for in the store while superseded, until the training thread adopts the
@@ -111,9 +117,12 @@ void GenerationWatcher::Run() {
       keys.push_back(std::move(key));
       awaited.push_back(n);
     }
+    absl::Duration park = hang_stands ? options_.hang_recheck : options_.park;
+    if (failing) park = std::min(park, kParkWhileFailing);
     absl::StatusOr<RendezvousMember::NewerGenerationOrKey> seen =
-        member.AwaitNewerGenerationOr(keys, hang_stands ? options_.hang_recheck : options_.park);
-    if (!seen.ok()) {
+        member.AwaitNewerGenerationOr(keys, park);
+    failing = !seen.ok();
+    if (failing) {
       Idle(kIdleLook);
       continue;
     }

@@ -18,12 +18,14 @@
 // peer's hang of the held generation stands (its key exists), the key itself cannot be waited for,
 // so the watcher reads it every `hang_recheck` (each read behind a wait of that long on the table
 // and the wake key) until it is withdrawn (deleted) or the generation is superseded. A store that
-// fails is looked at again after a few milliseconds.
+// fails is looked at again after a few milliseconds, with waits of 250 ms at most until one ends
+// normally again.
 //
 // Stopping. Stop() writes the wake key (one store Set, bounded by a second), which ends the parked
 // wait at once; the destructor joins the thread and deletes the key. When the Set cannot reach
-// the store, the destructor waits for the parked wait to end by itself: `park` at most, plus the
-// store client's grace. A member whose writes the fence rejects is one whose next generation is
+// the store, the destructor waits for the parked wait to end by itself: 250 ms at most once a wait
+// has failed, `park` at most for the wait in progress as the store was lost (plus the store
+// client's grace). A member whose writes the fence rejects is one whose next generation is
 // published, and that table ends the wait by itself.
 //
 // Thread safety: the handlers run on the watcher's thread; Stop() may be called from any thread;

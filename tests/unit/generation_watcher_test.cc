@@ -5,6 +5,7 @@
 // parked wait lasts an hour, which only their wake key (or a table) can end before ctest's timeout.
 #include "sdk/runtime/generation_watcher.h"
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -40,6 +41,9 @@ class WaitRecordingStore final : public Store {
   };
 
   explicit WaitRecordingStore(std::unique_ptr<Store> base) : base_(std::move(base)) {}
+
+  // While set, every WaitAny fails at once with Unavailable (it is still recorded).
+  std::atomic<bool> unreachable{false};
 
   std::vector<Sent> waits() {
     MutexLock lock(&mu_);
@@ -86,6 +90,7 @@ class WaitRecordingStore final : public Store {
   absl::StatusOr<size_t> WaitAny(const std::vector<std::string>& keys,
                                  absl::Duration timeout) override {
     Record(keys, timeout);
+    if (unreachable.load()) return absl::UnavailableError("the store cannot be reached");
     return base_->WaitAny(keys, timeout);
   }
   absl::Status Set(std::string_view key, std::string_view value, absl::Duration timeout) override {
@@ -277,6 +282,26 @@ TEST_F(GenerationWatcherTest, AWaitThatRunsOutIsSentAgainWithoutACall) {
   EXPECT_THAT(rank_store_.gets(), IsEmpty()) << "no hang key was read: none appeared";
   EXPECT_THAT(calls_.generations(), IsEmpty());
   EXPECT_THAT(calls_.hang_reads(), IsEmpty());
+}
+
+TEST_F(GenerationWatcherTest, AfterAFailedWaitItParksBrieflyUntilAWaitEndsNormallyAgain) {
+  ASSERT_NO_FATAL_FAILURE(JoinGenerationZero());
+  rank_store_.unreachable = true;
+  auto watcher = Watch(absl::Hours(1));
+  ASSERT_TRUE(rank_store_.AwaitWaits(3));
+  rank_store_.unreachable = false;
+  // The next wait reaches the store and runs out after 250 ms; the one after is an hour long
+  // again (the second such, after the first of all), until the wake key ends it.
+  ASSERT_TRUE(rank_store_.AwaitWaitsWhere(
+      [](const WaitRecordingStore::Sent& sent) { return sent.timeout == absl::Hours(1); }, 2));
+  watcher.reset();
+  const std::vector<WaitRecordingStore::Sent> waits = rank_store_.waits();
+  EXPECT_EQ(waits.front().timeout, absl::Hours(1)) << "the first, before any failure";
+  for (size_t i = 1; i + 1 < waits.size(); ++i) {
+    EXPECT_EQ(waits[i].timeout, absl::Milliseconds(250)) << "wait " << i;
+  }
+  EXPECT_EQ(waits.back().timeout, absl::Hours(1));
+  EXPECT_THAT(calls_.generations(), IsEmpty());
 }
 
 TEST_F(GenerationWatcherTest, SendsNoStoreWaitWhileTheGenerationIsSuperseded) {
