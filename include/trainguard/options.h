@@ -128,10 +128,12 @@ struct Options {
   int watchdog_floor_ms = 1'000;
   int watchdog_history = 200;
   // With a store: a rank publishes its progress (its last phase event or tick, and the collectives
-  // it has entered) at most every watchdog_peer_progress_ms, when it changed. A rank waiting in a
-  // collective past its bound asks the peers' records first, and postpones the hang while a peer
-  // that has not entered that collective yet made progress within 3 x watchdog_peer_progress_ms +
-  // 500 ms (an RL rank still generating is slow, not hung). 0: no records, no postponement.
+  // it has entered) at most every watchdog_peer_progress_ms, when it changed, once a rank of its
+  // generation asked for the records. A rank waiting in a collective past its bound asks the
+  // peers' records first (the first of a generation asks every rank to publish, and gives their
+  // first records one window to arrive), and postpones the hang while a peer that has not entered
+  // that collective yet made progress within the window, 3 x watchdog_peer_progress_ms + 500 ms
+  // (an RL rank still generating is slow, not hung). 0: no records, no postponement.
   int watchdog_peer_progress_ms = 200;
   // Records in the rank's shared-memory flight recorder ring (flight_recorder.h).
   int flight_recorder_records = 4'096;
@@ -143,16 +145,16 @@ struct Options {
   // once. Without a store the abort is immediate.
   int hang_dump_wait_ms = 1'000;
   // How long a step may go on after this rank learned that its generation was superseded (the
-  // other ranks left for a newer one: its heartbeat was refused, or its hang watcher read the newer
-  // generation's number) before the process exits with Runtime::kSupersededStepExitCode, so that
-  // the launcher gives its rank to a standby. A collective blocked on a peer that is gone without
-  // closing its connections (a partitioned or powered-off host) may not return before its own
-  // timeout, even once aborted (gloo fails only the operations of the connection that broke). The
-  // launcher kills such a rank anyway once its heartbeat has been refused for --heartbeat-timeout
-  // (30 s by default). Keep it above the time the launcher takes to kill a lost peer, whose closed
-  // connections end the wait (a stopped rank: --host-timeout, 3 s by default, or the watchdog's
-  // bound): a survivor waiting on a stopped peer would exit first, and need a standby too. 0:
-  // never exit.
+  // other ranks left for a newer one: its heartbeat was refused, or its generation watcher saw the
+  // newer generation's table) before the process exits with Runtime::kSupersededStepExitCode, so
+  // that the launcher gives its rank to a standby. A collective blocked on a peer that is gone
+  // without closing its connections (a partitioned or powered-off host) may not return before its
+  // own timeout, even once aborted (gloo fails only the operations of the connection that broke).
+  // The launcher kills such a rank anyway once its heartbeat has been refused for
+  // --heartbeat-timeout (30 s by default). Keep it above the time the launcher takes to kill a lost
+  // peer, whose closed connections end the wait (a stopped rank: --host-timeout, 3 s by default, or
+  // the watchdog's bound): a survivor waiting on a stopped peer would exit first, and need a
+  // standby too. 0: never exit.
   int superseded_step_exit_ms = 10'000;
   // Step::CheckLoss (LossSpikeDetector, health.h): a loss more than loss_spike_mads scaled MADs
   // above the median of the last loss_spike_window accepted losses (on the log scale for positive

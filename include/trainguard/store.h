@@ -18,6 +18,7 @@
 #ifndef TRAINGUARD_STORE_H_
 #define TRAINGUARD_STORE_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -66,6 +67,13 @@ class Store {
                                                             absl::Duration timeout) = 0;
   // Blocks until every key in `keys` exists. DeadlineExceeded names the keys still missing.
   virtual absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) = 0;
+  // Blocks until at least one key of `keys` exists and returns its index in `keys` (the lowest,
+  // when several do). A watcher that must react to whichever of several events comes first
+  // (a newer generation, a peer's hang, its own shutdown) parks one call on all of their keys
+  // instead of polling each. DeadlineExceeded names the keys when none appeared within `timeout`;
+  // InvalidArgument when `keys` is empty.
+  virtual absl::StatusOr<size_t> WaitAny(const std::vector<std::string>& keys,
+                                         absl::Duration timeout) = 0;
 
   // Raises the fence to `generation` (no-op if it is already at least that).
   virtual absl::Status RaiseFence(int64_t generation, absl::Duration timeout) = 0;
@@ -93,6 +101,8 @@ class InMemoryStore final : public Store {
   absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
                                                     absl::Duration timeout) override;
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
+  absl::StatusOr<size_t> WaitAny(const std::vector<std::string>& keys,
+                                 absl::Duration timeout) override;
   absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override;
   void SetWriterGeneration(int64_t generation) override;
 
@@ -126,6 +136,8 @@ class PrefixStore final : public Store {
   absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
                                                     absl::Duration timeout) override;
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
+  absl::StatusOr<size_t> WaitAny(const std::vector<std::string>& keys,
+                                 absl::Duration timeout) override;
   absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override;
   void SetWriterGeneration(int64_t generation) override;
 

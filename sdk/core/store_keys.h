@@ -10,6 +10,8 @@
 //   hang/gen<G>/aborted/<R>             the declaring rank R aborted its communicators
 //   hang/gen<G>/withdrawn/<R>           the declaring rank R withdrew its hang (the reason)
 //   hang/gen<G>/progress/<R>            rank R's collective progress while a hang is judged
+//   hang/gen<G>/progress_wanted         a rank whose collective ran past its bound asks its peers
+//                                       for their progress records: "<R> <wall_unix_ns>"
 //   rdzv/gen/<G>/resumed/<R>            the first step rank R completed in generation G
 //   rdzv/...                            the rendezvous' own keys (Rdzv*; rdzv/assign/<member> holds
 //                                       an Assignment), whose meaning rendezvous.h gives
@@ -59,6 +61,9 @@ inline std::string HangWithdrawn(int64_t generation, int rank) {
 inline std::string HangProgress(int64_t generation, int rank) {
   return absl::StrCat(Hang(generation), "/progress/", rank);
 }
+inline std::string HangProgressWanted(int64_t generation) {
+  return absl::StrCat(Hang(generation), "/progress_wanted");
+}
 
 // The rendezvous' keys (sdk/rendezvous/rendezvous.h says what each holds).
 inline constexpr char kRdzvCurrent[] = "rdzv/current";
@@ -83,6 +88,11 @@ inline std::string RdzvAssign(absl::string_view member) {
 }
 inline std::string RdzvHeartbeat(absl::string_view member) {
   return absl::StrCat("rdzv/hb/", member);
+}
+// Written by a rank's generation watcher as it stops, to end its own parked wait at once
+// (sdk/runtime/generation_watcher.h); `nonce` tells one watcher of the member from another.
+inline std::string RdzvWake(absl::string_view member, uint64_t nonce) {
+  return absl::StrCat("rdzv/wake/", member, "/", nonce);
 }
 inline std::string RdzvRenewPrefix(int64_t generation) {
   return absl::StrCat(RdzvGeneration(generation), "renew/");

@@ -1,7 +1,12 @@
 // The records behind the fail-slow detector (fail_slow_detector.h), as they travel through the
 // job's store (docs/FORMATS.md), out of band of the training traffic:
 //
-//   health/rank/<rank>      written by each rank's Runtime (its watcher thread) once a second:
+//   health/work_wanted      written by a host agent that samples its host (`trainguard run
+//                           --fail-slow`): until it exists, ranks write no work record (nothing
+//                           else reads them), and a rank's store traffic is a second's request
+//                           less.
+//   health/rank/<rank>      written by each rank's Runtime (its duty thread) once a second, once
+//                           health/work_wanted exists:
 //                           "v1 <steps_completed> <step_ns_total> <collective_ns_total>
 //                           <collective_bytes_total>": guarded steps finished, their durations
 //                           summed, and the durations and the bytes of its completed collectives
@@ -42,6 +47,7 @@ struct RankWorkRecord {
 };
 
 std::string RankWorkKey(int rank);
+inline constexpr char kRankWorkWantedKey[] = "health/work_wanted";
 std::string EncodeRankWorkRecord(const RankWorkRecord& record);
 // InvalidArgument naming the field that does not parse.
 absl::StatusOr<RankWorkRecord> ParseRankWorkRecord(std::string_view text);

@@ -307,6 +307,11 @@ void HostAgent::PublishHostSample(HostSampler& sampler, int ranks_per_host) {
     keys.push_back(RankWorkKey(w->rank));
   }
   if (ranks.empty()) return;
+  // The ranks write their work records only once asked (they cost every rank a request a second).
+  if (!work_records_asked_) {
+    work_records_asked_ =
+        store_->Set(kRankWorkWantedKey, options_.host_id, options_.call_timeout).ok();
+  }
   // Without the work records the sample still holds what the agent reads itself (CPU, TCP, GPUs).
   absl::StatusOr<std::vector<std::optional<std::string>>> records =
       store_->MultiGet(keys, options_.call_timeout);

@@ -282,6 +282,7 @@ class HostAgent {
   int64_t beats_ = 0;
   absl::Time store_seen_;  // when the store last took a beat (the start of that call)
   absl::Time next_host_sample_ = absl::InfinitePast();  // PublishHostSample's next second
+  bool work_records_asked_ = false;  // PublishHostSample wrote health/work_wanted
 };
 
 }  // namespace trainguard

@@ -38,6 +38,8 @@ constexpr int kMaxFenceRounds = 8;
 // The pause before Wait watches again after its watch failed: doubles from the first to the second.
 constexpr absl::Duration kWatchRetryBackoffInitial = absl::Milliseconds(10);
 constexpr absl::Duration kWatchRetryBackoffMax = absl::Milliseconds(500);
+// How often WaitAny reads whether any of its keys exists (etcd_store.h says why it polls).
+constexpr absl::Duration kWaitAnyPoll = absl::Milliseconds(250);
 
 // The fence as stored: fixed-width decimal, so that etcd's bytewise comparison of values is the
 // numeric comparison of generations. 20 digits hold every uint64_t.
@@ -518,6 +520,33 @@ absl::Status EtcdStore::Wait(const std::vector<std::string>& keys, absl::Duratio
     if (absl::Now() + backoff >= deadline) return failed(watched);
     absl::SleepFor(backoff);
     backoff = std::min(2 * backoff, kWatchRetryBackoffMax);
+  }
+}
+
+absl::StatusOr<size_t> EtcdStore::WaitAny(const std::vector<std::string>& keys,
+                                          absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  if (keys.empty()) return absl::InvalidArgumentError("WaitAny needs at least one store key");
+  KeyPresence present;
+  for (const std::string& key : keys) {
+    if (absl::Status s = CheckKey(key); !s.ok()) return s;
+    present.emplace(EtcdKey(key), false);
+  }
+  const std::string what = absl::StrCat("WaitAny for store keys ", absl::StrJoin(keys, ", "));
+  while (true) {
+    // A read, sent again by the client when its member fails, within the deadline.
+    absl::StatusOr<int64_t> revision = CheckPresence(*client_, present, deadline);
+    if (!revision.ok()) return Annotate(revision.status(), what, timeout);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (present.at(EtcdKey(keys[i]))) return i;
+    }
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError(
+          absl::StrFormat("waited %s for any of the store keys %s (etcd job %s)",
+                          absl::FormatDuration(timeout), absl::StrJoin(keys, ", "), job_id_));
+    }
+    absl::SleepFor(std::min(kWaitAnyPoll, left));
   }
 }
 

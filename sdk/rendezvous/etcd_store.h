@@ -106,6 +106,13 @@ class EtcdStore final : public Store {
   absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
                                                     absl::Duration timeout) override;
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
+  // A poll, not a watch: one read of the keys' presence (one transaction of count-only ranges)
+  // every kWaitAnyPoll until one exists. etcd's JSON gateway takes one watch per stream, over one
+  // key range; the range spanning unrelated keys (a rank's next table and its hang key) would carry
+  // every write between them (every rank's heartbeat), and a watch per key would need a thread
+  // each.
+  absl::StatusOr<size_t> WaitAny(const std::vector<std::string>& keys,
+                                 absl::Duration timeout) override;
   absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override;
   // REQUIRES: generation >= 0 or kUnfenced. A write carrying another negative generation fails
   // with InvalidArgument.

@@ -140,6 +140,29 @@ class InMemoryStore::Client final : public Store {
                      " for store keys; still missing: ", absl::StrJoin(missing, ", ")));
   }
 
+  absl::StatusOr<size_t> WaitAny(const std::vector<std::string>& keys,
+                                 absl::Duration timeout) override {
+    if (keys.empty()) return absl::InvalidArgumentError("WaitAny needs at least one store key");
+    for (const std::string& key : keys) {
+      if (absl::Status s = CheckKey(key); !s.ok()) return s;
+    }
+    MutexLock lock(&state_->mu);
+    size_t found = keys.size();
+    auto any_present = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+      for (size_t i = 0; i < keys.size(); ++i) {
+        if (state_->data.find(keys[i]) != state_->data.end()) {
+          found = i;
+          return true;
+        }
+      }
+      return false;
+    };
+    if (state_->mu.AwaitWithTimeout(any_present, timeout)) return found;
+    return absl::DeadlineExceededError(absl::StrCat("waited ", absl::FormatDuration(timeout),
+                                                    " for any of the store keys ",
+                                                    absl::StrJoin(keys, ", ")));
+  }
+
   absl::Status RaiseFence(int64_t generation, absl::Duration) override {
     MutexLock lock(&state_->mu);
     state_->fence = std::max(state_->fence, generation);
@@ -187,6 +210,10 @@ absl::StatusOr<std::vector<std::string>> InMemoryStore::ListKeys(std::string_vie
 }
 absl::Status InMemoryStore::Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
   return self_->Wait(keys, timeout);
+}
+absl::StatusOr<size_t> InMemoryStore::WaitAny(const std::vector<std::string>& keys,
+                                              absl::Duration timeout) {
+  return self_->WaitAny(keys, timeout);
 }
 absl::Status InMemoryStore::RaiseFence(int64_t generation, absl::Duration timeout) {
   return self_->RaiseFence(generation, timeout);

@@ -53,6 +53,13 @@ absl::Status PrefixStore::Wait(const std::vector<std::string>& keys, absl::Durat
   for (const std::string& key : keys) full.push_back(Full(key));
   return base_->Wait(full, timeout);
 }
+absl::StatusOr<size_t> PrefixStore::WaitAny(const std::vector<std::string>& keys,
+                                            absl::Duration timeout) {
+  std::vector<std::string> full;
+  full.reserve(keys.size());
+  for (const std::string& key : keys) full.push_back(Full(key));
+  return base_->WaitAny(full, timeout);
+}
 absl::Status PrefixStore::RaiseFence(int64_t generation, absl::Duration timeout) {
   return base_->RaiseFence(generation, timeout);
 }

@@ -117,6 +117,35 @@ absl::StatusOr<bool> RendezvousMember::AwaitNewerGeneration(absl::Duration timeo
   return superseded_generation_.load() == generation_;
 }
 
+absl::StatusOr<RendezvousMember::NewerGenerationOrKey> RendezvousMember::AwaitNewerGenerationOr(
+    const std::vector<std::string>& keys, absl::Duration timeout) {
+  const int64_t held = generation();
+  if (held < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("member %s holds no generation to be superseded", member_id_));
+  }
+  NewerGenerationOrKey seen;
+  if (superseded_generation() == held) {
+    seen.superseded = true;
+    return seen;
+  }
+  std::vector<std::string> awaited = {TableKey(held + 1)};
+  awaited.insert(awaited.end(), keys.begin(), keys.end());
+  absl::StatusOr<size_t> found = store_->WaitAny(awaited, timeout);
+  if (absl::IsDeadlineExceeded(found.status())) return seen;
+  if (!found.ok()) return found.status();
+  if (*found > 0) {
+    seen.key = *found - 1;
+    return seen;
+  }
+  // As in AwaitNewerGeneration: a member that adopted a newer generation meanwhile is not
+  // superseded by the table it waited for.
+  MutexLock lock(&mu_);
+  if (generation_ == held) superseded_generation_.store(held);
+  seen.superseded = superseded_generation_.load() == generation_;
+  return seen;
+}
+
 void RendezvousMember::AdoptGeneration(int64_t generation) {
   MutexLock lock(&mu_);
   generation_ = generation;

@@ -38,6 +38,8 @@
 //                                  any store, TcpStore or etcd alike). "left" once the member was
 //                                  destroyed (its Runtime closed): the process is exiting, and is
 //                                  given kLeftGrace to do so before it counts as stale
+//   rdzv/wake/<member>/<nonce>     written by a Runtime's generation watcher as it stops, to end
+//                                  its own parked wait (AwaitNewerGenerationOr) at once
 //
 // Thread safety: RendezvousMember and RendezvousCoordinator may be called from any thread; each
 // owns at most one background thread (the heartbeat), stopped and joined by its destructor.
@@ -123,6 +125,20 @@ class RendezvousMember {
   // True when this member's generation is superseded (also when it was already), false when the
   // wait ran out; FailedPrecondition before it joined a generation; the store's error otherwise.
   absl::StatusOr<bool> AwaitNewerGeneration(absl::Duration timeout);
+  // What AwaitNewerGenerationOr saw.
+  struct NewerGenerationOrKey {
+    // The next generation's table exists: this member is marked superseded.
+    bool superseded = false;
+    // Otherwise: the index in `keys` of one that exists; nullopt when the wait ran out.
+    std::optional<size_t> key;
+  };
+  // AwaitNewerGeneration and a wait for any of `keys`, parked at once as one Store::WaitAny: ends
+  // as soon as the next generation's table or one of `keys` exists, so that a watcher waits for
+  // the generation, a peer's hang and its own shutdown with one request, without polling. The
+  // table wins when both exist. FailedPrecondition before this member joined a generation; the
+  // store's error otherwise.
+  absl::StatusOr<NewerGenerationOrKey> AwaitNewerGenerationOr(const std::vector<std::string>& keys,
+                                                              absl::Duration timeout);
 
  private:
   absl::StatusOr<Membership> ReadMembership(int64_t generation, absl::Duration timeout);

@@ -49,6 +49,11 @@ absl::Status ValidateStoreRequest(const proto::StoreRequest& request) {
       return CheckKeys(request.multi_get().keys(), "MultiGet");
     case proto::StoreRequest::kWait:
       return CheckKeys(request.wait().keys(), "Wait");
+    case proto::StoreRequest::kWaitAny:
+      if (request.wait_any().keys().empty()) {
+        return absl::InvalidArgumentError("a WaitAny request names no store key");
+      }
+      return CheckKeys(request.wait_any().keys(), "WaitAny");
     case proto::StoreRequest::kListKeys:
     case proto::StoreRequest::kRaiseFence:
       return absl::OkStatus();
@@ -210,6 +215,8 @@ proto::StoreResponse StoreState::Apply(uint64_t session_id, Job& job,
       *parked = true;
       return proto::StoreResponse();
     }
+    case proto::StoreRequest::kWaitAny:
+      return ApplyWaitAny(session_id, job, request, now, parked);
     case proto::StoreRequest::kRaiseFence:
       job.fence = std::max(job.fence, request.raise_fence().generation());
       return StatusResponse(id, absl::OkStatus());
@@ -247,6 +254,7 @@ void StoreState::Park(uint64_t session_id, Job& job, const proto::StoreRequest& 
 }
 
 void StoreState::KeyWritten(Job& job, const std::string& key) {
+  WakeAnyWaiters(job, key);
   auto [begin, end] = job.waiting_on.equal_range(key);
   if (begin == end) return;
   std::vector<uint64_t> ids;
@@ -279,6 +287,7 @@ void StoreState::Finish(uint64_t waiter_id, proto::StoreResponse response) {
 }
 
 void StoreState::ExpireWaits(absl::Time now) {
+  ExpireAnyWaits(now);
   while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
     const uint64_t waiter_id = deadlines_.begin()->second;
     const Waiter& waiter = waiters_.at(waiter_id);
@@ -301,11 +310,16 @@ std::vector<StoreState::Completion> StoreState::TakeCompletions() {
 }
 
 std::optional<absl::Time> StoreState::NextWaitDeadline() const {
-  if (deadlines_.empty()) return std::nullopt;
-  return deadlines_.begin()->first;
+  std::optional<absl::Time> next;
+  if (!deadlines_.empty()) next = deadlines_.begin()->first;
+  if (!any_deadlines_.empty() && (!next.has_value() || any_deadlines_.begin()->first < *next)) {
+    next = any_deadlines_.begin()->first;
+  }
+  return next;
 }
 
 void StoreState::CancelWaits(uint64_t session_id) {
+  CancelAnyWaits(session_id);
   auto of_session = waiters_of_session_.find(session_id);
   if (of_session == waiters_of_session_.end()) return;
   const std::vector<uint64_t> ids = std::move(of_session->second);
@@ -317,6 +331,110 @@ void StoreState::CancelWaits(uint64_t session_id) {
     if (waiter.index != waiter.job->waiting_on.end()) waiter.job->waiting_on.erase(waiter.index);
     deadlines_.erase({waiter.deadline, waiter_id});
     waiters_.erase(it);
+  }
+}
+
+// --- WaitAny: parked under each of its keys until one is written or its deadline passes.
+
+proto::StoreResponse StoreState::ApplyWaitAny(uint64_t session_id, Job& job,
+                                              const proto::StoreRequest& request, absl::Time now,
+                                              bool* parked) {
+  const uint64_t id = request.request_id();
+  const proto::WaitAnyOp& op = request.wait_any();
+  for (int i = 0; i < op.keys_size(); ++i) {
+    if (job.data.contains(op.keys(i))) {
+      proto::StoreResponse response = StatusResponse(id, absl::OkStatus());
+      response.set_number(i);
+      return response;
+    }
+  }
+  if (op.timeout_ms() <= 0) {
+    return StatusResponse(
+        id, absl::DeadlineExceededError(absl::StrCat("waited 0 for any of the store keys ",
+                                                     absl::StrJoin(op.keys(), ", "))));
+  }
+  std::vector<uint64_t>& of_session = any_waiters_of_session_[session_id];
+  if (of_session.size() >= kMaxParkedWaitsPerSession) {
+    return StatusResponse(
+        id, absl::ResourceExhaustedError(absl::StrFormat(
+                "this connection already has %d WaitAnys parked on the store server (the limit)",
+                of_session.size())));
+  }
+  const uint64_t waiter_id = next_waiter_id_++;
+  // Clamped so that the deadline arithmetic cannot overflow (about 292 years).
+  const absl::Duration timeout =
+      absl::Milliseconds(std::min<int64_t>(op.timeout_ms(), int64_t{1} << 53));
+  AnyWaiter waiter{.session_id = session_id,
+                   .request_id = id,
+                   .job = &job,
+                   .keys = std::vector<std::string>(op.keys().begin(), op.keys().end()),
+                   .timeout = timeout,
+                   .deadline = now + timeout,
+                   .index = {}};
+  for (const std::string& key : waiter.keys) {
+    waiter.index.push_back(job.any_waiting_on.emplace(key, waiter_id));
+  }
+  any_deadlines_.emplace(waiter.deadline, waiter_id);
+  of_session.push_back(waiter_id);
+  any_waiters_.emplace(waiter_id, std::move(waiter));
+  *parked = true;
+  return proto::StoreResponse();
+}
+
+void StoreState::WakeAnyWaiters(Job& job, const std::string& key) {
+  auto [begin, end] = job.any_waiting_on.equal_range(key);
+  if (begin == end) return;
+  std::vector<uint64_t> ids;
+  for (auto it = begin; it != end; ++it) ids.push_back(it->second);
+  for (uint64_t waiter_id : ids) {
+    const AnyWaiter& waiter = any_waiters_.at(waiter_id);
+    // The first of its keys that exists: the one written, or an earlier one written with it.
+    size_t found = 0;
+    while (found < waiter.keys.size() && !job.data.contains(waiter.keys[found])) ++found;
+    proto::StoreResponse response = StatusResponse(waiter.request_id, absl::OkStatus());
+    response.set_number(static_cast<int64_t>(found));
+    FinishAny(waiter_id, std::move(response));
+  }
+}
+
+void StoreState::FinishAny(uint64_t waiter_id, proto::StoreResponse response) {
+  auto it = any_waiters_.find(waiter_id);
+  if (it == any_waiters_.end()) return;
+  AnyWaiter& waiter = it->second;
+  for (auto& entry : waiter.index) waiter.job->any_waiting_on.erase(entry);
+  any_deadlines_.erase({waiter.deadline, waiter_id});
+  auto of_session = any_waiters_of_session_.find(waiter.session_id);
+  if (of_session != any_waiters_of_session_.end()) {
+    std::erase(of_session->second, waiter_id);
+    if (of_session->second.empty()) any_waiters_of_session_.erase(of_session);
+  }
+  completions_.push_back(Completion{waiter.session_id, std::move(response)});
+  any_waiters_.erase(it);
+}
+
+void StoreState::ExpireAnyWaits(absl::Time now) {
+  while (!any_deadlines_.empty() && any_deadlines_.begin()->first <= now) {
+    const uint64_t waiter_id = any_deadlines_.begin()->second;
+    const AnyWaiter& waiter = any_waiters_.at(waiter_id);
+    FinishAny(waiter_id,
+              StatusResponse(waiter.request_id, absl::DeadlineExceededError(absl::StrCat(
+                                                    "waited ", absl::FormatDuration(waiter.timeout),
+                                                    " for any of the store keys ",
+                                                    absl::StrJoin(waiter.keys, ", ")))));
+  }
+}
+
+void StoreState::CancelAnyWaits(uint64_t session_id) {
+  auto of_session = any_waiters_of_session_.find(session_id);
+  if (of_session == any_waiters_of_session_.end()) return;
+  const std::vector<uint64_t> ids = std::move(of_session->second);
+  any_waiters_of_session_.erase(of_session);
+  for (uint64_t waiter_id : ids) {
+    auto it = any_waiters_.find(waiter_id);
+    if (it == any_waiters_.end()) continue;
+    for (auto& entry : it->second.index) it->second.job->any_waiting_on.erase(entry);
+    any_deadlines_.erase({it->second.deadline, waiter_id});
+    any_waiters_.erase(it);
   }
 }
 

@@ -39,7 +39,8 @@ class StoreState {
     proto::StoreResponse response;
   };
 
-  // At most this many Waits of one session are parked at once; more get ResourceExhausted.
+  // At most this many Waits of one session are parked at once; more get ResourceExhausted. The
+  // same bound holds for its WaitAnys, counted apart.
   static constexpr size_t kMaxParkedWaitsPerSession = 16;
 
   // `max_response_bytes`: a response larger than this (e.g. a MultiGet of many large values)
@@ -67,7 +68,7 @@ class StoreState {
   // Forgets every Wait of a session whose connection closed.
   void CancelWaits(uint64_t session_id);
 
-  size_t parked_waits() const { return waiters_.size(); }
+  size_t parked_waits() const { return waiters_.size() + any_waiters_.size(); }
 
  private:
   struct Job {
@@ -76,6 +77,8 @@ class StoreState {
     // A parked Wait is indexed under one key it still misses; when that key is written the Wait is
     // checked again and re-indexed under the next missing key, if any.
     std::multimap<std::string, uint64_t, std::less<>> waiting_on;
+    // A parked WaitAny is indexed under every one of its keys (all absent while it is parked).
+    std::multimap<std::string, uint64_t, std::less<>> any_waiting_on;
   };
   struct Waiter {
     uint64_t session_id;
@@ -98,6 +101,26 @@ class StoreState {
             const std::string& missing, absl::Time now);
   void Finish(uint64_t waiter_id, proto::StoreResponse response);
 
+  // WaitAny, apart from Wait's waiters: answered when any one of its keys is written.
+  struct AnyWaiter {
+    uint64_t session_id;
+    uint64_t request_id;
+    Job* job;
+    std::vector<std::string> keys;
+    absl::Duration timeout;
+    absl::Time deadline;
+    // One entry in job->any_waiting_on per key.
+    std::vector<std::multimap<std::string, uint64_t, std::less<>>::iterator> index;
+  };
+  proto::StoreResponse ApplyWaitAny(uint64_t session_id, Job& job,
+                                    const proto::StoreRequest& request, absl::Time now,
+                                    bool* parked);
+  // Answers the WaitAnys indexed under `key`, which was just written.
+  void WakeAnyWaiters(Job& job, const std::string& key);
+  void FinishAny(uint64_t waiter_id, proto::StoreResponse response);
+  void ExpireAnyWaits(absl::Time now);
+  void CancelAnyWaits(uint64_t session_id);
+
   const uint32_t max_response_bytes_;
   // std::map: a Job's address is stable (waiters point at it).
   std::map<std::string, Job, std::less<>> jobs_;
@@ -106,6 +129,9 @@ class StoreState {
   absl::flat_hash_map<uint64_t, std::vector<uint64_t>> waiters_of_session_;
   std::vector<Completion> completions_;
   uint64_t next_waiter_id_ = 1;
+  std::map<uint64_t, AnyWaiter> any_waiters_;
+  std::set<std::pair<absl::Time, uint64_t>> any_deadlines_;
+  absl::flat_hash_map<uint64_t, std::vector<uint64_t>> any_waiters_of_session_;
 };
 
 }  // namespace trainguard

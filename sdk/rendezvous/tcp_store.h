@@ -169,6 +169,8 @@ class TcpStore final : public Store {
   absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
                                                     absl::Duration timeout) override;
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
+  absl::StatusOr<size_t> WaitAny(const std::vector<std::string>& keys,
+                                 absl::Duration timeout) override;
   absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override;
   void SetWriterGeneration(int64_t generation) override;
 

@@ -153,10 +153,12 @@ class TcpStore::Connection {
       const uint64_t id = next_request_id_++;
       request.set_request_id(id);
       request.set_writer_generation(generation_.load());
-      const bool is_wait = request.has_wait();
+      const bool is_wait = request.has_wait() || request.has_wait_any();
       if (is_wait) {
-        request.mutable_wait()->set_timeout_ms(absl::ToInt64Milliseconds(absl::Ceil(
-            std::max(deadline - MonotonicNow(), absl::ZeroDuration()), absl::Milliseconds(1))));
+        const int64_t timeout_ms = absl::ToInt64Milliseconds(absl::Ceil(
+            std::max(deadline - MonotonicNow(), absl::ZeroDuration()), absl::Milliseconds(1)));
+        if (request.has_wait()) request.mutable_wait()->set_timeout_ms(timeout_ms);
+        if (request.has_wait_any()) request.mutable_wait_any()->set_timeout_ms(timeout_ms);
       }
       std::string frame;
       if (absl::Status s = store_wire::AppendFrame(message, server_max_frame_bytes_, what, &frame);
@@ -659,6 +661,25 @@ absl::Status TcpStore::Wait(const std::vector<std::string>& keys, absl::Duration
       Lease(this)->Call(message, Connection::Retry::kIdempotent, timeout, Describe("Wait", keys));
   if (!response.ok()) return response.status();
   return ResponseStatus(*response);
+}
+
+absl::StatusOr<size_t> TcpStore::WaitAny(const std::vector<std::string>& keys,
+                                         absl::Duration timeout) {
+  if (keys.empty()) return absl::InvalidArgumentError("WaitAny needs at least one store key");
+  if (absl::Status s = CheckKeys(keys); !s.ok()) return s;
+  proto::ClientMessage message;
+  proto::WaitAnyOp* op = message.mutable_request()->mutable_wait_any();
+  for (const std::string& key : keys) op->add_keys(key);
+  const std::string what = Describe("WaitAny", keys);
+  absl::StatusOr<proto::StoreResponse> response =
+      Lease(this)->Call(message, Connection::Retry::kIdempotent, timeout, what);
+  if (!response.ok()) return response.status();
+  if (absl::Status s = ResponseStatus(*response); !s.ok()) return s;
+  if (response->number() < 0 || static_cast<size_t>(response->number()) >= keys.size()) {
+    return absl::InternalError(absl::StrFormat("store server %s answered %s with key index %d",
+                                               address(), what, response->number()));
+  }
+  return static_cast<size_t>(response->number());
 }
 
 absl::Status TcpStore::RaiseFence(int64_t generation, absl::Duration timeout) {

@@ -7,7 +7,7 @@
 //       and its step ends ok, the hang is withdrawn (hang/gen<G>/withdrawn/<rank>, a hang_withdrawn
 //       event): nothing is aborted. Otherwise it stands (hang/gen<G>/aborted/<rank>) and the
 //       watchdog aborts the communicators when OnOwnHang returns.
-//   a peer's (OnHangKey: what the peer-hang watcher read from hang/gen<G> of the rank's current
+//   a peer's (OnHangKey: what the generation watcher read from hang/gen<G> of the rank's current
 //       generation) -> writes this rank's dump and a `hang` event (remote=true) once per
 //       generation; once more only after the hang was withdrawn (its key deleted, and seen absent
 //       by a read sent after it was seen present). The key of a generation older than the rank's
@@ -17,10 +17,10 @@
 //       trainer's superseded handlers let it go, and written after them.
 //   a static job's communication failure (DumpCommunicationFailure) and SIGUSR2 (DumpOnDemand).
 //
-// It has no thread of its own: the watchdog's thread, the two watchers' and the training thread
-// call it, and the instants that order its store requests against the watcher's reads come from its
-// Clock. One dump is captured and written at a time, and a generation's hang is dumped once,
-// whichever thread sees it first.
+// It has no thread of its own: the watchdog's thread, the generation watcher's, the duty thread and
+// the training thread call it, and the instants that order its store requests against the watcher's
+// reads come from its Clock. One dump is captured and written at a time, and a generation's hang is
+// dumped once, whichever thread sees it first.
 //
 // Thread safety: every method may be called from any thread. Not copyable or movable.
 #ifndef TRAINGUARD_SDK_RUNTIME_HANG_RESPONDER_H_
@@ -86,7 +86,7 @@ class HangResponder {
   // This rank's watchdog declared `report` in `generation` (see above). Returns once the hang is
   // withdrawn or stands: at the latest dump_wait after the declaration, or at Stop().
   void OnOwnHang(const HangReport& report, int64_t generation);
-  // The peer-hang watcher read hang/gen<generation>, in a request sent at `asked`: the
+  // The generation watcher read hang/gen<generation>, in a request sent at `asked`: the
   // declaration's value, NotFound when no hang is declared (or it was withdrawn), or the store's
   // error (nothing is decided on it).
   void OnHangKey(int64_t generation, const absl::StatusOr<std::string>& declared_by,

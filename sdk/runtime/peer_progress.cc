@@ -1,6 +1,6 @@
-#include "sdk/core/store_keys.h"
 #include "sdk/runtime/peer_progress.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "sdk/core/store_keys.h"
 
 namespace trainguard {
 namespace runtime_internal {
@@ -78,6 +79,36 @@ absl::StatusOr<ProgressRecord> ParseProgressRecord(std::string_view text) {
 
 std::string ProgressKey(int64_t generation, int rank) {
   return store_keys::HangProgress(generation, rank);
+}
+
+std::string EncodeProgressQuestion(int rank, absl::Time asked) {
+  return absl::StrCat(rank, " ", absl::ToUnixNanos(asked));
+}
+
+absl::StatusOr<absl::Time> ParseProgressQuestion(std::string_view text) {
+  const std::vector<absl::string_view> fields =
+      absl::StrSplit(absl::string_view(text.data(), text.size()), ' ');
+  int rank = 0;
+  int64_t asked_ns = 0;
+  if (fields.size() != 2 || !absl::SimpleAtoi(fields[0], &rank)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("progress question \"%s\": not \"<rank> <wall_unix_ns>\"", text));
+  }
+  if (!absl::SimpleAtoi(fields[1], &asked_ns)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("progress question \"%s\": bad wall time", text));
+  }
+  return absl::FromUnixNanos(asked_ns);
+}
+
+std::optional<std::string> AwaitingFirstRecords(absl::Time asked, absl::Time now,
+                                                absl::Duration window) {
+  const absl::Duration since = now - asked;
+  if (since >= window) return std::nullopt;
+  return absl::StrCat("the peers were asked for their progress records ",
+                      absl::FormatDuration(absl::Trunc(std::max(since, absl::ZeroDuration()),
+                                                       absl::Milliseconds(1))),
+                      " ago");
 }
 
 std::optional<std::string> ExplainWait(const std::vector<std::optional<std::string>>& records,

@@ -3,8 +3,12 @@
 // Watchdog's peer_progress question is answered from them).
 //
 // Each rank of a job with a store publishes one record under hang/gen<G>/progress/<rank>, at most
-// every watchdog_peer_progress_ms and only when it changed, from the Runtime's watcher thread. It
-// is one line of text (docs/FORMATS.md):
+// every watchdog_peer_progress_ms and only when it changed, from the Runtime's duty thread, once a
+// rank of generation G asked for them: the first rank whose collective runs past its bound writes
+// hang/gen<G>/progress_wanted, every rank's generation watcher sees it, and their records follow
+// (until then, no one reads them). The asker takes its peers' first records to be on their way for
+// one window after the question (AwaitingFirstRecords). A record is one line of text
+// (docs/FORMATS.md):
 //
 //   v1 <wall_unix_ns> <progress_age_ns> <step> <comm_id>:<begun>[,<comm_id>:<begun>...]
 //
@@ -52,6 +56,16 @@ absl::StatusOr<ProgressRecord> ParseProgressRecord(std::string_view text);
 
 // The store key of `rank`'s record in generation `generation`.
 std::string ProgressKey(int64_t generation, int rank);
+
+// The value of hang/gen<G>/progress_wanted: who asked, and when (its wall clock).
+std::string EncodeProgressQuestion(int rank, absl::Time asked);
+// When the question was asked; InvalidArgument naming the field that does not parse.
+absl::StatusOr<absl::Time> ParseProgressQuestion(std::string_view text);
+// While the peers' first records may still be on their way after the question asked at `asked`
+// (until `window` after it): the excuse that postpones the hang meanwhile, e.g. "the peers were
+// asked for their progress records 120ms ago"; nullopt once the window has passed.
+std::optional<std::string> AwaitingFirstRecords(absl::Time asked, absl::Time now,
+                                                absl::Duration window);
 
 // Where the launcher (sdk/launch/launch_agent.cc: the host's agent, on several hosts) says that one
 // of its rank processes is stopped (SIGSTOP, a debugger): agents/stopped/<member id>, written while

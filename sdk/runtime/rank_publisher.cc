@@ -14,6 +14,8 @@ void RankPublisher::PublishProgress() {
       options_.collectives == nullptr || options_.progress_period <= absl::ZeroDuration()) {
     return;
   }
+  const int64_t generation = options_.generation();
+  if (progress_wanted_.load(std::memory_order_acquire) != generation) return;  // no one reads it
   const int64_t now_ns = options_.clock->MonotonicNanos();
   if (now_ns - published_.written_ns < absl::ToInt64Nanoseconds(options_.progress_period)) {
     return;
@@ -24,7 +26,7 @@ void RankPublisher::PublishProgress() {
   for (const CommunicatorProgress& p : options_.collectives->Progress()) {
     now.begun.emplace_back(p.comm_id, p.begun);
   }
-  now.generation = options_.generation();
+  now.generation = generation;
   // Unchanged since the last record: the peers already know, and its age grows by itself.
   if (now.last_progress_ns == 0 ||
       (now.last_progress_ns == published_.last_progress_ns && now.begun == published_.begun &&
@@ -46,7 +48,10 @@ void RankPublisher::PublishProgress() {
 }
 
 void RankPublisher::PublishWork() {
-  if (options_.store == nullptr || options_.collectives == nullptr) return;
+  if (options_.store == nullptr || options_.collectives == nullptr ||
+      !work_wanted_.load(std::memory_order_acquire)) {
+    return;
+  }
   const int64_t now_ns = options_.clock->MonotonicNanos();
   if (now_ns - work_published_ns_ < 1'000'000'000) return;
   work_published_ns_ = now_ns;

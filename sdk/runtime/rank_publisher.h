@@ -4,18 +4,23 @@
 //   - its progress record (sdk/runtime/peer_progress.h), for the peers' watchdogs: at most every
 //     progress_period and only when it changed (a new phase or tick, a collective entered, a new
 //     generation), so that a rank blocked for long writes nothing while the record's age grows;
+//     only in a generation whose records a peer asked for (WantProgress);
 //   - its work record (sdk/health/fail_slow_metrics.h: steps, their time, the time in collectives
-//     and in the trainer's own phases), once a second, for its host agent's fail-slow sample.
+//     and in the trainer's own phases), once a second, for its host agent's fail-slow sample; only
+//     once WantWorkRecords() was called (the agent asked, health/work_wanted): nothing else reads
+//     it.
 //
 // Not a thread: its owner calls PublishProgress() and PublishWork() every period or so. Whether a
 // record is due is measured on the clock's monotonic time, so a test drives it with a ManualClock.
 // A write that fails is tried again at the next due call.
 //
-// Thread safety: one thread at a time (the owner's watcher thread). The sources it reads (the
-// heartbeat, the watchdog, the tracker) may be written by other threads meanwhile.
+// Thread safety: one thread at a time (the owner's duty thread), but WantWorkRecords() from any.
+// The sources it reads (the heartbeat, the watchdog, the tracker) may be written by other threads
+// meanwhile.
 #ifndef TRAINGUARD_SDK_RUNTIME_RANK_PUBLISHER_H_
 #define TRAINGUARD_SDK_RUNTIME_RANK_PUBLISHER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <utility>
@@ -58,10 +63,16 @@ class RankPublisher {
   RankPublisher& operator=(const RankPublisher&) = delete;
 
   // Writes this rank's progress record when progress_period has passed since the last one and it
-  // changed.
+  // changed, in a generation whose records were asked for.
   void PublishProgress();
-  // Writes this rank's work record when a second has passed since the last one.
+  // From now on PublishProgress writes in `generation` (a peer asked). Any thread.
+  void WantProgress(int64_t generation) {
+    progress_wanted_.store(generation, std::memory_order_release);
+  }
+  // Writes this rank's work record when a second has passed since the last one, once asked to.
   void PublishWork();
+  // From now on PublishWork writes. Any thread.
+  void WantWorkRecords() { work_wanted_.store(true, std::memory_order_release); }
 
  private:
   // What the last progress record said, and when it was written.
@@ -75,6 +86,8 @@ class RankPublisher {
   const RankPublisherOptions options_;
   PublishedProgress published_;
   int64_t work_published_ns_ = 0;  // when PublishWork last wrote
+  std::atomic<bool> work_wanted_{false};
+  std::atomic<int64_t> progress_wanted_{-1};  // the generation whose records were asked for
 };
 
 }  // namespace trainguard

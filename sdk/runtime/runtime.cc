@@ -23,6 +23,7 @@
 #include "sdk/checkpoint/checkpointer.h"
 #include "sdk/core/event_log.h"
 #include "sdk/core/store_keys.h"
+#include "sdk/health/fail_slow_metrics.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/runtime/peer_progress.h"
 #include "sdk/runtime/runtime_impl.h"
@@ -35,7 +36,7 @@
 namespace trainguard {
 namespace {
 
-// Set by the SIGUSR2 handler; the Runtime's watcher thread dumps the ring and stacks when it sees
+// Set by the SIGUSR2 handler; the Runtime's duty thread dumps the ring and stacks when it sees
 // it.
 std::atomic<bool> dump_requested{false};
 void RequestDump(int) { dump_requested.store(true, std::memory_order_relaxed); }
@@ -137,10 +138,37 @@ absl::StatusOr<std::unique_ptr<Runtime>> RuntimeImpl::Create(const Options& opti
   if (absl::Status s = runtime->StartDetection(); !s.ok()) return s;
   runtime->CreateGenerationEntry();
   if (runtime->member_ != nullptr) {
-    runtime->generation_watcher_ = std::make_unique<GenerationWatcher>(
-        runtime->member_.get(),
-        std::min(absl::Milliseconds(options.heartbeat_interval_ms), kGenerationWatchSlice),
-        [rt = runtime.get()](int64_t generation) { rt->OnSuperseded(generation); });
+    GenerationWatcherOptions watch{
+        .member = runtime->member_.get(),
+        .store = runtime->store_,
+        .park = kGenerationWatchPark,
+        .hang_recheck = kHangRecheckPeriod,
+        .on_superseded = [rt = runtime.get()](int64_t generation) { rt->OnSuperseded(generation); },
+        .on_hang_key = nullptr,
+        .notices = {}};
+    // A peer's hang is answered with a dump only by a rank with a watchdog (its duties publish the
+    // progress records the hang's diagnosis reads).
+    if (runtime->watchdog_ != nullptr) {
+      watch.on_hang_key = [rt = runtime.get()](int64_t generation,
+                                               const absl::StatusOr<std::string>& who,
+                                               absl::Time asked) {
+        rt->hang_responder_->OnHangKey(generation, who, asked);
+      };
+    }
+    // The progress records of a generation start once a rank of it asks for them
+    // (ExplainPeerWait), the work records once a host agent does (fail-slow detection).
+    if (runtime->rank_publisher_ != nullptr && options.watchdog_peer_progress_ms > 0) {
+      watch.notices.push_back(
+          {.key = [](int64_t generation) { return store_keys::HangProgressWanted(generation); },
+           .on_seen = [rt = runtime.get()](
+                          int64_t generation) { rt->rank_publisher_->WantProgress(generation); }});
+    }
+    if (runtime->rank_publisher_ != nullptr) {
+      watch.notices.push_back(
+          {.key = [](int64_t) { return std::string(kRankWorkWantedKey); },
+           .on_seen = [rt = runtime.get()](int64_t) { rt->rank_publisher_->WantWorkRecords(); }});
+    }
+    runtime->generation_watcher_ = std::make_unique<GenerationWatcher>(std::move(watch));
   }
   return std::unique_ptr<Runtime>(std::move(runtime));
 }
@@ -265,13 +293,13 @@ absl::Status RuntimeImpl::OpenEvents() {
 RuntimeImpl::~RuntimeImpl() {
   launcher_watch_.reset();
   CloseCommunicator();  // before the tracker its abort hook is registered in
-  // A hang's wait for the peers' dumps ends; both watchers stop together, and each destructor
-  // joins its own thread.
+  // A hang's wait for the peers' dumps ends; the generation watcher and the duty thread stop
+  // together, and each destructor joins its own thread.
   if (hang_responder_ != nullptr) hang_responder_->Stop();
   if (generation_watcher_ != nullptr) generation_watcher_->Stop();
-  if (peer_hang_watcher_ != nullptr) peer_hang_watcher_->Stop();
+  if (duty_thread_ != nullptr) duty_thread_->Stop();
   generation_watcher_.reset();
-  peer_hang_watcher_.reset();
+  duty_thread_.reset();
   watchdog_.reset();  // its thread calls back into this object
   Event stopped;
   stopped.type = EventType::kRuntimeStopped;
@@ -474,7 +502,7 @@ absl::Status RuntimeImpl::StartDetection() {
       .rank = rank_,
       .store = store_,
       .evidence = hang_evidence_.get(),
-      // Real time, not clock_: its instants are ordered against the peer-hang watcher's reads,
+      // Real time, not clock_: its instants are ordered against the generation watcher's reads,
       // which that thread stamps with real time, and its wait for the peers' dumps must end
       // whatever clock the trainer gave.
       .clock = Clock::Real(),
@@ -508,21 +536,13 @@ absl::Status RuntimeImpl::StartDetection() {
       .collectives = collectives_.get(),
       .generation = [this] { return generation(); }});
   // It wakes every half publication period (when shorter), so that a progress record goes out
-  // between one and 1.5 periods after the last; it reads the hang key every kWatcherPeriod.
-  absl::Duration period = kWatcherPeriod;
+  // between one and 1.5 periods after the last.
+  absl::Duration period = kDutyPeriod;
   if (options_.watchdog_peer_progress_ms > 0) {
     period = std::min(period, absl::Milliseconds(options_.watchdog_peer_progress_ms) / 2);
   }
-  peer_hang_watcher_ = std::make_unique<PeerHangWatcher>(PeerHangWatcherOptions{
-      .period = period,
-      .hang_check_period = kWatcherPeriod,
-      .store = store_,
-      .generation = [this] { return generation(); },
-      .duties = [this] { RunWatcherDuties(); },
-      .on_hang_key =
-          [this](int64_t generation, const absl::StatusOr<std::string>& who, absl::Time asked) {
-            hang_responder_->OnHangKey(generation, who, asked);
-          }});
+  duty_thread_ = std::make_unique<DutyThread>(
+      DutyThreadOptions{.period = period, .duties = [this] { RunWatcherDuties(); }});
   return absl::OkStatus();
 }
 
@@ -555,6 +575,40 @@ void RuntimeImpl::OnHang(const HangReport& report) {
 
 std::optional<std::string> RuntimeImpl::ExplainPeerWait(const InFlightCollective& waiting_in) {
   const int64_t generation = this->generation();
+  // A record is written at most 1.5 periods after the previous one (the duty thread wakes every
+  // half period). The window also allows a loaded machine to delay a publication by a period more,
+  // and the store round trips: a peer still generating must not look silent because its duty thread
+  // was descheduled for a moment.
+  const absl::Duration window =
+      3 * absl::Milliseconds(options_.watchdog_peer_progress_ms) + absl::Milliseconds(500);
+  // The peers publish their records once asked (peer_progress.h): the first question of the
+  // generation is this rank's unless another rank asked first; for a window after it, their
+  // first records may still be on their way, and the wait is postponed without an event.
+  if (progress_question_.generation != generation) {
+    const std::string key = store_keys::HangProgressWanted(generation);
+    absl::StatusOr<CompareAndSetResult> asked = store_->CompareAndSet(
+        key, std::nullopt, runtime_internal::EncodeProgressQuestion(rank_, clock_->Now()),
+        absl::Milliseconds(500));
+    std::optional<std::string> question;
+    if (asked.ok()) {
+      question = asked->current;
+    } else if (absl::IsFailedPrecondition(asked.status())) {
+      // The fence refuses this rank's write (its generation was superseded): the peers may have
+      // been asked by a rank that can still write.
+      absl::StatusOr<std::string> value = store_->Get(key, absl::Milliseconds(500));
+      if (value.ok()) question = *value;
+    }
+    // A store that does not answer quickly gives no excuse: the hang is declared.
+    if (!question.has_value()) return std::nullopt;
+    absl::StatusOr<absl::Time> when = runtime_internal::ParseProgressQuestion(*question);
+    progress_question_ = {.generation = generation,
+                          .asked = when.ok() ? *when : absl::InfinitePast()};
+  }
+  if (std::optional<std::string> awaiting =
+          runtime_internal::AwaitingFirstRecords(progress_question_.asked, clock_->Now(), window);
+      awaiting.has_value()) {
+    return awaiting;
+  }
   std::vector<std::string> keys;
   for (int r = 0; r < options_.world_size; ++r) {
     keys.push_back(runtime_internal::ProgressKey(generation, r));
@@ -575,12 +629,6 @@ std::optional<std::string> RuntimeImpl::ExplainPeerWait(const InFlightCollective
     stopped.push_back((*records)[i].has_value());
   }
   records->resize(options_.world_size);
-  // A record is written at most 1.5 periods after the previous one (the watcher wakes every half
-  // period). The window also allows a loaded machine to delay a publication by a period more, and
-  // the store round trips: a peer still generating must not look silent because its watcher
-  // thread was descheduled for a moment.
-  const absl::Duration window =
-      3 * absl::Milliseconds(options_.watchdog_peer_progress_ms) + absl::Milliseconds(500);
   std::optional<std::string> peer =
       runtime_internal::ExplainWait(*records, rank_, waiting_in.op, waiting_in.comm_id,
                                     waiting_in.comm_seq, clock_->Now(), window, stopped);

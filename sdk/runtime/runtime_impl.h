@@ -26,12 +26,12 @@
 #include "sdk/core/event_log.h"
 #include "sdk/core/mutex.h"
 #include "sdk/rendezvous/rendezvous.h"
+#include "sdk/runtime/duty_thread.h"
 #include "sdk/runtime/generation_entry.h"
 #include "sdk/runtime/generation_watcher.h"
 #include "sdk/runtime/hang_evidence.h"
 #include "sdk/runtime/hang_responder.h"
 #include "sdk/runtime/launcher_watch.h"
-#include "sdk/runtime/peer_hang_watcher.h"
 #include "sdk/runtime/rank_publisher.h"
 #include "sdk/runtime/recovery_policy.h"
 #include "sdk/watchdog/flight_recorder.h"
@@ -187,17 +187,17 @@ class RuntimeImpl final : public Runtime {
   absl::Status StartDetection();
   // The watchdog's hang handler: this rank's response (HangResponder::OnOwnHang).
   void OnHang(const HangReport& report);
-  // The peer-hang watcher's duties, every period: publishes this rank's records, exits when a
-  // step outlives its generation, and dumps the evidence on SIGUSR2.
+  // The duty thread's duties, every period: publishes this rank's records, exits when a step
+  // outlives its generation, and dumps the evidence on SIGUSR2.
   void RunWatcherDuties();
   // On the generation watcher's thread, once per superseded generation: calls the superseded
   // handlers and writes the event generation_superseded.
   void OnSuperseded(int64_t generation);
-  // On the watcher's thread: exits the process (Runtime::kSupersededStepExitCode) once one step
+  // On the duty thread: exits the process (Runtime::kSupersededStepExitCode) once one step
   // has gone on for superseded_step_exit_ms while this rank's generation is superseded.
   void ExitIfStepOutlivesGeneration();
-  // The peer-hang watcher's period (shorter when watchdog_peer_progress_ms is).
-  static constexpr absl::Duration kWatcherPeriod = absl::Milliseconds(250);
+  // The duty thread's period (shorter when watchdog_peer_progress_ms is).
+  static constexpr absl::Duration kDutyPeriod = absl::Milliseconds(250);
   // The watchdog's peer_progress question (watchdog.h), answered from the peers' records.
   std::optional<std::string> ExplainPeerWait(const InFlightCollective& waiting_in);
   const Options options_;
@@ -247,24 +247,33 @@ class RuntimeImpl final : public Runtime {
   std::unique_ptr<RankPublisher> rank_publisher_;
   // Watchdog thread only: the collective whose postponement was last written as an event.
   uint64_t excused_collective_ = 0;
+  // Watchdog thread only: the generation whose peers ExplainPeerWait asked for their progress
+  // records (hang/gen<G>/progress_wanted), and when they were first asked (by any rank).
+  struct ProgressQuestion {
+    int64_t generation = -1;
+    absl::Time asked = absl::InfinitePast();
+  };
+  ProgressQuestion progress_question_;
   // This rank's dumps, and what it does when a hang is declared (set in StartDetection, before
-  // any step). Called by the watchdog's thread and both watchers', declared before them.
+  // any step). Called by the watchdog's, the generation watcher's and the duty thread, declared
+  // before them.
   std::unique_ptr<FlightRecorderEvidence> hang_evidence_;
   std::unique_ptr<HangResponder> hang_responder_;
-  // With a watchdog: runs RunWatcherDuties and hands the hang key it reads to hang_responder_ on
-  // its thread; both use everything above.
-  std::unique_ptr<PeerHangWatcher> peer_hang_watcher_;
+  // With a watchdog: runs RunWatcherDuties on its thread, which uses everything above.
+  std::unique_ptr<DutyThread> duty_thread_;
   Mutex superseded_handlers_mu_;
   std::vector<std::function<void(int64_t)>> superseded_handlers_
       ABSL_GUARDED_BY(superseded_handlers_mu_);
-  // With a store: calls OnSuperseded on its thread, which uses everything above. Each of its store
-  // waits lasts kGenerationWatchSlice (heartbeat_interval_ms when shorter): the longest ~Runtime
-  // waits for its thread.
+  // With a store: calls OnSuperseded, and (with a watchdog) hands the hang key to hang_responder_,
+  // on its thread, which uses everything above. ~Runtime ends its parked wait with the wake key.
   std::unique_ptr<GenerationWatcher> generation_watcher_;
-  // Short enough that closing a Runtime is not held up long by a wait that cannot be interrupted,
-  // long enough that the store is not: one Wait request per rank per slice while the generation
-  // is current (4/s; a cancellable Store::Wait would need none of this).
-  static constexpr absl::Duration kGenerationWatchSlice = absl::Milliseconds(250);
+  // One parked wait per rank per kGenerationWatchPark while nothing happens: the rank's request
+  // rate for the next generation and a peer's hang together. Also the longest ~Runtime waits for
+  // the watcher when the store cannot be reached to write the wake key.
+  static constexpr absl::Duration kGenerationWatchPark = absl::Seconds(5);
+  // While a peer's hang of the rank's generation stands: how often its key is read again, to see
+  // it withdrawn.
+  static constexpr absl::Duration kHangRecheckPeriod = absl::Milliseconds(250);
   // Its thread calls OnHang, which uses everything above: destroyed before them.
   std::unique_ptr<Watchdog> watchdog_;
   // watchdog_.get(), set once before the hang callbacks are registered: they read it on the

@@ -6,6 +6,7 @@
 #ifndef TRAINGUARD_TESTS_SUPPORT_AGENT_CONNECTION_H_
 #define TRAINGUARD_TESTS_SUPPORT_AGENT_CONNECTION_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -60,6 +61,10 @@ class AgentConnection final : public Store {
   }
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
     return Call([&] { return base_->Wait(keys, timeout); });
+  }
+  absl::StatusOr<size_t> WaitAny(const std::vector<std::string>& keys,
+                                 absl::Duration timeout) override {
+    return Call([&] { return base_->WaitAny(keys, timeout); });
   }
   absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override {
     return Call([&] { return base_->RaiseFence(generation, timeout); });

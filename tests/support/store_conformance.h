@@ -185,6 +185,43 @@ TYPED_TEST_P(StoreConformance, WaitTimesOutNamingTheMissingKeys) {
   EXPECT_THAT(std::string(s.message()), ::testing::Not(::testing::HasSubstr("t/present")));
 }
 
+TYPED_TEST_P(StoreConformance, WaitAnyReturnsTheIndexOfTheKeyThatAppears) {
+  auto waiter = this->harness_.NewClient();
+  auto writer = this->harness_.NewClient();
+  std::thread later([&] {
+    absl::SleepFor(absl::Milliseconds(50));  // the waiter is (very likely) blocked by now
+    ASSERT_TRUE(writer->Set("any/second", "2", kStoreTimeout).ok());
+  });
+  absl::StatusOr<size_t> found =
+      waiter->WaitAny({"any/first", "any/second", "any/third"}, kStoreTimeout);
+  later.join();
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(*found, 1u);
+}
+
+TYPED_TEST_P(StoreConformance, WaitAnyOfKeysAlreadyPresentReturnsTheFirstOfThemAtOnce) {
+  auto store = this->harness_.NewClient();
+  ASSERT_TRUE(store->Set("now/c", "3", kStoreTimeout).ok());
+  ASSERT_TRUE(store->Set("now/b", "2", kStoreTimeout).ok());
+  absl::StatusOr<size_t> found = store->WaitAny({"now/a", "now/b", "now/c"}, kStoreTimeout);
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(*found, 1u);
+}
+
+TYPED_TEST_P(StoreConformance, WaitAnyTimesOutNamingTheKeys) {
+  auto store = this->harness_.NewClient();
+  absl::StatusOr<size_t> found = store->WaitAny({"none/one", "none/two"}, absl::Milliseconds(200));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(found.status())) << found.status();
+  EXPECT_THAT(std::string(found.status().message()), ::testing::HasSubstr("none/one"));
+  EXPECT_THAT(std::string(found.status().message()), ::testing::HasSubstr("none/two"));
+}
+
+TYPED_TEST_P(StoreConformance, WaitAnyOfNoKeyOrAnEmptyKeyIsRejected) {
+  auto store = this->harness_.NewClient();
+  EXPECT_TRUE(absl::IsInvalidArgument(store->WaitAny({}, kStoreTimeout).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(store->WaitAny({"k", ""}, kStoreTimeout).status()));
+}
+
 TYPED_TEST_P(StoreConformance, AFenceRejectsEveryWriteOfAStaleGeneration) {
   auto zombie = this->harness_.NewClient();
   auto current = this->harness_.NewClient();
@@ -220,6 +257,9 @@ TYPED_TEST_P(StoreConformance, PrefixStoresAreIsolatedNamespaces) {
   EXPECT_EQ(*base->Get("jobB/rank/0", kStoreTimeout), "b");
   EXPECT_THAT(*job_a.ListKeys("rank/", kStoreTimeout), ::testing::ElementsAre("rank/0"));
   EXPECT_TRUE(job_b.Wait({"rank/0"}, kStoreTimeout).ok());
+  absl::StatusOr<size_t> found = job_b.WaitAny({"rank/1", "rank/0"}, kStoreTimeout);
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(*found, 1u);
 }
 
 TYPED_TEST_P(StoreConformance, AOneMebibyteValueRoundTrips) {
@@ -230,17 +270,17 @@ TYPED_TEST_P(StoreConformance, AOneMebibyteValueRoundTrips) {
   EXPECT_EQ(*store->Get("big", kStoreTimeout), big);
 }
 
-REGISTER_TYPED_TEST_SUITE_P(StoreConformance, SetThenGetReturnsTheExactBytes,
-                            AnotherClientSeesTheWrite, GetOfAnAbsentKeyIsNotFoundNamingTheKey,
-                            AnEmptyKeyIsRejected, AddStartsFromZeroAndAccumulates,
-                            AddOnANonIntegerIsFailedPrecondition,
-                            ConcurrentAddsFromManyClientsSumExactly, CompareAndSetSwapsOnlyOnAMatch,
-                            ARaceOfCompareAndSetsHasExactlyOneWinner,
-                            DeleteSaysWhetherTheKeyExisted, MultiGetReturnsValuesInOrderWithGaps,
-                            ListKeysReturnsTheSortedKeysWithThePrefix,
-                            WaitReturnsOnceEveryKeyExists, WaitTimesOutNamingTheMissingKeys,
-                            AFenceRejectsEveryWriteOfAStaleGeneration,
-                            PrefixStoresAreIsolatedNamespaces, AOneMebibyteValueRoundTrips);
+REGISTER_TYPED_TEST_SUITE_P(
+    StoreConformance, SetThenGetReturnsTheExactBytes, AnotherClientSeesTheWrite,
+    GetOfAnAbsentKeyIsNotFoundNamingTheKey, AnEmptyKeyIsRejected, AddStartsFromZeroAndAccumulates,
+    AddOnANonIntegerIsFailedPrecondition, ConcurrentAddsFromManyClientsSumExactly,
+    CompareAndSetSwapsOnlyOnAMatch, ARaceOfCompareAndSetsHasExactlyOneWinner,
+    DeleteSaysWhetherTheKeyExisted, MultiGetReturnsValuesInOrderWithGaps,
+    ListKeysReturnsTheSortedKeysWithThePrefix, WaitReturnsOnceEveryKeyExists,
+    WaitTimesOutNamingTheMissingKeys, WaitAnyReturnsTheIndexOfTheKeyThatAppears,
+    WaitAnyOfKeysAlreadyPresentReturnsTheFirstOfThemAtOnce, WaitAnyTimesOutNamingTheKeys,
+    WaitAnyOfNoKeyOrAnEmptyKeyIsRejected, AFenceRejectsEveryWriteOfAStaleGeneration,
+    PrefixStoresAreIsolatedNamespaces, AOneMebibyteValueRoundTrips);
 
 }  // namespace trainguard::testing
 

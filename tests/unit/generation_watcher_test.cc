@@ -1,10 +1,12 @@
-// GenerationWatcher and its NewerGenerationWait (sdk/runtime/generation_watcher.h): a rank's thread
-// that learns its generation was superseded, on an in-memory store with a real coordinator
-// publishing the generations. How a watcher stops is shown without timing it: every store wait it
-// sends lasts one slice at most (a store that records them), a cancelled wait ends Cancelled, and a
-// watcher whose slice is an hour is destroyed while it sends no store wait.
+// GenerationWatcher (sdk/runtime/generation_watcher.h): a rank's thread that learns its generation
+// was superseded, or that a peer declared a hang in it, from one parked Store::WaitAny; on an
+// in-memory store with a real coordinator publishing the generations. How it waits is shown
+// without timing it: a store that records every wait and read it is sent, and watchers whose
+// parked wait lasts an hour, which only their wake key (or a table) can end before ctest's timeout.
 #include "sdk/runtime/generation_watcher.h"
 
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -17,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sdk/core/mutex.h"
+#include "sdk/core/store_keys.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "trainguard/store.h"
 
@@ -28,19 +31,33 @@ using ::testing::IsEmpty;
 
 constexpr absl::Duration kTimeout = absl::Seconds(20);
 
-// A client of an in-memory store that records the timeout of every Wait it is sent.
+// A client of an in-memory store that records every wait (Wait and WaitAny) and every Get it is
+// sent.
 class WaitRecordingStore final : public Store {
  public:
+  struct Sent {
+    std::vector<std::string> keys;
+    absl::Duration timeout;
+  };
+
   explicit WaitRecordingStore(std::unique_ptr<Store> base) : base_(std::move(base)) {}
 
-  std::vector<absl::Duration> waits() {
+  // While set, every WaitAny fails at once with Unavailable (it is still recorded).
+  std::atomic<bool> unreachable{false};
+
+  std::vector<Sent> waits() {
     MutexLock lock(&mu_);
     return waits_;
   }
-  // Forgets the waits recorded so far (the rendezvous's own).
+  std::vector<std::string> gets() {
+    MutexLock lock(&mu_);
+    return gets_;
+  }
+  // Forgets what was recorded so far (the rendezvous's own).
   void Clear() {
     MutexLock lock(&mu_);
     waits_.clear();
+    gets_.clear();
   }
   // Bounded: false when fewer than `n` waits were sent within kTimeout.
   bool AwaitWaits(size_t n) {
@@ -48,18 +65,42 @@ class WaitRecordingStore final : public Store {
     return mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return waits_.size() >= n; },
                                 kTimeout);
   }
+  // Bounded: false when fewer than `n` waits satisfying `pred` were sent within kTimeout.
+  bool AwaitWaitsWhere(const std::function<bool(const Sent&)>& pred, size_t n) {
+    MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(
+        [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          size_t matching = 0;
+          for (const Sent& sent : waits_) matching += pred(sent) ? 1 : 0;
+          return matching >= n;
+        },
+        kTimeout);
+  }
+  // Bounded: false when fewer than `n` Gets were sent within kTimeout.
+  bool AwaitGets(size_t n) {
+    MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return gets_.size() >= n; },
+                                kTimeout);
+  }
 
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
-    {
-      MutexLock lock(&mu_);
-      waits_.push_back(timeout);
-    }
+    Record(keys, timeout);
     return base_->Wait(keys, timeout);
+  }
+  absl::StatusOr<size_t> WaitAny(const std::vector<std::string>& keys,
+                                 absl::Duration timeout) override {
+    Record(keys, timeout);
+    if (unreachable.load()) return absl::UnavailableError("the store cannot be reached");
+    return base_->WaitAny(keys, timeout);
   }
   absl::Status Set(std::string_view key, std::string_view value, absl::Duration timeout) override {
     return base_->Set(key, value, timeout);
   }
   absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override {
+    {
+      MutexLock lock(&mu_);
+      gets_.emplace_back(key);
+    }
     return base_->Get(key, timeout);
   }
   absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta,
@@ -89,23 +130,44 @@ class WaitRecordingStore final : public Store {
   void SetWriterGeneration(int64_t generation) override { base_->SetWriterGeneration(generation); }
 
  private:
+  void Record(const std::vector<std::string>& keys, absl::Duration timeout) {
+    MutexLock lock(&mu_);
+    waits_.push_back({keys, timeout});
+  }
+
   const std::unique_ptr<Store> base_;
   Mutex mu_;
-  std::vector<absl::Duration> waits_ ABSL_GUARDED_BY(mu_);
+  std::vector<Sent> waits_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> gets_ ABSL_GUARDED_BY(mu_);
 };
 
-// The superseded handler's calls, as the watcher's thread makes them.
+// The handlers' calls, as the watcher's thread makes them.
 class Calls {
  public:
+  struct HangRead {
+    int64_t generation;
+    absl::StatusOr<std::string> declared_by;
+  };
+
   std::function<void(int64_t)> Handler() {
     return [this](int64_t generation) {
       MutexLock lock(&mu_);
       generations_.push_back(generation);
     };
   }
+  std::function<void(int64_t, const absl::StatusOr<std::string>&, absl::Time)> HangHandler() {
+    return [this](int64_t generation, const absl::StatusOr<std::string>& who, absl::Time) {
+      MutexLock lock(&mu_);
+      hang_reads_.push_back({generation, who});
+    };
+  }
   std::vector<int64_t> generations() {
     MutexLock lock(&mu_);
     return generations_;
+  }
+  std::vector<HangRead> hang_reads() {
+    MutexLock lock(&mu_);
+    return hang_reads_;
   }
   // Bounded: false when fewer than `n` calls came within kTimeout.
   bool AwaitAtLeast(size_t n) {
@@ -113,10 +175,23 @@ class Calls {
     return mu_.AwaitWithTimeout(
         [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return generations_.size() >= n; }, kTimeout);
   }
+  // Bounded: false when no read of the hang key satisfying `pred` came within kTimeout.
+  bool AwaitHangRead(const std::function<bool(const HangRead&)>& pred) {
+    MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(
+        [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          for (const HangRead& r : hang_reads_) {
+            if (pred(r)) return true;
+          }
+          return false;
+        },
+        kTimeout);
+  }
 
  private:
   Mutex mu_;
   std::vector<int64_t> generations_ ABSL_GUARDED_BY(mu_);
+  std::vector<HangRead> hang_reads_ ABSL_GUARDED_BY(mu_);
 };
 
 class GenerationWatcherTest : public ::testing::Test {
@@ -132,119 +207,195 @@ class GenerationWatcherTest : public ::testing::Test {
     rank_store_.Clear();
   }
 
+  // A watcher whose parked wait lasts `park`; it watches the hang key when `watch_hangs`.
+  std::unique_ptr<GenerationWatcher> Watch(absl::Duration park, bool watch_hangs = false,
+                                           absl::Duration hang_recheck = absl::Hours(1)) {
+    GenerationWatcherOptions o{.member = &member_,
+                               .store = &rank_store_,
+                               .park = park,
+                               .hang_recheck = hang_recheck,
+                               .on_superseded = calls_.Handler(),
+                               .on_hang_key = nullptr,
+                               .notices = {}};
+    if (watch_hangs) o.on_hang_key = calls_.HangHandler();
+    return std::make_unique<GenerationWatcher>(std::move(o));
+  }
+
   InMemoryStore shared_;
   std::unique_ptr<Store> coordinator_store_ = shared_.NewClient();
   RendezvousCoordinator coordinator_{coordinator_store_.get()};
   WaitRecordingStore rank_store_{shared_.NewClient()};
   RendezvousMember member_{&rank_store_, "host:rank0", absl::Hours(1)};
+  Calls calls_;
 };
 
 TEST_F(GenerationWatcherTest, CallsTheHandlerOnceForTheGenerationANewerOneSupersedes) {
   ASSERT_NO_FATAL_FAILURE(JoinGenerationZero());
-  Calls calls;
-  GenerationWatcher watcher(&member_, absl::Milliseconds(50), calls.Handler());
-  ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
-  ASSERT_TRUE(calls.AwaitAtLeast(1));
+  auto watcher = Watch(absl::Hours(1));
+  ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());  // ends the hour-long wait
+  ASSERT_TRUE(calls_.AwaitAtLeast(1));
   EXPECT_TRUE(member_.superseded());
   // Still superseded (the rank has not adopted generation 1): the watcher looks again and again,
   // and says nothing more.
   absl::SleepFor(absl::Milliseconds(300));
-  EXPECT_THAT(calls.generations(), ElementsAre(0));
+  EXPECT_THAT(calls_.generations(), ElementsAre(0));
 }
 
 TEST_F(GenerationWatcherTest, CallsTheHandlerAgainOnceTheAdoptedGenerationIsSupersededToo) {
   ASSERT_NO_FATAL_FAILURE(JoinGenerationZero());
-  Calls calls;
-  GenerationWatcher watcher(&member_, absl::Milliseconds(50), calls.Handler());
+  auto watcher = Watch(absl::Hours(1));
   ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
-  ASSERT_TRUE(calls.AwaitAtLeast(1));
+  ASSERT_TRUE(calls_.AwaitAtLeast(1));
   ASSERT_TRUE(member_.AwaitGeneration(0, kTimeout).ok());  // the training thread adopts 1
   ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
-  ASSERT_TRUE(calls.AwaitAtLeast(2));
-  EXPECT_THAT(calls.generations(), ElementsAre(0, 1));
+  ASSERT_TRUE(calls_.AwaitAtLeast(2));
+  EXPECT_THAT(calls_.generations(), ElementsAre(0, 1));
 }
 
-TEST_F(GenerationWatcherTest, CallsNothingWhileTheGenerationIsCurrent) {
+TEST_F(GenerationWatcherTest, WhileNothingHappensItSendsOneParkedWaitOnTheTableAndItsWakeKey) {
   ASSERT_NO_FATAL_FAILURE(JoinGenerationZero());
-  Calls calls;
-  {
-    GenerationWatcher watcher(&member_, absl::Milliseconds(20), calls.Handler());
-    absl::SleepFor(absl::Milliseconds(200));
-  }
-  EXPECT_THAT(calls.generations(), IsEmpty());
+  auto watcher = Watch(absl::Hours(1));
+  ASSERT_TRUE(rank_store_.AwaitWaits(1));
+  const std::string wake_key = watcher->wake_key();
+  // An hour-long wait in progress: only the wake key that Stop() writes ends it before ctest's
+  // timeout.
+  watcher.reset();
+  const std::vector<WaitRecordingStore::Sent> waits = rank_store_.waits();
+  ASSERT_EQ(waits.size(), 1u);
+  EXPECT_THAT(waits[0].keys, ElementsAre(store_keys::RdzvTable(1), wake_key));
+  EXPECT_EQ(waits[0].timeout, absl::Hours(1));
+  EXPECT_THAT(rank_store_.gets(), IsEmpty());
+  EXPECT_THAT(calls_.generations(), IsEmpty());
   EXPECT_FALSE(member_.superseded());
+  EXPECT_TRUE(absl::IsNotFound(shared_.Get(wake_key, kTimeout).status()))
+      << "the destructor deletes the wake key it wrote";
 }
 
-TEST_F(GenerationWatcherTest, SendsStoreWaitsOfOneSliceAtMostSoThatItsDestructorWaitsNoLonger) {
+TEST_F(GenerationWatcherTest, AWaitThatRunsOutIsSentAgainWithoutACall) {
   ASSERT_NO_FATAL_FAILURE(JoinGenerationZero());
-  Calls calls;
-  const absl::Duration slice = absl::Milliseconds(30);
-  auto watcher = std::make_unique<GenerationWatcher>(&member_, slice, calls.Handler());
-  ASSERT_TRUE(rank_store_.AwaitWaits(3));  // its thread waits, slice after slice
-  watcher.reset();  // Stop() is seen at the end of the store wait in progress
-  for (absl::Duration wait : rank_store_.waits()) EXPECT_LE(wait, slice);
-  EXPECT_THAT(calls.generations(), IsEmpty());
+  auto watcher = Watch(absl::Milliseconds(10), /*watch_hangs=*/true);
+  ASSERT_TRUE(rank_store_.AwaitWaits(3));
+  watcher.reset();
+  for (const WaitRecordingStore::Sent& wait : rank_store_.waits()) {
+    EXPECT_EQ(wait.timeout, absl::Milliseconds(10));
+  }
+  EXPECT_THAT(rank_store_.gets(), IsEmpty()) << "no hang key was read: none appeared";
+  EXPECT_THAT(calls_.generations(), IsEmpty());
+  EXPECT_THAT(calls_.hang_reads(), IsEmpty());
+}
+
+TEST_F(GenerationWatcherTest, AfterAFailedWaitItParksBrieflyUntilAWaitEndsNormallyAgain) {
+  ASSERT_NO_FATAL_FAILURE(JoinGenerationZero());
+  rank_store_.unreachable = true;
+  auto watcher = Watch(absl::Hours(1));
+  ASSERT_TRUE(rank_store_.AwaitWaits(3));
+  rank_store_.unreachable = false;
+  // The next wait reaches the store and runs out after 250 ms; the one after is an hour long
+  // again (the second such, after the first of all), until the wake key ends it.
+  ASSERT_TRUE(rank_store_.AwaitWaitsWhere(
+      [](const WaitRecordingStore::Sent& sent) { return sent.timeout == absl::Hours(1); }, 2));
+  watcher.reset();
+  const std::vector<WaitRecordingStore::Sent> waits = rank_store_.waits();
+  EXPECT_EQ(waits.front().timeout, absl::Hours(1)) << "the first, before any failure";
+  for (size_t i = 1; i + 1 < waits.size(); ++i) {
+    EXPECT_EQ(waits[i].timeout, absl::Milliseconds(250)) << "wait " << i;
+  }
+  EXPECT_EQ(waits.back().timeout, absl::Hours(1));
+  EXPECT_THAT(calls_.generations(), IsEmpty());
 }
 
 TEST_F(GenerationWatcherTest, SendsNoStoreWaitWhileTheGenerationIsSuperseded) {
   ASSERT_NO_FATAL_FAILURE(JoinGenerationZero());
-  Calls calls;
-  // A slice of an hour: a store wait sent once superseded would hold the destructor for an hour
-  // (and the test past ctest's timeout).
-  auto watcher = std::make_unique<GenerationWatcher>(&member_, absl::Hours(1), calls.Handler());
+  auto watcher = Watch(absl::Hours(1));
   ASSERT_TRUE(rank_store_.AwaitWaits(1));
   ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());  // ends the wait in progress
-  ASSERT_TRUE(calls.AwaitAtLeast(1));
+  ASSERT_TRUE(calls_.AwaitAtLeast(1));
+  absl::SleepFor(absl::Milliseconds(100));  // it looks again, several times, without a request
   watcher.reset();
   EXPECT_EQ(rank_store_.waits().size(), 1u);
-  EXPECT_THAT(calls.generations(), ElementsAre(0));
+  EXPECT_THAT(calls_.generations(), ElementsAre(0));
 }
 
 TEST_F(GenerationWatcherTest, AMemberWithoutAGenerationIsWatchedWithoutStoreWaitsOrCalls) {
   // Not joined: every wait fails (FailedPrecondition) before it reaches the store; the watcher
-  // looks again shortly, and a slice of an hour never holds its destructor.
-  Calls calls;
-  auto watcher = std::make_unique<GenerationWatcher>(&member_, absl::Hours(1), calls.Handler());
+  // looks again shortly, and a park of an hour never holds its destructor.
+  auto watcher = Watch(absl::Hours(1), /*watch_hangs=*/true);
   absl::SleepFor(absl::Milliseconds(100));
   watcher.reset();
   EXPECT_THAT(rank_store_.waits(), IsEmpty());
-  EXPECT_THAT(calls.generations(), IsEmpty());
+  EXPECT_THAT(calls_.generations(), IsEmpty());
+  EXPECT_THAT(calls_.hang_reads(), IsEmpty());
 }
 
-TEST_F(GenerationWatcherTest, ACancelledWaitEndsCancelledAtTheEndOfItsSlice) {
+TEST_F(GenerationWatcherTest, APeersHangIsReadWhenItsKeyAppearsThenAgainUntilItIsWithdrawn) {
   ASSERT_NO_FATAL_FAILURE(JoinGenerationZero());
-  const absl::Duration slice = absl::Milliseconds(30);
-  NewerGenerationWait wait(&member_, slice);
-  absl::StatusOr<bool> result = false;
-  // An hour: only the cancel ends it.
-  std::thread waiter([&] { result = wait.Await(absl::Hours(1)); });
-  ASSERT_TRUE(rank_store_.AwaitWaits(1));  // a store wait is in progress
-  wait.Cancel();
-  waiter.join();
-  EXPECT_TRUE(absl::IsCancelled(result.status())) << result.status();
-  for (absl::Duration w : rank_store_.waits()) EXPECT_LE(w, slice);
-  EXPECT_FALSE(member_.superseded());
+  auto watcher =
+      Watch(absl::Hours(1), /*watch_hangs=*/true, /*hang_recheck=*/absl::Milliseconds(5));
+  ASSERT_TRUE(rank_store_.AwaitWaits(1));
+  EXPECT_THAT(rank_store_.waits()[0].keys,
+              ElementsAre(store_keys::RdzvTable(1), watcher->wake_key(), store_keys::Hang(0)));
+  // A peer declares a hang: the hour-long wait ends, and the key is read.
+  ASSERT_TRUE(coordinator_store_->Set(store_keys::Hang(0), "rank 1: all_reduce #7", kTimeout).ok());
+  ASSERT_TRUE(calls_.AwaitHangRead([](const Calls::HangRead& r) {
+    return r.generation == 0 && r.declared_by.ok() && *r.declared_by == "rank 1: all_reduce #7";
+  }));
+  // While it stands the key is read again every recheck; withdrawn (deleted), a read says so.
+  ASSERT_TRUE(rank_store_.AwaitGets(3));
+  ASSERT_TRUE(*coordinator_store_->Delete(store_keys::Hang(0), kTimeout));
+  ASSERT_TRUE(calls_.AwaitHangRead(
+      [](const Calls::HangRead& r) { return absl::IsNotFound(r.declared_by.status()); }));
+  // Then it parks again on the hang key (a second such wait), until a peer declares one more or it
+  // stops.
+  EXPECT_TRUE(rank_store_.AwaitWaitsWhere(
+      [](const WaitRecordingStore::Sent& sent) {
+        return sent.timeout == absl::Hours(1) && sent.keys.back() == store_keys::Hang(0);
+      },
+      2));
+  watcher.reset();
+  EXPECT_THAT(calls_.generations(), IsEmpty());
 }
 
-TEST_F(GenerationWatcherTest, AWaitCancelledBeforehandSendsNoStoreWait) {
+TEST_F(GenerationWatcherTest, ANewerGenerationEndsTheRechecksOfAStandingHang) {
   ASSERT_NO_FATAL_FAILURE(JoinGenerationZero());
-  NewerGenerationWait wait(&member_, absl::Hours(1));
-  wait.Cancel();
-  EXPECT_TRUE(absl::IsCancelled(wait.Await(absl::Hours(1)).status()));
-  EXPECT_THAT(rank_store_.waits(), IsEmpty());
-}
-
-TEST_F(GenerationWatcherTest, AWaitSeesTheNewerGenerationAndRunsOutWithoutOne) {
-  ASSERT_NO_FATAL_FAILURE(JoinGenerationZero());
-  NewerGenerationWait wait(&member_, absl::Milliseconds(20));
-  absl::StatusOr<bool> ran_out = wait.Await(absl::Milliseconds(70));
-  ASSERT_TRUE(ran_out.ok()) << ran_out.status();
-  EXPECT_FALSE(*ran_out);
+  auto watcher = Watch(absl::Hours(1), /*watch_hangs=*/true, /*hang_recheck=*/absl::Hours(1));
+  ASSERT_TRUE(coordinator_store_->Set(store_keys::Hang(0), "rank 1: broadcast #2", kTimeout).ok());
+  ASSERT_TRUE(calls_.AwaitHangRead([](const Calls::HangRead& r) { return r.declared_by.ok(); }));
+  // Its hour-long recheck wait is on the table and the wake key: the next generation ends it.
   ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
-  absl::StatusOr<bool> superseded = wait.Await(kTimeout);
-  ASSERT_TRUE(superseded.ok()) << superseded.status();
-  EXPECT_TRUE(*superseded);
-  EXPECT_EQ(member_.superseded_generation(), 0);
+  ASSERT_TRUE(calls_.AwaitAtLeast(1));
+  EXPECT_THAT(calls_.generations(), ElementsAre(0));
+}
+
+TEST_F(GenerationWatcherTest, ANoticeIsHandledOnceWhenItsKeyAppearsAndThenNoLongerWaitedFor) {
+  ASSERT_NO_FATAL_FAILURE(JoinGenerationZero());
+  Mutex mu;
+  std::vector<int64_t> seen;
+  GenerationWatcherOptions o{.member = &member_,
+                             .store = &rank_store_,
+                             .park = absl::Hours(1),
+                             .hang_recheck = absl::Hours(1),
+                             .on_superseded = calls_.Handler(),
+                             .on_hang_key = nullptr,
+                             .notices = {{.key = [](int64_t) { return std::string("asks/work"); },
+                                          .on_seen =
+                                              [&](int64_t generation) {
+                                                MutexLock lock(&mu);
+                                                seen.push_back(generation);
+                                              }}}};
+  auto watcher = std::make_unique<GenerationWatcher>(std::move(o));
+  ASSERT_TRUE(rank_store_.AwaitWaits(1));
+  EXPECT_THAT(rank_store_.waits()[0].keys,
+              ElementsAre(store_keys::RdzvTable(1), watcher->wake_key(), "asks/work"));
+  ASSERT_TRUE(coordinator_store_->Set("asks/work", "host0", kTimeout).ok());
+  // Seen, it is dropped from the next parked wait (which would otherwise end at once, again and
+  // again).
+  ASSERT_TRUE(rank_store_.AwaitWaits(2));
+  watcher.reset();
+  const std::vector<WaitRecordingStore::Sent> waits = rank_store_.waits();
+  ASSERT_EQ(waits.size(), 2u);
+  EXPECT_THAT(waits[1].keys, ElementsAre(store_keys::RdzvTable(1), waits[0].keys[1]));
+  MutexLock lock(&mu);
+  EXPECT_THAT(seen, ElementsAre(0));
 }
 
 }  // namespace

@@ -22,8 +22,11 @@
 namespace trainguard {
 namespace {
 
+using runtime_internal::AwaitingFirstRecords;
+using runtime_internal::EncodeProgressQuestion;
 using runtime_internal::EncodeProgressRecord;
 using runtime_internal::ExplainWait;
+using runtime_internal::ParseProgressQuestion;
 using runtime_internal::ParseProgressRecord;
 using runtime_internal::ProgressRecord;
 using ::testing::HasSubstr;
@@ -81,6 +84,29 @@ std::vector<std::optional<std::string>> Records(std::vector<std::optional<Progre
                                 : std::nullopt);
   }
   return out;
+}
+
+TEST(ProgressQuestion, RoundTripsThroughItsTextFormAndAMalformedOneIsRejected) {
+  const absl::Time asked = absl::FromUnixNanos(1'700'000'000'123'456'789);
+  absl::StatusOr<absl::Time> parsed = ParseProgressQuestion(EncodeProgressQuestion(3, asked));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(*parsed, asked);
+  EXPECT_TRUE(absl::IsInvalidArgument(ParseProgressQuestion("3").status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(ParseProgressQuestion("3 soon").status()));
+}
+
+TEST(ProgressQuestion, PostponesTheWaitForOneWindowAfterThePeersWereAsked) {
+  const absl::Time asked = absl::FromUnixSeconds(1'700'000'000);
+  const absl::Duration window = absl::Milliseconds(1100);
+  const std::optional<std::string> awaiting =
+      AwaitingFirstRecords(asked, asked + absl::Milliseconds(120), window);
+  ASSERT_TRUE(awaiting.has_value());
+  EXPECT_EQ(*awaiting, "the peers were asked for their progress records 120ms ago");
+  EXPECT_TRUE(AwaitingFirstRecords(asked, asked - absl::Seconds(1), window).has_value())
+      << "asked on a clock ahead of this one";
+  EXPECT_FALSE(AwaitingFirstRecords(asked, asked + window, window).has_value());
+  EXPECT_FALSE(AwaitingFirstRecords(absl::InfinitePast(), asked, window).has_value())
+      << "a question that does not parse counts as long ago";
 }
 
 TEST(ExplainWait, APeerThatHasNotEnteredTheCollectiveAndProgressedRecentlyExplainsTheWait) {

@@ -102,14 +102,28 @@ class RankPublisherTest : public ::testing::Test {
 
 TEST_F(RankPublisherTest, PublishesNoProgressBeforeTheRankMadeAny) {
   RankPublisher publisher = Publisher();
+  publisher.WantProgress(0);
   publisher.PublishProgress();
   EXPECT_FALSE(Progress(0).has_value());
+}
+
+TEST_F(RankPublisherTest, PublishesNoProgressUntilAPeerAsksForTheGenerationsRecords) {
+  Step(1, absl::Milliseconds(10));
+  RankPublisher publisher = Publisher();
+  publisher.PublishProgress();
+  clock_.Advance(10 * kPeriod);
+  publisher.PublishProgress();
+  EXPECT_FALSE(Progress(0).has_value());
+  publisher.WantProgress(0);
+  publisher.PublishProgress();
+  EXPECT_TRUE(Progress(0).has_value());
 }
 
 TEST_F(RankPublisherTest, PublishesTheProgressRecordOfTheStepAndTheCollectivesEntered) {
   Step(41, absl::Milliseconds(200));
   clock_.Advance(absl::Milliseconds(30));
   RankPublisher publisher = Publisher();
+  publisher.WantProgress(0);
   publisher.PublishProgress();
   std::optional<runtime_internal::ProgressRecord> r = Progress(0);
   ASSERT_TRUE(r.has_value());
@@ -122,6 +136,7 @@ TEST_F(RankPublisherTest, PublishesTheProgressRecordOfTheStepAndTheCollectivesEn
 TEST_F(RankPublisherTest, WritesAtMostOncePerPeriodAndOnlyWhatChanged) {
   Step(1, absl::Milliseconds(10));
   RankPublisher publisher = Publisher();
+  publisher.WantProgress(0);
   publisher.PublishProgress();
   ASSERT_TRUE(Progress(0).has_value());
   Forget();
@@ -147,10 +162,14 @@ TEST_F(RankPublisherTest, WritesAtMostOncePerPeriodAndOnlyWhatChanged) {
 TEST_F(RankPublisherTest, ANewGenerationIsPublishedUnderItsKeyThoughNothingElseChanged) {
   Step(5, absl::Milliseconds(10));
   RankPublisher publisher = Publisher();
+  publisher.WantProgress(0);
   publisher.PublishProgress();
   ASSERT_TRUE(Progress(0).has_value());
   generation_ = 1;
   clock_.Advance(kPeriod);
+  publisher.PublishProgress();
+  EXPECT_FALSE(Progress(1).has_value()) << "no peer asked for generation 1's records yet";
+  publisher.WantProgress(1);
   publisher.PublishProgress();
   std::optional<runtime_internal::ProgressRecord> r = Progress(1);
   ASSERT_TRUE(r.has_value());
@@ -167,14 +186,28 @@ TEST_F(RankPublisherTest, PublishesNoProgressWithoutAPeriod) {
                          .collectives = tracker_.get(),
                          .generation = [] { return int64_t{0}; }};
   RankPublisher publisher(o);
+  publisher.WantProgress(0);
   publisher.PublishProgress();
   EXPECT_FALSE(Progress(0).has_value());
+}
+
+TEST_F(RankPublisherTest, PublishesNoWorkRecordUntilAsked) {
+  Step(1, absl::Milliseconds(200));
+  RankPublisher publisher = Publisher();
+  publisher.PublishWork();
+  clock_.Advance(absl::Seconds(5));
+  publisher.PublishWork();
+  EXPECT_FALSE(Work().has_value()) << "no host agent asked for work records";
+  publisher.WantWorkRecords();
+  publisher.PublishWork();
+  EXPECT_TRUE(Work().has_value());
 }
 
 TEST_F(RankPublisherTest, PublishesTheWorkRecordOnceASecondWithoutTheStepPhase) {
   Step(1, absl::Milliseconds(200));
   Step(2, absl::Milliseconds(200));
   RankPublisher publisher = Publisher();
+  publisher.WantWorkRecords();
   publisher.PublishWork();
   std::optional<RankWorkRecord> w = Work();
   ASSERT_TRUE(w.has_value());
@@ -201,6 +234,8 @@ TEST_F(RankPublisherTest, PublishesNothingWithoutAStore) {
   RankPublisherOptions o = Options();
   o.store = nullptr;
   RankPublisher publisher(o);
+  publisher.WantWorkRecords();
+  publisher.WantProgress(0);
   publisher.PublishProgress();
   publisher.PublishWork();
   EXPECT_FALSE(Progress(0).has_value());

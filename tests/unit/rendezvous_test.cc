@@ -174,6 +174,42 @@ TEST_F(Rendezvous, AMemberWaitingForTheNextGenerationIsMarkedSupersededWhenItIsP
   EXPECT_FALSE(member.superseded());
 }
 
+// The same wait, parked together with other keys (the watcher's hang key and wake key): it says
+// which came first, and the next generation's table wins when both exist.
+TEST_F(Rendezvous, AMemberWaitingForTheNextGenerationOrOtherKeysLearnsWhichCameFirst) {
+  std::unique_ptr<Store> store = shared_.NewClient();
+  RendezvousMember member(store.get(), "host:rank0", absl::Hours(1));
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      member.AwaitNewerGenerationOr({"k/a"}, absl::Milliseconds(1)).status()));
+  absl::StatusOr<Membership> joined = absl::UnknownError("not joined");
+  std::thread join([&] { joined = member.JoinInitial(0, 1, kTimeout); });
+  ASSERT_TRUE(coordinator_.FormInitialGeneration(1, kTimeout).ok());
+  join.join();
+  ASSERT_TRUE(joined.ok()) << joined.status();
+
+  absl::StatusOr<RendezvousMember::NewerGenerationOrKey> nothing =
+      member.AwaitNewerGenerationOr({"k/a", "k/b"}, absl::Milliseconds(10));
+  ASSERT_TRUE(nothing.ok()) << nothing.status();
+  EXPECT_FALSE(nothing->superseded);
+  EXPECT_EQ(nothing->key, std::nullopt);
+
+  absl::StatusOr<RendezvousMember::NewerGenerationOrKey> key_b = absl::UnknownError("not waited");
+  std::thread wait([&] { key_b = member.AwaitNewerGenerationOr({"k/a", "k/b"}, kTimeout); });
+  ASSERT_TRUE(coordinator_store_->Set("k/b", "1", kTimeout).ok());
+  wait.join();
+  ASSERT_TRUE(key_b.ok()) << key_b.status();
+  EXPECT_FALSE(key_b->superseded);
+  EXPECT_EQ(key_b->key, 1u);
+  EXPECT_FALSE(member.superseded());
+
+  ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
+  absl::StatusOr<RendezvousMember::NewerGenerationOrKey> both =
+      member.AwaitNewerGenerationOr({"k/a", "k/b"}, kTimeout);
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_TRUE(both->superseded) << "k/b exists too, but the table wins";
+  EXPECT_EQ(member.superseded_generation(), 0);
+}
+
 TEST_F(Rendezvous, TwoFailuresInARowLandASlowSurvivorInTheNewestGeneration) {
   FormGenerationZero(4);
   Process standby_a(shared_, "host:standbyA");

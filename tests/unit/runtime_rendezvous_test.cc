@@ -23,6 +23,8 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sdk/core/store_keys.h"
+#include "sdk/health/fail_slow_metrics.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "tests/support/job_shm.h"
 #include "tests/support/store_communicator.h"
@@ -434,6 +436,50 @@ TEST_F(RuntimeRendezvous, ARankLeavingAGenerationWithAPeersHangDumpsItsEvidenceF
     ASSERT_EQ(dumps.size(), 1u) << "rank " << r;
     EXPECT_TRUE(std::filesystem::exists(dumps[0])) << dumps[0];
   }
+}
+
+// Nothing reads a rank's progress records until a peer's collective runs past its bound, nor its
+// work records without a host agent's fail-slow sample: the ranks write them only once asked.
+TEST_F(RuntimeRendezvous, RanksWriteTheirProgressAndWorkRecordsOnlyOnceAsked) {
+  StartJob();
+  for (const absl::StatusOr<int64_t>& start : PrepareAndStartAll()) {
+    ASSERT_TRUE(start.ok()) << start.status();
+  }
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> training;
+  for (int r = 0; r < kWorld; ++r) {
+    training.emplace_back([&, r] {
+      for (int64_t step = ranks_[r]->resume_step(); !stop.load(); ++step) {
+        (void)guard(*ranks_[r], step, [] { absl::SleepFor(absl::Milliseconds(2)); });
+      }
+    });
+  }
+  std::vector<std::string> records;
+  for (int r = 0; r < kWorld; ++r) {
+    records.push_back(store_keys::HangProgress(0, r));
+    records.push_back(RankWorkKey(r));
+  }
+  auto written = [&] {
+    absl::StatusOr<std::vector<std::optional<std::string>>> v =
+        coordinator_store_->MultiGet(records, kTimeout);
+    EXPECT_TRUE(v.ok()) << v.status();
+    int n = 0;
+    if (v.ok()) {
+      for (const std::optional<std::string>& value : *v) n += value.has_value() ? 1 : 0;
+    }
+    return n;
+  };
+  absl::SleepFor(absl::Milliseconds(500));  // several duty periods of training
+  EXPECT_EQ(written(), 0);
+  ASSERT_TRUE(coordinator_store_->Set(store_keys::HangProgressWanted(0), "0 1", kTimeout).ok());
+  ASSERT_TRUE(coordinator_store_->Set(kRankWorkWantedKey, "host0", kTimeout).ok());
+  for (absl::Time end = absl::Now() + kTimeout;
+       absl::Now() < end && written() < static_cast<int>(records.size());) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(written(), static_cast<int>(records.size()));
+  stop = true;
+  for (std::thread& t : training) t.join();
 }
 
 // A step that cannot end once its generation is superseded (a collective blocked on a peer that is

@@ -863,6 +863,47 @@ TEST(TcpStoreServerTest, AWaitIsAnsweredWhenItsKeysExistTogether) {
   EXPECT_TRUE(waited.ok()) << waited;
 }
 
+// A WaitAny is parked under each of its keys: the first written answers it (with its index),
+// a key deleted before it never does, and the parked wait is forgotten once answered.
+TEST(TcpStoreServerTest, AParkedWaitAnyIsAnsweredByTheFirstOfItsKeysWritten) {
+  auto server = StartServer();
+  auto waiter = ConnectClient(server->port());
+  auto writer = ConnectClient(server->port());
+  ASSERT_TRUE(writer->Set("unrelated", "1", kTimeout).ok());
+  absl::StatusOr<size_t> found = absl::UnknownError("not answered");
+  std::thread t([&] { found = waiter->WaitAny({"p", "q", "r"}, kTimeout); });
+  ASSERT_TRUE(Eventually([&] { return server->stats().waits_parked == 1; }));
+  ASSERT_TRUE(writer->Set("unrelated", "2", kTimeout).ok());
+  ASSERT_TRUE(*writer->Add("counter", 1, kTimeout) == 1);
+  EXPECT_EQ(server->stats().waits_parked, 1) << "no key of the WaitAny was written yet";
+  ASSERT_TRUE(writer->Set("r", "3", kTimeout).ok());
+  t.join();
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(*found, 2u);
+  EXPECT_EQ(server->stats().waits_parked, 0);
+  // Answered once: writing its other keys later answers nothing and leaves nothing parked.
+  ASSERT_TRUE(writer->Set("p", "1", kTimeout).ok());
+  EXPECT_EQ(server->stats().waits_parked, 0);
+  ExpectServes(*server);
+}
+
+TEST(TcpStoreServerTest, AWaitAnyThatRunsOutIsForgotten) {
+  auto server = StartServer();
+  {
+    auto waiter = ConnectClient(server->port());
+    std::thread t([&] {
+      absl::StatusOr<size_t> found = waiter->WaitAny({"never/a", "never/b"}, absl::Seconds(1));
+      EXPECT_TRUE(absl::IsDeadlineExceeded(found.status())) << found.status();
+    });
+    ASSERT_TRUE(Eventually([&] { return server->stats().waits_parked == 1; }));
+    t.join();
+  }
+  EXPECT_TRUE(Eventually([&] { return server->stats().waits_parked == 0; }));
+  auto writer = ConnectClient(server->port());
+  ASSERT_TRUE(writer->Set("never/a", "1", kTimeout).ok());
+  ExpectServes(*server);
+}
+
 TEST(TcpStoreServerTest, StartRefusesBadOptionsNamingThem) {
   TcpStoreServerOptions no_token;
   auto s = TcpStoreServer::Start(no_token);

@@ -1,0 +1,130 @@
+// CountingStore: wraps any Store and counts the requests sent through it, by verb and key family
+// (the key with every run of digits written "N": "rdzv/hb/m3" counts as "rdzv/hb/mN"; a request
+// naming several keys, as "a|b"). It measures what a component costs the store: bench_steady_state
+// puts one around each rank's client. Thread-safe: a rank's threads share one.
+#ifndef TRAINGUARD_TESTS_SUPPORT_COUNTING_STORE_H_
+#define TRAINGUARD_TESTS_SUPPORT_COUNTING_STORE_H_
+
+#include <cctype>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "sdk/core/mutex.h"
+#include "trainguard/store.h"
+
+namespace trainguard::testing {
+
+class CountingStore final : public Store {
+ public:
+  // (verb, key family) -> requests.
+  using Counts = std::map<std::pair<std::string, std::string>, int64_t>;
+
+  // REQUIRES: `base` outlives this store.
+  explicit CountingStore(Store* base) : base_(base) {}
+
+  // The counts since construction or the last Reset().
+  Counts counts() {
+    MutexLock lock(&mu_);
+    return counts_;
+  }
+  void Reset() {
+    MutexLock lock(&mu_);
+    counts_.clear();
+  }
+
+  // `key` with every run of digits written "N".
+  static std::string Family(std::string_view key) {
+    std::string family;
+    for (size_t i = 0; i < key.size(); ++i) {
+      if (std::isdigit(static_cast<unsigned char>(key[i]))) {
+        family += 'N';
+        while (i + 1 < key.size() && std::isdigit(static_cast<unsigned char>(key[i + 1]))) ++i;
+      } else {
+        family += key[i];
+      }
+    }
+    return family;
+  }
+
+  absl::Status Set(std::string_view key, std::string_view value, absl::Duration timeout) override {
+    Count("Set", key);
+    return base_->Set(key, value, timeout);
+  }
+  absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override {
+    Count("Get", key);
+    return base_->Get(key, timeout);
+  }
+  absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta,
+                              absl::Duration timeout) override {
+    Count("Add", key);
+    return base_->Add(key, delta, timeout);
+  }
+  absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
+                                                    const std::optional<std::string>& expected,
+                                                    std::string_view desired,
+                                                    absl::Duration timeout) override {
+    Count("CompareAndSet", key);
+    return base_->CompareAndSet(key, expected, desired, timeout);
+  }
+  absl::StatusOr<bool> Delete(std::string_view key, absl::Duration timeout) override {
+    Count("Delete", key);
+    return base_->Delete(key, timeout);
+  }
+  absl::StatusOr<std::vector<std::optional<std::string>>> MultiGet(
+      const std::vector<std::string>& keys, absl::Duration timeout) override {
+    Count("MultiGet", keys);
+    return base_->MultiGet(keys, timeout);
+  }
+  absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
+                                                    absl::Duration timeout) override {
+    Count("ListKeys", prefix);
+    return base_->ListKeys(prefix, timeout);
+  }
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
+    Count("Wait", keys);
+    return base_->Wait(keys, timeout);
+  }
+  absl::StatusOr<size_t> WaitAny(const std::vector<std::string>& keys,
+                                 absl::Duration timeout) override {
+    Count("WaitAny", keys);
+    return base_->WaitAny(keys, timeout);
+  }
+  absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override {
+    Count("RaiseFence", "(fence)");
+    return base_->RaiseFence(generation, timeout);
+  }
+  void SetWriterGeneration(int64_t generation) override { base_->SetWriterGeneration(generation); }
+
+ private:
+  void Count(std::string_view verb, std::string_view key) {
+    MutexLock lock(&mu_);
+    ++counts_[{std::string(verb), Family(key)}];
+  }
+  void Count(std::string_view verb, const std::vector<std::string>& keys) {
+    // A MultiGet of many keys of one family counts under that family once.
+    std::vector<std::string> families;
+    for (const std::string& key : keys) {
+      std::string family = Family(key);
+      if (families.empty() || families.back() != family) families.push_back(std::move(family));
+    }
+    MutexLock lock(&mu_);
+    ++counts_[{std::string(verb), absl::StrJoin(families, "|")}];
+  }
+
+  Store* const base_;
+  Mutex mu_;
+  Counts counts_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace trainguard::testing
+
+#endif  // TRAINGUARD_TESTS_SUPPORT_COUNTING_STORE_H_
