@@ -203,6 +203,12 @@ inline std::string EncodeRecoveryPlan(const RecoveryPlan& p) {
   return absl::StrCat(p.generation, " ", p.resume_step, " ", p.state_source_rank, " ",
                       runs.empty() ? "-" : runs);
 }
+// What the coordinator leaves at RdzvPlan(g) when it publishes generation `newer` before the ranks
+// of g agreed: those still waiting for the plan leave for the newer generation at once.
+inline std::string SupersededPlan(int64_t newer) { return absl::StrCat("superseded by ", newer); }
+inline bool IsSupersededPlan(std::string_view value) {
+  return value.substr(0, 14) == "superseded by ";
+}
 // InvalidArgument for a value that is not as above: a generation >= 0, a resume step >= 0, a state
 // source >= -1, runs of ranks >= 0 in increasing order.
 inline absl::StatusOr<RecoveryPlan> DecodeRecoveryPlan(std::string_view value) {

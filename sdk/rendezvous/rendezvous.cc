@@ -25,11 +25,16 @@ constexpr const char* kCurrentKey = store_keys::kRdzvCurrent;
 // Values of rdzv/standby/<member>: waiting for an assignment, or claimed by the coordinator.
 constexpr char kParked[] = "parked";
 constexpr char kTaken[] = "taken";
-// How often a rank waiting for the others' progress checks whether its generation was superseded.
-constexpr absl::Duration kAgreementSlice = absl::Milliseconds(100);
+// How often a rank waiting for its generation's plan checks whether the generation was superseded.
+// Only a fallback: the coordinator that publishes the next generation marks the plan superseded
+// (Publish), which ends the wait at once; a coordinator that died between its fence and that mark
+// leaves the check to this slice.
+constexpr absl::Duration kAgreementSlice = absl::Seconds(1);
 // A member that missed more generations than this reads its place from the newest table instead
 // of from each generation's changes.
 constexpr int64_t kMaxChangesRead = 64;
+// Bounds the "left" mark of a member without a heartbeat thread (no interval to bound it).
+constexpr absl::Duration kLeftWriteTimeout = absl::Seconds(1);
 
 std::string ClaimKey(int64_t generation) { return store_keys::RdzvClaim(generation); }
 std::string TableKey(int64_t generation) { return store_keys::RdzvTable(generation); }
@@ -110,14 +115,17 @@ absl::Duration Left(absl::Time deadline) {
 RendezvousMember::RendezvousMember(Store* store, std::string member_id,
                                    absl::Duration heartbeat_interval)
     : store_(store), member_id_(std::move(member_id)), heartbeat_interval_(heartbeat_interval) {
-  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  if (heartbeat_interval_ != absl::InfiniteDuration()) {
+    heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  }
 }
 
 RendezvousMember::~RendezvousMember() {
   stop_.Notify();
-  heartbeat_.join();
+  if (heartbeat_.joinable()) heartbeat_.join();
   // Rejected (harmlessly) when this member's generation was superseded: it is replaced anyway.
-  (void)store_->Set(HeartbeatKey(member_id_), kLeftHeartbeat, heartbeat_interval_);
+  (void)store_->Set(HeartbeatKey(member_id_), kLeftHeartbeat,
+                    std::min(heartbeat_interval_, kLeftWriteTimeout));
 }
 
 int64_t RendezvousMember::generation() const {
@@ -151,15 +159,20 @@ void RendezvousMember::AdoptGeneration(const Membership& place) {
   superseded_generation_.store(-1);
 }
 
+absl::Status RendezvousMember::Beat(absl::Duration timeout) {
+  const int64_t beat_generation = generation();
+  absl::Status s = store_->Add(HeartbeatKey(member_id_), 1, timeout).status();
+  // A rejection of a beat sent before this member adopted a newer generation says nothing.
+  if (absl::IsFailedPrecondition(s) && beat_generation == generation()) {
+    superseded_generation_.store(beat_generation);
+  }
+  return s;
+}
+
 void RendezvousMember::HeartbeatLoop() {
   while (!stop_.WaitForNotificationWithTimeout(heartbeat_interval_)) {
-    const int64_t beat_generation = generation();
-    absl::Status s = store_->Add(HeartbeatKey(member_id_), 1, heartbeat_interval_).status();
-    // A rejection of a beat sent before this member adopted a newer generation says nothing.
-    if (absl::IsFailedPrecondition(s) && beat_generation == generation()) {
-      superseded_generation_.store(beat_generation);
-    }
-    // Other errors (the store briefly unreachable) are retried at the next beat.
+    // Errors (the store briefly unreachable) are retried at the next beat.
+    (void)Beat(heartbeat_interval_);
   }
 }
 
@@ -190,60 +203,51 @@ absl::StatusOr<store_keys::GenerationChanges> RendezvousMember::ReadChanges(
   return changes;
 }
 
-absl::StatusOr<Membership> RendezvousMember::PlaceIn(int64_t generation, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
+Membership RendezvousMember::Held() const {
   Membership place;
-  {
-    MutexLock lock(&mu_);
-    place.generation = generation_;
-    place.rank = rank_;
-    place.world_size = world_size_;
-  }
+  MutexLock lock(&mu_);
+  place.generation = generation_;
+  place.rank = rank_;
+  place.world_size = world_size_;
+  return place;
+}
+
+absl::StatusOr<std::optional<Membership>> RendezvousMember::FollowChanges(
+    Membership place, const std::vector<std::optional<std::string>>& changes) const {
   const int64_t held = place.generation;
-  if (held >= 0 && held < generation && generation - held <= kMaxChangesRead) {
-    // One round trip for every generation since the one held: usually exactly one.
-    std::vector<std::string> keys;
-    for (int64_t g = held + 1; g <= generation; ++g) keys.push_back(ChangesKey(g));
-    absl::StatusOr<std::vector<std::optional<std::string>>> values =
-        store_->MultiGet(keys, timeout);
-    if (!values.ok()) return values.status();
-    bool complete = true;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      const int64_t g = held + 1 + static_cast<int64_t>(i);
-      if (!(*values)[i].has_value()) {
-        complete = false;  // published by a coordinator that writes no changes: read the table
-        break;
-      }
-      absl::StatusOr<store_keys::GenerationChanges> changes =
-          store_keys::DecodeGenerationChanges(*(*values)[i]);
-      if (!changes.ok() || changes->generation != g || changes->world_size != place.world_size) {
-        return absl::DataLossError(absl::StrFormat(
-            "malformed changes of generation %d at store key %s (member %s holds rank %d of %d)", g,
-            keys[i], member_id_, place.rank, place.world_size));
-      }
-      if (const std::string* taker = TakerOf(*changes, place.rank);
-          taker != nullptr && *taker != member_id_) {
-        return absl::FailedPreconditionError(absl::StrFormat(
-            "member %s is not part of generation %d: it was replaced (rank %d is held by %s since "
-            "generation %d)",
-            member_id_, generation, place.rank, *taker, g));
-      }
+  for (size_t i = 0; i < changes.size(); ++i) {
+    const int64_t g = held + 1 + static_cast<int64_t>(i);
+    // Published by a coordinator that writes no changes: the caller reads the table.
+    if (!changes[i].has_value()) return std::nullopt;
+    absl::StatusOr<store_keys::GenerationChanges> decoded =
+        store_keys::DecodeGenerationChanges(*changes[i]);
+    if (!decoded.ok() || decoded->generation != g || decoded->world_size != place.world_size) {
+      return absl::DataLossError(absl::StrFormat(
+          "malformed changes of generation %d at store key %s (member %s holds rank %d of %d)", g,
+          ChangesKey(g), member_id_, place.rank, place.world_size));
     }
-    if (complete) {
-      place.generation = generation;
-      return place;
+    if (const std::string* taker = TakerOf(*decoded, place.rank);
+        taker != nullptr && *taker != member_id_) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "member %s is not part of generation %d: it was replaced (rank %d is held by %s since "
+          "generation %d)",
+          member_id_, held + static_cast<int64_t>(changes.size()), place.rank, *taker, g));
     }
   }
-  absl::StatusOr<Membership> table = ReadRankTable(generation, Left(deadline));
+  place.generation = held + static_cast<int64_t>(changes.size());
+  return place;
+}
+
+absl::StatusOr<Membership> RendezvousMember::PlaceFromTable(int64_t generation,
+                                                            absl::Duration timeout) {
+  absl::StatusOr<Membership> table = ReadRankTable(generation, timeout);
   if (!table.ok()) return table.status();
   if (table->rank < 0) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "member %s is not part of generation %d: it was replaced", member_id_, generation));
   }
-  place.generation = table->generation;
-  place.rank = table->rank;
-  place.world_size = table->world_size;
-  return place;
+  table->members.clear();  // a rank's answers carry no member ids (rendezvous.h, Cost)
+  return table;
 }
 
 absl::StatusOr<Membership> RendezvousMember::JoinInitial(int rank, int world_size,
@@ -330,16 +334,46 @@ absl::StatusOr<Membership> RendezvousMember::AwaitGeneration(int64_t after,
     return absl::Status(s.code(), absl::StrFormat("member %s waiting for a generation after %d: %s",
                                                   member_id_, after, std::string(s.message())));
   }
-  // Several generations may have been published meanwhile: join the newest.
-  absl::StatusOr<std::string> current = store_->Get(kCurrentKey, Left(deadline));
-  int64_t newest = after + 1;
-  if (current.ok() && !absl::SimpleAtoi(*current, &newest)) {
-    return absl::DataLossError(absl::StrFormat("malformed %s: '%s'", kCurrentKey, *current));
+  // In one round trip: the newest generation (several may have been published meanwhile: join the
+  // newest) and the changes since the one this member holds (usually one generation's).
+  const Membership held = Held();
+  const bool follow = held.generation >= 0 && held.generation <= after &&
+                      after + 1 - held.generation <= kMaxChangesRead;
+  std::vector<std::string> keys = {kCurrentKey};
+  for (int64_t g = held.generation + 1; follow && g <= after + 1; ++g) {
+    keys.push_back(ChangesKey(g));
   }
-  absl::StatusOr<Membership> m = PlaceIn(std::max(newest, after + 1), Left(deadline));
-  if (!m.ok()) return m.status();
-  AdoptGeneration(*m);
-  return m;
+  absl::StatusOr<std::vector<std::optional<std::string>>> values =
+      store_->MultiGet(keys, Left(deadline));
+  if (!values.ok()) return values.status();
+  int64_t newest = after + 1;
+  if ((*values)[0].has_value() && !absl::SimpleAtoi(*(*values)[0], &newest)) {
+    return absl::DataLossError(absl::StrFormat("malformed %s: '%s'", kCurrentKey, *(*values)[0]));
+  }
+  // The announcement comes after the changes: it may still name an older generation.
+  newest = std::max(newest, after + 1);
+  std::vector<std::optional<std::string>> changes(values->begin() + 1, values->end());
+  if (follow && newest > after + 1 && newest - held.generation <= kMaxChangesRead) {
+    std::vector<std::string> more;
+    for (int64_t g = after + 2; g <= newest; ++g) more.push_back(ChangesKey(g));
+    absl::StatusOr<std::vector<std::optional<std::string>>> rest =
+        store_->MultiGet(more, Left(deadline));
+    if (!rest.ok()) return rest.status();
+    changes.insert(changes.end(), rest->begin(), rest->end());
+  }
+  std::optional<Membership> place;
+  if (follow && static_cast<int64_t>(changes.size()) == newest - held.generation) {
+    absl::StatusOr<std::optional<Membership>> followed = FollowChanges(held, changes);
+    if (!followed.ok()) return followed.status();
+    place = *std::move(followed);
+  }
+  if (!place.has_value()) {
+    absl::StatusOr<Membership> from_table = PlaceFromTable(newest, Left(deadline));
+    if (!from_table.ok()) return from_table.status();
+    place = *std::move(from_table);
+  }
+  AdoptGeneration(*place);
+  return *place;
 }
 
 absl::Status RendezvousMember::Barrier(const Membership& membership, std::string_view name,
@@ -383,8 +417,8 @@ absl::StatusOr<std::string> RendezvousMember::AwaitAgreedKey(const Membership& m
                                                              const absl::Status& superseded,
                                                              absl::Time deadline) {
   // A rank that dies now may be the one to write `key`; the launcher then publishes the next
-  // generation, and waiting on for this one would only run out the timeout. Wait in slices and
-  // look for a newer generation between them.
+  // generation and marks `key` superseded. Wait in slices all the same and look for a newer
+  // generation between them, should a coordinator have died before the mark.
   const std::string next_table = TableKey(membership.generation + 1);
   while (true) {
     absl::Status s = store_->Wait({key}, std::min(Left(deadline), kAgreementSlice));
@@ -424,6 +458,7 @@ absl::StatusOr<RecoveryPlan> RendezvousMember::AgreeOnResume(const Membership& m
   if (*counted != membership.world_size) {
     absl::StatusOr<std::string> value = AwaitAgreedKey(membership, plan_key, superseded, deadline);
     if (!value.ok()) return value.status();
+    if (store_keys::IsSupersededPlan(*value)) return superseded;
     absl::StatusOr<RecoveryPlan> plan = store_keys::DecodeRecoveryPlan(*value);
     if (!plan.ok() || plan->generation != membership.generation) {
       return absl::DataLossError(absl::StrFormat("malformed plan '%s' at %s", *value, plan_key));
@@ -739,6 +774,14 @@ absl::StatusOr<Membership> RendezvousCoordinator::Publish(
     if (!s.ok()) return s;
   }
   if (absl::Status s = store_->RaiseFence(next.generation, Left(deadline)); !s.ok()) return s;
+  // Ranks of the generation before, still waiting for its plan (its computing rank died, or has yet
+  // to write it and now cannot: fenced), leave for this one at once.
+  if (next.generation > 0) {
+    absl::StatusOr<CompareAndSetResult> marked =
+        store_->CompareAndSet(store_keys::RdzvPlan(next.generation - 1), std::nullopt,
+                              store_keys::SupersededPlan(next.generation), Left(deadline));
+    if (!marked.ok()) return marked.status();
+  }
   if (absl::Status s = store_->Set(kCurrentKey, absl::StrCat(next.generation), Left(deadline));
       !s.ok()) {
     return s;

@@ -40,7 +40,8 @@
 //   rdzv/gen/<g>/progress/<rank>   the step a rank's state is ready to run next (-1: no state)
 //   rdzv/gen/<g>/agreed            the count of ranks whose progress is written
 //   rdzv/gen/<g>/plan              the RecoveryPlan of generation g, computed from every rank's
-//                                  progress by the rank whose count completed it
+//                                  progress by the rank whose count completed it; "superseded by
+//                                  <g+1>" when the coordinator published g+1 before it was
 //   rdzv/gen/<g>/resumed/<rank>    the first step a rank completed in generation g (Runtime)
 //   rdzv/gen/<g>/renew/<rank>      a rank of generation g asks for g+1 with the same members; the
 //                                  value says why
@@ -92,10 +93,14 @@ class RendezvousMember {
  public:
   // `member_id` names this process uniquely in the job (e.g. "host:pid:nonce"); `store` is the
   // job's store (already scoped to the job). REQUIRES: `store` outlives the member.
+  // `heartbeat_interval`: how often its heartbeat thread beats (Beat). absl::InfiniteDuration():
+  // no heartbeat thread; whoever owns the member beats it with Beat() (one timer for many members:
+  // a simulator of thousands of ranks in one process, bench/bench_scale), or nobody does.
   RendezvousMember(Store* store, std::string member_id, absl::Duration heartbeat_interval);
   // Stops the heartbeat and marks this member "left" (best effort, bounded by the heartbeat
-  // interval): a process whose Runtime closed may take a while to exit (an interpreter's teardown
-  // on a loaded machine) and must not be killed as hung for its silence meanwhile.
+  // interval, or 1 s without a heartbeat thread): a process whose Runtime closed may take a while
+  // to exit (an interpreter's teardown on a loaded machine) and must not be killed as hung for its
+  // silence meanwhile.
   ~RendezvousMember();
   RendezvousMember(const RendezvousMember&) = delete;
   RendezvousMember& operator=(const RendezvousMember&) = delete;
@@ -132,6 +137,11 @@ class RendezvousMember {
   // Every rank of `membership` calls it once with the same `name`; returns when all have arrived.
   absl::Status Barrier(const Membership& membership, std::string_view name, absl::Duration timeout);
 
+  // One heartbeat: advances rdzv/hb/<member>, bounded by `timeout`; marks this member superseded
+  // when the store refuses it as stale. What the heartbeat thread does every heartbeat interval.
+  // Errors (the store briefly unreachable) are the caller's to retry at its next beat.
+  absl::Status Beat(absl::Duration timeout);
+
   const std::string& member_id() const { return member_id_; }
   // True once the store rejected this member's heartbeat as stale, or AwaitNewerGeneration saw a
   // newer generation's table: a newer generation exists. Call
@@ -152,10 +162,16 @@ class RendezvousMember {
   absl::StatusOr<bool> AwaitNewerGeneration(absl::Duration timeout);
 
  private:
-  // This member's place in `generation`, from the changes of the generations after the one it
-  // holds (a few bytes each), or from the table when it holds none or the changes are too many or
-  // missing. FailedPrecondition when another member holds its rank there (it was replaced).
-  absl::StatusOr<Membership> PlaceIn(int64_t generation, absl::Duration timeout);
+  // The place this member holds (its generation, rank and world size).
+  Membership Held() const;
+  // This member's place after `changes`, the values of the changes of each generation after the
+  // one `place` holds, in order: nullopt when one is missing (a coordinator that writes none: read
+  // the table), FailedPrecondition when one gives its rank to another member (it was replaced).
+  absl::StatusOr<std::optional<Membership>> FollowChanges(
+      Membership place, const std::vector<std::optional<std::string>>& changes) const;
+  // This member's place in `generation` from its table (it holds no generation yet, or missed too
+  // many); FailedPrecondition when the table does not name it (it was replaced).
+  absl::StatusOr<Membership> PlaceFromTable(int64_t generation, absl::Duration timeout);
   // The changes of `generation` (NotFound before they are published).
   absl::StatusOr<store_keys::GenerationChanges> ReadChanges(int64_t generation,
                                                             absl::Duration timeout);

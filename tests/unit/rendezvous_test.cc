@@ -411,6 +411,9 @@ TEST_F(Rendezvous, TheRankThatCompletesTheCountPublishesThePlanTheOthersRead) {
     if (ranks_[r]->store->Read("rdzv/gen/0/progress/", "")) ++read_every_progress;
   }
   EXPECT_EQ(read_every_progress, 1);
+  // A newer generation leaves an agreed plan as it is.
+  ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
+  EXPECT_EQ(*coordinator_store_->Get(store_keys::RdzvPlan(0), kTimeout), "0 31 2 0,3");
 }
 
 // The rank whose progress completed the count dies before it publishes the plan: the others do
@@ -449,6 +452,8 @@ TEST_F(Rendezvous, RanksWaitingForAPlanThatNeverComesLeaveForTheNewerGeneration)
     EXPECT_TRUE(absl::IsAborted(plans[r].status())) << plans[r].status();
     EXPECT_THAT(std::string(plans[r].status().message()), HasSubstr("generation 0 was superseded"));
   }
+  // The coordinator marked the plan superseded as it published generation 1: that ended the waits.
+  EXPECT_EQ(*coordinator_store_->Get(store_keys::RdzvPlan(0), kTimeout), "superseded by 1");
 }
 
 TEST_F(Rendezvous, ABarrierPassesOnlyOnceEveryRankArrived) {
@@ -491,6 +496,26 @@ TEST_F(Rendezvous, ABarrierThatNotEveryRankReachesTimesOutSayingHowManyArrived) 
   EXPECT_TRUE(absl::IsDeadlineExceeded(alone)) << alone;
   EXPECT_THAT(std::string(alone.message()),
               HasSubstr("rank 1 at barrier ready of generation 0 (1 of 2 ranks arrived"));
+}
+
+// A member without a heartbeat thread (a simulator's) is beaten by its owner; a beat the fence
+// refuses marks it superseded, as the thread's would.
+TEST_F(Rendezvous, AMemberWithoutAHeartbeatThreadBeatsWhenItsOwnerSays) {
+  FormGenerationZero(2);
+  InMemoryStore& shared = shared_;
+  std::unique_ptr<Store> store = shared.NewClient();
+  RendezvousMember quiet(store.get(), "host:quiet", absl::InfiniteDuration());
+  const std::string key = store_keys::RdzvHeartbeat("host:quiet");
+  EXPECT_TRUE(absl::IsNotFound(coordinator_store_->Get(key, kTimeout).status()));
+  ASSERT_TRUE(quiet.Beat(kTimeout).ok());
+  ASSERT_TRUE(quiet.Beat(kTimeout).ok());
+  EXPECT_EQ(*coordinator_store_->Get(key, kTimeout), "2");
+
+  // A rank's beat refused by the fence of a newer generation marks it superseded.
+  ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
+  absl::Status refused = ranks_[0]->member.Beat(kTimeout);
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
+  EXPECT_EQ(ranks_[0]->member.superseded_generation(), 0);
 }
 
 TEST_F(Rendezvous, AnAgreementIsAbandonedWhenANewerGenerationIsPublished) {

@@ -109,6 +109,13 @@ TEST(StoreKeys, ARecoveryPlanRoundTripsWithItsNewRanksAsRuns) {
   EXPECT_TRUE(empty->new_ranks.empty());
 }
 
+TEST(StoreKeys, APlanMarkedSupersededIsToldFromAPlan) {
+  EXPECT_EQ(SupersededPlan(5), "superseded by 5");
+  EXPECT_TRUE(IsSupersededPlan(SupersededPlan(5)));
+  EXPECT_FALSE(IsSupersededPlan("4 120 2 -"));
+  EXPECT_FALSE(DecodeRecoveryPlan(SupersededPlan(5)).ok());
+}
+
 TEST(StoreKeys, APlanThatIsNotAPlanIsRefused) {
   for (const char* bad :
        {"", "3 120 4", "3 120 4 -  ", "x 120 4 -", "3 -1 4 -", "3 120 -2 -", "3 120 4 ",
