@@ -28,8 +28,10 @@ constexpr char kTaken[] = "taken";
 // How often a rank waiting for its generation's plan checks whether the generation was superseded.
 // Only a fallback: the coordinator that publishes the next generation marks the plan superseded
 // (Publish), which ends the wait at once; a coordinator that died between its fence and that mark
-// leaves the check to this slice.
-constexpr absl::Duration kAgreementSlice = absl::Seconds(1);
+// leaves the check to this slice. Long, since every waiting rank re-sends its wait at the end of
+// each slice: thousands of ranks whose slices end together while the plan is being computed would
+// load the store when it is busiest.
+constexpr absl::Duration kAgreementSlice = absl::Seconds(5);
 // A member that missed more generations than this reads its place from the newest table instead
 // of from each generation's changes.
 constexpr int64_t kMaxChangesRead = 64;
@@ -423,7 +425,9 @@ absl::StatusOr<std::string> RendezvousMember::AwaitAgreedKey(const Membership& m
   while (true) {
     absl::Status s = store_->Wait({key}, std::min(Left(deadline), kAgreementSlice));
     if (s.ok()) break;
-    if (!absl::IsDeadlineExceeded(s) || absl::Now() >= deadline) {
+    // Unavailable: the store did not answer in time (overloaded, or reconnecting): tried again
+    // until the deadline, as a slice that ran out.
+    if (!(absl::IsDeadlineExceeded(s) || absl::IsUnavailable(s)) || absl::Now() >= deadline) {
       return absl::Status(
           s.code(),
           absl::StrFormat("rank %d agreeing on the resume step of generation %d: %s",

@@ -9,7 +9,9 @@
 //
 //   survivor:  guard fails (peer gone) -> member.AwaitGeneration(g + 1) -> rebuild communicators
 //   standby:   member.ParkAsStandby() returns generation g+1 with its new rank -> build
-//   communicators both:      member.Barrier(...) before the first step of the new generation
+//              communicators
+//   both:      member.AgreeOnResume(...) (or Barrier(...)) before the first step of the new
+//              generation
 //
 // When the communicators fail and no rank died (a dropped connection, a hang declared on a healthy
 // job), the ranks ask for a new generation (RequestNewGeneration) and the coordinator renews the
@@ -45,15 +47,17 @@
 //   rdzv/gen/<g>/resumed/<rank>    the first step a rank completed in generation g (Runtime)
 //   rdzv/gen/<g>/renew/<rank>      a rank of generation g asks for g+1 with the same members; the
 //                                  value says why
-//   rdzv/hb/<member>               heartbeat counter, advanced by each member's heartbeat thread;
+//   rdzv/hb/<member>               heartbeat counter, advanced by each member's heartbeat thread
+//                                  (or its owner's Beat());
 //                                  the coordinator reports ranks whose counter stopped (liveness on
 //                                  any store, TcpStore or etcd alike). "left" once the member was
 //                                  destroyed (its Runtime closed): the process is exiting, and is
 //                                  given kLeftGrace to do so before it counts as stale
 //
 // Cost. A rank's calls read and write O(1) keys of O(1) bytes each (O(ranks changed) for the
-// changes, O(runs of new ranks) for the plan), whatever the world size: joining, learning a new
-// generation and agreeing on the resume step cost the store O(world size) in all, not per rank.
+// changes, O(runs of new ranks) for the plan), whatever the world size, but for the one rank per
+// agreement that reads every rank's progress: joining, learning a new generation and agreeing on
+// the resume step cost the store O(world size) in all, not per rank.
 // The Membership a rank gets therefore carries no member ids (members is empty); ReadRankTable
 // reads them, O(world size) bytes, where they are needed.
 //
