@@ -46,8 +46,21 @@ class ReadRecordingStore final : public Store {
     return read_.size();
   }
 
+  // The next `n` Waits fail with Unavailable, as when the store does not answer in time.
+  void FailNextWaits(int n) {
+    MutexLock lock(&mu_);
+    failing_waits_ = n;
+  }
+
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
     Record(keys);
+    {
+      MutexLock lock(&mu_);
+      if (failing_waits_ > 0) {
+        --failing_waits_;
+        return absl::UnavailableError("store server unreachable (injected)");
+      }
+    }
     return base_->Wait(keys, timeout);
   }
   absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override {
@@ -93,6 +106,7 @@ class ReadRecordingStore final : public Store {
   const std::unique_ptr<Store> base_;
   Mutex mu_;
   std::vector<std::string> read_ ABSL_GUARDED_BY(mu_);
+  int failing_waits_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // One process of the job: its own store connection and rendezvous member.
@@ -454,6 +468,35 @@ TEST_F(Rendezvous, RanksWaitingForAPlanThatNeverComesLeaveForTheNewerGeneration)
   }
   // The coordinator marked the plan superseded as it published generation 1: that ended the waits.
   EXPECT_EQ(*coordinator_store_->Get(store_keys::RdzvPlan(0), kTimeout), "superseded by 1");
+}
+
+// A store that does not answer a rank's wait for the plan in time (overloaded) does not end the
+// agreement: the rank waits again, within its deadline.
+TEST_F(Rendezvous, ARankWhoseWaitForThePlanGoesUnansweredWaitsAgain) {
+  FormGenerationZero(2);
+  Membership g0;
+  g0.generation = 0;
+  g0.world_size = 2;
+  g0.rank = 0;
+  ranks_[0]->store->FailNextWaits(1);
+  absl::StatusOr<RecoveryPlan> first;
+  std::thread waiting([&] { first = ranks_[0]->member.AgreeOnResume(g0, 7, kTimeout); });
+  // Bounded polling until rank 0 counted itself: rank 1 then completes the count.
+  for (absl::Time end = absl::Now() + kTimeout; absl::Now() < end;) {
+    absl::StatusOr<std::string> count =
+        coordinator_store_->Get(store_keys::RdzvAgreed(0), kTimeout);
+    if (count.ok() && *count == "1") break;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  Membership mine = g0;
+  mine.rank = 1;
+  absl::StatusOr<RecoveryPlan> second = ranks_[1]->member.AgreeOnResume(mine, 7, kTimeout);
+  waiting.join();
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(first->resume_step, 7);
+  EXPECT_EQ(first->state_source_rank, 0);
+  EXPECT_EQ(second->state_source_rank, 0);
 }
 
 TEST_F(Rendezvous, ABarrierPassesOnlyOnceEveryRankArrived) {
