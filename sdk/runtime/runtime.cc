@@ -35,6 +35,10 @@
 namespace trainguard {
 namespace {
 
+// Bounds membership()'s read of the member ids: an accessor must not block for the rendezvous
+// timeout (minutes) on a store that does not answer; the next call tries again.
+constexpr absl::Duration kMemberIdsReadTimeout = absl::Seconds(10);
+
 // Set by the SIGUSR2 handler; the Runtime's watcher thread dumps the ring and stacks when it sees
 // it.
 std::atomic<bool> dump_requested{false};
@@ -555,9 +559,9 @@ void RuntimeImpl::OnHang(const HangReport& report) {
 
 const Membership& RuntimeImpl::membership() const {
   if (member_ == nullptr) return current_.membership();  // a static job: no table to read
-  const absl::Duration timeout = absl::Milliseconds(options_.rendezvous_timeout_ms);
-  return current_.MembershipWithIds(
-      [&](int64_t generation) { return member_->ReadRankTable(generation, timeout); });
+  return current_.MembershipWithIds([&](int64_t generation) {
+    return member_->ReadRankTable(generation, kMemberIdsReadTimeout);
+  });
 }
 
 std::optional<std::string> RuntimeImpl::ExplainPeerWait(const InFlightCollective& waiting_in) {
