@@ -77,8 +77,8 @@ struct CommunicatorSpec {
   // Valid until the communicator is destroyed.
   Store* store = nullptr;
   // The generation's rank table; generation -1 in a static job. Its members (the member ids) are
-  // empty unless Runtime::membership() read them already: a rank does not read them to build a
-  // communicator.
+  // empty: a rank does not read them to build a communicator (Runtime::membership() does, on first
+  // use).
   const Membership* membership = nullptr;
   // Record every collective on it under `comm_id` (ScopedCollective, BeginOnStream), so that the
   // watchdog sees them. The Runtime registers the communicator under `comm_id` itself, with its

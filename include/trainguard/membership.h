@@ -18,7 +18,7 @@ struct Membership {
   int rank = -1;  // this member's rank in the generation; -1 in the coordinator's view
   // The member id of each rank. A rank learns its place without them (reading them costs
   // O(world_size) bytes per rank): Runtime::membership() reads them on first use; empty in
-  // CommunicatorSpec::membership until then.
+  // CommunicatorSpec::membership.
   std::vector<std::string> members;
 };
 

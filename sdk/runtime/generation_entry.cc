@@ -76,7 +76,8 @@ void RankGeneration::SetMemberIds(int64_t generation, std::vector<std::string> i
 }
 
 const Membership& RankGeneration::MembershipWithIds(const ReadRankTable& read) const {
-  if (!membership_.members.empty() || membership_.generation < 0) return membership_;
+  if (membership_.generation < 0 || !membership_.members.empty()) return membership_;
+  if (with_ids_.generation == membership_.generation) return with_ids_;
   std::vector<std::string> ids = MemberIdsOf(membership_.generation);
   if (ids.empty()) {
     absl::StatusOr<Membership> table = read(membership_.generation);
@@ -88,8 +89,9 @@ const Membership& RankGeneration::MembershipWithIds(const ReadRankTable& read) c
     MutexLock lock(&members_mu_);
     if (members_generation_ == membership_.generation && member_ids_.empty()) member_ids_ = ids;
   }
-  membership_.members = std::move(ids);
-  return membership_;
+  with_ids_ = membership_;
+  with_ids_.members = std::move(ids);
+  return with_ids_;
 }
 
 GenerationEntry::GenerationEntry(GenerationEntryOptions options) : options_(std::move(options)) {}

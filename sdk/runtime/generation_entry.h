@@ -122,7 +122,7 @@ class RankGeneration {
   RankGeneration& operator=(const RankGeneration&) = delete;
 
   int64_t generation() const { return generation_.load(); }
-  // The membership held; its members are empty unless its ids were read (see above).
+  // The membership held; its members are empty for a rank's own place (see above).
   const Membership& membership() const { return membership_; }
   // Reads the member ids of the generation held (RendezvousMember::ReadRankTable).
   using ReadRankTable = std::function<absl::StatusOr<Membership>(int64_t generation)>;
@@ -144,18 +144,19 @@ class RankGeneration {
   // otherwise.
   std::vector<std::string> MemberIdsOf(int64_t generation) const;
   // Keeps `ids`, the member ids of `generation` read by another thread, if it is still the one
-  // held (MemberIdsOf answers with them; the training thread's membership takes them at its next
-  // MembershipWithIds).
+  // held (MemberIdsOf answers with them, and MembershipWithIds without reading them again).
   void SetMemberIds(int64_t generation, std::vector<std::string> ids);
 
  private:
   std::atomic<int64_t> generation_{0};
-  // Mutable: its members are a cache that MembershipWithIds fills.
-  mutable Membership membership_;
+  Membership membership_;
+  // membership_ with its member ids once MembershipWithIds read them (a cache, hence mutable);
+  // membership_ itself never changes within a generation: CommunicatorSpec points at it.
+  mutable Membership with_ids_;
   std::optional<RecoveryPlan> plan_;
   mutable Mutex members_mu_;
   int64_t members_generation_ ABSL_GUARDED_BY(members_mu_) = -1;
-  // Mutable as membership_.members: MembershipWithIds fills both.
+  // Mutable as with_ids_: MembershipWithIds fills both.
   mutable std::vector<std::string> member_ids_ ABSL_GUARDED_BY(members_mu_);
 };
 

@@ -77,7 +77,9 @@ TEST(RankGeneration, TheMemberIdsAreReadOncePerGenerationOnFirstUse) {
   EXPECT_TRUE(current.MemberIdsOf(3).empty());
   EXPECT_THAT(current.MembershipWithIds(read).members, ::testing::ElementsAre("m0", "m1-3"));
   EXPECT_THAT(current.MembershipWithIds(read).members, ::testing::ElementsAre("m0", "m1-3"));
+  EXPECT_EQ(current.MembershipWithIds(read).rank, 1);
   EXPECT_EQ(reads, 1);
+  EXPECT_TRUE(current.membership().members.empty());  // a communicator's spec points at it
   EXPECT_THAT(current.MemberIdsOf(3), ::testing::ElementsAre("m0", "m1-3"));
 
   // The watchdog's thread read generation 4's ids first: the training thread takes them.
@@ -428,13 +430,14 @@ TEST_F(GenerationEntryRun, ARankReplacedBeforeTheFirstCommitGetsTheSurvivorsStat
     EXPECT_TRUE(ranks_[r]->current.membership().members.empty());
     EXPECT_TRUE(ranks_[r]->current.MemberIdsOf(1).empty());
     RendezvousMember& member = *ranks_[r]->member;
-    EXPECT_THAT(ranks_[r]
-                    ->current
-                    .MembershipWithIds([&](int64_t g) { return member.ReadRankTable(g, kTimeout); })
-                    .members,
-                ElementsAre("m0", "spare0", "m2"));
-    EXPECT_EQ(ranks_[r]->current.MemberIdsOf(1), ranks_[r]->current.membership().members);
+    const Membership& with_ids = ranks_[r]->current.MembershipWithIds(
+        [&](int64_t g) { return member.ReadRankTable(g, kTimeout); });
+    EXPECT_EQ(with_ids.rank, r);
+    EXPECT_THAT(with_ids.members, ElementsAre("m0", "spare0", "m2"));
+    EXPECT_EQ(ranks_[r]->current.MemberIdsOf(1), with_ids.members);
     EXPECT_TRUE(ranks_[r]->current.MemberIdsOf(0).empty());
+    // What the communicator was built with stays as it was.
+    EXPECT_TRUE(ranks_[r]->current.membership().members.empty());
     EXPECT_EQ(ranks_[r]->adopted, 1);
     EXPECT_TRUE(survived[r].joined_generation);
     EXPECT_EQ(survived[r].state_source_rank, 2);
