@@ -7,14 +7,18 @@
 // For each R: a fresh server process; R rank members and one parked standby, each on a thread of
 // its own with its own store connection (as a rank's process has) and its RendezvousMember (whose
 // heartbeat thread beats every --heartbeat_ms); the coordinator on a connection of its own.
+// --heartbeat_ms=0: members without a heartbeat thread, which do not beat: one thread and one
+// connection per member instead of two, what lets 16,384 ranks fit in this machine's threads and
+// file descriptors (the heartbeats' load, R Adds per interval, is then left out).
 //  - generation 0: the members are released together and each calls JoinInitial; measured from
 //    the last join call to every member holding generation 0's table (the issue's "last join to
 //    every member holding the table"), and from the release.
 //  - one rank replaced: rank R/2 is taken as dead (its member takes no part in generation 1), and
-//  the
-//    coordinator publishes generation 1 in which the standby takes it (ReplaceRank, as
+//    the coordinator publishes generation 1 in which the standby takes it (ReplaceRank, as
 //    JobCoordinator does once the death is decided); measured from the publication's start to
-//    every survivor holding generation 1 (AwaitGeneration) and the standby its rank.
+//    every survivor holding generation 1 (AwaitGeneration) and the standby its rank, and to every
+//    one of them holding the plan they agreed on (AgreeOnResume), as the survivors and the
+//    replacement do before their first step.
 // With each figure: the store requests the server served meanwhile, per rank.
 //
 // A size the machine cannot hold (two threads and one connection per member: the process's file
@@ -62,6 +66,8 @@ namespace {
 constexpr char kToken[] = "bench-scale-token";
 constexpr char kJob[] = "scale";
 constexpr int kRanksPerHost = 8;
+// The step every survivor offers in generation 1 (the standby offers -1: it has no state).
+constexpr int64_t kResumeStep = 100;
 
 struct Flags {
   std::vector<int> ranks = {8, 64, 512, 4096};
@@ -223,7 +229,9 @@ struct Member {
   absl::Time joined;  // when it called JoinInitial (ParkAsStandby)
   absl::Time held;    // when it returned with generation 0 (its rank, for the standby)
   absl::Time held_replacement;
+  absl::Time agreed;  // when it returned from AgreeOnResume in generation 1
   absl::Status status;
+  absl::Status agreement;  // AgreeOnResume's
 };
 
 double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
@@ -231,13 +239,18 @@ double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 // One size: returns false when it could not be measured (said why).
 bool MeasureSize(const Flags& flags, int ranks) {
   const int members = ranks + 1;  // and one standby
-  if (std::optional<std::string> why = MachineCannotHold(2 * members + 64, members + 256);
+  // A member's heartbeat thread beats while its other thread waits in the rendezvous: a thread and
+  // a connection more each.
+  const bool beating = flags.heartbeat != absl::ZeroDuration();
+  const int per_member = beating ? 2 : 1;
+  if (std::optional<std::string> why =
+          MachineCannotHold(per_member * members + 64, per_member * members + 256);
       why.has_value()) {
     std::printf("ranks=%d: not measured on this machine: %s\n", ranks, why->c_str());
     return false;
   }
-  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
-      ServerProcess::Start(TcpStoreServerOptions{}.max_connections);
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
+      std::max(TcpStoreServerOptions{}.max_connections, per_member * members + 64));
   if (!server.ok()) {
     std::printf("ranks=%d: %s\n", ranks, server.status().ToString().c_str());
     return false;
@@ -261,8 +274,9 @@ bool MeasureSize(const Flags& flags, int ranks) {
       return false;
     }
     all[i].store = *std::move(store);
-    all[i].member = std::make_unique<RendezvousMember>(all[i].store.get(), MemberOf(i, i == ranks),
-                                                       flags.heartbeat);
+    all[i].member =
+        std::make_unique<RendezvousMember>(all[i].store.get(), MemberOf(i, i == ranks),
+                                           beating ? flags.heartbeat : absl::InfiniteDuration());
   }
 
   const int dead = ranks / 2;
@@ -280,6 +294,9 @@ bool MeasureSize(const Flags& flags, int ranks) {
         absl::StatusOr<Membership> taken = m.member->ParkAsStandby(flags.timeout);
         m.held_replacement = absl::Now();
         m.status = taken.status();
+        if (!taken.ok()) return;
+        m.agreement = m.member->AgreeOnResume(*taken, /*next_step=*/-1, flags.timeout).status();
+        m.agreed = absl::Now();
         return;
       }
       absl::StatusOr<Membership> g0 = m.member->JoinInitial(i, ranks, flags.timeout);
@@ -290,6 +307,9 @@ bool MeasureSize(const Flags& flags, int ranks) {
       absl::StatusOr<Membership> g1 = m.member->AwaitGeneration(g0->generation, flags.timeout);
       m.held_replacement = absl::Now();
       m.status = g1.status();
+      if (!g1.ok()) return;
+      m.agreement = m.member->AgreeOnResume(*g1, kResumeStep, flags.timeout).status();
+      m.agreed = absl::Now();
     });
   }
   absl::StatusOr<std::pair<int64_t, int64_t>> before = (*server)->Counters();
@@ -313,7 +333,9 @@ bool MeasureSize(const Flags& flags, int ranks) {
   absl::Time last_join = absl::InfinitePast();
   absl::Time last_held = absl::InfinitePast();
   absl::Time last_replaced = absl::InfinitePast();
+  absl::Time last_agreed = absl::InfinitePast();
   int failed = 0;
+  int disagreed = 0;
   for (int i = 0; i < members; ++i) {
     if (!all[i].status.ok()) {
       if (failed++ == 0) {
@@ -323,7 +345,13 @@ bool MeasureSize(const Flags& flags, int ranks) {
     }
     last_join = std::max(last_join, all[i].joined);
     if (i < ranks) last_held = std::max(last_held, all[i].held);
-    if (i != dead) last_replaced = std::max(last_replaced, all[i].held_replacement);
+    if (i != dead) {
+      last_replaced = std::max(last_replaced, all[i].held_replacement);
+      last_agreed = std::max(last_agreed, all[i].agreed);
+      if (!all[i].agreement.ok() && disagreed++ == 0) {
+        std::printf("ranks=%d: member %d: %s\n", ranks, i, all[i].agreement.ToString().c_str());
+      }
+    }
   }
   if (!g0.ok() || failed > 0) {
     std::printf("ranks=%d: generation 0: %s; %d member(s) failed\n", ranks,
@@ -341,8 +369,15 @@ bool MeasureSize(const Flags& flags, int ranks) {
   }
   if (g1.ok()) {
     std::printf(
-        "; one rank replaced: every member in generation 1 %.3f s after the publication's start",
+        "; one rank replaced: every member in generation 1 %.3f s after the publication's "
+        "start",
         Seconds(last_replaced - replace_start));
+    if (disagreed == 0) {
+      std::printf(", and agreed on the resume step %.3f s after it",
+                  Seconds(last_agreed - replace_start));
+    } else {
+      std::printf(", and %d member(s) failed to agree on the resume step", disagreed);
+    }
     if (after_g0.ok() && after_g1.ok()) {
       std::printf(" (%.1f store requests per rank)",
                   static_cast<double>(after_g1->first - after_g0->first) / ranks);
@@ -351,9 +386,10 @@ bool MeasureSize(const Flags& flags, int ranks) {
   if (after_g1.ok() && after_g1->second > 0) {
     std::printf("; the server refused %lld connections", static_cast<long long>(after_g1->second));
   }
+  if (!beating) std::printf(" (no heartbeats)");
   std::printf("\n");
   std::fflush(stdout);
-  return g1.ok();
+  return g1.ok() && disagreed == 0;
 }
 
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
@@ -376,7 +412,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       }
     } else if (absl::ConsumePrefix(&value, "--heartbeat_ms=")) {
       int ms = 0;
-      if (!absl::SimpleAtoi(value, &ms) || ms < 1) {
+      if (!absl::SimpleAtoi(value, &ms) || ms < 0) {
         return absl::InvalidArgumentError(absl::StrCat("--heartbeat_ms: '", value, "'"));
       }
       flags.heartbeat = absl::Milliseconds(ms);

@@ -76,7 +76,9 @@ struct CommunicatorSpec {
   // nullptr in a static job (no store): meet some other way (a shared directory, MASTER_ADDR).
   // Valid until the communicator is destroyed.
   Store* store = nullptr;
-  // The generation's rank table; generation -1 in a static job.
+  // The generation's rank table; generation -1 in a static job. Its members (the member ids) are
+  // empty: a rank does not read them to build a communicator (Runtime::membership() does, on first
+  // use).
   const Membership* membership = nullptr;
   // Record every collective on it under `comm_id` (ScopedCollective, BeginOnStream), so that the
   // watchdog sees them. The Runtime registers the communicator under `comm_id` itself, with its

@@ -16,7 +16,10 @@ struct Membership {
   int64_t generation = -1;
   int world_size = 0;
   int rank = -1;  // this member's rank in the generation; -1 in the coordinator's view
-  std::vector<std::string> members;  // member id of each rank
+  // The member id of each rank. A rank learns its place without them (reading them costs
+  // O(world_size) bytes per rank): Runtime::membership() reads them on first use; empty in
+  // CommunicatorSpec::membership.
+  std::vector<std::string> members;
 };
 
 // What every rank of a new generation agreed on before training resumes.

@@ -186,7 +186,9 @@ class Runtime {
   // recover() broadcast the registered state from state_source_rank; without one, the trainer
   // does, before resuming.
   virtual const std::optional<RecoveryPlan>& recovery_plan() const = 0;
-  // The current generation's rank table; generation -1 for a static job (no store).
+  // The current generation's rank table; generation -1 for a static job (no store). The first call
+  // in a generation reads its member ids from the store (O(world size) bytes); members stays empty
+  // when that read fails, and the next call tries again.
   virtual const Membership& membership() const = 0;
   // The job's store; nullptr for a static job. Use it to rendezvous the job's communicators, e.g. a
   // GlooStore over PrefixStore("gloo/gen<generation>", store()).

@@ -28,14 +28,19 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "trainguard/membership.h"
 
 namespace trainguard::store_keys {
 
@@ -103,6 +108,21 @@ inline std::string RdzvBarrierPrefix(int64_t generation, absl::string_view name)
 inline std::string RdzvProgressPrefix(int64_t generation) {
   return absl::StrCat(RdzvGeneration(generation), "progress/");
 }
+inline std::string RdzvChanges(int64_t generation) {
+  return absl::StrCat(RdzvGeneration(generation), "changes");
+}
+inline std::string RdzvAgreed(int64_t generation) {
+  return absl::StrCat(RdzvGeneration(generation), "agreed");
+}
+inline std::string RdzvPlan(int64_t generation) {
+  return absl::StrCat(RdzvGeneration(generation), "plan");
+}
+inline std::string RdzvBarrierArrived(int64_t generation, absl::string_view name) {
+  return absl::StrCat(RdzvGeneration(generation), "barrier/", name, "/arrived");
+}
+inline std::string RdzvBarrierPassed(int64_t generation, absl::string_view name) {
+  return absl::StrCat(RdzvGeneration(generation), "barrier/", name, "/passed");
+}
 inline std::string Resumed(int64_t generation, int rank) {
   return absl::StrCat(RdzvGeneration(generation), "resumed/", rank);
 }
@@ -126,6 +146,111 @@ inline absl::StatusOr<Assignment> DecodeAssignment(std::string_view value) {
         "store key rdzv/assign/<member> holds \"%s\": not \"<generation> <rank>\"", v));
   }
   return a;
+}
+
+// The value of RdzvChanges(g): what generation g changed in the rank table of generation g - 1,
+// so that a member holding g - 1 learns its place in g from a few bytes, not from the table's
+// O(world size). Generation 0 changes nothing: its table is the initial ranks' registrations
+// (rdzv/join/<rank>), so an initial rank knows its place from its own registration.
+//   "<generation>\n<world size>" then "\n<rank> <member id>" for each rank that changed hands.
+struct GenerationChanges {
+  int64_t generation = -1;
+  int world_size = 0;
+  // The ranks whose member differs from the previous generation's, in rank order.
+  std::vector<std::pair<int, std::string>> taken;
+};
+inline std::string EncodeGenerationChanges(const GenerationChanges& c) {
+  std::string text = absl::StrCat(c.generation, "\n", c.world_size);
+  for (const auto& [rank, member] : c.taken) absl::StrAppend(&text, "\n", rank, " ", member);
+  return text;
+}
+// InvalidArgument, naming the generation's key, for a value that is not as above with generation
+// >= 0, world size >= 1, ranks inside it in increasing order and non-empty member ids.
+inline absl::StatusOr<GenerationChanges> DecodeGenerationChanges(std::string_view value) {
+  auto malformed = [value](std::string_view what) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("store key rdzv/gen/<g>/changes holds \"%s\": %s",
+                        absl::CHexEscape(absl::string_view(value.data(), value.size())), what));
+  };
+  const std::vector<absl::string_view> lines =
+      absl::StrSplit(absl::string_view(value.data(), value.size()), '\n');
+  GenerationChanges c;
+  if (!absl::SimpleAtoi(lines[0], &c.generation) || c.generation < 0) {
+    return malformed("no generation >= 0 on its first line");
+  }
+  if (lines.size() < 2 || !absl::SimpleAtoi(lines[1], &c.world_size) || c.world_size < 1) {
+    return malformed("no world size >= 1 on its second line");
+  }
+  for (size_t i = 2; i < lines.size(); ++i) {
+    const absl::string_view line = lines[i];
+    const size_t space = line.find(' ');
+    int rank = -1;
+    if (space == absl::string_view::npos || !absl::SimpleAtoi(line.substr(0, space), &rank) ||
+        rank < 0 || rank >= c.world_size || space + 1 == line.size() ||
+        (!c.taken.empty() && rank <= c.taken.back().first)) {
+      return malformed(
+          "a line is not \"<rank> <member id>\" with ranks increasing within the world size");
+    }
+    c.taken.emplace_back(rank, std::string(line.substr(space + 1)));
+  }
+  return c;
+}
+
+// The value of RdzvPlan(g): the RecoveryPlan every rank of generation g agreed on, computed once
+// by the rank whose progress completed the count (RdzvAgreed) and read by the others.
+//   "<generation> <resume step> <state source rank> <new ranks>", the new ranks as runs
+//   "a-b,c" ("-" for none), so that a generation in which most ranks are new stays short.
+inline std::string EncodeRecoveryPlan(const RecoveryPlan& p) {
+  std::string runs;
+  for (size_t i = 0; i < p.new_ranks.size();) {
+    size_t j = i;
+    while (j + 1 < p.new_ranks.size() && p.new_ranks[j + 1] == p.new_ranks[j] + 1) ++j;
+    if (!runs.empty()) runs.push_back(',');
+    absl::StrAppend(&runs, p.new_ranks[i]);
+    if (j > i) absl::StrAppend(&runs, "-", p.new_ranks[j]);
+    i = j + 1;
+  }
+  return absl::StrCat(p.generation, " ", p.resume_step, " ", p.state_source_rank, " ",
+                      runs.empty() ? "-" : runs);
+}
+// What the coordinator leaves at RdzvPlan(g) when it publishes generation `newer` before the ranks
+// of g agreed: those still waiting for the plan leave for the newer generation at once.
+inline std::string SupersededPlan(int64_t newer) { return absl::StrCat("superseded by ", newer); }
+inline bool IsSupersededPlan(std::string_view value) {
+  return value.substr(0, 14) == "superseded by ";
+}
+// InvalidArgument for a value that is not as above: a generation >= 0, a resume step >= 0, a state
+// source >= -1, runs of ranks >= 0 in increasing order.
+inline absl::StatusOr<RecoveryPlan> DecodeRecoveryPlan(std::string_view value) {
+  auto malformed = [value](std::string_view what) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("store key rdzv/gen/<g>/plan holds \"%s\": %s",
+                        absl::CHexEscape(absl::string_view(value.data(), value.size())), what));
+  };
+  const std::vector<absl::string_view> fields =
+      absl::StrSplit(absl::string_view(value.data(), value.size()), ' ');
+  RecoveryPlan p;
+  if (fields.size() != 4 || !absl::SimpleAtoi(fields[0], &p.generation) || p.generation < 0 ||
+      !absl::SimpleAtoi(fields[1], &p.resume_step) || p.resume_step < 0 ||
+      !absl::SimpleAtoi(fields[2], &p.state_source_rank) || p.state_source_rank < -1) {
+    return malformed("not \"<generation> <resume step> <state source rank> <new ranks>\"");
+  }
+  if (fields[3] == "-") return p;
+  for (absl::string_view run : absl::StrSplit(fields[3], ',')) {
+    const size_t dash = run.find('-');
+    int first = -1;
+    int last = -1;
+    if (!absl::SimpleAtoi(run.substr(0, dash), &first) ||
+        (dash != absl::string_view::npos && !absl::SimpleAtoi(run.substr(dash + 1), &last))) {
+      return malformed("a new rank is not a number or a run \"a-b\"");
+    }
+    if (dash == absl::string_view::npos) last = first;
+    if (first < 0 || last < first || (!p.new_ranks.empty() && first <= p.new_ranks.back())) {
+      return malformed("the new ranks are not increasing");
+    }
+    for (int r = first; r <= last; ++r) p.new_ranks.push_back(r);
+  }
+  return p;
 }
 
 // The value of Hang(G): which rank declared it, and its report.

@@ -25,8 +25,18 @@ constexpr const char* kCurrentKey = store_keys::kRdzvCurrent;
 // Values of rdzv/standby/<member>: waiting for an assignment, or claimed by the coordinator.
 constexpr char kParked[] = "parked";
 constexpr char kTaken[] = "taken";
-// How often a rank waiting for the others' progress checks whether its generation was superseded.
-constexpr absl::Duration kAgreementSlice = absl::Milliseconds(100);
+// How often a rank waiting for its generation's plan checks whether the generation was superseded.
+// Only a fallback: the coordinator that publishes the next generation marks the plan superseded
+// (Publish), which ends the wait at once; a coordinator that died between its fence and that mark
+// leaves the check to this slice. Long, since every waiting rank re-sends its wait at the end of
+// each slice: thousands of ranks whose slices end together while the plan is being computed would
+// load the store when it is busiest.
+constexpr absl::Duration kAgreementSlice = absl::Seconds(5);
+// A member that missed more generations than this reads its place from the newest table instead
+// of from each generation's changes.
+constexpr int64_t kMaxChangesRead = 64;
+// Bounds the "left" mark of a member without a heartbeat thread (no interval to bound it).
+constexpr absl::Duration kLeftWriteTimeout = absl::Seconds(1);
 
 std::string ClaimKey(int64_t generation) { return store_keys::RdzvClaim(generation); }
 std::string TableKey(int64_t generation) { return store_keys::RdzvTable(generation); }
@@ -41,6 +51,28 @@ std::string HeartbeatKey(std::string_view member) {
   return store_keys::RdzvHeartbeat(absl::string_view(member.data(), member.size()));
 }
 std::string RenewPrefix(int64_t generation) { return store_keys::RdzvRenewPrefix(generation); }
+std::string ChangesKey(int64_t generation) { return store_keys::RdzvChanges(generation); }
+
+// What `next` changes in `previous`'s table: the ranks another member holds. Generation 0 (no
+// previous generation) changes nothing: its table is the registrations.
+store_keys::GenerationChanges ChangesOf(const Membership& previous, const Membership& next) {
+  store_keys::GenerationChanges changes{next.generation, next.world_size, {}};
+  if (next.generation == 0) return changes;
+  for (int r = 0; r < next.world_size; ++r) {
+    if (static_cast<size_t>(r) >= previous.members.size() ||
+        previous.members[r] != next.members[r]) {
+      changes.taken.emplace_back(r, next.members[r]);
+    }
+  }
+  return changes;
+}
+
+// The member that `changes` give `rank` to; nullptr when it stays with its holder.
+const std::string* TakerOf(const store_keys::GenerationChanges& changes, int rank) {
+  auto it = std::lower_bound(changes.taken.begin(), changes.taken.end(), rank,
+                             [](const auto& taken, int r) { return taken.first < r; });
+  return it != changes.taken.end() && it->first == rank ? &it->second : nullptr;
+}
 
 std::string EncodeTable(const Membership& m) {
   return absl::StrCat(m.generation, "\n", m.world_size, "\n", absl::StrJoin(m.members, "\n"));
@@ -85,14 +117,17 @@ absl::Duration Left(absl::Time deadline) {
 RendezvousMember::RendezvousMember(Store* store, std::string member_id,
                                    absl::Duration heartbeat_interval)
     : store_(store), member_id_(std::move(member_id)), heartbeat_interval_(heartbeat_interval) {
-  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  if (heartbeat_interval_ != absl::InfiniteDuration()) {
+    heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  }
 }
 
 RendezvousMember::~RendezvousMember() {
   stop_.Notify();
-  heartbeat_.join();
+  if (heartbeat_.joinable()) heartbeat_.join();
   // Rejected (harmlessly) when this member's generation was superseded: it is replaced anyway.
-  (void)store_->Set(HeartbeatKey(member_id_), kLeftHeartbeat, heartbeat_interval_);
+  (void)store_->Set(HeartbeatKey(member_id_), kLeftHeartbeat,
+                    std::min(heartbeat_interval_, kLeftWriteTimeout));
 }
 
 int64_t RendezvousMember::generation() const {
@@ -146,37 +181,103 @@ absl::StatusOr<RendezvousMember::NewerGenerationOrKey> RendezvousMember::AwaitNe
   return seen;
 }
 
-void RendezvousMember::AdoptGeneration(int64_t generation) {
+void RendezvousMember::AdoptGeneration(const Membership& place) {
   MutexLock lock(&mu_);
-  generation_ = generation;
-  store_->SetWriterGeneration(generation);
+  generation_ = place.generation;
+  rank_ = place.rank;
+  world_size_ = place.world_size;
+  store_->SetWriterGeneration(place.generation);
   superseded_generation_.store(-1);
+}
+
+absl::Status RendezvousMember::Beat(absl::Duration timeout) {
+  const int64_t beat_generation = generation();
+  absl::Status s = store_->Add(HeartbeatKey(member_id_), 1, timeout).status();
+  // A rejection of a beat sent before this member adopted a newer generation says nothing.
+  if (absl::IsFailedPrecondition(s) && beat_generation == generation()) {
+    superseded_generation_.store(beat_generation);
+  }
+  return s;
 }
 
 void RendezvousMember::HeartbeatLoop() {
   while (!stop_.WaitForNotificationWithTimeout(heartbeat_interval_)) {
-    const int64_t beat_generation = generation();
-    absl::Status s = store_->Add(HeartbeatKey(member_id_), 1, heartbeat_interval_).status();
-    // A rejection of a beat sent before this member adopted a newer generation says nothing.
-    if (absl::IsFailedPrecondition(s) && beat_generation == generation()) {
-      superseded_generation_.store(beat_generation);
-    }
-    // Other errors (the store briefly unreachable) are retried at the next beat.
+    // Errors (the store briefly unreachable) are retried at the next beat.
+    (void)Beat(heartbeat_interval_);
   }
 }
 
-absl::StatusOr<Membership> RendezvousMember::ReadMembership(int64_t generation,
-                                                            absl::Duration timeout) {
+absl::StatusOr<Membership> RendezvousMember::ReadRankTable(int64_t generation,
+                                                           absl::Duration timeout) {
   const std::string key = TableKey(generation);
   absl::StatusOr<std::string> text = store_->Get(key, timeout);
   if (!text.ok()) return text.status();
   absl::StatusOr<Membership> table = DecodeTable(*text, key);
   if (!table.ok()) return table.status();
   table->rank = RankOf(*table, member_id_);
+  return table;
+}
+
+absl::StatusOr<store_keys::GenerationChanges> RendezvousMember::ReadChanges(
+    int64_t generation, absl::Duration timeout) {
+  const std::string key = ChangesKey(generation);
+  absl::StatusOr<std::string> value = store_->Get(key, timeout);
+  if (!value.ok()) return value.status();
+  absl::StatusOr<store_keys::GenerationChanges> changes =
+      store_keys::DecodeGenerationChanges(*value);
+  if (!changes.ok() || changes->generation != generation) {
+    return absl::DataLossError(
+        absl::StrFormat("malformed changes of generation %d at store key %s: %s", generation, key,
+                        changes.ok() ? absl::StrCat("they name generation ", changes->generation)
+                                     : std::string(changes.status().message())));
+  }
+  return changes;
+}
+
+Membership RendezvousMember::Held() const {
+  Membership place;
+  MutexLock lock(&mu_);
+  place.generation = generation_;
+  place.rank = rank_;
+  place.world_size = world_size_;
+  return place;
+}
+
+absl::StatusOr<std::optional<Membership>> RendezvousMember::FollowChanges(
+    Membership place, const std::vector<std::optional<std::string>>& changes) const {
+  const int64_t held = place.generation;
+  for (size_t i = 0; i < changes.size(); ++i) {
+    const int64_t g = held + 1 + static_cast<int64_t>(i);
+    // Published by a coordinator that writes no changes: the caller reads the table.
+    if (!changes[i].has_value()) return std::nullopt;
+    absl::StatusOr<store_keys::GenerationChanges> decoded =
+        store_keys::DecodeGenerationChanges(*changes[i]);
+    if (!decoded.ok() || decoded->generation != g || decoded->world_size != place.world_size) {
+      return absl::DataLossError(absl::StrFormat(
+          "malformed changes of generation %d at store key %s (member %s holds rank %d of %d)", g,
+          ChangesKey(g), member_id_, place.rank, place.world_size));
+    }
+    if (const std::string* taker = TakerOf(*decoded, place.rank);
+        taker != nullptr && *taker != member_id_) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "member %s is not part of generation %d: it was replaced (rank %d is held by %s since "
+          "generation %d)",
+          member_id_, held + static_cast<int64_t>(changes.size()), place.rank, *taker, g));
+    }
+  }
+  place.generation = held + static_cast<int64_t>(changes.size());
+  return place;
+}
+
+absl::StatusOr<Membership> RendezvousMember::PlaceFromTable(int64_t generation,
+                                                            absl::Duration timeout) {
+  absl::StatusOr<Membership> table = ReadRankTable(generation, timeout);
+  if (!table.ok()) return table.status();
   if (table->rank < 0) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "member %s is not part of generation %d: it was replaced", member_id_, generation));
   }
+  table->members.clear();  // a rank's answers carry no member ids (rendezvous.h, Cost)
   return table;
 }
 
@@ -195,18 +296,24 @@ absl::StatusOr<Membership> RendezvousMember::JoinInitial(int rank, int world_siz
     return absl::AlreadyExistsError(absl::StrFormat("rank %d is already registered by member %s",
                                                     rank, claimed->current.value_or("?")));
   }
-  if (absl::Status s = store_->Wait({TableKey(0)}, Left(deadline)); !s.ok()) {
+  // Generation 0's table is the registrations: this member holds `rank`, which it registered.
+  // Its changes say the world size the coordinator formed it with.
+  if (absl::Status s = store_->Wait({ChangesKey(0)}, Left(deadline)); !s.ok()) {
     return absl::Status(s.code(),
                         absl::StrCat("rank ", rank, " waiting for generation 0: ", s.message()));
   }
-  absl::StatusOr<Membership> m = ReadMembership(0, Left(deadline));
-  if (!m.ok()) return m.status();
-  if (m->world_size != world_size || m->rank != rank) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "generation 0 has world size %d and puts member %s at rank %d; it asked for rank %d of %d",
-        m->world_size, member_id_, m->rank, rank, world_size));
+  absl::StatusOr<store_keys::GenerationChanges> changes = ReadChanges(0, Left(deadline));
+  if (!changes.ok()) return changes.status();
+  if (changes->world_size != world_size || !changes->taken.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("generation 0 has world size %d; member %s asked for rank %d of %d",
+                        changes->world_size, member_id_, rank, world_size));
   }
-  AdoptGeneration(0);
+  Membership m;
+  m.generation = 0;
+  m.world_size = world_size;
+  m.rank = rank;
+  AdoptGeneration(m);
   return m;
 }
 
@@ -230,43 +337,96 @@ absl::StatusOr<Membership> RendezvousMember::ParkAsStandby(absl::Duration timeou
     return absl::DataLossError(
         absl::StrFormat("malformed assignment '%s' at %s", *assignment, assign_key));
   }
-  const int64_t generation = assigned->generation;
-  absl::StatusOr<Membership> m = ReadMembership(generation, Left(deadline));
-  if (!m.ok()) return m.status();
-  AdoptGeneration(generation);
+  // The assignment gives the rank; the generation's changes, written before it, the world size,
+  // and name this member at that rank.
+  absl::StatusOr<store_keys::GenerationChanges> changes =
+      ReadChanges(assigned->generation, Left(deadline));
+  if (!changes.ok()) return changes.status();
+  const std::string* taker = TakerOf(*changes, assigned->rank);
+  if (taker == nullptr || *taker != member_id_) {
+    return absl::DataLossError(absl::StrFormat(
+        "standby %s is assigned rank %d of generation %d, which that generation's changes (%s) "
+        "give to %s",
+        member_id_, assigned->rank, assigned->generation, ChangesKey(assigned->generation),
+        taker == nullptr ? "nobody new" : *taker));
+  }
+  Membership m;
+  m.generation = assigned->generation;
+  m.world_size = changes->world_size;
+  m.rank = assigned->rank;
+  AdoptGeneration(m);
   return m;
 }
 
 absl::StatusOr<Membership> RendezvousMember::AwaitGeneration(int64_t after,
                                                              absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  if (absl::Status s = store_->Wait({TableKey(after + 1)}, timeout); !s.ok()) {
+  if (absl::Status s = store_->Wait({ChangesKey(after + 1)}, timeout); !s.ok()) {
     return absl::Status(s.code(), absl::StrFormat("member %s waiting for a generation after %d: %s",
                                                   member_id_, after, std::string(s.message())));
   }
-  // Several generations may have been published meanwhile: join the newest.
-  absl::StatusOr<std::string> current = store_->Get(kCurrentKey, Left(deadline));
-  int64_t newest = after + 1;
-  if (current.ok() && !absl::SimpleAtoi(*current, &newest)) {
-    return absl::DataLossError(absl::StrFormat("malformed %s: '%s'", kCurrentKey, *current));
+  // In one round trip: the newest generation (several may have been published meanwhile: join the
+  // newest) and the changes since the one this member holds (usually one generation's).
+  const Membership held = Held();
+  const bool follow = held.generation >= 0 && held.generation <= after &&
+                      after + 1 - held.generation <= kMaxChangesRead;
+  std::vector<std::string> keys = {kCurrentKey};
+  for (int64_t g = held.generation + 1; follow && g <= after + 1; ++g) {
+    keys.push_back(ChangesKey(g));
   }
-  absl::StatusOr<Membership> m = ReadMembership(std::max(newest, after + 1), Left(deadline));
-  if (!m.ok()) return m.status();
-  AdoptGeneration(m->generation);
-  return m;
+  absl::StatusOr<std::vector<std::optional<std::string>>> values =
+      store_->MultiGet(keys, Left(deadline));
+  if (!values.ok()) return values.status();
+  int64_t newest = after + 1;
+  if ((*values)[0].has_value() && !absl::SimpleAtoi(*(*values)[0], &newest)) {
+    return absl::DataLossError(absl::StrFormat("malformed %s: '%s'", kCurrentKey, *(*values)[0]));
+  }
+  // The announcement comes after the changes: it may still name an older generation.
+  newest = std::max(newest, after + 1);
+  std::vector<std::optional<std::string>> changes(values->begin() + 1, values->end());
+  if (follow && newest > after + 1 && newest - held.generation <= kMaxChangesRead) {
+    std::vector<std::string> more;
+    for (int64_t g = after + 2; g <= newest; ++g) more.push_back(ChangesKey(g));
+    absl::StatusOr<std::vector<std::optional<std::string>>> rest =
+        store_->MultiGet(more, Left(deadline));
+    if (!rest.ok()) return rest.status();
+    changes.insert(changes.end(), rest->begin(), rest->end());
+  }
+  std::optional<Membership> place;
+  if (follow && static_cast<int64_t>(changes.size()) == newest - held.generation) {
+    absl::StatusOr<std::optional<Membership>> followed = FollowChanges(held, changes);
+    if (!followed.ok()) return followed.status();
+    place = *std::move(followed);
+  }
+  if (!place.has_value()) {
+    absl::StatusOr<Membership> from_table = PlaceFromTable(newest, Left(deadline));
+    if (!from_table.ok()) return from_table.status();
+    place = *std::move(from_table);
+  }
+  AdoptGeneration(*place);
+  return *place;
 }
 
 absl::Status RendezvousMember::Barrier(const Membership& membership, std::string_view name,
                                        absl::Duration timeout) {
-  const std::string prefix = store_keys::RdzvBarrierPrefix(
-      membership.generation, absl::string_view(name.data(), name.size()));
-  if (absl::Status s = store_->Set(absl::StrCat(prefix, membership.rank), member_id_, timeout);
-      !s.ok()) {
-    return s;
+  const absl::Time deadline = absl::Now() + timeout;
+  const absl::string_view barrier(name.data(), name.size());
+  const std::string passed = store_keys::RdzvBarrierPassed(membership.generation, barrier);
+  // A count, not a key per rank: the rank whose arrival completes it opens the barrier for all,
+  // so that no rank waits on (or the store scans) the world size's keys.
+  absl::StatusOr<int64_t> arrived =
+      store_->Add(store_keys::RdzvBarrierArrived(membership.generation, barrier), 1, timeout);
+  if (!arrived.ok()) return arrived.status();
+  if (*arrived == membership.world_size) {
+    return store_->Set(passed, absl::StrCat(membership.rank), Left(deadline));
   }
-  std::vector<std::string> keys;
-  for (int r = 0; r < membership.world_size; ++r) keys.push_back(absl::StrCat(prefix, r));
-  return store_->Wait(keys, timeout);
+  if (absl::Status s = store_->Wait({passed}, Left(deadline)); !s.ok()) {
+    return absl::Status(s.code(), absl::StrFormat("rank %d at barrier %s of generation %d (%d of "
+                                                  "%d ranks arrived when it did): %s",
+                                                  membership.rank, barrier, membership.generation,
+                                                  *arrived, membership.world_size, s.message()));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status RendezvousMember::RequestNewGeneration(const Membership& membership,
@@ -283,28 +443,20 @@ absl::Status RendezvousMember::RequestNewGeneration(const Membership& membership
   return s;
 }
 
-absl::StatusOr<RecoveryPlan> RendezvousMember::AgreeOnResume(const Membership& membership,
-                                                             int64_t next_step,
-                                                             absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  const std::string prefix = store_keys::RdzvProgressPrefix(membership.generation);
-  const absl::Status superseded = absl::AbortedError(
-      absl::StrFormat("generation %d was superseded while rank %d was agreeing on its resume step",
-                      membership.generation, membership.rank));
-  absl::Status published =
-      store_->Set(absl::StrCat(prefix, membership.rank), absl::StrCat(next_step), timeout);
-  if (absl::IsFailedPrecondition(published)) return superseded;  // the fence is already past it
-  if (!published.ok()) return published;
-  std::vector<std::string> keys;
-  for (int r = 0; r < membership.world_size; ++r) keys.push_back(absl::StrCat(prefix, r));
-  // A rank that dies now never publishes its progress; the launcher then publishes the next
-  // generation, and waiting on for this one would only run out the timeout. Wait in slices and
-  // look for a newer generation between them.
+absl::StatusOr<std::string> RendezvousMember::AwaitAgreedKey(const Membership& membership,
+                                                             const std::string& key,
+                                                             const absl::Status& superseded,
+                                                             absl::Time deadline) {
+  // A rank that dies now may be the one to write `key`; the launcher then publishes the next
+  // generation and marks `key` superseded. Wait in slices all the same and look for a newer
+  // generation between them, should a coordinator have died before the mark.
   const std::string next_table = TableKey(membership.generation + 1);
   while (true) {
-    absl::Status s = store_->Wait(keys, std::min(Left(deadline), kAgreementSlice));
+    absl::Status s = store_->Wait({key}, std::min(Left(deadline), kAgreementSlice));
     if (s.ok()) break;
-    if (!absl::IsDeadlineExceeded(s) || absl::Now() >= deadline) {
+    // Unavailable: the store did not answer in time (overloaded, or reconnecting): tried again
+    // until the deadline, as a slice that ran out.
+    if (!(absl::IsDeadlineExceeded(s) || absl::IsUnavailable(s)) || absl::Now() >= deadline) {
       return absl::Status(
           s.code(),
           absl::StrFormat("rank %d agreeing on the resume step of generation %d: %s",
@@ -314,6 +466,40 @@ absl::StatusOr<RecoveryPlan> RendezvousMember::AgreeOnResume(const Membership& m
         store_->MultiGet({next_table}, Left(deadline));
     if (newer.ok() && (*newer)[0].has_value()) return superseded;
   }
+  return store_->Get(key, Left(deadline));
+}
+
+absl::StatusOr<RecoveryPlan> RendezvousMember::AgreeOnResume(const Membership& membership,
+                                                             int64_t next_step,
+                                                             absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  const std::string prefix = store_keys::RdzvProgressPrefix(membership.generation);
+  const std::string plan_key = store_keys::RdzvPlan(membership.generation);
+  const absl::Status superseded = absl::AbortedError(
+      absl::StrFormat("generation %d was superseded while rank %d was agreeing on its resume step",
+                      membership.generation, membership.rank));
+  absl::Status published =
+      store_->Set(absl::StrCat(prefix, membership.rank), absl::StrCat(next_step), timeout);
+  if (absl::IsFailedPrecondition(published)) return superseded;  // the fence is already past it
+  if (!published.ok()) return published;
+  // Counted once its progress is written: the rank whose count reaches the world size knows that
+  // every rank's is, reads them (once, for all) and publishes the plan; the others wait for it.
+  absl::StatusOr<int64_t> counted =
+      store_->Add(store_keys::RdzvAgreed(membership.generation), 1, Left(deadline));
+  if (absl::IsFailedPrecondition(counted.status())) return superseded;
+  if (!counted.ok()) return counted.status();
+  if (*counted != membership.world_size) {
+    absl::StatusOr<std::string> value = AwaitAgreedKey(membership, plan_key, superseded, deadline);
+    if (!value.ok()) return value.status();
+    if (store_keys::IsSupersededPlan(*value)) return superseded;
+    absl::StatusOr<RecoveryPlan> plan = store_keys::DecodeRecoveryPlan(*value);
+    if (!plan.ok() || plan->generation != membership.generation) {
+      return absl::DataLossError(absl::StrFormat("malformed plan '%s' at %s", *value, plan_key));
+    }
+    return plan;
+  }
+  std::vector<std::string> keys;
+  for (int r = 0; r < membership.world_size; ++r) keys.push_back(absl::StrCat(prefix, r));
   absl::StatusOr<std::vector<std::optional<std::string>>> values =
       store_->MultiGet(keys, Left(deadline));
   if (!values.ok()) return values.status();
@@ -323,8 +509,10 @@ absl::StatusOr<RecoveryPlan> RendezvousMember::AgreeOnResume(const Membership& m
   for (int r = 0; r < membership.world_size; ++r) {
     int64_t step = -1;
     if (!(*values)[r].has_value() || !absl::SimpleAtoi(*(*values)[r], &step)) {
-      return absl::DataLossError(
-          absl::StrFormat("malformed progress of rank %d at %s%d", r, prefix, r));
+      return absl::DataLossError(absl::StrFormat(
+          "malformed or missing progress of rank %d at %s%d (the count %s says every rank's is "
+          "written)",
+          r, prefix, r, store_keys::RdzvAgreed(membership.generation)));
     }
     if (step < 0) {
       plan.new_ranks.push_back(r);
@@ -334,6 +522,9 @@ absl::StatusOr<RecoveryPlan> RendezvousMember::AgreeOnResume(const Membership& m
     }
   }
   plan.resume_step = std::max<int64_t>(furthest, 0);
+  absl::Status s = store_->Set(plan_key, store_keys::EncodeRecoveryPlan(plan), Left(deadline));
+  if (absl::IsFailedPrecondition(s)) return superseded;
+  if (!s.ok()) return s;
   return plan;
 }
 
@@ -393,7 +584,7 @@ absl::StatusOr<Membership> RendezvousCoordinator::FormInitialGeneration(int worl
   m.world_size = world_size;
   for (const std::optional<std::string>& member : *members)
     m.members.push_back(member.value_or(""));
-  return Publish(std::move(m), /*assignments=*/{}, Left(deadline));
+  return Publish(/*previous=*/Membership(), std::move(m), /*assignments=*/{}, Left(deadline));
 }
 
 absl::StatusOr<std::vector<int>> RendezvousCoordinator::RanksWithStaleHeartbeats(
@@ -480,17 +671,18 @@ absl::StatusOr<std::map<int, std::string>> RendezvousCoordinator::NewGenerationR
 }
 
 absl::StatusOr<Membership> RendezvousCoordinator::RenewGeneration(absl::Duration timeout) {
-  Membership next;
+  Membership previous;
   {
     MutexLock lock(&mu_);
     if (current_.generation < 0) {
       return absl::FailedPreconditionError(
           "cannot renew a generation before generation 0 is formed");
     }
-    next = current_;
+    previous = current_;
   }
+  Membership next = previous;
   next.generation += 1;
-  return Publish(std::move(next), /*assignments=*/{}, timeout);
+  return Publish(previous, std::move(next), /*assignments=*/{}, timeout);
 }
 
 absl::Status RendezvousCoordinator::ForgetStandby(const std::string& member_id,
@@ -510,14 +702,15 @@ absl::StatusOr<Membership> RendezvousCoordinator::ReplaceRanks(
     const std::vector<int>& dead_ranks, const std::vector<std::string>& preferred,
     bool any_standby, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  Membership next;
+  Membership previous;
   {
     MutexLock lock(&mu_);
     if (current_.generation < 0) {
       return absl::FailedPreconditionError("cannot replace a rank before generation 0 is formed");
     }
-    next = current_;
+    previous = current_;
   }
+  Membership next = previous;
   for (int rank : dead_ranks) {
     if (rank < 0 || rank >= next.world_size) {
       return absl::InvalidArgumentError(
@@ -572,11 +765,12 @@ absl::StatusOr<Membership> RendezvousCoordinator::ReplaceRanks(
     return s;
   }
   next.generation += 1;
-  return Publish(std::move(next), assignments, Left(deadline));
+  return Publish(previous, std::move(next), assignments, Left(deadline));
 }
 
 absl::StatusOr<Membership> RendezvousCoordinator::Publish(
-    Membership next, const std::map<std::string, int>& assignments, absl::Duration timeout) {
+    const Membership& previous, Membership next, const std::map<std::string, int>& assignments,
+    absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   // The gate right before the claim, the publication's point of no return: once claimed, the
   // generation is completed whatever the lease does meanwhile, since a claim left without its table
@@ -598,6 +792,14 @@ absl::StatusOr<Membership> RendezvousCoordinator::Publish(
   // write.
   if (absl::Status s = store_->Set(TableKey(next.generation), EncodeTable(next), timeout); !s.ok())
     return s;
+  // The ranks learn their place from the changes (written second, and waited for by them), the
+  // coordinators and agents from the table.
+  if (absl::Status s = store_->Set(ChangesKey(next.generation),
+                                   store_keys::EncodeGenerationChanges(ChangesOf(previous, next)),
+                                   Left(deadline));
+      !s.ok()) {
+    return s;
+  }
   for (const auto& [standby, rank] : assignments) {
     absl::Status s =
         store_->Set(AssignKey(standby), store_keys::EncodeAssignment({next.generation, rank}),
@@ -605,6 +807,14 @@ absl::StatusOr<Membership> RendezvousCoordinator::Publish(
     if (!s.ok()) return s;
   }
   if (absl::Status s = store_->RaiseFence(next.generation, Left(deadline)); !s.ok()) return s;
+  // Ranks of the generation before, still waiting for its plan (its computing rank died, or has yet
+  // to write it and now cannot: fenced), leave for this one at once.
+  if (next.generation > 0) {
+    absl::StatusOr<CompareAndSetResult> marked =
+        store_->CompareAndSet(store_keys::RdzvPlan(next.generation - 1), std::nullopt,
+                              store_keys::SupersededPlan(next.generation), Left(deadline));
+    if (!marked.ok()) return marked.status();
+  }
   if (absl::Status s = store_->Set(kCurrentKey, absl::StrCat(next.generation), Left(deadline));
       !s.ok()) {
     return s;

@@ -9,7 +9,9 @@
 //
 //   survivor:  guard fails (peer gone) -> member.AwaitGeneration(g + 1) -> rebuild communicators
 //   standby:   member.ParkAsStandby() returns generation g+1 with its new rank -> build
-//   communicators both:      member.Barrier(...) before the first step of the new generation
+//              communicators
+//   both:      member.AgreeOnResume(...) (or Barrier(...)) before the first step of the new
+//              generation
 //
 // When the communicators fail and no rank died (a dropped connection, a hang declared on a healthy
 // job), the ranks ask for a new generation (RequestNewGeneration) and the coordinator renews the
@@ -23,23 +25,43 @@
 //   rdzv/standby/<member>          "parked", or "taken" once the coordinator claimed it (by CAS)
 //   rdzv/assign/<member>           "<generation> <rank>": a standby's assignment
 //   rdzv/gen/<g>/table             the rank table of generation g: text lines "<g>", "<world
-//   size>",
-//                                  then one member id per rank
+//                                  size>", then one member id per rank. O(world size) bytes: read
+//                                  by the coordinators and the host agents, and by a rank only
+//                                  where it needs the member ids (ReadRankTable)
+//   rdzv/gen/<g>/changes           what generation g changed: "<g>", "<world size>", then "<rank>
+//                                  <member id>" for each rank taken by another member than in g-1
+//                                  (generation 0: none, its table is the registrations). A rank
+//                                  learns its place in g from it: its rank is its registration's
+//                                  (initial), its assignment's (standby) or the one it held, unless
+//                                  the changes give that rank to another member (it was replaced)
 //   rdzv/current                   the newest published generation
 //   rdzv/claim/<g>                 the coordinator that published generation g (compare-and-set
 //                                  from absent: of two coordinators, only one publishes each g)
-//   rdzv/gen/<g>/barrier/<name>/<rank>  barrier arrivals
+//   rdzv/gen/<g>/barrier/<name>/arrived  the count of ranks that arrived at the barrier
+//   rdzv/gen/<g>/barrier/<name>/passed   set by the rank whose arrival completed the count
 //   rdzv/gen/<g>/progress/<rank>   the step a rank's state is ready to run next (-1: no state)
+//   rdzv/gen/<g>/agreed            the count of ranks whose progress is written
+//   rdzv/gen/<g>/plan              the RecoveryPlan of generation g, computed from every rank's
+//                                  progress by the rank whose count completed it; "superseded by
+//                                  <g+1>" when the coordinator published g+1 before it was
 //   rdzv/gen/<g>/resumed/<rank>    the first step a rank completed in generation g (Runtime)
 //   rdzv/gen/<g>/renew/<rank>      a rank of generation g asks for g+1 with the same members; the
 //                                  value says why
-//   rdzv/hb/<member>               heartbeat counter, advanced by each member's heartbeat thread;
+//   rdzv/hb/<member>               heartbeat counter, advanced by each member's heartbeat thread
+//                                  (or its owner's Beat());
 //                                  the coordinator reports ranks whose counter stopped (liveness on
 //                                  any store, TcpStore or etcd alike). "left" once the member was
 //                                  destroyed (its Runtime closed): the process is exiting, and is
 //                                  given kLeftGrace to do so before it counts as stale
 //   rdzv/wake/<member>/<nonce>     written by a Runtime's generation watcher as it stops, to end
 //                                  its own parked wait (AwaitNewerGenerationOr) at once
+//
+// Cost. A rank's calls read and write O(1) keys of O(1) bytes each (O(ranks changed) for the
+// changes, O(runs of new ranks) for the plan), whatever the world size, but for the one rank per
+// agreement that reads every rank's progress: joining, learning a new generation and agreeing on
+// the resume step cost the store O(world size) in all, not per rank.
+// The Membership a rank gets therefore carries no member ids (members is empty); ReadRankTable
+// reads them, O(world size) bytes, where they are needed.
 //
 // Thread safety: RendezvousMember and RendezvousCoordinator may be called from any thread; each
 // owns at most one background thread (the heartbeat), stopped and joined by its destructor.
@@ -60,6 +82,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "sdk/core/mutex.h"
+#include "sdk/core/store_keys.h"
 #include "trainguard/clock.h"
 #include "trainguard/membership.h"
 #include "trainguard/store.h"
@@ -76,14 +99,21 @@ class RendezvousMember {
  public:
   // `member_id` names this process uniquely in the job (e.g. "host:pid:nonce"); `store` is the
   // job's store (already scoped to the job). REQUIRES: `store` outlives the member.
+  // `heartbeat_interval`: how often its heartbeat thread beats (Beat). absl::InfiniteDuration():
+  // no heartbeat thread; whoever owns the member beats it with Beat() (one timer for many members:
+  // a simulator of thousands of ranks in one process, bench/bench_scale), or nobody does.
   RendezvousMember(Store* store, std::string member_id, absl::Duration heartbeat_interval);
   // Stops the heartbeat and marks this member "left" (best effort, bounded by the heartbeat
-  // interval): a process whose Runtime closed may take a while to exit (an interpreter's teardown
-  // on a loaded machine) and must not be killed as hung for its silence meanwhile.
+  // interval, or 1 s without a heartbeat thread): a process whose Runtime closed may take a while
+  // to exit (an interpreter's teardown on a loaded machine) and must not be killed as hung for its
+  // silence meanwhile.
   ~RendezvousMember();
   RendezvousMember(const RendezvousMember&) = delete;
   RendezvousMember& operator=(const RendezvousMember&) = delete;
 
+  // The Memberships below are this member's place in a generation (generation, world size, rank)
+  // without the member ids: members is empty (see Cost above); ReadRankTable reads them.
+  //
   // Initial rank `rank` of `world_size`: registers and waits until the coordinator publishes
   // generation 0.
   absl::StatusOr<Membership> JoinInitial(int rank, int world_size, absl::Duration timeout);
@@ -92,10 +122,16 @@ class RendezvousMember {
   // Waits until a generation newer than `after` is published and returns this member's place in it.
   // FailedPrecondition when the new generation does not include this member (it was replaced).
   absl::StatusOr<Membership> AwaitGeneration(int64_t after, absl::Duration timeout);
-  // Every rank of `membership` calls it after joining the generation, with the step its state is
-  // ready to run next (-1 for a replacement without state); returns the plan all ranks computed
-  // alike. Aborted when a newer generation is published meanwhile (a rank died during the
-  // rendezvous): call AwaitGeneration(membership.generation) and agree again in the newer one.
+  // The full rank table of `generation` with this member's rank in it (-1 when it holds none),
+  // O(world size) bytes: for the places that need the member ids. NotFound before it is
+  // published; DataLoss for a malformed table.
+  absl::StatusOr<Membership> ReadRankTable(int64_t generation, absl::Duration timeout);
+  // Every rank of `membership` calls it once after joining the generation, with the step its state
+  // is ready to run next (-1 for a replacement without state); returns the plan, the same for
+  // every rank: the rank whose progress completes the count computes it from every rank's
+  // progress, once, and the others read it. Aborted when a newer generation is published meanwhile
+  // (a rank died during the rendezvous, possibly the one that was to compute the plan): call
+  // AwaitGeneration(membership.generation) and agree again in the newer one.
   absl::StatusOr<RecoveryPlan> AgreeOnResume(const Membership& membership, int64_t next_step,
                                              absl::Duration timeout);
   // Asks the coordinator for a new generation with the same members: this rank's communicators
@@ -104,8 +140,13 @@ class RendezvousMember {
   // request). Then call AwaitGeneration(membership.generation).
   absl::Status RequestNewGeneration(const Membership& membership, std::string_view why,
                                     absl::Duration timeout);
-  // Every rank of `membership` calls it with the same `name`; returns when all have arrived.
+  // Every rank of `membership` calls it once with the same `name`; returns when all have arrived.
   absl::Status Barrier(const Membership& membership, std::string_view name, absl::Duration timeout);
+
+  // One heartbeat: advances rdzv/hb/<member>, bounded by `timeout`; marks this member superseded
+  // when the store refuses it as stale. What the heartbeat thread does every heartbeat interval.
+  // Errors (the store briefly unreachable) are the caller's to retry at its next beat.
+  absl::Status Beat(absl::Duration timeout);
 
   const std::string& member_id() const { return member_id_; }
   // True once the store rejected this member's heartbeat as stale, or AwaitNewerGeneration saw a
@@ -141,8 +182,24 @@ class RendezvousMember {
                                                               absl::Duration timeout);
 
  private:
-  absl::StatusOr<Membership> ReadMembership(int64_t generation, absl::Duration timeout);
-  void AdoptGeneration(int64_t generation);
+  // The place this member holds (its generation, rank and world size).
+  Membership Held() const;
+  // This member's place after `changes`, the values of the changes of each generation after the
+  // one `place` holds, in order: nullopt when one is missing (a coordinator that writes none: read
+  // the table), FailedPrecondition when one gives its rank to another member (it was replaced).
+  absl::StatusOr<std::optional<Membership>> FollowChanges(
+      Membership place, const std::vector<std::optional<std::string>>& changes) const;
+  // This member's place in `generation` from its table (it holds no generation yet, or missed too
+  // many); FailedPrecondition when the table does not name it (it was replaced).
+  absl::StatusOr<Membership> PlaceFromTable(int64_t generation, absl::Duration timeout);
+  // The changes of `generation` (NotFound before they are published).
+  absl::StatusOr<store_keys::GenerationChanges> ReadChanges(int64_t generation,
+                                                            absl::Duration timeout);
+  // Waits, in slices, for `key` (written once by a rank of `membership`'s generation) and returns
+  // its value; Aborted (`superseded`) when a newer generation is published meanwhile.
+  absl::StatusOr<std::string> AwaitAgreedKey(const Membership& membership, const std::string& key,
+                                             const absl::Status& superseded, absl::Time deadline);
+  void AdoptGeneration(const Membership& place);
   void HeartbeatLoop();
 
   Store* const store_;
@@ -150,6 +207,8 @@ class RendezvousMember {
   const absl::Duration heartbeat_interval_;
   mutable Mutex mu_;
   int64_t generation_ ABSL_GUARDED_BY(mu_) = -1;
+  int rank_ ABSL_GUARDED_BY(mu_) = -1;
+  int world_size_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int64_t> superseded_generation_{-1};
   Notification stop_;
   std::thread heartbeat_;
@@ -223,9 +282,10 @@ class RendezvousCoordinator {
   int64_t generation() const;
 
  private:
-  // Publishes `next` and assigns each standby of `assignments` (member id -> rank) in the same step.
-  // Aborted when another coordinator claimed next.generation first (this one then reloads).
-  absl::StatusOr<Membership> Publish(Membership next,
+  // Publishes `next` (its table, and its changes from `previous`, the generation before it; none
+  // for generation 0) and assigns each standby of `assignments` (member id -> rank) in the same
+  // step. Aborted when another coordinator claimed next.generation first (this one then reloads).
+  absl::StatusOr<Membership> Publish(const Membership& previous, Membership next,
                                      const std::map<std::string, int>& assignments,
                                      absl::Duration timeout);
 

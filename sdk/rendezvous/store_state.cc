@@ -192,17 +192,10 @@ proto::StoreResponse StoreState::Apply(uint64_t session_id, Job& job,
     case proto::StoreRequest::kWait: {
       const proto::WaitOp& op = request.wait();
       std::vector<std::string> keys(op.keys().begin(), op.keys().end());
-      const std::string* missing = FirstMissing(job, keys);
-      if (missing == nullptr) return StatusResponse(id, absl::OkStatus());
-      if (op.timeout_ms() <= 0) {
-        std::vector<std::string> absent;
-        for (const std::string& key : keys) {
-          if (!job.data.contains(key)) absent.push_back(key);
-        }
-        return StatusResponse(
-            id, absl::DeadlineExceededError(absl::StrCat("waited 0 for store keys; still missing: ",
-                                                         absl::StrJoin(absent, ", "))));
-      }
+      uint64_t lookups = 0;
+      const size_t missing = FirstMissing(job, keys, 0, &lookups);
+      if (missing == keys.size()) return StatusResponse(id, absl::OkStatus());
+      if (op.timeout_ms() <= 0) return StatusResponse(id, MissingKeys(job, keys, "0"));
       auto of_session = waiters_of_session_.find(session_id);
       if (of_session != waiters_of_session_.end() &&
           of_session->second.size() >= kMaxParkedWaitsPerSession) {
@@ -211,7 +204,7 @@ proto::StoreResponse StoreState::Apply(uint64_t session_id, Job& job,
                     "this connection already has %d Waits parked on the store server (the limit)",
                     of_session->second.size())));
       }
-      Park(session_id, job, request, *missing, now);
+      Park(session_id, job, std::move(keys), request, missing, now);
       *parked = true;
       return proto::StoreResponse();
     }
@@ -226,27 +219,48 @@ proto::StoreResponse StoreState::Apply(uint64_t session_id, Job& job,
   return StatusResponse(id, ValidateStoreRequest(request));
 }
 
-const std::string* StoreState::FirstMissing(const Job& job, const std::vector<std::string>& keys) {
-  for (const std::string& key : keys) {
-    if (!job.data.contains(key)) return &key;
+size_t StoreState::FirstMissing(const Job& job, const std::vector<std::string>& keys, size_t from,
+                                uint64_t* lookups) {
+  for (; from < keys.size(); ++from) {
+    ++*lookups;
+    if (!job.data.contains(keys[from])) break;
   }
-  return nullptr;
+  return from;
 }
 
-void StoreState::Park(uint64_t session_id, Job& job, const proto::StoreRequest& request,
-                      const std::string& missing, absl::Time now) {
+absl::Status StoreState::MissingKeys(const Job& job, const std::vector<std::string>& keys,
+                                     absl::string_view waited) {
+  std::vector<absl::string_view> named;
+  size_t absent = 0;
+  for (const std::string& key : keys) {
+    if (job.data.contains(key)) continue;
+    if (++absent <= kNamedMissingKeys) named.push_back(key);
+  }
+  std::string text = absl::StrCat("waited ", waited,
+                                  " for store keys; still missing: ", absl::StrJoin(named, ", "));
+  if (absent > named.size()) {
+    absl::StrAppend(&text, " and ", absent - named.size(), " more (", absent, " of ", keys.size(),
+                    " keys)");
+  }
+  return absl::DeadlineExceededError(text);
+}
+
+void StoreState::Park(uint64_t session_id, Job& job, std::vector<std::string> keys,
+                      const proto::StoreRequest& request, size_t missing, absl::Time now) {
   const uint64_t waiter_id = next_waiter_id_++;
   // Clamped so that the deadline arithmetic cannot overflow (about 292 years).
   const absl::Duration timeout =
       absl::Milliseconds(std::min<int64_t>(request.wait().timeout_ms(), int64_t{1} << 53));
+  auto index = job.waiting_on.emplace(keys[missing], waiter_id);
   Waiter waiter{
       .session_id = session_id,
       .request_id = request.request_id(),
       .job = &job,
-      .keys = std::vector<std::string>(request.wait().keys().begin(), request.wait().keys().end()),
+      .keys = std::move(keys),
+      .present = missing,
       .timeout = timeout,
       .deadline = now + timeout,
-      .index = job.waiting_on.emplace(missing, waiter_id),
+      .index = index,
   };
   deadlines_.emplace(waiter.deadline, waiter_id);
   waiters_of_session_[session_id].push_back(waiter_id);
@@ -262,8 +276,14 @@ void StoreState::KeyWritten(Job& job, const std::string& key) {
   job.waiting_on.erase(begin, end);
   for (uint64_t waiter_id : ids) {
     Waiter& waiter = waiters_.at(waiter_id);
-    if (const std::string* missing = FirstMissing(job, waiter.keys); missing != nullptr) {
-      waiter.index = job.waiting_on.emplace(*missing, waiter_id);
+    // The keys before waiter.present were present when the scan passed them; only at the end are
+    // they all checked again, since a Delete may have taken one away since.
+    waiter.present = FirstMissing(job, waiter.keys, waiter.present, &parked_wait_lookups_);
+    if (waiter.present == waiter.keys.size()) {
+      waiter.present = FirstMissing(job, waiter.keys, 0, &parked_wait_lookups_);
+    }
+    if (waiter.present < waiter.keys.size()) {
+      waiter.index = job.waiting_on.emplace(waiter.keys[waiter.present], waiter_id);
     } else {
       waiter.index = job.waiting_on.end();
       Finish(waiter_id, StatusResponse(waiter.request_id, absl::OkStatus()));
@@ -291,15 +311,9 @@ void StoreState::ExpireWaits(absl::Time now) {
   while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
     const uint64_t waiter_id = deadlines_.begin()->second;
     const Waiter& waiter = waiters_.at(waiter_id);
-    std::vector<std::string> absent;
-    for (const std::string& key : waiter.keys) {
-      if (!waiter.job->data.contains(key)) absent.push_back(key);
-    }
     Finish(waiter_id,
-           StatusResponse(waiter.request_id,
-                          absl::DeadlineExceededError(absl::StrCat(
-                              "waited ", absl::FormatDuration(waiter.timeout),
-                              " for store keys; still missing: ", absl::StrJoin(absent, ", ")))));
+           StatusResponse(waiter.request_id, MissingKeys(*waiter.job, waiter.keys,
+                                                         absl::FormatDuration(waiter.timeout))));
   }
 }
 

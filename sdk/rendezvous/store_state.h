@@ -19,6 +19,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "sdk/proto/store.pb.h"
 
@@ -42,6 +43,8 @@ class StoreState {
   // At most this many Waits of one session are parked at once; more get ResourceExhausted. The
   // same bound holds for its WaitAnys, counted apart.
   static constexpr size_t kMaxParkedWaitsPerSession = 16;
+  // A Wait's DeadlineExceeded names at most this many of the keys still missing.
+  static constexpr size_t kNamedMissingKeys = 8;
 
   // `max_response_bytes`: a response larger than this (e.g. a MultiGet of many large values)
   // becomes a ResourceExhausted error instead.
@@ -69,13 +72,16 @@ class StoreState {
   void CancelWaits(uint64_t session_id);
 
   size_t parked_waits() const { return waiters_.size() + any_waiters_.size(); }
+  // The key lookups that parked Waits cost so far as their keys were written: O(K) for a Wait on K
+  // keys written one by one (what the tests check), not O(K^2).
+  uint64_t parked_wait_lookups() const { return parked_wait_lookups_; }
 
  private:
   struct Job {
     std::map<std::string, std::string, std::less<>> data;
     int64_t fence = -1;  // Store::kUnfenced
-    // A parked Wait is indexed under one key it still misses; when that key is written the Wait is
-    // checked again and re-indexed under the next missing key, if any.
+    // A parked Wait is indexed under the first key it still misses; when that key is written the
+    // Wait goes on from there and is re-indexed under the next missing key, if any.
     std::multimap<std::string, uint64_t, std::less<>> waiting_on;
     // A parked WaitAny is indexed under every one of its keys (all absent while it is parked).
     std::multimap<std::string, uint64_t, std::less<>> any_waiting_on;
@@ -85,6 +91,11 @@ class StoreState {
     uint64_t request_id;
     Job* job;
     std::vector<std::string> keys;
+    // keys[0, present) were found present, keys[present] is the key it is indexed under: a write
+    // of it resumes the scan there, so a Wait on K keys written one by one costs O(K) lookups, not
+    // O(K^2). A Delete may take an earlier key away meanwhile; the Wait is answered only after a
+    // last check of every key (KeyWritten), so it still returns when all exist at once.
+    size_t present = 0;
     absl::Duration timeout;
     absl::Time deadline;
     std::multimap<std::string, uint64_t, std::less<>>::iterator index;
@@ -95,10 +106,18 @@ class StoreState {
                              absl::Time now, bool* parked);
   // Re-checks the Waits indexed under `key` after it was written.
   void KeyWritten(Job& job, const std::string& key);
-  // The first key of `keys` that `job` lacks.
-  static const std::string* FirstMissing(const Job& job, const std::vector<std::string>& keys);
-  void Park(uint64_t session_id, Job& job, const proto::StoreRequest& request,
-            const std::string& missing, absl::Time now);
+  // The index of the first key of `keys` at or after `from` that `job` lacks; keys.size() when
+  // there is none. Counts its lookups in *lookups.
+  static size_t FirstMissing(const Job& job, const std::vector<std::string>& keys, size_t from,
+                             uint64_t* lookups);
+  // The DeadlineExceeded of a Wait on `keys` that waited `waited`: it names at most
+  // kNamedMissingKeys of the keys still missing and counts the rest, so that a Wait on many keys
+  // is not answered with a message as long as its request.
+  static absl::Status MissingKeys(const Job& job, const std::vector<std::string>& keys,
+                                  absl::string_view waited);
+  // Parks a Wait on `keys` (the request's), indexed under keys[missing].
+  void Park(uint64_t session_id, Job& job, std::vector<std::string> keys,
+            const proto::StoreRequest& request, size_t missing, absl::Time now);
   void Finish(uint64_t waiter_id, proto::StoreResponse response);
 
   // WaitAny, apart from Wait's waiters: answered when any one of its keys is written.
@@ -132,6 +151,7 @@ class StoreState {
   std::map<uint64_t, AnyWaiter> any_waiters_;
   std::set<std::pair<absl::Time, uint64_t>> any_deadlines_;
   absl::flat_hash_map<uint64_t, std::vector<uint64_t>> any_waiters_of_session_;
+  uint64_t parked_wait_lookups_ = 0;
 };
 
 }  // namespace trainguard

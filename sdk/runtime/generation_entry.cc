@@ -70,6 +70,30 @@ std::vector<std::string> RankGeneration::MemberIdsOf(int64_t generation) const {
   return member_ids_;
 }
 
+void RankGeneration::SetMemberIds(int64_t generation, std::vector<std::string> ids) {
+  MutexLock lock(&members_mu_);
+  if (members_generation_ == generation && member_ids_.empty()) member_ids_ = std::move(ids);
+}
+
+const Membership& RankGeneration::MembershipWithIds(const ReadRankTable& read) const {
+  if (membership_.generation < 0 || !membership_.members.empty()) return membership_;
+  if (with_ids_.generation == membership_.generation) return with_ids_;
+  std::vector<std::string> ids = MemberIdsOf(membership_.generation);
+  if (ids.empty()) {
+    absl::StatusOr<Membership> table = read(membership_.generation);
+    if (!table.ok() || table->generation != membership_.generation ||
+        table->world_size != membership_.world_size) {
+      return membership_;
+    }
+    ids = std::move(table->members);
+    MutexLock lock(&members_mu_);
+    if (members_generation_ == membership_.generation && member_ids_.empty()) member_ids_ = ids;
+  }
+  with_ids_ = membership_;
+  with_ids_.members = std::move(ids);
+  return with_ids_;
+}
+
 GenerationEntry::GenerationEntry(GenerationEntryOptions options) : options_(std::move(options)) {}
 
 GenerationEntry::~GenerationEntry() { CloseCommunicator(); }

@@ -109,7 +109,12 @@ EntryRetryDecision DecideAfterFailedTry(EntryFailure failure, bool has_store, in
 // which adopts each generation; the members' ids are copied for the watchdog's thread
 // (Runtime::ExplainPeerWait), under a lock.
 //
-// Thread safety: generation() and MemberIdsOf() from any thread; the rest on the training thread.
+// A rank learns its place in a generation without the generation's member ids (reading them costs
+// O(world size) bytes per rank, O(world size^2) for the job): they are read on first use, by
+// MembershipWithIds (Runtime::membership()) or by the watchdog's thread (SetMemberIds).
+//
+// Thread safety: generation(), MemberIdsOf() and SetMemberIds() from any thread; the rest on the
+// training thread.
 class RankGeneration {
  public:
   RankGeneration() = default;
@@ -117,7 +122,14 @@ class RankGeneration {
   RankGeneration& operator=(const RankGeneration&) = delete;
 
   int64_t generation() const { return generation_.load(); }
+  // The membership held; its members are empty for a rank's own place (see above).
   const Membership& membership() const { return membership_; }
+  // Reads the member ids of the generation held (RendezvousMember::ReadRankTable).
+  using ReadRankTable = std::function<absl::StatusOr<Membership>(int64_t generation)>;
+  // The membership held, with its member ids: read with `read` on the first call in a generation
+  // (unless the watchdog's thread read them already), kept for the next calls. Without them (the
+  // read failed) when `read` fails; it is tried again at the next call.
+  const Membership& MembershipWithIds(const ReadRankTable& read) const;
   // nullopt for a static job and an initial rank's generation 0.
   const std::optional<RecoveryPlan>& plan() const { return plan_; }
   // The rank's place in a generation it joined (an initial rank's generation 0: no plan), or
@@ -128,16 +140,24 @@ class RankGeneration {
   void ForgetStateSource() {
     if (plan_.has_value()) plan_->state_source_rank = -1;
   }
-  // The member ids of `generation`, by rank, while it is the one held; empty otherwise.
+  // The member ids of `generation`, by rank, while it is the one held and they were read; empty
+  // otherwise.
   std::vector<std::string> MemberIdsOf(int64_t generation) const;
+  // Keeps `ids`, the member ids of `generation` read by another thread, if it is still the one
+  // held (MemberIdsOf answers with them, and MembershipWithIds without reading them again).
+  void SetMemberIds(int64_t generation, std::vector<std::string> ids);
 
  private:
   std::atomic<int64_t> generation_{0};
   Membership membership_;
+  // membership_ with its member ids once MembershipWithIds read them (a cache, hence mutable);
+  // membership_ itself never changes within a generation: CommunicatorSpec points at it.
+  mutable Membership with_ids_;
   std::optional<RecoveryPlan> plan_;
   mutable Mutex members_mu_;
   int64_t members_generation_ ABSL_GUARDED_BY(members_mu_) = -1;
-  std::vector<std::string> member_ids_ ABSL_GUARDED_BY(members_mu_);
+  // Mutable as with_ids_: MembershipWithIds fills both.
+  mutable std::vector<std::string> member_ids_ ABSL_GUARDED_BY(members_mu_);
 };
 
 // What GenerationEntry asks of its owner: the parts of a rank's state and reporting that are the

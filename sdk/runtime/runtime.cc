@@ -36,6 +36,10 @@
 namespace trainguard {
 namespace {
 
+// Bounds membership()'s read of the member ids: an accessor must not block for the rendezvous
+// timeout (minutes) on a store that does not answer; the next call tries again.
+constexpr absl::Duration kMemberIdsReadTimeout = absl::Seconds(10);
+
 // Set by the SIGUSR2 handler; the Runtime's duty thread dumps the ring and stacks when it sees
 // it.
 std::atomic<bool> dump_requested{false};
@@ -573,6 +577,13 @@ void RuntimeImpl::OnHang(const HangReport& report) {
   hang_responder_->OnOwnHang(report, generation());
 }
 
+const Membership& RuntimeImpl::membership() const {
+  if (member_ == nullptr) return current_.membership();  // a static job: no table to read
+  return current_.MembershipWithIds([&](int64_t generation) {
+    return member_->ReadRankTable(generation, kMemberIdsReadTimeout);
+  });
+}
+
 std::optional<std::string> RuntimeImpl::ExplainPeerWait(const InFlightCollective& waiting_in) {
   const int64_t generation = this->generation();
   // A record is written at most 1.5 periods after the previous one (the duty thread wakes every
@@ -609,6 +620,15 @@ std::optional<std::string> RuntimeImpl::ExplainPeerWait(const InFlightCollective
       awaiting.has_value()) {
     return awaiting;
   }
+  // A store that does not answer quickly gives no excuse: the hang is declared.
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(500);
+  // The member ids, read once per generation and only here: a rank does not read the rank table
+  // when it joins a generation.
+  if (member_ != nullptr && current_.MemberIdsOf(generation).empty()) {
+    absl::StatusOr<Membership> table =
+        member_->ReadRankTable(generation, std::max(deadline - absl::Now(), absl::ZeroDuration()));
+    if (table.ok()) current_.SetMemberIds(generation, std::move(table->members));
+  }
   std::vector<std::string> keys;
   for (int r = 0; r < options_.world_size; ++r) {
     keys.push_back(runtime_internal::ProgressKey(generation, r));
@@ -620,9 +640,8 @@ std::optional<std::string> RuntimeImpl::ExplainPeerWait(const InFlightCollective
       keys.push_back(absl::StrCat(runtime_internal::kStoppedMemberPrefix, member));
     }
   }
-  // A store that does not answer quickly gives no excuse: the hang is declared.
   absl::StatusOr<std::vector<std::optional<std::string>>> records =
-      store_->MultiGet(keys, absl::Milliseconds(500));
+      store_->MultiGet(keys, std::max(deadline - absl::Now(), absl::ZeroDuration()));
   if (!records.ok()) return std::nullopt;
   std::vector<bool> stopped;
   for (size_t i = options_.world_size; i < records->size(); ++i) {

@@ -60,7 +60,7 @@ class RuntimeImpl final : public Runtime {
   int rank() const override { return rank_; }
   int world_size() const override { return options_.world_size; }
   const std::optional<RecoveryPlan>& recovery_plan() const override { return current_.plan(); }
-  const Membership& membership() const override { return current_.membership(); }
+  const Membership& membership() const override;
   Store* store() const override { return store_; }
   const std::string& run_dir() const override { return run_dir_; }
   Env& env() const override { return *env_; }

@@ -53,6 +53,54 @@ RecoveryPlan PlanWithSource(int source) {
   return plan;
 }
 
+// A rank holds its place in a generation without the member ids; they are read once per
+// generation, on the first use, by the training thread or the watchdog's, whichever comes first.
+TEST(RankGeneration, TheMemberIdsAreReadOncePerGenerationOnFirstUse) {
+  RankGeneration current;
+  int reads = 0;
+  bool unreachable = false;
+  auto read = [&](int64_t generation) -> absl::StatusOr<Membership> {
+    ++reads;
+    if (unreachable) return absl::UnavailableError("store unreachable");
+    Membership table;
+    table.generation = generation;
+    table.world_size = 2;
+    table.members = {"m0", absl::StrCat("m1-", generation)};
+    return table;
+  };
+  Membership place;
+  place.generation = 3;
+  place.world_size = 2;
+  place.rank = 1;
+  current.Adopt(place, std::nullopt);
+  EXPECT_TRUE(current.membership().members.empty());
+  EXPECT_TRUE(current.MemberIdsOf(3).empty());
+  EXPECT_THAT(current.MembershipWithIds(read).members, ::testing::ElementsAre("m0", "m1-3"));
+  EXPECT_THAT(current.MembershipWithIds(read).members, ::testing::ElementsAre("m0", "m1-3"));
+  EXPECT_EQ(current.MembershipWithIds(read).rank, 1);
+  EXPECT_EQ(reads, 1);
+  EXPECT_TRUE(current.membership().members.empty());  // a communicator's spec points at it
+  EXPECT_THAT(current.MemberIdsOf(3), ::testing::ElementsAre("m0", "m1-3"));
+
+  // The watchdog's thread read generation 4's ids first: the training thread takes them.
+  place.generation = 4;
+  current.Adopt(place, std::nullopt);
+  current.SetMemberIds(3, {"stale", "stale"});  // not the generation held: ignored
+  EXPECT_TRUE(current.MemberIdsOf(4).empty());
+  current.SetMemberIds(4, {"m0", "m1-4"});
+  EXPECT_THAT(current.MembershipWithIds(read).members, ::testing::ElementsAre("m0", "m1-4"));
+  EXPECT_EQ(reads, 1);
+
+  // A read that fails leaves the ids out, and is tried again at the next use.
+  place.generation = 5;
+  current.Adopt(place, std::nullopt);
+  unreachable = true;
+  EXPECT_TRUE(current.MembershipWithIds(read).members.empty());
+  unreachable = false;
+  EXPECT_THAT(current.MembershipWithIds(read).members, ::testing::ElementsAre("m0", "m1-5"));
+  EXPECT_EQ(reads, 3);
+}
+
 TEST(GenerationEntry, NothingCommittedIsAFreshJobNotAFailure) {
   EXPECT_EQ(ClassifyRestore(absl::NotFoundError("no committed checkpoint"), false),
             RestoreOutcome::kNothingCommitted);
@@ -377,9 +425,19 @@ TEST_F(GenerationEntryRun, ARankReplacedBeforeTheFirstCommitGetsTheSurvivorsStat
     ASSERT_TRUE(next[r].ok()) << next[r].status();
     EXPECT_EQ(*next[r], 42);
     EXPECT_EQ(ranks_[r]->current.generation(), 1);
-    EXPECT_THAT(ranks_[r]->current.membership().members, ElementsAre("m0", "spare0", "m2"));
-    EXPECT_EQ(ranks_[r]->current.MemberIdsOf(1), ranks_[r]->current.membership().members);
+    // The rank learnt its place without the member ids; they are read where they are needed.
+    EXPECT_EQ(ranks_[r]->current.membership().rank, r);
+    EXPECT_TRUE(ranks_[r]->current.membership().members.empty());
+    EXPECT_TRUE(ranks_[r]->current.MemberIdsOf(1).empty());
+    RendezvousMember& member = *ranks_[r]->member;
+    const Membership& with_ids = ranks_[r]->current.MembershipWithIds(
+        [&](int64_t g) { return member.ReadRankTable(g, kTimeout); });
+    EXPECT_EQ(with_ids.rank, r);
+    EXPECT_THAT(with_ids.members, ElementsAre("m0", "spare0", "m2"));
+    EXPECT_EQ(ranks_[r]->current.MemberIdsOf(1), with_ids.members);
     EXPECT_TRUE(ranks_[r]->current.MemberIdsOf(0).empty());
+    // What the communicator was built with stays as it was.
+    EXPECT_TRUE(ranks_[r]->current.membership().members.empty());
     EXPECT_EQ(ranks_[r]->adopted, 1);
     EXPECT_TRUE(survived[r].joined_generation);
     EXPECT_EQ(survived[r].state_source_rank, 2);

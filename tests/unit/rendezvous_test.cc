@@ -6,10 +6,13 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sdk/core/mutex.h"
+#include "sdk/core/store_keys.h"
 #include "trainguard/clock.h"
 #include "trainguard/store.h"
 
@@ -23,11 +26,100 @@ using ::testing::IsEmpty;
 constexpr absl::Duration kTimeout = absl::Seconds(20);
 constexpr absl::Duration kHeartbeat = absl::Milliseconds(20);
 
+// A store client that records every key read through it (Get, MultiGet, Wait), so that a test
+// can say which keys a rank never reads.
+class ReadRecordingStore final : public Store {
+ public:
+  explicit ReadRecordingStore(std::unique_ptr<Store> base) : base_(std::move(base)) {}
+
+  // Whether a key starting with `prefix` and ending with `suffix` was read.
+  bool Read(absl::string_view prefix, absl::string_view suffix) {
+    MutexLock lock(&mu_);
+    for (const std::string& key : read_) {
+      if (absl::StartsWith(key, prefix) && absl::EndsWith(key, suffix)) return true;
+    }
+    return false;
+  }
+  // The number of keys read so far.
+  size_t keys_read() {
+    MutexLock lock(&mu_);
+    return read_.size();
+  }
+
+  // The next `n` Waits fail with Unavailable, as when the store does not answer in time.
+  void FailNextWaits(int n) {
+    MutexLock lock(&mu_);
+    failing_waits_ = n;
+  }
+
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
+    Record(keys);
+    {
+      MutexLock lock(&mu_);
+      if (failing_waits_ > 0) {
+        --failing_waits_;
+        return absl::UnavailableError("store server unreachable (injected)");
+      }
+    }
+    return base_->Wait(keys, timeout);
+  }
+  absl::StatusOr<size_t> WaitAny(const std::vector<std::string>& keys,
+                                 absl::Duration timeout) override {
+    Record(keys);
+    return base_->WaitAny(keys, timeout);
+  }
+  absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override {
+    Record({std::string(key)});
+    return base_->Get(key, timeout);
+  }
+  absl::StatusOr<std::vector<std::optional<std::string>>> MultiGet(
+      const std::vector<std::string>& keys, absl::Duration timeout) override {
+    Record(keys);
+    return base_->MultiGet(keys, timeout);
+  }
+  absl::Status Set(std::string_view key, std::string_view value, absl::Duration timeout) override {
+    return base_->Set(key, value, timeout);
+  }
+  absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta,
+                              absl::Duration timeout) override {
+    return base_->Add(key, delta, timeout);
+  }
+  absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
+                                                    const std::optional<std::string>& expected,
+                                                    std::string_view desired,
+                                                    absl::Duration timeout) override {
+    return base_->CompareAndSet(key, expected, desired, timeout);
+  }
+  absl::StatusOr<bool> Delete(std::string_view key, absl::Duration timeout) override {
+    return base_->Delete(key, timeout);
+  }
+  absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
+                                                    absl::Duration timeout) override {
+    return base_->ListKeys(prefix, timeout);
+  }
+  absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override {
+    return base_->RaiseFence(generation, timeout);
+  }
+  void SetWriterGeneration(int64_t generation) override { base_->SetWriterGeneration(generation); }
+
+ private:
+  void Record(const std::vector<std::string>& keys) {
+    MutexLock lock(&mu_);
+    read_.insert(read_.end(), keys.begin(), keys.end());
+  }
+
+  const std::unique_ptr<Store> base_;
+  Mutex mu_;
+  std::vector<std::string> read_ ABSL_GUARDED_BY(mu_);
+  int failing_waits_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 // One process of the job: its own store connection and rendezvous member.
 struct Process {
   Process(InMemoryStore& shared, std::string id)
-      : store(shared.NewClient()), member(store.get(), std::move(id), kHeartbeat) {}
-  std::unique_ptr<Store> store;
+      : store(std::make_unique<ReadRecordingStore>(shared.NewClient())),
+        member(store.get(), std::move(id), kHeartbeat) {}
+  std::unique_ptr<ReadRecordingStore> store;
   RendezvousMember member;
 };
 
@@ -229,8 +321,92 @@ TEST_F(Rendezvous, TwoFailuresInARowLandASlowSurvivorInTheNewestGeneration) {
   absl::StatusOr<Membership> slow = ranks_[0]->member.AwaitGeneration(0, kTimeout);
   ASSERT_TRUE(slow.ok()) << slow.status();
   EXPECT_EQ(slow->generation, 2);
-  EXPECT_THAT(slow->members,
+  EXPECT_EQ(slow->rank, 0);
+  absl::StatusOr<Membership> table = ranks_[0]->member.ReadRankTable(2, kTimeout);
+  ASSERT_TRUE(table.ok()) << table.status();
+  EXPECT_EQ(table->rank, 0);
+  EXPECT_THAT(table->members,
               ElementsAre("host:rank0", "host:standbyA", "host:rank2", "host:standbyB"));
+}
+
+// The ranks learn their place in each generation from a few bytes: an initial rank from its own
+// registration, a standby from its assignment, a survivor from the generation's changes. None
+// reads a rank table (O(world size) bytes each, O(world size^2) for the job).
+TEST_F(Rendezvous, RanksLearnTheirPlaceWithoutReadingTheRankTable) {
+  FormGenerationZero(4);
+  Process standby(shared_, "host:standby0");
+  absl::StatusOr<Membership> assigned;
+  std::thread parked([&] { assigned = standby.member.ParkAsStandby(kTimeout); });
+  AwaitParkedStandbys(1);
+  ASSERT_TRUE(coordinator_.ReplaceRank(2, kTimeout).ok());
+  parked.join();
+  ASSERT_TRUE(assigned.ok()) << assigned.status();
+  EXPECT_EQ(assigned->rank, 2);
+  EXPECT_EQ(assigned->world_size, 4);
+  EXPECT_THAT(assigned->members, IsEmpty());
+  for (int r : {0, 1, 3}) {
+    absl::StatusOr<Membership> m = ranks_[r]->member.AwaitGeneration(0, kTimeout);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(m->generation, 1);
+    EXPECT_EQ(m->rank, r);
+    EXPECT_EQ(m->world_size, 4);
+  }
+  for (Process* p : {ranks_[0].get(), ranks_[1].get(), ranks_[3].get(), &standby}) {
+    EXPECT_FALSE(p->store->Read("rdzv/gen/", "/table")) << p->member.member_id();
+    EXPECT_FALSE(p->store->Read("rdzv/join/", "")) << p->member.member_id();
+  }
+}
+
+TEST_F(Rendezvous, AReplacedMemberLearnsItFromTheChangesNamingWhoTookItsRank) {
+  FormGenerationZero(3);
+  Process standby(shared_, "host:standby0");
+  std::thread parked([&] { ASSERT_TRUE(standby.member.ParkAsStandby(kTimeout).ok()); });
+  AwaitParkedStandbys(1);
+  ASSERT_TRUE(coordinator_.ReplaceRank(1, kTimeout).ok());
+  parked.join();
+  // A generation that changes nothing for it comes after, and the zombie catches up with both.
+  ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
+  absl::StatusOr<Membership> rejoin = ranks_[1]->member.AwaitGeneration(0, kTimeout);
+  EXPECT_TRUE(absl::IsFailedPrecondition(rejoin.status())) << rejoin.status();
+  EXPECT_THAT(std::string(rejoin.status().message()),
+              HasSubstr("was replaced (rank 1 is held by host:standby0 since generation 1)"));
+  EXPECT_FALSE(ranks_[1]->store->Read("rdzv/gen/", "/table"));
+  // A survivor two generations behind keeps its rank.
+  absl::StatusOr<Membership> survivor = ranks_[2]->member.AwaitGeneration(0, kTimeout);
+  ASSERT_TRUE(survivor.ok()) << survivor.status();
+  EXPECT_EQ(survivor->generation, 2);
+  EXPECT_EQ(survivor->rank, 2);
+}
+
+TEST_F(Rendezvous, AGenerationsChangesNameOnlyTheRanksItGaveToOtherMembers) {
+  FormGenerationZero(4);
+  auto changes = [&](int64_t g) {
+    absl::StatusOr<std::string> value =
+        coordinator_store_->Get(store_keys::RdzvChanges(g), kTimeout);
+    EXPECT_TRUE(value.ok()) << value.status();
+    absl::StatusOr<store_keys::GenerationChanges> decoded =
+        store_keys::DecodeGenerationChanges(value.value_or(""));
+    EXPECT_TRUE(decoded.ok()) << decoded.status();
+    return decoded.value_or(store_keys::GenerationChanges{});
+  };
+  EXPECT_EQ(changes(0).world_size, 4);
+  EXPECT_THAT(changes(0).taken, IsEmpty());  // generation 0 is the registrations
+  Process a(shared_, "host:standbyA");
+  Process b(shared_, "host:standbyB");
+  std::thread park_a([&] { ASSERT_TRUE(a.member.ParkAsStandby(kTimeout).ok()); });
+  std::thread park_b([&] { ASSERT_TRUE(b.member.ParkAsStandby(kTimeout).ok()); });
+  AwaitParkedStandbys(2);
+  ASSERT_TRUE(coordinator_
+                  .ReplaceRanks({3, 1}, {"host:standbyA", "host:standbyB"},
+                                /*any_standby=*/false, kTimeout)
+                  .ok());
+  park_a.join();
+  park_b.join();
+  using Taken = std::pair<int, std::string>;
+  EXPECT_THAT(changes(1).taken, ElementsAre(Taken{1, "host:standbyB"}, Taken{3, "host:standbyA"}));
+  ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
+  EXPECT_EQ(changes(2).generation, 2);
+  EXPECT_THAT(changes(2).taken, IsEmpty());
 }
 
 TEST_F(Rendezvous, RanksAgreeToResumeFromTheFurthestSurvivor) {
@@ -256,6 +432,174 @@ TEST_F(Rendezvous, RanksAgreeToResumeFromTheFurthestSurvivor) {
     EXPECT_EQ(plans[r]->state_source_rank, 3);
     EXPECT_THAT(plans[r]->new_ranks, ElementsAre(2));
   }
+}
+
+// One rank computes the plan from every rank's progress and publishes it; the others read it (a
+// few bytes) instead of every rank reading every rank's progress.
+TEST_F(Rendezvous, TheRankThatCompletesTheCountPublishesThePlanTheOthersRead) {
+  FormGenerationZero(4);
+  Membership g0;
+  g0.generation = 0;
+  g0.world_size = 4;
+  const int64_t next_steps[] = {-1, 30, 31, -1};
+  std::vector<absl::StatusOr<RecoveryPlan>> plans(4);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 4; ++r) {
+    ranks.emplace_back([&, r] {
+      Membership m = g0;
+      m.rank = r;
+      plans[r] = ranks_[r]->member.AgreeOnResume(m, next_steps[r], kTimeout);
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  absl::StatusOr<std::string> published =
+      coordinator_store_->Get(store_keys::RdzvPlan(0), kTimeout);
+  ASSERT_TRUE(published.ok()) << published.status();
+  EXPECT_EQ(*published, "0 31 2 0,3");
+  EXPECT_EQ(*coordinator_store_->Get(store_keys::RdzvAgreed(0), kTimeout), "4");
+  int read_every_progress = 0;
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(plans[r].ok()) << plans[r].status();
+    EXPECT_EQ(plans[r]->resume_step, 31);
+    EXPECT_EQ(plans[r]->state_source_rank, 2);
+    EXPECT_THAT(plans[r]->new_ranks, ElementsAre(0, 3));
+    if (ranks_[r]->store->Read("rdzv/gen/0/progress/", "")) ++read_every_progress;
+  }
+  EXPECT_EQ(read_every_progress, 1);
+  // A newer generation leaves an agreed plan as it is.
+  ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
+  EXPECT_EQ(*coordinator_store_->Get(store_keys::RdzvPlan(0), kTimeout), "0 31 2 0,3");
+}
+
+// The rank whose progress completed the count dies before it publishes the plan: the others do
+// not wait out their timeout, they leave for the generation that replaces it.
+TEST_F(Rendezvous, RanksWaitingForAPlanThatNeverComesLeaveForTheNewerGeneration) {
+  FormGenerationZero(3);
+  Process standby(shared_, "host:standby0");
+  std::thread parked([&] { ASSERT_TRUE(standby.member.ParkAsStandby(kTimeout).ok()); });
+  AwaitParkedStandbys(1);
+  Membership g0;
+  g0.generation = 0;
+  g0.world_size = 3;
+  std::vector<absl::StatusOr<RecoveryPlan>> plans(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      Membership m = g0;
+      m.rank = r;
+      plans[r] = ranks_[r]->member.AgreeOnResume(m, 10, kTimeout);
+    });
+  }
+  // Rank 2 writes its progress and completes the count, as AgreeOnResume does, and dies there.
+  Store& rank2 = *ranks_[2]->store;
+  ASSERT_TRUE(rank2.Set(absl::StrCat(store_keys::RdzvProgressPrefix(0), 2), "10", kTimeout).ok());
+  for (absl::Time end = absl::Now() + kTimeout; absl::Now() < end;) {
+    absl::StatusOr<std::string> count =
+        coordinator_store_->Get(store_keys::RdzvAgreed(0), kTimeout);
+    if (count.ok() && *count == "2") break;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(*rank2.Add(store_keys::RdzvAgreed(0), 1, kTimeout), 3);
+  ASSERT_TRUE(coordinator_.ReplaceRank(2, kTimeout).ok());
+  for (std::thread& t : ranks) t.join();
+  parked.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(absl::IsAborted(plans[r].status())) << plans[r].status();
+    EXPECT_THAT(std::string(plans[r].status().message()), HasSubstr("generation 0 was superseded"));
+  }
+  // The coordinator marked the plan superseded as it published generation 1: that ended the waits.
+  EXPECT_EQ(*coordinator_store_->Get(store_keys::RdzvPlan(0), kTimeout), "superseded by 1");
+}
+
+// A store that does not answer a rank's wait for the plan in time (overloaded) does not end the
+// agreement: the rank waits again, within its deadline.
+TEST_F(Rendezvous, ARankWhoseWaitForThePlanGoesUnansweredWaitsAgain) {
+  FormGenerationZero(2);
+  Membership g0;
+  g0.generation = 0;
+  g0.world_size = 2;
+  g0.rank = 0;
+  ranks_[0]->store->FailNextWaits(1);
+  absl::StatusOr<RecoveryPlan> first;
+  std::thread waiting([&] { first = ranks_[0]->member.AgreeOnResume(g0, 7, kTimeout); });
+  // Bounded polling until rank 0 counted itself: rank 1 then completes the count.
+  for (absl::Time end = absl::Now() + kTimeout; absl::Now() < end;) {
+    absl::StatusOr<std::string> count =
+        coordinator_store_->Get(store_keys::RdzvAgreed(0), kTimeout);
+    if (count.ok() && *count == "1") break;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  Membership mine = g0;
+  mine.rank = 1;
+  absl::StatusOr<RecoveryPlan> second = ranks_[1]->member.AgreeOnResume(mine, 7, kTimeout);
+  waiting.join();
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(first->resume_step, 7);
+  EXPECT_EQ(first->state_source_rank, 0);
+  EXPECT_EQ(second->state_source_rank, 0);
+}
+
+TEST_F(Rendezvous, ABarrierPassesOnlyOnceEveryRankArrived) {
+  FormGenerationZero(3);
+  Membership g0;
+  g0.generation = 0;
+  g0.world_size = 3;
+  std::vector<absl::Status> passed(3);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      Membership m = g0;
+      m.rank = r;
+      passed[r] = ranks_[r]->member.Barrier(m, "ready", kTimeout);
+    });
+  }
+  // Bounded polling until both arrived: the barrier must still be closed.
+  for (absl::Time end = absl::Now() + kTimeout; absl::Now() < end;) {
+    absl::StatusOr<std::string> count =
+        coordinator_store_->Get(store_keys::RdzvBarrierArrived(0, "ready"), kTimeout);
+    if (count.ok() && *count == "2") break;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_TRUE(absl::IsNotFound(
+      coordinator_store_->Get(store_keys::RdzvBarrierPassed(0, "ready"), kTimeout).status()));
+  Membership last = g0;
+  last.rank = 2;
+  passed[2] = ranks_[2]->member.Barrier(last, "ready", kTimeout);
+  for (std::thread& t : ranks) t.join();
+  for (const absl::Status& s : passed) EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST_F(Rendezvous, ABarrierThatNotEveryRankReachesTimesOutSayingHowManyArrived) {
+  FormGenerationZero(2);
+  Membership g0;
+  g0.generation = 0;
+  g0.world_size = 2;
+  g0.rank = 1;
+  absl::Status alone = ranks_[1]->member.Barrier(g0, "ready", absl::Milliseconds(20));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(alone)) << alone;
+  EXPECT_THAT(std::string(alone.message()),
+              HasSubstr("rank 1 at barrier ready of generation 0 (1 of 2 ranks arrived"));
+}
+
+// A member without a heartbeat thread (a simulator's) is beaten by its owner; a beat the fence
+// refuses marks it superseded, as the thread's would.
+TEST_F(Rendezvous, AMemberWithoutAHeartbeatThreadBeatsWhenItsOwnerSays) {
+  FormGenerationZero(2);
+  InMemoryStore& shared = shared_;
+  std::unique_ptr<Store> store = shared.NewClient();
+  RendezvousMember quiet(store.get(), "host:quiet", absl::InfiniteDuration());
+  const std::string key = store_keys::RdzvHeartbeat("host:quiet");
+  EXPECT_TRUE(absl::IsNotFound(coordinator_store_->Get(key, kTimeout).status()));
+  ASSERT_TRUE(quiet.Beat(kTimeout).ok());
+  ASSERT_TRUE(quiet.Beat(kTimeout).ok());
+  EXPECT_EQ(*coordinator_store_->Get(key, kTimeout), "2");
+
+  // A rank's beat refused by the fence of a newer generation marks it superseded.
+  ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
+  absl::Status refused = ranks_[0]->member.Beat(kTimeout);
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
+  EXPECT_EQ(ranks_[0]->member.superseded_generation(), 0);
 }
 
 TEST_F(Rendezvous, AnAgreementIsAbandonedWhenANewerGenerationIsPublished) {

@@ -54,6 +54,78 @@ TEST(StoreKeys, AnAssignmentThatIsNotAGenerationAndARankIsRefused) {
   }
 }
 
+TEST(StoreKeys, TheGenerationsAgreementKeysAreSpelledAsTheProtocolSays) {
+  EXPECT_EQ(RdzvChanges(4), "rdzv/gen/4/changes");
+  EXPECT_EQ(RdzvAgreed(4), "rdzv/gen/4/agreed");
+  EXPECT_EQ(RdzvPlan(4), "rdzv/gen/4/plan");
+  EXPECT_EQ(RdzvBarrierArrived(3, "ready"), "rdzv/gen/3/barrier/ready/arrived");
+  EXPECT_EQ(RdzvBarrierPassed(3, "ready"), "rdzv/gen/3/barrier/ready/passed");
+}
+
+TEST(StoreKeys, AGenerationsChangesRoundTrip) {
+  const GenerationChanges c{7, 16, {{2, "h1:40:standby0"}, {9, "h3:41:standby 1"}}};
+  const std::string value = EncodeGenerationChanges(c);
+  EXPECT_EQ(value, "7\n16\n2 h1:40:standby0\n9 h3:41:standby 1");
+  absl::StatusOr<GenerationChanges> back = DecodeGenerationChanges(value);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->generation, 7);
+  EXPECT_EQ(back->world_size, 16);
+  EXPECT_EQ(back->taken, c.taken);
+  absl::StatusOr<GenerationChanges> none = DecodeGenerationChanges("0\n4");
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->taken.empty());
+}
+
+TEST(StoreKeys, ChangesThatAreNotRanksOfTheWorldInOrderAreRefused) {
+  for (const char* bad : {"", "7", "x\n4", "-1\n4", "7\n0", "7\n4\n", "7\n4\n2", "7\n4\n2 ",
+                          "7\n4\n4 m", "7\n4\n-1 m", "7\n4\n2 m\n2 n", "7\n4\n3 m\n1 n"}) {
+    absl::StatusOr<GenerationChanges> c = DecodeGenerationChanges(bad);
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(c.status().message(), testing::HasSubstr("rdzv/gen/<g>/changes")) << bad;
+  }
+}
+
+TEST(StoreKeys, ARecoveryPlanRoundTripsWithItsNewRanksAsRuns) {
+  RecoveryPlan p;
+  p.generation = 3;
+  p.resume_step = 120;
+  p.state_source_rank = 4;
+  p.new_ranks = {0, 1, 2, 5, 7, 8};
+  const std::string value = EncodeRecoveryPlan(p);
+  EXPECT_EQ(value, "3 120 4 0-2,5,7-8");
+  absl::StatusOr<RecoveryPlan> back = DecodeRecoveryPlan(value);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->generation, 3);
+  EXPECT_EQ(back->resume_step, 120);
+  EXPECT_EQ(back->state_source_rank, 4);
+  EXPECT_EQ(back->new_ranks, p.new_ranks);
+  RecoveryPlan none;
+  none.generation = 0;
+  none.state_source_rank = -1;
+  EXPECT_EQ(EncodeRecoveryPlan(none), "0 0 -1 -");
+  absl::StatusOr<RecoveryPlan> empty = DecodeRecoveryPlan("0 0 -1 -");
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(empty->state_source_rank, -1);
+  EXPECT_TRUE(empty->new_ranks.empty());
+}
+
+TEST(StoreKeys, APlanMarkedSupersededIsToldFromAPlan) {
+  EXPECT_EQ(SupersededPlan(5), "superseded by 5");
+  EXPECT_TRUE(IsSupersededPlan(SupersededPlan(5)));
+  EXPECT_FALSE(IsSupersededPlan("4 120 2 -"));
+  EXPECT_FALSE(DecodeRecoveryPlan(SupersededPlan(5)).ok());
+}
+
+TEST(StoreKeys, APlanThatIsNotAPlanIsRefused) {
+  for (const char* bad :
+       {"", "3 120 4", "3 120 4 -  ", "x 120 4 -", "3 -1 4 -", "3 120 -2 -", "3 120 4 ",
+        "3 120 4 2,1", "3 120 4 2-1", "3 120 4 1-", "3 120 4 -1", "3 120 4 1,1", "3 120 4 0-2,2"}) {
+    absl::StatusOr<RecoveryPlan> p = DecodeRecoveryPlan(bad);
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(p.status().message(), testing::HasSubstr("rdzv/gen/<g>/plan")) << bad;
+  }
+}
+
 TEST(StoreKeys, AKillKeyNamesItsMember) {
   EXPECT_EQ(AgentKillMember("host2", AgentKill("host2", "host2:41:rank3")), "host2:41:rank3");
   EXPECT_EQ(AgentKillMember("host2", "agents/kill/host2/"), std::nullopt);

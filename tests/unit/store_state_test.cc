@@ -1,0 +1,115 @@
+// StoreState, the TcpStore server's data and parked Waits, driven directly: requests in, responses
+// and completions out, time passed in.
+#include "sdk/rendezvous/store_state.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace trainguard {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Not;
+using ::testing::SizeIs;
+
+constexpr char kJob[] = "job";
+constexpr uint64_t kSession = 7;
+const absl::Time kStart = absl::FromUnixSeconds(1000);
+
+class StoreStateTest : public ::testing::Test {
+ protected:
+  proto::StoreResponse Set(const std::string& key) {
+    proto::StoreRequest request;
+    request.set_request_id(next_id_++);
+    request.mutable_set()->set_key(key);
+    request.mutable_set()->set_value("v");
+    return *state_.Execute(kSession, kJob, request, kStart);
+  }
+  proto::StoreResponse Delete(const std::string& key) {
+    proto::StoreRequest request;
+    request.set_request_id(next_id_++);
+    request.mutable_delete_key()->set_key(key);
+    return *state_.Execute(kSession, kJob, request, kStart);
+  }
+  // Parks a Wait on `keys` (nullopt from Execute), or returns its immediate answer.
+  std::optional<proto::StoreResponse> Wait(const std::vector<std::string>& keys,
+                                           absl::Duration timeout) {
+    proto::StoreRequest request;
+    request.set_request_id(next_id_++);
+    for (const std::string& key : keys) request.mutable_wait()->add_keys(key);
+    request.mutable_wait()->set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+    return state_.Execute(kSession, kJob, request, kStart);
+  }
+
+  StoreState state_{64 << 20};
+  uint64_t next_id_ = 1;
+};
+
+std::vector<std::string> Keys(int n) {
+  std::vector<std::string> keys;
+  for (int i = 0; i < n; ++i) keys.push_back(absl::StrCat("rdzv/join/", i));
+  return keys;
+}
+
+TEST_F(StoreStateTest, AWaitOnKeysWrittenOneByOneCostsLookupsLinearInItsKeys) {
+  constexpr int kKeys = 2000;
+  const std::vector<std::string> keys = Keys(kKeys);
+  ASSERT_EQ(Wait(keys, absl::Seconds(60)), std::nullopt);
+  for (int i = 0; i + 1 < kKeys; ++i) {
+    ASSERT_TRUE(Set(keys[i]).code() == 0);
+    ASSERT_THAT(state_.TakeCompletions(), IsEmpty()) << "answered before key " << i + 1;
+  }
+  ASSERT_TRUE(Set(keys.back()).code() == 0);
+  const std::vector<StoreState::Completion> done = state_.TakeCompletions();
+  ASSERT_THAT(done, SizeIs(1));
+  EXPECT_EQ(done[0].response.code(), 0) << done[0].response.message();
+  // Each write resumes the scan where the last one stopped; the last write checks every key once
+  // more. Rescanning from the first key at each write would cost kKeys^2 / 2.
+  EXPECT_LE(state_.parked_wait_lookups(), 3u * kKeys);
+  EXPECT_EQ(state_.parked_waits(), 0u);
+}
+
+TEST_F(StoreStateTest, AWaitIsAnsweredOnlyOnceEveryKeyExistsAtOnce) {
+  const std::vector<std::string> keys = Keys(3);
+  ASSERT_EQ(Wait(keys, absl::Seconds(60)), std::nullopt);
+  Set(keys[0]);
+  Set(keys[1]);
+  // The scan passed key 0; a Delete takes it away before the last key appears.
+  Delete(keys[0]);
+  Set(keys[2]);
+  EXPECT_THAT(state_.TakeCompletions(), IsEmpty());
+  EXPECT_EQ(state_.parked_waits(), 1u);
+  Set(keys[0]);
+  const std::vector<StoreState::Completion> done = state_.TakeCompletions();
+  ASSERT_THAT(done, SizeIs(1));
+  EXPECT_EQ(done[0].response.code(), 0) << done[0].response.message();
+}
+
+TEST_F(StoreStateTest, AWaitRunningOutNamesAFewMissingKeysAndCountsTheRest) {
+  const std::vector<std::string> keys = Keys(100);
+  Set(keys[0]);
+  ASSERT_EQ(Wait(keys, absl::Seconds(1)), std::nullopt);
+  state_.ExpireWaits(kStart + absl::Seconds(1));
+  const std::vector<StoreState::Completion> done = state_.TakeCompletions();
+  ASSERT_THAT(done, SizeIs(1));
+  const std::string message = done[0].response.message();
+  EXPECT_EQ(done[0].response.code(), static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_THAT(message, HasSubstr("waited 1s for store keys; still missing: rdzv/join/1, "));
+  EXPECT_THAT(message, HasSubstr("rdzv/join/8 and 91 more (99 of 100 keys)"));
+  EXPECT_THAT(message, Not(HasSubstr("rdzv/join/9,")));
+}
+
+TEST_F(StoreStateTest, AWaitOnAFewKeysNamesEveryMissingOne) {
+  std::optional<proto::StoreResponse> answer = Wait({"a", "b"}, absl::ZeroDuration());
+  ASSERT_NE(answer, std::nullopt);
+  EXPECT_EQ(answer->message(), "waited 0 for store keys; still missing: a, b");
+}
+
+}  // namespace
+}  // namespace trainguard
