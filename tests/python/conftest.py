@@ -74,6 +74,9 @@ def join_generation_0_as_coordinator(server, store, tmp_path, job_id, **options)
     token = tmp_path / "token"
     token.write_text(STORE_TOKEN)
     store.set("rdzv/gen/0/table", b"0\n1\nhost:rank0", 10)
+    # What generation 0 changed (nothing: its table is the registrations) and its world size, read
+    # by the joining rank instead of the table.
+    store.set("rdzv/gen/0/changes", b"0\n1", 10)
     store.set("rdzv/current", b"0", 10)
     return trainguard.Runtime(job_id=job_id, run_dir=str(tmp_path / "run"), world_size=1, rank=0,
                               member_id="host:rank0", store=f"tcp://{server.address}",

@@ -125,6 +125,7 @@ def test_the_abort_thread_is_woken_as_soon_as_the_generation_is_superseded(serve
         waiter = threading.Thread(
             target=lambda: woken.append(rt._c.wait_communicator_abort(600.0)))
         waiter.start()
+        store.set("rdzv/gen/1/changes", b"1\n1\n0 host:standby0", 10)
         store.set("rdzv/gen/1/table", b"1\n1\nhost:standby0", 10)
         waiter.join(timeout=120)  # bounds the test if the wake never comes
         assert not waiter.is_alive(), "the wait was not woken by the new generation"

@@ -36,6 +36,7 @@ def test_a_replaced_rank_whose_steps_run_no_collective_stops_at_its_next_step(
         with rt.step(0) as s:
             ran.append(0)
         assert s.result.ok
+        store.set("rdzv/gen/1/changes", b"1\n1\n0 host:standby0", 10)
         store.set("rdzv/gen/1/table", b"1\n1\nhost:standby0", 10)
         store.set("rdzv/current", b"1", 10)
         deadline = time.monotonic() + DEADLINE_S
