@@ -1,0 +1,34 @@
+#include "sdk/rendezvous/busy_poll.h"
+
+#include <sched.h>
+
+#include <algorithm>
+
+#include "trainguard/clock.h"
+
+namespace trainguard {
+
+absl::Duration BusyPoll::NextWait() {
+  if (budget_ <= absl::ZeroDuration()) return absl::ZeroDuration();
+  if (skip_ > 0) {
+    --skip_;
+    return absl::ZeroDuration();
+  }
+  return budget_;
+}
+
+void BusyPoll::Record(bool answered) {
+  if (answered) {
+    skip_after_miss_ = 0;
+    return;
+  }
+  // 1, 3, 7, ... waits block at once: the longer polling keeps missing, the rarer it is tried.
+  skip_after_miss_ = std::min(2 * skip_after_miss_ + 1, kMaxSkippedWaits);
+  skip_ = skip_after_miss_;
+}
+
+int64_t BusyPollNanos() { return Clock::Real()->MonotonicNanos(); }
+
+void BusyPollYield() { sched_yield(); }
+
+}  // namespace trainguard

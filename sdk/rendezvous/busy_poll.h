@@ -1,0 +1,73 @@
+// BusyPoll: how long a TcpStore socket is polled without sleeping before its thread blocks on it.
+//
+// A store call is a round trip whose answer usually comes back within microseconds, yet a thread
+// that blocks for it sleeps, and waking a sleeping thread means waking an idle CPU: in a virtual
+// machine whose guest halts idle vCPUs at once (no halt polling) that exit and re-entry costs tens
+// of microseconds, on each side of every round trip. Polling the socket for a short budget before
+// blocking keeps both threads awake across a quick exchange.
+//
+// Polling burns the CPU it waits on, so the budget is withdrawn where it does not pay: after a
+// wait that used its whole budget without an answer (a miss), the next 1, 3, 7, ... waits (at most
+// kMaxSkippedWaits) block at once, and one answered within the budget (a hit) restores polling
+// for every wait. A thread of many clients sharing a server, or a server whose clients are idle,
+// thus polls on one wait in kMaxSkippedWaits + 1 at most.
+//
+// The decisions are a pure function of the outcomes recorded; the polling itself (which socket,
+// which clock) is the caller's. Thread safety: none; each connection or event loop owns its own.
+#ifndef TRAINGUARD_SDK_RENDEZVOUS_BUSY_POLL_H_
+#define TRAINGUARD_SDK_RENDEZVOUS_BUSY_POLL_H_
+
+#include <cstdint>
+
+#include "absl/time/time.h"
+
+namespace trainguard {
+
+class BusyPoll {
+ public:
+  // The most waits that block at once after consecutive misses.
+  static constexpr int kMaxSkippedWaits = 31;
+
+  // REQUIRES: budget >= 0. A zero budget never polls.
+  explicit BusyPoll(absl::Duration budget) : budget_(budget) {}
+
+  // How long the next wait polls before it blocks: the budget, or zero while waits are skipped
+  // after a miss. A wait given a nonzero budget must report its outcome to Record.
+  absl::Duration NextWait();
+
+  // Reports whether the wait that NextWait gave a budget was answered within it.
+  void Record(bool answered);
+
+  absl::Duration budget() const { return budget_; }
+
+ private:
+  const absl::Duration budget_;
+  // The waits to block at once after the latest miss (0 after a hit), and those still left.
+  int skip_after_miss_ = 0;
+  int skip_ = 0;
+};
+
+// Calls `ready` until it returns true or `budget` has passed on the monotonic clock; returns
+// whether it did. `ready` is called at least once. Between calls the thread yields its CPU to any
+// other runnable thread: polling must not hold a CPU that the peer it waits for (a server thread
+// in the same process, or a client on the same host) needs to produce the answer.
+template <typename Ready>
+bool PollFor(absl::Duration budget, Ready&& ready);
+
+// Nanoseconds of the monotonic clock, and sched_yield(2), for PollFor.
+int64_t BusyPollNanos();
+void BusyPollYield();
+
+template <typename Ready>
+bool PollFor(absl::Duration budget, Ready&& ready) {
+  const int64_t end = BusyPollNanos() + absl::ToInt64Nanoseconds(budget);
+  while (true) {
+    if (ready()) return true;
+    if (BusyPollNanos() >= end) return false;
+    BusyPollYield();
+  }
+}
+
+}  // namespace trainguard
+
+#endif  // TRAINGUARD_SDK_RENDEZVOUS_BUSY_POLL_H_

@@ -1,0 +1,88 @@
+// BusyPoll: when a TcpStore socket is polled before its thread sleeps, as a pure function of the
+// outcomes of earlier polls, and PollFor's bounds.
+#include "sdk/rendezvous/busy_poll.h"
+
+#include <vector>
+
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+
+namespace trainguard::testing {
+namespace {
+
+constexpr absl::Duration kBudget = absl::Microseconds(50);
+
+// Which of the next `n` waits poll (1) and which block at once (0), none of them answered.
+std::vector<int> PolledWhileMissing(BusyPoll& poll, int n) {
+  std::vector<int> polled;
+  for (int i = 0; i < n; ++i) {
+    const absl::Duration budget = poll.NextWait();
+    polled.push_back(budget > absl::ZeroDuration() ? 1 : 0);
+    if (budget > absl::ZeroDuration()) poll.Record(/*answered=*/false);
+  }
+  return polled;
+}
+
+TEST(BusyPollTest, EveryWaitPollsForTheBudgetWhileAnswersComeWithinIt) {
+  BusyPoll poll(kBudget);
+  for (int i = 0; i < 100; ++i) {
+    ASSERT_EQ(poll.NextWait(), kBudget) << "wait " << i;
+    poll.Record(/*answered=*/true);
+  }
+}
+
+TEST(BusyPollTest, AZeroBudgetNeverPolls) {
+  BusyPoll poll(absl::ZeroDuration());
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(poll.NextWait(), absl::ZeroDuration());
+}
+
+TEST(BusyPollTest, AfterConsecutiveMissesOneTwoFourThenEveryThirtySecondWaitPolls) {
+  BusyPoll poll(kBudget);
+  // Poll, miss, block 1; poll, miss, block 3; poll, miss, block 7; ...
+  const std::vector<int> expected = [] {
+    std::vector<int> e;
+    for (int skipped : {1, 3, 7, 15, 31, 31}) {
+      e.push_back(1);
+      e.insert(e.end(), skipped, 0);
+    }
+    e.push_back(1);
+    return e;
+  }();
+  EXPECT_EQ(PolledWhileMissing(poll, static_cast<int>(expected.size())), expected);
+}
+
+TEST(BusyPollTest, OneAnsweredPollRestoresPollingOnEveryWait) {
+  BusyPoll poll(kBudget);
+  PolledWhileMissing(poll, 40);  // well into the back-off
+  while (poll.NextWait() == absl::ZeroDuration()) {
+  }
+  poll.Record(/*answered=*/true);
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_EQ(poll.NextWait(), kBudget) << "wait " << i;
+    poll.Record(/*answered=*/true);
+  }
+  // And the next miss skips one wait again, not 31.
+  ASSERT_EQ(poll.NextWait(), kBudget);
+  poll.Record(/*answered=*/false);
+  EXPECT_EQ(poll.NextWait(), absl::ZeroDuration());
+  EXPECT_EQ(poll.NextWait(), kBudget);
+}
+
+TEST(BusyPollTest, PollForStopsAtTheFirstReadyCall) {
+  int calls = 0;
+  EXPECT_TRUE(PollFor(absl::Hours(1), [&] { return ++calls == 3; }));
+  EXPECT_EQ(calls, 3);
+}
+
+TEST(BusyPollTest, PollForCallsOnceWithAZeroBudgetAndReportsTheOutcome) {
+  int calls = 0;
+  EXPECT_FALSE(PollFor(absl::ZeroDuration(), [&] {
+    ++calls;
+    return false;
+  }));
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(PollFor(absl::ZeroDuration(), [] { return true; }));
+}
+
+}  // namespace
+}  // namespace trainguard::testing
