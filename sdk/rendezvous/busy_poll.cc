@@ -27,6 +27,16 @@ void BusyPoll::Record(bool answered) {
   skip_ = skip_after_miss_;
 }
 
+bool PollingSlots::TryAcquire() {
+  int free = free_.load(std::memory_order_relaxed);
+  while (free > 0) {
+    if (free_.compare_exchange_weak(free, free - 1, std::memory_order_acquire)) return true;
+  }
+  return false;
+}
+
+void PollingSlots::Release() { free_.fetch_add(1, std::memory_order_release); }
+
 int64_t BusyPollNanos() { return Clock::Real()->MonotonicNanos(); }
 
 void BusyPollYield() { sched_yield(); }

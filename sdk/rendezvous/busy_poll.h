@@ -12,11 +12,17 @@
 // for every wait. A thread of many clients sharing a server, or a server whose clients are idle,
 // thus polls on one wait in kMaxSkippedWaits + 1 at most.
 //
-// The decisions are a pure function of the outcomes recorded; the polling itself (which socket,
-// which clock) is the caller's. Thread safety: none; each connection or event loop owns its own.
+// Threads that poll at the same time compete for the CPUs with each other and with the threads
+// that must produce their answers; PollingSlots bounds how many of a process's threads poll at
+// once (the others sleep at once).
+//
+// BusyPoll's decisions are a pure function of the outcomes recorded; the polling itself (which
+// socket, which clock) is the caller's. Thread safety: BusyPoll has none (each connection or event
+// loop owns its own); PollingSlots is thread-safe.
 #ifndef TRAINGUARD_SDK_RENDEZVOUS_BUSY_POLL_H_
 #define TRAINGUARD_SDK_RENDEZVOUS_BUSY_POLL_H_
 
+#include <atomic>
 #include <cstdint>
 
 #include "absl/time/time.h"
@@ -45,6 +51,23 @@ class BusyPoll {
   // The waits to block at once after the latest miss (0 after a hit), and those still left.
   int skip_after_miss_ = 0;
   int skip_ = 0;
+};
+
+// A bounded number of threads allowed to poll at once.
+class PollingSlots {
+ public:
+  // REQUIRES: slots >= 0.
+  explicit PollingSlots(int slots) : free_(slots) {}
+
+  PollingSlots(const PollingSlots&) = delete;
+  PollingSlots& operator=(const PollingSlots&) = delete;
+
+  // Takes a slot if one is free; a thread that got one polls, then gives it back with Release.
+  bool TryAcquire();
+  void Release();
+
+ private:
+  std::atomic<int> free_;
 };
 
 // Calls `ready` until it returns true or `budget` has passed on the monotonic clock; returns

@@ -146,8 +146,9 @@ struct TcpStoreOptions {
   // The largest response frame this client accepts.
   uint32_t max_frame_bytes = 64u << 20;
   // How long a call polls for its answer before its thread sleeps, so that a quick answer does
-  // not pay for waking the thread's CPU. Withdrawn while answers keep coming later than this
-  // (e.g. from a loaded server; sdk/rendezvous/busy_poll.h); never used for Wait. Zero never polls.
+  // not pay for waking the thread's CPU. One call of a process polls at a time (the others sleep
+  // at once), and polling is withdrawn while answers keep coming later than this (e.g. from a
+  // loaded server; sdk/rendezvous/busy_poll.h); never used for Wait. Zero never polls.
   absl::Duration busy_poll = absl::Microseconds(50);
 };
 

@@ -47,6 +47,16 @@ constexpr size_t kIdleConnections = 4;
 // for it, so that a timeout names the keys still missing.
 constexpr absl::Duration kWaitAnswerGrace = absl::Seconds(1);
 
+// The calls of this process that poll for their answer at one time. A chain of dependent calls
+// needs one awake thread; more threads polling at once take the CPUs from each other and from
+// the threads that answer them (a server in the same process, clients on the same host).
+constexpr int kPollingCallsPerProcess = 1;
+
+PollingSlots& ProcessPollingSlots() {
+  static PollingSlots* const slots = new PollingSlots(kPollingCallsPerProcess);  // never destroyed
+  return *slots;
+}
+
 absl::Time MonotonicNow() { return absl::FromUnixNanos(Clock::Real()->MonotonicNanos()); }
 
 absl::string_view Absl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
@@ -362,16 +372,23 @@ class TcpStore::Connection {
         if (n == 0) error = -1;  // end of stream
         return error != EAGAIN && error != EWOULDBLOCK;
       };
-      absl::Duration budget = absl::ZeroDuration();
+      // The first wait of the call may poll (one call of the process at a time); any other sleeps.
+      bool waited = false;
+      bool received = false;
       if (!polled) {
         polled = true;
-        budget = std::min(busy_poll_.NextWait(), deadline - MonotonicNow());
+        if (ProcessPollingSlots().TryAcquire()) {
+          const absl::Duration budget = busy_poll_.NextWait();
+          if (budget > absl::ZeroDuration()) {
+            received = PollFor(std::clamp(deadline - MonotonicNow(), absl::ZeroDuration(), budget),
+                               receive);
+            busy_poll_.Record(received);
+            waited = true;
+          }
+          ProcessPollingSlots().Release();
+        }
       }
-      bool received = false;
-      if (budget > absl::ZeroDuration()) {
-        received = PollFor(budget, receive);
-        busy_poll_.Record(received);
-      } else {
+      if (!waited) {
         if (absl::Status s = WaitFor(POLLIN, deadline, "waiting for an answer from"); !s.ok()) {
           return s;
         }

@@ -68,6 +68,21 @@ TEST(BusyPollTest, OneAnsweredPollRestoresPollingOnEveryWait) {
   EXPECT_EQ(poll.NextWait(), kBudget);
 }
 
+TEST(PollingSlotsTest, NoMoreThreadsThanSlotsPollAtOnceAndAReleasedSlotIsTakenAgain) {
+  PollingSlots slots(2);
+  EXPECT_TRUE(slots.TryAcquire());
+  EXPECT_TRUE(slots.TryAcquire());
+  EXPECT_FALSE(slots.TryAcquire());
+  slots.Release();
+  EXPECT_TRUE(slots.TryAcquire());
+  EXPECT_FALSE(slots.TryAcquire());
+}
+
+TEST(PollingSlotsTest, NoSlotsNeverPoll) {
+  PollingSlots slots(0);
+  EXPECT_FALSE(slots.TryAcquire());
+}
+
 TEST(BusyPollTest, PollForStopsAtTheFirstReadyCall) {
   int calls = 0;
   EXPECT_TRUE(PollFor(absl::Hours(1), [&] { return ++calls == 3; }));
