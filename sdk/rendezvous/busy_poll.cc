@@ -4,8 +4,6 @@
 
 #include <algorithm>
 
-#include "trainguard/clock.h"
-
 namespace trainguard {
 
 absl::Duration BusyPoll::NextWait() {
@@ -37,8 +35,6 @@ bool PollingSlots::TryAcquire() {
 
 void PollingSlots::Release() { free_.fetch_add(1, std::memory_order_release); }
 
-int64_t BusyPollNanos() { return Clock::Real()->MonotonicNanos(); }
-
-void BusyPollYield() { sched_yield(); }
+void YieldCpu() { sched_yield(); }
 
 }  // namespace trainguard

@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "absl/time/time.h"
+#include "trainguard/clock.h"
 
 namespace trainguard {
 
@@ -70,25 +71,30 @@ class PollingSlots {
   std::atomic<int> free_;
 };
 
-// Calls `ready` until it returns true or `budget` has passed on the monotonic clock; returns
-// whether it did. `ready` is called at least once. Between calls the thread yields its CPU to any
-// other runnable thread: polling must not hold a CPU that the peer it waits for (a server thread
-// in the same process, or a client on the same host) needs to produce the answer.
-template <typename Ready>
-bool PollFor(absl::Duration budget, Ready&& ready);
+// Calls `ready` until it returns true or `budget` has passed on `clock`'s monotonic time; returns
+// whether it did. `ready` is called at least once. Between calls `yield` gives the CPU to any other
+// runnable thread (sched_yield(2) by default): polling must not hold a CPU that the peer it waits
+// for (a server thread in the same process, or a client on the same host) needs to produce the
+// answer. A yield that returns past the budget ends the polling without another call (a miss): on
+// a CPU so busy that the thread waited for its turn, sleeping gets it back sooner than polling.
+template <typename Ready, typename Yield>
+bool PollFor(absl::Duration budget, Ready&& ready, Clock& clock, Yield&& yield) {
+  const int64_t end = clock.MonotonicNanos() + absl::ToInt64Nanoseconds(budget);
+  if (ready()) return true;
+  while (clock.MonotonicNanos() < end) {
+    yield();
+    if (clock.MonotonicNanos() >= end) return false;
+    if (ready()) return true;
+  }
+  return false;
+}
 
-// Nanoseconds of the monotonic clock, and sched_yield(2), for PollFor.
-int64_t BusyPollNanos();
-void BusyPollYield();
+// sched_yield(2).
+void YieldCpu();
 
 template <typename Ready>
 bool PollFor(absl::Duration budget, Ready&& ready) {
-  const int64_t end = BusyPollNanos() + absl::ToInt64Nanoseconds(budget);
-  while (true) {
-    if (ready()) return true;
-    if (BusyPollNanos() >= end) return false;
-    BusyPollYield();
-  }
+  return PollFor(budget, ready, *Clock::Real(), YieldCpu);
 }
 
 }  // namespace trainguard

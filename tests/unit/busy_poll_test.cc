@@ -1,11 +1,12 @@
 // BusyPoll: when a TcpStore socket is polled before its thread sleeps, as a pure function of the
-// outcomes of earlier polls, and PollFor's bounds.
+// outcomes of earlier polls; PollingSlots' bound; PollFor's budget on a ManualClock.
 #include "sdk/rendezvous/busy_poll.h"
 
 #include <vector>
 
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "trainguard/clock.h"
 
 namespace trainguard::testing {
 namespace {
@@ -83,20 +84,58 @@ TEST(PollingSlotsTest, NoSlotsNeverPoll) {
   EXPECT_FALSE(slots.TryAcquire());
 }
 
-TEST(BusyPollTest, PollForStopsAtTheFirstReadyCall) {
+// PollFor on a ManualClock: each yield takes `yield_takes` of its time.
+struct ManualPoll {
+  ManualClock clock;
+  absl::Duration yield_takes = absl::Microseconds(1);
+  int yields = 0;
+  template <typename Ready>
+  bool For(absl::Duration budget, Ready&& ready) {
+    return PollFor(budget, ready, clock, [&] {
+      ++yields;
+      clock.Advance(yield_takes);
+    });
+  }
+};
+
+TEST(PollForTest, StopsAtTheFirstReadyCallAndYieldsBetweenCalls) {
+  ManualPoll poll;
   int calls = 0;
-  EXPECT_TRUE(PollFor(absl::Hours(1), [&] { return ++calls == 3; }));
+  EXPECT_TRUE(poll.For(kBudget, [&] { return ++calls == 3; }));
   EXPECT_EQ(calls, 3);
+  EXPECT_EQ(poll.yields, 2);
 }
 
-TEST(BusyPollTest, PollForCallsOnceWithAZeroBudgetAndReportsTheOutcome) {
+TEST(PollForTest, GivesUpOnceTheBudgetHasPassed) {
+  ManualPoll poll;
   int calls = 0;
-  EXPECT_FALSE(PollFor(absl::ZeroDuration(), [&] {
+  EXPECT_FALSE(poll.For(kBudget, [&] {
+    ++calls;
+    return false;
+  }));
+  // A call at 0 us, then one after each yield that returns within the 50 us.
+  EXPECT_EQ(calls, 50);
+  EXPECT_EQ(poll.yields, 50);
+}
+
+TEST(PollForTest, AYieldThatReturnsPastTheBudgetIsAMissEvenIfTheAnswerCameMeanwhile) {
+  ManualPoll poll;
+  poll.yield_takes = absl::Milliseconds(3);  // the thread waited for its turn on a busy CPU
+  int calls = 0;
+  EXPECT_FALSE(poll.For(kBudget, [&] { return ++calls == 2; }));
+  EXPECT_EQ(calls, 1) << "the answer is left for the sleeping wait that follows";
+}
+
+TEST(PollForTest, AZeroBudgetCallsOnceAndReportsTheOutcome) {
+  ManualPoll poll;
+  int calls = 0;
+  EXPECT_FALSE(poll.For(absl::ZeroDuration(), [&] {
     ++calls;
     return false;
   }));
   EXPECT_EQ(calls, 1);
-  EXPECT_TRUE(PollFor(absl::ZeroDuration(), [] { return true; }));
+  EXPECT_EQ(poll.yields, 0);
+  EXPECT_TRUE(poll.For(absl::ZeroDuration(), [] { return true; }));
 }
 
 }  // namespace
