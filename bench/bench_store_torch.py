@@ -5,8 +5,10 @@ operation (set, get, add), C clients each issue --ops operations back to back; r
 operations per second and the p50 and p99 latency of one operation. `add` hits one shared counter;
 `set` and `get` use a key per client; values are --value-bytes bytes.
 
-    PYTHONPATH=build/default/python .venv/bin/python bench/bench_store_torch.py \\
-        --bench-store build/default/bench/bench_store --clients 1,16,64 --ops 2000 --repeat 3
+    .venv/bin/python bench/bench_store_torch.py --bench-store build/default/bench/bench_store \\
+        --clients 1,16,64 --ops 2000 --repeat 3 --baseline
+
+or `cmake --build build/default --target bench_store_torch` (the same flags).
 
 How the two sides are driven, and why that is a fair match:
 - torch: its libuv server in a process of its own, and each client a process of its own with one
