@@ -130,8 +130,10 @@ def trainguard_ops(bench_store, clients, ops, value_bytes, busy_poll_us=None):
                f"--ops={ops}", f"--value_bytes={value_bytes}"]
     if busy_poll_us is not None:
         command.append(f"--busy_poll_us={busy_poll_us}")
-    out = subprocess.run(command, check=True, capture_output=True, text=True,
-                         timeout=1800).stdout
+    run = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    if run.returncode != 0:
+        sys.exit(f"{' '.join(command)} failed (exit {run.returncode}):\n{run.stderr}")
+    out = run.stdout
     rows = {}
     for m in re.finditer(r"^tcp\s+(set|get|add)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", out,
                          re.MULTILINE):
