@@ -1,7 +1,5 @@
 #include "sdk/rendezvous/busy_poll.h"
 
-#include <sched.h>
-
 #include <algorithm>
 
 namespace trainguard {
@@ -34,7 +32,5 @@ bool PollingSlots::TryAcquire() {
 }
 
 void PollingSlots::Release() { free_.fetch_add(1, std::memory_order_release); }
-
-void YieldCpu() { sched_yield(); }
 
 }  // namespace trainguard

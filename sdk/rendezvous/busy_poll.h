@@ -72,29 +72,36 @@ class PollingSlots {
 };
 
 // Calls `ready` until it returns true or `budget` has passed on `clock`'s monotonic time; returns
-// whether it did. `ready` is called at least once. Between calls `yield` gives the CPU to any other
-// runnable thread (sched_yield(2) by default): polling must not hold a CPU that the peer it waits
-// for (a server thread in the same process, or a client on the same host) needs to produce the
-// answer. A yield that returns past the budget ends the polling without another call (a miss): on
-// a CPU so busy that the thread waited for its turn, sleeping gets it back sooner than polling.
-template <typename Ready, typename Yield>
-bool PollFor(absl::Duration budget, Ready&& ready, Clock& clock, Yield&& yield) {
+// whether it did. `ready` is called at least once; between calls, `relax` (the CPU's spin-wait
+// hint by default). The thread does not sched_yield(2): under the kernel's EEVDF scheduler every
+// yield pushes the thread's deadline back by a whole slice, so a thread that yielded at each poll
+// then waited milliseconds for its turn. A thread that the scheduler preempts instead comes back
+// past the budget, and that ends the polling without another call (a miss): on a CPU so busy,
+// sleeping gets the thread back sooner than polling.
+template <typename Ready, typename Relax>
+bool PollFor(absl::Duration budget, Ready&& ready, Clock& clock, Relax&& relax) {
   const int64_t end = clock.MonotonicNanos() + absl::ToInt64Nanoseconds(budget);
   if (ready()) return true;
   while (clock.MonotonicNanos() < end) {
-    yield();
+    relax();
     if (clock.MonotonicNanos() >= end) return false;
     if (ready()) return true;
   }
   return false;
 }
 
-// sched_yield(2).
-void YieldCpu();
+// The CPU's hint that the thread spins (x86 `pause`, Arm `yield`); nothing elsewhere.
+inline void SpinPause() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
 
 template <typename Ready>
 bool PollFor(absl::Duration budget, Ready&& ready) {
-  return PollFor(budget, ready, *Clock::Real(), YieldCpu);
+  return PollFor(budget, ready, *Clock::Real(), SpinPause);
 }
 
 }  // namespace trainguard

@@ -84,26 +84,26 @@ TEST(PollingSlotsTest, NoSlotsNeverPoll) {
   EXPECT_FALSE(slots.TryAcquire());
 }
 
-// PollFor on a ManualClock: each yield takes `yield_takes` of its time.
+// PollFor on a ManualClock: each pause between polls takes `pause_takes` of its time.
 struct ManualPoll {
   ManualClock clock;
-  absl::Duration yield_takes = absl::Microseconds(1);
-  int yields = 0;
+  absl::Duration pause_takes = absl::Microseconds(1);
+  int pauses = 0;
   template <typename Ready>
   bool For(absl::Duration budget, Ready&& ready) {
     return PollFor(budget, ready, clock, [&] {
-      ++yields;
-      clock.Advance(yield_takes);
+      ++pauses;
+      clock.Advance(pause_takes);
     });
   }
 };
 
-TEST(PollForTest, StopsAtTheFirstReadyCallAndYieldsBetweenCalls) {
+TEST(PollForTest, StopsAtTheFirstReadyCallAndPausesBetweenCalls) {
   ManualPoll poll;
   int calls = 0;
   EXPECT_TRUE(poll.For(kBudget, [&] { return ++calls == 3; }));
   EXPECT_EQ(calls, 3);
-  EXPECT_EQ(poll.yields, 2);
+  EXPECT_EQ(poll.pauses, 2);
 }
 
 TEST(PollForTest, GivesUpOnceTheBudgetHasPassed) {
@@ -113,14 +113,14 @@ TEST(PollForTest, GivesUpOnceTheBudgetHasPassed) {
     ++calls;
     return false;
   }));
-  // A call at 0 us, then one after each yield that returns within the 50 us.
+  // A call at 0 us, then one after each pause that ends within the 50 us.
   EXPECT_EQ(calls, 50);
-  EXPECT_EQ(poll.yields, 50);
+  EXPECT_EQ(poll.pauses, 50);
 }
 
-TEST(PollForTest, AYieldThatReturnsPastTheBudgetIsAMissEvenIfTheAnswerCameMeanwhile) {
+TEST(PollForTest, AThreadPreemptedPastTheBudgetMissesEvenIfTheAnswerCameMeanwhile) {
   ManualPoll poll;
-  poll.yield_takes = absl::Milliseconds(3);  // the thread waited for its turn on a busy CPU
+  poll.pause_takes = absl::Milliseconds(3);  // the thread waited for its turn on a busy CPU
   int calls = 0;
   EXPECT_FALSE(poll.For(kBudget, [&] { return ++calls == 2; }));
   EXPECT_EQ(calls, 1) << "the answer is left for the sleeping wait that follows";
@@ -134,7 +134,7 @@ TEST(PollForTest, AZeroBudgetCallsOnceAndReportsTheOutcome) {
     return false;
   }));
   EXPECT_EQ(calls, 1);
-  EXPECT_EQ(poll.yields, 0);
+  EXPECT_EQ(poll.pauses, 0);
   EXPECT_TRUE(poll.For(absl::ZeroDuration(), [] { return true; }));
 }
 
