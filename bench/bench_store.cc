@@ -3,7 +3,7 @@
 //
 //   bench_store [--backends=tcp,etcd,in_memory] [--workloads=ops,rendezvous] [--clients=1,16,64]
 //               [--ops=2000] [--value_bytes=64] [--rendezvous=64,256,1024] [--repeat=3]
-//               [--busy_poll_us=50]
+//               [--busy_poll_us=N]
 //
 // ops: for each client count C and each operation (set, get, add), C threads, each with its own
 // client, issue --ops operations back to back; reported: total operations per second and the p50
@@ -15,7 +15,8 @@
 // the start signal until every thread has returned (the best and the median of --repeat runs).
 //
 // --busy_poll_us sets the tcp backend's TcpStoreOptions::busy_poll and
-// TcpStoreServerOptions::busy_poll (0: every wait sleeps at once), to measure what polling buys.
+// TcpStoreServerOptions::busy_poll (0: every wait sleeps at once; unset: their defaults), to
+// measure what polling buys.
 //
 // A backend is a name and a function that starts the service and returns a client factory (see
 // Backends()). `etcd` starts a real /usr/bin/etcd (scripts/setup.sh installs it) per measurement.
@@ -30,6 +31,7 @@
 #include <functional>
 #include <latch>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -64,7 +66,8 @@ struct Flags {
   int value_bytes = 64;
   std::vector<int> rendezvous = {64, 256, 1024};
   int repeat = 3;
-  absl::Duration busy_poll = TcpStoreOptions().busy_poll;
+  // Both sides' busy_poll; unset: each side's default.
+  std::optional<absl::Duration> busy_poll;
 };
 
 struct Backend {
@@ -77,7 +80,7 @@ class TcpBackend final : public BackendInstance {
   static absl::StatusOr<std::unique_ptr<BackendInstance>> Start(const Flags& flags) {
     TcpStoreServerOptions options;
     options.job_token = "bench-token";
-    options.busy_poll = flags.busy_poll;
+    if (flags.busy_poll.has_value()) options.busy_poll = *flags.busy_poll;
     absl::StatusOr<std::unique_ptr<TcpStoreServer>> server = TcpStoreServer::Start(options);
     if (!server.ok()) return server.status();
     return std::unique_ptr<BackendInstance>(new TcpBackend(*std::move(server), flags.busy_poll));
@@ -88,17 +91,17 @@ class TcpBackend final : public BackendInstance {
     options.job_id = "bench";
     options.job_token = "bench-token";
     options.connect_timeout = kTimeout;
-    options.busy_poll = busy_poll_;
+    if (busy_poll_.has_value()) options.busy_poll = *busy_poll_;
     absl::StatusOr<std::unique_ptr<TcpStore>> client = TcpStore::Connect(options);
     if (!client.ok()) return client.status();
     return std::unique_ptr<Store>(*std::move(client));
   }
 
  private:
-  TcpBackend(std::unique_ptr<TcpStoreServer> server, absl::Duration busy_poll)
+  TcpBackend(std::unique_ptr<TcpStoreServer> server, std::optional<absl::Duration> busy_poll)
       : server_(std::move(server)), busy_poll_(busy_poll) {}
   std::unique_ptr<TcpStoreServer> server_;
-  const absl::Duration busy_poll_;
+  const std::optional<absl::Duration> busy_poll_;
 };
 
 // A real etcd (tests/support/etcd_process.h: /usr/bin/etcd on loopback, its data in a fresh
@@ -149,7 +152,7 @@ std::vector<Backend> Backends() {
   std::fprintf(exit_code == 0 ? stdout : stderr,
                "bench_store: %s\nusage: bench_store [--backends=tcp,etcd,in_memory] "
                "[--workloads=ops,rendezvous] [--clients=1,16,64] [--ops=2000] [--value_bytes=64] "
-               "[--rendezvous=64,256,1024] [--repeat=3] [--busy_poll_us=50]\n",
+               "[--rendezvous=64,256,1024] [--repeat=3] [--busy_poll_us=N]\n",
                error.c_str());
   std::exit(exit_code);
 }

@@ -75,7 +75,7 @@ struct TcpStoreServerOptions {
   // next request of a chain then finds it awake instead of paying for waking its CPU. Withdrawn
   // while it keeps finding nothing (sdk/rendezvous/busy_poll.h), so an idle server costs little;
   // zero never polls.
-  absl::Duration busy_poll = absl::Microseconds(50);
+  absl::Duration busy_poll = absl::Microseconds(20);
 };
 
 // Counters of a running server, for tests and operations. A snapshot; the fields are not
@@ -148,8 +148,9 @@ struct TcpStoreOptions {
   // How long a call polls for its answer before its thread sleeps, so that a quick answer does
   // not pay for waking the thread's CPU. One call of a process polls at a time (the others sleep
   // at once), and polling is withdrawn while answers keep coming later than this (e.g. from a
-  // loaded server; sdk/rendezvous/busy_poll.h); never used for Wait. Zero never polls.
-  absl::Duration busy_poll = absl::Microseconds(50);
+  // loaded server; sdk/rendezvous/busy_poll.h); never used for Wait. Zero never polls. Short: on
+  // a busy host a poll that misses holds a CPU its peer may need for the whole budget.
+  absl::Duration busy_poll = absl::Microseconds(20);
 };
 
 class TcpStore final : public Store {
