@@ -3,6 +3,7 @@
 //
 //   bench_store [--backends=tcp,etcd,in_memory] [--workloads=ops,rendezvous] [--clients=1,16,64]
 //               [--ops=2000] [--value_bytes=64] [--rendezvous=64,256,1024] [--repeat=3]
+//               [--busy_poll_us=N]
 //
 // ops: for each client count C and each operation (set, get, add), C threads, each with its own
 // client, issue --ops operations back to back; reported: total operations per second and the p50
@@ -12,6 +13,10 @@
 // rendezvous: for each N, a fresh service and N threads that each connect, Set their own key, Add
 // 1 to a counter, the one that brings it to N sets "done", and all Wait for "done": the time from
 // the start signal until every thread has returned (the best and the median of --repeat runs).
+//
+// --busy_poll_us sets the tcp backend's TcpStoreOptions::busy_poll and
+// TcpStoreServerOptions::busy_poll (0: every wait sleeps at once; unset: their defaults), to
+// measure what polling buys.
 //
 // A backend is a name and a function that starts the service and returns a client factory (see
 // Backends()). `etcd` starts a real /usr/bin/etcd (scripts/setup.sh installs it) per measurement.
@@ -26,6 +31,7 @@
 #include <functional>
 #include <latch>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -52,19 +58,32 @@ class BackendInstance {
   virtual absl::StatusOr<std::unique_ptr<Store>> NewClient() = 0;
 };
 
+struct Flags {
+  std::vector<std::string> backends = {"tcp"};
+  std::vector<std::string> workloads = {"ops", "rendezvous"};
+  std::vector<int> clients = {1, 16, 64};
+  int ops = 2000;
+  int value_bytes = 64;
+  std::vector<int> rendezvous = {64, 256, 1024};
+  int repeat = 3;
+  // Both sides' busy_poll; unset: each side's default.
+  std::optional<absl::Duration> busy_poll;
+};
+
 struct Backend {
   std::string name;
-  std::function<absl::StatusOr<std::unique_ptr<BackendInstance>>()> start;
+  std::function<absl::StatusOr<std::unique_ptr<BackendInstance>>(const Flags&)> start;
 };
 
 class TcpBackend final : public BackendInstance {
  public:
-  static absl::StatusOr<std::unique_ptr<BackendInstance>> Start() {
+  static absl::StatusOr<std::unique_ptr<BackendInstance>> Start(const Flags& flags) {
     TcpStoreServerOptions options;
     options.job_token = "bench-token";
+    if (flags.busy_poll.has_value()) options.busy_poll = *flags.busy_poll;
     absl::StatusOr<std::unique_ptr<TcpStoreServer>> server = TcpStoreServer::Start(options);
     if (!server.ok()) return server.status();
-    return std::unique_ptr<BackendInstance>(new TcpBackend(*std::move(server)));
+    return std::unique_ptr<BackendInstance>(new TcpBackend(*std::move(server), flags.busy_poll));
   }
   absl::StatusOr<std::unique_ptr<Store>> NewClient() override {
     TcpStoreOptions options;
@@ -72,21 +91,24 @@ class TcpBackend final : public BackendInstance {
     options.job_id = "bench";
     options.job_token = "bench-token";
     options.connect_timeout = kTimeout;
+    if (busy_poll_.has_value()) options.busy_poll = *busy_poll_;
     absl::StatusOr<std::unique_ptr<TcpStore>> client = TcpStore::Connect(options);
     if (!client.ok()) return client.status();
     return std::unique_ptr<Store>(*std::move(client));
   }
 
  private:
-  explicit TcpBackend(std::unique_ptr<TcpStoreServer> server) : server_(std::move(server)) {}
+  TcpBackend(std::unique_ptr<TcpStoreServer> server, std::optional<absl::Duration> busy_poll)
+      : server_(std::move(server)), busy_poll_(busy_poll) {}
   std::unique_ptr<TcpStoreServer> server_;
+  const std::optional<absl::Duration> busy_poll_;
 };
 
 // A real etcd (tests/support/etcd_process.h: /usr/bin/etcd on loopback, its data in a fresh
 // temporary directory on disk) and EtcdStore clients through its JSON gateway.
 class EtcdBackend final : public BackendInstance {
  public:
-  static absl::StatusOr<std::unique_ptr<BackendInstance>> Start() {
+  static absl::StatusOr<std::unique_ptr<BackendInstance>> Start(const Flags&) {
     absl::StatusOr<std::unique_ptr<testing::EtcdProcess>> etcd = testing::EtcdProcess::Start();
     if (!etcd.ok()) return etcd.status();
     return std::unique_ptr<BackendInstance>(new EtcdBackend(*std::move(etcd)));
@@ -120,27 +142,17 @@ std::vector<Backend> Backends() {
       {"tcp", &TcpBackend::Start},
       {"etcd", &EtcdBackend::Start},
       {"in_memory",
-       []() -> absl::StatusOr<std::unique_ptr<BackendInstance>> {
+       [](const Flags&) -> absl::StatusOr<std::unique_ptr<BackendInstance>> {
          return std::unique_ptr<BackendInstance>(new InMemoryBackend);
        }},
   };
 }
 
-struct Flags {
-  std::vector<std::string> backends = {"tcp"};
-  std::vector<std::string> workloads = {"ops", "rendezvous"};
-  std::vector<int> clients = {1, 16, 64};
-  int ops = 2000;
-  int value_bytes = 64;
-  std::vector<int> rendezvous = {64, 256, 1024};
-  int repeat = 3;
-};
-
 [[noreturn]] void Usage(const std::string& error, int exit_code = 2) {
   std::fprintf(exit_code == 0 ? stdout : stderr,
                "bench_store: %s\nusage: bench_store [--backends=tcp,etcd,in_memory] "
                "[--workloads=ops,rendezvous] [--clients=1,16,64] [--ops=2000] [--value_bytes=64] "
-               "[--rendezvous=64,256,1024] [--repeat=3]\n",
+               "[--rendezvous=64,256,1024] [--repeat=3] [--busy_poll_us=N]\n",
                error.c_str());
   std::exit(exit_code);
 }
@@ -179,6 +191,10 @@ Flags ParseFlags(int argc, char** argv) {
       flags.rendezvous = ParseInts(name, value);
     } else if (name == "repeat") {
       flags.repeat = ParseInts(name, value).front();
+    } else if (name == "busy_poll_us") {
+      int us = 0;
+      if (!absl::SimpleAtoi(value, &us) || us < 0) Usage("--busy_poll_us: bad number " + value);
+      flags.busy_poll = absl::Microseconds(us);
     } else {
       Usage("unknown flag --" + name);
     }
@@ -216,7 +232,7 @@ void RunOps(const Backend& backend, const Flags& flags) {
               "p99_us");
   for (const char* op : {"set", "get", "add"}) {
     for (int clients : flags.clients) {
-      absl::StatusOr<std::unique_ptr<BackendInstance>> instance = backend.start();
+      absl::StatusOr<std::unique_ptr<BackendInstance>> instance = backend.start(flags);
       Check(instance.status(), "starting " + backend.name);
       std::vector<std::unique_ptr<Store>> stores;
       for (int c = 0; c < clients; ++c) {
@@ -269,8 +285,8 @@ void RunOps(const Backend& backend, const Flags& flags) {
 }
 
 // One barrier of n clients; the seconds from the start signal until every client is through.
-double RunBarrier(const Backend& backend, int n) {
-  absl::StatusOr<std::unique_ptr<BackendInstance>> instance = backend.start();
+double RunBarrier(const Backend& backend, const Flags& flags, int n) {
+  absl::StatusOr<std::unique_ptr<BackendInstance>> instance = backend.start(flags);
   Check(instance.status(), "starting " + backend.name);
   std::latch ready(n + 1);
   std::atomic<bool> go{false};
@@ -315,7 +331,7 @@ void RunRendezvous(const Backend& backend, const Flags& flags) {
               "clients", "best_ms", "median_ms", flags.repeat);
   for (int n : flags.rendezvous) {
     std::vector<double> runs;
-    for (int r = 0; r < flags.repeat; ++r) runs.push_back(RunBarrier(backend, n));
+    for (int r = 0; r < flags.repeat; ++r) runs.push_back(RunBarrier(backend, flags, n));
     std::sort(runs.begin(), runs.end());
     std::printf("%-10s %7d %10.1f %10.1f\n", backend.name.c_str(), n, runs.front() * 1e3,
                 runs[runs.size() / 2] * 1e3);

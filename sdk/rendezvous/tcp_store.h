@@ -71,6 +71,11 @@ struct TcpStoreServerOptions {
   int max_connections = 16384;
   // The listen(2) backlog (the kernel caps it at net.core.somaxconn).
   int listen_backlog = 4096;
+  // How long the event loop, once idle, polls for the next request before it sleeps: a client's
+  // next request of a chain then finds it awake instead of paying for waking its CPU. Withdrawn
+  // while it keeps finding nothing (sdk/rendezvous/busy_poll.h), so an idle server costs little;
+  // zero never polls.
+  absl::Duration busy_poll = absl::Microseconds(20);
 };
 
 // Counters of a running server, for tests and operations. A snapshot; the fields are not
@@ -140,6 +145,12 @@ struct TcpStoreOptions {
   absl::Duration reconnect_backoff_max = absl::Seconds(1);
   // The largest response frame this client accepts.
   uint32_t max_frame_bytes = 64u << 20;
+  // How long a call polls for its answer before its thread sleeps, so that a quick answer does
+  // not pay for waking the thread's CPU. One call of a process polls at a time (the others sleep
+  // at once), and polling is withdrawn while answers keep coming later than this (e.g. from a
+  // loaded server; sdk/rendezvous/busy_poll.h); never used for Wait. Zero never polls. Short: on
+  // a busy host a poll that misses holds a CPU its peer may need for the whole budget.
+  absl::Duration busy_poll = absl::Microseconds(20);
 };
 
 class TcpStore final : public Store {

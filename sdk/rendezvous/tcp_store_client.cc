@@ -1,6 +1,7 @@
 // TcpStore, the client: a pool of blocking-with-deadline connections (non-blocking socket + poll),
 // one request in flight on each, reconnection with bounded exponential backoff inside each call's
-// timeout. A call takes an idle connection, or opens one when all are busy.
+// timeout. A call takes an idle connection, or opens one when all are busy, and polls for its
+// answer briefly before it sleeps (busy_poll.h).
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -30,6 +31,7 @@
 #include "sdk/core/mutex.h"
 #include "sdk/core/socket_address.h"
 #include "sdk/proto/store.pb.h"
+#include "sdk/rendezvous/busy_poll.h"
 #include "sdk/rendezvous/store_auth.h"
 #include "sdk/rendezvous/store_frame.h"
 #include "sdk/rendezvous/tcp_store.h"
@@ -44,6 +46,16 @@ constexpr size_t kIdleConnections = 4;
 // A Wait's answer leaves the server at the wait's deadline; the client listens this much longer
 // for it, so that a timeout names the keys still missing.
 constexpr absl::Duration kWaitAnswerGrace = absl::Seconds(1);
+
+// The calls of this process that poll for their answer at one time. A chain of dependent calls
+// needs one awake thread; more threads polling at once take the CPUs from each other and from
+// the threads that answer them (a server in the same process, clients on the same host).
+constexpr int kPollingCallsPerProcess = 1;
+
+PollingSlots& ProcessPollingSlots() {
+  static PollingSlots* const slots = new PollingSlots(kPollingCallsPerProcess);  // never destroyed
+  return *slots;
+}
 
 absl::Time MonotonicNow() { return absl::FromUnixNanos(Clock::Real()->MonotonicNanos()); }
 
@@ -100,7 +112,8 @@ class TcpStore::Connection {
         generation_(generation),
         address_(absl::StrCat(options_.host, ":", options_.port)),
         decoder_(options_.max_frame_bytes),
-        read_buffer_(kReadChunkBytes) {}
+        read_buffer_(kReadChunkBytes),
+        busy_poll_(options_.busy_poll) {}
 
   ~Connection() {
     MutexLock lock(&mu_);
@@ -169,8 +182,10 @@ class TcpStore::Connection {
       absl::Status failure = SendAll(frame, deadline);
       if (failure.ok()) {
         sent = true;
+        // A Wait's answer comes when its keys do, not within a round trip: it is not polled for.
         absl::StatusOr<proto::StoreResponse> response =
-            ReadResponse(id, deadline + (is_wait ? kWaitAnswerGrace : absl::ZeroDuration()), what);
+            is_wait ? ReadResponse(id, deadline + kWaitAnswerGrace, what, /*busy_poll=*/false)
+                    : ReadResponse(id, deadline, what, /*busy_poll=*/true);
         if (response.ok()) return response;
         failure = response.status();
       }
@@ -330,8 +345,11 @@ class TcpStore::Connection {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<proto::ServerMessage> ReadMessage(absl::Time deadline)
+  // The next message from the server. With `busy_poll`, a thread whose answer has not arrived
+  // polls the socket for busy_poll_'s budget before it blocks (busy_poll.h).
+  absl::StatusOr<proto::ServerMessage> ReadMessage(absl::Time deadline, bool busy_poll)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    bool polled = !busy_poll;
     while (true) {
       absl::StatusOr<std::optional<std::string_view>> frame = decoder_.Next();
       if (!frame.ok()) {
@@ -348,28 +366,52 @@ class TcpStore::Connection {
         }
         return message;
       }
-      if (absl::Status s = WaitFor(POLLIN, deadline, "waiting for an answer from"); !s.ok()) {
-        return s;
+      int error = 0;
+      const auto receive = [&] {
+        const ssize_t n = recv(fd_, read_buffer_.data(), read_buffer_.size(), MSG_DONTWAIT);
+        error = n < 0 ? errno : 0;
+        if (n > 0) decoder_.Append(std::string_view(read_buffer_.data(), static_cast<size_t>(n)));
+        if (n == 0) error = -1;  // end of stream
+        return error != EAGAIN && error != EWOULDBLOCK;
+      };
+      // The first wait of the call may poll (one call of the process at a time); any other sleeps.
+      bool waited = false;
+      bool received = false;
+      if (!polled) {
+        polled = true;
+        if (ProcessPollingSlots().TryAcquire()) {
+          const absl::Duration budget = busy_poll_.NextWait();
+          if (budget > absl::ZeroDuration()) {
+            received = PollFor(std::clamp(deadline - MonotonicNow(), absl::ZeroDuration(), budget),
+                               receive);
+            busy_poll_.Record(received);
+            waited = true;
+          }
+          ProcessPollingSlots().Release();
+        }
       }
-      const ssize_t n = recv(fd_, read_buffer_.data(), read_buffer_.size(), MSG_DONTWAIT);
-      if (n > 0) {
-        decoder_.Append(std::string_view(read_buffer_.data(), static_cast<size_t>(n)));
-      } else if (n == 0) {
+      if (!waited) {
+        if (absl::Status s = WaitFor(POLLIN, deadline, "waiting for an answer from"); !s.ok()) {
+          return s;
+        }
+        received = receive();
+      }
+      if (!received || error == 0 || error == EINTR) continue;
+      if (error == -1) {
         return absl::UnavailableError(
             absl::StrCat("store server ", address_, " closed the connection"));
-      } else if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
-        return absl::UnavailableError(
-            absl::StrCat("receiving from store server ", address_, ": ", ErrnoText(errno)));
       }
+      return absl::UnavailableError(
+          absl::StrCat("receiving from store server ", address_, ": ", ErrnoText(error)));
     }
   }
 
   // The response to request `id`. A response with request id 0 is the server's last word before
   // it closes the connection (a protocol error), returned as that error.
   absl::StatusOr<proto::StoreResponse> ReadResponse(uint64_t id, absl::Time deadline,
-                                                    const std::string& what)
+                                                    const std::string& what, bool busy_poll)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    absl::StatusOr<proto::ServerMessage> message = ReadMessage(deadline);
+    absl::StatusOr<proto::ServerMessage> message = ReadMessage(deadline, busy_poll);
     if (!message.ok()) return message.status();
     if (!message->has_response()) {
       return absl::InternalError(absl::StrCat("store server ", address_, " answered ", what,
@@ -410,7 +452,7 @@ class TcpStore::Connection {
     hello.mutable_hello()->set_client_nonce(*client_nonce);
     if (absl::Status s = SendMessage(hello, deadline); !s.ok()) return s;
 
-    absl::StatusOr<proto::ServerMessage> reply = ReadMessage(deadline);
+    absl::StatusOr<proto::ServerMessage> reply = ReadMessage(deadline, /*busy_poll=*/true);
     if (!reply.ok()) return reply.status();
     if (reply->has_response()) return HandshakeRefused(reply->response());
     if (!reply->has_challenge()) {
@@ -435,7 +477,7 @@ class TcpStore::Connection {
         store_auth::Proof(options_.job_token, store_auth::Role::kClient, challenge.server_nonce(),
                           *client_nonce, options_.job_id));
     if (absl::Status s = SendMessage(proof, deadline); !s.ok()) return s;
-    reply = ReadMessage(deadline);
+    reply = ReadMessage(deadline, /*busy_poll=*/true);
     if (!reply.ok()) return reply.status();
     if (!reply->has_response() || reply->response().request_id() != 0) {
       return absl::InternalError(
@@ -467,6 +509,7 @@ class TcpStore::Connection {
   uint64_t next_request_id_ ABSL_GUARDED_BY(mu_) = 1;
   // Until the server says otherwise in its challenge.
   uint32_t server_max_frame_bytes_ ABSL_GUARDED_BY(mu_) = 64u << 20;
+  BusyPoll busy_poll_ ABSL_GUARDED_BY(mu_);
 };
 
 absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(const TcpStoreOptions& options) {
@@ -480,6 +523,11 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(const TcpStoreOption
   if (options.port <= 0 || options.port > 65535) {
     return absl::InvalidArgumentError(
         absl::StrFormat("TcpStoreOptions.port %d is not in [1, 65535]", options.port));
+  }
+  if (options.busy_poll < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TcpStoreOptions.busy_poll must not be negative, not ",
+                     absl::FormatDuration(options.busy_poll)));
   }
   if (options.reconnect_backoff_initial <= absl::ZeroDuration() ||
       options.reconnect_backoff_max < options.reconnect_backoff_initial) {

@@ -1,6 +1,7 @@
 // TcpStoreServer: one event-loop thread (level-triggered epoll) over non-blocking sockets. The
 // protocol lives in StoreSession and the data in StoreState; this file moves bytes, keeps
-// deadlines (handshakes, lingering closes, parked Waits) and never blocks on a peer.
+// deadlines (handshakes, lingering closes, parked Waits) and never blocks on a peer. Once idle it
+// polls for the next event briefly before it sleeps (busy_poll.h).
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -10,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <climits>
@@ -29,6 +31,7 @@
 #include "sdk/core/job_id.h"
 #include "sdk/core/mutex.h"
 #include "sdk/core/socket_address.h"
+#include "sdk/rendezvous/busy_poll.h"
 #include "sdk/rendezvous/store_frame.h"
 #include "sdk/rendezvous/store_session.h"
 #include "sdk/rendezvous/store_state.h"
@@ -89,6 +92,11 @@ absl::Status ValidateOptions(const TcpStoreServerOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("TcpStoreServerOptions.auth_timeout must be positive, not ",
                      absl::FormatDuration(options.auth_timeout)));
+  }
+  if (options.busy_poll < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TcpStoreServerOptions.busy_poll must not be negative, not ",
+                     absl::FormatDuration(options.busy_poll)));
   }
   if (options.max_connections <= 0 || options.listen_backlog <= 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -202,13 +210,15 @@ class TcpStoreServer::EventLoop {
         epoll_fd_(epoll_fd),
         wake_fd_(wake_fd),
         port_(port),
-        read_buffer_(kReadChunkBytes) {
+        read_buffer_(kReadChunkBytes),
+        busy_poll_(options.busy_poll) {
     auth_.default_token = options.job_token;
     for (const auto& [job, token] : options.job_tokens) auth_.job_tokens.emplace(job, token);
     reserve_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
   }
 
   void Run();
+  int WaitForEvents(std::vector<epoll_event>& events);
   void AcceptAll(absl::Time now);
   void OnEvent(Connection& c, uint32_t events, absl::Time now);
   void OnReadable(Connection& c, absl::Time now);
@@ -240,6 +250,7 @@ class TcpStoreServer::EventLoop {
   // instead of spinning on a listener that stays readable.
   int reserve_fd_ = -1;
   std::vector<char> read_buffer_;
+  BusyPoll busy_poll_;
   absl::flat_hash_map<uint64_t, std::unique_ptr<Connection>> connections_;
   std::set<std::pair<absl::Time, uint64_t>> deadlines_;
   std::vector<uint64_t> dead_;
@@ -285,7 +296,7 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer::EventLoop>> TcpStoreServer::Event
 void TcpStoreServer::EventLoop::Run() {
   std::vector<epoll_event> events(kMaxEvents);
   while (!stop_.load()) {
-    const int n = epoll_wait(epoll_fd_, events.data(), kMaxEvents, EpollTimeoutMs(MonotonicNow()));
+    const int n = WaitForEvents(events);
     if (n < 0) {
       if (errno == EINTR) continue;
       RecordError(
@@ -313,6 +324,25 @@ void TcpStoreServer::EventLoop::Run() {
     ReapDead();
     waits_parked_.store(static_cast<int64_t>(state_.parked_waits()));
   }
+}
+
+// epoll_wait until the next deadline, polled without sleeping for busy_poll_'s budget first.
+int TcpStoreServer::EventLoop::WaitForEvents(std::vector<epoll_event>& events) {
+  const int timeout_ms = EpollTimeoutMs(MonotonicNow());
+  if (timeout_ms != 0) {
+    absl::Duration budget = busy_poll_.NextWait();
+    if (timeout_ms > 0) budget = std::min(budget, absl::Milliseconds(timeout_ms));
+    if (budget > absl::ZeroDuration()) {
+      int n = 0;
+      const bool answered = PollFor(budget, [&] {
+        n = epoll_wait(epoll_fd_, events.data(), kMaxEvents, 0);
+        return n != 0;
+      });
+      busy_poll_.Record(answered);
+      if (answered) return n;
+    }
+  }
+  return epoll_wait(epoll_fd_, events.data(), kMaxEvents, timeout_ms);
 }
 
 int TcpStoreServer::EventLoop::EpollTimeoutMs(absl::Time now) const {
@@ -387,6 +417,9 @@ void TcpStoreServer::EventLoop::OnReadable(Connection& c, absl::Time now) {
       budget -= std::min(budget, static_cast<size_t>(n));
       // A closing connection's further bytes are read only to be dropped.
       if (c.closing == Closing::kNo) Feed(c, std::string_view(read_buffer_.data(), n), now);
+      // A short read emptied the socket: another recv would only say EAGAIN. Bytes (or an end of
+      // stream) arriving since keep the socket readable for the next epoll_wait (level-triggered).
+      if (static_cast<size_t>(n) < read_buffer_.size()) break;
       continue;
     }
     if (n < 0 && errno == EINTR) continue;

@@ -238,9 +238,29 @@ class TcpStoreHarness {
   std::unique_ptr<TcpStoreServer> server_;
 };
 
+// A server and clients that never busy-poll: every wait for an answer or a request sleeps at once.
+class TcpStoreWithoutBusyPollHarness {
+ public:
+  TcpStoreWithoutBusyPollHarness() {
+    TcpStoreServerOptions options = ServerOptions();
+    options.busy_poll = absl::ZeroDuration();
+    server_ = StartServer(options);
+  }
+  std::unique_ptr<Store> NewClient() {
+    TcpStoreOptions options = ClientOptions(server_->port());
+    options.busy_poll = absl::ZeroDuration();
+    return OrDie(TcpStore::Connect(options));
+  }
+
+ private:
+  std::unique_ptr<TcpStoreServer> server_;
+};
+
 }  // namespace
 
 INSTANTIATE_TYPED_TEST_SUITE_P(TcpStore, StoreConformance, TcpStoreHarness);
+INSTANTIATE_TYPED_TEST_SUITE_P(TcpStoreWithoutBusyPoll, StoreConformance,
+                               TcpStoreWithoutBusyPollHarness);
 
 namespace {
 
@@ -915,6 +935,21 @@ TEST(TcpStoreServerTest, StartRefusesBadOptionsNamingThem) {
   s = TcpStoreServer::Start(tight);
   EXPECT_TRUE(absl::IsInvalidArgument(s.status())) << s.status();
   EXPECT_THAT(std::string(s.status().message()), HasSubstr("max_pending_write_bytes"));
+
+  TcpStoreServerOptions negative_poll = ServerOptions();
+  negative_poll.busy_poll = absl::Microseconds(-1);
+  s = TcpStoreServer::Start(negative_poll);
+  EXPECT_TRUE(absl::IsInvalidArgument(s.status())) << s.status();
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("busy_poll"));
+}
+
+TEST(TcpStoreClientTest, ANegativeBusyPollIsInvalidArgumentNamingIt) {
+  auto server = StartServer();
+  TcpStoreOptions options = ClientOptions(server->port());
+  options.busy_poll = absl::Microseconds(-1);
+  auto store = TcpStore::Connect(options);
+  EXPECT_TRUE(absl::IsInvalidArgument(store.status())) << store.status();
+  EXPECT_THAT(std::string(store.status().message()), HasSubstr("busy_poll"));
 }
 
 TEST(TcpStoreServerTest, StartOnAPortInUseIsUnavailableNamingTheAddress) {
