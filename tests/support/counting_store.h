@@ -19,17 +19,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "sdk/core/mutex.h"
+#include "tests/support/forwarding_store.h"
 #include "trainguard/store.h"
 
 namespace trainguard::testing {
 
-class CountingStore final : public Store {
+class CountingStore final : public ForwardingStore {
  public:
   // (verb, key family) -> requests.
   using Counts = std::map<std::pair<std::string, std::string>, int64_t>;
 
   // REQUIRES: `base` outlives this store.
-  explicit CountingStore(Store* base) : base_(base) {}
+  explicit CountingStore(Store* base) : ForwardingStore(base) {}
 
   // The counts since construction or the last Reset().
   Counts counts() {
@@ -57,52 +58,51 @@ class CountingStore final : public Store {
 
   absl::Status Set(std::string_view key, std::string_view value, absl::Duration timeout) override {
     Count("Set", key);
-    return base_->Set(key, value, timeout);
+    return base()->Set(key, value, timeout);
   }
   absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override {
     Count("Get", key);
-    return base_->Get(key, timeout);
+    return base()->Get(key, timeout);
   }
   absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta,
                               absl::Duration timeout) override {
     Count("Add", key);
-    return base_->Add(key, delta, timeout);
+    return base()->Add(key, delta, timeout);
   }
   absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
                                                     const std::optional<std::string>& expected,
                                                     std::string_view desired,
                                                     absl::Duration timeout) override {
     Count("CompareAndSet", key);
-    return base_->CompareAndSet(key, expected, desired, timeout);
+    return base()->CompareAndSet(key, expected, desired, timeout);
   }
   absl::StatusOr<bool> Delete(std::string_view key, absl::Duration timeout) override {
     Count("Delete", key);
-    return base_->Delete(key, timeout);
+    return base()->Delete(key, timeout);
   }
   absl::StatusOr<std::vector<std::optional<std::string>>> MultiGet(
       const std::vector<std::string>& keys, absl::Duration timeout) override {
     Count("MultiGet", keys);
-    return base_->MultiGet(keys, timeout);
+    return base()->MultiGet(keys, timeout);
   }
   absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
                                                     absl::Duration timeout) override {
     Count("ListKeys", prefix);
-    return base_->ListKeys(prefix, timeout);
+    return base()->ListKeys(prefix, timeout);
   }
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
     Count("Wait", keys);
-    return base_->Wait(keys, timeout);
+    return base()->Wait(keys, timeout);
   }
   absl::StatusOr<size_t> WaitAny(const std::vector<std::string>& keys,
                                  absl::Duration timeout) override {
     Count("WaitAny", keys);
-    return base_->WaitAny(keys, timeout);
+    return base()->WaitAny(keys, timeout);
   }
   absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override {
     Count("RaiseFence", "(fence)");
-    return base_->RaiseFence(generation, timeout);
+    return base()->RaiseFence(generation, timeout);
   }
-  void SetWriterGeneration(int64_t generation) override { base_->SetWriterGeneration(generation); }
 
  private:
   void Count(std::string_view verb, std::string_view key) {
@@ -120,7 +120,6 @@ class CountingStore final : public Store {
     ++counts_[{std::string(verb), absl::StrJoin(families, "|")}];
   }
 
-  Store* const base_;
   Mutex mu_;
   Counts counts_ ABSL_GUARDED_BY(mu_);
 };

@@ -21,6 +21,7 @@
 #include "sdk/core/mutex.h"
 #include "sdk/core/store_keys.h"
 #include "sdk/rendezvous/rendezvous.h"
+#include "tests/support/forwarding_store.h"
 #include "trainguard/store.h"
 
 namespace trainguard {
@@ -33,14 +34,14 @@ constexpr absl::Duration kTimeout = absl::Seconds(20);
 
 // A client of an in-memory store that records every wait (Wait and WaitAny) and every Get it is
 // sent.
-class WaitRecordingStore final : public Store {
+class WaitRecordingStore final : public testing::ForwardingStore {
  public:
   struct Sent {
     std::vector<std::string> keys;
     absl::Duration timeout;
   };
 
-  explicit WaitRecordingStore(std::unique_ptr<Store> base) : base_(std::move(base)) {}
+  explicit WaitRecordingStore(std::unique_ptr<Store> base) : ForwardingStore(std::move(base)) {}
 
   // While set, every WaitAny fails at once with Unavailable (it is still recorded).
   std::atomic<bool> unreachable{false};
@@ -85,49 +86,21 @@ class WaitRecordingStore final : public Store {
 
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
     Record(keys, timeout);
-    return base_->Wait(keys, timeout);
+    return base()->Wait(keys, timeout);
   }
   absl::StatusOr<size_t> WaitAny(const std::vector<std::string>& keys,
                                  absl::Duration timeout) override {
     Record(keys, timeout);
     if (unreachable.load()) return absl::UnavailableError("the store cannot be reached");
-    return base_->WaitAny(keys, timeout);
-  }
-  absl::Status Set(std::string_view key, std::string_view value, absl::Duration timeout) override {
-    return base_->Set(key, value, timeout);
+    return base()->WaitAny(keys, timeout);
   }
   absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override {
     {
       MutexLock lock(&mu_);
       gets_.emplace_back(key);
     }
-    return base_->Get(key, timeout);
+    return base()->Get(key, timeout);
   }
-  absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta,
-                              absl::Duration timeout) override {
-    return base_->Add(key, delta, timeout);
-  }
-  absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
-                                                    const std::optional<std::string>& expected,
-                                                    std::string_view desired,
-                                                    absl::Duration timeout) override {
-    return base_->CompareAndSet(key, expected, desired, timeout);
-  }
-  absl::StatusOr<bool> Delete(std::string_view key, absl::Duration timeout) override {
-    return base_->Delete(key, timeout);
-  }
-  absl::StatusOr<std::vector<std::optional<std::string>>> MultiGet(
-      const std::vector<std::string>& keys, absl::Duration timeout) override {
-    return base_->MultiGet(keys, timeout);
-  }
-  absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
-                                                    absl::Duration timeout) override {
-    return base_->ListKeys(prefix, timeout);
-  }
-  absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override {
-    return base_->RaiseFence(generation, timeout);
-  }
-  void SetWriterGeneration(int64_t generation) override { base_->SetWriterGeneration(generation); }
 
  private:
   void Record(const std::vector<std::string>& keys, absl::Duration timeout) {
@@ -135,7 +108,6 @@ class WaitRecordingStore final : public Store {
     waits_.push_back({keys, timeout});
   }
 
-  const std::unique_ptr<Store> base_;
   Mutex mu_;
   std::vector<Sent> waits_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> gets_ ABSL_GUARDED_BY(mu_);

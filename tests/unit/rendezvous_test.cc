@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "sdk/core/mutex.h"
 #include "sdk/core/store_keys.h"
+#include "tests/support/forwarding_store.h"
 #include "trainguard/clock.h"
 #include "trainguard/store.h"
 
@@ -28,9 +29,9 @@ constexpr absl::Duration kHeartbeat = absl::Milliseconds(20);
 
 // A store client that records every key read through it (Get, MultiGet, Wait), so that a test
 // can say which keys a rank never reads.
-class ReadRecordingStore final : public Store {
+class ReadRecordingStore final : public testing::ForwardingStore {
  public:
-  explicit ReadRecordingStore(std::unique_ptr<Store> base) : base_(std::move(base)) {}
+  explicit ReadRecordingStore(std::unique_ptr<Store> base) : ForwardingStore(std::move(base)) {}
 
   // Whether a key starting with `prefix` and ending with `suffix` was read.
   bool Read(absl::string_view prefix, absl::string_view suffix) {
@@ -61,46 +62,22 @@ class ReadRecordingStore final : public Store {
         return absl::UnavailableError("store server unreachable (injected)");
       }
     }
-    return base_->Wait(keys, timeout);
+    return base()->Wait(keys, timeout);
   }
   absl::StatusOr<size_t> WaitAny(const std::vector<std::string>& keys,
                                  absl::Duration timeout) override {
     Record(keys);
-    return base_->WaitAny(keys, timeout);
+    return base()->WaitAny(keys, timeout);
   }
   absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override {
     Record({std::string(key)});
-    return base_->Get(key, timeout);
+    return base()->Get(key, timeout);
   }
   absl::StatusOr<std::vector<std::optional<std::string>>> MultiGet(
       const std::vector<std::string>& keys, absl::Duration timeout) override {
     Record(keys);
-    return base_->MultiGet(keys, timeout);
+    return base()->MultiGet(keys, timeout);
   }
-  absl::Status Set(std::string_view key, std::string_view value, absl::Duration timeout) override {
-    return base_->Set(key, value, timeout);
-  }
-  absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta,
-                              absl::Duration timeout) override {
-    return base_->Add(key, delta, timeout);
-  }
-  absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
-                                                    const std::optional<std::string>& expected,
-                                                    std::string_view desired,
-                                                    absl::Duration timeout) override {
-    return base_->CompareAndSet(key, expected, desired, timeout);
-  }
-  absl::StatusOr<bool> Delete(std::string_view key, absl::Duration timeout) override {
-    return base_->Delete(key, timeout);
-  }
-  absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
-                                                    absl::Duration timeout) override {
-    return base_->ListKeys(prefix, timeout);
-  }
-  absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override {
-    return base_->RaiseFence(generation, timeout);
-  }
-  void SetWriterGeneration(int64_t generation) override { base_->SetWriterGeneration(generation); }
 
  private:
   void Record(const std::vector<std::string>& keys) {
@@ -108,7 +85,6 @@ class ReadRecordingStore final : public Store {
     read_.insert(read_.end(), keys.begin(), keys.end());
   }
 
-  const std::unique_ptr<Store> base_;
   Mutex mu_;
   std::vector<std::string> read_ ABSL_GUARDED_BY(mu_);
   int failing_waits_ ABSL_GUARDED_BY(mu_) = 0;
