@@ -130,6 +130,43 @@ class Rendezvous : public ::testing::Test {
     FAIL() << "fewer than " << n << " standbys parked in time";
   }
 
+  // Rank `rank`'s place in generation 0 of `world` ranks, as JoinInitial returns it.
+  static Membership PlaceInGenerationZero(int world, int rank) {
+    Membership m;
+    m.generation = 0;
+    m.world_size = world;
+    m.rank = rank;
+    return m;
+  }
+
+  // Every rank r of generation 0 (one per entry of `next_steps`) agrees on the resume step with
+  // next_steps[r], each on a thread of its own, as the ranks' processes do; their plans in rank
+  // order.
+  std::vector<absl::StatusOr<RecoveryPlan>> AgreeInGenerationZero(
+      const std::vector<int64_t>& next_steps) {
+    const int world = static_cast<int>(next_steps.size());
+    std::vector<absl::StatusOr<RecoveryPlan>> plans(world);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < world; ++r) {
+      ranks.emplace_back([&, r] {
+        plans[r] = ranks_[r]->member.AgreeOnResume(PlaceInGenerationZero(world, r), next_steps[r],
+                                                   kTimeout);
+      });
+    }
+    for (std::thread& t : ranks) t.join();
+    return plans;
+  }
+
+  // Bounded polling until the store holds `value` at `key` (a count the ranks advance).
+  void AwaitValue(const std::string& key, std::string_view value) {
+    for (absl::Time end = absl::Now() + kTimeout; absl::Now() < end;) {
+      absl::StatusOr<std::string> held = coordinator_store_->Get(key, kTimeout);
+      if (held.ok() && *held == value) return;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    FAIL() << "store key " << key << " did not reach " << value << " in time";
+  }
+
   InMemoryStore shared_;
   std::unique_ptr<Store> coordinator_store_ = shared_.NewClient();
   RendezvousCoordinator coordinator_{coordinator_store_.get()};
@@ -387,21 +424,8 @@ TEST_F(Rendezvous, AGenerationsChangesNameOnlyTheRanksItGaveToOtherMembers) {
 
 TEST_F(Rendezvous, RanksAgreeToResumeFromTheFurthestSurvivor) {
   FormGenerationZero(4);
-  Membership g0;
-  g0.generation = 0;
-  g0.world_size = 4;
   // Rank 2 is a replacement without state; rank 3 finished one more step than ranks 0 and 1.
-  const int64_t next_steps[] = {17, 17, -1, 18};
-  std::vector<absl::StatusOr<RecoveryPlan>> plans(4);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < 4; ++r) {
-    ranks.emplace_back([&, r] {
-      Membership m = g0;
-      m.rank = r;
-      plans[r] = ranks_[r]->member.AgreeOnResume(m, next_steps[r], kTimeout);
-    });
-  }
-  for (std::thread& t : ranks) t.join();
+  const std::vector<absl::StatusOr<RecoveryPlan>> plans = AgreeInGenerationZero({17, 17, -1, 18});
   for (int r = 0; r < 4; ++r) {
     ASSERT_TRUE(plans[r].ok()) << plans[r].status();
     EXPECT_EQ(plans[r]->resume_step, 18);
@@ -414,20 +438,7 @@ TEST_F(Rendezvous, RanksAgreeToResumeFromTheFurthestSurvivor) {
 // few bytes) instead of every rank reading every rank's progress.
 TEST_F(Rendezvous, TheRankThatCompletesTheCountPublishesThePlanTheOthersRead) {
   FormGenerationZero(4);
-  Membership g0;
-  g0.generation = 0;
-  g0.world_size = 4;
-  const int64_t next_steps[] = {-1, 30, 31, -1};
-  std::vector<absl::StatusOr<RecoveryPlan>> plans(4);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < 4; ++r) {
-    ranks.emplace_back([&, r] {
-      Membership m = g0;
-      m.rank = r;
-      plans[r] = ranks_[r]->member.AgreeOnResume(m, next_steps[r], kTimeout);
-    });
-  }
-  for (std::thread& t : ranks) t.join();
+  const std::vector<absl::StatusOr<RecoveryPlan>> plans = AgreeInGenerationZero({-1, 30, 31, -1});
   absl::StatusOr<std::string> published =
       coordinator_store_->Get(store_keys::RdzvPlan(0), kTimeout);
   ASSERT_TRUE(published.ok()) << published.status();
@@ -454,27 +465,18 @@ TEST_F(Rendezvous, RanksWaitingForAPlanThatNeverComesLeaveForTheNewerGeneration)
   Process standby(shared_, "host:standby0");
   std::thread parked([&] { ASSERT_TRUE(standby.member.ParkAsStandby(kTimeout).ok()); });
   AwaitParkedStandbys(1);
-  Membership g0;
-  g0.generation = 0;
-  g0.world_size = 3;
   std::vector<absl::StatusOr<RecoveryPlan>> plans(2);
   std::vector<std::thread> ranks;
   for (int r = 0; r < 2; ++r) {
     ranks.emplace_back([&, r] {
-      Membership m = g0;
-      m.rank = r;
+      const Membership m = PlaceInGenerationZero(3, r);
       plans[r] = ranks_[r]->member.AgreeOnResume(m, 10, kTimeout);
     });
   }
   // Rank 2 writes its progress and completes the count, as AgreeOnResume does, and dies there.
   Store& rank2 = *ranks_[2]->store;
   ASSERT_TRUE(rank2.Set(absl::StrCat(store_keys::RdzvProgressPrefix(0), 2), "10", kTimeout).ok());
-  for (absl::Time end = absl::Now() + kTimeout; absl::Now() < end;) {
-    absl::StatusOr<std::string> count =
-        coordinator_store_->Get(store_keys::RdzvAgreed(0), kTimeout);
-    if (count.ok() && *count == "2") break;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  AwaitValue(store_keys::RdzvAgreed(0), "2");
   ASSERT_EQ(*rank2.Add(store_keys::RdzvAgreed(0), 1, kTimeout), 3);
   ASSERT_TRUE(coordinator_.ReplaceRank(2, kTimeout).ok());
   for (std::thread& t : ranks) t.join();
@@ -491,10 +493,7 @@ TEST_F(Rendezvous, RanksWaitingForAPlanThatNeverComesLeaveForTheNewerGeneration)
 // agreement: the rank waits again, within its deadline.
 TEST_F(Rendezvous, ARankWhoseWaitForThePlanGoesUnansweredWaitsAgain) {
   FormGenerationZero(2);
-  Membership g0;
-  g0.generation = 0;
-  g0.world_size = 2;
-  g0.rank = 0;
+  const Membership g0 = PlaceInGenerationZero(2, 0);
   ranks_[0]->store->FailNextWaits(1);
   absl::StatusOr<RecoveryPlan> first;
   std::thread waiting([&] { first = ranks_[0]->member.AgreeOnResume(g0, 7, kTimeout); });
@@ -505,8 +504,7 @@ TEST_F(Rendezvous, ARankWhoseWaitForThePlanGoesUnansweredWaitsAgain) {
     if (count.ok() && *count == "1") break;
     absl::SleepFor(absl::Milliseconds(1));
   }
-  Membership mine = g0;
-  mine.rank = 1;
+  const Membership mine = PlaceInGenerationZero(2, 1);
   absl::StatusOr<RecoveryPlan> second = ranks_[1]->member.AgreeOnResume(mine, 7, kTimeout);
   waiting.join();
   ASSERT_TRUE(first.ok()) << first.status();
@@ -518,29 +516,19 @@ TEST_F(Rendezvous, ARankWhoseWaitForThePlanGoesUnansweredWaitsAgain) {
 
 TEST_F(Rendezvous, ABarrierPassesOnlyOnceEveryRankArrived) {
   FormGenerationZero(3);
-  Membership g0;
-  g0.generation = 0;
-  g0.world_size = 3;
   std::vector<absl::Status> passed(3);
   std::vector<std::thread> ranks;
   for (int r = 0; r < 2; ++r) {
     ranks.emplace_back([&, r] {
-      Membership m = g0;
-      m.rank = r;
+      const Membership m = PlaceInGenerationZero(3, r);
       passed[r] = ranks_[r]->member.Barrier(m, "ready", kTimeout);
     });
   }
   // Bounded polling until both arrived: the barrier must still be closed.
-  for (absl::Time end = absl::Now() + kTimeout; absl::Now() < end;) {
-    absl::StatusOr<std::string> count =
-        coordinator_store_->Get(store_keys::RdzvBarrierArrived(0, "ready"), kTimeout);
-    if (count.ok() && *count == "2") break;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  AwaitValue(store_keys::RdzvBarrierArrived(0, "ready"), "2");
   EXPECT_TRUE(absl::IsNotFound(
       coordinator_store_->Get(store_keys::RdzvBarrierPassed(0, "ready"), kTimeout).status()));
-  Membership last = g0;
-  last.rank = 2;
+  const Membership last = PlaceInGenerationZero(3, 2);
   passed[2] = ranks_[2]->member.Barrier(last, "ready", kTimeout);
   for (std::thread& t : ranks) t.join();
   for (const absl::Status& s : passed) EXPECT_TRUE(s.ok()) << s;
@@ -548,10 +536,7 @@ TEST_F(Rendezvous, ABarrierPassesOnlyOnceEveryRankArrived) {
 
 TEST_F(Rendezvous, ABarrierThatNotEveryRankReachesTimesOutSayingHowManyArrived) {
   FormGenerationZero(2);
-  Membership g0;
-  g0.generation = 0;
-  g0.world_size = 2;
-  g0.rank = 1;
+  const Membership g0 = PlaceInGenerationZero(2, 1);
   absl::Status alone = ranks_[1]->member.Barrier(g0, "ready", absl::Milliseconds(20));
   EXPECT_TRUE(absl::IsDeadlineExceeded(alone)) << alone;
   EXPECT_THAT(std::string(alone.message()),
@@ -584,10 +569,7 @@ TEST_F(Rendezvous, AnAgreementIsAbandonedWhenANewerGenerationIsPublished) {
   std::thread parked([&] { ASSERT_TRUE(standby.member.ParkAsStandby(kTimeout).ok()); });
   AwaitParkedStandbys(1);
   // Rank 0 starts agreeing in generation 0; rank 2 dies instead of taking part, and is replaced.
-  Membership g0;
-  g0.generation = 0;
-  g0.world_size = 3;
-  g0.rank = 0;
+  const Membership g0 = PlaceInGenerationZero(3, 0);
   absl::StatusOr<RecoveryPlan> plan;
   std::thread agreeing([&] { plan = ranks_[0]->member.AgreeOnResume(g0, 5, kTimeout); });
   ASSERT_TRUE(coordinator_.ReplaceRank(2, kTimeout).ok());
@@ -601,17 +583,13 @@ TEST_F(Rendezvous, AnAgreementIsAbandonedWhenANewerGenerationIsPublished) {
 // coordinator renews the generation with the same members, and they agree to resume together.
 TEST_F(Rendezvous, RanksWhoseCommunicatorsBrokeMeetAgainInARenewedGenerationOfTheSameMembers) {
   FormGenerationZero(3);
-  Membership g0;
-  g0.generation = 0;
-  g0.world_size = 3;
   EXPECT_TRUE(coordinator_.NewGenerationRequests(kTimeout)->empty());
   std::vector<absl::StatusOr<RecoveryPlan>> plans(3);
   std::vector<std::thread> ranks;
   const int64_t next_steps[] = {40, 41, 40};
   for (int r = 0; r < 3; ++r) {
     ranks.emplace_back([&, r] {
-      Membership mine = g0;
-      mine.rank = r;
+      const Membership mine = PlaceInGenerationZero(3, r);
       absl::Status asked = ranks_[r]->member.RequestNewGeneration(
           mine, absl::StrCat("rank ", r, " lost a peer"), kTimeout);
       if (!asked.ok()) {
@@ -657,10 +635,7 @@ TEST_F(Rendezvous, RanksWhoseCommunicatorsBrokeMeetAgainInARenewedGenerationOfTh
 TEST_F(Rendezvous, AskingForANewGenerationWhenANewerOneExistsJoinsIt) {
   FormGenerationZero(2);
   ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
-  Membership g0;
-  g0.generation = 0;
-  g0.world_size = 2;
-  g0.rank = 1;
+  const Membership g0 = PlaceInGenerationZero(2, 1);
   EXPECT_TRUE(ranks_[1]->member.RequestNewGeneration(g0, "late", kTimeout).ok());
   absl::StatusOr<Membership> m = ranks_[1]->member.AwaitGeneration(0, kTimeout);
   ASSERT_TRUE(m.ok()) << m.status();
