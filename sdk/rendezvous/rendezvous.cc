@@ -135,16 +135,16 @@ int64_t RendezvousMember::generation() const {
   return generation_;
 }
 
-absl::StatusOr<bool> RendezvousMember::AwaitNewerGeneration(absl::Duration timeout) {
+absl::StatusOr<int64_t> RendezvousMember::HeldGeneration() const {
   const int64_t held = generation();
   if (held < 0) {
     return absl::FailedPreconditionError(
         absl::StrFormat("member %s holds no generation to be superseded", member_id_));
   }
-  if (superseded_generation() == held) return true;
-  absl::Status s = store_->Wait({TableKey(held + 1)}, timeout);
-  if (absl::IsDeadlineExceeded(s)) return false;
-  if (!s.ok()) return s;
+  return held;
+}
+
+bool RendezvousMember::MarkSuperseded(int64_t held) {
   // Under mu_: a member that adopted a newer generation meanwhile (AdoptGeneration clears the
   // mark) is not superseded by the table it waited for.
   MutexLock lock(&mu_);
@@ -152,19 +152,26 @@ absl::StatusOr<bool> RendezvousMember::AwaitNewerGeneration(absl::Duration timeo
   return superseded_generation_.load() == generation_;
 }
 
+absl::StatusOr<bool> RendezvousMember::AwaitNewerGeneration(absl::Duration timeout) {
+  absl::StatusOr<int64_t> held = HeldGeneration();
+  if (!held.ok()) return held.status();
+  if (superseded_generation() == *held) return true;
+  absl::Status s = store_->Wait({TableKey(*held + 1)}, timeout);
+  if (absl::IsDeadlineExceeded(s)) return false;
+  if (!s.ok()) return s;
+  return MarkSuperseded(*held);
+}
+
 absl::StatusOr<RendezvousMember::NewerGenerationOrKey> RendezvousMember::AwaitNewerGenerationOr(
     const std::vector<std::string>& keys, absl::Duration timeout) {
-  const int64_t held = generation();
-  if (held < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("member %s holds no generation to be superseded", member_id_));
-  }
+  absl::StatusOr<int64_t> held = HeldGeneration();
+  if (!held.ok()) return held.status();
   NewerGenerationOrKey seen;
-  if (superseded_generation() == held) {
+  if (superseded_generation() == *held) {
     seen.superseded = true;
     return seen;
   }
-  std::vector<std::string> awaited = {TableKey(held + 1)};
+  std::vector<std::string> awaited = {TableKey(*held + 1)};
   awaited.insert(awaited.end(), keys.begin(), keys.end());
   absl::StatusOr<size_t> found = store_->WaitAny(awaited, timeout);
   if (absl::IsDeadlineExceeded(found.status())) return seen;
@@ -173,11 +180,7 @@ absl::StatusOr<RendezvousMember::NewerGenerationOrKey> RendezvousMember::AwaitNe
     seen.key = *found - 1;
     return seen;
   }
-  // As in AwaitNewerGeneration: a member that adopted a newer generation meanwhile is not
-  // superseded by the table it waited for.
-  MutexLock lock(&mu_);
-  if (generation_ == held) superseded_generation_.store(held);
-  seen.superseded = superseded_generation_.load() == generation_;
+  seen.superseded = MarkSuperseded(*held);
   return seen;
 }
 

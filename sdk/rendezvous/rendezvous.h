@@ -199,6 +199,13 @@ class RendezvousMember {
   // its value; Aborted (`superseded`) when a newer generation is published meanwhile.
   absl::StatusOr<std::string> AwaitAgreedKey(const Membership& membership, const std::string& key,
                                              const absl::Status& superseded, absl::Time deadline);
+  // The generation this member holds, whose successor's table the two waits for a newer generation
+  // wait on; FailedPrecondition before it joined one.
+  absl::StatusOr<int64_t> HeldGeneration() const;
+  // Marks `held` superseded, once the next generation's table appeared, unless this member adopted
+  // a newer generation meanwhile (AdoptGeneration clears the mark); whether the generation it holds
+  // now is superseded.
+  bool MarkSuperseded(int64_t held);
   void AdoptGeneration(const Membership& place);
   void HeartbeatLoop();
 
