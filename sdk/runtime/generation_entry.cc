@@ -71,6 +71,10 @@ std::vector<std::string> RankGeneration::MemberIdsOf(int64_t generation) const {
 }
 
 void RankGeneration::SetMemberIds(int64_t generation, std::vector<std::string> ids) {
+  KeepMemberIds(generation, std::move(ids));
+}
+
+void RankGeneration::KeepMemberIds(int64_t generation, std::vector<std::string> ids) const {
   MutexLock lock(&members_mu_);
   if (members_generation_ == generation && member_ids_.empty()) member_ids_ = std::move(ids);
 }
@@ -86,8 +90,7 @@ const Membership& RankGeneration::MembershipWithIds(const ReadRankTable& read) c
       return membership_;
     }
     ids = std::move(table->members);
-    MutexLock lock(&members_mu_);
-    if (members_generation_ == membership_.generation && member_ids_.empty()) member_ids_ = ids;
+    KeepMemberIds(membership_.generation, ids);
   }
   with_ids_ = membership_;
   with_ids_.members = std::move(ids);

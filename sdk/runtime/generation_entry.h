@@ -148,6 +148,10 @@ class RankGeneration {
   void SetMemberIds(int64_t generation, std::vector<std::string> ids);
 
  private:
+  // Keeps `ids` as the member ids of `generation` if it is still the one held and none are kept
+  // yet (a cache fill: const for MembershipWithIds).
+  void KeepMemberIds(int64_t generation, std::vector<std::string> ids) const;
+
   std::atomic<int64_t> generation_{0};
   Membership membership_;
   // membership_ with its member ids once MembershipWithIds read them (a cache, hence mutable);
