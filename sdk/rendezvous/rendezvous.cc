@@ -548,9 +548,23 @@ absl::Status RendezvousCoordinator::Resume(absl::Duration timeout) {
     return absl::DataLossError(
         absl::StrFormat("malformed generation '%s' at store key %s", *current, kCurrentKey));
   }
+  Membership held;
   {
     MutexLock lock(&mu_);
     if (generation <= current_.generation) return absl::OkStatus();  // known already: no table read
+    held = current_;
+  }
+  // Following: the changes since the generation it holds, O(ranks changed), where every host's
+  // agent reading the whole table at each generation would cost the store O(world size x hosts).
+  if (held.generation >= 0 && generation - held.generation <= kMaxChangesRead) {
+    absl::StatusOr<std::optional<Membership>> followed =
+        FollowTableChanges(std::move(held), generation, Left(deadline));
+    if (!followed.ok()) return followed.status();
+    if (followed->has_value()) {
+      MutexLock lock(&mu_);
+      if ((*followed)->generation > current_.generation) current_ = **std::move(followed);
+      return absl::OkStatus();
+    }
   }
   absl::StatusOr<std::string> text = store_->Get(TableKey(generation), Left(deadline));
   if (!text.ok()) return text.status();
@@ -559,6 +573,33 @@ absl::Status RendezvousCoordinator::Resume(absl::Duration timeout) {
   MutexLock lock(&mu_);
   if (table->generation > current_.generation) current_ = *std::move(table);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<Membership>> RendezvousCoordinator::FollowTableChanges(
+    Membership table, int64_t newest, absl::Duration timeout) {
+  std::vector<std::string> keys;
+  for (int64_t g = table.generation + 1; g <= newest; ++g) keys.push_back(ChangesKey(g));
+  absl::StatusOr<std::vector<std::optional<std::string>>> values = store_->MultiGet(keys, timeout);
+  if (!values.ok()) return values.status();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    // Published by a coordinator that writes no changes: the caller reads the table.
+    if (!(*values)[i].has_value()) return std::nullopt;
+    const int64_t g = table.generation + 1;
+    absl::StatusOr<store_keys::GenerationChanges> changes =
+        store_keys::DecodeGenerationChanges(*(*values)[i]);
+    if (!changes.ok() || changes->generation != g) {
+      return absl::DataLossError(absl::StrFormat(
+          "malformed changes of generation %d at store key %s (following generation %d): %s", g,
+          keys[i], table.generation,
+          changes.ok() ? absl::StrCat("they name generation ", changes->generation)
+                       : std::string(changes.status().message())));
+    }
+    // Another world size: not a change of holders; the newest table says it all.
+    if (changes->world_size != table.world_size) return std::nullopt;
+    for (auto& [rank, member] : changes->taken) table.members[rank] = std::move(member);
+    table.generation = g;
+  }
+  return table;
 }
 
 Membership RendezvousCoordinator::current() const {
@@ -795,8 +836,8 @@ absl::StatusOr<Membership> RendezvousCoordinator::Publish(
   // write.
   if (absl::Status s = store_->Set(TableKey(next.generation), EncodeTable(next), timeout); !s.ok())
     return s;
-  // The ranks learn their place from the changes (written second, and waited for by them), the
-  // coordinators and agents from the table.
+  // The ranks learn their place from the changes (written second, and waited for by them), and so
+  // do the coordinators and agents that hold the generation before (Resume).
   if (absl::Status s = store_->Set(ChangesKey(next.generation),
                                    store_keys::EncodeGenerationChanges(ChangesOf(previous, next)),
                                    Left(deadline));

@@ -247,8 +247,11 @@ class RendezvousCoordinator {
                                  const CoordinatorLease* lease = nullptr);
 
   // Loads the newest published generation from the store (a coordinator taking over, an agent
-  // following the generations); one read when it knows that generation already. NotFound before
-  // generation 0 is published; DataLoss for a malformed table.
+  // following the generations); one read when it knows that generation already. Holding an older
+  // generation (at most 64 behind), it applies the changes published since (rdzv/gen/<g>/changes:
+  // O(ranks changed) bytes); else, or where a generation's changes are missing, it reads the
+  // newest table (O(world size) bytes). NotFound before generation 0 is published; DataLoss for a
+  // malformed table or changes.
   absl::Status Resume(absl::Duration timeout);
   // The newest generation this coordinator knows (generation -1 before generation 0).
   Membership current() const;
@@ -289,6 +292,11 @@ class RendezvousCoordinator {
   int64_t generation() const;
 
  private:
+  // `table` (a generation's full table) after the changes of each generation up to `newest`, read
+  // in one MultiGet: nullopt when one is missing (its publisher wrote none: the caller reads the
+  // table), DataLoss naming the key when one is malformed or of another world size.
+  absl::StatusOr<std::optional<Membership>> FollowTableChanges(Membership table, int64_t newest,
+                                                               absl::Duration timeout);
   // Publishes `next` (its table, and its changes from `previous`, the generation before it; none
   // for generation 0) and assigns each standby of `assignments` (member id -> rank) in the same
   // step. Aborted when another coordinator claimed next.generation first (this one then reloads).

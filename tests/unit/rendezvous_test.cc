@@ -891,6 +891,53 @@ TEST_F(Rendezvous, ASuccessorCoordinatorResumesAndADeposedOneCannotPublishOverIt
   EXPECT_EQ(coordinator_.generation(), 1);
 }
 
+// An agent that holds a generation follows the next ones through their changes, O(ranks changed),
+// not their tables, and holds the same table as the coordinator that published them.
+TEST_F(Rendezvous, AFollowerHoldingAGenerationReadsOnlyTheChangesOfTheNextOnes) {
+  FormGenerationZero(4);
+  ReadRecordingStore follower_store(shared_.NewClient());
+  RendezvousCoordinator follower(&follower_store, Clock::Real(), "hostB");
+  ASSERT_TRUE(follower.Resume(kTimeout).ok());
+  EXPECT_TRUE(follower_store.Read("rdzv/gen/0/table", ""));  // it held none: the table
+  Process standby(shared_, "host:standby0");
+  std::thread parked([&] { (void)standby.member.ParkAsStandby(kTimeout); });
+  AwaitParkedStandbys(1);
+  ASSERT_TRUE(coordinator_.ReplaceRank(2, kTimeout).ok());
+  parked.join();
+  ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
+
+  ASSERT_TRUE(follower.Resume(kTimeout).ok());
+  EXPECT_EQ(follower.current().generation, 2);
+  EXPECT_EQ(follower.current().members, coordinator_.current().members);
+  EXPECT_EQ(follower.current().members[2], "host:standby0");
+  EXPECT_FALSE(follower_store.Read("rdzv/gen/1/table", ""));
+  EXPECT_FALSE(follower_store.Read("rdzv/gen/2/table", ""));
+  EXPECT_TRUE(follower_store.Read("rdzv/gen/1/changes", ""));
+}
+
+// A generation whose changes are missing (a coordinator that writes none) is followed from its
+// table; malformed changes are an error naming their key, never a guess.
+TEST_F(Rendezvous, AFollowerReadsTheTableWithoutChangesAndRefusesMalformedOnes) {
+  FormGenerationZero(3);
+  ReadRecordingStore recording(shared_.NewClient());
+  RendezvousCoordinator reader(&recording, Clock::Real(), "hostC");
+  ASSERT_TRUE(reader.Resume(kTimeout).ok());
+  ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
+  ASSERT_TRUE(coordinator_store_->Delete(store_keys::RdzvChanges(1), kTimeout).ok());
+  ASSERT_TRUE(reader.Resume(kTimeout).ok());
+  EXPECT_EQ(reader.current().generation, 1);
+  EXPECT_EQ(reader.current().members, coordinator_.current().members);
+  EXPECT_TRUE(recording.Read("rdzv/gen/1/table", ""));
+
+  ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
+  ASSERT_TRUE(
+      coordinator_store_->Set(store_keys::RdzvChanges(2), "2\n3\nnot a change", kTimeout).ok());
+  absl::Status malformed = reader.Resume(kTimeout);
+  EXPECT_TRUE(absl::IsDataLoss(malformed)) << malformed;
+  EXPECT_THAT(malformed.message(), HasSubstr(store_keys::RdzvChanges(2)));
+  EXPECT_EQ(reader.current().generation, 1);
+}
+
 TEST_F(Rendezvous, ResumingBeforeGenerationZeroIsNotFound) {
   EXPECT_TRUE(absl::IsNotFound(coordinator_.Resume(kTimeout)));
 }
