@@ -14,6 +14,8 @@
 //                                       die (DeathReport)
 //   agents/stopped/<member>             the host: its agent sees the rank process stopped (SIGSTOP)
 //   agents/kill/<host>/<member>         KillRequest (store_keys.h: AgentKill, AgentKillMember)
+//   agents/kills/<host>                 the count of kill requests written for the host
+//                                       (store_keys.h: AgentKillCount)
 //   agents/finished/<rank>              the member that finished rank <rank> with status 0
 //   agents/round<K>/finished/<rank>     the same in restart round K (--restart-all)
 //   agents/metrics/<host>               the host's fail-slow sample

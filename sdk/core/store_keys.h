@@ -285,6 +285,12 @@ inline std::string AgentKillPrefix(absl::string_view host) {
 inline std::string AgentKill(absl::string_view host, absl::string_view member) {
   return absl::StrCat(AgentKillPrefix(host), member);
 }
+// agents/kills/<host>: how many kill requests were written for `host` (an Add after each request),
+// so that its agent, which reads the count with the rest of its turn, lists its requests only when
+// the count moved, not in every turn.
+inline std::string AgentKillCount(absl::string_view host) {
+  return absl::StrCat("agents/kills/", host);
+}
 // The member whose kill `key` (one of AgentKillPrefix(host)) requests; nullopt when it is not one.
 inline std::optional<std::string> AgentKillMember(absl::string_view host, std::string_view key) {
   return NameAfter(AgentKillPrefix(host), key);

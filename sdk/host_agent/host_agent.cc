@@ -169,11 +169,30 @@ std::optional<AgentExit> HostAgent::CheckFenced() {
   return AgentExit{options_.failed_exit_code, std::move(failure)};
 }
 
+absl::Status RequestKill(Store* store, std::string_view host, std::string_view member,
+                         const store_keys::KillRequest& request, absl::Duration timeout) {
+  const absl::string_view h(host.data(), host.size());
+  if (absl::Status s =
+          store->Set(store_keys::AgentKill(h, absl::string_view(member.data(), member.size())),
+                     store_keys::EncodeKillRequest(request), timeout);
+      !s.ok()) {
+    return s;
+  }
+  return store->Add(store_keys::AgentKillCount(h), 1, timeout).status();
+}
+
 void HostAgent::ExecuteKillRequests() {
   const absl::Duration timeout = options_.call_timeout;
+  // The count first (read with the rest of the turn): the requests are listed only when it moved.
+  absl::StatusOr<std::string> count =
+      store_->Get(store_keys::AgentKillCount(options_.host_id), timeout);
+  if (!count.ok() && !absl::IsNotFound(count.status())) return;  // the next tick reads them
+  const std::string seen = count.ok() ? *count : "0";
+  if (kill_count_seen_ == seen) return;
   const std::string prefix = store_keys::AgentKillPrefix(options_.host_id);
   absl::StatusOr<std::vector<std::string>> keys = store_->ListKeys(prefix, timeout);
   if (!keys.ok()) return;  // the store briefly unreachable: the next tick reads them
+  kill_count_seen_ = seen;
   for (const std::string& key : *keys) {
     const std::string member = store_keys::AgentKillMember(options_.host_id, key).value_or("");
     absl::StatusOr<std::string> value = store_->Get(key, timeout);

@@ -31,15 +31,18 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "sdk/agent/failure_history.h"
+#include "sdk/agent/process_supervisor.h"
 #include "sdk/core/agent_keys.h"
 #include "sdk/core/rank_reports.h"
-#include "sdk/agent/process_supervisor.h"
+#include "sdk/core/store_keys.h"
 #include "sdk/host_agent/host_sampler.h"
 #include "trainguard/clock.h"
 #include "trainguard/events.h"
@@ -100,6 +103,13 @@ struct HostAssignment {
   std::string Describe(const std::string& host, int64_t round) const;
   friend bool operator==(const HostAssignment&, const HostAssignment&) = default;
 };
+
+// Asks `host`'s agent to kill the process of `member` (the coordinator's act): writes the request
+// (agents/kill/<host>/<member>), then advances the host's count of requests (agents/kills/<host>),
+// which its agent reads every turn and lists the requests only when it moved. The store's error
+// when either write fails (a request without its count is carried out at the next count's move).
+absl::Status RequestKill(Store* store, std::string_view host, std::string_view member,
+                         const store_keys::KillRequest& request, absl::Duration timeout);
 
 // What `plan` gives `host`, which runs `ranks_per_host` ranks (--nproc-per-node) and keeps
 // `spares` standbys beside them (--standby): a training host its group's ranks and the spares, a
@@ -206,6 +216,8 @@ class HostAgent {
   // worker that `member` names, not killed yet, is killed (KillWorker) with the request's kind and
   // reason. A request of a lease term older than Hooks::latest_term came from a coordinator
   // deposed meanwhile and is ignored (said); a malformed one too. Each request read is deleted.
+  // The requests are listed only when their count (agents/kills/<host>, RequestKill) moved since
+  // the last listing: one Get per turn, read with the turn's other keys (TurnReadStore).
   void ExecuteKillRequests();
 
   // SIGKILLs `worker`'s process group and records `what` (rank_unresponsive, hang_suspect, ...)
@@ -280,6 +292,8 @@ class HostAgent {
   RankReports* rank_reports_ = &store_rank_reports_;
 
   int64_t beats_ = 0;
+  // The count of kill requests (agents/kills/<host>) when they were last listed; nullopt: never.
+  std::optional<std::string> kill_count_seen_;
   absl::Time store_seen_;  // when the store last took a beat (the start of that call)
   absl::Time next_host_sample_ = absl::InfinitePast();  // PublishHostSample's next second
   bool work_records_asked_ = false;  // PublishHostSample wrote health/work_wanted

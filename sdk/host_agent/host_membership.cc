@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
 #include "sdk/core/agent_keys.h"
@@ -13,10 +14,12 @@
 namespace trainguard {
 
 StoreHostMembership::StoreHostMembership(Store* store, Clock* clock, HostAgent* agent,
+                                         TurnReadStore* turn_reads,
                                          StoreHostMembershipOptions options, Hooks hooks)
     : store_(store),
       clock_(clock),
       agent_(agent),
+      turn_reads_(turn_reads),
       options_(std::move(options)),
       hooks_(std::move(hooks)) {}
 
@@ -41,6 +44,10 @@ std::optional<AgentExit> StoreHostMembership::Tick() {
   const absl::Time now = clock_->Now();
   if (now < next_tick_) return std::nullopt;
   next_tick_ = now + options_.tick_interval;
+  // What the turn reads, in one request; answered from it until the turn ends (a failed read:
+  // every Get goes to the store, as before).
+  (void)turn_reads_->BeginTurn(hooks_.turn_keys(), options_.call_timeout);
+  absl::Cleanup end_turn = [this] { turn_reads_->EndTurn(); };
   if (std::optional<std::string> lost = agent_->Heartbeat(); lost.has_value()) {
     hooks_.fail(*lost);
     return std::nullopt;

@@ -24,10 +24,12 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "sdk/host_agent/host_agent.h"
+#include "sdk/host_agent/turn_read_store.h"
 #include "trainguard/clock.h"
 #include "trainguard/store.h"
 
@@ -74,6 +76,8 @@ struct StoreHostMembershipOptions {
   std::string job_id;  // for the message of a host id that joined twice
   // How long the join's store calls may take.
   absl::Duration join_timeout = absl::Seconds(10);
+  // How long the turn's read of its keys (Hooks::turn_keys) may take.
+  absl::Duration call_timeout = absl::Milliseconds(750);
   // The cadence of the agent's turns (--host-timeout / 12): the heartbeat's, and the rest's.
   absl::Duration tick_interval = absl::Milliseconds(250);
   // Whether this agent serves the job's store (HostLayout::serve_store_port): it then leaves only
@@ -103,11 +107,17 @@ class StoreHostMembership final : public HostMembership {
     // Starts the processes the published plan gives this host in a restart round (the plan is read
     // anew: a standby host may hold a dead host's group rank now); an error names why not.
     std::function<absl::Status()> start_planned;
+    // The keys this turn reads with a Get (its fence, the job's end, the lease, the newest
+    // generation, its kill requests' count, the plan until it is followed...): read at the turn's
+    // start in one request (TurnReadStore::BeginTurn).
+    std::function<std::vector<std::string>()> turn_keys;
   };
 
-  // REQUIRES: `store`, `clock` and `agent` outlive this; every hook is set. `store` is the job's
-  // (the agents'); `agent` is this host's.
-  StoreHostMembership(Store* store, Clock* clock, HostAgent* agent,
+  // REQUIRES: `store`, `clock`, `agent` and `turn_reads` outlive this; every hook is set. `store`
+  // is the job's (the agents'); `agent` is this host's; `turn_reads` is the store in front of
+  // `store` that the agent's parts read through (the agent, the lease, the rendezvous coordinator):
+  // each turn's Gets of Hooks::turn_keys are answered from one MultiGet made at the turn's start.
+  StoreHostMembership(Store* store, Clock* clock, HostAgent* agent, TurnReadStore* turn_reads,
                       StoreHostMembershipOptions options, Hooks hooks);
   StoreHostMembership(const StoreHostMembership&) = delete;
   StoreHostMembership& operator=(const StoreHostMembership&) = delete;
@@ -119,7 +129,9 @@ class StoreHostMembership final : public HostMembership {
   // Nothing: this host's processes start when the coordinator's plan names them (Hooks::follow).
   absl::Status Start() override { return absl::OkStatus(); }
   absl::Status StartRound(int64_t round) override;
-  // At most once per tick_interval by the clock: the heartbeat (a host that lost the store past its
+  // At most once per tick_interval by the clock: the keys the turn reads, in one request
+  // (Hooks::turn_keys: what follows reads them as of the turn's start); the heartbeat (a host that
+  // lost the store past its
   // bound fails the job: Hooks::fail); then the fence (a fenced host ends first, whether or not the
   // job ended meanwhile: it leaves saying it was fenced out) and the job's end (job/failed, then
   // job/done) end this agent, before it could take over a lease the leaving coordinator released;
@@ -139,6 +151,7 @@ class StoreHostMembership final : public HostMembership {
   Store* const store_;
   Clock* const clock_;
   HostAgent* const agent_;
+  TurnReadStore* const turn_reads_;
   const StoreHostMembershipOptions options_;
   const Hooks hooks_;
   absl::Time next_tick_ = absl::InfinitePast();

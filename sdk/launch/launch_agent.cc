@@ -318,6 +318,8 @@ class Job {
   // that is behaviour (how this host's processes start, what the loop's turn does for this host,
   // joining, a failure's word to the other hosts, leaving), made once.
   void CreateHostMembership();
+  // The keys one turn of this agent reads with a Get (StoreHostMembership::Hooks::turn_keys).
+  std::vector<std::string> TurnKeys() const;
   void FollowGeneration();
   // The coordinator's share: generation 0's formation, then job_coordinator_'s host duties (host
   // liveness, the ranks' deaths the agents report, completion).
@@ -380,6 +382,8 @@ class Job {
   int master_port_ = 0;
   std::unique_ptr<TcpStoreServer> server_;
   std::unique_ptr<Store> store_;
+  // store_ itself: the job's store behind the turn's reads (TurnReadStore; Prepare).
+  TurnReadStore* turn_reads_ = nullptr;
   std::unique_ptr<RendezvousCoordinator> coordinator_;
   // Starts, signals and reaps every process of the job (created by Prepare); children_ are its
   // workers.
@@ -520,6 +524,13 @@ absl::Status Job::Prepare() {
     if (!store.ok()) return store.status();
     store_ = *std::move(store);
   }
+  // The agent's turn reads its keys in one request (StoreHostMembership::Tick): every part of this
+  // agent reads the job's store through it.
+  {
+    auto turn_reads = std::make_unique<TurnReadStore>(std::move(store_));
+    turn_reads_ = turn_reads.get();
+    store_ = std::move(turn_reads);
+  }
   if (layout_.clears_stale_job_keys) {
     // An external store may remember a stop of an earlier run of this job id: this run starts
     // afresh. (The ranks' keys are the rendezvous' business; these two are the launcher's.)
@@ -592,6 +603,7 @@ void Job::CreateHostMembership() {
   options.master_port = master_port_;
   options.job_id = config_.job_id;
   options.join_timeout = kStoreTimeout;
+  options.call_timeout = AgentCallTimeout(config_.host_timeout);
   options.tick_interval = config_.host_timeout / 12;
   options.serves_store = server_ != nullptr;
   options.leave_wait = 2 * config_.host_timeout + absl::Seconds(5);
@@ -612,8 +624,21 @@ void Job::CreateHostMembership() {
     }
   };
   hooks.start_planned = [this] { return StartPlannedProcesses(); };
-  membership_ = std::make_unique<StoreHostMembership>(store_.get(), clock_, host_agent_.get(),
-                                                      std::move(options), std::move(hooks));
+  hooks.turn_keys = [this] { return TurnKeys(); };
+  membership_ = std::make_unique<StoreHostMembership>(
+      store_.get(), clock_, host_agent_.get(), turn_reads_, std::move(options), std::move(hooks));
+}
+
+std::vector<std::string> Job::TurnKeys() const {
+  std::vector<std::string> keys = {store_keys::kAgentsDead.Key(HostLabel()), store_keys::kJobFailed,
+                                   store_keys::kJobDone, store_keys::AgentKillCount(HostLabel())};
+  if (lease_ != nullptr) keys.push_back(store_keys::kCoordLease);
+  // The plan until this host follows it; then the newest generation (a restart round's is on the
+  // round's store, read apart).
+  if (!spawned_) keys.push_back(store_keys::kAgentPlan);
+  if (spawned_ && round_store_ == nullptr) keys.push_back(store_keys::kRdzvCurrent);
+  if (config_.restart_all >= 0) keys.push_back(store_keys::kAgentRestart);
+  return keys;
 }
 
 void Job::CreateJobCoordinator() {
@@ -1589,10 +1614,9 @@ void Job::KillMember(const std::string& member, EventKind what, const std::strin
   const std::string host = store_keys::MemberHost(member);
   Say(absl::StrFormat("asking host %s to kill %s: %s", host, member, why));
   // Fenced by this coordinator's lease term: the agent ignores it once a newer term exists.
-  (void)store_->Set(
-      store_keys::AgentKill(host, member),
-      store_keys::EncodeKillRequest({lease_->term(), std::string(EventKindName(what)), why}),
-      AgentCallTimeout(config_.host_timeout));
+  (void)RequestKill(store_.get(), host, member,
+                    {lease_->term(), std::string(EventKindName(what)), why},
+                    AgentCallTimeout(config_.host_timeout));
 }
 
 void Job::CoordinateHosts() {

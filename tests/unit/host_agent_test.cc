@@ -118,12 +118,9 @@ class HostAgentTest : public ::testing::Test {
   // A kill request of lease term `term`, written as JobCoordinator's holder writes it.
   void RequestKill(const std::string& host, const std::string& member, int64_t term, EventKind what,
                    const std::string& why) {
-    ASSERT_TRUE(
-        store_
-            .Set(store_keys::AgentKill(host, member),
-                 store_keys::EncodeKillRequest({term, std::string(EventKindName(what)), why}),
-                 kCall)
-            .ok());
+    ASSERT_TRUE(trainguard::RequestKill(&store_, host, member,
+                                        {term, std::string(EventKindName(what)), why}, kCall)
+                    .ok());
   }
   bool Has(const std::string& key) { return store_.Get(key, kCall).ok(); }
 
@@ -193,6 +190,7 @@ TEST_F(HostAgentTest, AMalformedKillRequestIsIgnoredAndDropped) {
   HostWorker& rank2 = h1_.Start(2);
   const std::string key = store_keys::AgentKill("h1", rank2.member_id);
   ASSERT_TRUE(store_.Set(key, "4 no_such_kind why", kCall).ok());
+  ASSERT_TRUE(store_.Add(store_keys::AgentKillCount("h1"), 1, kCall).ok());
   h1_.agent->ExecuteKillRequests();
   EXPECT_THAT(h1_.supervisor.signals(), IsEmpty());
   ASSERT_EQ(h1_.said.size(), 1u);

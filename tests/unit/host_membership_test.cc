@@ -24,6 +24,7 @@
 #include "sdk/host_agent/host_agent.h"
 #include "tests/support/agent_connection.h"
 #include "tests/support/agent_fixtures.h"
+#include "tests/support/counting_store.h"
 #include "tests/support/fake_process_supervisor.h"
 #include "trainguard/clock.h"
 #include "trainguard/events.h"
@@ -49,7 +50,7 @@ enum class Layout { kOneHost, kSeveralHosts };
 struct Agent {
   Agent(const std::string& id, Layout layout, Store* store, ManualClock* clock,
         bool serves_store = false)
-      : id(id), link(store) {
+      : id(id), link(store), counted(&link), turn_reads(&counted) {
     const HostAgentOptions options =
         testing::TestHostAgentOptions(id, kCall, kFailed, kStoreLossBound);
     HostAgent::Hooks hooks;
@@ -61,7 +62,7 @@ struct Agent {
       return absl::StrCat("/run/job/pids/", this->id, "/rank-", rank);
     };
     hooks.rank_taken = [](HostWorker&) {};
-    agent = std::make_unique<HostAgent>(&link, clock, &supervisor, options, std::move(hooks));
+    agent = std::make_unique<HostAgent>(&turn_reads, clock, &supervisor, options, std::move(hooks));
     if (layout == Layout::kOneHost) {
       OneHostMembership::Hooks h;
       h.formed = [this] { return formed; };
@@ -98,8 +99,13 @@ struct Agent {
       turn.push_back("start planned");
       return start_result;
     };
-    membership = std::make_unique<StoreHostMembership>(&link, clock, agent.get(), std::move(m),
-                                                       std::move(h));
+    // The keys the launcher's turn reads that this agent's own parts read (Job::TurnKeys).
+    h.turn_keys = [this] {
+      return std::vector<std::string>{store_keys::kAgentsDead.Key(this->id), store_keys::kJobFailed,
+                                      store_keys::kJobDone, store_keys::AgentKillCount(this->id)};
+    };
+    membership = std::make_unique<StoreHostMembership>(&turn_reads, clock, agent.get(), &turn_reads,
+                                                       std::move(m), std::move(h));
   }
 
   HostWorker& StartRank(int rank) {
@@ -108,6 +114,8 @@ struct Agent {
 
   std::string id;
   testing::AgentConnection link;
+  testing::CountingStore counted;  // what this agent asks of the store
+  TurnReadStore turn_reads;        // in front of it, as the launcher's agent reads the store
   testing::FakeProcessSupervisor supervisor;
   std::vector<std::unique_ptr<HostWorker>> workers;
   std::unique_ptr<HostAgent> agent;
@@ -249,6 +257,39 @@ TEST(StoreHostMembership, ATurnActsAtMostOncePerTickInterval) {
               ElementsAre("lease", "follow", "coordinate", "lease", "follow", "coordinate"));
 }
 
+// A quiet turn costs the store two requests, whatever the agent's parts read: its keys in one
+// MultiGet and its heartbeat. A kill request moves the count the turn reads: the next turn lists
+// the requests, carries it out, and the turn after is quiet again.
+TEST(StoreHostMembership, AQuietTurnReadsItsKeysInOneRequestAndListsKillsOnlyWhenTheirCountMoved) {
+  InMemoryStore store;
+  ManualClock clock;
+  Agent h1("h1", Layout::kSeveralHosts, &store, &clock);
+  HostWorker& rank0 = h1.StartRank(0);
+  ASSERT_EQ(h1.membership->Tick(), std::nullopt);  // the first turn lists the requests once
+  h1.counted.Reset();
+  clock.Advance(kTick);
+  ASSERT_EQ(h1.membership->Tick(), std::nullopt);
+  using Counts = testing::CountingStore::Counts;
+  EXPECT_EQ(h1.counted.counts(),
+            (Counts{{{"MultiGet", "agents/dead/hN|job/failed|job/done|agents/kills/hN"}, 1},
+                    {{"Set", "agents/hb/hN"}, 1}}));
+  EXPECT_GE(h1.turn_reads.reads_answered(), 4);
+
+  ASSERT_TRUE(RequestKill(&store, "h1", rank0.member_id,
+                          {1, std::string(EventKindName(EventKind::kRankUnresponsive)), "stale"},
+                          kCall)
+                  .ok());
+  clock.Advance(kTick);
+  ASSERT_EQ(h1.membership->Tick(), std::nullopt);
+  EXPECT_TRUE(rank0.killed_for_liveness);
+  EXPECT_FALSE(store.Get(store_keys::AgentKill("h1", rank0.member_id), kCall).ok());
+
+  h1.counted.Reset();
+  clock.Advance(kTick);
+  ASSERT_EQ(h1.membership->Tick(), std::nullopt);
+  EXPECT_EQ(h1.counted.counts().count({"ListKeys", "agents/kill/hN/"}), 0u);
+}
+
 // A turn carries out the kill requests addressed to this host between following the generation
 // and coordinating; once the job ended for this agent (following the plan failed it), the rest of
 // the turn is skipped: no kill carried out, no stop report, no coordination.
@@ -258,11 +299,9 @@ TEST(StoreHostMembership, ATurnStopsWhereTheJobEndedForThisAgent) {
   Agent h1("h1", Layout::kSeveralHosts, &store, &clock);
   HostWorker& rank0 = h1.StartRank(0);
   const std::string kill = store_keys::AgentKill("h1", rank0.member_id);
-  ASSERT_TRUE(store
-                  .Set(kill,
-                       store_keys::EncodeKillRequest(
-                           {1, std::string(EventKindName(EventKind::kRankUnresponsive)), "stale"}),
-                       kCall)
+  ASSERT_TRUE(RequestKill(&store, "h1", rank0.member_id,
+                          {1, std::string(EventKindName(EventKind::kRankUnresponsive)), "stale"},
+                          kCall)
                   .ok());
   h1.end_in_follow = true;
   EXPECT_EQ(h1.membership->Tick(), std::nullopt);
