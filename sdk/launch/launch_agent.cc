@@ -278,6 +278,8 @@ class Job {
   // own agent relabels it, FollowGeneration).
   void OnRankTaken(int rank, const std::string& member, int64_t generation);
   std::optional<std::string> ReadJobStop(absl::Duration timeout);
+  // One host: a rank's stop (job/stop), read every 250 ms by the loop; several hosts read it in
+  // the agent's turn, with the turn's other keys.
   void WatchJobStop();
   void StopJob(const std::string& reason);
   // The lines that describe the backup placement of a job of `training_hosts` hosts (said by the
@@ -615,6 +617,13 @@ void Job::CreateHostMembership() {
   hooks.follow = [this] {
     if (!spawned_) (void)StartPlannedProcesses();  // NotFound: no plan yet
     if (exit_code_ < 0) FollowGeneration();
+    // A rank's stop, read with the turn's keys (one host reads it in its loop instead).
+    if (exit_code_ < 0) {
+      if (std::optional<std::string> reason = ReadJobStop(AgentCallTimeout(config_.host_timeout));
+          reason.has_value()) {
+        StopJob(*reason);
+      }
+    }
   };
   hooks.coordinate = [this] {
     if (coordinating()) CoordinateHosts();
@@ -636,7 +645,10 @@ std::vector<std::string> Job::TurnKeys() const {
   // The plan until this host follows it; then the newest generation (a restart round's is on the
   // round's store, read apart).
   if (!spawned_) keys.push_back(store_keys::kAgentPlan);
-  if (spawned_ && round_store_ == nullptr) keys.push_back(store_keys::kRdzvCurrent);
+  if (spawned_ && round_store_ == nullptr) {
+    keys.push_back(store_keys::kRdzvCurrent);
+    keys.push_back(kJobStopKey);
+  }
   if (config_.restart_all >= 0) keys.push_back(store_keys::kAgentRestart);
   return keys;
 }
@@ -1390,7 +1402,7 @@ int Job::Run() {
     }
     if (formed_reported_ && exit_code_ < 0 && coordinating()) hang_coordinator_->Poll();
     if (formed_reported_ && exit_code_ < 0 && coordinating()) RenewGenerationWhenAsked();
-    if (exit_code_ < 0) WatchJobStop();
+    if (exit_code_ < 0 && !layout_.several_hosts) WatchJobStop();
     if (exit_code_ < 0) RespawnStandbys();
     if (coordinating() && clock_->Now() >= next_persist_check_) {
       next_persist_check_ = clock_->Now() + absl::Milliseconds(500);
