@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -95,13 +96,11 @@ void RankWatch::KillMembersStoppedInFormation() {
 
 bool RankWatch::EveryRankResumed(int64_t generation) {
   if (world_size_ <= 0) return false;
-  std::vector<std::string> keys;
-  for (int r = 0; r < world_size_; ++r) keys.push_back(store_keys::Resumed(generation, r));
-  absl::StatusOr<std::vector<std::optional<std::string>>> values =
-      ranks_store_->MultiGet(keys, options_.store_timeout);
-  if (!values.ok()) return false;
-  return std::all_of(values->begin(), values->end(),
-                     [](const std::optional<std::string>& v) { return v.has_value(); });
+  // One key, whatever the world size: the ranks count themselves (PublishResumed).
+  absl::StatusOr<std::string> count =
+      ranks_store_->Get(store_keys::ResumedCount(generation), options_.store_timeout);
+  int64_t resumed = 0;
+  return count.ok() && absl::SimpleAtoi(*count, &resumed) && resumed >= world_size_;
 }
 
 void RankWatch::CheckRecoveries(std::vector<Recovery>& recoveries) {

@@ -109,8 +109,9 @@ class RankWatch {
   // Once per member; a member no longer reported stopped starts afresh.
   void KillMembersStoppedInFormation();
 
-  // Whether every rank completed its first step of `generation` (store_keys::Resumed); false
-  // when the store does not answer.
+  // Whether every rank completed its first step of `generation`: one read of the ranks' count
+  // (store_keys::ResumedCount, PublishResumed), whatever the world size; false when the store does
+  // not answer.
   bool EveryRankResumed(int64_t generation);
   // Ends each recovery of `recoveries` whose generation (raised to the current one: a second fault
   // before every rank resumed extends it) every rank resumed: records `recovered` (took_ms, host)

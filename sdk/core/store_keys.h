@@ -126,6 +126,11 @@ inline std::string RdzvBarrierPassed(int64_t generation, absl::string_view name)
 inline std::string Resumed(int64_t generation, int rank) {
   return absl::StrCat(RdzvGeneration(generation), "resumed/", rank);
 }
+// How many ranks wrote their Resumed key of `generation` (each adds one after its first write of
+// it): the coordinator reads one key per turn to learn that a recovery ended, not every rank's.
+inline std::string ResumedCount(int64_t generation) {
+  return absl::StrCat(RdzvGeneration(generation), "resumed_count");
+}
 
 // The value of RdzvAssign(member): the coordinator gives a parked standby `rank` in `generation`.
 struct Assignment {

@@ -575,6 +575,16 @@ absl::Status RendezvousCoordinator::Resume(absl::Duration timeout) {
   return absl::OkStatus();
 }
 
+absl::Status PublishResumed(Store* store, int64_t generation, int rank, int64_t step,
+                            absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::StatusOr<CompareAndSetResult> written = store->CompareAndSet(
+      store_keys::Resumed(generation, rank), std::nullopt, absl::StrCat(step), timeout);
+  if (!written.ok()) return written.status();
+  if (!written->swapped) return absl::OkStatus();  // counted by the call that wrote it
+  return store->Add(store_keys::ResumedCount(generation), 1, Left(deadline)).status();
+}
+
 absl::StatusOr<std::optional<Membership>> RendezvousCoordinator::FollowTableChanges(
     Membership table, int64_t newest, absl::Duration timeout) {
   std::vector<std::string> keys;

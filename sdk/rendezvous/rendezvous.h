@@ -44,7 +44,10 @@
 //   rdzv/gen/<g>/plan              the RecoveryPlan of generation g, computed from every rank's
 //                                  progress by the rank whose count completed it; "superseded by
 //                                  <g+1>" when the coordinator published g+1 before it was
-//   rdzv/gen/<g>/resumed/<rank>    the first step a rank completed in generation g (Runtime)
+//   rdzv/gen/<g>/resumed/<rank>    the first step a rank completed in generation g (Runtime,
+//                                  PublishResumed)
+//   rdzv/gen/<g>/resumed_count     how many ranks wrote theirs (the coordinator's one read per
+//                                  turn while a recovery is measured)
 //   rdzv/gen/<g>/renew/<rank>      a rank of generation g asks for g+1 with the same members; the
 //                                  value says why
 //   rdzv/hb/<member>               heartbeat counter, advanced by each member's heartbeat thread
@@ -220,6 +223,12 @@ class RendezvousMember {
   Notification stop_;
   std::thread heartbeat_;
 };
+
+// Says that `rank` completed its first step of `generation`, `step` (Runtime, once per generation):
+// writes rdzv/gen/<g>/resumed/<rank> if it is absent and, when it wrote it, adds one to
+// rdzv/gen/<g>/resumed_count, so that a retried or repeated call counts once. The store's error.
+absl::Status PublishResumed(Store* store, int64_t generation, int rank, int64_t step,
+                            absl::Duration timeout);
 
 // Decides membership: forms generation 0 and replaces dead ranks with standbys. One acts for a job
 // at a time (the launcher, or the host agent that holds the coordinator lease); a coordinator that

@@ -351,8 +351,8 @@ void RuntimeImpl::AnnounceResumed(int64_t step) {
   if (store_ == nullptr) return;
   // Best effort: a launcher that misses it reports no recovery time and watches the superseded
   // generations for a late hang until a later generation is announced by every rank.
-  (void)store_->Set(store_keys::Resumed(generation, rank_), absl::StrCat(step),
-                    absl::Milliseconds(options_.rendezvous_timeout_ms));
+  (void)PublishResumed(store_, generation, rank_, step,
+                       absl::Milliseconds(options_.rendezvous_timeout_ms));
 }
 
 void RuntimeImpl::RecordStepFault(const StepResult& result) {

@@ -97,7 +97,7 @@ class RankWatchTest : public ::testing::Test {
   }
   // Rank `rank` completed its first step of `generation`, as the Runtime records it.
   void Resume(int64_t generation, int rank) {
-    ASSERT_TRUE(store_.Set(store_keys::Resumed(generation, rank), "1", kCall).ok());
+    ASSERT_TRUE(PublishResumed(&store_, generation, rank, 1, kCall).ok());
   }
   absl::Duration Elapsed() { return clock_.Now() - absl::UnixEpoch(); }
   void AdvanceTo(absl::Duration since_start) { clock_.Advance(since_start - Elapsed()); }

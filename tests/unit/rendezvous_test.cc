@@ -938,6 +938,15 @@ TEST_F(Rendezvous, AFollowerReadsTheTableWithoutChangesAndRefusesMalformedOnes) 
   EXPECT_EQ(reader.current().generation, 1);
 }
 
+// A rank's first step of a generation is counted once, however often it says so.
+TEST_F(Rendezvous, AResumedRankIsCountedOnceWhateverItsRetries) {
+  ASSERT_TRUE(PublishResumed(coordinator_store_.get(), 3, 1, 40, kTimeout).ok());
+  ASSERT_TRUE(PublishResumed(coordinator_store_.get(), 3, 1, 41, kTimeout).ok());
+  ASSERT_TRUE(PublishResumed(coordinator_store_.get(), 3, 0, 40, kTimeout).ok());
+  EXPECT_EQ(*coordinator_store_->Get(store_keys::ResumedCount(3), kTimeout), "2");
+  EXPECT_EQ(*coordinator_store_->Get(store_keys::Resumed(3, 1), kTimeout), "40");
+}
+
 TEST_F(Rendezvous, ResumingBeforeGenerationZeroIsNotFound) {
   EXPECT_TRUE(absl::IsNotFound(coordinator_.Resume(kTimeout)));
 }
