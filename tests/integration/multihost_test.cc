@@ -438,6 +438,23 @@ TEST_F(MultiHost, RanksAreAssignedByHostWithTorchrunsEnvironmentAndTheLastHostIs
   EXPECT_THAT(job.Output(1), HasSubstr("2 host(s) train, 1 are standby hosts"));
 }
 
+// A rank that gives up publishes job/stop: every host's agent reads it in its turn (with the turn's
+// other keys), stops its ranks and exits 1 naming it; nobody is replaced.
+TEST_F(MultiHost, ARanksJobStopStopsEveryHostAndNobodyIsReplaced) {
+  MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 2);
+  const std::vector<std::string> stop_job = {TRAINGUARD_FAULT_RANK_PATH, "stop-job"};
+  job.StartHost(1, false, {}, stop_job);
+  ASSERT_TRUE(job.Await(1, "coordinating the job")) << job.AllOutput();
+  job.StartHost(2, false, {}, stop_job);
+  for (int n : {1, 2}) {
+    EXPECT_EQ(job.Wait(n), 1) << job.AllOutput();
+    EXPECT_THAT(job.Output(n), HasSubstr("job stopped: rank 0: step 7 failed again after 2 "
+                                         "rollbacks (limit 2)"))
+        << job.AllOutput();
+  }
+  EXPECT_THAT(job.AllOutput(), ::testing::Not(HasSubstr("takes rank")));
+}
+
 // 1. A whole host dies (its PID namespace is killed): its two ranks are replaced at once by the
 // standby host's two, in one generation, which restore its snapshots from the memory of the host
 // that held their backups; nothing is read from disk, and the job finishes. Before that, one of the
