@@ -17,15 +17,18 @@
 // Host 1 starts first and coordinates; once "step 300 loss" appears and a step is committed both
 // in memory and on disk, host K (--kill-host, default 3, or 2 with two worker hosts) is killed
 // (SIGKILL to its PID namespace's init: every process of the host at once), and the logs are
-// polled every 10 ms until the coordinator prints "recovered from the loss of host hostK in X s";
-// the standby host's ranks must say they restored from the
-// source the variant names ("from peer host ..." or "from disk"), else the trial fails. Recorded
-// per trial:
+// polled every 10 ms until the coordinator prints "recovered from the loss of host hostK in X s"
+// (host 1, unless the coordinator lease moved to another agent: a coordinator whose store calls
+// are too slow to renew the lease loses it); the standby host's ranks must say they restored from
+// the source the variant names ("from peer host ..." or "from disk"), else the trial fails.
+// Recorded per trial:
 //   reported: X, the launcher's own figure (the dead host's last heartbeat -> every rank completed
 //             its first step of the new generation);
 //   seen:     the wall time from KillHost() returning to that line appearing in the log (an upper
 //             bound: it includes the log polling);
-//   seen - bound: seen minus the liveness bound (--host-timeout): the recovery proper.
+//   seen - bound: seen minus the liveness bound (--host-timeout): the recovery proper;
+//   and which host reported it and how many coordinator lease terms the agents took (1 when the
+//   lease never moved; more means the figure includes a coordinator failover).
 // The cluster is then torn down (every host killed); the job is not run to its end. Prints the
 // median and max of each figure per backend, and with --json writes every trial's figures.
 //
@@ -40,6 +43,7 @@
 #include <memory>
 #include <optional>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -54,12 +58,12 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "sdk/core/proto_json.h"
 #include "sdk/rendezvous/tcp_store.h"
-#include "trainguard/store.h"
 #include "tests/support/etcd_cluster.h"
 #include "tests/support/example_trainer_job.h"
 #include "tests/support/sim_cluster.h"
-#include "sdk/core/proto_json.h"
+#include "trainguard/store.h"
 
 namespace trainguard {
 namespace {
@@ -134,6 +138,8 @@ struct Trial {
   double reported_s = 0;
   double seen_s = 0;
   double seen_minus_bound_s = 0;
+  int reported_by = 0;  // the host whose agent coordinated the recovery (1 unless the lease moved)
+  int lease_terms = 0;  // the coordinator lease terms taken during the trial (1: it never moved)
 };
 
 struct BackendResult {
@@ -304,21 +310,42 @@ class HostJob {
 
   std::string Log(int n) const { return absl::StrCat(dir_, "/host", n, ".log"); }
 
+  // The coordinator lease terms the agents took ("coordinating the job (lease term T"): one when
+  // the lease never moved.
+  int LeaseTerms() const {
+    const std::regex term("coordinating the job \\(lease term ([0-9]+)");
+    std::set<std::string> terms;
+    for (int n : hosts_) {
+      const std::string text = ReadFile(Log(n));
+      for (auto it = std::sregex_iterator(text.begin(), text.end(), term);
+           it != std::sregex_iterator(); ++it) {
+        terms.insert((*it)[1]);
+      }
+    }
+    return static_cast<int>(terms.size());
+  }
+
   std::string AllOutput() const {
     std::string all;
     for (int n : hosts_) absl::StrAppend(&all, "==== host", n, "\n", ReadFile(Log(n)));
     return all;
   }
 
-  // Polling of host n's log (n == 0: any host's) for a match of `re`, bounded by --wait-s: the
-  // match.
-  absl::StatusOr<std::smatch> Await(int n, const std::regex& re, const std::string& what) const {
+  // Polling of host n's log (n == 0: each host's) for a match of `re`, bounded by --wait-s: the
+  // match, and in `*found_in` (when given) the host whose log has it.
+  absl::StatusOr<std::smatch> Await(int n, const std::regex& re, const std::string& what,
+                                    int* found_in = nullptr) const {
     const absl::Duration bound = absl::Seconds(flags_.wait_s);
+    const std::vector<int> hosts = n > 0 ? std::vector<int>{n} : hosts_;
     for (absl::Time end = absl::Now() + bound; absl::Now() < end;) {
-      // Kept alive for the match, which points into it.
-      text_ = n > 0 ? ReadFile(Log(n)) : AllOutput();
-      std::smatch m;
-      if (std::regex_search(text_, m, re)) return m;
+      for (int host : hosts) {
+        // Kept alive for the match, which points into it.
+        text_ = ReadFile(Log(host));
+        std::smatch m;
+        if (!std::regex_search(text_, m, re)) continue;
+        if (found_in != nullptr) *found_in = host;
+        return m;
+      }
       absl::SleepFor(kPollInterval);
     }
     return absl::DeadlineExceededError(absl::StrCat(
@@ -428,16 +455,19 @@ absl::StatusOr<Trial> RunTrial(const Flags& flags, const std::string& backend,
     const absl::StatusOr<absl::Time> killed = (*cluster)->KillHost(flags.victim);
     if (!killed.ok()) return killed.status();
     const absl::Time kill_returned = absl::Now();
-    absl::StatusOr<std::smatch> recovered =
-        job.Await(1,
-                  std::regex(absl::StrCat("recovered from the loss of host host", flags.victim,
-                                          " in ([0-9.]+) s")),
-                  absl::StrCat("\"recovered from the loss of host host", flags.victim, "\""));
-    if (!recovered.ok()) return recovered.status();
+    // From whichever agent coordinates: host 1 unless the lease moved (a coordinator whose store
+    // calls are too slow to renew it in time loses it).
     Trial t;
+    absl::StatusOr<std::smatch> recovered = job.Await(
+        0,
+        std::regex(
+            absl::StrCat("recovered from the loss of host host", flags.victim, " in ([0-9.]+) s")),
+        absl::StrCat("\"recovered from the loss of host host", flags.victim, "\""), &t.reported_by);
+    if (!recovered.ok()) return recovered.status();
     t.seen_s = absl::ToDoubleSeconds(absl::Now() - kill_returned);
     t.reported_s = std::stod((*recovered)[1]);
     t.seen_minus_bound_s = t.seen_s - flags.host_timeout_s;
+    t.lease_terms = job.LeaseTerms();
     // The measurement is what it claims only if the dead host's ranks restored from `restore`.
     absl::StatusOr<std::smatch> source =
         job.Await(StandbyHost(flags), std::regex("restored step [0-9]+ from (peer host|disk)"),
@@ -515,8 +545,10 @@ absl::Status WriteJson(const Flags& flags, const std::vector<BackendResult>& res
       const Trial& t = r.trials[j];
       absl::StrAppend(&json, j > 0 ? ", " : "",
                       absl::StrFormat("{\"reported_s\": %.3f, \"seen_s\": %.3f, "
-                                      "\"seen_minus_bound_s\": %.3f}",
-                                      t.reported_s, t.seen_s, t.seen_minus_bound_s));
+                                      "\"seen_minus_bound_s\": %.3f, \"reported_by\": \"host%d\", "
+                                      "\"lease_terms\": %d}",
+                                      t.reported_s, t.seen_s, t.seen_minus_bound_s, t.reported_by,
+                                      t.lease_terms));
     }
     absl::StrAppend(&json, "]");
     if (!r.trials.empty()) {
@@ -582,11 +614,16 @@ int Main(int argc, char** argv) {
           failed = true;
           continue;
         }
+        const std::string lease =
+            trial->lease_terms > 1
+                ? absl::StrFormat("; the coordinator lease moved: %d terms, host%d reported",
+                                  trial->lease_terms, trial->reported_by)
+                : "";
         std::printf(
             "%s/%s trial %d: reported %.3f s, seen %.3f s, seen - bound %.3f s (trial took %.1f "
-            "s)\n",
+            "s%s)\n",
             backend.c_str(), restore.c_str(), i + 1, trial->reported_s, trial->seen_s,
-            trial->seen_minus_bound_s, absl::ToDoubleSeconds(absl::Now() - start));
+            trial->seen_minus_bound_s, absl::ToDoubleSeconds(absl::Now() - start), lease.c_str());
         std::fflush(stdout);
         result.trials.push_back(*trial);
       }
