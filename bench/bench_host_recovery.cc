@@ -28,7 +28,12 @@
 //             bound: it includes the log polling);
 //   seen - bound: seen minus the liveness bound (--host-timeout): the recovery proper;
 //   and which host reported it and how many coordinator lease terms the agents took (1 when the
-//   lease never moved; more means the figure includes a coordinator failover).
+//   lease never moved; more means the figure includes a coordinator failover);
+//   phases:   from the events the coordinator and the ranks wrote (RUN_DIR/events), each as the
+//             time after the host was declared dead: the new generation published, the resume
+//             step agreed (the replacement's runtime started), every rank restored, every rank's
+//             communicator rebuilt (its recovery decided: the example trainer's gloo full mesh),
+//             and every rank's first step done (the coordinator's "recovered" event).
 // The cluster is then torn down (every host killed); the job is not run to its end. Prints the
 // median and max of each figure per backend, and with --json writes every trial's figures.
 //
@@ -63,6 +68,8 @@
 #include "tests/support/etcd_cluster.h"
 #include "tests/support/example_trainer_job.h"
 #include "tests/support/sim_cluster.h"
+#include "tools/chaos_report.h"
+#include "trainguard/events.h"
 #include "trainguard/store.h"
 
 namespace trainguard {
@@ -140,7 +147,50 @@ struct Trial {
   double seen_minus_bound_s = 0;
   int reported_by = 0;  // the host whose agent coordinated the recovery (1 unless the lease moved)
   int lease_terms = 0;  // the coordinator lease terms taken during the trial (1: it never moved)
+  // Seconds after the host was declared dead (its "host_lost" event); -1 when the event is missing.
+  struct Phases {
+    double published_s = -1;  // the coordinator's "host_replaced": the new generation published
+    double agreed_s = -1;     // the replacement's runtime started: the resume step agreed
+    double restored_s = -1;   // the last rank's "restored" event of the new generation
+    double connected_s = -1;  // the last rank's recovery decision (its communicator rebuilt)
+    double recovered_s = -1;  // the coordinator's "recovered": every rank's first step done
+  } phases;
 };
+
+// The phases of the recovery from the loss of host `victim`, read from the events of `run_dir`.
+absl::StatusOr<Trial::Phases> ReadPhases(const std::string& run_dir, int victim) {
+  absl::StatusOr<std::vector<Event>> events = tools::ReadRunEvents(run_dir);
+  if (!events.ok()) return events.status();
+  const std::string host = absl::StrCat("host", victim);
+  auto of_host = [&](const Event& e, std::string_view what) {
+    return e.Attribute("what") == what && e.Attribute("host") == host;
+  };
+  std::optional<absl::Time> declared;
+  int64_t generation = -1;
+  for (const Event& e : *events) {
+    if (of_host(e, "host_lost")) declared = e.time;
+    if (of_host(e, "host_replaced")) generation = e.generation;
+  }
+  if (!declared.has_value() || generation < 0) {
+    return absl::NotFoundError(
+        absl::StrCat("no host_lost or host_replaced event of ", host, " in ", run_dir, "/events"));
+  }
+  Trial::Phases p;
+  auto latest = [&](double& phase, absl::Time t) {
+    phase = std::max(phase, absl::ToDoubleSeconds(t - *declared));
+  };
+  for (const Event& e : *events) {
+    if (of_host(e, "host_replaced")) latest(p.published_s, e.time);
+    if (of_host(e, "recovered")) latest(p.recovered_s, e.time);
+    if (e.generation != generation) continue;
+    if (e.type == EventType::kRuntimeStarted && !e.Attribute("replaced_rank").empty()) {
+      latest(p.agreed_s, e.time);
+    }
+    if (e.Attribute("what") == "restored") latest(p.restored_s, e.time);
+    if (e.type == EventType::kRecoveryDecision) latest(p.connected_s, e.time);
+  }
+  return p;
+}
 
 struct BackendResult {
   std::string backend;
@@ -477,6 +527,11 @@ absl::StatusOr<Trial> RunTrial(const Flags& flags, const std::string& backend,
       return absl::InternalError(absl::StrCat("the standby host's ranks restored from ",
                                               std::string((*source)[1]), ", not from ", restore));
     }
+    // The figures stand without the phases: a missing event leaves them at -1.
+    if (absl::StatusOr<Trial::Phases> phases = ReadPhases(dir + "/run", flags.victim);
+        phases.ok()) {
+      t.phases = *phases;
+    }
     return t;
   }();
   cluster->reset();
@@ -543,12 +598,16 @@ absl::Status WriteJson(const Flags& flags, const std::vector<BackendResult>& res
                     ", \"restore\": ", JsonString(r.restore), ", \"trials\": [");
     for (size_t j = 0; j < r.trials.size(); ++j) {
       const Trial& t = r.trials[j];
-      absl::StrAppend(&json, j > 0 ? ", " : "",
-                      absl::StrFormat("{\"reported_s\": %.3f, \"seen_s\": %.3f, "
-                                      "\"seen_minus_bound_s\": %.3f, \"reported_by\": \"host%d\", "
-                                      "\"lease_terms\": %d}",
-                                      t.reported_s, t.seen_s, t.seen_minus_bound_s, t.reported_by,
-                                      t.lease_terms));
+      absl::StrAppend(
+          &json, j > 0 ? ", " : "",
+          absl::StrFormat("{\"reported_s\": %.3f, \"seen_s\": %.3f, "
+                          "\"seen_minus_bound_s\": %.3f, \"reported_by\": \"host%d\", "
+                          "\"lease_terms\": %d, \"phases_after_declared_s\": "
+                          "{\"published\": %.3f, \"agreed\": %.3f, \"restored\": "
+                          "%.3f, \"connected\": %.3f, \"recovered\": %.3f}}",
+                          t.reported_s, t.seen_s, t.seen_minus_bound_s, t.reported_by,
+                          t.lease_terms, t.phases.published_s, t.phases.agreed_s,
+                          t.phases.restored_s, t.phases.connected_s, t.phases.recovered_s));
     }
     absl::StrAppend(&json, "]");
     if (!r.trials.empty()) {
@@ -624,6 +683,11 @@ int Main(int argc, char** argv) {
             "s%s)\n",
             backend.c_str(), restore.c_str(), i + 1, trial->reported_s, trial->seen_s,
             trial->seen_minus_bound_s, absl::ToDoubleSeconds(absl::Now() - start), lease.c_str());
+        const Trial::Phases& p = trial->phases;
+        std::printf(
+            "  after the declaration: published %.3f, agreed %.3f, restored %.3f, connected "
+            "%.3f, first step %.3f s\n",
+            p.published_s, p.agreed_s, p.restored_s, p.connected_s, p.recovered_s);
         std::fflush(stdout);
         result.trials.push_back(*trial);
       }
