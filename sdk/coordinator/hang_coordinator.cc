@@ -40,6 +40,9 @@ HangCoordinator::HangCoordinator(Store* agents_store, Clock* clock, Env* env,
 
 void HangCoordinator::Reset(int64_t checked_below) {
   pending_.reset();
+  // A restart counts generations from 0 again: what was seen resumed is the old incarnation's.
+  resumed_generation_ = -1;
+  resumed_.clear();
   checked_below_ = std::max<int64_t>(checked_below, 0);
 }
 
@@ -51,51 +54,87 @@ absl::Time HangCoordinator::DumpsSince(int64_t generation) const {
 }
 
 bool HangCoordinator::EveryRankResumed(int64_t generation) {
+  if (generation != resumed_generation_) {
+    resumed_generation_ = generation;
+    resumed_.clear();
+  }
+  // A resumed key stays once written (a generation's keys are its own): a rank seen resumed is
+  // not asked for again.
+  std::vector<int> ranks;
   std::vector<std::string> keys;
-  for (int r = 0; r < world_size_; ++r) keys.push_back(store_keys::Resumed(generation, r));
+  for (int r = 0; r < world_size_; ++r) {
+    if (resumed_.count(r) != 0) continue;
+    ranks.push_back(r);
+    keys.push_back(store_keys::Resumed(generation, r));
+  }
+  if (keys.empty()) return true;
   absl::StatusOr<std::vector<std::optional<std::string>>> values =
       ranks_store()->MultiGet(keys, options_.store_timeout);
   if (!values.ok()) return false;
-  return std::all_of(values->begin(), values->end(),
-                     [](const std::optional<std::string>& v) { return v.has_value(); });
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if ((*values)[i].has_value()) resumed_.insert(ranks[i]);
+  }
+  return resumed_.size() == static_cast<size_t>(world_size_);
+}
+
+absl::Status HangCoordinator::RefreshDumps() {
+  absl::StatusOr<std::vector<std::string>> names = env_->GetChildren(options_.dump_dir);
+  if (!names.ok()) return names.status();
+  std::set<std::string> present;
+  for (const std::string& name : *names) {
+    std::optional<std::pair<int, int64_t>> parsed = ParseDumpName(name);
+    if (!parsed.has_value()) continue;
+    present.insert(name);
+    if (known_dumps_.count(name) != 0) continue;
+    absl::StatusOr<FlightRecorderDump> dump =
+        ReadFlightRecorderDump(absl::StrCat(options_.dump_dir, "/", name), env_);
+    // Vanished between the listing and the read (a run dir cleaned up), or not readable now:
+    // looked for again. One that is no flight recorder dump is not read again.
+    if (!dump.ok() && !absl::IsDataLoss(dump.status())) continue;
+    KnownDump& known = known_dumps_[name];
+    known.number = parsed->second;
+    if (dump.ok()) known.digest = DigestHangDump(*dump);
+  }
+  for (auto it = known_dumps_.begin(); it != known_dumps_.end();) {
+    it = present.count(it->first) == 0 ? known_dumps_.erase(it) : std::next(it);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<HangDumpDigest>> HangCoordinator::DumpsOf(int64_t generation) const {
+  std::map<int, const KnownDump*> newest;  // by rank
+  for (const auto& [name, known] : known_dumps_) {
+    if (!known.digest.has_value() || known.digest->generation != generation) continue;
+    const KnownDump*& kept = newest[known.digest->rank];
+    if (kept == nullptr || kept->number < known.number) kept = &known;
+  }
+  if (newest.empty()) {
+    return absl::NotFoundError(absl::StrCat("no flight recorder dump of generation ", generation,
+                                            " in ", options_.dump_dir));
+  }
+  std::vector<HangDumpDigest> dumps;
+  dumps.reserve(newest.size());
+  for (const auto& [rank, known] : newest) dumps.push_back(*known->digest);
+  return dumps;
 }
 
 absl::StatusOr<std::string> HangCoordinator::SupersededHang(int64_t generation) {
-  // Called every poll while a superseded generation is watched: each dump is parsed once (by its
-  // name and size).
-  absl::StatusOr<std::vector<std::string>> names = env_->GetChildren(options_.dump_dir);
-  if (!names.ok()) return names.status();
-  for (const std::string& name : *names) {
-    if (!ParseDumpName(name).has_value()) continue;
-    const std::string path = absl::StrCat(options_.dump_dir, "/", name);
-    absl::StatusOr<uint64_t> size = env_->GetFileSize(path);
-    if (!size.ok()) continue;
-    auto known = dump_summaries_.find(name);
-    if (known == dump_summaries_.end() || known->second.size != *size) {
-      absl::StatusOr<FlightRecorderDump> dump = ReadFlightRecorderDump(path, env_);
-      if (!dump.ok()) continue;  // a dump is written whole (linked into place): not ours to judge
-      DumpSummary summary;
-      summary.size = *size;
-      summary.rank = dump->rank;
-      summary.dumped_at = dump->dumped_at;
-      summary.generation = DumpGeneration(*dump);
-      std::optional<std::string> reason = EvidenceOf(*dump, "reason");
-      if (reason.has_value() && absl::StartsWith(*reason, "hang: ")) {
-        summary.hang = reason->substr(6);
-      }
-      known = dump_summaries_.insert_or_assign(name, std::move(summary)).first;
-    }
-    const DumpSummary& d = known->second;
+  // Called every poll while a superseded generation is watched: each dump is read once
+  // (RefreshDumps).
+  if (absl::Status refreshed = RefreshDumps(); !refreshed.ok()) return refreshed;
+  for (const auto& [name, known] : known_dumps_) {
+    if (!known.digest.has_value()) continue;
+    const HangDumpDigest& d = *known.digest;
     // Dumps written before a restart (--restart-all) are an earlier incarnation's. Of another
     // host's rank nothing could be done once its generation moved on.
-    if (d.generation != generation || d.hang.empty() || d.dumped_at < DumpsSince(generation) ||
-        !Holder(d.rank).here) {
+    if (d.generation != generation || !absl::StartsWith(d.reason, "hang: ") ||
+        d.dumped_at < DumpsSince(generation) || !Holder(d.rank).here) {
       continue;
     }
     return store_keys::EncodeHangDeclaration(
         {d.rank, absl::StrFormat("%s (its dump; generation %d was superseded before it could "
                                  "publish the hang)",
-                                 d.hang, generation)});
+                                 d.reason.substr(6), generation)});
   }
   return absl::NotFoundError(absl::StrCat("no hang dump of generation ", generation));
 }
@@ -161,7 +200,7 @@ bool HangCoordinator::FindHang(absl::Time now) {
 }
 
 HangCoordinator::Seen HangCoordinator::Observe(
-    const absl::StatusOr<std::vector<FlightRecorderDump>>& dumps) {
+    const absl::StatusOr<std::vector<HangDumpDigest>>& dumps) {
   Seen seen;
   // Not running: stopped, sending no heartbeat, or replaced already for being stopped.
   seen.not_running = pending_->replaced;
@@ -177,7 +216,7 @@ HangCoordinator::Seen HangCoordinator::Observe(
   }
   seen.through_agents = !elsewhere.empty();
   if (!dumps.ok()) return seen;
-  for (const FlightRecorderDump& d : *dumps) seen.dumped.insert(d.rank);
+  for (const HangDumpDigest& d : *dumps) seen.dumped.insert(d.rank);
   const int64_t g = pending_->generation;
   for (const auto& [rank, holder] : here) {
     // A rank of this host whose process is stopped will never dump, and neither will one that no
@@ -283,15 +322,16 @@ void HangCoordinator::Poll() {
   next_check_ = now + options_.poll_interval;
   if (!pending_.has_value() && !FindHang(now)) return;
   if (!pending_.has_value()) return;
-  absl::StatusOr<std::vector<FlightRecorderDump>> dumps =
-      ReadHangDumps(options_.dump_dir, pending_->generation, env_);
+  absl::Status refreshed = RefreshDumps();
+  absl::StatusOr<std::vector<HangDumpDigest>> dumps =
+      refreshed.ok() ? DumpsOf(pending_->generation) : refreshed;
   // After a restart (--restart-all) generations count from 0 again, and the run dir still holds
   // the old processes' dumps of the same generation numbers: they are not this hang's evidence.
   // So are the dumps of an earlier hang of this generation, withdrawn.
   if (dumps.ok()) {
     const absl::Time since = DumpsSince(pending_->generation);
     dumps->erase(std::remove_if(dumps->begin(), dumps->end(),
-                                [&](const FlightRecorderDump& d) { return d.dumped_at < since; }),
+                                [&](const HangDumpDigest& d) { return d.dumped_at < since; }),
                  dumps->end());
   }
   Seen seen = Observe(dumps);
@@ -335,11 +375,8 @@ void HangCoordinator::Poll() {
     pending_.reset();
     return;
   }
-  HangEvidence evidence;
-  if (dumps.ok()) evidence.dumps = *std::move(dumps);
-  evidence.live_rings = std::move(pending_->live_rings);
-  evidence.world_size = world_size_;
-  HangDiagnosis diagnosis = DiagnoseHang(evidence);
+  HangDiagnosis diagnosis = DiagnoseHang(dumps.ok() ? *dumps : std::vector<HangDumpDigest>(),
+                                         pending_->live_rings, world_size_);
   const HangArbiter::Headline headline =
       arbiter_.Announce(observed, diagnosis.suspects, pending_->declaration);
   if (headline.explained_by_death) {

@@ -595,38 +595,60 @@ std::string LaggardReport::ToString() const {
                          absl::StrJoin(waiting, ","), waiting.size() == 1 ? "is" : "are");
 }
 
+CollectivePositions PositionsOf(const FlightRecorderContents& ring) {
+  CollectivePositions positions;
+  for (const FlightRecord& r : ring.records) {
+    if (r.type == FlightRecordType::kCollectiveBegin) {
+      CollectivePosition& p = positions[r.comm_id];
+      // The name of the first record of the newest collective entered (a later one of the same
+      // seq is the same collective).
+      if (r.comm_seq > p.entered) p.op = std::string(r.Name());
+      p.entered_any = true;
+      if (r.comm_seq >= p.entered) {
+        p.entered = r.comm_seq;
+        p.left = false;
+      }
+    } else if (r.type == FlightRecordType::kCollectiveEnd) {
+      CollectivePosition& p = positions[r.comm_id];
+      if (r.comm_seq == p.entered) p.left = true;
+    }
+  }
+  return positions;
+}
+
 std::vector<LaggardReport> FindLaggards(const std::vector<int>& ranks,
                                         const std::vector<FlightRecorderContents>& rings) {
+  std::vector<CollectivePositions> positions;
+  positions.reserve(rings.size());
+  for (const FlightRecorderContents& ring : rings) positions.push_back(PositionsOf(ring));
+  return FindLaggards(ranks, positions);
+}
+
+std::vector<LaggardReport> FindLaggards(const std::vector<int>& ranks,
+                                        const std::vector<CollectivePositions>& positions) {
+  // comm -> the newest collective any rank entered: the first rank's (in `ranks` order) that
+  // entered it, with its name.
   struct Newest {
     int64_t seq = -1;
     std::string op;
   };
-  // comm -> the newest collective entered by any rank; per rank: comm -> newest entered, and
-  // whether it was left.
   std::map<uint64_t, Newest> newest;
-  std::vector<std::map<uint64_t, std::pair<int64_t, bool>>> per_rank(rings.size());
-  for (size_t i = 0; i < rings.size(); ++i) {
-    for (const FlightRecord& r : rings[i].records) {
-      if (r.type == FlightRecordType::kCollectiveBegin) {
-        auto& mine = per_rank[i][r.comm_id];
-        if (r.comm_seq >= mine.first) mine = {r.comm_seq, false};
-        Newest& n = newest[r.comm_id];
-        if (r.comm_seq > n.seq) n = {r.comm_seq, std::string(r.Name())};
-      } else if (r.type == FlightRecordType::kCollectiveEnd) {
-        auto& mine = per_rank[i][r.comm_id];
-        if (r.comm_seq == mine.first) mine.second = true;
-      }
+  for (const CollectivePositions& rank_positions : positions) {
+    for (const auto& [comm, p] : rank_positions) {
+      if (!p.entered_any) continue;
+      Newest& n = newest[comm];
+      if (p.entered > n.seq) n = {p.entered, p.op};
     }
   }
   std::vector<LaggardReport> out;
   for (const auto& [comm, n] : newest) {
     LaggardReport report{comm, n.seq, n.op, {}, {}};
-    for (size_t i = 0; i < rings.size(); ++i) {
-      auto it = per_rank[i].find(comm);
-      const int64_t entered = it == per_rank[i].end() ? -1 : it->second.first;
+    for (size_t i = 0; i < positions.size(); ++i) {
+      auto it = positions[i].find(comm);
+      const int64_t entered = it == positions[i].end() ? -1 : it->second.entered;
       if (entered < n.seq) {
         report.laggards.push_back(ranks[i]);
-      } else if (!it->second.second) {
+      } else if (!it->second.left) {
         report.waiting.push_back(ranks[i]);
       }
     }

@@ -732,6 +732,46 @@ TEST(FindLaggardsTest, TheRankThatNeverEnteredTheNewestCollectiveIsNamed) {
             "rank 1 never entered all_reduce #4 (comm 7) that ranks 0,2 are waiting in");
 }
 
+// A ring reduced to its positions (what a reader of thousands of dumps keeps of each) gives the
+// same reports as the ring: per communicator, the newest collective entered, its name, and
+// whether it was left; a communicator seen only leaving counts as never entered.
+TEST(FindLaggardsTest, PositionsGiveTheSameReportsAsTheRings) {
+  using T = FlightRecordType;
+  FlightRecorderContents waiting, stuck, left_only;
+  for (int64_t seq = 0; seq < 5; ++seq) {
+    waiting.records.push_back(Collective(T::kCollectiveBegin, 7, seq));
+    waiting.records.push_back(Collective(T::kCollectiveBegin, 9, seq));
+    if (seq < 4) waiting.records.push_back(Collective(T::kCollectiveEnd, 7, seq));
+    waiting.records.push_back(Collective(T::kCollectiveEnd, 9, seq));
+    if (seq < 4) {
+      stuck.records.push_back(Collective(T::kCollectiveBegin, 7, seq));
+      stuck.records.push_back(Collective(T::kCollectiveEnd, 7, seq));
+    }
+  }
+  waiting.records.push_back(Collective(T::kCollectiveBegin, 9, 5));
+  std::snprintf(waiting.records.back().name, sizeof(waiting.records.back().name), "all_gather");
+  left_only.records.push_back(Collective(T::kCollectiveEnd, 7, 4));
+  const std::vector<int> ranks = {0, 1, 2, 3};
+  const std::vector<FlightRecorderContents> rings = {waiting, stuck, left_only, waiting};
+  std::vector<CollectivePositions> positions;
+  for (const FlightRecorderContents& ring : rings) positions.push_back(PositionsOf(ring));
+  EXPECT_EQ(positions[0].at(9).entered, 5);
+  EXPECT_EQ(positions[0].at(9).op, "all_gather");
+  EXPECT_FALSE(positions[0].at(9).left);
+  EXPECT_FALSE(positions[2].at(7).entered_any);
+  std::vector<std::string> from_rings;
+  for (const LaggardReport& r : FindLaggards(ranks, rings)) from_rings.push_back(r.ToString());
+  std::vector<std::string> from_positions;
+  for (const LaggardReport& r : FindLaggards(ranks, positions)) {
+    from_positions.push_back(r.ToString());
+  }
+  EXPECT_EQ(from_positions, from_rings);
+  EXPECT_THAT(from_rings,
+              ::testing::ElementsAre(
+                  "ranks 1,2 never entered all_reduce #4 (comm 7) that ranks 0,3 are waiting in",
+                  "ranks 1,2 never entered all_gather #5 (comm 9) that ranks 0,3 are waiting in"));
+}
+
 TEST(FindLaggardsTest, WhenEveryRankEnteredTheCollectiveNoRankIsBlamed) {
   using T = FlightRecordType;
   FlightRecorderContents a;
