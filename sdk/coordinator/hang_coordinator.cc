@@ -77,15 +77,22 @@ bool HangCoordinator::EveryRankResumed(int64_t generation) {
   return resumed_.size() == static_cast<size_t>(world_size_);
 }
 
-absl::Status HangCoordinator::RefreshDumps() {
+absl::StatusOr<bool> HangCoordinator::RefreshDumps(absl::Time deadline) {
   absl::StatusOr<std::vector<std::string>> names = env_->GetChildren(options_.dump_dir);
   if (!names.ok()) return names.status();
   std::set<std::string> present;
+  bool read_all = true;
+  bool read_one = false;
   for (const std::string& name : *names) {
     std::optional<std::pair<int, int64_t>> parsed = ParseDumpName(name);
     if (!parsed.has_value()) continue;
     present.insert(name);
     if (known_dumps_.count(name) != 0) continue;
+    if (read_one && clock_->Now() >= deadline) {
+      read_all = false;  // the next poll goes on
+      continue;
+    }
+    read_one = true;
     absl::StatusOr<FlightRecorderDump> dump =
         ReadFlightRecorderDump(absl::StrCat(options_.dump_dir, "/", name), env_);
     // Vanished between the listing and the read (a run dir cleaned up), or not readable now:
@@ -98,7 +105,7 @@ absl::Status HangCoordinator::RefreshDumps() {
   for (auto it = known_dumps_.begin(); it != known_dumps_.end();) {
     it = present.count(it->first) == 0 ? known_dumps_.erase(it) : std::next(it);
   }
-  return absl::OkStatus();
+  return read_all;
 }
 
 absl::StatusOr<std::vector<HangDumpDigest>> HangCoordinator::DumpsOf(int64_t generation) const {
@@ -118,10 +125,12 @@ absl::StatusOr<std::vector<HangDumpDigest>> HangCoordinator::DumpsOf(int64_t gen
   return dumps;
 }
 
-absl::StatusOr<std::string> HangCoordinator::SupersededHang(int64_t generation) {
+absl::StatusOr<std::string> HangCoordinator::SupersededHang(int64_t generation,
+                                                            absl::Time deadline) {
   // Called every poll while a superseded generation is watched: each dump is read once
   // (RefreshDumps).
-  if (absl::Status refreshed = RefreshDumps(); !refreshed.ok()) return refreshed;
+  absl::StatusOr<bool> read_all = RefreshDumps(deadline);
+  if (!read_all.ok()) return read_all.status();
   for (const auto& [name, known] : known_dumps_) {
     if (!known.digest.has_value()) continue;
     const HangDumpDigest& d = *known.digest;
@@ -136,6 +145,11 @@ absl::StatusOr<std::string> HangCoordinator::SupersededHang(int64_t generation) 
                                  "publish the hang)",
                                  d.reason.substr(6), generation)});
   }
+  if (!*read_all) {
+    // Not NotFound: a generation whose hang may be in a dump not read yet is not settled.
+    return absl::UnavailableError(
+        absl::StrCat("dumps of generation ", generation, " remain to be read"));
+  }
   return absl::NotFoundError(absl::StrCat("no hang dump of generation ", generation));
 }
 
@@ -149,7 +163,9 @@ bool HangCoordinator::FindHang(absl::Time now) {
   for (int64_t g = checked_below_; g <= current; ++g) {
     absl::StatusOr<std::string> who =
         ranks_store()->Get(store_keys::Hang(g), absl::Milliseconds(200));
-    if (absl::IsNotFound(who.status()) && g < current) who = SupersededHang(g);
+    if (absl::IsNotFound(who.status()) && g < current) {
+      who = SupersededHang(g, now + options_.dump_read_budget);
+    }
     if (!who.ok()) {
       if (absl::IsNotFound(who.status()) && g < current && superseded) checked_below_ = g + 1;
       continue;
@@ -322,9 +338,11 @@ void HangCoordinator::Poll() {
   next_check_ = now + options_.poll_interval;
   if (!pending_.has_value() && !FindHang(now)) return;
   if (!pending_.has_value()) return;
-  absl::Status refreshed = RefreshDumps();
+  absl::StatusOr<bool> read_all = RefreshDumps(now + options_.dump_read_budget);
+  // The dumps not read yet are read at the next polls: nothing is decided on part of them.
+  if (read_all.ok() && !*read_all) return;
   absl::StatusOr<std::vector<HangDumpDigest>> dumps =
-      refreshed.ok() ? DumpsOf(pending_->generation) : refreshed;
+      read_all.ok() ? DumpsOf(pending_->generation) : read_all.status();
   // After a restart (--restart-all) generations count from 0 again, and the run dir still holds
   // the old processes' dumps of the same generation numbers: they are not this hang's evidence.
   // So are the dumps of an earlier hang of this generation, withdrawn.

@@ -92,6 +92,11 @@ struct HangCoordinatorOptions {
   absl::Duration store_timeout = absl::Seconds(10);
   // How often Poll looks at the store and the dumps (between, it returns at once).
   absl::Duration poll_interval = absl::Milliseconds(50);
+  // How long one Poll may spend reading dumps that appeared: the others are read at the next
+  // polls, and a hang is decided on once every dump listed is read. A job of thousands of ranks
+  // dumps hundreds of megabytes, and the coordinator's loop has other duties every tick (the
+  // hosts' liveness among them). At least one dump is read per Poll.
+  absl::Duration dump_read_budget = absl::Milliseconds(200);
   HangArbiterOptions arbiter;
 };
 
@@ -187,11 +192,13 @@ class HangCoordinator {
   bool FindHang(absl::Time now);
   // A hang declared in `generation` after it was superseded: the store rejects the declaring
   // rank's writes then (they are fenced), but its dump, whose reason begins "hang: ", is in the
-  // dump dir. The hang key's text for it; NotFound when there is none of a rank this host sees.
-  absl::StatusOr<std::string> SupersededHang(int64_t generation);
-  // Reads the dumps that appeared in dump_dir since the last call and forgets those removed; the
-  // listing's error when it cannot be listed (NotFound: no dump dir yet).
-  absl::Status RefreshDumps();
+  // dump dir. The hang key's text for it; NotFound when there is none of a rank this host sees,
+  // Unavailable while dumps remain to be read (the read budget ran out before `deadline`).
+  absl::StatusOr<std::string> SupersededHang(int64_t generation, absl::Time deadline);
+  // Reads the dumps that appeared in dump_dir since the last call, until `deadline` (at least
+  // one), and forgets those removed: true when every dump listed is read. The listing's error
+  // when it cannot be listed (NotFound: no dump dir yet).
+  absl::StatusOr<bool> RefreshDumps(absl::Time deadline);
   // Of the dumps read, each rank's newest (by dump number) of `generation`, as ReadHangDumps
   // picks them. NotFound when there is none.
   absl::StatusOr<std::vector<HangDumpDigest>> DumpsOf(int64_t generation) const;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -90,18 +91,28 @@ FlightRecorderContents Ring(int rank, int entered) {
   return contents;
 }
 
-// An Env that counts the reads of each file: what the coordinator reads of the dump dir.
+// An Env that counts the reads of each file (what the coordinator reads of the dump dir), can
+// make each read take a while (on_read advances the test's clock), and lists a directory in name
+// order whatever the file system's.
 class ReadCountingEnv : public EnvWrapper {
  public:
   using EnvWrapper::EnvWrapper;
+  absl::StatusOr<std::vector<std::string>> GetChildren(const std::string& dir) override {
+    absl::StatusOr<std::vector<std::string>> names = target()->GetChildren(dir);
+    if (names.ok()) std::sort(names->begin(), names->end());
+    return names;
+  }
   absl::StatusOr<std::string> ReadFileToString(const std::string& path) override {
     ++reads_[path];
+    if (on_read_) on_read_();
     return target()->ReadFileToString(path);
   }
   const std::map<std::string, int>& reads() const { return reads_; }
+  void set_on_read(std::function<void()> on_read) { on_read_ = std::move(on_read); }
 
  private:
   std::map<std::string, int> reads_;
+  std::function<void()> on_read_;
 };
 
 // The ranks' store, recording the keys of every MultiGet sent through it.
@@ -175,6 +186,7 @@ class HangCoordinatorTest : public ::testing::Test {
     options.max_hold_off = 2 * kHostTimeout;
     options.store_timeout = kCall;
     options.poll_interval = absl::ZeroDuration();  // every Poll looks: the instants are the test's
+    options.dump_read_budget = dump_read_budget_;
     HangCoordinator::Hooks hooks;
     hooks.coordinating = [this] { return Gate(); };
     hooks.say = [this](const std::string& line) { said_.push_back(line); };
@@ -281,6 +293,7 @@ class HangCoordinatorTest : public ::testing::Test {
   std::unique_ptr<StandbyReplacement> strategy_;
   std::unique_ptr<HangCoordinator> hangs_;
   int world_size_ = 0;
+  absl::Duration dump_read_budget_ = HangCoordinatorOptions{}.dump_read_budget;
   std::vector<std::string> members_;
   std::map<int, LocalHolder> holders_;
   std::map<int, FlightRecorderContents> live_rings_;
@@ -402,6 +415,57 @@ TEST_F(HangCoordinatorTest, EachDumpIsReadOnceHoweverManyPollsTheHangWaits) {
   EXPECT_THAT(said_, Contains("hang diagnosis: suspects: rank 1")) << Said();
   ASSERT_EQ(env_.reads().size(), 4u);
   for (const auto& [path, reads] : env_.reads()) EXPECT_EQ(reads, 1) << path;
+}
+
+// Reading the dumps takes a while (100 ms each here): one Poll reads for dump_read_budget (the
+// coordinator's loop has other duties), the next ones go on, and the hang is decided on only once
+// every dump is read.
+TEST_F(HangCoordinatorTest, DumpsAreReadWithinABudgetPerPollAndDecidedOnOnceAllAreRead) {
+  dump_read_budget_ = absl::Milliseconds(150);
+  Start(1, 4, /*one_host=*/true);
+  env_.set_on_read([this] { clock_.Advance(absl::Milliseconds(100)); });
+  Declare(0);
+  for (int rank : {0, 2, 3}) Dump(rank, 0, 5, WaitingFrames());
+  Dump(1, 0, 4, WaitingFrames());
+  Abort(0, 0);
+  hangs_->Poll();
+  EXPECT_EQ(env_.reads().size(), 2u) << "the second read ends past the budget";
+  EXPECT_TRUE(hangs_->pending());
+  EXPECT_THAT(kills_, IsEmpty()) << "not decided on two dumps of four";
+  hangs_->Poll();
+  EXPECT_EQ(env_.reads().size(), 4u);
+  EXPECT_FALSE(hangs_->pending());
+  EXPECT_THAT(said_, Contains("hang diagnosis: suspects: rank 1")) << Said();
+  EXPECT_THAT(Ranks(kills_), ElementsAre(1));
+}
+
+// A superseded generation whose dumps are not all read yet is not settled: its hang may be in one
+// of them.
+TEST_F(HangCoordinatorTest, ASupersededGenerationIsNotSettledWhileItsDumpsRemainToBeRead) {
+  dump_read_budget_ = absl::Milliseconds(50);
+  Start(1, 4, /*one_host=*/true);
+  ASSERT_TRUE(rendezvous_.RenewGeneration(kCall).ok());
+  for (int rank = 0; rank < 4; ++rank) {
+    ASSERT_TRUE(store_.Set(store_keys::Resumed(1, rank), "1", kCall).ok());
+  }
+  env_.set_on_read([this] { clock_.Advance(absl::Milliseconds(100)); });
+  for (int rank : {0, 1, 3}) Dump(rank, 0, 8, WaitingFrames(), "peer hang");
+  Dump(2, 0, 8, SleepingFrames(), "hang: hang (phase) at step 40");
+  // One dump a poll, in name order: rank 2's hang dump is the third read.
+  for (int poll = 0; poll < 2; ++poll) {
+    hangs_->Poll();
+    EXPECT_FALSE(hangs_->pending());
+  }
+  hangs_->Poll();
+  EXPECT_TRUE(hangs_->pending()) << "found in the third dump read";
+  hangs_->Poll();
+  EXPECT_EQ(env_.reads().size(), 4u);
+  Run(HangArbiterOptions{}.verdict_wait, {});
+  EXPECT_FALSE(hangs_->pending());
+  EXPECT_THAT(said_, Contains("hang in generation 0: rank 2: hang (phase) at step 40 (its dump; "
+                              "generation 0 was superseded before it could publish the hang)"))
+      << Said();
+  EXPECT_THAT(said_, Contains("hang diagnosis: suspects: rank 2")) << Said();
 }
 
 // A rank's newer dump of the same generation (a later hang of it, after a withdrawal) is the one
