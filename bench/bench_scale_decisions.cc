@@ -15,8 +15,9 @@
 //   (its threads are not the coordinator's). Rank 0 declares the hang as the Runtime does (the
 //   hang key) and aborts --dump_wait_ms later (hang_dump_wait_ms); the real HangCoordinator,
 //   polled every 10 ms on a thread of its own (its poll_interval of 50 ms gates it), runs until it
-//   names the suspects. Measured: declaration -> suspects named, the coordinator thread's CPU, the
-//   store requests the server served meanwhile, the dump files read (count, bytes) and the peak
+//   names the suspects. Measured: declaration -> suspects named, the coordinator thread's CPU, its
+//   longest Poll (how long the coordinator's loop stalled), the store requests the server served
+//   meanwhile, the dump files read (count, bytes) and the peak
 //   resident memory of this process (VmHWM, reset before each run). --runs runs on the same dumps,
 //   each with a fresh coordinator. Then the steady state: a fresh coordinator polled for
 //   --steady_s with no hang, its CPU and store requests per second. The coordinator's host sees
@@ -29,9 +30,9 @@
 //   Measured: its CPU per poll (per second of the job), the store requests per poll, and the
 //   seconds from the onset to the slow host named.
 // placement, for each H of --hosts: 8H ranks, TP 8, PP 4 (PP 1 below 4 hosts), DP the rest, 2
-//   copies, --backup-evict host,tp,pp,dp: the time of BackupPlacement::Place, of ProvePlacement,
-//   and of DescribePlacement (what `trainguard run` prints: placement, proof, survival
-//   probabilities), and the sizes of the encoded placement and of the description.
+//   copies, --backup-evict host,tp,pp,dp: the CPU time of BackupPlacement::Place, of
+//   ProvePlacement, and of DescribePlacement (what `trainguard run` prints: placement, proof,
+//   survival probabilities), and the sizes of the encoded placement and of the description.
 //
 // A table on stdout; --json FILE writes every figure (one object per part, size and run).
 #include <fcntl.h>
@@ -393,6 +394,7 @@ struct HangRun {
   std::string suspects;  // the "suspects: ..." line
   absl::Duration to_suspects;
   absl::Duration cpu;
+  absl::Duration longest_poll;  // the longest Poll call: how long the coordinator's loop stalled
   int64_t requests = 0;
   int64_t files_read = 0;
   int64_t bytes_read = 0;
@@ -453,10 +455,13 @@ HangRun RunHang(Job& job, const std::string& dir, int ranks, const Flags& flags)
   ResetPeakMemory();
   std::atomic<bool> stop{false};
   absl::Duration cpu;
+  absl::Duration longest_poll;
   std::thread polling([&] {
     const absl::Duration begin = ThreadCpu();
     while (!stop.load()) {
+      const absl::Time poll_begin = absl::Now();
       coordinator->Poll();
+      longest_poll = std::max(longest_poll, absl::Now() - poll_begin);
       absl::SleepFor(absl::Milliseconds(10));
     }
     cpu = ThreadCpu() - begin;
@@ -482,6 +487,7 @@ HangRun RunHang(Job& job, const std::string& dir, int ranks, const Flags& flags)
   polling.join();
   run.requests = job.requests() - requests_before;
   run.cpu = cpu;
+  run.longest_poll = longest_poll;
   run.files_read = env.files();
   run.bytes_read = env.bytes();
   run.peak_mib = PeakMemoryMiB();
@@ -516,8 +522,9 @@ void MeasureHang(const Flags& flags, Report& report) {
       "hang diagnosis (dumps of %d records; declaration -> suspects named, rank 0 aborts "
       "after %s)\n",
       flags.records, absl::FormatDuration(flags.dump_wait).c_str());
-  std::printf("%7s %4s %10s %10s %9s %10s %8s %10s %9s  %s\n", "ranks", "run", "dumps_MiB",
-              "named_s", "cpu_s", "requests", "files", "read_MiB", "peak_MiB", "suspects");
+  std::printf("%7s %4s %10s %10s %9s %9s %10s %8s %10s %9s  %s\n", "ranks", "run", "dumps_MiB",
+              "named_s", "cpu_s", "poll_max", "requests", "files", "read_MiB", "peak_MiB",
+              "suspects");
   for (int ranks : flags.ranks) {
     const std::string dir = absl::StrCat(flags.work_dir, "/ranks-", ranks, "/flight_recorder");
     std::error_code ignored;
@@ -535,17 +542,18 @@ void MeasureHang(const Flags& flags, Report& report) {
     }
     for (int run = 1; run <= flags.runs; ++run) {
       const HangRun r = RunHang(**job, dir, ranks, flags);
-      std::printf("%7d %4d %10.1f %10s %9.3f %10ld %8ld %10.1f %9.0f  %s\n", ranks, run,
+      std::printf("%7d %4d %10.1f %10s %9.3f %9.3f %10ld %8ld %10.1f %9.0f  %s\n", ranks, run,
                   *written / 1048576.0,
                   r.named ? absl::StrFormat("%.3f", Seconds(r.to_suspects)).c_str() : "not named",
-                  Seconds(r.cpu), r.requests, r.files_read, r.bytes_read / 1048576.0, r.peak_mib,
-                  r.suspects.c_str());
+                  Seconds(r.cpu), Seconds(r.longest_poll), r.requests, r.files_read,
+                  r.bytes_read / 1048576.0, r.peak_mib, r.suspects.c_str());
       report.Add({"hang",
                   ranks,
                   run,
                   {{"named", r.named ? 1.0 : 0.0},
                    {"declared_to_suspects_s", Seconds(r.to_suspects)},
                    {"coordinator_cpu_s", Seconds(r.cpu)},
+                   {"longest_poll_s", Seconds(r.longest_poll)},
                    {"store_requests", static_cast<double>(r.requests)},
                    {"dump_files_read", static_cast<double>(r.files_read)},
                    {"dump_bytes_read", static_cast<double>(r.bytes_read)},
@@ -687,7 +695,7 @@ void MeasurePlacement(const Flags& flags, Report& report) {
       "\nbackup placement (8 ranks a host, TP 8, PP 4, 2 copies, --backup-evict "
       "host,tp,pp,dp)\n");
   std::printf("%6s %4s %10s %10s %12s %10s %12s  %s\n", "hosts", "run", "place_ms", "prove_ms",
-              "describe_ms", "encoded_B", "described_B", "proof");
+              "describe_ms", "encoded_B", "described_B", "proof (times: CPU of one thread)");
   for (int hosts : flags.hosts) {
     if (hosts < 2) {
       std::printf("%6d: a placement needs 2 hosts; not measured\n", hosts);
@@ -703,19 +711,20 @@ void MeasurePlacement(const Flags& flags, Report& report) {
     absl::StatusOr<std::vector<EvictionClass>> classes = ParseEvictionClasses("host,tp,pp,dp");
     BackupPlacementSpec spec{.topology = *topology, .copies = 2, .classes = *classes};
     for (int run = 1; run <= flags.runs; ++run) {
-      absl::Time t = absl::Now();
+      // CPU time of this thread: the calls are single-threaded, and the machine is shared.
+      absl::Duration t = ThreadCpu();
       absl::StatusOr<BackupPlacement> placement = BackupPlacement::Place(spec);
-      const absl::Duration place = absl::Now() - t;
+      const absl::Duration place = ThreadCpu() - t;
       if (!placement.ok()) {
         std::printf("hosts=%d: %s\n", hosts, placement.status().ToString().c_str());
         break;
       }
-      t = absl::Now();
+      t = ThreadCpu();
       const PlacementProof proof = ProvePlacement(spec, *placement);
-      const absl::Duration prove = absl::Now() - t;
-      t = absl::Now();
+      const absl::Duration prove = ThreadCpu() - t;
+      t = ThreadCpu();
       const std::string described = DescribePlacement(spec, *placement);
-      const absl::Duration describe = absl::Now() - t;
+      const absl::Duration describe = ThreadCpu() - t;
       const std::string encoded = placement->Encode();
       std::printf("%6d %4d %10.3f %10.3f %12.3f %10zu %12zu  %s (%zu lines; dropped %s)\n", hosts,
                   run, absl::ToDoubleMilliseconds(place), absl::ToDoubleMilliseconds(prove),
