@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
+#include <string_view>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -137,27 +139,39 @@ std::vector<SuspectVerdict> FailSlowDetector::Observe(int64_t second,
   if (second <= last_second_) return {};
   last_second_ = second;
   const size_t window = static_cast<size_t>(options_.denoise_window);
+  // Each metric's samples, in their order: one pass over the samples (thousands of hosts times
+  // their metrics), not one a metric.
+  std::vector<std::vector<const FailSlowSample*>> by_metric(options_.metrics.size());
+  {
+    std::map<std::string_view, size_t> index;
+    for (size_t m = 0; m < options_.metrics.size(); ++m) index.emplace(options_.metrics[m].name, m);
+    for (const FailSlowSample& s : samples) {
+      auto it = index.find(s.metric);
+      if (it != index.end()) by_metric[it->second].push_back(&s);
+    }
+  }
   for (size_t m = 0; m < options_.metrics.size(); ++m) {
     const FailSlowMetric& metric = options_.metrics[m];
     MetricState& state = states_[m];
-    std::set<std::string> fresh;
-    for (const FailSlowSample& s : samples) {
-      if (s.metric != metric.name || !std::isfinite(s.value) || fresh.count(s.host) != 0) continue;
-      double value = s.value;
+    for (const FailSlowSample* s : by_metric[m]) {
+      if (!std::isfinite(s->value)) continue;
+      auto found = state.series.find(s->host);
+      // A host's first sample of the second counts; a series that took one is fresh this second.
+      if (found != state.series.end() && found->second.last_second == second) continue;
+      double value = s->value;
       if (metric.per_work) {
-        if (!(s.work > 0)) continue;
-        value /= s.work;
+        if (!(s->work > 0)) continue;
+        value /= s->work;
       }
-      Series& series = state.series[s.host];
+      Series& series = found != state.series.end() ? found->second : state.series[s->host];
       series.values.push_back(value);
       if (series.values.size() > window) series.values.pop_front();
       series.last_second = second;
-      fresh.insert(s.host);
     }
     // Gaps: the last sample stands in for a short one; a long one drops the host.
     for (auto it = state.series.begin(); it != state.series.end();) {
       Series& series = it->second;
-      if (fresh.count(it->first) != 0) {
+      if (series.last_second == second) {
         ++it;
       } else if (second - series.last_second > options_.max_fill) {
         it = state.series.erase(it);
