@@ -93,8 +93,9 @@ absl::StatusOr<bool> HangCoordinator::RefreshDumps(absl::Time deadline) {
       continue;
     }
     read_one = true;
-    absl::StatusOr<FlightRecorderDump> dump =
-        ReadFlightRecorderDump(absl::StrCat(options_.dump_dir, "/", name), env_);
+    // Without its records: only their positions are kept (HangDumpDigest).
+    absl::StatusOr<FlightRecorderDumpPositions> dump =
+        ReadFlightRecorderDumpPositions(absl::StrCat(options_.dump_dir, "/", name), env_);
     // Vanished between the listing and the read (a run dir cleaned up), or not readable now:
     // looked for again. One that is no flight recorder dump is not read again.
     if (!dump.ok() && !absl::IsDataLoss(dump.status())) continue;

@@ -40,6 +40,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -519,7 +520,30 @@ absl::StatusOr<std::string> WriteNewFlightRecorderDump(
   return path;
 }
 
-absl::StatusOr<FlightRecorderDump> ReadFlightRecorderDump(const std::string& path, Env* env) {
+namespace {
+
+// One record of a ring, in ring order, into where the ring leaves its rank (PositionsOf).
+void AddPosition(CollectivePositions& positions, FlightRecordType type, uint64_t comm_id,
+                 int64_t comm_seq, std::string_view name) {
+  if (type == FlightRecordType::kCollectiveBegin) {
+    CollectivePosition& p = positions[comm_id];
+    // The name of the first record of the newest collective entered (a later one of the same seq
+    // is the same collective).
+    if (comm_seq > p.entered) p.op = std::string(name);
+    p.entered_any = true;
+    if (comm_seq >= p.entered) {
+      p.entered = comm_seq;
+      p.left = false;
+    }
+  } else if (type == FlightRecordType::kCollectiveEnd) {
+    CollectivePosition& p = positions[comm_id];
+    if (comm_seq == p.entered) p.left = true;
+  }
+}
+
+// ReadFlightRecorderDump; with `positions`, the records are not kept but reduced into it.
+absl::StatusOr<FlightRecorderDump> ReadDump(const std::string& path, Env* env,
+                                            CollectivePositions* positions) {
   if (env == nullptr) env = Env::Default();
   absl::StatusOr<std::string> bytes = env->ReadFileToString(path);
   if (!bytes.ok()) return bytes.status();
@@ -543,20 +567,31 @@ absl::StatusOr<FlightRecorderDump> ReadFlightRecorderDump(const std::string& pat
   out.contents.capacity = static_cast<int>(dump.capacity());
   out.contents.next_seq = dump.next_seq();
   out.contents.dropped = dump.dropped();
-  out.contents.records.reserve(dump.records_size());
-  for (const proto::FlightRecordProto& p : dump.records()) {
-    FlightRecord& r = out.contents.records.emplace_back();
-    r.seq = p.seq();
-    r.time_ns = p.time_ns();
-    r.step = p.step();
-    r.type = static_cast<FlightRecordType>(p.type());
-    r.flags = static_cast<uint16_t>(p.flags());
-    r.peer = p.peer();
-    r.comm_id = p.comm_id();
-    r.comm_seq = p.comm_seq();
-    r.bytes = p.bytes();
-    r.value = p.value();
-    std::memcpy(r.name, p.name().data(), std::min(p.name().size(), sizeof(r.name) - 1));
+  if (positions != nullptr) {
+    for (const proto::FlightRecordProto& p : dump.records()) {
+      // The name as the ring holds it (FlightRecord::Name): at most 63 bytes, up to a NUL.
+      std::string_view name(p.name().data(),
+                            std::min(p.name().size(), sizeof(FlightRecord::name) - 1));
+      name = name.substr(0, name.find('\0'));
+      AddPosition(*positions, static_cast<FlightRecordType>(p.type()), p.comm_id(), p.comm_seq(),
+                  name);
+    }
+  } else {
+    out.contents.records.reserve(dump.records_size());
+    for (const proto::FlightRecordProto& p : dump.records()) {
+      FlightRecord& r = out.contents.records.emplace_back();
+      r.seq = p.seq();
+      r.time_ns = p.time_ns();
+      r.step = p.step();
+      r.type = static_cast<FlightRecordType>(p.type());
+      r.flags = static_cast<uint16_t>(p.flags());
+      r.peer = p.peer();
+      r.comm_id = p.comm_id();
+      r.comm_seq = p.comm_seq();
+      r.bytes = p.bytes();
+      r.value = p.value();
+      std::memcpy(r.name, p.name().data(), std::min(p.name().size(), sizeof(r.name) - 1));
+    }
   }
   for (const proto::DumpEvidence& e : dump.evidence()) {
     out.evidence.emplace_back(e.key(), e.value());
@@ -564,6 +599,21 @@ absl::StatusOr<FlightRecorderDump> ReadFlightRecorderDump(const std::string& pat
   out.dumped_at = absl::FromUnixMicros(dump.dumped_unix_micros());
   out.dumped_monotonic_ns = dump.dumped_monotonic_ns();
   return out;
+}
+
+}  // namespace
+
+absl::StatusOr<FlightRecorderDump> ReadFlightRecorderDump(const std::string& path, Env* env) {
+  return ReadDump(path, env, /*positions=*/nullptr);
+}
+
+absl::StatusOr<FlightRecorderDumpPositions> ReadFlightRecorderDumpPositions(const std::string& path,
+                                                                            Env* env) {
+  FlightRecorderDumpPositions read;
+  absl::StatusOr<FlightRecorderDump> dump = ReadDump(path, env, &read.positions);
+  if (!dump.ok()) return dump.status();
+  read.dump = *std::move(dump);
+  return read;
 }
 
 absl::StatusOr<std::vector<int>> ListFlightRecorderRanks(std::string_view job_id) {
@@ -604,20 +654,7 @@ std::string LaggardReport::ToString() const {
 CollectivePositions PositionsOf(const FlightRecorderContents& ring) {
   CollectivePositions positions;
   for (const FlightRecord& r : ring.records) {
-    if (r.type == FlightRecordType::kCollectiveBegin) {
-      CollectivePosition& p = positions[r.comm_id];
-      // The name of the first record of the newest collective entered (a later one of the same
-      // seq is the same collective).
-      if (r.comm_seq > p.entered) p.op = std::string(r.Name());
-      p.entered_any = true;
-      if (r.comm_seq >= p.entered) {
-        p.entered = r.comm_seq;
-        p.left = false;
-      }
-    } else if (r.type == FlightRecordType::kCollectiveEnd) {
-      CollectivePosition& p = positions[r.comm_id];
-      if (r.comm_seq == p.entered) p.left = true;
-    }
+    AddPosition(positions, r.type, r.comm_id, r.comm_seq, r.Name());
   }
   return positions;
 }

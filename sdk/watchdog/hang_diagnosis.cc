@@ -191,15 +191,27 @@ absl::StatusOr<std::vector<FlightRecorderDump>> ReadHangDumps(const std::string&
   return dumps;
 }
 
-HangDumpDigest DigestHangDump(const FlightRecorderDump& dump) {
+namespace {
+
+HangDumpDigest DigestOf(const FlightRecorderDump& dump, CollectivePositions positions) {
   HangDumpDigest digest;
   digest.rank = dump.rank;
   digest.generation = DumpGeneration(dump);
   digest.dumped_at = dump.dumped_at;
   digest.reason = EvidenceOf(dump, "reason").value_or("");
-  digest.positions = PositionsOf(dump.contents);
+  digest.positions = std::move(positions);
   digest.training = TrainingThreadFrames(dump);
   return digest;
+}
+
+}  // namespace
+
+HangDumpDigest DigestHangDump(const FlightRecorderDump& dump) {
+  return DigestOf(dump, PositionsOf(dump.contents));
+}
+
+HangDumpDigest DigestHangDump(const FlightRecorderDumpPositions& read) {
+  return DigestOf(read.dump, read.positions);
 }
 
 HangDiagnosis DiagnoseHang(const HangEvidence& evidence) {

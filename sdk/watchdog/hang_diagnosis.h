@@ -114,6 +114,8 @@ struct HangDumpDigest {
   std::vector<std::string> training;  // its training thread's frames, as the stacks hold them
 };
 HangDumpDigest DigestHangDump(const FlightRecorderDump& dump);
+// The same, of a dump read without its records (ReadFlightRecorderDumpPositions).
+HangDumpDigest DigestHangDump(const FlightRecorderDumpPositions& read);
 
 // DiagnoseHang on digests: `dumps` at most one per rank; `live_rings` as HangEvidence's. The same
 // diagnosis as DiagnoseHang on the dumps the digests were made of.

@@ -613,6 +613,55 @@ TEST_F(FlightRecorderTest, ADumpReadsBackWithEveryRecordAndItsEvidence) {
   EXPECT_GT(dump->dumped_at, absl::UnixEpoch());
 }
 
+// Read without its records, a dump gives the positions its records give, and the rest as read
+// with them (a name of the full 64 bytes is cut as the ring cuts it).
+TEST_F(FlightRecorderTest, ADumpReadForItsPositionsGivesWhatItsRecordsGive) {
+  TempDir dir;
+  FlightRecorderContents contents;
+  contents.segment = FlightRecorder::SegmentName(job_, 3);
+  contents.writer_pid = 77;
+  contents.capacity = 16;
+  auto collective = [](FlightRecordType type, uint64_t comm, int64_t seq, std::string name) {
+    FlightRecord r;
+    r.type = type;
+    r.comm_id = comm;
+    r.comm_seq = seq;
+    std::memcpy(r.name, name.data(), std::min(name.size(), sizeof(r.name) - 1));
+    return r;
+  };
+  using T = FlightRecordType;
+  contents.records = {collective(T::kCollectiveBegin, 1, 0, "all_reduce"),
+                      collective(T::kCollectiveEnd, 1, 0, "all_reduce"),
+                      collective(T::kCollectiveBegin, 2, 5, std::string(70, 'x')),
+                      collective(T::kCollectiveBegin, 1, 1, "all_gather"),
+                      collective(T::kCollectiveEnd, 3, 4, "broadcast")};
+  const std::string path = dir.File("rank-00003.1.pb");
+  ASSERT_TRUE(WriteFlightRecorderDump(contents, 3, {{"reason", "hang"}}, path).ok());
+  absl::StatusOr<FlightRecorderDump> whole = ReadFlightRecorderDump(path);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  absl::StatusOr<FlightRecorderDumpPositions> read = ReadFlightRecorderDumpPositions(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_TRUE(read->dump.contents.records.empty());
+  EXPECT_EQ(read->dump.rank, whole->rank);
+  EXPECT_EQ(read->dump.contents.writer_pid, whole->contents.writer_pid);
+  EXPECT_EQ(read->dump.evidence, whole->evidence);
+  EXPECT_EQ(read->dump.dumped_at, whole->dumped_at);
+  const CollectivePositions from_records = PositionsOf(whole->contents);
+  ASSERT_EQ(read->positions.size(), from_records.size());
+  for (const auto& [comm, p] : from_records) {
+    const CollectivePosition& q = read->positions.at(comm);
+    EXPECT_EQ(q.entered_any, p.entered_any) << comm;
+    EXPECT_EQ(q.entered, p.entered) << comm;
+    EXPECT_EQ(q.op, p.op) << comm;
+    EXPECT_EQ(q.left, p.left) << comm;
+  }
+  EXPECT_EQ(read->positions.at(1).op, "all_gather");
+  EXPECT_EQ(read->positions.at(2).op, std::string(63, 'x'));
+  EXPECT_FALSE(read->positions.at(3).entered_any);
+  EXPECT_EQ(ReadFlightRecorderDumpPositions(dir.File("absent.pb")).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
 TEST_F(FlightRecorderTest, ANewDumpTakesTheFirstFreeNumberAndReplacesNoEarlierDump) {
   // A replaced rank's old process, or a process of another host sharing the run dir, wrote
   // rank-00002.1.pb; a new process of rank 2 starts counting at 1 again.
