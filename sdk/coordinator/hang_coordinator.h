@@ -10,6 +10,11 @@
 // (sdk/watchdog/hang_diagnosis.h) and replace the suspects, a minority only unless they are not
 // running.
 //
+// A job of thousands of ranks dumps gigabytes (a rank's ring of 4,096 records is about 200 KB on
+// disk): each dump is read once, when it appears, and only its digest is kept (HangDumpDigest);
+// one Poll reads for at most dump_read_budget, and a hang is decided on once every dump listed is
+// read, so the coordinator's loop goes on with its other duties meanwhile.
+//
 // What a rank's process is doing is seen in two ways, and one serves where the other cannot:
 //  - This host's own processes, through Hooks::local_holder (one host: every rank's): a stopped
 //    process is seen stopped, a process that died or whose rank a replacement took is seen gone,
