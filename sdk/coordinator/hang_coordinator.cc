@@ -109,7 +109,8 @@ absl::StatusOr<bool> HangCoordinator::RefreshDumps(absl::Time deadline) {
   return read_all;
 }
 
-absl::StatusOr<std::vector<HangDumpDigest>> HangCoordinator::DumpsOf(int64_t generation) const {
+absl::StatusOr<std::vector<const HangDumpDigest*>> HangCoordinator::DumpsOf(
+    int64_t generation) const {
   std::map<int, const KnownDump*> newest;  // by rank
   for (const auto& [name, known] : known_dumps_) {
     if (!known.digest.has_value() || known.digest->generation != generation) continue;
@@ -120,9 +121,9 @@ absl::StatusOr<std::vector<HangDumpDigest>> HangCoordinator::DumpsOf(int64_t gen
     return absl::NotFoundError(absl::StrCat("no flight recorder dump of generation ", generation,
                                             " in ", options_.dump_dir));
   }
-  std::vector<HangDumpDigest> dumps;
+  std::vector<const HangDumpDigest*> dumps;
   dumps.reserve(newest.size());
-  for (const auto& [rank, known] : newest) dumps.push_back(*known->digest);
+  for (const auto& [rank, known] : newest) dumps.push_back(&*known->digest);
   return dumps;
 }
 
@@ -217,7 +218,7 @@ bool HangCoordinator::FindHang(absl::Time now) {
 }
 
 HangCoordinator::Seen HangCoordinator::Observe(
-    const absl::StatusOr<std::vector<HangDumpDigest>>& dumps) {
+    const absl::StatusOr<std::vector<const HangDumpDigest*>>& dumps) {
   Seen seen;
   // Not running: stopped, sending no heartbeat, or replaced already for being stopped.
   seen.not_running = pending_->replaced;
@@ -233,7 +234,7 @@ HangCoordinator::Seen HangCoordinator::Observe(
   }
   seen.through_agents = !elsewhere.empty();
   if (!dumps.ok()) return seen;
-  for (const HangDumpDigest& d : *dumps) seen.dumped.insert(d.rank);
+  for (const HangDumpDigest* d : *dumps) seen.dumped.insert(d->rank);
   const int64_t g = pending_->generation;
   for (const auto& [rank, holder] : here) {
     // A rank of this host whose process is stopped will never dump, and neither will one that no
@@ -342,7 +343,7 @@ void HangCoordinator::Poll() {
   absl::StatusOr<bool> read_all = RefreshDumps(now + options_.dump_read_budget);
   // The dumps not read yet are read at the next polls: nothing is decided on part of them.
   if (read_all.ok() && !*read_all) return;
-  absl::StatusOr<std::vector<HangDumpDigest>> dumps =
+  absl::StatusOr<std::vector<const HangDumpDigest*>> dumps =
       read_all.ok() ? DumpsOf(pending_->generation) : read_all.status();
   // After a restart (--restart-all) generations count from 0 again, and the run dir still holds
   // the old processes' dumps of the same generation numbers: they are not this hang's evidence.
@@ -350,7 +351,7 @@ void HangCoordinator::Poll() {
   if (dumps.ok()) {
     const absl::Time since = DumpsSince(pending_->generation);
     dumps->erase(std::remove_if(dumps->begin(), dumps->end(),
-                                [&](const HangDumpDigest& d) { return d.dumped_at < since; }),
+                                [&](const HangDumpDigest* d) { return d->dumped_at < since; }),
                  dumps->end());
   }
   Seen seen = Observe(dumps);
@@ -394,8 +395,12 @@ void HangCoordinator::Poll() {
     pending_.reset();
     return;
   }
-  HangDiagnosis diagnosis = DiagnoseHang(dumps.ok() ? *dumps : std::vector<HangDumpDigest>(),
-                                         pending_->live_rings, world_size_);
+  std::vector<HangDumpDigest> evidence;
+  if (dumps.ok()) {
+    evidence.reserve(dumps->size());
+    for (const HangDumpDigest* d : *dumps) evidence.push_back(*d);
+  }
+  HangDiagnosis diagnosis = DiagnoseHang(evidence, pending_->live_rings, world_size_);
   const HangArbiter::Headline headline =
       arbiter_.Announce(observed, diagnosis.suspects, pending_->declaration);
   if (headline.explained_by_death) {

@@ -205,15 +205,17 @@ class HangCoordinator {
   // when it cannot be listed (NotFound: no dump dir yet).
   absl::StatusOr<bool> RefreshDumps(absl::Time deadline);
   // Of the dumps read, each rank's newest (by dump number) of `generation`, as ReadHangDumps
-  // picks them. NotFound when there is none.
-  absl::StatusOr<std::vector<HangDumpDigest>> DumpsOf(int64_t generation) const;
+  // picks them: pointers into known_dumps_, valid until the next RefreshDumps (every poll looks,
+  // and a copy of every rank's digest each time would be most of a poll's work). NotFound when
+  // there is none.
+  absl::StatusOr<std::vector<const HangDumpDigest*>> DumpsOf(int64_t generation) const;
   // Every rank completed a step of `generation` (its resumed key). Asks the store only for the
   // ranks not seen resumed yet: it is asked every poll until they all are.
   bool EveryRankResumed(int64_t generation);
   // True while the hang waits for a quiet host (said once per host), and when a host of the hung
   // generation was declared dead since it was seen (said: it explains the hang, now settled).
   bool HoldOff(absl::Time now);
-  Seen Observe(const absl::StatusOr<std::vector<HangDumpDigest>>& dumps);
+  Seen Observe(const absl::StatusOr<std::vector<const HangDumpDigest*>>& dumps);
   void ReplaceStoppedRanksNow(const std::set<int>& stopped, bool through_agents);
   void ReplaceSuspects(const std::vector<int>& suspects, int64_t generation,
                        const std::set<int>& not_running);
