@@ -80,14 +80,16 @@ bool HangCoordinator::EveryRankResumed(int64_t generation) {
 absl::StatusOr<bool> HangCoordinator::RefreshDumps(absl::Time deadline) {
   absl::StatusOr<std::vector<std::string>> names = env_->GetChildren(options_.dump_dir);
   if (!names.ok()) return names.status();
-  std::set<std::string> present;
   bool read_all = true;
   bool read_one = false;
+  size_t listed_known = 0;  // the names listed that known_dumps_ holds
   for (const std::string& name : *names) {
     std::optional<std::pair<int, int64_t>> parsed = ParseDumpName(name);
     if (!parsed.has_value()) continue;
-    present.insert(name);
-    if (known_dumps_.count(name) != 0) continue;
+    if (known_dumps_.count(name) != 0) {
+      ++listed_known;
+      continue;
+    }
     if (read_one && clock_->Now() >= deadline) {
       read_all = false;  // the next poll goes on
       continue;
@@ -102,9 +104,15 @@ absl::StatusOr<bool> HangCoordinator::RefreshDumps(absl::Time deadline) {
     KnownDump& known = known_dumps_[name];
     known.number = parsed->second;
     if (dump.ok()) known.digest = DigestHangDump(*dump);
+    ++listed_known;
   }
-  for (auto it = known_dumps_.begin(); it != known_dumps_.end();) {
-    it = present.count(it->first) == 0 ? known_dumps_.erase(it) : std::next(it);
+  // A dump removed (a run dir cleaned up) is forgotten. Every poll lists the dir, and a job of
+  // thousands of ranks has thousands of dumps: the names are gathered again only then.
+  if (listed_known != known_dumps_.size()) {
+    const std::set<std::string> present(names->begin(), names->end());
+    for (auto it = known_dumps_.begin(); it != known_dumps_.end();) {
+      it = present.count(it->first) == 0 ? known_dumps_.erase(it) : std::next(it);
+    }
   }
   return read_all;
 }

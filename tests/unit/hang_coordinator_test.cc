@@ -468,6 +468,26 @@ TEST_F(HangCoordinatorTest, ASupersededGenerationIsNotSettledWhileItsDumpsRemain
   EXPECT_THAT(said_, Contains("hang diagnosis: suspects: rank 2")) << Said();
 }
 
+// A dump read, then removed from the dump dir before the diagnosis, is not the rank's dump any
+// more: the rank is named for writing none once the grace is over.
+TEST_F(HangCoordinatorTest, ADumpRemovedFromTheDumpDirIsForgotten) {
+  Start(1, 4, /*one_host=*/true);
+  Declare(0);
+  for (int rank : {0, 1, 2, 3}) Dump(rank, 0, 5, WaitingFrames());
+  hangs_->Poll();
+  ASSERT_TRUE(hangs_->pending()) << "every rank runs: the declarer's verdict is awaited";
+  ASSERT_EQ(std::remove(dumps_.File("rank-00001.1.pb").c_str()), 0);
+  Abort(0, 0);
+  clock_.Advance(absl::Milliseconds(100));
+  hangs_->Poll();
+  EXPECT_TRUE(hangs_->pending()) << "rank 1 may dump again";
+  clock_.Advance(HangArbiterOptions{}.dump_grace);
+  hangs_->Poll();
+  EXPECT_FALSE(hangs_->pending());
+  EXPECT_THAT(said_, Contains("hang diagnosis: suspects: rank 1")) << Said();
+  EXPECT_TRUE(SaidLine("rank 1 wrote no dump")) << Said();
+}
+
 // A rank's newer dump of the same generation (a later hang of it, after a withdrawal) is the one
 // the diagnosis reads, though the older was read first.
 TEST_F(HangCoordinatorTest, ARanksNewerDumpIsTheOneDiagnosed) {
