@@ -634,8 +634,14 @@ std::vector<EvictionUnit> EvictionUnits(const BackupPlacementSpec& spec,
       std::set<std::vector<int>> seen;
       int index = 0;
       for (int rank = 0; rank < topology.world_size(); ++rank) {
+        // A group is listed by its lowest rank, the one whose coordinate in `dim` is 0: the others
+        // are not asked for their group (a DP group of a large job has hundreds of members).
+        const absl::StatusOr<RankCoordinates> coordinates = topology.CoordinatesOf(rank);
+        if (!coordinates.ok() || coordinates->Get(dim) != 0) {
+          continue;
+        }
         const absl::StatusOr<std::vector<int>> group = topology.GroupOf(rank, dim);
-        if (!group.ok() || group->front() != rank) {
+        if (!group.ok()) {
           continue;
         }
         std::vector<int> hosts;

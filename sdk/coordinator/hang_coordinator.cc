@@ -40,6 +40,9 @@ HangCoordinator::HangCoordinator(Store* agents_store, Clock* clock, Env* env,
 
 void HangCoordinator::Reset(int64_t checked_below) {
   pending_.reset();
+  // A restart counts generations from 0 again: what was seen resumed is the old incarnation's.
+  resumed_generation_ = -1;
+  resumed_.clear();
   checked_below_ = std::max<int64_t>(checked_below, 0);
 }
 
@@ -51,51 +54,111 @@ absl::Time HangCoordinator::DumpsSince(int64_t generation) const {
 }
 
 bool HangCoordinator::EveryRankResumed(int64_t generation) {
+  if (generation != resumed_generation_) {
+    resumed_generation_ = generation;
+    resumed_.clear();
+  }
+  // A resumed key stays once written (a generation's keys are its own): a rank seen resumed is
+  // not asked for again.
+  std::vector<int> ranks;
   std::vector<std::string> keys;
-  for (int r = 0; r < world_size_; ++r) keys.push_back(store_keys::Resumed(generation, r));
+  for (int r = 0; r < world_size_; ++r) {
+    if (resumed_.count(r) != 0) continue;
+    ranks.push_back(r);
+    keys.push_back(store_keys::Resumed(generation, r));
+  }
+  if (keys.empty()) return true;
   absl::StatusOr<std::vector<std::optional<std::string>>> values =
       ranks_store()->MultiGet(keys, options_.store_timeout);
   if (!values.ok()) return false;
-  return std::all_of(values->begin(), values->end(),
-                     [](const std::optional<std::string>& v) { return v.has_value(); });
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if ((*values)[i].has_value()) resumed_.insert(ranks[i]);
+  }
+  return resumed_.size() == static_cast<size_t>(world_size_);
 }
 
-absl::StatusOr<std::string> HangCoordinator::SupersededHang(int64_t generation) {
-  // Called every poll while a superseded generation is watched: each dump is parsed once (by its
-  // name and size).
+absl::StatusOr<bool> HangCoordinator::RefreshDumps(absl::Time deadline) {
   absl::StatusOr<std::vector<std::string>> names = env_->GetChildren(options_.dump_dir);
   if (!names.ok()) return names.status();
+  bool read_all = true;
+  bool read_one = false;
+  size_t listed_known = 0;  // the names listed that known_dumps_ holds
   for (const std::string& name : *names) {
-    if (!ParseDumpName(name).has_value()) continue;
-    const std::string path = absl::StrCat(options_.dump_dir, "/", name);
-    absl::StatusOr<uint64_t> size = env_->GetFileSize(path);
-    if (!size.ok()) continue;
-    auto known = dump_summaries_.find(name);
-    if (known == dump_summaries_.end() || known->second.size != *size) {
-      absl::StatusOr<FlightRecorderDump> dump = ReadFlightRecorderDump(path, env_);
-      if (!dump.ok()) continue;  // a dump is written whole (linked into place): not ours to judge
-      DumpSummary summary;
-      summary.size = *size;
-      summary.rank = dump->rank;
-      summary.dumped_at = dump->dumped_at;
-      summary.generation = DumpGeneration(*dump);
-      std::optional<std::string> reason = EvidenceOf(*dump, "reason");
-      if (reason.has_value() && absl::StartsWith(*reason, "hang: ")) {
-        summary.hang = reason->substr(6);
-      }
-      known = dump_summaries_.insert_or_assign(name, std::move(summary)).first;
+    std::optional<std::pair<int, int64_t>> parsed = ParseDumpName(name);
+    if (!parsed.has_value()) continue;
+    if (known_dumps_.count(name) != 0) {
+      ++listed_known;
+      continue;
     }
-    const DumpSummary& d = known->second;
+    if (read_one && clock_->Now() >= deadline) {
+      read_all = false;  // the next poll goes on
+      continue;
+    }
+    read_one = true;
+    // Without its records: only their positions are kept (HangDumpDigest).
+    absl::StatusOr<FlightRecorderDumpPositions> dump =
+        ReadFlightRecorderDumpPositions(absl::StrCat(options_.dump_dir, "/", name), env_);
+    // Vanished between the listing and the read (a run dir cleaned up), or not readable now:
+    // looked for again. One that is no flight recorder dump is not read again.
+    if (!dump.ok() && !absl::IsDataLoss(dump.status())) continue;
+    KnownDump& known = known_dumps_[name];
+    known.number = parsed->second;
+    if (dump.ok()) known.digest = DigestHangDump(*dump);
+    ++listed_known;
+  }
+  // A dump removed (a run dir cleaned up) is forgotten. Every poll lists the dir, and a job of
+  // thousands of ranks has thousands of dumps: the names are gathered again only then.
+  if (listed_known != known_dumps_.size()) {
+    const std::set<std::string> present(names->begin(), names->end());
+    for (auto it = known_dumps_.begin(); it != known_dumps_.end();) {
+      it = present.count(it->first) == 0 ? known_dumps_.erase(it) : std::next(it);
+    }
+  }
+  return read_all;
+}
+
+absl::StatusOr<std::vector<const HangDumpDigest*>> HangCoordinator::DumpsOf(
+    int64_t generation) const {
+  std::map<int, const KnownDump*> newest;  // by rank
+  for (const auto& [name, known] : known_dumps_) {
+    if (!known.digest.has_value() || known.digest->generation != generation) continue;
+    const KnownDump*& kept = newest[known.digest->rank];
+    if (kept == nullptr || kept->number < known.number) kept = &known;
+  }
+  if (newest.empty()) {
+    return absl::NotFoundError(absl::StrCat("no flight recorder dump of generation ", generation,
+                                            " in ", options_.dump_dir));
+  }
+  std::vector<const HangDumpDigest*> dumps;
+  dumps.reserve(newest.size());
+  for (const auto& [rank, known] : newest) dumps.push_back(&*known->digest);
+  return dumps;
+}
+
+absl::StatusOr<std::string> HangCoordinator::SupersededHang(int64_t generation,
+                                                            absl::Time deadline) {
+  // Called every poll while a superseded generation is watched: each dump is read once
+  // (RefreshDumps).
+  absl::StatusOr<bool> read_all = RefreshDumps(deadline);
+  if (!read_all.ok()) return read_all.status();
+  for (const auto& [name, known] : known_dumps_) {
+    if (!known.digest.has_value()) continue;
+    const HangDumpDigest& d = *known.digest;
     // Dumps written before a restart (--restart-all) are an earlier incarnation's. Of another
     // host's rank nothing could be done once its generation moved on.
-    if (d.generation != generation || d.hang.empty() || d.dumped_at < DumpsSince(generation) ||
-        !Holder(d.rank).here) {
+    if (d.generation != generation || !absl::StartsWith(d.reason, "hang: ") ||
+        d.dumped_at < DumpsSince(generation) || !Holder(d.rank).here) {
       continue;
     }
     return store_keys::EncodeHangDeclaration(
         {d.rank, absl::StrFormat("%s (its dump; generation %d was superseded before it could "
                                  "publish the hang)",
-                                 d.hang, generation)});
+                                 d.reason.substr(6), generation)});
+  }
+  if (!*read_all) {
+    // Not NotFound: a generation whose hang may be in a dump not read yet is not settled.
+    return absl::UnavailableError(
+        absl::StrCat("dumps of generation ", generation, " remain to be read"));
   }
   return absl::NotFoundError(absl::StrCat("no hang dump of generation ", generation));
 }
@@ -110,7 +173,9 @@ bool HangCoordinator::FindHang(absl::Time now) {
   for (int64_t g = checked_below_; g <= current; ++g) {
     absl::StatusOr<std::string> who =
         ranks_store()->Get(store_keys::Hang(g), absl::Milliseconds(200));
-    if (absl::IsNotFound(who.status()) && g < current) who = SupersededHang(g);
+    if (absl::IsNotFound(who.status()) && g < current) {
+      who = SupersededHang(g, now + options_.dump_read_budget);
+    }
     if (!who.ok()) {
       if (absl::IsNotFound(who.status()) && g < current && superseded) checked_below_ = g + 1;
       continue;
@@ -161,7 +226,7 @@ bool HangCoordinator::FindHang(absl::Time now) {
 }
 
 HangCoordinator::Seen HangCoordinator::Observe(
-    const absl::StatusOr<std::vector<FlightRecorderDump>>& dumps) {
+    const absl::StatusOr<std::vector<const HangDumpDigest*>>& dumps) {
   Seen seen;
   // Not running: stopped, sending no heartbeat, or replaced already for being stopped.
   seen.not_running = pending_->replaced;
@@ -177,7 +242,7 @@ HangCoordinator::Seen HangCoordinator::Observe(
   }
   seen.through_agents = !elsewhere.empty();
   if (!dumps.ok()) return seen;
-  for (const FlightRecorderDump& d : *dumps) seen.dumped.insert(d.rank);
+  for (const HangDumpDigest* d : *dumps) seen.dumped.insert(d->rank);
   const int64_t g = pending_->generation;
   for (const auto& [rank, holder] : here) {
     // A rank of this host whose process is stopped will never dump, and neither will one that no
@@ -283,15 +348,18 @@ void HangCoordinator::Poll() {
   next_check_ = now + options_.poll_interval;
   if (!pending_.has_value() && !FindHang(now)) return;
   if (!pending_.has_value()) return;
-  absl::StatusOr<std::vector<FlightRecorderDump>> dumps =
-      ReadHangDumps(options_.dump_dir, pending_->generation, env_);
+  absl::StatusOr<bool> read_all = RefreshDumps(now + options_.dump_read_budget);
+  // The dumps not read yet are read at the next polls: nothing is decided on part of them.
+  if (read_all.ok() && !*read_all) return;
+  absl::StatusOr<std::vector<const HangDumpDigest*>> dumps =
+      read_all.ok() ? DumpsOf(pending_->generation) : read_all.status();
   // After a restart (--restart-all) generations count from 0 again, and the run dir still holds
   // the old processes' dumps of the same generation numbers: they are not this hang's evidence.
   // So are the dumps of an earlier hang of this generation, withdrawn.
   if (dumps.ok()) {
     const absl::Time since = DumpsSince(pending_->generation);
     dumps->erase(std::remove_if(dumps->begin(), dumps->end(),
-                                [&](const FlightRecorderDump& d) { return d.dumped_at < since; }),
+                                [&](const HangDumpDigest* d) { return d->dumped_at < since; }),
                  dumps->end());
   }
   Seen seen = Observe(dumps);
@@ -335,11 +403,12 @@ void HangCoordinator::Poll() {
     pending_.reset();
     return;
   }
-  HangEvidence evidence;
-  if (dumps.ok()) evidence.dumps = *std::move(dumps);
-  evidence.live_rings = std::move(pending_->live_rings);
-  evidence.world_size = world_size_;
-  HangDiagnosis diagnosis = DiagnoseHang(evidence);
+  std::vector<HangDumpDigest> evidence;
+  if (dumps.ok()) {
+    evidence.reserve(dumps->size());
+    for (const HangDumpDigest* d : *dumps) evidence.push_back(*d);
+  }
+  HangDiagnosis diagnosis = DiagnoseHang(evidence, pending_->live_rings, world_size_);
   const HangArbiter::Headline headline =
       arbiter_.Announce(observed, diagnosis.suspects, pending_->declaration);
   if (headline.explained_by_death) {

@@ -10,6 +10,11 @@
 // (sdk/watchdog/hang_diagnosis.h) and replace the suspects, a minority only unless they are not
 // running.
 //
+// A job of thousands of ranks dumps gigabytes (a rank's ring of 4,096 records is about 200 KB on
+// disk): each dump is read once, when it appears, and only its digest is kept (HangDumpDigest);
+// one Poll reads for at most dump_read_budget, and a hang is decided on once every dump listed is
+// read, so the coordinator's loop goes on with its other duties meanwhile.
+//
 // What a rank's process is doing is seen in two ways, and one serves where the other cannot:
 //  - This host's own processes, through Hooks::local_holder (one host: every rank's): a stopped
 //    process is seen stopped, a process that died or whose rank a replacement took is seen gone,
@@ -56,6 +61,7 @@
 #include "sdk/coordinator/rank_watch.h"  // StoppedMembers
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/watchdog/flight_recorder.h"
+#include "sdk/watchdog/hang_diagnosis.h"
 #include "trainguard/clock.h"
 #include "trainguard/env.h"
 #include "trainguard/events.h"
@@ -91,6 +97,11 @@ struct HangCoordinatorOptions {
   absl::Duration store_timeout = absl::Seconds(10);
   // How often Poll looks at the store and the dumps (between, it returns at once).
   absl::Duration poll_interval = absl::Milliseconds(50);
+  // How long one Poll may spend reading dumps that appeared: the others are read at the next
+  // polls, and a hang is decided on once every dump listed is read. A job of thousands of ranks
+  // dumps hundreds of megabytes, and the coordinator's loop has other duties every tick (the
+  // hosts' liveness among them). At least one dump is read per Poll.
+  absl::Duration dump_read_budget = absl::Milliseconds(200);
   HangArbiterOptions arbiter;
 };
 
@@ -146,7 +157,10 @@ class HangCoordinator {
   // A declared hang is being decided (a renewal waits for it).
   bool pending() const { return pending_.has_value(); }
   // The job's world size (0: no plan yet). Set it as it changes.
-  void set_world_size(int world_size) { world_size_ = world_size; }
+  void set_world_size(int world_size) {
+    if (world_size != world_size_) resumed_.clear();
+    world_size_ = world_size;
+  }
 
  private:
   // A hang seen and not settled yet.
@@ -183,13 +197,25 @@ class HangCoordinator {
   bool FindHang(absl::Time now);
   // A hang declared in `generation` after it was superseded: the store rejects the declaring
   // rank's writes then (they are fenced), but its dump, whose reason begins "hang: ", is in the
-  // dump dir. The hang key's text for it; NotFound when there is none of a rank this host sees.
-  absl::StatusOr<std::string> SupersededHang(int64_t generation);
+  // dump dir. The hang key's text for it; NotFound when there is none of a rank this host sees,
+  // Unavailable while dumps remain to be read (the read budget ran out before `deadline`).
+  absl::StatusOr<std::string> SupersededHang(int64_t generation, absl::Time deadline);
+  // Reads the dumps that appeared in dump_dir since the last call, until `deadline` (at least
+  // one), and forgets those removed: true when every dump listed is read. The listing's error
+  // when it cannot be listed (NotFound: no dump dir yet).
+  absl::StatusOr<bool> RefreshDumps(absl::Time deadline);
+  // Of the dumps read, each rank's newest (by dump number) of `generation`, as ReadHangDumps
+  // picks them: pointers into known_dumps_, valid until the next RefreshDumps (every poll looks,
+  // and a copy of every rank's digest each time would be most of a poll's work). NotFound when
+  // there is none.
+  absl::StatusOr<std::vector<const HangDumpDigest*>> DumpsOf(int64_t generation) const;
+  // Every rank completed a step of `generation` (its resumed key). Asks the store only for the
+  // ranks not seen resumed yet: it is asked every poll until they all are.
   bool EveryRankResumed(int64_t generation);
   // True while the hang waits for a quiet host (said once per host), and when a host of the hung
   // generation was declared dead since it was seen (said: it explains the hang, now settled).
   bool HoldOff(absl::Time now);
-  Seen Observe(const absl::StatusOr<std::vector<FlightRecorderDump>>& dumps);
+  Seen Observe(const absl::StatusOr<std::vector<const HangDumpDigest*>>& dumps);
   void ReplaceStoppedRanksNow(const std::set<int>& stopped, bool through_agents);
   void ReplaceSuspects(const std::vector<int>& suspects, int64_t generation,
                        const std::set<int>& not_running);
@@ -217,16 +243,19 @@ class HangCoordinator {
   std::optional<PendingHang> pending_;
   // When a hang of a generation was last withdrawn: its dumps are not the next one's.
   std::map<int64_t, absl::Time> withdrawn_at_;
-  // What SupersededHang needs of each hang dump it read, by file name.
-  struct DumpSummary {
-    uint64_t size = 0;  // the file's size when read (a dump is written whole, never in place)
-    int rank = -1;
-    int64_t generation = -1;
-    absl::Time dumped_at;
-    std::string hang;  // the hang the dump's reason declares ("hang: <this>"); empty if another
+  // The dumps in dump_dir read so far, by file name, reduced to what the diagnosis uses: each file
+  // is read once, when it first appears (a dump is linked into place whole, under a name no other
+  // dump takes: WriteNewFlightRecorderDump), not at every poll while a hang is pending. A job of
+  // thousands of ranks dumps hundreds of kilobytes each; their digests are a few kilobytes.
+  struct KnownDump {
+    int64_t number = -1;                   // rank-RRRRR.<number>.pb
+    std::optional<HangDumpDigest> digest;  // nullopt: not a flight recorder dump (not read again)
   };
-  std::map<std::string, DumpSummary> dump_summaries_;
+  std::map<std::string, KnownDump> known_dumps_;
   int64_t checked_below_ = 0;  // generations below this one have no hang left to look for
+  // The ranks seen resumed in generation resumed_generation_ (EveryRankResumed).
+  int64_t resumed_generation_ = -1;
+  std::set<int> resumed_;
   absl::Time next_check_ = absl::InfinitePast();
 };
 

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
+#include <string_view>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -34,6 +36,27 @@ std::vector<double> RelativeToScale(const std::vector<double>& values, double fl
   out.reserve(values.size());
   for (double v : values) out.push_back(v / *scale);
   return out;
+}
+
+// Each value's summed distance to all the others, sum_j |x_i - x_j|, in O(n log n): over the
+// values in ascending order with prefix sums, the value at position k has k smaller ones (their
+// distance is v - x_j) and n - 1 - k larger ones (x_j - v). A job of thousands of hosts has
+// millions of pairs a metric, every second.
+std::vector<double> DistanceSums(const std::vector<double>& x) {
+  const size_t n = x.size();
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&x](size_t a, size_t b) { return x[a] < x[b]; });
+  std::vector<double> prefix(n + 1, 0.0);  // prefix[k]: the k smallest values summed
+  for (size_t k = 0; k < n; ++k) prefix[k + 1] = prefix[k] + x[order[k]];
+  std::vector<double> sums(n, 0.0);
+  for (size_t k = 0; k < n; ++k) {
+    const double v = x[order[k]];
+    const double below = v * static_cast<double>(k) - prefix[k];
+    const double above = (prefix[n] - prefix[k + 1]) - v * static_cast<double>(n - 1 - k);
+    sums[order[k]] = below + above;
+  }
+  return sums;
 }
 
 }  // namespace
@@ -116,27 +139,39 @@ std::vector<SuspectVerdict> FailSlowDetector::Observe(int64_t second,
   if (second <= last_second_) return {};
   last_second_ = second;
   const size_t window = static_cast<size_t>(options_.denoise_window);
+  // Each metric's samples, in their order: one pass over the samples (thousands of hosts times
+  // their metrics), not one a metric.
+  std::vector<std::vector<const FailSlowSample*>> by_metric(options_.metrics.size());
+  {
+    std::map<std::string_view, size_t> index;
+    for (size_t m = 0; m < options_.metrics.size(); ++m) index.emplace(options_.metrics[m].name, m);
+    for (const FailSlowSample& s : samples) {
+      auto it = index.find(s.metric);
+      if (it != index.end()) by_metric[it->second].push_back(&s);
+    }
+  }
   for (size_t m = 0; m < options_.metrics.size(); ++m) {
     const FailSlowMetric& metric = options_.metrics[m];
     MetricState& state = states_[m];
-    std::set<std::string> fresh;
-    for (const FailSlowSample& s : samples) {
-      if (s.metric != metric.name || !std::isfinite(s.value) || fresh.count(s.host) != 0) continue;
-      double value = s.value;
+    for (const FailSlowSample* s : by_metric[m]) {
+      if (!std::isfinite(s->value)) continue;
+      auto found = state.series.find(s->host);
+      // A host's first sample of the second counts; a series that took one is fresh this second.
+      if (found != state.series.end() && found->second.last_second == second) continue;
+      double value = s->value;
       if (metric.per_work) {
-        if (!(s.work > 0)) continue;
-        value /= s.work;
+        if (!(s->work > 0)) continue;
+        value /= s->work;
       }
-      Series& series = state.series[s.host];
+      Series& series = found != state.series.end() ? found->second : state.series[s->host];
       series.values.push_back(value);
       if (series.values.size() > window) series.values.pop_front();
       series.last_second = second;
-      fresh.insert(s.host);
     }
     // Gaps: the last sample stands in for a short one; a long one drops the host.
     for (auto it = state.series.begin(); it != state.series.end();) {
       Series& series = it->second;
-      if (fresh.count(it->first) != 0) {
+      if (series.last_second == second) {
         ++it;
       } else if (second - series.last_second > options_.max_fill) {
         it = state.series.erase(it);
@@ -178,14 +213,7 @@ std::optional<SuspectVerdict> FailSlowDetector::Judge(MetricState& state,
   const std::vector<double> x =
       RelativeToScale(denoised, metric.min_difference, &peers_median, &scale);
   if (x.empty()) return no_candidate();
-  std::vector<double> sums(n, 0.0);
-  for (size_t i = 0; i < n; ++i) {
-    for (size_t j = i + 1; j < n; ++j) {
-      const double d = std::fabs(x[i] - x[j]);
-      sums[i] += d;
-      sums[j] += d;
-    }
-  }
+  const std::vector<double> sums = DistanceSums(x);
   double mean = 0;
   for (double s : sums) mean += s;
   mean /= static_cast<double>(n);

@@ -40,6 +40,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -47,6 +48,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "google/protobuf/arena.h"
 #include "sdk/core/errno_error.h"
 #include "sdk/core/job_id.h"
 #include "sdk/core/proto_json.h"
@@ -518,11 +520,39 @@ absl::StatusOr<std::string> WriteNewFlightRecorderDump(
   return path;
 }
 
-absl::StatusOr<FlightRecorderDump> ReadFlightRecorderDump(const std::string& path, Env* env) {
+namespace {
+
+// One record of a ring, in ring order, into where the ring leaves its rank (PositionsOf).
+void AddPosition(CollectivePositions& positions, FlightRecordType type, uint64_t comm_id,
+                 int64_t comm_seq, std::string_view name) {
+  if (type == FlightRecordType::kCollectiveBegin) {
+    CollectivePosition& p = positions[comm_id];
+    // The name of the first record of the newest collective entered (a later one of the same seq
+    // is the same collective).
+    if (comm_seq > p.entered) p.op = std::string(name);
+    p.entered_any = true;
+    if (comm_seq >= p.entered) {
+      p.entered = comm_seq;
+      p.left = false;
+    }
+  } else if (type == FlightRecordType::kCollectiveEnd) {
+    CollectivePosition& p = positions[comm_id];
+    if (comm_seq == p.entered) p.left = true;
+  }
+}
+
+// ReadFlightRecorderDump; with `positions`, the records are not kept but reduced into it.
+absl::StatusOr<FlightRecorderDump> ReadDump(const std::string& path, Env* env,
+                                            CollectivePositions* positions) {
   if (env == nullptr) env = Env::Default();
   absl::StatusOr<std::string> bytes = env->ReadFileToString(path);
   if (!bytes.ok()) return bytes.status();
-  proto::FlightRecorderDump dump;
+  // Parsed on an arena: a dump's thousands of records are a message (and a name) each, whose
+  // allocations and destructions took most of a read's time without one. A coordinator reads
+  // every rank's dump of a hang (HangCoordinator).
+  google::protobuf::Arena arena;
+  proto::FlightRecorderDump& dump =
+      *google::protobuf::Arena::CreateMessage<proto::FlightRecorderDump>(&arena);
   if (!dump.ParseFromString(*bytes) || dump.format_version() != kDumpFormatVersion ||
       dump.segment().empty()) {
     return absl::DataLossError(absl::StrFormat(
@@ -537,20 +567,31 @@ absl::StatusOr<FlightRecorderDump> ReadFlightRecorderDump(const std::string& pat
   out.contents.capacity = static_cast<int>(dump.capacity());
   out.contents.next_seq = dump.next_seq();
   out.contents.dropped = dump.dropped();
-  out.contents.records.reserve(dump.records_size());
-  for (const proto::FlightRecordProto& p : dump.records()) {
-    FlightRecord& r = out.contents.records.emplace_back();
-    r.seq = p.seq();
-    r.time_ns = p.time_ns();
-    r.step = p.step();
-    r.type = static_cast<FlightRecordType>(p.type());
-    r.flags = static_cast<uint16_t>(p.flags());
-    r.peer = p.peer();
-    r.comm_id = p.comm_id();
-    r.comm_seq = p.comm_seq();
-    r.bytes = p.bytes();
-    r.value = p.value();
-    std::memcpy(r.name, p.name().data(), std::min(p.name().size(), sizeof(r.name) - 1));
+  if (positions != nullptr) {
+    for (const proto::FlightRecordProto& p : dump.records()) {
+      // The name as the ring holds it (FlightRecord::Name): at most 63 bytes, up to a NUL.
+      std::string_view name(p.name().data(),
+                            std::min(p.name().size(), sizeof(FlightRecord::name) - 1));
+      name = name.substr(0, name.find('\0'));
+      AddPosition(*positions, static_cast<FlightRecordType>(p.type()), p.comm_id(), p.comm_seq(),
+                  name);
+    }
+  } else {
+    out.contents.records.reserve(dump.records_size());
+    for (const proto::FlightRecordProto& p : dump.records()) {
+      FlightRecord& r = out.contents.records.emplace_back();
+      r.seq = p.seq();
+      r.time_ns = p.time_ns();
+      r.step = p.step();
+      r.type = static_cast<FlightRecordType>(p.type());
+      r.flags = static_cast<uint16_t>(p.flags());
+      r.peer = p.peer();
+      r.comm_id = p.comm_id();
+      r.comm_seq = p.comm_seq();
+      r.bytes = p.bytes();
+      r.value = p.value();
+      std::memcpy(r.name, p.name().data(), std::min(p.name().size(), sizeof(r.name) - 1));
+    }
   }
   for (const proto::DumpEvidence& e : dump.evidence()) {
     out.evidence.emplace_back(e.key(), e.value());
@@ -558,6 +599,21 @@ absl::StatusOr<FlightRecorderDump> ReadFlightRecorderDump(const std::string& pat
   out.dumped_at = absl::FromUnixMicros(dump.dumped_unix_micros());
   out.dumped_monotonic_ns = dump.dumped_monotonic_ns();
   return out;
+}
+
+}  // namespace
+
+absl::StatusOr<FlightRecorderDump> ReadFlightRecorderDump(const std::string& path, Env* env) {
+  return ReadDump(path, env, /*positions=*/nullptr);
+}
+
+absl::StatusOr<FlightRecorderDumpPositions> ReadFlightRecorderDumpPositions(const std::string& path,
+                                                                            Env* env) {
+  FlightRecorderDumpPositions read;
+  absl::StatusOr<FlightRecorderDump> dump = ReadDump(path, env, &read.positions);
+  if (!dump.ok()) return dump.status();
+  read.dump = *std::move(dump);
+  return read;
 }
 
 absl::StatusOr<std::vector<int>> ListFlightRecorderRanks(std::string_view job_id) {
@@ -595,38 +651,47 @@ std::string LaggardReport::ToString() const {
                          absl::StrJoin(waiting, ","), waiting.size() == 1 ? "is" : "are");
 }
 
+CollectivePositions PositionsOf(const FlightRecorderContents& ring) {
+  CollectivePositions positions;
+  for (const FlightRecord& r : ring.records) {
+    AddPosition(positions, r.type, r.comm_id, r.comm_seq, r.Name());
+  }
+  return positions;
+}
+
 std::vector<LaggardReport> FindLaggards(const std::vector<int>& ranks,
                                         const std::vector<FlightRecorderContents>& rings) {
+  std::vector<CollectivePositions> positions;
+  positions.reserve(rings.size());
+  for (const FlightRecorderContents& ring : rings) positions.push_back(PositionsOf(ring));
+  return FindLaggards(ranks, positions);
+}
+
+std::vector<LaggardReport> FindLaggards(const std::vector<int>& ranks,
+                                        const std::vector<CollectivePositions>& positions) {
+  // comm -> the newest collective any rank entered: the first rank's (in `ranks` order) that
+  // entered it, with its name.
   struct Newest {
     int64_t seq = -1;
     std::string op;
   };
-  // comm -> the newest collective entered by any rank; per rank: comm -> newest entered, and
-  // whether it was left.
   std::map<uint64_t, Newest> newest;
-  std::vector<std::map<uint64_t, std::pair<int64_t, bool>>> per_rank(rings.size());
-  for (size_t i = 0; i < rings.size(); ++i) {
-    for (const FlightRecord& r : rings[i].records) {
-      if (r.type == FlightRecordType::kCollectiveBegin) {
-        auto& mine = per_rank[i][r.comm_id];
-        if (r.comm_seq >= mine.first) mine = {r.comm_seq, false};
-        Newest& n = newest[r.comm_id];
-        if (r.comm_seq > n.seq) n = {r.comm_seq, std::string(r.Name())};
-      } else if (r.type == FlightRecordType::kCollectiveEnd) {
-        auto& mine = per_rank[i][r.comm_id];
-        if (r.comm_seq == mine.first) mine.second = true;
-      }
+  for (const CollectivePositions& rank_positions : positions) {
+    for (const auto& [comm, p] : rank_positions) {
+      if (!p.entered_any) continue;
+      Newest& n = newest[comm];
+      if (p.entered > n.seq) n = {p.entered, p.op};
     }
   }
   std::vector<LaggardReport> out;
   for (const auto& [comm, n] : newest) {
     LaggardReport report{comm, n.seq, n.op, {}, {}};
-    for (size_t i = 0; i < rings.size(); ++i) {
-      auto it = per_rank[i].find(comm);
-      const int64_t entered = it == per_rank[i].end() ? -1 : it->second.first;
+    for (size_t i = 0; i < positions.size(); ++i) {
+      auto it = positions[i].find(comm);
+      const int64_t entered = it == positions[i].end() ? -1 : it->second.entered;
       if (entered < n.seq) {
         report.laggards.push_back(ranks[i]);
-      } else if (!it->second.second) {
+      } else if (!it->second.left) {
         report.waiting.push_back(ranks[i]);
       }
     }

@@ -25,6 +25,7 @@
 #define TRAINGUARD_SDK_WATCHDOG_FLIGHT_RECORDER_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -181,6 +182,34 @@ struct LaggardReport {
 // rank never entered; empty when every rank entered the newest collective of every communicator.
 std::vector<LaggardReport> FindLaggards(const std::vector<int>& ranks,
                                         const std::vector<FlightRecorderContents>& rings);
+
+// Where one rank's ring leaves it in one communicator's collectives: all FindLaggards compares of
+// the ring, a few bytes however many records it holds, so that a reader of thousands of ranks'
+// dumps need not keep their rings.
+struct CollectivePosition {
+  bool entered_any = false;  // the ring holds a collective_begin of this communicator
+  int64_t entered = -1;      // the newest comm_seq it entered
+  std::string op;            // that collective's name
+  bool left = false;         // it left that collective (collective_end)
+};
+// By communicator id.
+using CollectivePositions = std::map<uint64_t, CollectivePosition>;
+CollectivePositions PositionsOf(const FlightRecorderContents& ring);
+// FindLaggards on the rings' positions: `positions[i]` is PositionsOf(rank `ranks[i]`'s ring).
+// The same reports as FindLaggards on the rings themselves.
+std::vector<LaggardReport> FindLaggards(const std::vector<int>& ranks,
+                                        const std::vector<CollectivePositions>& positions);
+
+// A dump read without its records, which are reduced to their positions as they are parsed: for
+// a reader that keeps only what FindLaggards compares (a coordinator reading every rank's dump of
+// a hang), at a fraction of the memory and of the time.
+struct FlightRecorderDumpPositions {
+  FlightRecorderDump dump;        // as ReadFlightRecorderDump reads it, but contents.records empty
+  CollectivePositions positions;  // PositionsOf the records
+};
+// ReadFlightRecorderDump's errors.
+absl::StatusOr<FlightRecorderDumpPositions> ReadFlightRecorderDumpPositions(const std::string& path,
+                                                                            Env* env = nullptr);
 
 }  // namespace trainguard
 

@@ -191,36 +191,68 @@ absl::StatusOr<std::vector<FlightRecorderDump>> ReadHangDumps(const std::string&
   return dumps;
 }
 
+namespace {
+
+HangDumpDigest DigestOf(const FlightRecorderDump& dump, CollectivePositions positions) {
+  HangDumpDigest digest;
+  digest.rank = dump.rank;
+  digest.generation = DumpGeneration(dump);
+  digest.dumped_at = dump.dumped_at;
+  digest.reason = EvidenceOf(dump, "reason").value_or("");
+  digest.positions = std::move(positions);
+  digest.training = TrainingThreadFrames(dump);
+  return digest;
+}
+
+}  // namespace
+
+HangDumpDigest DigestHangDump(const FlightRecorderDump& dump) {
+  return DigestOf(dump, PositionsOf(dump.contents));
+}
+
+HangDumpDigest DigestHangDump(const FlightRecorderDumpPositions& read) {
+  return DigestOf(read.dump, read.positions);
+}
+
 HangDiagnosis DiagnoseHang(const HangEvidence& evidence) {
+  std::vector<HangDumpDigest> digests;
+  digests.reserve(evidence.dumps.size());
+  for (const FlightRecorderDump& dump : evidence.dumps) digests.push_back(DigestHangDump(dump));
+  return DiagnoseHang(digests, evidence.live_rings, evidence.world_size);
+}
+
+HangDiagnosis DiagnoseHang(const std::vector<HangDumpDigest>& dumps,
+                           const std::map<int, FlightRecorderContents>& live_rings,
+                           int world_size) {
   HangDiagnosis d;
-  std::map<int, const FlightRecorderDump*> by_rank;
-  for (const FlightRecorderDump& dump : evidence.dumps) {
+  std::map<int, const HangDumpDigest*> by_rank;
+  for (const HangDumpDigest& dump : dumps) {
     by_rank[dump.rank] = &dump;
-    d.generation = std::max(d.generation, DumpGeneration(dump));
+    d.generation = std::max(d.generation, dump.generation);
   }
   for (const auto& [rank, dump] : by_rank) d.dumped.push_back(rank);
-  for (int r = 0; r < evidence.world_size; ++r) {
+  for (int r = 0; r < world_size; ++r) {
     if (by_rank.count(r) == 0) d.missing.push_back(r);
   }
 
   // 1. Rings: the dumped ones, and the live ones of ranks without a dump.
   std::vector<int> ranks;
-  std::vector<FlightRecorderContents> rings;
+  std::vector<CollectivePositions> positions;
   for (const auto& [rank, dump] : by_rank) {
     ranks.push_back(rank);
-    rings.push_back(dump->contents);
+    positions.push_back(dump->positions);
   }
-  for (const auto& [rank, ring] : evidence.live_rings) {
+  for (const auto& [rank, ring] : live_rings) {
     if (by_rank.count(rank) != 0) continue;
     ranks.push_back(rank);
-    rings.push_back(ring);
+    positions.push_back(PositionsOf(ring));
   }
-  d.laggards = FindLaggards(ranks, rings);
+  d.laggards = FindLaggards(ranks, positions);
 
   // 2. Stacks: group the training threads by the modules they run in.
   std::map<std::vector<std::string>, StackGroup> groups;
   for (const auto& [rank, dump] : by_rank) {
-    const std::vector<std::string> frames = TrainingThreadFrames(*dump);
+    const std::vector<std::string>& frames = dump->training;
     StackGroup& group = groups[ModuleSequence(frames)];
     if (group.ranks.empty()) {
       for (const std::string& frame : frames) {

@@ -37,6 +37,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "sdk/watchdog/flight_recorder.h"
 
 namespace trainguard {
@@ -99,6 +100,27 @@ absl::StatusOr<std::vector<FlightRecorderDump>> ReadHangDumps(const std::string&
                                                               Env* env = nullptr);
 
 HangDiagnosis DiagnoseHang(const HangEvidence& evidence);
+
+// What DiagnoseHang uses of one rank's dump, and what a coordinator decides on before it: a few
+// kilobytes however long the rank's ring and however many threads its stacks show (a dump of a
+// ring of 4,096 records is about 200 KB), so that a coordinator can read each dump of a job of
+// thousands of ranks once, as it appears, and keep what it needs of every one (HangCoordinator).
+struct HangDumpDigest {
+  int rank = -1;
+  int64_t generation = -1;  // DumpGeneration
+  absl::Time dumped_at = absl::InfinitePast();
+  std::string reason;                 // its "reason" evidence; empty when it has none
+  CollectivePositions positions;      // PositionsOf its ring
+  std::vector<std::string> training;  // its training thread's frames, as the stacks hold them
+};
+HangDumpDigest DigestHangDump(const FlightRecorderDump& dump);
+// The same, of a dump read without its records (ReadFlightRecorderDumpPositions).
+HangDumpDigest DigestHangDump(const FlightRecorderDumpPositions& read);
+
+// DiagnoseHang on digests: `dumps` at most one per rank; `live_rings` as HangEvidence's. The same
+// diagnosis as DiagnoseHang on the dumps the digests were made of.
+HangDiagnosis DiagnoseHang(const std::vector<HangDumpDigest>& dumps,
+                           const std::map<int, FlightRecorderContents>& live_rings, int world_size);
 
 }  // namespace trainguard
 

@@ -71,6 +71,29 @@ TEST(FailSlowDetector, AHostThirtyPercentSlowerIsNamedExactlyWhenTheContinuityWi
   EXPECT_EQ(all[1].windows, 2);
 }
 
+// At 2,048 hosts (16,384 ranks), as at 4: the slow host is named when the continuity window is
+// met, with the z and the deviation each host's summed distances to the others give (summed over
+// the sorted values, not pair by pair: four million pairs a metric every second).
+TEST(FailSlowDetector, AmongTwoThousandHostsTheSlowOneIsNamedWhenTheContinuityWindowIsMet) {
+  constexpr int kHosts = 2048;
+  constexpr int kContinuity = 10;
+  constexpr int64_t kOnset = 20;
+  absl::StatusOr<FailSlowDetector> detector = FailSlowDetector::Create(ComputeOnly(kContinuity));
+  ASSERT_TRUE(detector.ok()) << detector.status();
+  auto slow = [](int h, int64_t t) { return h == 1000 && t >= kOnset ? 1.3 : 1.0; };
+  const int64_t confirmed = kOnset + 4 + kContinuity - 1;
+  std::vector<SuspectVerdict> all;
+  for (int64_t t = 0; t <= confirmed; ++t) {
+    for (SuspectVerdict& v : detector->Observe(t, Second(kHosts, t, slow))) all.push_back(v);
+  }
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].host, "host1000");
+  EXPECT_EQ(all[0].second, confirmed);
+  EXPECT_EQ(all[0].hosts, kHosts);
+  EXPECT_GE(all[0].z, 3.0) << "the cap of the z needed among many hosts";
+  EXPECT_NEAR(all[0].deviation, 0.3, 0.06);
+}
+
 TEST(FailSlowDetector, ASpikeShorterThanHalfTheDenoiseWindowIsNeverReported) {
   absl::StatusOr<FailSlowDetector> detector = FailSlowDetector::Create(ComputeOnly(3));
   ASSERT_TRUE(detector.ok());

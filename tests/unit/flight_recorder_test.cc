@@ -613,6 +613,55 @@ TEST_F(FlightRecorderTest, ADumpReadsBackWithEveryRecordAndItsEvidence) {
   EXPECT_GT(dump->dumped_at, absl::UnixEpoch());
 }
 
+// Read without its records, a dump gives the positions its records give, and the rest as read
+// with them (a name of the full 64 bytes is cut as the ring cuts it).
+TEST_F(FlightRecorderTest, ADumpReadForItsPositionsGivesWhatItsRecordsGive) {
+  TempDir dir;
+  FlightRecorderContents contents;
+  contents.segment = FlightRecorder::SegmentName(job_, 3);
+  contents.writer_pid = 77;
+  contents.capacity = 16;
+  auto collective = [](FlightRecordType type, uint64_t comm, int64_t seq, std::string name) {
+    FlightRecord r;
+    r.type = type;
+    r.comm_id = comm;
+    r.comm_seq = seq;
+    std::memcpy(r.name, name.data(), std::min(name.size(), sizeof(r.name) - 1));
+    return r;
+  };
+  using T = FlightRecordType;
+  contents.records = {collective(T::kCollectiveBegin, 1, 0, "all_reduce"),
+                      collective(T::kCollectiveEnd, 1, 0, "all_reduce"),
+                      collective(T::kCollectiveBegin, 2, 5, std::string(70, 'x')),
+                      collective(T::kCollectiveBegin, 1, 1, "all_gather"),
+                      collective(T::kCollectiveEnd, 3, 4, "broadcast")};
+  const std::string path = dir.File("rank-00003.1.pb");
+  ASSERT_TRUE(WriteFlightRecorderDump(contents, 3, {{"reason", "hang"}}, path).ok());
+  absl::StatusOr<FlightRecorderDump> whole = ReadFlightRecorderDump(path);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  absl::StatusOr<FlightRecorderDumpPositions> read = ReadFlightRecorderDumpPositions(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_TRUE(read->dump.contents.records.empty());
+  EXPECT_EQ(read->dump.rank, whole->rank);
+  EXPECT_EQ(read->dump.contents.writer_pid, whole->contents.writer_pid);
+  EXPECT_EQ(read->dump.evidence, whole->evidence);
+  EXPECT_EQ(read->dump.dumped_at, whole->dumped_at);
+  const CollectivePositions from_records = PositionsOf(whole->contents);
+  ASSERT_EQ(read->positions.size(), from_records.size());
+  for (const auto& [comm, p] : from_records) {
+    const CollectivePosition& q = read->positions.at(comm);
+    EXPECT_EQ(q.entered_any, p.entered_any) << comm;
+    EXPECT_EQ(q.entered, p.entered) << comm;
+    EXPECT_EQ(q.op, p.op) << comm;
+    EXPECT_EQ(q.left, p.left) << comm;
+  }
+  EXPECT_EQ(read->positions.at(1).op, "all_gather");
+  EXPECT_EQ(read->positions.at(2).op, std::string(63, 'x'));
+  EXPECT_FALSE(read->positions.at(3).entered_any);
+  EXPECT_EQ(ReadFlightRecorderDumpPositions(dir.File("absent.pb")).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
 TEST_F(FlightRecorderTest, ANewDumpTakesTheFirstFreeNumberAndReplacesNoEarlierDump) {
   // A replaced rank's old process, or a process of another host sharing the run dir, wrote
   // rank-00002.1.pb; a new process of rank 2 starts counting at 1 again.
@@ -730,6 +779,46 @@ TEST(FindLaggardsTest, TheRankThatNeverEnteredTheNewestCollectiveIsNamed) {
   EXPECT_EQ(reports[0].waiting, (std::vector<int>{0, 2}));
   EXPECT_EQ(reports[0].ToString(),
             "rank 1 never entered all_reduce #4 (comm 7) that ranks 0,2 are waiting in");
+}
+
+// A ring reduced to its positions (what a reader of thousands of dumps keeps of each) gives the
+// same reports as the ring: per communicator, the newest collective entered, its name, and
+// whether it was left; a communicator seen only leaving counts as never entered.
+TEST(FindLaggardsTest, PositionsGiveTheSameReportsAsTheRings) {
+  using T = FlightRecordType;
+  FlightRecorderContents waiting, stuck, left_only;
+  for (int64_t seq = 0; seq < 5; ++seq) {
+    waiting.records.push_back(Collective(T::kCollectiveBegin, 7, seq));
+    waiting.records.push_back(Collective(T::kCollectiveBegin, 9, seq));
+    if (seq < 4) waiting.records.push_back(Collective(T::kCollectiveEnd, 7, seq));
+    waiting.records.push_back(Collective(T::kCollectiveEnd, 9, seq));
+    if (seq < 4) {
+      stuck.records.push_back(Collective(T::kCollectiveBegin, 7, seq));
+      stuck.records.push_back(Collective(T::kCollectiveEnd, 7, seq));
+    }
+  }
+  waiting.records.push_back(Collective(T::kCollectiveBegin, 9, 5));
+  std::snprintf(waiting.records.back().name, sizeof(waiting.records.back().name), "all_gather");
+  left_only.records.push_back(Collective(T::kCollectiveEnd, 7, 4));
+  const std::vector<int> ranks = {0, 1, 2, 3};
+  const std::vector<FlightRecorderContents> rings = {waiting, stuck, left_only, waiting};
+  std::vector<CollectivePositions> positions;
+  for (const FlightRecorderContents& ring : rings) positions.push_back(PositionsOf(ring));
+  EXPECT_EQ(positions[0].at(9).entered, 5);
+  EXPECT_EQ(positions[0].at(9).op, "all_gather");
+  EXPECT_FALSE(positions[0].at(9).left);
+  EXPECT_FALSE(positions[2].at(7).entered_any);
+  std::vector<std::string> from_rings;
+  for (const LaggardReport& r : FindLaggards(ranks, rings)) from_rings.push_back(r.ToString());
+  std::vector<std::string> from_positions;
+  for (const LaggardReport& r : FindLaggards(ranks, positions)) {
+    from_positions.push_back(r.ToString());
+  }
+  EXPECT_EQ(from_positions, from_rings);
+  EXPECT_THAT(from_rings,
+              ::testing::ElementsAre(
+                  "ranks 1,2 never entered all_reduce #4 (comm 7) that ranks 0,3 are waiting in",
+                  "ranks 1,2 never entered all_gather #5 (comm 9) that ranks 0,3 are waiting in"));
 }
 
 TEST(FindLaggardsTest, WhenEveryRankEnteredTheCollectiveNoRankIsBlamed) {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -35,6 +36,7 @@
 #include "sdk/watchdog/flight_recorder.h"
 #include "sdk/watchdog/stack_trace.h"
 #include "tests/support/agent_fixtures.h"
+#include "tests/support/forwarding_store.h"
 #include "tests/support/temp_dir.h"
 #include "trainguard/clock.h"
 #include "trainguard/env.h"
@@ -88,6 +90,45 @@ FlightRecorderContents Ring(int rank, int entered) {
   }
   return contents;
 }
+
+// An Env that counts the reads of each file (what the coordinator reads of the dump dir), can
+// make each read take a while (on_read advances the test's clock), and lists a directory in name
+// order whatever the file system's.
+class ReadCountingEnv : public EnvWrapper {
+ public:
+  using EnvWrapper::EnvWrapper;
+  absl::StatusOr<std::vector<std::string>> GetChildren(const std::string& dir) override {
+    absl::StatusOr<std::vector<std::string>> names = target()->GetChildren(dir);
+    if (names.ok()) std::sort(names->begin(), names->end());
+    return names;
+  }
+  absl::StatusOr<std::string> ReadFileToString(const std::string& path) override {
+    ++reads_[path];
+    if (on_read_) on_read_();
+    return target()->ReadFileToString(path);
+  }
+  const std::map<std::string, int>& reads() const { return reads_; }
+  void set_on_read(std::function<void()> on_read) { on_read_ = std::move(on_read); }
+
+ private:
+  std::map<std::string, int> reads_;
+  std::function<void()> on_read_;
+};
+
+// The ranks' store, recording the keys of every MultiGet sent through it.
+class MultiGetRecordingStore : public testing::ForwardingStore {
+ public:
+  using ForwardingStore::ForwardingStore;
+  absl::StatusOr<std::vector<std::optional<std::string>>> MultiGet(
+      const std::vector<std::string>& keys, absl::Duration timeout) override {
+    multi_gets_.push_back(keys);
+    return ForwardingStore::MultiGet(keys, timeout);
+  }
+  std::vector<std::vector<std::string>>& multi_gets() { return multi_gets_; }
+
+ private:
+  std::vector<std::vector<std::string>> multi_gets_;
+};
 
 // A kill the coordinator asked for.
 struct Kill {
@@ -145,10 +186,11 @@ class HangCoordinatorTest : public ::testing::Test {
     options.max_hold_off = 2 * kHostTimeout;
     options.store_timeout = kCall;
     options.poll_interval = absl::ZeroDuration();  // every Poll looks: the instants are the test's
+    options.dump_read_budget = dump_read_budget_;
     HangCoordinator::Hooks hooks;
     hooks.coordinating = [this] { return Gate(); };
     hooks.say = [this](const std::string& line) { said_.push_back(line); };
-    hooks.ranks_store = [this] { return &store_; };
+    hooks.ranks_store = [this] { return &ranks_store_; };
     hooks.rendezvous = [this] { return &rendezvous_; };
     hooks.restarted_at = [] { return absl::InfinitePast(); };
     hooks.live_rings = [this] { return live_rings_; };
@@ -175,8 +217,8 @@ class HangCoordinatorTest : public ::testing::Test {
       EXPECT_EQ(kind, EventKind::kHangSuspect);
       kills_.push_back({rank, member, true});
     };
-    hangs_ = std::make_unique<HangCoordinator>(&store_, &clock_, Env::Default(), job_.get(),
-                                               options, std::move(hooks));
+    hangs_ = std::make_unique<HangCoordinator>(&store_, &clock_, &env_, job_.get(), options,
+                                               std::move(hooks));
     hangs_->set_world_size(world_size_);
   }
 
@@ -245,10 +287,13 @@ class HangCoordinatorTest : public ::testing::Test {
   RenewalPolicy renewal_{RenewalPolicyOptions{}};
   FailureHistory failures_;
   testing::TempDir dumps_;
+  ReadCountingEnv env_{Env::Default()};
+  MultiGetRecordingStore ranks_store_{&store_};
   std::unique_ptr<JobCoordinator> job_;
   std::unique_ptr<StandbyReplacement> strategy_;
   std::unique_ptr<HangCoordinator> hangs_;
   int world_size_ = 0;
+  absl::Duration dump_read_budget_ = HangCoordinatorOptions{}.dump_read_budget;
   std::vector<std::string> members_;
   std::map<int, LocalHolder> holders_;
   std::map<int, FlightRecorderContents> live_rings_;
@@ -350,6 +395,152 @@ TEST_F(HangCoordinatorTest, AWithdrawnHangReplacesNoOne) {
   clock_.Advance(absl::Seconds(10));
   hangs_->Poll();
   EXPECT_THAT(kills_, IsEmpty()) << "settled: not taken up again";
+}
+
+// The hang waits for rank 1's dump over several polls: each dump is read once, when it appears,
+// not at every poll (a job of thousands of ranks dumps hundreds of kilobytes each).
+TEST_F(HangCoordinatorTest, EachDumpIsReadOnceHoweverManyPollsTheHangWaits) {
+  Start(1, 4, /*one_host=*/true);
+  Declare(0);
+  for (int rank : {0, 2, 3}) Dump(rank, 0, 5, WaitingFrames());
+  Abort(0, 0);
+  for (int poll = 0; poll < 5; ++poll) {
+    hangs_->Poll();
+    clock_.Advance(absl::Milliseconds(100));
+  }
+  ASSERT_TRUE(hangs_->pending()) << "rank 1 may still dump";
+  Dump(1, 0, 4, WaitingFrames());
+  hangs_->Poll();
+  EXPECT_FALSE(hangs_->pending());
+  EXPECT_THAT(said_, Contains("hang diagnosis: suspects: rank 1")) << Said();
+  ASSERT_EQ(env_.reads().size(), 4u);
+  for (const auto& [path, reads] : env_.reads()) EXPECT_EQ(reads, 1) << path;
+}
+
+// Reading the dumps takes a while (100 ms each here): one Poll reads for dump_read_budget (the
+// coordinator's loop has other duties), the next ones go on, and the hang is decided on only once
+// every dump is read.
+TEST_F(HangCoordinatorTest, DumpsAreReadWithinABudgetPerPollAndDecidedOnOnceAllAreRead) {
+  dump_read_budget_ = absl::Milliseconds(150);
+  Start(1, 4, /*one_host=*/true);
+  env_.set_on_read([this] { clock_.Advance(absl::Milliseconds(100)); });
+  Declare(0);
+  for (int rank : {0, 2, 3}) Dump(rank, 0, 5, WaitingFrames());
+  Dump(1, 0, 4, WaitingFrames());
+  Abort(0, 0);
+  hangs_->Poll();
+  EXPECT_EQ(env_.reads().size(), 2u) << "the second read ends past the budget";
+  EXPECT_TRUE(hangs_->pending());
+  EXPECT_THAT(kills_, IsEmpty()) << "not decided on two dumps of four";
+  hangs_->Poll();
+  EXPECT_EQ(env_.reads().size(), 4u);
+  EXPECT_FALSE(hangs_->pending());
+  EXPECT_THAT(said_, Contains("hang diagnosis: suspects: rank 1")) << Said();
+  EXPECT_THAT(Ranks(kills_), ElementsAre(1));
+}
+
+// A superseded generation whose dumps are not all read yet is not settled: its hang may be in one
+// of them.
+TEST_F(HangCoordinatorTest, ASupersededGenerationIsNotSettledWhileItsDumpsRemainToBeRead) {
+  dump_read_budget_ = absl::Milliseconds(50);
+  Start(1, 4, /*one_host=*/true);
+  ASSERT_TRUE(rendezvous_.RenewGeneration(kCall).ok());
+  for (int rank = 0; rank < 4; ++rank) {
+    ASSERT_TRUE(store_.Set(store_keys::Resumed(1, rank), "1", kCall).ok());
+  }
+  env_.set_on_read([this] { clock_.Advance(absl::Milliseconds(100)); });
+  for (int rank : {0, 1, 3}) Dump(rank, 0, 8, WaitingFrames(), "peer hang");
+  Dump(2, 0, 8, SleepingFrames(), "hang: hang (phase) at step 40");
+  // One dump a poll, in name order: rank 2's hang dump is the third read.
+  for (int poll = 0; poll < 2; ++poll) {
+    hangs_->Poll();
+    EXPECT_FALSE(hangs_->pending());
+  }
+  hangs_->Poll();
+  EXPECT_TRUE(hangs_->pending()) << "found in the third dump read";
+  hangs_->Poll();
+  EXPECT_EQ(env_.reads().size(), 4u);
+  Run(HangArbiterOptions{}.verdict_wait, {});
+  EXPECT_FALSE(hangs_->pending());
+  EXPECT_THAT(said_, Contains("hang in generation 0: rank 2: hang (phase) at step 40 (its dump; "
+                              "generation 0 was superseded before it could publish the hang)"))
+      << Said();
+  EXPECT_THAT(said_, Contains("hang diagnosis: suspects: rank 2")) << Said();
+}
+
+// A dump read, then removed from the dump dir before the diagnosis, is not the rank's dump any
+// more: the rank is named for writing none once the grace is over.
+TEST_F(HangCoordinatorTest, ADumpRemovedFromTheDumpDirIsForgotten) {
+  Start(1, 4, /*one_host=*/true);
+  Declare(0);
+  for (int rank : {0, 1, 2, 3}) Dump(rank, 0, 5, WaitingFrames());
+  hangs_->Poll();
+  ASSERT_TRUE(hangs_->pending()) << "every rank runs: the declarer's verdict is awaited";
+  ASSERT_EQ(std::remove(dumps_.File("rank-00001.1.pb").c_str()), 0);
+  Abort(0, 0);
+  clock_.Advance(absl::Milliseconds(100));
+  hangs_->Poll();
+  EXPECT_TRUE(hangs_->pending()) << "rank 1 may dump again";
+  clock_.Advance(HangArbiterOptions{}.dump_grace);
+  hangs_->Poll();
+  EXPECT_FALSE(hangs_->pending());
+  EXPECT_THAT(said_, Contains("hang diagnosis: suspects: rank 1")) << Said();
+  EXPECT_TRUE(SaidLine("rank 1 wrote no dump")) << Said();
+}
+
+// A rank's newer dump of the same generation (a later hang of it, after a withdrawal) is the one
+// the diagnosis reads, though the older was read first.
+TEST_F(HangCoordinatorTest, ARanksNewerDumpIsTheOneDiagnosed) {
+  Start(1, 4, /*one_host=*/true);
+  Declare(0);
+  for (int rank : {0, 1, 2, 3}) Dump(rank, 0, 5, WaitingFrames());
+  ASSERT_TRUE(
+      store_.Set(store_keys::HangWithdrawn(0, 0), "rank 0: its wait ended after 9.5s", kCall).ok());
+  hangs_->Poll();
+  ASSERT_FALSE(hangs_->pending());
+  ASSERT_THAT(kills_, IsEmpty());
+  clock_.Advance(absl::Seconds(1));
+  // Ranks 0, 2, 3 entered all_reduce #8 this time, rank 1 stalled at #7. (The first dumps are not
+  // set aside by their time here: they carry the wall clock, later than this test's clock.)
+  Declare(0);
+  for (int rank : {0, 2, 3}) Dump(rank, 0, 9, WaitingFrames());
+  Dump(1, 0, 8, WaitingFrames());
+  Abort(0, 0);
+  hangs_->Poll();
+  EXPECT_FALSE(hangs_->pending());
+  EXPECT_TRUE(SaidLine("hang diagnosis: rank 1 never entered all_reduce #8")) << Said();
+  EXPECT_THAT(Ranks(kills_), ElementsAre(1));
+}
+
+// While a superseded generation may still hang, every poll asks whether every rank has resumed in
+// the current one: only for the ranks not seen resumed yet.
+TEST_F(HangCoordinatorTest, OnlyTheRanksNotSeenResumedAreAskedForAgain) {
+  Start(1, 4, /*one_host=*/true);
+  ASSERT_TRUE(rendezvous_.RenewGeneration(kCall).ok());
+  for (int rank : {0, 2}) {
+    ASSERT_TRUE(store_.Set(store_keys::Resumed(1, rank), "1", kCall).ok());
+  }
+  auto resumed_asked = [this] {
+    std::vector<std::vector<std::string>> asked;
+    for (const std::vector<std::string>& keys : ranks_store_.multi_gets()) {
+      if (!keys.empty() && keys[0].find("/resumed/") != std::string::npos) asked.push_back(keys);
+    }
+    ranks_store_.multi_gets().clear();
+    return asked;
+  };
+  hangs_->Poll();
+  EXPECT_THAT(resumed_asked(),
+              ElementsAre(ElementsAre(store_keys::Resumed(1, 0), store_keys::Resumed(1, 1),
+                                      store_keys::Resumed(1, 2), store_keys::Resumed(1, 3))));
+  ASSERT_TRUE(store_.Set(store_keys::Resumed(1, 1), "1", kCall).ok());
+  hangs_->Poll();
+  EXPECT_THAT(resumed_asked(),
+              ElementsAre(ElementsAre(store_keys::Resumed(1, 1), store_keys::Resumed(1, 3))));
+  ASSERT_TRUE(store_.Set(store_keys::Resumed(1, 3), "1", kCall).ok());
+  hangs_->Poll();
+  EXPECT_THAT(resumed_asked(), ElementsAre(ElementsAre(store_keys::Resumed(1, 3))));
+  hangs_->Poll();
+  EXPECT_THAT(resumed_asked(), IsEmpty()) << "generation 0 is settled: nothing left to ask";
 }
 
 // One host: rank 1's process is seen stopped when the hang is: replaced at once, before the others'

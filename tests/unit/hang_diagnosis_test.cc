@@ -179,6 +179,27 @@ TEST(DiagnoseHang, NamesTheRankWhoseTrainingThreadIsNotWhereTheOthersWait) {
                               "AbslInternalSleepFor <- "));
 }
 
+// The digests of the dumps (what a coordinator keeps of each) give the same diagnosis as the dumps.
+TEST(DiagnoseHang, TheDumpsDigestsGiveTheSameDiagnosisAsTheDumps) {
+  HangEvidence evidence;
+  evidence.world_size = 5;
+  evidence.dumps = {MakeDump(0, 3, 8, WaitingFrames(0x41)), MakeDump(1, 3, 7, WaitingFrames(0x99)),
+                    MakeDump(2, 3, 8, SleepingFrames()), MakeDump(3, 3, 8, WaitingFrames(0x41))};
+  evidence.live_rings[4] = MakeDump(4, 3, 8, {}).contents;
+  std::vector<HangDumpDigest> digests;
+  for (const FlightRecorderDump& dump : evidence.dumps) digests.push_back(DigestHangDump(dump));
+  EXPECT_EQ(digests[2].rank, 2);
+  EXPECT_EQ(digests[2].generation, 3);
+  EXPECT_EQ(digests[2].dumped_at, evidence.dumps[2].dumped_at);
+  EXPECT_EQ(digests[2].reason, EvidenceOf(evidence.dumps[2], "reason").value_or(""));
+  const HangDiagnosis from_dumps = DiagnoseHang(evidence);
+  const HangDiagnosis from_digests =
+      DiagnoseHang(digests, evidence.live_rings, evidence.world_size);
+  EXPECT_EQ(from_digests.ToString(), from_dumps.ToString());
+  EXPECT_EQ(from_digests.suspects, from_dumps.suspects);
+  EXPECT_THAT(from_dumps.suspects, ElementsAre(1, 2, 4));
+}
+
 TEST(DiagnoseHang, AStoppedRankIsNamedAsMissingAndAsTheLaggardFromItsLiveRing) {
   HangEvidence evidence;
   evidence.world_size = 3;
