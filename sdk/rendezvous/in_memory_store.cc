@@ -101,14 +101,7 @@ class InMemoryStore::Client final : public Store {
   absl::StatusOr<std::vector<std::optional<std::string>>> MultiGet(
       const std::vector<std::string>& keys, absl::Duration) override {
     MutexLock lock(&state_->mu);
-    std::vector<std::optional<std::string>> values;
-    values.reserve(keys.size());
-    for (const std::string& key : keys) {
-      auto it = state_->data.find(key);
-      values.push_back(it == state_->data.end() ? std::nullopt
-                                                : std::optional<std::string>(it->second));
-    }
-    return values;
+    return Read(keys);
   }
 
   absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
@@ -124,20 +117,16 @@ class InMemoryStore::Client final : public Store {
 
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
     MutexLock lock(&state_->mu);
-    auto all_present = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
-      for (const std::string& key : keys) {
-        if (state_->data.find(key) == state_->data.end()) return false;
-      }
-      return true;
-    };
-    if (state_->mu.AwaitWithTimeout(all_present, timeout)) return absl::OkStatus();
-    std::vector<std::string> missing;
-    for (const std::string& key : keys) {
-      if (state_->data.find(key) == state_->data.end()) missing.push_back(key);
-    }
-    return absl::DeadlineExceededError(
-        absl::StrCat("waited ", absl::FormatDuration(timeout),
-                     " for store keys; still missing: ", absl::StrJoin(missing, ", ")));
+    return AwaitAll(keys, timeout);
+  }
+
+  // Reads `read` under the lock that saw `awaited` present: the values as they were then.
+  absl::StatusOr<std::vector<std::optional<std::string>>> WaitAndRead(
+      const std::vector<std::string>& awaited, const std::vector<std::string>& read,
+      absl::Duration timeout) override {
+    MutexLock lock(&state_->mu);
+    if (absl::Status s = AwaitAll(awaited, timeout); !s.ok()) return s;
+    return Read(read);
   }
 
   absl::StatusOr<size_t> WaitAny(const std::vector<std::string>& keys,
@@ -172,6 +161,37 @@ class InMemoryStore::Client final : public Store {
   void SetWriterGeneration(int64_t generation) override { generation_.store(generation); }
 
  private:
+  // Blocks until every key of `keys` exists; DeadlineExceeded names those still missing.
+  absl::Status AwaitAll(const std::vector<std::string>& keys, absl::Duration timeout)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+    auto all_present = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+      for (const std::string& key : keys) {
+        if (state_->data.find(key) == state_->data.end()) return false;
+      }
+      return true;
+    };
+    if (state_->mu.AwaitWithTimeout(all_present, timeout)) return absl::OkStatus();
+    std::vector<std::string> missing;
+    for (const std::string& key : keys) {
+      if (state_->data.find(key) == state_->data.end()) missing.push_back(key);
+    }
+    return absl::DeadlineExceededError(
+        absl::StrCat("waited ", absl::FormatDuration(timeout),
+                     " for store keys; still missing: ", absl::StrJoin(missing, ", ")));
+  }
+
+  std::vector<std::optional<std::string>> Read(const std::vector<std::string>& keys) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+    std::vector<std::optional<std::string>> values;
+    values.reserve(keys.size());
+    for (const std::string& key : keys) {
+      auto it = state_->data.find(key);
+      values.push_back(it == state_->data.end() ? std::nullopt
+                                                : std::optional<std::string>(it->second));
+    }
+    return values;
+  }
+
   const std::shared_ptr<State> state_;
   std::atomic<int64_t> generation_{Store::kUnfenced};
 };
@@ -214,6 +234,11 @@ absl::Status InMemoryStore::Wait(const std::vector<std::string>& keys, absl::Dur
 absl::StatusOr<size_t> InMemoryStore::WaitAny(const std::vector<std::string>& keys,
                                               absl::Duration timeout) {
   return self_->WaitAny(keys, timeout);
+}
+absl::StatusOr<std::vector<std::optional<std::string>>> InMemoryStore::WaitAndRead(
+    const std::vector<std::string>& awaited, const std::vector<std::string>& read,
+    absl::Duration timeout) {
+  return self_->WaitAndRead(awaited, read, timeout);
 }
 absl::Status InMemoryStore::RaiseFence(int64_t generation, absl::Duration timeout) {
   return self_->RaiseFence(generation, timeout);

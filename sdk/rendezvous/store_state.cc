@@ -48,7 +48,8 @@ absl::Status ValidateStoreRequest(const proto::StoreRequest& request) {
     case proto::StoreRequest::kMultiGet:
       return CheckKeys(request.multi_get().keys(), "MultiGet");
     case proto::StoreRequest::kWait:
-      return CheckKeys(request.wait().keys(), "Wait");
+      if (absl::Status s = CheckKeys(request.wait().keys(), "Wait"); !s.ok()) return s;
+      return CheckKeys(request.wait().read_keys(), "Wait");
     case proto::StoreRequest::kWaitAny:
       if (request.wait_any().keys().empty()) {
         return absl::InvalidArgumentError("a WaitAny request names no store key");
@@ -87,14 +88,29 @@ std::optional<proto::StoreResponse> StoreState::Execute(uint64_t session_id, con
   proto::StoreResponse response = Apply(session_id, state, request, now, &parked);
   if (parked) return std::nullopt;
   response.set_request_id(request.request_id());
-  if (response.ByteSizeLong() > max_response_bytes_) {
-    return StatusResponse(
-        request.request_id(),
-        absl::ResourceExhaustedError(absl::StrFormat(
-            "the response of %d bytes to store request %d exceeds the frame limit of %d bytes",
-            response.ByteSizeLong(), request.request_id(), max_response_bytes_)));
+  return WithinFrameLimit(std::move(response));
+}
+
+proto::StoreResponse StoreState::WithinFrameLimit(proto::StoreResponse response) const {
+  const size_t bytes = response.ByteSizeLong();
+  if (bytes <= max_response_bytes_) return response;
+  return StatusResponse(
+      response.request_id(),
+      absl::ResourceExhaustedError(absl::StrFormat(
+          "the response of %d bytes to store request %d exceeds the frame limit of %d bytes", bytes,
+          response.request_id(), max_response_bytes_)));
+}
+
+template <typename Keys>
+void StoreState::AddValues(const Job& job, const Keys& keys, proto::StoreResponse* response) {
+  for (const std::string& key : keys) {
+    proto::OptionalValue* value = response->add_values();
+    auto it = job.data.find(key);
+    if (it != job.data.end()) {
+      value->set_present(true);
+      value->set_value(it->second);
+    }
   }
-  return response;
 }
 
 proto::StoreResponse StoreState::Apply(uint64_t session_id, Job& job,
@@ -170,14 +186,7 @@ proto::StoreResponse StoreState::Apply(uint64_t session_id, Job& job,
     }
     case proto::StoreRequest::kMultiGet: {
       proto::StoreResponse response = StatusResponse(id, absl::OkStatus());
-      for (const std::string& key : request.multi_get().keys()) {
-        proto::OptionalValue* value = response.add_values();
-        auto it = job.data.find(key);
-        if (it != job.data.end()) {
-          value->set_present(true);
-          value->set_value(it->second);
-        }
-      }
+      AddValues(job, request.multi_get().keys(), &response);
       return response;
     }
     case proto::StoreRequest::kListKeys: {
@@ -194,7 +203,11 @@ proto::StoreResponse StoreState::Apply(uint64_t session_id, Job& job,
       std::vector<std::string> keys(op.keys().begin(), op.keys().end());
       uint64_t lookups = 0;
       const size_t missing = FirstMissing(job, keys, 0, &lookups);
-      if (missing == keys.size()) return StatusResponse(id, absl::OkStatus());
+      if (missing == keys.size()) {
+        proto::StoreResponse response = StatusResponse(id, absl::OkStatus());
+        AddValues(job, op.read_keys(), &response);
+        return response;
+      }
       if (op.timeout_ms() <= 0) return StatusResponse(id, MissingKeys(job, keys, "0"));
       auto of_session = waiters_of_session_.find(session_id);
       if (of_session != waiters_of_session_.end() &&
@@ -257,6 +270,7 @@ void StoreState::Park(uint64_t session_id, Job& job, std::vector<std::string> ke
       .request_id = request.request_id(),
       .job = &job,
       .keys = std::move(keys),
+      .read_keys = {request.wait().read_keys().begin(), request.wait().read_keys().end()},
       .present = missing,
       .timeout = timeout,
       .deadline = now + timeout,
@@ -286,7 +300,9 @@ void StoreState::KeyWritten(Job& job, const std::string& key) {
       waiter.index = job.waiting_on.emplace(waiter.keys[waiter.present], waiter_id);
     } else {
       waiter.index = job.waiting_on.end();
-      Finish(waiter_id, StatusResponse(waiter.request_id, absl::OkStatus()));
+      proto::StoreResponse response = StatusResponse(waiter.request_id, absl::OkStatus());
+      AddValues(job, waiter.read_keys, &response);
+      Finish(waiter_id, WithinFrameLimit(std::move(response)));
     }
   }
 }

@@ -91,6 +91,8 @@ class StoreState {
     uint64_t request_id;
     Job* job;
     std::vector<std::string> keys;
+    // A WaitAndRead's keys to read once `keys` exist (WaitOp.read_keys); empty for a plain Wait.
+    std::vector<std::string> read_keys;
     // keys[0, present) were found present, keys[present] is the key it is indexed under: a write
     // of it resumes the scan there, so a Wait on K keys written one by one costs O(K) lookups, not
     // O(K^2). A Delete may take an earlier key away meanwhile; the Wait is answered only after a
@@ -102,6 +104,11 @@ class StoreState {
   };
 
   absl::Status CheckFence(const Job& job, int64_t writer) const;
+  // `response`, or ResourceExhausted in its place when it exceeds max_response_bytes_.
+  proto::StoreResponse WithinFrameLimit(proto::StoreResponse response) const;
+  // Appends the values of `keys` in `job` to response->values, as a MultiGet answers.
+  template <typename Keys>
+  static void AddValues(const Job& job, const Keys& keys, proto::StoreResponse* response);
   proto::StoreResponse Apply(uint64_t session_id, Job& job, const proto::StoreRequest& request,
                              absl::Time now, bool* parked);
   // Re-checks the Waits indexed under `key` after it was written.

@@ -182,6 +182,10 @@ class TcpStore final : public Store {
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
   absl::StatusOr<size_t> WaitAny(const std::vector<std::string>& keys,
                                  absl::Duration timeout) override;
+  // One round trip: the server reads `read` in the pass that finds `awaited` present.
+  absl::StatusOr<std::vector<std::optional<std::string>>> WaitAndRead(
+      const std::vector<std::string>& awaited, const std::vector<std::string>& read,
+      absl::Duration timeout) override;
   absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override;
   void SetWriterGeneration(int64_t generation) override;
 

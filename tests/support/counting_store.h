@@ -99,6 +99,13 @@ class CountingStore final : public ForwardingStore {
     Count("WaitAny", keys);
     return base()->WaitAny(keys, timeout);
   }
+  // Counted under the awaited keys' families: one request, as a TcpStore sends it.
+  absl::StatusOr<std::vector<std::optional<std::string>>> WaitAndRead(
+      const std::vector<std::string>& awaited, const std::vector<std::string>& read,
+      absl::Duration timeout) override {
+    Count("WaitAndRead", awaited);
+    return base()->WaitAndRead(awaited, read, timeout);
+  }
   absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override {
     Count("RaiseFence", "(fence)");
     return base()->RaiseFence(generation, timeout);

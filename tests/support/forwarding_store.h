@@ -62,6 +62,11 @@ class ForwardingStore : public Store {
                                  absl::Duration timeout) override {
     return base_->WaitAny(keys, timeout);
   }
+  absl::StatusOr<std::vector<std::optional<std::string>>> WaitAndRead(
+      const std::vector<std::string>& awaited, const std::vector<std::string>& read,
+      absl::Duration timeout) override {
+    return base_->WaitAndRead(awaited, read, timeout);
+  }
   absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override {
     return base_->RaiseFence(generation, timeout);
   }
