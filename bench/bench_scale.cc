@@ -2,7 +2,8 @@
 // RendezvousCoordinator (sdk/rendezvous/rendezvous.h) against a TcpStore server in a process of
 // its own, as `trainguard run` runs them: no trainer and no collectives, and no host agents yet.
 //
-//   bench_scale [--ranks=8,64,512,4096] [--heartbeat_ms=1000] [--timeout_s=300]
+//   bench_scale [--ranks=8,64,512,4096] [--heartbeat_ms=1000] [--timeout_s=300] [--floor]
+//               [--busy_poll_us=N]
 //
 // For each R: a fresh server process; R rank members and one parked standby, each on a thread of
 // its own with its own store connection (as a rank's process has) and its RendezvousMember (whose
@@ -21,16 +22,27 @@
 //    replacement do before their first step.
 // With each figure: the store requests the server served meanwhile, per rank.
 //
+// --busy_poll_us: the TcpStore's busy polling on the server and every client (unset: their
+// defaults; 0: none).
+// --floor: before each size, what the kernel alone needs to wake that many threads on this machine,
+// a floor under any store's answer to that many parked members: (a) every thread parked on one
+// futex, released by one wake-all; (b) every thread blocked reading an eventfd of its own, released
+// by one thread writing each in turn (a store server answering each parked Wait with a syscall of
+// its own, without the TCP, the framing or the request). Measured from the release to the last
+// thread running.
+//
 // A size the machine cannot hold (two threads and one connection per member: the process's file
 // descriptors, the kernel's threads) is said and skipped, never reported as a measurement.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -73,13 +85,17 @@ struct Flags {
   std::vector<int> ranks = {8, 64, 512, 4096};
   absl::Duration heartbeat = absl::Seconds(1);
   absl::Duration timeout = absl::Seconds(300);
+  bool floor = false;
+  // The TcpStore's busy polling, server and clients alike; unset: their defaults.
+  std::optional<absl::Duration> busy_poll;
 };
 
 // The TcpStore server in a child process. The parent asks for its counters with a line on the
 // control pipe ("stats"); closing the pipe ends the child.
 class ServerProcess {
  public:
-  static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(int max_connections) {
+  static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(
+      int max_connections, std::optional<absl::Duration> busy_poll) {
     int control[2];
     int report[2];
     if (pipe2(control, O_CLOEXEC) != 0 || pipe2(report, O_CLOEXEC) != 0) {
@@ -91,7 +107,7 @@ class ServerProcess {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       close(control[1]);
       close(report[0]);
-      RunServer(control[0], report[1], max_connections);  // never returns
+      RunServer(control[0], report[1], max_connections, busy_poll);  // never returns
     }
     close(control[0]);
     close(report[1]);
@@ -131,11 +147,13 @@ class ServerProcess {
   ServerProcess(pid_t pid, int control, int report)
       : pid_(pid), control_(control), report_(report) {}
 
-  [[noreturn]] static void RunServer(int control, int report, int max_connections) {
+  [[noreturn]] static void RunServer(int control, int report, int max_connections,
+                                     std::optional<absl::Duration> busy_poll) {
     RaiseFileLimit();
     TcpStoreServerOptions options;
     options.job_token = kToken;
     options.max_connections = max_connections;
+    if (busy_poll.has_value()) options.busy_poll = *busy_poll;
     absl::StatusOr<std::unique_ptr<TcpStoreServer>> server = TcpStoreServer::Start(options);
     const std::string port =
         server.ok() ? absl::StrCat((*server)->port(), "\n") : std::string("error\n");
@@ -183,8 +201,10 @@ class ServerProcess {
   int port_ = 0;
 };
 
-absl::StatusOr<std::unique_ptr<Store>> Connect(int port, absl::Duration timeout) {
+absl::StatusOr<std::unique_ptr<Store>> Connect(int port, absl::Duration timeout,
+                                               std::optional<absl::Duration> busy_poll) {
   TcpStoreOptions options;
+  if (busy_poll.has_value()) options.busy_poll = *busy_poll;
   options.port = port;
   options.job_id = kJob;
   options.job_token = kToken;
@@ -236,6 +256,66 @@ struct Member {
 
 double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 
+// The floor's two releases of `threads` threads (see the top of the file): the time from each
+// release to the last thread running. False when the machine cannot hold them (said why).
+bool MeasureWakeFloor(int threads) {
+  if (std::optional<std::string> why = MachineCannotHold(threads + 64, threads + 256);
+      why.has_value()) {
+    std::printf("ranks=%d: floor not measured on this machine: %s\n", threads, why->c_str());
+    return false;
+  }
+  std::vector<int> events(threads, -1);
+  for (int i = 0; i < threads; ++i) {
+    events[i] = eventfd(0, EFD_CLOEXEC);
+    if (events[i] < 0) {
+      std::printf("ranks=%d: floor: eventfd: %s\n", threads, strerror(errno));
+      for (int fd : events) {
+        if (fd >= 0) close(fd);
+      }
+      return false;
+    }
+  }
+  std::atomic<int> futex{0};
+  std::latch parked(threads + 1);
+  std::vector<absl::Time> woken_futex(threads);
+  std::vector<absl::Time> woken_event(threads);
+  std::vector<std::thread> pool;
+  pool.reserve(threads);
+  for (int i = 0; i < threads; ++i) {
+    pool.emplace_back([&, i] {
+      parked.arrive_and_wait();
+      futex.wait(0);
+      woken_futex[i] = absl::Now();
+      uint64_t value = 0;
+      while (read(events[i], &value, sizeof(value)) < 0 && errno == EINTR) {
+      }
+      woken_event[i] = absl::Now();
+    });
+  }
+  parked.arrive_and_wait();
+  absl::SleepFor(absl::Milliseconds(200));  // every thread parked on the futex by now (very likely)
+  const absl::Time futex_released = absl::Now();
+  futex.store(1);
+  futex.notify_all();
+  absl::SleepFor(absl::Milliseconds(500));  // every thread blocked on its eventfd by now
+  const absl::Time events_released = absl::Now();
+  const uint64_t one = 1;
+  for (int fd : events) (void)!write(fd, &one, sizeof(one));
+  const absl::Time written = absl::Now();
+  for (std::thread& t : pool) t.join();
+  for (int fd : events) close(fd);
+  std::printf(
+      "ranks=%d: floor: %d threads parked on one futex all running %.3f s after the wake-all; "
+      "blocked on an eventfd each, all running %.3f s after one thread began writing them (the "
+      "writes took %.3f s)\n",
+      threads, threads,
+      Seconds(*std::max_element(woken_futex.begin(), woken_futex.end()) - futex_released),
+      Seconds(*std::max_element(woken_event.begin(), woken_event.end()) - events_released),
+      Seconds(written - events_released));
+  std::fflush(stdout);
+  return true;
+}
+
 // One size: returns false when it could not be measured (said why).
 bool MeasureSize(const Flags& flags, int ranks) {
   const int members = ranks + 1;  // and one standby
@@ -250,13 +330,14 @@ bool MeasureSize(const Flags& flags, int ranks) {
     return false;
   }
   absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
-      std::max(TcpStoreServerOptions{}.max_connections, per_member * members + 64));
+      std::max(TcpStoreServerOptions{}.max_connections, per_member * members + 64),
+      flags.busy_poll);
   if (!server.ok()) {
     std::printf("ranks=%d: %s\n", ranks, server.status().ToString().c_str());
     return false;
   }
   absl::StatusOr<std::unique_ptr<Store>> coordinator_store =
-      Connect((*server)->port(), flags.timeout);
+      Connect((*server)->port(), flags.timeout, flags.busy_poll);
   if (!coordinator_store.ok()) {
     std::printf("ranks=%d: coordinator: %s\n", ranks,
                 coordinator_store.status().ToString().c_str());
@@ -268,7 +349,8 @@ bool MeasureSize(const Flags& flags, int ranks) {
   // rendezvous, not the connections' handshakes.
   std::vector<Member> all(members);
   for (int i = 0; i < members; ++i) {
-    absl::StatusOr<std::unique_ptr<Store>> store = Connect((*server)->port(), flags.timeout);
+    absl::StatusOr<std::unique_ptr<Store>> store =
+        Connect((*server)->port(), flags.timeout, flags.busy_poll);
     if (!store.ok()) {
       std::printf("ranks=%d: member %d: %s\n", ranks, i, store.status().ToString().c_str());
       return false;
@@ -398,7 +480,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     const std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
       return absl::CancelledError(
-          "usage: bench_scale [--ranks=8,64,512,4096] [--heartbeat_ms=1000] [--timeout_s=300]");
+          "usage: bench_scale [--ranks=8,64,512,4096] [--heartbeat_ms=1000] [--timeout_s=300] "
+          "[--floor] [--busy_poll_us=N]");
     }
     absl::string_view value = arg;
     if (absl::ConsumePrefix(&value, "--ranks=")) {
@@ -416,6 +499,14 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
         return absl::InvalidArgumentError(absl::StrCat("--heartbeat_ms: '", value, "'"));
       }
       flags.heartbeat = absl::Milliseconds(ms);
+    } else if (absl::ConsumePrefix(&value, "--busy_poll_us=")) {
+      int us = 0;
+      if (!absl::SimpleAtoi(value, &us) || us < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("--busy_poll_us: '", value, "'"));
+      }
+      flags.busy_poll = absl::Microseconds(us);
+    } else if (arg == "--floor") {
+      flags.floor = true;
     } else if (absl::ConsumePrefix(&value, "--timeout_s=")) {
       int s = 0;
       if (!absl::SimpleAtoi(value, &s) || s < 1) {
@@ -442,6 +533,7 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   int failed = 0;
   for (int ranks : flags->ranks) {
+    if (flags->floor && !trainguard::MeasureWakeFloor(ranks)) ++failed;
     if (!trainguard::MeasureSize(*flags, ranks)) ++failed;
   }
   return failed == 0 ? 0 : 1;
