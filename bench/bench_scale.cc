@@ -20,7 +20,9 @@
 //    every survivor holding generation 1 (AwaitGeneration) and the standby its rank, and to every
 //    one of them holding the plan they agreed on (AgreeOnResume), as the survivors and the
 //    replacement do before their first step.
-// With each figure: the store requests the server served meanwhile, per rank.
+// With each figure: the store requests the server served meanwhile, per rank, and the CPU time the
+// members' process and the server's used meanwhile (what a phase costs, which the machine's other
+// load hardly changes, unlike how long it takes).
 //
 // --busy_poll_us: the TcpStore's busy polling on the server and every client (unset: their
 // defaults; 0: none).
@@ -49,6 +51,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <latch>
 #include <memory>
 #include <optional>
@@ -127,6 +130,7 @@ class ServerProcess {
   }
 
   int port() const { return port_; }
+  pid_t pid() const { return pid_; }
   // The server's requests served so far, and its connections refused.
   absl::StatusOr<std::pair<int64_t, int64_t>> Counters() {
     if (write(control_, "stats\n", 6) != 6) {
@@ -255,6 +259,32 @@ struct Member {
 };
 
 double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
+
+// The CPU time (user and system, every thread's, in seconds) process `pid` has used so far, from
+// /proc/<pid>/stat; -1 when unreadable. Unlike the time a phase takes, the CPU it costs hardly
+// depends on what else the machine runs.
+double CpuSeconds(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // The fields after the command's closing parenthesis: state is field 3, utime 14, stime 15.
+  const size_t end = text.rfind(')');
+  if (end == std::string::npos) return -1;
+  std::vector<std::string> fields = absl::StrSplit(text.substr(end + 2), ' ');
+  int64_t user = 0;
+  int64_t system = 0;
+  if (fields.size() < 13 || !absl::SimpleAtoi(fields[11], &user) ||
+      !absl::SimpleAtoi(fields[12], &system)) {
+    return -1;
+  }
+  return static_cast<double>(user + system) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// The CPU time this process (the members and the coordinator) and the server's have used so far.
+struct CpuUse {
+  double members = 0;
+  double server = 0;
+};
+CpuUse CpuNow(pid_t server) { return {CpuSeconds(getpid()), CpuSeconds(server)}; }
 
 // The floor's two releases of `threads` threads (see the top of the file): the time from each
 // release to the last thread running. False when the machine cannot hold them (said why).
@@ -395,10 +425,12 @@ bool MeasureSize(const Flags& flags, int ranks) {
     });
   }
   absl::StatusOr<std::pair<int64_t, int64_t>> before = (*server)->Counters();
+  const CpuUse cpu_before = CpuNow((*server)->pid());
   release.arrive_and_wait();
   const absl::Time released = absl::Now();
   absl::StatusOr<Membership> g0 = coordinator.FormInitialGeneration(ranks, flags.timeout);
   in_generation0.wait();
+  const CpuUse cpu_g0 = CpuNow((*server)->pid());
   absl::StatusOr<std::pair<int64_t, int64_t>> after_g0 = (*server)->Counters();
 
   // One rank replaced, as the coordinator does once its death is decided.
@@ -410,6 +442,7 @@ bool MeasureSize(const Flags& flags, int ranks) {
     std::printf("ranks=%d: replacement: %s\n", ranks, g1.status().ToString().c_str());
   }
   for (std::thread& t : threads) t.join();
+  const CpuUse cpu_g1 = CpuNow((*server)->pid());
   absl::StatusOr<std::pair<int64_t, int64_t>> after_g1 = (*server)->Counters();
 
   absl::Time last_join = absl::InfinitePast();
@@ -465,6 +498,13 @@ bool MeasureSize(const Flags& flags, int ranks) {
                   static_cast<double>(after_g1->first - after_g0->first) / ranks);
     }
   }
+  std::printf(
+      "; CPU: generation 0 %.2f s (server %.2f s), the replacement and agreement %.2f s (server "
+      "%.2f s)",
+      cpu_g0.members + cpu_g0.server - cpu_before.members - cpu_before.server,
+      cpu_g0.server - cpu_before.server,
+      cpu_g1.members + cpu_g1.server - cpu_g0.members - cpu_g0.server,
+      cpu_g1.server - cpu_g0.server);
   if (after_g1.ok() && after_g1->second > 0) {
     std::printf("; the server refused %lld connections", static_cast<long long>(after_g1->second));
   }
