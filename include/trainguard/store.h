@@ -55,6 +55,18 @@ class Store {
   // value. FailedPrecondition when the key holds something other than a decimal int64.
   virtual absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta,
                                       absl::Duration timeout) = 0;
+  // Set(`set_key`, `value`), then Add(`add_key`, `delta`), as one call; returns the Add's new
+  // value. A rank that publishes a value and then counts it (its progress, then the count of ranks
+  // whose progress is written) does both at once; a store that can applies both in one round trip
+  // (TcpStore, InMemoryStore: together, or neither when either fails). This default is the two
+  // calls: a failed Set adds nothing; a failed Add leaves the value set.
+  virtual absl::StatusOr<int64_t> SetAndAdd(std::string_view set_key, std::string_view value,
+                                            std::string_view add_key, int64_t delta,
+                                            absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    if (absl::Status s = Set(set_key, value, timeout); !s.ok()) return s;
+    return Add(add_key, delta, std::max(deadline - absl::Now(), absl::ZeroDuration()));
+  }
   // Sets `key` to `desired` if it currently holds `expected` (nullopt: if it is absent).
   virtual absl::StatusOr<CompareAndSetResult> CompareAndSet(
       std::string_view key, const std::optional<std::string>& expected, std::string_view desired,
@@ -107,6 +119,9 @@ class InMemoryStore final : public Store {
   absl::Status Set(std::string_view key, std::string_view value, absl::Duration timeout) override;
   absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override;
   absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta, absl::Duration timeout) override;
+  absl::StatusOr<int64_t> SetAndAdd(std::string_view set_key, std::string_view value,
+                                    std::string_view add_key, int64_t delta,
+                                    absl::Duration timeout) override;
   absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
                                                     const std::optional<std::string>& expected,
                                                     std::string_view desired,
@@ -145,6 +160,9 @@ class PrefixStore final : public Store {
   absl::Status Set(std::string_view key, std::string_view value, absl::Duration timeout) override;
   absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override;
   absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta, absl::Duration timeout) override;
+  absl::StatusOr<int64_t> SetAndAdd(std::string_view set_key, std::string_view value,
+                                    std::string_view add_key, int64_t delta,
+                                    absl::Duration timeout) override;
   absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
                                                     const std::optional<std::string>& expected,
                                                     std::string_view desired,

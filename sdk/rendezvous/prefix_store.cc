@@ -24,6 +24,11 @@ absl::StatusOr<int64_t> PrefixStore::Add(std::string_view key, int64_t delta,
                                          absl::Duration timeout) {
   return base_->Add(Full(key), delta, timeout);
 }
+absl::StatusOr<int64_t> PrefixStore::SetAndAdd(std::string_view set_key, std::string_view value,
+                                               std::string_view add_key, int64_t delta,
+                                               absl::Duration timeout) {
+  return base_->SetAndAdd(Full(set_key), value, Full(add_key), delta, timeout);
+}
 absl::StatusOr<CompareAndSetResult> PrefixStore::CompareAndSet(
     std::string_view key, const std::optional<std::string>& expected, std::string_view desired,
     absl::Duration timeout) {

@@ -36,6 +36,9 @@ absl::Status ValidateStoreRequest(const proto::StoreRequest& request) {
   }
   switch (request.op_case()) {
     case proto::StoreRequest::kSet:
+      if (request.set().add_key().empty() && request.set().add_delta() != 0) {
+        return absl::InvalidArgumentError("a Set request adds to no store key");
+      }
       return CheckKey(request.set().key(), "Set");
     case proto::StoreRequest::kGet:
       return CheckKey(request.get().key(), "Get");
@@ -101,6 +104,26 @@ proto::StoreResponse StoreState::WithinFrameLimit(proto::StoreResponse response)
           response.request_id(), max_response_bytes_)));
 }
 
+absl::StatusOr<int64_t> StoreState::SumOf(const Job& job, const std::string& key, int64_t delta) {
+  auto it = job.data.find(key);
+  return SumOf(it == job.data.end() ? std::string() : it->second, key, delta);
+}
+
+absl::StatusOr<int64_t> StoreState::SumOf(const std::string& value, const std::string& key,
+                                          int64_t delta) {
+  int64_t current = 0;
+  if (!value.empty() && !absl::SimpleAtoi(value, &current)) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("store key %s holds a non-integer value; Add needs a decimal int64", key));
+  }
+  int64_t sum = 0;
+  if (__builtin_add_overflow(current, delta, &sum)) {
+    return absl::OutOfRangeError(
+        absl::StrFormat("Add(%s, %d) overflows int64 (the key holds %d)", key, delta, current));
+  }
+  return sum;
+}
+
 template <typename Keys>
 void StoreState::AddValues(const Job& job, const Keys& keys, proto::StoreResponse* response) {
   for (const std::string& key : keys) {
@@ -121,9 +144,26 @@ proto::StoreResponse StoreState::Apply(uint64_t session_id, Job& job,
   switch (request.op_case()) {
     case proto::StoreRequest::kSet: {
       if (absl::Status s = CheckFence(job, writer); !s.ok()) return StatusResponse(id, s);
-      job.data.insert_or_assign(request.set().key(), request.set().value());
-      KeyWritten(job, request.set().key());
-      return StatusResponse(id, absl::OkStatus());
+      const proto::SetOp& op = request.set();
+      if (op.add_key().empty()) {
+        job.data.insert_or_assign(op.key(), op.value());
+        KeyWritten(job, op.key());
+        return StatusResponse(id, absl::OkStatus());
+      }
+      // SetAndAdd: the sum is checked before either write, so that both happen or neither. It is
+      // taken after the Set, as the two calls would: the keys may be the same.
+      absl::StatusOr<int64_t> sum = op.add_key() == op.key()
+                                        ? SumOf(op.value(), op.add_key(), op.add_delta())
+                                        : SumOf(job, op.add_key(), op.add_delta());
+      if (!sum.ok()) return StatusResponse(id, sum.status());
+      job.data.insert_or_assign(op.key(), op.value());
+      job.data.insert_or_assign(op.add_key(), absl::StrCat(*sum));
+      KeyWritten(job, op.key());
+      KeyWritten(job, op.add_key());
+      proto::StoreResponse response = StatusResponse(id, absl::OkStatus());
+      response.set_number(*sum);
+      response.set_flag(true);
+      return response;
     }
     case proto::StoreRequest::kGet: {
       auto it = job.data.find(request.get().key());
@@ -138,23 +178,12 @@ proto::StoreResponse StoreState::Apply(uint64_t session_id, Job& job,
     case proto::StoreRequest::kAdd: {
       if (absl::Status s = CheckFence(job, writer); !s.ok()) return StatusResponse(id, s);
       const std::string& key = request.add().key();
-      auto it = job.data.find(key);
-      int64_t current = 0;
-      if (it != job.data.end() && !it->second.empty() && !absl::SimpleAtoi(it->second, &current)) {
-        return StatusResponse(
-            id, absl::FailedPreconditionError(absl::StrFormat(
-                    "store key %s holds a non-integer value; Add needs a decimal int64", key)));
-      }
-      int64_t sum = 0;
-      if (__builtin_add_overflow(current, request.add().delta(), &sum)) {
-        return StatusResponse(id, absl::OutOfRangeError(absl::StrFormat(
-                                      "Add(%s, %d) overflows int64 (the key holds %d)", key,
-                                      request.add().delta(), current)));
-      }
-      job.data.insert_or_assign(key, absl::StrCat(sum));
+      absl::StatusOr<int64_t> sum = SumOf(job, key, request.add().delta());
+      if (!sum.ok()) return StatusResponse(id, sum.status());
+      job.data.insert_or_assign(key, absl::StrCat(*sum));
       KeyWritten(job, key);
       proto::StoreResponse response = StatusResponse(id, absl::OkStatus());
-      response.set_number(sum);
+      response.set_number(*sum);
       return response;
     }
     case proto::StoreRequest::kCompareAndSet: {

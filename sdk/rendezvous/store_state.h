@@ -19,6 +19,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "sdk/proto/store.pb.h"
@@ -104,6 +105,11 @@ class StoreState {
   };
 
   absl::Status CheckFence(const Job& job, int64_t writer) const;
+  // What an Add of `delta` to `key` stores: FailedPrecondition when the key holds a non-integer,
+  // OutOfRange when the sum overflows. The second form takes the key's value (empty: absent).
+  static absl::StatusOr<int64_t> SumOf(const Job& job, const std::string& key, int64_t delta);
+  static absl::StatusOr<int64_t> SumOf(const std::string& value, const std::string& key,
+                                       int64_t delta);
   // `response`, or ResourceExhausted in its place when it exceeds max_response_bytes_.
   proto::StoreResponse WithinFrameLimit(proto::StoreResponse response) const;
   // Appends the values of `keys` in `job` to response->values, as a MultiGet answers.

@@ -170,6 +170,10 @@ class TcpStore final : public Store {
   absl::Status Set(std::string_view key, std::string_view value, absl::Duration timeout) override;
   absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override;
   absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta, absl::Duration timeout) override;
+  // One round trip: the server applies both writes together, or neither.
+  absl::StatusOr<int64_t> SetAndAdd(std::string_view set_key, std::string_view value,
+                                    std::string_view add_key, int64_t delta,
+                                    absl::Duration timeout) override;
   absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
                                                     const std::optional<std::string>& expected,
                                                     std::string_view desired,

@@ -625,6 +625,30 @@ absl::StatusOr<int64_t> TcpStore::Add(std::string_view key, int64_t delta, absl:
   return response->number();
 }
 
+absl::StatusOr<int64_t> TcpStore::SetAndAdd(std::string_view set_key, std::string_view value,
+                                            std::string_view add_key, int64_t delta,
+                                            absl::Duration timeout) {
+  if (absl::Status s = CheckKey(set_key); !s.ok()) return s;
+  if (absl::Status s = CheckKey(add_key); !s.ok()) return s;
+  const absl::Time deadline = absl::Now() + timeout;
+  proto::ClientMessage message;
+  proto::SetOp* op = message.mutable_request()->mutable_set();
+  op->set_key(set_key.data(), set_key.size());
+  op->set_value(value.data(), value.size());
+  op->set_add_key(add_key.data(), add_key.size());
+  op->set_add_delta(delta);
+  absl::StatusOr<proto::StoreResponse> response =
+      Lease(this)->Call(message, Connection::Retry::kOnlyIfUnsent, timeout,
+                        absl::StrFormat("SetAndAdd(%s, %s)", Absl(set_key), Absl(add_key)));
+  if (!response.ok()) return response.status();
+  if (absl::Status s = ResponseStatus(*response); !s.ok()) return s;
+  // A server that predates SetOp.add_key only set the value: the Add goes apart.
+  if (!response->flag()) {
+    return Add(add_key, delta, std::max(deadline - absl::Now(), absl::ZeroDuration()));
+  }
+  return response->number();
+}
+
 absl::StatusOr<CompareAndSetResult> TcpStore::CompareAndSet(
     std::string_view key, const std::optional<std::string>& expected, std::string_view desired,
     absl::Duration timeout) {

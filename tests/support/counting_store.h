@@ -69,6 +69,13 @@ class CountingStore final : public ForwardingStore {
     Count("Add", key);
     return base()->Add(key, delta, timeout);
   }
+  // Counted under the key it sets: one request, as a TcpStore sends it.
+  absl::StatusOr<int64_t> SetAndAdd(std::string_view set_key, std::string_view value,
+                                    std::string_view add_key, int64_t delta,
+                                    absl::Duration timeout) override {
+    Count("SetAndAdd", set_key);
+    return base()->SetAndAdd(set_key, value, add_key, delta, timeout);
+  }
   absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
                                                     const std::optional<std::string>& expected,
                                                     std::string_view desired,

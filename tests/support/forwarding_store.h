@@ -38,6 +38,11 @@ class ForwardingStore : public Store {
                               absl::Duration timeout) override {
     return base_->Add(key, delta, timeout);
   }
+  absl::StatusOr<int64_t> SetAndAdd(std::string_view set_key, std::string_view value,
+                                    std::string_view add_key, int64_t delta,
+                                    absl::Duration timeout) override {
+    return base_->SetAndAdd(set_key, value, add_key, delta, timeout);
+  }
   absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
                                                     const std::optional<std::string>& expected,
                                                     std::string_view desired,

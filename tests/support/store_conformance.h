@@ -100,6 +100,37 @@ TYPED_TEST_P(StoreConformance, ConcurrentAddsFromManyClientsSumExactly) {
   EXPECT_EQ(*this->harness_.NewClient()->Add("sum", 0, kStoreTimeout), kClients * kAddsEach);
 }
 
+TYPED_TEST_P(StoreConformance, SetAndAddSetsTheValueThenReturnsTheCount) {
+  auto store = this->harness_.NewClient();
+  auto other = this->harness_.NewClient();
+  absl::StatusOr<int64_t> count =
+      store->SetAndAdd("sa/progress/0", "100", "sa/count", 1, kStoreTimeout);
+  ASSERT_TRUE(count.ok()) << count.status();
+  EXPECT_EQ(*count, 1);
+  count = other->SetAndAdd("sa/progress/1", "-1", "sa/count", 1, kStoreTimeout);
+  ASSERT_TRUE(count.ok()) << count.status();
+  EXPECT_EQ(*count, 2);
+  EXPECT_EQ(*store->Get("sa/progress/0", kStoreTimeout), "100");
+  EXPECT_EQ(*store->Get("sa/progress/1", kStoreTimeout), "-1");
+  EXPECT_EQ(*store->Get("sa/count", kStoreTimeout), "2");
+  // The Add follows the Set: on the same key it adds to the value just set.
+  count = store->SetAndAdd("sa/same", "40", "sa/same", 2, kStoreTimeout);
+  ASSERT_TRUE(count.ok()) << count.status();
+  EXPECT_EQ(*count, 42);
+}
+
+TYPED_TEST_P(StoreConformance, SetAndAddOfAStaleGenerationWritesNothing) {
+  auto zombie = this->harness_.NewClient();
+  auto current = this->harness_.NewClient();
+  zombie->SetWriterGeneration(1);
+  ASSERT_TRUE(current->RaiseFence(2, kStoreTimeout).ok());
+  absl::StatusOr<int64_t> count =
+      zombie->SetAndAdd("sz/progress", "7", "sz/count", 1, kStoreTimeout);
+  EXPECT_TRUE(absl::IsFailedPrecondition(count.status())) << count.status();
+  EXPECT_TRUE(absl::IsNotFound(current->Get("sz/progress", kStoreTimeout).status()));
+  EXPECT_TRUE(absl::IsNotFound(current->Get("sz/count", kStoreTimeout).status()));
+}
+
 TYPED_TEST_P(StoreConformance, CompareAndSetSwapsOnlyOnAMatch) {
   auto store = this->harness_.NewClient();
   auto created = store->CompareAndSet("cas", std::nullopt, "one", kStoreTimeout);
@@ -308,6 +339,7 @@ REGISTER_TYPED_TEST_SUITE_P(
     StoreConformance, SetThenGetReturnsTheExactBytes, AnotherClientSeesTheWrite,
     GetOfAnAbsentKeyIsNotFoundNamingTheKey, AnEmptyKeyIsRejected, AddStartsFromZeroAndAccumulates,
     AddOnANonIntegerIsFailedPrecondition, ConcurrentAddsFromManyClientsSumExactly,
+    SetAndAddSetsTheValueThenReturnsTheCount, SetAndAddOfAStaleGenerationWritesNothing,
     CompareAndSetSwapsOnlyOnAMatch, ARaceOfCompareAndSetsHasExactlyOneWinner,
     DeleteSaysWhetherTheKeyExisted, MultiGetReturnsValuesInOrderWithGaps,
     ListKeysReturnsTheSortedKeysWithThePrefix, WaitReturnsOnceEveryKeyExists,

@@ -138,6 +138,50 @@ std::vector<std::string> ValuesOf(const proto::StoreResponse& response) {
   return values;
 }
 
+TEST_F(StoreStateTest, ASetAndAddWhoseAddFailsWritesNeitherKey) {
+  Set("count", "not a number");
+  proto::StoreRequest request;
+  request.set_request_id(next_id_++);
+  request.mutable_set()->set_key("progress/3");
+  request.mutable_set()->set_value("100");
+  request.mutable_set()->set_add_key("count");
+  request.mutable_set()->set_add_delta(1);
+  ASSERT_TRUE(ValidateStoreRequest(request).ok());
+  proto::StoreResponse response = *state_.Execute(kSession, kJob, request, kStart);
+  EXPECT_EQ(response.code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(response.message(), HasSubstr("store key count holds a non-integer value"));
+  proto::StoreRequest get;
+  get.set_request_id(next_id_++);
+  get.mutable_get()->set_key("progress/3");
+  EXPECT_EQ(state_.Execute(kSession, kJob, get, kStart)->code(),
+            static_cast<int>(absl::StatusCode::kNotFound));
+}
+
+TEST_F(StoreStateTest, ASetAndAddAnswersAWaitOnEitherKey) {
+  ASSERT_EQ(WaitAndRead({"progress/0", "count"}, {"count"}, absl::Seconds(60)), std::nullopt);
+  proto::StoreRequest request;
+  request.set_request_id(next_id_++);
+  request.mutable_set()->set_key("progress/0");
+  request.mutable_set()->set_value("5");
+  request.mutable_set()->set_add_key("count");
+  request.mutable_set()->set_add_delta(1);
+  proto::StoreResponse response = *state_.Execute(kSession, kJob, request, kStart);
+  EXPECT_EQ(response.code(), 0) << response.message();
+  EXPECT_TRUE(response.flag());
+  EXPECT_EQ(response.number(), 1);
+  const std::vector<StoreState::Completion> done = state_.TakeCompletions();
+  ASSERT_THAT(done, SizeIs(1));
+  EXPECT_THAT(ValuesOf(done[0].response), ::testing::ElementsAre("1"));
+}
+
+TEST_F(StoreStateTest, ASetThatAddsToNoKeyIsRefused) {
+  proto::StoreRequest request;
+  request.set_request_id(1);
+  request.mutable_set()->set_key("k");
+  request.mutable_set()->set_add_delta(1);
+  EXPECT_TRUE(absl::IsInvalidArgument(ValidateStoreRequest(request)));
+}
+
 TEST_F(StoreStateTest, AParkedWaitAndReadIsAnsweredWithTheValuesReadWhenItsKeysAppeared) {
   Set("plan/old", "1");
   ASSERT_EQ(WaitAndRead({"plan/g1"}, {"plan/g1", "plan/absent", "plan/old"}, absl::Seconds(60)),
