@@ -505,14 +505,12 @@ absl::StatusOr<RecoveryPlan> RendezvousMember::AgreeOnResume(const Membership& m
   const absl::Status superseded = absl::AbortedError(
       absl::StrFormat("generation %d was superseded while rank %d was agreeing on its resume step",
                       membership.generation, membership.rank));
-  absl::Status published =
-      store_->Set(absl::StrCat(prefix, membership.rank), absl::StrCat(next_step), timeout);
-  if (absl::IsFailedPrecondition(published)) return superseded;  // the fence is already past it
-  if (!published.ok()) return published;
-  // Counted once its progress is written: the rank whose count reaches the world size knows that
-  // every rank's is, reads them (once, for all) and publishes the plan; the others wait for it.
+  // Its progress written and counted in one call (the count after the progress): the rank whose
+  // count reaches the world size knows that every rank's is written, reads them (once, for all)
+  // and publishes the plan; the others wait for it. Fenced out: the fence is already past it.
   absl::StatusOr<int64_t> counted =
-      store_->Add(store_keys::RdzvAgreed(membership.generation), 1, Left(deadline));
+      store_->SetAndAdd(absl::StrCat(prefix, membership.rank), absl::StrCat(next_step),
+                        store_keys::RdzvAgreed(membership.generation), 1, timeout);
   if (absl::IsFailedPrecondition(counted.status())) return superseded;
   if (!counted.ok()) return counted.status();
   if (*counted != membership.world_size) {
