@@ -56,6 +56,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -311,16 +312,31 @@ bool MeasureWakeFloor(int threads) {
   std::vector<absl::Time> woken_event(threads);
   std::vector<std::thread> pool;
   pool.reserve(threads);
+  const uint64_t one = 1;
   for (int i = 0; i < threads; ++i) {
-    pool.emplace_back([&, i] {
-      parked.arrive_and_wait();
-      futex.wait(0);
-      woken_futex[i] = absl::Now();
-      uint64_t value = 0;
-      while (read(events[i], &value, sizeof(value)) < 0 && errno == EINTR) {
-      }
-      woken_event[i] = absl::Now();
-    });
+    try {
+      pool.emplace_back([&, i] {
+        parked.arrive_and_wait();
+        futex.wait(0);
+        woken_futex[i] = absl::Now();
+        uint64_t value = 0;
+        while (read(events[i], &value, sizeof(value)) < 0 && errno == EINTR) {
+        }
+        woken_event[i] = absl::Now();
+      });
+    } catch (const std::system_error& e) {
+      // The machine's threads ran out (other processes hold them): the ones started are released
+      // and the floor is not measured.
+      parked.count_down(threads + 1 - i);
+      futex.store(1);
+      futex.notify_all();
+      for (int fd : events) (void)!write(fd, &one, sizeof(one));
+      for (std::thread& t : pool) t.join();
+      for (int fd : events) close(fd);
+      std::printf("ranks=%d: floor not measured: thread %d of %d: %s\n", threads, i, threads,
+                  e.what());
+      return false;
+    }
   }
   parked.arrive_and_wait();
   absl::SleepFor(absl::Milliseconds(200));  // every thread parked on the futex by now (very likely)
@@ -329,7 +345,6 @@ bool MeasureWakeFloor(int threads) {
   futex.notify_all();
   absl::SleepFor(absl::Milliseconds(500));  // every thread blocked on its eventfd by now
   const absl::Time events_released = absl::Now();
-  const uint64_t one = 1;
   for (int fd : events) (void)!write(fd, &one, sizeof(one));
   const absl::Time written = absl::Now();
   for (std::thread& t : pool) t.join();
