@@ -2,7 +2,8 @@
 // RendezvousCoordinator (sdk/rendezvous/rendezvous.h) against a TcpStore server in a process of
 // its own, as `trainguard run` runs them: no trainer and no collectives, and no host agents yet.
 //
-//   bench_scale [--ranks=8,64,512,4096] [--heartbeat_ms=1000] [--timeout_s=300]
+//   bench_scale [--ranks=8,64,512,4096] [--heartbeat_ms=1000] [--timeout_s=300] [--floor]
+//               [--busy_poll_us=N]
 //
 // For each R: a fresh server process; R rank members and one parked standby, each on a thread of
 // its own with its own store connection (as a rank's process has) and its RendezvousMember (whose
@@ -19,28 +20,43 @@
 //    every survivor holding generation 1 (AwaitGeneration) and the standby its rank, and to every
 //    one of them holding the plan they agreed on (AgreeOnResume), as the survivors and the
 //    replacement do before their first step.
-// With each figure: the store requests the server served meanwhile, per rank.
+// With each figure: the store requests the server served meanwhile, per rank, and the CPU time the
+// members' process and the server's used meanwhile (what a phase costs, which the machine's other
+// load hardly changes, unlike how long it takes).
+//
+// --busy_poll_us: the TcpStore's busy polling on the server and every client (unset: their
+// defaults; 0: none).
+// --floor: before each size, what the kernel alone needs to wake that many threads on this machine,
+// a floor under any store's answer to that many parked members: (a) every thread parked on one
+// futex, released by one wake-all; (b) every thread blocked reading an eventfd of its own, released
+// by one thread writing each in turn (a store server answering each parked Wait with a syscall of
+// its own, without the TCP, the framing or the request). Measured from the release to the last
+// thread running.
 //
 // A size the machine cannot hold (two threads and one connection per member: the process's file
 // descriptors, the kernel's threads) is said and skipped, never reported as a measurement.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <latch>
 #include <memory>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -73,13 +89,17 @@ struct Flags {
   std::vector<int> ranks = {8, 64, 512, 4096};
   absl::Duration heartbeat = absl::Seconds(1);
   absl::Duration timeout = absl::Seconds(300);
+  bool floor = false;
+  // The TcpStore's busy polling, server and clients alike; unset: their defaults.
+  std::optional<absl::Duration> busy_poll;
 };
 
 // The TcpStore server in a child process. The parent asks for its counters with a line on the
 // control pipe ("stats"); closing the pipe ends the child.
 class ServerProcess {
  public:
-  static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(int max_connections) {
+  static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(
+      int max_connections, std::optional<absl::Duration> busy_poll) {
     int control[2];
     int report[2];
     if (pipe2(control, O_CLOEXEC) != 0 || pipe2(report, O_CLOEXEC) != 0) {
@@ -91,7 +111,7 @@ class ServerProcess {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       close(control[1]);
       close(report[0]);
-      RunServer(control[0], report[1], max_connections);  // never returns
+      RunServer(control[0], report[1], max_connections, busy_poll);  // never returns
     }
     close(control[0]);
     close(report[1]);
@@ -111,6 +131,7 @@ class ServerProcess {
   }
 
   int port() const { return port_; }
+  pid_t pid() const { return pid_; }
   // The server's requests served so far, and its connections refused.
   absl::StatusOr<std::pair<int64_t, int64_t>> Counters() {
     if (write(control_, "stats\n", 6) != 6) {
@@ -131,11 +152,13 @@ class ServerProcess {
   ServerProcess(pid_t pid, int control, int report)
       : pid_(pid), control_(control), report_(report) {}
 
-  [[noreturn]] static void RunServer(int control, int report, int max_connections) {
+  [[noreturn]] static void RunServer(int control, int report, int max_connections,
+                                     std::optional<absl::Duration> busy_poll) {
     RaiseFileLimit();
     TcpStoreServerOptions options;
     options.job_token = kToken;
     options.max_connections = max_connections;
+    if (busy_poll.has_value()) options.busy_poll = *busy_poll;
     absl::StatusOr<std::unique_ptr<TcpStoreServer>> server = TcpStoreServer::Start(options);
     const std::string port =
         server.ok() ? absl::StrCat((*server)->port(), "\n") : std::string("error\n");
@@ -183,8 +206,10 @@ class ServerProcess {
   int port_ = 0;
 };
 
-absl::StatusOr<std::unique_ptr<Store>> Connect(int port, absl::Duration timeout) {
+absl::StatusOr<std::unique_ptr<Store>> Connect(int port, absl::Duration timeout,
+                                               std::optional<absl::Duration> busy_poll) {
   TcpStoreOptions options;
+  if (busy_poll.has_value()) options.busy_poll = *busy_poll;
   options.port = port;
   options.job_id = kJob;
   options.job_token = kToken;
@@ -236,6 +261,106 @@ struct Member {
 
 double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 
+// The CPU time (user and system, every thread's, in seconds) process `pid` has used so far, from
+// /proc/<pid>/stat; -1 when unreadable. Unlike the time a phase takes, the CPU it costs hardly
+// depends on what else the machine runs.
+double CpuSeconds(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // The fields after the command's closing parenthesis: state is field 3, utime 14, stime 15.
+  const size_t end = text.rfind(')');
+  if (end == std::string::npos) return -1;
+  std::vector<std::string> fields = absl::StrSplit(text.substr(end + 2), ' ');
+  int64_t user = 0;
+  int64_t system = 0;
+  if (fields.size() < 13 || !absl::SimpleAtoi(fields[11], &user) ||
+      !absl::SimpleAtoi(fields[12], &system)) {
+    return -1;
+  }
+  return static_cast<double>(user + system) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// The CPU time this process (the members and the coordinator) and the server's have used so far.
+struct CpuUse {
+  double members = 0;
+  double server = 0;
+};
+CpuUse CpuNow(pid_t server) { return {CpuSeconds(getpid()), CpuSeconds(server)}; }
+
+// The floor's two releases of `threads` threads (see the top of the file): the time from each
+// release to the last thread running. False when the machine cannot hold them (said why).
+bool MeasureWakeFloor(int threads) {
+  if (std::optional<std::string> why = MachineCannotHold(threads + 64, threads + 256);
+      why.has_value()) {
+    std::printf("ranks=%d: floor not measured on this machine: %s\n", threads, why->c_str());
+    return false;
+  }
+  std::vector<int> events(threads, -1);
+  for (int i = 0; i < threads; ++i) {
+    events[i] = eventfd(0, EFD_CLOEXEC);
+    if (events[i] < 0) {
+      std::printf("ranks=%d: floor: eventfd: %s\n", threads, strerror(errno));
+      for (int fd : events) {
+        if (fd >= 0) close(fd);
+      }
+      return false;
+    }
+  }
+  std::atomic<int> futex{0};
+  std::latch parked(threads + 1);
+  std::vector<absl::Time> woken_futex(threads);
+  std::vector<absl::Time> woken_event(threads);
+  std::vector<std::thread> pool;
+  pool.reserve(threads);
+  const uint64_t one = 1;
+  for (int i = 0; i < threads; ++i) {
+    try {
+      pool.emplace_back([&, i] {
+        parked.arrive_and_wait();
+        futex.wait(0);
+        woken_futex[i] = absl::Now();
+        uint64_t value = 0;
+        while (read(events[i], &value, sizeof(value)) < 0 && errno == EINTR) {
+        }
+        woken_event[i] = absl::Now();
+      });
+    } catch (const std::system_error& e) {
+      // The machine's threads ran out (other processes hold them): the ones started are released
+      // and the floor is not measured.
+      parked.count_down(threads + 1 - i);
+      futex.store(1);
+      futex.notify_all();
+      for (int fd : events) (void)!write(fd, &one, sizeof(one));
+      for (std::thread& t : pool) t.join();
+      for (int fd : events) close(fd);
+      std::printf("ranks=%d: floor not measured: thread %d of %d: %s\n", threads, i, threads,
+                  e.what());
+      return false;
+    }
+  }
+  parked.arrive_and_wait();
+  absl::SleepFor(absl::Milliseconds(200));  // every thread parked on the futex by now (very likely)
+  const absl::Time futex_released = absl::Now();
+  futex.store(1);
+  futex.notify_all();
+  absl::SleepFor(absl::Milliseconds(500));  // every thread blocked on its eventfd by now
+  const absl::Time events_released = absl::Now();
+  for (int fd : events) (void)!write(fd, &one, sizeof(one));
+  const absl::Time written = absl::Now();
+  for (std::thread& t : pool) t.join();
+  for (int fd : events) close(fd);
+  std::printf(
+      "ranks=%d: floor: %d threads parked on one futex all running %.3f s after the wake-all; "
+      "blocked on an eventfd each, all running %.3f s after one thread began writing them (the "
+      "writes took %.3f s)\n",
+      threads, threads,
+      Seconds(*std::max_element(woken_futex.begin(), woken_futex.end()) - futex_released),
+      Seconds(*std::max_element(woken_event.begin(), woken_event.end()) - events_released),
+      Seconds(written - events_released));
+  std::fflush(stdout);
+  return true;
+}
+
 // One size: returns false when it could not be measured (said why).
 bool MeasureSize(const Flags& flags, int ranks) {
   const int members = ranks + 1;  // and one standby
@@ -250,13 +375,14 @@ bool MeasureSize(const Flags& flags, int ranks) {
     return false;
   }
   absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(
-      std::max(TcpStoreServerOptions{}.max_connections, per_member * members + 64));
+      std::max(TcpStoreServerOptions{}.max_connections, per_member * members + 64),
+      flags.busy_poll);
   if (!server.ok()) {
     std::printf("ranks=%d: %s\n", ranks, server.status().ToString().c_str());
     return false;
   }
   absl::StatusOr<std::unique_ptr<Store>> coordinator_store =
-      Connect((*server)->port(), flags.timeout);
+      Connect((*server)->port(), flags.timeout, flags.busy_poll);
   if (!coordinator_store.ok()) {
     std::printf("ranks=%d: coordinator: %s\n", ranks,
                 coordinator_store.status().ToString().c_str());
@@ -268,7 +394,8 @@ bool MeasureSize(const Flags& flags, int ranks) {
   // rendezvous, not the connections' handshakes.
   std::vector<Member> all(members);
   for (int i = 0; i < members; ++i) {
-    absl::StatusOr<std::unique_ptr<Store>> store = Connect((*server)->port(), flags.timeout);
+    absl::StatusOr<std::unique_ptr<Store>> store =
+        Connect((*server)->port(), flags.timeout, flags.busy_poll);
     if (!store.ok()) {
       std::printf("ranks=%d: member %d: %s\n", ranks, i, store.status().ToString().c_str());
       return false;
@@ -313,10 +440,12 @@ bool MeasureSize(const Flags& flags, int ranks) {
     });
   }
   absl::StatusOr<std::pair<int64_t, int64_t>> before = (*server)->Counters();
+  const CpuUse cpu_before = CpuNow((*server)->pid());
   release.arrive_and_wait();
   const absl::Time released = absl::Now();
   absl::StatusOr<Membership> g0 = coordinator.FormInitialGeneration(ranks, flags.timeout);
   in_generation0.wait();
+  const CpuUse cpu_g0 = CpuNow((*server)->pid());
   absl::StatusOr<std::pair<int64_t, int64_t>> after_g0 = (*server)->Counters();
 
   // One rank replaced, as the coordinator does once its death is decided.
@@ -328,6 +457,7 @@ bool MeasureSize(const Flags& flags, int ranks) {
     std::printf("ranks=%d: replacement: %s\n", ranks, g1.status().ToString().c_str());
   }
   for (std::thread& t : threads) t.join();
+  const CpuUse cpu_g1 = CpuNow((*server)->pid());
   absl::StatusOr<std::pair<int64_t, int64_t>> after_g1 = (*server)->Counters();
 
   absl::Time last_join = absl::InfinitePast();
@@ -383,6 +513,13 @@ bool MeasureSize(const Flags& flags, int ranks) {
                   static_cast<double>(after_g1->first - after_g0->first) / ranks);
     }
   }
+  std::printf(
+      "; CPU: generation 0 %.2f s (server %.2f s), the replacement and agreement %.2f s (server "
+      "%.2f s)",
+      cpu_g0.members + cpu_g0.server - cpu_before.members - cpu_before.server,
+      cpu_g0.server - cpu_before.server,
+      cpu_g1.members + cpu_g1.server - cpu_g0.members - cpu_g0.server,
+      cpu_g1.server - cpu_g0.server);
   if (after_g1.ok() && after_g1->second > 0) {
     std::printf("; the server refused %lld connections", static_cast<long long>(after_g1->second));
   }
@@ -398,7 +535,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     const std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
       return absl::CancelledError(
-          "usage: bench_scale [--ranks=8,64,512,4096] [--heartbeat_ms=1000] [--timeout_s=300]");
+          "usage: bench_scale [--ranks=8,64,512,4096] [--heartbeat_ms=1000] [--timeout_s=300] "
+          "[--floor] [--busy_poll_us=N]");
     }
     absl::string_view value = arg;
     if (absl::ConsumePrefix(&value, "--ranks=")) {
@@ -416,6 +554,14 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
         return absl::InvalidArgumentError(absl::StrCat("--heartbeat_ms: '", value, "'"));
       }
       flags.heartbeat = absl::Milliseconds(ms);
+    } else if (absl::ConsumePrefix(&value, "--busy_poll_us=")) {
+      int us = 0;
+      if (!absl::SimpleAtoi(value, &us) || us < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("--busy_poll_us: '", value, "'"));
+      }
+      flags.busy_poll = absl::Microseconds(us);
+    } else if (arg == "--floor") {
+      flags.floor = true;
     } else if (absl::ConsumePrefix(&value, "--timeout_s=")) {
       int s = 0;
       if (!absl::SimpleAtoi(value, &s) || s < 1) {
@@ -442,6 +588,7 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   int failed = 0;
   for (int ranks : flags->ranks) {
+    if (flags->floor && !trainguard::MeasureWakeFloor(ranks)) ++failed;
     if (!trainguard::MeasureSize(*flags, ranks)) ++failed;
   }
   return failed == 0 ? 0 : 1;

@@ -18,6 +18,7 @@
 #ifndef TRAINGUARD_STORE_H_
 #define TRAINGUARD_STORE_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -29,6 +30,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 
 namespace trainguard {
@@ -53,6 +55,18 @@ class Store {
   // value. FailedPrecondition when the key holds something other than a decimal int64.
   virtual absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta,
                                       absl::Duration timeout) = 0;
+  // Set(`set_key`, `value`), then Add(`add_key`, `delta`), as one call; returns the Add's new
+  // value. A rank that publishes a value and then counts it (its progress, then the count of ranks
+  // whose progress is written) does both at once; a store that can applies both in one round trip
+  // (TcpStore, InMemoryStore: together, or neither when either fails). This default is the two
+  // calls: a failed Set adds nothing; a failed Add leaves the value set.
+  virtual absl::StatusOr<int64_t> SetAndAdd(std::string_view set_key, std::string_view value,
+                                            std::string_view add_key, int64_t delta,
+                                            absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    if (absl::Status s = Set(set_key, value, timeout); !s.ok()) return s;
+    return Add(add_key, delta, std::max(deadline - absl::Now(), absl::ZeroDuration()));
+  }
   // Sets `key` to `desired` if it currently holds `expected` (nullopt: if it is absent).
   virtual absl::StatusOr<CompareAndSetResult> CompareAndSet(
       std::string_view key, const std::optional<std::string>& expected, std::string_view desired,
@@ -74,6 +88,20 @@ class Store {
   // InvalidArgument when `keys` is empty.
   virtual absl::StatusOr<size_t> WaitAny(const std::vector<std::string>& keys,
                                          absl::Duration timeout) = 0;
+  // Wait(`awaited`), then MultiGet(`read`), as one call: blocks until every key in `awaited`
+  // exists and returns the values of `read` in order (nullopt for an absent key), read after the
+  // last awaited key appeared. Errors are Wait's (DeadlineExceeded names the keys still missing),
+  // then MultiGet's. A member that waits for a key in order to read it (its generation's changes,
+  // an agreed plan) learns it in one call; a store that can answers both in one round trip
+  // (TcpStore: the server reads `read` in the pass that finds `awaited` present). This default is
+  // the two calls, the second bounded by what is left of `timeout`.
+  virtual absl::StatusOr<std::vector<std::optional<std::string>>> WaitAndRead(
+      const std::vector<std::string>& awaited, const std::vector<std::string>& read,
+      absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    if (absl::Status s = Wait(awaited, timeout); !s.ok()) return s;
+    return MultiGet(read, std::max(deadline - absl::Now(), absl::ZeroDuration()));
+  }
 
   // Raises the fence to `generation` (no-op if it is already at least that).
   virtual absl::Status RaiseFence(int64_t generation, absl::Duration timeout) = 0;
@@ -91,6 +119,9 @@ class InMemoryStore final : public Store {
   absl::Status Set(std::string_view key, std::string_view value, absl::Duration timeout) override;
   absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override;
   absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta, absl::Duration timeout) override;
+  absl::StatusOr<int64_t> SetAndAdd(std::string_view set_key, std::string_view value,
+                                    std::string_view add_key, int64_t delta,
+                                    absl::Duration timeout) override;
   absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
                                                     const std::optional<std::string>& expected,
                                                     std::string_view desired,
@@ -103,6 +134,9 @@ class InMemoryStore final : public Store {
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
   absl::StatusOr<size_t> WaitAny(const std::vector<std::string>& keys,
                                  absl::Duration timeout) override;
+  absl::StatusOr<std::vector<std::optional<std::string>>> WaitAndRead(
+      const std::vector<std::string>& awaited, const std::vector<std::string>& read,
+      absl::Duration timeout) override;
   absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override;
   void SetWriterGeneration(int64_t generation) override;
 
@@ -126,6 +160,9 @@ class PrefixStore final : public Store {
   absl::Status Set(std::string_view key, std::string_view value, absl::Duration timeout) override;
   absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override;
   absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta, absl::Duration timeout) override;
+  absl::StatusOr<int64_t> SetAndAdd(std::string_view set_key, std::string_view value,
+                                    std::string_view add_key, int64_t delta,
+                                    absl::Duration timeout) override;
   absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
                                                     const std::optional<std::string>& expected,
                                                     std::string_view desired,
@@ -138,6 +175,9 @@ class PrefixStore final : public Store {
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
   absl::StatusOr<size_t> WaitAny(const std::vector<std::string>& keys,
                                  absl::Duration timeout) override;
+  absl::StatusOr<std::vector<std::optional<std::string>>> WaitAndRead(
+      const std::vector<std::string>& awaited, const std::vector<std::string>& read,
+      absl::Duration timeout) override;
   absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override;
   void SetWriterGeneration(int64_t generation) override;
 

@@ -63,15 +63,34 @@ class InMemoryStore::Client final : public Store {
     if (absl::Status s = CheckKey(key); !s.ok()) return s;
     MutexLock lock(&state_->mu);
     if (absl::Status s = state_->CheckFence(generation_.load()); !s.ok()) return s;
-    std::string& value = state_->data[std::string(key)];
-    int64_t current = 0;
-    if (!value.empty() && !absl::SimpleAtoi(value, &current)) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "store key %s holds a non-integer value; Add needs a decimal int64", key));
+    absl::StatusOr<int64_t> sum = SumOf(key, delta);
+    if (!sum.ok()) return sum.status();
+    state_->data[std::string(key)] = absl::StrCat(*sum);
+    return *sum;
+  }
+
+  // Both writes under one lock: together, or neither.
+  absl::StatusOr<int64_t> SetAndAdd(std::string_view set_key, std::string_view value,
+                                    std::string_view add_key, int64_t delta,
+                                    absl::Duration) override {
+    if (absl::Status s = CheckKey(set_key); !s.ok()) return s;
+    if (absl::Status s = CheckKey(add_key); !s.ok()) return s;
+    MutexLock lock(&state_->mu);
+    if (absl::Status s = state_->CheckFence(generation_.load()); !s.ok()) return s;
+    // The sum is taken after the Set, as the two calls would: `add_key` may be `set_key`.
+    const std::optional<std::string> before = Lookup(set_key);
+    state_->data[std::string(set_key)] = std::string(value);
+    absl::StatusOr<int64_t> sum = SumOf(add_key, delta);
+    if (!sum.ok()) {
+      if (before.has_value()) {
+        state_->data[std::string(set_key)] = *before;
+      } else {
+        state_->data.erase(std::string(set_key));
+      }
+      return sum.status();
     }
-    current += delta;
-    value = absl::StrCat(current);
-    return current;
+    state_->data[std::string(add_key)] = absl::StrCat(*sum);
+    return *sum;
   }
 
   absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
@@ -101,14 +120,7 @@ class InMemoryStore::Client final : public Store {
   absl::StatusOr<std::vector<std::optional<std::string>>> MultiGet(
       const std::vector<std::string>& keys, absl::Duration) override {
     MutexLock lock(&state_->mu);
-    std::vector<std::optional<std::string>> values;
-    values.reserve(keys.size());
-    for (const std::string& key : keys) {
-      auto it = state_->data.find(key);
-      values.push_back(it == state_->data.end() ? std::nullopt
-                                                : std::optional<std::string>(it->second));
-    }
-    return values;
+    return Read(keys);
   }
 
   absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
@@ -124,20 +136,16 @@ class InMemoryStore::Client final : public Store {
 
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
     MutexLock lock(&state_->mu);
-    auto all_present = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
-      for (const std::string& key : keys) {
-        if (state_->data.find(key) == state_->data.end()) return false;
-      }
-      return true;
-    };
-    if (state_->mu.AwaitWithTimeout(all_present, timeout)) return absl::OkStatus();
-    std::vector<std::string> missing;
-    for (const std::string& key : keys) {
-      if (state_->data.find(key) == state_->data.end()) missing.push_back(key);
-    }
-    return absl::DeadlineExceededError(
-        absl::StrCat("waited ", absl::FormatDuration(timeout),
-                     " for store keys; still missing: ", absl::StrJoin(missing, ", ")));
+    return AwaitAll(keys, timeout);
+  }
+
+  // Reads `read` under the lock that saw `awaited` present: the values as they were then.
+  absl::StatusOr<std::vector<std::optional<std::string>>> WaitAndRead(
+      const std::vector<std::string>& awaited, const std::vector<std::string>& read,
+      absl::Duration timeout) override {
+    MutexLock lock(&state_->mu);
+    if (absl::Status s = AwaitAll(awaited, timeout); !s.ok()) return s;
+    return Read(read);
   }
 
   absl::StatusOr<size_t> WaitAny(const std::vector<std::string>& keys,
@@ -172,6 +180,56 @@ class InMemoryStore::Client final : public Store {
   void SetWriterGeneration(int64_t generation) override { generation_.store(generation); }
 
  private:
+  std::optional<std::string> Lookup(std::string_view key) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+    auto it = state_->data.find(key);
+    if (it == state_->data.end()) return std::nullopt;
+    return it->second;
+  }
+
+  // What Add(`key`, `delta`) would store; FailedPrecondition when the key holds a non-integer.
+  absl::StatusOr<int64_t> SumOf(std::string_view key, int64_t delta) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+    const std::optional<std::string> value = Lookup(key);
+    int64_t current = 0;
+    if (value.has_value() && !value->empty() && !absl::SimpleAtoi(*value, &current)) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "store key %s holds a non-integer value; Add needs a decimal int64", key));
+    }
+    return current + delta;
+  }
+
+  // Blocks until every key of `keys` exists; DeadlineExceeded names those still missing.
+  absl::Status AwaitAll(const std::vector<std::string>& keys, absl::Duration timeout)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+    auto all_present = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+      for (const std::string& key : keys) {
+        if (state_->data.find(key) == state_->data.end()) return false;
+      }
+      return true;
+    };
+    if (state_->mu.AwaitWithTimeout(all_present, timeout)) return absl::OkStatus();
+    std::vector<std::string> missing;
+    for (const std::string& key : keys) {
+      if (state_->data.find(key) == state_->data.end()) missing.push_back(key);
+    }
+    return absl::DeadlineExceededError(
+        absl::StrCat("waited ", absl::FormatDuration(timeout),
+                     " for store keys; still missing: ", absl::StrJoin(missing, ", ")));
+  }
+
+  std::vector<std::optional<std::string>> Read(const std::vector<std::string>& keys) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+    std::vector<std::optional<std::string>> values;
+    values.reserve(keys.size());
+    for (const std::string& key : keys) {
+      auto it = state_->data.find(key);
+      values.push_back(it == state_->data.end() ? std::nullopt
+                                                : std::optional<std::string>(it->second));
+    }
+    return values;
+  }
+
   const std::shared_ptr<State> state_;
   std::atomic<int64_t> generation_{Store::kUnfenced};
 };
@@ -191,6 +249,11 @@ absl::StatusOr<std::string> InMemoryStore::Get(std::string_view key, absl::Durat
 absl::StatusOr<int64_t> InMemoryStore::Add(std::string_view key, int64_t delta,
                                            absl::Duration timeout) {
   return self_->Add(key, delta, timeout);
+}
+absl::StatusOr<int64_t> InMemoryStore::SetAndAdd(std::string_view set_key, std::string_view value,
+                                                 std::string_view add_key, int64_t delta,
+                                                 absl::Duration timeout) {
+  return self_->SetAndAdd(set_key, value, add_key, delta, timeout);
 }
 absl::StatusOr<CompareAndSetResult> InMemoryStore::CompareAndSet(
     std::string_view key, const std::optional<std::string>& expected, std::string_view desired,
@@ -214,6 +277,11 @@ absl::Status InMemoryStore::Wait(const std::vector<std::string>& keys, absl::Dur
 absl::StatusOr<size_t> InMemoryStore::WaitAny(const std::vector<std::string>& keys,
                                               absl::Duration timeout) {
   return self_->WaitAny(keys, timeout);
+}
+absl::StatusOr<std::vector<std::optional<std::string>>> InMemoryStore::WaitAndRead(
+    const std::vector<std::string>& awaited, const std::vector<std::string>& read,
+    absl::Duration timeout) {
+  return self_->WaitAndRead(awaited, read, timeout);
 }
 absl::Status InMemoryStore::RaiseFence(int64_t generation, absl::Duration timeout) {
   return self_->RaiseFence(generation, timeout);

@@ -24,6 +24,11 @@ absl::StatusOr<int64_t> PrefixStore::Add(std::string_view key, int64_t delta,
                                          absl::Duration timeout) {
   return base_->Add(Full(key), delta, timeout);
 }
+absl::StatusOr<int64_t> PrefixStore::SetAndAdd(std::string_view set_key, std::string_view value,
+                                               std::string_view add_key, int64_t delta,
+                                               absl::Duration timeout) {
+  return base_->SetAndAdd(Full(set_key), value, Full(add_key), delta, timeout);
+}
 absl::StatusOr<CompareAndSetResult> PrefixStore::CompareAndSet(
     std::string_view key, const std::optional<std::string>& expected, std::string_view desired,
     absl::Duration timeout) {
@@ -59,6 +64,17 @@ absl::StatusOr<size_t> PrefixStore::WaitAny(const std::vector<std::string>& keys
   full.reserve(keys.size());
   for (const std::string& key : keys) full.push_back(Full(key));
   return base_->WaitAny(full, timeout);
+}
+absl::StatusOr<std::vector<std::optional<std::string>>> PrefixStore::WaitAndRead(
+    const std::vector<std::string>& awaited, const std::vector<std::string>& read,
+    absl::Duration timeout) {
+  std::vector<std::string> full_awaited;
+  full_awaited.reserve(awaited.size());
+  for (const std::string& key : awaited) full_awaited.push_back(Full(key));
+  std::vector<std::string> full_read;
+  full_read.reserve(read.size());
+  for (const std::string& key : read) full_read.push_back(Full(key));
+  return base_->WaitAndRead(full_awaited, full_read, timeout);
 }
 absl::Status PrefixStore::RaiseFence(int64_t generation, absl::Duration timeout) {
   return base_->RaiseFence(generation, timeout);

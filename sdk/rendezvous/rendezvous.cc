@@ -99,6 +99,24 @@ int RankOf(const Membership& table, std::string_view member) {
   return -1;
 }
 
+// The changes of `generation` from the value of their key (nullopt: absent, NotFound).
+absl::StatusOr<store_keys::GenerationChanges> ChangesFrom(int64_t generation,
+                                                          const std::optional<std::string>& value) {
+  const std::string key = ChangesKey(generation);
+  if (!value.has_value()) {
+    return absl::NotFoundError(absl::StrFormat("store key %s not found", key));
+  }
+  absl::StatusOr<store_keys::GenerationChanges> changes =
+      store_keys::DecodeGenerationChanges(*value);
+  if (!changes.ok() || changes->generation != generation) {
+    return absl::DataLossError(
+        absl::StrFormat("malformed changes of generation %d at store key %s: %s", generation, key,
+                        changes.ok() ? absl::StrCat("they name generation ", changes->generation)
+                                     : std::string(changes.status().message())));
+  }
+  return changes;
+}
+
 absl::Status ValidMemberId(std::string_view id) {
   if (id.empty() || id.find_first_of("\n/") != std::string_view::npos) {
     return absl::InvalidArgumentError(
@@ -223,18 +241,9 @@ absl::StatusOr<Membership> RendezvousMember::ReadRankTable(int64_t generation,
 
 absl::StatusOr<store_keys::GenerationChanges> RendezvousMember::ReadChanges(
     int64_t generation, absl::Duration timeout) {
-  const std::string key = ChangesKey(generation);
-  absl::StatusOr<std::string> value = store_->Get(key, timeout);
+  absl::StatusOr<std::string> value = store_->Get(ChangesKey(generation), timeout);
   if (!value.ok()) return value.status();
-  absl::StatusOr<store_keys::GenerationChanges> changes =
-      store_keys::DecodeGenerationChanges(*value);
-  if (!changes.ok() || changes->generation != generation) {
-    return absl::DataLossError(
-        absl::StrFormat("malformed changes of generation %d at store key %s: %s", generation, key,
-                        changes.ok() ? absl::StrCat("they name generation ", changes->generation)
-                                     : std::string(changes.status().message())));
-  }
-  return changes;
+  return ChangesFrom(generation, *value);
 }
 
 Membership RendezvousMember::Held() const {
@@ -300,12 +309,15 @@ absl::StatusOr<Membership> RendezvousMember::JoinInitial(int rank, int world_siz
                                                     rank, claimed->current.value_or("?")));
   }
   // Generation 0's table is the registrations: this member holds `rank`, which it registered.
-  // Its changes say the world size the coordinator formed it with.
-  if (absl::Status s = store_->Wait({ChangesKey(0)}, Left(deadline)); !s.ok()) {
-    return absl::Status(s.code(),
-                        absl::StrCat("rank ", rank, " waiting for generation 0: ", s.message()));
+  // Its changes say the world size the coordinator formed it with: waited for and read at once.
+  absl::StatusOr<std::vector<std::optional<std::string>>> published =
+      store_->WaitAndRead({ChangesKey(0)}, {ChangesKey(0)}, Left(deadline));
+  if (!published.ok()) {
+    return absl::Status(
+        published.status().code(),
+        absl::StrCat("rank ", rank, " waiting for generation 0: ", published.status().message()));
   }
-  absl::StatusOr<store_keys::GenerationChanges> changes = ReadChanges(0, Left(deadline));
+  absl::StatusOr<store_keys::GenerationChanges> changes = ChangesFrom(0, published->at(0));
   if (!changes.ok()) return changes.status();
   if (changes->world_size != world_size || !changes->taken.empty()) {
     return absl::FailedPreconditionError(
@@ -329,16 +341,21 @@ absl::StatusOr<Membership> RendezvousMember::ParkAsStandby(absl::Duration timeou
       store_->CompareAndSet(StandbyKey(member_id_), std::nullopt, kParked, timeout);
   if (!parked.ok()) return parked.status();
   const std::string assign_key = AssignKey(member_id_);
-  if (absl::Status s = store_->Wait({assign_key}, Left(deadline)); !s.ok()) {
-    return absl::Status(s.code(), absl::StrFormat("standby %s parked without an assignment: %s",
-                                                  member_id_, std::string(s.message())));
+  absl::StatusOr<std::vector<std::optional<std::string>>> read =
+      store_->WaitAndRead({assign_key}, {assign_key}, Left(deadline));
+  if (!read.ok()) {
+    return absl::Status(read.status().code(),
+                        absl::StrFormat("standby %s parked without an assignment: %s", member_id_,
+                                        std::string(read.status().message())));
   }
-  absl::StatusOr<std::string> assignment = store_->Get(assign_key, Left(deadline));
-  if (!assignment.ok()) return assignment.status();
-  absl::StatusOr<store_keys::Assignment> assigned = store_keys::DecodeAssignment(*assignment);
+  if (!read->at(0).has_value()) {
+    return absl::NotFoundError(absl::StrFormat("store key %s not found", assign_key));
+  }
+  const std::string& assignment = *read->at(0);
+  absl::StatusOr<store_keys::Assignment> assigned = store_keys::DecodeAssignment(assignment);
   if (!assigned.ok()) {
     return absl::DataLossError(
-        absl::StrFormat("malformed assignment '%s' at %s", *assignment, assign_key));
+        absl::StrFormat("malformed assignment '%s' at %s", assignment, assign_key));
   }
   // The assignment gives the rank; the generation's changes, written before it, the world size,
   // and name this member at that rank.
@@ -364,12 +381,9 @@ absl::StatusOr<Membership> RendezvousMember::ParkAsStandby(absl::Duration timeou
 absl::StatusOr<Membership> RendezvousMember::AwaitGeneration(int64_t after,
                                                              absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  if (absl::Status s = store_->Wait({ChangesKey(after + 1)}, timeout); !s.ok()) {
-    return absl::Status(s.code(), absl::StrFormat("member %s waiting for a generation after %d: %s",
-                                                  member_id_, after, std::string(s.message())));
-  }
-  // In one round trip: the newest generation (several may have been published meanwhile: join the
-  // newest) and the changes since the one this member holds (usually one generation's).
+  // In the round trip of the wait: the newest generation (several may have been published
+  // meanwhile: join the newest) and the changes since the one this member holds (usually one
+  // generation's, the one waited for).
   const Membership held = Held();
   const bool follow = held.generation >= 0 && held.generation <= after &&
                       after + 1 - held.generation <= kMaxChangesRead;
@@ -378,8 +392,12 @@ absl::StatusOr<Membership> RendezvousMember::AwaitGeneration(int64_t after,
     keys.push_back(ChangesKey(g));
   }
   absl::StatusOr<std::vector<std::optional<std::string>>> values =
-      store_->MultiGet(keys, Left(deadline));
-  if (!values.ok()) return values.status();
+      store_->WaitAndRead({ChangesKey(after + 1)}, keys, timeout);
+  if (!values.ok()) {
+    return absl::Status(values.status().code(),
+                        absl::StrFormat("member %s waiting for a generation after %d: %s",
+                                        member_id_, after, std::string(values.status().message())));
+  }
   int64_t newest = after + 1;
   if ((*values)[0].has_value() && !absl::SimpleAtoi(*(*values)[0], &newest)) {
     return absl::DataLossError(absl::StrFormat("malformed %s: '%s'", kCurrentKey, *(*values)[0]));
@@ -455,8 +473,15 @@ absl::StatusOr<std::string> RendezvousMember::AwaitAgreedKey(const Membership& m
   // generation between them, should a coordinator have died before the mark.
   const std::string next_table = TableKey(membership.generation + 1);
   while (true) {
-    absl::Status s = store_->Wait({key}, std::min(Left(deadline), kAgreementSlice));
-    if (s.ok()) break;
+    absl::StatusOr<std::vector<std::optional<std::string>>> value =
+        store_->WaitAndRead({key}, {key}, std::min(Left(deadline), kAgreementSlice));
+    if (value.ok()) {
+      if (!value->at(0).has_value()) {
+        return absl::NotFoundError(absl::StrFormat("store key %s not found", key));
+      }
+      return *std::move(value->at(0));
+    }
+    const absl::Status& s = value.status();
     // Unavailable: the store did not answer in time (overloaded, or reconnecting): tried again
     // until the deadline, as a slice that ran out.
     if (!(absl::IsDeadlineExceeded(s) || absl::IsUnavailable(s)) || absl::Now() >= deadline) {
@@ -469,7 +494,6 @@ absl::StatusOr<std::string> RendezvousMember::AwaitAgreedKey(const Membership& m
         store_->MultiGet({next_table}, Left(deadline));
     if (newer.ok() && (*newer)[0].has_value()) return superseded;
   }
-  return store_->Get(key, Left(deadline));
 }
 
 absl::StatusOr<RecoveryPlan> RendezvousMember::AgreeOnResume(const Membership& membership,
@@ -481,14 +505,12 @@ absl::StatusOr<RecoveryPlan> RendezvousMember::AgreeOnResume(const Membership& m
   const absl::Status superseded = absl::AbortedError(
       absl::StrFormat("generation %d was superseded while rank %d was agreeing on its resume step",
                       membership.generation, membership.rank));
-  absl::Status published =
-      store_->Set(absl::StrCat(prefix, membership.rank), absl::StrCat(next_step), timeout);
-  if (absl::IsFailedPrecondition(published)) return superseded;  // the fence is already past it
-  if (!published.ok()) return published;
-  // Counted once its progress is written: the rank whose count reaches the world size knows that
-  // every rank's is, reads them (once, for all) and publishes the plan; the others wait for it.
+  // Its progress written and counted in one call (the count after the progress): the rank whose
+  // count reaches the world size knows that every rank's is written, reads them (once, for all)
+  // and publishes the plan; the others wait for it. Fenced out: the fence is already past it.
   absl::StatusOr<int64_t> counted =
-      store_->Add(store_keys::RdzvAgreed(membership.generation), 1, Left(deadline));
+      store_->SetAndAdd(absl::StrCat(prefix, membership.rank), absl::StrCat(next_step),
+                        store_keys::RdzvAgreed(membership.generation), 1, timeout);
   if (absl::IsFailedPrecondition(counted.status())) return superseded;
   if (!counted.ok()) return counted.status();
   if (*counted != membership.world_size) {
@@ -627,12 +649,13 @@ absl::StatusOr<Membership> RendezvousCoordinator::FormInitialGeneration(int worl
   const absl::Time deadline = absl::Now() + timeout;
   std::vector<std::string> keys;
   for (int r = 0; r < world_size; ++r) keys.push_back(JoinKey(r));
-  if (absl::Status s = store_->Wait(keys, timeout); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("forming generation 0: ", s.message()));
-  }
+  // The registrations are read in the round trip that finds them all.
   absl::StatusOr<std::vector<std::optional<std::string>>> members =
-      store_->MultiGet(keys, Left(deadline));
-  if (!members.ok()) return members.status();
+      store_->WaitAndRead(keys, keys, timeout);
+  if (!members.ok()) {
+    return absl::Status(members.status().code(),
+                        absl::StrCat("forming generation 0: ", members.status().message()));
+  }
   Membership m;
   m.generation = 0;
   m.world_size = world_size;

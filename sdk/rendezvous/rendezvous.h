@@ -65,6 +65,10 @@
 // the resume step cost the store O(world size) in all, not per rank.
 // The Membership a rank gets therefore carries no member ids (members is empty); ReadRankTable
 // reads them, O(world size) bytes, where they are needed.
+// A member that waits for a key in order to read it (generation 0's or the next generation's
+// changes, its assignment, the agreed plan) does both in one Store::WaitAndRead, and a rank writes
+// its progress and counts it in one Store::SetAndAdd: one round trip each on a TcpStore, whose
+// cost, times every rank, is what forming, replacing and agreeing take at scale.
 //
 // Thread safety: RendezvousMember and RendezvousCoordinator may be called from any thread; each
 // owns at most one background thread (the heartbeat), stopped and joined by its destructor.

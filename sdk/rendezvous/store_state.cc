@@ -36,6 +36,9 @@ absl::Status ValidateStoreRequest(const proto::StoreRequest& request) {
   }
   switch (request.op_case()) {
     case proto::StoreRequest::kSet:
+      if (request.set().add_key().empty() && request.set().add_delta() != 0) {
+        return absl::InvalidArgumentError("a Set request adds to no store key");
+      }
       return CheckKey(request.set().key(), "Set");
     case proto::StoreRequest::kGet:
       return CheckKey(request.get().key(), "Get");
@@ -48,7 +51,8 @@ absl::Status ValidateStoreRequest(const proto::StoreRequest& request) {
     case proto::StoreRequest::kMultiGet:
       return CheckKeys(request.multi_get().keys(), "MultiGet");
     case proto::StoreRequest::kWait:
-      return CheckKeys(request.wait().keys(), "Wait");
+      if (absl::Status s = CheckKeys(request.wait().keys(), "Wait"); !s.ok()) return s;
+      return CheckKeys(request.wait().read_keys(), "Wait");
     case proto::StoreRequest::kWaitAny:
       if (request.wait_any().keys().empty()) {
         return absl::InvalidArgumentError("a WaitAny request names no store key");
@@ -87,14 +91,49 @@ std::optional<proto::StoreResponse> StoreState::Execute(uint64_t session_id, con
   proto::StoreResponse response = Apply(session_id, state, request, now, &parked);
   if (parked) return std::nullopt;
   response.set_request_id(request.request_id());
-  if (response.ByteSizeLong() > max_response_bytes_) {
-    return StatusResponse(
-        request.request_id(),
-        absl::ResourceExhaustedError(absl::StrFormat(
-            "the response of %d bytes to store request %d exceeds the frame limit of %d bytes",
-            response.ByteSizeLong(), request.request_id(), max_response_bytes_)));
+  return WithinFrameLimit(std::move(response));
+}
+
+proto::StoreResponse StoreState::WithinFrameLimit(proto::StoreResponse response) const {
+  const size_t bytes = response.ByteSizeLong();
+  if (bytes <= max_response_bytes_) return response;
+  return StatusResponse(
+      response.request_id(),
+      absl::ResourceExhaustedError(absl::StrFormat(
+          "the response of %d bytes to store request %d exceeds the frame limit of %d bytes", bytes,
+          response.request_id(), max_response_bytes_)));
+}
+
+absl::StatusOr<int64_t> StoreState::SumOf(const Job& job, const std::string& key, int64_t delta) {
+  auto it = job.data.find(key);
+  return SumOf(it == job.data.end() ? std::string() : it->second, key, delta);
+}
+
+absl::StatusOr<int64_t> StoreState::SumOf(const std::string& value, const std::string& key,
+                                          int64_t delta) {
+  int64_t current = 0;
+  if (!value.empty() && !absl::SimpleAtoi(value, &current)) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("store key %s holds a non-integer value; Add needs a decimal int64", key));
   }
-  return response;
+  int64_t sum = 0;
+  if (__builtin_add_overflow(current, delta, &sum)) {
+    return absl::OutOfRangeError(
+        absl::StrFormat("Add(%s, %d) overflows int64 (the key holds %d)", key, delta, current));
+  }
+  return sum;
+}
+
+template <typename Keys>
+void StoreState::AddValues(const Job& job, const Keys& keys, proto::StoreResponse* response) {
+  for (const std::string& key : keys) {
+    proto::OptionalValue* value = response->add_values();
+    auto it = job.data.find(key);
+    if (it != job.data.end()) {
+      value->set_present(true);
+      value->set_value(it->second);
+    }
+  }
 }
 
 proto::StoreResponse StoreState::Apply(uint64_t session_id, Job& job,
@@ -105,9 +144,26 @@ proto::StoreResponse StoreState::Apply(uint64_t session_id, Job& job,
   switch (request.op_case()) {
     case proto::StoreRequest::kSet: {
       if (absl::Status s = CheckFence(job, writer); !s.ok()) return StatusResponse(id, s);
-      job.data.insert_or_assign(request.set().key(), request.set().value());
-      KeyWritten(job, request.set().key());
-      return StatusResponse(id, absl::OkStatus());
+      const proto::SetOp& op = request.set();
+      if (op.add_key().empty()) {
+        job.data.insert_or_assign(op.key(), op.value());
+        KeyWritten(job, op.key());
+        return StatusResponse(id, absl::OkStatus());
+      }
+      // SetAndAdd: the sum is checked before either write, so that both happen or neither. It is
+      // taken after the Set, as the two calls would: the keys may be the same.
+      absl::StatusOr<int64_t> sum = op.add_key() == op.key()
+                                        ? SumOf(op.value(), op.add_key(), op.add_delta())
+                                        : SumOf(job, op.add_key(), op.add_delta());
+      if (!sum.ok()) return StatusResponse(id, sum.status());
+      job.data.insert_or_assign(op.key(), op.value());
+      job.data.insert_or_assign(op.add_key(), absl::StrCat(*sum));
+      KeyWritten(job, op.key());
+      KeyWritten(job, op.add_key());
+      proto::StoreResponse response = StatusResponse(id, absl::OkStatus());
+      response.set_number(*sum);
+      response.set_flag(true);
+      return response;
     }
     case proto::StoreRequest::kGet: {
       auto it = job.data.find(request.get().key());
@@ -122,23 +178,12 @@ proto::StoreResponse StoreState::Apply(uint64_t session_id, Job& job,
     case proto::StoreRequest::kAdd: {
       if (absl::Status s = CheckFence(job, writer); !s.ok()) return StatusResponse(id, s);
       const std::string& key = request.add().key();
-      auto it = job.data.find(key);
-      int64_t current = 0;
-      if (it != job.data.end() && !it->second.empty() && !absl::SimpleAtoi(it->second, &current)) {
-        return StatusResponse(
-            id, absl::FailedPreconditionError(absl::StrFormat(
-                    "store key %s holds a non-integer value; Add needs a decimal int64", key)));
-      }
-      int64_t sum = 0;
-      if (__builtin_add_overflow(current, request.add().delta(), &sum)) {
-        return StatusResponse(id, absl::OutOfRangeError(absl::StrFormat(
-                                      "Add(%s, %d) overflows int64 (the key holds %d)", key,
-                                      request.add().delta(), current)));
-      }
-      job.data.insert_or_assign(key, absl::StrCat(sum));
+      absl::StatusOr<int64_t> sum = SumOf(job, key, request.add().delta());
+      if (!sum.ok()) return StatusResponse(id, sum.status());
+      job.data.insert_or_assign(key, absl::StrCat(*sum));
       KeyWritten(job, key);
       proto::StoreResponse response = StatusResponse(id, absl::OkStatus());
-      response.set_number(sum);
+      response.set_number(*sum);
       return response;
     }
     case proto::StoreRequest::kCompareAndSet: {
@@ -170,14 +215,7 @@ proto::StoreResponse StoreState::Apply(uint64_t session_id, Job& job,
     }
     case proto::StoreRequest::kMultiGet: {
       proto::StoreResponse response = StatusResponse(id, absl::OkStatus());
-      for (const std::string& key : request.multi_get().keys()) {
-        proto::OptionalValue* value = response.add_values();
-        auto it = job.data.find(key);
-        if (it != job.data.end()) {
-          value->set_present(true);
-          value->set_value(it->second);
-        }
-      }
+      AddValues(job, request.multi_get().keys(), &response);
       return response;
     }
     case proto::StoreRequest::kListKeys: {
@@ -194,7 +232,11 @@ proto::StoreResponse StoreState::Apply(uint64_t session_id, Job& job,
       std::vector<std::string> keys(op.keys().begin(), op.keys().end());
       uint64_t lookups = 0;
       const size_t missing = FirstMissing(job, keys, 0, &lookups);
-      if (missing == keys.size()) return StatusResponse(id, absl::OkStatus());
+      if (missing == keys.size()) {
+        proto::StoreResponse response = StatusResponse(id, absl::OkStatus());
+        AddValues(job, op.read_keys(), &response);
+        return response;
+      }
       if (op.timeout_ms() <= 0) return StatusResponse(id, MissingKeys(job, keys, "0"));
       auto of_session = waiters_of_session_.find(session_id);
       if (of_session != waiters_of_session_.end() &&
@@ -257,6 +299,7 @@ void StoreState::Park(uint64_t session_id, Job& job, std::vector<std::string> ke
       .request_id = request.request_id(),
       .job = &job,
       .keys = std::move(keys),
+      .read_keys = {request.wait().read_keys().begin(), request.wait().read_keys().end()},
       .present = missing,
       .timeout = timeout,
       .deadline = now + timeout,
@@ -286,7 +329,9 @@ void StoreState::KeyWritten(Job& job, const std::string& key) {
       waiter.index = job.waiting_on.emplace(waiter.keys[waiter.present], waiter_id);
     } else {
       waiter.index = job.waiting_on.end();
-      Finish(waiter_id, StatusResponse(waiter.request_id, absl::OkStatus()));
+      proto::StoreResponse response = StatusResponse(waiter.request_id, absl::OkStatus());
+      AddValues(job, waiter.read_keys, &response);
+      Finish(waiter_id, WithinFrameLimit(std::move(response)));
     }
   }
 }

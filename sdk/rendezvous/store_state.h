@@ -19,6 +19,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "sdk/proto/store.pb.h"
@@ -91,6 +92,8 @@ class StoreState {
     uint64_t request_id;
     Job* job;
     std::vector<std::string> keys;
+    // A WaitAndRead's keys to read once `keys` exist (WaitOp.read_keys); empty for a plain Wait.
+    std::vector<std::string> read_keys;
     // keys[0, present) were found present, keys[present] is the key it is indexed under: a write
     // of it resumes the scan there, so a Wait on K keys written one by one costs O(K) lookups, not
     // O(K^2). A Delete may take an earlier key away meanwhile; the Wait is answered only after a
@@ -102,6 +105,16 @@ class StoreState {
   };
 
   absl::Status CheckFence(const Job& job, int64_t writer) const;
+  // What an Add of `delta` to `key` stores: FailedPrecondition when the key holds a non-integer,
+  // OutOfRange when the sum overflows. The second form takes the key's value (empty: absent).
+  static absl::StatusOr<int64_t> SumOf(const Job& job, const std::string& key, int64_t delta);
+  static absl::StatusOr<int64_t> SumOf(const std::string& value, const std::string& key,
+                                       int64_t delta);
+  // `response`, or ResourceExhausted in its place when it exceeds max_response_bytes_.
+  proto::StoreResponse WithinFrameLimit(proto::StoreResponse response) const;
+  // Appends the values of `keys` in `job` to response->values, as a MultiGet answers.
+  template <typename Keys>
+  static void AddValues(const Job& job, const Keys& keys, proto::StoreResponse* response);
   proto::StoreResponse Apply(uint64_t session_id, Job& job, const proto::StoreRequest& request,
                              absl::Time now, bool* parked);
   // Re-checks the Waits indexed under `key` after it was written.

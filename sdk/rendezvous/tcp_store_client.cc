@@ -625,6 +625,30 @@ absl::StatusOr<int64_t> TcpStore::Add(std::string_view key, int64_t delta, absl:
   return response->number();
 }
 
+absl::StatusOr<int64_t> TcpStore::SetAndAdd(std::string_view set_key, std::string_view value,
+                                            std::string_view add_key, int64_t delta,
+                                            absl::Duration timeout) {
+  if (absl::Status s = CheckKey(set_key); !s.ok()) return s;
+  if (absl::Status s = CheckKey(add_key); !s.ok()) return s;
+  const absl::Time deadline = absl::Now() + timeout;
+  proto::ClientMessage message;
+  proto::SetOp* op = message.mutable_request()->mutable_set();
+  op->set_key(set_key.data(), set_key.size());
+  op->set_value(value.data(), value.size());
+  op->set_add_key(add_key.data(), add_key.size());
+  op->set_add_delta(delta);
+  absl::StatusOr<proto::StoreResponse> response =
+      Lease(this)->Call(message, Connection::Retry::kOnlyIfUnsent, timeout,
+                        absl::StrFormat("SetAndAdd(%s, %s)", Absl(set_key), Absl(add_key)));
+  if (!response.ok()) return response.status();
+  if (absl::Status s = ResponseStatus(*response); !s.ok()) return s;
+  // A server that predates SetOp.add_key only set the value: the Add goes apart.
+  if (!response->flag()) {
+    return Add(add_key, delta, std::max(deadline - absl::Now(), absl::ZeroDuration()));
+  }
+  return response->number();
+}
+
 absl::StatusOr<CompareAndSetResult> TcpStore::CompareAndSet(
     std::string_view key, const std::optional<std::string>& expected, std::string_view desired,
     absl::Duration timeout) {
@@ -709,6 +733,43 @@ absl::Status TcpStore::Wait(const std::vector<std::string>& keys, absl::Duration
       Lease(this)->Call(message, Connection::Retry::kIdempotent, timeout, Describe("Wait", keys));
   if (!response.ok()) return response.status();
   return ResponseStatus(*response);
+}
+
+absl::StatusOr<std::vector<std::optional<std::string>>> TcpStore::WaitAndRead(
+    const std::vector<std::string>& awaited, const std::vector<std::string>& read,
+    absl::Duration timeout) {
+  if (read.empty()) {
+    if (absl::Status s = Wait(awaited, timeout); !s.ok()) return s;
+    return std::vector<std::optional<std::string>>();
+  }
+  if (absl::Status s = CheckKeys(awaited); !s.ok()) return s;
+  if (absl::Status s = CheckKeys(read); !s.ok()) return s;
+  const absl::Time deadline = absl::Now() + timeout;
+  proto::ClientMessage message;
+  proto::WaitOp* op = message.mutable_request()->mutable_wait();
+  for (const std::string& key : awaited) op->add_keys(key);
+  for (const std::string& key : read) op->add_read_keys(key);
+  const std::string what = Describe("Wait", awaited);
+  absl::StatusOr<proto::StoreResponse> response =
+      Lease(this)->Call(message, Connection::Retry::kIdempotent, timeout, what);
+  if (!response.ok()) return response.status();
+  if (absl::Status s = ResponseStatus(*response); !s.ok()) return s;
+  // A server that predates WaitOp.read_keys waited and read nothing: the values come apart.
+  if (response->values_size() == 0) {
+    return MultiGet(read, std::max(deadline - absl::Now(), absl::ZeroDuration()));
+  }
+  if (static_cast<size_t>(response->values_size()) != read.size()) {
+    return absl::InternalError(absl::StrFormat("store server %s answered %s with %d values for %d",
+                                               address(), what, response->values_size(),
+                                               read.size()));
+  }
+  std::vector<std::optional<std::string>> values;
+  values.reserve(read.size());
+  for (proto::OptionalValue& value : *response->mutable_values()) {
+    values.push_back(value.present() ? std::optional<std::string>(std::move(*value.mutable_value()))
+                                     : std::nullopt);
+  }
+  return values;
 }
 
 absl::StatusOr<size_t> TcpStore::WaitAny(const std::vector<std::string>& keys,

@@ -69,6 +69,13 @@ class CountingStore final : public ForwardingStore {
     Count("Add", key);
     return base()->Add(key, delta, timeout);
   }
+  // Counted under the key it sets: one request, as a TcpStore sends it.
+  absl::StatusOr<int64_t> SetAndAdd(std::string_view set_key, std::string_view value,
+                                    std::string_view add_key, int64_t delta,
+                                    absl::Duration timeout) override {
+    Count("SetAndAdd", set_key);
+    return base()->SetAndAdd(set_key, value, add_key, delta, timeout);
+  }
   absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
                                                     const std::optional<std::string>& expected,
                                                     std::string_view desired,
@@ -98,6 +105,13 @@ class CountingStore final : public ForwardingStore {
                                  absl::Duration timeout) override {
     Count("WaitAny", keys);
     return base()->WaitAny(keys, timeout);
+  }
+  // Counted under the awaited keys' families: one request, as a TcpStore sends it.
+  absl::StatusOr<std::vector<std::optional<std::string>>> WaitAndRead(
+      const std::vector<std::string>& awaited, const std::vector<std::string>& read,
+      absl::Duration timeout) override {
+    Count("WaitAndRead", awaited);
+    return base()->WaitAndRead(awaited, read, timeout);
   }
   absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override {
     Count("RaiseFence", "(fence)");

@@ -38,6 +38,11 @@ class ForwardingStore : public Store {
                               absl::Duration timeout) override {
     return base_->Add(key, delta, timeout);
   }
+  absl::StatusOr<int64_t> SetAndAdd(std::string_view set_key, std::string_view value,
+                                    std::string_view add_key, int64_t delta,
+                                    absl::Duration timeout) override {
+    return base_->SetAndAdd(set_key, value, add_key, delta, timeout);
+  }
   absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
                                                     const std::optional<std::string>& expected,
                                                     std::string_view desired,
@@ -61,6 +66,11 @@ class ForwardingStore : public Store {
   absl::StatusOr<size_t> WaitAny(const std::vector<std::string>& keys,
                                  absl::Duration timeout) override {
     return base_->WaitAny(keys, timeout);
+  }
+  absl::StatusOr<std::vector<std::optional<std::string>>> WaitAndRead(
+      const std::vector<std::string>& awaited, const std::vector<std::string>& read,
+      absl::Duration timeout) override {
+    return base_->WaitAndRead(awaited, read, timeout);
   }
   absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override {
     return base_->RaiseFence(generation, timeout);

@@ -100,6 +100,37 @@ TYPED_TEST_P(StoreConformance, ConcurrentAddsFromManyClientsSumExactly) {
   EXPECT_EQ(*this->harness_.NewClient()->Add("sum", 0, kStoreTimeout), kClients * kAddsEach);
 }
 
+TYPED_TEST_P(StoreConformance, SetAndAddSetsTheValueThenReturnsTheCount) {
+  auto store = this->harness_.NewClient();
+  auto other = this->harness_.NewClient();
+  absl::StatusOr<int64_t> count =
+      store->SetAndAdd("sa/progress/0", "100", "sa/count", 1, kStoreTimeout);
+  ASSERT_TRUE(count.ok()) << count.status();
+  EXPECT_EQ(*count, 1);
+  count = other->SetAndAdd("sa/progress/1", "-1", "sa/count", 1, kStoreTimeout);
+  ASSERT_TRUE(count.ok()) << count.status();
+  EXPECT_EQ(*count, 2);
+  EXPECT_EQ(*store->Get("sa/progress/0", kStoreTimeout), "100");
+  EXPECT_EQ(*store->Get("sa/progress/1", kStoreTimeout), "-1");
+  EXPECT_EQ(*store->Get("sa/count", kStoreTimeout), "2");
+  // The Add follows the Set: on the same key it adds to the value just set.
+  count = store->SetAndAdd("sa/same", "40", "sa/same", 2, kStoreTimeout);
+  ASSERT_TRUE(count.ok()) << count.status();
+  EXPECT_EQ(*count, 42);
+}
+
+TYPED_TEST_P(StoreConformance, SetAndAddOfAStaleGenerationWritesNothing) {
+  auto zombie = this->harness_.NewClient();
+  auto current = this->harness_.NewClient();
+  zombie->SetWriterGeneration(1);
+  ASSERT_TRUE(current->RaiseFence(2, kStoreTimeout).ok());
+  absl::StatusOr<int64_t> count =
+      zombie->SetAndAdd("sz/progress", "7", "sz/count", 1, kStoreTimeout);
+  EXPECT_TRUE(absl::IsFailedPrecondition(count.status())) << count.status();
+  EXPECT_TRUE(absl::IsNotFound(current->Get("sz/progress", kStoreTimeout).status()));
+  EXPECT_TRUE(absl::IsNotFound(current->Get("sz/count", kStoreTimeout).status()));
+}
+
 TYPED_TEST_P(StoreConformance, CompareAndSetSwapsOnlyOnAMatch) {
   auto store = this->harness_.NewClient();
   auto created = store->CompareAndSet("cas", std::nullopt, "one", kStoreTimeout);
@@ -222,6 +253,36 @@ TYPED_TEST_P(StoreConformance, WaitAnyOfNoKeyOrAnEmptyKeyIsRejected) {
   EXPECT_TRUE(absl::IsInvalidArgument(store->WaitAny({"k", ""}, kStoreTimeout).status()));
 }
 
+TYPED_TEST_P(StoreConformance, WaitAndReadReturnsTheReadValuesOnceEveryAwaitedKeyExists) {
+  auto waiter = this->harness_.NewClient();
+  auto writer = this->harness_.NewClient();
+  ASSERT_TRUE(writer->Set("wr/first", "1", kStoreTimeout).ok());
+  std::thread later([&] {
+    absl::SleepFor(absl::Milliseconds(50));  // the waiter is (very likely) blocked by now
+    ASSERT_TRUE(writer->Set("wr/second", "2", kStoreTimeout).ok());
+  });
+  absl::StatusOr<std::vector<std::optional<std::string>>> values = waiter->WaitAndRead(
+      {"wr/first", "wr/second"}, {"wr/second", "wr/absent", "wr/first"}, kStoreTimeout);
+  later.join();
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_THAT(*values, ::testing::ElementsAre(std::optional<std::string>("2"), std::nullopt,
+                                              std::optional<std::string>("1")));
+  // Keys present already: answered at once, with what they hold now.
+  ASSERT_TRUE(writer->Set("wr/second", "22", kStoreTimeout).ok());
+  values = waiter->WaitAndRead({"wr/second"}, {"wr/second"}, kStoreTimeout);
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_THAT(*values, ::testing::ElementsAre(std::optional<std::string>("22")));
+}
+
+TYPED_TEST_P(StoreConformance, WaitAndReadTimesOutNamingTheMissingKeys) {
+  auto store = this->harness_.NewClient();
+  ASSERT_TRUE(store->Set("wrt/present", "1", kStoreTimeout).ok());
+  absl::StatusOr<std::vector<std::optional<std::string>>> values =
+      store->WaitAndRead({"wrt/present", "wrt/missing"}, {"wrt/present"}, absl::Milliseconds(200));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(values.status())) << values.status();
+  EXPECT_THAT(std::string(values.status().message()), ::testing::HasSubstr("wrt/missing"));
+}
+
 TYPED_TEST_P(StoreConformance, AFenceRejectsEveryWriteOfAStaleGeneration) {
   auto zombie = this->harness_.NewClient();
   auto current = this->harness_.NewClient();
@@ -260,6 +321,10 @@ TYPED_TEST_P(StoreConformance, PrefixStoresAreIsolatedNamespaces) {
   absl::StatusOr<size_t> found = job_b.WaitAny({"rank/1", "rank/0"}, kStoreTimeout);
   ASSERT_TRUE(found.ok()) << found.status();
   EXPECT_EQ(*found, 1u);
+  absl::StatusOr<std::vector<std::optional<std::string>>> values =
+      job_b.WaitAndRead({"rank/0"}, {"rank/0", "rank/1"}, kStoreTimeout);
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_THAT(*values, ::testing::ElementsAre(std::optional<std::string>("b"), std::nullopt));
 }
 
 TYPED_TEST_P(StoreConformance, AOneMebibyteValueRoundTrips) {
@@ -274,12 +339,14 @@ REGISTER_TYPED_TEST_SUITE_P(
     StoreConformance, SetThenGetReturnsTheExactBytes, AnotherClientSeesTheWrite,
     GetOfAnAbsentKeyIsNotFoundNamingTheKey, AnEmptyKeyIsRejected, AddStartsFromZeroAndAccumulates,
     AddOnANonIntegerIsFailedPrecondition, ConcurrentAddsFromManyClientsSumExactly,
+    SetAndAddSetsTheValueThenReturnsTheCount, SetAndAddOfAStaleGenerationWritesNothing,
     CompareAndSetSwapsOnlyOnAMatch, ARaceOfCompareAndSetsHasExactlyOneWinner,
     DeleteSaysWhetherTheKeyExisted, MultiGetReturnsValuesInOrderWithGaps,
     ListKeysReturnsTheSortedKeysWithThePrefix, WaitReturnsOnceEveryKeyExists,
     WaitTimesOutNamingTheMissingKeys, WaitAnyReturnsTheIndexOfTheKeyThatAppears,
     WaitAnyOfKeysAlreadyPresentReturnsTheFirstOfThemAtOnce, WaitAnyTimesOutNamingTheKeys,
-    WaitAnyOfNoKeyOrAnEmptyKeyIsRejected, AFenceRejectsEveryWriteOfAStaleGeneration,
+    WaitAnyOfNoKeyOrAnEmptyKeyIsRejected, WaitAndReadReturnsTheReadValuesOnceEveryAwaitedKeyExists,
+    WaitAndReadTimesOutNamingTheMissingKeys, AFenceRejectsEveryWriteOfAStaleGeneration,
     PrefixStoresAreIsolatedNamespaces, AOneMebibyteValueRoundTrips);
 
 }  // namespace trainguard::testing

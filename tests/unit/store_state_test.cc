@@ -31,6 +31,13 @@ class StoreStateTest : public ::testing::Test {
     request.mutable_set()->set_value("v");
     return *state_.Execute(kSession, kJob, request, kStart);
   }
+  proto::StoreResponse Set(const std::string& key, const std::string& value) {
+    proto::StoreRequest request;
+    request.set_request_id(next_id_++);
+    request.mutable_set()->set_key(key);
+    request.mutable_set()->set_value(value);
+    return *state_.Execute(kSession, kJob, request, kStart);
+  }
   proto::StoreResponse Delete(const std::string& key) {
     proto::StoreRequest request;
     request.set_request_id(next_id_++);
@@ -43,6 +50,17 @@ class StoreStateTest : public ::testing::Test {
     proto::StoreRequest request;
     request.set_request_id(next_id_++);
     for (const std::string& key : keys) request.mutable_wait()->add_keys(key);
+    request.mutable_wait()->set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+    return state_.Execute(kSession, kJob, request, kStart);
+  }
+  // A WaitAndRead: a Wait on `keys` that reads `read` once they exist.
+  std::optional<proto::StoreResponse> WaitAndRead(const std::vector<std::string>& keys,
+                                                  const std::vector<std::string>& read,
+                                                  absl::Duration timeout) {
+    proto::StoreRequest request;
+    request.set_request_id(next_id_++);
+    for (const std::string& key : keys) request.mutable_wait()->add_keys(key);
+    for (const std::string& key : read) request.mutable_wait()->add_read_keys(key);
     request.mutable_wait()->set_timeout_ms(absl::ToInt64Milliseconds(timeout));
     return state_.Execute(kSession, kJob, request, kStart);
   }
@@ -109,6 +127,106 @@ TEST_F(StoreStateTest, AWaitOnAFewKeysNamesEveryMissingOne) {
   std::optional<proto::StoreResponse> answer = Wait({"a", "b"}, absl::ZeroDuration());
   ASSERT_NE(answer, std::nullopt);
   EXPECT_EQ(answer->message(), "waited 0 for store keys; still missing: a, b");
+}
+
+// The values of a response's `values`, "-" for an absent key.
+std::vector<std::string> ValuesOf(const proto::StoreResponse& response) {
+  std::vector<std::string> values;
+  for (const proto::OptionalValue& value : response.values()) {
+    values.push_back(value.present() ? value.value() : "-");
+  }
+  return values;
+}
+
+TEST_F(StoreStateTest, ASetAndAddWhoseAddFailsWritesNeitherKey) {
+  Set("count", "not a number");
+  proto::StoreRequest request;
+  request.set_request_id(next_id_++);
+  request.mutable_set()->set_key("progress/3");
+  request.mutable_set()->set_value("100");
+  request.mutable_set()->set_add_key("count");
+  request.mutable_set()->set_add_delta(1);
+  ASSERT_TRUE(ValidateStoreRequest(request).ok());
+  proto::StoreResponse response = *state_.Execute(kSession, kJob, request, kStart);
+  EXPECT_EQ(response.code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(response.message(), HasSubstr("store key count holds a non-integer value"));
+  proto::StoreRequest get;
+  get.set_request_id(next_id_++);
+  get.mutable_get()->set_key("progress/3");
+  EXPECT_EQ(state_.Execute(kSession, kJob, get, kStart)->code(),
+            static_cast<int>(absl::StatusCode::kNotFound));
+}
+
+TEST_F(StoreStateTest, ASetAndAddAnswersAWaitOnEitherKey) {
+  ASSERT_EQ(WaitAndRead({"progress/0", "count"}, {"count"}, absl::Seconds(60)), std::nullopt);
+  proto::StoreRequest request;
+  request.set_request_id(next_id_++);
+  request.mutable_set()->set_key("progress/0");
+  request.mutable_set()->set_value("5");
+  request.mutable_set()->set_add_key("count");
+  request.mutable_set()->set_add_delta(1);
+  proto::StoreResponse response = *state_.Execute(kSession, kJob, request, kStart);
+  EXPECT_EQ(response.code(), 0) << response.message();
+  EXPECT_TRUE(response.flag());
+  EXPECT_EQ(response.number(), 1);
+  const std::vector<StoreState::Completion> done = state_.TakeCompletions();
+  ASSERT_THAT(done, SizeIs(1));
+  EXPECT_THAT(ValuesOf(done[0].response), ::testing::ElementsAre("1"));
+}
+
+TEST_F(StoreStateTest, ASetThatAddsToNoKeyIsRefused) {
+  proto::StoreRequest request;
+  request.set_request_id(1);
+  request.mutable_set()->set_key("k");
+  request.mutable_set()->set_add_delta(1);
+  EXPECT_TRUE(absl::IsInvalidArgument(ValidateStoreRequest(request)));
+}
+
+TEST_F(StoreStateTest, AParkedWaitAndReadIsAnsweredWithTheValuesReadWhenItsKeysAppeared) {
+  Set("plan/old", "1");
+  ASSERT_EQ(WaitAndRead({"plan/g1"}, {"plan/g1", "plan/absent", "plan/old"}, absl::Seconds(60)),
+            std::nullopt);
+  Set("plan/g1", "resume at 100");
+  const std::vector<StoreState::Completion> done = state_.TakeCompletions();
+  ASSERT_THAT(done, SizeIs(1));
+  EXPECT_EQ(done[0].response.code(), 0) << done[0].response.message();
+  EXPECT_THAT(ValuesOf(done[0].response), ::testing::ElementsAre("resume at 100", "-", "1"));
+}
+
+TEST_F(StoreStateTest, AWaitAndReadOfKeysPresentIsAnsweredWithTheValuesAtOnce) {
+  Set("a", "x");
+  std::optional<proto::StoreResponse> answer = WaitAndRead({"a"}, {"a", "b"}, absl::Seconds(60));
+  ASSERT_NE(answer, std::nullopt);
+  EXPECT_EQ(answer->code(), 0) << answer->message();
+  EXPECT_THAT(ValuesOf(*answer), ::testing::ElementsAre("x", "-"));
+  EXPECT_EQ(state_.parked_waits(), 0u);
+}
+
+TEST_F(StoreStateTest, APlainWaitIsAnsweredWithoutValues) {
+  Set("a", "x");
+  std::optional<proto::StoreResponse> answer = Wait({"a"}, absl::Seconds(60));
+  ASSERT_NE(answer, std::nullopt);
+  EXPECT_THAT(answer->values(), IsEmpty());
+}
+
+TEST_F(StoreStateTest, AParkedWaitAndReadWhoseValuesExceedTheFrameLimitIsResourceExhausted) {
+  StoreState small(1024);
+  proto::StoreRequest wait;
+  wait.set_request_id(1);
+  wait.mutable_wait()->add_keys("big");
+  wait.mutable_wait()->add_read_keys("big");
+  wait.mutable_wait()->set_timeout_ms(60'000);
+  ASSERT_EQ(small.Execute(kSession, kJob, wait, kStart), std::nullopt);
+  proto::StoreRequest set;
+  set.set_request_id(2);
+  set.mutable_set()->set_key("big");
+  set.mutable_set()->set_value(std::string(4096, 'v'));
+  ASSERT_EQ(small.Execute(kSession, kJob, set, kStart)->code(), 0);
+  const std::vector<StoreState::Completion> done = small.TakeCompletions();
+  ASSERT_THAT(done, SizeIs(1));
+  EXPECT_EQ(done[0].response.request_id(), 1u);
+  EXPECT_EQ(done[0].response.code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(done[0].response.message(), HasSubstr("exceeds the frame limit of 1024 bytes"));
 }
 
 }  // namespace
