@@ -91,4 +91,12 @@ absl::StatusOr<bool> TurnReadStore::Delete(std::string_view key, absl::Duration 
   return base_->Delete(key, timeout);
 }
 
+absl::StatusOr<int64_t> TurnReadStore::SetAndAdd(std::string_view set_key, std::string_view value,
+                                                 std::string_view add_key, int64_t delta,
+                                                 absl::Duration timeout) {
+  Forget(set_key);
+  Forget(add_key);
+  return base_->SetAndAdd(set_key, value, add_key, delta, timeout);
+}
+
 }  // namespace trainguard

@@ -7,10 +7,11 @@
 // hosts and four turns a second that was some 65,000 requests a second at the store for facts
 // that almost never change. BeginTurn reads them all in one request; until EndTurn a Get (or a
 // MultiGet of those keys only) is answered from what it read, as of the turn's start, and every
-// other call goes to the store behind. A write through this store (Set, Add, CompareAndSet,
-// Delete) of a key read drops it, so a component reads its own writes; a write by another client
-// is seen at the next turn, as it would be had the Get come at the turn's start. When the MultiGet
-// fails, nothing is held and every read goes to the store (and fails or not there, as before).
+// other call goes to the store behind. A write through this store (Set, Add, SetAndAdd,
+// CompareAndSet, Delete) of a key read drops it, so a component reads its own writes; a write by
+// another client is seen at the next turn, as it would be had the Get come at the turn's start.
+// When the MultiGet fails, nothing is held and every read goes to the store (and fails or not
+// there, as before).
 //
 // Thread safety: thread-safe (the agent's loop turns; a helper thread, such as the generation-0
 // former, may read through it meanwhile and gets the same answers).
@@ -62,6 +63,9 @@ class TurnReadStore final : public Store {
                                                     std::string_view desired,
                                                     absl::Duration timeout) override;
   absl::StatusOr<bool> Delete(std::string_view key, absl::Duration timeout) override;
+  absl::StatusOr<int64_t> SetAndAdd(std::string_view set_key, std::string_view value,
+                                    std::string_view add_key, int64_t delta,
+                                    absl::Duration timeout) override;
 
   // Straight to the store behind.
   absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
@@ -74,6 +78,11 @@ class TurnReadStore final : public Store {
   absl::StatusOr<size_t> WaitAny(const std::vector<std::string>& keys,
                                  absl::Duration timeout) override {
     return base_->WaitAny(keys, timeout);
+  }
+  absl::StatusOr<std::vector<std::optional<std::string>>> WaitAndRead(
+      const std::vector<std::string>& awaited, const std::vector<std::string>& read,
+      absl::Duration timeout) override {
+    return base_->WaitAndRead(awaited, read, timeout);
   }
   absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override {
     return base_->RaiseFence(generation, timeout);

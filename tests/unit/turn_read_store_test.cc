@@ -73,6 +73,10 @@ TEST_F(TurnReadStoreTest, OtherKeysGoToTheStoreAndAWriteIsReadBack) {
   EXPECT_EQ(*turn_.Get("n", kCall), "2");
   ASSERT_TRUE(*turn_.Delete("n", kCall));
   EXPECT_TRUE(absl::IsNotFound(turn_.Get("n", kCall).status()));
+  ASSERT_TRUE(turn_.BeginTurn({"v", "count"}, kCall).ok());
+  ASSERT_EQ(*turn_.SetAndAdd("v", "x", "count", 1, kCall), 1);
+  EXPECT_EQ(*turn_.Get("v", kCall), "x");
+  EXPECT_EQ(*turn_.Get("count", kCall), "1");
 }
 
 // A turn whose read fails holds nothing: every Get goes to the store, and fails or not there.
