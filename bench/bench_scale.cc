@@ -168,12 +168,12 @@ bool MeasureSize(const Flags& flags, int ranks) {
       m.agreed = absl::Now();
     });
   }
-  absl::StatusOr<std::pair<int64_t, int64_t>> before = (*server)->Counters();
+  absl::StatusOr<ServerProcess::Counts> before = (*server)->Counters();
   release.arrive_and_wait();
   const absl::Time released = absl::Now();
   absl::StatusOr<Membership> g0 = coordinator.FormInitialGeneration(ranks, flags.timeout);
   in_generation0.wait();
-  absl::StatusOr<std::pair<int64_t, int64_t>> after_g0 = (*server)->Counters();
+  absl::StatusOr<ServerProcess::Counts> after_g0 = (*server)->Counters();
 
   // One rank replaced, as the coordinator does once its death is decided.
   const absl::Time replace_start = absl::Now();
@@ -184,7 +184,7 @@ bool MeasureSize(const Flags& flags, int ranks) {
     std::printf("ranks=%d: replacement: %s\n", ranks, g1.status().ToString().c_str());
   }
   for (std::thread& t : threads) t.join();
-  absl::StatusOr<std::pair<int64_t, int64_t>> after_g1 = (*server)->Counters();
+  absl::StatusOr<ServerProcess::Counts> after_g1 = (*server)->Counters();
 
   absl::Time last_join = absl::InfinitePast();
   absl::Time last_held = absl::InfinitePast();
@@ -221,7 +221,7 @@ bool MeasureSize(const Flags& flags, int ranks) {
       Seconds(last_held - released));
   if (before.ok() && after_g0.ok()) {
     std::printf(", %.1f store requests per rank",
-                static_cast<double>(after_g0->first - before->first) / ranks);
+                static_cast<double>(after_g0->requests - before->requests) / ranks);
   }
   if (g1.ok()) {
     std::printf(
@@ -236,11 +236,11 @@ bool MeasureSize(const Flags& flags, int ranks) {
     }
     if (after_g0.ok() && after_g1.ok()) {
       std::printf(" (%.1f store requests per rank)",
-                  static_cast<double>(after_g1->first - after_g0->first) / ranks);
+                  static_cast<double>(after_g1->requests - after_g0->requests) / ranks);
     }
   }
-  if (after_g1.ok() && after_g1->second > 0) {
-    std::printf("; the server refused %lld connections", static_cast<long long>(after_g1->second));
+  if (after_g1.ok() && after_g1->refused > 0) {
+    std::printf("; the server refused %lld connections", static_cast<long long>(after_g1->refused));
   }
   if (!beating) std::printf(" (no heartbeats)");
   std::printf("\n");

@@ -45,7 +45,7 @@
 // agent, turned again, finds itself fenced out.
 //
 // Steady state (--steady_s, before the faults): the store's requests and the bytes its process
-// read and wrote per second, per rank and per host (the server's counters and /proc/<pid>/io), the
+// received and sent per second, per rank and per host (the server's counters), the
 // server process's CPU, the coordinating agent's thread's CPU per second (CLOCK_THREAD_CPUTIME_ID)
 // and both processes' resident memory.
 //
@@ -1002,22 +1002,21 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
 
   // Steady state.
   if (flags.steady > absl::ZeroDuration()) {
-    absl::StatusOr<std::pair<int64_t, int64_t>> before = (*server)->Counters();
+    absl::StatusOr<ServerProcess::Counts> before = (*server)->Counters();
     const ProcessUsage server_before = (*server)->Usage();
     const int64_t cpu_before = agents[0]->cpu_ns();
     const absl::Time from = absl::Now();
     absl::SleepFor(flags.steady);
-    absl::StatusOr<std::pair<int64_t, int64_t>> after = (*server)->Counters();
+    absl::StatusOr<ServerProcess::Counts> after = (*server)->Counters();
     const ProcessUsage server_after = (*server)->Usage();
     const int64_t cpu_after = agents[0]->cpu_ns();
     const double seconds = Seconds(absl::Now() - from);
     const ProcessUsage self = bench::ReadProcessUsage("self");
     if (before.ok() && after.ok()) {
-      const double requests = static_cast<double>(after->first - before->first) / seconds;
-      const double bytes =
-          static_cast<double>(server_after.bytes_read + server_after.bytes_written -
-                              server_before.bytes_read - server_before.bytes_written) /
-          seconds;
+      const double requests = static_cast<double>(after->requests - before->requests) / seconds;
+      const double bytes = static_cast<double>(after->bytes_received + after->bytes_sent -
+                                               before->bytes_received - before->bytes_sent) /
+                           seconds;
       const double coordinator_cpu = static_cast<double>(cpu_after - cpu_before) / 1e9 / seconds;
       const double server_cpu = (server_after.cpu_seconds - server_before.cpu_seconds) / seconds;
       figure("steady_requests_per_s", requests, "1/s");

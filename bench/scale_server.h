@@ -53,13 +53,10 @@ inline void RaiseFileLimit() {
   }
 }
 
-// What the kernel says one process used so far: its CPU time (user and system, all its threads),
-// the bytes its read and write calls moved (sockets included: /proc/<pid>/io rchar and wchar) and
-// its resident memory now.
+// What the kernel says one process used so far: its CPU time (user and system, all its threads)
+// and its resident memory now.
 struct ProcessUsage {
   double cpu_seconds = 0;
-  int64_t bytes_read = 0;
-  int64_t bytes_written = 0;
   int64_t rss_bytes = 0;
 };
 
@@ -82,12 +79,6 @@ inline ProcessUsage ReadProcessUsage(const std::string& pid) {
         usage.cpu_seconds = static_cast<double>(utime + stime) / sysconf(_SC_CLK_TCK);
       }
     }
-  }
-  std::ifstream io(dir + "/io");
-  for (std::string line; std::getline(io, line);) {
-    absl::string_view value = line;
-    if (absl::ConsumePrefix(&value, "rchar: ")) (void)absl::SimpleAtoi(value, &usage.bytes_read);
-    if (absl::ConsumePrefix(&value, "wchar: ")) (void)absl::SimpleAtoi(value, &usage.bytes_written);
   }
   std::ifstream status(dir + "/status");
   for (std::string line; std::getline(status, line);) {
@@ -141,22 +132,30 @@ class ServerProcess {
 
   int port() const { return port_; }
   pid_t pid() const { return pid_; }
-  // The server's requests served so far, and its connections refused.
-  absl::StatusOr<std::pair<int64_t, int64_t>> Counters() {
+  // What the server counted so far (TcpStoreServerStats).
+  struct Counts {
+    int64_t requests = 0;
+    int64_t refused = 0;  // connections refused
+    int64_t bytes_received = 0;
+    int64_t bytes_sent = 0;
+  };
+  absl::StatusOr<Counts> Counters() {
     if (write(control_, "stats\n", 6) != 6) {
       return absl::InternalError(absl::StrCat("writing to the store server: ", strerror(errno)));
     }
     absl::StatusOr<std::string> line = ReadLine();
     if (!line.ok()) return line.status();
     std::vector<std::string> parts = absl::StrSplit(*line, ' ');
-    std::pair<int64_t, int64_t> counters;
-    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &counters.first) ||
-        !absl::SimpleAtoi(parts[1], &counters.second)) {
+    Counts counts;
+    if (parts.size() != 4 || !absl::SimpleAtoi(parts[0], &counts.requests) ||
+        !absl::SimpleAtoi(parts[1], &counts.refused) ||
+        !absl::SimpleAtoi(parts[2], &counts.bytes_received) ||
+        !absl::SimpleAtoi(parts[3], &counts.bytes_sent)) {
       return absl::InternalError(absl::StrCat("the store server's counters: '", *line, "'"));
     }
-    return counters;
+    return counts;
   }
-  // The server process's usage so far (its CPU, the bytes its sockets moved, its memory).
+  // The server process's usage so far (its CPU, its memory).
   ProcessUsage Usage() const { return ReadProcessUsage(absl::StrCat(pid_)); }
 
  private:
@@ -182,7 +181,8 @@ class ServerProcess {
         pending.erase(0, end + 1);
         const TcpStoreServerStats stats = (*server)->stats();
         const std::string line =
-            absl::StrCat(stats.requests_served, " ", stats.connections_refused, "\n");
+            absl::StrCat(stats.requests_served, " ", stats.connections_refused, " ",
+                         stats.bytes_received, " ", stats.bytes_sent, "\n");
         if (write(report, line.data(), line.size()) < 0) _exit(1);
       }
     }
