@@ -747,6 +747,9 @@ class AgentThread {
   void Forget(SimHost* host) { dead_.insert(host); }
   // CPU time of this thread so far (read by itself at each pass).
   int64_t cpu_ns() const { return cpu_ns_.load(); }
+  // The longest time between two passes over its hosts since the last call (each host is turned
+  // once per pass).
+  absl::Duration TakeLongestPass() { return absl::Nanoseconds(longest_pass_ns_.exchange(0)); }
 
  private:
   static FakeProcessSupervisorOptions SupervisorOptions(int index) {
@@ -757,7 +760,14 @@ class AgentThread {
   }
 
   void Loop() {
+    absl::Time last_pass = absl::Now();
     while (!stop_.load()) {
+      // How long its hosts waited for their turn: a pass longer than the host timeout makes the
+      // simulator, not the job, lose hosts (this machine's cores are too few for the agents).
+      const absl::Time now = absl::Now();
+      const int64_t gap = absl::ToInt64Nanoseconds(now - last_pass);
+      last_pass = now;
+      if (gap > longest_pass_ns_.load()) longest_pass_ns_.store(gap);
       std::deque<std::function<void()>> tasks;
       {
         MutexLock lock(&mu_);
@@ -786,6 +796,7 @@ class AgentThread {
   std::set<SimHost*> dead_;  // this thread's only
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> cpu_ns_{0};
+  std::atomic<int64_t> longest_pass_ns_{0};
   Mutex mu_;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
@@ -974,8 +985,19 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
     for (SimMember* m : sim.AllMembers()) m->RequestStop();
     for (SimMember* m : sim.AllMembers()) m->Stop();
   };
+  // The longest wait of a host for its agent thread's turn, since the last call: above the host
+  // timeout, a host lost is the simulator's starvation (this machine's CPU), not the job's.
+  auto longest_pass = [&] {
+    absl::Duration longest = absl::ZeroDuration();
+    for (auto& t : agents) longest = std::max(longest, t->TakeLongestPass());
+    return longest;
+  };
   auto fail = [&](const std::string& why) {
-    std::printf("ranks=%d: %s\n", ranks, why.c_str());
+    std::printf(
+        "ranks=%d: %s (the longest wait of a host for its agent thread's turn: %s, the "
+        "host timeout %s)\n",
+        ranks, why.c_str(), absl::FormatDuration(longest_pass()).c_str(),
+        absl::FormatDuration(flags.host_timeout).c_str());
     for (const std::string& p : sim.problems.Take()) std::printf("  %s\n", p.c_str());
     stop_everything();
     return result;
@@ -1002,6 +1024,7 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
 
   // Steady state.
   if (flags.steady > absl::ZeroDuration()) {
+    (void)longest_pass();
     absl::StatusOr<ServerProcess::Counts> before = (*server)->Counters();
     const ProcessUsage server_before = (*server)->Usage();
     const int64_t cpu_before = agents[0]->cpu_ns();
@@ -1026,6 +1049,7 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
       figure("steady_bytes_per_rank_s", bytes / ranks, "B/s");
       figure("steady_coordinator_cpu_per_s", coordinator_cpu, "s/s");
       figure("steady_server_cpu_per_s", server_cpu, "s/s");
+      figure("steady_longest_agent_pass_s", Seconds(longest_pass()), "s");
       figure("server_rss_bytes", static_cast<double>(server_after.rss_bytes), "B");
       figure("simulator_rss_bytes", static_cast<double>(self.rss_bytes), "B");
       std::printf(
