@@ -59,6 +59,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <fstream>
 #include <functional>
@@ -736,7 +737,9 @@ class AgentThread {
     stop_.store(true);
     if (thread_.joinable()) thread_.join();
   }
-  // Runs `task` on this thread between two turns, and waits for it.
+  // Runs `task` on this thread between two turns, and waits for it, up to the simulator's
+  // --timeout_s: `task` refers to the caller's state, so a thread too starved to run it in that
+  // time ends the simulator (said), rather than run it after the caller gave up on it.
   void RunOnThread(std::function<void()> task) {
     Notification done;
     {
@@ -746,7 +749,12 @@ class AgentThread {
         done.Notify();
       });
     }
-    done.WaitForNotificationWithTimeout(absl::Seconds(60));
+    if (!done.WaitForNotificationWithTimeout(sim_->flags->timeout)) {
+      std::printf("agent thread %d did not turn within %s: this machine cannot run this size\n",
+                  index_, absl::FormatDuration(sim_->flags->timeout).c_str());
+      std::fflush(stdout);
+      std::_Exit(1);
+    }
   }
   // This thread stops turning `host` (its death).
   void Forget(SimHost* host) { dead_.insert(host); }
@@ -1274,6 +1282,8 @@ int main(int argc, char** argv) {
   }
   trainguard::bench::RaiseFileLimit();
   signal(SIGPIPE, SIG_IGN);
+  // Line by line, so that what a size said survives the simulator's end at any point.
+  setvbuf(stdout, nullptr, _IOLBF, 0);
   std::vector<trainguard::SizeResult> results;
   int failed = 0;
   for (int ranks : flags->ranks) {
