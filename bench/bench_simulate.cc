@@ -45,9 +45,11 @@
 // agent, turned again, finds itself fenced out.
 //
 // Steady state (--steady_s, before the faults): the store's requests and the bytes its process
-// received and sent per second, per rank and per host (the server's counters), the
-// server process's CPU, the coordinating agent's thread's CPU per second (CLOCK_THREAD_CPUTIME_ID)
-// and both processes' resident memory.
+// received and sent per second, per rank and per host (the server's counters), the server
+// process's CPU, the coordinating agent's thread's CPU per second (CLOCK_THREAD_CPUTIME_ID), both
+// processes' resident memory, and the longest wait of a host for its agent thread's turn: near the
+// host timeout, the simulator itself (this machine's CPU) loses hosts, and its figures are not the
+// job's.
 //
 // A size the machine cannot hold (threads, file descriptors) is said and skipped. The exit status
 // is 1 when any size failed to form, recover or pass its check.
