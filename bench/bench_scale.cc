@@ -35,7 +35,6 @@
 //
 // A size the machine cannot hold (two threads and one connection per member: the process's file
 // descriptors, the kernel's threads) is said and skipped, never reported as a measurement.
-#include <fcntl.h>
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/prctl.h>
@@ -70,6 +69,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/scale_server.h"
 #include "sdk/core/agent_keys.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/rendezvous/tcp_store.h"
@@ -79,8 +79,10 @@
 namespace trainguard {
 namespace {
 
-constexpr char kToken[] = "bench-scale-token";
-constexpr char kJob[] = "scale";
+using bench::Connect;
+using bench::MachineCannotHold;
+using bench::ServerProcess;
+
 constexpr int kRanksPerHost = 8;
 // The step every survivor offers in generation 1 (the standby offers -1: it has no state).
 constexpr int64_t kResumeStep = 100;
@@ -94,131 +96,6 @@ struct Flags {
   std::optional<absl::Duration> busy_poll;
 };
 
-// The TcpStore server in a child process. The parent asks for its counters with a line on the
-// control pipe ("stats"); closing the pipe ends the child.
-class ServerProcess {
- public:
-  static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(
-      int max_connections, std::optional<absl::Duration> busy_poll) {
-    int control[2];
-    int report[2];
-    if (pipe2(control, O_CLOEXEC) != 0 || pipe2(report, O_CLOEXEC) != 0) {
-      return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
-    }
-    const pid_t pid = fork();
-    if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      close(control[1]);
-      close(report[0]);
-      RunServer(control[0], report[1], max_connections, busy_poll);  // never returns
-    }
-    close(control[0]);
-    close(report[1]);
-    auto server = std::unique_ptr<ServerProcess>(new ServerProcess(pid, control[1], report[0]));
-    absl::StatusOr<std::string> port = server->ReadLine();
-    if (!port.ok()) return port.status();
-    if (!absl::SimpleAtoi(*port, &server->port_)) {
-      return absl::InternalError(absl::StrCat("the store server's process said '", *port, "'"));
-    }
-    return server;
-  }
-  ~ServerProcess() {
-    close(control_);
-    close(report_);
-    int status = 0;
-    waitpid(pid_, &status, 0);  // it exits once its control pipe closes
-  }
-
-  int port() const { return port_; }
-  pid_t pid() const { return pid_; }
-  // The server's requests served so far, and its connections refused.
-  absl::StatusOr<std::pair<int64_t, int64_t>> Counters() {
-    if (write(control_, "stats\n", 6) != 6) {
-      return absl::InternalError(absl::StrCat("writing to the store server: ", strerror(errno)));
-    }
-    absl::StatusOr<std::string> line = ReadLine();
-    if (!line.ok()) return line.status();
-    std::vector<std::string> parts = absl::StrSplit(*line, ' ');
-    std::pair<int64_t, int64_t> counters;
-    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &counters.first) ||
-        !absl::SimpleAtoi(parts[1], &counters.second)) {
-      return absl::InternalError(absl::StrCat("the store server's counters: '", *line, "'"));
-    }
-    return counters;
-  }
-
- private:
-  ServerProcess(pid_t pid, int control, int report)
-      : pid_(pid), control_(control), report_(report) {}
-
-  [[noreturn]] static void RunServer(int control, int report, int max_connections,
-                                     std::optional<absl::Duration> busy_poll) {
-    RaiseFileLimit();
-    TcpStoreServerOptions options;
-    options.job_token = kToken;
-    options.max_connections = max_connections;
-    if (busy_poll.has_value()) options.busy_poll = *busy_poll;
-    absl::StatusOr<std::unique_ptr<TcpStoreServer>> server = TcpStoreServer::Start(options);
-    const std::string port =
-        server.ok() ? absl::StrCat((*server)->port(), "\n") : std::string("error\n");
-    if (write(report, port.data(), port.size()) < 0 || !server.ok()) _exit(1);
-    std::string pending;
-    char buffer[64];
-    for (;;) {
-      const ssize_t n = read(control, buffer, sizeof(buffer));
-      if (n <= 0) _exit(0);  // the parent closed the pipe, or died
-      pending.append(buffer, n);
-      for (size_t end; (end = pending.find('\n')) != std::string::npos;) {
-        pending.erase(0, end + 1);
-        const TcpStoreServerStats stats = (*server)->stats();
-        const std::string line =
-            absl::StrCat(stats.requests_served, " ", stats.connections_refused, "\n");
-        if (write(report, line.data(), line.size()) < 0) _exit(1);
-      }
-    }
-  }
-
-  absl::StatusOr<std::string> ReadLine() {
-    std::string line;
-    char c;
-    for (;;) {
-      const ssize_t n = read(report_, &c, 1);
-      if (n <= 0) return absl::UnavailableError("the store server's process ended");
-      if (c == '\n') return line;
-      line.push_back(c);
-    }
-  }
-
- public:
-  static void RaiseFileLimit() {
-    rlimit limit{};
-    if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
-      limit.rlim_cur = limit.rlim_max;
-      setrlimit(RLIMIT_NOFILE, &limit);
-    }
-  }
-
- private:
-  const pid_t pid_;
-  const int control_;
-  const int report_;
-  int port_ = 0;
-};
-
-absl::StatusOr<std::unique_ptr<Store>> Connect(int port, absl::Duration timeout,
-                                               std::optional<absl::Duration> busy_poll) {
-  TcpStoreOptions options;
-  if (busy_poll.has_value()) options.busy_poll = *busy_poll;
-  options.port = port;
-  options.job_id = kJob;
-  options.job_token = kToken;
-  options.connect_timeout = timeout;
-  absl::StatusOr<std::unique_ptr<TcpStore>> client = TcpStore::Connect(options);
-  if (!client.ok()) return client.status();
-  return std::unique_ptr<Store>(*std::move(client));
-}
-
 std::string MemberOf(int rank, bool standby) {
   store_keys::MemberId id;
   id.host = absl::StrCat("host", rank / kRanksPerHost);
@@ -226,26 +103,6 @@ std::string MemberOf(int rank, bool standby) {
   id.role = standby ? store_keys::MemberId::Role::kStandby : store_keys::MemberId::Role::kRank;
   id.index = standby ? 0 : rank;
   return store_keys::EncodeMemberId(id);
-}
-
-// What the kernel lets this process hold: `threads` more threads and `files` more descriptors.
-std::optional<std::string> MachineCannotHold(int threads, int files) {
-  rlimit limit{};
-  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && static_cast<int64_t>(limit.rlim_cur) < files) {
-    return absl::StrFormat("%d file descriptors needed, the limit is %d", files,
-                           static_cast<int64_t>(limit.rlim_cur));
-  }
-  int64_t max_threads = 0;
-  std::ifstream in("/proc/sys/kernel/threads-max");
-  if (in >> max_threads && max_threads < threads) {
-    return absl::StrFormat("%d threads needed, kernel.threads-max is %d", threads, max_threads);
-  }
-  int64_t pid_max = 0;
-  std::ifstream pids("/proc/sys/kernel/pid_max");
-  if (pids >> pid_max && pid_max < threads + 1024) {
-    return absl::StrFormat("%d threads needed, kernel.pid_max is %d", threads, pid_max);
-  }
-  return std::nullopt;
 }
 
 struct Member {
@@ -439,14 +296,14 @@ bool MeasureSize(const Flags& flags, int ranks) {
       m.agreed = absl::Now();
     });
   }
-  absl::StatusOr<std::pair<int64_t, int64_t>> before = (*server)->Counters();
+  absl::StatusOr<ServerProcess::Counts> before = (*server)->Counters();
   const CpuUse cpu_before = CpuNow((*server)->pid());
   release.arrive_and_wait();
   const absl::Time released = absl::Now();
   absl::StatusOr<Membership> g0 = coordinator.FormInitialGeneration(ranks, flags.timeout);
   in_generation0.wait();
   const CpuUse cpu_g0 = CpuNow((*server)->pid());
-  absl::StatusOr<std::pair<int64_t, int64_t>> after_g0 = (*server)->Counters();
+  absl::StatusOr<ServerProcess::Counts> after_g0 = (*server)->Counters();
 
   // One rank replaced, as the coordinator does once its death is decided.
   const absl::Time replace_start = absl::Now();
@@ -458,7 +315,7 @@ bool MeasureSize(const Flags& flags, int ranks) {
   }
   for (std::thread& t : threads) t.join();
   const CpuUse cpu_g1 = CpuNow((*server)->pid());
-  absl::StatusOr<std::pair<int64_t, int64_t>> after_g1 = (*server)->Counters();
+  absl::StatusOr<ServerProcess::Counts> after_g1 = (*server)->Counters();
 
   absl::Time last_join = absl::InfinitePast();
   absl::Time last_held = absl::InfinitePast();
@@ -495,7 +352,7 @@ bool MeasureSize(const Flags& flags, int ranks) {
       Seconds(last_held - released));
   if (before.ok() && after_g0.ok()) {
     std::printf(", %.1f store requests per rank",
-                static_cast<double>(after_g0->first - before->first) / ranks);
+                static_cast<double>(after_g0->requests - before->requests) / ranks);
   }
   if (g1.ok()) {
     std::printf(
@@ -510,7 +367,7 @@ bool MeasureSize(const Flags& flags, int ranks) {
     }
     if (after_g0.ok() && after_g1.ok()) {
       std::printf(" (%.1f store requests per rank)",
-                  static_cast<double>(after_g1->first - after_g0->first) / ranks);
+                  static_cast<double>(after_g1->requests - after_g0->requests) / ranks);
     }
   }
   std::printf(
@@ -520,8 +377,8 @@ bool MeasureSize(const Flags& flags, int ranks) {
       cpu_g0.server - cpu_before.server,
       cpu_g1.members + cpu_g1.server - cpu_g0.members - cpu_g0.server,
       cpu_g1.server - cpu_g0.server);
-  if (after_g1.ok() && after_g1->second > 0) {
-    std::printf("; the server refused %lld connections", static_cast<long long>(after_g1->second));
+  if (after_g1.ok() && after_g1->refused > 0) {
+    std::printf("; the server refused %lld connections", static_cast<long long>(after_g1->refused));
   }
   if (!beating) std::printf(" (no heartbeats)");
   std::printf("\n");
@@ -584,7 +441,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());
     return absl::IsCancelled(flags.status()) ? 0 : 2;
   }
-  trainguard::ServerProcess::RaiseFileLimit();
+  trainguard::bench::RaiseFileLimit();
   signal(SIGPIPE, SIG_IGN);
   int failed = 0;
   for (int ranks : flags->ranks) {

@@ -46,14 +46,23 @@ void RankWatch::KillRanksWithStaleHeartbeats() {
   }
 }
 
-std::optional<std::map<int, std::string>> StoppedMembers(Store* agents_store,
-                                                         const Membership& current,
-                                                         absl::Duration timeout) {
+namespace {
+
+// The members whose agents say their process is stopped (agents/stopped/<member>), any
+// generation's; nullopt when the store does not answer.
+std::optional<std::vector<std::string>> ReportedStopped(Store* agents_store,
+                                                        absl::Duration timeout) {
   absl::StatusOr<std::vector<std::string>> keys =
       agents_store->ListKeys(store_keys::kAgentStopped.prefix(), timeout);
   if (!keys.ok()) return std::nullopt;
+  return store_keys::kAgentStopped.Names(*keys);
+}
+
+// Those of `reported` that hold a rank of `current`, by rank.
+std::map<int, std::string> HoldingRanks(const std::vector<std::string>& reported,
+                                        const Membership& current) {
   std::map<int, std::string> stopped;
-  for (const std::string& member : store_keys::kAgentStopped.Names(*keys)) {
+  for (const std::string& member : reported) {
     auto held = std::find(current.members.begin(), current.members.end(), member);
     if (held == current.members.end()) continue;  // an earlier generation's process
     stopped[static_cast<int>(held - current.members.begin())] = member;
@@ -61,8 +70,24 @@ std::optional<std::map<int, std::string>> StoppedMembers(Store* agents_store,
   return stopped;
 }
 
+}  // namespace
+
+std::optional<std::map<int, std::string>> StoppedMembers(Store* agents_store,
+                                                         const Membership& current,
+                                                         absl::Duration timeout) {
+  std::optional<std::vector<std::string>> reported = ReportedStopped(agents_store, timeout);
+  if (!reported.has_value()) return std::nullopt;
+  return HoldingRanks(*reported, current);
+}
+
 std::optional<std::map<int, std::string>> RankWatch::StoppedMembers() {
-  return trainguard::StoppedMembers(agents_store_, rendezvous_->current(), options_.store_timeout);
+  std::optional<std::vector<std::string>> reported =
+      ReportedStopped(agents_store_, options_.store_timeout);
+  if (!reported.has_value()) return std::nullopt;
+  // Read at every turn of the coordinator's loop, and almost always empty: the current membership
+  // (O(world size) member ids to copy) only when some process is reported stopped.
+  if (reported->empty()) return std::map<int, std::string>{};
+  return HoldingRanks(*reported, rendezvous_->current());
 }
 
 void RankWatch::KillMembersStoppedInFormation() {

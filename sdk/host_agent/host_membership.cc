@@ -4,6 +4,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/status/statusor.h"
@@ -12,6 +13,20 @@
 #include "sdk/core/store_keys.h"
 
 namespace trainguard {
+
+std::vector<std::string> AgentTurnKeys(const std::string& host, bool following,
+                                       bool ranks_on_agents_store, bool restart_all) {
+  std::vector<std::string> keys = {store_keys::kAgentsDead.Key(host), store_keys::kJobFailed,
+                                   store_keys::kJobDone, store_keys::AgentKillCount(host),
+                                   store_keys::kCoordLease};
+  if (!following) keys.push_back(store_keys::kAgentPlan);
+  if (following && ranks_on_agents_store) {
+    keys.push_back(store_keys::kRdzvCurrent);
+    keys.push_back(store_keys::kJobStop);
+  }
+  if (restart_all) keys.push_back(store_keys::kAgentRestart);
+  return keys;
+}
 
 StoreHostMembership::StoreHostMembership(Store* store, Clock* clock, HostAgent* agent,
                                          TurnReadStore* turn_reads,

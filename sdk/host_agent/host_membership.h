@@ -66,6 +66,14 @@ class HostMembership {
   virtual std::string DescribeSuccess(int ranks_finished_here) const = 0;
 };
 
+// The keys one turn of a several-host agent reads with a Get (StoreHostMembership::Hooks::
+// turn_keys): its fence, the job's end, its kill requests' count, the coordinator lease; the plan
+// until it follows it (`following`: its processes were started), then the newest generation and a
+// rank's job stop where the ranks' keys are the agents' (`ranks_on_agents_store`: not in a restart
+// round, whose store is its own); the restart round under --restart-all (`restart_all`).
+std::vector<std::string> AgentTurnKeys(const std::string& host, bool following,
+                                       bool ranks_on_agents_store, bool restart_all);
+
 struct StoreHostMembershipOptions {
   // The join record (store_keys::JoinRecord) of this host: --host-id, --role standby, --local-addr
   // and the port its rank 0 would listen on if it held rank 0 (MASTER_PORT).

@@ -639,18 +639,7 @@ void Job::CreateHostMembership() {
 }
 
 std::vector<std::string> Job::TurnKeys() const {
-  std::vector<std::string> keys = {store_keys::kAgentsDead.Key(HostLabel()), store_keys::kJobFailed,
-                                   store_keys::kJobDone, store_keys::AgentKillCount(HostLabel())};
-  if (lease_ != nullptr) keys.push_back(store_keys::kCoordLease);
-  // The plan until this host follows it; then the newest generation (a restart round's is on the
-  // round's store, read apart).
-  if (!spawned_) keys.push_back(store_keys::kAgentPlan);
-  if (spawned_ && round_store_ == nullptr) {
-    keys.push_back(store_keys::kRdzvCurrent);
-    keys.push_back(kJobStopKey);
-  }
-  if (config_.restart_all >= 0) keys.push_back(store_keys::kAgentRestart);
-  return keys;
+  return AgentTurnKeys(HostLabel(), spawned_, round_store_ == nullptr, config_.restart_all >= 0);
 }
 
 void Job::CreateJobCoordinator() {

@@ -666,34 +666,39 @@ absl::StatusOr<Membership> RendezvousCoordinator::FormInitialGeneration(int worl
 
 absl::StatusOr<std::vector<int>> RendezvousCoordinator::RanksWithStaleHeartbeats(
     absl::Duration timeout, absl::Duration store_timeout) {
-  Membership current;
+  int64_t generation = -1;
+  std::shared_ptr<const std::vector<std::string>> keys;
   {
     MutexLock lock(&mu_);
-    current = current_;
+    // A new generation raised the fence: members still in the old one cannot beat until they
+    // adopt it. Everyone gets a full timeout from the publication on.
+    if (beats_generation_ != current_.generation || heartbeat_keys_ == nullptr) {
+      auto built = std::make_shared<std::vector<std::string>>();
+      built->reserve(current_.members.size());
+      for (const std::string& member : current_.members) built->push_back(HeartbeatKey(member));
+      heartbeat_keys_ = std::move(built);
+      beats_.assign(current_.members.size(), Beat{});
+      beats_generation_ = current_.generation;
+    }
+    generation = beats_generation_;
+    keys = heartbeat_keys_;
   }
-  std::vector<std::string> keys;
-  for (const std::string& member : current.members) keys.push_back(HeartbeatKey(member));
   absl::StatusOr<std::vector<std::optional<std::string>>> values =
-      store_->MultiGet(keys, store_timeout);
+      store_->MultiGet(*keys, store_timeout);
   if (!values.ok()) return values.status();
   const int64_t now_ns = clock_->MonotonicNanos();
   std::vector<int> stale;
   MutexLock lock(&mu_);
-  // A new generation raised the fence: members still in the old one cannot beat until they adopt
-  // it. Everyone gets a full timeout from the publication on.
-  if (beats_generation_ != current.generation) {
-    beats_.clear();
-    beats_generation_ = current.generation;
-  }
-  for (size_t r = 0; r < current.members.size(); ++r) {
-    const std::string value = (*values)[r].value_or("");
-    auto [it, inserted] = beats_.try_emplace(current.members[r], Beat{value, now_ns});
-    if (!inserted && it->second.value != value) it->second = Beat{value, now_ns};
+  // A generation published during the read: its ranks are judged from the next read on.
+  if (beats_generation_ != generation) return stale;
+  for (size_t r = 0; r < beats_.size() && r < values->size(); ++r) {
+    const std::string_view value =
+        (*values)[r].has_value() ? std::string_view(*(*values)[r]) : std::string_view();
+    Beat& beat = beats_[r];
+    if (beat.since_ns < 0 || beat.value != value) beat = Beat{std::string(value), now_ns};
     const absl::Duration allowed =
         value == kLeftHeartbeat ? std::max(10 * timeout, kLeftGrace) : timeout;
-    if (absl::Nanoseconds(now_ns - it->second.since_ns) >= allowed) {
-      stale.push_back(static_cast<int>(r));
-    }
+    if (absl::Nanoseconds(now_ns - beat.since_ns) >= allowed) stale.push_back(static_cast<int>(r));
   }
   return stale;
 }
@@ -721,10 +726,13 @@ absl::StatusOr<std::vector<std::string>> RendezvousCoordinator::ParkedStandbys(
 absl::StatusOr<std::map<int, std::string>> RendezvousCoordinator::NewGenerationRequests(
     absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
+  // The generation and its size only: the loop asks at every turn, and the members (O(world size)
+  // strings) are not needed.
   Membership current;
   {
     MutexLock lock(&mu_);
-    current = current_;
+    current.generation = current_.generation;
+    current.world_size = current_.world_size;
   }
   std::map<int, std::string> requests;
   if (current.generation < 0) return requests;

@@ -326,13 +326,18 @@ class RendezvousCoordinator {
   const CoordinatorLease* const lease_;
   mutable Mutex mu_;
   Membership current_ ABSL_GUARDED_BY(mu_);
-  // Per member: the last heartbeat value seen and when it was first seen (clock_'s monotonic ns).
+  // Per rank of generation beats_generation_: the last heartbeat value seen and when it was first
+  // seen (clock_'s monotonic ns; -1: not read yet). By rank, not by member id: a generation's
+  // members do not change, and the coordinator reads every rank's heartbeat twice a second.
   struct Beat {
     std::string value;
-    int64_t since_ns;
+    int64_t since_ns = -1;
   };
-  std::map<std::string, Beat> beats_ ABSL_GUARDED_BY(mu_);
+  std::vector<Beat> beats_ ABSL_GUARDED_BY(mu_);
   int64_t beats_generation_ ABSL_GUARDED_BY(mu_) = -1;
+  // The heartbeat keys of beats_generation_'s members, by rank: built once per generation and
+  // shared with the read in flight, not built (O(world size) strings) at every read.
+  std::shared_ptr<const std::vector<std::string>> heartbeat_keys_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace trainguard

@@ -90,6 +90,10 @@ struct TcpStoreServerStats {
   // Connections closed at once because max_connections were open or file descriptors ran out.
   int64_t connections_refused = 0;
   int64_t requests_served = 0;
+  // The bytes read from and written to the clients' sockets, framing and handshakes included:
+  // what the store's traffic costs the server (a simulator's per-rank figures divide them).
+  int64_t bytes_received = 0;
+  int64_t bytes_sent = 0;
   // Waits parked now, waiting for their keys.
   int64_t waits_parked = 0;
   // The latest of the errors counted above, naming the peer (and its job once known).

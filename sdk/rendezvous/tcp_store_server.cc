@@ -175,6 +175,8 @@ class TcpStoreServer::EventLoop {
     s.protocol_errors = protocol_errors_.load();
     s.connections_refused = connections_refused_.load();
     s.requests_served = requests_served_.load();
+    s.bytes_received = bytes_received_.load();
+    s.bytes_sent = bytes_sent_.load();
     s.waits_parked = waits_parked_.load();
     MutexLock lock(&last_error_mu_);
     s.last_error = last_error_;
@@ -264,6 +266,8 @@ class TcpStoreServer::EventLoop {
   std::atomic<int64_t> protocol_errors_{0};
   std::atomic<int64_t> connections_refused_{0};
   std::atomic<int64_t> requests_served_{0};
+  std::atomic<int64_t> bytes_received_{0};
+  std::atomic<int64_t> bytes_sent_{0};
   std::atomic<int64_t> waits_parked_{0};
   // The one piece of the loop's state that other threads read.
   mutable Mutex last_error_mu_;
@@ -414,6 +418,7 @@ void TcpStoreServer::EventLoop::OnReadable(Connection& c, absl::Time now) {
   while (budget > 0 && !c.dead) {
     const ssize_t n = recv(c.fd, read_buffer_.data(), read_buffer_.size(), 0);
     if (n > 0) {
+      bytes_received_.fetch_add(n, std::memory_order_relaxed);
       budget -= std::min(budget, static_cast<size_t>(n));
       // A closing connection's further bytes are read only to be dropped.
       if (c.closing == Closing::kNo) Feed(c, std::string_view(read_buffer_.data(), n), now);
@@ -479,6 +484,7 @@ void TcpStoreServer::EventLoop::Flush(Connection& c) {
   while (c.pending() > 0) {
     const ssize_t n = send(c.fd, c.out.data() + c.out_offset, c.pending(), MSG_NOSIGNAL);
     if (n > 0) {
+      bytes_sent_.fetch_add(n, std::memory_order_relaxed);
       c.out_offset += static_cast<size_t>(n);
       continue;
     }

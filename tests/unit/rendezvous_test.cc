@@ -719,6 +719,43 @@ TEST(RendezvousLiveness,
   EXPECT_THAT(stale(), ElementsAre(0, 1, 2));
 }
 
+// The coordinator reads every rank's heartbeat twice a second and keeps, per generation, the keys
+// it reads: after a replacement the rank is judged by its new holder's counter, not its dead one's.
+TEST(RendezvousLiveness, AReplacedRankIsJudgedByItsNewHoldersHeartbeat) {
+  ManualClockJob job;
+  ASSERT_NO_FATAL_FAILURE(job.FormGenerationZero());
+  InMemoryStore& shared = job.shared;
+  ManualClock& clock = job.clock;
+  RendezvousCoordinator& coordinator = job.coordinator;
+  auto stale = [&] { return *coordinator.RanksWithStaleHeartbeats(absl::Seconds(1), kTimeout); };
+  EXPECT_THAT(stale(), IsEmpty());  // generation 0's keys read once
+
+  std::unique_ptr<Store> standby_store = shared.NewClient();
+  RendezvousMember standby(standby_store.get(), "host:standby0", absl::Hours(1));
+  std::thread parked([&] { ASSERT_TRUE(standby.ParkAsStandby(kTimeout).ok()); });
+  while (coordinator.ParkedStandbys(kTimeout)->empty()) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_TRUE(coordinator.ReplaceRank(1, kTimeout).ok());
+  parked.join();
+  for (int r : {0, 2}) {
+    ASSERT_TRUE(job.members[r]->AwaitGeneration(0, kTimeout).ok());
+  }
+
+  EXPECT_THAT(stale(), IsEmpty());  // generation 1: every rank's clock starts afresh
+  clock.Advance(absl::Milliseconds(999));
+  for (RendezvousMember* m : {job.members[0].get(), job.members[2].get(), &standby}) {
+    ASSERT_TRUE(m->Beat(kTimeout).ok()) << m->member_id();
+  }
+  EXPECT_THAT(stale(), IsEmpty());
+  clock.Advance(absl::Milliseconds(1));
+  EXPECT_THAT(stale(), IsEmpty()) << "rank 1 was judged by the replaced member's silent counter";
+  clock.Advance(absl::Milliseconds(998));  // the standby's counter stood still for 999 ms
+  ASSERT_TRUE(job.members[0]->Beat(kTimeout).ok());
+  ASSERT_TRUE(job.members[2]->Beat(kTimeout).ok());
+  EXPECT_THAT(stale(), IsEmpty());
+  clock.Advance(absl::Milliseconds(1));
+  EXPECT_THAT(stale(), ElementsAre(1));  // its new holder stood still for the timeout
+}
+
 // A member destroyed (its Runtime closed: the process is exiting) is marked "left" and has
 // max(10 x timeout, kLeftGrace) to exit before it counts as stale, not the heartbeat timeout.
 TEST(RendezvousLiveness, AMemberThatLeftIsGivenTheExitGraceNotTheHeartbeatTimeout) {

@@ -614,6 +614,25 @@ TEST(TcpStoreServerTest, AClientProcessKilledDuringAWaitLeavesTheServerServing) 
   ExpectServes(*server);
 }
 
+TEST(TcpStoreServerTest, StatsCountTheBytesEachWayOnTheClientsSockets) {
+  auto server = StartServer();
+  auto client = ConnectClient(server->port());
+  const TcpStoreServerStats before = server->stats();
+  const std::string value(10'000, 'v');
+  ASSERT_TRUE(client->Set("bytes/counted", value, kTimeout).ok());
+  // The value went in before its answer came out (the received bytes are counted as they are
+  // read); the answer's bytes are counted once its send returned, which the client may beat.
+  EXPECT_GE(server->stats().bytes_received - before.bytes_received, 10'000);
+  ASSERT_TRUE(Eventually([&] { return server->stats().bytes_sent > before.bytes_sent; }));
+  const TcpStoreServerStats after_set = server->stats();
+  EXPECT_LT(after_set.bytes_sent - before.bytes_sent, 10'000) << "an acknowledgement is small";
+  absl::StatusOr<std::string> read = client->Get("bytes/counted", kTimeout);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_TRUE(Eventually([&] {
+    return server->stats().bytes_sent - after_set.bytes_sent >= 10'000;
+  })) << "the value went out";
+}
+
 TEST(TcpStoreServerTest, DestroyingTheServerDoesNotWaitForParkedWaits) {
   auto server = StartServer();
   const std::string address = server->address();

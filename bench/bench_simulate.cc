@@ -1,0 +1,1307 @@
+// bench_simulate: the scale simulator of issue 37. A job of R ranks on R/8 hosts and two standby
+// hosts, with the real host agents and the real coordinator, against the real TcpStore server in a
+// process of its own (bench/scale_server.h); faults injected, the recovery timed, and the result
+// checked for correctness.
+//
+//   bench_simulate [--ranks=8,64,512,4096] [--faults=rank,host] [--host_timeout_ms=2000]
+//                  [--heartbeat_ms=1000] [--steady_s=10] [--agent_threads=4] [--timeout_s=120]
+//                  [--json=FILE]
+//
+// What is real: every host's agent is the library's, as `trainguard run --nnodes` wires it: a
+// HostAgent and its StoreHostMembership (join, heartbeat, fence, job end, kill requests, stop
+// reports, death reports), a CoordinatorLease and LeaseKeeper on every host, the plan read and the
+// generations followed (HostAgent::ReadPlan, FollowMembership) through a RendezvousCoordinator of
+// its own, each agent on a store connection of its own. The coordinating host (the first to join,
+// which takes the lease) runs the PlanPublisher, JobCoordinator, StandbyReplacement and RankWatch,
+// in the order of the launcher's loop (Job::Run), and forms generation 0 on a thread of its own
+// (Job::StartForming). Every rank and standby is a real RendezvousMember on a store connection of
+// its own, which joins (JoinInitial, ParkAsStandby), waits for the next generation's table
+// (AwaitNewerGeneration, as a rank's generation watcher) and follows it (AwaitGeneration), and
+// announces each generation it holds (store_keys::Resumed, as a rank does after its first step).
+//
+// What is simulated: the processes. A host's workers are spawned through the fake process
+// supervisor (tests/support/fake_process_supervisor.h, one per agent thread), whose "process" is a
+// simulated member on a thread of the simulator. There is no trainer, no collective, no watchdog
+// and no hang or fail-slow coordination (HangCoordinator, FailSlowCoordinator are not run). The
+// shape that fits 16,384 ranks in this machine (pid_max 32,768, 20,000 file descriptors): one
+// thread and one connection per member, whose heartbeat (RendezvousMember::Beat, every
+// --heartbeat_ms) is beaten by its own thread between its waits for the next generation, instead
+// of a heartbeat thread and a second connection; the agents are turned by --agent_threads threads
+// (a HostAgent is used by one thread), each turning its slice of the hosts at the launcher's
+// cadence (--host_timeout / 12), and the coordinating host by a thread of its own.
+//
+// Faults (--faults), each after the previous one recovered:
+//  - rank: one rank's process dies: its member goes silent and its fake worker exits with status
+//    1; its agent reports the death (HostAgent::ReportDeath) and the coordinator gives the rank to
+//    a parked standby. Figure: the death to every live member holding the new generation.
+//  - host: a whole training host dies: its agent stops turning and its members go silent at once;
+//    the coordinator declares it dead after --host_timeout_ms and a standby host's members take
+//    its ranks. Figure: its agent's last heartbeat to every live member holding the new
+//    generation, minus the host timeout (the bound).
+// After each fault the simulator checks, and prints "correct: ..." or what is wrong: every live
+// member holds the store's current generation and the rank the store's table gives it, no rank is
+// held by two members and every rank by one, and the dead members' writes are refused (their
+// heartbeat fails with FailedPrecondition: the generation's fence); after a host's death, its
+// agent, turned again, finds itself fenced out.
+//
+// Steady state (--steady_s, before the faults): the store's requests and the bytes its process
+// received and sent per second, per rank and per host (the server's counters), the server
+// process's CPU, the coordinating agent's thread's CPU per second (CLOCK_THREAD_CPUTIME_ID), both
+// processes' resident memory, and the longest wait of a host for its agent thread's turn: near the
+// host timeout, the simulator itself (this machine's CPU) loses hosts, and its figures are not the
+// job's.
+//
+// A size the machine cannot hold (threads, file descriptors) is said and skipped. The exit status
+// is 1 when any size failed to form, recover or pass its check.
+#include <pthread.h>
+#include <signal.h>
+#include <time.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "bench/scale_server.h"
+#include "sdk/agent/failure_history.h"
+#include "sdk/agent/renewal_policy.h"
+#include "sdk/agent/replacement_policy.h"
+#include "sdk/coordinator/job_coordinator.h"
+#include "sdk/coordinator/lease_keeper.h"
+#include "sdk/coordinator/plan_publisher.h"
+#include "sdk/coordinator/rank_watch.h"
+#include "sdk/coordinator/standby_replacement.h"
+#include "sdk/core/agent_keys.h"
+#include "sdk/core/mutex.h"
+#include "sdk/core/store_keys.h"
+#include "sdk/host_agent/host_agent.h"
+#include "sdk/host_agent/host_membership.h"
+#include "sdk/launch/launch_config.h"
+#include "sdk/rendezvous/coordinator_lease.h"
+#include "sdk/rendezvous/rendezvous.h"
+#include "sdk/rendezvous/tcp_store.h"
+#include "tests/support/fake_process_supervisor.h"
+#include "trainguard/clock.h"
+#include "trainguard/store.h"
+
+namespace trainguard {
+namespace {
+
+using bench::Connect;
+using bench::ProcessUsage;
+using bench::ServerProcess;
+using testing::FakeProcessSupervisor;
+using testing::FakeProcessSupervisorOptions;
+
+constexpr int kRanksPerHost = 8;
+constexpr int kStandbyHosts = 2;  // one for the rank's death, one for the host's
+// How long one store call of a member or a check may take, and a replacement's (as the launcher's
+// kStoreTimeout).
+constexpr absl::Duration kStoreTimeout = absl::Seconds(10);
+
+struct Flags {
+  std::vector<int> ranks = {8, 64, 512, 4096};
+  std::vector<std::string> faults = {"rank", "host"};
+  absl::Duration host_timeout = absl::Seconds(2);
+  absl::Duration heartbeat = absl::Seconds(1);
+  absl::Duration steady = absl::Seconds(10);
+  int agent_threads = 4;
+  absl::Duration timeout = absl::Seconds(120);
+  std::string json;
+  bool verbose = false;  // every line the agents and the coordinator say
+};
+
+double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
+
+int64_t ThreadCpuNanos() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
+}
+
+// What went wrong in a size that no single call returned: said at the end of the size, and fails
+// it. Thread-safe.
+class Problems {
+ public:
+  void Add(const std::string& what) {
+    MutexLock lock(&mu_);
+    if (problems_.size() < 20) problems_.push_back(what);
+    ++count_;
+  }
+  std::vector<std::string> Take() {
+    MutexLock lock(&mu_);
+    return std::exchange(problems_, {});
+  }
+  int count() {
+    MutexLock lock(&mu_);
+    return count_;
+  }
+
+ private:
+  Mutex mu_;
+  std::vector<std::string> problems_ ABSL_GUARDED_BY(mu_);
+  int count_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// One simulated process of a host: a rank or a standby, on a thread of its own with its own store
+// connection and its RendezvousMember (see the header comment for what it does).
+class SimMember {
+ public:
+  struct Place {
+    int64_t generation = -1;
+    int rank = -1;
+    absl::Time since = absl::InfinitePast();  // when it adopted `generation`
+    bool replaced = false;                    // a newer generation gave its rank to another member
+    absl::Status error;                       // what ended it otherwise (the store's error)
+  };
+
+  // `rank` -1: a standby.
+  SimMember(std::string id, int rank, int world_size)
+      : id_(std::move(id)), rank_(rank), world_size_(world_size) {}
+  ~SimMember() { Stop(); }
+  SimMember(const SimMember&) = delete;
+  SimMember& operator=(const SimMember&) = delete;
+
+  void Start(int port, const Flags& flags) {
+    thread_ = std::thread([this, port, &flags] { Run(port, flags); });
+  }
+  // The process died: the member stops beating and waiting, at once, without leaving.
+  void Silence() { silenced_.store(true); }
+  bool silenced() const { return silenced_.load(); }
+  // Ends its thread (the simulator's end): RequestStop, then Stop, which waits for it (up to a
+  // heartbeat interval: its current wait), so that many members end together.
+  void RequestStop() { stop_.store(true); }
+  void Stop() {
+    RequestStop();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  const std::string& id() const { return id_; }
+  Place place() const {
+    MutexLock lock(&mu_);
+    return place_;
+  }
+  absl::Time joined() const {
+    MutexLock lock(&mu_);
+    return joined_;
+  }
+  // A write of this member after its thread ended (its heartbeat): the fence's answer.
+  absl::Status Beat() {
+    MutexLock lock(&mu_);
+    if (member_ == nullptr) return absl::FailedPreconditionError("never connected");
+    return member_->Beat(kStoreTimeout);
+  }
+
+ private:
+  bool Ended() const { return stop_.load() || silenced_.load(); }
+
+  void Adopt(const Membership& m) {
+    {
+      MutexLock lock(&mu_);
+      place_.generation = m.generation;
+      place_.rank = m.rank;
+      place_.since = absl::Now();
+    }
+    // As a rank announces its first step of the generation (RuntimeImpl::AnnounceResumed): the
+    // coordinator's recovery ends once every rank did.
+    (void)store_->Set(store_keys::Resumed(m.generation, m.rank), "0", kStoreTimeout);
+  }
+  void End(absl::Status error, bool replaced) {
+    MutexLock lock(&mu_);
+    place_.error = std::move(error);
+    place_.replaced = replaced;
+  }
+
+  void Run(int port, const Flags& flags) {
+    absl::StatusOr<std::unique_ptr<Store>> store = Connect(port, kStoreTimeout);
+    if (!store.ok()) return End(store.status(), false);
+    store_ = *std::move(store);
+    RendezvousMember* member = nullptr;
+    {
+      MutexLock lock(&mu_);
+      // A parked standby beats on a thread of its own (few of them); a rank between its waits.
+      member_ = std::make_unique<RendezvousMember>(
+          store_.get(), id_, rank_ < 0 ? flags.heartbeat : absl::InfiniteDuration());
+      member = member_.get();
+      joined_ = absl::Now();
+    }
+    absl::StatusOr<Membership> m = absl::UnavailableError("not joined");
+    if (rank_ < 0) {
+      // Parked in slices, so that the simulator's end does not wait for the whole timeout.
+      do {
+        m = member->ParkAsStandby(absl::Seconds(1));
+      } while (!Ended() && absl::IsDeadlineExceeded(m.status()));
+    } else {
+      m = member->JoinInitial(rank_, world_size_, flags.timeout);
+    }
+    if (!m.ok()) return End(m.status(), false);
+    Adopt(*m);
+    while (!Ended()) {
+      absl::StatusOr<bool> newer = member->AwaitNewerGeneration(flags.heartbeat);
+      if (Ended()) return;
+      if ((newer.ok() && *newer) || member->superseded()) {
+        absl::StatusOr<Membership> next = member->AwaitGeneration(m->generation, flags.timeout);
+        if (absl::IsFailedPrecondition(next.status())) return End(next.status(), true);
+        if (!next.ok()) return End(next.status(), false);
+        m = next;
+        Adopt(*m);
+        continue;
+      }
+      (void)member->Beat(flags.heartbeat);
+    }
+  }
+
+  const std::string id_;
+  const int rank_;
+  const int world_size_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> silenced_{false};
+  std::unique_ptr<Store> store_;  // the thread's; kept for Beat after it ended
+  mutable Mutex mu_;
+  std::unique_ptr<RendezvousMember> member_ ABSL_GUARDED_BY(mu_);
+  absl::Time joined_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  Place place_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+// What a whole size shares: the store's address, the flags, the members and the problems.
+struct Sim {
+  const Flags* flags = nullptr;
+  int port = 0;
+  int ranks = 0;
+  int training_hosts = 0;
+  Problems problems;
+  Mutex members_mu;
+  // Every member started, by member id.
+  std::map<std::string, std::unique_ptr<SimMember>> members ABSL_GUARDED_BY(members_mu);
+  std::atomic<bool> stop{false};
+
+  SimMember* AddMember(const std::string& id, int rank) {
+    auto member = std::make_unique<SimMember>(id, rank, ranks);
+    SimMember* raw = member.get();
+    {
+      MutexLock lock(&members_mu);
+      members[id] = std::move(member);
+    }
+    raw->Start(port, *flags);
+    return raw;
+  }
+  std::vector<SimMember*> AllMembers() {
+    MutexLock lock(&members_mu);
+    std::vector<SimMember*> all;
+    all.reserve(members.size());
+    for (auto& [id, m] : members) all.push_back(m.get());
+    return all;
+  }
+};
+
+// The coordinator's share of `trainguard run`, on the host that holds the lease: the objects
+// Job::CreateJobCoordinator, CreateRecoveryStrategy, CreateRankWatch and CreatePlanPublisher make,
+// with hooks that say into the simulator's log and record nothing.
+struct CoordinatorParts {
+  explicit CoordinatorParts(RenewalPolicyOptions renewal) : renewal_policy(renewal) {}
+
+  ReplacementPolicy replacement_policy{ReplacementPolicyOptions{}};
+  RenewalPolicy renewal_policy;
+  FailureHistory failures;
+  std::unique_ptr<JobCoordinator> job;
+  std::unique_ptr<StandbyReplacement> recovery;
+  std::unique_ptr<RankWatch> rank_watch;
+  std::unique_ptr<PlanPublisher> plan;
+  // Generation 0's formation (Job::StartForming), on a thread of its own.
+  std::thread former;
+  std::atomic<bool> formed{false};
+  absl::Time next_persist_check = absl::InfinitePast();
+};
+
+// One host: its agent, as `trainguard run --nnodes` wires it (Job::CreateHostAgent,
+// CreateHostMembership, CreateLeaseKeeper), on a store connection of its own.
+class SimHost {
+ public:
+  SimHost(Sim* sim, std::string host_id, bool standby_host, bool coordinator,
+          FakeProcessSupervisor* supervisor)
+      : sim_(sim),
+        host_id_(std::move(host_id)),
+        standby_host_(standby_host),
+        coordinator_host_(coordinator),
+        supervisor_(supervisor) {}
+  ~SimHost() {
+    if (parts_ != nullptr && parts_->former.joinable()) parts_->former.join();
+  }
+
+  absl::Status Create() {
+    const Flags& flags = *sim_->flags;
+    const absl::Duration call_timeout = flags.host_timeout / 4;  // AgentCallTimeout
+    absl::StatusOr<std::unique_ptr<Store>> store = Connect(sim_->port, kStoreTimeout);
+    if (!store.ok()) return store.status();
+    // As the launcher's agent: every part reads the store through the turn's one read.
+    auto turn_reads = std::make_unique<TurnReadStore>(*std::move(store));
+    turn_reads_ = turn_reads.get();
+    store_ = std::move(turn_reads);
+    lease_ = std::make_unique<CoordinatorLease>(store_.get(), host_id_, flags.host_timeout,
+                                                Clock::Real(), call_timeout);
+    rendezvous_ = std::make_unique<RendezvousCoordinator>(store_.get(), Clock::Real(), host_id_,
+                                                          lease_.get());
+    if (coordinator_host_) CreateCoordinatorParts(call_timeout);
+
+    LeaseKeeper::Hooks lease_hooks;
+    lease_hooks.say = [this](const std::string& line) { Say(line); };
+    lease_hooks.resume = [this] { return rendezvous_->Resume(kStoreTimeout); };
+    lease_hooks.generation = [this] { return rendezvous_->generation(); };
+    lease_hooks.took_over = [this] {
+      if (parts_ != nullptr) {
+        parts_->job->TakeOver(kStoreTimeout);
+      } else {
+        sim_->problems.Add(absl::StrCat("host ", host_id_, " took the coordinator lease over"));
+      }
+    };
+    lease_hooks.deposed = [this] {
+      if (parts_ != nullptr) parts_->job->Depose();
+    };
+    lease_keeper_ = std::make_unique<LeaseKeeper>(lease_.get(), call_timeout, lease_hooks);
+
+    HostAgentOptions options;
+    options.host_id = host_id_;
+    options.call_timeout = call_timeout;
+    options.report_timeout = kStoreTimeout;
+    options.store_url = absl::StrCat("tcp://127.0.0.1:", sim_->port);
+    options.store_loss_bound = std::max(absl::Seconds(30), 10 * flags.host_timeout);
+    options.ranks_per_host = kRanksPerHost;
+    HostAgent::Hooks hooks;
+    hooks.workers = [this] {
+      std::vector<HostWorker*> workers;
+      for (auto& w : workers_) workers.push_back(w.get());
+      return workers;
+    };
+    hooks.say = [this](const std::string& line) { Say(line); };
+    hooks.record = [](int, EventKind, const std::string&, HostAgent::Attributes) {};
+    hooks.latest_term = [this] { return lease_->latest_term(); };
+    hooks.pid_file = [this](int rank) { return absl::StrCat("/sim/", host_id_, "/rank-", rank); };
+    hooks.rank_taken = [](HostWorker&) {};  // a standby host starts no spare in its place
+    agent_ = std::make_unique<HostAgent>(store_.get(), Clock::Real(), supervisor_, options, hooks);
+
+    StoreHostMembershipOptions membership;
+    membership.host_id = host_id_;
+    membership.standby_host = standby_host_;
+    membership.local_addr = "127.0.0.1";
+    membership.master_port = 29500;
+    membership.job_id = bench::kScaleJob;
+    membership.join_timeout = kStoreTimeout;
+    membership.tick_interval = flags.host_timeout / 12;
+    StoreHostMembership::Hooks membership_hooks;
+    membership_hooks.fail = [this](const std::string& why) {
+      sim_->problems.Add(absl::StrCat("host ", host_id_, " failed the job: ", why));
+    };
+    membership_hooks.ended = [this] { return ended_.has_value(); };
+    membership_hooks.update_lease = [this] { lease_keeper_->Update(); };
+    membership_hooks.release_lease = [this] { lease_->Release(absl::Seconds(1)); };
+    membership_hooks.follow = [this] {
+      if (!spawned_) SpawnPlanned();
+      if (!ended_.has_value()) FollowGeneration();
+    };
+    membership_hooks.coordinate = [this] {
+      if (parts_ != nullptr && coordinating()) CoordinateHosts();
+    };
+    membership_hooks.start_planned = [] { return absl::OkStatus(); };  // no --restart-all
+    membership_hooks.turn_keys = [this] {
+      return AgentTurnKeys(host_id_, spawned_, /*ranks_on_agents_store=*/true,
+                           /*restart_all=*/false);
+    };
+    membership.call_timeout = call_timeout;
+    membership_ = std::make_unique<StoreHostMembership>(store_.get(), Clock::Real(), agent_.get(),
+                                                        turn_reads_, membership, membership_hooks);
+    return membership_->Join();
+  }
+
+  // One turn of this host's part of the launcher's loop (Job::Run): the membership's tick, then,
+  // on the coordinating host, the coordinator's acts in the loop's order.
+  void Turn() {
+    if (ended_.has_value()) return;
+    if (std::optional<AgentExit> end = membership_->Tick(); end.has_value()) {
+      ended_ = end;
+      if (end->code != 0) {
+        sim_->problems.Add(absl::StrCat("host ", host_id_, " ended: ", end->failure));
+      }
+      return;
+    }
+    if (agent_->beats() != beats_seen_) {
+      beats_seen_ = agent_->beats();
+      last_beat_.store(absl::ToUnixNanos(absl::Now()));
+    }
+    if (parts_ == nullptr || !parts_->formed.load()) return;
+    CoordinatorParts& p = *parts_;
+    p.recovery->Coordinate(absl::Now());
+    if (coordinating()) p.rank_watch->CheckRecoveries(p.job->recoveries());
+    if (p.job->replacements().empty() && coordinating())
+      p.rank_watch->KillRanksWithStaleHeartbeats();
+    if (coordinating()) p.rank_watch->KillMembersStoppedInFormation();
+    if (coordinating()) p.job->RenewGenerationWhenAsked({});
+    if (coordinating() && absl::Now() >= p.next_persist_check) {
+      p.next_persist_check = absl::Now() + absl::Milliseconds(500);
+      p.rank_watch->ReportPersistFailures();
+      p.rank_watch->ReportProtection();
+    }
+  }
+
+  // A worker of this host exited (the fake supervisor's event): its member is silent, and a rank's
+  // death is reported to the coordinator (Job::OnExit).
+  void OnExit(WorkerId id, const WorkerExit& exit) {
+    for (auto& w : workers_) {
+      if (w->worker != id) continue;
+      w->running = false;
+      if (SimMember* m = MemberOf(*w); m != nullptr) m->Silence();
+      if (w->rank >= 0 && !ended_.has_value()) agent_->ReportDeath(*w, exit.Describe());
+    }
+  }
+
+  // The fault "a rank's process dies": its member goes silent and its worker exits with status 1.
+  // Returns the member, nullptr when this host holds no running rank.
+  SimMember* KillOneRank() {
+    for (auto& w : workers_) {
+      if (w->rank < 0 || !w->running) continue;
+      SimMember* m = MemberOf(*w);
+      m->Silence();
+      supervisor_->Exit(w->worker, WorkerExit::Exited(1));
+      return m;
+    }
+    return nullptr;
+  }
+  // The fault "the host dies": the caller stops turning it; its members go silent at once.
+  std::vector<SimMember*> SilenceEveryMember() {
+    std::vector<SimMember*> silenced;
+    for (auto& w : workers_) {
+      if (SimMember* m = MemberOf(*w); m != nullptr && !m->silenced()) {
+        m->Silence();
+        silenced.push_back(m);
+      }
+    }
+    return silenced;
+  }
+  // For the check after a host's death: this agent, turned once more, finds itself fenced out.
+  std::optional<AgentExit> CheckFenced() { return agent_->CheckFenced(); }
+
+  bool coordinating() { return lease_keeper_->Coordinating(); }
+  const std::string& host_id() const { return host_id_; }
+  bool standby_host() const { return standby_host_; }
+  bool spawned() const { return spawned_; }
+  // When its agent's heartbeat was last taken by the store (Unix ns; 0: never).
+  int64_t last_beat_ns() const { return last_beat_.load(); }
+  CoordinatorParts* parts() { return parts_.get(); }
+  RendezvousCoordinator* rendezvous() { return rendezvous_.get(); }
+
+ private:
+  void Say(const std::string& line) {
+    if (sim_->flags->verbose) std::printf("%s: %s\n", host_id_.c_str(), line.c_str());
+  }
+
+  SimMember* MemberOf(const HostWorker& w) {
+    auto it = members_.find(w.member_id);
+    return it == members_.end() ? nullptr : it->second;
+  }
+
+  void CreateCoordinatorParts(absl::Duration call_timeout) {
+    const Flags& flags = *sim_->flags;
+    RenewalPolicyOptions renewal;
+    renewal.multi_host = true;
+    renewal.host_timeout = flags.host_timeout;
+    parts_ = std::make_unique<CoordinatorParts>(renewal);
+    CoordinatorParts& p = *parts_;
+
+    JobCoordinatorOptions options;
+    options.host_id = host_id_;
+    options.host_timeout = flags.host_timeout;
+    options.call_timeout = call_timeout;
+    options.standby_wait = 2 * flags.host_timeout + absl::Seconds(10);
+    options.replace_timeout = kStoreTimeout;
+    JobCoordinator::Hooks hooks;
+    hooks.coordinating = [this] { return coordinating(); };
+    hooks.say = [this](const std::string& line) { Say(line); };
+    hooks.record = [](int, EventKind, const std::string&, JobCoordinator::Attributes) {};
+    hooks.fail = [this](const std::string& why) {
+      sim_->problems.Add(absl::StrCat("the coordinator failed the job: ", why));
+    };
+    // As the launcher's PreferredStandbys without peer backups: a dead host's ranks go together to
+    // one standby host's standbys.
+    hooks.preferred_standbys = [this, call_timeout](const std::string& dead_host,
+                                                    const std::vector<int>& ranks) {
+      absl::StatusOr<std::vector<std::string>> parked = rendezvous_->ParkedStandbys(call_timeout);
+      if (!parked.ok()) return std::vector<std::string>{};
+      return ChooseStandbys(*parked, parts_->job->dead_hosts(), dead_host, ranks.size(), {});
+    };
+    hooks.standby_starting = [] { return false; };
+    hooks.rank_taken = [](int, const std::string&, int64_t) {};  // the member's agent relabels it
+    p.job = std::make_unique<JobCoordinator>(store_.get(), Clock::Real(), rendezvous_.get(),
+                                             &p.replacement_policy, &p.renewal_policy, &p.failures,
+                                             options, hooks);
+    StandbyReplacement::Hooks recovery_hooks;
+    recovery_hooks.say = [this](const std::string& line) { Say(line); };
+    recovery_hooks.fail = hooks.fail;
+    p.recovery =
+        std::make_unique<StandbyReplacement>(&p.replacement_policy, p.job.get(), recovery_hooks);
+    p.job->set_recovery_strategy(p.recovery.get());
+
+    RankWatchOptions watch;
+    watch.host_timeout = flags.host_timeout;
+    watch.store_timeout = kStoreTimeout;
+    RankWatch::Hooks watch_hooks;
+    watch_hooks.coordinating = hooks.coordinating;
+    watch_hooks.say = hooks.say;
+    watch_hooks.record = [](int, EventKind, const std::string&, RankWatch::Attributes) {};
+    // A kill request to the member's agent, fenced by the lease term (Job::KillMember).
+    watch_hooks.kill_member = [this, call_timeout](const std::string& member, EventKind what,
+                                                   const std::string& why) {
+      if (!coordinating()) return;
+      sim_->problems.Add(absl::StrCat("the coordinator kills ", member, ": ", why));
+      (void)RequestKill(store_.get(), store_keys::MemberHost(member), member,
+                        {lease_->term(), std::string(EventKindName(what)), why}, call_timeout);
+    };
+    watch_hooks.report_laggards = [] {};
+    watch_hooks.kill_and_replace = [this](int, const std::string& member, EventKind what,
+                                          const std::string& why) {
+      sim_->problems.Add(absl::StrCat("the coordinator kills ", member, " (",
+                                      std::string(EventKindName(what)), "): ", why));
+    };
+    p.rank_watch = std::make_unique<RankWatch>(store_.get(), store_.get(), Clock::Real(),
+                                               rendezvous_.get(), watch, watch_hooks);
+
+    PlanOptions plan;
+    plan.nnodes_min = sim_->training_hosts;
+    plan.nnodes_max = sim_->training_hosts;
+    plan.standby_nodes = kStandbyHosts;
+    plan.ranks_per_host = kRanksPerHost;
+    plan.call_timeout = call_timeout;
+    PlanPublisher::Hooks plan_hooks;
+    plan_hooks.coordinating = hooks.coordinating;
+    plan_hooks.say = hooks.say;
+    plan_hooks.backup_lines = [](int) {
+      return absl::StatusOr<std::vector<std::string>>(std::vector<std::string>{});
+    };
+    plan_hooks.fail = hooks.fail;
+    p.plan = std::make_unique<PlanPublisher>(store_.get(), Clock::Real(), plan, plan_hooks);
+  }
+
+  // Job::StartPlannedProcesses: this host's part of the plan, its processes spawned through the
+  // supervisor, each a simulated member; the coordinating host publishes the plan first.
+  void SpawnPlanned() {
+    absl::StatusOr<HostAssignment> assignment = agent_->ReadPlan();
+    if (!assignment.ok()) {
+      if (absl::IsNotFound(assignment.status()) && parts_ != nullptr && coordinating()) {
+        (void)parts_->plan->PublishWhenReady();
+      } else if (!absl::IsNotFound(assignment.status()) &&
+                 !absl::IsDeadlineExceeded(assignment.status()) &&
+                 !absl::IsUnavailable(assignment.status())) {
+        sim_->problems.Add(absl::StrCat("host ", host_id_, ": ", assignment.status().ToString()));
+      }
+      return;
+    }
+    spawned_ = true;
+    world_size_ = assignment->world_size;
+    if (parts_ != nullptr) {
+      parts_->job->set_world_size(world_size_);
+      parts_->rank_watch->set_world_size(world_size_);
+    }
+    for (int rank : assignment->ranks) Spawn(rank, -1);
+    for (int i = 0; i < assignment->standbys; ++i) Spawn(-1, i);
+  }
+
+  // Job::Spawn, with the fake supervisor: the worker's member id, its spec, and its member.
+  void Spawn(int rank, int standby_index) {
+    WorkerSpec spec;
+    spec.argv = {"simulated-member"};
+    spec.label = rank >= 0 ? absl::StrCat("rank ", rank) : absl::StrCat("standby ", standby_index);
+    absl::StatusOr<WorkerId> worker = supervisor_->Spawn(spec);
+    if (!worker.ok()) {
+      sim_->problems.Add(absl::StrCat("host ", host_id_, ": ", worker.status().ToString()));
+      return;
+    }
+    auto w = std::make_unique<HostWorker>();
+    w->worker = *worker;
+    w->pid = supervisor_->pid(*worker);
+    w->rank = rank;
+    w->standby_index = standby_index;
+    store_keys::MemberId id;
+    id.host = host_id_;
+    id.pid = w->pid;
+    id.role = rank >= 0 ? store_keys::MemberId::Role::kRank : store_keys::MemberId::Role::kStandby;
+    id.index = rank >= 0 ? rank : standby_index;
+    w->member_id = store_keys::EncodeMemberId(id);
+    members_[w->member_id] = sim_->AddMember(w->member_id, rank);
+    workers_.push_back(std::move(w));
+  }
+
+  // Job::FollowGeneration: the newest generation read; this host's standbys named in it take their
+  // ranks, its ranks no longer named are killed.
+  void FollowGeneration() {
+    if (!rendezvous_->Resume(sim_->flags->host_timeout / 4).ok()) return;
+    const Membership current = rendezvous_->current();
+    if (current.generation <= followed_generation_) return;
+    followed_generation_ = current.generation;
+    agent_->FollowMembership(current);
+  }
+
+  // Job::CoordinateHosts: generation 0's formation started once the plan is known, and the hosts'
+  // liveness and reports.
+  void CoordinateHosts() {
+    if (!spawned_) return;
+    CoordinatorParts& p = *parts_;
+    if (!p.former.joinable()) {
+      p.former = std::thread([this, &p] {
+        const absl::Time deadline = absl::Now() + sim_->flags->timeout;
+        absl::StatusOr<Membership> m = absl::DeadlineExceededError("not started");
+        while (!sim_->stop.load() && absl::Now() < deadline) {
+          m = rendezvous_->FormInitialGeneration(world_size_, absl::Milliseconds(250));
+          if (!absl::IsDeadlineExceeded(m.status()) && !absl::IsUnavailable(m.status())) break;
+        }
+        if (m.ok()) {
+          p.formed.store(true);
+        } else if (!sim_->stop.load()) {
+          sim_->problems.Add(absl::StrCat("generation 0: ", m.status().ToString()));
+        }
+      });
+    }
+    p.job->CoordinateHosts();
+  }
+
+  Sim* const sim_;
+  const std::string host_id_;
+  const bool standby_host_;
+  const bool coordinator_host_;
+  FakeProcessSupervisor* const supervisor_;
+  std::unique_ptr<Store> store_;
+  TurnReadStore* turn_reads_ = nullptr;  // store_ itself (Create)
+  std::unique_ptr<CoordinatorLease> lease_;
+  std::unique_ptr<RendezvousCoordinator> rendezvous_;
+  std::unique_ptr<LeaseKeeper> lease_keeper_;
+  std::unique_ptr<HostAgent> agent_;
+  std::unique_ptr<StoreHostMembership> membership_;
+  std::unique_ptr<CoordinatorParts> parts_;
+  std::vector<std::unique_ptr<HostWorker>> workers_;
+  std::map<std::string, SimMember*> members_;  // by member id
+  bool spawned_ = false;
+  int world_size_ = 0;
+  int64_t followed_generation_ = -1;
+  int64_t beats_seen_ = 0;
+  std::atomic<int64_t> last_beat_{0};
+  std::optional<AgentExit> ended_;
+};
+
+// A thread that turns a slice of the hosts (a HostAgent is used by one thread at a time), with the
+// fake supervisor their workers were spawned through, and runs the tasks posted to it (the faults)
+// between its turns.
+class AgentThread {
+ public:
+  AgentThread(Sim* sim, int index)
+      : sim_(sim), index_(index), supervisor_(SupervisorOptions(index)) {}
+  ~AgentThread() { Stop(); }
+  AgentThread(const AgentThread&) = delete;
+  AgentThread& operator=(const AgentThread&) = delete;
+
+  FakeProcessSupervisor* supervisor() { return &supervisor_; }
+  // REQUIRES: before Start.
+  void Add(SimHost* host) { hosts_.push_back(host); }
+  const std::vector<SimHost*>& hosts() const { return hosts_; }
+
+  // Creates and joins each host (in order: the plan's groups follow the join order), then turns
+  // them until Stop. `joined` is notified once every host joined (or failed to).
+  void Start(Notification* joined) {
+    thread_ = std::thread([this, joined] {
+      // Named for a profiler (perf top -t): thread 0 turns the coordinating host alone.
+      const std::string name =
+          index_ == 0 ? "sim-coordinator" : absl::StrCat("sim-agents-", index_);
+      pthread_setname_np(pthread_self(), name.c_str());
+      for (SimHost* h : hosts_) {
+        if (absl::Status s = h->Create(); !s.ok()) {
+          sim_->problems.Add(
+              absl::StrCat("host ", h->host_id(), " could not join: ", s.ToString()));
+        }
+      }
+      joined->Notify();
+      Loop();
+    });
+  }
+  void Stop() {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+  }
+  // Runs `task` on this thread between two turns, and waits for it, up to the simulator's
+  // --timeout_s: `task` refers to the caller's state, so a thread too starved to run it in that
+  // time ends the simulator (said), rather than run it after the caller gave up on it.
+  void RunOnThread(std::function<void()> task) {
+    Notification done;
+    {
+      MutexLock lock(&mu_);
+      tasks_.push_back([&] {
+        task();
+        done.Notify();
+      });
+    }
+    if (!done.WaitForNotificationWithTimeout(sim_->flags->timeout)) {
+      std::printf("agent thread %d did not turn within %s: this machine cannot run this size\n",
+                  index_, absl::FormatDuration(sim_->flags->timeout).c_str());
+      std::fflush(stdout);
+      std::_Exit(1);
+    }
+  }
+  // This thread stops turning `host` (its death).
+  void Forget(SimHost* host) { dead_.insert(host); }
+  // CPU time of this thread so far (read by itself at each pass).
+  int64_t cpu_ns() const { return cpu_ns_.load(); }
+  // The longest time between two passes over its hosts since the last call (each host is turned
+  // once per pass).
+  absl::Duration TakeLongestPass() { return absl::Nanoseconds(longest_pass_ns_.exchange(0)); }
+
+ private:
+  static FakeProcessSupervisorOptions SupervisorOptions(int index) {
+    FakeProcessSupervisorOptions options;
+    options.signals_act = true;  // a kill request's SIGKILL ends the worker
+    options.first_pid = 100000 + index * 100000;
+    return options;
+  }
+
+  void Loop() {
+    absl::Time last_pass = absl::Now();
+    while (!stop_.load()) {
+      // How long its hosts waited for their turn: a pass longer than the host timeout makes the
+      // simulator, not the job, lose hosts (this machine's cores are too few for the agents).
+      const absl::Time now = absl::Now();
+      const int64_t gap = absl::ToInt64Nanoseconds(now - last_pass);
+      last_pass = now;
+      if (gap > longest_pass_ns_.load()) longest_pass_ns_.store(gap);
+      std::deque<std::function<void()>> tasks;
+      {
+        MutexLock lock(&mu_);
+        tasks.swap(tasks_);
+      }
+      for (auto& task : tasks) task();
+      for (const WorkerEvent& event : supervisor_.Poll(absl::ZeroDuration())) {
+        if (event.kind != WorkerEvent::Kind::kExited) continue;
+        for (SimHost* h : hosts_) {
+          if (dead_.count(h) == 0) h->OnExit(event.worker, event.exit);
+        }
+      }
+      for (SimHost* h : hosts_) {
+        if (dead_.count(h) == 0) h->Turn();
+      }
+      cpu_ns_.store(ThreadCpuNanos());
+      // The launcher's loop waits up to 50 ms for its workers' events; each host's tick keeps its
+      // own cadence (host_timeout / 12).
+      absl::SleepFor(absl::Milliseconds(hosts_.size() == 1 ? 50 : 10));
+    }
+  }
+
+  Sim* const sim_;
+  const int index_;
+  FakeProcessSupervisor supervisor_;
+  std::vector<SimHost*> hosts_;
+  std::set<SimHost*> dead_;  // this thread's only
+  std::atomic<bool> stop_{false};
+  std::atomic<int64_t> cpu_ns_{0};
+  std::atomic<int64_t> longest_pass_ns_{0};
+  Mutex mu_;
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+// One figure of one size, for the table and the JSON.
+struct Figure {
+  std::string name;
+  double value = 0;
+  std::string unit;
+};
+
+// Waits until every live member holds a generation after `after` and the same one; returns when
+// the last of them adopted it, or nullopt at the deadline.
+std::optional<absl::Time> AwaitConvergence(Sim& sim, int64_t after, absl::Time deadline) {
+  while (absl::Now() < deadline) {
+    int64_t generation = -2;
+    bool converged = true;
+    absl::Time last = absl::InfinitePast();
+    int holders = 0;
+    for (SimMember* m : sim.AllMembers()) {
+      if (m->silenced()) continue;
+      const SimMember::Place place = m->place();
+      if (place.rank < 0) continue;  // a parked standby
+      ++holders;
+      if (place.generation <= after || (generation != -2 && place.generation != generation)) {
+        converged = false;
+        break;
+      }
+      generation = place.generation;
+      last = std::max(last, place.since);
+    }
+    if (converged && holders == sim.ranks) return last;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return std::nullopt;
+}
+
+// The check after a fault (see the header comment): "correct: ..." or what is wrong; false when
+// wrong. `dead`: the members that died (their writes must be refused).
+bool CheckCorrect(Sim& sim, const std::vector<SimMember*>& dead, const std::string& what) {
+  std::vector<std::string> wrong;
+  absl::StatusOr<std::unique_ptr<Store>> store = Connect(sim.port, kStoreTimeout);
+  if (!store.ok()) {
+    std::printf("  wrong after %s: the check's connection: %s\n", what.c_str(),
+                store.status().ToString().c_str());
+    return false;
+  }
+  // The coordinator writes a generation's table, raises the fence, then announces it
+  // (rdzv/current): a member may hold it before it is announced, so the store's current generation
+  // is read until it is the newest a member holds (bounded).
+  int64_t newest_held = -1;
+  for (SimMember* m : sim.AllMembers()) {
+    if (!m->silenced()) newest_held = std::max(newest_held, m->place().generation);
+  }
+  RendezvousCoordinator reader(store->get(), Clock::Real(), "checker");
+  absl::Status read = absl::UnavailableError("not read");
+  for (const absl::Time until = absl::Now() + kStoreTimeout; absl::Now() < until;) {
+    read = reader.Resume(kStoreTimeout);
+    if (read.ok() && reader.current().generation >= newest_held) break;
+    if (!read.ok() && !absl::IsNotFound(read)) break;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  if (!read.ok()) {
+    std::printf("  wrong after %s: reading the current generation: %s\n", what.c_str(),
+                read.ToString().c_str());
+    return false;
+  }
+  const Membership current = reader.current();
+  std::map<int, std::string> holders;
+  int live = 0;
+  for (SimMember* m : sim.AllMembers()) {
+    if (m->silenced()) continue;
+    const SimMember::Place place = m->place();
+    if (place.rank < 0) continue;  // a parked standby holds no rank
+    ++live;
+    if (place.generation != current.generation) {
+      wrong.push_back(absl::StrFormat("%s holds generation %d, the store's is %d", m->id(),
+                                      place.generation, current.generation));
+    }
+    const auto named = std::find(current.members.begin(), current.members.end(), m->id());
+    const int table_rank =
+        named == current.members.end() ? -1 : static_cast<int>(named - current.members.begin());
+    if (table_rank != place.rank) {
+      wrong.push_back(absl::StrFormat("%s holds rank %d, the store's table gives it %d", m->id(),
+                                      place.rank, table_rank));
+    }
+    if (auto [it, inserted] = holders.emplace(place.rank, m->id()); !inserted) {
+      wrong.push_back(
+          absl::StrFormat("rank %d is held by %s and %s", place.rank, it->second, m->id()));
+    }
+  }
+  if (static_cast<int>(current.members.size()) != sim.ranks || live != sim.ranks) {
+    wrong.push_back(absl::StrFormat("%d live members hold ranks, the table has %d, the job %d",
+                                    live, current.members.size(), sim.ranks));
+  }
+  int refused = 0;
+  for (SimMember* m : dead) {
+    const absl::Status s = m->Beat();
+    if (absl::IsFailedPrecondition(s)) {
+      ++refused;
+    } else {
+      wrong.push_back(
+          absl::StrFormat("%s, dead and replaced, wrote its heartbeat: %s", m->id(), s.ToString()));
+    }
+  }
+  for (size_t i = 0; i < wrong.size() && i < 10; ++i) {
+    std::printf("  wrong after %s: %s\n", what.c_str(), wrong[i].c_str());
+  }
+  if (!wrong.empty()) return false;
+  std::printf(
+      "  correct: after %s every one of %d live members holds generation %lld and its rank of the "
+      "store's table, each rank once; %d dead member(s)' writes refused by the fence\n",
+      what.c_str(), live, static_cast<long long>(current.generation), refused);
+  return true;
+}
+
+std::string Uptime() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  in >> a >> b >> c;
+  return absl::StrCat(a, " ", b, " ", c);
+}
+
+struct SizeResult {
+  int ranks = 0;
+  int hosts = 0;
+  bool ok = false;
+  std::string load;
+  std::vector<Figure> figures;
+};
+
+// One size: returns its figures (ok false when it could not be measured, formed, recovered or
+// checked: said why).
+SizeResult MeasureSize(const Flags& flags, int ranks) {
+  SizeResult result;
+  result.ranks = ranks;
+  result.load = Uptime();
+  const int training_hosts = (ranks + kRanksPerHost - 1) / kRanksPerHost;
+  const int hosts = training_hosts + kStandbyHosts;
+  result.hosts = training_hosts;
+  if (ranks % kRanksPerHost != 0) {
+    std::printf("ranks=%d: not a multiple of %d ranks per host\n", ranks, kRanksPerHost);
+    return result;
+  }
+  const int members = ranks + kStandbyHosts * kRanksPerHost;
+  // A thread and a connection per member (a standby's heartbeat thread and its second connection
+  // besides), a connection per agent, and the checks'.
+  const int threads = members + kStandbyHosts * kRanksPerHost + flags.agent_threads + 64;
+  const int files = members + kStandbyHosts * kRanksPerHost + hosts + 256;
+  if (std::optional<std::string> why = bench::MachineCannotHold(threads, files); why.has_value()) {
+    std::printf("ranks=%d: not measured on this machine: %s\n", ranks, why->c_str());
+    return result;
+  }
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start(std::max(TcpStoreServerOptions{}.max_connections, files + 64));
+  if (!server.ok()) {
+    std::printf("ranks=%d: %s\n", ranks, server.status().ToString().c_str());
+    return result;
+  }
+  Sim sim;
+  sim.flags = &flags;
+  sim.port = (*server)->port();
+  sim.ranks = ranks;
+  sim.training_hosts = training_hosts;
+
+  // The coordinating host on a thread of its own (its CPU is the coordinator's), the others in
+  // slices over the agent threads; the standby hosts join last.
+  std::vector<std::unique_ptr<AgentThread>> agents;
+  const int agent_threads = std::max(1, std::min(flags.agent_threads, hosts - 1));
+  for (int t = 0; t <= agent_threads; ++t) {
+    agents.push_back(std::make_unique<AgentThread>(&sim, t));
+  }
+  std::vector<std::unique_ptr<SimHost>> all_hosts;
+  for (int h = 0; h < hosts; ++h) {
+    const bool standby = h >= training_hosts;
+    AgentThread* thread = h == 0 ? agents[0].get() : agents[1 + (h - 1) % agent_threads].get();
+    all_hosts.push_back(
+        std::make_unique<SimHost>(&sim, absl::StrFormat("%s%05d", standby ? "standby" : "host", h),
+                                  standby, h == 0, thread->supervisor()));
+    thread->Add(all_hosts.back().get());
+  }
+  SimHost* coordinator = all_hosts[0].get();
+  const absl::Time started = absl::Now();
+  // The coordinating host joins first and takes the lease before the others join.
+  std::vector<Notification> joined(agents.size());
+  agents[0]->Start(&joined[0]);
+  joined[0].WaitForNotificationWithTimeout(flags.timeout);
+  for (const absl::Time until = absl::Now() + flags.timeout; absl::Now() < until;) {
+    bool held = false;
+    agents[0]->RunOnThread([&] { held = coordinator->coordinating(); });
+    if (held) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  for (size_t t = 1; t < agents.size(); ++t) agents[t]->Start(&joined[t]);
+
+  auto stop_everything = [&] {
+    sim.stop.store(true);
+    for (auto& t : agents) t->Stop();
+    for (SimMember* m : sim.AllMembers()) m->RequestStop();
+    for (SimMember* m : sim.AllMembers()) m->Stop();
+  };
+  // The longest wait of a host for its agent thread's turn, since the last call: above the host
+  // timeout, a host lost is the simulator's starvation (this machine's CPU), not the job's.
+  auto longest_pass = [&] {
+    absl::Duration longest = absl::ZeroDuration();
+    for (auto& t : agents) longest = std::max(longest, t->TakeLongestPass());
+    return longest;
+  };
+  auto fail = [&](const std::string& why) {
+    std::printf(
+        "ranks=%d: %s (the longest wait of a host for its agent thread's turn: %s, the "
+        "host timeout %s)\n",
+        ranks, why.c_str(), absl::FormatDuration(longest_pass()).c_str(),
+        absl::FormatDuration(flags.host_timeout).c_str());
+    for (const std::string& p : sim.problems.Take()) std::printf("  %s\n", p.c_str());
+    stop_everything();
+    return result;
+  };
+  auto figure = [&](const std::string& name, double value, const std::string& unit) {
+    result.figures.push_back({name, value, unit});
+  };
+
+  // Generation 0: every rank holding it.
+  const absl::Time deadline = started + flags.timeout;
+  std::optional<absl::Time> held = AwaitConvergence(sim, -1, deadline);
+  if (!held.has_value()) return fail("generation 0 did not form in time");
+  absl::Time last_join = absl::InfinitePast();
+  for (SimMember* m : sim.AllMembers()) last_join = std::max(last_join, m->joined());
+  figure("generation0_after_last_join_s", Seconds(*held - last_join), "s");
+  figure("generation0_after_start_s", Seconds(*held - started), "s");
+  std::printf("ranks=%d hosts=%d (+%d standby hosts, load %s):\n", ranks, training_hosts,
+              kStandbyHosts, result.load.c_str());
+  std::printf(
+      "  generation 0 held by every rank %.3f s after the last join (%.3f s after the "
+      "start)\n",
+      Seconds(*held - last_join), Seconds(*held - started));
+  bool ok = CheckCorrect(sim, {}, "generation 0");
+
+  // Steady state.
+  if (flags.steady > absl::ZeroDuration()) {
+    (void)longest_pass();
+    absl::StatusOr<ServerProcess::Counts> before = (*server)->Counters();
+    const ProcessUsage server_before = (*server)->Usage();
+    const int64_t cpu_before = agents[0]->cpu_ns();
+    const absl::Time from = absl::Now();
+    absl::SleepFor(flags.steady);
+    absl::StatusOr<ServerProcess::Counts> after = (*server)->Counters();
+    const ProcessUsage server_after = (*server)->Usage();
+    const int64_t cpu_after = agents[0]->cpu_ns();
+    const double seconds = Seconds(absl::Now() - from);
+    const ProcessUsage self = bench::ReadProcessUsage("self");
+    if (before.ok() && after.ok()) {
+      const double requests = static_cast<double>(after->requests - before->requests) / seconds;
+      const double bytes = static_cast<double>(after->bytes_received + after->bytes_sent -
+                                               before->bytes_received - before->bytes_sent) /
+                           seconds;
+      const double coordinator_cpu = static_cast<double>(cpu_after - cpu_before) / 1e9 / seconds;
+      const double server_cpu = (server_after.cpu_seconds - server_before.cpu_seconds) / seconds;
+      figure("steady_requests_per_s", requests, "1/s");
+      figure("steady_requests_per_rank_s", requests / ranks, "1/s");
+      figure("steady_requests_per_host_s", requests / training_hosts, "1/s");
+      figure("steady_bytes_per_s", bytes, "B/s");
+      figure("steady_bytes_per_rank_s", bytes / ranks, "B/s");
+      figure("steady_coordinator_cpu_per_s", coordinator_cpu, "s/s");
+      figure("steady_server_cpu_per_s", server_cpu, "s/s");
+      figure("steady_longest_agent_pass_s", Seconds(longest_pass()), "s");
+      figure("server_rss_bytes", static_cast<double>(server_after.rss_bytes), "B");
+      figure("simulator_rss_bytes", static_cast<double>(self.rss_bytes), "B");
+      std::printf(
+          "  steady state over %.1f s: %.0f store requests/s (%.2f per rank, %.1f per host), "
+          "%.0f KB/s through the server (%.0f B/s per rank); coordinator thread %.2f%% of a "
+          "core, server %.1f%%; RSS server %.0f MB, simulator %.0f MB\n",
+          seconds, requests, requests / ranks, requests / training_hosts, bytes / 1e3,
+          bytes / ranks, 100 * coordinator_cpu, 100 * server_cpu, server_after.rss_bytes / 1e6,
+          self.rss_bytes / 1e6);
+    }
+  }
+
+  for (const std::string& fault : flags.faults) {
+    const int64_t before = coordinator->rendezvous()->generation();
+    std::vector<SimMember*> dead;
+    absl::Time from;
+    absl::Duration minus = absl::ZeroDuration();
+    std::string what;
+    if (fault == "rank") {
+      // A rank of the last training host (not the coordinator's) dies.
+      SimHost* host = all_hosts[training_hosts - 1].get();
+      AgentThread* thread = training_hosts == 1
+                                ? agents[0].get()
+                                : agents[1 + (training_hosts - 2) % agent_threads].get();
+      thread->RunOnThread([&] {
+        from = absl::Now();
+        if (SimMember* m = host->KillOneRank(); m != nullptr) dead.push_back(m);
+      });
+      what = absl::StrCat("a rank's death on ", host->host_id());
+    } else if (fault == "host") {
+      if (training_hosts < 2) {
+        std::printf("  host fault: needs a training host besides the coordinator's\n");
+        continue;
+      }
+      SimHost* host = all_hosts[1].get();  // the first training host besides the coordinator's
+      AgentThread* thread = agents[1].get();
+      thread->RunOnThread([&] {
+        thread->Forget(host);
+        dead = host->SilenceEveryMember();
+        from = absl::FromUnixNanos(host->last_beat_ns());
+      });
+      minus = flags.host_timeout;
+      what = absl::StrCat("the death of host ", host->host_id());
+    } else {
+      std::printf("  unknown fault '%s'\n", fault.c_str());
+      ok = false;
+      continue;
+    }
+    std::optional<absl::Time> recovered =
+        AwaitConvergence(sim, before, absl::Now() + flags.timeout);
+    if (!recovered.has_value()) {
+      std::printf("  %s: not recovered within %s\n", what.c_str(),
+                  absl::FormatDuration(flags.timeout).c_str());
+      for (const std::string& p : sim.problems.Take()) std::printf("  %s\n", p.c_str());
+      ok = false;
+      break;
+    }
+    const double took = Seconds(*recovered - from - minus);
+    if (fault == "rank") {
+      figure("rank_replaced_s", took, "s");
+      std::printf("  %s: every live member in the new generation %.3f s after the death\n",
+                  what.c_str(), took);
+    } else {
+      figure("host_replaced_beyond_bound_s", took, "s");
+      std::printf(
+          "  %s: every live member in the new generation %.3f s after its last heartbeat + the "
+          "host timeout (%s)\n",
+          what.c_str(), took, absl::FormatDuration(flags.host_timeout).c_str());
+    }
+    ok = CheckCorrect(sim, dead, what) && ok;
+    if (fault == "host") {
+      // Its agent, back, finds itself fenced out.
+      std::optional<AgentExit> fenced = all_hosts[1]->CheckFenced();
+      if (!fenced.has_value()) {
+        std::printf("  wrong after %s: its agent does not find itself fenced out\n", what.c_str());
+        ok = false;
+      } else {
+        std::printf("  correct: its agent, turned again, ends fenced out (exit code %d)\n",
+                    fenced->code);
+      }
+    }
+  }
+  stop_everything();
+  const int problems = sim.problems.count();
+  for (const std::string& p : sim.problems.Take()) std::printf("  problem: %s\n", p.c_str());
+  result.ok = ok && problems == 0;
+  std::fflush(stdout);
+  return result;
+}
+
+void WriteJson(const std::string& path, const std::vector<SizeResult>& results) {
+  std::ofstream out(path);
+  out << "{\"benchmark\": \"bench_simulate\", \"sizes\": [";
+  for (size_t i = 0; i < results.size(); ++i) {
+    const SizeResult& r = results[i];
+    out << (i == 0 ? "" : ", ") << "{\"ranks\": " << r.ranks << ", \"hosts\": " << r.hosts
+        << ", \"ok\": " << (r.ok ? "true" : "false") << ", \"loadavg\": \"" << r.load << "\"";
+    for (const Figure& f : r.figures) out << ", \"" << f.name << "\": " << f.value;
+    out << "}";
+  }
+  out << "]}\n";
+}
+
+void PrintTable(const std::vector<SizeResult>& results) {
+  std::set<std::string> names;
+  for (const SizeResult& r : results) {
+    for (const Figure& f : r.figures) names.insert(f.name);
+  }
+  std::printf("\n%-34s", "figure \\ ranks");
+  for (const SizeResult& r : results) std::printf(" %12d", r.ranks);
+  std::printf("\n");
+  for (const std::string& name : names) {
+    std::printf("%-34s", name.c_str());
+    for (const SizeResult& r : results) {
+      auto it = std::find_if(r.figures.begin(), r.figures.end(),
+                             [&](const Figure& f) { return f.name == name; });
+      if (it == r.figures.end()) {
+        std::printf(" %12s", "-");
+      } else {
+        std::printf(" %12.4g", it->value);
+      }
+    }
+    std::printf("\n");
+  }
+}
+
+absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
+  Flags flags;
+  auto milliseconds = [](absl::string_view value, const char* name,
+                         absl::Duration* out) -> absl::Status {
+    int ms = 0;
+    if (!absl::SimpleAtoi(value, &ms) || ms < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": '", value, "'"));
+    }
+    *out = absl::Milliseconds(ms);
+    return absl::OkStatus();
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    absl::string_view value = arg;
+    absl::Status s;
+    if (arg == "--help" || arg == "-h") {
+      return absl::CancelledError(
+          "usage: bench_simulate [--ranks=8,64,512,4096] [--faults=rank,host] "
+          "[--host_timeout_ms=2000] [--heartbeat_ms=1000] [--steady_s=10] [--agent_threads=4] "
+          "[--timeout_s=120] [--json=FILE] [--verbose]");
+    } else if (absl::ConsumePrefix(&value, "--ranks=")) {
+      flags.ranks.clear();
+      for (absl::string_view r : absl::StrSplit(value, ',')) {
+        int n = 0;
+        if (!absl::SimpleAtoi(r, &n) || n < kRanksPerHost || n % kRanksPerHost != 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("--ranks: '", r, "' is not a positive multiple of ", kRanksPerHost));
+        }
+        flags.ranks.push_back(n);
+      }
+    } else if (absl::ConsumePrefix(&value, "--faults=")) {
+      flags.faults = absl::StrSplit(value, ',', absl::SkipEmpty());
+    } else if (absl::ConsumePrefix(&value, "--host_timeout_ms=")) {
+      s = milliseconds(value, "--host_timeout_ms", &flags.host_timeout);
+    } else if (absl::ConsumePrefix(&value, "--heartbeat_ms=")) {
+      s = milliseconds(value, "--heartbeat_ms", &flags.heartbeat);
+    } else if (absl::ConsumePrefix(&value, "--steady_s=")) {
+      int seconds = 0;
+      if (!absl::SimpleAtoi(value, &seconds) || seconds < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("--steady_s: '", value, "'"));
+      }
+      flags.steady = absl::Seconds(seconds);
+    } else if (absl::ConsumePrefix(&value, "--agent_threads=")) {
+      if (!absl::SimpleAtoi(value, &flags.agent_threads) || flags.agent_threads < 1) {
+        return absl::InvalidArgumentError(absl::StrCat("--agent_threads: '", value, "'"));
+      }
+    } else if (absl::ConsumePrefix(&value, "--timeout_s=")) {
+      int seconds = 0;
+      if (!absl::SimpleAtoi(value, &seconds) || seconds < 1) {
+        return absl::InvalidArgumentError(absl::StrCat("--timeout_s: '", value, "'"));
+      }
+      flags.timeout = absl::Seconds(seconds);
+    } else if (arg == "--verbose") {
+      flags.verbose = true;
+    } else if (absl::ConsumePrefix(&value, "--json=")) {
+      flags.json = std::string(value);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unknown argument '", arg, "' (--help)"));
+    }
+    if (!s.ok()) return s;
+  }
+  if (flags.heartbeat <= absl::ZeroDuration() || flags.host_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--heartbeat_ms and --host_timeout_ms must be positive");
+  }
+  return flags;
+}
+
+}  // namespace
+}  // namespace trainguard
+
+int main(int argc, char** argv) {
+  absl::StatusOr<trainguard::Flags> flags = trainguard::ParseFlags(argc, argv);
+  if (!flags.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(flags.status().message()).c_str());
+    return absl::IsCancelled(flags.status()) ? 0 : 2;
+  }
+  trainguard::bench::RaiseFileLimit();
+  signal(SIGPIPE, SIG_IGN);
+  // Line by line, so that what a size said survives the simulator's end at any point.
+  setvbuf(stdout, nullptr, _IOLBF, 0);
+  std::vector<trainguard::SizeResult> results;
+  int failed = 0;
+  for (int ranks : flags->ranks) {
+    results.push_back(trainguard::MeasureSize(*flags, ranks));
+    if (!results.back().ok) ++failed;
+  }
+  trainguard::PrintTable(results);
+  if (!flags->json.empty()) trainguard::WriteJson(flags->json, results);
+  std::printf("%s\n", failed == 0 ? "every size formed, recovered and checked correct"
+                                  : "some size failed (see above)");
+  return failed == 0 ? 0 : 1;
+}
