@@ -17,7 +17,7 @@
 // (Job::StartForming). Every rank and standby is a real RendezvousMember on a store connection of
 // its own, which joins (JoinInitial, ParkAsStandby), waits for the next generation's table
 // (AwaitNewerGeneration, as a rank's generation watcher) and follows it (AwaitGeneration), and
-// announces each generation it holds (store_keys::Resumed, as a rank does after its first step).
+// announces each generation it holds (PublishResumed, as a rank does after its first step).
 //
 // What is simulated: the processes. A host's workers are spawned through the fake process
 // supervisor (tests/support/fake_process_supervisor.h, one per agent thread), whose "process" is a
@@ -227,7 +227,7 @@ class SimMember {
     }
     // As a rank announces its first step of the generation (RuntimeImpl::AnnounceResumed): the
     // coordinator's recovery ends once every rank did.
-    (void)store_->Set(store_keys::Resumed(m.generation, m.rank), "0", kStoreTimeout);
+    (void)PublishResumed(store_.get(), m.generation, m.rank, 0, kStoreTimeout);
   }
   void End(absl::Status error, bool replaced) {
     MutexLock lock(&mu_);
@@ -507,6 +507,8 @@ class SimHost {
   const std::string& host_id() const { return host_id_; }
   bool standby_host() const { return standby_host_; }
   bool spawned() const { return spawned_; }
+  // The newest generation its agent followed (-1: none yet).
+  int64_t followed_generation() const { return followed_generation_.load(); }
   // When its agent's heartbeat was last taken by the store (Unix ns; 0: never).
   int64_t last_beat_ns() const { return last_beat_.load(); }
   CoordinatorParts* parts() { return parts_.get(); }
@@ -657,8 +659,8 @@ class SimHost {
   void FollowGeneration() {
     if (!rendezvous_->Resume(sim_->flags->host_timeout / 4).ok()) return;
     const Membership current = rendezvous_->current();
-    if (current.generation <= followed_generation_) return;
-    followed_generation_ = current.generation;
+    if (current.generation <= followed_generation_.load()) return;
+    followed_generation_.store(current.generation);
     agent_->FollowMembership(current);
   }
 
@@ -702,7 +704,7 @@ class SimHost {
   std::map<std::string, SimMember*> members_;  // by member id
   bool spawned_ = false;
   int world_size_ = 0;
-  int64_t followed_generation_ = -1;
+  std::atomic<int64_t> followed_generation_{-1};  // read by the main thread too
   int64_t beats_seen_ = 0;
   std::atomic<int64_t> last_beat_{0};
   std::optional<AgentExit> ended_;
@@ -1058,6 +1060,31 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
       "start)\n",
       Seconds(*held - last_join), Seconds(*held - started));
   bool ok = CheckCorrect(sim, {}, "generation 0");
+
+  // Every agent follows generation 0: each reads its table once (O(ranks) bytes per host, the one
+  // read of the whole table an agent makes; later generations come as their changes). Measured
+  // apart, so that the steady state below is the job's uneventful training only.
+  {
+    absl::StatusOr<ServerProcess::Counts> before = (*server)->Counters();
+    const absl::Time from = absl::Now();
+    auto every_host_followed = [&] {
+      for (const auto& h : all_hosts) {
+        if (h->followed_generation() < 0) return false;
+      }
+      return true;
+    };
+    while (!every_host_followed() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+    absl::StatusOr<ServerProcess::Counts> after = (*server)->Counters();
+    if (!every_host_followed()) return fail("the agents did not follow generation 0 in time");
+    if (before.ok() && after.ok()) {
+      const double bytes = static_cast<double>(after->bytes_received + after->bytes_sent -
+                                               before->bytes_received - before->bytes_sent);
+      figure("agents_followed_generation0_s", Seconds(absl::Now() - from), "s");
+      figure("agents_followed_generation0_bytes", bytes, "B");
+      std::printf("  every agent followed generation 0 %.3f s later: %.1f MB through the server\n",
+                  Seconds(absl::Now() - from), bytes / 1e6);
+    }
+  }
 
   // Steady state.
   if (flags.steady > absl::ZeroDuration()) {
