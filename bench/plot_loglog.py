@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Draws figures against ranks on log-log axes as an SVG, and prints each series' slope.
 
-    python3 bench/plot_loglog.py FIGURES.json OUT.svg
+    python3 bench/plot_loglog.py OUT.svg FILE [FILE...]
 
-FIGURES.json:
+Each FILE is either a figures file or a `bench_simulate --json` output. The simulator's files are
+merged: each of its per-fault and steady-state figures becomes a series, and the runs of one size
+are its repeated measurements. A figures file:
     {"title": "...", "x_label": "ranks", "y_label": "seconds",
      "series": [{"label": "generation 0 formed", "points": [[8, 0.004], [64, 0.01], ...]}, ...]}
 
@@ -48,17 +50,54 @@ def decades(lo, hi):
     return range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
 
 
+# The simulator's figures drawn, and their labels.
+SIMULATE_SERIES = [
+    ("generation0_after_last_join_s", "generation 0 formed (s after the last join)"),
+    ("rank_replaced_s", "a rank replaced (s after its death)"),
+    ("host_replaced_beyond_bound_s", "a host lost (s beyond the bound)"),
+    ("steady_coordinator_cpu_per_s", "coordinator CPU, steady state (cores)"),
+    ("steady_server_cpu_per_s", "store server CPU, steady state (cores)"),
+    ("steady_requests_per_rank_s", "store requests per rank per s"),
+]
+
+
+def load(paths):
+    """The spec to draw from `paths`: a figures file as is, or the simulator's runs merged."""
+    simulate = {}
+    spec = None
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        if data.get("benchmark") != "bench_simulate":
+            spec = data
+            continue
+        for size in data["sizes"]:
+            if not size.get("ok"):
+                continue
+            for key, _ in SIMULATE_SERIES:
+                if key in size:
+                    simulate.setdefault(key, {}).setdefault(size["ranks"], []).append(size[key])
+    if simulate:
+        series = [{"label": label, "points": [[r, v] for r, v in sorted(simulate[key].items())]}
+                  for key, label in SIMULATE_SERIES if key in simulate]
+        spec = {"title": "bench_simulate: each figure against ranks (8 per host)",
+                "x_label": "ranks", "y_label": "seconds, cores, or requests per rank per s",
+                "series": series}
+    if spec is None:
+        sys.exit("no figures in " + " ".join(paths))
+    return spec
+
+
 def main(argv):
-    if len(argv) != 3:
-        sys.exit("usage: plot_loglog.py FIGURES.json OUT.svg")
-    with open(argv[1]) as f:
-        spec = json.load(f)
+    if len(argv) < 3:
+        sys.exit("usage: plot_loglog.py OUT.svg FILE [FILE...]")
+    spec = load(argv[2:])
     series = spec["series"]
     xs = [x for s in series for x, _ in s["points"]]
     ys = [v for s in series for _, y in s["points"]
           for v in (y if isinstance(y, list) else [y]) if v > 0]
     if not xs or not ys:
-        sys.exit(f"{argv[1]}: no positive point to draw")
+        sys.exit("no positive point to draw")
     x_decades = decades(min(xs), max(xs))
     y_decades = decades(min(ys), max(ys))
     x_lo, x_hi = x_decades[0], x_decades[-1]
@@ -116,7 +155,7 @@ def main(argv):
                    f'y2="{ly}" stroke="{color}" stroke-width="2"/>')
         out.append(f'<text x="{LEFT + plot_w + 36}" y="{ly + 4}">{escape(label)}</text>')
     out.append("</svg>")
-    with open(argv[2], "w") as f:
+    with open(argv[1], "w") as f:
         f.write("\n".join(out) + "\n")
 
 
