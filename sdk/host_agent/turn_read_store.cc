@@ -15,7 +15,7 @@ absl::Status TurnReadStore::BeginTurn(const std::vector<std::string>& keys,
                                       absl::Duration timeout) {
   EndTurn();
   if (keys.empty()) return absl::OkStatus();
-  absl::StatusOr<std::vector<std::optional<std::string>>> values = base_->MultiGet(keys, timeout);
+  absl::StatusOr<std::vector<std::optional<std::string>>> values = base()->MultiGet(keys, timeout);
   if (!values.ok()) return values.status();
   MutexLock lock(&mu_);
   for (size_t i = 0; i < keys.size(); ++i) held_[keys[i]] = std::move((*values)[i]);
@@ -45,7 +45,7 @@ absl::StatusOr<std::string> TurnReadStore::Get(std::string_view key, absl::Durat
       return *it->second;
     }
   }
-  return base_->Get(key, timeout);
+  return base()->Get(key, timeout);
 }
 
 absl::StatusOr<std::vector<std::optional<std::string>>> TurnReadStore::MultiGet(
@@ -64,31 +64,31 @@ absl::StatusOr<std::vector<std::optional<std::string>>> TurnReadStore::MultiGet(
       return values;
     }
   }
-  return base_->MultiGet(keys, timeout);
+  return base()->MultiGet(keys, timeout);
 }
 
 absl::Status TurnReadStore::Set(std::string_view key, std::string_view value,
                                 absl::Duration timeout) {
   Forget(key);
-  return base_->Set(key, value, timeout);
+  return base()->Set(key, value, timeout);
 }
 
 absl::StatusOr<int64_t> TurnReadStore::Add(std::string_view key, int64_t delta,
                                            absl::Duration timeout) {
   Forget(key);
-  return base_->Add(key, delta, timeout);
+  return base()->Add(key, delta, timeout);
 }
 
 absl::StatusOr<CompareAndSetResult> TurnReadStore::CompareAndSet(
     std::string_view key, const std::optional<std::string>& expected, std::string_view desired,
     absl::Duration timeout) {
   Forget(key);
-  return base_->CompareAndSet(key, expected, desired, timeout);
+  return base()->CompareAndSet(key, expected, desired, timeout);
 }
 
 absl::StatusOr<bool> TurnReadStore::Delete(std::string_view key, absl::Duration timeout) {
   Forget(key);
-  return base_->Delete(key, timeout);
+  return base()->Delete(key, timeout);
 }
 
 absl::StatusOr<int64_t> TurnReadStore::SetAndAdd(std::string_view set_key, std::string_view value,
@@ -96,7 +96,7 @@ absl::StatusOr<int64_t> TurnReadStore::SetAndAdd(std::string_view set_key, std::
                                                  absl::Duration timeout) {
   Forget(set_key);
   Forget(add_key);
-  return base_->SetAndAdd(set_key, value, add_key, delta, timeout);
+  return base()->SetAndAdd(set_key, value, add_key, delta, timeout);
 }
 
 }  // namespace trainguard

@@ -31,18 +31,15 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "sdk/core/forwarding_store.h"
 #include "sdk/core/mutex.h"
 #include "trainguard/store.h"
 
 namespace trainguard {
 
-class TurnReadStore final : public Store {
+class TurnReadStore final : public ForwardingStore {
  public:
-  // REQUIRES: `base` outlives this store.
-  explicit TurnReadStore(Store* base) : base_(base) {}
-  // Owns the store behind.
-  explicit TurnReadStore(std::unique_ptr<Store> base)
-      : owned_(std::move(base)), base_(owned_.get()) {}
+  using ForwardingStore::ForwardingStore;  // a store behind, borrowed or owned
 
   // Reads `keys` in one MultiGet (within `timeout`) and holds their values, absent ones as absent,
   // until EndTurn. Returns the MultiGet's status (nothing is held when it failed).
@@ -55,39 +52,18 @@ class TurnReadStore final : public Store {
   absl::StatusOr<std::vector<std::optional<std::string>>> MultiGet(
       const std::vector<std::string>& keys, absl::Duration timeout) override;
 
-  // Writes go to the store behind, and drop the key from the turn's read.
+  // Writes go to the store behind, and drop the keys written from the turn's read. Every other
+  // call goes straight to the store behind (ForwardingStore).
   absl::Status Set(std::string_view key, std::string_view value, absl::Duration timeout) override;
   absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta, absl::Duration timeout) override;
+  absl::StatusOr<int64_t> SetAndAdd(std::string_view set_key, std::string_view value,
+                                    std::string_view add_key, int64_t delta,
+                                    absl::Duration timeout) override;
   absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
                                                     const std::optional<std::string>& expected,
                                                     std::string_view desired,
                                                     absl::Duration timeout) override;
   absl::StatusOr<bool> Delete(std::string_view key, absl::Duration timeout) override;
-  absl::StatusOr<int64_t> SetAndAdd(std::string_view set_key, std::string_view value,
-                                    std::string_view add_key, int64_t delta,
-                                    absl::Duration timeout) override;
-
-  // Straight to the store behind.
-  absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
-                                                    absl::Duration timeout) override {
-    return base_->ListKeys(prefix, timeout);
-  }
-  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
-    return base_->Wait(keys, timeout);
-  }
-  absl::StatusOr<size_t> WaitAny(const std::vector<std::string>& keys,
-                                 absl::Duration timeout) override {
-    return base_->WaitAny(keys, timeout);
-  }
-  absl::StatusOr<std::vector<std::optional<std::string>>> WaitAndRead(
-      const std::vector<std::string>& awaited, const std::vector<std::string>& read,
-      absl::Duration timeout) override {
-    return base_->WaitAndRead(awaited, read, timeout);
-  }
-  absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override {
-    return base_->RaiseFence(generation, timeout);
-  }
-  void SetWriterGeneration(int64_t generation) override { base_->SetWriterGeneration(generation); }
 
   // The reads answered from turns' MultiGets so far (what the store was spared).
   int64_t reads_answered() const {
@@ -98,8 +74,6 @@ class TurnReadStore final : public Store {
  private:
   void Forget(std::string_view key);
 
-  const std::unique_ptr<Store> owned_;  // null: not owned
-  Store* const base_;
   mutable Mutex mu_;
   // The current turn's values by key (nullopt: absent at the turn's start).
   std::map<std::string, std::optional<std::string>, std::less<>> held_ ABSL_GUARDED_BY(mu_);
