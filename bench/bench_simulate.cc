@@ -365,6 +365,7 @@ class SimHost {
                                                 Clock::Real(), call_timeout);
     rendezvous_ = std::make_unique<RendezvousCoordinator>(store_.get(), Clock::Real(), host_id_,
                                                           lease_.get());
+    follower_ = std::make_unique<GenerationFollower>(store_.get());
     if (coordinator_host_) CreateCoordinatorParts(call_timeout);
 
     LeaseKeeper::Hooks lease_hooks;
@@ -625,6 +626,7 @@ class SimHost {
       parts_->job->set_world_size(world_size_);
       parts_->rank_watch->set_world_size(world_size_);
     }
+    own_ranks_ = assignment->ranks;
     for (int rank : assignment->ranks) Spawn(rank, -1);
     for (int i = 0; i < assignment->standbys; ++i) Spawn(-1, i);
   }
@@ -657,8 +659,16 @@ class SimHost {
   // Job::FollowGeneration: the newest generation read; this host's standbys named in it take their
   // ranks, its ranks no longer named are killed.
   void FollowGeneration() {
-    if (!rendezvous_->Resume(sim_->flags->host_timeout / 4).ok()) return;
-    const Membership current = rendezvous_->current();
+    // As the launcher's agent (Job::FollowGeneration): the coordinator its whole table, another
+    // agent only what its own processes need.
+    Membership current;
+    if (parts_ != nullptr && coordinating()) {
+      if (!rendezvous_->Resume(sim_->flags->host_timeout / 4).ok()) return;
+      current = rendezvous_->current();
+    } else {
+      if (!follower_->Follow(own_ranks_, sim_->flags->host_timeout / 4).ok()) return;
+      current = follower_->current();
+    }
     if (current.generation <= followed_generation_.load()) return;
     followed_generation_.store(current.generation);
     agent_->FollowMembership(current);
@@ -696,6 +706,8 @@ class SimHost {
   TurnReadStore* turn_reads_ = nullptr;  // store_ itself (Create)
   std::unique_ptr<CoordinatorLease> lease_;
   std::unique_ptr<RendezvousCoordinator> rendezvous_;
+  std::unique_ptr<GenerationFollower> follower_;
+  std::vector<int> own_ranks_;  // the ranks this host started (its plan's)
   std::unique_ptr<LeaseKeeper> lease_keeper_;
   std::unique_ptr<HostAgent> agent_;
   std::unique_ptr<StoreHostMembership> membership_;
@@ -1061,8 +1073,8 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
       Seconds(*held - last_join), Seconds(*held - started));
   bool ok = CheckCorrect(sim, {}, "generation 0");
 
-  // Every agent follows generation 0: each reads its table once (O(ranks) bytes per host, the one
-  // read of the whole table an agent makes; later generations come as their changes). Measured
+  // Every agent follows generation 0: from its own ranks' registrations (GenerationFollower; the
+  // coordinator holds the table it published), later generations from their changes. Measured
   // apart, so that the steady state below is the job's uneventful training only.
   {
     absl::StatusOr<ServerProcess::Counts> before = (*server)->Counters();

@@ -387,6 +387,9 @@ class Job {
   // store_ itself: the job's store behind the turn's reads (TurnReadStore; Prepare).
   TurnReadStore* turn_reads_ = nullptr;
   std::unique_ptr<RendezvousCoordinator> coordinator_;
+  // Several hosts: how this agent follows the generations while it does not coordinate (on the
+  // ranks' store of the current round).
+  std::unique_ptr<GenerationFollower> follower_;
   // Starts, signals and reaps every process of the job (created by Prepare); children_ are its
   // workers.
   std::unique_ptr<ProcessSupervisor> supervisor_;
@@ -552,6 +555,7 @@ absl::Status Job::Prepare() {
                                                 clock_, AgentCallTimeout(config_.host_timeout));
     coordinator_ = std::make_unique<RendezvousCoordinator>(store_.get(), clock_, config_.host_id,
                                                            lease_.get());
+    follower_ = std::make_unique<GenerationFollower>(store_.get());
   } else {
     coordinator_ = std::make_unique<RendezvousCoordinator>(store_.get(), clock_);
   }
@@ -840,6 +844,9 @@ void Job::Record(int rank, EventKind what, const std::string& message,
   event.time = clock_->Now();
   event.rank = rank;
   event.generation = coordinator_ != nullptr ? coordinator_->generation() : 0;
+  if (follower_ != nullptr) {
+    event.generation = std::max(event.generation, follower_->current().generation);
+  }
   event.attributes.emplace_back("source", "launcher");
   // Pids are this host's (its PID namespace): with several hosts, a pid means (on_host, pid).
   if (!layout_.on_host.empty()) event.attributes.emplace_back("on_host", layout_.on_host);
@@ -1552,6 +1559,7 @@ void Job::StartRound(int64_t from, int64_t to) {
   // The round's generation 0 forms anew on its own namespace, under the lease on several hosts.
   coordinator_ = std::make_unique<RendezvousCoordinator>(
       ranks_store(), clock_, lease_ != nullptr ? config_.host_id : "coordinator", lease_.get());
+  if (follower_ != nullptr) follower_ = std::make_unique<GenerationFollower>(ranks_store());
   job_coordinator_->set_rendezvous(coordinator_.get());
   rank_watch_->set_ranks_store(ranks_store());
   rank_watch_->set_rendezvous(coordinator_.get());
@@ -1586,10 +1594,19 @@ void Job::FollowGeneration() {
   const absl::Duration timeout = AgentCallTimeout(config_.host_timeout);
   recovery_->FollowRound();
   if (exit_code_ >= 0) return;
-  // The newest published generation, read as a coordinator taking over reads it (on an agent
-  // that does not hold the lease, its coordinator only keeps it up to date).
-  if (!coordinator_->Resume(timeout).ok()) return;
-  const Membership current = coordinator_->current();
+  // The newest published generation: the coordinator holds every member (it publishes them); an
+  // agent that does not coordinate follows only what its own processes need (GenerationFollower:
+  // its ranks' registrations and each generation's changes, never the table), and reads the
+  // table once if it takes the lease over (LeaseKeeper's resume).
+  Membership current;
+  if (follower_ == nullptr || coordinating()) {
+    if (!coordinator_->Resume(timeout).ok()) return;
+    current = coordinator_->current();
+  } else {
+    const std::vector<int> own = assignment_.has_value() ? assignment_->ranks : std::vector<int>{};
+    if (!follower_->Follow(own, timeout).ok()) return;
+    current = follower_->current();
+  }
   const int64_t generation = current.generation;
   if (generation <= followed_generation_) return;
   followed_generation_ = generation;

@@ -74,6 +74,39 @@ const std::string* TakerOf(const store_keys::GenerationChanges& changes, int ran
   return it != changes.taken.end() && it->first == rank ? &it->second : nullptr;
 }
 
+// `table` (a generation's table, whole or only the ranks its follower needs) after the changes of
+// each generation up to `newest`, read in one MultiGet: nullopt when one is missing (its publisher
+// wrote none: the caller reads the table) or names another world size, DataLoss naming the key when
+// one is malformed.
+absl::StatusOr<std::optional<Membership>> FollowTableChanges(Store* store, Membership table,
+                                                             int64_t newest,
+                                                             absl::Duration timeout) {
+  if (newest <= table.generation) return table;
+  std::vector<std::string> keys;
+  for (int64_t g = table.generation + 1; g <= newest; ++g) keys.push_back(ChangesKey(g));
+  absl::StatusOr<std::vector<std::optional<std::string>>> values = store->MultiGet(keys, timeout);
+  if (!values.ok()) return values.status();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    // Published by a coordinator that writes no changes: the caller reads the table.
+    if (!(*values)[i].has_value()) return std::nullopt;
+    const int64_t g = table.generation + 1;
+    absl::StatusOr<store_keys::GenerationChanges> changes =
+        store_keys::DecodeGenerationChanges(*(*values)[i]);
+    if (!changes.ok() || changes->generation != g) {
+      return absl::DataLossError(absl::StrFormat(
+          "malformed changes of generation %d at store key %s (following generation %d): %s", g,
+          keys[i], table.generation,
+          changes.ok() ? absl::StrCat("they name generation ", changes->generation)
+                       : std::string(changes.status().message())));
+    }
+    // Another world size: not a change of holders; the newest table says it all.
+    if (changes->world_size != table.world_size) return std::nullopt;
+    for (auto& [rank, member] : changes->taken) table.members[rank] = std::move(member);
+    table.generation = g;
+  }
+  return table;
+}
+
 std::string EncodeTable(const Membership& m) {
   return absl::StrCat(m.generation, "\n", m.world_size, "\n", absl::StrJoin(m.members, "\n"));
 }
@@ -580,7 +613,7 @@ absl::Status RendezvousCoordinator::Resume(absl::Duration timeout) {
   // agent reading the whole table at each generation would cost the store O(world size x hosts).
   if (held.generation >= 0 && generation - held.generation <= kMaxChangesRead) {
     absl::StatusOr<std::optional<Membership>> followed =
-        FollowTableChanges(std::move(held), generation, Left(deadline));
+        FollowTableChanges(store_, std::move(held), generation, Left(deadline));
     if (!followed.ok()) return followed.status();
     if (followed->has_value()) {
       MutexLock lock(&mu_);
@@ -597,6 +630,63 @@ absl::Status RendezvousCoordinator::Resume(absl::Duration timeout) {
   return absl::OkStatus();
 }
 
+absl::Status GenerationFollower::Follow(const std::vector<int>& own_ranks, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::StatusOr<std::string> current = store_->Get(kCurrentKey, timeout);
+  if (!current.ok()) return current.status();
+  int64_t newest = -1;
+  if (!absl::SimpleAtoi(*current, &newest) || newest < 0) {
+    return absl::DataLossError(
+        absl::StrFormat("malformed generation '%s' at store key %s", *current, kCurrentKey));
+  }
+  if (newest <= current_.generation) return absl::OkStatus();
+  Membership held = current_;
+  if (held.generation < 0 && newest <= kMaxChangesRead) {
+    // Generation 0 as this host needs it: its own ranks' registrations, and the world size.
+    std::vector<std::string> keys = {ChangesKey(0)};
+    for (int rank : own_ranks) keys.push_back(JoinKey(rank));
+    absl::StatusOr<std::vector<std::optional<std::string>>> values =
+        store_->MultiGet(keys, Left(deadline));
+    if (!values.ok()) return values.status();
+    bool complete = (*values)[0].has_value();
+    if (complete) {
+      absl::StatusOr<store_keys::GenerationChanges> zero =
+          store_keys::DecodeGenerationChanges(*(*values)[0]);
+      if (!zero.ok() || zero->generation != 0) {
+        return absl::DataLossError(
+            absl::StrFormat("malformed changes of generation 0 at store key %s", keys[0]));
+      }
+      held.generation = 0;
+      held.world_size = zero->world_size;
+      held.members.assign(zero->world_size, "");
+      for (size_t i = 0; i < own_ranks.size(); ++i) {
+        const std::optional<std::string>& member = (*values)[i + 1];
+        if (!member.has_value() || own_ranks[i] < 0 || own_ranks[i] >= zero->world_size) {
+          complete = false;  // not this generation 0's rank: the table says who holds what
+          break;
+        }
+        held.members[own_ranks[i]] = *member;
+      }
+    }
+    if (!complete) held = Membership();
+  }
+  if (held.generation >= 0 && newest - held.generation <= kMaxChangesRead) {
+    absl::StatusOr<std::optional<Membership>> followed =
+        FollowTableChanges(store_, std::move(held), newest, Left(deadline));
+    if (!followed.ok()) return followed.status();
+    if (followed->has_value()) {
+      current_ = **std::move(followed);
+      return absl::OkStatus();
+    }
+  }
+  absl::StatusOr<std::string> text = store_->Get(TableKey(newest), Left(deadline));
+  if (!text.ok()) return text.status();
+  absl::StatusOr<Membership> table = DecodeTable(*text, TableKey(newest));
+  if (!table.ok()) return table.status();
+  current_ = *std::move(table);
+  return absl::OkStatus();
+}
+
 absl::Status PublishResumed(Store* store, int64_t generation, int rank, int64_t step,
                             absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
@@ -605,33 +695,6 @@ absl::Status PublishResumed(Store* store, int64_t generation, int rank, int64_t 
   if (!written.ok()) return written.status();
   if (!written->swapped) return absl::OkStatus();  // counted by the call that wrote it
   return store->Add(store_keys::ResumedCount(generation), 1, Left(deadline)).status();
-}
-
-absl::StatusOr<std::optional<Membership>> RendezvousCoordinator::FollowTableChanges(
-    Membership table, int64_t newest, absl::Duration timeout) {
-  std::vector<std::string> keys;
-  for (int64_t g = table.generation + 1; g <= newest; ++g) keys.push_back(ChangesKey(g));
-  absl::StatusOr<std::vector<std::optional<std::string>>> values = store_->MultiGet(keys, timeout);
-  if (!values.ok()) return values.status();
-  for (size_t i = 0; i < keys.size(); ++i) {
-    // Published by a coordinator that writes no changes: the caller reads the table.
-    if (!(*values)[i].has_value()) return std::nullopt;
-    const int64_t g = table.generation + 1;
-    absl::StatusOr<store_keys::GenerationChanges> changes =
-        store_keys::DecodeGenerationChanges(*(*values)[i]);
-    if (!changes.ok() || changes->generation != g) {
-      return absl::DataLossError(absl::StrFormat(
-          "malformed changes of generation %d at store key %s (following generation %d): %s", g,
-          keys[i], table.generation,
-          changes.ok() ? absl::StrCat("they name generation ", changes->generation)
-                       : std::string(changes.status().message())));
-    }
-    // Another world size: not a change of holders; the newest table says it all.
-    if (changes->world_size != table.world_size) return std::nullopt;
-    for (auto& [rank, member] : changes->taken) table.members[rank] = std::move(member);
-    table.generation = g;
-  }
-  return table;
 }
 
 Membership RendezvousCoordinator::current() const {

@@ -228,6 +228,34 @@ class RendezvousMember {
   std::thread heartbeat_;
 };
 
+// GenerationFollower: how a host's agent that does not coordinate follows the published
+// generations, as far as its own processes need, without the rank table. An agent needs to know
+// which of its ranks lost their rank and which of its standbys took one: generation 0 is its own
+// ranks' registrations (rdzv/join/<rank>) and the world size of its changes, every later generation
+// its changes (rdzv/gen/<g>/changes). Its Membership names the holder of each of `own_ranks` in
+// generation 0 and of every rank a later generation changed; the other entries are empty. It reads
+// the newest table only as a fallback (it missed more than 64 generations, or one's changes are
+// missing), so a job's agents cost the store O(hosts x ranks per host) to follow generation 0 and
+// O(ranks changed) per generation after, not O(hosts x world size) each.
+//
+// Thread safety: not thread-safe; one thread (the agent's loop) uses an instance.
+class GenerationFollower {
+ public:
+  // REQUIRES: `store` outlives the follower.
+  explicit GenerationFollower(Store* store) : store_(store) {}
+
+  // Loads the newest published generation (`own_ranks`: the ranks this host started in generation
+  // 0). One read when it is known already. NotFound before generation 0 is published; DataLoss,
+  // naming the key, for a malformed generation, table or changes.
+  absl::Status Follow(const std::vector<int>& own_ranks, absl::Duration timeout);
+  // The newest generation followed (generation -1 before the first), its members as above.
+  const Membership& current() const { return current_; }
+
+ private:
+  Store* const store_;
+  Membership current_;
+};
+
 // Says that `rank` completed its first step of `generation`, `step` (Runtime, once per generation):
 // writes rdzv/gen/<g>/resumed/<rank> if it is absent and, when it wrote it, adds one to
 // rdzv/gen/<g>/resumed_count, so that a retried or repeated call counts once. The store's error.
@@ -305,11 +333,6 @@ class RendezvousCoordinator {
   int64_t generation() const;
 
  private:
-  // `table` (a generation's full table) after the changes of each generation up to `newest`, read
-  // in one MultiGet: nullopt when one is missing (its publisher wrote none: the caller reads the
-  // table), DataLoss naming the key when one is malformed or of another world size.
-  absl::StatusOr<std::optional<Membership>> FollowTableChanges(Membership table, int64_t newest,
-                                                               absl::Duration timeout);
   // Publishes `next` (its table, and its changes from `previous`, the generation before it; none
   // for generation 0) and assigns each standby of `assignments` (member id -> rank) in the same
   // step. Aborted when another coordinator claimed next.generation first (this one then reloads).

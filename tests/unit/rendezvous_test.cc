@@ -975,6 +975,58 @@ TEST_F(Rendezvous, AFollowerReadsTheTableWithoutChangesAndRefusesMalformedOnes) 
   EXPECT_EQ(reader.current().generation, 1);
 }
 
+// A host's agent follows the generations from its own ranks' registrations and the changes, never
+// the table: it learns that a rank of its own was taken, and by whom, and which rank its standby
+// took.
+TEST_F(Rendezvous, AnAgentFollowsItsOwnRanksWithoutTheTable) {
+  FormGenerationZero(4);
+  ReadRecordingStore agent_store(shared_.NewClient());
+  GenerationFollower follower(&agent_store);
+  ASSERT_TRUE(follower.Follow({2, 3}, kTimeout).ok());
+  EXPECT_EQ(follower.current().generation, 0);
+  EXPECT_EQ(follower.current().world_size, 4);
+  EXPECT_THAT(follower.current().members, ElementsAre("", "", "host:rank2", "host:rank3"));
+
+  Process standby(shared_, "host:standby0");
+  std::thread parked([&] { (void)standby.member.ParkAsStandby(kTimeout); });
+  AwaitParkedStandbys(1);
+  ASSERT_TRUE(coordinator_.ReplaceRank(2, kTimeout).ok());
+  parked.join();
+  ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
+  ASSERT_TRUE(follower.Follow({2, 3}, kTimeout).ok());
+  EXPECT_EQ(follower.current().generation, 2);
+  EXPECT_THAT(follower.current().members, ElementsAre("", "", "host:standby0", "host:rank3"));
+  EXPECT_FALSE(agent_store.Read("rdzv/gen/", "/table"));
+}
+
+// Without a generation's changes (a coordinator that writes none), or with registrations that are
+// not the ones the agent expects, it reads the newest table; malformed changes are an error.
+TEST_F(Rendezvous, AnAgentFollowsFromTheTableWhereTheChangesDoNotSayAndRefusesMalformedOnes) {
+  FormGenerationZero(3);
+  ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
+  ASSERT_TRUE(coordinator_store_->Delete(store_keys::RdzvChanges(1), kTimeout).ok());
+  ReadRecordingStore agent_store(shared_.NewClient());
+  GenerationFollower follower(&agent_store);
+  ASSERT_TRUE(follower.Follow({0}, kTimeout).ok());
+  EXPECT_EQ(follower.current().generation, 1);
+  EXPECT_EQ(follower.current().members, coordinator_.current().members);
+  EXPECT_TRUE(agent_store.Read("rdzv/gen/1/table", ""));
+
+  ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
+  ASSERT_TRUE(
+      coordinator_store_->Set(store_keys::RdzvChanges(2), "2\n3\nnot a change", kTimeout).ok());
+  absl::Status malformed = follower.Follow({0}, kTimeout);
+  EXPECT_TRUE(absl::IsDataLoss(malformed)) << malformed;
+  EXPECT_THAT(malformed.message(), HasSubstr(store_keys::RdzvChanges(2)));
+  EXPECT_EQ(follower.current().generation, 1);
+}
+
+TEST_F(Rendezvous, AnAgentFollowingBeforeGenerationZeroIsNotFound) {
+  GenerationFollower follower(coordinator_store_.get());
+  EXPECT_TRUE(absl::IsNotFound(follower.Follow({0}, kTimeout)));
+  EXPECT_EQ(follower.current().generation, -1);
+}
+
 // A rank's first step of a generation is counted once, however often it says so.
 TEST_F(Rendezvous, AResumedRankIsCountedOnceWhateverItsRetries) {
   ASSERT_TRUE(PublishResumed(coordinator_store_.get(), 3, 1, 40, kTimeout).ok());
