@@ -142,6 +142,17 @@ void HostAgent::TakeRank(HostWorker& w, int rank, int64_t generation) {
   hooks_.rank_taken(w);
 }
 
+bool HostAgent::TakeAssignedRank(HostWorker& w, Store* ranks_store) {
+  if (w.rank >= 0) return false;
+  absl::StatusOr<std::string> value =
+      ranks_store->Get(store_keys::RdzvAssign(w.member_id), options_.call_timeout);
+  if (!value.ok()) return false;
+  absl::StatusOr<store_keys::Assignment> assigned = store_keys::DecodeAssignment(*value);
+  if (!assigned.ok()) return false;
+  TakeRank(w, assigned->rank, assigned->generation);
+  return true;
+}
+
 std::optional<AgentExit> HostAgent::WatchJobEnd() {
   const absl::Duration timeout = options_.call_timeout;
   // job/failed first: an agent that failed the job may have finished its ranks before, and the job

@@ -201,6 +201,15 @@ class HostAgent {
   // pid written to the rank's pid file (Hooks::pid_file), then Hooks::rank_taken is told.
   void TakeRank(HostWorker& worker, int rank, int64_t generation);
 
+  // A standby `worker` that exited: if the coordinator had assigned it a rank (rdzv/assign/<member>
+  // in `ranks_store`, the ranks' namespace of the current round), it takes that rank now
+  // (TakeRank), so that its death is reported as the rank's (ReportDeath) and the rank replaced.
+  // A standby learns its assignment from the store at once, its agent only at its next turn: one
+  // that died in between (its restore failed, it was killed) died holding the rank. Returns
+  // whether it took one; false when none was assigned or the store does not answer (then it is a
+  // parked standby's death, as before).
+  bool TakeAssignedRank(HostWorker& worker, Store* ranks_store);
+
   // The job's end as the other agents published it: job/failed (said as "job failed: <why>", the
   // failed exit code with <why>) before job/done (exit code 0). nullopt while neither is there or
   // the store does not answer.

@@ -1058,6 +1058,11 @@ void Job::SignalGroup(const Child& child, int sig) {
 void Job::OnExit(Child& child, const WorkerExit& exit) {
   const std::string how = exit.Describe();
   if (exit_code_ >= 0) return;  // stopping: exits are expected
+  // Several hosts: a standby that took a rank its agent had not followed yet died as that rank.
+  // (One host relabels its standby in the same turn as the replacement.)
+  if (child.rank < 0 && layout_.several_hosts) {
+    (void)host_agent_->TakeAssignedRank(child, ranks_store());
+  }
   if (child.rank < 0) return OnStandbyExit(child, how);
   if (exit.succeeded()) {
     ++ranks_finished_;

@@ -382,6 +382,35 @@ TEST_F(HostAgentTest, AStandbyNamedForARankTakesItAndARankThatLostItsIsKilled) {
   EXPECT_EQ(h1_.taken.size(), 1u);
 }
 
+// A standby learns its assignment from the store at once, its agent only at its next turn: a
+// standby that took a rank and died before its agent followed died as that rank, and its death is
+// reported with the rank (the coordinator replaces it); a standby never assigned died parked.
+TEST_F(HostAgentTest, AStandbyThatDiedAfterItsAssignmentDiesAsTheRankItTook) {
+  HostWorker& assigned = h1_.Start(-1, 0);
+  HostWorker& parked = h1_.Start(-1, 1);
+  ASSERT_TRUE(store_
+                  .Set(store_keys::RdzvAssign(assigned.member_id),
+                       store_keys::EncodeAssignment({2, 3}), kCall)
+                  .ok());
+  h1_.supervisor.Exit(assigned.worker, WorkerExit::Exited(1));
+  h1_.supervisor.Exit(parked.worker, WorkerExit::Exited(1));
+  h1_.Drain();
+
+  EXPECT_TRUE(h1_.agent->TakeAssignedRank(assigned, &store_));
+  EXPECT_EQ(assigned.rank, 3);
+  EXPECT_EQ(assigned.rank_generation, 2);
+  EXPECT_FALSE(h1_.agent->TakeAssignedRank(parked, &store_));
+  EXPECT_EQ(parked.rank, -1);
+  h1_.agent->ReportDeath(assigned, "exited with status 1");
+  absl::StatusOr<std::string> report =
+      store_.Get(store_keys::kAgentDeaths.Key(assigned.member_id), kCall);
+  ASSERT_TRUE(report.ok()) << report.status();
+  absl::StatusOr<store_keys::DeathReport> death =
+      store_keys::DecodeDeathReport(store_keys::kAgentDeaths.Key(assigned.member_id), *report);
+  ASSERT_TRUE(death.ok()) << death.status();
+  EXPECT_EQ(death->rank, 3);
+}
+
 TEST_F(HostAgentTest, AKillRequestForARankThatLostItsRankIsCarriedOutFirstWithItsReason) {
   HostWorker& rank3 = h1_.Start(3);
   HostWorker& standby = h1_.Start(-1, 0);
