@@ -163,6 +163,41 @@ absl::Duration Left(absl::Time deadline) {
   return std::max(deadline - absl::Now(), absl::ZeroDuration());
 }
 
+// The newest published generation (rdzv/current): the store's error (NotFound before generation
+// 0), DataLoss for a malformed value.
+absl::StatusOr<int64_t> ReadNewestGeneration(Store* store, absl::Duration timeout) {
+  absl::StatusOr<std::string> current = store->Get(kCurrentKey, timeout);
+  if (!current.ok()) return current.status();
+  int64_t generation = -1;
+  if (!absl::SimpleAtoi(*current, &generation) || generation < 0) {
+    return absl::DataLossError(
+        absl::StrFormat("malformed generation '%s' at store key %s", *current, kCurrentKey));
+  }
+  return generation;
+}
+
+// The rank table of `generation`, read whole (O(world size) bytes).
+absl::StatusOr<Membership> ReadTable(Store* store, int64_t generation, absl::Duration timeout) {
+  const std::string key = TableKey(generation);
+  absl::StatusOr<std::string> text = store->Get(key, timeout);
+  if (!text.ok()) return text.status();
+  return DecodeTable(*text, key);
+}
+
+// `held` brought to `newest`: through the changes published since (at most kMaxChangesRead
+// generations behind), else from `newest`'s table.
+absl::StatusOr<Membership> FollowOrReadTable(Store* store, Membership held, int64_t newest,
+                                             absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  if (held.generation >= 0 && newest - held.generation <= kMaxChangesRead) {
+    absl::StatusOr<std::optional<Membership>> followed =
+        FollowTableChanges(store, std::move(held), newest, timeout);
+    if (!followed.ok()) return followed.status();
+    if (followed->has_value()) return **std::move(followed);
+  }
+  return ReadTable(store, newest, Left(deadline));
+}
+
 }  // namespace
 
 RendezvousMember::RendezvousMember(Store* store, std::string member_id,
@@ -263,10 +298,7 @@ void RendezvousMember::HeartbeatLoop() {
 
 absl::StatusOr<Membership> RendezvousMember::ReadRankTable(int64_t generation,
                                                            absl::Duration timeout) {
-  const std::string key = TableKey(generation);
-  absl::StatusOr<std::string> text = store_->Get(key, timeout);
-  if (!text.ok()) return text.status();
-  absl::StatusOr<Membership> table = DecodeTable(*text, key);
+  absl::StatusOr<Membership> table = ReadTable(store_, generation, timeout);
   if (!table.ok()) return table.status();
   table->rank = RankOf(*table, member_id_);
   return table;
@@ -596,49 +628,29 @@ absl::Status RendezvousCoordinator::CheckLease() const {
 
 absl::Status RendezvousCoordinator::Resume(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  absl::StatusOr<std::string> current = store_->Get(kCurrentKey, timeout);
-  if (!current.ok()) return current.status();
-  int64_t generation = -1;
-  if (!absl::SimpleAtoi(*current, &generation) || generation < 0) {
-    return absl::DataLossError(
-        absl::StrFormat("malformed generation '%s' at store key %s", *current, kCurrentKey));
-  }
+  absl::StatusOr<int64_t> newest = ReadNewestGeneration(store_, timeout);
+  if (!newest.ok()) return newest.status();
   Membership held;
   {
     MutexLock lock(&mu_);
-    if (generation <= current_.generation) return absl::OkStatus();  // known already: no table read
+    if (*newest <= current_.generation) return absl::OkStatus();  // known already: no table read
     held = current_;
   }
   // Following: the changes since the generation it holds, O(ranks changed), where every host's
   // agent reading the whole table at each generation would cost the store O(world size x hosts).
-  if (held.generation >= 0 && generation - held.generation <= kMaxChangesRead) {
-    absl::StatusOr<std::optional<Membership>> followed =
-        FollowTableChanges(store_, std::move(held), generation, Left(deadline));
-    if (!followed.ok()) return followed.status();
-    if (followed->has_value()) {
-      MutexLock lock(&mu_);
-      if ((*followed)->generation > current_.generation) current_ = **std::move(followed);
-      return absl::OkStatus();
-    }
-  }
-  absl::StatusOr<std::string> text = store_->Get(TableKey(generation), Left(deadline));
-  if (!text.ok()) return text.status();
-  absl::StatusOr<Membership> table = DecodeTable(*text, TableKey(generation));
-  if (!table.ok()) return table.status();
+  absl::StatusOr<Membership> next =
+      FollowOrReadTable(store_, std::move(held), *newest, Left(deadline));
+  if (!next.ok()) return next.status();
   MutexLock lock(&mu_);
-  if (table->generation > current_.generation) current_ = *std::move(table);
+  if (next->generation > current_.generation) current_ = *std::move(next);
   return absl::OkStatus();
 }
 
 absl::Status GenerationFollower::Follow(const std::vector<int>& own_ranks, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  absl::StatusOr<std::string> current = store_->Get(kCurrentKey, timeout);
-  if (!current.ok()) return current.status();
-  int64_t newest = -1;
-  if (!absl::SimpleAtoi(*current, &newest) || newest < 0) {
-    return absl::DataLossError(
-        absl::StrFormat("malformed generation '%s' at store key %s", *current, kCurrentKey));
-  }
+  absl::StatusOr<int64_t> read_newest = ReadNewestGeneration(store_, timeout);
+  if (!read_newest.ok()) return read_newest.status();
+  const int64_t newest = *read_newest;
   if (newest <= current_.generation) return absl::OkStatus();
   Membership held = current_;
   if (held.generation < 0 && newest <= kMaxChangesRead) {
@@ -670,20 +682,10 @@ absl::Status GenerationFollower::Follow(const std::vector<int>& own_ranks, absl:
     }
     if (!complete) held = Membership();
   }
-  if (held.generation >= 0 && newest - held.generation <= kMaxChangesRead) {
-    absl::StatusOr<std::optional<Membership>> followed =
-        FollowTableChanges(store_, std::move(held), newest, Left(deadline));
-    if (!followed.ok()) return followed.status();
-    if (followed->has_value()) {
-      current_ = **std::move(followed);
-      return absl::OkStatus();
-    }
-  }
-  absl::StatusOr<std::string> text = store_->Get(TableKey(newest), Left(deadline));
-  if (!text.ok()) return text.status();
-  absl::StatusOr<Membership> table = DecodeTable(*text, TableKey(newest));
-  if (!table.ok()) return table.status();
-  current_ = *std::move(table);
+  absl::StatusOr<Membership> next =
+      FollowOrReadTable(store_, std::move(held), newest, Left(deadline));
+  if (!next.ok()) return next.status();
+  current_ = *std::move(next);
   return absl::OkStatus();
 }
 

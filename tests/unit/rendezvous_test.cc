@@ -130,6 +130,16 @@ class Rendezvous : public ::testing::Test {
     FAIL() << "fewer than " << n << " standbys parked in time";
   }
 
+  // `standby` parks and the coordinator gives it `rank` (ReplaceRank); returns once it holds its
+  // assignment.
+  void ReplaceByParkedStandby(Process& standby, int rank) {
+    std::thread parked([&] { ASSERT_TRUE(standby.member.ParkAsStandby(kTimeout).ok()); });
+    AwaitParkedStandbys(1);
+    const absl::StatusOr<Membership> next = coordinator_.ReplaceRank(rank, kTimeout);
+    parked.join();
+    ASSERT_TRUE(next.ok()) << next.status();
+  }
+
   // Rank `rank`'s place in generation 0 of `world` ranks, as JoinInitial returns it.
   static Membership PlaceInGenerationZero(int world, int rank) {
     Membership m;
@@ -216,10 +226,7 @@ TEST_F(Rendezvous, AParkedStandbyTakesTheDeadRanksIdInTheNextGeneration) {
 TEST_F(Rendezvous, TheReplacedMemberIsFencedOutOfTheStore) {
   FormGenerationZero(3);
   Process standby(shared_, "host:standby0");
-  std::thread parked([&] { ASSERT_TRUE(standby.member.ParkAsStandby(kTimeout).ok()); });
-  AwaitParkedStandbys(1);
-  ASSERT_TRUE(coordinator_.ReplaceRank(1, kTimeout).ok());
-  parked.join();
+  ReplaceByParkedStandby(standby, 1);
 
   // Rank 1 was declared dead but is still running (a zombie): its writes are rejected...
   Process& zombie = *ranks_[1];
@@ -373,10 +380,7 @@ TEST_F(Rendezvous, RanksLearnTheirPlaceWithoutReadingTheRankTable) {
 TEST_F(Rendezvous, AReplacedMemberLearnsItFromTheChangesNamingWhoTookItsRank) {
   FormGenerationZero(3);
   Process standby(shared_, "host:standby0");
-  std::thread parked([&] { ASSERT_TRUE(standby.member.ParkAsStandby(kTimeout).ok()); });
-  AwaitParkedStandbys(1);
-  ASSERT_TRUE(coordinator_.ReplaceRank(1, kTimeout).ok());
-  parked.join();
+  ReplaceByParkedStandby(standby, 1);
   // A generation that changes nothing for it comes after, and the zombie catches up with both.
   ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
   absl::StatusOr<Membership> rejoin = ranks_[1]->member.AwaitGeneration(0, kTimeout);
@@ -800,10 +804,7 @@ TEST_F(Rendezvous, SurvivorsFencedOutUntilTheyRejoinAreNotReportedStale) {
 TEST_F(Rendezvous, AClaimedStandbyNeverParksAgainNorIsPickedTwice) {
   FormGenerationZero(3);
   Process standby(shared_, "host:standby0");
-  std::thread parked([&] { ASSERT_TRUE(standby.member.ParkAsStandby(kTimeout).ok()); });
-  AwaitParkedStandbys(1);
-  ASSERT_TRUE(coordinator_.ReplaceRank(1, kTimeout).ok());
-  parked.join();
+  ReplaceByParkedStandby(standby, 1);
   // Parking again (as after a timed-out wait) returns the same assignment and leaves the standby
   // unavailable to a second replacement.
   absl::StatusOr<Membership> again = standby.member.ParkAsStandby(kTimeout);
@@ -937,10 +938,7 @@ TEST_F(Rendezvous, AFollowerHoldingAGenerationReadsOnlyTheChangesOfTheNextOnes) 
   ASSERT_TRUE(follower.Resume(kTimeout).ok());
   EXPECT_TRUE(follower_store.Read("rdzv/gen/0/table", ""));  // it held none: the table
   Process standby(shared_, "host:standby0");
-  std::thread parked([&] { (void)standby.member.ParkAsStandby(kTimeout); });
-  AwaitParkedStandbys(1);
-  ASSERT_TRUE(coordinator_.ReplaceRank(2, kTimeout).ok());
-  parked.join();
+  ReplaceByParkedStandby(standby, 2);
   ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
 
   ASSERT_TRUE(follower.Resume(kTimeout).ok());
@@ -988,10 +986,7 @@ TEST_F(Rendezvous, AnAgentFollowsItsOwnRanksWithoutTheTable) {
   EXPECT_THAT(follower.current().members, ElementsAre("", "", "host:rank2", "host:rank3"));
 
   Process standby(shared_, "host:standby0");
-  std::thread parked([&] { (void)standby.member.ParkAsStandby(kTimeout); });
-  AwaitParkedStandbys(1);
-  ASSERT_TRUE(coordinator_.ReplaceRank(2, kTimeout).ok());
-  parked.join();
+  ReplaceByParkedStandby(standby, 2);
   ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
   ASSERT_TRUE(follower.Follow({2, 3}, kTimeout).ok());
   EXPECT_EQ(follower.current().generation, 2);
