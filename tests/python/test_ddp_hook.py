@@ -2,6 +2,7 @@
 # rendezvous since a one-rank job has no store): init_process_group builds once per generation,
 # wrap_ddp registers guarded_allreduce_hook, which fails the step naming the rank and the bucket
 # when a gradient is not finite and records every bucket's allreduce in the collective tracker.
+import random
 import socket
 
 import pytest
@@ -12,11 +13,27 @@ import trainguard
 import trainguard.torch as tgt
 
 
+def _free_port():
+    """A loopback port free now, below the ephemeral range (as tests/support/free_port.h draws
+    them): no bind to port 0 or outgoing connection of another test can take it before torch's
+    store binds it."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    rng = random.SystemRandom()
+    for _ in range(1000):
+        port = rng.randrange(10000, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in [10000, {low}) after 1000 draws")
+
+
 def _env_rendezvous(monkeypatch):
     """torch's env:// rendezvous for a one-rank group, on a free loopback port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(port))
 

@@ -141,26 +141,12 @@ class EtcdCluster {
       return absl::InvalidArgumentError(absl::StrCat("EtcdCluster of ", members, " members given ",
                                                      addresses.size(), " addresses"));
     }
-    std::unique_ptr<EtcdCluster> cluster(new EtcdCluster());
-    for (int i = 0; i < members; ++i) {
-      Member member;
-      member.name = absl::StrCat("member", i);
-      member.address = addresses[static_cast<size_t>(i)];
-      absl::StatusOr<int> client_port = FreeTcpPort(member.address);
-      if (!client_port.ok()) return client_port.status();
-      absl::StatusOr<int> peer_port = FreeTcpPort(member.address);
-      if (!peer_port.ok()) return peer_port.status();
-      member.client_port = *client_port;
-      member.peer_port = *peer_port;
-      cluster->members_.push_back(std::move(member));
-    }
-    cluster->token_ = absl::StrCat("tg-cluster-", getpid(), "-", cluster->members_[0].client_port);
-    // Every member first: none can elect a leader before a majority runs.
-    for (int i = 0; i < members; ++i) {
-      if (absl::Status s = cluster->Launch(i); !s.ok()) return s;
-    }
-    for (int i = 0; i < members; ++i) {
-      if (absl::Status s = cluster->WaitUntilServing(i); !s.ok()) return s;
+    // A port another process bound first (FreeTcpPorts) makes its member exit: the whole cluster
+    // starts again, on new ports and a new data directory.
+    absl::StatusOr<std::unique_ptr<EtcdCluster>> cluster;
+    for (int attempt = 0; attempt < kPortAttempts; ++attempt) {
+      cluster = TryStart(addresses);
+      if (cluster.ok() || !IsAddressInUse(cluster.status())) return cluster;
     }
     return cluster;
   }
@@ -317,6 +303,44 @@ class EtcdCluster {
   };
 
   EtcdCluster() = default;
+
+  // One start of Start(): the members' ports are drawn per address, distinct on each.
+  static absl::StatusOr<std::unique_ptr<EtcdCluster>> TryStart(
+      const std::vector<std::string>& addresses) {
+    const int members = static_cast<int>(addresses.size());
+    std::unique_ptr<EtcdCluster> cluster(new EtcdCluster());
+    for (int i = 0; i < members; ++i) {
+      Member member;
+      member.name = absl::StrCat("member", i);
+      member.address = addresses[static_cast<size_t>(i)];
+      cluster->members_.push_back(std::move(member));
+    }
+    for (int i = 0; i < members; ++i) {
+      Member& member = cluster->member(i);
+      if (member.client_port != 0) continue;  // drawn with an earlier member on its address
+      // Every member on this address at once, so no two of them draw the same port.
+      std::vector<int> sharing;
+      for (int j = i; j < members; ++j) {
+        if (cluster->member(j).address == member.address) sharing.push_back(j);
+      }
+      absl::StatusOr<std::vector<int>> ports =
+          FreeTcpPorts(member.address, 2 * static_cast<int>(sharing.size()));
+      if (!ports.ok()) return ports.status();
+      for (size_t k = 0; k < sharing.size(); ++k) {
+        cluster->member(sharing[k]).client_port = (*ports)[2 * k];
+        cluster->member(sharing[k]).peer_port = (*ports)[2 * k + 1];
+      }
+    }
+    cluster->token_ = absl::StrCat("tg-cluster-", getpid(), "-", cluster->members_[0].client_port);
+    // Every member first: none can elect a leader before a majority runs.
+    for (int i = 0; i < members; ++i) {
+      if (absl::Status s = cluster->Launch(i); !s.ok()) return s;
+    }
+    for (int i = 0; i < members; ++i) {
+      if (absl::Status s = cluster->WaitUntilServing(i); !s.ok()) return s;
+    }
+    return cluster;
+  }
 
   const Member& member(int i) const { return members_.at(static_cast<size_t>(i)); }
   Member& member(int i) { return members_.at(static_cast<size_t>(i)); }

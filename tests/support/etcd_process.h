@@ -11,12 +11,9 @@
 #ifndef TRAINGUARD_TESTS_SUPPORT_ETCD_PROCESS_H_
 #define TRAINGUARD_TESTS_SUPPORT_ETCD_PROCESS_H_
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,10 +29,12 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "sdk/rendezvous/etcd_store.h"
+#include "tests/support/free_port.h"
 #include "tests/support/own_process.h"
 #include "tests/support/temp_dir.h"
 
@@ -52,26 +51,14 @@ inline absl::Status CheckEtcdInstalled() {
                    "Debian package etcd-server"));
 }
 
-// A TCP port on `address` (numeric IPv4) that is free now (the kernel's choice for a bind to port
-// 0).
-inline absl::StatusOr<int> FreeTcpPort(const std::string& address) {
-  sockaddr_in bound{};
-  bound.sin_family = AF_INET;
-  if (inet_pton(AF_INET, address.c_str(), &bound.sin_addr) != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("'", address, "' is not an IPv4 address"));
-  }
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
-  socklen_t length = sizeof(bound);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&bound), sizeof(bound)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length) != 0) {
-    const std::string error = std::strerror(errno);
-    close(fd);
-    return absl::InternalError(absl::StrCat("binding a free port on ", address, ": ", error));
-  }
-  close(fd);
-  return ntohs(bound.sin_port);
+// Whether a server's failure to start (a status carrying its log) was a port another process
+// bound first: the caller starts it again on new ports.
+inline bool IsAddressInUse(const absl::Status& status) {
+  return absl::StrContains(status.message(), "address already in use");
 }
+
+// How many times a test server is started on new ports when its ports were taken.
+inline constexpr int kPortAttempts = 5;
 
 // Forks and execs `args` (args[0] the binary) with stdout and stderr appended to `log_path`; the
 // child gets SIGKILL if the calling process dies, so a crashed test leaves no server behind.
@@ -115,17 +102,22 @@ class EtcdProcess {
   // How long Start() and Restart() wait for etcd to serve.
   static constexpr absl::Duration kStartTimeout = absl::Seconds(20);
 
+  // Starts etcd on new free ports, again on others (up to kPortAttempts) when another process
+  // bound one first.
   static absl::StatusOr<std::unique_ptr<EtcdProcess>> Start() {
     if (absl::Status s = CheckEtcdInstalled(); !s.ok()) return s;
-    std::unique_ptr<EtcdProcess> etcd(new EtcdProcess());
-    absl::StatusOr<int> client_port = FreeLoopbackPort();
-    if (!client_port.ok()) return client_port.status();
-    absl::StatusOr<int> peer_port = FreeLoopbackPort();
-    if (!peer_port.ok()) return peer_port.status();
-    etcd->client_port_ = *client_port;
-    etcd->peer_port_ = *peer_port;
-    if (absl::Status s = etcd->Launch(); !s.ok()) return s;
-    return etcd;
+    absl::Status last;
+    for (int attempt = 0; attempt < kPortAttempts; ++attempt) {
+      std::unique_ptr<EtcdProcess> etcd(new EtcdProcess());
+      absl::StatusOr<std::vector<int>> ports = FreeTcpPorts("127.0.0.1", 2);
+      if (!ports.ok()) return ports.status();
+      etcd->client_port_ = (*ports)[0];
+      etcd->peer_port_ = (*ports)[1];
+      last = etcd->Launch();
+      if (last.ok()) return etcd;
+      if (!IsAddressInUse(last)) return last;
+    }
+    return last;
   }
 
   ~EtcdProcess() { Stop(); }
@@ -166,9 +158,6 @@ class EtcdProcess {
 
   // The end of etcd's log, for failure messages.
   std::string LogTail() const { return FileTail(dir_.File("etcd.log")); }
-
-  // A loopback TCP port that is free now (the kernel's choice for a bind to port 0).
-  static absl::StatusOr<int> FreeLoopbackPort() { return FreeTcpPort("127.0.0.1"); }
 
  private:
   EtcdProcess() = default;

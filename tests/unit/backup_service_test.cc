@@ -36,6 +36,7 @@
 #include "sdk/checkpoint/snapshot_arena.h"
 #include "sdk/checkpoint/snapshotter.h"
 #include "sdk/checkpoint/tcp_backup_transport.h"
+#include "tests/support/free_port.h"
 #include "tests/support/full_shm_env.h"
 #include "tests/support/own_process.h"
 #include "tests/support/shm_suffix_env.h"
@@ -423,17 +424,10 @@ TEST_F(BackupServiceTest, APushThatCannotFinishByItsDeadlineIsDeadlineExceeded) 
 }
 
 TEST_F(BackupServiceTest, AnUnreachableHolderIsUnavailable) {
-  // A port that was free a moment ago and has no listener.
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
-  socklen_t length = sizeof(address);
-  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length), 0);
-  const std::string holder = absl::StrFormat("127.0.0.1:%d", ntohs(address.sin_port));
-  close(fd);
+  // A port with no listener (FreeTcpPort).
+  const absl::StatusOr<int> port = testing::FreeTcpPort("127.0.0.1");
+  ASSERT_TRUE(port.ok()) << port.status();
+  const std::string holder = absl::StrFormat("127.0.0.1:%d", *port);
 
   const std::string payload = Payload(10, 100000);
   const Snapshotter::View view = MakeView(10, payload);

@@ -2,9 +2,21 @@
 // losing any one member, the one the client talks to (a follower), the leader, or the one holding
 // a blocked Wait's watch, leaves every verb working; losing two leaves no quorum and calls fail,
 // bounded, naming an endpoint. Each test has its own cluster and kills members for real (SIGKILL).
+// A test server's ports are drawn free below the ephemeral range, and a cluster whose port another
+// process took first starts again on new ones.
 #include "tests/support/etcd_cluster.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -17,6 +29,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sdk/rendezvous/etcd_store.h"
+#include "tests/support/own_process.h"
+#include "tests/support/temp_dir.h"
 #include "trainguard/store.h"
 
 namespace trainguard::testing {
@@ -228,6 +242,58 @@ TEST(EtcdClusterTest, LosingTwoMembersOfThreeFailsCallsBoundedNamingAnEndpointUn
   // The Set without a quorum may or may not have been applied once the quorum returned.
   EXPECT_THAT(*got, AnyOf("before", "during"));
   EXPECT_TRUE(store->Set("k", "after", kTimeout).ok());
+}
+
+// The test servers' ports (FreeTcpPorts) are distinct, below the ephemeral range that binds to
+// port 0 and outgoing connections draw from, and free; and a port another process took first makes
+// etcd exit with the message on which Start draws new ports (IsAddressInUse), here with its real
+// log.
+TEST(EtcdClusterTest, APortTakenBeforeEtcdBindsItIsRecognizedAndFreshPortsAreDistinct) {
+  absl::StatusOr<std::vector<int>> ports = FreeTcpPorts("127.0.1.201", 6);
+  ASSERT_TRUE(ports.ok()) << ports.status();
+  std::vector<int> sorted = *ports;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(std::adjacent_find(sorted.begin(), sorted.end()), sorted.end());
+  int ephemeral_low = 0;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> ephemeral_low;
+  ASSERT_GT(ephemeral_low, 0);
+  for (int port : *ports) EXPECT_LT(port, ephemeral_low);
+
+  // A listener on the port etcd is told to use.
+  const int taken = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(taken, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(static_cast<uint16_t>((*ports)[0]));
+  ASSERT_EQ(bind(taken, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0)
+      << std::strerror(errno);
+  ASSERT_EQ(listen(taken, 1), 0) << std::strerror(errno);
+  TempDir dir;
+  const std::string client_url = absl::StrCat("http://127.0.0.1:", (*ports)[0]);
+  const std::string peer_url = absl::StrCat("http://127.0.0.1:", (*ports)[1]);
+  absl::StatusOr<pid_t> pid =
+      SpawnEtcd({kEtcdBinary, "--name", "taken", "--data-dir", dir.File("data"),
+                 "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
+                 "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+                 "--initial-cluster", absl::StrCat("taken=", peer_url)},
+                dir.File("etcd.log"));
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  int status = 0;
+  pid_t reaped = 0;
+  for (absl::Time end = absl::Now() + absl::Seconds(60); reaped == 0 && absl::Now() < end;) {
+    reaped = waitpid(*pid, &status, WNOHANG);
+    if (reaped == 0) absl::SleepFor(absl::Milliseconds(20));
+  }
+  if (reaped == 0) {  // still serving somehow: stop it, and fail below
+    ASSERT_TRUE(SignalOwnProcess(*pid, SIGKILL).ok());
+    waitpid(*pid, &status, 0);
+  }
+  close(taken);
+  ASSERT_EQ(reaped, *pid) << "etcd served on a port another socket listened on";
+  const std::string log = FileTail(dir.File("etcd.log"));
+  EXPECT_TRUE(IsAddressInUse(absl::InternalError(log))) << log;
+  EXPECT_FALSE(IsAddressInUse(absl::InternalError("etcd member 0 did not serve within 60s")));
 }
 
 TEST(EtcdClusterTest, MembersOnTheirOwnHostAddressesServeAClientFromAnotherHostsAddress) {

@@ -61,7 +61,7 @@ std::unique_ptr<EtcdStore> ConnectOrThrow(const EtcdStoreOptions& options) {
 
 // A loopback port that was free a moment ago, so nothing listens there.
 std::string DeadEndpoint() {
-  absl::StatusOr<int> port = EtcdProcess::FreeLoopbackPort();
+  absl::StatusOr<int> port = FreeTcpPort("127.0.0.1");
   if (!port.ok()) throw std::runtime_error(port.status().ToString());
   return absl::StrCat("http://127.0.0.1:", *port);
 }

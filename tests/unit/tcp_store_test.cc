@@ -32,6 +32,7 @@
 #include "sdk/rendezvous/store_frame.h"
 #include "sdk/rendezvous/store_session.h"
 #include "sdk/rendezvous/store_state.h"
+#include "tests/support/free_port.h"
 #include "tests/support/own_process.h"
 #include "tests/support/peer_recording_listener.h"
 #include "tests/support/store_conformance.h"
@@ -216,17 +217,12 @@ proto::ClientMessage GetRequest(uint64_t id, const std::string& key) {
   return message;
 }
 
-// A port with nothing listening on it (bound, then released).
+// A port with nothing listening on it, below the ephemeral range (FreeTcpPort), so that no
+// client's own connection can take it as its source port and connect to itself.
 int UnusedPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) std::abort();
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
+  absl::StatusOr<int> port = FreeTcpPort("127.0.0.1");
+  if (!port.ok()) std::abort();
+  return *port;
 }
 
 class TcpStoreHarness {
