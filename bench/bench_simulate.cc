@@ -1,11 +1,15 @@
-// bench_simulate: the scale simulator of issue 37. A job of R ranks on R/8 hosts and two standby
-// hosts, with the real host agents and the real coordinator, against the real TcpStore server in a
-// process of its own (bench/scale_server.h); faults injected, the recovery timed, and the result
-// checked for correctness.
+// bench_simulate: the scale simulator of issue 37. A job of R ranks on R/8 hosts and a standby
+// host per fault, with the real host agents and the real coordinator, against the real TcpStore
+// server in a process of its own (bench/scale_server.h); faults injected, the recovery timed, and
+// the result checked for correctness.
 //
-//   bench_simulate [--ranks=8,64,512,4096] [--faults=rank,host] [--host_timeout_ms=2000]
-//                  [--heartbeat_ms=1000] [--steady_s=10] [--agent_threads=4] [--timeout_s=120]
-//                  [--json=FILE]
+//   bench_simulate [--ranks=8,64,512,4096] [--faults=rank,host,partition,coordinator]
+//                  [--host_timeout_ms=2000] [--heartbeat_ms=1000] [--steady_s=10]
+//                  [--agent_threads=4] [--timeout_s=120] [--store=tcp|etcd] [--json=FILE]
+//
+// --store=etcd puts the job's store on a 3-member etcd cluster on loopback
+// (tests/support/etcd_cluster.h), every member and agent an EtcdStore client; the server's counters
+// and CPU are then not measured.
 //
 // What is real: every host's agent is the library's, as `trainguard run --nnodes` wires it: a
 // HostAgent and its StoreHostMembership (join, heartbeat, fence, job end, kill requests, stop
@@ -38,10 +42,21 @@
 //    the coordinator declares it dead after --host_timeout_ms and a standby host's members take
 //    its ranks. Figure: its agent's last heartbeat to every live member holding the new
 //    generation, minus the host timeout (the bound).
+//  - partition: a training host is cut off: its agent stops turning and its members make no store
+//    call, as for its death, but they live on; once its ranks are replaced (figure as for a host)
+//    the link heals, and each cut-off member must learn from its next wait that its rank was given
+//    away (it ends replaced; figure: the heal to the last of them), its writes are refused and
+//    its agent finds itself fenced out.
+//  - coordinator: the coordinating host dies. Another agent takes the lease once it lapses (the
+//    host timeout after the last renewal; figure: beyond that bound), gives every host a full
+//    host timeout from then (JobCoordinator::TakeOver) and replaces the dead host's ranks. Figure:
+//    its last heartbeat to every live member holding the new generation, minus two host timeouts.
+//    The simulator makes the coordinator's parts of a host that takes the lease over then (the
+//    launcher's agent holds them from its start).
 // After each fault the simulator checks, and prints "correct: ..." or what is wrong: every live
 // member holds the store's current generation and the rank the store's table gives it, no rank is
 // held by two members and every rank by one, and the dead members' writes are refused (their
-// heartbeat fails with FailedPrecondition: the generation's fence); after a host's death, its
+// heartbeat fails with FailedPrecondition: the generation's fence); after a host-wide fault, its
 // agent, turned again, finds itself fenced out.
 //
 // Steady state (--steady_s, before the faults): the store's requests and the bytes its process
@@ -101,8 +116,10 @@
 #include "sdk/host_agent/host_membership.h"
 #include "sdk/launch/launch_config.h"
 #include "sdk/rendezvous/coordinator_lease.h"
+#include "sdk/rendezvous/etcd_store.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/rendezvous/tcp_store.h"
+#include "tests/support/etcd_cluster.h"
 #include "tests/support/fake_process_supervisor.h"
 #include "trainguard/clock.h"
 #include "trainguard/store.h"
@@ -117,20 +134,22 @@ using testing::FakeProcessSupervisor;
 using testing::FakeProcessSupervisorOptions;
 
 constexpr int kRanksPerHost = 8;
-constexpr int kStandbyHosts = 2;  // one for the rank's death, one for the host's
 // How long one store call of a member or a check may take, and a replacement's (as the launcher's
 // kStoreTimeout).
 constexpr absl::Duration kStoreTimeout = absl::Seconds(10);
 
 struct Flags {
   std::vector<int> ranks = {8, 64, 512, 4096};
-  std::vector<std::string> faults = {"rank", "host"};
+  std::vector<std::string> faults = {"rank", "host", "partition", "coordinator"};
   absl::Duration host_timeout = absl::Seconds(2);
   absl::Duration heartbeat = absl::Seconds(1);
   absl::Duration steady = absl::Seconds(10);
   int agent_threads = 4;
   absl::Duration timeout = absl::Seconds(120);
   std::string json;
+  // "tcp": the TcpStore server in a process of its own; "etcd": a 3-member etcd cluster on
+  // loopback (tests/support/etcd_cluster.h), each member and agent an EtcdStore client.
+  std::string store = "tcp";
   bool verbose = false;  // every line the agents and the coordinator say
 };
 
@@ -166,6 +185,9 @@ class Problems {
   int count_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// A new connection to the job's store, as a rank's or an agent's (Flags::store).
+using StoreConnector = std::function<absl::StatusOr<std::unique_ptr<Store>>()>;
+
 // One simulated process of a host: a rank or a standby, on a thread of its own with its own store
 // connection and its RendezvousMember (see the header comment for what it does).
 class SimMember {
@@ -185,12 +207,20 @@ class SimMember {
   SimMember(const SimMember&) = delete;
   SimMember& operator=(const SimMember&) = delete;
 
-  void Start(int port, const Flags& flags) {
-    thread_ = std::thread([this, port, &flags] { Run(port, flags); });
+  void Start(const StoreConnector& connect, const Flags& flags) {
+    thread_ = std::thread([this, &connect, &flags] { Run(connect, flags); });
   }
   // The process died: the member stops beating and waiting, at once, without leaving.
   void Silence() { silenced_.store(true); }
   bool silenced() const { return silenced_.load(); }
+  // A partition: the member makes no store call from its next one on (the store hears nothing of
+  // it) until Heal, and then goes on as it was: its next heartbeat, or its wait for the next
+  // generation, meets what the job did meanwhile (a fence, a table without it).
+  void Partition() { partitioned_.store(true); }
+  void Heal() { partitioned_.store(false); }
+  bool cut_off() const { return partitioned_.load(); }
+  // Whether its thread ended (replaced, or the store's error), and no longer holds a rank.
+  bool ended() const { return ended_.load(); }
   // Ends its thread (the simulator's end): RequestStop, then Stop, which waits for it (up to a
   // heartbeat interval: its current wait), so that many members end together.
   void RequestStop() { stop_.store(true); }
@@ -233,10 +263,15 @@ class SimMember {
     MutexLock lock(&mu_);
     place_.error = std::move(error);
     place_.replaced = replaced;
+    ended_.store(true);
+  }
+  // Waits out a partition (bounded polling of the simulator's own flag; the store is not asked).
+  void WhilePartitioned() {
+    while (partitioned_.load() && !Ended()) absl::SleepFor(absl::Milliseconds(10));
   }
 
-  void Run(int port, const Flags& flags) {
-    absl::StatusOr<std::unique_ptr<Store>> store = Connect(port, kStoreTimeout);
+  void Run(const StoreConnector& connect, const Flags& flags) {
+    absl::StatusOr<std::unique_ptr<Store>> store = connect();
     if (!store.ok()) return End(store.status(), false);
     store_ = *std::move(store);
     RendezvousMember* member = nullptr;
@@ -260,7 +295,10 @@ class SimMember {
     if (!m.ok()) return End(m.status(), false);
     Adopt(*m);
     while (!Ended()) {
+      WhilePartitioned();
+      if (Ended()) return;
       absl::StatusOr<bool> newer = member->AwaitNewerGeneration(flags.heartbeat);
+      WhilePartitioned();
       if (Ended()) return;
       if ((newer.ok() && *newer) || member->superseded()) {
         absl::StatusOr<Membership> next = member->AwaitGeneration(m->generation, flags.timeout);
@@ -279,6 +317,8 @@ class SimMember {
   const int world_size_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> silenced_{false};
+  std::atomic<bool> partitioned_{false};
+  std::atomic<bool> ended_{false};
   std::unique_ptr<Store> store_;  // the thread's; kept for Beat after it ended
   mutable Mutex mu_;
   std::unique_ptr<RendezvousMember> member_ ABSL_GUARDED_BY(mu_);
@@ -290,10 +330,17 @@ class SimMember {
 // What a whole size shares: the store's address, the flags, the members and the problems.
 struct Sim {
   const Flags* flags = nullptr;
-  int port = 0;
+  StoreConnector connect;
+  std::string store_url;  // as an agent is given it (HostAgentOptions::store_url)
   int ranks = 0;
   int training_hosts = 0;
+  int standby_hosts = 0;
   Problems problems;
+  // The newest takeover of the coordinator's lease by another host than the first (Unix ns; 0:
+  // none), and by which host.
+  std::atomic<int64_t> took_over_ns{0};
+  Mutex took_over_mu;
+  std::string took_over_by ABSL_GUARDED_BY(took_over_mu);
   Mutex members_mu;
   // Every member started, by member id.
   std::map<std::string, std::unique_ptr<SimMember>> members ABSL_GUARDED_BY(members_mu);
@@ -306,7 +353,7 @@ struct Sim {
       MutexLock lock(&members_mu);
       members[id] = std::move(member);
     }
-    raw->Start(port, *flags);
+    raw->Start(connect, *flags);
     return raw;
   }
   std::vector<SimMember*> AllMembers() {
@@ -355,7 +402,7 @@ class SimHost {
   absl::Status Create() {
     const Flags& flags = *sim_->flags;
     const absl::Duration call_timeout = flags.host_timeout / 4;  // AgentCallTimeout
-    absl::StatusOr<std::unique_ptr<Store>> store = Connect(sim_->port, kStoreTimeout);
+    absl::StatusOr<std::unique_ptr<Store>> store = sim_->connect();
     if (!store.ok()) return store.status();
     // As the launcher's agent: every part reads the store through the turn's one read.
     auto turn_reads = std::make_unique<TurnReadStore>(*std::move(store));
@@ -372,11 +419,26 @@ class SimHost {
     lease_hooks.say = [this](const std::string& line) { Say(line); };
     lease_hooks.resume = [this] { return rendezvous_->Resume(kStoreTimeout); };
     lease_hooks.generation = [this] { return rendezvous_->generation(); };
-    lease_hooks.took_over = [this] {
-      if (parts_ != nullptr) {
-        parts_->job->TakeOver(kStoreTimeout);
-      } else {
-        sim_->problems.Add(absl::StrCat("host ", host_id_, " took the coordinator lease over"));
+    lease_hooks.took_over = [this, call_timeout] {
+      // As every launcher's agent holds the coordinator's parts from its start (Job::Run), made
+      // here only when needed: thousands of idle copies would be the simulator's memory, not the
+      // job's.
+      if (parts_ == nullptr) {
+        if (!spawned_) {
+          sim_->problems.Add(
+              absl::StrCat("host ", host_id_, " took the coordinator lease over before the plan"));
+          return;
+        }
+        CreateCoordinatorParts(call_timeout);
+        parts_->job->set_world_size(world_size_);
+        parts_->rank_watch->set_world_size(world_size_);
+        parts_->formed.store(true);  // generation 0 is the first coordinator's
+      }
+      parts_->job->TakeOver(kStoreTimeout);
+      if (!coordinator_host_) {
+        MutexLock lock(&sim_->took_over_mu);
+        sim_->took_over_by = host_id_;
+        sim_->took_over_ns.store(absl::ToUnixNanos(absl::Now()));
       }
     };
     lease_hooks.deposed = [this] {
@@ -388,7 +450,7 @@ class SimHost {
     options.host_id = host_id_;
     options.call_timeout = call_timeout;
     options.report_timeout = kStoreTimeout;
-    options.store_url = absl::StrCat("tcp://127.0.0.1:", sim_->port);
+    options.store_url = sim_->store_url;
     options.store_loss_bound = std::max(absl::Seconds(30), 10 * flags.host_timeout);
     options.ranks_per_host = kRanksPerHost;
     HostAgent::Hooks hooks;
@@ -501,6 +563,18 @@ class SimHost {
     }
     return silenced;
   }
+  // The fault "the host is cut off": its agent stops turning (the caller's) and its members make no
+  // store call until HealEveryMember. Returns them.
+  std::vector<SimMember*> PartitionEveryMember() {
+    std::vector<SimMember*> cut;
+    for (auto& w : workers_) {
+      if (SimMember* m = MemberOf(*w); m != nullptr && !m->silenced()) {
+        m->Partition();
+        cut.push_back(m);
+      }
+    }
+    return cut;
+  }
   // For the check after a host's death: this agent, turned once more, finds itself fenced out.
   std::optional<AgentExit> CheckFenced() { return agent_->CheckFenced(); }
 
@@ -593,7 +667,7 @@ class SimHost {
     PlanOptions plan;
     plan.nnodes_min = sim_->training_hosts;
     plan.nnodes_max = sim_->training_hosts;
-    plan.standby_nodes = kStandbyHosts;
+    plan.standby_nodes = sim_->standby_hosts;
     plan.ranks_per_host = kRanksPerHost;
     plan.call_timeout = call_timeout;
     PlanPublisher::Hooks plan_hooks;
@@ -679,7 +753,8 @@ class SimHost {
   void CoordinateHosts() {
     if (!spawned_) return;
     CoordinatorParts& p = *parts_;
-    if (!p.former.joinable()) {
+    // Formed already: a coordinator that took the lease over after generation 0.
+    if (!p.formed.load() && !p.former.joinable()) {
       p.former = std::thread([this, &p] {
         const absl::Time deadline = absl::Now() + sim_->flags->timeout;
         absl::StatusOr<Membership> m = absl::DeadlineExceededError("not started");
@@ -855,7 +930,7 @@ std::optional<absl::Time> AwaitConvergence(Sim& sim, int64_t after, absl::Time d
     absl::Time last = absl::InfinitePast();
     int holders = 0;
     for (SimMember* m : sim.AllMembers()) {
-      if (m->silenced()) continue;
+      if (m->silenced() || m->cut_off()) continue;  // dead, or not hearing the store
       const SimMember::Place place = m->place();
       if (place.rank < 0) continue;  // a parked standby
       ++holders;
@@ -876,7 +951,7 @@ std::optional<absl::Time> AwaitConvergence(Sim& sim, int64_t after, absl::Time d
 // wrong. `dead`: the members that died (their writes must be refused).
 bool CheckCorrect(Sim& sim, const std::vector<SimMember*>& dead, const std::string& what) {
   std::vector<std::string> wrong;
-  absl::StatusOr<std::unique_ptr<Store>> store = Connect(sim.port, kStoreTimeout);
+  absl::StatusOr<std::unique_ptr<Store>> store = sim.connect();
   if (!store.ok()) {
     std::printf("  wrong after %s: the check's connection: %s\n", what.c_str(),
                 store.status().ToString().c_str());
@@ -973,32 +1048,76 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
   result.ranks = ranks;
   result.load = Uptime();
   const int training_hosts = (ranks + kRanksPerHost - 1) / kRanksPerHost;
-  const int hosts = training_hosts + kStandbyHosts;
+  // A standby host per fault that will run and needs one (each takes a whole host's ranks, or a
+  // rank's); "host" and "partition" each take a training host besides the coordinator's.
+  int standby_hosts = 0;
+  int victims = training_hosts - 1;
+  for (const std::string& fault : flags.faults) {
+    if (fault == "host" || fault == "partition") {
+      if (victims-- > 0) ++standby_hosts;
+    } else if (fault == "rank" || fault == "coordinator") {
+      ++standby_hosts;
+    }
+  }
+  standby_hosts = std::max(standby_hosts, 1);
+  const int hosts = training_hosts + standby_hosts;
   result.hosts = training_hosts;
   if (ranks % kRanksPerHost != 0) {
     std::printf("ranks=%d: not a multiple of %d ranks per host\n", ranks, kRanksPerHost);
     return result;
   }
-  const int members = ranks + kStandbyHosts * kRanksPerHost;
+  const int members = ranks + standby_hosts * kRanksPerHost;
   // A thread and a connection per member (a standby's heartbeat thread and its second connection
   // besides), a connection per agent, and the checks'.
-  const int threads = members + kStandbyHosts * kRanksPerHost + flags.agent_threads + 64;
-  const int files = members + kStandbyHosts * kRanksPerHost + hosts + 256;
+  const int threads = members + standby_hosts * kRanksPerHost + flags.agent_threads + 64;
+  const int files = members + standby_hosts * kRanksPerHost + hosts + 256;
   if (std::optional<std::string> why = bench::MachineCannotHold(threads, files); why.has_value()) {
     std::printf("ranks=%d: not measured on this machine: %s\n", ranks, why->c_str());
     return result;
   }
-  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
-      ServerProcess::Start(std::max(TcpStoreServerOptions{}.max_connections, files + 64));
-  if (!server.ok()) {
-    std::printf("ranks=%d: %s\n", ranks, server.status().ToString().c_str());
-    return result;
-  }
+  // The store: the TcpStore server (its counters and CPU are figures) or an etcd cluster. Declared
+  // before the simulation, so that it outlives the members' last calls at their end.
+  std::unique_ptr<ServerProcess> server;
+  std::unique_ptr<testing::EtcdCluster> etcd;
   Sim sim;
   sim.flags = &flags;
-  sim.port = (*server)->port();
+  if (flags.store == "etcd") {
+    absl::StatusOr<std::unique_ptr<testing::EtcdCluster>> started = testing::EtcdCluster::Start(3);
+    if (!started.ok()) {
+      std::printf("ranks=%d: %s\n", ranks, started.status().ToString().c_str());
+      return result;
+    }
+    etcd = *std::move(started);
+    sim.store_url = etcd->StoreUrl();
+    sim.connect = [endpoints = etcd->endpoints()]() -> absl::StatusOr<std::unique_ptr<Store>> {
+      EtcdStoreOptions options;
+      options.endpoints = endpoints;
+      options.job_id = bench::kScaleJob;
+      options.connect_timeout = kStoreTimeout;
+      absl::StatusOr<std::unique_ptr<EtcdStore>> client = EtcdStore::Connect(options);
+      if (!client.ok()) return client.status();
+      return std::unique_ptr<Store>(*std::move(client));
+    };
+  } else {
+    absl::StatusOr<std::unique_ptr<ServerProcess>> started =
+        ServerProcess::Start(std::max(TcpStoreServerOptions{}.max_connections, files + 64));
+    if (!started.ok()) {
+      std::printf("ranks=%d: %s\n", ranks, started.status().ToString().c_str());
+      return result;
+    }
+    server = *std::move(started);
+    const int port = server->port();
+    sim.store_url = absl::StrCat("tcp://127.0.0.1:", port);
+    sim.connect = [port] { return Connect(port, kStoreTimeout); };
+  }
+  // What the store's server process received and sent: the TcpStore's counters (none for etcd).
+  auto counters = [&]() -> absl::StatusOr<ServerProcess::Counts> {
+    if (server == nullptr) return absl::UnimplementedError("etcd: no server counters");
+    return server->Counters();
+  };
   sim.ranks = ranks;
   sim.training_hosts = training_hosts;
+  sim.standby_hosts = standby_hosts;
 
   // The coordinating host on a thread of its own (its CPU is the coordinator's), the others in
   // slices over the agent threads; the standby hosts join last.
@@ -1066,7 +1185,7 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
   figure("generation0_after_last_join_s", Seconds(*held - last_join), "s");
   figure("generation0_after_start_s", Seconds(*held - started), "s");
   std::printf("ranks=%d hosts=%d (+%d standby hosts, load %s):\n", ranks, training_hosts,
-              kStandbyHosts, result.load.c_str());
+              standby_hosts, result.load.c_str());
   std::printf(
       "  generation 0 held by every rank %.3f s after the last join (%.3f s after the "
       "start)\n",
@@ -1077,7 +1196,7 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
   // coordinator holds the table it published), later generations from their changes. Measured
   // apart, so that the steady state below is the job's uneventful training only.
   {
-    absl::StatusOr<ServerProcess::Counts> before = (*server)->Counters();
+    absl::StatusOr<ServerProcess::Counts> before = counters();
     const absl::Time from = absl::Now();
     auto every_host_followed = [&] {
       for (const auto& h : all_hosts) {
@@ -1086,48 +1205,51 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
       return true;
     };
     while (!every_host_followed() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
-    absl::StatusOr<ServerProcess::Counts> after = (*server)->Counters();
+    absl::StatusOr<ServerProcess::Counts> after = counters();
     if (!every_host_followed()) return fail("the agents did not follow generation 0 in time");
+    const double followed = Seconds(absl::Now() - from);
+    figure("agents_followed_generation0_s", followed, "s");
     if (before.ok() && after.ok()) {
       const double bytes = static_cast<double>(after->bytes_received + after->bytes_sent -
                                                before->bytes_received - before->bytes_sent);
-      figure("agents_followed_generation0_s", Seconds(absl::Now() - from), "s");
       figure("agents_followed_generation0_bytes", bytes, "B");
       std::printf("  every agent followed generation 0 %.3f s later: %.1f MB through the server\n",
-                  Seconds(absl::Now() - from), bytes / 1e6);
+                  followed, bytes / 1e6);
+    } else {
+      std::printf("  every agent followed generation 0 %.3f s later\n", followed);
     }
   }
 
   // Steady state.
   if (flags.steady > absl::ZeroDuration()) {
     (void)longest_pass();
-    absl::StatusOr<ServerProcess::Counts> before = (*server)->Counters();
-    const ProcessUsage server_before = (*server)->Usage();
+    absl::StatusOr<ServerProcess::Counts> before = counters();
+    const ProcessUsage server_before = server != nullptr ? server->Usage() : ProcessUsage{};
     const int64_t cpu_before = agents[0]->cpu_ns();
     const absl::Time from = absl::Now();
     absl::SleepFor(flags.steady);
-    absl::StatusOr<ServerProcess::Counts> after = (*server)->Counters();
-    const ProcessUsage server_after = (*server)->Usage();
+    absl::StatusOr<ServerProcess::Counts> after = counters();
+    const ProcessUsage server_after = server != nullptr ? server->Usage() : ProcessUsage{};
     const int64_t cpu_after = agents[0]->cpu_ns();
     const double seconds = Seconds(absl::Now() - from);
     const ProcessUsage self = bench::ReadProcessUsage("self");
+    const double coordinator_cpu = static_cast<double>(cpu_after - cpu_before) / 1e9 / seconds;
+    figure("steady_coordinator_cpu_per_s", coordinator_cpu, "s/s");
+    figure("steady_longest_agent_pass_s", Seconds(longest_pass()), "s");
+    figure("simulator_rss_bytes", static_cast<double>(self.rss_bytes), "B");
     if (before.ok() && after.ok()) {
       const double requests = static_cast<double>(after->requests - before->requests) / seconds;
       const double bytes = static_cast<double>(after->bytes_received + after->bytes_sent -
                                                before->bytes_received - before->bytes_sent) /
                            seconds;
-      const double coordinator_cpu = static_cast<double>(cpu_after - cpu_before) / 1e9 / seconds;
       const double server_cpu = (server_after.cpu_seconds - server_before.cpu_seconds) / seconds;
       figure("steady_requests_per_s", requests, "1/s");
       figure("steady_requests_per_rank_s", requests / ranks, "1/s");
       figure("steady_requests_per_host_s", requests / training_hosts, "1/s");
       figure("steady_bytes_per_s", bytes, "B/s");
       figure("steady_bytes_per_rank_s", bytes / ranks, "B/s");
-      figure("steady_coordinator_cpu_per_s", coordinator_cpu, "s/s");
       figure("steady_server_cpu_per_s", server_cpu, "s/s");
-      figure("steady_longest_agent_pass_s", Seconds(longest_pass()), "s");
       figure("server_rss_bytes", static_cast<double>(server_after.rss_bytes), "B");
-      figure("simulator_rss_bytes", static_cast<double>(self.rss_bytes), "B");
       std::printf(
           "  steady state over %.1f s: %.0f store requests/s (%.2f per rank, %.1f per host), "
           "%.0f KB/s through the server (%.0f B/s per rank); coordinator thread %.2f%% of a "
@@ -1135,40 +1257,72 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
           seconds, requests, requests / ranks, requests / training_hosts, bytes / 1e3,
           bytes / ranks, 100 * coordinator_cpu, 100 * server_cpu, server_after.rss_bytes / 1e6,
           self.rss_bytes / 1e6);
+    } else {
+      std::printf(
+          "  steady state over %.1f s: coordinator thread %.2f%% of a core; RSS simulator %.0f MB "
+          "(no server counters with %s)\n",
+          seconds, 100 * coordinator_cpu, self.rss_bytes / 1e6, flags.store.c_str());
     }
   }
 
+  // The training hosts a host-wide fault may take, in order: never the coordinator's but for the
+  // fault that is its loss.
+  int next_victim = 1;
   for (const std::string& fault : flags.faults) {
-    const int64_t before = coordinator->rendezvous()->generation();
+    // Every live member holds the same generation here (the previous step converged).
+    int64_t before = -1;
+    for (SimMember* m : sim.AllMembers()) {
+      if (!m->silenced()) before = std::max(before, m->place().generation);
+    }
     std::vector<SimMember*> dead;
     absl::Time from;
     absl::Duration minus = absl::ZeroDuration();
     std::string what;
+    SimHost* victim = nullptr;
+    AgentThread* victim_thread = nullptr;
+    auto thread_of = [&](int h) {
+      return h == 0 ? agents[0].get() : agents[1 + (h - 1) % agent_threads].get();
+    };
     if (fault == "rank") {
       // A rank of the last training host (not the coordinator's) dies.
       SimHost* host = all_hosts[training_hosts - 1].get();
-      AgentThread* thread = training_hosts == 1
-                                ? agents[0].get()
-                                : agents[1 + (training_hosts - 2) % agent_threads].get();
-      thread->RunOnThread([&] {
+      thread_of(training_hosts - 1)->RunOnThread([&] {
         from = absl::Now();
         if (SimMember* m = host->KillOneRank(); m != nullptr) dead.push_back(m);
       });
       what = absl::StrCat("a rank's death on ", host->host_id());
-    } else if (fault == "host") {
-      if (training_hosts < 2) {
-        std::printf("  host fault: needs a training host besides the coordinator's\n");
+    } else if (fault == "host" || fault == "partition") {
+      if (next_victim >= training_hosts) {
+        std::printf(
+            "  %s fault: needs a training host besides the coordinator's (and the earlier "
+            "faults')\n",
+            fault.c_str());
         continue;
       }
-      SimHost* host = all_hosts[1].get();  // the first training host besides the coordinator's
-      AgentThread* thread = agents[1].get();
-      thread->RunOnThread([&] {
-        thread->Forget(host);
-        dead = host->SilenceEveryMember();
-        from = absl::FromUnixNanos(host->last_beat_ns());
+      victim = all_hosts[next_victim].get();
+      victim_thread = thread_of(next_victim);
+      ++next_victim;
+      victim_thread->RunOnThread([&] {
+        victim_thread->Forget(victim);
+        dead = fault == "host" ? victim->SilenceEveryMember() : victim->PartitionEveryMember();
+        from = absl::FromUnixNanos(victim->last_beat_ns());
       });
       minus = flags.host_timeout;
-      what = absl::StrCat("the death of host ", host->host_id());
+      what = fault == "host" ? absl::StrCat("the death of host ", victim->host_id())
+                             : absl::StrCat("host ", victim->host_id(), " cut off");
+    } else if (fault == "coordinator") {
+      // The coordinating host dies (its agent and members at once): another agent takes the lease
+      // over once it lapses (the host timeout after its last renewal), gives every host a full
+      // host timeout from then (JobCoordinator::TakeOver), and declares the dead one: two bounds.
+      victim = coordinator;
+      victim_thread = agents[0].get();
+      victim_thread->RunOnThread([&] {
+        victim_thread->Forget(victim);
+        dead = victim->SilenceEveryMember();
+        from = absl::FromUnixNanos(victim->last_beat_ns());
+      });
+      minus = 2 * flags.host_timeout;
+      what = absl::StrCat("the death of the coordinator's host ", victim->host_id());
     } else {
       std::printf("  unknown fault '%s'\n", fault.c_str());
       ok = false;
@@ -1188,17 +1342,77 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
       figure("rank_replaced_s", took, "s");
       std::printf("  %s: every live member in the new generation %.3f s after the death\n",
                   what.c_str(), took);
+    } else if (fault == "coordinator") {
+      const int64_t took_over_ns = sim.took_over_ns.load();
+      std::string by;
+      {
+        MutexLock lock(&sim.took_over_mu);
+        by = sim.took_over_by;
+      }
+      if (took_over_ns == 0) {
+        std::printf("  wrong after %s: no other host took the lease over\n", what.c_str());
+        ok = false;
+      } else {
+        const double lease = Seconds(absl::FromUnixNanos(took_over_ns) - from - flags.host_timeout);
+        figure("coordinator_lease_taken_beyond_bound_s", lease, "s");
+        std::printf(
+            "  %s: %s took the coordinator's lease %.3f s after its last renewal + the "
+            "lease (the host timeout)\n",
+            what.c_str(), by.c_str(), lease);
+      }
+      figure("coordinator_host_replaced_beyond_bounds_s", took, "s");
+      std::printf(
+          "  %s: every live member in the new generation %.3f s after its last heartbeat + two "
+          "host timeouts (the lease's, then the new coordinator's for every host)\n",
+          what.c_str(), took);
     } else {
-      figure("host_replaced_beyond_bound_s", took, "s");
+      figure(fault == "host" ? "host_replaced_beyond_bound_s"
+                             : "partitioned_host_replaced_beyond_bound_s",
+             took, "s");
       std::printf(
           "  %s: every live member in the new generation %.3f s after its last heartbeat + the "
           "host timeout (%s)\n",
           what.c_str(), took, absl::FormatDuration(flags.host_timeout).c_str());
     }
+    if (fault == "partition") {
+      // The link heals: the cut-off members go on, and each must learn from the store that its
+      // rank was given away (its next wait finds a table without it) rather than train on.
+      const absl::Time healed = absl::Now();
+      for (SimMember* m : dead) m->Heal();
+      bool every_one_learned = true;
+      for (const absl::Time until = healed + flags.timeout;;) {
+        every_one_learned =
+            std::all_of(dead.begin(), dead.end(), [](SimMember* m) { return m->ended(); });
+        if (every_one_learned || absl::Now() >= until) break;
+        absl::SleepFor(absl::Milliseconds(5));
+      }
+      int replaced = 0;
+      for (SimMember* m : dead) {
+        const SimMember::Place place = m->place();
+        if (m->ended() && place.replaced) {
+          ++replaced;
+        } else {
+          std::printf("  wrong after %s healed: %s %s\n", what.c_str(), m->id().c_str(),
+                      m->ended() ? absl::StrCat("ended: ", place.error.ToString()).c_str()
+                                 : "still holds its rank");
+          ok = false;
+        }
+      }
+      if (every_one_learned) {
+        std::printf(
+            "  correct: healed, each of its %d members learned it was replaced within %.3f "
+            "s\n",
+            replaced, Seconds(absl::Now() - healed));
+        figure("partitioned_members_learned_replaced_s", Seconds(absl::Now() - healed), "s");
+      }
+      // From here on they are as dead for the checks: their writes must be refused.
+      for (SimMember* m : dead) m->Silence();
+    }
     ok = CheckCorrect(sim, dead, what) && ok;
-    if (fault == "host") {
+    if (victim != nullptr) {
       // Its agent, back, finds itself fenced out.
-      std::optional<AgentExit> fenced = all_hosts[1]->CheckFenced();
+      std::optional<AgentExit> fenced;
+      victim_thread->RunOnThread([&] { fenced = victim->CheckFenced(); });
       if (!fenced.has_value()) {
         std::printf("  wrong after %s: its agent does not find itself fenced out\n", what.c_str());
         ok = false;
@@ -1269,9 +1483,10 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     absl::Status s;
     if (arg == "--help" || arg == "-h") {
       return absl::CancelledError(
-          "usage: bench_simulate [--ranks=8,64,512,4096] [--faults=rank,host] "
+          "usage: bench_simulate [--ranks=8,64,512,4096] "
+          "[--faults=rank,host,partition,coordinator] "
           "[--host_timeout_ms=2000] [--heartbeat_ms=1000] [--steady_s=10] [--agent_threads=4] "
-          "[--timeout_s=120] [--json=FILE] [--verbose]");
+          "[--timeout_s=120] [--store=tcp|etcd] [--json=FILE] [--verbose]");
     } else if (absl::ConsumePrefix(&value, "--ranks=")) {
       flags.ranks.clear();
       for (absl::string_view r : absl::StrSplit(value, ',')) {
@@ -1304,6 +1519,11 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
         return absl::InvalidArgumentError(absl::StrCat("--timeout_s: '", value, "'"));
       }
       flags.timeout = absl::Seconds(seconds);
+    } else if (absl::ConsumePrefix(&value, "--store=")) {
+      if (value != "tcp" && value != "etcd") {
+        return absl::InvalidArgumentError(absl::StrCat("--store: '", value, "' (tcp or etcd)"));
+      }
+      flags.store = std::string(value);
     } else if (arg == "--verbose") {
       flags.verbose = true;
     } else if (absl::ConsumePrefix(&value, "--json=")) {
