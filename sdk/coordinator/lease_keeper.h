@@ -1,12 +1,13 @@
 // LeaseKeeper: whether this agent is the job's coordinator, and what it says when that changes.
 // Several hosts: one agent at a time holds the coordinator lease (CoordinatorLease, fenced by its
-// term); the keeper renews, watches or takes it (Update, every agent tick), says "coordinating the
-// job (lease term N; generation G)" when it takes it (and hands the takeover to Hooks::took_over:
-// the membership and every fact the previous holder acted on are read back from the store), "no
-// longer coordinating (<why>)" when it loses it (Hooks::deposed drops what it had queued), and
-// "coordinating the job again" when a renewal that came after its acting deadline finds that
-// nobody took it meanwhile. Coordinating() is the gate of every coordinator act. One host: no
-// lease, the launcher's coordinator always acts (the same calls, a lease of nobody to lose).
+// term); the keeper watches or takes it (Update, every agent tick) and renews it (on a thread of
+// its own: see below), says "coordinating the job (lease term N; generation G)" when it takes it
+// (and hands the takeover to Hooks::took_over: the membership and every fact the previous holder
+// acted on are read back from the store), "no longer coordinating (<why>)" when it loses it
+// (Hooks::deposed drops what it had queued), and "coordinating the job again" when a renewal that
+// came after its acting deadline finds that nobody took it meanwhile. Coordinating() is the gate
+// of every coordinator act. One host: no lease, the launcher's coordinator always acts (the same
+// calls, a lease of nobody to lose).
 //
 // The renewal. A holder renews its lease on a thread of its own (StartRenewing, RenewOnce every
 // `interval`), not in the agent's turn: one slow turn (a store call that waits, a loaded machine)
@@ -72,7 +73,7 @@ class LeaseKeeper {
 
   // Starts the renewal thread: RenewOnce, then a wait of `interval` (real time, cut short by
   // StopRenewing), until StopRenewing. From then on Update leaves a claimed lease to it. Nothing on
-  // one host (no lease). REQUIRES: not renewing already; `interval` > 0.
+  // one host (no lease), nor when it runs already. REQUIRES: `interval` > 0.
   void StartRenewing(absl::Duration interval);
   // Stops and joins the renewal thread: at most one renewal under way (call_timeout) is waited
   // for. Nothing when it does not run.
@@ -101,8 +102,8 @@ class LeaseKeeper {
   void Release(absl::Duration timeout);
 
  private:
-  // Update's sayings: the lease claimed at the last Update was lost (deposed, expired, released),
-  // or taken (term `term`).
+  // Update's sayings and hooks: the lease claimed at the last Update was lost (deposed, expired,
+  // released); the lease was taken (term_seen_).
   void SayDeposed();
   void TakeOver();
 
