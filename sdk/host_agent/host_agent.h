@@ -215,6 +215,11 @@ class HostAgent {
     MutexLock lock(&beat_mu_);
     return beats_;
   }
+  // When the store last took a beat (the start of that call; the agent's creation before any).
+  absl::Time last_beat_taken() const {
+    MutexLock lock(&beat_mu_);
+    return store_seen_;
+  }
 
   // This host's part of the published plan (AssignmentOf). NotFound while the coordinator has
   // published none; the store's error when it does not answer; FailedPrecondition, naming the
