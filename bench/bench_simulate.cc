@@ -32,13 +32,17 @@
 // --heartbeat_ms) is beaten by its own thread between its waits for the next generation, instead
 // of a heartbeat thread and a second connection; the agents are turned by --agent_threads threads
 // (a HostAgent is used by one thread), each turning its slice of the hosts at the launcher's
-// cadence (--host_timeout / 12), and the coordinating host by a thread of its own.
+// cadence (--host_timeout / 12), and the coordinating host by a thread of its own; as in the
+// launcher, each host's heartbeat and lease renewal run on two threads of its agent's own
+// (HostAgent::StartBeating, LeaseKeeper::StartRenewing), so a host whose agent thread is slow to
+// turn it is not declared dead for that.
 //
 // Faults (--faults), each after the previous one recovered:
 //  - rank: one rank's process dies: its member goes silent and its fake worker exits with status
 //    1; its agent reports the death (HostAgent::ReportDeath) and the coordinator gives the rank to
 //    a parked standby. Figure: the death to every live member holding the new generation.
-//  - host: a whole training host dies: its agent stops turning and its members go silent at once;
+//  - host: a whole training host dies: its agent stops turning, its heartbeat and renewal threads
+//    stop, and its members go silent at once;
 //    the coordinator declares it dead after --host_timeout_ms and a standby host's members take
 //    its ranks. Figure: its agent's last heartbeat to every live member holding the new
 //    generation, minus the host timeout (the bound).
@@ -396,6 +400,7 @@ class SimHost {
         coordinator_host_(coordinator),
         supervisor_(supervisor) {}
   ~SimHost() {
+    StopAgentThreads();
     if (parts_ != nullptr && parts_->former.joinable()) parts_->former.join();
   }
 
@@ -444,14 +449,17 @@ class SimHost {
     lease_hooks.deposed = [this] {
       if (parts_ != nullptr) parts_->job->Depose();
     };
-    lease_keeper_ = std::make_unique<LeaseKeeper>(lease_.get(), call_timeout, lease_hooks);
+    const absl::Duration loop_stall_bound = std::max(absl::Seconds(30), 10 * flags.host_timeout);
+    lease_keeper_ =
+        std::make_unique<LeaseKeeper>(lease_.get(), call_timeout, lease_hooks, loop_stall_bound);
 
     HostAgentOptions options;
     options.host_id = host_id_;
     options.call_timeout = call_timeout;
     options.report_timeout = kStoreTimeout;
     options.store_url = sim_->store_url;
-    options.store_loss_bound = std::max(absl::Seconds(30), 10 * flags.host_timeout);
+    options.store_loss_bound = loop_stall_bound;
+    options.loop_stall_bound = loop_stall_bound;
     options.ranks_per_host = kRanksPerHost;
     HostAgent::Hooks hooks;
     hooks.workers = [this] {
@@ -480,7 +488,7 @@ class SimHost {
     };
     membership_hooks.ended = [this] { return ended_.has_value(); };
     membership_hooks.update_lease = [this] { lease_keeper_->Update(); };
-    membership_hooks.release_lease = [this] { lease_->Release(absl::Seconds(1)); };
+    membership_hooks.release_lease = [this] { lease_keeper_->Release(absl::Seconds(1)); };
     membership_hooks.follow = [this] {
       if (!spawned_) SpawnPlanned();
       if (!ended_.has_value()) FollowGeneration();
@@ -496,7 +504,19 @@ class SimHost {
     membership.call_timeout = call_timeout;
     membership_ = std::make_unique<StoreHostMembership>(store_.get(), Clock::Real(), agent_.get(),
                                                         turn_reads_, membership, membership_hooks);
-    return membership_->Join();
+    if (absl::Status s = membership_->Join(); !s.ok()) return s;
+    // As the launcher: the heartbeat and the lease's renewal on threads of their own, so that a
+    // host whose agent thread is slow to turn it is not declared dead for it.
+    agent_->StartBeating(flags.host_timeout / 12);
+    lease_keeper_->StartRenewing(flags.host_timeout / 12);
+    return absl::OkStatus();
+  }
+
+  // This host's agent process dies: its heartbeat and renewal threads stop with it (its loop is
+  // stopped by its agent thread: AgentThread::Forget). On this host's agent thread.
+  void StopAgentThreads() {
+    if (lease_keeper_ != nullptr) lease_keeper_->StopRenewing();
+    if (agent_ != nullptr) agent_->StopBeating();
   }
 
   // One turn of this host's part of the launcher's loop (Job::Run): the membership's tick, then,
@@ -509,10 +529,6 @@ class SimHost {
         sim_->problems.Add(absl::StrCat("host ", host_id_, " ended: ", end->failure));
       }
       return;
-    }
-    if (agent_->beats() != beats_seen_) {
-      beats_seen_ = agent_->beats();
-      last_beat_.store(absl::ToUnixNanos(absl::Now()));
     }
     if (parts_ == nullptr || !parts_->formed.load()) return;
     CoordinatorParts& p = *parts_;
@@ -584,8 +600,11 @@ class SimHost {
   bool spawned() const { return spawned_; }
   // The newest generation its agent followed (-1: none yet).
   int64_t followed_generation() const { return followed_generation_.load(); }
-  // When its agent's heartbeat was last taken by the store (Unix ns; 0: never).
-  int64_t last_beat_ns() const { return last_beat_.load(); }
+  // When its agent's heartbeat was last taken by the store (Unix ns; its agent's creation before
+  // its first beat; 0 before Create).
+  int64_t last_beat_ns() const {
+    return agent_ != nullptr ? absl::ToUnixNanos(agent_->last_beat_taken()) : 0;
+  }
   CoordinatorParts* parts() { return parts_.get(); }
   RendezvousCoordinator* rendezvous() { return rendezvous_.get(); }
 
@@ -792,8 +811,6 @@ class SimHost {
   bool spawned_ = false;
   int world_size_ = 0;
   std::atomic<int64_t> followed_generation_{-1};  // read by the main thread too
-  int64_t beats_seen_ = 0;
-  std::atomic<int64_t> last_beat_{0};
   std::optional<AgentExit> ended_;
 };
 
@@ -1303,7 +1320,10 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
       victim_thread = thread_of(next_victim);
       ++next_victim;
       victim_thread->RunOnThread([&] {
+        // Cut off or dead, its agent reaches the store no more: its loop, its heartbeat and its
+        // lease renewal (a cut-off agent, healed, is turned once more below).
         victim_thread->Forget(victim);
+        victim->StopAgentThreads();
         dead = fault == "host" ? victim->SilenceEveryMember() : victim->PartitionEveryMember();
         from = absl::FromUnixNanos(victim->last_beat_ns());
       });
@@ -1318,6 +1338,7 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
       victim_thread = agents[0].get();
       victim_thread->RunOnThread([&] {
         victim_thread->Forget(victim);
+        victim->StopAgentThreads();
         dead = victim->SilenceEveryMember();
         from = absl::FromUnixNanos(victim->last_beat_ns());
       });

@@ -76,23 +76,77 @@ HostAgent::HostAgent(Store* store, Clock* clock, ProcessSupervisor* supervisor,
       options_(std::move(options)),
       hooks_(std::move(hooks)),
       store_rank_reports_(store, options_.report_timeout),
-      store_seen_(clock_->Now()) {}
+      store_seen_(clock_->Now()),
+      loop_turned_(store_seen_) {}
 
-std::optional<std::string> HostAgent::Heartbeat() {
+HostAgent::~HostAgent() { StopBeating(); }
+
+absl::Status HostAgent::BeatOnce() {
   const absl::Time now = clock_->Now();
+  int64_t next = 0;
+  {
+    MutexLock lock(&beat_mu_);
+    if (now - loop_turned_ > options_.loop_stall_bound) {
+      // Wedged: the coordinator is to see this host silent, and declare it dead.
+      return absl::FailedPreconditionError(
+          absl::StrFormat("host %s's agent has not turned for %s (bound %s): not beating",
+                          options_.host_id, absl::FormatDuration(now - loop_turned_),
+                          absl::FormatDuration(options_.loop_stall_bound)));
+    }
+    next = beats_ + 1;
+  }
   // A Set of a counter of our own, not an Add: a Set may be retried on another etcd member after
   // a broken connection (an Add's outcome would be unknown), so a leader election costs no beat.
   const absl::Status beat = store_->Set(store_keys::kAgentHeartbeats.Key(options_.host_id),
-                                        absl::StrCat(beats_ + 1), options_.call_timeout);
+                                        absl::StrCat(next), options_.call_timeout);
+  MutexLock lock(&beat_mu_);
+  last_beat_ = beat;
   if (beat.ok()) {
-    ++beats_;
+    beats_ = next;
     store_seen_ = now;
-    return std::nullopt;
   }
+  return beat;
+}
+
+std::optional<std::string> HostAgent::Heartbeat() {
+  const absl::Time now = clock_->Now();
+  {
+    MutexLock lock(&beat_mu_);
+    loop_turned_ = now;
+  }
+  if (!beater_.joinable()) (void)BeatOnce();
+  MutexLock lock(&beat_mu_);
   if (now - store_seen_ <= options_.store_loss_bound) return std::nullopt;
   return absl::StrFormat("host %s has not reached the job's store (%s) for %s: %s",
                          options_.host_id, options_.store_url,
-                         absl::FormatDuration(now - store_seen_), beat.ToString());
+                         absl::FormatDuration(now - store_seen_), last_beat_.ToString());
+}
+
+void HostAgent::StartBeating(absl::Duration interval) {
+  if (beater_.joinable()) return;
+  {
+    MutexLock lock(&beat_mu_);
+    stop_beating_ = false;
+  }
+  beater_ = std::thread([this, interval] {
+    for (;;) {
+      (void)BeatOnce();  // bounded by call_timeout; a failure shows in Heartbeat past the bound
+      MutexLock lock(&beat_mu_);
+      if (beat_mu_.AwaitWithTimeout(
+              [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_beating_; }, interval)) {
+        return;
+      }
+    }
+  });
+}
+
+void HostAgent::StopBeating() {
+  if (!beater_.joinable()) return;
+  {
+    MutexLock lock(&beat_mu_);
+    stop_beating_ = true;
+  }
+  beater_.join();
 }
 
 absl::StatusOr<HostAssignment> HostAgent::ReadPlan() {
@@ -286,6 +340,7 @@ void HostAgent::KillRanksStoppedFor(absl::Duration bound, const std::string& con
 }
 
 void HostAgent::Leave(int exit_code) {
+  StopBeating();  // a host that left is not watched: its heartbeat says nothing more
   (void)store_->Set(store_keys::kAgentsLeft.Key(options_.host_id), absl::StrCat(exit_code),
                     absl::Seconds(1));
 }

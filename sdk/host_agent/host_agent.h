@@ -21,7 +21,17 @@
 // instants: tests drive it with an in-memory store, a ManualClock and the fake supervisor
 // (tests/unit/host_agent_test.cc), no process and no sleep.
 //
-// Thread safety: not thread-safe; one thread (the launcher's loop, a test) uses an instance.
+// The heartbeat is this host's proof of life to the coordinator, which declares a host whose
+// heartbeat stood still for --host-timeout dead and gives its ranks to others. It is written on a
+// thread of its own (StartBeating), not in the turn: a turn slowed down by a loaded machine or a
+// slow store is no sign that the host is gone, and fencing a live host out costs the job every
+// rank it held. A host whose process is killed or stopped (SIGKILL, SIGSTOP) beats no more, and is
+// declared within --host-timeout as before; so is one whose loop has not turned (Heartbeat) for
+// loop_stall_bound: an agent wedged for that long carries out none of its duties.
+//
+// Thread safety: not thread-safe; one thread (the launcher's loop, a test) uses an instance, beside
+// the heartbeat thread it owns (StartBeating), which only writes the heartbeat; BeatOnce, the
+// heartbeat thread's step, may be called by a test standing in for it.
 #ifndef TRAINGUARD_SDK_HOST_AGENT_HOST_AGENT_H_
 #define TRAINGUARD_SDK_HOST_AGENT_HOST_AGENT_H_
 
@@ -32,6 +42,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -41,6 +52,7 @@
 #include "sdk/agent/failure_history.h"
 #include "sdk/agent/process_supervisor.h"
 #include "sdk/core/agent_keys.h"
+#include "sdk/core/mutex.h"
 #include "sdk/core/rank_reports.h"
 #include "sdk/core/store_keys.h"
 #include "sdk/host_agent/host_sampler.h"
@@ -139,6 +151,9 @@ struct HostAgentOptions {
   // A host whose heartbeat the store has not taken for longer than this gives up (a partition
   // shorter than this heals).
   absl::Duration store_loss_bound = absl::Seconds(30);
+  // A heartbeat thread beats only while the loop turned (Heartbeat) within this bound by the
+  // clock: an agent wedged longer is declared dead by the coordinator.
+  absl::Duration loop_stall_bound = absl::Seconds(30);
   // The exit code of an agent whose job failed, or whose host was fenced out.
   int failed_exit_code = 1;
   // What this host runs of the plan (AssignmentOf): --nproc-per-node, --standby, --restart-all.
@@ -173,16 +188,38 @@ class HostAgent {
   // the job's (the agents'); `supervisor` started the workers Hooks::workers returns.
   HostAgent(Store* store, Clock* clock, ProcessSupervisor* supervisor, HostAgentOptions options,
             Hooks hooks);
+  // Stops the heartbeat thread (StopBeating).
+  ~HostAgent();
   HostAgent(const HostAgent&) = delete;
   HostAgent& operator=(const HostAgent&) = delete;
 
-  // Beats agents/hb/<host> once (the counter of beats the store took, plus one; a Set, which may be
-  // retried on another etcd member, not an Add). Returns why this host gives up when the store has
-  // taken no beat for longer than store_loss_bound by the clock (the launcher fails the job with
-  // it); nullopt otherwise.
+  // The turn's share of the heartbeat: notes that the loop turned, beats once where no heartbeat
+  // thread runs (BeatOnce), and returns why this host gives up when the store has taken no beat
+  // for longer than store_loss_bound by the clock, with the last beat's error (the launcher fails
+  // the job with it); nullopt otherwise.
   std::optional<std::string> Heartbeat();
+  // Beats agents/hb/<host> once (the counter of beats the store took, plus one; a Set, which may be
+  // retried on another etcd member, not an Add), unless the loop has not turned for
+  // loop_stall_bound: the heartbeat thread's step. Returns the Set's status (FailedPrecondition,
+  // naming the stall, when it did not beat).
+  absl::Status BeatOnce();
+  // Starts the heartbeat thread: BeatOnce, then a wait of `interval` (real time, cut short by
+  // StopBeating), until StopBeating. From then on Heartbeat leaves the beats to it. REQUIRES:
+  // `interval` > 0. Nothing when it runs already.
+  void StartBeating(absl::Duration interval);
+  // Stops and joins the heartbeat thread (at most one beat under way, call_timeout, is waited
+  // for). Nothing when it does not run.
+  void StopBeating();
   // The beats the store took.
-  int64_t beats() const { return beats_; }
+  int64_t beats() const {
+    MutexLock lock(&beat_mu_);
+    return beats_;
+  }
+  // When the store last took a beat (the start of that call; the agent's creation before any).
+  absl::Time last_beat_taken() const {
+    MutexLock lock(&beat_mu_);
+    return store_seen_;
+  }
 
   // This host's part of the published plan (AssignmentOf). NotFound while the coordinator has
   // published none; the store's error when it does not answer; FailedPrecondition, naming the
@@ -263,8 +300,9 @@ class HostAgent {
   void KillRanksStoppedFor(absl::Duration bound, const std::string& context);
 
   // Says that this host's agent leaves the job with `exit_code` (agents/left/<host>), once its
-  // workers are stopped: the agent that serves the store waits for it (WaitForOthersToLeave).
-  // Best effort: a store that does not answer within a second is not waited for.
+  // workers are stopped, and beats no more (StopBeating): the agent that serves the store waits for
+  // it (WaitForOthersToLeave). Best effort: a store that does not answer within a second is not
+  // waited for.
   void Leave(int exit_code);
 
   // The agent that serves the job's store (TcpStore) keeps serving it until every other host that
@@ -300,10 +338,16 @@ class HostAgent {
   StoreRankReports store_rank_reports_;
   RankReports* rank_reports_ = &store_rank_reports_;
 
-  int64_t beats_ = 0;
+  // The heartbeat's state, shared by the loop (Heartbeat) and the heartbeat thread (BeatOnce).
+  mutable Mutex beat_mu_;
+  int64_t beats_ ABSL_GUARDED_BY(beat_mu_) = 0;
+  absl::Time store_seen_ ABSL_GUARDED_BY(beat_mu_);   // when the store last took a beat (its start)
+  absl::Status last_beat_ ABSL_GUARDED_BY(beat_mu_);  // the last beat's outcome
+  absl::Time loop_turned_ ABSL_GUARDED_BY(beat_mu_);  // when the loop last called Heartbeat
+  bool stop_beating_ ABSL_GUARDED_BY(beat_mu_) = false;
+  std::thread beater_;  // joinable while the heartbeat thread runs
   // The count of kill requests (agents/kills/<host>) when they were last listed; nullopt: never.
   std::optional<std::string> kill_count_seen_;
-  absl::Time store_seen_;  // when the store last took a beat (the start of that call)
   absl::Time next_host_sample_ = absl::InfinitePast();  // PublishHostSample's next second
   bool work_records_asked_ = false;  // PublishHostSample wrote health/work_wanted
 };

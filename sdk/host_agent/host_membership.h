@@ -4,9 +4,11 @@
 // calls for one host and several:
 // - StoreHostMembership (several hosts, --nnodes): the hosts meet through the job's store. It joins
 //   (agents/join/<host>), beats and watches its fence and the job's end every host_timeout / 12
-//   (HostAgent), hands the rest of the turn (the lease, the plan, the generation, coordinating) to
-//   the launcher's hooks, publishes a failure (job/failed) for every other agent to stop on, and
-//   leaves (agents/left/<host>; the agent that serves the store waits for the others).
+//   (HostAgent; where the launcher started the agent's heartbeat thread, the turn only checks that
+//   the store still takes its beats, HostAgent::Heartbeat), hands the rest of the turn (the lease,
+//   the plan, the generation, coordinating) to the launcher's hooks, publishes a failure
+//   (job/failed) for every other agent to stop on, and leaves (agents/left/<host>; the agent that
+//   serves the store waits for the others).
 // - OneHostMembership (one host): the agent and the coordinator share one process and no other host
 //   is in the job: nothing to join, publish or leave, and no store call added to the loop beyond
 //   its ranks' stop reports (agents/stopped/<member>, which the ranks waiting for a stopped peer

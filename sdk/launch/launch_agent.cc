@@ -185,6 +185,10 @@ class Job {
   explicit Job(LaunchConfig config, Clock* clock = Clock::Real())
       : config_(std::move(config)), layout_(LayoutOf(config_, MachineName())), clock_(clock) {}
   ~Job() {
+    // The threads that renew the lease and beat the heartbeat use lease_ and store_, which go
+    // before them.
+    if (lease_keeper_ != nullptr) lease_keeper_->StopRenewing();
+    if (host_agent_ != nullptr) host_agent_->StopBeating();
     if (former_.joinable()) {
       stop_forming_.store(true);
       former_.join();
@@ -580,7 +584,14 @@ absl::Status Job::Prepare() {
     if (absl::Status s = env->CreateDirs(dir); !s.ok()) return s;
   }
   CreateHostMembership();
-  return membership_->Join();
+  if (absl::Status s = membership_->Join(); !s.ok()) return s;
+  if (layout_.several_hosts) {
+    // The heartbeat and the lease's renewal on threads of their own, at the turn's cadence: a slow
+    // turn is no sign that this host, or its coordinator, is gone (host_agent.h, lease_keeper.h).
+    host_agent_->StartBeating(config_.host_timeout / 12);
+    lease_keeper_->StartRenewing(config_.host_timeout / 12);
+  }
+  return absl::OkStatus();
 }
 
 void Job::CreateHostMembership() {
@@ -617,7 +628,7 @@ void Job::CreateHostMembership() {
   hooks.fail = [this](const std::string& why) { Fail(why); };
   hooks.ended = [this] { return exit_code_ >= 0; };
   hooks.update_lease = [this] { lease_keeper_->Update(); };
-  hooks.release_lease = [this] { lease_->Release(absl::Seconds(1)); };
+  hooks.release_lease = [this] { lease_keeper_->Release(absl::Seconds(1)); };
   hooks.follow = [this] {
     if (!spawned_) (void)StartPlannedProcesses();  // NotFound: no plan yet
     if (exit_code_ < 0) FollowGeneration();
@@ -725,8 +736,9 @@ void Job::CreateLeaseKeeper() {
     job_coordinator_->TakeOver(kStoreTimeout);
   };
   hooks.deposed = [this] { job_coordinator_->Depose(); };  // its queue and its recoveries
+  // A loop wedged for as long as a store loss is borne renews the lease no more (LeaseKeeper).
   lease_keeper_ = std::make_unique<LeaseKeeper>(
-      lease_.get(), AgentCallTimeout(config_.host_timeout), std::move(hooks));
+      lease_.get(), AgentCallTimeout(config_.host_timeout), std::move(hooks), StoreLossBound());
 }
 
 void Job::CreatePlanPublisher() {
@@ -808,6 +820,7 @@ void Job::CreateHostAgent() {
   options.failed_exit_code = kExitJobFailed;
   options.store_url = store_url_;
   options.store_loss_bound = StoreLossBound();
+  options.loop_stall_bound = StoreLossBound();
   options.ranks_per_host = config_.nproc;
   options.spares = config_.standby;
   options.restart_all = config_.restart_all >= 0;

@@ -64,9 +64,22 @@ void CoordinatorLease::Renewed(int64_t started_ns) {
 }
 
 void CoordinatorLease::StopHolding() {
-  held_ = false;
-  renewal_attempt_ns_.reset();
+  // The gate first: once the claim is seen dropped, no act can pass it any more.
   acting_deadline_ns_.store(kNotHeld, std::memory_order_release);
+  claimed_.store(false, std::memory_order_release);
+  renewal_attempt_ns_.reset();
+}
+
+void CoordinatorLease::SawTerm(int64_t term) {
+  int64_t seen = latest_term_.load(std::memory_order_relaxed);
+  while (seen < term &&
+         !latest_term_.compare_exchange_weak(seen, term, std::memory_order_acq_rel)) {
+  }
+}
+
+void CoordinatorLease::SetLastHolder(std::string holder) {
+  MutexLock lock(&names_mu_);
+  last_holder_ = std::move(holder);
 }
 
 bool CoordinatorLease::TryTake(const std::optional<std::string>& expected, int64_t term,
@@ -77,68 +90,83 @@ bool CoordinatorLease::TryTake(const std::optional<std::string>& expected, int64
   absl::StatusOr<CompareAndSetResult> taken =
       store_->CompareAndSet(kKey, expected, value, timeout);
   if (!taken.ok() || !taken->swapped) return false;
-  held_ = true;
-  taken_from_ = expected.has_value() ? Parse(*expected).holder : "";
-  term_.store(term, std::memory_order_relaxed);
-  latest_term_ = std::max(latest_term_, term);
+  {
+    MutexLock lock(&names_mu_);
+    taken_from_ = expected.has_value() ? Parse(*expected).holder : "";
+    last_holder_ = holder_id_;
+  }
+  term_.store(term, std::memory_order_release);
+  SawTerm(term);
   beat_ = 0;
   written_ = value;
-  last_holder_ = holder_id_;
   Renewed(started_ns);
+  claimed_.store(true, std::memory_order_release);
   return held();
 }
 
 absl::StatusOr<bool> CoordinatorLease::Update(absl::Duration timeout) {
+  MutexLock lock(&update_mu_);
+  return claimed() ? RenewLocked(timeout) : WatchLocked(timeout);
+}
+
+absl::StatusOr<bool> CoordinatorLease::Renew(absl::Duration timeout) {
+  MutexLock lock(&update_mu_);
+  if (!claimed()) return false;
+  return RenewLocked(timeout);
+}
+
+absl::StatusOr<bool> CoordinatorLease::RenewLocked(absl::Duration timeout) {
   const int64_t now_ns = clock_->MonotonicNanos();
-  if (held_) {
-    const std::string next = Value(term_, beat_ + 1);
-    if (!renewal_attempt_ns_.has_value()) renewal_attempt_ns_ = now_ns;
-    absl::StatusOr<CompareAndSetResult> renewed =
-        store_->CompareAndSet(kKey, written_, next, timeout);
-    if (!renewed.ok()) {
-      // Unreachable store: the claim stands until nobody could have waited out the expiry (the
-      // gate, HeldAt, closed earlier, at the acting deadline).
-      if (absl::Nanoseconds(clock_->MonotonicNanos() - renewed_ns_) >= expiry_) StopHolding();
-      return renewed.status();
-    }
-    if (!renewed->swapped && renewed->current.has_value()) {
-      // A renewal of ours that timed out yet was applied: the value is still our term's. It dates
-      // from the first attempt to write it, or from before the last confirmed one when this agent
-      // never tried to (not a value of this process's making: the oldest time that is safe).
-      const LeaseValue current = Parse(*renewed->current);
-      if (current.holder == holder_id_ && current.term == term_) {
-        const int64_t written_ns = *renewed->current == next
-                                       ? *renewal_attempt_ns_
-                                       : renewed_ns_;
-        beat_ = current.beat;
-        written_ = *renewed->current;
-        Renewed(written_ns);
-        return held();
-      }
-    }
-    if (!renewed->swapped) {  // another agent took the lease: deposed
-      StopHolding();
-      observed_ = renewed->current;
-      observed_since_ns_ = clock_->MonotonicNanos();
-      const LeaseValue current =
-          renewed->current.has_value() ? Parse(*renewed->current) : LeaseValue{};
-      last_holder_ = current.holder;
-      latest_term_ = std::max(latest_term_, current.term);
-      return false;
-    }
-    const int64_t attempt_ns = *renewal_attempt_ns_;
-    ++beat_;
-    written_ = next;
-    // From the first attempt of this value (an earlier one may have been applied and seen).
-    Renewed(attempt_ns);
-    return held();
+  const int64_t term = this->term();
+  const std::string next = Value(term, beat_ + 1);
+  if (!renewal_attempt_ns_.has_value()) renewal_attempt_ns_ = now_ns;
+  absl::StatusOr<CompareAndSetResult> renewed =
+      store_->CompareAndSet(kKey, written_, next, timeout);
+  if (!renewed.ok()) {
+    // Unreachable store: the claim stands until nobody could have waited out the expiry (the
+    // gate, HeldAt, closed earlier, at the acting deadline).
+    if (absl::Nanoseconds(clock_->MonotonicNanos() - renewed_ns_) >= expiry_) StopHolding();
+    return renewed.status();
   }
+  if (!renewed->swapped && renewed->current.has_value()) {
+    // A renewal of ours that timed out yet was applied: the value is still our term's. It dates
+    // from the first attempt to write it, or from before the last confirmed one when this agent
+    // never tried to (not a value of this process's making: the oldest time that is safe).
+    const LeaseValue current = Parse(*renewed->current);
+    if (current.holder == holder_id_ && current.term == term) {
+      const int64_t written_ns = *renewed->current == next ? *renewal_attempt_ns_ : renewed_ns_;
+      beat_ = current.beat;
+      written_ = *renewed->current;
+      Renewed(written_ns);
+      return held();
+    }
+  }
+  if (!renewed->swapped) {  // another agent took the lease: deposed
+    StopHolding();
+    observed_ = renewed->current;
+    observed_since_ns_ = clock_->MonotonicNanos();
+    const LeaseValue current =
+        renewed->current.has_value() ? Parse(*renewed->current) : LeaseValue{};
+    SetLastHolder(current.holder);
+    SawTerm(current.term);
+    return false;
+  }
+  const int64_t attempt_ns = *renewal_attempt_ns_;
+  ++beat_;
+  written_ = next;
+  // From the first attempt of this value (an earlier one may have been applied and seen).
+  Renewed(attempt_ns);
+  return held();
+}
+
+absl::StatusOr<bool> CoordinatorLease::WatchLocked(absl::Duration timeout) {
+  const int64_t now_ns = clock_->MonotonicNanos();
   absl::StatusOr<std::string> value = store_->Get(kKey, timeout);
   if (!value.ok() && !absl::IsNotFound(value.status())) return value.status();
   if (!value.ok()) return TryTake(std::nullopt, 1, timeout);
   const LeaseValue lease = Parse(*value);
-  last_holder_ = lease.holder;
-  latest_term_ = std::max(latest_term_, lease.term);
+  SetLastHolder(lease.holder);
+  SawTerm(lease.term);
   if (lease.holder == kReleased) return TryTake(*value, lease.term + 1, timeout);
   if (!observed_.has_value() || *observed_ != *value) {
     // Timed from after the read: the value may have been written while the read was under way,
@@ -152,12 +180,13 @@ absl::StatusOr<bool> CoordinatorLease::Update(absl::Duration timeout) {
 }
 
 void CoordinatorLease::Release(absl::Duration timeout) {
-  if (!held_) return;
+  MutexLock lock(&update_mu_);
+  if (!claimed()) return;
   StopHolding();
   // Compare-and-set, so that a lease taken over meanwhile is left alone; the released value keeps
   // the term, so the next holder's term is still higher than every earlier one.
-  (void)store_->CompareAndSet(kKey, written_,
-                              store_keys::EncodeLeaseRecord({term_, kReleased, 0}), timeout);
+  (void)store_->CompareAndSet(kKey, written_, store_keys::EncodeLeaseRecord({term(), kReleased, 0}),
+                              timeout);
 }
 
 }  // namespace trainguard

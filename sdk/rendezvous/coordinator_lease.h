@@ -1,8 +1,9 @@
-// CoordinatorLease: which host agent coordinates a multi-host job, chosen through the job's store so
-// that coordination does not die with one host.
+// CoordinatorLease: which host agent coordinates a multi-host job, chosen through the job's store
+// so that coordination does not die with one host.
 //
 // The lease is one store key, `coord/lease`, holding "<term> <holder> <beat>". Every agent calls
-// Update() periodically (every expiry/8 or so):
+// Update() periodically (every expiry/8 or so; a holder's renewal thread calls Renew() instead,
+// LeaseKeeper):
 //   - the holder renews it by compare-and-set of the value it wrote last to the same term with the
 //     beat advanced; a failed compare-and-set means another agent took the lease (this one was
 //     partitioned or stopped for longer than the expiry): it is deposed at once;
@@ -25,9 +26,12 @@
 // already under way cannot overwrite its successor's decisions, and its kill requests carry the
 // term (store_keys::KillRequest).
 //
-// Thread safety: one thread (the agent's loop) owns a CoordinatorLease and calls Update, Release
-// and the accessors; HeldAt, held and CheckHeld may be called from any thread (a helper thread
-// that publishes a generation checks the gate right before its write).
+// Thread safety: thread-safe. Update, Renew and Release run one at a time (a mutex held across
+// their store calls serializes them): the agent's loop watches and takes the lease while a renewal
+// thread of its own renews it (LeaseKeeper::StartRenewing), so that a slow turn of the loop does
+// not cost the lease. The accessors never wait for a store call: HeldAt, held and CheckHeld (the
+// gate, checked by a helper thread that publishes a generation right before its write too),
+// claimed, term and latest_term read atomics, last_holder and taken_from a short critical section.
 #ifndef TRAINGUARD_SDK_RENDEZVOUS_COORDINATOR_LEASE_H_
 #define TRAINGUARD_SDK_RENDEZVOUS_COORDINATOR_LEASE_H_
 
@@ -37,10 +41,12 @@
 #include <optional>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "sdk/core/agent_keys.h"
+#include "sdk/core/mutex.h"
 #include "trainguard/clock.h"
 #include "trainguard/store.h"
 
@@ -65,6 +71,10 @@ class CoordinatorLease {
   // call (held()). An error means the store could not be reached; the lease is then still held
   // only until the acting deadline of the last confirmed renewal.
   absl::StatusOr<bool> Update(absl::Duration timeout);
+  // Update, for a holder only: renews the lease when this agent claims it (deposed at once when
+  // another agent took it), and does nothing otherwise (returns false): what a renewal thread
+  // calls, so that it never watches or takes the lease behind the loop's back.
+  absl::StatusOr<bool> Renew(absl::Duration timeout);
   // Gives the lease up (marks it released if this agent still holds it), so that a successor takes
   // it at its next Update instead of waiting for the expiry: an agent that exits.
   void Release(absl::Duration timeout);
@@ -88,18 +98,26 @@ class CoordinatorLease {
   // Whether this agent still claims the lease (took it and was not deposed), expired or not: what
   // Update() changes. A claimed lease that expired is held again once a renewal succeeds (its value
   // was still this agent's: nobody took it).
-  bool claimed() const { return held_; }
+  bool claimed() const { return claimed_.load(std::memory_order_acquire); }
   // The term this agent holds (0 when it never held the lease).
-  int64_t term() const { return term_.load(std::memory_order_relaxed); }
+  int64_t term() const { return term_.load(std::memory_order_acquire); }
   // The newest term of the lease this agent has seen, held or read (0 before its first Update):
   // what fences the coordinator's requests to the agents (store_keys::KillRequest).
-  int64_t latest_term() const { return latest_term_; }
+  int64_t latest_term() const { return latest_term_.load(std::memory_order_acquire); }
   // The holder named in the value this agent read last ("" when there was none).
-  const std::string& last_holder() const { return last_holder_; }
+  std::string last_holder() const {
+    MutexLock lock(&names_mu_);
+    return last_holder_;
+  }
   const std::string& holder_id() const { return holder_id_; }
   // The holder named by the value this agent replaced when it took the lease last: "" when the key
   // was absent, kReleasedHolder when it was released, else the agent whose lease expired.
-  const std::string& taken_from() const { return taken_from_; }
+  std::string taken_from() const {
+    MutexLock lock(&names_mu_);
+    return taken_from_;
+  }
+  // The clock the lease is timed by.
+  Clock* clock() const { return clock_; }
 
   static constexpr const char* kKey = store_keys::kCoordLease;
   // The holder named by a released lease (Release): the next agent to look takes it at once.
@@ -107,12 +125,19 @@ class CoordinatorLease {
 
  private:
   std::string Value(int64_t term, int64_t beat) const;
-  bool TryTake(const std::optional<std::string>& expected, int64_t term, absl::Duration timeout);
+  bool TryTake(const std::optional<std::string>& expected, int64_t term, absl::Duration timeout)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(update_mu_);
+  absl::StatusOr<bool> RenewLocked(absl::Duration timeout)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(update_mu_);
+  absl::StatusOr<bool> WatchLocked(absl::Duration timeout)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(update_mu_);
   // Records a confirmed write of this agent's value whose first attempt started at `started_ns`:
   // the acting deadline counts from there.
-  void Renewed(int64_t started_ns);
+  void Renewed(int64_t started_ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(update_mu_);
   // Not held from now on (deposed, released, or its last renewal's expiry passed).
-  void StopHolding();
+  void StopHolding() ABSL_EXCLUSIVE_LOCKS_REQUIRED(update_mu_);
+  void SawTerm(int64_t term);
+  void SetLastHolder(std::string holder);
 
   static constexpr int64_t kNotHeld = std::numeric_limits<int64_t>::min();
 
@@ -121,21 +146,27 @@ class CoordinatorLease {
   const absl::Duration expiry_;
   Clock* const clock_;
   const absl::Duration acting_margin_;
-  bool held_ = false;
-  std::atomic<int64_t> term_{0};  // atomic: CheckHeld names it from any thread
-  int64_t latest_term_ = 0;
-  int64_t beat_ = 0;
-  std::string written_;                  // the value this agent wrote last
-  int64_t renewed_ns_ = 0;  // clock_ time when the write of the last confirmed value started
+  // Held across the store calls of Update, Renew and Release: one at a time.
+  Mutex update_mu_;
+  // Written under update_mu_; atomic so that the accessors read them without waiting for a call.
+  std::atomic<bool> claimed_{false};
+  std::atomic<int64_t> term_{0};
+  std::atomic<int64_t> latest_term_{0};
+  int64_t beat_ ABSL_GUARDED_BY(update_mu_) = 0;
+  std::string written_ ABSL_GUARDED_BY(update_mu_);  // the value this agent wrote last
+  // clock_ time when the write of the last confirmed value started.
+  int64_t renewed_ns_ ABSL_GUARDED_BY(update_mu_) = 0;
   // When the first attempt to write beat_ + 1 started (a renewal whose reply was lost may have been
   // applied: its value then dates from that attempt, not from the call that finds it).
-  std::optional<int64_t> renewal_attempt_ns_;
-  // renewed_ns_ + expiry - margin while held_, else kNotHeld: the one field other threads read.
+  std::optional<int64_t> renewal_attempt_ns_ ABSL_GUARDED_BY(update_mu_);
+  // renewed_ns_ + expiry - margin while claimed, else kNotHeld: the gate's one field.
   std::atomic<int64_t> acting_deadline_ns_{kNotHeld};
-  std::optional<std::string> observed_;  // a non-holder's view of the key
-  int64_t observed_since_ns_ = 0;
-  std::string last_holder_;
-  std::string taken_from_;
+  std::optional<std::string> observed_
+      ABSL_GUARDED_BY(update_mu_);  // a non-holder's view of the key
+  int64_t observed_since_ns_ ABSL_GUARDED_BY(update_mu_) = 0;
+  mutable Mutex names_mu_;  // never held across a store call
+  std::string last_holder_ ABSL_GUARDED_BY(names_mu_);
+  std::string taken_from_ ABSL_GUARDED_BY(names_mu_);
 };
 
 }  // namespace trainguard

@@ -9,6 +9,7 @@
 #include <signal.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,8 +23,11 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sdk/agent/host_liveness.h"
 #include "sdk/agent/process_supervisor.h"
 #include "sdk/core/agent_keys.h"
+#include "sdk/core/forwarding_store.h"
+#include "sdk/core/mutex.h"
 #include "sdk/core/store_keys.h"
 #include "tests/support/agent_connection.h"
 #include "tests/support/agent_fixtures.h"
@@ -342,6 +346,122 @@ TEST_F(HostAgentTest, AHeartbeatTakenWithinTheBoundStartsItAfresh) {
   h1_.link.cut_off = true;
   clock_.Advance(kStoreLossBound);
   EXPECT_EQ(h1_.agent->Heartbeat(), std::nullopt);
+}
+
+// The coordinator's rule for hosts (HostLiveness, as JobCoordinator reads it every turn): a host
+// whose heartbeat stood still for --host-timeout is declared dead, fenced out and its ranks given
+// to others. Its agent beats on a thread of its own (StartBeating; BeatOnce is its step), so that a
+// live host whose turns are slow (a loaded machine, a slow store: issue 37) is not declared, while
+// a host killed or stopped whole, or whose agent is wedged past its bound, still is.
+constexpr absl::Duration kHostTimeout = absl::Seconds(3);
+constexpr absl::Duration kBeatInterval = absl::Milliseconds(250);  // kHostTimeout / 12
+
+class HostHeartbeatTest : public HostAgentTest {
+ protected:
+  // The coordinator's read of h1's heartbeat now: whether it declares h1 dead.
+  bool Declared() {
+    const std::map<std::string, std::string> beats = {
+        {"h1", store_.Get(store_keys::kAgentHeartbeats.Key("h1"), kCall).value_or("")}};
+    return !liveness_.Observe(beats, clock_.Now()).empty();
+  }
+
+  HostLiveness liveness_{kHostTimeout};
+};
+
+TEST_F(HostHeartbeatTest, AHostWhoseTurnsAreSlowButWhoseProcessIsAliveIsNotDeclaredDead) {
+  ASSERT_EQ(h1_.agent->Heartbeat(), std::nullopt);  // a turn
+  ASSERT_FALSE(Declared());
+  // The next turn takes four host timeouts; the heartbeat thread beats on meanwhile.
+  for (absl::Duration t; t < 4 * kHostTimeout; t += kBeatInterval) {
+    clock_.Advance(kBeatInterval);
+    EXPECT_TRUE(h1_.agent->BeatOnce().ok());
+    EXPECT_FALSE(Declared()) << "after " << t + kBeatInterval;
+  }
+  EXPECT_EQ(h1_.agent->Heartbeat(), std::nullopt);  // the turn comes back: nothing lost
+}
+
+TEST_F(HostHeartbeatTest, AHostKilledOrStoppedWholeIsDeclaredDeadAtTheHostTimeout) {
+  ASSERT_EQ(h1_.agent->Heartbeat(), std::nullopt);
+  ASSERT_TRUE(h1_.agent->BeatOnce().ok());
+  ASSERT_FALSE(Declared());
+  // SIGKILL or SIGSTOP of the host's agent: neither its loop nor its heartbeat thread runs.
+  absl::Duration declared_after = absl::InfiniteDuration();
+  for (absl::Duration t = kBeatInterval; t <= 2 * kHostTimeout; t += kBeatInterval) {
+    clock_.Advance(kBeatInterval);
+    if (Declared()) {
+      declared_after = t;
+      break;
+    }
+  }
+  EXPECT_EQ(declared_after, kHostTimeout);
+}
+
+TEST_F(HostHeartbeatTest, AnAgentWedgedPastItsStallBoundBeatsNoMoreAndIsDeclaredDead) {
+  const absl::Duration bound = h1_.agent->options().loop_stall_bound;
+  ASSERT_EQ(h1_.agent->Heartbeat(), std::nullopt);  // the loop's last turn
+  ASSERT_FALSE(Declared());
+  absl::Duration declared_after = absl::InfiniteDuration();
+  for (absl::Duration t = kBeatInterval; t <= bound + 2 * kHostTimeout; t += kBeatInterval) {
+    clock_.Advance(kBeatInterval);
+    const absl::Status beat = h1_.agent->BeatOnce();
+    EXPECT_EQ(beat.ok(), t <= bound) << "after " << t << ": " << beat;
+    if (!beat.ok()) {
+      EXPECT_THAT(beat.message(), HasSubstr("host h1's agent has not turned for"));
+    }
+    if (Declared()) {
+      declared_after = t;
+      break;
+    }
+  }
+  EXPECT_EQ(declared_after, bound + kHostTimeout);  // a host timeout after its last beat
+}
+
+// Counts the heartbeats that reach the store and notifies once `wanted` of them did: what a test
+// of the real heartbeat thread waits for.
+class BeatCountingStore final : public ForwardingStore {
+ public:
+  BeatCountingStore(Store* base, int wanted) : ForwardingStore(base), wanted_(wanted) {}
+
+  absl::Status Set(std::string_view key, std::string_view value, absl::Duration timeout) override {
+    absl::Status set = ForwardingStore::Set(key, value, timeout);
+    if (key.starts_with(store_keys::kAgentHeartbeats.prefix())) {
+      MutexLock lock(&mu_);
+      if (++beats_ == wanted_) reached_.Notify();
+    }
+    return set;
+  }
+  int beats() const {
+    MutexLock lock(&mu_);
+    return beats_;
+  }
+  Notification& reached() { return reached_; }
+
+ private:
+  const int wanted_;
+  mutable Mutex mu_;
+  int beats_ ABSL_GUARDED_BY(mu_) = 0;
+  Notification reached_;
+};
+
+// The heartbeat thread itself: it beats with no turn of the loop at all, beside the loop's turns
+// (which leave the beats to it), and stops cleanly (joined: the count the agent keeps is the
+// store's). Its interval is a millisecond of real time; what the test waits for is the beats,
+// bounded.
+TEST_F(HostHeartbeatTest, TheHeartbeatThreadBeatsWithoutAnyTurnAndStopsWhenAsked) {
+  BeatCountingStore counting(&store_, /*wanted=*/5);
+  Host h2("h2", 300, &counting, &clock_);
+  h2.agent->StartBeating(absl::Milliseconds(1));
+  for (int i = 0; i < 100 && !counting.reached().HasBeenNotified(); ++i) {
+    EXPECT_EQ(h2.agent->Heartbeat(), std::nullopt);
+  }
+  ASSERT_TRUE(counting.reached().WaitForNotificationWithTimeout(absl::Seconds(60)));
+  h2.agent->StopBeating();
+  const int beats = counting.beats();
+  EXPECT_EQ(h2.agent->beats(), beats);
+  EXPECT_EQ(store_.Get(store_keys::kAgentHeartbeats.Key("h2"), kCall).value_or(""),
+            absl::StrCat(beats));
+  EXPECT_EQ(h2.agent->Heartbeat(), std::nullopt);  // no thread: the turn beats again
+  EXPECT_EQ(counting.beats(), beats + 1);
 }
 
 // Generation 4 of a job of h0 (ranks 0, 1) and h1 (ranks 2, 3): h1's rank 3 lost its rank, given
