@@ -3,11 +3,12 @@
 //
 //   bench_scale_decisions [--parts=hang,fail_slow,placement] [--ranks=8,64,512,4096,16384]
 //       [--hosts=1,8,64,512,2048] [--runs=3] [--records=4096] [--steady_s=2]
-//       [--dump_wait_ms=1000] [--work_dir=DIR] [--json=FILE] [--timeout_s=120]
+//       [--dump_wait_ms=1000] [--digests=1] [--work_dir=DIR] [--json=FILE] [--timeout_s=120]
 //
 // hang, for each R of --ranks (8 ranks per host): R ranks' dumps of one hang, written by the real
-//   writer (WriteNewFlightRecorderDump, with the evidence FlightRecorderEvidence::Write gives it)
-//   from real rings (a FlightRecorder of --records records filled by a training loop of bucketed
+//   writer (WriteHangDump, with the evidence FlightRecorderEvidence::Write gives it, each dump with
+//   its digest beside it; --digests=0: without, as ranks of an older version wrote them) from real
+//   rings (a FlightRecorder of --records records filled by a training loop of bucketed
 //   all_reduces) and real stacks (this process's threads, captured and symbolised as a rank's
 //   are): R - 1 ranks wait in all_reduce #N, one (rank R/2 + 3) never entered it. The dumps are in
 //   place when the hang is declared (the ranks' own writing time is theirs, not the
@@ -83,6 +84,7 @@
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/rendezvous/tcp_store.h"
 #include "sdk/watchdog/flight_recorder.h"
+#include "sdk/watchdog/hang_diagnosis.h"
 #include "sdk/watchdog/stack_trace.h"
 #include "trainguard/clock.h"
 #include "trainguard/env.h"
@@ -106,6 +108,7 @@ struct Flags {
   absl::Duration steady = absl::Seconds(2);
   absl::Duration dump_wait = absl::Seconds(1);
   absl::Duration timeout = absl::Seconds(120);
+  bool digests = true;
   std::string work_dir = "/tmp/bench_scale_decisions";
   std::string json;
 };
@@ -353,9 +356,9 @@ std::string Declaration() {
       {kDeclarer, "hang (collective) at step 587: all_reduce #2348 (comm 1) ran 60s, bound 60s"});
 }
 
-// Writes the R ranks' dumps of generation 0's hang into `dir` as the Runtime does. Returns the
-// bytes written.
-absl::StatusOr<int64_t> WriteDumps(const std::string& dir, int ranks, int records) {
+// Writes the R ranks' dumps of generation 0's hang into `dir` as the Runtime does (with their
+// digests when `digests`). Returns the dumps' bytes.
+absl::StatusOr<int64_t> WriteDumps(const std::string& dir, int ranks, int records, bool digests) {
   absl::StatusOr<FlightRecorderContents> waiting_ring = RealRing(0, records, /*enters=*/true);
   if (!waiting_ring.ok()) return waiting_ring.status();
   absl::StatusOr<FlightRecorderContents> culprit_ring = RealRing(1, records, /*enters=*/false);
@@ -375,13 +378,15 @@ absl::StatusOr<int64_t> WriteDumps(const std::string& dir, int ranks, int record
         rank == kDeclarer
             ? absl::StrCat("hang: ", store_keys::DecodeHangDeclaration(declaration)->report)
             : absl::StrCat("a peer declared a hang: ", declaration);
-    absl::StatusOr<std::string> path = WriteNewFlightRecorderDump(
-        contents, rank,
-        {{"reason", reason},
-         {"generation", "0"},
-         {"step_thread", absl::StrCat(culprit ? stacks->sleeping_tid : stacks->waiting_tid)},
-         {"stacks", stacks->text}},
-        absl::StrFormat("%s/rank-%05d.", dir, rank), 1);
+    const std::vector<std::pair<std::string, std::string>> evidence = {
+        {"reason", reason},
+        {"generation", "0"},
+        {"step_thread", absl::StrCat(culprit ? stacks->sleeping_tid : stacks->waiting_tid)},
+        {"stacks", stacks->text}};
+    const std::string prefix = absl::StrFormat("%s/rank-%05d.", dir, rank);
+    absl::StatusOr<std::string> path =
+        digests ? WriteHangDump(contents, rank, evidence, prefix)
+                : WriteNewFlightRecorderDump(contents, rank, evidence, prefix);
     if (!path.ok()) return path.status();
     absl::StatusOr<uint64_t> size = Env::Default()->GetFileSize(*path);
     if (size.ok()) bytes += static_cast<int64_t>(*size);
@@ -519,9 +524,10 @@ std::pair<absl::Duration, int64_t> RunSteady(Job& job, const std::string& dir, i
 
 void MeasureHang(const Flags& flags, Report& report) {
   std::printf(
-      "hang diagnosis (dumps of %d records; declaration -> suspects named, rank 0 aborts "
+      "hang diagnosis (dumps of %d records, %s; declaration -> suspects named, rank 0 aborts "
       "after %s)\n",
-      flags.records, absl::FormatDuration(flags.dump_wait).c_str());
+      flags.records, flags.digests ? "each with its digest" : "no digests",
+      absl::FormatDuration(flags.dump_wait).c_str());
   std::printf("%7s %4s %10s %10s %9s %9s %10s %8s %10s %9s  %s\n", "ranks", "run", "dumps_MiB",
               "named_s", "cpu_s", "poll_max", "requests", "files", "read_MiB", "peak_MiB",
               "suspects");
@@ -529,7 +535,7 @@ void MeasureHang(const Flags& flags, Report& report) {
     const std::string dir = absl::StrCat(flags.work_dir, "/ranks-", ranks, "/flight_recorder");
     std::error_code ignored;
     const absl::Time write_begin = absl::Now();
-    absl::StatusOr<int64_t> written = WriteDumps(dir, ranks, flags.records);
+    absl::StatusOr<int64_t> written = WriteDumps(dir, ranks, flags.records, flags.digests);
     if (!written.ok()) {
       std::printf("ranks=%d: writing the dumps: %s\n", ranks, written.status().ToString().c_str());
       continue;
@@ -551,6 +557,7 @@ void MeasureHang(const Flags& flags, Report& report) {
                   ranks,
                   run,
                   {{"named", r.named ? 1.0 : 0.0},
+                   {"digests", flags.digests ? 1.0 : 0.0},
                    {"declared_to_suspects_s", Seconds(r.to_suspects)},
                    {"coordinator_cpu_s", Seconds(r.cpu)},
                    {"longest_poll_s", Seconds(r.longest_poll)},
@@ -785,6 +792,9 @@ std::optional<Flags> ParseFlags(int argc, char** argv) {
     } else if (absl::ConsumePrefix(&arg, "--dump_wait_ms=") && absl::SimpleAtoi(arg, &n) &&
                n >= 0) {
       flags.dump_wait = absl::Milliseconds(n);
+    } else if (absl::ConsumePrefix(&arg, "--digests=") && absl::SimpleAtoi(arg, &n) && n >= 0 &&
+               n <= 1) {
+      flags.digests = n == 1;
     } else if (absl::ConsumePrefix(&arg, "--timeout_s=") && absl::SimpleAtoi(arg, &n) && n > 0) {
       flags.timeout = absl::Seconds(n);
     } else if (absl::ConsumePrefix(&arg, "--work_dir=") && !arg.empty()) {
@@ -815,7 +825,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: bench_scale_decisions [--parts=hang,fail_slow,placement] "
                  "[--ranks=8,64,...] [--hosts=1,8,...] [--runs=3] [--records=4096] [--steady_s=2] "
-                 "[--dump_wait_ms=1000] [--timeout_s=120] [--work_dir=DIR] [--json=FILE]\n");
+                 "[--dump_wait_ms=1000] [--digests=1] [--timeout_s=120] [--work_dir=DIR] "
+                 "[--json=FILE]\n");
     return 2;
   }
   std::printf("load before: %s\n", Load().c_str());

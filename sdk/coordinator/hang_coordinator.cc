@@ -5,6 +5,7 @@
 #include <utility>
 #include <variant>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -83,6 +84,9 @@ absl::StatusOr<bool> HangCoordinator::RefreshDumps(absl::Time deadline) {
   bool read_all = true;
   bool read_one = false;
   size_t listed_known = 0;  // the names listed that known_dumps_ holds
+  // The names listed, gathered only when a dump not read yet is listed: its digest's name among
+  // them.
+  std::optional<absl::flat_hash_set<absl::string_view>> listed;
   for (const std::string& name : *names) {
     std::optional<std::pair<int, int64_t>> parsed = ParseDumpName(name);
     if (!parsed.has_value()) continue;
@@ -95,9 +99,23 @@ absl::StatusOr<bool> HangCoordinator::RefreshDumps(absl::Time deadline) {
       continue;
     }
     read_one = true;
+    if (!listed.has_value()) listed.emplace(names->begin(), names->end());
+    const std::string path = absl::StrCat(options_.dump_dir, "/", name);
+    // The rank's digest of its dump, written beside it (WriteHangDump), when it is there and
+    // reads back as this rank's: a few kilobytes, where the dump is its whole ring.
+    if (const std::string digest_name = HangDumpDigestPath(name); listed->contains(digest_name)) {
+      absl::StatusOr<HangDumpDigest> digest =
+          ReadHangDumpDigest(absl::StrCat(options_.dump_dir, "/", digest_name), env_);
+      if (digest.ok() && digest->rank == parsed->first) {
+        KnownDump& known = known_dumps_[name];
+        known.number = parsed->second;
+        known.digest = *std::move(digest);
+        ++listed_known;
+        continue;
+      }
+    }
     // Without its records: only their positions are kept (HangDumpDigest).
-    absl::StatusOr<FlightRecorderDumpPositions> dump =
-        ReadFlightRecorderDumpPositions(absl::StrCat(options_.dump_dir, "/", name), env_);
+    absl::StatusOr<FlightRecorderDumpPositions> dump = ReadFlightRecorderDumpPositions(path, env_);
     // Vanished between the listing and the read (a run dir cleaned up), or not readable now:
     // looked for again. One that is no flight recorder dump is not read again.
     if (!dump.ok() && !absl::IsDataLoss(dump.status())) continue;

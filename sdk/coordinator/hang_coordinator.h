@@ -12,8 +12,10 @@
 //
 // A job of thousands of ranks dumps gigabytes (a rank's ring of 4,096 records is about 200 KB on
 // disk): each dump is read once, when it appears, and only its digest is kept (HangDumpDigest);
-// one Poll reads for at most dump_read_budget, and a hang is decided on once every dump listed is
-// read, so the coordinator's loop goes on with its other duties meanwhile.
+// the digest the rank wrote beside it (WriteHangDump) is read instead of the dump when it is there,
+// a few kilobytes where parsing the dump was most of the work. One Poll reads for at most
+// dump_read_budget, and a hang is decided on once every dump listed is read, so the coordinator's
+// loop goes on with its other duties meanwhile.
 //
 // What a rank's process is doing is seen in two ways, and one serves where the other cannot:
 //  - This host's own processes, through Hooks::local_holder (one host: every rank's): a stopped
@@ -243,10 +245,11 @@ class HangCoordinator {
   std::optional<PendingHang> pending_;
   // When a hang of a generation was last withdrawn: its dumps are not the next one's.
   std::map<int64_t, absl::Time> withdrawn_at_;
-  // The dumps in dump_dir read so far, by file name, reduced to what the diagnosis uses: each file
-  // is read once, when it first appears (a dump is linked into place whole, under a name no other
-  // dump takes: WriteNewFlightRecorderDump), not at every poll while a hang is pending. A job of
-  // thousands of ranks dumps hundreds of kilobytes each; their digests are a few kilobytes.
+  // The dumps in dump_dir read so far, by file name, reduced to what the diagnosis uses (their
+  // digests, read from beside them or made from them): each dump is read once, when it first
+  // appears (a dump is linked into place whole, under a name no other dump takes:
+  // WriteNewFlightRecorderDump), not at every poll while a hang is pending. A job of thousands of
+  // ranks dumps hundreds of kilobytes each; their digests are a few kilobytes.
   struct KnownDump {
     int64_t number = -1;                   // rank-RRRRR.<number>.pb
     std::optional<HangDumpDigest> digest;  // nullopt: not a flight recorder dump (not read again)

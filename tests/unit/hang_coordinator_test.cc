@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
@@ -34,6 +35,7 @@
 #include "sdk/core/store_keys.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/watchdog/flight_recorder.h"
+#include "sdk/watchdog/hang_diagnosis.h"
 #include "sdk/watchdog/stack_trace.h"
 #include "tests/support/agent_fixtures.h"
 #include "tests/support/forwarding_store.h"
@@ -243,10 +245,21 @@ class HangCoordinatorTest : public ::testing::Test {
         {"generation", absl::StrCat(generation)},
         {"step_thread", absl::StrCat(training.tid)},
         {"stacks", FormatThreadStacks({training})}};
-    ASSERT_TRUE(WriteFlightRecorderDump(Ring(rank, entered), rank, evidence,
-                                        dumps_.File(absl::StrFormat("rank-%05d.%d.pb", rank,
-                                                                    ++dump_numbers_[rank])))
-                    .ok());
+    const int number = ++dump_numbers_[rank];
+    if (digests_) {
+      // With its digest beside it, as the Runtime writes it (WriteHangDump).
+      absl::StatusOr<std::string> path =
+          WriteHangDump(Ring(rank, entered), rank, evidence,
+                        dumps_.File(absl::StrFormat("rank-%05d.", rank)), number);
+      ASSERT_TRUE(path.ok()) << path.status();
+      ASSERT_EQ(*path, dumps_.File(absl::StrFormat("rank-%05d.%d.pb", rank, number)));
+      return;
+    }
+    // Without: as a rank of a version before the digests wrote it.
+    ASSERT_TRUE(
+        WriteFlightRecorderDump(Ring(rank, entered), rank, evidence,
+                                dumps_.File(absl::StrFormat("rank-%05d.%d.pb", rank, number)))
+            .ok());
   }
   void Declare(int64_t generation, const std::string& declaration = kDeclaration) {
     ASSERT_TRUE(store_.Set(store_keys::Hang(generation), declaration, kCall).ok());
@@ -299,6 +312,7 @@ class HangCoordinatorTest : public ::testing::Test {
   std::map<int, FlightRecorderContents> live_rings_;
   std::map<std::string, int64_t> beats_;
   std::map<int, int> dump_numbers_;
+  bool digests_ = false;  // Dump writes each dump's digest beside it
   bool coordinating_ = true;
   std::vector<std::string> said_;
   std::vector<std::string> failed_;
@@ -320,6 +334,55 @@ TEST_F(HangCoordinatorTest, TheSuspectIsTheRankThatNeverEnteredTheCollective) {
   EXPECT_TRUE(SaidLine("hang diagnosis: rank 1 never entered all_reduce #4")) << Said();
   EXPECT_THAT(said_, Contains("rank 1 (pid 101) is the hang's suspect: killing it"));
   EXPECT_THAT(Ranks(kills_), ElementsAre(1));
+}
+
+// The ranks wrote each dump's digest beside it (as the Runtime does): the coordinator reads the
+// digests, not the dumps, and names the same suspects for the same reasons as from the dumps
+// (TheSuspectIsTheRankThatNeverEnteredTheCollective, TheSuspectIsTheRankWhoseStackIsElsewhere).
+TEST_F(HangCoordinatorTest, TheDigestsBesideTheDumpsAreReadInsteadOfTheDumps) {
+  digests_ = true;
+  Start(1, 5, /*one_host=*/true);
+  Declare(0);
+  for (int rank : {0, 3, 4}) Dump(rank, 0, 5, WaitingFrames());
+  Dump(1, 0, 4, WaitingFrames());
+  Dump(2, 0, 5, SleepingFrames());
+  Abort(0, 0);
+  hangs_->Poll();
+  EXPECT_FALSE(hangs_->pending());
+  EXPECT_THAT(said_, Contains("hang diagnosis: suspects: ranks 1,2")) << Said();
+  EXPECT_TRUE(SaidLine("hang diagnosis: rank 1 never entered all_reduce #4")) << Said();
+  EXPECT_TRUE(SaidLine("hang diagnosis: rank 2's training thread is elsewhere")) << Said();
+  EXPECT_THAT(Ranks(kills_), ElementsAre(1, 2));
+  ASSERT_EQ(env_.reads().size(), 5u);
+  for (const auto& [path, reads] : env_.reads()) {
+    EXPECT_TRUE(absl::EndsWith(path, ".digest")) << path;
+    EXPECT_EQ(reads, 1) << path;
+  }
+}
+
+// A dump whose digest is missing (its rank was killed between the two) or unreadable is read
+// whole; one whose digest names another rank is too. The suspects are the same.
+TEST_F(HangCoordinatorTest, ADumpWithoutAReadableDigestOfItsRankIsReadWhole) {
+  digests_ = true;
+  Start(1, 4, /*one_host=*/true);
+  Declare(0);
+  for (int rank : {0, 2, 3}) Dump(rank, 0, 5, WaitingFrames());
+  Dump(1, 0, 4, WaitingFrames());
+  ASSERT_EQ(std::remove(dumps_.File("rank-00000.1.digest").c_str()), 0);
+  std::ofstream(dumps_.File("rank-00001.1.digest"), std::ios::trunc) << "not a digest";
+  ASSERT_EQ(std::rename(dumps_.File("rank-00002.1.digest").c_str(),
+                        dumps_.File("rank-00003.1.digest").c_str()),
+            0);
+  Abort(0, 0);
+  hangs_->Poll();
+  EXPECT_FALSE(hangs_->pending());
+  EXPECT_THAT(said_, Contains("hang diagnosis: suspects: rank 1")) << Said();
+  EXPECT_TRUE(SaidLine("hang diagnosis: rank 1 never entered all_reduce #4")) << Said();
+  EXPECT_THAT(Ranks(kills_), ElementsAre(1));
+  std::vector<std::string> read;
+  for (const auto& [path, reads] : env_.reads()) read.push_back(path.substr(dumps_.path().size()));
+  EXPECT_THAT(read, ElementsAre("/rank-00000.1.pb", "/rank-00001.1.digest", "/rank-00001.1.pb",
+                                "/rank-00002.1.pb", "/rank-00003.1.digest", "/rank-00003.1.pb"));
 }
 
 // Ranks 1 and 2 of four never entered all_reduce #4: half the job waiting on the other half says
