@@ -37,7 +37,8 @@ HangCoordinator::HangCoordinator(Store* agents_store, Clock* clock, Env* env,
       hosts_(hosts),
       options_(std::move(options)),
       hooks_(std::move(hooks)),
-      arbiter_(options_.arbiter) {}
+      arbiter_(options_.arbiter),
+      reader_(options_.dump_dir, env_, clock_, std::max(options_.read_threads, 1)) {}
 
 void HangCoordinator::Reset(int64_t checked_below) {
   pending_.reset();
@@ -81,12 +82,10 @@ bool HangCoordinator::EveryRankResumed(int64_t generation) {
 absl::StatusOr<bool> HangCoordinator::RefreshDumps(absl::Time deadline) {
   absl::StatusOr<std::vector<std::string>> names = env_->GetChildren(options_.dump_dir);
   if (!names.ok()) return names.status();
-  bool read_all = true;
-  bool read_one = false;
   size_t listed_known = 0;  // the names listed that known_dumps_ holds
-  // The names listed, gathered only when a dump not read yet is listed: its digest's name among
-  // them.
-  std::optional<absl::flat_hash_set<absl::string_view>> listed;
+  // The dumps listed and not read yet, in the listing's order, and their numbers.
+  std::vector<HangDumpReader::Dump> unread;
+  std::vector<int64_t> numbers;
   for (const std::string& name : *names) {
     std::optional<std::pair<int, int64_t>> parsed = ParseDumpName(name);
     if (!parsed.has_value()) continue;
@@ -94,36 +93,31 @@ absl::StatusOr<bool> HangCoordinator::RefreshDumps(absl::Time deadline) {
       ++listed_known;
       continue;
     }
-    if (read_one && clock_->Now() >= deadline) {
-      read_all = false;  // the next poll goes on
-      continue;
+    HangDumpReader::Dump& dump = unread.emplace_back();
+    dump.name = name;
+    dump.rank = parsed->first;
+    numbers.push_back(parsed->second);
+  }
+  if (!unread.empty()) {
+    // The names listed, gathered only when a dump not read yet is listed: its digest's name among
+    // them.
+    const absl::flat_hash_set<absl::string_view> listed(names->begin(), names->end());
+    for (HangDumpReader::Dump& dump : unread) {
+      dump.digest_listed = listed.contains(HangDumpDigestPath(dump.name));
     }
-    read_one = true;
-    if (!listed.has_value()) listed.emplace(names->begin(), names->end());
-    const std::string path = absl::StrCat(options_.dump_dir, "/", name);
-    // The rank's digest of its dump, written beside it (WriteHangDump), when it is there and
-    // reads back as this rank's: a few kilobytes, where the dump is its whole ring.
-    if (const std::string digest_name = HangDumpDigestPath(name); listed->contains(digest_name)) {
-      absl::StatusOr<HangDumpDigest> digest =
-          ReadHangDumpDigest(absl::StrCat(options_.dump_dir, "/", digest_name), env_);
-      if (digest.ok() && digest->rank == parsed->first) {
-        KnownDump& known = known_dumps_[name];
-        known.number = parsed->second;
-        known.digest = *std::move(digest);
-        ++listed_known;
-        continue;
-      }
-    }
-    // Without its records: only their positions are kept (HangDumpDigest).
-    absl::StatusOr<FlightRecorderDumpPositions> dump = ReadFlightRecorderDumpPositions(path, env_);
+  }
+  const size_t taken = reader_.Read(unread, deadline);
+  for (size_t i = 0; i < taken; ++i) {
+    HangDumpReader::Dump& dump = unread[i];
     // Vanished between the listing and the read (a run dir cleaned up), or not readable now:
     // looked for again. One that is no flight recorder dump is not read again.
-    if (!dump.ok() && !absl::IsDataLoss(dump.status())) continue;
-    KnownDump& known = known_dumps_[name];
-    known.number = parsed->second;
-    if (dump.ok()) known.digest = DigestHangDump(*dump);
+    if (dump.outcome == HangDumpReader::Dump::Outcome::kUnreadable) continue;
+    KnownDump& known = known_dumps_[dump.name];
+    known.number = numbers[i];
+    known.digest = std::move(dump.digest);
     ++listed_known;
   }
+  const bool read_all = taken == unread.size();  // else the next poll goes on
   // A dump removed (a run dir cleaned up) is forgotten. Every poll lists the dir, and a job of
   // thousands of ranks has thousands of dumps: the names are gathered again only then.
   if (listed_known != known_dumps_.size()) {

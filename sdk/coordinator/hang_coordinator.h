@@ -14,8 +14,9 @@
 // disk): each dump is read once, when it appears, and only its digest is kept (HangDumpDigest);
 // the digest the rank wrote beside it (WriteHangDump) is read instead of the dump when it is there,
 // a few kilobytes where parsing the dump was most of the work. One Poll reads for at most
-// dump_read_budget, and a hang is decided on once every dump listed is read, so the coordinator's
-// loop goes on with its other duties meanwhile.
+// dump_read_budget, on read_threads threads (HangDumpReader, its own among them), and a hang is
+// decided on once every dump listed is read, so the coordinator's loop goes on with its other
+// duties meanwhile.
 //
 // What a rank's process is doing is seen in two ways, and one serves where the other cannot:
 //  - This host's own processes, through Hooks::local_holder (one host: every rank's): a stopped
@@ -42,7 +43,8 @@
 // Clock's, so tests drive it with an in-memory store, a ManualClock and dumps written to a temp dir
 // (tests/unit/hang_coordinator_test.cc), no process and no sleep.
 //
-// Thread safety: not thread-safe; one thread (the coordinator's loop, a test) uses an instance.
+// Thread safety: not thread-safe; one thread (the coordinator's loop, a test) uses an instance. Its
+// dump reader's threads read through the Env and the Clock only while a Poll waits for them.
 #ifndef TRAINGUARD_SDK_COORDINATOR_HANG_COORDINATOR_H_
 #define TRAINGUARD_SDK_COORDINATOR_HANG_COORDINATOR_H_
 
@@ -59,6 +61,7 @@
 
 #include "absl/time/time.h"
 #include "sdk/agent/hang_arbiter.h"
+#include "sdk/coordinator/hang_dump_reader.h"
 #include "sdk/coordinator/job_coordinator.h"
 #include "sdk/coordinator/rank_watch.h"  // StoppedMembers
 #include "sdk/rendezvous/rendezvous.h"
@@ -104,6 +107,9 @@ struct HangCoordinatorOptions {
   // dumps hundreds of megabytes, and the coordinator's loop has other duties every tick (the
   // hosts' liveness among them). At least one dump is read per Poll.
   absl::Duration dump_read_budget = absl::Milliseconds(200);
+  // The threads that read them, this poll's among them (HangDumpReader): a dump whose rank wrote
+  // no digest beside it is parsed whole, its ring's thousands of records.
+  int read_threads = 4;
   HangArbiterOptions arbiter;
 };
 
@@ -260,6 +266,8 @@ class HangCoordinator {
   int64_t resumed_generation_ = -1;
   std::set<int> resumed_;
   absl::Time next_check_ = absl::InfinitePast();
+  // Last: its threads stop first.
+  HangDumpReader reader_;
 };
 
 }  // namespace trainguard

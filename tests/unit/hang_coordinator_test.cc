@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -105,15 +106,23 @@ class ReadCountingEnv : public EnvWrapper {
     return names;
   }
   absl::StatusOr<std::string> ReadFileToString(const std::string& path) override {
-    ++reads_[path];
+    {
+      absl::MutexLock lock(&mu_);  // the coordinator's reader may read on several threads
+      ++reads_[path];
+    }
     if (on_read_) on_read_();
     return target()->ReadFileToString(path);
   }
-  const std::map<std::string, int>& reads() const { return reads_; }
+  std::map<std::string, int> reads() const {
+    absl::MutexLock lock(&mu_);
+    return reads_;
+  }
+  // Only with one reading thread (read_threads_ 1): it runs on the thread that reads.
   void set_on_read(std::function<void()> on_read) { on_read_ = std::move(on_read); }
 
  private:
-  std::map<std::string, int> reads_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, int> reads_ ABSL_GUARDED_BY(mu_);
   std::function<void()> on_read_;
 };
 
@@ -189,6 +198,7 @@ class HangCoordinatorTest : public ::testing::Test {
     options.store_timeout = kCall;
     options.poll_interval = absl::ZeroDuration();  // every Poll looks: the instants are the test's
     options.dump_read_budget = dump_read_budget_;
+    options.read_threads = read_threads_;
     HangCoordinator::Hooks hooks;
     hooks.coordinating = [this] { return Gate(); };
     hooks.say = [this](const std::string& line) { said_.push_back(line); };
@@ -313,6 +323,8 @@ class HangCoordinatorTest : public ::testing::Test {
   std::map<std::string, int64_t> beats_;
   std::map<int, int> dump_numbers_;
   bool digests_ = false;  // Dump writes each dump's digest beside it
+  // One: every dump is read on the polling thread, in name order, as the budget tests count them.
+  int read_threads_ = 1;
   bool coordinating_ = true;
   std::vector<std::string> said_;
   std::vector<std::string> failed_;
@@ -383,6 +395,38 @@ TEST_F(HangCoordinatorTest, ADumpWithoutAReadableDigestOfItsRankIsReadWhole) {
   for (const auto& [path, reads] : env_.reads()) read.push_back(path.substr(dumps_.path().size()));
   EXPECT_THAT(read, ElementsAre("/rank-00000.1.pb", "/rank-00001.1.digest", "/rank-00001.1.pb",
                                 "/rank-00002.1.pb", "/rank-00003.1.digest", "/rank-00003.1.pb"));
+}
+
+// A coordinator reading on several threads (as by default) reads every dump once, its digest or
+// the dump whole, and names the same suspects as one reading on its own.
+TEST_F(HangCoordinatorTest, DumpsReadOnSeveralThreadsAreEachReadOnceAndDiagnosedAlike) {
+  read_threads_ = 3;
+  Start(1, 16, /*one_host=*/true);
+  Declare(0);
+  for (int rank = 0; rank < 16; ++rank) {
+    digests_ = rank % 2 == 0;  // half the ranks of an older version: no digests
+    if (rank == 5) {
+      Dump(rank, 0, 4, WaitingFrames());
+    } else if (rank == 10) {
+      Dump(rank, 0, 5, SleepingFrames());
+    } else {
+      Dump(rank, 0, 5, WaitingFrames());
+    }
+  }
+  Abort(0, 0);
+  hangs_->Poll();
+  EXPECT_FALSE(hangs_->pending());
+  EXPECT_THAT(said_, Contains("hang diagnosis: suspects: ranks 5,10")) << Said();
+  EXPECT_TRUE(SaidLine("hang diagnosis: rank 5 never entered all_reduce #4")) << Said();
+  EXPECT_TRUE(SaidLine("hang diagnosis: rank 10's training thread is elsewhere")) << Said();
+  EXPECT_THAT(Ranks(kills_), ElementsAre(5, 10));
+  const std::map<std::string, int> reads = env_.reads();
+  ASSERT_EQ(reads.size(), 16u);
+  for (const auto& [path, count] : reads) {
+    EXPECT_EQ(count, 1) << path;
+    const int rank = std::stoi(path.substr(dumps_.path().size() + 6, 5));
+    EXPECT_TRUE(absl::EndsWith(path, rank % 2 == 0 ? ".digest" : ".pb")) << path;
+  }
 }
 
 // Ranks 1 and 2 of four never entered all_reduce #4: half the job waiting on the other half says
