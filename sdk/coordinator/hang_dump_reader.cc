@@ -10,9 +10,7 @@
 namespace trainguard {
 
 HangDumpReader::HangDumpReader(std::string dir, Env* env, Clock* clock, int threads)
-    : dir_(std::move(dir)), env_(env), clock_(clock) {
-  for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { Work(); });
-}
+    : dir_(std::move(dir)), env_(env), clock_(clock), threads_(threads) {}
 
 HangDumpReader::~HangDumpReader() {
   {
@@ -77,7 +75,8 @@ bool HangDumpReader::NoneRunning() const { return running_ == 0; }
 void HangDumpReader::Work() {
   mu_.Lock();
   while (true) {
-    // Idle until a batch has dumps to take, or the reader stops (its destructor).
+    // Idle until a batch has dumps to take, or the reader stops (its destructor): no deadline, as
+    // an idle thread has nothing to give up.
     mu_.Await(absl::Condition(this, &HangDumpReader::BatchOpenOrStopping));
     if (stopping_) break;
     Drain();
@@ -87,11 +86,17 @@ void HangDumpReader::Work() {
 
 size_t HangDumpReader::Read(std::vector<Dump>& dumps, absl::Time deadline) {
   if (dumps.empty()) return 0;
+  // Started at the first batch they can share: every agent has a coordinator's hang watch, and
+  // most never read a dump.
+  if (workers_.empty() && dumps.size() > 1) {
+    for (int i = 1; i < threads_; ++i) workers_.emplace_back([this] { Work(); });
+  }
   Batch batch{&dumps, deadline};
   absl::MutexLock lock(&mu_);
   batch_ = &batch;  // the workers wake to it
   Drain();
-  // Closed now: the dumps the workers took are read once none is running.
+  // Closed now: the dumps the workers took are read once none is running (each read is one file's,
+  // as the caller's own are).
   mu_.Await(absl::Condition(this, &HangDumpReader::NoneRunning));
   batch_ = nullptr;
   return batch.next;

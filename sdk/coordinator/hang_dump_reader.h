@@ -51,8 +51,8 @@ class HangDumpReader {
     std::optional<HangDumpDigest> digest;
   };
 
-  // REQUIRES: threads >= 1; `env` and `clock` outlive the reader. Starts threads - 1 workers (the
-  // caller of Read is the other).
+  // REQUIRES: threads >= 1; `env` and `clock` outlive the reader. threads - 1 workers (the caller
+  // of Read is the other) are started by the first Read of more than one dump.
   HangDumpReader(std::string dir, Env* env, Clock* clock, int threads);
   // Stops and joins the workers.
   ~HangDumpReader();
@@ -86,11 +86,12 @@ class HangDumpReader {
   const std::string dir_;
   Env* const env_;
   Clock* const clock_;
+  const int threads_;
   absl::Mutex mu_;
   Batch* batch_ ABSL_GUARDED_BY(mu_) = nullptr;
   int running_ ABSL_GUARDED_BY(mu_) = 0;  // dumps being read, by every thread
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::thread> workers_;
+  std::vector<std::thread> workers_;  // started by Read, joined by the destructor
 };
 
 }  // namespace trainguard
