@@ -3,11 +3,13 @@
 //
 //   bench_scale_decisions [--parts=hang,fail_slow,placement] [--ranks=8,64,512,4096,16384]
 //       [--hosts=1,8,64,512,2048] [--runs=3] [--records=4096] [--steady_s=2]
-//       [--dump_wait_ms=1000] [--work_dir=DIR] [--json=FILE] [--timeout_s=120]
+//       [--dump_wait_ms=1000] [--digests=1] [--read_threads=4] [--work_dir=DIR] [--json=FILE]
+//       [--timeout_s=120]
 //
 // hang, for each R of --ranks (8 ranks per host): R ranks' dumps of one hang, written by the real
-//   writer (WriteNewFlightRecorderDump, with the evidence FlightRecorderEvidence::Write gives it)
-//   from real rings (a FlightRecorder of --records records filled by a training loop of bucketed
+//   writer (WriteHangDump, with the evidence FlightRecorderEvidence::Write gives it, each dump with
+//   its digest beside it; --digests=0: without, as ranks of an older version wrote them) from real
+//   rings (a FlightRecorder of --records records filled by a training loop of bucketed
 //   all_reduces) and real stacks (this process's threads, captured and symbolised as a rank's
 //   are): R - 1 ranks wait in all_reduce #N, one (rank R/2 + 3) never entered it. The dumps are in
 //   place when the hang is declared (the ranks' own writing time is theirs, not the
@@ -15,14 +17,17 @@
 //   (its threads are not the coordinator's). Rank 0 declares the hang as the Runtime does (the
 //   hang key) and aborts --dump_wait_ms later (hang_dump_wait_ms); the real HangCoordinator,
 //   polled every 10 ms on a thread of its own (its poll_interval of 50 ms gates it), runs until it
-//   names the suspects. Measured: declaration -> suspects named, the coordinator thread's CPU, its
-//   longest Poll (how long the coordinator's loop stalled), the store requests the server served
-//   meanwhile, the dump files read (count, bytes) and the peak
-//   resident memory of this process (VmHWM, reset before each run). --runs runs on the same dumps,
-//   each with a fresh coordinator. Then the steady state: a fresh coordinator polled for
-//   --steady_s with no hang, its CPU and store requests per second. The coordinator's host sees
-//   its 8 ranks' processes (local_holder), the others' only through the store; the agents are not
-//   simulated (no host heartbeats: no hold-off), and silent_heartbeat is 600 s (no rank beats).
+//   names the suspects, reading the dumps on --read_threads threads (its own among them; the
+//   option's default unless given). Measured: declaration -> suspects named, the coordinator
+//   thread's CPU (with one read thread, all of its work), the whole process's CPU meanwhile (the
+//   other read threads' too, and the store server's), its longest Poll (how long the coordinator's
+//   loop stalled), the store requests the server served meanwhile, the dump files read (count,
+//   bytes) and the peak resident memory of this process (VmHWM, reset before each run). --runs runs
+//   on the same dumps, each with a fresh coordinator. Then the steady state: a fresh coordinator
+//   polled for --steady_s with no hang, its CPU and store requests per second. The coordinator's
+//   host sees its 8 ranks' processes (local_holder), the others' only through the store; the agents
+//   are not simulated (no host heartbeats: no hold-off), and silent_heartbeat is 600 s (no rank
+//   beats).
 // fail_slow, for each H of --hosts: H hosts of 8 ranks in generation 0 on the same kind of server;
 //   every simulated second each host's agent publishes its sample (agents/metrics/<host>, the
 //   HostSampler's metrics through EncodeHostMetricsRecord), one host 30 % slower from second 10,
@@ -83,6 +88,7 @@
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/rendezvous/tcp_store.h"
 #include "sdk/watchdog/flight_recorder.h"
+#include "sdk/watchdog/hang_diagnosis.h"
 #include "sdk/watchdog/stack_trace.h"
 #include "trainguard/clock.h"
 #include "trainguard/env.h"
@@ -106,6 +112,8 @@ struct Flags {
   absl::Duration steady = absl::Seconds(2);
   absl::Duration dump_wait = absl::Seconds(1);
   absl::Duration timeout = absl::Seconds(120);
+  bool digests = true;
+  int read_threads = HangCoordinatorOptions{}.read_threads;
   std::string work_dir = "/tmp/bench_scale_decisions";
   std::string json;
 };
@@ -116,6 +124,12 @@ double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 absl::Duration ThreadCpu() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return absl::DurationFromTimespec(ts);
+}
+// CPU time of this process, every thread's.
+absl::Duration ProcessCpu() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return absl::DurationFromTimespec(ts);
 }
 
@@ -353,9 +367,9 @@ std::string Declaration() {
       {kDeclarer, "hang (collective) at step 587: all_reduce #2348 (comm 1) ran 60s, bound 60s"});
 }
 
-// Writes the R ranks' dumps of generation 0's hang into `dir` as the Runtime does. Returns the
-// bytes written.
-absl::StatusOr<int64_t> WriteDumps(const std::string& dir, int ranks, int records) {
+// Writes the R ranks' dumps of generation 0's hang into `dir` as the Runtime does (with their
+// digests when `digests`). Returns the dumps' bytes.
+absl::StatusOr<int64_t> WriteDumps(const std::string& dir, int ranks, int records, bool digests) {
   absl::StatusOr<FlightRecorderContents> waiting_ring = RealRing(0, records, /*enters=*/true);
   if (!waiting_ring.ok()) return waiting_ring.status();
   absl::StatusOr<FlightRecorderContents> culprit_ring = RealRing(1, records, /*enters=*/false);
@@ -375,13 +389,15 @@ absl::StatusOr<int64_t> WriteDumps(const std::string& dir, int ranks, int record
         rank == kDeclarer
             ? absl::StrCat("hang: ", store_keys::DecodeHangDeclaration(declaration)->report)
             : absl::StrCat("a peer declared a hang: ", declaration);
-    absl::StatusOr<std::string> path = WriteNewFlightRecorderDump(
-        contents, rank,
-        {{"reason", reason},
-         {"generation", "0"},
-         {"step_thread", absl::StrCat(culprit ? stacks->sleeping_tid : stacks->waiting_tid)},
-         {"stacks", stacks->text}},
-        absl::StrFormat("%s/rank-%05d.", dir, rank), 1);
+    const std::vector<std::pair<std::string, std::string>> evidence = {
+        {"reason", reason},
+        {"generation", "0"},
+        {"step_thread", absl::StrCat(culprit ? stacks->sleeping_tid : stacks->waiting_tid)},
+        {"stacks", stacks->text}};
+    const std::string prefix = absl::StrFormat("%s/rank-%05d.", dir, rank);
+    absl::StatusOr<std::string> path =
+        digests ? WriteHangDump(contents, rank, evidence, prefix)
+                : WriteNewFlightRecorderDump(contents, rank, evidence, prefix);
     if (!path.ok()) return path.status();
     absl::StatusOr<uint64_t> size = Env::Default()->GetFileSize(*path);
     if (size.ok()) bytes += static_cast<int64_t>(*size);
@@ -394,6 +410,7 @@ struct HangRun {
   std::string suspects;  // the "suspects: ..." line
   absl::Duration to_suspects;
   absl::Duration cpu;
+  absl::Duration process_cpu;   // the whole process's, from the declaration to the suspects
   absl::Duration longest_poll;  // the longest Poll call: how long the coordinator's loop stalled
   int64_t requests = 0;
   int64_t files_read = 0;
@@ -402,10 +419,11 @@ struct HangRun {
 };
 
 std::unique_ptr<HangCoordinator> MakeHangCoordinator(Job& job, Env* env, const std::string& dir,
-                                                     int ranks,
+                                                     int ranks, int read_threads,
                                                      std::function<void(const std::string&)> say) {
   HangCoordinatorOptions options;
   options.dump_dir = dir;
+  options.read_threads = read_threads;
   options.silent_heartbeat = absl::Seconds(600);
   options.heartbeat_timeout = absl::Seconds(600);
   options.store_timeout = kCall;
@@ -441,15 +459,16 @@ HangRun RunHang(Job& job, const std::string& dir, int ranks, const Flags& flags)
   absl::Mutex mu;
   std::optional<absl::Time> named;
   std::string suspects;
-  auto coordinator = MakeHangCoordinator(job, &env, dir, ranks, [&](const std::string& line) {
-    if (absl::StartsWith(line, "hang diagnosis: suspects: ")) {
-      absl::MutexLock lock(&mu);
-      if (!named.has_value()) {
-        named = absl::Now();
-        suspects = line.substr(16);
-      }
-    }
-  });
+  auto coordinator =
+      MakeHangCoordinator(job, &env, dir, ranks, flags.read_threads, [&](const std::string& line) {
+        if (absl::StartsWith(line, "hang diagnosis: suspects: ")) {
+          absl::MutexLock lock(&mu);
+          if (!named.has_value()) {
+            named = absl::Now();
+            suspects = line.substr(16);
+          }
+        }
+      });
   (void)job.store->Delete(store_keys::Hang(0), kCall);
   (void)job.store->Delete(store_keys::HangAborted(0, kDeclarer), kCall);
   ResetPeakMemory();
@@ -468,6 +487,7 @@ HangRun RunHang(Job& job, const std::string& dir, int ranks, const Flags& flags)
   });
   absl::SleepFor(absl::Milliseconds(200));  // polls with no hang yet
   const int64_t requests_before = job.requests();
+  const absl::Duration process_cpu_before = ProcessCpu();
   const absl::Time declared = absl::Now();
   (void)job.store->Set(store_keys::Hang(0), Declaration(), kCall);
   bool aborted = false;
@@ -483,6 +503,7 @@ HangRun RunHang(Job& job, const std::string& dir, int ranks, const Flags& flags)
     }
     absl::SleepFor(absl::Milliseconds(2));
   }
+  run.process_cpu = ProcessCpu() - process_cpu_before;
   stop = true;
   polling.join();
   run.requests = job.requests() - requests_before;
@@ -506,7 +527,7 @@ std::pair<absl::Duration, int64_t> RunSteady(Job& job, const std::string& dir, i
   (void)job.store->Delete(store_keys::Hang(0), kCall);
   (void)job.store->Delete(store_keys::HangAborted(0, kDeclarer), kCall);
   auto coordinator =
-      MakeHangCoordinator(job, Env::Default(), dir, ranks, [](const std::string&) {});
+      MakeHangCoordinator(job, Env::Default(), dir, ranks, 1, [](const std::string&) {});
   const int64_t before = job.requests();
   const absl::Duration cpu_begin = ThreadCpu();
   const absl::Time end = absl::Now() + d;
@@ -519,17 +540,18 @@ std::pair<absl::Duration, int64_t> RunSteady(Job& job, const std::string& dir, i
 
 void MeasureHang(const Flags& flags, Report& report) {
   std::printf(
-      "hang diagnosis (dumps of %d records; declaration -> suspects named, rank 0 aborts "
-      "after %s)\n",
-      flags.records, absl::FormatDuration(flags.dump_wait).c_str());
-  std::printf("%7s %4s %10s %10s %9s %9s %10s %8s %10s %9s  %s\n", "ranks", "run", "dumps_MiB",
-              "named_s", "cpu_s", "poll_max", "requests", "files", "read_MiB", "peak_MiB",
-              "suspects");
+      "hang diagnosis (dumps of %d records, %s, read on %d threads; declaration -> suspects "
+      "named, rank 0 aborts after %s)\n",
+      flags.records, flags.digests ? "each with its digest" : "no digests", flags.read_threads,
+      absl::FormatDuration(flags.dump_wait).c_str());
+  std::printf("%7s %4s %10s %10s %9s %9s %9s %10s %8s %10s %9s  %s\n", "ranks", "run", "dumps_MiB",
+              "named_s", "cpu_s", "proc_cpu", "poll_max", "requests", "files", "read_MiB",
+              "peak_MiB", "suspects");
   for (int ranks : flags.ranks) {
     const std::string dir = absl::StrCat(flags.work_dir, "/ranks-", ranks, "/flight_recorder");
     std::error_code ignored;
     const absl::Time write_begin = absl::Now();
-    absl::StatusOr<int64_t> written = WriteDumps(dir, ranks, flags.records);
+    absl::StatusOr<int64_t> written = WriteDumps(dir, ranks, flags.records, flags.digests);
     if (!written.ok()) {
       std::printf("ranks=%d: writing the dumps: %s\n", ranks, written.status().ToString().c_str());
       continue;
@@ -542,17 +564,20 @@ void MeasureHang(const Flags& flags, Report& report) {
     }
     for (int run = 1; run <= flags.runs; ++run) {
       const HangRun r = RunHang(**job, dir, ranks, flags);
-      std::printf("%7d %4d %10.1f %10s %9.3f %9.3f %10ld %8ld %10.1f %9.0f  %s\n", ranks, run,
+      std::printf("%7d %4d %10.1f %10s %9.3f %9.3f %9.3f %10ld %8ld %10.1f %9.0f  %s\n", ranks, run,
                   *written / 1048576.0,
                   r.named ? absl::StrFormat("%.3f", Seconds(r.to_suspects)).c_str() : "not named",
-                  Seconds(r.cpu), Seconds(r.longest_poll), r.requests, r.files_read,
-                  r.bytes_read / 1048576.0, r.peak_mib, r.suspects.c_str());
+                  Seconds(r.cpu), Seconds(r.process_cpu), Seconds(r.longest_poll), r.requests,
+                  r.files_read, r.bytes_read / 1048576.0, r.peak_mib, r.suspects.c_str());
       report.Add({"hang",
                   ranks,
                   run,
                   {{"named", r.named ? 1.0 : 0.0},
+                   {"digests", flags.digests ? 1.0 : 0.0},
                    {"declared_to_suspects_s", Seconds(r.to_suspects)},
+                   {"read_threads", static_cast<double>(flags.read_threads)},
                    {"coordinator_cpu_s", Seconds(r.cpu)},
+                   {"process_cpu_s", Seconds(r.process_cpu)},
                    {"longest_poll_s", Seconds(r.longest_poll)},
                    {"store_requests", static_cast<double>(r.requests)},
                    {"dump_files_read", static_cast<double>(r.files_read)},
@@ -785,6 +810,12 @@ std::optional<Flags> ParseFlags(int argc, char** argv) {
     } else if (absl::ConsumePrefix(&arg, "--dump_wait_ms=") && absl::SimpleAtoi(arg, &n) &&
                n >= 0) {
       flags.dump_wait = absl::Milliseconds(n);
+    } else if (absl::ConsumePrefix(&arg, "--digests=") && absl::SimpleAtoi(arg, &n) && n >= 0 &&
+               n <= 1) {
+      flags.digests = n == 1;
+    } else if (absl::ConsumePrefix(&arg, "--read_threads=") && absl::SimpleAtoi(arg, &n) && n > 0 &&
+               n <= 64) {
+      flags.read_threads = static_cast<int>(n);
     } else if (absl::ConsumePrefix(&arg, "--timeout_s=") && absl::SimpleAtoi(arg, &n) && n > 0) {
       flags.timeout = absl::Seconds(n);
     } else if (absl::ConsumePrefix(&arg, "--work_dir=") && !arg.empty()) {
@@ -815,7 +846,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: bench_scale_decisions [--parts=hang,fail_slow,placement] "
                  "[--ranks=8,64,...] [--hosts=1,8,...] [--runs=3] [--records=4096] [--steady_s=2] "
-                 "[--dump_wait_ms=1000] [--timeout_s=120] [--work_dir=DIR] [--json=FILE]\n");
+                 "[--dump_wait_ms=1000] [--digests=1] [--read_threads=4] [--timeout_s=120] "
+                 "[--work_dir=DIR] "
+                 "[--json=FILE]\n");
     return 2;
   }
   std::printf("load before: %s\n", Load().c_str());

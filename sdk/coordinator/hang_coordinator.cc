@@ -5,6 +5,7 @@
 #include <utility>
 #include <variant>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -36,7 +37,8 @@ HangCoordinator::HangCoordinator(Store* agents_store, Clock* clock, Env* env,
       hosts_(hosts),
       options_(std::move(options)),
       hooks_(std::move(hooks)),
-      arbiter_(options_.arbiter) {}
+      arbiter_(options_.arbiter),
+      reader_(options_.dump_dir, env_, clock_, std::max(options_.read_threads, 1)) {}
 
 void HangCoordinator::Reset(int64_t checked_below) {
   pending_.reset();
@@ -80,9 +82,10 @@ bool HangCoordinator::EveryRankResumed(int64_t generation) {
 absl::StatusOr<bool> HangCoordinator::RefreshDumps(absl::Time deadline) {
   absl::StatusOr<std::vector<std::string>> names = env_->GetChildren(options_.dump_dir);
   if (!names.ok()) return names.status();
-  bool read_all = true;
-  bool read_one = false;
   size_t listed_known = 0;  // the names listed that known_dumps_ holds
+  // The dumps listed and not read yet, in the listing's order, and their numbers.
+  std::vector<HangDumpReader::Dump> unread;
+  std::vector<int64_t> numbers;
   for (const std::string& name : *names) {
     std::optional<std::pair<int, int64_t>> parsed = ParseDumpName(name);
     if (!parsed.has_value()) continue;
@@ -90,22 +93,31 @@ absl::StatusOr<bool> HangCoordinator::RefreshDumps(absl::Time deadline) {
       ++listed_known;
       continue;
     }
-    if (read_one && clock_->Now() >= deadline) {
-      read_all = false;  // the next poll goes on
-      continue;
+    HangDumpReader::Dump& dump = unread.emplace_back();
+    dump.name = name;
+    dump.rank = parsed->first;
+    numbers.push_back(parsed->second);
+  }
+  if (!unread.empty()) {
+    // The names listed, gathered only when a dump not read yet is listed: its digest's name among
+    // them.
+    const absl::flat_hash_set<absl::string_view> listed(names->begin(), names->end());
+    for (HangDumpReader::Dump& dump : unread) {
+      dump.digest_listed = listed.contains(HangDumpDigestPath(dump.name));
     }
-    read_one = true;
-    // Without its records: only their positions are kept (HangDumpDigest).
-    absl::StatusOr<FlightRecorderDumpPositions> dump =
-        ReadFlightRecorderDumpPositions(absl::StrCat(options_.dump_dir, "/", name), env_);
+  }
+  const size_t taken = reader_.Read(unread, deadline);
+  for (size_t i = 0; i < taken; ++i) {
+    HangDumpReader::Dump& dump = unread[i];
     // Vanished between the listing and the read (a run dir cleaned up), or not readable now:
     // looked for again. One that is no flight recorder dump is not read again.
-    if (!dump.ok() && !absl::IsDataLoss(dump.status())) continue;
-    KnownDump& known = known_dumps_[name];
-    known.number = parsed->second;
-    if (dump.ok()) known.digest = DigestHangDump(*dump);
+    if (dump.outcome == HangDumpReader::Dump::Outcome::kUnreadable) continue;
+    KnownDump& known = known_dumps_[dump.name];
+    known.number = numbers[i];
+    known.digest = std::move(dump.digest);
     ++listed_known;
   }
+  const bool read_all = taken == unread.size();  // else the next poll goes on
   // A dump removed (a run dir cleaned up) is forgotten. Every poll lists the dir, and a job of
   // thousands of ranks has thousands of dumps: the names are gathered again only then.
   if (listed_known != known_dumps_.size()) {

@@ -12,8 +12,11 @@
 //
 // A job of thousands of ranks dumps gigabytes (a rank's ring of 4,096 records is about 200 KB on
 // disk): each dump is read once, when it appears, and only its digest is kept (HangDumpDigest);
-// one Poll reads for at most dump_read_budget, and a hang is decided on once every dump listed is
-// read, so the coordinator's loop goes on with its other duties meanwhile.
+// the digest the rank wrote beside it (WriteHangDump) is read instead of the dump when it is there,
+// a few kilobytes where parsing the dump was most of the work. One Poll reads for at most
+// dump_read_budget, on read_threads threads (HangDumpReader, its own among them), and a hang is
+// decided on once every dump listed is read, so the coordinator's loop goes on with its other
+// duties meanwhile.
 //
 // What a rank's process is doing is seen in two ways, and one serves where the other cannot:
 //  - This host's own processes, through Hooks::local_holder (one host: every rank's): a stopped
@@ -40,7 +43,8 @@
 // Clock's, so tests drive it with an in-memory store, a ManualClock and dumps written to a temp dir
 // (tests/unit/hang_coordinator_test.cc), no process and no sleep.
 //
-// Thread safety: not thread-safe; one thread (the coordinator's loop, a test) uses an instance.
+// Thread safety: not thread-safe; one thread (the coordinator's loop, a test) uses an instance. Its
+// dump reader's threads read through the Env and the Clock only while a Poll waits for them.
 #ifndef TRAINGUARD_SDK_COORDINATOR_HANG_COORDINATOR_H_
 #define TRAINGUARD_SDK_COORDINATOR_HANG_COORDINATOR_H_
 
@@ -57,6 +61,7 @@
 
 #include "absl/time/time.h"
 #include "sdk/agent/hang_arbiter.h"
+#include "sdk/coordinator/hang_dump_reader.h"
 #include "sdk/coordinator/job_coordinator.h"
 #include "sdk/coordinator/rank_watch.h"  // StoppedMembers
 #include "sdk/rendezvous/rendezvous.h"
@@ -102,6 +107,9 @@ struct HangCoordinatorOptions {
   // dumps hundreds of megabytes, and the coordinator's loop has other duties every tick (the
   // hosts' liveness among them). At least one dump is read per Poll.
   absl::Duration dump_read_budget = absl::Milliseconds(200);
+  // The threads that read them, this poll's among them (HangDumpReader): a dump whose rank wrote
+  // no digest beside it is parsed whole, its ring's thousands of records.
+  int read_threads = 4;
   HangArbiterOptions arbiter;
 };
 
@@ -243,10 +251,11 @@ class HangCoordinator {
   std::optional<PendingHang> pending_;
   // When a hang of a generation was last withdrawn: its dumps are not the next one's.
   std::map<int64_t, absl::Time> withdrawn_at_;
-  // The dumps in dump_dir read so far, by file name, reduced to what the diagnosis uses: each file
-  // is read once, when it first appears (a dump is linked into place whole, under a name no other
-  // dump takes: WriteNewFlightRecorderDump), not at every poll while a hang is pending. A job of
-  // thousands of ranks dumps hundreds of kilobytes each; their digests are a few kilobytes.
+  // The dumps in dump_dir read so far, by file name, reduced to what the diagnosis uses (their
+  // digests, read from beside them or made from them): each dump is read once, when it first
+  // appears (a dump is linked into place whole, under a name no other dump takes:
+  // WriteNewFlightRecorderDump), not at every poll while a hang is pending. A job of thousands of
+  // ranks dumps hundreds of kilobytes each; their digests are a few kilobytes.
   struct KnownDump {
     int64_t number = -1;                   // rank-RRRRR.<number>.pb
     std::optional<HangDumpDigest> digest;  // nullopt: not a flight recorder dump (not read again)
@@ -257,6 +266,8 @@ class HangCoordinator {
   int64_t resumed_generation_ = -1;
   std::set<int> resumed_;
   absl::Time next_check_ = absl::InfinitePast();
+  // Last: its threads stop first.
+  HangDumpReader reader_;
 };
 
 }  // namespace trainguard

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
+#include "sdk/watchdog/hang_diagnosis.h"
 
 namespace trainguard {
 
@@ -36,14 +37,15 @@ std::string FlightRecorderEvidence::Write(const CapturedEvidence& captured,
   // The first number no dump of this rank has: an earlier process of the rank (replaced, or on
   // another host sharing the run dir) may have written some, and they are kept.
   const int64_t n = dumps_.fetch_add(1) + 1;
-  absl::StatusOr<std::string> path = WriteNewFlightRecorderDump(
+  // With its digest beside it: what the coordinator reads of every rank's dump (WriteHangDump).
+  absl::StatusOr<std::string> path = WriteHangDump(
       *contents, options_.rank,
       {{"reason", reason},
        {"generation", absl::StrCat(generation)},
        // The thread whose stack DiagnoseHang compares across ranks.
        {"step_thread", absl::StrCat(options_.step_thread ? options_.step_thread() : 0)},
        {"stacks", stack_text}},
-      absl::StrFormat("%s/rank-%05d.", dir, options_.rank), n);
+      absl::StrFormat("%s/rank-%05d.", dir, options_.rank), n, options_.env);
   return path.ok() ? *path : "";
 }
 

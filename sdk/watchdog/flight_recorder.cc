@@ -444,6 +444,18 @@ absl::StatusOr<std::string> FlightRecorderDumpToJson(const FlightRecorderDump& d
 
 namespace {
 
+// `dump` stamped with the time now, and its bytes as WriteFlightRecorderDump writes them; `path`
+// names it in the error.
+absl::StatusOr<std::string> StampAndSerialize(FlightRecorderDump& dump, const std::string& path) {
+  dump.dumped_at = absl::Now();
+  dump.dumped_monotonic_ns = MonotonicNanos();
+  std::string bytes;
+  if (!ToProto(dump).SerializeToString(&bytes)) {
+    return absl::InternalError(absl::StrFormat("flight recorder dump %s: cannot serialize", path));
+  }
+  return bytes;
+}
+
 // The dump's bytes, as WriteFlightRecorderDump writes them; `path` names it in the error.
 absl::StatusOr<std::string> SerializeDump(
     const FlightRecorderContents& contents, int rank,
@@ -452,13 +464,7 @@ absl::StatusOr<std::string> SerializeDump(
   in.rank = rank;
   in.contents = contents;
   in.evidence = extra;
-  in.dumped_at = absl::Now();
-  in.dumped_monotonic_ns = MonotonicNanos();
-  std::string bytes;
-  if (!ToProto(in).SerializeToString(&bytes)) {
-    return absl::InternalError(absl::StrFormat("flight recorder dump %s: cannot serialize", path));
-  }
-  return bytes;
+  return StampAndSerialize(in, path);
 }
 
 // Writes `bytes` to `temp_path` and syncs it.
@@ -492,7 +498,16 @@ absl::StatusOr<std::string> WriteNewFlightRecorderDump(
     const FlightRecorderContents& contents, int rank,
     const std::vector<std::pair<std::string, std::string>>& extra, const std::string& prefix,
     int64_t first) {
-  absl::StatusOr<std::string> bytes = SerializeDump(contents, rank, extra, prefix + "*.pb");
+  FlightRecorderDump dump;
+  dump.rank = rank;
+  dump.contents = contents;
+  dump.evidence = extra;
+  return WriteNewFlightRecorderDump(&dump, prefix, first);
+}
+
+absl::StatusOr<std::string> WriteNewFlightRecorderDump(FlightRecorderDump* dump,
+                                                       const std::string& prefix, int64_t first) {
+  absl::StatusOr<std::string> bytes = StampAndSerialize(*dump, prefix + "*.pb");
   if (!bytes.ok()) return bytes.status();
   Env* env = Env::Default();
   // Unique among the hosts sharing the directory, whose pids may be equal (PID namespaces).

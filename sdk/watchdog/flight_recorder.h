@@ -152,6 +152,13 @@ struct FlightRecorderDump {
   int64_t dumped_monotonic_ns = 0;  // CLOCK_MONOTONIC then, to compare with the records' time_ns
 };
 
+// Like WriteNewFlightRecorderDump above, of `dump` (rank, contents, evidence), whose dumped_at and
+// dumped_monotonic_ns it sets to now before writing it: the caller keeps what was written
+// (WriteHangDump digests it).
+absl::StatusOr<std::string> WriteNewFlightRecorderDump(FlightRecorderDump* dump,
+                                                       const std::string& prefix,
+                                                       int64_t first = 1);
+
 // `dump` as one line of JSON: the trainguard.proto.FlightRecorderDump that WriteFlightRecorderDump
 // would write, in the proto3 JSON mapping (docs/FORMATS.md, "JSON output"), as
 // `trainguard flight-recorder show --json` prints it.
@@ -191,6 +198,8 @@ struct CollectivePosition {
   int64_t entered = -1;      // the newest comm_seq it entered
   std::string op;            // that collective's name
   bool left = false;         // it left that collective (collective_end)
+
+  bool operator==(const CollectivePosition&) const = default;
 };
 // By communicator id.
 using CollectivePositions = std::map<uint64_t, CollectivePosition>;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -17,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "sdk/proto/flight_recorder.pb.h"
 #include "sdk/watchdog/flight_recorder.h"
 #include "sdk/watchdog/stack_trace.h"
 #include "trainguard/env.h"
@@ -212,6 +214,96 @@ HangDumpDigest DigestHangDump(const FlightRecorderDump& dump) {
 
 HangDumpDigest DigestHangDump(const FlightRecorderDumpPositions& read) {
   return DigestOf(read.dump, read.positions);
+}
+
+namespace {
+
+constexpr uint32_t kDigestFormatVersion = 1;
+
+}  // namespace
+
+std::string HangDumpDigestPath(absl::string_view dump_path) {
+  absl::ConsumeSuffix(&dump_path, ".pb");
+  return absl::StrCat(dump_path, ".digest");
+}
+
+std::string EncodeHangDumpDigest(const HangDumpDigest& digest) {
+  proto::HangDumpDigestProto p;
+  p.set_format_version(kDigestFormatVersion);
+  p.set_rank(digest.rank);
+  p.set_generation(digest.generation);
+  p.set_dumped_unix_micros(absl::ToUnixMicros(digest.dumped_at));
+  p.set_reason(digest.reason);
+  for (const auto& [comm, position] : digest.positions) {
+    proto::CollectivePositionProto* q = p.add_positions();
+    q->set_comm_id(comm);
+    q->set_entered_any(position.entered_any);
+    q->set_entered(position.entered);
+    q->set_op(position.op);
+    q->set_left(position.left);
+  }
+  for (const std::string& frame : digest.training) p.add_training_frames(frame);
+  return p.SerializeAsString();
+}
+
+absl::StatusOr<HangDumpDigest> DecodeHangDumpDigest(absl::string_view bytes) {
+  proto::HangDumpDigestProto p;
+  if (!p.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())) ||
+      p.format_version() != kDigestFormatVersion || p.rank() < 0) {
+    return absl::DataLossError(absl::StrCat(
+        "not a hang dump digest (", bytes.size(),
+        " bytes that do not parse as format version 1 of trainguard.proto.HangDumpDigestProto)"));
+  }
+  HangDumpDigest digest;
+  digest.rank = p.rank();
+  digest.generation = p.generation();
+  digest.dumped_at = absl::FromUnixMicros(p.dumped_unix_micros());
+  digest.reason = p.reason();
+  for (const proto::CollectivePositionProto& q : p.positions()) {
+    digest.positions[q.comm_id()] = {q.entered_any(), q.entered(), q.op(), q.left()};
+  }
+  digest.training.assign(p.training_frames().begin(), p.training_frames().end());
+  return digest;
+}
+
+absl::StatusOr<std::string> WriteHangDump(
+    const FlightRecorderContents& contents, int rank,
+    const std::vector<std::pair<std::string, std::string>>& evidence, const std::string& prefix,
+    int64_t first, Env* env) {
+  if (env == nullptr) env = Env::Default();
+  FlightRecorderDump dump;
+  dump.rank = rank;
+  dump.contents = contents;
+  dump.evidence = evidence;
+  absl::StatusOr<std::string> path = WriteNewFlightRecorderDump(&dump, prefix, first);
+  if (!path.ok()) return path;
+  // The dump is written to the microsecond (dumped_unix_micros): so is its digest, and the two
+  // read back alike.
+  dump.dumped_at = absl::FromUnixMicros(absl::ToUnixMicros(dump.dumped_at));
+  const std::string digest_path = HangDumpDigestPath(*path);
+  // Renamed into place whole, synced first: a digest torn by a crash could decode as a shorter
+  // one. Its name is its dump's, which no other dump takes.
+  const std::string temp_path = absl::StrCat(digest_path, ".tmp");
+  absl::StatusOr<std::unique_ptr<WritableFile>> file = env->NewWritableFile(temp_path);
+  absl::Status written = file.status();
+  if (written.ok()) written = (*file)->Append(EncodeHangDumpDigest(DigestHangDump(dump)));
+  if (written.ok()) written = (*file)->Sync();
+  if (written.ok()) written = (*file)->Close();
+  if (written.ok()) written = env->RenameFile(temp_path, digest_path);
+  if (!written.ok() && file.ok()) env->RemoveFile(temp_path).IgnoreError();
+  return path;
+}
+
+absl::StatusOr<HangDumpDigest> ReadHangDumpDigest(const std::string& path, Env* env) {
+  if (env == nullptr) env = Env::Default();
+  absl::StatusOr<std::string> bytes = env->ReadFileToString(path);
+  if (!bytes.ok()) return bytes.status();
+  absl::StatusOr<HangDumpDigest> digest = DecodeHangDumpDigest(*bytes);
+  if (!digest.ok()) {
+    return absl::DataLossError(
+        absl::StrCat("hang dump digest ", path, ": ", digest.status().message()));
+  }
+  return digest;
 }
 
 HangDiagnosis DiagnoseHang(const HangEvidence& evidence) {

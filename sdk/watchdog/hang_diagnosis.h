@@ -112,10 +112,38 @@ struct HangDumpDigest {
   std::string reason;                 // its "reason" evidence; empty when it has none
   CollectivePositions positions;      // PositionsOf its ring
   std::vector<std::string> training;  // its training thread's frames, as the stacks hold them
+
+  bool operator==(const HangDumpDigest&) const = default;
 };
 HangDumpDigest DigestHangDump(const FlightRecorderDump& dump);
 // The same, of a dump read without its records (ReadFlightRecorderDumpPositions).
 HangDumpDigest DigestHangDump(const FlightRecorderDumpPositions& read);
+
+// A rank's dump of a hang comes with its digest beside it (rank-RRRRR.N.pb, rank-RRRRR.N.digest),
+// written by the rank, which has the ring and the stacks in memory: a coordinator then reads a few
+// kilobytes per rank where parsing the dump of a ring of 4,096 records is most of its work at
+// thousands of ranks. The dump stays the evidence (a rank counts as dumped once its dump is there),
+// and a coordinator that finds no digest beside a dump (written by an older version, or not yet),
+// or one it cannot read, reads the dump: the digest read back is DigestHangDump of the dump read
+// back, field for field.
+
+// The digest's path beside the dump at `dump_path`: "<dir>/rank-00002.3.pb" ->
+// "<dir>/rank-00002.3.digest". Not a dump name (ParseDumpName).
+std::string HangDumpDigestPath(absl::string_view dump_path);
+// The digest's bytes (a trainguard.proto.HangDumpDigestProto, sdk/proto/flight_recorder.proto),
+// and back. DataLoss when `bytes` are not a digest.
+std::string EncodeHangDumpDigest(const HangDumpDigest& digest);
+absl::StatusOr<HangDumpDigest> DecodeHangDumpDigest(absl::string_view bytes);
+// Writes the rank's dump as WriteNewFlightRecorderDump does (`evidence` as its extra), then its
+// digest beside it through `env` (nullptr: Env::Default()), synced and renamed into place. Returns
+// the dump's path; a digest that cannot be written is left out (its coordinator reads the dump).
+absl::StatusOr<std::string> WriteHangDump(
+    const FlightRecorderContents& contents, int rank,
+    const std::vector<std::pair<std::string, std::string>>& evidence, const std::string& prefix,
+    int64_t first = 1, Env* env = nullptr);
+// Reads a digest WriteHangDump wrote. NotFound when there is none; DataLoss naming the file for one
+// that does not decode.
+absl::StatusOr<HangDumpDigest> ReadHangDumpDigest(const std::string& path, Env* env = nullptr);
 
 // DiagnoseHang on digests: `dumps` at most one per rank; `live_rings` as HangEvidence's. The same
 // diagnosis as DiagnoseHang on the dumps the digests were made of.

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
@@ -22,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -34,6 +36,7 @@
 #include "sdk/core/store_keys.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/watchdog/flight_recorder.h"
+#include "sdk/watchdog/hang_diagnosis.h"
 #include "sdk/watchdog/stack_trace.h"
 #include "tests/support/agent_fixtures.h"
 #include "tests/support/forwarding_store.h"
@@ -103,15 +106,23 @@ class ReadCountingEnv : public EnvWrapper {
     return names;
   }
   absl::StatusOr<std::string> ReadFileToString(const std::string& path) override {
-    ++reads_[path];
+    {
+      absl::MutexLock lock(&mu_);  // the coordinator's reader may read on several threads
+      ++reads_[path];
+    }
     if (on_read_) on_read_();
     return target()->ReadFileToString(path);
   }
-  const std::map<std::string, int>& reads() const { return reads_; }
+  std::map<std::string, int> reads() const {
+    absl::MutexLock lock(&mu_);
+    return reads_;
+  }
+  // Only with one reading thread (read_threads_ 1): it runs on the thread that reads.
   void set_on_read(std::function<void()> on_read) { on_read_ = std::move(on_read); }
 
  private:
-  std::map<std::string, int> reads_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, int> reads_ ABSL_GUARDED_BY(mu_);
   std::function<void()> on_read_;
 };
 
@@ -187,6 +198,7 @@ class HangCoordinatorTest : public ::testing::Test {
     options.store_timeout = kCall;
     options.poll_interval = absl::ZeroDuration();  // every Poll looks: the instants are the test's
     options.dump_read_budget = dump_read_budget_;
+    options.read_threads = read_threads_;
     HangCoordinator::Hooks hooks;
     hooks.coordinating = [this] { return Gate(); };
     hooks.say = [this](const std::string& line) { said_.push_back(line); };
@@ -243,10 +255,21 @@ class HangCoordinatorTest : public ::testing::Test {
         {"generation", absl::StrCat(generation)},
         {"step_thread", absl::StrCat(training.tid)},
         {"stacks", FormatThreadStacks({training})}};
-    ASSERT_TRUE(WriteFlightRecorderDump(Ring(rank, entered), rank, evidence,
-                                        dumps_.File(absl::StrFormat("rank-%05d.%d.pb", rank,
-                                                                    ++dump_numbers_[rank])))
-                    .ok());
+    const int number = ++dump_numbers_[rank];
+    if (digests_) {
+      // With its digest beside it, as the Runtime writes it (WriteHangDump).
+      absl::StatusOr<std::string> path =
+          WriteHangDump(Ring(rank, entered), rank, evidence,
+                        dumps_.File(absl::StrFormat("rank-%05d.", rank)), number);
+      ASSERT_TRUE(path.ok()) << path.status();
+      ASSERT_EQ(*path, dumps_.File(absl::StrFormat("rank-%05d.%d.pb", rank, number)));
+      return;
+    }
+    // Without: as a rank of a version before the digests wrote it.
+    ASSERT_TRUE(
+        WriteFlightRecorderDump(Ring(rank, entered), rank, evidence,
+                                dumps_.File(absl::StrFormat("rank-%05d.%d.pb", rank, number)))
+            .ok());
   }
   void Declare(int64_t generation, const std::string& declaration = kDeclaration) {
     ASSERT_TRUE(store_.Set(store_keys::Hang(generation), declaration, kCall).ok());
@@ -299,6 +322,9 @@ class HangCoordinatorTest : public ::testing::Test {
   std::map<int, FlightRecorderContents> live_rings_;
   std::map<std::string, int64_t> beats_;
   std::map<int, int> dump_numbers_;
+  bool digests_ = false;  // Dump writes each dump's digest beside it
+  // One: every dump is read on the polling thread, in name order, as the budget tests count them.
+  int read_threads_ = 1;
   bool coordinating_ = true;
   std::vector<std::string> said_;
   std::vector<std::string> failed_;
@@ -320,6 +346,87 @@ TEST_F(HangCoordinatorTest, TheSuspectIsTheRankThatNeverEnteredTheCollective) {
   EXPECT_TRUE(SaidLine("hang diagnosis: rank 1 never entered all_reduce #4")) << Said();
   EXPECT_THAT(said_, Contains("rank 1 (pid 101) is the hang's suspect: killing it"));
   EXPECT_THAT(Ranks(kills_), ElementsAre(1));
+}
+
+// The ranks wrote each dump's digest beside it (as the Runtime does): the coordinator reads the
+// digests, not the dumps, and names the same suspects for the same reasons as from the dumps
+// (TheSuspectIsTheRankThatNeverEnteredTheCollective, TheSuspectIsTheRankWhoseStackIsElsewhere).
+TEST_F(HangCoordinatorTest, TheDigestsBesideTheDumpsAreReadInsteadOfTheDumps) {
+  digests_ = true;
+  Start(1, 5, /*one_host=*/true);
+  Declare(0);
+  for (int rank : {0, 3, 4}) Dump(rank, 0, 5, WaitingFrames());
+  Dump(1, 0, 4, WaitingFrames());
+  Dump(2, 0, 5, SleepingFrames());
+  Abort(0, 0);
+  hangs_->Poll();
+  EXPECT_FALSE(hangs_->pending());
+  EXPECT_THAT(said_, Contains("hang diagnosis: suspects: ranks 1,2")) << Said();
+  EXPECT_TRUE(SaidLine("hang diagnosis: rank 1 never entered all_reduce #4")) << Said();
+  EXPECT_TRUE(SaidLine("hang diagnosis: rank 2's training thread is elsewhere")) << Said();
+  EXPECT_THAT(Ranks(kills_), ElementsAre(1, 2));
+  ASSERT_EQ(env_.reads().size(), 5u);
+  for (const auto& [path, reads] : env_.reads()) {
+    EXPECT_TRUE(absl::EndsWith(path, ".digest")) << path;
+    EXPECT_EQ(reads, 1) << path;
+  }
+}
+
+// A dump whose digest is missing (its rank was killed between the two) or unreadable is read
+// whole; one whose digest names another rank is too. The suspects are the same.
+TEST_F(HangCoordinatorTest, ADumpWithoutAReadableDigestOfItsRankIsReadWhole) {
+  digests_ = true;
+  Start(1, 4, /*one_host=*/true);
+  Declare(0);
+  for (int rank : {0, 2, 3}) Dump(rank, 0, 5, WaitingFrames());
+  Dump(1, 0, 4, WaitingFrames());
+  ASSERT_EQ(std::remove(dumps_.File("rank-00000.1.digest").c_str()), 0);
+  std::ofstream(dumps_.File("rank-00001.1.digest"), std::ios::trunc) << "not a digest";
+  ASSERT_EQ(std::rename(dumps_.File("rank-00002.1.digest").c_str(),
+                        dumps_.File("rank-00003.1.digest").c_str()),
+            0);
+  Abort(0, 0);
+  hangs_->Poll();
+  EXPECT_FALSE(hangs_->pending());
+  EXPECT_THAT(said_, Contains("hang diagnosis: suspects: rank 1")) << Said();
+  EXPECT_TRUE(SaidLine("hang diagnosis: rank 1 never entered all_reduce #4")) << Said();
+  EXPECT_THAT(Ranks(kills_), ElementsAre(1));
+  std::vector<std::string> read;
+  for (const auto& [path, reads] : env_.reads()) read.push_back(path.substr(dumps_.path().size()));
+  EXPECT_THAT(read, ElementsAre("/rank-00000.1.pb", "/rank-00001.1.digest", "/rank-00001.1.pb",
+                                "/rank-00002.1.pb", "/rank-00003.1.digest", "/rank-00003.1.pb"));
+}
+
+// A coordinator reading on several threads (as by default) reads every dump once, its digest or
+// the dump whole, and names the same suspects as one reading on its own.
+TEST_F(HangCoordinatorTest, DumpsReadOnSeveralThreadsAreEachReadOnceAndDiagnosedAlike) {
+  read_threads_ = 3;
+  Start(1, 16, /*one_host=*/true);
+  Declare(0);
+  for (int rank = 0; rank < 16; ++rank) {
+    digests_ = rank % 2 == 0;  // half the ranks of an older version: no digests
+    if (rank == 5) {
+      Dump(rank, 0, 4, WaitingFrames());
+    } else if (rank == 10) {
+      Dump(rank, 0, 5, SleepingFrames());
+    } else {
+      Dump(rank, 0, 5, WaitingFrames());
+    }
+  }
+  Abort(0, 0);
+  hangs_->Poll();
+  EXPECT_FALSE(hangs_->pending());
+  EXPECT_THAT(said_, Contains("hang diagnosis: suspects: ranks 5,10")) << Said();
+  EXPECT_TRUE(SaidLine("hang diagnosis: rank 5 never entered all_reduce #4")) << Said();
+  EXPECT_TRUE(SaidLine("hang diagnosis: rank 10's training thread is elsewhere")) << Said();
+  EXPECT_THAT(Ranks(kills_), ElementsAre(5, 10));
+  const std::map<std::string, int> reads = env_.reads();
+  ASSERT_EQ(reads.size(), 16u);
+  for (const auto& [path, count] : reads) {
+    EXPECT_EQ(count, 1) << path;
+    const int rank = std::stoi(path.substr(dumps_.path().size() + 6, 5));
+    EXPECT_TRUE(absl::EndsWith(path, rank % 2 == 0 ? ".digest" : ".pb")) << path;
+  }
 }
 
 // Ranks 1 and 2 of four never entered all_reduce #4: half the job waiting on the other half says

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sdk/watchdog/flight_recorder.h"
@@ -20,6 +21,7 @@
 namespace trainguard {
 namespace {
 
+using ::testing::_;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -269,6 +271,92 @@ TEST(DiagnoseHang, ADumpWithoutStacksFormsItsOwnGroup) {
   const HangDiagnosis d = DiagnoseHang(evidence);
   EXPECT_THAT(d.stack_outliers, ElementsAre(2));
   EXPECT_THAT(d.ToString(), HasSubstr("(no stacks in the dump)"));
+}
+
+// The digest a rank writes beside its dump (WriteHangDump) reads back as the digest of the dump
+// read back, whichever way the dump is read: a coordinator that reads the digest instead of the
+// dump diagnoses the same.
+TEST(WriteHangDump, TheDigestBesideTheDumpReadsBackAsTheDumpsDigest) {
+  TempDir dir;
+  FlightRecorderDump d = MakeDump(2, 5, 8, SleepingFrames());
+  // A reason that is not UTF-8 (a rank's report quotes an op name cut inside a character).
+  d.evidence[0].second = "hang: all_reduce \xe2\x82";
+  absl::StatusOr<std::string> path =
+      WriteHangDump(d.contents, d.rank, d.evidence, dir.File("rank-00002."));
+  ASSERT_TRUE(path.ok()) << path.status();
+  EXPECT_EQ(*path, dir.File("rank-00002.1.pb"));
+  EXPECT_EQ(HangDumpDigestPath(*path), dir.File("rank-00002.1.digest"));
+  EXPECT_FALSE(ParseDumpName("rank-00002.1.digest").has_value()) << "not a dump's name";
+
+  absl::StatusOr<HangDumpDigest> digest = ReadHangDumpDigest(HangDumpDigestPath(*path));
+  ASSERT_TRUE(digest.ok()) << digest.status();
+  absl::StatusOr<FlightRecorderDump> dump = ReadFlightRecorderDump(*path);
+  ASSERT_TRUE(dump.ok()) << dump.status();
+  absl::StatusOr<FlightRecorderDumpPositions> positions = ReadFlightRecorderDumpPositions(*path);
+  ASSERT_TRUE(positions.ok()) << positions.status();
+  EXPECT_EQ(*digest, DigestHangDump(*dump));
+  EXPECT_EQ(*digest, DigestHangDump(*positions));
+  EXPECT_EQ(digest->reason, "hang: all_reduce \xe2\x82");
+  EXPECT_EQ(digest->generation, 5);
+  EXPECT_THAT(digest->training, ElementsAre(HasSubstr("clock_nanosleep"), _, _, _));
+  ASSERT_EQ(digest->positions.count(1), 1u);
+  EXPECT_EQ(digest->positions.at(1).entered, 7);
+  EXPECT_FALSE(digest->positions.at(1).left);
+}
+
+TEST(HangDumpDigest, DecodesWhatItEncodedAndNothingElse) {
+  HangDumpDigest digest;
+  digest.rank = 3;
+  digest.generation = -1;
+  digest.dumped_at = absl::FromUnixMicros(1'700'000'000'123'456);
+  digest.reason = "a peer declared a hang: rank 0: ...";
+  digest.positions[1] = {true, 41, "all_reduce", false};
+  digest.positions[7] = {true, 2, "broadcast", true};
+  digest.training = {"(no stacks in the dump)"};
+  absl::StatusOr<HangDumpDigest> decoded = DecodeHangDumpDigest(EncodeHangDumpDigest(digest));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(*decoded, digest);
+
+  EXPECT_EQ(DecodeHangDumpDigest("").status().code(), absl::StatusCode::kDataLoss)
+      << "an empty file is no digest";
+  EXPECT_EQ(DecodeHangDumpDigest("\xff\xff\xff not a protobuf").status().code(),
+            absl::StatusCode::kDataLoss);
+  TempDir dir;
+  std::ofstream(dir.File("rank-00001.1.digest")) << "\xff\xff\xff not a protobuf";
+  absl::StatusOr<HangDumpDigest> corrupt = ReadHangDumpDigest(dir.File("rank-00001.1.digest"));
+  EXPECT_EQ(corrupt.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(corrupt.status().message(), HasSubstr("rank-00001.1.digest"));
+  EXPECT_EQ(ReadHangDumpDigest(dir.File("rank-00002.1.digest")).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+// The rule a coordinator relies on: the digests the ranks wrote name the same suspects, for the
+// same reasons, as the dumps they wrote them beside.
+TEST(WriteHangDump, TheDigestsNameTheSameSuspectsAsTheDumps) {
+  TempDir dir;
+  const std::vector<FlightRecorderDump> written = {
+      MakeDump(0, 3, 8, WaitingFrames(0x41)), MakeDump(1, 3, 7, WaitingFrames(0x99)),
+      MakeDump(2, 3, 8, SleepingFrames()), MakeDump(3, 3, 8, WaitingFrames(0x41)),
+      MakeDump(4, 3, 8, RecoveringFrames())};
+  std::vector<HangDumpDigest> digests;
+  for (const FlightRecorderDump& d : written) {
+    absl::StatusOr<std::string> path = WriteHangDump(
+        d.contents, d.rank, d.evidence, dir.File(absl::StrFormat("rank-%05d.", d.rank)));
+    ASSERT_TRUE(path.ok()) << path.status();
+    absl::StatusOr<HangDumpDigest> digest = ReadHangDumpDigest(HangDumpDigestPath(*path));
+    ASSERT_TRUE(digest.ok()) << digest.status();
+    digests.push_back(*std::move(digest));
+  }
+  HangEvidence evidence;
+  evidence.world_size = 6;
+  absl::StatusOr<std::vector<FlightRecorderDump>> dumps = ReadHangDumps(dir.path(), 3);
+  ASSERT_TRUE(dumps.ok()) << dumps.status();
+  evidence.dumps = *std::move(dumps);
+  const HangDiagnosis from_dumps = DiagnoseHang(evidence);
+  const HangDiagnosis from_digests = DiagnoseHang(digests, {}, evidence.world_size);
+  EXPECT_EQ(from_digests.suspects, from_dumps.suspects);
+  EXPECT_EQ(from_digests.ToString(), from_dumps.ToString());
+  EXPECT_THAT(from_dumps.suspects, ElementsAre(1, 2, 5));
 }
 
 TEST(ReadHangDumps, KeepsEachRanksNewestDumpOfTheNewestGeneration) {
