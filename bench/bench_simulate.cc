@@ -52,9 +52,10 @@
 //    away (it ends replaced; figure: the heal to the last of them), its writes are refused and
 //    its agent finds itself fenced out.
 //  - coordinator: the coordinating host dies. Another agent takes the lease once it lapses (the
-//    host timeout after the last renewal; figure: beyond that bound), gives every host a full
-//    host timeout from then (JobCoordinator::TakeOver) and replaces the dead host's ranks. Figure:
-//    its last heartbeat to every live member holding the new generation, minus two host timeouts.
+//    host timeout after the last renewal; figure: from its last heartbeat, beyond that bound),
+//    gives every host a full host timeout from then (JobCoordinator::TakeOver) and replaces the
+//    dead host's ranks. Figure: its last heartbeat to every live member holding the new
+//    generation, minus two host timeouts.
 //    The simulator makes the coordinator's parts of a host that takes the lease over then (the
 //    launcher's agent holds them from its start).
 // After each fault the simulator checks, and prints "correct: ..." or what is wrong: every live
@@ -1377,8 +1378,9 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
         const double lease = Seconds(absl::FromUnixNanos(took_over_ns) - from - flags.host_timeout);
         figure("coordinator_lease_taken_beyond_bound_s", lease, "s");
         std::printf(
-            "  %s: %s took the coordinator's lease %.3f s after its last renewal + the "
-            "lease (the host timeout)\n",
+            "  %s: %s took the coordinator's lease %.3f s after the dead host's last heartbeat + "
+            "the lease (the host timeout; its renewals run on a thread of their own, and under "
+            "load the last may be older than the last heartbeat)\n",
             what.c_str(), by.c_str(), lease);
       }
       figure("coordinator_host_replaced_beyond_bounds_s", took, "s");
