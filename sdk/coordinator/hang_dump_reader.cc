@@ -8,13 +8,19 @@
 #include "sdk/watchdog/flight_recorder.h"
 
 namespace trainguard {
+namespace {
+
+// How long one wait of a reading thread lasts before it checks again.
+constexpr absl::Duration kIdleSlice = absl::Seconds(1);
+
+}  // namespace
 
 HangDumpReader::HangDumpReader(std::string dir, Env* env, Clock* clock, int threads)
     : dir_(std::move(dir)), env_(env), clock_(clock), threads_(threads) {}
 
 HangDumpReader::~HangDumpReader() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
   for (std::thread& worker : workers_) worker.join();
@@ -62,7 +68,13 @@ void HangDumpReader::Drain() {
     mu_.Unlock();
     ReadOne(dump);
     mu_.Lock();
-    --running_;
+    if (--running_ == 0) {
+      // Released once more, so that a caller waiting for none to run re-checks now: a waiter
+      // re-checks when the mutex is released (Mutex::Unlock), and this thread's next wait
+      // releases it without telling anyone.
+      mu_.Unlock();
+      mu_.Lock();
+    }
   }
 }
 
@@ -73,15 +85,16 @@ bool HangDumpReader::BatchOpenOrStopping() const {
 bool HangDumpReader::NoneRunning() const { return running_ == 0; }
 
 void HangDumpReader::Work() {
-  mu_.Lock();
+  MutexLock lock(&mu_);
   while (true) {
-    // Idle until a batch has dumps to take, or the reader stops (its destructor): no deadline, as
-    // an idle thread has nothing to give up.
-    mu_.Await(absl::Condition(this, &HangDumpReader::BatchOpenOrStopping));
+    // Idle until a batch has dumps to take, or the reader stops (its destructor), in bounded
+    // slices: an idle thread has nothing else to give up.
+    while (!mu_.AwaitWithTimeout(
+        [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return BatchOpenOrStopping(); }, kIdleSlice)) {
+    }
     if (stopping_) break;
     Drain();
   }
-  mu_.Unlock();
 }
 
 size_t HangDumpReader::Read(std::vector<Dump>& dumps, absl::Time deadline) {
@@ -92,12 +105,14 @@ size_t HangDumpReader::Read(std::vector<Dump>& dumps, absl::Time deadline) {
     for (int i = 1; i < threads_; ++i) workers_.emplace_back([this] { Work(); });
   }
   Batch batch{&dumps, deadline};
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   batch_ = &batch;  // the workers wake to it
   Drain();
   // Closed now: the dumps the workers took are read once none is running (each read is one file's,
-  // as the caller's own are).
-  mu_.Await(absl::Condition(this, &HangDumpReader::NoneRunning));
+  // as the caller's own are, so each slice ends with one).
+  while (!mu_.AwaitWithTimeout([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return NoneRunning(); },
+                               kIdleSlice)) {
+  }
   batch_ = nullptr;
   return batch.next;
 }

@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "sdk/core/mutex.h"
 #include "sdk/watchdog/hang_diagnosis.h"
 #include "trainguard/clock.h"
 #include "trainguard/env.h"
@@ -87,7 +87,7 @@ class HangDumpReader {
   Env* const env_;
   Clock* const clock_;
   const int threads_;
-  absl::Mutex mu_;
+  Mutex mu_;
   Batch* batch_ ABSL_GUARDED_BY(mu_) = nullptr;
   int running_ ABSL_GUARDED_BY(mu_) = 0;  // dumps being read, by every thread
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -23,7 +23,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -33,6 +32,7 @@
 #include "sdk/coordinator/job_coordinator.h"
 #include "sdk/coordinator/standby_replacement.h"
 #include "sdk/core/agent_keys.h"
+#include "sdk/core/mutex.h"
 #include "sdk/core/store_keys.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/watchdog/flight_recorder.h"
@@ -107,21 +107,21 @@ class ReadCountingEnv : public EnvWrapper {
   }
   absl::StatusOr<std::string> ReadFileToString(const std::string& path) override {
     {
-      absl::MutexLock lock(&mu_);  // the coordinator's reader may read on several threads
+      MutexLock lock(&mu_);  // the coordinator's reader may read on several threads
       ++reads_[path];
     }
     if (on_read_) on_read_();
     return target()->ReadFileToString(path);
   }
   std::map<std::string, int> reads() const {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return reads_;
   }
   // Only with one reading thread (read_threads_ 1): it runs on the thread that reads.
   void set_on_read(std::function<void()> on_read) { on_read_ = std::move(on_read); }
 
  private:
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   std::map<std::string, int> reads_ ABSL_GUARDED_BY(mu_);
   std::function<void()> on_read_;
 };
