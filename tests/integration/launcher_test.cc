@@ -712,6 +712,26 @@ TEST(Launcher, AGenerationThatStopsTickingIsDetectedNamedAndReplaced) {
               hang->message.c_str());
 }
 
+// Whether a step of the checkpoint directory `dir` holds a committed shard of each of `ranks`
+// ranks (its manifests: docs/FORMATS.md), polled until `timeout`.
+bool AwaitStepCommittedOnDisk(const std::string& dir, int ranks, absl::Duration timeout) {
+  for (const absl::Time end = absl::Now() + timeout; absl::Now() < end;) {
+    std::error_code ec;
+    for (const auto& step : std::filesystem::directory_iterator(dir, ec)) {
+      if (!absl::StartsWith(step.path().filename().string(), "step-")) continue;
+      int committed = 0;
+      for (int r = 0; r < ranks; ++r) {
+        char manifest[32];
+        std::snprintf(manifest, sizeof(manifest), "rank-%05d.manifest", r);
+        if (std::filesystem::exists(step.path() / manifest, ec)) ++committed;
+      }
+      if (committed == ranks) return true;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return false;
+}
+
 // --restart-all, the torchrun-style baseline of `trainguard chaos`: a killed rank stops every rank,
 // and all of them start again from the newest checkpoint on disk (their shared memory is removed),
 // so the survivors lose their processes too; the job still ends bit-identical to an uninterrupted
@@ -728,6 +748,11 @@ TEST(Launcher, UnderRestartAllAKilledRankRestartsEveryRankFromTheCheckpointOnDis
   testing::TempDir dir;
   LauncherJob job(dir, {"--nproc", "3", "--restart-all", "1"}, 300, checkpointing);
   ASSERT_TRUE(job.AwaitOutput("step 100 loss")) << job.Output();
+  // Persisting is asynchronous: on a loaded machine the disk can lag the training by more than
+  // 100 steps. The kill waits for a step committed on disk by every rank, which the restart must
+  // then find.
+  ASSERT_TRUE(AwaitStepCommittedOnDisk(dir.File("run") + "/checkpoints", 3, absl::Seconds(60)))
+      << job.Output();
   const pid_t survivor = job.RankPid(0);
   const pid_t killed = job.RankPid(1);
   ASSERT_EQ(job.Signal(killed, SIGKILL), absl::OkStatus());
