@@ -147,7 +147,8 @@ TEST(Chaos, EveryInjectedFaultIsDetectedAndRecoveredHangsAreNamedAndTheJobEndsAs
         << context;
   }
 
-  // The NaN steps that were skipped (a step done later would mean it was replayed clean).
+  // The NaN steps that were skipped (a step done later was replayed clean: a later recovery rolled
+  // the job back past it, which happens when the faults' recoveries overlap on a loaded machine).
   std::set<int64_t> done;
   for (const Event& e : events) {
     if (KindOf(e) == EventKind::kStepDone) done.insert(e.step);
@@ -159,20 +160,23 @@ TEST(Chaos, EveryInjectedFaultIsDetectedAndRecoveredHangsAreNamedAndTheJobEndsAs
       skipped.push_back(absl::StrCat(e.rank, ":", e.step));
     }
   }
-  ASSERT_EQ(skipped.size(), 1u) << context;
+  ASSERT_LE(skipped.size(), 1u) << context;
 
   const std::vector<std::string> checksums = FinalChecksums(run_dir);
   ASSERT_EQ(checksums.size(), 3u) << "every rank's final line, once\n" << context;
   EXPECT_EQ(checksums[1], checksums[0]);
   EXPECT_EQ(checksums[2], checksums[0]);
 
-  // The same job without faults, the NaN injected at the same step.
+  // The same job without faults, the NaN injected at the same step (if it was skipped there).
   const std::string ref_dir = dir.path() + "/reference";
-  ASSERT_EQ(RunCli({"run", "--nproc", "3", "--run-dir", ref_dir, "--", TRAINGUARD_TRAINER_PATH,
-                    "--steps", kSteps, "--print-every", "100", "--inject-nan-grad",
-                    absl::StrJoin(skipped, ",")},
-                   dir.File("reference.out"), absl::Minutes(2)),
-            0)
+  std::vector<std::string> reference_args = {
+      "run",  "--nproc",       "3",  "--run-dir", ref_dir, "--", TRAINGUARD_TRAINER_PATH, "--steps",
+      kSteps, "--print-every", "100"};
+  if (!skipped.empty()) {
+    reference_args.push_back("--inject-nan-grad");
+    reference_args.push_back(absl::StrJoin(skipped, ","));
+  }
+  ASSERT_EQ(RunCli(reference_args, dir.File("reference.out"), absl::Minutes(2)), 0)
       << ReadFile(dir.File("reference.out"));
   const std::vector<std::string> reference = FinalChecksums(ref_dir);
   ASSERT_FALSE(reference.empty()) << ReadFile(dir.File("reference.out"));
