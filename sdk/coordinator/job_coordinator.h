@@ -247,6 +247,15 @@ class JobCoordinator {
   std::vector<HostLiveness::Silent> HostsQuietFor(absl::Duration quiet, absl::Time now) const {
     return host_liveness_.QuietFor(quiet, now);
   }
+  // The names of the hosts HostsQuietFor(`quiet`, `now`) returns: the RankWatch holds the kills of
+  // their stale ranks (Hooks::quiet_hosts).
+  std::set<std::string> QuietHosts(absl::Duration quiet, absl::Time now) const {
+    std::set<std::string> hosts;
+    for (const HostLiveness::Silent& host : host_liveness_.QuietFor(quiet, now)) {
+      hosts.insert(host.host);
+    }
+    return hosts;
+  }
   // When this coordinator's view of the hosts' heartbeats last started afresh (a takeover, its
   // first read, a gap in its reads): until the quiet time after it, HostsQuietFor cannot name a
   // host that was silent before. InfinitePast when it never watched hosts (one host).
