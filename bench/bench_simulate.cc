@@ -38,6 +38,15 @@
 //    the coordinator declares it dead after --host_timeout_ms and a standby host's members take
 //    its ranks. Figure: its agent's last heartbeat to every live member holding the new
 //    generation, minus the host timeout (the bound).
+// Where each recovery's time went (printed as "phases:", and in the JSON as
+// <rank|host>_phase_<name>_s, each from the previous one's end, summing to the figure):
+// death_reported (the fault to its agent's report written; a rank's only), report_taken or
+// declared_beyond_bound (to the coordinator holding the replacement queued: a report read, or the
+// host declared dead, past its bound), replacing (to the coordinator's loop turning to replace
+// it), first_member_adopted and last_member_adopted (to the first and the last live member
+// holding the new generation); besides, <fault>_publication_s (the coordinator's replacement and
+// publication, which the members' adoption overlaps) and the store's requests and bytes from the
+// fault to the recovery (<fault>_recovery_requests, _bytes).
 // After each fault the simulator checks, and prints "correct: ..." or what is wrong: every live
 // member holds the store's current generation and the rank the store's table gives it, no rank is
 // held by two members and every rank by one, and the dead members' writes are refused (their
@@ -454,7 +463,11 @@ class SimHost {
     }
     if (parts_ == nullptr || !parts_->formed.load()) return;
     CoordinatorParts& p = *parts_;
+    // As the launcher's loop: the agents' death reports at every turn, not only at the tick.
+    if (coordinating()) p.job->ReadDeathReports();
+    StampCoordinatorPhases(/*replacing=*/true);
     p.recovery->Coordinate(absl::Now());
+    StampCoordinatorPhases(/*replacing=*/false);
     if (coordinating()) p.rank_watch->CheckRecoveries(p.job->recoveries());
     if (p.job->replacements().empty() && coordinating())
       p.rank_watch->KillRanksWithStaleHeartbeats();
@@ -474,7 +487,10 @@ class SimHost {
       if (w->worker != id) continue;
       w->running = false;
       if (SimMember* m = MemberOf(*w); m != nullptr) m->Silence();
-      if (w->rank >= 0 && !ended_.has_value()) agent_->ReportDeath(*w, exit.Describe());
+      if (w->rank >= 0 && !ended_.has_value()) {
+        agent_->ReportDeath(*w, exit.Describe());
+        death_reported_ns_.store(absl::ToUnixNanos(absl::Now()));
+      }
     }
   }
 
@@ -515,9 +531,42 @@ class SimHost {
   CoordinatorParts* parts() { return parts_.get(); }
   RendezvousCoordinator* rendezvous() { return rendezvous_.get(); }
 
+  // The phases of a recovery as this host saw them (Unix ns; 0: not yet), for the figures: when its
+  // agent's report of a rank's death was written (ReportDeath returned), and on the coordinating
+  // host, since the last ResetPhases, when the coordinator first held a replacement queued (a
+  // reported death taken, or a host declared dead), when its loop first turned to replace it
+  // (StandbyReplacement::Coordinate) and when that returned with a newer generation than the one it
+  // held at ResetPhases (published: the members may hold it before, since the coordinator's last
+  // writes, the fence and rdzv/current, follow the changes they read). REQUIRES: ResetPhases on
+  // this host's agent thread, and the stamps read once a task of that thread ran after the
+  // publication.
+  void ResetPhases() {
+    death_reported_ns_.store(0);
+    queued_ns_.store(0);
+    replacing_ns_.store(0);
+    published_ns_.store(0);
+    phases_generation_ = rendezvous_->generation();
+  }
+  int64_t death_reported_ns() const { return death_reported_ns_.load(); }
+  int64_t queued_ns() const { return queued_ns_.load(); }
+  int64_t replacing_ns() const { return replacing_ns_.load(); }
+  int64_t published_ns() const { return published_ns_.load(); }
+
  private:
   void Say(const std::string& line) {
     if (sim_->flags->verbose) std::printf("%s: %s\n", host_id_.c_str(), line.c_str());
+  }
+
+  // See ResetPhases: read between the coordinator's steps of a turn, so that a death taken and
+  // replaced in one turn gets both instants.
+  void StampCoordinatorPhases(bool replacing) {
+    const int64_t now = absl::ToUnixNanos(absl::Now());
+    const bool queued = !parts_->job->replacements().empty();
+    if (queued_ns_.load() == 0 && queued) queued_ns_.store(now);
+    if (replacing && replacing_ns_.load() == 0 && queued) replacing_ns_.store(now);
+    if (!replacing && published_ns_.load() == 0 && rendezvous_->generation() > phases_generation_) {
+      published_ns_.store(now);
+    }
   }
 
   SimMember* MemberOf(const HostWorker& w) {
@@ -582,6 +631,9 @@ class SimHost {
                         {lease_->term(), std::string(EventKindName(what)), why}, call_timeout);
     };
     watch_hooks.report_laggards = [] {};
+    watch_hooks.quiet_hosts = [this, &flags] {
+      return parts_->job->QuietHosts(flags.host_timeout / 3, absl::Now());
+    };
     watch_hooks.kill_and_replace = [this](int, const std::string& member, EventKind what,
                                           const std::string& why) {
       sim_->problems.Add(absl::StrCat("the coordinator kills ", member, " (",
@@ -720,6 +772,11 @@ class SimHost {
   int64_t beats_seen_ = 0;
   std::atomic<int64_t> last_beat_{0};
   std::optional<AgentExit> ended_;
+  std::atomic<int64_t> death_reported_ns_{0};
+  std::atomic<int64_t> queued_ns_{0};
+  std::atomic<int64_t> replacing_ns_{0};
+  std::atomic<int64_t> published_ns_{0};
+  int64_t phases_generation_ = -1;  // the agent thread's
 };
 
 // A thread that turns a slice of the hosts (a HostAgent is used by one thread at a time), with the
@@ -846,13 +903,19 @@ struct Figure {
   std::string unit;
 };
 
+// When the live members adopted a generation: the first of them and the last.
+struct Adoption {
+  absl::Time first = absl::InfiniteFuture();
+  absl::Time last = absl::InfinitePast();
+};
+
 // Waits until every live member holds a generation after `after` and the same one; returns when
-// the last of them adopted it, or nullopt at the deadline.
-std::optional<absl::Time> AwaitConvergence(Sim& sim, int64_t after, absl::Time deadline) {
+// the first and the last of them adopted it, or nullopt at the deadline.
+std::optional<Adoption> AwaitConvergence(Sim& sim, int64_t after, absl::Time deadline) {
   while (absl::Now() < deadline) {
     int64_t generation = -2;
     bool converged = true;
-    absl::Time last = absl::InfinitePast();
+    Adoption adoption;
     int holders = 0;
     for (SimMember* m : sim.AllMembers()) {
       if (m->silenced()) continue;
@@ -864,9 +927,10 @@ std::optional<absl::Time> AwaitConvergence(Sim& sim, int64_t after, absl::Time d
         break;
       }
       generation = place.generation;
-      last = std::max(last, place.since);
+      adoption.first = std::min(adoption.first, place.since);
+      adoption.last = std::max(adoption.last, place.since);
     }
-    if (converged && holders == sim.ranks) return last;
+    if (converged && holders == sim.ranks) return adoption;
     absl::SleepFor(absl::Milliseconds(5));
   }
   return std::nullopt;
@@ -1059,7 +1123,10 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
 
   // Generation 0: every rank holding it.
   const absl::Time deadline = started + flags.timeout;
-  std::optional<absl::Time> held = AwaitConvergence(sim, -1, deadline);
+  std::optional<absl::Time> held;
+  if (std::optional<Adoption> zero = AwaitConvergence(sim, -1, deadline); zero.has_value()) {
+    held = zero->last;
+  }
   if (!held.has_value()) return fail("generation 0 did not form in time");
   absl::Time last_join = absl::InfinitePast();
   for (SimMember* m : sim.AllMembers()) last_join = std::max(last_join, m->joined());
@@ -1140,17 +1207,22 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
 
   for (const std::string& fault : flags.faults) {
     const int64_t before = coordinator->rendezvous()->generation();
+    agents[0]->RunOnThread([&] { coordinator->ResetPhases(); });
+    absl::StatusOr<ServerProcess::Counts> counts_before = (*server)->Counters();
     std::vector<SimMember*> dead;
     absl::Time from;
     absl::Duration minus = absl::ZeroDuration();
     std::string what;
+    SimHost* reporter = nullptr;  // the host whose agent reports the death (a rank's)
     if (fault == "rank") {
       // A rank of the last training host (not the coordinator's) dies.
       SimHost* host = all_hosts[training_hosts - 1].get();
+      reporter = host;
       AgentThread* thread = training_hosts == 1
                                 ? agents[0].get()
                                 : agents[1 + (training_hosts - 2) % agent_threads].get();
       thread->RunOnThread([&] {
+        if (host != coordinator) host->ResetPhases();
         from = absl::Now();
         if (SimMember* m = host->KillOneRank(); m != nullptr) dead.push_back(m);
       });
@@ -1174,8 +1246,9 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
       ok = false;
       continue;
     }
-    std::optional<absl::Time> recovered =
-        AwaitConvergence(sim, before, absl::Now() + flags.timeout);
+    std::optional<Adoption> adopted = AwaitConvergence(sim, before, absl::Now() + flags.timeout);
+    std::optional<absl::Time> recovered;
+    if (adopted.has_value()) recovered = adopted->last;
     if (!recovered.has_value()) {
       std::printf("  %s: not recovered within %s\n", what.c_str(),
                   absl::FormatDuration(flags.timeout).c_str());
@@ -1194,6 +1267,44 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
           "  %s: every live member in the new generation %.3f s after its last heartbeat + the "
           "host timeout (%s)\n",
           what.c_str(), took, absl::FormatDuration(flags.host_timeout).c_str());
+    }
+    // Where the recovery's time went, each phase from the previous one's end (see
+    // PrintPhases): the fault's figure is their sum, less the host timeout for a host.
+    {
+      absl::StatusOr<ServerProcess::Counts> counts_after = (*server)->Counters();
+      agents[0]->RunOnThread([] {});  // the coordinator's turn that published has ended
+      const absl::Time reported =
+          reporter == nullptr ? from + minus : absl::FromUnixNanos(reporter->death_reported_ns());
+      const absl::Time queued = absl::FromUnixNanos(coordinator->queued_ns());
+      const absl::Time replacing = absl::FromUnixNanos(coordinator->replacing_ns());
+      const absl::Time published = absl::FromUnixNanos(coordinator->published_ns());
+      const std::string prefix = fault == "rank" ? "rank_" : "host_";
+      std::vector<std::pair<std::string, double>> phases;
+      if (reporter != nullptr) phases.push_back({"death_reported", Seconds(reported - from)});
+      phases.push_back({reporter != nullptr ? "report_taken" : "declared_beyond_bound",
+                        Seconds(queued - reported)});
+      phases.push_back({"replacing", Seconds(replacing - queued)});
+      phases.push_back({"first_member_adopted", Seconds(adopted->first - replacing)});
+      phases.push_back({"last_member_adopted", Seconds(adopted->last - adopted->first)});
+      std::vector<std::string> said;
+      for (const auto& [name, value] : phases) {
+        figure(absl::StrCat(prefix, "phase_", name, "_s"), value, "s");
+        said.push_back(absl::StrFormat("%s +%.3f s", name, value));
+      }
+      // Not a phase of the sum: the members adopt the generation as its publication goes on.
+      figure(absl::StrCat(prefix, "publication_s"), Seconds(published - replacing), "s");
+      said.push_back(absl::StrFormat("(the publication %.3f s)", Seconds(published - replacing)));
+      if (counts_before.ok() && counts_after.ok()) {
+        const double requests =
+            static_cast<double>(counts_after->requests - counts_before->requests);
+        const double bytes =
+            static_cast<double>(counts_after->bytes_received + counts_after->bytes_sent -
+                                counts_before->bytes_received - counts_before->bytes_sent);
+        figure(absl::StrCat(prefix, "recovery_requests"), requests, "1");
+        figure(absl::StrCat(prefix, "recovery_bytes"), bytes, "B");
+        said.push_back(absl::StrFormat("%.0f store requests, %.1f MB", requests, bytes / 1e6));
+      }
+      std::printf("  phases: %s\n", absl::StrJoin(said, ", ").c_str());
     }
     ok = CheckCorrect(sim, dead, what) && ok;
     if (fault == "host") {
