@@ -463,8 +463,9 @@ class SimHost {
     }
     if (parts_ == nullptr || !parts_->formed.load()) return;
     CoordinatorParts& p = *parts_;
-    // As the launcher's loop: the agents' death reports at every turn, not only at the tick.
-    if (coordinating()) p.job->ReadDeathReports();
+    // As the launcher's loop: the agents' death reports and the hosts near their bound at every
+    // turn, not only at the tick.
+    if (coordinating()) p.job->CoordinateBetweenTicks();
     StampCoordinatorPhases(/*replacing=*/true);
     p.recovery->Coordinate(absl::Now());
     StampCoordinatorPhases(/*replacing=*/false);

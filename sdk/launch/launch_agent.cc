@@ -1398,11 +1398,11 @@ int Job::Run() {
     // The replacements, or the restart round, due now. The gate is checked inside, before each
     // act, not once for all: an act may wait on the store for longer than the lease lasts; a
     // deposed coordinator's restart is dropped (the next holder finds the fault in the store).
-    // Several hosts: the agents' reports of their ranks' deaths at every turn, not only at the
-    // coordinator's tick (--host-timeout / 12), so that a dead rank is replaced as soon as its
-    // agent reported it. One ListKeys while nothing new is reported.
+    // Several hosts: the agents' death reports and the hosts near their bound at every turn, not
+    // only at the coordinator's tick (--host-timeout / 12), so that a dead rank or host is
+    // replaced as soon as it is known dead.
     if (layout_.several_hosts && formed_reported_ && exit_code_ < 0 && coordinating()) {
-      job_coordinator_->ReadDeathReports();
+      job_coordinator_->CoordinateBetweenTicks();
     }
     if (exit_code_ < 0) recovery_->Coordinate(clock_->Now());
     if (coordinating()) rank_watch_->CheckRecoveries(recoveries());
