@@ -1209,6 +1209,7 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
   for (const std::string& fault : flags.faults) {
     const int64_t before = coordinator->rendezvous()->generation();
     agents[0]->RunOnThread([&] { coordinator->ResetPhases(); });
+    (void)agents[0]->TakeLongestPass();
     absl::StatusOr<ServerProcess::Counts> counts_before = (*server)->Counters();
     std::vector<SimMember*> dead;
     absl::Time from;
@@ -1292,6 +1293,12 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
         figure(absl::StrCat(prefix, "phase_", name, "_s"), value, "s");
         said.push_back(absl::StrFormat("%s +%.3f s", name, value));
       }
+      // How long the coordinator's loop took to come round (its ticks and turns are that far
+      // apart at worst): a bound on how late it can read a death or a host's last beat.
+      const absl::Duration coordinator_pass = agents[0]->TakeLongestPass();
+      figure(absl::StrCat(prefix, "coordinator_longest_pass_s"), Seconds(coordinator_pass), "s");
+      said.push_back(
+          absl::StrFormat("(the coordinator's longest pass %.3f s)", Seconds(coordinator_pass)));
       // Not a phase of the sum: the members adopt the generation as its publication goes on.
       figure(absl::StrCat(prefix, "publication_s"), Seconds(published - replacing), "s");
       said.push_back(absl::StrFormat("(the publication %.3f s)", Seconds(published - replacing)));
