@@ -450,7 +450,18 @@ class SimHost {
   // on the coordinating host, the coordinator's acts in the loop's order.
   void Turn() {
     if (ended_.has_value()) return;
-    if (std::optional<AgentExit> end = membership_->Tick(); end.has_value()) {
+    absl::Time step_start = absl::Now();
+    // The coordinating host's steps, each timed (the longest since ResetPhases: StepTimes).
+    auto timed = [&](Step step) {
+      if (parts_ == nullptr) return;
+      const absl::Time now = absl::Now();
+      const int64_t took = absl::ToInt64Nanoseconds(now - step_start);
+      if (took > longest_step_ns_[step].load()) longest_step_ns_[step].store(took);
+      step_start = now;
+    };
+    std::optional<AgentExit> end = membership_->Tick();
+    timed(kTickStep);
+    if (end.has_value()) {
       ended_ = end;
       if (end->code != 0) {
         sim_->problems.Add(absl::StrCat("host ", host_id_, " ended: ", end->failure));
@@ -465,13 +476,17 @@ class SimHost {
     CoordinatorParts& p = *parts_;
     // As the launcher's loop: the agents' death reports and the hosts near their bound at every
     // turn, not only at the tick.
+    step_start = absl::Now();
     if (coordinating()) p.job->CoordinateBetweenTicks();
+    timed(kBetweenTicksStep);
     StampCoordinatorPhases(/*replacing=*/true);
     p.recovery->Coordinate(absl::Now());
     StampCoordinatorPhases(/*replacing=*/false);
+    timed(kReplaceStep);
     if (coordinating()) p.rank_watch->CheckRecoveries(p.job->recoveries());
     if (p.job->replacements().empty() && coordinating())
       p.rank_watch->KillRanksWithStaleHeartbeats();
+    timed(kRankHeartbeatsStep);
     if (coordinating()) p.rank_watch->KillMembersStoppedInFormation();
     if (coordinating()) p.job->RenewGenerationWhenAsked({});
     if (coordinating() && absl::Now() >= p.next_persist_check) {
@@ -479,6 +494,21 @@ class SimHost {
       p.rank_watch->ReportPersistFailures();
       p.rank_watch->ReportProtection();
     }
+    timed(kOtherStep);
+  }
+
+  // The steps of the coordinating host's turn: the agent's tick (its heartbeat, fence, plan,
+  // generation, kill requests and the hosts' liveness and reports: CoordinateHosts), the turn's
+  // death reports and hosts near their bound (CoordinateBetweenTicks), the replacements (and their
+  // publication), the rank heartbeats' check (with the recoveries' end), and the rest.
+  enum Step { kTickStep, kBetweenTicksStep, kReplaceStep, kRankHeartbeatsStep, kOtherStep, kSteps };
+  static constexpr const char* kStepNames[kSteps] = {"tick", "between_ticks", "replace",
+                                                     "rank_heartbeats", "other"};
+  // The longest each step took since ResetPhases, in seconds.
+  std::vector<double> LongestSteps() const {
+    std::vector<double> steps;
+    for (const auto& ns : longest_step_ns_) steps.push_back(static_cast<double>(ns.load()) / 1e9);
+    return steps;
   }
 
   // A worker of this host exited (the fake supervisor's event): its member is silent, and a rank's
@@ -546,6 +576,7 @@ class SimHost {
     queued_ns_.store(0);
     replacing_ns_.store(0);
     published_ns_.store(0);
+    for (auto& ns : longest_step_ns_) ns.store(0);
     phases_generation_ = rendezvous_->generation();
   }
   int64_t death_reported_ns() const { return death_reported_ns_.load(); }
@@ -778,6 +809,7 @@ class SimHost {
   std::atomic<int64_t> replacing_ns_{0};
   std::atomic<int64_t> published_ns_{0};
   int64_t phases_generation_ = -1;  // the agent thread's
+  std::atomic<int64_t> longest_step_ns_[kSteps] = {};
 };
 
 // A thread that turns a slice of the hosts (a HostAgent is used by one thread at a time), with the
@@ -1298,7 +1330,14 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
       const absl::Duration coordinator_pass = agents[0]->TakeLongestPass();
       figure(absl::StrCat(prefix, "coordinator_longest_pass_s"), Seconds(coordinator_pass), "s");
       said.push_back(
-          absl::StrFormat("(the coordinator's longest pass %.3f s)", Seconds(coordinator_pass)));
+          absl::StrFormat("(the coordinator's longest pass %.3f s", Seconds(coordinator_pass)));
+      const std::vector<double> steps = coordinator->LongestSteps();
+      for (int i = 0; i < SimHost::kSteps; ++i) {
+        figure(absl::StrCat(prefix, "coordinator_longest_", SimHost::kStepNames[i], "_s"), steps[i],
+               "s");
+        said.back() += absl::StrFormat(", %s %.3f s", SimHost::kStepNames[i], steps[i]);
+      }
+      said.back() += ")";
       // Not a phase of the sum: the members adopt the generation as its publication goes on.
       figure(absl::StrCat(prefix, "publication_s"), Seconds(published - replacing), "s");
       said.push_back(absl::StrFormat("(the publication %.3f s)", Seconds(published - replacing)));
