@@ -58,6 +58,15 @@
 //    generation, minus two host timeouts.
 //    The simulator makes the coordinator's parts of a host that takes the lease over then (the
 //    launcher's agent holds them from its start).
+// Where each recovery's time went (printed as "phases:", and in the JSON as
+// <rank|host|partition>_phase_<name>_s, each from the previous one's end, summing to the figure):
+// death_reported (the fault to its agent's report written; a rank's only), report_taken or
+// declared_beyond_bound (to the coordinator holding the replacement queued: a report read, or the
+// host declared dead, past its bound), replacing (to the coordinator's loop turning to replace
+// it), first_member_adopted and last_member_adopted (to the first and the last live member
+// holding the new generation); besides, <fault>_publication_s (the coordinator's replacement and
+// publication, which the members' adoption overlaps) and the store's requests and bytes from the
+// fault to the recovery (<fault>_recovery_requests, _bytes).
 // After each fault the simulator checks, and prints "correct: ..." or what is wrong: every live
 // member holds the store's current generation and the rank the store's table gives it, no rank is
 // held by two members and every rank by one, and the dead members' writes are refused (their
@@ -524,7 +533,18 @@ class SimHost {
   // on the coordinating host, the coordinator's acts in the loop's order.
   void Turn() {
     if (ended_.has_value()) return;
-    if (std::optional<AgentExit> end = membership_->Tick(); end.has_value()) {
+    absl::Time step_start = absl::Now();
+    // The coordinating host's steps, each timed (the longest since ResetPhases: StepTimes).
+    auto timed = [&](Step step) {
+      if (parts_ == nullptr) return;
+      const absl::Time now = absl::Now();
+      const int64_t took = absl::ToInt64Nanoseconds(now - step_start);
+      if (took > longest_step_ns_[step].load()) longest_step_ns_[step].store(took);
+      step_start = now;
+    };
+    std::optional<AgentExit> end = membership_->Tick();
+    timed(kTickStep);
+    if (end.has_value()) {
       ended_ = end;
       if (end->code != 0) {
         sim_->problems.Add(absl::StrCat("host ", host_id_, " ended: ", end->failure));
@@ -533,10 +553,19 @@ class SimHost {
     }
     if (parts_ == nullptr || !parts_->formed.load()) return;
     CoordinatorParts& p = *parts_;
+    // As the launcher's loop: the agents' death reports and the hosts near their bound at every
+    // turn, not only at the tick.
+    step_start = absl::Now();
+    if (coordinating()) p.job->CoordinateBetweenTicks();
+    timed(kBetweenTicksStep);
+    StampCoordinatorPhases(/*replacing=*/true);
     p.recovery->Coordinate(absl::Now());
+    StampCoordinatorPhases(/*replacing=*/false);
+    timed(kReplaceStep);
     if (coordinating()) p.rank_watch->CheckRecoveries(p.job->recoveries());
     if (p.job->replacements().empty() && coordinating())
       p.rank_watch->KillRanksWithStaleHeartbeats();
+    timed(kRankHeartbeatsStep);
     if (coordinating()) p.rank_watch->KillMembersStoppedInFormation();
     if (coordinating()) p.job->RenewGenerationWhenAsked({});
     if (coordinating() && absl::Now() >= p.next_persist_check) {
@@ -544,6 +573,21 @@ class SimHost {
       p.rank_watch->ReportPersistFailures();
       p.rank_watch->ReportProtection();
     }
+    timed(kOtherStep);
+  }
+
+  // The steps of the coordinating host's turn: the agent's tick (its heartbeat, fence, plan,
+  // generation, kill requests and the hosts' liveness and reports: CoordinateHosts), the turn's
+  // death reports and hosts near their bound (CoordinateBetweenTicks), the replacements (and their
+  // publication), the rank heartbeats' check (with the recoveries' end), and the rest.
+  enum Step { kTickStep, kBetweenTicksStep, kReplaceStep, kRankHeartbeatsStep, kOtherStep, kSteps };
+  static constexpr const char* kStepNames[kSteps] = {"tick", "between_ticks", "replace",
+                                                     "rank_heartbeats", "other"};
+  // The longest each step took since ResetPhases, in seconds.
+  std::vector<double> LongestSteps() const {
+    std::vector<double> steps;
+    for (const auto& ns : longest_step_ns_) steps.push_back(static_cast<double>(ns.load()) / 1e9);
+    return steps;
   }
 
   // A worker of this host exited (the fake supervisor's event): its member is silent, and a rank's
@@ -553,7 +597,10 @@ class SimHost {
       if (w->worker != id) continue;
       w->running = false;
       if (SimMember* m = MemberOf(*w); m != nullptr) m->Silence();
-      if (w->rank >= 0 && !ended_.has_value()) agent_->ReportDeath(*w, exit.Describe());
+      if (w->rank >= 0 && !ended_.has_value()) {
+        agent_->ReportDeath(*w, exit.Describe());
+        death_reported_ns_.store(absl::ToUnixNanos(absl::Now()));
+      }
     }
   }
 
@@ -609,9 +656,43 @@ class SimHost {
   CoordinatorParts* parts() { return parts_.get(); }
   RendezvousCoordinator* rendezvous() { return rendezvous_.get(); }
 
+  // The phases of a recovery as this host saw them (Unix ns; 0: not yet), for the figures: when its
+  // agent's report of a rank's death was written (ReportDeath returned), and on the coordinating
+  // host, since the last ResetPhases, when the coordinator first held a replacement queued (a
+  // reported death taken, or a host declared dead), when its loop first turned to replace it
+  // (StandbyReplacement::Coordinate) and when that returned with a newer generation than the one it
+  // held at ResetPhases (published: the members may hold it before, since the coordinator's last
+  // writes, the fence and rdzv/current, follow the changes they read). REQUIRES: ResetPhases on
+  // this host's agent thread, and the stamps read once a task of that thread ran after the
+  // publication.
+  void ResetPhases() {
+    death_reported_ns_.store(0);
+    queued_ns_.store(0);
+    replacing_ns_.store(0);
+    published_ns_.store(0);
+    for (auto& ns : longest_step_ns_) ns.store(0);
+    phases_generation_ = rendezvous_->generation();
+  }
+  int64_t death_reported_ns() const { return death_reported_ns_.load(); }
+  int64_t queued_ns() const { return queued_ns_.load(); }
+  int64_t replacing_ns() const { return replacing_ns_.load(); }
+  int64_t published_ns() const { return published_ns_.load(); }
+
  private:
   void Say(const std::string& line) {
     if (sim_->flags->verbose) std::printf("%s: %s\n", host_id_.c_str(), line.c_str());
+  }
+
+  // See ResetPhases: read between the coordinator's steps of a turn, so that a death taken and
+  // replaced in one turn gets both instants.
+  void StampCoordinatorPhases(bool replacing) {
+    const int64_t now = absl::ToUnixNanos(absl::Now());
+    const bool queued = !parts_->job->replacements().empty();
+    if (queued_ns_.load() == 0 && queued) queued_ns_.store(now);
+    if (replacing && replacing_ns_.load() == 0 && queued) replacing_ns_.store(now);
+    if (!replacing && published_ns_.load() == 0 && rendezvous_->generation() > phases_generation_) {
+      published_ns_.store(now);
+    }
   }
 
   SimMember* MemberOf(const HostWorker& w) {
@@ -676,6 +757,9 @@ class SimHost {
                         {lease_->term(), std::string(EventKindName(what)), why}, call_timeout);
     };
     watch_hooks.report_laggards = [] {};
+    watch_hooks.quiet_hosts = [this, &flags] {
+      return parts_->job->QuietHosts(flags.host_timeout / 3, absl::Now());
+    };
     watch_hooks.kill_and_replace = [this](int, const std::string& member, EventKind what,
                                           const std::string& why) {
       sim_->problems.Add(absl::StrCat("the coordinator kills ", member, " (",
@@ -813,6 +897,12 @@ class SimHost {
   int world_size_ = 0;
   std::atomic<int64_t> followed_generation_{-1};  // read by the main thread too
   std::optional<AgentExit> ended_;
+  std::atomic<int64_t> death_reported_ns_{0};
+  std::atomic<int64_t> queued_ns_{0};
+  std::atomic<int64_t> replacing_ns_{0};
+  std::atomic<int64_t> published_ns_{0};
+  int64_t phases_generation_ = -1;  // the agent thread's
+  std::atomic<int64_t> longest_step_ns_[kSteps] = {};
 };
 
 // A thread that turns a slice of the hosts (a HostAgent is used by one thread at a time), with the
@@ -939,13 +1029,19 @@ struct Figure {
   std::string unit;
 };
 
+// When the live members adopted a generation: the first of them and the last.
+struct Adoption {
+  absl::Time first = absl::InfiniteFuture();
+  absl::Time last = absl::InfinitePast();
+};
+
 // Waits until every live member holds a generation after `after` and the same one; returns when
-// the last of them adopted it, or nullopt at the deadline.
-std::optional<absl::Time> AwaitConvergence(Sim& sim, int64_t after, absl::Time deadline) {
+// the first and the last of them adopted it, or nullopt at the deadline.
+std::optional<Adoption> AwaitConvergence(Sim& sim, int64_t after, absl::Time deadline) {
   while (absl::Now() < deadline) {
     int64_t generation = -2;
     bool converged = true;
-    absl::Time last = absl::InfinitePast();
+    Adoption adoption;
     int holders = 0;
     for (SimMember* m : sim.AllMembers()) {
       if (m->silenced() || m->cut_off()) continue;  // dead, or not hearing the store
@@ -957,9 +1053,10 @@ std::optional<absl::Time> AwaitConvergence(Sim& sim, int64_t after, absl::Time d
         break;
       }
       generation = place.generation;
-      last = std::max(last, place.since);
+      adoption.first = std::min(adoption.first, place.since);
+      adoption.last = std::max(adoption.last, place.since);
     }
-    if (converged && holders == sim.ranks) return last;
+    if (converged && holders == sim.ranks) return adoption;
     absl::SleepFor(absl::Milliseconds(5));
   }
   return std::nullopt;
@@ -1196,7 +1293,10 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
 
   // Generation 0: every rank holding it.
   const absl::Time deadline = started + flags.timeout;
-  std::optional<absl::Time> held = AwaitConvergence(sim, -1, deadline);
+  std::optional<absl::Time> held;
+  if (std::optional<Adoption> zero = AwaitConvergence(sim, -1, deadline); zero.has_value()) {
+    held = zero->last;
+  }
   if (!held.has_value()) return fail("generation 0 did not form in time");
   absl::Time last_join = absl::InfinitePast();
   for (SimMember* m : sim.AllMembers()) last_join = std::max(last_join, m->joined());
@@ -1286,25 +1386,37 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
   // The training hosts a host-wide fault may take, in order: never the coordinator's but for the
   // fault that is its loss.
   int next_victim = 1;
+  bool coordinator_lost = false;  // the first host's, that the timing reads
   for (const std::string& fault : flags.faults) {
     // Every live member holds the same generation here (the previous step converged).
     int64_t before = -1;
     for (SimMember* m : sim.AllMembers()) {
       if (!m->silenced()) before = std::max(before, m->place().generation);
     }
+    // Where the recovery's time goes is timed on the coordinating host, the first one's as long as
+    // it coordinates: not for the loss of its host, nor after.
+    const bool timed = !coordinator_lost && fault != "coordinator";
+    if (timed) {
+      agents[0]->RunOnThread([&] { coordinator->ResetPhases(); });
+      (void)agents[0]->TakeLongestPass();
+    }
+    absl::StatusOr<ServerProcess::Counts> counts_before = counters();
     std::vector<SimMember*> dead;
     absl::Time from;
     absl::Duration minus = absl::ZeroDuration();
     std::string what;
     SimHost* victim = nullptr;
     AgentThread* victim_thread = nullptr;
+    SimHost* reporter = nullptr;  // the host whose agent reports the death (a rank's)
     auto thread_of = [&](int h) {
       return h == 0 ? agents[0].get() : agents[1 + (h - 1) % agent_threads].get();
     };
     if (fault == "rank") {
       // A rank of the last training host (not the coordinator's) dies.
       SimHost* host = all_hosts[training_hosts - 1].get();
+      reporter = host;
       thread_of(training_hosts - 1)->RunOnThread([&] {
+        if (host != coordinator) host->ResetPhases();
         from = absl::Now();
         if (SimMember* m = host->KillOneRank(); m != nullptr) dead.push_back(m);
       });
@@ -1345,13 +1457,15 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
       });
       minus = 2 * flags.host_timeout;
       what = absl::StrCat("the death of the coordinator's host ", victim->host_id());
+      coordinator_lost = true;
     } else {
       std::printf("  unknown fault '%s'\n", fault.c_str());
       ok = false;
       continue;
     }
-    std::optional<absl::Time> recovered =
-        AwaitConvergence(sim, before, absl::Now() + flags.timeout);
+    std::optional<Adoption> adopted = AwaitConvergence(sim, before, absl::Now() + flags.timeout);
+    std::optional<absl::Time> recovered;
+    if (adopted.has_value()) recovered = adopted->last;
     if (!recovered.has_value()) {
       std::printf("  %s: not recovered within %s\n", what.c_str(),
                   absl::FormatDuration(flags.timeout).c_str());
@@ -1396,6 +1510,57 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
           "  %s: every live member in the new generation %.3f s after its last heartbeat + the "
           "host timeout (%s)\n",
           what.c_str(), took, absl::FormatDuration(flags.host_timeout).c_str());
+    }
+    // Where the recovery's time went, each phase from the previous one's end (see
+    // PrintPhases): the fault's figure is their sum, less the host timeout for a host.
+    if (timed) {
+      absl::StatusOr<ServerProcess::Counts> counts_after = counters();
+      agents[0]->RunOnThread([] {});  // the coordinator's turn that published has ended
+      const absl::Time reported =
+          reporter == nullptr ? from + minus : absl::FromUnixNanos(reporter->death_reported_ns());
+      const absl::Time queued = absl::FromUnixNanos(coordinator->queued_ns());
+      const absl::Time replacing = absl::FromUnixNanos(coordinator->replacing_ns());
+      const absl::Time published = absl::FromUnixNanos(coordinator->published_ns());
+      const std::string prefix = absl::StrCat(fault, "_");
+      std::vector<std::pair<std::string, double>> phases;
+      if (reporter != nullptr) phases.push_back({"death_reported", Seconds(reported - from)});
+      phases.push_back({reporter != nullptr ? "report_taken" : "declared_beyond_bound",
+                        Seconds(queued - reported)});
+      phases.push_back({"replacing", Seconds(replacing - queued)});
+      phases.push_back({"first_member_adopted", Seconds(adopted->first - replacing)});
+      phases.push_back({"last_member_adopted", Seconds(adopted->last - adopted->first)});
+      std::vector<std::string> said;
+      for (const auto& [name, value] : phases) {
+        figure(absl::StrCat(prefix, "phase_", name, "_s"), value, "s");
+        said.push_back(absl::StrFormat("%s +%.3f s", name, value));
+      }
+      // How long the coordinator's loop took to come round (its ticks and turns are that far
+      // apart at worst): a bound on how late it can read a death or a host's last beat.
+      const absl::Duration coordinator_pass = agents[0]->TakeLongestPass();
+      figure(absl::StrCat(prefix, "coordinator_longest_pass_s"), Seconds(coordinator_pass), "s");
+      said.push_back(
+          absl::StrFormat("(the coordinator's longest pass %.3f s", Seconds(coordinator_pass)));
+      const std::vector<double> steps = coordinator->LongestSteps();
+      for (int i = 0; i < SimHost::kSteps; ++i) {
+        figure(absl::StrCat(prefix, "coordinator_longest_", SimHost::kStepNames[i], "_s"), steps[i],
+               "s");
+        said.back() += absl::StrFormat(", %s %.3f s", SimHost::kStepNames[i], steps[i]);
+      }
+      said.back() += ")";
+      // Not a phase of the sum: the members adopt the generation as its publication goes on.
+      figure(absl::StrCat(prefix, "publication_s"), Seconds(published - replacing), "s");
+      said.push_back(absl::StrFormat("(the publication %.3f s)", Seconds(published - replacing)));
+      if (counts_before.ok() && counts_after.ok()) {
+        const double requests =
+            static_cast<double>(counts_after->requests - counts_before->requests);
+        const double bytes =
+            static_cast<double>(counts_after->bytes_received + counts_after->bytes_sent -
+                                counts_before->bytes_received - counts_before->bytes_sent);
+        figure(absl::StrCat(prefix, "recovery_requests"), requests, "1");
+        figure(absl::StrCat(prefix, "recovery_bytes"), bytes, "B");
+        said.push_back(absl::StrFormat("%.0f store requests, %.1f MB", requests, bytes / 1e6));
+      }
+      std::printf("  phases: %s\n", absl::StrJoin(said, ", ").c_str());
     }
     if (fault == "partition") {
       // The link heals: the cut-off members go on, and each must learn from the store that its

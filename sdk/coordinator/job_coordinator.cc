@@ -55,8 +55,11 @@ void JobCoordinator::CoordinateHosts() {
   // This agent's own host is alive while it runs this. A gap in this coordinator's reads (the
   // store was unavailable to it, or it was stalled) gives every host a fresh bound (HostLiveness).
   std::map<std::string, std::string> host_beats;
+  watched_hosts_.clear();
   for (size_t i = 0; i < hosts.size(); ++i) {
-    if (hosts[i] != options_.host_id) host_beats[hosts[i]] = (*beats)[i].value_or("");
+    if (hosts[i] == options_.host_id) continue;
+    host_beats[hosts[i]] = (*beats)[i].value_or("");
+    watched_hosts_.insert(hosts[i]);
   }
   if (!coordinating()) return;
   for (const HostLiveness::Silent& silent : host_liveness_.Observe(host_beats, clock_->Now())) {
@@ -72,6 +75,32 @@ void JobCoordinator::CoordinateHosts() {
     if (finished.ok() && finished->size() >= static_cast<size_t>(world_size_) && coordinating()) {
       done_published_ = store_->Set(store_keys::kJobDone, "every rank finished", timeout).ok();
     }
+  }
+}
+
+void JobCoordinator::CoordinateBetweenTicks() {
+  if (done_published_) return;
+  ReadDeathReports();
+  const absl::Time now = clock_->Now();
+  std::vector<std::string> hosts, beat_keys;
+  for (const HostLiveness::Silent& quiet :
+       host_liveness_.QuietFor(options_.host_timeout / 2, now)) {
+    if (watched_hosts_.count(quiet.host) == 0 || dead_hosts_.count(quiet.host) != 0) continue;
+    hosts.push_back(quiet.host);
+    beat_keys.push_back(store_keys::kAgentHeartbeats.Key(quiet.host));
+  }
+  if (hosts.empty()) return;
+  absl::StatusOr<std::vector<std::optional<std::string>>> beats =
+      store_->MultiGet(beat_keys, options_.call_timeout);
+  if (!beats.ok()) return;
+  std::map<std::string, std::string> host_beats;
+  for (size_t i = 0; i < hosts.size(); ++i) host_beats[hosts[i]] = (*beats)[i].value_or("");
+  if (!coordinating()) return;
+  // The instant of the read, not of the call's start: HostLiveness judges the beats as read then.
+  for (const HostLiveness::Silent& silent : host_liveness_.Observe(host_beats, clock_->Now())) {
+    DeclareHostDead(
+        silent.host, silent.since,
+        absl::StrFormat("no heartbeat for %s", absl::FormatDuration(silent.silent_for)));
   }
 }
 

@@ -149,6 +149,15 @@ class JobCoordinator {
   // RenewGenerationWhenAsked).
   void CoordinateHosts();
 
+  // Every turn of the coordinating agent's loop between its ticks (the launcher's ~50 ms poll of
+  // its workers), once generation 0 formed: takes the death reports (ReadDeathReports), so that a
+  // dead rank is replaced as soon as its agent reported it, and re-reads the heartbeats of the
+  // hosts watched at the last tick whose beat has stood still for half the host timeout, declaring
+  // those silent for the host timeout dead (DeclareHostDead, as CoordinateHosts), so that a dead
+  // host is declared within a turn of its bound rather than at the next tick. While every host
+  // beats, one ListKeys (the reports) and no heartbeat read.
+  void CoordinateBetweenTicks();
+
   // Takes the death reports (agents/deaths/<member>) not taken yet, oldest member id first: each is
   // recorded as a death with its cause, marked taken, and handed to the recovery strategy
   // (RecoveryStrategy::OnDeathReported) with the current membership, until the strategy says to
@@ -247,6 +256,15 @@ class JobCoordinator {
   std::vector<HostLiveness::Silent> HostsQuietFor(absl::Duration quiet, absl::Time now) const {
     return host_liveness_.QuietFor(quiet, now);
   }
+  // The names of the hosts HostsQuietFor(`quiet`, `now`) returns: the RankWatch holds the kills of
+  // their stale ranks (Hooks::quiet_hosts).
+  std::set<std::string> QuietHosts(absl::Duration quiet, absl::Time now) const {
+    std::set<std::string> hosts;
+    for (const HostLiveness::Silent& host : host_liveness_.QuietFor(quiet, now)) {
+      hosts.insert(host.host);
+    }
+    return hosts;
+  }
   // When this coordinator's view of the hosts' heartbeats last started afresh (a takeover, its
   // first read, a gap in its reads): until the quiet time after it, HostsQuietFor cannot name a
   // host that was silent before. InfinitePast when it never watched hosts (one host).
@@ -277,6 +295,9 @@ class JobCoordinator {
   HostLiveness host_liveness_;
   absl::Time took_over_at_ = absl::InfinitePast();  // TakeOver's last call
   std::set<std::string> dead_hosts_;
+  // The hosts whose heartbeats the last tick judged (CoordinateHosts): joined, neither dead nor
+  // left, not this agent's own.
+  std::set<std::string> watched_hosts_;
   std::set<std::string> handled_deaths_;  // member ids whose death was taken
   bool done_published_ = false;
   std::deque<PendingReplacement> replacements_;

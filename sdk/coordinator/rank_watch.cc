@@ -36,14 +36,26 @@ void RankWatch::KillRanksWithStaleHeartbeats() {
   if (!stale.ok()) return;  // the store is briefly unreachable: look again next time
   if (!coordinating()) return;
   if (stale->empty()) return;
-  hooks_.report_laggards();
   const Membership current = rendezvous_->current();
-  for (int rank : *stale) {
-    if (rank >= static_cast<int>(current.members.size())) continue;
+  const std::vector<int> to_kill = StaleRanksToKill(*stale, current, hooks_.quiet_hosts());
+  if (to_kill.empty()) return;
+  hooks_.report_laggards();
+  for (int rank : to_kill) {
     hooks_.kill_member(current.members[rank], EventKind::kRankUnresponsive,
                        absl::StrFormat("rank %d has not sent a heartbeat for %s", rank,
                                        absl::FormatDuration(options_.heartbeat_timeout)));
   }
+}
+
+std::vector<int> StaleRanksToKill(const std::vector<int>& stale, const Membership& current,
+                                  const std::set<std::string>& quiet_hosts) {
+  std::vector<int> kill;
+  for (int rank : stale) {
+    if (rank < 0 || rank >= static_cast<int>(current.members.size())) continue;
+    if (quiet_hosts.count(store_keys::MemberHost(current.members[rank])) != 0) continue;
+    kill.push_back(rank);
+  }
+  return kill;
 }
 
 namespace {

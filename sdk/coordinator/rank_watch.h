@@ -69,6 +69,9 @@ class RankWatch {
         kill_member;
     // Some rank's heartbeat is stale: says which rank the others wait for (the flight recorders).
     std::function<void()> report_laggards;
+    // The hosts whose agents have sent no heartbeat for a while (the launcher's: JobCoordinator::
+    // HostsQuietFor(host_timeout / 3)); empty on one host, whose agent is the coordinator.
+    std::function<std::set<std::string>()> quiet_hosts;
     // Kills `member`, which holds `rank` and is stopped, and queues its rank for replacement at
     // once (its exit would come only after the kill lands).
     std::function<void(int rank, const std::string& member, EventKind what, const std::string& why)>
@@ -93,8 +96,9 @@ class RankWatch {
   // Kills (Hooks::kill_member, rank_unresponsive) every rank of the current generation whose
   // heartbeat has stood still for heartbeat_timeout or longer (RendezvousCoordinator::
   // RanksWithStaleHeartbeats: exactly the timeout is stale), after saying who the others wait for
-  // (Hooks::report_laggards). Reads at most once per heartbeat_check_period, and not before the
-  // instant HoldHeartbeatChecksUntil set.
+  // (Hooks::report_laggards), but those whose host is quiet (Hooks::quiet_hosts,
+  // StaleRanksToKill): their kill is held, left to the host's declaration. Reads at most once per
+  // heartbeat_check_period, and not before the instant HoldHeartbeatChecksUntil set.
   void KillRanksWithStaleHeartbeats();
   // The ranks were all started again: their heartbeats are not judged before `until`.
   void HoldHeartbeatChecksUntil(absl::Time until) { next_heartbeat_check_ = until; }
@@ -147,6 +151,16 @@ class RankWatch {
   std::map<std::string, absl::Time> stopped_since_;
   std::set<std::string> stopped_killed_;
 };
+
+// Of `stale`, ranks of `current` whose heartbeat stood still for the heartbeat timeout, those to
+// kill now: every one but those whose member's host (store_keys::MemberHost) is in `quiet_hosts`,
+// hosts whose agent has itself stopped beating. A kill request to such a host waits for an agent
+// that may be dead (and, with the rank heartbeat timeout equal to the host timeout, a dead host's
+// ranks go stale just before the host is declared dead); the host's declaration replaces its
+// ranks, and should its agent beat again first, the next check kills them. In `stale`'s order;
+// ranks outside `current` are left out.
+std::vector<int> StaleRanksToKill(const std::vector<int>& stale, const Membership& current,
+                                  const std::set<std::string>& quiet_hosts);
 
 // The ranks of `current` whose agents say their process is stopped (agents/stopped/<member>), with
 // their member ids; nullopt when the store does not answer. RankWatch and HangCoordinator read it.

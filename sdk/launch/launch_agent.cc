@@ -712,6 +712,11 @@ void Job::CreateRankWatch() {
   watch_hooks.kill_member = [this](const std::string& member, EventKind what,
                                    const std::string& why) { KillMember(member, what, why); };
   watch_hooks.report_laggards = [this] { ReportLaggards(); };
+  // Quiet for a third of the host timeout, as the hang's diagnosis holds off for (host_quiet): a
+  // stale rank of such a host is left to the host's declaration.
+  watch_hooks.quiet_hosts = [this] {
+    return job_coordinator_->QuietHosts(config_.host_timeout / 3, clock_->Now());
+  };
   watch_hooks.kill_and_replace = [this](int rank, const std::string& member, EventKind what,
                                         const std::string& why) {
     KillAndReplaceStoppedMember(rank, member, what, why);
@@ -1406,6 +1411,12 @@ int Job::Run() {
     // The replacements, or the restart round, due now. The gate is checked inside, before each
     // act, not once for all: an act may wait on the store for longer than the lease lasts; a
     // deposed coordinator's restart is dropped (the next holder finds the fault in the store).
+    // Several hosts: the agents' death reports and the hosts near their bound at every turn, not
+    // only at the coordinator's tick (--host-timeout / 12), so that a dead rank or host is
+    // replaced as soon as it is known dead.
+    if (layout_.several_hosts && formed_reported_ && exit_code_ < 0 && coordinating()) {
+      job_coordinator_->CoordinateBetweenTicks();
+    }
     if (exit_code_ < 0) recovery_->Coordinate(clock_->Now());
     if (coordinating()) rank_watch_->CheckRecoveries(recoveries());
     if (formed_reported_ && exit_code_ < 0 && replacements().empty() && coordinating()) {

@@ -867,51 +867,62 @@ absl::StatusOr<Membership> RendezvousCoordinator::ReplaceRanks(
           absl::StrFormat("rank %d is outside world size %d", rank, next.world_size));
     }
   }
-  std::vector<std::string> candidates = preferred;
-  if (any_standby) {
-    absl::StatusOr<std::vector<std::string>> parked = ParkedStandbys(Left(deadline));
-    if (!parked.ok()) return parked.status();
-    for (const std::string& standby : *parked) {
-      if (std::find(candidates.begin(), candidates.end(), standby) == candidates.end()) {
-        candidates.push_back(standby);
-      }
-    }
-  }
   // The standbys' claims are this coordinator's first writes.
   if (absl::Status s = CheckLease(); !s.ok()) return s;
-  // Claim standbys still parked, in order: compare-and-set, so one that was forgotten meanwhile (it
-  // died) or already claimed is skipped.
   std::map<std::string, int> assignments;
   std::vector<std::string> claimed_order;
-  auto candidate = candidates.begin();
-  for (int rank : dead_ranks) {
-    bool found = false;
-    for (; candidate != candidates.end() && !found; ++candidate) {
-      absl::StatusOr<CompareAndSetResult> claimed = store_->CompareAndSet(
-          StandbyKey(*candidate), std::string(kParked), kTaken, Left(deadline));
-      if (!claimed.ok()) return claimed.status();
-      if (!claimed->swapped) continue;
-      assignments[*candidate] = rank;
-      claimed_order.push_back(*candidate);
-      next.members[rank] = *candidate;
-      found = true;
-    }
-    if (found) continue;
-    // Not enough standbys: park the claimed ones again, so that a later attempt may use them.
+  // Parks the claimed standbys again, so that a later attempt may use them.
+  auto release_claimed = [&] {
     for (const std::string& standby : claimed_order) {
       (void)store_->CompareAndSet(StandbyKey(standby), std::string(kTaken), kParked,
                                   Left(deadline));
     }
+  };
+  // Claim standbys still parked, in order: compare-and-set, so one that was forgotten meanwhile (it
+  // died) or already claimed is skipped. The preferred ones first; the others parked are read
+  // (`any_standby`) only once those run out: a caller that chose its preferred standbys from a
+  // read of its own (the launcher's backup placement) does not pay the store a second one.
+  std::vector<std::string> candidates = preferred;
+  bool others_read = !any_standby;
+  size_t candidate = 0;
+  for (int rank : dead_ranks) {
+    bool found = false;
+    while (!found) {
+      if (candidate == candidates.size()) {
+        if (others_read) break;
+        others_read = true;
+        absl::StatusOr<std::vector<std::string>> parked = ParkedStandbys(Left(deadline));
+        if (!parked.ok()) {
+          release_claimed();
+          return parked.status();
+        }
+        for (const std::string& standby : *parked) {
+          if (std::find(candidates.begin(), candidates.end(), standby) == candidates.end()) {
+            candidates.push_back(standby);
+          }
+        }
+        continue;
+      }
+      const std::string standby = candidates[candidate++];
+      absl::StatusOr<CompareAndSetResult> claimed =
+          store_->CompareAndSet(StandbyKey(standby), std::string(kParked), kTaken, Left(deadline));
+      if (!claimed.ok()) return claimed.status();
+      if (!claimed->swapped) continue;
+      assignments[standby] = rank;
+      claimed_order.push_back(standby);
+      next.members[rank] = standby;
+      found = true;
+    }
+    if (found) continue;
+    // Not enough standbys.
+    release_claimed();
     return absl::FailedPreconditionError(absl::StrFormat(
         "no standby is parked to replace rank%s %s of generation %d",
         dead_ranks.size() == 1 ? "" : "s", absl::StrJoin(dead_ranks, ","), next.generation));
   }
   if (absl::Status s = CheckLease(); !s.ok()) {
     // The lease lapsed while the standbys were claimed: they go back, parked, for the successor.
-    for (const std::string& standby : claimed_order) {
-      (void)store_->CompareAndSet(StandbyKey(standby), std::string(kTaken), kParked,
-                                  Left(deadline));
-    }
+    release_claimed();
     return s;
   }
   next.generation += 1;

@@ -304,8 +304,9 @@ class RendezvousCoordinator {
   absl::StatusOr<Membership> ReplaceRank(int dead_rank, absl::Duration timeout);
   // Publishes one generation current+1 in which every rank of `dead_ranks` is taken by a parked
   // standby: those of `preferred` first (in that order, e.g. every standby of one standby host,
-  // local rank by local rank), then any other parked standby when `any_standby`. A whole host's
-  // ranks are thus replaced at once. FailedPrecondition (naming the ranks) when there are not
+  // local rank by local rank), then any other parked standby when `any_standby`, read (a ListKeys
+  // and a MultiGet) only once the preferred ones run out (taken or gone). A whole host's ranks are
+  // thus replaced at once. FailedPrecondition (naming the ranks) when there are not
   // enough standbys; the ones claimed meanwhile are parked again.
   absl::StatusOr<Membership> ReplaceRanks(const std::vector<int>& dead_ranks,
                                           const std::vector<std::string>& preferred,

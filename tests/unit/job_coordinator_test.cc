@@ -290,6 +290,72 @@ TEST_F(JobCoordinatorTest, AHostSilentForExactlyTheHostTimeoutIsDeclaredDeadAndN
   EXPECT_THAT(failed_, IsEmpty());
 }
 
+TEST_F(JobCoordinatorTest, ADeathReportedBetweenTicksIsReplacedAtTheLoopsNextTurnWithoutATick) {
+  coordinator_->CoordinateHosts();  // the tick at 0
+  // Rank 2's agent reports its death 10 ms after the tick; the loop's next turn (the launcher's
+  // ~50 ms poll of its workers) takes it and replaces it, 240 ms before the next tick.
+  AdvanceTo(absl::Milliseconds(10));
+  ReportDeath(RankMember("h1", 200, 2), 2, "exited with status 1", "");
+  coordinator_->CoordinateBetweenTicks();
+  ASSERT_EQ(coordinator_->replacements().size(), 1u);
+  EXPECT_EQ(coordinator_->replacements().front().rank, 2);
+  EXPECT_EQ(coordinator_->replacements().front().died, absl::UnixEpoch() + absl::Milliseconds(10));
+  coordinator_->TryReplacements(clock_.Now());
+  EXPECT_EQ(rendezvous_.generation(), 1);
+  EXPECT_EQ(rendezvous_.current().members[2], StandbyMember("h2", 300, 0));
+  // Taken once: the tick's read of the same report (CoordinateHosts) queues nothing more.
+  RunUntil(kTick, {"h0", "h1", "h2"});
+  coordinator_->CoordinateBetweenTicks();
+  EXPECT_THAT(coordinator_->replacements(), IsEmpty());
+  EXPECT_EQ(rendezvous_.generation(), 1);
+  EXPECT_THAT(failed_, IsEmpty());
+}
+
+TEST_F(JobCoordinatorTest, AHostIsDeclaredDeadBetweenTicksAtExactlyItsBoundAndNotOneNsBefore) {
+  coordinator_->CoordinateHosts();  // h1's last beat is read at 0
+  RunUntil(kHostTimeout - kTick, {"h0", "h2"});
+  // The loop's turns between the last tick before the bound and the next tick: h1, quiet for half
+  // the host timeout, is read at each, and declared at the first turn at its bound.
+  AdvanceTo(kHostTimeout - kNanosecond);
+  coordinator_->CoordinateBetweenTicks();
+  EXPECT_EQ(Value(store_keys::kAgentsDead.Key("h1")), std::nullopt);
+  EXPECT_THAT(coordinator_->replacements(), IsEmpty());
+  AdvanceTo(kHostTimeout);
+  coordinator_->CoordinateBetweenTicks();
+  EXPECT_EQ(Value(store_keys::kAgentsDead.Key("h1")), "no heartbeat for 3s");
+  ASSERT_EQ(coordinator_->replacements().size(), 1u);
+  EXPECT_THAT(coordinator_->replacements().front().ranks, ElementsAre(2, 3));
+  EXPECT_EQ(coordinator_->replacements().front().died, absl::UnixEpoch());
+  EXPECT_THAT(coordinator_->dead_hosts(), ElementsAre("h1"));
+  // h2 beat at every tick: never declared, between ticks either.
+  EXPECT_EQ(Value(store_keys::kAgentsDead.Key("h2")), std::nullopt);
+  EXPECT_THAT(failed_, IsEmpty());
+}
+
+TEST_F(JobCoordinatorTest, AHostThatLeftIsNotDeclaredDeadBetweenTicks) {
+  coordinator_->CoordinateHosts();
+  Leave("h1");  // its agent left: it beats no more, and is no longer watched
+  RunUntil(kHostTimeout, {"h0", "h2"});
+  AdvanceTo(2 * kHostTimeout);
+  coordinator_->CoordinateBetweenTicks();
+  EXPECT_EQ(Value(store_keys::kAgentsDead.Key("h1")), std::nullopt);
+  EXPECT_THAT(coordinator_->replacements(), IsEmpty());
+  EXPECT_THAT(said_, IsEmpty());
+}
+
+TEST_F(JobCoordinatorTest, QuietHostsAreThoseWhoseBeatStoodStillForTheQuietTime) {
+  const absl::Duration quiet = kHostTimeout / 3;
+  coordinator_->CoordinateHosts();  // every beat first read at 0
+  RunUntil(quiet - kTick, {"h0", "h2"});
+  AdvanceTo(quiet - kNanosecond);
+  EXPECT_THAT(coordinator_->QuietHosts(quiet, clock_.Now()), IsEmpty());
+  AdvanceTo(quiet);
+  EXPECT_THAT(coordinator_->QuietHosts(quiet, clock_.Now()), ElementsAre("h1"));
+  // It beats again: read at the next tick, it is no longer quiet.
+  RunUntil(quiet + kTick, {"h0", "h1", "h2"});
+  EXPECT_THAT(coordinator_->QuietHosts(quiet, clock_.Now()), IsEmpty());
+}
+
 TEST_F(JobCoordinatorTest, TheCoordinatorsOwnHostIsNeverDeclaredDead) {
   coordinator_->CoordinateHosts();
   RunUntil(3 * kHostTimeout, {"h1", "h2"});  // h0's beat is not the coordinator's business

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "sdk/rendezvous/rendezvous.h"
 #include "trainguard/clock.h"
 #include "trainguard/events.h"
+#include "trainguard/membership.h"
 #include "trainguard/store.h"
 
 namespace trainguard {
@@ -82,6 +84,7 @@ class RankWatchTest : public ::testing::Test {
       kills_.push_back({member, what, why});
     };
     hooks.report_laggards = [this] { ++laggard_reports_; };
+    hooks.quiet_hosts = [this] { return quiet_hosts_; };
     hooks.kill_and_replace = [this](int rank, const std::string& member, EventKind what,
                                     const std::string& why) {
       replaced_.push_back({rank, member, what, why});
@@ -112,7 +115,49 @@ class RankWatchTest : public ::testing::Test {
   std::vector<Kill> kills_;
   int laggard_reports_ = 0;
   std::vector<Replaced> replaced_;
+  std::set<std::string> quiet_hosts_;  // Hooks::quiet_hosts
 };
+
+TEST(StaleRanksToKillTest, AStaleRankWhoseHostIsQuietIsLeftToTheHostsDeclaration) {
+  Membership current;
+  current.generation = 3;
+  current.world_size = 4;
+  for (const auto& [host, rank] : std::vector<std::pair<std::string, int>>{
+           {"h0", 0}, {"h0", 1}, {"h1", 2}, {"h1", 3}}) {
+    current.members.push_back(
+        store_keys::EncodeMemberId({host, 100, 0, store_keys::MemberId::Role::kRank, rank}));
+  }
+  // h1's agent is quiet: its stale ranks 2 and 3 are held; h0's stale rank 1 is killed.
+  EXPECT_THAT(StaleRanksToKill({1, 2, 3}, current, {"h1"}), ElementsAre(1));
+  // No quiet host: every stale rank, in order.
+  EXPECT_THAT(StaleRanksToKill({3, 1}, current, {}), ElementsAre(3, 1));
+  // Every stale rank's host quiet: none; a rank outside the generation is left out.
+  EXPECT_THAT(StaleRanksToKill({0, 2, 7, -1}, current, {"h0", "h1"}), IsEmpty());
+  EXPECT_THAT(StaleRanksToKill({0, 7}, current, {"h2"}), ElementsAre(0));
+}
+
+TEST_F(RankWatchTest, AStaleRankOfAQuietHostIsNotKilledUntilItsHostBeatsAgain) {
+  for (int r = 0; r < kWorld; ++r) Beat(r);
+  watch_->KillRanksWithStaleHeartbeats();  // every beat first seen at 0
+  // The host h0 goes quiet with its ranks: nobody beats.
+  quiet_hosts_ = {"h0"};
+  AdvanceTo(kHeartbeatTimeout);
+  watch_->KillRanksWithStaleHeartbeats();
+  AdvanceTo(2 * kHeartbeatTimeout);
+  watch_->KillRanksWithStaleHeartbeats();
+  EXPECT_THAT(kills_, IsEmpty());
+  EXPECT_EQ(laggard_reports_, 0);  // nobody to name while the host explains the silence
+
+  // Its agent beats again (it was stalled, not dead), its ranks still do not: killed at the next
+  // check.
+  quiet_hosts_.clear();
+  AdvanceTo(2 * kHeartbeatTimeout + absl::Milliseconds(1));
+  watch_->KillRanksWithStaleHeartbeats();
+  ASSERT_EQ(kills_.size(), 3u);
+  EXPECT_EQ(kills_[0].member, Member(0));
+  EXPECT_EQ(kills_[2].member, Member(2));
+  EXPECT_EQ(laggard_reports_, 1);
+}
 
 TEST_F(RankWatchTest, ARankWhoseHeartbeatIsExactlyTheTimeoutOldIsKilledAndNotOneMsBefore) {
   for (int r = 0; r < kWorld; ++r) Beat(r);
@@ -150,6 +195,7 @@ TEST_F(RankWatchTest, HeartbeatsAreReadAtMostOncePerCheckPeriodAndNotWhileHeld) 
     kills_.push_back({member, what, why});
   };
   hooks.report_laggards = [] {};
+  hooks.quiet_hosts = [] { return std::set<std::string>{}; };
   hooks.kill_and_replace = [](int, const std::string&, EventKind, const std::string&) {};
   RankWatch watch(&store_, &store_, &clock_, &rendezvous_, options, std::move(hooks));
   watch.set_world_size(kWorld);

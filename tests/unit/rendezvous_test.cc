@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "sdk/core/mutex.h"
 #include "sdk/core/store_keys.h"
+#include "tests/support/counting_store.h"
 #include "tests/support/forwarding_store.h"
 #include "trainguard/clock.h"
 #include "trainguard/store.h"
@@ -893,6 +894,49 @@ TEST_F(Rendezvous, AWholeHostsRanksAreReplacedInOneGenerationByThePreferredStand
   ASSERT_TRUE(coordinator_.ReplaceRank(0, kTimeout).ok());
   parked[0].join();
   EXPECT_EQ(assigned[0]->rank, 0);
+}
+
+// The parked standbys are read only when the preferred ones (the caller's own read, for the
+// launcher's backup placement) run out: a death is replaced with one read fewer on its path.
+TEST(RendezvousCoordinatorCost, TheParkedStandbysAreReadOnlyWhenThePreferredOnesRunOut) {
+  InMemoryStore shared;
+  testing::CountingStore store(&shared);
+  RendezvousCoordinator coordinator(&store, Clock::Real(), "h0");
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(store.Set(store_keys::RdzvJoin(r), absl::StrCat("host:rank", r), kTimeout).ok());
+  }
+  ASSERT_TRUE(coordinator.FormInitialGeneration(4, kTimeout).ok());
+  for (const char* standby : {"hostC:standby0", "hostD:standby0", "hostD:standby1"}) {
+    ASSERT_TRUE(store.Set(store_keys::RdzvStandby(standby), "parked", kTimeout).ok());
+  }
+  auto parked_reads = [&store] {
+    int64_t n = 0;
+    for (const auto& [verb_family, count] : store.counts()) {
+      if (verb_family.first == "ListKeys") n += count;
+    }
+    return n;
+  };
+  store.Reset();
+  // The preferred standby is parked: it takes the rank, and the others are not read.
+  absl::StatusOr<Membership> next =
+      coordinator.ReplaceRanks({2}, {"hostD:standby0"}, /*any_standby=*/true, kTimeout);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->members[2], "hostD:standby0");
+  EXPECT_EQ(parked_reads(), 0);
+  // The preferred standby was taken meanwhile: the others are read, once, and the first parked of
+  // them (member-id order) takes the rank.
+  next = coordinator.ReplaceRanks({3}, {"hostD:standby0"}, /*any_standby=*/true, kTimeout);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->members[3], "hostC:standby0");
+  EXPECT_EQ(parked_reads(), 1);
+  // Not `any_standby`: never read, and too few preferred ones replace nothing and park the claimed
+  // one again.
+  next = coordinator.ReplaceRanks({0, 1}, {"hostD:standby1", "hostD:standby0"},
+                                  /*any_standby=*/false, kTimeout);
+  EXPECT_TRUE(absl::IsFailedPrecondition(next.status())) << next.status();
+  EXPECT_EQ(parked_reads(), 1);
+  EXPECT_EQ(coordinator.generation(), 2);
+  EXPECT_EQ(store.Get(store_keys::RdzvStandby("hostD:standby1"), kTimeout).value_or(""), "parked");
 }
 
 TEST_F(Rendezvous, TooFewStandbysForAHostReplaceNoneAndStayParked) {
