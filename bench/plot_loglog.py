@@ -55,6 +55,7 @@ SIMULATE_SERIES = [
     ("generation0_after_last_join_s", "generation 0 formed (s after the last join)"),
     ("rank_replaced_s", "a rank replaced (s after its death)"),
     ("host_replaced_beyond_bound_s", "a host lost (s beyond the bound)"),
+    ("coordinator_host_replaced_beyond_bounds_s", "the coordinator's host lost (s beyond 2 bounds)"),
     ("steady_coordinator_cpu_per_s", "coordinator CPU, steady state (cores)"),
     ("steady_server_cpu_per_s", "store server CPU, steady state (cores)"),
     ("steady_requests_per_rank_s", "store requests per rank per s"),
