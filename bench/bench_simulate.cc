@@ -1183,9 +1183,13 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
   }
   const int members = ranks + standby_hosts * kRanksPerHost;
   // A thread and a connection per member (a standby's heartbeat thread and its second connection
-  // besides), a connection per agent, and the checks'.
-  const int threads = members + standby_hosts * kRanksPerHost + flags.agent_threads + 64;
-  const int files = members + standby_hosts * kRanksPerHost + hosts + 256;
+  // besides), per agent its heartbeat and lease renewal threads and up to three connections (its
+  // store client opens another while one is busy: its turn, its heartbeat and its renewal may
+  // overlap), and the checks'. The server's connection cap is sized from it: a cap below what the
+  // clients hold refuses connections, and their retries become a storm.
+  const int threads =
+      members + standby_hosts * kRanksPerHost + 2 * hosts + flags.agent_threads + 64;
+  const int files = members + standby_hosts * kRanksPerHost + 3 * hosts + 256;
   if (std::optional<std::string> why = bench::MachineCannotHold(threads, files); why.has_value()) {
     std::printf("ranks=%d: not measured on this machine: %s\n", ranks, why->c_str());
     return result;
@@ -1608,6 +1612,14 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
         std::printf("  correct: its agent, turned again, ends fenced out (exit code %d)\n",
                     fenced->code);
       }
+    }
+  }
+  // Connections the server closed at once (its cap or its descriptors): each is a client's retry.
+  if (absl::StatusOr<ServerProcess::Counts> counts = counters(); counts.ok()) {
+    figure("server_connections_refused", static_cast<double>(counts->refused), "1");
+    if (counts->refused > 0) {
+      std::printf("  the server refused %lld connection(s) (its cap or its descriptors)\n",
+                  static_cast<long long>(counts->refused));
     }
   }
   stop_everything();
