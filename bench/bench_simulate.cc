@@ -35,7 +35,9 @@
 // cadence (--host_timeout / 12), and the coordinating host by a thread of its own; as in the
 // launcher, each host's heartbeat and lease renewal run on two threads of its agent's own
 // (HostAgent::StartBeating, LeaseKeeper::StartRenewing), so a host whose agent thread is slow to
-// turn it is not declared dead for that.
+// turn it is not declared dead for that. Where the machine's file descriptors do not hold the
+// second connection each agent's client then opens (16,384 ranks here), the agents beat and renew
+// in their turns instead, as the library does without those threads, and the simulator says so.
 //
 // Faults (--faults), each after the previous one recovered:
 //  - rank: one rank's process dies: its member goes silent and its fake worker exits with status
@@ -349,6 +351,8 @@ struct Sim {
   int ranks = 0;
   int training_hosts = 0;
   int standby_hosts = 0;
+  // Whether each agent beats and renews on threads of its own (see the header comment).
+  bool agent_beat_threads = true;
   Problems problems;
   // The newest takeover of the coordinator's lease by another host than the first (Unix ns; 0:
   // none), and by which host.
@@ -516,9 +520,11 @@ class SimHost {
                                                         turn_reads_, membership, membership_hooks);
     if (absl::Status s = membership_->Join(); !s.ok()) return s;
     // As the launcher: the heartbeat and the lease's renewal on threads of their own, so that a
-    // host whose agent thread is slow to turn it is not declared dead for it.
-    agent_->StartBeating(flags.host_timeout / 12);
-    lease_keeper_->StartRenewing(flags.host_timeout / 12);
+    // host whose agent thread is slow to turn it is not declared dead for it (else in its turns).
+    if (sim_->agent_beat_threads) {
+      agent_->StartBeating(flags.host_timeout / 12);
+      lease_keeper_->StartRenewing(flags.host_timeout / 12);
+    }
     return absl::OkStatus();
   }
 
@@ -1183,16 +1189,27 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
   }
   const int members = ranks + standby_hosts * kRanksPerHost;
   // A thread and a connection per member (a standby's heartbeat thread and its second connection
-  // besides), per agent its heartbeat and lease renewal threads and up to three connections (its
-  // store client opens another while one is busy: its turn, its heartbeat and its renewal may
-  // overlap), and the checks'. The server's connection cap is sized from it: a cap below what the
-  // clients hold refuses connections, and their retries become a storm.
-  const int threads =
-      members + standby_hosts * kRanksPerHost + 2 * hosts + flags.agent_threads + 64;
-  const int files = members + standby_hosts * kRanksPerHost + 3 * hosts + 256;
+  // besides), per agent its heartbeat and lease renewal threads and two connections (its store
+  // client opens another while one is busy: its turn and its heartbeat overlap; the coordinator's
+  // renewal, a third), and the checks'. The server's connection cap is sized from it: a cap below
+  // what the clients hold refuses connections, and their retries become a storm. Without the
+  // agents' threads, one connection per agent.
+  bool agent_beat_threads = true;
+  int threads = members + standby_hosts * kRanksPerHost + 2 * hosts + flags.agent_threads + 64;
+  int files = members + standby_hosts * kRanksPerHost + 2 * hosts + 256;
   if (std::optional<std::string> why = bench::MachineCannotHold(threads, files); why.has_value()) {
-    std::printf("ranks=%d: not measured on this machine: %s\n", ranks, why->c_str());
-    return result;
+    const int threads_in_turns = threads - 2 * hosts;
+    const int files_in_turns = files - hosts;
+    if (bench::MachineCannotHold(threads_in_turns, files_in_turns).has_value()) {
+      std::printf("ranks=%d: not measured on this machine: %s\n", ranks, why->c_str());
+      return result;
+    }
+    std::printf(
+        "ranks=%d: the agents beat and renew in their turns, not on threads of their own (%s)\n",
+        ranks, why->c_str());
+    agent_beat_threads = false;
+    threads = threads_in_turns;
+    files = files_in_turns;
   }
   // The store: the TcpStore server (its counters and CPU are figures) or an etcd cluster. Declared
   // before the simulation, so that it outlives the members' last calls at their end.
@@ -1237,6 +1254,7 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
   sim.ranks = ranks;
   sim.training_hosts = training_hosts;
   sim.standby_hosts = standby_hosts;
+  sim.agent_beat_threads = agent_beat_threads;
 
   // The coordinating host on a thread of its own (its CPU is the coordinator's), the others in
   // slices over the agent threads; the standby hosts join last.
