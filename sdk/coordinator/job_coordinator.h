@@ -256,10 +256,12 @@ class JobCoordinator {
   std::vector<HostLiveness::Silent> HostsQuietFor(absl::Duration quiet, absl::Time now) const {
     return host_liveness_.QuietFor(quiet, now);
   }
-  // The names of the hosts HostsQuietFor(`quiet`, `now`) returns: the RankWatch holds the kills of
-  // their stale ranks (Hooks::quiet_hosts).
+  // The names of the hosts HostsQuietFor(`quiet`, `now`) returns, and of the hosts declared dead
+  // (no longer watched, their ranks replaced by the declaration, while the new generation may not
+  // be published yet): the RankWatch holds the kills of their stale ranks (Hooks::quiet_hosts), a
+  // kill asked of a silent or dead host's agent being one nobody carries out.
   std::set<std::string> QuietHosts(absl::Duration quiet, absl::Time now) const {
-    std::set<std::string> hosts;
+    std::set<std::string> hosts(dead_hosts_.begin(), dead_hosts_.end());
     for (const HostLiveness::Silent& host : host_liveness_.QuietFor(quiet, now)) {
       hosts.insert(host.host);
     }

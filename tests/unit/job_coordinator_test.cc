@@ -356,6 +356,18 @@ TEST_F(JobCoordinatorTest, QuietHostsAreThoseWhoseBeatStoodStillForTheQuietTime)
   EXPECT_THAT(coordinator_->QuietHosts(quiet, clock_.Now()), IsEmpty());
 }
 
+// A host declared dead is no longer watched, and its ranks may still be the current generation's
+// until the replacement is published: it stays among the quiet hosts, whose stale ranks are left
+// to the declaration.
+TEST_F(JobCoordinatorTest, AHostDeclaredDeadStaysQuietThoughNoLongerWatched) {
+  const absl::Duration quiet = kHostTimeout / 3;
+  coordinator_->CoordinateHosts();
+  RunUntil(kHostTimeout, {"h0", "h2"});
+  ASSERT_TRUE(Value(store_keys::kAgentsDead.Key("h1")).has_value());
+  RunUntil(kHostTimeout + 2 * kTick, {"h0", "h2"});
+  EXPECT_THAT(coordinator_->QuietHosts(quiet, clock_.Now()), ElementsAre("h1"));
+}
+
 TEST_F(JobCoordinatorTest, TheCoordinatorsOwnHostIsNeverDeclaredDead) {
   coordinator_->CoordinateHosts();
   RunUntil(3 * kHostTimeout, {"h1", "h2"});  // h0's beat is not the coordinator's business
