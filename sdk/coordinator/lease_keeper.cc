@@ -19,31 +19,14 @@ LeaseKeeper::LeaseKeeper(CoordinatorLease* lease, absl::Duration call_timeout, H
 LeaseKeeper::~LeaseKeeper() { StopRenewing(); }
 
 void LeaseKeeper::StartRenewing(absl::Duration interval) {
-  if (lease_ == nullptr || renewer_.joinable()) return;
-  {
-    MutexLock lock(&renewal_mu_);
-    stop_renewing_ = false;
-  }
-  renewer_ = std::thread([this, interval] {
-    for (;;) {
-      RenewOnce();  // bounded by call_timeout_
-      MutexLock lock(&renewal_mu_);
-      if (renewal_mu_.AwaitWithTimeout(
-              [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_renewing_; }, interval)) {
-        return;
-      }
-    }
-  });
+  if (lease_ == nullptr || renewer_ != nullptr) return;
+  DutyThreadOptions options;
+  options.period = interval;
+  options.duties = [this] { RenewOnce(); };  // bounded by call_timeout_
+  renewer_ = std::make_unique<DutyThread>(std::move(options));
 }
 
-void LeaseKeeper::StopRenewing() {
-  if (!renewer_.joinable()) return;
-  {
-    MutexLock lock(&renewal_mu_);
-    stop_renewing_ = true;
-  }
-  renewer_.join();
-}
+void LeaseKeeper::StopRenewing() { renewer_.reset(); }
 
 void LeaseKeeper::RenewOnce() {
   if (lease_ == nullptr) return;
@@ -102,7 +85,7 @@ void LeaseKeeper::Update() {
   // A claimed lease is the renewal thread's to renew; the loop watches and takes it (and renews it
   // where no thread runs). Only this thread takes the lease, so a lease seen unclaimed here stays
   // so until this Update.
-  if (!renewer_.joinable() || !lease_->claimed()) {
+  if (renewer_ == nullptr || !lease_->claimed()) {
     (void)lease_->Update(call_timeout_);  // an unreachable store: held until the acting deadline
   }
   const bool claimed = lease_->claimed();

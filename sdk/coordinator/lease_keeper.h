@@ -34,11 +34,12 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "sdk/core/duty_thread.h"
 #include "sdk/core/mutex.h"
 #include "sdk/rendezvous/coordinator_lease.h"
 
@@ -71,9 +72,9 @@ class LeaseKeeper {
   LeaseKeeper(const LeaseKeeper&) = delete;
   LeaseKeeper& operator=(const LeaseKeeper&) = delete;
 
-  // Starts the renewal thread: RenewOnce, then a wait of `interval` (real time, cut short by
-  // StopRenewing), until StopRenewing. From then on Update leaves a claimed lease to it. Nothing on
-  // one host (no lease), nor when it runs already. REQUIRES: `interval` > 0.
+  // Starts the renewal thread (a DutyThread): a wait of `interval` (real time, cut short by
+  // StopRenewing), then RenewOnce, until StopRenewing. From then on Update leaves a claimed lease
+  // to it. Nothing on one host (no lease), nor when it runs already. REQUIRES: `interval` > 0.
   void StartRenewing(absl::Duration interval);
   // Stops and joins the renewal thread: at most one renewal under way (call_timeout) is waited
   // for. Nothing when it does not run.
@@ -119,9 +120,7 @@ class LeaseKeeper {
   // When the loop last called Update (the lease's clock, monotonic ns): read by the renewal thread.
   std::atomic<int64_t> loop_turned_ns_;
 
-  Mutex renewal_mu_;
-  bool stop_renewing_ ABSL_GUARDED_BY(renewal_mu_) = false;
-  std::thread renewer_;  // joinable while renewing
+  std::unique_ptr<DutyThread> renewer_;  // while renewing
 };
 
 }  // namespace trainguard

@@ -114,7 +114,7 @@ std::optional<std::string> HostAgent::Heartbeat() {
     MutexLock lock(&beat_mu_);
     loop_turned_ = now;
   }
-  if (!beater_.joinable()) (void)BeatOnce();
+  if (beater_ == nullptr) (void)BeatOnce();
   MutexLock lock(&beat_mu_);
   if (now - store_seen_ <= options_.store_loss_bound) return std::nullopt;
   return absl::StrFormat("host %s has not reached the job's store (%s) for %s: %s",
@@ -123,31 +123,15 @@ std::optional<std::string> HostAgent::Heartbeat() {
 }
 
 void HostAgent::StartBeating(absl::Duration interval) {
-  if (beater_.joinable()) return;
-  {
-    MutexLock lock(&beat_mu_);
-    stop_beating_ = false;
-  }
-  beater_ = std::thread([this, interval] {
-    for (;;) {
-      (void)BeatOnce();  // bounded by call_timeout; a failure shows in Heartbeat past the bound
-      MutexLock lock(&beat_mu_);
-      if (beat_mu_.AwaitWithTimeout(
-              [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_beating_; }, interval)) {
-        return;
-      }
-    }
-  });
+  if (beater_ != nullptr) return;
+  DutyThreadOptions options;
+  options.period = interval;
+  // Each beat is bounded by call_timeout; a failure shows in Heartbeat past the store-loss bound.
+  options.duties = [this] { (void)BeatOnce(); };
+  beater_ = std::make_unique<DutyThread>(std::move(options));
 }
 
-void HostAgent::StopBeating() {
-  if (!beater_.joinable()) return;
-  {
-    MutexLock lock(&beat_mu_);
-    stop_beating_ = true;
-  }
-  beater_.join();
-}
+void HostAgent::StopBeating() { beater_.reset(); }
 
 absl::StatusOr<HostAssignment> HostAgent::ReadPlan() {
   absl::StatusOr<std::string> value = store_->Get(store_keys::kAgentPlan, options_.call_timeout);

@@ -39,10 +39,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -52,6 +52,7 @@
 #include "sdk/agent/failure_history.h"
 #include "sdk/agent/process_supervisor.h"
 #include "sdk/core/agent_keys.h"
+#include "sdk/core/duty_thread.h"
 #include "sdk/core/mutex.h"
 #include "sdk/core/rank_reports.h"
 #include "sdk/core/store_keys.h"
@@ -203,9 +204,9 @@ class HostAgent {
   // loop_stall_bound: the heartbeat thread's step. Returns the Set's status (FailedPrecondition,
   // naming the stall, when it did not beat).
   absl::Status BeatOnce();
-  // Starts the heartbeat thread: BeatOnce, then a wait of `interval` (real time, cut short by
-  // StopBeating), until StopBeating. From then on Heartbeat leaves the beats to it. REQUIRES:
-  // `interval` > 0. Nothing when it runs already.
+  // Starts the heartbeat thread (a DutyThread): a wait of `interval` (real time, cut short by
+  // StopBeating), then BeatOnce, until StopBeating. From then on Heartbeat leaves the beats to it.
+  // REQUIRES: `interval` > 0. Nothing when it runs already.
   void StartBeating(absl::Duration interval);
   // Stops and joins the heartbeat thread (at most one beat under way, call_timeout, is waited
   // for). Nothing when it does not run.
@@ -344,8 +345,7 @@ class HostAgent {
   absl::Time store_seen_ ABSL_GUARDED_BY(beat_mu_);   // when the store last took a beat (its start)
   absl::Status last_beat_ ABSL_GUARDED_BY(beat_mu_);  // the last beat's outcome
   absl::Time loop_turned_ ABSL_GUARDED_BY(beat_mu_);  // when the loop last called Heartbeat
-  bool stop_beating_ ABSL_GUARDED_BY(beat_mu_) = false;
-  std::thread beater_;  // joinable while the heartbeat thread runs
+  std::unique_ptr<DutyThread> beater_;                // while the heartbeat thread runs
   // The count of kill requests (agents/kills/<host>) when they were last listed; nullopt: never.
   std::optional<std::string> kill_count_seen_;
   absl::Time next_host_sample_ = absl::InfinitePast();  // PublishHostSample's next second

@@ -1,5 +1,5 @@
-// DutyThread (sdk/runtime/duty_thread.h): the rank's thread of periodic duties, and how it stops.
-#include "sdk/runtime/duty_thread.h"
+// DutyThread (sdk/core/duty_thread.h): a thread of periodic duties, and how it stops.
+#include "sdk/core/duty_thread.h"
 
 #include <memory>
 

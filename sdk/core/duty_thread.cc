@@ -1,4 +1,4 @@
-#include "sdk/runtime/duty_thread.h"
+#include "sdk/core/duty_thread.h"
 
 #include <utility>
 

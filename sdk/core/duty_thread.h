@@ -1,16 +1,15 @@
-// DutyThread: the rank's thread of periodic duties (private to sdk/runtime). It wakes every
-// `period` and runs its owner's duties: publishing the rank's records, a dump asked for by
-// SIGUSR2, the check on a step that outlives its generation. It reads nothing from the store
-// itself: what a rank learns from its peers (a newer generation, a declared hang) comes from the
-// GenerationWatcher's parked wait (generation_watcher.h).
+// DutyThread: a thread of periodic duties. It wakes every `period` and runs its owner's duties:
+// the rank's (sdk/runtime: publishing its records, a dump asked for by SIGUSR2, the check on a step
+// that outlives its generation), a host agent's heartbeat (HostAgent::StartBeating), the
+// coordinator's lease renewal (LeaseKeeper::StartRenewing).
 //
 // Every wait is bounded by `period`. The destructor stops the thread and joins it: within the
 // duties in progress.
 //
 // Thread safety: the duties run on the thread; construction and destruction belong to the owner.
 // Not copyable or movable.
-#ifndef TRAINGUARD_SDK_RUNTIME_DUTY_THREAD_H_
-#define TRAINGUARD_SDK_RUNTIME_DUTY_THREAD_H_
+#ifndef TRAINGUARD_SDK_CORE_DUTY_THREAD_H_
+#define TRAINGUARD_SDK_CORE_DUTY_THREAD_H_
 
 #include <functional>
 #include <thread>
@@ -50,4 +49,4 @@ class DutyThread {
 
 }  // namespace trainguard
 
-#endif  // TRAINGUARD_SDK_RUNTIME_DUTY_THREAD_H_
+#endif  // TRAINGUARD_SDK_CORE_DUTY_THREAD_H_
