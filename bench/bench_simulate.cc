@@ -381,6 +381,14 @@ struct Sim {
     for (auto& [id, m] : members) all.push_back(m.get());
     return all;
   }
+  // The newest generation a live member holds (-1: none).
+  int64_t NewestHeldGeneration() {
+    int64_t newest = -1;
+    for (SimMember* m : AllMembers()) {
+      if (!m->silenced()) newest = std::max(newest, m->place().generation);
+    }
+    return newest;
+  }
 };
 
 // The coordinator's share of `trainguard run`, on the host that holds the lease: the objects
@@ -1081,10 +1089,7 @@ bool CheckCorrect(Sim& sim, const std::vector<SimMember*>& dead, const std::stri
   // The coordinator writes a generation's table, raises the fence, then announces it
   // (rdzv/current): a member may hold it before it is announced, so the store's current generation
   // is read until it is the newest a member holds (bounded).
-  int64_t newest_held = -1;
-  for (SimMember* m : sim.AllMembers()) {
-    if (!m->silenced()) newest_held = std::max(newest_held, m->place().generation);
-  }
+  const int64_t newest_held = sim.NewestHeldGeneration();
   RendezvousCoordinator reader(store->get(), Clock::Real(), "checker");
   absl::Status read = absl::UnavailableError("not read");
   for (const absl::Time until = absl::Now() + kStoreTimeout; absl::Now() < until;) {
@@ -1263,10 +1268,14 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
   for (int t = 0; t <= agent_threads; ++t) {
     agents.push_back(std::make_unique<AgentThread>(&sim, t));
   }
+  // The thread that turns host h.
+  auto thread_of = [&](int h) {
+    return h == 0 ? agents[0].get() : agents[1 + (h - 1) % agent_threads].get();
+  };
   std::vector<std::unique_ptr<SimHost>> all_hosts;
   for (int h = 0; h < hosts; ++h) {
     const bool standby = h >= training_hosts;
-    AgentThread* thread = h == 0 ? agents[0].get() : agents[1 + (h - 1) % agent_threads].get();
+    AgentThread* thread = thread_of(h);
     all_hosts.push_back(
         std::make_unique<SimHost>(&sim, absl::StrFormat("%s%05d", standby ? "standby" : "host", h),
                                   standby, h == 0, thread->supervisor()));
@@ -1411,10 +1420,7 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
   bool coordinator_lost = false;  // the first host's, that the timing reads
   for (const std::string& fault : flags.faults) {
     // Every live member holds the same generation here (the previous step converged).
-    int64_t before = -1;
-    for (SimMember* m : sim.AllMembers()) {
-      if (!m->silenced()) before = std::max(before, m->place().generation);
-    }
+    const int64_t before = sim.NewestHeldGeneration();
     // Where the recovery's time goes is timed on the coordinating host, the first one's as long as
     // it coordinates: not for the loss of its host, nor after.
     const bool timed = !coordinator_lost && fault != "coordinator";
@@ -1430,9 +1436,6 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
     SimHost* victim = nullptr;
     AgentThread* victim_thread = nullptr;
     SimHost* reporter = nullptr;  // the host whose agent reports the death (a rank's)
-    auto thread_of = [&](int h) {
-      return h == 0 ? agents[0].get() : agents[1 + (h - 1) % agent_threads].get();
-    };
     if (fault == "rank") {
       // A rank of the last training host (not the coordinator's) dies.
       SimHost* host = all_hosts[training_hosts - 1].get();
@@ -1470,7 +1473,7 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
       // over once it lapses (the host timeout after its last renewal), gives every host a full
       // host timeout from then (JobCoordinator::TakeOver), and declares the dead one: two bounds.
       victim = coordinator;
-      victim_thread = agents[0].get();
+      victim_thread = thread_of(0);
       victim_thread->RunOnThread([&] {
         victim_thread->Forget(victim);
         victim->StopAgentThreads();
