@@ -463,6 +463,9 @@ void TcpStoreServer::EventLoop::Feed(Connection& c, std::string_view bytes, absl
 }
 
 void TcpStoreServer::EventLoop::DeliverCompletions() {
+  // Published before the answers go out, so that a client holding its answer never reads its wait
+  // still counted as parked (stats(), read on other threads).
+  waits_parked_.store(static_cast<int64_t>(state_.parked_waits()));
   for (StoreState::Completion& completion : state_.TakeCompletions()) {
     Connection* c = Find(completion.session_id);
     if (c == nullptr || c->dead || c->closing != Closing::kNo) continue;
