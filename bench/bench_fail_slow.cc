@@ -7,7 +7,8 @@
 //   bench_fail_slow record --scenario throttle|delay|slowlink|lossy|membw|healthy|rl --seconds N
 //                          --out TRACE [--hosts H] [--ranks-per-host R] [--fail-slow alert|evict]
 //   bench_fail_slow hog [--seconds N] [--mib M]     (the membw scenario's hog; see the record file)
-//   bench_fail_slow [--continuity S] [--window S] [--metrics a,b,..] [--floor METRIC=VALUE]...
+//   bench_fail_slow [--continuity S] [--window S] [--sustained F] [--metrics a,b,..]
+//                   [--floor METRIC=VALUE]...
 //                   [--verbose] [--watchdog-named LABEL=HOST] LABEL:FAULTY_HOST_OR_none:TRACE ...
 //
 // Per trace: the detector replays every second; a verdict naming FAULTY_HOST is a true positive
@@ -226,6 +227,8 @@ int Main(int argc, char** argv) {
       options.continuity = std::stoi(next());
     } else if (a == "--window") {
       options.denoise_window = std::stoi(next());
+    } else if (a == "--sustained") {  // FailSlowOptions::sustained (1/window: the median alone)
+      options.sustained = std::stod(next());
     } else if (a == "--metrics") {
       for (absl::string_view m : absl::StrSplit(next(), ',')) {
         for (const FailSlowMetric& known : FailSlowDetector::DefaultMetrics()) {

@@ -111,6 +111,12 @@ absl::StatusOr<FailSlowDetector> FailSlowDetector::Create(FailSlowOptions option
         "%d, %d",
         options.denoise_window, options.continuity, options.max_fill));
   }
+  if (!(options.sustained > 0 && options.sustained <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("FailSlowOptions: need 0 < sustained <= 1 (a share of the denoise window's "
+                        "seconds); got %g",
+                        options.sustained));
+  }
   if (!(options.z_threshold > 0 && options.z_threshold <= 1) ||
       !(options.min_deviation >= 0 && std::isfinite(options.min_deviation))) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -119,6 +125,12 @@ absl::StatusOr<FailSlowDetector> FailSlowDetector::Create(FailSlowOptions option
         options.z_threshold, options.min_deviation));
   }
   return FailSlowDetector(std::move(options));
+}
+
+int FailSlowDetector::SecondsToCandidate(const FailSlowOptions& options) {
+  const int seconds =
+      static_cast<int>(std::ceil(options.sustained * options.denoise_window - 1e-9));
+  return std::clamp(seconds, 1, options.denoise_window);
 }
 
 FailSlowDetector::FailSlowDetector(FailSlowOptions options)
@@ -197,10 +209,12 @@ std::optional<SuspectVerdict> FailSlowDetector::Judge(MetricState& state,
   const size_t window = static_cast<size_t>(options_.denoise_window);
   std::vector<std::string> hosts;
   std::vector<double> denoised;
+  std::vector<const Series*> judged;
   for (const auto& [host, series] : state.series) {
     if (series.values.size() < window) continue;  // warming up: not judged yet
     hosts.push_back(host);
     denoised.push_back(UpperMedian({series.values.begin(), series.values.end()}));
+    judged.push_back(&series);
   }
   auto no_candidate = [&state]() -> std::optional<SuspectVerdict> {
     state.candidate.clear();
@@ -230,7 +244,8 @@ std::optional<SuspectVerdict> FailSlowDetector::Judge(MetricState& state,
       (metric.worse == FailSlowMetric::Worse::kHigher ? denoised[top] > peers_median
                                                       : denoised[top] < peers_median);
   if (z < needed || deviation < options_.min_deviation ||
-      deviation * scale < metric.min_difference || !bad_side) {
+      deviation * scale < metric.min_difference || !bad_side ||
+      !Sustained(judged[top]->values, denoised[top] > peers_median, peers_median, scale, metric)) {
     return no_candidate();
   }
   if (state.candidate == hosts[top]) {
@@ -251,6 +266,18 @@ std::optional<SuspectVerdict> FailSlowDetector::Judge(MetricState& state,
   verdict.second = second;
   verdict.hosts = static_cast<int>(n);
   return verdict;
+}
+
+bool FailSlowDetector::Sustained(const std::deque<double>& values, bool higher, double peers_median,
+                                 double scale, const FailSlowMetric& metric) const {
+  // The value that SecondsToCandidate of the window's seconds are at or beyond, on the side the
+  // candidate deviates to: the best of its worst seconds.
+  std::vector<double> sorted(values.begin(), values.end());
+  std::sort(sorted.begin(), sorted.end());
+  const size_t needed = static_cast<size_t>(SecondsToCandidate(options_));
+  const double edge = higher ? sorted[sorted.size() - needed] : sorted[needed - 1];
+  const double margin = higher ? edge - peers_median : peers_median - edge;
+  return margin >= metric.min_difference && margin >= options_.min_deviation * scale;
 }
 
 std::optional<SuspectVerdict> MahalanobisDetector::Observe(

@@ -14,7 +14,13 @@
 //      others is at least `min_deviation` (z alone is scale-free: pure noise has an outlier too),
 //      and at least the metric's min_difference in its own unit, and it is on the metric's bad
 //      side of the hosts' median (FailSlowMetric::worse);
-//   5. declares it suspect when the same host has been the candidate for `continuity` consecutive
+//   5. and only when it is sustained: in `sustained` of its window's seconds (7 of 9 by default)
+//      its own value is worse than the hosts' median by the metric's min_difference and by
+//      min_deviation of the scale, not only in its median. A whole machine's CPU contention makes
+//      a healthy host's loopback round trips and run-queue waits alternate between bad and good
+//      seconds, and its median can stay apart from its peers' for ten seconds and more, while its
+//      good seconds are as good as theirs; a degraded host is worse in nearly every second;
+//   6. declares it suspect when the same host has been the candidate for `continuity` consecutive
 //      seconds, and again after every further `continuity` seconds (SuspectVerdict::windows).
 // Metrics are checked in the priority order given; in one second only the first metric that
 // confirms a host reports it. Work normalisation: a metric marked per_work is divided by the work
@@ -77,7 +83,7 @@ struct FailSlowOptions {
   std::vector<FailSlowMetric> metrics;
   // Seconds of a host's series the moving median covers; odd. Minder's window is 8; 9 is the odd
   // window next to it: a change must last 5 s before it moves the median, which a spike of 4 s
-  // or less never does.
+  // or less never does (and, with `sustained`, 7 s before its host is a candidate).
   int denoise_window = 9;
   // The candidate's z must reach this fraction of sqrt(n - 1), the largest z-score one host of n
   // can have (reached when the other n - 1 agree exactly). A fixed z of 3 (Minder, thousands of
@@ -87,6 +93,12 @@ struct FailSlowOptions {
   // The candidate's mean relative distance to the others must be at least this: 0.1 = 10% off
   // its peers. Below it a host is within what healthy hosts of a loaded machine differ by.
   double min_deviation = 0.1;
+  // The share of the denoise window's seconds in which the candidate's own value must be worse
+  // than the hosts' median by the metric's min_difference (and by min_deviation of the scale): a
+  // candidate whose median is apart from its peers' while its good seconds are like theirs is a
+  // host of a noisy machine, not a degraded one. In (0, 1]; 0.75 with the window of 9: 7 seconds
+  // of 9, so a change must last 7 s before its host is a candidate.
+  double sustained = 0.75;
   // Consecutive candidate seconds that confirm a suspect. Minder uses 4 min on real clusters; the
   // default here is 30 s, and `trainguard run --fail-slow-continuity` sets it.
   int continuity = 30;
@@ -126,6 +138,10 @@ class FailSlowDetector {
   // this second: at most one per host, the first metric in priority order that confirms it.
   std::vector<SuspectVerdict> Observe(int64_t second, const std::vector<FailSlowSample>& samples);
 
+  // The seconds a degradation must last before its host is a candidate (its first candidate
+  // second is the last of them): the sustained share of the denoise window, rounded up.
+  static int SecondsToCandidate(const FailSlowOptions& options);
+
   // Drops a host (replaced, dead): it is no longer compared.
   void Forget(const std::string& host);
 
@@ -143,6 +159,10 @@ class FailSlowDetector {
   };
 
   explicit FailSlowDetector(FailSlowOptions options);
+  // Whether a candidate's window `values` (denoise_window of them) stay apart from the hosts'
+  // median in SecondsToCandidate of its seconds, on the side it deviates to (`higher`).
+  bool Sustained(const std::deque<double>& values, bool higher, double peers_median, double scale,
+                 const FailSlowMetric& metric) const;
   // This metric's verdict for the second, or nullopt; updates its streak.
   std::optional<SuspectVerdict> Judge(MetricState& state, const FailSlowMetric& metric,
                                       int64_t second);

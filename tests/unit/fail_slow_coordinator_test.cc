@@ -48,10 +48,11 @@ constexpr absl::Duration kCall = absl::Seconds(1);
 constexpr int kHosts = 5;  // h0..h4, one rank each; a standby host s parks two standbys
 constexpr int kContinuity = 5;
 constexpr int kWindow = 9;  // the denoise window: a change moves its median at its 5th second
+constexpr int kSustained = 7;  // FailSlowOptions::sustained (0.75) of kWindow: 7 of its seconds
 
-// The first second the detector names a host slow from second `onset` on: the moving median turns
-// at the (kWindow / 2 + 1)th slow second, and the candidate must stay one for kContinuity seconds.
-constexpr int64_t Confirmed(int64_t onset) { return onset + kWindow / 2 + kContinuity - 1; }
+// The first second the detector names a host slow from second `onset` on: the host is a candidate
+// from its kSustained-th slow second, and must stay one for kContinuity seconds.
+constexpr int64_t Confirmed(int64_t onset) { return onset + kSustained - 1 + kContinuity - 1; }
 
 // Deterministic noise in [-1, 1] for (host, second).
 double Noise(int host, int64_t second) {
@@ -104,6 +105,7 @@ class FailSlowCoordinatorTest : public ::testing::Test {
     options.detector.continuity = kContinuity;
     options.detector.denoise_window = kWindow;
     options.detector.max_fill = kWindow;
+    ASSERT_EQ(FailSlowDetector::SecondsToCandidate(options.detector), kSustained);
     options.max_evict_share = max_evict_share;
     options.ranks_per_host = 1;
     options.dump_dir = FailSlowDumpDir(tmp_.path());
