@@ -19,6 +19,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -33,6 +34,7 @@
 #include "tests/support/etcd_process.h"
 #include "tests/support/job_shm.h"
 #include "tests/support/own_process.h"
+#include "tests/support/process_stacks.h"
 #include "tests/support/spawn.h"
 #include "tests/support/temp_dir.h"
 #include "trainguard/env.h"
@@ -53,10 +55,11 @@ class LauncherJob {
   LauncherJob(const testing::TempDir& dir, const std::vector<std::string>& launcher_flags,
               int steps, const std::vector<std::pair<std::string, std::string>>& environment = {},
               const std::vector<std::string>& trainer_flags = {})
-      : run_dir_(dir.File("run")), output_path_(dir.File("launcher.out")) {
-    std::vector<std::string> args = {TRAINGUARD_CLI_PATH, "run",
-                                     "--run-dir",         run_dir_,
-                                     "--job-id",          absl::StrCat("launcher-test-", getpid())};
+      : run_dir_(dir.File("run")),
+        output_path_(dir.File("launcher.out")),
+        job_id_(absl::StrCat("launcher-test-", getpid())) {
+    std::vector<std::string> args = {TRAINGUARD_CLI_PATH, "run",  "--run-dir", run_dir_,
+                                     "--job-id",          job_id_};
     args.insert(args.end(), launcher_flags.begin(), launcher_flags.end());
     for (const std::string& a :
          {std::string("--"), std::string(TRAINGUARD_TRAINER_PATH), std::string("--steps"),
@@ -76,7 +79,7 @@ class LauncherJob {
       waitpid(pid_, nullptr, 0);
     }
     // What its killed ranks left (their rings, their arenas).
-    testing::RemoveJobSharedMemory(absl::StrCat("launcher-test-", getpid()));
+    testing::RemoveJobSharedMemory(job_id_);
   }
 
   std::string Output() const {
@@ -86,7 +89,8 @@ class LauncherJob {
     return ss.str();
   }
 
-  // Bounded polling of the launcher's output for `needle` (appearing `count` times).
+  // Bounded polling of the launcher's output for `needle` (appearing `count` times). In vain, it
+  // prints what every process of the job is doing (DescribeHang).
   bool AwaitOutput(const std::string& needle, int count = 1) const {
     for (absl::Time end = absl::Now() + kDeadline; absl::Now() < end;) {
       const std::string out = Output();
@@ -96,7 +100,34 @@ class LauncherJob {
       if (seen >= count) return true;
       absl::SleepFor(absl::Milliseconds(5));
     }
+    DescribeHang(absl::StrCat("no \"", needle, "\" in the launcher's output after ",
+                              absl::FormatDuration(kDeadline)));
     return false;
+  }
+
+  // Prints, once per job, what each of its processes is doing: every rank's and standby's state
+  // and threads' stacks (tests/support/process_stacks.h) and the last records of every rank's
+  // flight-recorder ring (which collective it is in). For a wait that ran out: a rank left blocked
+  // in an old generation's collective, in a store wait or in the rendezvous shows where.
+  void DescribeHang(const std::string& why) const {
+    if (std::exchange(described_, true)) return;
+    std::string text = absl::StrCat("==== job ", job_id_, ": ", why, "\n",
+                                    testing::DescribeOwnProcesses(RunDirEntry()));
+    for (const std::string& name : PidFiles()) {
+      int rank = -1;
+      if (!absl::SimpleAtoi(absl::StripPrefix(name, "rank-"), &rank) || rank < 0) continue;
+      absl::StrAppend(&text, "=== flight recorder of rank ", rank, "\n");
+      FILE* pipe = popen(absl::StrCat(TRAINGUARD_CLI_PATH, " flight-recorder show --job ", job_id_,
+                                      " --rank ", rank, " --last 6 2>&1")
+                             .c_str(),
+                         "r");
+      if (pipe == nullptr) continue;
+      char buffer[4096];
+      for (size_t n; (n = fread(buffer, 1, sizeof(buffer), pipe)) > 0;) text.append(buffer, n);
+      pclose(pipe);
+    }
+    std::printf("%s", text.c_str());
+    std::fflush(stdout);
   }
 
   // The pid in the launcher's pid file of `rank` (-1 when there is none). Only ever signalled
@@ -146,6 +177,7 @@ class LauncherJob {
       }
       absl::SleepFor(absl::Milliseconds(10));
     }
+    DescribeHang(absl::StrCat("the launcher did not exit in ", absl::FormatDuration(deadline)));
     return -1;
   }
 
@@ -175,8 +207,10 @@ class LauncherJob {
 
   const std::string run_dir_;
   const std::string output_path_;
+  const std::string job_id_;
   pid_t pid_ = -1;
   bool exited_ = false;
+  mutable bool described_ = false;  // DescribeHang printed
 };
 
 void ExpectIdenticalReplicas(const LauncherJob& job, int world) {
@@ -475,16 +509,19 @@ TEST(Launcher, AHangsSuspectIsReplacedThoughAnotherRanksDeathRenewedTheGeneratio
 }
 
 // The path of the test above that a kill landing early takes, made certain: rank 1 is stopped
-// from outside (no watchdog, a 600 s collective timeout and heartbeat timeout, so neither a hang
-// nor a heartbeat can find it), then rank 3 is killed. Rank 3's replacement forms generation 1,
-// which waits for rank 1; its host's agent reports it stopped, and after --host-timeout (1 s) the
-// launcher kills it and a second standby takes it in generation 2.
+// from outside (no watchdog and a 600 s heartbeat timeout, so neither a hang nor a heartbeat can
+// find it), then rank 3 is killed. Rank 3's replacement forms generation 1, which waits for rank
+// 1; its host's agent reports it stopped, and after --host-timeout (1 s) the launcher kills it and
+// a second standby takes it in generation 2. Ranks 0 and 2 wait for rank 1 in generation 0's
+// allreduce until its death closes its connections. The collective timeout, 30 s, is far beyond
+// that path (a second or two, loaded) and far within the test's bound: were a rank left blocked in
+// an old generation's collective, generation 2's agreement would wait for it that long, not 600 s
+// (the test hung once so; each wait of the test that runs out prints every process's stacks).
 TEST(Launcher, ARankStoppedWhileANewGenerationFormsIsKilledAfterTheHostTimeoutAndReplaced) {
   testing::TempDir dir;
-  LauncherJob job(dir,
-                  {"--nproc", "4", "--standby", "2", "--heartbeat-timeout", "600",
-                   "--host-timeout", "1"},
-                  200, {{"TRAINGUARD_WATCHDOG_POLL_MS", "0"}}, {"--comm-timeout-s", "600"});
+  LauncherJob job(
+      dir, {"--nproc", "4", "--standby", "2", "--heartbeat-timeout", "600", "--host-timeout", "1"},
+      200, {{"TRAINGUARD_WATCHDOG_POLL_MS", "0"}}, {"--comm-timeout-s", "30"});
   ASSERT_TRUE(job.AwaitOutput("step 50 loss")) << job.Output();
   const pid_t stopped = job.RankPid(1);
   ASSERT_GT(stopped, 0);
