@@ -516,7 +516,17 @@ absl::Status RuntimeImpl::StartDetection() {
                      Event event) { (void)EmitEventOf(generation, std::move(event)); },
       .withdraw_hang_if_ended = [this] { return phase_watchdog_->WithdrawHangIfEnded(); },
       .dump_wait = absl::Milliseconds(options_.hang_dump_wait_ms)});
-  if (options_.watchdog_poll_ms == 0) return absl::OkStatus();
+  if (options_.watchdog_poll_ms == 0) {
+    // No watchdog and none of its duties, but a step that outlives its generation still ends the
+    // process (superseded_step_exit_ms): without it, a rank blocked in a superseded generation's
+    // collective on a peer gone without closing its connections would hold the next generation's
+    // agreement for that collective's whole timeout.
+    if (member_ != nullptr && options_.superseded_step_exit_ms > 0) {
+      duty_thread_ = std::make_unique<DutyThread>(DutyThreadOptions{
+          .period = kDutyPeriod, .duties = [this] { ExitIfStepOutlivesGeneration(); }});
+    }
+    return absl::OkStatus();
+  }
   WatchdogOptions wo = WatchdogOptions::FromOptions(options_);
   wo.clock = clock_;
   wo.recorder = flight_recorder_.get();

@@ -259,7 +259,8 @@ class RuntimeImpl final : public Runtime {
   // before them.
   std::unique_ptr<FlightRecorderEvidence> hang_evidence_;
   std::unique_ptr<HangResponder> hang_responder_;
-  // With a watchdog: runs RunWatcherDuties on its thread, which uses everything above.
+  // With a watchdog: runs RunWatcherDuties on its thread, which uses everything above. Without
+  // one, in a job with a store: runs ExitIfStepOutlivesGeneration only.
   std::unique_ptr<DutyThread> duty_thread_;
   Mutex superseded_handlers_mu_;
   std::vector<std::function<void(int64_t)>> superseded_handlers_

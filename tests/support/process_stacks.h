@@ -42,17 +42,6 @@ inline std::string ReadSmallFile(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-// The stdout and stderr of `command` run by /bin/sh (only pids and fixed words go into it).
-inline std::string RunForOutput(const std::string& command) {
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return "(popen failed)\n";
-  std::string out;
-  char buffer[4096];
-  for (size_t n; (n = fread(buffer, 1, sizeof(buffer), pipe)) > 0;) out.append(buffer, n);
-  pclose(pipe);
-  return out;
-}
-
 // The variables of `pid`'s environment that say what it is in a job.
 inline std::string Role(pid_t pid) {
   std::vector<std::string> said;
@@ -67,6 +56,18 @@ inline std::string Role(pid_t pid) {
 }
 
 }  // namespace process_stacks_internal
+
+// What `command`, run by /bin/sh, writes to its stdout (redirect its stderr into it to have both).
+// REQUIRES: `command` is built from paths, pids and fixed words, not from untrusted text.
+inline std::string CommandOutput(const std::string& command) {
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return "(popen failed)\n";
+  std::string out;
+  char buffer[4096];
+  for (size_t n; (n = fread(buffer, 1, sizeof(buffer), pipe)) > 0;) out.append(buffer, n);
+  pclose(pipe);
+  return out;
+}
 
 // The pids of the processes whose environment holds `environment_entry`, ascending.
 inline std::vector<pid_t> ProcessesWithEnvironmentEntry(absl::string_view environment_entry) {
@@ -84,11 +85,10 @@ inline std::vector<pid_t> ProcessesWithEnvironmentEntry(absl::string_view enviro
 // See the file comment.
 inline std::string DescribeOwnProcesses(absl::string_view environment_entry) {
   using process_stacks_internal::ReadSmallFile;
-  using process_stacks_internal::RunForOutput;
   const std::vector<pid_t> pids = ProcessesWithEnvironmentEntry(environment_entry);
   std::string out = absl::StrCat("==== ", pids.size(), " process(es) with ", environment_entry,
                                  " in their environment\n");
-  const bool has_gdb = !RunForOutput("command -v gdb 2>/dev/null").empty();
+  const bool has_gdb = !CommandOutput("command -v gdb 2>/dev/null").empty();
   if (!has_gdb) absl::StrAppend(&out, "(no gdb on this machine: no stacks)\n");
   for (pid_t pid : pids) {
     absl::StatusOr<ProcStat> stat = ReadProcStat(pid);
@@ -100,7 +100,7 @@ inline std::string DescribeOwnProcesses(absl::string_view environment_entry) {
                     wchan.empty() ? "-" : wchan, " ", process_stacks_internal::Role(pid), "\n");
     if (!has_gdb) continue;
     // Only the frames and the thread headers: gdb's chatter about symbols is not the story.
-    const std::string stacks = RunForOutput(
+    const std::string stacks = CommandOutput(
         absl::StrCat("timeout 30 gdb -p ", pid,
                      " -batch -nx -ex 'set pagination off' -ex 'thread apply all bt 30' 2>&1"));
     bool any = false;

@@ -170,6 +170,9 @@ class RuntimeRendezvous : public ::testing::Test {
     return v.ok() ? (*v)[0] : std::nullopt;
   }
 
+  // See AStepThatOutlivesItsGenerationExitsTheProcessSoAStandbyTakesTheRank.
+  void ExpectAStepThatOutlivesItsGenerationToExit(int watchdog_poll_ms);
+
   static constexpr int kWorld = 3;
   int superseded_step_exit_ms_ = -1;  // -1: the default
   int watchdog_poll_ms_ = -1;         // -1: the default
@@ -486,14 +489,15 @@ TEST_F(RuntimeRendezvous, RanksWriteTheirProgressAndWorkRecordsOnlyOnceAsked) {
 // gone without closing its connections) exits the process after superseded_step_exit_ms, so that
 // the launcher gives its rank to a standby sooner than its refused heartbeat's timeout would. In a
 // child process (a death test): rank 0 enters step 7, which waits (bounded) for nothing, and the
-// generation is renewed under it.
-TEST_F(RuntimeRendezvous, AStepThatOutlivesItsGenerationExitsTheProcessSoAStandbyTakesTheRank) {
+// generation is renewed under it. `watchdog_poll_ms`: -1 the default, 0 the watchdog off.
+void RuntimeRendezvous::ExpectAStepThatOutlivesItsGenerationToExit(int watchdog_poll_ms) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
       {
         // The child's segments are named by this process (its parent), whose cleanup removes them.
         job_id_ = absl::StrCat("rdzv-", getppid());
         superseded_step_exit_ms_ = 100;
+        watchdog_poll_ms_ = watchdog_poll_ms;
         StartJob();
         absl::Notification entered;
         absl::Notification never;
@@ -515,6 +519,18 @@ TEST_F(RuntimeRendezvous, AStepThatOutlivesItsGenerationExitsTheProcessSoAStandb
       ::testing::ExitedWithCode(Runtime::kSupersededStepExitCode),
       "rank 0: step 7 of generation 0 still running [0-9]+ ms after this rank learned that a newer "
       "generation superseded it: exiting with status 75 so that a standby takes rank 0");
+}
+
+TEST_F(RuntimeRendezvous, AStepThatOutlivesItsGenerationExitsTheProcessSoAStandbyTakesTheRank) {
+  ExpectAStepThatOutlivesItsGenerationToExit(-1);
+}
+
+// The same without the watchdog (its duty thread publishes records, answers SIGUSR2 and runs this
+// check): a rank left blocked in an old generation's collective must not hold the next
+// generation's agreement for the collective's whole timeout (Launcher.ARankStoppedWhileANew...
+// runs so, and hung once to its bound).
+TEST_F(RuntimeRendezvous, WithTheWatchdogOffAStepThatOutlivesItsGenerationStillExitsTheProcess) {
+  ExpectAStepThatOutlivesItsGenerationToExit(0);
 }
 
 TEST_F(RuntimeRendezvous, AStandbyThatTakesOverBeforeTheFirstCommitStartsAtTheSurvivorsStep) {
