@@ -23,6 +23,7 @@ PACKAGES=(
   libgloo-dev                      # CPU collectives of the example trainer
   python3-venv python3-dev         # the Python bindings (bindings/python) and their tests
   gnuplot-nox                      # `trainguard report --png`: the chaos run's progress plot
+  gdb                              # tests: the stacks of a launcher test's ranks when a wait runs out
 )
 
 missing=()
