@@ -35,9 +35,12 @@
 // cadence (--host_timeout / 12), and the coordinating host by a thread of its own; as in the
 // launcher, each host's heartbeat and lease renewal run on two threads of its agent's own
 // (HostAgent::StartBeating, LeaseKeeper::StartRenewing), so a host whose agent thread is slow to
-// turn it is not declared dead for that. Where the machine's file descriptors do not hold the
-// second connection each agent's client then opens (16,384 ranks here), the agents beat and renew
-// in their turns instead, as the library does without those threads, and the simulator says so.
+// turn it is not declared dead for that. Each agent's store client holds one connection
+// (TcpStoreOptions::max_connections 1): its turn, its heartbeat and its renewal take turns on it,
+// so that 16,384 ranks' and 2,052 agents' connections fit this machine's 20,000 file descriptors
+// (uncapped, a client opens a second connection whenever its turn and its heartbeat overlap).
+// Where the descriptors do not hold even that, the agents beat and renew in their turns instead,
+// as the library does without those threads, and the simulator says so.
 //
 // Faults (--faults), each after the previous one recovered:
 //  - rank: one rank's process dies: its member goes silent and its fake worker exits with status
@@ -203,6 +206,8 @@ class Problems {
 
 // A new connection to the job's store, as a rank's or an agent's (Flags::store).
 using StoreConnector = std::function<absl::StatusOr<std::unique_ptr<Store>>()>;
+// The connections an agent's TcpStore client holds (its turn, heartbeat and renewal share them).
+constexpr int kAgentStoreConnections = 1;
 
 // One simulated process of a host: a rank or a standby, on a thread of its own with its own store
 // connection and its RendezvousMember (see the header comment for what it does).
@@ -347,6 +352,7 @@ class SimMember {
 struct Sim {
   const Flags* flags = nullptr;
   StoreConnector connect;
+  StoreConnector connect_agent;  // as `connect`, capped at kAgentStoreConnections
   std::string store_url;  // as an agent is given it (HostAgentOptions::store_url)
   int ranks = 0;
   int training_hosts = 0;
@@ -429,7 +435,7 @@ class SimHost {
   absl::Status Create() {
     const Flags& flags = *sim_->flags;
     const absl::Duration call_timeout = flags.host_timeout / 4;  // AgentCallTimeout
-    absl::StatusOr<std::unique_ptr<Store>> store = sim_->connect();
+    absl::StatusOr<std::unique_ptr<Store>> store = sim_->connect_agent();
     if (!store.ok()) return store.status();
     // As the launcher's agent: every part reads the store through the turn's one read.
     auto turn_reads = std::make_unique<TurnReadStore>(*std::move(store));
@@ -1194,17 +1200,16 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
   }
   const int members = ranks + standby_hosts * kRanksPerHost;
   // A thread and a connection per member (a standby's heartbeat thread and its second connection
-  // besides), per agent its heartbeat and lease renewal threads and two connections (its store
-  // client opens another while one is busy: its turn and its heartbeat overlap; the coordinator's
-  // renewal, a third), and the checks'. The server's connection cap is sized from it: a cap below
-  // what the clients hold refuses connections, and their retries become a storm. Without the
-  // agents' threads, one connection per agent.
+  // besides), per agent its heartbeat and lease renewal threads and its client's capped
+  // connections (the coordinator's waits, a few more), and the checks'. The server's connection
+  // cap is sized from it: a cap below what the clients hold refuses connections, and their
+  // retries become a storm.
   bool agent_beat_threads = true;
   int threads = members + standby_hosts * kRanksPerHost + 2 * hosts + flags.agent_threads + 64;
-  int files = members + standby_hosts * kRanksPerHost + 2 * hosts + 256;
+  int files = members + standby_hosts * kRanksPerHost + kAgentStoreConnections * hosts + 256;
   if (std::optional<std::string> why = bench::MachineCannotHold(threads, files); why.has_value()) {
     const int threads_in_turns = threads - 2 * hosts;
-    const int files_in_turns = files - hosts;
+    const int files_in_turns = files;
     if (bench::MachineCannotHold(threads_in_turns, files_in_turns).has_value()) {
       std::printf("ranks=%d: not measured on this machine: %s\n", ranks, why->c_str());
       return result;
@@ -1239,6 +1244,7 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
       if (!client.ok()) return client.status();
       return std::unique_ptr<Store>(*std::move(client));
     };
+    sim.connect_agent = sim.connect;
   } else {
     absl::StatusOr<std::unique_ptr<ServerProcess>> started =
         ServerProcess::Start(std::max(TcpStoreServerOptions{}.max_connections, files + 64));
@@ -1250,6 +1256,9 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
     const int port = server->port();
     sim.store_url = absl::StrCat("tcp://127.0.0.1:", port);
     sim.connect = [port] { return Connect(port, kStoreTimeout); };
+    sim.connect_agent = [port] {
+      return Connect(port, kStoreTimeout, std::nullopt, kAgentStoreConnections);
+    };
   }
   // What the store's server process received and sent: the TcpStore's counters (none for etcd).
   auto counters = [&]() -> absl::StatusOr<ServerProcess::Counts> {
