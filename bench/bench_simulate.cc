@@ -3,9 +3,10 @@
 // server in a process of its own (bench/scale_server.h); faults injected, the recovery timed, and
 // the result checked for correctness.
 //
-//   bench_simulate [--ranks=8,64,512,4096] [--faults=rank,host,partition,coordinator]
+//   bench_simulate [--ranks=8,64,512,4096] [--faults=rank,host,partition,hang,slow,coordinator]
 //                  [--host_timeout_ms=2000] [--heartbeat_ms=1000] [--steady_s=10]
-//                  [--agent_threads=4] [--timeout_s=120] [--store=tcp|etcd] [--json=FILE]
+//                  [--agent_threads=4] [--timeout_s=120] [--store=tcp|etcd]
+//                  [--hang_records=1024] [--fail_slow=evict|alert] [--json=FILE]
 //
 // --store=etcd puts the job's store on a 3-member etcd cluster on loopback
 // (tests/support/etcd_cluster.h), every member and agent an EtcdStore client; the server's counters
@@ -25,8 +26,11 @@
 //
 // What is simulated: the processes. A host's workers are spawned through the fake process
 // supervisor (tests/support/fake_process_supervisor.h, one per agent thread), whose "process" is a
-// simulated member on a thread of the simulator. There is no trainer, no collective, no watchdog
-// and no hang or fail-slow coordination (HangCoordinator, FailSlowCoordinator are not run). The
+// simulated member on a thread of the simulator. There is no trainer, no collective and no
+// watchdog: a hang is declared for one, and a slow host's work records are made up (below). With
+// the hang fault, every member watches its generation's hang key as a rank's generation watcher
+// does, and the coordinator polls the real HangCoordinator in the launcher loop's place, from the
+// start (the steady state includes both). The
 // shape that fits 16,384 ranks in this machine (pid_max 32,768, 20,000 file descriptors): one
 // thread and one connection per member, whose heartbeat (RendezvousMember::Beat, every
 // --heartbeat_ms) is beaten by its own thread between its waits for the next generation, instead
@@ -63,6 +67,25 @@
 //    generation, minus two host timeouts.
 //    The simulator makes the coordinator's parts of a host that takes the lease over then (the
 //    launcher's agent holds them from its start).
+//  - hang: rank R/2 + 3 stops in its collective (its ring shows the all_reduce not entered, the
+//    others' show it entered: bench/hang_dumps.h, --hang_records records each, this process's
+//    stacks); rank 0 declares the hang through the store (the hang key, its dump, its abort after
+//    hang_dump_wait_ms), every member sees the key and writes its real dump and digest into the
+//    run dir (/dev/shm, removed after the size); the HangCoordinator names the suspects and has
+//    them killed through their agents, and a standby takes the rank. Figures: the declaration to
+//    the suspects named, to the last dump written, to every live member in the new generation.
+//    Correct when the one suspect is the stopped rank, every rank dumped, and the check passes.
+//  - slow: as `trainguard run --fail-slow` (evict; --fail_slow=alert only names): every rank
+//    writes its work record once a second (health/rank/<rank>: steps of 7 ms of compute and 3 ms
+//    of transfer), every agent publishes its host's sample (HostAgent::PublishHostSample) and the
+//    coordinator runs the real FailSlowCoordinator with the launcher's defaults. 6 s without
+//    and 12 s with the watch measure its cost (its Poll's CPU, the store requests it adds); then a
+//    training host's ranks compute 30 % longer (the others wait for them in their collectives).
+//    Figures: the slowdown to the host named, and, once evicted (a standby host takes its ranks),
+//    to every live member in the new generation. Correct when the slow host is named and no
+//    other, and once evicted its members learn they were replaced, their writes are refused and
+//    its agent finds itself fenced out. On fewer than 3 training hosts it is skipped (the
+//    detector names none).
 // Where each recovery's time went (printed as "phases:", and in the JSON as
 // <rank|host|partition>_phase_<name>_s, each from the previous one's end, summing to the figure):
 // death_reported (the fault to its agent's report written; a rank's only), report_taken or
@@ -233,6 +256,11 @@ struct HangScenario {
   std::atomic<int> dumps{0};     // dumps written (and failed) since the declaration
   std::atomic<int> dump_errors{0};
   std::atomic<int64_t> last_dump_ns{0};  // when the latest dump was written (Unix ns)
+  // The members writing a dump at once: each holds a few files open while it writes, and 16,384
+  // of them at once would pass this process's descriptors (a rank's are its own process's).
+  static constexpr int kMaxWriters = 64;
+  Mutex writers_mu;
+  int writers ABSL_GUARDED_BY(writers_mu) = 0;
 };
 
 // What the hang and slow-host faults change in every member (Sim::faults).
@@ -394,9 +422,20 @@ class SimMember {
   void WriteHangDump(int64_t generation, int rank, const std::string& reason) {
     HangScenario& hang = *faults_->hang;
     const bool culprit = rank == hang.culprit.load();
+    {
+      MutexLock lock(&hang.writers_mu);
+      hang.writers_mu.AwaitWithTimeout(
+          [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return hang.writers < HangScenario::kMaxWriters; },
+          kStoreTimeout);
+      ++hang.writers;
+    }
     const absl::StatusOr<std::string> path = bench::WriteRankHangDump(
         culprit ? hang.culprit_ring : hang.waiting_ring, bench::kScaleJob, hang.stacks, rank,
         culprit, reason, generation, hang.dump_dir, /*digest=*/true);
+    {
+      MutexLock lock(&hang.writers_mu);
+      --hang.writers;
+    }
     if (!path.ok()) ++hang.dump_errors;
     ++hang.dumps;
     const int64_t now = absl::ToUnixNanos(absl::Now());
@@ -754,7 +793,7 @@ class SimHost {
     timed(kTickStep);
     if (end.has_value()) {
       ended_ = end;
-      if (end->code != 0) {
+      if (end->code != 0 && !may_be_evicted_.load()) {
         sim_->problems.Add(absl::StrCat("host ", host_id_, " ended: ", end->failure));
       }
       return;
@@ -848,9 +887,10 @@ class SimHost {
     }
     return cut;
   }
-  // The fault "this host is slow": its running ranks' steps compute longer from now on. Returns
-  // its members.
+  // The fault "this host is slow": its running ranks' steps compute longer from now on, and its
+  // agent ending fenced out (evicted) is no problem. Returns its members.
   std::vector<SimMember*> SlowEveryMember() {
+    may_be_evicted_.store(true);
     std::vector<SimMember*> slowed;
     for (auto& w : workers_) {
       if (SimMember* m = MemberOf(*w); m != nullptr && w->rank >= 0 && !m->silenced()) {
@@ -1211,6 +1251,7 @@ class SimHost {
   std::unique_ptr<StoreHostMembership> membership_;
   std::unique_ptr<CoordinatorParts> parts_;
   std::unique_ptr<HostSampler> sampler_;  // SampleHost's
+  std::atomic<bool> may_be_evicted_{false};  // SlowEveryMember's
   std::vector<std::unique_ptr<HostWorker>> workers_;
   std::map<std::string, SimMember*> members_;  // by member id
   bool spawned_ = false;
@@ -1647,7 +1688,8 @@ SimHost* ChooseSlowHost(FaultContext& c) {
 // once evicted, its members learn they were replaced, their writes are refused and its agent
 // finds itself fenced out.
 bool RunSlowHostFault(FaultContext& c) {
-  constexpr absl::Duration kHealthyPeriod = absl::Seconds(12);  // the detector's window, filled
+  // The detector's window filled; half of it before, without the watch, for the store's baseline.
+  constexpr absl::Duration kHealthyPeriod = absl::Seconds(12);
   Sim& sim = c.sim;
   if (c.training_hosts < 3) {
     std::printf("  slow fault: the detector compares hosts, and names none among fewer than 3\n");
@@ -1663,7 +1705,12 @@ bool RunSlowHostFault(FaultContext& c) {
     sim.slow_named.clear();
   }
   const int64_t before = sim.NewestHeldGeneration();
+  // The store's requests just before, without the watch: what it adds is the difference.
+  const absl::StatusOr<ServerProcess::Counts> baseline_from = c.counters();
+  const absl::Time baseline_start = absl::Now();
+  absl::SleepFor(kHealthyPeriod / 2);
   const absl::StatusOr<ServerProcess::Counts> counts_before = c.counters();
+  const double baseline_s = Seconds(absl::Now() - baseline_start);
   const int64_t cpu_before = sim.fail_slow_cpu_ns.load();
   const int64_t coordinator_cpu_before = c.coordinator_thread->cpu_ns();
   const absl::Time watch_from = absl::Now();
@@ -1690,6 +1737,13 @@ bool RunSlowHostFault(FaultContext& c) {
     c.figure("slow_watch_requests_per_rank_s", requests / sim.ranks, "1/s");
     absl::StrAppendFormat(&said, ", %.0f store requests/s (%.2f per rank)", requests,
                           requests / sim.ranks);
+    if (baseline_from.ok()) {
+      const double baseline =
+          static_cast<double>(counts_before->requests - baseline_from->requests) / baseline_s;
+      c.figure("slow_watch_added_requests_per_s", requests - baseline, "1/s");
+      absl::StrAppendFormat(&said, ", %.0f/s more than the %.1f s before it", requests - baseline,
+                            baseline_s);
+    }
   }
   std::printf("  fail-slow watch on %d hosts, healthy, over %.1f s: %s\n", c.training_hosts,
               watched, said.c_str());
