@@ -533,9 +533,8 @@ TEST(TcpStoreServerTest, SixtyFourConcurrentClientsAllCompleteARendezvous) {
   EXPECT_EQ(store->ListKeys("rank/", kTimeout)->size(), 64u);
 }
 
-TEST(TcpStoreServerTest, OneClientSharedByManyThreadsSerializesTheirCalls) {
-  auto server = StartServer();
-  auto shared = ConnectClient(server->port());
+// 8 threads each add 1 to `key` 50 times on `shared`: every Add succeeds and the sum is theirs.
+void ExpectEightThreadsAddOnOneClient(TcpStore& shared, const std::string& key) {
   constexpr int kThreads = 8;
   constexpr int kAddsEach = 50;
   std::atomic<int> failures{0};
@@ -544,13 +543,19 @@ TEST(TcpStoreServerTest, OneClientSharedByManyThreadsSerializesTheirCalls) {
   for (int i = 0; i < kThreads; ++i) {
     threads.emplace_back([&] {
       for (int n = 0; n < kAddsEach; ++n) {
-        if (!shared->Add("shared/sum", 1, kTimeout).ok()) ++failures;
+        if (!shared.Add(key, 1, kTimeout).ok()) ++failures;
       }
     });
   }
   for (std::thread& t : threads) t.join();
   EXPECT_EQ(failures.load(), 0);
-  EXPECT_EQ(*shared->Get("shared/sum", kTimeout), absl::StrCat(kThreads * kAddsEach));
+  EXPECT_EQ(*shared.Get(key, kTimeout), absl::StrCat(kThreads * kAddsEach));
+}
+
+TEST(TcpStoreServerTest, OneClientSharedByManyThreadsSerializesTheirCalls) {
+  auto server = StartServer();
+  auto shared = ConnectClient(server->port());
+  ExpectEightThreadsAddOnOneClient(*shared, "shared/sum");
 }
 
 TEST(TcpStoreServerTest, AClientReconnectsWhenTheServerRestartsOnTheSamePort) {
@@ -892,20 +897,7 @@ std::unique_ptr<TcpStore> ConnectCapped(int port, int max_connections) {
 TEST(TcpStoreClientTest, ManyThreadsOnOneClientHoldNoMoreConnectionsThanItsCap) {
   auto server = StartServer();
   auto shared = ConnectCapped(server->port(), 2);
-  constexpr int kThreads = 8;
-  constexpr int kAddsEach = 50;
-  std::atomic<int> failures{0};
-  std::vector<std::thread> threads;
-  for (int i = 0; i < kThreads; ++i) {
-    threads.emplace_back([&] {
-      for (int n = 0; n < kAddsEach; ++n) {
-        if (!shared->Add("capped/sum", 1, kTimeout).ok()) ++failures;
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  EXPECT_EQ(failures.load(), 0);
-  EXPECT_EQ(*shared->Get("capped/sum", kTimeout), absl::StrCat(kThreads * kAddsEach));
+  ExpectEightThreadsAddOnOneClient(*shared, "capped/sum");
   EXPECT_LE(server->stats().connections_accepted, 2);
 }
 
