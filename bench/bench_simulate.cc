@@ -6,7 +6,8 @@
 //   bench_simulate [--ranks=8,64,512,4096] [--faults=rank,host,partition,hang,slow,coordinator]
 //                  [--host_timeout_ms=2000] [--heartbeat_ms=1000] [--steady_s=10]
 //                  [--agent_threads=4] [--timeout_s=120] [--store=tcp|etcd]
-//                  [--hang_records=1024] [--fail_slow=evict|alert] [--json=FILE]
+//                  [--hang_records=1024] [--hang_dump_grace_ms=3000] [--fail_slow=evict|alert]
+//                  [--json=FILE]
 //
 // --store=etcd puts the job's store on a 3-member etcd cluster on loopback
 // (tests/support/etcd_cluster.h), every member and agent an EtcdStore client; the server's counters
@@ -72,7 +73,9 @@
 //    stacks); rank 0 declares the hang through the store (the hang key, its dump, its abort after
 //    hang_dump_wait_ms), every member sees the key and writes its real dump and digest into the
 //    run dir (/dev/shm, removed after the size); the HangCoordinator names the suspects and has
-//    them killed through their agents, and a standby takes the rank. Figures: the declaration to
+//    them killed through their agents, and a standby takes the rank. The arbiter diagnoses with the
+//    dumps in after --hang_dump_grace_ms (its 3 s): this machine writes 16,384 ranks' dumps in
+//    several seconds, where each rank writes its own in milliseconds. Figures: the declaration to
 //    the suspects named, to the last dump written, to every live member in the new generation.
 //    Correct when the one suspect is the stopped rank, every rank dumped, and the check passes.
 //  - slow: as `trainguard run --fail-slow` (evict; --fail_slow=alert only names): every rank
@@ -204,6 +207,10 @@ struct Flags {
   // The records of each rank's flight-recorder ring that its hang dump holds (a rank's default:
   // 4,096, Options::flight_recorder_records).
   int hang_records = 1024;
+  // How long the hang's arbiter waits for the ranks' dumps before it diagnoses with those in
+  // (HangArbiterOptions::dump_grace, 3 s). A rank writes its own in milliseconds; the simulator
+  // writes every rank's on this machine's cores, 16,384 of them in several seconds.
+  absl::Duration hang_dump_grace = HangArbiterOptions{}.dump_grace;
   // What the fail-slow coordinator does with the slow host it names (--fail-slow).
   FailSlowPolicy fail_slow = FailSlowPolicy::kEvict;
 };
@@ -1056,6 +1063,7 @@ class SimHost {
     options.host_quiet = flags.host_timeout / 3;
     options.max_hold_off = 2 * flags.host_timeout;
     options.store_timeout = kStoreTimeout;
+    options.arbiter.dump_grace = flags.hang_dump_grace;
     HangCoordinator::Hooks hooks;
     hooks.coordinating = [this] { return coordinating(); };
     hooks.say = [this](const std::string& line) {
@@ -1633,8 +1641,15 @@ bool RunHangFault(FaultContext& c) {
                 named->what.c_str(), culprit_rank);
     ok = false;
   }
+  // The dumps in by the diagnosis (the arbiter's dump grace after the declaration): a rank whose
+  // dump is missing is among the suspects.
+  const int dumps_at_naming = hang.dumps.load();
+  c.figure("hang_dumps_at_naming", dumps_at_naming, "1");
+  std::printf("  %s: %d dumps written by the suspects' naming (the arbiter waits %s for them)\n",
+              what.c_str(), dumps_at_naming, absl::FormatDuration(c.flags.hang_dump_grace).c_str());
+  // Too many suspects are replaced by no one: nothing to wait for.
   std::optional<Adoption> adopted =
-      AwaitConvergence(sim, generation, absl::Now() + c.flags.timeout);
+      ok ? AwaitConvergence(sim, generation, absl::Now() + c.flags.timeout) : std::nullopt;
   // Every rank dumped once it saw the key: by now, long after the diagnosis read them all.
   const int dumps = hang.dumps.load();
   c.figure("hang_dumps", dumps, "1");
@@ -1651,8 +1666,10 @@ bool RunHangFault(FaultContext& c) {
     ok = false;
   }
   if (!adopted.has_value()) {
-    std::printf("  %s: not recovered within %s\n", what.c_str(),
-                absl::FormatDuration(c.flags.timeout).c_str());
+    if (ok) {
+      std::printf("  %s: not recovered within %s\n", what.c_str(),
+                  absl::FormatDuration(c.flags.timeout).c_str());
+    }
     for (const std::string& p : sim.problems.Take()) std::printf("  %s\n", p.c_str());
     return false;
   }
@@ -2427,7 +2444,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
           "usage: bench_simulate [--ranks=8,64,512,4096] "
           "[--faults=rank,host,partition,hang,slow,coordinator] "
           "[--host_timeout_ms=2000] [--heartbeat_ms=1000] [--steady_s=10] [--agent_threads=4] "
-          "[--timeout_s=120] [--store=tcp|etcd] [--hang_records=1024] [--fail_slow=evict|alert] "
+          "[--timeout_s=120] [--store=tcp|etcd] [--hang_records=1024] [--hang_dump_grace_ms=3000] "
+          "[--fail_slow=evict|alert] "
           "[--json=FILE] [--verbose]");
     } else if (absl::ConsumePrefix(&value, "--ranks=")) {
       flags.ranks.clear();
@@ -2470,6 +2488,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       if (!absl::SimpleAtoi(value, &flags.hang_records) || flags.hang_records < 16) {
         return absl::InvalidArgumentError(absl::StrCat("--hang_records: '", value, "' (>= 16)"));
       }
+    } else if (absl::ConsumePrefix(&value, "--hang_dump_grace_ms=")) {
+      s = milliseconds(value, "--hang_dump_grace_ms", &flags.hang_dump_grace);
     } else if (absl::ConsumePrefix(&value, "--fail_slow=")) {
       if (value == "evict") {
         flags.fail_slow = FailSlowPolicy::kEvict;
