@@ -129,6 +129,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <semaphore>
 #include <set>
 #include <string>
 #include <thread>
@@ -264,10 +265,11 @@ struct HangScenario {
   std::atomic<int> dump_errors{0};
   std::atomic<int64_t> last_dump_ns{0};  // when the latest dump was written (Unix ns)
   // The members writing a dump at once: each holds a few files open while it writes, and 16,384
-  // of them at once would pass this process's descriptors (a rank's are its own process's).
+  // of them at once would pass this process's descriptors (a rank's are its own process's). A
+  // semaphore wakes one waiter per release (a condition variable's broadcast would wake all
+  // 16,384 at every one).
   static constexpr int kMaxWriters = 64;
-  Mutex writers_mu;
-  int writers ABSL_GUARDED_BY(writers_mu) = 0;
+  std::counting_semaphore<kMaxWriters> writers{kMaxWriters};
 };
 
 // What the hang and slow-host faults change in every member (Sim::faults).
@@ -429,20 +431,11 @@ class SimMember {
   void WriteHangDump(int64_t generation, int rank, const std::string& reason) {
     HangScenario& hang = *faults_->hang;
     const bool culprit = rank == hang.culprit.load();
-    {
-      MutexLock lock(&hang.writers_mu);
-      hang.writers_mu.AwaitWithTimeout(
-          [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return hang.writers < HangScenario::kMaxWriters; },
-          kStoreTimeout);
-      ++hang.writers;
-    }
+    const bool gated = hang.writers.try_acquire_for(absl::ToChronoSeconds(kStoreTimeout));
     const absl::StatusOr<std::string> path = bench::WriteRankHangDump(
         culprit ? hang.culprit_ring : hang.waiting_ring, bench::kScaleJob, hang.stacks, rank,
         culprit, reason, generation, hang.dump_dir, /*digest=*/true);
-    {
-      MutexLock lock(&hang.writers_mu);
-      --hang.writers;
-    }
+    if (gated) hang.writers.release();
     if (!path.ok()) ++hang.dump_errors;
     ++hang.dumps;
     const int64_t now = absl::ToUnixNanos(absl::Now());
@@ -1962,7 +1955,10 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
     sim.connect_agent = sim.connect;
   } else {
     absl::StatusOr<std::unique_ptr<ServerProcess>> started =
-        ServerProcess::Start(std::max(TcpStoreServerOptions{}.max_connections, files + 64));
+        // With room for a reconnection per agent: a connection its client closed after a call
+        // timed out counts until the server reads its end, and a cap met refuses the
+        // reconnections into a storm.
+        ServerProcess::Start(std::max(TcpStoreServerOptions{}.max_connections, files + 64 + hosts));
     if (!started.ok()) {
       std::printf("ranks=%d: %s\n", ranks, started.status().ToString().c_str());
       return result;
