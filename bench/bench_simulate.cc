@@ -250,7 +250,8 @@ class Problems {
 
 // A new connection to the job's store, as a rank's or an agent's (Flags::store).
 using StoreConnector = std::function<absl::StatusOr<std::unique_ptr<Store>>()>;
-// The connections an agent's TcpStore client holds (its turn, heartbeat and renewal share them).
+// The connections an agent's TcpStore client holds (its turn, heartbeat and renewal share them);
+// the first coordinator's holds the default cap's.
 constexpr int kAgentStoreConnections = 1;
 
 // The hang fault's shared state: what each member dumps when it sees the hang key (as a rank's
@@ -654,7 +655,10 @@ class SimHost {
   absl::Status Create() {
     const Flags& flags = *sim_->flags;
     const absl::Duration call_timeout = flags.host_timeout / 4;  // AgentCallTimeout
-    absl::StatusOr<std::unique_ptr<Store>> store = sim_->connect_agent();
+    // The first coordinator's client as the launcher's (its default cap): its chain of calls (the
+    // publication) does not queue behind its heartbeat and renewal.
+    absl::StatusOr<std::unique_ptr<Store>> store =
+        coordinator_host_ ? sim_->connect() : sim_->connect_agent();
     if (!store.ok()) return store.status();
     // As the launcher's agent: every part reads the store through the turn's one read.
     auto turn_reads = std::make_unique<TurnReadStore>(*std::move(store));
