@@ -41,7 +41,6 @@
 //
 // A table on stdout; --json FILE writes every figure (one object per part, size and run).
 #include <fcntl.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -72,9 +71,9 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/hang_dumps.h"
 #include "sdk/agent/failure_history.h"
 #include "sdk/agent/renewal_policy.h"
 #include "sdk/agent/replacement_policy.h"
@@ -89,7 +88,6 @@
 #include "sdk/rendezvous/tcp_store.h"
 #include "sdk/watchdog/flight_recorder.h"
 #include "sdk/watchdog/hang_diagnosis.h"
-#include "sdk/watchdog/stack_trace.h"
 #include "trainguard/clock.h"
 #include "trainguard/env.h"
 #include "trainguard/store.h"
@@ -280,86 +278,6 @@ struct Job {
 
 // ---- hang ----------------------------------------------------------------------------------
 
-// A real ring as a training rank's recorder holds it after many steps: each step a forward and a
-// backward phase, the backward's gradients reduced in four buckets (all_reduce on comm 1); the
-// ring is full, and the newest records are the hung step's: its forward, then (`enters`) the
-// first bucket's all_reduce entered and not left, or (the culprit) not entered.
-absl::StatusOr<FlightRecorderContents> RealRing(int rank, int capacity, bool enters) {
-  absl::StatusOr<std::unique_ptr<FlightRecorder>> recorder =
-      FlightRecorder::Create(kJob, rank, capacity);
-  if (!recorder.ok()) return recorder.status();
-  auto record = [&](FlightRecordType type, int64_t step, absl::string_view name,
-                    int64_t comm_seq = -1, uint64_t bytes = 0) {
-    FlightRecord r;
-    r.type = type;
-    r.step = step;
-    if (comm_seq >= 0) {
-      r.comm_id = 1;
-      r.comm_seq = comm_seq;
-      r.bytes = bytes;
-    }
-    std::snprintf(r.name, sizeof(r.name), "%.*s", static_cast<int>(name.size()), name.data());
-    (*recorder)->Append(r);
-  };
-  constexpr int kBuckets = 4;
-  constexpr uint64_t kBucketBytes = 25 << 20;
-  int64_t seq = 0;
-  const int steps = 2 * capacity / 14 + 1;  // 14 records a step: the ring wraps
-  for (int64_t step = 0; step < steps; ++step) {
-    record(FlightRecordType::kStepBegin, step, "step");
-    record(FlightRecordType::kPhaseBegin, step, "forward");
-    record(FlightRecordType::kPhaseEnd, step, "forward");
-    record(FlightRecordType::kPhaseBegin, step, "backward");
-    for (int b = 0; b < kBuckets; ++b) {
-      record(FlightRecordType::kCollectiveBegin, step, "all_reduce", seq, kBucketBytes);
-      record(FlightRecordType::kCollectiveEnd, step, "all_reduce", seq, kBucketBytes);
-      ++seq;
-    }
-    record(FlightRecordType::kPhaseEnd, step, "backward");
-    record(FlightRecordType::kStepEnd, step, "step");
-  }
-  record(FlightRecordType::kStepBegin, steps, "step");
-  record(FlightRecordType::kPhaseBegin, steps, "forward");
-  record(FlightRecordType::kPhaseEnd, steps, "forward");
-  record(FlightRecordType::kPhaseBegin, steps, "backward");
-  if (enters) record(FlightRecordType::kCollectiveBegin, steps, "all_reduce", seq, kBucketBytes);
-  return ReadFlightRecorder(kJob, rank);
-}
-
-// This process's threads' stacks as a rank's dump holds them (captured, symbolised, formatted),
-// with a thread blocked in a wait (a rank in its collective) and one asleep (the culprit, busy
-// elsewhere): their thread ids, to name as each dump's training thread.
-struct Stacks {
-  std::string text;
-  int waiting_tid = 0;
-  int sleeping_tid = 0;
-};
-absl::StatusOr<Stacks> RealStacks() {
-  Stacks stacks;
-  absl::Notification release;
-  std::atomic<int> waiting_tid{0};
-  std::atomic<int> sleeping_tid{0};
-  std::thread waiting([&] {
-    waiting_tid = static_cast<int>(syscall(SYS_gettid));
-    release.WaitForNotification();
-  });
-  std::thread sleeping([&] {
-    sleeping_tid = static_cast<int>(syscall(SYS_gettid));
-    while (!release.HasBeenNotified()) absl::SleepFor(absl::Milliseconds(5));
-  });
-  while (waiting_tid == 0 || sleeping_tid == 0) absl::SleepFor(absl::Milliseconds(1));
-  absl::SleepFor(absl::Milliseconds(20));  // both are where they stay
-  absl::StatusOr<std::vector<RawThreadStack>> raw = CaptureRawThreadStacks(absl::Seconds(2));
-  release.Notify();
-  waiting.join();
-  sleeping.join();
-  if (!raw.ok()) return raw.status();
-  stacks.text = FormatThreadStacks(SymbolizeThreadStacks(*raw));
-  stacks.waiting_tid = waiting_tid;
-  stacks.sleeping_tid = sleeping_tid;
-  return stacks;
-}
-
 constexpr int kDeclarer = 0;
 int Culprit(int ranks) { return std::min(ranks - 1, ranks / 2 + 3); }
 std::string Declaration() {
@@ -370,34 +288,27 @@ std::string Declaration() {
 // Writes the R ranks' dumps of generation 0's hang into `dir` as the Runtime does (with their
 // digests when `digests`). Returns the dumps' bytes.
 absl::StatusOr<int64_t> WriteDumps(const std::string& dir, int ranks, int records, bool digests) {
-  absl::StatusOr<FlightRecorderContents> waiting_ring = RealRing(0, records, /*enters=*/true);
+  absl::StatusOr<FlightRecorderContents> waiting_ring =
+      bench::RealRing(kJob, 0, records, /*enters=*/true);
   if (!waiting_ring.ok()) return waiting_ring.status();
-  absl::StatusOr<FlightRecorderContents> culprit_ring = RealRing(1, records, /*enters=*/false);
+  absl::StatusOr<FlightRecorderContents> culprit_ring =
+      bench::RealRing(kJob, 1, records, /*enters=*/false);
   if (!culprit_ring.ok()) return culprit_ring.status();
-  absl::StatusOr<Stacks> stacks = RealStacks();
+  absl::StatusOr<bench::Stacks> stacks = bench::RealStacks();
   if (!stacks.ok()) return stacks.status();
   if (absl::Status made = Env::Default()->CreateDirs(dir); !made.ok()) return made;
   const std::string declaration = Declaration();
   int64_t bytes = 0;
   for (int rank = 0; rank < ranks; ++rank) {
     const bool culprit = rank == Culprit(ranks);
-    FlightRecorderContents contents = culprit ? *culprit_ring : *waiting_ring;
-    contents.segment = FlightRecorder::SegmentName(kJob, rank);
-    contents.writer_pid = 100000 + rank;
     // What FlightRecorderEvidence::Write gives the writer (sdk/runtime/hang_evidence.cc).
     const std::string reason =
         rank == kDeclarer
             ? absl::StrCat("hang: ", store_keys::DecodeHangDeclaration(declaration)->report)
             : absl::StrCat("a peer declared a hang: ", declaration);
-    const std::vector<std::pair<std::string, std::string>> evidence = {
-        {"reason", reason},
-        {"generation", "0"},
-        {"step_thread", absl::StrCat(culprit ? stacks->sleeping_tid : stacks->waiting_tid)},
-        {"stacks", stacks->text}};
-    const std::string prefix = absl::StrFormat("%s/rank-%05d.", dir, rank);
     absl::StatusOr<std::string> path =
-        digests ? WriteHangDump(contents, rank, evidence, prefix)
-                : WriteNewFlightRecorderDump(contents, rank, evidence, prefix);
+        bench::WriteRankHangDump(culprit ? *culprit_ring : *waiting_ring, kJob, *stacks, rank,
+                                 culprit, reason, /*generation=*/0, dir, digests);
     if (!path.ok()) return path.status();
     absl::StatusOr<uint64_t> size = Env::Default()->GetFileSize(*path);
     if (size.ok()) bytes += static_cast<int64_t>(*size);

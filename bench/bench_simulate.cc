@@ -3,9 +3,11 @@
 // server in a process of its own (bench/scale_server.h); faults injected, the recovery timed, and
 // the result checked for correctness.
 //
-//   bench_simulate [--ranks=8,64,512,4096] [--faults=rank,host,partition,coordinator]
+//   bench_simulate [--ranks=8,64,512,4096] [--faults=rank,host,partition,hang,slow,coordinator]
 //                  [--host_timeout_ms=2000] [--heartbeat_ms=1000] [--steady_s=10]
-//                  [--agent_threads=4] [--timeout_s=120] [--store=tcp|etcd] [--json=FILE]
+//                  [--agent_threads=4] [--timeout_s=120] [--store=tcp|etcd]
+//                  [--hang_records=1024] [--hang_dump_grace_ms=3000] [--fail_slow=evict|alert]
+//                  [--json=FILE]
 //
 // --store=etcd puts the job's store on a 3-member etcd cluster on loopback
 // (tests/support/etcd_cluster.h), every member and agent an EtcdStore client; the server's counters
@@ -25,8 +27,11 @@
 //
 // What is simulated: the processes. A host's workers are spawned through the fake process
 // supervisor (tests/support/fake_process_supervisor.h, one per agent thread), whose "process" is a
-// simulated member on a thread of the simulator. There is no trainer, no collective, no watchdog
-// and no hang or fail-slow coordination (HangCoordinator, FailSlowCoordinator are not run). The
+// simulated member on a thread of the simulator. There is no trainer, no collective and no
+// watchdog: a hang is declared for one, and a slow host's work records are made up (below). With
+// the hang fault, every member watches its generation's hang key as a rank's generation watcher
+// does, and the coordinator polls the real HangCoordinator in the launcher loop's place, from the
+// start (the steady state includes both). The
 // shape that fits 16,384 ranks in this machine (pid_max 32,768, 20,000 file descriptors): one
 // thread and one connection per member, whose heartbeat (RendezvousMember::Beat, every
 // --heartbeat_ms) is beaten by its own thread between its waits for the next generation, instead
@@ -35,9 +40,12 @@
 // cadence (--host_timeout / 12), and the coordinating host by a thread of its own; as in the
 // launcher, each host's heartbeat and lease renewal run on two threads of its agent's own
 // (HostAgent::StartBeating, LeaseKeeper::StartRenewing), so a host whose agent thread is slow to
-// turn it is not declared dead for that. Where the machine's file descriptors do not hold the
-// second connection each agent's client then opens (16,384 ranks here), the agents beat and renew
-// in their turns instead, as the library does without those threads, and the simulator says so.
+// turn it is not declared dead for that. Each agent's store client holds one connection
+// (TcpStoreOptions::max_connections 1): its turn, its heartbeat and its renewal take turns on it,
+// so that 16,384 ranks' and 2,052 agents' connections fit this machine's 20,000 file descriptors
+// (uncapped, a client opens a second connection whenever its turn and its heartbeat overlap).
+// Where the descriptors do not hold even that, the agents beat and renew in their turns instead,
+// as the library does without those threads, and the simulator says so.
 //
 // Faults (--faults), each after the previous one recovered:
 //  - rank: one rank's process dies: its member goes silent and its fake worker exits with status
@@ -60,6 +68,27 @@
 //    generation, minus two host timeouts.
 //    The simulator makes the coordinator's parts of a host that takes the lease over then (the
 //    launcher's agent holds them from its start).
+//  - hang: rank R/2 + 3 stops in its collective (its ring shows the all_reduce not entered, the
+//    others' show it entered: bench/hang_dumps.h, --hang_records records each, this process's
+//    stacks); rank 0 declares the hang through the store (the hang key, its dump, its abort after
+//    hang_dump_wait_ms), every member sees the key and writes its real dump and digest into the
+//    run dir (/dev/shm, removed after the size); the HangCoordinator names the suspects and has
+//    them killed through their agents, and a standby takes the rank. The arbiter diagnoses with the
+//    dumps in after --hang_dump_grace_ms (its 3 s): this machine writes 16,384 ranks' dumps in
+//    several seconds, where each rank writes its own in milliseconds. Figures: the declaration to
+//    the suspects named, to the last dump written, to every live member in the new generation.
+//    Correct when the one suspect is the stopped rank, every rank dumped, and the check passes.
+//  - slow: as `trainguard run --fail-slow` (evict; --fail_slow=alert only names): every rank
+//    writes its work record once a second (health/rank/<rank>: steps of 7 ms of compute and 3 ms
+//    of transfer), every agent publishes its host's sample (HostAgent::PublishHostSample) and the
+//    coordinator runs the real FailSlowCoordinator with the launcher's defaults. 6 s without
+//    and 12 s with the watch measure its cost (its Poll's CPU, the store requests it adds); then a
+//    training host's ranks compute 30 % longer (the others wait for them in their collectives).
+//    Figures: the slowdown to the host named, and, once evicted (a standby host takes its ranks),
+//    to every live member in the new generation. Correct when the slow host is named and no
+//    other, and once evicted its members learn they were replaced, their writes are refused and
+//    its agent finds itself fenced out. On fewer than 3 training hosts it is skipped (the
+//    detector names none).
 // Where each recovery's time went (printed as "phases:", and in the JSON as
 // <rank|host|partition>_phase_<name>_s, each from the previous one's end, summing to the figure):
 // death_reported (the fault to its agent's report written; a rank's only), report_taken or
@@ -94,11 +123,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
+#include <semaphore>
 #include <set>
 #include <string>
 #include <thread>
@@ -107,6 +138,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -116,10 +148,13 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/hang_dumps.h"
 #include "bench/scale_server.h"
 #include "sdk/agent/failure_history.h"
 #include "sdk/agent/renewal_policy.h"
 #include "sdk/agent/replacement_policy.h"
+#include "sdk/coordinator/fail_slow_coordinator.h"
+#include "sdk/coordinator/hang_coordinator.h"
 #include "sdk/coordinator/job_coordinator.h"
 #include "sdk/coordinator/lease_keeper.h"
 #include "sdk/coordinator/plan_publisher.h"
@@ -128,8 +163,10 @@
 #include "sdk/core/agent_keys.h"
 #include "sdk/core/mutex.h"
 #include "sdk/core/store_keys.h"
+#include "sdk/health/fail_slow_metrics.h"
 #include "sdk/host_agent/host_agent.h"
 #include "sdk/host_agent/host_membership.h"
+#include "sdk/host_agent/host_sampler.h"
 #include "sdk/launch/launch_config.h"
 #include "sdk/rendezvous/coordinator_lease.h"
 #include "sdk/rendezvous/etcd_store.h"
@@ -138,6 +175,7 @@
 #include "tests/support/etcd_cluster.h"
 #include "tests/support/fake_process_supervisor.h"
 #include "trainguard/clock.h"
+#include "trainguard/options.h"
 #include "trainguard/store.h"
 
 namespace trainguard {
@@ -156,7 +194,7 @@ constexpr absl::Duration kStoreTimeout = absl::Seconds(10);
 
 struct Flags {
   std::vector<int> ranks = {8, 64, 512, 4096};
-  std::vector<std::string> faults = {"rank", "host", "partition", "coordinator"};
+  std::vector<std::string> faults = {"rank", "host", "partition", "hang", "slow", "coordinator"};
   absl::Duration host_timeout = absl::Seconds(2);
   absl::Duration heartbeat = absl::Seconds(1);
   absl::Duration steady = absl::Seconds(10);
@@ -167,6 +205,15 @@ struct Flags {
   // loopback (tests/support/etcd_cluster.h), each member and agent an EtcdStore client.
   std::string store = "tcp";
   bool verbose = false;  // every line the agents and the coordinator say
+  // The records of each rank's flight-recorder ring that its hang dump holds (a rank's default:
+  // 4,096, Options::flight_recorder_records).
+  int hang_records = 1024;
+  // How long the hang's arbiter waits for the ranks' dumps before it diagnoses with those in
+  // (HangArbiterOptions::dump_grace, 3 s). A rank writes its own in milliseconds; the simulator
+  // writes every rank's on this machine's cores, 16,384 of them in several seconds.
+  absl::Duration hang_dump_grace = HangArbiterOptions{}.dump_grace;
+  // What the fail-slow coordinator does with the slow host it names (--fail-slow).
+  FailSlowPolicy fail_slow = FailSlowPolicy::kEvict;
 };
 
 double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
@@ -203,6 +250,46 @@ class Problems {
 
 // A new connection to the job's store, as a rank's or an agent's (Flags::store).
 using StoreConnector = std::function<absl::StatusOr<std::unique_ptr<Store>>()>;
+// The connections an agent's TcpStore client holds (its turn, heartbeat and renewal share them);
+// the first coordinator's holds the default cap's.
+constexpr int kAgentStoreConnections = 1;
+
+// The hang fault's shared state: what each member dumps when it sees the hang key (as a rank's
+// HangResponder: its ring, this process's stacks), where, and how many did.
+struct HangScenario {
+  std::string dump_dir;                 // <run dir>/flight_recorder, as the launcher's
+  FlightRecorderContents waiting_ring;  // a rank waiting in the hung all_reduce
+  FlightRecorderContents culprit_ring;  // the rank that never entered it
+  bench::Stacks stacks;
+  std::atomic<int> culprit{-1};  // the rank that stopped progressing
+  std::atomic<int> dumps{0};     // dumps written (and failed) since the declaration
+  std::atomic<int> dump_errors{0};
+  std::atomic<int64_t> last_dump_ns{0};  // when the latest dump was written (Unix ns)
+  // The members writing a dump at once: each holds a few files open while it writes, and 16,384
+  // of them at once would pass this process's descriptors (a rank's are its own process's). A
+  // semaphore wakes one waiter per release (a condition variable's broadcast would wake all
+  // 16,384 at every one).
+  static constexpr int kMaxWriters = 64;
+  std::counting_semaphore<kMaxWriters> writers{kMaxWriters};
+};
+
+// What the hang and slow-host faults change in every member (Sim::faults).
+struct SimFaults {
+  std::unique_ptr<HangScenario> hang;  // null: no hang fault (the members watch no hang key)
+  // The ranks write their work records (health/rank/<rank>) once a second, and the agents sample
+  // them, as under `trainguard run --fail-slow` (the slow fault's).
+  std::atomic<bool> work_records{false};
+  // One host's ranks are slow (SimMember::Slow): every rank's step takes longer.
+  std::atomic<bool> slowdown{false};
+};
+
+// A simulated rank's step (work records): kStepCompute of computation, then its collective,
+// kStepTransfer of transfer. A slow host computes kSlowdown longer; the others wait for it in the
+// collective.
+constexpr double kStepComputeNs = 7e6;
+constexpr double kStepTransferNs = 3e6;
+constexpr double kSlowdown = 0.3;
+constexpr int64_t kStepBytes = 100 << 20;
 
 // One simulated process of a host: a rank or a standby, on a thread of its own with its own store
 // connection and its RendezvousMember (see the header comment for what it does).
@@ -216,9 +303,9 @@ class SimMember {
     absl::Status error;                       // what ended it otherwise (the store's error)
   };
 
-  // `rank` -1: a standby.
-  SimMember(std::string id, int rank, int world_size)
-      : id_(std::move(id)), rank_(rank), world_size_(world_size) {}
+  // `rank` -1: a standby. REQUIRES: `faults` outlives the member.
+  SimMember(std::string id, int rank, int world_size, SimFaults* faults)
+      : id_(std::move(id)), rank_(rank), world_size_(world_size), faults_(faults) {}
   ~SimMember() { Stop(); }
   SimMember(const SimMember&) = delete;
   SimMember& operator=(const SimMember&) = delete;
@@ -260,6 +347,33 @@ class SimMember {
     if (member_ == nullptr) return absl::FailedPreconditionError("never connected");
     return member_->Beat(kStoreTimeout);
   }
+  // The fault "its host is slow": its steps compute kSlowdown longer (its work records say so).
+  void Slow(bool slow) { slow_.store(slow); }
+  // The declaring rank's part of a hang (HangResponder::OnOwnHang): the hang key of `generation`,
+  // then its own dump. Returns when the key was written (the declaration).
+  absl::StatusOr<absl::Time> DeclareHang(int64_t generation, const std::string& report) {
+    Store* store = connected_store();
+    if (store == nullptr) return absl::FailedPreconditionError("never connected");
+    const int rank = place().rank;
+    dumped_generation_.store(generation);
+    if (absl::Status s =
+            store->Set(store_keys::Hang(generation),
+                       store_keys::EncodeHangDeclaration({rank, report}), kStoreTimeout);
+        !s.ok()) {
+      return s;
+    }
+    const absl::Time declared = absl::Now();
+    WriteHangDump(generation, rank, absl::StrCat("hang: ", report));
+    return declared;
+  }
+  // The declaring rank aborts its communicators once its wait for the others' dumps ran out.
+  absl::Status AbortHang(int64_t generation) {
+    Store* store = connected_store();
+    if (store == nullptr) return absl::FailedPreconditionError("never connected");
+    const int rank = place().rank;
+    return store->Set(store_keys::HangAborted(generation, rank), absl::StrCat("rank ", rank),
+                      kStoreTimeout);
+  }
 
  private:
   bool Ended() const { return stop_.load() || silenced_.load(); }
@@ -284,6 +398,73 @@ class SimMember {
   // Waits out a partition (bounded polling of the simulator's own flag; the store is not asked).
   void WhilePartitioned() {
     while (partitioned_.load() && !Ended()) absl::SleepFor(absl::Milliseconds(10));
+  }
+
+  Store* connected_store() {
+    MutexLock lock(&mu_);
+    return member_ != nullptr ? store_.get() : nullptr;  // store_ is set before member_
+  }
+
+  // Waits up to `timeout` for a generation after m's; with a hang fault, for m's generation's hang
+  // key too (as a rank's GenerationWatcher) until it appeared, and dumps then (as its
+  // HangResponder). Whether a newer generation's table exists.
+  absl::StatusOr<bool> AwaitNewer(RendezvousMember* member, const Membership& m,
+                                  absl::Duration timeout) {
+    if (faults_->hang == nullptr || hang_seen_ == m.generation) {
+      return member->AwaitNewerGeneration(timeout);
+    }
+    absl::StatusOr<RendezvousMember::NewerGenerationOrKey> seen =
+        member->AwaitNewerGenerationOr({store_keys::Hang(m.generation)}, timeout);
+    if (!seen.ok()) return seen.status();
+    if (seen->key.has_value()) {
+      hang_seen_ = m.generation;
+      if (dumped_generation_.exchange(m.generation) != m.generation) {
+        const absl::StatusOr<std::string> declaration =
+            store_->Get(store_keys::Hang(m.generation), kStoreTimeout);
+        WriteHangDump(m.generation, m.rank,
+                      absl::StrCat("a peer declared a hang: ", declaration.value_or("?")));
+      }
+    }
+    return seen->superseded;
+  }
+
+  // This rank's dump of `generation`'s hang, as the Runtime writes it (bench/hang_dumps.h).
+  void WriteHangDump(int64_t generation, int rank, const std::string& reason) {
+    HangScenario& hang = *faults_->hang;
+    const bool culprit = rank == hang.culprit.load();
+    const bool gated = hang.writers.try_acquire_for(absl::ToChronoSeconds(kStoreTimeout));
+    const absl::StatusOr<std::string> path = bench::WriteRankHangDump(
+        culprit ? hang.culprit_ring : hang.waiting_ring, bench::kScaleJob, hang.stacks, rank,
+        culprit, reason, generation, hang.dump_dir, /*digest=*/true);
+    if (gated) hang.writers.release();
+    if (!path.ok()) ++hang.dump_errors;
+    ++hang.dumps;
+    const int64_t now = absl::ToUnixNanos(absl::Now());
+    int64_t last = hang.last_dump_ns.load();
+    while (last < now && !hang.last_dump_ns.compare_exchange_weak(last, now)) {
+    }
+  }
+
+  // Its work record (health/rank/<rank>), as its Runtime writes it once a second under
+  // --fail-slow: the steps since the last, each kStepComputeNs of computation and kStepTransferNs
+  // of transfer; while a host is slow, every step is as long as its (the job is synchronous): its
+  // ranks compute longer, the others wait longer in their collectives.
+  void WriteWorkRecord(int rank) {
+    const absl::Time now = absl::Now();
+    if (work_since_ != absl::InfinitePast()) {
+      const double elapsed_ns = absl::ToDoubleNanoseconds(now - work_since_);
+      const bool slowed = faults_->slowdown.load();
+      const double step_ns = kStepComputeNs * (slowed ? 1 + kSlowdown : 1) + kStepTransferNs;
+      const double collective_ns = slow_.load() ? kStepTransferNs : step_ns - kStepComputeNs;
+      const double steps = elapsed_ns / step_ns;
+      work_steps_ += steps;
+      work_.steps = static_cast<int64_t>(work_steps_);
+      work_.step_ns += static_cast<int64_t>(elapsed_ns);
+      work_.collective_ns += static_cast<int64_t>(steps * collective_ns);
+      work_.collective_bytes += static_cast<int64_t>(steps * kStepBytes);
+    }
+    work_since_ = now;
+    (void)store_->Set(RankWorkKey(rank), EncodeRankWorkRecord(work_), kStoreTimeout);
   }
 
   void Run(const StoreConnector& connect, const Flags& flags) {
@@ -313,7 +494,7 @@ class SimMember {
     while (!Ended()) {
       WhilePartitioned();
       if (Ended()) return;
-      absl::StatusOr<bool> newer = member->AwaitNewerGeneration(flags.heartbeat);
+      absl::StatusOr<bool> newer = AwaitNewer(member, *m, flags.heartbeat);
       WhilePartitioned();
       if (Ended()) return;
       if ((newer.ok() && *newer) || member->superseded()) {
@@ -324,6 +505,7 @@ class SimMember {
         Adopt(*m);
         continue;
       }
+      if (faults_->work_records.load()) WriteWorkRecord(m->rank);
       (void)member->Beat(flags.heartbeat);
     }
   }
@@ -331,7 +513,14 @@ class SimMember {
   const std::string id_;
   const int rank_;
   const int world_size_;
+  SimFaults* const faults_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> slow_{false};
+  std::atomic<int64_t> dumped_generation_{-1};  // the generation whose hang it dumped
+  int64_t hang_seen_ = -1;                      // the thread's: the hang key it saw
+  RankWorkRecord work_;                         // the thread's: its work so far
+  double work_steps_ = 0;
+  absl::Time work_since_ = absl::InfinitePast();
   std::atomic<bool> silenced_{false};
   std::atomic<bool> partitioned_{false};
   std::atomic<bool> ended_{false};
@@ -347,12 +536,28 @@ class SimMember {
 struct Sim {
   const Flags* flags = nullptr;
   StoreConnector connect;
+  StoreConnector connect_agent;  // as `connect`, capped at kAgentStoreConnections
   std::string store_url;  // as an agent is given it (HostAgentOptions::store_url)
   int ranks = 0;
   int training_hosts = 0;
   int standby_hosts = 0;
   // Whether each agent beats and renews on threads of its own (see the header comment).
   bool agent_beat_threads = true;
+  std::string run_dir;  // the hang dumps' and fail-slow dumps' (removed at the size's end)
+  SimFaults faults;
+  // What the coordinator named: a hang's suspects ("suspects: ..." and when), and each host the
+  // fail-slow detector named (its verdict's action, and when).
+  struct Named {
+    std::string what;
+    std::string action;
+    absl::Time when;
+  };
+  Mutex named_mu;
+  std::vector<Named> hang_named ABSL_GUARDED_BY(named_mu);
+  std::vector<Named> slow_named ABSL_GUARDED_BY(named_mu);
+  // The fail-slow coordinator's Poll: its thread's CPU and its calls, summed.
+  std::atomic<int64_t> fail_slow_cpu_ns{0};
+  std::atomic<int64_t> fail_slow_polls{0};
   Problems problems;
   // The newest takeover of the coordinator's lease by another host than the first (Unix ns; 0:
   // none), and by which host.
@@ -365,7 +570,7 @@ struct Sim {
   std::atomic<bool> stop{false};
 
   SimMember* AddMember(const std::string& id, int rank) {
-    auto member = std::make_unique<SimMember>(id, rank, ranks);
+    auto member = std::make_unique<SimMember>(id, rank, ranks, &faults);
     SimMember* raw = member.get();
     {
       MutexLock lock(&members_mu);
@@ -391,19 +596,40 @@ struct Sim {
   }
 };
 
+// What a host sampler reads of the ranks' processes from /proc: nothing, for simulated ones (a
+// sample holds their work records only).
+class SimulatedProcesses final : public ProcessProbe {
+ public:
+  int64_t CpuTicks(pid_t) override { return -1; }
+  double TicksPerSecond() override { return 100; }
+  int64_t RunDelayNs(pid_t) override { return -1; }
+  std::optional<TcpSocketTotals> TcpTotals(pid_t) override { return std::nullopt; }
+};
+
 // The coordinator's share of `trainguard run`, on the host that holds the lease: the objects
 // Job::CreateJobCoordinator, CreateRecoveryStrategy, CreateRankWatch and CreatePlanPublisher make,
 // with hooks that say into the simulator's log and record nothing.
 struct CoordinatorParts {
   explicit CoordinatorParts(RenewalPolicyOptions renewal) : renewal_policy(renewal) {}
 
-  ReplacementPolicy replacement_policy{ReplacementPolicyOptions{}};
+  // The simulator injects a fault after another into one job: a host's loss alone replaces 8
+  // ranks, past --max-replacements' default (10), which bounds a crash loop, not these.
+  static ReplacementPolicyOptions Replacements() {
+    ReplacementPolicyOptions options;
+    options.max_replacements = 1000;
+    return options;
+  }
+  ReplacementPolicy replacement_policy{Replacements()};
   RenewalPolicy renewal_policy;
   FailureHistory failures;
   std::unique_ptr<JobCoordinator> job;
   std::unique_ptr<StandbyReplacement> recovery;
   std::unique_ptr<RankWatch> rank_watch;
   std::unique_ptr<PlanPublisher> plan;
+  // With the hang fault: Job::CreateHangCoordinator's. With the slow fault, once it starts:
+  // Job::DetectFailSlow's.
+  std::unique_ptr<HangCoordinator> hang;
+  std::unique_ptr<FailSlowCoordinator> fail_slow;
   // Generation 0's formation (Job::StartForming), on a thread of its own.
   std::thread former;
   std::atomic<bool> formed{false};
@@ -429,7 +655,10 @@ class SimHost {
   absl::Status Create() {
     const Flags& flags = *sim_->flags;
     const absl::Duration call_timeout = flags.host_timeout / 4;  // AgentCallTimeout
-    absl::StatusOr<std::unique_ptr<Store>> store = sim_->connect();
+    // The first coordinator's client as the launcher's (its default cap): its chain of calls (the
+    // publication) does not queue behind its heartbeat and renewal.
+    absl::StatusOr<std::unique_ptr<Store>> store =
+        coordinator_host_ ? sim_->connect() : sim_->connect_agent();
     if (!store.ok()) return store.status();
     // As the launcher's agent: every part reads the store through the turn's one read.
     auto turn_reads = std::make_unique<TurnReadStore>(*std::move(store));
@@ -459,8 +688,11 @@ class SimHost {
         CreateCoordinatorParts(call_timeout);
         parts_->job->set_world_size(world_size_);
         parts_->rank_watch->set_world_size(world_size_);
+        if (parts_->hang != nullptr) parts_->hang->set_world_size(world_size_);
         parts_->formed.store(true);  // generation 0 is the first coordinator's
       }
+      // As the launcher: the hangs of earlier generations were the previous coordinator's.
+      if (parts_->hang != nullptr) parts_->hang->Reset(rendezvous_->generation());
       parts_->job->TakeOver(kStoreTimeout);
       if (!coordinator_host_) {
         MutexLock lock(&sim_->took_over_mu);
@@ -517,6 +749,11 @@ class SimHost {
     };
     membership_hooks.coordinate = [this] {
       if (parts_ != nullptr && coordinating()) CoordinateHosts();
+      // As the launcher's --fail-slow (Job::SampleHost, DetectFailSlow), while the slow fault runs.
+      if (sim_->faults.work_records.load()) {
+        SampleHost();
+        if (parts_ != nullptr && parts_->formed.load() && coordinating()) DetectFailSlow();
+      }
     };
     membership_hooks.start_planned = [] { return absl::OkStatus(); };  // no --restart-all
     membership_hooks.turn_keys = [this] {
@@ -560,7 +797,7 @@ class SimHost {
     timed(kTickStep);
     if (end.has_value()) {
       ended_ = end;
-      if (end->code != 0) {
+      if (end->code != 0 && !may_be_evicted_.load()) {
         sim_->problems.Add(absl::StrCat("host ", host_id_, " ended: ", end->failure));
       }
       return;
@@ -581,6 +818,7 @@ class SimHost {
       p.rank_watch->KillRanksWithStaleHeartbeats();
     timed(kRankHeartbeatsStep);
     if (coordinating()) p.rank_watch->KillMembersStoppedInFormation();
+    if (coordinating() && p.hang != nullptr) p.hang->Poll();
     if (coordinating()) p.job->RenewGenerationWhenAsked({});
     if (coordinating() && absl::Now() >= p.next_persist_check) {
       p.next_persist_check = absl::Now() + absl::Milliseconds(500);
@@ -652,6 +890,19 @@ class SimHost {
       }
     }
     return cut;
+  }
+  // The fault "this host is slow": its running ranks' steps compute longer from now on, and its
+  // agent ending fenced out (evicted) is no problem. Returns its members.
+  std::vector<SimMember*> SlowEveryMember() {
+    may_be_evicted_.store(true);
+    std::vector<SimMember*> slowed;
+    for (auto& w : workers_) {
+      if (SimMember* m = MemberOf(*w); m != nullptr && w->rank >= 0 && !m->silenced()) {
+        m->Slow(true);
+        slowed.push_back(m);
+      }
+    }
+    return slowed;
   }
   // For the check after a host's death: this agent, turned once more, finds itself fenced out.
   std::optional<AgentExit> CheckFenced() { return agent_->CheckFenced(); }
@@ -796,6 +1047,104 @@ class SimHost {
     };
     plan_hooks.fail = hooks.fail;
     p.plan = std::make_unique<PlanPublisher>(store_.get(), Clock::Real(), plan, plan_hooks);
+    if (sim_->faults.hang != nullptr) CreateHangCoordinator();
+  }
+
+  // Job::CreateHangCoordinator on several hosts: every rank is seen through the store (no local
+  // holder), a suspect is killed through its agent (RequestKill, fenced by the lease term), and no
+  // flight-recorder segment of another host can be read (no live rings).
+  void CreateHangCoordinator() {
+    const Flags& flags = *sim_->flags;
+    HangCoordinatorOptions options;
+    options.dump_dir = sim_->faults.hang->dump_dir;
+    options.host_quiet = flags.host_timeout / 3;
+    options.max_hold_off = 2 * flags.host_timeout;
+    options.store_timeout = kStoreTimeout;
+    options.arbiter.dump_grace = flags.hang_dump_grace;
+    HangCoordinator::Hooks hooks;
+    hooks.coordinating = [this] { return coordinating(); };
+    hooks.say = [this](const std::string& line) {
+      Say(line);
+      constexpr absl::string_view kSuspects = "hang diagnosis: suspects: ";
+      if (absl::StartsWith(line, kSuspects)) {
+        MutexLock lock(&sim_->named_mu);
+        // "suspects: rank R[, ...]"
+        sim_->hang_named.push_back(
+            {line.substr(std::string_view("hang diagnosis: ").size()), "", absl::Now()});
+      }
+    };
+    hooks.ranks_store = [this] { return store_.get(); };
+    hooks.rendezvous = [this] { return rendezvous_.get(); };
+    hooks.restarted_at = [] { return absl::InfinitePast(); };
+    hooks.live_rings = [] { return std::map<int, FlightRecorderContents>(); };
+    hooks.kill_member = [this](const std::string& member, EventKind what, const std::string& why) {
+      if (!coordinating()) return;
+      (void)RequestKill(store_.get(), store_keys::MemberHost(member), member,
+                        {lease_->term(), std::string(EventKindName(what)), why},
+                        flags_call_timeout());
+    };
+    hooks.kill_and_replace_stopped = [this](int, const std::string& member, EventKind,
+                                            const std::string& why) {
+      sim_->problems.Add(absl::StrCat("the hang coordinator replaces ", member,
+                                      ", stopped (no simulated member stops): ", why));
+    };
+    parts_->hang = std::make_unique<HangCoordinator>(store_.get(), Clock::Real(), Env::Default(),
+                                                     parts_->job.get(), options, std::move(hooks));
+    parts_->hang->set_world_size(world_size_);
+  }
+  absl::Duration flags_call_timeout() const { return sim_->flags->host_timeout / 4; }
+
+  // Job::SampleHost: this host's sample of its ranks' work records, published once a second.
+  void SampleHost() {
+    if (!spawned_ || ended_.has_value()) return;
+    if (sampler_ == nullptr) {
+      sampler_ = std::make_unique<HostSampler>(nullptr, std::nullopt,
+                                               std::make_unique<SimulatedProcesses>());
+    }
+    agent_->PublishHostSample(*sampler_, kRanksPerHost);
+  }
+
+  // Job::DetectFailSlow: the detector on the coordinating host (made at its first call), its
+  // Poll's CPU counted (the detector's cost).
+  void DetectFailSlow() {
+    const Flags& flags = *sim_->flags;
+    CoordinatorParts& p = *parts_;
+    if (p.fail_slow == nullptr) {
+      FailSlowCoordinatorOptions options;
+      options.policy = flags.fail_slow;
+      const LaunchConfig defaults;
+      options.detector.continuity = defaults.fail_slow_continuity_s;
+      options.detector.denoise_window = defaults.fail_slow_window_s;
+      options.detector.max_fill = defaults.fail_slow_window_s;
+      options.max_evict_share = defaults.fail_slow_max_evict_share;
+      options.ranks_per_host = kRanksPerHost;
+      options.dump_dir = absl::StrCat(sim_->run_dir, "/events/fail_slow");
+      options.call_timeout = flags_call_timeout();
+      FailSlowCoordinator::Hooks hooks;
+      hooks.coordinating = [this] { return coordinating(); };
+      hooks.say = [this](const std::string& line) { Say(line); };
+      hooks.record = [this](Event event) {
+        std::string host, action;
+        for (const auto& [key, value] : event.attributes) {
+          if (key == "host") host = value;
+          if (key == "action") action = value;
+        }
+        MutexLock lock(&sim_->named_mu);
+        sim_->slow_named.push_back({host, action, absl::Now()});
+      };
+      absl::StatusOr<std::unique_ptr<FailSlowCoordinator>> created =
+          FailSlowCoordinator::Create(store_.get(), Clock::Real(), Env::Default(), p.job.get(),
+                                      std::move(options), std::move(hooks));
+      if (!created.ok()) {
+        sim_->problems.Add(absl::StrCat("fail-slow: ", created.status().ToString()));
+        return;
+      }
+      p.fail_slow = *std::move(created);
+    }
+    const int64_t cpu_before = ThreadCpuNanos();
+    p.fail_slow->Poll(world_size_);
+    sim_->fail_slow_cpu_ns.fetch_add(ThreadCpuNanos() - cpu_before);
+    sim_->fail_slow_polls.fetch_add(1);
   }
 
   // Job::StartPlannedProcesses: this host's part of the plan, its processes spawned through the
@@ -817,6 +1166,7 @@ class SimHost {
     if (parts_ != nullptr) {
       parts_->job->set_world_size(world_size_);
       parts_->rank_watch->set_world_size(world_size_);
+      if (parts_->hang != nullptr) parts_->hang->set_world_size(world_size_);
     }
     own_ranks_ = assignment->ranks;
     for (int rank : assignment->ranks) Spawn(rank, -1);
@@ -905,6 +1255,8 @@ class SimHost {
   std::unique_ptr<HostAgent> agent_;
   std::unique_ptr<StoreHostMembership> membership_;
   std::unique_ptr<CoordinatorParts> parts_;
+  std::unique_ptr<HostSampler> sampler_;  // SampleHost's
+  std::atomic<bool> may_be_evicted_{false};  // SlowEveryMember's
   std::vector<std::unique_ptr<HostWorker>> workers_;
   std::map<std::string, SimMember*> members_;  // by member id
   bool spawned_ = false;
@@ -1058,7 +1410,8 @@ std::optional<Adoption> AwaitConvergence(Sim& sim, int64_t after, absl::Time dea
     Adoption adoption;
     int holders = 0;
     for (SimMember* m : sim.AllMembers()) {
-      if (m->silenced() || m->cut_off()) continue;  // dead, or not hearing the store
+      // Dead, not hearing the store, or told its rank was given away (an evicted host's).
+      if (m->silenced() || m->cut_off() || m->ended()) continue;
       const SimMember::Place place = m->place();
       if (place.rank < 0) continue;  // a parked standby
       ++holders;
@@ -1167,6 +1520,352 @@ struct SizeResult {
   std::vector<Figure> figures;
 };
 
+// The hang fault's dumps, made before the size's threads start: the rings of a rank waiting in
+// the hung all_reduce and of the one that never entered it (--hang_records each), this process's
+// stacks, and the run dir's flight_recorder folder they go to.
+absl::StatusOr<std::unique_ptr<HangScenario>> PrepareHang(const Flags& flags,
+                                                          const std::string& run_dir) {
+  auto hang = std::make_unique<HangScenario>();
+  hang->dump_dir = absl::StrCat(run_dir, "/flight_recorder");
+  if (absl::Status made = Env::Default()->CreateDirs(hang->dump_dir); !made.ok()) return made;
+  const std::string job = absl::StrCat("simulate-hang-", getpid());
+  absl::StatusOr<FlightRecorderContents> waiting =
+      bench::RealRing(job, 0, flags.hang_records, /*enters=*/true);
+  absl::StatusOr<FlightRecorderContents> culprit =
+      bench::RealRing(job, 1, flags.hang_records, /*enters=*/false);
+  (void)FlightRecorder::Remove(job, 0);
+  (void)FlightRecorder::Remove(job, 1);
+  if (!waiting.ok()) return waiting.status();
+  if (!culprit.ok()) return culprit.status();
+  hang->waiting_ring = *std::move(waiting);
+  hang->culprit_ring = *std::move(culprit);
+  absl::StatusOr<bench::Stacks> stacks = bench::RealStacks();
+  if (!stacks.ok()) return stacks.status();
+  hang->stacks = *std::move(stacks);
+  return hang;
+}
+
+// What the hang and slow-host faults need of their size (MeasureSize's).
+struct FaultContext {
+  FaultContext(Sim& s, const Flags& f) : sim(s), flags(f) {}
+  Sim& sim;
+  const Flags& flags;
+  std::vector<SimHost*> hosts;  // every host, in order: the training hosts first
+  int training_hosts = 0;
+  int first_spared_host = 1;  // the host and partition faults took the hosts below it
+  AgentThread* coordinator_thread = nullptr;  // the first host's, alone
+  bool coordinator_lost = false;              // the first host's: its thread's CPU is no one's
+  std::function<AgentThread*(int host)> thread_of;
+  std::function<void(const std::string& name, double value, const std::string& unit)> figure;
+  std::function<absl::StatusOr<ServerProcess::Counts>()> counters;
+};
+
+// The fault "a hang": the rank Culprit stops progressing in its collective (its ring shows the
+// all_reduce not entered) while the others wait in it; another rank declares the hang through
+// the store as a rank's HangResponder does, dumps, and aborts a second later
+// (hang_dump_wait_ms); every rank sees the hang key (its generation watch) and writes its dump
+// and digest; the coordinator's real HangCoordinator reads them, names the suspects, and has the
+// suspect killed through its agent, which reports the death: a standby takes its rank. Figures:
+// the declaration to the suspects named, to the last dump written, and to every live member in
+// the new generation. Correct when the one suspect named is the culprit, every live rank dumped,
+// and the check after it passes.
+bool RunHangFault(FaultContext& c) {
+  Sim& sim = c.sim;
+  HangScenario& hang = *sim.faults.hang;
+  const int64_t generation = sim.NewestHeldGeneration();
+  const int culprit_rank = std::min(sim.ranks - 1, sim.ranks / 2 + 3);
+  const int declarer_rank = culprit_rank == 0 ? 1 : 0;
+  SimMember* culprit = nullptr;
+  SimMember* declarer = nullptr;
+  for (SimMember* m : sim.AllMembers()) {
+    if (m->silenced() || m->cut_off() || m->ended()) continue;
+    const SimMember::Place place = m->place();
+    if (place.generation != generation) continue;
+    if (place.rank == culprit_rank) culprit = m;
+    if (place.rank == declarer_rank) declarer = m;
+  }
+  if (culprit == nullptr || declarer == nullptr) {
+    std::printf("  hang: no live member holds rank %d or %d in generation %lld\n", culprit_rank,
+                declarer_rank, static_cast<long long>(generation));
+    return false;
+  }
+  hang.culprit.store(culprit_rank);
+  hang.dumps.store(0);
+  hang.dump_errors.store(0);
+  hang.last_dump_ns.store(0);
+  {
+    MutexLock lock(&sim.named_mu);
+    sim.hang_named.clear();
+  }
+  const std::string what = absl::StrFormat("a hang of rank %d (%s)", culprit_rank, culprit->id());
+  const absl::StatusOr<absl::Time> declared = declarer->DeclareHang(
+      generation, absl::StrFormat("hang (collective) at step 587: all_reduce #2348 (comm 1) ran "
+                                  "60s, bound 60s; rank %d never entered it",
+                                  culprit_rank));
+  if (!declared.ok()) {
+    std::printf("  %s: declaring it: %s\n", what.c_str(), declared.status().ToString().c_str());
+    return false;
+  }
+  const absl::Duration dump_wait = absl::Milliseconds(Options{}.hang_dump_wait_ms);
+  bool aborted = false;
+  std::optional<Sim::Named> named;
+  for (const absl::Time until = *declared + c.flags.timeout; absl::Now() < until;) {
+    if (!aborted && absl::Now() >= *declared + dump_wait) {
+      aborted = true;
+      if (absl::Status s = declarer->AbortHang(generation); !s.ok()) {
+        std::printf("  %s: the declaring rank's abort: %s\n", what.c_str(), s.ToString().c_str());
+      }
+    }
+    {
+      MutexLock lock(&sim.named_mu);
+      if (!sim.hang_named.empty()) named = sim.hang_named.front();
+    }
+    if (named.has_value()) break;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  if (!named.has_value()) {
+    std::printf("  %s: no suspect named within %s of its declaration (%d dumps written)\n",
+                what.c_str(), absl::FormatDuration(c.flags.timeout).c_str(), hang.dumps.load());
+    return false;
+  }
+  const double to_named = Seconds(named->when - *declared);
+  c.figure("hang_suspects_named_s", to_named, "s");
+  std::printf("  %s: %s named %.3f s after its declaration\n", what.c_str(), named->what.c_str(),
+              to_named);
+  bool ok = true;
+  if (named->what != absl::StrCat("suspects: rank ", culprit_rank)) {
+    std::printf("  wrong after %s: the coordinator named %s, not rank %d\n", what.c_str(),
+                named->what.c_str(), culprit_rank);
+    ok = false;
+  }
+  // The dumps in by the diagnosis (the arbiter's dump grace after the declaration): a rank whose
+  // dump is missing is among the suspects.
+  const int dumps_at_naming = hang.dumps.load();
+  c.figure("hang_dumps_at_naming", dumps_at_naming, "1");
+  std::printf("  %s: %d dumps written by the suspects' naming (the arbiter waits %s for them)\n",
+              what.c_str(), dumps_at_naming, absl::FormatDuration(c.flags.hang_dump_grace).c_str());
+  // Too many suspects are replaced by no one: nothing to wait for.
+  std::optional<Adoption> adopted =
+      ok ? AwaitConvergence(sim, generation, absl::Now() + c.flags.timeout) : std::nullopt;
+  // Every rank dumped once it saw the key: by now, long after the diagnosis read them all.
+  const int dumps = hang.dumps.load();
+  c.figure("hang_dumps", dumps, "1");
+  if (hang.last_dump_ns.load() > 0) {
+    c.figure("hang_last_dump_s", Seconds(absl::FromUnixNanos(hang.last_dump_ns.load()) - *declared),
+             "s");
+  }
+  std::printf("  %s: %d ranks' dumps written (%d failed), the last %.3f s after the declaration\n",
+              what.c_str(), dumps, hang.dump_errors.load(),
+              Seconds(absl::FromUnixNanos(hang.last_dump_ns.load()) - *declared));
+  if (dumps != sim.ranks || hang.dump_errors.load() != 0) {
+    std::printf("  wrong after %s: %d dumps of %d ranks written, %d failed\n", what.c_str(), dumps,
+                sim.ranks, hang.dump_errors.load());
+    ok = false;
+  }
+  if (!adopted.has_value()) {
+    if (ok) {
+      std::printf("  %s: not recovered within %s\n", what.c_str(),
+                  absl::FormatDuration(c.flags.timeout).c_str());
+    }
+    for (const std::string& p : sim.problems.Take()) std::printf("  %s\n", p.c_str());
+    return false;
+  }
+  const double recovered = Seconds(adopted->last - *declared);
+  c.figure("hang_recovered_s", recovered, "s");
+  std::printf("  %s: every live member in the new generation %.3f s after its declaration\n",
+              what.c_str(), recovered);
+  return CheckCorrect(sim, {culprit}, what) && ok;
+}
+
+// The slow host's choice: a training host the earlier faults spared, that does not coordinate.
+SimHost* ChooseSlowHost(FaultContext& c) {
+  std::string took_over_by;
+  {
+    MutexLock lock(&c.sim.took_over_mu);
+    took_over_by = c.sim.took_over_by;
+  }
+  for (int h = c.training_hosts - 1; h >= std::max(1, c.first_spared_host); --h) {
+    SimHost* host = c.hosts[h];
+    if (host->spawned() && host->host_id() != took_over_by) return host;
+  }
+  return nullptr;
+}
+
+// The fault "a slow host", as `trainguard run --fail-slow` sees one: from its start every rank
+// writes its work record once a second and every agent publishes its host's sample
+// (HostAgent::PublishHostSample), and the coordinator runs the real FailSlowCoordinator
+// (--fail-slow, evict by default). First a healthy period (kHealthyPeriod): the detector's cost
+// (its Poll's CPU per second, the store's requests per second against the steady state's); then
+// one training host's ranks compute kSlowdown longer. Figures: the slowdown to the host named
+// and, when the coordinator evicts it (a standby host takes its ranks), to every live member in
+// the new generation. Correct when the host named is the slow one, no other host is named, and,
+// once evicted, its members learn they were replaced, their writes are refused and its agent
+// finds itself fenced out.
+bool RunSlowHostFault(FaultContext& c) {
+  // The detector's window filled; half of it before, without the watch, for the store's baseline.
+  constexpr absl::Duration kHealthyPeriod = absl::Seconds(12);
+  Sim& sim = c.sim;
+  if (c.training_hosts < 3) {
+    std::printf("  slow fault: the detector compares hosts, and names none among fewer than 3\n");
+    return true;
+  }
+  SimHost* victim = ChooseSlowHost(c);
+  if (victim == nullptr) {
+    std::printf("  slow fault: needs a training host the earlier faults spared\n");
+    return true;
+  }
+  {
+    MutexLock lock(&sim.named_mu);
+    sim.slow_named.clear();
+  }
+  const int64_t before = sim.NewestHeldGeneration();
+  // The store's requests just before, without the watch: what it adds is the difference.
+  const absl::StatusOr<ServerProcess::Counts> baseline_from = c.counters();
+  const absl::Time baseline_start = absl::Now();
+  absl::SleepFor(kHealthyPeriod / 2);
+  const absl::StatusOr<ServerProcess::Counts> counts_before = c.counters();
+  const double baseline_s = Seconds(absl::Now() - baseline_start);
+  const int64_t cpu_before = sim.fail_slow_cpu_ns.load();
+  const int64_t coordinator_cpu_before = c.coordinator_thread->cpu_ns();
+  const absl::Time watch_from = absl::Now();
+  sim.faults.work_records.store(true);
+  absl::SleepFor(kHealthyPeriod);
+  const double watched = Seconds(absl::Now() - watch_from);
+  const absl::StatusOr<ServerProcess::Counts> counts_after = c.counters();
+  const double detector_cpu =
+      static_cast<double>(sim.fail_slow_cpu_ns.load() - cpu_before) / 1e9 / watched;
+  c.figure("slow_detector_cpu_per_s", detector_cpu, "s/s");
+  std::string said =
+      absl::StrFormat("the fail-slow detector's Poll %.3f%% of a core", 100 * detector_cpu);
+  if (!c.coordinator_lost) {
+    const double coordinator_cpu =
+        static_cast<double>(c.coordinator_thread->cpu_ns() - coordinator_cpu_before) / 1e9 /
+        watched;
+    c.figure("slow_watch_coordinator_cpu_per_s", coordinator_cpu, "s/s");
+    absl::StrAppendFormat(&said, ", the coordinator's thread %.2f%%", 100 * coordinator_cpu);
+  }
+  if (counts_before.ok() && counts_after.ok()) {
+    const double requests =
+        static_cast<double>(counts_after->requests - counts_before->requests) / watched;
+    c.figure("slow_watch_requests_per_s", requests, "1/s");
+    c.figure("slow_watch_requests_per_rank_s", requests / sim.ranks, "1/s");
+    absl::StrAppendFormat(&said, ", %.0f store requests/s (%.2f per rank)", requests,
+                          requests / sim.ranks);
+    if (baseline_from.ok()) {
+      const double baseline =
+          static_cast<double>(counts_before->requests - baseline_from->requests) / baseline_s;
+      c.figure("slow_watch_added_requests_per_s", requests - baseline, "1/s");
+      absl::StrAppendFormat(&said, ", %.0f/s more than the %.1f s before it", requests - baseline,
+                            baseline_s);
+    }
+  }
+  std::printf("  fail-slow watch on %d hosts, healthy, over %.1f s: %s\n", c.training_hosts,
+              watched, said.c_str());
+
+  std::vector<SimMember*> slowed;
+  absl::Time onset;
+  c.thread_of(static_cast<int>(std::find(c.hosts.begin(), c.hosts.end(), victim) - c.hosts.begin()))
+      ->RunOnThread([&] {
+        slowed = victim->SlowEveryMember();
+        sim.faults.slowdown.store(true);
+        onset = absl::Now();
+      });
+  const std::string what = absl::StrCat("host ", victim->host_id(), " slow");
+  std::optional<Sim::Named> named;
+  const absl::Duration patience = std::max(c.flags.timeout, absl::Seconds(120));
+  for (const absl::Time until = onset + patience; absl::Now() < until && !named.has_value();) {
+    absl::SleepFor(absl::Milliseconds(20));
+    MutexLock lock(&sim.named_mu);
+    if (!sim.slow_named.empty()) named = sim.slow_named.front();
+  }
+  auto stop_watching = [&] {
+    sim.faults.work_records.store(false);
+    sim.faults.slowdown.store(false);
+    for (SimMember* m : slowed) m->Slow(false);
+  };
+  if (!named.has_value()) {
+    stop_watching();
+    std::printf("  %s: not named within %s\n", what.c_str(),
+                absl::FormatDuration(patience).c_str());
+    return false;
+  }
+  const double to_named = Seconds(named->when - onset);
+  c.figure("slow_host_named_s", to_named, "s");
+  std::printf("  %s: %s named %.3f s after the slowdown (action: %s)\n", what.c_str(),
+              named->what.c_str(), to_named, named->action.c_str());
+  bool ok = named->what == victim->host_id();
+  const bool evicted = named->action == "evict";
+  std::vector<SimMember*> dead;
+  if (evicted) {
+    std::optional<Adoption> adopted = AwaitConvergence(sim, before, absl::Now() + c.flags.timeout);
+    if (!adopted.has_value()) {
+      stop_watching();
+      std::printf("  %s: evicted, not recovered within %s\n", what.c_str(),
+                  absl::FormatDuration(c.flags.timeout).c_str());
+      for (const std::string& p : sim.problems.Take()) std::printf("  %s\n", p.c_str());
+      return false;
+    }
+    c.figure("slow_host_evicted_s", Seconds(adopted->last - onset), "s");
+    std::printf(
+        "  %s: evicted, every live member in the new generation %.3f s after the "
+        "slowdown\n",
+        what.c_str(), Seconds(adopted->last - onset));
+    // Its members learn from their next wait that their ranks were given away.
+    for (const absl::Time until = absl::Now() + c.flags.timeout; absl::Now() < until;) {
+      if (std::all_of(slowed.begin(), slowed.end(),
+                      [](SimMember* m) { return m->ended() || m->silenced(); })) {
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    for (SimMember* m : slowed) {
+      if (!m->silenced() && !(m->ended() && m->place().replaced)) {
+        std::printf("  wrong after %s evicted: %s still holds its rank\n", what.c_str(),
+                    m->id().c_str());
+        ok = false;
+      }
+      m->Silence();  // from here on as dead: its writes must be refused
+      dead.push_back(m);
+    }
+  }
+  stop_watching();
+  {
+    MutexLock lock(&sim.named_mu);
+    for (const Sim::Named& n : sim.slow_named) {
+      if (n.what != victim->host_id()) {
+        std::printf("  wrong after %s: healthy host %s named (%s)\n", what.c_str(), n.what.c_str(),
+                    n.action.c_str());
+        ok = false;
+      }
+    }
+  }
+  if (!ok) return false;
+  if (!evicted) {
+    std::printf("  correct: %s named, no other host; not evicted (%s)\n", what.c_str(),
+                named->action.c_str());
+    return true;
+  }
+  ok = CheckCorrect(sim, dead, what);
+  AgentThread* thread = c.thread_of(
+      static_cast<int>(std::find(c.hosts.begin(), c.hosts.end(), victim) - c.hosts.begin()));
+  std::optional<AgentExit> fenced;
+  thread->RunOnThread([&] {
+    fenced = victim->CheckFenced();
+    thread->Forget(victim);  // its agent leaves, fenced out
+    victim->StopAgentThreads();
+  });
+  if (!fenced.has_value()) {
+    std::printf("  wrong after %s evicted: its agent does not find itself fenced out\n",
+                what.c_str());
+    return false;
+  }
+  std::printf(
+      "  correct: %s named, no other host; its agent, turned again, ends fenced out "
+      "(exit code %d)\n",
+      what.c_str(), fenced->code);
+  return ok;
+}
+
 // One size: returns its figures (ok false when it could not be measured, formed, recovered or
 // checked: said why).
 SizeResult MeasureSize(const Flags& flags, int ranks) {
@@ -1181,8 +1880,8 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
   for (const std::string& fault : flags.faults) {
     if (fault == "host" || fault == "partition") {
       if (victims-- > 0) ++standby_hosts;
-    } else if (fault == "rank" || fault == "coordinator") {
-      ++standby_hosts;
+    } else if (fault == "rank" || fault == "coordinator" || fault == "hang" || fault == "slow") {
+      ++standby_hosts;  // the hang's suspect's replacement; the slow host's, evicted
     }
   }
   standby_hosts = std::max(standby_hosts, 1);
@@ -1194,17 +1893,16 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
   }
   const int members = ranks + standby_hosts * kRanksPerHost;
   // A thread and a connection per member (a standby's heartbeat thread and its second connection
-  // besides), per agent its heartbeat and lease renewal threads and two connections (its store
-  // client opens another while one is busy: its turn and its heartbeat overlap; the coordinator's
-  // renewal, a third), and the checks'. The server's connection cap is sized from it: a cap below
-  // what the clients hold refuses connections, and their retries become a storm. Without the
-  // agents' threads, one connection per agent.
+  // besides), per agent its heartbeat and lease renewal threads and its client's capped
+  // connections (the coordinator's waits, a few more), and the checks'. The server's connection
+  // cap is sized from it: a cap below what the clients hold refuses connections, and their
+  // retries become a storm.
   bool agent_beat_threads = true;
   int threads = members + standby_hosts * kRanksPerHost + 2 * hosts + flags.agent_threads + 64;
-  int files = members + standby_hosts * kRanksPerHost + 2 * hosts + 256;
+  int files = members + standby_hosts * kRanksPerHost + kAgentStoreConnections * hosts + 256;
   if (std::optional<std::string> why = bench::MachineCannotHold(threads, files); why.has_value()) {
     const int threads_in_turns = threads - 2 * hosts;
-    const int files_in_turns = files - hosts;
+    const int files_in_turns = files;
     if (bench::MachineCannotHold(threads_in_turns, files_in_turns).has_value()) {
       std::printf("ranks=%d: not measured on this machine: %s\n", ranks, why->c_str());
       return result;
@@ -1222,6 +1920,25 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
   std::unique_ptr<testing::EtcdCluster> etcd;
   Sim sim;
   sim.flags = &flags;
+  sim.run_dir = absl::StrCat("/dev/shm/trainguard-simulate-", getpid(), "-", ranks);
+  // Removed at the size's end, whatever path it takes out of here.
+  struct RunDir {
+    std::string path;
+    ~RunDir() {
+      std::error_code ignored;
+      std::filesystem::remove_all(path, ignored);
+    }
+  } run_dir{sim.run_dir};
+  if (std::find(flags.faults.begin(), flags.faults.end(), "hang") != flags.faults.end()) {
+    // Before the members' threads: the stacks a rank dumps are this process's few threads'.
+    absl::StatusOr<std::unique_ptr<HangScenario>> hang = PrepareHang(flags, sim.run_dir);
+    if (!hang.ok()) {
+      std::printf("ranks=%d: preparing the hang's dumps: %s\n", ranks,
+                  hang.status().ToString().c_str());
+      return result;
+    }
+    sim.faults.hang = *std::move(hang);
+  }
   if (flags.store == "etcd") {
     absl::StatusOr<std::unique_ptr<testing::EtcdCluster>> started = testing::EtcdCluster::Start(3);
     if (!started.ok()) {
@@ -1239,9 +1956,13 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
       if (!client.ok()) return client.status();
       return std::unique_ptr<Store>(*std::move(client));
     };
+    sim.connect_agent = sim.connect;
   } else {
     absl::StatusOr<std::unique_ptr<ServerProcess>> started =
-        ServerProcess::Start(std::max(TcpStoreServerOptions{}.max_connections, files + 64));
+        // With room for a reconnection per agent: a connection its client closed after a call
+        // timed out counts until the server reads its end, and a cap met refuses the
+        // reconnections into a storm.
+        ServerProcess::Start(std::max(TcpStoreServerOptions{}.max_connections, files + 64 + hosts));
     if (!started.ok()) {
       std::printf("ranks=%d: %s\n", ranks, started.status().ToString().c_str());
       return result;
@@ -1250,6 +1971,9 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
     const int port = server->port();
     sim.store_url = absl::StrCat("tcp://127.0.0.1:", port);
     sim.connect = [port] { return Connect(port, kStoreTimeout); };
+    sim.connect_agent = [port] {
+      return Connect(port, kStoreTimeout, std::nullopt, kAgentStoreConnections);
+    };
   }
   // What the store's server process received and sent: the TcpStore's counters (none for etcd).
   auto counters = [&]() -> absl::StatusOr<ServerProcess::Counts> {
@@ -1419,6 +2143,19 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
   int next_victim = 1;
   bool coordinator_lost = false;  // the first host's, that the timing reads
   for (const std::string& fault : flags.faults) {
+    if (fault == "hang" || fault == "slow") {
+      FaultContext context(sim, flags);
+      for (const auto& h : all_hosts) context.hosts.push_back(h.get());
+      context.training_hosts = training_hosts;
+      context.first_spared_host = next_victim;
+      context.coordinator_thread = agents[0].get();
+      context.coordinator_lost = coordinator_lost;
+      context.thread_of = thread_of;
+      context.figure = figure;
+      context.counters = counters;
+      ok = (fault == "hang" ? RunHangFault(context) : RunSlowHostFault(context)) && ok;
+      continue;
+    }
     // Every live member holds the same generation here (the previous step converged).
     const int64_t before = sim.NewestHeldGeneration();
     // Where the recovery's time goes is timed on the coordinating host, the first one's as long as
@@ -1705,9 +2442,11 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     if (arg == "--help" || arg == "-h") {
       return absl::CancelledError(
           "usage: bench_simulate [--ranks=8,64,512,4096] "
-          "[--faults=rank,host,partition,coordinator] "
+          "[--faults=rank,host,partition,hang,slow,coordinator] "
           "[--host_timeout_ms=2000] [--heartbeat_ms=1000] [--steady_s=10] [--agent_threads=4] "
-          "[--timeout_s=120] [--store=tcp|etcd] [--json=FILE] [--verbose]");
+          "[--timeout_s=120] [--store=tcp|etcd] [--hang_records=1024] [--hang_dump_grace_ms=3000] "
+          "[--fail_slow=evict|alert] "
+          "[--json=FILE] [--verbose]");
     } else if (absl::ConsumePrefix(&value, "--ranks=")) {
       flags.ranks.clear();
       for (absl::string_view r : absl::StrSplit(value, ',')) {
@@ -1745,6 +2484,21 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
         return absl::InvalidArgumentError(absl::StrCat("--store: '", value, "' (tcp or etcd)"));
       }
       flags.store = std::string(value);
+    } else if (absl::ConsumePrefix(&value, "--hang_records=")) {
+      if (!absl::SimpleAtoi(value, &flags.hang_records) || flags.hang_records < 16) {
+        return absl::InvalidArgumentError(absl::StrCat("--hang_records: '", value, "' (>= 16)"));
+      }
+    } else if (absl::ConsumePrefix(&value, "--hang_dump_grace_ms=")) {
+      s = milliseconds(value, "--hang_dump_grace_ms", &flags.hang_dump_grace);
+    } else if (absl::ConsumePrefix(&value, "--fail_slow=")) {
+      if (value == "evict") {
+        flags.fail_slow = FailSlowPolicy::kEvict;
+      } else if (value == "alert") {
+        flags.fail_slow = FailSlowPolicy::kAlert;
+      } else {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--fail_slow: '", value, "' (evict or alert)"));
+      }
     } else if (arg == "--verbose") {
       flags.verbose = true;
     } else if (absl::ConsumePrefix(&value, "--json=")) {

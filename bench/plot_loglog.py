@@ -24,7 +24,8 @@ from xml.sax.saxutils import escape
 
 WIDTH, HEIGHT = 760, 480
 LEFT, RIGHT, TOP, BOTTOM = 70, 250, 40, 50
-COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
+COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf",
+          "#bcbd22", "#7f7f7f"]
 
 
 def median_and_range(y):
@@ -59,6 +60,9 @@ SIMULATE_SERIES = [
     ("steady_coordinator_cpu_per_s", "coordinator CPU, steady state (cores)"),
     ("steady_server_cpu_per_s", "store server CPU, steady state (cores)"),
     ("steady_requests_per_rank_s", "store requests per rank per s"),
+    ("hang_suspects_named_s", "a hang's suspects named (s after it)"),
+    ("slow_host_named_s", "a slow host named (s after the slowdown)"),
+    ("slow_detector_cpu_per_s", "fail-slow detector CPU (cores)"),
 ]
 
 

@@ -23,10 +23,12 @@
 // false for a key its first attempt deleted.
 //
 // Thread safety: TcpStore is thread-safe. A connection carries one request at a time; a call takes
-// an idle connection, or opens one when every connection is busy (a few are kept for later calls).
-// One thread alone uses one connection; calls that overlap run side by side, so a long Wait never
-// holds up another thread's calls behind it (a rank's heartbeats, its votes). TcpStoreServer's
-// methods may be called from any thread.
+// an idle connection, or opens one when every connection is busy, up to
+// TcpStoreOptions::max_connections for the requests answered at once; beyond it a call waits for
+// the first connection to come free. One thread alone uses one connection; a Wait, WaitAny or
+// WaitAndRead parked on the server holds a connection of its own outside that cap, so a long wait
+// never holds up another thread's calls behind it (a rank's heartbeats, its votes)
+// (sdk/rendezvous/connection_pool.h). TcpStoreServer's methods may be called from any thread.
 #ifndef TRAINGUARD_SDK_RENDEZVOUS_TCP_STORE_H_
 #define TRAINGUARD_SDK_RENDEZVOUS_TCP_STORE_H_
 
@@ -45,6 +47,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "sdk/core/mutex.h"
+#include "sdk/rendezvous/connection_pool.h"
 #include "trainguard/store.h"
 
 namespace trainguard {
@@ -155,6 +158,14 @@ struct TcpStoreOptions {
   // loaded server; sdk/rendezvous/busy_poll.h); never used for Wait. Zero never polls. Short: on
   // a busy host a poll that misses holds a CPU its peer may need for the whole budget.
   absl::Duration busy_poll = absl::Microseconds(20);
+  // The most connections this client holds for its requests answered at once (all but the waits):
+  // a call that finds them all busy waits, within its timeout and in arrival order, for the first
+  // to come free, rather than open another (DeadlineExceeded naming this option when none does).
+  // Waits (Wait, WaitAny, WaitAndRead) are parked on the server for as long as their keys take, so
+  // each holds a connection of its own beyond the cap: counted in it, they would hold up the short
+  // calls (a rank's heartbeats behind its generation watch) and one another. A client thus holds
+  // at most this many connections plus one per wait in flight. At least 1.
+  int max_connections = 4;
 };
 
 class TcpStore final : public Store {
@@ -202,18 +213,13 @@ class TcpStore final : public Store {
 
  private:
   class Connection;
-  class Lease;  // one call's connection, taken from the pool and given back (tcp_store_client.cc)
+  class Lease;  // one call on a connection taken from the pool and given back (tcp_store_client.cc)
   explicit TcpStore(const TcpStoreOptions& options);
-
-  // An idle connection, or a new one (it connects on its first call).
-  std::unique_ptr<Connection> TakeConnection();
-  void ReturnConnection(std::unique_ptr<Connection> connection);
 
   const TcpStoreOptions options_;
   std::atomic<int64_t> generation_{kUnfenced};  // what SetWriterGeneration set; every request
                                                 // carries it
-  Mutex pool_mu_;
-  std::vector<std::unique_ptr<Connection>> idle_ ABSL_GUARDED_BY(pool_mu_);
+  std::unique_ptr<ConnectionPool<Connection>> pool_;
 };
 
 }  // namespace trainguard

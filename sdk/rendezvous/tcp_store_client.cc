@@ -1,7 +1,7 @@
 // TcpStore, the client: a pool of blocking-with-deadline connections (non-blocking socket + poll),
 // one request in flight on each, reconnection with bounded exponential backoff inside each call's
-// timeout. A call takes an idle connection, or opens one when all are busy, and polls for its
-// answer briefly before it sleeps (busy_poll.h).
+// timeout. A call takes an idle connection, or opens one when all are busy, within the pool's cap
+// (connection_pool.h), and polls for its answer briefly before it sleeps (busy_poll.h).
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -41,8 +41,6 @@ namespace trainguard {
 namespace {
 
 constexpr size_t kReadChunkBytes = 64 << 10;
-// Idle connections kept open for later calls; more are closed when given back.
-constexpr size_t kIdleConnections = 4;
 // A Wait's answer leaves the server at the wait's deadline; the client listens this much longer
 // for it, so that a timeout names the keys still missing.
 constexpr absl::Duration kWaitAnswerGrace = absl::Seconds(1);
@@ -536,6 +534,10 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(const TcpStoreOption
                      absl::FormatDuration(options.reconnect_backoff_initial), ") <= max (",
                      absl::FormatDuration(options.reconnect_backoff_max), ")"));
   }
+  if (options.max_connections < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "TcpStoreOptions.max_connections must be at least 1, not %d", options.max_connections));
+  }
   if (!options.source_address.empty()) {
     if (absl::StatusOr<sockaddr_storage> source =
             NumericSockaddr(options.source_address, "TcpStoreOptions.source_address");
@@ -544,45 +546,53 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(const TcpStoreOption
     }
   }
   std::unique_ptr<TcpStore> store(new TcpStore(options));
-  auto connection = std::make_unique<Connection>(store->options_, store->generation_);
+  using Use = ConnectionPool<Connection>::Use;
+  std::unique_ptr<Connection> connection = store->pool_->Take(Use::kParked, absl::ZeroDuration());
   if (absl::Status s = connection->Open(options.connect_timeout); !s.ok()) return s;
-  store->ReturnConnection(std::move(connection));
+  store->pool_->Give(std::move(connection), Use::kParked);  // idle, for the first call
   return store;
 }
 
-TcpStore::TcpStore(const TcpStoreOptions& options) : options_(options) {}
+TcpStore::TcpStore(const TcpStoreOptions& options)
+    : options_(options),
+      pool_(std::make_unique<ConnectionPool<Connection>>(options_.max_connections, [this] {
+        return std::make_unique<Connection>(options_, generation_);
+      })) {}
 TcpStore::~TcpStore() = default;
 
-std::unique_ptr<TcpStore::Connection> TcpStore::TakeConnection() {
-  std::unique_ptr<Connection> connection;
-  {
-    MutexLock lock(&pool_mu_);
-    if (!idle_.empty()) {
-      connection = std::move(idle_.back());
-      idle_.pop_back();
-    }
-  }
-  if (connection == nullptr) connection = std::make_unique<Connection>(options_, generation_);
-  return connection;
-}
-
-void TcpStore::ReturnConnection(std::unique_ptr<Connection> connection) {
-  MutexLock lock(&pool_mu_);
-  if (idle_.size() < kIdleConnections) idle_.push_back(std::move(connection));
-}
-
-// A connection of the pool for the duration of one call: `Lease(this)->Call(...)`.
+// One call on a connection of the pool, taken for it and given back: `Lease(this)->Call(...)`. A
+// Wait or WaitAny is parked on the server and takes no slot of the cap; any other request waits,
+// within its timeout, for a slot when the cap's connections are all busy.
 class TcpStore::Lease {
  public:
-  explicit Lease(TcpStore* store) : store_(store), connection_(store->TakeConnection()) {}
-  ~Lease() { store_->ReturnConnection(std::move(connection_)); }
+  explicit Lease(TcpStore* store) : store_(store) {}
   Lease(const Lease&) = delete;
   Lease& operator=(const Lease&) = delete;
-  Connection* operator->() const { return connection_.get(); }
+  Lease* operator->() { return this; }
+
+  // Connection::Call on the connection taken, with what is left of `timeout` once it is.
+  absl::StatusOr<proto::StoreResponse> Call(proto::ClientMessage& message, Connection::Retry retry,
+                                            absl::Duration timeout, const std::string& what) {
+    using Use = ConnectionPool<Connection>::Use;
+    const proto::StoreRequest& request = message.request();
+    const Use use = request.has_wait() || request.has_wait_any() ? Use::kParked : Use::kShort;
+    const absl::Time deadline = MonotonicNow() + timeout;
+    std::unique_ptr<Connection> connection = store_->pool_->Take(use, timeout);
+    if (connection == nullptr) {
+      return absl::DeadlineExceededError(absl::StrFormat(
+          "%s on store server %s: no connection came free within %s: all %d of this client's "
+          "connections (TcpStoreOptions.max_connections) carry other calls",
+          what, store_->address(), absl::FormatDuration(timeout),
+          store_->options_.max_connections));
+    }
+    absl::StatusOr<proto::StoreResponse> response = connection->Call(
+        message, retry, std::max(deadline - MonotonicNow(), absl::ZeroDuration()), what);
+    store_->pool_->Give(std::move(connection), use);
+    return response;
+  }
 
  private:
   TcpStore* const store_;
-  std::unique_ptr<Connection> connection_;
 };
 
 std::string TcpStore::address() const { return absl::StrCat(options_.host, ":", options_.port); }

@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -532,9 +533,8 @@ TEST(TcpStoreServerTest, SixtyFourConcurrentClientsAllCompleteARendezvous) {
   EXPECT_EQ(store->ListKeys("rank/", kTimeout)->size(), 64u);
 }
 
-TEST(TcpStoreServerTest, OneClientSharedByManyThreadsSerializesTheirCalls) {
-  auto server = StartServer();
-  auto shared = ConnectClient(server->port());
+// 8 threads each add 1 to `key` 50 times on `shared`: every Add succeeds and the sum is theirs.
+void ExpectEightThreadsAddOnOneClient(TcpStore& shared, const std::string& key) {
   constexpr int kThreads = 8;
   constexpr int kAddsEach = 50;
   std::atomic<int> failures{0};
@@ -543,13 +543,19 @@ TEST(TcpStoreServerTest, OneClientSharedByManyThreadsSerializesTheirCalls) {
   for (int i = 0; i < kThreads; ++i) {
     threads.emplace_back([&] {
       for (int n = 0; n < kAddsEach; ++n) {
-        if (!shared->Add("shared/sum", 1, kTimeout).ok()) ++failures;
+        if (!shared.Add(key, 1, kTimeout).ok()) ++failures;
       }
     });
   }
   for (std::thread& t : threads) t.join();
   EXPECT_EQ(failures.load(), 0);
-  EXPECT_EQ(*shared->Get("shared/sum", kTimeout), absl::StrCat(kThreads * kAddsEach));
+  EXPECT_EQ(*shared.Get(key, kTimeout), absl::StrCat(kThreads * kAddsEach));
+}
+
+TEST(TcpStoreServerTest, OneClientSharedByManyThreadsSerializesTheirCalls) {
+  auto server = StartServer();
+  auto shared = ConnectClient(server->port());
+  ExpectEightThreadsAddOnOneClient(*shared, "shared/sum");
 }
 
 TEST(TcpStoreServerTest, AClientReconnectsWhenTheServerRestartsOnTheSamePort) {
@@ -880,6 +886,80 @@ TEST(TcpStoreServerTest, OneThreadAloneUsesOneConnectionAndOverlappingCallsOpenM
   ASSERT_TRUE(client->Set("later2", "1", kTimeout).ok());
   again.join();
   EXPECT_EQ(server->stats().connections_accepted, 2);
+}
+
+std::unique_ptr<TcpStore> ConnectCapped(int port, int max_connections) {
+  TcpStoreOptions options = ClientOptions(port);
+  options.max_connections = max_connections;
+  return OrDie(TcpStore::Connect(options));
+}
+
+TEST(TcpStoreClientTest, ManyThreadsOnOneClientHoldNoMoreConnectionsThanItsCap) {
+  auto server = StartServer();
+  auto shared = ConnectCapped(server->port(), 2);
+  ExpectEightThreadsAddOnOneClient(*shared, "capped/sum");
+  EXPECT_LE(server->stats().connections_accepted, 2);
+}
+
+// Waits parked on the server hold connections of their own: a client capped at one connection
+// still answers its other threads' calls, and a second wait, while two waits are parked.
+TEST(TcpStoreClientTest, ParkedWaitsTakeNoSlotOfTheCapAndNeverHoldUpShortCalls) {
+  auto server = StartServer();
+  auto shared = ConnectCapped(server->port(), 1);
+  std::thread first([&] { EXPECT_TRUE(shared->Wait({"go"}, absl::Minutes(2)).ok()); });
+  std::thread second([&] { EXPECT_TRUE(shared->WaitAny({"go", "never"}, absl::Minutes(2)).ok()); });
+  ASSERT_TRUE(Eventually([&] { return server->stats().waits_parked == 2; }));
+  for (int beat = 0; beat < 10; ++beat) ASSERT_TRUE(shared->Add("beat", 1, kTimeout).ok());
+  ASSERT_TRUE(shared->Set("go", "1", kTimeout).ok());
+  first.join();
+  second.join();
+  EXPECT_EQ(server->stats().connections_accepted, 3) << "one per parked wait and one for the rest";
+}
+
+TEST(TcpStoreClientTest, ACallThatFindsNoConnectionFreeWithinItsTimeoutFailsNamingTheCap) {
+  RequestSwallowingServer server;
+  auto client = ConnectCapped(server.port(), 1);
+  // An idempotent Get retried on the swallowing server holds the one connection for its timeout.
+  std::thread holder([&] { EXPECT_FALSE(client->Get("held", absl::Milliseconds(1500)).ok()); });
+  ASSERT_TRUE(Eventually([&] { return server.requests_swallowed() >= 1; }));
+  const absl::Status set = client->Set("k", "v", absl::Milliseconds(200));
+  holder.join();
+  EXPECT_TRUE(absl::IsDeadlineExceeded(set)) << set;
+  EXPECT_THAT(std::string(set.message()), HasSubstr("Set(k) on store server 127.0.0.1:"));
+  EXPECT_THAT(std::string(set.message()),
+              HasSubstr("no connection came free within 200ms: all 1 of this client's connections "
+                        "(TcpStoreOptions.max_connections) carry other calls"));
+}
+
+TEST(TcpStoreClientTest, AConnectionLostUnderACallFreesItsSlot) {
+  RequestSwallowingServer server;
+  auto client = ConnectCapped(server.port(), 1);
+  constexpr int kThreads = 4;
+  std::vector<std::thread> threads;
+  std::atomic<int> outcome_unknown{0};
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&] {
+      const absl::StatusOr<int64_t> added = client->Add("counter", 1, kTimeout);
+      if (absl::IsUnavailable(added.status()) &&
+          absl::StrContains(added.status().message(), "outcome unknown")) {
+        ++outcome_unknown;
+      } else {
+        ADD_FAILURE() << added.status();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(outcome_unknown.load(), kThreads) << "each Add got the slot its predecessor freed";
+  EXPECT_EQ(server.requests_swallowed(), kThreads);
+}
+
+TEST(TcpStoreClientTest, AMaxConnectionsBelowOneIsInvalidArgumentNamingIt) {
+  auto server = StartServer();
+  TcpStoreOptions options = ClientOptions(server->port());
+  options.max_connections = 0;
+  absl::StatusOr<std::unique_ptr<TcpStore>> client = TcpStore::Connect(options);
+  EXPECT_TRUE(absl::IsInvalidArgument(client.status())) << client.status();
+  EXPECT_THAT(std::string(client.status().message()), HasSubstr("TcpStoreOptions.max_connections"));
 }
 
 TEST(TcpStoreServerTest, AWaitIsAnsweredWhenItsKeysExistTogether) {
