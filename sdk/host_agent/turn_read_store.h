@@ -64,6 +64,8 @@ class TurnReadStore final : public ForwardingStore {
                                                     std::string_view desired,
                                                     absl::Duration timeout) override;
   absl::StatusOr<bool> Delete(std::string_view key, absl::Duration timeout) override;
+  absl::StatusOr<std::vector<CompareAndSetResult>> WriteBatch(const std::vector<BatchWrite>& writes,
+                                                              absl::Duration timeout) override;
 
   // The reads answered from turns' MultiGets so far (what the store was spared).
   int64_t reads_answered() const {

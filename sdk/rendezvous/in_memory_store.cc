@@ -177,6 +177,40 @@ class InMemoryStore::Client final : public Store {
     return absl::OkStatus();
   }
 
+  // Under one lock: no other client, waiting or not, sees the store between two of the writes.
+  absl::StatusOr<std::vector<CompareAndSetResult>> WriteBatch(const std::vector<BatchWrite>& writes,
+                                                              absl::Duration) override {
+    if (absl::Status s = CheckBatch(writes); !s.ok()) return s;
+    std::vector<CompareAndSetResult> results;
+    results.reserve(writes.size());
+    if (writes.empty()) return results;
+    MutexLock lock(&state_->mu);
+    if (absl::Status s = state_->CheckFence(generation_.load()); !s.ok()) return s;
+    for (const BatchWrite& write : writes) {
+      switch (write.op) {
+        case BatchWrite::Op::kSet:
+          state_->data[write.key] = write.value;
+          results.push_back(CompareAndSetResult{true, write.value});
+          break;
+        case BatchWrite::Op::kCompareAndSet: {
+          std::optional<std::string> current = Lookup(write.key);
+          if (current != write.expected) {
+            results.push_back(CompareAndSetResult{false, std::move(current)});
+            break;
+          }
+          state_->data[write.key] = write.value;
+          results.push_back(CompareAndSetResult{true, write.value});
+          break;
+        }
+        case BatchWrite::Op::kRaiseFence:
+          state_->fence = std::max(state_->fence, write.generation);
+          results.push_back(CompareAndSetResult{true, std::nullopt});
+          break;
+      }
+    }
+    return results;
+  }
+
   void SetWriterGeneration(int64_t generation) override { generation_.store(generation); }
 
  private:
@@ -286,6 +320,11 @@ absl::StatusOr<std::vector<std::optional<std::string>>> InMemoryStore::WaitAndRe
 absl::Status InMemoryStore::RaiseFence(int64_t generation, absl::Duration timeout) {
   return self_->RaiseFence(generation, timeout);
 }
+absl::StatusOr<std::vector<CompareAndSetResult>> InMemoryStore::WriteBatch(
+    const std::vector<BatchWrite>& writes, absl::Duration timeout) {
+  return self_->WriteBatch(writes, timeout);
+}
+
 void InMemoryStore::SetWriterGeneration(int64_t generation) {
   self_->SetWriterGeneration(generation);
 }

@@ -79,6 +79,16 @@ absl::StatusOr<std::vector<std::optional<std::string>>> PrefixStore::WaitAndRead
 absl::Status PrefixStore::RaiseFence(int64_t generation, absl::Duration timeout) {
   return base_->RaiseFence(generation, timeout);
 }
+
+absl::StatusOr<std::vector<CompareAndSetResult>> PrefixStore::WriteBatch(
+    const std::vector<BatchWrite>& writes, absl::Duration timeout) {
+  // An empty key stays empty, for the store behind to refuse by its index.
+  std::vector<BatchWrite> full = writes;
+  for (BatchWrite& write : full) {
+    if (!write.key.empty()) write.key = Full(write.key);
+  }
+  return base_->WriteBatch(full, timeout);
+}
 void PrefixStore::SetWriterGeneration(int64_t generation) {
   base_->SetWriterGeneration(generation);
 }

@@ -195,6 +195,9 @@ class TcpStore final : public Store {
       const std::vector<std::string>& awaited, const std::vector<std::string>& read,
       absl::Duration timeout) override;
   absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override;
+  // One round trip: the server applies the writes in one pass (WriteBatchOp).
+  absl::StatusOr<std::vector<CompareAndSetResult>> WriteBatch(const std::vector<BatchWrite>& writes,
+                                                              absl::Duration timeout) override;
   void SetWriterGeneration(int64_t generation) override;
 
   // "host:port" of the server.

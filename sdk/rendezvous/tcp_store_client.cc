@@ -801,4 +801,55 @@ absl::Status TcpStore::RaiseFence(int64_t generation, absl::Duration timeout) {
   return ResponseStatus(*response);
 }
 
+absl::StatusOr<std::vector<CompareAndSetResult>> TcpStore::WriteBatch(
+    const std::vector<BatchWrite>& writes, absl::Duration timeout) {
+  if (absl::Status s = CheckBatch(writes); !s.ok()) return s;
+  if (writes.empty()) return std::vector<CompareAndSetResult>();
+  proto::ClientMessage message;
+  proto::WriteBatchOp* op = message.mutable_request()->mutable_write_batch();
+  std::vector<std::string> keys;
+  for (const BatchWrite& write : writes) {
+    proto::BatchWriteOp* out = op->add_writes();
+    switch (write.op) {
+      case BatchWrite::Op::kSet:
+        out->mutable_set()->set_key(write.key);
+        out->mutable_set()->set_value(write.value);
+        keys.push_back(write.key);
+        break;
+      case BatchWrite::Op::kCompareAndSet: {
+        proto::CompareAndSetOp* cas = out->mutable_compare_and_set();
+        cas->set_key(write.key);
+        cas->set_expected_present(write.expected.has_value());
+        if (write.expected.has_value()) cas->set_expected(*write.expected);
+        cas->set_desired(write.value);
+        keys.push_back(write.key);
+        break;
+      }
+      case BatchWrite::Op::kRaiseFence:
+        out->mutable_raise_fence()->set_generation(write.generation);
+        keys.push_back(absl::StrCat("(fence ", write.generation, ")"));
+        break;
+    }
+  }
+  const std::string what = Describe("WriteBatch", keys);
+  // Not sent again once it may have applied: its compare-and-sets would see their own writes.
+  absl::StatusOr<proto::StoreResponse> response =
+      Lease(this)->Call(message, Connection::Retry::kOnlyIfUnsent, timeout, what);
+  if (!response.ok()) return response.status();
+  if (absl::Status s = ResponseStatus(*response); !s.ok()) return s;
+  if (static_cast<size_t>(response->values_size()) != writes.size() ||
+      static_cast<size_t>(response->flags_size()) != writes.size()) {
+    return absl::InternalError(absl::StrFormat(
+        "store server %s answered %s with %d values and %d flags for %d writes", address(), what,
+        response->values_size(), response->flags_size(), writes.size()));
+  }
+  std::vector<CompareAndSetResult> results(writes.size());
+  for (size_t i = 0; i < writes.size(); ++i) {
+    results[i].swapped = response->flags(static_cast<int>(i));
+    proto::OptionalValue& value = *response->mutable_values(static_cast<int>(i));
+    if (value.present()) results[i].current = std::move(*value.mutable_value());
+  }
+  return results;
+}
+
 }  // namespace trainguard

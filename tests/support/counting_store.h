@@ -117,6 +117,15 @@ class CountingStore final : public ForwardingStore {
     Count("RaiseFence", "(fence)");
     return base()->RaiseFence(generation, timeout);
   }
+  absl::StatusOr<std::vector<CompareAndSetResult>> WriteBatch(const std::vector<BatchWrite>& writes,
+                                                              absl::Duration timeout) override {
+    std::vector<std::string> keys;
+    for (const BatchWrite& write : writes) {
+      keys.push_back(write.op == BatchWrite::Op::kRaiseFence ? "(fence)" : write.key);
+    }
+    Count("WriteBatch", keys);
+    return base()->WriteBatch(writes, timeout);
+  }
 
  private:
   void Count(std::string_view verb, std::string_view key) {
