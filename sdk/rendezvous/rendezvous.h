@@ -167,11 +167,13 @@ class RendezvousMember {
   int64_t generation() const;
   // Waits up to `timeout` (a store Wait, parked at the server: no polling) for the table of the
   // generation after the one this member holds, and marks this member superseded when it appears.
-  // The coordinator writes a generation's table first, then raises the fence and announces it, as
-  // AwaitGeneration reads it: a member that waits here learns that the others are leaving for a
-  // newer generation as soon as it is published, sooner than from its next heartbeat's refusal.
-  // True when this member's generation is superseded (also when it was already), false when the
-  // wait ran out; FailedPrecondition before it joined a generation; the store's error otherwise.
+  // The coordinator writes a generation's table, changes, fence and announcement as one store
+  // batch: a member that waits here learns that the others are leaving for a newer generation as
+  // soon as it is published, sooner than from its next heartbeat's refusal, and reads, in the same
+  // round trip, what the AwaitGeneration that follows would read first (the announcement and the
+  // new generation's changes): that call then costs the store nothing. True when this member's
+  // generation is superseded (also when it was already), false when the wait ran out;
+  // FailedPrecondition before it joined a generation; the store's error otherwise.
   absl::StatusOr<bool> AwaitNewerGeneration(absl::Duration timeout);
   // What AwaitNewerGenerationOr saw.
   struct NewerGenerationOrKey {
@@ -199,7 +201,8 @@ class RendezvousMember {
   // This member's place in `generation` from its table (it holds no generation yet, or missed too
   // many); FailedPrecondition when the table does not name it (it was replaced).
   absl::StatusOr<Membership> PlaceFromTable(int64_t generation, absl::Duration timeout);
-  // The changes of `generation` (NotFound before they are published).
+  // The changes of `generation`, waited for (a standby's assignment may be written just before
+  // them).
   absl::StatusOr<store_keys::GenerationChanges> ReadChanges(int64_t generation,
                                                             absl::Duration timeout);
   // Waits, in slices, for `key` (written once by a rank of `membership`'s generation) and returns
@@ -224,6 +227,13 @@ class RendezvousMember {
   int rank_ ABSL_GUARDED_BY(mu_) = -1;
   int world_size_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int64_t> superseded_generation_{-1};
+  // What AwaitNewerGeneration read as the next generation appeared: rdzv/current and the changes of
+  // generation `after` + 1, for AwaitGeneration(`after`). Cleared by AdoptGeneration.
+  struct Prefetched {
+    int64_t after = -1;
+    std::vector<std::optional<std::string>> values;
+  };
+  std::optional<Prefetched> prefetched_ ABSL_GUARDED_BY(mu_);
   Notification stop_;
   std::thread heartbeat_;
 };
