@@ -91,6 +91,24 @@ class Store {
     if (absl::Status s = Set(set_key, value, timeout); !s.ok()) return s;
     return Add(add_key, delta, std::max(deadline - absl::Now(), absl::ZeroDuration()));
   }
+  // Creates `key` with `value` if it is absent and then, only then, adds `delta` to `add_key`, as
+  // one call; returns whether it created the key (and counted). A rank that announces something
+  // once and counts the announcements (its first step of a generation: PublishResumed) is counted
+  // once however often it calls, in one round trip on a store that can (TcpStore, InMemoryStore:
+  // together, or neither when the Add fails). This default is CompareAndSet from absent, then the
+  // Add when it swapped (a failed Add leaves the key created and uncounted).
+  virtual absl::StatusOr<bool> CreateAndAdd(std::string_view key, std::string_view value,
+                                            std::string_view add_key, int64_t delta,
+                                            absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    absl::StatusOr<CompareAndSetResult> created = CompareAndSet(key, std::nullopt, value, timeout);
+    if (!created.ok()) return created.status();
+    if (!created->swapped) return false;
+    absl::StatusOr<int64_t> added =
+        Add(add_key, delta, std::max(deadline - absl::Now(), absl::ZeroDuration()));
+    if (!added.ok()) return added.status();
+    return true;
+  }
   // Sets `key` to `desired` if it currently holds `expected` (nullopt: if it is absent).
   virtual absl::StatusOr<CompareAndSetResult> CompareAndSet(
       std::string_view key, const std::optional<std::string>& expected, std::string_view desired,
@@ -166,6 +184,9 @@ class InMemoryStore final : public Store {
   absl::StatusOr<int64_t> SetAndAdd(std::string_view set_key, std::string_view value,
                                     std::string_view add_key, int64_t delta,
                                     absl::Duration timeout) override;
+  absl::StatusOr<bool> CreateAndAdd(std::string_view key, std::string_view value,
+                                    std::string_view add_key, int64_t delta,
+                                    absl::Duration timeout) override;
   absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
                                                     const std::optional<std::string>& expected,
                                                     std::string_view desired,
@@ -207,6 +228,9 @@ class PrefixStore final : public Store {
   absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override;
   absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta, absl::Duration timeout) override;
   absl::StatusOr<int64_t> SetAndAdd(std::string_view set_key, std::string_view value,
+                                    std::string_view add_key, int64_t delta,
+                                    absl::Duration timeout) override;
+  absl::StatusOr<bool> CreateAndAdd(std::string_view key, std::string_view value,
                                     std::string_view add_key, int64_t delta,
                                     absl::Duration timeout) override;
   absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,

@@ -44,6 +44,11 @@ class ForwardingStore : public Store {
                                     absl::Duration timeout) override {
     return base_->SetAndAdd(set_key, value, add_key, delta, timeout);
   }
+  absl::StatusOr<bool> CreateAndAdd(std::string_view key, std::string_view value,
+                                    std::string_view add_key, int64_t delta,
+                                    absl::Duration timeout) override {
+    return base_->CreateAndAdd(key, value, add_key, delta, timeout);
+  }
   absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
                                                     const std::optional<std::string>& expected,
                                                     std::string_view desired,

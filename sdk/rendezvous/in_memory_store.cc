@@ -93,6 +93,26 @@ class InMemoryStore::Client final : public Store {
     return *sum;
   }
 
+  // Both writes under one lock: together, or neither.
+  absl::StatusOr<bool> CreateAndAdd(std::string_view key, std::string_view value,
+                                    std::string_view add_key, int64_t delta,
+                                    absl::Duration) override {
+    if (absl::Status s = CheckKey(key); !s.ok()) return s;
+    if (absl::Status s = CheckKey(add_key); !s.ok()) return s;
+    MutexLock lock(&state_->mu);
+    if (absl::Status s = state_->CheckFence(generation_.load()); !s.ok()) return s;
+    if (Lookup(key).has_value()) return false;
+    // The sum is taken after the write, as the two calls would: `add_key` may be `key`.
+    state_->data[std::string(key)] = std::string(value);
+    absl::StatusOr<int64_t> sum = SumOf(add_key, delta);
+    if (!sum.ok()) {
+      state_->data.erase(std::string(key));
+      return sum.status();
+    }
+    state_->data[std::string(add_key)] = absl::StrCat(*sum);
+    return true;
+  }
+
   absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
                                                     const std::optional<std::string>& expected,
                                                     std::string_view desired,
@@ -289,6 +309,12 @@ absl::StatusOr<int64_t> InMemoryStore::SetAndAdd(std::string_view set_key, std::
                                                  absl::Duration timeout) {
   return self_->SetAndAdd(set_key, value, add_key, delta, timeout);
 }
+absl::StatusOr<bool> InMemoryStore::CreateAndAdd(std::string_view key, std::string_view value,
+                                                 std::string_view add_key, int64_t delta,
+                                                 absl::Duration timeout) {
+  return self_->CreateAndAdd(key, value, add_key, delta, timeout);
+}
+
 absl::StatusOr<CompareAndSetResult> InMemoryStore::CompareAndSet(
     std::string_view key, const std::optional<std::string>& expected, std::string_view desired,
     absl::Duration timeout) {

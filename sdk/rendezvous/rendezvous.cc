@@ -716,12 +716,11 @@ absl::Status GenerationFollower::Follow(const std::vector<int>& own_ranks, absl:
 
 absl::Status PublishResumed(Store* store, int64_t generation, int rank, int64_t step,
                             absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  absl::StatusOr<CompareAndSetResult> written = store->CompareAndSet(
-      store_keys::Resumed(generation, rank), std::nullopt, absl::StrCat(step), timeout);
-  if (!written.ok()) return written.status();
-  if (!written->swapped) return absl::OkStatus();  // counted by the call that wrote it
-  return store->Add(store_keys::ResumedCount(generation), 1, Left(deadline)).status();
+  // Counted only by the call that writes the key: one round trip on a TcpStore.
+  return store
+      ->CreateAndAdd(store_keys::Resumed(generation, rank), absl::StrCat(step),
+                     store_keys::ResumedCount(generation), 1, timeout)
+      .status();
 }
 
 Membership RendezvousCoordinator::current() const {

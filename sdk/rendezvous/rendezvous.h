@@ -268,7 +268,8 @@ class GenerationFollower {
 
 // Says that `rank` completed its first step of `generation`, `step` (Runtime, once per generation):
 // writes rdzv/gen/<g>/resumed/<rank> if it is absent and, when it wrote it, adds one to
-// rdzv/gen/<g>/resumed_count, so that a retried or repeated call counts once. The store's error.
+// rdzv/gen/<g>/resumed_count, so that a retried or repeated call counts once (Store::CreateAndAdd:
+// one round trip on a TcpStore). The store's error.
 absl::Status PublishResumed(Store* store, int64_t generation, int rank, int64_t step,
                             absl::Duration timeout);
 

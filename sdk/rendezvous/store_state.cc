@@ -39,7 +39,8 @@ absl::StatusOr<std::vector<BatchWrite>> BatchWrites(const proto::WriteBatchOp& o
     const proto::BatchWriteOp& write = op.writes(i);
     switch (write.write_case()) {
       case proto::BatchWriteOp::kSet:
-        if (!write.set().add_key().empty() || write.set().add_delta() != 0) {
+        if (!write.set().add_key().empty() || write.set().add_delta() != 0 ||
+            write.set().only_if_absent()) {
           return absl::InvalidArgumentError(
               absl::StrFormat("write %d of a store batch is a Set that adds (not in a batch)", i));
         }
@@ -73,7 +74,8 @@ absl::Status ValidateStoreRequest(const proto::StoreRequest& request) {
   }
   switch (request.op_case()) {
     case proto::StoreRequest::kSet:
-      if (request.set().add_key().empty() && request.set().add_delta() != 0) {
+      if (request.set().add_key().empty() &&
+          (request.set().add_delta() != 0 || request.set().only_if_absent())) {
         return absl::InvalidArgumentError("a Set request adds to no store key");
       }
       return CheckKey(request.set().key(), "Set");
@@ -187,6 +189,10 @@ proto::StoreResponse StoreState::Apply(uint64_t session_id, Job& job,
       if (op.add_key().empty()) {
         job.data.insert_or_assign(op.key(), op.value());
         KeyWritten(job, op.key());
+        return StatusResponse(id, absl::OkStatus());
+      }
+      // CreateAndAdd: nothing when the key exists.
+      if (op.only_if_absent() && job.data.contains(op.key())) {
         return StatusResponse(id, absl::OkStatus());
       }
       // SetAndAdd: the sum is checked before either write, so that both happen or neither. It is

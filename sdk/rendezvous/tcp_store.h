@@ -178,6 +178,10 @@ class TcpStore final : public Store {
   absl::StatusOr<int64_t> SetAndAdd(std::string_view set_key, std::string_view value,
                                     std::string_view add_key, int64_t delta,
                                     absl::Duration timeout) override;
+  // One round trip: the server creates the key and adds together, or does neither.
+  absl::StatusOr<bool> CreateAndAdd(std::string_view key, std::string_view value,
+                                    std::string_view add_key, int64_t delta,
+                                    absl::Duration timeout) override;
   absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
                                                     const std::optional<std::string>& expected,
                                                     std::string_view desired,

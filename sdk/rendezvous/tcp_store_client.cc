@@ -649,6 +649,26 @@ absl::StatusOr<int64_t> TcpStore::SetAndAdd(std::string_view set_key, std::strin
   return response->number();
 }
 
+absl::StatusOr<bool> TcpStore::CreateAndAdd(std::string_view key, std::string_view value,
+                                            std::string_view add_key, int64_t delta,
+                                            absl::Duration timeout) {
+  if (absl::Status s = CheckKey(key); !s.ok()) return s;
+  if (absl::Status s = CheckKey(add_key); !s.ok()) return s;
+  proto::ClientMessage message;
+  proto::SetOp* op = message.mutable_request()->mutable_set();
+  op->set_key(key.data(), key.size());
+  op->set_value(value.data(), value.size());
+  op->set_add_key(add_key.data(), add_key.size());
+  op->set_add_delta(delta);
+  op->set_only_if_absent(true);
+  absl::StatusOr<proto::StoreResponse> response =
+      Lease(this)->Call(message, Connection::Retry::kOnlyIfUnsent, timeout,
+                        absl::StrFormat("CreateAndAdd(%s, %s)", Absl(key), Absl(add_key)));
+  if (!response.ok()) return response.status();
+  if (absl::Status s = ResponseStatus(*response); !s.ok()) return s;
+  return response->flag();
+}
+
 absl::StatusOr<CompareAndSetResult> TcpStore::CompareAndSet(
     std::string_view key, const std::optional<std::string>& expected, std::string_view desired,
     absl::Duration timeout) {

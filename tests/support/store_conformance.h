@@ -308,6 +308,27 @@ TYPED_TEST_P(StoreConformance, AFenceRejectsEveryWriteOfAStaleGeneration) {
   EXPECT_EQ(*launcher->Get("state", kStoreTimeout), "gen2");
 }
 
+TYPED_TEST_P(StoreConformance, CreateAndAddCountsOnlyTheCallThatCreatesTheKey) {
+  auto store = this->harness_.NewClient();
+  auto stale = this->harness_.NewClient();
+  absl::StatusOr<bool> created =
+      store->CreateAndAdd("ca/rank/1", "40", "ca/count", 1, kStoreTimeout);
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_TRUE(*created);
+  created = store->CreateAndAdd("ca/rank/1", "41", "ca/count", 1, kStoreTimeout);
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_FALSE(*created);
+  ASSERT_TRUE(store->CreateAndAdd("ca/rank/0", "40", "ca/count", 1, kStoreTimeout).ok());
+  EXPECT_EQ(*store->Get("ca/rank/1", kStoreTimeout), "40");
+  EXPECT_EQ(*store->Get("ca/count", kStoreTimeout), "2");
+  ASSERT_TRUE(store->RaiseFence(3, kStoreTimeout).ok());
+  stale->SetWriterGeneration(2);
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      stale->CreateAndAdd("ca/rank/2", "40", "ca/count", 1, kStoreTimeout).status()));
+  EXPECT_TRUE(absl::IsNotFound(store->Get("ca/rank/2", kStoreTimeout).status()));
+  EXPECT_EQ(*store->Get("ca/count", kStoreTimeout), "2");
+}
+
 TYPED_TEST_P(StoreConformance, WriteBatchAppliesItsWritesInOrderAndAnswersEach) {
   auto store = this->harness_.NewClient();
   auto stale = this->harness_.NewClient();
@@ -456,9 +477,9 @@ REGISTER_TYPED_TEST_SUITE_P(
     WaitAnyOfKeysAlreadyPresentReturnsTheFirstOfThemAtOnce, WaitAnyTimesOutNamingTheKeys,
     WaitAnyOfNoKeyOrAnEmptyKeyIsRejected, WaitAndReadReturnsTheReadValuesOnceEveryAwaitedKeyExists,
     WaitAndReadTimesOutNamingTheMissingKeys, AFenceRejectsEveryWriteOfAStaleGeneration,
-    WriteBatchAppliesItsWritesInOrderAndAnswersEach, AWaiterWokenByABatchsFirstKeyReadsItsLast,
-    AMalformedOrStaleBatchWritesNothing, PrefixStoresAreIsolatedNamespaces,
-    AOneMebibyteValueRoundTrips);
+    CreateAndAddCountsOnlyTheCallThatCreatesTheKey, WriteBatchAppliesItsWritesInOrderAndAnswersEach,
+    AWaiterWokenByABatchsFirstKeyReadsItsLast, AMalformedOrStaleBatchWritesNothing,
+    PrefixStoresAreIsolatedNamespaces, AOneMebibyteValueRoundTrips);
 
 }  // namespace trainguard::testing
 

@@ -174,6 +174,35 @@ TEST_F(StoreStateTest, ASetAndAddAnswersAWaitOnEitherKey) {
   EXPECT_THAT(ValuesOf(done[0].response), ::testing::ElementsAre("1"));
 }
 
+TEST_F(StoreStateTest, ACreateAndAddWritesNeitherKeyWhenTheKeyExistsOrTheAddFails) {
+  auto create_and_add = [&](const std::string& key) {
+    proto::StoreRequest request;
+    request.set_request_id(next_id_++);
+    request.mutable_set()->set_key(key);
+    request.mutable_set()->set_value("100");
+    request.mutable_set()->set_add_key("count");
+    request.mutable_set()->set_add_delta(1);
+    request.mutable_set()->set_only_if_absent(true);
+    EXPECT_TRUE(ValidateStoreRequest(request).ok());
+    return *state_.Execute(kSession, kJob, request, kStart);
+  };
+  proto::StoreResponse first = create_and_add("resumed/0");
+  EXPECT_EQ(first.code(), 0) << first.message();
+  EXPECT_TRUE(first.flag());
+  EXPECT_EQ(first.number(), 1);
+  proto::StoreResponse again = create_and_add("resumed/0");
+  EXPECT_EQ(again.code(), 0) << again.message();
+  EXPECT_FALSE(again.flag());
+  Set("count", "not a number");
+  proto::StoreResponse failed = create_and_add("resumed/1");
+  EXPECT_EQ(failed.code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  proto::StoreRequest get;
+  get.set_request_id(next_id_++);
+  get.mutable_get()->set_key("resumed/1");
+  EXPECT_EQ(state_.Execute(kSession, kJob, get, kStart)->code(),
+            static_cast<int>(absl::StatusCode::kNotFound));
+}
+
 TEST_F(StoreStateTest, ASetThatAddsToNoKeyIsRefused) {
   proto::StoreRequest request;
   request.set_request_id(1);
