@@ -69,48 +69,22 @@ class InMemoryStore::Client final : public Store {
     return *sum;
   }
 
-  // Both writes under one lock: together, or neither.
   absl::StatusOr<int64_t> SetAndAdd(std::string_view set_key, std::string_view value,
                                     std::string_view add_key, int64_t delta,
                                     absl::Duration) override {
-    if (absl::Status s = CheckKey(set_key); !s.ok()) return s;
-    if (absl::Status s = CheckKey(add_key); !s.ok()) return s;
-    MutexLock lock(&state_->mu);
-    if (absl::Status s = state_->CheckFence(generation_.load()); !s.ok()) return s;
-    // The sum is taken after the Set, as the two calls would: `add_key` may be `set_key`.
-    const std::optional<std::string> before = Lookup(set_key);
-    state_->data[std::string(set_key)] = std::string(value);
-    absl::StatusOr<int64_t> sum = SumOf(add_key, delta);
-    if (!sum.ok()) {
-      if (before.has_value()) {
-        state_->data[std::string(set_key)] = *before;
-      } else {
-        state_->data.erase(std::string(set_key));
-      }
-      return sum.status();
-    }
-    state_->data[std::string(add_key)] = absl::StrCat(*sum);
-    return *sum;
+    absl::StatusOr<std::optional<int64_t>> sum =
+        SetThenAdd(set_key, value, add_key, delta, /*only_if_absent=*/false);
+    if (!sum.ok()) return sum.status();
+    return **sum;
   }
 
-  // Both writes under one lock: together, or neither.
   absl::StatusOr<bool> CreateAndAdd(std::string_view key, std::string_view value,
                                     std::string_view add_key, int64_t delta,
                                     absl::Duration) override {
-    if (absl::Status s = CheckKey(key); !s.ok()) return s;
-    if (absl::Status s = CheckKey(add_key); !s.ok()) return s;
-    MutexLock lock(&state_->mu);
-    if (absl::Status s = state_->CheckFence(generation_.load()); !s.ok()) return s;
-    if (Lookup(key).has_value()) return false;
-    // The sum is taken after the write, as the two calls would: `add_key` may be `key`.
-    state_->data[std::string(key)] = std::string(value);
-    absl::StatusOr<int64_t> sum = SumOf(add_key, delta);
-    if (!sum.ok()) {
-      state_->data.erase(std::string(key));
-      return sum.status();
-    }
-    state_->data[std::string(add_key)] = absl::StrCat(*sum);
-    return true;
+    absl::StatusOr<std::optional<int64_t>> sum =
+        SetThenAdd(key, value, add_key, delta, /*only_if_absent=*/true);
+    if (!sum.ok()) return sum.status();
+    return sum->has_value();
   }
 
   absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
@@ -234,6 +208,33 @@ class InMemoryStore::Client final : public Store {
   void SetWriterGeneration(int64_t generation) override { generation_.store(generation); }
 
  private:
+  // SetAndAdd, or (`only_if_absent`) CreateAndAdd: both writes under one lock, together or
+  // neither; the sum, or nullopt when `set_key` exists and `only_if_absent` wrote nothing.
+  absl::StatusOr<std::optional<int64_t>> SetThenAdd(std::string_view set_key,
+                                                    std::string_view value,
+                                                    std::string_view add_key, int64_t delta,
+                                                    bool only_if_absent) {
+    if (absl::Status s = CheckKey(set_key); !s.ok()) return s;
+    if (absl::Status s = CheckKey(add_key); !s.ok()) return s;
+    MutexLock lock(&state_->mu);
+    if (absl::Status s = state_->CheckFence(generation_.load()); !s.ok()) return s;
+    const std::optional<std::string> before = Lookup(set_key);
+    if (only_if_absent && before.has_value()) return std::optional<int64_t>();
+    // The sum is taken after the Set, as the two calls would: `add_key` may be `set_key`.
+    state_->data[std::string(set_key)] = std::string(value);
+    absl::StatusOr<int64_t> sum = SumOf(add_key, delta);
+    if (!sum.ok()) {
+      if (before.has_value()) {
+        state_->data[std::string(set_key)] = *before;
+      } else {
+        state_->data.erase(std::string(set_key));
+      }
+      return sum.status();
+    }
+    state_->data[std::string(add_key)] = absl::StrCat(*sum);
+    return std::optional<int64_t>(*sum);
+  }
+
   std::optional<std::string> Lookup(std::string_view key) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
     auto it = state_->data.find(key);

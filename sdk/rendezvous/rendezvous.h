@@ -67,8 +67,12 @@
 // reads them, O(world size) bytes, where they are needed.
 // A member that waits for a key in order to read it (generation 0's or the next generation's
 // changes, its assignment, the agreed plan) does both in one Store::WaitAndRead, and a rank writes
-// its progress and counts it in one Store::SetAndAdd: one round trip each on a TcpStore, whose
-// cost, times every rank, is what forming, replacing and agreeing take at scale.
+// its progress and counts it in one Store::SetAndAdd (its first step, once, in one
+// Store::CreateAndAdd): one round trip each on a TcpStore, whose cost, times every rank, is what
+// forming, replacing and agreeing take at scale. The coordinator publishes a generation as its
+// claim and one Store::WriteBatch (table, changes, assignments, fence, the previous plan's mark,
+// rdzv/current), so that the ranks it wakes find all of it and never queue ahead of its last
+// writes, and a member's wait for the next table reads the announcement and the changes with it.
 //
 // Thread safety: RendezvousMember and RendezvousCoordinator may be called from any thread; each
 // owns at most one background thread (the heartbeat), stopped and joined by its destructor.

@@ -90,6 +90,19 @@ std::string Describe(std::string_view op, const std::vector<std::string>& keys) 
   return absl::StrCat(Absl(op), "(", absl::StrJoin(shown, ", "), ")");
 }
 
+// The request of SetAndAdd, or (`only_if_absent`) CreateAndAdd.
+proto::ClientMessage SetThenAdd(std::string_view set_key, std::string_view value,
+                                std::string_view add_key, int64_t delta, bool only_if_absent) {
+  proto::ClientMessage message;
+  proto::SetOp* op = message.mutable_request()->mutable_set();
+  op->set_key(set_key.data(), set_key.size());
+  op->set_value(value.data(), value.size());
+  op->set_add_key(add_key.data(), add_key.size());
+  op->set_add_delta(delta);
+  op->set_only_if_absent(only_if_absent);
+  return message;
+}
+
 absl::Status ResponseStatus(const proto::StoreResponse& response) {
   if (response.code() == 0) return absl::OkStatus();
   const int code = response.code();
@@ -628,15 +641,11 @@ absl::StatusOr<int64_t> TcpStore::Add(std::string_view key, int64_t delta, absl:
 absl::StatusOr<int64_t> TcpStore::SetAndAdd(std::string_view set_key, std::string_view value,
                                             std::string_view add_key, int64_t delta,
                                             absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
   if (absl::Status s = CheckKey(set_key); !s.ok()) return s;
   if (absl::Status s = CheckKey(add_key); !s.ok()) return s;
-  const absl::Time deadline = absl::Now() + timeout;
-  proto::ClientMessage message;
-  proto::SetOp* op = message.mutable_request()->mutable_set();
-  op->set_key(set_key.data(), set_key.size());
-  op->set_value(value.data(), value.size());
-  op->set_add_key(add_key.data(), add_key.size());
-  op->set_add_delta(delta);
+  proto::ClientMessage message =
+      SetThenAdd(set_key, value, add_key, delta, /*only_if_absent=*/false);
   absl::StatusOr<proto::StoreResponse> response =
       Lease(this)->Call(message, Connection::Retry::kOnlyIfUnsent, timeout,
                         absl::StrFormat("SetAndAdd(%s, %s)", Absl(set_key), Absl(add_key)));
@@ -654,13 +663,7 @@ absl::StatusOr<bool> TcpStore::CreateAndAdd(std::string_view key, std::string_vi
                                             absl::Duration timeout) {
   if (absl::Status s = CheckKey(key); !s.ok()) return s;
   if (absl::Status s = CheckKey(add_key); !s.ok()) return s;
-  proto::ClientMessage message;
-  proto::SetOp* op = message.mutable_request()->mutable_set();
-  op->set_key(key.data(), key.size());
-  op->set_value(value.data(), value.size());
-  op->set_add_key(add_key.data(), add_key.size());
-  op->set_add_delta(delta);
-  op->set_only_if_absent(true);
+  proto::ClientMessage message = SetThenAdd(key, value, add_key, delta, /*only_if_absent=*/true);
   absl::StatusOr<proto::StoreResponse> response =
       Lease(this)->Call(message, Connection::Retry::kOnlyIfUnsent, timeout,
                         absl::StrFormat("CreateAndAdd(%s, %s)", Absl(key), Absl(add_key)));
