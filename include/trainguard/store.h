@@ -41,6 +41,30 @@ struct CompareAndSetResult {
   std::optional<std::string> current;
 };
 
+// One write of a Store::WriteBatch: a Set, a CompareAndSet or a RaiseFence.
+struct BatchWrite {
+  enum class Op { kSet, kCompareAndSet, kRaiseFence };
+
+  static BatchWrite Set(std::string key, std::string value) {
+    return BatchWrite{Op::kSet, std::move(key), std::move(value), std::nullopt, 0};
+  }
+  // Writes `desired` if the key holds `expected` (nullopt: if it is absent).
+  static BatchWrite CompareAndSet(std::string key, std::optional<std::string> expected,
+                                  std::string desired) {
+    return BatchWrite{Op::kCompareAndSet, std::move(key), std::move(desired), std::move(expected),
+                      0};
+  }
+  static BatchWrite RaiseFence(int64_t generation) {
+    return BatchWrite{Op::kRaiseFence, "", "", std::nullopt, generation};
+  }
+
+  Op op = Op::kSet;
+  std::string key;                      // kSet, kCompareAndSet
+  std::string value;                    // kSet: the value; kCompareAndSet: the desired value
+  std::optional<std::string> expected;  // kCompareAndSet
+  int64_t generation = 0;               // kRaiseFence
+};
+
 class Store {
  public:
   static constexpr int64_t kUnfenced = -1;
@@ -66,6 +90,24 @@ class Store {
     const absl::Time deadline = absl::Now() + timeout;
     if (absl::Status s = Set(set_key, value, timeout); !s.ok()) return s;
     return Add(add_key, delta, std::max(deadline - absl::Now(), absl::ZeroDuration()));
+  }
+  // Creates `key` with `value` if it is absent and then, only then, adds `delta` to `add_key`, as
+  // one call; returns whether it created the key (and counted). A rank that announces something
+  // once and counts the announcements (its first step of a generation: PublishResumed) is counted
+  // once however often it calls, in one round trip on a store that can (TcpStore, InMemoryStore:
+  // together, or neither when the Add fails). This default is CompareAndSet from absent, then the
+  // Add when it swapped (a failed Add leaves the key created and uncounted).
+  virtual absl::StatusOr<bool> CreateAndAdd(std::string_view key, std::string_view value,
+                                            std::string_view add_key, int64_t delta,
+                                            absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    absl::StatusOr<CompareAndSetResult> created = CompareAndSet(key, std::nullopt, value, timeout);
+    if (!created.ok()) return created.status();
+    if (!created->swapped) return false;
+    absl::StatusOr<int64_t> added =
+        Add(add_key, delta, std::max(deadline - absl::Now(), absl::ZeroDuration()));
+    if (!added.ok()) return added.status();
+    return true;
   }
   // Sets `key` to `desired` if it currently holds `expected` (nullopt: if it is absent).
   virtual absl::StatusOr<CompareAndSetResult> CompareAndSet(
@@ -105,6 +147,26 @@ class Store {
 
   // Raises the fence to `generation` (no-op if it is already at least that).
   virtual absl::Status RaiseFence(int64_t generation, absl::Duration timeout) = 0;
+
+  // Applies `writes` in order, as one: no other client sees the store between two of them, and a
+  // Wait (or WaitAndRead) woken by any key of the batch reads the store after the whole batch. A
+  // publication whose last write is the one its readers wait for, or whose readers must never see
+  // half of it (a coordinator dying midway leaves all of it or none), is one call; one round trip
+  // on a TcpStore (one request the server applies in one pass), one transaction on etcd.
+  //
+  // Returns one result per write, in order: a CompareAndSet's as CompareAndSet returns it (not
+  // swapped, with what the key holds, when it did not hold `expected`: that write is skipped and
+  // the others still applied); a Set's {swapped, the value}; a RaiseFence's {swapped, nullopt}.
+  // All or none: the whole batch is refused, nothing written, when this client's writer
+  // generation is below the fence as it stands before the batch (FailedPrecondition, "stale
+  // generation"; a RaiseFence within the batch does not refuse the batch's later writes), or when
+  // the batch is malformed (InvalidArgument naming the write: an empty key, a key written twice,
+  // the fence raised twice, more than kMaxBatchWrites writes). An empty batch writes nothing and
+  // returns no results. REQUIRES: a caller that may retry after a timeout treats the batch as
+  // applied or not, as for CompareAndSet: a timed-out batch may have been applied.
+  static constexpr size_t kMaxBatchWrites = 128;  // etcd's default --max-txn-ops
+  virtual absl::StatusOr<std::vector<CompareAndSetResult>> WriteBatch(
+      const std::vector<BatchWrite>& writes, absl::Duration timeout) = 0;
   // The generation this client's writes carry from now on.
   virtual void SetWriterGeneration(int64_t generation) = 0;
 };
@@ -120,6 +182,9 @@ class InMemoryStore final : public Store {
   absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override;
   absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta, absl::Duration timeout) override;
   absl::StatusOr<int64_t> SetAndAdd(std::string_view set_key, std::string_view value,
+                                    std::string_view add_key, int64_t delta,
+                                    absl::Duration timeout) override;
+  absl::StatusOr<bool> CreateAndAdd(std::string_view key, std::string_view value,
                                     std::string_view add_key, int64_t delta,
                                     absl::Duration timeout) override;
   absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
@@ -138,6 +203,8 @@ class InMemoryStore final : public Store {
       const std::vector<std::string>& awaited, const std::vector<std::string>& read,
       absl::Duration timeout) override;
   absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override;
+  absl::StatusOr<std::vector<CompareAndSetResult>> WriteBatch(const std::vector<BatchWrite>& writes,
+                                                              absl::Duration timeout) override;
   void SetWriterGeneration(int64_t generation) override;
 
   // Another client of the same data with its own writer generation (as a second process's
@@ -163,6 +230,9 @@ class PrefixStore final : public Store {
   absl::StatusOr<int64_t> SetAndAdd(std::string_view set_key, std::string_view value,
                                     std::string_view add_key, int64_t delta,
                                     absl::Duration timeout) override;
+  absl::StatusOr<bool> CreateAndAdd(std::string_view key, std::string_view value,
+                                    std::string_view add_key, int64_t delta,
+                                    absl::Duration timeout) override;
   absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
                                                     const std::optional<std::string>& expected,
                                                     std::string_view desired,
@@ -179,6 +249,8 @@ class PrefixStore final : public Store {
       const std::vector<std::string>& awaited, const std::vector<std::string>& read,
       absl::Duration timeout) override;
   absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override;
+  absl::StatusOr<std::vector<CompareAndSetResult>> WriteBatch(const std::vector<BatchWrite>& writes,
+                                                              absl::Duration timeout) override;
   void SetWriterGeneration(int64_t generation) override;
 
   const std::string& prefix() const { return prefix_; }
@@ -189,6 +261,11 @@ class PrefixStore final : public Store {
   const std::string prefix_;
   Store* const base_;
 };
+
+// InvalidArgument naming the first malformed write of `writes` (an empty key, a key written twice,
+// a second RaiseFence), or a batch of more than Store::kMaxBatchWrites writes; what every
+// WriteBatch checks first.
+absl::Status CheckBatch(const std::vector<BatchWrite>& writes);
 
 // Connects to the store named by `url`: "tcp://HOST:PORT" (a TcpStore server; `token` is the job's
 // shared token) or "etcd://HOST:PORT[,HOST:PORT...]" (an etcd v3 cluster; `token` unused). Keys are

@@ -44,6 +44,11 @@ class ForwardingStore : public Store {
                                     absl::Duration timeout) override {
     return base_->SetAndAdd(set_key, value, add_key, delta, timeout);
   }
+  absl::StatusOr<bool> CreateAndAdd(std::string_view key, std::string_view value,
+                                    std::string_view add_key, int64_t delta,
+                                    absl::Duration timeout) override {
+    return base_->CreateAndAdd(key, value, add_key, delta, timeout);
+  }
   absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
                                                     const std::optional<std::string>& expected,
                                                     std::string_view desired,
@@ -75,6 +80,10 @@ class ForwardingStore : public Store {
   }
   absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override {
     return base_->RaiseFence(generation, timeout);
+  }
+  absl::StatusOr<std::vector<CompareAndSetResult>> WriteBatch(const std::vector<BatchWrite>& writes,
+                                                              absl::Duration timeout) override {
+    return base_->WriteBatch(writes, timeout);
   }
   void SetWriterGeneration(int64_t generation) override { base_->SetWriterGeneration(generation); }
 

@@ -99,4 +99,20 @@ absl::StatusOr<int64_t> TurnReadStore::SetAndAdd(std::string_view set_key, std::
   return base()->SetAndAdd(set_key, value, add_key, delta, timeout);
 }
 
+absl::StatusOr<bool> TurnReadStore::CreateAndAdd(std::string_view key, std::string_view value,
+                                                 std::string_view add_key, int64_t delta,
+                                                 absl::Duration timeout) {
+  Forget(key);
+  Forget(add_key);
+  return base()->CreateAndAdd(key, value, add_key, delta, timeout);
+}
+
+absl::StatusOr<std::vector<CompareAndSetResult>> TurnReadStore::WriteBatch(
+    const std::vector<BatchWrite>& writes, absl::Duration timeout) {
+  for (const BatchWrite& write : writes) {
+    if (write.op != BatchWrite::Op::kRaiseFence) Forget(write.key);
+  }
+  return base()->WriteBatch(writes, timeout);
+}
+
 }  // namespace trainguard

@@ -59,11 +59,16 @@ class TurnReadStore final : public ForwardingStore {
   absl::StatusOr<int64_t> SetAndAdd(std::string_view set_key, std::string_view value,
                                     std::string_view add_key, int64_t delta,
                                     absl::Duration timeout) override;
+  absl::StatusOr<bool> CreateAndAdd(std::string_view key, std::string_view value,
+                                    std::string_view add_key, int64_t delta,
+                                    absl::Duration timeout) override;
   absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
                                                     const std::optional<std::string>& expected,
                                                     std::string_view desired,
                                                     absl::Duration timeout) override;
   absl::StatusOr<bool> Delete(std::string_view key, absl::Duration timeout) override;
+  absl::StatusOr<std::vector<CompareAndSetResult>> WriteBatch(const std::vector<BatchWrite>& writes,
+                                                              absl::Duration timeout) override;
 
   // The reads answered from turns' MultiGets so far (what the store was spared).
   int64_t reads_answered() const {

@@ -427,6 +427,75 @@ absl::StatusOr<CompareAndSetResult> EtcdStore::CompareAndSet(
   return CompareAndSetResult{false, std::move(*now->mutable_kvs(0)->mutable_value())};
 }
 
+// One transaction: each Set a put, each CompareAndSet a transaction within it (put if the key holds
+// what is expected, else read it), the fence raise one too (put if below, or absent); the whole
+// fenced as any write. etcd applies a transaction at one revision: a watcher sees all or none.
+absl::StatusOr<std::vector<CompareAndSetResult>> EtcdStore::WriteBatch(
+    const std::vector<BatchWrite>& writes, absl::Duration timeout) {
+  if (absl::Status s = CheckBatch(writes); !s.ok()) return s;
+  std::vector<CompareAndSetResult> results(writes.size());
+  pb::TxnRequest txn;
+  std::vector<int> response_of(writes.size(), -1);  // the reply's index of each write
+  for (size_t i = 0; i < writes.size(); ++i) {
+    const BatchWrite& write = writes[i];
+    results[i].swapped = true;
+    switch (write.op) {
+      case BatchWrite::Op::kSet:
+        *txn.add_success() = PutOp(EtcdKey(write.key), write.value, 0);
+        results[i].current = write.value;
+        break;
+      case BatchWrite::Op::kCompareAndSet: {
+        const std::string etcd_key = EtcdKey(write.key);
+        pb::TxnRequest* cas = txn.add_success()->mutable_request_txn();
+        if (write.expected.has_value()) {
+          AddValueCompare(*cas, etcd_key, pb::Compare::EQUAL, *write.expected);
+        } else {
+          AddAbsentCompare(*cas, etcd_key);
+        }
+        *cas->add_success() = PutOp(etcd_key, write.value, 0);
+        *cas->add_failure() = RangeOp(etcd_key);
+        results[i].current = write.value;
+        break;
+      }
+      case BatchWrite::Op::kRaiseFence: {
+        if (write.generation <= 0) continue;  // the fence starts at 0: nothing to raise
+        // Below `generation`: raised. Else absent (a value compare fails on an absent key):
+        // created at `generation`. Else at or above it already.
+        pb::TxnRequest* raise = txn.add_success()->mutable_request_txn();
+        AddValueCompare(*raise, fence_key_, pb::Compare::LESS, FenceValue(write.generation));
+        *raise->add_success() = PutOp(fence_key_, FenceValue(write.generation), 0);
+        pb::TxnRequest* create = raise->add_failure()->mutable_request_txn();
+        AddAbsentCompare(*create, fence_key_);
+        *create->add_success() = PutOp(fence_key_, FenceValue(write.generation), 0);
+        break;
+      }
+    }
+    response_of[i] = txn.success_size() - 1;
+  }
+  if (txn.success_size() == 0) return results;
+  absl::StatusOr<pb::TxnResponse> response =
+      FencedTxn(*client_, fence_key_, generation_.load(), std::move(txn), absl::Now() + timeout,
+                Retry::kOnlyIfUnsent);
+  const std::string what = absl::StrFormat("WriteBatch of %d writes", writes.size());
+  if (!response.ok()) return Annotate(response.status(), what, timeout);
+  if (!response->succeeded()) {  // no compare of its own: only the fence refuses it
+    return Annotate(absl::InternalError("etcd took the failure branch of an unconditional batch"),
+                    what, timeout);
+  }
+  for (size_t i = 0; i < writes.size(); ++i) {
+    if (writes[i].op != BatchWrite::Op::kCompareAndSet) continue;
+    pb::TxnResponse* cas = response->mutable_responses(response_of[i])->mutable_response_txn();
+    if (cas->succeeded()) continue;
+    results[i].swapped = false;
+    results[i].current.reset();
+    if (cas->responses_size() == 1 && cas->responses(0).response_range().kvs_size() > 0) {
+      results[i].current = std::move(
+          *cas->mutable_responses(0)->mutable_response_range()->mutable_kvs(0)->mutable_value());
+    }
+  }
+  return results;
+}
+
 absl::StatusOr<bool> EtcdStore::Delete(std::string_view key, absl::Duration timeout) {
   if (absl::Status s = CheckKey(key); !s.ok()) return s;
   pb::TxnRequest txn;

@@ -114,6 +114,9 @@ class EtcdStore final : public Store {
   absl::StatusOr<size_t> WaitAny(const std::vector<std::string>& keys,
                                  absl::Duration timeout) override;
   absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override;
+  // One transaction (its compare-and-sets and fence raise nested transactions: etcd 3.3 or later).
+  absl::StatusOr<std::vector<CompareAndSetResult>> WriteBatch(const std::vector<BatchWrite>& writes,
+                                                              absl::Duration timeout) override;
   // REQUIRES: generation >= 0 or kUnfenced. A write carrying another negative generation fails
   // with InvalidArgument.
   void SetWriterGeneration(int64_t generation) override;

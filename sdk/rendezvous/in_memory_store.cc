@@ -69,28 +69,22 @@ class InMemoryStore::Client final : public Store {
     return *sum;
   }
 
-  // Both writes under one lock: together, or neither.
   absl::StatusOr<int64_t> SetAndAdd(std::string_view set_key, std::string_view value,
                                     std::string_view add_key, int64_t delta,
                                     absl::Duration) override {
-    if (absl::Status s = CheckKey(set_key); !s.ok()) return s;
-    if (absl::Status s = CheckKey(add_key); !s.ok()) return s;
-    MutexLock lock(&state_->mu);
-    if (absl::Status s = state_->CheckFence(generation_.load()); !s.ok()) return s;
-    // The sum is taken after the Set, as the two calls would: `add_key` may be `set_key`.
-    const std::optional<std::string> before = Lookup(set_key);
-    state_->data[std::string(set_key)] = std::string(value);
-    absl::StatusOr<int64_t> sum = SumOf(add_key, delta);
-    if (!sum.ok()) {
-      if (before.has_value()) {
-        state_->data[std::string(set_key)] = *before;
-      } else {
-        state_->data.erase(std::string(set_key));
-      }
-      return sum.status();
-    }
-    state_->data[std::string(add_key)] = absl::StrCat(*sum);
-    return *sum;
+    absl::StatusOr<std::optional<int64_t>> sum =
+        SetThenAdd(set_key, value, add_key, delta, /*only_if_absent=*/false);
+    if (!sum.ok()) return sum.status();
+    return **sum;
+  }
+
+  absl::StatusOr<bool> CreateAndAdd(std::string_view key, std::string_view value,
+                                    std::string_view add_key, int64_t delta,
+                                    absl::Duration) override {
+    absl::StatusOr<std::optional<int64_t>> sum =
+        SetThenAdd(key, value, add_key, delta, /*only_if_absent=*/true);
+    if (!sum.ok()) return sum.status();
+    return sum->has_value();
   }
 
   absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
@@ -177,9 +171,70 @@ class InMemoryStore::Client final : public Store {
     return absl::OkStatus();
   }
 
+  // Under one lock: no other client, waiting or not, sees the store between two of the writes.
+  absl::StatusOr<std::vector<CompareAndSetResult>> WriteBatch(const std::vector<BatchWrite>& writes,
+                                                              absl::Duration) override {
+    if (absl::Status s = CheckBatch(writes); !s.ok()) return s;
+    std::vector<CompareAndSetResult> results;
+    results.reserve(writes.size());
+    if (writes.empty()) return results;
+    MutexLock lock(&state_->mu);
+    if (absl::Status s = state_->CheckFence(generation_.load()); !s.ok()) return s;
+    for (const BatchWrite& write : writes) {
+      switch (write.op) {
+        case BatchWrite::Op::kSet:
+          state_->data[write.key] = write.value;
+          results.push_back(CompareAndSetResult{true, write.value});
+          break;
+        case BatchWrite::Op::kCompareAndSet: {
+          std::optional<std::string> current = Lookup(write.key);
+          if (current != write.expected) {
+            results.push_back(CompareAndSetResult{false, std::move(current)});
+            break;
+          }
+          state_->data[write.key] = write.value;
+          results.push_back(CompareAndSetResult{true, write.value});
+          break;
+        }
+        case BatchWrite::Op::kRaiseFence:
+          state_->fence = std::max(state_->fence, write.generation);
+          results.push_back(CompareAndSetResult{true, std::nullopt});
+          break;
+      }
+    }
+    return results;
+  }
+
   void SetWriterGeneration(int64_t generation) override { generation_.store(generation); }
 
  private:
+  // SetAndAdd, or (`only_if_absent`) CreateAndAdd: both writes under one lock, together or
+  // neither; the sum, or nullopt when `set_key` exists and `only_if_absent` wrote nothing.
+  absl::StatusOr<std::optional<int64_t>> SetThenAdd(std::string_view set_key,
+                                                    std::string_view value,
+                                                    std::string_view add_key, int64_t delta,
+                                                    bool only_if_absent) {
+    if (absl::Status s = CheckKey(set_key); !s.ok()) return s;
+    if (absl::Status s = CheckKey(add_key); !s.ok()) return s;
+    MutexLock lock(&state_->mu);
+    if (absl::Status s = state_->CheckFence(generation_.load()); !s.ok()) return s;
+    const std::optional<std::string> before = Lookup(set_key);
+    if (only_if_absent && before.has_value()) return std::optional<int64_t>();
+    // The sum is taken after the Set, as the two calls would: `add_key` may be `set_key`.
+    state_->data[std::string(set_key)] = std::string(value);
+    absl::StatusOr<int64_t> sum = SumOf(add_key, delta);
+    if (!sum.ok()) {
+      if (before.has_value()) {
+        state_->data[std::string(set_key)] = *before;
+      } else {
+        state_->data.erase(std::string(set_key));
+      }
+      return sum.status();
+    }
+    state_->data[std::string(add_key)] = absl::StrCat(*sum);
+    return std::optional<int64_t>(*sum);
+  }
+
   std::optional<std::string> Lookup(std::string_view key) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
     auto it = state_->data.find(key);
@@ -255,6 +310,12 @@ absl::StatusOr<int64_t> InMemoryStore::SetAndAdd(std::string_view set_key, std::
                                                  absl::Duration timeout) {
   return self_->SetAndAdd(set_key, value, add_key, delta, timeout);
 }
+absl::StatusOr<bool> InMemoryStore::CreateAndAdd(std::string_view key, std::string_view value,
+                                                 std::string_view add_key, int64_t delta,
+                                                 absl::Duration timeout) {
+  return self_->CreateAndAdd(key, value, add_key, delta, timeout);
+}
+
 absl::StatusOr<CompareAndSetResult> InMemoryStore::CompareAndSet(
     std::string_view key, const std::optional<std::string>& expected, std::string_view desired,
     absl::Duration timeout) {
@@ -286,6 +347,11 @@ absl::StatusOr<std::vector<std::optional<std::string>>> InMemoryStore::WaitAndRe
 absl::Status InMemoryStore::RaiseFence(int64_t generation, absl::Duration timeout) {
   return self_->RaiseFence(generation, timeout);
 }
+absl::StatusOr<std::vector<CompareAndSetResult>> InMemoryStore::WriteBatch(
+    const std::vector<BatchWrite>& writes, absl::Duration timeout) {
+  return self_->WriteBatch(writes, timeout);
+}
+
 void InMemoryStore::SetWriterGeneration(int64_t generation) {
   self_->SetWriterGeneration(generation);
 }

@@ -76,8 +76,24 @@ absl::StatusOr<std::vector<std::optional<std::string>>> PrefixStore::WaitAndRead
   for (const std::string& key : read) full_read.push_back(Full(key));
   return base_->WaitAndRead(full_awaited, full_read, timeout);
 }
+absl::StatusOr<bool> PrefixStore::CreateAndAdd(std::string_view key, std::string_view value,
+                                               std::string_view add_key, int64_t delta,
+                                               absl::Duration timeout) {
+  return base_->CreateAndAdd(Full(key), value, Full(add_key), delta, timeout);
+}
+
 absl::Status PrefixStore::RaiseFence(int64_t generation, absl::Duration timeout) {
   return base_->RaiseFence(generation, timeout);
+}
+
+absl::StatusOr<std::vector<CompareAndSetResult>> PrefixStore::WriteBatch(
+    const std::vector<BatchWrite>& writes, absl::Duration timeout) {
+  // An empty key stays empty, for the store behind to refuse by its index.
+  std::vector<BatchWrite> full = writes;
+  for (BatchWrite& write : full) {
+    if (!write.key.empty()) write.key = Full(write.key);
+  }
+  return base_->WriteBatch(full, timeout);
 }
 void PrefixStore::SetWriterGeneration(int64_t generation) {
   base_->SetWriterGeneration(generation);

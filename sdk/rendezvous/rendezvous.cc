@@ -242,9 +242,14 @@ absl::StatusOr<bool> RendezvousMember::AwaitNewerGeneration(absl::Duration timeo
   absl::StatusOr<int64_t> held = HeldGeneration();
   if (!held.ok()) return held.status();
   if (superseded_generation() == *held) return true;
-  absl::Status s = store_->Wait({TableKey(*held + 1)}, timeout);
-  if (absl::IsDeadlineExceeded(s)) return false;
-  if (!s.ok()) return s;
+  absl::StatusOr<std::vector<std::optional<std::string>>> read =
+      store_->WaitAndRead({TableKey(*held + 1)}, {kCurrentKey, ChangesKey(*held + 1)}, timeout);
+  if (absl::IsDeadlineExceeded(read.status())) return false;
+  if (!read.ok()) return read.status();
+  {
+    MutexLock lock(&mu_);
+    if (generation_ == *held) prefetched_ = Prefetched{*held, *std::move(read)};
+  }
   return MarkSuperseded(*held);
 }
 
@@ -277,6 +282,7 @@ void RendezvousMember::AdoptGeneration(const Membership& place) {
   world_size_ = place.world_size;
   store_->SetWriterGeneration(place.generation);
   superseded_generation_.store(-1);
+  prefetched_.reset();
 }
 
 absl::Status RendezvousMember::Beat(absl::Duration timeout) {
@@ -306,9 +312,14 @@ absl::StatusOr<Membership> RendezvousMember::ReadRankTable(int64_t generation,
 
 absl::StatusOr<store_keys::GenerationChanges> RendezvousMember::ReadChanges(
     int64_t generation, absl::Duration timeout) {
-  absl::StatusOr<std::string> value = store_->Get(ChangesKey(generation), timeout);
+  const std::string key = ChangesKey(generation);
+  absl::StatusOr<std::vector<std::optional<std::string>>> value =
+      store_->WaitAndRead({key}, {key}, timeout);
   if (!value.ok()) return value.status();
-  return ChangesFrom(generation, *value);
+  if (!value->at(0).has_value()) {
+    return absl::NotFoundError(absl::StrFormat("store key %s not found", key));
+  }
+  return ChangesFrom(generation, *value->at(0));
 }
 
 Membership RendezvousMember::Held() const {
@@ -422,8 +433,9 @@ absl::StatusOr<Membership> RendezvousMember::ParkAsStandby(absl::Duration timeou
     return absl::DataLossError(
         absl::StrFormat("malformed assignment '%s' at %s", assignment, assign_key));
   }
-  // The assignment gives the rank; the generation's changes, written before it, the world size,
-  // and name this member at that rank.
+  // The assignment gives the rank; the generation's changes, the world size, and name this member
+  // at that rank. Written with the assignment, or (a publication of more assignments than one
+  // store batch holds) just after it: waited for.
   absl::StatusOr<store_keys::GenerationChanges> changes =
       ReadChanges(assigned->generation, Left(deadline));
   if (!changes.ok()) return changes.status();
@@ -456,8 +468,21 @@ absl::StatusOr<Membership> RendezvousMember::AwaitGeneration(int64_t after,
   for (int64_t g = held.generation + 1; follow && g <= after + 1; ++g) {
     keys.push_back(ChangesKey(g));
   }
+  // Read already by the wait that saw the next generation appear (AwaitNewerGeneration), when it
+  // is the generation waited for and its changes were there (a coordinator that writes none: as
+  // below).
+  std::optional<std::vector<std::optional<std::string>>> prefetched;
+  {
+    MutexLock lock(&mu_);
+    if (prefetched_.has_value() && prefetched_->after == after && held.generation == after &&
+        prefetched_->values.size() == keys.size() && prefetched_->values.back().has_value()) {
+      prefetched = std::move(prefetched_->values);
+    }
+    prefetched_.reset();
+  }
   absl::StatusOr<std::vector<std::optional<std::string>>> values =
-      store_->WaitAndRead({ChangesKey(after + 1)}, keys, timeout);
+      prefetched.has_value() ? *std::move(prefetched)
+                             : store_->WaitAndRead({ChangesKey(after + 1)}, keys, timeout);
   if (!values.ok()) {
     return absl::Status(values.status().code(),
                         absl::StrFormat("member %s waiting for a generation after %d: %s",
@@ -691,12 +716,11 @@ absl::Status GenerationFollower::Follow(const std::vector<int>& own_ranks, absl:
 
 absl::Status PublishResumed(Store* store, int64_t generation, int rank, int64_t step,
                             absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  absl::StatusOr<CompareAndSetResult> written = store->CompareAndSet(
-      store_keys::Resumed(generation, rank), std::nullopt, absl::StrCat(step), timeout);
-  if (!written.ok()) return written.status();
-  if (!written->swapped) return absl::OkStatus();  // counted by the call that wrote it
-  return store->Add(store_keys::ResumedCount(generation), 1, Left(deadline)).status();
+  // Counted only by the call that writes the key: one round trip on a TcpStore.
+  return store
+      ->CreateAndAdd(store_keys::Resumed(generation, rank), absl::StrCat(step),
+                     store_keys::ResumedCount(generation), 1, timeout)
+      .status();
 }
 
 Membership RendezvousCoordinator::current() const {
@@ -948,38 +972,46 @@ absl::StatusOr<Membership> RendezvousCoordinator::Publish(
                                               next.generation, claim->current.value_or("?"),
                                               name_));
   }
-  // The table first (an assignment refers to it), then the standby's assignment, then the fence and
-  // the announcement: by the time anyone acts in the new generation, the old one can no longer
-  // write.
-  if (absl::Status s = store_->Set(TableKey(next.generation), EncodeTable(next), timeout); !s.ok())
-    return s;
-  // The ranks learn their place from the changes (written second, and waited for by them), and so
-  // do the coordinators and agents that hold the generation before (Resume).
-  if (absl::Status s = store_->Set(ChangesKey(next.generation),
-                                   store_keys::EncodeGenerationChanges(ChangesOf(previous, next)),
-                                   Left(deadline));
-      !s.ok()) {
-    return s;
-  }
+  // The rest in one batch, applied by the store as one: nobody sees the new generation before all
+  // of it is written (its table, which the ranks wait for; its changes, from which they learn
+  // their place; each standby's assignment; the fence; the previous plan's mark; the
+  // announcement), and a coordinator that dies here leaves all of it or none (its claim alone:
+  // a retry of its own publication completes it). The ranks' wake-ups then never queue ahead of
+  // the publication's last writes, and by the time anyone acts in the new generation the old one
+  // can no longer write.
+  std::vector<BatchWrite> writes;
+  writes.push_back(BatchWrite::Set(TableKey(next.generation), EncodeTable(next)));
+  // The ranks learn their place from the changes, and so do the coordinators and agents that hold
+  // the generation before (Resume).
+  writes.push_back(BatchWrite::Set(ChangesKey(next.generation),
+                                   store_keys::EncodeGenerationChanges(ChangesOf(previous, next))));
   for (const auto& [standby, rank] : assignments) {
-    absl::Status s =
-        store_->Set(AssignKey(standby), store_keys::EncodeAssignment({next.generation, rank}),
-                    Left(deadline));
-    if (!s.ok()) return s;
+    writes.push_back(
+        BatchWrite::Set(AssignKey(standby), store_keys::EncodeAssignment({next.generation, rank})));
   }
-  if (absl::Status s = store_->RaiseFence(next.generation, Left(deadline)); !s.ok()) return s;
+  writes.push_back(BatchWrite::RaiseFence(next.generation));
   // Ranks of the generation before, still waiting for its plan (its computing rank died, or has yet
-  // to write it and now cannot: fenced), leave for this one at once.
+  // to write it and now cannot: fenced), leave for this one at once. Not written when the plan is
+  // (the compare-and-set skips it).
   if (next.generation > 0) {
-    absl::StatusOr<CompareAndSetResult> marked =
-        store_->CompareAndSet(store_keys::RdzvPlan(next.generation - 1), std::nullopt,
-                              store_keys::SupersededPlan(next.generation), Left(deadline));
-    if (!marked.ok()) return marked.status();
+    writes.push_back(BatchWrite::CompareAndSet(store_keys::RdzvPlan(next.generation - 1),
+                                               std::nullopt,
+                                               store_keys::SupersededPlan(next.generation)));
   }
-  if (absl::Status s = store_->Set(kCurrentKey, absl::StrCat(next.generation), Left(deadline));
-      !s.ok()) {
-    return s;
+  writes.push_back(BatchWrite::Set(kCurrentKey, absl::StrCat(next.generation)));
+  // Beyond what one batch holds (more than a hundred ranks replaced at once), the first standbys'
+  // assignments go ahead in batches of their own: a standby woken by its assignment waits for the
+  // generation's changes (ParkAsStandby).
+  constexpr size_t kFirstAssignment = 2;
+  while (writes.size() > Store::kMaxBatchWrites) {
+    const size_t ahead = std::min(writes.size() - Store::kMaxBatchWrites, Store::kMaxBatchWrites);
+    const auto first = writes.begin() + kFirstAssignment;
+    std::vector<BatchWrite> early(std::make_move_iterator(first),
+                                  std::make_move_iterator(first + static_cast<ptrdiff_t>(ahead)));
+    writes.erase(first, first + static_cast<ptrdiff_t>(ahead));
+    if (absl::Status s = store_->WriteBatch(early, Left(deadline)).status(); !s.ok()) return s;
   }
+  if (absl::Status s = store_->WriteBatch(writes, Left(deadline)).status(); !s.ok()) return s;
   MutexLock lock(&mu_);
   current_ = next;
   return next;

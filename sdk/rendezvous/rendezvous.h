@@ -67,8 +67,12 @@
 // reads them, O(world size) bytes, where they are needed.
 // A member that waits for a key in order to read it (generation 0's or the next generation's
 // changes, its assignment, the agreed plan) does both in one Store::WaitAndRead, and a rank writes
-// its progress and counts it in one Store::SetAndAdd: one round trip each on a TcpStore, whose
-// cost, times every rank, is what forming, replacing and agreeing take at scale.
+// its progress and counts it in one Store::SetAndAdd (its first step, once, in one
+// Store::CreateAndAdd): one round trip each on a TcpStore, whose cost, times every rank, is what
+// forming, replacing and agreeing take at scale. The coordinator publishes a generation as its
+// claim and one Store::WriteBatch (table, changes, assignments, fence, the previous plan's mark,
+// rdzv/current), so that the ranks it wakes find all of it and never queue ahead of its last
+// writes, and a member's wait for the next table reads the announcement and the changes with it.
 //
 // Thread safety: RendezvousMember and RendezvousCoordinator may be called from any thread; each
 // owns at most one background thread (the heartbeat), stopped and joined by its destructor.
@@ -167,11 +171,13 @@ class RendezvousMember {
   int64_t generation() const;
   // Waits up to `timeout` (a store Wait, parked at the server: no polling) for the table of the
   // generation after the one this member holds, and marks this member superseded when it appears.
-  // The coordinator writes a generation's table first, then raises the fence and announces it, as
-  // AwaitGeneration reads it: a member that waits here learns that the others are leaving for a
-  // newer generation as soon as it is published, sooner than from its next heartbeat's refusal.
-  // True when this member's generation is superseded (also when it was already), false when the
-  // wait ran out; FailedPrecondition before it joined a generation; the store's error otherwise.
+  // The coordinator writes a generation's table, changes, fence and announcement as one store
+  // batch: a member that waits here learns that the others are leaving for a newer generation as
+  // soon as it is published, sooner than from its next heartbeat's refusal, and reads, in the same
+  // round trip, what the AwaitGeneration that follows would read first (the announcement and the
+  // new generation's changes): that call then costs the store nothing. True when this member's
+  // generation is superseded (also when it was already), false when the wait ran out;
+  // FailedPrecondition before it joined a generation; the store's error otherwise.
   absl::StatusOr<bool> AwaitNewerGeneration(absl::Duration timeout);
   // What AwaitNewerGenerationOr saw.
   struct NewerGenerationOrKey {
@@ -199,7 +205,8 @@ class RendezvousMember {
   // This member's place in `generation` from its table (it holds no generation yet, or missed too
   // many); FailedPrecondition when the table does not name it (it was replaced).
   absl::StatusOr<Membership> PlaceFromTable(int64_t generation, absl::Duration timeout);
-  // The changes of `generation` (NotFound before they are published).
+  // The changes of `generation`, waited for (a standby's assignment may be written just before
+  // them).
   absl::StatusOr<store_keys::GenerationChanges> ReadChanges(int64_t generation,
                                                             absl::Duration timeout);
   // Waits, in slices, for `key` (written once by a rank of `membership`'s generation) and returns
@@ -224,6 +231,13 @@ class RendezvousMember {
   int rank_ ABSL_GUARDED_BY(mu_) = -1;
   int world_size_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int64_t> superseded_generation_{-1};
+  // What AwaitNewerGeneration read as the next generation appeared: rdzv/current and the changes of
+  // generation `after` + 1, for AwaitGeneration(`after`). Cleared by AdoptGeneration.
+  struct Prefetched {
+    int64_t after = -1;
+    std::vector<std::optional<std::string>> values;
+  };
+  std::optional<Prefetched> prefetched_ ABSL_GUARDED_BY(mu_);
   Notification stop_;
   std::thread heartbeat_;
 };
@@ -258,7 +272,8 @@ class GenerationFollower {
 
 // Says that `rank` completed its first step of `generation`, `step` (Runtime, once per generation):
 // writes rdzv/gen/<g>/resumed/<rank> if it is absent and, when it wrote it, adds one to
-// rdzv/gen/<g>/resumed_count, so that a retried or repeated call counts once. The store's error.
+// rdzv/gen/<g>/resumed_count, so that a retried or repeated call counts once (Store::CreateAndAdd:
+// one round trip on a TcpStore). The store's error.
 absl::Status PublishResumed(Store* store, int64_t generation, int rank, int64_t step,
                             absl::Duration timeout);
 

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <string_view>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "sdk/rendezvous/store_frame.h"
+#include "trainguard/store.h"
 
 namespace trainguard {
 namespace {
@@ -28,6 +30,42 @@ absl::Status CheckKeys(const google::protobuf::RepeatedPtrField<std::string>& ke
   return absl::OkStatus();
 }
 
+// The writes of `op` as Store::WriteBatch takes them; InvalidArgument naming a write that is
+// malformed (no operation, a Set that adds).
+absl::StatusOr<std::vector<BatchWrite>> BatchWrites(const proto::WriteBatchOp& op) {
+  std::vector<BatchWrite> writes;
+  writes.reserve(op.writes_size());
+  for (int i = 0; i < op.writes_size(); ++i) {
+    const proto::BatchWriteOp& write = op.writes(i);
+    switch (write.write_case()) {
+      case proto::BatchWriteOp::kSet:
+        if (!write.set().add_key().empty() || write.set().add_delta() != 0 ||
+            write.set().only_if_absent()) {
+          return absl::InvalidArgumentError(
+              absl::StrFormat("write %d of a store batch is a Set that adds (not in a batch)", i));
+        }
+        writes.push_back(BatchWrite::Set(write.set().key(), write.set().value()));
+        break;
+      case proto::BatchWriteOp::kCompareAndSet: {
+        const proto::CompareAndSetOp& cas = write.compare_and_set();
+        writes.push_back(BatchWrite::CompareAndSet(
+            cas.key(),
+            cas.expected_present() ? std::optional<std::string>(cas.expected()) : std::nullopt,
+            cas.desired()));
+        break;
+      }
+      case proto::BatchWriteOp::kRaiseFence:
+        writes.push_back(BatchWrite::RaiseFence(write.raise_fence().generation()));
+        break;
+      case proto::BatchWriteOp::WRITE_NOT_SET:
+        return absl::InvalidArgumentError(
+            absl::StrFormat("write %d of a store batch has no operation this server knows", i));
+    }
+  }
+  if (absl::Status s = CheckBatch(writes); !s.ok()) return s;
+  return writes;
+}
+
 }  // namespace
 
 absl::Status ValidateStoreRequest(const proto::StoreRequest& request) {
@@ -36,7 +74,8 @@ absl::Status ValidateStoreRequest(const proto::StoreRequest& request) {
   }
   switch (request.op_case()) {
     case proto::StoreRequest::kSet:
-      if (request.set().add_key().empty() && request.set().add_delta() != 0) {
+      if (request.set().add_key().empty() &&
+          (request.set().add_delta() != 0 || request.set().only_if_absent())) {
         return absl::InvalidArgumentError("a Set request adds to no store key");
       }
       return CheckKey(request.set().key(), "Set");
@@ -58,6 +97,8 @@ absl::Status ValidateStoreRequest(const proto::StoreRequest& request) {
         return absl::InvalidArgumentError("a WaitAny request names no store key");
       }
       return CheckKeys(request.wait_any().keys(), "WaitAny");
+    case proto::StoreRequest::kWriteBatch:
+      return BatchWrites(request.write_batch()).status();
     case proto::StoreRequest::kListKeys:
     case proto::StoreRequest::kRaiseFence:
       return absl::OkStatus();
@@ -148,6 +189,10 @@ proto::StoreResponse StoreState::Apply(uint64_t session_id, Job& job,
       if (op.add_key().empty()) {
         job.data.insert_or_assign(op.key(), op.value());
         KeyWritten(job, op.key());
+        return StatusResponse(id, absl::OkStatus());
+      }
+      // CreateAndAdd: nothing when the key exists.
+      if (op.only_if_absent() && job.data.contains(op.key())) {
         return StatusResponse(id, absl::OkStatus());
       }
       // SetAndAdd: the sum is checked before either write, so that both happen or neither. It is
@@ -255,10 +300,57 @@ proto::StoreResponse StoreState::Apply(uint64_t session_id, Job& job,
     case proto::StoreRequest::kRaiseFence:
       job.fence = std::max(job.fence, request.raise_fence().generation());
       return StatusResponse(id, absl::OkStatus());
+    case proto::StoreRequest::kWriteBatch:
+      return ApplyBatch(job, request);
     case proto::StoreRequest::OP_NOT_SET:
       break;
   }
   return StatusResponse(id, ValidateStoreRequest(request));
+}
+
+proto::StoreResponse StoreState::ApplyBatch(Job& job, const proto::StoreRequest& request) {
+  const uint64_t id = request.request_id();
+  if (absl::Status s = CheckFence(job, request.writer_generation()); !s.ok()) {
+    return StatusResponse(id, s);
+  }
+  absl::StatusOr<std::vector<BatchWrite>> writes = BatchWrites(request.write_batch());
+  if (!writes.ok()) return StatusResponse(id, writes.status());  // validated already
+  proto::StoreResponse response = StatusResponse(id, absl::OkStatus());
+  std::vector<const std::string*> written;
+  written.reserve(writes->size());
+  for (const BatchWrite& write : *writes) {
+    proto::OptionalValue* after = response.add_values();
+    bool wrote = true;
+    switch (write.op) {
+      case BatchWrite::Op::kSet:
+        job.data.insert_or_assign(write.key, write.value);
+        break;
+      case BatchWrite::Op::kCompareAndSet: {
+        auto it = job.data.find(write.key);
+        wrote = write.expected.has_value() ? (it != job.data.end() && it->second == *write.expected)
+                                           : it == job.data.end();
+        if (wrote) {
+          job.data.insert_or_assign(write.key, write.value);
+        } else if (it != job.data.end()) {
+          after->set_present(true);
+          after->set_value(it->second);
+        }
+        break;
+      }
+      case BatchWrite::Op::kRaiseFence:
+        job.fence = std::max(job.fence, write.generation);
+        break;
+    }
+    response.add_flags(wrote);
+    if (wrote && write.op != BatchWrite::Op::kRaiseFence) {
+      after->set_present(true);
+      after->set_value(write.value);
+      written.push_back(&write.key);
+    }
+  }
+  // The parked Waits only now: one woken by the batch's first key reads its last.
+  for (const std::string* key : written) KeyWritten(job, *key);
+  return response;
 }
 
 size_t StoreState::FirstMissing(const Job& job, const std::vector<std::string>& keys, size_t from,

@@ -27,7 +27,8 @@
 namespace trainguard {
 
 // InvalidArgument naming the problem when `request` is malformed: no known operation, a zero
-// request id, or an empty key. The server answers it and closes the connection.
+// request id, an empty key, or a WriteBatch that Store::WriteBatch would refuse (CheckBatch). The
+// server answers it and closes the connection.
 absl::Status ValidateStoreRequest(const proto::StoreRequest& request);
 
 // The response frame for a status (no payload).
@@ -115,6 +116,8 @@ class StoreState {
   // Appends the values of `keys` in `job` to response->values, as a MultiGet answers.
   template <typename Keys>
   static void AddValues(const Job& job, const Keys& keys, proto::StoreResponse* response);
+  // A WriteBatch: every write, then the Waits its keys wake.
+  proto::StoreResponse ApplyBatch(Job& job, const proto::StoreRequest& request);
   proto::StoreResponse Apply(uint64_t session_id, Job& job, const proto::StoreRequest& request,
                              absl::Time now, bool* parked);
   // Re-checks the Waits indexed under `key` after it was written.

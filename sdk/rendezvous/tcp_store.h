@@ -189,6 +189,10 @@ class TcpStore final : public Store {
   absl::StatusOr<int64_t> SetAndAdd(std::string_view set_key, std::string_view value,
                                     std::string_view add_key, int64_t delta,
                                     absl::Duration timeout) override;
+  // One round trip: the server creates the key and adds together, or does neither.
+  absl::StatusOr<bool> CreateAndAdd(std::string_view key, std::string_view value,
+                                    std::string_view add_key, int64_t delta,
+                                    absl::Duration timeout) override;
   absl::StatusOr<CompareAndSetResult> CompareAndSet(std::string_view key,
                                                     const std::optional<std::string>& expected,
                                                     std::string_view desired,
@@ -206,6 +210,9 @@ class TcpStore final : public Store {
       const std::vector<std::string>& awaited, const std::vector<std::string>& read,
       absl::Duration timeout) override;
   absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override;
+  // One round trip: the server applies the writes in one pass (WriteBatchOp).
+  absl::StatusOr<std::vector<CompareAndSetResult>> WriteBatch(const std::vector<BatchWrite>& writes,
+                                                              absl::Duration timeout) override;
   void SetWriterGeneration(int64_t generation) override;
 
   // "host:port" of the server.

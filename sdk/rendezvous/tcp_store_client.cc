@@ -88,6 +88,19 @@ std::string Describe(std::string_view op, const std::vector<std::string>& keys) 
   return absl::StrCat(Absl(op), "(", absl::StrJoin(shown, ", "), ")");
 }
 
+// The request of SetAndAdd, or (`only_if_absent`) CreateAndAdd.
+proto::ClientMessage SetThenAdd(std::string_view set_key, std::string_view value,
+                                std::string_view add_key, int64_t delta, bool only_if_absent) {
+  proto::ClientMessage message;
+  proto::SetOp* op = message.mutable_request()->mutable_set();
+  op->set_key(set_key.data(), set_key.size());
+  op->set_value(value.data(), value.size());
+  op->set_add_key(add_key.data(), add_key.size());
+  op->set_add_delta(delta);
+  op->set_only_if_absent(only_if_absent);
+  return message;
+}
+
 absl::Status ResponseStatus(const proto::StoreResponse& response) {
   if (response.code() == 0) return absl::OkStatus();
   const int code = response.code();
@@ -638,15 +651,11 @@ absl::StatusOr<int64_t> TcpStore::Add(std::string_view key, int64_t delta, absl:
 absl::StatusOr<int64_t> TcpStore::SetAndAdd(std::string_view set_key, std::string_view value,
                                             std::string_view add_key, int64_t delta,
                                             absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
   if (absl::Status s = CheckKey(set_key); !s.ok()) return s;
   if (absl::Status s = CheckKey(add_key); !s.ok()) return s;
-  const absl::Time deadline = absl::Now() + timeout;
-  proto::ClientMessage message;
-  proto::SetOp* op = message.mutable_request()->mutable_set();
-  op->set_key(set_key.data(), set_key.size());
-  op->set_value(value.data(), value.size());
-  op->set_add_key(add_key.data(), add_key.size());
-  op->set_add_delta(delta);
+  proto::ClientMessage message =
+      SetThenAdd(set_key, value, add_key, delta, /*only_if_absent=*/false);
   absl::StatusOr<proto::StoreResponse> response =
       Lease(this)->Call(message, Connection::Retry::kOnlyIfUnsent, timeout,
                         absl::StrFormat("SetAndAdd(%s, %s)", Absl(set_key), Absl(add_key)));
@@ -657,6 +666,20 @@ absl::StatusOr<int64_t> TcpStore::SetAndAdd(std::string_view set_key, std::strin
     return Add(add_key, delta, std::max(deadline - absl::Now(), absl::ZeroDuration()));
   }
   return response->number();
+}
+
+absl::StatusOr<bool> TcpStore::CreateAndAdd(std::string_view key, std::string_view value,
+                                            std::string_view add_key, int64_t delta,
+                                            absl::Duration timeout) {
+  if (absl::Status s = CheckKey(key); !s.ok()) return s;
+  if (absl::Status s = CheckKey(add_key); !s.ok()) return s;
+  proto::ClientMessage message = SetThenAdd(key, value, add_key, delta, /*only_if_absent=*/true);
+  absl::StatusOr<proto::StoreResponse> response =
+      Lease(this)->Call(message, Connection::Retry::kOnlyIfUnsent, timeout,
+                        absl::StrFormat("CreateAndAdd(%s, %s)", Absl(key), Absl(add_key)));
+  if (!response.ok()) return response.status();
+  if (absl::Status s = ResponseStatus(*response); !s.ok()) return s;
+  return response->flag();
 }
 
 absl::StatusOr<CompareAndSetResult> TcpStore::CompareAndSet(
@@ -809,6 +832,57 @@ absl::Status TcpStore::RaiseFence(int64_t generation, absl::Duration timeout) {
                         absl::StrCat("RaiseFence(", generation, ")"));
   if (!response.ok()) return response.status();
   return ResponseStatus(*response);
+}
+
+absl::StatusOr<std::vector<CompareAndSetResult>> TcpStore::WriteBatch(
+    const std::vector<BatchWrite>& writes, absl::Duration timeout) {
+  if (absl::Status s = CheckBatch(writes); !s.ok()) return s;
+  if (writes.empty()) return std::vector<CompareAndSetResult>();
+  proto::ClientMessage message;
+  proto::WriteBatchOp* op = message.mutable_request()->mutable_write_batch();
+  std::vector<std::string> keys;
+  for (const BatchWrite& write : writes) {
+    proto::BatchWriteOp* out = op->add_writes();
+    switch (write.op) {
+      case BatchWrite::Op::kSet:
+        out->mutable_set()->set_key(write.key);
+        out->mutable_set()->set_value(write.value);
+        keys.push_back(write.key);
+        break;
+      case BatchWrite::Op::kCompareAndSet: {
+        proto::CompareAndSetOp* cas = out->mutable_compare_and_set();
+        cas->set_key(write.key);
+        cas->set_expected_present(write.expected.has_value());
+        if (write.expected.has_value()) cas->set_expected(*write.expected);
+        cas->set_desired(write.value);
+        keys.push_back(write.key);
+        break;
+      }
+      case BatchWrite::Op::kRaiseFence:
+        out->mutable_raise_fence()->set_generation(write.generation);
+        keys.push_back(absl::StrCat("(fence ", write.generation, ")"));
+        break;
+    }
+  }
+  const std::string what = Describe("WriteBatch", keys);
+  // Not sent again once it may have applied: its compare-and-sets would see their own writes.
+  absl::StatusOr<proto::StoreResponse> response =
+      Lease(this)->Call(message, Connection::Retry::kOnlyIfUnsent, timeout, what);
+  if (!response.ok()) return response.status();
+  if (absl::Status s = ResponseStatus(*response); !s.ok()) return s;
+  if (static_cast<size_t>(response->values_size()) != writes.size() ||
+      static_cast<size_t>(response->flags_size()) != writes.size()) {
+    return absl::InternalError(absl::StrFormat(
+        "store server %s answered %s with %d values and %d flags for %d writes", address(), what,
+        response->values_size(), response->flags_size(), writes.size()));
+  }
+  std::vector<CompareAndSetResult> results(writes.size());
+  for (size_t i = 0; i < writes.size(); ++i) {
+    results[i].swapped = response->flags(static_cast<int>(i));
+    proto::OptionalValue& value = *response->mutable_values(static_cast<int>(i));
+    if (value.present()) results[i].current = std::move(*value.mutable_value());
+  }
+  return results;
 }
 
 }  // namespace trainguard

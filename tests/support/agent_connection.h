@@ -69,6 +69,10 @@ class AgentConnection final : public Store {
   absl::Status RaiseFence(int64_t generation, absl::Duration timeout) override {
     return Call([&] { return base_->RaiseFence(generation, timeout); });
   }
+  absl::StatusOr<std::vector<CompareAndSetResult>> WriteBatch(const std::vector<BatchWrite>& writes,
+                                                              absl::Duration timeout) override {
+    return Call([&] { return base_->WriteBatch(writes, timeout); });
+  }
   void SetWriterGeneration(int64_t generation) override { base_->SetWriterGeneration(generation); }
 
  private:

@@ -117,6 +117,21 @@ class CountingStore final : public ForwardingStore {
     Count("RaiseFence", "(fence)");
     return base()->RaiseFence(generation, timeout);
   }
+  absl::StatusOr<bool> CreateAndAdd(std::string_view key, std::string_view value,
+                                    std::string_view add_key, int64_t delta,
+                                    absl::Duration timeout) override {
+    Count("CreateAndAdd", {std::string(key), std::string(add_key)});
+    return base()->CreateAndAdd(key, value, add_key, delta, timeout);
+  }
+  absl::StatusOr<std::vector<CompareAndSetResult>> WriteBatch(const std::vector<BatchWrite>& writes,
+                                                              absl::Duration timeout) override {
+    std::vector<std::string> keys;
+    for (const BatchWrite& write : writes) {
+      keys.push_back(write.op == BatchWrite::Op::kRaiseFence ? "(fence)" : write.key);
+    }
+    Count("WriteBatch", keys);
+    return base()->WriteBatch(writes, timeout);
+  }
 
  private:
   void Count(std::string_view verb, std::string_view key) {

@@ -308,6 +308,127 @@ TYPED_TEST_P(StoreConformance, AFenceRejectsEveryWriteOfAStaleGeneration) {
   EXPECT_EQ(*launcher->Get("state", kStoreTimeout), "gen2");
 }
 
+TYPED_TEST_P(StoreConformance, CreateAndAddCountsOnlyTheCallThatCreatesTheKey) {
+  auto store = this->harness_.NewClient();
+  auto stale = this->harness_.NewClient();
+  absl::StatusOr<bool> created =
+      store->CreateAndAdd("ca/rank/1", "40", "ca/count", 1, kStoreTimeout);
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_TRUE(*created);
+  created = store->CreateAndAdd("ca/rank/1", "41", "ca/count", 1, kStoreTimeout);
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_FALSE(*created);
+  ASSERT_TRUE(store->CreateAndAdd("ca/rank/0", "40", "ca/count", 1, kStoreTimeout).ok());
+  EXPECT_EQ(*store->Get("ca/rank/1", kStoreTimeout), "40");
+  EXPECT_EQ(*store->Get("ca/count", kStoreTimeout), "2");
+  ASSERT_TRUE(store->RaiseFence(3, kStoreTimeout).ok());
+  stale->SetWriterGeneration(2);
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      stale->CreateAndAdd("ca/rank/2", "40", "ca/count", 1, kStoreTimeout).status()));
+  EXPECT_TRUE(absl::IsNotFound(store->Get("ca/rank/2", kStoreTimeout).status()));
+  EXPECT_EQ(*store->Get("ca/count", kStoreTimeout), "2");
+}
+
+TYPED_TEST_P(StoreConformance, WriteBatchAppliesItsWritesInOrderAndAnswersEach) {
+  auto store = this->harness_.NewClient();
+  auto stale = this->harness_.NewClient();
+  ASSERT_TRUE(store->Set("wb/held", "yes", kStoreTimeout).ok());
+  absl::StatusOr<std::vector<CompareAndSetResult>> results =
+      store->WriteBatch({BatchWrite::Set("wb/table", "t"),
+                         BatchWrite::CompareAndSet("wb/claim", std::nullopt, "mine"),
+                         BatchWrite::CompareAndSet("wb/held", std::string("no"), "overwritten"),
+                         BatchWrite::RaiseFence(3), BatchWrite::Set("wb/current", "3")},
+                        kStoreTimeout);
+  ASSERT_TRUE(results.ok()) << results.status();
+  ASSERT_EQ(results->size(), 5u);
+  EXPECT_TRUE((*results)[0].swapped);
+  EXPECT_EQ((*results)[0].current, "t");
+  EXPECT_TRUE((*results)[1].swapped);
+  EXPECT_EQ((*results)[1].current, "mine");
+  // A compare-and-set that does not match is skipped, with what its key holds; the rest applies.
+  EXPECT_FALSE((*results)[2].swapped);
+  EXPECT_EQ((*results)[2].current, "yes");
+  EXPECT_TRUE((*results)[3].swapped);
+  EXPECT_TRUE((*results)[4].swapped);
+  absl::StatusOr<std::vector<std::optional<std::string>>> values =
+      store->MultiGet({"wb/table", "wb/claim", "wb/held", "wb/current"}, kStoreTimeout);
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_THAT(*values, ::testing::ElementsAre("t", "mine", "yes", "3"));
+  // The fence the batch raised holds for every later write.
+  stale->SetWriterGeneration(2);
+  EXPECT_TRUE(absl::IsFailedPrecondition(stale->Set("wb/table", "zombie", kStoreTimeout)));
+  // A compare-and-set of an absent key that is present now is skipped too.
+  results = store->WriteBatch({BatchWrite::CompareAndSet("wb/claim", std::nullopt, "theirs")},
+                              kStoreTimeout);
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_FALSE((*results)[0].swapped);
+  EXPECT_EQ((*results)[0].current, "mine");
+  // An empty batch writes nothing.
+  results = store->WriteBatch({}, kStoreTimeout);
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_TRUE(results->empty());
+}
+
+TYPED_TEST_P(StoreConformance, AWaiterWokenByABatchsFirstKeyReadsItsLast) {
+  auto waiter = this->harness_.NewClient();
+  auto writer = this->harness_.NewClient();
+  absl::StatusOr<std::vector<std::optional<std::string>>> values;
+  std::thread waiting([&] {
+    values = waiter->WaitAndRead({"wba/table"}, {"wba/table", "wba/changes", "wba/current"},
+                                 kStoreTimeout);
+  });
+  ASSERT_TRUE(
+      writer
+          ->WriteBatch({BatchWrite::Set("wba/table", "t"), BatchWrite::Set("wba/changes", "c"),
+                        BatchWrite::Set("wba/current", "1")},
+                       kStoreTimeout)
+          .ok());
+  waiting.join();
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_THAT(*values, ::testing::ElementsAre("t", "c", "1"));
+}
+
+TYPED_TEST_P(StoreConformance, AMalformedOrStaleBatchWritesNothing) {
+  auto store = this->harness_.NewClient();
+  auto stale = this->harness_.NewClient();
+  const std::vector<std::vector<BatchWrite>> malformed = {
+      {BatchWrite::Set("wbm/a", "1"), BatchWrite::Set("", "2")},
+      {BatchWrite::Set("wbm/a", "1"), BatchWrite::CompareAndSet("wbm/a", std::nullopt, "2")},
+      {BatchWrite::Set("wbm/a", "1"), BatchWrite::RaiseFence(1), BatchWrite::RaiseFence(2)},
+      std::vector<BatchWrite>(Store::kMaxBatchWrites + 1, BatchWrite::RaiseFence(1)),
+  };
+  for (const std::vector<BatchWrite>& batch : malformed) {
+    absl::StatusOr<std::vector<CompareAndSetResult>> refused =
+        store->WriteBatch(batch, kStoreTimeout);
+    EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+    EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("batch"));
+  }
+  EXPECT_TRUE(absl::IsNotFound(store->Get("wbm/a", kStoreTimeout).status()));
+  // A writer below the fence: refused whole, its fence raise included.
+  ASSERT_TRUE(store->RaiseFence(5, kStoreTimeout).ok());
+  stale->SetWriterGeneration(4);
+  absl::StatusOr<std::vector<CompareAndSetResult>> refused = stale->WriteBatch(
+      {BatchWrite::Set("wbm/b", "1"), BatchWrite::CompareAndSet("wbm/c", std::nullopt, "1"),
+       BatchWrite::RaiseFence(9)},
+      kStoreTimeout);
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("stale generation 4"));
+  absl::StatusOr<std::vector<std::optional<std::string>>> values =
+      store->MultiGet({"wbm/b", "wbm/c"}, kStoreTimeout);
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_THAT(*values, ::testing::ElementsAre(std::nullopt, std::nullopt));
+  auto generation_six = this->harness_.NewClient();
+  generation_six->SetWriterGeneration(6);
+  EXPECT_TRUE(generation_six->Set("wbm/b", "6", kStoreTimeout).ok()) << "the fence stayed at 5";
+  // The fence is checked once, before the batch: a batch raising it above its own writer's
+  // generation still writes what follows the raise.
+  absl::StatusOr<std::vector<CompareAndSetResult>> raised = generation_six->WriteBatch(
+      {BatchWrite::RaiseFence(7), BatchWrite::Set("wbm/after", "1")}, kStoreTimeout);
+  ASSERT_TRUE(raised.ok()) << raised.status();
+  EXPECT_EQ(*store->Get("wbm/after", kStoreTimeout), "1");
+  EXPECT_TRUE(absl::IsFailedPrecondition(generation_six->Set("wbm/b", "x", kStoreTimeout)));
+}
+
 TYPED_TEST_P(StoreConformance, PrefixStoresAreIsolatedNamespaces) {
   auto base = this->harness_.NewClient();
   PrefixStore job_a("jobA", base.get());
@@ -325,6 +446,15 @@ TYPED_TEST_P(StoreConformance, PrefixStoresAreIsolatedNamespaces) {
       job_b.WaitAndRead({"rank/0"}, {"rank/0", "rank/1"}, kStoreTimeout);
   ASSERT_TRUE(values.ok()) << values.status();
   EXPECT_THAT(*values, ::testing::ElementsAre(std::optional<std::string>("b"), std::nullopt));
+  absl::StatusOr<std::vector<CompareAndSetResult>> batch =
+      job_a.WriteBatch({BatchWrite::Set("rank/1", "a1"),
+                        BatchWrite::CompareAndSet("rank/0", std::string("a"), "a0")},
+                       kStoreTimeout);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  EXPECT_TRUE((*batch)[1].swapped);
+  EXPECT_EQ(*base->Get("jobA/rank/1", kStoreTimeout), "a1");
+  EXPECT_EQ(*base->Get("jobA/rank/0", kStoreTimeout), "a0");
+  EXPECT_EQ(*base->Get("jobB/rank/0", kStoreTimeout), "b");
 }
 
 TYPED_TEST_P(StoreConformance, AOneMebibyteValueRoundTrips) {
@@ -347,6 +477,8 @@ REGISTER_TYPED_TEST_SUITE_P(
     WaitAnyOfKeysAlreadyPresentReturnsTheFirstOfThemAtOnce, WaitAnyTimesOutNamingTheKeys,
     WaitAnyOfNoKeyOrAnEmptyKeyIsRejected, WaitAndReadReturnsTheReadValuesOnceEveryAwaitedKeyExists,
     WaitAndReadTimesOutNamingTheMissingKeys, AFenceRejectsEveryWriteOfAStaleGeneration,
+    CreateAndAddCountsOnlyTheCallThatCreatesTheKey, WriteBatchAppliesItsWritesInOrderAndAnswersEach,
+    AWaiterWokenByABatchsFirstKeyReadsItsLast, AMalformedOrStaleBatchWritesNothing,
     PrefixStoresAreIsolatedNamespaces, AOneMebibyteValueRoundTrips);
 
 }  // namespace trainguard::testing

@@ -1096,5 +1096,139 @@ TEST_F(Rendezvous, ACoordinatorRetryingAPublicationItAlreadyClaimedCompletesIt) 
   EXPECT_EQ(renewed->generation, 1);
 }
 
+// A publication after its claim is one store batch: the table, the changes, each standby's
+// assignment, the fence, the previous plan's mark and the announcement, applied as one.
+TEST(RendezvousCoordinatorCost, APublicationIsItsClaimAndOneBatch) {
+  InMemoryStore shared;
+  testing::CountingStore store(&shared);
+  RendezvousCoordinator coordinator(&store, Clock::Real(), "h0");
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(store.Set(store_keys::RdzvJoin(r), absl::StrCat("host:rank", r), kTimeout).ok());
+  }
+  ASSERT_TRUE(store.Set(store_keys::RdzvStandby("hostS:standby0"), "parked", kTimeout).ok());
+  store.Reset();
+  ASSERT_TRUE(coordinator.FormInitialGeneration(4, kTimeout).ok());
+  absl::StatusOr<Membership> next =
+      coordinator.ReplaceRanks({2}, {"hostS:standby0"}, /*any_standby=*/false, kTimeout);
+  ASSERT_TRUE(next.ok()) << next.status();
+  std::map<std::string, int64_t> by_verb;
+  for (const auto& [verb_family, count] : store.counts()) by_verb[verb_family.first] += count;
+  // Generation 0: the registrations' wait, the claim, the batch. Generation 1: the standby's
+  // claim, the generation's claim, the batch.
+  EXPECT_THAT(by_verb, ::testing::UnorderedElementsAre(::testing::Pair("WaitAndRead", 1),
+                                                       ::testing::Pair("CompareAndSet", 3),
+                                                       ::testing::Pair("WriteBatch", 2)));
+  EXPECT_EQ(*store.Get(store_keys::RdzvAssign("hostS:standby0"), kTimeout), "1 2");
+  EXPECT_EQ(*store.Get("rdzv/current", kTimeout), "1");
+}
+
+// The store refuses (or loses) the coordinator's publication batch: nothing of the generation is
+// written but its claim (no member wakes to half a generation, the fence stays), and the same
+// coordinator's next attempt, finding its own claim, completes it.
+TEST(RendezvousCoordinatorCost, APublicationThatFailsLeavesOnlyItsClaimAndIsCompletedByTheRetry) {
+  class FirstBatchFails final : public testing::ForwardingStore {
+   public:
+    using ForwardingStore::ForwardingStore;
+    absl::StatusOr<std::vector<CompareAndSetResult>> WriteBatch(
+        const std::vector<BatchWrite>& writes, absl::Duration timeout) override {
+      if (fail_next) {
+        fail_next = false;
+        return absl::UnavailableError("store server unreachable (injected)");
+      }
+      return base()->WriteBatch(writes, timeout);
+    }
+    bool fail_next = false;
+  };
+  InMemoryStore shared;
+  FirstBatchFails store(&shared);
+  RendezvousCoordinator coordinator(&store, Clock::Real(), "h0");
+  ASSERT_TRUE(store.Set(store_keys::RdzvJoin(0), "host:rank0", kTimeout).ok());
+  ASSERT_TRUE(coordinator.FormInitialGeneration(1, kTimeout).ok());
+  store.fail_next = true;
+  absl::StatusOr<Membership> failed = coordinator.RenewGeneration(kTimeout);
+  EXPECT_TRUE(absl::IsUnavailable(failed.status())) << failed.status();
+  absl::StatusOr<std::vector<std::optional<std::string>>> left = shared.MultiGet(
+      {"rdzv/claim/1", "rdzv/gen/1/table", "rdzv/gen/1/changes", "rdzv/current"}, kTimeout);
+  ASSERT_TRUE(left.ok()) << left.status();
+  EXPECT_THAT(*left, ::testing::ElementsAre(std::optional<std::string>("h0"), std::nullopt,
+                                            std::nullopt, std::optional<std::string>("0")));
+  std::unique_ptr<Store> rank = shared.NewClient();
+  rank->SetWriterGeneration(0);
+  EXPECT_TRUE(rank->Set("rdzv/hb/host:rank0", "1", kTimeout).ok()) << "the fence stayed at 0";
+
+  absl::StatusOr<Membership> renewed = coordinator.RenewGeneration(kTimeout);
+  ASSERT_TRUE(renewed.ok()) << renewed.status();
+  EXPECT_EQ(renewed->generation, 1);
+  EXPECT_EQ(*shared.Get("rdzv/current", kTimeout), "1");
+  EXPECT_TRUE(absl::IsFailedPrecondition(rank->Set("rdzv/hb/host:rank0", "2", kTimeout)));
+}
+
+// More standbys assigned at once than one batch holds: the first assignments go ahead in batches
+// of their own, and a standby woken by one waits for its generation's changes.
+TEST(RendezvousCoordinatorCost, MoreAssignmentsThanOneBatchHoldsStillPlaceEveryStandby) {
+  constexpr int kWorld = 140;
+  InMemoryStore shared;
+  testing::CountingStore store(&shared);
+  RendezvousCoordinator coordinator(&store, Clock::Real(), "h0");
+  std::vector<int> dead;
+  std::vector<std::string> standbys;
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(store.Set(store_keys::RdzvJoin(r), absl::StrCat("host:rank", r), kTimeout).ok());
+    dead.push_back(r);
+    standbys.push_back(absl::StrCat("hostS:standby", r));
+    ASSERT_TRUE(store.Set(store_keys::RdzvStandby(standbys.back()), "parked", kTimeout).ok());
+  }
+  ASSERT_TRUE(coordinator.FormInitialGeneration(kWorld, kTimeout).ok());
+  store.Reset();
+  absl::StatusOr<Membership> next =
+      coordinator.ReplaceRanks(dead, standbys, /*any_standby=*/false, kTimeout);
+  ASSERT_TRUE(next.ok()) << next.status();
+  int64_t batches = 0;
+  for (const auto& [verb_family, count] : store.counts()) {
+    if (verb_family.first == "WriteBatch") batches += count;
+  }
+  EXPECT_EQ(batches, 2);
+  for (int r : {0, 70, kWorld - 1}) {
+    std::unique_ptr<Store> own = shared.NewClient();
+    RendezvousMember standby(own.get(), standbys[r], absl::InfiniteDuration());
+    absl::StatusOr<Membership> placed = standby.ParkAsStandby(kTimeout);
+    ASSERT_TRUE(placed.ok()) << placed.status();
+    EXPECT_EQ(placed->generation, 1);
+    EXPECT_EQ(placed->rank, r);
+    EXPECT_EQ(placed->world_size, kWorld);
+  }
+}
+
+// A member woken by the next generation's table (AwaitNewerGeneration) read, in that round trip,
+// what it needs to take its place: AwaitGeneration then asks the store nothing.
+TEST_F(Rendezvous, AMemberWokenByTheNextGenerationTakesItsPlaceWithoutAnotherRequest) {
+  std::unique_ptr<Store> client = shared_.NewClient();
+  testing::CountingStore store(client.get());
+  RendezvousMember member(&store, "host:rank0", absl::InfiniteDuration());
+  absl::StatusOr<Membership> joined = absl::UnknownError("not joined");
+  std::thread join([&] { joined = member.JoinInitial(0, 1, kTimeout); });
+  ASSERT_TRUE(coordinator_.FormInitialGeneration(1, kTimeout).ok());
+  join.join();
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  absl::StatusOr<bool> newer = absl::UnknownError("not waited");
+  std::thread wait([&] { newer = member.AwaitNewerGeneration(kTimeout); });
+  ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
+  wait.join();
+  ASSERT_TRUE(newer.ok() && *newer) << newer.status();
+  store.Reset();
+  absl::StatusOr<Membership> place = member.AwaitGeneration(0, kTimeout);
+  ASSERT_TRUE(place.ok()) << place.status();
+  EXPECT_EQ(place->generation, 1);
+  EXPECT_EQ(place->rank, 0);
+  EXPECT_THAT(store.counts(), IsEmpty());
+  // Not kept past its use: the next generation is waited for and read again.
+  std::thread next_wait([&] { newer = member.AwaitNewerGeneration(kTimeout); });
+  ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
+  next_wait.join();
+  place = member.AwaitGeneration(1, kTimeout);
+  ASSERT_TRUE(place.ok()) << place.status();
+  EXPECT_EQ(place->generation, 2);
+}
+
 }  // namespace
 }  // namespace trainguard

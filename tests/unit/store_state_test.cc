@@ -174,12 +174,94 @@ TEST_F(StoreStateTest, ASetAndAddAnswersAWaitOnEitherKey) {
   EXPECT_THAT(ValuesOf(done[0].response), ::testing::ElementsAre("1"));
 }
 
+TEST_F(StoreStateTest, ACreateAndAddWritesNeitherKeyWhenTheKeyExistsOrTheAddFails) {
+  auto create_and_add = [&](const std::string& key) {
+    proto::StoreRequest request;
+    request.set_request_id(next_id_++);
+    request.mutable_set()->set_key(key);
+    request.mutable_set()->set_value("100");
+    request.mutable_set()->set_add_key("count");
+    request.mutable_set()->set_add_delta(1);
+    request.mutable_set()->set_only_if_absent(true);
+    EXPECT_TRUE(ValidateStoreRequest(request).ok());
+    return *state_.Execute(kSession, kJob, request, kStart);
+  };
+  proto::StoreResponse first = create_and_add("resumed/0");
+  EXPECT_EQ(first.code(), 0) << first.message();
+  EXPECT_TRUE(first.flag());
+  EXPECT_EQ(first.number(), 1);
+  proto::StoreResponse again = create_and_add("resumed/0");
+  EXPECT_EQ(again.code(), 0) << again.message();
+  EXPECT_FALSE(again.flag());
+  Set("count", "not a number");
+  proto::StoreResponse failed = create_and_add("resumed/1");
+  EXPECT_EQ(failed.code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  proto::StoreRequest get;
+  get.set_request_id(next_id_++);
+  get.mutable_get()->set_key("resumed/1");
+  EXPECT_EQ(state_.Execute(kSession, kJob, get, kStart)->code(),
+            static_cast<int>(absl::StatusCode::kNotFound));
+}
+
 TEST_F(StoreStateTest, ASetThatAddsToNoKeyIsRefused) {
   proto::StoreRequest request;
   request.set_request_id(1);
   request.mutable_set()->set_key("k");
   request.mutable_set()->set_add_delta(1);
   EXPECT_TRUE(absl::IsInvalidArgument(ValidateStoreRequest(request)));
+}
+
+// A WriteBatch request of `writes` (a BatchWriteOp each).
+proto::StoreRequest BatchRequest(uint64_t id, const std::vector<proto::BatchWriteOp>& writes) {
+  proto::StoreRequest request;
+  request.set_request_id(id);
+  for (const proto::BatchWriteOp& write : writes)
+    *request.mutable_write_batch()->add_writes() = write;
+  return request;
+}
+proto::BatchWriteOp SetWrite(const std::string& key, const std::string& value) {
+  proto::BatchWriteOp write;
+  write.mutable_set()->set_key(key);
+  write.mutable_set()->set_value(value);
+  return write;
+}
+
+TEST_F(StoreStateTest, AWaitWokenByABatchsFirstKeyIsAnsweredAfterItsLastWrite) {
+  // Parked on the first key of the batch, reading the last: answered with both, never between.
+  ASSERT_EQ(WaitAndRead({"gen/1/table"}, {"gen/1/changes", "current"}, absl::Seconds(60)),
+            std::nullopt);
+  ASSERT_EQ(Wait({"current"}, absl::Seconds(60)), std::nullopt);
+  proto::BatchWriteOp fence;
+  fence.mutable_raise_fence()->set_generation(1);
+  proto::StoreRequest batch =
+      BatchRequest(next_id_++, {SetWrite("gen/1/table", "t"), SetWrite("gen/1/changes", "c"), fence,
+                                SetWrite("current", "1")});
+  ASSERT_TRUE(ValidateStoreRequest(batch).ok());
+  proto::StoreResponse response = *state_.Execute(kSession, kJob, batch, kStart);
+  EXPECT_EQ(response.code(), 0) << response.message();
+  EXPECT_THAT(response.flags(), ::testing::ElementsAre(true, true, true, true));
+  const std::vector<StoreState::Completion> done = state_.TakeCompletions();
+  ASSERT_THAT(done, SizeIs(2));
+  EXPECT_THAT(ValuesOf(done[0].response), ::testing::ElementsAre("c", "1"));
+  EXPECT_EQ(done[1].response.code(), 0);
+  EXPECT_EQ(state_.parked_waits(), 0u);
+}
+
+TEST_F(StoreStateTest, AMalformedBatchIsRefusedBeforeAnythingIsWritten) {
+  proto::BatchWriteOp adds = SetWrite("count", "1");
+  adds.mutable_set()->set_add_key("other");
+  adds.mutable_set()->set_add_delta(1);
+  const std::vector<std::vector<proto::BatchWriteOp>> malformed = {
+      {SetWrite("a", "1"), SetWrite("", "2")},
+      {SetWrite("a", "1"), SetWrite("a", "2")},
+      {SetWrite("a", "1"), adds},
+      {SetWrite("a", "1"), proto::BatchWriteOp()},
+  };
+  for (const std::vector<proto::BatchWriteOp>& writes : malformed) {
+    absl::Status valid = ValidateStoreRequest(BatchRequest(next_id_++, writes));
+    EXPECT_TRUE(absl::IsInvalidArgument(valid)) << valid;
+    EXPECT_THAT(valid.message(), HasSubstr("write 1 of a store batch"));
+  }
 }
 
 TEST_F(StoreStateTest, AParkedWaitAndReadIsAnsweredWithTheValuesReadWhenItsKeysAppeared) {

@@ -1002,6 +1002,29 @@ TEST(TcpStoreServerTest, AParkedWaitAnyIsAnsweredByTheFirstOfItsKeysWritten) {
   ExpectServes(*server);
 }
 
+TEST(TcpStoreServerTest, AWaitParkedOnABatchsFirstKeyIsAnsweredWithItsLast) {
+  auto server = StartServer();
+  auto waiter = ConnectClient(server->port());
+  auto writer = ConnectClient(server->port());
+  absl::StatusOr<std::vector<std::optional<std::string>>> values =
+      absl::UnknownError("not answered");
+  std::thread t([&] {
+    values = waiter->WaitAndRead({"gen/2/table"}, {"gen/2/changes", "current"}, kTimeout);
+  });
+  ASSERT_TRUE(Eventually([&] { return server->stats().waits_parked == 1; }));
+  absl::StatusOr<std::vector<CompareAndSetResult>> written = writer->WriteBatch(
+      {BatchWrite::Set("gen/2/table", "t"), BatchWrite::Set("gen/2/changes", "c"),
+       BatchWrite::RaiseFence(2), BatchWrite::CompareAndSet("plan/1", std::nullopt, "superseded"),
+       BatchWrite::Set("current", "2")},
+      kTimeout);
+  t.join();
+  ASSERT_TRUE(written.ok()) << written.status();
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_THAT(*values, ::testing::ElementsAre("c", "2"));
+  EXPECT_EQ(server->stats().waits_parked, 0);
+  ExpectServes(*server);
+}
+
 TEST(TcpStoreServerTest, AWaitAnyThatRunsOutIsForgotten) {
   auto server = StartServer();
   {
