@@ -54,7 +54,7 @@ def request(rid, op_field, op, generation=None):
     return frame(f_bytes(3, body))
 
 
-SET, GET, ADD, CAS, DELETE, MULTI_GET, LIST_KEYS, WAIT, RAISE_FENCE = range(10, 19)
+SET, GET, ADD, CAS, DELETE, MULTI_GET, LIST_KEYS, WAIT, RAISE_FENCE, WAIT_ANY, WRITE_BATCH = range(10, 21)
 
 
 def set_(rid, key, value, generation=None):
@@ -74,6 +74,23 @@ def cas(rid, key, expected, desired):
     if expected is not None:
         op += f_varint(2, 1) + f_bytes(3, expected)
     return request(rid, CAS, op + f_bytes(4, desired))
+
+
+def batch(rid, writes, generation=None):
+    # writes: ("set", key, value) | ("cas", key, expected, desired) | ("fence", generation)
+    body = b""
+    for w in writes:
+        if w[0] == "set":
+            one = f_bytes(1, f_bytes(1, w[1]) + f_bytes(2, w[2]))
+        elif w[0] == "cas":
+            op = f_bytes(1, w[1])
+            if w[2] is not None:
+                op += f_varint(2, 1) + f_bytes(3, w[2])
+            one = f_bytes(2, op + f_bytes(4, w[3]))
+        else:
+            one = f_bytes(3, f_varint(1, w[1]))
+        body += f_bytes(1, one)
+    return request(rid, WRITE_BATCH, body, generation)
 
 
 def wait(rid, keys, timeout_ms):
@@ -117,6 +134,13 @@ SEEDS = {
     + request(6, MULTI_GET, f_bytes(1, "state") + f_bytes(1, "none")),
     "wait_limit": AUTHENTICATED_BIG_CHUNKS
     + b"".join(wait(i, ["never/%d" % i], 1000) for i in range(1, 19)),
+    "write_batch": AUTHENTICATED_MID_CHUNKS
+    + wait(1, ["gen/1/changes"], 1000)
+    + batch(2, [("cas", "gen/1/claim", None, "c"), ("set", "gen/1/table", "t"),
+                ("set", "gen/1/changes", "x"), ("fence", 1), ("set", "current", "1")], 1)
+    + batch(3, [("set", "k", "1"), ("set", "k", "2")])
+    + batch(4, [("set", "late", "v")], 0)
+    + batch(5, [("fence", 2), ("fence", 3)]),
     "empty_key": AUTHENTICATED_MID_CHUNKS + set_(1, "", "v"),
     "unknown_op": AUTHENTICATED_MID_CHUNKS + frame(f_bytes(3, f_varint(1, 9) + f_varint(99, 1))),
     "zero_request_id": AUTHENTICATED_MID_CHUNKS + get(0, "k"),
