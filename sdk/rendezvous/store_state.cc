@@ -1,6 +1,8 @@
 #include "sdk/rendezvous/store_state.h"
 
 #include <algorithm>
+#include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -64,6 +66,26 @@ absl::StatusOr<std::vector<BatchWrite>> BatchWrites(const proto::WriteBatchOp& o
   }
   if (absl::Status s = CheckBatch(writes); !s.ok()) return s;
   return writes;
+}
+
+// A compare-and-set on `data`: writes `desired` when `key` holds `expected` (nullopt: when it is
+// absent) and says whether it did; `current` gets what the key holds after it (nothing when it
+// is absent).
+template <typename Data>
+bool CompareAndSetIn(Data& data, const std::string& key, const std::optional<std::string>& expected,
+                     const std::string& desired, proto::OptionalValue* current) {
+  auto it = data.find(key);
+  const bool matches =
+      expected.has_value() ? (it != data.end() && it->second == *expected) : it == data.end();
+  if (matches) {
+    data.insert_or_assign(key, desired);
+    current->set_present(true);
+    current->set_value(desired);
+  } else if (it != data.end()) {
+    current->set_present(true);
+    current->set_value(it->second);
+  }
+  return matches;
 }
 
 }  // namespace
@@ -234,22 +256,13 @@ proto::StoreResponse StoreState::Apply(uint64_t session_id, Job& job,
     case proto::StoreRequest::kCompareAndSet: {
       if (absl::Status s = CheckFence(job, writer); !s.ok()) return StatusResponse(id, s);
       const proto::CompareAndSetOp& op = request.compare_and_set();
-      auto it = job.data.find(op.key());
-      const bool matches = op.expected_present()
-                               ? (it != job.data.end() && it->second == op.expected())
-                               : it == job.data.end();
       proto::StoreResponse response = StatusResponse(id, absl::OkStatus());
+      const bool matches = CompareAndSetIn(
+          job.data, op.key(),
+          op.expected_present() ? std::optional<std::string>(op.expected()) : std::nullopt,
+          op.desired(), response.add_values());
       response.set_flag(matches);
-      proto::OptionalValue* current = response.add_values();
-      if (matches) {
-        job.data.insert_or_assign(op.key(), op.desired());
-        KeyWritten(job, op.key());
-        current->set_present(true);
-        current->set_value(op.desired());
-      } else if (it != job.data.end()) {
-        current->set_present(true);
-        current->set_value(it->second);
-      }
+      if (matches) KeyWritten(job, op.key());
       return response;
     }
     case proto::StoreRequest::kDeleteKey: {
@@ -324,29 +337,18 @@ proto::StoreResponse StoreState::ApplyBatch(Job& job, const proto::StoreRequest&
     switch (write.op) {
       case BatchWrite::Op::kSet:
         job.data.insert_or_assign(write.key, write.value);
+        after->set_present(true);
+        after->set_value(write.value);
         break;
-      case BatchWrite::Op::kCompareAndSet: {
-        auto it = job.data.find(write.key);
-        wrote = write.expected.has_value() ? (it != job.data.end() && it->second == *write.expected)
-                                           : it == job.data.end();
-        if (wrote) {
-          job.data.insert_or_assign(write.key, write.value);
-        } else if (it != job.data.end()) {
-          after->set_present(true);
-          after->set_value(it->second);
-        }
+      case BatchWrite::Op::kCompareAndSet:
+        wrote = CompareAndSetIn(job.data, write.key, write.expected, write.value, after);
         break;
-      }
       case BatchWrite::Op::kRaiseFence:
         job.fence = std::max(job.fence, write.generation);
         break;
     }
     response.add_flags(wrote);
-    if (wrote && write.op != BatchWrite::Op::kRaiseFence) {
-      after->set_present(true);
-      after->set_value(write.value);
-      written.push_back(&write.key);
-    }
+    if (wrote && write.op != BatchWrite::Op::kRaiseFence) written.push_back(&write.key);
   }
   // The parked Waits only now: one woken by the batch's first key reads its last.
   for (const std::string* key : written) KeyWritten(job, *key);
