@@ -65,6 +65,12 @@ struct BatchWrite {
   int64_t generation = 0;               // kRaiseFence
 };
 
+// What Store::WaitAnyAndRead returns: the index WaitAny returns, and the keys read with it.
+struct AnyKeyAndValues {
+  size_t index = 0;
+  std::vector<std::optional<std::string>> values;  // nullopt: absent
+};
+
 class Store {
  public:
   static constexpr int64_t kUnfenced = -1;
@@ -145,6 +151,25 @@ class Store {
     return MultiGet(read, std::max(deadline - absl::Now(), absl::ZeroDuration()));
   }
 
+  // WaitAny(`awaited`), then MultiGet(`read`), as one call: blocks until a key of `awaited`
+  // exists and returns its index (as WaitAny) with the values of `read` in order, read once that
+  // key was found present. Errors are WaitAny's, then MultiGet's. A rank's watcher that parks on
+  // the next generation's table among other keys learns the generation's first reads (its number
+  // and changes) in the round trip that wakes it; a store that can answers both in one (TcpStore:
+  // the server reads `read` in the pass that finds the key present). This default is the two
+  // calls, the second bounded by what is left of `timeout`.
+  virtual absl::StatusOr<AnyKeyAndValues> WaitAnyAndRead(const std::vector<std::string>& awaited,
+                                                         const std::vector<std::string>& read,
+                                                         absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    absl::StatusOr<size_t> index = WaitAny(awaited, timeout);
+    if (!index.ok()) return index.status();
+    absl::StatusOr<std::vector<std::optional<std::string>>> values =
+        MultiGet(read, std::max(deadline - absl::Now(), absl::ZeroDuration()));
+    if (!values.ok()) return values.status();
+    return AnyKeyAndValues{*index, *std::move(values)};
+  }
+
   // Raises the fence to `generation` (no-op if it is already at least that).
   virtual absl::Status RaiseFence(int64_t generation, absl::Duration timeout) = 0;
 
@@ -199,6 +224,9 @@ class InMemoryStore final : public Store {
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
   absl::StatusOr<size_t> WaitAny(const std::vector<std::string>& keys,
                                  absl::Duration timeout) override;
+  absl::StatusOr<AnyKeyAndValues> WaitAnyAndRead(const std::vector<std::string>& awaited,
+                                                 const std::vector<std::string>& read,
+                                                 absl::Duration timeout) override;
   absl::StatusOr<std::vector<std::optional<std::string>>> WaitAndRead(
       const std::vector<std::string>& awaited, const std::vector<std::string>& read,
       absl::Duration timeout) override;
@@ -245,6 +273,9 @@ class PrefixStore final : public Store {
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
   absl::StatusOr<size_t> WaitAny(const std::vector<std::string>& keys,
                                  absl::Duration timeout) override;
+  absl::StatusOr<AnyKeyAndValues> WaitAnyAndRead(const std::vector<std::string>& awaited,
+                                                 const std::vector<std::string>& read,
+                                                 absl::Duration timeout) override;
   absl::StatusOr<std::vector<std::optional<std::string>>> WaitAndRead(
       const std::vector<std::string>& awaited, const std::vector<std::string>& read,
       absl::Duration timeout) override;
@@ -257,6 +288,7 @@ class PrefixStore final : public Store {
 
  private:
   std::string Full(std::string_view key) const;
+  std::vector<std::string> Full(const std::vector<std::string>& keys) const;
 
   const std::string prefix_;
   Store* const base_;

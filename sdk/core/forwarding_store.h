@@ -73,6 +73,11 @@ class ForwardingStore : public Store {
                                  absl::Duration timeout) override {
     return base_->WaitAny(keys, timeout);
   }
+  absl::StatusOr<AnyKeyAndValues> WaitAnyAndRead(const std::vector<std::string>& awaited,
+                                                 const std::vector<std::string>& read,
+                                                 absl::Duration timeout) override {
+    return base_->WaitAnyAndRead(awaited, read, timeout);
+  }
   absl::StatusOr<std::vector<std::optional<std::string>>> WaitAndRead(
       const std::vector<std::string>& awaited, const std::vector<std::string>& read,
       absl::Duration timeout) override {

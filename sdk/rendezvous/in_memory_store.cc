@@ -144,25 +144,36 @@ class InMemoryStore::Client final : public Store {
 
   absl::StatusOr<size_t> WaitAny(const std::vector<std::string>& keys,
                                  absl::Duration timeout) override {
-    if (keys.empty()) return absl::InvalidArgumentError("WaitAny needs at least one store key");
-    for (const std::string& key : keys) {
+    absl::StatusOr<AnyKeyAndValues> found = WaitAnyAndRead(keys, {}, timeout);
+    if (!found.ok()) return found.status();
+    return found->index;
+  }
+
+  // Reads `read` under the lock that saw a key of `awaited` present.
+  absl::StatusOr<AnyKeyAndValues> WaitAnyAndRead(const std::vector<std::string>& awaited,
+                                                 const std::vector<std::string>& read,
+                                                 absl::Duration timeout) override {
+    if (awaited.empty()) return absl::InvalidArgumentError("WaitAny needs at least one store key");
+    for (const std::string& key : awaited) {
       if (absl::Status s = CheckKey(key); !s.ok()) return s;
     }
     MutexLock lock(&state_->mu);
-    size_t found = keys.size();
+    size_t found = awaited.size();
     auto any_present = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
-      for (size_t i = 0; i < keys.size(); ++i) {
-        if (state_->data.find(keys[i]) != state_->data.end()) {
+      for (size_t i = 0; i < awaited.size(); ++i) {
+        if (state_->data.find(awaited[i]) != state_->data.end()) {
           found = i;
           return true;
         }
       }
       return false;
     };
-    if (state_->mu.AwaitWithTimeout(any_present, timeout)) return found;
-    return absl::DeadlineExceededError(absl::StrCat("waited ", absl::FormatDuration(timeout),
-                                                    " for any of the store keys ",
-                                                    absl::StrJoin(keys, ", ")));
+    if (!state_->mu.AwaitWithTimeout(any_present, timeout)) {
+      return absl::DeadlineExceededError(absl::StrCat("waited ", absl::FormatDuration(timeout),
+                                                      " for any of the store keys ",
+                                                      absl::StrJoin(awaited, ", ")));
+    }
+    return AnyKeyAndValues{found, Read(read)};
   }
 
   absl::Status RaiseFence(int64_t generation, absl::Duration) override {
@@ -338,6 +349,11 @@ absl::Status InMemoryStore::Wait(const std::vector<std::string>& keys, absl::Dur
 absl::StatusOr<size_t> InMemoryStore::WaitAny(const std::vector<std::string>& keys,
                                               absl::Duration timeout) {
   return self_->WaitAny(keys, timeout);
+}
+absl::StatusOr<AnyKeyAndValues> InMemoryStore::WaitAnyAndRead(
+    const std::vector<std::string>& awaited, const std::vector<std::string>& read,
+    absl::Duration timeout) {
+  return self_->WaitAnyAndRead(awaited, read, timeout);
 }
 absl::StatusOr<std::vector<std::optional<std::string>>> InMemoryStore::WaitAndRead(
     const std::vector<std::string>& awaited, const std::vector<std::string>& read,

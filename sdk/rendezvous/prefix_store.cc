@@ -13,6 +13,13 @@ std::string PrefixStore::Full(std::string_view key) const {
   return absl::StrCat(prefix_, "/", absl::string_view(key.data(), key.size()));
 }
 
+std::vector<std::string> PrefixStore::Full(const std::vector<std::string>& keys) const {
+  std::vector<std::string> full;
+  full.reserve(keys.size());
+  for (const std::string& key : keys) full.push_back(Full(key));
+  return full;
+}
+
 absl::Status PrefixStore::Set(std::string_view key, std::string_view value,
                               absl::Duration timeout) {
   return base_->Set(Full(key), value, timeout);
@@ -39,10 +46,7 @@ absl::StatusOr<bool> PrefixStore::Delete(std::string_view key, absl::Duration ti
 }
 absl::StatusOr<std::vector<std::optional<std::string>>> PrefixStore::MultiGet(
     const std::vector<std::string>& keys, absl::Duration timeout) {
-  std::vector<std::string> full;
-  full.reserve(keys.size());
-  for (const std::string& key : keys) full.push_back(Full(key));
-  return base_->MultiGet(full, timeout);
+  return base_->MultiGet(Full(keys), timeout);
 }
 absl::StatusOr<std::vector<std::string>> PrefixStore::ListKeys(std::string_view prefix,
                                                                absl::Duration timeout) {
@@ -53,28 +57,21 @@ absl::StatusOr<std::vector<std::string>> PrefixStore::ListKeys(std::string_view 
   return keys;
 }
 absl::Status PrefixStore::Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
-  std::vector<std::string> full;
-  full.reserve(keys.size());
-  for (const std::string& key : keys) full.push_back(Full(key));
-  return base_->Wait(full, timeout);
+  return base_->Wait(Full(keys), timeout);
 }
 absl::StatusOr<size_t> PrefixStore::WaitAny(const std::vector<std::string>& keys,
                                             absl::Duration timeout) {
-  std::vector<std::string> full;
-  full.reserve(keys.size());
-  for (const std::string& key : keys) full.push_back(Full(key));
-  return base_->WaitAny(full, timeout);
+  return base_->WaitAny(Full(keys), timeout);
+}
+absl::StatusOr<AnyKeyAndValues> PrefixStore::WaitAnyAndRead(const std::vector<std::string>& awaited,
+                                                            const std::vector<std::string>& read,
+                                                            absl::Duration timeout) {
+  return base_->WaitAnyAndRead(Full(awaited), Full(read), timeout);
 }
 absl::StatusOr<std::vector<std::optional<std::string>>> PrefixStore::WaitAndRead(
     const std::vector<std::string>& awaited, const std::vector<std::string>& read,
     absl::Duration timeout) {
-  std::vector<std::string> full_awaited;
-  full_awaited.reserve(awaited.size());
-  for (const std::string& key : awaited) full_awaited.push_back(Full(key));
-  std::vector<std::string> full_read;
-  full_read.reserve(read.size());
-  for (const std::string& key : read) full_read.push_back(Full(key));
-  return base_->WaitAndRead(full_awaited, full_read, timeout);
+  return base_->WaitAndRead(Full(awaited), Full(read), timeout);
 }
 absl::StatusOr<bool> PrefixStore::CreateAndAdd(std::string_view key, std::string_view value,
                                                std::string_view add_key, int64_t delta,

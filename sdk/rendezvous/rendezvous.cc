@@ -264,12 +264,18 @@ absl::StatusOr<RendezvousMember::NewerGenerationOrKey> RendezvousMember::AwaitNe
   }
   std::vector<std::string> awaited = {TableKey(*held + 1)};
   awaited.insert(awaited.end(), keys.begin(), keys.end());
-  absl::StatusOr<size_t> found = store_->WaitAny(awaited, timeout);
+  // The generation's number and changes come back with the wake, as AwaitNewerGeneration's do.
+  absl::StatusOr<AnyKeyAndValues> found =
+      store_->WaitAnyAndRead(awaited, {kCurrentKey, ChangesKey(*held + 1)}, timeout);
   if (absl::IsDeadlineExceeded(found.status())) return seen;
   if (!found.ok()) return found.status();
-  if (*found > 0) {
-    seen.key = *found - 1;
+  if (found->index > 0) {
+    seen.key = found->index - 1;
     return seen;
+  }
+  {
+    MutexLock lock(&mu_);
+    if (generation_ == *held) prefetched_ = Prefetched{*held, std::move(found->values)};
   }
   seen.superseded = MarkSuperseded(*held);
   return seen;

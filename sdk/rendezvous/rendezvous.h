@@ -188,7 +188,8 @@ class RendezvousMember {
   };
   // AwaitNewerGeneration and a wait for any of `keys`, parked at once as one Store::WaitAny: ends
   // as soon as the next generation's table or one of `keys` exists, so that a watcher waits for
-  // the generation, a peer's hang and its own shutdown with one request, without polling. The
+  // the generation, a peer's hang and its own shutdown with one request, without polling (one
+  // Store::WaitAnyAndRead: a table found brings the reads AwaitGeneration needs, as above). The
   // table wins when both exist. FailedPrecondition before this member joined a generation; the
   // store's error otherwise.
   absl::StatusOr<NewerGenerationOrKey> AwaitNewerGenerationOr(const std::vector<std::string>& keys,

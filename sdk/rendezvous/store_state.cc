@@ -118,7 +118,8 @@ absl::Status ValidateStoreRequest(const proto::StoreRequest& request) {
       if (request.wait_any().keys().empty()) {
         return absl::InvalidArgumentError("a WaitAny request names no store key");
       }
-      return CheckKeys(request.wait_any().keys(), "WaitAny");
+      if (absl::Status s = CheckKeys(request.wait_any().keys(), "WaitAny"); !s.ok()) return s;
+      return CheckKeys(request.wait_any().read_keys(), "WaitAny");
     case proto::StoreRequest::kWriteBatch:
       return BatchWrites(request.write_batch()).status();
     case proto::StoreRequest::kListKeys:
@@ -498,6 +499,7 @@ proto::StoreResponse StoreState::ApplyWaitAny(uint64_t session_id, Job& job,
     if (job.data.contains(op.keys(i))) {
       proto::StoreResponse response = StatusResponse(id, absl::OkStatus());
       response.set_number(i);
+      AddValues(job, op.read_keys(), &response);
       return response;
     }
   }
@@ -521,6 +523,7 @@ proto::StoreResponse StoreState::ApplyWaitAny(uint64_t session_id, Job& job,
                    .request_id = id,
                    .job = &job,
                    .keys = std::vector<std::string>(op.keys().begin(), op.keys().end()),
+                   .read_keys = {op.read_keys().begin(), op.read_keys().end()},
                    .timeout = timeout,
                    .deadline = now + timeout,
                    .index = {}};
@@ -546,7 +549,8 @@ void StoreState::WakeAnyWaiters(Job& job, const std::string& key) {
     while (found < waiter.keys.size() && !job.data.contains(waiter.keys[found])) ++found;
     proto::StoreResponse response = StatusResponse(waiter.request_id, absl::OkStatus());
     response.set_number(static_cast<int64_t>(found));
-    FinishAny(waiter_id, std::move(response));
+    AddValues(job, waiter.read_keys, &response);
+    FinishAny(waiter_id, WithinFrameLimit(std::move(response)));
   }
 }
 

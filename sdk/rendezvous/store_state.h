@@ -142,6 +142,9 @@ class StoreState {
     uint64_t request_id;
     Job* job;
     std::vector<std::string> keys;
+    // A WaitAnyAndRead's keys to read once a key exists (WaitAnyOp.read_keys); empty for a plain
+    // WaitAny.
+    std::vector<std::string> read_keys;
     absl::Duration timeout;
     absl::Time deadline;
     // One entry in job->any_waiting_on per key.

@@ -205,6 +205,10 @@ class TcpStore final : public Store {
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
   absl::StatusOr<size_t> WaitAny(const std::vector<std::string>& keys,
                                  absl::Duration timeout) override;
+  // One round trip: the server reads `read` in the pass that finds a key of `awaited` present.
+  absl::StatusOr<AnyKeyAndValues> WaitAnyAndRead(const std::vector<std::string>& awaited,
+                                                 const std::vector<std::string>& read,
+                                                 absl::Duration timeout) override;
   // One round trip: the server reads `read` in the pass that finds `awaited` present.
   absl::StatusOr<std::vector<std::optional<std::string>>> WaitAndRead(
       const std::vector<std::string>& awaited, const std::vector<std::string>& read,

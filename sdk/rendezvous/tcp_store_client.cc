@@ -110,6 +110,17 @@ absl::Status ResponseStatus(const proto::StoreResponse& response) {
   return absl::Status(status_code, response.message());
 }
 
+// The values of a MultiGet, or of a wait with keys to read, moved out in order.
+std::vector<std::optional<std::string>> TakeValues(proto::StoreResponse& response) {
+  std::vector<std::optional<std::string>> values;
+  values.reserve(response.values_size());
+  for (proto::OptionalValue& value : *response.mutable_values()) {
+    values.push_back(value.present() ? std::optional<std::string>(std::move(*value.mutable_value()))
+                                     : std::nullopt);
+  }
+  return values;
+}
+
 }  // namespace
 
 class TcpStore::Connection {
@@ -735,13 +746,7 @@ absl::StatusOr<std::vector<std::optional<std::string>>> TcpStore::MultiGet(
     return absl::InternalError(absl::StrFormat("store server %s answered %s with %d values",
                                                address(), what, response->values_size()));
   }
-  std::vector<std::optional<std::string>> values;
-  values.reserve(keys.size());
-  for (proto::OptionalValue& value : *response->mutable_values()) {
-    values.push_back(value.present() ? std::optional<std::string>(std::move(*value.mutable_value()))
-                                     : std::nullopt);
-  }
-  return values;
+  return TakeValues(*response);
 }
 
 absl::StatusOr<std::vector<std::string>> TcpStore::ListKeys(std::string_view prefix,
@@ -796,32 +801,53 @@ absl::StatusOr<std::vector<std::optional<std::string>>> TcpStore::WaitAndRead(
                                                address(), what, response->values_size(),
                                                read.size()));
   }
-  std::vector<std::optional<std::string>> values;
-  values.reserve(read.size());
-  for (proto::OptionalValue& value : *response->mutable_values()) {
-    values.push_back(value.present() ? std::optional<std::string>(std::move(*value.mutable_value()))
-                                     : std::nullopt);
-  }
-  return values;
+  return TakeValues(*response);
 }
 
 absl::StatusOr<size_t> TcpStore::WaitAny(const std::vector<std::string>& keys,
                                          absl::Duration timeout) {
-  if (keys.empty()) return absl::InvalidArgumentError("WaitAny needs at least one store key");
-  if (absl::Status s = CheckKeys(keys); !s.ok()) return s;
+  absl::StatusOr<AnyKeyAndValues> found = WaitAnyAndRead(keys, {}, timeout);
+  if (!found.ok()) return found.status();
+  return found->index;
+}
+
+absl::StatusOr<AnyKeyAndValues> TcpStore::WaitAnyAndRead(const std::vector<std::string>& awaited,
+                                                         const std::vector<std::string>& read,
+                                                         absl::Duration timeout) {
+  if (awaited.empty()) return absl::InvalidArgumentError("WaitAny needs at least one store key");
+  if (absl::Status s = CheckKeys(awaited); !s.ok()) return s;
+  if (absl::Status s = CheckKeys(read); !s.ok()) return s;
+  const absl::Time deadline = absl::Now() + timeout;
   proto::ClientMessage message;
   proto::WaitAnyOp* op = message.mutable_request()->mutable_wait_any();
-  for (const std::string& key : keys) op->add_keys(key);
-  const std::string what = Describe("WaitAny", keys);
+  for (const std::string& key : awaited) op->add_keys(key);
+  for (const std::string& key : read) op->add_read_keys(key);
+  const std::string what = Describe("WaitAny", awaited);
   absl::StatusOr<proto::StoreResponse> response =
       Lease(this)->Call(message, Connection::Retry::kIdempotent, timeout, what);
   if (!response.ok()) return response.status();
   if (absl::Status s = ResponseStatus(*response); !s.ok()) return s;
-  if (response->number() < 0 || static_cast<size_t>(response->number()) >= keys.size()) {
+  if (response->number() < 0 || static_cast<size_t>(response->number()) >= awaited.size()) {
     return absl::InternalError(absl::StrFormat("store server %s answered %s with key index %d",
                                                address(), what, response->number()));
   }
-  return static_cast<size_t>(response->number());
+  AnyKeyAndValues found{static_cast<size_t>(response->number()), {}};
+  if (read.empty()) return found;
+  // A server that predates WaitAnyOp.read_keys waited and read nothing: the values come apart.
+  if (response->values_size() == 0) {
+    absl::StatusOr<std::vector<std::optional<std::string>>> values =
+        MultiGet(read, std::max(deadline - absl::Now(), absl::ZeroDuration()));
+    if (!values.ok()) return values.status();
+    found.values = *std::move(values);
+    return found;
+  }
+  if (static_cast<size_t>(response->values_size()) != read.size()) {
+    return absl::InternalError(absl::StrFormat("store server %s answered %s with %d values for %d",
+                                               address(), what, response->values_size(),
+                                               read.size()));
+  }
+  found.values = TakeValues(*response);
+  return found;
 }
 
 absl::Status TcpStore::RaiseFence(int64_t generation, absl::Duration timeout) {

@@ -107,6 +107,12 @@ class CountingStore final : public ForwardingStore {
     return base()->WaitAny(keys, timeout);
   }
   // Counted under the awaited keys' families: one request, as a TcpStore sends it.
+  absl::StatusOr<AnyKeyAndValues> WaitAnyAndRead(const std::vector<std::string>& awaited,
+                                                 const std::vector<std::string>& read,
+                                                 absl::Duration timeout) override {
+    Count("WaitAny", awaited);
+    return base()->WaitAnyAndRead(awaited, read, timeout);
+  }
   absl::StatusOr<std::vector<std::optional<std::string>>> WaitAndRead(
       const std::vector<std::string>& awaited, const std::vector<std::string>& read,
       absl::Duration timeout) override {

@@ -283,6 +283,48 @@ TYPED_TEST_P(StoreConformance, WaitAndReadTimesOutNamingTheMissingKeys) {
   EXPECT_THAT(std::string(values.status().message()), ::testing::HasSubstr("wrt/missing"));
 }
 
+TYPED_TEST_P(StoreConformance, WaitAnyAndReadReturnsTheKeyFoundAndTheValuesReadWithIt) {
+  auto waiter = this->harness_.NewClient();
+  auto writer = this->harness_.NewClient();
+  // Written as one batch, so whether the waiter parks before or after it, a key found present
+  // comes with the whole batch read.
+  std::thread later([&] {
+    absl::SleepFor(absl::Milliseconds(50));  // the waiter is (very likely) parked by now
+    ASSERT_TRUE(
+        writer
+            ->WriteBatch({BatchWrite::Set("war/second", "2"), BatchWrite::Set("war/value", "v")},
+                         kStoreTimeout)
+            .ok());
+  });
+  absl::StatusOr<AnyKeyAndValues> found = waiter->WaitAnyAndRead(
+      {"war/first", "war/second"}, {"war/value", "war/absent"}, kStoreTimeout);
+  later.join();
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(found->index, 1u);
+  EXPECT_THAT(found->values, ::testing::ElementsAre(std::optional<std::string>("v"), std::nullopt));
+  // A key present already: answered at once, the lowest index present, with what it reads now.
+  ASSERT_TRUE(writer->Set("war/first", "1", kStoreTimeout).ok());
+  ASSERT_TRUE(writer->Set("war/value", "w", kStoreTimeout).ok());
+  found = waiter->WaitAnyAndRead({"war/second", "war/first"}, {"war/value"}, kStoreTimeout);
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(found->index, 0u);
+  EXPECT_THAT(found->values, ::testing::ElementsAre(std::optional<std::string>("w")));
+  // Nothing to read: the index alone.
+  found = waiter->WaitAnyAndRead({"war/none", "war/first"}, {}, kStoreTimeout);
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(found->index, 1u);
+  EXPECT_TRUE(found->values.empty());
+}
+
+TYPED_TEST_P(StoreConformance, WaitAnyAndReadTimesOutNamingTheKeysAndRefusesNoKey) {
+  auto store = this->harness_.NewClient();
+  absl::StatusOr<AnyKeyAndValues> found =
+      store->WaitAnyAndRead({"wart/one", "wart/two"}, {"wart/one"}, absl::Milliseconds(200));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(found.status())) << found.status();
+  EXPECT_THAT(std::string(found.status().message()), ::testing::HasSubstr("wart/two"));
+  EXPECT_TRUE(absl::IsInvalidArgument(store->WaitAnyAndRead({}, {"k"}, kStoreTimeout).status()));
+}
+
 TYPED_TEST_P(StoreConformance, AFenceRejectsEveryWriteOfAStaleGeneration) {
   auto zombie = this->harness_.NewClient();
   auto current = this->harness_.NewClient();
@@ -476,7 +518,8 @@ REGISTER_TYPED_TEST_SUITE_P(
     WaitTimesOutNamingTheMissingKeys, WaitAnyReturnsTheIndexOfTheKeyThatAppears,
     WaitAnyOfKeysAlreadyPresentReturnsTheFirstOfThemAtOnce, WaitAnyTimesOutNamingTheKeys,
     WaitAnyOfNoKeyOrAnEmptyKeyIsRejected, WaitAndReadReturnsTheReadValuesOnceEveryAwaitedKeyExists,
-    WaitAndReadTimesOutNamingTheMissingKeys, AFenceRejectsEveryWriteOfAStaleGeneration,
+    WaitAndReadTimesOutNamingTheMissingKeys, WaitAnyAndReadReturnsTheKeyFoundAndTheValuesReadWithIt,
+    WaitAnyAndReadTimesOutNamingTheKeysAndRefusesNoKey, AFenceRejectsEveryWriteOfAStaleGeneration,
     CreateAndAddCountsOnlyTheCallThatCreatesTheKey, WriteBatchAppliesItsWritesInOrderAndAnswersEach,
     AWaiterWokenByABatchsFirstKeyReadsItsLast, AMalformedOrStaleBatchWritesNothing,
     PrefixStoresAreIsolatedNamespaces, AOneMebibyteValueRoundTrips);

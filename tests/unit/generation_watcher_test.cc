@@ -32,8 +32,8 @@ using ::testing::IsEmpty;
 
 constexpr absl::Duration kTimeout = absl::Seconds(20);
 
-// A client of an in-memory store that records every wait (Wait and WaitAny) and every Get it is
-// sent.
+// A client of an in-memory store that records every wait (Wait, WaitAny, WaitAnyAndRead) and every
+// Get it is sent.
 class WaitRecordingStore final : public testing::ForwardingStore {
  public:
   struct Sent {
@@ -93,6 +93,13 @@ class WaitRecordingStore final : public testing::ForwardingStore {
     Record(keys, timeout);
     if (unreachable.load()) return absl::UnavailableError("the store cannot be reached");
     return base()->WaitAny(keys, timeout);
+  }
+  absl::StatusOr<AnyKeyAndValues> WaitAnyAndRead(const std::vector<std::string>& awaited,
+                                                 const std::vector<std::string>& read,
+                                                 absl::Duration timeout) override {
+    Record(awaited, timeout);
+    if (unreachable.load()) return absl::UnavailableError("the store cannot be reached");
+    return base()->WaitAnyAndRead(awaited, read, timeout);
   }
   absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override {
     {

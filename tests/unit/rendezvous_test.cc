@@ -70,6 +70,13 @@ class ReadRecordingStore final : public testing::ForwardingStore {
     Record(keys);
     return base()->WaitAny(keys, timeout);
   }
+  absl::StatusOr<AnyKeyAndValues> WaitAnyAndRead(const std::vector<std::string>& awaited,
+                                                 const std::vector<std::string>& read,
+                                                 absl::Duration timeout) override {
+    Record(awaited);
+    Record(read);
+    return base()->WaitAnyAndRead(awaited, read, timeout);
+  }
   absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override {
     Record({std::string(key)});
     return base()->Get(key, timeout);
@@ -856,6 +863,37 @@ TEST_F(Rendezvous, JoiningWithoutACoordinatorTimesOutNamingTheRank) {
   absl::StatusOr<Membership> m = p.member.JoinInitial(0, 2, absl::Milliseconds(200));
   EXPECT_TRUE(absl::IsDeadlineExceeded(m.status())) << m.status();
   EXPECT_THAT(std::string(m.status().message()), HasSubstr("rank 0 waiting for generation 0"));
+}
+
+// The same for a rank's watcher, parked on the table among other keys (AwaitNewerGenerationOr):
+// woken by the table, it holds what AwaitGeneration reads; woken by another key, nothing is kept.
+TEST_F(Rendezvous, AWatcherWokenByTheNextGenerationAmongOtherKeysTakesItsPlaceWithoutARequest) {
+  std::unique_ptr<Store> client = shared_.NewClient();
+  testing::CountingStore store(client.get());
+  RendezvousMember member(&store, "host:rank0", absl::InfiniteDuration());
+  absl::StatusOr<Membership> joined = absl::UnknownError("not joined");
+  std::thread join([&] { joined = member.JoinInitial(0, 1, kTimeout); });
+  ASSERT_TRUE(coordinator_.FormInitialGeneration(1, kTimeout).ok());
+  join.join();
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  // Another key first: it is reported, the member is not superseded.
+  ASSERT_TRUE(client->Set("watch/other", "x", kTimeout).ok());
+  absl::StatusOr<RendezvousMember::NewerGenerationOrKey> seen =
+      member.AwaitNewerGenerationOr({"watch/shutdown", "watch/other"}, kTimeout);
+  ASSERT_TRUE(seen.ok()) << seen.status();
+  EXPECT_FALSE(seen->superseded);
+  EXPECT_EQ(seen->key, std::optional<size_t>(1));
+  std::thread wait([&] { seen = member.AwaitNewerGenerationOr({"watch/shutdown"}, kTimeout); });
+  ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
+  wait.join();
+  ASSERT_TRUE(seen.ok()) << seen.status();
+  EXPECT_TRUE(seen->superseded);
+  store.Reset();
+  absl::StatusOr<Membership> place = member.AwaitGeneration(0, kTimeout);
+  ASSERT_TRUE(place.ok()) << place.status();
+  EXPECT_EQ(place->generation, 1);
+  EXPECT_EQ(place->rank, 0);
+  EXPECT_THAT(store.counts(), IsEmpty());
 }
 
 }  // namespace
