@@ -129,6 +129,15 @@ class Rendezvous : public ::testing::Test {
     }
   }
 
+  // Forms generation 0 with `member` as its only rank.
+  void FormGenerationZeroOf(RendezvousMember& member) {
+    absl::StatusOr<Membership> joined = absl::UnknownError("not joined");
+    std::thread join([&] { joined = member.JoinInitial(0, 1, kTimeout); });
+    ASSERT_TRUE(coordinator_.FormInitialGeneration(1, kTimeout).ok());
+    join.join();
+    ASSERT_TRUE(joined.ok()) << joined.status();
+  }
+
   // Bounded polling until `n` standbys are parked (the launcher learns of them the same way).
   void AwaitParkedStandbys(size_t n) {
     for (absl::Time end = absl::Now() + kTimeout; absl::Now() < end;) {
@@ -265,11 +274,7 @@ TEST_F(Rendezvous, AMemberWaitingForTheNextGenerationIsMarkedSupersededWhenItIsP
   RendezvousMember member(store.get(), "host:rank0", absl::Hours(1));
   absl::StatusOr<bool> before_joining = member.AwaitNewerGeneration(absl::Milliseconds(1));
   EXPECT_TRUE(absl::IsFailedPrecondition(before_joining.status())) << before_joining.status();
-  absl::StatusOr<Membership> joined = absl::UnknownError("not joined");
-  std::thread join([&] { joined = member.JoinInitial(0, 1, kTimeout); });
-  ASSERT_TRUE(coordinator_.FormInitialGeneration(1, kTimeout).ok());
-  join.join();
-  ASSERT_TRUE(joined.ok()) << joined.status();
+  ASSERT_NO_FATAL_FAILURE(FormGenerationZeroOf(member));
   absl::StatusOr<bool> nothing_newer = member.AwaitNewerGeneration(absl::Milliseconds(10));
   ASSERT_TRUE(nothing_newer.ok()) << nothing_newer.status();
   EXPECT_FALSE(*nothing_newer);
@@ -301,11 +306,7 @@ TEST_F(Rendezvous, AMemberWaitingForTheNextGenerationOrOtherKeysLearnsWhichCameF
   RendezvousMember member(store.get(), "host:rank0", absl::Hours(1));
   EXPECT_TRUE(absl::IsFailedPrecondition(
       member.AwaitNewerGenerationOr({"k/a"}, absl::Milliseconds(1)).status()));
-  absl::StatusOr<Membership> joined = absl::UnknownError("not joined");
-  std::thread join([&] { joined = member.JoinInitial(0, 1, kTimeout); });
-  ASSERT_TRUE(coordinator_.FormInitialGeneration(1, kTimeout).ok());
-  join.join();
-  ASSERT_TRUE(joined.ok()) << joined.status();
+  ASSERT_NO_FATAL_FAILURE(FormGenerationZeroOf(member));
 
   absl::StatusOr<RendezvousMember::NewerGenerationOrKey> nothing =
       member.AwaitNewerGenerationOr({"k/a", "k/b"}, absl::Milliseconds(10));
@@ -871,11 +872,7 @@ TEST_F(Rendezvous, AWatcherWokenByTheNextGenerationAmongOtherKeysTakesItsPlaceWi
   std::unique_ptr<Store> client = shared_.NewClient();
   testing::CountingStore store(client.get());
   RendezvousMember member(&store, "host:rank0", absl::InfiniteDuration());
-  absl::StatusOr<Membership> joined = absl::UnknownError("not joined");
-  std::thread join([&] { joined = member.JoinInitial(0, 1, kTimeout); });
-  ASSERT_TRUE(coordinator_.FormInitialGeneration(1, kTimeout).ok());
-  join.join();
-  ASSERT_TRUE(joined.ok()) << joined.status();
+  ASSERT_NO_FATAL_FAILURE(FormGenerationZeroOf(member));
   // Another key first: it is reported, the member is not superseded.
   ASSERT_TRUE(client->Set("watch/other", "x", kTimeout).ok());
   absl::StatusOr<RendezvousMember::NewerGenerationOrKey> seen =
@@ -1243,11 +1240,7 @@ TEST_F(Rendezvous, AMemberWokenByTheNextGenerationTakesItsPlaceWithoutAnotherReq
   std::unique_ptr<Store> client = shared_.NewClient();
   testing::CountingStore store(client.get());
   RendezvousMember member(&store, "host:rank0", absl::InfiniteDuration());
-  absl::StatusOr<Membership> joined = absl::UnknownError("not joined");
-  std::thread join([&] { joined = member.JoinInitial(0, 1, kTimeout); });
-  ASSERT_TRUE(coordinator_.FormInitialGeneration(1, kTimeout).ok());
-  join.join();
-  ASSERT_TRUE(joined.ok()) << joined.status();
+  ASSERT_NO_FATAL_FAILURE(FormGenerationZeroOf(member));
   absl::StatusOr<bool> newer = absl::UnknownError("not waited");
   std::thread wait([&] { newer = member.AwaitNewerGeneration(kTimeout); });
   ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
