@@ -197,8 +197,7 @@ TEST(HostLiveness, AHostLeftOutOfAReadIsNeitherCheckedNorReportedButKeepsItsBoun
 
 // --- With ages (ObserveAges): the store says how long ago each heartbeat was written.
 
-using Ages = std::map<std::string, std::optional<absl::Duration>>;
-constexpr absl::Duration kRecheck = kTimeout / 4;
+constexpr absl::Duration kRecheck = absl::Milliseconds(750);  // kTimeout / 4, as the coordinator
 
 // A host seen beating at `last_beat` (its write, on the coordinator's clock) and read at `now`:
 // the age the store answers, the answer arriving `way_back` after the store read it.
