@@ -308,14 +308,20 @@ TEST(HostLivenessAges, AGapInTheReadsGivesEveryHostAFreshBoundWhateverItsAge) {
 TEST(HostLivenessAges, AHostSeenForTheFirstTimeGetsAFullBoundWhateverItsAge) {
   HostLiveness liveness(kTimeout, kRecheck);
   const absl::Time first = At(absl::Seconds(60));
-  EXPECT_THAT(liveness.ObserveAges({{"old_holder", absl::Seconds(50)}}, first), IsEmpty());
+  // Silent for 50 s already (the previous lease holder's host, say): a full bound from this read.
+  const absl::Time last_beat = first - absl::Seconds(50);
+  EXPECT_THAT(liveness.ObserveAges({{"old_holder", AgeOf(last_beat, first)}}, first), IsEmpty());
   EXPECT_TRUE(liveness.Knows("old_holder"));
-  EXPECT_THAT(liveness.ObserveAges({{"old_holder", absl::Seconds(50) + kTimeout - kNanosecond}},
-                                   first + kTimeout - kNanosecond),
-              IsEmpty());
-  EXPECT_THAT(
-      Hosts(liveness.ObserveAges({{"old_holder", absl::Seconds(50) + kTimeout}}, first + kTimeout)),
-      ElementsAre("old_holder"));
+  // Read at every tick (no gap), always as silent: not before the bound, from the first read.
+  absl::Time now = first + kTick;
+  for (; now < first + kTimeout; now += kTick) {
+    EXPECT_THAT(liveness.ObserveAges({{"old_holder", AgeOf(last_beat, now)}}, now), IsEmpty())
+        << "at " << now;
+  }
+  const std::vector<HostLiveness::Silent> silent =
+      liveness.ObserveAges({{"old_holder", AgeOf(last_beat, now)}}, now);
+  ASSERT_THAT(Hosts(silent), ElementsAre("old_holder"));
+  EXPECT_EQ(silent[0].since, first);
   liveness.Forget("old_holder");
   EXPECT_FALSE(liveness.Knows("old_holder"));
   EXPECT_THAT(liveness.DueForRead(first + 2 * kTimeout), IsEmpty());
