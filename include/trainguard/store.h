@@ -32,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "trainguard/clock.h"
 
 namespace trainguard {
 
@@ -124,6 +125,24 @@ class Store {
   // The values of `keys` in order; nullopt for an absent key.
   virtual absl::StatusOr<std::vector<std::optional<std::string>>> MultiGet(
       const std::vector<std::string>& keys, absl::Duration timeout) = 0;
+  // MultiGet, with how long ago each key was last written as the store's own clock measures it
+  // (from the write it applied to the instant it read the key for this call). A watcher that
+  // judges silence (a host's heartbeat, a rank's) then knows when each writer last wrote without
+  // having watched the value change: a reader's deadline `answer's arrival - age + bound` is
+  // never before `last write + bound`, and late by at most the answer's way back. Every write
+  // counts, one of the same value too (Set, Add, a swap, a batch's write); Delete forgets the key.
+  // Unimplemented where the store keeps no write instants (etcd; a TcpStore server that predates
+  // the field): the caller falls back to watching values change.
+  struct AgedValue {
+    std::string value;
+    absl::Duration age;  // at least zero
+  };
+  virtual absl::StatusOr<std::vector<std::optional<AgedValue>>> MultiGetWithAges(
+      const std::vector<std::string>& keys, absl::Duration timeout) {
+    (void)keys;
+    (void)timeout;
+    return absl::UnimplementedError("this store does not say when its keys were written");
+  }
   // Every key that starts with `prefix`, sorted.
   virtual absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
                                                             absl::Duration timeout) = 0;
@@ -198,9 +217,12 @@ class Store {
 
 // A Store in this process's memory: for tests and single-process jobs. NewClient() gives further
 // clients of the same data, each with its own writer generation, as separate connections would be.
+// The keys' ages (MultiGetWithAges) are read from `clock` (a ManualClock in tests).
 class InMemoryStore final : public Store {
  public:
   InMemoryStore();
+  // REQUIRES: `clock` outlives the store.
+  explicit InMemoryStore(Clock* clock);
   ~InMemoryStore() override;
 
   absl::Status Set(std::string_view key, std::string_view value, absl::Duration timeout) override;
@@ -218,6 +240,8 @@ class InMemoryStore final : public Store {
                                                     absl::Duration timeout) override;
   absl::StatusOr<bool> Delete(std::string_view key, absl::Duration timeout) override;
   absl::StatusOr<std::vector<std::optional<std::string>>> MultiGet(
+      const std::vector<std::string>& keys, absl::Duration timeout) override;
+  absl::StatusOr<std::vector<std::optional<AgedValue>>> MultiGetWithAges(
       const std::vector<std::string>& keys, absl::Duration timeout) override;
   absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
                                                     absl::Duration timeout) override;
@@ -267,6 +291,8 @@ class PrefixStore final : public Store {
                                                     absl::Duration timeout) override;
   absl::StatusOr<bool> Delete(std::string_view key, absl::Duration timeout) override;
   absl::StatusOr<std::vector<std::optional<std::string>>> MultiGet(
+      const std::vector<std::string>& keys, absl::Duration timeout) override;
+  absl::StatusOr<std::vector<std::optional<AgedValue>>> MultiGetWithAges(
       const std::vector<std::string>& keys, absl::Duration timeout) override;
   absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
                                                     absl::Duration timeout) override;

@@ -15,6 +15,20 @@
 //    that host trains on (issue 36). Losing the coordinator's host thus costs the lease's expiry
 //    and then a full timeout; any other host, one timeout.
 //
+// Two ways to read the heartbeats. Observe takes their values: a host's silence counts from the
+// read that saw its value change, so it is declared up to two reads late (the read after its last
+// beat, and the first read after the bound). ObserveAges takes how long ago the store last wrote
+// each (Store::MultiGetWithAges, by the store's own clock), so a host's silence counts from its
+// last write itself, as seen from the answer: since = (the answer's arrival - the age), never
+// before the write and late by at most the answer's way back; its deadline is since + timeout.
+// With ages the caller need not read every host at every tick: only those DueForRead names (their
+// beat is `recheck` old: a live host's next beat moves them on; a silent one is read at each call
+// until its deadline is confirmed), plus every host at the start, and a host that joins. The
+// gap rule holds for ObserveAges as for Observe: the caller calls it at each read of the store,
+// with the hosts it read (maybe none), so a call more than timeout / 3 after the previous one is a
+// gap. The first-seen rule too: a host is given a full timeout from the read that first saw it,
+// whatever its age.
+//
 // The unit is pure: it does no I/O and reads no clock; the caller passes the heartbeats it read and
 // when it read them, so tests drive it with explicit instants. It returns the silent hosts with how
 // long they were silent; the launcher does the rest (the fence agents/dead/<host>, replacing the
@@ -27,6 +41,7 @@
 #define TRAINGUARD_SDK_AGENT_HOST_LIVENESS_H_
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,8 +60,9 @@ class HostLiveness {
     absl::Duration silent_for;  // now - since, at least the timeout
   };
 
-  // REQUIRES: timeout > 0.
+  // REQUIRES: timeout > 0; 0 < recheck <= timeout.
   explicit HostLiveness(absl::Duration timeout);
+  HostLiveness(absl::Duration timeout, absl::Duration recheck);
 
   // The heartbeats read at `now`: host -> its heartbeat's current value ("" when it has none yet),
   // for the hosts still in the job (the caller leaves out its own host, hosts declared dead and
@@ -54,6 +70,21 @@ class HostLiveness {
   // not in `beats` keep their record but are neither checked nor returned.
   // REQUIRES: `now` is not before the previous call's.
   std::vector<Silent> Observe(const std::map<std::string, std::string>& beats, absl::Time now);
+
+  // The heartbeats' ages read at `now` (the instant the answer arrived): host -> how long ago the
+  // store last wrote its heartbeat (nullopt: it has none yet), for the hosts read (as for Observe,
+  // neither this agent's own host nor hosts dead or gone). Each host's silence starts at
+  // max(now - age, when its bound last started afresh); returns those of them silent for the
+  // timeout or longer at `now`, by host name. Hosts not in `ages` keep their record.
+  // REQUIRES: `now` is not before the previous call's (of either Observe).
+  std::vector<Silent> ObserveAges(const std::map<std::string, std::optional<absl::Duration>>& ages,
+                                  absl::Time now);
+  // The hosts observed (and not forgotten) whose heartbeat is `recheck` old or older at `now`, as
+  // of the last Observe: the ones to read again (a live one has beaten since; a silent one is
+  // confirmed, at its deadline, by such a read). By host name.
+  std::vector<std::string> DueForRead(absl::Time now) const;
+  // Whether `host` has a record (observed and not forgotten).
+  bool Knows(const std::string& host) const { return beats_.count(host) != 0; }
 
   // Drops `host`'s record: it is not reported again, and should it appear in `beats` again it is a
   // host seen for the first time.
@@ -72,14 +103,19 @@ class HostLiveness {
   absl::Time bounds_since() const { return bounds_since_; }
 
   absl::Duration timeout() const { return timeout_; }
+  absl::Duration recheck() const { return recheck_; }
 
  private:
+  // A gap in the reads (the previous more than timeout / 3 before `now`): every bound afresh.
+  void StartBoundsAfterGap(absl::Time now);
+
   struct Beat {
     std::string value;
     absl::Time since;  // Silent::since
   };
 
   absl::Duration timeout_;
+  absl::Duration recheck_;
   std::map<std::string, Beat> beats_;
   absl::Time last_read_ = absl::InfinitePast();
   absl::Time bounds_since_ = absl::InfinitePast();

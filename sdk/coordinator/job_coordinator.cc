@@ -17,6 +17,14 @@
 #include "trainguard/membership.h"
 
 namespace trainguard {
+namespace {
+
+// How old a host's heartbeat is when the coordinator reads it again (with ages): a quarter of the
+// host timeout, below the third the hang's diagnosis and the rank watch ask HostsQuietFor about, so
+// that a live host (beating every twelfth) is seen to beat again before it would count as quiet.
+absl::Duration HostRecheck(absl::Duration host_timeout) { return host_timeout / 4; }
+
+}  // namespace
 
 JobCoordinator::JobCoordinator(Store* store, Clock* clock, RendezvousCoordinator* rendezvous,
                                ReplacementPolicy* replacement_policy, RenewalPolicy* renewal_policy,
@@ -29,44 +37,16 @@ JobCoordinator::JobCoordinator(Store* store, Clock* clock, RendezvousCoordinator
       failures_(failures),
       options_(std::move(options)),
       hooks_(std::move(hooks)),
-      host_liveness_(options_.host_timeout) {}
+      host_liveness_(options_.host_timeout, HostRecheck(options_.host_timeout)) {}
 
 void JobCoordinator::CoordinateHosts() {
   const absl::Duration timeout = options_.call_timeout;
-  // Host liveness: every joined host's agent beats; one that stops for host_timeout is dead. An
-  // agent that left (the job ended for it) beats no more, and once every rank finished nobody is
-  // replaced.
-  absl::StatusOr<std::vector<std::string>> joined =
-      store_->ListKeys(store_keys::kAgentJoins.prefix(), timeout);
-  absl::StatusOr<std::vector<std::string>> left =
-      store_->ListKeys(store_keys::kAgentsLeft.prefix(), timeout);
-  if (!joined.ok() || !left.ok() || done_published_) return;
-  const std::vector<std::string> left_hosts = store_keys::kAgentsLeft.Names(*left);
-  std::vector<std::string> hosts, beat_keys;
-  for (const std::string& host : store_keys::kAgentJoins.Names(*joined)) {
-    if (dead_hosts_.count(host) != 0) continue;
-    if (std::find(left_hosts.begin(), left_hosts.end(), host) != left_hosts.end()) continue;
-    hosts.push_back(host);
-    beat_keys.push_back(store_keys::kAgentHeartbeats.Key(host));
-  }
-  absl::StatusOr<std::vector<std::optional<std::string>>> beats =
-      store_->MultiGet(beat_keys, timeout);
-  if (!beats.ok()) return;
-  // This agent's own host is alive while it runs this. A gap in this coordinator's reads (the
-  // store was unavailable to it, or it was stalled) gives every host a fresh bound (HostLiveness).
-  std::map<std::string, std::string> host_beats;
-  watched_hosts_.clear();
-  for (size_t i = 0; i < hosts.size(); ++i) {
-    if (hosts[i] == options_.host_id) continue;
-    host_beats[hosts[i]] = (*beats)[i].value_or("");
-    watched_hosts_.insert(hosts[i]);
-  }
-  if (!coordinating()) return;
-  for (const HostLiveness::Silent& silent : host_liveness_.Observe(host_beats, clock_->Now())) {
-    DeclareHostDead(
-        silent.host, silent.since,
-        absl::StrFormat("no heartbeat for %s", absl::FormatDuration(silent.silent_for)));
-  }
+  if (done_published_) return;
+  bool answered = ReadHostsByAge(/*tick=*/true);
+  // The store keeps no write instants (etcd): every watched host's heartbeat value at every tick.
+  if (ages_unsupported_) answered = ReadHostsByValue();
+  // The store did not answer (or every rank finished): the rest waits for the next tick.
+  if (!answered || done_published_) return;
   ReadDeathReports();
   // Completion: every rank finished with status 0.
   if (!done_published_ && world_size_ > 0) {
@@ -78,9 +58,137 @@ void JobCoordinator::CoordinateHosts() {
   }
 }
 
+bool JobCoordinator::ReadHostsByValue() {
+  const absl::Duration timeout = options_.call_timeout;
+  // Host liveness: every joined host's agent beats; one that stops for host_timeout is dead. An
+  // agent that left (the job ended for it) beats no more, and once every rank finished nobody is
+  // replaced.
+  if (!ListHosts()) return false;
+  std::vector<std::string> hosts(watched_hosts_.begin(), watched_hosts_.end()), beat_keys;
+  for (const std::string& host : hosts) beat_keys.push_back(store_keys::kAgentHeartbeats.Key(host));
+  absl::StatusOr<std::vector<std::optional<std::string>>> beats =
+      store_->MultiGet(beat_keys, timeout);
+  if (!beats.ok()) return false;
+  // A gap in this coordinator's reads (the store was unavailable to it, or it was stalled) gives
+  // every host a fresh bound (HostLiveness).
+  std::map<std::string, std::string> host_beats;
+  for (size_t i = 0; i < hosts.size(); ++i) host_beats[hosts[i]] = (*beats)[i].value_or("");
+  if (!coordinating()) return true;
+  for (const HostLiveness::Silent& silent : host_liveness_.Observe(host_beats, clock_->Now())) {
+    DeclareSilentHostDead(silent);
+  }
+  return true;
+}
+
+bool JobCoordinator::ListHosts() {
+  const absl::Duration timeout = options_.call_timeout;
+  absl::StatusOr<std::vector<std::string>> joined =
+      store_->ListKeys(store_keys::kAgentJoins.prefix(), timeout);
+  absl::StatusOr<std::vector<std::string>> left =
+      store_->ListKeys(store_keys::kAgentsLeft.prefix(), timeout);
+  if (!joined.ok() || !left.ok() || done_published_) return false;
+  const std::vector<std::string> left_names = store_keys::kAgentsLeft.Names(*left);
+  const std::set<std::string> left_hosts(left_names.begin(), left_names.end());
+  // This agent's own host is alive while it runs this.
+  watched_hosts_.clear();
+  for (std::string& host : store_keys::kAgentJoins.Names(*joined)) {
+    if (host == options_.host_id || dead_hosts_.count(host) != 0 || left_hosts.count(host) != 0) {
+      continue;
+    }
+    watched_hosts_.insert(std::move(host));
+  }
+  hosts_listed_at_ = clock_->Now();
+  return true;
+}
+
+bool JobCoordinator::ReadHostsByAge(bool tick) {
+  const absl::Time now = clock_->Now();
+  // The hosts to read: those never read (just joined; every host after a takeover), and those
+  // whose heartbeat is old enough that a live host has beaten since (HostLiveness::DueForRead).
+  std::set<std::string> hosts;
+  for (const std::string& host : watched_hosts_) {
+    if (!host_liveness_.Knows(host)) hosts.insert(host);
+  }
+  for (std::string& host : host_liveness_.DueForRead(now)) {
+    if (watched_hosts_.count(host) != 0 && dead_hosts_.count(host) == 0) {
+      hosts.insert(std::move(host));
+    }
+  }
+  // Between ticks a read only when some host is due; at a tick always, with the counts of the
+  // joins and departures (one request): the read that tells HostLiveness the store answers.
+  if (!tick && hosts.empty()) return true;
+  std::vector<std::string> keys;
+  if (tick) keys = {store_keys::kAgentJoinCount, store_keys::kAgentLeftCount};
+  const size_t first_beat = keys.size();
+  for (const std::string& host : hosts) keys.push_back(store_keys::kAgentHeartbeats.Key(host));
+  absl::StatusOr<std::vector<std::optional<Store::AgedValue>>> aged =
+      store_->MultiGetWithAges(keys, options_.call_timeout);
+  if (absl::IsUnimplemented(aged.status())) {
+    ages_unsupported_ = true;  // CoordinateHosts falls back to the values
+    return false;
+  }
+  if (!aged.ok()) return false;
+  // The instant the answer arrived: every age is measured back from it.
+  const absl::Time read_at = clock_->Now();
+  if (tick) {
+    // The joins and departures are listed again only when their counts changed (each record is
+    // written before it is counted, so every record a count includes is listed), and once per
+    // host timeout whatever the counts say.
+    const std::string joins = (*aged)[0].has_value() ? (*aged)[0]->value : "";
+    const std::string lefts = (*aged)[1].has_value() ? (*aged)[1]->value : "";
+    bool listed = false;
+    if (joins != join_count_listed_ || lefts != left_count_listed_ ||
+        read_at - hosts_listed_at_ >= options_.host_timeout) {
+      listed = ListHosts();
+      if (listed) {
+        join_count_listed_ = joins;
+        left_count_listed_ = lefts;
+      }
+    }
+    if (done_published_) return true;
+    // Hosts new to the list are read at once (a second request, only when some joined): their
+    // full bound starts at that read.
+    if (listed &&
+        std::any_of(watched_hosts_.begin(), watched_hosts_.end(), [&](const std::string& host) {
+          return !host_liveness_.Knows(host) && hosts.count(host) == 0;
+        })) {
+      ObserveAgedBeats(hosts, *aged, first_beat, read_at);
+      return ReadHostsByAge(/*tick=*/false);
+    }
+  }
+  ObserveAgedBeats(hosts, *aged, first_beat, read_at);
+  return true;
+}
+
+void JobCoordinator::ObserveAgedBeats(const std::set<std::string>& hosts,
+                                      const std::vector<std::optional<Store::AgedValue>>& aged,
+                                      size_t first_beat, absl::Time read_at) {
+  std::map<std::string, std::optional<absl::Duration>> ages;
+  size_t i = first_beat;
+  for (const std::string& host : hosts) {
+    const std::optional<Store::AgedValue>& beat = aged[i++];
+    // Gone from the job meanwhile (left, declared dead): no longer judged.
+    if (watched_hosts_.count(host) == 0 || dead_hosts_.count(host) != 0) continue;
+    ages[host] = beat.has_value() ? std::optional<absl::Duration>(beat->age) : std::nullopt;
+  }
+  if (!coordinating()) return;
+  for (const HostLiveness::Silent& silent : host_liveness_.ObserveAges(ages, read_at)) {
+    DeclareSilentHostDead(silent);
+  }
+}
+
+void JobCoordinator::DeclareSilentHostDead(const HostLiveness::Silent& silent) {
+  DeclareHostDead(silent.host, silent.since,
+                  absl::StrFormat("no heartbeat for %s", absl::FormatDuration(silent.silent_for)));
+}
+
 void JobCoordinator::CoordinateBetweenTicks() {
   if (done_published_) return;
   ReadDeathReports();
+  if (!ages_unsupported_) {
+    (void)ReadHostsByAge(/*tick=*/false);
+    return;
+  }
   const absl::Time now = clock_->Now();
   std::vector<std::string> hosts, beat_keys;
   for (const HostLiveness::Silent& quiet :
@@ -98,9 +206,7 @@ void JobCoordinator::CoordinateBetweenTicks() {
   if (!coordinating()) return;
   // The instant of the read, not of the call's start: HostLiveness judges the beats as read then.
   for (const HostLiveness::Silent& silent : host_liveness_.Observe(host_beats, clock_->Now())) {
-    DeclareHostDead(
-        silent.host, silent.since,
-        absl::StrFormat("no heartbeat for %s", absl::FormatDuration(silent.silent_for)));
+    DeclareSilentHostDead(silent);
   }
 }
 
@@ -362,8 +468,12 @@ void JobCoordinator::TakeOver(absl::Duration timeout) {
   // Every host gets a full host_timeout from this agent's first read of its heartbeat, the previous
   // holder's too: its lease lapsing shows only that this agent did not see it renewed, which a
   // stalled store causes as well while that host trains on (HostLiveness).
-  host_liveness_ = HostLiveness(options_.host_timeout);
+  host_liveness_ = HostLiveness(options_.host_timeout, HostRecheck(options_.host_timeout));
   took_over_at_ = clock_->Now();
+  // The joins and departures are listed afresh at the next tick.
+  hosts_listed_at_ = absl::InfinitePast();
+  join_count_listed_.reset();
+  left_count_listed_.reset();
   handled_deaths_.clear();
   dead_hosts_.clear();
   if (absl::StatusOr<std::vector<std::string>> dead =

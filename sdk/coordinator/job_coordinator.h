@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -277,6 +278,24 @@ class JobCoordinator {
 
  private:
   bool coordinating() { return hooks_.coordinating(); }
+  // The hosts' liveness where the store says how old each heartbeat is (Store::MultiGetWithAges):
+  // the hosts due for a read (never read, or their beat a quarter of the host timeout old), and at
+  // a tick (`tick`) the counts of joins and departures in the same request, listing the hosts
+  // again when they changed; the silent hosts declared dead. Sets ages_unsupported_ when the store
+  // keeps no ages. Returns whether the store answered (true when nothing was due between ticks).
+  bool ReadHostsByAge(bool tick);
+  // Judges the ages of `hosts`' heartbeats, `aged` from index `first_beat` on, read at `read_at`,
+  // and declares the silent hosts dead.
+  void ObserveAgedBeats(const std::set<std::string>& hosts,
+                        const std::vector<std::optional<Store::AgedValue>>& aged, size_t first_beat,
+                        absl::Time read_at);
+  // Where the store keeps no ages: the hosts listed and every watched host's heartbeat value read;
+  // whether the store answered.
+  bool ReadHostsByValue();
+  // Lists the joined hosts and those that left into watched_hosts_; false when the store did not
+  // answer (or the job is done).
+  bool ListHosts();
+  void DeclareSilentHostDead(const HostLiveness::Silent& silent);
   // TryReplacements' ends: a dead host's ranks all taken in `next`; no standby for `dead` and none
   // coming (`refused`: the rendezvous coordinator's answer).
   void HostReplaced(const PendingReplacement& dead, const Membership& next);
@@ -297,9 +316,15 @@ class JobCoordinator {
   HostLiveness host_liveness_;
   absl::Time took_over_at_ = absl::InfinitePast();  // TakeOver's last call
   std::set<std::string> dead_hosts_;
-  // The hosts whose heartbeats the last tick judged (CoordinateHosts): joined, neither dead nor
-  // left, not this agent's own.
+  // The hosts whose heartbeats are judged (the last ListHosts): joined, not left, not this agent's
+  // own (those declared dead since are skipped where it is read).
   std::set<std::string> watched_hosts_;
+  // The store keeps no write instants: the heartbeats' values are watched instead.
+  bool ages_unsupported_ = false;
+  // When the hosts were last listed, and the counts of joins and departures read before it.
+  absl::Time hosts_listed_at_ = absl::InfinitePast();
+  std::optional<std::string> join_count_listed_;
+  std::optional<std::string> left_count_listed_;
   std::set<std::string> handled_deaths_;  // member ids whose death was taken
   bool done_published_ = false;
   std::deque<PendingReplacement> replacements_;

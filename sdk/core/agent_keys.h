@@ -5,11 +5,14 @@
 //
 //   agents/seq                          the join counter (join order decides which hosts train)
 //   agents/join/<host>                  "<seq> worker|standby <addr> <port>" (JoinRecord)
+//   agents/join_count                   the join records written, counted with each (a reader
+//                                       that sees it change lists agents/join/ again)
 //   agents/plan                         Plan: "<training hosts> <ranks per host> <addr> <port>",
 //                                       then "\n<host> <group rank>" per host (-1: a standby host)
 //   agents/hb/<host>                    the agent's heartbeat counter
 //   agents/dead/<host>                  why the coordinator declared the host dead (it is fenced)
 //   agents/left/<host>                  the exit code of an agent that left the job
+//   agents/left_count                   the agents/left/ writes, counted with each
 //   agents/deaths/<member>              "<rank> <how>[\n<cause>]": an agent saw its rank process
 //                                       die (DeathReport)
 //   agents/stopped/<member>             the host: its agent sees the rank process stopped (SIGSTOP)
@@ -99,6 +102,8 @@ class KeyFamily {
 };
 
 inline constexpr char kAgentSeq[] = "agents/seq";
+inline constexpr char kAgentJoinCount[] = "agents/join_count";
+inline constexpr char kAgentLeftCount[] = "agents/left_count";
 inline constexpr char kAgentPlan[] = "agents/plan";
 inline constexpr char kAgentRestart[] = "agents/restart";
 inline constexpr char kCoordLease[] = "coord/lease";

@@ -62,6 +62,10 @@ class ForwardingStore : public Store {
       const std::vector<std::string>& keys, absl::Duration timeout) override {
     return base_->MultiGet(keys, timeout);
   }
+  absl::StatusOr<std::vector<std::optional<AgedValue>>> MultiGetWithAges(
+      const std::vector<std::string>& keys, absl::Duration timeout) override {
+    return base_->MultiGetWithAges(keys, timeout);
+  }
   absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
                                                     absl::Duration timeout) override {
     return base_->ListKeys(prefix, timeout);

@@ -325,8 +325,9 @@ void HostAgent::KillRanksStoppedFor(absl::Duration bound, const std::string& con
 
 void HostAgent::Leave(int exit_code) {
   StopBeating();  // a host that left is not watched: its heartbeat says nothing more
-  (void)store_->Set(store_keys::kAgentsLeft.Key(options_.host_id), absl::StrCat(exit_code),
-                    absl::Seconds(1));
+  // Counted with the record, so that the coordinator lists agents/left/ only when it changed.
+  (void)store_->SetAndAdd(store_keys::kAgentsLeft.Key(options_.host_id), absl::StrCat(exit_code),
+                          store_keys::kAgentLeftCount, 1, absl::Seconds(1));
 }
 
 bool HostAgent::WaitForOthersToLeave(absl::Duration bound) {

@@ -44,13 +44,17 @@ absl::Status StoreHostMembership::Join() {
   if (!seq.ok()) return seq.status();
   const std::string value = store_keys::EncodeJoinRecord(
       {options_.host_id, *seq, options_.standby_host, options_.local_addr, options_.master_port});
-  absl::StatusOr<CompareAndSetResult> joined = store_->CompareAndSet(
-      store_keys::kAgentJoins.Key(options_.host_id), std::nullopt, value, timeout);
+  // The record, then its count (together on a store that can): the coordinator lists the joins
+  // again only when the count changed, and finds every record counted.
+  const std::string key = store_keys::kAgentJoins.Key(options_.host_id);
+  absl::StatusOr<bool> joined =
+      store_->CreateAndAdd(key, value, store_keys::kAgentJoinCount, 1, timeout);
   if (!joined.ok()) return joined.status();
-  if (!joined->swapped) {
+  if (!*joined) {
+    absl::StatusOr<std::string> current = store_->Get(key, timeout);
     return absl::AlreadyExistsError(
         absl::StrFormat("host id %s already joined job %s (%s): give every host its own --host-id",
-                        options_.host_id, options_.job_id, joined->current.value_or("")));
+                        options_.host_id, options_.job_id, current.value_or("")));
   }
   return absl::OkStatus();
 }

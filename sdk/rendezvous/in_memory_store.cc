@@ -1,5 +1,6 @@
 // InMemoryStore: the reference Store semantics, in one process. Shared state behind one mutex; Wait
 // blocks on a condition with a deadline.
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <optional>
@@ -19,9 +20,24 @@ namespace trainguard {
 
 class InMemoryStore::State {
  public:
+  explicit State(Clock* clock) : clock(clock) {}
+
+  Clock* const clock;
   Mutex mu;
   std::map<std::string, std::string, std::less<>> data ABSL_GUARDED_BY(mu);
+  // When each key of `data` was last written (the clock's MonotonicNanos), for MultiGetWithAges.
+  std::map<std::string, int64_t, std::less<>> written_ns ABSL_GUARDED_BY(mu);
   int64_t fence ABSL_GUARDED_BY(mu) = Store::kUnfenced;
+
+  // Every write of a key goes through Put, every removal through Erase: the two maps agree.
+  void Put(std::string_view key, std::string_view value) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    data.insert_or_assign(std::string(key), std::string(value));
+    written_ns.insert_or_assign(std::string(key), clock->MonotonicNanos());
+  }
+  void Erase(std::string_view key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (auto it = data.find(key); it != data.end()) data.erase(it);
+    if (auto it = written_ns.find(key); it != written_ns.end()) written_ns.erase(it);
+  }
 
   absl::Status CheckFence(int64_t writer) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (writer == Store::kUnfenced || writer >= fence) return absl::OkStatus();
@@ -47,7 +63,7 @@ class InMemoryStore::Client final : public Store {
     if (absl::Status s = CheckKey(key); !s.ok()) return s;
     MutexLock lock(&state_->mu);
     if (absl::Status s = state_->CheckFence(generation_.load()); !s.ok()) return s;
-    state_->data[std::string(key)] = std::string(value);
+    state_->Put(key, std::string(value));
     return absl::OkStatus();
   }
 
@@ -65,7 +81,7 @@ class InMemoryStore::Client final : public Store {
     if (absl::Status s = state_->CheckFence(generation_.load()); !s.ok()) return s;
     absl::StatusOr<int64_t> sum = SumOf(key, delta);
     if (!sum.ok()) return sum.status();
-    state_->data[std::string(key)] = absl::StrCat(*sum);
+    state_->Put(key, absl::StrCat(*sum));
     return *sum;
   }
 
@@ -98,7 +114,7 @@ class InMemoryStore::Client final : public Store {
     std::optional<std::string> current;
     if (it != state_->data.end()) current = it->second;
     if (current != expected) return CompareAndSetResult{false, std::move(current)};
-    state_->data[std::string(key)] = std::string(desired);
+    state_->Put(key, std::string(desired));
     return CompareAndSetResult{true, std::string(desired)};
   }
 
@@ -107,7 +123,7 @@ class InMemoryStore::Client final : public Store {
     if (absl::Status s = state_->CheckFence(generation_.load()); !s.ok()) return s;
     auto it = state_->data.find(key);
     if (it == state_->data.end()) return false;
-    state_->data.erase(it);
+    state_->Erase(key);
     return true;
   }
 
@@ -115,6 +131,25 @@ class InMemoryStore::Client final : public Store {
       const std::vector<std::string>& keys, absl::Duration) override {
     MutexLock lock(&state_->mu);
     return Read(keys);
+  }
+
+  absl::StatusOr<std::vector<std::optional<AgedValue>>> MultiGetWithAges(
+      const std::vector<std::string>& keys, absl::Duration) override {
+    MutexLock lock(&state_->mu);
+    const int64_t now_ns = state_->clock->MonotonicNanos();
+    std::vector<std::optional<AgedValue>> values;
+    values.reserve(keys.size());
+    for (const std::string& key : keys) {
+      auto it = state_->data.find(key);
+      if (it == state_->data.end()) {
+        values.push_back(std::nullopt);
+        continue;
+      }
+      const int64_t written_ns = state_->written_ns.at(key);
+      values.push_back(
+          AgedValue{it->second, absl::Nanoseconds(std::max<int64_t>(0, now_ns - written_ns))});
+    }
+    return values;
   }
 
   absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
@@ -194,7 +229,7 @@ class InMemoryStore::Client final : public Store {
     for (const BatchWrite& write : writes) {
       switch (write.op) {
         case BatchWrite::Op::kSet:
-          state_->data[write.key] = write.value;
+          state_->Put(write.key, write.value);
           results.push_back(CompareAndSetResult{true, write.value});
           break;
         case BatchWrite::Op::kCompareAndSet: {
@@ -203,7 +238,7 @@ class InMemoryStore::Client final : public Store {
             results.push_back(CompareAndSetResult{false, std::move(current)});
             break;
           }
-          state_->data[write.key] = write.value;
+          state_->Put(write.key, write.value);
           results.push_back(CompareAndSetResult{true, write.value});
           break;
         }
@@ -231,18 +266,23 @@ class InMemoryStore::Client final : public Store {
     if (absl::Status s = state_->CheckFence(generation_.load()); !s.ok()) return s;
     const std::optional<std::string> before = Lookup(set_key);
     if (only_if_absent && before.has_value()) return std::optional<int64_t>();
+    const auto written_before = state_->written_ns.find(set_key);
+    const int64_t before_ns =
+        written_before == state_->written_ns.end() ? 0 : written_before->second;
     // The sum is taken after the Set, as the two calls would: `add_key` may be `set_key`.
-    state_->data[std::string(set_key)] = std::string(value);
+    state_->Put(set_key, std::string(value));
     absl::StatusOr<int64_t> sum = SumOf(add_key, delta);
     if (!sum.ok()) {
+      // Neither write happened: the key holds what it held, written when it was.
       if (before.has_value()) {
-        state_->data[std::string(set_key)] = *before;
+        state_->Put(set_key, *before);
+        state_->written_ns.insert_or_assign(std::string(set_key), before_ns);
       } else {
-        state_->data.erase(std::string(set_key));
+        state_->Erase(set_key);
       }
       return sum.status();
     }
-    state_->data[std::string(add_key)] = absl::StrCat(*sum);
+    state_->Put(add_key, absl::StrCat(*sum));
     return std::optional<int64_t>(*sum);
   }
 
@@ -300,7 +340,9 @@ class InMemoryStore::Client final : public Store {
   std::atomic<int64_t> generation_{Store::kUnfenced};
 };
 
-InMemoryStore::InMemoryStore() : state_(std::make_shared<State>()), self_(NewClient()) {}
+InMemoryStore::InMemoryStore() : InMemoryStore(Clock::Real()) {}
+InMemoryStore::InMemoryStore(Clock* clock)
+    : state_(std::make_shared<State>(clock)), self_(NewClient()) {}
 InMemoryStore::~InMemoryStore() = default;
 
 std::unique_ptr<Store> InMemoryStore::NewClient() { return std::make_unique<Client>(state_); }
@@ -338,6 +380,10 @@ absl::StatusOr<bool> InMemoryStore::Delete(std::string_view key, absl::Duration 
 absl::StatusOr<std::vector<std::optional<std::string>>> InMemoryStore::MultiGet(
     const std::vector<std::string>& keys, absl::Duration timeout) {
   return self_->MultiGet(keys, timeout);
+}
+absl::StatusOr<std::vector<std::optional<Store::AgedValue>>> InMemoryStore::MultiGetWithAges(
+    const std::vector<std::string>& keys, absl::Duration timeout) {
+  return self_->MultiGetWithAges(keys, timeout);
 }
 absl::StatusOr<std::vector<std::string>> InMemoryStore::ListKeys(std::string_view prefix,
                                                                  absl::Duration timeout) {

@@ -48,6 +48,13 @@ absl::StatusOr<std::vector<std::optional<std::string>>> PrefixStore::MultiGet(
     const std::vector<std::string>& keys, absl::Duration timeout) {
   return base_->MultiGet(Full(keys), timeout);
 }
+absl::StatusOr<std::vector<std::optional<Store::AgedValue>>> PrefixStore::MultiGetWithAges(
+    const std::vector<std::string>& keys, absl::Duration timeout) {
+  std::vector<std::string> full;
+  full.reserve(keys.size());
+  for (const std::string& key : keys) full.push_back(Full(key));
+  return base_->MultiGetWithAges(full, timeout);
+}
 absl::StatusOr<std::vector<std::string>> PrefixStore::ListKeys(std::string_view prefix,
                                                                absl::Duration timeout) {
   absl::StatusOr<std::vector<std::string>> keys = base_->ListKeys(Full(prefix), timeout);

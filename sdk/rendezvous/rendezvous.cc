@@ -198,6 +198,12 @@ absl::StatusOr<Membership> FollowOrReadTable(Store* store, Membership held, int6
   return ReadTable(store, newest, Left(deadline));
 }
 
+// How long a rank's heartbeat may stand still before the rank is stale: `timeout`, or for a member
+// that left (its Runtime closed: the process is exiting) the exit grace.
+absl::Duration AllowedSilence(std::string_view value, absl::Duration timeout) {
+  return value == kLeftHeartbeat ? std::max(10 * timeout, kLeftGrace) : timeout;
+}
+
 }  // namespace
 
 RendezvousMember::RendezvousMember(Store* store, std::string member_id,
@@ -763,6 +769,10 @@ absl::StatusOr<std::vector<int>> RendezvousCoordinator::RanksWithStaleHeartbeats
     absl::Duration timeout, absl::Duration store_timeout) {
   int64_t generation = -1;
   std::shared_ptr<const std::vector<std::string>> keys;
+  // With the store's ages, only the ranks whose beat is a quarter of the timeout old are read: a
+  // live rank has beaten since, and a silent one is read at each call until it is stale.
+  std::vector<size_t> due;
+  bool by_age = false;
   {
     MutexLock lock(&mu_);
     // A new generation raised the fence: members still in the old one cannot beat until they
@@ -777,6 +787,26 @@ absl::StatusOr<std::vector<int>> RendezvousCoordinator::RanksWithStaleHeartbeats
     }
     generation = beats_generation_;
     keys = heartbeat_keys_;
+    by_age = !ages_unsupported_;
+    if (by_age) {
+      const int64_t now_ns = clock_->MonotonicNanos();
+      const int64_t recheck_ns = absl::ToInt64Nanoseconds(timeout / 4);
+      for (size_t r = 0; r < beats_.size(); ++r) {
+        if (beats_[r].since_ns < 0 || now_ns - beats_[r].since_ns >= recheck_ns) due.push_back(r);
+      }
+      if (due.empty()) return std::vector<int>();
+    }
+  }
+  if (by_age) {
+    std::vector<std::string> due_keys;
+    due_keys.reserve(due.size());
+    for (size_t r : due) due_keys.push_back((*keys)[r]);
+    absl::StatusOr<std::vector<std::optional<Store::AgedValue>>> aged =
+        store_->MultiGetWithAges(due_keys, store_timeout);
+    if (aged.ok()) return JudgeAgedBeats(generation, due, *aged, timeout);
+    if (!absl::IsUnimplemented(aged.status())) return aged.status();
+    MutexLock lock(&mu_);
+    ages_unsupported_ = true;  // this store keeps no write instants: every value, every call
   }
   absl::StatusOr<std::vector<std::optional<std::string>>> values =
       store_->MultiGet(*keys, store_timeout);
@@ -791,9 +821,37 @@ absl::StatusOr<std::vector<int>> RendezvousCoordinator::RanksWithStaleHeartbeats
         (*values)[r].has_value() ? std::string_view(*(*values)[r]) : std::string_view();
     Beat& beat = beats_[r];
     if (beat.since_ns < 0 || beat.value != value) beat = Beat{std::string(value), now_ns};
-    const absl::Duration allowed =
-        value == kLeftHeartbeat ? std::max(10 * timeout, kLeftGrace) : timeout;
-    if (absl::Nanoseconds(now_ns - beat.since_ns) >= allowed) stale.push_back(static_cast<int>(r));
+    if (absl::Nanoseconds(now_ns - beat.since_ns) >= AllowedSilence(value, timeout)) {
+      stale.push_back(static_cast<int>(r));
+    }
+  }
+  return stale;
+}
+
+std::vector<int> RendezvousCoordinator::JudgeAgedBeats(
+    int64_t generation, const std::vector<size_t>& ranks,
+    const std::vector<std::optional<Store::AgedValue>>& aged, absl::Duration timeout) {
+  // The instant the answer arrived: every age is measured back from it, so a deadline is never
+  // early and late by at most the answer's way back.
+  const int64_t read_ns = clock_->MonotonicNanos();
+  std::vector<int> stale;
+  MutexLock lock(&mu_);
+  if (beats_generation_ != generation) return stale;
+  for (size_t i = 0; i < ranks.size() && i < aged.size(); ++i) {
+    Beat& beat = beats_[ranks[i]];
+    const std::optional<Store::AgedValue>& read = aged[i];
+    // Read for the first time in this generation: a full timeout from this read, whatever its
+    // age. Else from its last write as the store dates it (a later answer's estimate of the same
+    // write, earlier by its shorter way back, never moves it back).
+    if (beat.since_ns < 0) {
+      beat.since_ns = read_ns;
+    } else if (read.has_value()) {
+      beat.since_ns = std::max(beat.since_ns, read_ns - absl::ToInt64Nanoseconds(read->age));
+    }
+    beat.value = read.has_value() ? read->value : std::string();
+    if (absl::Nanoseconds(read_ns - beat.since_ns) >= AllowedSilence(beat.value, timeout)) {
+      stale.push_back(static_cast<int>(ranks[i]));
+    }
   }
   return stale;
 }

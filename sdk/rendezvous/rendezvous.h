@@ -339,11 +339,14 @@ class RendezvousCoordinator {
   // Standbys parked now, in member-id order.
   absl::StatusOr<std::vector<std::string>> ParkedStandbys(absl::Duration timeout);
   // The ranks of the current generation whose heartbeat counter has not advanced for `timeout` of
-  // this coordinator's time, measured from its last change or from the publication of the current
-  // generation (until a member adopts a new generation its beats are fenced out). A stopped or hung
-  // process stops beating: its heartbeat thread stops with it. A member that left (its Runtime
-  // closed: the process is exiting) counts as stale only after max(10 x `timeout`, kLeftGrace).
-  // Call it periodically.
+  // this coordinator's time, measured from its last write (or its last change, on a store without
+  // ages) or from this coordinator's first read of it in the current generation (until a member
+  // adopts a new generation its beats are fenced out). A stopped or hung process stops beating:
+  // its heartbeat thread stops with it. A member that left (its Runtime closed: the process is
+  // exiting) counts as stale only after max(10 x `timeout`, kLeftGrace). Call it periodically.
+  // Where the store dates its writes (Store::MultiGetWithAges), a call reads only the ranks whose
+  // beat is `timeout` / 4 old or older (none: no request), so that a job of 16,384 ranks is not
+  // read whole twice a second; elsewhere every rank's value at every call.
   absl::StatusOr<std::vector<int>> RanksWithStaleHeartbeats(absl::Duration timeout,
                                                             absl::Duration store_timeout);
   // The newest published generation (-1 before generation 0).
@@ -366,9 +369,15 @@ class RendezvousCoordinator {
   const CoordinatorLease* const lease_;
   mutable Mutex mu_;
   Membership current_ ABSL_GUARDED_BY(mu_);
-  // Per rank of generation beats_generation_: the last heartbeat value seen and when it was first
-  // seen (clock_'s monotonic ns; -1: not read yet). By rank, not by member id: a generation's
-  // members do not change, and the coordinator reads every rank's heartbeat twice a second.
+  // Judges the ranks `ranks` of `generation` by the ages read for them (RanksWithStaleHeartbeats).
+  std::vector<int> JudgeAgedBeats(int64_t generation, const std::vector<size_t>& ranks,
+                                  const std::vector<std::optional<Store::AgedValue>>& aged,
+                                  absl::Duration timeout);
+
+  // Per rank of generation beats_generation_: the last heartbeat value seen and since when it
+  // stands (clock_'s monotonic ns; -1: not read yet): when the store last wrote it, or when this
+  // coordinator first saw the value (without ages). By rank, not by member id: a generation's
+  // members do not change.
   struct Beat {
     std::string value;
     int64_t since_ns = -1;
@@ -378,6 +387,8 @@ class RendezvousCoordinator {
   // The heartbeat keys of beats_generation_'s members, by rank: built once per generation and
   // shared with the read in flight, not built (O(world size) strings) at every read.
   std::shared_ptr<const std::vector<std::string>> heartbeat_keys_ ABSL_GUARDED_BY(mu_);
+  // The store answered MultiGetWithAges with Unimplemented (etcd): values from then on.
+  bool ages_unsupported_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace trainguard

@@ -151,6 +151,7 @@ std::optional<proto::StoreResponse> StoreState::Execute(uint64_t session_id, con
                                                         const proto::StoreRequest& request,
                                                         absl::Time now) {
   Job& state = jobs_[job];
+  now_ = now;
   bool parked = false;
   proto::StoreResponse response = Apply(session_id, state, request, now, &parked);
   if (parked) return std::nullopt;
@@ -270,11 +271,13 @@ proto::StoreResponse StoreState::Apply(uint64_t session_id, Job& job,
       if (absl::Status s = CheckFence(job, writer); !s.ok()) return StatusResponse(id, s);
       proto::StoreResponse response = StatusResponse(id, absl::OkStatus());
       response.set_flag(job.data.erase(request.delete_key().key()) > 0);
+      job.written.erase(request.delete_key().key());
       return response;
     }
     case proto::StoreRequest::kMultiGet: {
       proto::StoreResponse response = StatusResponse(id, absl::OkStatus());
       AddValues(job, request.multi_get().keys(), &response);
+      if (request.multi_get().with_ages()) AddAges(job, request.multi_get().keys(), now, &response);
       return response;
     }
     case proto::StoreRequest::kListKeys: {
@@ -405,7 +408,20 @@ void StoreState::Park(uint64_t session_id, Job& job, std::vector<std::string> ke
   waiters_.emplace(waiter_id, std::move(waiter));
 }
 
+void StoreState::AddAges(const Job& job,
+                         const google::protobuf::RepeatedPtrField<std::string>& keys,
+                         absl::Time now, proto::StoreResponse* response) {
+  response->mutable_ages_ns()->Reserve(keys.size());
+  for (const std::string& key : keys) {
+    auto it = job.written.find(key);
+    response->add_ages_ns(it == job.written.end()
+                              ? 0
+                              : std::max<int64_t>(0, absl::ToInt64Nanoseconds(now - it->second)));
+  }
+}
+
 void StoreState::KeyWritten(Job& job, const std::string& key) {
+  job.written.insert_or_assign(key, now_);
   WakeAnyWaiters(job, key);
   auto [begin, end] = job.waiting_on.equal_range(key);
   if (begin == end) return;

@@ -81,6 +81,9 @@ class StoreState {
  private:
   struct Job {
     std::map<std::string, std::string, std::less<>> data;
+    // When each key of `data` was last written (the `now` of the request that wrote it): a
+    // MultiGet with_ages answers how long ago. Kept by KeyWritten and the Delete.
+    absl::flat_hash_map<std::string, absl::Time> written;
     int64_t fence = -1;  // Store::kUnfenced
     // A parked Wait is indexed under the first key it still misses; when that key is written the
     // Wait goes on from there and is re-indexed under the next missing key, if any.
@@ -120,8 +123,11 @@ class StoreState {
   proto::StoreResponse ApplyBatch(Job& job, const proto::StoreRequest& request);
   proto::StoreResponse Apply(uint64_t session_id, Job& job, const proto::StoreRequest& request,
                              absl::Time now, bool* parked);
-  // Re-checks the Waits indexed under `key` after it was written.
+  // Records that `key` was written at now_, and re-checks the Waits indexed under it.
   void KeyWritten(Job& job, const std::string& key);
+  // Appends to response->ages_ns how long before `now` each of `keys` was written (0: absent).
+  static void AddAges(const Job& job, const google::protobuf::RepeatedPtrField<std::string>& keys,
+                      absl::Time now, proto::StoreResponse* response);
   // The index of the first key of `keys` at or after `from` that `job` lacks; keys.size() when
   // there is none. Counts its lookups in *lookups.
   static size_t FirstMissing(const Job& job, const std::vector<std::string>& keys, size_t from,
@@ -160,6 +166,8 @@ class StoreState {
   void CancelAnyWaits(uint64_t session_id);
 
   const uint32_t max_response_bytes_;
+  // The instant of the request being executed (Execute's `now`), which KeyWritten records.
+  absl::Time now_ = absl::InfinitePast();
   // std::map: a Job's address is stable (waiters point at it).
   std::map<std::string, Job, std::less<>> jobs_;
   std::map<uint64_t, Waiter> waiters_;

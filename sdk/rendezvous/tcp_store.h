@@ -200,6 +200,8 @@ class TcpStore final : public Store {
   absl::StatusOr<bool> Delete(std::string_view key, absl::Duration timeout) override;
   absl::StatusOr<std::vector<std::optional<std::string>>> MultiGet(
       const std::vector<std::string>& keys, absl::Duration timeout) override;
+  absl::StatusOr<std::vector<std::optional<AgedValue>>> MultiGetWithAges(
+      const std::vector<std::string>& keys, absl::Duration timeout) override;
   absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
                                                     absl::Duration timeout) override;
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;

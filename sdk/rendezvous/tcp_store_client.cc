@@ -749,6 +749,42 @@ absl::StatusOr<std::vector<std::optional<std::string>>> TcpStore::MultiGet(
   return TakeValues(*response);
 }
 
+absl::StatusOr<std::vector<std::optional<Store::AgedValue>>> TcpStore::MultiGetWithAges(
+    const std::vector<std::string>& keys, absl::Duration timeout) {
+  if (absl::Status s = CheckKeys(keys); !s.ok()) return s;
+  proto::ClientMessage message;
+  proto::MultiGetOp* op = message.mutable_request()->mutable_multi_get();
+  for (const std::string& key : keys) op->add_keys(key);
+  op->set_with_ages(true);
+  const std::string what = Describe("MultiGet", keys);
+  absl::StatusOr<proto::StoreResponse> response =
+      Lease(this)->Call(message, Connection::Retry::kIdempotent, timeout, what);
+  if (!response.ok()) return response.status();
+  if (absl::Status s = ResponseStatus(*response); !s.ok()) return s;
+  if (static_cast<size_t>(response->values_size()) != keys.size()) {
+    return absl::InternalError(absl::StrFormat("store server %s answered %s with %d values",
+                                               address(), what, response->values_size()));
+  }
+  // A server that predates MultiGetOp.with_ages answers the values alone.
+  if (static_cast<size_t>(response->ages_ns_size()) != keys.size()) {
+    return absl::UnimplementedError(absl::StrFormat(
+        "store server %s does not say when its keys were written (it answered %s with %d ages)",
+        address(), what, response->ages_ns_size()));
+  }
+  std::vector<std::optional<AgedValue>> values;
+  values.reserve(keys.size());
+  for (int i = 0; i < response->values_size(); ++i) {
+    proto::OptionalValue& value = *response->mutable_values(i);
+    if (!value.present()) {
+      values.push_back(std::nullopt);
+      continue;
+    }
+    values.push_back(AgedValue{std::move(*value.mutable_value()),
+                               absl::Nanoseconds(std::max<int64_t>(0, response->ages_ns(i)))});
+  }
+  return values;
+}
+
 absl::StatusOr<std::vector<std::string>> TcpStore::ListKeys(std::string_view prefix,
                                                             absl::Duration timeout) {
   proto::ClientMessage message;

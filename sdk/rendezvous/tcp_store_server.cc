@@ -421,7 +421,11 @@ void TcpStoreServer::EventLoop::OnReadable(Connection& c, absl::Time now) {
       bytes_received_.fetch_add(n, std::memory_order_relaxed);
       budget -= std::min(budget, static_cast<size_t>(n));
       // A closing connection's further bytes are read only to be dropped.
-      if (c.closing == Closing::kNo) Feed(c, std::string_view(read_buffer_.data(), n), now);
+      // The instant after the bytes arrived, not the loop's: a write is stamped no earlier than
+      // it reached the server (MultiGetWithAges' ages never exceed the writer's silence).
+      if (c.closing == Closing::kNo) {
+        Feed(c, std::string_view(read_buffer_.data(), n), std::max(now, MonotonicNow()));
+      }
       // A short read emptied the socket: another recv would only say EAGAIN. Bytes (or an end of
       // stream) arriving since keep the socket readable for the next epoll_wait (level-triggered).
       if (static_cast<size_t>(n) < read_buffer_.size()) break;

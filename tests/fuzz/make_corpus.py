@@ -141,6 +141,12 @@ SEEDS = {
     + batch(3, [("set", "k", "1"), ("set", "k", "2")])
     + batch(4, [("set", "late", "v")], 0)
     + batch(5, [("fence", 2), ("fence", 3)]),
+    "multi_get_with_ages": AUTHENTICATED_MID_CHUNKS
+    + set_(1, "agents/hb/h0", "1")
+    + add(2, "agents/hb/h1", 1)
+    + request(3, MULTI_GET, f_bytes(1, "agents/hb/h0") + f_bytes(1, "absent") + f_varint(2, 1))
+    + request(4, DELETE, f_bytes(1, "agents/hb/h0"))
+    + request(5, MULTI_GET, f_bytes(1, "agents/hb/h0") + f_bytes(1, "agents/hb/h1") + f_varint(2, 1)),
     "empty_key": AUTHENTICATED_MID_CHUNKS + set_(1, "", "v"),
     "unknown_op": AUTHENTICATED_MID_CHUNKS + frame(f_bytes(3, f_varint(1, 9) + f_varint(99, 1))),
     "zero_request_id": AUTHENTICATED_MID_CHUNKS + get(0, "k"),

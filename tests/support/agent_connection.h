@@ -55,6 +55,10 @@ class AgentConnection final : public Store {
       const std::vector<std::string>& keys, absl::Duration timeout) override {
     return Call([&] { return base_->MultiGet(keys, timeout); });
   }
+  absl::StatusOr<std::vector<std::optional<AgedValue>>> MultiGetWithAges(
+      const std::vector<std::string>& keys, absl::Duration timeout) override {
+    return Call([&] { return base_->MultiGetWithAges(keys, timeout); });
+  }
   absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
                                                     absl::Duration timeout) override {
     return Call([&] { return base_->ListKeys(prefix, timeout); });

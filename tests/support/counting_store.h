@@ -92,6 +92,11 @@ class CountingStore final : public ForwardingStore {
     Count("MultiGet", keys);
     return base()->MultiGet(keys, timeout);
   }
+  absl::StatusOr<std::vector<std::optional<AgedValue>>> MultiGetWithAges(
+      const std::vector<std::string>& keys, absl::Duration timeout) override {
+    Count("MultiGetWithAges", keys);
+    return base()->MultiGetWithAges(keys, timeout);
+  }
   absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
                                                     absl::Duration timeout) override {
     Count("ListKeys", prefix);

@@ -23,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "trainguard/clock.h"
 #include "trainguard/store.h"
 
 namespace trainguard::testing {
@@ -507,6 +508,56 @@ TYPED_TEST_P(StoreConformance, AOneMebibyteValueRoundTrips) {
   EXPECT_EQ(*store->Get("big", kStoreTimeout), big);
 }
 
+// The ages are bounded by what the test itself saw of the time (the store's clock is this
+// machine's monotonic clock here, as the test's): never longer than since just before the write,
+// never shorter than from the write's return to the read's call. A store that keeps no write
+// instants says Unimplemented, and the callers fall back to watching values change.
+TYPED_TEST_P(StoreConformance, MultiGetWithAgesSaysHowLongAgoEachKeyWasLastWritten) {
+  auto store = this->harness_.NewClient();
+  auto other = this->harness_.NewClient();
+  Clock* clock = Clock::Real();
+  const int64_t before_set = clock->MonotonicNanos();
+  ASSERT_TRUE(store->Set("aged/set", "v", kStoreTimeout).ok());
+  ASSERT_TRUE(store->Add("aged/added", 1, kStoreTimeout).ok());
+  const int64_t written = clock->MonotonicNanos();
+  // A swap that does not happen is no write.
+  ASSERT_FALSE(store->CompareAndSet("aged/set", std::string("other"), "w", kStoreTimeout)->swapped);
+  const int64_t before_read = clock->MonotonicNanos();
+  absl::StatusOr<std::vector<std::optional<Store::AgedValue>>> aged =
+      other->MultiGetWithAges({"aged/set", "aged/absent", "aged/added"}, kStoreTimeout);
+  const int64_t after_read = clock->MonotonicNanos();
+  if (absl::IsUnimplemented(aged.status())) GTEST_SKIP() << aged.status();
+  ASSERT_TRUE(aged.ok()) << aged.status();
+  ASSERT_EQ(aged->size(), 3u);
+  ASSERT_TRUE((*aged)[0].has_value());
+  EXPECT_EQ((*aged)[0]->value, "v");
+  EXPECT_LE((*aged)[0]->age, absl::Nanoseconds(after_read - before_set));
+  EXPECT_GE((*aged)[0]->age, absl::Nanoseconds(before_read - written));
+  EXPECT_FALSE((*aged)[1].has_value());
+  ASSERT_TRUE((*aged)[2].has_value());
+  EXPECT_EQ((*aged)[2]->value, "1");
+  EXPECT_GE((*aged)[2]->age, absl::ZeroDuration());
+
+  // A rewrite of the same value starts the age afresh; a Delete forgets the key.
+  const int64_t before_rewrite = clock->MonotonicNanos();
+  ASSERT_TRUE(store->WriteBatch({BatchWrite::Set("aged/added", "1")}, kStoreTimeout).ok());
+  ASSERT_TRUE(*store->Delete("aged/set", kStoreTimeout));
+  aged = other->MultiGetWithAges({"aged/set", "aged/added"}, kStoreTimeout);
+  const int64_t after_reread = clock->MonotonicNanos();
+  ASSERT_TRUE(aged.ok()) << aged.status();
+  EXPECT_FALSE((*aged)[0].has_value());
+  ASSERT_TRUE((*aged)[1].has_value());
+  EXPECT_LE((*aged)[1]->age, absl::Nanoseconds(after_reread - before_rewrite));
+
+  // Through a PrefixStore: the same keys' ages, under the prefix.
+  PrefixStore prefixed("aged", store.get());
+  aged = prefixed.MultiGetWithAges({"added", "set"}, kStoreTimeout);
+  ASSERT_TRUE(aged.ok()) << aged.status();
+  ASSERT_TRUE((*aged)[0].has_value());
+  EXPECT_EQ((*aged)[0]->value, "1");
+  EXPECT_FALSE((*aged)[1].has_value());
+}
+
 REGISTER_TYPED_TEST_SUITE_P(
     StoreConformance, SetThenGetReturnsTheExactBytes, AnotherClientSeesTheWrite,
     GetOfAnAbsentKeyIsNotFoundNamingTheKey, AnEmptyKeyIsRejected, AddStartsFromZeroAndAccumulates,
@@ -522,7 +573,8 @@ REGISTER_TYPED_TEST_SUITE_P(
     WaitAnyAndReadTimesOutNamingTheKeysAndRefusesNoKey, AFenceRejectsEveryWriteOfAStaleGeneration,
     CreateAndAddCountsOnlyTheCallThatCreatesTheKey, WriteBatchAppliesItsWritesInOrderAndAnswersEach,
     AWaiterWokenByABatchsFirstKeyReadsItsLast, AMalformedOrStaleBatchWritesNothing,
-    PrefixStoresAreIsolatedNamespaces, AOneMebibyteValueRoundTrips);
+    PrefixStoresAreIsolatedNamespaces, AOneMebibyteValueRoundTrips,
+    MultiGetWithAgesSaysHowLongAgoEachKeyWasLastWritten);
 
 }  // namespace trainguard::testing
 

@@ -164,8 +164,8 @@ class FailSlowCoordinatorTest : public ::testing::Test {
   }
 
   testing::TempDir tmp_;
-  InMemoryStore store_;
   ManualClock clock_{absl::FromUnixSeconds(1'800'000'000)};
+  InMemoryStore store_{&clock_};  // its keys' ages by the same clock
   RendezvousCoordinator rendezvous_{&store_, &clock_, "h0"};
   std::optional<ReplacementPolicy> policy_;
   std::optional<RenewalPolicy> renewal_;

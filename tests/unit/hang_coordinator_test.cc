@@ -301,10 +301,10 @@ class HangCoordinatorTest : public ::testing::Test {
   }
   std::string Said() { return absl::StrJoin(said_, "\n"); }
 
-  InMemoryStore store_;
   // An hour before now: the dumps carry the wall clock, and a withdrawal's instant is this clock's.
   const absl::Time start_ = absl::Now() - absl::Hours(1);
   ManualClock clock_{start_};
+  InMemoryStore store_{&clock_};  // its keys' ages by the same clock
   RendezvousCoordinator rendezvous_{&store_, &clock_, "h0"};
   ReplacementPolicy policy_{ReplacementPolicyOptions{}};
   RenewalPolicy renewal_{RenewalPolicyOptions{}};

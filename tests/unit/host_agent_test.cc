@@ -128,8 +128,8 @@ class HostAgentTest : public ::testing::Test {
   }
   bool Has(const std::string& key) { return store_.Get(key, kCall).ok(); }
 
-  InMemoryStore store_;
   ManualClock clock_;
+  InMemoryStore store_{&clock_};  // its keys' ages by the same clock
   Host h0_{"h0", 100, &store_, &clock_};
   Host h1_{"h1", 200, &store_, &clock_};
 };

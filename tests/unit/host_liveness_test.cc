@@ -3,6 +3,7 @@
 #include "sdk/agent/host_liveness.h"
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -192,6 +193,138 @@ TEST(HostLiveness, AHostLeftOutOfAReadIsNeitherCheckedNorReportedButKeepsItsBoun
   EXPECT_THAT(silent, ::testing::Each("host1"));
   EXPECT_TRUE(liveness.IsSilent("host2", At(absl::Seconds(10))));
   EXPECT_FALSE(liveness.IsSilent("host3", At(absl::Seconds(10))));  // never observed
+}
+
+// --- With ages (ObserveAges): the store says how long ago each heartbeat was written.
+
+constexpr absl::Duration kRecheck = absl::Milliseconds(750);  // kTimeout / 4, as the coordinator
+
+// A host seen beating at `last_beat` (its write, on the coordinator's clock) and read at `now`:
+// the age the store answers, the answer arriving `way_back` after the store read it.
+std::optional<absl::Duration> AgeOf(absl::Time last_beat, absl::Time now,
+                                    absl::Duration way_back = absl::ZeroDuration()) {
+  return (now - way_back) - last_beat;
+}
+
+// The deadline is the last write plus the timeout: declared by the read that arrives at it, and
+// not by one a nanosecond before, however few reads came between.
+TEST(HostLivenessAges, AHostIsSilentAtItsLastWritePlusTheTimeoutAndNotOneNanosecondBefore) {
+  HostLiveness liveness(kTimeout, kRecheck);
+  EXPECT_THAT(liveness.ObserveAges({{"host1", absl::ZeroDuration()}}, At({})), IsEmpty());
+  const absl::Time last_beat = At(absl::Milliseconds(500));
+  // Until its beat is a quarter of the bound old a host is not due for a read; the coordinator's
+  // ticks read only the counts (no host) meanwhile.
+  absl::Time now = At(kTick);
+  for (; now < At(kRecheck); now += kTick) {
+    EXPECT_THAT(liveness.DueForRead(now), IsEmpty());
+    EXPECT_THAT(liveness.ObserveAges({}, now), IsEmpty());
+  }
+  EXPECT_THAT(liveness.DueForRead(now), ElementsAre("host1"));
+  EXPECT_THAT(liveness.ObserveAges({{"host1", AgeOf(last_beat, now)}}, now), IsEmpty());
+  EXPECT_THAT(liveness.DueForRead(now), IsEmpty());
+  // Once its last beat is a quarter of the bound old, it is due at every read until its deadline.
+  const absl::Time deadline = last_beat + kTimeout;
+  for (now += kTick; now < deadline; now += kTick) {
+    EXPECT_EQ(liveness.DueForRead(now).empty(), now - last_beat < kRecheck) << "at " << now;
+    EXPECT_THAT(liveness.ObserveAges({{"host1", AgeOf(last_beat, now)}}, now), IsEmpty());
+  }
+  EXPECT_THAT(liveness.ObserveAges({{"host1", AgeOf(last_beat, deadline - kNanosecond)}},
+                                   deadline - kNanosecond),
+              IsEmpty());
+  const std::vector<HostLiveness::Silent> silent =
+      liveness.ObserveAges({{"host1", AgeOf(last_beat, deadline)}}, deadline);
+  ASSERT_THAT(Hosts(silent), ElementsAre("host1"));
+  EXPECT_EQ(silent[0].since, last_beat);
+  EXPECT_EQ(silent[0].silent_for, kTimeout);
+}
+
+// The answer's way back makes the silence start later than the write (never earlier): the host is
+// declared late by at most that way back, never early.
+TEST(HostLivenessAges, TheAnswersWayBackMakesTheDeclarationLateByAtMostItNeverEarly) {
+  constexpr absl::Duration kWayBack = absl::Milliseconds(40);
+  HostLiveness liveness(kTimeout, kRecheck);
+  EXPECT_THAT(liveness.ObserveAges({{"host1", std::nullopt}}, At({})), IsEmpty());
+  const absl::Time last_beat = At(absl::Milliseconds(200));
+  absl::Time now = At(kTick);
+  for (; now <= last_beat + kTimeout + kWayBack; now += absl::Milliseconds(10)) {
+    const std::vector<HostLiveness::Silent> silent =
+        liveness.ObserveAges({{"host1", AgeOf(last_beat, now, kWayBack)}}, now);
+    if (now < last_beat + kTimeout + kWayBack) {
+      EXPECT_THAT(silent, IsEmpty()) << "at " << now;
+    } else {
+      ASSERT_THAT(Hosts(silent), ElementsAre("host1"));
+      EXPECT_EQ(silent[0].since, last_beat + kWayBack);
+    }
+  }
+  // A later answer with a shorter way back dates the same write earlier: the silence does not
+  // move back.
+  HostLiveness other(kTimeout, kRecheck);
+  (void)other.ObserveAges({{"host1", std::nullopt}}, At({}));
+  (void)other.ObserveAges({{"host1", AgeOf(last_beat, At(kTick), kWayBack)}}, At(kTick));
+  for (absl::Time t = At(2 * kTick); t < last_beat + kTimeout; t += kTick) {
+    (void)other.ObserveAges({}, t);  // the ticks' reads: no gap
+  }
+  EXPECT_THAT(
+      other.ObserveAges({{"host1", AgeOf(last_beat, last_beat + kTimeout)}}, last_beat + kTimeout),
+      IsEmpty());
+}
+
+// A live host beats between reads: each read moves its deadline on, and it is due for a read
+// again only once its newest beat is `recheck` old.
+TEST(HostLivenessAges, ALiveHostsDeadlineMovesOnWithEachReadOfItsNewBeat) {
+  HostLiveness liveness(kTimeout, kRecheck);
+  (void)liveness.ObserveAges({{"host1", kTick}}, At({}));
+  for (absl::Time now = At(kRecheck); now <= At(10 * kTimeout); now += kRecheck) {
+    ASSERT_THAT(liveness.DueForRead(now), ElementsAre("host1")) << "at " << now;
+    // It beat a tick ago (its agent beats every twelfth of the bound).
+    EXPECT_THAT(liveness.ObserveAges({{"host1", kTick}}, now), IsEmpty());
+    EXPECT_THAT(liveness.DueForRead(now), IsEmpty());
+    EXPECT_THAT(liveness.QuietFor(kTimeout / 3, now), IsEmpty());
+  }
+}
+
+// A gap in the reads (more than a third of the bound since the previous) starts every bound
+// afresh: a host whose last write is older than the bound is not declared by the read after it.
+TEST(HostLivenessAges, AGapInTheReadsGivesEveryHostAFreshBoundWhateverItsAge) {
+  HostLiveness liveness(kTimeout, kRecheck);
+  (void)liveness.ObserveAges({{"host1", absl::ZeroDuration()}}, At({}));
+  const absl::Time after_gap = At(kTimeout / 3 + kNanosecond);
+  EXPECT_THAT(liveness.ObserveAges({}, after_gap), IsEmpty());
+  EXPECT_EQ(liveness.bounds_since(), after_gap);
+  // The store stalled for its agents too: its write is as old as the stall.
+  const absl::Time later = At(kTimeout + kTick);
+  for (absl::Time now = after_gap + kTick; now < later; now += kTick) {
+    (void)liveness.ObserveAges({}, now);
+  }
+  EXPECT_THAT(liveness.ObserveAges({{"host1", later - At({})}}, later), IsEmpty());
+  const std::vector<HostLiveness::Silent> silent =
+      liveness.ObserveAges({{"host1", after_gap + kTimeout - At({})}}, after_gap + kTimeout);
+  ASSERT_THAT(Hosts(silent), ElementsAre("host1"));
+  EXPECT_EQ(silent[0].since, after_gap);
+}
+
+// A host seen for the first time (one that just joined; every host after a takeover, the previous
+// lease holder's included) gets a full bound from that read, however old its last write.
+TEST(HostLivenessAges, AHostSeenForTheFirstTimeGetsAFullBoundWhateverItsAge) {
+  HostLiveness liveness(kTimeout, kRecheck);
+  const absl::Time first = At(absl::Seconds(60));
+  // Silent for 50 s already (the previous lease holder's host, say): a full bound from this read.
+  const absl::Time last_beat = first - absl::Seconds(50);
+  EXPECT_THAT(liveness.ObserveAges({{"old_holder", AgeOf(last_beat, first)}}, first), IsEmpty());
+  EXPECT_TRUE(liveness.Knows("old_holder"));
+  // Read at every tick (no gap), always as silent: not before the bound, from the first read.
+  absl::Time now = first + kTick;
+  for (; now < first + kTimeout; now += kTick) {
+    EXPECT_THAT(liveness.ObserveAges({{"old_holder", AgeOf(last_beat, now)}}, now), IsEmpty())
+        << "at " << now;
+  }
+  const std::vector<HostLiveness::Silent> silent =
+      liveness.ObserveAges({{"old_holder", AgeOf(last_beat, now)}}, now);
+  ASSERT_THAT(Hosts(silent), ElementsAre("old_holder"));
+  EXPECT_EQ(silent[0].since, first);
+  liveness.Forget("old_holder");
+  EXPECT_FALSE(liveness.Knows("old_holder"));
+  EXPECT_THAT(liveness.DueForRead(first + 2 * kTimeout), IsEmpty());
 }
 
 }  // namespace

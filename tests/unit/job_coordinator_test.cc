@@ -29,6 +29,7 @@
 #include "sdk/coordinator/recovery_strategy.h"
 #include "sdk/coordinator/restart_all.h"
 #include "sdk/core/agent_keys.h"
+#include "sdk/core/forwarding_store.h"
 #include "sdk/core/store_keys.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "tests/support/agent_fixtures.h"
@@ -174,12 +175,12 @@ class JobCoordinatorTest : public ::testing::Test {
     return true;
   }
 
+  // The agent of `host` joins, as StoreHostMembership::Join writes it (the record, then its count).
   void Join(const std::string& host, int64_t seq, bool standby) {
-    ASSERT_TRUE(store_
-                    .Set(store_keys::kAgentJoins.Key(host),
-                         store_keys::EncodeJoinRecord({host, seq, standby, "10.0.0.1", 29500}),
-                         kCall)
-                    .ok());
+    ASSERT_TRUE(
+        *store_.CreateAndAdd(store_keys::kAgentJoins.Key(host),
+                             store_keys::EncodeJoinRecord({host, seq, standby, "10.0.0.1", 29500}),
+                             store_keys::kAgentJoinCount, 1, kCall));
   }
   // The agent of `host` advances its heartbeat counter, as AgentTick does.
   void Beat(const std::string& host) {
@@ -211,8 +212,12 @@ class JobCoordinatorTest : public ::testing::Test {
                          why, kCall)
                     .ok());
   }
+  // The agent of `host` leaves, as HostAgent::Leave writes it (the record, then its count).
   void Leave(const std::string& host) {
-    ASSERT_TRUE(store_.Set(store_keys::kAgentsLeft.Key(host), "0", kCall).ok());
+    ASSERT_TRUE(store_
+                    .SetAndAdd(store_keys::kAgentsLeft.Key(host), "0", store_keys::kAgentLeftCount,
+                               1, kCall)
+                    .ok());
   }
 
   // The time since the test started.
@@ -237,8 +242,8 @@ class JobCoordinatorTest : public ::testing::Test {
     return static_cast<int>(std::count(said_.begin(), said_.end(), line));
   }
 
-  InMemoryStore store_;
   ManualClock clock_{absl::UnixEpoch()};
+  InMemoryStore store_{&clock_};  // its keys' ages by the same clock
   RendezvousCoordinator rendezvous_{&store_, &clock_, "h0"};
   std::optional<ReplacementPolicy> policy_;
   std::optional<RenewalPolicy> renewal_;
@@ -330,6 +335,130 @@ TEST_F(JobCoordinatorTest, AHostIsDeclaredDeadBetweenTicksAtExactlyItsBoundAndNo
   // h2 beat at every tick: never declared, between ticks either.
   EXPECT_EQ(Value(store_keys::kAgentsDead.Key("h2")), std::nullopt);
   EXPECT_THAT(failed_, IsEmpty());
+}
+
+// With the store's ages, a host's silence counts from its last write itself: one that beat between
+// two ticks is declared exactly the host timeout after that beat, by the loop's first turn at it.
+TEST_F(JobCoordinatorTest, WithAgesAHostIsDeclaredExactlyTheTimeoutAfterItsLastWrite) {
+  coordinator_->CoordinateHosts();  // every host first seen at 0
+  const absl::Duration last_beat = absl::Milliseconds(300);
+  RunUntil(kTick, {"h0", "h1", "h2"});
+  AdvanceTo(last_beat);
+  Beat("h1");  // between two ticks, and never again
+  RunUntil(last_beat + kHostTimeout - kTick, {"h0", "h2"});
+  AdvanceTo(last_beat + kHostTimeout - kNanosecond);
+  coordinator_->CoordinateBetweenTicks();
+  EXPECT_EQ(Value(store_keys::kAgentsDead.Key("h1")), std::nullopt);
+  AdvanceTo(last_beat + kHostTimeout);
+  coordinator_->CoordinateBetweenTicks();
+  EXPECT_EQ(Value(store_keys::kAgentsDead.Key("h1")), "no heartbeat for 3s");
+  ASSERT_EQ(coordinator_->replacements().size(), 1u);
+  EXPECT_EQ(coordinator_->replacements().front().died, absl::UnixEpoch() + last_beat);
+  EXPECT_EQ(Value(store_keys::kAgentsDead.Key("h2")), std::nullopt);
+}
+
+// A store that records the keys of the coordinator's reads, and can keep no ages (as etcd).
+class ReadRecordingStore final : public ForwardingStore {
+ public:
+  using ForwardingStore::ForwardingStore;
+  bool without_ages = false;
+  std::vector<std::vector<std::string>> aged_reads;  // each MultiGetWithAges' keys
+  std::vector<std::string> listed;                   // each ListKeys' prefix
+
+  absl::StatusOr<std::vector<std::optional<AgedValue>>> MultiGetWithAges(
+      const std::vector<std::string>& keys, absl::Duration timeout) override {
+    if (without_ages) return absl::UnimplementedError("no ages here");
+    aged_reads.push_back(keys);
+    return ForwardingStore::MultiGetWithAges(keys, timeout);
+  }
+  absl::StatusOr<std::vector<std::string>> ListKeys(std::string_view prefix,
+                                                    absl::Duration timeout) override {
+    listed.emplace_back(prefix);
+    return ForwardingStore::ListKeys(prefix, timeout);
+  }
+};
+
+class JobCoordinatorReadsTest : public JobCoordinatorTest {
+ protected:
+  void SetUp() override {
+    JobCoordinatorTest::SetUp();
+    // The same coordinator, on the recording store.
+    JobCoordinatorOptions options;
+    options.host_id = "h0";
+    options.host_timeout = kHostTimeout;
+    options.call_timeout = kCall;
+    JobCoordinator::Hooks hooks;
+    hooks.coordinating = [] { return true; };
+    hooks.say = [this](const std::string& line) { said_.push_back(line); };
+    hooks.record = [](int, EventKind, const std::string&, JobCoordinator::Attributes) {};
+    hooks.fail = [this](const std::string& why) { failed_.push_back(why); };
+    hooks.preferred_standbys = [](const std::string&, const std::vector<int>&) {
+      return std::vector<std::string>{};
+    };
+    hooks.standby_starting = [] { return false; };
+    hooks.rank_taken = [](int, const std::string&, int64_t) {};
+    coordinator_ =
+        std::make_unique<JobCoordinator>(&recording_, &clock_, &rendezvous_, &*policy_, &*renewal_,
+                                         &failures_, options, std::move(hooks));
+    coordinator_->set_world_size(4);
+    strategy_ = testing::UseStandbyReplacement(coordinator_.get(), &*policy_, &said_, &failed_);
+  }
+  size_t Listed(const std::string& prefix) {
+    return std::count(recording_.listed.begin(), recording_.listed.end(), prefix);
+  }
+
+  ReadRecordingStore recording_{&store_};
+};
+
+// With ages a tick reads the joins' and departures' counts and only the hosts due (a quarter of
+// the bound since their beat), lists the hosts again only when a count changed, and a turn
+// between ticks reads nothing while no host is due.
+TEST_F(JobCoordinatorReadsTest, WithAgesATickReadsTheCountsAndOnlyTheHostsDue) {
+  const std::string joins = store_keys::kAgentJoins.prefix();
+  coordinator_->CoordinateHosts();  // lists the hosts, then reads the new ones
+  ASSERT_EQ(recording_.aged_reads.size(), 2u);
+  EXPECT_THAT(recording_.aged_reads[0],
+              ElementsAre(store_keys::kAgentJoinCount, store_keys::kAgentLeftCount));
+  EXPECT_THAT(recording_.aged_reads[1], ElementsAre(store_keys::kAgentHeartbeats.Key("h1"),
+                                                    store_keys::kAgentHeartbeats.Key("h2")));
+  EXPECT_EQ(Listed(joins), 1u);
+  recording_.aged_reads.clear();
+  // Until a quarter of the bound: the ticks read the counts alone, the turns between them nothing.
+  while (Elapsed() + kTick < kHostTimeout / 4) {
+    RunUntil(Elapsed() + kTick, {"h0", "h1", "h2"});
+    coordinator_->CoordinateBetweenTicks();
+  }
+  EXPECT_THAT(recording_.aged_reads, ::testing::Each(::testing::SizeIs(2)));
+  EXPECT_EQ(Listed(joins), 1u);
+  // Then each host as it comes due.
+  recording_.aged_reads.clear();
+  RunUntil(kHostTimeout / 4, {"h0", "h1", "h2"});
+  ASSERT_EQ(recording_.aged_reads.size(), 1u);
+  EXPECT_THAT(recording_.aged_reads[0], ::testing::SizeIs(4));
+  // A host joins: listed again at the next tick, and read at once.
+  Join("h3", 4, /*standby=*/true);
+  Beat("h3");
+  recording_.aged_reads.clear();
+  RunUntil(kHostTimeout / 4 + kTick, {"h0", "h1", "h2", "h3"});
+  EXPECT_EQ(Listed(joins), 2u);
+  ASSERT_EQ(recording_.aged_reads.size(), 2u);
+  EXPECT_THAT(recording_.aged_reads[1], ElementsAre(store_keys::kAgentHeartbeats.Key("h3")));
+}
+
+// Where the store keeps no ages (etcd) the coordinator watches the heartbeats' values, as before:
+// a host silent for exactly the timeout from the read that last saw its beat change is dead.
+TEST_F(JobCoordinatorReadsTest, WithoutAgesTheHeartbeatsValuesAreWatchedAndTheBoundHolds) {
+  recording_.without_ages = true;
+  coordinator_->CoordinateHosts();  // h1's last beat is read at 0
+  RunUntil(kHostTimeout - kTick, {"h0", "h2"});
+  AdvanceTo(kHostTimeout - kNanosecond);
+  coordinator_->CoordinateBetweenTicks();
+  EXPECT_EQ(Value(store_keys::kAgentsDead.Key("h1")), std::nullopt);
+  AdvanceTo(kHostTimeout);
+  coordinator_->CoordinateBetweenTicks();
+  EXPECT_EQ(Value(store_keys::kAgentsDead.Key("h1")), "no heartbeat for 3s");
+  EXPECT_EQ(Value(store_keys::kAgentsDead.Key("h2")), std::nullopt);
+  EXPECT_THAT(recording_.aged_reads, IsEmpty());
 }
 
 TEST_F(JobCoordinatorTest, AHostThatLeftIsNotDeclaredDeadBetweenTicks) {

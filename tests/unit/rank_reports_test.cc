@@ -137,8 +137,8 @@ class RankReportsTest : public ::testing::TestWithParam<Layout> {
     return keys.ok() ? *keys : std::vector<std::string>{};
   }
 
-  InMemoryStore store_;
   ManualClock clock_{absl::UnixEpoch()};
+  InMemoryStore store_{&clock_};  // its keys' ages by the same clock
   RendezvousCoordinator rendezvous_{&store_, &clock_, "h0"};
   std::optional<ReplacementPolicy> policy_;
   std::optional<RenewalPolicy> renewal_;

@@ -105,8 +105,8 @@ class RankWatchTest : public ::testing::Test {
   absl::Duration Elapsed() { return clock_.Now() - absl::UnixEpoch(); }
   void AdvanceTo(absl::Duration since_start) { clock_.Advance(since_start - Elapsed()); }
 
-  InMemoryStore store_;
   ManualClock clock_{absl::UnixEpoch()};
+  InMemoryStore store_{&clock_};  // its keys' ages on the coordinator's clock
   RendezvousCoordinator rendezvous_{&store_, &clock_};
   std::unique_ptr<RankWatch> watch_;
   bool coordinating_ = true;

@@ -699,8 +699,8 @@ struct ManualClockJob {
     ASSERT_TRUE(coordinator.FormInitialGeneration(kWorld, kTimeout).ok());
     for (std::thread& t : joins) t.join();
   }
-  InMemoryStore shared;
   ManualClock clock;
+  InMemoryStore shared{&clock};  // its keys' ages on the coordinator's clock
   std::unique_ptr<Store> coordinator_store = shared.NewClient();
   RendezvousCoordinator coordinator{coordinator_store.get(), &clock};
   std::vector<std::unique_ptr<Store>> stores;

@@ -248,8 +248,8 @@ class RestartAllTest : public ::testing::TestWithParam<Layout> {
                        [&](const auto& s) { return s.worker == worker && s.signal == SIGKILL; });
   }
 
-  InMemoryStore store_;
   ManualClock clock_{absl::UnixEpoch()};
+  InMemoryStore store_{&clock_};  // its keys' ages by the same clock
   std::unique_ptr<RendezvousCoordinator> rendezvous_;
   std::vector<std::unique_ptr<InMemoryStore>> round_stores_;
   std::unique_ptr<RendezvousCoordinator> round_rendezvous_;

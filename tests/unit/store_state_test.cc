@@ -311,5 +311,53 @@ TEST_F(StoreStateTest, AParkedWaitAndReadWhoseValuesExceedTheFrameLimitIsResourc
   EXPECT_THAT(done[0].response.message(), HasSubstr("exceeds the frame limit of 1024 bytes"));
 }
 
+// A MultiGet with_ages answers, per key, the time from the request that last wrote it to the
+// read's own instant, on the server's clock (the instants Execute is given).
+TEST_F(StoreStateTest, AMultiGetWithAgesAnswersTheTimeSinceEachKeysLastWrite) {
+  auto execute = [&](proto::StoreRequest request, absl::Time now) {
+    request.set_request_id(next_id_++);
+    return *state_.Execute(kSession, kJob, request, now);
+  };
+  proto::StoreRequest set;
+  set.mutable_set()->set_key("hb/a");
+  set.mutable_set()->set_value("1");
+  execute(set, kStart);
+  proto::StoreRequest add;
+  add.mutable_add()->set_key("hb/b");
+  add.mutable_add()->set_delta(1);
+  execute(add, kStart + absl::Seconds(1));
+  // A swap that does not happen writes nothing.
+  proto::StoreRequest cas;
+  cas.mutable_compare_and_set()->set_key("hb/a");
+  cas.mutable_compare_and_set()->set_expected_present(true);
+  cas.mutable_compare_and_set()->set_expected("other");
+  cas.mutable_compare_and_set()->set_desired("x");
+  EXPECT_FALSE(execute(cas, kStart + absl::Seconds(2)).flag());
+  proto::StoreRequest read;
+  for (const char* key : {"hb/a", "hb/b", "hb/none"}) read.mutable_multi_get()->add_keys(key);
+  read.mutable_multi_get()->set_with_ages(true);
+  proto::StoreResponse aged = execute(read, kStart + absl::Milliseconds(2500));
+  ASSERT_EQ(aged.code(), 0) << aged.message();
+  ASSERT_THAT(aged.values(), SizeIs(3));
+  EXPECT_EQ(aged.values(0).value(), "1");
+  EXPECT_FALSE(aged.values(2).present());
+  EXPECT_THAT(aged.ages_ns(), ::testing::ElementsAre(2'500'000'000, 1'500'000'000, 0));
+
+  // A batch's write and a rewrite count; a Delete forgets the key; a plain MultiGet has no ages.
+  proto::StoreRequest batch;
+  proto::BatchWriteOp* write = batch.mutable_write_batch()->add_writes();
+  write->mutable_set()->set_key("hb/b");
+  write->mutable_set()->set_value("1");
+  execute(batch, kStart + absl::Seconds(3));
+  proto::StoreRequest del;
+  del.mutable_delete_key()->set_key("hb/a");
+  execute(del, kStart + absl::Seconds(3));
+  execute(set, kStart + absl::Seconds(4));  // hb/a again
+  aged = execute(read, kStart + absl::Seconds(5));
+  EXPECT_THAT(aged.ages_ns(), ::testing::ElementsAre(1'000'000'000, 2'000'000'000, 0));
+  read.mutable_multi_get()->set_with_ages(false);
+  EXPECT_THAT(execute(read, kStart + absl::Seconds(5)).ages_ns(), IsEmpty());
+}
+
 }  // namespace
 }  // namespace trainguard
