@@ -71,12 +71,15 @@
 //  - hang: rank R/2 + 3 stops in its collective (its ring shows the all_reduce not entered, the
 //    others' show it entered: bench/hang_dumps.h, --hang_records records each, this process's
 //    stacks); rank 0 declares the hang through the store (the hang key, its dump, its abort after
-//    hang_dump_wait_ms), every member sees the key and writes its real dump and digest into the
-//    run dir (/dev/shm, removed after the size); the HangCoordinator names the suspects and has
-//    them killed through their agents, and a standby takes the rank. The arbiter diagnoses with the
-//    dumps in after --hang_dump_grace_ms (its 3 s): this machine writes 16,384 ranks' dumps in
-//    several seconds, where each rank writes its own in milliseconds. Figures: the declaration to
-//    the suspects named, to the last dump written, to every live member in the new generation.
+//    hang_dump_wait_ms), every member sees the key, reads the declaration and puts its real dump
+//    and digest into the run dir (/dev/shm, removed after the size); the HangCoordinator names
+//    the suspects and has them killed through their agents, and a standby takes the rank. Each
+//    rank's dump is written (staged) before the declaration, and its member renames it into the
+//    run dir when it sees the key: each rank of a real job writes its own in milliseconds on its
+//    own host, where this machine's two cores would take seconds beside the server for 16,384,
+//    past the arbiter's --hang_dump_grace_ms (its 3 s), after which it diagnoses with the dumps
+//    in. Figures: the declaration to the suspects named, to the last dump published, to every
+//    live member in the new generation.
 //    Correct when the one suspect is the stopped rank, every rank dumped, and the check passes.
 //  - slow: as `trainguard run --fail-slow` (evict; --fail_slow=alert only names): every rank
 //    writes its work record once a second (health/rank/<rank>: steps of 7 ms of compute and 3 ms
@@ -129,7 +132,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <semaphore>
 #include <set>
 #include <string>
 #include <thread>
@@ -210,7 +212,7 @@ struct Flags {
   int hang_records = 1024;
   // How long the hang's arbiter waits for the ranks' dumps before it diagnoses with those in
   // (HangArbiterOptions::dump_grace, 3 s). A rank writes its own in milliseconds; the simulator
-  // writes every rank's on this machine's cores, 16,384 of them in several seconds.
+  // stages every rank's before the declaration (HangScenario).
   absl::Duration hang_dump_grace = HangArbiterOptions{}.dump_grace;
   // What the fail-slow coordinator does with the slow host it names (--fail-slow).
   FailSlowPolicy fail_slow = FailSlowPolicy::kEvict;
@@ -254,23 +256,36 @@ using StoreConnector = std::function<absl::StatusOr<std::unique_ptr<Store>>()>;
 // the first coordinator's holds the default cap's.
 constexpr int kAgentStoreConnections = 1;
 
-// The hang fault's shared state: what each member dumps when it sees the hang key (as a rank's
-// HangResponder: its ring, this process's stacks), where, and how many did.
+// The hang fault's shared state: each rank's dump, staged before the declaration (StageHangDumps),
+// which its member publishes into the run dir when it sees the hang key (as a rank's
+// HangResponder writes its own), and how many did.
+//
+// Staged, because this machine's two cores are not the job's 2,048 hosts: each rank of a real job
+// writes its dump on its own host in milliseconds, while the simulator writing 16,384 of them at
+// the declaration takes seconds of both cores beside the server, past the arbiter's dump grace.
+// A member publishes its dump by renaming the staged dump, then its digest, into the run dir (two
+// system calls, no descriptor held), so the diagnosis sees each dump appear as it would.
 struct HangScenario {
   std::string dump_dir;                 // <run dir>/flight_recorder, as the launcher's
+  std::string staged_dir;               // <run dir>/staged_dumps: each rank's, before the hang
   FlightRecorderContents waiting_ring;  // a rank waiting in the hung all_reduce
   FlightRecorderContents culprit_ring;  // the rank that never entered it
   bench::Stacks stacks;
   std::atomic<int> culprit{-1};  // the rank that stopped progressing
-  std::atomic<int> dumps{0};     // dumps written (and failed) since the declaration
+  // Each rank's staged dump's path (its digest beside it: HangDumpDigestPath) and the reason it
+  // holds; written by StageHangDumps before the declaration, read by the members after it (the
+  // store orders the two, which TSan does not see: hence the mutex).
+  struct Staged {
+    std::string path;
+    std::string reason;
+  };
+  Mutex staged_mu;
+  std::vector<Staged> staged ABSL_GUARDED_BY(staged_mu);
+  std::atomic<int> dumps{0};  // dumps published (and failed) since the declaration
   std::atomic<int> dump_errors{0};
-  std::atomic<int64_t> last_dump_ns{0};  // when the latest dump was written (Unix ns)
-  // The members writing a dump at once: each holds a few files open while it writes, and 16,384
-  // of them at once would pass this process's descriptors (a rank's are its own process's). A
-  // semaphore wakes one waiter per release (a condition variable's broadcast would wake all
-  // 16,384 at every one).
-  static constexpr int kMaxWriters = 64;
-  std::counting_semaphore<kMaxWriters> writers{kMaxWriters};
+  std::atomic<int64_t> last_dump_ns{0};  // when the latest dump was published (Unix ns)
+  Mutex first_error_mu;
+  std::string first_error ABSL_GUARDED_BY(first_error_mu);  // of dump_errors
 };
 
 // What the hang and slow-host faults change in every member (Sim::faults).
@@ -428,16 +443,39 @@ class SimMember {
     return seen->superseded;
   }
 
-  // This rank's dump of `generation`'s hang, as the Runtime writes it (bench/hang_dumps.h).
+  // This rank's dump of `generation`'s hang, as the Runtime writes it (bench/hang_dumps.h),
+  // staged before the declaration (HangScenario): published now into the run dir, the dump
+  // first, then its digest, as WriteHangDump writes them. An error when none was staged for this
+  // rank, or for another reason than the one it declares or read.
   void WriteHangDump(int64_t generation, int rank, const std::string& reason) {
     HangScenario& hang = *faults_->hang;
-    const bool culprit = rank == hang.culprit.load();
-    const bool gated = hang.writers.try_acquire_for(absl::ToChronoSeconds(kStoreTimeout));
-    const absl::StatusOr<std::string> path = bench::WriteRankHangDump(
-        culprit ? hang.culprit_ring : hang.waiting_ring, bench::kScaleJob, hang.stacks, rank,
-        culprit, reason, generation, hang.dump_dir, /*digest=*/true);
-    if (gated) hang.writers.release();
-    if (!path.ok()) ++hang.dump_errors;
+    HangScenario::Staged staged;
+    {
+      MutexLock lock(&hang.staged_mu);
+      if (rank >= 0 && rank < static_cast<int>(hang.staged.size())) staged = hang.staged[rank];
+    }
+    absl::Status published;
+    if (staged.path.empty()) {
+      published = absl::NotFoundError(absl::StrCat("no dump staged for rank ", rank));
+    } else if (staged.reason != reason) {
+      published = absl::FailedPreconditionError(
+          absl::StrCat("rank ", rank, " dumps '", reason, "' of generation ", generation,
+                       ", its staged dump says '", staged.reason, "'"));
+    } else {
+      const std::string& path = staged.path;
+      const std::string name = std::filesystem::path(path).filename().string();
+      const std::string to = absl::StrCat(hang.dump_dir, "/", name);
+      published = Env::Default()->RenameFile(path, to);
+      if (published.ok()) {
+        published = Env::Default()->RenameFile(HangDumpDigestPath(path), HangDumpDigestPath(to));
+      }
+    }
+    if (!published.ok()) {
+      if (hang.dump_errors++ == 0) {
+        MutexLock lock(&hang.first_error_mu);
+        hang.first_error = published.ToString();
+      }
+    }
     ++hang.dumps;
     const int64_t now = absl::ToUnixNanos(absl::Now());
     int64_t last = hang.last_dump_ns.load();
@@ -1527,7 +1565,10 @@ absl::StatusOr<std::unique_ptr<HangScenario>> PrepareHang(const Flags& flags,
                                                           const std::string& run_dir) {
   auto hang = std::make_unique<HangScenario>();
   hang->dump_dir = absl::StrCat(run_dir, "/flight_recorder");
-  if (absl::Status made = Env::Default()->CreateDirs(hang->dump_dir); !made.ok()) return made;
+  hang->staged_dir = absl::StrCat(run_dir, "/staged_dumps");
+  for (const std::string& dir : {hang->dump_dir, hang->staged_dir}) {
+    if (absl::Status made = Env::Default()->CreateDirs(dir); !made.ok()) return made;
+  }
   const std::string job = absl::StrCat("simulate-hang-", getpid());
   absl::StatusOr<FlightRecorderContents> waiting =
       bench::RealRing(job, 0, flags.hang_records, /*enters=*/true);
@@ -1543,6 +1584,51 @@ absl::StatusOr<std::unique_ptr<HangScenario>> PrepareHang(const Flags& flags,
   if (!stacks.ok()) return stacks.status();
   hang->stacks = *std::move(stacks);
   return hang;
+}
+
+// Writes every rank's dump of `generation`'s hang into the staged dir (HangScenario), each with the
+// reason its rank will give: the declaring rank's own report, the others' the declaration they
+// read. On kStagingThreads threads, joined before it returns. Returns the bytes staged.
+constexpr int kStagingThreads = 2;
+absl::StatusOr<int64_t> StageHangDumps(HangScenario& hang, int ranks, int64_t generation,
+                                       int culprit_rank, int declarer_rank,
+                                       const std::string& report) {
+  const std::string declaration = store_keys::EncodeHangDeclaration({declarer_rank, report});
+  std::vector<HangScenario::Staged> staged_dumps(ranks);
+  std::atomic<int> next{0};
+  std::atomic<int64_t> bytes{0};
+  Mutex error_mu;
+  absl::Status error;
+  auto stage = [&] {
+    for (int r = next++; r < ranks; r = next++) {
+      HangScenario::Staged& staged = staged_dumps[r];
+      staged.reason = r == declarer_rank ? absl::StrCat("hang: ", report)
+                                         : absl::StrCat("a peer declared a hang: ", declaration);
+      const bool culprit = r == culprit_rank;
+      absl::StatusOr<std::string> path = bench::WriteRankHangDump(
+          culprit ? hang.culprit_ring : hang.waiting_ring, bench::kScaleJob, hang.stacks, r,
+          culprit, staged.reason, generation, hang.staged_dir, /*digest=*/true);
+      absl::StatusOr<uint64_t> size =
+          path.ok() ? Env::Default()->GetFileSize(*path) : absl::StatusOr<uint64_t>(path.status());
+      if (!size.ok()) {
+        MutexLock lock(&error_mu);
+        if (error.ok()) error = size.status();
+        continue;
+      }
+      staged.path = *std::move(path);
+      bytes += static_cast<int64_t>(*size);
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kStagingThreads; ++t) threads.emplace_back(stage);
+  for (std::thread& t : threads) t.join();
+  {
+    MutexLock lock(&error_mu);
+    if (!error.ok()) return error;
+  }
+  MutexLock lock(&hang.staged_mu);
+  hang.staged = std::move(staged_dumps);
+  return bytes.load();
 }
 
 // What the hang and slow-host faults need of their size (MeasureSize's).
@@ -1598,10 +1684,21 @@ bool RunHangFault(FaultContext& c) {
     sim.hang_named.clear();
   }
   const std::string what = absl::StrFormat("a hang of rank %d (%s)", culprit_rank, culprit->id());
-  const absl::StatusOr<absl::Time> declared = declarer->DeclareHang(
-      generation, absl::StrFormat("hang (collective) at step 587: all_reduce #2348 (comm 1) ran "
-                                  "60s, bound 60s; rank %d never entered it",
-                                  culprit_rank));
+  const std::string report = absl::StrFormat(
+      "hang (collective) at step 587: all_reduce #2348 (comm 1) ran 60s, bound 60s; rank %d never "
+      "entered it",
+      culprit_rank);
+  const absl::Time staging = absl::Now();
+  const absl::StatusOr<int64_t> staged =
+      StageHangDumps(hang, sim.ranks, generation, culprit_rank, declarer_rank, report);
+  if (!staged.ok()) {
+    std::printf("  %s: staging the ranks' dumps: %s\n", what.c_str(),
+                staged.status().ToString().c_str());
+    return false;
+  }
+  std::printf("  %s: every rank's dump staged before its declaration (%.1f MB in %.2f s)\n",
+              what.c_str(), *staged / 1e6, Seconds(absl::Now() - staging));
+  const absl::StatusOr<absl::Time> declared = declarer->DeclareHang(generation, report);
   if (!declared.ok()) {
     std::printf("  %s: declaring it: %s\n", what.c_str(), declared.status().ToString().c_str());
     return false;
@@ -1642,7 +1739,7 @@ bool RunHangFault(FaultContext& c) {
   // dump is missing is among the suspects.
   const int dumps_at_naming = hang.dumps.load();
   c.figure("hang_dumps_at_naming", dumps_at_naming, "1");
-  std::printf("  %s: %d dumps written by the suspects' naming (the arbiter waits %s for them)\n",
+  std::printf("  %s: %d dumps published by the suspects' naming (the arbiter waits %s for them)\n",
               what.c_str(), dumps_at_naming, absl::FormatDuration(c.flags.hang_dump_grace).c_str());
   // Too many suspects are replaced by no one: nothing to wait for.
   std::optional<Adoption> adopted =
@@ -1654,12 +1751,19 @@ bool RunHangFault(FaultContext& c) {
     c.figure("hang_last_dump_s", Seconds(absl::FromUnixNanos(hang.last_dump_ns.load()) - *declared),
              "s");
   }
-  std::printf("  %s: %d ranks' dumps written (%d failed), the last %.3f s after the declaration\n",
-              what.c_str(), dumps, hang.dump_errors.load(),
-              Seconds(absl::FromUnixNanos(hang.last_dump_ns.load()) - *declared));
+  std::printf(
+      "  %s: %d ranks' dumps published (%d failed), the last %.3f s after the declaration\n",
+      what.c_str(), dumps, hang.dump_errors.load(),
+      Seconds(absl::FromUnixNanos(hang.last_dump_ns.load()) - *declared));
   if (dumps != sim.ranks || hang.dump_errors.load() != 0) {
-    std::printf("  wrong after %s: %d dumps of %d ranks written, %d failed\n", what.c_str(), dumps,
-                sim.ranks, hang.dump_errors.load());
+    std::string first_error;
+    {
+      MutexLock lock(&hang.first_error_mu);
+      first_error = hang.first_error;
+    }
+    std::printf("  wrong after %s: %d dumps of %d ranks written, %d failed%s%s\n", what.c_str(),
+                dumps, sim.ranks, hang.dump_errors.load(), first_error.empty() ? "" : ": ",
+                first_error.c_str());
     ok = false;
   }
   if (!adopted.has_value()) {

@@ -171,7 +171,9 @@ class TcpStore::Connection {
     int attempts = 0;
     absl::Status last_failure;
     while (true) {
-      if (fd_ >= 0 && !IdleConnectionIsAlive()) CloseLocked();
+      if (fd_ >= 0 && !(abandoned_ > 0 ? AwaitedConnectionIsOpen() : IdleConnectionIsAlive())) {
+        CloseLocked();
+      }
       if (attempts > 0 && !Backoff(&backoff, deadline)) {
         return GaveUp(last_failure, attempts, timeout, what);
       }
@@ -211,7 +213,15 @@ class TcpStore::Connection {
         if (response.ok()) return response;
         failure = response.status();
       }
-      CloseLocked();
+      // An answer that is late, not lost (a busy server), is read and dropped by the next call
+      // rather than the connection closed: thousands of clients reconnecting whenever the server
+      // falls behind would bury it under connections. Only one: a connection whose next call is
+      // late again is closed.
+      if (sent && absl::IsDeadlineExceeded(failure) && abandoned_ == 0) {
+        abandoned_ = 1;
+      } else {
+        CloseLocked();
+      }
       if (absl::IsDeadlineExceeded(failure)) {
         return absl::DeadlineExceededError(
             absl::StrCat(what, " on store server ", address_, ": no answer within ",
@@ -250,6 +260,15 @@ class TcpStore::Connection {
     if (fd_ >= 0) close(fd_);
     fd_ = -1;
     decoder_.Clear();
+    abandoned_ = 0;
+  }
+
+  // A connection that owes a late answer (abandoned_) may have bytes to read: only its end of
+  // stream or an error says it was closed.
+  bool AwaitedConnectionIsOpen() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    char byte;
+    const ssize_t n = recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
   }
 
   // The server never speaks unasked, so a connection with something to read while idle has been
@@ -435,6 +454,13 @@ class TcpStore::Connection {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     absl::StatusOr<proto::ServerMessage> message = ReadMessage(deadline, busy_poll);
     if (!message.ok()) return message.status();
+    // The late answer of the call before, which gave up on it: dropped.
+    while (abandoned_ > 0 && message->has_response() && message->response().request_id() != 0 &&
+           message->response().request_id() < id) {
+      --abandoned_;
+      message = ReadMessage(deadline, busy_poll);
+      if (!message.ok()) return message.status();
+    }
     if (!message->has_response()) {
       return absl::InternalError(absl::StrCat("store server ", address_, " answered ", what,
                                               " with a message that is not a response"));
@@ -529,6 +555,9 @@ class TcpStore::Connection {
   store_wire::FrameDecoder decoder_ ABSL_GUARDED_BY(mu_);
   std::vector<char> read_buffer_ ABSL_GUARDED_BY(mu_);
   uint64_t next_request_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // The requests sent on fd_ whose calls gave up before their answers came (0 or 1): their
+  // answers, still to come, are dropped by the next call's read.
+  int abandoned_ ABSL_GUARDED_BY(mu_) = 0;
   // Until the server says otherwise in its challenge.
   uint32_t server_max_frame_bytes_ ABSL_GUARDED_BY(mu_) = 64u << 20;
   BusyPoll busy_poll_ ABSL_GUARDED_BY(mu_);

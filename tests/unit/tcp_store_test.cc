@@ -28,6 +28,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sdk/core/mutex.h"
 #include "sdk/proto/store.pb.h"
 #include "sdk/rendezvous/store_auth.h"
 #include "sdk/rendezvous/store_frame.h"
@@ -650,22 +651,28 @@ TEST(TcpStoreServerTest, DestroyingTheServerDoesNotWaitForParkedWaits) {
   EXPECT_THAT(std::string(waited.message()), HasSubstr(address));
 }
 
+// A listening socket on loopback, for the test servers below: its descriptor, and its port in
+// `port`.
+int ListenOnLoopback(int* port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 16) != 0) {
+    std::abort();
+  }
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  *port = ntohs(addr.sin_port);
+  return fd;
+}
+
 // A server that authenticates clients and then drops every connection as soon as a request
 // arrives, without answering: the outcome of that request is unknown to the client.
 class RequestSwallowingServer {
  public:
   RequestSwallowingServer() : state_(1 << 20) {
-    listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-        listen(listen_fd_, 16) != 0) {
-      std::abort();
-    }
-    socklen_t len = sizeof(addr);
-    getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-    port_ = ntohs(addr.sin_port);
+    listen_fd_ = ListenOnLoopback(&port_);
     auth_.default_token = kToken;
     thread_ = std::thread([this] { Serve(); });
   }
@@ -726,6 +733,87 @@ TEST(TcpStoreClientTest, AnAddWhoseConnectionIsLostAfterSendingReportsTheOutcome
   auto swapped = client->CompareAndSet("leader", std::nullopt, "me", kTimeout);
   EXPECT_TRUE(absl::IsUnavailable(swapped.status())) << swapped.status();
   EXPECT_THAT(std::string(swapped.status().message()), HasSubstr("outcome unknown"));
+}
+
+// A server that holds its answer to the first request after authentication until Release, then
+// sends it and answers every later request at once; it counts the connections it accepted.
+class LateAnsweringServer {
+ public:
+  LateAnsweringServer() : state_(1 << 20) {
+    listen_fd_ = ListenOnLoopback(&port_);
+    auth_.default_token = kToken;
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~LateAnsweringServer() {
+    Release();
+    stop_.store(true);
+    shutdown(listen_fd_, SHUT_RDWR);  // wakes accept()
+    thread_.join();
+    close(listen_fd_);
+  }
+  int port() const { return port_; }
+  int connections() const { return connections_.load(); }
+  void Release() { release_.Notify(); }
+  // Whether the held answer was sent within `timeout`.
+  bool LateAnswerSent(absl::Duration timeout) {
+    return late_sent_.WaitForNotificationWithTimeout(timeout);
+  }
+
+ private:
+  void Serve() {
+    uint64_t id = 1;
+    bool held = false;
+    while (!stop_.load()) {
+      const int fd = accept(listen_fd_, nullptr, nullptr);
+      if (fd < 0) return;
+      ++connections_;
+      timeval tv{.tv_sec = 5, .tv_usec = 0};
+      setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+      StoreSession session(id++, "test-client", &auth_, &state_, 1 << 20);
+      char buf[4096];
+      std::string out;
+      while (!stop_.load()) {
+        const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+        if (n <= 0) break;
+        const bool request = session.authenticated();
+        out.clear();
+        session.OnBytes(std::string_view(buf, n), absl::Now(), &out);
+        if (request && !held) {
+          held = true;
+          (void)release_.WaitForNotificationWithTimeout(absl::Seconds(30));
+        }
+        if (send(fd, out.data(), out.size(), MSG_NOSIGNAL) < 0) break;
+        if (held && !late_sent_.HasBeenNotified()) late_sent_.Notify();
+      }
+      close(fd);
+    }
+  }
+
+  StoreAuthPolicy auth_;
+  StoreState state_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> connections_{0};
+  Notification release_;
+  Notification late_sent_;
+  std::thread thread_;
+};
+
+TEST(TcpStoreClientTest, ALateAnswerIsDroppedByTheNextCallOnTheSameConnection) {
+  LateAnsweringServer server;
+  auto client = ConnectClient(server.port());
+  // The first request's answer is held past its call's timeout.
+  absl::StatusOr<std::string> late = client->Get("k", absl::Milliseconds(200));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(late.status())) << late.status();
+  server.Release();
+  ASSERT_TRUE(server.LateAnswerSent(kTimeout));
+  // The next calls read past the late answer to their own, on the connection they had.
+  ASSERT_TRUE(client->Set("k", "after", kTimeout).ok());
+  absl::StatusOr<std::string> got = client->Get("k", kTimeout);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "after");
+  EXPECT_EQ(server.connections(), 1) << "a late answer does not cost a reconnection";
 }
 
 TEST(TcpStoreClientTest, AnIdempotentRequestIsRetriedUntilItsTimeout) {
