@@ -526,7 +526,11 @@ TYPED_TEST_P(StoreConformance, MultiGetWithAgesSaysHowLongAgoEachKeyWasLastWritt
   absl::StatusOr<std::vector<std::optional<Store::AgedValue>>> aged =
       other->MultiGetWithAges({"aged/set", "aged/absent", "aged/added"}, kStoreTimeout);
   const int64_t after_read = clock->MonotonicNanos();
-  if (absl::IsUnimplemented(aged.status())) GTEST_SKIP() << aged.status();
+  // A store that keeps no write instants (etcd) says so; its callers then watch values change.
+  if (absl::IsUnimplemented(aged.status())) {
+    EXPECT_THAT(std::string(aged.status().message()), ::testing::HasSubstr("when its keys"));
+    return;
+  }
   ASSERT_TRUE(aged.ok()) << aged.status();
   ASSERT_EQ(aged->size(), 3u);
   ASSERT_TRUE((*aged)[0].has_value());

@@ -769,6 +769,53 @@ TEST(RendezvousLiveness, AReplacedRankIsJudgedByItsNewHoldersHeartbeat) {
   EXPECT_THAT(stale(), ElementsAre(1));  // its new holder stood still for the timeout
 }
 
+// On a store that keeps no write instants (etcd: MultiGetWithAges is Unimplemented) every rank's
+// value is read at every call and a rank's silence counts from the read that saw it change: the
+// same verdicts, a request per call.
+TEST(RendezvousLiveness, WithoutTheStoresAgesARankIsJudgedByItsValueReadAtEveryCall) {
+  ManualClock clock;
+  InMemoryStore shared{&clock};
+  std::unique_ptr<Store> client = shared.NewClient();
+  struct NoAges final : testing::ForwardingStore {
+    using ForwardingStore::ForwardingStore;
+    int multi_gets = 0;
+    absl::StatusOr<std::vector<std::optional<AgedValue>>> MultiGetWithAges(
+        const std::vector<std::string>&, absl::Duration) override {
+      return absl::UnimplementedError("this store does not say when its keys were written");
+    }
+    absl::StatusOr<std::vector<std::optional<std::string>>> MultiGet(
+        const std::vector<std::string>& keys, absl::Duration timeout) override {
+      ++multi_gets;
+      return ForwardingStore::MultiGet(keys, timeout);
+    }
+  } store(client.get());
+  RendezvousCoordinator coordinator(&store, &clock);
+  std::vector<std::unique_ptr<Store>> stores;
+  std::vector<std::unique_ptr<RendezvousMember>> members;
+  std::vector<std::thread> joins;
+  for (int r = 0; r < 2; ++r) {
+    stores.push_back(shared.NewClient());
+    members.push_back(std::make_unique<RendezvousMember>(
+        stores.back().get(), absl::StrCat("host:rank", r), absl::Hours(1)));
+  }
+  for (int r = 0; r < 2; ++r) {
+    joins.emplace_back([&, r] { ASSERT_TRUE(members[r]->JoinInitial(r, 2, kTimeout).ok()); });
+  }
+  ASSERT_TRUE(coordinator.FormInitialGeneration(2, kTimeout).ok());
+  for (std::thread& t : joins) t.join();
+  auto stale = [&] { return *coordinator.RanksWithStaleHeartbeats(absl::Seconds(1), kTimeout); };
+
+  const int before = store.multi_gets;
+  EXPECT_THAT(stale(), IsEmpty());  // the first look starts every member's clock
+  EXPECT_THAT(stale(), IsEmpty());  // read again at once: no ages to skip it by
+  EXPECT_EQ(store.multi_gets, before + 2);
+  clock.Advance(absl::Milliseconds(999));
+  ASSERT_TRUE(members[0]->Beat(kTimeout).ok());
+  EXPECT_THAT(stale(), IsEmpty());
+  clock.Advance(absl::Milliseconds(1));
+  EXPECT_THAT(stale(), ElementsAre(1));  // its value stood still for 1 s of the coordinator's reads
+}
+
 // A member destroyed (its Runtime closed: the process is exiting) is marked "left" and has
 // max(10 x timeout, kLeftGrace) to exit before it counts as stale, not the heartbeat timeout.
 TEST(RendezvousLiveness, AMemberThatLeftIsGivenTheExitGraceNotTheHeartbeatTimeout) {
