@@ -782,17 +782,22 @@ absl::StatusOr<std::vector<int>> RendezvousCoordinator::RanksWithStaleHeartbeats
       built->reserve(current_.members.size());
       for (const std::string& member : current_.members) built->push_back(HeartbeatKey(member));
       heartbeat_keys_ = std::move(built);
-      beats_.assign(current_.members.size(), Beat{});
+      // From now: no rank is read before a quarter of its timeout has passed (with ages), so the
+      // members taking their places are not met by a read of every rank's heartbeat.
+      beats_.assign(current_.members.size(), Beat{"", clock_->MonotonicNanos()});
       beats_generation_ = current_.generation;
     }
     generation = beats_generation_;
     keys = heartbeat_keys_;
-    by_age = !ages_unsupported_;
+    by_age = ages_supported_ != false;
     if (by_age) {
       const int64_t now_ns = clock_->MonotonicNanos();
       const int64_t recheck_ns = absl::ToInt64Nanoseconds(timeout / 4);
       for (size_t r = 0; r < beats_.size(); ++r) {
-        if (beats_[r].since_ns < 0 || now_ns - beats_[r].since_ns >= recheck_ns) due.push_back(r);
+        // Until the store has answered with ages once, every rank: the first call tells.
+        if (!ages_supported_.has_value() || now_ns - beats_[r].since_ns >= recheck_ns) {
+          due.push_back(r);
+        }
       }
       if (due.empty()) return std::vector<int>();
     }
@@ -806,7 +811,7 @@ absl::StatusOr<std::vector<int>> RendezvousCoordinator::RanksWithStaleHeartbeats
     if (aged.ok()) return JudgeAgedBeats(generation, due, *aged, timeout);
     if (!absl::IsUnimplemented(aged.status())) return aged.status();
     MutexLock lock(&mu_);
-    ages_unsupported_ = true;  // this store keeps no write instants: every value, every call
+    ages_supported_ = false;  // this store keeps no write instants: every value, every call
   }
   absl::StatusOr<std::vector<std::optional<std::string>>> values =
       store_->MultiGet(*keys, store_timeout);
@@ -820,7 +825,7 @@ absl::StatusOr<std::vector<int>> RendezvousCoordinator::RanksWithStaleHeartbeats
     const std::string_view value =
         (*values)[r].has_value() ? std::string_view(*(*values)[r]) : std::string_view();
     Beat& beat = beats_[r];
-    if (beat.since_ns < 0 || beat.value != value) beat = Beat{std::string(value), now_ns};
+    if (!beat.read || beat.value != value) beat = Beat{std::string(value), now_ns, true};
     if (absl::Nanoseconds(now_ns - beat.since_ns) >= AllowedSilence(value, timeout)) {
       stale.push_back(static_cast<int>(r));
     }
@@ -836,19 +841,18 @@ std::vector<int> RendezvousCoordinator::JudgeAgedBeats(
   const int64_t read_ns = clock_->MonotonicNanos();
   std::vector<int> stale;
   MutexLock lock(&mu_);
+  ages_supported_ = true;
   if (beats_generation_ != generation) return stale;
   for (size_t i = 0; i < ranks.size() && i < aged.size(); ++i) {
     Beat& beat = beats_[ranks[i]];
     const std::optional<Store::AgedValue>& read = aged[i];
-    // Read for the first time in this generation: a full timeout from this read, whatever its
-    // age. Else from its last write as the store dates it (a later answer's estimate of the same
-    // write, earlier by its shorter way back, never moves it back).
-    if (beat.since_ns < 0) {
-      beat.since_ns = read_ns;
-    } else if (read.has_value()) {
+    // From its last write as the store dates it, but not before the generation (a later answer's
+    // estimate of the same write, earlier by its shorter way back, never moves it back).
+    if (read.has_value()) {
       beat.since_ns = std::max(beat.since_ns, read_ns - absl::ToInt64Nanoseconds(read->age));
     }
     beat.value = read.has_value() ? read->value : std::string();
+    beat.read = true;
     if (absl::Nanoseconds(read_ns - beat.since_ns) >= AllowedSilence(beat.value, timeout)) {
       stale.push_back(static_cast<int>(ranks[i]));
     }

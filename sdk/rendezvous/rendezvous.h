@@ -340,8 +340,8 @@ class RendezvousCoordinator {
   absl::StatusOr<std::vector<std::string>> ParkedStandbys(absl::Duration timeout);
   // The ranks of the current generation whose heartbeat counter has not advanced for `timeout` of
   // this coordinator's time, measured from its last write (or its last change, on a store without
-  // ages) or from this coordinator's first read of it in the current generation (until a member
-  // adopts a new generation its beats are fenced out). A stopped or hung process stops beating:
+  // ages) or from this coordinator's first call in the current generation (until a member adopts
+  // a new generation its beats are fenced out). A stopped or hung process stops beating:
   // its heartbeat thread stops with it. A member that left (its Runtime closed: the process is
   // exiting) counts as stale only after max(10 x `timeout`, kLeftGrace). Call it periodically.
   // Where the store dates its writes (Store::MultiGetWithAges), a call reads only the ranks whose
@@ -375,20 +375,22 @@ class RendezvousCoordinator {
                                   absl::Duration timeout);
 
   // Per rank of generation beats_generation_: the last heartbeat value seen and since when it
-  // stands (clock_'s monotonic ns; -1: not read yet): when the store last wrote it, or when this
-  // coordinator first saw the value (without ages). By rank, not by member id: a generation's
-  // members do not change.
+  // stands (clock_'s monotonic ns): when the store last wrote it, or when this coordinator first
+  // saw the value (without ages), and not before this coordinator's first call in the generation.
+  // By rank, not by member id: a generation's members do not change.
   struct Beat {
     std::string value;
-    int64_t since_ns = -1;
+    int64_t since_ns = 0;
+    bool read = false;  // read in this generation yet
   };
   std::vector<Beat> beats_ ABSL_GUARDED_BY(mu_);
   int64_t beats_generation_ ABSL_GUARDED_BY(mu_) = -1;
   // The heartbeat keys of beats_generation_'s members, by rank: built once per generation and
   // shared with the read in flight, not built (O(world size) strings) at every read.
   std::shared_ptr<const std::vector<std::string>> heartbeat_keys_ ABSL_GUARDED_BY(mu_);
-  // The store answered MultiGetWithAges with Unimplemented (etcd): values from then on.
-  bool ages_unsupported_ ABSL_GUARDED_BY(mu_) = false;
+  // Whether the store answers MultiGetWithAges (false: Unimplemented, as etcd: values from then
+  // on); unknown until the first call.
+  std::optional<bool> ages_supported_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace trainguard

@@ -702,7 +702,8 @@ struct ManualClockJob {
   ManualClock clock;
   InMemoryStore shared{&clock};  // its keys' ages on the coordinator's clock
   std::unique_ptr<Store> coordinator_store = shared.NewClient();
-  RendezvousCoordinator coordinator{coordinator_store.get(), &clock};
+  testing::CountingStore counted{coordinator_store.get()};  // the coordinator's requests
+  RendezvousCoordinator coordinator{&counted, &clock};
   std::vector<std::unique_ptr<Store>> stores;
   std::vector<std::unique_ptr<RendezvousMember>> members;
 };
@@ -767,6 +768,44 @@ TEST(RendezvousLiveness, AReplacedRankIsJudgedByItsNewHoldersHeartbeat) {
   EXPECT_THAT(stale(), IsEmpty());
   clock.Advance(absl::Milliseconds(1));
   EXPECT_THAT(stale(), ElementsAre(1));  // its new holder stood still for the timeout
+}
+
+// With the store's ages a rank's heartbeat is read only once it is a quarter of the timeout old,
+// and a new generation is not met by a read of every rank: at 16,384 ranks the coordinator no
+// longer reads the whole job twice a second, nor while the members take their places.
+TEST(RendezvousLiveness, WithTheStoresAgesARankIsReadOnlyOnceItsBeatIsAQuarterOfTheTimeoutOld) {
+  ManualClockJob job;
+  ASSERT_NO_FATAL_FAILURE(job.FormGenerationZero());
+  testing::CountingStore& counted = job.counted;
+  counted.Reset();
+  RendezvousCoordinator& coordinator = job.coordinator;
+  auto stale = [&] { return *coordinator.RanksWithStaleHeartbeats(absl::Seconds(1), kTimeout); };
+  auto reads = [&] {
+    int64_t n = 0;
+    for (const auto& [what, count] : counted.counts()) n += count;
+    counted.Reset();
+    return n;
+  };
+  EXPECT_THAT(stale(), IsEmpty());  // the first call reads every rank: does the store have ages?
+  EXPECT_EQ(reads(), 1);
+  EXPECT_THAT(stale(), IsEmpty());
+  job.clock.Advance(absl::Milliseconds(249));
+  EXPECT_THAT(stale(), IsEmpty());
+  EXPECT_EQ(reads(), 0);  // nobody's beat is a quarter of the timeout old
+  job.clock.Advance(absl::Milliseconds(1));
+  EXPECT_THAT(stale(), IsEmpty());
+  EXPECT_EQ(reads(), 1);
+  ASSERT_TRUE(job.members[0]->Beat(kTimeout).ok());
+  job.clock.Advance(absl::Milliseconds(750));
+  EXPECT_THAT(stale(), ElementsAre(1, 2));  // 1 s since generation 0's writes; rank 0 beat
+  EXPECT_EQ(reads(), 1);
+  // A new generation: every rank's bound starts afresh, and nobody is read for a quarter of it.
+  ASSERT_TRUE(coordinator.RenewGeneration(kTimeout).ok());
+  counted.Reset();
+  EXPECT_THAT(stale(), IsEmpty());
+  job.clock.Advance(absl::Milliseconds(249));
+  EXPECT_THAT(stale(), IsEmpty());
+  EXPECT_EQ(reads(), 0);
 }
 
 // On a store that keeps no write instants (etcd: MultiGetWithAges is Unimplemented) every rank's
