@@ -456,13 +456,64 @@ TEST_F(SnapshotterTest, CorruptChunksInEveryVerifyingThreadsRangeNameTheFirstOfT
   ASSERT_NE(snapshotter, nullptr);
   ASSERT_TRUE(snapshotter->Begin(3).ok());
   ASSERT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
+  state.FillAll(4);  // the trainer went on: every chunk must come from the arena
   // In layer1.weight's last full chunk, then in layer0.weight's second chunk.
   ASSERT_NO_FATAL_FAILURE(FlipInLatestSlot({7 * kChunk + 100, 1 * kChunk + 5}, 0x01));
   absl::StatusOr<SnapshotInfo> restored = snapshotter->RestoreLatest(&registry);
   EXPECT_EQ(restored.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(restored.status().message(), HasSubstr("chunk 1 (payload offset 1048576"));
   EXPECT_THAT(restored.status().message(), HasSubstr("buffer \"layer0.weight\" offset 1048576"));
+  EXPECT_TRUE(state.Holds(4));
+}
+
+// A survivor rolling back to the snapshot it took: the chunks its buffers still hold (their bytes
+// hash to the snapshot's checksums) are left as they are, neither copied nor read from the arena
+// (a flipped byte in the arena's copy of one does not matter); the others are checked and copied.
+TEST_F(SnapshotterTest, ARestoreLeavesTheChunksTheBuffersStillHoldAndCopiesTheRest) {
+  TrainerState state;
+  state.FillAll(3);
+  StateRegistry registry = state.MakeRegistry();
+  std::unique_ptr<Snapshotter> snapshotter = MustCreate(&registry);
+  ASSERT_NE(snapshotter, nullptr);
+  ASSERT_TRUE(snapshotter->Begin(3).ok());
+  ASSERT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
+  state.Fill(1, 4);
+  state.Fill(2, 4);
+  // layer0.weight (chunks 0-2) is unchanged; its arena copy rots.
+  ASSERT_NO_FATAL_FAILURE(FlipInLatestSlot({1 * kChunk + 5}, 0x01));
+  absl::StatusOr<SnapshotInfo> restored = snapshotter->RestoreLatest(&registry);
+  ASSERT_TRUE(restored.ok()) << restored.status();
   EXPECT_TRUE(state.Holds(3));
+  EXPECT_EQ(restored->restored_bytes_held, 3 * kChunk);
+
+  // A changed chunk is still checked: rot in layer1.weight's copy fails the restore, and leaves
+  // the buffers as they were.
+  state.Fill(1, 5);
+  ASSERT_NO_FATAL_FAILURE(FlipInLatestSlot({4 * kChunk + 7}, 0x01));
+  restored = snapshotter->RestoreLatest(&registry);
+  EXPECT_EQ(restored.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(restored.status().message(), HasSubstr("buffer \"layer1.weight\" offset 1048576"));
+  EXPECT_EQ(state.FirstDifference(1, 5), -1);
+}
+
+// State that training rewrites costs the comparison two chunk hashes a buffer, not a pass: along
+// a buffer, once the chunks that differed outnumber those that matched by two, the rest of it is
+// copied without being compared (here layer1.weight's first two chunks differ; its last three,
+// unchanged, are copied all the same). One thread, so that one range walks the whole buffer.
+TEST_F(SnapshotterTest, ARestoreStopsComparingABufferWhoseChunksKeepDiffering) {
+  options_.copy_threads = 1;
+  TrainerState state;
+  state.FillAll(3);
+  StateRegistry registry = state.MakeRegistry();
+  std::unique_ptr<Snapshotter> snapshotter = MustCreate(&registry);
+  ASSERT_NE(snapshotter, nullptr);
+  ASSERT_TRUE(snapshotter->Begin(3).ok());
+  ASSERT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
+  for (size_t i = 0; i < 2 * kChunk; ++i) state.data(1)[i] ^= 0x5a;
+  absl::StatusOr<SnapshotInfo> restored = snapshotter->RestoreLatest(&registry);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_TRUE(state.Holds(3));
+  EXPECT_EQ(restored->restored_bytes_held, 3 * kChunk);  // layer0.weight's three chunks only
 }
 
 TEST_F(SnapshotterTest, RestoringIntoARegistryOfAnotherLayoutIsRefused) {
