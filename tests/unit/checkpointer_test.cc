@@ -433,6 +433,39 @@ TEST_F(CheckpointerTest, ACorruptShardOnOneRankMovesEveryRankToTheNextOlderStep)
   }
 }
 
+// While the ranks join the restore, ranks 0 and 2 copy step 20 (the newest committed in their
+// arenas) back ahead of the agreement; rank 1 lost its arena and its shard of step 20 is corrupt,
+// so the ranks agree on step 10, and 0 and 2 restore that over their early copy.
+TEST_F(CheckpointerTest, ACopyMadeAheadOfTheAgreementGivesWayToTheStepTheRanksAgreeOn) {
+  ASSERT_NO_FATAL_FAILURE(SaveAll(10));
+  ASSERT_NO_FATAL_FAILURE(SaveAll(20));
+  ranks_[1]->checkpointer.reset();
+  ASSERT_TRUE(Snapshotter::RemoveArena(job_, 1).ok());
+  absl::StatusOr<std::vector<ShardRecord>> shards = ListCommittedShards(nullptr, dir_.path());
+  ASSERT_TRUE(shards.ok());
+  for (const ShardRecord& s : *shards) {
+    if (s.step != 20 || s.rank != 1) continue;
+    std::fstream f(s.shard_path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(4096 + 5000);
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 0x40;
+    f.seekp(4096 + 5000);
+    f.write(&c, 1);
+  }
+  ASSERT_NO_FATAL_FAILURE(Start(1, 0));
+  for (int r = 0; r < kWorld; ++r) ranks_[r]->Fill(r, 99);
+
+  std::vector<absl::StatusOr<RestoreResult>> results = RestoreAll();
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
+    EXPECT_EQ(results[r]->step, 10) << "rank " << r;
+    EXPECT_EQ(results[r]->source, r == 1 ? "disk" : "arena") << "rank " << r;
+    EXPECT_FALSE(results[r]->copied_ahead) << "rank " << r;
+    EXPECT_TRUE(ranks_[r]->Holds(r, 10)) << "rank " << r;
+  }
+}
+
 TEST_F(CheckpointerTest, WithNothingCommittedRestoreIsNotFoundOnEveryRank) {
   std::vector<absl::StatusOr<RestoreResult>> results = RestoreAll();
   for (int r = 0; r < kWorld; ++r) {
@@ -565,6 +598,54 @@ TEST_F(CheckpointerPeerTest, AReplacementForALostHostRestoresFromItsHolderWithou
   results = RestoreAll();
   ASSERT_TRUE(results[0].ok()) << results[0].status();
   EXPECT_EQ(results[0]->source, "peer host host1");
+}
+
+// A commit that stalls (rank 0 saves nothing after step 10; ranks 1 and 2 save 15 and 20, never
+// committed) must not cost step 10 its backups: each push names the committed step it keeps, and
+// the holders overwrite the uncommitted backup instead. Rank 1's host is then lost, and with no
+// disk its replacement restores step 10 from rank 2's memory. Rank 0, which trained no further,
+// finds its buffers holding step 10 and copies nothing of them.
+TEST_F(CheckpointerPeerTest, WhileACommitStallsTheHoldersKeepTheCommittedStepsBackups) {
+  ASSERT_NO_FATAL_FAILURE(SaveAll(10));
+  for (int r = 0; r < kWorld; ++r) {
+    const absl::Time deadline = absl::Now() + kTimeout;
+    while (ranks_[r]->checkpointer->known_committed() != 10 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    ASSERT_EQ(ranks_[r]->checkpointer->known_committed(), 10) << "rank " << r;
+  }
+  for (int64_t s : {15, 20}) {
+    for (int r : {1, 2}) {
+      ranks_[r]->Fill(r, s);
+      ASSERT_TRUE(ranks_[r]->checkpointer->Save(s, /*persist=*/false).ok());
+    }
+    for (int r : {1, 2}) {
+      ASSERT_TRUE(ranks_[r]->checkpointer->WaitIdle(kTimeout).ok());
+      EXPECT_TRUE(ranks_[r]->outcomes.back().replicated) << "rank " << r << " step " << s;
+      EXPECT_FALSE(ranks_[r]->outcomes.back().committed) << "rank " << r << " step " << s;
+    }
+  }
+  ASSERT_NO_FATAL_FAILURE(LoseHost(1));
+  std::filesystem::remove_all(dir_.path());  // only memory can serve step 10
+  std::filesystem::create_directories(dir_.path());
+  ranks_[1]->Fill(1, -1);
+  ASSERT_NO_FATAL_FAILURE(Start(1, /*generation=*/1));
+  ranks_[0]->checkpointer->SetGeneration(1);
+  ranks_[2]->checkpointer->SetGeneration(1);
+  ranks_[2]->Fill(2, 99);
+  std::vector<absl::StatusOr<RestoreResult>> results = RestoreAll();
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
+    EXPECT_EQ(results[r]->step, 10) << "rank " << r;
+    EXPECT_EQ(results[r]->source, r == 1 ? "peer host host2" : "arena") << "rank " << r;
+    EXPECT_TRUE(ranks_[r]->Holds(r, 10)) << "rank " << r;
+  }
+  EXPECT_EQ(results[0]->bytes_held, 2 * 4096u);  // the weights' two whole chunks
+  EXPECT_EQ(results[2]->bytes_held, 0u);
+  // Both survivors copied step 10 back while rank 1 joined the restore, before the agreement.
+  EXPECT_TRUE(results[0]->copied_ahead);
+  EXPECT_TRUE(results[2]->copied_ahead);
+  EXPECT_FALSE(results[1]->copied_ahead);
 }
 
 TEST_F(CheckpointerPeerTest, ACorruptBackupIsNeverRestoredAndTheDiskServesInstead) {
