@@ -559,15 +559,17 @@ class Snapshotter::Impl {
     return static_cast<const char*>(buffer.data) + piece.buffer_offset;
   }
 
-  // Before a restore of `slot` into `registry`: which chunks the live buffers already hold (1:
-  // their bytes hash to the snapshot's checksum of the chunk, so the restore leaves them as they
-  // are and need not read, or verify, the arena's copy), and, with `verify`, that every other
+  // Before a restore of `slot` into `registry`, with `verify`: which chunks the live buffers
+  // already hold (1: their bytes hash to the snapshot's checksum of the chunk, so the restore
+  // leaves them as they are and need not read, or verify, the arena's copy), and that every other
   // chunk of the arena has its checksum (DataLoss naming the lowest corrupt one otherwise).
   // A survivor that rolls back to the snapshot it took before the fault finds most of a buffer
   // that training does not rewrite at every step (frozen weights, a sparsely updated embedding)
-  // unchanged. The comparison pays for itself: along a buffer, a thread stops comparing once the
-  // chunks that differed outnumber those that matched by two (state rewritten at every step costs
-  // two chunk hashes per buffer, not a pass).
+  // unchanged: one hash of its live bytes where the arena's would be hashed, and no copy. Without
+  // `verify` (a slot checked as it was installed) nothing is compared: a copy costs no more than
+  // the hash that could spare it. The comparison pays for itself: along a buffer, a thread stops
+  // comparing once the chunks that differed outnumber those that matched by two (state rewritten
+  // at every step costs two chunk hashes per buffer, not a pass).
   absl::StatusOr<std::vector<char>> CheckChunks(const StateRegistry& registry, SlotHeader* slot,
                                                 const char* payload, bool verify) const {
     const uint64_t chunk = slot->chunk_bytes;
@@ -583,7 +585,7 @@ class Snapshotter::Impl {
       int buffer = -1;
       int64_t matched = 0, differed = 0;
       for (uint64_t k = begin; k < end; ++k) {
-        const char* live = LiveChunk(registry, k, bytes_of(k));
+        const char* live = verify ? LiveChunk(registry, k, bytes_of(k)) : nullptr;
         if (live != nullptr) {
           const int b = plan_.chunks[k][0].buffer;
           if (b != buffer) {

@@ -83,8 +83,10 @@ class Snapshotter {
   // Verifies every chunk of the latest complete snapshot and copies it back into the registry's
   // buffers (and blobs), on up to copy_threads threads. A chunk of a host buffer whose live bytes
   // already hash to the snapshot's checksum is left as it is (neither copied nor read from the
-  // arena; SnapshotInfo::restored_bytes_held counts them). DataLoss naming buffer, offset, rank
-  // and step on a checksum mismatch; the buffers are then left as they were.
+  // arena; SnapshotInfo::restored_bytes_held counts them); not looked for by the restore that
+  // does not verify (see RestoreStep), where a copy costs no more than the comparison. DataLoss
+  // naming buffer, offset, rank and step on a checksum mismatch; the buffers are then left as they
+  // were.
   absl::StatusOr<SnapshotInfo> RestoreLatest(StateRegistry* registry);
   // The complete snapshots in the arena (at most two), newest first.
   std::vector<SnapshotInfo> CompleteSnapshots() const;

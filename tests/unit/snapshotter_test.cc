@@ -496,6 +496,30 @@ TEST_F(SnapshotterTest, ARestoreLeavesTheChunksTheBuffersStillHoldAndCopiesTheRe
   EXPECT_EQ(state.FirstDifference(1, 5), -1);
 }
 
+// The first restore of an installed slot (its chunks checked as they landed) copies without
+// comparing: the hash that could spare a copy costs as much as the copy. A later restore of it
+// verifies, and then compares.
+TEST_F(SnapshotterTest, TheFirstRestoreOfAnInstalledSnapshotCopiesWithoutComparing) {
+  TrainerState state;
+  state.FillAll(3);
+  StateRegistry registry = state.MakeRegistry();
+  std::unique_ptr<Snapshotter> snapshotter = MustCreate(&registry);
+  ASSERT_NE(snapshotter, nullptr);
+  ASSERT_TRUE(snapshotter->Begin(3).ok());
+  ASSERT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
+  absl::StatusOr<Snapshotter::View> view = snapshotter->ViewOf(3);
+  ASSERT_TRUE(view.ok()) << view.status();
+  const std::string payload(view->payload);
+  ASSERT_TRUE(snapshotter->Install(7, 3, payload, view->chunk_checksums).ok());
+  absl::StatusOr<SnapshotInfo> restored = snapshotter->RestoreStep(&registry, 7);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(restored->restored_bytes_held, 0u);
+  EXPECT_TRUE(state.Holds(3));
+  restored = snapshotter->RestoreStep(&registry, 7);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(restored->restored_bytes_held, 8 * kChunk);  // every chunk but the mixed last one
+}
+
 // State that training rewrites costs the comparison two chunk hashes a buffer, not a pass: along
 // a buffer, once the chunks that differed outnumber those that matched by two, the rest of it is
 // copied without being compared (here layer1.weight's first two chunks differ; its last three,
