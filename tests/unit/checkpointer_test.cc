@@ -173,6 +173,27 @@ class CheckpointerTest : public ::testing::Test {
     }
   }
 
+  // A commit that stalls: step 10 is committed and every rank learns it (the last voter at once,
+  // the others from the store); then rank 0 saves nothing more, and ranks 1 and 2 save 15 and 20
+  // in memory, neither ever committed.
+  void CommitTenThenStall() {
+    ASSERT_NO_FATAL_FAILURE(SaveAll(10));
+    for (int r = 0; r < kWorld; ++r) {
+      const absl::Time deadline = absl::Now() + kTimeout;
+      while (ranks_[r]->checkpointer->known_committed() != 10 && absl::Now() < deadline) {
+        absl::SleepFor(absl::Milliseconds(5));
+      }
+      ASSERT_EQ(ranks_[r]->checkpointer->known_committed(), 10) << "rank " << r;
+    }
+    for (int64_t s : {15, 20}) {
+      for (int r : {1, 2}) {
+        ranks_[r]->Fill(r, s);
+        ASSERT_TRUE(ranks_[r]->checkpointer->Save(s, /*persist=*/false).ok());
+      }
+      for (int r : {1, 2}) ASSERT_TRUE(ranks_[r]->checkpointer->WaitIdle(kTimeout).ok());
+    }
+  }
+
   // Every rank restores concurrently (the call is collective).
   std::vector<absl::StatusOr<RestoreResult>> RestoreAll() {
     std::vector<absl::StatusOr<RestoreResult>> results(kWorld, absl::UnknownError("not run"));
@@ -246,23 +267,7 @@ TEST_F(CheckpointerTest, AnIdleWorkerReportsNothingBeyondTheSavesItWasGiven) {
 // committed while the others go on saving: they keep the committed snapshot in their arenas, and
 // every rank restores it from memory, not from disk.
 TEST_F(CheckpointerTest, WhileACommitStallsTheOtherRanksKeepTheCommittedSnapshotInMemory) {
-  ASSERT_NO_FATAL_FAILURE(SaveAll(10));
-  // Every rank learns that 10 is committed: the last voter at once, the others from the store.
-  for (int r = 0; r < kWorld; ++r) {
-    const absl::Time deadline = absl::Now() + kTimeout;
-    while (ranks_[r]->checkpointer->known_committed() != 10 && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    ASSERT_EQ(ranks_[r]->checkpointer->known_committed(), 10) << "rank " << r;
-  }
-  // Rank 0 saves nothing more; ranks 1 and 2 save 15 and 20 (neither is committed).
-  for (int64_t s : {15, 20}) {
-    for (int r : {1, 2}) {
-      ranks_[r]->Fill(r, s);
-      ASSERT_TRUE(ranks_[r]->checkpointer->Save(s, /*persist=*/false).ok());
-    }
-    for (int r : {1, 2}) ASSERT_TRUE(ranks_[r]->checkpointer->WaitIdle(kTimeout).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(CommitTenThenStall());
   std::filesystem::remove_all(dir_.path());  // only memory can serve 10
   std::filesystem::create_directories(dir_.path());
   for (int r = 0; r < kWorld; ++r) ranks_[r]->Fill(r, 99);
@@ -606,23 +611,11 @@ TEST_F(CheckpointerPeerTest, AReplacementForALostHostRestoresFromItsHolderWithou
 // disk its replacement restores step 10 from rank 2's memory. Rank 0, which trained no further,
 // finds its buffers holding step 10 and copies nothing of them.
 TEST_F(CheckpointerPeerTest, WhileACommitStallsTheHoldersKeepTheCommittedStepsBackups) {
-  ASSERT_NO_FATAL_FAILURE(SaveAll(10));
-  for (int r = 0; r < kWorld; ++r) {
-    const absl::Time deadline = absl::Now() + kTimeout;
-    while (ranks_[r]->checkpointer->known_committed() != 10 && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    ASSERT_EQ(ranks_[r]->checkpointer->known_committed(), 10) << "rank " << r;
-  }
-  for (int64_t s : {15, 20}) {
-    for (int r : {1, 2}) {
-      ranks_[r]->Fill(r, s);
-      ASSERT_TRUE(ranks_[r]->checkpointer->Save(s, /*persist=*/false).ok());
-    }
-    for (int r : {1, 2}) {
-      ASSERT_TRUE(ranks_[r]->checkpointer->WaitIdle(kTimeout).ok());
-      EXPECT_TRUE(ranks_[r]->outcomes.back().replicated) << "rank " << r << " step " << s;
-      EXPECT_FALSE(ranks_[r]->outcomes.back().committed) << "rank " << r << " step " << s;
+  ASSERT_NO_FATAL_FAILURE(CommitTenThenStall());
+  for (int r : {1, 2}) {
+    for (const SaveOutcome& o : {ranks_[r]->outcomes.end()[-2], ranks_[r]->outcomes.back()}) {
+      EXPECT_TRUE(o.replicated) << "rank " << r << " step " << o.step;
+      EXPECT_FALSE(o.committed) << "rank " << r << " step " << o.step;
     }
   }
   ASSERT_NO_FATAL_FAILURE(LoseHost(1));

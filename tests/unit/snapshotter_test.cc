@@ -183,6 +183,17 @@ class SnapshotterTest : public ::testing::Test {
             .ok());
   }
 
+  // A Snapshotter of `registry` holding step `step` of `state` (filled for it), taken and fenced.
+  std::unique_ptr<Snapshotter> SnapshotOf(int64_t step, TrainerState& state,
+                                          const StateRegistry& registry) {
+    state.FillAll(step);
+    std::unique_ptr<Snapshotter> snapshotter = MustCreate(&registry);
+    if (snapshotter == nullptr) return nullptr;
+    EXPECT_TRUE(snapshotter->Begin(step).ok());
+    EXPECT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
+    return snapshotter;
+  }
+
   std::unique_ptr<Snapshotter> MustCreate(const StateRegistry* registry) {
     absl::StatusOr<std::unique_ptr<Snapshotter>> s = Snapshotter::Create(registry, options_);
     EXPECT_TRUE(s.ok()) << s.status();
@@ -427,12 +438,9 @@ TEST_F(SnapshotterTest, AnInstallOverwritesTheSlotWhoseStepIsNotKept) {
 
 TEST_F(SnapshotterTest, AFlippedByteInTheArenaFailsRestoreWithDataLossAndLeavesBuffersAlone) {
   TrainerState state;
-  state.FillAll(3);
   StateRegistry registry = state.MakeRegistry();
-  std::unique_ptr<Snapshotter> snapshotter = MustCreate(&registry);
+  std::unique_ptr<Snapshotter> snapshotter = SnapshotOf(3, state, registry);
   ASSERT_NE(snapshotter, nullptr);
-  ASSERT_TRUE(snapshotter->Begin(3).ok());
-  ASSERT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
   state.FillAll(4);
 
   // In layer1.weight, 1.5 MiB into it.
@@ -450,12 +458,9 @@ TEST_F(SnapshotterTest, AFlippedByteInTheArenaFailsRestoreWithDataLossAndLeavesB
 // finishes first.
 TEST_F(SnapshotterTest, CorruptChunksInEveryVerifyingThreadsRangeNameTheFirstOfThem) {
   TrainerState state;
-  state.FillAll(3);
   StateRegistry registry = state.MakeRegistry();
-  std::unique_ptr<Snapshotter> snapshotter = MustCreate(&registry);
+  std::unique_ptr<Snapshotter> snapshotter = SnapshotOf(3, state, registry);
   ASSERT_NE(snapshotter, nullptr);
-  ASSERT_TRUE(snapshotter->Begin(3).ok());
-  ASSERT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
   state.FillAll(4);  // the trainer went on: every chunk must come from the arena
   // In layer1.weight's last full chunk, then in layer0.weight's second chunk.
   ASSERT_NO_FATAL_FAILURE(FlipInLatestSlot({7 * kChunk + 100, 1 * kChunk + 5}, 0x01));
@@ -471,12 +476,9 @@ TEST_F(SnapshotterTest, CorruptChunksInEveryVerifyingThreadsRangeNameTheFirstOfT
 // (a flipped byte in the arena's copy of one does not matter); the others are checked and copied.
 TEST_F(SnapshotterTest, ARestoreLeavesTheChunksTheBuffersStillHoldAndCopiesTheRest) {
   TrainerState state;
-  state.FillAll(3);
   StateRegistry registry = state.MakeRegistry();
-  std::unique_ptr<Snapshotter> snapshotter = MustCreate(&registry);
+  std::unique_ptr<Snapshotter> snapshotter = SnapshotOf(3, state, registry);
   ASSERT_NE(snapshotter, nullptr);
-  ASSERT_TRUE(snapshotter->Begin(3).ok());
-  ASSERT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
   state.Fill(1, 4);
   state.Fill(2, 4);
   // layer0.weight (chunks 0-2) is unchanged; its arena copy rots.
@@ -501,12 +503,9 @@ TEST_F(SnapshotterTest, ARestoreLeavesTheChunksTheBuffersStillHoldAndCopiesTheRe
 // verifies, and then compares.
 TEST_F(SnapshotterTest, TheFirstRestoreOfAnInstalledSnapshotCopiesWithoutComparing) {
   TrainerState state;
-  state.FillAll(3);
   StateRegistry registry = state.MakeRegistry();
-  std::unique_ptr<Snapshotter> snapshotter = MustCreate(&registry);
+  std::unique_ptr<Snapshotter> snapshotter = SnapshotOf(3, state, registry);
   ASSERT_NE(snapshotter, nullptr);
-  ASSERT_TRUE(snapshotter->Begin(3).ok());
-  ASSERT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
   absl::StatusOr<Snapshotter::View> view = snapshotter->ViewOf(3);
   ASSERT_TRUE(view.ok()) << view.status();
   const std::string payload(view->payload);
@@ -527,12 +526,9 @@ TEST_F(SnapshotterTest, TheFirstRestoreOfAnInstalledSnapshotCopiesWithoutCompari
 TEST_F(SnapshotterTest, ARestoreStopsComparingABufferWhoseChunksKeepDiffering) {
   options_.copy_threads = 1;
   TrainerState state;
-  state.FillAll(3);
   StateRegistry registry = state.MakeRegistry();
-  std::unique_ptr<Snapshotter> snapshotter = MustCreate(&registry);
+  std::unique_ptr<Snapshotter> snapshotter = SnapshotOf(3, state, registry);
   ASSERT_NE(snapshotter, nullptr);
-  ASSERT_TRUE(snapshotter->Begin(3).ok());
-  ASSERT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
   for (size_t i = 0; i < 2 * kChunk; ++i) state.data(1)[i] ^= 0x5a;
   absl::StatusOr<SnapshotInfo> restored = snapshotter->RestoreLatest(&registry);
   ASSERT_TRUE(restored.ok()) << restored.status();
@@ -542,12 +538,9 @@ TEST_F(SnapshotterTest, ARestoreStopsComparingABufferWhoseChunksKeepDiffering) {
 
 TEST_F(SnapshotterTest, RestoringIntoARegistryOfAnotherLayoutIsRefused) {
   TrainerState state;
-  state.FillAll(3);
   StateRegistry registry = state.MakeRegistry();
-  std::unique_ptr<Snapshotter> snapshotter = MustCreate(&registry);
+  std::unique_ptr<Snapshotter> snapshotter = SnapshotOf(3, state, registry);
   ASSERT_NE(snapshotter, nullptr);
-  ASSERT_TRUE(snapshotter->Begin(3).ok());
-  ASSERT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
 
   std::vector<float> other(16, 1.0f);
   StateRegistry other_registry;
