@@ -173,6 +173,26 @@ class CheckpointerTest : public ::testing::Test {
     }
   }
 
+  // Flips one payload byte of `rank`'s committed shard of `step` on disk; returns its path.
+  std::string CorruptShard(int64_t step, int rank) {
+    absl::StatusOr<std::vector<ShardRecord>> shards = ListCommittedShards(nullptr, dir_.path());
+    EXPECT_TRUE(shards.ok()) << shards.status();
+    std::string path;
+    for (const ShardRecord& s : shards.ok() ? *shards : std::vector<ShardRecord>{}) {
+      if (s.step == step && s.rank == rank) path = s.shard_path;
+    }
+    EXPECT_FALSE(path.empty()) << "no shard of step " << step << " rank " << rank;
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(4096 + 5000);
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 0x40;
+    f.seekp(4096 + 5000);
+    f.write(&c, 1);
+    EXPECT_TRUE(f.good()) << path;
+    return path;
+  }
+
   // A commit that stalls: step 10 is committed and every rank learns it (the last voter at once,
   // the others from the store); then rank 0 saves nothing more, and ranks 1 and 2 save 15 and 20
   // in memory, neither ever committed.
@@ -406,22 +426,8 @@ TEST_F(CheckpointerTest, ACorruptShardOnOneRankMovesEveryRankToTheNextOlderStep)
     ASSERT_TRUE(Snapshotter::RemoveArena(job_, r).ok());
   }
   // Flip one payload byte of rank 1's shard of step 20.
-  absl::StatusOr<std::vector<ShardRecord>> shards = ListCommittedShards(nullptr, dir_.path());
-  ASSERT_TRUE(shards.ok());
   std::string victim;
-  for (const ShardRecord& s : *shards) {
-    if (s.step == 20 && s.rank == 1) victim = s.shard_path;
-  }
-  ASSERT_FALSE(victim.empty());
-  {
-    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(4096 + 5000);
-    char c = 0;
-    f.read(&c, 1);
-    c ^= 0x40;
-    f.seekp(4096 + 5000);
-    f.write(&c, 1);
-  }
+  ASSERT_NO_FATAL_FAILURE(victim = CorruptShard(20, 1));
   for (int r = 0; r < kWorld; ++r) ASSERT_NO_FATAL_FAILURE(Start(r, 0));
 
   std::vector<absl::StatusOr<RestoreResult>> results = RestoreAll();
@@ -446,18 +452,7 @@ TEST_F(CheckpointerTest, ACopyMadeAheadOfTheAgreementGivesWayToTheStepTheRanksAg
   ASSERT_NO_FATAL_FAILURE(SaveAll(20));
   ranks_[1]->checkpointer.reset();
   ASSERT_TRUE(Snapshotter::RemoveArena(job_, 1).ok());
-  absl::StatusOr<std::vector<ShardRecord>> shards = ListCommittedShards(nullptr, dir_.path());
-  ASSERT_TRUE(shards.ok());
-  for (const ShardRecord& s : *shards) {
-    if (s.step != 20 || s.rank != 1) continue;
-    std::fstream f(s.shard_path, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(4096 + 5000);
-    char c = 0;
-    f.read(&c, 1);
-    c ^= 0x40;
-    f.seekp(4096 + 5000);
-    f.write(&c, 1);
-  }
+  ASSERT_NO_FATAL_FAILURE(CorruptShard(20, 1));
   ASSERT_NO_FATAL_FAILURE(Start(1, 0));
   for (int r = 0; r < kWorld; ++r) ranks_[r]->Fill(r, 99);
 
