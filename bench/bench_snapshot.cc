@@ -212,7 +212,11 @@ void BM_MemcpyBaseline(benchmark::State& state) {
   munmap(dst, bytes);
 }
 
-// (d) Restore from the arena: verify every chunk's checksum, then copy back.
+// (d) Restore from the arena. changed:1, the buffers changed everywhere since the snapshot (a
+// byte of every page, untimed: state training rewrites at every step, or a replacement's fresh
+// buffers): every chunk verified and copied back. changed:0, they did not (a survivor rolling back
+// to the snapshot it took, of state training did not write since): every chunk of the buffers
+// compared, nothing copied.
 void BM_SnapshotRestore(benchmark::State& state) {
   Setup setup(state, 3);
   if (!setup.ok()) return;
@@ -220,7 +224,16 @@ void BM_SnapshotRestore(benchmark::State& state) {
     state.SkipWithError("snapshot failed");
     return;
   }
+  const bool changed = state.range(3) != 0;
   for (auto _ : state) {
+    if (changed) {
+      state.PauseTiming();
+      for (int b = 0; b < kBuffers; ++b) {
+        for (size_t i = 0; i < setup.host->bytes_per_buffer(); i += 4096)
+          setup.host->buffer(b)[i] ^= 1;
+      }
+      state.ResumeTiming();
+    }
     if (!setup.snapshotter->RestoreLatest(setup.host->registry()).ok()) {
       state.SkipWithError("restore failed");
       return;
@@ -260,9 +273,11 @@ BENCHMARK(BM_MemcpyBaseline)
     ->UseRealTime()
     ->Iterations(5);
 BENCHMARK(BM_SnapshotRestore)
-    ->Args({64 << 20, 0, 4})
-    ->Args({int64_t{1} << 30, 1, 4})
-    ->Args({int64_t{4} << 30, 2, 4})
+    ->ArgNames({"bytes", "rank", "copy_threads", "changed"})
+    ->Args({64 << 20, 0, 4, 1})
+    ->Args({int64_t{1} << 30, 1, 4, 1})
+    ->Args({int64_t{4} << 30, 2, 4, 1})
+    ->Args({int64_t{1} << 30, 1, 4, 0})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->Iterations(5);

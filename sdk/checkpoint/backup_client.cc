@@ -92,6 +92,7 @@ proto::BackupMessage PushHeader(const PushRequest& request) {
   push->set_job_id(request.job_id);
   push->set_source_rank(request.source_rank);
   push->set_payload_capacity(request.payload_capacity);
+  push->set_keep_fingerprint(request.keep_fingerprint);
   proto::BackupSnapshotHeader* h = push->mutable_snapshot();
   h->set_step(view.info.step);
   h->set_generation(view.info.generation);

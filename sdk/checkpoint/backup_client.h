@@ -36,6 +36,9 @@ struct PushRequest {
   // The source arena's per-slot capacity (Snapshotter::payload_capacity()): the holder's arena has
   // the same, so snapshots whose blobs grow a little do not replace it (and lose the last backup).
   uint64_t payload_capacity = 0;
+  // The fingerprint of a backup the holder must not overwrite (the newest the source knows is
+  // committed: BackupPush.keep_fingerprint); 0: the holder overwrites its older slot.
+  uint64_t keep_fingerprint = 0;
   BackupRateLimiter* limiter = nullptr;  // nullptr: unlimited
   absl::Time deadline = absl::InfiniteFuture();
   const std::atomic<bool>* cancel = nullptr;

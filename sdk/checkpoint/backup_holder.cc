@@ -279,7 +279,7 @@ absl::Status BackupHolder::ServePush(BackupStream* stream, const proto::BackupPu
   int w = -1;
   {
     MutexLock lock(&source->mu);
-    absl::Status ready = BeginPush(source, rank, h, capacity, &w);
+    absl::Status ready = BeginPush(source, rank, h, capacity, push.keep_fingerprint(), &w);
     if (!ready.ok() || w < 0) {
       proto::BackupReply reply;
       reply.set_already_held(ready.ok());
@@ -322,7 +322,7 @@ absl::Status BackupHolder::ServePush(BackupStream* stream, const proto::BackupPu
 // Picks the slot a push writes (*w; -1 when the fingerprint is held already) and marks it
 // kWriting.
 absl::Status BackupHolder::BeginPush(Source* source, int rank, const proto::BackupSnapshotHeader& h,
-                                     uint64_t capacity, int* w) {
+                                     uint64_t capacity, uint64_t keep_fingerprint, int* w) {
   *w = -1;
   if (source->writing >= 0) {
     return absl::AbortedError(
@@ -337,8 +337,20 @@ absl::Status BackupHolder::BeginPush(Source* source, int rank, const proto::Back
       return absl::OkStatus();  // already held
     }
   }
+  // The older slot, unless it holds the backup the source keeps (the newest step it knows is
+  // committed) and the newer one does not: a commit that stalls for a few saves must not cost the
+  // committed step its backup.
   const int newest = NewestSlot(source);
-  const int target = newest == 0 ? 1 : 0;
+  int target = newest == 0 ? 1 : 0;
+  if (keep_fingerprint != 0) {
+    for (int i = 0; i < 2; ++i) {
+      SlotHeader* slot = source->arena->slot(i);
+      if (LoadState(slot) == kSlotComplete && SlotUsable(slot, geometry) &&
+          SlotFingerprint(slot) == keep_fingerprint) {
+        target = 1 - i;
+      }
+    }
+  }
   const bool free = source->mu.AwaitWithTimeout(
       [source, target]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return source->readers[target] == 0; },
       options_.io_timeout);

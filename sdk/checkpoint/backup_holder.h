@@ -76,8 +76,10 @@ class BackupHolder {
   absl::Status ValidatePush(const proto::BackupPush& push, const std::string& peer,
                             uint64_t* capacity) const;
   absl::Status ServePush(BackupStream* stream, const proto::BackupPush& push);
+  // `keep_fingerprint`: BackupPush.keep_fingerprint.
   absl::Status BeginPush(Source* source, int rank, const proto::BackupSnapshotHeader& h,
-                         uint64_t capacity, int* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(source->mu);
+                         uint64_t capacity, uint64_t keep_fingerprint, int* w)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(source->mu);
   absl::Status ReceivePayload(BackupStream* stream, Source* source, int w,
                               const proto::BackupSnapshotHeader& h);
   absl::Status ServeFetch(BackupStream* stream, const proto::BackupFetch& fetch);

@@ -135,8 +135,12 @@ class Checkpointer::Impl {
     if (absl::Status begun = snapshotter_->Begin(step, keep); !begun.ok()) return begun;
     ++saves_;
     const bool by_count = options_.persist_every > 0 && saves_ % options_.persist_every == 0;
-    job_ = Job{step, absl::Now(), !options_.dir.empty() && persist.value_or(by_count), Epoch(),
-               /*reprotect=*/false};
+    job_ = Job{step,
+               absl::Now(),
+               !options_.dir.empty() && persist.value_or(by_count),
+               Epoch(),
+               /*reprotect=*/false,
+               keep};
     return absl::OkStatus();
   }
 
@@ -223,6 +227,9 @@ class Checkpointer::Impl {
     bool persist;
     std::string epoch;
     bool reprotect;  // push the restored snapshot of `step` to the holders; no copy, no commit
+    // The committed step the arena keeps (Snapshotter::Begin's `keep`), whose backups the
+    // holders keep too.
+    std::optional<int64_t> keep = std::nullopt;
   };
 
   // After a restore every rank pushes the restored snapshot to its holders in the background (a
@@ -231,7 +238,7 @@ class Checkpointer::Impl {
   void Reprotect(int64_t step) {
     MutexLock lock(&mu_);
     if (job_.has_value()) return;
-    job_ = Job{step, absl::Now(), false, Epoch(), /*reprotect=*/true};
+    job_ = Job{step, absl::Now(), false, Epoch(), /*reprotect=*/true, std::nullopt};
   }
 
   std::string Where() const {
@@ -353,8 +360,8 @@ class Checkpointer::Impl {
     bool vote = true;
     if (peers_ != nullptr) {
       const absl::Time start = absl::Now();
-      absl::Status replicated = peers_->Replicate(*view, options_.chunk_bytes,
-                                                  snapshotter_->payload_capacity());
+      absl::Status replicated = peers_->Replicate(
+          *view, options_.chunk_bytes, snapshotter_->payload_capacity(), KeptFingerprint(job.keep));
       outcome.replicate_time = absl::Now() - start;
       outcome.replicated = replicated.ok();
       if (!replicated.ok()) {
@@ -433,6 +440,16 @@ class Checkpointer::Impl {
     (*ballot)->Clear(store_.get(), options_.timeout);
     outcome.protected_again = MarkProtected(job.step, job.epoch);
     return outcome;
+  }
+
+  // The fingerprint of the arena's snapshot of `step` (the committed one a save keeps), for the
+  // holders to keep its backup; 0 when there is none.
+  uint64_t KeptFingerprint(std::optional<int64_t> step) const {
+    if (!step.has_value()) return 0;
+    for (const SnapshotInfo& info : snapshotter_->CompleteSnapshots()) {
+      if (info.step == *step) return info.fingerprint;
+    }
+    return 0;
   }
 
   // Records that every rank's snapshot of `step` has all its copies: ckpt/protected = "STEP EPOCH"
@@ -676,6 +693,16 @@ class Checkpointer::Impl {
     snapshotter_->set_install_keep(std::move(later));
     absl::Cleanup no_keep = [this] { snapshotter_->set_install_keep({}); };
     const uint64_t want = c.fingerprints[options_.rank];
+    // Good for the first candidate tried only: a restore may write the buffers from here on.
+    const std::optional<Ahead> ahead = std::exchange(ahead_, std::nullopt);
+    if (ahead.has_value() && ahead->step == c.step && ahead->fingerprint == want) {
+      // RestoreAhead copied it, and nothing wrote the buffers since (see there).
+      RestoreResult result = Restored(c.step, "arena", want);
+      result.copy_time = ahead->took;
+      result.bytes_held = ahead->bytes_held;
+      result.copied_ahead = true;
+      return result;
+    }
     std::string why = "not in the arena";
     for (const SnapshotInfo& info : snapshotter_->CompleteSnapshots()) {
       if (info.step != c.step) continue;
@@ -689,6 +716,7 @@ class Checkpointer::Impl {
       if (restored.ok()) {
         RestoreResult result = Restored(c.step, "arena", want);
         result.copy_time = absl::Now() - copy_start;
+        result.bytes_held = restored->restored_bytes_held;
         return result;
       }
       why = restored.status().ToString();
@@ -708,6 +736,7 @@ class Checkpointer::Impl {
               want);
           result.fetch_time = copy_start - fetch_start;
           result.copy_time = absl::Now() - copy_start;
+          result.bytes_held = restored->restored_bytes_held;
           return result;
         }
         peers_why = restored.status().ToString();
@@ -731,6 +760,7 @@ class Checkpointer::Impl {
       RestoreResult result = Restored(c.step, "disk", want);
       result.fetch_time = copy_start - read_start;
       result.copy_time = absl::Now() - copy_start;
+      result.bytes_held = restored->restored_bytes_held;
       // Why the peers' memory did not serve it (a holder lost with the host, a corrupt backup).
       if (peers_ != nullptr) {
         result.skipped.push_back(
@@ -746,8 +776,35 @@ class Checkpointer::Impl {
         options_.dir.empty() ? "(none)" : options_.dir));
   }
 
+  // While rank 0 waits for every rank to join the collective restore (a replacement joins last:
+  // its process starts, its checkpointer is made), a rank whose arena holds a committed snapshot
+  // copies the newest one back into its buffers: the ranks almost always agree on it, and the
+  // copy is then done before the replacement's fetch begins instead of beside it, on the same
+  // cores. Only the training thread writes the registered buffers (the snapshot contract), and it
+  // is in this restore until TryCandidate, which takes the copy when the agreed step and
+  // fingerprint are this one's, and restores what was agreed otherwise.
+  void RestoreAhead() {
+    ahead_.reset();
+    absl::StatusOr<std::vector<Candidate>> commits = StoreCommits();
+    if (!commits.ok()) return;
+    const std::vector<SnapshotInfo> in_arena = snapshotter_->CompleteSnapshots();
+    for (const Candidate& c : *commits) {
+      for (const SnapshotInfo& info : in_arena) {
+        if (info.step != c.step || info.fingerprint != c.fingerprints[options_.rank]) continue;
+        const absl::Time start = absl::Now();
+        absl::StatusOr<SnapshotInfo> restored = snapshotter_->RestoreStep(registry_, c.step);
+        if (restored.ok()) {
+          ahead_ =
+              Ahead{c.step, info.fingerprint, absl::Now() - start, restored->restored_bytes_held};
+        }
+        return;  // the newest only: an older one is restored once agreed
+      }
+    }
+  }
+
   absl::StatusOr<RestoreResult> RestoreTogether(const std::string& epoch) {
     const absl::Duration t = options_.timeout;
+    const absl::Time start = absl::Now();
     // Every rank says which shards it has on disk, so a job restarted with an empty store still
     // finds the steps every rank persisted.
     absl::StatusOr<std::vector<ShardRecord>> shards = MyShards();
@@ -761,6 +818,8 @@ class Checkpointer::Impl {
       return s;
     }
     const std::string candidates_key = absl::StrCat(epoch, "/candidates");
+    RestoreAhead();
+    absl::Cleanup no_ahead = [this] { ahead_.reset(); };
     if (options_.rank == 0) {
       absl::StatusOr<std::vector<Candidate>> candidates = LeaderCandidates(epoch);
       if (!candidates.ok()) return candidates.status();
@@ -778,6 +837,7 @@ class Checkpointer::Impl {
     absl::StatusOr<std::vector<Candidate>> candidates =
         DecodeCandidates(*text, options_.world_size);
     if (!candidates.ok()) return candidates.status();
+    const absl::Duration candidates_wait = absl::Now() - start;
 
     std::vector<std::string> skipped;
     for (size_t round = 0; round < candidates->size(); ++round) {
@@ -805,6 +865,7 @@ class Checkpointer::Impl {
       }
       if (failures.empty()) {
         mine->skipped.insert(mine->skipped.begin(), skipped.begin(), skipped.end());
+        mine->candidates_wait = candidates_wait;
         return mine;
       }
       skipped.push_back(absl::StrCat("step ", c.step, ": ", absl::StrJoin(failures, "; ")));
@@ -883,6 +944,15 @@ class Checkpointer::Impl {
   int64_t known_committed_ ABSL_GUARDED_BY(mu_) = -1;
   std::vector<int64_t> unresolved_ ABSL_GUARDED_BY(mu_);
   uint64_t timeline_ ABSL_GUARDED_BY(mu_) = 0;  // restores done: a new timeline starts at each
+  // The snapshot RestoreAhead copied into the buffers during the restore in progress; the
+  // training thread's only.
+  struct Ahead {
+    int64_t step;
+    uint64_t fingerprint;
+    absl::Duration took;
+    uint64_t bytes_held;
+  };
+  std::optional<Ahead> ahead_;
   // The epoch this rank last saw protected (MarkProtected); the worker thread's only.
   std::string protected_epoch_;
   std::thread worker_;  // last: started after every other member is initialised

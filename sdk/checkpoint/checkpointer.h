@@ -23,9 +23,11 @@
 // arena first, then its shard on disk, accepting only a snapshot whose fingerprint equals the
 // committed one, with every chunk verified — and says whether it succeeded. The first candidate
 // every rank restored wins; a failure on any rank (corruption, a missing shard) moves every rank to
-// the next older candidate. Errors name file, offset, rank and step. Without a store (a static job)
-// the rank restores on its own: the newest step whose shards of every rank are committed on disk,
-// or, for a single-rank job, its newest arena snapshot.
+// the next older candidate. While rank 0 waits for every rank to join (a replacement comes last), a
+// rank whose arena holds the newest committed step copies it back at once, and keeps that copy
+// when the ranks agree on it. Errors name file, offset, rank and step. Without a store (a static
+// job) the rank restores on its own: the newest step whose shards of every rank are committed on
+// disk, or, for a single-rank job, its newest arena snapshot.
 //
 // Thread safety: Save, Fence, WaitIdle and RestoreNewestCommitted belong to the training thread.
 // The worker thread is owned by the Checkpointer and joined by its destructor (which waits for a
@@ -98,6 +100,16 @@ struct RestoreResult {
   absl::Duration fetch_time;
   absl::Duration copy_time;
   absl::Duration took;
+  // Of `took`, the wait for rank 0's list of candidates (which waits for every rank's list of
+  // shards on disk: a replacement that comes late holds every rank up here).
+  absl::Duration candidates_wait;
+  // Of the restored bytes, those the live buffers already held (SnapshotInfo::restored_bytes_held):
+  // checked, not copied. A survivor rolling back to the snapshot it took finds the buffers
+  // training did not write since.
+  uint64_t bytes_held = 0;
+  // The copy from the arena was made while the ranks were still joining the restore, before they
+  // agreed on the step (the newest committed step in the arena, which they then agreed on).
+  bool copied_ahead = false;
 };
 
 // What the worker did with one save; passed to the observer (the Runtime writes it as an event).

@@ -173,7 +173,7 @@ absl::StatusOr<std::pair<std::string, std::string>> PeerBackups::AddressOf(int r
 }
 
 absl::Status PeerBackups::Replicate(const Snapshotter::View& view, uint64_t chunk_bytes,
-                                    uint64_t payload_capacity) {
+                                    uint64_t payload_capacity, uint64_t keep_fingerprint) {
   for (int holder : options_.placement.HolderRanks(options_.rank)) {
     absl::StatusOr<std::pair<std::string, std::string>> addr = AddressOf(holder);
     absl::Status status = addr.status();
@@ -187,6 +187,7 @@ absl::Status PeerBackups::Replicate(const Snapshotter::View& view, uint64_t chun
       request.view = &view;
       request.chunk_bytes = chunk_bytes;
       request.payload_capacity = payload_capacity;
+      request.keep_fingerprint = keep_fingerprint;
       request.limiter = &limiter_;
       request.deadline = absl::Now() + options_.timeout;
       request.cancel = &cancel_;

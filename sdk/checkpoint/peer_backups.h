@@ -77,9 +77,10 @@ class PeerBackups {
   ~PeerBackups();
 
   // Pushes `view` to every holder; OK when each acknowledged the complete backup (or already had
-  // it). The first error names the holder rank, its host and the step.
+  // it). The first error names the holder rank, its host and the step. `keep_fingerprint`: the
+  // backup each holder keeps (PushRequest::keep_fingerprint; 0: none).
   absl::Status Replicate(const Snapshotter::View& view, uint64_t chunk_bytes,
-                         uint64_t payload_capacity);
+                         uint64_t payload_capacity, uint64_t keep_fingerprint = 0);
 
   // Fetches this rank's snapshot of `step` with `fingerprint` from all its holders at once
   // (FetchBackupFromHolders: a share of the chunks each, a failed holder's chunks from the

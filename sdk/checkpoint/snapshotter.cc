@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -440,7 +441,7 @@ class Snapshotter::Impl {
   absl::StatusOr<SnapshotInfo> RestoreSlot(StateRegistry* registry, int index)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     SlotHeader* slot = arena_->slot(index);
-    const SnapshotInfo info = InfoOf(slot);
+    SnapshotInfo info = InfoOf(slot);
     if (registry->LayoutHash() != slot->layout_hash) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "%s: the snapshot of step %d has layout hash %016x, the registry to restore into has "
@@ -448,15 +449,15 @@ class Snapshotter::Impl {
           Where(), info.step, slot->layout_hash, registry->LayoutHash()));
     }
     const char* payload = arena_->payload(index);
-    // Everything is verified before the first byte is copied back: on corruption the trainer's
+    // Everything is checked before the first byte is copied back: on corruption the trainer's
     // buffers are left exactly as they were. A slot that Install checked chunk by chunk as it
     // wrote it, in this process, is not hashed again by the first restore after (the restore of a
     // fetched backup reads it at once); any later restore of it checks every chunk again.
     const bool verified_on_install = verified_on_install_[index];
     verified_on_install_[index] = false;
-    if (!verified_on_install) {
-      if (absl::Status verified = VerifySlot(slot, payload); !verified.ok()) return verified;
-    }
+    absl::StatusOr<std::vector<char>> held =
+        CheckChunks(*registry, slot, payload, /*verify=*/!verified_on_install);
+    if (!held.ok()) return held.status();
     absl::StatusOr<std::vector<std::pair<std::string, std::string>>> blobs = ParseBlobArea(
         std::string_view(payload + plan_.blob_offset, slot->payload_bytes - plan_.blob_offset));
     if (!blobs.ok()) {
@@ -465,12 +466,27 @@ class Snapshotter::Impl {
     }
     for (size_t i = 0; i < registry->buffers().size(); ++i) {
       const StateBuffer& buffer = registry->buffers()[i];
-      const char* src = payload + plan_.buffer_offsets[i];
-      if (buffer.device.kind == Device::Kind::kCuda) {
-        if (absl::Status copied = CopyToDevice(buffer, src); !copied.ok()) return copied;
-      } else if (buffer.bytes > 0) {
-        std::memcpy(buffer.data, src, buffer.bytes);
+      if (buffer.device.kind != Device::Kind::kCuda) continue;
+      if (absl::Status copied = CopyToDevice(buffer, payload + plan_.buffer_offsets[i]);
+          !copied.ok()) {
+        return copied;
       }
+    }
+    const uint64_t chunks = std::min<uint64_t>(plan_.chunks.size(), slot->num_chunks);
+    ForChunkRanges(chunks, [&](uint64_t, uint64_t begin, uint64_t end) {
+      for (uint64_t k = begin; k < end; ++k) {
+        if ((*held)[k]) continue;
+        for (const Piece& piece : plan_.chunks[k]) {
+          const StateBuffer& buffer = registry->buffers()[piece.buffer];
+          if (buffer.device.kind != Device::Kind::kHost) continue;
+          std::memcpy(static_cast<char*>(buffer.data) + piece.buffer_offset,
+                      payload + piece.payload_offset, piece.bytes);
+        }
+      }
+    });
+    info.restored_bytes_held = 0;
+    for (uint64_t k = 0; k < chunks; ++k) {
+      if ((*held)[k]) info.restored_bytes_held += plan_.chunks[k][0].bytes;
     }
     for (auto& [name, value] : *blobs) {
       if (absl::Status set = registry->SetBlob(name, std::move(value)); !set.ok()) return set;
@@ -501,48 +517,100 @@ class Snapshotter::Impl {
            slot->num_chunks == (slot->payload_bytes + g.chunk_bytes - 1) / g.chunk_bytes;
   }
 
-  absl::Status VerifySlot(SlotHeader* slot, const char* payload) const {
-    const uint64_t chunk = slot->chunk_bytes;
-    const uint64_t* expected = ChunkChecksums(slot);
-    const uint64_t chunks = slot->num_chunks;
-    auto checksum = [&](uint64_t k) {
-      const uint64_t begin = k * chunk;
-      return XXH3_64bits(payload + begin, std::min(chunk, slot->payload_bytes - begin));
-    };
-    // The checksums bound a restore (about 8 GB/s a thread, where a copy to a GPU runs at 50):
-    // up to copy_threads threads verify contiguous ranges of chunks, each stopping at its first
-    // corrupt one; the lowest of those is reported, whichever thread finished first.
-    const uint64_t threads = std::clamp<uint64_t>(chunks / kMinChunksPerVerifyThread, 1,
-                                                  static_cast<uint64_t>(options_.copy_threads));
-    std::vector<uint64_t> first_corrupt(threads, chunks);
-    auto verify = [&](uint64_t t) {
-      for (uint64_t k = chunks * t / threads; k < chunks * (t + 1) / threads; ++k) {
-        if (checksum(k) != expected[k]) {
-          first_corrupt[t] = k;
-          return;
-        }
-      }
-    };
+  // How many ranges ForChunkRanges splits `chunks` chunks into: one a thread, up to copy_threads,
+  // each of at least kMinChunksPerVerifyThread chunks.
+  uint64_t ChunkRanges(uint64_t chunks) const {
+    return std::clamp<uint64_t>(chunks / kMinChunksPerVerifyThread, 1,
+                                static_cast<uint64_t>(options_.copy_threads));
+  }
+
+  // Runs fn(range, begin, end) over the ChunkRanges(chunks) contiguous ranges that split
+  // [0, chunks), each on its own thread (this one included); returns when every range is done.
+  // The checksums bound a restore (about 8 GB/s a thread, where a copy to a GPU runs at 50), and
+  // a copy back on one thread was most of a survivor's rollback.
+  void ForChunkRanges(uint64_t chunks,
+                      absl::FunctionRef<void(uint64_t, uint64_t, uint64_t)> fn) const {
+    const uint64_t threads = ChunkRanges(chunks);
+    auto range = [&](uint64_t t) { fn(t, chunks * t / threads, chunks * (t + 1) / threads); };
     std::vector<std::thread> helpers;
     uint64_t t = 1;
     for (; t < threads; ++t) {
       try {
-        helpers.emplace_back(verify, t);
+        helpers.emplace_back(range, t);
       } catch (const std::system_error&) {
-        break;  // no thread to be had: this one verifies the rest
+        break;  // no thread to be had: this one does the rest
       }
     }
-    for (uint64_t rest = t; rest < threads; ++rest) verify(rest);
-    verify(0);
+    for (uint64_t rest = t; rest < threads; ++rest) range(rest);
+    range(0);
     for (std::thread& helper : helpers) helper.join();
+  }
+
+  // The live bytes of chunk `k` (`bytes` long) in `registry`'s buffers when the whole chunk is one
+  // host buffer's (no padding, no blob area, no device memory); nullptr otherwise.
+  const char* LiveChunk(const StateRegistry& registry, uint64_t k, uint64_t bytes) const {
+    if (k >= plan_.chunks.size() || plan_.chunks[k].size() != 1) return nullptr;
+    const Piece& piece = plan_.chunks[k][0];
+    const StateBuffer& buffer = registry.buffers()[piece.buffer];
+    if (buffer.device.kind != Device::Kind::kHost || piece.bytes != bytes ||
+        piece.payload_offset != k * options_.chunk_bytes) {
+      return nullptr;
+    }
+    return static_cast<const char*>(buffer.data) + piece.buffer_offset;
+  }
+
+  // Before a restore of `slot` into `registry`, with `verify`: which chunks the live buffers
+  // already hold (1: their bytes hash to the snapshot's checksum of the chunk, so the restore
+  // leaves them as they are and need not read, or verify, the arena's copy), and that every other
+  // chunk of the arena has its checksum (DataLoss naming the lowest corrupt one otherwise).
+  // A survivor that rolls back to the snapshot it took before the fault finds most of a buffer
+  // that training does not rewrite at every step (frozen weights, a sparsely updated embedding)
+  // unchanged: one hash of its live bytes where the arena's would be hashed, and no copy. Without
+  // `verify` (a slot checked as it was installed) nothing is compared: a copy costs no more than
+  // the hash that could spare it. The comparison pays for itself: along a buffer, a thread stops
+  // comparing once the chunks that differed outnumber those that matched by two (state rewritten
+  // at every step costs two chunk hashes per buffer, not a pass).
+  absl::StatusOr<std::vector<char>> CheckChunks(const StateRegistry& registry, SlotHeader* slot,
+                                                const char* payload, bool verify) const {
+    const uint64_t chunk = slot->chunk_bytes;
+    const uint64_t* expected = ChunkChecksums(slot);
+    const uint64_t chunks = slot->num_chunks;
+    auto bytes_of = [&](uint64_t k) { return std::min(chunk, slot->payload_bytes - k * chunk); };
+    auto checksum = [&](uint64_t k) { return XXH3_64bits(payload + k * chunk, bytes_of(k)); };
+    std::vector<char> held(chunks, 0);
+    // Each range stops verifying at its first corrupt chunk; the lowest of those is reported,
+    // whichever range finished first. Ranges touch disjoint elements of `held` and `first_corrupt`.
+    std::vector<uint64_t> first_corrupt(ChunkRanges(chunks), chunks);
+    ForChunkRanges(chunks, [&](uint64_t r, uint64_t begin, uint64_t end) {
+      int buffer = -1;
+      int64_t matched = 0, differed = 0;
+      for (uint64_t k = begin; k < end; ++k) {
+        const char* live = verify ? LiveChunk(registry, k, bytes_of(k)) : nullptr;
+        if (live != nullptr) {
+          const int b = plan_.chunks[k][0].buffer;
+          if (b != buffer) {
+            buffer = b;
+            matched = 0;
+            differed = 0;
+          }
+          if (differed <= matched + 1) {
+            held[k] = XXH3_64bits(live, bytes_of(k)) == expected[k];
+            ++(held[k] ? matched : differed);
+          }
+        }
+        if (!held[k] && verify && checksum(k) != expected[k]) {
+          first_corrupt[r] = k;
+          return;
+        }
+      }
+    });
     const uint64_t k = *std::min_element(first_corrupt.begin(), first_corrupt.end());
-    if (k == chunks) return absl::OkStatus();
-    const uint64_t begin = k * chunk;
+    if (k == chunks) return held;
     return absl::DataLossError(absl::StrFormat(
         "%s: the snapshot of step %d (rank %d, generation %d) is corrupt: chunk %d (payload "
         "offset %d, %d bytes) has checksum %016x, expected %016x; it holds %s",
-        Where(), slot->step, options_.rank, slot->generation, k, begin,
-        std::min(chunk, slot->payload_bytes - begin), checksum(k), expected[k], DescribeChunk(k)));
+        Where(), slot->step, options_.rank, slot->generation, k, k * chunk, bytes_of(k),
+        checksum(k), expected[k], DescribeChunk(k)));
   }
 
   // Which buffers (and which bytes of them) chunk `k` holds, for error messages.

@@ -51,6 +51,9 @@ struct SnapshotInfo {
   // Identifies the contents: SnapshotFingerprint() of the step, layout, size and chunk checksums.
   // Equal on the arena copy and the disk copy of the same snapshot; a global commit records it.
   uint64_t fingerprint = 0;
+  // Set by a restore: the bytes of host buffers that already held the snapshot's bytes (whole
+  // chunks whose live bytes hash to the snapshot's checksum), left as they were, not copied.
+  size_t restored_bytes_held = 0;
 };
 
 // XXH3-64 of (step, layout_hash, payload_bytes, every chunk checksum).
@@ -78,8 +81,12 @@ class Snapshotter {
   // The newest complete snapshot in the arena (this process's or a previous one's), if any.
   std::optional<SnapshotInfo> LatestComplete() const;
   // Verifies every chunk of the latest complete snapshot and copies it back into the registry's
-  // buffers (and blobs). DataLoss naming buffer, offset, rank and step on a checksum mismatch; the
-  // buffers are then left as they were.
+  // buffers (and blobs), on up to copy_threads threads. A chunk of a host buffer whose live bytes
+  // already hash to the snapshot's checksum is left as it is (neither copied nor read from the
+  // arena; SnapshotInfo::restored_bytes_held counts them); not looked for by the restore that
+  // does not verify (see RestoreStep), where a copy costs no more than the comparison. DataLoss
+  // naming buffer, offset, rank and step on a checksum mismatch; the buffers are then left as they
+  // were.
   absl::StatusOr<SnapshotInfo> RestoreLatest(StateRegistry* registry);
   // The complete snapshots in the arena (at most two), newest first.
   std::vector<SnapshotInfo> CompleteSnapshots() const;

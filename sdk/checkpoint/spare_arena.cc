@@ -1,14 +1,17 @@
 #include "sdk/checkpoint/spare_arena.h"
 
+#include <dirent.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -56,6 +59,33 @@ SpareArena::~SpareArena() {
     (void)env_->RemoveSharedMemory(name_);
     close(fd_);
   }
+}
+
+// /dev/shm is where Linux keeps POSIX shared memory; the Env has no listing.
+std::vector<std::string> SpareArena::RemoveAbandoned(Env* env, std::string_view job_id) {
+  std::vector<std::string> removed;
+  const std::string prefix = absl::StrFormat("trainguard.%s.spare.pid", job_id);
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return removed;
+  std::vector<std::string> names;
+  while (const dirent* entry = readdir(dir)) {
+    const std::string_view name(entry->d_name);
+    const std::string_view pid = name.substr(std::min(prefix.size(), name.size()));
+    if (name.substr(0, prefix.size()) == prefix && !pid.empty() &&
+        std::all_of(pid.begin(), pid.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      names.push_back("/" + std::string(name));
+    }
+  }
+  closedir(dir);
+  for (const std::string& name : names) {
+    absl::StatusOr<int> fd = env->OpenSharedMemory(name, /*writable=*/false);
+    if (!fd.ok()) continue;
+    if (flock(*fd, LOCK_EX | LOCK_NB) == 0 && env->RemoveSharedMemory(name).ok()) {
+      removed.push_back(name);
+    }
+    close(*fd);  // releases the lock
+  }
+  return removed;
 }
 
 std::optional<uint64_t> ChooseSpareArenaBytes(const std::vector<std::optional<uint64_t>>& sizes) {
@@ -115,6 +145,7 @@ void SpareArenaPreparer::Run() {
   const std::optional<uint64_t> bytes = ChooseSpareArenaBytes(sizes);
   if (!bytes.has_value()) return;
   Env* env = options_.env != nullptr ? options_.env : Env::Default();
+  (void)SpareArena::RemoveAbandoned(env, options_.job_id);
   absl::StatusOr<std::unique_ptr<SpareArena>> spare = SpareArena::Create(env, options_.name, *bytes);
   if (!spare.ok()) {
     status_ = spare.status();

@@ -10,8 +10,9 @@
 // before: a spare never changes what is restored, only how soon.
 //
 // The segment is /dev/shm/trainguard.<job>.spare.pid<pid> (`trainguard shm list` shows it as a
-// spare arena); removed by the destructor unless adopted; a standby killed while parked leaves it
-// to `trainguard shm remove`.
+// spare arena); removed by the destructor unless adopted. A standby killed while parked (or while
+// it filled its spare) leaves it behind, unlocked: the next standby's preparer on the host removes
+// it before it makes its own (RemoveAbandoned), and `trainguard shm remove` does too.
 //
 // Thread safety: a SpareArena belongs to one thread at a time. SpareArenaPreparer's Stop and
 // Take belong to its owner's thread; its own thread is started by the constructor and joined by
@@ -44,6 +45,13 @@ class SnapshotArena;
 class SpareArena {
  public:
   static std::string Name(std::string_view job_id, int64_t pid);
+  // Removes the spare arenas of `job_id` in this host's /dev/shm that no live process holds (a
+  // spare's lock is held for its life and dies with its standby), so that a killed standby's
+  // segment does not keep the memory the next one needs. Returns the names removed. Best effort.
+  // A segment created in the instant before its creator locks it may be removed too: that
+  // standby's spare is then not adopted (renaming it fails), and its arena is created at the
+  // takeover as without a spare.
+  static std::vector<std::string> RemoveAbandoned(Env* env, std::string_view job_id);
   // Creates segment `name` of `bytes`, reserves its memory (a full /dev/shm fails here with
   // ResourceExhausted) and maps it with every page faulted in.
   static absl::StatusOr<std::unique_ptr<SpareArena>> Create(Env* env, const std::string& name,

@@ -174,6 +174,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> RuntimeImpl::Create(const Options& opti
     }
     runtime->generation_watcher_ = std::make_unique<GenerationWatcher>(std::move(watch));
   }
+  if (runtime->takeover_.has_value()) runtime->takeover_->created = runtime->clock_->Now();
   return std::unique_ptr<Runtime>(std::move(runtime));
 }
 
@@ -248,6 +249,7 @@ absl::Status RuntimeImpl::JoinRendezvous() {
   // A standby parks, one bounded wait after another, until the launcher assigns it or stops it.
   absl::StatusOr<Membership> m = member_->ParkAsStandby(timeout);
   while (absl::IsDeadlineExceeded(m.status())) m = member_->ParkAsStandby(timeout);
+  const absl::Time assigned = clock_->Now();
   if (spare.has_value()) {
     spare->Stop();
     spare_arena_ = spare->Take();
@@ -264,6 +266,7 @@ absl::Status RuntimeImpl::JoinRendezvous() {
   rank_ = m->rank;
   resume_step_ = plan->resume_step;
   current_.Adopt(*std::move(m), *std::move(plan));
+  takeover_ = TakeoverTimes{.assigned = assigned, .agreed = clock_->Now(), .created = {}};
   return absl::OkStatus();
 }
 
@@ -920,6 +923,13 @@ absl::StatusOr<RestoreResult> RuntimeImpl::RestoreNewestCommitted() {
   // size exchange): part of what its recovery costs, so the event says it.
   const bool first = checkpointer_ == nullptr;
   const absl::Time setup_start = clock_->Now();
+  // A standby's first restore also says where its time went since it was assigned a rank.
+  std::vector<std::pair<std::string, std::string>> takeover;
+  if (std::optional<TakeoverTimes> t = std::exchange(takeover_, std::nullopt); t.has_value()) {
+    takeover = {{"agree_us", absl::StrCat(absl::ToInt64Microseconds(t->agreed - t->assigned))},
+                {"start_us", absl::StrCat(absl::ToInt64Microseconds(t->created - t->agreed))},
+                {"trainer_us", absl::StrCat(absl::ToInt64Microseconds(setup_start - t->created))}};
+  }
   if (absl::Status s = EnsureCheckpointer(); !s.ok()) return s;
   const absl::Duration setup = first ? clock_->Now() - setup_start : absl::ZeroDuration();
   snapshot_unfenced_ = false;
@@ -935,14 +945,19 @@ absl::StatusOr<RestoreResult> RuntimeImpl::RestoreNewestCommitted() {
     event = EventOfKind(EventKind::kRestored, absl::StrCat("restored the state of step ", r->step,
                                                            " from the ", r->source));
     event.step = r->step;
-    event.attributes.insert(event.attributes.end(),
-                            {{"source", r->source},
-                             {"fingerprint", absl::StrFormat("%016x", r->fingerprint)},
-                             {"skipped", absl::StrJoin(r->skipped, " | ")},
-                             {"setup_us", absl::StrCat(absl::ToInt64Microseconds(setup))},
-                             {"fetch_us", absl::StrCat(absl::ToInt64Microseconds(r->fetch_time))},
-                             {"copy_us", absl::StrCat(absl::ToInt64Microseconds(r->copy_time))},
-                             {"restore_us", absl::StrCat(absl::ToInt64Microseconds(r->took))}});
+    event.attributes.insert(
+        event.attributes.end(),
+        {{"source", r->source},
+         {"fingerprint", absl::StrFormat("%016x", r->fingerprint)},
+         {"skipped", absl::StrJoin(r->skipped, " | ")},
+         {"setup_us", absl::StrCat(absl::ToInt64Microseconds(setup))},
+         {"fetch_us", absl::StrCat(absl::ToInt64Microseconds(r->fetch_time))},
+         {"copy_us", absl::StrCat(absl::ToInt64Microseconds(r->copy_time))},
+         {"held_bytes", absl::StrCat(r->bytes_held)},
+         {"copied_ahead", r->copied_ahead ? "true" : "false"},
+         {"candidates_wait_us", absl::StrCat(absl::ToInt64Microseconds(r->candidates_wait))},
+         {"restore_us", absl::StrCat(absl::ToInt64Microseconds(r->took))}});
+    event.attributes.insert(event.attributes.end(), takeover.begin(), takeover.end());
   } else if (absl::IsNotFound(r.status())) {
     // A fresh job: nothing is committed yet. Not a failure.
     event = EventOfKind(EventKind::kNothingToRestore, std::string(r.status().message()));

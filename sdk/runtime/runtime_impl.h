@@ -283,6 +283,15 @@ class RuntimeImpl final : public Runtime {
   // A standby's prepared arena memory (spare_arena.h), made while it was parked; handed to the
   // checkpointer it creates once it has a rank, then dropped (adopted, or removed).
   std::unique_ptr<SpareArena> spare_arena_;
+  // A standby's takeover, for its first `restored` event: when it was assigned a rank, when the
+  // ranks agreed on the resume step, when Create returned (the rest is the trainer's own set-up
+  // before Start). Training thread only; cleared by the first restore.
+  struct TakeoverTimes {
+    absl::Time assigned;
+    absl::Time agreed;
+    absl::Time created;
+  };
+  std::optional<TakeoverTimes> takeover_;
   // Last: its worker thread uses the store and the event log, so it is destroyed first.
   std::unique_ptr<Checkpointer> checkpointer_;
   std::string store_token_;  // the job's shared token (also guards the peer-backup connections)

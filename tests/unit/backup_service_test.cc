@@ -251,6 +251,40 @@ TEST_F(BackupServiceTest, TwoBackupsAreKeptAndAThirdReplacesTheOlderOne) {
   EXPECT_THAT(steps, ElementsAre(30, 20));  // newest first
 }
 
+// A commit that stalls: step 10 is committed, 20 and 30 wait for theirs. The source names step 10
+// as the backup to keep, so 30 replaces 20 (the newer one) and 10 can still be restored.
+TEST_F(BackupServiceTest, APushKeepsTheBackupTheSourceNamesAndReplacesTheOther) {
+  std::unique_ptr<BackupService> service = StartService();
+  ASSERT_NE(service, nullptr);
+  const std::string p10 = Payload(10, 500000), p20 = Payload(20, 500000), p30 = Payload(30, 400000);
+  const Snapshotter::View v10 = MakeView(10, p10), v20 = MakeView(20, p20), v30 = MakeView(30, p30);
+  ASSERT_TRUE(PushBackup(Push(service->address(), &v10)).ok());
+  PushRequest keep10 = Push(service->address(), &v20);
+  keep10.keep_fingerprint = v10.info.fingerprint;
+  ASSERT_TRUE(PushBackup(keep10).ok());
+  keep10.view = &v30;
+  ASSERT_TRUE(PushBackup(keep10).ok());
+
+  EXPECT_EQ(FetchBackup(Fetch(service->address(), v20)).status().code(),
+            absl::StatusCode::kNotFound);
+  absl::StatusOr<FetchedBackup> f10 = FetchBackup(Fetch(service->address(), v10));
+  ASSERT_TRUE(f10.ok()) << f10.status();
+  EXPECT_TRUE(f10->payload == p10);
+  std::vector<int64_t> steps;
+  for (const HeldBackup& held : service->Held()) steps.push_back(held.step);
+  EXPECT_THAT(steps, ElementsAre(30, 10));
+
+  // Once 30 is committed the source keeps 30: the next push replaces 10.
+  const std::string p40 = Payload(40, 400000);
+  const Snapshotter::View v40 = MakeView(40, p40);
+  PushRequest keep30 = Push(service->address(), &v40);
+  keep30.keep_fingerprint = v30.info.fingerprint;
+  ASSERT_TRUE(PushBackup(keep30).ok());
+  steps.clear();
+  for (const HeldBackup& held : service->Held()) steps.push_back(held.step);
+  EXPECT_THAT(steps, ElementsAre(40, 30));
+}
+
 TEST_F(BackupServiceTest, AFetchOfAnotherFingerprintIsNotFound) {
   std::unique_ptr<BackupService> service = StartService();
   ASSERT_NE(service, nullptr);

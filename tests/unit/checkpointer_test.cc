@@ -173,6 +173,47 @@ class CheckpointerTest : public ::testing::Test {
     }
   }
 
+  // Flips one payload byte of `rank`'s committed shard of `step` on disk; returns its path.
+  std::string CorruptShard(int64_t step, int rank) {
+    absl::StatusOr<std::vector<ShardRecord>> shards = ListCommittedShards(nullptr, dir_.path());
+    EXPECT_TRUE(shards.ok()) << shards.status();
+    std::string path;
+    for (const ShardRecord& s : shards.ok() ? *shards : std::vector<ShardRecord>{}) {
+      if (s.step == step && s.rank == rank) path = s.shard_path;
+    }
+    EXPECT_FALSE(path.empty()) << "no shard of step " << step << " rank " << rank;
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(4096 + 5000);
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 0x40;
+    f.seekp(4096 + 5000);
+    f.write(&c, 1);
+    EXPECT_TRUE(f.good()) << path;
+    return path;
+  }
+
+  // A commit that stalls: step 10 is committed and every rank learns it (the last voter at once,
+  // the others from the store); then rank 0 saves nothing more, and ranks 1 and 2 save 15 and 20
+  // in memory, neither ever committed.
+  void CommitTenThenStall() {
+    ASSERT_NO_FATAL_FAILURE(SaveAll(10));
+    for (int r = 0; r < kWorld; ++r) {
+      const absl::Time deadline = absl::Now() + kTimeout;
+      while (ranks_[r]->checkpointer->known_committed() != 10 && absl::Now() < deadline) {
+        absl::SleepFor(absl::Milliseconds(5));
+      }
+      ASSERT_EQ(ranks_[r]->checkpointer->known_committed(), 10) << "rank " << r;
+    }
+    for (int64_t s : {15, 20}) {
+      for (int r : {1, 2}) {
+        ranks_[r]->Fill(r, s);
+        ASSERT_TRUE(ranks_[r]->checkpointer->Save(s, /*persist=*/false).ok());
+      }
+      for (int r : {1, 2}) ASSERT_TRUE(ranks_[r]->checkpointer->WaitIdle(kTimeout).ok());
+    }
+  }
+
   // Every rank restores concurrently (the call is collective).
   std::vector<absl::StatusOr<RestoreResult>> RestoreAll() {
     std::vector<absl::StatusOr<RestoreResult>> results(kWorld, absl::UnknownError("not run"));
@@ -246,23 +287,7 @@ TEST_F(CheckpointerTest, AnIdleWorkerReportsNothingBeyondTheSavesItWasGiven) {
 // committed while the others go on saving: they keep the committed snapshot in their arenas, and
 // every rank restores it from memory, not from disk.
 TEST_F(CheckpointerTest, WhileACommitStallsTheOtherRanksKeepTheCommittedSnapshotInMemory) {
-  ASSERT_NO_FATAL_FAILURE(SaveAll(10));
-  // Every rank learns that 10 is committed: the last voter at once, the others from the store.
-  for (int r = 0; r < kWorld; ++r) {
-    const absl::Time deadline = absl::Now() + kTimeout;
-    while (ranks_[r]->checkpointer->known_committed() != 10 && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    ASSERT_EQ(ranks_[r]->checkpointer->known_committed(), 10) << "rank " << r;
-  }
-  // Rank 0 saves nothing more; ranks 1 and 2 save 15 and 20 (neither is committed).
-  for (int64_t s : {15, 20}) {
-    for (int r : {1, 2}) {
-      ranks_[r]->Fill(r, s);
-      ASSERT_TRUE(ranks_[r]->checkpointer->Save(s, /*persist=*/false).ok());
-    }
-    for (int r : {1, 2}) ASSERT_TRUE(ranks_[r]->checkpointer->WaitIdle(kTimeout).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(CommitTenThenStall());
   std::filesystem::remove_all(dir_.path());  // only memory can serve 10
   std::filesystem::create_directories(dir_.path());
   for (int r = 0; r < kWorld; ++r) ranks_[r]->Fill(r, 99);
@@ -401,22 +426,8 @@ TEST_F(CheckpointerTest, ACorruptShardOnOneRankMovesEveryRankToTheNextOlderStep)
     ASSERT_TRUE(Snapshotter::RemoveArena(job_, r).ok());
   }
   // Flip one payload byte of rank 1's shard of step 20.
-  absl::StatusOr<std::vector<ShardRecord>> shards = ListCommittedShards(nullptr, dir_.path());
-  ASSERT_TRUE(shards.ok());
   std::string victim;
-  for (const ShardRecord& s : *shards) {
-    if (s.step == 20 && s.rank == 1) victim = s.shard_path;
-  }
-  ASSERT_FALSE(victim.empty());
-  {
-    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(4096 + 5000);
-    char c = 0;
-    f.read(&c, 1);
-    c ^= 0x40;
-    f.seekp(4096 + 5000);
-    f.write(&c, 1);
-  }
+  ASSERT_NO_FATAL_FAILURE(victim = CorruptShard(20, 1));
   for (int r = 0; r < kWorld; ++r) ASSERT_NO_FATAL_FAILURE(Start(r, 0));
 
   std::vector<absl::StatusOr<RestoreResult>> results = RestoreAll();
@@ -430,6 +441,28 @@ TEST_F(CheckpointerTest, ACorruptShardOnOneRankMovesEveryRankToTheNextOlderStep)
     EXPECT_THAT(results[r]->skipped[0], HasSubstr("rank 1"));
     EXPECT_THAT(results[r]->skipped[0], HasSubstr(victim));
     EXPECT_THAT(results[r]->skipped[0], HasSubstr("offset"));
+  }
+}
+
+// While the ranks join the restore, ranks 0 and 2 copy step 20 (the newest committed in their
+// arenas) back ahead of the agreement; rank 1 lost its arena and its shard of step 20 is corrupt,
+// so the ranks agree on step 10, and 0 and 2 restore that over their early copy.
+TEST_F(CheckpointerTest, ACopyMadeAheadOfTheAgreementGivesWayToTheStepTheRanksAgreeOn) {
+  ASSERT_NO_FATAL_FAILURE(SaveAll(10));
+  ASSERT_NO_FATAL_FAILURE(SaveAll(20));
+  ranks_[1]->checkpointer.reset();
+  ASSERT_TRUE(Snapshotter::RemoveArena(job_, 1).ok());
+  ASSERT_NO_FATAL_FAILURE(CorruptShard(20, 1));
+  ASSERT_NO_FATAL_FAILURE(Start(1, 0));
+  for (int r = 0; r < kWorld; ++r) ranks_[r]->Fill(r, 99);
+
+  std::vector<absl::StatusOr<RestoreResult>> results = RestoreAll();
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
+    EXPECT_EQ(results[r]->step, 10) << "rank " << r;
+    EXPECT_EQ(results[r]->source, r == 1 ? "disk" : "arena") << "rank " << r;
+    EXPECT_FALSE(results[r]->copied_ahead) << "rank " << r;
+    EXPECT_TRUE(ranks_[r]->Holds(r, 10)) << "rank " << r;
   }
 }
 
@@ -565,6 +598,42 @@ TEST_F(CheckpointerPeerTest, AReplacementForALostHostRestoresFromItsHolderWithou
   results = RestoreAll();
   ASSERT_TRUE(results[0].ok()) << results[0].status();
   EXPECT_EQ(results[0]->source, "peer host host1");
+}
+
+// A commit that stalls (rank 0 saves nothing after step 10; ranks 1 and 2 save 15 and 20, never
+// committed) must not cost step 10 its backups: each push names the committed step it keeps, and
+// the holders overwrite the uncommitted backup instead. Rank 1's host is then lost, and with no
+// disk its replacement restores step 10 from rank 2's memory. Rank 0, which trained no further,
+// finds its buffers holding step 10 and copies nothing of them.
+TEST_F(CheckpointerPeerTest, WhileACommitStallsTheHoldersKeepTheCommittedStepsBackups) {
+  ASSERT_NO_FATAL_FAILURE(CommitTenThenStall());
+  for (int r : {1, 2}) {
+    for (const SaveOutcome& o : {ranks_[r]->outcomes.end()[-2], ranks_[r]->outcomes.back()}) {
+      EXPECT_TRUE(o.replicated) << "rank " << r << " step " << o.step;
+      EXPECT_FALSE(o.committed) << "rank " << r << " step " << o.step;
+    }
+  }
+  ASSERT_NO_FATAL_FAILURE(LoseHost(1));
+  std::filesystem::remove_all(dir_.path());  // only memory can serve step 10
+  std::filesystem::create_directories(dir_.path());
+  ranks_[1]->Fill(1, -1);
+  ASSERT_NO_FATAL_FAILURE(Start(1, /*generation=*/1));
+  ranks_[0]->checkpointer->SetGeneration(1);
+  ranks_[2]->checkpointer->SetGeneration(1);
+  ranks_[2]->Fill(2, 99);
+  std::vector<absl::StatusOr<RestoreResult>> results = RestoreAll();
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
+    EXPECT_EQ(results[r]->step, 10) << "rank " << r;
+    EXPECT_EQ(results[r]->source, r == 1 ? "peer host host2" : "arena") << "rank " << r;
+    EXPECT_TRUE(ranks_[r]->Holds(r, 10)) << "rank " << r;
+  }
+  EXPECT_EQ(results[0]->bytes_held, 2 * 4096u);  // the weights' two whole chunks
+  EXPECT_EQ(results[2]->bytes_held, 0u);
+  // Both survivors copied step 10 back while rank 1 joined the restore, before the agreement.
+  EXPECT_TRUE(results[0]->copied_ahead);
+  EXPECT_TRUE(results[2]->copied_ahead);
+  EXPECT_FALSE(results[1]->copied_ahead);
 }
 
 TEST_F(CheckpointerPeerTest, ACorruptBackupIsNeverRestoredAndTheDiskServesInstead) {

@@ -183,6 +183,17 @@ class SnapshotterTest : public ::testing::Test {
             .ok());
   }
 
+  // A Snapshotter of `registry` holding step `step` of `state` (filled for it), taken and fenced.
+  std::unique_ptr<Snapshotter> SnapshotOf(int64_t step, TrainerState& state,
+                                          const StateRegistry& registry) {
+    state.FillAll(step);
+    std::unique_ptr<Snapshotter> snapshotter = MustCreate(&registry);
+    if (snapshotter == nullptr) return nullptr;
+    EXPECT_TRUE(snapshotter->Begin(step).ok());
+    EXPECT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
+    return snapshotter;
+  }
+
   std::unique_ptr<Snapshotter> MustCreate(const StateRegistry* registry) {
     absl::StatusOr<std::unique_ptr<Snapshotter>> s = Snapshotter::Create(registry, options_);
     EXPECT_TRUE(s.ok()) << s.status();
@@ -427,12 +438,9 @@ TEST_F(SnapshotterTest, AnInstallOverwritesTheSlotWhoseStepIsNotKept) {
 
 TEST_F(SnapshotterTest, AFlippedByteInTheArenaFailsRestoreWithDataLossAndLeavesBuffersAlone) {
   TrainerState state;
-  state.FillAll(3);
   StateRegistry registry = state.MakeRegistry();
-  std::unique_ptr<Snapshotter> snapshotter = MustCreate(&registry);
+  std::unique_ptr<Snapshotter> snapshotter = SnapshotOf(3, state, registry);
   ASSERT_NE(snapshotter, nullptr);
-  ASSERT_TRUE(snapshotter->Begin(3).ok());
-  ASSERT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
   state.FillAll(4);
 
   // In layer1.weight, 1.5 MiB into it.
@@ -450,29 +458,89 @@ TEST_F(SnapshotterTest, AFlippedByteInTheArenaFailsRestoreWithDataLossAndLeavesB
 // finishes first.
 TEST_F(SnapshotterTest, CorruptChunksInEveryVerifyingThreadsRangeNameTheFirstOfThem) {
   TrainerState state;
-  state.FillAll(3);
   StateRegistry registry = state.MakeRegistry();
-  std::unique_ptr<Snapshotter> snapshotter = MustCreate(&registry);
+  std::unique_ptr<Snapshotter> snapshotter = SnapshotOf(3, state, registry);
   ASSERT_NE(snapshotter, nullptr);
-  ASSERT_TRUE(snapshotter->Begin(3).ok());
-  ASSERT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
+  state.FillAll(4);  // the trainer went on: every chunk must come from the arena
   // In layer1.weight's last full chunk, then in layer0.weight's second chunk.
   ASSERT_NO_FATAL_FAILURE(FlipInLatestSlot({7 * kChunk + 100, 1 * kChunk + 5}, 0x01));
   absl::StatusOr<SnapshotInfo> restored = snapshotter->RestoreLatest(&registry);
   EXPECT_EQ(restored.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(restored.status().message(), HasSubstr("chunk 1 (payload offset 1048576"));
   EXPECT_THAT(restored.status().message(), HasSubstr("buffer \"layer0.weight\" offset 1048576"));
+  EXPECT_TRUE(state.Holds(4));
+}
+
+// A survivor rolling back to the snapshot it took: the chunks its buffers still hold (their bytes
+// hash to the snapshot's checksums) are left as they are, neither copied nor read from the arena
+// (a flipped byte in the arena's copy of one does not matter); the others are checked and copied.
+TEST_F(SnapshotterTest, ARestoreLeavesTheChunksTheBuffersStillHoldAndCopiesTheRest) {
+  TrainerState state;
+  StateRegistry registry = state.MakeRegistry();
+  std::unique_ptr<Snapshotter> snapshotter = SnapshotOf(3, state, registry);
+  ASSERT_NE(snapshotter, nullptr);
+  state.Fill(1, 4);
+  state.Fill(2, 4);
+  // layer0.weight (chunks 0-2) is unchanged; its arena copy rots.
+  ASSERT_NO_FATAL_FAILURE(FlipInLatestSlot({1 * kChunk + 5}, 0x01));
+  absl::StatusOr<SnapshotInfo> restored = snapshotter->RestoreLatest(&registry);
+  ASSERT_TRUE(restored.ok()) << restored.status();
   EXPECT_TRUE(state.Holds(3));
+  EXPECT_EQ(restored->restored_bytes_held, 3 * kChunk);
+
+  // A changed chunk is still checked: rot in layer1.weight's copy fails the restore, and leaves
+  // the buffers as they were.
+  state.Fill(1, 5);
+  ASSERT_NO_FATAL_FAILURE(FlipInLatestSlot({4 * kChunk + 7}, 0x01));
+  restored = snapshotter->RestoreLatest(&registry);
+  EXPECT_EQ(restored.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(restored.status().message(), HasSubstr("buffer \"layer1.weight\" offset 1048576"));
+  EXPECT_EQ(state.FirstDifference(1, 5), -1);
+}
+
+// The first restore of an installed slot (its chunks checked as they landed) copies without
+// comparing: the hash that could spare a copy costs as much as the copy. A later restore of it
+// verifies, and then compares.
+TEST_F(SnapshotterTest, TheFirstRestoreOfAnInstalledSnapshotCopiesWithoutComparing) {
+  TrainerState state;
+  StateRegistry registry = state.MakeRegistry();
+  std::unique_ptr<Snapshotter> snapshotter = SnapshotOf(3, state, registry);
+  ASSERT_NE(snapshotter, nullptr);
+  absl::StatusOr<Snapshotter::View> view = snapshotter->ViewOf(3);
+  ASSERT_TRUE(view.ok()) << view.status();
+  const std::string payload(view->payload);
+  ASSERT_TRUE(snapshotter->Install(7, 3, payload, view->chunk_checksums).ok());
+  absl::StatusOr<SnapshotInfo> restored = snapshotter->RestoreStep(&registry, 7);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(restored->restored_bytes_held, 0u);
+  EXPECT_TRUE(state.Holds(3));
+  restored = snapshotter->RestoreStep(&registry, 7);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(restored->restored_bytes_held, 8 * kChunk);  // every chunk but the mixed last one
+}
+
+// State that training rewrites costs the comparison two chunk hashes a buffer, not a pass: along
+// a buffer, once the chunks that differed outnumber those that matched by two, the rest of it is
+// copied without being compared (here layer1.weight's first two chunks differ; its last three,
+// unchanged, are copied all the same). One thread, so that one range walks the whole buffer.
+TEST_F(SnapshotterTest, ARestoreStopsComparingABufferWhoseChunksKeepDiffering) {
+  options_.copy_threads = 1;
+  TrainerState state;
+  StateRegistry registry = state.MakeRegistry();
+  std::unique_ptr<Snapshotter> snapshotter = SnapshotOf(3, state, registry);
+  ASSERT_NE(snapshotter, nullptr);
+  for (size_t i = 0; i < 2 * kChunk; ++i) state.data(1)[i] ^= 0x5a;
+  absl::StatusOr<SnapshotInfo> restored = snapshotter->RestoreLatest(&registry);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_TRUE(state.Holds(3));
+  EXPECT_EQ(restored->restored_bytes_held, 3 * kChunk);  // layer0.weight's three chunks only
 }
 
 TEST_F(SnapshotterTest, RestoringIntoARegistryOfAnotherLayoutIsRefused) {
   TrainerState state;
-  state.FillAll(3);
   StateRegistry registry = state.MakeRegistry();
-  std::unique_ptr<Snapshotter> snapshotter = MustCreate(&registry);
+  std::unique_ptr<Snapshotter> snapshotter = SnapshotOf(3, state, registry);
   ASSERT_NE(snapshotter, nullptr);
-  ASSERT_TRUE(snapshotter->Begin(3).ok());
-  ASSERT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
 
   std::vector<float> other(16, 1.0f);
   StateRegistry other_registry;

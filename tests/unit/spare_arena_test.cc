@@ -4,8 +4,11 @@
 #include "sdk/checkpoint/spare_arena.h"
 
 #include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -171,6 +174,67 @@ TEST_F(SpareArenaTest, ThePreparerMakesTheSpareOnceEveryRankPublishedItsSize) {
   EXPECT_TRUE(SegmentExists(spare_name()));
   spare.reset();
   EXPECT_FALSE(SegmentExists(spare_name()));
+}
+
+// An Env that, once a segment exists and is locked, says so on `ready_fd` and never reserves its
+// memory: a standby caught making its spare.
+class StallingReserveEnv : public EnvWrapper {
+ public:
+  explicit StallingReserveEnv(int ready_fd) : EnvWrapper(Env::Default()), ready_fd_(ready_fd) {}
+  absl::Status ReserveSharedMemory(int, const std::string&, uint64_t) override {
+    const char byte = 1;
+    (void)!write(ready_fd_, &byte, 1);
+    while (true) pause();  // until the test kills this process
+  }
+
+ private:
+  const int ready_fd_;
+};
+
+// A standby killed while it makes its spare leaves the segment behind, and nobody holds its lock:
+// the next standby's preparer on the host removes it before making its own, so the dead one's
+// memory is not kept from the rank that needs it. A live standby's spare is left alone.
+TEST_F(SpareArenaTest, AStandbyKilledWhileMakingItsSpareLeavesASegmentTheNextStandbyRemoves) {
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(ready[0]);
+    StallingReserveEnv env(ready[1]);
+    (void)SpareArena::Create(&env, SpareArena::Name(options_.job_id, getpid()), 64 << 20);
+    _exit(1);
+  }
+  close(ready[1]);
+  const std::string dead = SpareArena::Name(options_.job_id, child);
+  struct pollfd p = {ready[0], POLLIN, 0};
+  char byte = 0;
+  const bool stalled = poll(&p, 1, 30'000) == 1 && read(ready[0], &byte, 1) == 1;
+  close(ready[0]);
+  kill(child, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(stalled) << "the standby never got as far as its segment";
+  ASSERT_TRUE(SegmentExists(dead));
+
+  // Another live standby's spare of the same job: locked, kept.
+  absl::StatusOr<std::unique_ptr<SpareArena>> live =
+      SpareArena::Create(Env::Default(), SpareArena::Name(options_.job_id, 1), 1 << 20);
+  ASSERT_TRUE(live.ok()) << live.status();
+
+  InMemoryStore store;
+  PrefixStore ckpt("ckpt", &store);
+  ASSERT_TRUE(ckpt.Set(PeerBackups::ArenaSizeKey(0), "1056768", absl::Seconds(1)).ok());
+  SpareArenaPreparer preparer(&store, {.job_id = options_.job_id,
+                                       .world_size = 1,
+                                       .env = nullptr,
+                                       .name = spare_name(),
+                                       .poll = absl::Milliseconds(10)});
+  preparer.Stop();
+  ASSERT_TRUE(preparer.status().ok()) << preparer.status();
+  EXPECT_NE(preparer.Take(), nullptr);
+  EXPECT_FALSE(SegmentExists(dead));
+  EXPECT_TRUE(SegmentExists((*live)->name()));
 }
 
 TEST_F(SpareArenaTest, ThePreparerStoppedBeforeEveryRankPublishedMakesNothing) {
