@@ -50,6 +50,10 @@
 #include "sdk/rendezvous/connection_pool.h"
 #include "trainguard/store.h"
 
+namespace trainguard::proto {
+class StoreResponse;
+}  // namespace trainguard::proto
+
 namespace trainguard {
 
 struct TcpStoreServerOptions {
@@ -228,6 +232,10 @@ class TcpStore final : public Store {
   class Connection;
   class Lease;  // one call on a connection taken from the pool and given back (tcp_store_client.cc)
   explicit TcpStore(const TcpStoreOptions& options);
+  // One MultiGet request (with the keys' ages, or not), its answer checked: as many values as
+  // keys, and as many ages when asked (Unimplemented when the server gave none).
+  absl::StatusOr<proto::StoreResponse> CallMultiGet(const std::vector<std::string>& keys,
+                                                    bool with_ages, absl::Duration timeout);
 
   const TcpStoreOptions options_;
   std::atomic<int64_t> generation_{kUnfenced};  // what SetWriterGeneration set; every request

@@ -760,31 +760,14 @@ absl::StatusOr<bool> TcpStore::Delete(std::string_view key, absl::Duration timeo
   return response->flag();
 }
 
-absl::StatusOr<std::vector<std::optional<std::string>>> TcpStore::MultiGet(
-    const std::vector<std::string>& keys, absl::Duration timeout) {
+absl::StatusOr<proto::StoreResponse> TcpStore::CallMultiGet(const std::vector<std::string>& keys,
+                                                            bool with_ages,
+                                                            absl::Duration timeout) {
   if (absl::Status s = CheckKeys(keys); !s.ok()) return s;
   proto::ClientMessage message;
   proto::MultiGetOp* op = message.mutable_request()->mutable_multi_get();
   for (const std::string& key : keys) op->add_keys(key);
-  const std::string what = Describe("MultiGet", keys);
-  absl::StatusOr<proto::StoreResponse> response =
-      Lease(this)->Call(message, Connection::Retry::kIdempotent, timeout, what);
-  if (!response.ok()) return response.status();
-  if (absl::Status s = ResponseStatus(*response); !s.ok()) return s;
-  if (static_cast<size_t>(response->values_size()) != keys.size()) {
-    return absl::InternalError(absl::StrFormat("store server %s answered %s with %d values",
-                                               address(), what, response->values_size()));
-  }
-  return TakeValues(*response);
-}
-
-absl::StatusOr<std::vector<std::optional<Store::AgedValue>>> TcpStore::MultiGetWithAges(
-    const std::vector<std::string>& keys, absl::Duration timeout) {
-  if (absl::Status s = CheckKeys(keys); !s.ok()) return s;
-  proto::ClientMessage message;
-  proto::MultiGetOp* op = message.mutable_request()->mutable_multi_get();
-  for (const std::string& key : keys) op->add_keys(key);
-  op->set_with_ages(true);
+  op->set_with_ages(with_ages);
   const std::string what = Describe("MultiGet", keys);
   absl::StatusOr<proto::StoreResponse> response =
       Lease(this)->Call(message, Connection::Retry::kIdempotent, timeout, what);
@@ -795,11 +778,25 @@ absl::StatusOr<std::vector<std::optional<Store::AgedValue>>> TcpStore::MultiGetW
                                                address(), what, response->values_size()));
   }
   // A server that predates MultiGetOp.with_ages answers the values alone.
-  if (static_cast<size_t>(response->ages_ns_size()) != keys.size()) {
+  if (with_ages && static_cast<size_t>(response->ages_ns_size()) != keys.size()) {
     return absl::UnimplementedError(absl::StrFormat(
         "store server %s does not say when its keys were written (it answered %s with %d ages)",
         address(), what, response->ages_ns_size()));
   }
+  return response;
+}
+
+absl::StatusOr<std::vector<std::optional<std::string>>> TcpStore::MultiGet(
+    const std::vector<std::string>& keys, absl::Duration timeout) {
+  absl::StatusOr<proto::StoreResponse> response = CallMultiGet(keys, false, timeout);
+  if (!response.ok()) return response.status();
+  return TakeValues(*response);
+}
+
+absl::StatusOr<std::vector<std::optional<Store::AgedValue>>> TcpStore::MultiGetWithAges(
+    const std::vector<std::string>& keys, absl::Duration timeout) {
+  absl::StatusOr<proto::StoreResponse> response = CallMultiGet(keys, true, timeout);
+  if (!response.ok()) return response.status();
   std::vector<std::optional<AgedValue>> values;
   values.reserve(keys.size());
   for (int i = 0; i < response->values_size(); ++i) {

@@ -138,6 +138,18 @@ class Rendezvous : public ::testing::Test {
     ASSERT_TRUE(joined.ok()) << joined.status();
   }
 
+  // `member`, woken by generation 1 (a renewal of the generation 0 it held alone), takes its place
+  // without a request through `store`, its client.
+  static void ExpectTheFirstRenewalTakenWithoutARequest(RendezvousMember& member,
+                                                        testing::CountingStore& store) {
+    store.Reset();
+    absl::StatusOr<Membership> place = member.AwaitGeneration(0, kTimeout);
+    ASSERT_TRUE(place.ok()) << place.status();
+    EXPECT_EQ(place->generation, 1);
+    EXPECT_EQ(place->rank, 0);
+    EXPECT_THAT(store.counts(), IsEmpty());
+  }
+
   // Bounded polling until `n` standbys are parked (the launcher learns of them the same way).
   void AwaitParkedStandbys(size_t n) {
     for (absl::Time end = absl::Now() + kTimeout; absl::Now() < end;) {
@@ -971,12 +983,7 @@ TEST_F(Rendezvous, AWatcherWokenByTheNextGenerationAmongOtherKeysTakesItsPlaceWi
   wait.join();
   ASSERT_TRUE(seen.ok()) << seen.status();
   EXPECT_TRUE(seen->superseded);
-  store.Reset();
-  absl::StatusOr<Membership> place = member.AwaitGeneration(0, kTimeout);
-  ASSERT_TRUE(place.ok()) << place.status();
-  EXPECT_EQ(place->generation, 1);
-  EXPECT_EQ(place->rank, 0);
-  EXPECT_THAT(store.counts(), IsEmpty());
+  ASSERT_NO_FATAL_FAILURE(ExpectTheFirstRenewalTakenWithoutARequest(member, store));
 }
 
 }  // namespace
@@ -1332,17 +1339,12 @@ TEST_F(Rendezvous, AMemberWokenByTheNextGenerationTakesItsPlaceWithoutAnotherReq
   ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
   wait.join();
   ASSERT_TRUE(newer.ok() && *newer) << newer.status();
-  store.Reset();
-  absl::StatusOr<Membership> place = member.AwaitGeneration(0, kTimeout);
-  ASSERT_TRUE(place.ok()) << place.status();
-  EXPECT_EQ(place->generation, 1);
-  EXPECT_EQ(place->rank, 0);
-  EXPECT_THAT(store.counts(), IsEmpty());
+  ASSERT_NO_FATAL_FAILURE(ExpectTheFirstRenewalTakenWithoutARequest(member, store));
   // Not kept past its use: the next generation is waited for and read again.
   std::thread next_wait([&] { newer = member.AwaitNewerGeneration(kTimeout); });
   ASSERT_TRUE(coordinator_.RenewGeneration(kTimeout).ok());
   next_wait.join();
-  place = member.AwaitGeneration(1, kTimeout);
+  absl::StatusOr<Membership> place = member.AwaitGeneration(1, kTimeout);
   ASSERT_TRUE(place.ok()) << place.status();
   EXPECT_EQ(place->generation, 2);
 }
