@@ -151,7 +151,6 @@ std::optional<proto::StoreResponse> StoreState::Execute(uint64_t session_id, con
                                                         const proto::StoreRequest& request,
                                                         absl::Time now) {
   Job& state = jobs_[job];
-  now_ = now;
   bool parked = false;
   proto::StoreResponse response = Apply(session_id, state, request, now, &parked);
   if (parked) return std::nullopt;
@@ -212,7 +211,7 @@ proto::StoreResponse StoreState::Apply(uint64_t session_id, Job& job,
       const proto::SetOp& op = request.set();
       if (op.add_key().empty()) {
         job.data.insert_or_assign(op.key(), op.value());
-        KeyWritten(job, op.key());
+        KeyWritten(job, op.key(), now);
         return StatusResponse(id, absl::OkStatus());
       }
       // CreateAndAdd: nothing when the key exists.
@@ -227,8 +226,8 @@ proto::StoreResponse StoreState::Apply(uint64_t session_id, Job& job,
       if (!sum.ok()) return StatusResponse(id, sum.status());
       job.data.insert_or_assign(op.key(), op.value());
       job.data.insert_or_assign(op.add_key(), absl::StrCat(*sum));
-      KeyWritten(job, op.key());
-      KeyWritten(job, op.add_key());
+      KeyWritten(job, op.key(), now);
+      KeyWritten(job, op.add_key(), now);
       proto::StoreResponse response = StatusResponse(id, absl::OkStatus());
       response.set_number(*sum);
       response.set_flag(true);
@@ -250,7 +249,7 @@ proto::StoreResponse StoreState::Apply(uint64_t session_id, Job& job,
       absl::StatusOr<int64_t> sum = SumOf(job, key, request.add().delta());
       if (!sum.ok()) return StatusResponse(id, sum.status());
       job.data.insert_or_assign(key, absl::StrCat(*sum));
-      KeyWritten(job, key);
+      KeyWritten(job, key, now);
       proto::StoreResponse response = StatusResponse(id, absl::OkStatus());
       response.set_number(*sum);
       return response;
@@ -264,7 +263,7 @@ proto::StoreResponse StoreState::Apply(uint64_t session_id, Job& job,
           op.expected_present() ? std::optional<std::string>(op.expected()) : std::nullopt,
           op.desired(), response.add_values());
       response.set_flag(matches);
-      if (matches) KeyWritten(job, op.key());
+      if (matches) KeyWritten(job, op.key(), now);
       return response;
     }
     case proto::StoreRequest::kDeleteKey: {
@@ -318,44 +317,54 @@ proto::StoreResponse StoreState::Apply(uint64_t session_id, Job& job,
       job.fence = std::max(job.fence, request.raise_fence().generation());
       return StatusResponse(id, absl::OkStatus());
     case proto::StoreRequest::kWriteBatch:
-      return ApplyBatch(job, request);
+      return ApplyBatch(job, request, now);
     case proto::StoreRequest::OP_NOT_SET:
       break;
   }
   return StatusResponse(id, ValidateStoreRequest(request));
 }
 
-proto::StoreResponse StoreState::ApplyBatch(Job& job, const proto::StoreRequest& request) {
+proto::StoreResponse StoreState::ApplyBatch(Job& job, const proto::StoreRequest& request,
+                                            absl::Time now) {
   const uint64_t id = request.request_id();
   if (absl::Status s = CheckFence(job, request.writer_generation()); !s.ok()) {
     return StatusResponse(id, s);
   }
-  absl::StatusOr<std::vector<BatchWrite>> writes = BatchWrites(request.write_batch());
-  if (!writes.ok()) return StatusResponse(id, writes.status());  // validated already
+  // Validated already (ValidateStoreRequest: BatchWrites), so the writes are applied as sent.
   proto::StoreResponse response = StatusResponse(id, absl::OkStatus());
   std::vector<const std::string*> written;
-  written.reserve(writes->size());
-  for (const BatchWrite& write : *writes) {
+  written.reserve(request.write_batch().writes_size());
+  for (const proto::BatchWriteOp& write : request.write_batch().writes()) {
     proto::OptionalValue* after = response.add_values();
-    bool wrote = true;
-    switch (write.op) {
-      case BatchWrite::Op::kSet:
-        job.data.insert_or_assign(write.key, write.value);
+    bool wrote = false;
+    switch (write.write_case()) {
+      case proto::BatchWriteOp::kSet:
+        job.data.insert_or_assign(write.set().key(), write.set().value());
         after->set_present(true);
-        after->set_value(write.value);
+        after->set_value(write.set().value());
+        written.push_back(&write.set().key());
+        wrote = true;
         break;
-      case BatchWrite::Op::kCompareAndSet:
-        wrote = CompareAndSetIn(job.data, write.key, write.expected, write.value, after);
+      case proto::BatchWriteOp::kCompareAndSet: {
+        const proto::CompareAndSetOp& cas = write.compare_and_set();
+        wrote = CompareAndSetIn(
+            job.data, cas.key(),
+            cas.expected_present() ? std::optional<std::string>(cas.expected()) : std::nullopt,
+            cas.desired(), after);
+        if (wrote) written.push_back(&cas.key());
         break;
-      case BatchWrite::Op::kRaiseFence:
-        job.fence = std::max(job.fence, write.generation);
+      }
+      case proto::BatchWriteOp::kRaiseFence:
+        job.fence = std::max(job.fence, write.raise_fence().generation());
+        wrote = true;
+        break;
+      case proto::BatchWriteOp::WRITE_NOT_SET:
         break;
     }
     response.add_flags(wrote);
-    if (wrote && write.op != BatchWrite::Op::kRaiseFence) written.push_back(&write.key);
   }
   // The parked Waits only now: one woken by the batch's first key reads its last.
-  for (const std::string* key : written) KeyWritten(job, *key);
+  for (const std::string* key : written) KeyWritten(job, *key, now);
   return response;
 }
 
@@ -420,8 +429,8 @@ void StoreState::AddAges(const Job& job,
   }
 }
 
-void StoreState::KeyWritten(Job& job, const std::string& key) {
-  job.written.insert_or_assign(key, now_);
+void StoreState::KeyWritten(Job& job, const std::string& key, absl::Time now) {
+  job.written.insert_or_assign(key, now);
   WakeAnyWaiters(job, key);
   auto [begin, end] = job.waiting_on.equal_range(key);
   if (begin == end) return;

@@ -119,12 +119,12 @@ class StoreState {
   // Appends the values of `keys` in `job` to response->values, as a MultiGet answers.
   template <typename Keys>
   static void AddValues(const Job& job, const Keys& keys, proto::StoreResponse* response);
-  // A WriteBatch: every write, then the Waits its keys wake.
-  proto::StoreResponse ApplyBatch(Job& job, const proto::StoreRequest& request);
+  // A WriteBatch (validated): every write, then the Waits its keys wake.
+  proto::StoreResponse ApplyBatch(Job& job, const proto::StoreRequest& request, absl::Time now);
   proto::StoreResponse Apply(uint64_t session_id, Job& job, const proto::StoreRequest& request,
                              absl::Time now, bool* parked);
-  // Records that `key` was written at now_, and re-checks the Waits indexed under it.
-  void KeyWritten(Job& job, const std::string& key);
+  // Records that `key` was written at `now`, and re-checks the Waits indexed under it.
+  void KeyWritten(Job& job, const std::string& key, absl::Time now);
   // Appends to response->ages_ns how long before `now` each of `keys` was written (0: absent).
   static void AddAges(const Job& job, const google::protobuf::RepeatedPtrField<std::string>& keys,
                       absl::Time now, proto::StoreResponse* response);
@@ -166,8 +166,6 @@ class StoreState {
   void CancelAnyWaits(uint64_t session_id);
 
   const uint32_t max_response_bytes_;
-  // The instant of the request being executed (Execute's `now`), which KeyWritten records.
-  absl::Time now_ = absl::InfinitePast();
   // std::map: a Job's address is stable (waiters point at it).
   std::map<std::string, Job, std::less<>> jobs_;
   std::map<uint64_t, Waiter> waiters_;
