@@ -63,7 +63,7 @@ class InMemoryStore::Client final : public Store {
     if (absl::Status s = CheckKey(key); !s.ok()) return s;
     MutexLock lock(&state_->mu);
     if (absl::Status s = state_->CheckFence(generation_.load()); !s.ok()) return s;
-    state_->Put(key, std::string(value));
+    state_->Put(key, value);
     return absl::OkStatus();
   }
 
@@ -114,7 +114,7 @@ class InMemoryStore::Client final : public Store {
     std::optional<std::string> current;
     if (it != state_->data.end()) current = it->second;
     if (current != expected) return CompareAndSetResult{false, std::move(current)};
-    state_->Put(key, std::string(desired));
+    state_->Put(key, desired);
     return CompareAndSetResult{true, std::string(desired)};
   }
 
@@ -264,24 +264,13 @@ class InMemoryStore::Client final : public Store {
     if (absl::Status s = CheckKey(add_key); !s.ok()) return s;
     MutexLock lock(&state_->mu);
     if (absl::Status s = state_->CheckFence(generation_.load()); !s.ok()) return s;
-    const std::optional<std::string> before = Lookup(set_key);
-    if (only_if_absent && before.has_value()) return std::optional<int64_t>();
-    const auto written_before = state_->written_ns.find(set_key);
-    const int64_t before_ns =
-        written_before == state_->written_ns.end() ? 0 : written_before->second;
-    // The sum is taken after the Set, as the two calls would: `add_key` may be `set_key`.
-    state_->Put(set_key, std::string(value));
-    absl::StatusOr<int64_t> sum = SumOf(add_key, delta);
-    if (!sum.ok()) {
-      // Neither write happened: the key holds what it held, written when it was.
-      if (before.has_value()) {
-        state_->Put(set_key, *before);
-        state_->written_ns.insert_or_assign(std::string(set_key), before_ns);
-      } else {
-        state_->Erase(set_key);
-      }
-      return sum.status();
-    }
+    if (only_if_absent && Lookup(set_key).has_value()) return std::optional<int64_t>();
+    // The sum is checked before either write, so that both happen or neither. It is taken after
+    // the Set, as the two calls would: `add_key` may be `set_key`.
+    absl::StatusOr<int64_t> sum = SumOf(
+        add_key, add_key == set_key ? std::optional<std::string>(value) : Lookup(add_key), delta);
+    if (!sum.ok()) return sum.status();
+    state_->Put(set_key, value);
     state_->Put(add_key, absl::StrCat(*sum));
     return std::optional<int64_t>(*sum);
   }
@@ -296,7 +285,11 @@ class InMemoryStore::Client final : public Store {
   // What Add(`key`, `delta`) would store; FailedPrecondition when the key holds a non-integer.
   absl::StatusOr<int64_t> SumOf(std::string_view key, int64_t delta) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
-    const std::optional<std::string> value = Lookup(key);
+    return SumOf(key, Lookup(key), delta);
+  }
+  // The same for `key` holding `value` (nullopt: absent).
+  static absl::StatusOr<int64_t> SumOf(std::string_view key,
+                                       const std::optional<std::string>& value, int64_t delta) {
     int64_t current = 0;
     if (value.has_value() && !value->empty() && !absl::SimpleAtoi(*value, &current)) {
       return absl::FailedPreconditionError(absl::StrFormat(
