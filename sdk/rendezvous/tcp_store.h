@@ -236,6 +236,11 @@ class TcpStore final : public Store {
   // keys, and as many ages when asked (Unimplemented when the server gave none).
   absl::StatusOr<proto::StoreResponse> CallMultiGet(const std::vector<std::string>& keys,
                                                     bool with_ages, absl::Duration timeout);
+  // The values of `read` a Wait or WaitAny answered with (`response`); read with a MultiGet by
+  // `deadline` when the server predates the wait's read_keys and answered none.
+  absl::StatusOr<std::vector<std::optional<std::string>>> ValuesReadWith(
+      proto::StoreResponse& response, const std::vector<std::string>& read, absl::Time deadline,
+      const std::string& what);
 
   const TcpStoreOptions options_;
   std::atomic<int64_t> generation_{kUnfenced};  // what SetWriterGeneration set; every request

@@ -854,16 +854,22 @@ absl::StatusOr<std::vector<std::optional<std::string>>> TcpStore::WaitAndRead(
       Lease(this)->Call(message, Connection::Retry::kIdempotent, timeout, what);
   if (!response.ok()) return response.status();
   if (absl::Status s = ResponseStatus(*response); !s.ok()) return s;
-  // A server that predates WaitOp.read_keys waited and read nothing: the values come apart.
-  if (response->values_size() == 0) {
+  return ValuesReadWith(*response, read, deadline, what);
+}
+
+absl::StatusOr<std::vector<std::optional<std::string>>> TcpStore::ValuesReadWith(
+    proto::StoreResponse& response, const std::vector<std::string>& read, absl::Time deadline,
+    const std::string& what) {
+  // A server that predates the wait's read_keys waited and read nothing: the values come apart.
+  if (response.values_size() == 0) {
     return MultiGet(read, std::max(deadline - absl::Now(), absl::ZeroDuration()));
   }
-  if (static_cast<size_t>(response->values_size()) != read.size()) {
+  if (static_cast<size_t>(response.values_size()) != read.size()) {
     return absl::InternalError(absl::StrFormat("store server %s answered %s with %d values for %d",
-                                               address(), what, response->values_size(),
+                                               address(), what, response.values_size(),
                                                read.size()));
   }
-  return TakeValues(*response);
+  return TakeValues(response);
 }
 
 absl::StatusOr<size_t> TcpStore::WaitAny(const std::vector<std::string>& keys,
@@ -895,20 +901,10 @@ absl::StatusOr<AnyKeyAndValues> TcpStore::WaitAnyAndRead(const std::vector<std::
   }
   AnyKeyAndValues found{static_cast<size_t>(response->number()), {}};
   if (read.empty()) return found;
-  // A server that predates WaitAnyOp.read_keys waited and read nothing: the values come apart.
-  if (response->values_size() == 0) {
-    absl::StatusOr<std::vector<std::optional<std::string>>> values =
-        MultiGet(read, std::max(deadline - absl::Now(), absl::ZeroDuration()));
-    if (!values.ok()) return values.status();
-    found.values = *std::move(values);
-    return found;
-  }
-  if (static_cast<size_t>(response->values_size()) != read.size()) {
-    return absl::InternalError(absl::StrFormat("store server %s answered %s with %d values for %d",
-                                               address(), what, response->values_size(),
-                                               read.size()));
-  }
-  found.values = TakeValues(*response);
+  absl::StatusOr<std::vector<std::optional<std::string>>> values =
+      ValuesReadWith(*response, read, deadline, what);
+  if (!values.ok()) return values.status();
+  found.values = *std::move(values);
   return found;
 }
 
