@@ -236,11 +236,15 @@ absl::StatusOr<int64_t> RendezvousMember::HeldGeneration() const {
   return held;
 }
 
-bool RendezvousMember::MarkSuperseded(int64_t held) {
+bool RendezvousMember::MarkSuperseded(int64_t held,
+                                      std::vector<std::optional<std::string>> prefetched) {
   // Under mu_: a member that adopted a newer generation meanwhile (AdoptGeneration clears the
-  // mark) is not superseded by the table it waited for.
+  // mark) is not superseded by the table it waited for, and what was read with it is dropped.
   MutexLock lock(&mu_);
-  if (generation_ == held) superseded_generation_.store(held);
+  if (generation_ == held) {
+    superseded_generation_.store(held);
+    prefetched_ = Prefetched{held, std::move(prefetched)};
+  }
   return superseded_generation_.load() == generation_;
 }
 
@@ -252,11 +256,7 @@ absl::StatusOr<bool> RendezvousMember::AwaitNewerGeneration(absl::Duration timeo
       store_->WaitAndRead({TableKey(*held + 1)}, {kCurrentKey, ChangesKey(*held + 1)}, timeout);
   if (absl::IsDeadlineExceeded(read.status())) return false;
   if (!read.ok()) return read.status();
-  {
-    MutexLock lock(&mu_);
-    if (generation_ == *held) prefetched_ = Prefetched{*held, *std::move(read)};
-  }
-  return MarkSuperseded(*held);
+  return MarkSuperseded(*held, *std::move(read));
 }
 
 absl::StatusOr<RendezvousMember::NewerGenerationOrKey> RendezvousMember::AwaitNewerGenerationOr(
@@ -279,11 +279,7 @@ absl::StatusOr<RendezvousMember::NewerGenerationOrKey> RendezvousMember::AwaitNe
     seen.key = found->index - 1;
     return seen;
   }
-  {
-    MutexLock lock(&mu_);
-    if (generation_ == *held) prefetched_ = Prefetched{*held, std::move(found->values)};
-  }
-  seen.superseded = MarkSuperseded(*held);
+  seen.superseded = MarkSuperseded(*held, std::move(found->values));
   return seen;
 }
 

@@ -217,10 +217,11 @@ class RendezvousMember {
   // The generation this member holds, whose successor's table the two waits for a newer generation
   // wait on; FailedPrecondition before it joined one.
   absl::StatusOr<int64_t> HeldGeneration() const;
-  // Marks `held` superseded, once the next generation's table appeared, unless this member adopted
-  // a newer generation meanwhile (AdoptGeneration clears the mark); whether the generation it holds
-  // now is superseded.
-  bool MarkSuperseded(int64_t held);
+  // Marks `held` superseded, once the next generation's table appeared, and keeps `prefetched`
+  // (what the wait read with it: the announcement and the next generation's changes) for
+  // AwaitGeneration, unless this member adopted a newer generation meanwhile (AdoptGeneration
+  // clears the mark); whether the generation it holds now is superseded.
+  bool MarkSuperseded(int64_t held, std::vector<std::optional<std::string>> prefetched);
   void AdoptGeneration(const Membership& place);
   void HeartbeatLoop();
 
