@@ -106,11 +106,10 @@ std::vector<HeldBackup> PeekBackupArena(Env* env, const std::string& name, int s
 }
 
 // /dev/shm is where Linux keeps POSIX shared memory; the Env has no listing.
-std::vector<int> BackupArenasOnHost(std::string_view job_id) {
-  std::vector<int> ranks;
-  const std::string prefix = SegmentPrefix(job_id);
+std::vector<std::pair<std::string, int>> NumberedSharedMemory(std::string_view prefix) {
+  std::vector<std::pair<std::string, int>> found;
   DIR* dir = opendir("/dev/shm");
-  if (dir == nullptr) return ranks;
+  if (dir == nullptr) return found;
   while (const dirent* entry = readdir(dir)) {
     const std::string_view name(entry->d_name);
     if (name.substr(0, prefix.size()) != prefix) continue;
@@ -119,9 +118,17 @@ std::vector<int> BackupArenasOnHost(std::string_view job_id) {
         !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
       continue;
     }
-    ranks.push_back(std::stoi(std::string(digits)));
+    found.emplace_back("/" + std::string(name), std::stoi(std::string(digits)));
   }
   closedir(dir);
+  return found;
+}
+
+std::vector<int> BackupArenasOnHost(std::string_view job_id) {
+  std::vector<int> ranks;
+  for (const auto& [name, rank] : NumberedSharedMemory(SegmentPrefix(job_id))) {
+    ranks.push_back(rank);
+  }
   return ranks;
 }
 

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -49,6 +50,10 @@ std::vector<HeldBackup> CompleteSlots(int source_rank, const ArenaGeometry& geom
 // The complete backups in the arena `name`, read without locking it; empty when it has none or is
 // not a usable arena.
 std::vector<HeldBackup> PeekBackupArena(Env* env, const std::string& name, int source_rank);
+
+// The POSIX shared memory segments of this host named `prefix` and a decimal number (at most 9
+// digits): each one's name ("/<prefix><number>", as the Env takes it) and number.
+std::vector<std::pair<std::string, int>> NumberedSharedMemory(std::string_view prefix);
 
 // The source ranks whose backup arenas of `job_id` exist on this host.
 std::vector<int> BackupArenasOnHost(std::string_view job_id);

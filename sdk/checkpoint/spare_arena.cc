@@ -1,11 +1,9 @@
 #include "sdk/checkpoint/spare_arena.h"
 
-#include <dirent.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <map>
 #include <memory>
@@ -19,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "sdk/checkpoint/held_backups.h"
 #include "sdk/checkpoint/peer_backups.h"
 #include "sdk/core/errno_error.h"
 #include "trainguard/env.h"
@@ -61,23 +60,10 @@ SpareArena::~SpareArena() {
   }
 }
 
-// /dev/shm is where Linux keeps POSIX shared memory; the Env has no listing.
 std::vector<std::string> SpareArena::RemoveAbandoned(Env* env, std::string_view job_id) {
   std::vector<std::string> removed;
-  const std::string prefix = absl::StrFormat("trainguard.%s.spare.pid", job_id);
-  DIR* dir = opendir("/dev/shm");
-  if (dir == nullptr) return removed;
-  std::vector<std::string> names;
-  while (const dirent* entry = readdir(dir)) {
-    const std::string_view name(entry->d_name);
-    const std::string_view pid = name.substr(std::min(prefix.size(), name.size()));
-    if (name.substr(0, prefix.size()) == prefix && !pid.empty() &&
-        std::all_of(pid.begin(), pid.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-      names.push_back("/" + std::string(name));
-    }
-  }
-  closedir(dir);
-  for (const std::string& name : names) {
+  for (const auto& [name, pid] : checkpoint_internal::NumberedSharedMemory(
+           absl::StrFormat("trainguard.%s.spare.pid", job_id))) {
     absl::StatusOr<int> fd = env->OpenSharedMemory(name, /*writable=*/false);
     if (!fd.ok()) continue;
     if (flock(*fd, LOCK_EX | LOCK_NB) == 0 && env->RemoveSharedMemory(name).ok()) {
