@@ -1037,22 +1037,25 @@ absl::StatusOr<Membership> RendezvousCoordinator::Publish(
                                               name_));
   }
   // The rest in one batch, applied by the store as one: nobody sees the new generation before all
-  // of it is written (its table, which the ranks wait for; its changes, from which they learn
-  // their place; each standby's assignment; the fence; the previous plan's mark; the
-  // announcement), and a coordinator that dies here leaves all of it or none (its claim alone:
-  // a retry of its own publication completes it). The ranks' wake-ups then never queue ahead of
-  // the publication's last writes, and by the time anyone acts in the new generation the old one
-  // can no longer write.
+  // of it is written (each standby's assignment; its table, which the ranks wait for; its changes,
+  // from which they learn their place; the fence; the previous plan's mark; the announcement), and
+  // a coordinator that dies here leaves all of it or none (its claim alone: a retry of its own
+  // publication completes it). The ranks' wake-ups then never queue ahead of the publication's
+  // last writes, and by the time anyone acts in the new generation the old one can no longer
+  // write.
   std::vector<BatchWrite> writes;
+  // The assignments first: the store wakes the waits on a batch's keys in the batch's order, and a
+  // standby, which reads the generation's changes once woken, would otherwise have that read
+  // queued behind the wake-ups of every rank (16,384 of them: 0.4 s on one core).
+  for (const auto& [standby, rank] : assignments) {
+    writes.push_back(
+        BatchWrite::Set(AssignKey(standby), store_keys::EncodeAssignment({next.generation, rank})));
+  }
   writes.push_back(BatchWrite::Set(TableKey(next.generation), EncodeTable(next)));
   // The ranks learn their place from the changes, and so do the coordinators and agents that hold
   // the generation before (Resume).
   writes.push_back(BatchWrite::Set(ChangesKey(next.generation),
                                    store_keys::EncodeGenerationChanges(ChangesOf(previous, next))));
-  for (const auto& [standby, rank] : assignments) {
-    writes.push_back(
-        BatchWrite::Set(AssignKey(standby), store_keys::EncodeAssignment({next.generation, rank})));
-  }
   writes.push_back(BatchWrite::RaiseFence(next.generation));
   // Ranks of the generation before, still waiting for its plan (its computing rank died, or has yet
   // to write it and now cannot: fenced), leave for this one at once. Not written when the plan is
@@ -1066,10 +1069,9 @@ absl::StatusOr<Membership> RendezvousCoordinator::Publish(
   // Beyond what one batch holds (more than a hundred ranks replaced at once), the first standbys'
   // assignments go ahead in batches of their own: a standby woken by its assignment waits for the
   // generation's changes (ParkAsStandby).
-  constexpr size_t kFirstAssignment = 2;
   while (writes.size() > Store::kMaxBatchWrites) {
     const size_t ahead = std::min(writes.size() - Store::kMaxBatchWrites, Store::kMaxBatchWrites);
-    const auto first = writes.begin() + kFirstAssignment;
+    const auto first = writes.begin();
     std::vector<BatchWrite> early(std::make_move_iterator(first),
                                   std::make_move_iterator(first + static_cast<ptrdiff_t>(ahead)));
     writes.erase(first, first + static_cast<ptrdiff_t>(ahead));

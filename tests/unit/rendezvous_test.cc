@@ -1224,8 +1224,8 @@ TEST_F(Rendezvous, ACoordinatorRetryingAPublicationItAlreadyClaimedCompletesIt) 
   EXPECT_EQ(renewed->generation, 1);
 }
 
-// A publication after its claim is one store batch: the table, the changes, each standby's
-// assignment, the fence, the previous plan's mark and the announcement, applied as one.
+// A publication after its claim is one store batch: each standby's assignment, the table, the
+// changes, the fence, the previous plan's mark and the announcement, applied as one.
 TEST(RendezvousCoordinatorCost, APublicationIsItsClaimAndOneBatch) {
   InMemoryStore shared;
   testing::CountingStore store(&shared);
@@ -1248,6 +1248,42 @@ TEST(RendezvousCoordinatorCost, APublicationIsItsClaimAndOneBatch) {
                                                        ::testing::Pair("WriteBatch", 2)));
   EXPECT_EQ(*store.Get(store_keys::RdzvAssign("hostS:standby0"), kTimeout), "1 2");
   EXPECT_EQ(*store.Get("rdzv/current", kTimeout), "1");
+}
+
+// The store wakes the waits on a batch's keys in the batch's order: the standbys' assignments come
+// first, so that a standby's read of the generation's changes, once woken, is not queued behind the
+// wake-ups of every rank waiting on the table.
+TEST(RendezvousCoordinatorCost, APublicationWritesTheStandbysAssignmentsAheadOfItsTable) {
+  class BatchRecorder final : public testing::ForwardingStore {
+   public:
+    using ForwardingStore::ForwardingStore;
+    absl::StatusOr<std::vector<CompareAndSetResult>> WriteBatch(
+        const std::vector<BatchWrite>& writes, absl::Duration timeout) override {
+      keys.clear();
+      for (const BatchWrite& write : writes) keys.push_back(write.key);
+      return base()->WriteBatch(writes, timeout);
+    }
+    std::vector<std::string> keys;  // the last batch's, in order ("" for the fence)
+  };
+  InMemoryStore shared;
+  BatchRecorder store(&shared);
+  RendezvousCoordinator coordinator(&store, Clock::Real(), "h0");
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(store.Set(store_keys::RdzvJoin(r), absl::StrCat("host:rank", r), kTimeout).ok());
+  }
+  for (const char* standby : {"hostS:standby0", "hostS:standby1"}) {
+    ASSERT_TRUE(store.Set(store_keys::RdzvStandby(standby), "parked", kTimeout).ok());
+  }
+  ASSERT_TRUE(coordinator.FormInitialGeneration(4, kTimeout).ok());
+  ASSERT_TRUE(coordinator
+                  .ReplaceRanks({1, 2}, {"hostS:standby0", "hostS:standby1"},
+                                /*any_standby=*/false, kTimeout)
+                  .ok());
+  ASSERT_GE(store.keys.size(), 4u);
+  EXPECT_THAT(std::vector<std::string>(store.keys.begin(), store.keys.begin() + 3),
+              ::testing::ElementsAre(store_keys::RdzvAssign("hostS:standby0"),
+                                     store_keys::RdzvAssign("hostS:standby1"), "rdzv/gen/1/table"));
+  EXPECT_EQ(store.keys.back(), "rdzv/current") << "the announcement stays last";
 }
 
 // The store refuses (or loses) the coordinator's publication batch: nothing of the generation is
