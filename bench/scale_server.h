@@ -209,12 +209,14 @@ class ServerProcess {
   int port_ = 0;
 };
 
-// A client connection to the server of `port`, as a rank's or an agent's; `busy_poll` and
-// `max_connections`: its TcpStoreOptions' (nullopt: their defaults).
+// A client connection to the server of `port`, as a rank's or an agent's; `busy_poll`,
+// `max_connections` and `control`: its TcpStoreOptions' (nullopt: their defaults; an agent's and
+// a coordinator's are control connections, as the launcher's).
 inline absl::StatusOr<std::unique_ptr<Store>> Connect(
     int port, absl::Duration timeout, std::optional<absl::Duration> busy_poll = std::nullopt,
-    std::optional<int> max_connections = std::nullopt) {
+    std::optional<int> max_connections = std::nullopt, bool control = false) {
   TcpStoreOptions options;
+  options.control = control;
   if (busy_poll.has_value()) options.busy_poll = *busy_poll;
   if (max_connections.has_value()) options.max_connections = *max_connections;
   options.port = port;

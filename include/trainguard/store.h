@@ -337,6 +337,10 @@ struct OpenStoreOptions {
   // The local address every connection to the store leaves from (bound before connecting): a
   // numeric IPv4 or IPv6 address of this host. Empty: the kernel's choice.
   std::string source_address;
+  // A store client of the job's control plane (the coordinator's and the host agents'; the
+  // launcher's agents set it): a TcpStore server reads its requests ahead of the ranks'
+  // (TcpStoreOptions::control). etcd has no such lane and ignores it.
+  bool control = false;
 };
 
 // OpenStore, with `options`. InvalidArgument also for a source address that is not numeric (naming

@@ -235,6 +235,7 @@ class Job {
   OpenStoreOptions AgentStoreOptions() const {
     OpenStoreOptions options;
     options.source_address = layout_.source_address;
+    options.control = true;  // the agent's and coordinator's calls go ahead of the ranks'
     return options;
   }
   // The job id the ranks run under: the job's, or in restart round K "<job id>.round<K>", so that
@@ -809,8 +810,10 @@ absl::Status Job::StartOwnStore() {
   if (!server.ok()) return server.status();
   server_ = *std::move(server);
   store_url_ = absl::StrCat("tcp://127.0.0.1:", server_->port());
+  OpenStoreOptions open_options;
+  open_options.control = true;  // the launcher's own calls go ahead of its ranks'
   absl::StatusOr<std::unique_ptr<Store>> store =
-      OpenStore(store_url_, config_.job_id, *token, kStoreTimeout, OpenStoreOptions{});
+      OpenStore(store_url_, config_.job_id, *token, kStoreTimeout, open_options);
   if (!store.ok()) return store.status();
   store_ = *std::move(store);
   token_ = *token;  // a restart round's store is opened with it

@@ -52,6 +52,7 @@ absl::StatusOr<std::unique_ptr<Store>> OpenStore(std::string_view url, std::stri
     options.job_token = std::string(token);
     options.connect_timeout = timeout;
     options.source_address = open_options.source_address;
+    options.control = open_options.control;
     absl::StatusOr<std::unique_ptr<TcpStore>> store = TcpStore::Connect(options);
     if (!store.ok()) return store.status();
     return std::unique_ptr<Store>(std::move(*store));

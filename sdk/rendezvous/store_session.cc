@@ -144,6 +144,7 @@ StoreSession::Verdict StoreSession::HandleHello(const proto::ClientHello& hello,
         Verdict::kCloseProtocolError, out);
   }
   job_ = hello.job_id();
+  control_ = hello.control();
   if (hello.client_nonce().size() != store_auth::kNonceBytes) {
     return Fail(0,
                 absl::InvalidArgumentError(

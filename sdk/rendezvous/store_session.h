@@ -70,6 +70,8 @@ class StoreSession {
   // "host:port" of the peer, and its job once known.
   const std::string& peer() const { return peer_; }
   const std::string& job() const { return job_; }
+  // Whether its ClientHello said it is a control connection (ClientHello.control).
+  bool control() const { return control_; }
   // Requests executed (including Waits parked).
   int64_t requests_executed() const { return requests_executed_; }
   // The error that closed the session, naming the peer; empty while open.
@@ -98,6 +100,7 @@ class StoreSession {
   Phase phase_ = Phase::kAwaitHello;
   Verdict verdict_ = Verdict::kKeepOpen;
   std::string job_;
+  bool control_ = false;
   const std::string* token_ = nullptr;
   std::string server_nonce_;
   std::string client_nonce_;

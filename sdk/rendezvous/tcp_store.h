@@ -103,6 +103,8 @@ struct TcpStoreServerStats {
   int64_t bytes_sent = 0;
   // Waits parked now, waiting for their keys.
   int64_t waits_parked = 0;
+  // Open connections in the control lane (TcpStoreOptions::control): read ahead of the others.
+  int64_t control_connections = 0;
   // The latest of the errors counted above, naming the peer (and its job once known).
   std::string last_error;
 };
@@ -110,6 +112,12 @@ struct TcpStoreServerStats {
 // The server: owns a listening socket and the event-loop thread. Not copyable or movable.
 class TcpStoreServer {
  public:
+  // Answers to parked waits (woken by a write, or run out) sent per turn of the event loop,
+  // between its reads: a write that wakes 16,384 waits (a third of a second of sends on loopback),
+  // or their deadlines passing together, does not hold up the other clients' requests until the
+  // last of them is sent; the control lane's are read at every turn.
+  static constexpr size_t kCompletionsPerTurn = 2048;
+
   // Binds, listens and starts the event-loop thread. InvalidArgument for bad options (naming the
   // option), Unavailable when the address cannot be bound (naming it).
   static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(
@@ -170,6 +178,12 @@ struct TcpStoreOptions {
   // calls (a rank's heartbeats behind its generation watch) and one another. A client thus holds
   // at most this many connections plus one per wait in flight. At least 1.
   int max_connections = 4;
+  // A client of the job's control plane (its coordinator and host agents; the launcher's agents
+  // set it): the server reads its requests ahead of the ranks' in each turn of its loop
+  // (ClientHello.control), so that its heartbeat reads, declarations and publications do not
+  // queue behind a burst of the ranks' requests. Not for ranks: a lane that every rank takes
+  // serves nobody first.
+  bool control = false;
 };
 
 class TcpStore final : public Store {

@@ -498,6 +498,7 @@ class TcpStore::Connection {
     hello.mutable_hello()->set_protocol_version(store_wire::kProtocolVersion);
     hello.mutable_hello()->set_job_id(options_.job_id);
     hello.mutable_hello()->set_client_nonce(*client_nonce);
+    hello.mutable_hello()->set_control(options_.control);
     if (absl::Status s = SendMessage(hello, deadline); !s.ok()) return s;
 
     absl::StatusOr<proto::ServerMessage> reply = ReadMessage(deadline, /*busy_poll=*/true);

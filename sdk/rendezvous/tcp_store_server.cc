@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <set>
 #include <string>
@@ -43,7 +44,9 @@ namespace {
 
 constexpr uint64_t kListenerTag = 0;
 constexpr uint64_t kWakeTag = 1;
-constexpr uint64_t kFirstConnectionId = 2;
+// The control lane's epoll set, itself in the main one: readable when a control connection is.
+constexpr uint64_t kControlTag = 2;
+constexpr uint64_t kFirstConnectionId = 3;
 constexpr size_t kReadChunkBytes = 64 << 10;
 // Bytes read from one connection per readiness event, so one busy client cannot starve others.
 constexpr size_t kReadBudgetBytes = 1 << 20;
@@ -156,6 +159,7 @@ class TcpStoreServer::EventLoop {
     for (auto& [id, connection] : connections_) close(connection->fd);
     close(listen_fd_);
     close(epoll_fd_);
+    close(control_fd_);
     close(wake_fd_);
     if (reserve_fd_ >= 0) close(reserve_fd_);
   }
@@ -178,6 +182,7 @@ class TcpStoreServer::EventLoop {
     s.bytes_received = bytes_received_.load();
     s.bytes_sent = bytes_sent_.load();
     s.waits_parked = waits_parked_.load();
+    s.control_connections = control_open_.load();
     MutexLock lock(&last_error_mu_);
     s.last_error = last_error_;
     return s;
@@ -198,18 +203,22 @@ class TcpStoreServer::EventLoop {
     bool want_write = false;
     Closing closing = Closing::kNo;
     bool dead = false;
+    // The epoll set it is in: the main one, or the control lane's once it said it is a control
+    // connection (ClientHello.control).
+    int epoll_fd = -1;
     // The handshake deadline until authenticated; the linger deadline while closing.
     std::optional<absl::Time> deadline;
 
     size_t pending() const { return out.size() - out_offset; }
   };
 
-  EventLoop(const TcpStoreServerOptions& options, int listen_fd, int epoll_fd, int wake_fd,
-            int port)
+  EventLoop(const TcpStoreServerOptions& options, int listen_fd, int epoll_fd, int control_fd,
+            int wake_fd, int port)
       : options_(options),
         state_(options.max_frame_bytes - kEnvelopeBytes),
         listen_fd_(listen_fd),
         epoll_fd_(epoll_fd),
+        control_fd_(control_fd),
         wake_fd_(wake_fd),
         port_(port),
         read_buffer_(kReadChunkBytes),
@@ -223,8 +232,15 @@ class TcpStoreServer::EventLoop {
   int WaitForEvents(std::vector<epoll_event>& events);
   void AcceptAll(absl::Time now);
   void OnEvent(Connection& c, uint32_t events, absl::Time now);
+  // Moves an authenticated control connection into the control lane's set.
+  void JoinControlLane(Connection& c);
+  // Reads the control lane's ready connections (without waiting).
+  void HandleControlLane(absl::Time now);
   void OnReadable(Connection& c, absl::Time now);
   void Feed(Connection& c, std::string_view bytes, absl::Time now);
+  // The answers to parked waits the state finished (woken or expired) join unsent_, in order;
+  // DeliverCompletions sends up to TcpStoreServer::kCompletionsPerTurn of them.
+  void QueueCompletions();
   void DeliverCompletions();
   void Flush(Connection& c);
   void BeginClose(Connection& c, absl::Time now);
@@ -246,6 +262,10 @@ class TcpStoreServer::EventLoop {
   StoreState state_;
   const int listen_fd_;
   const int epoll_fd_;
+  // The control lane: the connections of the job's coordinator and agents (ClientHello.control),
+  // whose requests each turn of the loop reads before the others', so that a burst of the ranks'
+  // requests (16,384 of them queue for a third of a second) does not delay a host's declaration.
+  const int control_fd_;
   const int wake_fd_;
   const int port_;
   // Kept open so that, out of file descriptors, the loop can still accept and close a connection
@@ -256,6 +276,8 @@ class TcpStoreServer::EventLoop {
   absl::flat_hash_map<uint64_t, std::unique_ptr<Connection>> connections_;
   std::set<std::pair<absl::Time, uint64_t>> deadlines_;
   std::vector<uint64_t> dead_;
+  std::deque<StoreState::Completion> unsent_;
+  std::vector<epoll_event> control_events_ = std::vector<epoll_event>(kMaxEvents);
   uint64_t next_id_ = kFirstConnectionId;
   std::atomic<bool> stop_{false};
   std::thread thread_;
@@ -269,6 +291,7 @@ class TcpStoreServer::EventLoop {
   std::atomic<int64_t> bytes_received_{0};
   std::atomic<int64_t> bytes_sent_{0};
   std::atomic<int64_t> waits_parked_{0};
+  std::atomic<int64_t> control_open_{0};
   // The one piece of the loop's state that other threads read.
   mutable Mutex last_error_mu_;
   std::string last_error_ ABSL_GUARDED_BY(last_error_mu_);
@@ -281,11 +304,13 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer::EventLoop>> TcpStoreServer::Event
   if (!listen_fd.ok()) return listen_fd.status();
   const int port = BoundPort(*listen_fd);
   const int epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  const int control_fd = epoll_create1(EPOLL_CLOEXEC);
   const int wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (epoll_fd < 0 || wake_fd < 0) {
+  if (epoll_fd < 0 || control_fd < 0 || wake_fd < 0) {
     const int err = errno;
     close(*listen_fd);
     if (epoll_fd >= 0) close(epoll_fd);
+    if (control_fd >= 0) close(control_fd);
     if (wake_fd >= 0) close(wake_fd);
     return absl::InternalError(
         absl::StrCat("epoll/eventfd for the store server: ", ErrnoText(err)));
@@ -293,8 +318,11 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer::EventLoop>> TcpStoreServer::Event
   epoll_event listener{.events = EPOLLIN, .data = {.u64 = kListenerTag}};
   epoll_event wake{.events = EPOLLIN, .data = {.u64 = kWakeTag}};
   epoll_ctl(epoll_fd, EPOLL_CTL_ADD, *listen_fd, &listener);
+  epoll_event control{.events = EPOLLIN, .data = {.u64 = kControlTag}};
   epoll_ctl(epoll_fd, EPOLL_CTL_ADD, wake_fd, &wake);
-  return std::unique_ptr<EventLoop>(new EventLoop(options, *listen_fd, epoll_fd, wake_fd, port));
+  epoll_ctl(epoll_fd, EPOLL_CTL_ADD, control_fd, &control);
+  return std::unique_ptr<EventLoop>(
+      new EventLoop(options, *listen_fd, epoll_fd, control_fd, wake_fd, port));
 }
 
 void TcpStoreServer::EventLoop::Run() {
@@ -309,8 +337,11 @@ void TcpStoreServer::EventLoop::Run() {
       return;
     }
     absl::Time now = MonotonicNow();
+    // The control lane first, whether or not its set's readiness is among the events.
+    HandleControlLane(now);
     for (int i = 0; i < n; ++i) {
       const uint64_t tag = events[i].data.u64;
+      if (tag == kControlTag) continue;
       if (tag == kWakeTag) {
         uint64_t count;
         (void)!read(wake_fd_, &count, sizeof(count));
@@ -350,6 +381,7 @@ int TcpStoreServer::EventLoop::WaitForEvents(std::vector<epoll_event>& events) {
 }
 
 int TcpStoreServer::EventLoop::EpollTimeoutMs(absl::Time now) const {
+  if (!unsent_.empty()) return 0;  // answers still to send: only a look for new requests
   std::optional<absl::Time> next = state_.NextWaitDeadline();
   if (!deadlines_.empty() && (!next.has_value() || deadlines_.begin()->first < *next)) {
     next = deadlines_.begin()->first;
@@ -401,6 +433,7 @@ void TcpStoreServer::EventLoop::AcceptAll(absl::Time now) {
       close(fd);
       continue;
     }
+    connection->epoll_fd = epoll_fd_;
     Connection& c = *connection;
     connections_.emplace(id, std::move(connection));
     open_.fetch_add(1);
@@ -446,9 +479,13 @@ void TcpStoreServer::EventLoop::Feed(Connection& c, std::string_view bytes, absl
   const int64_t executed_before = c.session.requests_executed();
   const StoreSession::Verdict verdict = c.session.OnBytes(bytes, now, &c.out);
   requests_served_.fetch_add(c.session.requests_executed() - executed_before);
-  if (!was_authenticated && c.session.authenticated()) SetDeadline(c, std::nullopt);
-  // A write may have answered Waits parked by other connections.
-  DeliverCompletions();
+  if (!was_authenticated && c.session.authenticated()) {
+    SetDeadline(c, std::nullopt);
+    if (c.session.control()) JoinControlLane(c);
+  }
+  // A write may have answered Waits parked by other connections: sent from the loop, a turn's
+  // share at a time.
+  QueueCompletions();
   if (verdict != StoreSession::Verdict::kKeepOpen) {
     RecordError(c.session.close_reason(),
                 verdict == StoreSession::Verdict::kCloseAuthenticationFailure
@@ -466,11 +503,20 @@ void TcpStoreServer::EventLoop::Feed(Connection& c, std::string_view bytes, absl
   }
 }
 
-void TcpStoreServer::EventLoop::DeliverCompletions() {
+void TcpStoreServer::EventLoop::QueueCompletions() {
   // Published before the answers go out, so that a client holding its answer never reads its wait
   // still counted as parked (stats(), read on other threads).
   waits_parked_.store(static_cast<int64_t>(state_.parked_waits()));
   for (StoreState::Completion& completion : state_.TakeCompletions()) {
+    unsent_.push_back(std::move(completion));
+  }
+}
+
+void TcpStoreServer::EventLoop::DeliverCompletions() {
+  QueueCompletions();
+  for (size_t sent = 0; sent < TcpStoreServer::kCompletionsPerTurn && !unsent_.empty(); ++sent) {
+    StoreState::Completion completion = std::move(unsent_.front());
+    unsent_.pop_front();
     Connection* c = Find(completion.session_id);
     if (c == nullptr || c->dead || c->closing != Closing::kNo) continue;
     c->session.AppendResponse(completion.response, &c->out);
@@ -541,7 +587,26 @@ void TcpStoreServer::EventLoop::UpdateInterest(Connection& c) {
   c.want_write = want_write;
   epoll_event interest{.events = EPOLLIN | (want_write ? EPOLLOUT : 0u),
                        .data = {.u64 = c.session.id()}};
-  epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &interest);
+  epoll_ctl(c.epoll_fd, EPOLL_CTL_MOD, c.fd, &interest);
+}
+
+void TcpStoreServer::EventLoop::JoinControlLane(Connection& c) {
+  epoll_event interest{.events = EPOLLIN | (c.want_write ? EPOLLOUT : 0u),
+                       .data = {.u64 = c.session.id()}};
+  if (epoll_ctl(control_fd_, EPOLL_CTL_ADD, c.fd, &interest) != 0) return;  // stays where it is
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.fd, nullptr);
+  c.epoll_fd = control_fd_;
+  control_open_.fetch_add(1);
+}
+
+void TcpStoreServer::EventLoop::HandleControlLane(absl::Time now) {
+  const int n = epoll_wait(control_fd_, control_events_.data(), kMaxEvents, 0);
+  for (int i = 0; i < n; ++i) {
+    if (Connection* c = Find(control_events_[i].data.u64); c != nullptr && !c->dead) {
+      OnEvent(*c, control_events_[i].events, now);
+    }
+    ReapDead();
+  }
 }
 
 void TcpStoreServer::EventLoop::MarkDead(Connection& c) {
@@ -557,7 +622,8 @@ void TcpStoreServer::EventLoop::ReapDead() {
     Connection& c = *it->second;
     SetDeadline(c, std::nullopt);
     state_.CancelWaits(id);
-    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.fd, nullptr);
+    epoll_ctl(c.epoll_fd, EPOLL_CTL_DEL, c.fd, nullptr);
+    if (c.epoll_fd == control_fd_) control_open_.fetch_sub(1);
     close(c.fd);
     connections_.erase(it);
     open_.fetch_sub(1);

@@ -227,13 +227,20 @@ int UnusedPort() {
   return *port;
 }
 
+// Every other client is a control client (TcpStoreOptions::control), so that the suite runs
+// across the server's two lanes: the writes of one answer the waits of the other.
 class TcpStoreHarness {
  public:
   TcpStoreHarness() : server_(StartServer()) {}
-  std::unique_ptr<Store> NewClient() { return ConnectClient(server_->port()); }
+  std::unique_ptr<Store> NewClient() {
+    TcpStoreOptions options = ClientOptions(server_->port());
+    options.control = clients_++ % 2 == 1;
+    return OrDie(TcpStore::Connect(options));
+  }
 
  private:
   std::unique_ptr<TcpStoreServer> server_;
+  int clients_ = 0;
 };
 
 // A server and clients that never busy-poll: every wait for an answer or a request sleeps at once.
@@ -1109,6 +1116,77 @@ TEST(TcpStoreServerTest, AWaitParkedOnABatchsFirstKeyIsAnsweredWithItsLast) {
   ASSERT_TRUE(written.ok()) << written.status();
   ASSERT_TRUE(values.ok()) << values.status();
   EXPECT_THAT(*values, ::testing::ElementsAre("c", "2"));
+  EXPECT_EQ(server->stats().waits_parked, 0);
+  ExpectServes(*server);
+}
+
+// A control client (the coordinator's, an agent's: TcpStoreOptions::control) is read in the
+// server's control lane, ahead of the other connections, on its job's own keys: its writes answer
+// the others' waits and theirs its waits; it leaves the lane when it closes.
+TEST(TcpStoreServerTest, AControlClientIsServedInTheControlLaneOnItsJobsKeys) {
+  auto server = StartServer();
+  TcpStoreOptions options = ClientOptions(server->port());
+  options.control = true;
+  std::unique_ptr<TcpStore> control = OrDie(TcpStore::Connect(options));
+  auto rank = ConnectClient(server->port());
+  ASSERT_TRUE(control->Set("plan", "p", kTimeout).ok());
+  EXPECT_EQ(server->stats().control_connections, 1) << "its one connection, and the rank's not";
+  EXPECT_EQ(OrDie(rank->Get("plan", kTimeout)), "p");
+
+  absl::Status waited = absl::UnknownError("not answered");
+  std::thread control_waits([&] { waited = control->Wait({"joined"}, kTimeout); });
+  ASSERT_TRUE(Eventually([&] { return server->stats().waits_parked == 1; }));
+  ASSERT_TRUE(rank->Set("joined", "1", kTimeout).ok());
+  control_waits.join();
+  EXPECT_TRUE(waited.ok()) << waited;
+
+  std::thread rank_waits([&] { waited = rank->Wait({"table"}, kTimeout); });
+  ASSERT_TRUE(Eventually([&] { return server->stats().waits_parked == 1; }));
+  ASSERT_TRUE(control->Set("table", "t", kTimeout).ok());
+  rank_waits.join();
+  EXPECT_TRUE(waited.ok()) << waited;
+
+  control.reset();
+  EXPECT_TRUE(Eventually([&] { return server->stats().control_connections == 0; }));
+  ExpectServes(*server);
+}
+
+// One write wakes more parked waits than one turn of the server's loop answers
+// (TcpStoreServer::kCompletionsPerTurn): the rest go out over the next turns, every wait answered
+// once, on its own connection, in the order each connection parked them.
+TEST(TcpStoreServerTest, AWriteThatWakesMoreWaitsThanOneTurnAnswersEveryOne) {
+  constexpr size_t kPerConnection = StoreState::kMaxParkedWaitsPerSession;
+  constexpr size_t kConnections =
+      (TcpStoreServer::kCompletionsPerTurn + 100 + kPerConnection - 1) / kPerConnection;
+  auto server = StartServer();
+  std::vector<std::unique_ptr<RawConnection>> waiters;
+  for (size_t i = 0; i < kConnections; ++i) {
+    waiters.push_back(std::make_unique<RawConnection>(server->port()));
+    ASSERT_TRUE(waiters.back()->connected());
+    ASSERT_EQ(waiters.back()->Authenticate(kJob, kToken).code(), 0);
+    for (uint64_t id = 1; id <= kPerConnection; ++id) {
+      proto::ClientMessage wait;
+      wait.mutable_request()->set_request_id(id);
+      wait.mutable_request()->mutable_wait()->add_keys("go");
+      wait.mutable_request()->mutable_wait()->add_read_keys("go");
+      wait.mutable_request()->mutable_wait()->set_timeout_ms(absl::ToInt64Milliseconds(kTimeout));
+      ASSERT_TRUE(waiters.back()->Send(wait));
+    }
+  }
+  const int64_t parked = static_cast<int64_t>(kConnections * kPerConnection);
+  ASSERT_GT(parked, static_cast<int64_t>(TcpStoreServer::kCompletionsPerTurn));
+  ASSERT_TRUE(Eventually([&] { return server->stats().waits_parked == parked; }));
+  auto writer = ConnectClient(server->port());
+  ASSERT_TRUE(writer->Set("go", "now", kTimeout).ok());
+  for (auto& waiter : waiters) {
+    for (uint64_t id = 1; id <= kPerConnection; ++id) {
+      const proto::StoreResponse answer = waiter->ReadResponse();
+      ASSERT_EQ(answer.code(), 0) << answer.message();
+      EXPECT_EQ(answer.request_id(), id);
+      ASSERT_EQ(answer.values_size(), 1);
+      EXPECT_EQ(answer.values(0).value(), "now");
+    }
+  }
   EXPECT_EQ(server->stats().waits_parked, 0);
   ExpectServes(*server);
 }
