@@ -228,19 +228,20 @@ int UnusedPort() {
 }
 
 // Every other client is a control client (TcpStoreOptions::control), so that the suite runs
-// across the server's two lanes: the writes of one answer the waits of the other.
+// across the server's two lanes: the writes of one answer the waits of the other. NewClient is
+// called from several threads.
 class TcpStoreHarness {
  public:
   TcpStoreHarness() : server_(StartServer()) {}
   std::unique_ptr<Store> NewClient() {
     TcpStoreOptions options = ClientOptions(server_->port());
-    options.control = clients_++ % 2 == 1;
+    options.control = clients_.fetch_add(1) % 2 == 1;
     return OrDie(TcpStore::Connect(options));
   }
 
  private:
   std::unique_ptr<TcpStoreServer> server_;
-  int clients_ = 0;
+  std::atomic<int> clients_{0};
 };
 
 // A server and clients that never busy-poll: every wait for an answer or a request sleeps at once.
