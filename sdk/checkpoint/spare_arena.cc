@@ -25,8 +25,17 @@
 
 namespace trainguard {
 
+namespace {
+
+// A spare arena's segment name without its leading slash and the pid that ends it.
+std::string SparePrefix(std::string_view job_id) {
+  return absl::StrFormat("trainguard.%s.spare.pid", job_id);
+}
+
+}  // namespace
+
 std::string SpareArena::Name(std::string_view job_id, int64_t pid) {
-  return absl::StrFormat("/trainguard.%s.spare.pid%d", job_id, pid);
+  return absl::StrFormat("/%s%d", SparePrefix(job_id), pid);
 }
 
 absl::StatusOr<std::unique_ptr<SpareArena>> SpareArena::Create(Env* env, const std::string& name,
@@ -62,8 +71,7 @@ SpareArena::~SpareArena() {
 
 std::vector<std::string> SpareArena::RemoveAbandoned(Env* env, std::string_view job_id) {
   std::vector<std::string> removed;
-  for (const auto& [name, pid] : checkpoint_internal::NumberedSharedMemory(
-           absl::StrFormat("trainguard.%s.spare.pid", job_id))) {
+  for (const auto& [name, pid] : checkpoint_internal::NumberedSharedMemory(SparePrefix(job_id))) {
     absl::StatusOr<int> fd = env->OpenSharedMemory(name, /*writable=*/false);
     if (!fd.ok()) continue;
     if (flock(*fd, LOCK_EX | LOCK_NB) == 0 && env->RemoveSharedMemory(name).ok()) {

@@ -130,13 +130,13 @@ bool JobCoordinator::ReadHostsByAge(bool tick) {
   if (!aged.ok()) return false;
   // The instant the answer arrived: every age is measured back from it.
   const absl::Time read_at = clock_->Now();
+  bool listed = false;
   if (tick) {
     // The joins and departures are listed again only when their counts changed (each record is
     // written before it is counted, so every record a count includes is listed), and once per
     // host timeout whatever the counts say.
     const std::string joins = (*aged)[0].has_value() ? (*aged)[0]->value : "";
     const std::string lefts = (*aged)[1].has_value() ? (*aged)[1]->value : "";
-    bool listed = false;
     if (joins != join_count_listed_ || lefts != left_count_listed_ ||
         read_at - hosts_listed_at_ >= options_.host_timeout) {
       listed = ListHosts();
@@ -146,18 +146,16 @@ bool JobCoordinator::ReadHostsByAge(bool tick) {
       }
     }
     if (done_published_) return true;
-    // Hosts new to the list are read at once (a second request, only when some joined): their
-    // full bound starts at that read.
-    if (listed &&
-        std::any_of(watched_hosts_.begin(), watched_hosts_.end(), [&](const std::string& host) {
-          return !host_liveness_.Knows(host) && hosts.count(host) == 0;
-        })) {
-      ObserveAgedBeats(hosts, *aged, first_beat, read_at);
-      return ReadHostsByAge(/*tick=*/false);
-    }
   }
+  // Hosts new to the list (neither known nor in this read) are read at once after it: a second
+  // request, only when some joined; their full bound starts at that read.
+  const bool joined =
+      listed &&
+      std::any_of(watched_hosts_.begin(), watched_hosts_.end(), [&](const std::string& host) {
+        return !host_liveness_.Knows(host) && hosts.count(host) == 0;
+      });
   ObserveAgedBeats(hosts, *aged, first_beat, read_at);
-  return true;
+  return joined ? ReadHostsByAge(/*tick=*/false) : true;
 }
 
 void JobCoordinator::ObserveAgedBeats(const std::set<std::string>& hosts,

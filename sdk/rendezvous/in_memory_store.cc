@@ -24,19 +24,16 @@ class InMemoryStore::State {
 
   Clock* const clock;
   Mutex mu;
-  std::map<std::string, std::string, std::less<>> data ABSL_GUARDED_BY(mu);
-  // When each key of `data` was last written (the clock's MonotonicNanos), for MultiGetWithAges.
-  std::map<std::string, int64_t, std::less<>> written_ns ABSL_GUARDED_BY(mu);
+  struct Entry {
+    std::string value;
+    int64_t written_ns;  // when it was last written (the clock's MonotonicNanos): its age
+  };
+  std::map<std::string, Entry, std::less<>> data ABSL_GUARDED_BY(mu);
   int64_t fence ABSL_GUARDED_BY(mu) = Store::kUnfenced;
 
-  // Every write of a key goes through Put, every removal through Erase: the two maps agree.
+  // Every write of a key goes through Put, which dates it.
   void Put(std::string_view key, std::string_view value) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    data.insert_or_assign(std::string(key), std::string(value));
-    written_ns.insert_or_assign(std::string(key), clock->MonotonicNanos());
-  }
-  void Erase(std::string_view key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (auto it = data.find(key); it != data.end()) data.erase(it);
-    if (auto it = written_ns.find(key); it != written_ns.end()) written_ns.erase(it);
+    data.insert_or_assign(std::string(key), Entry{std::string(value), clock->MonotonicNanos()});
   }
 
   absl::Status CheckFence(int64_t writer) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -72,7 +69,7 @@ class InMemoryStore::Client final : public Store {
     auto it = state_->data.find(key);
     if (it == state_->data.end())
       return absl::NotFoundError(absl::StrFormat("store key %s not found", key));
-    return it->second;
+    return it->second.value;
   }
 
   absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta, absl::Duration) override {
@@ -112,7 +109,7 @@ class InMemoryStore::Client final : public Store {
     if (absl::Status s = state_->CheckFence(generation_.load()); !s.ok()) return s;
     auto it = state_->data.find(key);
     std::optional<std::string> current;
-    if (it != state_->data.end()) current = it->second;
+    if (it != state_->data.end()) current = it->second.value;
     if (current != expected) return CompareAndSetResult{false, std::move(current)};
     state_->Put(key, desired);
     return CompareAndSetResult{true, std::string(desired)};
@@ -123,7 +120,7 @@ class InMemoryStore::Client final : public Store {
     if (absl::Status s = state_->CheckFence(generation_.load()); !s.ok()) return s;
     auto it = state_->data.find(key);
     if (it == state_->data.end()) return false;
-    state_->Erase(key);
+    state_->data.erase(it);
     return true;
   }
 
@@ -145,9 +142,8 @@ class InMemoryStore::Client final : public Store {
         values.push_back(std::nullopt);
         continue;
       }
-      const int64_t written_ns = state_->written_ns.at(key);
-      values.push_back(
-          AgedValue{it->second, absl::Nanoseconds(std::max<int64_t>(0, now_ns - written_ns))});
+      values.push_back(AgedValue{it->second.value, absl::Nanoseconds(std::max<int64_t>(
+                                                       0, now_ns - it->second.written_ns))});
     }
     return values;
   }
@@ -279,7 +275,7 @@ class InMemoryStore::Client final : public Store {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
     auto it = state_->data.find(key);
     if (it == state_->data.end()) return std::nullopt;
-    return it->second;
+    return it->second.value;
   }
 
   // What Add(`key`, `delta`) would store; FailedPrecondition when the key holds a non-integer.
@@ -324,7 +320,7 @@ class InMemoryStore::Client final : public Store {
     for (const std::string& key : keys) {
       auto it = state_->data.find(key);
       values.push_back(it == state_->data.end() ? std::nullopt
-                                                : std::optional<std::string>(it->second));
+                                                : std::optional<std::string>(it->second.value));
     }
     return values;
   }

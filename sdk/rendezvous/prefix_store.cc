@@ -50,10 +50,7 @@ absl::StatusOr<std::vector<std::optional<std::string>>> PrefixStore::MultiGet(
 }
 absl::StatusOr<std::vector<std::optional<Store::AgedValue>>> PrefixStore::MultiGetWithAges(
     const std::vector<std::string>& keys, absl::Duration timeout) {
-  std::vector<std::string> full;
-  full.reserve(keys.size());
-  for (const std::string& key : keys) full.push_back(Full(key));
-  return base_->MultiGetWithAges(full, timeout);
+  return base_->MultiGetWithAges(Full(keys), timeout);
 }
 absl::StatusOr<std::vector<std::string>> PrefixStore::ListKeys(std::string_view prefix,
                                                                absl::Duration timeout) {
