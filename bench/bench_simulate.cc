@@ -20,10 +20,11 @@
 // its own, each agent on a store connection of its own (a control connection, as the launcher's:
 // TcpStoreOptions::control). The coordinating host (the first to join, which takes the lease)
 // runs the PlanPublisher, JobCoordinator, StandbyReplacement and RankWatch, in the order of the
-// launcher's loop (Job::Run), and forms generation 0 on a thread of its own (Job::StartForming). Every rank and standby is a real RendezvousMember on a store connection of
-// its own, which joins (JoinInitial, ParkAsStandby), waits for the next generation's table
-// (AwaitNewerGeneration, as a rank's generation watcher) and follows it (AwaitGeneration), and
-// announces each generation it holds (PublishResumed, as a rank does after its first step).
+// launcher's loop (Job::Run), and forms generation 0 on a thread of its own (Job::StartForming).
+// Every rank and standby is a real RendezvousMember on a store connection of its own, which joins
+// (JoinInitial, ParkAsStandby), waits for the next generation's table (AwaitNewerGeneration, as a
+// rank's generation watcher) and follows it (AwaitGeneration), and announces each generation it
+// holds at its first beat in it (PublishResumed, as a rank does after its first step).
 //
 // What is simulated: the processes. A host's workers are spawned through the fake process
 // supervisor (tests/support/fake_process_supervisor.h, one per agent thread), whose "process" is a
@@ -430,8 +431,15 @@ class SimMember {
       place_.since = absl::Now();
     }
     adoptions_->Add(m.generation);
-    // As a rank announces its first step of the generation (RuntimeImpl::AnnounceResumed): the
-    // coordinator's recovery ends once every rank did.
+  }
+  // As a rank announces its first step of a generation (RuntimeImpl::AnnounceResumed; the
+  // coordinator's recovery ends once every rank did): once per generation, at the member's first
+  // beat in it. A real rank takes that step only after rebuilding its communicators; announced at
+  // the adoption instead, 16,384 members' announcements competed with the generation's own
+  // fan-out on the store (docs/PERFORMANCE.md).
+  void AnnounceFirstStep(const Membership& m) {
+    if (announced_generation_ == m.generation) return;
+    announced_generation_ = m.generation;
     (void)PublishResumed(store_.get(), m.generation, m.rank, 0, kStoreTimeout);
   }
   void End(absl::Status error, bool replaced) {
@@ -573,6 +581,7 @@ class SimMember {
         Adopt(*m);
         continue;
       }
+      AnnounceFirstStep(*m);
       if (faults_->work_records.load()) WriteWorkRecord(m->rank);
       (void)member->Beat(flags.heartbeat);
     }
@@ -587,6 +596,7 @@ class SimMember {
   std::atomic<bool> slow_{false};
   std::atomic<int64_t> dumped_generation_{-1};  // the generation whose hang it dumped
   int64_t hang_seen_ = -1;                      // the thread's: the hang key it saw
+  int64_t announced_generation_ = -1;           // the thread's: its last first step announced
   RankWorkRecord work_;                         // the thread's: its work so far
   double work_steps_ = 0;
   absl::Time work_since_ = absl::InfinitePast();
