@@ -32,10 +32,12 @@ class ABSL_LOCKABLE Mutex {
   }
 
   // With the mutex held: waits until `condition()` is true or `timeout` passed; returns
-  // condition().
+  // condition(). The wait releases the mutex, as Unlock does, and so wakes the other waiters too:
+  // the caller may have changed what they wait for before it began to wait itself.
   template <typename Condition>
   bool AwaitWithTimeout(Condition condition, absl::Duration timeout)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(this) {
+    changed_.notify_all();
     std::unique_lock<std::mutex> lock(mu_, std::adopt_lock);
     const bool met = changed_.wait_for(lock, absl::ToChronoNanoseconds(timeout), condition);
     lock.release();  // the caller still holds the mutex
