@@ -420,6 +420,10 @@ int SpreadFetch::Untouched() const {
 }
 
 void SpreadFetch::Fail(int i, absl::Status status) {
+  // Once the fetch stopped (complete, cancelled, past its deadline), a call the stop cut short is
+  // not its holder's fault: the holder is not reported failed for it. What a holder answered (not
+  // found, a corrupt chunk, a dropped connection) is reported even when it comes after the stop.
+  if (stopped_ && absl::IsCancelled(status)) return;
   if (state_[i].status.ok()) state_[i].status = std::move(status);
   ReleaseShare(i);
 }

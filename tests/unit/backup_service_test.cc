@@ -1027,7 +1027,9 @@ TEST_F(BackupFromTwoHoldersTest, AHolderProcessKilledMidShareLeavesItsRemainingC
 }
 
 // A holder without the backup (a replacement host that has not received it yet) answers NotFound
-// at once: its share comes from the other holder.
+// at once: its share comes from the other holder. On a busy machine the other may deliver every
+// chunk before that answer comes: the fetch then stops the first holder's call, which is no failure
+// of that holder (its status OK, no bytes).
 TEST_F(BackupFromTwoHoldersTest, AHolderWithoutTheBackupLeavesItsShareToTheOther) {
   ASSERT_NO_FATAL_FAILURE(StartHolders());
   services_[0].reset();
@@ -1040,8 +1042,10 @@ TEST_F(BackupFromTwoHoldersTest, AHolderWithoutTheBackupLeavesItsShareToTheOther
   services_[0] = *std::move(empty);
   absl::StatusOr<FetchedFromHolders> fetched = FetchFromBoth();
   ASSERT_TRUE(fetched.ok()) << fetched.status();
-  EXPECT_EQ(fetched->holders[0].status.code(), absl::StatusCode::kNotFound)
-      << fetched->holders[0].status;
+  if (!fetched->holders[0].status.ok()) {
+    EXPECT_EQ(fetched->holders[0].status.code(), absl::StatusCode::kNotFound)
+        << fetched->holders[0].status;
+  }
   EXPECT_EQ(fetched->holders[0].bytes, 0u);
   EXPECT_EQ(fetched->holders[1].bytes, view_.payload.size());
   ExpectRestoredBitExact();
