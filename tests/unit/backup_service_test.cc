@@ -945,28 +945,58 @@ constexpr char kHolderEnv[] = "TG_BACKUP_TEST_HOLDER";
 }();
 
 // TCP whose dial to `gated` waits until Open() (bounded): the fetch reaches the other holder only
-// once the test let it, so no holder finishes early and takes another's share.
+// once the test let it, so no holder finishes early and takes another's share. The streams to the
+// other holders say when a receive of theirs failed (AwaitUngatedReceiveFailed): the fetch's thread
+// for that holder then holds its share and posts what is left of it, whoever is dialled next.
 class GatedDialTransport : public BackupTransport {
  public:
   explicit GatedDialTransport(std::string gated) : gated_(std::move(gated)) {}
   void Open() { open_.Notify(); }
+  bool AwaitUngatedReceiveFailed() {
+    return receive_failed_.WaitForNotificationWithTimeout(kPollBound);
+  }
   absl::StatusOr<std::unique_ptr<BackupListener>> Listen(
       const BackupListenOptions& options) override {
     return TcpBackupTransport::Get()->Listen(options);
   }
   absl::StatusOr<std::unique_ptr<BackupStream>> Dial(const BackupDialOptions& options) override {
-    if (options.address == gated_) (void)open_.WaitForNotificationWithTimeout(kPollBound);
-    return TcpBackupTransport::Get()->Dial(options);
+    if (options.address == gated_) {
+      (void)open_.WaitForNotificationWithTimeout(kPollBound);
+      return TcpBackupTransport::Get()->Dial(options);
+    }
+    absl::StatusOr<std::unique_ptr<BackupStream>> inner = TcpBackupTransport::Get()->Dial(options);
+    if (!inner.ok()) return inner.status();
+    return std::unique_ptr<BackupStream>(new WatchedStream(*std::move(inner), &receive_failed_));
   }
 
  private:
+  class WatchedStream : public BackupStream {
+   public:
+    WatchedStream(std::unique_ptr<BackupStream> inner, absl::Notification* failed)
+        : inner_(std::move(inner)), failed_(failed) {}
+    const std::string& peer() const override { return inner_->peer(); }
+    absl::Status Send(const char* data, size_t n) override { return inner_->Send(data, n); }
+    absl::StatusOr<size_t> ReceiveSome(char* data, size_t max) override {
+      absl::StatusOr<size_t> n = inner_->ReceiveSome(data, max);
+      if (!n.ok() && !failed_->HasBeenNotified()) failed_->Notify();
+      return n;
+    }
+    void set_deadline(absl::Time deadline) override { inner_->set_deadline(deadline); }
+
+   private:
+    const std::unique_ptr<BackupStream> inner_;
+    absl::Notification* const failed_;
+  };
+
   const std::string gated_;
   absl::Notification open_;
+  absl::Notification receive_failed_;
 };
 
 // Holder 0 as a real process on TCP, SIGKILLed after it sent its reply, chunk 0 of its share and
-// half of chunk 1 (the other holder is dialled only then): the verified chunk stays, the rest of
-// its share comes from the other holder, and the install is complete and exact.
+// half of chunk 1 (the other holder is dialled only once the fetch's receive from it failed): the
+// verified chunk stays, the rest of its share comes from the other holder, and the install is
+// complete and exact.
 TEST_F(BackupFromTwoHoldersTest, AHolderProcessKilledMidShareLeavesItsRemainingChunksToTheOther) {
   ASSERT_NO_FATAL_FAILURE(StartHolders());
   const std::string in_process_holder = services_[1]->address();
@@ -1011,6 +1041,7 @@ TEST_F(BackupFromTwoHoldersTest, AHolderProcessKilledMidShareLeavesItsRemainingC
   EXPECT_TRUE(SignalOwnProcess(child, SIGKILL).ok());
   int wstatus = 0;
   EXPECT_EQ(waitpid(child, &wstatus, 0), child);
+  EXPECT_TRUE(gate.AwaitUngatedReceiveFailed());
   gate.Open();
   fetcher.join();
   close(stalled_pipe[0]);
