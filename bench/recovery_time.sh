@@ -4,12 +4,15 @@
 # ("recovered from the loss of rank R in X s": death seen by the launcher -> every rank completed its
 # first step of the new generation). Repeats TRIALS times; prints each figure, then p50 and max.
 #
-#   bench/recovery_time.sh [NPROC=8] [TRIALS=5]
-# (after ./scripts/test.sh has built ${TG_BUILD_DIR:-build}/${TG_PRESET:-default})
+#   bench/recovery_time.sh [NPROC=8] [TRIALS=5] [TRAINER_FLAG...]
+# (after ./scripts/test.sh has built ${TG_BUILD_DIR:-build}/${TG_PRESET:-default}). Flags after the
+# trials go to the trainer: `--extra-state-mib 256` gives each rank 256 MiB more state, which the
+# replacement restores from the dead rank's arena.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 nproc="${1:-8}"
 trials="${2:-5}"
+shift $(($# < 2 ? $# : 2))
 build="${TG_BUILD_DIR:-build}/${TG_PRESET:-default}"
 trainguard="$build/tools/trainguard"
 trainer="$build/examples/cpp_trainer/cpp_trainer"
@@ -19,7 +22,7 @@ for t in $(seq "$trials"); do
   run_dir="$(mktemp -d "${TMPDIR:-/tmp}/tg-recovery.XXXXXX")"
   out="$run_dir/out"
   "$trainguard" run --nproc "$nproc" --standby 1 --job-id "recovery$t" --run-dir "$run_dir" -- \
-    "$trainer" --steps 600 --print-every 100 --comm-timeout-s 10 >"$out" 2>&1 &
+    "$trainer" --steps 600 --print-every 100 --comm-timeout-s 10 "$@" >"$out" 2>&1 &
   launcher=$!
   for _ in $(seq 600); do grep -qs 'step 200 loss' "$out" && break; sleep 0.1; done
   kill -9 "$(cat "$run_dir/pids/rank-$victim_rank")"
