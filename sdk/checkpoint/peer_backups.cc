@@ -47,6 +47,7 @@ absl::StatusOr<std::unique_ptr<PeerBackups>> PeerBackups::Create(const PeerBacku
   so.bind_address = options.host_addr.empty() ? "127.0.0.1" : options.host_addr;
   so.token = options.token;
   so.env = options.env;
+  so.transport = options.transport;
   absl::StatusOr<std::unique_ptr<BackupService>> service = BackupService::Start(so);
   if (!service.ok()) return service.status();
   std::unique_ptr<PeerBackups> peers(new PeerBackups(options, job_store, *std::move(service)));
@@ -191,6 +192,7 @@ absl::Status PeerBackups::Replicate(const Snapshotter::View& view, uint64_t chun
       request.limiter = &limiter_;
       request.deadline = absl::Now() + options_.timeout;
       request.cancel = &cancel_;
+      request.transport = options_.transport;
       status = PushBackup(request).status();
     }
     if (!status.ok()) {
@@ -229,6 +231,7 @@ absl::StatusOr<PeerRestore> PeerBackups::Restore(int64_t step, uint64_t fingerpr
     request.fingerprint = fingerprint;
     request.deadline = absl::Now() + options_.timeout;
     request.cancel = &cancel_;
+    request.transport = options_.transport;
     // From every holder at once, straight into the arena, each chunk checked once as it lands;
     // the RestoreStep that follows copies it out without hashing it again.
     absl::StatusOr<FetchedFromHolders> fetched =

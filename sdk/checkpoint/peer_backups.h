@@ -51,6 +51,10 @@ struct PeerBackupsOptions {
   std::string shm_dir = "/dev/shm";    // whose size bounds the footprint
   absl::Duration timeout = absl::Minutes(1);  // bounds one push, one fetch, the size exchange
   Env* env = nullptr;
+  // The service's, the pushes' and the fetches' transport; nullptr: TCP
+  // (TcpBackupTransport::Get()). Tests pass an InMemoryBackupTransport to drop a holder's
+  // connection in the middle of a fetch.
+  BackupTransport* transport = nullptr;
   // True once this rank's generation was superseded (CheckpointerOptions::superseded, which the
   // Checkpointer passes on): the size exchange stops waiting for a rank that never published its
   // size (it failed at start-up) and Create fails with Aborted naming it. Empty: never.

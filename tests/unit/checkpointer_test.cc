@@ -5,11 +5,11 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -23,6 +23,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sdk/checkpoint/backup_service.h"
+#include "sdk/checkpoint/in_memory_backup_transport.h"
 #include "sdk/checkpoint/persister.h"
 #include "sdk/core/mutex.h"
 #include "tests/support/temp_dir.h"
@@ -142,6 +143,7 @@ class CheckpointerTest : public ::testing::Test {
       p.host_name = absl::StrCat("host", r);
       p.memory_budget_bytes = peer_budget_;
       p.timeout = kTimeout;
+      p.transport = transport_;
       o.peer_backups = p;
     }
     return o;
@@ -229,6 +231,7 @@ class CheckpointerTest : public ::testing::Test {
   static inline int counter_ = 0;
   int peer_copies_ = 1;         // > 1: peer backups (set before SetUp, in a derived fixture)
   uint64_t peer_budget_ = 0;
+  BackupTransport* transport_ = nullptr;  // the peer backups' (nullptr: TCP)
   std::function<bool()> superseded_;  // CheckpointerOptions::superseded of every rank
   std::string job_;
   TempDir dir_;
@@ -668,6 +671,44 @@ TEST_F(CheckpointerPeerTest, ACorruptBackupIsNeverRestoredAndTheDiskServesInstea
   ASSERT_TRUE(results[1].ok()) << results[1].status();
   EXPECT_EQ(results[1]->source, "disk");
   EXPECT_TRUE(ranks_[1]->Holds(1, 10));
+}
+
+// The same, every backup service and fetch on one in-memory transport, whose connections a test
+// can drop in the middle of a transfer.
+class CheckpointerPeerDropTest : public CheckpointerPeerTest {
+ protected:
+  CheckpointerPeerDropTest() { transport_ = &in_memory_; }
+  InMemoryBackupTransport in_memory_{4096};
+};
+
+// The only holder of rank 1's backups (rank 2) dies in the middle of the replacement's fetch: its
+// connection drops after the reply and two and a half chunks. Nothing of the fetch is installed,
+// the replacement restores the same step from disk, verified, and says why the peers' memory did
+// not serve it; the survivors restore from their arenas.
+TEST_F(CheckpointerPeerDropTest, AHolderThatDiesMidFetchLeavesTheRestoreToTheDisk) {
+  ASSERT_NO_FATAL_FAILURE(SaveAll(10));
+  ASSERT_NO_FATAL_FAILURE(SaveAll(20));
+  ASSERT_NO_FATAL_FAILURE(LoseHost(1));
+  InMemoryStreamFaults drop;
+  drop.drop_after_received_bytes = 4096 + 4096 * 2 + 2048;  // the reply is well under 4 KiB
+  in_memory_.set_faults(drop);
+  ranks_[1]->Fill(1, -1);
+  ASSERT_NO_FATAL_FAILURE(Start(1, /*generation=*/1));
+  ranks_[0]->checkpointer->SetGeneration(1);
+  ranks_[2]->checkpointer->SetGeneration(1);
+  for (int r = 0; r < kWorld; ++r) ranks_[r]->Fill(r, 99);
+
+  std::vector<absl::StatusOr<RestoreResult>> results = RestoreAll();
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
+    EXPECT_EQ(results[r]->step, 20) << "rank " << r;
+    EXPECT_EQ(results[r]->source, r == 1 ? "disk" : "arena") << "rank " << r;
+    EXPECT_TRUE(ranks_[r]->Holds(r, 20)) << "rank " << r;
+  }
+  const std::string skipped = absl::StrJoin(results[1]->skipped, "; ");
+  EXPECT_THAT(skipped, HasSubstr("step 20 from peer memory"));
+  EXPECT_THAT(skipped, HasSubstr("holder rank(s) 2 on host(s) host2"));
+  EXPECT_THAT(skipped, HasSubstr("connection dropped"));
 }
 
 class CheckpointerBudgetTest : public CheckpointerTest {
