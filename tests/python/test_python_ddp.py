@@ -6,6 +6,7 @@
 # itself (--inject-nan-grad, --stop-in-allreduce), and every wait is bounded polling.
 import fcntl
 import hashlib
+import json
 import os
 import re
 import signal
@@ -85,6 +86,37 @@ class Job:
         self._wait_for_key(f"ckpt/commit/{step}/snapshot", lambda value: value is not None,
                            f"step {step} committed")
 
+    def wait_for_settled_commit(self, through, every=5):
+        """Bounded polling until every rank's saves of steps every, 2*every, ..., `through` have an
+        outcome in its events (saved, or skipped because the previous save was still under way:
+        a fast trainer skips some), then until the newest step every rank saved is committed; that
+        step. Which saves a rank skips depends on how fast its disk was, so the test learns the
+        step its ranks will restore instead of naming one."""
+        steps = list(range(every, through + 1, every))
+        deadline = time.monotonic() + DEADLINE_S
+        while True:
+            outcomes = {}
+            run = subprocess.run([trainguard_cli(), "events", "--json", str(self.run_dir)],
+                                 capture_output=True, text=True)
+            for line in run.stdout.splitlines():
+                try:
+                    event = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a record being written
+                what = {a["key"]: a["value"] for a in event.get("attributes", [])}.get("what")
+                if what in ("saved", "skipped") and int(event.get("step", -1)) in steps:
+                    outcomes[(event["rank"], int(event["step"]))] = what
+            if all((r, st) in outcomes for r in range(self.world) for st in steps):
+                break
+            assert time.monotonic() < deadline, \
+                f"not every save through step {through} settled in {DEADLINE_S} s:\n{self.output()}"
+            assert self.proc.poll() is None, f"the job ended:\n{self.output()}"
+            time.sleep(0.05)
+        saved = [st for st in steps if all(outcomes[(r, st)] == "saved" for r in range(self.world))]
+        assert saved, f"no step through {through} saved by every rank: {outcomes}"
+        self.wait_for_commit(saved[-1])
+        return saved[-1]
+
     def _wait_for_key(self, key, done, what):
         """Bounded polling of `key` in the job's store (the launcher's, its first line, with its
         token) until done(its value, None if absent)."""
@@ -116,20 +148,6 @@ class Job:
             signal.pidfd_send_signal(fd, signal.SIGKILL)
         finally:
             os.close(fd)
-
-    def kill_at_gate(self, rank, step, gate, committed=None):
-        """Waits until `rank` waits at step `step`'s gate (and, given `committed`, until that step
-        is committed), SIGKILLs `rank`'s process, opens the gate and waits for the job to end; its
-        exit code."""
-        try:
-            self.wait_for(rf"rank {rank} waiting at step {step}")
-            if committed is not None:
-                self.wait_for_commit(committed)
-            self.kill_rank(rank)
-            gate.touch()
-            return self.finish()
-        finally:
-            self.abandon(gate)
 
     def abandon(self, *gates):
         """After a test's body, passed or not: opens `gates` (so no rank waits at one) and kills
@@ -442,12 +460,19 @@ def test_a_replacement_judges_a_loss_spike_as_the_uninterrupted_run(tmp_path, sk
     job = Job(tmp_path, "spikekill", 1, ["--check-loss", "1", "--inject-loss-spike=1:22",
                                          "--raise-before-backward=-1:27", "--gate", f"21:{gate}"],
               world=2)
-    code = job.kill_at_gate(1, 21, gate, committed=20)
+    try:
+        job.wait_for(r"rank 1 waiting at step 21")
+        committed = job.wait_for_settled_commit(20)
+        job.kill_rank(1)
+        gate.touch()
+        code = job.finish()
+    finally:
+        job.abandon(gate)
     out = job.output()
     assert code == 0, out
     assert "takes rank 1" in out, out
     for r in (0, 1):
-        assert re.search(rf"\] rank {r} restored step 20 from", out), out
+        assert re.search(rf"\] rank {r} restored step {committed} from", out), out
         assert re.search(rf"rank {r} step 22 fault step_failure action skip", out), out
     assert re.search(r"rank 1 step 22 fault step_failure action skip: .*: loss spike on rank 1 at "
                      r"step 22", out), out
