@@ -523,6 +523,28 @@ class CheckpointerPeerTest : public CheckpointerTest {
     const std::vector<int> held = OptionsFor(r, 0).peer_backups->placement.SourceRanks(r);
     ASSERT_TRUE(BackupService::RemoveArenas(job_, held).ok());
   }
+
+  // Rank r's replacement starts in `generation`, its buffers holding no saved step, and the
+  // survivors move to that generation.
+  void StartReplacement(int r, int64_t generation) {
+    ranks_[r]->Fill(r, -1);
+    ASSERT_NO_FATAL_FAILURE(Start(r, generation));
+    for (int other = 0; other < kWorld; ++other) {
+      if (other != r) ranks_[other]->checkpointer->SetGeneration(generation);
+    }
+  }
+
+  // Every rank restored `step` and holds it: rank `replaced` from `source`, the others from their
+  // arenas.
+  void ExpectRestored(const std::vector<absl::StatusOr<RestoreResult>>& results, int64_t step,
+                      int replaced, const std::string& source) {
+    for (int r = 0; r < kWorld; ++r) {
+      ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
+      EXPECT_EQ(results[r]->step, step) << "rank " << r;
+      EXPECT_EQ(results[r]->source, r == replaced ? source : "arena") << "rank " << r;
+      EXPECT_TRUE(ranks_[r]->Holds(r, step)) << "rank " << r;
+    }
+  }
 };
 
 // Issue 36: a rank that fails at start-up before it publishes its arena size (its host's
@@ -565,19 +587,11 @@ TEST_F(CheckpointerPeerTest, AReplacementForALostHostRestoresFromItsHolderWithou
   ASSERT_NO_FATAL_FAILURE(SaveAll(20));
   ASSERT_NO_FATAL_FAILURE(LoseHost(1));
   std::filesystem::remove_all(dir_.path());  // no disk either: only rank 2's memory can serve it
-  ranks_[1]->Fill(1, -1);
-  ASSERT_NO_FATAL_FAILURE(Start(1, /*generation=*/1));
-  ranks_[0]->checkpointer->SetGeneration(1);
-  ranks_[2]->checkpointer->SetGeneration(1);
+  ASSERT_NO_FATAL_FAILURE(StartReplacement(1, /*generation=*/1));
   for (int r = 0; r < kWorld; ++r) ranks_[r]->Fill(r, 99);
 
   std::vector<absl::StatusOr<RestoreResult>> results = RestoreAll();
-  for (int r = 0; r < kWorld; ++r) {
-    ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
-    EXPECT_EQ(results[r]->step, 20);
-    EXPECT_EQ(results[r]->source, r == 1 ? "peer host host2" : "arena") << "rank " << r;
-    EXPECT_TRUE(ranks_[r]->Holds(r, 20)) << "rank " << r;
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectRestored(results, 20, 1, "peer host host2"));
   // The placement is whole again: every rank pushed its restored snapshot to its holders (rank 1
   // received rank 0's), and the last one recorded the job protected in the new epoch.
   for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(ranks_[r]->checkpointer->WaitIdle(kTimeout).ok());
@@ -619,18 +633,10 @@ TEST_F(CheckpointerPeerTest, WhileACommitStallsTheHoldersKeepTheCommittedStepsBa
   ASSERT_NO_FATAL_FAILURE(LoseHost(1));
   std::filesystem::remove_all(dir_.path());  // only memory can serve step 10
   std::filesystem::create_directories(dir_.path());
-  ranks_[1]->Fill(1, -1);
-  ASSERT_NO_FATAL_FAILURE(Start(1, /*generation=*/1));
-  ranks_[0]->checkpointer->SetGeneration(1);
-  ranks_[2]->checkpointer->SetGeneration(1);
+  ASSERT_NO_FATAL_FAILURE(StartReplacement(1, /*generation=*/1));
   ranks_[2]->Fill(2, 99);
   std::vector<absl::StatusOr<RestoreResult>> results = RestoreAll();
-  for (int r = 0; r < kWorld; ++r) {
-    ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
-    EXPECT_EQ(results[r]->step, 10) << "rank " << r;
-    EXPECT_EQ(results[r]->source, r == 1 ? "peer host host2" : "arena") << "rank " << r;
-    EXPECT_TRUE(ranks_[r]->Holds(r, 10)) << "rank " << r;
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectRestored(results, 10, 1, "peer host host2"));
   EXPECT_EQ(results[0]->bytes_held, 2 * 4096u);  // the weights' two whole chunks
   EXPECT_EQ(results[2]->bytes_held, 0u);
   // Both survivors copied step 10 back while rank 1 joined the restore, before the agreement.
@@ -692,19 +698,11 @@ TEST_F(CheckpointerPeerDropTest, AHolderThatDiesMidFetchLeavesTheRestoreToTheDis
   InMemoryStreamFaults drop;
   drop.drop_after_received_bytes = 4096 + 4096 * 2 + 2048;  // the reply is well under 4 KiB
   in_memory_.set_faults(drop);
-  ranks_[1]->Fill(1, -1);
-  ASSERT_NO_FATAL_FAILURE(Start(1, /*generation=*/1));
-  ranks_[0]->checkpointer->SetGeneration(1);
-  ranks_[2]->checkpointer->SetGeneration(1);
+  ASSERT_NO_FATAL_FAILURE(StartReplacement(1, /*generation=*/1));
   for (int r = 0; r < kWorld; ++r) ranks_[r]->Fill(r, 99);
 
   std::vector<absl::StatusOr<RestoreResult>> results = RestoreAll();
-  for (int r = 0; r < kWorld; ++r) {
-    ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
-    EXPECT_EQ(results[r]->step, 20) << "rank " << r;
-    EXPECT_EQ(results[r]->source, r == 1 ? "disk" : "arena") << "rank " << r;
-    EXPECT_TRUE(ranks_[r]->Holds(r, 20)) << "rank " << r;
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectRestored(results, 20, 1, "disk"));
   const std::string skipped = absl::StrJoin(results[1]->skipped, "; ");
   EXPECT_THAT(skipped, HasSubstr("step 20 from peer memory"));
   EXPECT_THAT(skipped, HasSubstr("holder rank(s) 2 on host(s) host2"));
