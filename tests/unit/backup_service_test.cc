@@ -27,7 +27,6 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -36,6 +35,7 @@
 #include "sdk/checkpoint/snapshot_arena.h"
 #include "sdk/checkpoint/snapshotter.h"
 #include "sdk/checkpoint/tcp_backup_transport.h"
+#include "sdk/core/mutex.h"
 #include "tests/support/free_port.h"
 #include "tests/support/full_shm_env.h"
 #include "tests/support/own_process.h"
@@ -972,25 +972,25 @@ class GatedDialTransport : public BackupTransport {
  private:
   class WatchedStream : public BackupStream {
    public:
-    WatchedStream(std::unique_ptr<BackupStream> inner, absl::Notification* failed)
+    WatchedStream(std::unique_ptr<BackupStream> inner, Notification* failed)
         : inner_(std::move(inner)), failed_(failed) {}
     const std::string& peer() const override { return inner_->peer(); }
     absl::Status Send(const char* data, size_t n) override { return inner_->Send(data, n); }
     absl::StatusOr<size_t> ReceiveSome(char* data, size_t max) override {
       absl::StatusOr<size_t> n = inner_->ReceiveSome(data, max);
-      if (!n.ok() && !failed_->HasBeenNotified()) failed_->Notify();
+      if (!n.ok()) failed_->Notify();
       return n;
     }
     void set_deadline(absl::Time deadline) override { inner_->set_deadline(deadline); }
 
    private:
     const std::unique_ptr<BackupStream> inner_;
-    absl::Notification* const failed_;
+    Notification* const failed_;
   };
 
   const std::string gated_;
-  absl::Notification open_;
-  absl::Notification receive_failed_;
+  Notification open_;
+  Notification receive_failed_;  // notified by every failed receive (Notify may repeat)
 };
 
 // Holder 0 as a real process on TCP, SIGKILLed after it sent its reply, chunk 0 of its share and
