@@ -7,7 +7,8 @@
 #   bench/recovery_time.sh [NPROC=8] [TRIALS=5] [TRAINER_FLAG...]
 # (after ./scripts/test.sh has built ${TG_BUILD_DIR:-build}/${TG_PRESET:-default}). Flags after the
 # trials go to the trainer: `--extra-state-mib 256` gives each rank 256 MiB more state, which the
-# replacement restores from the dead rank's arena.
+# replacement gets by the example's broadcast from a survivor, or, with trainguard's checkpoints on
+# (TRAINGUARD_CHECKPOINT_EVERY_STEPS and _DIR in the environment), from the dead rank's arena.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 nproc="${1:-8}"

@@ -117,7 +117,8 @@ class TcpStoreServer {
   // or their deadlines passing together, does not hold up the other clients' requests until the
   // last of them is sent; the control lane's are read at every turn. Fewer per turn make the
   // fan-out itself slower (the woken ranks' next requests are read in between): at 16,384 ranks
-  // 2,048 a turn formed generation 0 in 0.53-0.65 s, unbounded 0.46-0.51 s (bench_simulate).
+  // generation 0 formed in 0.53-0.65 s at 2,048 a turn, 0.54-0.64 s at 4,096 and 0.51-0.56 s
+  // unbounded, where a lost host's recovery had longer tails (bench_simulate, docs/PERFORMANCE.md).
   static constexpr size_t kCompletionsPerTurn = 4096;
 
   // Binds, listens and starts the event-loop thread. InvalidArgument for bad options (naming the
