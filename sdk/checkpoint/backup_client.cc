@@ -272,16 +272,19 @@ absl::StatusOr<OpenedFetch> OpenFetch(const FetchRequest& request, const std::st
 }
 
 // Receives the chunks `opened` announced into `payload` (the buffer of the whole payload),
-// checking every chunk as it lands. `*verified`: the chunks in and verified, also on an error.
+// checking every chunk as it lands, and tells `sink` (when there is one) of each. `*verified`:
+// the chunks in and verified, also on an error.
 absl::Status ReceiveChunks(OpenedFetch& opened, char* payload, const std::string& what,
-                           uint64_t* verified) {
+                           uint64_t* verified, Snapshotter::ChunkSink* sink = nullptr) {
   const uint64_t chunk = opened.described.chunk_bytes;
   const uint64_t begin = opened.first_chunk * chunk;
   const uint64_t end = std::min(opened.end_chunk * chunk, opened.payload_bytes);
   absl::Status received =
       ReceiveVerified(opened.stream.get(), payload + begin, end > begin ? end - begin : 0, chunk,
                       opened.described.chunk_checksums.data() + opened.first_chunk, /*drain=*/false,
-                      opened.first_chunk, verified);
+                      opened.first_chunk, verified, [sink](uint64_t k) {
+                        if (sink != nullptr) sink->Landed(k);
+                      });
   if (absl::IsDataLoss(received)) {
     return WithContext(received, absl::StrFormat("%s: the holder's copy is corrupt", what));
   }
@@ -315,7 +318,9 @@ class SpreadFetch {
   SpreadFetch(const SpreadFetch&) = delete;
   SpreadFetch& operator=(const SpreadFetch&) = delete;
 
-  absl::StatusOr<FetchedFromHolders> Run(Snapshotter* snapshotter);
+  // `restore_into`: restored as the chunks land (Snapshotter::InstallAndRestoreWith); nullptr:
+  // installed only.
+  absl::StatusOr<FetchedFromHolders> Run(Snapshotter* snapshotter, StateRegistry* restore_into);
 
  private:
   struct Range {
@@ -332,7 +337,8 @@ class SpreadFetch {
   void Work(int i);
   // Receives what `opened` announced from holder i into the slot; on an error the chunks not
   // verified go to the leftovers and holder i is failed. False on an error.
-  bool Receive(int i, OpenedFetch& opened, char* dst, const std::string& what);
+  bool Receive(int i, OpenedFetch& opened, char* dst, Snapshotter::ChunkSink* sink,
+               const std::string& what);
   void Fail(int i, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Holder j's share goes to the leftovers, once the payload's size is known, unless it started.
   void ReleaseShare(int j) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -360,6 +366,7 @@ class SpreadFetch {
   std::vector<Holder> state_ ABSL_GUARDED_BY(mu_);
   std::optional<OpenedFetch> described_ ABSL_GUARDED_BY(mu_);  // the first header (no stream)
   char* dst_ ABSL_GUARDED_BY(mu_) = nullptr;  // the slot's payload, once the install began
+  Snapshotter::ChunkSink* sink_ ABSL_GUARDED_BY(mu_) = nullptr;  // with dst_, when restoring
   std::deque<Range> leftovers_ ABSL_GUARDED_BY(mu_);
   uint64_t chunks_done_ ABSL_GUARDED_BY(mu_) = 0;
   int working_ ABSL_GUARDED_BY(mu_) = 0;  // threads that have neither failed nor returned
@@ -428,9 +435,10 @@ void SpreadFetch::Fail(int i, absl::Status status) {
   ReleaseShare(i);
 }
 
-bool SpreadFetch::Receive(int i, OpenedFetch& opened, char* dst, const std::string& what) {
+bool SpreadFetch::Receive(int i, OpenedFetch& opened, char* dst, Snapshotter::ChunkSink* sink,
+                          const std::string& what) {
   uint64_t verified = 0;
-  absl::Status received = ReceiveChunks(opened, dst, what, &verified);
+  absl::Status received = ReceiveChunks(opened, dst, what, &verified, sink);
   MutexLock lock(&mu_);
   const uint64_t chunk = opened.described.chunk_bytes;
   const uint64_t good_end = opened.first_chunk + verified;
@@ -457,6 +465,7 @@ void SpreadFetch::Work(int i) {
   }
   absl::StatusOr<OpenedFetch> opened = OpenFetch(request_, holders_[i], share, what, &stop_flag_);
   char* dst = nullptr;
+  Snapshotter::ChunkSink* sink = nullptr;
   uint64_t fingerprint = 0;
   uint64_t total = 0;
   {
@@ -489,8 +498,9 @@ void SpreadFetch::Work(int i) {
     }
     if (!Await([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return dst_ != nullptr; })) return;
     dst = dst_;
+    sink = sink_;
   }
-  if (opened->stream != nullptr && !Receive(i, *opened, dst, what)) return;
+  if (opened->stream != nullptr && !Receive(i, *opened, dst, sink, what)) return;
   opened->stream.reset();
   while (true) {
     Range range;
@@ -528,7 +538,7 @@ void SpreadFetch::Work(int i) {
       Fail(i, more.status());
       return;
     }
-    if (!Receive(i, *more, dst, what)) return;
+    if (!Receive(i, *more, dst, sink, what)) return;
   }
 }
 
@@ -556,7 +566,8 @@ absl::Status SpreadFetch::Failure() const {
                                             absl::StrJoin(why, "; ")));
 }
 
-absl::StatusOr<FetchedFromHolders> SpreadFetch::Run(Snapshotter* snapshotter) {
+absl::StatusOr<FetchedFromHolders> SpreadFetch::Run(Snapshotter* snapshotter,
+                                                    StateRegistry* restore_into) {
   if (holders_.empty()) {
     return absl::InvalidArgumentError(
         absl::StrFormat("fetch of source rank %d step %d: no holder to fetch from",
@@ -606,22 +617,29 @@ absl::StatusOr<FetchedFromHolders> SpreadFetch::Run(Snapshotter* snapshotter) {
         request_.source_rank, request_.step, d.chunk_bytes, snapshotter->chunk_bytes()));
   }
   const uint64_t total = d.chunk_checksums.size();
-  absl::StatusOr<SnapshotInfo> installed = snapshotter->InstallWith(
-      d.step, d.generation, header.payload_bytes, d.chunk_checksums, header.fingerprint,
-      [&](char* dst) -> absl::Status {
-        absl::Status result;
-        {
-          MutexLock lock(&mu_);
-          dst_ = dst;
-          const bool complete = Await([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-                                  return chunks_done_ == total || working_ == 0;
-                                }) &&
-                                chunks_done_ == total;
-          if (!complete) result = Failure();
-        }
-        StopAndJoin();  // no thread writes into the slot from here on
-        return result;
-      });
+  auto fill = [&](char* dst, Snapshotter::ChunkSink* sink) -> absl::Status {
+    absl::Status result;
+    {
+      MutexLock lock(&mu_);
+      dst_ = dst;
+      sink_ = sink;
+      const bool complete = Await([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                              return chunks_done_ == total || working_ == 0;
+                            }) &&
+                            chunks_done_ == total;
+      if (!complete) result = Failure();
+    }
+    StopAndJoin();  // no thread writes into the slot (or the buffers) from here on
+    return result;
+  };
+  absl::StatusOr<SnapshotInfo> installed =
+      restore_into != nullptr
+          ? snapshotter->InstallAndRestoreWith(restore_into, d.step, d.generation,
+                                               header.payload_bytes, d.chunk_checksums,
+                                               header.fingerprint, fill)
+          : snapshotter->InstallWith(d.step, d.generation, header.payload_bytes, d.chunk_checksums,
+                                     header.fingerprint,
+                                     [&](char* dst) { return fill(dst, nullptr); });
   StopAndJoin();
   if (!installed.ok()) return installed.status();
   FetchedFromHolders out;
@@ -650,15 +668,15 @@ absl::StatusOr<FetchedBackup> FetchBackup(const FetchRequest& request) {
 
 absl::StatusOr<FetchedFromHolders> FetchBackupFromHolders(
     const FetchRequest& request, const std::vector<std::string>& holder_addresses,
-    Snapshotter* snapshotter) {
+    Snapshotter* snapshotter, StateRegistry* restore_into) {
   SpreadFetch fetch(request, holder_addresses);
-  return fetch.Run(snapshotter);
+  return fetch.Run(snapshotter, restore_into);
 }
 
 absl::StatusOr<SnapshotInfo> FetchBackupInto(const FetchRequest& request,
                                              Snapshotter* snapshotter) {
   absl::StatusOr<FetchedFromHolders> fetched =
-      FetchBackupFromHolders(request, {request.holder_address}, snapshotter);
+      FetchBackupFromHolders(request, {request.holder_address}, snapshotter, nullptr);
   if (!fetched.ok()) return fetched.status();
   return fetched->installed;
 }

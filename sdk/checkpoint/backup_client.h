@@ -114,9 +114,13 @@ struct FetchedFromHolders {
 // When no holder could deliver some chunk: the error of the one holder, or with several, one
 // naming each holder and why (NotFound when none had the backup); on any error the arena's latest
 // complete snapshot is untouched. Runs a thread per holder, all joined before it returns.
+// With `restore_into`, the backup is also restored into that registry as it lands
+// (Snapshotter::InstallAndRestoreWith: each chunk copied into its buffers by the thread that
+// received and checked it, while the other holders still send): on OK every buffer and blob holds
+// the snapshot and no RestoreStep is needed; on an error the buffers may hold part of it.
 absl::StatusOr<FetchedFromHolders> FetchBackupFromHolders(
     const FetchRequest& request, const std::vector<std::string>& holder_addresses,
-    Snapshotter* snapshotter);
+    Snapshotter* snapshotter, StateRegistry* restore_into = nullptr);
 
 }  // namespace trainguard
 

@@ -87,7 +87,8 @@ absl::Status ReceiveBackupMessage(BackupStream* stream, proto::BackupMessage* me
 
 absl::Status ReceiveVerified(BackupStream* stream, char* payload, uint64_t bytes,
                              uint64_t chunk_bytes, const uint64_t* expected, bool drain,
-                             uint64_t first_chunk, uint64_t* verified) {
+                             uint64_t first_chunk, uint64_t* verified,
+                             absl::FunctionRef<void(uint64_t chunk)> landed) {
   uint64_t good = 0;  // chunks in and verified before the first error
   bool counting = true;
   auto done = [&](absl::Status status) {
@@ -122,6 +123,7 @@ absl::Status ReceiveVerified(BackupStream* stream, char* payload, uint64_t bytes
       if (!drain) return done(mismatch);
     } else if (counting) {
       ++good;
+      landed(first_chunk + k);
     }
   }
   return done(mismatch);

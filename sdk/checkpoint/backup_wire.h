@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "sdk/checkpoint/backup_transport.h"
 #include "sdk/proto/backup.pb.h"
@@ -51,10 +52,17 @@ absl::Status ReceiveBackupMessage(BackupStream* stream, proto::BackupMessage* me
 // Connection errors return at once, saying how much of the payload had arrived. `payload` may be
 // the chunks from `first_chunk` on of a larger payload: errors then name chunks and offsets in
 // that payload. `verified` (optional) is set to the number of chunks in and verified before the
-// first error (all of them on OK).
+// first error (all of them on OK). `landed` is called with the number (in the whole payload) of
+// each chunk verified before the first error, at once, while its bytes are in the cache.
 absl::Status ReceiveVerified(BackupStream* stream, char* payload, uint64_t bytes,
                              uint64_t chunk_bytes, const uint64_t* expected, bool drain,
-                             uint64_t first_chunk = 0, uint64_t* verified = nullptr);
+                             uint64_t first_chunk, uint64_t* verified,
+                             absl::FunctionRef<void(uint64_t chunk)> landed);
+inline absl::Status ReceiveVerified(BackupStream* stream, char* payload, uint64_t bytes,
+                                    uint64_t chunk_bytes, const uint64_t* expected, bool drain) {
+  return ReceiveVerified(stream, payload, bytes, chunk_bytes, expected, drain, 0, nullptr,
+                         [](uint64_t) {});
+}
 
 }  // namespace checkpoint_internal
 }  // namespace trainguard

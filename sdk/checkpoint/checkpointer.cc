@@ -723,26 +723,21 @@ class Checkpointer::Impl {
     }
     std::string peers_why;
     if (peers_ != nullptr) {
+      // The buffers take each chunk as it lands: the copy runs beside the transfer, not after
+      // it. If the fetch fails, the disk (or the next candidate) overwrites what it wrote.
       const absl::Time fetch_start = absl::Now();
-      absl::StatusOr<PeerRestore> peer = peers_->Restore(c.step, want, snapshotter_.get());
+      absl::StatusOr<PeerRestore> peer =
+          peers_->Restore(c.step, want, snapshotter_.get(), registry_);
       if (peer.ok()) {
-        const absl::Time copy_start = absl::Now();
-        absl::StatusOr<SnapshotInfo> restored = snapshotter_->RestoreStep(registry_, c.step);
-        if (restored.ok()) {
-          RestoreResult result = Restored(
-              c.step,
-              absl::StrCat(peer->holder_hosts.size() == 1 ? "peer host " : "peer hosts ",
-                           absl::StrJoin(peer->holder_hosts, ",")),
-              want);
-          result.fetch_time = copy_start - fetch_start;
-          result.copy_time = absl::Now() - copy_start;
-          result.bytes_held = restored->restored_bytes_held;
-          return result;
-        }
-        peers_why = restored.status().ToString();
-      } else {
-        peers_why = std::string(peer.status().message());
+        RestoreResult result =
+            Restored(c.step,
+                     absl::StrCat(peer->holder_hosts.size() == 1 ? "peer host " : "peer hosts ",
+                                  absl::StrJoin(peer->holder_hosts, ",")),
+                     want);
+        result.fetch_time = absl::Now() - fetch_start;  // the copy is within it
+        return result;
       }
+      peers_why = std::string(peer.status().message());
     }
     absl::StatusOr<std::vector<ShardRecord>> shards = MyShards();
     if (!shards.ok()) return shards.status();

@@ -96,7 +96,8 @@ struct RestoreResult {
   // Where the time went, for the operator who wonders why a recovery took as long as it did:
   // bringing the step into the arena (a peer fetch or a shard read, with their checks; zero when
   // the arena held it), copying it from the arena into the registered buffers, and the whole
-  // collective restore (both, plus the waits for the other ranks).
+  // collective restore (both, plus the waits for the other ranks). A peer fetch copies each chunk
+  // into the buffers as it lands: its fetch_time includes the copy, and copy_time is zero.
   absl::Duration fetch_time;
   absl::Duration copy_time;
   absl::Duration took;

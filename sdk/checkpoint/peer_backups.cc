@@ -207,7 +207,8 @@ absl::Status PeerBackups::Replicate(const Snapshotter::View& view, uint64_t chun
 }
 
 absl::StatusOr<PeerRestore> PeerBackups::Restore(int64_t step, uint64_t fingerprint,
-                                                 Snapshotter* snapshotter) {
+                                                 Snapshotter* snapshotter,
+                                                 StateRegistry* restore_into) {
   std::vector<std::string> why;
   std::vector<int> ranks;
   std::vector<std::string> addresses, hosts;
@@ -232,10 +233,11 @@ absl::StatusOr<PeerRestore> PeerBackups::Restore(int64_t step, uint64_t fingerpr
     request.deadline = absl::Now() + options_.timeout;
     request.cancel = &cancel_;
     request.transport = options_.transport;
-    // From every holder at once, straight into the arena, each chunk checked once as it lands;
-    // the RestoreStep that follows copies it out without hashing it again.
+    // From every holder at once, straight into the arena, each chunk checked once as it lands
+    // (and copied into the buffers at once, with `restore_into`; else the RestoreStep that
+    // follows copies it out without hashing it again).
     absl::StatusOr<FetchedFromHolders> fetched =
-        FetchBackupFromHolders(request, addresses, snapshotter);
+        FetchBackupFromHolders(request, addresses, snapshotter, restore_into);
     if (fetched.ok()) {
       PeerRestore restore;
       for (size_t i = 0; i < fetched->holders.size(); ++i) {

@@ -90,9 +90,11 @@ class PeerBackups {
   // (FetchBackupFromHolders: a share of the chunks each, a failed holder's chunks from the
   // others) into `snapshotter`, each chunk verified as it lands, and installs it there. NotFound
   // listing every holder and why it could not serve (unreachable, no such backup, a chunk that
-  // failed its checksum) when some chunk came from none.
-  absl::StatusOr<PeerRestore> Restore(int64_t step, uint64_t fingerprint,
-                                      Snapshotter* snapshotter);
+  // failed its checksum) when some chunk came from none. With `restore_into`, the registry's
+  // buffers and blobs are restored as the chunks land (FetchBackupFromHolders); on an error they
+  // may hold part of the snapshot.
+  absl::StatusOr<PeerRestore> Restore(int64_t step, uint64_t fingerprint, Snapshotter* snapshotter,
+                                      StateRegistry* restore_into = nullptr);
 
   // Makes a Replicate or Restore in progress return Cancelled soon; later calls run again after
   // ClearCancel().

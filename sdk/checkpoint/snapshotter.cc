@@ -4,6 +4,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -301,12 +302,21 @@ class Snapshotter::Impl {
         absl::StrFormat("%s: no complete snapshot of step %d in the arena", Where(), step));
   }
 
-  absl::StatusOr<SnapshotInfo> Install(int64_t step, int64_t generation, uint64_t payload_bytes,
-                                       const std::vector<uint64_t>& checksums,
-                                       std::optional<uint64_t> fingerprint,
-                                       absl::FunctionRef<absl::Status(char* dst)> fill) {
+  // `restore_into`: the registry InstallAndRestoreWith restores as the chunks land (nullptr: an
+  // install only, `fill` gets no sink).
+  absl::StatusOr<SnapshotInfo> Install(
+      int64_t step, int64_t generation, uint64_t payload_bytes,
+      const std::vector<uint64_t>& checksums, std::optional<uint64_t> fingerprint,
+      absl::FunctionRef<absl::Status(char* dst, ChunkSink* sink)> fill,
+      StateRegistry* restore_into = nullptr) {
     MutexLock lock(&mu_);
     if (in_flight_) return InFlightError("install");
+    if (restore_into != nullptr && restore_into->LayoutHash() != plan_.geometry.layout_hash) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%s: cannot install and restore step %d: the registry to restore into has layout hash "
+          "%016x, this arena %016x (other buffers, sizes, dtypes, shapes or devices)",
+          Where(), step, restore_into->LayoutHash(), plan_.geometry.layout_hash));
+    }
     const uint64_t chunk = options_.chunk_bytes;
     const uint64_t num_chunks = (payload_bytes + chunk - 1) / chunk;
     if (payload_bytes < plan_.blob_offset || payload_bytes > plan_.geometry.payload_capacity ||
@@ -334,7 +344,10 @@ class Snapshotter::Impl {
     SlotHeader* slot = arena_->slot(w);
     StoreState(slot, kSlotWriting);
     verified_on_install_[w] = false;
-    if (absl::Status filled = fill(arena_->payload(w)); !filled.ok()) {
+    std::optional<Landing> landing;
+    if (restore_into != nullptr) landing.emplace(this, restore_into, arena_->payload(w));
+    if (absl::Status filled = fill(arena_->payload(w), landing ? &*landing : nullptr);
+        !filled.ok()) {
       AbandonInstall(w);
       return absl::Status(filled.code(), absl::StrFormat("%s: installing step %d: %s", Where(),
                                                          step, filled.message()));
@@ -362,6 +375,13 @@ class Snapshotter::Impl {
     latest_slot_ = w;
     // `fill` checked every chunk as it wrote it: the restore that follows need not hash it again.
     verified_on_install_[w] = true;
+    if (!landing.has_value()) return info;
+    // The chunks `fill` did not tell, then the blobs: the restore that follows is done.
+    if (absl::Status copied = landing->Finish(); !copied.ok()) return copied;
+    if (absl::Status set = RestoreBlobs(restore_into, slot, arena_->payload(w)); !set.ok()) {
+      return set;
+    }
+    verified_on_install_[w] = false;  // restored: a later restore checks it again
     return info;
   }
 
@@ -458,12 +478,8 @@ class Snapshotter::Impl {
     absl::StatusOr<std::vector<char>> held =
         CheckChunks(*registry, slot, payload, /*verify=*/!verified_on_install);
     if (!held.ok()) return held.status();
-    absl::StatusOr<std::vector<std::pair<std::string, std::string>>> blobs = ParseBlobArea(
-        std::string_view(payload + plan_.blob_offset, slot->payload_bytes - plan_.blob_offset));
-    if (!blobs.ok()) {
-      return absl::DataLossError(absl::StrFormat("%s: snapshot of step %d: %s", Where(), info.step,
-                                                 blobs.status().message()));
-    }
+    absl::StatusOr<std::vector<std::pair<std::string, std::string>>> blobs = BlobsOf(slot, payload);
+    if (!blobs.ok()) return blobs.status();
     for (size_t i = 0; i < registry->buffers().size(); ++i) {
       const StateBuffer& buffer = registry->buffers()[i];
       if (buffer.device.kind != Device::Kind::kCuda) continue;
@@ -493,6 +509,82 @@ class Snapshotter::Impl {
     }
     return info;
   }
+
+  // The blobs of `slot`, whose payload is at `payload`.
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> BlobsOf(
+      const SlotHeader* slot, const char* payload) const {
+    absl::StatusOr<std::vector<std::pair<std::string, std::string>>> blobs = ParseBlobArea(
+        std::string_view(payload + plan_.blob_offset, slot->payload_bytes - plan_.blob_offset));
+    if (!blobs.ok()) {
+      return absl::DataLossError(absl::StrFormat("%s: snapshot of step %d: %s", Where(), slot->step,
+                                                 blobs.status().message()));
+    }
+    return blobs;
+  }
+
+  // Sets `registry`'s blobs to those of `slot`.
+  absl::Status RestoreBlobs(StateRegistry* registry, const SlotHeader* slot,
+                            const char* payload) const {
+    absl::StatusOr<std::vector<std::pair<std::string, std::string>>> blobs = BlobsOf(slot, payload);
+    if (!blobs.ok()) return blobs.status();
+    for (auto& [name, value] : *blobs) {
+      if (absl::Status set = registry->SetBlob(name, std::move(value)); !set.ok()) return set;
+    }
+    return absl::OkStatus();
+  }
+
+  // The sink of InstallAndRestoreWith: copies each chunk that lands into the registry's host
+  // buffers at once, and each CUDA buffer once its last chunk landed. Touches only what does not
+  // change while the arena's lock is held by the install (the plan, the slot being filled, the
+  // registry's buffers, the device copier), so the fill's threads call it without that lock.
+  class Landing final : public ChunkSink {
+   public:
+    Landing(Impl* impl, StateRegistry* registry, char* payload)
+        : impl_(impl),
+          registry_(registry),
+          payload_(payload),
+          landed_(impl->plan_.chunks.size()),
+          device_chunks_left_(registry->buffers().size()) {
+      for (size_t b = 0; b < registry->buffers().size(); ++b) {
+        device_chunks_left_[b].store(impl->plan_.buffer_chunks[b]);
+      }
+    }
+
+    void Landed(uint64_t k) override {
+      // Chunks past the buffers' last one hold only the blob area (restored at the end).
+      if (k >= landed_.size() || landed_[k].exchange(true)) return;
+      for (const Piece& piece : impl_->plan_.chunks[k]) {
+        const StateBuffer& buffer = registry_->buffers()[piece.buffer];
+        if (buffer.device.kind == Device::Kind::kHost) {
+          std::memcpy(static_cast<char*>(buffer.data) + piece.buffer_offset,
+                      payload_ + piece.payload_offset, piece.bytes);
+        } else if (device_chunks_left_[piece.buffer].fetch_sub(1) == 1) {
+          absl::Status copied =
+              impl_->CopyToDevice(buffer, payload_ + impl_->plan_.buffer_offsets[piece.buffer]);
+          if (!copied.ok()) {
+            MutexLock lock(&mu_);
+            if (error_.ok()) error_ = std::move(copied);
+          }
+        }
+      }
+    }
+
+    // Copies the chunks not told, on this thread; the first error of a device copy.
+    absl::Status Finish() {
+      for (uint64_t k = 0; k < landed_.size(); ++k) Landed(k);
+      MutexLock lock(&mu_);
+      return error_;
+    }
+
+   private:
+    Impl* const impl_;
+    StateRegistry* const registry_;
+    char* const payload_;
+    std::vector<std::atomic<bool>> landed_;                 // of each chunk of the buffer region
+    std::vector<std::atomic<int64_t>> device_chunks_left_;  // of each buffer (CUDA ones count)
+    Mutex mu_;
+    absl::Status error_ ABSL_GUARDED_BY(mu_);
+  };
 
   std::string Where() const {
     return absl::StrFormat("snapshotter (rank %d, arena %s)", options_.rank, arena_->name());
@@ -854,7 +946,7 @@ absl::StatusOr<SnapshotInfo> Snapshotter::Install(int64_t step, int64_t generati
   const uint64_t chunk = impl_->chunk_bytes();
   return impl_->Install(
       step, generation, payload.size(), chunk_checksums, std::nullopt,
-      [&](char* dst) -> absl::Status {
+      [&](char* dst, ChunkSink*) -> absl::Status {
         for (uint64_t k = 0, begin = 0; begin < payload.size(); ++k, begin += chunk) {
           const uint64_t bytes = std::min<uint64_t>(chunk, payload.size() - begin);
           std::memcpy(dst + begin, payload.data() + begin, bytes);
@@ -877,7 +969,16 @@ absl::StatusOr<SnapshotInfo> Snapshotter::InstallWith(
     int64_t step, int64_t generation, uint64_t payload_bytes,
     const std::vector<uint64_t>& chunk_checksums, uint64_t fingerprint,
     absl::FunctionRef<absl::Status(char* dst)> fill) {
-  return impl_->Install(step, generation, payload_bytes, chunk_checksums, fingerprint, fill);
+  return impl_->Install(step, generation, payload_bytes, chunk_checksums, fingerprint,
+                        [&](char* dst, ChunkSink*) { return fill(dst); });
+}
+
+absl::StatusOr<SnapshotInfo> Snapshotter::InstallAndRestoreWith(
+    StateRegistry* registry, int64_t step, int64_t generation, uint64_t payload_bytes,
+    const std::vector<uint64_t>& chunk_checksums, uint64_t fingerprint,
+    absl::FunctionRef<absl::Status(char* dst, ChunkSink* sink)> fill) {
+  return impl_->Install(step, generation, payload_bytes, chunk_checksums, fingerprint, fill,
+                        registry);
 }
 
 uint64_t SnapshotFingerprint(int64_t step, uint64_t layout_hash, uint64_t payload_bytes,

@@ -116,6 +116,32 @@ class Snapshotter {
                                            const std::vector<uint64_t>& chunk_checksums,
                                            uint64_t fingerprint,
                                            absl::FunctionRef<absl::Status(char* dst)> fill);
+  // Told by an install's `fill` which chunks of the slot are written and checked
+  // (InstallAndRestoreWith).
+  class ChunkSink {
+   public:
+    // Chunk `k` of the payload is in the slot and matched its checksum. May be called from several
+    // threads at once, for different chunks; a chunk told twice is taken once.
+    virtual void Landed(uint64_t k) = 0;
+
+   protected:
+    ~ChunkSink() = default;
+  };
+  // As InstallWith, and restores the snapshot into `registry`'s buffers as it lands, for a rank
+  // that has no state to keep (a replacement; a survivor whose arena lacks the step): each chunk
+  // that `fill` tells the sink has landed is copied at once into the host buffers it holds, from
+  // the cache its checksum was just computed in, on the thread that told it; a CUDA buffer is
+  // copied from the (pinned) slot once its last chunk landed, one copy per buffer, while the rest
+  // of the payload is still arriving. Chunks `fill` did not tell are copied once it returns, the
+  // blobs once the slot is complete. Returns the installed snapshot with every buffer and blob
+  // restored: no RestoreStep is needed. FailedPrecondition (nothing written) when `registry`'s
+  // layout is not this arena's; the errors of InstallWith, and those of a device copy (the slot
+  // then stays installed and a RestoreStep of it may be tried). On any error the buffers may hold
+  // part of the snapshot: the caller restores them from elsewhere or not at all.
+  absl::StatusOr<SnapshotInfo> InstallAndRestoreWith(
+      StateRegistry* registry, int64_t step, int64_t generation, uint64_t payload_bytes,
+      const std::vector<uint64_t>& chunk_checksums, uint64_t fingerprint,
+      absl::FunctionRef<absl::Status(char* dst, ChunkSink* sink)> fill);
   // The steps that Install and InstallWith avoid overwriting, most wanted first (a restore's
   // candidates not tried yet): an install writes the slot holding none of them, else the one
   // holding the later-listed step. Empty (the default): the older slot, so that the latest

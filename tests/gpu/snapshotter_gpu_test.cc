@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -94,6 +95,65 @@ TEST_F(SnapshotterGpuTest, ADeviceBufferIsSnapshottedAndRestoredByteExact) {
   ASSERT_EQ(cudaMemcpy(back.data(), device_, kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_TRUE(back == step5);
   EXPECT_EQ(host, std::vector<float>(1024, 2.5f));
+}
+
+// The restore of a fetched backup (Snapshotter::InstallAndRestoreWith): a device buffer is copied
+// from the pinned slot once its last chunk landed, while the fill is still running (the rest of
+// the payload still arriving), in one copy; not before.
+TEST_F(SnapshotterGpuTest, ADeviceBufferIsRestoredOnceItsLastChunkLandsDuringTheInstall) {
+  std::vector<char> step5 = Pattern(5);
+  ASSERT_EQ(cudaMemcpy(device_, step5.data(), kBytes, cudaMemcpyHostToDevice), cudaSuccess);
+  StateRegistry registry;
+  ASSERT_TRUE(registry
+                  .Register(StateBuffer{"layer0.weight",
+                                        "model",
+                                        device_,
+                                        kBytes,
+                                        DType::kU8,
+                                        {static_cast<int64_t>(kBytes)},
+                                        Device::Cuda(0)})
+                  .ok());
+  absl::StatusOr<std::unique_ptr<Snapshotter>> snapshotter =
+      Snapshotter::Create(&registry, options_);
+  ASSERT_TRUE(snapshotter.ok()) << snapshotter.status();
+  ASSERT_TRUE((*snapshotter)->Begin(5).ok());
+  ASSERT_TRUE((*snapshotter)->Fence(absl::Seconds(30)).ok());
+  absl::StatusOr<Snapshotter::View> view = (*snapshotter)->LatestView();
+  ASSERT_TRUE(view.ok()) << view.status();
+  const std::string payload(view->payload);
+  const std::vector<uint64_t> checksums = view->chunk_checksums;
+  const uint64_t chunk = options_.chunk_bytes;
+  const uint64_t buffer_chunks = (kBytes + chunk - 1) / chunk;
+  ASSERT_GT(checksums.size(), buffer_chunks);  // the blob area's chunk follows
+  std::vector<char> step6 = Pattern(6);
+  ASSERT_EQ(cudaMemcpy(device_, step6.data(), kBytes, cudaMemcpyHostToDevice), cudaSuccess);
+  auto device_holds = [&](const std::vector<char>& expected) {
+    std::vector<char> back(kBytes);
+    EXPECT_EQ(cudaMemcpy(back.data(), device_, kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    return back == expected;
+  };
+  const uint64_t fingerprint = SnapshotFingerprint(9, (*snapshotter)->LatestComplete()->layout_hash,
+                                                   payload.size(), checksums);
+  absl::StatusOr<SnapshotInfo> restored =
+      (*snapshotter)
+          ->InstallAndRestoreWith(
+              &registry, 9, 0, payload.size(), checksums, fingerprint,
+              [&](char* dst, Snapshotter::ChunkSink* sink) -> absl::Status {
+                for (uint64_t k = 0; k < checksums.size(); ++k) {
+                  const uint64_t begin = k * chunk;
+                  std::memcpy(dst + begin, payload.data() + begin,
+                              std::min<uint64_t>(chunk, payload.size() - begin));
+                  if (k + 1 == buffer_chunks) {
+                    EXPECT_TRUE(device_holds(step6));  // not yet: its last chunk is untold
+                  }
+                  if (k < buffer_chunks) sink->Landed(k);
+                }
+                EXPECT_TRUE(device_holds(step5));  // before the fill returned
+                return absl::OkStatus();
+              });
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(restored->step, 9);
+  EXPECT_TRUE(device_holds(step5));
 }
 
 }  // namespace

@@ -519,6 +519,104 @@ TEST_F(SnapshotterTest, TheFirstRestoreOfAnInstalledSnapshotCopiesWithoutCompari
   EXPECT_EQ(restored->restored_bytes_held, 8 * kChunk);  // every chunk but the mixed last one
 }
 
+// A fetched backup is restored into the buffers as its chunks land: a chunk the fill tells the
+// sink about is in its buffer before the fill goes on (here layer1.weight's first five chunks
+// while layer0.weight, not written yet, still holds the trainer's own bytes); the chunks it did not
+// tell, and the blobs, are restored once it returns. No RestoreStep is needed after.
+TEST_F(SnapshotterTest, AnInstallAndRestoreCopiesEachChunkIntoTheBuffersAsItLands) {
+  TrainerState state;
+  StateRegistry registry = state.MakeRegistry();
+  ASSERT_TRUE(registry.SetBlob("rng", "step 3").ok());
+  std::unique_ptr<Snapshotter> snapshotter = SnapshotOf(3, state, registry);
+  ASSERT_NE(snapshotter, nullptr);
+  absl::StatusOr<Snapshotter::View> view = snapshotter->ViewOf(3);
+  ASSERT_TRUE(view.ok()) << view.status();
+  const std::string payload(view->payload);
+  const std::vector<uint64_t> checksums = view->chunk_checksums;
+  state.FillAll(99);  // the replacement's fresh state
+  ASSERT_TRUE(registry.SetBlob("rng", "fresh").ok());
+  const SnapshotInfo source = *snapshotter->LatestComplete();
+  const uint64_t fingerprint =
+      SnapshotFingerprint(7, source.layout_hash, payload.size(), checksums);
+  absl::StatusOr<SnapshotInfo> restored = snapshotter->InstallAndRestoreWith(
+      &registry, 7, 3, payload.size(), checksums, fingerprint,
+      [&](char* dst, Snapshotter::ChunkSink* sink) -> absl::Status {
+        EXPECT_NE(sink, nullptr);
+        auto write = [&](uint64_t k) {
+          const uint64_t begin = k * kChunk;
+          std::memcpy(dst + begin, payload.data() + begin,
+                      std::min<uint64_t>(kChunk, payload.size() - begin));
+        };
+        // layer1.weight's chunks 3-7 (all of it but the 12 bytes in chunk 8), each told.
+        for (uint64_t k = 3; k < 8; ++k) {
+          write(k);
+          sink->Landed(k);
+        }
+        sink->Landed(5);  // told twice: taken once
+        EXPECT_EQ(state.FirstDifference(1, 3), static_cast<int64_t>(5 * kChunk));
+        EXPECT_EQ(state.FirstDifference(0, 99), -1);  // not landed: untouched
+        // The rest written, not told.
+        for (uint64_t k = 0; k < 3; ++k) write(k);
+        for (uint64_t k = 8; k < checksums.size(); ++k) write(k);
+        return absl::OkStatus();
+      });
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(restored->step, 7);
+  EXPECT_EQ(restored->fingerprint, fingerprint);
+  EXPECT_TRUE(state.Holds(3));
+  EXPECT_EQ(*registry.GetBlob("rng"), "step 3");
+  // The slot is installed: a later restore of it checks every chunk and finds them all held.
+  absl::StatusOr<SnapshotInfo> again = snapshotter->RestoreStep(&registry, 7);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->restored_bytes_held, 8 * kChunk);
+}
+
+// An install and restore whose fill fails leaves no restorable slot (the buffers may hold what
+// landed: the caller restores them from elsewhere); one into a registry of another layout is
+// refused before a byte is written.
+TEST_F(SnapshotterTest, AFailedInstallAndRestoreInstallsNothingAndAnotherLayoutIsRefused) {
+  TrainerState state;
+  StateRegistry registry = state.MakeRegistry();
+  std::unique_ptr<Snapshotter> snapshotter = SnapshotOf(3, state, registry);
+  ASSERT_NE(snapshotter, nullptr);
+  absl::StatusOr<Snapshotter::View> view = snapshotter->ViewOf(3);
+  ASSERT_TRUE(view.ok()) << view.status();
+  const std::string payload(view->payload);
+  const std::vector<uint64_t> checksums = view->chunk_checksums;
+  const uint64_t fingerprint =
+      SnapshotFingerprint(8, snapshotter->LatestComplete()->layout_hash, payload.size(), checksums);
+  absl::StatusOr<SnapshotInfo> failed = snapshotter->InstallAndRestoreWith(
+      &registry, 8, 3, payload.size(), checksums, fingerprint,
+      [&](char* dst, Snapshotter::ChunkSink* sink) -> absl::Status {
+        std::memcpy(dst, payload.data(), kChunk);
+        sink->Landed(0);
+        return absl::UnavailableError("holder 127.0.0.1:1 dropped the connection");
+      });
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(failed.status().message(), HasSubstr("installing step 8"));
+  ASSERT_EQ(snapshotter->CompleteSnapshots().size(), 1u);
+  EXPECT_EQ(snapshotter->CompleteSnapshots()[0].step, 3);
+
+  std::vector<float> other(16, 1.0f);
+  StateRegistry other_registry;
+  ASSERT_TRUE(
+      other_registry
+          .Register(StateBuffer{
+              "layer0.weight", "model", other.data(), 64, DType::kF32, {4, 4}, Device::Host()})
+          .ok());
+  bool filled = false;
+  absl::StatusOr<SnapshotInfo> refused =
+      snapshotter->InstallAndRestoreWith(&other_registry, 8, 3, payload.size(), checksums,
+                                         fingerprint, [&](char*, Snapshotter::ChunkSink*) {
+                                           filled = true;
+                                           return absl::OkStatus();
+                                         });
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("layout hash"));
+  EXPECT_FALSE(filled);
+  EXPECT_EQ(other, std::vector<float>(16, 1.0f));
+}
+
 // State that training rewrites costs the comparison two chunk hashes a buffer, not a pass: along
 // a buffer, once the chunks that differed outnumber those that matched by two, the rest of it is
 // copied without being compared (here layer1.weight's first two chunks differ; its last three,
