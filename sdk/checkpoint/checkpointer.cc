@@ -33,6 +33,9 @@ namespace trainguard {
 namespace {
 
 constexpr absl::Duration kWorkerIdlePoll = absl::Milliseconds(200);
+// How long a new checkpointer waits for the rank's previous process to release its arena: what
+// an agent allows a killed process to be reaped (posix_process_supervisor.cc).
+constexpr absl::Duration kArenaLockWait = absl::Seconds(10);
 
 // The store key recording that `step` is committed as `kind` ("snapshot" or "durable").
 std::string CommitKey(int64_t step, absl::string_view kind) {
@@ -974,6 +977,9 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(
   so.env = options.env;
   so.keep_arena_of_other_layout = options.keep_arena_of_other_layout;
   so.spare_arena = options.spare_arena;
+  // The rank's previous process may still be exiting (its children too, which share the arena's
+  // lock): as long as an agent waits for a killed process to be reaped.
+  so.arena_lock_wait = std::min(options.timeout, kArenaLockWait);
   absl::StatusOr<std::unique_ptr<Snapshotter>> snapshotter = Snapshotter::Create(registry, so);
   if (!snapshotter.ok()) return snapshotter.status();
   std::unique_ptr<Persister> persister;

@@ -15,6 +15,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "sdk/core/errno_error.h"
 #include "sdk/core/human_bytes.h"
 #include "trainguard/env.h"
@@ -58,17 +60,24 @@ std::string Mismatch(const ArenaHeader& header, uint64_t size, const ArenaGeomet
   return "";
 }
 
-// Takes the segment's exclusive lock, so that two live processes never write one arena.
-absl::Status LockSegment(int fd, const std::string& name) {
-  if (flock(fd, LOCK_EX | LOCK_NB) == 0) return absl::OkStatus();
-  if (errno == EWOULDBLOCK) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("snapshot arena %s: in use by another live Snapshotter (a process of this "
-                        "rank that has not "
-                        "exited, or a second Snapshotter in this one)",
-                        name));
+// Takes the segment's exclusive lock, so that two live processes never write one arena; a lock
+// held elsewhere is polled for, every millisecond, until `wait` has passed.
+absl::Status LockSegment(int fd, const std::string& name, absl::Duration wait) {
+  const absl::Time deadline = absl::Now() + wait;
+  while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK) return ErrnoError(errno, kArena, name, "flock");
+    if (absl::Now() >= deadline) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "snapshot arena %s: in use by another live Snapshotter (a process of this rank that "
+          "has not exited, or a second Snapshotter in this one)%s",
+          name,
+          wait > absl::ZeroDuration()
+              ? absl::StrCat("; waited ", absl::FormatDuration(wait), " for it to exit")
+              : ""));
+    }
+    absl::SleepFor(absl::Milliseconds(1));
   }
-  return ErrnoError(errno, kArena, name, "flock");
+  return absl::OkStatus();
 }
 
 // An Env error about the arena's segment, saying it is the snapshot arena.
@@ -81,14 +90,14 @@ absl::Status InArena(absl::Status status) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SnapshotArena>> SnapshotArena::OpenOrCreate(
-    Env* env, const std::string& name, const ArenaGeometry& geometry,
-    std::string* replaced_reason, std::string_view keep_other_layout, SpareArena* spare) {
+    Env* env, const std::string& name, const ArenaGeometry& geometry, std::string* replaced_reason,
+    std::string_view keep_other_layout, SpareArena* spare, absl::Duration lock_wait) {
   replaced_reason->clear();
   const uint64_t size = geometry.segment_bytes();
   absl::StatusOr<int> existing = env->OpenSharedMemory(name, /*writable=*/true);
   if (existing.ok()) {
     const int fd = *existing;
-    if (absl::Status locked = LockSegment(fd, name); !locked.ok()) {
+    if (absl::Status locked = LockSegment(fd, name, lock_wait); !locked.ok()) {
       close(fd);
       return locked;
     }
@@ -142,7 +151,7 @@ absl::StatusOr<std::unique_ptr<SnapshotArena>> SnapshotArena::OpenOrCreate(
     close(fd);
     return InArena(std::move(status));
   };
-  if (absl::Status locked = LockSegment(fd, name); !locked.ok()) {
+  if (absl::Status locked = LockSegment(fd, name, absl::ZeroDuration()); !locked.ok()) {
     close(fd);
     return locked;
   }

@@ -26,6 +26,7 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "sdk/checkpoint/snapshotter.h"
 #include "sdk/checkpoint/spare_arena.h"
 
@@ -126,7 +127,9 @@ class SnapshotArena {
   // (what the caller's layout is, for the message), a valid arena whose layout hash differs (state
   // of other buffers) is kept instead, and the call fails with FailedPrecondition naming both
   // layouts: replacing it would lose state that no registry of this layout can restore.
-  // FailedPrecondition also when a live process holds it;
+  // FailedPrecondition also when a live process holds it, at most `lock_wait` after the call
+  // (polled every millisecond: a killed rank's process, or a child that inherited its descriptor,
+  // may still be exiting when its replacement starts);
   // ResourceExhausted when /dev/shm cannot hold it. The segment is opened, created, sized and
   // removed through `env` (mapped here). Where it must be created and `spare` (a parked
   // standby's, spare_arena.h) has exactly its size, the spare is renamed to `name` and its mapping
@@ -134,7 +137,7 @@ class SnapshotArena {
   static absl::StatusOr<std::unique_ptr<SnapshotArena>> OpenOrCreate(
       Env* env, const std::string& name, const ArenaGeometry& geometry,
       std::string* replaced_reason, std::string_view keep_other_layout = {},
-      SpareArena* spare = nullptr);
+      SpareArena* spare = nullptr, absl::Duration lock_wait = absl::ZeroDuration());
   ~SnapshotArena();
   SnapshotArena(const SnapshotArena&) = delete;
   SnapshotArena& operator=(const SnapshotArena&) = delete;

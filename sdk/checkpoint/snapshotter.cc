@@ -907,7 +907,7 @@ absl::StatusOr<std::unique_ptr<Snapshotter>> Snapshotter::Create(
   absl::StatusOr<std::unique_ptr<SnapshotArena>> arena = SnapshotArena::OpenOrCreate(
       options.env != nullptr ? options.env : Env::Default(),
       ArenaName(options.job_id, options.rank), plan.geometry, &replaced_reason, this_layout,
-      options.spare_arena);
+      options.spare_arena, options.arena_lock_wait);
   if (!arena.ok()) {
     return absl::Status(arena.status().code(),
                         absl::StrCat(where, ": ", arena.status().message()));

@@ -41,6 +41,10 @@ struct SnapshotterOptions {
   // A parked standby's prepared segment (spare_arena.h): adopted as the arena when the rank has
   // none on this host and the sizes agree; otherwise left to its owner. nullptr: none.
   SpareArena* spare_arena = nullptr;
+  // How long Create waits for another process that holds this rank's arena to exit (a killed
+  // rank's process, or a child that inherited its descriptor, still tearing down when its
+  // replacement starts) before it fails with FailedPrecondition. Zero: it fails at once.
+  absl::Duration arena_lock_wait = absl::ZeroDuration();
 };
 
 struct SnapshotInfo {

@@ -17,6 +17,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -738,20 +739,19 @@ void StuckMidCopy(int) {
   for (;;) pause();
 }
 
-// Forks a trainer running `body` (which reports, then sleeps), waits (bounded) for its report,
-// SIGKILLs it and reaps it.
-// Returns the report.
-std::string RunAndKillTrainer(const std::function<void()>& body) {
+// Forks a trainer running `body` (which reports, then sleeps) and waits (bounded) for its report;
+// `*pid` is the trainer's (-1 when the fork failed). Returns the report.
+std::string StartTrainer(const std::function<void()>& body, pid_t* pid) {
   int fds[2];
   EXPECT_EQ(pipe(fds), 0);
-  const pid_t pid = fork();
-  if (pid < 0) {
+  *pid = fork();
+  if (*pid < 0) {
     ADD_FAILURE() << "fork: " << std::strerror(errno);
     close(fds[0]);
     close(fds[1]);
     return "";
   }
-  if (pid == 0) {
+  if (*pid == 0) {
     close(fds[0]);
     g_report_fd = fds[1];
     body();  // reports, then waits to be killed
@@ -765,11 +765,24 @@ std::string RunAndKillTrainer(const std::function<void()>& body) {
     const ssize_t n = read(fds[0], buffer, sizeof(buffer));
     if (n > 0) report.assign(buffer, static_cast<size_t>(n));
   }
+  close(fds[0]);
+  return report;
+}
+
+// SIGKILLs the trainer `pid` and reaps it.
+void KillTrainer(pid_t pid, const std::string& report) {
+  if (pid <= 0) return;
   EXPECT_EQ(SignalOwnProcess(pid, SIGKILL), absl::OkStatus());
   int wstatus = 0;
   EXPECT_EQ(waitpid(pid, &wstatus, 0), pid);
   EXPECT_TRUE(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL) << "report: " << report;
-  close(fds[0]);
+}
+
+// StartTrainer, then KillTrainer. Returns the report.
+std::string RunAndKillTrainer(const std::function<void()>& body) {
+  pid_t pid = -1;
+  std::string report = StartTrainer(body, &pid);
+  KillTrainer(pid, report);
   return report;
 }
 
@@ -809,6 +822,47 @@ TEST_F(SnapshotterTest, ARestartedRankRestoresTheKilledProcesssSnapshotWithoutDi
   ASSERT_TRUE(snapshotter->Begin(8).ok());
   ASSERT_TRUE(snapshotter->Fence(kFenceTimeout).ok());
   EXPECT_EQ(snapshotter->LatestComplete()->step, 8);
+}
+
+// A replacement that starts while the rank's previous process still holds the arena (it has not
+// exited yet) waits for it, bounded by SnapshotterOptions::arena_lock_wait, and then takes the
+// arena with its snapshot; without a wait, or once the wait runs out, it is refused, naming why.
+TEST_F(SnapshotterTest, AReplacementWaitsForThePreviousProcessToReleaseTheArenaThenRestoresIt) {
+  pid_t pid = -1;
+  const std::string report = StartTrainer(
+      [this] {
+        TrainerState state;
+        state.FillAll(7);
+        StateRegistry registry = state.MakeRegistry();
+        absl::StatusOr<std::unique_ptr<Snapshotter>> s = Snapshotter::Create(&registry, options_);
+        ChildCheck(s.status(), "Create");
+        ChildCheck((*s)->Begin(7), "Begin");
+        ChildCheck((*s)->Fence(kFenceTimeout), "Fence");
+        Report('R');
+        sleep(60);  // killed long before, with the Snapshotter alive
+      },
+      &pid);
+  ASSERT_EQ(report, "R");
+  TrainerState state;
+  StateRegistry registry = state.MakeRegistry();
+  absl::StatusOr<std::unique_ptr<Snapshotter>> refused = Snapshotter::Create(&registry, options_);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("in use"));
+  options_.arena_lock_wait = absl::Milliseconds(30);
+  refused = Snapshotter::Create(&registry, options_);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("waited 30ms for it to exit"));
+
+  options_.arena_lock_wait = absl::Seconds(60);
+  absl::StatusOr<std::unique_ptr<Snapshotter>> replacement;
+  std::thread start([&] { replacement = Snapshotter::Create(&registry, options_); });
+  KillTrainer(pid, report);
+  start.join();
+  ASSERT_TRUE(replacement.ok()) << replacement.status();
+  absl::StatusOr<SnapshotInfo> restored = (*replacement)->RestoreLatest(&registry);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(restored->step, 7);
+  EXPECT_TRUE(state.Holds(7));
 }
 
 TEST_F(SnapshotterTest, AProcessKilledMidSnapshotLeavesThePreviousSnapshotRestorable) {
