@@ -1,9 +1,10 @@
 // The Snapshotter with device state (CUDA): a whole snapshot of GPU buffers (Begin + Fence: the
 // device-to-host copies into the pinned arena, chunk by chunk on the snapshot stream, and the
-// checksums) against the baseline of one cudaMemcpyAsync per buffer into a pinned host buffer of the
-// same size, in the same process; and a restore (verify every chunk, copy back to the GPU) against
-// the host-to-device copy. All count the state's bytes once. The snapshot runs with the
-// default copy_threads and chunk_bytes, then with more threads and larger chunks.
+// checksums) against the baseline of one cudaMemcpyAsync per buffer into a pinned host buffer of
+// the same size, in the same process; and a restore (verify every chunk, copy back to the GPU)
+// against the host-to-device copy; and a peer restore's install into the arena with the device
+// copies after it or as each buffer's chunks land. All count the state's bytes once. The snapshot
+// runs with the default copy_threads and chunk_bytes, then with more threads and larger chunks.
 //
 //   build/default/bench/bench_checkpoint --benchmark_filter='Device|ChunkChecksum'
 //
@@ -11,18 +12,20 @@
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "benchmark/benchmark.h"
-#include "xxh_x86dispatch.h"
-#include "xxhash.h"
 #include "sdk/checkpoint/snapshotter.h"
 #include "trainguard/checkpoint.h"
+#include "xxh_x86dispatch.h"
+#include "xxhash.h"
 
 namespace {
 
@@ -144,6 +147,59 @@ void BM_SnapshotDeviceRestore(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(setup.bytes));
 }
 
+// A peer restore of device state, with a memcpy from host memory standing in for the network: each
+// chunk copied into the arena's free slot and hashed (what a fetch does as chunks land), then the
+// device buffers restored from the slot. With a third argument of 0: `Install`, then `RestoreStep`
+// (every host-to-device copy after the whole payload is in); 1: `InstallAndRestoreWith` (each
+// buffer's host-to-device copy as soon as its last chunk is in, beside the rest of the fill).
+void BM_DeviceInstallAndRestore(benchmark::State& state) {
+  DeviceSetup setup(state);
+  if (!setup.ok()) return;
+  if (!setup.snapshotter->Begin(1).ok() || !setup.snapshotter->Fence(absl::Minutes(2)).ok()) {
+    state.SkipWithError("snapshot failed");
+    return;
+  }
+  absl::StatusOr<Snapshotter::View> view = setup.snapshotter->ViewOf(1);
+  if (!view.ok()) {
+    state.SkipWithError(view.status().ToString().c_str());
+    return;
+  }
+  const std::string received(view->payload);  // the bytes the network would bring
+  const std::vector<uint64_t> checksums = view->chunk_checksums;
+  const uint64_t layout_hash = view->info.layout_hash;
+  const uint64_t chunk = setup.options.chunk_bytes;
+  const bool as_it_lands = state.range(4) != 0;
+  int64_t step = 1;
+  for (auto _ : state) {
+    ++step;
+    absl::StatusOr<trainguard::SnapshotInfo> restored;
+    if (as_it_lands) {
+      restored = setup.snapshotter->InstallAndRestoreWith(
+          setup.device.registry(), step, 0, received.size(), checksums,
+          trainguard::SnapshotFingerprint(step, layout_hash, received.size(), checksums),
+          [&](char* dst, Snapshotter::ChunkSink* sink) -> absl::Status {
+            for (uint64_t k = 0, at = 0; at < received.size(); ++k, at += chunk) {
+              const uint64_t n = std::min<uint64_t>(chunk, received.size() - at);
+              std::memcpy(dst + at, received.data() + at, n);
+              if (XXH3_64bits(dst + at, n) != checksums[k]) {
+                return absl::DataLossError("chunk checksum");
+              }
+              sink->Landed(k);
+            }
+            return absl::OkStatus();
+          });
+    } else {
+      restored = setup.snapshotter->Install(step, 0, received, checksums);
+      if (restored.ok()) restored = setup.snapshotter->RestoreStep(setup.device.registry(), step);
+    }
+    if (!restored.ok()) {
+      state.SkipWithError(restored.status().ToString().c_str());
+      break;
+    }
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(setup.bytes));
+}
+
 // The baseline: the same buffers copied device-to-host into one pinned buffer, one stream (and,
 // with a second argument of 1, host-to-device: the restore's baseline).
 void BM_DeviceToPinnedMemcpy(benchmark::State& state) {
@@ -225,6 +281,13 @@ BENCHMARK(BM_SnapshotDeviceRestore)
     ->ArgNames({"bytes", "rank", "copy_threads", "chunk_mib"})
     ->Args({int64_t{1} << 30, 17, 4, 4})
     ->Args({int64_t{1} << 30, 18, 16, 4})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(5);
+BENCHMARK(BM_DeviceInstallAndRestore)
+    ->ArgNames({"bytes", "rank", "copy_threads", "chunk_mib", "as_it_lands"})
+    ->Args({int64_t{1} << 30, 19, 4, 4, 0})
+    ->Args({int64_t{1} << 30, 20, 4, 4, 1})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->Iterations(5);
