@@ -123,8 +123,7 @@ TEST_F(SnapshotterGpuTest, ADeviceBufferIsRestoredOnceItsLastChunkLandsDuringThe
   const std::string payload(view->payload);
   const std::vector<uint64_t> checksums = view->chunk_checksums;
   const uint64_t chunk = options_.chunk_bytes;
-  const uint64_t buffer_chunks = (kBytes + chunk - 1) / chunk;
-  ASSERT_GT(checksums.size(), buffer_chunks);  // the blob area's chunk follows
+  ASSERT_GT(checksums.size(), 1u);
   std::vector<char> step6 = Pattern(6);
   ASSERT_EQ(cudaMemcpy(device_, step6.data(), kBytes, cudaMemcpyHostToDevice), cudaSuccess);
   auto device_holds = [&](const std::vector<char>& expected) {
@@ -134,19 +133,21 @@ TEST_F(SnapshotterGpuTest, ADeviceBufferIsRestoredOnceItsLastChunkLandsDuringThe
   };
   const uint64_t fingerprint = SnapshotFingerprint(9, (*snapshotter)->LatestComplete()->layout_hash,
                                                    payload.size(), checksums);
+  // The chunks land last first (the blob area with the buffer's last bytes, then the others one by
+  // one): the buffer is copied when chunk 0, its last one in, lands; not before.
   absl::StatusOr<SnapshotInfo> restored =
       (*snapshotter)
           ->InstallAndRestoreWith(
               &registry, 9, 0, payload.size(), checksums, fingerprint,
               [&](char* dst, Snapshotter::ChunkSink* sink) -> absl::Status {
-                for (uint64_t k = 0; k < checksums.size(); ++k) {
+                for (uint64_t k = checksums.size(); k-- > 0;) {
                   const uint64_t begin = k * chunk;
                   std::memcpy(dst + begin, payload.data() + begin,
                               std::min<uint64_t>(chunk, payload.size() - begin));
-                  if (k + 1 == buffer_chunks) {
-                    EXPECT_TRUE(device_holds(step6));  // not yet: its last chunk is untold
+                  if (k == 0) {
+                    EXPECT_TRUE(device_holds(step6));  // every other chunk told: not yet
                   }
-                  if (k < buffer_chunks) sink->Landed(k);
+                  sink->Landed(k);
                 }
                 EXPECT_TRUE(device_holds(step5));  // before the fill returned
                 return absl::OkStatus();
