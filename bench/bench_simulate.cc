@@ -4,7 +4,7 @@
 // the result checked for correctness.
 //
 //   bench_simulate [--ranks=8,64,512,4096] [--faults=rank,host,partition,hang,slow,coordinator]
-//                  [--host_timeout_ms=2000] [--heartbeat_ms=1000] [--steady_s=10]
+//                  [--host_timeout_ms=2000] [--heartbeat_ms=0] [--steady_s=10]
 //                  [--agent_threads=4] [--timeout_s=120] [--store=tcp|etcd]
 //                  [--hang_records=1024] [--hang_dump_grace_ms=3000] [--fail_slow=evict|alert]
 //                  [--json=FILE]
@@ -35,13 +35,15 @@
 // start (the steady state includes both). The
 // shape that fits 16,384 ranks in this machine (pid_max 32,768, 20,000 file descriptors): one
 // thread and one connection per member, whose heartbeat (RendezvousMember::Beat, every
-// --heartbeat_ms) is beaten by its own thread between its waits for the next generation, instead
-// of a heartbeat thread and a second connection; the agents are turned by --agent_threads threads
-// (a HostAgent is used by one thread), each turning its slice of the hosts at the launcher's
-// cadence (--host_timeout / 12), and the coordinating host by a thread of its own; as in the
-// launcher, each host's heartbeat and lease renewal run on two threads of its agent's own
-// (HostAgent::StartBeating, LeaseKeeper::StartRenewing), so a host whose agent thread is slow to
-// turn it is not declared dead for that. Each agent's store client holds one connection
+// --heartbeat_ms, by default the library's RankHeartbeatInterval for the job's size) is beaten by
+// its own thread between its waits for the next generation, instead of a heartbeat thread and a
+// second connection, on a grid of its own (a phase drawn from the member's id, as a heartbeat
+// thread started with its process: not in step with the other members); the agents are turned by
+// --agent_threads threads (a HostAgent is used by one thread), each turning its slice of the hosts
+// at the launcher's cadence (--host_timeout / 12), and the coordinating host by a thread of its
+// own; as in the launcher, each host's heartbeat and lease renewal run on two threads of its
+// agent's own (HostAgent::StartBeating, LeaseKeeper::StartRenewing), so a host whose agent thread
+// is slow to turn it is not declared dead for that. Each agent's store client holds one connection
 // (TcpStoreOptions::max_connections 1): its turn, its heartbeat and its renewal take turns on it,
 // so that 16,384 ranks' and 2,052 agents' connections fit this machine's 20,000 file descriptors
 // (uncapped, a client opens a second connection whenever its turn and its heartbeat overlap).
@@ -199,7 +201,7 @@ struct Flags {
   std::vector<int> ranks = {8, 64, 512, 4096};
   std::vector<std::string> faults = {"rank", "host", "partition", "hang", "slow", "coordinator"};
   absl::Duration host_timeout = absl::Seconds(2);
-  absl::Duration heartbeat = absl::Seconds(1);
+  absl::Duration heartbeat = absl::ZeroDuration();  // 0: RankHeartbeatInterval(ranks)
   absl::Duration steady = absl::Seconds(10);
   int agent_threads = 4;
   absl::Duration timeout = absl::Seconds(120);
@@ -544,6 +546,10 @@ class SimMember {
   }
 
   void Run(const StoreConnector& connect, const Flags& flags) {
+    // The rank's heartbeat period: --heartbeat_ms, or by default the library's for this job's size.
+    const absl::Duration heartbeat = flags.heartbeat > absl::ZeroDuration()
+                                         ? flags.heartbeat
+                                         : RankHeartbeatInterval(world_size_);
     absl::StatusOr<std::unique_ptr<Store>> store = connect();
     if (!store.ok()) return End(store.status(), false);
     store_ = *std::move(store);
@@ -552,7 +558,7 @@ class SimMember {
       MutexLock lock(&mu_);
       // A parked standby beats on a thread of its own (few of them); a rank between its waits.
       member_ = std::make_unique<RendezvousMember>(
-          store_.get(), id_, rank_ < 0 ? flags.heartbeat : absl::InfiniteDuration());
+          store_.get(), id_, rank_ < 0 ? heartbeat : absl::InfiniteDuration());
       member = member_.get();
       joined_ = absl::Now();
     }
@@ -567,10 +573,21 @@ class SimMember {
     }
     if (!m.ok()) return End(m.status(), false);
     Adopt(*m);
+    // The member beats on a grid of its own, at a phase drawn from its id, as a rank's heartbeat
+    // thread does from its process's start (the ranks of a job start over seconds): each wait for
+    // the next generation ends at the member's next beat, whatever the instant it adopted its
+    // generation. Waits that all began at one adoption would end, and beat, in one burst a second.
+    const absl::Duration phase =
+        heartbeat * static_cast<double>(std::hash<std::string>{}(id_) % 1000) / 1000.0;
+    auto next_beat_after = [&](absl::Time t) {
+      return t + heartbeat - (t - absl::UnixEpoch() + phase) % heartbeat;
+    };
+    absl::Time next_beat = next_beat_after(absl::Now());
     while (!Ended()) {
       WhilePartitioned();
       if (Ended()) return;
-      absl::StatusOr<bool> newer = AwaitNewer(member, *m, flags.heartbeat);
+      absl::StatusOr<bool> newer =
+          AwaitNewer(member, *m, std::max(next_beat - absl::Now(), absl::ZeroDuration()));
       WhilePartitioned();
       if (Ended()) return;
       if ((newer.ok() && *newer) || member->superseded()) {
@@ -583,7 +600,10 @@ class SimMember {
       }
       AnnounceFirstStep(*m);
       if (faults_->work_records.load()) WriteWorkRecord(m->rank);
-      (void)member->Beat(flags.heartbeat);
+      (void)member->Beat(heartbeat);
+      // The next grid point: a wait that ended a little early beats once, not twice.
+      next_beat += heartbeat;
+      if (const absl::Time now = absl::Now(); next_beat <= now) next_beat = next_beat_after(now);
     }
   }
 
@@ -2596,7 +2616,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       return absl::CancelledError(
           "usage: bench_simulate [--ranks=8,64,512,4096] "
           "[--faults=rank,host,partition,hang,slow,coordinator] "
-          "[--host_timeout_ms=2000] [--heartbeat_ms=1000] [--steady_s=10] [--agent_threads=4] "
+          "[--host_timeout_ms=2000] [--heartbeat_ms=0] [--steady_s=10] [--agent_threads=4] "
           "[--timeout_s=120] [--store=tcp|etcd] [--hang_records=1024] [--hang_dump_grace_ms=3000] "
           "[--fail_slow=evict|alert] "
           "[--json=FILE] [--verbose]");
@@ -2661,8 +2681,9 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     }
     if (!s.ok()) return s;
   }
-  if (flags.heartbeat <= absl::ZeroDuration() || flags.host_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("--heartbeat_ms and --host_timeout_ms must be positive");
+  if (flags.heartbeat < absl::ZeroDuration() || flags.host_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "--heartbeat_ms must not be negative and --host_timeout_ms must be positive");
   }
   return flags;
 }

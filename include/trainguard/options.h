@@ -78,7 +78,10 @@ struct Options {
   // Bounds each rendezvous wait (joining, re-rendezvous after a failure, one period of a standby's
   // parking, which repeats until it is assigned or stopped).
   int rendezvous_timeout_ms = 300'000;
-  int heartbeat_interval_ms = 1'000;
+  // How often the rank's heartbeat thread writes its heartbeat to the store. 0: by the job's size,
+  // 1 s up to 4,096 ranks, then world_size / 4,096 seconds, at most 5 s (16,384 ranks: 4 s), so
+  // that the store takes about 4,096 rank heartbeats a second at any size.
+  int heartbeat_interval_ms = 0;
 
   // Checkpointing (checkpoint.h, persister.h). The guard snapshots the registered state every
   // `checkpoint_every_steps` steps and/or every `checkpoint_every_seconds` seconds (0 turns a

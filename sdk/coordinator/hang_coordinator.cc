@@ -18,6 +18,11 @@
 
 namespace trainguard {
 
+absl::Duration SilentHeartbeat(const HangCoordinatorOptions& options, int world_size) {
+  return std::min(options.heartbeat_timeout,
+                  std::max(options.silent_heartbeat, 2.5 * RankHeartbeatInterval(world_size)));
+}
+
 namespace {
 
 // The rank a hang key's value names ("rank R: <report>", as the Runtime writes it), or -1.
@@ -270,10 +275,12 @@ HangCoordinator::Seen HangCoordinator::Observe(
   }
   if (elsewhere.empty() || rendezvous()->generation() != g) return seen;
   // Other hosts' processes are out of sight, but every rank's heartbeat thread writes to the store
-  // every heartbeat_interval_ms (1 s by default) while the process runs, hung training thread or
-  // not: a rank whose heartbeat stood still for silent_heartbeat is stopped or frozen whole, and
-  // will not dump either.
-  const absl::Duration still = std::min(options_.heartbeat_timeout, options_.silent_heartbeat);
+  // every heartbeat_interval_ms (by default RankHeartbeatInterval of the job's size: 1 s up to
+  // 4,096 ranks) while the process runs, hung training thread or not: a rank whose heartbeat stood
+  // still for silent_heartbeat (and at least two and a half of its periods) is stopped or frozen
+  // whole, and will not dump either.
+  const absl::Duration still =
+      SilentHeartbeat(options_, static_cast<int>(rendezvous()->current().members.size()));
   absl::StatusOr<std::vector<int>> quiet =
       rendezvous()->RanksWithStaleHeartbeats(still, options_.store_timeout);
   if (quiet.ok()) {

@@ -89,7 +89,7 @@ struct LocalHolder {
 struct HangCoordinatorOptions {
   std::string dump_dir;  // where the ranks write their dumps: <run dir>/flight_recorder
   // --heartbeat-timeout: a rank's heartbeat standing still for min(this, silent_heartbeat) means
-  // its process is not running (stopped or frozen whole): it will not dump.
+  // its process is not running (stopped or frozen whole): it will not dump (SilentHeartbeat).
   absl::Duration heartbeat_timeout = absl::Seconds(30);
   absl::Duration silent_heartbeat = absl::Milliseconds(2500);
   // A host of the hung generation whose heartbeat stood still this long holds the diagnosis off
@@ -112,6 +112,11 @@ struct HangCoordinatorOptions {
   int read_threads = 4;
   HangArbiterOptions arbiter;
 };
+
+// How long a rank's heartbeat must stand still in a job of `world_size` ranks for the hang
+// diagnosis to count its process as not running: the larger of silent_heartbeat and two and a
+// half of the rank's default heartbeat periods (RankHeartbeatInterval), at most heartbeat_timeout.
+absl::Duration SilentHeartbeat(const HangCoordinatorOptions& options, int world_size);
 
 class HangCoordinator {
  public:

@@ -511,7 +511,7 @@ absl::Status CheckRendezvous(const Options& options) {
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = CheckAtLeast("heartbeat_interval_ms", options.heartbeat_interval_ms, 1);
+  if (absl::Status s = CheckAtLeast("heartbeat_interval_ms", options.heartbeat_interval_ms, 0);
       !s.ok()) {
     return s;
   }

@@ -293,6 +293,11 @@ void RendezvousMember::AdoptGeneration(const Membership& place) {
   prefetched_.reset();
 }
 
+absl::Duration RankHeartbeatInterval(int world_size) {
+  return std::clamp(absl::Seconds(1) * (static_cast<double>(world_size) / kRankBeatsPerSecond),
+                    absl::Seconds(1), kMaxRankHeartbeatInterval);
+}
+
 absl::Status RendezvousMember::Beat(absl::Duration timeout) {
   const int64_t beat_generation = generation();
   absl::Status s = store_->Add(HeartbeatKey(member_id_), 1, timeout).status();

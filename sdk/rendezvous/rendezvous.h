@@ -106,6 +106,16 @@ class CoordinatorLease;
 inline constexpr absl::Duration kLeftGrace = absl::Seconds(30);
 inline constexpr char kLeftHeartbeat[] = "left";
 
+// The period of a rank's heartbeat in a job of `world_size` ranks where none is configured
+// (Options::heartbeat_interval_ms 0): 1 s up to kRankBeatsPerSecond ranks, then growing with the
+// job so that the store takes about that many rank heartbeats a second whatever the job's size
+// (16,384 ranks: 4 s), at most kMaxRankHeartbeatInterval (a launcher's bound on a silent rank,
+// --heartbeat-timeout, is 30 s by default). A rank's death is its agent's to report at once; the
+// heartbeat finds a process that is stopped or frozen whole, in seconds.
+inline constexpr int kRankBeatsPerSecond = 4096;
+inline constexpr absl::Duration kMaxRankHeartbeatInterval = absl::Seconds(5);
+absl::Duration RankHeartbeatInterval(int world_size);
+
 class RendezvousMember {
  public:
   // `member_id` names this process uniquely in the job (e.g. "host:pid:nonce"); `store` is the

@@ -226,8 +226,10 @@ absl::Status RuntimeImpl::JoinRendezvous() {
   const std::string member_id =
       options_.member_id.empty() ? absl::StrCat(HostName(), ":", getpid()) : options_.member_id;
   const absl::Duration timeout = absl::Milliseconds(options_.rendezvous_timeout_ms);
-  member_ = std::make_unique<RendezvousMember>(store_, member_id,
-                                               absl::Milliseconds(options_.heartbeat_interval_ms));
+  const absl::Duration heartbeat = options_.heartbeat_interval_ms > 0
+                                       ? absl::Milliseconds(options_.heartbeat_interval_ms)
+                                       : RankHeartbeatInterval(options_.world_size);
+  member_ = std::make_unique<RendezvousMember>(store_, member_id, heartbeat);
   if (options_.role == "rank") {
     absl::StatusOr<Membership> m =
         member_->JoinInitial(options_.rank, options_.world_size, timeout);

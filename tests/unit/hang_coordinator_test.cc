@@ -333,6 +333,20 @@ class HangCoordinatorTest : public ::testing::Test {
 
 // One host, four ranks: ranks 0, 2, 3 entered all_reduce #4 and wait in it; rank 1 never did. Every
 // rank dumped and the declaring rank aborted: the diagnosis names rank 1 and its process is killed.
+// A rank of a large job beats less often (RankHeartbeatInterval): its heartbeat counts as standing
+// still only after two and a half of its periods, never later than --heartbeat-timeout.
+TEST(SilentHeartbeatTest, AtLeastTwoAndAHalfOfTheJobsHeartbeatPeriodsAtMostTheTimeout) {
+  HangCoordinatorOptions options;  // silent 2.5 s, timeout 30 s
+  EXPECT_EQ(SilentHeartbeat(options, 8), absl::Milliseconds(2500));
+  EXPECT_EQ(SilentHeartbeat(options, 4096), absl::Milliseconds(2500));
+  EXPECT_EQ(SilentHeartbeat(options, 16384), absl::Seconds(10));            // beats every 4 s
+  EXPECT_EQ(SilentHeartbeat(options, 1 << 20), absl::Milliseconds(12500));  // every 5 s
+  options.heartbeat_timeout = absl::Seconds(6);
+  EXPECT_EQ(SilentHeartbeat(options, 16384), absl::Seconds(6));
+  options.silent_heartbeat = absl::Seconds(1);
+  EXPECT_EQ(SilentHeartbeat(options, 8), absl::Milliseconds(2500));
+}
+
 TEST_F(HangCoordinatorTest, TheSuspectIsTheRankThatNeverEnteredTheCollective) {
   Start(1, 4, /*one_host=*/true);
   Declare(0);

@@ -212,6 +212,17 @@ class Rendezvous : public ::testing::Test {
   std::vector<std::unique_ptr<Process>> ranks_;
 };
 
+// The store takes about 4,096 rank heartbeats a second at any size: a rank beats every second up
+// to 4,096 ranks, then less often as the job grows, never less than every 5 s.
+TEST(RankHeartbeatIntervalTest, OneSecondUpTo4096RanksThenGrowingWithTheJobUpToFiveSeconds) {
+  EXPECT_EQ(RankHeartbeatInterval(1), absl::Seconds(1));
+  EXPECT_EQ(RankHeartbeatInterval(4096), absl::Seconds(1));
+  EXPECT_EQ(RankHeartbeatInterval(8192), absl::Seconds(2));
+  EXPECT_EQ(RankHeartbeatInterval(16384), absl::Seconds(4));
+  EXPECT_EQ(RankHeartbeatInterval(20480), absl::Seconds(5));
+  EXPECT_EQ(RankHeartbeatInterval(1 << 20), absl::Seconds(5));
+}
+
 TEST_F(Rendezvous, TheInitialRanksFormGenerationZeroInRankOrder) {
   FormGenerationZero(4);
   EXPECT_EQ(coordinator_.generation(), 0);
