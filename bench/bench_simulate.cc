@@ -1,9 +1,10 @@
-// bench_simulate: the scale simulator of issue 37. A job of R ranks on R/8 hosts and a standby
-// host per fault, with the real host agents and the real coordinator, against the real TcpStore
-// server in a process of its own (bench/scale_server.h); faults injected, the recovery timed, and
-// the result checked for correctness.
+// bench_simulate: the scale simulator of issue 37. A job of R ranks on R/8 hosts (--ranks_per_host)
+// and a standby host per fault, with the real host agents and the real coordinator, against the
+// real TcpStore server in a process of its own (bench/scale_server.h); faults injected, the
+// recovery timed, and the result checked for correctness.
 //
-//   bench_simulate [--ranks=8,64,512,4096] [--faults=rank,host,partition,hang,slow,coordinator]
+//   bench_simulate [--ranks=8,64,512,4096] [--ranks_per_host=8]
+//                  [--faults=rank,host,partition,hang,slow,coordinator]
 //                  [--host_timeout_ms=2000] [--heartbeat_ms=0] [--steady_s=10]
 //                  [--agent_threads=4] [--timeout_s=120] [--store=tcp|etcd]
 //                  [--hang_records=1024] [--hang_dump_grace_ms=3000] [--fail_slow=evict|alert]
@@ -192,13 +193,14 @@ using bench::ServerProcess;
 using testing::FakeProcessSupervisor;
 using testing::FakeProcessSupervisorOptions;
 
-constexpr int kRanksPerHost = 8;
+constexpr int kDefaultRanksPerHost = 8;
 // How long one store call of a member or a check may take, and a replacement's (as the launcher's
 // kStoreTimeout).
 constexpr absl::Duration kStoreTimeout = absl::Seconds(10);
 
 struct Flags {
   std::vector<int> ranks = {8, 64, 512, 4096};
+  int ranks_per_host = kDefaultRanksPerHost;  // --ranks_per_host: a host's ranks (and standbys)
   std::vector<std::string> faults = {"rank", "host", "partition", "hang", "slow", "coordinator"};
   absl::Duration host_timeout = absl::Seconds(2);
   absl::Duration heartbeat = absl::ZeroDuration();  // 0: RankHeartbeatInterval(ranks)
@@ -817,7 +819,7 @@ class SimHost {
     options.store_url = sim_->store_url;
     options.store_loss_bound = loop_stall_bound;
     options.loop_stall_bound = loop_stall_bound;
-    options.ranks_per_host = kRanksPerHost;
+    options.ranks_per_host = sim_->flags->ranks_per_host;
     HostAgent::Hooks hooks;
     hooks.workers = [this] {
       std::vector<HostWorker*> workers;
@@ -1140,7 +1142,7 @@ class SimHost {
     plan.nnodes_min = sim_->training_hosts;
     plan.nnodes_max = sim_->training_hosts;
     plan.standby_nodes = sim_->standby_hosts;
-    plan.ranks_per_host = kRanksPerHost;
+    plan.ranks_per_host = sim_->flags->ranks_per_host;
     plan.call_timeout = call_timeout;
     PlanPublisher::Hooks plan_hooks;
     plan_hooks.coordinating = hooks.coordinating;
@@ -1204,7 +1206,7 @@ class SimHost {
       sampler_ = std::make_unique<HostSampler>(nullptr, std::nullopt,
                                                std::make_unique<SimulatedProcesses>());
     }
-    agent_->PublishHostSample(*sampler_, kRanksPerHost);
+    agent_->PublishHostSample(*sampler_, sim_->flags->ranks_per_host);
   }
 
   // Job::DetectFailSlow: the detector on the coordinating host (made at its first call), its
@@ -1220,7 +1222,7 @@ class SimHost {
       options.detector.denoise_window = defaults.fail_slow_window_s;
       options.detector.max_fill = defaults.fail_slow_window_s;
       options.max_evict_share = defaults.fail_slow_max_evict_share;
-      options.ranks_per_host = kRanksPerHost;
+      options.ranks_per_host = sim_->flags->ranks_per_host;
       options.dump_dir = absl::StrCat(sim_->run_dir, "/events/fail_slow");
       options.call_timeout = flags_call_timeout();
       FailSlowCoordinator::Hooks hooks;
@@ -2041,7 +2043,7 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
   SizeResult result;
   result.ranks = ranks;
   result.load = Uptime();
-  const int training_hosts = (ranks + kRanksPerHost - 1) / kRanksPerHost;
+  const int training_hosts = (ranks + flags.ranks_per_host - 1) / flags.ranks_per_host;
   // A standby host per fault that will run and needs one (each takes a whole host's ranks, or a
   // rank's); "host" and "partition" each take a training host besides the coordinator's.
   int standby_hosts = 0;
@@ -2056,19 +2058,20 @@ SizeResult MeasureSize(const Flags& flags, int ranks) {
   standby_hosts = std::max(standby_hosts, 1);
   const int hosts = training_hosts + standby_hosts;
   result.hosts = training_hosts;
-  if (ranks % kRanksPerHost != 0) {
-    std::printf("ranks=%d: not a multiple of %d ranks per host\n", ranks, kRanksPerHost);
+  if (ranks % flags.ranks_per_host != 0) {
+    std::printf("ranks=%d: not a multiple of %d ranks per host\n", ranks, flags.ranks_per_host);
     return result;
   }
-  const int members = ranks + standby_hosts * kRanksPerHost;
+  const int members = ranks + standby_hosts * flags.ranks_per_host;
   // A thread and a connection per member (a standby's heartbeat thread and its second connection
   // besides), per agent its heartbeat and lease renewal threads and its client's capped
   // connections (the coordinator's waits, a few more), and the checks'. The server's connection
   // cap is sized from it: a cap below what the clients hold refuses connections, and their
   // retries become a storm.
   bool agent_beat_threads = true;
-  int threads = members + standby_hosts * kRanksPerHost + 2 * hosts + flags.agent_threads + 64;
-  int files = members + standby_hosts * kRanksPerHost + kAgentStoreConnections * hosts + 256;
+  int threads =
+      members + standby_hosts * flags.ranks_per_host + 2 * hosts + flags.agent_threads + 64;
+  int files = members + standby_hosts * flags.ranks_per_host + kAgentStoreConnections * hosts + 256;
   if (std::optional<std::string> why = bench::MachineCannotHold(threads, files); why.has_value()) {
     const int threads_in_turns = threads - 2 * hosts;
     const int files_in_turns = files;
@@ -2614,7 +2617,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     absl::Status s;
     if (arg == "--help" || arg == "-h") {
       return absl::CancelledError(
-          "usage: bench_simulate [--ranks=8,64,512,4096] "
+          "usage: bench_simulate [--ranks=8,64,512,4096] [--ranks_per_host=8] "
           "[--faults=rank,host,partition,hang,slow,coordinator] "
           "[--host_timeout_ms=2000] [--heartbeat_ms=0] [--steady_s=10] [--agent_threads=4] "
           "[--timeout_s=120] [--store=tcp|etcd] [--hang_records=1024] [--hang_dump_grace_ms=3000] "
@@ -2624,11 +2627,15 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       flags.ranks.clear();
       for (absl::string_view r : absl::StrSplit(value, ',')) {
         int n = 0;
-        if (!absl::SimpleAtoi(r, &n) || n < kRanksPerHost || n % kRanksPerHost != 0) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("--ranks: '", r, "' is not a positive multiple of ", kRanksPerHost));
+        if (!absl::SimpleAtoi(r, &n) || n < 1) {
+          return absl::InvalidArgumentError(absl::StrCat("--ranks: '", r, "' is not positive"));
         }
         flags.ranks.push_back(n);
+      }
+    } else if (absl::ConsumePrefix(&value, "--ranks_per_host=")) {
+      if (!absl::SimpleAtoi(value, &flags.ranks_per_host) || flags.ranks_per_host < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--ranks_per_host: '", value, "' is not positive"));
       }
     } else if (absl::ConsumePrefix(&value, "--faults=")) {
       flags.faults = absl::StrSplit(value, ',', absl::SkipEmpty());
@@ -2680,6 +2687,13 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       return absl::InvalidArgumentError(absl::StrCat("unknown argument '", arg, "' (--help)"));
     }
     if (!s.ok()) return s;
+  }
+  for (int n : flags.ranks) {
+    if (n < flags.ranks_per_host || n % flags.ranks_per_host != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--ranks: ", n,
+                                                     " is not a positive multiple of ",
+                                                     flags.ranks_per_host, " (--ranks_per_host)"));
+    }
   }
   if (flags.heartbeat < absl::ZeroDuration() || flags.host_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(

@@ -289,10 +289,11 @@ void JobCoordinator::TryReplacements(absl::Time now) {
     if (!coordinating()) return;
     const std::vector<int> ranks = dead.rank < 0 ? dead.ranks : std::vector<int>{dead.rank};
     // A host's ranks go to the preferred standbys (one standby host's), to others only with
-    // --spread-standbys; a single rank to any parked standby when none is preferred.
+    // --spread-standbys; a single rank (one that died, or a host's only one) to any parked
+    // standby when none is preferred: one rank cannot be spread over hosts.
     absl::StatusOr<Membership> next = rendezvous_->ReplaceRanks(
         ranks, hooks_.preferred_standbys(dead.host, ranks),
-        dead.rank < 0 ? options_.spread_standbys : true, options_.replace_timeout);
+        ranks.size() > 1 ? options_.spread_standbys : true, options_.replace_timeout);
     // Another coordinator acted, or this one's lease lapsed: look again.
     if (absl::IsAborted(next.status())) {
       (void)coordinating();  // says so if the lease lapsed

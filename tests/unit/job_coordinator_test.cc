@@ -819,6 +819,23 @@ TEST_F(JobCoordinatorTest, ADeadHostsRanksAreAllTakenByOneStandbyHostsStandbysIn
   EXPECT_THAT(failed_, IsEmpty());
 }
 
+// A host that held one rank (its other rank finished) is lost: with no standby preferred (no
+// peer backups to keep away from, none on its own host), any parked standby takes that rank, as
+// it would take a single rank that died; a host's ranks are never spread, but one rank cannot be.
+TEST_F(JobCoordinatorTest, ADeadHostsOnlyRankIsTakenByAnyParkedStandby) {
+  Finish(2, RankMember("h1", 200, 2));
+  coordinator_->CoordinateHosts();
+  RunUntil(kHostTimeout, {"h0", "h2"});
+  ASSERT_EQ(coordinator_->replacements().size(), 1u);
+  ASSERT_THAT(coordinator_->replacements().front().ranks, ElementsAre(3));
+  coordinator_->TryReplacements(clock_.Now());
+  EXPECT_THAT(failed_, IsEmpty());
+  EXPECT_EQ(rendezvous_.generation(), 1);
+  EXPECT_EQ(rendezvous_.current().members[3], StandbyMember("h2", 300, 0));
+  EXPECT_EQ(Said("generation 1: host h1's ranks taken by 3<-h2:300:standby0"), 1);
+  EXPECT_THAT(coordinator_->replacements(), IsEmpty());
+}
+
 TEST_F(JobCoordinatorTest,
        WithNoStandbyParkedAndOneStartingItWaitsUntilGiveUpThenFailsNamingTheCause) {
   ASSERT_TRUE(rendezvous_.ForgetStandby(StandbyMember("h2", 300, 0), kCall).ok());
