@@ -45,6 +45,19 @@ class SnapshotterGpuTest : public ::testing::Test {
     EXPECT_TRUE(removed.ok() || absl::IsNotFound(removed)) << removed;
   }
 
+  // Registers device_ (kBytes) as "layer0.weight" on device 0.
+  void RegisterDeviceBuffer(StateRegistry& registry) {
+    ASSERT_TRUE(registry
+                    .Register(StateBuffer{"layer0.weight",
+                                          "model",
+                                          device_,
+                                          kBytes,
+                                          DType::kU8,
+                                          {static_cast<int64_t>(kBytes)},
+                                          Device::Cuda(0)})
+                    .ok());
+  }
+
   SnapshotterOptions options_;
   void* device_ = nullptr;
 };
@@ -55,15 +68,7 @@ TEST_F(SnapshotterGpuTest, ADeviceBufferIsSnapshottedAndRestoredByteExact) {
   std::vector<float> host(1024, 2.5f);
 
   StateRegistry registry;
-  ASSERT_TRUE(registry
-                  .Register(StateBuffer{"layer0.weight",
-                                        "model",
-                                        device_,
-                                        kBytes,
-                                        DType::kU8,
-                                        {static_cast<int64_t>(kBytes)},
-                                        Device::Cuda(0)})
-                  .ok());
+  ASSERT_NO_FATAL_FAILURE(RegisterDeviceBuffer(registry));
   ASSERT_TRUE(registry
                   .Register(StateBuffer{"optimizer.scale",
                                         "optimizer",
@@ -104,15 +109,7 @@ TEST_F(SnapshotterGpuTest, ADeviceBufferIsRestoredOnceItsLastChunkLandsDuringThe
   std::vector<char> step5 = Pattern(5);
   ASSERT_EQ(cudaMemcpy(device_, step5.data(), kBytes, cudaMemcpyHostToDevice), cudaSuccess);
   StateRegistry registry;
-  ASSERT_TRUE(registry
-                  .Register(StateBuffer{"layer0.weight",
-                                        "model",
-                                        device_,
-                                        kBytes,
-                                        DType::kU8,
-                                        {static_cast<int64_t>(kBytes)},
-                                        Device::Cuda(0)})
-                  .ok());
+  ASSERT_NO_FATAL_FAILURE(RegisterDeviceBuffer(registry));
   absl::StatusOr<std::unique_ptr<Snapshotter>> snapshotter =
       Snapshotter::Create(&registry, options_);
   ASSERT_TRUE(snapshotter.ok()) << snapshotter.status();

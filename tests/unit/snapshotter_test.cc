@@ -195,6 +195,22 @@ class SnapshotterTest : public ::testing::Test {
     return snapshotter;
   }
 
+  // SnapshotOf(3, ...), and the snapshot's payload and chunk checksums copied out (what a peer
+  // would send): `*payload` and `*checksums`.
+  std::unique_ptr<Snapshotter> SnapshotOf3WithPayload(TrainerState& state,
+                                                      const StateRegistry& registry,
+                                                      std::string* payload,
+                                                      std::vector<uint64_t>* checksums) {
+    std::unique_ptr<Snapshotter> snapshotter = SnapshotOf(3, state, registry);
+    if (snapshotter == nullptr) return nullptr;
+    absl::StatusOr<Snapshotter::View> view = snapshotter->ViewOf(3);
+    EXPECT_TRUE(view.ok()) << view.status();
+    if (!view.ok()) return nullptr;
+    payload->assign(view->payload);
+    *checksums = view->chunk_checksums;
+    return snapshotter;
+  }
+
   std::unique_ptr<Snapshotter> MustCreate(const StateRegistry* registry) {
     absl::StatusOr<std::unique_ptr<Snapshotter>> s = Snapshotter::Create(registry, options_);
     EXPECT_TRUE(s.ok()) << s.status();
@@ -505,12 +521,12 @@ TEST_F(SnapshotterTest, ARestoreLeavesTheChunksTheBuffersStillHoldAndCopiesTheRe
 TEST_F(SnapshotterTest, TheFirstRestoreOfAnInstalledSnapshotCopiesWithoutComparing) {
   TrainerState state;
   StateRegistry registry = state.MakeRegistry();
-  std::unique_ptr<Snapshotter> snapshotter = SnapshotOf(3, state, registry);
+  std::string payload;
+  std::vector<uint64_t> checksums;
+  std::unique_ptr<Snapshotter> snapshotter =
+      SnapshotOf3WithPayload(state, registry, &payload, &checksums);
   ASSERT_NE(snapshotter, nullptr);
-  absl::StatusOr<Snapshotter::View> view = snapshotter->ViewOf(3);
-  ASSERT_TRUE(view.ok()) << view.status();
-  const std::string payload(view->payload);
-  ASSERT_TRUE(snapshotter->Install(7, 3, payload, view->chunk_checksums).ok());
+  ASSERT_TRUE(snapshotter->Install(7, 3, payload, checksums).ok());
   absl::StatusOr<SnapshotInfo> restored = snapshotter->RestoreStep(&registry, 7);
   ASSERT_TRUE(restored.ok()) << restored.status();
   EXPECT_EQ(restored->restored_bytes_held, 0u);
@@ -528,12 +544,11 @@ TEST_F(SnapshotterTest, AnInstallAndRestoreCopiesEachChunkIntoTheBuffersAsItLand
   TrainerState state;
   StateRegistry registry = state.MakeRegistry();
   ASSERT_TRUE(registry.SetBlob("rng", "step 3").ok());
-  std::unique_ptr<Snapshotter> snapshotter = SnapshotOf(3, state, registry);
+  std::string payload;
+  std::vector<uint64_t> checksums;
+  std::unique_ptr<Snapshotter> snapshotter =
+      SnapshotOf3WithPayload(state, registry, &payload, &checksums);
   ASSERT_NE(snapshotter, nullptr);
-  absl::StatusOr<Snapshotter::View> view = snapshotter->ViewOf(3);
-  ASSERT_TRUE(view.ok()) << view.status();
-  const std::string payload(view->payload);
-  const std::vector<uint64_t> checksums = view->chunk_checksums;
   state.FillAll(99);  // the replacement's fresh state
   ASSERT_TRUE(registry.SetBlob("rng", "fresh").ok());
   const SnapshotInfo source = *snapshotter->LatestComplete();
@@ -578,12 +593,11 @@ TEST_F(SnapshotterTest, AnInstallAndRestoreCopiesEachChunkIntoTheBuffersAsItLand
 TEST_F(SnapshotterTest, AFailedInstallAndRestoreInstallsNothingAndAnotherLayoutIsRefused) {
   TrainerState state;
   StateRegistry registry = state.MakeRegistry();
-  std::unique_ptr<Snapshotter> snapshotter = SnapshotOf(3, state, registry);
+  std::string payload;
+  std::vector<uint64_t> checksums;
+  std::unique_ptr<Snapshotter> snapshotter =
+      SnapshotOf3WithPayload(state, registry, &payload, &checksums);
   ASSERT_NE(snapshotter, nullptr);
-  absl::StatusOr<Snapshotter::View> view = snapshotter->ViewOf(3);
-  ASSERT_TRUE(view.ok()) << view.status();
-  const std::string payload(view->payload);
-  const std::vector<uint64_t> checksums = view->chunk_checksums;
   const uint64_t fingerprint =
       SnapshotFingerprint(8, snapshotter->LatestComplete()->layout_hash, payload.size(), checksums);
   absl::StatusOr<SnapshotInfo> failed = snapshotter->InstallAndRestoreWith(
