@@ -493,10 +493,8 @@ class Snapshotter::Impl {
       for (uint64_t k = begin; k < end; ++k) {
         if ((*held)[k]) continue;
         for (const Piece& piece : plan_.chunks[k]) {
-          const StateBuffer& buffer = registry->buffers()[piece.buffer];
-          if (buffer.device.kind != Device::Kind::kHost) continue;
-          std::memcpy(static_cast<char*>(buffer.data) + piece.buffer_offset,
-                      payload + piece.payload_offset, piece.bytes);
+          if (registry->buffers()[piece.buffer].device.kind != Device::Kind::kHost) continue;
+          CopyPieceBack(*registry, piece, payload);
         }
       }
     });
@@ -504,10 +502,24 @@ class Snapshotter::Impl {
     for (uint64_t k = 0; k < chunks; ++k) {
       if ((*held)[k]) info.restored_bytes_held += plan_.chunks[k][0].bytes;
     }
-    for (auto& [name, value] : *blobs) {
+    if (absl::Status set = SetBlobs(registry, *std::move(blobs)); !set.ok()) return set;
+    return info;
+  }
+
+  // Copies `piece` from the slot payload at `payload` into its (host) buffer of `registry`.
+  static void CopyPieceBack(const StateRegistry& registry, const Piece& piece,
+                            const char* payload) {
+    std::memcpy(static_cast<char*>(registry.buffers()[piece.buffer].data) + piece.buffer_offset,
+                payload + piece.payload_offset, piece.bytes);
+  }
+
+  // Sets `registry`'s blobs to `blobs`.
+  static absl::Status SetBlobs(StateRegistry* registry,
+                               std::vector<std::pair<std::string, std::string>> blobs) {
+    for (auto& [name, value] : blobs) {
       if (absl::Status set = registry->SetBlob(name, std::move(value)); !set.ok()) return set;
     }
-    return info;
+    return absl::OkStatus();
   }
 
   // The blobs of `slot`, whose payload is at `payload`.
@@ -527,10 +539,7 @@ class Snapshotter::Impl {
                             const char* payload) const {
     absl::StatusOr<std::vector<std::pair<std::string, std::string>>> blobs = BlobsOf(slot, payload);
     if (!blobs.ok()) return blobs.status();
-    for (auto& [name, value] : *blobs) {
-      if (absl::Status set = registry->SetBlob(name, std::move(value)); !set.ok()) return set;
-    }
-    return absl::OkStatus();
+    return SetBlobs(registry, *std::move(blobs));
   }
 
   // The sink of InstallAndRestoreWith: copies each chunk that lands into the registry's host
@@ -556,8 +565,7 @@ class Snapshotter::Impl {
       for (const Piece& piece : impl_->plan_.chunks[k]) {
         const StateBuffer& buffer = registry_->buffers()[piece.buffer];
         if (buffer.device.kind == Device::Kind::kHost) {
-          std::memcpy(static_cast<char*>(buffer.data) + piece.buffer_offset,
-                      payload_ + piece.payload_offset, piece.bytes);
+          CopyPieceBack(*registry_, piece, payload_);
         } else if (device_chunks_left_[piece.buffer].fetch_sub(1) == 1) {
           absl::Status copied =
               impl_->CopyToDevice(buffer, payload_ + impl_->plan_.buffer_offsets[piece.buffer]);
