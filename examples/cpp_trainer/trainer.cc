@@ -65,10 +65,9 @@
 // Launch (until `trainguard run` exists), e.g. 4 ranks on this machine:
 //   export TRAINGUARD_WORLD_SIZE=4 TRAINGUARD_JOB_ID=j TRAINGUARD_RUN_DIR=/tmp/j
 //   for r in 0 1 2 3; do TRAINGUARD_RANK=$r ./cpp_trainer --rendezvous-id j-1 & done; wait
-#include <xxhash.h>
-
 #include <signal.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
@@ -78,6 +77,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -198,7 +198,8 @@ class DataParallelTrainer {
                                                params.size_bytes(),
                                                sdk::DType::kF32,
                                                {static_cast<int64_t>(params.size())},
-                                               sdk::Device::Host()});
+                                               sdk::Device::Host(),
+                                               /*replicated=*/true});
         !s.ok()) {
       return s;
     }
@@ -209,7 +210,8 @@ class DataParallelTrainer {
                                                  extra_state_.size() * sizeof(float),
                                                  sdk::DType::kF32,
                                                  {static_cast<int64_t>(extra_state_.size())},
-                                                 sdk::Device::Host()});
+                                                 sdk::Device::Host(),
+                                                 /*replicated=*/true});
           !s.ok()) {
         return s;
       }
@@ -404,6 +406,17 @@ class DataParallelTrainer {
     }
     const float loss = reduce_buffer_[n] * inverse_world;
     model_.ApplySgd(std::span<const float>(reduce_buffer_).first(n), flags_.learning_rate);
+    if (rt_.rank() == flags_.flip_rank && step == flags_.flip_step && rt_.generation() == 0) {
+      // A bit of one mantissa, as a faulty core or DIMM flips it: the value moves by a few ulps,
+      // nothing fails, and the replicas disagree from now on.
+      std::span<float> params = model_.mutable_parameters();
+      uint32_t bits;
+      std::memcpy(&bits, &params[params.size() / 2], sizeof(bits));
+      bits ^= 1u << 3;
+      std::memcpy(&params[params.size() / 2], &bits, sizeof(bits));
+      std::printf("rank %d flipped a bit of mlp.parameters[%zu] at step %" PRId64 "\n", rt_.rank(),
+                  params.size() / 2, step);
+    }
     UpdateExtraState(step, loss);
     last_loss_ = loss;
     if (step % flags_.print_every == 0 || step == flags_.steps - 1) {

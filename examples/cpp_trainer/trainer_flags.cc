@@ -107,6 +107,8 @@ TRAINGUARD_JOB_ID and TRAINGUARD_RUN_DIR (see trainguard's Options).
                           succeeded: the progress `trainguard report` measures (default 0)
   --nan-on-sigusr1 0|1    SIGUSR1 makes this rank write a NaN into its gradient at the next step
                           (what `trainguard chaos` injects; default 0)
+  --flip-bit RANK:STEP     after STEP's update RANK flips a bit of one parameter in its memory
+                          (silent data corruption; generation 0 only)
   --drop-on-sigurg 0|1    SIGURG makes this rank close its connections before its next allreduce
                           (a dropped link; what `trainguard chaos` injects as drop; default 0)
   --help                  print this text
@@ -155,6 +157,8 @@ absl::StatusOr<TrainerFlags> ParseTrainerFlags(int argc, char** argv) {
       status = ParseRankStep(flag, value, &flags.stop_rank, &flags.stop_step);
     } else if (flag == "--drop-connections") {
       status = ParseRankStep(flag, value, &flags.drop_rank, &flags.drop_step);
+    } else if (flag == "--flip-bit") {
+      status = ParseRankStep(flag, value, &flags.flip_rank, &flags.flip_step);
     } else if (flag == "--sleep-in-collective") {
       status = ParseRankStepSeconds(flag, value, &flags.sleep_rank, &flags.sleep_step,
                                     &flags.sleep_in_collective);

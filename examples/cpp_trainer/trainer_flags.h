@@ -45,6 +45,11 @@ struct TrainerFlags {
   // allreduce (a dropped link: every process stays alive).
   int drop_rank = -1;
   int64_t drop_step = -1;
+  // --flip-bit RANK:STEP: after STEP's update, RANK flips one bit of one parameter in its own
+  // memory (silent data corruption: nothing fails; the replicas no longer agree). Generation 0
+  // only, so that the replay after a repair is clean.
+  int flip_rank = -1;
+  int64_t flip_step = -1;
   // --sleep-in-collective RANK:STEP:SECONDS: RANK sleeps inside STEP's allreduce.
   int sleep_rank = -1;
   int64_t sleep_step = -1;

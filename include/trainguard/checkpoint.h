@@ -59,6 +59,11 @@ struct StateBuffer {
   DType dtype = DType::kU8;
   std::vector<int64_t> shape;  // informational; its element count times DTypeSize must equal bytes
   Device device;
+  // Every rank of this rank's data-parallel group holds the same bytes after each optimizer step
+  // (the parameters and replicated optimizer state of data parallelism; not ZeRO/FSDP shards).
+  // The replicas' snapshots are compared at every snapshot and a rank that disagrees is named
+  // (docs/GUIDE.md, "Silent data corruption"). Replicated buffers lie first in the payload.
+  bool replicated = false;
 };
 
 class StateRegistry {

@@ -109,6 +109,10 @@ enum class EventKind {
   kRestored,  // `source`, `fingerprint`, `skipped`
   kNothingToRestore,
   kRestoreFailed,
+  // A data-parallel group's replicas disagreed at a snapshot (silent data corruption): `group`,
+  // `ranks`, `corrupt_rank`, `corrupt_host`, `buffers`, `fingerprint`, `majority` (empty when
+  // undecidable), `action`. Written by the rank that judged the ballot.
+  kSilentCorruption,
   // The launcher, in <run_dir>/events/launcher.tgev (type custom, source=launcher).
   kRankDied,          // `how`, `pid`, `killed_by_launcher`
   kRankUnresponsive,  // killed: its heartbeat went stale, or stopped in formation

@@ -141,7 +141,9 @@ class StepScope {
   // published: a peer died, or this rank was itself replaced while it ran). The step has failed
   // (kCommunicationFailure) before its body: guard() does not run the body, and a step that runs
   // no collective (which would fail on its own) cannot go on alone in the old generation;
-  // recover() takes the rank to the next generation, or tells it that it was replaced.
+  // recover() takes the rank to the next generation, or tells it that it was replaced. Also true
+  // when this rank leaves its generation to repair a silent data corruption (silent_corruption =
+  // repair): the same failure, and recover() takes every rank back to the last committed snapshot.
   bool superseded_at_entry() const { return superseded_at_entry_; }
   Step& step() { return handle_; }
 

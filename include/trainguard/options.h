@@ -119,6 +119,14 @@ struct Options {
   int backup_rate_mib_s = 0;
   int backup_memory_budget_mib = 0;
 
+  // Silent data corruption (docs/GUIDE.md): with a store, the buffers registered as replicated
+  // (StateBuffer::replicated) are compared across each data-parallel group at every snapshot (the
+  // snapshot's own checksums, no extra pass) and a step whose replicas disagree is never
+  // committed. What then: "alert" (a silent_corruption event and a line of `trainguard run`),
+  // "repair" (the same, then every rank goes back to the last committed snapshot, whose replicas
+  // agreed, and replays the steps since), or "off" (not compared).
+  std::string silent_corruption = "repair";
+
   // Hang detection (watchdog.h). A phase is hung when it has run longer than its learned bound,
   // max(watchdog_floor_ms, watchdog_bound_factor_pct/100 x a high quantile of its recent
   // durations, over the last watchdog_history samples), and has stopped ticking. Until a phase has

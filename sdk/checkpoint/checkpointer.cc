@@ -1,6 +1,7 @@
 #include "sdk/checkpoint/checkpointer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -26,6 +27,7 @@
 #include "sdk/checkpoint/persister.h"
 #include "sdk/core/agent_keys.h"
 #include "sdk/core/mutex.h"
+#include "sdk/core/store_keys.h"
 #include "trainguard/env.h"
 #include "trainguard/store.h"
 
@@ -196,7 +198,9 @@ class Checkpointer::Impl {
     // A push to a holder that died with the fault must not hold the restore up: the save in
     // flight is rolled back anyway.
     if (peers_ != nullptr) peers_->Cancel();
+    judgement_cancelled_.store(true);  // nor a wait for the judgement of a snapshot's replicas
     absl::Status idle = WaitIdle(options_.timeout);
+    judgement_cancelled_.store(false);
     if (peers_ != nullptr) peers_->ClearCancel();
     if (!idle.ok()) return idle;
     std::string epoch;
@@ -279,8 +283,37 @@ class Checkpointer::Impl {
   void ResolveCommits(const std::vector<int64_t>& steps, uint64_t timeline) {
     std::vector<std::string> keys;
     for (int64_t step : steps) keys.push_back(CommitKey(step, "snapshot"));
+    // In the same request: whether a judge wants this rank's replica digests of a step it voted
+    // for (its replicas disagreed, so the step is never committed).
+    std::vector<VotedReplica> voted;
+    {
+      MutexLock lock(&mu_);
+      for (const VotedReplica& v : voted_) {
+        if (std::find(steps.begin(), steps.end(), v.step) != steps.end()) voted.push_back(v);
+      }
+    }
+    for (const VotedReplica& v : voted) keys.push_back(DigestWantKey(v.epoch, v.step));
     absl::StatusOr<std::vector<std::optional<std::string>>> records =
         store_->MultiGet(keys, std::min(options_.timeout, kCommitPoll * 10));
+    for (size_t i = 0; records.ok() && i < voted.size(); ++i) {
+      const std::optional<std::string>& want = (*records)[steps.size() + i];
+      if (!want.has_value()) continue;
+      bool wanted = false;
+      for (absl::string_view r : absl::StrSplit(*want, ',')) {
+        int rank;
+        wanted |= absl::SimpleAtoi(r, &rank) && rank == options_.rank;
+      }
+      if (wanted) {
+        (void)store_->Set(DigestKey(voted[i].epoch, voted[i].step, options_.rank),
+                          EncodeDigests(voted[i].digests), options_.timeout);
+      }
+      MutexLock lock(&mu_);
+      voted_.erase(std::remove_if(voted_.begin(), voted_.end(),
+                                  [&](const VotedReplica& v) {
+                                    return v.step == voted[i].step && v.epoch == voted[i].epoch;
+                                  }),
+                   voted_.end());
+    }
     std::vector<int64_t> in_arena;
     for (const SnapshotInfo& info : snapshotter_->CompleteSnapshots()) {
       in_arena.push_back(info.step);
@@ -358,6 +391,16 @@ class Checkpointer::Impl {
     }
     const uint64_t fingerprint = SnapshotFingerprint(view->info.step, view->info.layout_hash,
                                                      view->payload.size(), view->chunk_checksums);
+    // The replica part of the vote: this rank's replicated region, compared with its group's.
+    std::string replica_vote;
+    if (!options_.replica_group.empty() && store_ != nullptr && !view->replica_digests.empty()) {
+      replica_vote =
+          EncodeReplicaVote(ReplicaReport{options_.rank, options_.replica_group, options_.host,
+                                          ReplicaFingerprint(view->replica_digests)});
+      MutexLock lock(&mu_);
+      voted_.push_back(VotedReplica{job.step, job.epoch, view->replica_digests});
+      if (voted_.size() > 2) voted_.erase(voted_.begin());
+    }
     // Without its backups a snapshot is not voted for, so the step is never committed in memory;
     // persistence goes on unchanged.
     bool vote = true;
@@ -373,9 +416,28 @@ class Checkpointer::Impl {
       }
     }
     if (vote) {
-      absl::StatusOr<bool> committed = Vote(job, "snapshot", fingerprint);
+      bool rejected = false;
+      absl::StatusOr<bool> committed =
+          Vote(job, "snapshot", Hex(fingerprint) + replica_vote, &outcome.disagreements, &rejected);
       if (!committed.ok()) {
         outcome.status = committed.status();
+        return outcome;
+      }
+      // A snapshot whose replicas were compared reaches the disk only once they agreed: the
+      // shards of a rejected step would look like a checkpoint on disk and push older, agreeing
+      // ones out (keep_last). The ballot is usually complete within milliseconds.
+      if (!*committed && !rejected && !replica_vote.empty() && job.persist) {
+        rejected = AwaitJudgement(job);
+      }
+      if (rejected) {
+        outcome.status = absl::DataLossError(absl::StrFormat(
+            "%s: step %d: the replicas of a data-parallel group disagree (silent data "
+            "corruption; the job's silent_corruption events name the rank): not committed, "
+            "not persisted",
+            Where(), job.step));
+        MutexLock lock(&mu_);
+        unresolved_.push_back(job.step);  // a judge may still want this rank's replica digests
+        if (unresolved_.size() > 2) unresolved_.erase(unresolved_.begin());
         return outcome;
       }
       outcome.committed = *committed;
@@ -409,7 +471,7 @@ class Checkpointer::Impl {
       return outcome;
     }
     outcome.persisted = true;
-    absl::StatusOr<bool> durable = Vote(job, "durable", fingerprint);
+    absl::StatusOr<bool> durable = Vote(job, "durable", Hex(fingerprint) + replica_vote);
     if (!durable.ok()) {
       if (outcome.status.ok()) outcome.status = durable.status();
       return outcome;
@@ -487,13 +549,49 @@ class Checkpointer::Impl {
   // the set of votes commits the step. Returns whether the step is now committed. Without a store a
   // single-rank job commits at once; a multi-rank static job has no job-wide record (restore reads
   // the disk).
-  absl::StatusOr<bool> Vote(const Job& job, absl::string_view kind, uint64_t fingerprint) {
+  // A vote is the snapshot's fingerprint followed by its replica part (replica_check.h); the
+  // commit record keeps the fingerprints. A ballot whose replicas disagree commits nothing:
+  // `disagreements` is filled on the rank that judges a snapshot ballot, `rejected` set on every
+  // rank that saw such a ballot complete.
+  absl::StatusOr<bool> Vote(const Job& job, absl::string_view kind, const std::string& vote,
+                            std::vector<ReplicaDisagreement>* disagreements = nullptr,
+                            bool* rejected = nullptr) {
     if (store_ == nullptr) return options_.world_size == 1;
-    absl::StatusOr<std::optional<Ballot>> ballot = CastVote(job, kind, Hex(fingerprint));
+    absl::StatusOr<std::optional<Ballot>> ballot = CastVote(job, kind, vote);
     if (!ballot.ok()) return ballot.status();
     if (!ballot->has_value()) return false;  // a later voter commits
+    std::vector<std::string> fingerprints;
+    std::vector<ReplicaReport> reports;
+    for (size_t r = 0; r < (*ballot)->values.size(); ++r) {
+      const std::string& value = (*ballot)->values[r];
+      fingerprints.push_back(value.substr(0, value.find(' ')));
+      absl::StatusOr<std::optional<ReplicaReport>> report =
+          DecodeReplicaVote(static_cast<int>(r), value);
+      if (!report.ok()) {
+        return absl::DataLossError(absl::StrFormat("%s: the ballot of step %d: %s", Where(),
+                                                   job.step, report.status().message()));
+      }
+      if (report->has_value()) reports.push_back(**report);
+    }
+    if (std::vector<ReplicaDisagreement> judged = JudgeReplicas(reports); !judged.empty()) {
+      // Never committed, in memory or on disk. The snapshot ballot's judge names the ranks.
+      if (kind != "snapshot") return false;
+      // Every rank's shard of the step may reach the disk (a rank persists after voting): the
+      // restore's leader skips a step of these fingerprints (LeaderCandidates).
+      (void)store_->Set(RejectedKey(job.step), absl::StrJoin(fingerprints, ","), options_.timeout);
+      // One rank judges (the first to claim it); another that also saw the ballot complete
+      // answers the judge's request for digests like any rank.
+      absl::StatusOr<int64_t> claim = store_->Add(JudgeKey(job), 1, options_.timeout);
+      if (claim.ok() && *claim == 1) {
+        NameDifferingBuffers(job, judged);
+        if (disagreements != nullptr) *disagreements = std::move(judged);
+        (*ballot)->Clear(store_.get(), options_.timeout);
+      }
+      if (rejected != nullptr) *rejected = true;
+      return false;
+    }
     const std::string record =
-        absl::StrCat(job.step, " store:", kind, " ", absl::StrJoin((*ballot)->values, ","));
+        absl::StrCat(job.step, " store:", kind, " ", absl::StrJoin(fingerprints, ","));
     if (absl::Status set = store_->Set(CommitKey(job.step, kind), record, options_.timeout);
         !set.ok()) {
       return set;
@@ -501,6 +599,129 @@ class Checkpointer::Impl {
     (*ballot)->Clear(store_.get(), options_.timeout);
     PruneCommits(kind);
     return true;
+  }
+
+  // Waits until the snapshot ballot of `job` is judged: true when its replicas disagreed (the
+  // judge's claim exists), false when it was committed, and false (persist, as without the
+  // comparison) when neither happened within the timeout, the generation was superseded or a
+  // restore began.
+  bool AwaitJudgement(const Job& job) {
+    const std::vector<std::string> keys = {CommitKey(job.step, "snapshot"), JudgeKey(job)};
+    const absl::Time deadline = absl::Now() + options_.timeout;
+    while (absl::Now() < deadline) {
+      absl::StatusOr<std::vector<std::optional<std::string>>> got =
+          store_->MultiGet(keys, std::min(options_.timeout, kCommitPoll * 10));
+      if (got.ok() && (*got)[1].has_value()) return true;
+      if (got.ok() && (*got)[0].has_value()) return false;
+      if (judgement_cancelled_.load() || (options_.superseded && options_.superseded())) {
+        return false;
+      }
+      absl::SleepFor(kCommitPoll);
+    }
+    return false;
+  }
+
+  // Claimed (Add) by every rank that saw a disagreeing snapshot ballot of `job` complete; the
+  // first claim judges.
+  static std::string JudgeKey(const Job& job) {
+    return absl::StrCat("sdc/", job.epoch, "/", job.step, "/judge");
+  }
+  // A snapshot step whose replicas disagreed: "<fingerprint of rank 0>,<of rank 1>,...".
+  static std::string RejectedKey(int64_t step) { return absl::StrCat("rejected/", step); }
+  static std::string DigestWantKey(const std::string& epoch, int64_t step) {
+    return absl::StrCat("sdc/", epoch, "/", step, "/want");
+  }
+  static std::string DigestKey(const std::string& epoch, int64_t step, int rank) {
+    return absl::StrCat("sdc/", epoch, "/", step, "/digests/", rank);
+  }
+
+  // The judge of a ballot whose replicas disagree: asks the ranks of each disagreeing group for
+  // their replica digests (answered by their workers within a commit poll), names the buffers
+  // that differ, and records the verdict for `trainguard run` (job/silent_corruption). Waits at
+  // most replica_digest_wait; a group whose digests did not all arrive is reported without its
+  // buffers.
+  void NameDifferingBuffers(const Job& job, std::vector<ReplicaDisagreement>& judged) {
+    // Which rank's digests are compared with which: each minority rank with the reference;
+    // undecidable, each rank with the group's first.
+    std::vector<std::vector<std::pair<int, int>>> pairs(judged.size());
+    std::vector<int> wanted;
+    for (size_t g = 0; g < judged.size(); ++g) {
+      const ReplicaDisagreement& d = judged[g];
+      if (d.majority.has_value()) {
+        for (int r : d.minority) pairs[g].emplace_back(r, d.reference);
+      } else {
+        for (size_t i = 1; i < d.ranks.size(); ++i) pairs[g].emplace_back(d.ranks[i], d.ranks[0]);
+      }
+      for (const auto& [a, b] : pairs[g]) {
+        for (int r : {a, b}) {
+          if (std::find(wanted.begin(), wanted.end(), r) == wanted.end()) wanted.push_back(r);
+        }
+      }
+    }
+    std::sort(wanted.begin(), wanted.end());
+    std::map<int, std::vector<uint64_t>> digests;
+    {
+      MutexLock lock(&mu_);
+      for (const VotedReplica& v : voted_) {
+        if (v.step == job.step && v.epoch == job.epoch) digests[options_.rank] = v.digests;
+      }
+    }
+    std::vector<std::string> keys;
+    std::vector<int> asked;
+    for (int r : wanted) {
+      if (digests.count(r) > 0) continue;
+      keys.push_back(DigestKey(job.epoch, job.step, r));
+      asked.push_back(r);
+    }
+    std::string missing;
+    if (!keys.empty()) {
+      (void)store_->Set(DigestWantKey(job.epoch, job.step), absl::StrJoin(asked, ","),
+                        options_.timeout);
+      const absl::Time deadline = absl::Now() + options_.replica_digest_wait;
+      while (true) {
+        absl::StatusOr<std::vector<std::optional<std::string>>> got =
+            store_->MultiGet(keys, std::min(options_.timeout, kCommitPoll * 10));
+        bool all = got.ok();
+        for (size_t i = 0; got.ok() && i < keys.size(); ++i) {
+          if (!(*got)[i].has_value()) {
+            all = false;
+            continue;
+          }
+          absl::StatusOr<std::vector<uint64_t>> d = DecodeDigests(*(*got)[i]);
+          if (d.ok()) digests[asked[i]] = *std::move(d);
+        }
+        if (all || absl::Now() >= deadline) break;
+        absl::SleepFor(kCommitPoll);
+      }
+      (void)store_->Delete(DigestWantKey(job.epoch, job.step), options_.timeout);
+      for (const std::string& key : keys) (void)store_->Delete(key, options_.timeout);
+    }
+    const std::vector<Snapshotter::ReplicaPiece>& pieces = snapshotter_->replica_pieces();
+    std::vector<std::string> lines;
+    for (size_t g = 0; g < judged.size(); ++g) {
+      ReplicaDisagreement& d = judged[g];
+      std::vector<int> absent;
+      for (const auto& [a, b] : pairs[g]) {
+        for (int r : {a, b}) {
+          if (digests.count(r) == 0 && std::find(absent.begin(), absent.end(), r) == absent.end())
+            absent.push_back(r);
+        }
+      }
+      if (!absent.empty()) {
+        d.digests_missing = absl::StrFormat(
+            "the replica digests of rank(s) %s did not arrive within %s",
+            absl::StrJoin(absent, ","), absl::FormatDuration(options_.replica_digest_wait));
+      } else {
+        for (const auto& [a, b] : pairs[g]) {
+          d.buffers.push_back(DifferingBuffers(pieces, digests[a], digests[b]));
+        }
+      }
+      lines.push_back(DescribeDisagreement(job.step, d));
+    }
+    (void)options_.store->Set(
+        store_keys::kJobSilentCorruption,
+        absl::StrCat(job.epoch, "/", job.step, "\n", absl::StrJoin(lines, "\n")),
+        std::min(options_.timeout, absl::Seconds(10)));
   }
 
   // Every rank's vote of one kind on one step of an epoch, once all are in.
@@ -915,6 +1136,27 @@ class Checkpointer::Impl {
       }
       if (static_cast<int>(c.fingerprints.size()) == options_.world_size) out->push_back(c);
     }
+    // Never a snapshot whose replicas disagreed (silent data corruption), though every rank's
+    // shard of it is on disk. The same step of a later timeline has other fingerprints.
+    absl::StatusOr<std::vector<std::string>> rejected_keys =
+        store_->ListKeys("rejected/", options_.timeout);
+    if (!rejected_keys.ok()) return rejected_keys.status();
+    if (!rejected_keys->empty()) {
+      absl::StatusOr<std::vector<std::optional<std::string>>> rejected =
+          store_->MultiGet(*rejected_keys, options_.timeout);
+      if (!rejected.ok()) return rejected.status();
+      out->erase(std::remove_if(out->begin(), out->end(),
+                                [&](const Candidate& c) {
+                                  const std::string fps = absl::StrJoin(
+                                      c.fingerprints, ",",
+                                      [](std::string* o, uint64_t fp) { o->append(Hex(fp)); });
+                                  for (const std::optional<std::string>& r : *rejected) {
+                                    if (r.has_value() && *r == fps) return true;
+                                  }
+                                  return false;
+                                }),
+                 out->end());
+    }
     SortCandidates(*out);
     return out;
   }
@@ -941,6 +1183,16 @@ class Checkpointer::Impl {
   // seen yet (at most 2, the arena's slots).
   int64_t known_committed_ ABSL_GUARDED_BY(mu_) = -1;
   std::vector<int64_t> unresolved_ ABSL_GUARDED_BY(mu_);
+  // This rank's replica digests of its last snapshot votes (at most 2), until a judge asked for
+  // them or the step was resolved.
+  struct VotedReplica {
+    int64_t step;
+    std::string epoch;
+    std::vector<uint64_t> digests;
+  };
+  std::vector<VotedReplica> voted_ ABSL_GUARDED_BY(mu_);
+  // Set while a restore waits for the worker: AwaitJudgement gives up.
+  std::atomic<bool> judgement_cancelled_{false};
   uint64_t timeline_ ABSL_GUARDED_BY(mu_) = 0;  // restores done: a new timeline starts at each
   // The snapshot RestoreAhead copied into the buffers during the restore in progress; the
   // training thread's only.

@@ -46,6 +46,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "sdk/checkpoint/peer_backups.h"
+#include "sdk/checkpoint/replica_check.h"
 #include "sdk/checkpoint/snapshotter.h"
 #include "trainguard/checkpoint.h"
 
@@ -83,6 +84,16 @@ struct CheckpointerOptions {
   std::function<bool()> superseded;
   // SnapshotterOptions::spare_arena.
   SpareArena* spare_arena = nullptr;
+  // Silent data corruption (replica_check.h): this rank's data-parallel group, named by its
+  // model-parallel coordinates (e.g. "tp0.cp0.pp1"), and its host. With a store and replicated
+  // buffers (StateBuffer::replicated), every snapshot vote carries the fingerprint of the
+  // replicated region; the ballot's last voter compares each group's replicas, and a step whose
+  // replicas disagree is not committed (SaveOutcome::disagreements). Empty group: not compared.
+  std::string replica_group;
+  std::string host;
+  // How long the judge of a disagreement waits for the group's replica digests to name the
+  // buffers.
+  absl::Duration replica_digest_wait = absl::Seconds(10);
 };
 
 struct RestoreResult {
@@ -130,6 +141,9 @@ struct SaveOutcome {
   // again (the rank that completes the set reports it once, and records ckpt/protected).
   bool reprotect = false;
   bool protected_again = false;
+  // The step's replicas disagreed (silent data corruption): the step is not committed. Filled on
+  // the rank that judged the ballot (one rank of the job), with the differing buffers named.
+  std::vector<ReplicaDisagreement> disagreements;
 };
 
 class Checkpointer {

@@ -13,13 +13,21 @@ PayloadLayout LayoutOf(const StateRegistry& registry) {
   using checkpoint_internal::AlignUp;
   using checkpoint_internal::kArenaAlignment;
   PayloadLayout layout;
+  const std::vector<StateBuffer>& buffers = registry.buffers();
+  layout.offsets.assign(buffers.size(), 0);
   uint64_t offset = 0;
-  for (const StateBuffer& buffer : registry.buffers()) {
+  for (bool replicated : {true, false}) {
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      if (buffers[i].replicated != replicated) continue;
+      layout.offsets[i] = offset;
+      offset += AlignUp(buffers[i].bytes, kArenaAlignment);
+    }
+    if (replicated) layout.replicated_bytes = offset;
+  }
+  for (const StateBuffer& buffer : buffers) {
     StateBuffer described = buffer;
     described.data = nullptr;
     layout.buffers.push_back(std::move(described));
-    layout.offsets.push_back(offset);
-    offset += AlignUp(buffer.bytes, kArenaAlignment);
   }
   layout.blob_offset = offset;
   return layout;

@@ -1,5 +1,7 @@
 // Where a registry's buffers and blobs lie in a snapshot payload (docs/FORMATS.md, "Snapshot
-// arena"): every buffer at a 4096-aligned offset in registry order, then the blob area. The
+// arena"): every buffer at a 4096-aligned offset, the replicated ones first (in registry order:
+// the replicated region, compared across replicas), then the others in registry order, then the
+// blob area. The
 // Snapshotter lays payloads out by it; the Persister records it in each shard's manifest, so that a
 // reader without the trainer's registry (`trainguard ckpt export`) can name, type and cut out every
 // byte of a shard.
@@ -25,6 +27,8 @@ struct PayloadLayout {
   std::vector<StateBuffer> buffers;
   std::vector<uint64_t> offsets;  // where each buffer's bytes start in the payload
   uint64_t blob_offset = 0;       // where the blob area starts
+  // The replicated region: the payload's first replicated_bytes (0 without replicated buffers).
+  uint64_t replicated_bytes = 0;
 };
 
 // The layout of `registry`'s payload.

@@ -233,6 +233,7 @@ proto::PayloadLayout LayoutToProto(const PayloadLayout& layout) {
     buffer->set_device_index(b.device.index);
     buffer->set_payload_offset(layout.offsets[i]);
     buffer->set_bytes(b.bytes);
+    buffer->set_replicated(b.replicated);
   }
   out.set_blob_offset(layout.blob_offset);
   return out;
@@ -249,6 +250,7 @@ PayloadLayout LayoutFromProto(const proto::PayloadLayout& recorded) {
     buffer.shape.assign(b.shape().begin(), b.shape().end());
     buffer.device = Device{static_cast<Device::Kind>(b.device_kind()), b.device_index()};
     buffer.bytes = b.bytes();
+    buffer.replicated = b.replicated();
     layout.buffers.push_back(std::move(buffer));
     layout.offsets.push_back(b.payload_offset());
   }

@@ -77,6 +77,11 @@ struct PayloadPlan {
   std::vector<size_t> buffer_offsets;
   std::vector<int64_t> buffer_chunks;      // chunks that hold part of each buffer
   std::vector<std::vector<Piece>> chunks;  // pieces of each chunk of the buffer region
+  // The replicated region (payload_layout.h): its chunks, and where each one's pieces start in
+  // the list of replica digests (one per piece, in payload order).
+  int64_t replicated_chunks = 0;
+  std::vector<size_t> replica_piece_begin;  // per replicated chunk, then the total
+  std::vector<Snapshotter::ReplicaPiece> replica_pieces;
   size_t blob_offset = 0;
   size_t blob_capacity = 0;
 };
@@ -99,6 +104,23 @@ PayloadPlan PlanPayload(const StateRegistry& registry, const SnapshotterOptions&
     }
     plan.buffer_chunks.push_back(chunks);
   }
+  // Within a chunk, pieces in payload order: the replica digests are prefixes of the chunk.
+  for (std::vector<Piece>& pieces : plan.chunks) {
+    std::sort(pieces.begin(), pieces.end(),
+              [](const Piece& a, const Piece& b) { return a.payload_offset < b.payload_offset; });
+  }
+  plan.replicated_chunks = static_cast<int64_t>((layout.replicated_bytes + chunk - 1) / chunk);
+  for (int64_t k = 0; k < plan.replicated_chunks; ++k) {
+    plan.replica_piece_begin.push_back(plan.replica_pieces.size());
+    if (static_cast<size_t>(k) >= plan.chunks.size()) continue;
+    for (const Piece& piece : plan.chunks[k]) {
+      if (!registry.buffers()[piece.buffer].replicated) continue;
+      plan.replica_pieces.push_back(
+          Snapshotter::ReplicaPiece{registry.buffers()[piece.buffer].name, k,
+                                    static_cast<uint64_t>(piece.buffer_offset), piece.bytes});
+    }
+  }
+  plan.replica_piece_begin.push_back(plan.replica_pieces.size());
   plan.blob_offset = layout.blob_offset;
   plan.blob_capacity = AlignUp(options.max_blob_bytes + sizeof(uint32_t), kArenaAlignment);
   plan.geometry = checkpoint_internal::GeometryFor(registry.LayoutHash(), chunk,
@@ -125,6 +147,8 @@ class Snapshotter::Impl {
         plan_(std::move(plan)),
         arena_(std::move(arena)),
         replaced_reason_(std::move(replaced_reason)),
+        replica_digests_{std::vector<uint64_t>(plan_.replica_pieces.size()),
+                         std::vector<uint64_t>(plan_.replica_pieces.size())},
         buffer_remaining_(registry->buffers().size(), 0) {}
 
   ~Impl() {
@@ -195,6 +219,7 @@ class Snapshotter::Impl {
     // kWriting, and the other slot (the latest complete one) is never written.
     StoreState(slot, kSlotWriting);
     verified_on_install_[w] = false;
+    replica_digests_valid_[w] = false;
     const std::string blobs = SerializeBlobArea(registry_->blobs());
     if (blobs.size() > plan_.blob_capacity) {
       StoreState(slot, kSlotEmpty);
@@ -344,6 +369,7 @@ class Snapshotter::Impl {
     SlotHeader* slot = arena_->slot(w);
     StoreState(slot, kSlotWriting);
     verified_on_install_[w] = false;
+    replica_digests_valid_[w] = false;  // only a snapshot copied here has them
     std::optional<Landing> landing;
     if (restore_into != nullptr) landing.emplace(this, restore_into, arena_->payload(w));
     if (absl::Status filled = fill(arena_->payload(w), landing ? &*landing : nullptr);
@@ -391,6 +417,8 @@ class Snapshotter::Impl {
   }
 
   uint64_t chunk_bytes() const { return options_.chunk_bytes; }
+  const std::vector<ReplicaPiece>& replica_pieces() const { return plan_.replica_pieces; }
+  int64_t replicated_chunks() const { return plan_.replicated_chunks; }
 
   absl::StatusOr<View> LatestView() {
     MutexLock lock(&mu_);
@@ -448,6 +476,7 @@ class Snapshotter::Impl {
     view.info = InfoOf(slot);
     view.payload = std::string_view(arena_->payload(index), slot->payload_bytes);
     view.chunk_checksums.assign(ChunkChecksums(slot), ChunkChecksums(slot) + slot->num_chunks);
+    if (replica_digests_valid_[index]) view.replica_digests = replica_digests_[index];
     return view;
   }
 
@@ -799,7 +828,8 @@ class Snapshotter::Impl {
     }
   }
 
-  // Copies the buffer pieces of chunk `k` into slot `slot_index` and checksums the whole chunk.
+  // Copies the buffer pieces of chunk `k` into slot `slot_index` and checksums the whole chunk; a
+  // chunk of the replicated region also records its replica digests.
   absl::Status CopyChunk(int64_t k, int slot_index, int64_t step) {
     // The slot's header fields and the blob area were written by Begin() under mu_, before this
     // chunk was handed out; nothing writes them again until the snapshot is done.
@@ -812,8 +842,39 @@ class Snapshotter::Impl {
     }
     const uint64_t begin = static_cast<uint64_t>(k) * options_.chunk_bytes;
     const uint64_t bytes = std::min<uint64_t>(options_.chunk_bytes, slot->payload_bytes - begin);
-    ChunkChecksums(slot)[k] = XXH3_64bits(payload + begin, bytes);
+    ChunkChecksums(slot)[k] = k < plan_.replicated_chunks
+                                  ? ReplicatedChunkChecksum(k, payload, begin, bytes, slot_index)
+                                  : XXH3_64bits(payload + begin, bytes);
     return absl::OkStatus();
+  }
+
+  // The checksum of replicated chunk `k` (the same XXH3-64 as any chunk's: streamed, one pass),
+  // taking the digest of the chunk's bytes up to the end of each piece on the way: the replica
+  // digests (Snapshotter::ReplicaPiece), which name the first piece where two replicas' chunks
+  // differ. The padding between pieces is zeroed first, so that replicas agree on it whatever
+  // the arena held before. Each chunk writes its own digests; ChunkDone publishes them under mu_.
+  uint64_t ReplicatedChunkChecksum(int64_t k, char* payload, uint64_t begin, uint64_t bytes,
+                                   int slot_index) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    XXH3_state_t* state = XXH3_createState();
+    XXH3_64bits_reset(state);
+    uint64_t* digests = replica_digests_[slot_index].data() + plan_.replica_piece_begin[k];
+    uint64_t at = begin;
+    auto hash_to = [&](uint64_t end, uint64_t data_begin) {
+      std::memset(payload + at, 0, data_begin - at);
+      XXH3_64bits_update(state, payload + at, end - at);
+      at = end;
+    };
+    if (static_cast<size_t>(k) < plan_.chunks.size()) {
+      for (const Piece& piece : plan_.chunks[k]) {
+        hash_to(piece.payload_offset + piece.bytes, piece.payload_offset);
+        // The last chunk of the region may hold other buffers after the replicated ones.
+        if (registry_->buffers()[piece.buffer].replicated) *digests++ = XXH3_64bits_digest(state);
+      }
+    }
+    hash_to(begin + bytes, begin + bytes);
+    const uint64_t checksum = XXH3_64bits_digest(state);
+    XXH3_freeState(state);
+    return checksum;
   }
 
   void ChunkDone(int64_t k, int slot_index, absl::Status status) {
@@ -832,6 +893,7 @@ class Snapshotter::Impl {
       // Release: every payload byte and checksum of the slot is visible before "complete" is.
       StoreState(slot, kSlotComplete);
       latest_slot_ = slot_index;
+      replica_digests_valid_[slot_index] = !plan_.replica_pieces.empty();
     } else {
       StoreState(slot, kSlotEmpty);
     }
@@ -855,6 +917,11 @@ class Snapshotter::Impl {
   std::vector<int64_t> install_keep_ ABSL_GUARDED_BY(mu_);  // set_install_keep
   // Per slot: filled by Install, every chunk checked as it landed, and not restored since.
   bool verified_on_install_[2] ABSL_GUARDED_BY(mu_) = {false, false};
+  // Per slot: the replica digests of the snapshot copied into it (written by the copy workers,
+  // chunk by chunk, read once the snapshot is complete), and whether they are its own (false once
+  // the slot is written again or installed).
+  std::vector<uint64_t> replica_digests_[2];
+  bool replica_digests_valid_[2] ABSL_GUARDED_BY(mu_) = {false, false};
   int writing_slot_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t step_ ABSL_GUARDED_BY(mu_) = -1;  // of the snapshot in flight (or the last one)
@@ -1008,6 +1075,10 @@ absl::StatusOr<Snapshotter::View> Snapshotter::ViewOf(int64_t step) const {
   return impl_->ViewOf(step);
 }
 size_t Snapshotter::payload_capacity() const { return impl_->payload_capacity(); }
+const std::vector<Snapshotter::ReplicaPiece>& Snapshotter::replica_pieces() const {
+  return impl_->replica_pieces();
+}
+int64_t Snapshotter::replicated_chunks() const { return impl_->replicated_chunks(); }
 uint64_t Snapshotter::chunk_bytes() const { return impl_->chunk_bytes(); }
 size_t Snapshotter::arena_bytes() const { return impl_->arena_bytes(); }
 

@@ -155,8 +155,11 @@ class Snapshotter {
   // Valid until the next Begin().
   struct View {
     SnapshotInfo info;
-    std::string_view payload;               // all buffers, then blobs, in registry order
+    std::string_view payload;               // all buffers, then blobs (payload_layout.h)
     std::vector<uint64_t> chunk_checksums;  // XXH3-64 of each chunk_bytes piece of payload
+    // One per replica_pieces() entry, for a snapshot this Snapshotter copied from the buffers
+    // (empty for one installed or left by an earlier process, and without replicated buffers).
+    std::vector<uint64_t> replica_digests;
   };
   absl::StatusOr<View> LatestView() const;
   // As LatestView, for the complete snapshot of `step` (either slot; not one being written).
@@ -164,6 +167,21 @@ class Snapshotter {
   absl::StatusOr<View> ViewOf(int64_t step) const;
   // The checksum granularity of this arena (SnapshotOptions::chunk_bytes).
   uint64_t chunk_bytes() const;
+  // The replicated region (StateBuffer::replicated; payload_layout.h) lies in the first
+  // replicated_chunks() chunks. Each piece of a replicated buffer has a replica digest
+  // (View::replica_digests): the XXH3-64 of its chunk's bytes from the chunk's start to the
+  // piece's end (replicated bytes and zeroed padding only), taken on the way while the chunk's
+  // checksum is computed: no second pass. Replicas whose replicated buffers hold the same bytes
+  // have the same digests; two replicas' first differing digest in a chunk names the buffer that
+  // differs.
+  struct ReplicaPiece {
+    std::string buffer;  // the registered buffer's name
+    int64_t chunk = 0;
+    uint64_t buffer_offset = 0;  // where the piece starts in the buffer
+    uint64_t bytes = 0;
+  };
+  const std::vector<ReplicaPiece>& replica_pieces() const;
+  int64_t replicated_chunks() const;
   // The arena's per-slot payload capacity in bytes (padded buffers plus the blob area): what a
   // backup holder's arena for this rank must hold.
   size_t payload_capacity() const;

@@ -128,6 +128,9 @@ uint64_t LayoutHashOf(const std::vector<StateBuffer>& buffers) {
     for (int64_t dim : buffer.shape) HashInt(state, dim);
     HashInt(state, static_cast<int64_t>(buffer.device.kind));
     HashInt(state, buffer.device.index);
+    // Only when set: the layouts (and arenas, shards) of registries without replicated buffers
+    // keep the hash they always had.
+    if (buffer.replicated) HashString(state, "replicated");
   }
   const uint64_t hash = XXH3_64bits_digest(state);
   XXH3_freeState(state);

@@ -190,6 +190,17 @@ void RankWatch::ReportProtection() {
   protected_epoch_ = parts.second;
 }
 
+void RankWatch::ReportSilentCorruption() {
+  absl::StatusOr<std::string> value =
+      ranks_store_->Get(store_keys::kJobSilentCorruption, options_.report_timeout);
+  if (!value.ok()) return;
+  std::vector<std::string> lines = absl::StrSplit(*value, '\n', absl::SkipEmpty());
+  if (lines.empty() || lines[0] == corruption_said_ || !coordinating()) return;
+  for (size_t i = 1; i < lines.size(); ++i)
+    hooks_.say(absl::StrCat("silent corruption: ", lines[i]));
+  corruption_said_ = lines[0];
+}
+
 void RankWatch::ReportPersistFailures() {
   absl::StatusOr<std::vector<std::string>> keys =
       ranks_store_->ListKeys(store_keys::kJobPersistFailedPrefix, options_.report_timeout);

@@ -130,6 +130,9 @@ class RankWatch {
   // rank that could not write its checkpoint keeps training, so its event file would be the only
   // trace.
   void ReportPersistFailures();
+  // Says "silent corruption: <line>" for each line of job/silent_corruption (the verdict of the
+  // rank that judged a snapshot's replicas, replica_check.h) once per verdict.
+  void ReportSilentCorruption();
   // The persist failures said, by store key (job/persist_failed/<step>/<rank>): the rank's error.
   const std::map<std::string, std::string>& persist_failures() const { return persist_failures_; }
 
@@ -146,6 +149,7 @@ class RankWatch {
   int world_size_ = 0;
   absl::Time next_heartbeat_check_ = absl::InfinitePast();
   std::string protected_epoch_;                          // of the last ckpt/protected said
+  std::string corruption_said_;  // the "<epoch>/<step>" of the last job/silent_corruption said
   std::map<std::string, std::string> persist_failures_;  // store key -> the rank's error, said
   // KillMembersStoppedInFormation: when each member was first seen stopped, and those killed.
   std::map<std::string, absl::Time> stopped_since_;

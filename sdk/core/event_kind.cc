@@ -43,6 +43,7 @@ constexpr std::array kKinds = {
     KindEntry{EventKind::kRestored, "restored", kCheckpoint},
     KindEntry{EventKind::kNothingToRestore, "nothing_to_restore", kCheckpoint},
     KindEntry{EventKind::kRestoreFailed, "restore_failed", kCheckpoint},
+    KindEntry{EventKind::kSilentCorruption, "silent_corruption", kCheckpoint},
     KindEntry{EventKind::kRankDied, "rank_died", kCustom},
     KindEntry{EventKind::kRankUnresponsive, "rank_unresponsive", kCustom},
     KindEntry{EventKind::kHangSuspect, "hang_suspect", kCustom},

@@ -169,6 +169,9 @@ void ApplySetFields(const OptionsProto& proto, Options& options) {
   if (proto.has_backup_evict()) {
     options.backup_evict = proto.backup_evict();
   }
+  if (proto.has_silent_corruption()) {
+    options.silent_corruption = proto.silent_corruption();
+  }
   if (proto.has_backup_racks()) {
     options.backup_racks = proto.backup_racks();
   }
@@ -432,6 +435,11 @@ absl::Status CheckCheckpointAndWatchdog(const Options& options) {
   }
   if (absl::Status s = CheckAtLeast("backup_copies", options.backup_copies, 1); !s.ok()) {
     return s;
+  }
+  if (options.silent_corruption != "off" && options.silent_corruption != "alert" &&
+      options.silent_corruption != "repair") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "silent_corruption must be off, alert or repair, got \"", options.silent_corruption, "\""));
   }
   if (absl::Status s = CheckAtLeast("backup_rate_mib_s", options.backup_rate_mib_s, 0); !s.ok()) {
     return s;

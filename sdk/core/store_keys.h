@@ -52,6 +52,10 @@ inline std::optional<std::string> NameAfter(std::string_view prefix, std::string
 }
 
 inline constexpr char kJobStop[] = "job/stop";
+// "<epoch>/<step>\n<line>[\n<line>...]": the latest silent-corruption verdict, one line per
+// data-parallel group whose replicas disagreed (replica_check.h); `trainguard run` prints each new
+// one.
+inline constexpr char kJobSilentCorruption[] = "job/silent_corruption";
 // "<step> <epoch>": every rank's snapshot of <step> is in memory with all its backups (the
 // checkpointer writes "protected" in its "ckpt/" namespace; the coordinator reports each epoch).
 inline constexpr char kCkptProtected[] = "ckpt/protected";

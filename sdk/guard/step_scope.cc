@@ -195,6 +195,12 @@ StepScope::StepScope(Runtime& facade, int64_t step)
                                 "asked for a re-rendezvous, or this rank was replaced): the step "
                                 "is not run in it",
                                 superseded, step));
+  } else if (std::optional<std::string> repair = runtime.TakeRepairRequest(); repair) {
+    // A silent-corruption repair: this rank leaves the generation before the step, as if it
+    // were superseded; recover() asks for a new one and every rank restores there.
+    superseded_at_entry_ = true;
+    ReportFault(FaultKind::kCommunicationFailure,
+                absl::StrFormat("step %d not run: %s", step, *repair));
   }
   for (StepObserver* observer : runtime.observers()) observer->OnStepBegin(step);
 }

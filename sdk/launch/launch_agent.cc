@@ -1436,6 +1436,7 @@ int Job::Run() {
       next_persist_check_ = clock_->Now() + absl::Milliseconds(500);
       rank_watch_->ReportPersistFailures();
       rank_watch_->ReportProtection();
+      rank_watch_->ReportSilentCorruption();
     }
     if (exit_code_ < 0 && every_rank_finished_) exit_code_ = 0;
   }

@@ -774,6 +774,12 @@ absl::Status RuntimeImpl::EnsureCheckpointer() {
   if (member_ != nullptr) o.superseded = [this] { return member_->superseded(); };
   state_.Freeze();
   o.spare_arena = spare_arena_.get();
+  if (options_.silent_corruption != "off") {
+    // The replicas of a data-parallel group share every coordinate but dp.
+    absl::StatusOr<RankCoordinates> c = topology_.CoordinatesOf(rank_);
+    if (c.ok()) o.replica_group = absl::StrFormat("tp%d.cp%d.pp%d", c->tp, c->cp, c->pp);
+    o.host = HostName();
+  }
   absl::StatusOr<std::unique_ptr<Checkpointer>> c = Checkpointer::Create(&state_, o);
   spare_arena_.reset();  // adopted as the arena, or not needed: its memory goes back
   if (!c.ok()) return WithContext(c.status(), absl::StrCat("rank ", rank_, ": checkpointing"));
@@ -808,8 +814,56 @@ absl::Status RuntimeImpl::EnsureCheckpointer() {
          {"replicate_us", absl::StrCat(absl::ToInt64Microseconds(outcome.replicate_time))},
          {"persist_us", absl::StrCat(absl::ToInt64Microseconds(outcome.persist_time))}});
     (void)EmitEvent(std::move(event));
+    if (!outcome.disagreements.empty()) OnSilentCorruption(outcome.step, outcome.disagreements);
   });
   return absl::OkStatus();
+}
+
+void RuntimeImpl::OnSilentCorruption(int64_t step,
+                                     const std::vector<ReplicaDisagreement>& disagreements) {
+  const bool repair = options_.silent_corruption == "repair";
+  std::vector<std::string> lines;
+  for (const ReplicaDisagreement& d : disagreements) {
+    const std::string line = DescribeDisagreement(step, d);
+    lines.push_back(line);
+    // One event per rank named; one for the group when no majority decides.
+    const std::vector<int> named = d.majority.has_value() ? d.minority : std::vector<int>{-1};
+    for (size_t m = 0; m < named.size(); ++m) {
+      const size_t i =
+          named[m] < 0 ? 0
+                       : static_cast<size_t>(std::find(d.ranks.begin(), d.ranks.end(), named[m]) -
+                                             d.ranks.begin());
+      Event event = EventOfKind(EventKind::kSilentCorruption, line);
+      event.step = step;
+      event.attributes.insert(
+          event.attributes.end(),
+          {{"group", d.group},
+           {"ranks", absl::StrJoin(d.ranks, ",")},
+           {"corrupt_rank", named[m] < 0 ? "" : absl::StrCat(named[m])},
+           {"corrupt_host", named[m] < 0 ? "" : d.hosts[i]},
+           {"buffers", m < d.buffers.size() ? absl::StrJoin(d.buffers[m], ",") : ""},
+           {"fingerprint", named[m] < 0 ? "" : absl::StrFormat("%016x", d.fingerprints[i])},
+           {"majority", d.majority.has_value() ? absl::StrFormat("%016x", *d.majority) : ""},
+           {"action", repair ? "repair" : "alert"}});
+      (void)EmitEvent(std::move(event));
+    }
+  }
+  if (repair) {
+    RequestRepair(absl::StrCat("silent data corruption: ", absl::StrJoin(lines, " | "),
+                               "; repairing: every rank goes back to the last committed snapshot"));
+  }
+}
+
+void RuntimeImpl::RequestRepair(std::string why) {
+  MutexLock lock(&repair_mu_);
+  repair_why_ = std::move(why);
+  repair_requested_.store(true, std::memory_order_release);
+}
+
+std::optional<std::string> RuntimeImpl::TakeRepairRequestSlow() {
+  MutexLock lock(&repair_mu_);
+  if (!repair_requested_.exchange(false, std::memory_order_acq_rel)) return std::nullopt;
+  return std::exchange(repair_why_, std::string());
 }
 
 absl::StatusOr<std::optional<PeerBackupsOptions>> RuntimeImpl::PeerBackupOptions() {

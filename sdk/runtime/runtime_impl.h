@@ -22,6 +22,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "sdk/checkpoint/checkpointer.h"
+#include "sdk/checkpoint/replica_check.h"
 #include "sdk/checkpoint/spare_arena.h"
 #include "sdk/core/duty_thread.h"
 #include "sdk/core/event_log.h"
@@ -152,6 +153,15 @@ class RuntimeImpl final : public Runtime {
   // error.
   void RecordStepFault(const StepResult& result);
   const std::string& fatal_reason() const { return fatal_reason_; }
+  // Silent data corruption with silent_corruption=repair: the checkpointer's observer asks, the
+  // next guard takes the request (once) and fails its step without running it, so that recover()
+  // takes every rank to a new generation, where each restores the last committed snapshot.
+  void RequestRepair(std::string why);
+  std::optional<std::string> TakeRepairRequest() {
+    if (!repair_requested_.load(std::memory_order_acquire)) return std::nullopt;
+    return TakeRepairRequestSlow();
+  }
+  std::optional<std::string> TakeRepairRequestSlow();
 
   Heartbeat& mutable_heartbeat() { return heartbeat_; }
   const std::vector<StepObserver*>& observers() const { return observers_; }
@@ -177,6 +187,9 @@ class RuntimeImpl final : public Runtime {
 
   void AnnounceResumed(int64_t step);
   absl::Status EnsureCheckpointer();
+  // A snapshot's replicas disagreed (this rank judged the ballot): the silent_corruption events,
+  // and with silent_corruption=repair the request for a rollback (RequestRepair).
+  void OnSilentCorruption(int64_t step, const std::vector<ReplicaDisagreement>& disagreements);
   // RestoreCheckpoint's work, with where the state came from: generation entry's restore hook.
   absl::StatusOr<RestoreResult> RestoreNewestCommitted();
   // Restores the newest committed checkpoint for the failure `result` (the policy's kRollback
@@ -219,6 +232,9 @@ class RuntimeImpl final : public Runtime {
   std::atomic<bool> step_active_{false};
   std::atomic<bool> fatal_{false};
   std::string fatal_reason_;  // written once before fatal_ is set
+  std::atomic<bool> repair_requested_{false};
+  Mutex repair_mu_;
+  std::string repair_why_ ABSL_GUARDED_BY(repair_mu_);
   // What recover() does about a failed step, and the failures and rollbacks it counts (training
   // thread only).
   RecoveryPolicy recovery_policy_;

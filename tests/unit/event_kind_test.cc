@@ -65,6 +65,7 @@ TEST(EventKind, NamesAndTypesAreTheOnesEventFilesHoldSinceBeforeTheEnum) {
       {EventKind::kRestored, "restored", checkpoint},
       {EventKind::kNothingToRestore, "nothing_to_restore", checkpoint},
       {EventKind::kRestoreFailed, "restore_failed", checkpoint},
+      {EventKind::kSilentCorruption, "silent_corruption", checkpoint},
       {EventKind::kRankDied, "rank_died", custom},
       {EventKind::kRankUnresponsive, "rank_unresponsive", custom},
       {EventKind::kHangSuspect, "hang_suspect", custom},
