@@ -314,6 +314,107 @@ TEST(Launcher, ADroppedConnectionRenewsTheGenerationAndTheJobEndsAsIfUninterrupt
   std::printf("a dropped connection: recovered with the same ranks in %s\n", took[1].str().c_str());
 }
 
+// Silent data corruption: rank 1 flips one bit of its parameters after step 35's update, in its
+// own memory; nothing fails. The snapshot after it (every 10 steps) is compared across the
+// data-parallel group: rank 1, its host and the buffer are named, the step is never committed,
+// every rank goes back to the last snapshot the replicas agreed on (silent_corruption=repair, the
+// default) and the job ends bit-identical to an uninterrupted run.
+const std::vector<std::pair<std::string, std::string>> kEvery10 = {
+    {"TRAINGUARD_CHECKPOINT_EVERY_STEPS", "10"}};
+
+TEST(Launcher, AFlippedBitIsNamedAtTheNextSnapshotRepairedAndTheJobEndsAsIfUninterrupted) {
+  testing::TempDir clean_dir;
+  LauncherJob clean(clean_dir, {"--nproc", "3"}, 120, kEvery10, {"--step-time-ms", "5"});
+  ASSERT_EQ(clean.Wait(), 0) << clean.Output();
+  const std::map<int, std::string> expected = clean.FinalChecksums();
+  ASSERT_EQ(expected.size(), 3u) << clean.Output();
+
+  testing::TempDir dir;
+  LauncherJob job(dir, {"--nproc", "3"}, 120, kEvery10,
+                  {"--step-time-ms", "5", "--flip-bit", "1:35"});
+  ASSERT_EQ(job.Wait(), 0) << job.Output();
+  const std::string out = job.Output();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      out, m,
+      std::regex("silent corruption: step ([0-9]+): data-parallel group tp0.cp0.pp0 \\(ranks "
+                 "0,1,2\\): rank 1 \\(host [^)]+\\) buffer mlp.parameters: fingerprint")))
+      << out;
+  const int detected = std::stoi(m[1]);
+  EXPECT_GE(detected, 40);
+  EXPECT_EQ(detected % 10, 0);
+  EXPECT_THAT(out, HasSubstr("generation 1 renewed with the same ranks"));
+  EXPECT_THAT(out, HasSubstr("0 replacement(s)"));
+  EXPECT_EQ(job.FinalChecksums(), expected) << out;
+  // The judge's event, and every rank restored a step before the flip.
+  int events = 0;
+  for (int r = 0; r < 3; ++r) {
+    for (const Event& e : job.Events(r)) {
+      if (KindOf(e) == EventKind::kSilentCorruption) {
+        ++events;
+        EXPECT_EQ(e.Attribute("corrupt_rank"), "1");
+        EXPECT_EQ(e.Attribute("buffers"), "mlp.parameters");
+        EXPECT_EQ(e.Attribute("action"), "repair");
+        EXPECT_NE(e.Attribute("majority"), "");
+      }
+      if (KindOf(e) == EventKind::kRestored) {
+        EXPECT_LE(e.step, 30) << "rank " << r << " restored a step after the flip";
+      }
+    }
+  }
+  EXPECT_GE(events, 1);
+  std::printf("a bit flipped at step 35: named at the snapshot of step %d (%d steps later)\n",
+              detected, detected - 35);
+}
+
+// With silent_corruption=alert the job is only told: it trains on, and no step after the flip is
+// ever committed or written to disk (only the agreeing steps before it are there).
+TEST(Launcher, WithAlertAFlippedBitIsNamedAndNoLaterSnapshotIsCommittedOrPersisted) {
+  testing::TempDir dir;
+  std::vector<std::pair<std::string, std::string>> env = kEvery10;
+  env.emplace_back("TRAINGUARD_SILENT_CORRUPTION", "alert");
+  LauncherJob job(dir, {"--nproc", "3"}, 100, env, {"--step-time-ms", "5", "--flip-bit", "1:35"});
+  ASSERT_EQ(job.Wait(), 0) << job.Output();
+  const std::string out = job.Output();
+  EXPECT_THAT(out, ContainsRegex("silent corruption: step [0-9]+: data-parallel group "
+                                 "tp0.cp0.pp0 \\(ranks 0,1,2\\): rank 1 "));
+  EXPECT_THAT(out, Not(HasSubstr("renewed")));
+  const std::map<int, std::string> sums = job.FinalChecksums();
+  ASSERT_EQ(sums.size(), 3u) << out;
+  EXPECT_EQ(sums.at(0), sums.at(2));
+  EXPECT_NE(sums.at(0), sums.at(1));
+  const std::string listed = testing::CommandOutput(
+      absl::StrCat(TRAINGUARD_CLI_PATH, " ckpt list ", dir.File("run"), "/checkpoints 2>&1"));
+  std::regex step_re("step ([0-9]+): 3 shards");
+  int steps = 0;
+  for (auto it = std::sregex_iterator(listed.begin(), listed.end(), step_re);
+       it != std::sregex_iterator(); ++it) {
+    ++steps;
+    EXPECT_LE(std::stoi((*it)[1]), 30) << listed;
+  }
+  EXPECT_GE(steps, 1) << listed;
+}
+
+// Two replicas that disagree: no majority names either. The job goes back to the last step they
+// agreed on and replays; the healthy rank is not singled out, and the job ends as if uninterrupted.
+TEST(Launcher, TwoReplicasThatDisagreeAreUndecidableAndTheJobReplaysFromTheirLastAgreement) {
+  testing::TempDir clean_dir;
+  LauncherJob clean(clean_dir, {"--nproc", "2"}, 100, kEvery10, {"--step-time-ms", "5"});
+  ASSERT_EQ(clean.Wait(), 0) << clean.Output();
+  const std::map<int, std::string> expected = clean.FinalChecksums();
+  ASSERT_EQ(expected.size(), 2u) << clean.Output();
+
+  testing::TempDir dir;
+  LauncherJob job(dir, {"--nproc", "2"}, 100, kEvery10,
+                  {"--step-time-ms", "5", "--flip-bit", "0:35"});
+  ASSERT_EQ(job.Wait(), 0) << job.Output();
+  const std::string out = job.Output();
+  EXPECT_THAT(out, ContainsRegex("silent corruption: step [0-9]+: data-parallel group "
+                                 "tp0.cp0.pp0: its 2 replicas disagree and no majority decides"));
+  EXPECT_THAT(out, HasSubstr("buffer mlp.parameters differs between them"));
+  EXPECT_EQ(job.FinalChecksums(), expected) << out;
+}
+
 TEST(Launcher, TwoFailuresOneAfterTheOtherAreBothReplaced) {
   testing::TempDir dir;
   // 600 steps after the first kill: its recovery and the pool's refill take far fewer.
