@@ -21,8 +21,10 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "benchmark/benchmark.h"
+#include "sdk/checkpoint/replica_check.h"
 #include "sdk/checkpoint/snapshotter.h"
 #include "trainguard/checkpoint.h"
 
@@ -51,7 +53,9 @@ uint64_t AvailableMemoryBytes() {
 // `bytes` of host state in kBuffers page-aligned, touched buffers.
 class HostState {
  public:
-  explicit HostState(size_t bytes) : bytes_per_buffer_(bytes / kBuffers) {
+  // `replicated`: every buffer is StateBuffer::replicated (compared across data-parallel replicas:
+  // the snapshot takes their replica digests while it checksums them).
+  explicit HostState(size_t bytes, bool replicated = false) : bytes_per_buffer_(bytes / kBuffers) {
     for (int b = 0; b < kBuffers; ++b) {
       void* p = mmap(nullptr, bytes_per_buffer_, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -66,7 +70,8 @@ class HostState {
                                            bytes_per_buffer_,
                                            DType::kU8,
                                            {static_cast<int64_t>(bytes_per_buffer_)},
-                                           {}});
+                                           {},
+                                           replicated});
     }
   }
   ~HostState() {
@@ -85,7 +90,7 @@ class HostState {
 
 // Sets up state and a Snapshotter of `state.range(0)` bytes, or skips the benchmark.
 struct Setup {
-  explicit Setup(benchmark::State& state, double copies) : bytes(state.range(0)) {
+  Setup(benchmark::State& state, double copies, bool replicated = false) : bytes(state.range(0)) {
     const uint64_t needed = static_cast<uint64_t>(copies * static_cast<double>(bytes));
     const uint64_t available = AvailableMemoryBytes();
     if (needed > available * 9 / 10) {
@@ -93,7 +98,7 @@ struct Setup {
           absl::StrFormat("needs %d MiB, %d MiB available", needed >> 20, available >> 20).c_str());
       return;
     }
-    host = std::make_unique<HostState>(bytes);
+    host = std::make_unique<HostState>(bytes, replicated);
     if (!host->ok()) {
       state.SkipWithError("cannot allocate the state");
       return;
@@ -186,6 +191,60 @@ void BM_SnapshotBeginToFence(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(setup.bytes));
 }
 
+// Silent data corruption: a whole snapshot of replicated buffers (the replica digests taken on the
+// way, streamed with the chunk checksums) next to the same snapshot of unmarked buffers, in the
+// same process: the comparison's cost to the snapshot.
+void BM_SnapshotReplicated(benchmark::State& state) {
+  Setup setup(state, 3, state.range(3) != 0);
+  if (!setup.ok()) return;
+  int64_t step = 0;
+  for (auto _ : state) {
+    if (!setup.snapshotter->Begin(++step).ok() || !setup.snapshotter->Fence(kFenceTimeout).ok()) {
+      state.SkipWithError("snapshot failed");
+      return;
+    }
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(setup.bytes));
+  absl::StatusOr<Snapshotter::View> view = setup.snapshotter->LatestView();
+  state.counters["digests"] = view.ok() ? static_cast<double>(view->replica_digests.size()) : -1;
+}
+
+// Silent data corruption: what the rank that completes a snapshot ballot adds to it, per snapshot:
+// decoding every rank's replica part and judging every data-parallel group (8 replicas each, all
+// agreeing: the usual case), next to the work the ballot did before (joining every rank's
+// fingerprint into the commit record), in the same process.
+void BM_JudgeBallot(benchmark::State& state) {
+  const int ranks = static_cast<int>(state.range(0));
+  const bool judge = state.range(1) != 0;
+  std::vector<std::string> votes;
+  for (int r = 0; r < ranks; ++r) {
+    votes.push_back(absl::StrFormat("%016x", 0x1234567890abcdefull + r) +
+                    trainguard::EncodeReplicaVote({r, absl::StrFormat("tp%d.cp0.pp0", r / 8 % 64),
+                                                   absl::StrFormat("node-%05d", r / 8),
+                                                   0xfeedfacecafebeefull + r % 8 / 8}));
+  }
+  for (auto _ : state) {
+    std::vector<std::string> fingerprints;
+    std::vector<trainguard::ReplicaReport> reports;
+    for (int r = 0; r < ranks; ++r) {
+      fingerprints.push_back(votes[r].substr(0, votes[r].find(' ')));
+      if (!judge) continue;
+      absl::StatusOr<std::optional<trainguard::ReplicaReport>> report =
+          trainguard::DecodeReplicaVote(r, votes[r]);
+      if (report.ok() && report->has_value()) reports.push_back(**report);
+    }
+    std::string record = absl::StrJoin(fingerprints, ",");
+    benchmark::DoNotOptimize(record);
+    if (judge) {
+      std::vector<trainguard::ReplicaDisagreement> judged = trainguard::JudgeReplicas(reports);
+      if (!judged.empty()) {
+        state.SkipWithError("replicas that agree were judged to disagree");
+        return;
+      }
+    }
+  }
+}
+
 // (b) The baseline: one thread memcpy's the same buffers into a same-size, pre-faulted destination.
 void BM_MemcpyBaseline(benchmark::State& state) {
   const size_t bytes = state.range(0);
@@ -265,6 +324,22 @@ BENCHMARK(BM_SnapshotterCreate)
     ->Iterations(3);
 BENCHMARK(BM_SnapshotBegin)->Apply(Sizes)->UseManualTime()->Iterations(20);
 BENCHMARK(BM_SnapshotBeginToFence)->Apply(Sizes)->UseRealTime()->Iterations(5);
+BENCHMARK(BM_JudgeBallot)
+    ->ArgNames({"ranks", "judge"})
+    ->Args({1024, 0})
+    ->Args({1024, 1})
+    ->Args({16384, 0})
+    ->Args({16384, 1})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SnapshotReplicated)
+    ->ArgNames({"bytes", "rank", "copy_threads", "replicated"})
+    ->Args({256 << 20, 3, 2, 0})
+    ->Args({256 << 20, 3, 2, 1})
+    ->Args({int64_t{1} << 30, 3, 2, 0})
+    ->Args({int64_t{1} << 30, 3, 2, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(10);
 BENCHMARK(BM_MemcpyBaseline)
     ->Args({64 << 20})
     ->Args({int64_t{1} << 30})

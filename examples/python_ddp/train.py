@@ -54,6 +54,10 @@ SIGUSR1 into a NaN in this rank's gradients at its next step; --step-time-ms N m
 last at least N ms (a sleep after the update), so a run's step time does not depend on how fast
 this small model computes.
 
+--flip-bit R:S makes rank R flip one mantissa bit of one weight in its own memory after step S's
+update (generation 0 only): silent data corruption, found at the next snapshot by comparing the
+replicas' snapshots (the parameters and optimizer state are registered as replicated).
+
 --die-in-rebuild R:G makes rank R SIGKILL itself inside the rebuild of generation G's process group
 (before DDP's collective construction), so the others' rebuild fails on a dead peer.
 
@@ -107,6 +111,7 @@ def parse_args(argv):
     p.add_argument("--step-time-ms", type=float, default=0.0)
     p.add_argument("--die-in-rebuild", default="-1:-1", metavar="R:G")
     p.add_argument("--zero-grad-at-end", type=int, choices=(0, 1), default=0)
+    p.add_argument("--flip-bit", default="-1:-1", metavar="R:S")
     args = p.parse_args(argv)
     args.gates = {}
     for gate in args.gate:
@@ -116,6 +121,7 @@ def parse_args(argv):
     if args.stop_in_allreduce:
         args.stop_rank, args.stop_step = (int(x) for x in args.stop_in_allreduce.split(":"))
     args.die_in_rebuild = tuple(int(x) for x in args.die_in_rebuild.split(":"))
+    args.flip_bit = tuple(int(x) for x in args.flip_bit.split(":"))
     args.spike_rank, args.spike_step = (int(x) for x in args.inject_loss_spike.split(":"))
     args.raise_rank, args.raise_step = (int(x) for x in args.raise_before_backward.split(":"))
     args.nan_rank, args.nan_steps = -1, set()
@@ -184,7 +190,10 @@ def main(argv):
     rt = trainguard.Runtime.from_env()
     rank = rt.rank
     extra = {"last_loss": float("nan")}
-    tgt.register(rt, model=model, optimizer=optimizer, rng=True, extra=extra, materialize=True)
+    # The parameters and SGD's momentum are the same on every rank after each step (DDP): their
+    # snapshots are compared across the ranks (silent data corruption).
+    tgt.register(rt, model=model, optimizer=optimizer, rng=True, extra=extra, materialize=True,
+                 replicated=True)
     injected = set()
     timeout = datetime.timedelta(seconds=args.comm_timeout_s)
 
@@ -255,6 +264,12 @@ def main(argv):
                 mean /= rt.world_size
             if not s.failed:  # a NaN on any rank fails the step on every rank: skip the update
                 optimizer.step()
+                if (rank, step) == args.flip_bit and rt.generation == 0:
+                    # Silent data corruption: one mantissa bit of one weight, in this process's
+                    # memory; nothing fails, and the replicas no longer agree.
+                    bits = model[0].weight.data.view(-1).view(torch.int32)
+                    bits[bits.numel() // 2] ^= 1 << 3
+                    print(f"rank {rank} flipped a bit of model.0.weight at step {step}")
                 extra["last_loss"] = float(mean)
                 if step % args.print_every == 0 or step == args.steps - 1:
                     print(f"rank {rank} step {step} loss {float(mean):.6f}")

@@ -45,6 +45,9 @@ std::string CommitKey(int64_t step, absl::string_view kind) {
 }
 // How often the worker looks for the commit of a step it voted for without completing the vote.
 constexpr absl::Duration kCommitPoll = absl::Milliseconds(20);
+// How long a rank whose snapshot was compared waits for its ballot's verdict before it persists
+// the snapshot anyway: the ranks of a synchronous job vote within a step of each other.
+constexpr absl::Duration kJudgementWait = absl::Seconds(1);
 
 std::string Hex(uint64_t v) { return absl::StrFormat("%016x", v); }
 
@@ -429,6 +432,9 @@ class Checkpointer::Impl {
       if (!*committed && !rejected && !replica_vote.empty() && job.persist) {
         rejected = AwaitJudgement(job);
       }
+      // The judge asks for the digests right after its claim: answered here, not at the next
+      // commit poll, which a rank whose last save this was would never reach.
+      if (rejected && outcome.disagreements.empty()) AnswerDigestRequest(job);
       if (rejected) {
         outcome.status = absl::DataLossError(absl::StrFormat(
             "%s: step %d: the replicas of a data-parallel group disagree (silent data "
@@ -603,11 +609,13 @@ class Checkpointer::Impl {
 
   // Waits until the snapshot ballot of `job` is judged: true when its replicas disagreed (the
   // judge's claim exists), false when it was committed, and false (persist, as without the
-  // comparison) when neither happened within the timeout, the generation was superseded or a
-  // restore began.
+  // comparison) when neither happened within kJudgementWait (a rank that skipped this save,
+  // being busy with its previous one, never votes for it), the generation was superseded or a
+  // restore began. A step rejected after that is still never committed or restored (the durable
+  // ballot and the restore's leader check its replicas too).
   bool AwaitJudgement(const Job& job) {
     const std::vector<std::string> keys = {CommitKey(job.step, "snapshot"), JudgeKey(job)};
-    const absl::Time deadline = absl::Now() + options_.timeout;
+    const absl::Time deadline = absl::Now() + std::min(options_.timeout, kJudgementWait);
     while (absl::Now() < deadline) {
       absl::StatusOr<std::vector<std::optional<std::string>>> got =
           store_->MultiGet(keys, std::min(options_.timeout, kCommitPoll * 10));
@@ -619,6 +627,41 @@ class Checkpointer::Impl {
       absl::SleepFor(kCommitPoll);
     }
     return false;
+  }
+
+  // Publishes this rank's replica digests of `job` if the judge asks for them within
+  // kJudgementWait.
+  void AnswerDigestRequest(const Job& job) {
+    std::optional<VotedReplica> voted;
+    {
+      MutexLock lock(&mu_);
+      for (const VotedReplica& v : voted_) {
+        if (v.step == job.step && v.epoch == job.epoch) voted = v;
+      }
+    }
+    if (!voted.has_value()) return;
+    const absl::Time deadline = absl::Now() + std::min(options_.timeout, kJudgementWait);
+    while (absl::Now() < deadline && !judgement_cancelled_.load()) {
+      absl::StatusOr<std::string> want = store_->Get(DigestWantKey(job.epoch, job.step),
+                                                     std::min(options_.timeout, kCommitPoll * 10));
+      if (want.ok()) {
+        for (absl::string_view r : absl::StrSplit(*want, ',')) {
+          int rank;
+          if (absl::SimpleAtoi(r, &rank) && rank == options_.rank) {
+            (void)store_->Set(DigestKey(job.epoch, job.step, options_.rank),
+                              EncodeDigests(voted->digests), options_.timeout);
+          }
+        }
+        MutexLock lock(&mu_);
+        voted_.erase(std::remove_if(voted_.begin(), voted_.end(),
+                                    [&](const VotedReplica& v) {
+                                      return v.step == job.step && v.epoch == job.epoch;
+                                    }),
+                     voted_.end());
+        return;
+      }
+      absl::SleepFor(kCommitPoll);
+    }
   }
 
   // Claimed (Add) by every rank that saw a disagreeing snapshot ballot of `job` complete; the

@@ -93,7 +93,7 @@ struct CheckpointerOptions {
   std::string host;
   // How long the judge of a disagreement waits for the group's replica digests to name the
   // buffers.
-  absl::Duration replica_digest_wait = absl::Seconds(10);
+  absl::Duration replica_digest_wait = absl::Seconds(5);
 };
 
 struct RestoreResult {

@@ -859,19 +859,19 @@ class Snapshotter::Impl {
     XXH3_64bits_reset(state);
     uint64_t* digests = replica_digests_[slot_index].data() + plan_.replica_piece_begin[k];
     uint64_t at = begin;
-    auto hash_to = [&](uint64_t end, uint64_t data_begin) {
-      std::memset(payload + at, 0, data_begin - at);
-      XXH3_64bits_update(state, payload + at, end - at);
-      at = end;
-    };
     if (static_cast<size_t>(k) < plan_.chunks.size()) {
       for (const Piece& piece : plan_.chunks[k]) {
-        hash_to(piece.payload_offset + piece.bytes, piece.payload_offset);
+        // The padding before a buffer (its predecessor's alignment), never another's bytes.
+        std::memset(payload + at, 0, piece.payload_offset - at);
+        const uint64_t end = piece.payload_offset + piece.bytes;
+        XXH3_64bits_update(state, payload + at, end - at);
+        at = end;
         // The last chunk of the region may hold other buffers after the replicated ones.
         if (registry_->buffers()[piece.buffer].replicated) *digests++ = XXH3_64bits_digest(state);
       }
     }
-    hash_to(begin + bytes, begin + bytes);
+    // The rest as it is: the padding after the last buffer, the blob area Begin wrote.
+    XXH3_64bits_update(state, payload + at, begin + bytes - at);
     const uint64_t checksum = XXH3_64bits_digest(state);
     XXH3_freeState(state);
     return checksum;

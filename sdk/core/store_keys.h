@@ -56,6 +56,8 @@ inline constexpr char kJobStop[] = "job/stop";
 // data-parallel group whose replicas disagreed (replica_check.h); `trainguard run` prints each new
 // one.
 inline constexpr char kJobSilentCorruption[] = "job/silent_corruption";
+// + "host <host>" or "group <group>": how many silent-corruption verdicts named it (a counter).
+inline constexpr char kJobSilentCorruptionNamedPrefix[] = "job/silent_corruption_named/";
 // "<step> <epoch>": every rank's snapshot of <step> is in memory with all its backups (the
 // checkpointer writes "protected" in its "ckpt/" namespace; the coordinator reports each epoch).
 inline constexpr char kCkptProtected[] = "ckpt/protected";

@@ -848,15 +848,42 @@ void RuntimeImpl::OnSilentCorruption(int64_t step,
       (void)EmitEvent(std::move(event));
     }
   }
-  if (repair) {
-    RequestRepair(absl::StrCat("silent data corruption: ", absl::StrJoin(lines, " | "),
-                               "; repairing: every rank goes back to the last committed snapshot"));
+  if (!repair) return;
+  // A host named a second time (or a group without a majority undecided twice) corrupts again
+  // what a rollback restored: the job stops rather than replay forever (evicting the host is not
+  // implemented).
+  std::string stop;
+  if (store_ != nullptr) {
+    const absl::Duration timeout = absl::Milliseconds(options_.rendezvous_timeout_ms);
+    for (const ReplicaDisagreement& d : disagreements) {
+      std::vector<std::string> culprits;
+      for (int r : d.minority) {
+        const size_t i = std::find(d.ranks.begin(), d.ranks.end(), r) - d.ranks.begin();
+        culprits.push_back(absl::StrCat("host ", d.hosts[i]));
+      }
+      if (!d.majority.has_value()) culprits.push_back(absl::StrCat("group ", d.group));
+      for (const std::string& culprit : culprits) {
+        absl::StatusOr<int64_t> times = store_->Add(
+            absl::StrCat(store_keys::kJobSilentCorruptionNamedPrefix, culprit), 1, timeout);
+        if (times.ok() && *times >= 2 && stop.empty()) {
+          stop = absl::StrCat(culprit, " was named for silent data corruption ", *times,
+                              " times (the last at step ", step,
+                              "): a rollback does not cure it; replace the host");
+        }
+      }
+    }
   }
+  RequestRepair(
+      absl::StrCat("silent data corruption: ", absl::StrJoin(lines, " | "),
+                   stop.empty() ? "; repairing: every rank goes back to the last committed snapshot"
+                                : absl::StrCat("; ", stop)),
+      std::move(stop));
 }
 
-void RuntimeImpl::RequestRepair(std::string why) {
+void RuntimeImpl::RequestRepair(std::string why, std::string stop) {
   MutexLock lock(&repair_mu_);
   repair_why_ = std::move(why);
+  if (!stop.empty()) repair_stop_ = std::move(stop);
   repair_requested_.store(true, std::memory_order_release);
 }
 
@@ -1133,7 +1160,14 @@ absl::StatusOr<int64_t> RuntimeImpl::recover(const StepResult& result) {
   }
   RecoveryReport report;
   report.failed_step = result.step;
-  absl::StatusOr<int64_t> next = RecoverOnce(result, report);
+  std::string corruption_stop;
+  {
+    MutexLock lock(&repair_mu_);
+    corruption_stop = std::exchange(repair_stop_, std::string());
+  }
+  absl::StatusOr<int64_t> next = corruption_stop.empty()
+                                     ? RecoverOnce(result, report)
+                                     : absl::StatusOr<int64_t>(StopJob(corruption_stop, report));
   report.status = next.status();
   report.next_step = next.ok() ? *next : -1;
   report.generation = generation();

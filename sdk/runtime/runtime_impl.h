@@ -156,7 +156,9 @@ class RuntimeImpl final : public Runtime {
   // Silent data corruption with silent_corruption=repair: the checkpointer's observer asks, the
   // next guard takes the request (once) and fails its step without running it, so that recover()
   // takes every rank to a new generation, where each restores the last committed snapshot.
-  void RequestRepair(std::string why);
+  // `stop`: not a repair but the end of the job (a host named twice): recover() stops the job
+  // with it.
+  void RequestRepair(std::string why, std::string stop = {});
   std::optional<std::string> TakeRepairRequest() {
     if (!repair_requested_.load(std::memory_order_acquire)) return std::nullopt;
     return TakeRepairRequestSlow();
@@ -235,6 +237,7 @@ class RuntimeImpl final : public Runtime {
   std::atomic<bool> repair_requested_{false};
   Mutex repair_mu_;
   std::string repair_why_ ABSL_GUARDED_BY(repair_mu_);
+  std::string repair_stop_ ABSL_GUARDED_BY(repair_mu_);
   // What recover() does about a failed step, and the failures and rollbacks it counts (training
   // thread only).
   RecoveryPolicy recovery_policy_;

@@ -324,14 +324,16 @@ const std::vector<std::pair<std::string, std::string>> kEvery10 = {
 
 TEST(Launcher, AFlippedBitIsNamedAtTheNextSnapshotRepairedAndTheJobEndsAsIfUninterrupted) {
   testing::TempDir clean_dir;
-  LauncherJob clean(clean_dir, {"--nproc", "3"}, 120, kEvery10, {"--step-time-ms", "5"});
+  LauncherJob clean(clean_dir, {"--nproc", "3"}, 160, kEvery10, {"--step-time-ms", "20"});
   ASSERT_EQ(clean.Wait(), 0) << clean.Output();
   const std::map<int, std::string> expected = clean.FinalChecksums();
   ASSERT_EQ(expected.size(), 3u) << clean.Output();
 
   testing::TempDir dir;
-  LauncherJob job(dir, {"--nproc", "3"}, 120, kEvery10,
-                  {"--step-time-ms", "5", "--flip-bit", "1:35"});
+  // 125 steps after the flip, 20 ms each: the verdict (a few tens of milliseconds after the
+  // snapshot) comes long before the end.
+  LauncherJob job(dir, {"--nproc", "3"}, 160, kEvery10,
+                  {"--step-time-ms", "20", "--flip-bit", "1:35"});
   ASSERT_EQ(job.Wait(), 0) << job.Output();
   const std::string out = job.Output();
   std::smatch m;
@@ -373,7 +375,7 @@ TEST(Launcher, WithAlertAFlippedBitIsNamedAndNoLaterSnapshotIsCommittedOrPersist
   testing::TempDir dir;
   std::vector<std::pair<std::string, std::string>> env = kEvery10;
   env.emplace_back("TRAINGUARD_SILENT_CORRUPTION", "alert");
-  LauncherJob job(dir, {"--nproc", "3"}, 100, env, {"--step-time-ms", "5", "--flip-bit", "1:35"});
+  LauncherJob job(dir, {"--nproc", "3"}, 100, env, {"--step-time-ms", "20", "--flip-bit", "1:35"});
   ASSERT_EQ(job.Wait(), 0) << job.Output();
   const std::string out = job.Output();
   EXPECT_THAT(out, ContainsRegex("silent corruption: step [0-9]+: data-parallel group "
@@ -399,14 +401,14 @@ TEST(Launcher, WithAlertAFlippedBitIsNamedAndNoLaterSnapshotIsCommittedOrPersist
 // agreed on and replays; the healthy rank is not singled out, and the job ends as if uninterrupted.
 TEST(Launcher, TwoReplicasThatDisagreeAreUndecidableAndTheJobReplaysFromTheirLastAgreement) {
   testing::TempDir clean_dir;
-  LauncherJob clean(clean_dir, {"--nproc", "2"}, 100, kEvery10, {"--step-time-ms", "5"});
+  LauncherJob clean(clean_dir, {"--nproc", "2"}, 140, kEvery10, {"--step-time-ms", "20"});
   ASSERT_EQ(clean.Wait(), 0) << clean.Output();
   const std::map<int, std::string> expected = clean.FinalChecksums();
   ASSERT_EQ(expected.size(), 2u) << clean.Output();
 
   testing::TempDir dir;
-  LauncherJob job(dir, {"--nproc", "2"}, 100, kEvery10,
-                  {"--step-time-ms", "5", "--flip-bit", "0:35"});
+  LauncherJob job(dir, {"--nproc", "2"}, 140, kEvery10,
+                  {"--step-time-ms", "20", "--flip-bit", "0:35"});
   ASSERT_EQ(job.Wait(), 0) << job.Output();
   const std::string out = job.Output();
   EXPECT_THAT(out, ContainsRegex("silent corruption: step [0-9]+: data-parallel group "

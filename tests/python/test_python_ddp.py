@@ -352,6 +352,35 @@ def test_killed_ranks_are_replaced_before_and_after_the_first_commit_and_end_as_
     _assert_every_rank_ends_as(job, uninterrupted)
 
 
+# Silent data corruption: rank 1 flips one bit of a weight after step 12's update. The snapshot of
+# step 15 is compared across the three replicas: rank 1 and the buffer are named, the step is never
+# committed, every rank goes back to the snapshot before the flip and the job ends as if
+# uninterrupted.
+def test_a_flipped_bit_in_a_parameter_is_named_repaired_and_the_job_ends_as_uninterrupted(
+        tmp_path, uninterrupted):
+    # The ranks wait at step 20 until the verdict is out, so that the job cannot end before the
+    # repair, however fast its steps.
+    gate = tmp_path / "gate"
+    job = Job(tmp_path, "flip", 0, ["--flip-bit", "1:12", "--gate", f"20:{gate}"])
+    try:
+        job.wait_for(r"silent corruption: step \d+")
+        gate.touch()
+        code = job.finish()
+    finally:
+        job.abandon(gate)
+    out = job.output()
+    assert code == 0, out
+    assert "rank 1 flipped a bit of model.0.weight at step 12" in out, out
+    # At the snapshot of step 15 (or a later one, should a save be skipped while one is in flight).
+    found = re.search(r"silent corruption: step (\d+): data-parallel group tp0\.cp0\.pp0 \(ranks "
+                      r"0,1,2\): rank 1 \(host [^)]+\) buffer model\.0\.weight: fingerprint", out)
+    assert found and int(found.group(1)) >= 15, out
+    for r in range(WORLD):  # back to a snapshot from before the flip
+        restored = re.findall(rf"\] rank {r} restored step (\d+) from arena", out)
+        assert restored and int(restored[0]) <= 10, out
+    _assert_every_rank_ends_as(job, uninterrupted)
+
+
 def test_a_rank_that_dies_while_the_process_group_is_rebuilt_is_replaced_and_the_job_goes_on(
         tmp_path, uninterrupted):
     # Rank 1 is killed at step 12; in generation 1, rank 2 kills itself inside the rebuild of the

@@ -160,15 +160,16 @@ TEST(DifferingBuffersTest, TheFirstDifferingPieceOfEachChunkIsNamedEachBufferOnc
 constexpr size_t kChunk = 8192;
 
 // One replica: a small replicated buffer "a" (sharing a chunk with "b"), a replicated buffer "b"
-// that spans chunks, and a non-replicated "own" registered between them, with values of its own.
+// that spans chunks, and a non-replicated "own" registered between them, with values of its own,
+// which (with the blobs) lies in the last chunk of the replicated region.
 struct Replica {
   std::vector<float> a = std::vector<float>(300, 1.5f);
-  std::vector<uint16_t> b = std::vector<uint16_t>(9000, 0x3f80);  // bf16 ones
+  std::vector<uint16_t> b = std::vector<uint16_t>(3000, 0x3f80);  // bf16 ones
   std::vector<float> own;
   StateRegistry registry;
   std::unique_ptr<Snapshotter> snapshotter;
 
-  Replica(const std::string& job, int rank) : own(1000, static_cast<float>(rank)) {
+  Replica(const std::string& job, int rank, size_t chunk_bytes = kChunk) : own(1000, rank + 0.5f) {
     EXPECT_TRUE(registry
                     .Register({"a",
                                "model",
@@ -198,10 +199,11 @@ struct Replica {
                                Device::Host(),
                                true})
                     .ok());
+    EXPECT_TRUE(registry.SetBlob("rng", absl::StrCat("rank", rank)).ok());
     SnapshotterOptions o;
     o.job_id = job;
     o.rank = rank;
-    o.chunk_bytes = kChunk;
+    o.chunk_bytes = chunk_bytes;
     o.copy_threads = 2;
     absl::StatusOr<std::unique_ptr<Snapshotter>> s = Snapshotter::Create(&registry, o);
     EXPECT_TRUE(s.ok()) << s.status();
@@ -231,7 +233,7 @@ TEST_F(ReplicaDigestsSnapshotTest, ReplicatedBuffersLieFirstAndTheLayoutHashSays
   // a at 0, b after it (4096-aligned), own after the replicated region.
   EXPECT_EQ(layout.offsets[0], 0u);
   EXPECT_EQ(layout.offsets[2], 4096u);
-  EXPECT_EQ(layout.replicated_bytes, 4096u + 20480u);
+  EXPECT_EQ(layout.replicated_bytes, 4096u + 8192u);
   EXPECT_EQ(layout.offsets[1], layout.replicated_bytes);
   EXPECT_EQ(LayoutHashOf(layout.buffers), r.registry.LayoutHash());
   StateRegistry plain;
@@ -247,25 +249,38 @@ TEST_F(ReplicaDigestsSnapshotTest, ReplicatedBuffersLieFirstAndTheLayoutHashSays
 TEST_F(ReplicaDigestsSnapshotTest, ReplicasWithTheSameReplicatedBytesHaveTheSameDigests) {
   Replica r0(job_, 0), r1(job_, 1);  // "own" differs
   const std::vector<Snapshotter::ReplicaPiece>& pieces = r0.snapshotter->replica_pieces();
-  // a in chunk 0; b in chunks 0, 1, 2 (4096 + 18000 bytes).
-  ASSERT_EQ(pieces.size(), 4u);
+  // a in chunk 0; b in chunks 0 and 1 (from 4096, 6000 bytes); own after them in chunk 1.
+  ASSERT_EQ(pieces.size(), 3u);
   EXPECT_EQ(pieces[0].buffer, "a");
   EXPECT_EQ(pieces[1].buffer, "b");
-  EXPECT_EQ(pieces[3].chunk, 2);
+  EXPECT_EQ(pieces[2].chunk, 1);
   const std::vector<uint64_t> d0 = r0.Snapshot(5);
   const std::vector<uint64_t> d1 = r1.Snapshot(5);
   ASSERT_EQ(d0.size(), pieces.size());
   EXPECT_EQ(d0, d1);
   EXPECT_EQ(ReplicaFingerprint(d0), ReplicaFingerprint(d1));
-  // The whole snapshots differ ("own"), and each restores: its streamed chunk checksums are the
-  // chunks' XXH3-64 as every restore checks them.
+  // The whole snapshots differ ("own"); each restores (its streamed chunk checksums are the
+  // chunks' XXH3-64, as every restore checks them).
   EXPECT_NE(r0.snapshotter->LatestComplete()->fingerprint,
             r1.snapshotter->LatestComplete()->fingerprint);
+  EXPECT_TRUE(r1.snapshotter->RestoreLatest(&r1.registry).ok());
+}
+
+// The non-replicated buffer and the blob area in the region's (only) chunk are copied as they
+// are: the digests take nothing from them and zero only the padding between buffers.
+TEST_F(ReplicaDigestsSnapshotTest, EveryByteOfTheRegionsLastChunkRestores) {
+  Replica r0(job_, 0, /*chunk_bytes=*/32768);
+  ASSERT_EQ(r0.snapshotter->replicated_chunks(), 1);
+  EXPECT_FALSE(r0.Snapshot(5).empty());
   std::fill(r0.a.begin(), r0.a.end(), 0.0f);
+  std::fill(r0.b.begin(), r0.b.end(), 0);
   std::fill(r0.own.begin(), r0.own.end(), -1.0f);
+  ASSERT_TRUE(r0.registry.SetBlob("rng", "changed").ok());
   ASSERT_TRUE(r0.snapshotter->RestoreLatest(&r0.registry).ok());
-  EXPECT_EQ(r0.a[7], 1.5f);
-  EXPECT_EQ(r0.own[7], 0.0f);
+  EXPECT_EQ(r0.a, std::vector<float>(300, 1.5f));
+  EXPECT_EQ(r0.b, std::vector<uint16_t>(3000, 0x3f80));
+  EXPECT_EQ(r0.own, std::vector<float>(1000, 0.5f));
+  EXPECT_EQ(*r0.registry.GetBlob("rng"), "rank0");
 }
 
 TEST_F(ReplicaDigestsSnapshotTest, OneFlippedBitNamesItsBufferAndOnlyItsBuffer) {
@@ -273,9 +288,9 @@ TEST_F(ReplicaDigestsSnapshotTest, OneFlippedBitNamesItsBufferAndOnlyItsBuffer) 
   const std::vector<Snapshotter::ReplicaPiece>& pieces = r0.snapshotter->replica_pieces();
   const std::vector<uint64_t> clean = r0.Snapshot(1);
   // A bit of b, in its second chunk.
-  r1.b[5000] ^= 1u << 4;
+  r1.b[2500] ^= 1u << 4;
   EXPECT_THAT(DifferingBuffers(pieces, clean, r1.Snapshot(1)), ElementsAre("b"));
-  r1.b[5000] ^= 1u << 4;
+  r1.b[2500] ^= 1u << 4;
   // A bit of a, which shares chunk 0 with b: a is named, not b.
   uint32_t bits;
   std::memcpy(&bits, &r1.a[100], 4);

@@ -207,11 +207,13 @@ class PyRuntime {
     return *runtime_;
   }
 
-  void RegisterBuffer(const std::string& name, const std::string& group, Array array) {
+  void RegisterBuffer(const std::string& name, const std::string& group, Array array,
+                      bool replicated) {
     BufferView v = ViewOf(name, array);
     StateBuffer b;
     b.name = name;
     b.group = group;
+    b.replicated = replicated;
     b.data = v.data;
     b.bytes = v.bytes;
     b.dtype = v.dtype;
@@ -406,9 +408,10 @@ void BindRuntime(nb::module_& m) {
       .def_prop_ro("job_id", [](const PyRuntime& r) { return r.get().options().job_id; })
       .def_prop_ro("run_dir", [](const PyRuntime& r) { return r.get().run_dir(); })
       .def_prop_ro("checkpointing", [](const PyRuntime& r) { return r.get().checkpointing(); })
-      .def("checkpoint_due_after",
-           [](const PyRuntime& r, int64_t step) { return r.get().CheckpointDueAfter(step); },
-           nb::arg("step"))
+      .def(
+          "checkpoint_due_after",
+          [](const PyRuntime& r, int64_t step) { return r.get().CheckpointDueAfter(step); },
+          nb::arg("step"))
       .def_prop_ro("local_rank",
                    [](const PyRuntime& r) {
                      // A standby learns its rank when it is assigned; ranks are laid out host by
@@ -465,7 +468,7 @@ void BindRuntime(nb::module_& m) {
           },
           nb::arg("timeout"))
       .def("register_buffer", &PyRuntime::RegisterBuffer, nb::arg("name"), nb::arg("group"),
-           nb::arg("array"))
+           nb::arg("array"), nb::arg("replicated") = false)
       .def(
           "set_blob",
           [](PyRuntime& r, const std::string& name, const nb::bytes& value) {
@@ -528,8 +531,7 @@ void BindRuntime(nb::module_& m) {
             nb::gil_scoped_release release;
             ThrowIfError(rt.EmitEvent(std::move(event)));
           },
-          nb::arg("message"), nb::arg("step"), nb::arg("attributes"),
-          nb::arg("kind") = nb::none())
+          nb::arg("message"), nb::arg("step"), nb::arg("attributes"), nb::arg("kind") = nb::none())
       .def(
           "begin_phase",
           [](PyRuntime& r, const std::string& name) {
@@ -601,8 +603,7 @@ void BindRuntime(nb::module_& m) {
             Tracker(r).End(h);
           },
           nb::arg("handle"))
-      .def("collective_usage_errors",
-           [](PyRuntime& r) { return Tracker(r).usage_errors(); })
+      .def("collective_usage_errors", [](PyRuntime& r) { return Tracker(r).usage_errors(); })
       .def("close", &PyRuntime::Close);
 }
 

@@ -113,7 +113,7 @@ def _materialize(optimizer):
                 state["step"] = 0
 
 
-def _register_model(rt, model, prefix):
+def _register_model(rt, model, prefix, replicated):
     names = []
     for name, p in model.named_parameters():
         names.append((f"{prefix}model.{name}", name, False))
@@ -125,7 +125,9 @@ def _register_model(rt, model, prefix):
     registered = []
     for reg_name, name, is_buffer in names:
         t = buffers[name] if is_buffer else params[name]
-        rt._c.register_buffer(reg_name, "model", _view(t))
+        # Parameters only: a buffer (batch norm's running statistics) is updated by each rank's
+        # own batch after DDP broadcast it, so replicas hold different values between steps.
+        rt._c.register_buffer(reg_name, "model", _view(t), replicated and not is_buffer)
         registered.append((reg_name, name, is_buffer, _tensor_signature(t)))
 
     def entries():
@@ -138,7 +140,7 @@ def _register_model(rt, model, prefix):
     return [r[0] for r in registered]
 
 
-def _register_optimizer(rt, optimizer, prefix, materialize):
+def _register_optimizer(rt, optimizer, prefix, materialize, replicated):
     params = _optimizer_params(optimizer)
     if params and not any(optimizer.state.get(p) for p in params):
         if not materialize:
@@ -152,7 +154,7 @@ def _register_optimizer(rt, optimizer, prefix, materialize):
         for key, value in optimizer.state.get(p, {}).items():
             if isinstance(value, torch.Tensor):
                 name = f"{prefix}optimizer.state.{i}.{key}"
-                rt._c.register_buffer(name, "optimizer", _view(value))
+                rt._c.register_buffer(name, "optimizer", _view(value), replicated)
                 registered.append((name, i, key, _tensor_signature(value)))
 
     def entries():
@@ -217,21 +219,33 @@ def _set_rng_state(state):
 
 
 def register(rt, model=None, optimizer=None, rng=True, extra=None, prefix="",
-             materialize=False):
+             materialize=False, replicated=None):
     """Registers a model's parameters and buffers, an optimizer's state, the RNG states and
     `extra` (a picklable dict) with `rt` (see the module's docstring). Call it once, before
     rt.start(); a registration after the first checkpoint or restore is refused (trainguard.Error).
     Returns the names of the registered buffers.
 
+    `replicated`: whether every rank of the data-parallel group holds the same parameters and
+    optimizer state after each step (DDP; not ZeRO, FSDP or any sharded optimizer). Their
+    snapshots are then compared across the group and a rank that disagrees is named (silent data
+    corruption, docs/GUIDE.md). None: True when `model` is a DistributedDataParallel, else False.
+    The model's buffers are never marked (batch norm's running statistics differ between steps).
+
     The model's and optimizer's gradients are dropped (``zero_grad(set_to_none=True)``) when a
     step fails and after every start()/recover(), so a replayed or next step never adds onto a
     failed step's gradients, wherever the loop calls zero_grad."""
+    if replicated is None:
+        replicated = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    replicated = bool(replicated)
+    if replicated and type(optimizer).__name__ == "ZeroRedundancyOptimizer":
+        raise Error("trainguard.torch.register: a ZeroRedundancyOptimizer's state is sharded, not "
+                    "replicated; pass replicated=False")
     names = []
     if model is not None:
-        names += _register_model(rt, model, prefix)
+        names += _register_model(rt, model, prefix, replicated)
         rt._gradient_clearers.append(lambda: model.zero_grad(set_to_none=True))
     if optimizer is not None:
-        names += _register_optimizer(rt, optimizer, prefix, materialize)
+        names += _register_optimizer(rt, optimizer, prefix, materialize, replicated)
         rt._gradient_clearers.append(lambda: optimizer.zero_grad(set_to_none=True))
     if rng:
         rng_blob = f"{prefix}rng"
