@@ -79,15 +79,19 @@ def main():
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         per_step = {"off": [], "repair": []}
+        saves = {"off": [], "repair": []}
         for _ in range(args.runs):
             for mode in ("off", "repair"):
                 run_dir, _ = run(tmp, mode, args)
                 t = step_times(run_dir)
                 first, last = 50, max(t)
                 per_step[mode].append((t[last] - t[first]) / (last - first) * 1e3)
+                whats = [attribute(e, "what") for e in events(run_dir, 0)]
+                saves[mode].append((whats.count("saved"), whats.count("skipped")))
         for mode, values in per_step.items():
             print(f"{mode:6s} step ms: " + ", ".join(f"{v:.3f}" for v in values) +
-                  f" (median {statistics.median(values):.3f})")
+                  f" (median {statistics.median(values):.3f}); rank 0's snapshots saved/skipped: " +
+                  ", ".join(f"{a}/{b}" for a, b in saves[mode]))
         ratio = statistics.median(per_step["repair"]) / statistics.median(per_step["off"])
         print(f"repair/off step time: {ratio:.4f}")
 

@@ -406,7 +406,8 @@ class DataParallelTrainer {
     }
     const float loss = reduce_buffer_[n] * inverse_world;
     model_.ApplySgd(std::span<const float>(reduce_buffer_).first(n), flags_.learning_rate);
-    if (rt_.rank() == flags_.flip_rank && step == flags_.flip_step && rt_.generation() == 0) {
+    if (rt_.rank() == flags_.flip_rank && step == flags_.flip_step &&
+        (rt_.generation() == 0 || flags_.flip_every_generation)) {
       // A bit of one mantissa, as a faulty core or DIMM flips it: the value moves by a few ulps,
       // nothing fails, and the replicas disagree from now on.
       std::span<float> params = model_.mutable_parameters();

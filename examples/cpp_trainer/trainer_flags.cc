@@ -109,6 +109,8 @@ TRAINGUARD_JOB_ID and TRAINGUARD_RUN_DIR (see trainguard's Options).
                           (what `trainguard chaos` injects; default 0)
   --flip-bit RANK:STEP     after STEP's update RANK flips a bit of one parameter in its memory
                           (silent data corruption; generation 0 only)
+  --flip-bit-every-generation 0|1
+                          1: --flip-bit flips in every generation (a machine that keeps corrupting)
   --drop-on-sigurg 0|1    SIGURG makes this rank close its connections before its next allreduce
                           (a dropped link; what `trainguard chaos` injects as drop; default 0)
   --help                  print this text
@@ -187,15 +189,16 @@ absl::StatusOr<TrainerFlags> ParseTrainerFlags(int argc, char** argv) {
     } else if (flag == "--step-time-ms") {
       status = ParseNumber<double>(flag, value, 0.0, &flags.step_time_ms);
     } else if (flag == "--progress-events" || flag == "--nan-on-sigusr1" ||
-               flag == "--drop-on-sigurg") {
+               flag == "--drop-on-sigurg" || flag == "--flip-bit-every-generation") {
       int on = 0;
       status = ParseNumber<int>(flag, value, 0, &on);
       if (status.ok() && on > 1) {
         status = absl::InvalidArgumentError(absl::StrCat(flag, ": expected 0 or 1, got '", value, "'"));
       }
-      (flag == "--progress-events"  ? flags.progress_events
-       : flag == "--nan-on-sigusr1" ? flags.nan_on_sigusr1
-                                    : flags.drop_on_sigurg) = on == 1;
+      (flag == "--progress-events"             ? flags.progress_events
+       : flag == "--flip-bit-every-generation" ? flags.flip_every_generation
+       : flag == "--nan-on-sigusr1"            ? flags.nan_on_sigusr1
+                                               : flags.drop_on_sigurg) = on == 1;
     } else {
       return absl::InvalidArgumentError(absl::StrCat(flag, ": unknown flag"));
     }

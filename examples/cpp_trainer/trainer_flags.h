@@ -50,6 +50,9 @@ struct TrainerFlags {
   // only, so that the replay after a repair is clean.
   int flip_rank = -1;
   int64_t flip_step = -1;
+  // --flip-bit-every-generation 1: the flip happens in every generation (a machine that keeps
+  // corrupting: a rollback does not cure it).
+  bool flip_every_generation = false;
   // --sleep-in-collective RANK:STEP:SECONDS: RANK sleeps inside STEP's allreduce.
   int sleep_rank = -1;
   int64_t sleep_step = -1;

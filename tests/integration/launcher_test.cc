@@ -397,6 +397,22 @@ TEST(Launcher, WithAlertAFlippedBitIsNamedAndNoLaterSnapshotIsCommittedOrPersist
   EXPECT_GE(steps, 1) << listed;
 }
 
+// A machine that keeps corrupting: rank 1 flips the same bit in every generation, so the replay
+// after the repair is corrupted again. The second verdict naming its host stops the job with one
+// message instead of rolling back forever.
+TEST(Launcher, AHostNamedTwiceForSilentCorruptionStopsTheJob) {
+  testing::TempDir dir;
+  LauncherJob job(
+      dir, {"--nproc", "3"}, 160, kEvery10,
+      {"--step-time-ms", "20", "--flip-bit", "1:35", "--flip-bit-every-generation", "1"});
+  EXPECT_EQ(job.Wait(), 1) << job.Output();
+  const std::string out = job.Output();
+  EXPECT_THAT(out, HasSubstr("generation 1 renewed with the same ranks"));
+  EXPECT_THAT(out, ContainsRegex("job stopped: host [^ ]+ was named for silent data corruption 2 "
+                                 "times \\(the last at step [0-9]+\\): a rollback does not cure "
+                                 "it; replace the host"));
+}
+
 // Two replicas that disagree: no majority names either. The job goes back to the last step they
 // agreed on and replays; the healthy rank is not singled out, and the job ends as if uninterrupted.
 TEST(Launcher, TwoReplicasThatDisagreeAreUndecidableAndTheJobReplaysFromTheirLastAgreement) {
