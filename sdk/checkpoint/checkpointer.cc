@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "sdk/checkpoint/generation_wait.h"
@@ -589,6 +590,7 @@ class Checkpointer::Impl {
       // answers the judge's request for digests like any rank.
       absl::StatusOr<int64_t> claim = store_->Add(JudgeKey(job), 1, options_.timeout);
       if (claim.ok() && *claim == 1) {
+        PruneRejected();
         NameDifferingBuffers(job, judged);
         if (disagreements != nullptr) *disagreements = std::move(judged);
         (*ballot)->Clear(store_.get(), options_.timeout);
@@ -664,6 +666,37 @@ class Checkpointer::Impl {
     }
   }
 
+  // A job whose replicas keep disagreeing (silent_corruption=alert) rejects a step at every
+  // snapshot: the judge keeps the records of the newest kKeptRejections rejected steps (ckpt/
+  // rejected/ and the judges' claims), enough for the restore to skip whatever was persisted
+  // unjudged. Best effort.
+  void PruneRejected() {
+    constexpr size_t kKeptRejections = 16;
+    absl::StatusOr<std::vector<std::string>> rejected =
+        store_->ListKeys("rejected/", options_.timeout);
+    absl::StatusOr<std::vector<std::string>> claims = store_->ListKeys("sdc/", options_.timeout);
+    if (!rejected.ok() || !claims.ok()) return;
+    std::vector<int64_t> steps;
+    for (const std::string& key : *rejected) {
+      int64_t step;
+      if (absl::SimpleAtoi(absl::StripPrefix(key, "rejected/"), &step)) steps.push_back(step);
+    }
+    if (steps.size() <= kKeptRejections) return;
+    std::sort(steps.rbegin(), steps.rend());
+    const int64_t oldest_kept = steps[kKeptRejections - 1];
+    for (int64_t step : steps) {
+      if (step < oldest_kept) (void)store_->Delete(RejectedKey(step), options_.timeout);
+    }
+    for (const std::string& key : *claims) {  // sdc/<epoch>/<step>/judge
+      std::vector<absl::string_view> parts = absl::StrSplit(key, '/');
+      int64_t step;
+      if (parts.size() == 4 && parts[3] == "judge" && absl::SimpleAtoi(parts[2], &step) &&
+          step < oldest_kept) {
+        (void)store_->Delete(key, options_.timeout);
+      }
+    }
+  }
+
   // Claimed (Add) by every rank that saw a disagreeing snapshot ballot of `job` complete; the
   // first claim judges.
   static std::string JudgeKey(const Job& job) {
@@ -716,7 +749,6 @@ class Checkpointer::Impl {
       keys.push_back(DigestKey(job.epoch, job.step, r));
       asked.push_back(r);
     }
-    std::string missing;
     if (!keys.empty()) {
       (void)store_->Set(DigestWantKey(job.epoch, job.step), absl::StrJoin(asked, ","),
                         options_.timeout);

@@ -504,6 +504,28 @@ TEST_F(SilentCorruptionTest, AFlippedBitIsNamedAndItsStepNeverCommittedPersisted
   EXPECT_TRUE(committed);
 }
 
+// A replica that stays corrupt (silent_corruption=alert trains on): every snapshot is rejected, and
+// the store keeps the records of the newest 16 rejected steps only.
+TEST_F(SilentCorruptionTest,
+       AReplicaThatStaysCorruptIsRejectedAtEverySnapshotAndTheRecordsArePruned) {
+  Start(3);
+  for (int64_t step = 1; step <= 20; ++step) {
+    Fill(step);
+    ranks_[2]->weights[7] += 1.0f;
+    const std::vector<SaveOutcome> outcomes = SaveAll(step);
+    const SaveOutcome* judge = Judge(outcomes);
+    ASSERT_NE(judge, nullptr) << "step " << step;
+    EXPECT_THAT(judge->disagreements[0].minority, ElementsAre(2))
+        << DescribeDisagreement(step, judge->disagreements[0]);
+  }
+  absl::StatusOr<std::vector<std::string>> rejected =
+      ranks_[0]->client->ListKeys("ckpt/rejected/", absl::Seconds(5));
+  ASSERT_TRUE(rejected.ok()) << rejected.status();
+  EXPECT_EQ(rejected->size(), 16u);
+  EXPECT_THAT(*rejected, ::testing::Contains("ckpt/rejected/20"));
+  EXPECT_THAT(*rejected, ::testing::Not(::testing::Contains("ckpt/rejected/4")));
+}
+
 TEST_F(SilentCorruptionTest, TwoReplicasThatDisagreeAreUndecidableAndGoBackToTheLastAgreement) {
   Start(2);
   Fill(4);
