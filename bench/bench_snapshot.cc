@@ -26,6 +26,7 @@
 #include "benchmark/benchmark.h"
 #include "sdk/checkpoint/replica_check.h"
 #include "sdk/checkpoint/snapshotter.h"
+#include "sdk/health/compute_canary.h"
 #include "trainguard/checkpoint.h"
 
 namespace {
@@ -245,6 +246,12 @@ void BM_JudgeBallot(benchmark::State& state) {
   }
 }
 
+// The compute canary each rank runs at every snapshot, on the checkpointer's worker thread: the
+// fixed 96 x 96 product and its fingerprint.
+void BM_ComputeCanary(benchmark::State& state) {
+  for (auto _ : state) benchmark::DoNotOptimize(trainguard::ComputeCanary());
+}
+
 // (b) The baseline: one thread memcpy's the same buffers into a same-size, pre-faulted destination.
 void BM_MemcpyBaseline(benchmark::State& state) {
   const size_t bytes = state.range(0);
@@ -324,6 +331,7 @@ BENCHMARK(BM_SnapshotterCreate)
     ->Iterations(3);
 BENCHMARK(BM_SnapshotBegin)->Apply(Sizes)->UseManualTime()->Iterations(20);
 BENCHMARK(BM_SnapshotBeginToFence)->Apply(Sizes)->UseRealTime()->Iterations(5);
+BENCHMARK(BM_ComputeCanary)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_JudgeBallot)
     ->ArgNames({"ranks", "judge"})
     ->Args({1024, 0})

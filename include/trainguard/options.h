@@ -126,6 +126,10 @@ struct Options {
   // "repair" (the same, then every rank goes back to the last committed snapshot, whose replicas
   // agreed, and replays the steps since), or "off" (not compared).
   std::string silent_corruption = "repair";
+  // With silent_corruption on: every rank also runs the compute canary at each snapshot (a fixed
+  // matrix product on the CPU, about 0.1 ms, on the checkpointer's thread) and a rank whose result
+  // differs from the job's majority is named: its machine's arithmetic is wrong. 0 or 1.
+  int silent_corruption_canary = 1;
 
   // Hang detection (watchdog.h). A phase is hung when it has run longer than its learned bound,
   // max(watchdog_floor_ms, watchdog_bound_factor_pct/100 x a high quantile of its recent

@@ -395,7 +395,8 @@ class Checkpointer::Impl {
     }
     const uint64_t fingerprint = SnapshotFingerprint(view->info.step, view->info.layout_hash,
                                                      view->payload.size(), view->chunk_checksums);
-    // The replica part of the vote: this rank's replicated region, compared with its group's.
+    // The replica part of the vote: this rank's replicated region, compared with its group's;
+    // then the compute canary's, compared with every rank's.
     std::string replica_vote;
     if (!options_.replica_group.empty() && store_ != nullptr && !view->replica_digests.empty()) {
       replica_vote =
@@ -404,6 +405,9 @@ class Checkpointer::Impl {
       MutexLock lock(&mu_);
       voted_.push_back(VotedReplica{job.step, job.epoch, view->replica_digests});
       if (voted_.size() > 2) voted_.erase(voted_.begin());
+    }
+    if (options_.canary && store_ != nullptr) {
+      replica_vote += EncodeCanaryVote(options_.canary(), options_.host);
     }
     // Without its backups a snapshot is not voted for, so the step is never committed in memory;
     // persistence goes on unchanged.
@@ -569,17 +573,27 @@ class Checkpointer::Impl {
     if (!ballot->has_value()) return false;  // a later voter commits
     std::vector<std::string> fingerprints;
     std::vector<ReplicaReport> reports;
+    std::vector<ReplicaReport> canaries;
     for (size_t r = 0; r < (*ballot)->values.size(); ++r) {
       const std::string& value = (*ballot)->values[r];
       fingerprints.push_back(value.substr(0, value.find(' ')));
       absl::StatusOr<std::optional<ReplicaReport>> report =
           DecodeReplicaVote(static_cast<int>(r), value);
-      if (!report.ok()) {
-        return absl::DataLossError(absl::StrFormat("%s: the ballot of step %d: %s", Where(),
-                                                   job.step, report.status().message()));
+      absl::StatusOr<std::optional<ReplicaReport>> canary =
+          DecodeCanaryVote(static_cast<int>(r), value);
+      for (const absl::StatusOr<std::optional<ReplicaReport>>* part : {&report, &canary}) {
+        if (!part->ok()) {
+          return absl::DataLossError(absl::StrFormat("%s: the ballot of step %d: %s", Where(),
+                                                     job.step, part->status().message()));
+        }
       }
       if (report->has_value()) reports.push_back(**report);
+      if (canary->has_value()) canaries.push_back(**canary);
     }
+    // A canary that differs says the machine's arithmetic is wrong, not that this step's state
+    // is: it is reported (by one rank) and does not hold the commit up.
+    std::vector<ReplicaDisagreement> canary;
+    if (kind == "snapshot") canary = JudgeReplicas(canaries);
     if (std::vector<ReplicaDisagreement> judged = JudgeReplicas(reports); !judged.empty()) {
       // Never committed, in memory or on disk. The snapshot ballot's judge names the ranks.
       if (kind != "snapshot") return false;
@@ -592,11 +606,21 @@ class Checkpointer::Impl {
       if (claim.ok() && *claim == 1) {
         PruneRejected();
         NameDifferingBuffers(job, judged);
+        judged.insert(judged.end(), canary.begin(), canary.end());
+        RecordVerdict(job, judged);
         if (disagreements != nullptr) *disagreements = std::move(judged);
         (*ballot)->Clear(store_.get(), options_.timeout);
       }
       if (rejected != nullptr) *rejected = true;
       return false;
+    }
+    if (!canary.empty()) {
+      absl::StatusOr<int64_t> claim = store_->Add(
+          absl::StrCat("sdc/", job.epoch, "/", job.step, "/canary"), 1, options_.timeout);
+      if (claim.ok() && *claim == 1) {
+        RecordVerdict(job, canary);
+        if (disagreements != nullptr) *disagreements = std::move(canary);
+      }
     }
     const std::string record =
         absl::StrCat(job.step, " store:", kind, " ", absl::StrJoin(fingerprints, ","));
@@ -712,10 +736,9 @@ class Checkpointer::Impl {
   }
 
   // The judge of a ballot whose replicas disagree: asks the ranks of each disagreeing group for
-  // their replica digests (answered by their workers within a commit poll), names the buffers
-  // that differ, and records the verdict for `trainguard run` (job/silent_corruption). Waits at
-  // most replica_digest_wait; a group whose digests did not all arrive is reported without its
-  // buffers.
+  // their replica digests (answered by their workers within a commit poll) and names the buffers
+  // that differ. Waits at most replica_digest_wait; a group whose digests did not all arrive is
+  // reported without its buffers.
   void NameDifferingBuffers(const Job& job, std::vector<ReplicaDisagreement>& judged) {
     // Which rank's digests are compared with which: each minority rank with the reference;
     // undecidable, each rank with the group's first.
@@ -772,7 +795,6 @@ class Checkpointer::Impl {
       for (const std::string& key : keys) (void)store_->Delete(key, options_.timeout);
     }
     const std::vector<Snapshotter::ReplicaPiece>& pieces = snapshotter_->replica_pieces();
-    std::vector<std::string> lines;
     for (size_t g = 0; g < judged.size(); ++g) {
       ReplicaDisagreement& d = judged[g];
       std::vector<int> absent;
@@ -791,8 +813,13 @@ class Checkpointer::Impl {
           d.buffers.push_back(DifferingBuffers(pieces, digests[a], digests[b]));
         }
       }
-      lines.push_back(DescribeDisagreement(job.step, d));
     }
+  }
+
+  // The verdict on the ballot of `job`, for `trainguard run` (job/silent_corruption).
+  void RecordVerdict(const Job& job, const std::vector<ReplicaDisagreement>& verdict) {
+    std::vector<std::string> lines;
+    for (const ReplicaDisagreement& d : verdict) lines.push_back(DescribeDisagreement(job.step, d));
     (void)options_.store->Set(
         store_keys::kJobSilentCorruption,
         absl::StrCat(job.epoch, "/", job.step, "\n", absl::StrJoin(lines, "\n")),

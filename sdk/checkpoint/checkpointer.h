@@ -91,6 +91,11 @@ struct CheckpointerOptions {
   // replicas disagree is not committed (SaveOutcome::disagreements). Empty group: not compared.
   std::string replica_group;
   std::string host;
+  // The compute canary (sdk/health/compute_canary.h): called on the worker at each snapshot; its
+  // fingerprint rides in the vote and the ballot's last voter compares every rank's (a rank that
+  // differs is reported in SaveOutcome::disagreements, group kCanaryGroup; the step is committed
+  // all the same). Empty: none. REQUIRES a store.
+  std::function<uint64_t()> canary;
   // How long the judge of a disagreement waits for the group's replica digests to name the
   // buffers.
   absl::Duration replica_digest_wait = absl::Seconds(5);
@@ -142,7 +147,8 @@ struct SaveOutcome {
   bool reprotect = false;
   bool protected_again = false;
   // The step's replicas disagreed (silent data corruption): the step is not committed. Filled on
-  // the rank that judged the ballot (one rank of the job), with the differing buffers named.
+  // the rank that judged the ballot (one rank of the job), with the differing buffers named. A
+  // group kCanaryGroup: ranks whose compute canary differs (the step may be committed).
   std::vector<ReplicaDisagreement> disagreements;
 };
 

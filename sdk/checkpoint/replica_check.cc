@@ -18,6 +18,15 @@ namespace trainguard {
 namespace {
 
 constexpr std::string_view kReplicaTag = " replica=";
+constexpr std::string_view kCanaryTag = " canary=";
+
+// The part of `vote` after `tag`, up to the next part.
+std::optional<std::string_view> PartOf(std::string_view vote, std::string_view tag) {
+  const size_t at = vote.find(tag);
+  if (at == std::string_view::npos) return std::nullopt;
+  std::string_view part = vote.substr(at + tag.size());
+  return part.substr(0, part.find(' '));
+}
 
 std::string Sanitized(std::string_view s) {
   std::string out(s);
@@ -48,9 +57,9 @@ std::string EncodeReplicaVote(const ReplicaReport& report) {
 }
 
 absl::StatusOr<std::optional<ReplicaReport>> DecodeReplicaVote(int rank, std::string_view vote) {
-  const size_t at = vote.find(kReplicaTag);
-  if (at == std::string_view::npos) return std::optional<ReplicaReport>();
-  const std::string_view part = vote.substr(at + kReplicaTag.size());
+  const std::optional<std::string_view> found = PartOf(vote, kReplicaTag);
+  if (!found.has_value()) return std::optional<ReplicaReport>();
+  const std::string_view part = *found;
   const size_t colon = part.find(':');
   const size_t sign = part.find('@');
   std::optional<uint64_t> fingerprint;
@@ -65,6 +74,26 @@ absl::StatusOr<std::optional<ReplicaReport>> DecodeReplicaVote(int rank, std::st
   }
   return std::optional<ReplicaReport>(ReplicaReport{
       rank, std::string(part.substr(0, colon)), std::string(part.substr(sign + 1)), *fingerprint});
+}
+
+std::string EncodeCanaryVote(uint64_t fingerprint, std::string_view host) {
+  return absl::StrFormat("%s%016x@%s", kCanaryTag, fingerprint, Sanitized(host));
+}
+
+absl::StatusOr<std::optional<ReplicaReport>> DecodeCanaryVote(int rank, std::string_view vote) {
+  const std::optional<std::string_view> found = PartOf(vote, kCanaryTag);
+  if (!found.has_value()) return std::optional<ReplicaReport>();
+  const std::string_view part = *found;
+  std::optional<uint64_t> fingerprint;
+  if (part.size() > 16 && part[16] == '@') fingerprint = ParseHex(part.substr(0, 16));
+  if (!fingerprint.has_value()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "rank %d's snapshot vote has a malformed canary part \"%s\" (want canary=<16 hex "
+        "digits>@HOST)",
+        rank, part));
+  }
+  return std::optional<ReplicaReport>(
+      ReplicaReport{rank, kCanaryGroup, std::string(part.substr(17)), *fingerprint});
 }
 
 std::vector<ReplicaDisagreement> JudgeReplicas(const std::vector<ReplicaReport>& reports) {
@@ -130,6 +159,24 @@ std::string DescribeDisagreement(int64_t step, const ReplicaDisagreement& d) {
   auto index_of = [&](int rank) {
     return static_cast<size_t>(std::find(d.ranks.begin(), d.ranks.end(), rank) - d.ranks.begin());
   };
+  if (d.group == kCanaryGroup) {
+    std::vector<std::string> each;
+    for (size_t i = 0; i < d.ranks.size(); ++i) {
+      if (d.majority.has_value() && d.fingerprints[i] == *d.majority) continue;
+      each.push_back(absl::StrFormat("rank %d (host %s) computed %016x", d.ranks[i], d.hosts[i],
+                                     d.fingerprints[i]));
+    }
+    if (d.majority.has_value()) {
+      return absl::StrFormat(
+          "step %d: compute canary: %s, the job's majority %016x (rank %d): its arithmetic is "
+          "wrong",
+          step, absl::StrJoin(each, "; "), *d.majority, d.reference);
+    }
+    return absl::StrFormat(
+        "step %d: compute canary: the ranks' results differ and no majority decides (%s); nobody "
+        "is named",
+        step, absl::StrJoin(each, ", "));
+  }
   if (d.majority.has_value()) {
     std::vector<std::string> named;
     for (size_t m = 0; m < d.minority.size(); ++m) {

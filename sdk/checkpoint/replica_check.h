@@ -42,7 +42,17 @@ std::string EncodeReplicaVote(const ReplicaReport& report);
 // the vote has none. InvalidArgument for a malformed replica part.
 absl::StatusOr<std::optional<ReplicaReport>> DecodeReplicaVote(int rank, std::string_view vote);
 
-// One data-parallel group whose replicas disagree.
+// The compute canary's part of a vote: " canary=FINGERPRINT@HOST" (compute_canary.h). Its reports
+// form one group, kCanaryGroup, of every rank of the job: a healthy machine computes the same
+// bits as every other.
+inline constexpr char kCanaryGroup[] = "canary";
+std::string EncodeCanaryVote(uint64_t fingerprint, std::string_view host);
+// The canary report (group kCanaryGroup) in a vote of `rank`; nullopt when it has none.
+// InvalidArgument for a malformed canary part.
+absl::StatusOr<std::optional<ReplicaReport>> DecodeCanaryVote(int rank, std::string_view vote);
+
+// One data-parallel group whose replicas disagree (or, group kCanaryGroup, ranks whose compute
+// canary differs).
 struct ReplicaDisagreement {
   std::string group;
   std::vector<int> ranks;  // the group's ranks, ascending

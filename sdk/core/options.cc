@@ -172,6 +172,9 @@ void ApplySetFields(const OptionsProto& proto, Options& options) {
   if (proto.has_silent_corruption()) {
     options.silent_corruption = proto.silent_corruption();
   }
+  if (proto.has_silent_corruption_canary()) {
+    options.silent_corruption_canary = proto.silent_corruption_canary();
+  }
   if (proto.has_backup_racks()) {
     options.backup_racks = proto.backup_racks();
   }
@@ -440,6 +443,10 @@ absl::Status CheckCheckpointAndWatchdog(const Options& options) {
       options.silent_corruption != "repair") {
     return absl::InvalidArgumentError(absl::StrCat(
         "silent_corruption must be off, alert or repair, got \"", options.silent_corruption, "\""));
+  }
+  if (options.silent_corruption_canary != 0 && options.silent_corruption_canary != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("silent_corruption_canary must be 0 or 1, got ",
+                                                   options.silent_corruption_canary));
   }
   if (absl::Status s = CheckAtLeast("backup_rate_mib_s", options.backup_rate_mib_s, 0); !s.ok()) {
     return s;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -23,6 +24,7 @@
 #include "sdk/checkpoint/checkpointer.h"
 #include "sdk/core/event_log.h"
 #include "sdk/core/store_keys.h"
+#include "sdk/health/compute_canary.h"
 #include "sdk/health/fail_slow_metrics.h"
 #include "sdk/rendezvous/rendezvous.h"
 #include "sdk/runtime/peer_progress.h"
@@ -779,6 +781,7 @@ absl::Status RuntimeImpl::EnsureCheckpointer() {
     absl::StatusOr<RankCoordinates> c = topology_.CoordinatesOf(rank_);
     if (c.ok()) o.replica_group = absl::StrFormat("tp%d.cp%d.pp%d", c->tp, c->cp, c->pp);
     o.host = HostName();
+    if (options_.silent_corruption_canary == 1) o.canary = [] { return ComputeCanary(); };
   }
   absl::StatusOr<std::unique_ptr<Checkpointer>> c = Checkpointer::Create(&state_, o);
   spare_arena_.reset();  // adopted as the arena, or not needed: its memory goes back
@@ -822,8 +825,13 @@ absl::Status RuntimeImpl::EnsureCheckpointer() {
 void RuntimeImpl::OnSilentCorruption(int64_t step,
                                      const std::vector<ReplicaDisagreement>& disagreements) {
   const bool repair = options_.silent_corruption == "repair";
+  // A compute canary that differs names a machine whose arithmetic is wrong; the state its ranks
+  // hold is judged by the replicas' comparison, so the canary alone rolls nothing back.
+  bool state_disagrees = false;
   std::vector<std::string> lines;
   for (const ReplicaDisagreement& d : disagreements) {
+    const bool canary = d.group == kCanaryGroup;
+    state_disagrees |= !canary;
     const std::string line = DescribeDisagreement(step, d);
     lines.push_back(line);
     // One event per rank named; one for the group when no majority decides.
@@ -844,14 +852,14 @@ void RuntimeImpl::OnSilentCorruption(int64_t step,
            {"buffers", m < d.buffers.size() ? absl::StrJoin(d.buffers[m], ",") : ""},
            {"fingerprint", named[m] < 0 ? "" : absl::StrFormat("%016x", d.fingerprints[i])},
            {"majority", d.majority.has_value() ? absl::StrFormat("%016x", *d.majority) : ""},
-           {"action", repair ? "repair" : "alert"}});
+           {"action", repair && !canary ? "repair" : "alert"}});
       (void)EmitEvent(std::move(event));
     }
   }
   if (!repair) return;
-  // A host named a second time (or a group without a majority undecided twice) corrupts again
-  // what a rollback restored: the job stops rather than replay forever (evicting the host is not
-  // implemented).
+  // A host named a second time (by its replicas or its canary; or a group without a majority
+  // undecided twice) corrupts again what a rollback restored: the job stops rather than replay
+  // forever (evicting the host is not implemented).
   std::string stop;
   if (store_ != nullptr) {
     const absl::Duration timeout = absl::Milliseconds(options_.rendezvous_timeout_ms);
@@ -861,18 +869,22 @@ void RuntimeImpl::OnSilentCorruption(int64_t step,
         const size_t i = std::find(d.ranks.begin(), d.ranks.end(), r) - d.ranks.begin();
         culprits.push_back(absl::StrCat("host ", d.hosts[i]));
       }
-      if (!d.majority.has_value()) culprits.push_back(absl::StrCat("group ", d.group));
+      if (!d.majority.has_value() && d.group != kCanaryGroup) {
+        culprits.push_back(absl::StrCat("group ", d.group));
+      }
       for (const std::string& culprit : culprits) {
         absl::StatusOr<int64_t> times = store_->Add(
             absl::StrCat(store_keys::kJobSilentCorruptionNamedPrefix, culprit), 1, timeout);
         if (times.ok() && *times >= 2 && stop.empty()) {
-          stop = absl::StrCat(culprit, " was named for silent data corruption ", *times,
-                              " times (the last at step ", step,
-                              "): a rollback does not cure it; replace the host");
+          stop = absl::StrCat(
+              culprit, " was named for silent data corruption ", *times,
+              " times (the last at step ", step, "): a rollback does not cure it; ",
+              absl::StartsWith(culprit, "host ") ? "replace the host" : "replace its hosts");
         }
       }
     }
   }
+  if (!state_disagrees && stop.empty()) return;
   RequestRepair(
       absl::StrCat("silent data corruption: ", absl::StrJoin(lines, " | "),
                    stop.empty() ? "; repairing: every rank goes back to the last committed snapshot"

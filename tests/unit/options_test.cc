@@ -114,6 +114,21 @@ TEST_F(OptionsTest, EmptyEnvironmentGivesTheDefaults) {
   EXPECT_EQ(options.max_consecutive_step_failures, 3);
 }
 
+TEST_F(OptionsTest, SilentCorruptionIsRepairWithTheCanaryByDefaultAndOtherValuesAreRefused) {
+  EXPECT_EQ(Options().silent_corruption, "repair");
+  EXPECT_EQ(Options().silent_corruption_canary, 1);
+  const Options alert = MustParse(
+      {{"TRAINGUARD_SILENT_CORRUPTION", "alert"}, {"TRAINGUARD_SILENT_CORRUPTION_CANARY", "0"}});
+  EXPECT_EQ(alert.silent_corruption, "alert");
+  EXPECT_EQ(alert.silent_corruption_canary, 0);
+  EXPECT_EQ(MustParse({{"TRAINGUARD_SILENT_CORRUPTION", "off"}}).silent_corruption, "off");
+  const absl::Status bad = ParseStatus({{"TRAINGUARD_SILENT_CORRUPTION", "evict"}});
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.message(), HasSubstr("silent_corruption must be off, alert or repair"));
+  EXPECT_THAT(ParseStatus({{"TRAINGUARD_SILENT_CORRUPTION_CANARY", "2"}}).message(),
+              HasSubstr("silent_corruption_canary must be 0 or 1"));
+}
+
 // --- Text-format files.
 
 TEST_F(OptionsTest, TorchrunsRunIdNamesTheJobUnlessTrainguardsDoes) {

@@ -7,9 +7,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -25,6 +27,7 @@
 #include "sdk/checkpoint/persister.h"
 #include "sdk/checkpoint/snapshotter.h"
 #include "sdk/core/mutex.h"
+#include "sdk/health/compute_canary.h"
 #include "tests/support/temp_dir.h"
 #include "trainguard/env.h"
 #include "trainguard/store.h"
@@ -130,6 +133,33 @@ TEST(ReplicaVoteTest, AMalformedReplicaPartIsAnErrorNamingTheRank) {
   }
 }
 
+TEST(ReplicaVoteTest, AVoteWithAReplicaAndACanaryPartDecodesBoth) {
+  const std::string vote = "00000000000000aa" + EncodeReplicaVote({2, "tp0.cp0.pp0", "node-1", 5}) +
+                           EncodeCanaryVote(0xabcdef, "node-1");
+  absl::StatusOr<std::optional<ReplicaReport>> replica = DecodeReplicaVote(2, vote);
+  absl::StatusOr<std::optional<ReplicaReport>> canary = DecodeCanaryVote(2, vote);
+  ASSERT_TRUE(replica.ok() && replica->has_value()) << replica.status();
+  ASSERT_TRUE(canary.ok() && canary->has_value()) << canary.status();
+  EXPECT_EQ((*replica)->host, "node-1");
+  EXPECT_EQ((*replica)->fingerprint, 5u);
+  EXPECT_EQ((*canary)->group, kCanaryGroup);
+  EXPECT_EQ((*canary)->host, "node-1");
+  EXPECT_EQ((*canary)->fingerprint, 0xabcdefu);
+  EXPECT_FALSE(DecodeCanaryVote(0, "ff canary=123@h").ok());
+  EXPECT_FALSE(DecodeCanaryVote(0, "ff")->has_value());
+}
+
+TEST(JudgeReplicasTest, ACanaryThatDiffersNamesTheRankAndItsHostAsWrongArithmetic) {
+  const std::vector<ReplicaDisagreement> judged =
+      JudgeReplicas({Report(0, kCanaryGroup, 7), Report(1, kCanaryGroup, 7),
+                     Report(2, kCanaryGroup, 7), Report(3, kCanaryGroup, 8)});
+  ASSERT_EQ(judged.size(), 1u);
+  EXPECT_THAT(judged[0].minority, ElementsAre(3));
+  EXPECT_EQ(DescribeDisagreement(9, judged[0]),
+            "step 9: compute canary: rank 3 (host host3) computed 0000000000000008, the job's "
+            "majority 0000000000000007 (rank 0): its arithmetic is wrong");
+}
+
 TEST(ReplicaDigestsTest, DigestsRoundTripAndMalformedTextIsRefused) {
   const std::vector<uint64_t> d = {0, 1, 0xffffffffffffffffull, 0x0123456789abcdefull};
   absl::StatusOr<std::vector<uint64_t>> back = DecodeDigests(EncodeDigests(d));
@@ -153,6 +183,25 @@ TEST(DifferingBuffersTest, TheFirstDifferingPieceOfEachChunkIsNamedEachBufferOnc
   EXPECT_THAT(DifferingBuffers(pieces, ok, {1, 2, 9, 9, 9}), ElementsAre("b", "c"));
   // Digests of another layout name nothing.
   EXPECT_TRUE(DifferingBuffers(pieces, ok, {1, 2}).empty());
+}
+
+// ---- the compute canary ----
+
+TEST(ComputeCanaryTest, TheProductIsAMatrixProductAndItsFingerprintIsTheSameEveryTime) {
+  const std::vector<float> c = CanaryProduct();
+  ASSERT_EQ(c.size(), static_cast<size_t>(kCanaryDim * kCanaryDim));
+  EXPECT_EQ(CanaryProduct(), c);
+  EXPECT_EQ(ComputeCanary(), ComputeCanary());
+  // Entries of a product of [-1, 1) inputs: finite, of the order of sqrt(96), not all alike.
+  float lowest = c[0], highest = c[0];
+  for (float v : c) {
+    ASSERT_TRUE(std::isfinite(v));
+    lowest = std::min(lowest, v);
+    highest = std::max(highest, v);
+  }
+  EXPECT_LT(lowest, -1.0f);
+  EXPECT_GT(highest, 1.0f);
+  EXPECT_LT(highest, 40.0f);
 }
 
 // ---- the replica digests a snapshot takes ----
@@ -330,7 +379,8 @@ class SilentCorruptionTest : public ::testing::Test {
     std::vector<SaveOutcome> outcomes;
   };
 
-  void Start(int world) {
+  // `canary`: each rank's compute canary (none when empty).
+  void Start(int world, std::function<uint64_t(int rank)> canary = nullptr) {
     world_ = world;
     job_ = absl::StrCat("sdc-test-", getpid(), "-", ++counter_);
     for (int r = 0; r < world; ++r) {
@@ -377,6 +427,7 @@ class SilentCorruptionTest : public ::testing::Test {
       o.timeout = absl::Seconds(30);
       o.replica_group = "tp0.cp0.pp0";
       o.host = absl::StrCat("host", r);
+      if (canary) o.canary = [canary, r] { return canary(r); };
       absl::StatusOr<std::unique_ptr<Checkpointer>> c = Checkpointer::Create(&rank.registry, o);
       ASSERT_TRUE(c.ok()) << c.status();
       rank.checkpointer = *std::move(c);
@@ -547,8 +598,36 @@ TEST_F(SilentCorruptionTest, TwoReplicasThatDisagreeAreUndecidableAndGoBackToThe
   EXPECT_EQ(ranks_[1]->half[1999], static_cast<uint16_t>(4 + 1999));
 }
 
+// The compute canary: rank 2's arithmetic is perturbed (its result differs in one bit). It is
+// named with its host; the state's replicas agree, so the step is committed all the same.
+TEST_F(SilentCorruptionTest, ARankWhoseCanaryDiffersIsNamedAndTheAgreeingStepStillCommits) {
+  Start(3, [](int rank) { return ComputeCanary() ^ (rank == 2 ? 1u : 0u); });
+  Fill(6);
+  const std::vector<SaveOutcome> outcomes = SaveAll(6);
+  const SaveOutcome* judge = Judge(outcomes);
+  ASSERT_NE(judge, nullptr);
+  ASSERT_EQ(judge->disagreements.size(), 1u);
+  const ReplicaDisagreement& d = judge->disagreements[0];
+  EXPECT_EQ(d.group, kCanaryGroup);
+  EXPECT_THAT(d.minority, ElementsAre(2));
+  EXPECT_EQ(d.hosts[2], "host2");
+  ASSERT_TRUE(d.majority.has_value());
+  EXPECT_EQ(*d.majority, ComputeCanary());
+  bool committed = false;
+  for (const SaveOutcome& o : outcomes) {
+    EXPECT_TRUE(o.status.ok()) << o.status;
+    committed |= o.committed;
+  }
+  EXPECT_TRUE(committed);
+  absl::StatusOr<std::string> line =
+      ranks_[0]->client->Get("job/silent_corruption", absl::Seconds(5));
+  ASSERT_TRUE(line.ok()) << line.status();
+  EXPECT_THAT(*line, HasSubstr("step 6: compute canary: rank 2 (host host2) computed"));
+  EXPECT_EQ(RestoreAll(), 6);
+}
+
 TEST_F(SilentCorruptionTest, ManyFaultFreeSnapshotsAndRestoresRaiseNoVerdict) {
-  Start(3);
+  Start(3, [](int) { return ComputeCanary(); });
   for (int64_t step = 1; step <= 12; ++step) {
     Fill(step);
     bool committed = false;

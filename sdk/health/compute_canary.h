@@ -1,0 +1,31 @@
+// The compute canary (silent data corruption, docs/GUIDE.md): a fixed, deterministic computation
+// every rank runs at each snapshot, whose result must be bit-identical on every healthy machine of
+// the job. It checks the arithmetic of the machine itself, for state no replica holds (a rank
+// alone in its data-parallel group, sharded optimizer state). The Runtime hands it to the
+// Checkpointer (CheckpointerOptions::canary), which carries its fingerprint in the snapshot vote;
+// the ballot's judge names a rank whose fingerprint differs from the job's majority.
+//
+// The CPU twin: a 96 x 96 by 96 x 96 single-precision matrix product of fixed inputs (normal
+// numbers in [-1, 1), no denormals), summed in a fixed order with no fused multiply-add (its file
+// is compiled with -ffp-contract=off), so every IEEE-754 machine running the same binary gets the
+// same bits. A GPU canary (the same product on the rank's device) is not implemented.
+//
+// Thread safety: a pure function; any thread.
+#ifndef TRAINGUARD_SDK_HEALTH_COMPUTE_CANARY_H_
+#define TRAINGUARD_SDK_HEALTH_COMPUTE_CANARY_H_
+
+#include <cstdint>
+#include <vector>
+
+namespace trainguard {
+
+inline constexpr int kCanaryDim = 96;
+
+// The product C = A x B of the canary's fixed inputs, row-major kCanaryDim x kCanaryDim.
+std::vector<float> CanaryProduct();
+// XXH3-64 of CanaryProduct()'s bytes: equal on every healthy machine.
+uint64_t ComputeCanary();
+
+}  // namespace trainguard
+
+#endif  // TRAINGUARD_SDK_HEALTH_COMPUTE_CANARY_H_
