@@ -124,7 +124,9 @@ struct Options {
   // snapshot's own checksums, no extra pass) and a step whose replicas disagree is never
   // committed. What then: "alert" (a silent_corruption event and a line of `trainguard run`),
   // "repair" (the same, then every rank goes back to the last committed snapshot, whose replicas
-  // agreed, and replays the steps since), or "off" (not compared).
+  // agreed, and replays the steps since), "evict" (repair, and `trainguard run` evicts the host of
+  // a rank named, as a fail-slow host), or "off" (not compared). A host named twice is handed over
+  // for eviction whatever the action.
   std::string silent_corruption = "repair";
   // With silent_corruption on: every rank also runs the compute canary at each snapshot (a fixed
   // matrix product on the CPU, about 0.1 ms, on the checkpointer's thread) and a rank whose result

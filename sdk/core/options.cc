@@ -440,9 +440,10 @@ absl::Status CheckCheckpointAndWatchdog(const Options& options) {
     return s;
   }
   if (options.silent_corruption != "off" && options.silent_corruption != "alert" &&
-      options.silent_corruption != "repair") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "silent_corruption must be off, alert or repair, got \"", options.silent_corruption, "\""));
+      options.silent_corruption != "repair" && options.silent_corruption != "evict") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("silent_corruption must be off, alert, repair or evict, got \"",
+                     options.silent_corruption, "\""));
   }
   if (options.silent_corruption_canary != 0 && options.silent_corruption_canary != 1) {
     return absl::InvalidArgumentError(absl::StrCat("silent_corruption_canary must be 0 or 1, got ",

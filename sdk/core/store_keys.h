@@ -58,6 +58,10 @@ inline constexpr char kJobStop[] = "job/stop";
 inline constexpr char kJobSilentCorruption[] = "job/silent_corruption";
 // + "host <host>" or "group <group>": how many silent-corruption verdicts named it (a counter).
 inline constexpr char kJobSilentCorruptionNamedPrefix[] = "job/silent_corruption_named/";
+// + "<host>": "<times named> <silent_corruption>\n<the verdict's line>": the host is to be evicted
+// (silent_corruption=evict, or named a second time); the coordinating agent evicts it or says why
+// not (and, under repair or evict, stops the job when it was named twice).
+inline constexpr char kJobSilentCorruptionEvictPrefix[] = "job/silent_corruption_evict/";
 // "<step> <epoch>": every rank's snapshot of <step> is in memory with all its backups (the
 // checkpointer writes "protected" in its "ckpt/" namespace; the coordinator reports each epoch).
 inline constexpr char kCkptProtected[] = "ckpt/protected";

@@ -36,6 +36,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "sdk/agent/fail_slow_policy.h"
 #include "sdk/agent/failure_history.h"
 #include "sdk/agent/posix_process_supervisor.h"
 #include "sdk/agent/process_supervisor.h"
@@ -287,6 +288,13 @@ class Job {
   // the agent's turn, with the turn's other keys.
   void WatchJobStop();
   void StopJob(const std::string& reason);
+  // Silent data corruption: each host a rank's judge handed over for eviction
+  // (job/silent_corruption_evict/<host>: silent_corruption=evict, or named a second time) is
+  // evicted as a fail-slow host is (declared dead, its ranks replaced by parked standbys of other
+  // hosts), within the eviction budget (--fail-slow-max-evict-share, counting the fail-slow
+  // evictions too); one that cannot be is said, and, named a second time under repair or evict,
+  // stops the job. Once per request. The coordinator's.
+  void EvictCorruptHosts();
   // The lines that describe the backup placement of a job of `training_hosts` hosts (said by the
   // coordinator with the plan, PlanPublisher::Hooks::backup_lines): none without peer backups;
   // InvalidArgument when no placement is possible.
@@ -482,6 +490,9 @@ class Job {
   // once it coordinates, the detector's side (made at DetectFailSlow's first call).
   std::unique_ptr<HostSampler> host_sampler_;
   std::unique_ptr<FailSlowCoordinator> fail_slow_;
+  // EvictCorruptHosts: the requests handled ("<key>=<value>"), the hosts evicted.
+  std::set<std::string> corruption_requests_;
+  int corruption_evictions_ = 0;
   std::unique_ptr<EventLog> agent_events_;
 
   // Generation 0 is formed on a helper thread while the loop keeps draining the ranks' output.
@@ -1171,6 +1182,58 @@ void Job::WatchJobStop() {
   }
 }
 
+void Job::EvictCorruptHosts() {
+  absl::StatusOr<std::vector<std::string>> keys = ranks_store()->ListKeys(
+      store_keys::kJobSilentCorruptionEvictPrefix, AgentCallTimeout(config_.host_timeout));
+  if (!keys.ok()) return;
+  for (const std::string& key : *keys) {
+    std::optional<std::string> host =
+        store_keys::NameAfter(store_keys::kJobSilentCorruptionEvictPrefix, key);
+    if (!host.has_value()) continue;
+    absl::StatusOr<std::string> value =
+        ranks_store()->Get(key, AgentCallTimeout(config_.host_timeout));
+    if (!value.ok() || corruption_requests_.count(key + "=" + *value) > 0) continue;
+    const std::pair<std::string, std::string> parts =
+        absl::StrSplit(*value, absl::MaxSplits('\n', 1));
+    const std::pair<std::string, std::string> head = absl::StrSplit(parts.first, ' ');
+    int64_t times = 1;
+    (void)absl::SimpleAtoi(head.first, &times);
+    const bool alert_only = head.second == "alert";
+    int spare = 0;
+    if (absl::StatusOr<std::vector<std::string>> parked =
+            coordinator_->ParkedStandbys(AgentCallTimeout(config_.host_timeout));
+        parked.ok()) {
+      for (const std::string& member : *parked) {
+        if (store_keys::MemberHost(member) != *host) ++spare;
+      }
+    }
+    const int nproc = std::max(1, config_.nproc);
+    const int evicted =
+        corruption_evictions_ + (fail_slow_ != nullptr ? fail_slow_->evictions() : 0);
+    const bool dead = job_coordinator_->dead_hosts().count(*host) > 0;
+    const FailSlowDecision decision =
+        DecideFailSlowAction(FailSlowPolicy::kEvict, 1, evicted, std::max(1, world_size_ / nproc),
+                             config_.fail_slow_max_evict_share, spare, nproc);
+    if (!coordinating()) return;
+    corruption_requests_.insert(key + "=" + *value);
+    if (dead) continue;
+    if (decision.evict) {
+      ++corruption_evictions_;
+      Say(absl::StrFormat("silent corruption: evicting host %s (named %d time(s))", *host, times));
+      job_coordinator_->DeclareHostDead(
+          *host, clock_->Now(), absl::StrFormat("silent data corruption: named %d time(s)", times));
+    } else if (times >= 2 && !alert_only) {
+      StopJob(absl::StrFormat(
+          "host %s was named for silent data corruption %d times: a rollback does not cure it, "
+          "and it cannot be evicted (%s); replace the host",
+          *host, times, decision.action));
+      return;
+    } else {
+      Say(absl::StrFormat("silent corruption: host %s: %s", *host, decision.action));
+    }
+  }
+}
+
 void Job::StopJob(const std::string& reason) {
   Say(absl::StrCat("job stopped: ", reason));
   failure_ = absl::StrCat("stopped by a rank: ", reason);
@@ -1437,6 +1500,7 @@ int Job::Run() {
       rank_watch_->ReportPersistFailures();
       rank_watch_->ReportProtection();
       rank_watch_->ReportSilentCorruption();
+      if (exit_code_ < 0 && formed_reported_) EvictCorruptHosts();
     }
     if (exit_code_ < 0 && every_rank_finished_) exit_code_ = 0;
   }

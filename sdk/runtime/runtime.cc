@@ -824,7 +824,9 @@ absl::Status RuntimeImpl::EnsureCheckpointer() {
 
 void RuntimeImpl::OnSilentCorruption(int64_t step,
                                      const std::vector<ReplicaDisagreement>& disagreements) {
-  const bool repair = options_.silent_corruption == "repair";
+  // repair and evict roll every rank back; evict also asks the coordinator to replace the host.
+  const bool evict = options_.silent_corruption == "evict";
+  const bool repair = options_.silent_corruption == "repair" || evict;
   // A compute canary that differs names a machine whose arithmetic is wrong; the state its ranks
   // hold is judged by the replicas' comparison, so the canary alone rolls nothing back.
   bool state_disagrees = false;
@@ -852,39 +854,46 @@ void RuntimeImpl::OnSilentCorruption(int64_t step,
            {"buffers", m < d.buffers.size() ? absl::StrJoin(d.buffers[m], ",") : ""},
            {"fingerprint", named[m] < 0 ? "" : absl::StrFormat("%016x", d.fingerprints[i])},
            {"majority", d.majority.has_value() ? absl::StrFormat("%016x", *d.majority) : ""},
-           {"action", repair && !canary ? "repair" : "alert"}});
+           {"action", evict               ? "evict"
+                      : repair && !canary ? "repair"
+                                          : "alert"}});
       (void)EmitEvent(std::move(event));
     }
   }
-  if (!repair) return;
-  // A host named a second time (by its replicas or its canary; or a group without a majority
-  // undecided twice) corrupts again what a rollback restored: the job stops rather than replay
-  // forever (evicting the host is not implemented).
+  // Every naming of a host is counted (job/silent_corruption_named/). The host is handed to the
+  // coordinator for eviction (job/silent_corruption_evict/<host>; it evicts it as a fail-slow host
+  // is, or stops the job when it cannot and the host was named twice) under evict, and under any
+  // action from its second naming: a rollback does not cure a machine that corrupts again. A group
+  // without a majority undecided twice (nobody to evict) stops the job under repair.
   std::string stop;
   if (store_ != nullptr) {
     const absl::Duration timeout = absl::Milliseconds(options_.rendezvous_timeout_ms);
     for (const ReplicaDisagreement& d : disagreements) {
-      std::vector<std::string> culprits;
       for (int r : d.minority) {
-        const size_t i = std::find(d.ranks.begin(), d.ranks.end(), r) - d.ranks.begin();
-        culprits.push_back(absl::StrCat("host ", d.hosts[i]));
-      }
-      if (!d.majority.has_value() && d.group != kCanaryGroup) {
-        culprits.push_back(absl::StrCat("group ", d.group));
-      }
-      for (const std::string& culprit : culprits) {
+        const std::string& host =
+            d.hosts[std::find(d.ranks.begin(), d.ranks.end(), r) - d.ranks.begin()];
         absl::StatusOr<int64_t> times = store_->Add(
-            absl::StrCat(store_keys::kJobSilentCorruptionNamedPrefix, culprit), 1, timeout);
+            absl::StrCat(store_keys::kJobSilentCorruptionNamedPrefix, "host ", host), 1, timeout);
+        if (times.ok() && (evict || *times >= 2)) {
+          (void)store_->Set(absl::StrCat(store_keys::kJobSilentCorruptionEvictPrefix, host),
+                            absl::StrCat(*times, " ", options_.silent_corruption, "\n",
+                                         DescribeDisagreement(step, d)),
+                            timeout);
+        }
+      }
+      if (repair && !d.majority.has_value() && d.group != kCanaryGroup) {
+        absl::StatusOr<int64_t> times = store_->Add(
+            absl::StrCat(store_keys::kJobSilentCorruptionNamedPrefix, "group ", d.group), 1,
+            timeout);
         if (times.ok() && *times >= 2 && stop.empty()) {
-          stop = absl::StrCat(
-              culprit, " was named for silent data corruption ", *times,
-              " times (the last at step ", step, "): a rollback does not cure it; ",
-              absl::StartsWith(culprit, "host ") ? "replace the host" : "replace its hosts");
+          stop = absl::StrCat("group ", d.group, " was found without a majority ", *times,
+                              " times (the last at step ", step,
+                              "): a rollback does not cure it; replace its hosts");
         }
       }
     }
   }
-  if (!state_disagrees && stop.empty()) return;
+  if (!repair || (!state_disagrees && stop.empty())) return;
   RequestRepair(
       absl::StrCat("silent data corruption: ", absl::StrJoin(lines, " | "),
                    stop.empty() ? "; repairing: every rank goes back to the last committed snapshot"

@@ -381,6 +381,10 @@ TEST(Launcher, WithAlertAFlippedBitIsNamedAndNoLaterSnapshotIsCommittedOrPersist
   EXPECT_THAT(out, ContainsRegex("silent corruption: step [0-9]+: data-parallel group "
                                  "tp0.cp0.pp0 \\(ranks 0,1,2\\): rank 1 "));
   EXPECT_THAT(out, Not(HasSubstr("renewed")));
+  // Named at every snapshot, its host is handed over for eviction from the second: on one host
+  // there is nowhere to evict it to, and under alert the job is not stopped for it.
+  EXPECT_THAT(out, HasSubstr("silent corruption: host "));
+  EXPECT_THAT(out, Not(HasSubstr("job stopped")));
   const std::map<int, std::string> sums = job.FinalChecksums();
   ASSERT_EQ(sums.size(), 3u) << out;
   EXPECT_EQ(sums.at(0), sums.at(2));
@@ -398,8 +402,9 @@ TEST(Launcher, WithAlertAFlippedBitIsNamedAndNoLaterSnapshotIsCommittedOrPersist
 }
 
 // A machine that keeps corrupting: rank 1 flips the same bit in every generation, so the replay
-// after the repair is corrupted again. The second verdict naming its host stops the job with one
-// message instead of rolling back forever.
+// after the repair is corrupted again. The second verdict naming its host hands it to the
+// coordinator for eviction; on one host there is no other host to evict it to, so the job stops
+// with one message instead of rolling back forever.
 TEST(Launcher, AHostNamedTwiceForSilentCorruptionStopsTheJob) {
   testing::TempDir dir;
   LauncherJob job(
@@ -408,9 +413,12 @@ TEST(Launcher, AHostNamedTwiceForSilentCorruptionStopsTheJob) {
   EXPECT_EQ(job.Wait(), 1) << job.Output();
   const std::string out = job.Output();
   EXPECT_THAT(out, HasSubstr("generation 1 renewed with the same ranks"));
-  EXPECT_THAT(out, ContainsRegex("job stopped: host [^ ]+ was named for silent data corruption 2 "
-                                 "times \\(the last at step [0-9]+\\): a rollback does not cure "
-                                 "it; replace the host"));
+  // One host: there is no other host's standby to evict it to.
+  EXPECT_THAT(out,
+              ContainsRegex("job stopped: host [^ ]+ was named for silent data corruption 2 "
+                            "times: a rollback does not cure it, and it cannot be evicted "
+                            "\\(alert \\(not evicted: 0 parked standby\\(s\\) elsewhere, [0-9]+ "
+                            "needed\\)\\); replace the host"));
 }
 
 // Two replicas that disagree: no majority names either. The job goes back to the last step they

@@ -372,9 +372,10 @@ class MultiHost : public ::testing::Test {
   // Starts hosts 1..workers, then the standby hosts, each once the previous one joined: host n
   // holds host slot n - 1 (ranks (n-1)*2 and (n-1)*2 + 1). Host 1 coordinates: the next host starts
   // once it said so (its agent joins before it takes the lease, and host 2's could take it first).
-  void StartJobInOrder(MultiHostJob& job, int workers, int standby_hosts) {
+  void StartJobInOrder(MultiHostJob& job, int workers, int standby_hosts,
+                       const std::vector<std::string>& command = TrainerArgs()) {
     for (int n = 1; n <= workers + standby_hosts; ++n) {
-      job.StartHost(n, n > workers);
+      job.StartHost(n, n > workers, {}, command);
       ASSERT_TRUE(job.Await(n, absl::StrCat("host host", n))) << job.AllOutput();
       ASSERT_TRUE(job.Await(n, " joined as ")) << job.AllOutput();
       if (n == 1) {
@@ -498,6 +499,36 @@ TEST_F(MultiHost, AStandbyHostRefillsADeadStandbyThenTakesAKilledHostsRanksFromP
   ASSERT_TRUE(job.Await(0, "the job is protected again")) << job.AllOutput();
   ExpectFinishedAsIfUninterrupted(job, {1, 3, 4});
   EXPECT_THAT(job.AllOutput(), ::testing::Not(HasSubstr("from disk")));
+}
+
+// Silent data corruption with silent_corruption=evict: rank 2 (on host2) flips one bit of its
+// parameters after step 70, in its own memory. The next snapshot names rank 2, host2 and the
+// buffer; every rank rolls back, and the coordinator evicts host2 as a fail-slow host is evicted
+// (declared dead, its ranks taken by the standby host's, which restore from peer memory). The job
+// ends as if uninterrupted.
+TEST_F(MultiHost, WithEvictAHostWhoseReplicaDisagreesIsEvictedAndTheStandbyHostTakesItsRanks) {
+  MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 3);
+  job.extra_env = {"TRAINGUARD_SILENT_CORRUPTION=evict"};
+  std::vector<std::string> trainer = TrainerArgs();
+  trainer.insert(trainer.end(), {"--flip-bit", "2:70"});
+  StartJobInOrder(job, 3, 1, trainer);
+  ASSERT_TRUE(job.Await(1, "silent corruption: evicting host host2")) << job.AllOutput();
+  ASSERT_TRUE(job.Await(1, "recovered from the loss of host host2")) << job.AllOutput();
+  const std::string coordinator = job.Output(1);
+  EXPECT_THAT(coordinator, ::testing::ContainsRegex(
+                               "silent corruption: step [0-9]+: data-parallel group "
+                               "tp0.cp0.pp0 \\(ranks 0,1,2,3,4,5\\): rank 2 \\(host host2\\) "
+                               "buffer mlp.parameters"));
+  EXPECT_THAT(coordinator,
+              HasSubstr("host host2 is dead (silent data corruption: named 1 time(s))"));
+  std::smatch took;
+  if (std::regex_search(coordinator, took,
+                        std::regex("recovered from the loss of host host2 in ([0-9.]+ s)"))) {
+    std::printf("a corrupt host evicted: recovered from its loss in %s\n", took[1].str().c_str());
+  }
+  EXPECT_EQ(job.Wait(2), 1) << job.AllOutput();  // fenced out, as an evicted slow host
+  ExpectFinishedAsIfUninterrupted(job, {1, 3, 4});
+  EXPECT_THAT(job.AllOutput(), ::testing::Not(::testing::ContainsRegex("evicting host host[134]")));
 }
 
 // 2. The host whose agent coordinates dies: another agent takes the lease over, declares the host

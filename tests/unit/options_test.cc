@@ -122,9 +122,10 @@ TEST_F(OptionsTest, SilentCorruptionIsRepairWithTheCanaryByDefaultAndOtherValues
   EXPECT_EQ(alert.silent_corruption, "alert");
   EXPECT_EQ(alert.silent_corruption_canary, 0);
   EXPECT_EQ(MustParse({{"TRAINGUARD_SILENT_CORRUPTION", "off"}}).silent_corruption, "off");
-  const absl::Status bad = ParseStatus({{"TRAINGUARD_SILENT_CORRUPTION", "evict"}});
+  EXPECT_EQ(MustParse({{"TRAINGUARD_SILENT_CORRUPTION", "evict"}}).silent_corruption, "evict");
+  const absl::Status bad = ParseStatus({{"TRAINGUARD_SILENT_CORRUPTION", "replace"}});
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(bad.message(), HasSubstr("silent_corruption must be off, alert or repair"));
+  EXPECT_THAT(bad.message(), HasSubstr("silent_corruption must be off, alert, repair or evict"));
   EXPECT_THAT(ParseStatus({{"TRAINGUARD_SILENT_CORRUPTION_CANARY", "2"}}).message(),
               HasSubstr("silent_corruption_canary must be 0 or 1"));
 }
