@@ -111,7 +111,7 @@ enum class EventKind {
   kRestoreFailed,
   // A data-parallel group's replicas disagreed at a snapshot (silent data corruption): `group`,
   // `ranks`, `corrupt_rank`, `corrupt_host`, `buffers`, `fingerprint`, `majority` (empty when
-  // undecidable), `action`. Written by the rank that judged the ballot.
+  // undecidable), `action` (repair, evict or alert). Written by the rank that judged the ballot.
   kSilentCorruption,
   // The launcher, in <run_dir>/events/launcher.tgev (type custom, source=launcher).
   kRankDied,          // `how`, `pid`, `killed_by_launcher`
