@@ -2,8 +2,9 @@
 repaired: examples/cpp_trainer under `trainguard run` (3 ranks, one host, snapshots every
 --every steps), its parameters and optimizer state registered as replicated.
 
-Cost: the same fault-free job with TRAINGUARD_SILENT_CORRUPTION=off (the baseline) and =repair,
-alternated --runs times; the step time is rank 0's, from its step_done events (--progress-events 1),
+Cost: the same fault-free job with TRAINGUARD_SILENT_CORRUPTION=off (the baseline), =repair, and
+=repair with the reduced gradients compared every step (--check-reduced-grad 1:
+Step::CheckReplicated), alternated --runs times; the step time is rank 0's, from its step_done events (--progress-events 1),
 between step 50 and the last, so the start-up is not in it. The ratio repair/off is the comparison's
 cost per step (its hashing is the snapshot's own; the vote and the judge run on the checkpointer's
 worker thread).
@@ -45,11 +46,13 @@ def attribute(event, key):
 
 
 def run(tmp, mode, args, flip=None):
-    run_dir = Path(tmp) / f"{mode}-{uuid.uuid4().hex[:8]}"
+    run_dir = Path(tmp) / f"{mode.replace('+', '-')}-{uuid.uuid4().hex[:8]}"
     env = dict(os.environ, TRAINGUARD_CHECKPOINT_EVERY_STEPS=str(args.every),
-               TRAINGUARD_SILENT_CORRUPTION=mode)
+               TRAINGUARD_SILENT_CORRUPTION=mode.split("+")[0])
     trainer = [str(TRAINER), "--steps", str(args.steps), "--print-every", "1000",
                "--step-time-ms", str(args.step_ms), "--progress-events", "1"]
+    if mode.endswith("+grad"):
+        trainer += ["--check-reduced-grad", "1"]
     if flip is not None:
         trainer += ["--flip-bit", f"1:{flip}"]
     done = subprocess.run([str(CLI), "run", "--nproc", "3", "--job-id", run_dir.name,
@@ -78,10 +81,11 @@ def main():
     p.add_argument("--flip", type=int, default=105)
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        per_step = {"off": [], "repair": []}
-        saves = {"off": [], "repair": []}
+        modes = ("off", "repair", "repair+grad")
+        per_step = {m: [] for m in modes}
+        saves = {m: [] for m in modes}
         for _ in range(args.runs):
-            for mode in ("off", "repair"):
+            for mode in modes:
                 run_dir, _ = run(tmp, mode, args)
                 t = step_times(run_dir)
                 first, last = 50, max(t)
@@ -89,11 +93,12 @@ def main():
                 whats = [attribute(e, "what") for e in events(run_dir, 0)]
                 saves[mode].append((whats.count("saved"), whats.count("skipped")))
         for mode, values in per_step.items():
-            print(f"{mode:6s} step ms: " + ", ".join(f"{v:.3f}" for v in values) +
+            print(f"{mode:11s} step ms: " + ", ".join(f"{v:.3f}" for v in values) +
                   f" (median {statistics.median(values):.3f}); rank 0's snapshots saved/skipped: " +
                   ", ".join(f"{a}/{b}" for a, b in saves[mode]))
-        ratio = statistics.median(per_step["repair"]) / statistics.median(per_step["off"])
-        print(f"repair/off step time: {ratio:.4f}")
+        for mode in modes[1:]:
+            ratio = statistics.median(per_step[mode]) / statistics.median(per_step["off"])
+            print(f"{mode}/off step time: {ratio:.4f}")
 
         run_dir, out = run(tmp, "repair", args, flip=args.flip)
         m = re.search(r"silent corruption: step (\d+): .*", out)

@@ -388,6 +388,22 @@ class DataParallelTrainer {
       comm().DelayNextCollective(flags_.sleep_in_collective);
     }
     comm().AllreduceSum(reduce_buffer_);  // throws sdk::CommunicationError
+    if (rt_.rank() == flags_.corrupt_grad_rank && step == flags_.corrupt_grad_step &&
+        rt_.generation() == 0) {
+      uint32_t bits;  // a bit of one reduced gradient, as a faulty reduction would leave it
+      std::memcpy(&bits, &reduce_buffer_[n / 3], sizeof(bits));
+      bits ^= 1u << 5;
+      std::memcpy(&reduce_buffer_[n / 3], &bits, sizeof(bits));
+    }
+    if (flags_.check_reduced_grad) {
+      // Every replica holds the same reduced gradients: compared out of band, before the update.
+      if (absl::Status s_check = s.CheckReplicated("mlp.reduced_gradients", reduce_buffer_.data(),
+                                                   reduce_buffer_.size() * sizeof(float));
+          !s_check.ok()) {
+        std::fprintf(stderr, "rank %d step %" PRId64 ": %s\n", rt_.rank(), step,
+                     s_check.ToString().c_str());
+      }
+    }
 
     const int bad_ranks = static_cast<int>(reduce_buffer_[n + 1]);
     if (bad_ranks > 0) {

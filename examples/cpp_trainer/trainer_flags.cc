@@ -109,6 +109,12 @@ TRAINGUARD_JOB_ID and TRAINGUARD_RUN_DIR (see trainguard's Options).
                           (what `trainguard chaos` injects; default 0)
   --flip-bit RANK:STEP     after STEP's update RANK flips a bit of one parameter in its memory
                           (silent data corruption; generation 0 only)
+  --check-reduced-grad 0|1
+                          1: every rank compares its reduced gradients with its replicas' right
+                          after the allreduce (Step::CheckReplicated)
+  --corrupt-reduced-grad RANK:STEP
+                          RANK flips a bit of its reduced gradients at STEP, after the allreduce
+                          (generation 0 only)
   --flip-bit-every-generation 0|1
                           1: --flip-bit flips in every generation (a machine that keeps corrupting)
   --drop-on-sigurg 0|1    SIGURG makes this rank close its connections before its next allreduce
@@ -159,6 +165,8 @@ absl::StatusOr<TrainerFlags> ParseTrainerFlags(int argc, char** argv) {
       status = ParseRankStep(flag, value, &flags.stop_rank, &flags.stop_step);
     } else if (flag == "--drop-connections") {
       status = ParseRankStep(flag, value, &flags.drop_rank, &flags.drop_step);
+    } else if (flag == "--corrupt-reduced-grad") {
+      status = ParseRankStep(flag, value, &flags.corrupt_grad_rank, &flags.corrupt_grad_step);
     } else if (flag == "--flip-bit") {
       status = ParseRankStep(flag, value, &flags.flip_rank, &flags.flip_step);
     } else if (flag == "--sleep-in-collective") {
@@ -189,7 +197,8 @@ absl::StatusOr<TrainerFlags> ParseTrainerFlags(int argc, char** argv) {
     } else if (flag == "--step-time-ms") {
       status = ParseNumber<double>(flag, value, 0.0, &flags.step_time_ms);
     } else if (flag == "--progress-events" || flag == "--nan-on-sigusr1" ||
-               flag == "--drop-on-sigurg" || flag == "--flip-bit-every-generation") {
+               flag == "--drop-on-sigurg" || flag == "--flip-bit-every-generation" ||
+               flag == "--check-reduced-grad") {
       int on = 0;
       status = ParseNumber<int>(flag, value, 0, &on);
       if (status.ok() && on > 1) {
@@ -197,6 +206,7 @@ absl::StatusOr<TrainerFlags> ParseTrainerFlags(int argc, char** argv) {
       }
       (flag == "--progress-events"             ? flags.progress_events
        : flag == "--flip-bit-every-generation" ? flags.flip_every_generation
+       : flag == "--check-reduced-grad"        ? flags.check_reduced_grad
        : flag == "--nan-on-sigusr1"            ? flags.nan_on_sigusr1
                                                : flags.drop_on_sigurg) = on == 1;
     } else {

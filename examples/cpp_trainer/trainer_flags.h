@@ -53,6 +53,12 @@ struct TrainerFlags {
   // --flip-bit-every-generation 1: the flip happens in every generation (a machine that keeps
   // corrupting: a rollback does not cure it).
   bool flip_every_generation = false;
+  // --check-reduced-grad 1: right after the allreduce, every rank compares its reduced gradients
+  // with its replicas' (Step::CheckReplicated). --corrupt-reduced-grad RANK:STEP: RANK flips a bit
+  // of its reduced gradients at STEP, after the allreduce (generation 0 only).
+  bool check_reduced_grad = false;
+  int corrupt_grad_rank = -1;
+  int64_t corrupt_grad_step = -1;
   // --sleep-in-collective RANK:STEP:SECONDS: RANK sleeps inside STEP's allreduce.
   int sleep_rank = -1;
   int64_t sleep_step = -1;

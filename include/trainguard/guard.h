@@ -111,6 +111,17 @@ class Step {
   // loss this rank computed.
   bool CheckLoss(double loss);
 
+  // Silent data corruption: compares a host buffer that every rank of this rank's data-parallel
+  // group must hold bit-identical at this point, typically the gradients right after their
+  // reduction, across the group, out of band (two requests to the job's store; the group's last
+  // rank to call it reads the others'). A rank whose buffer differs from its group's majority is
+  // named with `name` (a silent_corruption event, a line of `trainguard run`), and with
+  // silent_corruption=repair or evict every rank goes back to the last committed snapshot (at its
+  // next guard) as after a disagreeing snapshot; the step itself is not failed. Every rank of the
+  // group calls it with the same `name`, once per step. Nothing is compared without a store or
+  // with silent_corruption=off. InvalidArgument for an empty name; the store's error otherwise.
+  absl::Status CheckReplicated(std::string_view name, const void* data, size_t bytes);
+
  private:
   friend class StepScope;
   explicit Step(StepScope* scope) : scope_(scope) {}

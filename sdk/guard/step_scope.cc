@@ -135,6 +135,10 @@ bool Step::CheckFinite(std::string_view buffer_name, const void* data, size_t co
   return true;
 }
 
+absl::Status Step::CheckReplicated(std::string_view name, const void* data, size_t bytes) {
+  return RuntimeImpl::Of(scope_->runtime_).CheckReplicated(scope_->step_, name, data, bytes);
+}
+
 bool Step::CheckLoss(double loss) {
   RuntimeImpl& rt = RuntimeImpl::Of(scope_->runtime_);
   const std::optional<LossSpike> spike = rt.loss_spike_detector().Judge(scope_->step_, loss);

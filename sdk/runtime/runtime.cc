@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
@@ -777,10 +778,8 @@ absl::Status RuntimeImpl::EnsureCheckpointer() {
   state_.Freeze();
   o.spare_arena = spare_arena_.get();
   if (options_.silent_corruption != "off") {
-    // The replicas of a data-parallel group share every coordinate but dp.
-    absl::StatusOr<RankCoordinates> c = topology_.CoordinatesOf(rank_);
-    if (c.ok()) o.replica_group = absl::StrFormat("tp%d.cp%d.pp%d", c->tp, c->cp, c->pp);
-    o.host = HostName();
+    o.replica_group = ReplicaGroup();
+    o.host = ReplicaHost();
     if (options_.silent_corruption_canary == 1) o.canary = [] { return ComputeCanary(); };
   }
   absl::StatusOr<std::unique_ptr<Checkpointer>> c = Checkpointer::Create(&state_, o);
@@ -899,6 +898,74 @@ void RuntimeImpl::OnSilentCorruption(int64_t step,
                    stop.empty() ? "; repairing: every rank goes back to the last committed snapshot"
                                 : absl::StrCat("; ", stop)),
       std::move(stop));
+}
+
+std::string RuntimeImpl::ReplicaGroup() const {
+  // The replicas of a data-parallel group share every coordinate but dp.
+  absl::StatusOr<RankCoordinates> c = topology_.CoordinatesOf(rank_);
+  return c.ok() ? absl::StrFormat("tp%d.cp%d.pp%d", c->tp, c->cp, c->pp) : std::string();
+}
+
+std::string RuntimeImpl::ReplicaHost() const {
+  // The host as trainguard run's agents name it (the member id's), which the coordinator evicts.
+  return member_ != nullptr ? store_keys::MemberHost(member_->member_id()) : HostName();
+}
+
+absl::Status RuntimeImpl::CheckReplicated(int64_t step, std::string_view name, const void* data,
+                                          size_t bytes) {
+  if (name.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank_, " step ", step, ": CheckReplicated needs a buffer name"));
+  }
+  if (store_ == nullptr || options_.silent_corruption == "off") return absl::OkStatus();
+  absl::StatusOr<std::vector<int>> group = topology_.GroupOf(rank_, ParallelDim::kData);
+  if (!group.ok() || group->size() < 2) return absl::OkStatus();  // nobody to agree with
+  const std::string group_name = ReplicaGroup();
+  const std::string buffer(name);
+  const std::string base =
+      absl::StrCat("sdc/check/", generation(), "/", step, "/", buffer, "/", group_name, "/");
+  const absl::Duration timeout = absl::Milliseconds(options_.rendezvous_timeout_ms);
+  const uint64_t fingerprint = XXH3_64bits(data, bytes);
+  if (absl::Status set =
+          store_->Set(absl::StrCat(base, rank_),
+                      EncodeReplicaVote({rank_, group_name, ReplicaHost(), fingerprint}), timeout);
+      !set.ok()) {
+    return WithContext(
+        set, absl::StrCat("rank ", rank_, " step ", step, ": CheckReplicated(\"", buffer, "\")"));
+  }
+  absl::StatusOr<int64_t> arrived = store_->Add(absl::StrCat(base, "count"), 1, timeout);
+  if (!arrived.ok()) {
+    return WithContext(arrived.status(), absl::StrCat("rank ", rank_, " step ", step,
+                                                      ": CheckReplicated(\"", buffer, "\")"));
+  }
+  if (*arrived != static_cast<int64_t>(group->size())) return absl::OkStatus();
+  // The group's last: every fingerprint is in.
+  std::vector<std::string> keys;
+  for (int r : *group) keys.push_back(absl::StrCat(base, r));
+  absl::StatusOr<std::vector<std::optional<std::string>>> values = store_->MultiGet(keys, timeout);
+  if (!values.ok()) return values.status();
+  std::vector<ReplicaReport> reports;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!(*values)[i].has_value()) continue;
+    absl::StatusOr<std::optional<ReplicaReport>> report =
+        DecodeReplicaVote((*group)[i], *(*values)[i]);
+    if (report.ok() && report->has_value()) reports.push_back(**report);
+  }
+  keys.push_back(absl::StrCat(base, "count"));
+  for (const std::string& key : keys) (void)store_->Delete(key, timeout);
+  std::vector<ReplicaDisagreement> judged = JudgeReplicas(reports);
+  if (judged.empty()) return absl::OkStatus();
+  std::vector<std::string> lines;
+  for (ReplicaDisagreement& d : judged) {
+    const size_t named = d.majority.has_value() ? d.minority.size() : 1;
+    d.buffers.assign(named, std::vector<std::string>{buffer});
+    lines.push_back(DescribeDisagreement(step, d));
+  }
+  (void)store_->Set(store_keys::kJobSilentCorruption,
+                    absl::StrCat(base, "\n", absl::StrJoin(lines, "\n")),
+                    std::min(timeout, absl::Seconds(10)));
+  OnSilentCorruption(step, judged);
+  return absl::OkStatus();
 }
 
 void RuntimeImpl::RequestRepair(std::string why, std::string stop) {

@@ -159,6 +159,9 @@ class RuntimeImpl final : public Runtime {
   // `stop`: not a repair but the end of the job (a host named twice): recover() stops the job
   // with it.
   void RequestRepair(std::string why, std::string stop = {});
+  // Step::CheckReplicated: publishes the buffer's fingerprint under the step and this rank's
+  // data-parallel group; the group's last rank judges the group and removes its keys.
+  absl::Status CheckReplicated(int64_t step, std::string_view name, const void* data, size_t bytes);
   std::optional<std::string> TakeRepairRequest() {
     if (!repair_requested_.load(std::memory_order_acquire)) return std::nullopt;
     return TakeRepairRequestSlow();
@@ -192,6 +195,10 @@ class RuntimeImpl final : public Runtime {
   // A snapshot's replicas disagreed (this rank judged the ballot): the silent_corruption events,
   // and with silent_corruption=repair the request for a rollback (RequestRepair).
   void OnSilentCorruption(int64_t step, const std::vector<ReplicaDisagreement>& disagreements);
+  // This rank's data-parallel group (its model-parallel coordinates) and the name of its host in
+  // verdicts.
+  std::string ReplicaGroup() const;
+  std::string ReplicaHost() const;
   // RestoreCheckpoint's work, with where the state came from: generation entry's restore hook.
   absl::StatusOr<RestoreResult> RestoreNewestCommitted();
   // Restores the newest committed checkpoint for the failure `result` (the policy's kRollback

@@ -278,6 +278,8 @@ TEST(Launcher, AReplacementRestoresTheDeadRanksArenaAndTheJobEndsAsIfUninterrupt
     EXPECT_THAT(out, HasSubstr(absl::StrCat("rank ", r, " restored step ", step, " from arena")));
   }
   EXPECT_EQ(job.FinalChecksums(), expected) << out;
+  // The replicas were compared at every snapshot, the replacement's included: no false verdict.
+  EXPECT_THAT(out, Not(HasSubstr("silent corruption")));
   // Rank 2's event file records the restore by the replacement (generation 1).
   bool restored = false;
   for (const Event& e : job.Events(2)) {
@@ -367,6 +369,33 @@ TEST(Launcher, AFlippedBitIsNamedAtTheNextSnapshotRepairedAndTheJobEndsAsIfUnint
   EXPECT_GE(events, 1);
   std::printf("a bit flipped at step 35: named at the snapshot of step %d (%d steps later)\n",
               detected, detected - 35);
+}
+
+// The reduced-gradient check (Step::CheckReplicated right after the allreduce, every step): rank 1
+// flips a bit of its reduced gradients at step 35, after the reduction, as a faulty reduction
+// would leave them. The group's last rank to publish names rank 1 and the buffer in the same step;
+// every rank rolls back and the job ends as an uninterrupted run with the check on, which raises
+// no verdict.
+TEST(Launcher, AReducedGradientThatDiffersIsNamedInItsStepAndRepaired) {
+  testing::TempDir clean_dir;
+  LauncherJob clean(clean_dir, {"--nproc", "3"}, 120, kEvery10,
+                    {"--step-time-ms", "20", "--check-reduced-grad", "1"});
+  ASSERT_EQ(clean.Wait(), 0) << clean.Output();
+  EXPECT_THAT(clean.Output(), Not(HasSubstr("silent corruption")));
+  const std::map<int, std::string> expected = clean.FinalChecksums();
+  ASSERT_EQ(expected.size(), 3u) << clean.Output();
+
+  testing::TempDir dir;
+  LauncherJob job(
+      dir, {"--nproc", "3"}, 120, kEvery10,
+      {"--step-time-ms", "20", "--check-reduced-grad", "1", "--corrupt-reduced-grad", "1:35"});
+  ASSERT_EQ(job.Wait(), 0) << job.Output();
+  const std::string out = job.Output();
+  EXPECT_THAT(out, HasSubstr("silent corruption: step 35: data-parallel group tp0.cp0.pp0 (ranks "
+                             "0,1,2): rank 1 (host "));
+  EXPECT_THAT(out, HasSubstr(") buffer mlp.reduced_gradients: fingerprint"));
+  EXPECT_THAT(out, HasSubstr("generation 1 renewed with the same ranks"));
+  EXPECT_EQ(job.FinalChecksums(), expected) << out;
 }
 
 // With silent_corruption=alert the job is only told: it trains on, and no step after the flip is
