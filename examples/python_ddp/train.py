@@ -58,6 +58,10 @@ this small model computes.
 update (generation 0 only): silent data corruption, found at the next snapshot by comparing the
 replicas' snapshots (the parameters and optimizer state are registered as replicated).
 
+--check-reduced-grad 1 compares the gradients DDP reduced across the ranks every step
+(s.check_replicated); --corrupt-reduced-grad R:S flips a bit of rank R's reduced gradients at step S
+(generation 0 only), after the reduction and before the update.
+
 --die-in-rebuild R:G makes rank R SIGKILL itself inside the rebuild of generation G's process group
 (before DDP's collective construction), so the others' rebuild fails on a dead peer.
 
@@ -112,6 +116,8 @@ def parse_args(argv):
     p.add_argument("--die-in-rebuild", default="-1:-1", metavar="R:G")
     p.add_argument("--zero-grad-at-end", type=int, choices=(0, 1), default=0)
     p.add_argument("--flip-bit", default="-1:-1", metavar="R:S")
+    p.add_argument("--check-reduced-grad", type=int, choices=(0, 1), default=0)
+    p.add_argument("--corrupt-reduced-grad", default="-1:-1", metavar="R:S")
     args = p.parse_args(argv)
     args.gates = {}
     for gate in args.gate:
@@ -122,6 +128,7 @@ def parse_args(argv):
         args.stop_rank, args.stop_step = (int(x) for x in args.stop_in_allreduce.split(":"))
     args.die_in_rebuild = tuple(int(x) for x in args.die_in_rebuild.split(":"))
     args.flip_bit = tuple(int(x) for x in args.flip_bit.split(":"))
+    args.corrupt_grad = tuple(int(x) for x in args.corrupt_reduced_grad.split(":"))
     args.spike_rank, args.spike_step = (int(x) for x in args.inject_loss_spike.split(":"))
     args.raise_rank, args.raise_step = (int(x) for x in args.raise_before_backward.split(":"))
     args.nan_rank, args.nan_steps = -1, set()
@@ -262,6 +269,15 @@ def main(argv):
                 else:
                     dist.all_reduce(mean)
                 mean /= rt.world_size
+            if not s.failed and (args.check_reduced_grad or args.corrupt_grad[0] >= 0):
+                if (rank, step) == args.corrupt_grad and rt.generation == 0:
+                    # A bit of one reduced gradient, as a faulty reduction would leave it.
+                    bits = model[0].weight.grad.view(-1).view(torch.int32)
+                    bits[bits.numel() // 3] ^= 1 << 5
+                if args.check_reduced_grad:
+                    # DDP reduced them in backward(): every replica holds the same gradients now.
+                    s.check_replicated("model.gradients", torch.cat(
+                        [p.grad.reshape(-1) for p in model.parameters()]))
             if not s.failed:  # a NaN on any rank fails the step on every rank: skip the update
                 optimizer.step()
                 if (rank, step) == args.flip_bit and rt.generation == 0:

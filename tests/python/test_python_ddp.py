@@ -381,6 +381,27 @@ def test_a_flipped_bit_in_a_parameter_is_named_repaired_and_the_job_ends_as_unin
     _assert_every_rank_ends_as(job, uninterrupted)
 
 
+# The reduced gradients compared every step (s.check_replicated after DDP's backward): rank 2 flips
+# a bit of its reduced gradients at step 12. The group's last rank names rank 2 and the buffer in
+# that step, every rank rolls back, and the job ends as if uninterrupted.
+def test_a_reduced_gradient_that_differs_is_named_in_its_step_repaired_and_the_job_ends_as_uninterrupted(
+        tmp_path, uninterrupted):
+    gate = tmp_path / "gate"
+    job = Job(tmp_path, "grad", 0, ["--check-reduced-grad", "1", "--corrupt-reduced-grad", "2:12",
+                                    "--gate", f"20:{gate}"])
+    try:
+        job.wait_for(r"silent corruption: step \d+")
+        gate.touch()
+        code = job.finish()
+    finally:
+        job.abandon(gate)
+    out = job.output()
+    assert code == 0, out
+    assert re.search(r"silent corruption: step 12: data-parallel group tp0\.cp0\.pp0 \(ranks "
+                     r"0,1,2\): rank 2 \(host [^)]+\) buffer model\.gradients: fingerprint", out), out
+    _assert_every_rank_ends_as(job, uninterrupted)
+
+
 def test_a_rank_that_dies_while_the_process_group_is_rebuilt_is_replaced_and_the_job_goes_on(
         tmp_path, uninterrupted):
     # Rank 1 is killed at step 12; in generation 1, rank 2 kills itself inside the rebuild of the

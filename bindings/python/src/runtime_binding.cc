@@ -296,6 +296,19 @@ class PyStepScope {
                                     reinterpret_cast<void*>(cuda_stream));
   }
 
+  void CheckReplicated(const std::string& name, const Array& array) {
+    BufferView v = ViewOf(name, array);
+    if (v.device.kind != Device::Kind::kHost) {
+      throw StatusError(absl::InvalidArgumentError(
+          absl::StrCat("check_replicated('", name,
+                       "'): a host buffer is needed (copy a device tensor to the "
+                       "CPU first)")));
+    }
+    StepScope& scope = Scope();
+    nb::gil_scoped_release release;
+    ThrowIfError(scope.step().CheckReplicated(name, v.data, v.bytes));
+  }
+
   StepResult Finish() {
     StepScope& scope = Scope();
     StepResult r;
@@ -370,6 +383,7 @@ void BindRuntime(nb::module_& m) {
       .def_prop_ro("superseded_at_entry", &PyStepScope::superseded_at_entry)
       .def("report_fault", &PyStepScope::ReportFault, nb::arg("kind"), nb::arg("message"))
       .def("check_loss", &PyStepScope::CheckLoss, nb::arg("loss"))
+      .def("check_replicated", &PyStepScope::CheckReplicated, nb::arg("name"), nb::arg("array"))
       .def("check_finite", &PyStepScope::CheckFinite, nb::arg("name"), nb::arg("array"),
            nb::arg("cuda_stream") = 0)
       .def("finish", &PyStepScope::Finish);

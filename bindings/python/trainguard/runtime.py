@@ -232,6 +232,16 @@ class Step:
                 _warn_check_loss_after_reduction(self._runtime.rank, self.number)
         return ok
 
+    def check_replicated(self, name, array):
+        """Compares a CPU buffer every rank of this rank's data-parallel group must hold
+        bit-identical now (the gradients right after DDP reduced them) across the group, out of
+        band through the job's store (Step::CheckReplicated, docs/GUIDE.md "Silent data
+        corruption"): a rank whose buffer differs from its group's majority is named, and with
+        silent_corruption=repair or evict every rank goes back to the last committed snapshot at
+        its next step. Every rank of the group calls it with the same `name`, once per step. The
+        step itself is not failed. A CUDA tensor is refused: copy it to the CPU first."""
+        self._live_scope().check_replicated(name, _dlpack_view(array))
+
     def check_finite(self, name, array):
         """Checks a float buffer (any DLPack tensor: numpy, torch; cpu, pinned, cuda) for
         NaN/Inf; a non-finite one fails the step, naming `name`, the rank and the step. Returns
