@@ -129,8 +129,9 @@ struct Options {
   // for eviction whatever the action.
   std::string silent_corruption = "repair";
   // With silent_corruption on: every rank also runs the compute canary at each snapshot (a fixed
-  // matrix product on the CPU, about 0.1 ms, on the checkpointer's thread) and a rank whose result
-  // differs from the job's majority is named: its machine's arithmetic is wrong. 0 or 1.
+  // matrix product on its GPU, or its CPU (about 0.1 ms), on the checkpointer's thread) and a rank
+  // whose result differs from the job's majority is named: its machine's arithmetic is wrong. 0 or
+  // 1.
   int silent_corruption_canary = 1;
 
   // Hang detection (watchdog.h). A phase is hung when it has run longer than its learned bound,

@@ -91,7 +91,8 @@ struct CheckpointerOptions {
   // replicas disagree is not committed (SaveOutcome::disagreements). Empty group: not compared.
   std::string replica_group;
   std::string host;
-  // The compute canary (sdk/health/compute_canary.h): called on the worker at each snapshot; its
+  // The compute canary (sdk/health/compute_canary.h; the Runtime's runs on the rank's GPU when it
+  // has CUDA state): called on the worker at each snapshot; its
   // fingerprint rides in the vote and the ballot's last voter compares every rank's (a rank that
   // differs is reported in SaveOutcome::disagreements, group kCanaryGroup; the step is committed
   // all the same). Empty: none. REQUIRES a store.

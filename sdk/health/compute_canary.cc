@@ -8,6 +8,13 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+
+#if defined(TRAINGUARD_HAVE_CUDA)
+#include "sdk/health/canary_kernels.h"
+#endif
+
 namespace trainguard {
 namespace {
 
@@ -29,13 +36,23 @@ float Input(uint64_t index) {
 
 }  // namespace
 
+std::vector<float> CanaryInputA() {
+  std::vector<float> a(kCanaryDim * kCanaryDim);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = Input(i);
+  return a;
+}
+
+std::vector<float> CanaryInputB() {
+  std::vector<float> b(kCanaryDim * kCanaryDim);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = Input(b.size() + i);
+  return b;
+}
+
 std::vector<float> CanaryProduct() {
   constexpr int n = kCanaryDim;
-  std::vector<float> a(n * n), b(n * n), c(n * n, 0.0f);
-  for (int i = 0; i < n * n; ++i) {
-    a[i] = Input(i);
-    b[i] = Input(n * n + i);
-  }
+  const std::vector<float> a = CanaryInputA();
+  const std::vector<float> b = CanaryInputB();
+  std::vector<float> c(n * n, 0.0f);
   for (int i = 0; i < n; ++i) {
     for (int k = 0; k < n; ++k) {
       const float aik = a[i * n + k];
@@ -48,6 +65,31 @@ std::vector<float> CanaryProduct() {
 uint64_t ComputeCanary() {
   const std::vector<float> c = CanaryProduct();
   return XXH3_64bits(c.data(), c.size() * sizeof(float));
+}
+
+absl::StatusOr<std::vector<float>> DeviceCanaryProduct(int device) {
+#if defined(TRAINGUARD_HAVE_CUDA)
+  const std::vector<float> a = CanaryInputA();
+  const std::vector<float> b = CanaryInputB();
+  std::vector<float> c(a.size());
+  const cudaError_t status =
+      health_internal::DeviceCanaryProduct(device, a.data(), b.data(), c.data(), kCanaryDim);
+  if (status != cudaSuccess) {
+    return absl::InternalError(absl::StrFormat("the compute canary on CUDA device %d: %s (%d)",
+                                               device, cudaGetErrorString(status),
+                                               static_cast<int>(status)));
+  }
+  return c;
+#else
+  return absl::UnimplementedError(absl::StrFormat(
+      "the compute canary on CUDA device %d: trainguard is built without CUDA", device));
+#endif
+}
+
+absl::StatusOr<uint64_t> ComputeDeviceCanary(int device) {
+  absl::StatusOr<std::vector<float>> c = DeviceCanaryProduct(device);
+  if (!c.ok()) return c.status();
+  return XXH3_64bits(c->data(), c->size() * sizeof(float));
 }
 
 }  // namespace trainguard

@@ -780,7 +780,23 @@ absl::Status RuntimeImpl::EnsureCheckpointer() {
   if (options_.silent_corruption != "off") {
     o.replica_group = ReplicaGroup();
     o.host = ReplicaHost();
-    if (options_.silent_corruption_canary == 1) o.canary = [] { return ComputeCanary(); };
+    if (options_.silent_corruption_canary == 1) {
+      // On the device of the rank's first CUDA buffer when it has one (its product equals the CPU
+      // twin's on a healthy GPU); a device that cannot run it falls back to the CPU twin.
+      std::optional<int> ordinal;
+      for (const StateBuffer& b : state_.buffers()) {
+        if (b.device.kind == Device::Kind::kCuda) {
+          ordinal = b.device.index;
+          break;
+        }
+      }
+      o.canary = [ordinal] {
+        if (ordinal.has_value()) {
+          if (absl::StatusOr<uint64_t> fp = ComputeDeviceCanary(*ordinal); fp.ok()) return *fp;
+        }
+        return ComputeCanary();
+      };
+    }
   }
   absl::StatusOr<std::unique_ptr<Checkpointer>> c = Checkpointer::Create(&state_, o);
   spare_arena_.reset();  // adopted as the arena, or not needed: its memory goes back
