@@ -133,6 +133,10 @@ struct Options {
   // whose result differs from the job's majority is named: its machine's arithmetic is wrong. 0 or
   // 1.
   int silent_corruption_canary = 1;
+  // With silent_corruption on: every N steps between snapshots too, the replicated host buffers
+  // are hashed (a pass over their bytes, on the training thread) and compared across each
+  // data-parallel group through the store, as Step::CheckReplicated does. 0: at snapshots only.
+  int silent_corruption_every_steps = 0;
 
   // Hang detection (watchdog.h). A phase is hung when it has run longer than its learned bound,
   // max(watchdog_floor_ms, watchdog_bound_factor_pct/100 x a high quantile of its recent

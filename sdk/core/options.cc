@@ -175,6 +175,9 @@ void ApplySetFields(const OptionsProto& proto, Options& options) {
   if (proto.has_silent_corruption_canary()) {
     options.silent_corruption_canary = proto.silent_corruption_canary();
   }
+  if (proto.has_silent_corruption_every_steps()) {
+    options.silent_corruption_every_steps = proto.silent_corruption_every_steps();
+  }
   if (proto.has_backup_racks()) {
     options.backup_racks = proto.backup_racks();
   }
@@ -444,6 +447,11 @@ absl::Status CheckCheckpointAndWatchdog(const Options& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("silent_corruption must be off, alert, repair or evict, got \"",
                      options.silent_corruption, "\""));
+  }
+  if (absl::Status s =
+          CheckAtLeast("silent_corruption_every_steps", options.silent_corruption_every_steps, 0);
+      !s.ok()) {
+    return s;
   }
   if (options.silent_corruption_canary != 0 && options.silent_corruption_canary != 1) {
     return absl::InvalidArgumentError(absl::StrCat("silent_corruption_canary must be 0 or 1, got ",

@@ -934,6 +934,35 @@ absl::Status RuntimeImpl::CheckReplicated(int64_t step, std::string_view name, c
         absl::StrCat("rank ", rank_, " step ", step, ": CheckReplicated needs a buffer name"));
   }
   if (store_ == nullptr || options_.silent_corruption == "off") return absl::OkStatus();
+  return CheckReplicatedFingerprint(step, name, XXH3_64bits(data, bytes));
+}
+
+void RuntimeImpl::CompareReplicasBetweenSnapshots(int64_t step) {
+  if (store_ == nullptr || options_.silent_corruption == "off") return;
+  if (checkpointer_ != nullptr && snapshot_unfenced_) return;  // this step's snapshot compares them
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
+  bool any = false;
+  for (const StateBuffer& b : state_.buffers()) {
+    if (!b.replicated || b.device.kind != Device::Kind::kHost) continue;
+    XXH3_64bits_update(state, b.data, b.bytes);
+    any = true;
+  }
+  const uint64_t fingerprint = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  if (!any) return;
+  if (absl::Status s = CheckReplicatedFingerprint(step, "replicated buffers", fingerprint);
+      !s.ok()) {
+    Event event = EventOfKind(
+        EventKind::kSkipped,
+        absl::StrCat("comparing the replicated buffers between snapshots: ", s.message()));
+    event.step = step;
+    (void)EmitEvent(std::move(event));
+  }
+}
+
+absl::Status RuntimeImpl::CheckReplicatedFingerprint(int64_t step, std::string_view name,
+                                                     uint64_t fingerprint) {
   absl::StatusOr<std::vector<int>> group = topology_.GroupOf(rank_, ParallelDim::kData);
   if (!group.ok() || group->size() < 2) return absl::OkStatus();  // nobody to agree with
   const std::string group_name = ReplicaGroup();
@@ -941,7 +970,6 @@ absl::Status RuntimeImpl::CheckReplicated(int64_t step, std::string_view name, c
   const std::string base =
       absl::StrCat("sdc/check/", generation(), "/", step, "/", buffer, "/", group_name, "/");
   const absl::Duration timeout = absl::Milliseconds(options_.rendezvous_timeout_ms);
-  const uint64_t fingerprint = XXH3_64bits(data, bytes);
   if (absl::Status set =
           store_->Set(absl::StrCat(base, rank_),
                       EncodeReplicaVote({rank_, group_name, ReplicaHost(), fingerprint}), timeout);

@@ -128,7 +128,14 @@ class RuntimeImpl final : public Runtime {
     if (options_.checkpoint_every_steps > 0 || options_.checkpoint_every_seconds > 0) {
       MaybeCheckpointSlow(step);
     }
+    if (options_.silent_corruption_every_steps > 0 &&
+        (step + 1) % options_.silent_corruption_every_steps == 0) {
+      CompareReplicasBetweenSnapshots(step);
+    }
   }
+  // silent_corruption_every_steps: the replicated host buffers' fingerprint compared across the
+  // group (CheckReplicatedFingerprint), unless this step started a snapshot (compared anyway).
+  void CompareReplicasBetweenSnapshots(int64_t step);
   void MaybeCheckpointSlow(int64_t step);
   void FenceSnapshot() {
     if (snapshot_unfenced_) FenceSnapshotSlow();
@@ -162,6 +169,8 @@ class RuntimeImpl final : public Runtime {
   // Step::CheckReplicated: publishes the buffer's fingerprint under the step and this rank's
   // data-parallel group; the group's last rank judges the group and removes its keys.
   absl::Status CheckReplicated(int64_t step, std::string_view name, const void* data, size_t bytes);
+  absl::Status CheckReplicatedFingerprint(int64_t step, std::string_view name,
+                                          uint64_t fingerprint);
   std::optional<std::string> TakeRepairRequest() {
     if (!repair_requested_.load(std::memory_order_acquire)) return std::nullopt;
     return TakeRepairRequestSlow();

@@ -398,6 +398,32 @@ TEST(Launcher, AReducedGradientThatDiffersIsNamedInItsStepAndRepaired) {
   EXPECT_EQ(job.FinalChecksums(), expected) << out;
 }
 
+// Between snapshots too (silent_corruption_every_steps=5, a snapshot every 50 steps): the bit rank
+// 1 flips after step 55 is found by the comparison after step 59, long before the snapshot of step
+// 100; every rank goes back to the snapshot of step 50 and the job ends as an uninterrupted run
+// with the same comparisons, which raises no verdict.
+TEST(Launcher, BetweenSnapshotsAFlippedBitIsNamedAtTheNextComparisonAndRepaired) {
+  const std::vector<std::pair<std::string, std::string>> env = {
+      {"TRAINGUARD_CHECKPOINT_EVERY_STEPS", "50"},
+      {"TRAINGUARD_SILENT_CORRUPTION_EVERY_STEPS", "5"}};
+  testing::TempDir clean_dir;
+  LauncherJob clean(clean_dir, {"--nproc", "3"}, 140, env, {"--step-time-ms", "20"});
+  ASSERT_EQ(clean.Wait(), 0) << clean.Output();
+  EXPECT_THAT(clean.Output(), Not(HasSubstr("silent corruption")));
+  const std::map<int, std::string> expected = clean.FinalChecksums();
+  ASSERT_EQ(expected.size(), 3u) << clean.Output();
+
+  testing::TempDir dir;
+  LauncherJob job(dir, {"--nproc", "3"}, 140, env, {"--step-time-ms", "20", "--flip-bit", "1:55"});
+  ASSERT_EQ(job.Wait(), 0) << job.Output();
+  const std::string out = job.Output();
+  EXPECT_THAT(out, HasSubstr("silent corruption: step 59: data-parallel group tp0.cp0.pp0 (ranks "
+                             "0,1,2): rank 1 (host "));
+  EXPECT_THAT(out, HasSubstr(") buffer replicated buffers: fingerprint"));
+  EXPECT_THAT(out, HasSubstr("generation 1 renewed with the same ranks"));
+  EXPECT_EQ(job.FinalChecksums(), expected) << out;
+}
+
 // With silent_corruption=alert the job is only told: it trains on, and no step after the flip is
 // ever committed or written to disk (only the agreeing steps before it are there).
 TEST(Launcher, WithAlertAFlippedBitIsNamedAndNoLaterSnapshotIsCommittedOrPersisted) {

@@ -128,6 +128,12 @@ TEST_F(OptionsTest, SilentCorruptionIsRepairWithTheCanaryByDefaultAndOtherValues
   EXPECT_THAT(bad.message(), HasSubstr("silent_corruption must be off, alert, repair or evict"));
   EXPECT_THAT(ParseStatus({{"TRAINGUARD_SILENT_CORRUPTION_CANARY", "2"}}).message(),
               HasSubstr("silent_corruption_canary must be 0 or 1"));
+  EXPECT_EQ(Options().silent_corruption_every_steps, 0);
+  EXPECT_EQ(
+      MustParse({{"TRAINGUARD_SILENT_CORRUPTION_EVERY_STEPS", "20"}}).silent_corruption_every_steps,
+      20);
+  EXPECT_THAT(ParseStatus({{"TRAINGUARD_SILENT_CORRUPTION_EVERY_STEPS", "-1"}}).message(),
+              HasSubstr("silent_corruption_every_steps"));
 }
 
 // --- Text-format files.
