@@ -178,18 +178,24 @@ void BM_SnapshotBegin(benchmark::State& state) {
   state.counters["max_us"] = seconds.back() * 1e6;
 }
 
-// (b) A whole snapshot: copy and checksum of every byte into the arena.
-void BM_SnapshotBeginToFence(benchmark::State& state) {
-  Setup setup(state, 3);
-  if (!setup.ok()) return;
+// Whole snapshots (Begin + Fence), one per iteration; false when one failed (the benchmark is
+// then marked so).
+bool TakeSnapshots(benchmark::State& state, Setup& setup) {
   int64_t step = 0;
   for (auto _ : state) {
     if (!setup.snapshotter->Begin(++step).ok() || !setup.snapshotter->Fence(kFenceTimeout).ok()) {
       state.SkipWithError("snapshot failed");
-      return;
+      return false;
     }
   }
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(setup.bytes));
+  return true;
+}
+
+// (b) A whole snapshot: copy and checksum of every byte into the arena.
+void BM_SnapshotBeginToFence(benchmark::State& state) {
+  Setup setup(state, 3);
+  if (setup.ok()) (void)TakeSnapshots(state, setup);
 }
 
 // Silent data corruption: a whole snapshot of replicated buffers (the replica digests taken on the
@@ -197,15 +203,7 @@ void BM_SnapshotBeginToFence(benchmark::State& state) {
 // same process: the comparison's cost to the snapshot.
 void BM_SnapshotReplicated(benchmark::State& state) {
   Setup setup(state, 3, state.range(3) != 0);
-  if (!setup.ok()) return;
-  int64_t step = 0;
-  for (auto _ : state) {
-    if (!setup.snapshotter->Begin(++step).ok() || !setup.snapshotter->Fence(kFenceTimeout).ok()) {
-      state.SkipWithError("snapshot failed");
-      return;
-    }
-  }
-  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(setup.bytes));
+  if (!setup.ok() || !TakeSnapshots(state, setup)) return;
   absl::StatusOr<Snapshotter::View> view = setup.snapshotter->LatestView();
   state.counters["digests"] = view.ok() ? static_cast<double>(view->replica_digests.size()) : -1;
 }

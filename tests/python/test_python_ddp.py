@@ -352,16 +352,11 @@ def test_killed_ranks_are_replaced_before_and_after_the_first_commit_and_end_as_
     _assert_every_rank_ends_as(job, uninterrupted)
 
 
-# Silent data corruption: rank 1 flips one bit of a weight after step 12's update. The snapshot of
-# step 15 is compared across the three replicas: rank 1 and the buffer are named, the step is never
-# committed, every rank goes back to the snapshot before the flip and the job ends as if
-# uninterrupted.
-def test_a_flipped_bit_in_a_parameter_is_named_repaired_and_the_job_ends_as_uninterrupted(
-        tmp_path, uninterrupted):
-    # The ranks wait at step 20 until the verdict is out, so that the job cannot end before the
-    # repair, however fast its steps.
+def _run_until_verdict(tmp_path, name, trainer_args):
+    """A job whose ranks wait at step 20 until the launcher said "silent corruption", so that it
+    cannot end before the repair however fast its steps; (the job, its output) once it exited 0."""
     gate = tmp_path / "gate"
-    job = Job(tmp_path, "flip", 0, ["--flip-bit", "1:12", "--gate", f"20:{gate}"])
+    job = Job(tmp_path, name, 0, [*trainer_args, "--gate", f"20:{gate}"])
     try:
         job.wait_for(r"silent corruption: step \d+")
         gate.touch()
@@ -370,6 +365,16 @@ def test_a_flipped_bit_in_a_parameter_is_named_repaired_and_the_job_ends_as_unin
         job.abandon(gate)
     out = job.output()
     assert code == 0, out
+    return job, out
+
+
+# Silent data corruption: rank 1 flips one bit of a weight after step 12's update. The snapshot of
+# step 15 is compared across the three replicas: rank 1 and the buffer are named, the step is never
+# committed, every rank goes back to the snapshot before the flip and the job ends as if
+# uninterrupted.
+def test_a_flipped_bit_in_a_parameter_is_named_repaired_and_the_job_ends_as_uninterrupted(
+        tmp_path, uninterrupted):
+    job, out = _run_until_verdict(tmp_path, "flip", ["--flip-bit", "1:12"])
     assert "rank 1 flipped a bit of model.0.weight at step 12" in out, out
     # At the snapshot of step 15 (or a later one, should a save be skipped while one is in flight).
     found = re.search(r"silent corruption: step (\d+): data-parallel group tp0\.cp0\.pp0 \(ranks "
@@ -386,17 +391,8 @@ def test_a_flipped_bit_in_a_parameter_is_named_repaired_and_the_job_ends_as_unin
 # that step, every rank rolls back, and the job ends as if uninterrupted.
 def test_a_reduced_gradient_that_differs_is_named_in_its_step_repaired_and_the_job_ends_as_uninterrupted(
         tmp_path, uninterrupted):
-    gate = tmp_path / "gate"
-    job = Job(tmp_path, "grad", 0, ["--check-reduced-grad", "1", "--corrupt-reduced-grad", "2:12",
-                                    "--gate", f"20:{gate}"])
-    try:
-        job.wait_for(r"silent corruption: step \d+")
-        gate.touch()
-        code = job.finish()
-    finally:
-        job.abandon(gate)
-    out = job.output()
-    assert code == 0, out
+    job, out = _run_until_verdict(
+        tmp_path, "grad", ["--check-reduced-grad", "1", "--corrupt-reduced-grad", "2:12"])
     assert re.search(r"silent corruption: step 12: data-parallel group tp0\.cp0\.pp0 \(ranks "
                      r"0,1,2\): rank 2 \(host [^)]+\) buffer model\.gradients: fingerprint", out), out
     _assert_every_rank_ends_as(job, uninterrupted)
