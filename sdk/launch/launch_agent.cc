@@ -1223,10 +1223,14 @@ void Job::EvictCorruptHosts() {
       job_coordinator_->DeclareHostDead(
           *host, clock_->Now(), absl::StrFormat("silent data corruption: named %d time(s)", times));
     } else if (times >= 2 && !alert_only) {
-      StopJob(absl::StrFormat(
+      const std::string reason = absl::StrFormat(
           "host %s was named for silent data corruption %d times: a rollback does not cure it, "
           "and it cannot be evicted (%s); replace the host",
-          *host, times, decision.action));
+          *host, times, decision.action);
+      // As a rank stops the job: every host's agent reads job/stop (first writer wins).
+      (void)ranks_store()->CompareAndSet(kJobStopKey, std::nullopt, reason,
+                                         AgentCallTimeout(config_.host_timeout));
+      StopJob(reason);
       return;
     } else {
       Say(absl::StrFormat("silent corruption: host %s: %s", *host, decision.action));
