@@ -58,6 +58,14 @@ std::optional<uint64_t> ParseHex(absl::string_view s) {
   return v;
 }
 
+// This rank's replica digests (Snapshotter::View::replica_digests) of the snapshot it voted for
+// at `step` in `epoch`, kept for a judge that asks for them.
+struct VotedReplica {
+  int64_t step;
+  std::string epoch;
+  std::vector<uint64_t> digests;
+};
+
 // One restore candidate: a step and the fingerprint every rank's snapshot of it must have.
 struct Candidate {
   int64_t step = -1;
@@ -301,22 +309,7 @@ class Checkpointer::Impl {
         store_->MultiGet(keys, std::min(options_.timeout, kCommitPoll * 10));
     for (size_t i = 0; records.ok() && i < voted.size(); ++i) {
       const std::optional<std::string>& want = (*records)[steps.size() + i];
-      if (!want.has_value()) continue;
-      bool wanted = false;
-      for (absl::string_view r : absl::StrSplit(*want, ',')) {
-        int rank;
-        wanted |= absl::SimpleAtoi(r, &rank) && rank == options_.rank;
-      }
-      if (wanted) {
-        (void)store_->Set(DigestKey(voted[i].epoch, voted[i].step, options_.rank),
-                          EncodeDigests(voted[i].digests), options_.timeout);
-      }
-      MutexLock lock(&mu_);
-      voted_.erase(std::remove_if(voted_.begin(), voted_.end(),
-                                  [&](const VotedReplica& v) {
-                                    return v.step == voted[i].step && v.epoch == voted[i].epoch;
-                                  }),
-                   voted_.end());
+      if (want.has_value()) AnswerWant(voted[i], *want);
     }
     std::vector<int64_t> in_arena;
     for (const SnapshotInfo& info : snapshotter_->CompleteSnapshots()) {
@@ -655,6 +648,24 @@ class Checkpointer::Impl {
     return false;
   }
 
+  // The judge's request `want` ("R,R,...") for the digests of `voted`'s step: this rank's are
+  // published if it is named; either way the request is answered and `voted` is dropped.
+  void AnswerWant(const VotedReplica& voted, const std::string& want) {
+    for (absl::string_view r : absl::StrSplit(want, ',')) {
+      int rank;
+      if (absl::SimpleAtoi(r, &rank) && rank == options_.rank) {
+        (void)store_->Set(DigestKey(voted.epoch, voted.step, options_.rank),
+                          EncodeDigests(voted.digests), options_.timeout);
+      }
+    }
+    MutexLock lock(&mu_);
+    voted_.erase(std::remove_if(voted_.begin(), voted_.end(),
+                                [&](const VotedReplica& v) {
+                                  return v.step == voted.step && v.epoch == voted.epoch;
+                                }),
+                 voted_.end());
+  }
+
   // Publishes this rank's replica digests of `job` if the judge asks for them within
   // kJudgementWait.
   void AnswerDigestRequest(const Job& job) {
@@ -671,19 +682,7 @@ class Checkpointer::Impl {
       absl::StatusOr<std::string> want = store_->Get(DigestWantKey(job.epoch, job.step),
                                                      std::min(options_.timeout, kCommitPoll * 10));
       if (want.ok()) {
-        for (absl::string_view r : absl::StrSplit(*want, ',')) {
-          int rank;
-          if (absl::SimpleAtoi(r, &rank) && rank == options_.rank) {
-            (void)store_->Set(DigestKey(job.epoch, job.step, options_.rank),
-                              EncodeDigests(voted->digests), options_.timeout);
-          }
-        }
-        MutexLock lock(&mu_);
-        voted_.erase(std::remove_if(voted_.begin(), voted_.end(),
-                                    [&](const VotedReplica& v) {
-                                      return v.step == job.step && v.epoch == job.epoch;
-                                    }),
-                     voted_.end());
+        AnswerWant(*voted, *want);
         return;
       }
       absl::SleepFor(kCommitPoll);
@@ -818,11 +817,9 @@ class Checkpointer::Impl {
 
   // The verdict on the ballot of `job`, for `trainguard run` (job/silent_corruption).
   void RecordVerdict(const Job& job, const std::vector<ReplicaDisagreement>& verdict) {
-    std::vector<std::string> lines;
-    for (const ReplicaDisagreement& d : verdict) lines.push_back(DescribeDisagreement(job.step, d));
     (void)options_.store->Set(
         store_keys::kJobSilentCorruption,
-        absl::StrCat(job.epoch, "/", job.step, "\n", absl::StrJoin(lines, "\n")),
+        VerdictRecord(absl::StrCat(job.epoch, "/", job.step), job.step, verdict),
         std::min(options_.timeout, absl::Seconds(10)));
   }
 
@@ -1287,11 +1284,6 @@ class Checkpointer::Impl {
   std::vector<int64_t> unresolved_ ABSL_GUARDED_BY(mu_);
   // This rank's replica digests of its last snapshot votes (at most 2), until a judge asked for
   // them or the step was resolved.
-  struct VotedReplica {
-    int64_t step;
-    std::string epoch;
-    std::vector<uint64_t> digests;
-  };
   std::vector<VotedReplica> voted_ ABSL_GUARDED_BY(mu_);
   // Set while a restore waits for the worker: AwaitJudgement gives up.
   std::atomic<bool> judgement_cancelled_{false};

@@ -96,6 +96,10 @@ absl::StatusOr<std::optional<ReplicaReport>> DecodeCanaryVote(int rank, std::str
       ReplicaReport{rank, kCanaryGroup, std::string(part.substr(17)), *fingerprint});
 }
 
+size_t ReplicaDisagreement::IndexOf(int rank) const {
+  return static_cast<size_t>(std::find(ranks.begin(), ranks.end(), rank) - ranks.begin());
+}
+
 std::vector<ReplicaDisagreement> JudgeReplicas(const std::vector<ReplicaReport>& reports) {
   std::map<std::string, std::vector<const ReplicaReport*>> groups;
   for (const ReplicaReport& r : reports) groups[r.group].push_back(&r);
@@ -156,9 +160,6 @@ std::string DescribeDisagreement(int64_t step, const ReplicaDisagreement& d) {
                                               ? ""
                                               : absl::StrCat(" (", d.digests_missing, ")"));
   };
-  auto index_of = [&](int rank) {
-    return static_cast<size_t>(std::find(d.ranks.begin(), d.ranks.end(), rank) - d.ranks.begin());
-  };
   if (d.group == kCanaryGroup) {
     std::vector<std::string> each;
     for (size_t i = 0; i < d.ranks.size(); ++i) {
@@ -180,7 +181,7 @@ std::string DescribeDisagreement(int64_t step, const ReplicaDisagreement& d) {
   if (d.majority.has_value()) {
     std::vector<std::string> named;
     for (size_t m = 0; m < d.minority.size(); ++m) {
-      const size_t i = index_of(d.minority[m]);
+      const size_t i = d.IndexOf(d.minority[m]);
       named.push_back(absl::StrFormat("rank %d (host %s) %s: fingerprint %016x", d.minority[m],
                                       d.hosts[i], buffers_of(m), d.fingerprints[i]));
     }
@@ -200,6 +201,15 @@ std::string DescribeDisagreement(int64_t step, const ReplicaDisagreement& d) {
       "%s differs between them; nobody is named: the job goes back to the last step they agreed "
       "on",
       step, d.group, d.ranks.size(), absl::StrJoin(each, ", "), buffers_of(0));
+}
+
+std::string VerdictRecord(std::string_view id, int64_t step,
+                          const std::vector<ReplicaDisagreement>& verdict) {
+  std::string record(id);
+  for (const ReplicaDisagreement& d : verdict) {
+    absl::StrAppend(&record, "\n", DescribeDisagreement(step, d));
+  }
+  return record;
 }
 
 std::string EncodeDigests(const std::vector<uint64_t>& digests) {

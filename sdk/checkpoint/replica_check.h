@@ -68,6 +68,9 @@ struct ReplicaDisagreement {
   // buffers that differ; empty when the digests did not arrive.
   std::vector<std::vector<std::string>> buffers;
   std::string digests_missing;  // why `buffers` is empty, if it is
+
+  // Where `rank` is in `ranks` (and so in `hosts`, `fingerprints`); ranks.size() if absent.
+  size_t IndexOf(int rank) const;
 };
 
 // Every group of more than one rank whose fingerprints are not all equal, in group order. Ranks
@@ -84,6 +87,11 @@ std::vector<std::string> DifferingBuffers(const std::vector<Snapshotter::Replica
 // The operator's line for one disagreement at `step`, as `trainguard run` prints it and the
 // silent_corruption event says it.
 std::string DescribeDisagreement(int64_t step, const ReplicaDisagreement& d);
+
+// The record of a verdict in job/silent_corruption (store_keys.h): `id` (what was judged, unique
+// per verdict), then DescribeDisagreement's line of each disagreement, newline-separated.
+std::string VerdictRecord(std::string_view id, int64_t step,
+                          const std::vector<ReplicaDisagreement>& verdict);
 
 // Replica digests as store text (16 hex digits each, comma-separated) and back; InvalidArgument
 // for malformed text.

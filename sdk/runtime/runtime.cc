@@ -854,10 +854,7 @@ void RuntimeImpl::OnSilentCorruption(int64_t step,
     // One event per rank named; one for the group when no majority decides.
     const std::vector<int> named = d.majority.has_value() ? d.minority : std::vector<int>{-1};
     for (size_t m = 0; m < named.size(); ++m) {
-      const size_t i =
-          named[m] < 0 ? 0
-                       : static_cast<size_t>(std::find(d.ranks.begin(), d.ranks.end(), named[m]) -
-                                             d.ranks.begin());
+      const size_t i = named[m] < 0 ? 0 : d.IndexOf(named[m]);
       Event event = EventOfKind(EventKind::kSilentCorruption, line);
       event.step = step;
       event.attributes.insert(
@@ -885,8 +882,7 @@ void RuntimeImpl::OnSilentCorruption(int64_t step,
     const absl::Duration timeout = absl::Milliseconds(options_.rendezvous_timeout_ms);
     for (const ReplicaDisagreement& d : disagreements) {
       for (int r : d.minority) {
-        const std::string& host =
-            d.hosts[std::find(d.ranks.begin(), d.ranks.end(), r) - d.ranks.begin()];
+        const std::string& host = d.hosts[d.IndexOf(r)];
         absl::StatusOr<int64_t> times = store_->Add(
             absl::StrCat(store_keys::kJobSilentCorruptionNamedPrefix, "host ", host), 1, timeout);
         if (times.ok() && (evict || *times >= 2)) {
@@ -999,14 +995,11 @@ absl::Status RuntimeImpl::CheckReplicatedFingerprint(int64_t step, std::string_v
   for (const std::string& key : keys) (void)store_->Delete(key, timeout);
   std::vector<ReplicaDisagreement> judged = JudgeReplicas(reports);
   if (judged.empty()) return absl::OkStatus();
-  std::vector<std::string> lines;
   for (ReplicaDisagreement& d : judged) {
     const size_t named = d.majority.has_value() ? d.minority.size() : 1;
     d.buffers.assign(named, std::vector<std::string>{buffer});
-    lines.push_back(DescribeDisagreement(step, d));
   }
-  (void)store_->Set(store_keys::kJobSilentCorruption,
-                    absl::StrCat(base, "\n", absl::StrJoin(lines, "\n")),
+  (void)store_->Set(store_keys::kJobSilentCorruption, VerdictRecord(base, step, judged),
                     std::min(timeout, absl::Seconds(10)));
   OnSilentCorruption(step, judged);
   return absl::OkStatus();
