@@ -32,6 +32,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -62,7 +63,27 @@ class Communicator {
   // it failed (a peer died, the communicator was aborted); the buffer of a receiving rank is then
   // undefined. Unimplemented for a device the communicator cannot reach.
   virtual absl::Status Broadcast(void* data, size_t bytes, Device device, int root) = 0;
+
+  // The communicators this one holds besides its own (those of which this rank is a member), each
+  // with its own sequence of collectives: a
+  // Megatron-style trainer's tensor, pipeline and data-parallel groups, each a communicator over a
+  // subset of the ranks, and one per pipeline link (the two stages that send to each other). Each
+  // has an id from CommunicatorSpec::GroupId and a name; the Runtime registers them with the
+  // CollectiveTracker after the factory returns, with this communicator's Abort() as their abort
+  // hook (a hang in any group aborts them all), and unregisters them when it closes this
+  // communicator. Record each group's collectives under its id (ScopedCollective): the hang
+  // diagnosis then compares ranks only in the groups they are members of, and follows the waits
+  // from one group to another to the rank where they end. Called once, after the factory returned.
+  struct Group {
+    uint64_t comm_id = 0;
+    std::string name;  // for logs and the flight recorder, e.g. "tp0", "pp1.link0"
+  };
+  virtual std::vector<Group> Groups() const { return {}; }
 };
+
+// The communicator id of a group's generation: the low 40 bits of the group's id
+// (CommunicatorSpec::GroupId), which is the generation's communicator id.
+inline uint64_t GenerationOfCommId(uint64_t comm_id) { return comm_id & ((uint64_t{1} << 40) - 1); }
 
 // What the factory is given to build the communicator of one generation.
 struct CommunicatorSpec {
@@ -88,6 +109,12 @@ struct CommunicatorSpec {
   uint64_t comm_id = 0;
   // "comm/gen<G>": a name for logs and the tracker.
   std::string name;
+
+  // The id of the communicator's group `index` (0, 1, ...; Communicator::Groups): unique in the
+  // job, and the same on every rank that is a member of that group.
+  uint64_t GroupId(int index) const {
+    return ((static_cast<uint64_t>(index) + 1) << 40) | GenerationOfCommId(comm_id);
+  }
 };
 
 // Builds the communicator of a generation. Blocks until every rank of the generation has called it

@@ -106,8 +106,8 @@ void GenerationEntry::CloseCommunicator() {
   // Abort first: a peer (or a thread of ours) blocked in one of its collectives fails at once
   // instead of waiting out its timeout.
   communicator_->Abort();
-  if (communicator_id_ != 0) (void)options_.tracker->UnregisterCommunicator(communicator_id_);
-  communicator_id_ = 0;
+  for (uint64_t id : communicator_ids_) (void)options_.tracker->UnregisterCommunicator(id);
+  communicator_ids_.clear();
   communicator_.reset();
 }
 
@@ -194,14 +194,19 @@ absl::Status GenerationEntry::BuildCommunicator() {
         scoped.reset();
       });
   std::shared_ptr<Communicator> held = communicator_;
-  if (absl::Status s = options_.tracker->RegisterCommunicator(spec.comm_id, spec.name,
-                                                              [held] { held->Abort(); });
-      !s.ok()) {
-    communicator_->Abort();
-    communicator_.reset();
-    return WithContext(s, absl::StrCat(where, ": registering it with the collective tracker"));
+  std::vector<Communicator::Group> groups = communicator_->Groups();
+  groups.insert(groups.begin(), Communicator::Group{spec.comm_id, spec.name});
+  for (Communicator::Group& group : groups) {
+    const std::string name = group.name;
+    if (absl::Status s = options_.tracker->RegisterCommunicator(
+            group.comm_id, std::move(group.name), [held] { held->Abort(); });
+        !s.ok()) {
+      CloseCommunicator();
+      return WithContext(
+          s, absl::StrCat(where, ": registering ", name, " with the collective tracker"));
+    }
+    communicator_ids_.push_back(group.comm_id);
   }
-  communicator_id_ = spec.comm_id;
   return absl::OkStatus();
 }
 

@@ -263,7 +263,8 @@ class GenerationEntry {
   // while the training thread lets go of it. Its deleter also owns the generation's PrefixStore
   // (CommunicatorSpec::store), destroyed after the communicator.
   std::shared_ptr<Communicator> communicator_;
-  uint64_t communicator_id_ = 0;  // registered in the tracker; 0: none
+  // Registered in the tracker: the communicator's id and its groups' (Communicator::Groups).
+  std::vector<uint64_t> communicator_ids_;
 };
 
 }  // namespace trainguard

@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "sdk/core/store_keys.h"
+#include "trainguard/communicator.h"
 
 namespace trainguard {
 namespace runtime_internal {
@@ -38,6 +39,13 @@ int64_t ProgressRecord::BegunOn(uint64_t comm_id) const {
     if (id == comm_id) return begun_count;
   }
   return -1;
+}
+
+bool ProgressRecord::MemberOfGeneration(uint64_t generation_comm_id) const {
+  for (const auto& [id, begun_count] : begun) {
+    if (GenerationOfCommId(id) == generation_comm_id) return true;
+  }
+  return false;
 }
 
 std::string EncodeProgressRecord(const ProgressRecord& record) {
@@ -120,7 +128,11 @@ std::optional<std::string> ExplainWait(const std::vector<std::optional<std::stri
     if (rank < static_cast<int>(stopped.size()) && stopped[rank]) continue;
     absl::StatusOr<ProgressRecord> r = ParseProgressRecord(*records[rank]);
     if (!r.ok()) continue;
-    if (r->BegunOn(comm_id) > comm_seq) continue;  // it entered the collective: it waits too
+    const int64_t begun = r->BegunOn(comm_id);
+    if (begun > comm_seq) continue;  // it entered the collective: it waits too
+    if (begun < 0 && r->MemberOfGeneration(GenerationOfCommId(comm_id))) {
+      continue;  // it has this generation's communicators but not this group: not a member
+    }
     const absl::Duration age = now - r->last_progress();
     if (age > window) continue;
     return absl::StrFormat(

@@ -48,6 +48,10 @@ struct ProgressRecord {
   absl::Time last_progress() const { return published - progress_age; }
   // Collectives entered on `comm_id`; -1 when the publisher has no such communicator.
   int64_t BegunOn(uint64_t comm_id) const;
+  // Whether the publisher has a communicator of the generation whose communicator id is
+  // `generation_comm_id` (GenerationOfCommId): then one of that generation it lacks is a group it
+  // is not a member of.
+  bool MemberOfGeneration(uint64_t generation_comm_id) const;
 };
 
 std::string EncodeProgressRecord(const ProgressRecord& record);
@@ -75,7 +79,8 @@ inline constexpr const char* kStoppedMemberPrefix = store_keys::kAgentStopped.pr
 // The answer to "is this rank's wait in collective (comm_id, comm_seq) explained by a peer?":
 // `records[r]` is rank r's record as read from the store (nullopt: none published), `self` this
 // rank. A peer explains the wait when it has not entered that collective (its begun count on
-// comm_id is at most comm_seq; a peer without the communicator has not entered it either) and its
+// comm_id is at most comm_seq; a peer without the communicator has not entered it either, unless it
+// has others of the same generation: then it is not a member of that group) and its
 // last progress is no older than `window` at `now`, unless `stopped` (indexed by rank, possibly
 // shorter than `records`) says its launcher sees its process stopped: a record published just
 // before a SIGSTOP looks recent for a whole window. Returns a description of the first such peer,

@@ -19,6 +19,7 @@
 #include "sdk/watchdog/gpu_events.h"
 #include "sdk/watchdog/learned_bound.h"
 #include "sdk/watchdog/name_table.h"
+#include "sdk/watchdog/recorder_append.h"
 #include "trainguard/clock.h"
 #include "trainguard/collectives.h"
 #include "trainguard/options.h"
@@ -223,6 +224,15 @@ absl::Status CollectiveTracker::Impl::RegisterCommunicator(uint64_t comm_id, std
   c.next_seq.store(0, std::memory_order_relaxed);
   c.completed_host.store(0, std::memory_order_relaxed);
   c.completed_gpu.store(0, std::memory_order_relaxed);
+  if (recorder_ != nullptr) {
+    // The ring says which communicators this rank is a member of (FindLaggards compares ranks in
+    // their own groups only).
+    FlightRecord r;
+    r.type = FlightRecordType::kCommunicator;
+    r.comm_id = comm_id;
+    watchdog_internal::SetRecordName(r, name);
+    recorder_->Append(r);
+  }
   c.name = std::move(name);
   c.abort = std::move(abort);
   c.aborted = false;

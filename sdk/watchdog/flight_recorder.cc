@@ -213,6 +213,8 @@ std::string_view FlightRecordTypeName(FlightRecordType type) {
       return "hang";
     case FlightRecordType::kMark:
       return "mark";
+    case FlightRecordType::kCommunicator:
+      return "communicator";
   }
   return "unknown";
 }
@@ -553,6 +555,10 @@ void AddPosition(CollectivePositions& positions, FlightRecordType type, uint64_t
   } else if (type == FlightRecordType::kCollectiveEnd) {
     CollectivePosition& p = positions[comm_id];
     if (comm_seq == p.entered) p.left = true;
+  } else if (type == FlightRecordType::kCommunicator) {
+    CollectivePosition& p = positions[comm_id];
+    p.member = true;
+    p.comm_name = std::string(name);
   }
 }
 
@@ -703,7 +709,8 @@ std::vector<LaggardReport> FindLaggards(const std::vector<int>& ranks,
     LaggardReport report{comm, n.seq, n.op, {}, {}};
     for (size_t i = 0; i < positions.size(); ++i) {
       auto it = positions[i].find(comm);
-      const int64_t entered = it == positions[i].end() ? -1 : it->second.entered;
+      if (it == positions[i].end()) continue;  // not a member of this communicator
+      const int64_t entered = it->second.entered;
       if (entered < n.seq) {
         report.laggards.push_back(ranks[i]);
       } else if (!it->second.left) {
@@ -711,6 +718,171 @@ std::vector<LaggardReport> FindLaggards(const std::vector<int>& ranks,
       }
     }
     if (!report.laggards.empty() && !report.waiting.empty()) out.push_back(std::move(report));
+  }
+  return out;
+}
+
+namespace {
+
+// The wait-for graph of FindHangRoots: nodes [0, ranks) are the ranks (by index), the nodes after
+// them one per communicator whose waiting members wait for its laggards (waiters -> hub ->
+// laggards: linear in the members, where an edge per pair would be quadratic).
+struct WaitGraph {
+  std::vector<std::vector<int>> out;
+  int ranks = 0;
+};
+
+// Tarjan's strongly connected components, iteratively; component[v] per node, and which
+// components have an edge leaving them.
+void SinkComponents(const WaitGraph& g, std::vector<int>& component, std::vector<bool>& leaves) {
+  const int n = static_cast<int>(g.out.size());
+  std::vector<int> index(n, -1), low(n, 0), stack;
+  std::vector<bool> on_stack(n, false);
+  component.assign(n, -1);
+  int next_index = 0;
+  int components = 0;
+  std::vector<std::pair<int, size_t>> frames;  // node, next edge
+  for (int root = 0; root < n; ++root) {
+    if (index[root] >= 0) continue;
+    frames.push_back({root, 0});
+    index[root] = low[root] = next_index++;
+    stack.push_back(root);
+    on_stack[root] = true;
+    while (!frames.empty()) {
+      auto& [v, edge] = frames.back();
+      if (edge < g.out[v].size()) {
+        const int w = g.out[v][edge++];
+        if (index[w] < 0) {
+          index[w] = low[w] = next_index++;
+          stack.push_back(w);
+          on_stack[w] = true;
+          frames.push_back({w, 0});
+        } else if (on_stack[w]) {
+          low[v] = std::min(low[v], index[w]);
+        }
+        continue;
+      }
+      const int done = v;
+      frames.pop_back();
+      if (!frames.empty()) low[frames.back().first] = std::min(low[frames.back().first], low[done]);
+      if (low[done] != index[done]) continue;
+      while (true) {
+        const int w = stack.back();
+        stack.pop_back();
+        on_stack[w] = false;
+        component[w] = components;
+        if (w == done) break;
+      }
+      ++components;
+    }
+  }
+  leaves.assign(components, false);
+  for (int v = 0; v < n; ++v) {
+    for (int w : g.out[v]) {
+      if (component[w] != component[v]) leaves[component[v]] = true;
+    }
+  }
+}
+
+std::string DescribeComm(uint64_t comm_id, const std::string& name) {
+  return name.empty() ? absl::StrFormat("comm %d", comm_id)
+                      : absl::StrFormat("comm %d \"%s\"", comm_id, name);
+}
+
+}  // namespace
+
+HangDependencies FindHangRoots(const std::vector<int>& ranks,
+                               const std::vector<CollectivePositions>& positions) {
+  WaitGraph g;
+  g.ranks = static_cast<int>(ranks.size());
+  g.out.resize(ranks.size());
+  std::vector<bool> has_in(ranks.size(), false);
+  // rank index -> who waits for it directly: the first few, and how many.
+  std::map<int, std::vector<WaitFor>> waited_by;
+  std::map<int, int> waited_by_count;
+  auto note = [&](int waiter, int waited, uint64_t comm, const CollectivePosition& p) {
+    if (waited_by[waited].size() < HangRoot::kShown) {
+      waited_by[waited].push_back(
+          {ranks[waiter], ranks[waited], comm, p.comm_name, p.entered, p.op});
+    }
+  };
+  // Every communicator any rank shows.
+  std::map<uint64_t, std::vector<int>> members;  // comm -> rank indices
+  for (size_t i = 0; i < positions.size(); ++i) {
+    for (const auto& [comm, p] : positions[i]) members[comm].push_back(static_cast<int>(i));
+  }
+  for (const auto& [comm, member] : members) {
+    int64_t newest = -1;
+    for (int i : member) newest = std::max(newest, positions[i].at(comm).entered);
+    if (newest < 0) continue;
+    std::vector<int> waiters, laggards;
+    for (int i : member) {
+      const CollectivePosition& p = positions[i].at(comm);
+      if (p.entered < newest) {
+        laggards.push_back(i);
+      } else if (!p.left) {
+        waiters.push_back(i);
+      }
+    }
+    if (!laggards.empty() && !waiters.empty()) {
+      const int hub = static_cast<int>(g.out.size());
+      g.out.emplace_back(laggards.begin(), laggards.end());
+      for (int w : waiters) g.out[w].push_back(hub);
+      for (int l : laggards) {
+        has_in[l] = true;
+        waited_by_count[l] += static_cast<int>(waiters.size());
+        for (int w : waiters) {
+          if (waited_by[l].size() >= HangRoot::kShown) break;
+          note(w, l, comm, positions[w].at(comm));
+        }
+      }
+    }
+    // A receive matched by a send still in flight waits for the sender.
+    for (int w : waiters) {
+      const CollectivePosition& p = positions[w].at(comm);
+      if (p.op != "recv") continue;
+      for (int s : waiters) {
+        if (s != w && positions[s].at(comm).op == "send") {
+          g.out[w].push_back(s);
+          has_in[s] = true;
+          ++waited_by_count[s];
+          note(w, s, comm, p);
+        }
+      }
+    }
+  }
+  std::vector<int> component;
+  std::vector<bool> leaves;
+  SinkComponents(g, component, leaves);
+  std::vector<int> component_size(leaves.size(), 0);
+  for (int v = 0; v < g.ranks; ++v) ++component_size[component[v]];
+  HangDependencies out;
+  std::vector<std::pair<int, int>> by_rank;  // (rank, index)
+  for (int v = 0; v < g.ranks; ++v) by_rank.push_back({ranks[v], v});
+  std::sort(by_rank.begin(), by_rank.end());
+  for (const auto& [rank, v] : by_rank) {
+    if (!g.out[v].empty() && leaves[component[v]]) out.waiting.push_back(rank);
+    // A root: waited for, and its waits (if any) lead nowhere else.
+    if (leaves[component[v]] || !has_in[v]) continue;
+    HangRoot root;
+    root.rank = rank;
+    root.waited_by = std::move(waited_by[v]);
+    root.waited_by_count = waited_by_count[v];
+    out.roots.push_back(std::move(root));
+  }
+  return out;
+}
+
+std::string HangRoot::ToString() const {
+  std::string out = absl::StrFormat("rank %d is where the waits end:", rank);
+  for (size_t i = 0; i < waited_by.size(); ++i) {
+    const WaitFor& w = waited_by[i];
+    absl::StrAppendFormat(&out, "%s rank %d %sin %s #%d (%s)", i == 0 ? "" : ",", w.waiter,
+                          i == 0 ? "waits for it " : "", w.op, w.comm_seq,
+                          DescribeComm(w.comm_id, w.comm_name));
+  }
+  if (waited_by_count > static_cast<int>(waited_by.size())) {
+    absl::StrAppendFormat(&out, " and %d more", waited_by_count - waited_by.size());
   }
   return out;
 }

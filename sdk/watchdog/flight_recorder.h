@@ -50,6 +50,10 @@ enum class FlightRecordType : uint16_t {
   kCollectiveEnd = 7,    // the rank left it (on GPU: its CUDA event completed)
   kHang = 8,             // the watchdog declared a hang; `name` says what hung
   kMark = 9,             // anything else the trainer wants on record
+  // The rank joined communicator comm_id (CollectiveTracker::RegisterCommunicator); `name` is the
+  // communicator's name. Which communicators a rank is a member of is what the cross-rank reading
+  // below compares it in.
+  kCommunicator = 10,
 };
 // "step_begin", "collective_begin", ...
 std::string_view FlightRecordTypeName(FlightRecordType type);
@@ -175,7 +179,10 @@ absl::StatusOr<std::vector<int>> ListFlightRecorderRanks(std::string_view job_id
 
 // Cross-rank reading of the rings of a hung job (Mycroft's first question: who is everyone waiting
 // for?). For each communicator, the newest collective any rank entered is the one the job is stuck
-// in; a rank whose ring shows it never entered that collective is a laggard.
+// in; a member whose ring shows it never entered that collective is a laggard. A rank is a member
+// of the communicators its ring shows it registered in (kCommunicator) or entered a collective of:
+// a job with tensor, pipeline and data-parallel groups has a communicator per group, and a rank is
+// compared only in its own.
 struct LaggardReport {
   uint64_t comm_id = 0;
   int64_t comm_seq = -1;      // the collective the other ranks are waiting in
@@ -186,7 +193,8 @@ struct LaggardReport {
       const;  // "rank 2 never entered all_reduce #120 (comm 1) that ranks 0,1,3 are waiting in"
 };
 // `rings[i]` is rank `ranks[i]`'s ring. One report per communicator whose newest collective some
-// rank never entered; empty when every rank entered the newest collective of every communicator.
+// member never entered; empty when every member entered the newest collective of every
+// communicator.
 std::vector<LaggardReport> FindLaggards(const std::vector<int>& ranks,
                                         const std::vector<FlightRecorderContents>& rings);
 
@@ -198,6 +206,9 @@ struct CollectivePosition {
   int64_t entered = -1;      // the newest comm_seq it entered
   std::string op;            // that collective's name
   bool left = false;         // it left that collective (collective_end)
+  // The ring holds the rank's registration in this communicator (kCommunicator), with its name.
+  bool member = false;
+  std::string comm_name;
 
   bool operator==(const CollectivePosition&) const = default;
 };
@@ -208,6 +219,44 @@ CollectivePositions PositionsOf(const FlightRecorderContents& ring);
 // The same reports as FindLaggards on the rings themselves.
 std::vector<LaggardReport> FindLaggards(const std::vector<int>& ranks,
                                         const std::vector<CollectivePositions>& positions);
+
+// Who waits for whom, across communicators (Mycroft: only the dependency between the groups names
+// the culprit). In the newest collective of each communicator, a member that entered it and has not
+// left waits for every member that never entered it; in a point-to-point pair still in flight on
+// both sides (op "recv" on one, "send" of the same sequence number on the other), the receiver
+// waits for the sender. Followed from every waiting rank, the waits end at the ranks that wait for
+// nobody (stopped or stalled outside any collective, or inside a send whose receiver is there), or
+// at a cycle of ranks waiting for each other: the roots. A pipeline stage stopped in a send leaves
+// the next stage waiting in its receive, its tensor-parallel peers and data-parallel replicas
+// waiting in collectives it never entered, and the other stages' peers waiting for those: the roots
+// are the stopped stage alone, though the laggards of its neighbours' groups are many.
+//
+// A point-to-point communicator is one per pair of ranks that send to each other, both issuing the
+// same sequence of sends and receives on it (a pipeline's link between two stages), so that the
+// sequence numbers of the two sides match.
+struct WaitFor {
+  int waiter = -1;
+  int waited_for = -1;
+  uint64_t comm_id = 0;
+  std::string comm_name;  // empty when the ring does not hold the registration
+  int64_t comm_seq = -1;
+  std::string op;  // the waiter's collective
+};
+struct HangRoot {
+  int rank = -1;
+  std::vector<WaitFor> waited_by;  // who waits for it directly: the first few (kShown)
+  int waited_by_count = 0;         // how many do
+  static constexpr int kShown = 6;
+  // "rank 1 is where the waits end: rank 0 waits for it in all_reduce #12 (comm 3 "tp0"), rank 5
+  // in recv #3 (comm 9 "pp0.link0") and 2 more".
+  std::string ToString() const;
+};
+struct HangDependencies {
+  std::vector<int> waiting;     // ranks that wait for some other rank, ascending
+  std::vector<HangRoot> roots;  // by rank
+};
+HangDependencies FindHangRoots(const std::vector<int>& ranks,
+                               const std::vector<CollectivePositions>& positions);
 
 // A dump read without its records, which are reduced to their positions as they are parsed: for
 // a reader that keeps only what FindLaggards compares (a coordinator reading every rank's dump of

@@ -241,6 +241,8 @@ std::string EncodeHangDumpDigest(const HangDumpDigest& digest) {
     q->set_entered(position.entered);
     q->set_op(position.op);
     q->set_left(position.left);
+    q->set_member(position.member);
+    q->set_comm_name(position.comm_name);
   }
   for (const std::string& frame : digest.training) p.add_training_frames(frame);
   return p.SerializeAsString();
@@ -260,7 +262,8 @@ absl::StatusOr<HangDumpDigest> DecodeHangDumpDigest(absl::string_view bytes) {
   digest.dumped_at = absl::FromUnixMicros(p.dumped_unix_micros());
   digest.reason = p.reason();
   for (const proto::CollectivePositionProto& q : p.positions()) {
-    digest.positions[q.comm_id()] = {q.entered_any(), q.entered(), q.op(), q.left()};
+    digest.positions[q.comm_id()] = {q.entered_any(), q.entered(), q.op(),
+                                     q.left(),        q.member(),  q.comm_name()};
   }
   digest.training.assign(p.training_frames().begin(), p.training_frames().end());
   return digest;
@@ -340,6 +343,9 @@ HangDiagnosis DiagnoseHang(const std::vector<HangDumpDigest>& dumps,
     positions.push_back(PositionsOf(ring));
   }
   d.laggards = FindLaggards(ranks, positions);
+  HangDependencies dependencies = FindHangRoots(ranks, positions);
+  d.roots = std::move(dependencies.roots);
+  d.waiting = std::move(dependencies.waiting);
 
   // 2. Stacks: group the training threads by the modules they run in.
   std::map<std::vector<std::string>, StackGroup> groups;
@@ -374,11 +380,11 @@ HangDiagnosis DiagnoseHang(const std::vector<HangDumpDigest>& dumps,
   }
 
   // 3. Suspects.
+  // The laggards themselves are not: one that waits in another communicator for someone else is
+  // where a wait passes, not where it ends.
   std::set<int> suspects(d.missing.begin(), d.missing.end());
   suspects.insert(d.stack_outliers.begin(), d.stack_outliers.end());
-  for (const LaggardReport& report : d.laggards) {
-    suspects.insert(report.laggards.begin(), report.laggards.end());
-  }
+  for (const HangRoot& root : d.roots) suspects.insert(root.rank);
   d.suspects.assign(suspects.begin(), suspects.end());
   return d;
 }
@@ -389,6 +395,7 @@ std::string HangDiagnosis::ToString() const {
                                      : absl::StrCat("suspects: ", RankList(suspects));
   absl::StrAppend(&out, "\n", "generation ", generation, ", dumps from ",
                   dumped.empty() ? "no rank" : RankList(dumped));
+  for (const HangRoot& root : roots) absl::StrAppend(&out, "\n", root.ToString());
   for (const LaggardReport& report : laggards) absl::StrAppend(&out, "\n", report.ToString());
   if (!missing.empty()) {
     absl::StrAppend(&out, "\n", RankList(missing),

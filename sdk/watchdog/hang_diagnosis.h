@@ -6,8 +6,9 @@
 // other rank dumps too (docs/GUIDE.md, "Hang detection"). DiagnoseHang reads those dumps three
 // ways:
 //
-//  1. Rings (Mycroft): FindLaggards on the ranks' rings names a rank that never entered the
-//     collective the others are waiting in.
+//  1. Rings (Mycroft): FindLaggards on the ranks' rings names the members that never entered the
+//     collective the others are waiting in, per communicator; FindHangRoots follows the waits
+//     across communicators (tensor, pipeline, data-parallel groups) to the ranks where they end.
 //  2. Stacks (ByteRobust's stack aggregation): each rank's training thread (the thread that opened
 //     the step's phases, recorded in the dump as "step_thread") is reduced to the sequence of
 //     modules (shared objects, the executable) its frames run in, innermost first, with repeats
@@ -21,8 +22,9 @@
 //     has a single module: its ranks all group together and no outlier is named.
 //  3. Silence: a rank of the job that wrote no dump (stopped, dead, or unable to write) is named.
 //
-// The suspects are the union of the three. A rank stopped or dead writes no dump, so callers that
-// can read the live rings (same host: ReadFlightRecorder) pass them in for step 1.
+// The suspects are the roots of the waits, the stack outliers and the silent ranks. A rank stopped
+// or dead writes no dump, so callers that can read the live rings (same host: ReadFlightRecorder)
+// pass them in for step 1.
 //
 // Thread safety: pure functions.
 #ifndef TRAINGUARD_SDK_WATCHDOG_HANG_DIAGNOSIS_H_
@@ -65,10 +67,14 @@ struct HangDiagnosis {
   std::vector<int> dumped;   // ranks with a dump, ascending
   std::vector<int> missing;  // ranks in [0, world_size) without a dump
   std::vector<LaggardReport> laggards;
+  // Where the waits between the ranks end (FindHangRoots), and the ranks that wait for another.
+  std::vector<HangRoot> roots;
+  std::vector<int> waiting;
   std::vector<StackGroup> stack_groups;  // largest first; equal sizes by lowest rank
   // Ranks outside the single largest group of those not recovering, ascending.
   std::vector<int> stack_outliers;
-  std::vector<int> suspects;  // laggards, stack outliers and missing ranks, ascending
+  // The roots, the stack outliers and the missing ranks, ascending.
+  std::vector<int> suspects;
 
   // Several lines: the suspects first ("suspects: rank 2"), then why, e.g.
   //   "rank 2's training thread is elsewhere: clock_nanosleep <- absl::SleepFor <- ..."

@@ -2,7 +2,7 @@
 // store): the root writes the bytes under the next sequence number, the others wait for them.
 // Enough to test what the Runtime and its generation entry do with a communicator, with ranks as
 // threads and no network. Only Broadcast is implemented; Abort makes every later call fail
-// Cancelled.
+// Cancelled. Groups() returns what the test set.
 #ifndef TRAINGUARD_TESTS_SUPPORT_STORE_COMMUNICATOR_H_
 #define TRAINGUARD_TESTS_SUPPORT_STORE_COMMUNICATOR_H_
 
@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -30,6 +31,10 @@ class StoreCommunicator : public Communicator {
       : store_(spec.store), rank_(spec.rank), aborted_(std::move(aborted)), timeout_(timeout) {}
 
   void Abort() override { aborted_->store(true); }
+
+  // The groups Groups() returns (none unless set).
+  void set_groups(std::vector<Group> groups) { groups_ = std::move(groups); }
+  std::vector<Group> Groups() const override { return groups_; }
 
   absl::Status Broadcast(void* data, size_t bytes, Device, int root) override {
     if (aborted_->load()) return absl::CancelledError("aborted");
@@ -51,6 +56,7 @@ class StoreCommunicator : public Communicator {
   const std::shared_ptr<std::atomic<bool>> aborted_;
   const absl::Duration timeout_;
   int sequence_ = 0;
+  std::vector<Group> groups_;
 };
 
 }  // namespace trainguard::testing

@@ -760,6 +760,16 @@ FlightRecord Collective(FlightRecordType type, uint64_t comm, int64_t seq) {
   return r;
 }
 
+// The rank's registration in communicator `comm`, as CollectiveTracker::RegisterCommunicator
+// writes it.
+FlightRecord Registration(uint64_t comm, const char* name) {
+  FlightRecord r;
+  r.type = FlightRecordType::kCommunicator;
+  r.comm_id = comm;
+  std::snprintf(r.name, sizeof(r.name), "%s", name);
+  return r;
+}
+
 TEST(FindLaggardsTest, TheRankThatNeverEnteredTheNewestCollectiveIsNamed) {
   using T = FlightRecordType;
   FlightRecorderContents waiting, stuck;
@@ -783,10 +793,14 @@ TEST(FindLaggardsTest, TheRankThatNeverEnteredTheNewestCollectiveIsNamed) {
 
 // A ring reduced to its positions (what a reader of thousands of dumps keeps of each) gives the
 // same reports as the ring: per communicator, the newest collective entered, its name, and
-// whether it was left; a communicator seen only leaving counts as never entered.
+// whether it was left; a communicator seen only leaving counts as never entered, and one the ring
+// shows the rank registered in (a member) without entering any collective of it too.
 TEST(FindLaggardsTest, PositionsGiveTheSameReportsAsTheRings) {
   using T = FlightRecordType;
   FlightRecorderContents waiting, stuck, left_only;
+  for (FlightRecorderContents* ring : {&stuck, &left_only}) {
+    ring->records.push_back(Registration(9, "dp0"));
+  }
   for (int64_t seq = 0; seq < 5; ++seq) {
     waiting.records.push_back(Collective(T::kCollectiveBegin, 7, seq));
     waiting.records.push_back(Collective(T::kCollectiveBegin, 9, seq));
@@ -819,6 +833,130 @@ TEST(FindLaggardsTest, PositionsGiveTheSameReportsAsTheRings) {
               ::testing::ElementsAre(
                   "ranks 1,2 never entered all_reduce #4 (comm 7) that ranks 0,3 are waiting in",
                   "ranks 1,2 never entered all_gather #5 (comm 9) that ranks 0,3 are waiting in"));
+}
+
+// Ranks are compared in the communicators they are members of: a rank that neither registered in
+// nor entered a communicator is not its laggard (a tensor-parallel group's collectives are not
+// the other groups' business), one that registered and never entered is.
+TEST(FindLaggardsTest, OnlyMembersOfACommunicatorAreItsLaggards) {
+  using T = FlightRecordType;
+  FlightRecorderContents waiting, member, outsider;
+  waiting.records = {Registration(3, "tp1"), Collective(T::kCollectiveBegin, 3, 0)};
+  member.records = {Registration(3, "tp1")};
+  outsider.records = {Registration(2, "tp0"), Collective(T::kCollectiveBegin, 2, 0),
+                      Collective(T::kCollectiveEnd, 2, 0)};
+  std::vector<LaggardReport> reports = FindLaggards({0, 1, 2}, {waiting, member, outsider});
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0].ToString(),
+            "rank 1 never entered all_reduce #0 (comm 3) that rank 0 is waiting in");
+  CollectivePositions positions = PositionsOf(member);
+  EXPECT_TRUE(positions.at(3).member);
+  EXPECT_EQ(positions.at(3).comm_name, "tp1");
+  EXPECT_FALSE(positions.at(3).entered_any);
+}
+
+// A ring in the order the example trainer's ranks write it: registration, then per collective
+// a begin and (unless it is stuck) an end.
+struct RingBuilder {
+  FlightRecorderContents ring;
+  RingBuilder& Member(uint64_t comm, const char* name) {
+    ring.records.push_back(Registration(comm, name));
+    return *this;
+  }
+  // Ops 0..n-1 of `comm`, all left except the last when `stuck`.
+  RingBuilder& Ops(uint64_t comm, int n, const char* op, bool stuck) {
+    for (int seq = 0; seq < n; ++seq) {
+      FlightRecord begin = Collective(FlightRecordType::kCollectiveBegin, comm, seq);
+      std::snprintf(begin.name, sizeof(begin.name), "%s", op);
+      ring.records.push_back(begin);
+      if (!stuck || seq + 1 < n) {
+        FlightRecord end = begin;
+        end.type = FlightRecordType::kCollectiveEnd;
+        ring.records.push_back(end);
+      }
+    }
+    return *this;
+  }
+};
+
+// Mycroft's case: a pipeline of 2 stages x 2 tensor-parallel ranks x 2 data-parallel replicas
+// (ranks 0-3 stage 0, 4-7 stage 1; tp groups {0,1} {2,3} {4,5} {6,7}; dp groups {0,2} {1,3}
+// {4,6} {5,7}; links 0-4, 1-5, 2-6, 3-7). Rank 1 stopped in its send of activations to rank 5:
+// rank 5 waits in the matching receive; rank 0 waits for rank 1 in their tensor-parallel
+// allreduce, rank 3 in their data-parallel reduce-scatter; rank 4 waits for rank 5 in theirs, and
+// so rank 5 is a laggard too, of tp {4,5}. The waits end at rank 1 alone.
+TEST(FindHangRootsTest, AStageStoppedInASendIsTheRootThoughItsNeighboursAreLaggardsToo) {
+  constexpr uint64_t kTp0 = 10, kTp2 = 12, kDp1 = 21, kDp3 = 23, kLink1 = 31;
+  std::vector<RingBuilder> rings(8);
+  rings[0].Member(kTp0, "tp0").Ops(kTp0, 5, "all_reduce", true);
+  rings[1].Member(kTp0, "tp0").Ops(kTp0, 4, "all_reduce", false);
+  rings[1].Member(kDp1, "dp1").Member(kLink1, "pp1.link0").Ops(kLink1, 1, "send", true);
+  rings[3].Member(kDp1, "dp1").Ops(kDp1, 1, "reduce_scatter", true);
+  rings[5].Member(kLink1, "pp1.link0").Ops(kLink1, 1, "recv", true);
+  rings[5].Member(kTp2, "tp2").Ops(kTp2, 2, "all_reduce", false);
+  rings[4].Member(kTp2, "tp2").Ops(kTp2, 3, "all_reduce", true);
+  rings[7].Member(kDp3, "dp3").Ops(kDp3, 1, "reduce_scatter", true);
+  rings[5].Member(kDp3, "dp3");
+  std::vector<int> ranks;
+  std::vector<CollectivePositions> positions;
+  for (int r : {0, 1, 3, 4, 5, 7}) {
+    ranks.push_back(r);
+    positions.push_back(PositionsOf(rings[r].ring));
+  }
+  std::vector<std::string> laggards;
+  for (const LaggardReport& r : FindLaggards(ranks, positions)) laggards.push_back(r.ToString());
+  EXPECT_THAT(laggards,
+              ::testing::ElementsAre(
+                  "rank 1 never entered all_reduce #4 (comm 10) that rank 0 is waiting in",
+                  "rank 5 never entered all_reduce #2 (comm 12) that rank 4 is waiting in",
+                  "rank 1 never entered reduce_scatter #0 (comm 21) that rank 3 is "
+                  "waiting in",
+                  "rank 5 never entered reduce_scatter #0 (comm 23) that rank 7 is "
+                  "waiting in"));
+  HangDependencies d = FindHangRoots(ranks, positions);
+  ASSERT_EQ(d.roots.size(), 1u);
+  EXPECT_EQ(d.roots[0].rank, 1);
+  EXPECT_EQ(
+      d.roots[0].ToString(),
+      "rank 1 is where the waits end: rank 0 waits for it in all_reduce #4 (comm 10 \"tp0\"), "
+      "rank 3 in reduce_scatter #0 (comm 21 \"dp1\"), rank 5 in recv #0 (comm 31 "
+      "\"pp1.link0\")");
+  EXPECT_THAT(d.waiting, ::testing::ElementsAre(0, 3, 4, 5, 7));
+}
+
+// The mirror case: a stage stopped in its receive after the sender left its send. The receiver
+// waits for nobody (its data is there), the sender's next receive of gradients waits for it.
+TEST(FindHangRootsTest, AReceiverStoppedAfterItsSenderLeftIsTheRoot) {
+  constexpr uint64_t kLink = 31;
+  RingBuilder sender, receiver;
+  sender.Member(kLink, "pp0.link0").Ops(kLink, 2, "send", false);
+  // op #2: the sender waits in its receive of gradients, which the receiver never entered.
+  FlightRecord recv = Collective(FlightRecordType::kCollectiveBegin, kLink, 2);
+  std::snprintf(recv.name, sizeof(recv.name), "recv");
+  sender.ring.records.push_back(recv);
+  receiver.Member(kLink, "pp0.link0").Ops(kLink, 2, "recv", true);
+  HangDependencies d =
+      FindHangRoots({0, 1}, {PositionsOf(sender.ring), PositionsOf(receiver.ring)});
+  ASSERT_EQ(d.roots.size(), 1u);
+  EXPECT_EQ(d.roots[0].rank, 1);
+  EXPECT_THAT(d.waiting, ::testing::ElementsAre(0));
+}
+
+// Two ranks waiting for each other in two communicators (entered in opposite orders): the cycle
+// is the root, both its ranks.
+TEST(FindHangRootsTest, RanksWaitingForEachOtherAreAllRoots) {
+  RingBuilder a, b;
+  a.Member(1, "x").Member(2, "y").Ops(1, 1, "all_reduce", true);
+  b.Member(1, "x").Member(2, "y").Ops(2, 1, "all_reduce", true);
+  HangDependencies d = FindHangRoots({0, 1}, {PositionsOf(a.ring), PositionsOf(b.ring)});
+  ASSERT_EQ(d.roots.size(), 2u);
+  EXPECT_EQ(d.roots[0].rank, 0);
+  EXPECT_EQ(d.roots[1].rank, 1);
+  EXPECT_TRUE(d.waiting.empty());
+  // Nobody waiting: no roots.
+  EXPECT_TRUE(FindHangRoots({0, 1}, {PositionsOf(RingBuilder().Member(1, "x").ring),
+                                     PositionsOf(RingBuilder().Member(1, "x").ring)})
+                  .roots.empty());
 }
 
 TEST(FindLaggardsTest, WhenEveryRankEnteredTheCollectiveNoRankIsBlamed) {

@@ -645,6 +645,47 @@ TEST_F(GenerationEntryRun, ACommunicatorThatFailsToBuildIsBuiltInTheNextGenerati
   }
 }
 
+// A communicator's groups (a Megatron trainer's tensor, data-parallel and pipeline-link
+// communicators) are registered with the rank's tracker beside it, each under its own id, and
+// unregistered with it: the next generation's groups have new ids.
+TEST_F(GenerationEntryRun, ACommunicatorsGroupsAreRegisteredWithItAndUnregisteredWithIt) {
+  StartJob(2);
+  std::map<int, std::vector<uint64_t>> ids;  // by rank: the ids its factory gave its groups
+  for (int r = 0; r < 2; ++r) {
+    ranks_[r]->entry->SetCommunicatorFactory(
+        [this, r,
+         &ids](const CommunicatorSpec& spec) -> absl::StatusOr<std::unique_ptr<Communicator>> {
+          auto comm = std::make_unique<testing::StoreCommunicator>(
+              spec, std::make_shared<std::atomic<bool>>(false), kTimeout);
+          comm->set_groups({{spec.GroupId(0), "tp0"}, {spec.GroupId(r + 1), "link"}});
+          MutexLock lock(&mu_);
+          ids[r] = {spec.comm_id, spec.GroupId(0), spec.GroupId(r + 1)};
+          return comm;
+        });
+  }
+  std::vector<RecoveryReport> reports;
+  std::vector<absl::StatusOr<int64_t>> next = EnterAll(5, reports);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(next[r].ok()) << next[r].status();
+    std::vector<std::string> names;
+    std::vector<uint64_t> registered;
+    for (const CommunicatorProgress& p : ranks_[r]->tracker->Progress()) {
+      names.push_back(p.name);
+      registered.push_back(p.comm_id);
+    }
+    EXPECT_THAT(names, ElementsAre("comm/gen0", "tp0", "link"));
+    MutexLock lock(&mu_);
+    EXPECT_EQ(registered, ids[r]);
+    EXPECT_EQ(ids[r][1], ids[0][1]) << "the same group, the same id on every member";
+    for (uint64_t id : ids[r]) EXPECT_EQ(GenerationOfCommId(id), ids[r][0]);
+  }
+  EXPECT_NE(ids[0][2], ids[1][2]);
+  for (int r = 0; r < 2; ++r) {
+    ranks_[r]->entry->CloseCommunicator();
+    EXPECT_TRUE(ranks_[r]->tracker->Progress().empty());
+  }
+}
+
 TEST_F(GenerationEntryRun, ACommunicatorThatNeverBuildsIsGivenUpAtTheLimitNamingEachCause) {
   constexpr int kAttempts = 3;
   StartJob(2, kAttempts);

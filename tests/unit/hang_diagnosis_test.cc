@@ -310,8 +310,8 @@ TEST(HangDumpDigest, DecodesWhatItEncodedAndNothingElse) {
   digest.generation = -1;
   digest.dumped_at = absl::FromUnixMicros(1'700'000'000'123'456);
   digest.reason = "a peer declared a hang: rank 0: ...";
-  digest.positions[1] = {true, 41, "all_reduce", false};
-  digest.positions[7] = {true, 2, "broadcast", true};
+  digest.positions[1] = {true, 41, "all_reduce", false, true, "dp0"};
+  digest.positions[7] = {true, 2, "broadcast", true, false, ""};
   digest.training = {"(no stacks in the dump)"};
   absl::StatusOr<HangDumpDigest> decoded = DecodeHangDumpDigest(EncodeHangDumpDigest(digest));
   ASSERT_TRUE(decoded.ok()) << decoded.status();

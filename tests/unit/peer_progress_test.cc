@@ -17,6 +17,7 @@
 #include "tests/support/poll_until_hang.h"
 #include "trainguard/clock.h"
 #include "trainguard/collectives.h"
+#include "trainguard/communicator.h"
 #include "trainguard/watchdog.h"
 
 namespace trainguard {
@@ -170,6 +171,23 @@ TEST(ExplainWait, APeerWithoutTheCommunicatorHasNotEnteredIt) {
   ProgressRecord r = Record(absl::Milliseconds(10), absl::ZeroDuration(), 3, 0);
   r.begun = {{99, 4}};
   EXPECT_TRUE(ExplainWait(Records({std::nullopt, r}), 0, "barrier", kDp, 0, kNow, absl::Seconds(1))
+                  .has_value());
+}
+
+// A peer with communicators of the same generation but not this group's (a rank of another
+// tensor-parallel group, making progress) is not a member: it explains nothing, however recent.
+TEST(ExplainWait, APeerOutsideTheGroupExplainsNothing) {
+  CommunicatorSpec spec;
+  spec.comm_id = 4;  // generation 3
+  ProgressRecord r = Record(absl::Milliseconds(10), absl::ZeroDuration(), 3, 0);
+  r.begun = {{spec.comm_id, 0}, {spec.GroupId(1), 7}};  // the world's, and tp1
+  EXPECT_FALSE(ExplainWait(Records({std::nullopt, r}), 0, "all_reduce", spec.GroupId(0), 0, kNow,
+                           absl::Seconds(1))
+                   .has_value());
+  // A member of it that has not entered the collective does.
+  r.begun.push_back({spec.GroupId(0), 0});
+  EXPECT_TRUE(ExplainWait(Records({std::nullopt, r}), 0, "all_reduce", spec.GroupId(0), 0, kNow,
+                          absl::Seconds(1))
                   .has_value());
 }
 
