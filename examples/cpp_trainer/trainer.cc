@@ -93,6 +93,7 @@
 #include "absl/time/time.h"
 #include "gloo_data_parallel.h"
 #include "mlp.h"
+#include "recovery_printer.h"
 #include "split_mix64.h"
 #include "synthetic_regression.h"
 #include "trainer_flags.h"
@@ -117,53 +118,6 @@ std::string StaticRendezvousId(const TrainerFlags& flags, const sdk::Runtime& rt
   }
   return absl::StrCat(rt.options().job_id, "-gen", rt.generation());
 }
-
-std::string ParamsChecksum(std::span<const float> params, std::span<const float> extra) {
-  XXH64_hash_t hash = XXH64(params.data(), params.size_bytes(), /*seed=*/0);
-  if (!extra.empty()) hash = XXH64(extra.data(), extra.size_bytes(), /*seed=*/hash);
-  char hex[17];
-  std::snprintf(hex, sizeof(hex), "%016" PRIx64, static_cast<uint64_t>(hash));
-  return hex;
-}
-
-// Prints the fault and recovery lines of the output interface (see the top of this file). Declared
-// before the Runtime in Main(), so it outlives it as AddObserver requires.
-class RecoveryPrinter : public sdk::StepObserver {
- public:
-  void set_rank(int rank) { rank_ = rank; }
-  void OnStepBegin(int64_t) override {}
-  void OnStepEnd(const sdk::StepResult& r) override {
-    if (r.ok()) return;
-    std::printf("rank %d step %" PRId64 " fault %s action %s: %s\n", rank_, r.step,
-                std::string(sdk::FaultKindName(r.fault)).c_str(),
-                std::string(sdk::StepActionName(r.action)).c_str(), r.status.ToString().c_str());
-  }
-  void OnRecovery(const sdk::RecoveryReport& report) override {
-    if (!report.status.ok()) return;  // the caller prints the error
-    if (report.failed_step >= 0) {
-      std::printf("rank %d recover step %" PRId64 " next %" PRId64 "\n", rank_, report.failed_step,
-                  report.next_step);
-    }
-    if (!report.restored_from.empty()) {
-      std::printf("rank %d restored step %" PRId64 " from %s\n", rank_, report.next_step,
-                  report.restored_from.c_str());
-    }
-    for (const std::string& skipped : report.restore_skipped) {
-      std::printf("rank %d restore skipped %s\n", rank_, skipped.c_str());
-    }
-    if (report.generation_attempts > 1) {
-      std::printf("rank %d generation %" PRId64 " entered after %d attempts\n", rank_,
-                  report.generation, report.generation_attempts);
-    }
-    if (report.joined_generation) {
-      std::printf("rank %d generation %" PRId64 " resume_step %" PRId64 " state_from %d\n", rank_,
-                  report.generation, report.next_step, report.state_source_rank);
-    }
-  }
-
- private:
-  int rank_ = -1;
-};
 
 // One data-parallel training run of this rank: owns the model and the data; the Runtime owns the
 // communicator it builds with Connect().

@@ -47,6 +47,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -181,9 +182,11 @@ class CollectiveTracker {
 
   // Enters a host-side collective of `bytes` bytes on `comm_id` (with `peer` for point-to-point).
   CollectiveHandle Begin(std::string_view op, uint64_t comm_id, uint64_t bytes, int peer = -1);
-  // Leaves it. A stale or doubly ended handle is a usage error; an invalid one (Begin refused and
-  // already counted that) is ignored.
-  void End(CollectiveHandle handle);
+  // Leaves it; `failed`: it did not complete (gloo threw, a peer died, an abort woke it): its time
+  // teaches no bound, and the flight recorder keeps the rank in it (the hang diagnosis reads the
+  // ring as it was when the failure came). A stale or doubly ended handle is a usage error; an
+  // invalid one (Begin refused and already counted that) is ignored.
+  void End(CollectiveHandle handle, bool failed = false);
 
   // The GPU path: records the slot's start (end) event on `stream`, a cudaStream_t. REQUIRES:
   // EnableGpu() succeeded (otherwise a usage error and an invalid handle).
@@ -230,8 +233,8 @@ class CollectiveTracker {
   const std::unique_ptr<Impl> impl_;
 };
 
-// Begin in the constructor, End in the destructor (also when the collective throws). A null tracker
-// makes it a no-op.
+// Begin in the constructor, End in the destructor; a destructor run by an exception thrown since
+// the constructor (the collective failed) ends it as failed. A null tracker makes it a no-op.
 class ScopedCollective {
  public:
   ScopedCollective(CollectiveTracker* tracker, std::string_view op, uint64_t comm_id,
@@ -240,7 +243,7 @@ class ScopedCollective {
         handle_(tracker != nullptr ? tracker->Begin(op, comm_id, bytes, peer)
                                    : CollectiveHandle{}) {}
   ~ScopedCollective() {
-    if (tracker_ != nullptr) tracker_->End(handle_);
+    if (tracker_ != nullptr) tracker_->End(handle_, std::uncaught_exceptions() > uncaught_);
   }
   ScopedCollective(const ScopedCollective&) = delete;
   ScopedCollective& operator=(const ScopedCollective&) = delete;
@@ -250,6 +253,7 @@ class ScopedCollective {
  private:
   CollectiveTracker* const tracker_;
   const CollectiveHandle handle_;
+  const int uncaught_ = std::uncaught_exceptions();
 };
 
 }  // namespace trainguard

@@ -51,8 +51,8 @@ enum SlotState : uint32_t {
 };
 
 // FlightRecord::flags bits of collective records.
-constexpr uint16_t kFlagGpu = 1;
-constexpr uint16_t kFlagFailed = 2;
+constexpr uint16_t kFlagGpu = kFlightRecordOnGpu;
+constexpr uint16_t kFlagFailed = kFlightRecordFailed;
 
 constexpr std::string_view kOtherOps = "<other ops>";
 
@@ -149,7 +149,7 @@ CollectiveHandle CollectiveTracker::Begin(std::string_view op, uint64_t comm_id,
                                           int peer) {
   return impl_->Begin(op, comm_id, bytes, peer);
 }
-void CollectiveTracker::End(CollectiveHandle handle) { impl_->End(handle); }
+void CollectiveTracker::End(CollectiveHandle handle, bool failed) { impl_->End(handle, failed); }
 CollectiveHandle CollectiveTracker::BeginOnStream(std::string_view op, uint64_t comm_id,
                                                   uint64_t bytes, int peer, void* stream) {
   return impl_->BeginOnStream(op, comm_id, bytes, peer, stream);
@@ -386,7 +386,7 @@ CollectiveTracker::Impl::Slot* CollectiveTracker::Impl::Resolve(CollectiveHandle
   return &s;
 }
 
-void CollectiveTracker::Impl::End(CollectiveHandle handle) {
+void CollectiveTracker::Impl::End(CollectiveHandle handle, bool failed) {
   if (!handle.valid()) return;
   Slot* s = Resolve(handle, kInFlight, "End");
   if (s == nullptr) return;
@@ -396,7 +396,7 @@ void CollectiveTracker::Impl::End(CollectiveHandle handle) {
     return;
   }
   const int64_t now = clock_->MonotonicNanos();
-  Complete(*s, now, now - s->begin_ns.load(std::memory_order_relaxed), /*failed=*/false);
+  Complete(*s, now, now - s->begin_ns.load(std::memory_order_relaxed), failed);
 }
 
 CollectiveHandle CollectiveTracker::Impl::BeginOnStream(std::string_view op, uint64_t comm_id,

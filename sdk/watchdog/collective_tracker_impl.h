@@ -35,7 +35,7 @@ class CollectiveTracker::Impl {
   absl::Status EnableGpu(int device);
   void SetStep(int64_t step) { step_.store(step, std::memory_order_relaxed); }
   CollectiveHandle Begin(std::string_view op, uint64_t comm_id, uint64_t bytes, int peer = -1);
-  void End(CollectiveHandle handle);
+  void End(CollectiveHandle handle, bool failed);
   CollectiveHandle BeginOnStream(std::string_view op, uint64_t comm_id, uint64_t bytes, int peer,
                                  void* stream);
   void EndOnStream(CollectiveHandle handle, void* stream);

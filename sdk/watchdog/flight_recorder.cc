@@ -540,8 +540,8 @@ absl::StatusOr<std::string> WriteNewFlightRecorderDump(FlightRecorderDump* dump,
 namespace {
 
 // One record of a ring, in ring order, into where the ring leaves its rank (PositionsOf).
-void AddPosition(CollectivePositions& positions, FlightRecordType type, uint64_t comm_id,
-                 int64_t comm_seq, std::string_view name) {
+void AddPosition(CollectivePositions& positions, FlightRecordType type, uint16_t flags,
+                 uint64_t comm_id, int64_t comm_seq, std::string_view name) {
   if (type == FlightRecordType::kCollectiveBegin) {
     CollectivePosition& p = positions[comm_id];
     // The name of the first record of the newest collective entered (a later one of the same seq
@@ -554,7 +554,7 @@ void AddPosition(CollectivePositions& positions, FlightRecordType type, uint64_t
     }
   } else if (type == FlightRecordType::kCollectiveEnd) {
     CollectivePosition& p = positions[comm_id];
-    if (comm_seq == p.entered) p.left = true;
+    if (comm_seq == p.entered && (flags & kFlightRecordFailed) == 0) p.left = true;
   } else if (type == FlightRecordType::kCommunicator) {
     CollectivePosition& p = positions[comm_id];
     p.member = true;
@@ -594,8 +594,8 @@ absl::StatusOr<FlightRecorderDump> ReadDump(const std::string& path, Env* env,
       std::string_view name(p.name().data(),
                             std::min(p.name().size(), sizeof(FlightRecord::name) - 1));
       name = name.substr(0, name.find('\0'));
-      AddPosition(*positions, static_cast<FlightRecordType>(p.type()), p.comm_id(), p.comm_seq(),
-                  name);
+      AddPosition(*positions, static_cast<FlightRecordType>(p.type()),
+                  static_cast<uint16_t>(p.flags()), p.comm_id(), p.comm_seq(), name);
     }
   } else {
     out.contents.records.reserve(dump.records_size());
@@ -675,7 +675,7 @@ std::string LaggardReport::ToString() const {
 CollectivePositions PositionsOf(const FlightRecorderContents& ring) {
   CollectivePositions positions;
   for (const FlightRecord& r : ring.records) {
-    AddPosition(positions, r.type, r.comm_id, r.comm_seq, r.Name());
+    AddPosition(positions, r.type, r.flags, r.comm_id, r.comm_seq, r.Name());
   }
   return positions;
 }

@@ -55,6 +55,10 @@ enum class FlightRecordType : uint16_t {
   // below compares it in.
   kCommunicator = 10,
 };
+// FlightRecord::flags of collective records.
+inline constexpr uint16_t kFlightRecordOnGpu = 1;   // a GPU collective
+inline constexpr uint16_t kFlightRecordFailed = 2;  // kCollectiveEnd of one that did not complete
+
 // "step_begin", "collective_begin", ...
 std::string_view FlightRecordTypeName(FlightRecordType type);
 
@@ -205,7 +209,10 @@ struct CollectivePosition {
   bool entered_any = false;  // the ring holds a collective_begin of this communicator
   int64_t entered = -1;      // the newest comm_seq it entered
   std::string op;            // that collective's name
-  bool left = false;         // it left that collective (collective_end)
+  // It left that collective (collective_end) having completed it. One that failed (a peer died, an
+  // abort woke it) keeps the rank in it: it was waiting there until the failure came, which is
+  // what a hang's diagnosis asks even when the rank dumped after it.
+  bool left = false;
   // The ring holds the rank's registration in this communicator (kCommunicator), with its name.
   bool member = false;
   std::string comm_name;

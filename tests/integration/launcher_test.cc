@@ -51,10 +51,13 @@ constexpr absl::Duration kDeadline = absl::Seconds(120);
 
 class LauncherJob {
  public:
-  // `environment`: extra NAME=VALUE variables for the launcher (and so its ranks).
+  // `environment`: extra NAME=VALUE variables for the launcher (and so its ranks); `trainer`: the
+  // rank command (the example trainer, or the megatron_like one: both take --steps, --print-every
+  // and --comm-timeout-s).
   LauncherJob(const testing::TempDir& dir, const std::vector<std::string>& launcher_flags,
               int steps, const std::vector<std::pair<std::string, std::string>>& environment = {},
-              const std::vector<std::string>& trainer_flags = {})
+              const std::vector<std::string>& trainer_flags = {},
+              const std::string& trainer = TRAINGUARD_TRAINER_PATH)
       : run_dir_(dir.File("run")),
         output_path_(dir.File("launcher.out")),
         job_id_(absl::StrCat("launcher-test-", getpid())) {
@@ -62,9 +65,9 @@ class LauncherJob {
                                      "--job-id",          job_id_};
     args.insert(args.end(), launcher_flags.begin(), launcher_flags.end());
     for (const std::string& a :
-         {std::string("--"), std::string(TRAINGUARD_TRAINER_PATH), std::string("--steps"),
-          absl::StrCat(steps), std::string("--print-every"), std::string("50"),
-          std::string("--comm-timeout-s"), std::string("10")}) {
+         {std::string("--"), trainer, std::string("--steps"), absl::StrCat(steps),
+          std::string("--print-every"), std::string("50"), std::string("--comm-timeout-s"),
+          std::string("10")}) {
       args.push_back(a);
     }
     args.insert(args.end(), trainer_flags.begin(), trainer_flags.end());
@@ -1053,6 +1056,130 @@ TEST(Launcher, BadUsageExitsWithStatus2) {
   LauncherJob job(dir, {"--nproc", "zero"}, 10);
   EXPECT_EQ(job.Wait(), 2);
   EXPECT_THAT(job.Output(), HasSubstr("--nproc 'zero'"));
+}
+
+// The megatron_like example (examples/megatron_like): 8 ranks as tensor 2 x pipeline 2 x data 2
+// (ranks 0-3 are stage 0, 4-7 stage 1; tensor groups {0,1} {2,3} {4,5} {6,7}, data-parallel
+// groups {0,2} {1,3} {4,6} {5,7}, pipeline links 0-4 1-5 2-6 3-7), each group its own gloo
+// communicator, a snapshot every 5 steps. Each rank's state is its shard: a restore, never a
+// broadcast, brings a replacement up to date.
+const std::vector<std::pair<std::string, std::string>>& MegatronEnv() {
+  static const auto* env = new std::vector<std::pair<std::string, std::string>>{
+      {"TRAINGUARD_TP", "2"},
+      {"TRAINGUARD_PP", "2"},
+      {"TRAINGUARD_CHECKPOINT_EVERY_STEPS", "5"},
+      {"TRAINGUARD_CHECKPOINT_PERSIST_EVERY", "4"}};
+  return *env;
+}
+constexpr int kMegatronSteps = 40;
+
+// rank -> params_checksum of the same job without faults.
+std::map<int, std::string> MegatronUninterrupted() {
+  testing::TempDir dir;
+  LauncherJob clean(dir, {"--nproc", "8"}, kMegatronSteps, MegatronEnv(), {"--print-every", "10"},
+                    TRAINGUARD_MEGATRON_PATH);
+  EXPECT_EQ(clean.Wait(), 0) << clean.Output();
+  return clean.FinalChecksums();
+}
+
+// Fault 1 of the issue: rank 1 (stage 0) stops itself inside its send of activations to rank 5.
+// Three kinds of communicator then hold waiting ranks: rank 5 in the pipeline link's receive, rank
+// 0 in their tensor-parallel allreduce, rank 3 in their data-parallel reduce-scatter; and behind
+// them rank 4 waits for rank 5 (in tp2), ranks 2, 6 and 7 for ranks 0, 4 and 5 (in their dp
+// groups): laggards of their own groups, though only waiting. The diagnosis follows the waits from
+// group to group and names rank 1 alone; it is replaced, every rank restores the last snapshot,
+// and the job ends as if uninterrupted.
+TEST(MegatronLike, AStageStoppedInASendIsNamedFromEveryKindOfCommunicatorReplacedAndTheJobGoesOn) {
+  const std::map<int, std::string> expected = MegatronUninterrupted();
+  ASSERT_EQ(expected.size(), 8u);
+  testing::TempDir dir;
+  LauncherJob job(dir, {"--nproc", "8", "--standby", "1", "--heartbeat-timeout", "600"},
+                  kMegatronSteps, MegatronEnv(), {"--print-every", "10", "--stop-in-send", "1:22"},
+                  TRAINGUARD_MEGATRON_PATH);
+  EXPECT_EQ(job.Wait(), 0) << job.Output();
+  const std::string out = job.Output();
+  EXPECT_THAT(out, HasSubstr("rank 1 stopping in a send at step 22")) << out;
+  EXPECT_THAT(out, HasSubstr("hang diagnosis: rank(s) 1 stopped (SIGSTOP): replaced now")) << out;
+  EXPECT_THAT(out, HasSubstr("hang diagnosis: suspects: rank 1\n")) << out;
+  for (const char* via : {"all_reduce #[0-9]+ \\(comm [0-9]+ \"tp0\"\\)",
+                          "reduce_scatter #[0-9]+ \\(comm [0-9]+ \"dp1\"\\)",
+                          "recv #[0-9]+ \\(comm [0-9]+ \"pp1.link0\"\\)"}) {
+    EXPECT_THAT(out, ContainsRegex(
+                         absl::StrCat("hang diagnosis: rank 1 is where the waits end:[^\n]*", via)))
+        << out;
+  }
+  EXPECT_THAT(out, Not(ContainsRegex("rank [02-7] is where the waits end"))) << out;
+  EXPECT_THAT(out, HasSubstr("takes rank 1 in generation 1")) << out;
+  ExpectGuardsReturnedWithinTheBoundPlusTwoSeconds(job, {0, 2, 3, 4, 5, 6, 7}, 22);
+  EXPECT_EQ(job.FinalChecksums(), expected) << out;
+}
+
+// Fault 5: rank 6 of the distributed optimizer dies between step 22's reduce-scatter and its
+// all-gather. Its data-parallel peer, rank 4, has applied its shard of the update and fails in the
+// all-gather; the other groups finished the step. Nothing of step 22 survives: every rank restores
+// the same snapshot, the replacement included, and the job ends as if uninterrupted.
+TEST(MegatronLike, ARankKilledBetweenTheReduceScatterAndTheAllGatherRollsEveryRankBack) {
+  const std::map<int, std::string> expected = MegatronUninterrupted();
+  ASSERT_EQ(expected.size(), 8u);
+  testing::TempDir dir;
+  LauncherJob job(dir, {"--nproc", "8", "--standby", "1"}, kMegatronSteps, MegatronEnv(),
+                  {"--print-every", "10", "--kill-between", "6:22"}, TRAINGUARD_MEGATRON_PATH);
+  EXPECT_EQ(job.Wait(), 0) << job.Output();
+  const std::string out = job.Output();
+  EXPECT_THAT(out, ContainsRegex("rank 6 \\(pid [0-9]+, member [^)]*\\) killed by SIGKILL")) << out;
+  EXPECT_THAT(out, ContainsRegex("rank 4 step 22 fault communication_failure action re_rendezvous: "
+                                 "[^\n]*dp2 all_gather"))
+      << out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("rank 6 restored step ([0-9]+) from arena")))
+      << out;
+  EXPECT_LE(std::stoi(m[1]), 22);
+  for (int r = 0; r < 8; ++r) {
+    EXPECT_THAT(out, HasSubstr(absl::StrCat("rank ", r, " restored step ", std::string(m[1]),
+                                            " from arena")))
+        << out;
+  }
+  EXPECT_EQ(job.FinalChecksums(), expected) << out;
+}
+
+// Fault 4: a NaN born in rank 5's activations (stage 1, its first block, before the
+// tensor-parallel allreduce) at step 13 reaches its tensor-parallel peer, the other stage (through
+// the gradients) and, through the flag in the reduce-scatter, every data-parallel replica. Only
+// rank 5 is named, with the buffer where it was born; every rank of every group skips step 13, and
+// the replicas stay identical (the last stage's four ranks end with the same loss).
+TEST(MegatronLike, ANanBornInOneStageIsNamedWhereItWasBornAndTheStepSkippedOnEveryRank) {
+  testing::TempDir dir;
+  LauncherJob job(dir, {"--nproc", "8"}, 30, MegatronEnv(),
+                  {"--print-every", "10", "--nan-activation", "5:13"}, TRAINGUARD_MEGATRON_PATH);
+  EXPECT_EQ(job.Wait(), 0) << job.Output();
+  const std::string out = job.Output();
+  EXPECT_THAT(out, HasSubstr("rank 5 step 13 fault step_failure action skip: ABORTED: rank 5 step "
+                             "13: step_failure: non-finite values in buffer "
+                             "\"stage1.block0.partial\" on rank 5"))
+      << out;
+  int named = 0;
+  for (size_t at = out.find("non-finite values in buffer"); at != std::string::npos;
+       at = out.find("non-finite values in buffer", at + 1)) {
+    ++named;
+  }
+  EXPECT_EQ(named, 1) << out;
+  for (int r = 0; r < 8; ++r) {
+    if (r != 5) {
+      EXPECT_THAT(out, ContainsRegex(absl::StrCat("rank ", r,
+                                                  " step 13 fault step_failure action "
+                                                  "skip: [^\n]*born on another rank")))
+          << out;
+    }
+    EXPECT_THAT(out, HasSubstr(absl::StrCat("rank ", r, " recover step 13 next 14"))) << out;
+  }
+  std::set<std::string> last_stage_losses;
+  std::regex re("rank [4-7] final_loss ([^ ]+) ");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
+       ++it) {
+    last_stage_losses.insert((*it)[1]);
+  }
+  EXPECT_EQ(last_stage_losses.size(), 1u) << out;
+  EXPECT_THAT(out, Not(HasSubstr("silent corruption"))) << out;
 }
 
 }  // namespace

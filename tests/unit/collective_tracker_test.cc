@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -324,6 +325,36 @@ TEST(CollectiveTracker, BeginAndEndAreWrittenToTheFlightRecorder) {
   }
   EXPECT_EQ(records[0].time_ns, 1'000'000'000);
   EXPECT_EQ(records[1].value, 3'000'000) << "the time in flight";
+}
+
+// A collective left by an exception (gloo threw: a peer died, an abort woke it) is recorded as
+// failed, and the ring keeps the rank in it: a hang's diagnosis that reads the ring after the
+// failure still sees where the rank waited. One that completes is left.
+TEST(CollectiveTracker, ACollectiveLeftByAnExceptionIsRecordedFailedAndKeepsTheRankInIt) {
+  auto recorder = FlightRecorder::Create(absl::StrCat("ct-test-failed-", getpid()), 0, 64);
+  ASSERT_TRUE(recorder.ok()) << recorder.status();
+  ManualClock clock;
+  auto tracker = MakeTracker(&clock, recorder->get());
+  ASSERT_TRUE(tracker->RegisterCommunicator(kDp, "dp", nullptr).ok());
+  { ScopedCollective ok(tracker.get(), "all_reduce", kDp, 8); }
+  FlightRecorderContents ring;
+  ring.records = (*recorder)->Snapshot();
+  EXPECT_TRUE(PositionsOf(ring).at(kDp).left);
+  try {
+    ScopedCollective failing(tracker.get(), "recv", kDp, 8, /*peer=*/1);
+    throw std::runtime_error("Connection reset by peer");
+  } catch (const std::runtime_error&) {
+  }
+  ring.records = (*recorder)->Snapshot();
+  ASSERT_EQ(ring.records.size(), 5u);
+  EXPECT_EQ(ring.records[4].type, FlightRecordType::kCollectiveEnd);
+  EXPECT_EQ(ring.records[4].flags & kFlightRecordFailed, kFlightRecordFailed);
+  EXPECT_EQ(ring.records[2].flags & kFlightRecordFailed, 0);
+  const CollectivePosition p = PositionsOf(ring).at(kDp);
+  EXPECT_EQ(p.entered, 1);
+  EXPECT_EQ(p.op, "recv");
+  EXPECT_FALSE(p.left);
+  EXPECT_EQ(tracker->Progress()[0].completed, 2);
 }
 
 TEST(CollectiveTracker, AnOpNameLongerThanARecordHoldsIsRecordedCutToSixtyThreeBytes) {
