@@ -90,6 +90,8 @@ struct Flags {
   int64_t stop_step = -1;
   int kill_rank = -1;  // --kill-between: SIGKILL between the reduce-scatter and the all-gather
   int64_t kill_step = -1;
+  int die_rank = -1;  // --kill-at: SIGKILL as the step begins
+  int64_t die_step = -1;
   int nan_rank = -1;  // --nan-activation: a NaN in its first block's activations
   int64_t nan_step = -1;
 };
@@ -98,7 +100,7 @@ constexpr char kUsage[] =
     "usage: megatron_like [--steps N] [--micro-batches M] [--micro-batch-size B] [--hidden H]\n"
     "         [--ffn F] [--blocks-per-stage L] [--lr X] [--print-every N] [--seed S]\n"
     "         [--comm-timeout-s S] [--state-mib N]\n"
-    "         [--stop-in-send R:S] [--kill-between R:S] [--nan-activation R:S]\n"
+    "         [--stop-in-send R:S] [--kill-between R:S] [--kill-at R:S] [--nan-activation R:S]\n"
     "Run under `trainguard run`, with TRAINGUARD_TP and TRAINGUARD_PP set to the tensor- and\n"
     "pipeline-parallel degrees; the rest of the world is data-parallel.\n";
 
@@ -143,6 +145,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       ok = ParseRankStep(value, f.stop_rank, f.stop_step);
     } else if (name == "--kill-between") {
       ok = ParseRankStep(value, f.kill_rank, f.kill_step);
+    } else if (name == "--kill-at") {
+      ok = ParseRankStep(value, f.die_rank, f.die_step);
     } else if (name == "--nan-activation") {
       ok = ParseRankStep(value, f.nan_rank, f.nan_step);
     } else {
@@ -305,6 +309,7 @@ class MegatronTrainer {
 
   void TrainStep(sdk::Step& s) {
     const int64_t step = s.number();
+    if (Fault(flags_.die_rank, flags_.die_step, step)) raise(SIGKILL);
     MegatronGroups& g = groups();
     const int rows = flags_.micro_batch_size;
     const int h = flags_.hidden;

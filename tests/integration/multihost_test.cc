@@ -119,9 +119,9 @@ std::string FileVersion(const std::string& path) {
 
 // The same job on one host without faults: what every rank's parameters must end as. `env`: the
 // job's extra variables (a parallel layout), `trainer`: its command. The answer depends only on
-// the world, the variables, the command and the binaries, so it is computed once per build and
-// kept in TRAINGUARD_SHARED_TMP for every test that asks the same (--step-time-ms, a sleep, is
-// left out: it changes no arithmetic).
+// the world, the variables, the command and the binaries (the launcher's and the command's), so it
+// is computed once per build and kept in TRAINGUARD_SHARED_TMP for every test that asks the same
+// (--step-time-ms, a sleep, is left out: it changes no arithmetic).
 std::map<int, std::string> UninterruptedChecksums(const std::string& shared, int world,
                                                   const std::vector<std::string>& extra_env = {},
                                                   const std::vector<std::string>& trainer =
@@ -137,7 +137,7 @@ std::map<int, std::string> UninterruptedChecksums(const std::string& shared, int
   std::vector<std::string> all_env = CheckpointEnv(shared + "/reference");
   all_env.insert(all_env.end(), extra_env.begin(), extra_env.end());
   std::string key = absl::StrCat("world ", world, "\ncli ", FileVersion(TRAINGUARD_CLI_PATH),
-                                 "\ntrainer ", FileVersion(TRAINGUARD_TRAINER_PATH), "\n");
+                                 "\ntrainer ", FileVersion(command.front()), "\n");
   for (const std::string& kv : all_env) {
     if (!absl::StartsWith(kv, "TRAINGUARD_CHECKPOINT_DIR=")) absl::StrAppend(&key, kv, "\n");
   }
@@ -1052,6 +1052,76 @@ TEST_F(MultiHost, WithRestartAllAKilledRankRestartsEveryRankFromDiskThenTheCoord
   EXPECT_THAT(job.Output(2).substr(host2_before),
               ::testing::ContainsRegex("rank 2 restored step [0-9]+ from disk"))
       << job.AllOutput();
+}
+
+// The megatron_like example (examples/megatron_like) on 4 hosts of 2 ranks and a standby host:
+// tensor 2 x pipeline 2 x data 2, so each host holds one tensor-parallel group (a shard of one
+// pipeline stage that no other rank holds). With --backup-evict host,tp,pp,dp each host's backups
+// go to the one host that shares none of its groups, and the coordinator prints the proof.
+// `trainer_flags`: the faults.
+class MegatronOnHosts : public MultiHost {
+ protected:
+  std::vector<std::string> Command(const std::vector<std::string>& trainer_flags = {}) const {
+    std::vector<std::string> command =
+        testing::ExampleTrainerArgs(TRAINGUARD_MEGATRON_PATH, kSteps, kPrintEvery);
+    command.insert(command.end(), trainer_flags.begin(), trainer_flags.end());
+    return command;
+  }
+
+  void Start(MultiHostJob& job, const std::vector<std::string>& trainer_flags = {}) {
+    job.extra_env = {"TRAINGUARD_TP=2", "TRAINGUARD_PP=2"};
+    job.job_flags = {"--backup-evict", "host,tp,pp,dp"};
+    StartJobInOrder(job, 4, 1, Command(trainer_flags));
+    const std::string coordinator = job.Output(1);
+    EXPECT_THAT(coordinator, HasSubstr("eviction classes honoured: host,tp,pp,dp")) << coordinator;
+    EXPECT_THAT(coordinator, HasSubstr("host slot 1 (ranks 2-3) -> backups on 2")) << coordinator;
+    EXPECT_THAT(coordinator, HasSubstr("host slot 2 (ranks 4-5) -> backups on 1")) << coordinator;
+    EXPECT_THAT(coordinator, HasSubstr("proof (every eviction unit of the honoured classes)"))
+        << coordinator;
+    EXPECT_THAT(coordinator, ::testing::Not(HasSubstr("dropped"))) << coordinator;
+  }
+};
+
+// Fault 3 of the issue: the host of ranks 2 and 3 (tensor-parallel group 1 of stage 0) dies. Both
+// shards are restored by the standby host's ranks from the memory of host3, which shares none of
+// their groups; the other ranks roll back to the same step from their arenas, every group is
+// rebuilt, and the job ends as if uninterrupted.
+TEST_F(MegatronOnHosts, AHostHoldingATensorParallelGroupIsRestoredFromBackupsOutsideItsGroups) {
+  MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 4);
+  Start(job);
+  ASSERT_TRUE(job.Await(0, "the job is protected")) << job.AllOutput();
+  ASSERT_TRUE(cluster_->KillHost(2).ok());
+  ASSERT_TRUE(job.Await(0, "recovered from the loss of host host2")) << job.AllOutput();
+  const std::string all = job.AllOutput();
+  for (int rank : {2, 3}) {
+    EXPECT_THAT(all, ::testing::ContainsRegex(absl::StrCat(
+                         "rank ", rank, " restored step [0-9]+ from peer host host3\n")))
+        << all;
+  }
+  ExpectFinishedAsIfUninterrupted(job, {1, 3, 4, 5}, 8, Command());
+  EXPECT_THAT(job.AllOutput(), ::testing::Not(HasSubstr("from disk")));
+}
+
+// Fault 2: rank 5 (tensor-parallel group 2, stage 1) is killed at step 70. A standby of the standby
+// host takes it and restores its shard from host2's memory (its data-parallel neighbour, rank 7,
+// holds another shard of the optimizer and is never asked); its tensor-parallel group is rebuilt,
+// the other ranks only roll back, and the job ends as if uninterrupted.
+TEST_F(MegatronOnHosts, ATensorParallelRankKilledRestoresItsShardFromAPeerBackup) {
+  MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 4);
+  Start(job, {"--kill-at", "5:70"});
+  ASSERT_TRUE(job.Await(0, "rank 5 restored step")) << job.AllOutput();
+  const std::string all = job.AllOutput();
+  std::smatch m;
+  ASSERT_TRUE(
+      std::regex_search(all, m, std::regex("rank 5 restored step ([0-9]+) from peer host host2\n")))
+      << all;
+  for (int rank : {0, 1, 2, 3, 4, 6, 7}) {
+    EXPECT_THAT(all, HasSubstr(absl::StrCat("rank ", rank, " restored step ", std::string(m[1]),
+                                            " from arena")))
+        << all;
+  }
+  ExpectFinishedAsIfUninterrupted(job, {1, 2, 3, 4, 5}, 8, Command());
+  EXPECT_THAT(job.AllOutput(), ::testing::Not(HasSubstr("from disk")));
 }
 
 }  // namespace
