@@ -5,7 +5,7 @@
 //   bench_host_recovery [--trials N] [--backends tcp,etcd] [--restore peer,disk]
 //                       [--hosts N] [--nproc-per-node M] [--kill-host K]
 //                       [--state-mib N] [--host-timeout S] [--json FILE] [--work-dir DIR]
-//                       [--keep-logs]
+//                       [--keep-logs] [--megatron]
 //
 // For each store backend, each restore source (peer: the dead host's ranks restore from the memory
 // of their backup holders, the default of a multi-host job; disk: the same job with
@@ -91,6 +91,7 @@ constexpr char kUsage[] =
     "usage: bench_host_recovery [--trials N] [--backends tcp,etcd] [--restore peer,disk]\n"
     "                           [--hosts N] [--nproc-per-node M] [--kill-host K]\n"
     "                           [--state-mib N] [--host-timeout S] [--json FILE] [--work-dir DIR]\n"
+    "                           [--megatron]\n"
     "\n"
     "Time to recover from the loss of a whole host under `trainguard run` agents, on simulated\n"
     "hosts (Linux namespaces; needs root and /usr/sbin/nft; etcd needs /usr/bin/etcd).\n"
@@ -109,6 +110,8 @@ constexpr char kUsage[] =
     "  --restore LIST      comma-separated, of peer (the dead host's ranks restore from their\n"
     "                      backup holders' memory) and disk (--backup-copies 1: from the newest\n"
     "                      durable checkpoint); default peer\n"
+    "  --megatron          run examples/megatron_like (tensor-parallel degree = ranks per host,\n"
+    "                      pipeline 2: each host one tensor-parallel group) instead\n"
     "  --state-mib N       extra state per rank, MiB (the example trainer's --extra-state-mib);\n"
     "                      default 0 (a few KiB of model)\n"
     "  --host-timeout S    the agents' liveness bound, seconds (default 2)\n"
@@ -134,6 +137,9 @@ struct Flags {
   std::vector<std::string> backends = {"tcp", "etcd"};
   std::vector<std::string> restores = {"peer"};
   int state_mib = 0;
+  // --megatron: examples/megatron_like with TRAINGUARD_TP=<ranks per host> and TRAINGUARD_PP=2,
+  // so each host holds one tensor-parallel group.
+  bool megatron = false;
   double host_timeout_s = 2;
   std::string json;
   std::string work_dir = TRAINGUARD_BENCH_WORK_DIR;
@@ -229,6 +235,10 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       flags.keep_logs = true;
       continue;
     }
+    if (flag == "--megatron") {
+      flags.megatron = true;
+      continue;
+    }
     if (!value.has_value()) {
       if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(flag, ": needs a value"));
       value = argv[++i];
@@ -309,12 +319,18 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
 // The standby host's number: the one after the worker hosts.
 int StandbyHost(const Flags& flags) { return flags.hosts + 1; }
 
-std::vector<std::string> TrainerArgs() {
-  return testing::ExampleTrainerArgs(TRAINGUARD_TRAINER_PATH, kSteps);
+std::vector<std::string> TrainerArgs(const Flags& flags) {
+  return testing::ExampleTrainerArgs(
+      flags.megatron ? TRAINGUARD_MEGATRON_PATH : TRAINGUARD_TRAINER_PATH, kSteps);
 }
 
-std::vector<std::string> CheckpointEnv(const std::string& dir) {
-  return testing::ExampleCheckpointEnv(dir);
+std::vector<std::string> JobEnv(const Flags& flags, const std::string& dir) {
+  std::vector<std::string> env = testing::ExampleCheckpointEnv(dir);
+  if (flags.megatron) {
+    env.push_back(absl::StrCat("TRAINGUARD_TP=", flags.per_host));
+    env.push_back("TRAINGUARD_PP=2");
+  }
+  return env;
 }
 
 // One multi-host job on `cluster`: an agent per simulated host, all writing their logs to `dir`.
@@ -353,7 +369,7 @@ class HostJob {
     hosts_.push_back(n);
     return cluster_.StartHost(n, {.hostname = absl::StrCat("host", n),
                                   .argv = argv,
-                                  .env = CheckpointEnv(dir_ + "/run"),
+                                  .env = JobEnv(flags_, dir_ + "/run"),
                                   .log_path = Log(n)});
   }
 
@@ -474,9 +490,9 @@ absl::StatusOr<Trial> RunTrial(const Flags& flags, const std::string& backend,
   }
 
   absl::StatusOr<Trial> trial = [&]() -> absl::StatusOr<Trial> {
-    std::vector<std::string> trainer = TrainerArgs();
+    std::vector<std::string> trainer = TrainerArgs(flags);
     if (flags.state_mib > 0) {
-      trainer.push_back("--extra-state-mib");
+      trainer.push_back(flags.megatron ? "--state-mib" : "--extra-state-mib");
       trainer.push_back(absl::StrCat(flags.state_mib));
     }
     std::vector<std::string> agent_flags;

@@ -9,6 +9,9 @@
 # trials go to the trainer: `--extra-state-mib 256` gives each rank 256 MiB more state, which the
 # replacement gets by the example's broadcast from a survivor, or, with trainguard's checkpoints on
 # (TRAINGUARD_CHECKPOINT_EVERY_STEPS and _DIR in the environment), from the dead rank's arena.
+# TG_TRAINER=megatron_like runs examples/megatron_like instead (set TRAINGUARD_TP and TRAINGUARD_PP,
+# and checkpointing: its ranks hold shards, restored from a checkpoint; `--state-mib N` gives each
+# rank N MiB more state); the rank killed, NPROC/2, is then a tensor-parallel rank of a later stage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 nproc="${1:-8}"
@@ -16,7 +19,8 @@ trials="${2:-5}"
 shift $(($# < 2 ? $# : 2))
 build="${TG_BUILD_DIR:-build}/${TG_PRESET:-default}"
 trainguard="$build/tools/trainguard"
-trainer="$build/examples/cpp_trainer/cpp_trainer"
+trainer_name="${TG_TRAINER:-cpp_trainer}"
+trainer="$build/examples/$trainer_name/$trainer_name"
 victim_rank=$((nproc / 2))
 figures=()
 for t in $(seq "$trials"); do

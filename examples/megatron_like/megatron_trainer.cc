@@ -35,6 +35,8 @@
 //   rank R step S fault KIND action ACTION: MESSAGE, rank R recover step S next N, rank R restored
 //   step S from SOURCE, ...        (examples/cpp_trainer/recovery_printer.h)
 //   rank R stopping in a send at step S      (--stop-in-send)
+//   rank R steps N median_step_us T tracked K (the successful steps, the first left out, each with
+//                                   its guard; K: 1 when the groups' operations were tracked)
 //   rank R final_loss L params_checksum H    (the last line: L is nan off the last stage; H the
 //                                   XXH64 of the rank's parameters and optimizer shard)
 // Exit status: 0 trained every step; 1 training stopped; 2 bad flags or options.
@@ -60,6 +62,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "examples/cpp_trainer/recovery_printer.h"
 #include "examples/cpp_trainer/split_mix64.h"
@@ -85,6 +88,9 @@ struct Flags {
   absl::Duration comm_timeout = absl::Seconds(60);
   // Extra optimizer state per rank, MiB (recovery measurements): updated a slice per step.
   int state_mib = 0;
+  // --track 0: the groups' operations are not recorded on the collective tracker (the baseline
+  // of bench/bench_megatron_like.sh; the watchdog then sees no collective).
+  bool track = true;
   // Faults, generation 0 only (RANK:STEP).
   int stop_rank = -1;  // --stop-in-send: SIGSTOP inside its first send of activations
   int64_t stop_step = -1;
@@ -99,7 +105,7 @@ struct Flags {
 constexpr char kUsage[] =
     "usage: megatron_like [--steps N] [--micro-batches M] [--micro-batch-size B] [--hidden H]\n"
     "         [--ffn F] [--blocks-per-stage L] [--lr X] [--print-every N] [--seed S]\n"
-    "         [--comm-timeout-s S] [--state-mib N]\n"
+    "         [--comm-timeout-s S] [--state-mib N] [--track 0|1]\n"
     "         [--stop-in-send R:S] [--kill-between R:S] [--kill-at R:S] [--nan-activation R:S]\n"
     "Run under `trainguard run`, with TRAINGUARD_TP and TRAINGUARD_PP set to the tensor- and\n"
     "pipeline-parallel degrees; the rest of the world is data-parallel.\n";
@@ -139,6 +145,10 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     } else if (name == "--comm-timeout-s") {
       ok = absl::SimpleAtod(value, &seconds) && seconds > 0;
       f.comm_timeout = absl::Seconds(seconds);
+    } else if (name == "--track") {
+      int track = 1;
+      ok = absl::SimpleAtoi(value, &track) && (track == 0 || track == 1);
+      f.track = track == 1;
     } else if (name == "--state-mib") {
       ok = absl::SimpleAtoi(value, &f.state_mib) && f.state_mib >= 0;
     } else if (name == "--stop-in-send") {
@@ -233,8 +243,10 @@ class MegatronTrainer {
     }
     rt_.SetCommunicatorFactory([this](const sdk::CommunicatorSpec& spec)
                                    -> absl::StatusOr<std::unique_ptr<sdk::Communicator>> {
+      sdk::CommunicatorSpec tracked = spec;
+      if (!flags_.track) tracked.tracker = nullptr;
       absl::StatusOr<std::unique_ptr<MegatronGroups>> groups =
-          MegatronGroups::Connect(spec, rt_.topology(), flags_.comm_timeout);
+          MegatronGroups::Connect(tracked, rt_.topology(), flags_.comm_timeout);
       if (!groups.ok()) return groups.status();
       return std::unique_ptr<sdk::Communicator>(*std::move(groups));
     });
@@ -250,8 +262,10 @@ class MegatronTrainer {
       return 1;
     }
     for (int64_t step = *start; step < flags_.steps;) {
+      const absl::Time begin = absl::Now();
       sdk::StepResult r = sdk::guard(rt_, step, [&](sdk::Step& s) { TrainStep(s); });
       if (r.ok()) {
+        step_times_.push_back(absl::Now() - begin);
         ++step;
         continue;
       }
@@ -262,6 +276,16 @@ class MegatronTrainer {
         return 1;
       }
       step = *next;
+    }
+    if (!step_times_.empty()) {
+      // The median of the successful steps (guard included), skipping the first (connections
+      // warm up): what bench/bench_megatron_like.sh compares.
+      std::vector<absl::Duration> times(step_times_.begin() + (step_times_.size() > 1 ? 1 : 0),
+                                        step_times_.end());
+      std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+      std::printf("rank %d steps %zu median_step_us %" PRId64 " tracked %d\n", rank,
+                  step_times_.size(), absl::ToInt64Microseconds(times[times.size() / 2]),
+                  flags_.track ? 1 : 0);
     }
     std::printf("rank %d final_loss %.6f params_checksum %s\n", rank, last_loss_,
                 cpp_trainer::ParamsChecksum(std::span<const float>(params_).first(model_.size()),
@@ -436,6 +460,7 @@ class MegatronTrainer {
   std::vector<float> extra_;   // --state-mib
   std::vector<float> target_;  // A of the targets tanh(A x)
   float last_loss_ = std::numeric_limits<float>::quiet_NaN();
+  std::vector<absl::Duration> step_times_;  // of the successful steps
 };
 
 int Main(int argc, char** argv) {
