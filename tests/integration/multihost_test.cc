@@ -1058,12 +1058,15 @@ TEST_F(MultiHost, WithRestartAllAKilledRankRestartsEveryRankFromDiskThenTheCoord
 // tensor 2 x pipeline 2 x data 2, so each host holds one tensor-parallel group (a shard of one
 // pipeline stage that no other rank holds). With --backup-evict host,tp,pp,dp each host's backups
 // go to the one host that shares none of its groups, and the coordinator prints the proof.
-// `trainer_flags`: the faults.
+// `trainer_flags`: the faults. 100 steps: the faults come after step 60, and its steps are longer
+// than the example trainer's.
 class MegatronOnHosts : public MultiHost {
  protected:
+  static constexpr int kMegatronSteps = 100;
+
   std::vector<std::string> Command(const std::vector<std::string>& trainer_flags = {}) const {
     std::vector<std::string> command =
-        testing::ExampleTrainerArgs(TRAINGUARD_MEGATRON_PATH, kSteps, kPrintEvery);
+        testing::ExampleTrainerArgs(TRAINGUARD_MEGATRON_PATH, kMegatronSteps, kPrintEvery);
     command.insert(command.end(), trainer_flags.begin(), trainer_flags.end());
     return command;
   }
