@@ -31,25 +31,6 @@
 namespace cpp_trainer {
 namespace {
 
-// gloo throws gloo::Exception subclasses for I/O errors and timeouts, and gloo::EnforceNotMet (not
-// a std::runtime_error) for failed internal checks; this gives both, and anything else, one
-// message.
-std::string DescribeCurrentException() {
-  try {
-    throw;
-  } catch (const gloo::IoException& e) {
-    return absl::StrCat("gloo I/O error: ", e.what());
-  } catch (const gloo::EnforceNotMet& e) {
-    return absl::StrCat("gloo check failed: ", e.what());
-  } catch (const gloo::Exception& e) {
-    return absl::StrCat("gloo error: ", e.what());
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "an exception not derived from std::exception";
-  }
-}
-
 std::chrono::milliseconds ToChrono(absl::Duration d) {
   return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
 }
@@ -89,7 +70,7 @@ absl::StatusOr<std::unique_ptr<GlooDataParallel>> GlooDataParallel::Connect(cons
     return std::unique_ptr<GlooDataParallel>(new GlooDataParallel(
         config.rank, config.world_size, std::move(context), config.tracker, config.comm_id));
   } catch (...) {
-    const std::string what = DescribeCurrentException();
+    const std::string what = trainguard::DescribeGlooException();
     // gloo's FileStore refuses to overwrite a key: that is a previous launch's leftover, not a
     // peer.
     const char* hint = absl::StrContains(what, "already exists")
@@ -141,7 +122,7 @@ void GlooDataParallel::AllreduceSum(std::span<float> data) {
     failed_collectives_.push_back(std::move(options));
     throw trainguard::CommunicationError(absl::StrCat(
         "rank ", rank_, ": gloo allreduce #", sequence, " of ", data.size(), " floats across ",
-        world_size_, " ranks failed: ", DescribeCurrentException()));
+        world_size_, " ranks failed: ", trainguard::DescribeGlooException()));
   }
 }
 
@@ -170,7 +151,7 @@ absl::Status GlooDataParallel::Broadcast(void* data, size_t bytes, trainguard::D
     failed_collectives_.push_back(std::move(options));
     return absl::UnavailableError(absl::StrCat("rank ", rank_, ": gloo broadcast #", sequence,
                                                " of ", bytes, " bytes from rank ", root,
-                                               " failed: ", DescribeCurrentException()));
+                                               " failed: ", trainguard::DescribeGlooException()));
   }
   return absl::OkStatus();
 }

@@ -91,9 +91,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "example_support.h"
 #include "gloo_data_parallel.h"
 #include "mlp.h"
-#include "recovery_printer.h"
 #include "split_mix64.h"
 #include "synthetic_regression.h"
 #include "trainer_flags.h"
@@ -443,16 +443,8 @@ int Main(int argc, char** argv) {
     return 0;
   }
 
-  absl::StatusOr<sdk::Options> options = sdk::Options::FromEnv();
-  if (options.ok()) {
-    if (absl::Status valid = options->Validate(); !valid.ok()) {
-      options = valid;
-    }
-  }
-  if (!options.ok()) {
-    std::fprintf(stderr, "cpp_trainer: invalid options: %s\n", options.status().ToString().c_str());
-    return 2;
-  }
+  std::optional<sdk::Options> options = OptionsFromEnv("cpp_trainer");
+  if (!options.has_value()) return 2;
   // Made before the Runtime: a standby parks in Runtime::Create, and state it builds first is
   // ready when it is assigned a rank (the restore overwrites its values).
   std::vector<float> extra_state;
@@ -462,13 +454,9 @@ int Main(int argc, char** argv) {
     for (float& x : extra_state) x = static_cast<float>(rng.Next() >> 40) * 0x1p-24f;
   }
   RecoveryPrinter printer;  // outlives the Runtime
-  absl::StatusOr<std::unique_ptr<sdk::Runtime>> rt = sdk::Runtime::Create(*options);
-  if (!rt.ok()) {
-    std::fprintf(stderr, "cpp_trainer: cannot start the trainguard runtime: %s\n",
-                 rt.status().ToString().c_str());
-    return 1;
-  }
-  sdk::Runtime& runtime = **rt;
+  std::unique_ptr<sdk::Runtime> rt = CreateRuntime("cpp_trainer", *options);
+  if (rt == nullptr) return 1;
+  sdk::Runtime& runtime = *rt;
   const int rank = runtime.rank();
   const sdk::Topology& topology = runtime.topology();
   // The model is small enough for every rank to hold all of it. A declared tp/cp/pp layout (which

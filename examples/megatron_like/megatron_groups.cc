@@ -32,22 +32,6 @@ namespace {
 
 using trainguard::ParallelDim;
 
-std::string DescribeCurrentException() {
-  try {
-    throw;
-  } catch (const gloo::IoException& e) {
-    return absl::StrCat("gloo I/O error: ", e.what());
-  } catch (const gloo::EnforceNotMet& e) {
-    return absl::StrCat("gloo check failed: ", e.what());
-  } catch (const gloo::Exception& e) {
-    return absl::StrCat("gloo error: ", e.what());
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "an exception not derived from std::exception";
-  }
-}
-
 std::chrono::milliseconds ToChrono(absl::Duration d) {
   return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
 }
@@ -148,7 +132,7 @@ absl::StatusOr<std::unique_ptr<MegatronGroups>> MegatronGroups::Connect(
   } catch (...) {
     return absl::UnavailableError(absl::StrCat("rank ", rank, ": ", step, " in ", spec.name,
                                                " (timeout ", absl::FormatDuration(timeout),
-                                               ") failed: ", DescribeCurrentException()));
+                                               ") failed: ", trainguard::DescribeGlooException()));
   }
   return groups;
 }
@@ -193,8 +177,8 @@ absl::Status MegatronGroups::Broadcast(void*, size_t bytes, trainguard::Device, 
 }
 
 void MegatronGroups::Fail(const std::string& what, uint64_t seq) {
-  throw trainguard::CommunicationError(
-      absl::StrCat("rank ", rank_, ": ", what, " #", seq, " failed: ", DescribeCurrentException()));
+  throw trainguard::CommunicationError(absl::StrCat(
+      "rank ", rank_, ": ", what, " #", seq, " failed: ", trainguard::DescribeGlooException()));
 }
 
 void MegatronGroups::TpAllreduce(std::span<float> data) {

@@ -33,7 +33,7 @@
 //   rank R step S loss L           (last stage, every --print-every'th and the last step; the mean
 //                                   over the data-parallel replicas' micro-batches)
 //   rank R step S fault KIND action ACTION: MESSAGE, rank R recover step S next N, rank R restored
-//   step S from SOURCE, ...        (examples/cpp_trainer/recovery_printer.h)
+//   step S from SOURCE, ...        (examples/cpp_trainer/example_support.h)
 //   rank R stopping in a send at step S      (--stop-in-send)
 //   rank R steps N median_step_us T tracked K (the successful steps, the first left out, each with
 //                                   its guard; K: 1 when the groups' operations were tracked)
@@ -51,6 +51,7 @@
 #include <cstdlib>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -64,7 +65,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "examples/cpp_trainer/recovery_printer.h"
+#include "examples/cpp_trainer/example_support.h"
 #include "examples/cpp_trainer/split_mix64.h"
 #include "megatron_groups.h"
 #include "parallel_mlp.h"
@@ -202,44 +203,23 @@ class MegatronTrainer {
   absl::Status Setup() {
     // The parameters are the same on every rank of a data-parallel group (the all-gather makes
     // them so): replicated, compared at every snapshot. The optimizer shard is this rank's alone.
-    const std::vector<sdk::StateBuffer> buffers = {
-        {"params",
-         "model",
-         params_.data(),
-         params_.size() * sizeof(float),
-         sdk::DType::kF32,
-         {static_cast<int64_t>(params_.size())},
-         sdk::Device::Host(),
-         /*replicated=*/true},
-        {"adam.m",
-         "optimizer",
-         adam_m_.data(),
-         adam_m_.size() * sizeof(float),
-         sdk::DType::kF32,
-         {static_cast<int64_t>(adam_m_.size())},
-         sdk::Device::Host()},
-        {"adam.v",
-         "optimizer",
-         adam_v_.data(),
-         adam_v_.size() * sizeof(float),
-         sdk::DType::kF32,
-         {static_cast<int64_t>(adam_v_.size())},
-         sdk::Device::Host()},
+    auto host_f32 = [](const char* name, const char* group, std::vector<float>& v,
+                       bool replicated) {
+      return sdk::StateBuffer{name,
+                              group,
+                              v.data(),
+                              v.size() * sizeof(float),
+                              sdk::DType::kF32,
+                              {static_cast<int64_t>(v.size())},
+                              sdk::Device::Host(),
+                              replicated};
     };
+    std::vector<sdk::StateBuffer> buffers = {host_f32("params", "model", params_, true),
+                                             host_f32("adam.m", "optimizer", adam_m_, false),
+                                             host_f32("adam.v", "optimizer", adam_v_, false)};
+    if (!extra_.empty()) buffers.push_back(host_f32("optimizer.extra", "optimizer", extra_, false));
     for (const sdk::StateBuffer& b : buffers) {
       if (absl::Status s = rt_.state().Register(b); !s.ok()) return s;
-    }
-    if (!extra_.empty()) {
-      if (absl::Status s = rt_.state().Register({"optimizer.extra",
-                                                 "optimizer",
-                                                 extra_.data(),
-                                                 extra_.size() * sizeof(float),
-                                                 sdk::DType::kF32,
-                                                 {static_cast<int64_t>(extra_.size())},
-                                                 sdk::Device::Host()});
-          !s.ok()) {
-        return s;
-      }
     }
     rt_.SetCommunicatorFactory([this](const sdk::CommunicatorSpec& spec)
                                    -> absl::StatusOr<std::unique_ptr<sdk::Communicator>> {
@@ -472,23 +452,12 @@ int Main(int argc, char** argv) {
                  kUsage);
     return 2;
   }
-  absl::StatusOr<sdk::Options> options = sdk::Options::FromEnv();
-  if (options.ok()) {
-    if (absl::Status valid = options->Validate(); !valid.ok()) options = valid;
-  }
-  if (!options.ok()) {
-    std::fprintf(stderr, "megatron_like: invalid options: %s\n",
-                 options.status().ToString().c_str());
-    return 2;
-  }
+  std::optional<sdk::Options> options = cpp_trainer::OptionsFromEnv("megatron_like");
+  if (!options.has_value()) return 2;
   cpp_trainer::RecoveryPrinter printer;  // outlives the Runtime
-  absl::StatusOr<std::unique_ptr<sdk::Runtime>> rt = sdk::Runtime::Create(*options);
-  if (!rt.ok()) {
-    std::fprintf(stderr, "megatron_like: cannot start the trainguard runtime: %s\n",
-                 rt.status().ToString().c_str());
-    return 1;
-  }
-  sdk::Runtime& runtime = **rt;
+  std::unique_ptr<sdk::Runtime> rt = cpp_trainer::CreateRuntime("megatron_like", *options);
+  if (rt == nullptr) return 1;
+  sdk::Runtime& runtime = *rt;
   const int rank = runtime.rank();
   const sdk::Topology& topology = runtime.topology();
   absl::StatusOr<sdk::RankCoordinates> at = topology.CoordinatesOf(rank);

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <string>
 #include <utility>
@@ -26,6 +27,7 @@
 #include "absl/time/time.h"
 #include "gloo/allreduce.h"
 #include "gloo/broadcast.h"
+#include "gloo/common/error.h"
 #include "gloo/context.h"
 #include "gloo/math.h"
 #include "trainguard/collectives.h"
@@ -80,6 +82,26 @@ inline bool FailTcpPair(gloo::transport::Pair* pair, const std::string& reason) 
 }
 
 }  // namespace gloo_internal
+
+// The exception being handled, described in one line: gloo throws gloo::Exception subclasses for
+// I/O errors and timeouts, and gloo::EnforceNotMet (not a std::runtime_error) for failed internal
+// checks. Call it in a catch block, e.g. to translate what a gloo collective threw into a
+// trainguard::CommunicationError.
+inline std::string DescribeGlooException() {
+  try {
+    throw;
+  } catch (const gloo::IoException& e) {
+    return std::string("gloo I/O error: ") + e.what();
+  } catch (const gloo::EnforceNotMet& e) {
+    return std::string("gloo check failed: ") + e.what();
+  } catch (const gloo::Exception& e) {
+    return std::string("gloo error: ") + e.what();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception not derived from std::exception";
+  }
+}
 
 // Fails every TCP pair of `context` through gloo's own error path (gloo_internal::FailTcpPair): a
 // rank blocked in one of the context's collectives wakes at once with a gloo::IoException, and so

@@ -3,20 +3,49 @@
 // of a rank's parameters that their last line carries.
 //
 // Thread safety: RecoveryPrinter's callbacks come from the training thread (Runtime observers).
-#ifndef TRAINGUARD_EXAMPLES_CPP_TRAINER_RECOVERY_PRINTER_H_
-#define TRAINGUARD_EXAMPLES_CPP_TRAINER_RECOVERY_PRINTER_H_
+#ifndef TRAINGUARD_EXAMPLES_CPP_TRAINER_EXAMPLE_SUPPORT_H_
+#define TRAINGUARD_EXAMPLES_CPP_TRAINER_EXAMPLE_SUPPORT_H_
 
 #include <xxhash.h>
 
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
 
 #include "trainguard/sdk.h"
 
 namespace cpp_trainer {
+
+// trainguard's options from the environment (TRAINGUARD_*, torchrun's variables), validated;
+// nullopt, after printing "<program>: invalid options: ..." to stderr, when they are not.
+inline std::optional<sdk::Options> OptionsFromEnv(const char* program) {
+  absl::StatusOr<sdk::Options> options = sdk::Options::FromEnv();
+  if (options.ok()) {
+    if (absl::Status valid = options->Validate(); !valid.ok()) options = valid;
+  }
+  if (!options.ok()) {
+    std::fprintf(stderr, "%s: invalid options: %s\n", program, options.status().ToString().c_str());
+    return std::nullopt;
+  }
+  return *std::move(options);
+}
+
+// The Runtime (a standby parks in it until it is given a rank); nullptr, after printing
+// "<program>: cannot start the trainguard runtime: ..." to stderr, when it cannot be made.
+inline std::unique_ptr<sdk::Runtime> CreateRuntime(const char* program,
+                                                   const sdk::Options& options) {
+  absl::StatusOr<std::unique_ptr<sdk::Runtime>> rt = sdk::Runtime::Create(options);
+  if (!rt.ok()) {
+    std::fprintf(stderr, "%s: cannot start the trainguard runtime: %s\n", program,
+                 rt.status().ToString().c_str());
+    return nullptr;
+  }
+  return *std::move(rt);
+}
 
 // XXH64 of `params`, then of `extra` (when not empty), as 16 hex digits.
 inline std::string ParamsChecksum(std::span<const float> params, std::span<const float> extra) {
@@ -69,4 +98,4 @@ class RecoveryPrinter : public sdk::StepObserver {
 
 }  // namespace cpp_trainer
 
-#endif  // TRAINGUARD_EXAMPLES_CPP_TRAINER_RECOVERY_PRINTER_H_
+#endif  // TRAINGUARD_EXAMPLES_CPP_TRAINER_EXAMPLE_SUPPORT_H_
