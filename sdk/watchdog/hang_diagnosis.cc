@@ -343,9 +343,7 @@ HangDiagnosis DiagnoseHang(const std::vector<HangDumpDigest>& dumps,
     positions.push_back(PositionsOf(ring));
   }
   d.laggards = FindLaggards(ranks, positions);
-  HangDependencies dependencies = FindHangRoots(ranks, positions);
-  d.roots = std::move(dependencies.roots);
-  d.waiting = std::move(dependencies.waiting);
+  d.roots = FindHangRoots(ranks, positions).roots;
 
   // 2. Stacks: group the training threads by the modules they run in.
   std::map<std::vector<std::string>, StackGroup> groups;

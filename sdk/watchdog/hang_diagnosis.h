@@ -67,9 +67,8 @@ struct HangDiagnosis {
   std::vector<int> dumped;   // ranks with a dump, ascending
   std::vector<int> missing;  // ranks in [0, world_size) without a dump
   std::vector<LaggardReport> laggards;
-  // Where the waits between the ranks end (FindHangRoots), and the ranks that wait for another.
+  // Where the waits between the ranks end (FindHangRoots).
   std::vector<HangRoot> roots;
-  std::vector<int> waiting;
   std::vector<StackGroup> stack_groups;  // largest first; equal sizes by lowest rank
   // Ranks outside the single largest group of those not recovering, ascending.
   std::vector<int> stack_outliers;

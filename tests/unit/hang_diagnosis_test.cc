@@ -6,6 +6,7 @@
 
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -218,6 +219,57 @@ TEST(DiagnoseHang, AStoppedRankIsNamedAsMissingAndAsTheLaggardFromItsLiveRing) {
   EXPECT_THAT(d.suspects, ElementsAre(1));
   EXPECT_THAT(d.ToString(), HasSubstr("rank 1 wrote no dump"));
   EXPECT_THAT(d.ToString(), HasSubstr("rank 1 never entered all_reduce #4"));
+}
+
+// Groups: rank 1 stopped in its send to rank 5 (their pipeline link, comm 31). Rank 0 waits for
+// it in their tensor-parallel group (comm 10), rank 4 for rank 5 in theirs (comm 12): rank 5 is a
+// laggard there, but it waits for rank 1 in its receive. The suspects are rank 1 (silent, and
+// where the waits end), not rank 5; and a collective left by failure (the abort woke rank 4
+// before it dumped) still counts as waited in.
+TEST(DiagnoseHang, ALaggardThatWaitsForAnotherRankIsNotASuspect) {
+  auto ring = [](std::vector<std::tuple<uint64_t, const char*, int, bool>> ops) {
+    FlightRecorderContents c;
+    for (const auto& [comm, op, n, stuck] : ops) {
+      FlightRecord reg;
+      reg.type = FlightRecordType::kCommunicator;
+      reg.comm_id = comm;
+      c.records.push_back(reg);
+      for (int seq = 0; seq < n; ++seq) {
+        FlightRecord r;
+        r.type = FlightRecordType::kCollectiveBegin;
+        r.comm_id = comm;
+        r.comm_seq = seq;
+        std::snprintf(r.name, sizeof(r.name), "%s", op);
+        c.records.push_back(r);
+        if (stuck && seq + 1 == n) continue;
+        r.type = FlightRecordType::kCollectiveEnd;
+        c.records.push_back(r);
+      }
+    }
+    return c;
+  };
+  HangEvidence evidence;
+  auto dump = [&](int rank, FlightRecorderContents contents) {
+    FlightRecorderDump d = MakeDump(rank, 0, 0, WaitingFrames(0x41));
+    d.contents.records = std::move(contents.records);
+    return d;
+  };
+  FlightRecorderContents rank4 = ring({{12, "all_reduce", 3, true}});
+  FlightRecord failed = rank4.records.back();  // woken by the abort before it dumped
+  failed.type = FlightRecordType::kCollectiveEnd;
+  failed.flags = kFlightRecordFailed;
+  rank4.records.push_back(failed);
+  evidence.dumps = {dump(0, ring({{10, "all_reduce", 5, true}})), dump(4, rank4),
+                    dump(5, ring({{12, "all_reduce", 2, false}, {31, "recv", 1, true}}))};
+  evidence.live_rings[1] = ring({{10, "all_reduce", 4, false}, {31, "send", 1, true}});
+  const HangDiagnosis d = DiagnoseHang(evidence);
+  ASSERT_EQ(d.laggards.size(), 2u);
+  EXPECT_THAT(d.laggards[1].laggards, ElementsAre(5));
+  ASSERT_EQ(d.roots.size(), 1u);
+  EXPECT_EQ(d.roots[0].rank, 1);
+  EXPECT_THAT(d.suspects, ElementsAre(1));
+  EXPECT_THAT(d.ToString(), HasSubstr("rank 1 is where the waits end: rank 0 waits for it in "
+                                      "all_reduce #4 (comm 10), rank 5 in recv #0 (comm 31)"));
 }
 
 TEST(DiagnoseHang, WithoutALargestGroupNoRankIsAStackOutlier) {
