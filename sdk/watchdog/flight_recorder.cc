@@ -837,7 +837,9 @@ HangDependencies FindHangRoots(const std::vector<int>& ranks,
         }
       }
     }
-    // A receive matched by a send still in flight waits for the sender.
+    // A receive matched by a send still in flight waits for the sender: on a pipeline link, a
+    // communicator of two ranks whose sequence numbers pair each send with its receive.
+    if (member.size() != 2) continue;
     for (int w : waiters) {
       const CollectivePosition& p = positions[w].at(comm);
       if (p.op != "recv") continue;
@@ -854,8 +856,6 @@ HangDependencies FindHangRoots(const std::vector<int>& ranks,
   std::vector<int> component;
   std::vector<bool> leaves;
   SinkComponents(g, component, leaves);
-  std::vector<int> component_size(leaves.size(), 0);
-  for (int v = 0; v < g.ranks; ++v) ++component_size[component[v]];
   HangDependencies out;
   std::vector<std::pair<int, int>> by_rank;  // (rank, index)
   for (int v = 0; v < g.ranks; ++v) by_rank.push_back({ranks[v], v});

@@ -229,14 +229,14 @@ std::vector<LaggardReport> FindLaggards(const std::vector<int>& ranks,
 
 // Who waits for whom, across communicators (Mycroft: only the dependency between the groups names
 // the culprit). In the newest collective of each communicator, a member that entered it and has not
-// left waits for every member that never entered it; in a point-to-point pair still in flight on
-// both sides (op "recv" on one, "send" of the same sequence number on the other), the receiver
-// waits for the sender. Followed from every waiting rank, the waits end at the ranks that wait for
-// nobody (stopped or stalled outside any collective, or inside a send whose receiver is there), or
-// at a cycle of ranks waiting for each other: the roots. A pipeline stage stopped in a send leaves
-// the next stage waiting in its receive, its tensor-parallel peers and data-parallel replicas
-// waiting in collectives it never entered, and the other stages' peers waiting for those: the roots
-// are the stopped stage alone, though the laggards of its neighbours' groups are many.
+// left waits for every member that never entered it; in a communicator of two ranks whose newest
+// operation is in flight on both ("recv" on one, "send" of the same sequence number on the other),
+// the receiver waits for the sender. Followed from every waiting rank, the waits end at the ranks
+// that wait for nobody (stopped or stalled outside any collective, or inside a send whose receiver
+// is there), or at a cycle of ranks waiting for each other: the roots. A pipeline stage stopped in
+// a send leaves the next stage waiting in its receive, its tensor-parallel peers and data-parallel
+// replicas waiting in collectives it never entered, and the other stages' peers waiting for those:
+// the roots are the stopped stage alone, though the laggards of its neighbours' groups are many.
 //
 // A point-to-point communicator is one per pair of ranks that send to each other, both issuing the
 // same sequence of sends and receives on it (a pipeline's link between two stages), so that the
