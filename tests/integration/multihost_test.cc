@@ -1095,6 +1095,11 @@ TEST_F(MegatronOnHosts, AHostHoldingATensorParallelGroupIsRestoredFromBackupsOut
   ASSERT_TRUE(job.Await(0, "the job is protected")) << job.AllOutput();
   ASSERT_TRUE(cluster_->KillHost(2).ok());
   ASSERT_TRUE(job.Await(0, "recovered from the loss of host host2")) << job.AllOutput();
+  // Each rank's line reaches its host's log through that host's agent: awaited, not assumed there
+  // with the coordinator's.
+  for (int rank : {2, 3}) {
+    ASSERT_TRUE(job.Await(0, absl::StrCat("rank ", rank, " restored step"))) << job.AllOutput();
+  }
   const std::string all = job.AllOutput();
   for (int rank : {2, 3}) {
     EXPECT_THAT(all, ::testing::ContainsRegex(absl::StrCat(
@@ -1112,7 +1117,10 @@ TEST_F(MegatronOnHosts, AHostHoldingATensorParallelGroupIsRestoredFromBackupsOut
 TEST_F(MegatronOnHosts, ATensorParallelRankKilledRestoresItsShardFromAPeerBackup) {
   MultiHostJob job(*cluster_, shared_.path(), ServeStore(), 4);
   Start(job, {"--kill-at", "5:70"});
-  ASSERT_TRUE(job.Await(0, "rank 5 restored step")) << job.AllOutput();
+  // The ranks restore at once, each printing through its host's agent: every line is awaited.
+  for (int rank = 0; rank < 8; ++rank) {
+    ASSERT_TRUE(job.Await(0, absl::StrCat("rank ", rank, " restored step"))) << job.AllOutput();
+  }
   const std::string all = job.AllOutput();
   std::smatch m;
   ASSERT_TRUE(
