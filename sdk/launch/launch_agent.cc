@@ -1436,6 +1436,16 @@ int Job::Run() {
     return kExitLaunchError;
   }
   Say(absl::StrFormat("%s, store %s, run dir %s", layout_.start_line, store_url_, config_.run_dir));
+  if (!layout_.several_hosts) {
+    // Peer backups live on other hosts: a one-host job asked to place them is told why it has none.
+    for (const auto& [name, value] : config_.backup_env) {
+      if (name == "TRAINGUARD_BACKUP_EVICT") {
+        Say(absl::StrCat("backup placement: one host, so no peer backups (--backup-evict ", value,
+                         " places them on other hosts): each rank's snapshot stays in its "
+                         "arena, and on disk when persisted"));
+      }
+    }
+  }
   // One host's plan is its own, started and its generation 0 formed at once; several hosts follow
   // the plan their coordinator publishes once enough of them joined (their turn), and a process
   // that cannot start there fails the job like any fault after the start.

@@ -1146,10 +1146,11 @@ TEST(MegatronLike, ARankKilledBetweenTheReduceScatterAndTheAllGatherRollsEveryRa
 // tensor-parallel allreduce) at step 13 reaches its tensor-parallel peer, the other stage (through
 // the gradients) and, through the flag in the reduce-scatter, every data-parallel replica. Only
 // rank 5 is named, with the buffer where it was born; every rank of every group skips step 13, and
-// the replicas stay identical (the last stage's four ranks end with the same loss).
+// the replicas stay identical (the last stage's four ranks end with the same loss). The job asks
+// for a placement of peer backups that one host cannot give, and is told so.
 TEST(MegatronLike, ANanBornInOneStageIsNamedWhereItWasBornAndTheStepSkippedOnEveryRank) {
   testing::TempDir dir;
-  LauncherJob job(dir, {"--nproc", "8"}, 30, MegatronEnv(),
+  LauncherJob job(dir, {"--nproc", "8", "--backup-evict", "host,tp,pp,dp"}, 30, MegatronEnv(),
                   {"--print-every", "10", "--nan-activation", "5:13"}, TRAINGUARD_MEGATRON_PATH);
   EXPECT_EQ(job.Wait(), 0) << job.Output();
   const std::string out = job.Output();
@@ -1180,6 +1181,9 @@ TEST(MegatronLike, ANanBornInOneStageIsNamedWhereItWasBornAndTheStepSkippedOnEve
   }
   EXPECT_EQ(last_stage_losses.size(), 1u) << out;
   EXPECT_THAT(out, Not(HasSubstr("silent corruption"))) << out;
+  EXPECT_THAT(out, HasSubstr("backup placement: one host, so no peer backups (--backup-evict "
+                             "host,tp,pp,dp places them on other hosts)"))
+      << out;
 }
 
 }  // namespace
