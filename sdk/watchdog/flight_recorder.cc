@@ -688,36 +688,64 @@ std::vector<LaggardReport> FindLaggards(const std::vector<int>& ranks,
   return FindLaggards(ranks, positions);
 }
 
-std::vector<LaggardReport> FindLaggards(const std::vector<int>& ranks,
-                                        const std::vector<CollectivePositions>& positions) {
-  // comm -> the newest collective any rank entered: the first rank's (in `ranks` order) that
-  // entered it, with its name.
-  struct Newest {
-    int64_t seq = -1;
-    std::string op;
-  };
-  std::map<uint64_t, Newest> newest;
+namespace {
+
+// One communicator's newest collective (the one its members are stuck in) and who stands where
+// in it: what FindLaggards reports and FindHangRoots follows.
+struct CommunicatorWaits {
+  uint64_t comm_id = 0;
+  int64_t newest = -1;  // its sequence number
+  std::string op;       // its name, as the first member (in `positions` order) to enter it has it
+  int members = 0;      // the positions that show the communicator (registered or entered)
+  // Indices into `positions`: members that never entered it, and members in it that have not left.
+  std::vector<int> laggards;
+  std::vector<int> waiting;
+};
+
+// Per communicator any position shows, by id; those no member entered a collective of are left
+// out.
+std::vector<CommunicatorWaits> WaitsPerCommunicator(
+    const std::vector<CollectivePositions>& positions) {
+  std::map<uint64_t, CommunicatorWaits> by_comm;
   for (const CollectivePositions& rank_positions : positions) {
     for (const auto& [comm, p] : rank_positions) {
-      if (!p.entered_any) continue;
-      Newest& n = newest[comm];
-      if (p.entered > n.seq) n = {p.entered, p.op};
+      CommunicatorWaits& w = by_comm[comm];
+      w.comm_id = comm;
+      ++w.members;
+      if (p.entered_any && p.entered > w.newest) {
+        w.newest = p.entered;
+        w.op = p.op;
+      }
     }
   }
-  std::vector<LaggardReport> out;
-  for (const auto& [comm, n] : newest) {
-    LaggardReport report{comm, n.seq, n.op, {}, {}};
+  std::vector<CommunicatorWaits> out;
+  for (auto& [comm, w] : by_comm) {
+    if (w.newest < 0) continue;
     for (size_t i = 0; i < positions.size(); ++i) {
       auto it = positions[i].find(comm);
       if (it == positions[i].end()) continue;  // not a member of this communicator
-      const int64_t entered = it->second.entered;
-      if (entered < n.seq) {
-        report.laggards.push_back(ranks[i]);
+      if (it->second.entered < w.newest) {
+        w.laggards.push_back(static_cast<int>(i));
       } else if (!it->second.left) {
-        report.waiting.push_back(ranks[i]);
+        w.waiting.push_back(static_cast<int>(i));
       }
     }
-    if (!report.laggards.empty() && !report.waiting.empty()) out.push_back(std::move(report));
+    out.push_back(std::move(w));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<LaggardReport> FindLaggards(const std::vector<int>& ranks,
+                                        const std::vector<CollectivePositions>& positions) {
+  std::vector<LaggardReport> out;
+  for (const CommunicatorWaits& w : WaitsPerCommunicator(positions)) {
+    if (w.laggards.empty() || w.waiting.empty()) continue;
+    LaggardReport report{w.comm_id, w.newest, w.op, {}, {}};
+    for (int i : w.laggards) report.laggards.push_back(ranks[i]);
+    for (int i : w.waiting) report.waiting.push_back(ranks[i]);
+    out.push_back(std::move(report));
   }
   return out;
 }
@@ -806,24 +834,10 @@ HangDependencies FindHangRoots(const std::vector<int>& ranks,
           {ranks[waiter], ranks[waited], comm, p.comm_name, p.entered, p.op});
     }
   };
-  // Every communicator any rank shows.
-  std::map<uint64_t, std::vector<int>> members;  // comm -> rank indices
-  for (size_t i = 0; i < positions.size(); ++i) {
-    for (const auto& [comm, p] : positions[i]) members[comm].push_back(static_cast<int>(i));
-  }
-  for (const auto& [comm, member] : members) {
-    int64_t newest = -1;
-    for (int i : member) newest = std::max(newest, positions[i].at(comm).entered);
-    if (newest < 0) continue;
-    std::vector<int> waiters, laggards;
-    for (int i : member) {
-      const CollectivePosition& p = positions[i].at(comm);
-      if (p.entered < newest) {
-        laggards.push_back(i);
-      } else if (!p.left) {
-        waiters.push_back(i);
-      }
-    }
+  for (const CommunicatorWaits& cw : WaitsPerCommunicator(positions)) {
+    const uint64_t comm = cw.comm_id;
+    const std::vector<int>& laggards = cw.laggards;
+    const std::vector<int>& waiters = cw.waiting;
     if (!laggards.empty() && !waiters.empty()) {
       const int hub = static_cast<int>(g.out.size());
       g.out.emplace_back(laggards.begin(), laggards.end());
@@ -839,7 +853,7 @@ HangDependencies FindHangRoots(const std::vector<int>& ranks,
     }
     // A receive matched by a send still in flight waits for the sender: on a pipeline link, a
     // communicator of two ranks whose sequence numbers pair each send with its receive.
-    if (member.size() != 2) continue;
+    if (cw.members != 2) continue;
     for (int w : waiters) {
       const CollectivePosition& p = positions[w].at(comm);
       if (p.op != "recv") continue;
