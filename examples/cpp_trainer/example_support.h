@@ -8,9 +8,11 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <span>
@@ -47,10 +49,19 @@ inline std::unique_ptr<sdk::Runtime> CreateRuntime(const char* program,
   return *std::move(rt);
 }
 
-// XXH64 of `params`, then of `extra` (when not empty), as 16 hex digits.
-inline std::string ParamsChecksum(std::span<const float> params, std::span<const float> extra) {
+// XXH64 of `params`, then, when `extra` holds any bytes, XXH64 of them one part after the other
+// (streamed: as of their concatenation, without copying it), seeded with the first; as 16 hex
+// digits.
+inline std::string ParamsChecksum(std::span<const float> params,
+                                  std::initializer_list<std::span<const float>> extra) {
   XXH64_hash_t hash = XXH64(params.data(), params.size_bytes(), /*seed=*/0);
-  if (!extra.empty()) hash = XXH64(extra.data(), extra.size_bytes(), /*seed=*/hash);
+  if (std::any_of(extra.begin(), extra.end(), [](auto part) { return !part.empty(); })) {
+    XXH64_state_t* state = XXH64_createState();
+    XXH64_reset(state, hash);
+    for (std::span<const float> part : extra) XXH64_update(state, part.data(), part.size_bytes());
+    hash = XXH64_digest(state);
+    XXH64_freeState(state);
+  }
   char hex[17];
   std::snprintf(hex, sizeof(hex), "%016" PRIx64, static_cast<uint64_t>(hash));
   return hex;

@@ -209,7 +209,7 @@ class DataParallelTrainer {
                   wd != nullptr ? wd->hangs_postponed() : int64_t{0});
     }
     std::printf("rank %d final_loss %.6f params_checksum %s\n", rank, last_loss_,
-                ParamsChecksum(model_.parameters(), extra_state_).c_str());
+                ParamsChecksum(model_.parameters(), {extra_state_}).c_str());
     return 0;
   }
 

@@ -205,14 +205,14 @@ void MegatronGroups::DpReduceScatter(std::span<float> data) {
   trainguard::ScopedCollective tracked(tracker_, "reduce_scatter", dp_.comm_id, data.size_bytes());
   if (members == 1) return;
   const int shard = static_cast<int>(data.size() / members);
+  std::shared_ptr<gloo::ReduceScatterHalvingDoubling<float>> rs;
   try {
-    auto rs = std::make_shared<gloo::ReduceScatterHalvingDoubling<float>>(
+    rs = std::make_shared<gloo::ReduceScatterHalvingDoubling<float>>(
         dp_.context, std::vector<float*>{data.data()}, static_cast<int>(data.size()),
         std::vector<int>(members, shard));
-    failed_.push_back(rs);  // kept until it returned: its buffers are the context's
     rs->run();
-    failed_.pop_back();
   } catch (...) {
+    failed_.push_back(rs);
     Fail(absl::StrCat(dp_.name, " reduce_scatter of ", data.size(), " floats"), seq);
   }
 }

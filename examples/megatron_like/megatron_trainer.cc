@@ -180,16 +180,15 @@ class MegatronTrainer {
         at_(at),
         stages_(rt.topology().pp()),
         dp_(rt.topology().dp()),
-        model_({flags.hidden, flags.ffn, flags.blocks_per_stage, rt.topology().tp(), at.tp,
-                at.pp * flags.blocks_per_stage},
-               flags.seed),
-        shard_((model_.size() + dp_ - 1) / dp_),
+        shape_{flags.hidden,       flags.ffn, flags.blocks_per_stage,
+               rt.topology().tp(), at.tp,     at.pp * flags.blocks_per_stage},
+        shard_((ParallelMlp::Size(shape_) + dp_ - 1) / dp_),
         params_(shard_ * dp_, 0.0f),
+        model_(shape_, flags.seed, params_),
         adam_m_(shard_, 0.0f),
         adam_v_(shard_, 0.0f),
         reduce_(static_cast<size_t>(dp_) * (shard_ + kTail)),
         extra_((size_t{1} << 20) / sizeof(float) * flags.state_mib, 0.0f) {
-    std::copy(model_.params().begin(), model_.params().end(), params_.begin());
     SplitMix64 rng(SplitMix64::Mix(flags.seed, 0x7461726765ULL));
     target_.resize(static_cast<size_t>(flags.hidden) * flags.hidden);
     for (float& a : target_) a = rng.Symmetric(1.0f / std::sqrt(static_cast<float>(flags.hidden)));
@@ -269,7 +268,7 @@ class MegatronTrainer {
     }
     std::printf("rank %d final_loss %.6f params_checksum %s\n", rank, last_loss_,
                 cpp_trainer::ParamsChecksum(std::span<const float>(params_).first(model_.size()),
-                                            OptimizerState())
+                                            {adam_m_, adam_v_, extra_})
                     .c_str());
     return 0;
   }
@@ -281,27 +280,26 @@ class MegatronTrainer {
 
   MegatronGroups& groups() { return static_cast<MegatronGroups&>(*rt_.communicator()); }
 
-  std::vector<float> OptimizerState() const {
-    std::vector<float> all(adam_m_);
-    all.insert(all.end(), adam_v_.begin(), adam_v_.end());
-    all.insert(all.end(), extra_.begin(), extra_.end());
-    return all;
-  }
-
   bool Fault(int rank, int64_t fault_step, int64_t step) const {
     return rt_.rank() == rank && step == fault_step && rt_.generation() == 0;
   }
 
-  // Micro-batch `micro` of data-parallel replica `dp` at `step`: inputs, and the targets
-  // tanh(A x) of a fixed A. A function of its arguments only: a replayed step sees the same data.
-  void Sample(int64_t step, int micro, std::vector<float>& x, std::vector<float>& y) const {
-    const int h = flags_.hidden;
-    const int rows = flags_.micro_batch_size;
+  // The inputs of micro-batch `micro` of this rank's data-parallel replica at `step`: a function of
+  // its arguments only, so a replayed step sees the same data. The first stage feeds them to the
+  // model, the last computes their targets.
+  std::vector<float> Inputs(int64_t step, int micro) const {
     SplitMix64 rng(SplitMix64::Mix(
         SplitMix64::Mix(SplitMix64::Mix(flags_.seed, static_cast<uint64_t>(step)), at_.dp), micro));
-    x.resize(static_cast<size_t>(rows) * h);
-    y.resize(x.size());
+    std::vector<float> x(static_cast<size_t>(flags_.micro_batch_size) * flags_.hidden);
     for (float& v : x) v = rng.Symmetric(1.0f);
+    return x;
+  }
+
+  // The targets tanh(A x) of a fixed A.
+  std::vector<float> Targets(const std::vector<float>& x) const {
+    const int h = flags_.hidden;
+    const int rows = flags_.micro_batch_size;
+    std::vector<float> y(x.size());
     for (int r = 0; r < rows; ++r) {
       for (int i = 0; i < h; ++i) {
         float z = 0.0f;
@@ -309,6 +307,7 @@ class MegatronTrainer {
         y[r * h + i] = std::tanh(z);
       }
     }
+    return y;
   }
 
   void TrainStep(sdk::Step& s) {
@@ -320,7 +319,6 @@ class MegatronTrainer {
     const int micros = flags_.micro_batches;
     const bool first = at_.pp == 0;
     const bool last = at_.pp == stages_ - 1;
-    std::copy(params_.begin(), params_.begin() + model_.size(), model_.params().begin());
     model_.ZeroGradients();
     auto tp_allreduce = [&g](std::span<float> data) { g.TpAllreduce(data); };
     bool born_here = false;  // this rank named a non-finite value it produced
@@ -334,10 +332,15 @@ class MegatronTrainer {
     // Forward, every micro-batch: GPipe.
     std::vector<std::vector<float>> dy(micros);
     float loss_sum = 0.0f;
-    std::vector<float> x, y;
+    std::vector<float> inputs;
+    std::vector<float> x(static_cast<size_t>(rows) * h);
     for (int m = 0; m < micros; ++m) {
-      Sample(step, m, x, y);
-      if (!first) g.RecvPrev(x);
+      if (first || last) inputs = Inputs(step, m);
+      if (first) {
+        x = inputs;
+      } else {
+        g.RecvPrev(x);
+      }
       const bool poison = m == 0 && Fault(flags_.nan_rank, flags_.nan_step, step);
       model_.Forward(m, x, rows, tp_allreduce, check, poison ? 7 : -1);
       saw_bad |= !AllFinite(x);
@@ -351,6 +354,7 @@ class MegatronTrainer {
       }
       // The loss: the mean over the global batch of |out - target|^2 / 2H.
       const float scale = 1.0f / static_cast<float>(h * rows * micros * dp_);
+      const std::vector<float> y = Targets(inputs);
       dy[m].resize(x.size());
       for (size_t i = 0; i < x.size(); ++i) {
         const float d = x[i] - y[i];
@@ -431,9 +435,10 @@ class MegatronTrainer {
   const sdk::RankCoordinates at_;
   const int stages_;
   const int dp_;
-  ParallelMlp model_;
+  const MlpShape shape_;       // this rank's share of the model
   const size_t shard_;         // parameters per data-parallel shard
   std::vector<float> params_;  // the stage's parameters (dp_ * shard_, zero padded): registered
+  ParallelMlp model_;          // computes with params_
   std::vector<float> adam_m_;  // this rank's shard of the optimizer state: registered
   std::vector<float> adam_v_;
   std::vector<float> reduce_;  // dp_ shards of shard_ + kTail floats

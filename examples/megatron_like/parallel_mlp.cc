@@ -23,11 +23,16 @@ float InitialValue(uint64_t seed, int layer, int matrix, uint64_t index, float l
 
 }  // namespace
 
-ParallelMlp::ParallelMlp(const MlpShape& shape, uint64_t seed)
+size_t ParallelMlp::Size(const MlpShape& shape) {
+  const size_t local_ffn = shape.ffn / shape.tp;
+  return (2 * local_ffn * shape.hidden + local_ffn + shape.hidden) * shape.blocks_per_stage;
+}
+
+ParallelMlp::ParallelMlp(const MlpShape& shape, uint64_t seed, std::span<float> params)
     : shape_(shape),
       local_ffn_(shape.ffn / shape.tp),
-      block_size_(2 * static_cast<size_t>(local_ffn_) * shape.hidden + local_ffn_ + shape.hidden),
-      params_(block_size_ * shape.blocks_per_stage),
+      block_size_(Size(shape) / shape.blocks_per_stage),
+      params_(params.first(Size(shape))),
       grads_(params_.size(), 0.0f) {
   const int h = shape_.hidden;
   const float w1_limit = 1.0f / std::sqrt(static_cast<float>(h));

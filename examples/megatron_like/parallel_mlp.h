@@ -12,9 +12,10 @@
 // of x is the sum over the group of W1_t^T (dy * tanh'). Two allreduces per block and micro-batch,
 // as in Megatron (its g and f operators), are what this class leaves to its caller (`allreduce`).
 //
-// The parameters of the stage's blocks live in one flat buffer (params()), their gradients in
-// another of the same layout, so that the data-parallel reduce-scatter and the distributed
-// optimizer work on flat shards. Initial values depend on the seed and on each value's place in the
+// The parameters of the stage's blocks live in one flat buffer the caller owns (its registered
+// state, updated in place by the distributed optimizer), their gradients in another of the same
+// layout (gradients()), so that the data-parallel reduce-scatter and the optimizer work on flat
+// shards. Initial values depend on the seed and on each value's place in the
 // whole model (its global layer, its row and column in the unsplit matrix) only: the same model,
 // whatever the tensor and pipeline degrees.
 //
@@ -49,7 +50,11 @@ using PartialCheck =
 
 class ParallelMlp {
  public:
-  ParallelMlp(const MlpShape& shape, uint64_t seed);
+  // Floats of the stage's parameters (the buffer the constructor is given holds at least these).
+  static size_t Size(const MlpShape& shape);
+  // Writes the initial parameters into params.first(Size(shape)), and computes with that buffer
+  // from then on: it must outlive this object.
+  ParallelMlp(const MlpShape& shape, uint64_t seed, std::span<float> params);
 
   // Forward of one micro-batch of `rows` rows: `x` is overwritten by the stage's output. Saves what
   // Backward needs under `micro`. `poison` (tests): when >= 0, the value at that index of the first
@@ -60,9 +65,7 @@ class ParallelMlp {
   // the gradient of its input; the parameters' gradients are added to gradients().
   void Backward(int micro, std::span<float> dy, int rows, const TpAllreduce& allreduce);
 
-  std::span<float> params() { return params_; }
-  std::span<const float> params() const { return params_; }
-  std::span<float> gradients() { return grads_; }
+  std::span<const float> gradients() const { return grads_; }
   size_t size() const { return params_.size(); }
   void ZeroGradients();
 
@@ -79,7 +82,7 @@ class ParallelMlp {
   const MlpShape shape_;
   const int local_ffn_;
   const size_t block_size_;
-  std::vector<float> params_;
+  const std::span<float> params_;  // the caller's
   std::vector<float> grads_;
   std::vector<Saved> saved_;  // per micro-batch
 };
